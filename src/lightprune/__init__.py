@@ -1,0 +1,54 @@
+"""lightprune: fine-tune, score, prune and export Mixture-of-Experts LLMs and MLLMs.
+
+The public API (names and signatures are stable; see DESIGN.md)::
+
+    layers = lp.find_moe_layers(model)
+    imp = lp.score_weights(model, "aimer")
+    plan = lp.select_experts(imp, ratio=0.5, allocation="global")
+    with lp.mask_experts(model, plan): ...
+    lp.prune_experts(model, plan)
+    lp.save_pruned(model, out_dir); model = lp.load_pruned(out_dir)
+
+Heavy modules (transformers, lightning, export) are imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "find_moe_layers": "lightprune.models",
+    "get_adapter": "lightprune.models",
+    "MoELayer": "lightprune.models",
+    "ExpertPlan": "lightprune.plan",
+    "PlanError": "lightprune.plan",
+    "ExpertScores": "lightprune.scores",
+    "select_experts": "lightprune.select",
+    "mask_experts": "lightprune.surgery",
+    "prune_experts": "lightprune.surgery",
+    "score_weights": "lightprune.criteria",
+    "register_criterion": "lightprune.criteria",
+    "get_criterion": "lightprune.criteria",
+    "available_criteria": "lightprune.criteria",
+    "save_pruned": "lightprune.export",
+    "load_pruned": "lightprune.export",
+    "export_pruned": "lightprune.export",
+    "ExportVerificationError": "lightprune.export",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'lightprune' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

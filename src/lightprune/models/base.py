@@ -1,0 +1,195 @@
+"""Model adapters: the only code that knows where a family keeps its routers and experts.
+
+An adapter is chosen by ``config.model_type``. It finds the MoE layers (skipping dense ones by
+the family's own rule), runs the family's routing rule with an optional expert mask, and names
+the config keys that count experts. Everything else in lightprune talks to :class:`MoELayer`.
+
+transformers 5 stores a layer's experts as fused 3D parameters: ``gate_up_proj [E, 2I, H]`` and
+``down_proj [E, H, I]``; the router is a module with a ``weight [E, H]`` row per expert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+__all__ = ["MoELayer", "MoEAdapter", "RoutingLimits", "RoutingOutput"]
+
+RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""``(router_logits [T, E], weights applied to the selected experts [T, k], selected ids [T, k])``."""
+
+
+@dataclass(frozen=True)
+class RoutingLimits:
+    """What a layer's router needs to keep working: the per-layer floor of METHODS.md."""
+
+    num_experts: int
+    top_k: int
+    n_group: int = 1
+    topk_group: int = 1
+
+    @property
+    def group_size(self) -> int:
+        return self.num_experts // self.n_group
+
+    @property
+    def min_per_group(self) -> int:
+        """Group-limited routing scores a group by its top-2 sum and picks top_k among topk_group groups."""
+        return max(2, -(-self.top_k // self.topk_group))
+
+    @property
+    def min_experts(self) -> int:
+        """Fewest experts the layer may keep: top_k, or min_per_group in every group."""
+        if self.n_group > 1:
+            return self.min_per_group * self.n_group
+        return self.top_k
+
+
+@dataclass(eq=False)
+class MoELayer:
+    """One sparse MoE block, in depth order.
+
+    ``index`` is the decoder layer index (the key of every per-layer dict in lightprune);
+    ``name`` the module path of the block. ``num_experts`` counts the routed experts now
+    present (after any prune); shared experts are never counted.
+    """
+
+    index: int
+    name: str
+    block: nn.Module
+    router: nn.Module
+    experts: nn.Module
+    num_experts: int
+    top_k: int
+    has_shared_experts: bool
+    n_group: int = 1
+    topk_group: int = 1
+    adapter: "MoEAdapter | None" = field(default=None, repr=False)
+
+    @property
+    def limits(self) -> RoutingLimits:
+        return RoutingLimits(self.num_experts, self.top_k, self.n_group, self.topk_group)
+
+    @property
+    def min_experts(self) -> int:
+        return self.limits.min_experts
+
+    def route(self, hidden_states: torch.Tensor, expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        """The family's routing of ``hidden_states`` [T, H]; ``expert_mask`` [E] bool, True = masked out."""
+        assert self.adapter is not None
+        return self.adapter.route(self, hidden_states, expert_mask)
+
+
+class MoEAdapter:
+    """Base adapter. Subclasses set the class attributes and implement :meth:`route`."""
+
+    model_types: ClassVar[tuple[str, ...]] = ()
+    #: config attribute holding the routed-expert count (on the text config for MLLMs)
+    num_experts_key: ClassVar[str] = "num_experts"
+    #: module attribute names inside a decoder layer / MoE block
+    mlp_attr: ClassVar[str] = "mlp"
+    router_attr: ClassVar[str] = "gate"
+    experts_attr: ClassVar[str] = "experts"
+    #: MoE block attributes holding always-on experts
+    shared_attrs: ClassVar[tuple[str, ...]] = ()
+    #: True for MLLMs: the MoE language model sits inside a conditional-generation model
+    multimodal: ClassVar[bool] = False
+
+    #: lightprune's config key for per-layer expert counts of a non-uniform prune
+    PER_LAYER_KEY: ClassVar[str] = "lightprune_experts_per_layer"
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    # ----------------------------------------------------------------- config and paths
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def text_config(self):
+        """The config of the MoE language model (the config itself for text-only families)."""
+        if self.multimodal:
+            return self.config.text_config
+        return self.config
+
+    def decoder_layers(self) -> tuple[str, nn.ModuleList]:
+        """(module path, ModuleList) of the language model's decoder layers."""
+        for path in ("model.language_model.layers", "model.layers", "language_model.layers", "layers"):
+            module = self.model
+            try:
+                for part in path.split("."):
+                    module = getattr(module, part)
+            except AttributeError:
+                continue
+            if isinstance(module, nn.ModuleList):
+                return path, module
+        raise ValueError(f"{type(self.model).__name__}: cannot find the decoder layers")
+
+    def is_sparse_layer(self, index: int) -> bool:
+        """The family's rule for whether decoder layer ``index`` has an MoE block."""
+        cfg = self.text_config
+        if index in (getattr(cfg, "mlp_only_layers", None) or []):
+            return False
+        step = getattr(cfg, "decoder_sparse_step", 1) or 1
+        return (index + 1) % step == 0
+
+    def top_k(self) -> int:
+        return int(self.text_config.num_experts_per_tok)
+
+    def group_limits(self) -> tuple[int, int]:
+        return 1, 1
+
+    # ----------------------------------------------------------------- layers
+    def layers(self) -> list[MoELayer]:
+        prefix, decoder = self.decoder_layers()
+        found: list[MoELayer] = []
+        for index, layer in enumerate(decoder):
+            block = getattr(layer, self.mlp_attr)
+            router = getattr(block, self.router_attr, None)
+            experts = getattr(block, self.experts_attr, None)
+            sparse = self.is_sparse_layer(index)
+            has_moe = router is not None and experts is not None and hasattr(experts, "gate_up_proj")
+            if sparse != has_moe:
+                raise ValueError(
+                    f"{type(self.model).__name__} layer {index}: the config says "
+                    f"{'sparse' if sparse else 'dense'} but the module is {type(block).__name__}")
+            if not sparse:
+                continue
+            n_group, topk_group = self.group_limits()
+            found.append(MoELayer(
+                index=index, name=f"{prefix}.{index}.{self.mlp_attr}", block=block, router=router,
+                experts=experts, num_experts=int(router.weight.shape[0]), top_k=self.top_k(),
+                has_shared_experts=any(getattr(block, a, None) is not None for a in self.shared_attrs),
+                n_group=n_group, topk_group=topk_group, adapter=self))
+        return found
+
+    # ----------------------------------------------------------------- routing
+    def route(self, layer: MoELayer, hidden_states: torch.Tensor,
+              expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        """Run the family's routing on ``hidden_states`` [T, H] with ``expert_mask`` experts removed.
+
+        Must equal ``layer.router(hidden_states)`` exactly when the mask is None or all False.
+        """
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- config updates
+    def set_expert_counts(self, counts: dict[int, int]) -> None:
+        """Record per-layer routed-expert counts in the config after a structural prune.
+
+        Uniform counts set the family's own key, so plain ``from_pretrained`` reloads the model;
+        non-uniform counts set the key to the largest count and record every layer's count under
+        :attr:`PER_LAYER_KEY` on the top-level config.
+        """
+        values = set(counts.values())
+        cfg = self.text_config
+        if len(values) == 1:
+            setattr(cfg, self.num_experts_key, values.pop())
+            if hasattr(self.config, self.PER_LAYER_KEY):
+                delattr(self.config, self.PER_LAYER_KEY)
+            return
+        setattr(cfg, self.num_experts_key, max(values))
+        setattr(self.config, self.PER_LAYER_KEY, {str(k): int(v) for k, v in sorted(counts.items())})

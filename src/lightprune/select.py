@@ -1,0 +1,138 @@
+"""Scores -> ExpertPlan: uniform or global allocation under the per-layer floor.
+
+- uniform: every layer prunes floor(ratio x E_l) of its lowest-importance experts.
+- global: all (layer, expert) pairs ranked together; the lowest floor(ratio x N_total) are
+  pruned, skipping any that would take a layer below its floor (METHODS.md; MAEP section 5.3).
+  Values are ranked as given unless ``normalize="log_zscore"``: z-score of log(v + 1e-8) per
+  layer first (MAEP section 5.3), for criteria whose scales differ across layers.
+
+Group-limited routers (DeepSeek-V3 ``n_group``) prune in slices of one expert per group (the
+q-th weakest of every group), so every group keeps the same count and stays usable; a global
+plan may then prune fewer than floor(ratio x N_total) by less than n_group per such layer, and
+records the count it reached in ``metadata``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import torch
+
+from .models.base import RoutingLimits
+from .plan import ExpertPlan, PlanError
+
+__all__ = ["select_experts", "log_zscore", "ALLOCATIONS", "NORMALIZATIONS"]
+
+ALLOCATIONS = ("uniform", "global")
+NORMALIZATIONS = (None, "log_zscore")
+_EPS = 1e-8
+
+
+def log_zscore(values: torch.Tensor) -> torch.Tensor:
+    """(log(v + 1e-8) - mean) / std over one layer's experts (std 0 gives all zeros)."""
+    if (values < 0).any():
+        raise ValueError("log_zscore needs non-negative values; got a negative score "
+                         f"({float(values.min()):.4g}); use normalize=None for signed scores")
+    logs = torch.log(values.double() + _EPS)
+    std = logs.std(unbiased=False)
+    return (logs - logs.mean()) / std if std > 0 else torch.zeros_like(logs)
+
+
+def _units(layer: int, values: torch.Tensor, limits: RoutingLimits) -> list[tuple[float, int, int, list[int]]]:
+    """Pruning units of one layer as (score, layer, order, expert ids), weakest first within the layer.
+
+    Ungrouped: one expert each. Grouped: slice q = the q-th weakest expert of every group, scored by
+    its strongest member (a slice goes only when all of its members rank low).
+    """
+    if limits.n_group <= 1:
+        order = sorted(range(values.numel()), key=lambda e: (float(values[e]), e))
+        return [(float(values[e]), layer, rank, [e]) for rank, e in enumerate(order)]
+    size = limits.group_size
+    per_group = [sorted(range(g * size, (g + 1) * size), key=lambda e: (float(values[e]), e))
+                 for g in range(limits.n_group)]
+    units = []
+    for q in range(size):
+        ids = [group[q] for group in per_group]
+        units.append((max(float(values[e]) for e in ids), layer, q, ids))
+    return units
+
+
+def _max_prunable(limits: RoutingLimits) -> int:
+    if limits.n_group <= 1:
+        return limits.num_experts - limits.min_experts
+    return (limits.group_size - limits.min_per_group) * limits.n_group
+
+
+def select_experts(importance: Mapping[int, torch.Tensor], ratio: float, allocation: str = "uniform",
+                   normalize: str | None = None, *, limits: Mapping[int, RoutingLimits] | None = None,
+                   criterion: str | None = None) -> ExpertPlan:
+    """Prune ``ratio`` of the routed experts by ``importance`` (higher = keep).
+
+    ``limits`` (per layer top-k, groups) defaults to ``importance.limits`` when the scores come
+    from lightprune (``ExpertScores``). Errors name the bad value: a ratio outside [0, 1), an
+    unknown allocation or normalisation, non-finite scores, a ratio that would cut below a floor.
+    """
+    if not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) < 1.0:
+        raise ValueError(f"ratio must be in [0, 1), got {ratio!r}")
+    if allocation not in ALLOCATIONS:
+        raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+    limits = limits if limits is not None else getattr(importance, "limits", None)
+    if limits is None:
+        raise ValueError("select_experts needs each layer's routing limits: pass limits= "
+                         "(ExpertScores.limits_of(find_moe_layers(model))) or scores from lightprune")
+    if not importance:
+        raise ValueError("no scores to select from (empty importance)")
+    values: dict[int, torch.Tensor] = {}
+    for layer, v in sorted(importance.items()):
+        if layer not in limits:
+            raise ValueError(f"no routing limits for layer {layer}")
+        v = v.detach().double().cpu()
+        if not torch.isfinite(v).all():
+            bad = [i for i, x in enumerate(v.tolist()) if not math.isfinite(x)]
+            raise ValueError(f"layer {layer}: non-finite scores for experts {bad} (NaN or inf statistics)")
+        values[layer] = log_zscore(v) if normalize == "log_zscore" else v
+    crit = criterion or getattr(importance, "criterion", "unknown")
+    num = {layer: limits[layer].num_experts for layer in values}
+
+    pruned: dict[int, set[int]] = {layer: set() for layer in values}
+    if allocation == "uniform":
+        for layer, v in values.items():
+            lim = limits[layer]
+            want = math.floor(ratio * lim.num_experts)
+            if want > _max_prunable(lim):
+                raise ValueError(f"ratio {ratio} prunes {want} of {lim.num_experts} experts in layer {layer}, "
+                                 f"below its floor of {lim.min_experts} kept (top_k={lim.top_k})")
+            units = _units(layer, v, lim)
+            slices = want if lim.n_group <= 1 else want // lim.n_group
+            for unit in units[:slices]:
+                pruned[layer].update(unit[3])
+        target = sum(math.floor(ratio * n) for n in num.values())
+    else:
+        total = sum(num.values())
+        target = math.floor(ratio * total)
+        capacity = sum(_max_prunable(limits[layer]) for layer in values)
+        if target > capacity:
+            raise ValueError(f"ratio {ratio} prunes {target} of {total} experts, but the per-layer floors "
+                             f"(top_k, groups) allow at most {capacity}")
+        units = sorted(u for layer, v in values.items() for u in _units(layer, v, limits[layer]))
+        budget = {layer: _max_prunable(limits[layer]) for layer in values}
+        done = 0
+        for score, layer, order, ids in units:
+            if done == target:
+                break
+            if len(ids) > budget[layer] or done + len(ids) > target:
+                continue
+            # slices of one layer go weakest first, so a layer never skips a weaker slice
+            if order != len(pruned[layer]) // len(ids):
+                continue
+            pruned[layer].update(ids)
+            budget[layer] -= len(ids)
+            done += len(ids)
+    keep = {layer: sorted(set(range(num[layer])) - pruned[layer]) for layer in values}
+    plan = ExpertPlan(keep=keep, num_experts=num, criterion=crit, ratio=float(ratio), allocation=allocation,
+                      metadata={"normalize": normalize, "target_pruned": target})
+    plan.metadata["pruned"] = plan.total_pruned
+    return plan
