@@ -1,0 +1,102 @@
+"""ExpertPruning: score experts, select a plan, write scores.json and plan.json.
+
+Runs once, at the end of the job: ``on_export`` (``lightprune export``), ``on_calibrate_end``
+(``lightprune calibrate``) or ``on_fit_end`` (``lightprune fit``), whichever comes first. The
+plan it makes is what :class:`~lightprune.callbacks.Export` applies; scoring and surgery stay
+apart (Torch-Pruning's habit). Run files go to ``output_dir`` (default: the trainer's
+``default_root_dir``). Weight criteria need no data; criteria that need calibration
+statistics are an error here until the calibration callback provides them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from ..criteria import Criterion, get_criterion
+from ..models import find_moe_layers
+from ..plan import ExpertPlan
+from ..select import ALLOCATIONS, NORMALIZATIONS, select_experts
+
+__all__ = ["ExpertPruning"]
+
+
+class ExpertPruning(pl.Callback):
+    """Score with ``criterion``, prune ``ratio`` of the routed experts by ``allocation``.
+
+    Args:
+        criterion: a registered criterion name (``aimer``, ``magnitude``, ``router_norm``,
+            ``random``, or one registered by your project) or a ``Criterion`` instance
+            (from a config: ``class_path`` + ``init_args``).
+        ratio: fraction of routed experts to prune, in [0, 1).
+        allocation: ``uniform`` (same count per layer) or ``global`` (one ranking over layers).
+        normalize: ``None`` or ``log_zscore`` (per-layer z-score of log values before a global ranking).
+        seed: passed to criteria that draw random numbers.
+        output_dir: where scores.json and plan.json go (default: ``trainer.default_root_dir``).
+    """
+
+    def __init__(self, criterion: str | Criterion = "aimer", ratio: float = 0.5, allocation: str = "uniform",
+                 normalize: str | None = None, seed: int = 0, output_dir: str | None = None):
+        super().__init__()
+        if not isinstance(ratio, (int, float)) or not 0.0 <= ratio < 1.0:
+            raise ValueError(f"ratio must be in [0, 1), got {ratio!r}")
+        if allocation not in ALLOCATIONS:
+            raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
+        if normalize not in NORMALIZATIONS:
+            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+        kwargs = {"seed": seed} if criterion == "random" else {}
+        self.criterion = get_criterion(criterion, **kwargs)
+        self.ratio, self.allocation, self.normalize, self.seed = float(ratio), allocation, normalize, seed
+        self.output_dir = output_dir
+        self.plan: ExpertPlan | None = None
+        self.seconds: float | None = None
+
+    def run_dir(self, trainer: pl.Trainer) -> Path:
+        return Path(self.output_dir or trainer.default_root_dir)
+
+    # ------------------------------------------------------------------ lifecycle
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.criterion.needs_data and stage == "export":
+            raise ValueError(f"criterion {self.criterion.name!r} needs calibration data: run "
+                             "`lightprune calibrate`, or pick a weight criterion for `lightprune export`")
+
+    def on_export(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._run(trainer, pl_module)
+
+    def on_calibrate_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._run(trainer, pl_module)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._run(trainer, pl_module)
+
+    # ------------------------------------------------------------------ work
+    def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.plan is not None:
+            return
+        model = pl_module.model
+        layers = find_moe_layers(model)
+        start = time.perf_counter()
+        scores = self.criterion.score(model)
+        self.plan = select_experts(scores, self.ratio, self.allocation, self.normalize,
+                                   limits={l.index: l.limits for l in layers}, criterion=self.criterion.name)
+        self.seconds = time.perf_counter() - start
+        if trainer.is_global_zero:
+            out = self.run_dir(trainer)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "scores.json").write_text(json.dumps({self.criterion.name: scores.to_json()}, indent=1) + "\n")
+            self.plan.save(out / "plan.json")
+            rank_zero_info(f"ExpertPruning: {self.criterion.name} pruned {self.plan.total_pruned} experts "
+                           f"({self.allocation}, ratio {self.ratio}); plan in {out / 'plan.json'}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_dict() if self.plan is not None else None, "seconds": self.seconds}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        plan = state_dict.get("plan")
+        self.plan = ExpertPlan.from_dict(plan) if plan is not None else None
+        self.seconds = state_dict.get("seconds")

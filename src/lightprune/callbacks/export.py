@@ -1,0 +1,106 @@
+"""Export: apply the run's ExpertPlan structurally, save, reload, verify, report.
+
+At the end of the job (``on_export``, ``on_calibrate_end`` or ``on_fit_end``; after
+:class:`ExpertPruning` in the callback list) it takes the plan from the run's ExpertPruning
+callback or from ``plan_path``, computes the masked model's logits on a probe batch, prunes in
+place, writes the checkpoint (temporary directory renamed into place) and verifies the reloaded
+checkpoint against the masked logits. It writes ``report.json`` (parameter counts and checkpoint
+bytes before and after, per-layer kept counts, timings) and ``kept_experts.png``, and prints a
+summary table.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+
+from ..export import export_pruned
+from ..plan import ExpertPlan
+from ..report import plot_kept_experts, print_summary, write_report
+from .expert_pruning import ExpertPruning
+
+__all__ = ["Export"]
+
+
+def _dir_bytes(path: Path) -> int | None:
+    if not path.is_dir():
+        return None
+    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+
+
+class Export(pl.Callback):
+    """Prune by the run's plan and export a verified checkpoint.
+
+    Args:
+        output_dir: run directory for report.json and the PNG (default: ``trainer.default_root_dir``).
+        checkpoint_dir: where the pruned checkpoint goes (default: ``<output_dir>/model``).
+        plan_path: apply this plan.json instead of the one an ExpertPruning callback made.
+        overwrite: replace an existing checkpoint directory.
+        summary: print the summary table.
+    """
+
+    def __init__(self, output_dir: str | None = None, checkpoint_dir: str | None = None,
+                 plan_path: str | None = None, overwrite: bool = False, summary: bool = True):
+        super().__init__()
+        if plan_path is not None and not Path(plan_path).is_file():
+            raise FileNotFoundError(f"plan_path {plan_path!r} does not exist")
+        self.output_dir, self.checkpoint_dir, self.plan_path = output_dir, checkpoint_dir, plan_path
+        self.overwrite, self.summary = overwrite, summary
+        self.report: dict[str, Any] | None = None
+
+    def on_export(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._run(trainer, pl_module)
+
+    def on_calibrate_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._run(trainer, pl_module)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._run(trainer, pl_module)
+
+    def _plan(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[ExpertPlan, float]:
+        if self.plan_path is not None:
+            return ExpertPlan.load(self.plan_path), 0.0
+        pruning = [cb for cb in trainer.callbacks if isinstance(cb, ExpertPruning)]
+        if not pruning:
+            raise ValueError("Export needs a plan: add an ExpertPruning callback or set plan_path")
+        pruning[0]._run(trainer, pl_module)
+        return pruning[0].plan, pruning[0].seconds or 0.0
+
+    def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.report is not None:
+            return
+        plan, seconds_scoring = self._plan(trainer, pl_module)
+        run_dir = Path(self.output_dir or trainer.default_root_dir)
+        ckpt_dir = Path(self.checkpoint_dir) if self.checkpoint_dir else run_dir / "model"
+        start = time.perf_counter()
+        result = export_pruned(pl_module.model, plan, ckpt_dir, overwrite=self.overwrite)
+        seconds_export = time.perf_counter() - start
+        source = getattr(pl_module, "source", type(pl_module.model).__name__)
+        before = Path(source) if isinstance(source, str) else None
+        report = {
+            "source": source,
+            "criterion": plan.criterion,
+            "ratio": plan.ratio,
+            "allocation": plan.allocation,
+            "experts_before": sum(plan.num_experts.values()),
+            "experts_after": sum(len(ids) for ids in plan.keep.values()),
+            "params_before": result["params_before"],
+            "params_after": result["params_after"],
+            "checkpoint_bytes_before": _dir_bytes(before) if before is not None else None,
+            "checkpoint_bytes_after": result["checkpoint_bytes"],
+            "expected_bytes_after": result["expected_bytes"],
+            "kept_per_layer": {str(l): len(ids) for l, ids in plan.keep.items()},
+            "max_abs_diff": result["max_abs_diff"],
+            "seconds_scoring": seconds_scoring,
+            "seconds_export": seconds_export,
+            "checkpoint_dir": str(ckpt_dir),
+        }
+        self.report = report
+        if trainer.is_global_zero:
+            write_report(report, run_dir / "report.json")
+            plot_kept_experts(plan, run_dir / "kept_experts.png")
+            if self.summary:
+                print_summary(report)

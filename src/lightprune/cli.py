@@ -1,0 +1,47 @@
+"""The ``lightprune`` command: LightningCLI with ``calibrate`` and ``export`` beside fit/validate/test.
+
+    lightprune export --config configs/aimer.yaml --model.init_args.checkpoint path/to/checkpoint
+    lightprune fit --config configs/...yaml
+
+The working directory is put first on ``sys.path`` so project-local criteria and callbacks
+(for example the top-level ``callbacks/`` folder) can be named by ``class_path`` in a config.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from lightning.pytorch.cli import LightningCLI
+
+from .modules import MoECausalLM
+from .trainer import PruneTrainer
+
+__all__ = ["LightpruneCLI", "main"]
+
+
+class LightpruneCLI(LightningCLI):
+    """LightningCLI whose trainer also has ``calibrate`` and ``export``."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {
+            **LightningCLI.subcommands(),
+            "calibrate": {"model", "dataloaders", "datamodule"},
+            "export": {"model", "datamodule"},
+        }
+
+
+def main(args: list[str] | None = None) -> LightpruneCLI:
+    """Entry point of the ``lightprune`` console script."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    kwargs: dict[str, Any] = {"save_config_kwargs": {"overwrite": True}}
+    return LightpruneCLI(MoECausalLM, None, trainer_class=PruneTrainer, subclass_mode_model=True,
+                         subclass_mode_data=True, args=args, auto_configure_optimizers=False, **kwargs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""Datamodules."""
+
+from .synthetic import SyntheticTokens
+
+__all__ = ["SyntheticTokens"]

@@ -1,0 +1,76 @@
+"""Run reports: report.json, a PNG of kept experts per layer, and the printed summary table."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .plan import ExpertPlan
+
+__all__ = ["write_report", "plot_kept_experts", "summary_table", "print_summary"]
+
+
+def write_report(report: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``report`` as JSON atomically (temporary file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def plot_kept_experts(plan: ExpertPlan, path: str | os.PathLike) -> Path:
+    """Bar chart of kept vs pruned experts per MoE layer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = list(plan.keep)
+    kept = [len(plan.keep[l]) for l in layers]
+    pruned = [plan.num_experts[l] - k for l, k in zip(layers, kept)]
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.4 * len(layers) + 2), 3.2))
+    x = range(len(layers))
+    ax.bar(x, kept, label="kept", color="#3b7dd8")
+    ax.bar(x, pruned, bottom=kept, label="pruned", color="#d9d9d9")
+    ax.set_xticks(list(x), [str(l) for l in layers])
+    ax.set_xlabel("MoE layer")
+    ax.set_ylabel("experts")
+    ax.set_title(f"{plan.criterion}: {plan.allocation}, ratio {plan.ratio}")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f} MiB"
+
+
+def summary_table(report: dict[str, Any]):
+    """A rich Table of the headline figures of a run."""
+    from rich.table import Table
+
+    table = Table(title=f"lightprune: {report['criterion']} on {report['source']}")
+    table.add_column("", style="bold")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    table.add_row("routed experts", str(report["experts_before"]), str(report["experts_after"]))
+    table.add_row("parameters", f"{report['params_before']:,}", f"{report['params_after']:,}")
+    table.add_row("checkpoint bytes", _mib(report.get("checkpoint_bytes_before")), _mib(report["checkpoint_bytes_after"]))
+    table.add_row("kept per layer", "", " ".join(f"{l}:{k}" for l, k in report["kept_per_layer"].items()))
+    table.add_row("verified max |logit diff|", "", f"{report['max_abs_diff']:.2e}")
+    table.add_row("seconds (score+select / export)", "",
+                  f"{report['seconds_scoring']:.2f} / {report['seconds_export']:.2f}")
+    return table
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    Console().print(summary_table(report))

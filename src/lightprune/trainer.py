@@ -1,0 +1,69 @@
+"""PruneTrainer: Lightning's Trainer with the two lightprune entry points, ``calibrate`` and ``export``.
+
+- ``calibrate``: forward passes over calibration data with no optimizer (Lightning's
+  validation loop over the datamodule's ``calibration_dataloader`` when it has one), then the
+  ``on_calibrate_end(trainer, pl_module)`` hook of every callback that defines it.
+- ``export``: no data and no training; runs the ``on_export(trainer, pl_module)`` hook of every
+  callback that defines it (scoring from weights, selection, surgery, export), in list order.
+
+Callbacks that act "at the end of the job" implement ``on_fit_end``, ``on_calibrate_end`` and
+``on_export`` and run once (see :class:`lightprune.callbacks.ExpertPruning`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+__all__ = ["PruneTrainer"]
+
+
+class PruneTrainer(pl.Trainer):
+    """A :class:`lightning.pytorch.Trainer` that also calibrates and exports."""
+
+    def _call_custom_hook(self, hook: str, model: pl.LightningModule) -> None:
+        for callback in self.callbacks:
+            fn = getattr(callback, hook, None)
+            if callable(fn):
+                fn(self, model)
+
+    def calibrate(self, model: pl.LightningModule | None = None, dataloaders: Any = None,
+                  datamodule: pl.LightningDataModule | None = None, ckpt_path: str | None = None) -> None:
+        """Run forward passes over calibration data (no optimizer), then the callbacks' ``on_calibrate_end``."""
+        model = model or self.lightning_module
+        if model is None:
+            raise ValueError("calibrate needs a model")
+        if dataloaders is None and datamodule is not None and hasattr(datamodule, "calibration_dataloader"):
+            datamodule.setup("calibrate")
+            dataloaders = datamodule.calibration_dataloader()
+            datamodule = None
+        if dataloaders is not None or datamodule is not None:
+            self.validate(model, dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
+        else:
+            rank_zero_info("calibrate: no calibration data given; only weight-based callbacks will act")
+            self._attach(model)
+        self._call_custom_hook("on_calibrate_end", model)
+
+    def export(self, model: pl.LightningModule | None = None,
+               datamodule: pl.LightningDataModule | None = None) -> None:
+        """Score, select, prune and export with the configured callbacks, without data or training."""
+        model = model or self.lightning_module
+        if model is None:
+            raise ValueError("export needs a model")
+        self._attach(model)
+        for callback in self.callbacks:
+            callback.setup(self, model, stage="export")
+        try:
+            self._call_custom_hook("on_export", model)
+        finally:
+            for callback in self.callbacks:
+                callback.teardown(self, model, stage="export")
+
+    def _attach(self, model: pl.LightningModule) -> None:
+        """Make ``model`` the trainer's module (as fit/validate would) without running a loop."""
+        self.strategy.connect(model)
+        model.trainer = self
+        if hasattr(model, "configure_model"):
+            model.configure_model()

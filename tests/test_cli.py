@@ -1,0 +1,109 @@
+"""The lightprune command end to end on tiny checkpoints: every output file, checked values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import lightprune as lp
+from lightprune.cli import main
+from lightprune.models.tiny import tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def checkpoint(tmp_path: Path) -> Path:
+    path = tmp_path / "ckpt"
+    tiny_model("qwen3_moe", seed=3).save_pretrained(path)
+    return path
+
+
+def _run(args: list[str]):
+    return main(args)
+
+
+def test_aimer_config_prunes_a_checkpoint(tmp_path: Path, checkpoint: Path, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    run = tmp_path / "run"
+    _run(["export", "--config", "configs/aimer.yaml", "--model.init_args.checkpoint", str(checkpoint),
+          "--trainer.default_root_dir", str(run)])
+    for name in ("scores.json", "plan.json", "report.json", "kept_experts.png", "model/config.json",
+                 "model/model.safetensors"):
+        assert (run / name).is_file(), name
+
+    original = lp.load_pruned(checkpoint)
+    plan = lp.ExpertPlan.load(run / "plan.json")
+    # the plan is AIMER's: in each layer the experts with the largest AIMER value are the pruned ones
+    expected = lp.select_experts(lp.score_weights(original, "aimer"), 0.5, "uniform")
+    assert plan.keep == expected.keep and plan.criterion == "aimer"
+    scores = json.loads((run / "scores.json").read_text())["aimer"]
+    for layer, ids in plan.pruned().items():
+        raw = torch.tensor(scores["raw"][str(layer)])
+        assert set(ids) == set(torch.topk(raw, len(ids)).indices.tolist())
+
+    # the exported checkpoint equals the masked original, and the report's figures are its own
+    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    pruned = lp.load_pruned(run / "model")
+    with torch.no_grad(), lp.mask_experts(original, plan):
+        masked = original(input_ids=ids).logits
+    torch.testing.assert_close(pruned(input_ids=ids).logits, masked, atol=1e-5, rtol=1e-5)
+    report = json.loads((run / "report.json").read_text())
+    assert report["params_before"] == sum(p.numel() for p in original.parameters())
+    assert report["params_after"] == sum(p.numel() for p in pruned.parameters())
+    assert report["checkpoint_bytes_after"] == (run / "model" / "model.safetensors").stat().st_size
+    assert report["checkpoint_bytes_before"] == (checkpoint / "model.safetensors").stat().st_size
+    assert report["kept_per_layer"] == {str(l): len(k) for l, k in plan.keep.items()}
+    assert report["experts_after"] == report["experts_before"] // 2
+
+
+def test_quickstart_default_job(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    run = tmp_path / "quick"
+    _run(["export", "--config", "configs/quickstart.yaml", "--trainer.default_root_dir", str(run)])
+    report = json.loads((run / "report.json").read_text())
+    assert report["experts_after"] * 2 == report["experts_before"]
+    assert report["max_abs_diff"] <= 1e-5
+    model = lp.load_pruned(run / "model")
+    assert {l.num_experts for l in lp.find_moe_layers(model)} == {8}
+
+
+def test_project_local_criterion_by_class_path(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    run = tmp_path / "custom"
+    _run(["export", "--config", "configs/custom_criterion.yaml", "--trainer.default_root_dir", str(run)])
+    plan = lp.ExpertPlan.load(run / "plan.json")
+    assert plan.criterion == "down_proj_norm" and plan.allocation == "global"
+    # independent: rank all experts by the Frobenius norm of down_proj, prune the lowest 25% overall
+    model = tiny_model("mixtral")
+    pairs = sorted((float(torch.linalg.vector_norm(l.experts.down_proj[e].double())), l.index, e)
+                   for l in lp.find_moe_layers(model) for e in range(l.num_experts))
+    lowest = {(l, e) for _, l, e in pairs[: len(pairs) // 4]}
+    assert {(l, e) for l, ids in plan.pruned().items() for e in ids} == lowest
+    assert (run / "model" / "modeling_lightprune.py").is_file() == (not plan.is_uniform)
+
+
+def test_bad_ratio_is_named(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    with pytest.raises((ValueError, SystemExit)) as info:
+        _run(["export", "--config", "configs/quickstart.yaml", "--trainer.default_root_dir", str(tmp_path),
+              "--trainer.callbacks.0.init_args.ratio", "1.5"])
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_fit_and_calibrate_run_on_synthetic_tokens(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    common = ["--model", "lightprune.modules.MoECausalLM", "--model.init_args.tiny", "olmoe",
+              "--data", "lightprune.data.SyntheticTokens", "--trainer.accelerator", "cpu",
+              "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
+              "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)]
+    cli = _run(["fit", *common, "--trainer.max_steps", "2"])
+    assert cli.trainer.global_step == 2
+    run = tmp_path / "cal"
+    _run(["calibrate", *common[:-1], str(run), "--trainer.callbacks+=lightprune.callbacks.ExpertPruning",
+          "--trainer.callbacks.init_args.criterion", "router_norm", "--trainer.callbacks.init_args.ratio", "0.25"])
+    plan = lp.ExpertPlan.load(run / "plan.json")
+    assert plan.criterion == "router_norm" and plan.total_pruned == 4
