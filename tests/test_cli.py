@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import lightprune as lp
-from lightprune.cli import main
+from lightprune.cli import cli_main
 from lightprune.models.tiny import tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,8 +23,13 @@ def checkpoint(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _plain_argv(monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["lightprune"])
+
+
 def _run(args: list[str]):
-    return main(args)
+    return cli_main(args)
 
 
 def test_aimer_config_prunes_a_checkpoint(tmp_path: Path, checkpoint: Path, monkeypatch) -> None:
@@ -79,7 +85,7 @@ def test_project_local_criterion_by_class_path(tmp_path: Path, monkeypatch) -> N
     assert plan.criterion == "down_proj_norm" and plan.allocation == "global"
     # independent: rank all experts by the Frobenius norm of down_proj, prune the lowest 25% overall
     model = tiny_model("mixtral")
-    pairs = sorted((float(torch.linalg.vector_norm(l.experts.down_proj[e].double())), l.index, e)
+    pairs = sorted((float(torch.linalg.vector_norm(l.experts.down_proj[e].detach().double())), l.index, e)
                    for l in lp.find_moe_layers(model) for e in range(l.num_experts))
     lowest = {(l, e) for _, l, e in pairs[: len(pairs) // 4]}
     assert {(l, e) for l, ids in plan.pruned().items() for e in ids} == lowest
@@ -88,10 +94,10 @@ def test_project_local_criterion_by_class_path(tmp_path: Path, monkeypatch) -> N
 
 def test_bad_ratio_is_named(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
-    with pytest.raises((ValueError, SystemExit)) as info:
+    with pytest.raises(ValueError, match="ratio must be in \\[0, 1\\), got 1.5"):
         _run(["export", "--config", "configs/quickstart.yaml", "--trainer.default_root_dir", str(tmp_path),
-              "--trainer.callbacks.0.init_args.ratio", "1.5"])
-    assert not (tmp_path / "plan.json").exists()
+              "--trainer.callbacks.init_args.ratio", "1.5"])
+    assert not any(tmp_path.iterdir())
 
 
 def test_fit_and_calibrate_run_on_synthetic_tokens(tmp_path: Path, monkeypatch) -> None:

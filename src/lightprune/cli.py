@@ -18,7 +18,7 @@ from lightning.pytorch.cli import LightningCLI
 from .modules import MoECausalLM
 from .trainer import PruneTrainer
 
-__all__ = ["LightpruneCLI", "main"]
+__all__ = ["LightpruneCLI", "cli_main", "main"]
 
 
 class LightpruneCLI(LightningCLI):
@@ -33,14 +33,19 @@ class LightpruneCLI(LightningCLI):
         }
 
 
-def main(args: list[str] | None = None) -> LightpruneCLI:
-    """Entry point of the ``lightprune`` console script."""
+def cli_main(args: list[str] | None = None) -> LightpruneCLI:
+    """Parse ``args`` (default: ``sys.argv``), run the subcommand, return the CLI object."""
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
     kwargs: dict[str, Any] = {"save_config_kwargs": {"overwrite": True}}
     return LightpruneCLI(MoECausalLM, None, trainer_class=PruneTrainer, subclass_mode_model=True,
                          subclass_mode_data=True, args=args, auto_configure_optimizers=False, **kwargs)
+
+
+def main() -> None:
+    """Entry point of the ``lightprune`` console script."""
+    cli_main()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Export: apply the run's ExpertPlan structurally, save, reload, verify, report.
 
-At the end of the job (``on_export``, ``on_calibrate_end`` or ``on_fit_end``; after
-:class:`ExpertPruning` in the callback list) it takes the plan from the run's ExpertPruning
-callback or from ``plan_path``, computes the masked model's logits on a probe batch, prunes in
+At the end of the job (``on_export``, ``on_calibrate_end`` or ``on_fit_end``) it takes the plan
+from the run's :class:`ExpertPruning` callback (running it first if it has not run yet, so the
+order of the two in the callback list does not matter) or from ``plan_path``, computes the masked model's logits on a probe batch, prunes in
 place, writes the checkpoint (temporary directory renamed into place) and verifies the reloaded
 checkpoint against the masked logits. It writes ``report.json`` (parameter counts and checkpoint
 bytes before and after, per-layer kept counts, timings) and ``kept_experts.png``, and prints a

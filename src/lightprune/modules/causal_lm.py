@@ -72,6 +72,8 @@ class MoECausalLM(pl.LightningModule):
 
             self.model = load_pruned(self.hparams.checkpoint, dtype=dtype,
                                      trust_remote_code=self.hparams.trust_remote_code)
+        # Lightning switches train/eval per loop; start from train mode like any fresh module
+        self.model.train(self.training)
 
     def forward(self, **batch: Any):
         return self.model(**batch)
