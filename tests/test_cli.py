@@ -113,3 +113,27 @@ def test_fit_and_calibrate_run_on_synthetic_tokens(tmp_path: Path, monkeypatch) 
           "--trainer.callbacks.init_args.criterion", "router_norm", "--trainer.callbacks.init_args.ratio", "0.25"])
     plan = lp.ExpertPlan.load(run / "plan.json")
     assert plan.criterion == "router_norm" and plan.total_pruned == 4
+
+
+def test_console_entry_reports_bad_input_in_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    from lightprune.cli import main
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("LIGHTPRUNE_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", ["lightprune", "export", "--config", "configs/quickstart.yaml",
+                                      "--trainer.default_root_dir", str(tmp_path / "run"),
+                                      "--trainer.callbacks.init_args.ratio", "0.95"])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == "lightprune: error: ratio 0.95 prunes 15 of 16 experts in layer 0, below its floor of 2 kept (top_k=2)"
+    assert not (tmp_path / "run").exists()
+
+
+def test_dense_model_fails_before_any_output(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ValueError, match="no MoE layers"):
+        _run(["export", "--config", "configs/quickstart.yaml", "--trainer.default_root_dir", str(tmp_path / "run"),
+              "--model.init_args.tiny_overrides", "{num_hidden_layers: 2, mlp_only_layers: [0, 1]}"])
+    assert not (tmp_path / "run").exists()

@@ -44,8 +44,18 @@ def cli_main(args: list[str] | None = None) -> LightpruneCLI:
 
 
 def main() -> None:
-    """Entry point of the ``lightprune`` console script."""
-    cli_main()
+    """Entry point of the ``lightprune`` console script.
+
+    A bad input (ValueError, FileNotFoundError) is reported in one line and exit status 2;
+    set ``LIGHTPRUNE_DEBUG=1`` to see the traceback.
+    """
+    try:
+        cli_main()
+    except (ValueError, FileNotFoundError) as err:
+        if os.environ.get("LIGHTPRUNE_DEBUG"):
+            raise
+        print(f"lightprune: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ def plot_kept_experts(plan: ExpertPlan, path: str | os.PathLike) -> Path:
     """Bar chart of kept vs pruned experts per MoE layer."""
     import matplotlib
 
+    import matplotlib.ticker
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -39,6 +41,7 @@ def plot_kept_experts(plan: ExpertPlan, path: str | os.PathLike) -> Path:
     ax.set_xticks(list(x), [str(l) for l in layers])
     ax.set_xlabel("MoE layer")
     ax.set_ylabel("experts")
+    ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_title(f"{plan.criterion}: {plan.allocation}, ratio {plan.ratio}")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()

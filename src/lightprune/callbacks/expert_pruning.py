@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from ..criteria import Criterion, get_criterion
@@ -64,6 +65,22 @@ class ExpertPruning(pl.Callback):
         if self.criterion.needs_data and stage == "export":
             raise ValueError(f"criterion {self.criterion.name!r} needs calibration data: run "
                              "`lightprune calibrate`, or pick a weight criterion for `lightprune export`")
+        if getattr(pl_module, "model", None) is not None:
+            self._check_model(pl_module.model)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._check_model(pl_module.model)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._check_model(pl_module.model)
+
+    def _check_model(self, model) -> None:
+        """Fail before any data is spent: not an MoE model, or a ratio that would cut below a floor."""
+        if self.plan is not None:
+            return
+        layers = find_moe_layers(model)
+        dry = {layer.index: torch.zeros(layer.num_experts) for layer in layers}
+        select_experts(dry, self.ratio, self.allocation, limits={l.index: l.limits for l in layers})
 
     def on_export(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._run(trainer, pl_module)
