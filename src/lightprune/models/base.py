@@ -132,6 +132,10 @@ class MoEAdapter:
     def is_sparse_layer(self, index: int) -> bool:
         """The family's rule for whether decoder layer ``index`` has an MoE block."""
         cfg = self.text_config
+        # transformers builds a dense MLP everywhere when the expert count is 0 (Qwen families)
+        count = getattr(cfg, self.num_experts_key, None)
+        if count is not None and int(count) <= 0:
+            return False
         if index in (getattr(cfg, "mlp_only_layers", None) or []):
             return False
         step = getattr(cfg, "decoder_sparse_step", 1) or 1
