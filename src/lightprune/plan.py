@@ -75,7 +75,7 @@ class ExpertPlan:
             if len(ids) < layer.min_experts:
                 raise PlanError(f"plan keeps {len(ids)} experts in layer {index}, below its floor of "
                                 f"{layer.min_experts} (top_k={layer.top_k}"
-                                + (f", n_group={layer.n_group}, topk_group={layer.topk_group})" if layer.n_group > 1 else ")"))
+                                + (f", n_group={layer.n_group}, topk_group={layer.topk_group})" if layer.limits.is_grouped else ")"))
             if layer.n_group > 1:
                 size = layer.num_experts // layer.n_group
                 per_group = [sum(1 for e in ids if e // size == g) for g in range(layer.n_group)]

@@ -30,6 +30,12 @@ class RoutingLimits:
     top_k: int
     n_group: int = 1
     topk_group: int = 1
+    #: group-limited router (DeepSeek-V3): every group is scored by its top-2 sum, also when n_group == 1
+    grouped: bool = False
+
+    @property
+    def is_grouped(self) -> bool:
+        return self.n_group > 1 or self.grouped
 
     @property
     def group_size(self) -> int:
@@ -43,7 +49,7 @@ class RoutingLimits:
     @property
     def min_experts(self) -> int:
         """Fewest experts the layer may keep: top_k, or min_per_group in every group."""
-        if self.n_group > 1:
+        if self.is_grouped:
             return self.min_per_group * self.n_group
         return self.top_k
 
@@ -68,10 +74,12 @@ class MoELayer:
     n_group: int = 1
     topk_group: int = 1
     adapter: "MoEAdapter | None" = field(default=None, repr=False)
+    #: group-limited routing (see :attr:`RoutingLimits.grouped`)
+    grouped: bool = False
 
     @property
     def limits(self) -> RoutingLimits:
-        return RoutingLimits(self.num_experts, self.top_k, self.n_group, self.topk_group)
+        return RoutingLimits(self.num_experts, self.top_k, self.n_group, self.topk_group, self.grouped)
 
     @property
     def min_experts(self) -> int:
@@ -97,6 +105,8 @@ class MoEAdapter:
     shared_attrs: ClassVar[tuple[str, ...]] = ()
     #: True for MLLMs: the MoE language model sits inside a conditional-generation model
     multimodal: ClassVar[bool] = False
+    #: True for group-limited routers (top-2 group scores need two experts in every group)
+    group_limited: ClassVar[bool] = False
 
     #: lightprune's config key for per-layer expert counts of a non-uniform prune
     PER_LAYER_KEY: ClassVar[str] = "lightprune_experts_per_layer"
@@ -168,7 +178,7 @@ class MoEAdapter:
                 index=index, name=f"{prefix}.{index}.{self.mlp_attr}", block=block, router=router,
                 experts=experts, num_experts=int(router.weight.shape[0]), top_k=self.top_k(),
                 has_shared_experts=any(getattr(block, a, None) is not None for a in self.shared_attrs),
-                n_group=n_group, topk_group=topk_group, adapter=self))
+                n_group=n_group, topk_group=topk_group, adapter=self, grouped=self.group_limited))
         return found
 
     # ----------------------------------------------------------------- routing

@@ -96,6 +96,7 @@ class DeepseekV3Adapter(MoEAdapter):
     model_types = ("deepseek_v3",)
     num_experts_key = "n_routed_experts"
     shared_attrs = ("shared_experts",)
+    group_limited = True
 
     def is_sparse_layer(self, index: int) -> bool:
         cfg = self.text_config
