@@ -53,6 +53,8 @@ def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
     """Remove the experts ``plan`` prunes from ``model``, in place; returns ``model``."""
     layers = find_moe_layers(model)
     plan.check_layers(layers)
+    adapter = get_adapter(model)
+    old_count = getattr(adapter.text_config, adapter.num_experts_key, None)
     for layer in layers:
         if layer.index not in plan.keep or len(plan.keep[layer.index]) == layer.num_experts:
             continue
@@ -60,9 +62,29 @@ def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
         _index_rows(layer.router, ROUTER_TENSORS, index)
         _index_rows(layer.experts, EXPERT_TENSORS, index)
         _set_counts(layer, len(index))
-    counts = {layer.index: int(layer.router.weight.shape[0]) for layer in find_moe_layers(model)}
-    get_adapter(model).set_expert_counts(counts)
+    layers = find_moe_layers(model)
+    counts = {layer.index: int(layer.router.weight.shape[0]) for layer in layers}
+    adapter.set_expert_counts(counts)
+    _set_model_counts(model, layers, old_count, getattr(adapter.text_config, adapter.num_experts_key))
     return model
+
+
+def _set_model_counts(model: nn.Module, layers: list[MoELayer], old: int | None, new: int) -> None:
+    """Update ``num_experts`` copies held outside the MoE blocks.
+
+    transformers' ``*ForCausalLM`` (Mixtral, Qwen2/3-MoE, OLMoE) copies the config's expert count
+    to ``self.num_experts`` at construction and sizes the load-balancing loss with it, so a stale
+    count breaks ``output_router_logits=True`` on the pruned model.
+    """
+    if old is None or old == new:
+        return
+    inside = {id(m) for layer in layers for m in layer.block.modules()}
+    for module in model.modules():
+        if id(module) in inside:
+            continue
+        value = module.__dict__.get("num_experts")
+        if isinstance(value, int) and not isinstance(value, bool) and value == old:
+            module.num_experts = new
 
 
 def resize_experts(model: nn.Module, counts: dict[int, int]) -> nn.Module:
