@@ -89,10 +89,14 @@ def select_experts(importance: Mapping[int, torch.Tensor], ratio: float, allocat
     for layer, v in sorted(importance.items()):
         if layer not in limits:
             raise ValueError(f"no routing limits for layer {layer}")
-        v = v.detach().double().cpu()
+        v = torch.as_tensor(v).detach().double().cpu()
+        if v.dim() != 1 or v.numel() != limits[layer].num_experts:
+            raise ValueError(f"layer {layer}: expected {limits[layer].num_experts} scores (one per routed expert), "
+                             f"got shape {tuple(v.shape)}")
         if not torch.isfinite(v).all():
-            bad = [i for i, x in enumerate(v.tolist()) if not math.isfinite(x)]
-            raise ValueError(f"layer {layer}: non-finite scores for experts {bad} (NaN or inf statistics)")
+            bad = {i: x for i, x in enumerate(v.tolist()) if not math.isfinite(x)}
+            raise ValueError(f"layer {layer}: non-finite scores {list(bad.values())} for experts {list(bad)} "
+                             "(NaN or inf statistics)")
         values[layer] = log_zscore(v) if normalize == "log_zscore" else v
     crit = criterion or getattr(importance, "criterion", "unknown")
     num = {layer: limits[layer].num_experts for layer in values}
