@@ -1,0 +1,43 @@
+"""Shared pytest setup: offline hub, and tiny models of every family built once per session.
+
+``tiny(family, seed=0, **overrides)`` returns a deep copy of a cached tiny model, so a test may
+mask, prune or train it freely without paying for the build again or leaking into other tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import pytest  # noqa: E402
+
+
+def _freeze(value):
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+@pytest.fixture(scope="session")
+def tiny_cache():
+    """{(family, seed, overrides): model}, built lazily; hand out copies only (see ``tiny``)."""
+    return {}
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_cache):
+    """Factory: ``tiny(family, seed=0, **overrides)`` -> a fresh deep copy of a cached tiny model."""
+    from lightprune.models.tiny import tiny_model
+
+    def make(family: str, seed: int = 0, **overrides):
+        key = (family, seed, _freeze(overrides))
+        if key not in tiny_cache:
+            tiny_cache[key] = tiny_model(family, seed=seed, **overrides)
+        return copy.deepcopy(tiny_cache[key])
+
+    return make
