@@ -1,0 +1,22 @@
+"""Save, load and verify pruned checkpoints.
+
+::
+
+    report = lp.export_pruned(model, plan, out_dir)   # mask -> reference logits, prune, save, verify
+    lp.save_pruned(model, out_dir)                    # an already pruned model
+    model = lp.load_pruned(out_dir)                   # never runs the checkpoint's code
+
+Checkpoints are safetensors only, written to a hidden sibling directory and renamed into place
+after verification. A checkpoint whose layers keep different numbers of experts records them as
+``config.lightprune_experts_per_layer`` and carries a ``modeling_lightprune.py`` (torch and
+transformers only) so that ``AutoModel...from_pretrained(path, trust_remote_code=True)`` loads
+it without lightprune.
+"""
+
+from .load import check_checkpoint, load_pruned
+from .pipeline import export_pruned
+from .save import MANIFEST_FILE, save_pruned
+from .verify import ExportVerificationError, default_probe
+
+__all__ = ["save_pruned", "load_pruned", "export_pruned", "ExportVerificationError", "default_probe",
+           "check_checkpoint", "MANIFEST_FILE"]

@@ -1,0 +1,117 @@
+"""Which transformers classes build a pruned checkpoint, and the in-process resizing subclass.
+
+- :func:`auto_class_name`: ``AutoModelForImageTextToText`` for the MLLM families (the adapter's
+  ``multimodal`` flag), ``AutoModelForCausalLM`` otherwise.
+- :func:`base_class`: the stock transformers class of a model or config (never a lightprune or
+  remote-code subclass), the name a checkpoint records in ``architectures``.
+- :func:`moe_block_pattern`: the module path of the MoE blocks with an ``{index}`` field, from
+  the adapter (``model.layers.{index}.mlp``, ``model.language_model.layers.{index}.mlp``).
+- :func:`resizing_class`: a subclass of the stock class whose ``__init__`` gives each layer the
+  expert count of ``config.lightprune_experts_per_layer`` (through :mod:`.remote_resize`, the same
+  code the generated ``modeling_lightprune.py`` runs), so ``from_pretrained`` loads a
+  non-uniform checkpoint with its own weight conversions and never runs the checkpoint's code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..models import ADAPTERS, find_moe_layers, get_adapter
+from . import remote_resize
+
+__all__ = ["auto_class_name", "auto_class", "base_class", "base_class_for_config", "moe_block_pattern",
+           "resizing_class"]
+
+_CAUSAL, _IMAGE_TEXT = "AutoModelForCausalLM", "AutoModelForImageTextToText"
+_RESIZING: dict[type, type] = {}
+
+
+def auto_class_name(config: Any) -> str:
+    """The transformers auto class that builds ``config``'s model with its LM head."""
+    adapter = ADAPTERS.get(getattr(config, "model_type", None))
+    if adapter is not None:
+        return _IMAGE_TEXT if adapter.multimodal else _CAUSAL
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    return _CAUSAL if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else _IMAGE_TEXT
+
+
+def auto_class(config: Any) -> type:
+    import transformers
+
+    return getattr(transformers, auto_class_name(config))
+
+
+def base_class(model: nn.Module) -> type:
+    """The first stock transformers class in ``type(model)``'s MRO."""
+    for cls in type(model).__mro__:
+        if cls.__module__.startswith("transformers.") and not getattr(cls, "_lightprune_resizing", False):
+            return cls
+    raise ValueError(f"{type(model).__name__} is not a transformers model class")
+
+
+def base_class_for_config(config: Any) -> type:
+    """The stock class that the auto class of ``config`` maps it to."""
+    from transformers.models.auto import modeling_auto
+
+    name = auto_class_name(config)
+    mapping = (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING if name == _CAUSAL
+               else modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING)
+    try:
+        return mapping[type(config)]
+    except KeyError:
+        raise ValueError(f"no {name} class for model_type {getattr(config, 'model_type', None)!r}") from None
+
+
+def moe_block_pattern(model: nn.Module) -> str:
+    """Module path of the MoE blocks with the layer index as ``{index}``; one pattern for all layers."""
+    patterns = set()
+    for layer in find_moe_layers(model):
+        parts = layer.name.split(".")
+        where = [i for i, part in enumerate(parts) if part == str(layer.index)]
+        if not where:
+            raise ValueError(f"MoE block {layer.name!r} does not contain its layer index {layer.index}")
+        parts[where[-1]] = "{index}"
+        patterns.add(".".join(parts))
+    if len(patterns) != 1:
+        raise ValueError(f"MoE blocks follow more than one path pattern: {sorted(patterns)}")
+    return patterns.pop()
+
+
+def _resize_from_config(model: nn.Module, config: Any) -> None:
+    counts = remote_resize.experts_per_layer(config)
+    if not counts:
+        return
+    adapter = get_adapter(model)
+    moe = {layer.index for layer in adapter.layers()}
+    unknown = sorted(set(counts) - moe)
+    if unknown:
+        raise ValueError(f"config.{remote_resize.PER_LAYER_KEY} names layers {unknown} that are not MoE "
+                         f"layers of {type(model).__name__} (MoE layers: {sorted(moe)})")
+    remote_resize.resize_model(model, moe_block_pattern(model), counts, adapter.router_attr, adapter.experts_attr)
+
+
+def resizing_class(base: type) -> type:
+    """A subclass of ``base`` (same name) that builds the per-layer expert counts of its config.
+
+    One class per base, cached; ``isinstance(model, base)`` holds for what it builds. It keeps the
+    base's name and reports ``is_custom_code() == False``: transformers 5 skips every checkpoint
+    conversion mapping of a custom-code class (looked up by class name, then model_type), which
+    would leave e.g. InternVL's ``language_model.lm_head.weight`` unmapped on load.
+    """
+    if getattr(base, "_lightprune_resizing", False):
+        return base
+    if base not in _RESIZING:
+        def __init__(self, config, *args, **kwargs):
+            base.__init__(self, config, *args, **kwargs)
+            _resize_from_config(self, config)
+
+        def is_custom_code(cls) -> bool:
+            return False
+
+        _RESIZING[base] = type(base.__name__, (base,), {
+            "__init__": __init__, "is_custom_code": classmethod(is_custom_code), "__module__": __name__,
+            "__qualname__": base.__qualname__, "__doc__": base.__doc__, "_lightprune_resizing": True})
+    return _RESIZING[base]

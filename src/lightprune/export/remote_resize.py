@@ -1,0 +1,102 @@
+"""Resize the routed-expert slots of a transformers MoE model per layer, with torch alone.
+
+A non-uniformly pruned checkpoint keeps a different number of routed experts in each MoE layer,
+which no stock transformers class can build from its config. The config records the counts as
+``lightprune_experts_per_layer = {"<layer index>": count}`` (the family's own count key holds the
+largest); this module turns a model built with that largest count into the pruned architecture,
+with empty slots that ``from_pretrained`` then fills from the checkpoint.
+
+This module is the single implementation of that resize. lightprune's in-process loader imports
+it, and ``save_pruned`` copies its source verbatim into the ``modeling_lightprune.py`` written
+beside a non-uniform checkpoint (for ``trust_remote_code=True``), so it must import nothing but
+torch: no lightprune, no third-party package.
+
+A block is found by a path pattern such as ``"model.layers.{index}.mlp"``; inside it the router and
+experts modules by attribute name. Per-expert tensors (dimension 0 indexes experts) get ``count``
+empty rows, parameters stay parameters, buffers keep their persistence; every integer
+``num_experts`` attribute of the router, the experts module and the block follows.
+"""
+
+import torch
+from torch import nn
+
+__all__ = ["PER_LAYER_KEY", "EXPERT_TENSORS", "ROUTER_TENSORS", "block_path", "experts_per_layer",
+           "resize_rows", "resize_block", "resize_model"]
+
+#: config key (on the top-level config) of the per-layer routed-expert counts
+PER_LAYER_KEY = "lightprune_experts_per_layer"
+#: per-expert tensors of a fused experts module
+EXPERT_TENSORS = ("gate_up_proj", "down_proj", "up_proj", "gate_up_proj_bias", "down_proj_bias", "up_proj_bias")
+#: per-expert tensors of a router
+ROUTER_TENSORS = ("weight", "bias", "e_score_correction_bias")
+
+
+def block_path(pattern, index):
+    """The module path of MoE block ``index`` given a pattern with an ``{index}`` field."""
+    if "{index}" not in pattern:
+        raise ValueError(f"MoE block pattern {pattern!r} has no {{index}} field")
+    return pattern.replace("{index}", str(int(index)))
+
+
+def experts_per_layer(config):
+    """``{layer index: count}`` from ``config``'s per-layer key, or None when the config has none."""
+    counts = getattr(config, PER_LAYER_KEY, None)
+    if counts is None:
+        return None
+    if not isinstance(counts, dict) or not counts:
+        raise ValueError(f"config.{PER_LAYER_KEY} must be a non-empty {{layer: count}} mapping, got {counts!r}")
+    parsed = {}
+    for key, value in counts.items():
+        try:
+            index, count = int(key), int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"config.{PER_LAYER_KEY} has a bad entry {key!r}: {value!r}") from None
+        if index < 0 or count < 1 or count != value:
+            raise ValueError(f"config.{PER_LAYER_KEY} has a bad entry {key!r}: {value!r}")
+        parsed[index] = count
+    return dict(sorted(parsed.items()))
+
+
+def _persistent(module, name):
+    return name in module._buffers and name not in module._non_persistent_buffers_set
+
+
+def resize_rows(module, names, count):
+    """Replace each named tensor of ``module`` that exists with an empty one of ``count`` rows."""
+    for name in names:
+        tensor = getattr(module, name, None)
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+            continue
+        data = torch.empty((count, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        if isinstance(tensor, nn.Parameter):
+            setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
+        else:
+            persistent = _persistent(module, name)
+            delattr(module, name)
+            module.register_buffer(name, data, persistent=persistent)
+
+
+def resize_block(block, router_attr, experts_attr, count):
+    """Give one MoE ``block`` ``count`` empty routed-expert slots (router rows and expert tensors)."""
+    router = getattr(block, router_attr, None)
+    experts = getattr(block, experts_attr, None)
+    if router is None or experts is None:
+        raise ValueError(f"{type(block).__name__} has no {router_attr!r} router or no {experts_attr!r} experts")
+    resize_rows(router, ROUTER_TENSORS, count)
+    resize_rows(experts, EXPERT_TENSORS, count)
+    for module in (router, experts, block):
+        if isinstance(getattr(module, "num_experts", None), int):
+            module.num_experts = int(count)
+
+
+def resize_model(model, pattern, counts, router_attr, experts_attr):
+    """Resize every MoE block named by ``pattern`` and ``counts`` (``{layer index: count}``); returns ``model``."""
+    for index, count in sorted(counts.items()):
+        path = block_path(pattern, index)
+        try:
+            block = model.get_submodule(path)
+        except AttributeError:
+            raise ValueError(f"{type(model).__name__} has no MoE block {path!r} for layer {index} "
+                             f"(config.{PER_LAYER_KEY} names it)") from None
+        resize_block(block, router_attr, experts_attr, int(count))
+    return model
