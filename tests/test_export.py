@@ -270,6 +270,24 @@ def test_verification_failure_leaves_nothing(tmp_path):
     assert_clean_parent(tmp_path, {"ckpt"})
 
 
+def test_a_surgery_mismatch_is_caught_before_writing(tmp_path, monkeypatch):
+    from lightprune.export import pipeline
+
+    real_prune = pipeline.prune_experts
+
+    def broken_prune(model, plan):
+        real_prune(model, plan)
+        with torch.no_grad():
+            lp.find_moe_layers(model)[0].experts.down_proj.mul_(1.5)
+        return model
+
+    monkeypatch.setattr(pipeline, "prune_experts", broken_prune)
+    model = fresh("qwen3_moe")
+    with pytest.raises(lp.ExportVerificationError, match="pruned model's logits differ from the masked"):
+        lp.export_pruned(model, floor_plan(model), tmp_path / "ckpt")
+    assert_clean_parent(tmp_path, set())
+
+
 def test_existing_output_needs_overwrite(tmp_path):
     model = fresh("mixtral")
     lp.prune_experts(model, scored_plan(model, 0.5, "uniform"))

@@ -20,7 +20,7 @@ from ..plan import ExpertPlan
 from ..surgery import mask_experts, prune_experts
 from .save import MANIFEST_FILE, parameter_count, save_pruned
 from .staging import check_out_dir
-from .verify import default_probe, model_logits
+from .verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
 
 __all__ = ["export_pruned"]
 
@@ -34,8 +34,10 @@ def export_pruned(model: nn.Module, plan: ExpertPlan, out_dir: str | os.PathLike
     (safetensors bytes on disk), ``expected_bytes`` (bytes of the pruned tensors),
     ``kept_per_layer`` ({layer: count}), ``uniform``, ``max_abs_diff`` and ``seconds``.
 
-    The output directory is checked before any surgery; if saving or verification fails after
-    the prune, the in-memory model stays pruned and ``out_dir`` is left untouched.
+    The output directory is checked before any surgery. The pruned model is compared with the
+    masked one before anything is written (a surgery problem), then the reloaded checkpoint
+    (a save / load problem); either mismatch raises :class:`ExportVerificationError`, leaving
+    ``out_dir`` untouched and the in-memory model pruned.
     """
     start = time.perf_counter()
     check_out_dir(out_dir, overwrite)
@@ -44,6 +46,13 @@ def export_pruned(model: nn.Module, plan: ExpertPlan, out_dir: str | os.PathLike
     with mask_experts(model, plan):
         reference = model_logits(model, probe)
     prune_experts(model, plan)
+    atol = default_atol(model) if atol is None else float(atol)
+    gap = max_abs_diff(model_logits(model, probe), reference, what="pruned model")
+    if gap > atol:
+        raise ExportVerificationError(
+            f"the pruned model's logits differ from the masked model's by up to {gap:.3g} > atol={atol:g}; "
+            "nothing was written (the in-memory model is pruned). In bf16/fp16 a near tie between router "
+            "scores can flip an expert choice: pass a larger atol or export in fp32", gap, atol)
     path = save_pruned(model, out_dir, probe=probe, reference_logits=reference, atol=atol, overwrite=overwrite,
                        processor=processor)
     manifest = json.loads((path / MANIFEST_FILE).read_text())
