@@ -179,6 +179,23 @@ def test_manifest_records_counts_sizes_and_verification(tmp_path):
     assert set(manifest["verification"]["loaders"]) == {"load_pruned", "trust_remote_code"}
 
 
+def test_sharded_checkpoint_round_trip(tmp_path):
+    model = fresh("deepseek_v3")
+    plan = floor_plan(model)
+    probe = default_probe(model)
+    reference = masked_logits(model, plan, probe)
+    lp.prune_experts(model, plan)
+    out = lp.save_pruned(model, tmp_path / "ckpt", probe=probe, reference_logits=reference, max_shard_size="40KB")
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(shards) > 1 and (out / "model.safetensors.index.json").is_file()
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert manifest["weight_bytes"] == sum((out / s).stat().st_size for s in shards)
+    torch.testing.assert_close(model_logits(lp.load_pruned(out), probe), reference, atol=ATOL, rtol=0)
+    (out / shards[-1]).unlink()
+    with pytest.raises(FileNotFoundError, match=shards[-1]):
+        lp.load_pruned(out)
+
+
 def test_bf16_save_uses_bf16_tolerance_and_keeps_dtype(tmp_path):
     # built in bf16 the way transformers loads it (model.to(bf16) would also cast the fp32 rotary buffers)
     fresh("qwen3_moe").save_pretrained(tmp_path / "fp32")

@@ -141,7 +141,7 @@ def _verify(checkpoint: Path, probe: Mapping[str, Any], reference: torch.Tensor,
 
 def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[str, Any] | None = None,
                 reference_logits: torch.Tensor | None = None, atol: float | None = None, overwrite: bool = False,
-                processor: Any = None) -> Path:
+                processor: Any = None, max_shard_size: int | str | None = None) -> Path:
     """Write ``model`` (already pruned in place) to ``out_dir`` as a verified safetensors checkpoint.
 
     Args:
@@ -153,6 +153,7 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
         atol: largest allowed absolute logits difference (default 1e-5 fp32, 1e-2 bf16/fp16).
         overwrite: replace an existing non-empty ``out_dir`` (only once the new one is verified).
         processor: a tokenizer / processor saved into the checkpoint too (``save_pretrained``).
+        max_shard_size: passed to ``save_pretrained`` (default: transformers' own).
 
     The reloaded copies run on ``model``'s device. Returns the absolute checkpoint path.
     Raises :class:`ExportVerificationError` (leaving ``out_dir`` untouched) on a mismatch.
@@ -170,7 +171,7 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
     atol = default_atol(model) if atol is None else float(atol)
     dtype, device = _weights_dtype(model), _device(model)
     with staging_dir(out_dir, overwrite) as tmp:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))
         if processor is not None:
             processor.save_pretrained(tmp)
         _finish_config(tmp, model, uniform)
