@@ -39,16 +39,21 @@ class Export(pl.Callback):
         checkpoint_dir: where the pruned checkpoint goes (default: ``<output_dir>/model``).
         plan_path: apply this plan.json instead of the one an ExpertPruning callback made.
         overwrite: replace an existing checkpoint directory.
+        atol: largest logit difference accepted by verification (default: 1e-5 in fp32, 1e-2 in
+            bf16/fp16, where a near tie between router scores can flip an expert choice).
         summary: print the summary table.
     """
 
     def __init__(self, output_dir: str | None = None, checkpoint_dir: str | None = None,
-                 plan_path: str | None = None, overwrite: bool = False, summary: bool = True):
+                 plan_path: str | None = None, overwrite: bool = False, atol: float | None = None,
+                 summary: bool = True):
         super().__init__()
         if plan_path is not None and not Path(plan_path).is_file():
             raise FileNotFoundError(f"plan_path {plan_path!r} does not exist")
         self.output_dir, self.checkpoint_dir, self.plan_path = output_dir, checkpoint_dir, plan_path
-        self.overwrite, self.summary = overwrite, summary
+        if atol is not None and not atol > 0:
+            raise ValueError(f"atol must be positive, got {atol!r}")
+        self.overwrite, self.atol, self.summary = overwrite, atol, summary
         self.report: dict[str, Any] | None = None
 
     def on_export(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -76,7 +81,7 @@ class Export(pl.Callback):
         run_dir = Path(self.output_dir or trainer.default_root_dir)
         ckpt_dir = Path(self.checkpoint_dir) if self.checkpoint_dir else run_dir / "model"
         start = time.perf_counter()
-        result = export_pruned(pl_module.model, plan, ckpt_dir, overwrite=self.overwrite)
+        result = export_pruned(pl_module.model, plan, ckpt_dir, overwrite=self.overwrite, atol=self.atol)
         seconds_export = time.perf_counter() - start
         source = getattr(pl_module, "source", type(pl_module.model).__name__)
         before = Path(source) if isinstance(source, str) else None
