@@ -10,6 +10,7 @@ statistics are an error here until the calibration callback provides them.
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from ..criteria import Criterion, get_criterion
+from ..criteria import Criterion, get_criterion, get_criterion_class
 from ..models import find_moe_layers
 from ..plan import ExpertPlan
 from ..select import ALLOCATIONS, NORMALIZATIONS, select_experts
@@ -37,7 +38,7 @@ class ExpertPruning(pl.Callback):
         ratio: fraction of routed experts to prune, in [0, 1).
         allocation: ``uniform`` (same count per layer) or ``global`` (one ranking over layers).
         normalize: ``None`` or ``log_zscore`` (per-layer z-score of log values before a global ranking).
-        seed: passed to criteria that draw random numbers.
+        seed: passed to criteria named by string whose constructor takes ``seed`` (``random``).
         output_dir: where scores.json and plan.json go (default: ``trainer.default_root_dir``).
     """
 
@@ -50,8 +51,12 @@ class ExpertPruning(pl.Callback):
             raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
         if normalize not in NORMALIZATIONS:
             raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
-        kwargs = {"seed": seed} if criterion == "random" else {}
-        self.criterion = get_criterion(criterion, **kwargs)
+        if isinstance(criterion, Criterion):
+            self.criterion = criterion
+        else:
+            cls = get_criterion_class(criterion)
+            takes_seed = "seed" in inspect.signature(cls).parameters
+            self.criterion = get_criterion(cls, **({"seed": seed} if takes_seed else {}))
         self.ratio, self.allocation, self.normalize, self.seed = float(ratio), allocation, normalize, seed
         self.output_dir = output_dir
         self.plan: ExpertPlan | None = None
