@@ -133,6 +133,18 @@ def test_aimer_scale_invariant_and_block_independent(fresh_qwen3):
         torch.testing.assert_close(tiny_blocks[index], after[index], rtol=1e-9, atol=0)
 
 
+def test_weight_norms_serial_and_threaded_agree(models):
+    layer = lp.find_moe_layers(models("mixtral"))[1]
+    serial = expert_weight_norms(layer, workers=1, block_elements=64)
+    for workers in (2, 3):
+        threaded = expert_weight_norms(layer, workers=workers, block_elements=64)
+        torch.testing.assert_close(threaded[0], serial[0], rtol=1e-12, atol=0)
+        torch.testing.assert_close(threaded[1], serial[1], rtol=1e-12, atol=0)
+        assert threaded[2] == serial[2]
+    with pytest.raises(ValueError, match="workers"):
+        expert_weight_norms(layer, workers=0)
+
+
 def test_weight_norms_bf16_and_large_expert_accuracy():
     """bf16 weights are reduced in fp32 per chunk; fp32 partials accumulate in float64."""
     model = tiny_model("olmoe", seed=1, hidden_size=64, intermediate_size=512)
