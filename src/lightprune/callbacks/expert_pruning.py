@@ -23,12 +23,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from ..criteria import Criterion, get_criterion, get_criterion_class
 from ..models import find_moe_layers
 from ..plan import ExpertPlan
+from .job_end import JobEndCallback
 from ..select import ALLOCATIONS, NORMALIZATIONS, select_experts
 
 __all__ = ["ExpertPruning"]
 
 
-class ExpertPruning(pl.Callback):
+class ExpertPruning(JobEndCallback):
     """Score with ``criterion``, prune ``ratio`` of the routed experts by ``allocation``.
 
     Args:
@@ -87,17 +88,8 @@ class ExpertPruning(pl.Callback):
         dry = {layer.index: torch.zeros(layer.num_experts) for layer in layers}
         select_experts(dry, self.ratio, self.allocation, limits={l.index: l.limits for l in layers})
 
-    def on_export(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._run(trainer, pl_module)
-
-    def on_calibrate_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._run(trainer, pl_module)
-
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._run(trainer, pl_module)
-
     # ------------------------------------------------------------------ work
-    def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.plan is not None:
             return
         model = pl_module.model

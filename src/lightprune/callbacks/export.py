@@ -19,6 +19,7 @@ import lightning.pytorch as pl
 
 from ..export import export_pruned
 from ..plan import ExpertPlan
+from .job_end import JobEndCallback
 from ..report import plot_kept_experts, print_summary, write_report
 from .expert_pruning import ExpertPruning
 
@@ -31,7 +32,7 @@ def _dir_bytes(path: Path) -> int | None:
     return sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
-class Export(pl.Callback):
+class Export(JobEndCallback):
     """Prune by the run's plan and export a verified checkpoint.
 
     Args:
@@ -56,25 +57,16 @@ class Export(pl.Callback):
         self.overwrite, self.atol, self.summary = overwrite, atol, summary
         self.report: dict[str, Any] | None = None
 
-    def on_export(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._run(trainer, pl_module)
-
-    def on_calibrate_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._run(trainer, pl_module)
-
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._run(trainer, pl_module)
-
     def _plan(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[ExpertPlan, float]:
         if self.plan_path is not None:
             return ExpertPlan.load(self.plan_path), 0.0
         pruning = [cb for cb in trainer.callbacks if isinstance(cb, ExpertPruning)]
         if not pruning:
             raise ValueError("Export needs a plan: add an ExpertPruning callback or set plan_path")
-        pruning[0]._run(trainer, pl_module)
+        pruning[0].run(trainer, pl_module)
         return pruning[0].plan, pruning[0].seconds or 0.0
 
-    def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.report is not None:
             return
         plan, seconds_scoring = self._plan(trainer, pl_module)
