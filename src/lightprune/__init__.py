@@ -33,6 +33,8 @@ _LAZY = {
     "register_criterion": "lightprune.criteria",
     "get_criterion": "lightprune.criteria",
     "available_criteria": "lightprune.criteria",
+    "collect_expert_stats": "lightprune.calibration",
+    "CalibrationStats": "lightprune.calibration",
     "save_pruned": "lightprune.export",
     "load_pruned": "lightprune.export",
     "export_pruned": "lightprune.export",

@@ -1,0 +1,112 @@
+"""The observing experts implementation: each routed expert runs on its routed tokens only, and
+the unweighted outputs are handed to an observer before the weighted sum is returned.
+
+transformers 5 dispatches a fused experts module's forward through ``ExpertsInterface`` by
+``config._experts_implementation``. :func:`observing_experts` registers ``"lightprune_observe"``
+there once and, for the duration of a ``with`` block, points the MoE layers' configs at it; the
+previous implementation names are restored on exit (also on error). The observer receives
+``(layer, hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k], outputs [T, k, H])``
+where ``outputs[t, s]`` is expert ``top_k_index[t, s]``'s unweighted output f(h_t).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models import MoELayer
+
+__all__ = ["IMPLEMENTATION", "observing_experts", "expert_outputs", "run_expert"]
+
+IMPLEMENTATION = "lightprune_observe"
+Observer = Callable[[MoELayer, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+_OBSERVERS: dict[int, tuple[MoELayer, Observer]] = {}
+
+
+def run_expert(experts: nn.Module, index: int, x: torch.Tensor) -> torch.Tensor:
+    """Expert ``index`` of a fused experts module on tokens ``x`` [n, H] -> [n, H] (unweighted)."""
+    transposed = getattr(experts, "is_transposed", False)
+
+    def linear(inp: torch.Tensor, weight: torch.Tensor, bias_name: str) -> torch.Tensor:
+        bias = getattr(experts, bias_name, None) if getattr(experts, "has_bias", False) else None
+        out = inp @ weight[index] if transposed else F.linear(inp, weight[index])
+        return out + bias[index] if bias is not None else out
+
+    if getattr(experts, "has_gate", True):
+        hidden = linear(x, experts.gate_up_proj, "gate_up_proj_bias")
+        hidden = experts._apply_gate(hidden) if hasattr(experts, "_apply_gate") else _gate(experts, hidden)
+    else:
+        hidden = experts.act_fn(linear(x, experts.up_proj, "up_proj_bias"))
+    return linear(hidden, experts.down_proj, "down_proj_bias")
+
+
+def _gate(experts: nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return experts.act_fn(gate) * up
+
+
+def expert_outputs(experts: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor) -> torch.Tensor:
+    """Unweighted outputs ``[T, k, H]`` of the selected experts, each run only on its routed tokens."""
+    num_tokens, k = top_k_index.shape
+    flat = top_k_index.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=experts.num_experts).tolist()
+    tokens = order // k
+    out = torch.empty(num_tokens * k, hidden_states.shape[-1], dtype=hidden_states.dtype, device=hidden_states.device)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count:
+            rows = order[start:start + count]
+            out[rows] = run_expert(experts, expert, hidden_states[tokens[start:start + count]]).to(out.dtype)
+            start += count
+    return out.view(num_tokens, k, -1)
+
+
+def _observing_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                       top_k_weights: torch.Tensor) -> torch.Tensor:
+    outputs = expert_outputs(self, hidden_states, top_k_index)
+    entry = _OBSERVERS.get(id(self))
+    if entry is not None:
+        layer, observer = entry
+        observer(layer, hidden_states, top_k_index, top_k_weights, outputs)
+    weighted = (outputs.float() * top_k_weights.float().unsqueeze(-1)).sum(dim=1)
+    return weighted.to(hidden_states.dtype)
+
+
+def _register() -> None:
+    from transformers.integrations.moe import ExpertsInterface
+
+    if IMPLEMENTATION not in ExpertsInterface._global_mapping:
+        ExpertsInterface.register(IMPLEMENTATION, _observing_forward)
+
+
+@contextmanager
+def observing_experts(layers: list[MoELayer], observer: Observer) -> Iterator[None]:
+    """Route every listed layer's experts through the observing implementation inside the block."""
+    _register()
+    configs: dict[int, tuple[object, object]] = {}
+    try:
+        for layer in layers:
+            if id(layer.experts) in _OBSERVERS:
+                raise RuntimeError(f"layer {layer.index} is already observed: nested observation is not supported")
+            config = getattr(layer.experts, "config", None)
+            if config is None or not hasattr(config, "_experts_implementation_internal"):
+                raise ValueError(f"layer {layer.index}: {type(layer.experts).__name__} does not dispatch through "
+                                 "transformers' ExpertsInterface; cannot observe it")
+            configs.setdefault(id(config), (config, config._experts_implementation_internal))
+            _OBSERVERS[id(layer.experts)] = (layer, observer)
+        for config, _ in configs.values():
+            config._experts_implementation_internal = IMPLEMENTATION
+        yield
+    finally:
+        for config, previous in configs.values():
+            config._experts_implementation_internal = previous
+        for layer in layers:
+            entry = _OBSERVERS.get(id(layer.experts))
+            if entry is not None and entry[1] is observer:
+                del _OBSERVERS[id(layer.experts)]
