@@ -12,16 +12,37 @@ Callbacks that act "at the end of the job" implement ``on_fit_end``, ``on_calibr
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from typing import Any, Iterable, Iterator
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-__all__ = ["PruneTrainer"]
+__all__ = ["PruneTrainer", "SkipBatches"]
+
+
+class SkipBatches:
+    """An iterable over ``loader`` without its first ``skip`` batches (a resumed calibration).
+
+    The skipped batches are still loaded (not run through the model). Lightning treats this as a
+    plain iterable: under DDP the loader must already shard by rank.
+    """
+
+    def __init__(self, loader: Iterable, skip: int):
+        self.loader, self.skip = loader, skip
+
+    def __iter__(self) -> Iterator:
+        return itertools.islice(iter(self.loader), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.loader) - self.skip)
 
 
 class PruneTrainer(pl.Trainer):
     """A :class:`lightning.pytorch.Trainer` that also calibrates and exports."""
+
+    #: True while ``calibrate`` runs its validation loop (callbacks tell calibration from validation by it)
+    calibrating: bool = False
 
     def _call_custom_hook(self, hook: str, model: pl.LightningModule) -> None:
         for callback in self.callbacks:
@@ -39,8 +60,16 @@ class PruneTrainer(pl.Trainer):
             datamodule.setup("calibrate")
             dataloaders = datamodule.calibration_dataloader()
             datamodule = None
+        skip = max((cb.batches_to_skip(self) for cb in self.callbacks if hasattr(cb, "batches_to_skip")), default=0)
+        if skip and dataloaders is not None:
+            dataloaders = SkipBatches(dataloaders, skip)
         if dataloaders is not None or datamodule is not None:
-            self.validate(model, dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
+            self.calibrating = True
+            try:
+                self.validate(model, dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path,
+                              verbose=False)
+            finally:
+                self.calibrating = False
         else:
             rank_zero_info("calibrate: no calibration data given; only weight-based callbacks will act")
             self._attach(model)

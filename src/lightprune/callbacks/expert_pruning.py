@@ -20,13 +20,20 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from ..calibration import CRITERIA as CALIBRATION_CRITERIA
+from ..calibration import SUBSETS
 from ..criteria import Criterion, get_criterion, get_criterion_class
+from ..scores import ExpertScores
+from .expert_stats import ExpertStats
 from ..models import find_moe_layers
 from ..plan import ExpertPlan
 from .job_end import JobEndCallback
 from ..select import ALLOCATIONS, NORMALIZATIONS, select_experts
 
-__all__ = ["ExpertPruning"]
+__all__ = ["ExpertPruning", "CALIBRATION"]
+
+#: criteria read from calibration statistics (ExpertStats) rather than from weights
+CALIBRATION = (*CALIBRATION_CRITERIA, "maep")
 
 
 class ExpertPruning(JobEndCallback):
@@ -35,7 +42,11 @@ class ExpertPruning(JobEndCallback):
     Args:
         criterion: a registered criterion name (``aimer``, ``magnitude``, ``router_norm``,
             ``random``, or one registered by your project) or a ``Criterion`` instance
-            (from a config: ``class_path`` + ``init_args``).
+            (from a config: ``class_path`` + ``init_args``); or a calibration criterion
+            (``frequency``, ``seer``, ``ean``, ``reap``, ``routing_kl``, ``delta_h``,
+            ``delta_h_promoted``, ``maep``) read from the run's :class:`ExpertStats` callback.
+        subset: the token subset of a calibration criterion (``all``, ``text``, ``vision``, ...).
+        alpha: MAEP's mixing weight (None: its closed form).
         ratio: fraction of routed experts to prune, in [0, 1).
         allocation: ``uniform`` (same count per layer) or ``global`` (one ranking over layers).
         normalize: ``None`` or ``log_zscore`` (per-layer z-score of log values before a global ranking).
@@ -44,15 +55,22 @@ class ExpertPruning(JobEndCallback):
     """
 
     def __init__(self, criterion: str | Criterion = "aimer", ratio: float = 0.5, allocation: str = "uniform",
-                 normalize: str | None = None, seed: int = 0, output_dir: str | None = None):
+                 normalize: str | None = None, seed: int = 0, output_dir: str | None = None, subset: str = "all",
+                 alpha: float | None = None):
         super().__init__()
+        if subset not in SUBSETS:
+            raise ValueError(f"subset must be one of {SUBSETS}, got {subset!r}")
+        self.subset, self.alpha = subset, alpha
         if not isinstance(ratio, (int, float)) or not 0.0 <= ratio < 1.0:
             raise ValueError(f"ratio must be in [0, 1), got {ratio!r}")
         if allocation not in ALLOCATIONS:
             raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
         if normalize not in NORMALIZATIONS:
             raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
-        if isinstance(criterion, Criterion):
+        self.calibration_criterion = criterion if isinstance(criterion, str) and criterion in CALIBRATION else None
+        if self.calibration_criterion is not None:
+            self.criterion = None
+        elif isinstance(criterion, Criterion):
             self.criterion = criterion
         else:
             cls = get_criterion_class(criterion)
@@ -63,14 +81,31 @@ class ExpertPruning(JobEndCallback):
         self.plan: ExpertPlan | None = None
         self.seconds: float | None = None
 
+    @property
+    def name(self) -> str:
+        return self.calibration_criterion or self.criterion.name
+
+    def _scores(self, trainer: pl.Trainer, model) -> ExpertScores:
+        if self.calibration_criterion is None:
+            return self.criterion.score(model)
+        stats = next((cb.stats for cb in trainer.callbacks if isinstance(cb, ExpertStats) and cb.stats), None)
+        if stats is None:
+            raise ValueError(f"criterion {self.name!r} needs calibration statistics: add an ExpertStats callback "
+                             "and run `lightprune calibrate` with calibration data")
+        if self.calibration_criterion == "maep":
+            from ..maep import maep_scores
+
+            return maep_scores(stats, alpha=self.alpha)[0]
+        return stats.score(self.calibration_criterion, self.subset)
+
     def run_dir(self, trainer: pl.Trainer) -> Path:
         return Path(self.output_dir or trainer.default_root_dir)
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self.criterion.needs_data and stage == "export":
-            raise ValueError(f"criterion {self.criterion.name!r} needs calibration data: run "
-                             "`lightprune calibrate`, or pick a weight criterion for `lightprune export`")
+        if stage == "export" and (self.calibration_criterion or self.criterion.needs_data):
+            raise ValueError(f"criterion {self.name!r} needs calibration data: run `lightprune calibrate` "
+                             "with an ExpertStats callback, or pick a weight criterion for `lightprune export`")
         if getattr(pl_module, "model", None) is not None:
             self._check_model(pl_module.model)
 
@@ -95,16 +130,18 @@ class ExpertPruning(JobEndCallback):
         model = pl_module.model
         layers = find_moe_layers(model)
         start = time.perf_counter()
-        scores = self.criterion.score(model)
+        scores = self._scores(trainer, model)
         self.plan = select_experts(scores, self.ratio, self.allocation, self.normalize,
-                                   limits={l.index: l.limits for l in layers}, criterion=self.criterion.name)
+                                   limits={l.index: l.limits for l in layers}, criterion=self.name)
+        if hasattr(scores, "alpha_report"):
+            self.plan.metadata["alpha"] = scores.alpha_report.to_dict()
         self.seconds = time.perf_counter() - start
         if trainer.is_global_zero:
             out = self.run_dir(trainer)
             out.mkdir(parents=True, exist_ok=True)
-            (out / "scores.json").write_text(json.dumps({self.criterion.name: scores.to_json()}, indent=1) + "\n")
+            (out / "scores.json").write_text(json.dumps({self.name: scores.to_json()}, indent=1) + "\n")
             self.plan.save(out / "plan.json")
-            rank_zero_info(f"ExpertPruning: {self.criterion.name} pruned {self.plan.total_pruned} experts "
+            rank_zero_info(f"ExpertPruning: {self.name} pruned {self.plan.total_pruned} experts "
                            f"({self.allocation}, ratio {self.ratio}); plan in {out / 'plan.json'}")
 
     def state_dict(self) -> dict[str, Any]:

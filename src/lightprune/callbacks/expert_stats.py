@@ -1,0 +1,135 @@
+"""ExpertStats: calibration statistics over ``lightprune calibrate``'s forward passes.
+
+Drives :class:`~lightprune.calibration.ExpertObserver` from Lightning's validation loop while
+the trainer calibrates: the observer is entered at ``on_validation_start``, told about each
+batch at ``on_validation_batch_start``, and at ``on_validation_end`` the per-rank accumulators
+are summed across ranks, every rank gets the same :class:`CalibrationStats` (``self.stats``),
+and rank 0 writes ``calibration.json``. :class:`ExpertPruning` with a calibration criterion
+(``reap``, ``delta_h``, ``maep``, ...) reads ``self.stats``.
+
+Resuming: with ``save_every_n_batches > 0`` the accumulators are saved (atomically, one file per
+rank) every n batches to ``<output_dir>/calibration_state.rank<r>.pt``; a rerun finds them, loads
+them and skips the batches already seen (:meth:`batches_to_skip`, used by
+``PruneTrainer.calibrate``). The files are removed once calibration completes. The state is also
+in ``state_dict`` so a Lightning checkpoint carries it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from ..calibration import CalibrationStats, ExpertObserver
+
+__all__ = ["ExpertStats"]
+
+
+class ExpertStats(pl.Callback):
+    """Collect every calibration criterion over ``subsets`` during ``lightprune calibrate``.
+
+    Args:
+        subsets: token subsets (``all``, ``text``, ``vision``, ``vision_low_attn``, ``vision_high_attn``).
+        criteria: calibration criteria to compute (default: all but ``delta_h_promoted``).
+        low_attn_quantile: q of the low / high attention vision subsets.
+        output_dir: where calibration.json and resume files go (default: ``trainer.default_root_dir``).
+        save_every_n_batches: save resumable state every n batches (0: never).
+    """
+
+    def __init__(self, subsets: Iterable[str] = ("all",), criteria: Iterable[str] | None = None,
+                 low_attn_quantile: float = 0.02, output_dir: str | None = None, save_every_n_batches: int = 0):
+        super().__init__()
+        if save_every_n_batches < 0:
+            raise ValueError(f"save_every_n_batches must be >= 0, got {save_every_n_batches!r}")
+        self.subsets = tuple(subsets)
+        self.criteria = None if criteria is None else tuple(criteria)
+        self.low_attn_quantile = low_attn_quantile
+        self.output_dir = output_dir
+        self.save_every_n_batches = save_every_n_batches
+        self.stats: CalibrationStats | None = None
+        self._observer: ExpertObserver | None = None
+        self._pending_state: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ files
+    def run_dir(self, trainer: pl.Trainer) -> Path:
+        return Path(self.output_dir or trainer.default_root_dir)
+
+    def _state_path(self, trainer: pl.Trainer) -> Path:
+        return self.run_dir(trainer) / f"calibration_state.rank{trainer.global_rank}.pt"
+
+    def batches_to_skip(self, trainer: pl.Trainer) -> int:
+        """Batches a previous, interrupted calibration already accumulated (0 when starting afresh)."""
+        path = self._state_path(trainer)
+        if self._pending_state is None and path.is_file():
+            self._pending_state = torch.load(path, map_location="cpu", weights_only=True)
+            rank_zero_info(f"ExpertStats: resuming calibration from {path} "
+                           f"({self._pending_state['batches_seen']} batches done)")
+        return int(self._pending_state["batches_seen"]) if self._pending_state else 0
+
+    def _save_state(self, trainer: pl.Trainer) -> None:
+        path = self._state_path(trainer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(self._observer.state_dict(), tmp)
+        os.replace(tmp, path)
+
+    # ------------------------------------------------------------------ lifecycle
+    @staticmethod
+    def _calibrating(trainer: pl.Trainer) -> bool:
+        return bool(getattr(trainer, "calibrating", False))
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._calibrating(trainer):
+            return
+        self.stats = None
+        observer = ExpertObserver(pl_module.model, self.subsets, self.criteria, self.low_attn_quantile)
+        if self._pending_state is not None:
+            observer.load_state_dict(self._pending_state)
+            self._pending_state = None
+        observer.__enter__()
+        self._observer = observer
+
+    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                                  batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self._observer is not None:
+            self._observer.begin_batch(batch)
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        observer = self._observer
+        if observer is not None and self.save_every_n_batches and observer.batches_seen % self.save_every_n_batches == 0:
+            self._save_state(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        observer = self._observer
+        if observer is None:
+            return
+        try:
+            observer.all_reduce()
+            self.stats = observer.result()
+        finally:
+            observer.__exit__(None, None, None)
+            self._observer = None
+        self._state_path(trainer).unlink(missing_ok=True)
+        if trainer.is_global_zero:
+            out = self.run_dir(trainer)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "calibration.json").write_text(json.dumps(self.stats.to_json(), indent=1) + "\n")
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._observer is not None:  # an interrupted loop: restore the model, keep the saved state
+            self._observer.__exit__(None, None, None)
+            self._observer = None
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        return {"observer": self._observer.state_dict() if self._observer is not None else None}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("observer") is not None:
+            self._pending_state = state_dict["observer"]
