@@ -27,6 +27,7 @@ _LAZY = {
     "PlanError": "lightprune.plan",
     "ExpertScores": "lightprune.scores",
     "select_experts": "lightprune.select",
+    "maep_scores": "lightprune.maep",
     "mask_experts": "lightprune.surgery",
     "prune_experts": "lightprune.surgery",
     "score_weights": "lightprune.criteria",
