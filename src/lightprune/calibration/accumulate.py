@@ -6,7 +6,8 @@ outputs f [T, k, H]. From these (METHODS.md, "Calibration criteria"):
 
 - token-level sums over a subset's tokens: n_j (frequency), sum g_j (seer), sum ||f_j|| (ean),
   sum g_j ||f_j|| (REAP's numerator), sum KL(p || p^(-j)) (routing_kl, MAEP eq. 8);
-- Delta-H (MAEP eq. 2): H = sum_s w_s f_s; the family's routing is re-run with expert j masked,
+- Delta-H (MAEP eq. 2): H = sum_s w_s f_s; the family's selection is re-run from the same router
+  logits with expert j masked (all j of a chunk in one call, one mask per row),
   giving S', w'; the survivors keep their outputs, a promoted expert (in S' but not S) adds
   nothing. With D_s = w_s - sum_{s' : S'_s' = S_s} w'_s' the change is H - H^(-j) = sum_s D_s f_s,
   so ||H - H^(-j)||^2 = D^T G D with the Gram matrix G = f f^T [T, k, k], computed once per
@@ -30,6 +31,8 @@ __all__ = ["LayerAccumulator", "KL_EPS", "router_distribution"]
 
 KL_EPS = 1e-12
 _TOKEN_SUMS = ("frequency", "seer", "ean", "reap_num", "routing_kl")
+#: logits elements per masked-selection call in Delta-H (bounds memory: chunk x T x E)
+_CHUNK_ELEMENTS = 1 << 22
 
 
 def router_distribution(layer: MoELayer, logits: torch.Tensor) -> torch.Tensor:
@@ -44,14 +47,20 @@ def router_distribution(layer: MoELayer, logits: torch.Tensor) -> torch.Tensor:
 
 def routing_kl(p: torch.Tensor, eps: float = KL_EPS) -> torch.Tensor:
     """KL(p || p^(-j)) for every j [T, E]: p^(-j) zeroes p_j and renormalises; both sides get Laplace
-    smoothing (add eps, renormalise), as MAEP eq. (8) does."""
-    num = p.shape[-1]
+    smoothing (add eps, renormalise), as MAEP eq. (8) does. Chunked over tokens ([chunk, E, E])."""
+    num_tokens, num = p.shape
     z = 1.0 + num * eps
     ps = (p + eps) / z                                              # [T, E]
-    q = p.unsqueeze(1) / (1.0 - p).clamp_min(1e-300).unsqueeze(-1)  # [T, j, i]: p_i / (1 - p_j)
-    q = q * (1.0 - torch.eye(num, dtype=p.dtype, device=p.device))  # zero q_j
-    qs = (q + eps) / z
-    return (ps.unsqueeze(1) * (ps.log().unsqueeze(1) - qs.log())).sum(dim=-1)
+    entropy_term = (ps * ps.log()).sum(dim=-1, keepdim=True)        # sum_i ps_i log ps_i
+    off_diagonal = 1.0 - torch.eye(num, dtype=p.dtype, device=p.device)
+    out = torch.empty_like(p)
+    step = max(1, _CHUNK_ELEMENTS // (num * num))
+    for start in range(0, num_tokens, step):
+        pc = p[start:start + step]
+        q = pc.unsqueeze(1) / (1.0 - pc).clamp_min(1e-300).unsqueeze(-1) * off_diagonal   # [t, j, i]
+        cross = torch.einsum("ti,tji->tj", ps[start:start + step], ((q + eps) / z).log())
+        out[start:start + step] = entropy_term[start:start + step] - cross
+    return out
 
 
 class LayerAccumulator:
@@ -76,7 +85,8 @@ class LayerAccumulator:
         num_experts = self.num_experts
         m = masks.double()                                               # [U, T]
         w = weights.double()
-        norms = outputs.double().norm(dim=-1)                            # [T, k]
+        gram = torch.bmm(outputs.float(), outputs.float().transpose(1, 2)).double()   # [T, k, k]: f_s . f_r
+        norms = gram.diagonal(dim1=1, dim2=2).clamp_min(0).sqrt()        # ||f_s||  [T, k]
         dense = torch.zeros(hidden.shape[0], 4, num_experts, dtype=torch.float64, device=hidden.device)
         per_slot = torch.stack([torch.ones_like(w), w, norms, w * norms], dim=1)   # [T, 4, k]
         dense.scatter_add_(2, selected.unsqueeze(1).expand(-1, 4, -1), per_slot)
@@ -84,9 +94,8 @@ class LayerAccumulator:
         for c, name in enumerate(("frequency", "seer", "ean", "reap_num")):
             self.sums[name] += token_sums[:, c]
         self.sums["tokens"] += m.sum(dim=1)
-        need_logits = "routing_kl" in self.criteria
-        logits = layer.route(hidden)[0] if need_logits else None
-        if need_logits:
+        logits = layer.adapter.router_logits(layer, hidden)
+        if "routing_kl" in self.criteria:
             self.sums["routing_kl"] += m @ routing_kl(router_distribution(layer, logits))
         want_dh = "delta_h" in self.criteria
         want_promoted = "delta_h_promoted" in self.criteria
@@ -98,28 +107,37 @@ class LayerAccumulator:
             valid = counts > 0
             self.sums["samples"] += valid.double().sum(dim=1)
             weight = per_sample / counts.clamp_min(1).unsqueeze(-1)       # mean over a sample's tokens
-            dh, dhp = self._delta_h(layer, hidden, selected, w, outputs, want_promoted)
+            dh, dhp = self._delta_h(layer, hidden, logits, selected, w, outputs, gram, want_promoted)
             if want_dh:
                 self.sums["delta_h"] += torch.einsum("ubt,te->ue", weight, dh)
             if want_promoted:
                 self.sums["delta_h_promoted"] += torch.einsum("ubt,te->ue", weight, dhp)
 
-    def _delta_h(self, layer: MoELayer, hidden: torch.Tensor, selected: torch.Tensor, w: torch.Tensor,
-                 outputs: torch.Tensor, promoted: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        f = outputs.double()
-        gram = f @ f.transpose(1, 2)                                      # [T, k, k]
-        dh = torch.empty(hidden.shape[0], self.num_experts, dtype=torch.float64, device=hidden.device)
+    def _delta_h(self, layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor, selected: torch.Tensor,
+                 w: torch.Tensor, outputs: torch.Tensor, gram: torch.Tensor,
+                 promoted: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """dh [T, E] (and the promoted variant): the family's selection re-run from the same logits with
+        each expert masked in turn, a chunk of experts at a time (one selection call per chunk)."""
+        num_tokens, num_experts = logits.shape
+        f = outputs.double() if promoted else None
+        dh = torch.empty(num_tokens, num_experts, dtype=torch.float64, device=hidden.device)
         dhp = torch.empty_like(dh) if promoted else None
-        mask = torch.zeros(self.num_experts, dtype=torch.bool, device=hidden.device)
-        for j in range(self.num_experts):
-            mask.zero_()
-            mask[j] = True
-            _, w_new, s_new = layer.route(hidden, mask)
-            match = (s_new.unsqueeze(2) == selected.unsqueeze(1)).double()   # [T, k', k]
-            diff = w - torch.einsum("tp,tps->ts", w_new.double(), match)     # D [T, k]
-            dh[:, j] = torch.einsum("ts,tsr,tr->t", diff, gram, diff)
+        eye = torch.eye(num_experts, dtype=torch.bool, device=logits.device)
+        chunk = max(1, _CHUNK_ELEMENTS // max(1, num_tokens * num_experts))
+        for first in range(0, num_experts, chunk):
+            js = range(first, min(first + chunk, num_experts))
+            n = len(js)
+            rows = logits.unsqueeze(0).expand(n, -1, -1).reshape(n * num_tokens, num_experts)
+            mask = eye[first:first + n].unsqueeze(1).expand(-1, num_tokens, -1).reshape(n * num_tokens, num_experts)
+            _, w_new, s_new = layer.adapter.select(layer, rows, mask)
+            w_new = w_new.view(n, num_tokens, -1).double()
+            s_new = s_new.view(n, num_tokens, -1)
+            match = (s_new.unsqueeze(3) == selected.unsqueeze(0).unsqueeze(2)).double()   # [J, T, k', k]
+            diff = w.unsqueeze(0) - torch.einsum("jtp,jtps->jts", w_new, match)          # D [J, T, k]
+            dh[:, first:first + n] = torch.einsum("jts,tsr,jtr->tj", diff, gram, diff)
             if dhp is not None:
-                dhp[:, j] = self._with_promoted(layer, hidden, s_new, w_new, match, diff, f, dh[:, j])
+                for i, j in enumerate(js):
+                    dhp[:, j] = self._with_promoted(layer, hidden, s_new[i], w_new[i], match[i], diff[i], f, dh[:, j])
         return dh, dhp
 
     @staticmethod

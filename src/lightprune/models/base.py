@@ -157,6 +157,14 @@ class MoEAdapter:
     def group_limits(self) -> tuple[int, int]:
         return 1, 1
 
+    def vision_token_ids(self) -> tuple[int, ...]:
+        """Token ids of the image/video placeholders that the vision features replace (empty for text-only).
+
+        A vision token of a batch is a position whose ``input_ids`` value is one of these ids; start/end
+        markers around an image (Qwen3-VL ``vision_start``/``vision_end``) are not vision tokens.
+        """
+        return ()
+
     # ----------------------------------------------------------------- layers
     def layers(self) -> list[MoELayer]:
         prefix, decoder = self.decoder_layers()
@@ -182,13 +190,29 @@ class MoEAdapter:
         return found
 
     # ----------------------------------------------------------------- routing
+    #: how the router turns logits into scores: "softmax" or "sigmoid" (DeepSeek-V3)
+    score_function: ClassVar[str] = "softmax"
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The router's logits [T, E] for ``hidden_states``, as the family computes them."""
+        raise NotImplementedError
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        """The family's selection from ``router_logits`` with ``expert_mask`` experts removed.
+
+        ``expert_mask`` is [E] bool (True = masked out) or broadcastable to the logits, one mask
+        per token row; masked logits (and selection scores) are -inf before selection.
+        """
+        raise NotImplementedError
+
     def route(self, layer: MoELayer, hidden_states: torch.Tensor,
               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         """Run the family's routing on ``hidden_states`` [T, H] with ``expert_mask`` experts removed.
 
-        Must equal ``layer.router(hidden_states)`` exactly when the mask is None or all False.
+        Equals ``layer.router(hidden_states)`` exactly when the mask is None or all False.
         """
-        raise NotImplementedError
+        return self.select(layer, self.router_logits(layer, hidden_states), expert_mask)
 
     # ----------------------------------------------------------------- config updates
     def set_expert_counts(self, counts: dict[int, int]) -> None:

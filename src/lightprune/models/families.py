@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import MoEAdapter, MoELayer, RoutingOutput
-from .softmax_routing import softmax_topk_route
+from .softmax_routing import softmax_logits, softmax_topk_select
 
 __all__ = ["MixtralAdapter", "Qwen2MoeAdapter", "Qwen3MoeAdapter", "OlmoeAdapter", "DeepseekV3Adapter",
            "Qwen3VLMoeAdapter", "InternVLAdapter"]
@@ -31,10 +31,12 @@ class _SoftmaxAdapter(MoEAdapter):
     def renormalize(self) -> bool:
         return bool(getattr(self.text_config, "norm_topk_prob", True))
 
-    def route(self, layer: MoELayer, hidden_states: torch.Tensor,
-              expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        return softmax_topk_route(layer.router, hidden_states, expert_mask, layer.top_k,
-                                  self.renormalize(), self.cast_back)
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        return softmax_logits(layer.router, hidden_states)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return softmax_topk_select(router_logits, expert_mask, layer.top_k, self.renormalize(), self.cast_back)
 
 
 class MixtralAdapter(_SoftmaxAdapter):
@@ -72,6 +74,10 @@ class Qwen3VLMoeAdapter(_SoftmaxAdapter):
     def renormalize(self) -> bool:
         return True
 
+    def vision_token_ids(self) -> tuple[int, ...]:
+        """``image_token_id`` and ``video_token_id`` of the top-level config."""
+        return _config_ids(self.config, ("image_token_id", "video_token_id"))
+
 
 class InternVLAdapter(_SoftmaxAdapter):
     model_types = ("internvl",)
@@ -82,6 +88,20 @@ class InternVLAdapter(_SoftmaxAdapter):
         lm_type = self.text_config.model_type
         if lm_type != "qwen3_moe":
             raise ValueError(f"InternVL is supported with a qwen3_moe language model, got {lm_type!r}")
+
+    def vision_token_ids(self) -> tuple[int, ...]:
+        """``image_token_id`` of the top-level config (InternVL has no video placeholder of its own)."""
+        return _config_ids(self.config, ("image_token_id",))
+
+
+def _config_ids(config, keys: tuple[str, ...]) -> tuple[int, ...]:
+    """The integer values of ``keys`` on ``config`` that are set, in order, without repeats."""
+    found: list[int] = []
+    for key in keys:
+        value = getattr(config, key, None)
+        if value is not None and int(value) not in found:
+            found.append(int(value))
+    return tuple(found)
 
 
 class DeepseekV3Adapter(MoEAdapter):
@@ -106,12 +126,17 @@ class DeepseekV3Adapter(MoEAdapter):
         cfg = self.text_config
         return int(cfg.n_group or 1), int(cfg.topk_group or 1)
 
-    def route(self, layer: MoELayer, hidden_states: torch.Tensor,
-              expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+    score_function = "sigmoid"
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        hidden_states = hidden_states.view(-1, router.weight.shape[1])
+        return F.linear(hidden_states.type(torch.float32), router.weight.type(torch.float32))
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         router = layer.router
         num_experts, num_group = router.weight.shape[0], router.num_group
-        hidden_states = hidden_states.view(-1, router.weight.shape[1])
-        router_logits = F.linear(hidden_states.type(torch.float32), router.weight.type(torch.float32))
         bias = router.e_score_correction_bias
         if expert_mask is not None:
             expert_mask = expert_mask.to(router_logits.device)

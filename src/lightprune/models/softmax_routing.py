@@ -14,17 +14,21 @@ import torch.nn.functional as F
 
 from .base import RoutingOutput
 
-__all__ = ["softmax_topk_route"]
+__all__ = ["softmax_logits", "softmax_topk_select"]
 
 
-def softmax_topk_route(router: torch.nn.Module, hidden_states: torch.Tensor, expert_mask: torch.Tensor | None,
-                       top_k: int, renormalize: bool, cast_back: bool) -> RoutingOutput:
-    """The softmax families' routing, op for op.
+def softmax_logits(router: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Router logits [T, E], op for op as the softmax families compute them."""
+    return F.linear(hidden_states.reshape(-1, router.weight.shape[1]), router.weight)
 
+
+def softmax_topk_select(router_logits: torch.Tensor, expert_mask: torch.Tensor | None, top_k: int,
+                        renormalize: bool, cast_back: bool) -> RoutingOutput:
+    """The softmax families' selection from logits, op for op.
+
+    ``expert_mask`` is [E] or broadcastable to the logits (one mask per token row).
     ``cast_back``: Qwen / OLMoE cast the selected weights back to the logits' dtype; Mixtral keeps fp32.
     """
-    hidden_states = hidden_states.reshape(-1, router.weight.shape[1])
-    router_logits = F.linear(hidden_states, router.weight)
     if expert_mask is not None:
         router_logits = router_logits.masked_fill(expert_mask.to(router_logits.device), float("-inf"))
     router_probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
