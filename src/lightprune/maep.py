@@ -50,48 +50,12 @@ from typing import Any, Mapping
 import torch
 
 from .plan import ExpertPlan
+from .ranking import spearman
 from .scores import ExpertScores
 from .select import log_zscore, select_experts
 
 __all__ = ["spearman", "AlphaReport", "maep_alpha", "maep_scores", "maep_plan"]
 
-_EPS = 1e-8  # the paper's epsilon in log(dH + eps), as in select.log_zscore
-
-
-# ---------------------------------------------------------------------------- Spearman
-def _average_ranks(x: torch.Tensor) -> torch.Tensor:
-    """1-based ranks of ``x`` (float64), tied values sharing the mean of their positions."""
-    sorted_vals, order = torch.sort(x, stable=True)
-    _, inverse, counts = torch.unique_consecutive(sorted_vals, return_inverse=True, return_counts=True)
-    ends = torch.cumsum(counts, 0).double()
-    starts = ends - counts.double() + 1.0
-    ranks = torch.empty_like(x, dtype=torch.float64)
-    ranks[order] = ((starts + ends) / 2.0)[inverse]
-    return ranks
-
-
-def spearman(a: Any, b: Any) -> float:
-    """Spearman rank correlation of two equally long 1-D sequences, in float64.
-
-    Ties get average ranks; rho is the Pearson correlation of the ranks. A constant input (or
-    fewer than two values) has no ranking and gives NaN. NaN or inf inputs are a ValueError.
-    """
-    x = torch.as_tensor(a).detach().cpu().double().flatten()
-    y = torch.as_tensor(b).detach().cpu().double().flatten()
-    if x.numel() != y.numel():
-        raise ValueError(f"spearman needs two equally long vectors, got {x.numel()} and {y.numel()} values")
-    if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
-        raise ValueError("spearman got NaN or inf values")
-    if x.numel() < 2:
-        return math.nan
-    rx = _average_ranks(x)
-    ry = _average_ranks(y)
-    rx = rx - rx.mean()
-    ry = ry - ry.mean()
-    denom = math.sqrt(float((rx * rx).sum()) * float((ry * ry).sum()))
-    if denom == 0.0:
-        return math.nan
-    return max(-1.0, min(1.0, float((rx * ry).sum()) / denom))
 
 
 # ---------------------------------------------------------------------------- alpha
@@ -281,23 +245,10 @@ def maep_scores(stats, alpha: float | None = None, *, criterion: str = "delta_h"
     t = _raw(stats, criterion, text_subset)
     la = _raw(stats, criterion, low_subset)
     layers = _check_layers({text_subset: t, low_subset: la})
-    s = {l: (1.0 - value) * _zscore(t[l]) - value * _zscore(la[l]) for l in layers}
+    s = {l: (1.0 - value) * log_zscore(t[l]) - value * log_zscore(la[l]) for l in layers}
     scores = ExpertScores(s, stats.limits, criterion="maep", raw=s)
     scores.alpha_report = report
     return scores, value
-
-
-def _zscore(values: torch.Tensor) -> torch.Tensor:
-    """``log_zscore``, with an exactly constant log(v + 1e-8) giving zeros.
-
-    ``log_zscore`` tests ``std > 0``, but the mean of n equal logs is not always the value itself
-    in floating point (e.g. 128 zeros: std ~ 4e-15), which turns a constant layer into +-1 for
-    every expert; here equality of the logs is tested directly.
-    """
-    logs = torch.log(values.double() + _EPS)
-    if bool((logs == logs[0]).all()):
-        return torch.zeros_like(logs)
-    return log_zscore(values)
 
 
 def _has(stats, criterion: str, subset: str) -> bool:

@@ -30,13 +30,15 @@ _EPS = 1e-8
 
 
 def log_zscore(values: torch.Tensor) -> torch.Tensor:
-    """(log(v + 1e-8) - mean) / std over one layer's experts (std 0 gives all zeros)."""
+    """(log(v + 1e-8) - mean) / std over one layer's experts (a constant layer gives all zeros)."""
     if (values < 0).any():
         raise ValueError("log_zscore needs non-negative values; got a negative score "
                          f"({float(values.min()):.4g}); use normalize=None for signed scores")
     logs = torch.log(values.double() + _EPS)
-    std = logs.std(unbiased=False)
-    return (logs - logs.mean()) / std if std > 0 else torch.zeros_like(logs)
+    # equal logs give zeros: their floating-point std need not be exactly 0 (128 zeros: ~4e-15)
+    if bool((logs == logs[0]).all()):
+        return torch.zeros_like(logs)
+    return (logs - logs.mean()) / logs.std(unbiased=False)
 
 
 def _units(layer: int, values: torch.Tensor, limits: RoutingLimits) -> list[tuple[float, int, int, list[int]]]:
