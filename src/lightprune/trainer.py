@@ -16,6 +16,8 @@ import itertools
 from typing import Any, Iterable, Iterator
 
 import lightning.pytorch as pl
+from lightning.pytorch.trainer import call
+from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 __all__ = ["PruneTrainer", "SkipBatches"]
@@ -66,13 +68,23 @@ class PruneTrainer(pl.Trainer):
         if dataloaders is not None or datamodule is not None:
             self.calibrating = True
             try:
-                self.validate(model, dataloaders=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path,
-                              verbose=False)
+                # launched like validate, so that under ddp_spawn/ddp_fork the end-of-calibration
+                # hooks run in the worker processes, where the model and the statistics live
+                self.strategy._lightning_module = model
+                self.state.fn = TrainerFn.VALIDATING
+                self.state.status = TrainerStatus.RUNNING
+                self.validating = True
+                call._call_and_handle_interrupt(self, self._calibrate_impl, model, dataloaders, datamodule, ckpt_path)
             finally:
                 self.calibrating = False
         else:
             rank_zero_info("calibrate: no calibration data given; only weight-based callbacks will act")
             self._attach(model)
+            self._call_custom_hook("on_calibrate_end", model)
+
+    def _calibrate_impl(self, model: pl.LightningModule, dataloaders: Any, datamodule: Any,
+                        ckpt_path: str | None) -> None:
+        self._validate_impl(model, dataloaders, ckpt_path, False, datamodule)
         self._call_custom_hook("on_calibrate_end", model)
 
     def export(self, model: pl.LightningModule | None = None,

@@ -19,6 +19,7 @@ import lightning.pytorch as pl
 
 from ..export import export_pruned
 from ..plan import ExpertPlan
+from ..surgery import prune_experts
 from .job_end import JobEndCallback
 from ..report import plot_kept_experts, print_summary, write_report
 from .expert_pruning import ExpertPruning
@@ -72,6 +73,11 @@ class Export(JobEndCallback):
         plan, seconds_scoring = self._plan(trainer, pl_module)
         run_dir = Path(self.output_dir or trainer.default_root_dir)
         ckpt_dir = Path(self.checkpoint_dir) if self.checkpoint_dir else run_dir / "model"
+        if not trainer.is_global_zero:
+            # every rank leaves with the same pruned model; only rank 0 writes (and verifies) the checkpoint
+            prune_experts(pl_module.model, plan)
+            self.report = {}
+            return
         start = time.perf_counter()
         result = export_pruned(pl_module.model, plan, ckpt_dir, overwrite=self.overwrite, atol=self.atol)
         seconds_export = time.perf_counter() - start
@@ -96,8 +102,7 @@ class Export(JobEndCallback):
             "checkpoint_dir": str(ckpt_dir),
         }
         self.report = report
-        if trainer.is_global_zero:
-            write_report(report, run_dir / "report.json")
-            plot_kept_experts(plan, run_dir / "kept_experts.png")
-            if self.summary:
-                print_summary(report)
+        write_report(report, run_dir / "report.json")
+        plot_kept_experts(plan, run_dir / "kept_experts.png")
+        if self.summary:
+            print_summary(report)
