@@ -44,13 +44,13 @@ def _brute_force(model, batches, layer_index: int, expert: int) -> float:
     return sum(per_sample) / len(per_sample)
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "olmoe"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
 def test_ground_truth_equals_one_masked_forward_per_expert(family: str) -> None:
     model = tiny_model(family)
     batches = _batches(0)
     truth = ground_truth_kl(model, batches, expert_chunk=3, progress=False).raw("kl", "all")
     for layer in lp.find_moe_layers(model):
-        for expert in (0, layer.num_experts - 1, 4):
+        for expert in (0, layer.num_experts - 1):
             expected = _brute_force(model, batches, layer.index, expert)
             assert math.isclose(float(truth[layer.index][expert]), expected, rel_tol=1e-6, abs_tol=1e-12)
     assert all(bool((v > 0).any()) for v in truth.values())
@@ -72,3 +72,19 @@ def test_correlations_and_stability_are_spearman_of_the_right_vectors() -> None:
         assert math.isclose(rhos["all"]["delta_h"]["per_layer"][key], expected, abs_tol=1e-12)
         expected = spearmanr(stats_a.raw("delta_h")[layer.index], stats_b.raw("delta_h")[layer.index]).statistic
         assert math.isclose(stability["all"]["per_layer"][key], expected, abs_tol=1e-12)
+
+
+def test_validation_command_writes_its_report(tmp_path) -> None:
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "validate_proxies.py"
+    spec = importlib.util.spec_from_file_location("validate_proxies", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    report = module.main(["--tiny", "qwen3_moe", "--samples", "4", "--batch-size", "2", "--out", str(tmp_path)])
+    assert (tmp_path / "proxy_rho.png").stat().st_size > 0
+    assert json.loads((tmp_path / "validation.json").read_text())["proxy_rho"] == report["proxy_rho"]
+    assert set(report["proxy_rho"]["all"]) == {"delta_h", "reap", "routing_kl"}
+    assert set(report["ranking_stability"]) == {"delta_h", "reap"}

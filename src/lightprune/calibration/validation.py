@@ -79,31 +79,32 @@ def ground_truth_kl(model: nn.Module, batches: Iterable[Mapping[str, Any]], subs
         raise ValueError("empty calibration set: no batches were given")
     sums = {(s, l.index): torch.zeros(l.num_experts, dtype=torch.float64, device=device) for s in subsets for l in layers}
     samples = {s: 0 for s in subsets}
-    work = [(b, l, first) for b in batches for l in layers for first in range(0, l.num_experts, expert_chunk)]
+    chunks = [(l, first) for l in layers for first in range(0, l.num_experts, expert_chunk)]
+    bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        work = tqdm(work, desc="ground-truth KL", unit="forward", leave=False)
-    full_cache: dict[int, tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
-    for batch, layer, first in work:
-        key = id(batch)
-        if key not in full_cache:
-            masks = base_masks(batch, vision_ids)
-            full = torch.log_softmax(model(**batch).logits.double(), dim=-1)
-            full_cache = {key: (full, {s: masks[s] for s in subsets})}
-            for s in subsets:
-                samples[s] += int((masks[s].sum(dim=1) > 0).sum()) if layer is layers[0] and first == 0 else 0
-        full, masks = full_cache[key]
-        experts = list(range(first, min(first + expert_chunk, layer.num_experts)))
-        bsz, seq = masks[subsets[0]].shape
-        with _row_masked(layer, experts, bsz * seq):
-            logits = model(**_repeat(batch, len(experts))).logits
-        kl = _kl_per_token(full.repeat(len(experts), 1, 1), logits).view(len(experts), bsz, seq)
+        bar = tqdm(total=len(batches) * len(chunks), desc="ground-truth KL", unit="forward", leave=False)
+    for batch in batches:
+        masks = base_masks(batch, vision_ids)
+        bsz, seq = masks["all"].shape
+        full = torch.log_softmax(model(**batch).logits.double(), dim=-1)
         for s in subsets:
-            m = masks[s].double()
-            count = m.sum(dim=1)                                          # [B]
-            per_sample = (kl * m).sum(dim=2) / count.clamp_min(1)         # [J, B]
-            sums[(s, layer.index)][first:first + len(experts)] += (per_sample * (count > 0)).sum(dim=1)
+            samples[s] += int((masks[s].sum(dim=1) > 0).sum())
+        for layer, first in chunks:
+            experts = list(range(first, min(first + expert_chunk, layer.num_experts)))
+            with _row_masked(layer, experts, bsz * seq):
+                logits = model(**_repeat(batch, len(experts))).logits
+            kl = _kl_per_token(full.repeat(len(experts), 1, 1), logits).view(len(experts), bsz, seq)
+            for s in subsets:
+                m = masks[s].double()
+                count = m.sum(dim=1)                                          # [B]
+                per_sample = (kl * m).sum(dim=2) / count.clamp_min(1)         # [J, B]
+                sums[(s, layer.index)][first:first + len(experts)] += (per_sample * (count > 0)).sum(dim=1)
+            if bar is not None:
+                bar.update()
+    if bar is not None:
+        bar.close()
     values = {("kl", s): {l.index: sums[(s, l.index)] / max(samples[s], 1) for l in layers} for s in subsets}
     for s in subsets:
         if samples[s] == 0:
