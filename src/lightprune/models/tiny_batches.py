@@ -1,0 +1,166 @@
+"""Valid forward batches for the tiny models of :mod:`lightprune.models.tiny` (and any model of a family).
+
+``tiny_multimodal_batch`` builds what a processor would hand the model, without a processor:
+
+- Qwen3-VL-MoE: ``text, <vision_start>, <image> x (t*h*w / merge^2), <vision_end>, text``;
+  ``pixel_values`` are the flattened patches ``[sum(t*h*w), C * temporal_patch * patch^2]`` with
+  ``image_grid_thw [num_images, 3]``; ``mm_token_type_ids`` (text 0, image 1, video 2) is required by
+  transformers 5.24 whenever ``image_grid_thw`` is given (it drives the 3D M-RoPE positions).
+- InternVL: ``text, <image> x ((H/p) * (W/p) * downsample_ratio^2), text`` per image, one tile per
+  image; ``pixel_values [num_images, C, H, W]`` at the vision config's ``image_size``. The count comes
+  from the vision geometry, which is what the model produces (``config.image_seq_length`` is only read
+  by the processor).
+
+Samples differ in length (the last one is ``pad_last`` tokens shorter) and in their number of vision
+tokens (a Qwen3-VL image is (2 + j % 2) x (2 + b % 2) merged blocks, image j of sample b), so padding
+and per-sample counts are exercised. Text ids avoid every special id the config names.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["tiny_multimodal_batch", "tiny_text_batch", "special_token_ids"]
+
+_SPECIAL_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
+                 "audio_token_id", "pad_token_id", "bos_token_id", "eos_token_id")
+
+
+def special_token_ids(config) -> set[int]:
+    """Every token id the config (and its text config) names: vision placeholders, markers, pad/bos/eos."""
+    found: set[int] = set()
+    for cfg in (config, getattr(config, "text_config", None)):
+        if cfg is None:
+            continue
+        for key in _SPECIAL_KEYS:
+            value = getattr(cfg, key, None)
+            for v in (value if isinstance(value, (list, tuple)) else [value]):
+                if v is not None:
+                    found.add(int(v))
+    return found
+
+
+def _vocab_size(config) -> int:
+    text = getattr(config, "text_config", None) or config
+    return int(text.vocab_size)
+
+
+def _text_ids(config, n: int, gen: torch.Generator) -> torch.Tensor:
+    special = special_token_ids(config) | {_pad_id(config)}
+    allowed = torch.tensor([i for i in range(_vocab_size(config)) if i not in special])
+    return allowed[torch.randint(len(allowed), (n,), generator=gen)]
+
+
+def _pad_id(config) -> int:
+    text = getattr(config, "text_config", None) or config
+    pad = getattr(text, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(config, "pad_token_id", None)
+    vision = {getattr(config, k, None) for k in ("image_token_id", "video_token_id")}
+    if pad is None or pad in vision:
+        special = special_token_ids(config)
+        pad = next(i for i in range(_vocab_size(config)) if i not in special)
+    return int(pad)
+
+
+def _collate(seqs: list[torch.Tensor], types: list[torch.Tensor], pad_id: int, padding_side: str):
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    length = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), length), dtype=torch.long)
+    mm = torch.zeros((len(seqs), length), dtype=torch.long)
+    for b, (seq, typ) in enumerate(zip(seqs, types)):
+        sl = slice(length - len(seq), length) if padding_side == "left" else slice(0, len(seq))
+        ids[b, sl], mask[b, sl], mm[b, sl] = seq, 1, typ
+    return ids, mask, mm
+
+
+def tiny_text_batch(model: nn.Module, batch_size: int = 2, seq_len: int = 12, seed: int = 0, pad: bool = True,
+                    padding_side: str = "right") -> dict[str, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` [batch_size, seq_len] of random non-special ids.
+
+    With ``pad`` the last sample is ``seq_len // 3`` tokens shorter, padded on ``padding_side``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    config = model.config
+    lengths = [seq_len] * batch_size
+    if pad and batch_size > 1:
+        lengths[-1] = seq_len - max(1, seq_len // 3)
+    seqs = [_text_ids(config, n, gen) for n in lengths]
+    ids, mask, _ = _collate(seqs, [torch.zeros(n, dtype=torch.long) for n in lengths], _pad_id(config), padding_side)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _qwen_images(config, count: int, first: int, gen: torch.Generator):
+    """(per-image placeholder counts, pixel_values, image_grid_thw) of ``count`` Qwen3-VL images."""
+    vc = config.vision_config
+    m = int(vc.spatial_merge_size)
+    grids = [(1, (2 + j % 2) * m, (2 + first % 2) * m) for j in range(count)]
+    patch_dim = int(vc.in_channels) * int(vc.temporal_patch_size) * int(vc.patch_size) ** 2
+    pixels = torch.randn(sum(t * h * w for t, h, w in grids), patch_dim, generator=gen)
+    return [t * h * w // (m * m) for t, h, w in grids], pixels, torch.tensor(grids, dtype=torch.long)
+
+
+def _internvl_images(config, count: int, gen: torch.Generator):
+    vc = config.vision_config
+    (height, width), (ph, pw) = vc.image_size, vc.patch_size
+    tokens = int(round((height // ph) * (width // pw) * float(config.downsample_ratio) ** 2))
+    pixels = torch.randn(count, int(vc.num_channels), height, width, generator=gen)
+    return [tokens] * count, pixels
+
+
+def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tuple[int, int] = (4, 6),
+                          images_per_sample: int = 1, seed: int = 0, pad_last: int = 2,
+                          padding_side: str = "left") -> dict[str, torch.Tensor]:
+    """A valid ``model(**batch)`` input for a Qwen3-VL-MoE or InternVL model.
+
+    Each sample is ``text_tokens[0]`` text ids, then ``images_per_sample`` images (one text id between
+    two images), then ``text_tokens[1]`` text ids, so the closing text attends to every image. The last
+    sample's closing text is ``pad_last`` ids shorter and padded on ``padding_side``.
+    ``images_per_sample=0`` gives a text-only batch (no pixel inputs).
+    """
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in ("qwen3_vl_moe", "internvl"):
+        raise ValueError(f"tiny_multimodal_batch supports qwen3_vl_moe and internvl, got {model_type!r}")
+    before, after = text_tokens
+    if images_per_sample < 0 or before < 0 or after < 1:
+        raise ValueError(f"need images_per_sample >= 0, text_tokens[0] >= 0 and text_tokens[1] >= 1, "
+                         f"got {images_per_sample}, {text_tokens}")
+    if batch_size > 1 and not 0 <= pad_last < after:
+        raise ValueError(f"pad_last must be in [0, text_tokens[1]) = [0, {after}), got {pad_last}")
+    gen = torch.Generator().manual_seed(seed)
+    qwen = model_type == "qwen3_vl_moe"
+    seqs, types, pixels, grids = [], [], [], []
+    for b in range(batch_size):
+        if qwen:
+            counts, pix, grid = _qwen_images(config, images_per_sample, b, gen)
+            grids.append(grid)
+        else:
+            counts, pix = _internvl_images(config, images_per_sample, gen)
+        pixels.append(pix)
+        n_after = after - (pad_last if b == batch_size - 1 and batch_size > 1 else 0)
+        parts = [_text_ids(config, before, gen)]
+        for j, count in enumerate(counts):
+            if j:
+                parts.append(_text_ids(config, 1, gen))
+            image = torch.full((count,), config.image_token_id, dtype=torch.long)
+            if qwen:
+                image = torch.cat([torch.tensor([config.vision_start_token_id]), image,
+                                   torch.tensor([config.vision_end_token_id])])
+            parts.append(image)
+        parts.append(_text_ids(config, n_after, gen))
+        seq = torch.cat(parts)
+        seqs.append(seq)
+        types.append((seq == config.image_token_id).long())
+    ids, mask, mm = _collate(seqs, types, _pad_id(config), padding_side)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if images_per_sample:
+        batch["pixel_values"] = torch.cat(pixels)
+        if qwen:
+            batch["image_grid_thw"] = torch.cat(grids)
+    if qwen:
+        batch["mm_token_type_ids"] = mm
+    return batch

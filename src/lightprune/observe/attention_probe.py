@@ -1,0 +1,334 @@
+"""Text-to-vision attention scores per vision token, read in the model's own forward (MAEP, paper 000).
+
+MAEP section 4.2 / 5.2: "the attention score of a vision token [is] the average text-to-vision attention
+weight, averaged across all heads at each layer (a single scalar per token, layer, and sample)"; the
+bottom q = 2% per sample and layer are the low-attention vision tokens. METHODS.md, "Token subsets":
+
+    score(b, l, v) = mean over heads h and over text queries q that may attend to v of A_l[b, h, q, v]
+
+where A_l is layer l's softmax attention (normalised over every key the query attends to, mask
+included), text = neither a vision token nor padding; NaN where no text query attends to v.
+
+Mechanism: no eager switch, no hooks. A wrapper attention function is registered in transformers'
+``AttentionInterface`` under ``"lightprune_probe:<original>"`` (and the original's mask builder in
+``AttentionMaskInterface`` under the same name), and the language model's config is switched to that
+name inside the :class:`AttentionProbe` context. The wrapper returns the original implementation's
+output unchanged and, for probed layers only, recomputes the probabilities of the text-query rows
+against all keys (q k^T * scaling, softcap, mask, sinks, log-sum-exp) in fp32, in row chunks. The
+vision tower keeps its own implementation; names are registered on entry and removed on exit.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+__all__ = ["AttentionProbe", "low_high_masks", "modality_masks", "PROBE_PREFIX"]
+
+PROBE_PREFIX = "lightprune_probe:"
+#: elements of one fp32 [B, H, rows, K] chunk of probabilities (64 MiB)
+_CHUNK_ELEMENTS = 1 << 24
+
+_PROBED: dict[int, tuple["AttentionProbe", int]] = {}  # id(attention module) -> (probe, layer index)
+_REGISTERED: dict[str, int] = {}  # probe names this module registered -> number of active probes using them
+
+
+def _interfaces():
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    return AttentionInterface, ALL_ATTENTION_FUNCTIONS, AttentionMaskInterface, ALL_MASK_ATTENTION_FUNCTIONS
+
+
+def _eager_function(module: nn.Module) -> Callable:
+    """The model file's own ``eager_attention_forward`` (what ``get_interface("eager", ...)`` falls back to)."""
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if fn is None:
+        from transformers.models.llama.modeling_llama import eager_attention_forward as fn
+    return fn
+
+
+def _make_attention(original: str) -> Callable:
+    def probe_attention(module, query, key, value, attention_mask, **kwargs):
+        if original == "eager":
+            fn = _eager_function(module)
+        else:
+            fn = _interfaces()[1][original]
+        output = fn(module, query, key, value, attention_mask, **kwargs)
+        entry = _PROBED.get(id(module))
+        if entry is not None:
+            probe, layer = entry
+            probe._record(layer, module, query, key, attention_mask, kwargs)
+        return output
+
+    probe_attention.__name__ = f"probe_attention[{original}]"
+    return probe_attention
+
+
+def _make_mask(original: str) -> Callable:
+    def probe_mask(*args, **kwargs):
+        return _interfaces()[3][original](*args, **kwargs)
+
+    return probe_mask
+
+
+def _register(original: str) -> str:
+    attn_cls, attn_all, mask_cls, mask_all = _interfaces()
+    if original.startswith(PROBE_PREFIX):
+        raise RuntimeError("an AttentionProbe is already active on this model")
+    if original.startswith("paged|") or (original != "eager" and original not in attn_all):
+        raise ValueError(f"AttentionProbe cannot wrap attention implementation {original!r}; use one of "
+                         f"{sorted(k for k in attn_all if not k.startswith(('paged|', PROBE_PREFIX)))} or 'eager'")
+    name = PROBE_PREFIX + original
+    if name not in _REGISTERED:
+        attn_cls.register(name, _make_attention(original))
+        # an implementation without a mask builder gets no mask (transformers' early exit): keep it so
+        if original in mask_cls._global_mapping:
+            mask_cls.register(name, _make_mask(original))
+        _REGISTERED[name] = 0
+    _REGISTERED[name] += 1
+    return name
+
+
+def _unregister(name: str) -> None:
+    attn_cls, _, mask_cls, _ = _interfaces()
+    _REGISTERED[name] -= 1
+    if _REGISTERED[name] == 0:
+        del _REGISTERED[name]
+        attn_cls._global_mapping.pop(name, None)
+        mask_cls._global_mapping.pop(name, None)
+
+
+def modality_masks(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                   vision_token_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(text_mask, vision_mask)`` [B, S] bool: vision = a placeholder id, text = the other non-padding."""
+    valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    ids = torch.as_tensor(list(vision_token_ids), dtype=input_ids.dtype, device=input_ids.device)
+    vision = torch.isin(input_ids, ids) & valid
+    return valid & ~vision, vision
+
+
+def low_high_masks(scores: torch.Tensor, vision_mask: torch.Tensor,
+                   q: float = 0.02) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample, the bottom / top ``q`` fraction of its vision tokens by ``scores`` [B, S].
+
+    k = ceil(q * n) and at least 1, n = the sample's vision tokens with a finite score (a NaN score, a
+    token no text query attends to, is in neither set); ties go to the earlier position; a sample with
+    no scored vision token has both masks all False.
+    """
+    if not 0.0 < q <= 1.0:
+        raise ValueError(f"q must be in (0, 1], got {q}")
+    if scores.shape != vision_mask.shape or scores.dim() != 2:
+        raise ValueError(f"scores {tuple(scores.shape)} and vision_mask {tuple(vision_mask.shape)} must both be [B, S]")
+    valid = vision_mask.bool() & torch.isfinite(scores)
+    n = valid.sum(dim=1)
+    # the tolerance keeps q * n at an integer from rounding up (0.07 * 100 = 7.000000000000001)
+    k = torch.tensor([max(1, math.ceil(q * int(c) - 1e-9)) if c else 0 for c in n.tolist()], device=scores.device)
+    masks = []
+    for key in (scores, -scores):
+        key = torch.where(valid, key.float(), torch.full_like(key, float("inf"), dtype=torch.float32))
+        order = torch.sort(key, dim=1, stable=True).indices
+        rank = torch.empty_like(order).scatter_(1, order, torch.arange(key.shape[1], device=key.device).expand_as(order))
+        masks.append(valid & (rank < k[:, None]))
+    return masks[0], masks[1]
+
+
+class AttentionProbe:
+    """Context manager: text-to-vision attention scores of ``layers`` in the model's normal forward.
+
+    ``layers`` are decoder layer indices (default: the MoE layers). Before each forward call
+    :meth:`set_batch`; after it :meth:`pop_scores` gives ``{layer: Tensor[B, S]}`` (fp32, NaN where the
+    position is not a vision token or no text query attends to it); :meth:`layer_scores` reads one layer
+    during the forward, once that layer's attention ran. Nothing accumulates across batches.
+    Only a full (prefill) forward is supported: queries and keys must span the batch's S positions.
+    """
+
+    def __init__(self, model: nn.Module, layers: list[int] | None = None):
+        from ..models import get_adapter
+
+        adapter = get_adapter(model)
+        path, decoder = adapter.decoder_layers()
+        if layers is None:
+            layers = [layer.index for layer in adapter.layers()]
+        layers = sorted({int(i) for i in layers})
+        bad = [i for i in layers if not 0 <= i < len(decoder)]
+        if bad:
+            raise ValueError(f"layers {bad} out of range: the model has {len(decoder)} decoder layers")
+        self.model = model
+        self.layers = layers
+        self._attention: dict[int, nn.Module] = {}
+        for i in layers:
+            attn = getattr(decoder[i], "self_attn", None)
+            if attn is None or getattr(attn, "config", None) is None:
+                raise ValueError(f"decoder layer {i} has no self_attn module with a config to switch")
+            if getattr(attn, "layer_idx", i) != i:
+                raise ValueError(f"decoder layer {i}: self_attn.layer_idx is {attn.layer_idx}")
+            self._attention[i] = attn
+        # every config the language model's attention and mask builders read
+        parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
+        configs = [getattr(layer.self_attn, "config", None) for layer in decoder if hasattr(layer, "self_attn")]
+        configs.append(getattr(parent, "config", None))
+        self._configs = list({id(c): c for c in configs if c is not None}.values())
+        self._saved: list[tuple[Any, Any, str]] = []
+        self._text: torch.Tensor | None = None
+        self._vision: torch.Tensor | None = None
+        self._scores: dict[int, torch.Tensor] = {}
+        self.active = False
+
+    # ------------------------------------------------------------------ context
+    def __enter__(self) -> "AttentionProbe":
+        if self.active:
+            raise RuntimeError("this AttentionProbe is already active")
+        try:
+            for cfg in self._configs:
+                saved = cfg.__dict__.get("_attn_implementation_internal")
+                name = _register(saved or "eager")
+                self._saved.append((cfg, saved, name))
+                cfg._attn_implementation_internal = name
+            for i, attn in self._attention.items():
+                _PROBED[id(attn)] = (self, i)
+        except BaseException:
+            self._restore()
+            raise
+        self.active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        for i, attn in self._attention.items():
+            if _PROBED.get(id(attn), (None,))[0] is self:
+                del _PROBED[id(attn)]
+        while self._saved:
+            cfg, saved, name = self._saved.pop()
+            cfg._attn_implementation_internal = saved
+            _unregister(name)
+        self._text = self._vision = None
+        self.active = False
+
+    # ------------------------------------------------------------------ batch and results
+    def set_batch(self, text_mask: torch.Tensor, vision_mask: torch.Tensor) -> None:
+        """Token roles [B, S] of the next forward (both without padding; disjoint)."""
+        if text_mask.shape != vision_mask.shape or text_mask.dim() != 2:
+            raise ValueError(f"text_mask {tuple(text_mask.shape)} and vision_mask {tuple(vision_mask.shape)} "
+                             f"must both be [B, S]")
+        text_mask, vision_mask = text_mask.bool(), vision_mask.bool()
+        if (text_mask & vision_mask).any():
+            raise ValueError("a position is marked both text and vision")
+        self._text, self._vision = text_mask, vision_mask
+        self._scores = {}
+
+    def layer_scores(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s scores [B, S] of the current forward, readable as soon as its attention ran
+        (e.g. from that layer's MoE block in the same forward); nothing is cleared."""
+        if layer not in self._scores:
+            raise RuntimeError(f"no scores for layer {layer} yet: probed layers {self.layers}; the layer's "
+                               f"attention must run after set_batch")
+        return self._scores[layer]
+
+    def pop_scores(self) -> dict[int, torch.Tensor]:
+        """``{layer: Tensor[B, S]}`` of the last forward; clears the batch and the scores."""
+        missing = [i for i in self.layers if i not in self._scores]
+        if missing:
+            raise RuntimeError(f"no scores for layers {missing}: run a forward inside the probe after set_batch")
+        scores, self._scores = self._scores, {}
+        self._text = self._vision = None
+        return scores
+
+    # ------------------------------------------------------------------ the score
+    def _record(self, layer: int, module: nn.Module, query: torch.Tensor, key: torch.Tensor,
+                attention_mask: Any, kwargs: dict) -> None:
+        if self._text is None:
+            raise RuntimeError("AttentionProbe: call set_batch(text_mask, vision_mask) before each forward")
+        batch, heads, q_len, dim = query.shape
+        k_len = key.shape[2]
+        if (batch, q_len) != tuple(self._text.shape) or k_len != q_len:
+            raise ValueError(f"AttentionProbe layer {layer}: query {tuple(query.shape)} / key {tuple(key.shape)} "
+                             f"do not span the batch {tuple(self._text.shape)}; only full forwards are probed")
+        with torch.no_grad():
+            self._scores[layer] = _text_to_vision(module, query, key, attention_mask, kwargs,
+                                                  self._text.to(query.device), self._vision.to(query.device))
+
+
+def _dense_mask(module: nn.Module, attention_mask: Any, batch: int, q_len: int, k_len: int,
+                device: torch.device, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(allowed [Bm, Hm, Q, K] bool, additive float mask or None) of what the implementation applies."""
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+        if attention_mask.dtype == torch.bool:
+            return attention_mask, None
+        allowed = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+        return allowed, torch.where(allowed, attention_mask.float(), 0.0)
+    if attention_mask is not None and type(attention_mask).__name__ == "BlockMask":
+        from torch.nn.attention.flex_attention import create_mask
+
+        return create_mask(attention_mask.mask_mod, batch, 1, q_len, k_len, device=device), None
+    # no 4D mask (sdpa's is_causal path, flash attention's 2D padding mask): causal, window, padding
+    is_causal = kwargs.get("is_causal")
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    q_pos = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+    k_pos = torch.arange(k_len, device=device)[None, :]
+    allowed = k_pos <= q_pos if is_causal else torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    window = kwargs.get("sliding_window")
+    if window:
+        allowed = allowed & (k_pos > q_pos - window)
+    allowed = allowed[None, None]
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
+        allowed = allowed & attention_mask.to(device).bool()[:, None, None, :]
+    return allowed, None
+
+
+def _text_to_vision(module: nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask: Any,
+                    kwargs: dict, text: torch.Tensor, vision: torch.Tensor) -> torch.Tensor:
+    batch, heads, q_len, dim = query.shape
+    kv_heads, k_len = key.shape[1], key.shape[2]
+    device = query.device
+    scores = torch.full((batch, k_len), float("nan"), dtype=torch.float32, device=device)
+    if not vision.any() or not text.any():
+        return scores
+    groups = heads // kv_heads
+    scaling = kwargs.get("scaling")
+    scaling = dim ** -0.5 if scaling is None else scaling
+    softcap = kwargs.get("softcap")
+    sinks = kwargs.get("s_aux")
+    allowed, additive = _dense_mask(module, attention_mask, batch, q_len, k_len, device, kwargs)
+    mask_heads = allowed.shape[1]
+    allowed = allowed.expand(batch, -1, -1, -1)
+    if additive is not None:
+        additive = additive.expand(batch, -1, -1, -1)
+
+    # per sample, its text rows first (ascending), padded to the longest
+    n_text = text.sum(dim=1)
+    rows = torch.sort((~text).to(torch.int8), dim=1, stable=True).indices[:, : int(n_text.max())]
+    row_valid = torch.arange(rows.shape[1], device=device)[None, :] < n_text[:, None]
+    keys = key.float()[:, :, None].transpose(-1, -2)  # [B, Hkv, 1, D, K]
+    total = torch.zeros(batch, k_len, dtype=torch.float32, device=device)
+    count = torch.zeros(batch, k_len, dtype=torch.float32, device=device)
+    step = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * k_len))
+    for start in range(0, rows.shape[1], step):
+        idx, valid = rows[:, start:start + step], row_valid[:, start:start + step]
+        c = idx.shape[1]
+        q = query.gather(2, idx[:, None, :, None].expand(batch, heads, c, dim)).float()
+        logits = (q.view(batch, kv_heads, groups, c, dim) @ keys).view(batch, heads, c, k_len) * scaling
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        gather = idx[:, None, :, None].expand(batch, mask_heads, c, k_len)
+        ok = allowed.gather(2, gather)
+        if additive is not None:
+            logits = logits + additive.gather(2, gather)
+        logits = logits.masked_fill(~ok, float("-inf"))
+        if sinks is not None:
+            sink = sinks.float().reshape(1, heads, 1, 1).expand(batch, heads, c, 1)
+            lse = torch.logsumexp(torch.cat([logits, sink], dim=-1), dim=-1, keepdim=True)
+        else:
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+        probs = torch.exp(logits - lse)
+        counted = ok & valid[:, None, :, None]
+        probs = torch.where(counted, probs, 0.0)
+        total += probs.sum(dim=(1, 2))
+        count += counted.sum(dim=(1, 2)).float() * (heads // mask_heads)
+    return torch.where(vision & (count > 0), total / count.clamp_min(1.0), scores)
