@@ -1,0 +1,96 @@
+"""Vision subsets of collect_expert_stats on tiny MLLMs, against eager attention probabilities."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+import lightprune as lp
+from lightprune.models import get_adapter
+from lightprune.models.tiny import tiny_model
+from lightprune.models.tiny_batches import tiny_multimodal_batch, tiny_text_batch
+
+Q = 0.25
+
+
+def _expected_low_high(model, batch, layer_index: int):
+    """Bottom / top ceil(q n) vision tokens per sample by eager text->vision attention, ties by position."""
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    with torch.no_grad():
+        attentions = eager(**batch, output_attentions=True).attentions[layer_index]   # [B, heads, S, S]
+    ids = batch["input_ids"]
+    valid = batch["attention_mask"].bool()
+    vision = torch.isin(ids, torch.tensor(get_adapter(model).vision_token_ids())) & valid
+    text = valid & ~vision
+    low = torch.zeros_like(vision)
+    high = torch.zeros_like(vision)
+    for b in range(ids.shape[0]):
+        scores = {}
+        for v in vision[b].nonzero().flatten().tolist():
+            queries = [q for q in text[b].nonzero().flatten().tolist() if q >= v]
+            if queries:
+                scores[v] = float(attentions[b, :, queries, v].double().mean())
+        n = max(1, math.ceil(Q * len(scores)))
+        ranked = sorted(scores, key=lambda v: (scores[v], v))
+        low[b, ranked[:n]] = True
+        ranked_high = sorted(scores, key=lambda v: (-scores[v], v))
+        high[b, ranked_high[:n]] = True
+    return low, high, vision, text
+
+
+def _routing(model, batch):
+    """Selected experts per MoE layer [B*S, k], captured from the model's own routers."""
+    captured = {}
+    handles = [l.router.register_forward_hook(lambda m, a, out, i=l.index: captured.__setitem__(i, out[2]))
+               for l in lp.find_moe_layers(model)]
+    try:
+        with torch.no_grad():
+            model(**batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return captured
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl_moe", "internvl"])
+def test_vision_subsets_follow_eager_attention(family: str) -> None:
+    model = tiny_model(family)
+    batch = tiny_multimodal_batch(model, seed=3)
+    subsets = ("all", "text", "vision", "vision_low_attn", "vision_high_attn")
+    stats = lp.collect_expert_stats(model, [batch], subsets=subsets, low_attn_quantile=Q, progress=False)
+    routing = _routing(model, batch)
+    for layer in lp.find_moe_layers(model):
+        low, high, vision, text = _expected_low_high(model, batch, layer.index)
+        selected = routing[layer.index]
+        for subset, mask in (("text", text), ("vision", vision), ("vision_low_attn", low), ("vision_high_attn", high)):
+            expected = torch.bincount(selected[mask.flatten()].flatten(), minlength=layer.num_experts).double()
+            torch.testing.assert_close(stats.raw("frequency", subset)[layer.index], expected, rtol=0, atol=0)
+        assert low.sum() > 0 and not torch.equal(low, high)
+
+
+def test_vision_subset_without_vision_tokens_is_an_error() -> None:
+    model = tiny_model("qwen3_vl_moe")
+    batch = tiny_multimodal_batch(model, images_per_sample=0, seed=1)
+    with pytest.raises(ValueError, match="no calibration tokens of subset 'vision'"):
+        lp.collect_expert_stats(model, [batch], subsets=("all", "vision"), progress=False)
+    text_model = tiny_model("qwen3_moe")
+    with pytest.raises(ValueError, match="need vision tokens"):
+        lp.collect_expert_stats(text_model, [tiny_text_batch(text_model)], subsets=("vision",), progress=False)
+
+
+def test_observation_restores_the_mllm_exactly() -> None:
+    model = tiny_model("qwen3_vl_moe")
+    batch = tiny_multimodal_batch(model, seed=5)
+    text_cfg = model.config.text_config
+    before = (text_cfg._attn_implementation, text_cfg._experts_implementation)
+    with torch.no_grad():
+        reference = model(**batch).logits
+    lp.collect_expert_stats(model, [batch], subsets=("vision_low_attn",), progress=False)
+    assert (text_cfg._attn_implementation, text_cfg._experts_implementation) == before
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, reference)
