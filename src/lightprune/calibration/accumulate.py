@@ -83,6 +83,12 @@ class LayerAccumulator:
         """Add one batch. ``masks`` [n_subsets, T] bool (padding already excluded), ``samples`` [T]
         the sample index of each token."""
         num_experts = self.num_experts
+        # Tokens in no subset (padding) are masked by multiplication below, and 0 * NaN = NaN: the
+        # model may leave non-finite values at padded positions, so zero them first (no host sync).
+        keep = masks.any(dim=0)                                          # [T]
+        hidden = torch.where(keep.unsqueeze(-1), hidden, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
+        weights = torch.where(keep.unsqueeze(-1), weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
+        outputs = torch.where(keep.view(-1, 1, 1), outputs, torch.zeros((), dtype=outputs.dtype, device=outputs.device))
         m = masks.double()                                               # [U, T]
         w = weights.double()
         gram = torch.bmm(outputs.float(), outputs.float().transpose(1, 2)).double()   # [T, k, k]: f_s . f_r
