@@ -1,5 +1,35 @@
-"""Datamodules."""
+"""Datamodules and local tokenizers / processors (nothing is downloaded).
 
+- :class:`TextJsonlDataModule`: text JSONL (``text``, ``prompt``/``completion``, ``messages``).
+- :class:`ImageTextJsonlDataModule`: image+text JSONL through a local transformers processor.
+- :func:`train_bpe_tokenizer`: a byte-level BPE tokenizer trained locally, with pinned ids.
+- :func:`tiny_qwen3_vl_processor`: a Qwen3-VL processor matching ``tiny_model("qwen3_vl_moe")``.
+- :class:`SyntheticTokens`: seeded random ids, for smoke runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .image_text import ImageTextJsonlDataModule, load_processor
+from .rows import JsonlRowError
 from .synthetic import SyntheticTokens
+from .text import TextJsonlDataModule, load_tokenizer
+from .tokenizer import CHAT_TOKENS, CHATML_TEMPLATE, IMAGE_TOKENS, train_bpe_tokenizer
 
-__all__ = ["SyntheticTokens"]
+# imports transformers' Qwen3-VL processor at module level: loaded on first use
+_LAZY = {"tiny_qwen3_vl_processor": ".tiny_processor", "tiny_qwen3_vl_tokenizer": ".tiny_processor",
+         "TinyQwen3VLProcessor": ".tiny_processor"}
+
+__all__ = ["CHATML_TEMPLATE", "CHAT_TOKENS", "IMAGE_TOKENS", "ImageTextJsonlDataModule", "JsonlRowError",
+           "SyntheticTokens", "TextJsonlDataModule", "TinyQwen3VLProcessor", "load_processor", "load_tokenizer",
+           "tiny_qwen3_vl_processor", "tiny_qwen3_vl_tokenizer", "train_bpe_tokenizer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'lightprune.data' has no attribute {name!r}")
