@@ -163,7 +163,8 @@ def collect_expert_stats(model: nn.Module, batches: Iterable[Mapping[str, Any]],
                          criteria: Iterable[str] | None = None, progress: bool = True) -> CalibrationStats:
     """One observed forward per batch; returns every criterion for every subset (METHODS.md).
 
-    ``batches`` are dicts the model accepts as keyword arguments. An empty iterable is an error.
+    ``batches`` are dicts the model accepts as keyword arguments (``labels`` are dropped: no loss
+    is needed). An empty iterable is an error.
     """
     observer = ExpertObserver(model, subsets, criteria, low_attn_quantile)
     device = next(model.parameters()).device
@@ -174,7 +175,8 @@ def collect_expert_stats(model: nn.Module, batches: Iterable[Mapping[str, Any]],
         iterator = tqdm(batches, desc="calibration", unit="batch", leave=False)
     with observer, torch.no_grad():
         for batch in iterator:
-            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
+                     if k != "labels"}  # no loss is needed to observe experts
             observer.begin_batch(batch)
             model(**batch)
     if observer.batches_seen == 0:

@@ -1,0 +1,80 @@
+"""configs/reap.yaml and configs/maep.yaml end to end on tiny checkpoints with JSONL data."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import lightprune as lp
+from lightprune.cli import cli_main
+from lightprune.models.tiny import tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+TEXT = REPO / "tests" / "fixtures" / "data" / "text.jsonl"
+
+
+@pytest.fixture(autouse=True)
+def _repo_and_argv(monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "argv", ["lightprune"])
+
+
+def test_reap_recipe_on_a_text_checkpoint(tmp_path: Path) -> None:
+    from lightprune.data import TextJsonlDataModule, train_bpe_tokenizer
+
+    ckpt = tmp_path / "ckpt"
+    model = tiny_model("qwen3_moe", seed=2)
+    model.save_pretrained(ckpt)
+    texts = [json.dumps(json.loads(line)) for line in TEXT.read_text().splitlines()]
+    train_bpe_tokenizer(texts, vocab_size=model.config.vocab_size).save_pretrained(ckpt)
+    run = tmp_path / "run"
+    cli_main(["calibrate", "--config", "configs/reap.yaml", "--model.init_args.checkpoint", str(ckpt),
+              "--data.init_args.tokenizer", str(ckpt), "--data.init_args.calibration", str(TEXT),
+              "--data.init_args.batch_size", "3", "--trainer.accelerator", "cpu",
+              "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run)])
+    for name in ("calibration.json", "scores.json", "plan.json", "report.json", "model/config.json"):
+        assert (run / name).is_file(), name
+    dm = TextJsonlDataModule(str(ckpt), calibration=str(TEXT), batch_size=3, max_length=512)
+    dm.setup("calibrate")
+    stats = lp.collect_expert_stats(lp.load_pruned(ckpt), list(dm.calibration_dataloader()), progress=False)
+    expected = lp.select_experts(stats.score("reap"), 0.5, "uniform")
+    assert lp.ExpertPlan.load(run / "plan.json").keep == expected.keep
+
+
+def test_maep_recipe_on_a_multimodal_checkpoint(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from lightprune.data import ImageTextJsonlDataModule, tiny_qwen3_vl_processor
+
+    ckpt = tmp_path / "ckpt"
+    tiny_model("qwen3_vl_moe", seed=1).save_pretrained(ckpt)
+    tiny_qwen3_vl_processor().save_pretrained(ckpt)
+    rows = []
+    for i, (h, w) in enumerate([(16, 32), (32, 32), (24, 16), (32, 16)]):
+        pixels = torch.randint(0, 256, (h, w, 3), generator=torch.Generator().manual_seed(i), dtype=torch.uint8)
+        Image.fromarray(pixels.numpy()).save(tmp_path / f"{i}.png")
+        rows.append({"image": f"{i}.png", "messages": [{"role": "user", "content": f"What is in picture {i}?"},
+                                                        {"role": "assistant", "content": "Noise."}]})
+    rows.append({"messages": [{"role": "user", "content": "No picture."}, {"role": "assistant", "content": "Ok."}]})
+    calib = tmp_path / "calib.jsonl"
+    calib.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "run"
+    cli_main(["calibrate", "--config", "configs/maep.yaml", "--model.init_args.checkpoint", str(ckpt),
+              "--data.init_args.processor", str(ckpt), "--data.init_args.calibration", str(calib),
+              "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
+              "--trainer.default_root_dir", str(run), "--trainer.callbacks.init_args.alpha", "0.5"])
+    plan = lp.ExpertPlan.load(run / "plan.json")
+    assert plan.criterion == "maep" and plan.metadata["alpha"]["alpha"] == 0.5
+    dm = ImageTextJsonlDataModule(str(ckpt), calibration=str(calib), batch_size=2)
+    dm.setup("calibrate")
+    stats = lp.collect_expert_stats(lp.load_pruned(ckpt), list(dm.calibration_dataloader()),
+                                    subsets=("text", "vision", "vision_low_attn"), criteria=("delta_h",),
+                                    progress=False)
+    imp, _ = lp.maep_scores(stats, alpha=0.5)
+    assert plan.keep == lp.select_experts(imp, 0.25, "global").keep
+    report = json.loads((run / "report.json").read_text())
+    assert report["max_abs_diff"] <= 1e-5
