@@ -86,6 +86,15 @@ def _checked_weight(layer: MoELayer, weight: torch.Tensor) -> torch.Tensor:
     return weight
 
 
+def _own_weight(router: nn.Module) -> torch.Tensor:
+    """The router's stored weight: under a torch parametrization (IA3 channel scales) the original."""
+    from torch.nn.utils import parametrize
+
+    if parametrize.is_parametrized(router, "weight"):
+        return router.parametrizations.weight.original
+    return router.weight
+
+
 def _row_norms(weight: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(weight.detach().double(), 2, dim=1).cpu()
 
@@ -94,11 +103,12 @@ def router_row_norms(model: nn.Module) -> dict[int, torch.Tensor]:
     """``{layer: tensor[E]}``: float64 L2 norm of every router row of the model's *own* weights.
 
     For a model with adapters this is the original (un-adapted) router: peft keeps it as the
-    wrapper's ``base_layer`` and applies the adapter only inside a forward. Use
+    wrapper's ``base_layer`` and applies the adapter only inside a forward; a torch
+    parametrization (IA3 channel scales) keeps it as ``parametrizations.weight.original``. Use
     :func:`effective_router_weights` (or the adapters module's ``merged_router_weights``) for the
     adapted rows.
     """
-    return {layer.index: _row_norms(_checked_weight(layer, innermost_router(layer.router).weight))
+    return {layer.index: _row_norms(_checked_weight(layer, _own_weight(innermost_router(layer.router))))
             for layer in _layers(model)}
 
 
@@ -108,8 +118,9 @@ def effective_router_weights(model: nn.Module) -> dict[int, torch.Tensor]:
 
     Each router is called once on a single zero token; a hook on its innermost module reads
     ``weight`` inside that call, where weight-space adapters (peft LoRA ``target_parameters``) are
-    active. The model is not changed. Adapters that scale the router's input (IA3) do not change
-    this weight.
+    active. The model is not changed. An IA3 input scale implemented as a parametrization of the
+    router weight shows here as ``W diag(a)``; the adapters module's ``merged_router_weights``
+    (which the RouterDelta callback prefers) reports only weight-space (LoRA) deltas.
     """
     found: dict[int, torch.Tensor] = {}
     for layer in _layers(model):

@@ -3,5 +3,6 @@
 from .expert_pruning import ExpertPruning
 from .expert_stats import ExpertStats
 from .export import Export
+from .router_delta import RouterDelta
 
-__all__ = ["ExpertPruning", "ExpertStats", "Export"]
+__all__ = ["ExpertPruning", "ExpertStats", "Export", "RouterDelta"]
