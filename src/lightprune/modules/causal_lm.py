@@ -4,17 +4,32 @@ The wrapped model is ``self.model``; lightprune's callbacks read and change it i
 built in ``configure_model`` (so strategies can shard it) from a local checkpoint directory
 (``checkpoint``) or from a tiny config of a supported family (``tiny``), never from a hub.
 Loss: next-token cross-entropy over positions whose ``labels`` are not -100 (``labels``
-default to ``input_ids`` with padding masked). Fine-tuning recipes (adapters, answer-only loss,
-metrics) come with the router-sensitivity work; this module is the common shape.
+default to ``input_ids`` with padding masked; the JSONL datamodules mask prompt tokens, so the loss is on
+completions). Validation logs torchmetrics perplexity (``val/ppl``) and next-token accuracy (``val/acc``) over
+the same positions.
+
+Fine-tuning (paper 003, section 4): an optional ``adapter`` (:class:`~lightprune.modules.AdapterSpec`) is
+attached in ``configure_model`` after the model is built (and, with ``load_in_4bit``, after its linear layers
+are quantised to 4 bit: QLoRA); ``self.model`` is then the model to train (a peft model for LoRA / IA3) and
+``self.base_model`` the transformers model under it, whose routers :func:`lightprune.find_moe_layers` walks.
+The optimizer (AdamW or bitsandbytes AdamW8bit) and the per-step schedule (cosine or constant, linear warm-up)
+are :mod:`lightprune.modules.optim`.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torchmetrics import MeanMetric
+from torchmetrics.text import Perplexity
+
+from .adapters import AdapterSpec, apply_adapter, base_model_of
+from .optim import OPTIMIZERS, SCHEDULERS, build_optimizer, build_scheduler, check_choice
 
 __all__ = ["MoECausalLM"]
 
@@ -31,13 +46,33 @@ class MoECausalLM(pl.LightningModule):
         tiny_overrides: config overrides for the tiny model (e.g. ``num_hidden_layers``).
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         trust_remote_code: allow a checkpoint's own modeling code to run (off by default).
-        learning_rate: AdamW learning rate for ``fit``.
+        learning_rate: peak learning rate for ``fit``.
+        adapter: the parameter-efficient adapter to fine-tune with (None: every parameter trains).
+        optimizer: ``adamw`` (torch) or ``adamw8bit`` (bitsandbytes, imported only then).
+        weight_decay: AdamW weight decay.
+        warmup_steps: linear warm-up optimizer steps.
+        scheduler: ``cosine`` (to zero over ``trainer.estimated_stepping_batches``) or ``constant``.
+        load_in_4bit: quantise the base model's linear layers to 4 bit (QLoRA, bitsandbytes; CPU works).
     """
 
     def __init__(self, checkpoint: str | None = None, tiny: str | None = None, tiny_overrides: dict | None = None,
                  seed: int = 0, dtype: str = "float32", trust_remote_code: bool = False,
-                 learning_rate: float = 1e-4):
+                 learning_rate: float = 1e-4, adapter: AdapterSpec | None = None, optimizer: str = "adamw",
+                 weight_decay: float = 0.0, warmup_steps: int = 0, scheduler: str = "cosine",
+                 load_in_4bit: bool = False):
         super().__init__()
+        if isinstance(adapter, dict):
+            adapter = AdapterSpec(**adapter)
+        check_choice("optimizer", optimizer, OPTIMIZERS)
+        check_choice("scheduler", scheduler, SCHEDULERS)
+        if learning_rate <= 0:
+            raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+        if weight_decay < 0 or warmup_steps < 0:
+            raise ValueError(f"weight_decay and warmup_steps must be >= 0, got {weight_decay}, {warmup_steps}")
+        if load_in_4bit:
+            from .quantize import _bnb
+
+            _bnb()
         if (checkpoint is None) == (tiny is None):
             raise ValueError("give exactly one of checkpoint= (a local directory) or tiny= (a family name); "
                              f"got checkpoint={checkpoint!r}, tiny={tiny!r}")
@@ -50,8 +85,16 @@ class MoECausalLM(pl.LightningModule):
 
             if tiny not in TINY_FAMILIES:
                 raise ValueError(f"tiny must be one of {list(TINY_FAMILIES)}, got {tiny!r}")
+        self.adapter = adapter
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
+        self.val_ppl = Perplexity(ignore_index=-100)
+        self.val_acc = MeanMetric()
+
+    @property
+    def base_model(self) -> torch.nn.Module | None:
+        """The transformers model without adapter wrappers (adapters stay active in it)."""
+        return None if self.model is None else base_model_of(self.model)
 
     @property
     def source(self) -> str:
@@ -72,29 +115,59 @@ class MoECausalLM(pl.LightningModule):
 
             self.model = load_pruned(self.hparams.checkpoint, dtype=dtype,
                                      trust_remote_code=self.hparams.trust_remote_code)
+        if self.hparams.load_in_4bit:
+            from .quantize import quantize_4bit
+
+            self.model = quantize_4bit(self.model, compute_dtype=dtype)
+        if self.adapter is not None:
+            self.model = apply_adapter(self.model, self.adapter)
         # Lightning switches train/eval per loop; start from train mode like any fresh module
         self.model.train(self.training)
 
     def forward(self, **batch: Any):
         return self.model(**batch)
 
-    def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _shifted(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B, T-1, V] fp32, next-token labels [B, T-1] with -100 where no loss is taken)."""
         batch = dict(batch)
         labels = batch.pop("labels", None)
         if labels is None:
             labels = batch["input_ids"].masked_fill(batch.get("attention_mask", 1) == 0, -100)
         logits = self.model(**batch).logits[:, :-1].float()
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+        return logits, labels[:, 1:]
+
+    @staticmethod
+    def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                                  ignore_index=-100)
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._ce(*self._shifted(batch))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
+    def on_validation_epoch_start(self) -> None:
+        # a loop run under inference mode (calibrate, validate) may have reset the metric states to inference
+        # tensors, which a later no-grad loop (fit's validation) could not update in place: start from fresh ones
+        with torch.inference_mode(False):
+            self.val_ppl.reset()
+            self.val_acc.reset()
+
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self._loss(batch)
+        logits, labels = self._shifted(batch)
+        loss = self._ce(logits, labels)
         self.log("val/loss", loss, prog_bar=True)
+        keep = labels != -100
+        count = keep.sum()
+        if count > 0:
+            self.val_ppl.update(logits, labels)
+            correct = (logits.argmax(-1) == labels) & keep
+            self.val_acc.update(correct.sum() / count, weight=count)
+            self.log("val/ppl", self.val_ppl, on_step=False, on_epoch=True)
+            self.log("val/acc", self.val_acc, on_step=False, on_epoch=True)
         return loss
 
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -103,5 +176,14 @@ class MoECausalLM(pl.LightningModule):
         return loss
 
     def configure_optimizers(self):
+        hp = self.hparams
         params = [p for p in self.model.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=self.hparams.learning_rate)
+        optimizer = build_optimizer(params, hp.optimizer, hp.learning_rate, hp.weight_decay)
+        if hp.scheduler == "constant" and hp.warmup_steps == 0:
+            return optimizer
+        total = self.trainer.estimated_stepping_batches if self._trainer is not None else float("inf")
+        if hp.scheduler == "cosine" and not math.isfinite(total):
+            rank_zero_warn("scheduler='cosine' needs a known number of steps (set trainer max_steps); "
+                           "the learning rate stays constant after warm-up")
+        scheduler = build_scheduler(optimizer, hp.scheduler, hp.warmup_steps, total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
