@@ -2,6 +2,8 @@
 
 - :class:`TextJsonlDataModule`: text JSONL (``text``, ``prompt``/``completion``, ``messages``).
 - :class:`ImageTextJsonlDataModule`: image+text JSONL through a local transformers processor.
+- :class:`DefaultCorpusDataModule`: the embedded default data (Python's documentation topics as
+  instruction/text rows, and a tokenizer trained locally on them); :func:`default_model_overrides`.
 - :func:`train_bpe_tokenizer`: a byte-level BPE tokenizer trained locally, with pinned ids.
 - :func:`tiny_qwen3_vl_processor`: a Qwen3-VL processor matching ``tiny_model("qwen3_vl_moe")``.
 - :class:`SyntheticTokens`: seeded random ids, for smoke runs.
@@ -12,6 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .default_corpus import (DefaultCorpusDataModule, DefaultCorpusError, build_default_corpus,
+                             default_corpus_dir, default_model_overrides, load_default_corpus)
 from .image_text import ImageTextJsonlDataModule, load_processor
 from .rows import JsonlRowError
 from .synthetic import SyntheticTokens
@@ -22,7 +26,9 @@ from .tokenizer import CHAT_TOKENS, CHATML_TEMPLATE, IMAGE_TOKENS, train_bpe_tok
 _LAZY = {"tiny_qwen3_vl_processor": ".tiny_processor", "tiny_qwen3_vl_tokenizer": ".tiny_processor",
          "TinyQwen3VLProcessor": ".tiny_processor"}
 
-__all__ = ["CHATML_TEMPLATE", "CHAT_TOKENS", "IMAGE_TOKENS", "ImageTextJsonlDataModule", "JsonlRowError",
+__all__ = ["CHATML_TEMPLATE", "CHAT_TOKENS", "DefaultCorpusDataModule", "DefaultCorpusError", "IMAGE_TOKENS",
+           "ImageTextJsonlDataModule", "JsonlRowError", "build_default_corpus", "default_corpus_dir",
+           "default_model_overrides", "load_default_corpus",
            "SyntheticTokens", "TextJsonlDataModule", "TinyQwen3VLProcessor", "load_processor", "load_tokenizer",
            "tiny_qwen3_vl_processor", "tiny_qwen3_vl_tokenizer", "train_bpe_tokenizer"]
 
