@@ -66,10 +66,10 @@ def test_aimer_config_prunes_a_checkpoint(tmp_path: Path, checkpoint: Path, monk
     assert report["experts_after"] == report["experts_before"] // 2
 
 
-def test_quickstart_default_job(tmp_path: Path, monkeypatch) -> None:
+def test_aimer_tiny_job(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     run = tmp_path / "quick"
-    _run(["export", "--config", "configs/quickstart.yaml", "--trainer.default_root_dir", str(run)])
+    _run(["export", "--config", "configs/aimer_tiny.yaml", "--trainer.default_root_dir", str(run)])
     report = json.loads((run / "report.json").read_text())
     assert report["experts_after"] * 2 == report["experts_before"]
     assert report["max_abs_diff"] <= 1e-5
@@ -95,7 +95,7 @@ def test_project_local_criterion_by_class_path(tmp_path: Path, monkeypatch) -> N
 def test_bad_ratio_is_named(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     with pytest.raises(ValueError, match="ratio must be in \\[0, 1\\), got 1.5"):
-        _run(["export", "--config", "configs/quickstart.yaml", "--trainer.default_root_dir", str(tmp_path),
+        _run(["export", "--config", "configs/aimer_tiny.yaml", "--trainer.default_root_dir", str(tmp_path),
               "--trainer.callbacks.init_args.ratio", "1.5"])
     assert not any(tmp_path.iterdir())
 
@@ -120,7 +120,7 @@ def test_console_entry_reports_bad_input_in_one_line(tmp_path: Path, monkeypatch
 
     monkeypatch.chdir(REPO)
     monkeypatch.delenv("LIGHTPRUNE_DEBUG", raising=False)
-    monkeypatch.setattr(sys, "argv", ["lightprune", "export", "--config", "configs/quickstart.yaml",
+    monkeypatch.setattr(sys, "argv", ["lightprune", "export", "--config", "configs/aimer_tiny.yaml",
                                       "--trainer.default_root_dir", str(tmp_path / "run"),
                                       "--trainer.callbacks.init_args.ratio", "0.95"])
     with pytest.raises(SystemExit) as info:
@@ -134,6 +134,6 @@ def test_console_entry_reports_bad_input_in_one_line(tmp_path: Path, monkeypatch
 def test_dense_model_fails_before_any_output(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     with pytest.raises(ValueError, match="no MoE layers"):
-        _run(["export", "--config", "configs/quickstart.yaml", "--trainer.default_root_dir", str(tmp_path / "run"),
+        _run(["export", "--config", "configs/aimer_tiny.yaml", "--trainer.default_root_dir", str(tmp_path / "run"),
               "--model.init_args.tiny_overrides", "{num_hidden_layers: 2, mlp_only_layers: [0, 1]}"])
     assert not (tmp_path / "run").exists()

@@ -78,3 +78,54 @@ def test_maep_recipe_on_a_multimodal_checkpoint(tmp_path: Path) -> None:
     assert plan.keep == lp.select_experts(imp, 0.25, "global").keep
     report = json.loads((run / "report.json").read_text())
     assert report["max_abs_diff"] <= 1e-5
+
+
+def test_readme_main_job_config_runs_on_a_micro_setting(tmp_path: Path, monkeypatch) -> None:
+    """configs/quickstart.yaml (the README's main command) end to end, a few steps."""
+    monkeypatch.setenv("LIGHTPRUNE_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    original = tiny_model("qwen3_moe", seed=0, vocab_size=2048, num_hidden_layers=4, num_experts=16,
+                          num_experts_per_tok=2, max_position_embeddings=256)
+    cli = cli_main(["fit", "--config", "configs/quickstart.yaml", "--trainer.max_steps", "4",
+                    "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "1",
+                    "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run)])
+    assert cli.trainer.global_step == 4
+    plan = lp.ExpertPlan.load(run / "plan.json")
+    scores = json.loads((run / "scores.json").read_text())
+    assert plan.kept_counts() == {l: 8 for l in plan.keep} and plan.criterion == "router_delta:weight"
+    # the plan keeps the experts whose router rows moved most (independently: sort the saved scores)
+    for layer, ids in plan.keep.items():
+        moved = torch.tensor(scores["router_delta:weight"]["importance"][str(layer)])
+        assert set(ids) == set(torch.topk(moved, 8).indices.tolist())
+    pruned = lp.load_pruned(run / "model")
+    assert not any(k for k in pruned.state_dict() if "lora" in k)
+    ids = torch.randint(3, 2000, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), lp.mask_experts(original, plan):
+        expected = original(input_ids=ids).logits
+    torch.testing.assert_close(pruned(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_router_lora_recipe_on_a_checkpoint(tmp_path: Path) -> None:
+    """configs/router_lora.yaml (the paper's recipe) on a tiny checkpoint, two optimizer steps."""
+    from lightprune.data import train_bpe_tokenizer
+
+    ckpt = tmp_path / "ckpt"
+    original = tiny_model("mixtral", seed=4)
+    original.save_pretrained(ckpt)
+    texts = [json.dumps(json.loads(line)) for line in TEXT.read_text().splitlines()]
+    train_bpe_tokenizer(texts, vocab_size=original.config.vocab_size).save_pretrained(ckpt)
+    run = tmp_path / "run"
+    cli = cli_main(["fit", "--config", "configs/router_lora.yaml", "--model.init_args.checkpoint", str(ckpt),
+                    "--data.init_args.tokenizer", str(ckpt), "--data.init_args.train", str(TEXT),
+                    "--data.init_args.val", str(TEXT), "--trainer.max_steps", "2",
+                    "--trainer.accumulate_grad_batches", "2", "--trainer.accelerator", "cpu",
+                    "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
+                    "--trainer.default_root_dir", str(run)])
+    assert cli.trainer.global_step == 2
+    plan = lp.ExpertPlan.load(run / "plan.json")
+    assert plan.criterion == "router_delta:weight" and set(plan.kept_counts().values()) == {4}
+    pruned = lp.load_pruned(run / "model")
+    ids = torch.randint(3, 100, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), lp.mask_experts(original, plan):
+        expected = original(input_ids=ids).logits
+    torch.testing.assert_close(pruned(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
