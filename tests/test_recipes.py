@@ -80,15 +80,18 @@ def test_maep_recipe_on_a_multimodal_checkpoint(tmp_path: Path) -> None:
     assert report["max_abs_diff"] <= 1e-5
 
 
-def test_readme_main_job_config_runs_on_a_micro_setting(tmp_path: Path, monkeypatch) -> None:
-    """configs/quickstart.yaml (the README's main command) end to end, a few steps."""
+@pytest.mark.parametrize("qlora", [False, True], ids=["lora", "qlora"])
+def test_readme_main_job_config_runs_on_a_micro_setting(tmp_path: Path, monkeypatch, qlora: bool) -> None:
+    """configs/quickstart.yaml (the README's main command) end to end, a few steps; with 4-bit base
+    weights (QLoRA) the export must still be the full-precision original, pruned."""
     monkeypatch.setenv("LIGHTPRUNE_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
     original = tiny_model("qwen3_moe", seed=0, vocab_size=2048, num_hidden_layers=4, num_experts=16,
                           num_experts_per_tok=2, max_position_embeddings=256)
     cli = cli_main(["fit", "--config", "configs/quickstart.yaml", "--trainer.max_steps", "4",
                     "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "1",
-                    "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run)])
+                    "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run),
+                    "--model.init_args.load_in_4bit", str(qlora).lower()])
     assert cli.trainer.global_step == 4
     plan = lp.ExpertPlan.load(run / "plan.json")
     scores = json.loads((run / "scores.json").read_text())

@@ -265,6 +265,7 @@ class RouterDelta(JobEndCallback):
                            f"plan in {out / 'plan.json'}")
         if not self.export:
             return
+        base = self._full_precision(pl_module, base)
         if not trainer.is_global_zero:
             from ..surgery import prune_experts
 
@@ -272,6 +273,20 @@ class RouterDelta(JobEndCallback):
             self.report = {}
             return
         self.report = self._export(base, out, getattr(pl_module, "source", type(base).__name__), seconds_scoring)
+
+    @staticmethod
+    def _full_precision(pl_module: pl.LightningModule, base: nn.Module) -> nn.Module:
+        """The original weights in full precision: a 4-bit base (QLoRA) is rebuilt from the module's source."""
+        from ..modules.quantize import is_quantized_4bit
+
+        if not is_quantized_4bit(base):
+            return base
+        if not hasattr(pl_module, "build_original"):
+            raise ValueError("the fitted model has 4-bit base weights and the LightningModule cannot rebuild the "
+                             "full-precision original (no build_original()); export needs the original weights")
+        original = pl_module.build_original()
+        pl_module.model = original
+        return original
 
     def _export(self, base: nn.Module, out: Path, source: Any, seconds_scoring: float) -> dict[str, Any]:
         from ..export import export_pruned

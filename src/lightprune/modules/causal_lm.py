@@ -101,24 +101,28 @@ class MoECausalLM(pl.LightningModule):
         """Where the model came from, for reports."""
         return self.hparams.checkpoint or f"tiny:{self.hparams.tiny}"
 
-    def configure_model(self) -> None:
-        if self.model is not None:
-            return
+    def build_original(self) -> torch.nn.Module:
+        """The model as its source defines it (checkpoint or tiny config), full precision, no adapter.
+
+        What a fine-tune-then-prune job prunes when the trained model has 4-bit base weights (QLoRA).
+        """
         dtype = _DTYPES[self.hparams.dtype]
         if self.hparams.tiny is not None:
             from ..models.tiny import tiny_model
 
-            self.model = tiny_model(self.hparams.tiny, seed=self.hparams.seed,
-                                    **(self.hparams.tiny_overrides or {})).to(dtype)
-        else:
-            from ..export import load_pruned
+            return tiny_model(self.hparams.tiny, seed=self.hparams.seed, **(self.hparams.tiny_overrides or {})).to(dtype)
+        from ..export import load_pruned
 
-            self.model = load_pruned(self.hparams.checkpoint, dtype=dtype,
-                                     trust_remote_code=self.hparams.trust_remote_code)
+        return load_pruned(self.hparams.checkpoint, dtype=dtype, trust_remote_code=self.hparams.trust_remote_code)
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        self.model = self.build_original()
         if self.hparams.load_in_4bit:
             from .quantize import quantize_4bit
 
-            self.model = quantize_4bit(self.model, compute_dtype=dtype)
+            self.model = quantize_4bit(self.model, compute_dtype=_DTYPES[self.hparams.dtype])
         if self.adapter is not None:
             self.model = apply_adapter(self.model, self.adapter)
         # Lightning switches train/eval per loop; start from train mode like any fresh module

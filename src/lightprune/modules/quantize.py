@@ -9,6 +9,8 @@ Quantisation happens on the weights' current device; bitsandbytes >= 0.48 runs 4
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 
@@ -21,6 +23,9 @@ def _bnb():
     except ImportError as err:  # pragma: no cover - bitsandbytes is installed where the tests run
         raise ImportError("load_in_4bit=True needs bitsandbytes (pip install bitsandbytes)") from err
     return bnb
+
+
+_CPU_PACK_BLOCK = 64
 
 
 def quantize_4bit(model: nn.Module, compute_dtype: torch.dtype = torch.float32, quant_type: str = "nf4") -> nn.Module:
@@ -41,13 +46,18 @@ def quantize_4bit(model: nn.Module, compute_dtype: torch.dtype = torch.float32, 
                                      quant_type=quant_type)
         if linear.bias is not None:
             q.bias = nn.Parameter(linear.bias.data.clone(), requires_grad=False)
-        setattr(parent, child, q.to(device))
+        q = q.to(device)
+        if linear.in_features % _CPU_PACK_BLOCK:
+            # bitsandbytes repacks 4-bit weights for its CPU inference kernel in blocks of 64 input
+            # features and fails on narrower layers ("shape [N, 0] is invalid"): keep those unpacked
+            q.support_avx512bf16_for_cpu = False
+        setattr(parent, child, q)
     return model
 
 
 def is_quantized_4bit(model: nn.Module) -> bool:
-    try:
-        import bitsandbytes as bnb
-    except ImportError:
+    """True when the model holds bitsandbytes 4-bit layers (never imports bitsandbytes itself)."""
+    bnb = sys.modules.get("bitsandbytes")
+    if bnb is None:  # not imported: nothing can be quantised with it
         return False
     return any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
