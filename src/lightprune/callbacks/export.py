@@ -19,18 +19,52 @@ import lightning.pytorch as pl
 
 from ..export import export_pruned
 from ..plan import ExpertPlan
-from ..surgery import prune_experts
-from .job_end import JobEndCallback
 from ..report import plot_kept_experts, print_summary, write_report
+from ..surgery import prune_experts
 from .expert_pruning import ExpertPruning
+from .job_end import JobEndCallback
 
-__all__ = ["Export"]
+__all__ = ["Export", "export_with_report"]
 
 
 def _dir_bytes(path: Path) -> int | None:
     if not path.is_dir():
         return None
     return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+
+
+def export_with_report(model, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
+                       seconds_scoring: float, overwrite: bool, atol: float | None, summary: bool,
+                       extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Prune ``model`` by ``plan``, export and verify it to ``ckpt_dir``, then write ``report.json``
+    and ``kept_experts.png`` to ``run_dir`` (and print the summary table); returns the report."""
+    start = time.perf_counter()
+    result = export_pruned(model, plan, ckpt_dir, overwrite=overwrite, atol=atol)
+    before = Path(source) if isinstance(source, str) else None
+    report = {
+        "source": source,
+        "criterion": plan.criterion,
+        "ratio": plan.ratio,
+        "allocation": plan.allocation,
+        **(extra or {}),
+        "experts_before": sum(plan.num_experts.values()),
+        "experts_after": sum(len(ids) for ids in plan.keep.values()),
+        "params_before": result["params_before"],
+        "params_after": result["params_after"],
+        "checkpoint_bytes_before": _dir_bytes(before) if before is not None else None,
+        "checkpoint_bytes_after": result["checkpoint_bytes"],
+        "expected_bytes_after": result["expected_bytes"],
+        "kept_per_layer": {str(l): len(ids) for l, ids in plan.keep.items()},
+        "max_abs_diff": result["max_abs_diff"],
+        "seconds_scoring": seconds_scoring,
+        "seconds_export": time.perf_counter() - start,
+        "checkpoint_dir": str(ckpt_dir),
+    }
+    write_report(report, run_dir / "report.json")
+    plot_kept_experts(plan, run_dir / "kept_experts.png")
+    if summary:
+        print_summary(report)
+    return report
 
 
 class Export(JobEndCallback):
@@ -78,31 +112,7 @@ class Export(JobEndCallback):
             prune_experts(pl_module.model, plan)
             self.report = {}
             return
-        start = time.perf_counter()
-        result = export_pruned(pl_module.model, plan, ckpt_dir, overwrite=self.overwrite, atol=self.atol)
-        seconds_export = time.perf_counter() - start
         source = getattr(pl_module, "source", type(pl_module.model).__name__)
-        before = Path(source) if isinstance(source, str) else None
-        report = {
-            "source": source,
-            "criterion": plan.criterion,
-            "ratio": plan.ratio,
-            "allocation": plan.allocation,
-            "experts_before": sum(plan.num_experts.values()),
-            "experts_after": sum(len(ids) for ids in plan.keep.values()),
-            "params_before": result["params_before"],
-            "params_after": result["params_after"],
-            "checkpoint_bytes_before": _dir_bytes(before) if before is not None else None,
-            "checkpoint_bytes_after": result["checkpoint_bytes"],
-            "expected_bytes_after": result["expected_bytes"],
-            "kept_per_layer": {str(l): len(ids) for l, ids in plan.keep.items()},
-            "max_abs_diff": result["max_abs_diff"],
-            "seconds_scoring": seconds_scoring,
-            "seconds_export": seconds_export,
-            "checkpoint_dir": str(ckpt_dir),
-        }
-        self.report = report
-        write_report(report, run_dir / "report.json")
-        plot_kept_experts(plan, run_dir / "kept_experts.png")
-        if self.summary:
-            print_summary(report)
+        self.report = export_with_report(pl_module.model, plan, run_dir, ckpt_dir, source=source,
+                                         seconds_scoring=seconds_scoring, overwrite=self.overwrite,
+                                         atol=self.atol, summary=self.summary)

@@ -289,39 +289,11 @@ class RouterDelta(JobEndCallback):
         return original
 
     def _export(self, base: nn.Module, out: Path, source: Any, seconds_scoring: float) -> dict[str, Any]:
-        from ..export import export_pruned
-        from ..report import plot_kept_experts, print_summary, write_report
-        from .export import _dir_bytes
+        from .export import export_with_report
 
-        ckpt_dir = out / "model"
-        start = time.perf_counter()
-        result = export_pruned(base, self.plan, ckpt_dir, overwrite=self.overwrite, atol=self.atol)
-        before = Path(source) if isinstance(source, str) else None
-        plan = self.plan
-        report = {
-            "source": source,
-            "criterion": plan.criterion,
-            "ratio": plan.ratio,
-            "n_per_layer": self.n_per_layer,
-            "allocation": plan.allocation,
-            "experts_before": sum(plan.num_experts.values()),
-            "experts_after": sum(len(ids) for ids in plan.keep.values()),
-            "params_before": result["params_before"],
-            "params_after": result["params_after"],
-            "checkpoint_bytes_before": _dir_bytes(before) if before is not None else None,
-            "checkpoint_bytes_after": result["checkpoint_bytes"],
-            "expected_bytes_after": result["expected_bytes"],
-            "kept_per_layer": {str(l): len(ids) for l, ids in plan.keep.items()},
-            "max_abs_diff": result["max_abs_diff"],
-            "seconds_scoring": seconds_scoring,
-            "seconds_export": time.perf_counter() - start,
-            "checkpoint_dir": str(ckpt_dir),
-        }
-        write_report(report, out / "report.json")
-        plot_kept_experts(plan, out / "kept_experts.png")
-        if self.summary:
-            print_summary(report)
-        return report
+        return export_with_report(base, self.plan, out, out / "model", source=source, seconds_scoring=seconds_scoring,
+                                  overwrite=self.overwrite, atol=self.atol, summary=self.summary,
+                                  extra={"n_per_layer": self.n_per_layer})
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
