@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
@@ -33,14 +35,48 @@ class LightpruneCLI(LightningCLI):
         }
 
 
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def _raised_here(err: BaseException) -> bool:
+    frames = traceback.extract_tb(err.__traceback__)
+    return bool(frames) and str(Path(frames[-1].filename).resolve()).startswith(_PACKAGE)
+
+
+def _own_error(err: BaseException) -> BaseException | None:
+    """The lightprune error that jsonargparse wrapped into ``err`` while instantiating a class, or None.
+
+    jsonargparse reports a failed ``__init__`` of a ``class_path`` (for example MoECausalLM's
+    "checkpoint directory ... does not exist") as a ValueError "Does not validate against any of
+    the Union subtypes", listing the real error beside "Expected a NoneType" and a dump of every
+    init arg, and losing its type (FileNotFoundError becomes ValueError).
+    """
+    cause = err.__cause__
+    while cause is not None:
+        if _raised_here(cause):
+            return cause
+        cause = cause.__cause__
+    return None
+
+
 def cli_main(args: list[str] | None = None) -> LightpruneCLI:
-    """Parse ``args`` (default: ``sys.argv``), run the subcommand, return the CLI object."""
+    """Parse ``args`` (default: ``sys.argv``), run the subcommand, return the CLI object.
+
+    A lightprune error raised while the config's classes are built is re-raised as itself (type
+    and message), not inside jsonargparse's "Does not validate against any of the Union subtypes".
+    """
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
     kwargs: dict[str, Any] = {"save_config_kwargs": {"overwrite": True}}
-    return LightpruneCLI(MoECausalLM, None, trainer_class=PruneTrainer, subclass_mode_model=True,
-                         subclass_mode_data=True, args=args, auto_configure_optimizers=False, **kwargs)
+    try:
+        return LightpruneCLI(MoECausalLM, None, trainer_class=PruneTrainer, subclass_mode_model=True,
+                             subclass_mode_data=True, args=args, auto_configure_optimizers=False, **kwargs)
+    except ValueError as err:
+        own = None if _raised_here(err) else _own_error(err)
+        if own is None:
+            raise
+        raise own from None
 
 
 def main() -> None:
