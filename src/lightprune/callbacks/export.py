@@ -18,6 +18,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from ..export import export_pruned
+from ..models import find_moe_layers
 from ..plan import ExpertPlan
 from ..report import plot_kept_experts, print_summary, write_report
 from ..surgery import prune_experts
@@ -91,6 +92,11 @@ class Export(JobEndCallback):
             raise ValueError(f"atol must be positive, got {atol!r}")
         self.overwrite, self.atol, self.summary = overwrite, atol, summary
         self.report: dict[str, Any] | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # a plan_path made for another model fails here, before the run writes anything (config.yaml)
+        if self.plan_path is not None and getattr(pl_module, "model", None) is not None:
+            ExpertPlan.load(self.plan_path).check_layers(find_moe_layers(pl_module.model))
 
     def _plan(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[ExpertPlan, float]:
         if self.plan_path is not None:
