@@ -59,6 +59,9 @@ class PruneTrainer(pl.Trainer):
         if model is None:
             raise ValueError("calibrate needs a model")
         if dataloaders is None and datamodule is not None and hasattr(datamodule, "calibration_dataloader"):
+            if self.is_global_zero:  # the loop does not see this datamodule: prepare it as fit would
+                datamodule.prepare_data()
+            self.strategy.barrier("calibration_prepare_data")
             datamodule.setup("calibrate")
             dataloaders = datamodule.calibration_dataloader()
             datamodule = None

@@ -291,7 +291,7 @@ class DefaultCorpusDataModule(pl.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self._inner is None:
-            if self.trainer is None:  # no Trainer, so no prepare_data call (PruneTrainer.calibrate, a notebook)
+            if self.trainer is None:  # no Trainer, so no prepare_data call (a notebook)
                 self.text_datamodule()
             else:  # the Trainer ran prepare_data: only read, on every rank
                 self._attach(load_default_corpus(self.cache_dir, vocab_size=self.vocab_size))
