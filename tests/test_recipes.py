@@ -132,3 +132,16 @@ def test_router_lora_recipe_on_a_checkpoint(tmp_path: Path) -> None:
     with torch.no_grad(), lp.mask_experts(original, plan):
         expected = original(input_ids=ids).logits
     torch.testing.assert_close(pruned(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_rerun_with_the_same_seed_and_data_gives_the_same_plan(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("LIGHTPRUNE_CACHE", str(tmp_path / "cache"))
+    outputs = []
+    for name in ("first", "second"):
+        run = tmp_path / name
+        cli_main(["fit", "--config", "configs/quickstart.yaml", "--trainer.max_steps", "6",
+                  "--trainer.val_check_interval", "6", "--trainer.limit_val_batches", "1",
+                  "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run)])
+        outputs.append(((run / "plan.json").read_text(), (run / "scores.json").read_text()))
+    assert outputs[0] == outputs[1]
+    assert json.loads(outputs[0][1])["router_delta:weight"]["importance"]  # scores were written
