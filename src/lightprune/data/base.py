@@ -22,7 +22,21 @@ from torch.utils.data import DataLoader, Dataset
 from .collate import PADDING_SIDES, Collator
 from .rows import Row, read_jsonl
 
-__all__ = ["SPLITS", "JsonlDataModule"]
+__all__ = ["SPLITS", "JsonlDataModule", "check_loader_args"]
+
+
+def check_loader_args(*, max_length: int | None, batch_size: int, padding_side: str, num_samples: int | None,
+                      num_workers: int, pad_to_multiple_of: int | None = None) -> None:
+    """The batching arguments every datamodule shares, checked at construction; errors name the value."""
+    checks = {"max_length": (max_length, True), "batch_size": (batch_size, False),
+              "num_samples": (num_samples, True), "pad_to_multiple_of": (pad_to_multiple_of, True)}
+    for name, (value, optional) in checks.items():
+        if not (value is None and optional) and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be an int >= 1{' or None' if optional else ''}, got {value!r}")
+    if padding_side not in PADDING_SIDES:
+        raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
+    if not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
 
 SPLITS = ("calibration", "train", "val", "test")
 _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": (),
@@ -48,18 +62,8 @@ class JsonlDataModule(pl.LightningDataModule):
             self.paths[split] = path
         if not any(self.paths.values()):
             raise ValueError(f"give at least one JSONL file: {', '.join(f'{s}=' for s in SPLITS)}")
-        if max_length is not None and max_length < 1:
-            raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if padding_side not in PADDING_SIDES:
-            raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
-        if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
-            raise ValueError(f"pad_to_multiple_of must be >= 1 or None, got {pad_to_multiple_of}")
-        if num_samples is not None and num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1 or None, got {num_samples}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        check_loader_args(max_length=max_length, batch_size=batch_size, padding_side=padding_side,
+                          pad_to_multiple_of=pad_to_multiple_of, num_samples=num_samples, num_workers=num_workers)
         self.max_length = max_length
         self.batch_size = batch_size
         self.padding_side = padding_side

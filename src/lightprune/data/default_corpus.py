@@ -33,6 +33,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from .base import check_loader_args
 from .pydoc_rows import SPLIT_SHARES, corpus_splits, python_topics
 
 __all__ = ["CORPUS_FORMAT", "DefaultCorpus", "DefaultCorpusDataModule", "DefaultCorpusError", "build_default_corpus",
@@ -266,15 +267,8 @@ class DefaultCorpusDataModule(pl.LightningDataModule):
         super().__init__()
         if not isinstance(vocab_size, int) or vocab_size < 64:
             raise ValueError(f"vocab_size must be an int >= 64, got {vocab_size!r}")
-        checks = {"max_length": (max_length, True), "batch_size": (batch_size, False),
-                  "num_samples": (num_samples, True)}
-        for name, (value, optional) in checks.items():
-            if not (value is None and optional) and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be an int >= 1{' or None' if optional else ''}, got {value!r}")
-        if padding_side not in ("right", "left"):
-            raise ValueError(f"padding_side must be one of ('right', 'left'), got {padding_side!r}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        check_loader_args(max_length=max_length, batch_size=batch_size, padding_side=padding_side,
+                          num_samples=num_samples, num_workers=num_workers)
         self.save_hyperparameters()
         self.vocab_size = vocab_size
         self.max_length = max_length
