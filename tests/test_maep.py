@@ -20,6 +20,7 @@ import lightprune as lp
 from lightprune.calibration.result import CalibrationStats
 from lightprune.maep import AlphaReport, maep_alpha, maep_plan, maep_scores, spearman
 from lightprune.models.base import RoutingLimits
+from fixtures import greedy_global
 
 EPS = 1e-8
 T, V, LA = "text", "vision", "vision_low_attn"
@@ -80,16 +81,6 @@ def np_s(stats: CalibrationStats, alpha: float) -> dict[int, np.ndarray]:
     t, la = stats.raw("delta_h", T), stats.raw("delta_h", LA)
     return {l: (1.0 - alpha) * np_zscore(t[l].numpy()) - alpha * np_zscore(la[l].numpy()) for l in t}
 
-
-def greedy_global(values: dict[int, np.ndarray], target: int, floor: dict[int, int]) -> dict[int, set[int]]:
-    pairs = sorted((float(v), layer, e) for layer, vals in values.items() for e, v in enumerate(vals))
-    out: dict[int, set[int]] = {layer: set() for layer in values}
-    for _, layer, e in pairs:
-        if sum(map(len, out.values())) == target:
-            break
-        if len(values[layer]) - len(out[layer]) > floor[layer]:
-            out[layer].add(e)
-    return out
 
 
 # Rankings of 6 experts with known Spearman rho (tie-free).

@@ -23,14 +23,22 @@ def _repo_and_argv(monkeypatch) -> None:
     monkeypatch.setattr(sys, "argv", ["lightprune"])
 
 
+def _checkpoint_with_tokenizer(path: Path, family: str, seed: int):
+    """A tiny checkpoint of ``family`` with a BPE tokenizer trained on the text fixture beside it."""
+    from lightprune.data import train_bpe_tokenizer
+
+    model = tiny_model(family, seed=seed)
+    model.save_pretrained(path)
+    texts = [json.dumps(json.loads(line)) for line in TEXT.read_text().splitlines()]
+    train_bpe_tokenizer(texts, vocab_size=model.config.vocab_size).save_pretrained(path)
+    return model
+
+
 def test_reap_recipe_on_a_text_checkpoint(tmp_path: Path) -> None:
-    from lightprune.data import TextJsonlDataModule, train_bpe_tokenizer
+    from lightprune.data import TextJsonlDataModule
 
     ckpt = tmp_path / "ckpt"
-    model = tiny_model("qwen3_moe", seed=2)
-    model.save_pretrained(ckpt)
-    texts = [json.dumps(json.loads(line)) for line in TEXT.read_text().splitlines()]
-    train_bpe_tokenizer(texts, vocab_size=model.config.vocab_size).save_pretrained(ckpt)
+    _checkpoint_with_tokenizer(ckpt, "qwen3_moe", seed=2)
     run = tmp_path / "run"
     cli_main(["calibrate", "--config", "configs/reap.yaml", "--model.init_args.checkpoint", str(ckpt),
               "--data.init_args.tokenizer", str(ckpt), "--data.init_args.calibration", str(TEXT),
@@ -110,13 +118,8 @@ def test_readme_main_job_config_runs_on_a_micro_setting(tmp_path: Path, monkeypa
 
 def test_router_lora_recipe_on_a_checkpoint(tmp_path: Path) -> None:
     """configs/router_lora.yaml (the paper's recipe) on a tiny checkpoint, two optimizer steps."""
-    from lightprune.data import train_bpe_tokenizer
-
     ckpt = tmp_path / "ckpt"
-    original = tiny_model("mixtral", seed=4)
-    original.save_pretrained(ckpt)
-    texts = [json.dumps(json.loads(line)) for line in TEXT.read_text().splitlines()]
-    train_bpe_tokenizer(texts, vocab_size=original.config.vocab_size).save_pretrained(ckpt)
+    original = _checkpoint_with_tokenizer(ckpt, "mixtral", seed=4)
     run = tmp_path / "run"
     cli = cli_main(["fit", "--config", "configs/router_lora.yaml", "--model.init_args.checkpoint", str(ckpt),
                     "--data.init_args.tokenizer", str(ckpt), "--data.init_args.train", str(TEXT),

@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from fixtures import random_scores
+from fixtures import greedy_global, random_scores
 
 import lightprune as lp
 from lightprune.models.base import RoutingLimits
@@ -27,18 +27,6 @@ def lowest(values: torch.Tensor, count: int) -> set[int]:
 def pruned_sets(plan) -> dict[int, set[int]]:
     return {layer: set(ids) for layer, ids in plan.pruned().items()}
 
-
-def greedy_global(values: dict[int, np.ndarray], target: int, floor: dict[int, int]) -> dict[int, set[int]]:
-    """Independent global selection: walk all (layer, expert) pairs from the lowest up, skip a pair whose
-    layer is already at its floor, stop at ``target``."""
-    pairs = sorted((float(v), layer, e) for layer, vals in values.items() for e, v in enumerate(vals))
-    out: dict[int, set[int]] = {layer: set() for layer in values}
-    for _, layer, e in pairs:
-        if sum(map(len, out.values())) == target:
-            break
-        if len(values[layer]) - len(out[layer]) > floor[layer]:
-            out[layer].add(e)
-    return out
 
 
 # ----------------------------------------------------------------------------- uniform

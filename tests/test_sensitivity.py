@@ -27,6 +27,11 @@ def router_lora(model, r: int = 4, alpha: int = 8, seed: int = 1):
 
     names = [f"{layer.name}.gate.weight" for layer in find_moe_layers(model)]
     peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=[], target_parameters=names))
+    return _random_lora_b(peft_model, seed)
+
+
+def _random_lora_b(peft_model, seed: int):
+    """LoRA B starts at zero (no change); random B makes the adapted weights differ from the base."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
@@ -40,12 +45,7 @@ def attention_lora(model, seed: int = 1):
     from peft import LoraConfig, get_peft_model
 
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
-    return peft_model
+    return _random_lora_b(peft_model, seed)
 
 
 def manual_norms(weight: torch.Tensor) -> torch.Tensor:
