@@ -597,3 +597,16 @@ def test_a_state_from_another_model_or_configuration_is_refused(tiny):
     del other["layers"][0]["delta_h"]
     with pytest.raises(ValueError, match="delta_h"):
         ExpertObserver(model, ("all", "text")).load_state_dict(other)
+
+
+def test_sample_counts_do_not_depend_on_the_criteria_asked_for() -> None:
+    """Samples with tokens of a subset are counted whether or not Delta-H is computed."""
+    from lightprune.models.tiny import tiny_model
+    from lightprune.models.tiny_batches import tiny_text_batch
+
+    model = tiny_model("qwen3_moe")
+    batches = [tiny_text_batch(model, batch_size=3, seed=s) for s in range(2)]
+    full = lp.collect_expert_stats(model, batches, subsets=("all",), progress=False)
+    reap_only = lp.collect_expert_stats(model, batches, subsets=("all",), criteria=("reap",), progress=False)
+    assert reap_only.samples == full.samples == {"all": 6}
+    assert reap_only.tokens == full.tokens

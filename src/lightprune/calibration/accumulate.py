@@ -100,18 +100,20 @@ class LayerAccumulator:
         for c, name in enumerate(("frequency", "seer", "ean", "reap_num")):
             self.sums[name] += token_sums[:, c]
         self.sums["tokens"] += m.sum(dim=1)
+        counts = torch.zeros(len(self.subsets), num_samples, dtype=torch.float64, device=hidden.device)
+        counts.index_add_(1, samples, m)                                 # [U, B] subset tokens per sample
+        self.sums["samples"] += (counts > 0).double().sum(dim=1)
+        want_dh = "delta_h" in self.criteria
+        want_promoted = "delta_h_promoted" in self.criteria
+        if not ("routing_kl" in self.criteria or want_dh or want_promoted):
+            return
         logits = layer.adapter.router_logits(layer, hidden)
         if "routing_kl" in self.criteria:
             self.sums["routing_kl"] += m @ routing_kl(router_distribution(layer, logits))
-        want_dh = "delta_h" in self.criteria
-        want_promoted = "delta_h_promoted" in self.criteria
         if want_dh or want_promoted:
             per_sample = torch.zeros(len(self.subsets), num_samples, hidden.shape[0], dtype=torch.float64,
                                      device=hidden.device)
             per_sample[:, samples, torch.arange(hidden.shape[0], device=hidden.device)] = m
-            counts = per_sample.sum(dim=-1)                               # [U, B] subset tokens per sample
-            valid = counts > 0
-            self.sums["samples"] += valid.double().sum(dim=1)
             weight = per_sample / counts.clamp_min(1).unsqueeze(-1)       # mean over a sample's tokens
             dh, dhp = self._delta_h(layer, hidden, logits, selected, w, outputs, gram, want_promoted)
             if want_dh:
