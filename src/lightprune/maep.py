@@ -228,7 +228,7 @@ def maep_scores(stats, alpha: float | None = None, *, criterion: str = "delta_h"
     else:
         value = _check_given(alpha)
         report = None
-        if _has(stats, criterion, vision_subset):  # rhos for the report only; never an error here
+        if stats.has(criterion, vision_subset):  # rhos for the report only; never an error here
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 try:
@@ -249,14 +249,6 @@ def maep_scores(stats, alpha: float | None = None, *, criterion: str = "delta_h"
     scores = ExpertScores(s, stats.limits, criterion="maep", raw=s)
     scores.alpha_report = report
     return scores, value
-
-
-def _has(stats, criterion: str, subset: str) -> bool:
-    try:
-        stats.raw(criterion, subset)
-    except KeyError:
-        return False
-    return True
 
 
 def maep_plan(stats, ratio: float, allocation: str = "global", alpha: float | None = None,

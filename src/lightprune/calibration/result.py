@@ -58,6 +58,10 @@ class CalibrationStats:
     def subsets(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(subset for _, subset in self._values))
 
+    def has(self, name: str, subset: str = "all") -> bool:
+        """Whether ``name`` was collected over ``subset``."""
+        return (name, subset) in self._values
+
     def _get(self, name: str, subset: str) -> dict[int, torch.Tensor]:
         if (name, subset) not in self._values:
             have = sorted(self._values)

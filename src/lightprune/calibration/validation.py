@@ -125,9 +125,9 @@ def proxy_correlations(stats: CalibrationStats, truth: CalibrationStats,
     """``{subset: {proxy: {"per_layer": {layer: rho}, "mean": rho}}}``: Spearman of each proxy's raw
     values against the ground-truth KL, per layer (NaN -> None where a ranking is constant)."""
     out: dict[str, Any] = {}
-    for (name, subset) in [(n, s) for n, s in [("kl", s) for s in truth.subsets]]:
-        gt = truth.raw(name, subset)
-        out[subset] = {p: _rhos(stats.raw(p, subset), gt) for p in proxies if (p, subset) in stats._values}
+    for subset in truth.subsets:
+        gt = truth.raw("kl", subset)
+        out[subset] = {p: _rhos(stats.raw(p, subset), gt) for p in proxies if stats.has(p, subset)}
     return out
 
 
