@@ -194,3 +194,27 @@ def test_houlsby_placement_and_shape():
         assert isinstance(layer.houlsby_attn, HoulsbyAdapter) and isinstance(layer.houlsby_mlp, HoulsbyAdapter)
         assert layer.houlsby_attn.down.out_features == 32 // 16
         assert torch.count_nonzero(layer.houlsby_mlp.up.weight) == 0
+
+
+def test_language_model_lora_with_a_trainable_projector():
+    """MWOP recovery (paper 002 D.7): LoRA on every decoder Linear of the LM, projector in full, the rest frozen."""
+    model = tiny_model("qwen3_vl_moe")
+    decoder_linears = {n for n, m in model.named_modules()
+                       if n.startswith("model.language_model.layers.") and isinstance(m, torch.nn.Linear)}
+    peft_model = apply_adapter(model, AdapterSpec(kind="lora", targets=["language_model"], r=2, alpha=4,
+                                                  dropout=0.0, trainable=["merger"]))
+    wrapped = {n.removeprefix("base_model.model.").removesuffix(".lora_A.default")
+               for n, _ in peft_model.named_modules() if n.endswith(".lora_A.default")}
+    assert wrapped == decoder_linears and wrapped
+    trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
+    assert all(".lora_" in n or ".visual.merger." in n for n in trainable)
+    assert any(".visual.merger." in n for n in trainable)
+    assert not any(".visual.blocks." in n or "embed_tokens" in n for n in trainable)
+    base = remove_adapters(peft_model)
+    assert not any(p.requires_grad is False for p in base.parameters())  # back to the fresh model's state
+
+
+def test_unknown_trainable_module_is_named():
+    with pytest.raises(ValueError, match="projector_xyz"):
+        apply_adapter(tiny_model("qwen3_vl_moe"), AdapterSpec(kind="lora", targets=["language_model"],
+                                                              trainable=["projector_xyz"]))

@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-__all__ = ["MoELayer", "MoEAdapter", "RoutingLimits", "RoutingOutput"]
+__all__ = ["MoELayer", "MoEAdapter", "RoutingLimits", "RoutingOutput", "find_decoder_layers"]
 
 RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(router_logits [T, E], weights applied to the selected experts [T, k], selected ids [T, k])``."""
@@ -91,6 +91,23 @@ class MoELayer:
         return self.adapter.route(self, hidden_states, expert_mask)
 
 
+_DECODER_PATHS = ("model.language_model.layers", "model.layers", "language_model.layers", "layers")
+
+
+def find_decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """(module path, ModuleList) of the language model's decoder layers of a transformers model (MoE or dense)."""
+    for path in _DECODER_PATHS:
+        module = model
+        try:
+            for part in path.split("."):
+                module = getattr(module, part)
+        except AttributeError:
+            continue
+        if isinstance(module, nn.ModuleList):
+            return path, module
+    raise ValueError(f"{type(model).__name__}: cannot find the decoder layers (looked for {list(_DECODER_PATHS)})")
+
+
 class MoEAdapter:
     """Base adapter. Subclasses set the class attributes and implement :meth:`route`."""
 
@@ -128,16 +145,7 @@ class MoEAdapter:
 
     def decoder_layers(self) -> tuple[str, nn.ModuleList]:
         """(module path, ModuleList) of the language model's decoder layers."""
-        for path in ("model.language_model.layers", "model.layers", "language_model.layers", "layers"):
-            module = self.model
-            try:
-                for part in path.split("."):
-                    module = getattr(module, part)
-            except AttributeError:
-                continue
-            if isinstance(module, nn.ModuleList):
-                return path, module
-        raise ValueError(f"{type(self.model).__name__}: cannot find the decoder layers")
+        return find_decoder_layers(self.model)
 
     def is_sparse_layer(self, index: int) -> bool:
         """The family's rule for whether decoder layer ``index`` has an MoE block."""

@@ -6,13 +6,17 @@ An adapter is fitted briefly, read, then discarded: the plan is applied to the o
   layer, through peft's ``target_parameters``: transformers 5 routers are not ``nn.Linear``), ``experts``
   (the fused ``gate_up_proj`` / ``down_proj`` parameters, also ``target_parameters``), ``attention`` (every
   ``nn.Linear`` inside the decoder layers' ``self_attn``), ``all_linear`` (every ``nn.Linear`` except the
-  output head, plus router and experts). peft's parameter LoRA (``ParamWrapper``) cannot apply dropout to its
+  output head, plus router and experts), ``language_model`` (every ``nn.Linear`` inside the language model's
+  decoder layers, attention and dense MLP alike; the vision tower and the projector are left out: MWOP's
+  recovery, paper 002 D.7; routers and fused experts are not ``nn.Linear`` and stay frozen). peft's parameter LoRA (``ParamWrapper``) cannot apply dropout to its
   input, so a LoRA that targets parameters trains with dropout 0 (a warning says so).
 - ``ia3``: peft IA3 scales the outputs of the attention projections; the router input and the input of the
   experts' down projection are scaled by :mod:`lightprune.modules.scaling` (peft cannot reach them). The
   router weights stay frozen: the router changes only through its (scaled) input, so sensitivity is read from
   router logits. ``targets`` is ignored (the paper's set: router, attention, experts).
 - ``houlsby``: :mod:`lightprune.modules.houlsby`, after every attention and MLP/MoE sublayer.
+- ``trainable``: module names (e.g. ``multi_modal_projector``) whose parameters train in full beside any adapter
+  (MWOP trains the projector with the LoRA); each name must match a module.
 - ``none``: no adapter; the model is returned unchanged and every parameter trains (full fine-tuning).
 """
 
@@ -31,13 +35,14 @@ __all__ = ["AdapterSpec", "apply_adapter", "remove_adapters", "merged_router_wei
            "base_model_of", "ADAPTER_KINDS", "LORA_TARGETS"]
 
 ADAPTER_KINDS = ("lora", "ia3", "houlsby", "none")
-LORA_TARGETS = ("router", "attention", "experts", "all_linear")
+LORA_TARGETS = ("router", "attention", "experts", "all_linear", "language_model")
 _TRAINABLE_ATTR = "_lightprune_trainable_before_adapter"
 
 
 @dataclass
 class AdapterSpec:
-    """What adapter to fit. ``targets`` applies to LoRA only; ``reduction`` to Houlsby only."""
+    """What adapter to fit. ``targets`` applies to LoRA only; ``reduction`` to Houlsby only; ``trainable``
+    names modules that train in full beside the adapter."""
 
     kind: str = "lora"
     targets: list[str] = field(default_factory=lambda: ["router"])
@@ -45,6 +50,7 @@ class AdapterSpec:
     alpha: float = 8
     dropout: float = 0.1
     reduction: int = 16
+    trainable: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         if self.kind not in ADAPTER_KINDS:
@@ -65,6 +71,7 @@ class AdapterSpec:
             raise ValueError(f"adapter dropout must be in [0, 1), got {self.dropout!r}")
         if int(self.reduction) != self.reduction or self.reduction <= 0:
             raise ValueError(f"adapter reduction must be a positive integer, got {self.reduction!r}")
+        self.trainable = [self.trainable] if isinstance(self.trainable, str) else list(self.trainable)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -127,6 +134,27 @@ def _attention_linear_names(model: nn.Module) -> list[str]:
     return found
 
 
+def _language_linear_names(model: nn.Module) -> list[str]:
+    from ..models.base import find_decoder_layers
+
+    prefix, layers = find_decoder_layers(model)
+    found = [f"{prefix}.{n}" for n, m in layers.named_modules() if n and _is_linear(m)]
+    if not found:
+        raise ValueError(f"{type(model).__name__}: no nn.Linear found in the language model's decoder layers")
+    return found
+
+
+def _trainable_modules(model: nn.Module, names: list[str]) -> list[nn.Module]:
+    """The modules called ``names`` (exact name or last components); a name matching nothing is an error."""
+    found = []
+    for name in names:
+        hits = [m for n, m in model.named_modules() if n == name or n.endswith("." + name)]
+        if not hits:
+            raise ValueError(f"adapter trainable module {name!r} not found in {type(model).__name__}")
+        found += hits
+    return found
+
+
 def _all_linear_names(model: nn.Module) -> list[str]:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     routers = {id(layer_router) for layer_router in _router_modules(model)}
@@ -152,16 +180,21 @@ def apply_adapter(model: nn.Module, spec: AdapterSpec | dict | None) -> nn.Modul
         spec = AdapterSpec(**spec)
     if spec.kind == "none":
         return model
+    full = _trainable_modules(model, spec.trainable)  # checked before the model is touched
     setattr(model, _TRAINABLE_ATTR, {n for n, p in model.named_parameters() if p.requires_grad})
     if spec.kind == "lora":
-        return _apply_lora(model, spec)
-    if spec.kind == "ia3":
-        return _apply_ia3(model)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for adapter in insert_houlsby(model, spec.reduction):
-        adapter.requires_grad_(True)
-    return model
+        adapted = _apply_lora(model, spec)
+    elif spec.kind == "ia3":
+        adapted = _apply_ia3(model)
+    else:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for adapter in insert_houlsby(model, spec.reduction):
+            adapter.requires_grad_(True)
+        adapted = model
+    for module in full:
+        module.requires_grad_(True)
+    return adapted
 
 
 def _apply_lora(model: nn.Module, spec: AdapterSpec) -> nn.Module:
@@ -175,6 +208,8 @@ def _apply_lora(model: nn.Module, spec: AdapterSpec) -> nn.Module:
         targets |= {"router", "experts"}
     elif "attention" in targets:
         modules += _attention_linear_names(model)
+    if "language_model" in targets:
+        modules += _language_linear_names(model)
     if "router" in targets:
         params += _router_param_names(model)
     if "experts" in targets:
