@@ -1,8 +1,14 @@
-"""Tiny random MoE models of every supported family, built from configs (nothing downloaded).
+"""Tiny random models of every supported family, built from configs (nothing downloaded).
 
 Used by the tests, the benchmarks and the README's default job. Each builder returns a
 transformers 5 config small enough to run a forward pass in milliseconds on one CPU core,
 with the family's routing switches set so that its distinctive path is exercised.
+
+:data:`TINY_FAMILIES` are the MoE families (text and multimodal) that expert pruning runs on.
+:data:`TINY_DENSE_MLLMS` are dense multimodal LLMs for MWOP width pruning (paper 002): LLaVA-OneVision
+(SigLIP tower, anyres tiles with unpadding and ``image_newline``) and Qwen2.5-VL (windowed vision
+attention, M-RoPE). Their text models have the MoE families' attention geometry (hidden 32, 4 heads,
+2 kv heads, head_dim 8) and a dense MLP of width 24.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["TINY_FAMILIES", "tiny_config", "tiny_model"]
+__all__ = ["TINY_DENSE_MLLMS", "TINY_FAMILIES", "tiny_config", "tiny_model"]
 
 _ATTN = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=128,
              max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False)
@@ -87,6 +93,41 @@ def _internvl(**kw: Any):
                           tie_word_embeddings=False, **kw)
 
 
+def _llava_onevision(**kw: Any):
+    from transformers import LlavaOnevisionConfig
+
+    text = {"model_type": "qwen2", **_ATTN, "num_hidden_layers": 2, "intermediate_size": 24,
+            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    text.update(kw.pop("text_config", {}))
+    # one 16x16 tile is 4x4 = 16 patch features (SigLIP has no CLS token: "full" keeps all); anyres grids of
+    # up to 2x2 tiles keep a tiny image's placeholder count in the tens
+    vision = {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 32,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 16, "patch_size": 4,
+              "vision_use_head": False}
+    vision.update(kw.pop("vision_config", {}))
+    return LlavaOnevisionConfig(text_config=text, vision_config=vision, image_token_index=120,
+                                video_token_index=121, vision_feature_select_strategy="full",
+                                vision_feature_layer=-1, vision_aspect_ratio="anyres_max_9",
+                                image_grid_pinpoints=[[16, 16], [16, 32], [32, 16], [32, 32]],
+                                tie_word_embeddings=False, **kw)
+
+
+def _qwen2_5_vl(**kw: Any):
+    from transformers import Qwen2_5_VLConfig
+
+    text = {**_ATTN, "num_hidden_layers": 2, "intermediate_size": 24, "bos_token_id": 1, "eos_token_id": 2,
+            "pad_token_id": 0,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}
+    text.update(kw.pop("text_config", {}))
+    # a window of 16 pixels is 2x2 merged blocks, so block 0 attends within windows and block 1 globally
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
+              "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 16,
+              "fullatt_block_indexes": [1]}
+    vision.update(kw.pop("vision_config", {}))
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=120, video_token_id=121,
+                            vision_start_token_id=122, vision_end_token_id=123, tie_word_embeddings=False, **kw)
+
+
 _BUILDERS = {
     "mixtral": _mixtral,
     "qwen2_moe": _qwen2_moe,
@@ -99,27 +140,37 @@ _BUILDERS = {
 
 TINY_FAMILIES: tuple[str, ...] = tuple(_BUILDERS)
 
+_DENSE_BUILDERS = {"llava_onevision": _llava_onevision, "qwen2_5_vl": _qwen2_5_vl}
+
+TINY_DENSE_MLLMS: tuple[str, ...] = tuple(_DENSE_BUILDERS)
+
+_MLLMS = ("qwen3_vl_moe", "internvl", *TINY_DENSE_MLLMS)
+
 
 def tiny_config(family: str, **overrides: Any):
-    """A tiny config of ``family`` (one of :data:`TINY_FAMILIES`), keyword overrides applied."""
-    if family not in _BUILDERS:
-        raise ValueError(f"unknown tiny family {family!r}; choose one of {sorted(_BUILDERS)}")
-    return _BUILDERS[family](**overrides)
+    """A tiny config of ``family`` (one of :data:`TINY_FAMILIES` or :data:`TINY_DENSE_MLLMS`), overrides applied."""
+    builders = {**_BUILDERS, **_DENSE_BUILDERS}
+    if family not in builders:
+        raise ValueError(f"unknown tiny family {family!r}; choose one of {sorted(builders)}")
+    return builders[family](**overrides)
 
 
 def tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
     """A randomly initialised tiny model of ``family`` in eval mode, fp32, seeded.
 
     Text-only families build ``AutoModelForCausalLM``; the MLLM families build
-    ``AutoModelForImageTextToText``. Router weights are re-drawn with a larger scale so that
-    routing is decisive (random init otherwise gives near-uniform, tie-prone router logits).
+    ``AutoModelForImageTextToText``. In the MoE families, router weights are re-drawn with a larger
+    scale so that routing is decisive (random init otherwise gives near-uniform, tie-prone router
+    logits); the dense MLLMs keep transformers' initialisation.
     """
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = tiny_config(family, **overrides)
     torch.manual_seed(seed)
-    auto = AutoModelForImageTextToText if family in ("qwen3_vl_moe", "internvl") else AutoModelForCausalLM
+    auto = AutoModelForImageTextToText if family in _MLLMS else AutoModelForCausalLM
     model = auto.from_config(config, dtype=torch.float32)
+    if family in TINY_DENSE_MLLMS:
+        return model.eval()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -6,22 +6,33 @@
   ``pixel_values`` are the flattened patches ``[sum(t*h*w), C * temporal_patch * patch^2]`` with
   ``image_grid_thw [num_images, 3]``; ``mm_token_type_ids`` (text 0, image 1, video 2) is required by
   transformers 5.24 whenever ``image_grid_thw`` is given (it drives the 3D M-RoPE positions).
+- Qwen2.5-VL: the same layout and inputs as Qwen3-VL (its vision tower adds windowed attention, which
+  only changes the patch order inside the tower, not the count).
 - InternVL: ``text, <image> x ((H/p) * (W/p) * downsample_ratio^2), text`` per image, one tile per
   image; ``pixel_values [num_images, C, H, W]`` at the vision config's ``image_size``. The count comes
   from the vision geometry, which is what the model produces (``config.image_seq_length`` is only read
   by the processor).
+- LLaVA-OneVision: ``text, <image> x n, text`` with ``n`` from :func:`llava_onevision_image_tokens`: an
+  image alone in its sample is tiled "anyres" (a base tile plus the best-fitting pinpoint grid, the grid's
+  features unpadded back to the image's aspect ratio, one ``image_newline`` per feature row); an image
+  in a multi-image sample is its base tile plus one newline. ``pixel_values [num_images, max_tiles, C, S,
+  S]`` (tiles padded, as the processor pads them), ``image_sizes [num_images, 2]`` (original H, W) and
+  ``batch_num_images [B]``.
 
 Samples differ in length (the last one is ``pad_last`` tokens shorter) and in their number of vision
 tokens (a Qwen3-VL image is (2 + j % 2) x (2 + b % 2) merged blocks, image j of sample b), so padding
-and per-sample counts are exercised. Text ids avoid every special id the config names.
+and per-sample counts are exercised (a LLaVA-OneVision image of sample b has original size
+``_LLAVA_SIZES[b % 3]``, so its unpadded grid differs). Text ids avoid every special id the config names.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
-__all__ = ["tiny_multimodal_batch", "tiny_text_batch", "special_token_ids"]
+__all__ = ["llava_onevision_image_tokens", "special_token_ids", "tiny_multimodal_batch", "tiny_text_batch"]
 
 _SPECIAL_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
                  "audio_token_id", "pad_token_id", "bos_token_id", "eos_token_id")
@@ -111,10 +122,74 @@ def _internvl_images(config, count: int, gen: torch.Generator):
     return [tokens] * count, pixels
 
 
+def _best_resolution(size: tuple[int, int], pinpoints) -> tuple[int, int]:
+    """The pinpoint (H, W) that keeps most of an (H, W) image's pixels when fitted inside, least wasted area next."""
+    height, width = size
+    best, best_key = None, None
+    for ph, pw in pinpoints:
+        scale = min(pw / width, ph / height)
+        kept = min(int(width * scale) * int(height * scale), width * height)
+        key = (kept, -(ph * pw - kept))
+        if best_key is None or key > best_key:
+            best, best_key = (int(ph), int(pw)), key
+    return best
+
+
+def llava_onevision_image_tokens(config, height: int, width: int, alone: bool = True) -> int:
+    """Placeholder count of one LLaVA-OneVision image of original size ``height`` x ``width``.
+
+    ``alone``: the image is its sample's only image (anyres tiling); otherwise only the base tile is
+    used. Count = base tile features + (anyres) the grid's features after unpadding to the image's
+    aspect ratio (and down-scaling past ``anyres_max_N``) + one newline per remaining feature row; a
+    multi-image image gets base tile features + 1 newline. Only ``vision_feature_select_strategy="full"``
+    (every patch feature kept, SigLIP's case) is supported.
+    """
+    vc = config.vision_config
+    side = int(vc.image_size) // int(vc.patch_size)
+    per_tile = side * side
+    if config.vision_feature_select_strategy != "full":
+        raise ValueError("llava_onevision_image_tokens supports vision_feature_select_strategy='full' only, "
+                         f"got {config.vision_feature_select_strategy!r}")
+    if not alone:
+        return per_tile + 1
+    best_h, best_w = _best_resolution((height, width), config.image_grid_pinpoints)
+    cur_h, cur_w = side * (best_h // int(vc.image_size)), side * (best_w // int(vc.image_size))
+    if width / height > cur_w / cur_h:
+        cur_h -= 2 * ((cur_h - int(round(height * (cur_w / width), 7))) // 2)
+    else:
+        cur_w -= 2 * ((cur_w - int(round(width * (cur_h / height), 7))) // 2)
+    max_tiles = int(config.vision_aspect_ratio.removeprefix("anyres_max_"))
+    ratio = math.sqrt(cur_h * cur_w / (max_tiles * side * side))
+    if ratio > 1.1:
+        cur_h, cur_w = int(cur_h // ratio), int(cur_w // ratio)
+    return per_tile + cur_h * cur_w + cur_h
+
+
+# original (H, W) of a LLaVA-OneVision image of sample b: square, wide (unpads rows) and tall (unpads columns)
+_LLAVA_SIZES = ((16, 16), (12, 30), (28, 12))
+
+
+def _llava_images(config, count: int, first: int, gen: torch.Generator):
+    """(per-image counts, pixel tiles [count, tiles, C, S, S], image_sizes [count, 2]) of one sample."""
+    vc = config.vision_config
+    size = int(vc.image_size)
+    alone = count == 1
+    sizes = [_LLAVA_SIZES[first % len(_LLAVA_SIZES)]] * count
+    grids = [_best_resolution(hw, config.image_grid_pinpoints) for hw in sizes]
+    tiles = [1 + (h // size) * (w // size) for h, w in grids]
+    pixels = torch.randn(count, max(tiles, default=1), int(vc.num_channels), size, size, generator=gen)
+    counts = [llava_onevision_image_tokens(config, h, w, alone) for h, w in sizes]
+    return counts, pixels, torch.tensor(sizes, dtype=torch.long).reshape(count, 2)
+
+
+_FAMILIES = ("qwen3_vl_moe", "qwen2_5_vl", "internvl", "llava_onevision")
+_QWEN = ("qwen3_vl_moe", "qwen2_5_vl")
+
+
 def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tuple[int, int] = (4, 6),
                           images_per_sample: int = 1, seed: int = 0, pad_last: int = 2,
                           padding_side: str = "left") -> dict[str, torch.Tensor]:
-    """A valid ``model(**batch)`` input for a Qwen3-VL-MoE or InternVL model.
+    """A valid ``model(**batch)`` input for a Qwen3-VL-MoE, Qwen2.5-VL, InternVL or LLaVA-OneVision model.
 
     Each sample is ``text_tokens[0]`` text ids, then ``images_per_sample`` images (one text id between
     two images), then ``text_tokens[1]`` text ids, so the closing text attends to every image. The last
@@ -123,8 +198,8 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
     """
     config = model.config
     model_type = getattr(config, "model_type", None)
-    if model_type not in ("qwen3_vl_moe", "internvl"):
-        raise ValueError(f"tiny_multimodal_batch supports qwen3_vl_moe and internvl, got {model_type!r}")
+    if model_type not in _FAMILIES:
+        raise ValueError(f"tiny_multimodal_batch supports {list(_FAMILIES)}, got {model_type!r}")
     before, after = text_tokens
     if images_per_sample < 0 or before < 0 or after < 1:
         raise ValueError(f"need images_per_sample >= 0, text_tokens[0] >= 0 and text_tokens[1] >= 1, "
@@ -132,15 +207,17 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
     if batch_size > 1 and not 0 <= pad_last < after:
         raise ValueError(f"pad_last must be in [0, text_tokens[1]) = [0, {after}), got {pad_last}")
     gen = torch.Generator().manual_seed(seed)
-    qwen = model_type == "qwen3_vl_moe"
-    seqs, types, pixels, grids = [], [], [], []
+    qwen = model_type in _QWEN
+    seqs, types, pixels, extras = [], [], [], []
     for b in range(batch_size):
         if qwen:
-            counts, pix, grid = _qwen_images(config, images_per_sample, b, gen)
-            grids.append(grid)
+            counts, pix, extra = _qwen_images(config, images_per_sample, b, gen)
+        elif model_type == "internvl":
+            (counts, pix), extra = _internvl_images(config, images_per_sample, gen), None
         else:
-            counts, pix = _internvl_images(config, images_per_sample, gen)
+            counts, pix, extra = _llava_images(config, images_per_sample, b, gen)
         pixels.append(pix)
+        extras.append(extra)
         n_after = after - (pad_last if b == batch_size - 1 and batch_size > 1 else 0)
         parts = [_text_ids(config, before, gen)]
         for j, count in enumerate(counts):
@@ -157,10 +234,16 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
         types.append((seq == config.image_token_id).long())
     ids, mask, mm = _collate(seqs, types, _pad_id(config), padding_side)
     batch = {"input_ids": ids, "attention_mask": mask}
-    if images_per_sample:
+    if images_per_sample and model_type == "llava_onevision":
+        tiles = max(p.shape[1] for p in pixels)
+        batch["pixel_values"] = torch.cat([nn.functional.pad(p, (0, 0, 0, 0, 0, 0, 0, tiles - p.shape[1]))
+                                           for p in pixels])
+        batch["image_sizes"] = torch.cat(extras)
+        batch["batch_num_images"] = torch.full((batch_size,), images_per_sample, dtype=torch.long)
+    elif images_per_sample:
         batch["pixel_values"] = torch.cat(pixels)
         if qwen:
-            batch["image_grid_thw"] = torch.cat(grids)
+            batch["image_grid_thw"] = torch.cat(extras)
     if qwen:
         batch["mm_token_type_ids"] = mm
     return batch

@@ -5,7 +5,9 @@ built in ``configure_model`` (so strategies can shard it) from a local checkpoin
 (``checkpoint``) or from a tiny config of a supported family (``tiny``), never from a hub.
 Loss: next-token cross-entropy over positions whose ``labels`` are not -100 (``labels``
 default to ``input_ids`` with padding masked; the JSONL datamodules mask prompt tokens, so the loss is on
-completions). Validation logs torchmetrics perplexity (``val/ppl``) and next-token accuracy (``val/acc``) over
+completions). Batch keys that describe a sample rather than feed the model (``task_ids``: the task family of each
+row, see :mod:`lightprune.data.shapes_qa`) stay in the batch for callbacks and are not passed to the model.
+Validation logs torchmetrics perplexity (``val/ppl``) and next-token accuracy (``val/acc``) over
 the same positions.
 
 Fine-tuning (paper 003, section 4): an optional ``adapter`` (:class:`~lightprune.modules.AdapterSpec`) is
@@ -35,14 +37,17 @@ __all__ = ["MoECausalLM"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+# batch keys for callbacks and metrics, never model inputs
+_SAMPLE_KEYS = ("task_ids",)
+
 
 class MoECausalLM(pl.LightningModule):
     """Wrap an MoE language model.
 
     Args:
         checkpoint: local directory of a transformers checkpoint (or a lightprune export).
-        tiny: instead of a checkpoint, build a tiny random model of this family
-            (see ``lightprune.models.tiny.TINY_FAMILIES``), seeded by ``seed``.
+        tiny: instead of a checkpoint, build a tiny random model of this family (see
+            ``lightprune.models.tiny.TINY_FAMILIES`` and ``TINY_DENSE_MLLMS``), seeded by ``seed``.
         tiny_overrides: config overrides for the tiny model (e.g. ``num_hidden_layers``).
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         trust_remote_code: allow a checkpoint's own modeling code to run (off by default).
@@ -81,10 +86,10 @@ class MoECausalLM(pl.LightningModule):
         if checkpoint is not None and not Path(checkpoint).is_dir():
             raise FileNotFoundError(f"checkpoint directory {checkpoint!r} does not exist")
         if tiny is not None:
-            from ..models.tiny import TINY_FAMILIES
+            from ..models.tiny import TINY_DENSE_MLLMS, TINY_FAMILIES
 
-            if tiny not in TINY_FAMILIES:
-                raise ValueError(f"tiny must be one of {list(TINY_FAMILIES)}, got {tiny!r}")
+            if tiny not in TINY_FAMILIES + TINY_DENSE_MLLMS:
+                raise ValueError(f"tiny must be one of {list(TINY_FAMILIES + TINY_DENSE_MLLMS)}, got {tiny!r}")
         self.adapter = adapter
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
@@ -129,7 +134,7 @@ class MoECausalLM(pl.LightningModule):
         self.model.train(self.training)
 
     def forward(self, **batch: Any):
-        return self.model(**batch)
+        return self.model(**{k: v for k, v in batch.items() if k not in _SAMPLE_KEYS})
 
     def _shifted(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [B, T-1, V] fp32, next-token labels [B, T-1] with -100 where no loss is taken)."""
@@ -137,7 +142,7 @@ class MoECausalLM(pl.LightningModule):
         labels = batch.pop("labels", None)
         if labels is None:
             labels = batch["input_ids"].masked_fill(batch.get("attention_mask", 1) == 0, -100)
-        logits = self.model(**batch).logits[:, :-1].float()
+        logits = self(**batch).logits[:, :-1].float()
         return logits, labels[:, 1:]
 
     @staticmethod
