@@ -15,17 +15,20 @@ Mechanism: no eager switch, no hooks. A wrapper attention function is registered
 name inside the :class:`AttentionProbe` context. The wrapper returns the original implementation's
 output unchanged and, for probed layers only, recomputes the probabilities of the text-query rows
 against all keys (q k^T * scaling, softcap, mask, sinks, log-sum-exp) in fp32, in row chunks. The
-vision tower keeps its own implementation; names are registered on entry and removed on exit.
+vision tower keeps its own implementation; names are registered on entry and removed on exit
+(the registration helpers are shared with MWOP's path attention: :mod:`.attention_interface`).
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from .attention_interface import (dense_mask, language_model_configs, original_function, register_wrapper,
+                                  restore_attention, switch_attention, wrappable)
 
 __all__ = ["AttentionProbe", "low_high_masks", "modality_masks", "PROBE_PREFIX"]
 
@@ -34,31 +37,11 @@ PROBE_PREFIX = "lightprune_probe:"
 _CHUNK_ELEMENTS = 1 << 24
 
 _PROBED: dict[int, tuple["AttentionProbe", int]] = {}  # id(attention module) -> (probe, layer index)
-_REGISTERED: dict[str, int] = {}  # probe names this module registered -> number of active probes using them
-
-
-def _interfaces():
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
-
-    return AttentionInterface, ALL_ATTENTION_FUNCTIONS, AttentionMaskInterface, ALL_MASK_ATTENTION_FUNCTIONS
-
-
-def _eager_function(module: nn.Module) -> Callable:
-    """The model file's own ``eager_attention_forward`` (what ``get_interface("eager", ...)`` falls back to)."""
-    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-    if fn is None:
-        from transformers.models.llama.modeling_llama import eager_attention_forward as fn
-    return fn
 
 
 def _make_attention(original: str) -> Callable:
     def probe_attention(module, query, key, value, attention_mask, **kwargs):
-        if original == "eager":
-            fn = _eager_function(module)
-        else:
-            fn = _interfaces()[1][original]
-        output = fn(module, query, key, value, attention_mask, **kwargs)
+        output = original_function(original, module)(module, query, key, value, attention_mask, **kwargs)
         entry = _PROBED.get(id(module))
         if entry is not None:
             probe, layer = entry
@@ -69,38 +52,13 @@ def _make_attention(original: str) -> Callable:
     return probe_attention
 
 
-def _make_mask(original: str) -> Callable:
-    def probe_mask(*args, **kwargs):
-        return _interfaces()[3][original](*args, **kwargs)
-
-    return probe_mask
-
-
 def _register(original: str) -> str:
-    attn_cls, attn_all, mask_cls, mask_all = _interfaces()
     if original.startswith(PROBE_PREFIX):
         raise RuntimeError("an AttentionProbe is already active on this model")
-    if original.startswith("paged|") or (original != "eager" and original not in attn_all):
-        raise ValueError(f"AttentionProbe cannot wrap attention implementation {original!r}; use one of "
-                         f"{sorted(k for k in attn_all if not k.startswith(('paged|', PROBE_PREFIX)))} or 'eager'")
-    name = PROBE_PREFIX + original
-    if name not in _REGISTERED:
-        attn_cls.register(name, _make_attention(original))
-        # an implementation without a mask builder gets no mask (transformers' early exit): keep it so
-        if original in mask_cls._global_mapping:
-            mask_cls.register(name, _make_mask(original))
-        _REGISTERED[name] = 0
-    _REGISTERED[name] += 1
-    return name
-
-
-def _unregister(name: str) -> None:
-    attn_cls, _, mask_cls, _ = _interfaces()
-    _REGISTERED[name] -= 1
-    if _REGISTERED[name] == 0:
-        del _REGISTERED[name]
-        attn_cls._global_mapping.pop(name, None)
-        mask_cls._global_mapping.pop(name, None)
+    allowed = wrappable((PROBE_PREFIX,))
+    if original not in allowed:
+        raise ValueError(f"AttentionProbe cannot wrap attention implementation {original!r}; use one of {allowed}")
+    return register_wrapper(PROBE_PREFIX, original, _make_attention)
 
 
 def modality_masks(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -170,9 +128,7 @@ class AttentionProbe:
             self._attention[i] = attn
         # every config the language model's attention and mask builders read
         parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
-        configs = [getattr(layer.self_attn, "config", None) for layer in decoder if hasattr(layer, "self_attn")]
-        configs.append(getattr(parent, "config", None))
-        self._configs = list({id(c): c for c in configs if c is not None}.values())
+        self._configs = language_model_configs(decoder, parent)
         self._saved: list[tuple[Any, Any, str]] = []
         self._text: torch.Tensor | None = None
         self._vision: torch.Tensor | None = None
@@ -184,11 +140,7 @@ class AttentionProbe:
         if self.active:
             raise RuntimeError("this AttentionProbe is already active")
         try:
-            for cfg in self._configs:
-                saved = cfg.__dict__.get("_attn_implementation_internal")
-                name = _register(saved or "eager")
-                self._saved.append((cfg, saved, name))
-                cfg._attn_implementation_internal = name
+            self._saved = switch_attention(self._configs, _register)
             for i, attn in self._attention.items():
                 _PROBED[id(attn)] = (self, i)
         except BaseException:
@@ -204,10 +156,7 @@ class AttentionProbe:
         for i, attn in self._attention.items():
             if _PROBED.get(id(attn), (None,))[0] is self:
                 del _PROBED[id(attn)]
-        while self._saved:
-            cfg, saved, name = self._saved.pop()
-            cfg._attn_implementation_internal = saved
-            _unregister(name)
+        restore_attention(self._saved)
         self._text = self._vision = None
         self.active = False
 
@@ -255,33 +204,6 @@ class AttentionProbe:
                                                   self._text.to(query.device), self._vision.to(query.device))
 
 
-def _dense_mask(module: nn.Module, attention_mask: Any, batch: int, q_len: int, k_len: int,
-                device: torch.device, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(allowed [Bm, Hm, Q, K] bool, additive float mask or None) of what the implementation applies."""
-    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
-        if attention_mask.dtype == torch.bool:
-            return attention_mask, None
-        allowed = attention_mask > torch.finfo(attention_mask.dtype).min / 2
-        return allowed, torch.where(allowed, attention_mask.float(), 0.0)
-    if attention_mask is not None and type(attention_mask).__name__ == "BlockMask":
-        from torch.nn.attention.flex_attention import create_mask
-
-        return create_mask(attention_mask.mask_mod, batch, 1, q_len, k_len, device=device), None
-    # no 4D mask (sdpa's is_causal path, flash attention's 2D padding mask): causal, window, padding
-    is_causal = kwargs.get("is_causal")
-    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    q_pos = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
-    k_pos = torch.arange(k_len, device=device)[None, :]
-    allowed = k_pos <= q_pos if is_causal else torch.ones(q_len, k_len, dtype=torch.bool, device=device)
-    window = kwargs.get("sliding_window")
-    if window:
-        allowed = allowed & (k_pos > q_pos - window)
-    allowed = allowed[None, None]
-    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
-        allowed = allowed & attention_mask.to(device).bool()[:, None, None, :]
-    return allowed, None
-
-
 def _text_to_vision(module: nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask: Any,
                     kwargs: dict, text: torch.Tensor, vision: torch.Tensor) -> torch.Tensor:
     batch, heads, q_len, dim = query.shape
@@ -295,7 +217,7 @@ def _text_to_vision(module: nn.Module, query: torch.Tensor, key: torch.Tensor, a
     scaling = dim ** -0.5 if scaling is None else scaling
     softcap = kwargs.get("softcap")
     sinks = kwargs.get("s_aux")
-    allowed, additive = _dense_mask(module, attention_mask, batch, q_len, k_len, device, kwargs)
+    allowed, additive = dense_mask(module, attention_mask, batch, q_len, k_len, device, kwargs)
     mask_heads = allowed.shape[1]
     allowed = allowed.expand(batch, -1, -1, -1)
     if additive is not None:

@@ -1,0 +1,184 @@
+"""MWOP path attention: per-head removal of attention paths, and the Taylor gates on them (paper 002).
+
+Paper 002, section 3: the attention of query head h in layer l splits into paths b = (query modality ->
+key modality) in ``PATHS`` = (V2V, T2V, T2T); SYSTEM tokens (and every other pair) are never pruned.
+With the keep mask K[b, h, i, j] (False where path(i, j) is pruned for head h):
+
+- mask mode (appendix D.5): the pruned keys are removed BEFORE the softmax,
+  ``A = softmax(q k^T * s + mask, keys restricted to allowed(i, j) and K[h, i, j])``, so every query
+  normalises over its retained causal keys. A query whose every allowed key the plan removes (a VISION
+  query with V2V pruned and no SYSTEM key before it) outputs zeros: its attention update is empty.
+- gate mode (appendix A.1, Taylor importance): the output is ``O = (A * C) V`` with
+  ``C[b, h, i, j] = g[b, h, path(i, j)]`` on the pruned-able pairs and 1 elsewhere; gates g = 1 leave the
+  forward unchanged and ``dL/dg[b, h, p] = <O_(l,h,p), dL/dO_(l,h)>`` where ``O_p = (A * M_p) V`` is the
+  path's additive contribution with the attention weights held fixed (no renormalisation: "we zero
+  either contribution without renormalizing"). Computed explicitly in fp32.
+
+The function is registered in transformers' ``AttentionInterface`` as ``"lightprune_path:<original>"``
+(original = ``sdpa`` or ``eager``) through :mod:`.attention_interface`; layers without a route call the
+original unchanged. Token modalities come from :class:`ModalityState`, set by a forward pre-hook that
+:mod:`lightprune.surgery.width_mask` installs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..models.width import TEXT, VISION
+from .attention_interface import dense_mask, original_function, register_wrapper, wrappable
+
+__all__ = ["PATH_PREFIX", "WRAPPABLE", "ModalityState", "PathRoute", "register", "route", "unroute",
+           "path_masks", "path_keep"]
+
+PATH_PREFIX = "lightprune_path:"
+#: implementations the path attention wraps (it calls torch's SDPA with a per-head mask, or computes gates)
+WRAPPABLE = ("sdpa", "eager")
+
+_ROUTES: dict[int, "PathRoute"] = {}  # id(attention module) -> its route
+
+
+class ModalityState:
+    """Token modality of the current forward: int8 [B, T] over every position the keys span (cache included)."""
+
+    def __init__(self) -> None:
+        self.modality: torch.Tensor | None = None
+
+    def keys_and_queries(self, batch: int, q_len: int, k_len: int, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(key modality [B, K], query modality [B, Q]): the queries are the last Q positions."""
+        mod = self.modality
+        if mod is None:
+            raise RuntimeError(f"{where}: no token modality recorded; the model must be called with input_ids "
+                               f"while width masks are active")
+        if mod.shape[0] != batch or mod.shape[1] != k_len or q_len > k_len:
+            raise RuntimeError(f"{where}: the attention sees batch {batch}, {q_len} queries and {k_len} keys, but "
+                               f"the forward's tokens are {tuple(mod.shape)} (a static or pre-filled cache is not "
+                               f"supported)")
+        return mod, mod[:, k_len - q_len:]
+
+
+@dataclass(eq=False)
+class PathRoute:
+    """What the path attention does for one layer: ``keep`` bool [H, 3] (None = all kept) and, in gate
+    mode, ``gate`` [B, H, 3] (set per batch by the Taylor pass; None = mask mode)."""
+
+    layer: int
+    state: ModalityState
+    keep: torch.Tensor | None = None
+    gate: torch.Tensor | None = None
+
+
+def route(module: nn.Module, layer_route: PathRoute) -> None:
+    if id(module) in _ROUTES:
+        raise RuntimeError(f"attention of layer {layer_route.layer} already has width masks or gates")
+    _ROUTES[id(module)] = layer_route
+
+
+def unroute(module: nn.Module, layer_route: PathRoute) -> None:
+    if _ROUTES.get(id(module)) is layer_route:
+        del _ROUTES[id(module)]
+
+
+def register(original: str) -> str:
+    """Register the path attention wrapping ``original``; its name (for ``switch_attention``)."""
+    if original.startswith(PATH_PREFIX):
+        raise RuntimeError("width masks are already active on this model")
+    if original not in WRAPPABLE:
+        raise ValueError(f"width masking wraps attention implementation {list(WRAPPABLE)}, the language model "
+                         f"uses {original!r} (available: {wrappable((PATH_PREFIX,))}); set "
+                         f"attn_implementation='sdpa' or 'eager' on the language model")
+    return register_wrapper(PATH_PREFIX, original, _make_attention)
+
+
+def path_masks(query_mod: torch.Tensor, key_mod: torch.Tensor) -> torch.Tensor:
+    """bool [3, B, Q, K]: the (query, key) pairs of each path in ``PATHS`` order (V2V, T2V, T2T)."""
+    qv, qt = (query_mod == VISION)[:, :, None], (query_mod == TEXT)[:, :, None]
+    kv, kt = (key_mod == VISION)[:, None, :], (key_mod == TEXT)[:, None, :]
+    return torch.stack([qv & kv, qt & kv, qt & kt])
+
+
+def path_keep(paths: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """bool [B, H, Q, K]: False where the pair's path is pruned for the head (``keep`` bool [H, 3])."""
+    pruned = torch.zeros((paths.shape[1], keep.shape[0], *paths.shape[2:]), dtype=torch.bool, device=paths.device)
+    for p in range(paths.shape[0]):
+        dropped = ~keep[:, p].to(paths.device)
+        if dropped.any():
+            pruned |= paths[p][:, None] & dropped[None, :, None, None]
+    return ~pruned
+
+
+def _make_attention(original: str) -> Callable:
+    def path_attention(module, query, key, value, attention_mask, **kwargs):
+        layer_route = _ROUTES.get(id(module))
+        if layer_route is None:
+            return original_function(original, module)(module, query, key, value, attention_mask, **kwargs)
+        return _routed(module, query, key, value, attention_mask, layer_route, kwargs)
+
+    path_attention.__name__ = f"path_attention[{original}]"
+    return path_attention
+
+
+def _routed(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
+            layer_route: PathRoute, kwargs: dict) -> tuple[torch.Tensor, None]:
+    where = f"width masks, layer {layer_route.layer}"
+    for name in ("softcap", "s_aux", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"{where}: attention with {name} is not supported by path masking")
+    batch, heads, q_len, _ = query.shape
+    k_len = key.shape[2]
+    key_mod, query_mod = layer_route.state.keys_and_queries(batch, q_len, k_len, where)
+    key_mod, query_mod = key_mod.to(query.device), query_mod.to(query.device)
+    allowed, additive = dense_mask(module, attention_mask, batch, q_len, k_len, query.device, kwargs)
+    paths = path_masks(query_mod, key_mod)
+    keep = allowed.expand(batch, heads, q_len, k_len)
+    if layer_route.keep is not None:
+        if tuple(layer_route.keep.shape) != (heads, 3):
+            raise RuntimeError(f"{where}: keep mask {tuple(layer_route.keep.shape)} for {heads} heads")
+        keep = keep & path_keep(paths, layer_route.keep)
+    row_any = keep.any(dim=-1, keepdim=True)
+    emptied = allowed.any(dim=-1, keepdim=True) & ~row_any  # rows the plan (not the model) left without keys
+    groups = heads // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1) if groups > 1 else key
+    value = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    scaling = kwargs.get("scaling")
+    dropout = float(kwargs.get("dropout", 0.0) or 0.0)
+    if layer_route.gate is None:
+        # an emptied row is computed over the model's keys (finite gradients) and zeroed afterwards
+        keep = keep | (emptied & allowed)
+        if additive is None:
+            mask = keep
+        else:
+            low = torch.finfo(query.dtype).min
+            mask = torch.where(keep, additive.to(query.dtype), torch.tensor(low, dtype=query.dtype,
+                                                                            device=query.device))
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask,
+                                                               dropout_p=dropout, scale=scaling)
+    else:
+        if dropout:
+            raise NotImplementedError(f"{where}: Taylor gates need attention dropout 0 (the model is in train mode "
+                                      f"with attention_dropout {dropout})")
+        out = _gated(query, key, value, keep, row_any, additive, paths, layer_route.gate, scaling)
+    out = out.masked_fill(emptied, 0.0)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _gated(query, key, value, keep, row_any, additive, paths, gate, scaling) -> torch.Tensor:
+    """``(A * C) V`` in fp32 with the path gates in C (module docstring); rows without keys give zeros."""
+    batch, heads = query.shape[:2]
+    if tuple(gate.shape) != (batch, heads, 3):
+        raise RuntimeError(f"path gates {tuple(gate.shape)}, expected {(batch, heads, 3)}")
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    logits = (query.float() @ key.float().transpose(-1, -2)) * scale
+    if additive is not None:
+        logits = logits + additive
+    # a row without keys softmaxes over all keys (finite) and is multiplied by 0
+    logits = logits.masked_fill(~(keep | ~row_any), float("-inf"))
+    probs = torch.softmax(logits, dim=-1) * row_any
+    coef = torch.ones_like(probs)
+    gate = gate.to(device=probs.device, dtype=probs.dtype)
+    for p in range(paths.shape[0]):
+        coef = torch.where(paths[p][:, None], gate[:, :, p, None, None], coef)
+    return ((probs * coef) @ value.float()).to(query.dtype)
