@@ -23,9 +23,9 @@ Routers wrapped by an adapter (peft ``ParamWrapper`` / ``LoraLayer`` keep the or
 outside a forward, and inside its own forward it is the weight the adapted model uses, which is
 what the hooks of :func:`router_logits` and :func:`effective_router_weights` read.
 
-Under DeepSpeed ZeRO-3 a router weight is a partition on each rank; gathering it belongs to the
-multi-GPU work and is not done here: :func:`router_row_norms` refuses a weight whose shape is not
-[E, H].
+Under DeepSpeed ZeRO-3 a router weight is a partition on each rank: :func:`router_row_norms`
+gathers one router at a time (:func:`lightprune.distributed.gathered`; a collective, so every
+rank calls it); the logit hooks run inside the router's forward, where ZeRO-3 has gathered it.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _checked_weight(layer: MoELayer, weight: torch.Tensor) -> torch.Tensor:
     if weight.dim() != 2 or weight.shape[0] != layer.num_experts:
         raise ValueError(f"layer {layer.index} ({layer.name}): router weight has shape {tuple(weight.shape)}, "
                          f"expected [{layer.num_experts}, hidden]. A ZeRO-3 partitioned weight must be gathered "
-                         "first (not supported by router_row_norms yet)")
+                         "first (lightprune.distributed.gathered)")
     return weight
 
 
@@ -106,10 +106,16 @@ def router_row_norms(model: nn.Module) -> dict[int, torch.Tensor]:
     wrapper's ``base_layer`` and applies the adapter only inside a forward; a torch
     parametrization (IA3 channel scales) keeps it as ``parametrizations.weight.original``. Use
     :func:`effective_router_weights` (or the adapters module's ``merged_router_weights``) for the
-    adapted rows.
+    adapted rows. Under ZeRO-3 each router is gathered in turn (every rank must call this).
     """
-    return {layer.index: _row_norms(_checked_weight(layer, _own_weight(innermost_router(layer.router))))
-            for layer in _layers(model)}
+    from .distributed import gathered
+
+    norms = {}
+    for layer in _layers(model):
+        router = innermost_router(layer.router)
+        with gathered(router.parameters()):  # ZeRO-3: this router only
+            norms[layer.index] = _row_norms(_checked_weight(layer, _own_weight(router)))
+    return norms
 
 
 @torch.no_grad()

@@ -6,6 +6,11 @@ plan it makes is what :class:`~lightprune.callbacks.Export` applies; scoring and
 apart (Torch-Pruning's habit). Run files go to ``output_dir`` (default: the trainer's
 ``default_root_dir``). Weight criteria need no data; criteria that need calibration
 statistics are an error here until the calibration callback provides them.
+
+Across processes (DDP, DeepSpeed ZeRO-1/2/3) every rank scores: weight criteria gather one
+layer's ZeRO-3 partitions at a time, calibration criteria read statistics already summed across
+ranks by :class:`ExpertStats`, so every rank computes the same plan; that is checked (one small
+``all_gather_object``; a mismatch raises on every rank) and rank 0 writes the files.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from ..calibration import CRITERIA as CALIBRATION_CRITERIA
 from ..calibration import SUBSETS
+from ..distributed import same_on_every_rank
 from ..criteria import Criterion, get_criterion, get_criterion_class
 from ..scores import ExpertScores
 from .expert_stats import ExpertStats
@@ -79,6 +85,7 @@ class ExpertPruning(JobEndCallback):
         self.ratio, self.allocation, self.normalize, self.seed = float(ratio), allocation, normalize, seed
         self.output_dir = output_dir
         self.plan: ExpertPlan | None = None
+        self.scores: ExpertScores | None = None
         self.seconds: float | None = None
 
     @property
@@ -135,6 +142,8 @@ class ExpertPruning(JobEndCallback):
                                    limits={l.index: l.limits for l in layers}, criterion=self.name)
         if hasattr(scores, "alpha_report"):
             self.plan.metadata["alpha"] = scores.alpha_report.to_dict()
+        same_on_every_rank(self.plan.keep, f"ExpertPruning's plan ({self.name})")
+        self.scores = scores
         self.seconds = time.perf_counter() - start
         if trainer.is_global_zero:
             out = self.run_dir(trainer)

@@ -7,6 +7,13 @@ place, writes the checkpoint (temporary directory renamed into place) and verifi
 checkpoint against the masked logits. It writes ``report.json`` (parameter counts and checkpoint
 bytes before and after, per-layer kept counts, timings) and ``kept_experts.png``, and prints a
 summary table.
+
+Across processes every rank leaves with the same pruned architecture and only rank 0 writes and
+verifies. Under DDP and ZeRO-1/2 every rank applies the plan to its full copy. Under ZeRO-3 the
+model is first un-partitioned one module at a time (:func:`lightprune.distributed.materialize`):
+rank 0 gathers the full values onto the CPU in the weights' own dtype (16-bit under mixed
+precision) and is the only rank holding them; the other ranks keep ``meta`` tensors of the same
+shapes and apply the same surgery to those.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from ..distributed import materialize
 from ..export import export_pruned
 from ..models import find_moe_layers
 from ..plan import ExpertPlan
@@ -113,6 +121,7 @@ class Export(JobEndCallback):
         plan, seconds_scoring = self._plan(trainer, pl_module)
         run_dir = Path(self.output_dir or trainer.default_root_dir)
         ckpt_dir = Path(self.checkpoint_dir) if self.checkpoint_dir else run_dir / "model"
+        materialize(pl_module.model, engine=trainer.strategy.model)  # ZeRO-3 only; every rank
         if not trainer.is_global_zero:
             # every rank leaves with the same pruned model; only rank 0 writes (and verifies) the checkpoint
             prune_experts(pl_module.model, plan)

@@ -18,6 +18,12 @@ Paper 003 (sections 3.2-3.4; METHODS.md "Router sensitivity"): the adapter fitte
 
 Rank 0 writes; every rank leaves with the same pruned model. After the callback,
 ``pl_module.model`` is the pruned base model without adapters.
+
+Across processes (DDP, DeepSpeed ZeRO-1/2/3) every rank scores: router weights are read with
+the routers' ZeRO-3 partitions gathered (the routers only, never the experts), the fingerprint
+one module at a time, logits by forwards that every rank runs on the same held-out batches. The
+plan is checked to be equal on every rank. Under ZeRO-3 the base model is un-partitioned before
+surgery (:func:`lightprune.distributed.materialize`: full values on rank 0, ``meta`` elsewhere).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from ..plan import ExpertPlan
 from ..scores import ExpertScores
 from ..select import select_experts
 from ..sensitivity import (SCORES, logit_delta, router_logits, router_row_norms, unwrap_model, weight_delta)
+from ..distributed import gathered, materialize, same_on_every_rank
 from .job_end import JobEndCallback
 
 __all__ = ["RouterDelta", "base_fingerprint"]
@@ -59,21 +66,33 @@ def base_fingerprint(model: nn.Module) -> dict[str, tuple[float, float]]:
     Wrapper prefixes (peft ``base_model.model.``, ``.base_layer``, a parametrized weight's
     ``original``) are stripped, so an adapted model and the model left after removing its adapters
     name their shared parameters alike; LoRA / IA3 factors are skipped (they have no counterpart).
-    Large tensors are reduced in chunks.
+    Large tensors are reduced in chunks; under ZeRO-3 one module's partitions are gathered at a time.
     """
+    from ..distributed import gathered
+
     out: dict[str, tuple[float, float]] = {}
-    for name, param in unwrap_model(model).named_parameters():
-        if "lora_" in name or "ia3_" in name:
+    base = unwrap_model(model)
+    for prefix, module in base.named_modules():
+        own = [(f"{prefix}.{n}" if prefix else n, p) for n, p in module.named_parameters(recurse=False)
+               if "lora_" not in f"{prefix}.{n}" and "ia3_" not in f"{prefix}.{n}"]
+        if not own:
             continue
-        flat = param.detach().reshape(-1)
-        total = torch.zeros((), dtype=torch.float64, device=flat.device)
-        squares = torch.zeros((), dtype=torch.float64, device=flat.device)
-        for chunk in flat.split(_CHUNK):
-            chunk = chunk.double()
-            total += chunk.sum()
-            squares += (chunk * chunk).sum()
-        out[_clean(name)] = (float(total), float(squares))
+        with gathered(p for _, p in own):  # ZeRO-3: one module's partitions at a time
+            for name, param in own:
+                out[_clean(name)] = _sums(param)
     return out
+
+
+def _sums(param: torch.Tensor) -> tuple[float, float]:
+    """(sum, sum of squares) of ``param`` in float64, reduced in chunks."""
+    flat = param.detach().reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=flat.device)
+    squares = torch.zeros((), dtype=torch.float64, device=flat.device)
+    for chunk in flat.split(_CHUNK):
+        chunk = chunk.double()
+        total += chunk.sum()
+        squares += (chunk * chunk).sum()
+    return float(total), float(squares)
 
 
 def _adapters():
@@ -242,7 +261,9 @@ class RouterDelta(JobEndCallback):
         model = pl_module.model
         limits = ExpertScores.limits_of(find_moe_layers(unwrap_model(model)))
         if self.resolved in ("weight", "signed_weight"):
-            after = {l: w.detach().cpu() for l, w in merged_router_weights(model).items()}
+            routers = [p for l in find_moe_layers(unwrap_model(model)) for p in l.router.parameters()]
+            with gathered(routers):  # ZeRO-3: the routers (and their LoRA factors) only
+                after = {l: w.detach().cpu() for l, w in merged_router_weights(model).items()}
             scores = weight_delta(self.before, after, signed=self.resolved == "signed_weight", limits=limits)
             base = remove_adapters(model)
         else:
@@ -254,6 +275,7 @@ class RouterDelta(JobEndCallback):
         pl_module.model = base
         self.scores = scores
         self.plan = self.select(scores)
+        same_on_every_rank(self.plan.keep, f"RouterDelta's plan ({self.criterion})")
         seconds_scoring = time.perf_counter() - start
 
         out = self.run_dir(trainer)
@@ -266,6 +288,7 @@ class RouterDelta(JobEndCallback):
         if not self.export:
             return
         base = self._full_precision(pl_module, base)
+        materialize(base, engine=trainer.strategy.model)  # ZeRO-3 only; every rank
         if not trainer.is_global_zero:
             from ..surgery import prune_experts
 

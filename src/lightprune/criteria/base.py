@@ -10,7 +10,9 @@ The constructor is the config: subclasses take typed keyword arguments, validate
 ``repr`` read those arguments back, so a criterion is reported exactly as it was built.
 
 Weight criteria (``needs_data = False``) implement :meth:`Criterion.score_layer`; the base
-class walks the MoE layers under ``torch.no_grad()`` and assembles the scores.
+class walks the MoE layers under ``torch.no_grad()`` and assembles the scores, gathering one
+layer's ZeRO-3 partitions at a time (:mod:`lightprune.distributed`), so ``score_layer`` always
+sees full tensors.
 
 Calibration criteria (``needs_data = True``: REAP, EAN, frequency, ...) accumulate statistics
 over batches instead. Their interface (``update`` under ``no_grad`` with on-device fp32/fp64
@@ -78,15 +80,20 @@ class Criterion:
         """Score every routed expert of every MoE layer of ``model`` from its weights.
 
         Dense layers are absent and shared experts are never scored (the adapter's rule).
-        Values come back as float64 CPU tensors.
+        Values come back as float64 CPU tensors. Under DeepSpeed ZeRO-3 each layer's router and
+        expert partitions are gathered while that layer is scored (one layer at a time; every
+        rank must call this, as the callbacks do).
         """
         if self.needs_data:
             raise CriterionNeedsDataError(self.name or type(self).__name__)
+        from ..distributed import gathered, layer_parameters
+
         layers = find_moe_layers(model)
         raw: dict[int, torch.Tensor] = {}
         with torch.no_grad():
             for layer in layers:
-                values = self.score_layer(layer)
+                with gathered(layer_parameters(layer)):  # ZeRO-3: this layer's partitions only
+                    values = self.score_layer(layer)
                 if values.shape != (layer.num_experts,):
                     raise ValueError(f"{type(self).__name__}.score_layer returned shape {tuple(values.shape)} "
                                      f"for layer {layer.index}; expected ({layer.num_experts},)")

@@ -5,6 +5,11 @@ router bias and ``e_score_correction_bias [E]``, and the fused expert parameters
 (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]`` and their biases); every ``num_experts``
 attribute and the config follow (non-uniform counts per layer go to the config's
 ``lightprune_experts_per_layer``). The result equals the masked model exactly.
+
+Surgery changes shapes, which DeepSpeed ZeRO-3 cannot re-partition in place: a model with
+partitioned parameters is refused with an error that points to
+:func:`lightprune.distributed.materialize` (the callbacks call it at the end of a ZeRO-3 job).
+Under DDP and ZeRO-1/2 every rank holds full parameters and applies the same plan.
 """
 
 from __future__ import annotations
@@ -39,6 +44,17 @@ def _index_rows(module: nn.Module, names: tuple[str, ...], index: torch.Tensor |
             module.register_buffer(name, data, persistent=name in _persistent_buffers(module))
 
 
+def _check_not_partitioned(model: nn.Module) -> None:
+    from ..distributed import PartitionedModelError, is_partitioned
+
+    names = [n for n, p in model.named_parameters() if is_partitioned(p)]
+    if names:
+        raise PartitionedModelError(
+            f"prune_experts got a DeepSpeed ZeRO-3 partitioned model ({len(names)} partitioned parameters, e.g. "
+            f"{names[0]!r}); structural surgery needs full tensors: call "
+            "lightprune.distributed.materialize(model, engine) first (every rank)")
+
+
 def _persistent_buffers(module: nn.Module) -> set[str]:
     return {n for n in module._buffers if n not in module._non_persistent_buffers_set}
 
@@ -51,6 +67,7 @@ def _set_counts(layer: MoELayer, count: int) -> None:
 
 def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
     """Remove the experts ``plan`` prunes from ``model``, in place; returns ``model``."""
+    _check_not_partitioned(model)
     layers = find_moe_layers(model)
     plan.check_layers(layers)
     adapter = get_adapter(model)
