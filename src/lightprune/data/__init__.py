@@ -5,7 +5,9 @@
 - :class:`DefaultCorpusDataModule`: the embedded default data (Python's documentation topics as
   instruction/text rows, and a tokenizer trained locally on them); :func:`default_model_overrides`.
 - :func:`train_bpe_tokenizer`: a byte-level BPE tokenizer trained locally, with pinned ids.
-- :func:`tiny_qwen3_vl_processor`: a Qwen3-VL processor matching ``tiny_model("qwen3_vl_moe")``.
+- :func:`tiny_mllm_processor` (and :func:`tiny_qwen3_vl_processor`, :func:`tiny_qwen2_5_vl_processor`,
+  :func:`tiny_llava_onevision_processor`): local processors matching the tiny MLLMs of
+  :mod:`lightprune.models.tiny`.
 - :class:`SyntheticTokens`: seeded random ids, for smoke runs.
 """
 
@@ -17,20 +19,22 @@ from typing import Any
 from .default_corpus import (DefaultCorpusDataModule, DefaultCorpusError, build_default_corpus,
                              default_corpus_dir, default_model_overrides, load_default_corpus)
 from .image_text import ImageTextJsonlDataModule, load_processor
-from .rows import JsonlRowError
+from .rows import DEFAULT_TASK, JsonlRowError
 from .synthetic import SyntheticTokens
 from .text import TextJsonlDataModule, load_tokenizer
 from .tokenizer import CHAT_TOKENS, CHATML_TEMPLATE, IMAGE_TOKENS, train_bpe_tokenizer
 
-# imports transformers' Qwen3-VL processor at module level: loaded on first use
-_LAZY = {"tiny_qwen3_vl_processor": ".tiny_processor", "tiny_qwen3_vl_tokenizer": ".tiny_processor",
-         "TinyQwen3VLProcessor": ".tiny_processor"}
+# imports transformers' processors at module level: loaded on first use
+_LAZY = {name: ".tiny_processor" for name in (
+    "TINY_PROCESSOR_FAMILIES", "TinyLlavaOnevisionProcessor", "TinyQwen2_5VLProcessor", "TinyQwen3VLProcessor",
+    "tiny_llava_onevision_processor", "tiny_mllm_processor", "tiny_qwen2_5_vl_processor", "tiny_qwen3_vl_processor",
+    "tiny_qwen3_vl_tokenizer", "tiny_mllm_tokenizer")}
 
-__all__ = ["CHATML_TEMPLATE", "CHAT_TOKENS", "DefaultCorpusDataModule", "DefaultCorpusError", "IMAGE_TOKENS",
-           "ImageTextJsonlDataModule", "JsonlRowError", "build_default_corpus", "default_corpus_dir",
+__all__ = ["CHATML_TEMPLATE", "CHAT_TOKENS", "DEFAULT_TASK", "DefaultCorpusDataModule", "DefaultCorpusError",
+           "IMAGE_TOKENS", "ImageTextJsonlDataModule", "JsonlRowError", "build_default_corpus", "default_corpus_dir",
            "default_model_overrides", "load_default_corpus",
-           "SyntheticTokens", "TextJsonlDataModule", "TinyQwen3VLProcessor", "load_processor", "load_tokenizer",
-           "tiny_qwen3_vl_processor", "tiny_qwen3_vl_tokenizer", "train_bpe_tokenizer"]
+           "SyntheticTokens", "TextJsonlDataModule", "load_processor", "load_tokenizer", "train_bpe_tokenizer",
+           *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,6 +8,11 @@ token predicts it; with left padding the last pad would), so the loss is the sam
 padding side. Every other tensor (``pixel_values``,
 ``image_grid_thw``, ``image_sizes``, ...) indexes images or patches along dim 0 and is
 concatenated over the samples that have it; a batch in which no sample has it lacks the key.
+``task_ids`` (one id per sample, see :class:`~lightprune.data.ImageTextJsonlDataModule`) is such a
+tensor, so it becomes ``[B]``. Per-image tensors that differ only in dim 1 (LLaVA-OneVision's
+``pixel_values [images, tiles, C, H, W]``: an image's tile count depends on its size) are zero-padded
+in dim 1 to the largest, as the model's processor pads the images of one call; the model reads only
+an image's own tiles. Any other shape mismatch is an error naming the key.
 """
 
 from __future__ import annotations
@@ -65,5 +70,23 @@ class Collator:
             batch[key] = out
         others = sorted({k for s in samples for k in s if k not in TOKEN_KEYS})
         for key in others:
-            batch[key] = torch.cat([s[key] for s in samples if key in s], dim=0)
+            batch[key] = torch.cat(_pad_dim1(key, [s[key] for s in samples if key in s]), dim=0)
         return batch
+
+
+def _pad_dim1(key: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` zero-padded in dim 1 to the largest; they must agree in every dim but 0 and 1."""
+    shapes = {tuple(t.shape[2:]) if t.dim() >= 2 else None for t in tensors}
+    if len({t.dim() for t in tensors}) > 1 or len(shapes) > 1:
+        raise ValueError(f"cannot batch {key!r}: the samples' shapes {[tuple(t.shape) for t in tensors]} differ "
+                         "beyond dims 0 and 1")
+    if tensors[0].dim() < 2:
+        return tensors
+    width = max(t.shape[1] for t in tensors)
+    out = []
+    for t in tensors:
+        if t.shape[1] < width:
+            pad = t.new_zeros((t.shape[0], width - t.shape[1], *t.shape[2:]))
+            t = torch.cat([t, pad], dim=1)
+        out.append(t)
+    return out

@@ -24,11 +24,21 @@ its own images and the outputs are concatenated: per-token tensors along the seq
 tensors along dim 0. Image tokens (``processor.image_token_id`` / ``video_token_id``, or
 ``mm_token_type_ids != 0``) never carry labels. ``max_length`` truncation that would cut
 image tokens is an error naming the row (the model needs every image token of an image).
+
+Task families: a row's optional ``"task"`` (see :mod:`lightprune.data.rows`) becomes ``task_ids``, a
+LongTensor ``[B]`` of indices into the datamodule's ``task_names`` (rows without a task are
+``"default"``). ``task_names`` is given, or else the sorted task names of the rows of every given file;
+when no row has a task and none were given, ``task_names`` is ``None`` and batches have no ``task_ids``
+(they stay exactly what the model takes). ``task_ids`` is not a model input: :class:`MoECausalLM` drops
+it before calling the model, and callbacks read it from the batch (per-task metrics, sampling).
 """
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +47,7 @@ from torch.utils.data import Dataset
 
 from .base import JsonlDataModule
 from .collate import TOKEN_KEYS, Collator
-from .rows import Row
+from .rows import DEFAULT_TASK, Row
 from .segments import chat_renderer, row_segments, special_affixes
 from .text import pad_token_id
 
@@ -53,7 +63,7 @@ def load_processor(processor: Any):
                                     "processors from local directories only; nothing is downloaded)")
         from transformers import AutoProcessor
 
-        from . import tiny_processor  # noqa: F401  registers TinyQwen3VLProcessor with AutoProcessor
+        from . import tiny_processor  # noqa: F401  registers the tiny processors with AutoProcessor
 
         return AutoProcessor.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     if not callable(processor) or getattr(processor, "tokenizer", None) is None:
@@ -158,17 +168,47 @@ class RowEncoder:
 
 
 class LazyImageTextDataset(Dataset):
-    """Rows that are processed (images opened, tokens made) when a sample is drawn."""
+    """Rows that are processed (images opened, tokens made) when a sample is drawn.
 
-    def __init__(self, rows: list[Row], encoder: RowEncoder):
+    ``task_ids``: each row's task index (added to its sample as a 1-element ``task_ids``), or ``None``.
+    """
+
+    def __init__(self, rows: list[Row], encoder: RowEncoder, task_ids: list[int] | None = None):
         self.rows = rows
         self.encoder = encoder
+        self.task_ids = task_ids
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return self.encoder(self.rows[index])
+        sample = self.encoder(self.rows[index])
+        if self.task_ids is not None:
+            sample["task_ids"] = torch.tensor([self.task_ids[index]], dtype=torch.long)
+        return sample
+
+
+def _file_tasks(path: Path, limit: int | None) -> tuple[set[str], bool]:
+    """(task names of a JSONL file's first ``limit`` rows, ``DEFAULT_TASK`` for a row without one; whether any
+    row names a task). Lines that are not JSON objects are skipped here: reading the split reports them."""
+    tasks: set[str] = set()
+    named = False
+    rows = 0
+    with path.open("rb") as f:
+        for raw in f:
+            if limit is not None and rows >= limit:
+                break
+            if not raw.strip():
+                continue
+            rows += 1
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                continue
+            task = obj.get("task") if isinstance(obj, dict) else None
+            named |= task is not None
+            tasks.add(task if isinstance(task, str) and task else DEFAULT_TASK)
+    return tasks, named
 
 
 class ImageTextJsonlDataModule(JsonlDataModule):
@@ -181,10 +221,12 @@ class ImageTextJsonlDataModule(JsonlDataModule):
         calibration, train, val, test, max_length, batch_size, padding_side,
         pad_to_multiple_of, mask_prompt, add_eos, num_samples, seed, num_workers, progress: as
             in :class:`lightprune.data.TextJsonlDataModule`.
+        task_names: the task families, in ``task_ids`` order (default: the rows' own, sorted; see the
+            module docstring). A row whose task is not listed is an error naming the row.
 
     Batches hold ``input_ids``, ``attention_mask``, ``labels``, the processor's other per-token
-    tensors (``mm_token_type_ids`` for Qwen3-VL) and, when a row of the batch has an image, its
-    image tensors (``pixel_values``, ``image_grid_thw`` for Qwen-VL).
+    tensors (``mm_token_type_ids`` for Qwen3-VL), ``task_ids`` when the data has tasks and, when a row
+    of the batch has an image, its image tensors (``pixel_values``, ``image_grid_thw`` for Qwen-VL).
     """
 
     allow_images = True
@@ -193,7 +235,13 @@ class ImageTextJsonlDataModule(JsonlDataModule):
                  val: str | None = None, test: str | None = None, *, max_length: int | None = 2048,
                  batch_size: int = 4, padding_side: str = "right", pad_to_multiple_of: int | None = None,
                  mask_prompt: bool = True, add_eos: bool = False, num_samples: int | None = None, seed: int = 0,
-                 num_workers: int = 0, progress: bool | None = None):
+                 num_workers: int = 0, progress: bool | None = None, task_names: Sequence[str] | None = None):
+        if task_names is not None:
+            task_names = list(task_names)
+            if not task_names or not all(isinstance(t, str) and t for t in task_names) \
+                    or len(set(task_names)) != len(task_names):
+                raise ValueError(f"task_names must be distinct non-empty strings, got {task_names!r}")
+        self._task_names = task_names
         super().__init__(calibration, train, val, test, max_length=max_length, batch_size=batch_size,
                          padding_side=padding_side, pad_to_multiple_of=pad_to_multiple_of, mask_prompt=mask_prompt,
                          num_samples=num_samples, seed=seed, num_workers=num_workers, progress=progress)
@@ -205,7 +253,30 @@ class ImageTextJsonlDataModule(JsonlDataModule):
     def _collator(self) -> Collator:
         return Collator(self.pad_id, self.padding_side, self.pad_to_multiple_of)
 
+    def _task_files(self) -> list[Path]:
+        """The JSONL files whose rows define ``task_names`` when none are given."""
+        return [path for path in self.paths.values() if path is not None]
+
+    @cached_property
+    def task_names(self) -> list[str] | None:
+        """Task families in ``task_ids`` order (``None``: the data has none, batches carry no ``task_ids``)."""
+        if self._task_names is not None:
+            return self._task_names
+        found, named = set(), False
+        for path in self._task_files():
+            tasks, has = _file_tasks(path, self.num_samples)
+            found |= tasks
+            named |= has
+        return sorted(found) if named else None
+
     def _dataset_from_rows(self, split: str, rows: list[Row]) -> LazyImageTextDataset:
         for row in rows:  # cheap: renders every conversation now, so template errors surface before any batch
             self.encoder.segments(row)
-        return LazyImageTextDataset(rows, self.encoder)
+        names = self.task_names
+        if names is None:
+            return LazyImageTextDataset(rows, self.encoder)
+        index = {name: i for i, name in enumerate(names)}
+        for row in rows:
+            if (row.task or DEFAULT_TASK) not in index:
+                raise ValueError(f"{row.source}: task {row.task or DEFAULT_TASK!r} is not one of task_names {names}")
+        return LazyImageTextDataset(rows, self.encoder, [index[row.task or DEFAULT_TASK] for row in rows])

@@ -13,6 +13,10 @@ where its ``<image>`` placeholder stands in a message's text, or, with no placeh
 the text of the first user message. Content may also be a list of parts,
 ``[{"type": "image"}, {"type": "text", "text": "..."}]``, one image part per image.
 
+Any row may carry ``"task": "name"`` (a non-empty string): the task family it belongs to (e.g.
+``count``, ``color``), which the image+text datamodule turns into ``task_ids`` (see
+:class:`~lightprune.data.ImageTextJsonlDataModule`); a row without one is of task :data:`DEFAULT_TASK`.
+
 Every error names the file and the line (``path:line``); a missing file names the path, and
 a file with no rows is an error.
 """
@@ -24,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IMAGE_PLACEHOLDER", "JsonlRowError", "Row", "parse_row", "read_jsonl"]
+__all__ = ["DEFAULT_TASK", "IMAGE_PLACEHOLDER", "JsonlRowError", "Row", "parse_row", "read_jsonl"]
 
 IMAGE_PLACEHOLDER = "<image>"
+DEFAULT_TASK = "default"
 _PROGRESS_MIN_BYTES = 1 << 20
 
 
@@ -45,6 +50,7 @@ class Row:
     completion: str | None = None
     messages: list[dict[str, Any]] | None = None
     images: list[Path] = field(default_factory=list)
+    task: str | None = None
 
 
 def _fail(source: str, message: str) -> JsonlRowError:
@@ -124,6 +130,11 @@ def parse_row(obj: Any, source: str, base: Path, allow_images: bool) -> Row:
     else:
         raise _fail(source, f"missing key: expected 'text', 'prompt' and 'completion', or 'messages'; "
                             f"got keys {sorted(obj)}")
+    if "task" in obj:
+        task = obj["task"]
+        if not isinstance(task, str) or not task:
+            raise _fail(source, f"'task' must be a non-empty string, got {task!r}")
+        row.task = task
     if has_image:
         if row.kind != "messages":
             raise _fail(source, "an image row needs 'messages' (the image goes into a user turn)")

@@ -97,7 +97,7 @@ def _llava_onevision(**kw: Any):
     from transformers import LlavaOnevisionConfig
 
     text = {"model_type": "qwen2", **_ATTN, "num_hidden_layers": 2, "intermediate_size": 24,
-            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+            "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
     text.update(kw.pop("text_config", {}))
     # one 16x16 tile is 4x4 = 16 patch features (SigLIP has no CLS token: "full" keeps all); anyres grids of
     # up to 2x2 tiles keep a tiny image's placeholder count in the tens
@@ -115,7 +115,7 @@ def _llava_onevision(**kw: Any):
 def _qwen2_5_vl(**kw: Any):
     from transformers import Qwen2_5_VLConfig
 
-    text = {**_ATTN, "num_hidden_layers": 2, "intermediate_size": 24, "bos_token_id": 1, "eos_token_id": 2,
+    text = {**_ATTN, "num_hidden_layers": 2, "intermediate_size": 24, "bos_token_id": 2, "eos_token_id": 1,
             "pad_token_id": 0,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}
     text.update(kw.pop("text_config", {}))
