@@ -53,17 +53,19 @@ def reference_attention(modality, input_mask, keep=None, gates=None):
     return attention
 
 
-def reference_logits(model, batch, keep=None, gates=None, vision_ids=None):
+def reference_logits(model, batch, keep=None, gates=None, vision_ids=None, ffn_hooks=None):
     """Logits of ``model`` (a copy is switched to eager) with :func:`reference_attention` in every decoder
-    layer's attention; ``model`` itself is left as it was."""
+    layer's attention and ``ffn_hooks[l]`` as a forward pre-hook on layer l's ``mlp.down_proj``; ``model``
+    itself is left as it was."""
     ref = copy.deepcopy(model)
+    decoder = ref.model.language_model.layers if hasattr(ref.model, "language_model") else ref.model.layers
+    for layer, hook in (ffn_hooks or {}).items():
+        decoder[layer].mlp.down_proj.register_forward_pre_hook(hook)
     text = getattr(ref.config, "text_config", ref.config)
     text._attn_implementation_internal = "eager"
     ids = vision_ids if vision_ids is not None else {120, 121}
     modality = token_modality(batch["input_ids"], batch["attention_mask"], ids)
-    attention = ref.model.language_model.layers[0].self_attn if hasattr(ref.model, "language_model") \
-        else ref.model.layers[0].self_attn
-    module = sys.modules[type(attention).__module__]
+    module = sys.modules[type(decoder[0].self_attn).__module__]
     original = module.eager_attention_forward
     module.eager_attention_forward = reference_attention(modality, batch["attention_mask"], keep, gates)
     try:

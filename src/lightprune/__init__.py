@@ -9,6 +9,12 @@ The public API (names and signatures are stable; see DESIGN.md)::
     lp.prune_experts(model, plan)
     lp.save_pruned(model, out_dir); model = lp.load_pruned(out_dir)
 
+MWOP width pruning (paper 002)::
+
+    scores = lp.taylor_importance(model, batches, attention=True, ffn=False)
+    plan = lp.WidthPlan.dense(model).replace(attn_keep={...}, ffn_keep={...})
+    with lp.mask_width(model, plan): ...
+
 Heavy modules (transformers, lightning, export) are imported on first use.
 """
 
@@ -47,6 +53,12 @@ _LAZY = {
     "load_pruned": "lightprune.export",
     "export_pruned": "lightprune.export",
     "ExportVerificationError": "lightprune.export",
+    "WidthPlan": "lightprune.plan",
+    "mask_width": "lightprune.surgery",
+    "taylor_importance": "lightprune.taylor",
+    "WidthScores": "lightprune.taylor",
+    "find_width_layers": "lightprune.models.width",
+    "token_modality": "lightprune.models.width",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
