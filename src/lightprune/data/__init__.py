@@ -4,6 +4,9 @@
 - :class:`ImageTextJsonlDataModule`: image+text JSONL through a local transformers processor.
 - :class:`DefaultCorpusDataModule`: the embedded default data (Python's documentation topics as
   instruction/text rows, and a tokenizer trained locally on them); :func:`default_model_overrides`.
+- :class:`ShapesQADataModule`: the generated Shapes QA image-question set in task families
+  (count, color, shape, position, text), cached as JSONL + PNG splits (train, val, selection,
+  calibration), with ``task_ids`` in every batch; :func:`shapes_qa_rows` makes its rows.
 - :func:`train_bpe_tokenizer`: a byte-level BPE tokenizer trained locally, with pinned ids.
 - :func:`tiny_mllm_processor` (and :func:`tiny_qwen3_vl_processor`, :func:`tiny_qwen2_5_vl_processor`,
   :func:`tiny_llava_onevision_processor`): local processors matching the tiny MLLMs of
@@ -20,6 +23,8 @@ from .default_corpus import (DefaultCorpusDataModule, DefaultCorpusError, build_
                              default_corpus_dir, default_model_overrides, load_default_corpus)
 from .image_text import ImageTextJsonlDataModule, load_processor
 from .rows import DEFAULT_TASK, JsonlRowError
+from .shapes_qa import SHAPES_QA_TASKS, render_shapes, shapes_qa_rows, shapes_qa_splits, shapes_qa_texts
+from .shapes_qa_datamodule import ShapesQADataModule, build_shapes_qa
 from .synthetic import SyntheticTokens
 from .text import TextJsonlDataModule, load_tokenizer
 from .tokenizer import CHAT_TOKENS, CHATML_TEMPLATE, IMAGE_TOKENS, train_bpe_tokenizer
@@ -32,7 +37,8 @@ _LAZY = {name: ".tiny_processor" for name in (
 
 __all__ = ["CHATML_TEMPLATE", "CHAT_TOKENS", "DEFAULT_TASK", "DefaultCorpusDataModule", "DefaultCorpusError",
            "IMAGE_TOKENS", "ImageTextJsonlDataModule", "JsonlRowError", "build_default_corpus", "default_corpus_dir",
-           "default_model_overrides", "load_default_corpus",
+           "default_model_overrides", "load_default_corpus", "SHAPES_QA_TASKS", "ShapesQADataModule",
+           "build_shapes_qa", "render_shapes", "shapes_qa_rows", "shapes_qa_splits", "shapes_qa_texts",
            "SyntheticTokens", "TextJsonlDataModule", "load_processor", "load_tokenizer", "train_bpe_tokenizer",
            *_LAZY]
 
