@@ -173,3 +173,43 @@ def test_errors(vl):
     # everything was removed after each error
     assert model.config.text_config._attn_implementation == "sdpa"
     assert sum(len(m._forward_pre_hooks) for m in model.modules()) == 0
+
+
+def test_dense_mllm_scores_match_per_sample_autograd():
+    from lightprune.models.tiny import tiny_model
+
+    model = tiny_model("qwen2_5_vl")
+    batch = _with_labels(tiny_multimodal_batch(model, batch_size=3, images_per_sample=1, seed=2, pad_last=2), answer=2)
+    scores = taylor_importance(model, [batch], attention=True, ffn=True, progress=True)
+    attn, _ = _reference(model, batch, {120, 121})
+    _, ffn = _reference(model, batch, {120, 121}, attention=False, ffn=True)
+    for layer in (0, 1):
+        torch.testing.assert_close(scores.attn[layer], attn[layer], atol=1e-7, rtol=2e-4)
+        for k, mu in enumerate(MODALITIES):
+            torch.testing.assert_close(scores.ffn[layer][mu], ffn[layer][:, k], atol=1e-7, rtol=2e-4)
+    assert (scores.ffn[0]["vision"] > 0).any() and (scores.ffn[0]["text"] > 0).any()
+
+
+def test_all_reduce_under_a_process_group(tmp_path):
+    """Under torch.distributed the sums and the count go through one all_reduce (one gloo rank here)."""
+    import torch.distributed as dist
+
+    model = dense_lm()
+    batch = _with_labels(_lm_batch(), answer=2)
+    local = taylor_importance(model, [batch], attention=True, ffn=True, progress=False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        calls = []
+        original = dist.all_reduce
+        dist.all_reduce = lambda tensor, *a, **k: calls.append(tensor.numel()) or original(tensor, *a, **k)
+        try:
+            reduced = taylor_importance(model, [batch], attention=True, ffn=True, progress=False)
+        finally:
+            dist.all_reduce = original
+    finally:
+        dist.destroy_process_group()
+    assert calls == [1 + 2 * 4 * 3 + 2 * 24 * 2]
+    assert reduced.num_samples == 3
+    for layer in (0, 1):
+        assert torch.equal(reduced.attn[layer], local.attn[layer])
+        assert all(torch.equal(reduced.ffn[layer][mu], local.ffn[layer][mu]) for mu in MODALITIES)

@@ -268,3 +268,37 @@ def test_errors_and_nesting(vl):
     assert eager_vision.config.text_config._attn_implementation == "flex_attention"
     # nothing left behind: a new mask installs fine
     mask_width(model, dense).remove()
+
+
+def ffn_keep_hook(modality, keep):
+    """Reference FFN mask: multiply down_proj's input by keep["vision"] / keep["text"] on those tokens."""
+    def hook(module, args):
+        h = args[0]
+        factor = torch.ones_like(h)
+        factor[modality == VISION] = keep["vision"].float()
+        factor[modality == TEXT] = keep["text"].float()
+        return (h * factor,)
+    return hook
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_onevision"])
+def test_dense_mllm_paths_and_ffn_match_reference(family):
+    from lightprune.models.tiny import tiny_model
+
+    model = tiny_model(family)
+    batch = tiny_multimodal_batch(model, batch_size=3, images_per_sample=1, padding_side="left", seed=1)
+    valid = batch["attention_mask"].bool()
+    dense = WidthPlan.dense(model)
+    assert dense.intermediate_size == {0: 24, 1: 24}
+    keep, ffn_keep = random_keep(dense, [0, 1, 2], seed=2), _ffn_plan(dense, seed=2)
+    modality = token_modality(batch["input_ids"], batch["attention_mask"], {120, 121})
+    with torch.no_grad():
+        plain = model(**batch).logits
+        with mask_width(model, dense.replace(attn_keep=keep, ffn_keep=ffn_keep)):
+            assert model.config.vision_config._attn_implementation == "sdpa"
+            got = model(**batch).logits
+        hooks = {l: ffn_keep_hook(modality, ffn_keep[l]) for l in ffn_keep}
+        expected = reference_logits(model, batch, keep, ffn_hooks=hooks)
+        assert torch.equal(model(**batch).logits, plain)
+    torch.testing.assert_close(got[valid], expected[valid], atol=2e-5, rtol=1e-5)
+    assert (got[valid] - plain[valid]).abs().max() > 1e-3

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -46,7 +48,32 @@ def test_find_width_layers_dense_and_moe(lm, tiny):
     assert layers[0].attention is moe.model.language_model.layers[0].self_attn
 
 
-def test_dense_plan_of_dense_lm_and_moe_mllm(lm, tiny):
+def test_find_width_layers_through_peft_and_lightning(lm):
+    import lightning.pytorch as pl
+    from peft import LoraConfig, get_peft_model
+
+    class Holder(pl.LightningModule):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+    wrapped = get_peft_model(copy.deepcopy(lm), LoraConfig(r=2, target_modules=["down_proj", "q_proj"]))
+    for model in (wrapped, Holder(wrapped)):
+        layers = find_width_layers(model)
+        decoder = wrapped.get_base_model().model.layers
+        assert [(l.attention, l.mlp, l.down_proj) for l in layers] == \
+            [(d.self_attn, d.mlp, d.mlp.down_proj) for d in decoder]
+        assert type(layers[0].down_proj).__module__.startswith("peft") and layers[0].intermediate_size == 24
+        assert WidthPlan.dense(model) == WidthPlan.dense(lm)
+
+
+def test_dense_plan_of_dense_lm_and_mllms(lm, tiny):
+    for family in ("llava_onevision", "qwen2_5_vl"):
+        mllm = tiny(family)
+        plan = WidthPlan.dense(mllm)
+        assert plan.num_heads == {0: 4, 1: 4} and plan.intermediate_size == {0: 24, 1: 24}
+        assert find_width_layers(mllm)[1].mlp is mllm.model.language_model.layers[1].mlp
+        plan.validate(mllm)
     plan = WidthPlan.dense(lm)
     assert plan.num_heads == {0: 4, 1: 4} and plan.intermediate_size == {0: 24, 1: 24}
     assert all(m.shape == (4, 3) and m.all() for m in plan.attn_keep.values())
