@@ -13,6 +13,11 @@ lazily, only once a partitioned parameter is seen).
 - :func:`same_on_every_rank`: every rank computes a plan (or scores) from the same gathered
   weights or the same all-reduced statistics; this checks that the results agree (one small
   ``all_gather_object``) and raises on every rank at once if they do not.
+- :func:`outside_zero_init`: build a module with ordinary parameters inside Lightning's
+  ``deepspeed.zero.Init`` context (``configure_model`` under ZeRO-3). Code that writes weights
+  after construction (a checkpoint load without transformers' own ZeRO-3 support, a seeded
+  re-draw, peft's LoRA initialisation) writes into empty partitions there and silently does
+  nothing; DeepSpeed partitions the finished module when its engine starts instead.
 - :func:`materialize`: turn a ZeRO-3 model into a plain one at the end of a job, one module at a
   time (gather, copy, release), with the full values on rank 0 and tensors of the same shapes on
   the ``meta`` device elsewhere, so structural surgery (which changes shapes, and so cannot be
@@ -34,7 +39,7 @@ from torch import nn
 
 __all__ = ["is_distributed", "rank", "world_size", "is_partitioned", "has_partitioned", "partitioned_of",
            "gathered", "gathered_module", "layer_parameters", "same_on_every_rank", "broadcast_object",
-           "materialize", "remove_zero3_hooks", "PartitionedModelError"]
+           "materialize", "remove_zero3_hooks", "outside_zero_init", "PartitionedModelError"]
 
 
 class PartitionedModelError(ValueError):
@@ -106,6 +111,29 @@ def layer_parameters(layer: Any) -> list[nn.Parameter]:
     """One MoE layer's router (with any adapter wrapped around it) and routed-expert parameters."""
     params = list(layer.router.parameters()) + list(layer.experts.parameters())
     return params
+
+
+@contextmanager
+def outside_zero_init() -> Iterator[None]:
+    """Suspend an active ``deepspeed.zero.Init`` for the block (modules built here keep full parameters).
+
+    A plain context when deepspeed was never imported or no ``zero.Init`` is active.
+    """
+    import sys
+
+    if "deepspeed" not in sys.modules:
+        yield
+        return
+    from deepspeed.runtime.zero import partition_parameters as zp
+
+    active = zp.top_level_context is not None
+    if active:
+        zp.shutdown_init_context()
+    try:
+        yield
+    finally:
+        if active:
+            zp.restore_init_context()
 
 
 # ---------------------------------------------------------------------------------------- agreement

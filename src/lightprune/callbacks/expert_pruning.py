@@ -105,6 +105,12 @@ class ExpertPruning(JobEndCallback):
             return maep_scores(stats, alpha=self.alpha)[0]
         return stats.score(self.calibration_criterion, self.subset)
 
+    @property
+    def state_key(self) -> str:
+        """Unique per configuration, so one run may hold several ExpertPruning callbacks (one per criterion)."""
+        return self._generate_state_key(criterion=self.name, subset=self.subset, ratio=self.ratio,
+                                        allocation=self.allocation, output_dir=self.output_dir)
+
     def run_dir(self, trainer: pl.Trainer) -> Path:
         return Path(self.output_dir or trainer.default_root_dir)
 

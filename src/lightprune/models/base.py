@@ -192,7 +192,7 @@ class MoEAdapter:
             n_group, topk_group = self.group_limits()
             found.append(MoELayer(
                 index=index, name=f"{prefix}.{index}.{self.mlp_attr}", block=block, router=router,
-                experts=experts, num_experts=int(router.weight.shape[0]), top_k=self.top_k(),
+                experts=experts, num_experts=int(_stored_shape(router)[0]), top_k=self.top_k(),
                 has_shared_experts=any(getattr(block, a, None) is not None for a in self.shared_attrs),
                 n_group=n_group, topk_group=topk_group, adapter=self, grouped=self.group_limited))
         return found
@@ -239,3 +239,16 @@ class MoEAdapter:
             return
         setattr(cfg, self.num_experts_key, max(values))
         setattr(self.config, self.PER_LAYER_KEY, {str(k): int(v) for k, v in sorted(counts.items())})
+
+
+def _stored_shape(router: nn.Module) -> torch.Size:
+    """The full shape of the router's stored weight [E, H], read without computing anything.
+
+    Looks through adapter wrappers (``base_layer`` chains) and a torch parametrization to the stored
+    parameter, and for a DeepSpeed ZeRO-3 partition (shape [0] outside a gather) reads its ``ds_shape``.
+    """
+    while isinstance(getattr(router, "base_layer", None), nn.Module):
+        router = router.base_layer
+    params = getattr(router, "parametrizations", None)
+    weight = params.weight.original if params is not None and "weight" in params else router.weight
+    return getattr(weight, "ds_shape", None) or weight.shape
