@@ -10,6 +10,12 @@ A uniform checkpoint loads with the stock transformers class. A non-uniform one
 class plus lightprune's resize in ``__init__``, so transformers' own weight conversions (the
 per-expert keys on disk fused back into ``gate_up_proj`` / ``down_proj``) still apply. The
 checkpoint's ``modeling_lightprune.py`` is executed only with ``trust_remote_code=True``.
+
+Inside Lightning's DeepSpeed ZeRO-3 ``zero.Init`` (a LightningModule's ``configure_model``) the
+model is built and loaded with full parameters (:func:`lightprune.distributed.outside_zero_init`):
+transformers' loader does not know that context and would compare the checkpoint's shapes with
+empty partitions. DeepSpeed partitions the loaded model when its engine starts; until then each
+rank holds the full weights on the CPU.
 """
 
 from __future__ import annotations
@@ -118,13 +124,16 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
     path = check_checkpoint(path)
     from transformers import AutoConfig
 
+    from ..distributed import outside_zero_init
+
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     kwargs = {"dtype": dtype if dtype is not None else "auto", "use_safetensors": True, **from_pretrained_kwargs}
-    if trust_remote_code:
-        model = auto_class(config).from_pretrained(path, config=config, trust_remote_code=True, **kwargs)
-    else:
-        cls = base_class_for_config(config)
-        if experts_per_layer(config):
-            cls = resizing_class(cls)
-        model = cls.from_pretrained(path, config=config, **kwargs)
+    with outside_zero_init():
+        if trust_remote_code:
+            model = auto_class(config).from_pretrained(path, config=config, trust_remote_code=True, **kwargs)
+        else:
+            cls = base_class_for_config(config)
+            if experts_per_layer(config):
+                cls = resizing_class(cls)
+            model = cls.from_pretrained(path, config=config, **kwargs)
     return model.eval()
