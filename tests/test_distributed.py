@@ -205,3 +205,25 @@ def test_zero3_loads_a_checkpoint_and_scores_it_like_one_process(tiny, tmp_path:
     for layer, values in want.raw.items():  # the same weights, gathered: float64 reductions agree to rounding
         torch.testing.assert_close(got[str(layer)], values, rtol=1e-12, atol=0.0)
     assert lp.ExpertPlan.load(run / "plan.json").keep == lp.select_experts(want, 0.25).keep
+
+
+@pytest.mark.parametrize("name, stage, offload", [("stage2", 2, False), ("stage3", 3, False),
+                                                   ("stage3_offload", 3, True)])
+def test_deepspeed_configs_build_the_strategy_from_the_command_line(name: str, stage: int, offload: bool) -> None:
+    """``--trainer.strategy configs/deepspeed/<name>.yaml`` gives Lightning's DeepSpeedStrategy (built, not launched)."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from lightprune.cli import LightpruneCLI
+
+    root = Path(__file__).resolve().parents[1]
+    cli = LightpruneCLI(MoECausalLM, None, trainer_class=PruneTrainer, subclass_mode_model=True,
+                        subclass_mode_data=True, run=False, auto_configure_optimizers=False,
+                        args=["--config", str(root / "configs" / "aimer_tiny.yaml"),
+                              "--trainer.strategy", str(root / "configs" / "deepspeed" / f"{name}.yaml")])
+    strategy = cli.trainer.strategy
+    assert type(strategy) is DeepSpeedStrategy
+    zero = strategy.config["zero_optimization"]
+    assert zero["stage"] == stage
+    assert ("offload_param" in zero and "offload_optimizer" in zero) == offload
+    if offload:  # the LightningModule's torch optimizer is kept (no DeepSpeedCPUAdam build needed)
+        assert strategy.config["zero_force_ds_cpu_optimizer"] is False
