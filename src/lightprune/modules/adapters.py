@@ -74,6 +74,11 @@ class AdapterSpec:
         self.trainable = [self.trainable] if isinstance(self.trainable, str) else list(self.trainable)
 
 
+# a LightningModule records its AdapterSpec in its hyperparameters: let Lightning's weights-only checkpoint
+# loading (resuming a fit with ckpt_path) read it back
+torch.serialization.add_safe_globals([AdapterSpec])
+
+
 # ---------------------------------------------------------------------------------------------- helpers
 def base_model_of(model: nn.Module) -> nn.Module:
     """The transformers model under any peft wrapper (or a MoECausalLM's model); adapters stay active in it."""

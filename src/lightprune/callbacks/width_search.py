@@ -1,0 +1,351 @@
+"""WidthSearch: MWOP's staged search with recovery epochs as a Lightning callback (paper 002, Algorithm 1).
+
+The fit loop's epochs are the recovery epochs of the candidates, one candidate after another; the
+callback owns the schedule, in the manner of Lightning's ``BaseFinetuning``:
+
+- ``on_fit_start``: snapshot M0's trainable weights (the fresh adapter and the projector), evaluate M0 on
+  the full evaluation set (the retention reference), count the FLOPs profile, compute attention Taylor
+  importance on M0, run the first stage's training-free sweep and choose the first candidate.
+- ``on_train_epoch_start``: for a new candidate, reset the trainable weights to M0, clear the optimizer
+  state and restart the learning-rate schedule over the candidate's steps; (re)apply its cumulative masks.
+- ``on_train_epoch_end``: after ``recovery_epochs`` epochs, score the candidate on the full evaluation set
+  (ATR against M0), keep its trainable weights, then decide the next one (:class:`StagedSearch`), running
+  each new stage's training-free sweep on the selection set on Mask(M0, Omega_rho); FFN importance is
+  computed once, when the FFN_V stage begins, on M0 with the attention masks chosen so far. When every
+  stage is done: the final revisit, the chosen candidate's weights and masks are put in place (the model stays
+  masked with the chosen plan after the fit), ``width_plan.json`` and ``search.json`` are written and training stops.
+
+Everything a restart needs (search state, M0 snapshot, scores, reference, the current candidate) is in
+``state_dict``, so a fit resumed from a Lightning checkpoint (``ckpt_path``) carries on at the next
+candidate, or inside a candidate's recovery with its masks re-applied.
+
+Data (from the datamodule): ``calibration_dataloader`` (Taylor importance; ``train_dataloader`` when
+absent), ``selection_dataloader`` (training-free sweeps; ``val_dataloader`` when absent: said in the log),
+``val_dataloader`` (full evaluation), ``task_names`` (task families; one "default" family when absent).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from ..flops import decoder_flops
+from ..plan import PATHS, WIDTH_UNITS, WidthPlan
+from ..retention import METRICS, evaluate_tasks, retention
+from ..width_search import DEFAULT_GRID, Candidate, StagedSearch
+from ..width_select import select_channels, select_paths
+
+__all__ = ["WidthSearch"]
+
+
+def _trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+class WidthSearch(pl.Callback):
+    """MWOP's Algorithm 1 over ``lightprune fit`` (see the module docstring).
+
+    Args:
+        grid: masking ratios of the training-free sweep (the paper: 0, 0.1, ..., 1.0).
+        stages: the units to search, in order (default V2V, T2V, T2T, FFN_V, FFN_T; an MoE model's FFNs are
+            experts, so it takes the three attention paths only).
+        min_retention: training-free ATR (percent) a ratio needs to become a candidate.
+        max_candidates: how many passing ratios (the largest) are recovered first in a stage.
+        expand_above: a recovered ATR at or above this queues the next larger ratio.
+        recovery_epochs: epochs of recovery per candidate (the paper: 1).
+        metric: per-task score, ``token`` (answer-token accuracy) or ``exact`` (whole-answer match).
+        last_layer_first: spend the visual FFN budget on the last layer first (paper 002, section 5).
+        flops_profile: (vision tokens, text tokens) for the FLOPs of the final revisit; default: the mean
+            counts of the evaluation set (system tokens excluded, paper D.4).
+        align: FFN channel alignment b of the FLOPs count.
+        output_dir: where width_plan.json, search.json and candidates/ go (default: the trainer's root dir).
+        progress: show a progress bar across stages and over evaluation batches.
+    """
+
+    def __init__(self, grid: Sequence[float] = DEFAULT_GRID, stages: Sequence[str] = WIDTH_UNITS,
+                 min_retention: float = 90.0, max_candidates: int = 2, expand_above: float = 100.0,
+                 recovery_epochs: int = 1, metric: str = "token", last_layer_first: bool = False,
+                 flops_profile: Sequence[int] | None = None, align: int = 64, output_dir: str | None = None,
+                 progress: bool = True):
+        super().__init__()
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
+        if int(recovery_epochs) != recovery_epochs or recovery_epochs < 1:
+            raise ValueError(f"recovery_epochs must be a positive integer, got {recovery_epochs!r}")
+        if flops_profile is not None and (len(flops_profile) != 2 or min(flops_profile) < 0):
+            raise ValueError(f"flops_profile must be (vision tokens, text tokens) >= 0, got {flops_profile!r}")
+        self.search = StagedSearch(grid=grid, stages=stages, min_retention=min_retention,
+                                   max_candidates=max_candidates, expand_above=expand_above)
+        self.recovery_epochs = int(recovery_epochs)
+        self.metric = metric
+        self.last_layer_first = last_layer_first
+        self.flops_profile = None if flops_profile is None else [int(v) for v in flops_profile]
+        self.align = int(align)
+        self.output_dir = output_dir
+        self.progress = progress
+        self.plan: WidthPlan | None = None  # the final plan, once the search is done
+        self._m0: dict[str, torch.Tensor] | None = None
+        self._reference: list[float] | None = None
+        self._attn_scores: dict[int, torch.Tensor] | None = None
+        self._ffn_scores: dict[int, dict[str, torch.Tensor]] | None = None
+        self._current: float | None = None  # ratio of the candidate being recovered
+        self._epochs_done = 0
+        self._handle = None
+        self._bar = None
+
+    # ------------------------------------------------------------------ helpers
+    def run_dir(self, trainer: pl.Trainer) -> Path:
+        return Path(self.output_dir or trainer.default_root_dir)
+
+    @staticmethod
+    def _loader(datamodule, name: str, fallback: str):
+        fn = getattr(datamodule, name, None)
+        if callable(fn):
+            return fn()
+        rank_zero_info(f"WidthSearch: the datamodule has no {name}; using its {fallback}")
+        return getattr(datamodule, fallback)()
+
+    def _task_names(self, trainer: pl.Trainer) -> list[str]:
+        return list(getattr(trainer.datamodule, "task_names", None) or ["default"])
+
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loader, desc: str):
+        names = self._task_names(trainer)
+        scores = evaluate_tasks(pl_module.model, loader, len(names), self.metric, progress=self.progress, desc=desc)
+        return scores, names
+
+    def _retention(self, trainer, pl_module, loader, desc: str):
+        scores, names = self._evaluate(trainer, pl_module, loader, desc)
+        return retention(scores, torch.tensor(self._reference, dtype=torch.float64), names)
+
+    def _base_plan(self, pl_module) -> WidthPlan:
+        anchor = self.search.anchor_plan()
+        return WidthPlan.from_dict(anchor) if anchor is not None else WidthPlan.dense(pl_module.model)
+
+    def _plan_for(self, pl_module, stage: str, ratio: float) -> WidthPlan:
+        base = self._base_plan(pl_module)
+        if stage in PATHS:
+            return select_paths(self._attn_scores, {stage: ratio}, base)
+        modality = stage.removeprefix("ffn_")
+        return select_channels(self._ffn_scores, {modality: ratio}, base, last_layer_first=self.last_layer_first)
+
+    def _unmask(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def _mask(self, pl_module, plan: WidthPlan) -> None:
+        from ..surgery.width_mask import mask_width
+
+        self._unmask()
+        self._handle = mask_width(pl_module.model, plan)
+
+    def _load_trainable(self, pl_module, weights: dict[str, torch.Tensor]) -> None:
+        params = _trainable(pl_module.model)
+        if set(params) != set(weights):
+            raise RuntimeError("the model's trainable parameters differ from the search's snapshot: "
+                               f"{sorted(set(params) ^ set(weights))[:5]}")
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(weights[name].to(param.device, param.dtype))
+
+    def _flops(self, pl_module, plan: WidthPlan) -> float:
+        from ..modules.adapters import base_model_of
+
+        return decoder_flops(base_model_of(pl_module.model).config, *self.flops_profile, plan=plan, align=self.align).total
+
+    # ------------------------------------------------------------------ lifecycle
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if trainer.datamodule is None:
+            raise ValueError("WidthSearch needs a datamodule with train, val (full evaluation) and ideally "
+                             "selection and calibration dataloaders")
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from ..models.width import find_width_layers
+
+        layers = find_width_layers(pl_module.model)
+        ffn_stages = [s for s in self.search.stages if s.startswith("ffn_")]
+        if ffn_stages and all(layer.intermediate_size is None for layer in layers):
+            raise ValueError(f"stages {ffn_stages} do not apply: every FFN of {type(pl_module.base_model).__name__} "
+                             f"is a mixture of experts; set stages to {list(PATHS)}")
+        if not _trainable(pl_module.model):
+            raise ValueError("WidthSearch recovers candidates by training, but the model has no trainable "
+                             "parameter: give the module an adapter (e.g. LoRA on language_model)")
+        if trainer.lr_scheduler_configs and not hasattr(pl_module.hparams, "scheduler"):
+            raise ValueError(f"WidthSearch restarts the learning-rate schedule per candidate and knows "
+                             f"MoECausalLM's schedule only; {type(pl_module).__name__} configures another")
+        # an upper bound: Lightning stops when the search says so
+        trainer.fit_loop.max_epochs = len(self.search.stages) * (len(self.search.grid) + 1) * self.recovery_epochs
+        if self.progress and trainer.is_global_zero:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=len(self.search.stages), desc="width search", unit="stage",
+                             initial=self.search.stage_index)
+        if self._m0 is not None:  # resumed: the state came from a checkpoint
+            rank_zero_info(f"WidthSearch: resuming at {self.search.stage}@{self._current} "
+                           f"({len(self.search.history)} candidates recovered before)")
+            return
+        self._m0 = {n: p.detach().cpu().clone() for n, p in _trainable(pl_module.model).items()}
+        scores, names = self._evaluate(trainer, pl_module, trainer.datamodule.val_dataloader(), "reference")
+        self._reference = scores.tolist()
+        rank_zero_info(f"WidthSearch: reference scores {dict(zip(names, self._reference))}")
+        if self.flops_profile is None:
+            self.flops_profile = self._profile(pl_module, trainer.datamodule.val_dataloader())
+        self._attn_scores = self._taylor(trainer, pl_module, attention=True, plan=None).attn
+        self._advance(trainer, pl_module)
+
+    def _profile(self, pl_module, loader) -> list[int]:
+        from ..models.width import TEXT, VISION, token_modality, vision_token_ids
+
+        ids = vision_token_ids(pl_module.model)
+        vision = text = samples = 0
+        for batch in loader:
+            modality = token_modality(batch["input_ids"], batch.get("attention_mask"), ids)
+            vision += int((modality == VISION).sum())
+            text += int((modality == TEXT).sum())
+            samples += modality.shape[0]
+        return [round(vision / samples), round(text / samples)]
+
+    def _taylor(self, trainer, pl_module, attention: bool, plan: WidthPlan | None):
+        from ..taylor import taylor_importance
+
+        loader = self._loader(trainer.datamodule, "calibration_dataloader", "train_dataloader")
+        self._load_trainable(pl_module, self._m0)
+        self._unmask()
+        return taylor_importance(pl_module.model, loader, attention=attention, ffn=not attention, plan=plan,
+                                 progress=self.progress)
+
+    def _advance(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Decide the next candidate, running sweeps (and FFN importance) as stages begin; finish at the end."""
+        search = self.search
+        while not search.done:
+            if not search.swept:
+                self._sweep(trainer, pl_module)
+            ratio = search.next_ratio()
+            if ratio is not None:
+                self._current, self._epochs_done = ratio, 0
+                return
+            anchor = search.finish_stage()
+            rank_zero_info(f"WidthSearch: stage {anchor.stage} anchored at ratio {anchor.ratio:g} "
+                           f"(ATR {anchor.atr:.2f})")
+            if self._bar is not None:
+                self._bar.update(1)
+        self._finish(trainer, pl_module)
+
+    def _sweep(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        stage = self.search.stage
+        if stage.startswith("ffn_") and self._ffn_scores is None:
+            self._ffn_scores = self._taylor(trainer, pl_module, attention=False, plan=self._base_plan(pl_module)).ffn
+        self._load_trainable(pl_module, self._m0)
+        loader = self._loader(trainer.datamodule, "selection_dataloader", "val_dataloader")
+        results = {}
+        for ratio in self.search.grid:
+            self._mask(pl_module, self._plan_for(pl_module, stage, ratio))
+            results[ratio] = self._retention(trainer, pl_module, loader, f"sweep {stage}@{ratio:g}").atr
+        self._unmask()
+        queued = self.search.start_stage(results)
+        rank_zero_info(f"WidthSearch: {stage} training-free ATR {results}; candidates {queued}")
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.search.done:
+            return
+        if self._epochs_done == 0:
+            self._load_trainable(pl_module, self._m0)
+            self._restart_optimization(trainer, pl_module)
+        self._mask(pl_module, self._plan_for(pl_module, self.search.stage, self._current))
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"recovering {self.search.stage}@{self._current:g}")
+
+    def _restart_optimization(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from ..modules.optim import build_scheduler
+
+        accumulate = max(1, trainer.accumulate_grad_batches)
+        steps = -(-trainer.num_training_batches // accumulate) * self.recovery_epochs
+        for optimizer in trainer.optimizers:
+            optimizer.state.clear()
+            for group in optimizer.param_groups:
+                group["lr"] = group.get("initial_lr", group["lr"])
+        hp = pl_module.hparams
+        for config in trainer.lr_scheduler_configs:
+            config.scheduler = build_scheduler(config.scheduler.optimizer, hp.scheduler, hp.warmup_steps, steps)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.search.done:
+            return
+        self._epochs_done += 1
+        if self._epochs_done < self.recovery_epochs:
+            return
+        stage, ratio = self.search.stage, self._current
+        plan = self._plan_for(pl_module, stage, ratio)
+        result = self._retention(trainer, pl_module, trainer.datamodule.val_dataloader(), f"evaluate {stage}@{ratio:g}")
+        candidate = Candidate(stage, ratio, plan.to_dict(), result.atr, result.per_task, self._flops(pl_module, plan))
+        candidate.weights = self._save_weights(trainer, pl_module, candidate)
+        self.search.record(candidate)
+        rank_zero_info(f"WidthSearch: {candidate.label()} recovered: ATR {result.atr:.2f}, per task {result.per_task}")
+        self._unmask()
+        self._advance(trainer, pl_module)
+
+    def _save_weights(self, trainer, pl_module, candidate: Candidate) -> str:
+        folder = self.run_dir(trainer) / "candidates"
+        path = folder / f"{candidate.label().replace('@', '_')}.pt"
+        if trainer.is_global_zero:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            torch.save({n: p.detach().cpu() for n, p in _trainable(pl_module.model).items()}, tmp)
+            os.replace(tmp, path)
+        trainer.strategy.barrier()
+        return str(path)
+
+    def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        best = self.search.final()
+        self._load_trainable(pl_module, torch.load(best.weights, map_location="cpu", weights_only=True))
+        self.plan = WidthPlan.from_dict(best.plan)
+        self.plan.metadata.update({"method": "mwop", "atr": best.atr, "flops": best.flops,
+                                   "flops_fraction": best.flops / self._flops(pl_module, WidthPlan.dense(pl_module.model)),
+                                   "flops_profile": self.flops_profile, "chosen": best.label()})
+        self._mask(pl_module, self.plan)
+        self._current = None
+        if trainer.is_global_zero:
+            out = self.run_dir(trainer)
+            out.mkdir(parents=True, exist_ok=True)
+            self.plan.save(out / "width_plan.json")
+            _write_json(out / "search.json", {"chosen": best.label(), "reference": self._reference,
+                                              "task_names": self._task_names(trainer),
+                                              "flops_profile": self.flops_profile, "search": self.search.to_dict()})
+        rank_zero_info(f"WidthSearch: chose {best.label()} (ATR {best.atr:.2f}, "
+                       f"{self.plan.metadata['flops_fraction']:.3f} of the dense FLOPs)")
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        trainer.should_stop = True
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        return {"search": self.search.to_dict(), "m0": self._m0, "reference": self._reference,
+                "attn_scores": self._attn_scores, "ffn_scores": self._ffn_scores, "current": self._current,
+                "epochs_done": self._epochs_done, "flops_profile": self.flops_profile}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.search = StagedSearch.from_dict(state["search"])
+        self._m0, self._reference = state["m0"], state["reference"]
+        self._attn_scores, self._ffn_scores = state["attn_scores"], state["ffn_scores"]
+        self._current, self._epochs_done = state["current"], state["epochs_done"]
+        self.flops_profile = state["flops_profile"]
