@@ -253,17 +253,13 @@ class ImageTextJsonlDataModule(JsonlDataModule):
     def _collator(self) -> Collator:
         return Collator(self.pad_id, self.padding_side, self.pad_to_multiple_of)
 
-    def _task_files(self) -> list[Path]:
-        """The JSONL files whose rows define ``task_names`` when none are given."""
-        return [path for path in self.paths.values() if path is not None]
-
     @cached_property
     def task_names(self) -> list[str] | None:
         """Task families in ``task_ids`` order (``None``: the data has none, batches carry no ``task_ids``)."""
         if self._task_names is not None:
             return self._task_names
         found, named = set(), False
-        for path in self._task_files():
+        for path in (p for p in self.paths.values() if p is not None):
             tasks, has = _file_tasks(path, self.num_samples)
             found |= tasks
             named |= has
