@@ -112,6 +112,17 @@ def test_task_accuracy_token_and_exact_by_hand():
     assert exact.compute().tolist() == [1.0, 0.0]
 
 
+def test_task_accuracy_prob_is_the_mean_answer_probability():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 4, 6, generator=gen)
+    labels = torch.tensor([[-100, 3, -100, 1], [-100, -100, 5, -100]])
+    metric = TaskAccuracy(1, "prob")
+    metric.update(logits, labels)
+    probs = torch.softmax(logits.double(), -1)
+    expected = (probs[0, 0, 3] + probs[0, 2, 1] + probs[1, 1, 5]) / 3
+    assert metric.compute().item() == pytest.approx(expected.item(), rel=1e-12)
+
+
 def test_retention_excludes_undefined_tasks_by_name():
     r = retention(torch.tensor([0.5, 0.2, 0.3]), torch.tensor([0.4, 0.0, 0.6]), ["a", "b", "c"])
     assert r.per_task["a"] == pytest.approx(125.0) and math.isnan(r.per_task["b"])

@@ -5,7 +5,10 @@ retention) = mean over task families f of 100 * score_f(candidate) / score_f(ref
 family's score is its teacher-forced answer accuracy on held-out data:
 
 - ``token``: the fraction of answer tokens (labels != -100, next-token shifted) whose argmax is right;
-- ``exact``: the fraction of samples whose every answer token is right (a whole-answer match).
+- ``exact``: the fraction of samples whose every answer token is right (a whole-answer match);
+- ``prob``: the mean probability the model gives the right answer token (teacher-forced). Not a paper
+  metric: a continuous score that stays above zero for an untrained model (a random tiny model answers
+  nothing right, so its accuracy cannot be a reference), for smoke runs and tiny defaults.
 
 :class:`TaskAccuracy` is a torchmetrics ``Metric`` (states summed across ranks by torchmetrics' own sync);
 :func:`evaluate_tasks` runs it over batches carrying ``task_ids`` [B] (index into the task names; a batch
@@ -23,7 +26,7 @@ from torchmetrics import Metric
 
 __all__ = ["TaskAccuracy", "evaluate_tasks", "Retention", "retention", "METRICS", "MODEL_INPUT_EXCLUDE"]
 
-METRICS = ("token", "exact")
+METRICS = ("token", "exact", "prob")
 #: batch keys that are not model inputs
 MODEL_INPUT_EXCLUDE = ("labels", "task_ids")
 
@@ -54,6 +57,10 @@ class TaskAccuracy(Metric):
             raise ValueError(f"task_ids must be in 0..{self.num_tasks - 1}, got {tasks.unique().tolist()}")
         if self.metric == "token":
             correct, total = hit.sum(1).double(), answer.sum(1).double()
+        elif self.metric == "prob":
+            logp = torch.log_softmax(logits[:, :-1].double(), -1)
+            picked = logp.gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1).exp()
+            correct, total = (picked * answer).sum(1), answer.sum(1).double()
         else:
             has_answer = answer.any(1)
             correct = ((hit == answer).all(1) & has_answer).double()
