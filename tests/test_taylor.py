@@ -107,7 +107,7 @@ def test_attention_scores_match_per_sample_autograd(vl):
     assert (expected[1][:, 0] == 0).all() and (expected[1][:, 1:] > 0).all()
 
 
-def test_dense_lm_attention_and_ffn_scores(tmp_path):
+def test_dense_lm_attention_and_ffn_scores(tmp_path, monkeypatch):
     model = dense_lm()
     batch = _with_labels(_lm_batch(), answer=2)  # sample 2 is text only: no V2V / T2V queries
     scores = taylor_importance(model, [batch], attention=True, ffn=True, progress=False)
@@ -127,6 +127,13 @@ def test_dense_lm_attention_and_ffn_scores(tmp_path):
     assert two.num_samples == 3
     for layer in (0, 1):
         torch.testing.assert_close(two.attn[layer], scores.attn[layer], atol=1e-8, rtol=1e-5)
+    # path contributions computed one query row at a time give the same scores
+    from lightprune.observe import path_attention
+
+    monkeypatch.setattr(path_attention, "_CHUNK_ELEMENTS", 1)
+    rows = taylor_importance(model, [batch], attention=True, ffn=False, progress=False)
+    for layer in (0, 1):
+        torch.testing.assert_close(rows.attn[layer], scores.attn[layer], atol=1e-9, rtol=1e-6)
 
 
 def test_plan_is_applied_during_the_pass():

@@ -13,6 +13,7 @@ key modality), and for every dense-FFN channel c a keep flag per execution modal
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -233,8 +234,7 @@ class WidthPlan:
             base = ffn.get(layer) or {mu: torch.ones(self.intermediate_size[layer], dtype=torch.bool)
                                       for mu in MODALITIES}
             ffn[layer] = {**base, **masks}
-        return WidthPlan(attn, ffn, dict(self.num_heads), dict(self.intermediate_size), json.loads(
-            json.dumps(self.metadata)))
+        return WidthPlan(attn, ffn, dict(self.num_heads), dict(self.intermediate_size), copy.deepcopy(self.metadata))
 
     # ------------------------------------------------------------------ views and checks
     def pruned_fraction(self, unit: str) -> float:

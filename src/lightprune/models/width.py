@@ -136,8 +136,8 @@ def token_modality(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                    vision_ids) -> torch.Tensor:
     """int8 [B, T]: :data:`SYSTEM`, :data:`VISION`, :data:`TEXT` or :data:`PAD` per token (module docstring)."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be a [B, T] tensor, got "
-                         f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__}")
+        got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ValueError(f"input_ids must be a [B, T] tensor, got {got}")
     if attention_mask is None:
         valid = torch.ones_like(input_ids, dtype=torch.bool)
     else:

@@ -9,10 +9,13 @@ With the keep mask K[b, h, i, j] (False where path(i, j) is pruned for head h):
   normalises over its retained causal keys. A query whose every allowed key the plan removes (a VISION
   query with V2V pruned and no SYSTEM key before it) outputs zeros: its attention update is empty.
 - gate mode (appendix A.1, Taylor importance): the output is ``O = (A * C) V`` with
-  ``C[b, h, i, j] = g[b, h, path(i, j)]`` on the pruned-able pairs and 1 elsewhere; gates g = 1 leave the
-  forward unchanged and ``dL/dg[b, h, p] = <O_(l,h,p), dL/dO_(l,h)>`` where ``O_p = (A * M_p) V`` is the
-  path's additive contribution with the attention weights held fixed (no renormalisation: "we zero
-  either contribution without renormalizing"). Computed explicitly in fp32.
+  ``C[b, h, i, j] = g[b, h, path(i, j)]`` on the prunable pairs and 1 elsewhere, so
+  ``dL/dg[b, h, p] = <O_(l,h,p), dL/dO_(l,h)>`` where ``O_p = (A * M_p) V`` is the path's additive
+  contribution with the attention weights held fixed (no renormalisation: "we zero either contribution
+  without renormalizing"). Since the gates are 1, this is computed as the mask-mode output plus
+  ``sum_p (g_p - 1) O_p`` with O_p computed explicitly in fp32 (query-row chunks) outside the graph:
+  the same value, the same gradients w.r.t. the activations and the gates, and nothing [B, H, Q, K]
+  kept for the backward beyond what SDPA keeps.
 
 The function is registered in transformers' ``AttentionInterface`` as ``"lightprune_path:<original>"``
 (original = ``sdpa`` or ``eager``) through :mod:`.attention_interface`; layers without a route call the
@@ -29,12 +32,15 @@ import torch
 from torch import nn
 
 from ..models.width import TEXT, VISION
+from ..plan import PATHS
 from .attention_interface import dense_mask, original_function, register_wrapper, wrappable
 
 __all__ = ["PATH_PREFIX", "WRAPPABLE", "ModalityState", "PathRoute", "register", "route", "unroute",
            "path_masks", "path_keep"]
 
 PATH_PREFIX = "lightprune_path:"
+#: elements of one fp32 [B, H, rows, K] chunk of attention probabilities in gate mode (64 MiB)
+_CHUNK_ELEMENTS = 1 << 24
 #: implementations the path attention wraps (it calls torch's SDPA with a per-head mask, or computes gates)
 WRAPPABLE = ("sdpa", "eager")
 
@@ -145,40 +151,48 @@ def _routed(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: to
     value = value.repeat_interleave(groups, dim=1) if groups > 1 else value
     scaling = kwargs.get("scaling")
     dropout = float(kwargs.get("dropout", 0.0) or 0.0)
-    if layer_route.gate is None:
-        # an emptied row is computed over the model's keys (finite gradients) and zeroed afterwards
-        keep = keep | (emptied & allowed)
-        if additive is None:
-            mask = keep
-        else:
-            low = torch.finfo(query.dtype).min
-            mask = torch.where(keep, additive.to(query.dtype), torch.tensor(low, dtype=query.dtype,
-                                                                            device=query.device))
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask,
-                                                               dropout_p=dropout, scale=scaling)
+    if layer_route.gate is not None and dropout:
+        raise NotImplementedError(f"{where}: Taylor gates need attention dropout 0 (the model is in train mode "
+                                  f"with attention_dropout {dropout})")
+    # an emptied row is computed over the model's keys (finite gradients) and zeroed afterwards
+    run = keep | (emptied & allowed)
+    if additive is None:
+        mask = run
     else:
-        if dropout:
-            raise NotImplementedError(f"{where}: Taylor gates need attention dropout 0 (the model is in train mode "
-                                      f"with attention_dropout {dropout})")
-        out = _gated(query, key, value, keep, row_any, additive, paths, layer_route.gate, scaling)
+        low = torch.tensor(torch.finfo(query.dtype).min, dtype=query.dtype, device=query.device)
+        mask = torch.where(run, additive.to(query.dtype), low)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
+                                                           scale=scaling)
     out = out.masked_fill(emptied, 0.0)
+    if layer_route.gate is not None:
+        gate = layer_route.gate
+        if tuple(gate.shape) != (batch, heads, len(PATHS)):
+            raise RuntimeError(f"{where}: path gates {tuple(gate.shape)}, expected {(batch, heads, len(PATHS))}")
+        contributions = _path_outputs(query, key, value, keep, row_any, additive, paths, scaling)
+        # (g - 1) = 0: the value is unchanged; d out / d g[b, h, p] = O_(h, p), the path's contribution
+        delta = torch.einsum("bhp,pbhqd->bhqd", gate.to(contributions.device, torch.float32) - 1, contributions)
+        out = out + delta.to(out.dtype)
     return out.transpose(1, 2).contiguous(), None
 
 
-def _gated(query, key, value, keep, row_any, additive, paths, gate, scaling) -> torch.Tensor:
-    """``(A * C) V`` in fp32 with the path gates in C (module docstring); rows without keys give zeros."""
-    batch, heads = query.shape[:2]
-    if tuple(gate.shape) != (batch, heads, 3):
-        raise RuntimeError(f"path gates {tuple(gate.shape)}, expected {(batch, heads, 3)}")
-    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    logits = (query.float() @ key.float().transpose(-1, -2)) * scale
-    if additive is not None:
-        logits = logits + additive
-    # a row without keys softmaxes over all keys (finite) and is multiplied by 0
-    logits = logits.masked_fill(~(keep | ~row_any), float("-inf"))
-    probs = torch.softmax(logits, dim=-1) * row_any
-    coef = torch.ones_like(probs)
-    gate = gate.to(device=probs.device, dtype=probs.dtype)
-    for p in range(paths.shape[0]):
-        coef = torch.where(paths[p][:, None], gate[:, :, p, None, None], coef)
-    return ((probs * coef) @ value.float()).to(query.dtype)
+@torch.no_grad()
+def _path_outputs(query, key, value, keep, row_any, additive, paths, scaling) -> torch.Tensor:
+    """fp32 [3, B, H, Q, D]: each path's contribution (A * M_p) V with A the masked softmax of the layer
+    (rows without keys give zeros), computed in query-row chunks. No graph: at gates g = 1 the derivative
+    of ``out + (g - 1) O_p`` w.r.t. the activations does not involve O_p."""
+    batch, heads, q_len, dim = query.shape
+    scale = dim ** -0.5 if scaling is None else scaling
+    keys, values = key.float().transpose(-1, -2), value.float()
+    result = torch.zeros(len(PATHS), batch, heads, q_len, value.shape[-1], device=query.device)
+    step = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * key.shape[2]))
+    for start in range(0, q_len, step):
+        rows = slice(start, start + step)
+        logits = (query[:, :, rows].float() @ keys) * scale
+        if additive is not None:
+            logits = logits + additive[:, :, rows]
+        ok, any_key = keep[:, :, rows], row_any[:, :, rows]
+        # a row without keys softmaxes over all keys (finite) and is multiplied by 0
+        probs = torch.softmax(logits.masked_fill(~(ok | ~any_key), float("-inf")), dim=-1) * any_key
+        for p in range(len(PATHS)):
+            result[p, :, :, rows] = (probs * paths[p][:, None, rows]) @ values
+    return result
