@@ -117,6 +117,14 @@ def test_path_masks_match_explicit_attention(vl, implementation, padding_side):
         with mask_width(model, dense):
             torch.testing.assert_close(model(**batch).logits, plain, atol=1e-6, rtol=0)
         assert model.config.text_config._attn_implementation == implementation
+        # on a text-only batch the vision paths have no pairs: masking them runs the masked attention
+        # (every layer prunes some V2V and T2V heads) and must give the unmasked logits
+        text = tiny_multimodal_batch(model, batch_size=3, images_per_sample=0, padding_side=padding_side, seed=2)
+        text_valid = text["attention_mask"].bool()
+        vision_only = dense.replace(attn_keep=random_keep(dense, [0, 1], seed=5))
+        with mask_width(model, vision_only):
+            got = model(**text).logits
+        torch.testing.assert_close(got[text_valid], model(**text).logits[text_valid], atol=1e-6, rtol=0)
 
 
 def test_unmasked_reference_is_the_model(vl):

@@ -18,8 +18,8 @@ With the keep mask K[b, h, i, j] (False where path(i, j) is pruned for head h):
   kept for the backward beyond what SDPA keeps.
 
 The function is registered in transformers' ``AttentionInterface`` as ``"lightprune_path:<original>"``
-(original = ``sdpa`` or ``eager``) through :mod:`.attention_interface`; layers without a route call the
-original unchanged. Token modalities come from :class:`ModalityState`, set by a forward pre-hook that
+(original = ``sdpa`` or ``eager``) through :mod:`.attention_interface`; layers without a route, or whose
+plan keeps every path (outside the Taylor pass), call the original unchanged. Token modalities come from :class:`ModalityState`, set by a forward pre-hook that
 :mod:`lightprune.surgery.width_mask` installs.
 """
 
@@ -76,6 +76,10 @@ class PathRoute:
     keep: torch.Tensor | None = None
     gate: torch.Tensor | None = None
 
+    def __post_init__(self) -> None:
+        # a layer that keeps every path runs the original implementation unchanged (mask mode)
+        self.all_kept = self.keep is None or bool(self.keep.all())
+
 
 def route(module: nn.Module, layer_route: PathRoute) -> None:
     if id(module) in _ROUTES:
@@ -119,7 +123,7 @@ def path_keep(paths: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 def _make_attention(original: str) -> Callable:
     def path_attention(module, query, key, value, attention_mask, **kwargs):
         layer_route = _ROUTES.get(id(module))
-        if layer_route is None:
+        if layer_route is None or (layer_route.gate is None and layer_route.all_kept):
             return original_function(original, module)(module, query, key, value, attention_mask, **kwargs)
         return _routed(module, query, key, value, attention_mask, layer_route, kwargs)
 
