@@ -244,3 +244,24 @@ def test_zero3_full_fit_then_aimer_export_equal_single_process(tmp_path: Path) -
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-5, msg=key)
     expected = json.loads((want / "rank0.json").read_text())
     _assert_ranks(run, expected["plans"], expected["experts"], stage3=True)
+
+
+def test_one_process_helpers_are_plain_and_surgery_refuses_a_partitioned_model(tiny) -> None:
+    """Without a process group or partitions nothing changes; a (faked) ZeRO-3 parameter is refused by surgery
+    with an error that names it and the way out, and the router's full ``ds_shape`` gives the expert count."""
+    from lightprune.distributed import PartitionedModelError, gathered, materialize, same_on_every_rank
+
+    model = tiny("qwen3_moe")
+    layer = find_moe_layers(model)[0]
+    before = layer.router.weight.detach().clone()
+    with gathered(model.parameters()):
+        assert torch.equal(layer.router.weight, before)
+    assert same_on_every_rank({0: [1, 2]}, "a plan") == {0: [1, 2]}
+    assert materialize(model) == 0
+    full = layer.router.weight.shape
+    layer.router.weight.data = torch.empty(0)  # what ZeRO-3 leaves outside a gather
+    layer.router.weight.ds_id, layer.router.weight.ds_shape = 0, full
+    assert find_moe_layers(model)[0].num_experts == full[0]
+    plan = lp.select_experts(lp.score_weights(tiny("qwen3_moe"), "magnitude"), 0.25)
+    with pytest.raises(PartitionedModelError, match=r"partitioned.*mlp\.gate\.weight.*materialize"):
+        lp.prune_experts(model, plan)
