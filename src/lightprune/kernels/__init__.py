@@ -1,16 +1,20 @@
-"""Export-time kernels of MWOP (paper 002, appendix D.5): path-sparse attention.
+"""Export-time kernels of MWOP (paper 002, appendix D.5): path-sparse attention and the compact FFN.
 
 ``path_sparse_attention(query, key, value, modality, keep, backend=...)`` computes attention with the
 pruned paths' keys removed before the softmax (:mod:`.path_attention`); backends ``"triton"``
 (:mod:`.path_attention_triton`, imported only when used), ``"flex"`` and ``"sdpa"``. The retained key
 intervals the Triton kernel walks come from :func:`.intervals.key_intervals`.
+:class:`.compact_ffn.CompactModalityFFN` runs a gated MLP with packed visual (and text) channels;
+:func:`.compact_ffn.swap_compact_ffn` swaps it in for every FFN a WidthPlan prunes.
 """
 
 from __future__ import annotations
 
+from .compact_ffn import CompactFFNSwap, CompactModalityFFN, swap_compact_ffn
 from .intervals import class_table, key_intervals
 from .path_attention import (BACKENDS, check_backend, flex_path_attention, path_block_mask, path_keep_mask,
                              path_sparse_attention, sdpa_path_attention)
 
 __all__ = ["BACKENDS", "path_sparse_attention", "check_backend", "path_keep_mask", "path_block_mask",
-           "sdpa_path_attention", "flex_path_attention", "key_intervals", "class_table"]
+           "sdpa_path_attention", "flex_path_attention", "key_intervals", "class_table",
+           "CompactModalityFFN", "CompactFFNSwap", "swap_compact_ffn"]

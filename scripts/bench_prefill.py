@@ -1,0 +1,327 @@
+"""Dense vs MWOP-pruned prefill time, side by side in one run (paper 002, appendix D.5 "Latency Evaluation").
+
+Each comparison warms both sides up, then times them interleaved (the order alternates every repeat) and
+prints ``pruned/dense`` as the ratio of medians and of minimums, next to the retained-FLOPs fraction of
+:func:`lightprune.flops.decoder_flops` (appendix D.4: F_attn = 4 N d (d + d_kv) + 4 d a,
+F_ffn = 6 d (V m~_V + T m), m~_V = min(m, b ceil(k_V / b))). Operating points (pruned fractions of
+V2V / T2V / T2T head paths, visual FFN channels; text FFN dense): LLaVA-OneVision 40/60/10 + 50%,
+Qwen2.5-VL 60/70/0 + 40%. Timed inputs add SYSTEM tokens before the visual span (the paper's 18 / 11);
+the FLOPs exclude them, as D.4 does.
+
+- CPU (always): scaled-down shapes. FFN: the transformers Qwen2 MLP vs :class:`CompactModalityFFN`
+  (target at 50% visual channels: at most 0.6x the dense time). Attention core: SDPA (causal, GQA) vs
+  ``path_sparse_attention(backend="flex")`` under ``torch.compile`` (eager when compiling fails, said so);
+  its fraction is the retained causal pairs. Total: a few Qwen2 decoder layers, dense SDPA vs both swaps.
+- GPU (when CUDA is available and ``--device`` allows): the paper's 7B per-layer shapes in bf16 with CUDA
+  events; Triton path-sparse vs SDPA and compact vs dense FFN, target pruned/dense <= 1.15 x the fraction.
+
+``--quick`` runs tiny shapes in seconds (a test runs it so the script cannot rot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from lightprune.flops import decoder_flops
+from lightprune.kernels.compact_ffn import CompactModalityFFN, swap_compact_ffn
+from lightprune.models.width import SYSTEM, TEXT, VISION
+from lightprune.plan import WidthPlan
+
+__all__ = ["main"]
+
+#: name -> (pruned fractions of v2v, t2v, t2t; pruned fraction of visual FFN channels; system tokens)
+POINTS = {"llava_onevision": ((0.4, 0.6, 0.1), 0.5, 18), "qwen2_5_vl": ((0.6, 0.7, 0.0), 0.4, 11)}
+#: the paper's (V, T) profiles of section D.4 for the 7B GPU shapes
+PROFILES_7B = {"llava_onevision": (3215, 19), "qwen2_5_vl": (485, 38)}
+FFN_CPU_TARGET, GPU_SLACK = 0.6, 1.15
+
+
+def shapes(quick: bool) -> dict:
+    if quick:
+        return dict(d=128, heads=4, kv=2, head_dim=32, m=512, V=96, T=8, layers=1, system=4)
+    return dict(d=1024, heads=16, kv=2, head_dim=64, m=4096, V=1024, T=32, layers=2, system=8)
+
+
+def qwen2_config(s: dict, layers: int | None = None):
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(hidden_size=s["d"], num_attention_heads=s["heads"], num_key_value_heads=s["kv"],
+                         head_dim=s["head_dim"], intermediate_size=s["m"], num_hidden_layers=layers or s["layers"],
+                         vocab_size=1024, max_position_embeddings=8192, tie_word_embeddings=False)
+    config.image_token_id = 1000
+    return config
+
+
+def plan_for(config, point: str, seed: int = 0, attention: bool = True, ffn: bool = True) -> WidthPlan:
+    """Random masks at the operating point's pruned fractions (which heads / channels does not matter
+    for time); the same masks in every layer."""
+    (paths, vision, _), gen = POINTS[point], torch.Generator().manual_seed(seed)
+    heads, m, layers = config.num_attention_heads, config.intermediate_size, config.num_hidden_layers
+    attn = torch.ones(heads, 3, dtype=torch.bool)
+    for col, frac in enumerate(paths):
+        attn[torch.randperm(heads, generator=gen)[:round(frac * heads)], col] = False
+    keep = torch.ones(m, dtype=torch.bool)
+    keep[torch.randperm(m, generator=gen)[:round(vision * m)]] = False
+    return WidthPlan(attn_keep={l: attn for l in range(layers)} if attention else {},
+                     ffn_keep={l: {"vision": keep, "text": torch.ones(m, dtype=torch.bool)} for l in range(layers)}
+                     if ffn else {},
+                     num_heads={l: heads for l in range(layers)}, intermediate_size={l: m for l in range(layers)})
+
+
+def modality_codes(system: int, V: int, T: int, device) -> torch.Tensor:
+    codes = [SYSTEM] * system + [VISION] * V + [TEXT] * T
+    return torch.tensor(codes, dtype=torch.int8, device=device)[None]
+
+
+def timeit(fns: dict, repeats: int, warmup: int, device: torch.device) -> dict[str, list[float]]:
+    """Seconds per call of each function: warm-up, then interleaved repeats (order alternating)."""
+    cuda = device.type == "cuda"
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    if cuda:
+        torch.cuda.synchronize(device)
+    times = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fns[name]()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fns[name]()
+                times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def report(kind: str, point: str, times: dict, fraction: float, target: float | None = None, note: str = "") -> None:
+    dense, pruned = times["dense"], times["pruned"]
+    med = statistics.median(pruned) / statistics.median(dense)
+    low = min(pruned) / min(dense)
+    verdict = "" if target is None else f"  target <= {target:.3f}  {'PASS' if med <= target else 'FAIL'}"
+    print(f"ratio {kind:<9} {point:<16} pruned/dense median {med:.3f} min {low:.3f}  retained FLOPs "
+          f"{fraction:.3f}  (dense median {statistics.median(dense) * 1e3:.2f} ms){verdict}{note}")
+
+
+class Flex:
+    """FlexAttention path-sparse attention on CPU (:func:`lightprune.kernels.path_attention.flex_path_attention`)
+    with one BlockMask per operating point built before timing (as the paper packs and tunes before timing);
+    compiled with ``torch.compile`` unless ``--quick``, eager (said so) when compiling fails."""
+
+    def __init__(self, quick: bool):
+        from lightprune.kernels.path_attention import flex_path_attention, path_block_mask
+
+        self.attend, self.build = flex_path_attention, path_block_mask
+        self.compile = not quick
+        self.checked = quick
+        self.masks: dict = {}
+
+    @property
+    def note(self) -> str:
+        return " [flex compiled, BlockMask prebuilt]" if self.compile else " [flex eager, BlockMask prebuilt]"
+
+    def block_mask(self, point: str, modality: torch.Tensor, keep: torch.Tensor, heads: int):
+        key = (point, tuple(modality.shape))
+        if key not in self.masks:
+            t0 = time.perf_counter()
+            self.masks[key] = self.build(modality, keep, heads)
+            print(f"note: {point} BlockMask for {modality.shape[1]} tokens built in {time.perf_counter() - t0:.2f} s "
+                  f"(not timed)")
+        return self.masks[key]
+
+    def __call__(self, q, k, v, modality, keep, block_mask, scale=None):
+        if not self.checked:
+            self.checked = True
+            t0 = time.perf_counter()
+            try:
+                out = self.attend(q, k, v, modality, keep, scale=scale, block_mask=block_mask, compile=True)
+                print(f"note: torch.compile of FlexAttention on CPU: compiled in {time.perf_counter() - t0:.1f} s")
+                return out
+            except Exception as err:  # noqa: BLE001 - reported; the brief asks to time eager then
+                self.compile = False
+                print(f"note: torch.compile of FlexAttention failed on CPU ({type(err).__name__}: "
+                      f"{str(err).splitlines()[0][:160]}); timing eager FlexAttention")
+        return self.attend(q, k, v, modality, keep, scale=scale, block_mask=block_mask, compile=self.compile)
+
+
+# ---------------------------------------------------------------------------------------------- parts
+def bench_ffn(s, point, args, device, dtype, target=None, slack=None):
+    """Qwen2 MLP vs CompactModalityFFN; ``target`` a fixed ratio, or ``slack`` x the retained fraction."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+
+    config = qwen2_config(s, layers=1)
+    system = POINTS[point][2] if device.type == "cuda" else s["system"]
+    mlp = Qwen2MLP(config).to(device=device, dtype=dtype).eval()
+    plan = plan_for(config, point, attention=False)
+    compact = CompactModalityFFN(mlp, plan.ffn_keep[0], align=args.align)
+    x = torch.randn(1, system + s["V"] + s["T"], s["d"], device=device, dtype=dtype)
+    mod = modality_codes(system, s["V"], s["T"], device)
+    times = timeit({"dense": lambda: mlp(x), "pruned": lambda: compact(x, mod)}, args.repeats, args.warmup, device)
+    fraction = decoder_flops(config, s["V"], s["T"], plan, args.align).ffn_fraction
+    if slack is not None:
+        target = slack * fraction
+    report("ffn", point, times, fraction, target, f"  [visual channels {compact.kept['vision']}/{s['m']}, "
+                                                  f"packed {compact.width['vision']}]")
+
+
+def attention_inputs(s, point, device, dtype, system):
+    N = system + s["V"] + s["T"]
+    q = torch.randn(1, s["heads"], N, s["head_dim"], device=device, dtype=dtype)
+    k = torch.randn(1, s["kv"], N, s["head_dim"], device=device, dtype=dtype)
+    v = torch.randn(1, s["kv"], N, s["head_dim"], device=device, dtype=dtype)
+    return q, k, v, modality_codes(system, s["V"], s["T"], device)
+
+
+def pairs_fraction(config, s, plan) -> float:
+    layer = decoder_flops(config, s["V"], s["T"], plan, 64).per_layer[0]
+    N = s["V"] + s["T"]
+    return layer["pairs_per_head"] / (N * (N + 1) / 2)
+
+
+def bench_attention_cpu(s, point, args, flex: Flex):
+    config = qwen2_config(s, layers=1)
+    plan = plan_for(config, point, ffn=False)
+    q, k, v, mod = attention_inputs(s, point, torch.device("cpu"), torch.float32, s["system"])
+    keep = plan.attn_keep[0]
+    mask = flex.block_mask(point, mod, keep, s["heads"])
+    flex(q, k, v, mod, keep, mask)  # compiles (or reports why not) before timing
+    times = timeit({"dense": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                    "pruned": lambda: flex(q, k, v, mod, keep, mask)}, args.repeats, args.warmup, torch.device("cpu"))
+    report("attention", point, times, pairs_fraction(config, s, plan), None, flex.note)
+
+
+def bench_total_cpu(s, point, args, flex: Flex | None):
+    """A few Qwen2 decoder layers (and the last-token LM head): dense SDPA vs a copy with the compact FFN
+    and FlexAttention path-sparse attention (same masks in every layer, so one BlockMask)."""
+    import copy
+
+    from transformers import Qwen2ForCausalLM
+    from transformers.modeling_utils import AttentionInterface
+
+    config = qwen2_config(s)
+    config._attn_implementation_internal = "sdpa"
+    torch.manual_seed(0)
+    dense = Qwen2ForCausalLM(config).eval()
+    model = copy.deepcopy(dense)
+    plan = plan_for(config, point, attention=flex is not None)
+    ids = torch.cat([torch.full((s["system"],), 5), torch.full((s["V"],), config.image_token_id),
+                     torch.full((s["T"],), 7)])[None]
+    handle = swap_compact_ffn(model, plan, args.align, mask_attention=False)
+    note = "  [attention dense SDPA: lightprune.kernels.path_attention is not there]"
+    if flex is not None:
+        state, name = handle.hooks.state, "lightprune_bench_path_flex"
+        mod = modality_codes(s["system"], s["V"], s["T"], torch.device("cpu"))
+        mask = flex.block_mask(point, mod, plan.attn_keep[0], s["heads"])
+
+        def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+            if not torch.equal(state.modality, mod):
+                raise RuntimeError("bench total: the recorded token modality is not the prebuilt BlockMask's")
+            out = flex(query, key, value, state.modality, plan.attn_keep[module.layer_idx], mask, scale=scaling)
+            return out.transpose(1, 2).contiguous(), None
+
+        AttentionInterface.register(name, attention)
+        model.config._attn_implementation_internal = name
+        note = flex.note
+    try:
+        times = timeit({"dense": lambda: dense(input_ids=ids, logits_to_keep=1),
+                        "pruned": lambda: model(input_ids=ids, logits_to_keep=1)},
+                       args.repeats, args.warmup, torch.device("cpu"))
+    finally:
+        handle.remove()
+    fraction = decoder_flops(config, s["V"], s["T"], plan, args.align).fraction
+    report("total", point, times, fraction, None, f"  [{s['layers']} layers + LM head]{note}")
+
+
+def bench_gpu(args, device):
+    """The paper's 7B per-layer shapes in bf16: Triton vs SDPA attention core, compact vs dense FFN."""
+    s7 = dict(d=3584, heads=28, kv=4, head_dim=128, m=18944, layers=1)
+    have_kernels = importlib.util.find_spec("lightprune.kernels.path_attention_triton") is not None
+    for point, (V, T) in PROFILES_7B.items():
+        s = dict(s7, V=V, T=T, system=POINTS[point][2])
+        bench_ffn(s, point, args, device, torch.bfloat16, slack=GPU_SLACK)
+        if not have_kernels:
+            print(f"note: lightprune.kernels.path_attention_triton is not there: GPU attention for {point} skipped")
+            continue
+        from lightprune.kernels.intervals import key_intervals
+        from lightprune.kernels.path_attention import path_sparse_attention
+        from lightprune.kernels.path_attention_triton import default_blocks, triton_path_attention
+
+        config = qwen2_config(s, layers=1)
+        plan = plan_for(config, point, ffn=False)
+        q, k, v, mod = attention_inputs(s, point, device, torch.bfloat16, s["system"])
+        keep = plan.attn_keep[0].to(device)
+        fraction = pairs_fraction(config, s, plan)
+        intervals = key_intervals(mod, keep, q.shape[2], default_blocks(device, s["head_dim"])[0])
+        dense = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+        times = timeit({"dense": dense, "pruned": lambda: triton_path_attention(q, k, v, mod, keep,
+                                                                                intervals=intervals)},
+                       args.repeats, args.warmup, device)
+        report("attention", point, times, fraction, GPU_SLACK * fraction, "  [triton, intervals prebuilt]")
+        times = timeit({"dense": dense, "pruned": lambda: path_sparse_attention(q, k, v, mod, keep, backend="triton")},
+                       args.repeats, args.warmup, device)
+        report("attention", point, times, fraction, None, "  [path_sparse_attention triton, intervals per call]")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds (CPU part only)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per side (default 7, quick 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up calls per side (default 2, quick 1)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="cpu: CPU part only; cuda: CPU part and the GPU part (an error without CUDA); "
+                             "auto: the GPU part when CUDA is available")
+    parser.add_argument("--align", type=int, default=64, help="compact FFN channel alignment b")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads (default 1: on shared cores multi-threaded GEMMs time the scheduler)")
+    args = parser.parse_args(argv)
+    args.repeats = args.repeats or (3 if args.quick else 7)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    if args.repeats < 1 or args.warmup < 0 or args.threads < 1:
+        parser.error(f"--repeats and --threads must be >= 1 and --warmup >= 0, got {args.repeats}, "
+                     f"{args.threads}, {args.warmup}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch.cuda.is_available() is False on this machine")
+    gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available() and not args.quick)
+    torch.set_num_threads(args.threads)
+    s = shapes(args.quick)
+    print(f"bench_prefill: torch {torch.__version__}, {torch.get_num_threads()} CPU thread(s), repeats "
+          f"{args.repeats} (interleaved), warm-up {args.warmup}, align {args.align}")
+    print(f"CPU fp32 shapes: d {s['d']}, heads {s['heads']}/{s['kv']} x {s['head_dim']}, m {s['m']}, "
+          f"V {s['V']}, T {s['T']}, system {s['system']}, total: {s['layers']} layers")
+    print("columns: pruned/dense time (ratio of medians, of minimums); retained FLOPs fraction (D.4; attention: "
+          "retained causal pairs)")
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        for point in POINTS:
+            target = FFN_CPU_TARGET if POINTS[point][1] == 0.5 and not args.quick else None
+            bench_ffn(s, point, args, cpu, torch.float32, target)
+        flex = None
+        if importlib.util.find_spec("lightprune.kernels.path_attention") is None:
+            print("note: lightprune.kernels.path_attention is not there: CPU attention skipped, total with dense "
+                  "attention")
+        else:
+            flex = Flex(args.quick)
+            for point in POINTS:
+                bench_attention_cpu(s, point, args, flex)
+        for point in POINTS:
+            bench_total_cpu(s, point, args, flex)
+        if gpu:
+            print(f"GPU bf16, 7B shapes per layer on {torch.cuda.get_device_name()}")
+            bench_gpu(args, torch.device("cuda"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

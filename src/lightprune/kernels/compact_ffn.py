@@ -1,0 +1,327 @@
+"""Compact modality-conditioned FFN: packed visual weights for MWOP's pruned visual channels (paper 002).
+
+Paper 002, appendix D.5 ("Modality-Conditioned FFNs"; METHODS.md, "MWOP"): the retained rows of the gate
+and up projections, with the matching columns of the down projection, are packed into compact visual
+weights; visual tokens use them, text tokens the full FFN, and an empty visual channel set gives a zero
+FFN update. For a gated MLP ``y = W_down (act(W_gate x) * (W_up x))`` with m channels and a keep mask
+``keep_mu`` of k_mu channels for modality mu, a token of modality mu computes
+
+    y = W_down[:, P] (act(W_gate[P] x) * (W_up[P] x)),   P = the kept channels, zero-padded to
+    m~_mu = min(m, b * ceil(k_mu / b))   (appendix D.4, alignment b = ``align``, default 64),
+
+which equals the mask-mode MLP of :mod:`lightprune.surgery.width_mask` (``h * keep_mu`` before
+``down_proj``). SYSTEM and PAD tokens, and a modality whose mask keeps every channel, run the full FFN;
+a plan that prunes text channels gets text weights packed the same way.
+
+When only the visual channels are pruned (the paper's configurations), every token runs the packed
+kept channels in one matmul chain and the tokens on the full FFN (text, SYSTEM, PAD) add the remaining
+channels, gathered and scatter-added, so every weight is read once per call as in the dense FFN; when
+both modalities are pruned, tokens are split by modality and each group runs its own pack (gate and
+up always share one matmul). :meth:`CompactModalityFFN.forward_residual` fuses the decoder layer's
+residual add into the kept-channel GEMM (``addmm_``) and the scatter (``index_add_``).
+:func:`swap_compact_ffn` replaces, in memory, the MLP forward of every layer a WidthPlan prunes; the
+token modality comes from :class:`lightprune.surgery.width_mask.WidthHooks` (its model pre-hook, with
+the FFN masks removed from the plan), so mask mode and compact mode read the same labels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models.width import TEXT, VISION, find_width_layers
+from ..plan import MODALITIES, WidthPlan
+
+__all__ = ["CompactModalityFFN", "CompactFFNSwap", "swap_compact_ffn"]
+
+_CODES = {"vision": VISION, "text": TEXT}
+
+
+def _linears(mlp: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Module]:
+    """gate_proj, up_proj, down_proj (plain nn.Linear, consistent shapes) and act_fn of a gated MLP."""
+    missing = [n for n in ("gate_proj", "up_proj", "down_proj", "act_fn") if not hasattr(mlp, n)]
+    if missing:
+        raise TypeError(f"CompactModalityFFN needs a gated MLP with gate_proj, up_proj, down_proj and act_fn; "
+                        f"{type(mlp).__name__} lacks {missing}")
+    gate, up, down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+    for name, lin in (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
+        if type(lin) is not nn.Linear:
+            raise TypeError(f"CompactModalityFFN packs plain nn.Linear weights; {type(mlp).__name__}.{name} is "
+                            f"{type(lin).__name__} (merge a LoRA adapter / dequantize before packing)")
+    m, d = gate.out_features, gate.in_features
+    if (up.out_features, up.in_features, down.in_features, down.out_features) != (m, d, m, d):
+        raise ValueError(f"inconsistent gated MLP shapes: gate_proj {tuple(gate.weight.shape)}, up_proj "
+                         f"{tuple(up.weight.shape)}, down_proj {tuple(down.weight.shape)}")
+    return gate, up, down, mlp.act_fn
+
+
+class CompactModalityFFN(nn.Module):
+    """A gated MLP whose VISION (and, when pruned, TEXT) tokens run packed weights of their kept channels.
+
+    Args:
+        mlp: a dense gated MLP (``gate_proj``, ``up_proj``, ``down_proj`` as ``nn.Linear``, ``act_fn``): the
+            Qwen2 / LLaVA-OneVision / Qwen2.5-VL decoder MLP. Its Linear modules are shared (registered here
+            under the same names, so the full weights keep their state-dict keys), not copied.
+        keep: ``{"vision": bool [m], "text": bool [m]}`` (a ``WidthPlan.ffn_keep[l]``); a missing modality
+            keeps every channel.
+        align: channel alignment b of the packed width ``m~ = min(m, b * ceil(k / b))``.
+
+    Layouts (:attr:`layout`), chosen by the masks:
+
+    - ``"dense"``: no channel pruned; every token runs the full FFN.
+    - ``"shared"`` (one modality pruned, the paper's configurations): buffers ``kept_*`` hold its k kept
+      channels padded to m~, ``rest_*`` the other m - k channels. Every token runs ``kept`` (one matmul
+      chain over all tokens, no gather); the other tokens (the unpruned modality, SYSTEM, PAD) add
+      ``rest``, gathered and scatter-added. Their sum is the full FFN, so each weight is read once per
+      call, as in the dense FFN, and the FLOPs are V m~ + (N - V)(m~ + m - k) ~ the D.4 count.
+    - ``"grouped"`` (both modalities pruned): each pruned modality's tokens are gathered and run their
+      packed ``<modality>_*`` buffers; SYSTEM and PAD run the full FFN; results are scattered back.
+
+    Padding does not change the output: a padded channel has a zero gate row, a zero up row (and zero
+    biases), so its activation is ``act(0) * 0 = 0`` for finite inputs, and its down column is zero, so it
+    adds exact zeros to every output sum; the kept channels' terms are those of the mask-mode MLP (only
+    the GEMMs' summation order and split, chosen by shape and layout, differ at rounding level). The
+    packing pays off on hardware whose matmul tiles are multiples of b.
+
+    The packed weights are non-persistent buffers built once, on the MLP's device and dtype, from the
+    weights at construction: call :meth:`pack` again after the MLP's weights change. The ``shared``
+    layout's packs hold every channel (about one more copy of the MLP beside the shared Linear
+    modules, which an export may drop). Inference only (the packed copies get no gradient).
+    """
+
+    def __init__(self, mlp: nn.Module, keep: dict[str, torch.Tensor], align: int = 64):
+        super().__init__()
+        if isinstance(align, bool) or not isinstance(align, int) or align < 1:
+            raise ValueError(f"align must be a positive integer, got {align!r}")
+        self.gate_proj, self.up_proj, self.down_proj, self.act_fn = _linears(mlp)
+        self.intermediate_size = self.gate_proj.out_features
+        self.hidden_size = self.gate_proj.in_features
+        self.align = align
+        if not isinstance(keep, dict) or not keep or not set(keep) <= set(MODALITIES):
+            got = sorted(keep) if isinstance(keep, dict) else type(keep).__name__
+            raise ValueError(f"keep must map some of {list(MODALITIES)} to bool channel masks, got {got}")
+        self.keep: dict[str, torch.Tensor] = {}
+        for mu in MODALITIES:
+            mask = keep.get(mu)
+            if mask is None:
+                mask = torch.ones(self.intermediate_size, dtype=torch.bool)
+            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or \
+                    tuple(mask.shape) != (self.intermediate_size,):
+                desc = (f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor)
+                        else type(mask).__name__)
+                raise ValueError(f"keep[{mu!r}] must be a bool tensor of shape ({self.intermediate_size},), "
+                                 f"got {desc}")
+            self.keep[mu] = mask.detach().cpu().clone()
+        m = self.intermediate_size
+        #: kept channels k_mu; packed width m~_mu (None: the modality keeps every channel)
+        self.kept = {mu: int(self.keep[mu].sum()) for mu in MODALITIES}
+        self.width = {mu: None if k == m else min(m, align * math.ceil(k / align)) for mu, k in self.kept.items()}
+        pruned = [mu for mu in MODALITIES if self.width[mu] is not None]
+        self.layout = "dense" if not pruned else "shared" if len(pruned) == 1 else "grouped"
+        #: the pruned modality of the shared layout
+        self.pruned = pruned[0] if self.layout == "shared" else None
+        self.pack()
+
+    @classmethod
+    def from_mlp(cls, mlp: nn.Module, keep: dict[str, torch.Tensor], align: int = 64) -> "CompactModalityFFN":
+        return cls(mlp, keep, align)
+
+    def pack(self) -> None:
+        """(Re)build the packed buffers ``<name>_gate_up`` [2 w, d] (gate rows, then up rows),
+        ``<name>_gate_up_bias`` [2 w] and ``<name>_down`` [d, w] of the layout (None for an empty set)."""
+        if self.layout == "shared":
+            mask = self.keep[self.pruned]
+            self._store("kept", mask.nonzero().squeeze(1), self.width[self.pruned])
+            self._store("rest", (~mask).nonzero().squeeze(1), int((~mask).sum()))
+        elif self.layout == "grouped":
+            for mu in MODALITIES:
+                self._store(mu, self.keep[mu].nonzero().squeeze(1), self.width[mu])
+
+    def _store(self, name: str, idx: torch.Tensor, width: int) -> None:
+        weight, k = self.gate_proj.weight, idx.numel()
+        gate_up = gate_up_bias = down = None
+        if k:
+            idx = idx.to(weight.device)
+            with torch.no_grad():
+                gate_up = weight.new_zeros(2 * width, self.hidden_size)
+                gate_up[:k] = self.gate_proj.weight.index_select(0, idx)
+                gate_up[width:width + k] = self.up_proj.weight.index_select(0, idx)
+                down = weight.new_zeros(self.hidden_size, width)
+                down[:, :k] = self.down_proj.weight.index_select(1, idx)
+                if self.gate_proj.bias is not None or self.up_proj.bias is not None:
+                    gate_up_bias = weight.new_zeros(2 * width)
+                    if self.gate_proj.bias is not None:
+                        gate_up_bias[:k] = self.gate_proj.bias.index_select(0, idx)
+                    if self.up_proj.bias is not None:
+                        gate_up_bias[width:width + k] = self.up_proj.bias.index_select(0, idx)
+        self.register_buffer(f"{name}_gate_up", gate_up, persistent=False)
+        self.register_buffer(f"{name}_gate_up_bias", gate_up_bias, persistent=False)
+        self.register_buffer(f"{name}_down", down, persistent=False)
+
+    def extra_repr(self) -> str:
+        return (f"d={self.hidden_size}, m={self.intermediate_size}, align={self.align}, layout={self.layout!r}, "
+                f"kept={self.kept}, packed_width={self.width}")
+
+    # ------------------------------------------------------------------ compute
+    def _full(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    def _hidden(self, name: str, x: torch.Tensor) -> torch.Tensor | None:
+        """The gated activation of pack ``name`` [n, w]; None for an empty pack (no matmul)."""
+        gate_up = getattr(self, f"{name}_gate_up")
+        if gate_up is None:
+            return None
+        if gate_up.device != x.device:
+            raise RuntimeError(f"CompactModalityFFN: packed {name!r} weights are on {gate_up.device}, the input on "
+                               f"{x.device}; move the module (or repack) where it runs")
+        gate, up = F.linear(x, gate_up, getattr(self, f"{name}_gate_up_bias")).chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+    def _packed(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """``down_proj`` of pack ``name``; an empty pack is ``down_proj(0)`` (zeros or the bias), no matmul."""
+        h = self._hidden(name, x)
+        if h is None:
+            out = x.new_zeros(x.shape[:-1] + (self.hidden_size,))
+            return out if self.down_proj.bias is None else out + self.down_proj.bias
+        return F.linear(h, getattr(self, f"{name}_down"), self.down_proj.bias)
+
+    def _run_shared(self, flat: torch.Tensor, modality: torch.Tensor, residual: torch.Tensor | None):
+        h = self._hidden("kept", flat)  # every token runs the kept channels
+        if residual is None:
+            out = self._packed("kept", flat) if h is None else F.linear(h, self.kept_down, self.down_proj.bias)
+        else:
+            out = residual.clone()
+            if h is not None:
+                out.addmm_(h, self.kept_down.t())  # the residual add fused into the GEMM
+            if self.down_proj.bias is not None:
+                out += self.down_proj.bias
+        idx = (modality != _CODES[self.pruned]).nonzero().squeeze(1)
+        if idx.numel() == flat.shape[0]:
+            out.addmm_(self._hidden("rest", flat), self.rest_down.t())
+        elif idx.numel():
+            rest = F.linear(self._hidden("rest", flat.index_select(0, idx)), self.rest_down)
+            out.index_add_(0, idx, rest)
+        return out
+
+    def _run_grouped(self, flat: torch.Tensor, modality: torch.Tensor, residual: torch.Tensor | None):
+        selects = {mu: modality == _CODES[mu] for mu in MODALITIES}
+        full = ~(selects["vision"] | selects["text"])
+        out = torch.empty_like(flat) if residual is None else residual.clone()
+        for name, sel in (("full", full), *selects.items()):
+            idx = sel.nonzero().squeeze(1)
+            if not idx.numel():
+                continue
+            xs = flat if idx.numel() == flat.shape[0] else flat.index_select(0, idx)
+            y = self._full(xs) if name == "full" else self._packed(name, xs)
+            if residual is None:
+                out.index_copy_(0, idx, y)
+            else:
+                out.index_add_(0, idx, y)
+        return out
+
+    def _run(self, x: torch.Tensor, modality: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"CompactModalityFFN input must be [B, T, {self.hidden_size}], got {tuple(x.shape)}")
+        if not isinstance(modality, torch.Tensor) or tuple(modality.shape) != tuple(x.shape[:2]):
+            got = tuple(modality.shape) if isinstance(modality, torch.Tensor) else type(modality).__name__
+            raise ValueError(f"modality must be an int [B, T] = {tuple(x.shape[:2])} tensor, got {got}")
+        if residual is not None and residual.shape != x.shape:
+            raise ValueError(f"residual {tuple(residual.shape)} must match the input {tuple(x.shape)}")
+        if self.layout == "dense":
+            y = self._full(x)
+            return y if residual is None else residual + y
+        flat = x.reshape(-1, self.hidden_size)
+        mod = modality.reshape(-1).to(x.device)
+        res = None if residual is None else residual.reshape(-1, self.hidden_size)
+        run = self._run_shared if self.layout == "shared" else self._run_grouped
+        return run(flat, mod, res).view(x.shape)
+
+    def forward(self, x: torch.Tensor, modality: torch.Tensor) -> torch.Tensor:
+        """FFN(x) [B, T, d] with each token on its modality's weights (``modality`` int [B, T] codes of
+        :mod:`lightprune.models.width`)."""
+        return self._run(x, modality, None)
+
+    def forward_residual(self, x: torch.Tensor, residual: torch.Tensor, modality: torch.Tensor) -> torch.Tensor:
+        """``residual + FFN(x)`` with the add fused into the kernels: the ``shared`` layout accumulates the
+        kept-channel GEMM into a copy of the residual (``addmm_``) and scatter-adds the rest; ``grouped``
+        scatter-adds each group (``index_add_``). Equal to ``residual + forward(x)`` up to rounding."""
+        return self._run(x, modality, residual)
+
+
+class CompactFFNSwap:
+    """What :func:`swap_compact_ffn` installed; ``remove()`` (or leaving a ``with`` block) restores the model.
+
+    ``modules[l]`` is layer l's :class:`CompactModalityFFN`; ``hooks`` the :class:`WidthHooks` that record
+    the token modality (``hooks.state.modality``) and, with ``mask_attention``, mask the plan's paths.
+    """
+
+    def __init__(self, model: nn.Module, plan: WidthPlan, align: int = 64, *, mask_attention: bool = True):
+        from ..surgery.width_mask import WidthHooks
+
+        if not isinstance(plan, WidthPlan):
+            raise TypeError(f"swap_compact_ffn needs a WidthPlan, got {type(plan).__name__}")
+        plan.validate(model)
+        layers = {layer.index: layer for layer in find_width_layers(model)}
+        self.modules: dict[int, CompactModalityFFN] = {}
+        for i in sorted(plan.ffn_keep):
+            mlp = layers[i].mlp
+            if "forward" in vars(mlp):
+                raise RuntimeError(f"layer {i}: {type(mlp).__name__}.forward is already replaced on the instance "
+                                   f"(an accelerate hook or another swap); swap_compact_ffn would bypass it")
+            self.modules[i] = CompactModalityFFN.from_mlp(mlp, plan.ffn_keep[i], align)
+        # the modality pre-hook (and the attention masks, when asked) without FFN masks
+        rest = WidthPlan(attn_keep=dict(plan.attn_keep) if mask_attention else {}, ffn_keep={},
+                         num_heads=dict(plan.num_heads), intermediate_size=dict(plan.intermediate_size))
+        self.hooks = WidthHooks(model, rest)
+        self._mlps = {i: layers[i].mlp for i in self.modules}
+        for i, mlp in self._mlps.items():
+            mlp.forward = self._forward(i)
+
+    def _forward(self, index: int):
+        compact, state = self.modules[index], self.hooks.state
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            mod = state.modality
+            if mod is None:
+                raise RuntimeError(f"compact FFN, layer {index}: no token modality recorded (call the model with "
+                                   f"input_ids)")
+            if x.dim() != 3 or x.shape[0] != mod.shape[0] or x.shape[1] > mod.shape[1]:
+                raise RuntimeError(f"compact FFN, layer {index}: input {tuple(x.shape)} does not match the "
+                                   f"tokens {tuple(mod.shape)}")
+            return compact(x, mod[:, mod.shape[1] - x.shape[1]:])
+
+        return forward
+
+    @property
+    def active(self) -> bool:
+        return self.hooks.active
+
+    def remove(self) -> None:
+        """Restore every MLP forward and remove the hooks (idempotent)."""
+        for mlp in self._mlps.values():
+            vars(mlp).pop("forward", None)
+        self._mlps = {}
+        self.hooks.remove()
+
+    def __enter__(self) -> "CompactFFNSwap":
+        if not self.active:
+            raise RuntimeError("this compact FFN swap was removed; create a new one")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def swap_compact_ffn(model: nn.Module, plan: WidthPlan, align: int = 64, *,
+                     mask_attention: bool = True) -> CompactFFNSwap:
+    """Run every FFN that ``plan`` prunes as a :class:`CompactModalityFFN` (in memory, reversible).
+
+    With ``mask_attention`` (default) the plan's attention paths are masked as :func:`mask_width` does, so
+    the model computes what ``mask_width(model, plan)`` computes; ``mask_attention=False`` leaves attention
+    dense (for a path-sparse attention installed separately, which can read ``handle.hooks.state``).
+    Nesting with ``mask_width`` / another swap is refused (one :class:`WidthHooks` per model).
+    """
+    return CompactFFNSwap(model, plan, align, mask_attention=mask_attention)
