@@ -244,11 +244,11 @@ def bench_total_cpu(s, point, args, flex: Flex | None):
     report("total", point, times, fraction, None, f"  [{s['layers']} layers + LM head]{note}")
 
 
-def bench_gpu(args, device):
+def bench_gpu(args, device, s7: dict | None = None, profiles: dict | None = None):
     """The paper's 7B per-layer shapes in bf16: Triton vs SDPA attention core, compact vs dense FFN."""
-    s7 = dict(d=3584, heads=28, kv=4, head_dim=128, m=18944, layers=1)
+    s7 = s7 or dict(d=3584, heads=28, kv=4, head_dim=128, m=18944, layers=1)
     have_kernels = importlib.util.find_spec("lightprune.kernels.path_attention_triton") is not None
-    for point, (V, T) in PROFILES_7B.items():
+    for point, (V, T) in (profiles or PROFILES_7B).items():
         s = dict(s7, V=V, T=T, system=POINTS[point][2])
         bench_ffn(s, point, args, device, torch.bfloat16, slack=GPU_SLACK)
         if not have_kernels:
