@@ -128,7 +128,7 @@ def _brute_intervals(mask: torch.Tensor, block: int) -> list:
 
 
 @pytest.mark.parametrize("block", [16, 32])
-@pytest.mark.parametrize("q_len", [K_LEN, 23])
+@pytest.mark.parametrize("q_len", [K_LEN, 23, 1])
 @pytest.mark.parametrize("keep_name", sorted(KEEPS))
 def test_key_intervals_match_brute_force(keep_name, q_len, block):
     modality, keep = _modality(), _keep(keep_name)
@@ -188,6 +188,11 @@ def test_torch_backends_bf16(backend):
     _check(backend, K_LEN, torch.bfloat16, "singles")
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_torch_backends_single_query(backend):
+    _check(backend, 1, torch.float32, "pairs_and_none")  # decode: the last position only
+
+
 if _CHILD:  # the Triton tests exist only in the TRITON_INTERPRET=1 subprocess (see test_triton_interpreter)
 
     @pytest.mark.parametrize("keep_name", sorted(KEEPS))
@@ -213,6 +218,9 @@ if _CHILD:  # the Triton tests exist only in the TRITON_INTERPRET=1 subprocess (
         intervals = key_intervals(modality, keep, K_LEN, 16)
         again = triton_path_attention(q, k, v, modality, keep, block_m=16, intervals=intervals)
         torch.testing.assert_close(again.double(), want, rtol=0, atol=2e-5)
+        q1 = q[:, :, -1:].contiguous()  # decode: one query, the last position
+        one = triton_path_attention(q1, k, v, modality, keep)
+        torch.testing.assert_close(one.double(), want[:, :, -1:], rtol=0, atol=2e-5)
         with pytest.raises(ValueError, match="intervals must be"):
             triton_path_attention(q, k, v, modality, keep, block_m=32, intervals=intervals)
 
