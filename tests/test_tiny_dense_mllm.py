@@ -44,6 +44,22 @@ def test_dense_families_are_separate_and_ids_fit_the_vocab():
         tiny_config("llava")
 
 
+@pytest.mark.parametrize("family", TINY_DENSE_MLLMS)
+def test_tiny_model_keeps_transformers_init(family):
+    """No MoE router / expert re-draw: the weights are exactly a seeded ``from_config``."""
+    from transformers import AutoModelForImageTextToText
+
+    from lightprune.models.tiny import tiny_model
+
+    torch.manual_seed(5)
+    reference = AutoModelForImageTextToText.from_config(tiny_config(family), dtype=torch.float32).state_dict()
+    built = tiny_model(family, seed=5)
+    assert not built.training and built.state_dict().keys() == reference.keys()
+    assert all(torch.equal(v, reference[k]) for k, v in built.state_dict().items())
+    assert type(built).__name__ == {"llava_onevision": "LlavaOnevisionForConditionalGeneration",
+                                    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}[family]
+
+
 def test_llava_onevision_anyres_counts_by_hand(tiny):
     """16x16 tiles of 4x4 features; pinpoints 16x16, 16x32, 32x16, 32x32 (H, W)."""
     config = tiny("llava_onevision").config
