@@ -310,6 +310,23 @@ def test_cached_decoding_and_peft_refusal():
         swap_compact_ffn(wrapped, plan)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("text", [1.0, 0.8])
+def test_cuda_bf16_and_fp32(text):
+    """On the GPU: packed buffers follow the MLP's device; fp32 equals mask mode, bf16 stays near it."""
+    mlp = qwen2_mlp(d=256, m=1024, seed=1).cuda()
+    keep = random_keep(1024, vision=0.5, text=text, seed=2)
+    x, modality = random_inputs(256, B=2, T=300, seed=3)
+    x, modality = x.cuda(), modality.cuda()
+    with torch.no_grad():
+        expected = reference(mlp, x, modality, keep={mu: m.cuda() for mu, m in keep.items()})
+        assert_close_to_scale(CompactModalityFFN(mlp, keep)(x, modality), expected, rel=1e-5)  # TF32 off
+        half = CompactModalityFFN(mlp.to(torch.bfloat16), keep)
+        assert next(iter(b for b in half.buffers() if b is not None)).device.type == "cuda"
+        assert_close_to_scale(half(x.bfloat16(), modality).float(), expected, rel=3e-2)
+
+
 def test_bench_prefill_quick_prints_ratios():
     import importlib.util
     import re
