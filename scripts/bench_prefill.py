@@ -5,15 +5,22 @@ prints ``pruned/dense`` as the ratio of medians and of minimums, next to the ret
 :func:`lightprune.flops.decoder_flops` (appendix D.4: F_attn = 4 N d (d + d_kv) + 4 d a,
 F_ffn = 6 d (V m~_V + T m), m~_V = min(m, b ceil(k_V / b))). Operating points (pruned fractions of
 V2V / T2V / T2T head paths, visual FFN channels; text FFN dense): LLaVA-OneVision 40/60/10 + 50%,
-Qwen2.5-VL 60/70/0 + 40%. Timed inputs add SYSTEM tokens before the visual span (the paper's 18 / 11);
-the FLOPs exclude them, as D.4 does.
+Qwen2.5-VL 60/70/0 + 40%. Timed inputs add SYSTEM tokens before the visual span (the paper's 18 / 11 on
+the GPU shapes, 8 on the CPU shapes); the FLOPs exclude them, as D.4 does. Token splits, BlockMasks and
+interval tables depend only on the plan and the tokens (once per forward in a model), so they are built
+before timing, as the paper packs weights and tunes kernels before timing; their build time is printed.
 
-- CPU (always): scaled-down shapes. FFN: the transformers Qwen2 MLP vs :class:`CompactModalityFFN`
-  (target at 50% visual channels: at most 0.6x the dense time). Attention core: SDPA (causal, GQA) vs
-  ``path_sparse_attention(backend="flex")`` under ``torch.compile`` (eager when compiling fails, said so);
-  its fraction is the retained causal pairs. Total: a few Qwen2 decoder layers, dense SDPA vs both swaps.
+- CPU (always; ``--threads``, default 1: on shared cores multi-threaded GEMM times mostly measure the
+  scheduler): scaled-down shapes. FFN: the transformers Qwen2 MLP vs :class:`CompactModalityFFN` (target
+  at 50% visual channels: at most 0.6x the dense time). Attention core: SDPA (causal, GQA) vs
+  :func:`lightprune.kernels.flex_path_attention` under ``torch.compile`` (eager, said so, when compiling
+  fails); its fraction is the retained causal pairs. Total: a few Qwen2 decoder layers with the LM head on
+  the last token, dense SDPA vs both swaps (:func:`swap_compact_ffn` and the flex path attention
+  registered as an attention implementation reading the swap's token modality).
 - GPU (when CUDA is available and ``--device`` allows): the paper's 7B per-layer shapes in bf16 with CUDA
-  events; Triton path-sparse vs SDPA and compact vs dense FFN, target pruned/dense <= 1.15 x the fraction.
+  events (eager, no CUDA graphs); Triton path-sparse vs SDPA (kernel with prebuilt intervals, and
+  ``path_sparse_attention`` end to end) and compact vs dense FFN, target pruned/dense <= 1.15 x the
+  fraction.
 
 ``--quick`` runs tiny shapes in seconds (a test runs it so the script cannot rot).
 """
