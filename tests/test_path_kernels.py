@@ -224,6 +224,19 @@ if _CHILD:  # the Triton tests exist only in the TRITON_INTERPRET=1 subprocess (
         with pytest.raises(ValueError, match="intervals must be"):
             triton_path_attention(q, k, v, modality, keep, block_m=32, intervals=intervals)
 
+    def test_interp_triton_never_reads_pruned_keys():
+        # V2V and T2V pruned on every head: no query retains a vision key. Their K / V are NaN: a dense
+        # computation (SDPA) turns NaN, the kernel stays exact because it never loads them into a product
+        modality = torch.tensor([_layout((S, 5), (V, 40), (T, 25))] * 2, dtype=torch.int8)
+        keep = torch.tensor([[0, 0, 1]] * 4, dtype=torch.bool)
+        q, k, v = _inputs(K_LEN, torch.float32, seed=2)
+        q, k, v = q[:2], k[:2].clone(), v[:2].clone()
+        want = _reference(q, k, v, modality, keep)
+        k[:, :, 5:45], v[:, :, 5:45] = float("nan"), float("nan")
+        assert path_sparse_attention(q, k, v, modality, keep, backend="sdpa").isnan().any()
+        got = path_sparse_attention(q, k, v, modality, keep, backend="triton")
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
+
 else:
 
     def test_triton_interpreter():
@@ -233,7 +246,7 @@ else:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         tail = (done.stdout[-6000:] + done.stderr[-2000:])
         assert done.returncode == 0, tail
-        assert re.search(r"\b7 passed\b", done.stdout) and "skipped" not in done.stdout, tail
+        assert re.search(r"\b8 passed\b", done.stdout) and "skipped" not in done.stdout, tail
 
 
 def test_block_mask_skips_pruned_blocks():
