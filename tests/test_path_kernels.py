@@ -17,8 +17,8 @@ import sys
 import pytest
 import torch
 
-from lightprune.kernels import (BACKENDS, check_backend, key_intervals, path_block_mask, path_keep_mask,
-                                path_sparse_attention)
+from lightprune.kernels import (BACKENDS, check_backend, class_bits, key_intervals, path_block_mask,
+                                path_keep_mask, path_sparse_attention)
 
 S, V, T, P = 0, 1, 2, 3  # SYSTEM, VISION, TEXT, PAD
 K_LEN, D, BLOCK = 70, 16, 16
@@ -145,6 +145,17 @@ def test_key_intervals_match_brute_force(keep_name, q_len, block):
                 assert all(x == (0, 0) for x in got[len(runs):]), (b, h, n)
 
 
+def test_class_bits_pack_the_rule():
+    keep = _keep("singles")
+    bits = class_bits(keep)
+    rows = _reference_mask(torch.tensor([[S, V, T, P] * 4]), keep, 16)  # any query code against any key code
+    for h in range(4):
+        for qc in range(4):
+            for kc in range(4):
+                # query qc at position 12 + qc sees key kc at position kc (causal) iff the bit is set
+                assert bool(bits[h] >> (qc * 4 + kc) & 1) == bool(rows[0, h, 12 + qc, kc]), (h, qc, kc)
+
+
 def test_key_intervals_skip_pruned_spans():
     # T2T pruned head, last block of the text-only sample: nothing remains; V2V pruned: vision block sees
     # only the system prefix
@@ -216,7 +227,8 @@ if _CHILD:  # the Triton tests exist only in the TRITON_INTERPRET=1 subprocess (
         got = triton_path_attention(q, k, v, modality, keep, block_m=32, block_n=16, scale=D ** -0.5)
         torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
         intervals = key_intervals(modality, keep, K_LEN, 16)
-        again = triton_path_attention(q, k, v, modality, keep, block_m=16, intervals=intervals)
+        again = triton_path_attention(q, k, v, modality, keep, block_m=16, intervals=intervals,
+                                      bits=class_bits(keep))
         torch.testing.assert_close(again.double(), want, rtol=0, atol=2e-5)
         q1 = q[:, :, -1:].contiguous()  # decode: one query, the last position
         one = triton_path_attention(q1, k, v, modality, keep)

@@ -11,10 +11,10 @@ intervals the Triton kernel walks come from :func:`.intervals.key_intervals`.
 from __future__ import annotations
 
 from .compact_ffn import CompactFFNSwap, CompactModalityFFN, split_tokens, swap_compact_ffn
-from .intervals import class_table, key_intervals
+from .intervals import class_bits, class_table, key_intervals
 from .path_attention import (BACKENDS, check_backend, flex_path_attention, path_block_mask, path_keep_mask,
                              path_sparse_attention, sdpa_path_attention)
 
 __all__ = ["BACKENDS", "path_sparse_attention", "check_backend", "path_keep_mask", "path_block_mask",
-           "sdpa_path_attention", "flex_path_attention", "key_intervals", "class_table",
+           "sdpa_path_attention", "flex_path_attention", "key_intervals", "class_table", "class_bits",
            "CompactModalityFFN", "CompactFFNSwap", "swap_compact_ffn", "split_tokens"]

@@ -22,7 +22,7 @@ import torch
 from ..models.width import PAD
 from ..observe.path_attention import path_keep, path_masks
 
-__all__ = ["NUM_CODES", "class_table", "key_intervals"]
+__all__ = ["NUM_CODES", "class_table", "class_bits", "key_intervals"]
 
 #: modality codes SYSTEM, VISION, TEXT, PAD (lightprune.models.width)
 NUM_CODES = 4
@@ -34,6 +34,14 @@ def class_table(keep: torch.Tensor) -> torch.Tensor:
     paths = path_masks(codes[None, :], codes[None, :])  # [3, 1, 4(query), 4(key)]
     allowed = path_keep(paths, keep.bool())[0]  # [H, 4, 4]
     return allowed & (codes != PAD)[None, None, :]
+
+
+def class_bits(keep: torch.Tensor) -> torch.Tensor:
+    """int32 [H]: :func:`class_table` packed per head, bit ``query code * 4 + key code`` (the Triton kernel's
+    form; build it once per plan, as building it synchronises with the host)."""
+    allowed = class_table(keep).reshape(keep.shape[0], NUM_CODES * NUM_CODES).to(torch.int32)
+    shifts = torch.arange(NUM_CODES * NUM_CODES, device=allowed.device, dtype=torch.int32)
+    return (allowed << shifts).sum(dim=1, dtype=torch.int32)
 
 
 def key_intervals(modality: torch.Tensor, keep: torch.Tensor, q_len: int | None = None,

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .intervals import NUM_CODES, class_table, key_intervals
+from .intervals import NUM_CODES, class_bits, key_intervals
 
 __all__ = ["triton_path_attention", "interpreting", "interpreter_usable", "default_blocks"]
 
@@ -120,12 +120,14 @@ def default_blocks(device: torch.device, head_dim: int) -> tuple[int, int]:
 def triton_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, modality: torch.Tensor,
                           keep: torch.Tensor, *, scale: float | None = None, block_m: int | None = None,
                           block_n: int | None = None, intervals: torch.Tensor | None = None,
-                          num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                          bits: torch.Tensor | None = None, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
     """[B, H, Q, D] path-sparse attention (module docstring); inputs as in
     :func:`lightprune.kernels.path_sparse_attention` (already checked there).
 
-    ``intervals``: a precomputed :func:`key_intervals` table for the same modality, keep, Q and ``block_m``
-    (reuse it across calls with the same plan and tokens: building it synchronises with the host).
+    ``intervals``: a precomputed :func:`key_intervals` table for the same modality, keep, Q and ``block_m``;
+    ``bits``: a precomputed :func:`class_bits` of ``keep``. Building either synchronises with the host and
+    launches a few small kernels: precompute them once per plan and input (e.g. outside a CUDA graph) and
+    the call is a single kernel launch.
     """
     batch, heads, q_len, dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[2]
@@ -142,8 +144,9 @@ def triton_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
         raise ValueError(f"intervals must be [B, H, n_qblocks, max_intervals, 2] with (B, H, n_qblocks) = "
                          f"{expected} for block_m {block_m}, got {tuple(intervals.shape)}")
     intervals = intervals.to(device=query.device, dtype=torch.int32).contiguous()
-    allowed = class_table(keep).reshape(heads, NUM_CODES * NUM_CODES).to(torch.int32)
-    bits = (allowed << torch.arange(NUM_CODES * NUM_CODES, device=allowed.device, dtype=torch.int32)).sum(1)
+    bits = class_bits(keep) if bits is None else bits
+    if tuple(bits.shape) != (heads,):
+        raise ValueError(f"bits must be class_bits(keep), int32 [H={heads}], got {tuple(bits.shape)}")
     bits = bits.to(device=query.device, dtype=torch.int32).contiguous()
     modality = modality.to(torch.int8).contiguous()
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
