@@ -263,7 +263,7 @@ def bench_gpu(args, device, s7: dict | None = None, profiles: dict | None = None
         if not have_kernels:
             print(f"note: lightprune.kernels.path_attention_triton is not there: GPU attention for {point} skipped")
             continue
-        from lightprune.kernels.intervals import key_intervals
+        from lightprune.kernels.intervals import class_bits, key_intervals
         from lightprune.kernels.path_attention import path_sparse_attention
         from lightprune.kernels.path_attention_triton import default_blocks, triton_path_attention
 
@@ -273,11 +273,12 @@ def bench_gpu(args, device, s7: dict | None = None, profiles: dict | None = None
         keep = plan.attn_keep[0].to(device)
         fraction = pairs_fraction(config, s, plan)
         intervals = key_intervals(mod, keep, q.shape[2], default_blocks(device, s["head_dim"])[0])
+        bits = class_bits(keep)
         dense = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
-        times = timeit({"dense": dense, "pruned": lambda: triton_path_attention(q, k, v, mod, keep,
-                                                                                intervals=intervals)},
+        times = timeit({"dense": dense, "pruned": lambda: triton_path_attention(q, k, v, mod, keep, intervals=intervals,
+                                                                                bits=bits)},
                        args.repeats, args.warmup, device)
-        report("attention", point, times, fraction, GPU_SLACK * fraction, "  [triton, intervals prebuilt]")
+        report("attention", point, times, fraction, GPU_SLACK * fraction, "  [triton, intervals and class bits prebuilt]")
         times = timeit({"dense": dense, "pruned": lambda: path_sparse_attention(q, k, v, mod, keep, backend="triton")},
                        args.repeats, args.warmup, device)
         report("attention", point, times, fraction, None, "  [path_sparse_attention triton, intervals per call]")
