@@ -62,7 +62,7 @@ def _reference_mask(modality: torch.Tensor, keep: torch.Tensor, q_len: int) -> t
     kp = keep[None, :, :, None, None]  # [1, H, 3, 1, 1]
     pruned = ((qm == V) & (km == V) & ~kp[:, :, 0]) | ((qm == T) & (km == V) & ~kp[:, :, 1]) \
         | ((qm == T) & (km == T) & ~kp[:, :, 2])
-    pos = torch.arange(k_len)
+    pos = torch.arange(k_len, device=modality.device)
     causal = pos[None, :] <= pos[k_len - q_len:, None]
     return causal & (km != P) & ~pruned
 
@@ -221,8 +221,9 @@ if _CHILD:  # the Triton tests exist only in the TRITON_INTERPRET=1 subprocess (
         from lightprune.kernels.path_attention_triton import interpreting, triton_path_attention
 
         assert interpreting()
-        modality, keep = _modality(), _keep("singles")
-        q, k, v = _inputs(K_LEN, torch.float32, heads=4, kv_heads=4, seed=1)
+        rows = [0, 1, 4]  # system + vision + text, two vision spans, left padding: enough for the options
+        modality, keep = _modality()[rows], _keep("singles")
+        q, k, v = (t[rows] for t in _inputs(K_LEN, torch.float32, heads=4, kv_heads=4, seed=1))
         want = _reference(q, k, v, modality, keep)
         got = triton_path_attention(q, k, v, modality, keep, block_m=32, block_n=16, scale=D ** -0.5)
         torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
@@ -274,7 +275,7 @@ def test_block_mask_skips_pruned_blocks():
 
 @pytest.mark.skipif(_CHILD or bool(os.environ.get("TRITON_INTERPRET")), reason="the compiled kernel only")
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_triton_kernel_compiles_for_cuda(dtype):
     """Compile (no launch, no GPU needed) the kernel to a cubin for sm_90 at a 7B-like head shape."""
     pytest.importorskip("triton")
@@ -286,7 +287,8 @@ def test_triton_kernel_compiles_for_cuda(dtype):
 
     names = _path_attention_fwd.arg_names
     pointers = {"Q": dtype, "K": dtype, "V": dtype, "Out": dtype, "Mod": "i8", "Bits": "i32", "Iv": "i32"}
-    const = dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128, NUM_CODES=4, UPCAST=False)
+    const = dict(HEAD_DIM=128, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128, NUM_CODES=4, UPCAST=False,
+                 PRECISION="ieee" if dtype == "fp32" else "tf32")
     sig = {n: "*" + pointers[n] if n in pointers else "constexpr" if n in const else "fp32" if n == "qk_scale"
            else "i32" for n in names}
     src = ASTSource(_path_attention_fwd, sig, constexprs={(names.index(k),): v for k, v in const.items()})
@@ -342,7 +344,7 @@ def test_import_is_lazy_and_late_interpreter_is_refused():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.skipif(_CHILD or bool(os.environ.get("TRITON_INTERPRET")), reason="the compiled kernel only")
-def test_triton_gpu_matches_sdpa():
+def test_gpu_backends_match_reference():
     gen = torch.Generator().manual_seed(0)
     batch, heads, kv_heads, k_len, dim = 2, 28, 4, 1100, 128
     rows = [_layout((S, 18), (V, 900), (T, 182)), _layout((S, 11), (V, 300), (T, 40), (V, 500), (T, 149), (P, 100))]
@@ -351,8 +353,11 @@ def test_triton_gpu_matches_sdpa():
     keep[0] = False
     q, k, v = (torch.randn(batch, h, k_len, dim, generator=gen).cuda().to(torch.bfloat16)
                for h in (heads, kv_heads, kv_heads))
-    want = path_sparse_attention(q.float(), k.float(), v.float(), modality, keep, backend="sdpa")
-    got = path_sparse_attention(q, k, v, modality, keep, backend="triton")
-    torch.testing.assert_close(got.float(), want, rtol=0, atol=2 * 2.0 ** -8 * float(v.abs().max()))
-    flex = path_sparse_attention(q, k, v, modality, keep, backend="flex")
-    torch.testing.assert_close(flex.float(), want, rtol=0, atol=2 * 2.0 ** -8 * float(v.abs().max()))
+    want = _reference(q, k, v, modality, keep)  # fp64 on the GPU, from the bf16 inputs
+    bf16_tol = 2 * 2.0 ** -8 * float(v.abs().max())
+    for backend in ("triton", "flex", "sdpa"):
+        got = path_sparse_attention(q, k, v, modality, keep, backend=backend)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=bf16_tol, msg=lambda m: f"{backend}: {m}")
+    fp32 = path_sparse_attention(q.float(), k.float(), v.float(), modality, keep, backend="triton")
+    torch.testing.assert_close(fp32.double(), want, rtol=0, atol=2e-5)  # IEEE fp32 dots, not TF32

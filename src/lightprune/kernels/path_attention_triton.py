@@ -17,8 +17,9 @@ unless they share a boundary tile with a retained one. A query with no retained 
 (l = 0). GQA: head h reads kv head ``h // (H // H_kv)``.
 
 bf16 / fp16 inputs feed ``tl.dot`` directly on the GPU (fp32 accumulation; P is cast to V's dtype as
-in FlashAttention); under ``TRITON_INTERPRET=1`` (CPU) the tiles are upcast to fp32 before ``tl.dot``
-(the interpreter's numpy dot has no bf16). This module imports triton: import it lazily.
+in FlashAttention); fp32 inputs use IEEE fp32 dots (no TF32); under ``TRITON_INTERPRET=1`` (CPU) the
+tiles are upcast to fp32 before ``tl.dot`` (the interpreter's numpy dot has no bf16). This module
+imports triton: import it lazily.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def _path_attention_fwd(Q, K, V, Mod, Bits, Iv, Out,
                         s_ob, s_oh, s_om, s_od, s_mb, s_mk, s_ib, s_ih, s_in, s_it,
                         n_heads, groups, q_len, k_len, n_int, qk_scale,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_D: tl.constexpr, NUM_CODES: tl.constexpr, UPCAST: tl.constexpr):
+                        BLOCK_D: tl.constexpr, NUM_CODES: tl.constexpr, UPCAST: tl.constexpr,
+                        PRECISION: tl.constexpr):
     qb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_heads
@@ -80,7 +82,7 @@ def _path_attention_fwd(Q, K, V, Mod, Bits, Iv, Out,
             keep = allowed & n_ok[None, :] & m_ok[:, None] & (offs_n[None, :] <= q_pos[:, None])
             if UPCAST:
                 k = k.to(tl.float32)
-            s = tl.dot(q, k) * qk_scale
+            s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
             s = tl.where(keep, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: p = alpha = 0
@@ -90,7 +92,7 @@ def _path_attention_fwd(Q, K, V, Mod, Bits, Iv, Out,
             v = tl.load(v_base + offs_n[:, None] * s_vn + offs_d[None, :] * s_vd,
                         mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
             if UPCAST:
-                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision=PRECISION)
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
@@ -151,6 +153,9 @@ def triton_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
     modality = modality.to(torch.int8).contiguous()
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     scale = dim ** -0.5 if scale is None else float(scale)
+    # fp32 dots in full precision (no TF32), as torch's SDPA does by default; tf32 is the default only
+    # named for bf16 / fp16 tiles, where it has no effect
+    fp32 = _INTERPRET or query.dtype == torch.float32
     grid = (n_blocks, batch * heads)
     _path_attention_fwd[grid](
         query, key, value, modality, bits, intervals, out,
@@ -158,6 +163,7 @@ def triton_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
         *intervals.stride()[:4],
         heads, heads // kv_heads, q_len, k_len, intervals.shape[3], scale * _LOG2E,
         HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(dim)),
-        NUM_CODES=NUM_CODES, UPCAST=_INTERPRET, num_warps=num_warps, num_stages=num_stages,
+        NUM_CODES=NUM_CODES, UPCAST=_INTERPRET, PRECISION="ieee" if fp32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out
