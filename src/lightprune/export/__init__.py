@@ -5,6 +5,7 @@
     report = lp.export_pruned(model, plan, out_dir)   # mask -> reference logits, prune, save, verify
     lp.save_pruned(model, out_dir)                    # an already pruned model
     model = lp.load_pruned(out_dir)                   # never runs the checkpoint's code
+    lp.save_width_pruned(model, width_plan, out_dir)  # MWOP: weights + width_plan.json, kernels on load
 
 Checkpoints are safetensors only, written to a hidden sibling directory and renamed into place
 after verification. A checkpoint whose layers keep different numbers of experts records them as
@@ -17,6 +18,7 @@ from .load import check_checkpoint, load_pruned
 from .pipeline import export_pruned
 from .save import MANIFEST_FILE, save_pruned
 from .verify import ExportVerificationError, default_probe
+from .width import WIDTH_PLAN_FILE, attach_width_kernels, save_width_pruned
 
 __all__ = ["save_pruned", "load_pruned", "export_pruned", "ExportVerificationError", "default_probe",
-           "check_checkpoint", "MANIFEST_FILE"]
+           "check_checkpoint", "MANIFEST_FILE", "save_width_pruned", "attach_width_kernels", "WIDTH_PLAN_FILE"]

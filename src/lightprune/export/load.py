@@ -111,7 +111,7 @@ def check_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None, trust_remote_code: bool = False,
-                **from_pretrained_kwargs: Any) -> nn.Module:
+                attention_backend: str = "sdpa", **from_pretrained_kwargs: Any) -> nn.Module:
     """Load a checkpoint written by :func:`save_pruned` (or any uniform one), in eval mode.
 
     Args:
@@ -119,6 +119,8 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
         dtype: weights dtype; default: the one recorded in the config.
         trust_remote_code: build the model with the checkpoint's own ``modeling_lightprune.py``
             (transformers' auto class) instead of lightprune's in-process resize.
+        attention_backend: for an MWOP width checkpoint (``width_plan.json``): the path-sparse attention
+            backend, ``sdpa``, ``flex`` or ``triton`` (:mod:`lightprune.export.width`).
         **from_pretrained_kwargs: passed on (``device_map``, ``attn_implementation``, ...).
     """
     path = check_checkpoint(path)
@@ -136,4 +138,13 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
             if experts_per_layer(config):
                 cls = resizing_class(cls)
             model = cls.from_pretrained(path, config=config, **kwargs)
-    return model.eval()
+    model.eval()
+    from .width import WIDTH_PLAN_FILE, attach_width_kernels, read_width_manifest
+
+    if (path / WIDTH_PLAN_FILE).is_file():
+        from ..plan import WidthPlan
+
+        plan = WidthPlan.load(path / WIDTH_PLAN_FILE)
+        attach_width_kernels(model, plan, align=int(read_width_manifest(path)["align"]),
+                             attention_backend=attention_backend)
+    return model

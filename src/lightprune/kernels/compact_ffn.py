@@ -283,7 +283,8 @@ class CompactFFNSwap:
     the token modality (``hooks.state.modality``) and, with ``mask_attention``, mask the plan's paths.
     """
 
-    def __init__(self, model: nn.Module, plan: WidthPlan, align: int = 64, *, mask_attention: bool = True):
+    def __init__(self, model: nn.Module, plan: WidthPlan, align: int = 64, *, mask_attention: bool = True,
+                 attention_backend: str | None = None):
         from ..surgery.width_mask import WidthHooks
 
         if not isinstance(plan, WidthPlan):
@@ -300,7 +301,7 @@ class CompactFFNSwap:
         # the modality pre-hook (and the attention masks, when asked) without FFN masks
         rest = WidthPlan(attn_keep=dict(plan.attn_keep) if mask_attention else {}, ffn_keep={},
                          num_heads=dict(plan.num_heads), intermediate_size=dict(plan.intermediate_size))
-        self.hooks = WidthHooks(model, rest)
+        self.hooks = WidthHooks(model, rest, attention_backend=attention_backend)
         self._mlps = {i: layers[i].mlp for i in self.modules}
         self._split: dict = {}
         for i, mlp in self._mlps.items():
@@ -346,13 +347,16 @@ class CompactFFNSwap:
         self.remove()
 
 
-def swap_compact_ffn(model: nn.Module, plan: WidthPlan, align: int = 64, *,
-                     mask_attention: bool = True) -> CompactFFNSwap:
+def swap_compact_ffn(model: nn.Module, plan: WidthPlan, align: int = 64, *, mask_attention: bool = True,
+                     attention_backend: str | None = None) -> CompactFFNSwap:
     """Run every FFN that ``plan`` prunes as a :class:`CompactModalityFFN` (in memory, reversible).
 
     With ``mask_attention`` (default) the plan's attention paths are masked as :func:`mask_width` does, so
     the model computes what ``mask_width(model, plan)`` computes; ``mask_attention=False`` leaves attention
     dense (for a path-sparse attention installed separately, which can read ``handle.hooks.state``).
+    ``attention_backend`` (``"sdpa"``, ``"flex"``, ``"triton"``) runs the masked paths through
+    :func:`lightprune.kernels.path_sparse_attention` instead of a dense per-head mask: the exported
+    model's runtime (:func:`lightprune.export.load_pruned` of a width checkpoint).
     Nesting with ``mask_width`` / another swap is refused (one :class:`WidthHooks` per model).
     """
-    return CompactFFNSwap(model, plan, align, mask_attention=mask_attention)
+    return CompactFFNSwap(model, plan, align, mask_attention=mask_attention, attention_backend=attention_backend)

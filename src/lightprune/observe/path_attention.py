@@ -69,12 +69,15 @@ class ModalityState:
 @dataclass(eq=False)
 class PathRoute:
     """What the path attention does for one layer: ``keep`` bool [H, 3] (None = all kept) and, in gate
-    mode, ``gate`` [B, H, 3] (set per batch by the Taylor pass; None = mask mode)."""
+    mode, ``gate`` [B, H, 3] (set per batch by the Taylor pass; None = mask mode). ``backend`` (mask mode
+    only): None builds the dense [B, H, Q, K] mask here; ``"sdpa"``, ``"flex"`` or ``"triton"`` calls
+    :func:`lightprune.kernels.path_sparse_attention` (the exported model's path-sparse attention)."""
 
     layer: int
     state: ModalityState
     keep: torch.Tensor | None = None
     gate: torch.Tensor | None = None
+    backend: str | None = None
 
     def __post_init__(self) -> None:
         # a layer that keeps every path runs the original implementation unchanged (mask mode)
@@ -141,6 +144,8 @@ def _routed(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: to
     k_len = key.shape[2]
     key_mod, query_mod = layer_route.state.keys_and_queries(batch, q_len, k_len, where)
     key_mod, query_mod = key_mod.to(query.device), query_mod.to(query.device)
+    if layer_route.backend is not None and layer_route.gate is None:
+        return _kernel(module, query, key, value, key_mod, layer_route, kwargs, where)
     allowed, additive = dense_mask(module, attention_mask, batch, q_len, k_len, query.device, kwargs)
     paths = path_masks(query_mod, key_mod)
     keep = allowed.expand(batch, heads, q_len, k_len)
@@ -176,6 +181,22 @@ def _routed(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: to
         # (g - 1) = 0: the value is unchanged; d out / d g[b, h, p] = O_(h, p), the path's contribution
         delta = torch.einsum("bhp,pbhqd->bhqd", gate.to(contributions.device, torch.float32) - 1, contributions)
         out = out + delta.to(out.dtype)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _kernel(module, query, key, value, key_mod, layer_route: PathRoute, kwargs: dict, where: str):
+    """The exported model's attention: the kernel derives causality and padding from the token modality,
+    so only a plain causal + padding mask is representable (no sliding window, no dropout)."""
+    from ..kernels import path_sparse_attention
+
+    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    if window is not None:
+        raise NotImplementedError(f"{where}: the {layer_route.backend!r} path-sparse attention supports causal + "
+                                  f"padding masks only, this layer has sliding_window={window}")
+    if float(kwargs.get("dropout", 0.0) or 0.0):
+        raise NotImplementedError(f"{where}: the path-sparse attention kernels run without attention dropout")
+    out = path_sparse_attention(query, key, value, key_mod, layer_route.keep, scale=kwargs.get("scaling"),
+                                backend=layer_route.backend)
     return out.transpose(1, 2).contiguous(), None
 
 

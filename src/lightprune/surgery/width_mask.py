@@ -53,11 +53,17 @@ class WidthHooks:
     """
 
     def __init__(self, model: nn.Module, plan: WidthPlan | None, *, gate_attention: bool = False,
-                 gate_ffn: bool = False):
+                 gate_ffn: bool = False, attention_backend: str | None = None):
         if plan is not None and not isinstance(plan, WidthPlan):
             raise TypeError(f"plan must be a WidthPlan, got {type(plan).__name__}")
         if plan is not None:
             plan.validate(model)
+        if attention_backend is not None:
+            from ..kernels import BACKENDS
+
+            if attention_backend not in BACKENDS:
+                raise ValueError(f"attention_backend must be None or one of {list(BACKENDS)}, "
+                                 f"got {attention_backend!r}")
         base, path, decoder = language_decoder(model)
         self.base = base
         self.layers = {layer.index: layer for layer in find_width_layers(model)}
@@ -88,7 +94,8 @@ class WidthHooks:
                 keep = plan.attn_keep.get(i) if plan is not None else None
                 if keep is not None:
                     keep = keep.to(self._device(self.layers[i].attention))
-                self.routes[i] = path_attention.PathRoute(layer=i, state=self.state, keep=keep)
+                self.routes[i] = path_attention.PathRoute(layer=i, state=self.state, keep=keep,
+                                                          backend=attention_backend)
                 path_attention.route(self.layers[i].attention, self.routes[i])
             for i in sorted(ffn_layers):
                 if plan is not None and i in plan.ffn_keep:

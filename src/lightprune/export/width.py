@@ -1,0 +1,141 @@
+"""Save and load an MWOP width-pruned checkpoint (paper 002, appendix D.5): :func:`save_width_pruned`.
+
+MWOP keeps every weight (the plan removes attention paths and FFN channel executions, not parameters),
+so the checkpoint is the model's own ``save_pretrained`` plus ``width_plan.json`` and a manifest
+(``lightprune_export.json`` with ``"format": "lightprune-width-export"``, the FFN alignment and the
+plan's pruned fractions). :func:`lightprune.load_pruned` sees the plan and swaps the export-time modules
+in (:func:`attach_width_kernels`): the path-sparse attention on the chosen backend (``sdpa``, ``flex``,
+``triton``) and the compact modality FFN with the recorded alignment. The swap handle is kept on the
+model as ``model.lightprune_width`` (``.remove()`` gives the dense model back).
+
+Verification, as for expert exports: the reloaded model's logits on a probe batch (a multimodal batch
+from the caller; the default text-only probe would exercise the T2T path only) equal the reference
+logits of the masked model (``mask_width``) at every non-padding position (a padding query keeps no
+key in the kernels and outputs zeros there; its logits are never used). A mismatch raises
+:class:`ExportVerificationError` and leaves ``out_dir`` untouched.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..plan import MODALITIES, PATHS, WidthPlan
+from .staging import staging_dir
+from .verify import ExportVerificationError, default_atol, default_probe, model_logits
+
+__all__ = ["save_width_pruned", "attach_width_kernels", "read_width_manifest", "WIDTH_PLAN_FILE", "WIDTH_FORMAT"]
+
+WIDTH_PLAN_FILE = "width_plan.json"
+WIDTH_FORMAT = "lightprune-width-export"
+_MANIFEST = "lightprune_export.json"
+
+
+def attach_width_kernels(model: nn.Module, plan: WidthPlan, align: int = 64, attention_backend: str = "sdpa"):
+    """Swap the path-sparse attention and the compact FFNs into ``model`` (in place); the handle is returned
+    and kept as ``model.lightprune_width``."""
+    from ..kernels import check_backend, swap_compact_ffn
+
+    device = next(model.parameters()).device
+    check_backend(attention_backend, device)
+    handle = swap_compact_ffn(model, plan, align, mask_attention=True, attention_backend=attention_backend)
+    model.lightprune_width = handle
+    return handle
+
+
+def _valid_positions(probe: Mapping[str, Any], logits: torch.Tensor) -> torch.Tensor:
+    mask = probe.get("attention_mask")
+    if mask is None:
+        return torch.ones(logits.shape[:2], dtype=torch.bool)
+    return mask.bool().cpu()
+
+
+def _max_diff(logits: torch.Tensor, reference: torch.Tensor, valid: torch.Tensor, what: str) -> float:
+    if logits.shape != reference.shape:
+        raise ExportVerificationError(f"{what}: logits {tuple(logits.shape)} vs reference {tuple(reference.shape)}")
+    diff = (logits - reference.float().cpu()).abs()[valid]
+    if torch.isnan(diff).any():
+        raise ExportVerificationError(f"{what}: NaN in the logits difference", float("nan"))
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+def _summary(plan: WidthPlan) -> dict[str, float]:
+    units = list(PATHS) + ([f"ffn_{m}" for m in MODALITIES] if plan.intermediate_size else [])
+    return {unit: plan.pruned_fraction(unit) for unit in units}
+
+
+def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathLike, *,
+                      probe: Mapping[str, Any] | None = None, reference_logits: torch.Tensor | None = None,
+                      atol: float | None = None, align: int = 64, overwrite: bool = False, processor: Any = None,
+                      metadata: Mapping[str, Any] | None = None) -> Path:
+    """Write ``model`` (a transformers MLLM, no adapter, no active masks) with ``plan`` to ``out_dir``.
+
+    Args:
+        model: the model whose weights are saved (merge LoRA adapters first).
+        plan: the WidthPlan the checkpoint runs with.
+        probe: keyword batch for verification (give a multimodal one; default: a text-only probe).
+        reference_logits: the logits the reloaded model must reproduce on ``probe`` (default: ``model``
+            under ``mask_width(model, plan)``).
+        atol: largest allowed absolute logits difference (default 1e-5 fp32, 1e-2 bf16/fp16).
+        align: the compact FFN's channel alignment b recorded for loading (paper: 64).
+        overwrite: replace an existing non-empty ``out_dir`` once the new one is verified.
+        processor: saved beside the weights when given.
+        metadata: extra entries for the manifest (e.g. the search's ATR and FLOPs).
+    """
+    from ..surgery.width_mask import mask_width
+
+    if int(align) != align or align < 1:
+        raise ValueError(f"align must be a positive integer, got {align!r}")
+    if getattr(model, "lightprune_width", None) is not None:
+        raise ValueError("save_width_pruned got a model with width kernels attached; save the plain model")
+    plan.validate(model)
+    probe = dict(probe) if probe is not None else default_probe(model)
+    if reference_logits is None:
+        with mask_width(model, plan):
+            reference_logits = model_logits(model, probe)
+    atol = default_atol(model) if atol is None else float(atol)
+    valid = _valid_positions(probe, reference_logits)
+    with staging_dir(out_dir, overwrite) as tmp:
+        model.save_pretrained(tmp)
+        if processor is not None:
+            processor.save_pretrained(tmp)
+        plan.save(tmp / WIDTH_PLAN_FILE)
+        from .load import load_pruned
+
+        reloaded = load_pruned(tmp).to(next(model.parameters()).device)
+        try:
+            diff = _max_diff(model_logits(reloaded, probe), reference_logits, valid, "reloaded width checkpoint")
+        finally:
+            del reloaded
+            gc.collect()
+        if diff > atol:
+            raise ExportVerificationError(f"reloaded width checkpoint: max |logit diff| {diff:.3g} > atol {atol:g} "
+                                          "against the masked model", diff, atol)
+        manifest = {"format": WIDTH_FORMAT, "format_version": 1, "model_type": model.config.model_type,
+                    "align": int(align), "pruned_fractions": _summary(plan),
+                    "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+                    "verification": {"max_abs_diff": diff, "atol": atol, "attention_backend": "sdpa",
+                                     "probe_shapes": {k: list(v.shape) for k, v in probe.items()
+                                                      if isinstance(v, torch.Tensor)}},
+                    **dict(metadata or {})}
+        (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return Path(out_dir).expanduser().absolute()
+
+
+def read_width_manifest(path: Path) -> dict[str, Any]:
+    """The width export's manifest (alignment) at ``path``; defaults when a plan was dropped in by hand."""
+    manifest = path / _MANIFEST
+    if not manifest.is_file():
+        return {"align": 64}
+    data = json.loads(manifest.read_text())
+    if data.get("format") != WIDTH_FORMAT:
+        raise ValueError(f"{path} has {WIDTH_PLAN_FILE} but its manifest is of format {data.get('format')!r}, "
+                         f"not {WIDTH_FORMAT!r}")
+    return data
