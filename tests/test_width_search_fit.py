@@ -188,3 +188,23 @@ def test_an_interrupted_search_resumes_to_the_same_result(whole_run, m0_checkpoi
     assert [c.plan for c in again.history] == [c.plan for c in whole.history]
     assert [c.atr for c in again.history] == pytest.approx([c.atr for c in whole.history], abs=1e-9)
     assert resumed.plan == search.plan
+
+
+def test_width_export_writes_the_chosen_model(m0_checkpoint, tmp_path):
+    """Search, then export: the reloaded checkpoint (kernels swapped in) equals the searched, masked model."""
+    from lightprune.callbacks import WidthExport
+    from lightprune.export import load_pruned
+
+    export = WidthExport(align=1)
+    search, module, _ = _fit(m0_checkpoint, tmp_path, callbacks=[export])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["search"]["chosen"] == search.plan.metadata["chosen"]
+    assert report["verification"]["max_abs_diff"] <= 1e-5
+    reloaded = load_pruned(tmp_path / "model")
+    assert WidthPlan.load(tmp_path / "model" / "width_plan.json") == search.plan
+    data = TaskData(reloaded)
+    from lightprune.retention import evaluate_tasks, retention
+
+    ref = torch.tensor(search.state_dict()["reference"], dtype=torch.float64)
+    assert retention(evaluate_tasks(reloaded, data.val, 2), ref, TaskData.task_names).atr == \
+        pytest.approx(search.search.final().atr)

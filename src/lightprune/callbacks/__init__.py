@@ -4,5 +4,7 @@ from .expert_pruning import ExpertPruning
 from .expert_stats import ExpertStats
 from .export import Export
 from .router_delta import RouterDelta
+from .width_export import WidthExport
+from .width_search import WidthSearch
 
-__all__ = ["ExpertPruning", "ExpertStats", "Export", "RouterDelta"]
+__all__ = ["ExpertPruning", "ExpertStats", "Export", "RouterDelta", "WidthExport", "WidthSearch"]

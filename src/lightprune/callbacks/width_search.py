@@ -140,6 +140,10 @@ class WidthSearch(pl.Callback):
         modality = stage.removeprefix("ffn_")
         return select_channels(self._ffn_scores, {modality: ratio}, base, last_layer_first=self.last_layer_first)
 
+    def release_masks(self) -> None:
+        """Remove the masks this callback applied (after the search: the chosen plan's); e.g. before an export."""
+        self._unmask()
+
     def _unmask(self) -> None:
         if self._handle is not None:
             self._handle.remove()

@@ -1,0 +1,124 @@
+"""WidthExport: write the MWOP search's chosen model as a verified width checkpoint (paper 002, D.5).
+
+At the end of the fit it takes the plan of the run's :class:`WidthSearch` (whose model is left with the
+chosen candidate's recovered weights and masks) or ``plan_path``; computes the masked model's logits on a
+probe batch (the first batch of the evaluation set: image and text tokens, so every path is exercised);
+removes the masks; merges the LoRA adapter into the base weights (the projector was trained in full, so
+it is already there); and writes the checkpoint with :func:`lightprune.export.save_width_pruned`, which
+reloads it with the path-sparse attention and compact FFNs swapped in and checks the logits against the
+masked ones. ``report.json`` in the run directory records the plan's pruned fractions, the search's ATR
+and FLOPs, checkpoint bytes and timings. Only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from ..export.verify import model_logits
+from ..plan import WidthPlan
+from ..retention import MODEL_INPUT_EXCLUDE
+from .job_end import JobEndCallback
+from .width_search import WidthSearch
+
+__all__ = ["WidthExport"]
+
+
+def _merged(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model with a peft LoRA merged in (in place); other adapters are refused."""
+    from peft import PeftModel
+
+    from ..modules.adapters import base_model_of
+    from ..modules.houlsby import has_houlsby
+
+    if isinstance(model, PeftModel):
+        return model.merge_and_unload()
+    base = base_model_of(model)
+    if has_houlsby(base):
+        raise ValueError("WidthExport merges LoRA adapters; Houlsby adapters add modules a checkpoint of the "
+                         "stock architecture cannot hold")
+    return base
+
+
+class WidthExport(JobEndCallback):
+    """Export the width-pruned model of the run.
+
+    Args:
+        output_dir: run directory for report.json (default: ``trainer.default_root_dir``).
+        checkpoint_dir: where the checkpoint goes (default: ``<output_dir>/model``).
+        plan_path: export with this width_plan.json instead of the WidthSearch's plan (the model as it is).
+        overwrite: replace an existing checkpoint directory.
+        atol: largest logit difference accepted by verification (default 1e-5 fp32, 1e-2 bf16/fp16).
+        align: the compact FFN's channel alignment b (paper: 64).
+    """
+
+    def __init__(self, output_dir: str | None = None, checkpoint_dir: str | None = None,
+                 plan_path: str | None = None, overwrite: bool = False, atol: float | None = None, align: int = 64):
+        super().__init__()
+        if plan_path is not None and not Path(plan_path).is_file():
+            raise FileNotFoundError(f"plan_path {plan_path!r} does not exist")
+        if atol is not None and not atol > 0:
+            raise ValueError(f"atol must be positive, got {atol!r}")
+        if int(align) != align or align < 1:
+            raise ValueError(f"align must be a positive integer, got {align!r}")
+        self.output_dir, self.checkpoint_dir, self.plan_path = output_dir, checkpoint_dir, plan_path
+        self.overwrite, self.atol, self.align = overwrite, atol, int(align)
+        self.report: dict[str, Any] | None = None
+
+    def _plan(self, trainer: pl.Trainer) -> tuple[WidthPlan, WidthSearch | None]:
+        if self.plan_path is not None:
+            return WidthPlan.load(self.plan_path), None
+        searches = [cb for cb in trainer.callbacks if isinstance(cb, WidthSearch)]
+        if not searches:
+            raise ValueError("WidthExport needs a plan: add a WidthSearch callback or set plan_path")
+        if searches[0].plan is None:
+            raise ValueError("WidthExport: the WidthSearch has not finished (no plan); the fit stopped early")
+        return searches[0].plan, searches[0]
+
+    def _probe(self, trainer: pl.Trainer) -> dict[str, Any]:
+        batch = next(iter(trainer.datamodule.val_dataloader()))
+        return {k: v for k, v in batch.items() if k not in MODEL_INPUT_EXCLUDE}
+
+    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from ..export import save_width_pruned
+        from ..surgery.width_mask import mask_width
+
+        if self.report is not None:
+            return
+        start = time.perf_counter()
+        plan, search = self._plan(trainer)
+        run_dir = Path(self.output_dir or trainer.default_root_dir)
+        ckpt_dir = Path(self.checkpoint_dir) if self.checkpoint_dir else run_dir / "model"
+        probe = self._probe(trainer)
+        if search is not None:
+            search.release_masks()
+        with mask_width(pl_module.model, plan):
+            reference = model_logits(pl_module.model, probe)
+        model = _merged(pl_module.model)
+        pl_module.model = model
+        processor = getattr(trainer.datamodule, "processor", None)
+        if trainer.is_global_zero:
+            save_width_pruned(model, plan, ckpt_dir, probe=probe, reference_logits=reference, atol=self.atol,
+                              align=self.align, overwrite=self.overwrite, processor=processor,
+                              metadata={"search": dict(plan.metadata)})
+            manifest = json.loads((ckpt_dir / "lightprune_export.json").read_text())
+            self.report = {"method": "mwop", "checkpoint": str(ckpt_dir.absolute()),
+                           "checkpoint_bytes": sum(f.stat().st_size for f in ckpt_dir.rglob("*") if f.is_file()),
+                           "pruned_fractions": manifest["pruned_fractions"], "search": dict(plan.metadata),
+                           "verification": manifest["verification"], "seconds": time.perf_counter() - start}
+            run_dir.mkdir(parents=True, exist_ok=True)
+            tmp = run_dir / "report.json.tmp"
+            tmp.write_text(json.dumps(self.report, indent=1, sort_keys=True))
+            os.replace(tmp, run_dir / "report.json")
+            rank_zero_info(f"WidthExport: wrote {ckpt_dir} (max |logit diff| "
+                           f"{manifest['verification']['max_abs_diff']:.2g}); pruned {manifest['pruned_fractions']}")
+        else:
+            self.report = {}
+        trainer.strategy.barrier()
