@@ -9,11 +9,12 @@ The public API (names and signatures are stable; see DESIGN.md)::
     lp.prune_experts(model, plan)
     lp.save_pruned(model, out_dir); model = lp.load_pruned(out_dir)
 
-MWOP width pruning (paper 002)::
-
-    scores = lp.taylor_importance(model, batches, attention=True, ffn=False)
-    plan = lp.WidthPlan.dense(model).replace(attn_keep={...}, ffn_keep={...})
-    with lp.mask_width(model, plan): ...
+    # MWOP: width pruning of MLLMs (paper 002)
+    scores = lp.taylor_importance(model, batches, attention=True)
+    wplan = lp.select_paths(scores.attn, {"v2v": 0.4}, lp.WidthPlan.dense(model))
+    with lp.mask_width(model, wplan): ...
+    lp.decoder_flops(model.config, vision_tokens, text_tokens, plan=wplan).fraction
+    lp.save_width_pruned(model, wplan, out_dir)   # load_pruned swaps the path-sparse kernels in
 
 Heavy modules (transformers, lightning, export) are imported on first use.
 """
@@ -59,6 +60,11 @@ _LAZY = {
     "WidthScores": "lightprune.taylor",
     "find_width_layers": "lightprune.models.width",
     "token_modality": "lightprune.models.width",
+    "select_paths": "lightprune.width_select",
+    "select_channels": "lightprune.width_select",
+    "decoder_flops": "lightprune.flops",
+    "save_width_pruned": "lightprune.export",
+    "path_sparse_attention": "lightprune.kernels",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
