@@ -148,3 +148,35 @@ def test_rerun_with_the_same_seed_and_data_gives_the_same_plan(tmp_path: Path, m
         outputs.append(((run / "plan.json").read_text(), (run / "scores.json").read_text()))
     assert outputs[0] == outputs[1]
     assert json.loads(outputs[0][1])["router_delta:weight"]["importance"]  # scores were written
+
+
+def test_mwop_recipe_searches_and_exports(tmp_path: Path, monkeypatch) -> None:
+    """configs/mwop.yaml end to end (a 2-point grid): width_plan.json, search.json, a checkpoint whose kernels
+    equal masking, FLOPs recomputed independently."""
+    from lightprune.flops import decoder_flops
+    from lightprune.models.tiny_batches import tiny_multimodal_batch
+
+    run = tmp_path / "run"
+    cli_main(["fit", "--config", "configs/mwop.yaml", "--trainer.default_root_dir", str(run),
+              "--trainer.enable_progress_bar", "false", "--data.init_args.root", str(tmp_path / "cache"),
+              "--data.init_args.n_train", "16", "--data.init_args.n_val", "16", "--data.init_args.n_selection", "8",
+              "--data.init_args.n_calibration", "8", "--trainer.callbacks.init_args.grid", "[0.0, 0.5]",
+              "--trainer.callbacks.init_args.progress", "false"])
+    plan = lp.WidthPlan.load(run / "width_plan.json")
+    search = json.loads((run / "search.json").read_text())
+    assert search["chosen"] == plan.metadata["chosen"]
+    assert {c["stage"] for c in search["search"]["history"]} == {"v2v", "t2v", "t2t", "ffn_vision", "ffn_text"}
+    model = lp.load_pruned(run / "model")
+    config = model.config
+    vision, text = plan.metadata["flops_profile"]
+    expected = decoder_flops(config, vision, text, plan=plan, align=8).total / decoder_flops(config, vision, text).total
+    assert plan.metadata["flops_fraction"] == pytest.approx(expected)
+    batch = tiny_multimodal_batch(model, batch_size=2, seed=3)
+    with torch.no_grad():
+        kernels = model(**batch).logits
+        model.lightprune_width.remove()
+        with lp.mask_width(model, plan):
+            masked = model(**batch).logits
+    valid = batch["attention_mask"].bool()
+    assert (kernels - masked).abs()[valid].max() < 1e-5
+    assert (run / "checkpoints" / "last.ckpt").is_file()

@@ -54,8 +54,21 @@ from .text import pad_token_id
 __all__ = ["ImageTextJsonlDataModule", "load_processor"]
 
 
+TINY_PROCESSOR_PREFIX = "tiny:"
+
+
 def load_processor(processor: Any):
-    """A processor object, or one loaded from a local directory (never from a hub)."""
+    """A processor object, one loaded from a local directory (never from a hub), or ``"tiny:<family>"``:
+    the local processor of a tiny model (:func:`lightprune.data.tiny_mllm_processor`), its tokenizer
+    trained on the built-in corpus and the Shapes QA vocabulary (what a config file can name)."""
+    if isinstance(processor, str) and processor.startswith(TINY_PROCESSOR_PREFIX):
+        from .shapes_qa import shapes_qa_texts
+        from .tiny_processor import TINY_CORPUS, TINY_PROCESSOR_FAMILIES, tiny_mllm_processor
+
+        family = processor[len(TINY_PROCESSOR_PREFIX):]
+        if family not in TINY_PROCESSOR_FAMILIES:
+            raise ValueError(f"processor {processor!r}: tiny processors exist for {list(TINY_PROCESSOR_FAMILIES)}")
+        return tiny_mllm_processor(family, texts=TINY_CORPUS + tuple(shapes_qa_texts()))
     if isinstance(processor, (str, os.PathLike)):
         path = Path(processor).expanduser()
         if not path.is_dir():
