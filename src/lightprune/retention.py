@@ -24,11 +24,11 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 from torchmetrics import Metric
 
-__all__ = ["TaskAccuracy", "evaluate_tasks", "Retention", "retention", "METRICS", "MODEL_INPUT_EXCLUDE"]
+from .batch import model_inputs
+
+__all__ = ["TaskAccuracy", "evaluate_tasks", "Retention", "retention", "METRICS"]
 
 METRICS = ("token", "exact", "prob")
-#: batch keys that are not model inputs
-MODEL_INPUT_EXCLUDE = ("labels", "task_ids")
 
 
 class TaskAccuracy(Metric):
@@ -89,8 +89,7 @@ def evaluate_tasks(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]],
         for batch in iterator:
             if "labels" not in batch:
                 raise ValueError("evaluation batches need labels (-100 outside the answer)")
-            inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
-                      if k not in MODEL_INPUT_EXCLUDE}
+            inputs = model_inputs(batch, device=device)
             logits = model(**inputs).logits
             acc.update(logits, batch["labels"].to(device), batch.get("task_ids"))
     finally:

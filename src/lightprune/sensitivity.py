@@ -38,6 +38,7 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch import nn
 
+from .batch import model_inputs
 from .models import MoELayer, RoutingLimits, find_moe_layers
 from .scores import ExpertScores
 
@@ -229,7 +230,7 @@ def router_logits(model: nn.Module, batch: Mapping[str, Any]) -> dict[int, torch
             captured[layer.index].append(logits.detach())
         return hook
 
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    inputs = model_inputs(batch)
     try:
         for layer in layers:
             handles.append(innermost_router(layer.router).register_forward_hook(hook_for(layer)))

@@ -37,13 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .batch import model_inputs
 from .models.width import TEXT, VISION, find_width_layers, vision_token_ids
 from .plan import MODALITIES, PATHS, WidthPlan
 
-__all__ = ["WidthScores", "taylor_importance", "answer_losses", "NON_MODEL_KEYS"]
-
-#: batch keys that are never passed to the model
-NON_MODEL_KEYS = ("labels", "task_ids")
+__all__ = ["WidthScores", "taylor_importance", "answer_losses"]
 
 
 @dataclass(eq=False)
@@ -156,8 +154,7 @@ def taylor_importance(model: nn.Module, batches: Iterable[Mapping[str, Any]], *,
             if "labels" not in batch:
                 raise ValueError(f"batch {step} has no 'labels': Taylor importance needs the answer tokens "
                                  f"(-100 elsewhere)")
-            inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
-                      if k not in NON_MODEL_KEYS}
+            inputs = model_inputs(batch, device=device)
             labels = batch["labels"].to(device)
             gates = hooks.new_gates(labels.shape[0], device)
             with torch.enable_grad():

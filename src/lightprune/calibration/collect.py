@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
+from ..batch import model_inputs
 from ..models import MoELayer, find_moe_layers, get_adapter
 from ..observe.experts_impl import observing_experts
 from .accumulate import LayerAccumulator
@@ -175,8 +176,7 @@ def collect_expert_stats(model: nn.Module, batches: Iterable[Mapping[str, Any]],
         iterator = tqdm(batches, desc="calibration", unit="batch", leave=False)
     with observer, torch.no_grad():
         for batch in iterator:
-            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
-                     if k != "labels"}  # no loss is needed to observe experts
+            batch = model_inputs(batch, device=device)  # no loss is needed to observe experts
             observer.begin_batch(batch)
             model(**batch)
     if observer.batches_seen == 0:

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
+from ..batch import model_inputs
 from ..ranking import spearman
 from ..models import MoELayer, find_moe_layers, get_adapter
 from .result import CalibrationStats
@@ -86,6 +87,7 @@ def ground_truth_kl(model: nn.Module, batches: Iterable[Mapping[str, Any]], subs
 
         bar = tqdm(total=len(batches) * len(chunks), desc="ground-truth KL", unit="forward", leave=False)
     for batch in batches:
+        batch = model_inputs(batch)
         masks = base_masks(batch, vision_ids)
         bsz, seq = masks["all"].shape
         full = torch.log_softmax(model(**batch).logits.double(), dim=-1)

@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from ..export.verify import model_logits
 from ..plan import WidthPlan
-from ..retention import MODEL_INPUT_EXCLUDE
+from ..batch import model_inputs
 from .job_end import JobEndCallback
 from .width_search import WidthSearch
 
@@ -84,7 +84,7 @@ class WidthExport(JobEndCallback):
 
     def _probe(self, trainer: pl.Trainer) -> dict[str, Any]:
         batch = next(iter(trainer.datamodule.val_dataloader()))
-        return {k: v for k, v in batch.items() if k not in MODEL_INPUT_EXCLUDE}
+        return model_inputs(batch)
 
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from ..export import save_width_pruned

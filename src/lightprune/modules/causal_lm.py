@@ -30,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
+from ..batch import model_inputs
 from .adapters import AdapterSpec, apply_adapter, base_model_of
 from .optim import OPTIMIZERS, SCHEDULERS, build_optimizer, build_scheduler, check_choice
 
@@ -37,8 +38,6 @@ __all__ = ["MoECausalLM"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# batch keys for callbacks and metrics, never model inputs
-_SAMPLE_KEYS = ("task_ids",)
 
 
 class MoECausalLM(pl.LightningModule):
@@ -123,18 +122,23 @@ class MoECausalLM(pl.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:
             return
-        self.model = self.build_original()
-        if self.hparams.load_in_4bit:
-            from .quantize import quantize_4bit
+        from ..distributed import outside_zero_init
 
-            self.model = quantize_4bit(self.model, compute_dtype=_DTYPES[self.hparams.dtype])
-        if self.adapter is not None:
-            self.model = apply_adapter(self.model, self.adapter)
+        # inside Lightning's ZeRO-3 zero.Init the tiny model's seeded re-draws and peft's LoRA init (B = 0)
+        # would write into empty partitions: build with full parameters, DeepSpeed partitions them later
+        with outside_zero_init():
+            self.model = self.build_original()
+            if self.hparams.load_in_4bit:
+                from .quantize import quantize_4bit
+
+                self.model = quantize_4bit(self.model, compute_dtype=_DTYPES[self.hparams.dtype])
+            if self.adapter is not None:
+                self.model = apply_adapter(self.model, self.adapter)
         # Lightning switches train/eval per loop; start from train mode like any fresh module
         self.model.train(self.training)
 
     def forward(self, **batch: Any):
-        return self.model(**{k: v for k, v in batch.items() if k not in _SAMPLE_KEYS})
+        return self.model(**model_inputs(batch, keep_labels=True))
 
     def _shifted(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [B, T-1, V] fp32, next-token labels [B, T-1] with -100 where no loss is taken)."""
