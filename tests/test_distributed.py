@@ -35,7 +35,7 @@ from safetensors.torch import load_file
 import lightprune as lp
 from lightprune.callbacks import ExpertPruning, ExpertStats, Export, RouterDelta
 from lightprune.data import SyntheticTokens
-from lightprune.distributed import has_partitioned, outside_zero_init
+from lightprune.distributed import has_partitioned
 from lightprune.models import find_moe_layers
 from lightprune.modules import MoECausalLM
 from lightprune.trainer import PruneTrainer
@@ -53,16 +53,6 @@ def _strategy(name: str):
     if name == "ddp":
         return "ddp_fork"
     return CPUDeepSpeedStrategy(stage={"zero2": 2, "zero3": 3}[name])
-
-
-class TinyLM(MoECausalLM):
-    """MoECausalLM whose model is built with full parameters even inside Lightning's ZeRO-3 ``zero.Init``
-    (tiny_model's seeded re-draw and peft's LoRA init would write into empty partitions there);
-    DeepSpeed partitions it when the engine starts, so the run reads the same weights as one process."""
-
-    def configure_model(self) -> None:
-        with outside_zero_init():
-            super().configure_model()
 
 
 class _PerRank(pl.Callback):
@@ -114,7 +104,7 @@ def _fit(run: Path, devices: int = 1, strategy="auto") -> Path:
     data = dict(DATA, num_samples=4, batch_size=4 // devices)
     callbacks = [RouterDelta(score="weight", ratio=0.5, overwrite=True, summary=False)]
     trainer = _trainer(run, devices, strategy, callbacks, max_steps=3, num_sanity_val_steps=0, limit_val_batches=0)
-    trainer.fit(TinyLM(tiny="qwen3_moe", adapter=LORA, learning_rate=5e-2, scheduler="constant"),
+    trainer.fit(MoECausalLM(tiny="qwen3_moe", adapter=LORA, learning_rate=5e-2, scheduler="constant"),
                 datamodule=SyntheticTokens(**data))
     return run
 
@@ -223,7 +213,7 @@ def _fit_full(run: Path, devices: int = 1, strategy="auto") -> Path:
     data = dict(DATA, num_samples=4, batch_size=4 // devices)
     callbacks = [ExpertPruning("aimer", ratio=0.5), Export(overwrite=True, summary=False, atol=1e-4)]
     trainer = _trainer(run, devices, strategy, callbacks, max_steps=2, num_sanity_val_steps=0, limit_val_batches=0)
-    trainer.fit(TinyLM(tiny="qwen3_moe", learning_rate=1e-3, scheduler="constant"), datamodule=SyntheticTokens(**data))
+    trainer.fit(MoECausalLM(tiny="qwen3_moe", learning_rate=1e-3, scheduler="constant"), datamodule=SyntheticTokens(**data))
     return run
 
 

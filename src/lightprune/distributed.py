@@ -113,15 +113,20 @@ def layer_parameters(layer: Any) -> list[nn.Parameter]:
     return params
 
 
+_SUSPENDED = False  # an outside_zero_init block is active (nested blocks leave the switch alone)
+
+
 @contextmanager
 def outside_zero_init() -> Iterator[None]:
     """Suspend an active ``deepspeed.zero.Init`` for the block (modules built here keep full parameters).
 
-    A plain context when deepspeed was never imported or no ``zero.Init`` is active.
+    A plain context when deepspeed was never imported or no ``zero.Init`` is active. Re-entrant: only the
+    outermost block suspends and restores (DeepSpeed's own switch is not a counter).
     """
     import sys
 
-    if "deepspeed" not in sys.modules:
+    global _SUSPENDED
+    if "deepspeed" not in sys.modules or _SUSPENDED:
         yield
         return
     from deepspeed.runtime.zero import partition_parameters as zp
@@ -129,10 +134,12 @@ def outside_zero_init() -> Iterator[None]:
     active = zp.top_level_context is not None
     if active:
         zp.shutdown_init_context()
+        _SUSPENDED = True
     try:
         yield
     finally:
         if active:
+            _SUSPENDED = False
             zp.restore_init_context()
 
 
