@@ -9,7 +9,7 @@ from typing import Any
 
 from .plan import ExpertPlan
 
-__all__ = ["write_report", "plot_kept_experts", "summary_table", "print_summary"]
+__all__ = ["write_report", "merge_report", "plot_kept_experts", "summary_table", "print_summary"]
 
 
 def write_report(report: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -20,6 +20,35 @@ def write_report(report: dict[str, Any], path: str | os.PathLike) -> Path:
     tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def _deep_merge(base: dict[str, Any], updates: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in updates.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def merge_report(updates: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:
+    """Merge ``updates`` into the JSON report at ``path`` (nested dicts merged key by key, other values
+    replaced; what ``updates`` does not name is kept), written atomically; returns the merged report.
+
+    A file that is not a JSON object is an error naming it (never silently replaced)."""
+    path = Path(path)
+    current: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            current = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON ({err}); refusing to overwrite it") from None
+        if not isinstance(current, dict):
+            raise ValueError(f"{path} holds a JSON {type(current).__name__}, not an object; refusing to overwrite it")
+    merged = _deep_merge(current, updates)
+    write_report(merged, path)
+    return merged
 
 
 def plot_kept_experts(plan: ExpertPlan, path: str | os.PathLike) -> Path:

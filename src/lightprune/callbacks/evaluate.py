@@ -1,0 +1,311 @@
+"""Evaluate: perplexity and accuracy on held-out data before and after pruning, merged into report.json.
+
+Metrics (torchmetrics, over the positions whose next-token label is not -100: completions and answers
+with the JSONL datamodules' prompt masking, every token of a plain text row):
+
+- ``perplexity``: ``torchmetrics.text.Perplexity`` = exp(mean next-token cross-entropy); ``loss`` its log;
+- ``next_token_accuracy``: the fraction of those positions whose argmax is the label
+  (:class:`~lightprune.retention.TaskAccuracy` with one task, metric ``token``);
+- ``task_accuracy``: per task family (the datamodule's ``task_names`` and the batches' ``task_ids``; one
+  ``default`` family without them), :class:`~lightprune.retention.TaskAccuracy` with ``metric`` (``token``,
+  ``exact`` whole-answer match, or ``prob``);
+- ``lm_eval``: optionally, lm-evaluation-harness on local task YAML files (:func:`run_lm_eval`) through its
+  HF wrapper around the in-memory model (the ``eval`` extra, imported only then).
+
+When (the ``Evaluate`` callback): ``before`` at the start of the job, on the model as built (``on_fit_start``
+under ``fit``, ``setup`` under ``export``, the calibration loop's start under ``calibrate``: list Evaluate
+before ExpertStats there, so that its batches are not observed); ``after`` at the end of the job, once every
+other end-of-job callback (ExpertPruning, Export, RouterDelta, WidthExport, ...) has run, on the model they
+leave: pruned in place, or masked by the run's plan when it is not (an ExpertPlan through
+:func:`~lightprune.mask_experts`, a WidthPlan through :func:`~lightprune.mask_width`). Under ``lightprune
+test`` it evaluates the model as loaded, as ``test``. Results go to ``report.json`` in the run directory under
+``"evaluation"``, merged with what is there (:func:`lightprune.report.merge_report`); only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from ..batch import model_inputs
+from ..report import merge_report
+from ..retention import METRICS, TaskAccuracy
+from .job_end import JobEndCallback
+
+__all__ = ["Evaluate", "evaluate_lm", "run_lm_eval", "load_lm_eval_task"]
+
+
+def _labels(batch: Mapping[str, Any]) -> torch.Tensor:
+    labels = batch.get("labels")
+    if labels is not None:
+        return labels
+    mask = batch.get("attention_mask")
+    ids = batch["input_ids"]
+    return ids if mask is None else ids.masked_fill(mask == 0, -100)
+
+
+@torch.no_grad()
+def evaluate_lm(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]], task_names: Sequence[str] | None = None,
+                metric: str = "token", progress: bool = False, desc: str = "evaluate",
+                max_batches: int | None = None) -> dict[str, Any]:
+    """Perplexity, next-token accuracy and per-task accuracy of ``model`` over ``batches`` (mode restored)."""
+    from torchmetrics.text import Perplexity
+
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
+    names = list(task_names or ["default"])
+    device = next(model.parameters()).device
+    ppl = Perplexity(ignore_index=-100).to(device)
+    next_token = TaskAccuracy(1, "token").to(device)
+    tasks = TaskAccuracy(len(names), metric).to(device)
+    was_training = model.training
+    model.eval()
+    iterator: Iterable = batches
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(batches, desc=desc, unit="batch", leave=False)
+    samples = 0
+    try:
+        for i, batch in enumerate(iterator):
+            if max_batches is not None and i >= max_batches:
+                break
+            labels = _labels(batch).to(device)
+            logits = model(**model_inputs(batch, device=device)).logits.float()
+            if (labels[:, 1:] != -100).any():
+                ppl.update(logits[:, :-1], labels[:, 1:])
+            next_token.update(logits, labels)
+            tasks.update(logits, labels, batch.get("task_ids"))
+            samples += labels.shape[0]
+    finally:
+        model.train(was_training)
+    tokens = int(next_token.total.sum())
+    if tokens == 0:
+        raise ValueError(f"{desc}: the evaluation set has no label tokens (labels != -100) in {samples} samples")
+    value = float(ppl.compute())
+    per_task = tasks.compute().reshape(-1).tolist()  # torchmetrics squeezes a 1-element result
+    return {"perplexity": value, "loss": math.log(value), "next_token_accuracy": float(next_token.compute()),
+            "metric": metric, "task_accuracy": {n: (None if v != v else v) for n, v in zip(names, per_task)},
+            "tokens": tokens, "samples": samples}
+
+
+def _require_lm_eval():
+    try:
+        import lm_eval  # noqa: F401
+        from lm_eval.models.huggingface import HFLM
+    except ImportError as err:
+        raise ImportError("lm-evaluation-harness is not installed: pip install 'lightprune[eval]' "
+                          f"(the 'eval' extra; import failed with: {err})") from None
+    return HFLM
+
+
+def load_lm_eval_task(path: str | Path) -> dict[str, Any]:
+    """A local lm-eval task YAML as a config dict, its ``dataset_kwargs.data_files`` made absolute (relative
+    paths are relative to the YAML file); a hub dataset (any ``dataset_path`` but a local format) is refused."""
+    import yaml
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"lm_eval task file {str(path)!r} does not exist")
+    config = yaml.safe_load(path.read_text())
+    if not isinstance(config, dict) or "task" not in config:
+        raise ValueError(f"{path}: an lm_eval task YAML needs a mapping with a 'task' name, got {type(config).__name__}")
+    if config.get("dataset_path") not in ("json", "csv", "parquet", "text"):
+        raise ValueError(f"{path}: dataset_path must be a local format (json, csv, parquet, text) with "
+                         f"dataset_kwargs.data_files; got {config.get('dataset_path')!r} (nothing is downloaded)")
+    files = (config.get("dataset_kwargs") or {}).get("data_files")
+    if not files:
+        raise ValueError(f"{path}: dataset_kwargs.data_files is missing (the local JSONL of the task)")
+
+    def resolve(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: resolve(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [resolve(v) for v in value]
+        file = Path(value).expanduser()
+        file = file if file.is_absolute() else path.parent / file
+        if not file.is_file():
+            raise FileNotFoundError(f"{path}: data file {str(file)!r} does not exist")
+        return str(file.resolve())
+
+    config["dataset_kwargs"] = {**config["dataset_kwargs"], "data_files": resolve(files)}
+    return config
+
+
+def run_lm_eval(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[str | Path], batch_size: int = 8,
+                limit: int | None = None, log_samples: bool = False) -> dict[str, Any]:
+    """lm-evaluation-harness on local task YAML files, through ``HFLM(pretrained=model)``; returns
+    ``{task: {metric: value}}`` (and ``"samples"`` when ``log_samples``). Runs offline (HF_DATASETS_OFFLINE)."""
+    import os
+
+    HFLM = _require_lm_eval()
+    configs = [load_lm_eval_task(t) for t in tasks]
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    was_training = model.training
+    try:
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(next(model.parameters()).device))
+        out = simple_evaluate(model=lm, tasks=configs, task_manager=TaskManager(include_defaults=False),
+                              limit=limit, log_samples=log_samples)
+    finally:
+        model.train(was_training)
+    results = {name: {k: v for k, v in values.items() if k not in ("alias", "name")}
+               for name, values in out["results"].items()}
+    if log_samples:
+        results["samples"] = out["samples"]
+    return results
+
+
+class Evaluate(JobEndCallback):
+    """Perplexity and accuracy before and after pruning (see the module docstring).
+
+    Args:
+        split: the datamodule split to evaluate on: ``test`` or ``val``.
+        metric: the per-task accuracy, ``token``, ``exact`` or ``prob`` (see :mod:`lightprune.retention`).
+        when: ``before``, ``after`` or both (``lightprune test`` always evaluates once, as ``test``).
+        max_batches: evaluate the first batches only.
+        lm_eval_tasks: local lm-eval task YAML files (``dataset_path: json`` + ``dataset_kwargs.data_files``);
+            needs the ``eval`` extra.
+        lm_eval_batch_size, lm_eval_limit: lm-eval's batch size and samples per task.
+        data: a datamodule to read the split from (default: the trainer's; ``lightprune export`` has none).
+        output_dir: the run directory of report.json (default: ``trainer.default_root_dir``).
+        progress: progress bars over the evaluation batches.
+    """
+
+    def __init__(self, split: str = "test", metric: str = "token", when: Sequence[str] = ("before", "after"),
+                 max_batches: int | None = None, lm_eval_tasks: Sequence[str] = (), lm_eval_batch_size: int = 8,
+                 lm_eval_limit: int | None = None, data: pl.LightningDataModule | None = None,
+                 output_dir: str | None = None, progress: bool = True):
+        super().__init__()
+        if split not in ("test", "val"):
+            raise ValueError(f"split must be 'test' or 'val', got {split!r}")
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
+        when = [when] if isinstance(when, str) else list(when)
+        if not when or any(w not in ("before", "after") for w in when):
+            raise ValueError(f"when must be a non-empty subset of ['before', 'after'], got {when!r}")
+        if max_batches is not None and (int(max_batches) != max_batches or max_batches < 1):
+            raise ValueError(f"max_batches must be a positive integer or None, got {max_batches!r}")
+        self.lm_eval_tasks = [str(t) for t in lm_eval_tasks]
+        if self.lm_eval_tasks:
+            _require_lm_eval()
+            for task in self.lm_eval_tasks:
+                load_lm_eval_task(task)
+        self.split, self.metric, self.when, self.max_batches = split, metric, when, max_batches
+        self.lm_eval_batch_size, self.lm_eval_limit = int(lm_eval_batch_size), lm_eval_limit
+        self.data, self.output_dir, self.progress = data, output_dir, progress
+        self.results: dict[str, Any] = {}
+        self.written = False
+
+    # ------------------------------------------------------------------ helpers
+    def run_dir(self, trainer: pl.Trainer) -> Path:
+        return Path(self.output_dir or trainer.default_root_dir)
+
+    def _datamodule(self, trainer: pl.Trainer):
+        dm = self.data if self.data is not None else trainer.datamodule
+        if dm is None:
+            raise ValueError("Evaluate needs held-out data: give it data= (a datamodule) or run with --data "
+                             "(lightprune export passes no datamodule to its callbacks)")
+        return dm
+
+    def _loader(self, trainer: pl.Trainer):
+        loader = getattr(self._datamodule(trainer), f"{self.split}_dataloader")()
+        if isinstance(loader, list) and not loader:
+            raise ValueError(f"Evaluate: the datamodule has no {self.split!r} split (no {self.split}= JSONL file); "
+                             f"give one or set split to {'val' if self.split == 'test' else 'test'}")
+        return loader
+
+    def _tokenizer(self, trainer: pl.Trainer):
+        dm = self._datamodule(trainer)
+        tok = getattr(dm, "tokenizer", None) or getattr(getattr(dm, "processor", None), "tokenizer", None)
+        if tok is None:
+            raise ValueError(f"lm_eval_tasks need a tokenizer: {type(dm).__name__} has neither .tokenizer nor "
+                             ".processor.tokenizer")
+        return tok
+
+    def measure(self, trainer: pl.Trainer, model: torch.nn.Module, label: str) -> dict[str, Any]:
+        """Evaluate ``model`` now and keep the result as ``label``."""
+        dm = self._datamodule(trainer)
+        result = evaluate_lm(model, self._loader(trainer), getattr(dm, "task_names", None), self.metric,
+                             progress=self.progress, desc=f"evaluate {label}", max_batches=self.max_batches)
+        if self.lm_eval_tasks:
+            result["lm_eval"] = run_lm_eval(model, self._tokenizer(trainer), self.lm_eval_tasks,
+                                            self.lm_eval_batch_size, self.lm_eval_limit)
+        self.results[label] = result
+        rank_zero_info(f"Evaluate ({label}): perplexity {result['perplexity']:.4g}, next-token accuracy "
+                       f"{result['next_token_accuracy']:.4f}, {self.metric} accuracy {result['task_accuracy']}")
+        return result
+
+    def _pruned_view(self, trainer: pl.Trainer, model: torch.nn.Module):
+        """A context in which ``model`` is the run's pruned model: as it is when pruned in place, else masked."""
+        from ..models import find_moe_layers
+        from ..surgery import mask_experts
+        from ..surgery.width_mask import mask_width
+        from .width_search import WidthSearch
+
+        for cb in trainer.callbacks:
+            if isinstance(cb, WidthSearch) and cb.plan is not None:
+                return contextlib.nullcontext() if cb._handle is not None else mask_width(model, cb.plan)
+            plan = getattr(cb, "plan", None)
+            if plan is not None and hasattr(plan, "keep") and hasattr(plan, "num_experts"):
+                counts = {l.index: l.num_experts for l in find_moe_layers(model)}
+                if all(counts.get(l) == len(ids) for l, ids in plan.keep.items()):
+                    return contextlib.nullcontext()  # pruned in place
+                return mask_experts(model, plan)
+        return contextlib.nullcontext()
+
+    def _write(self, trainer: pl.Trainer) -> None:
+        if trainer.is_global_zero and self.results:
+            dm = self._datamodule(trainer)
+            merge_report({"evaluation": {"split": self.split, "metric": self.metric,
+                                         "task_names": list(getattr(dm, "task_names", None) or ["default"]),
+                                         **self.results}}, self.run_dir(trainer) / "report.json")
+        self.written = True
+
+    # ------------------------------------------------------------------ lifecycle
+    def _before(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if "before" in self.when and "before" not in self.results:
+            self.measure(trainer, pl_module.model, "before")
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "export":  # the model is built and no data loop follows: fail or measure now
+            self._datamodule(trainer)
+            if getattr(pl_module, "model", None) is not None:
+                self._before(trainer, pl_module)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._before(trainer, pl_module)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not getattr(trainer, "calibrating", False) or "before" in self.results:
+            return
+        from .expert_stats import ExpertStats
+
+        if any(isinstance(cb, ExpertStats) and cb._observer is not None for cb in trainer.callbacks):
+            raise ValueError("Evaluate is listed after ExpertStats: its 'before' batches would be counted as "
+                             "calibration data; list Evaluate before ExpertStats in trainer.callbacks")
+        self._before(trainer, pl_module)
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.measure(trainer, pl_module.model, "test")
+        self._write(trainer)
+
+    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.written:
+            return
+        for cb in trainer.callbacks:  # idempotent end-of-job callbacks: prune / export first, wherever listed
+            if isinstance(cb, JobEndCallback) and not isinstance(cb, Evaluate) and type(cb).__name__ != "ReportPage":
+                cb.run(trainer, pl_module)
+        if "after" in self.when:
+            model = pl_module.model
+            with self._pruned_view(trainer, model):
+                self.measure(trainer, model, "after")
+        self._write(trainer)
