@@ -14,13 +14,14 @@ key modality), and for every dense-FFN channel c a keep flag per execution modal
 from __future__ import annotations
 
 import copy
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+
+from .jsonio import read_json, write_json
 
 __all__ = ["ExpertPlan", "PlanError", "WidthPlan", "PATHS", "MODALITIES", "WIDTH_UNITS"]
 
@@ -117,23 +118,11 @@ class ExpertPlan:
         return cls(**data)
 
     def save(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        os.replace(tmp, path)
-        return path
+        return write_json(self.to_dict(), path, indent=2)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ExpertPlan":
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"plan file {str(path)!r} does not exist")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise PlanError(f"plan file {str(path)!r} is not valid JSON: {err}") from err
-        return cls.from_dict(data)
+        return cls.from_dict(read_json(path, "plan", PlanError))
 
 
 def _bool_tensor(value: Any, shape: tuple[int, ...], what: str) -> torch.Tensor:
@@ -313,20 +302,8 @@ class WidthPlan:
                    intermediate_size=data["intermediate_size"], metadata=dict(data.get("metadata") or {}))
 
     def save(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict()) + "\n")
-        os.replace(tmp, path)
-        return path
+        return write_json(self.to_dict(), path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "WidthPlan":
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"width plan file {str(path)!r} does not exist")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise PlanError(f"width plan file {str(path)!r} is not valid JSON: {err}") from err
-        return cls.from_dict(data)
+        return cls.from_dict(read_json(path, "width plan", PlanError))

@@ -26,7 +26,6 @@ the sample count are all-reduced once at the end.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .batch import model_inputs
+from .jsonio import read_json, write_json
 from .models.width import TEXT, VISION, find_width_layers, vision_token_ids
 from .plan import MODALITIES, PATHS, WidthPlan
 
@@ -76,19 +76,11 @@ class WidthScores:
         return cls(attn=attn, ffn=ffn, num_samples=int(data["num_samples"]))
 
     def save(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict()) + "\n")
-        os.replace(tmp, path)
-        return path
+        return write_json(self.to_dict(), path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "WidthScores":
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"width score file {str(path)!r} does not exist")
-        return cls.from_dict(json.loads(path.read_text()))
+        return cls.from_dict(read_json(path, "width score"))
 
 
 def answer_losses(logits: torch.Tensor, labels: torch.Tensor, where: str = "batch") -> torch.Tensor:

@@ -13,7 +13,6 @@ and FLOPs, checkpoint bytes and timings. Only rank 0 writes.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from ..export.verify import model_logits
 from ..plan import WidthPlan
+from ..report import merge_report
 from ..batch import model_inputs
 from .job_end import JobEndCallback
 from .width_search import WidthSearch
@@ -113,10 +113,7 @@ class WidthExport(JobEndCallback):
                            "checkpoint_bytes": sum(f.stat().st_size for f in ckpt_dir.rglob("*") if f.is_file()),
                            "pruned_fractions": manifest["pruned_fractions"], "search": dict(plan.metadata),
                            "verification": manifest["verification"], "seconds": time.perf_counter() - start}
-            run_dir.mkdir(parents=True, exist_ok=True)
-            tmp = run_dir / "report.json.tmp"
-            tmp.write_text(json.dumps(self.report, indent=1, sort_keys=True))
-            os.replace(tmp, run_dir / "report.json")
+            merge_report(self.report, run_dir / "report.json")  # other callbacks' entries are kept
             rank_zero_info(f"WidthExport: wrote {ckpt_dir} (max |logit diff| "
                            f"{manifest['verification']['max_abs_diff']:.2g}); pruned {manifest['pruned_fractions']}")
         else:

@@ -26,7 +26,6 @@ absent), ``selection_dataloader`` (training-free sweeps; ``val_dataloader`` when
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,6 +36,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from ..flops import decoder_flops
 from ..plan import PATHS, WIDTH_UNITS, WidthPlan
+from ..report import write_report
 from ..retention import METRICS, evaluate_tasks, retention
 from ..width_search import DEFAULT_GRID, Candidate, StagedSearch
 from ..width_select import select_channels, select_paths
@@ -46,12 +46,6 @@ __all__ = ["WidthSearch"]
 
 def _trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
 
 
 class WidthSearch(pl.Callback):
@@ -326,9 +320,9 @@ class WidthSearch(pl.Callback):
             out = self.run_dir(trainer)
             out.mkdir(parents=True, exist_ok=True)
             self.plan.save(out / "width_plan.json")
-            _write_json(out / "search.json", {"chosen": best.label(), "reference": self._reference,
-                                              "task_names": self._task_names(trainer),
-                                              "flops_profile": self.flops_profile, "search": self.search.to_dict()})
+            write_report({"chosen": best.label(), "reference": self._reference,
+                          "task_names": self._task_names(trainer), "flops_profile": self.flops_profile,
+                          "search": self.search.to_dict()}, out / "search.json")
         rank_zero_info(f"WidthSearch: chose {best.label()} (ATR {best.atr:.2f}, "
                        f"{self.plan.metadata['flops_fraction']:.3f} of the dense FLOPs)")
         if self._bar is not None:
