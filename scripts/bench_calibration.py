@@ -22,10 +22,11 @@ import lightprune as lp
 from lightprune.models import find_moe_layers
 
 
-def build(args):
+def bench_model(layers: int = 4) -> torch.nn.Module:
+    """The scaled-down Qwen3-MoE of this benchmark (also scripts/gpu_check.py's), fp32, eval, seeded."""
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
-    config = Qwen3MoeConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+    config = Qwen3MoeConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=layers, num_attention_heads=4,
                             num_key_value_heads=2, head_dim=64, intermediate_size=512, moe_intermediate_size=128,
                             num_experts=16, num_experts_per_tok=4, norm_topk_prob=True, max_position_embeddings=1024,
                             decoder_sparse_step=1, mlp_only_layers=[])
@@ -34,6 +35,11 @@ def build(args):
     with torch.no_grad():
         for layer in find_moe_layers(model):
             layer.router.weight.normal_(0, 0.5)
+    return model
+
+
+def build(args):
+    model = bench_model(4)
     gen = torch.Generator().manual_seed(1)
     batches = [{"input_ids": torch.randint(0, 4096, (1, args.seq), generator=gen),
                 "attention_mask": torch.ones(1, args.seq, dtype=torch.long)} for _ in range(args.batches)]

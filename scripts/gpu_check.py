@@ -10,6 +10,7 @@ Parts:
   (gathered layer by layer), prune, export and verify on rank 0: seconds, peak GPU memory, the
   export's verification difference. Then the same with router LoRA + RouterDelta, which fails on CPU
   (peft's parameter wrapper under ZeRO-3): its outcome is printed either way.
+- ``prefill``: scripts/bench_prefill.py on the GPU (the paper's 7B shapes; ``--cpu-smoke``: ``--quick``).
 - ``kernels``: when ``lightprune.kernels`` exists, its GPU tests (``pytest -m gpu``) compile and run
   the Triton kernels for real; otherwise it says that the module is absent.
 
@@ -59,30 +60,15 @@ def part_env(args) -> None:
 
 
 def _model(layers: int, device: torch.device):
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_calibration import bench_model
 
-    from lightprune.models import find_moe_layers
-
-    config = Qwen3MoeConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=layers, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=64, intermediate_size=512, moe_intermediate_size=128,
-                            num_experts=16, num_experts_per_tok=4, norm_topk_prob=True, max_position_embeddings=1024,
-                            decoder_sparse_step=1, mlp_only_layers=[])
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for layer in find_moe_layers(model):
-            layer.router.weight.normal_(0, 0.5)
-    return model.to(device)
-
-
-def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    ra, rb = a.argsort().argsort().double(), b.argsort().argsort().double()
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    return float((ra * rb).sum() / (ra.norm() * rb.norm()).clamp_min(1e-12))
+    return bench_model(layers).to(device)
 
 
 def part_calib(args) -> None:
     import lightprune as lp
+    from lightprune.ranking import spearman
 
     device = _device(args.cpu_smoke)
     batches_n, seq = (2, 64) if args.cpu_smoke else (16, 512)
@@ -109,7 +95,7 @@ def part_calib(args) -> None:
     fp32, bf16 = results[torch.float32], results[torch.bfloat16]
     for name in fp32.criteria:
         want, got = fp32.raw(name, "all"), bf16.raw(name, "all")
-        rhos = [_spearman(got[l].double().cpu(), want[l].double().cpu()) for l in want]
+        rhos = [spearman(got[l].double().cpu(), want[l].double().cpu()) for l in want]
         print(f"calib bf16 vs fp32 {name}: Spearman rho per layer min {min(rhos):.3f} mean {sum(rhos) / len(rhos):.3f}")
 
 
@@ -189,7 +175,19 @@ def part_kernels(args) -> None:
     print(f"kernels: pytest -m gpu exit {done.returncode} in {time.perf_counter() - start:.1f} s\n{tail}")
 
 
-PARTS = {"env": part_env, "calib": part_calib, "zero3": part_zero3, "kernels": part_kernels}
+def part_prefill(args) -> None:
+    """MWOP prefill: scripts/bench_prefill.py on the GPU (7B shapes: Triton vs SDPA, compact vs dense FFN)."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_prefill.py")]
+    cmd += ["--quick", "--device", "cpu"] if args.cpu_smoke else ["--device", "cuda"]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    lines = [l for l in done.stdout.splitlines() if l.startswith(("ratio", "note", "PASS", "FAIL"))]
+    print(f"prefill: bench_prefill exit {done.returncode} in {time.perf_counter() - start:.1f} s")
+    print("\n".join(lines) or done.stdout[-3000:] + done.stderr[-3000:])
+
+
+PARTS = {"env": part_env, "calib": part_calib, "zero3": part_zero3, "kernels": part_kernels,
+         "prefill": part_prefill}
 
 
 def main(argv: list[str] | None = None) -> None:

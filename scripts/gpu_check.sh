@@ -7,7 +7,8 @@
 #
 # Parts: env (versions, device), calib (bf16 vs fp32 calibration: tokens/s, rank agreement),
 # zero3 (DeepSpeed ZeRO-3 fit on one GPU, then AIMER / RouterDelta, prune, export, verify),
-# kernels (Triton kernels compiled and tested for real when lightprune.kernels exists).
+# kernels (Triton kernels compiled and tested for real when lightprune.kernels exists),
+# prefill (MWOP: dense vs path-sparse / compact FFN prefill on the paper's 7B shapes).
 set -u
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -34,6 +35,7 @@ run_part env 60
 run_part calib 180
 run_part zero3 240
 run_part kernels 240
+run_part prefill 240
 if [ "${#FAILED[@]}" -gt 0 ]; then
     echo "gpu_check: failed parts: ${FAILED[*]}"
     exit 1
