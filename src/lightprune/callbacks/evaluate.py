@@ -295,6 +295,8 @@ class Evaluate(JobEndCallback):
         self._before(trainer, pl_module)
 
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.written:
+            return
         self.measure(trainer, pl_module.model, "test")
         self._write(trainer)
 
