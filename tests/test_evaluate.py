@@ -254,3 +254,33 @@ def test_lm_eval_local_task_offline(tiny) -> None:
             sample = next(s for s in out["samples"]["lightprune_tiny_choice"] if s["doc"] == row)
             assert [ll for ll, _ in sample["filtered_resps"]] == pytest.approx(lls, abs=1e-4)
     assert out["lightprune_tiny_choice"]["acc,none"] == pytest.approx(sum(right) / len(rows), abs=1e-12)
+
+
+def test_calibrate_run_before_is_the_unobserved_original(tmp_path, tokenizer_dir) -> None:
+    from lightprune.callbacks import ExpertStats
+    from lightprune.data import TextJsonlDataModule
+    from lightprune.trainer import PruneTrainer
+
+    dm = TextJsonlDataModule(str(tokenizer_dir), calibration=str(TEXT), test=str(TEXT), batch_size=4)
+
+    def trainer(callbacks, root):
+        return PruneTrainer(accelerator="cpu", logger=False, enable_checkpointing=False, default_root_dir=root,
+                            callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False)
+
+    stats = ExpertStats()
+    evaluate = Evaluate(data=dm, progress=False)
+    trainer([evaluate, stats, ExpertPruning(criterion="reap", ratio=0.5), Export(summary=False)],
+            tmp_path / "a").calibrate(_module(), datamodule=dm)
+    # the statistics saw the calibration rows only (Evaluate's batches were not observed)
+    alone = ExpertStats()
+    trainer([alone], tmp_path / "b").calibrate(_module(), datamodule=dm)
+    assert stats.stats.to_json() == alone.stats.to_json()
+    ev = json.loads((tmp_path / "a" / "report.json").read_text())["evaluation"]
+    original = _module()
+    original.configure_model()
+    want = _hand(original.model.eval(), list(dm.test_dataloader()))
+    assert ev["before"]["perplexity"] == pytest.approx(want["perplexity"], rel=1e-5)
+    after = _hand(lp.load_pruned(tmp_path / "a" / "model").eval(), list(dm.test_dataloader()))
+    assert ev["after"]["perplexity"] == pytest.approx(after["perplexity"], rel=1e-5)
+    with pytest.raises(ValueError, match="list Evaluate before ExpertStats"):
+        trainer([ExpertStats(), Evaluate(data=dm, progress=False)], tmp_path / "c").calibrate(_module(), datamodule=dm)

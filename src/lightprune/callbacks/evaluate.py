@@ -141,7 +141,8 @@ def load_lm_eval_task(path: str | Path) -> dict[str, Any]:
 def run_lm_eval(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[str | Path], batch_size: int = 8,
                 limit: int | None = None, log_samples: bool = False) -> dict[str, Any]:
     """lm-evaluation-harness on local task YAML files, through ``HFLM(pretrained=model)``; returns
-    ``{task: {metric: value}}`` (and ``"samples"`` when ``log_samples``). Runs offline (HF_DATASETS_OFFLINE)."""
+    ``{task: {metric: value}}`` (and ``"samples"`` when ``log_samples``). Offline: sets ``HF_DATASETS_OFFLINE=1``
+    unless the environment sets it (before ``datasets`` is first imported), and the tasks' data are local files."""
     import os
 
     HFLM = _require_lm_eval()
@@ -175,12 +176,13 @@ class Evaluate(JobEndCallback):
         lm_eval_tasks: local lm-eval task YAML files (``dataset_path: json`` + ``dataset_kwargs.data_files``);
             needs the ``eval`` extra.
         lm_eval_batch_size, lm_eval_limit: lm-eval's batch size and samples per task.
-        data: a datamodule to read the split from (default: the trainer's; ``lightprune export`` has none).
+        data: a datamodule to read the split from (default: the trainer's, under ``fit`` and ``test``; ``calibrate``
+            and ``export`` do not give their callbacks one, so there it is needed).
         output_dir: the run directory of report.json (default: ``trainer.default_root_dir``).
         progress: progress bars over the evaluation batches.
     """
 
-    def __init__(self, split: str = "test", metric: str = "token", when: Sequence[str] = ("before", "after"),
+    def __init__(self, split: str = "test", metric: str = "token", when: str | Sequence[str] = ("before", "after"),
                  max_batches: int | None = None, lm_eval_tasks: Sequence[str] = (), lm_eval_batch_size: int = 8,
                  lm_eval_limit: int | None = None, data: pl.LightningDataModule | None = None,
                  output_dir: str | None = None, progress: bool = True):
@@ -212,8 +214,8 @@ class Evaluate(JobEndCallback):
     def _datamodule(self, trainer: pl.Trainer):
         dm = self.data if self.data is not None else trainer.datamodule
         if dm is None:
-            raise ValueError("Evaluate needs held-out data: give it data= (a datamodule) or run with --data "
-                             "(lightprune export passes no datamodule to its callbacks)")
+            raise ValueError("Evaluate needs held-out data: give it data= (a datamodule); under lightprune fit and "
+                             "test the trainer's datamodule serves, but calibrate and export pass none to callbacks")
         return dm
 
     def _loader(self, trainer: pl.Trainer):
