@@ -284,3 +284,12 @@ def test_calibrate_run_before_is_the_unobserved_original(tmp_path, tokenizer_dir
     assert ev["after"]["perplexity"] == pytest.approx(after["perplexity"], rel=1e-5)
     with pytest.raises(ValueError, match="list Evaluate before ExpertStats"):
         trainer([ExpertStats(), Evaluate(data=dm, progress=False)], tmp_path / "c").calibrate(_module(), datamodule=dm)
+
+
+def test_state_dict_keeps_before_across_a_resume() -> None:
+    first = Evaluate()
+    first.results = {"before": {"perplexity": 12.5}}
+    resumed = Evaluate()
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    resumed.on_fit_start(None, None)  # would measure (and fail on the missing trainer) if "before" were lost
+    assert resumed.results == {"before": {"perplexity": 12.5}}

@@ -302,6 +302,14 @@ class Evaluate(JobEndCallback):
         self.measure(trainer, pl_module.model, "test")
         self._write(trainer)
 
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """The measurements so far: a fit resumed from a checkpoint keeps its ``before`` (of the original model)."""
+        return {"results": self.results}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.results = dict(state_dict.get("results") or {})
+
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.written:
             return
@@ -313,3 +321,11 @@ class Evaluate(JobEndCallback):
             with self._pruned_view(trainer, model):
                 self.measure(trainer, model, "after")
         self._write(trainer)
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """The measurements so far: a fit resumed from a checkpoint keeps its ``before`` (of the original model)."""
+        return {"results": self.results}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.results = dict(state_dict.get("results") or {})
