@@ -7,6 +7,9 @@
 - :class:`ShapesQADataModule`: the generated Shapes QA image-question set in task families
   (count, color, shape, position, text), cached as JSONL + PNG splits (train, val, selection,
   calibration), with ``task_ids`` in every batch; :func:`shapes_qa_rows` makes its rows.
+- :class:`TestbedVQADataModule`: real-image question answering from installed packages (scikit-learn's
+  handwritten digits, matplotlib bar charts) plus held-out Python documentation text, cached like
+  Shapes QA; :func:`testbed_vqa_splits` makes its rows.
 - :func:`train_bpe_tokenizer`: a byte-level BPE tokenizer trained locally, with pinned ids.
 - :func:`tiny_mllm_processor` (and :func:`tiny_qwen3_vl_processor`, :func:`tiny_qwen2_5_vl_processor`,
   :func:`tiny_llava_onevision_processor`): local processors matching the tiny MLLMs of
@@ -26,6 +29,8 @@ from .rows import DEFAULT_TASK, JsonlRowError
 from .shapes_qa import SHAPES_QA_TASKS, render_shapes, shapes_qa_rows, shapes_qa_splits, shapes_qa_texts
 from .shapes_qa_datamodule import ShapesQADataModule, build_shapes_qa
 from .synthetic import SyntheticTokens
+from .testbed_vqa import TESTBED_VQA_TASKS, render_row, testbed_vqa_splits, testbed_vqa_texts
+from .testbed_vqa_datamodule import TestbedVQADataModule, build_testbed_vqa
 from .text import TextJsonlDataModule, load_tokenizer
 from .tokenizer import CHAT_TOKENS, CHATML_TEMPLATE, IMAGE_TOKENS, train_bpe_tokenizer
 
@@ -39,7 +44,9 @@ __all__ = ["CHATML_TEMPLATE", "CHAT_TOKENS", "DEFAULT_TASK", "DefaultCorpusDataM
            "IMAGE_TOKENS", "ImageTextJsonlDataModule", "JsonlRowError", "build_default_corpus", "default_corpus_dir",
            "default_model_overrides", "load_default_corpus", "SHAPES_QA_TASKS", "ShapesQADataModule",
            "build_shapes_qa", "render_shapes", "shapes_qa_rows", "shapes_qa_splits", "shapes_qa_texts",
-           "SyntheticTokens", "TextJsonlDataModule", "load_processor", "load_tokenizer", "train_bpe_tokenizer",
+           "SyntheticTokens", "TextJsonlDataModule",
+           "TESTBED_VQA_TASKS", "TestbedVQADataModule", "build_testbed_vqa", "render_row", "testbed_vqa_splits",
+           "testbed_vqa_texts", "load_processor", "load_tokenizer", "train_bpe_tokenizer",
            *_LAZY]
 
 
