@@ -57,13 +57,15 @@ class MoECausalLM(pl.LightningModule):
         warmup_steps: linear warm-up optimizer steps.
         scheduler: ``cosine`` (to zero over ``trainer.estimated_stepping_batches``) or ``constant``.
         load_in_4bit: quantise the base model's linear layers to 4 bit (QLoRA, bitsandbytes; CPU works).
+        router_aux_loss_coef: weight of the family's load-balancing loss (``aux_loss`` of transformers' MoE
+            models, Switch Transformers' E * sum_e f_e P_e) added to the training loss; 0: none.
     """
 
     def __init__(self, checkpoint: str | None = None, tiny: str | None = None, tiny_overrides: dict | None = None,
                  seed: int = 0, dtype: str = "float32", trust_remote_code: bool = False,
                  learning_rate: float = 1e-4, adapter: AdapterSpec | None = None, optimizer: str = "adamw",
                  weight_decay: float = 0.0, warmup_steps: int = 0, scheduler: str = "cosine",
-                 load_in_4bit: bool = False):
+                 load_in_4bit: bool = False, router_aux_loss_coef: float = 0.0):
         super().__init__()
         if isinstance(adapter, dict):
             adapter = AdapterSpec(**adapter)
@@ -73,6 +75,8 @@ class MoECausalLM(pl.LightningModule):
             raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
         if weight_decay < 0 or warmup_steps < 0:
             raise ValueError(f"weight_decay and warmup_steps must be >= 0, got {weight_decay}, {warmup_steps}")
+        if not router_aux_loss_coef >= 0:
+            raise ValueError(f"router_aux_loss_coef must be >= 0, got {router_aux_loss_coef}")
         if load_in_4bit:
             from .quantize import _bnb
 
@@ -140,14 +144,21 @@ class MoECausalLM(pl.LightningModule):
     def forward(self, **batch: Any):
         return self.model(**model_inputs(batch, keep_labels=True))
 
-    def _shifted(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [B, T-1, V] fp32, next-token labels [B, T-1] with -100 where no loss is taken)."""
+    def _shifted(self, batch: dict[str, torch.Tensor], aux: bool = False):
+        """(logits [B, T-1, V] fp32, next-token labels [B, T-1] with -100 where no loss is taken); with ``aux``,
+        also the model's load-balancing loss."""
         batch = dict(batch)
         labels = batch.pop("labels", None)
         if labels is None:
             labels = batch["input_ids"].masked_fill(batch.get("attention_mask", 1) == 0, -100)
-        logits = self(**batch).logits[:, :-1].float()
-        return logits, labels[:, 1:]
+        out = self(**batch, output_router_logits=True) if aux else self(**batch)
+        logits = out.logits[:, :-1].float()
+        if not aux:
+            return logits, labels[:, 1:]
+        if getattr(out, "aux_loss", None) is None:
+            raise ValueError(f"router_aux_loss_coef={self.hparams.router_aux_loss_coef} but {type(self.base_model).__name__} "
+                             "returns no aux_loss (a dense model?)")
+        return logits, labels[:, 1:], out.aux_loss
 
     @staticmethod
     def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -158,9 +169,16 @@ class MoECausalLM(pl.LightningModule):
         return self._ce(*self._shifted(batch))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        return loss
+        coef = self.hparams.get("router_aux_loss_coef", 0.0)
+        if not coef:
+            loss = self._loss(batch)
+            self.log("train/loss", loss, prog_bar=True)
+            return loss
+        logits, labels, aux = self._shifted(batch, aux=True)
+        ce = self._ce(logits, labels)
+        self.log("train/loss", ce, prog_bar=True)
+        self.log("train/aux_loss", aux)
+        return ce + coef * aux
 
     def on_validation_epoch_start(self) -> None:
         # a loop run under inference mode (calibrate, validate) may have reset the metric states to inference

@@ -1,0 +1,235 @@
+"""The text testbed: a small Qwen3-MoE-style causal LM trained here, on CPU, deterministically.
+
+No pretrained weights can be fetched, so criteria are compared on a model we train ourselves
+(issue "Evidence"; what the first probe measured is in the project's TESTBED notes: a balanced
+model needs about 25 minutes at hidden 256 before criteria leave random's spread). The corpus is
+:mod:`lightprune.testbed.text_corpus` (prose and code from the standard library) with its local BPE
+tokenizer; the model is ``qwen3_moe`` from a config with transformers' own initialisation,
+trained with AdamW, linear warm-up and cosine decay, next-token loss on every token plus the
+load-balancing loss (``router_aux_loss_coef``), for a fixed number of steps (not a time budget, so
+a rerun gives the same weights on the same machine and thread count).
+
+Presets (:data:`TEXT_TESTBEDS`): ``micro`` (tests; seconds), ``small`` (the README's default job;
+a few minutes the first time), ``full`` (the quality tables; about 25 minutes on 2 cores).
+
+:func:`text_testbed` returns the checkpoint folder, training it first when no valid one is cached:
+``<root>/testbed/text-<preset>-<digest>/`` with ``model/`` (``save_pretrained`` weights, config and
+tokenizer: a checkpoint every lightprune command loads), ``training.json`` (the spec, the loss curve,
+held-out perplexity per domain, seconds) and a manifest; written under a temporary name and renamed
+into place like every lightprune cache. ``root`` is the given folder, ``$LIGHTPRUNE_CACHE`` or
+``~/.cache/lightprune``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+
+from ..data.default_corpus import DefaultCorpusError, _build_folder, _check, _write_manifest
+from .text_corpus import DOMAINS, TextCorpus, TextCorpusSpec, _cache_root, build_text_corpus
+
+__all__ = ["TEXT_TESTBEDS", "TESTBED_PREFIX", "LossCurve", "TextTestbedSpec", "held_out_perplexity", "resolve_testbed", "spec_with",
+           "testbed_datamodule", "text_testbed"]
+
+TEXT_TESTBED_FORMAT = "v1"
+TESTBED_PREFIX = "testbed:"
+
+
+@dataclass(frozen=True)
+class TextTestbedSpec:
+    """Everything the trained weights depend on (its digest names the cache folder)."""
+
+    corpus: TextCorpusSpec = TextCorpusSpec()
+    model: dict[str, Any] = field(default_factory=dict)  # qwen3_moe config overrides (vocab comes from the tokenizer)
+    steps: int = 1000
+    batch_size: int = 16
+    max_length: int = 256
+    learning_rate: float = 2e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    router_aux_loss_coef: float = 0.01
+    seed: int = 0
+    eval_batches: int | None = None  # held-out batches per domain for the reported perplexity (None: all)
+
+    def digest(self) -> str:
+        key = {"format": TEXT_TESTBED_FORMAT, **asdict(self)}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+_FULL_MODEL = dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                   intermediate_size=512, moe_intermediate_size=256, num_experts=16, num_experts_per_tok=2,
+                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False)
+
+TEXT_TESTBEDS: dict[str, TextTestbedSpec] = {
+    "micro": TextTestbedSpec(
+        corpus=TextCorpusSpec(max_chars=20_000, chunk_chars=400, vocab_size=512),
+        model=dict(_FULL_MODEL, num_hidden_layers=2, hidden_size=32, head_dim=8, intermediate_size=32,
+                   moe_intermediate_size=16, num_experts=8),
+        steps=30, batch_size=8, max_length=64, learning_rate=5e-3, warmup_steps=3, eval_batches=2),
+    "small": TextTestbedSpec(
+        corpus=TextCorpusSpec(max_chars=1_000_000, vocab_size=2048),
+        model=dict(_FULL_MODEL, hidden_size=128, head_dim=32, intermediate_size=256, moe_intermediate_size=128),
+        steps=400, batch_size=8, max_length=128, learning_rate=3e-3, warmup_steps=20, eval_batches=16),
+    "full": TextTestbedSpec(model=dict(_FULL_MODEL)),
+}
+
+
+def resolve_testbed(name: str, root: str | os.PathLike | None = None) -> Path:
+    """``"testbed:text-<preset>"`` -> the trained checkpoint's folder (trained first when not cached)."""
+    if not name.startswith(TESTBED_PREFIX):
+        raise ValueError(f"not a testbed name: {name!r} (expected {TESTBED_PREFIX}text-<preset>)")
+    kind, _, preset = name[len(TESTBED_PREFIX):].partition("-")
+    if kind != "text" or preset not in TEXT_TESTBEDS:
+        raise ValueError(f"unknown testbed {name!r}; choose one of "
+                         f"{[f'{TESTBED_PREFIX}text-{p}' for p in TEXT_TESTBEDS]}")
+    return text_testbed(preset, root) / "model"
+
+
+def _folder(preset: str, spec: TextTestbedSpec, root) -> Path:
+    return _cache_root(root) / "testbed" / f"text-{preset}-{spec.digest()}"
+
+
+def text_testbed(preset: str | TextTestbedSpec = "small", root: str | os.PathLike | None = None, *,
+                 progress: bool = True) -> Path:
+    """The folder of the trained testbed ``preset`` (or a spec), trained and cached when absent or corrupt."""
+    if isinstance(preset, TextTestbedSpec):
+        spec, name = preset, "custom"
+    elif preset in TEXT_TESTBEDS:
+        spec, name = TEXT_TESTBEDS[preset], preset
+    else:
+        raise ValueError(f"unknown text testbed preset {preset!r}; choose one of {list(TEXT_TESTBEDS)}")
+    folder = _folder(name, spec, root)
+    expect = {"format": TEXT_TESTBED_FORMAT, "digest": spec.digest()}
+    try:
+        _check(folder, expect, ("training.json",))
+        _check(folder / "model", expect, ("config.json", "model.safetensors", "tokenizer.json"))
+    except DefaultCorpusError as e:
+        if folder.exists():
+            from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+            rank_zero_warn(f"retraining the testbed {folder}: {e}")
+        corpus = build_text_corpus(spec.corpus, root)
+        _build_folder(folder, lambda tmp: _train(tmp, spec, corpus, expect, progress), replace=folder.exists())
+    return folder
+
+
+def testbed_datamodule(spec: TextTestbedSpec, corpus: TextCorpus, **overrides: Any):
+    """The corpus's splits as a TextJsonlDataModule with the spec's batching (loss on every token)."""
+    from ..data import TextJsonlDataModule
+
+    kw = dict(train=str(corpus.files["train"]), val=str(corpus.files["val"]), test=str(corpus.files["test"]),
+              calibration=str(corpus.files["calibration"]), max_length=spec.max_length,
+              batch_size=spec.batch_size, mask_prompt=False, add_eos=True, seed=spec.seed)
+    return TextJsonlDataModule(str(corpus.tokenizer_dir), **{**kw, **overrides})
+
+
+def _initial_checkpoint(folder: Path, spec: TextTestbedSpec, tokenizer) -> Path:
+    """transformers' own initialisation of the spec's config, saved (what MoECausalLM loads)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ..data.default_corpus import default_model_overrides
+    from ..models.tiny import tiny_config
+
+    config = tiny_config("qwen3_moe", **{**spec.model, **default_model_overrides(tokenizer),
+                                         "max_position_embeddings": spec.max_length,
+                                         "router_aux_loss_coef": spec.router_aux_loss_coef})
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    path = folder / "init"
+    model.save_pretrained(str(path))
+    return path
+
+
+class LossCurve(pl.Callback):
+    """Keeps (step, train loss, aux loss) every ``every`` optimizer steps and at the last."""
+
+    def __init__(self, every: int):
+        self.every = every
+        self.points: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step % self.every == 0 or step == trainer.max_steps:
+            m = trainer.callback_metrics
+            self.points.append({"step": step, "loss": float(m["train/loss"]),
+                                "aux_loss": float(m.get("train/aux_loss", math.nan))})
+
+
+def held_out_perplexity(model, corpus: TextCorpus, spec: TextTestbedSpec, split: str = "test",
+                        max_batches: int | None = None) -> dict[str, float]:
+    """exp(mean next-token loss) over ``split``'s rows per domain and overall (every token, eos included)."""
+    import torch
+
+    from ..batch import model_inputs
+    from ..data.rows import read_jsonl
+
+    rows = read_jsonl(corpus.files[split])
+    domains = [json.loads(line)["domain"] for line in corpus.files[split].read_text(encoding="utf-8").splitlines()]
+    dm = testbed_datamodule(spec, corpus)
+    out = {}
+    model.eval()
+    for domain in (*DOMAINS, "all"):
+        chosen = rows if domain == "all" else [r for r, d in zip(rows, domains) if d == domain]
+        nll, count = 0.0, 0
+        batches = [chosen[i:i + spec.batch_size] for i in range(0, len(chosen), spec.batch_size)]
+        for b, batch_rows in enumerate(batches):
+            if max_batches is not None and b >= max_batches:
+                break
+            batch = dm._collator()(dm.encode_rows(batch_rows))
+            with torch.no_grad():
+                logits = model(**model_inputs(batch)).logits[:, :-1].float()
+            labels = batch["labels"][:, 1:]
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                                     ignore_index=-100, reduction="sum")
+            nll += float(loss)
+            count += int((labels != -100).sum())
+        out[domain] = math.exp(nll / max(count, 1))
+    return out
+
+
+def _train(folder: Path, spec: TextTestbedSpec, corpus: TextCorpus, expect: dict[str, Any], progress: bool) -> None:
+    from ..modules import MoECausalLM
+
+    pl.seed_everything(spec.seed, verbose=False)
+    dm = testbed_datamodule(spec, corpus)
+    init = _initial_checkpoint(folder, spec, dm.tokenizer)
+    module = MoECausalLM(checkpoint=str(init), learning_rate=spec.learning_rate, weight_decay=spec.weight_decay,
+                         warmup_steps=spec.warmup_steps, scheduler="cosine",
+                         router_aux_loss_coef=spec.router_aux_loss_coef)
+    curve = LossCurve(max(1, spec.steps // 50))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec.steps, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
+                         limit_val_batches=0, num_sanity_val_steps=0, callbacks=[curve],
+                         default_root_dir=str(folder / "lightning"))
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=dm)
+    seconds = time.perf_counter() - start
+    model = module.model
+    ppl = {split: held_out_perplexity(model, corpus, spec, split, spec.eval_batches) for split in ("val", "test")}
+    out = folder / "model"
+    model.save_pretrained(str(out))
+    dm.tokenizer.save_pretrained(str(out))
+    _write_manifest(out, expect)
+    shutil.rmtree(init)
+    shutil.rmtree(folder / "lightning", ignore_errors=True)
+    params = sum(p.numel() for p in model.parameters())
+    record = {"spec": asdict(spec), "corpus": str(corpus.root), "parameters": params, "train_seconds": seconds,
+              "tokens_per_second": spec.steps * spec.batch_size * spec.max_length / seconds,
+              "held_out_perplexity": ppl, "loss_curve": curve.points}
+    (folder / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    _write_manifest(folder, expect)
+
+
+def spec_with(preset: str, **changes: Any) -> TextTestbedSpec:
+    """A preset with some fields changed (e.g. ``steps``), for experiments."""
+    return replace(TEXT_TESTBEDS[preset], **changes)

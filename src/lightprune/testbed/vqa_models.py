@@ -1,0 +1,199 @@
+"""The multimodal testbeds: small MLLMs trained here on Testbed VQA (real images that ship in packages).
+
+- ``mllm-moe``: a Qwen3-VL-MoE-style MoE MLLM (expert pruning, MAEP's text and vision subsets);
+- ``dense-mllm``: a LLaVA-OneVision-style dense MLLM (MWOP's attention paths and FFN channels).
+
+Both are trained from transformers' own initialisation on :class:`~lightprune.data.TestbedVQADataModule`
+(scikit-learn's handwritten digits, matplotlib bar charts, and Python-documentation text rows mixed in;
+loss on the answers), with a processor whose BPE tokenizer is trained locally on the set's texts, for a
+fixed number of steps (a rerun gives the same weights on the same machine and thread count). Presets
+(:data:`VQA_TESTBEDS`): ``<kind>-micro`` for tests (seconds) and ``<kind>-full`` for the quality tables
+(minutes).
+
+:func:`vqa_testbed` returns the folder, training first when no valid one is cached:
+``<root>/testbed/<name>-<digest>/`` with ``model/`` (weights, config and processor: a checkpoint that
+``MoECausalLM(checkpoint=...)`` and ``TestbedVQADataModule(processor=...)`` load), ``training.json``
+(spec, loss curve, held-out answer accuracy per task family, seconds) and a manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..data.default_corpus import DefaultCorpusError, _build_folder, _check, _write_manifest
+from .text_corpus import _cache_root
+from .text_moe import LossCurve
+
+__all__ = ["VQA_TESTBEDS", "VQATestbedSpec", "answer_accuracy", "vqa_testbed"]
+
+VQA_TESTBED_FORMAT = "v1"
+_FAMILIES = {"mllm-moe": "qwen3_vl_moe", "dense-mllm": "llava_onevision"}
+
+
+@dataclass(frozen=True)
+class VQATestbedSpec:
+    """Everything the trained weights depend on (its digest names the cache folder)."""
+
+    kind: str  # "mllm-moe" or "dense-mllm"
+    model: dict[str, Any] = field(default_factory=dict)  # tiny_config overrides (text_config, vision_config, ...)
+    data: dict[str, int] = field(default_factory=dict)  # TestbedVQADataModule sizes: n_train, n_val, ...
+    vocab_size: int = 1024
+    max_length: int = 256
+    steps: int = 600
+    batch_size: int = 16
+    learning_rate: float = 2e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    router_aux_loss_coef: float = 0.01  # MoE only
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.kind not in _FAMILIES:
+            raise ValueError(f"kind must be one of {list(_FAMILIES)}, got {self.kind!r}")
+
+    @property
+    def family(self) -> str:
+        return _FAMILIES[self.kind]
+
+    def digest(self) -> str:
+        key = {"format": VQA_TESTBED_FORMAT, **asdict(self)}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _text(hidden: int, layers: int, **kw: Any) -> dict[str, Any]:
+    return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=hidden // 4, **kw)
+
+
+_MOE_FULL = dict(
+    text_config=_text(128, 4, intermediate_size=256, moe_intermediate_size=128, num_experts=16,
+                      num_experts_per_tok=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                              "mrope_section": [8, 4, 4], "mrope_interleaved": True}),
+    vision_config=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=128,
+                       num_position_embeddings=64))
+_DENSE_FULL = dict(
+    text_config=_text(128, 4, intermediate_size=256),
+    vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4))
+_FULL_DATA = dict(n_train=4000, n_val=200, n_selection=100, n_calibration=200)
+_MICRO_DATA = dict(n_train=48, n_val=16, n_selection=8, n_calibration=16)
+
+VQA_TESTBEDS: dict[str, VQATestbedSpec] = {
+    "mllm-moe-micro": VQATestbedSpec("mllm-moe", data=_MICRO_DATA, vocab_size=512, steps=6, batch_size=8),
+    "mllm-moe-full": VQATestbedSpec("mllm-moe", model=_MOE_FULL, data=_FULL_DATA, steps=750),
+    "dense-mllm-micro": VQATestbedSpec("dense-mllm", data=_MICRO_DATA, vocab_size=512, steps=6, batch_size=8),
+    "dense-mllm-full": VQATestbedSpec("dense-mllm", model=_DENSE_FULL, data=_FULL_DATA, steps=750),
+}
+
+
+def _config(spec: VQATestbedSpec):
+    from ..models.tiny import tiny_config
+
+    model = json.loads(json.dumps(spec.model))  # a deep copy
+    text = model.setdefault("text_config", {})
+    text.update(vocab_size=spec.vocab_size, max_position_embeddings=spec.max_length)
+    if spec.kind == "mllm-moe":
+        text["router_aux_loss_coef"] = spec.router_aux_loss_coef
+    return tiny_config(spec.family, **model)
+
+
+def _processor(spec: VQATestbedSpec, config):
+    from ..data.testbed_vqa import testbed_vqa_texts
+    from ..data.tiny_processor import TINY_CORPUS, tiny_mllm_processor
+
+    return tiny_mllm_processor(spec.family, config, texts=TINY_CORPUS + tuple(testbed_vqa_texts()))
+
+
+def datamodule(spec: VQATestbedSpec, processor: Any, root: str | os.PathLike | None = None, **overrides: Any):
+    """The spec's Testbed VQA splits through ``processor`` (an object or the checkpoint folder)."""
+    from ..data import TestbedVQADataModule
+
+    kw = dict(spec.data, seed=spec.seed, batch_size=spec.batch_size, max_length=spec.max_length)
+    return TestbedVQADataModule(processor, root=None if root is None else str(root), **{**kw, **overrides})
+
+
+def answer_accuracy(model, loader, task_names: list[str]) -> dict[str, float]:
+    """Per task family: the fraction of rows whose every answer token is the argmax (teacher forced)."""
+    import torch
+
+    from ..batch import model_inputs
+
+    right: dict[str, list[int]] = {}
+    model.eval()
+    for batch in loader:
+        with torch.no_grad():
+            logits = model(**model_inputs(batch)).logits[:, :-1]
+        labels = batch["labels"][:, 1:]
+        keep = labels != -100
+        ok = ((logits.argmax(-1) == labels) | ~keep).all(-1)
+        for task, good in zip(batch["task_ids"].tolist(), ok.tolist()):
+            right.setdefault(task_names[task], []).append(int(good))
+    return {task: sum(v) / len(v) for task, v in sorted(right.items())}
+
+
+def vqa_testbed(preset: str | VQATestbedSpec, root: str | os.PathLike | None = None, *,
+                progress: bool = True) -> Path:
+    """The folder of the trained multimodal testbed ``preset`` (or a spec), trained and cached when absent."""
+    if isinstance(preset, VQATestbedSpec):
+        spec, name = preset, f"{preset.kind}-custom"
+    elif preset in VQA_TESTBEDS:
+        spec, name = VQA_TESTBEDS[preset], preset
+    else:
+        raise ValueError(f"unknown multimodal testbed preset {preset!r}; choose one of {list(VQA_TESTBEDS)}")
+    folder = _cache_root(root) / "testbed" / f"{name}-{spec.digest()}"
+    expect = {"format": VQA_TESTBED_FORMAT, "digest": spec.digest()}
+    try:
+        _check(folder, expect, ("training.json",))
+        _check(folder / "model", expect, ("config.json", "model.safetensors", "tokenizer.json"))
+    except DefaultCorpusError as e:
+        if folder.exists():
+            from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+            rank_zero_warn(f"retraining the testbed {folder}: {e}")
+        _build_folder(folder, lambda tmp: _train(tmp, spec, root, expect, progress), replace=folder.exists())
+    return folder
+
+
+def _train(folder: Path, spec: VQATestbedSpec, root, expect: dict[str, Any], progress: bool) -> None:
+    import lightning.pytorch as pl
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from ..modules import MoECausalLM
+
+    pl.seed_everything(spec.seed, verbose=False)
+    config = _config(spec)
+    processor = _processor(spec, config)
+    torch.manual_seed(spec.seed)
+    init = folder / "init"
+    AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(str(init))
+    dm = datamodule(spec, processor, root)
+    module = MoECausalLM(checkpoint=str(init), learning_rate=spec.learning_rate, weight_decay=spec.weight_decay,
+                         warmup_steps=spec.warmup_steps, scheduler="cosine",
+                         router_aux_loss_coef=spec.router_aux_loss_coef if spec.kind == "mllm-moe" else 0.0)
+    curve = LossCurve(max(1, spec.steps // 50))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec.steps, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
+                         limit_val_batches=0, num_sanity_val_steps=0, callbacks=[curve],
+                         default_root_dir=str(folder / "lightning"))
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=dm)
+    seconds = time.perf_counter() - start
+    model = module.model
+    accuracy = answer_accuracy(model, dm.val_dataloader(), dm.task_names)
+    out = folder / "model"
+    model.save_pretrained(str(out))
+    processor.save_pretrained(str(out))
+    _write_manifest(out, expect)
+    shutil.rmtree(init)
+    shutil.rmtree(folder / "lightning", ignore_errors=True)
+    record = {"spec": asdict(spec), "family": spec.family, "parameters": sum(p.numel() for p in model.parameters()),
+              "train_seconds": seconds, "val_answer_accuracy": accuracy, "loss_curve": curve.points}
+    (folder / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    _write_manifest(folder, expect)
