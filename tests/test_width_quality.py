@@ -1,0 +1,232 @@
+"""MWOP quality rows on the dense-mllm-micro testbed: every figure recomputed independently of the module."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import statistics
+
+import pytest
+import torch
+
+import lightprune as lp
+from lightprune.plan import PATHS, WidthPlan
+from lightprune.testbed.vqa_models import VQA_TESTBEDS, datamodule, vqa_testbed
+from lightprune.testbed.width_quality import (PAPER_OPERATING_POINTS, mwop_markdown, mwop_quality, plot_mwop)
+
+NAME = "dense-mllm-micro"
+SEEDS = 3
+ALIGN = 8  # the micro model's FFN has 24 channels: b = 8 lets the kept-channel counts show in the FLOPs
+
+
+@pytest.fixture(scope="module")
+def testbed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cache")
+    folder = vqa_testbed(NAME, root=root, progress=False)
+    model = lp.load_pruned(folder / "model")
+    dm = datamodule(VQA_TESTBEDS[NAME], folder / "model", root)
+    return model, dm
+
+
+@pytest.fixture(scope="module")
+def run(testbed):
+    """(result, what the progress bar wrote to stderr)."""
+    model, dm = testbed
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        result = mwop_quality(model, dm, random_seeds=SEEDS, align=ALIGN, metric="token", progress=True)
+    return result, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def result(run):
+    return run[0]
+
+
+def _rows(result, method):
+    return {r["operating_point"]: r for r in result["rows"] if r["method"] == method}
+
+
+def _pruned_units(plan: WidthPlan, column: int) -> set[tuple[int, int]]:
+    return {(l, h) for l, keep in plan.attn_keep.items() for h in range(keep.shape[0]) if not keep[h, column]}
+
+
+def _lowest(scores: dict, layers: list[int], k: int) -> set[tuple[int, int]]:
+    """The k lowest (layer, unit) by score, ties to the earlier unit: a plain sort, no library code."""
+    flat = [(float(scores[l][i]), n, (l, i)) for n, (l, i) in
+            enumerate((l, i) for l in layers for i in range(len(scores[l])))]
+    return {unit for _, _, unit in sorted(flat)[:k]}
+
+
+def test_dense_row(result, testbed):
+    model, dm = testbed
+    dense = _rows(result, "dense")["dense"]
+    assert dense["atr"] == 100.0
+    assert dense["flops_fraction"] == 1.0
+    assert all(v == 0.0 for v in dense["pruned"].values())
+    # teacher-forced answer-token accuracy per task, by hand
+    hits = torch.zeros(len(dm.task_names), dtype=torch.float64)
+    total = torch.zeros_like(hits)
+    model.eval()
+    with torch.no_grad():
+        for batch in dm.dataloader("val"):
+            inputs = {k: v for k, v in batch.items() if k not in ("labels", "task_ids")}
+            pred = model(**inputs).logits[:, :-1].argmax(-1)
+            target = batch["labels"][:, 1:]
+            answer = target != -100
+            for b, task in enumerate(batch["task_ids"].tolist()):
+                hits[task] += int(((pred[b] == target[b]) & answer[b]).sum())
+                total[task] += int(answer[b].sum())
+    assert (total > 0).all()
+    expected = (hits / total).tolist()
+    got = [dense["per_task_accuracy"][n] for n in dm.task_names]
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert [result["reference"][n] for n in dm.task_names] == got
+    assert result["task_names"] == list(dm.task_names)
+
+
+def test_retention_from_accuracies(result):
+    reference = result["reference"]
+    defined = [n for n, r in reference.items() if r]
+    assert defined, "the micro testbed must answer some token right"
+    for row in _rows(result, "taylor").values():
+        per_task = {n: 100.0 * row["per_task_accuracy"][n] / reference[n] for n in defined}
+        assert row["atr"] == pytest.approx(statistics.fmean(per_task.values()), rel=1e-12)
+        assert sorted(row["excluded"]) == sorted(set(reference) - set(defined))
+
+
+def test_token_profile_and_flops(result, testbed):
+    model, dm = testbed
+    image = model.config.image_token_id
+    vision = text = samples = 0
+    for batch in dm.dataloader("val"):
+        for ids, mask in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist()):
+            valid = [t for t, m in zip(ids, mask) if m]
+            first = valid.index(image) if image in valid else 0  # tokens before the first image: system
+            vision += sum(t == image for t in valid)
+            text += sum(t != image for t in valid[first:])
+            samples += 1
+    profile = result["profile"]
+    assert profile["samples"] == samples
+    assert profile["mean_vision_tokens"] == vision / samples and profile["mean_text_tokens"] == text / samples
+    assert (profile["vision_tokens"], profile["text_tokens"]) == (round(vision / samples), round(text / samples))
+    assert profile["vision_tokens"] > 0 and profile["text_tokens"] > 0
+    for row in result["rows"]:
+        for entry in row.get("per_seed", [row]):
+            plan = WidthPlan.from_dict(entry["plan"])
+            flops = lp.decoder_flops(model.config, profile["vision_tokens"], profile["text_tokens"], plan=plan,
+                                     align=ALIGN)
+            assert entry["flops_fraction"] == flops.fraction
+            assert (entry["flops_fraction"] < 1.0) == (row["method"] != "dense")
+    for name, row in _rows(result, "random").items():
+        fractions = [e["flops_fraction"] for e in row["per_seed"]]
+        assert row["flops_fraction"]["min"] == min(fractions) and row["flops_fraction"]["max"] == max(fractions)
+
+
+def test_plans_prune_the_asked_share(result):
+    rows = [r for r in result["rows"] if r["method"] != "dense"]
+    assert {r["operating_point"] for r in rows} == set(PAPER_OPERATING_POINTS)
+    for row in rows:
+        ratios = PAPER_OPERATING_POINTS[row["operating_point"]]
+        assert row["ratios"] == ratios
+        for entry in row.get("per_seed", [row]):
+            plan = WidthPlan.from_dict(entry["plan"])
+            heads = sum(plan.num_heads.values())
+            for column, path in enumerate(PATHS):
+                pruned = sum(int((~keep[:, column]).sum()) for keep in plan.attn_keep.values())
+                assert pruned == round(ratios.get(path, 0.0) * heads), (row["operating_point"], path)
+            channels = sum(plan.intermediate_size.values())
+            for mu in ("vision", "text"):
+                pruned = sum(int((~masks[mu]).sum()) for masks in plan.ffn_keep.values())
+                assert pruned == round(ratios.get(f"ffn_{mu}", 0.0) * channels), (row["operating_point"], mu)
+    llava = _rows(result, "taylor")["LLaVA-OneVision-7B"]
+    assert llava["pruned"]["v2v"] > 0 and llava["pruned"]["ffn_vision"] > 0 and llava["pruned"]["ffn_text"] == 0
+
+
+def test_taylor_plans_prune_the_lowest_scored_units(result, testbed):
+    model, dm = testbed
+    calibration = list(dm.dataloader("calibration"))
+    attn = lp.taylor_importance(model, calibration, attention=True, progress=False)
+    stored = lp.WidthScores.from_dict(result["scores"]["attn"])
+    assert stored.num_samples == attn.num_samples == sum(len(b["input_ids"]) for b in calibration)
+    for l in attn.attn:
+        assert torch.allclose(stored.attn[l], attn.attn[l], rtol=1e-10, atol=0)
+    for name, row in _rows(result, "taylor").items():
+        ratios = PAPER_OPERATING_POINTS[name]
+        plan = WidthPlan.from_dict(row["plan"])
+        layers = sorted(plan.num_heads)
+        heads = sum(plan.num_heads.values())
+        for column, path in enumerate(PATHS):
+            scores = {l: attn.attn[l][:, column].tolist() for l in layers}
+            want = _lowest(scores, layers, round(ratios[path] * heads))
+            assert _pruned_units(plan, column) == want, (name, path)
+        # FFN importance with this operating point's attention masks (and dense FFNs) applied
+        paths_only = WidthPlan(plan.attn_keep, {}, plan.num_heads, plan.intermediate_size)
+        ffn = lp.taylor_importance(model, calibration, attention=False, ffn=True, plan=paths_only, progress=False)
+        stored_ffn = lp.WidthScores.from_dict(result["scores"]["ffn"][name])
+        dense_layers = sorted(plan.intermediate_size)
+        for l in dense_layers:
+            assert torch.allclose(stored_ffn.ffn[l]["vision"], ffn.ffn[l]["vision"], rtol=1e-10, atol=0)
+        scores = {l: ffn.ffn[l]["vision"].tolist() for l in dense_layers}
+        want = _lowest(scores, dense_layers, round(ratios["ffn_vision"] * sum(plan.intermediate_size.values())))
+        got = {(l, c) for l, masks in plan.ffn_keep.items() for c in range(len(masks["vision"]))
+               if not masks["vision"][c]}
+        assert got == want, name
+
+
+def test_random_rows(result):
+    for name, row in _rows(result, "random").items():
+        assert row["seeds"] == list(range(SEEDS)) and len(row["per_seed"]) == SEEDS
+        plans = [json.dumps(e["plan"]["attn_keep"], sort_keys=True) for e in row["per_seed"]]
+        assert len(set(plans)) == SEEDS, f"{name}: random seeds gave identical attention plans"
+        atrs = [e["atr"] for e in row["per_seed"]]
+        assert row["atr"]["mean"] == pytest.approx(statistics.fmean(atrs), rel=1e-12)
+        assert row["atr"]["std"] == pytest.approx(statistics.stdev(atrs), rel=1e-12, abs=1e-12)
+        assert (row["atr"]["min"], row["atr"]["max"]) == (min(atrs), max(atrs))
+        for task, stats in row["per_task_accuracy"].items():
+            accs = [e["per_task_accuracy"][task] for e in row["per_seed"]]
+            assert (stats["min"], stats["max"]) == (min(accs), max(accs))
+    json.dumps(result, allow_nan=False)  # JSON-ready: NaN written as None
+
+
+def test_markdown_and_plot(result, tmp_path):
+    from PIL import Image
+
+    text = mwop_markdown(result)
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + 1 + 2 * len(PAPER_OPERATING_POINTS)  # header, dense, taylor + random per point
+    assert all(n in table[0] for n in result["task_names"]) and "ATR (%)" in table[0]
+    llava = _rows(result, "taylor")["LLaVA-OneVision-7B"]
+    assert f"{llava['flops_fraction']:.3f} | {llava['atr']:.1f}" in text
+    assert f"random ({SEEDS} seeds)" in text and "| dense | - | dense | 1.000 | 100.0 |" in text
+    path = plot_mwop(result, tmp_path / "sub" / "mwop.png")
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size[0] > 100
+
+
+def test_progress_bar(run):
+    bar = run[1]
+    evaluations = 1 + len(PAPER_OPERATING_POINTS) * (1 + SEEDS)
+    assert "MWOP quality" in bar and f"{evaluations}/{evaluations}" in bar and "taylor importance" in bar
+
+
+def test_attention_only_point_without_random_rows(testbed):
+    model, dm = testbed
+    out = mwop_quality(model, dm, operating_points={"half v2v": {"v2v": 0.5}}, random_seeds=0, progress=False)
+    assert [r["method"] for r in out["rows"]] == ["dense", "taylor"] and out["scores"]["ffn"] == {}
+    assert out["rows"][1]["pruned"] == {"v2v": 0.5, "t2v": 0.0, "t2t": 0.0, "ffn_vision": 0.0, "ffn_text": 0.0}
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(operating_points={"x": {"v2x": 0.4}}), "v2x"),
+    (dict(operating_points={"x": {"t2v": 1.5}}), "1.5"),
+    (dict(operating_points={"x": {"ffn_vision": -0.1}}), "-0.1"),
+    (dict(operating_points={"dense": {"v2v": 0.1}}), "dense"),
+    (dict(random_seeds=-1), "random_seeds"),
+    (dict(metric="bleu"), "bleu"),
+    (dict(align=0), "align"),
+])
+def test_bad_values_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mwop_quality(None, None, **kwargs)
