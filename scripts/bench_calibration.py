@@ -7,14 +7,19 @@ built from a config (nothing downloaded). Target: ratio <= 1.5. For reference it
 "every expert on every token" pass, the way REAP's public code observes experts (about E/k times
 the expert compute).
 
-    python scripts/bench_calibration.py [--repeats 3] [--batches 8] [--seq 256]
+    python scripts/bench_calibration.py [--repeats 3] [--batches 8] [--seq 256] [--quick] [--json PATH]
+
+``--quick``: 2 batches of 64 tokens, 2 repeats (seconds; checks the script, not the target).
+``--json PATH``: the printed figures (times, ratios, target, PASS/FAIL, shapes, torch threads) as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -77,13 +82,25 @@ def every_expert_on_every_token(model, batches):
             h.remove()
 
 
-def main() -> None:
+def check(name, value, target=None, op=None, reference=None, reference_name=None, note=""):
+    """One figure of the JSON output: a measured value, its target (and PASS/FAIL) when it has one."""
+    passed = None if target is None else bool(value <= target if op == "<=" else value >= target)
+    return {"name": name, "value": value, "target": target, "op": op, "passed": passed, "reference": reference,
+            "reference_name": reference_name, "note": note}
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--batches", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=None, help="default 5 (quick 2)")
+    parser.add_argument("--batches", type=int, default=None, help="default 8 (quick 2)")
+    parser.add_argument("--seq", type=int, default=None, help="default 256 (quick 64)")
     parser.add_argument("--target", type=float, default=1.5)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="small sizes and repeats: checks the script in seconds")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+    for name, full, quick in (("repeats", 5, 2), ("batches", 8, 2), ("seq", 256, 64)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     model, batches = build(args)
     passes = {"plain forward": plain, "collect_expert_stats": collect, "every expert, every token": every_expert_on_every_token}
     plain(model, batches[:1])
@@ -107,7 +124,24 @@ def main() -> None:
     ratio = best["collect_expert_stats"] / best["plain forward"]
     print(f"{'PASS' if ratio <= args.target else 'FAIL'}: collect_expert_stats / plain forward = {ratio:.2f} "
           f"(min of {args.repeats}; target <= {args.target})")
+    if args.json is not None:
+        checks = [check("collect_expert_stats / plain forward (min)", ratio, args.target, "<="),
+                  check("collect_expert_stats / plain forward (median)",
+                        med["collect_expert_stats"] / med["plain forward"]),
+                  check("every expert, every token / plain forward (min)",
+                        best["every expert, every token"] / best["plain forward"], note="REAP-style observation")]
+        figures = {"benchmark": "calibration", "title": "Calibration overhead",
+                   "what": " ".join(__doc__.split("\n\n")[0].split()), "quick": args.quick,
+                   "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
+                   "repeats": args.repeats,
+                   "shapes": {"model": "qwen3_moe", "layers": 4, "hidden": 256, "experts": 16, "top_k": 4,
+                              "moe_intermediate": 128, "vocab": 4096, "batches": args.batches, "seq": args.seq},
+                   "times_s": {name: {"median": med[name], "min": best[name]} for name in times},
+                   "checks": checks, "passed": checks[0]["passed"]}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -22,16 +22,19 @@ before timing, as the paper packs weights and tunes kernels before timing; their
   ``path_sparse_attention`` end to end) and compact vs dense FFN, target pruned/dense <= 1.15 x the
   fraction.
 
-``--quick`` runs tiny shapes in seconds (a test runs it so the script cannot rot).
+``--quick`` runs tiny shapes in seconds (a test runs it so the script cannot rot). ``--json PATH`` also writes
+the printed figures (every ratio with its retained-FLOPs fraction, targets, PASS/FAIL, shapes, threads) as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +51,8 @@ POINTS = {"llava_onevision": ((0.4, 0.6, 0.1), 0.5, 18), "qwen2_5_vl": ((0.6, 0.
 #: the paper's (V, T) profiles of section D.4 for the 7B GPU shapes
 PROFILES_7B = {"llava_onevision": (3215, 19), "qwen2_5_vl": (485, 38)}
 FFN_CPU_TARGET, GPU_SLACK = 0.6, 1.15
+#: every figure :func:`report` printed in this run, for ``--json``
+RESULTS: list[dict] = []
 
 
 def shapes(quick: bool) -> dict:
@@ -120,6 +125,13 @@ def report(kind: str, point: str, times: dict, fraction: float, target: float | 
     verdict = "" if target is None else f"  target <= {target:.3f}  {'PASS' if med <= target else 'FAIL'}"
     print(f"ratio {kind:<9} {point:<16} pruned/dense median {med:.3f} min {low:.3f}  retained FLOPs "
           f"{fraction:.3f}  (dense median {statistics.median(dense) * 1e3:.2f} ms){verdict}{note}")
+    details = (f"min {low:.3f}", f"dense median {statistics.median(dense) * 1e3:.2f} ms", note.strip())
+    RESULTS.append({"name": f"{kind} {point} pruned/dense (median)", "value": med, "target": target,
+                    "op": None if target is None else "<=", "passed": None if target is None else bool(med <= target),
+                    "reference": fraction, "reference_name": "retained FLOPs",
+                    "note": "; ".join(part for part in details if part),
+                    "kind": kind, "point": point, "min": low, "dense_median_s": statistics.median(dense),
+                    "pruned_median_s": statistics.median(pruned)})
 
 
 class Flex:
@@ -295,6 +307,7 @@ def main(argv=None) -> int:
     parser.add_argument("--align", type=int, default=64, help="compact FFN channel alignment b")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads (default 1: on shared cores multi-threaded GEMMs time the scheduler)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (3 if args.quick else 7)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
@@ -330,6 +343,18 @@ def main(argv=None) -> int:
         if gpu:
             print(f"GPU bf16, 7B shapes per layer on {torch.cuda.get_device_name()}")
             bench_gpu(args, torch.device("cuda"))
+    if args.json is not None:
+        judged = [r["passed"] for r in RESULTS if r["passed"] is not None]
+        figures = {"benchmark": "prefill", "title": "MWOP prefill: pruned vs dense",
+                   "what": " ".join(__doc__.split("\n\n")[0].split()), "quick": args.quick,
+                   "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
+                   "repeats": args.repeats, "warmup": args.warmup, "align": args.align,
+                   "shapes": {"cpu_fp32": s, **({"gpu_bf16_7b": {"device": torch.cuda.get_device_name(),
+                                                                  "profiles": PROFILES_7B}} if gpu else {})},
+                   "flex_compiled": None if flex is None else flex.compile,
+                   "checks": RESULTS, "passed": all(judged) if judged else None}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
 
 

@@ -17,16 +17,22 @@ experts' AIMER against a float64 reference. Defaults: 2 layers x 64 experts, hid
 expert width 512 (201M expert parameters, ~0.9 GB fp32), well under two minutes on 2 cores.
 
     python scripts/bench_weight_scores.py [--layers 2 --experts 64 --hidden 1024 --moe-intermediate 512]
+
+``--quick``: 1 layer x 8 experts, hidden 256, width 128, 3 repeats, no parameter floor (seconds; checks
+the script, not the target). ``--json PATH``: the printed figures (times, ratios, target, PASS/FAIL,
+shapes, torch threads) as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -111,19 +117,25 @@ def reference_aimer(layer, e: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--experts", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--moe-intermediate", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=None, help="default 2 (quick 1)")
+    parser.add_argument("--experts", type=int, default=None, help="default 64 (quick 8)")
+    parser.add_argument("--hidden", type=int, default=None, help="default 1024 (quick 256)")
+    parser.add_argument("--moe-intermediate", type=int, default=None, help="default 512 (quick 128)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=None, help="default 7 (quick 3)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--baseline", choices=BASELINES, default="l1_norm", help="the read-once pass PASS is judged on")
     parser.add_argument("--target", type=float, default=2.0, help="PASS when aimer / baseline <= target")
-    parser.add_argument("--min-expert-params", type=float, default=100e6)
+    parser.add_argument("--min-expert-params", type=float, default=None, help="default 100e6 (quick 0)")
     parser.add_argument("--skip-paper-alg1", action="store_true", help="skip the per-expert reference loop")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="small sizes and repeats: checks the script in seconds")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args(argv)
+    for name, full, quick in (("layers", 2, 1), ("experts", 64, 8), ("hidden", 1024, 256),
+                              ("moe_intermediate", 512, 128), ("repeats", 7, 3), ("min_expert_params", 100e6, 0.0)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -138,8 +150,17 @@ def main(argv: list[str] | None = None) -> int:
           f"expert width {args.moe_intermediate}, {args.dtype}; built in {time.perf_counter() - t0:.1f} s")
     print(f"expert parameters: {n_params:,} ({n_params * tensors[0].element_size() / 2**30:.2f} GiB); "
           f"torch threads: {torch.get_num_threads()}")
+    figures = {"benchmark": "weight_scores", "title": "AIMER weight scoring",
+               "what": " ".join(__doc__.split("\n\n")[0].split()), "quick": args.quick,
+               "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__, "repeats": args.repeats,
+               "shapes": {"model": "qwen3_moe", "layers": args.layers, "experts": args.experts, "hidden": args.hidden,
+                          "moe_intermediate": args.moe_intermediate, "dtype": args.dtype, "expert_params": n_params},
+               "times_s": {}, "checks": [], "passed": None}
     if n_params < args.min_expert_params:
         print(f"FAIL: fewer than {args.min_expert_params:,.0f} expert parameters; enlarge the model")
+        figures["checks"].append(check("expert parameters", n_params, args.min_expert_params, ">="))
+        figures["passed"] = False
+        write_json(args.json, figures)
         return 2
 
     scores = lp.score_weights(model, "aimer")  # warm-up, and the correctness spot check
@@ -147,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = max(abs(scores.raw[layer.index][e].item() - reference_aimer(layer, e)) / reference_aimer(layer, e)
                 for e in (0, 1, layer.num_experts - 1))
     print(f"AIMER spot check against float64: max relative error {worst:.2e}")
+    figures["checks"].append(check("AIMER max relative error vs float64 (3 experts)", worst))
     passes = {"aimer": lambda: lp.score_weights(model, "aimer"), "abs_sum": lambda: read_abs_sum(tensors),
               "sum": lambda: read_sum(tensors), "l1_norm": lambda: read_l1_norm(tensors)}
     if not args.skip_paper_alg1:
@@ -173,7 +195,26 @@ def main(argv: list[str] | None = None) -> int:
     ratio = med["aimer"] / med[args.baseline]
     verdict = "PASS" if ratio <= args.target else "FAIL"
     print(f"\n{verdict}: aimer / {args.baseline} = {ratio:.2f} (target <= {args.target})")
+    figures["times_s"] = {name: {"median": med[name], "min": best[name]} for name in med}
+    figures["checks"][:0] = [check(f"aimer / {args.baseline} (median)", ratio, args.target, "<=")] + [
+        check(f"aimer / {name} (median)", med["aimer"] / med[name], note=f"min {best['aimer'] / best[name]:.2f}")
+        for name in med if name not in ("aimer", args.baseline)]
+    figures["passed"] = verdict == "PASS"
+    write_json(args.json, figures)
     return 0 if verdict == "PASS" else 1
+
+
+def check(name, value, target=None, op=None, reference=None, reference_name=None, note=""):
+    """One figure of the JSON output: a measured value, its target (and PASS/FAIL) when it has one."""
+    passed = None if target is None else bool(value <= target if op == "<=" else value >= target)
+    return {"name": name, "value": value, "target": target, "op": op, "passed": passed, "reference": reference,
+            "reference_name": reference_name, "note": note}
+
+
+def write_json(path: Path | None, figures: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":
