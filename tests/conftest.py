@@ -41,3 +41,17 @@ def tiny(tiny_cache):
         return copy.deepcopy(tiny_cache[key])
 
     return make
+
+
+@pytest.fixture(scope="session")
+def testbed_root(tmp_path_factory):
+    """A cache root holding the micro text testbed (corpus, tokenizer, trained model), built once per session.
+
+    Tests that run a job on ``testbed:text-micro`` point ``LIGHTPRUNE_CACHE`` here instead of training
+    the testbed again; they must not write into it (the cache is keyed by spec digest, so they do not).
+    """
+    from lightprune.testbed import text_testbed
+
+    root = tmp_path_factory.mktemp("testbeds")
+    text_testbed("micro", root, progress=False)
+    return root

@@ -12,9 +12,12 @@ import torch
 import lightprune as lp
 from lightprune.cli import cli_main
 from lightprune.models.tiny import tiny_model
+from lightprune.testbed import resolve_testbed
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = REPO / "tests" / "fixtures" / "data" / "text.jsonl"
+# the README's job on the micro text testbed (trained in seconds) instead of the small one (minutes)
+MICRO_TESTBED = ["--model.init_args.checkpoint", "testbed:text-micro", "--data.init_args.preset", "micro"]
 
 
 @pytest.fixture(autouse=True)
@@ -89,28 +92,28 @@ def test_maep_recipe_on_a_multimodal_checkpoint(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("qlora", [False, True], ids=["lora", "qlora"])
-def test_readme_main_job_config_runs_on_a_micro_setting(tmp_path: Path, monkeypatch, qlora: bool) -> None:
-    """configs/quickstart.yaml (the README's main command) end to end, a few steps; with 4-bit base
-    weights (QLoRA) the export must still be the full-precision original, pruned."""
-    monkeypatch.setenv("LIGHTPRUNE_CACHE", str(tmp_path / "cache"))
+def test_readme_main_job_config_runs_on_a_micro_setting(tmp_path: Path, monkeypatch, qlora: bool,
+                                                        testbed_root: Path) -> None:
+    """configs/quickstart.yaml (the README's main command) end to end on the micro text testbed, a few steps;
+    with 4-bit base weights (QLoRA) the export must still be the full-precision original, pruned."""
+    monkeypatch.setenv("LIGHTPRUNE_CACHE", str(testbed_root))
     run = tmp_path / "run"
-    original = tiny_model("qwen3_moe", seed=0, vocab_size=2048, num_hidden_layers=4, num_experts=16,
-                          num_experts_per_tok=2, max_position_embeddings=256)
-    cli = cli_main(["fit", "--config", "configs/quickstart.yaml", "--trainer.max_steps", "4",
+    cli = cli_main(["fit", "--config", "configs/quickstart.yaml", *MICRO_TESTBED, "--trainer.max_steps", "4",
                     "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "1",
                     "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run),
                     "--model.init_args.load_in_4bit", str(qlora).lower()])
     assert cli.trainer.global_step == 4
     plan = lp.ExpertPlan.load(run / "plan.json")
     scores = json.loads((run / "scores.json").read_text())
-    assert plan.kept_counts() == {l: 8 for l in plan.keep} and plan.criterion == "router_delta:weight"
+    assert plan.kept_counts() == {l: 4 for l in plan.keep} and plan.criterion == "router_delta:weight"
     # the plan keeps the experts whose router rows moved most (independently: sort the saved scores)
     for layer, ids in plan.keep.items():
         moved = torch.tensor(scores["router_delta:weight"]["importance"][str(layer)])
-        assert set(ids) == set(torch.topk(moved, 8).indices.tolist())
+        assert set(ids) == set(torch.topk(moved, 4).indices.tolist())
     pruned = lp.load_pruned(run / "model")
     assert not any(k for k in pruned.state_dict() if "lora" in k)
-    ids = torch.randint(3, 2000, (2, 16), generator=torch.Generator().manual_seed(0))
+    original = lp.load_pruned(resolve_testbed("testbed:text-micro"))  # the trained testbed, cached by the run
+    ids = torch.randint(3, 500, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), lp.mask_experts(original, plan):
         expected = original(input_ids=ids).logits
     torch.testing.assert_close(pruned(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
@@ -138,11 +141,13 @@ def test_router_lora_recipe_on_a_checkpoint(tmp_path: Path) -> None:
 
 
 def test_rerun_with_the_same_seed_and_data_gives_the_same_plan(tmp_path: Path, monkeypatch) -> None:
+    """Twice the README's job from an empty cache: the first run trains the micro testbed (inside the job, so its
+    random state must be left as it was), the second finds it cached; same plan and scores."""
     monkeypatch.setenv("LIGHTPRUNE_CACHE", str(tmp_path / "cache"))
     outputs = []
     for name in ("first", "second"):
         run = tmp_path / name
-        cli_main(["fit", "--config", "configs/quickstart.yaml", "--trainer.max_steps", "6",
+        cli_main(["fit", "--config", "configs/quickstart.yaml", *MICRO_TESTBED, "--trainer.max_steps", "6",
                   "--trainer.val_check_interval", "6", "--trainer.limit_val_batches", "1",
                   "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run)])
         outputs.append(((run / "plan.json").read_text(), (run / "scores.json").read_text()))

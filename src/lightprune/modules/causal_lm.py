@@ -44,7 +44,9 @@ class MoECausalLM(pl.LightningModule):
     """Wrap an MoE language model.
 
     Args:
-        checkpoint: local directory of a transformers checkpoint (or a lightprune export).
+        checkpoint: local directory of a transformers checkpoint (or a lightprune export), or a testbed
+            trained here, ``testbed:text-<preset>`` (:mod:`lightprune.testbed.text_moe`; trained and cached
+            on first use).
         tiny: instead of a checkpoint, build a tiny random model of this family (see
             ``lightprune.models.tiny.TINY_FAMILIES`` and ``TINY_DENSE_MLLMS``), seeded by ``seed``.
         tiny_overrides: config overrides for the tiny model (e.g. ``num_hidden_layers``).
@@ -86,7 +88,11 @@ class MoECausalLM(pl.LightningModule):
                              f"got checkpoint={checkpoint!r}, tiny={tiny!r}")
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-        if checkpoint is not None and not Path(checkpoint).is_dir():
+        if checkpoint is not None and checkpoint.startswith("testbed:"):
+            from ..testbed.text_moe import preset_of
+
+            preset_of(checkpoint)  # a known name (trained on first use, in configure_model)
+        elif checkpoint is not None and not Path(checkpoint).is_dir():
             raise FileNotFoundError(f"checkpoint directory {checkpoint!r} does not exist")
         if tiny is not None:
             from ..models.tiny import TINY_DENSE_MLLMS, TINY_FAMILIES
@@ -121,7 +127,12 @@ class MoECausalLM(pl.LightningModule):
             return tiny_model(self.hparams.tiny, seed=self.hparams.seed, **(self.hparams.tiny_overrides or {})).to(dtype)
         from ..export import load_pruned
 
-        return load_pruned(self.hparams.checkpoint, dtype=dtype, trust_remote_code=self.hparams.trust_remote_code)
+        checkpoint = self.hparams.checkpoint
+        if checkpoint.startswith("testbed:"):
+            from ..testbed.text_moe import resolve_testbed
+
+            checkpoint = resolve_testbed(checkpoint)
+        return load_pruned(checkpoint, dtype=dtype, trust_remote_code=self.hparams.trust_remote_code)
 
     def configure_model(self) -> None:
         if self.model is not None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.default_corpus import DefaultCorpusError, _build_folder, _check, _write_manifest
-from ..data.pydoc_rows import SPLIT_SHARES, corpus_splits, split_topics
+from ..data.pydoc_rows import SPLIT_SHARES, corpus_splits
 
 __all__ = ["DOMAINS", "TEXT_CORPUS_FORMAT", "TextCorpus", "TextCorpusSpec", "build_text_corpus",
            "stdlib_files", "text_corpus_rows"]

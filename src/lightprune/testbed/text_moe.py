@@ -28,6 +28,8 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,8 +39,8 @@ import lightning.pytorch as pl
 from ..data.default_corpus import DefaultCorpusError, _build_folder, _check, _write_manifest
 from .text_corpus import DOMAINS, TextCorpus, TextCorpusSpec, _cache_root, build_text_corpus
 
-__all__ = ["TEXT_TESTBEDS", "TESTBED_PREFIX", "LossCurve", "TextTestbedSpec", "held_out_perplexity", "resolve_testbed", "spec_with",
-           "testbed_datamodule", "text_testbed"]
+__all__ = ["TEXT_TESTBEDS", "TESTBED_PREFIX", "LossCurve", "TextTestbedSpec", "held_out_perplexity", "isolated_rng", "resolve_testbed", "spec_with",
+           "corpus_datamodule", "preset_of", "text_testbed"]
 
 TEXT_TESTBED_FORMAT = "v1"
 TESTBED_PREFIX = "testbed:"
@@ -83,19 +85,49 @@ TEXT_TESTBEDS: dict[str, TextTestbedSpec] = {
 }
 
 
-def resolve_testbed(name: str, root: str | os.PathLike | None = None) -> Path:
-    """``"testbed:text-<preset>"`` -> the trained checkpoint's folder (trained first when not cached)."""
-    if not name.startswith(TESTBED_PREFIX):
-        raise ValueError(f"not a testbed name: {name!r} (expected {TESTBED_PREFIX}text-<preset>)")
-    kind, _, preset = name[len(TESTBED_PREFIX):].partition("-")
+def preset_of(name: str) -> str:
+    """The preset of a testbed checkpoint name ``"testbed:text-<preset>"``; a ValueError naming the choices."""
+    kind, _, preset = name[len(TESTBED_PREFIX):].partition("-") if name.startswith(TESTBED_PREFIX) else ("", "", "")
     if kind != "text" or preset not in TEXT_TESTBEDS:
         raise ValueError(f"unknown testbed {name!r}; choose one of "
                          f"{[f'{TESTBED_PREFIX}text-{p}' for p in TEXT_TESTBEDS]}")
-    return text_testbed(preset, root) / "model"
+    return preset
+
+
+def resolve_testbed(name: str, root: str | os.PathLike | None = None) -> Path:
+    """``"testbed:text-<preset>"`` -> the trained checkpoint's folder (trained first when not cached)."""
+    return text_testbed(preset_of(name), root) / "model"
 
 
 def _folder(preset: str, spec: TextTestbedSpec, root) -> Path:
     return _cache_root(root) / "testbed" / f"text-{preset}-{spec.digest()}"
+
+
+@contextmanager
+def isolated_rng() -> Iterator[None]:
+    """Run a training inside a job without moving the job's random state (torch, random, numpy, Lightning's seed).
+
+    A job that trains its testbed on first use must draw the same adapter initialisation as a job that
+    finds the testbed cached.
+    """
+    import random
+
+    import numpy as np
+    import torch
+
+    states = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
+    env = {k: os.environ.get(k) for k in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def text_testbed(preset: str | TextTestbedSpec = "small", root: str | os.PathLike | None = None, *,
@@ -118,11 +150,12 @@ def text_testbed(preset: str | TextTestbedSpec = "small", root: str | os.PathLik
 
             rank_zero_warn(f"retraining the testbed {folder}: {e}")
         corpus = build_text_corpus(spec.corpus, root)
-        _build_folder(folder, lambda tmp: _train(tmp, spec, corpus, expect, progress), replace=folder.exists())
+        with isolated_rng():
+            _build_folder(folder, lambda tmp: _train(tmp, spec, corpus, expect, progress), replace=folder.exists())
     return folder
 
 
-def testbed_datamodule(spec: TextTestbedSpec, corpus: TextCorpus, **overrides: Any):
+def corpus_datamodule(spec: TextTestbedSpec, corpus: TextCorpus, **overrides: Any):
     """The corpus's splits as a TextJsonlDataModule with the spec's batching (loss on every token)."""
     from ..data import TextJsonlDataModule
 
@@ -175,7 +208,7 @@ def held_out_perplexity(model, corpus: TextCorpus, spec: TextTestbedSpec, split:
 
     rows = read_jsonl(corpus.files[split])
     domains = [json.loads(line)["domain"] for line in corpus.files[split].read_text(encoding="utf-8").splitlines()]
-    dm = testbed_datamodule(spec, corpus)
+    dm = corpus_datamodule(spec, corpus)
     out = {}
     model.eval()
     for domain in (*DOMAINS, "all"):
@@ -201,7 +234,7 @@ def _train(folder: Path, spec: TextTestbedSpec, corpus: TextCorpus, expect: dict
     from ..modules import MoECausalLM
 
     pl.seed_everything(spec.seed, verbose=False)
-    dm = testbed_datamodule(spec, corpus)
+    dm = corpus_datamodule(spec, corpus)
     init = _initial_checkpoint(folder, spec, dm.tokenizer)
     module = MoECausalLM(checkpoint=str(init), learning_rate=spec.learning_rate, weight_decay=spec.weight_decay,
                          warmup_steps=spec.warmup_steps, scheduler="cosine",

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..data.default_corpus import DefaultCorpusError, _build_folder, _check, _write_manifest
 from .text_corpus import _cache_root
-from .text_moe import LossCurve
+from .text_moe import LossCurve, isolated_rng
 
 __all__ = ["VQA_TESTBEDS", "VQATestbedSpec", "answer_accuracy", "vqa_testbed"]
 
@@ -156,7 +156,8 @@ def vqa_testbed(preset: str | VQATestbedSpec, root: str | os.PathLike | None = N
             from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
             rank_zero_warn(f"retraining the testbed {folder}: {e}")
-        _build_folder(folder, lambda tmp: _train(tmp, spec, root, expect, progress), replace=folder.exists())
+        with isolated_rng():
+            _build_folder(folder, lambda tmp: _train(tmp, spec, root, expect, progress), replace=folder.exists())
     return folder
 
 

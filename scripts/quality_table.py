@@ -1,0 +1,79 @@
+"""Side-by-side quality tables on the trained testbeds -> docs/RESULTS.md (with PNG plots).
+
+Trains (first time only; cached under --root, $LIGHTPRUNE_CACHE or ~/.cache/lightprune) and then
+measures, at 25% and 50% expert pruning, every criterion (random over 5 seeds with its spread,
+frequency, seer, ean, reap, routing_kl, delta_h, MAEP global and uniform, AIMER, magnitude,
+router_norm, router sensitivity, anti-REAP) on the text MoE testbed and the multimodal MoE testbed,
+the per-layer rho of delta_h against the ground-truth KL, cross-dataset ranking stability, MWOP at
+the paper's operating points against random masks on the dense multimodal testbed, and includes the
+benchmark figures of scripts/collect_benchmarks.py when given.
+
+    python scripts/quality_table.py                      # full presets: ~1 h the first time on 2 cores
+    python scripts/quality_table.py --micro --out /tmp/r # the micro presets: seconds (what the test runs)
+    python scripts/quality_table.py --parts text mllm --benchmarks docs/results/benchmarks.json
+    python scripts/quality_table.py --from-json docs/results/results.json   # re-render only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+PARTS = ("text", "mllm", "mwop")
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="docs", help="folder of RESULTS.md (PNGs and JSON go to <out>/results)")
+    parser.add_argument("--root", default=None, help="testbed cache root")
+    parser.add_argument("--micro", action="store_true", help="micro testbeds and sizes (seconds; for tests)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--ratios", nargs="+", type=float, default=[0.25, 0.5])
+    parser.add_argument("--random-seeds", type=int, default=5)
+    parser.add_argument("--benchmarks", help="JSON written by scripts/collect_benchmarks.py")
+    parser.add_argument("--from-json", help="re-render a results.json without measuring")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    from lightprune.testbed.results_page import write_results
+
+    command = "python scripts/quality_table.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
+                                                                                       else sys.argv[1:]))
+    if args.from_json:
+        data = json.loads(Path(args.from_json).read_text())
+        path = write_results(args.out, **data, command=command.strip())
+        print(f"wrote {path}")
+        return path
+    progress = not args.no_progress
+    micro = args.micro
+    parts = {}
+    if "text" in args.parts:
+        from lightprune.testbed.quality_tables import text_tables
+
+        sizes = dict(calibration_rows=8, eval_rows=8, kl_rows=8, sensitivity_steps=3) if micro else {}
+        parts["text"] = text_tables("micro" if micro else "full", args.root, ratios=tuple(args.ratios),
+                                    random_seeds=args.random_seeds, progress=progress, **sizes)
+    if "mllm" in args.parts:
+        from lightprune.testbed.quality_tables import mllm_tables
+
+        sizes = dict(kl_rows=8, sensitivity_steps=3) if micro else {}
+        parts["mllm"] = mllm_tables("mllm-moe-micro" if micro else "mllm-moe-full", args.root,
+                                    ratios=tuple(args.ratios), random_seeds=args.random_seeds, progress=progress,
+                                    **sizes)
+    if "mwop" in args.parts:
+        from lightprune.testbed.quality_tables import mwop_tables
+
+        parts["mwop"] = mwop_tables("dense-mllm-micro" if micro else "dense-mllm-full", args.root,
+                                             random_seeds=args.random_seeds, progress=progress)
+    if args.benchmarks:
+        parts["benchmarks"] = json.loads(Path(args.benchmarks).read_text())
+    path = write_results(args.out, **parts, command=command.strip())
+    print(f"wrote {path}")
+    return path
+
+
+if __name__ == "__main__":
+    main()

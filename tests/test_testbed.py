@@ -1,0 +1,130 @@
+"""Testbed models trained here: the text corpus, the micro text testbed, the load-balancing loss, the datamodule."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+import lightprune as lp
+from lightprune.testbed import TEXT_TESTBEDS, TestbedTextDataModule, build_text_corpus, resolve_testbed, text_testbed
+from lightprune.testbed.text_corpus import DOMAINS, _split_source
+from lightprune.testbed.text_moe import isolated_rng, corpus_datamodule
+
+MICRO = TEXT_TESTBEDS["micro"]
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_split_source_returns_the_docstrings_and_blanks_them_out_of_the_code() -> None:
+    doc = "Module docstring long enough to be kept as prose, well over eighty characters in all."
+    src = f'"""{doc}"""\nimport os\n\n\ndef f(x):\n    """short"""\n    return x\n'
+    docs, code = _split_source(src)
+    assert docs == [doc]  # "short" is under the 80-character floor: dropped from both domains
+    assert '"""' not in code and "import os" in code and "return x" in code
+
+
+def test_corpus_splits_are_disjoint_by_source_and_hold_both_domains(testbed_root: Path) -> None:
+    corpus = build_text_corpus(MICRO.corpus, testbed_root)
+    sources = {split: {r["source"] for r in _rows(corpus.files[split])} for split in ("train", "val", "calibration", "test")}
+    splits = list(sources)
+    for i, a in enumerate(splits):
+        for b in splits[i + 1:]:
+            assert not sources[a] & sources[b], (a, b)
+    for split in splits:
+        assert {r["domain"] for r in _rows(corpus.files[split])} == set(DOMAINS), split
+    calibration = _rows(corpus.files["calibration"])
+    for domain in DOMAINS:
+        assert _rows(corpus.files[f"calibration-{domain}"]) == [r for r in calibration if r["domain"] == domain]
+
+
+def test_corpus_is_byte_identical_across_builds(testbed_root: Path, tmp_path: Path) -> None:
+    a = build_text_corpus(MICRO.corpus, testbed_root)
+    b = build_text_corpus(MICRO.corpus, tmp_path)
+    for name, path in a.files.items():
+        assert path.read_bytes() == b.files[name].read_bytes(), name
+    assert (a.tokenizer_dir / "tokenizer.json").read_bytes() == (b.tokenizer_dir / "tokenizer.json").read_bytes()
+
+
+def test_micro_testbed_reports_its_own_held_out_perplexity_and_learned(testbed_root: Path) -> None:
+    folder = text_testbed("micro", testbed_root, progress=False)
+    record = json.loads((folder / "training.json").read_text())
+    curve = record["loss_curve"]
+    assert curve[-1]["step"] == MICRO.steps and curve[-1]["loss"] < curve[0]["loss"] - 0.5
+    assert all(math.isfinite(p["aux_loss"]) for p in curve)  # the load-balancing loss was on
+    # held-out perplexity, recomputed from the saved checkpoint: exp(summed CE / labelled tokens) per domain
+    model = lp.load_pruned(folder / "model").eval()
+    corpus = build_text_corpus(MICRO.corpus, testbed_root)
+    dm = corpus_datamodule(MICRO, corpus)
+    rows = [r for r in _rows(corpus.files["test"]) if r["domain"] == "code"][: MICRO.batch_size * MICRO.eval_batches]
+    nll, count = 0.0, 0
+    for row in rows:
+        ids = torch.tensor([(dm.tokenizer(row["text"])["input_ids"] + [dm.tokenizer.eos_token_id])[: MICRO.max_length]])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, :-1]
+        nll += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+        count += ids.shape[1] - 1
+    assert record["held_out_perplexity"]["test"]["code"] == pytest.approx(math.exp(nll / count), rel=1e-4)
+
+
+def test_testbed_checkpoint_name_resolves_to_the_cached_model_and_bad_names_fail(testbed_root: Path) -> None:
+    assert resolve_testbed("testbed:text-micro", testbed_root) == text_testbed("micro", testbed_root) / "model"
+    with pytest.raises(ValueError, match="testbed:text-small"):
+        resolve_testbed("testbed:text-huge", testbed_root)
+    with pytest.raises(ValueError, match="unknown testbed 'testbed:vision-micro'"):
+        lp.modules.MoECausalLM(checkpoint="testbed:vision-micro")
+
+
+def test_isolated_rng_leaves_the_random_state_as_it_was() -> None:
+    torch.manual_seed(5)
+    random.seed(5)
+    expected = (torch.rand(3), random.random())
+    torch.manual_seed(5)
+    random.seed(5)
+    with isolated_rng():
+        torch.manual_seed(0)
+        torch.rand(100)
+        random.random()
+    assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
+
+
+def test_training_loss_adds_the_models_load_balancing_loss(tiny) -> None:
+    """MoECausalLM.training_step = next-token CE + coef x transformers' load_balancing_loss_func (recomputed)."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    from lightprune.modules import MoECausalLM
+
+    module = MoECausalLM(tiny="qwen3_moe", router_aux_loss_coef=0.1)
+    module.configure_model()
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)}
+    loss = module.training_step(batch, 0)
+    out = module.model(input_ids=ids, attention_mask=batch["attention_mask"], output_router_logits=True)
+    ce = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 128), ids[:, 1:].reshape(-1))
+    config = module.model.config
+    aux = load_balancing_loss_func(out.router_logits, config.num_experts, config.num_experts_per_tok,
+                                   batch["attention_mask"])
+    torch.testing.assert_close(loss, ce + 0.1 * aux)
+    with pytest.raises(ValueError, match="router_aux_loss_coef must be >= 0"):
+        MoECausalLM(tiny="qwen3_moe", router_aux_loss_coef=-1.0)
+
+
+def test_datamodule_serves_the_presets_corpus_and_one_domains_calibration(testbed_root: Path) -> None:
+    dm = TestbedTextDataModule("micro", str(testbed_root), calibration_domain="prose", batch_size=2)
+    corpus = build_text_corpus(MICRO.corpus, testbed_root)
+    assert dm.paths["calibration"] == corpus.files["calibration-prose"]
+    dm.setup("fit")
+    batch = next(iter(dm.calibration_dataloader()))
+    first = _rows(corpus.files["calibration-prose"])[0]["text"]
+    expected = dm.tokenizer(first)["input_ids"][: MICRO.max_length]
+    assert batch["input_ids"][0][: len(expected)].tolist() == expected
+    with pytest.raises(ValueError, match="calibration_domain must be None or one of"):
+        TestbedTextDataModule("micro", str(testbed_root), calibration_domain="poetry")
+    with pytest.raises(ValueError, match="preset must be one of"):
+        TestbedTextDataModule("giant", str(testbed_root))
