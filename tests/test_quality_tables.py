@@ -1,0 +1,108 @@
+"""scripts/quality_table.py end to end on the micro testbeds: every number of the page recomputed independently."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+import lightprune as lp
+from lightprune.testbed import TEXT_TESTBEDS, build_text_corpus, text_testbed
+from lightprune.testbed.results_page import retention
+from lightprune.testbed.text_moe import corpus_datamodule
+
+REPO = Path(__file__).resolve().parents[1]
+MICRO = TEXT_TESTBEDS["micro"]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("quality_table", REPO / "scripts" / "quality_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def page(testbed_root: Path, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("results")
+    _script().main(["--micro", "--parts", "text", "mllm", "--random-seeds", "2", "--out", str(out), "--root",
+                    str(testbed_root), "--no-progress"])
+    return out, json.loads((out / "results" / "results.json").read_text())
+
+
+def _ppl_of_pruned(model, plan, testbed_root: Path, rows_per_domain: int) -> float:
+    """exp(summed next-token CE / tokens) of the physically pruned model over the first test rows of each domain."""
+    pruned = copy.deepcopy(model)
+    lp.prune_experts(pruned, plan)
+    corpus = build_text_corpus(MICRO.corpus, testbed_root)
+    tokenizer = corpus_datamodule(MICRO, corpus).tokenizer
+    rows = [json.loads(line) for line in corpus.files["test"].read_text().splitlines()]
+    nll, count = 0.0, 0
+    for domain in ("prose", "code"):
+        for row in [r for r in rows if r["domain"] == domain][:rows_per_domain]:
+            ids = torch.tensor([(tokenizer(row["text"])["input_ids"] + [tokenizer.eos_token_id])[: MICRO.max_length]])
+            with torch.no_grad():
+                logits = pruned(input_ids=ids).logits[0, :-1]
+            nll += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+            count += ids.shape[1] - 1
+    return math.exp(nll / count)
+
+
+def test_text_rows_equal_physically_pruned_models(page, testbed_root: Path) -> None:
+    out, data = page
+    text = data["text"]
+    model = lp.load_pruned(text_testbed("micro", testbed_root) / "model").eval()
+    for row in (r for r in text["rows"] if r["criterion"] == "aimer"):  # weight-only: an independent plan
+        plan = lp.select_experts(lp.score_weights(model, "aimer"), row["ratio"])
+        assert row["pruned_per_layer"] == {str(l): len(p) for l, p in plan.pruned().items()}
+        assert row["metrics"]["ppl"] == pytest.approx(_ppl_of_pruned(model, plan, testbed_root, 4), rel=1e-4)
+    dense_plan = lp.select_experts(lp.score_weights(model, "aimer"), 0.0)
+    assert text["dense"]["ppl"] == pytest.approx(_ppl_of_pruned(model, dense_plan, testbed_root, 4), rel=1e-4)
+
+
+def test_every_uniform_row_prunes_the_ratio_of_every_layer_and_global_rows_the_ratio_overall(page) -> None:
+    _, data = page
+    for part in ("text", "mllm"):
+        for row in data[part]["rows"]:
+            counts = row["pruned_per_layer"]
+            experts = 8  # the micro testbeds' experts per layer
+            if row["allocation"] == "uniform":
+                assert set(counts.values()) == {int(row["ratio"] * experts)}, (part, row["criterion"])
+            else:
+                assert sum(counts.values()) == round(row["ratio"] * experts * len(counts)), row["criterion"]
+    names = {r["criterion"] for r in data["mllm"]["rows"]}
+    assert {"frequency", "seer", "ean", "reap", "routing_kl", "delta_h", "maep_global", "maep_uniform", "aimer",
+            "magnitude", "router_norm", "router_sensitivity", "anti_reap"} <= names
+
+
+def test_random_spread_and_the_page_carry_the_measured_numbers(page) -> None:
+    out, data = page
+    md = (out / "RESULTS.md").read_text()
+    for part, metric in (("text", "ppl"), ("mllm", "ppl_text")):
+        for ratio, entry in data[part]["random"].items():
+            values = [s[metric] for s in entry["seeds"]]
+            assert len(values) == 2 and values[0] != values[1]
+            summary = entry["summary"][metric]
+            assert summary["mean"] == pytest.approx(statistics.fmean(values))
+            assert summary["std"] == pytest.approx(statistics.pstdev(values))
+            assert (summary["min"], summary["max"]) == (min(values), max(values))
+    row = next(r for r in data["text"]["rows"] if r["criterion"] == "reap" and r["ratio"] == 0.5)
+    dense = data["text"]["dense"]["ppl"]
+    assert retention("ppl", row["metrics"]["ppl"], dense) == pytest.approx(100 * dense / row["metrics"]["ppl"])
+    reap_line = next(line for line in md.splitlines() if line.startswith("| reap | uniform |"))
+    assert f"{row['metrics']['ppl']:.1f}" in reap_line
+    retention_line = next(line for line in md.splitlines() if line.startswith("| reap | ") and "uniform" not in line)
+    assert f"{retention('ppl', row['metrics']['ppl'], dense):.1f}" in retention_line
+    for png in ("text_ppl_retention.png", "mllm_image_retention.png", "mllm_text_retention.png",
+                "mllm_pruned_per_layer.png"):
+        assert (out / "results" / png).read_bytes()[:4] == b"\x89PNG"
+    rho = data["text"]["proxy_rho"]["all"]["delta_h"]
+    assert rho["mean"] is None or -1.0 <= rho["mean"] <= 1.0
+    assert set(data["mllm"]["stability"]["criteria"]["delta_h"]) == {"text", "vision", "vision_low_attn",
+                                                                   "vision_high_attn"}
