@@ -76,6 +76,7 @@ def _qwen3_vl_moe(**kw: Any):
     vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
               "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16,
               "deepstack_visual_indexes": []}
+    vision.update(kw.pop("vision_config", {}))
     return Qwen3VLMoeConfig(text_config=text, vision_config=vision, image_token_id=120, video_token_id=121,
                             vision_start_token_id=122, vision_end_token_id=123, tie_word_embeddings=False, **kw)
 
@@ -89,6 +90,7 @@ def _internvl(**kw: Any):
     text.update(kw.pop("text_config", {}))
     vision = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
               "image_size": [16, 16], "patch_size": [4, 4]}
+    vision.update(kw.pop("vision_config", {}))
     return InternVLConfig(text_config=text, vision_config=vision, image_token_id=120, downsample_ratio=0.5,
                           tie_word_embeddings=False, **kw)
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from ..data.default_corpus import DefaultCorpusError, _build_folder, _check, _write_manifest
 from .text_corpus import DOMAINS, TextCorpus, TextCorpusSpec, _cache_root, build_text_corpus
@@ -184,7 +185,8 @@ def _initial_checkpoint(folder: Path, spec: TextTestbedSpec, tokenizer) -> Path:
 
 
 class LossCurve(pl.Callback):
-    """Keeps (step, train loss, aux loss) every ``every`` optimizer steps and at the last."""
+    """Keeps (step, train loss, aux loss) every ``every`` optimizer steps and at the last (and logs them when
+    the trainer shows no progress bar)."""
 
     def __init__(self, every: int):
         self.every = every
@@ -196,6 +198,8 @@ class LossCurve(pl.Callback):
             m = trainer.callback_metrics
             self.points.append({"step": step, "loss": float(m["train/loss"]),
                                 "aux_loss": float(m.get("train/aux_loss", math.nan))})
+            if trainer.progress_bar_callback is None:  # no bar: a line per point, for logs of background runs
+                rank_zero_info(f"step {step}/{trainer.max_steps}: loss {self.points[-1]['loss']:.4f}")
 
 
 def held_out_perplexity(model, corpus: TextCorpus, spec: TextTestbedSpec, split: str = "test",
