@@ -131,6 +131,13 @@ def test_retention_excludes_undefined_tasks_by_name():
         retention(torch.tensor([0.5]), torch.tensor([0.0]), ["a"])
 
 
+def test_an_unchanged_model_retains_exactly_100_percent():
+    """100 * (s / r), not 100 * s / r: the latter is 100 +- 1 ulp for some s == r (the anchor is 'closest to 100')."""
+    scores = torch.arange(1, 100, dtype=torch.float64) / 100  # 0.17, 0.34, 0.68, 0.69: 100 * s / s != 100
+    r = retention(scores, scores.clone(), [str(i) for i in range(len(scores))])
+    assert all(v == 100.0 for v in r.per_task.values()) and r.atr == 100.0
+
+
 def test_a_candidate_below_min_retention_queues_the_next_smaller_ratio():
     search = StagedSearch(grid=(0.0, 0.3, 0.6), stages=["t2t"], min_retention=90.0, max_candidates=1)
     assert search.start_stage({0.0: 100.0, 0.3: 95.0, 0.6: 92.0}) == [0.6]

@@ -123,7 +123,7 @@ def retention(scores: torch.Tensor, reference: torch.Tensor, task_names: Sequenc
             per_task[name] = float("nan")
             excluded.append(name)
         else:
-            per_task[name] = 100.0 * s / r
+            per_task[name] = 100.0 * (s / r)  # exactly 100 when s == r
     defined = [v for v in per_task.values() if v == v]
     if not defined:
         raise ValueError(f"retention is undefined for every task {list(task_names)}: the reference scores "

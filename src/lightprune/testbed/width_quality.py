@@ -110,19 +110,6 @@ def _nan_to_none(value: float) -> float | None:
     return None if value is None or value != value else float(value)
 
 
-def _retention(scores: torch.Tensor, reference: torch.Tensor, names: Sequence[str]):
-    """:func:`~lightprune.retention.retention` evaluated as 100 * (s / r): identical scores retain exactly 100.
-
-    (``retention`` writes 100 * s / r, which rounds to 100 +- 1 ulp for some s == r.) Tasks with a zero or
-    missing reference keep their zero / NaN reference, so they are excluded exactly as there.
-    """
-    from ..retention import retention
-
-    defined = (reference == reference) & (reference != 0)
-    ratio = torch.where(defined, scores / torch.where(defined, reference, 1.0), scores)
-    return retention(ratio, torch.where(defined, torch.ones_like(reference), reference), names)
-
-
 def _stats(values: Sequence[float | None]) -> dict[str, float | None]:
     vals = [v for v in values if v is not None]
     if not vals or len(vals) != len(values):
@@ -161,7 +148,7 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
 
     from ..flops import decoder_flops
     from ..modules.adapters import base_model_of
-    from ..retention import METRICS, evaluate_tasks
+    from ..retention import METRICS, evaluate_tasks, retention
     from ..surgery.width_mask import mask_width
     from ..taylor import taylor_importance
     from ..width_select import random_scores, select_channels, select_paths
@@ -203,7 +190,7 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
         return scores
 
     def row(plan: WidthPlan, scores: torch.Tensor, reference: torch.Tensor) -> dict[str, Any]:
-        kept = _retention(scores, reference, names)
+        kept = retention(scores, reference, names)
         return {"flops_fraction": decoder_flops(config, V, T, plan=plan, align=align).fraction,
                 "atr": kept.atr,
                 "per_task_accuracy": {n: _nan_to_none(s) for n, s in zip(names, scores.tolist())},
