@@ -11,6 +11,7 @@ from lightprune.models import find_moe_layers
 from lightprune.models.tiny import tiny_model
 from lightprune.modules import (AdapterSpec, apply_adapter, base_model_of, merged_router_weights, remove_adapters,
                                 router_is_trainable)
+from lightprune.modules.adapters import moe_inputs_require_grad
 from lightprune.modules.houlsby import HoulsbyAdapter
 
 ADAPTER_WORDS = ("lora_", "ia3_", "houlsby", "parametrizations")
@@ -115,6 +116,48 @@ def test_lora_router_only_trains_router_rows(family):
     assert not [n for n, _ in base.named_modules() if any(w in n for w in ADAPTER_WORDS)]
     assert torch.equal(_logits(base, ids), ref_logits)  # original weights, bitwise
     assert all(p.requires_grad for p in base.parameters())  # trainability restored
+
+
+@pytest.mark.parametrize("family, target", [("qwen3_moe", "router"), ("mixtral", "router"), ("deepseek_v3", "router"),
+                                            ("qwen3_moe", "experts")])
+def test_moe_block_backward_hook_fires_after_the_adapter_gradients(tiny, family, target):
+    """DeepSpeed ZeRO-3 reduces a leaf MoE block's gradients (a missing one as zero) in a full backward hook on the
+    block. Below the first MoE block everything is frozen, so without a gradient on the block's input that hook
+    fires as soon as the output gradient arrives, before the adapter factors inside the block have theirs."""
+    def run(inputs_grad: bool):
+        model = tiny(family)
+        torch.manual_seed(0)  # peft draws LoRA A from the global generator
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = apply_adapter(model, AdapterSpec(targets=[target], r=4, alpha=4, dropout=0.0))
+        moe_inputs_require_grad(model, enable=inputs_grad)
+        first = find_moe_layers(base_model_of(model))[0]
+        inside = [p for p in first.block.parameters() if p.requires_grad]
+        seen = []
+        first.block.register_full_backward_hook(lambda m, gin, gout: seen.append([p.grad is not None for p in inside]))
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        ids = _batch(3)
+        losses = []
+        for _ in range(2):
+            loss = model(input_ids=ids, labels=ids).loss
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "full backward hook is firing ... no inputs require gradients"
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return model, inside, seen, losses
+
+    model, inside, seen, losses = run(True)
+    trained = [p.detach().clone() for p in inside]
+    assert inside and len(seen) == 2
+    assert all(all(step) for step in seen)  # every factor inside the first block has its gradient at hook time
+    _, inside_without, seen_without, losses_without = run(False)
+    assert not any(any(step) for step in seen_without)  # what ZeRO-3 met: the hook ran before any of them
+    assert losses == losses_without  # same values and gradients, bit for bit
+    assert all(torch.equal(a, b) for a, b in zip(trained, inside_without, strict=True))
+    base = remove_adapters(model)
+    assert not any(m._forward_pre_hooks for m in base.modules())
 
 
 def test_lora_targets_create_adapters_where_expected():

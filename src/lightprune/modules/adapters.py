@@ -18,6 +18,16 @@ An adapter is fitted briefly, read, then discarded: the plan is applied to the o
 - ``trainable``: module names (e.g. ``multi_modal_projector``) whose parameters train in full beside any adapter
   (MWOP trains the projector with the LoRA); each name must match a module.
 - ``none``: no adapter; the model is returned unchanged and every parameter trains (full fine-tuning).
+
+Under DeepSpeed ZeRO-3 a Mixtral / Qwen2-MoE / Qwen3-MoE sparse block is a "leaf" module (DeepSpeed's
+default ``zero_optimization.leaf_module`` classes): its parameters are gathered for the whole block, and their
+gradients are reduced (a missing one as zero: an expert no token reached) in a full backward hook on the block.
+When no input of the block requires grad (every layer below the first MoE block frozen, as under a router
+LoRA), that hook fires as soon as the block's output gradient arrives, before autograd has reached the
+adapter's parameters inside the block; their real gradients then meet released partitions and backward fails.
+So every adapter gives the input of each MoE block a gradient where it has none: a detached copy that requires
+grad (a forward pre-hook, :func:`moe_inputs_require_grad`; values, and so parameter gradients, unchanged).
+:func:`remove_adapters` removes the hooks.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from .houlsby import has_houlsby, insert_houlsby, remove_houlsby
 from .scaling import has_channel_scales, remove_channel_scales, scale_parameter_input
 
 __all__ = ["AdapterSpec", "apply_adapter", "remove_adapters", "merged_router_weights", "router_is_trainable",
-           "base_model_of", "ADAPTER_KINDS", "LORA_TARGETS"]
+           "base_model_of", "moe_inputs_require_grad", "ADAPTER_KINDS", "LORA_TARGETS"]
 
 ADAPTER_KINDS = ("lora", "ia3", "houlsby", "none")
 LORA_TARGETS = ("router", "attention", "experts", "all_linear", "language_model")
@@ -199,6 +209,7 @@ def apply_adapter(model: nn.Module, spec: AdapterSpec | dict | None) -> nn.Modul
         adapted = model
     for module in full:
         module.requires_grad_(True)
+    moe_inputs_require_grad(model)
     return adapted
 
 
@@ -292,6 +303,38 @@ def _apply_ia3(model: nn.Module) -> nn.Module:
     return peft_model
 
 
+# ---------------------------------------------------------------------------------------------- MoE inputs
+def _input_with_grad(module: nn.Module, args: tuple) -> tuple | None:
+    """Forward pre-hook: a floating-point first input without grad becomes a detached copy that requires grad."""
+    if not torch.is_grad_enabled() or not args:
+        return None
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.requires_grad:
+        return None
+    return (x.detach().requires_grad_(True), *args[1:])
+
+
+def moe_inputs_require_grad(model: nn.Module, enable: bool = True) -> None:
+    """Give the input of every MoE block of ``model`` a gradient while training (``enable=False``: stop).
+
+    What DeepSpeed ZeRO-3 needs to reduce the gradients of an adapter inside a "leaf" MoE block (see the module
+    docstring). A no-op for a block whose input already requires grad, under ``torch.no_grad``, and for a model
+    without MoE layers (a dense MLLM).
+    """
+    from ..models import find_moe_layers
+
+    try:
+        layers = find_moe_layers(base_model_of(model))
+    except ValueError:  # not an MoE model of a supported family: no MoE block to reach
+        return
+    for layer in layers:
+        hooks = layer.block._forward_pre_hooks
+        for key in [k for k, hook in hooks.items() if hook is _input_with_grad]:
+            del hooks[key]
+        if enable:
+            layer.block.register_forward_pre_hook(_input_with_grad)
+
+
 # ---------------------------------------------------------------------------------------------- read
 def _lora_chain(router: nn.Module):
     """(LoRA wrappers of the router's ``weight``, the innermost router module)."""
@@ -367,6 +410,7 @@ def remove_adapters(model: nn.Module) -> nn.Module:
     from peft.tuners.tuners_utils import BaseTuner
 
     base = base_model_of(model)
+    moe_inputs_require_grad(base, enable=False)
     if has_channel_scales(base):
         remove_channel_scales(base)
     if has_houlsby(base):
