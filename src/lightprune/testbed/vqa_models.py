@@ -86,9 +86,9 @@ _MICRO_DATA = dict(n_train=48, n_val=16, n_selection=8, n_calibration=16)
 
 VQA_TESTBEDS: dict[str, VQATestbedSpec] = {
     "mllm-moe-micro": VQATestbedSpec("mllm-moe", data=_MICRO_DATA, vocab_size=512, steps=6, batch_size=8),
-    "mllm-moe-full": VQATestbedSpec("mllm-moe", model=_MOE_FULL, data=_FULL_DATA, steps=750),
+    "mllm-moe-full": VQATestbedSpec("mllm-moe", model=_MOE_FULL, data=_FULL_DATA, steps=2000, warmup_steps=50),
     "dense-mllm-micro": VQATestbedSpec("dense-mllm", data=_MICRO_DATA, vocab_size=512, steps=6, batch_size=8),
-    "dense-mllm-full": VQATestbedSpec("dense-mllm", model=_DENSE_FULL, data=_FULL_DATA, steps=750),
+    "dense-mllm-full": VQATestbedSpec("dense-mllm", model=_DENSE_FULL, data=_FULL_DATA, steps=2000, warmup_steps=50),
 }
 
 
