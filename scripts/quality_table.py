@@ -12,14 +12,13 @@ benchmark figures of scripts/collect_benchmarks.py when given.
     python scripts/quality_table.py --micro --out /tmp/r # the micro presets: seconds (what the test runs)
     python scripts/quality_table.py --parts text mllm --benchmarks docs/results/benchmarks.json
     python scripts/quality_table.py --from-json docs/results/results.json   # re-render only
+Parts not measured in a run keep their figures from <out>/results/results.json unless --fresh.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 from pathlib import Path
 
 PARTS = ("text", "mllm", "mwop")
@@ -35,21 +34,25 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--random-seeds", type=int, default=5)
     parser.add_argument("--benchmarks", help="JSON written by scripts/collect_benchmarks.py")
     parser.add_argument("--from-json", help="re-render a results.json without measuring")
+    parser.add_argument("--fresh", action="store_true",
+                        help="drop the parts measured before (default: keep <out>/results/results.json's other parts)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
     from lightprune.testbed.results_page import write_results
 
-    command = "python scripts/quality_table.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
-                                                                                       else sys.argv[1:]))
+    command = "python scripts/quality_table.py" + (" --micro" if args.micro else "")
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
-        path = write_results(args.out, **data, command=command.strip())
+        path = write_results(args.out, **data, command=command)
         print(f"wrote {path}")
         return path
     progress = not args.no_progress
     micro = args.micro
     parts = {}
+    previous = Path(args.out) / "results" / "results.json"
+    if previous.is_file() and not args.fresh:  # measure some parts, keep the others
+        parts = {k: v for k, v in json.loads(previous.read_text()).items() if v is not None}
     if "text" in args.parts:
         from lightprune.testbed.quality_tables import text_tables
 
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> Path:
                                              random_seeds=args.random_seeds, progress=progress)
     if args.benchmarks:
         parts["benchmarks"] = json.loads(Path(args.benchmarks).read_text())
-    path = write_results(args.out, **parts, command=command.strip())
+    path = write_results(args.out, **parts, command=command)
     print(f"wrote {path}")
     return path
 

@@ -159,7 +159,7 @@ def _text_section(r: Mapping[str, Any], out: Path) -> list[str]:
         "## Text MoE testbed", "",
         f"Qwen3-MoE-style, {tb['parameters']:,} parameters ({tb['spec']['model'].get('num_hidden_layers')} layers, "
         f"{tb['spec']['model'].get('num_experts')} experts, top-{tb['spec']['model'].get('num_experts_per_tok')}), "
-        f"trained {tb['spec']['steps']} steps ({tb['train_seconds'] / 60:.1f} min on this machine) on prose and code "
+        f"trained {tb['spec']['steps']} steps of {tb['spec']['batch_size']} x {tb['spec']['max_length']} tokens on prose and code "
         f"from Python's own documentation and standard library; held-out test perplexity {ppl['all']:.1f} "
         f"(prose {ppl['prose']:.1f}, code {ppl['code']:.1f}). Calibration on the calibration split (mixed domains), "
         "evaluation on the test split: perplexity (every token) and next-token accuracy.", "",
@@ -181,8 +181,8 @@ def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
                    "multimodal MoE testbed: text perplexity retention")
     lines = [
         "## Multimodal MoE testbed", "",
-        f"Qwen3-VL-MoE-style, {tb['parameters']:,} parameters, trained {tb['spec']['steps']} steps "
-        f"({tb['train_seconds'] / 60:.1f} min) on Testbed VQA: scikit-learn's handwritten digits, matplotlib bar "
+        f"Qwen3-VL-MoE-style, {tb['parameters']:,} parameters, trained {tb['spec']['steps']} steps of "
+        f"{tb['spec']['batch_size']} rows on Testbed VQA: scikit-learn's handwritten digits, matplotlib bar "
         "charts (tallest colour, bar count) and Python-documentation text rows. Calibration on the calibration split "
         "(all tasks); evaluation on the val split: answer accuracy per image task (every answer token right) and the "
         "text rows' completion perplexity. Multimodal and text reported apart. "
