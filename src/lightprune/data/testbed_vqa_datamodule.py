@@ -21,20 +21,13 @@ fails its manifest is rebuilt, with a warning. A JSONL row is ``{"task", "messag
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import DataLoader
-
-from .default_corpus import MANIFEST, DefaultCorpusError, _build_folder, _check, _write_manifest
-from .image_text import ImageTextJsonlDataModule, LazyImageTextDataset
-from .rows import read_jsonl
-from .testbed_vqa import (TESTBED_VQA_SPLITS, TESTBED_VQA_TASKS, check_image_size, check_tasks, render_row,
-                          testbed_vqa_splits)
+from .generated_qa import GeneratedQADataModule, build_qa_cache, check_split_sizes, qa_cache_dir
+from .testbed_vqa import TESTBED_VQA_TASKS, check_image_size, check_tasks, render_row, testbed_vqa_splits
 
 __all__ = ["TESTBED_VQA_FORMAT", "TestbedVQADataModule", "build_testbed_vqa", "testbed_vqa_dir"]
 
@@ -45,11 +38,7 @@ _PROGRESS_MIN_ROWS = 1000
 def _params(sizes: dict[str, int], seed: int, tasks: Sequence[str], image_size: int) -> dict[str, Any]:
     tasks = check_tasks(tasks)
     check_image_size(image_size)
-    for split, n in sizes.items():
-        if split not in TESTBED_VQA_SPLITS:
-            raise ValueError(f"unknown split {split!r}; choose from {TESTBED_VQA_SPLITS}")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"n_{split} must be an int >= 0, got {n!r}")
+    sizes = check_split_sizes(sizes)
     sources = {}
     if "text" in tasks:
         from .default_corpus import corpus_version
@@ -59,47 +48,13 @@ def _params(sizes: dict[str, int], seed: int, tasks: Sequence[str], image_size: 
         import matplotlib
 
         sources["matplotlib"] = matplotlib.__version__
-    return {"seed": seed, "tasks": list(tasks), "image_size": image_size,
-            "sizes": {split: int(sizes.get(split, 0)) for split in TESTBED_VQA_SPLITS}, "sources": sources}
-
-
-def _folder(root: str | os.PathLike | None, params: dict[str, Any]) -> Path:
-    digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
-    base = root or os.environ.get("LIGHTPRUNE_CACHE") or Path.home() / ".cache" / "lightprune"
-    return Path(base).expanduser() / "testbed_vqa" / f"{TESTBED_VQA_FORMAT}-{digest}"
+    return {"seed": seed, "tasks": list(tasks), "image_size": image_size, "sizes": sizes, "sources": sources}
 
 
 def testbed_vqa_dir(root: str | os.PathLike | None, sizes: dict[str, int], seed: int = 0,
                     tasks: Sequence[str] = TESTBED_VQA_TASKS, image_size: int = 32) -> Path:
     """``<root or $LIGHTPRUNE_CACHE or ~/.cache/lightprune>/testbed_vqa/<format>-<digest of the parameters>``."""
-    return _folder(root, _params(sizes, seed, tasks, image_size))
-
-
-def _fill(params: dict[str, Any], progress: bool | None):
-    def fill(folder: Path) -> None:
-        from lightning.pytorch.utilities.rank_zero import rank_zero_only
-        from tqdm.auto import tqdm
-
-        splits = testbed_vqa_splits(params["sizes"], params["seed"], params["tasks"])
-        total = sum(len(rows) for rows in splits.values())
-        show = total >= _PROGRESS_MIN_ROWS if progress is None else progress
-        with tqdm(total=total, desc="testbed VQA: rendering", disable=not show or rank_zero_only.rank != 0,
-                  leave=False) as bar:
-            for split, rows in splits.items():
-                if not rows:
-                    continue
-                with (folder / f"{split}.jsonl").open("w", encoding="utf-8", newline="\n") as f:
-                    for i, row in enumerate(rows):
-                        image = None
-                        if row.has_image:
-                            image = f"{split}-{i:06d}.png"
-                            render_row(row, params["image_size"]).save(folder / image, format="PNG")
-                        f.write(json.dumps(row.to_json(image), ensure_ascii=False) + "\n")
-                        bar.update(1)
-        _write_manifest(folder, {"format": TESTBED_VQA_FORMAT, "params": params,
-                                 "rows": {split: len(rows) for split, rows in splits.items()}})
-
-    return fill
+    return qa_cache_dir("testbed_vqa", TESTBED_VQA_FORMAT, root, _params(sizes, seed, tasks, image_size))
 
 
 def build_testbed_vqa(root: str | os.PathLike | None, sizes: dict[str, int], seed: int = 0,
@@ -111,22 +66,13 @@ def build_testbed_vqa(root: str | os.PathLike | None, sizes: dict[str, int], see
     ``progress``: show a progress bar while rendering (``None``: from 1000 rows).
     """
     params = _params(sizes, seed, tasks, image_size)
-    folder = _folder(root, params)
-    expect = {"format": TESTBED_VQA_FORMAT, "params": params}
-    required = tuple(f"{split}.jsonl" for split, n in params["sizes"].items() if n)
-    try:
-        _check(folder, expect, required)
-    except DefaultCorpusError as e:
-        if folder.exists():
-            from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-
-            rank_zero_warn(f"rebuilding the testbed VQA cache {folder}: {e}")
-        _build_folder(folder, _fill(params, progress), replace=folder.exists())
-        _check(folder, expect, required)
-    return folder
+    return build_qa_cache("testbed_vqa", TESTBED_VQA_FORMAT, root, params,
+                          lambda: testbed_vqa_splits(params["sizes"], params["seed"], params["tasks"]),
+                          lambda row: render_row(row, params["image_size"]), label="testbed VQA",
+                          progress=progress, progress_min_rows=_PROGRESS_MIN_ROWS)
 
 
-class TestbedVQADataModule(ImageTextJsonlDataModule):
+class TestbedVQADataModule(GeneratedQADataModule):
     """Testbed VQA splits (generated and cached on construction) through a local processor.
 
     Args:
@@ -152,72 +98,15 @@ class TestbedVQADataModule(ImageTextJsonlDataModule):
                  seed: int = 0, image_size: int = 32, *, batch_size: int = 8, max_length: int | None = 512,
                  padding_side: str = "right", mask_prompt: bool = True, num_workers: int = 0,
                  progress: bool | None = None):
-        sizes = {"train": n_train, "val": n_val, "selection": n_selection, "calibration": n_calibration}
-        for name, n in sizes.items():
-            low = 1 if name in ("train", "val") else 0
-            if not isinstance(n, int) or isinstance(n, bool) or n < low:
-                raise ValueError(f"n_{name} must be an int >= {low}, got {n!r}")
-        tasks = list(check_tasks(tasks))
-        self.folder = build_testbed_vqa(root, sizes, seed, tasks, image_size, progress)
-        files = {split: str(self.folder / f"{split}.jsonl") if n else None for split, n in sizes.items()}
-        super().__init__(processor, calibration=files["calibration"], train=files["train"], val=files["val"],
-                         max_length=max_length, batch_size=batch_size, padding_side=padding_side,
-                         mask_prompt=mask_prompt, seed=seed, num_workers=num_workers, progress=progress,
-                         task_names=tasks)
-        self.selection_path = Path(files["selection"]) if files["selection"] else None
-        self._task_subsets: dict[tuple[str, tuple[str, ...]], LazyImageTextDataset | None] = {}
+        sizes = check_split_sizes({"train": n_train, "val": n_val, "selection": n_selection,
+                                   "calibration": n_calibration}, required=("train", "val"))
+        tasks = check_tasks(tasks)
+        folder = build_testbed_vqa(root, sizes, seed, tasks, image_size, progress)
+        super().__init__(processor, folder, sizes, tasks, seed=seed, batch_size=batch_size, max_length=max_length,
+                         padding_side=padding_side, mask_prompt=mask_prompt, num_workers=num_workers,
+                         progress=progress)
 
-    def dataset(self, split: str):
-        """The split's dataset; besides the base splits, ``selection`` (``None`` when it has no rows)."""
-        if split != "selection":
-            return super().dataset(split)
-        if self.selection_path is None:
-            return None
-        if "selection" not in self._datasets:
-            rows = read_jsonl(self.selection_path, allow_images=True, progress=self.progress, desc="selection")
-            self._datasets["selection"] = self._dataset_from_rows("selection", rows)
-        return self._datasets["selection"]
-
-    def selection_dataloader(self):
-        """Selection batches in file order (for a training-free sweep); ``[]`` when the split has no rows."""
-        return self._loader("selection", shuffle=False)
-
-    def dataloader(self, split: str, tasks: Sequence[str] | str | None = None):
-        """Batches of ``split``'s rows of the task families ``tasks`` (default: all), in file order, unshuffled;
-        ``task_ids`` still index ``task_names``. ``[]`` when no row of the split is of those tasks.
-        ``calibration`` with no rows of its own reads ``train``, as :meth:`calibration_dataloader` does."""
-        if split not in TESTBED_VQA_SPLITS:
-            raise ValueError(f"split must be one of {TESTBED_VQA_SPLITS}, got {split!r}")
-        wanted = tuple(self.task_names) if tasks is None else check_tasks(tasks)
-        missing = [t for t in wanted if t not in self.task_names]
-        if missing:
-            raise ValueError(f"task {missing[0]!r} is not one of this datamodule's tasks {self.task_names}")
-        key = (split, wanted)
-        if key not in self._task_subsets:
-            full = self.dataset(split)
-            keep = [] if full is None else [i for i, t in enumerate(full.task_ids)
-                                            if self.task_names[t] in wanted]
-            self._task_subsets[key] = LazyImageTextDataset([full.rows[i] for i in keep], self.encoder,
-                                                           [full.task_ids[i] for i in keep]) if keep else None
-        dataset = self._task_subsets[key]
-        if dataset is None:
-            return []
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=False, collate_fn=self._collator(),
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
-
-    def rows(self, split: str) -> list[dict[str, Any]]:
-        """The JSONL rows of ``split`` (task, messages, answer, image, digit / bars / topic), in file order."""
-        if split not in TESTBED_VQA_SPLITS:
-            raise ValueError(f"split must be one of {TESTBED_VQA_SPLITS}, got {split!r}")
-        path = self.folder / f"{split}.jsonl"
-        if not path.is_file():
-            return []
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-    @property
-    def manifest(self) -> dict[str, Any]:
-        """The cache folder's manifest (parameters, rows per split, file digests)."""
-        return json.loads((self.folder / MANIFEST).read_text())
+    check_tasks = staticmethod(check_tasks)
 
 
 testbed_vqa_dir.__test__ = False  # type: ignore[attr-defined]  # not a pytest test when imported by one
