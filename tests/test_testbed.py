@@ -13,7 +13,8 @@ import torch
 import lightprune as lp
 from lightprune.testbed import TEXT_TESTBEDS, TestbedTextDataModule, build_text_corpus, resolve_testbed, text_testbed
 from lightprune.testbed.text_corpus import DOMAINS, _split_source
-from lightprune.testbed.text_moe import isolated_rng, corpus_datamodule
+from lightprune.testbed.text_moe import corpus_datamodule
+from lightprune.testbed.training import isolated_rng
 
 MICRO = TEXT_TESTBEDS["micro"]
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from ..data.default_corpus import DefaultCorpusError, _build_folder, _check, _write_manifest
 from ..data.pydoc_rows import SPLIT_SHARES, corpus_splits
+from .training import cache_root
 
 __all__ = ["DOMAINS", "TEXT_CORPUS_FORMAT", "TextCorpus", "TextCorpusSpec", "build_text_corpus",
            "stdlib_files", "text_corpus_rows"]
@@ -171,10 +172,6 @@ def _digest(spec: TextCorpusSpec) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _cache_root(root: str | os.PathLike | None) -> Path:
-    return Path(root or os.environ.get("LIGHTPRUNE_CACHE") or Path.home() / ".cache" / "lightprune").expanduser()
-
-
 def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
     with path.open("w", encoding="utf-8", newline="\n") as f:
         for row in rows:
@@ -211,7 +208,7 @@ def _files(folder: Path) -> dict[str, Path]:
 def build_text_corpus(spec: TextCorpusSpec | None = None, root: str | os.PathLike | None = None) -> TextCorpus:
     """The corpus folder of ``spec`` under ``root`` (``$LIGHTPRUNE_CACHE``, ``~/.cache/lightprune``), built if absent."""
     spec = spec or TextCorpusSpec()
-    folder = _cache_root(root) / "testbed" / f"corpus-{_digest(spec)}"
+    folder = cache_root(root) / "testbed" / f"corpus-{_digest(spec)}"
     expect = {"format": TEXT_CORPUS_FORMAT, "spec": asdict(spec)}
     required = tuple(p.name for p in _files(folder).values())
     try:

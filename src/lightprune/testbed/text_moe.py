@@ -26,21 +26,15 @@ import hashlib
 import json
 import math
 import os
-import shutil
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from ..data.default_corpus import _write_manifest
+from .text_corpus import DOMAINS, TextCorpus, TextCorpusSpec, build_text_corpus
+from .training import cache_root, cached_testbed, fit_from_init
 
-from ..data.default_corpus import DefaultCorpusError, _build_folder, _check, _write_manifest
-from .text_corpus import DOMAINS, TextCorpus, TextCorpusSpec, _cache_root, build_text_corpus
-
-__all__ = ["TEXT_TESTBEDS", "TESTBED_PREFIX", "LossCurve", "TextTestbedSpec", "held_out_perplexity", "isolated_rng", "resolve_testbed", "spec_with",
+__all__ = ["TEXT_TESTBEDS", "TESTBED_PREFIX", "TextTestbedSpec", "held_out_perplexity", "resolve_testbed", "spec_with",
            "corpus_datamodule", "preset_of", "text_testbed"]
 
 TEXT_TESTBED_FORMAT = "v1"
@@ -101,34 +95,7 @@ def resolve_testbed(name: str, root: str | os.PathLike | None = None) -> Path:
 
 
 def _folder(preset: str, spec: TextTestbedSpec, root) -> Path:
-    return _cache_root(root) / "testbed" / f"text-{preset}-{spec.digest()}"
-
-
-@contextmanager
-def isolated_rng() -> Iterator[None]:
-    """Run a training inside a job without moving the job's random state (torch, random, numpy, Lightning's seed).
-
-    A job that trains its testbed on first use must draw the same adapter initialisation as a job that
-    finds the testbed cached.
-    """
-    import random
-
-    import numpy as np
-    import torch
-
-    states = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
-    env = {k: os.environ.get(k) for k in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
-    try:
-        yield
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.random.set_rng_state(states[2])
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return cache_root(root) / "testbed" / f"text-{preset}-{spec.digest()}"
 
 
 def text_testbed(preset: str | TextTestbedSpec = "small", root: str | os.PathLike | None = None, *,
@@ -140,20 +107,9 @@ def text_testbed(preset: str | TextTestbedSpec = "small", root: str | os.PathLik
         spec, name = TEXT_TESTBEDS[preset], preset
     else:
         raise ValueError(f"unknown text testbed preset {preset!r}; choose one of {list(TEXT_TESTBEDS)}")
-    folder = _folder(name, spec, root)
     expect = {"format": TEXT_TESTBED_FORMAT, "digest": spec.digest()}
-    try:
-        _check(folder, expect, ("training.json",))
-        _check(folder / "model", expect, ("config.json", "model.safetensors", "tokenizer.json"))
-    except DefaultCorpusError as e:
-        if folder.exists():
-            from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-
-            rank_zero_warn(f"retraining the testbed {folder}: {e}")
-        corpus = build_text_corpus(spec.corpus, root)
-        with isolated_rng():
-            _build_folder(folder, lambda tmp: _train(tmp, spec, corpus, expect, progress), replace=folder.exists())
-    return folder
+    return cached_testbed(_folder(name, spec, root), expect,
+                          lambda tmp: _train(tmp, spec, build_text_corpus(spec.corpus, root), expect, progress))
 
 
 def corpus_datamodule(spec: TextTestbedSpec, corpus: TextCorpus, **overrides: Any):
@@ -182,24 +138,6 @@ def _initial_checkpoint(folder: Path, spec: TextTestbedSpec, tokenizer) -> Path:
     path = folder / "init"
     model.save_pretrained(str(path))
     return path
-
-
-class LossCurve(pl.Callback):
-    """Keeps (step, train loss, aux loss) every ``every`` optimizer steps and at the last (and logs them when
-    the trainer shows no progress bar)."""
-
-    def __init__(self, every: int):
-        self.every = every
-        self.points: list[dict[str, float]] = []
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        step = trainer.global_step
-        if step % self.every == 0 or step == trainer.max_steps:
-            m = trainer.callback_metrics
-            self.points.append({"step": step, "loss": float(m["train/loss"]),
-                                "aux_loss": float(m.get("train/aux_loss", math.nan))})
-            if trainer.progress_bar_callback is None:  # no bar: a line per point, for logs of background runs
-                rank_zero_info(f"step {step}/{trainer.max_steps}: loss {self.points[-1]['loss']:.4f}")
 
 
 def held_out_perplexity(model, corpus: TextCorpus, spec: TextTestbedSpec, split: str = "test",
@@ -235,34 +173,19 @@ def held_out_perplexity(model, corpus: TextCorpus, spec: TextTestbedSpec, split:
 
 
 def _train(folder: Path, spec: TextTestbedSpec, corpus: TextCorpus, expect: dict[str, Any], progress: bool) -> None:
-    from ..modules import MoECausalLM
-
-    pl.seed_everything(spec.seed, verbose=False)
     dm = corpus_datamodule(spec, corpus)
     init = _initial_checkpoint(folder, spec, dm.tokenizer)
-    module = MoECausalLM(checkpoint=str(init), learning_rate=spec.learning_rate, weight_decay=spec.weight_decay,
-                         warmup_steps=spec.warmup_steps, scheduler="cosine",
-                         router_aux_loss_coef=spec.router_aux_loss_coef)
-    curve = LossCurve(max(1, spec.steps // 50))
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec.steps, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
-                         limit_val_batches=0, num_sanity_val_steps=0, callbacks=[curve],
-                         default_root_dir=str(folder / "lightning"))
-    start = time.perf_counter()
-    trainer.fit(module, datamodule=dm)
-    seconds = time.perf_counter() - start
-    model = module.model
+    model, seconds, curve = fit_from_init(folder, init, dm, spec, router_aux_loss_coef=spec.router_aux_loss_coef,
+                                          progress=progress)
     ppl = {split: held_out_perplexity(model, corpus, spec, split, spec.eval_batches) for split in ("val", "test")}
     out = folder / "model"
     model.save_pretrained(str(out))
     dm.tokenizer.save_pretrained(str(out))
     _write_manifest(out, expect)
-    shutil.rmtree(init)
-    shutil.rmtree(folder / "lightning", ignore_errors=True)
     params = sum(p.numel() for p in model.parameters())
     record = {"spec": asdict(spec), "corpus": str(corpus.root), "parameters": params, "train_seconds": seconds,
               "tokens_per_second": spec.steps * spec.batch_size * spec.max_length / seconds,
-              "held_out_perplexity": ppl, "loss_curve": curve.points}
+              "held_out_perplexity": ppl, "loss_curve": curve}
     (folder / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     _write_manifest(folder, expect)
 

@@ -21,15 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..data.default_corpus import DefaultCorpusError, _build_folder, _check, _write_manifest
-from .text_corpus import _cache_root
-from .text_moe import LossCurve, isolated_rng
+from ..data.default_corpus import _write_manifest
+from .training import cache_root, cached_testbed, fit_from_init
 
 __all__ = ["VQA_TESTBEDS", "VQATestbedSpec", "answer_accuracy", "vqa_testbed"]
 
@@ -146,55 +143,29 @@ def vqa_testbed(preset: str | VQATestbedSpec, root: str | os.PathLike | None = N
         spec, name = VQA_TESTBEDS[preset], preset
     else:
         raise ValueError(f"unknown multimodal testbed preset {preset!r}; choose one of {list(VQA_TESTBEDS)}")
-    folder = _cache_root(root) / "testbed" / f"{name}-{spec.digest()}"
     expect = {"format": VQA_TESTBED_FORMAT, "digest": spec.digest()}
-    try:
-        _check(folder, expect, ("training.json",))
-        _check(folder / "model", expect, ("config.json", "model.safetensors", "tokenizer.json"))
-    except DefaultCorpusError as e:
-        if folder.exists():
-            from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-
-            rank_zero_warn(f"retraining the testbed {folder}: {e}")
-        with isolated_rng():
-            _build_folder(folder, lambda tmp: _train(tmp, spec, root, expect, progress), replace=folder.exists())
-    return folder
+    return cached_testbed(cache_root(root) / "testbed" / f"{name}-{spec.digest()}", expect,
+                          lambda tmp: _train(tmp, spec, root, expect, progress))
 
 
 def _train(folder: Path, spec: VQATestbedSpec, root, expect: dict[str, Any], progress: bool) -> None:
-    import lightning.pytorch as pl
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from ..modules import MoECausalLM
-
-    pl.seed_everything(spec.seed, verbose=False)
     config = _config(spec)
     processor = _processor(spec, config)
     torch.manual_seed(spec.seed)
     init = folder / "init"
     AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(str(init))
     dm = datamodule(spec, processor, root)
-    module = MoECausalLM(checkpoint=str(init), learning_rate=spec.learning_rate, weight_decay=spec.weight_decay,
-                         warmup_steps=spec.warmup_steps, scheduler="cosine",
-                         router_aux_loss_coef=spec.router_aux_loss_coef if spec.kind == "mllm-moe" else 0.0)
-    curve = LossCurve(max(1, spec.steps // 50))
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec.steps, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
-                         limit_val_batches=0, num_sanity_val_steps=0, callbacks=[curve],
-                         default_root_dir=str(folder / "lightning"))
-    start = time.perf_counter()
-    trainer.fit(module, datamodule=dm)
-    seconds = time.perf_counter() - start
-    model = module.model
+    aux = spec.router_aux_loss_coef if spec.kind == "mllm-moe" else 0.0
+    model, seconds, curve = fit_from_init(folder, init, dm, spec, router_aux_loss_coef=aux, progress=progress)
     accuracy = answer_accuracy(model, dm.val_dataloader(), dm.task_names)
     out = folder / "model"
     model.save_pretrained(str(out))
     processor.save_pretrained(str(out))
     _write_manifest(out, expect)
-    shutil.rmtree(init)
-    shutil.rmtree(folder / "lightning", ignore_errors=True)
     record = {"spec": asdict(spec), "family": spec.family, "parameters": sum(p.numel() for p in model.parameters()),
-              "train_seconds": seconds, "val_answer_accuracy": accuracy, "loss_curve": curve.points}
+              "train_seconds": seconds, "val_answer_accuracy": accuracy, "loss_curve": curve}
     (folder / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     _write_manifest(folder, expect)

@@ -1,0 +1,117 @@
+"""What every testbed shares: its cache folder, an isolated random state, and the fit from an initial checkpoint.
+
+A testbed folder ``<root>/testbed/<name>-<digest of its spec>/`` holds ``model/`` (a checkpoint every
+lightprune command loads), ``training.json`` and a manifest each; :func:`cached_testbed` returns it when
+both manifests check, else trains it into a temporary folder renamed into place (the default corpus's
+cache helpers), with the job's random state left untouched (:func:`isolated_rng`). :func:`fit_from_init`
+is the training itself: :class:`~lightprune.modules.MoECausalLM` from the initial checkpoint, AdamW with
+linear warm-up and cosine decay for a fixed number of steps (not a time budget, so a rerun gives the same
+weights on the same machine and thread count), the loss curve kept by :class:`LossCurve`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from ..data.default_corpus import DefaultCorpusError, _build_folder, _check
+
+__all__ = ["LossCurve", "cache_root", "cached_testbed", "fit_from_init", "isolated_rng"]
+
+_MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def cache_root(root: str | os.PathLike | None) -> Path:
+    """``root``, else ``$LIGHTPRUNE_CACHE``, else ``~/.cache/lightprune``."""
+    return Path(root or os.environ.get("LIGHTPRUNE_CACHE") or Path.home() / ".cache" / "lightprune").expanduser()
+
+
+@contextmanager
+def isolated_rng() -> Iterator[None]:
+    """Run a training inside a job without moving the job's random state (torch, random, numpy, Lightning's seed).
+
+    A job that trains its testbed on first use must draw the same adapter initialisation as a job that
+    finds the testbed cached.
+    """
+    import random
+
+    import numpy as np
+    import torch
+
+    states = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
+    env = {k: os.environ.get(k) for k in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def cached_testbed(folder: Path, expect: dict[str, Any], train: Callable[[Path], None]) -> Path:
+    """``folder`` when its manifests (and ``model/``'s) match ``expect``; else ``train(tmp_folder)`` first."""
+    try:
+        _check(folder, expect, ("training.json",))
+        _check(folder / "model", expect, _MODEL_FILES)
+    except DefaultCorpusError as e:
+        if folder.exists():
+            from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+            rank_zero_warn(f"retraining the testbed {folder}: {e}")
+        with isolated_rng():
+            _build_folder(folder, train, replace=folder.exists())
+    return folder
+
+
+class LossCurve(pl.Callback):
+    """Keeps (step, train loss, aux loss) every ``every`` optimizer steps and at the last (and logs them when
+    the trainer shows no progress bar)."""
+
+    def __init__(self, every: int):
+        self.every = every
+        self.points: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step % self.every == 0 or step == trainer.max_steps:
+            m = trainer.callback_metrics
+            self.points.append({"step": step, "loss": float(m["train/loss"]),
+                                "aux_loss": float(m.get("train/aux_loss", math.nan))})
+            if trainer.progress_bar_callback is None:  # no bar: a line per point, for logs of background runs
+                rank_zero_info(f"step {step}/{trainer.max_steps}: loss {self.points[-1]['loss']:.4f}")
+
+
+def fit_from_init(folder: Path, init: Path, datamodule, spec, *, router_aux_loss_coef: float,
+                  progress: bool) -> tuple[Any, float, list[dict[str, float]]]:
+    """Train the checkpoint ``init`` on ``datamodule`` as ``spec`` says (steps, learning_rate, weight_decay,
+    warmup_steps, seed); returns (the trained transformers model, seconds, loss curve). ``init`` is removed."""
+    from ..modules import MoECausalLM
+
+    pl.seed_everything(spec.seed, verbose=False)
+    module = MoECausalLM(checkpoint=str(init), learning_rate=spec.learning_rate, weight_decay=spec.weight_decay,
+                         warmup_steps=spec.warmup_steps, scheduler="cosine", router_aux_loss_coef=router_aux_loss_coef)
+    curve = LossCurve(max(1, spec.steps // 50))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec.steps, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
+                         limit_val_batches=0, num_sanity_val_steps=0, callbacks=[curve],
+                         default_root_dir=str(folder / "lightning"))
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=datamodule)
+    seconds = time.perf_counter() - start
+    shutil.rmtree(init)
+    shutil.rmtree(folder / "lightning", ignore_errors=True)
+    return module.model, seconds, curve.points
