@@ -129,3 +129,29 @@ def test_datamodule_serves_the_presets_corpus_and_one_domains_calibration(testbe
         TestbedTextDataModule("micro", str(testbed_root), calibration_domain="poetry")
     with pytest.raises(ValueError, match="preset must be one of"):
         TestbedTextDataModule("giant", str(testbed_root))
+
+
+def test_row_mean_training_loss_weighs_every_row_the_same() -> None:
+    """loss_mean="row": mean over rows of each row's mean next-token CE (a short answer weighs as a long text)."""
+    from lightprune.modules import MoECausalLM
+
+    module = MoECausalLM(tiny="qwen3_moe", loss_mean="row")
+    module.configure_model()
+    ids = torch.randint(0, 128, (3, 10), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[0, :8] = -100  # row 0: two labelled tokens, row 1: one, row 2: all
+    labels[1, :9] = -100
+    loss = module.training_step({"input_ids": ids, "labels": labels}, 0)
+    with torch.no_grad():
+        logits = module.model(input_ids=ids).logits[:, :-1]
+    rows = []
+    for r in range(3):
+        keep = labels[r, 1:] != -100
+        if keep.any():
+            rows.append(torch.nn.functional.cross_entropy(logits[r][keep], labels[r, 1:][keep]))
+    torch.testing.assert_close(loss.detach(), torch.stack(rows).mean())
+    token = MoECausalLM(tiny="qwen3_moe")
+    token.configure_model()
+    assert not torch.allclose(token.training_step({"input_ids": ids, "labels": labels}, 0).detach(), loss.detach())
+    with pytest.raises(ValueError, match="loss_mean"):
+        MoECausalLM(tiny="qwen3_moe", loss_mean="sample")

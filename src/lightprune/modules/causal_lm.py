@@ -59,6 +59,9 @@ class MoECausalLM(pl.LightningModule):
         warmup_steps: linear warm-up optimizer steps.
         scheduler: ``cosine`` (to zero over ``trainer.estimated_stepping_batches``) or ``constant``.
         load_in_4bit: quantise the base model's linear layers to 4 bit (QLoRA, bitsandbytes; CPU works).
+        loss_mean: how the training loss averages next-token cross-entropy: ``token`` (over every labelled token
+            of the batch) or ``row`` (each row's mean, then the mean over rows: a one-word answer weighs as much as
+            a long completion). Validation perplexity is always per token.
         router_aux_loss_coef: weight of the family's load-balancing loss (``aux_loss`` of transformers' MoE
             models, Switch Transformers' E * sum_e f_e P_e) added to the training loss; 0: none.
     """
@@ -67,7 +70,7 @@ class MoECausalLM(pl.LightningModule):
                  seed: int = 0, dtype: str = "float32", trust_remote_code: bool = False,
                  learning_rate: float = 1e-4, adapter: AdapterSpec | None = None, optimizer: str = "adamw",
                  weight_decay: float = 0.0, warmup_steps: int = 0, scheduler: str = "cosine",
-                 load_in_4bit: bool = False, router_aux_loss_coef: float = 0.0):
+                 load_in_4bit: bool = False, router_aux_loss_coef: float = 0.0, loss_mean: str = "token"):
         super().__init__()
         if isinstance(adapter, dict):
             adapter = AdapterSpec(**adapter)
@@ -77,6 +80,7 @@ class MoECausalLM(pl.LightningModule):
             raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
         if weight_decay < 0 or warmup_steps < 0:
             raise ValueError(f"weight_decay and warmup_steps must be >= 0, got {weight_decay}, {warmup_steps}")
+        check_choice("loss_mean", loss_mean, ("token", "row"))
         if not router_aux_loss_coef >= 0:
             raise ValueError(f"router_aux_loss_coef must be >= 0, got {router_aux_loss_coef}")
         if load_in_4bit:
@@ -179,14 +183,24 @@ class MoECausalLM(pl.LightningModule):
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._ce(*self._shifted(batch))
 
+    def _train_ce(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The training cross-entropy, averaged as ``loss_mean`` says."""
+        if self.hparams.get("loss_mean", "token") == "token":
+            return self._ce(logits, labels)
+        per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                                      ignore_index=-100, reduction="none").view(labels.shape)
+        counts = (labels != -100).sum(-1)
+        rows = counts > 0
+        return (per_token.sum(-1)[rows] / counts[rows]).mean()
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         coef = self.hparams.get("router_aux_loss_coef", 0.0)
         if not coef:
-            loss = self._loss(batch)
+            loss = self._train_ce(*self._shifted(batch))
             self.log("train/loss", loss, prog_bar=True)
             return loss
         logits, labels, aux = self._shifted(batch, aux=True)
-        ce = self._ce(logits, labels)
+        ce = self._train_ce(logits, labels)
         self.log("train/loss", ce, prog_bar=True)
         self.log("train/aux_loss", aux)
         return ce + coef * aux
