@@ -107,9 +107,11 @@ def plot_retention(result: Mapping[str, Any], metric: str, path: Path, title: st
     ratios = _ratios(result)
     dense = result["dense"][metric]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, by_ratio in _by_criterion(result).items():
+    colors = plt.get_cmap("tab20").colors
+    for i, (name, by_ratio) in enumerate(_by_criterion(result).items()):
         ys = [100.0] + [retention(metric, by_ratio[r]["metrics"][metric], dense) for r in ratios]
-        ax.plot([0.0, *ratios], ys, marker="o", label=name, linestyle="--" if name == "anti_reap" else "-")
+        ax.plot([0.0, *ratios], ys, marker="o", label=name, color=colors[i % len(colors)],
+                linestyle="--" if name == "anti_reap" else "-")
     lo, hi = [100.0], [100.0]
     for r in ratios:
         vals = [retention(metric, s[metric], dense) for s in result["random"][str(r)]["seeds"]]
@@ -162,7 +164,7 @@ def _text_section(r: Mapping[str, Any], out: Path) -> list[str]:
         f"trained {tb['spec']['steps']} steps of {tb['spec']['batch_size']} x {tb['spec']['max_length']} tokens on prose and code "
         f"from Python's own documentation and standard library; held-out test perplexity {ppl['all']:.1f} "
         f"(prose {ppl['prose']:.1f}, code {ppl['code']:.1f}). Calibration on the calibration split (mixed domains), "
-        "evaluation on the test split: perplexity (every token) and next-token accuracy.", "",
+        "evaluation on the first test rows of each domain: perplexity (every token) and next-token accuracy.", "",
         _metric_table(r, [("ppl", "ppl", 1), ("ppl_prose", "ppl prose", 1), ("ppl_code", "ppl code", 1),
                           ("acc", "acc", 3)]), "",
         _retention_table(r, ["ppl", "acc"]), "",
