@@ -14,8 +14,8 @@ Rankings (:func:`expert_rankings`), higher = keep:
 - weight-only criteria (paper 001): aimer, magnitude, router_norm;
 - router sensitivity (paper 003): |Delta ||w_e||| of the router rows after a short router-LoRA fit
   (:func:`router_sensitivity`, the RouterDelta callback's own scores);
-- MAEP (paper 002 of the MAEP family; METHODS.md): s = (1 - alpha) z~_text - alpha z~_low with the
-  closed-form alpha, global ranking; and uniform per layer with alpha = 0.5 (its Appendix L).
+- MAEP (METHODS.md): s = (1 - alpha) z~_text - alpha z~_low with the closed-form alpha, global ranking;
+  and uniform per layer with alpha = 0.5 (its Appendix L).
 
 Also :func:`proxy_rho` (per-layer Spearman of delta_h, reap, routing_kl against the ground-truth
 LM-head KL of removing each expert) and :func:`stability` (Spearman between the rankings of two
@@ -24,7 +24,6 @@ calibration sets, per token subset).
 
 from __future__ import annotations
 
-import math
 import statistics
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -157,7 +156,3 @@ def router_sensitivity(checkpoint: str, datamodule, *, steps: int, learning_rate
         raise RuntimeError("the router-LoRA fit ended without RouterDelta scores")
     return callback.scores
 
-
-def finite_mean(values) -> float | None:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    return sum(vals) / len(vals) if vals else None
