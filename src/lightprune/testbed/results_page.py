@@ -78,6 +78,23 @@ def _retention_table(result: Mapping[str, Any], metrics: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _summary(result: Mapping[str, Any], metric: str) -> str:
+    """One sentence per ratio: the best and worst criterion against random's spread (from the numbers)."""
+    dense = result["dense"][metric]
+    out = []
+    for r in _ratios(result):
+        kept = {name: retention(metric, by[r]["metrics"][metric], dense) for name, by in _by_criterion(result).items()
+                if name != "anti_reap"}
+        vals = [retention(metric, s[metric], dense) for s in result["random"][str(r)]["seeds"]]
+        best = max(kept, key=kept.get)
+        worst = min(kept, key=kept.get)
+        above = sorted(n for n, v in kept.items() if v > max(vals))
+        out.append(f"At {int(r * 100)}%: best {best} {kept[best]:.1f}, worst {worst} {kept[worst]:.1f}, random "
+                   f"{sum(vals) / len(vals):.1f} [{min(vals):.1f}, {max(vals):.1f}]; above random's maximum: "
+                   f"{', '.join(above) if above else 'none'}.")
+    return f"{metric} retention (%): " + " ".join(out)
+
+
 def _rho_table(proxy_rho: Mapping[str, Any]) -> str:
     lines = ["| token subset | proxy | mean rho | per layer |", "|---|---|---|---|"]
     for subset, proxies in proxy_rho.items():
@@ -168,6 +185,7 @@ def _text_section(r: Mapping[str, Any], out: Path) -> list[str]:
         _metric_table(r, [("ppl", "ppl", 1), ("ppl_prose", "ppl prose", 1), ("ppl_code", "ppl code", 1),
                           ("acc", "acc", 3)]), "",
         _retention_table(r, ["ppl", "acc"]), "",
+        _summary(r, "ppl"), "",
         "![perplexity retention](results/text_ppl_retention.png)", "",
         "Per-layer Spearman rho of each proxy against the ground-truth LM-head KL of removing each expert alone:", "",
         _rho_table(r["proxy_rho"]), "",
@@ -193,6 +211,7 @@ def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
                           ("acc_chart_tallest", "tallest", 3), ("acc_chart_count", "count", 3),
                           ("ppl_text", "text ppl", 1)]), "",
         _retention_table(r, ["acc_image", "ppl_text"]), "",
+        _summary(r, "acc_image"), "", _summary(r, "ppl_text"), "",
         "![image-task retention](results/mllm_image_retention.png)",
         "![text retention](results/mllm_text_retention.png)", ""]
     if plot_pruned_per_layer(r, out / "results" / "mllm_pruned_per_layer.png", "global allocation: experts pruned"):
