@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> Path:
     command = "python scripts/quality_table.py" + (" --micro" if args.micro else "")
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
+        if args.benchmarks:
+            data["benchmarks"] = json.loads(Path(args.benchmarks).read_text())
         path = write_results(args.out, **data, command=command)
         print(f"wrote {path}")
         return path
