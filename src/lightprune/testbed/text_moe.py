@@ -10,7 +10,7 @@ load-balancing loss (``router_aux_loss_coef``), for a fixed number of steps (not
 a rerun gives the same weights on the same machine and thread count).
 
 Presets (:data:`TEXT_TESTBEDS`): ``micro`` (tests; seconds), ``small`` (the README's default job;
-a few minutes the first time), ``full`` (the quality tables; about 25 minutes on 2 cores).
+about two minutes the first time), ``full`` (the quality tables; about 17 minutes alone on 2 cores).
 
 :func:`text_testbed` returns the checkpoint folder, training it first when no valid one is cached:
 ``<root>/testbed/text-<preset>-<digest>/`` with ``model/`` (``save_pretrained`` weights, config and
@@ -75,7 +75,7 @@ TEXT_TESTBEDS: dict[str, TextTestbedSpec] = {
     "small": TextTestbedSpec(
         corpus=TextCorpusSpec(max_chars=1_000_000, vocab_size=2048),
         model=dict(_FULL_MODEL, hidden_size=128, head_dim=32, intermediate_size=256, moe_intermediate_size=128),
-        steps=400, batch_size=8, max_length=128, learning_rate=3e-3, warmup_steps=20, eval_batches=16),
+        steps=1200, batch_size=8, max_length=128, learning_rate=3e-3, warmup_steps=20, eval_batches=16),
     "full": TextTestbedSpec(model=dict(_FULL_MODEL)),
 }
 
