@@ -206,16 +206,10 @@ class WidthSearch(pl.Callback):
         self._advance(trainer, pl_module)
 
     def _profile(self, pl_module, loader) -> list[int]:
-        from ..models.width import TEXT, VISION, token_modality, vision_token_ids
+        from ..models.width import token_profile
 
-        ids = vision_token_ids(pl_module.model)
-        vision = text = samples = 0
-        for batch in loader:
-            modality = token_modality(batch["input_ids"], batch.get("attention_mask"), ids)
-            vision += int((modality == VISION).sum())
-            text += int((modality == TEXT).sum())
-            samples += modality.shape[0]
-        return [round(vision / samples), round(text / samples)]
+        profile = token_profile(pl_module.model, loader)
+        return [profile["vision_tokens"], profile["text_tokens"]]
 
     def _taylor(self, trainer, pl_module, attention: bool, plan: WidthPlan | None):
         from ..taylor import taylor_importance

@@ -17,13 +17,15 @@ tower is never pruned), the attention module with its head counts and the FFN wi
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["WidthLayer", "find_width_layers", "vision_token_ids", "token_modality", "language_decoder",
-           "SYSTEM", "VISION", "TEXT", "PAD", "MODALITY_NAMES"]
+__all__ = ["WidthLayer", "find_width_layers", "vision_token_ids", "token_modality", "token_profile",
+           "language_decoder", "SYSTEM", "VISION", "TEXT", "PAD", "MODALITY_NAMES"]
 
 SYSTEM, VISION, TEXT, PAD = 0, 1, 2, 3
 MODALITY_NAMES = {SYSTEM: "system", VISION: "vision", TEXT: "text", PAD: "pad"}
@@ -154,3 +156,18 @@ def token_modality(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
     out[system] = SYSTEM
     out[vision] = VISION
     return out
+
+
+def token_profile(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Mean vision and text tokens per sample of ``batches`` (system tokens and padding excluded)."""
+    ids = vision_token_ids(model)
+    vision = text = samples = 0
+    for batch in batches:
+        modality = token_modality(batch["input_ids"], batch.get("attention_mask"), ids)
+        vision += int((modality == VISION).sum())
+        text += int((modality == TEXT).sum())
+        samples += modality.shape[0]
+    if samples == 0:
+        raise ValueError("no samples in the batches: no token profile for the FLOPs count")
+    return {"vision_tokens": round(vision / samples), "text_tokens": round(text / samples),
+            "mean_vision_tokens": vision / samples, "mean_text_tokens": text / samples, "samples": samples}

@@ -38,9 +38,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from ..models.width import token_profile
 from ..plan import PATHS, WIDTH_UNITS, WidthPlan
 
-__all__ = ["PAPER_OPERATING_POINTS", "mwop_quality", "mwop_markdown", "plot_mwop", "token_profile"]
+__all__ = ["PAPER_OPERATING_POINTS", "mwop_quality", "mwop_markdown", "plot_mwop"]
 
 #: the paper's operating points, named by the model they were chosen for (units: :data:`WIDTH_UNITS`)
 PAPER_OPERATING_POINTS: dict[str, dict[str, float]] = {
@@ -87,23 +88,6 @@ def _loader(dm: Any, split: str):
     if not callable(fn):
         raise ValueError(f"{type(dm).__name__} has neither dataloader(split) nor {split}_dataloader()")
     return fn()
-
-
-def token_profile(model: torch.nn.Module, batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Mean vision and text tokens per sample of ``batches`` (system tokens and padding excluded)."""
-    from ..models.width import TEXT, VISION, token_modality, vision_token_ids
-
-    ids = vision_token_ids(model)
-    vision = text = samples = 0
-    for batch in batches:
-        modality = token_modality(batch["input_ids"], batch.get("attention_mask"), ids)
-        vision += int((modality == VISION).sum())
-        text += int((modality == TEXT).sum())
-        samples += modality.shape[0]
-    if samples == 0:
-        raise ValueError("the val split has no samples: no token profile for the FLOPs count")
-    return {"vision_tokens": round(vision / samples), "text_tokens": round(text / samples),
-            "mean_vision_tokens": vision / samples, "mean_text_tokens": text / samples, "samples": samples}
 
 
 def _nan_to_none(value: float) -> float | None:
