@@ -107,7 +107,7 @@ def _expert_section(run_dir: Path, report: dict | None, plan: dict | None, score
     for name, entry in (scores or {}).items():
         image = f"scores_{''.join(c if c.isalnum() or c in '-_' else '_' for c in name)}.png"
         _plot_scores(entry["importance"], plan, name, run_dir / image)
-        out += [f"## Expert scores: {name}", "", f"Importance (higher = keep) per MoE layer x expert; "
+        out += [f"## Expert scores: {name}", "", "Importance (higher = keep) per MoE layer x expert; "
                 "crossed: pruned by the plan.", "", f"![{name} scores]({image})", ""]
     return out
 

@@ -20,7 +20,7 @@ from typing import Mapping
 import torch
 
 from .models.base import RoutingLimits
-from .plan import ExpertPlan, PlanError
+from .plan import ExpertPlan
 
 __all__ = ["select_experts", "log_zscore", "ALLOCATIONS", "NORMALIZATIONS"]
 

@@ -321,11 +321,3 @@ class Evaluate(JobEndCallback):
             with self._pruned_view(trainer, model):
                 self.measure(trainer, model, "after")
         self._write(trainer)
-
-    # ------------------------------------------------------------------ checkpointing
-    def state_dict(self) -> dict[str, Any]:
-        """The measurements so far: a fit resumed from a checkpoint keeps its ``before`` (of the original model)."""
-        return {"results": self.results}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.results = dict(state_dict.get("results") or {})
