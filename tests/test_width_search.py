@@ -57,6 +57,8 @@ def test_drop_candidates_expand_and_anchor_by_hand():
     assert order[:4] == ["v2v@0.2", "v2v@0", "v2v@0.4", "t2v@0.2"]
     assert search.anchors["v2v"].ratio == 0.4
     assert all(c.training_free_atr is not None for c in search.history)
+    # every finished stage keeps its whole sweep (for reports), not only its candidates' points
+    assert search.sweeps == {stage: {round(r, 6): v for r, v in _tf(i).items()} for i, stage in enumerate(search.stages)}
 
 
 def test_final_revisit_takes_higher_atr_and_lower_flops_only():

@@ -209,7 +209,7 @@ def _width_section(run_dir: Path, search: dict | None, width_plan: dict | None, 
                        [[c["stage"], c["ratio"], c.get("training_free_atr"), c["atr"], c["flops"],
                          c["flops"] / dense if dense else None, anchors.get(c["stage"]) == c["ratio"],
                          f"{c['stage']}@{c['ratio']:g}" == search["chosen"]] for c in history]), ""]
-        _plot_retention(history, search["chosen"], run_dir / "retention_vs_ratio.png")
+        _plot_retention(history, search["chosen"], run_dir / "retention_vs_ratio.png", state.get("sweeps", {}))
         out += ["![retention vs ratio](retention_vs_ratio.png)", ""]
     if width_plan:
         meta = width_plan.get("metadata", {})
@@ -226,15 +226,21 @@ def _width_section(run_dir: Path, search: dict | None, width_plan: dict | None, 
     return out
 
 
-def _plot_retention(history: list[dict], chosen: str, path: Path) -> None:
+def _plot_retention(history: list[dict], chosen: str, path: Path, sweeps: dict | None = None) -> None:
+    """Per stage: recovered ATR of its candidates, and its training-free sweep (the whole grid when the search
+    kept it, else the candidates' own training-free ATR)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.0, 3.6))
     for stage in dict.fromkeys(c["stage"] for c in history):
         cands = sorted((c for c in history if c["stage"] == stage), key=lambda c: c["ratio"])
         line = ax.plot([c["ratio"] for c in cands], [c["atr"] for c in cands], "o-", label=f"{stage} recovered")[0]
-        free = [c for c in cands if c.get("training_free_atr") is not None]
-        ax.plot([c["ratio"] for c in free], [c["training_free_atr"] for c in free], "o--", mfc="none",
-                color=line.get_color(), label=f"{stage} training-free")
+        sweep = (sweeps or {}).get(stage)
+        if sweep:
+            free = sorted((float(r), atr) for r, atr in sweep.items())
+        else:
+            free = [(c["ratio"], c["training_free_atr"]) for c in cands if c.get("training_free_atr") is not None]
+        ax.plot([r for r, _ in free], [a for _, a in free], "o--", mfc="none", color=line.get_color(),
+                label=f"{stage} training-free")
     best = [c for c in history if f"{c['stage']}@{c['ratio']:g}" == chosen]
     if best:
         ax.scatter([best[0]["ratio"]], [best[0]["atr"]], s=160, marker="*", color="black", zorder=5, label="chosen")

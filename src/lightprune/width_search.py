@@ -62,6 +62,7 @@ class StagedSearch:
     expand_above: float = 100.0
     stage_index: int = 0
     sweep: dict[float, float] = field(default_factory=dict)
+    sweeps: dict[str, dict[float, float]] = field(default_factory=dict)  # finished stages' sweeps, for reports
     queue: list[float] = field(default_factory=list)
     tested: list[Candidate] = field(default_factory=list)
     history: list[Candidate] = field(default_factory=list)
@@ -80,6 +81,7 @@ class StagedSearch:
         if int(self.max_candidates) != self.max_candidates or self.max_candidates < 1:
             raise ValueError(f"max_candidates must be a positive integer, got {self.max_candidates!r}")
         self.sweep = {float(k): float(v) for k, v in self.sweep.items()}
+        self.sweeps = {stage: {float(k): float(v) for k, v in sw.items()} for stage, sw in self.sweeps.items()}
         self.tested = [c if isinstance(c, Candidate) else Candidate(**c) for c in self.tested]
         self.history = [c if isinstance(c, Candidate) else Candidate(**c) for c in self.history]
         self.anchors = {k: c if isinstance(c, Candidate) else Candidate(**c) for k, c in self.anchors.items()}
@@ -152,6 +154,7 @@ class StagedSearch:
             raise RuntimeError(f"stage {self.stage!r} still has untested candidates {self.queue}")
         anchor = min(self.tested, key=lambda c: (abs(c.atr - 100.0), -c.ratio))
         self.anchors[self.stage] = anchor
+        self.sweeps[self.stage] = dict(self.sweep)
         self.history.extend(self.tested)
         self.stage_index += 1
         self.sweep, self.queue, self.tested = {}, [], []
@@ -171,6 +174,7 @@ class StagedSearch:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["sweep"] = {str(k): v for k, v in self.sweep.items()}
+        data["sweeps"] = {stage: {str(k): v for k, v in sw.items()} for stage, sw in self.sweeps.items()}
         return data
 
     @classmethod
