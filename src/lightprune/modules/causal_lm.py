@@ -171,8 +171,8 @@ class MoECausalLM(pl.LightningModule):
         if not aux:
             return logits, labels[:, 1:]
         if getattr(out, "aux_loss", None) is None:
-            raise ValueError(f"router_aux_loss_coef={self.hparams.router_aux_loss_coef} but {type(self.base_model).__name__} "
-                             "returns no aux_loss (a dense model?)")
+            raise ValueError(f"router_aux_loss_coef={self.hparams.router_aux_loss_coef} but "
+                             f"{type(self.base_model).__name__} returns no aux_loss (a dense model?)")
         return logits, labels[:, 1:], out.aux_loss
 
     @staticmethod

@@ -14,84 +14,52 @@ answer token right, teacher forced) and the perplexity of the text rows' complet
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from .expert_quality import expert_quality, expert_rankings, proxy_rho, router_sensitivity, stability
+from .training import encode_batches, next_token_metrics
 
-__all__ = ["mllm_tables", "mwop_tables", "next_token_metrics", "text_tables"]
-
-
-@torch.no_grad()
-def next_token_metrics(model: torch.nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> tuple[float, float]:
-    """(perplexity, next-token accuracy) over the labelled positions of ``batches``."""
-    from ..batch import model_inputs
-
-    nll, right, count = 0.0, 0, 0
-    model.eval()
-    for batch in batches:
-        logits = model(**model_inputs(batch)).logits[:, :-1].float()
-        labels = batch["labels"][:, 1:]
-        keep = labels != -100
-        nll += float(torch.nn.functional.cross_entropy(logits[keep], labels[keep], reduction="sum"))
-        right += int((logits.argmax(-1)[keep] == labels[keep]).sum())
-        count += int(keep.sum())
-    if count == 0:
-        raise ValueError("no labelled positions to evaluate")
-    return math.exp(nll / count), right / count
+__all__ = ["mllm_tables", "mwop_tables", "text_tables"]
 
 
 def _text_batches(dm, path, rows: int | None) -> list[dict[str, torch.Tensor]]:
     from ..data.rows import read_jsonl
 
-    chosen = read_jsonl(path, limit=rows)
-    collate = dm._collator()
-    return [collate(dm.encode_rows(chosen[i:i + dm.batch_size])) for i in range(0, len(chosen), dm.batch_size)]
+    return encode_batches(dm, read_jsonl(path, limit=rows))
 
 
-def _domain_files(corpus, split: str, tmp) -> dict[str, Any]:
+def _testbed_record(folder, preset: str, quality: str) -> dict[str, Any]:
+    """What the page says about the testbed: its training.json's size, time, spec and ``quality`` figure."""
     import json
-    from pathlib import Path
 
-    from .text_corpus import DOMAINS
-
-    lines = corpus.files[split].read_text(encoding="utf-8").splitlines()
-    out = {}
-    for domain in DOMAINS:
-        path = Path(tmp) / f"{split}-{domain}.jsonl"
-        path.write_text("".join(line + "\n" for line in lines if json.loads(line)["domain"] == domain))
-        out[domain] = path
-    return out
+    training = json.loads((folder / "training.json").read_text())
+    return {"preset": preset, "folder": str(folder), "parameters": training["parameters"],
+            "train_seconds": training["train_seconds"], "spec": training["spec"], quality: training[quality]}
 
 
 def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, ratios=(0.25, 0.5),
                 random_seeds: int = 5, calibration_rows: int = 64, eval_rows: int = 128, kl_rows: int = 16,
                 sensitivity_steps: int = 100, progress: bool = True) -> dict[str, Any]:
     """Every criterion on the text testbed ``preset`` (trained first when not cached)."""
-    import json
-    import tempfile
-
     import lightprune as lp
 
     from .text_moe import TEXT_TESTBEDS, corpus_datamodule, text_testbed
-    from .text_corpus import build_text_corpus
+    from .text_corpus import build_text_corpus, rows_by_domain
 
     spec = TEXT_TESTBEDS[preset]
     folder = text_testbed(preset, root, progress=progress)
     corpus = build_text_corpus(spec.corpus, root)
     model = lp.load_pruned(folder / "model").eval()
     dm = corpus_datamodule(spec, corpus)
-    with tempfile.TemporaryDirectory() as tmp:
-        test = _domain_files(corpus, "test", tmp)
-        eval_batches = {d: _text_batches(dm, p, eval_rows // 2) for d, p in test.items()}
+    test_rows = rows_by_domain(corpus.files["test"])
+    eval_batches = {d: encode_batches(dm, rows[: eval_rows // 2]) for d, rows in test_rows.items()}
     calib = {"mixed": corpus.files["calibration"], "prose": corpus.files["calibration-prose"],
              "code": corpus.files["calibration-code"]}
-    calib_batches = {k: [{k2: v for k2, v in b.items() if k2 != "labels"} for b in _text_batches(dm, p, calibration_rows)]
-                     for k, p in calib.items()}
+    calib_batches = {k: [{name: v for name, v in b.items() if name != "labels"}
+                         for b in _text_batches(dm, p, calibration_rows)] for k, p in calib.items()}
 
     def evaluate(m: torch.nn.Module) -> dict[str, float]:
         out = {}
@@ -113,10 +81,7 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
     by_domain = {d: lp.collect_expert_stats(model, calib_batches[d], subsets=("all",), progress=progress)
                  for d in ("prose", "code")}
     result["stability"] = {"pair": ["prose", "code"], "criteria": stability(by_domain["prose"], by_domain["code"])}
-    training = json.loads((folder / "training.json").read_text())
-    result["testbed"] = {"preset": preset, "folder": str(folder), "parameters": training["parameters"],
-                         "train_seconds": training["train_seconds"], "spec": training["spec"],
-                         "held_out_perplexity": training["held_out_perplexity"]}
+    result["testbed"] = _testbed_record(folder, preset, "held_out_perplexity")
     return result
 
 
@@ -124,8 +89,6 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
                 random_seeds: int = 5, kl_rows: int = 16, sensitivity_steps: int = 100,
                 progress: bool = True) -> dict[str, Any]:
     """Every criterion, MAEP included, on the multimodal MoE testbed ``preset``."""
-    import json
-
     import lightprune as lp
 
     from .vqa_models import VQA_TESTBEDS, answer_accuracy, datamodule, vqa_testbed
@@ -158,7 +121,8 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
     stats = lp.collect_expert_stats(model, calib_all, subsets=subsets, progress=progress)
     extra = {}
     if sensitivity_steps:
-        extra["router_sensitivity"] = router_sensitivity(str(folder / "model"), datamodule(spec, str(folder / "model"), root),
+        checkpoint = str(folder / "model")
+        extra["router_sensitivity"] = router_sensitivity(checkpoint, datamodule(spec, checkpoint, root),
                                                          steps=sensitivity_steps, progress=progress)
     rankings = expert_rankings(model, stats, maep=True, extra=extra)
     result = expert_quality(model, rankings, evaluate, ratios=ratios, random_seeds=random_seeds, progress=progress)
@@ -169,18 +133,13 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
     a = lp.collect_expert_stats(model, calib_digits, subsets=subsets[1:], progress=progress)
     b = lp.collect_expert_stats(model, calib_charts, subsets=subsets[1:], progress=progress)
     result["stability"] = {"pair": ["digits", "charts"], "criteria": stability(a, b, ("delta_h", "reap"))}
-    training = json.loads((folder / "training.json").read_text())
-    result["testbed"] = {"preset": preset, "folder": str(folder), "parameters": training["parameters"],
-                         "train_seconds": training["train_seconds"], "spec": training["spec"],
-                         "val_answer_accuracy": training["val_answer_accuracy"]}
+    result["testbed"] = _testbed_record(folder, preset, "val_answer_accuracy")
     return result
 
 
 def mwop_tables(preset: str = "dense-mllm-full", root: str | os.PathLike | None = None, *, random_seeds: int = 5,
                 progress: bool = True, **kwargs: Any) -> dict[str, Any]:
     """MWOP at the paper's operating points vs random masks on the dense multimodal testbed ``preset``."""
-    import json
-
     import lightprune as lp
 
     from .vqa_models import VQA_TESTBEDS, datamodule, vqa_testbed
@@ -192,8 +151,5 @@ def mwop_tables(preset: str = "dense-mllm-full", root: str | os.PathLike | None 
     dm = datamodule(spec, str(folder / "model"), root)
     dm.setup("fit")
     result = mwop_quality(model, dm, random_seeds=random_seeds, **kwargs)
-    training = json.loads((folder / "training.json").read_text())
-    result["testbed"] = {"preset": preset, "folder": str(folder), "parameters": training["parameters"],
-                         "train_seconds": training["train_seconds"], "spec": training["spec"],
-                         "val_answer_accuracy": training["val_answer_accuracy"]}
+    result["testbed"] = _testbed_record(folder, preset, "val_answer_accuracy")
     return result

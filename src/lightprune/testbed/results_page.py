@@ -178,7 +178,8 @@ def _text_section(r: Mapping[str, Any], out: Path) -> list[str]:
         "## Text MoE testbed", "",
         f"Qwen3-MoE-style, {tb['parameters']:,} parameters ({tb['spec']['model'].get('num_hidden_layers')} layers, "
         f"{tb['spec']['model'].get('num_experts')} experts, top-{tb['spec']['model'].get('num_experts_per_tok')}), "
-        f"trained {tb['spec']['steps']} steps of {tb['spec']['batch_size']} x {tb['spec']['max_length']} tokens on prose and code "
+        f"trained {tb['spec']['steps']} steps of {tb['spec']['batch_size']} x {tb['spec']['max_length']} tokens "
+        "on prose and code "
         f"from Python's own documentation and standard library; held-out test perplexity {ppl['all']:.1f} "
         f"(prose {ppl['prose']:.1f}, code {ppl['code']:.1f}). Calibration on the calibration split (mixed domains), "
         "evaluation on the first test rows of each domain: perplexity (every token) and next-token accuracy.", "",

@@ -41,7 +41,7 @@ from ..data.pydoc_rows import SPLIT_SHARES, corpus_splits
 from .training import cache_root
 
 __all__ = ["DOMAINS", "TEXT_CORPUS_FORMAT", "TextCorpus", "TextCorpusSpec", "build_text_corpus",
-           "stdlib_files", "text_corpus_rows"]
+           "rows_by_domain", "stdlib_files", "text_corpus_rows"]
 
 TEXT_CORPUS_FORMAT = "v1"  # bump when the rows, the split rule or the tokenizer recipe change
 DOMAINS: tuple[str, ...] = ("prose", "code")
@@ -206,7 +206,8 @@ def _files(folder: Path) -> dict[str, Path]:
 
 
 def build_text_corpus(spec: TextCorpusSpec | None = None, root: str | os.PathLike | None = None) -> TextCorpus:
-    """The corpus folder of ``spec`` under ``root`` (``$LIGHTPRUNE_CACHE``, ``~/.cache/lightprune``), built if absent."""
+    """The corpus folder of ``spec`` under ``root`` (``$LIGHTPRUNE_CACHE``, ``~/.cache/lightprune``), built if
+    absent."""
     spec = spec or TextCorpusSpec()
     folder = cache_root(root) / "testbed" / f"corpus-{_digest(spec)}"
     expect = {"format": TEXT_CORPUS_FORMAT, "spec": asdict(spec)}
@@ -222,6 +223,15 @@ def build_text_corpus(spec: TextCorpusSpec | None = None, root: str | os.PathLik
         _build_folder(folder, _fill(spec), replace=folder.exists())
         manifest = _check(folder, expect, required)
     return TextCorpus(folder, _files(folder), folder / "tokenizer", manifest)
+
+
+def rows_by_domain(path: Path) -> dict[str, list]:
+    """A corpus JSONL file's rows (:class:`~lightprune.data.rows.Row`) per domain, in file order."""
+    from ..data.rows import read_jsonl
+
+    rows = read_jsonl(path)
+    domains = [json.loads(line)["domain"] for line in path.read_text(encoding="utf-8").splitlines()]
+    return {domain: [r for r, d in zip(rows, domains) if d == domain] for domain in DOMAINS}
 
 
 def _check_tokenizer(folder: Path) -> None:

@@ -22,17 +22,15 @@ into place like every lightprune cache. ``root`` is the given folder, ``$LIGHTPR
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..data.default_corpus import _write_manifest
-from .text_corpus import DOMAINS, TextCorpus, TextCorpusSpec, build_text_corpus
-from .training import cache_root, cached_testbed, fit_from_init
+from .text_corpus import TextCorpus, TextCorpusSpec, build_text_corpus, rows_by_domain
+from .training import cache_root, cached_testbed, encode_batches, fit_from_init, next_token_metrics, spec_digest
 
 __all__ = ["TEXT_TESTBEDS", "TESTBED_PREFIX", "TextTestbedSpec", "held_out_perplexity", "resolve_testbed", "spec_with",
            "corpus_datamodule", "preset_of", "text_testbed"]
@@ -58,8 +56,7 @@ class TextTestbedSpec:
     eval_batches: int | None = None  # held-out batches per domain for the reported perplexity (None: all)
 
     def digest(self) -> str:
-        key = {"format": TEXT_TESTBED_FORMAT, **asdict(self)}
-        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+        return spec_digest(TEXT_TESTBED_FORMAT, self)
 
 
 _FULL_MODEL = dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
@@ -143,33 +140,12 @@ def _initial_checkpoint(folder: Path, spec: TextTestbedSpec, tokenizer) -> Path:
 def held_out_perplexity(model, corpus: TextCorpus, spec: TextTestbedSpec, split: str = "test",
                         max_batches: int | None = None) -> dict[str, float]:
     """exp(mean next-token loss) over ``split``'s rows per domain and overall (every token, eos included)."""
-    import torch
-
-    from ..batch import model_inputs
     from ..data.rows import read_jsonl
 
-    rows = read_jsonl(corpus.files[split])
-    domains = [json.loads(line)["domain"] for line in corpus.files[split].read_text(encoding="utf-8").splitlines()]
     dm = corpus_datamodule(spec, corpus)
-    out = {}
-    model.eval()
-    for domain in (*DOMAINS, "all"):
-        chosen = rows if domain == "all" else [r for r, d in zip(rows, domains) if d == domain]
-        nll, count = 0.0, 0
-        batches = [chosen[i:i + spec.batch_size] for i in range(0, len(chosen), spec.batch_size)]
-        for b, batch_rows in enumerate(batches):
-            if max_batches is not None and b >= max_batches:
-                break
-            batch = dm._collator()(dm.encode_rows(batch_rows))
-            with torch.no_grad():
-                logits = model(**model_inputs(batch)).logits[:, :-1].float()
-            labels = batch["labels"][:, 1:]
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                                                     ignore_index=-100, reduction="sum")
-            nll += float(loss)
-            count += int((labels != -100).sum())
-        out[domain] = math.exp(nll / max(count, 1))
-    return out
+    by_domain = {**rows_by_domain(corpus.files[split]), "all": read_jsonl(corpus.files[split])}
+    return {domain: next_token_metrics(model, encode_batches(dm, rows, max_batches))[0]
+            for domain, rows in by_domain.items()}
 
 
 def _train(folder: Path, spec: TextTestbedSpec, corpus: TextCorpus, expect: dict[str, Any], progress: bool) -> None:

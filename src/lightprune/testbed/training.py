@@ -6,16 +6,21 @@ both manifests check, else trains it into a temporary folder renamed into place 
 cache helpers), with the job's random state left untouched (:func:`isolated_rng`). :func:`fit_from_init`
 is the training itself: :class:`~lightprune.modules.MoECausalLM` from the initial checkpoint, AdamW with
 linear warm-up and cosine decay for a fixed number of steps (not a time budget, so a rerun gives the same
-weights on the same machine and thread count), the loss curve kept by :class:`LossCurve`.
+weights on the same machine and thread count), the loss curve kept by :class:`LossCurve`. What the testbeds
+report about themselves and the quality tables measure on them: :func:`next_token_metrics` over batches of
+:func:`encode_batches`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,7 +30,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from ..data.default_corpus import DefaultCorpusError, _build_folder, _check
 
-__all__ = ["LossCurve", "cache_root", "cached_testbed", "fit_from_init", "isolated_rng"]
+__all__ = ["LossCurve", "cache_root", "cached_testbed", "encode_batches", "fit_from_init", "isolated_rng",
+           "next_token_metrics", "spec_digest"]
 
 _MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
@@ -33,6 +39,12 @@ _MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 def cache_root(root: str | os.PathLike | None) -> Path:
     """``root``, else ``$LIGHTPRUNE_CACHE``, else ``~/.cache/lightprune``."""
     return Path(root or os.environ.get("LIGHTPRUNE_CACHE") or Path.home() / ".cache" / "lightprune").expanduser()
+
+
+def spec_digest(fmt: str, spec) -> str:
+    """12 hex digits of SHA-256 over the format and every field of the (dataclass) ``spec``: the cache key."""
+    key = {"format": fmt, **asdict(spec)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
 @contextmanager
@@ -98,7 +110,8 @@ class LossCurve(pl.Callback):
 def fit_from_init(folder: Path, init: Path, datamodule, spec, *, router_aux_loss_coef: float,
                   progress: bool) -> tuple[Any, float, list[dict[str, float]]]:
     """Train the checkpoint ``init`` on ``datamodule`` as ``spec`` says (steps, learning_rate, weight_decay,
-    warmup_steps, seed, and ``loss_mean`` when it has one); returns (the trained transformers model, seconds, loss curve). ``init`` is removed."""
+    warmup_steps, seed, and ``loss_mean`` when it has one); returns (the trained transformers model, seconds, loss
+    curve). ``init`` is removed."""
     from ..modules import MoECausalLM
 
     pl.seed_everything(spec.seed, verbose=False)
@@ -116,3 +129,35 @@ def fit_from_init(folder: Path, init: Path, datamodule, spec, *, router_aux_loss
     shutil.rmtree(init)
     shutil.rmtree(folder / "lightning", ignore_errors=True)
     return module.model, seconds, curve.points
+
+
+def encode_batches(datamodule, rows: Sequence[Any], max_batches: int | None = None) -> list[dict[str, Any]]:
+    """Rows (:class:`~lightprune.data.rows.Row`) in file order as the datamodule's padded batches (the first
+    ``max_batches``)."""
+    collate = datamodule._collator()
+    size = datamodule.batch_size
+    starts = range(0, len(rows), size)
+    if max_batches is not None:
+        starts = starts[:max_batches]
+    return [collate(datamodule.encode_rows(list(rows[i:i + size]))) for i in starts]
+
+
+def next_token_metrics(model, batches: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    """(perplexity, next-token accuracy) over the labelled positions of ``batches``."""
+    import torch
+
+    from ..batch import model_inputs
+
+    nll, right, count = 0.0, 0, 0
+    model.eval()
+    with torch.no_grad():
+        for batch in batches:
+            logits = model(**model_inputs(batch)).logits[:, :-1].float()
+            labels = batch["labels"][:, 1:]
+            keep = labels != -100
+            nll += float(torch.nn.functional.cross_entropy(logits[keep], labels[keep], reduction="sum"))
+            right += int((logits.argmax(-1)[keep] == labels[keep]).sum())
+            count += int(keep.sum())
+    if count == 0:
+        raise ValueError("no labelled positions to evaluate")
+    return math.exp(nll / count), right / count

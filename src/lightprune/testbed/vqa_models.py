@@ -18,7 +18,6 @@ fixed number of steps (a rerun gives the same weights on the same machine and th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.default_corpus import _write_manifest
-from .training import cache_root, cached_testbed, fit_from_init
+from .training import cache_root, cached_testbed, fit_from_init, spec_digest
 
 __all__ = ["VQA_TESTBEDS", "VQATestbedSpec", "answer_accuracy", "vqa_testbed"]
 
@@ -63,8 +62,7 @@ class VQATestbedSpec:
         return _FAMILIES[self.kind]
 
     def digest(self) -> str:
-        key = {"format": VQA_TESTBED_FORMAT, **asdict(self)}
-        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+        return spec_digest(VQA_TESTBED_FORMAT, self)
 
 
 def _text(hidden: int, layers: int, **kw: Any) -> dict[str, Any]:
