@@ -119,22 +119,12 @@ def datamodule(spec: VQATestbedSpec, processor: Any, root: str | os.PathLike | N
 
 
 def answer_accuracy(model, loader, task_names: list[str]) -> dict[str, float]:
-    """Per task family: the fraction of rows whose every answer token is the argmax (teacher forced)."""
-    import torch
+    """Per task family with rows in ``loader``: the fraction of rows whose every answer token is the argmax
+    (teacher forced; :func:`lightprune.retention.evaluate_tasks` with ``metric="exact"``)."""
+    from ..retention import evaluate_tasks
 
-    from ..batch import model_inputs
-
-    right: dict[str, list[int]] = {}
-    model.eval()
-    for batch in loader:
-        with torch.no_grad():
-            logits = model(**model_inputs(batch)).logits[:, :-1]
-        labels = batch["labels"][:, 1:]
-        keep = labels != -100
-        ok = ((logits.argmax(-1) == labels) | ~keep).all(-1)
-        for task, good in zip(batch["task_ids"].tolist(), ok.tolist()):
-            right.setdefault(task_names[task], []).append(int(good))
-    return {task: sum(v) / len(v) for task, v in sorted(right.items())}
+    scores = evaluate_tasks(model, loader, len(task_names), metric="exact").tolist()
+    return {task: score for task, score in sorted(zip(task_names, scores)) if score == score}
 
 
 def vqa_testbed(preset: str | VQATestbedSpec, root: str | os.PathLike | None = None, *,
