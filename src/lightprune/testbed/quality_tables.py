@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .expert_quality import expert_quality, expert_rankings, proxy_rho, router_sensitivity, stability
+from ..batch import model_inputs
 from .training import encode_batches, next_token_metrics
 
 __all__ = ["mllm_tables", "mwop_tables", "text_tables"]
@@ -29,6 +30,11 @@ def _text_batches(dm, path, rows: int | None) -> list[dict[str, torch.Tensor]]:
     from ..data.rows import read_jsonl
 
     return encode_batches(dm, read_jsonl(path, limit=rows))
+
+
+def _inputs(batches) -> list[dict[str, torch.Tensor]]:
+    """Calibration batches as the model takes them (no labels, no task ids)."""
+    return [model_inputs(b) for b in batches]
 
 
 def _testbed_record(folder, preset: str, quality: str) -> dict[str, Any]:
@@ -58,8 +64,7 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
     eval_batches = {d: encode_batches(dm, rows[: eval_rows // 2]) for d, rows in test_rows.items()}
     calib = {"mixed": corpus.files["calibration"], "prose": corpus.files["calibration-prose"],
              "code": corpus.files["calibration-code"]}
-    calib_batches = {k: [{name: v for name, v in b.items() if name != "labels"}
-                         for b in _text_batches(dm, p, calibration_rows)] for k, p in calib.items()}
+    calib_batches = {k: _inputs(_text_batches(dm, p, calibration_rows)) for k, p in calib.items()}
 
     def evaluate(m: torch.nn.Module) -> dict[str, float]:
         out = {}
@@ -103,12 +108,9 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
     val_image = list(dm.dataloader("val", tasks=image_tasks))
     val_text = list(dm.dataloader("val", tasks=["text"])) if "text" in names else []
 
-    def strip(batches):
-        return [{k: v for k, v in b.items() if k not in ("labels", "task_ids")} for b in batches]
-
-    calib_all = strip(dm.dataloader("calibration"))
-    calib_digits = strip(dm.dataloader("calibration", tasks=["digit"]))
-    calib_charts = strip(dm.dataloader("calibration", tasks=[t for t in image_tasks if t.startswith("chart")]))
+    calib_all = _inputs(dm.dataloader("calibration"))
+    calib_digits = _inputs(dm.dataloader("calibration", tasks=["digit"]))
+    calib_charts = _inputs(dm.dataloader("calibration", tasks=[t for t in image_tasks if t.startswith("chart")]))
 
     def evaluate(m: torch.nn.Module) -> dict[str, float]:
         out = {f"acc_{t}": v for t, v in answer_accuracy(m, val_image, names).items()}
