@@ -16,12 +16,12 @@ the expert compute).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from bench_figures import check, write_json  # noqa: E402  (scripts/ is on sys.path when a script runs)
 
 import lightprune as lp
 from lightprune.models import find_moe_layers
@@ -82,11 +82,6 @@ def every_expert_on_every_token(model, batches):
             h.remove()
 
 
-def check(name, value, target=None, op=None, reference=None, reference_name=None, note=""):
-    """One figure of the JSON output: a measured value, its target (and PASS/FAIL) when it has one."""
-    passed = None if target is None else bool(value <= target if op == "<=" else value >= target)
-    return {"name": name, "value": value, "target": target, "op": op, "passed": passed, "reference": reference,
-            "reference_name": reference_name, "note": note}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                               "moe_intermediate": 128, "vocab": 4096, "batches": args.batches, "seq": args.seq},
                    "times_s": {name: {"median": med[name], "min": best[name]} for name in times},
                    "checks": checks, "passed": checks[0]["passed"]}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        write_json(args.json, figures)
     return 0
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import shutil
 import statistics
@@ -36,6 +35,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+from bench_figures import check, write_json  # noqa: E402  (scripts/ is on sys.path when a script runs)
 
 __all__ = ["build_model", "expected_bytes", "safetensors_bytes", "main"]
 
@@ -93,12 +93,6 @@ def safetensors_bytes(directory: Path) -> dict[str, int]:
     return {"total": total, "header": header, "data": total - header, "files": len(files)}
 
 
-def check(name, value, target=None, op=None, reference=None, reference_name=None, note=""):
-    """One figure of the JSON output: a measured value, its target (and PASS/FAIL) when it has one."""
-    ops = {"<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b, "==": lambda a, b: a == b}
-    passed = None if target is None else bool(ops[op](value, target))
-    return {"name": name, "value": value, "target": target, "op": op, "passed": passed, "reference": reference,
-            "reference_name": reference_name, "note": note}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                    "params": {"before": report["params_before"], "after": report["params_after"],
                               "kept_per_layer": report["kept_per_layer"]},
                    "checks": checks, "passed": verdict == "PASS"}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        write_json(args.json, figures)
     return 0 if verdict == "PASS" else 1
 
 

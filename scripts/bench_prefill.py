@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+from bench_figures import write_json  # noqa: E402  (scripts/ is on sys.path when a script runs)
 import torch.nn.functional as F
 
 from lightprune.flops import decoder_flops
@@ -353,8 +353,7 @@ def main(argv=None) -> int:
                                                                   "profiles": PROFILES_7B}} if gpu else {})},
                    "flex_compiled": None if flex is None else flex.compile,
                    "checks": RESULTS, "passed": all(judged) if judged else None}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        write_json(args.json, figures)
     return 0
 
 

@@ -26,7 +26,6 @@ shapes, torch threads) as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -37,6 +36,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+from bench_figures import check, write_json  # noqa: E402  (scripts/ is on sys.path when a script runs)
 
 __all__ = ["build_model", "main"]
 
@@ -204,17 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if verdict == "PASS" else 1
 
 
-def check(name, value, target=None, op=None, reference=None, reference_name=None, note=""):
-    """One figure of the JSON output: a measured value, its target (and PASS/FAIL) when it has one."""
-    passed = None if target is None else bool(value <= target if op == "<=" else value >= target)
-    return {"name": name, "value": value, "target": target, "op": op, "passed": passed, "reference": reference,
-            "reference_name": reference_name, "note": note}
 
 
-def write_json(path: Path | None, figures: dict) -> None:
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":
