@@ -76,6 +76,14 @@ class TextCorpus:
     tokenizer_dir: Path
     manifest: dict[str, Any]
 
+    def jsonl_args(self, calibration_domain: str | None = None) -> dict[str, str]:
+        """TextJsonlDataModule's tokenizer and split files; calibration from one domain's rows when given."""
+        if calibration_domain is not None and calibration_domain not in DOMAINS:
+            raise ValueError(f"calibration_domain must be None or one of {list(DOMAINS)}, got {calibration_domain!r}")
+        calibration = "calibration" if calibration_domain is None else f"calibration-{calibration_domain}"
+        return {"tokenizer": str(self.tokenizer_dir), "calibration": str(self.files[calibration]),
+                **{split: str(self.files[split]) for split in ("train", "val", "test")}}
+
 
 def stdlib_files() -> list[tuple[str, Path]]:
     """``(relative path, path)`` of the standard library's ``.py`` files, tests and tools excluded, sorted."""

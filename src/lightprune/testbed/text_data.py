@@ -10,7 +10,7 @@ calibration split or one domain's rows (``prose``, ``code``).
 from __future__ import annotations
 
 from ..data.text import TextJsonlDataModule
-from .text_corpus import DOMAINS, build_text_corpus
+from .text_corpus import build_text_corpus
 from .text_moe import TEXT_TESTBEDS
 
 __all__ = ["TestbedTextDataModule"]
@@ -35,14 +35,9 @@ class TestbedTextDataModule(TextJsonlDataModule):
                  mask_prompt: bool = False, calibration_domain: str | None = None):
         if preset not in TEXT_TESTBEDS:
             raise ValueError(f"preset must be one of {list(TEXT_TESTBEDS)}, got {preset!r}")
-        if calibration_domain is not None and calibration_domain not in DOMAINS:
-            raise ValueError(f"calibration_domain must be None or one of {list(DOMAINS)}, got {calibration_domain!r}")
         spec = TEXT_TESTBEDS[preset]
         self.corpus = build_text_corpus(spec.corpus, root)
-        files = self.corpus.files
-        calibration = files["calibration" if calibration_domain is None else f"calibration-{calibration_domain}"]
-        super().__init__(str(self.corpus.tokenizer_dir), calibration=str(calibration), train=str(files["train"]),
-                         val=str(files["val"]), test=str(files["test"]),
+        super().__init__(**self.corpus.jsonl_args(calibration_domain),
                          max_length=spec.max_length if max_length is None else max_length, batch_size=batch_size,
                          mask_prompt=mask_prompt, add_eos=True, num_samples=num_samples, seed=seed,
                          num_workers=num_workers)

@@ -113,10 +113,8 @@ def corpus_datamodule(spec: TextTestbedSpec, corpus: TextCorpus, **overrides: An
     """The corpus's splits as a TextJsonlDataModule with the spec's batching (loss on every token)."""
     from ..data import TextJsonlDataModule
 
-    kw = dict(train=str(corpus.files["train"]), val=str(corpus.files["val"]), test=str(corpus.files["test"]),
-              calibration=str(corpus.files["calibration"]), max_length=spec.max_length,
-              batch_size=spec.batch_size, mask_prompt=False, add_eos=True, seed=spec.seed)
-    return TextJsonlDataModule(str(corpus.tokenizer_dir), **{**kw, **overrides})
+    kw = dict(max_length=spec.max_length, batch_size=spec.batch_size, mask_prompt=False, add_eos=True, seed=spec.seed)
+    return TextJsonlDataModule(**corpus.jsonl_args(), **{**kw, **overrides})
 
 
 def _initial_checkpoint(folder: Path, spec: TextTestbedSpec, tokenizer) -> Path:
