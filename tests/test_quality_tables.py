@@ -90,7 +90,7 @@ def test_random_spread_and_the_page_carry_the_measured_numbers(page) -> None:
             assert len(values) == 2 and values[0] != values[1]
             summary = entry["summary"][metric]
             assert summary["mean"] == pytest.approx(statistics.fmean(values))
-            assert summary["std"] == pytest.approx(statistics.pstdev(values))
+            assert summary["std"] == pytest.approx(statistics.stdev(values))
             assert (summary["min"], summary["max"]) == (min(values), max(values))
     row = next(r for r in data["text"]["rows"] if r["criterion"] == "reap" and r["ratio"] == 0.5)
     dense = data["text"]["dense"]["ppl"]

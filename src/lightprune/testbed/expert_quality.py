@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 __all__ = ["CALIBRATION_CRITERIA", "WEIGHT_CRITERIA", "expert_quality", "expert_rankings", "proxy_rho",
-           "router_sensitivity", "stability", "summarise"]
+           "router_sensitivity", "spread", "stability", "summarise"]
 
 CALIBRATION_CRITERIA: tuple[str, ...] = ("frequency", "seer", "ean", "reap", "routing_kl", "delta_h")
 WEIGHT_CRITERIA: tuple[str, ...] = ("aimer", "magnitude", "router_norm")
@@ -108,11 +108,17 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
     return out
 
 
-def summarise(runs: Sequence[Mapping[str, float]]) -> dict[str, dict[str, float]]:
-    """Per metric: mean, population std, min and max over runs."""
-    keys = runs[0].keys()
-    return {k: {"mean": statistics.fmean(r[k] for r in runs), "std": statistics.pstdev([r[k] for r in runs]),
-                "min": min(r[k] for r in runs), "max": max(r[k] for r in runs)} for k in keys}
+def spread(values: Sequence[float | None]) -> dict[str, float | None]:
+    """Mean, sample standard deviation (None for one value), min and max; all None when a value is missing."""
+    if not values or any(v is None for v in values):
+        return {"mean": None, "std": None, "min": None, "max": None}
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
+            "min": min(values), "max": max(values)}
+
+
+def summarise(runs: Sequence[Mapping[str, float]]) -> dict[str, dict[str, float | None]]:
+    """Per metric: :func:`spread` over runs."""
+    return {k: spread([r[k] for r in runs]) for k in runs[0]}
 
 
 def proxy_rho(model: torch.nn.Module, batches: Sequence[Mapping[str, Any]], stats, subsets: Sequence[str] = ("all",),

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .expert_quality import summarise
+
 __all__ = ["retention", "write_results"]
 
 
@@ -40,7 +42,7 @@ def _ratios(result: Mapping[str, Any]) -> list[float]:
 
 
 def _random_cell(result, ratio: float, metric: str, digits: int) -> str:
-    s = result["random"][str(ratio)]["summary"][metric]
+    s = summarise(result["random"][str(ratio)]["seeds"])[metric]
     return f"{_fmt(s['mean'], digits)} ± {_fmt(s['std'], digits)} [{_fmt(s['min'], digits)}, {_fmt(s['max'], digits)}]"
 
 

@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
 
 from ..models.width import token_profile
+from .expert_quality import spread
 from ..plan import PATHS, WIDTH_UNITS, WidthPlan
 
 __all__ = ["PAPER_OPERATING_POINTS", "mwop_quality", "mwop_markdown", "plot_mwop"]
@@ -92,14 +92,6 @@ def _loader(dm: Any, split: str):
 
 def _nan_to_none(value: float) -> float | None:
     return None if value is None or value != value else float(value)
-
-
-def _stats(values: Sequence[float | None]) -> dict[str, float | None]:
-    vals = [v for v in values if v is not None]
-    if not vals or len(vals) != len(values):
-        return {"mean": None, "std": None, "min": None, "max": None}
-    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else None,
-            "min": min(vals), "max": max(vals)}
 
 
 def mwop_quality(model: torch.nn.Module, dm: Any, *,
@@ -212,9 +204,9 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
                 per_seed.append({"seed": seed, **row(plan, evaluate(plan, f"{name} random {seed}"), reference)})
             rows.append({"operating_point": name, "method": "random", "ratios": dict(ratios),
                          "seeds": list(range(random_seeds)),
-                         "atr": _stats([r["atr"] for r in per_seed]),
-                         "flops_fraction": _stats([r["flops_fraction"] for r in per_seed]),
-                         "per_task_accuracy": {n: _stats([r["per_task_accuracy"][n] for r in per_seed])
+                         "atr": spread([r["atr"] for r in per_seed]),
+                         "flops_fraction": spread([r["flops_fraction"] for r in per_seed]),
+                         "per_task_accuracy": {n: spread([r["per_task_accuracy"][n] for r in per_seed])
                                                for n in names},
                          "per_seed": per_seed})
     finally:
