@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from lightprune.criteria import Criterion, register_criterion
+from lightprune.experts.criteria import Criterion, register_criterion
+from lightprune.experts.scores import ExpertScores
 from lightprune.models import find_moe_layers
-from lightprune.scores import ExpertScores
 
 __all__ = ["DownProjNorm"]
 

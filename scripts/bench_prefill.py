@@ -2,7 +2,7 @@
 
 Each comparison warms both sides up, then times them interleaved (the order alternates every repeat) and
 prints ``pruned/dense`` as the ratio of medians and of minimums, next to the retained-FLOPs fraction of
-:func:`lightprune.flops.decoder_flops` (appendix D.4: F_attn = 4 N d (d + d_kv) + 4 d a,
+:func:`lightprune.width.flops.decoder_flops` (appendix D.4: F_attn = 4 N d (d + d_kv) + 4 d a,
 F_ffn = 6 d (V m~_V + T m), m~_V = min(m, b ceil(k_V / b))). Operating points (pruned fractions of
 V2V / T2V / T2T head paths, visual FFN channels; text FFN dense): LLaVA-OneVision 40/60/10 + 50%,
 Qwen2.5-VL 60/70/0 + 40%. Timed inputs add SYSTEM tokens before the visual span (the paper's 18 / 11 on
@@ -13,7 +13,7 @@ before timing, as the paper packs weights and tunes kernels before timing; their
 - CPU (always; ``--threads``, default 1: on shared cores multi-threaded GEMM times mostly measure the
   scheduler): scaled-down shapes. FFN: the transformers Qwen2 MLP vs :class:`CompactModalityFFN` (target
   at 50% visual channels: at most 0.6x the dense time). Attention core: SDPA (causal, GQA) vs
-  :func:`lightprune.kernels.flex_path_attention` under ``torch.compile`` (eager, said so, when compiling
+  :func:`lightprune.width.kernels.flex_path_attention` under ``torch.compile`` (eager, said so, when compiling
   fails); its fraction is the retained causal pairs. Total: a few Qwen2 decoder layers with the LM head on
   the last token, dense SDPA vs both swaps (:func:`swap_compact_ffn` and the flex path attention
   registered as an attention implementation reading the swap's token modality).
@@ -36,13 +36,14 @@ import time
 from pathlib import Path
 
 import torch
-from bench_figures import write_json  # noqa: E402  (scripts/ is on sys.path when a script runs)
 import torch.nn.functional as F
+from bench_figures import write_json  # noqa: E402  (scripts/ is on sys.path when a script runs)
 
-from lightprune.flops import decoder_flops
-from lightprune.kernels.compact_ffn import CompactModalityFFN, split_tokens, swap_compact_ffn
-from lightprune.models.width import SYSTEM, TEXT, VISION
-from lightprune.plan import WidthPlan
+from lightprune.width.flops import decoder_flops
+from lightprune.width.kernels.compact_ffn import CompactModalityFFN, split_tokens
+from lightprune.width.paths import SYSTEM, TEXT, VISION
+from lightprune.width.plan import WidthPlan
+from lightprune.width.swap import swap_compact_ffn
 
 __all__ = ["main"]
 
@@ -135,12 +136,12 @@ def report(kind: str, point: str, times: dict, fraction: float, target: float | 
 
 
 class Flex:
-    """FlexAttention path-sparse attention on CPU (:func:`lightprune.kernels.path_attention.flex_path_attention`)
+    """FlexAttention path-sparse attention on CPU (:func:`lightprune.width.kernels.path_attention.flex_path_attention`)
     with one BlockMask per operating point built before timing (as the paper packs and tunes before timing);
     compiled with ``torch.compile`` unless ``--quick``, eager (said so) when compiling fails."""
 
     def __init__(self, quick: bool):
-        from lightprune.kernels.path_attention import flex_path_attention, path_block_mask
+        from lightprune.width.kernels.path_attention import flex_path_attention, path_block_mask
 
         self.attend, self.build = flex_path_attention, path_block_mask
         self.compile = not quick
@@ -240,7 +241,7 @@ def bench_total_cpu(s, point, args, flex: Flex | None):
     ids = torch.cat([torch.full((s["system"],), 5), torch.full((s["V"],), config.image_token_id),
                      torch.full((s["T"],), 7)])[None]
     handle = swap_compact_ffn(model, plan, args.align, mask_attention=False)
-    note = "  [attention dense SDPA: lightprune.kernels.path_attention is not there]"
+    note = "  [attention dense SDPA: lightprune.width.kernels.path_attention is not there]"
     if flex is not None:
         state, name = handle.hooks.state, "lightprune_bench_path_flex"
         mod = modality_codes(s["system"], s["V"], s["T"], torch.device("cpu"))
@@ -268,16 +269,16 @@ def bench_total_cpu(s, point, args, flex: Flex | None):
 def bench_gpu(args, device, s7: dict | None = None, profiles: dict | None = None):
     """The paper's 7B per-layer shapes in bf16: Triton vs SDPA attention core, compact vs dense FFN."""
     s7 = s7 or dict(d=3584, heads=28, kv=4, head_dim=128, m=18944, layers=1)
-    have_kernels = importlib.util.find_spec("lightprune.kernels.path_attention_triton") is not None
+    have_kernels = importlib.util.find_spec("lightprune.width.kernels.path_attention_triton") is not None
     for point, (V, T) in (profiles or PROFILES_7B).items():
         s = dict(s7, V=V, T=T, system=POINTS[point][2])
         bench_ffn(s, point, args, device, torch.bfloat16, slack=GPU_SLACK)
         if not have_kernels:
-            print(f"note: lightprune.kernels.path_attention_triton is not there: GPU attention for {point} skipped")
+            print(f"note: lightprune.width.kernels.path_attention_triton is not there: GPU attention for {point} skipped")
             continue
-        from lightprune.kernels.intervals import class_bits, key_intervals
-        from lightprune.kernels.path_attention import path_sparse_attention
-        from lightprune.kernels.path_attention_triton import default_blocks, triton_path_attention
+        from lightprune.width.kernels.intervals import class_bits, key_intervals
+        from lightprune.width.kernels.path_attention import path_sparse_attention
+        from lightprune.width.kernels.path_attention_triton import default_blocks, triton_path_attention
 
         config = qwen2_config(s, layers=1)
         plan = plan_for(config, point, ffn=False)
@@ -331,8 +332,8 @@ def main(argv=None) -> int:
             target = FFN_CPU_TARGET if POINTS[point][1] == 0.5 and not args.quick else None
             bench_ffn(s, point, args, cpu, torch.float32, target)
         flex = None
-        if importlib.util.find_spec("lightprune.kernels.path_attention") is None:
-            print("note: lightprune.kernels.path_attention is not there: CPU attention skipped, total with dense "
+        if importlib.util.find_spec("lightprune.width.kernels.path_attention") is None:
+            print("note: lightprune.width.kernels.path_attention is not there: CPU attention skipped, total with dense "
                   "attention")
         else:
             flex = Flex(args.quick)

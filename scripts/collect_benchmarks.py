@@ -4,7 +4,7 @@ Each bench runs in its own process (never two at once, so they do not time each 
 temporary file. The output is ``{name: figures, "machine": {...}, "commands": {name: command line}}``; a bench
 that writes no figures is recorded as ``{"error": ..., "exit_code": ..., "stderr_tail": ...}`` and the others
 still run. A bench whose figures say FAIL keeps its figures (and its exit code). Render the result with
-:func:`lightprune.testbed.bench_section.benchmarks_markdown`.
+:func:`lightprune.quality.bench_section.benchmarks_markdown`.
 
     python scripts/collect_benchmarks.py --out results/benchmarks.json [--quick] [--bench export --bench prefill]
 """

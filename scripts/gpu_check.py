@@ -11,7 +11,7 @@ Parts:
   export's verification difference. Then the same with router LoRA + RouterDelta, which fails on CPU
   (peft's parameter wrapper under ZeRO-3): its outcome is printed either way.
 - ``prefill``: scripts/bench_prefill.py on the GPU (the paper's 7B shapes; ``--cpu-smoke``: ``--quick``).
-- ``kernels``: when ``lightprune.kernels`` exists, its GPU tests (``pytest -m gpu``) compile and run
+- ``kernels``: when ``lightprune.width.kernels`` exists, its GPU tests (``pytest -m gpu``) compile and run
   the Triton kernels for real; otherwise it says that the module is absent.
 
 ``--cpu-smoke`` runs ``calib`` and ``zero3`` on the CPU (fp32 vs bf16 on CPU; ZeRO-3 through the
@@ -68,7 +68,7 @@ def _model(layers: int, device: torch.device):
 
 def part_calib(args) -> None:
     import lightprune as lp
-    from lightprune.ranking import spearman
+    from lightprune.experts.ranking import spearman
 
     device = _device(args.cpu_smoke)
     batches_n, seq = (2, 64) if args.cpu_smoke else (16, 512)
@@ -105,7 +105,7 @@ def _zero3_job(args, run: Path, lora: bool) -> dict:
     from lightprune.callbacks import ExpertPruning, Export, RouterDelta
     from lightprune.data import SyntheticTokens
     from lightprune.distributed import outside_zero_init
-    from lightprune.modules import MoECausalLM
+    from lightprune.finetune import MoECausalLM
     from lightprune.trainer import PruneTrainer
 
     class SeededLM(MoECausalLM):  # the tiny model's seeded weights survive zero.Init (see distributed.outside_zero_init)
@@ -127,7 +127,7 @@ def _zero3_job(args, run: Path, lora: bool) -> dict:
     if lora:
         module = SeededLM(tiny="qwen3_moe", tiny_overrides=overrides, learning_rate=1e-2, scheduler="constant",
                           adapter={"kind": "lora", "targets": ["router"], "r": 8, "dropout": 0.0})
-        callbacks = [RouterDelta(score="weight", ratio=0.5, summary=False)]
+        callbacks = [RouterDelta(score="weight"), ExpertPruning("router_delta", ratio=0.5), Export(summary=False)]
     else:
         module = SeededLM(tiny="qwen3_moe", tiny_overrides=overrides, learning_rate=1e-4, scheduler="constant")
         # fp32 (CPU smoke) logits of a trained model reach ~10: masked vs pruned differ by ~1e-5 in rounding
@@ -163,9 +163,9 @@ def part_zero3(args) -> None:
 
 def part_kernels(args) -> None:
     try:
-        import lightprune.kernels as kernels
+        import lightprune.width.kernels as kernels
     except ImportError as err:
-        print(f"kernels: lightprune.kernels is absent ({err}); nothing to compile")
+        print(f"kernels: lightprune.width.kernels is absent ({err}); nothing to compile")
         return
     print(f"kernels: {kernels.__name__} found ({', '.join(getattr(kernels, '__all__', [])) or 'no __all__'})")
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", str(ROOT / "tests")]

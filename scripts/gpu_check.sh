@@ -7,7 +7,7 @@
 #
 # Parts: env (versions, device), calib (bf16 vs fp32 calibration: tokens/s, rank agreement),
 # zero3 (DeepSpeed ZeRO-3 fit on one GPU, then AIMER / RouterDelta, prune, export, verify),
-# kernels (Triton kernels compiled and tested for real when lightprune.kernels exists),
+# kernels (Triton kernels compiled and tested for real when lightprune.width.kernels exists),
 # prefill (MWOP: dense vs path-sparse / compact FFN prefill on the paper's 7B shapes).
 set -u
 cd "$(dirname "$0")/.."

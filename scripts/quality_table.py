@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
-    from lightprune.testbed.results_page import write_results
+    from lightprune.quality.results_page import write_results
 
     command = "python scripts/quality_table.py" + (" --micro" if args.micro else "")
     if args.from_json:
@@ -56,20 +56,20 @@ def main(argv: list[str] | None = None) -> Path:
     if previous.is_file() and not args.fresh:  # measure some parts, keep the others
         parts = {k: v for k, v in json.loads(previous.read_text()).items() if v is not None}
     if "text" in args.parts:
-        from lightprune.testbed.quality_tables import text_tables
+        from lightprune.quality.tables import text_tables
 
         sizes = dict(calibration_rows=8, eval_rows=8, kl_rows=8, sensitivity_steps=3) if micro else {}
         parts["text"] = text_tables("micro" if micro else "full", args.root, ratios=tuple(args.ratios),
                                     random_seeds=args.random_seeds, progress=progress, **sizes)
     if "mllm" in args.parts:
-        from lightprune.testbed.quality_tables import mllm_tables
+        from lightprune.quality.tables import mllm_tables
 
         sizes = dict(kl_rows=8, sensitivity_steps=3) if micro else {}
         parts["mllm"] = mllm_tables("mllm-moe-micro" if micro else "mllm-moe-full", args.root,
                                     ratios=tuple(args.ratios), random_seeds=args.random_seeds, progress=progress,
                                     **sizes)
     if "mwop" in args.parts:
-        from lightprune.testbed.quality_tables import mwop_tables
+        from lightprune.quality.tables import mwop_tables
 
         parts["mwop"] = mwop_tables("dense-mllm-micro" if micro else "dense-mllm-full", args.root,
                                              random_seeds=args.random_seeds, progress=progress)

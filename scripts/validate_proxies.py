@@ -21,7 +21,12 @@ from pathlib import Path
 import torch
 
 import lightprune as lp
-from lightprune.calibration.validation import ground_truth_kl, plot_correlations, proxy_correlations, ranking_stability
+from lightprune.experts.calibration.validation import (
+    ground_truth_kl,
+    plot_correlations,
+    proxy_correlations,
+    ranking_stability,
+)
 
 
 def _model(args):

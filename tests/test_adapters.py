@@ -7,12 +7,12 @@ import warnings
 import pytest
 import torch
 
+from lightprune.finetune import AdapterSpec, apply_adapter, merged_router_weights, remove_adapters, router_is_trainable
+from lightprune.finetune.adapters import moe_inputs_require_grad
+from lightprune.finetune.houlsby import HoulsbyAdapter
 from lightprune.models import find_moe_layers
 from lightprune.models.tiny import tiny_model
-from lightprune.modules import (AdapterSpec, apply_adapter, base_model_of, merged_router_weights, remove_adapters,
-                                router_is_trainable)
-from lightprune.modules.adapters import moe_inputs_require_grad
-from lightprune.modules.houlsby import HoulsbyAdapter
+from lightprune.models.unwrap import base_model_of
 
 ADAPTER_WORDS = ("lora_", "ia3_", "houlsby", "parametrizations")
 
@@ -107,7 +107,7 @@ def test_lora_router_only_trains_router_rows(family):
     logits_after = _logits(peft_model, ids)
     handle.remove()
     out = captured["out"][0] if isinstance(captured["out"], tuple) else captured["out"]
-    torch.testing.assert_close(layer.adapter.router_logits(layer, captured["x"]).detach(), out.float())
+    torch.testing.assert_close(layer.family.router_logits(layer, captured["x"]).detach(), out.float())
     assert not torch.equal(logits_after, ref_logits)
 
     base = remove_adapters(peft_model)
@@ -226,7 +226,7 @@ def test_ia3_router_logits_are_scaled_input():
         scale.uniform_(0.5, 1.5)
     x = torch.randn(5, scale.shape[0])
     original = layer.router.parametrizations.weight.original
-    torch.testing.assert_close(layer.adapter.router_logits(layer, x), (x * scale) @ original.T)
+    torch.testing.assert_close(layer.family.router_logits(layer, x), (x * scale) @ original.T)
 
 
 def test_houlsby_placement_and_shape():

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lightprune.models import get_adapter
+from lightprune.models import get_family
 from lightprune.models.tiny_batches import special_token_ids, tiny_multimodal_batch, tiny_text_batch
 from lightprune.observe import PROBE_PREFIX, AttentionProbe, low_high_masks, modality_masks
 
@@ -16,7 +16,7 @@ MLLMS = ("qwen3_vl_moe", "internvl")
 
 
 def _masks(model, batch):
-    return modality_masks(batch["input_ids"], batch["attention_mask"], get_adapter(model).vision_token_ids())
+    return modality_masks(batch["input_ids"], batch["attention_mask"], get_family(model).vision_token_ids())
 
 
 def _expected(attentions, text, attention_mask, window=None):
@@ -123,7 +123,7 @@ def test_layer_scores_are_readable_inside_the_forward(tiny):
     model = tiny("qwen3_vl_moe")
     batch = tiny_multimodal_batch(model, batch_size=2)
     text, vision = _masks(model, batch)
-    _, decoder = get_adapter(model).decoder_layers()
+    _, decoder = get_family(model).decoder_layers()
     seen = {}
     with AttentionProbe(model, layers=[0, 1]) as probe, torch.no_grad():
         def read(module, args, i):
@@ -156,7 +156,7 @@ def test_text_only_batch_gives_nan(tiny, family):
         probe.set_batch(text, vision)
         model(**batch)
         scores = probe.pop_scores()
-    assert sorted(scores) == [layer.index for layer in get_adapter(model).layers()]
+    assert sorted(scores) == [layer.index for layer in get_family(model).layers()]
     assert all(torch.isnan(s).all() for s in scores.values())
 
 
@@ -206,9 +206,9 @@ def test_probe_rejects_bad_input(tiny):
 
 
 def test_vision_token_ids(tiny):
-    assert get_adapter(tiny("qwen3_vl_moe")).vision_token_ids() == (120, 121)
-    assert get_adapter(tiny("internvl")).vision_token_ids() == (120,)
-    assert get_adapter(tiny("qwen3_moe")).vision_token_ids() == ()
+    assert get_family(tiny("qwen3_vl_moe")).vision_token_ids() == (120, 121)
+    assert get_family(tiny("internvl")).vision_token_ids() == (120,)
+    assert get_family(tiny("qwen3_moe")).vision_token_ids() == ()
 
 
 @pytest.mark.parametrize("family", MLLMS)

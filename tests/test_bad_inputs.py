@@ -206,7 +206,7 @@ def test_plan_for_another_model_export_callback(cli, tmp_path) -> None:
     path, run = _plan_for_8(tmp_path), tmp_path / "run"
     config = tmp_path / "from_plan.yaml"
     config.write_text(
-        "model:\n  class_path: lightprune.modules.MoECausalLM\n  init_args:\n    tiny: qwen3_moe\n"
+        "model:\n  class_path: lightprune.finetune.MoECausalLM\n  init_args:\n    tiny: qwen3_moe\n"
         "    tiny_overrides: {num_hidden_layers: 2, num_experts: 16, num_experts_per_tok: 2}\n"
         "trainer:\n  accelerator: cpu\n  devices: 1\n  logger: false\n  enable_checkpointing: false\n"
         f"  callbacks:\n    - class_path: lightprune.callbacks.Export\n      init_args:\n"

@@ -65,7 +65,7 @@ def test_bench_export_bytes_against_the_reloaded_safetensors(tmp_path):
 
 
 def test_collect_export_and_render_markdown(tmp_path):
-    from lightprune.testbed.bench_section import benchmarks_markdown, format_value
+    from lightprune.quality.bench_section import benchmarks_markdown, format_value
 
     out = tmp_path / "all.json"
     _run(["scripts/collect_benchmarks.py", "--out", str(out), "--quick", "--bench", "export"])
@@ -94,7 +94,7 @@ def test_collect_export_and_render_markdown(tmp_path):
 
 
 def test_markdown_of_a_failed_and_a_failing_bench():
-    from lightprune.testbed.bench_section import benchmarks_markdown
+    from lightprune.quality.bench_section import benchmarks_markdown
 
     collected = {
         "calibration": {"title": "Calibration overhead", "what": "collect vs plain.", "torch_threads": 2,

@@ -26,7 +26,7 @@ def _plain_argv(monkeypatch) -> None:
 
 def _args(run: Path, *callbacks: str) -> list[str]:
     data = [f"--data.init_args.{k}={v}" for k, v in DATA.items()]
-    return ["calibrate", "--model", "lightprune.modules.MoECausalLM", "--model.init_args.tiny", "qwen3_moe",
+    return ["calibrate", "--model", "lightprune.finetune.MoECausalLM", "--model.init_args.tiny", "qwen3_moe",
             "--data", "lightprune.data.SyntheticTokens", *data, "--trainer.accelerator", "cpu",
             "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
             "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run), *callbacks]

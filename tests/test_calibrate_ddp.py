@@ -12,8 +12,8 @@ import torch
 import lightprune as lp
 from lightprune.callbacks import ExpertPruning, ExpertStats
 from lightprune.data import SyntheticTokens
+from lightprune.finetune import MoECausalLM
 from lightprune.models.tiny import tiny_model
-from lightprune.modules import MoECausalLM
 from lightprune.trainer import PruneTrainer
 
 DATA = {"num_samples": 8, "seq_len": 10, "batch_size": 2, "seed": 7}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lightprune as lp
-from lightprune.models import get_adapter
+from lightprune.models import get_family
 from lightprune.models.tiny import tiny_model
 from lightprune.models.tiny_batches import tiny_multimodal_batch, tiny_text_batch
 
@@ -24,7 +24,7 @@ def _expected_low_high(model, batch, layer_index: int):
         attentions = eager(**batch, output_attentions=True).attentions[layer_index]   # [B, heads, S, S]
     ids = batch["input_ids"]
     valid = batch["attention_mask"].bool()
-    vision = torch.isin(ids, torch.tensor(get_adapter(model).vision_token_ids())) & valid
+    vision = torch.isin(ids, torch.tensor(get_family(model).vision_token_ids())) & valid
     text = valid & ~vision
     low = torch.zeros_like(vision)
     high = torch.zeros_like(vision)

@@ -1,6 +1,6 @@
 """collect_expert_stats against a brute-force reference, and the observer's guarantees.
 
-The reference does not use lightprune.calibration at all. Pre-hooks on every MoE layer's experts
+The reference does not use lightprune.experts.calibration at all. Pre-hooks on every MoE layer's experts
 record the hidden states entering them in the observed pass itself (so both sides see the same
 tokens); the routing comes from the family's own router module (``layer.router(h)``) and, for
 Delta-H, from the family's masked routing ``layer.route(h, mask)`` (checked against hand-written
@@ -30,7 +30,7 @@ import torch
 from fixtures import logits_of
 
 import lightprune as lp
-from lightprune.calibration import CRITERIA, DEFAULT_CRITERIA, ExpertObserver
+from lightprune.experts.calibration import CRITERIA, DEFAULT_CRITERIA, ExpertObserver
 from lightprune.models import find_moe_layers
 
 EPS = 1e-12

@@ -102,7 +102,7 @@ def test_bad_ratio_is_named(tmp_path: Path, monkeypatch) -> None:
 
 def test_fit_and_calibrate_run_on_synthetic_tokens(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
-    common = ["--model", "lightprune.modules.MoECausalLM", "--model.init_args.tiny", "olmoe",
+    common = ["--model", "lightprune.finetune.MoECausalLM", "--model.init_args.tiny", "olmoe",
               "--data", "lightprune.data.SyntheticTokens", "--trainer.accelerator", "cpu",
               "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
               "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)]

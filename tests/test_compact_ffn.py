@@ -14,13 +14,16 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lightprune.kernels import compact_ffn
-from lightprune.kernels.compact_ffn import CompactModalityFFN, split_tokens, swap_compact_ffn
 from lightprune.models.tiny import TINY_DENSE_MLLMS
 from lightprune.models.tiny_batches import tiny_multimodal_batch
-from lightprune.models.width import PAD, SYSTEM, TEXT, VISION, find_width_layers, token_modality, vision_token_ids
-from lightprune.plan import MODALITIES, WidthPlan
-from lightprune.surgery import mask_width
+from lightprune.width import swap as swap_module
+from lightprune.width.kernels.compact_ffn import CompactModalityFFN, split_tokens
+from lightprune.width.layers import find_width_layers, vision_token_ids
+from lightprune.width.mask import mask_width
+from lightprune.width.modality import token_modality
+from lightprune.width.paths import MODALITIES, PAD, SYSTEM, TEXT, VISION
+from lightprune.width.plan import WidthPlan
+from lightprune.width.swap import swap_compact_ffn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -217,7 +220,7 @@ def test_split_tokens_once_per_forward(monkeypatch):
     model = dense_lm()
     plan, _ = _ffn_plan(model, seed=1)
     calls = []
-    monkeypatch.setattr(compact_ffn, "split_tokens", lambda m: calls.append(m.shape) or split_tokens(m))
+    monkeypatch.setattr(swap_module, "split_tokens", lambda m: calls.append(m.shape) or split_tokens(m))
     ids = torch.randint(3, 100, (2, 12))
     ids[:, 2:6] = 120
     with torch.no_grad(), swap_compact_ffn(model, plan):
@@ -369,5 +372,5 @@ def test_bench_prefill_quick_prints_ratios():
             kind, point, median, low, fraction = match.groups()
             assert float(median) > 0 and float(low) > 0 and 0 < float(fraction) < 1, text
             found.setdefault(kind, set()).add(point)
-    kinds = {"ffn", "total"} | ({"attention"} if importlib.util.find_spec("lightprune.kernels.path_attention") else set())
+    kinds = {"ffn", "total"} | ({"attention"} if importlib.util.find_spec("lightprune.width.kernels.path_attention") else set())
     assert set(found) == kinds and all(v == {"llava_onevision", "qwen2_5_vl"} for v in found.values()), run.stdout

@@ -1,4 +1,4 @@
-"""Weight-only criteria and the criterion registry (lightprune.criteria).
+"""Weight-only criteria and the criterion registry (lightprune.experts.criteria).
 
 Expected values are computed independently: plain Python float64 loops over each expert's
 slices of the fused tensors, never through lightprune's reduction helpers.
@@ -15,9 +15,17 @@ import pytest
 import torch
 
 import lightprune as lp
-from lightprune.criteria import (AIMER, Criterion, CriterionNeedsDataError, available_criteria, get_criterion,
-                                 register_criterion, score_weights, unregister_criterion)
-from lightprune.criteria.weights import expert_weight_norms
+from lightprune.experts.criteria import (
+    AIMER,
+    Criterion,
+    CriterionNeedsDataError,
+    available_criteria,
+    get_criterion,
+    register_criterion,
+    score_weights,
+    unregister_criterion,
+)
+from lightprune.experts.criteria.weights import expert_weight_norms
 from lightprune.models.tiny import TINY_FAMILIES, tiny_model
 
 WEIGHT_CRITERIA = ("aimer", "magnitude", "router_norm", "random")
@@ -354,10 +362,10 @@ def test_user_defined_criterion(models, registry_guard):
 
 
 def test_dotted_import_path(models):
-    scores = score_weights(models("olmoe"), "lightprune.criteria.magnitude.Magnitude")
+    scores = score_weights(models("olmoe"), "lightprune.experts.criteria.magnitude.Magnitude")
     assert scores.criterion == "magnitude"
     with pytest.raises(ValueError, match="cannot import"):
-        get_criterion("lightprune.criteria.nothing_here.Nope")
+        get_criterion("lightprune.experts.criteria.nothing_here.Nope")
     with pytest.raises(TypeError, match="not a Criterion"):
         get_criterion("torch.nn.Linear")
 

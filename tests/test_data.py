@@ -9,8 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightprune.data import (ImageTextJsonlDataModule, JsonlRowError, TextJsonlDataModule, tiny_qwen3_vl_processor,
-                             train_bpe_tokenizer)
+from lightprune.data import (
+    ImageTextJsonlDataModule,
+    JsonlRowError,
+    TextJsonlDataModule,
+    tiny_qwen3_vl_processor,
+    train_bpe_tokenizer,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 TEXT_JSONL = FIXTURES / "text.jsonl"
@@ -401,7 +406,7 @@ def test_image_errors(tmp_path, processor_dir, image_rows) -> None:
 
 
 def test_calibrate_and_fit_on_image_text_with_the_trainer(tmp_path, processor_dir, image_rows) -> None:
-    from lightprune.modules.causal_lm import MoECausalLM
+    from lightprune.finetune.causal_lm import MoECausalLM
     from lightprune.trainer import PruneTrainer
 
     path, rows, _ = image_rows

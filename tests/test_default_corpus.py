@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightprune.data import (DefaultCorpusDataModule, DefaultCorpusError, build_default_corpus, default_corpus_dir,
-                             default_model_overrides, load_default_corpus)
+from lightprune.data import (
+    DefaultCorpusDataModule,
+    DefaultCorpusError,
+    build_default_corpus,
+    default_corpus_dir,
+    default_model_overrides,
+    load_default_corpus,
+)
 from lightprune.data.pydoc_rows import SPLIT_SHARES, corpus_splits, parse_topic, python_topics, topic_blocks
 
 VOCAB = 512
@@ -234,7 +240,7 @@ def test_constructor_validates_arguments(kwargs, match, tmp_path) -> None:
 
 
 def test_fit_with_the_trainer_prepares_and_reads_the_cache(tmp_path) -> None:
-    from lightprune.modules.causal_lm import MoECausalLM
+    from lightprune.finetune.causal_lm import MoECausalLM
 
     module = DefaultCorpusDataModule(vocab_size=VOCAB, max_length=32, batch_size=2, num_samples=8,
                                      cache_dir=str(tmp_path))

@@ -31,17 +31,16 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+from fixtures.cpu_deepspeed import CPUDeepSpeedStrategy
 from safetensors.torch import load_file
 
 import lightprune as lp
 from lightprune.callbacks import ExpertPruning, ExpertStats, Export, RouterDelta
 from lightprune.data import SyntheticTokens
 from lightprune.distributed import has_partitioned
+from lightprune.finetune import MoECausalLM
 from lightprune.models import find_moe_layers
-from lightprune.modules import MoECausalLM
 from lightprune.trainer import PruneTrainer
-
-from fixtures.cpu_deepspeed import CPUDeepSpeedStrategy
 
 pytestmark = pytest.mark.distributed
 

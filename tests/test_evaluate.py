@@ -17,7 +17,7 @@ import torch  # noqa: E402
 import lightprune as lp  # noqa: E402
 from lightprune.callbacks import Evaluate, ExpertPruning, Export  # noqa: E402
 from lightprune.callbacks.evaluate import evaluate_lm, load_lm_eval_task  # noqa: E402
-from lightprune.report import merge_report  # noqa: E402
+from lightprune.reporting.report import merge_report  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TEXT = FIXTURES / "data" / "text.jsonl"
@@ -127,7 +127,7 @@ def tokenizer_dir(tmp_path_factory):
 
 
 def _module():
-    from lightprune.modules import MoECausalLM
+    from lightprune.finetune import MoECausalLM
 
     return MoECausalLM(tiny="qwen3_moe", tiny_overrides={"vocab_size": VOCAB, "num_hidden_layers": 2})
 
@@ -282,8 +282,16 @@ def test_calibrate_run_before_is_the_unobserved_original(tmp_path, tokenizer_dir
     assert ev["before"]["perplexity"] == pytest.approx(want["perplexity"], rel=1e-5)
     after = _hand(lp.load_pruned(tmp_path / "a" / "model").eval(), list(dm.test_dataloader()))
     assert ev["after"]["perplexity"] == pytest.approx(after["perplexity"], rel=1e-5)
-    with pytest.raises(ValueError, match="list Evaluate before ExpertStats"):
-        trainer([ExpertStats(), Evaluate(data=dm, progress=False)], tmp_path / "c").calibrate(_module(), datamodule=dm)
+    # any order: Evaluate listed after ExpertStats (and Export before ExpertPruning) gives the same statistics,
+    # the same 'before' (the run state pauses the observer for Evaluate's batches) and the same 'after'
+    late = ExpertStats()
+    trainer([late, Evaluate(data=dm, progress=False), Export(summary=False), ExpertPruning(criterion="reap", ratio=0.5)],
+            tmp_path / "c").calibrate(_module(), datamodule=dm)
+    assert late.stats.to_json() == alone.stats.to_json()
+    ev_late = json.loads((tmp_path / "c" / "report.json").read_text())["evaluation"]
+    assert ev_late["before"]["perplexity"] == pytest.approx(want["perplexity"], rel=1e-5)
+    assert ev_late["after"]["perplexity"] == pytest.approx(after["perplexity"], rel=1e-5)
+    assert (tmp_path / "c" / "plan.json").read_text() == (tmp_path / "a" / "plan.json").read_text()
 
 
 def test_state_dict_keeps_before_across_a_resume() -> None:

@@ -20,13 +20,13 @@ import pytest
 import torch
 
 import lightprune as lp
+from lightprune.experts.scores import ExpertScores
 from lightprune.export import MANIFEST_FILE, default_probe
 from lightprune.export.classes import auto_class_name
 from lightprune.export.remote_code import MODELING_FILE
 from lightprune.export.verify import model_logits, special_token_ids
-from lightprune.models import ADAPTERS
+from lightprune.models import FAMILIES
 from lightprune.models.tiny import TINY_FAMILIES, tiny_model
-from lightprune.scores import ExpertScores
 
 PER_LAYER_KEY = "lightprune_experts_per_layer"
 ATOL = 1e-5
@@ -156,8 +156,8 @@ def test_uniform_export_loads_with_plain_from_pretrained(tmp_path, family):
     from transformers import AutoConfig
 
     saved = AutoConfig.from_pretrained(out)
-    text = saved.text_config if ADAPTERS[saved.model_type].multimodal else saved
-    assert getattr(text, ADAPTERS[saved.model_type].num_experts_key) == 4  # json key may be an alias
+    text = saved.text_config if FAMILIES[saved.model_type].multimodal else saved
+    assert getattr(text, FAMILIES[saved.model_type].num_experts_key) == 4  # json key may be an alias
     plain = auto_load(out, model.config.model_type)  # no lightprune, no remote code
     assert set(counts_of(plain).values()) == {4}
     torch.testing.assert_close(model_logits(plain, probe), reference, atol=ATOL, rtol=0)
@@ -241,8 +241,8 @@ def test_generated_modeling_file_imports_only_torch_and_transformers(tmp_path):
 
 
 def test_remote_resize_tensor_names_match_surgery():
+    from lightprune.experts import prune
     from lightprune.export import remote_resize
-    from lightprune.surgery import prune
 
     assert remote_resize.EXPERT_TENSORS == prune.EXPERT_TENSORS
     assert remote_resize.ROUTER_TENSORS == prune.ROUTER_TENSORS

@@ -8,8 +8,9 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-from lightprune.flops import decoder_flops
-from lightprune.plan import PATHS, WidthPlan
+from lightprune.width.flops import decoder_flops
+from lightprune.width.paths import PATHS
+from lightprune.width.plan import WidthPlan
 
 
 def _qwen2_7b(vocab: int) -> Qwen2Config:

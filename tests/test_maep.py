@@ -15,12 +15,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from fixtures import greedy_global
 
 import lightprune as lp
-from lightprune.calibration.result import CalibrationStats
-from lightprune.maep import AlphaReport, maep_alpha, maep_plan, maep_scores, spearman
+from lightprune.experts.calibration.result import CalibrationStats
+from lightprune.experts.maep import AlphaReport, maep_alpha, maep_plan, maep_scores, spearman
 from lightprune.models.base import RoutingLimits
-from fixtures import greedy_global
 
 EPS = 1e-8
 T, V, LA = "text", "vision", "vision_low_attn"

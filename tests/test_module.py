@@ -11,9 +11,9 @@ import torch
 
 from lightprune.cli import cli_main
 from lightprune.data import SyntheticTokens
+from lightprune.finetune import AdapterSpec, MoECausalLM, merged_router_weights, router_is_trainable
+from lightprune.finetune.optim import build_optimizer, lr_factor
 from lightprune.models import find_moe_layers
-from lightprune.modules import AdapterSpec, MoECausalLM, merged_router_weights, router_is_trainable
-from lightprune.modules.optim import build_optimizer, lr_factor
 from lightprune.trainer import PruneTrainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def test_fit_with_router_lora_moves_router_rows_only_through_the_adapter(tmp_pat
 def test_adapter_is_filled_from_yaml_by_the_cli(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     config = tmp_path / "lora.yaml"
-    config.write_text("model:\n  class_path: lightprune.modules.MoECausalLM\n  init_args:\n    tiny: olmoe\n"
+    config.write_text("model:\n  class_path: lightprune.finetune.MoECausalLM\n  init_args:\n    tiny: olmoe\n"
                       "    adapter: {kind: lora, targets: [router, attention], r: 4, alpha: 8, dropout: 0.1}\n"
                       "    optimizer: adamw8bit\n    learning_rate: 2.0e-4\n    weight_decay: 0.01\n"
                       "    warmup_steps: 1\n    scheduler: cosine\n")

@@ -1,4 +1,4 @@
-"""Path-sparse attention kernels (lightprune.kernels) against independent computations.
+"""Path-sparse attention kernels (lightprune.width.kernels) against independent computations.
 
 Every backend is compared with an fp64 softmax over the retained keys written out below (the path rule
 spelled out again here, independently of the library's ``path_masks``), and with the masked-SDPA
@@ -17,8 +17,15 @@ import sys
 import pytest
 import torch
 
-from lightprune.kernels import (BACKENDS, check_backend, class_bits, key_intervals, path_block_mask,
-                                path_keep_mask, path_sparse_attention)
+from lightprune.width.kernels import (
+    BACKENDS,
+    check_backend,
+    class_bits,
+    key_intervals,
+    path_block_mask,
+    path_keep_mask,
+    path_sparse_attention,
+)
 
 S, V, T, P = 0, 1, 2, 3  # SYSTEM, VISION, TEXT, PAD
 K_LEN, D, BLOCK = 70, 16, 16
@@ -218,7 +225,7 @@ if _CHILD:  # the Triton tests exist only in the TRITON_INTERPRET=1 subprocess (
         _check("triton", K_LEN, dtype, "singles")
 
     def test_interp_triton_mha_and_block_sizes():
-        from lightprune.kernels.path_attention_triton import interpreting, triton_path_attention
+        from lightprune.width.kernels.path_attention_triton import interpreting, triton_path_attention
 
         assert interpreting()
         rows = [0, 1, 4]  # system + vision + text, two vision spans, left padding: enough for the options
@@ -283,7 +290,7 @@ def test_triton_kernel_compiles_for_cuda(dtype):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from lightprune.kernels.path_attention_triton import _path_attention_fwd
+    from lightprune.width.kernels.path_attention_triton import _path_attention_fwd
 
     names = _path_attention_fwd.arg_names
     pointers = {"Q": dtype, "K": dtype, "V": dtype, "Out": dtype, "Mod": "i8", "Bits": "i32", "Iv": "i32"}
@@ -322,10 +329,10 @@ def test_input_errors():
 
 
 def test_import_is_lazy_and_late_interpreter_is_refused():
-    # one child process: importing lightprune.kernels does not import triton; TRITON_INTERPRET=1 set after
+    # one child process: importing lightprune.width.kernels does not import triton; TRITON_INTERPRET=1 set after
     # triton's import is a clear error (the interpreter is chosen at import), not an obscure kernel failure
     code = (
-        "import os, sys, lightprune, lightprune.kernels as kn\n"
+        "import os, sys, lightprune, lightprune.width.kernels as kn\n"
         "assert 'triton' not in sys.modules, 'triton imported'\n"
         "import triton\n"
         "os.environ['TRITON_INTERPRET'] = '1'\n"

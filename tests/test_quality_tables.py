@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import lightprune as lp
+from lightprune.quality.results_page import retention
 from lightprune.testbed import TEXT_TESTBEDS, build_text_corpus, text_testbed
-from lightprune.testbed.results_page import retention
 from lightprune.testbed.text_moe import corpus_datamodule
 
 REPO = Path(__file__).resolve().parents[1]

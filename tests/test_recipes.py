@@ -158,8 +158,8 @@ def test_rerun_with_the_same_seed_and_data_gives_the_same_plan(tmp_path: Path, m
 def test_mwop_recipe_searches_and_exports(tmp_path: Path, monkeypatch) -> None:
     """configs/mwop.yaml end to end (a 2-point grid): width_plan.json, search.json, a checkpoint whose kernels
     equal masking, FLOPs recomputed independently."""
-    from lightprune.flops import decoder_flops
     from lightprune.models.tiny_batches import tiny_multimodal_batch
+    from lightprune.width.flops import decoder_flops
 
     run = tmp_path / "run"
     cli_main(["fit", "--config", "configs/mwop.yaml", "--trainer.default_root_dir", str(run),

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightprune.plan import ExpertPlan, WidthPlan
-from lightprune.report_page import fmt, main, write_report_page
-from lightprune.width_search import Candidate, StagedSearch
+from lightprune.experts.plan import ExpertPlan
+from lightprune.reporting.page import fmt, main, write_report_page
+from lightprune.width.plan import WidthPlan
+from lightprune.width.search import Candidate, StagedSearch
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -106,7 +107,7 @@ def test_mwop_run_page(tmp_path) -> None:
               "pruned_fractions": {"v2v": 0.25, "t2v": 0.5, "t2t": 0.0, "ffn_vision": 0.625, "ffn_text": 0.125},
               "search": width["metadata"], "verification": {"max_abs_diff": 1.2e-07}, "seconds": 6.5}
     (tmp_path / "report.json").write_text(json.dumps(report))
-    main([str(tmp_path)])  # python -m lightprune.report_page RUN_DIR
+    main([str(tmp_path)])  # python -m lightprune.reporting.page RUN_DIR
     page = (tmp_path / "report.md").read_text()
     assert "Chosen candidate: **t2v@0.5**" in page
     assert "| count | 0.5 |" in page and "| color | 0.25 |" in page
@@ -141,7 +142,7 @@ def test_page_bad_inputs(tmp_path) -> None:
 def test_report_page_callback_after_export_and_evaluate(tmp_path) -> None:
     from lightprune.callbacks import Evaluate, ExpertPruning, Export, ReportPage
     from lightprune.data import TextJsonlDataModule, train_bpe_tokenizer
-    from lightprune.modules import MoECausalLM
+    from lightprune.finetune import MoECausalLM
     from lightprune.trainer import PruneTrainer
 
     text = Path(__file__).parent / "fixtures" / "data" / "text.jsonl"

@@ -1,8 +1,8 @@
 """RouterDelta end to end: a short Lightning fit with an adapter, scores, plan, export of the original.
 
 The adapters are built with peft directly (LoRA on the router weight or on attention) inside a
-minimal LightningModule, so these tests need nothing from lightprune.modules; the IA3 / Houlsby
-case uses ``lightprune.modules.adapters`` when it is there.
+minimal LightningModule, so these tests need nothing from lightprune.finetune; the IA3 / Houlsby
+case uses ``lightprune.finetune.adapters`` when it is there.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 import lightprune as lp
 from lightprune.callbacks import RouterDelta
 from lightprune.data import SyntheticTokens
+from lightprune.experts.sensitivity import router_row_norms
 from lightprune.models import find_moe_layers
-from lightprune.sensitivity import router_row_norms
 
 
 class AdaptedLM(pl.LightningModule):
@@ -170,7 +170,7 @@ def test_n_per_layer_below_the_floor_fails_at_fit_start(tiny, tmp_path: Path) ->
 
 @pytest.mark.parametrize("kind", ["ia3", "houlsby"])
 def test_ia3_and_houlsby_fit_and_score_by_logits(tiny, tmp_path: Path, kind: str) -> None:
-    adapters = pytest.importorskip("lightprune.modules.adapters")
+    adapters = pytest.importorskip("lightprune.finetune.adapters")
     model = tiny("mixtral")
     original = copy.deepcopy(model)
     adapted = adapters.apply_adapter(model, adapters.AdapterSpec(kind=kind))

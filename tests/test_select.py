@@ -16,8 +16,8 @@ import torch
 from fixtures import greedy_global, random_scores
 
 import lightprune as lp
+from lightprune.experts.scores import ExpertScores
 from lightprune.models.base import RoutingLimits
-from lightprune.scores import ExpertScores
 
 
 def lowest(values: torch.Tensor, count: int) -> set[int]:

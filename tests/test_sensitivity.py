@@ -13,10 +13,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lightprune.experts.scores import ExpertScores
+from lightprune.experts.sensitivity import (
+    VacuousScoreError,
+    effective_router_weights,
+    innermost_router,
+    logit_delta,
+    router_logits,
+    router_row_norms,
+    weight_delta,
+)
 from lightprune.models import find_moe_layers
-from lightprune.scores import ExpertScores
-from lightprune.sensitivity import (VacuousScoreError, effective_router_weights, innermost_router, logit_delta,
-                                    router_logits, router_row_norms, weight_delta)
 
 FAMILIES = ("mixtral", "qwen2_moe", "deepseek_v3")
 

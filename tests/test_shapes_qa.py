@@ -12,11 +12,18 @@ import pytest
 import torch
 from PIL import Image
 
-from lightprune.data import (ImageTextJsonlDataModule, JsonlRowError, ShapesQADataModule, shapes_qa_rows,
-                             shapes_qa_splits, shapes_qa_texts, tiny_mllm_processor)
-from lightprune.data.shapes_qa import BACKGROUND, COLORS, SHAPES_QA_TASKS, render_shapes
+from lightprune.data import (
+    ImageTextJsonlDataModule,
+    JsonlRowError,
+    ShapesQADataModule,
+    shapes_qa_rows,
+    shapes_qa_splits,
+    shapes_qa_texts,
+    tiny_mllm_processor,
+)
+from lightprune.data.generated.shapes_qa import BACKGROUND, COLORS, SHAPES_QA_TASKS, render_shapes
 from lightprune.data.tiny_processor import TINY_CORPUS
-from lightprune.modules import MoECausalLM
+from lightprune.finetune import MoECausalLM
 
 SIZES = dict(n_train=30, n_val=20, n_selection=10, n_calibration=10)
 

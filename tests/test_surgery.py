@@ -15,8 +15,9 @@ import torch
 from fixtures import family_count_key, logits_of, padded_batch, random_keep, scores_for_layers, text_config_of
 
 import lightprune as lp
+from lightprune.experts.mask import is_masked
+from lightprune.experts.prune import resize_experts
 from lightprune.models.tiny import TINY_FAMILIES, tiny_model
-from lightprune.surgery import is_masked, resize_experts
 
 PER_LAYER_KEY = "lightprune_experts_per_layer"
 MASK_ATTR = "_lightprune_expert_mask"

@@ -9,13 +9,14 @@ import copy
 
 import pytest
 import torch
-
-from lightprune.models.tiny_batches import tiny_multimodal_batch
-from lightprune.models.width import TEXT, VISION, token_modality
-from lightprune.plan import MODALITIES, WidthPlan
-from lightprune.taylor import WidthScores, taylor_importance
 from test_width_mask import _ffn_plan, _lm_batch, random_keep, reference_logits
 from test_width_plan import dense_lm
+
+from lightprune.models.tiny_batches import tiny_multimodal_batch
+from lightprune.width.modality import token_modality
+from lightprune.width.paths import MODALITIES, TEXT, VISION
+from lightprune.width.plan import WidthPlan
+from lightprune.width.taylor import WidthScores, taylor_importance
 
 
 def _with_labels(batch, answer=3):
@@ -128,7 +129,7 @@ def test_dense_lm_attention_and_ffn_scores(tmp_path, monkeypatch):
     for layer in (0, 1):
         torch.testing.assert_close(two.attn[layer], scores.attn[layer], atol=1e-8, rtol=1e-5)
     # path contributions computed one query row at a time give the same scores
-    from lightprune.observe import path_attention
+    from lightprune.width import attention as path_attention
 
     monkeypatch.setattr(path_attention, "_CHUNK_ELEMENTS", 1)
     rows = taylor_importance(model, [batch], attention=True, ffn=False, progress=False)

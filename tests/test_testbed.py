@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import lightprune as lp
+from lightprune.finetune import MoECausalLM
 from lightprune.testbed import TEXT_TESTBEDS, TestbedTextDataModule, build_text_corpus, resolve_testbed, text_testbed
 from lightprune.testbed.text_corpus import DOMAINS, _split_source
 from lightprune.testbed.text_moe import corpus_datamodule
@@ -79,7 +80,7 @@ def test_testbed_checkpoint_name_resolves_to_the_cached_model_and_bad_names_fail
     with pytest.raises(ValueError, match="testbed:text-small"):
         resolve_testbed("testbed:text-huge", testbed_root)
     with pytest.raises(ValueError, match="unknown testbed 'testbed:vision-micro'"):
-        lp.modules.MoECausalLM(checkpoint="testbed:vision-micro")
+        MoECausalLM(checkpoint="testbed:vision-micro")
 
 
 def test_isolated_rng_leaves_the_random_state_as_it_was() -> None:
@@ -99,7 +100,7 @@ def test_training_loss_adds_the_models_load_balancing_loss(tiny) -> None:
     """MoECausalLM.training_step = next-token CE + coef x transformers' load_balancing_loss_func (recomputed)."""
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
-    from lightprune.modules import MoECausalLM
+    from lightprune.finetune import MoECausalLM
 
     module = MoECausalLM(tiny="qwen3_moe", router_aux_loss_coef=0.1)
     module.configure_model()
@@ -133,7 +134,7 @@ def test_datamodule_serves_the_presets_corpus_and_one_domains_calibration(testbe
 
 def test_row_mean_training_loss_weighs_every_row_the_same() -> None:
     """loss_mean="row": mean over rows of each row's mean next-token CE (a short answer weighs as a long text)."""
-    from lightprune.modules import MoECausalLM
+    from lightprune.finetune import MoECausalLM
 
     module = MoECausalLM(tiny="qwen3_moe", loss_mean="row")
     module.configure_model()

@@ -13,8 +13,17 @@ import torch
 from PIL import Image
 
 from lightprune.data import TestbedVQADataModule, build_testbed_vqa, testbed_vqa_splits, testbed_vqa_texts
-from lightprune.data.testbed_vqa import (BAR_COLORS, SYSTEM_PROMPT, TESTBED_VQA_TASKS, TEXT_COMPLETION_CHARS,
-                                         TEXT_PROMPT, Bar, render_bar_chart, render_digit, text_pool)
+from lightprune.data.generated.testbed_vqa import (
+    BAR_COLORS,
+    SYSTEM_PROMPT,
+    TESTBED_VQA_TASKS,
+    TEXT_COMPLETION_CHARS,
+    TEXT_PROMPT,
+    Bar,
+    render_bar_chart,
+    render_digit,
+    text_pool,
+)
 
 SIZES = dict(n_train=40, n_val=24, n_selection=12, n_calibration=12)
 SPLITS = ("val", "selection", "calibration", "train")

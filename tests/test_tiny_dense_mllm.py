@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lightprune.finetune import MoECausalLM
 from lightprune.models.tiny import TINY_DENSE_MLLMS, TINY_FAMILIES, tiny_config
 from lightprune.models.tiny_batches import llava_onevision_image_tokens, special_token_ids, tiny_multimodal_batch
-from lightprune.modules import MoECausalLM
 
 
 def _image_feature_lengths(model, batch) -> list[int]:

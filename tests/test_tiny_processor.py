@@ -10,9 +10,13 @@ from PIL import Image
 from transformers import AutoProcessor
 
 from lightprune.data import ImageTextJsonlDataModule, tiny_mllm_processor, train_bpe_tokenizer
-from lightprune.data.tiny_processor import (TINY_PROCESSOR_FAMILIES, TinyLlavaOnevisionProcessor,
-                                            TinyQwen2_5VLProcessor, tiny_llava_onevision_processor,
-                                            tiny_qwen2_5_vl_processor)
+from lightprune.data.tiny_processor import (
+    TINY_PROCESSOR_FAMILIES,
+    TinyLlavaOnevisionProcessor,
+    TinyQwen2_5VLProcessor,
+    tiny_llava_onevision_processor,
+    tiny_qwen2_5_vl_processor,
+)
 from lightprune.models.tiny_batches import llava_onevision_image_tokens
 
 CHAT = [{"role": "system", "content": "You answer."},

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lightprune as lp
-from lightprune.calibration.validation import ground_truth_kl, proxy_correlations, ranking_stability
+from lightprune.experts.calibration.validation import ground_truth_kl, proxy_correlations, ranking_stability
 from lightprune.models.tiny import tiny_model
 
 

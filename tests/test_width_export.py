@@ -9,8 +9,8 @@ import torch
 
 from lightprune.export import ExportVerificationError, attach_width_kernels, load_pruned, save_width_pruned
 from lightprune.models.tiny_batches import tiny_multimodal_batch
-from lightprune.plan import WidthPlan
-from lightprune.surgery.width_mask import mask_width
+from lightprune.width.mask import mask_width
+from lightprune.width.plan import WidthPlan
 
 
 def _random_plan(model, seed: int) -> WidthPlan:

@@ -9,12 +9,14 @@ import sys
 
 import pytest
 import torch
-
-from lightprune.models.tiny_batches import tiny_multimodal_batch
-from lightprune.models.width import SYSTEM, TEXT, VISION, token_modality
-from lightprune.plan import MODALITIES, PlanError, WidthPlan
-from lightprune.surgery import mask_width
 from test_width_plan import dense_lm
+
+from lightprune.errors import PlanError
+from lightprune.models.tiny_batches import tiny_multimodal_batch
+from lightprune.width.mask import mask_width
+from lightprune.width.modality import token_modality
+from lightprune.width.paths import MODALITIES, SYSTEM, TEXT, VISION
+from lightprune.width.plan import WidthPlan
 
 #: (query modality, key modality) of each plan column, written out independently of the library
 PATH_PAIRS = ((VISION, VISION), (TEXT, VISION), (TEXT, TEXT))

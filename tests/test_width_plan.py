@@ -7,8 +7,11 @@ import copy
 import pytest
 import torch
 
-from lightprune.models.width import PAD, SYSTEM, TEXT, VISION, find_width_layers, token_modality, vision_token_ids
-from lightprune.plan import MODALITIES, PATHS, PlanError, WidthPlan
+from lightprune.errors import PlanError
+from lightprune.width.layers import find_width_layers, vision_token_ids
+from lightprune.width.modality import token_modality
+from lightprune.width.paths import MODALITIES, PAD, PATHS, SYSTEM, TEXT, VISION
+from lightprune.width.plan import WidthPlan
 
 
 def dense_lm(image_token_id: int | None = 120):

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import lightprune as lp
-from lightprune.plan import PATHS, WidthPlan
+from lightprune.quality.width_quality import PAPER_OPERATING_POINTS, mwop_markdown, mwop_quality, plot_mwop
 from lightprune.testbed.vqa_models import VQA_TESTBEDS, datamodule, vqa_testbed
-from lightprune.testbed.width_quality import (PAPER_OPERATING_POINTS, mwop_markdown, mwop_quality, plot_mwop)
+from lightprune.width.paths import PATHS
+from lightprune.width.plan import WidthPlan
 
 NAME = "dense-mllm-micro"
 SEEDS = 3

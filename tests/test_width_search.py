@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from lightprune.retention import TaskAccuracy, retention
-from lightprune.width_search import Candidate, StagedSearch
+from lightprune.width.retention import TaskAccuracy, retention
+from lightprune.width.search import Candidate, StagedSearch
 
 GRID = (0.0, 0.2, 0.4, 0.6, 0.8)
 

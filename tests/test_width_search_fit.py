@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from lightprune.callbacks.width_search import WidthSearch
+from lightprune.finetune import AdapterSpec, MoECausalLM
 from lightprune.models.tiny import tiny_model
 from lightprune.models.tiny_batches import tiny_multimodal_batch
-from lightprune.modules import AdapterSpec, MoECausalLM
-from lightprune.plan import PATHS, WidthPlan
-from lightprune.width_select import select_channels, select_paths
+from lightprune.width.paths import PATHS
+from lightprune.width.plan import WidthPlan
+from lightprune.width.select import select_channels, select_paths
 
 TASK_MARKERS = (20, 21)  # first and last prompt token: which task the sample is
 ANSWERS = (5, 9)  # each task's answer token
@@ -157,7 +158,7 @@ def test_model_ends_with_the_chosen_weights_and_masks(whole_run):
     params = {n: p for n, p in module.model.named_parameters() if p.requires_grad}
     assert all(torch.equal(params[n].detach(), saved[n]) for n in saved)
     data = TaskData(module.model)
-    from lightprune.retention import evaluate_tasks, retention
+    from lightprune.width.retention import evaluate_tasks, retention
 
     scores = evaluate_tasks(module.model, data.val, 2)
     ref = torch.tensor(search.state_dict()["reference"], dtype=torch.float64)
@@ -203,7 +204,7 @@ def test_width_export_writes_the_chosen_model(m0_checkpoint, tmp_path):
     reloaded = load_pruned(tmp_path / "model")
     assert WidthPlan.load(tmp_path / "model" / "width_plan.json") == search.plan
     data = TaskData(reloaded)
-    from lightprune.retention import evaluate_tasks, retention
+    from lightprune.width.retention import evaluate_tasks, retention
 
     ref = torch.tensor(search.state_dict()["reference"], dtype=torch.float64)
     assert retention(evaluate_tasks(reloaded, data.val, 2), ref, TaskData.task_names).atr == \

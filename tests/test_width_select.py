@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightprune.plan import PATHS, PlanError, WidthPlan
-from lightprune.width_select import random_scores, select_channels, select_paths
+from lightprune.errors import PlanError
+from lightprune.width.paths import PATHS
+from lightprune.width.plan import WidthPlan
+from lightprune.width.select import random_scores, select_channels, select_paths
 
 HEADS = {0: 4, 1: 4, 2: 4}
 WIDTH = {0: 10, 2: 10}  # layer 1 is an MoE layer: no dense FFN

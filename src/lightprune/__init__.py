@@ -24,48 +24,56 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from lightprune import _compat
+
 __version__ = "0.1.0"
+
+_compat.install()
 
 _LAZY = {
     "find_moe_layers": "lightprune.models",
-    "get_adapter": "lightprune.models",
+    "get_family": "lightprune.models",
     "MoELayer": "lightprune.models",
-    "ExpertPlan": "lightprune.plan",
-    "PlanError": "lightprune.plan",
-    "ExpertScores": "lightprune.scores",
-    "select_experts": "lightprune.select",
-    "maep_scores": "lightprune.maep",
-    "mask_experts": "lightprune.surgery",
-    "prune_experts": "lightprune.surgery",
-    "score_weights": "lightprune.criteria",
-    "register_criterion": "lightprune.criteria",
-    "get_criterion": "lightprune.criteria",
-    "available_criteria": "lightprune.criteria",
-    "collect_expert_stats": "lightprune.calibration",
-    "CalibrationStats": "lightprune.calibration",
-    "router_row_norms": "lightprune.sensitivity",
-    "weight_delta": "lightprune.sensitivity",
-    "router_logits": "lightprune.sensitivity",
-    "logit_delta": "lightprune.sensitivity",
-    "AdapterSpec": "lightprune.modules",
-    "apply_adapter": "lightprune.modules",
-    "remove_adapters": "lightprune.modules",
+    "base_model_of": "lightprune.models.unwrap",
+    "ExpertPlan": "lightprune.experts.plan",
+    "PlanError": "lightprune.errors",
+    "ExpertScores": "lightprune.experts.scores",
+    "select_experts": "lightprune.experts.select",
+    "maep_scores": "lightprune.experts.maep",
+    "mask_experts": "lightprune.experts.mask",
+    "prune_experts": "lightprune.experts.prune",
+    "Criterion": "lightprune.experts.criteria",
+    "score_weights": "lightprune.experts.criteria",
+    "register_criterion": "lightprune.experts.criteria",
+    "get_criterion": "lightprune.experts.criteria",
+    "available_criteria": "lightprune.experts.criteria",
+    "collect_expert_stats": "lightprune.experts.calibration",
+    "CalibrationStats": "lightprune.experts.calibration",
+    "router_row_norms": "lightprune.experts.sensitivity",
+    "weight_delta": "lightprune.experts.sensitivity",
+    "router_logits": "lightprune.experts.sensitivity",
+    "logit_delta": "lightprune.experts.sensitivity",
+    "AdapterSpec": "lightprune.finetune.adapters",
+    "apply_adapter": "lightprune.finetune.adapters",
+    "remove_adapters": "lightprune.finetune.adapters",
     "save_pruned": "lightprune.export",
     "load_pruned": "lightprune.export",
     "export_pruned": "lightprune.export",
     "ExportVerificationError": "lightprune.export",
-    "WidthPlan": "lightprune.plan",
-    "mask_width": "lightprune.surgery",
-    "taylor_importance": "lightprune.taylor",
-    "WidthScores": "lightprune.taylor",
-    "find_width_layers": "lightprune.models.width",
-    "token_modality": "lightprune.models.width",
-    "select_paths": "lightprune.width_select",
-    "select_channels": "lightprune.width_select",
-    "decoder_flops": "lightprune.flops",
+    "WidthPlan": "lightprune.width.plan",
+    "mask_width": "lightprune.width.mask",
+    "taylor_importance": "lightprune.width.taylor",
+    "WidthScores": "lightprune.width.taylor",
+    "find_width_layers": "lightprune.width.layers",
+    "token_modality": "lightprune.width.modality",
+    "select_paths": "lightprune.width.select",
+    "select_channels": "lightprune.width.select",
+    "decoder_flops": "lightprune.width.flops",
     "save_width_pruned": "lightprune.export",
-    "path_sparse_attention": "lightprune.kernels",
+    "path_sparse_attention": "lightprune.width.kernels",
 }
+#: old top-level names -> (module, new name); they keep working for one release and warn once
+_DEPRECATED = {"get_adapter": ("lightprune.models", "get_family")}
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
@@ -75,6 +83,12 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    if _compat.new_location(f"lightprune.{name}") is not None:  # an old submodule: lp.modules, lp.plan, ...
+        return importlib.import_module(f"lightprune.{name}")
+    if name in _DEPRECATED:
+        module, new = _DEPRECATED[name]
+        _compat.warn_once(f"lightprune.{name}", f"{module}.{new}")
+        return getattr(importlib.import_module(module), new)
     raise AttributeError(f"module 'lightprune' has no attribute {name!r}")
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 
-from .modules import MoECausalLM
-from .trainer import PruneTrainer
+from lightprune.finetune import MoECausalLM
+from lightprune.trainer import PruneTrainer
 
 __all__ = ["LightpruneCLI", "cli_main", "main"]
 

@@ -4,10 +4,10 @@
   validation loop over the datamodule's ``calibration_dataloader`` when it has one), then the
   ``on_calibrate_end(trainer, pl_module)`` hook of every callback that defines it.
 - ``export``: no data and no training; runs the ``on_export(trainer, pl_module)`` hook of every
-  callback that defines it (scoring from weights, selection, surgery, export), in list order.
+  callback that defines it (scoring from weights, selection, surgery, export).
 
 Callbacks that act "at the end of the job" implement ``on_fit_end``, ``on_calibrate_end`` and
-``on_export`` and run once (see :class:`lightprune.callbacks.ExpertPruning`).
+``on_export`` and run once, in the order of their phase (:class:`lightprune.callbacks.job_end.JobEndCallback`).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class PruneTrainer(pl.Trainer):
         else:
             rank_zero_info("calibrate: no calibration data given; only weight-based callbacks will act")
             self._attach(model)
-            self._call_custom_hook("on_calibrate_end", model)
+            self._run_without_loop("calibrate", "on_calibrate_end", model)
 
     def _calibrate_impl(self, model: pl.LightningModule, dataloaders: Any, datamodule: Any,
                         ckpt_path: str | None) -> None:
@@ -97,13 +97,17 @@ class PruneTrainer(pl.Trainer):
         if model is None:
             raise ValueError("export needs a model")
         self._attach(model)
+        self._run_without_loop("export", "on_export", model)
+
+    def _run_without_loop(self, stage: str, hook: str, model: pl.LightningModule) -> None:
+        """``setup``, then ``hook`` of every callback, then ``teardown`` (as a loop would, without one)."""
         for callback in self.callbacks:
-            callback.setup(self, model, stage="export")
+            callback.setup(self, model, stage=stage)
         try:
-            self._call_custom_hook("on_export", model)
+            self._call_custom_hook(hook, model)
         finally:
             for callback in self.callbacks:
-                callback.teardown(self, model, stage="export")
+                callback.teardown(self, model, stage=stage)
 
     def _attach(self, model: pl.LightningModule) -> None:
         """Make ``model`` the trainer's module (as fit/validate would) without running a loop."""

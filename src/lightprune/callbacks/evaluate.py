@@ -5,21 +5,21 @@ with the JSONL datamodules' prompt masking, every token of a plain text row):
 
 - ``perplexity``: ``torchmetrics.text.Perplexity`` = exp(mean next-token cross-entropy); ``loss`` its log;
 - ``next_token_accuracy``: the fraction of those positions whose argmax is the label
-  (:class:`~lightprune.retention.TaskAccuracy` with one task, metric ``token``);
+  (:class:`~lightprune.width.retention.TaskAccuracy` with one task, metric ``token``);
 - ``task_accuracy``: per task family (the datamodule's ``task_names`` and the batches' ``task_ids``; one
-  ``default`` family without them), :class:`~lightprune.retention.TaskAccuracy` with ``metric`` (``token``,
+  ``default`` family without them), :class:`~lightprune.width.retention.TaskAccuracy` with ``metric`` (``token``,
   ``exact`` whole-answer match, or ``prob``);
 - ``lm_eval``: optionally, lm-evaluation-harness on local task YAML files (:func:`run_lm_eval`) through its
   HF wrapper around the in-memory model (the ``eval`` extra, imported only then).
 
 When (the ``Evaluate`` callback): ``before`` at the start of the job, on the model as built (``on_fit_start``
-under ``fit``, ``setup`` under ``export``, the calibration loop's start under ``calibrate``: list Evaluate
-before ExpertStats there, so that its batches are not observed); ``after`` at the end of the job, once every
-other end-of-job callback (ExpertPruning, Export, RouterDelta, WidthExport, ...) has run, on the model they
-leave: pruned in place, or masked by the run's plan when it is not (an ExpertPlan through
+under ``fit``, ``setup`` under ``export``, the calibration loop's start under ``calibrate``, with the
+calibration observer paused, so its batches are never observed); ``after`` at the end of the job (phase
+``evaluate``: after scoring, selection and export, wherever it is listed), on the model they leave: pruned in
+place, or masked by the run state's plan when it is not (an ExpertPlan through
 :func:`~lightprune.mask_experts`, a WidthPlan through :func:`~lightprune.mask_width`). Under ``lightprune
 test`` it evaluates the model as loaded, as ``test``. Results go to ``report.json`` in the run directory under
-``"evaluation"``, merged with what is there (:func:`lightprune.report.merge_report`); only rank 0 writes.
+``"evaluation"``, merged with what is there (:func:`lightprune.reporting.report.merge_report`); only rank 0 writes.
 """
 
 from __future__ import annotations
@@ -33,10 +33,16 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from ..batch import model_inputs
-from ..report import merge_report
-from ..retention import METRICS, TaskAccuracy
-from .job_end import JobEndCallback
+from lightprune.batch import model_inputs
+from lightprune.callbacks.job_end import JobEndCallback
+from lightprune.callbacks.state import RunState
+from lightprune.checks import check_choice, check_positive_int
+from lightprune.experts.mask import mask_experts
+from lightprune.models import find_moe_layers
+from lightprune.models.unwrap import base_model_of
+from lightprune.reporting.report import merge_report
+from lightprune.width.mask import mask_width
+from lightprune.width.retention import METRICS, TaskAccuracy
 
 __all__ = ["Evaluate", "evaluate_lm", "run_lm_eval", "load_lm_eval_task"]
 
@@ -170,7 +176,7 @@ class Evaluate(JobEndCallback):
 
     Args:
         split: the datamodule split to evaluate on: ``test`` or ``val``.
-        metric: the per-task accuracy, ``token``, ``exact`` or ``prob`` (see :mod:`lightprune.retention`).
+        metric: the per-task accuracy, ``token``, ``exact`` or ``prob`` (see :mod:`lightprune.width.retention`).
         when: ``before``, ``after`` or both (``lightprune test`` always evaluates once, as ``test``).
         max_batches: evaluate the first batches only.
         lm_eval_tasks: local lm-eval task YAML files (``dataset_path: json`` + ``dataset_kwargs.data_files``);
@@ -182,6 +188,8 @@ class Evaluate(JobEndCallback):
         progress: progress bars over the evaluation batches.
     """
 
+    phase = "evaluate"
+
     def __init__(self, split: str = "test", metric: str = "token", when: str | Sequence[str] = ("before", "after"),
                  max_batches: int | None = None, lm_eval_tasks: Sequence[str] = (), lm_eval_batch_size: int = 8,
                  lm_eval_limit: int | None = None, data: pl.LightningDataModule | None = None,
@@ -189,13 +197,11 @@ class Evaluate(JobEndCallback):
         super().__init__()
         if split not in ("test", "val"):
             raise ValueError(f"split must be 'test' or 'val', got {split!r}")
-        if metric not in METRICS:
-            raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
+        check_choice("metric", metric, METRICS)
         when = [when] if isinstance(when, str) else list(when)
         if not when or any(w not in ("before", "after") for w in when):
             raise ValueError(f"when must be a non-empty subset of ['before', 'after'], got {when!r}")
-        if max_batches is not None and (int(max_batches) != max_batches or max_batches < 1):
-            raise ValueError(f"max_batches must be a positive integer or None, got {max_batches!r}")
+        check_positive_int("max_batches", max_batches, allow_none=True)
         self.lm_eval_tasks = [str(t) for t in lm_eval_tasks]
         if self.lm_eval_tasks:
             _require_lm_eval()
@@ -248,20 +254,15 @@ class Evaluate(JobEndCallback):
 
     def _pruned_view(self, trainer: pl.Trainer, model: torch.nn.Module):
         """A context in which ``model`` is the run's pruned model: as it is when pruned in place, else masked."""
-        from ..models import find_moe_layers
-        from ..surgery import mask_experts
-        from ..surgery.width_mask import mask_width
-        from .width_search import WidthSearch
-
-        for cb in trainer.callbacks:
-            if isinstance(cb, WidthSearch) and cb.plan is not None:
-                return contextlib.nullcontext() if cb._handle is not None else mask_width(model, cb.plan)
-            plan = getattr(cb, "plan", None)
-            if plan is not None and hasattr(plan, "keep") and hasattr(plan, "num_experts"):
-                counts = {l.index: l.num_experts for l in find_moe_layers(model)}
-                if all(counts.get(l) == len(ids) for l, ids in plan.keep.items()):
-                    return contextlib.nullcontext()  # pruned in place
-                return mask_experts(model, plan)
+        state = RunState.of(trainer)
+        if state.width_plan is not None:
+            return contextlib.nullcontext() if state.width_masks_active else mask_width(model, state.width_plan)
+        plan = state.expert_plan
+        if plan is not None:
+            counts = {l.index: l.num_experts for l in find_moe_layers(base_model_of(model))}
+            if all(counts.get(l) == len(ids) for l, ids in plan.keep.items()):
+                return contextlib.nullcontext()  # pruned in place
+            return mask_experts(model, plan)
         return contextlib.nullcontext()
 
     def _write(self, trainer: pl.Trainer) -> None:
@@ -277,7 +278,7 @@ class Evaluate(JobEndCallback):
         if "before" in self.when and "before" not in self.results:
             self.measure(trainer, pl_module.model, "before")
 
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "export":  # the model is built and no data loop follows: fail or measure now
             self._datamodule(trainer)
             if getattr(pl_module, "model", None) is not None:
@@ -289,14 +290,11 @@ class Evaluate(JobEndCallback):
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not getattr(trainer, "calibrating", False) or "before" in self.results:
             return
-        from .expert_stats import ExpertStats
+        # wherever Evaluate is listed: its own batches are never counted as calibration data
+        with RunState.of(trainer).paused_observation():
+            self._before(trainer, pl_module)
 
-        if any(isinstance(cb, ExpertStats) and cb._observer is not None for cb in trainer.callbacks):
-            raise ValueError("Evaluate is listed after ExpertStats: its 'before' batches would be counted as "
-                             "calibration data; list Evaluate before ExpertStats in trainer.callbacks")
-        self._before(trainer, pl_module)
-
-    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def run_test(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.written:
             return
         self.measure(trainer, pl_module.model, "test")
@@ -313,9 +311,6 @@ class Evaluate(JobEndCallback):
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.written:
             return
-        for cb in trainer.callbacks:  # idempotent end-of-job callbacks: prune / export first, wherever listed
-            if isinstance(cb, JobEndCallback) and not isinstance(cb, Evaluate) and type(cb).__name__ != "ReportPage":
-                cb.run(trainer, pl_module)
         if "after" in self.when:
             model = pl_module.model
             with self._pruned_view(trainer, model):

@@ -1,22 +1,23 @@
 """ExpertPruning: score experts, select a plan, write scores.json and plan.json.
 
-Runs once, at the end of the job: ``on_export`` (``lightprune export``), ``on_calibrate_end``
-(``lightprune calibrate``) or ``on_fit_end`` (``lightprune fit``), whichever comes first. The
-plan it makes is what :class:`~lightprune.callbacks.Export` applies; scoring and surgery stay
-apart (Torch-Pruning's habit). Run files go to ``output_dir`` (default: the trainer's
-``default_root_dir``). Weight criteria need no data; criteria that need calibration
-statistics are an error here until the calibration callback provides them.
+Runs once, at the end of the job (phase ``select``: after the run's scores exist, before Export):
+``on_export`` (``lightprune export``), ``on_calibrate_end`` (``lightprune calibrate``) or ``on_fit_end``
+(``lightprune fit``). Every criterion comes from one registry (:mod:`lightprune.experts.criteria`) and is
+asked the same way (:meth:`~lightprune.experts.criteria.Criterion.score_in_run`): weight criteria read the
+model, calibration criteria the run state's calibration statistics (ExpertStats), ``router_delta`` the
+scores of the run's adapter fit (RouterDelta). The plan goes to the run state, where
+:class:`~lightprune.callbacks.Export` applies it; scoring and surgery stay apart (Torch-Pruning's habit).
+Run files go to ``output_dir`` (default: the trainer's ``default_root_dir``).
 
 Across processes (DDP, DeepSpeed ZeRO-1/2/3) every rank scores: weight criteria gather one
 layer's ZeRO-3 partitions at a time, calibration criteria read statistics already summed across
-ranks by :class:`ExpertStats`, so every rank computes the same plan; that is checked (one small
-``all_gather_object``; a mismatch raises on every rank) and rank 0 writes the files.
+ranks, so every rank computes the same plan; that is checked (one small ``all_gather_object``; a
+mismatch raises on every rank) and rank 0 writes the files.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -25,64 +26,72 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from ..calibration import CRITERIA as CALIBRATION_CRITERIA
-from ..calibration import SUBSETS
-from ..distributed import same_on_every_rank
-from ..criteria import Criterion, get_criterion, get_criterion_class
-from ..scores import ExpertScores
-from .expert_stats import ExpertStats
-from ..models import find_moe_layers
-from ..plan import ExpertPlan
-from .job_end import JobEndCallback
-from ..select import ALLOCATIONS, NORMALIZATIONS, select_experts
+from lightprune.callbacks.job_end import JobEndCallback
+from lightprune.callbacks.state import RunState
+from lightprune.checks import check_choice, check_ratio
+from lightprune.distributed import same_on_every_rank
+from lightprune.experts.calibration import SUBSETS
+from lightprune.experts.criteria import Criterion, get_criterion, get_criterion_class
+from lightprune.experts.plan import ExpertPlan
+from lightprune.experts.scores import ExpertScores
+from lightprune.experts.select import ALLOCATIONS, NORMALIZATIONS, select_experts
+from lightprune.jsonio import write_json
+from lightprune.models import find_moe_layers
+from lightprune.models.unwrap import base_model_of
 
-__all__ = ["ExpertPruning", "CALIBRATION"]
+__all__ = ["ExpertPruning"]
 
-#: criteria read from calibration statistics (ExpertStats) rather than from weights
-CALIBRATION = (*CALIBRATION_CRITERIA, "maep")
+#: constructor arguments ExpertPruning passes on to a criterion named by string, when it takes them
+_CRITERION_ARGS = ("seed", "subset", "alpha")
 
 
 class ExpertPruning(JobEndCallback):
     """Score with ``criterion``, prune ``ratio`` of the routed experts by ``allocation``.
 
     Args:
-        criterion: a registered criterion name (``aimer``, ``magnitude``, ``router_norm``,
-            ``random``, or one registered by your project) or a ``Criterion`` instance
-            (from a config: ``class_path`` + ``init_args``); or a calibration criterion
-            (``frequency``, ``seer``, ``ean``, ``reap``, ``routing_kl``, ``delta_h``,
-            ``delta_h_promoted``, ``maep``) read from the run's :class:`ExpertStats` callback.
+        criterion: a registered criterion name or a ``Criterion`` instance (from a config: ``class_path``
+            + ``init_args``). Weight criteria: ``aimer``, ``magnitude``, ``router_norm``, ``random`` or one
+            registered by your project; calibration criteria (``frequency``, ``seer``, ``ean``, ``reap``,
+            ``routing_kl``, ``delta_h``, ``delta_h_promoted``, ``maep``) read the run's ExpertStats;
+            ``router_delta`` reads the run's RouterDelta fit.
         subset: the token subset of a calibration criterion (``all``, ``text``, ``vision``, ...).
         alpha: MAEP's mixing weight (None: its closed form).
-        ratio: fraction of routed experts to prune, in [0, 1).
+        ratio: fraction of routed experts to prune, in [0, 1) (``null`` with ``n_per_layer``).
+        n_per_layer: prune exactly this many experts from every layer instead (paper 003).
         allocation: ``uniform`` (same count per layer) or ``global`` (one ranking over layers).
         normalize: ``None`` or ``log_zscore`` (per-layer z-score of log values before a global ranking).
         seed: passed to criteria named by string whose constructor takes ``seed`` (``random``).
         output_dir: where scores.json and plan.json go (default: ``trainer.default_root_dir``).
     """
 
-    def __init__(self, criterion: str | Criterion = "aimer", ratio: float = 0.5, allocation: str = "uniform",
+    phase = "select"
+
+    def __init__(self, criterion: str | Criterion = "aimer", ratio: float | None = 0.5, allocation: str = "uniform",
                  normalize: str | None = None, seed: int = 0, output_dir: str | None = None, subset: str = "all",
-                 alpha: float | None = None):
+                 alpha: float | None = None, n_per_layer: int | None = None):
         super().__init__()
-        if subset not in SUBSETS:
-            raise ValueError(f"subset must be one of {SUBSETS}, got {subset!r}")
-        self.subset, self.alpha = subset, alpha
-        if not isinstance(ratio, (int, float)) or not 0.0 <= ratio < 1.0:
-            raise ValueError(f"ratio must be in [0, 1), got {ratio!r}")
-        if allocation not in ALLOCATIONS:
-            raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
-        if normalize not in NORMALIZATIONS:
-            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
-        self.calibration_criterion = criterion if isinstance(criterion, str) and criterion in CALIBRATION else None
-        if self.calibration_criterion is not None:
-            self.criterion = None
-        elif isinstance(criterion, Criterion):
+        self.subset, self.alpha = check_choice("subset", subset, SUBSETS), alpha
+        self.allocation = check_choice("allocation", allocation, ALLOCATIONS)
+        self.normalize = check_choice("normalize", normalize, NORMALIZATIONS)
+        if (ratio is None) == (n_per_layer is None):
+            raise ValueError("give exactly one of ratio (a fraction) or n_per_layer (a count per layer); "
+                             f"got ratio={ratio!r}, n_per_layer={n_per_layer!r} (set ratio: null to use n_per_layer)")
+        self.ratio = None if ratio is None else check_ratio(ratio)
+        if n_per_layer is not None and (isinstance(n_per_layer, bool) or int(n_per_layer) != n_per_layer
+                                        or n_per_layer < 0):
+            raise ValueError(f"n_per_layer must be a non-negative integer, got {n_per_layer!r}")
+        self.n_per_layer = None if n_per_layer is None else int(n_per_layer)
+        if self.n_per_layer is not None and allocation != "uniform":
+            raise ValueError(f"n_per_layer prunes the same count from every layer: allocation must be 'uniform', "
+                             f"got {allocation!r}")
+        if isinstance(criterion, Criterion):
             self.criterion = criterion
         else:
             cls = get_criterion_class(criterion)
-            takes_seed = "seed" in inspect.signature(cls).parameters
-            self.criterion = get_criterion(cls, **({"seed": seed} if takes_seed else {}))
-        self.ratio, self.allocation, self.normalize, self.seed = float(ratio), allocation, normalize, seed
+            takes = inspect.signature(cls).parameters
+            given = {"seed": seed, "subset": subset, "alpha": alpha}
+            self.criterion = get_criterion(cls, **{k: given[k] for k in _CRITERION_ARGS if k in takes})
+        self.seed = seed
         self.output_dir = output_dir
         self.plan: ExpertPlan | None = None
         self.scores: ExpertScores | None = None
@@ -90,20 +99,8 @@ class ExpertPruning(JobEndCallback):
 
     @property
     def name(self) -> str:
-        return self.calibration_criterion or self.criterion.name
-
-    def _scores(self, trainer: pl.Trainer, model) -> ExpertScores:
-        if self.calibration_criterion is None:
-            return self.criterion.score(model)
-        stats = next((cb.stats for cb in trainer.callbacks if isinstance(cb, ExpertStats) and cb.stats), None)
-        if stats is None:
-            raise ValueError(f"criterion {self.name!r} needs calibration statistics: add an ExpertStats callback "
-                             "and run `lightprune calibrate` with calibration data")
-        if self.calibration_criterion == "maep":
-            from ..maep import maep_scores
-
-            return maep_scores(stats, alpha=self.alpha)[0]
-        return stats.score(self.calibration_criterion, self.subset)
+        """The criterion's registry name."""
+        return self.criterion.name or type(self.criterion).__name__
 
     @property
     def state_key(self) -> str:
@@ -114,9 +111,13 @@ class ExpertPruning(JobEndCallback):
     def run_dir(self, trainer: pl.Trainer) -> Path:
         return Path(self.output_dir or trainer.default_root_dir)
 
+    def _select(self, scores, limits, criterion: str | None = None) -> ExpertPlan:
+        return select_experts(scores, self.ratio, self.allocation, self.normalize, limits=limits,
+                              criterion=criterion, n_per_layer=self.n_per_layer)
+
     # ------------------------------------------------------------------ lifecycle
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "export" and (self.calibration_criterion or self.criterion.needs_data):
+    def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "export" and self.criterion.needs_data:
             raise ValueError(f"criterion {self.name!r} needs calibration data: run `lightprune calibrate` "
                              "with an ExpertStats callback, or pick a weight criterion for `lightprune export`")
         if getattr(pl_module, "model", None) is not None:
@@ -132,32 +133,37 @@ class ExpertPruning(JobEndCallback):
         """Fail before any data is spent: not an MoE model, or a ratio that would cut below a floor."""
         if self.plan is not None:
             return
-        layers = find_moe_layers(model)
+        layers = find_moe_layers(base_model_of(model))
         dry = {layer.index: torch.zeros(layer.num_experts) for layer in layers}
-        select_experts(dry, self.ratio, self.allocation, limits={l.index: l.limits for l in layers})
+        self._select(dry, {l.index: l.limits for l in layers})
 
     # ------------------------------------------------------------------ work
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.plan is not None:
+        state = RunState.of(trainer)
+        if self.plan is not None:  # done, or restored from a checkpoint
+            state.expert_plan = state.expert_plan or self.plan
             return
-        model = pl_module.model
-        layers = find_moe_layers(model)
         start = time.perf_counter()
-        scores = self._scores(trainer, model)
-        self.plan = select_experts(scores, self.ratio, self.allocation, self.normalize,
-                                   limits={l.index: l.limits for l in layers}, criterion=self.name)
+        scores = self.criterion.score_in_run(pl_module.model, state.calibration, state.expert_scores)
+        label = getattr(scores, "criterion", None) or self.name
+        layers = find_moe_layers(base_model_of(pl_module.model))
+        self.plan = self._select(scores, {l.index: l.limits for l in layers}, criterion=label)
         if hasattr(scores, "alpha_report"):
             self.plan.metadata["alpha"] = scores.alpha_report.to_dict()
-        same_on_every_rank(self.plan.keep, f"ExpertPruning's plan ({self.name})")
+        same_on_every_rank(self.plan.keep, f"ExpertPruning's plan ({label})")
         self.scores = scores
         self.seconds = time.perf_counter() - start
+        state.expert_scores.setdefault(self.name, scores)
+        state.expert_plan = self.plan
+        state.scoring_seconds += self.seconds
         if trainer.is_global_zero:
             out = self.run_dir(trainer)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "scores.json").write_text(json.dumps({self.name: scores.to_json()}, indent=1) + "\n")
+            write_json({label: scores.to_json()}, out / "scores.json", indent=1)
             self.plan.save(out / "plan.json")
-            rank_zero_info(f"ExpertPruning: {self.name} pruned {self.plan.total_pruned} experts "
-                           f"({self.allocation}, ratio {self.ratio}); plan in {out / 'plan.json'}")
+            how = f"{self.n_per_layer} per layer" if self.n_per_layer is not None else \
+                f"{self.allocation}, ratio {self.ratio}"
+            rank_zero_info(f"ExpertPruning: {label} pruned {self.plan.total_pruned} experts ({how}); "
+                           f"plan in {out / 'plan.json'}")
 
     def state_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.to_dict() if self.plan is not None else None, "seconds": self.seconds}

@@ -1,11 +1,13 @@
 """ExpertStats: calibration statistics over ``lightprune calibrate``'s forward passes.
 
-Drives :class:`~lightprune.calibration.ExpertObserver` from Lightning's validation loop while
+Drives :class:`~lightprune.experts.calibration.ExpertObserver` from Lightning's validation loop while
 the trainer calibrates: the observer is entered at ``on_validation_start``, told about each
 batch at ``on_validation_batch_start``, and at ``on_validation_end`` the per-rank accumulators
-are summed across ranks, every rank gets the same :class:`CalibrationStats` (``self.stats``),
-and rank 0 writes ``calibration.json``. :class:`ExpertPruning` with a calibration criterion
-(``reap``, ``delta_h``, ``maep``, ...) reads ``self.stats``.
+are summed across ranks, every rank gets the same :class:`CalibrationStats` (``self.stats``, and the
+run state's ``calibration``), and rank 0 writes ``calibration.json``. :class:`ExpertPruning` with a
+calibration criterion (``reap``, ``delta_h``, ``maep``, ...) reads the run state's ``calibration``. While
+it observes, the observer is the run state's ``observer`` (so that another callback's own forward passes,
+Evaluate's, can pause it).
 
 Resuming: with ``save_every_n_batches > 0`` the accumulators are saved (atomically, one file per
 rank) every n batches to ``<output_dir>/calibration_state.rank<r>.pt``; a rerun finds them, loads
@@ -16,7 +18,6 @@ in ``state_dict`` so a Lightning checkpoint carries it.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable
@@ -25,7 +26,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from ..calibration import CalibrationStats, ExpertObserver
+from lightprune.callbacks.state import RunState
+from lightprune.experts.calibration import CalibrationStats, ExpertObserver
+from lightprune.jsonio import write_json
 
 __all__ = ["ExpertStats"]
 
@@ -93,6 +96,7 @@ class ExpertStats(pl.Callback):
             self._pending_state = None
         observer.__enter__()
         self._observer = observer
+        RunState.of(trainer).observer = observer
 
     def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                                   batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -109,22 +113,21 @@ class ExpertStats(pl.Callback):
         observer = self._observer
         if observer is None:
             return
+        state = RunState.of(trainer)
         try:
             observer.all_reduce()
-            self.stats = observer.result()
+            self.stats = state.calibration = observer.result()
         finally:
             observer.__exit__(None, None, None)
-            self._observer = None
+            self._observer = state.observer = None
         self._state_path(trainer).unlink(missing_ok=True)
         if trainer.is_global_zero:
-            out = self.run_dir(trainer)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "calibration.json").write_text(json.dumps(self.stats.to_json(), indent=1) + "\n")
+            write_json(self.stats.to_json(), self.run_dir(trainer) / "calibration.json", indent=1)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._observer is not None:  # an interrupted loop: restore the model, keep the saved state
             self._observer.__exit__(None, None, None)
-            self._observer = None
+            self._observer = RunState.of(trainer).observer = None
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:

@@ -1,10 +1,10 @@
 """Export: apply the run's ExpertPlan structurally, save, reload, verify, report.
 
-At the end of the job (``on_export``, ``on_calibrate_end`` or ``on_fit_end``) it takes the plan
-from the run's :class:`ExpertPruning` callback (running it first if it has not run yet, so the
-order of the two in the callback list does not matter) or from ``plan_path``, computes the masked model's logits on a probe batch, prunes in
-place, writes the checkpoint (temporary directory renamed into place) and verifies the reloaded
-checkpoint against the masked logits. It writes ``report.json`` (parameter counts and checkpoint
+At the end of the job (phase ``export``: after ExpertPruning, wherever either is listed) it takes the
+plan from the run state (made by :class:`ExpertPruning`) or from ``plan_path``, computes the masked
+model's logits on a probe batch, prunes in place, writes the checkpoint (temporary directory renamed
+into place) and verifies the reloaded checkpoint against the masked logits. A model fitted on 4-bit base
+weights (QLoRA) is exported from its full-precision original, rebuilt by the LightningModule. It writes ``report.json`` (parameter counts and checkpoint
 bytes before and after, per-layer kept counts, timings) and ``kept_experts.png``, and prints a
 summary table.
 
@@ -24,14 +24,16 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from ..distributed import materialize
-from ..export import export_pruned
-from ..models import find_moe_layers
-from ..plan import ExpertPlan
-from ..report import plot_kept_experts, print_summary, write_report
-from ..surgery import prune_experts
-from .expert_pruning import ExpertPruning
-from .job_end import JobEndCallback
+from lightprune.callbacks.job_end import JobEndCallback
+from lightprune.callbacks.state import RunState
+from lightprune.checks import check_atol
+from lightprune.distributed import materialize
+from lightprune.experts.plan import ExpertPlan
+from lightprune.experts.prune import prune_experts
+from lightprune.export import export_pruned
+from lightprune.finetune.quantize import is_quantized_4bit
+from lightprune.models import find_moe_layers
+from lightprune.reporting.report import plot_kept_experts, print_summary, write_report
 
 __all__ = ["Export", "export_with_report"]
 
@@ -64,6 +66,7 @@ def export_with_report(model, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *
         "checkpoint_bytes_after": result["checkpoint_bytes"],
         "expected_bytes_after": result["expected_bytes"],
         "kept_per_layer": {str(l): len(ids) for l, ids in plan.keep.items()},
+        "n_per_layer": plan.metadata.get("n_per_layer"),
         "max_abs_diff": result["max_abs_diff"],
         "seconds_scoring": seconds_scoring,
         "seconds_export": time.perf_counter() - start,
@@ -96,38 +99,51 @@ class Export(JobEndCallback):
         if plan_path is not None and not Path(plan_path).is_file():
             raise FileNotFoundError(f"plan_path {plan_path!r} does not exist")
         self.output_dir, self.checkpoint_dir, self.plan_path = output_dir, checkpoint_dir, plan_path
-        if atol is not None and not atol > 0:
-            raise ValueError(f"atol must be positive, got {atol!r}")
-        self.overwrite, self.atol, self.summary = overwrite, atol, summary
+        self.overwrite, self.atol, self.summary = overwrite, check_atol(atol), summary
         self.report: dict[str, Any] | None = None
 
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # a plan_path made for another model fails here, before the run writes anything (config.yaml)
         if self.plan_path is not None and getattr(pl_module, "model", None) is not None:
             ExpertPlan.load(self.plan_path).check_layers(find_moe_layers(pl_module.model))
 
-    def _plan(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[ExpertPlan, float]:
+    def _plan(self, trainer: pl.Trainer) -> tuple[ExpertPlan, float]:
+        state = RunState.of(trainer)
         if self.plan_path is not None:
-            return ExpertPlan.load(self.plan_path), 0.0
-        pruning = [cb for cb in trainer.callbacks if isinstance(cb, ExpertPruning)]
-        if not pruning:
+            plan = ExpertPlan.load(self.plan_path)
+            state.expert_plan = state.expert_plan or plan
+            return plan, 0.0
+        if state.expert_plan is None:
             raise ValueError("Export needs a plan: add an ExpertPruning callback or set plan_path")
-        pruning[0].run(trainer, pl_module)
-        return pruning[0].plan, pruning[0].seconds or 0.0
+        return state.expert_plan, state.scoring_seconds
 
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.report is not None:
             return
-        plan, seconds_scoring = self._plan(trainer, pl_module)
+        plan, seconds_scoring = self._plan(trainer)
         run_dir = Path(self.output_dir or trainer.default_root_dir)
         ckpt_dir = Path(self.checkpoint_dir) if self.checkpoint_dir else run_dir / "model"
-        materialize(pl_module.model, engine=trainer.strategy.model)  # ZeRO-3 only; every rank
+        model = _full_precision(pl_module)
+        materialize(model, engine=trainer.strategy.model)  # ZeRO-3 only; every rank
         if not trainer.is_global_zero:
             # every rank leaves with the same pruned model; only rank 0 writes (and verifies) the checkpoint
-            prune_experts(pl_module.model, plan)
+            prune_experts(model, plan)
             self.report = {}
             return
-        source = getattr(pl_module, "source", type(pl_module.model).__name__)
-        self.report = export_with_report(pl_module.model, plan, run_dir, ckpt_dir, source=source,
+        source = getattr(pl_module, "source", type(model).__name__)
+        self.report = export_with_report(model, plan, run_dir, ckpt_dir, source=source,
                                          seconds_scoring=seconds_scoring, overwrite=self.overwrite,
                                          atol=self.atol, summary=self.summary)
+
+
+def _full_precision(pl_module: pl.LightningModule):
+    """The model to export: the module's model, or its full-precision original when the base weights are 4-bit
+    (QLoRA; the plan applies to the original weights)."""
+    model = pl_module.model
+    if not is_quantized_4bit(model):
+        return model
+    if not hasattr(pl_module, "build_original"):
+        raise ValueError("the fitted model has 4-bit base weights and the LightningModule cannot rebuild the "
+                         "full-precision original (no build_original()); export needs the original weights")
+    pl_module.model = pl_module.build_original()
+    return pl_module.model

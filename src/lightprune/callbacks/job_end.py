@@ -2,27 +2,59 @@
 
 ``lightprune export`` ends in ``on_export``, ``lightprune calibrate`` in ``on_calibrate_end``
 (both called by :class:`~lightprune.trainer.PruneTrainer`) and ``lightprune fit`` in Lightning's
-``on_fit_end``. Subclasses implement :meth:`run` and make it idempotent.
+``on_fit_end``. Every JobEndCallback registers with the run's :class:`~lightprune.callbacks.state.RunState`
+at ``setup``; the first end-of-job hook runs them all in the order of their :attr:`phase` (score, select,
+export, evaluate, report), so where a callback is listed does not matter.
+
+Subclasses set :attr:`phase` and implement two methods, in the manner of Lightning's ``BaseFinetuning``:
+:meth:`check` (fail fast against the model at setup, before any data is spent) and :meth:`run` (the work;
+idempotent). :meth:`run_test` is what a callback does at the end of ``lightprune test`` (nothing by default).
 """
 
 from __future__ import annotations
 
 import lightning.pytorch as pl
 
+from lightprune.callbacks.state import RunState
+
 __all__ = ["JobEndCallback"]
 
 
 class JobEndCallback(pl.Callback):
-    """Calls :meth:`run` from ``on_export``, ``on_calibrate_end`` and ``on_fit_end``."""
+    """Registers with the run state at ``setup``; its end-of-job hooks run every registered step in phase order."""
+
+    #: when this callback's :meth:`run` comes at the end of the job (one of ``callbacks.state.PHASES``)
+    phase: str = "export"
+
+    def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Raise before any work when this callback cannot act on ``pl_module`` (default: nothing to check)."""
 
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         raise NotImplementedError
 
+    def run_test(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The end of ``lightprune test`` (default: nothing)."""
+
+    # ------------------------------------------------------------------ Lightning hooks
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        RunState.of(trainer).add_job_end(self)
+        self.check(trainer, pl_module, stage)
+
+    def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        state = RunState.of(trainer)
+        state.add_job_end(self)
+        state.finish_job(trainer, pl_module)
+
     def on_export(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.run(trainer, pl_module)
+        self._finish(trainer, pl_module)
 
     def on_calibrate_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.run(trainer, pl_module)
+        self._finish(trainer, pl_module)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.run(trainer, pl_module)
+        self._finish(trainer, pl_module)
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        state = RunState.of(trainer)
+        state.add_job_end(self)
+        state.finish_test(trainer, pl_module)

@@ -1,4 +1,4 @@
-"""RouterDelta: rank experts by router sensitivity under a brief adapter fit, prune the original, export.
+"""RouterDelta: score experts by router sensitivity under a brief adapter fit (a scorer: it never prunes).
 
 Paper 003 (sections 3.2-3.4; METHODS.md "Router sensitivity"): the adapter fitted by
 ``lightprune fit`` is an instrument. At fit start the callback records the row norms of the
@@ -9,43 +9,45 @@ Paper 003 (sections 3.2-3.4; METHODS.md "Router sensitivity"): the adapter fitte
    dataloader) with the adapter on versus the base model with it removed (Eq. 5);
    ``auto`` picks ``weight`` when the router is trainable, else ``logit``;
 2. discards the adapter (``remove_adapters``: weights not merged) and checks that what is left
-   holds exactly the original weights;
-3. prunes the same count ``n`` from every layer (``n_per_layer``, or ``floor(ratio x E)``),
-   smallest scores first, the per-layer floor enforced by :func:`select_experts`;
-4. writes ``scores.json`` (raw and importance per layer) and ``plan.json`` (criterion
-   ``router_delta:<score>``), exports the pruned original through :func:`export_pruned` to
-   ``<output_dir>/model`` and writes ``report.json`` and ``kept_experts.png``.
+   holds exactly the original weights; ``pl_module.model`` is that original model afterwards;
+3. puts the scores (criterion ``router_delta:<score>``) in the run state, under ``router_delta``.
 
-Rank 0 writes; every rank leaves with the same pruned model. After the callback,
-``pl_module.model`` is the pruned base model without adapters.
+Selection and export are the other callbacks' (phase order: this one scores first):
+``ExpertPruning(criterion="router_delta", ratio=...)`` (or ``n_per_layer``) makes the plan and writes
+``scores.json`` and ``plan.json``, :class:`~lightprune.callbacks.Export` prunes the original and exports.
+The 0.1 arguments (``ratio``, ``n_per_layer``, ``export``, ``overwrite``, ``atol``, ``summary``,
+``output_dir``) still work for one release: they add exactly those two steps to the run, with a warning.
 
 Across processes (DDP, DeepSpeed ZeRO-1/2/3) every rank scores: router weights are read with
 the routers' ZeRO-3 partitions gathered (the routers only, never the experts), the fingerprint
 one module at a time, logits by forwards that every rank runs on the same held-out batches. The
 plan is checked to be equal on every rank. Under ZeRO-3 the base model is un-partitioned before
-surgery (:func:`lightprune.distributed.materialize`: full values on rank 0, ``meta`` elsewhere).
+surgery (by Export).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from ..models import find_moe_layers
-from ..plan import ExpertPlan
-from ..scores import ExpertScores
-from ..select import select_experts
-from ..sensitivity import (SCORES, logit_delta, router_logits, router_row_norms, unwrap_model, weight_delta)
-from ..distributed import gathered, materialize, same_on_every_rank
-from .job_end import JobEndCallback
+from lightprune._compat import warn_once
+from lightprune.callbacks.expert_pruning import ExpertPruning
+from lightprune.callbacks.export import Export
+from lightprune.callbacks.job_end import JobEndCallback
+from lightprune.callbacks.state import RunState
+from lightprune.checks import check_choice, check_positive_int
+from lightprune.distributed import gathered
+from lightprune.experts.scores import ExpertScores
+from lightprune.experts.sensitivity import SCORES, logit_delta, router_logits, router_row_norms, weight_delta
+from lightprune.finetune.adapters import merged_router_weights, remove_adapters, router_is_trainable
+from lightprune.models import find_moe_layers
+from lightprune.models.unwrap import base_model_of
 
 __all__ = ["RouterDelta", "base_fingerprint"]
 
@@ -68,10 +70,9 @@ def base_fingerprint(model: nn.Module) -> dict[str, tuple[float, float]]:
     name their shared parameters alike; LoRA / IA3 factors are skipped (they have no counterpart).
     Large tensors are reduced in chunks; under ZeRO-3 one module's partitions are gathered at a time.
     """
-    from ..distributed import gathered
 
     out: dict[str, tuple[float, float]] = {}
-    base = unwrap_model(model)
+    base = base_model_of(model)
     for prefix, module in base.named_modules():
         own = [(f"{prefix}.{n}" if prefix else n, p) for n, p in module.named_parameters(recurse=False)
                if "lora_" not in f"{prefix}.{n}" and "ia3_" not in f"{prefix}.{n}"]
@@ -95,118 +96,84 @@ def _sums(param: torch.Tensor) -> tuple[float, float]:
     return float(total), float(squares)
 
 
-def _adapters():
-    """The adapters module's functions, or peft-only stand-ins while it is absent."""
-    try:
-        from ..modules.adapters import merged_router_weights, remove_adapters, router_is_trainable
-        return merged_router_weights, remove_adapters, router_is_trainable
-    except ImportError:  # pragma: no cover - the adapters module ships with lightprune.modules
-        from ..sensitivity import effective_router_weights
-
-        def remove(model):
-            return model.unload() if hasattr(model, "unload") else model
-
-        def trainable(model):
-            return any(p.requires_grad for l in find_moe_layers(unwrap_model(model)) for p in l.router.parameters())
-
-        return effective_router_weights, remove, trainable
-
-
 class RouterDelta(JobEndCallback):
-    """Prune the experts whose router moved least under the run's adapter fit.
+    """Score experts by how much their router moved under the run's adapter fit.
 
     Args:
         score: ``weight`` (Eq. 4), ``signed_weight`` (Eq. 3), ``logit`` (Eq. 5) or ``auto``
             (``weight`` when the router is trainable, else ``logit``).
-        ratio: fraction of each layer's experts to prune, in [0, 1) (``floor(ratio x E)``).
-        n_per_layer: prune exactly this many experts from every layer instead (give ``ratio: null``).
         holdout_batches: batches of the datamodule's val dataloader for the logit delta.
-        output_dir: run directory (default: ``trainer.default_root_dir``).
-        export: export the pruned original to ``<output_dir>/model`` and write report.json and
-            kept_experts.png; when False the plan is written and the model left unpruned.
-        overwrite: replace an existing checkpoint directory.
-        atol: export verification tolerance (see :class:`~lightprune.callbacks.Export`).
-        summary: print the summary table.
+        ratio, n_per_layer, output_dir, export, overwrite, atol, summary: deprecated (0.1): when any is
+            given, the run also gets ``ExpertPruning(criterion="router_delta", ...)`` and (unless
+            ``export=False``) ``Export(...)`` with them; list those callbacks instead.
     """
 
-    def __init__(self, score: str = "auto", ratio: float | None = 0.5, n_per_layer: int | None = None,
-                 holdout_batches: int = 1, output_dir: str | None = None, export: bool = True,
-                 overwrite: bool = False, atol: float | None = None, summary: bool = True):
+    phase = "score"
+
+    def __init__(self, score: str = "auto", holdout_batches: int = 1, ratio: float | None = None,
+                 n_per_layer: int | None = None, output_dir: str | None = None, export: bool | None = None,
+                 overwrite: bool | None = None, atol: float | None = None, summary: bool | None = None):
         super().__init__()
-        if score not in (*SCORES, "auto"):
-            raise ValueError(f"score must be one of {[*SCORES, 'auto']}, got {score!r}")
-        if (ratio is None) == (n_per_layer is None):
-            raise ValueError("give exactly one of ratio (a fraction per layer) or n_per_layer (a count per layer); "
-                             f"got ratio={ratio!r}, n_per_layer={n_per_layer!r} (set ratio: null to use n_per_layer)")
-        if ratio is not None and (not isinstance(ratio, (int, float)) or not 0.0 <= ratio < 1.0):
-            raise ValueError(f"ratio must be in [0, 1), got {ratio!r}")
-        if n_per_layer is not None and (int(n_per_layer) != n_per_layer or n_per_layer < 0):
-            raise ValueError(f"n_per_layer must be a non-negative integer, got {n_per_layer!r}")
-        if int(holdout_batches) != holdout_batches or holdout_batches < 1:
-            raise ValueError(f"holdout_batches must be a positive integer, got {holdout_batches!r}")
-        if atol is not None and not atol > 0:
-            raise ValueError(f"atol must be positive, got {atol!r}")
+        check_choice("score", score, (*SCORES, "auto"))
         self.score = score
-        self.ratio = None if ratio is None else float(ratio)
-        self.n_per_layer = None if n_per_layer is None else int(n_per_layer)
-        self.holdout_batches = int(holdout_batches)
-        self.output_dir, self.export, self.overwrite, self.atol, self.summary = \
-            output_dir, export, overwrite, atol, summary
+        self.holdout_batches = check_positive_int("holdout_batches", holdout_batches)
+        legacy = {"ratio": ratio, "n_per_layer": n_per_layer, "output_dir": output_dir, "export": export,
+                  "overwrite": overwrite, "atol": atol, "summary": summary}
+        self.legacy = {k: v for k, v in legacy.items() if v is not None}
+        self._steps = self._legacy_steps() if self.legacy else []
         self.resolved: str | None = None
         self.before: dict[int, torch.Tensor] | None = None
         self.fingerprint: dict[str, tuple[float, float]] | None = None
         self.scores: ExpertScores | None = None
-        self.plan: ExpertPlan | None = None
-        self.report: dict[str, Any] | None = None
+
+    def _legacy_steps(self) -> list[JobEndCallback]:
+        """The 0.1 arguments as the two callbacks that now do that work (one pipeline for every criterion)."""
+        args = self.legacy
+        warn_once("RouterDelta(ratio=, n_per_layer=, export=, overwrite=, atol=, summary=, output_dir=)",
+                  "RouterDelta(score=...) with ExpertPruning(criterion='router_delta', ratio=...) and Export(...)")
+        n = args.get("n_per_layer")
+        ratio = args.get("ratio", None if n is not None else 0.5)  # 0.1's default ratio was 0.5
+        steps: list[JobEndCallback] = [ExpertPruning(criterion="router_delta", ratio=ratio, n_per_layer=n,
+                                                     output_dir=args.get("output_dir"))]
+        if args.get("export", True):
+            steps.append(Export(output_dir=args.get("output_dir"), overwrite=bool(args.get("overwrite", False)),
+                                atol=args.get("atol"), summary=bool(args.get("summary", True))))
+        return steps
 
     @property
     def criterion(self) -> str:
         return f"router_delta:{self.resolved or self.score}"
 
-    def run_dir(self, trainer: pl.Trainer) -> Path:
-        return Path(self.output_dir or trainer.default_root_dir)
+    @property
+    def plan(self):
+        """0.1: the plan of the ExpertPruning step the deprecated arguments added (None without them)."""
+        return next((step.plan for step in self._steps if isinstance(step, ExpertPruning)), None)
 
-    # ------------------------------------------------------------------ selection
-    def select(self, scores: ExpertScores) -> ExpertPlan:
-        """The plan: the same count per layer (uniform), smallest scores pruned, floor enforced."""
-        if self.ratio is not None:
-            return select_experts(scores, self.ratio, "uniform", limits=scores.limits, criterion=self.criterion)
-        n = self.n_per_layer
-        keep, num, pruned = {}, {}, 0
-        for layer, values in scores.items():
-            lim = scores.limits[layer]
-            if n > lim.num_experts - lim.min_experts:
-                raise ValueError(f"n_per_layer={n} prunes {n} of {lim.num_experts} experts in layer {layer}, below "
-                                 f"its floor of {lim.min_experts} kept (top_k={lim.top_k})")
-            # (n + 0.5) / E floors to exactly n for select_experts' floor(ratio x E)
-            part = select_experts({layer: values}, (n + 0.5) / lim.num_experts, "uniform",
-                                  limits={layer: lim}, criterion=self.criterion)
-            keep[layer], num[layer] = part.keep[layer], part.num_experts[layer]
-            pruned += part.total_pruned
-        ratios = {n / e for e in num.values()}
-        return ExpertPlan(keep=keep, num_experts=num, criterion=self.criterion,
-                          ratio=ratios.pop() if len(ratios) == 1 else None, allocation="uniform",
-                          metadata={"n_per_layer": n, "normalize": None, "target_pruned": n * len(num),
-                                    "pruned": pruned})
+    @property
+    def report(self):
+        """0.1: the report of the Export step the deprecated arguments added (None without them)."""
+        return next((step.report for step in self._steps if isinstance(step, Export)), None)
 
     def _check_model(self, model: nn.Module) -> None:
-        layers = find_moe_layers(unwrap_model(model))
-        limits = ExpertScores.limits_of(layers)
-        self.select(ExpertScores({l.index: torch.arange(l.num_experts, dtype=torch.float64) for l in layers}, limits))
+        find_moe_layers(base_model_of(model))
 
     def _resolve(self, model: nn.Module) -> str:
         if self.score != "auto":
             return self.score
-        return "weight" if _adapters()[2](model) else "logit"
+        return "weight" if router_is_trainable(model) else "logit"
 
     # ------------------------------------------------------------------ lifecycle
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if getattr(pl_module, "model", None) is not None:
             self._check_model(pl_module.model)
+        for step in self._steps:
+            step.setup(trainer, pl_module, stage)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         model = pl_module.model
         self._check_model(model)
+        for step in self._steps:
+            step.on_fit_start(trainer, pl_module)
         if self.resolved is None:
             self.resolved = self._resolve(model)
         if self.resolved == "logit" and not callable(getattr(trainer.datamodule, "val_dataloader", None)):
@@ -252,16 +219,19 @@ class RouterDelta(JobEndCallback):
                 "(freeze the base model)")
 
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.plan is not None:
+        state = RunState.of(trainer)
+        for step in self._steps:  # registered at setup; again here when setup did not run
+            state.add_job_end(step)
+        if self.scores is not None:
+            state.expert_scores.setdefault("router_delta", self.scores)
             return
         if self.before is None:
             raise RuntimeError("RouterDelta has no snapshot of the original router: on_fit_start did not run")
-        merged_router_weights, remove_adapters, _ = _adapters()
         start = time.perf_counter()
         model = pl_module.model
-        limits = ExpertScores.limits_of(find_moe_layers(unwrap_model(model)))
+        limits = ExpertScores.limits_of(find_moe_layers(base_model_of(model)))
         if self.resolved in ("weight", "signed_weight"):
-            routers = [p for l in find_moe_layers(unwrap_model(model)) for p in l.router.parameters()]
+            routers = [p for l in find_moe_layers(base_model_of(model)) for p in l.router.parameters()]
             with gathered(routers):  # ZeRO-3: the routers (and their LoRA factors) only
                 after = {l: w.detach().cpu() for l, w in merged_router_weights(model).items()}
             scores = weight_delta(self.before, after, signed=self.resolved == "signed_weight", limits=limits)
@@ -273,50 +243,12 @@ class RouterDelta(JobEndCallback):
             scores = logit_delta(self._logits(base, batches), adapted, limits=limits)
         self._check_original(base)
         pl_module.model = base
-        self.scores = scores
-        self.plan = self.select(scores)
-        same_on_every_rank(self.plan.keep, f"RouterDelta's plan ({self.criterion})")
-        seconds_scoring = time.perf_counter() - start
-
-        out = self.run_dir(trainer)
-        if trainer.is_global_zero:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "scores.json").write_text(json.dumps({self.criterion: scores.to_json()}, indent=1) + "\n")
-            self.plan.save(out / "plan.json")
-            rank_zero_info(f"RouterDelta: {self.criterion} prunes {self.plan.total_pruned} experts; "
-                           f"plan in {out / 'plan.json'}")
-        if not self.export:
-            return
-        base = self._full_precision(pl_module, base)
-        materialize(base, engine=trainer.strategy.model)  # ZeRO-3 only; every rank
-        if not trainer.is_global_zero:
-            from ..surgery import prune_experts
-
-            prune_experts(base, self.plan)
-            self.report = {}
-            return
-        self.report = self._export(base, out, getattr(pl_module, "source", type(base).__name__), seconds_scoring)
-
-    @staticmethod
-    def _full_precision(pl_module: pl.LightningModule, base: nn.Module) -> nn.Module:
-        """The original weights in full precision: a 4-bit base (QLoRA) is rebuilt from the module's source."""
-        from ..modules.quantize import is_quantized_4bit
-
-        if not is_quantized_4bit(base):
-            return base
-        if not hasattr(pl_module, "build_original"):
-            raise ValueError("the fitted model has 4-bit base weights and the LightningModule cannot rebuild the "
-                             "full-precision original (no build_original()); export needs the original weights")
-        original = pl_module.build_original()
-        pl_module.model = original
-        return original
-
-    def _export(self, base: nn.Module, out: Path, source: Any, seconds_scoring: float) -> dict[str, Any]:
-        from .export import export_with_report
-
-        return export_with_report(base, self.plan, out, out / "model", source=source, seconds_scoring=seconds_scoring,
-                                  overwrite=self.overwrite, atol=self.atol, summary=self.summary,
-                                  extra={"n_per_layer": self.n_per_layer})
+        self.scores = state.expert_scores["router_delta"] = scores
+        state.scoring_seconds += time.perf_counter() - start
+        rank_zero_info(f"RouterDelta: scored {sum(len(v) for v in scores.values())} experts ({self.criterion})")
+        if not state.has_phase("select"):
+            rank_zero_warn("RouterDelta only scores: add ExpertPruning(criterion='router_delta', ratio=...) and "
+                           "Export to prune and export (nothing is written)")
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -324,7 +256,7 @@ class RouterDelta(JobEndCallback):
             "resolved": self.resolved,
             "before": None if self.before is None else {str(l): v.tolist() for l, v in self.before.items()},
             "fingerprint": self.fingerprint,
-            "plan": None if self.plan is None else self.plan.to_dict(),
+            "steps": [step.state_dict() for step in self._steps],
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -334,5 +266,5 @@ class RouterDelta(JobEndCallback):
                                                    for l, v in before.items()}
         fingerprint = state_dict.get("fingerprint")
         self.fingerprint = None if fingerprint is None else {k: tuple(v) for k, v in fingerprint.items()}
-        plan = state_dict.get("plan")
-        self.plan = None if plan is None else ExpertPlan.from_dict(plan)
+        for step, saved in zip(self._steps, state_dict.get("steps") or []):
+            step.load_state_dict(saved)

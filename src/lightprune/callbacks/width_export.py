@@ -1,7 +1,7 @@
 """WidthExport: write the MWOP search's chosen model as a verified width checkpoint (paper 002, D.5).
 
-At the end of the fit it takes the plan of the run's :class:`WidthSearch` (whose model is left with the
-chosen candidate's recovered weights and masks) or ``plan_path``; computes the masked model's logits on a
+At the end of the fit (phase ``export``) it takes the run state's width plan (the :class:`WidthSearch`'s
+choice; the model is left with the chosen candidate's recovered weights and masks) or ``plan_path``; computes the masked model's logits on a
 probe batch (the first batch of the evaluation set: image and text tokens, so every path is exercised);
 removes the masks; merges the LoRA adapter into the base weights (the projector was trained in full, so
 it is already there); and writes the checkpoint with :func:`lightprune.export.save_width_pruned`, which
@@ -21,12 +21,17 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from ..export.verify import model_logits
-from ..plan import WidthPlan
-from ..report import merge_report
-from ..batch import model_inputs
-from .job_end import JobEndCallback
-from .width_search import WidthSearch
+from lightprune.batch import model_inputs
+from lightprune.callbacks.job_end import JobEndCallback
+from lightprune.callbacks.state import RunState
+from lightprune.checks import check_atol, check_positive_int
+from lightprune.export import save_width_pruned
+from lightprune.export.verify import model_logits
+from lightprune.finetune.houlsby import has_houlsby
+from lightprune.models.unwrap import base_model_of
+from lightprune.reporting.report import merge_report
+from lightprune.width.mask import mask_width
+from lightprune.width.plan import WidthPlan
 
 __all__ = ["WidthExport"]
 
@@ -34,9 +39,6 @@ __all__ = ["WidthExport"]
 def _merged(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model with a peft LoRA merged in (in place); other adapters are refused."""
     from peft import PeftModel
-
-    from ..modules.adapters import base_model_of
-    from ..modules.houlsby import has_houlsby
 
     if isinstance(model, PeftModel):
         return model.merge_and_unload()
@@ -64,41 +66,34 @@ class WidthExport(JobEndCallback):
         super().__init__()
         if plan_path is not None and not Path(plan_path).is_file():
             raise FileNotFoundError(f"plan_path {plan_path!r} does not exist")
-        if atol is not None and not atol > 0:
-            raise ValueError(f"atol must be positive, got {atol!r}")
-        if int(align) != align or align < 1:
-            raise ValueError(f"align must be a positive integer, got {align!r}")
         self.output_dir, self.checkpoint_dir, self.plan_path = output_dir, checkpoint_dir, plan_path
-        self.overwrite, self.atol, self.align = overwrite, atol, int(align)
+        self.overwrite, self.atol, self.align = overwrite, check_atol(atol), check_positive_int("align", align)
         self.report: dict[str, Any] | None = None
 
-    def _plan(self, trainer: pl.Trainer) -> tuple[WidthPlan, WidthSearch | None]:
+    def _plan(self, trainer: pl.Trainer) -> WidthPlan:
+        state = RunState.of(trainer)
         if self.plan_path is not None:
-            return WidthPlan.load(self.plan_path), None
-        searches = [cb for cb in trainer.callbacks if isinstance(cb, WidthSearch)]
-        if not searches:
-            raise ValueError("WidthExport needs a plan: add a WidthSearch callback or set plan_path")
-        if searches[0].plan is None:
-            raise ValueError("WidthExport: the WidthSearch has not finished (no plan); the fit stopped early")
-        return searches[0].plan, searches[0]
+            plan = WidthPlan.load(self.plan_path)
+            state.width_plan = state.width_plan or plan
+            return plan
+        if state.width_plan is None:
+            raise ValueError("WidthExport needs a plan: add a WidthSearch callback (it must finish: a fit stopped "
+                             "early has no plan) or set plan_path")
+        return state.width_plan
 
     def _probe(self, trainer: pl.Trainer) -> dict[str, Any]:
         batch = next(iter(trainer.datamodule.val_dataloader()))
         return model_inputs(batch)
 
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        from ..export import save_width_pruned
-        from ..surgery.width_mask import mask_width
-
         if self.report is not None:
             return
         start = time.perf_counter()
-        plan, search = self._plan(trainer)
+        plan = self._plan(trainer)
         run_dir = Path(self.output_dir or trainer.default_root_dir)
         ckpt_dir = Path(self.checkpoint_dir) if self.checkpoint_dir else run_dir / "model"
         probe = self._probe(trainer)
-        if search is not None:
-            search.release_masks()
+        RunState.of(trainer).release_width_masks()  # the search's masks; the reference is taken with the plan's
         with mask_width(pl_module.model, plan):
             reference = model_logits(pl_module.model, probe)
         model = _merged(pl_module.model)

@@ -34,12 +34,19 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from ..flops import decoder_flops
-from ..plan import PATHS, WIDTH_UNITS, WidthPlan
-from ..report import write_report
-from ..retention import METRICS, evaluate_tasks, retention
-from ..width_search import DEFAULT_GRID, Candidate, StagedSearch
-from ..width_select import select_channels, select_paths
+from lightprune.callbacks.state import RunState
+from lightprune.finetune.optim import build_scheduler
+from lightprune.jsonio import write_json
+from lightprune.models.unwrap import base_model_of
+from lightprune.width.flops import decoder_flops
+from lightprune.width.layers import find_width_layers
+from lightprune.width.modality import token_profile
+from lightprune.width.paths import PATHS
+from lightprune.width.plan import WIDTH_UNITS, WidthPlan
+from lightprune.width.retention import METRICS, evaluate_tasks, retention
+from lightprune.width.search import DEFAULT_GRID, Candidate, StagedSearch
+from lightprune.width.select import select_channels, select_paths
+from lightprune.width.taylor import taylor_importance
 
 __all__ = ["WidthSearch"]
 
@@ -96,7 +103,7 @@ class WidthSearch(pl.Callback):
         self._ffn_scores: dict[int, dict[str, torch.Tensor]] | None = None
         self._current: float | None = None  # ratio of the candidate being recovered
         self._epochs_done = 0
-        self._handle = None
+        self._state: RunState | None = None  # the run state: it owns the width masks on the model
         self._bar = None
 
     # ------------------------------------------------------------------ helpers
@@ -135,19 +142,15 @@ class WidthSearch(pl.Callback):
         return select_channels(self._ffn_scores, {modality: ratio}, base, last_layer_first=self.last_layer_first)
 
     def release_masks(self) -> None:
-        """Remove the masks this callback applied (after the search: the chosen plan's); e.g. before an export."""
+        """Remove the masks the search applied (after the search: the chosen plan's); e.g. before an export."""
         self._unmask()
 
     def _unmask(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        if self._state is not None:
+            self._state.release_width_masks()
 
     def _mask(self, pl_module, plan: WidthPlan) -> None:
-        from ..surgery.width_mask import mask_width
-
-        self._unmask()
-        self._handle = mask_width(pl_module.model, plan)
+        self._state.apply_width_masks(pl_module.model, plan)
 
     def _load_trainable(self, pl_module, weights: dict[str, torch.Tensor]) -> None:
         params = _trainable(pl_module.model)
@@ -159,12 +162,11 @@ class WidthSearch(pl.Callback):
                 param.copy_(weights[name].to(param.device, param.dtype))
 
     def _flops(self, pl_module, plan: WidthPlan) -> float:
-        from ..modules.adapters import base_model_of
-
         return decoder_flops(base_model_of(pl_module.model).config, *self.flops_profile, plan=plan, align=self.align).total
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._state = RunState.of(trainer)
         if stage != "fit":
             return
         if trainer.datamodule is None:
@@ -172,8 +174,7 @@ class WidthSearch(pl.Callback):
                              "selection and calibration dataloaders")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        from ..models.width import find_width_layers
-
+        self._state = RunState.of(trainer)
         layers = find_width_layers(pl_module.model)
         ffn_stages = [s for s in self.search.stages if s.startswith("ffn_")]
         if ffn_stages and all(layer.intermediate_size is None for layer in layers):
@@ -206,14 +207,10 @@ class WidthSearch(pl.Callback):
         self._advance(trainer, pl_module)
 
     def _profile(self, pl_module, loader) -> list[int]:
-        from ..models.width import token_profile
-
         profile = token_profile(pl_module.model, loader)
         return [profile["vision_tokens"], profile["text_tokens"]]
 
     def _taylor(self, trainer, pl_module, attention: bool, plan: WidthPlan | None):
-        from ..taylor import taylor_importance
-
         loader = self._loader(trainer.datamodule, "calibration_dataloader", "train_dataloader")
         self._load_trainable(pl_module, self._m0)
         self._unmask()
@@ -262,8 +259,6 @@ class WidthSearch(pl.Callback):
             self._bar.set_postfix_str(f"recovering {self.search.stage}@{self._current:g}")
 
     def _restart_optimization(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        from ..modules.optim import build_scheduler
-
         accumulate = max(1, trainer.accumulate_grad_batches)
         steps = -(-trainer.num_training_batches // accumulate) * self.recovery_epochs
         for optimizer in trainer.optimizers:
@@ -304,7 +299,7 @@ class WidthSearch(pl.Callback):
     def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         best = self.search.final()
         self._load_trainable(pl_module, torch.load(best.weights, map_location="cpu", weights_only=True))
-        self.plan = WidthPlan.from_dict(best.plan)
+        self.plan = self._state.width_plan = WidthPlan.from_dict(best.plan)
         self.plan.metadata.update({"method": "mwop", "atr": best.atr, "flops": best.flops,
                                    "flops_fraction": best.flops / self._flops(pl_module, WidthPlan.dense(pl_module.model)),
                                    "flops_profile": self.flops_profile, "chosen": best.label()})
@@ -314,9 +309,9 @@ class WidthSearch(pl.Callback):
             out = self.run_dir(trainer)
             out.mkdir(parents=True, exist_ok=True)
             self.plan.save(out / "width_plan.json")
-            write_report({"chosen": best.label(), "reference": self._reference,
-                          "task_names": self._task_names(trainer), "flops_profile": self.flops_profile,
-                          "search": self.search.to_dict()}, out / "search.json")
+            write_json({"chosen": best.label(), "reference": self._reference,
+                        "task_names": self._task_names(trainer), "flops_profile": self.flops_profile,
+                        "search": self.search.to_dict()}, out / "search.json", indent=2)
         rank_zero_info(f"WidthSearch: chose {best.label()} (ATR {best.atr:.2f}, "
                        f"{self.plan.metadata['flops_fraction']:.3f} of the dense FLOPs)")
         if self._bar is not None:

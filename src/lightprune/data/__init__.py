@@ -22,17 +22,29 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .default_corpus import (DefaultCorpusDataModule, DefaultCorpusError, build_default_corpus,
-                             default_corpus_dir, default_model_overrides, load_default_corpus)
-from .image_text import ImageTextJsonlDataModule, load_processor
-from .rows import DEFAULT_TASK, JsonlRowError
-from .shapes_qa import SHAPES_QA_TASKS, render_shapes, shapes_qa_rows, shapes_qa_splits, shapes_qa_texts
-from .shapes_qa_datamodule import ShapesQADataModule, build_shapes_qa
-from .synthetic import SyntheticTokens
-from .testbed_vqa import TESTBED_VQA_TASKS, render_row, testbed_vqa_splits, testbed_vqa_texts
-from .testbed_vqa_datamodule import TestbedVQADataModule, build_testbed_vqa
-from .text import TextJsonlDataModule, load_tokenizer
-from .tokenizer import CHAT_TOKENS, CHATML_TEMPLATE, IMAGE_TOKENS, train_bpe_tokenizer
+from lightprune.data.default_corpus import (
+    DefaultCorpusDataModule,
+    DefaultCorpusError,
+    build_default_corpus,
+    default_corpus_dir,
+    default_model_overrides,
+    load_default_corpus,
+)
+from lightprune.data.generated.shapes_qa import (
+    SHAPES_QA_TASKS,
+    render_shapes,
+    shapes_qa_rows,
+    shapes_qa_splits,
+    shapes_qa_texts,
+)
+from lightprune.data.generated.shapes_qa_datamodule import ShapesQADataModule, build_shapes_qa
+from lightprune.data.generated.synthetic import SyntheticTokens
+from lightprune.data.generated.testbed_vqa import TESTBED_VQA_TASKS, render_row, testbed_vqa_splits, testbed_vqa_texts
+from lightprune.data.generated.testbed_vqa_datamodule import TestbedVQADataModule, build_testbed_vqa
+from lightprune.data.image_text import ImageTextJsonlDataModule, load_processor
+from lightprune.data.rows import DEFAULT_TASK, JsonlRowError
+from lightprune.data.text import TextJsonlDataModule, load_tokenizer
+from lightprune.data.tokenizer import CHAT_TOKENS, CHATML_TEMPLATE, IMAGE_TOKENS, train_bpe_tokenizer
 
 # imports transformers' processors at module level: loaded on first use
 _LAZY = {name: ".tiny_processor" for name in (

@@ -14,13 +14,14 @@ an empty list, which Lightning skips.
 from __future__ import annotations
 
 from pathlib import Path
+
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
-from .collate import PADDING_SIDES, Collator
-from .rows import Row, read_jsonl
+from lightprune.data.collate import PADDING_SIDES, Collator
+from lightprune.data.rows import Row, read_jsonl
 
 __all__ = ["SPLITS", "JsonlDataModule", "check_loader_args"]
 

@@ -23,9 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
-import uuid
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -33,20 +31,22 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from .base import check_loader_args
-from .pydoc_rows import SPLIT_SHARES, corpus_splits, python_topics
+from lightprune.data.base import check_loader_args
+from lightprune.data.cache import CacheError, build_folder, check_folder, sha256_file, write_manifest
+from lightprune.data.pydoc_rows import SPLIT_SHARES, corpus_splits, python_topics
+from lightprune.data.text import TextJsonlDataModule
+from lightprune.data.tokenizer import train_bpe_tokenizer
 
 __all__ = ["CORPUS_FORMAT", "DefaultCorpus", "DefaultCorpusDataModule", "DefaultCorpusError", "build_default_corpus",
            "corpus_version", "default_corpus_dir", "default_model_overrides", "load_default_corpus"]
 
 CORPUS_FORMAT = "v1"  # bump when the rows, the split rule or the tokenizer recipe change
-MANIFEST = "manifest.json"
 _CORPUS_FILES = tuple(f"{split}.jsonl" for split in SPLIT_SHARES)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-class DefaultCorpusError(RuntimeError):
-    """The default corpus cache is missing or corrupt; the message names the file."""
+#: the default corpus cache is missing or corrupt (a :class:`~lightprune.data.cache.CacheError`)
+DefaultCorpusError = CacheError
 
 
 # -- the cache -------------------------------------------------------------------------------
@@ -76,75 +76,6 @@ class DefaultCorpus:
     manifest: dict[str, Any]
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _write_manifest(folder: Path, extra: dict[str, Any]) -> None:
-    files = {p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size}
-             for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
-    (folder / MANIFEST).write_text(json.dumps({**extra, "files": files}, indent=1, sort_keys=True) + "\n")
-
-
-def _check(folder: Path, expect: dict[str, Any], required: tuple[str, ...]) -> dict[str, Any]:
-    """The folder's manifest after checking every file against it; a DefaultCorpusError otherwise."""
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise DefaultCorpusError(f"{path} is missing: {folder} is not a complete default corpus cache")
-    try:
-        manifest = json.loads(path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise DefaultCorpusError(f"{path} is corrupt ({e})") from None
-    for key, value in expect.items():
-        if manifest.get(key) != value:
-            raise DefaultCorpusError(f"{path}: {key} is {manifest.get(key)!r}, expected {value!r}")
-    unlisted = [name for name in required if name not in files]
-    if unlisted:
-        raise DefaultCorpusError(f"{path} is corrupt (it does not list {unlisted})")
-    for name, entry in files.items():
-        file = folder / name
-        if not file.is_file():
-            raise DefaultCorpusError(f"{file} is missing from the default corpus cache")
-        if file.stat().st_size != entry["bytes"] or _sha256(file) != entry["sha256"]:
-            raise DefaultCorpusError(f"{file} is corrupt (size or SHA-256 differs from {path}; truncated or "
-                                     "edited?)")
-    return manifest
-
-
-def _publish(tmp: Path, final: Path, replace: bool) -> None:
-    """Rename the finished ``tmp`` folder to ``final`` (atomic); ``replace``: a corrupt ``final`` goes."""
-    try:
-        os.rename(tmp, final)
-        return
-    except OSError:
-        if not replace:  # another process published it first: keep theirs
-            shutil.rmtree(tmp, ignore_errors=True)
-            return
-    stale = final.with_name(f".{final.name}.stale-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        os.rename(final, stale)
-    except OSError:
-        pass
-    try:
-        os.rename(tmp, final)
-    except OSError:  # a concurrent builder won the race with identical bytes
-        shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(stale, ignore_errors=True)
-
-
-def _build_folder(final: Path, fill, replace: bool) -> None:
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    try:
-        fill(tmp)
-        _publish(tmp, final, replace)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _corpus_expect() -> dict[str, Any]:
     return {"format": CORPUS_FORMAT, "version": corpus_version()}
 
@@ -156,7 +87,7 @@ def _fill_corpus(folder: Path) -> None:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
     topics = {s: sorted({r["topic"] for r in rows}) for s, rows in splits.items()}
-    _write_manifest(folder, {**_corpus_expect(), "rows": {s: len(r) for s, r in splits.items()}, "topics": topics,
+    write_manifest(folder, {**_corpus_expect(), "rows": {s: len(r) for s, r in splits.items()}, "topics": topics,
                              "python": sys.version.split()[0]})
 
 
@@ -170,11 +101,9 @@ def _tokenizer_texts(train: Path) -> list[str]:
 
 def _fill_tokenizer(train: Path, vocab_size: int, expect: dict[str, Any]):
     def fill(folder: Path) -> None:
-        from .tokenizer import train_bpe_tokenizer
-
         tokenizer = train_bpe_tokenizer(_tokenizer_texts(train), vocab_size, model_max_length=1 << 16)
         tokenizer.save_pretrained(str(folder))
-        _write_manifest(folder, {**expect, "len": len(tokenizer)})
+        write_manifest(folder, {**expect, "len": len(tokenizer)})
 
     return fill
 
@@ -193,26 +122,26 @@ def build_default_corpus(cache_dir: str | os.PathLike | None = None, *, vocab_si
     """
     root = default_corpus_dir(cache_dir)
     try:
-        _check(root, _corpus_expect(), _CORPUS_FILES)
+        check_folder(root, _corpus_expect(), _CORPUS_FILES)
     except DefaultCorpusError as e:
         if root.exists():
             _warn(f"rebuilding the default corpus cache: {e}")
-        _build_folder(root, _fill_corpus, replace=root.exists())
+        build_folder(root, _fill_corpus, replace=root.exists())
     if vocab_size is not None:
         tok_dir = root / f"tokenizer-{vocab_size}"
         expect = _tokenizer_expect(root, vocab_size)
         try:
-            _check(tok_dir, expect, _TOKENIZER_FILES)
+            check_folder(tok_dir, expect, _TOKENIZER_FILES)
         except DefaultCorpusError as e:
             if tok_dir.exists():
                 _warn(f"rebuilding the default corpus tokenizer: {e}")
-            _build_folder(tok_dir, _fill_tokenizer(root / "train.jsonl", vocab_size, expect),
+            build_folder(tok_dir, _fill_tokenizer(root / "train.jsonl", vocab_size, expect),
                           replace=tok_dir.exists())
     return load_default_corpus(cache_dir, vocab_size=vocab_size)
 
 
 def _tokenizer_expect(root: Path, vocab_size: int) -> dict[str, Any]:
-    return {"vocab_size": vocab_size, "train_sha256": _sha256(root / "train.jsonl")}
+    return {"vocab_size": vocab_size, "train_sha256": sha256_file(root / "train.jsonl")}
 
 
 def load_default_corpus(cache_dir: str | os.PathLike | None = None, *, vocab_size: int | None = 2048,
@@ -225,11 +154,11 @@ def load_default_corpus(cache_dir: str | os.PathLike | None = None, *, vocab_siz
     root = default_corpus_dir(cache_dir)
     hint = " (build it with lightprune.data.build_default_corpus, or DefaultCorpusDataModule.prepare_data)"
     try:
-        manifest = _check(root, _corpus_expect(), _CORPUS_FILES)
+        manifest = check_folder(root, _corpus_expect(), _CORPUS_FILES)
         tok_dir = None
         if vocab_size is not None:
             tok_dir = root / f"tokenizer-{vocab_size}"
-            _check(tok_dir, _tokenizer_expect(root, vocab_size), _TOKENIZER_FILES)
+            check_folder(tok_dir, _tokenizer_expect(root, vocab_size), _TOKENIZER_FILES)
     except DefaultCorpusError as e:
         raise DefaultCorpusError(f"{e}{hint}") from None
     return DefaultCorpus(root, {s: root / f"{s}.jsonl" for s in SPLIT_SHARES}, tok_dir, manifest)
@@ -292,8 +221,6 @@ class DefaultCorpusDataModule(pl.LightningDataModule):
         self._inner.setup(stage)
 
     def _attach(self, corpus: DefaultCorpus) -> None:
-        from .text import TextJsonlDataModule
-
         h = self.hparams
         self.corpus = corpus
         self._inner = TextJsonlDataModule(

@@ -45,11 +45,13 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from .base import JsonlDataModule
-from .collate import TOKEN_KEYS, Collator
-from .rows import DEFAULT_TASK, Row
-from .segments import chat_renderer, row_segments, special_affixes
-from .text import pad_token_id
+from lightprune.data.base import JsonlDataModule
+from lightprune.data.collate import TOKEN_KEYS, Collator
+from lightprune.data.generated.shapes_qa import shapes_qa_texts
+from lightprune.data.rows import DEFAULT_TASK, Row
+from lightprune.data.segments import chat_renderer, row_segments, special_affixes
+from lightprune.data.text import pad_token_id
+from lightprune.data.tiny_processor import TINY_CORPUS, TINY_PROCESSOR_FAMILIES, tiny_mllm_processor
 
 __all__ = ["ImageTextJsonlDataModule", "load_processor"]
 
@@ -62,9 +64,6 @@ def load_processor(processor: Any):
     the local processor of a tiny model (:func:`lightprune.data.tiny_mllm_processor`), its tokenizer
     trained on the built-in corpus and the Shapes QA vocabulary (what a config file can name)."""
     if isinstance(processor, str) and processor.startswith(TINY_PROCESSOR_PREFIX):
-        from .shapes_qa import shapes_qa_texts
-        from .tiny_processor import TINY_CORPUS, TINY_PROCESSOR_FAMILIES, tiny_mllm_processor
-
         family = processor[len(TINY_PROCESSOR_PREFIX):]
         if family not in TINY_PROCESSOR_FAMILIES:
             raise ValueError(f"processor {processor!r}: tiny processors exist for {list(TINY_PROCESSOR_FAMILIES)}")
@@ -76,7 +75,6 @@ def load_processor(processor: Any):
                                     "processors from local directories only; nothing is downloaded)")
         from transformers import AutoProcessor
 
-        from . import tiny_processor  # noqa: F401  registers the tiny processors with AutoProcessor
 
         return AutoProcessor.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     if not callable(processor) or getattr(processor, "tokenizer", None) is None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .rows import IMAGE_PLACEHOLDER, JsonlRowError, Row
+from lightprune.data.rows import IMAGE_PLACEHOLDER, JsonlRowError, Row
 
 __all__ = ["ChatRenderer", "Segment", "build_conversation", "chat_renderer", "row_segments", "special_affixes"]
 

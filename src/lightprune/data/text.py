@@ -5,7 +5,7 @@ Rows are ``{"text"}``, ``{"prompt", "completion"}`` or ``{"messages"}`` (see
 split is tokenised once, when first used, in batches, with a progress bar for large files.
 Batches are dicts of ``input_ids``, ``attention_mask`` and ``labels`` (-100 where no loss is
 taken: prompts, non-assistant turns, padding), ready for ``model(**batch)`` and for
-:class:`lightprune.modules.MoECausalLM`.
+:class:`lightprune.finetune.MoECausalLM`.
 
 The tokenizer is a local directory (``AutoTokenizer.from_pretrained(path,
 local_files_only=True)``; nothing is downloaded) or a tokenizer object, e.g. from
@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from .base import JsonlDataModule
-from .collate import Collator
-from .rows import Row
-from .segments import chat_renderer, row_segments, special_affixes
+from lightprune.data.base import JsonlDataModule
+from lightprune.data.collate import Collator
+from lightprune.data.rows import Row
+from lightprune.data.segments import chat_renderer, row_segments, special_affixes
 
 __all__ = ["TextJsonlDataModule", "load_tokenizer"]
 

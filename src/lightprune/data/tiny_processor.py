@@ -36,7 +36,8 @@ from collections.abc import Sequence
 
 from transformers import AutoProcessor, LlavaOnevisionProcessor, Qwen2_5_VLProcessor, Qwen3VLProcessor
 
-from .tokenizer import CHAT_TOKENS, CHATML_TEMPLATE, IMAGE_TOKENS, train_bpe_tokenizer
+from lightprune.data.tokenizer import CHAT_TOKENS, CHATML_TEMPLATE, IMAGE_TOKENS, train_bpe_tokenizer
+from lightprune.models.tiny import tiny_config
 
 __all__ = ["TINY_CORPUS", "TINY_PROCESSOR_FAMILIES", "TinyLlavaOnevisionProcessor", "TinyQwen2_5VLProcessor",
            "TinyQwen3VLProcessor", "tiny_llava_onevision_processor", "tiny_mllm_processor", "tiny_mllm_tokenizer",
@@ -106,8 +107,6 @@ def _family_config(family: str, config):
     if family not in _TOKENS:
         raise ValueError(f"no tiny processor for family {family!r}; choose one of {list(TINY_PROCESSOR_FAMILIES)}")
     if config is None:
-        from ..models.tiny import tiny_config
-
         return tiny_config(family)
     return config
 
@@ -183,8 +182,7 @@ def tiny_mllm_processor(family: str, config=None, *, tokenizer=None, texts: Sequ
     if family == "qwen2_5_vl":
         return TinyQwen2_5VLProcessor(image_processor=_qwen_image_processor(config, min_pixels, max_pixels),
                                       tokenizer=tokenizer, chat_template=tokenizer.chat_template)
-    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
-        LlavaOnevisionImageProcessorPil)
+    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import LlavaOnevisionImageProcessorPil
 
     vision = config.vision_config
     if config.vision_feature_select_strategy != "full":

@@ -14,11 +14,12 @@ transformers only) so that ``AutoModel...from_pretrained(path, trust_remote_code
 it without lightprune.
 """
 
-from .load import check_checkpoint, load_pruned
-from .pipeline import export_pruned
-from .save import MANIFEST_FILE, save_pruned
-from .verify import ExportVerificationError, default_probe
-from .width import WIDTH_PLAN_FILE, attach_width_kernels, save_width_pruned
+from lightprune.export.load import check_checkpoint, load_pruned
+from lightprune.export.pipeline import export_pruned
+from lightprune.export.save import MANIFEST_FILE, save_pruned
+from lightprune.export.verify import ExportVerificationError, default_probe
+from lightprune.export.width import save_width_pruned
+from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels
 
 __all__ = ["save_pruned", "load_pruned", "export_pruned", "ExportVerificationError", "default_probe",
            "check_checkpoint", "MANIFEST_FILE", "save_width_pruned", "attach_width_kernels", "WIDTH_PLAN_FILE"]

@@ -1,11 +1,11 @@
 """Which transformers classes build a pruned checkpoint, and the in-process resizing subclass.
 
-- :func:`auto_class_name`: ``AutoModelForImageTextToText`` for the MLLM families (the adapter's
+- :func:`auto_class_name`: ``AutoModelForImageTextToText`` for the MLLM families (the family's
   ``multimodal`` flag), ``AutoModelForCausalLM`` otherwise.
 - :func:`base_class`: the stock transformers class of a model or config (never a lightprune or
   remote-code subclass), the name a checkpoint records in ``architectures``.
 - :func:`moe_block_pattern`: the module path of the MoE blocks with an ``{index}`` field, from
-  the adapter (``model.layers.{index}.mlp``, ``model.language_model.layers.{index}.mlp``).
+  the family (``model.layers.{index}.mlp``, ``model.language_model.layers.{index}.mlp``).
 - :func:`resizing_class`: a subclass of the stock class whose ``__init__`` gives each layer the
   expert count of ``config.lightprune_experts_per_layer`` (through :mod:`.remote_resize`, the same
   code the generated ``modeling_lightprune.py`` runs), so ``from_pretrained`` loads a
@@ -18,8 +18,8 @@ from typing import Any
 
 from torch import nn
 
-from ..models import ADAPTERS, find_moe_layers, get_adapter
-from . import remote_resize
+from lightprune.export import remote_resize
+from lightprune.models import FAMILIES, find_moe_layers, get_family
 
 __all__ = ["auto_class_name", "auto_class", "base_class", "base_class_for_config", "moe_block_pattern",
            "resizing_class"]
@@ -30,9 +30,9 @@ _RESIZING: dict[type, type] = {}
 
 def auto_class_name(config: Any) -> str:
     """The transformers auto class that builds ``config``'s model with its LM head."""
-    adapter = ADAPTERS.get(getattr(config, "model_type", None))
-    if adapter is not None:
-        return _IMAGE_TEXT if adapter.multimodal else _CAUSAL
+    family = FAMILIES.get(getattr(config, "model_type", None))
+    if family is not None:
+        return _IMAGE_TEXT if family.multimodal else _CAUSAL
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     return _CAUSAL if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else _IMAGE_TEXT
@@ -84,13 +84,13 @@ def _resize_from_config(model: nn.Module, config: Any) -> None:
     counts = remote_resize.experts_per_layer(config)
     if not counts:
         return
-    adapter = get_adapter(model)
-    moe = {layer.index for layer in adapter.layers()}
+    family = get_family(model)
+    moe = {layer.index for layer in family.layers()}
     unknown = sorted(set(counts) - moe)
     if unknown:
         raise ValueError(f"config.{remote_resize.PER_LAYER_KEY} names layers {unknown} that are not MoE "
                          f"layers of {type(model).__name__} (MoE layers: {sorted(moe)})")
-    remote_resize.resize_model(model, moe_block_pattern(model), counts, adapter.router_attr, adapter.experts_attr)
+    remote_resize.resize_model(model, moe_block_pattern(model), counts, family.router_attr, family.experts_attr)
 
 
 def resizing_class(base: type) -> type:

@@ -28,8 +28,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .classes import auto_class, base_class_for_config, resizing_class
-from .remote_resize import experts_per_layer
+from lightprune.distributed import outside_zero_init
+from lightprune.export.classes import auto_class, base_class_for_config, resizing_class
+from lightprune.export.remote_resize import experts_per_layer
+from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels, read_width_manifest
+from lightprune.width.plan import WidthPlan
 
 __all__ = ["load_pruned", "check_checkpoint", "check_safetensors", "weight_files"]
 
@@ -126,7 +129,6 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
     path = check_checkpoint(path)
     from transformers import AutoConfig
 
-    from ..distributed import outside_zero_init
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     kwargs = {"dtype": dtype if dtype is not None else "auto", "use_safetensors": True, **from_pretrained_kwargs}
@@ -139,11 +141,7 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
                 cls = resizing_class(cls)
             model = cls.from_pretrained(path, config=config, **kwargs)
     model.eval()
-    from .width import WIDTH_PLAN_FILE, attach_width_kernels, read_width_manifest
-
     if (path / WIDTH_PLAN_FILE).is_file():
-        from ..plan import WidthPlan
-
         plan = WidthPlan.load(path / WIDTH_PLAN_FILE)
         attach_width_kernels(model, plan, align=int(read_width_manifest(path)["align"]),
                              attention_backend=attention_backend)

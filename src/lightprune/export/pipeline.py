@@ -16,11 +16,12 @@ from typing import Any
 
 from torch import nn
 
-from ..plan import ExpertPlan
-from ..surgery import mask_experts, prune_experts
-from .save import MANIFEST_FILE, parameter_count, save_pruned
-from .staging import check_out_dir
-from .verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
+from lightprune.experts.mask import mask_experts
+from lightprune.experts.plan import ExpertPlan
+from lightprune.experts.prune import prune_experts
+from lightprune.export.save import MANIFEST_FILE, parameter_count, save_pruned
+from lightprune.export.staging import check_out_dir
+from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
 
 __all__ = ["export_pruned"]
 

@@ -20,9 +20,9 @@ from typing import Any
 
 from torch import nn
 
-from ..models import get_adapter
-from . import remote_resize
-from .classes import auto_class_name, base_class, moe_block_pattern
+from lightprune.export import remote_resize
+from lightprune.export.classes import auto_class_name, base_class, moe_block_pattern
+from lightprune.models import get_family
 
 __all__ = ["MODELING_FILE", "modeling_source", "auto_map_entry", "remote_class_name"]
 
@@ -73,16 +73,16 @@ def _import_module(base: type) -> str:
 
 def modeling_source(model: nn.Module) -> str:
     """The text of ``modeling_lightprune.py`` for ``model``'s family (imports only torch and transformers)."""
-    from .. import __version__
+    from lightprune import __version__
 
     base = base_class(model)
-    adapter = get_adapter(model)
+    family = get_family(model)
     header = ("# modeling_lightprune.py: written by lightprune's save_pruned; needs only torch and transformers.\n"
               "# Load with AutoModel...from_pretrained(path, trust_remote_code=True).\n")
     body = inspect.getsource(remote_resize)
     return header + body + _TEMPLATE.format(
         version=__version__, base=base.__name__, base_module=_import_module(base), pattern=moe_block_pattern(model),
-        router_attr=adapter.router_attr, experts_attr=adapter.experts_attr, name=remote_class_name(model))
+        router_attr=family.router_attr, experts_attr=family.experts_attr, name=remote_class_name(model))
 
 
 def auto_map_entry(model: nn.Module) -> dict[str, Any]:

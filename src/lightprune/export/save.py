@@ -28,13 +28,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models import find_moe_layers, get_adapter
-from ..surgery import is_masked
-from .classes import auto_class_name, base_class
-from .load import load_pruned, weight_files
-from .remote_code import MODELING_FILE, auto_map_entry, modeling_source
-from .staging import TMP_TAG, staging_dir
-from .verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
+from lightprune.experts.mask import is_masked
+from lightprune.export.classes import auto_class_name, base_class
+from lightprune.export.load import load_pruned, weight_files
+from lightprune.export.remote_code import MODELING_FILE, auto_map_entry, modeling_source
+from lightprune.export.staging import TMP_TAG, staging_dir
+from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
+from lightprune.models import find_moe_layers, get_family
 
 __all__ = ["save_pruned", "parameter_count", "tensor_bytes", "MANIFEST_FILE"]
 
@@ -95,8 +95,11 @@ def _check_no_pickles(tmp: Path) -> None:
 def _forget_remote_module(checkpoint: Path) -> None:
     """Drop transformers' cached copy of a staged directory's remote code (its name is unique to this export)."""
     try:
-        from transformers.dynamic_module_utils import HF_MODULES_CACHE, TRANSFORMERS_DYNAMIC_MODULE_NAME
-        from transformers.dynamic_module_utils import _sanitize_module_name
+        from transformers.dynamic_module_utils import (
+            HF_MODULES_CACHE,
+            TRANSFORMERS_DYNAMIC_MODULE_NAME,
+            _sanitize_module_name,
+        )
     except ImportError:
         return
     if TMP_TAG not in checkpoint.name:
@@ -161,9 +164,9 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
     if is_masked(model):
         raise ValueError("save_pruned got a model inside mask_experts: masking is not saved; "
                          "call prune_experts(model, plan) first (or use export_pruned)")
-    adapter = get_adapter(model)
+    family = get_family(model)
     counts = {layer.index: layer.num_experts for layer in find_moe_layers(model)}
-    adapter.set_expert_counts(counts)
+    family.set_expert_counts(counts)
     uniform = len(set(counts.values())) == 1
     probe = dict(probe) if probe is not None else default_probe(model)
     if reference_logits is None:

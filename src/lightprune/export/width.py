@@ -1,4 +1,5 @@
-"""Save and load an MWOP width-pruned checkpoint (paper 002, appendix D.5): :func:`save_width_pruned`.
+"""Save and load an MWOP width-pruned checkpoint (paper 002, appendix D.5): :func:`save_width_pruned` (the format's names and the
+loader's kernel swap are in :mod:`lightprune.export.width_format`).
 
 MWOP keeps every weight (the plan removes attention paths and FFN channel executions, not parameters),
 so the checkpoint is the model's own ``save_pretrained`` plus ``width_plan.json`` and a manifest
@@ -27,28 +28,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..plan import MODALITIES, PATHS, WidthPlan
-from .staging import staging_dir
-from .verify import ExportVerificationError, default_atol, default_probe, model_logits
+from lightprune.export.load import load_pruned
+from lightprune.export.staging import staging_dir
+from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, model_logits
+from lightprune.export.width_format import MANIFEST_NAME, WIDTH_FORMAT, WIDTH_PLAN_FILE
+from lightprune.width.mask import mask_width
+from lightprune.width.paths import MODALITIES, PATHS
+from lightprune.width.plan import WidthPlan
 
-__all__ = ["save_width_pruned", "attach_width_kernels", "read_width_manifest", "WIDTH_PLAN_FILE", "WIDTH_FORMAT"]
-
-WIDTH_PLAN_FILE = "width_plan.json"
-WIDTH_FORMAT = "lightprune-width-export"
-_MANIFEST = "lightprune_export.json"
-
-
-def attach_width_kernels(model: nn.Module, plan: WidthPlan, align: int = 64, attention_backend: str = "sdpa"):
-    """Swap the path-sparse attention and the compact FFNs into ``model`` (in place); the handle is returned
-    and kept as ``model.lightprune_width``."""
-    from ..kernels import check_backend, swap_compact_ffn
-
-    device = next(model.parameters()).device
-    check_backend(attention_backend, device)
-    handle = swap_compact_ffn(model, plan, align, mask_attention=True, attention_backend=attention_backend)
-    model.lightprune_width = handle
-    return handle
-
+__all__ = ["save_width_pruned"]
 
 def _valid_positions(probe: Mapping[str, Any], logits: torch.Tensor) -> torch.Tensor:
     mask = probe.get("attention_mask")
@@ -89,8 +77,6 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
         processor: saved beside the weights when given.
         metadata: extra entries for the manifest (e.g. the search's ATR and FLOPs).
     """
-    from ..surgery.width_mask import mask_width
-
     if int(align) != align or align < 1:
         raise ValueError(f"align must be a positive integer, got {align!r}")
     if getattr(model, "lightprune_width", None) is not None:
@@ -107,8 +93,6 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
         if processor is not None:
             processor.save_pretrained(tmp)
         plan.save(tmp / WIDTH_PLAN_FILE)
-        from .load import load_pruned
-
         reloaded = load_pruned(tmp).to(next(model.parameters()).device)
         try:
             diff = _max_diff(model_logits(reloaded, probe), reference_logits, valid, "reloaded width checkpoint")
@@ -125,17 +109,5 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
                                      "probe_shapes": {k: list(v.shape) for k, v in probe.items()
                                                       if isinstance(v, torch.Tensor)}},
                     **dict(metadata or {})}
-        (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     return Path(out_dir).expanduser().absolute()
-
-
-def read_width_manifest(path: Path) -> dict[str, Any]:
-    """The width export's manifest (alignment) at ``path``; defaults when a plan was dropped in by hand."""
-    manifest = path / _MANIFEST
-    if not manifest.is_file():
-        return {"align": 64}
-    data = json.loads(manifest.read_text())
-    if data.get("format") != WIDTH_FORMAT:
-        raise ValueError(f"{path} has {WIDTH_PLAN_FILE} but its manifest is of format {data.get('format')!r}, "
-                         f"not {WIDTH_FORMAT!r}")
-    return data

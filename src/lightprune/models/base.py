@@ -1,6 +1,6 @@
-"""Model adapters: the only code that knows where a family keeps its routers and experts.
+"""Model families: the only code that knows where a family keeps its routers and experts.
 
-An adapter is chosen by ``config.model_type``. It finds the MoE layers (skipping dense ones by
+A family is chosen by ``config.model_type``. It finds the MoE layers (skipping dense ones by
 the family's own rule), runs the family's routing rule with an optional expert mask, and names
 the config keys that count experts. Everything else in lightprune talks to :class:`MoELayer`.
 
@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-__all__ = ["MoELayer", "MoEAdapter", "RoutingLimits", "RoutingOutput", "find_decoder_layers"]
+__all__ = ["MoELayer", "MoEFamily", "RoutingLimits", "RoutingOutput", "find_decoder_layers"]
 
 RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(router_logits [T, E], weights applied to the selected experts [T, k], selected ids [T, k])``."""
@@ -73,7 +73,7 @@ class MoELayer:
     has_shared_experts: bool
     n_group: int = 1
     topk_group: int = 1
-    adapter: "MoEAdapter | None" = field(default=None, repr=False)
+    family: "MoEFamily | None" = field(default=None, repr=False)
     #: group-limited routing (see :attr:`RoutingLimits.grouped`)
     grouped: bool = False
 
@@ -87,8 +87,8 @@ class MoELayer:
 
     def route(self, hidden_states: torch.Tensor, expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         """The family's routing of ``hidden_states`` [T, H]; ``expert_mask`` [E] bool, True = masked out."""
-        assert self.adapter is not None
-        return self.adapter.route(self, hidden_states, expert_mask)
+        assert self.family is not None
+        return self.family.route(self, hidden_states, expert_mask)
 
 
 _DECODER_PATHS = ("model.language_model.layers", "model.layers", "language_model.layers", "layers")
@@ -108,8 +108,8 @@ def find_decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     raise ValueError(f"{type(model).__name__}: cannot find the decoder layers (looked for {list(_DECODER_PATHS)})")
 
 
-class MoEAdapter:
-    """Base adapter. Subclasses set the class attributes and implement :meth:`route`."""
+class MoEFamily:
+    """Base family. Subclasses set the class attributes and implement :meth:`route`."""
 
     model_types: ClassVar[tuple[str, ...]] = ()
     #: config attribute holding the routed-expert count (on the text config for MLLMs)
@@ -194,7 +194,7 @@ class MoEAdapter:
                 index=index, name=f"{prefix}.{index}.{self.mlp_attr}", block=block, router=router,
                 experts=experts, num_experts=int(_stored_shape(router)[0]), top_k=self.top_k(),
                 has_shared_experts=any(getattr(block, a, None) is not None for a in self.shared_attrs),
-                n_group=n_group, topk_group=topk_group, adapter=self, grouped=self.group_limited))
+                n_group=n_group, topk_group=topk_group, family=self, grouped=self.group_limited))
         return found
 
     # ----------------------------------------------------------------- routing

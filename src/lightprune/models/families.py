@@ -1,4 +1,4 @@
-"""One adapter per supported family (selected by ``config.model_type``).
+"""One family class per supported model type (selected by ``config.model_type``).
 
 | family | routing | dense layers | shared experts |
 |---|---|---|---|
@@ -18,14 +18,14 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from .base import MoEAdapter, MoELayer, RoutingOutput
-from .softmax_routing import softmax_logits, softmax_topk_select
+from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput
+from lightprune.models.softmax_routing import softmax_logits, softmax_topk_select
 
-__all__ = ["MixtralAdapter", "Qwen2MoeAdapter", "Qwen3MoeAdapter", "OlmoeAdapter", "DeepseekV3Adapter",
-           "Qwen3VLMoeAdapter", "InternVLAdapter"]
+__all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "DeepseekV3Family",
+           "Qwen3VLMoeFamily", "InternVLFamily"]
 
 
-class _SoftmaxAdapter(MoEAdapter):
+class _SoftmaxFamily(MoEFamily):
     cast_back: ClassVar[bool] = True
 
     def renormalize(self) -> bool:
@@ -39,7 +39,7 @@ class _SoftmaxAdapter(MoEAdapter):
         return softmax_topk_select(router_logits, expert_mask, layer.top_k, self.renormalize(), self.cast_back)
 
 
-class MixtralAdapter(_SoftmaxAdapter):
+class MixtralFamily(_SoftmaxFamily):
     model_types = ("mixtral",)
     num_experts_key = "num_local_experts"
     cast_back = False
@@ -51,23 +51,23 @@ class MixtralAdapter(_SoftmaxAdapter):
         return True
 
 
-class Qwen2MoeAdapter(_SoftmaxAdapter):
+class Qwen2MoeFamily(_SoftmaxFamily):
     model_types = ("qwen2_moe",)
     shared_attrs = ("shared_expert",)
 
 
-class Qwen3MoeAdapter(_SoftmaxAdapter):
+class Qwen3MoeFamily(_SoftmaxFamily):
     model_types = ("qwen3_moe",)
 
 
-class OlmoeAdapter(_SoftmaxAdapter):
+class OlmoeFamily(_SoftmaxFamily):
     model_types = ("olmoe",)
 
     def is_sparse_layer(self, index: int) -> bool:
         return True
 
 
-class Qwen3VLMoeAdapter(_SoftmaxAdapter):
+class Qwen3VLMoeFamily(_SoftmaxFamily):
     model_types = ("qwen3_vl_moe",)
     multimodal = True
 
@@ -79,7 +79,7 @@ class Qwen3VLMoeAdapter(_SoftmaxAdapter):
         return _config_ids(self.config, ("image_token_id", "video_token_id"))
 
 
-class InternVLAdapter(_SoftmaxAdapter):
+class InternVLFamily(_SoftmaxFamily):
     model_types = ("internvl",)
     multimodal = True
 
@@ -104,7 +104,7 @@ def _config_ids(config, keys: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(found)
 
 
-class DeepseekV3Adapter(MoEAdapter):
+class DeepseekV3Family(MoEFamily):
     """DeepSeek-V3: sigmoid scores, correction bias for selection only, group-limited top-k,
     optional renormalisation, then ``routed_scaling_factor``.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import RoutingOutput
+from lightprune.models.base import RoutingOutput
 
 __all__ = ["softmax_logits", "softmax_topk_select"]
 

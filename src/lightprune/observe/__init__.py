@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .attention_probe import PROBE_PREFIX, AttentionProbe, low_high_masks, modality_masks
+from lightprune.observe.attention_probe import PROBE_PREFIX, AttentionProbe, low_high_masks, modality_masks
 
 __all__ = ["AttentionProbe", "low_high_masks", "modality_masks", "PROBE_PREFIX"]

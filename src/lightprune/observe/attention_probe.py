@@ -27,8 +27,16 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .attention_interface import (dense_mask, language_model_configs, original_function, register_wrapper,
-                                  restore_attention, switch_attention, wrappable)
+from lightprune.models import get_family
+from lightprune.observe.attention_interface import (
+    dense_mask,
+    language_model_configs,
+    original_function,
+    register_wrapper,
+    restore_attention,
+    switch_attention,
+    wrappable,
+)
 
 __all__ = ["AttentionProbe", "low_high_masks", "modality_masks", "PROBE_PREFIX"]
 
@@ -106,12 +114,10 @@ class AttentionProbe:
     """
 
     def __init__(self, model: nn.Module, layers: list[int] | None = None):
-        from ..models import get_adapter
-
-        adapter = get_adapter(model)
-        path, decoder = adapter.decoder_layers()
+        family = get_family(model)
+        path, decoder = family.decoder_layers()
         if layers is None:
-            layers = [layer.index for layer in adapter.layers()]
+            layers = [layer.index for layer in family.layers()]
         layers = sorted({int(i) for i in layers})
         bad = [i for i in layers if not 0 <= i < len(decoder)]
         if bad:

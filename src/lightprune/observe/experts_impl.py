@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import MoELayer
+from lightprune.models import MoELayer
 
 __all__ = ["IMPLEMENTATION", "observing_experts", "expert_outputs", "run_expert"]
 

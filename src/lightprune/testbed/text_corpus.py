@@ -36,9 +36,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..data.default_corpus import DefaultCorpusError, _build_folder, _check, _write_manifest
-from ..data.pydoc_rows import SPLIT_SHARES, corpus_splits
-from .training import cache_root
+from lightprune.data.cache import CacheError, build_folder, check_folder, write_manifest
+from lightprune.data.pydoc_rows import SPLIT_SHARES, corpus_splits
+from lightprune.data.rows import read_jsonl
+from lightprune.data.tokenizer import train_bpe_tokenizer
+from lightprune.testbed.training import cache_root
 
 __all__ = ["DOMAINS", "TEXT_CORPUS_FORMAT", "TextCorpus", "TextCorpusSpec", "build_text_corpus",
            "rows_by_domain", "stdlib_files", "text_corpus_rows"]
@@ -188,8 +190,6 @@ def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
 
 def _fill(spec: TextCorpusSpec):
     def fill(folder: Path) -> None:
-        from ..data.tokenizer import train_bpe_tokenizer
-
         splits = text_corpus_rows(spec)
         for split, rows in splits.items():
             _write_jsonl(folder / f"{split}.jsonl", rows)
@@ -202,7 +202,7 @@ def _fill(spec: TextCorpusSpec):
         stats = {split: {d: {"rows": sum(r["domain"] == d for r in rows),
                              "chars": sum(len(r["text"]) for r in rows if r["domain"] == d)} for d in DOMAINS}
                  for split, rows in splits.items()}
-        _write_manifest(folder, {"format": TEXT_CORPUS_FORMAT, "spec": asdict(spec), "splits": stats,
+        write_manifest(folder, {"format": TEXT_CORPUS_FORMAT, "spec": asdict(spec), "splits": stats,
                                  "python": sys.version.split()[0], "tokenizer_len": len(tokenizer)})
 
     return fill
@@ -221,21 +221,20 @@ def build_text_corpus(spec: TextCorpusSpec | None = None, root: str | os.PathLik
     expect = {"format": TEXT_CORPUS_FORMAT, "spec": asdict(spec)}
     required = tuple(p.name for p in _files(folder).values())
     try:
-        manifest = _check(folder, expect, required)
+        manifest = check_folder(folder, expect, required)
         _check_tokenizer(folder)
-    except DefaultCorpusError as e:
+    except CacheError as e:
         if folder.exists():
             from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
             rank_zero_warn(f"rebuilding the testbed corpus {folder}: {e}")
-        _build_folder(folder, _fill(spec), replace=folder.exists())
-        manifest = _check(folder, expect, required)
+        build_folder(folder, _fill(spec), replace=folder.exists())
+        manifest = check_folder(folder, expect, required)
     return TextCorpus(folder, _files(folder), folder / "tokenizer", manifest)
 
 
 def rows_by_domain(path: Path) -> dict[str, list]:
     """A corpus JSONL file's rows (:class:`~lightprune.data.rows.Row`) per domain, in file order."""
-    from ..data.rows import read_jsonl
 
     rows = read_jsonl(path)
     domains = [json.loads(line)["domain"] for line in path.read_text(encoding="utf-8").splitlines()]
@@ -244,4 +243,4 @@ def rows_by_domain(path: Path) -> dict[str, list]:
 
 def _check_tokenizer(folder: Path) -> None:
     if not (folder / "tokenizer" / "tokenizer.json").is_file():
-        raise DefaultCorpusError(f"{folder / 'tokenizer' / 'tokenizer.json'} is missing")
+        raise CacheError(f"{folder / 'tokenizer' / 'tokenizer.json'} is missing")

@@ -9,9 +9,9 @@ calibration split or one domain's rows (``prose``, ``code``).
 
 from __future__ import annotations
 
-from ..data.text import TextJsonlDataModule
-from .text_corpus import build_text_corpus
-from .text_moe import TEXT_TESTBEDS
+from lightprune.data.text import TextJsonlDataModule
+from lightprune.testbed.text_corpus import build_text_corpus
+from lightprune.testbed.text_moe import TEXT_TESTBEDS
 
 __all__ = ["TestbedTextDataModule"]
 

@@ -28,9 +28,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..data.default_corpus import _write_manifest
-from .text_corpus import TextCorpus, TextCorpusSpec, build_text_corpus, rows_by_domain
-from .training import cache_root, cached_testbed, encode_batches, fit_from_init, next_token_metrics, spec_digest
+from lightprune.data import TextJsonlDataModule
+from lightprune.data.cache import write_manifest
+from lightprune.data.default_corpus import default_model_overrides
+from lightprune.data.rows import read_jsonl
+from lightprune.models.tiny import tiny_config
+from lightprune.testbed.text_corpus import TextCorpus, TextCorpusSpec, build_text_corpus, rows_by_domain
+from lightprune.testbed.training import (
+    cache_root,
+    cached_testbed,
+    encode_batches,
+    fit_from_init,
+    next_token_metrics,
+    spec_digest,
+)
 
 __all__ = ["TEXT_TESTBEDS", "TESTBED_PREFIX", "TextTestbedSpec", "held_out_perplexity", "resolve_testbed", "spec_with",
            "corpus_datamodule", "preset_of", "text_testbed"]
@@ -111,7 +122,6 @@ def text_testbed(preset: str | TextTestbedSpec = "small", root: str | os.PathLik
 
 def corpus_datamodule(spec: TextTestbedSpec, corpus: TextCorpus, **overrides: Any):
     """The corpus's splits as a TextJsonlDataModule with the spec's batching (loss on every token)."""
-    from ..data import TextJsonlDataModule
 
     kw = dict(max_length=spec.max_length, batch_size=spec.batch_size, mask_prompt=False, add_eos=True, seed=spec.seed)
     return TextJsonlDataModule(**corpus.jsonl_args(), **{**kw, **overrides})
@@ -122,8 +132,6 @@ def _initial_checkpoint(folder: Path, spec: TextTestbedSpec, tokenizer) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ..data.default_corpus import default_model_overrides
-    from ..models.tiny import tiny_config
 
     config = tiny_config("qwen3_moe", **{**spec.model, **default_model_overrides(tokenizer),
                                          "max_position_embeddings": spec.max_length,
@@ -138,7 +146,6 @@ def _initial_checkpoint(folder: Path, spec: TextTestbedSpec, tokenizer) -> Path:
 def held_out_perplexity(model, corpus: TextCorpus, spec: TextTestbedSpec, split: str = "test",
                         max_batches: int | None = None) -> dict[str, float]:
     """exp(mean next-token loss) over ``split``'s rows per domain and overall (every token, eos included)."""
-    from ..data.rows import read_jsonl
 
     dm = corpus_datamodule(spec, corpus)
     by_domain = {**rows_by_domain(corpus.files[split]), "all": read_jsonl(corpus.files[split])}
@@ -155,13 +162,13 @@ def _train(folder: Path, spec: TextTestbedSpec, corpus: TextCorpus, expect: dict
     out = folder / "model"
     model.save_pretrained(str(out))
     dm.tokenizer.save_pretrained(str(out))
-    _write_manifest(out, expect)
+    write_manifest(out, expect)
     params = sum(p.numel() for p in model.parameters())
     record = {"spec": asdict(spec), "corpus": str(corpus.root), "parameters": params, "train_seconds": seconds,
               "tokens_per_second": spec.steps * spec.batch_size * spec.max_length / seconds,
               "held_out_perplexity": ppl, "loss_curve": curve}
     (folder / "training.json").write_text(json.dumps(record, indent=1) + "\n")
-    _write_manifest(folder, expect)
+    write_manifest(folder, expect)
 
 
 def spec_with(preset: str, **changes: Any) -> TextTestbedSpec:

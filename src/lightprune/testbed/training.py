@@ -4,7 +4,7 @@ A testbed folder ``<root>/testbed/<name>-<digest of its spec>/`` holds ``model/`
 lightprune command loads), ``training.json`` and a manifest each; :func:`cached_testbed` returns it when
 both manifests check, else trains it into a temporary folder renamed into place (the default corpus's
 cache helpers), with the job's random state left untouched (:func:`isolated_rng`). :func:`fit_from_init`
-is the training itself: :class:`~lightprune.modules.MoECausalLM` from the initial checkpoint, AdamW with
+is the training itself: :class:`~lightprune.finetune.MoECausalLM` from the initial checkpoint, AdamW with
 linear warm-up and cosine decay for a fixed number of steps (not a time budget, so a rerun gives the same
 weights on the same machine and thread count), the loss curve kept by :class:`LossCurve`. What the testbeds
 report about themselves and the quality tables measure on them: :func:`next_token_metrics` over batches of
@@ -20,15 +20,17 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from ..data.default_corpus import DefaultCorpusError, _build_folder, _check
+from lightprune.batch import model_inputs
+from lightprune.data.cache import CacheError, build_folder, check_folder
+from lightprune.finetune import MoECausalLM
 
 __all__ = ["LossCurve", "cache_root", "cached_testbed", "encode_batches", "fit_from_init", "isolated_rng",
            "next_token_metrics", "spec_digest"]
@@ -77,15 +79,15 @@ def isolated_rng() -> Iterator[None]:
 def cached_testbed(folder: Path, expect: dict[str, Any], train: Callable[[Path], None]) -> Path:
     """``folder`` when its manifests (and ``model/``'s) match ``expect``; else ``train(tmp_folder)`` first."""
     try:
-        _check(folder, expect, ("training.json",))
-        _check(folder / "model", expect, _MODEL_FILES)
-    except DefaultCorpusError as e:
+        check_folder(folder, expect, ("training.json",))
+        check_folder(folder / "model", expect, _MODEL_FILES)
+    except CacheError as e:
         if folder.exists():
             from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
             rank_zero_warn(f"retraining the testbed {folder}: {e}")
         with isolated_rng():
-            _build_folder(folder, train, replace=folder.exists())
+            build_folder(folder, train, replace=folder.exists())
     return folder
 
 
@@ -112,7 +114,6 @@ def fit_from_init(folder: Path, init: Path, datamodule, spec, *, router_aux_loss
     """Train the checkpoint ``init`` on ``datamodule`` as ``spec`` says (steps, learning_rate, weight_decay,
     warmup_steps, seed, and ``loss_mean`` when it has one); returns (the trained transformers model, seconds, loss
     curve). ``init`` is removed."""
-    from ..modules import MoECausalLM
 
     pl.seed_everything(spec.seed, verbose=False)
     module = MoECausalLM(checkpoint=str(init), learning_rate=spec.learning_rate, weight_decay=spec.weight_decay,
@@ -146,7 +147,6 @@ def next_token_metrics(model, batches: Sequence[dict[str, Any]]) -> tuple[float,
     """(perplexity, next-token accuracy) over the labelled positions of ``batches``."""
     import torch
 
-    from ..batch import model_inputs
 
     nll, right, count = 0.0, 0, 0
     model.eval()

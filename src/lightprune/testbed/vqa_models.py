@@ -24,8 +24,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..data.default_corpus import _write_manifest
-from .training import cache_root, cached_testbed, fit_from_init, spec_digest
+from lightprune.data import TestbedVQADataModule
+from lightprune.data.cache import write_manifest
+from lightprune.data.generated.testbed_vqa import testbed_vqa_texts
+from lightprune.data.tiny_processor import TINY_CORPUS, tiny_mllm_processor
+from lightprune.models.tiny import tiny_config
+from lightprune.testbed.training import cache_root, cached_testbed, fit_from_init, spec_digest
+from lightprune.width.retention import evaluate_tasks
 
 __all__ = ["VQA_TESTBEDS", "VQATestbedSpec", "answer_accuracy", "vqa_testbed"]
 
@@ -93,8 +98,6 @@ VQA_TESTBEDS: dict[str, VQATestbedSpec] = {
 
 
 def _config(spec: VQATestbedSpec):
-    from ..models.tiny import tiny_config
-
     model = json.loads(json.dumps(spec.model))  # a deep copy
     text = model.setdefault("text_config", {})
     text.update(vocab_size=spec.vocab_size, max_position_embeddings=spec.max_length)
@@ -104,15 +107,11 @@ def _config(spec: VQATestbedSpec):
 
 
 def _processor(spec: VQATestbedSpec, config):
-    from ..data.testbed_vqa import testbed_vqa_texts
-    from ..data.tiny_processor import TINY_CORPUS, tiny_mllm_processor
-
     return tiny_mllm_processor(spec.family, config, texts=TINY_CORPUS + tuple(testbed_vqa_texts()))
 
 
 def datamodule(spec: VQATestbedSpec, processor: Any, root: str | os.PathLike | None = None, **overrides: Any):
     """The spec's Testbed VQA splits through ``processor`` (an object or the checkpoint folder)."""
-    from ..data import TestbedVQADataModule
 
     kw = dict(spec.data, seed=spec.seed, batch_size=spec.batch_size, max_length=spec.max_length)
     return TestbedVQADataModule(processor, root=None if root is None else str(root), **{**kw, **overrides})
@@ -120,8 +119,7 @@ def datamodule(spec: VQATestbedSpec, processor: Any, root: str | os.PathLike | N
 
 def answer_accuracy(model, loader, task_names: list[str]) -> dict[str, float]:
     """Per task family with rows in ``loader``: the fraction of rows whose every answer token is the argmax
-    (teacher forced; :func:`lightprune.retention.evaluate_tasks` with ``metric="exact"``)."""
-    from ..retention import evaluate_tasks
+    (teacher forced; :func:`lightprune.width.retention.evaluate_tasks` with ``metric="exact"``)."""
 
     scores = evaluate_tasks(model, loader, len(task_names), metric="exact").tolist()
     return {task: score for task, score in sorted(zip(task_names, scores)) if score == score}
@@ -157,8 +155,8 @@ def _train(folder: Path, spec: VQATestbedSpec, root, expect: dict[str, Any], pro
     out = folder / "model"
     model.save_pretrained(str(out))
     processor.save_pretrained(str(out))
-    _write_manifest(out, expect)
+    write_manifest(out, expect)
     record = {"spec": asdict(spec), "family": spec.family, "parameters": sum(p.numel() for p in model.parameters()),
               "train_seconds": seconds, "val_answer_accuracy": accuracy, "loss_curve": curve}
     (folder / "training.json").write_text(json.dumps(record, indent=1) + "\n")
-    _write_manifest(folder, expect)
+    write_manifest(folder, expect)

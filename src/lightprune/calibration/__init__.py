@@ -1,7 +1,0 @@
-"""Calibration statistics: every calibration criterion for every token subset, from one observed pass."""
-
-from .collect import DEFAULT_CRITERIA, ExpertObserver, collect_expert_stats
-from .result import CRITERIA, NEGATED, SUBSETS, CalibrationStats
-
-__all__ = ["CalibrationStats", "CRITERIA", "SUBSETS", "NEGATED", "DEFAULT_CRITERIA", "ExpertObserver",
-           "collect_expert_stats"]

@@ -1,0 +1,42 @@
+"""ReportPage: write the run's ``report.md`` (:func:`lightprune.reporting.page.write_report_page`) at the end of
+the job, after pruning, export and evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+from lightprune.callbacks.job_end import JobEndCallback
+from lightprune.reporting.page import write_report_page
+
+__all__ = ["ReportPage"]
+
+
+class ReportPage(JobEndCallback):
+    """Write the run's ``report.md`` at the end of the job (phase ``report``: after pruning, export and
+    :class:`~lightprune.callbacks.Evaluate`, wherever it is listed). Only rank 0 writes.
+
+    Args:
+        output_dir: the run directory (default: ``trainer.default_root_dir``).
+    """
+
+    phase = "report"
+
+    def __init__(self, output_dir: str | None = None):
+        super().__init__()
+        self.output_dir = output_dir
+        self.path: Path | None = None
+
+    def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.path is not None:
+            return
+        if trainer.is_global_zero:
+            self.path = write_report_page(Path(self.output_dir or trainer.default_root_dir))
+        else:
+            self.path = Path(self.output_dir or trainer.default_root_dir) / "report.md"
+
+    def run_test(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # lightprune test: after Evaluate's test measurement (phase order), wherever either is listed
+        if trainer.is_global_zero:
+            self.path = write_report_page(Path(self.output_dir or trainer.default_root_dir))

@@ -1,0 +1,132 @@
+"""RunState: what lightprune's callbacks share during one run, so that none looks another up.
+
+One object per trainer (:meth:`RunState.of`). Callbacks put what they produce here and take what they
+need from here:
+
+- ``calibration``: the :class:`~lightprune.experts.calibration.CalibrationStats` of the run (ExpertStats),
+  and ``observer``, the calibration observer while it is active (ExpertStats; Evaluate pauses it);
+- ``expert_scores``: importance by criterion name (RouterDelta puts ``router_delta``; ExpertPruning puts
+  the criterion it scored), ``scoring_seconds``;
+- ``expert_plan``: the ExpertPlan (ExpertPruning; Export applies it, Evaluate masks with it);
+- ``width_plan`` and the width masks active on the model (WidthSearch; WidthExport releases them, Evaluate
+  reads whether they are on): one owner for those hooks, :meth:`apply_width_masks` /
+  :meth:`release_width_masks`;
+- the end-of-job steps: every :class:`~lightprune.callbacks.job_end.JobEndCallback` registers at ``setup``
+  and the first end-of-job hook runs them all, in phase order (:data:`PHASES`: score, select, export,
+  evaluate, report), each once. Where a callback is listed does not matter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+from lightprune.width.mask import mask_width
+
+if TYPE_CHECKING:  # annotations only
+    import lightning.pytorch as pl
+
+    from lightprune.experts.calibration import CalibrationStats, ExpertObserver
+    from lightprune.experts.plan import ExpertPlan
+    from lightprune.experts.scores import ExpertScores
+    from lightprune.width.plan import WidthPlan
+
+__all__ = ["RunState", "PHASES"]
+
+#: the end-of-job phases, in the order they run
+PHASES: tuple[str, ...] = ("score", "select", "export", "evaluate", "report")
+
+_STATES: "weakref.WeakKeyDictionary[Any, RunState]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(eq=False)
+class RunState:
+    calibration: "CalibrationStats | None" = None
+    observer: "ExpertObserver | None" = None
+    expert_scores: "dict[str, ExpertScores]" = field(default_factory=dict)
+    scoring_seconds: float = 0.0
+    expert_plan: "ExpertPlan | None" = None
+    width_plan: "WidthPlan | None" = None
+    _width_masks: Any = None
+    _job_end: list = field(default_factory=list)
+    _finishing: bool = False
+    _tested: list = field(default_factory=list)
+    _finished: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, trainer: Any) -> "RunState":
+        """The run state of ``trainer`` (created on first use; it lives as long as the trainer)."""
+        state = _STATES.get(trainer)
+        if state is None:
+            state = _STATES[trainer] = cls()
+        return state
+
+    # ------------------------------------------------------------------ calibration
+    @contextlib.contextmanager
+    def paused_observation(self) -> Iterator[None]:
+        """Forward passes inside are not counted as calibration data (the observer's hooks are off)."""
+        observer = self.observer
+        if observer is None:
+            yield
+            return
+        observer.__exit__(None, None, None)
+        try:
+            yield
+        finally:
+            observer.__enter__()
+
+    # ------------------------------------------------------------------ width masks
+    @property
+    def width_masks_active(self) -> bool:
+        return self._width_masks is not None
+
+    def apply_width_masks(self, model: Any, plan: "WidthPlan") -> None:
+        """Mask ``model`` with ``plan`` (:func:`lightprune.width.mask.mask_width`), replacing the masks on it."""
+
+        self.release_width_masks()
+        self._width_masks = mask_width(model, plan)
+
+    def release_width_masks(self) -> None:
+        """Remove the width masks this state applied (idempotent)."""
+        handle, self._width_masks = self._width_masks, None
+        if handle is not None:
+            handle.remove()
+
+    # ------------------------------------------------------------------ end of job
+    def add_job_end(self, callback: Any) -> None:
+        """Register ``callback`` (a JobEndCallback) for :meth:`finish_job` (idempotent)."""
+        if callback.phase not in PHASES:
+            raise ValueError(f"{type(callback).__name__}.phase must be one of {list(PHASES)}, got {callback.phase!r}")
+        if all(cb is not callback for cb in self._job_end):
+            self._job_end.append(callback)
+
+    def has_phase(self, phase: str) -> bool:
+        """True when a registered end-of-job step runs in ``phase``."""
+        return any(cb.phase == phase for cb in self._job_end)
+
+    def finish_job(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        """Run every registered end-of-job step not run yet, phase by phase (list order within a phase)."""
+        if self._finishing:
+            return
+        self._finishing = True
+        try:
+            while True:  # a step may register another (a later phase) while it runs
+                pending = [cb for cb in self._in_phase_order() if all(cb is not done for done in self._finished)]
+                if not pending:
+                    break
+                pending[0].run(trainer, pl_module)
+                self._finished.append(pending[0])
+        finally:
+            self._finishing = False
+
+    def finish_test(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        """The end of ``lightprune test``: every registered callback's ``run_test``, in phase order, once each."""
+        for callback in self._in_phase_order():
+            if all(cb is not callback for cb in self._tested):
+                self._tested.append(callback)
+                callback.run_test(trainer, pl_module)
+
+    def _in_phase_order(self) -> list:
+        return sorted(self._job_end, key=lambda cb: PHASES.index(cb.phase))

@@ -1,0 +1,181 @@
+"""collect_expert_stats: one observed forward pass per batch -> every criterion for every subset.
+
+    stats = lp.collect_expert_stats(model, batches, subsets=("all", "text"))
+    stats.score("reap", "text")          # {layer: tensor[E_l]}, higher = keep
+
+:class:`ExpertObserver` does the work and is what the Lightning ``ExpertStats`` callback drives
+batch by batch: it routes every MoE layer's experts through the observing implementation
+(:mod:`lightprune.observe.experts_impl`), attaches an attention probe when an attention subset
+is asked for, feeds :class:`~.accumulate.LayerAccumulator` per layer, and restores the model
+exactly on exit (experts and attention implementations, no hooks left).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from lightprune.batch import model_inputs
+from lightprune.experts.calibration.accumulate import LayerAccumulator
+from lightprune.experts.calibration.result import CRITERIA, CalibrationStats
+from lightprune.experts.calibration.subsets import ATTENTION_SUBSETS, base_masks, check_subsets
+from lightprune.models import MoELayer, find_moe_layers, get_family
+from lightprune.observe.attention_probe import AttentionProbe, low_high_masks
+from lightprune.observe.experts_impl import observing_experts
+
+__all__ = ["ExpertObserver", "collect_expert_stats", "DEFAULT_CRITERIA"]
+
+#: every criterion but the optional delta_h_promoted (which runs promoted experts again)
+DEFAULT_CRITERIA = tuple(c for c in CRITERIA if c != "delta_h_promoted")
+
+
+class ExpertObserver:
+    """Accumulate calibration statistics over forward passes made inside ``with observer:``.
+
+    Call :meth:`begin_batch` with each batch before the model's forward on it (the model must
+    get the whole batch in one call), then run the forward under ``torch.no_grad()``.
+    """
+
+    def __init__(self, model: nn.Module, subsets: Iterable[str] = ("all",), criteria: Iterable[str] | None = None,
+                 low_attn_quantile: float = 0.02):
+        self.model = model
+        self.family = get_family(model)
+        self.layers: list[MoELayer] = find_moe_layers(model)
+        self.vision_token_ids = tuple(getattr(self.family, "vision_token_ids", lambda: ())())
+        self.subsets = check_subsets(subsets, self.vision_token_ids)
+        criteria = tuple(dict.fromkeys(DEFAULT_CRITERIA if criteria is None else criteria))
+        unknown = [c for c in criteria if c not in CRITERIA]
+        if unknown or not criteria:
+            raise ValueError(f"unknown calibration criteria {unknown or criteria}; choose from {CRITERIA}")
+        self.criteria = criteria
+        if not 0.0 < low_attn_quantile <= 0.5:
+            raise ValueError(f"low_attn_quantile must be in (0, 0.5], got {low_attn_quantile!r}")
+        self.low_attn_quantile = float(low_attn_quantile)
+        self.accumulators = {l.index: LayerAccumulator(l, self.subsets, self.criteria) for l in self.layers}
+        self.batches_seen = 0
+        self._stack: ExitStack | None = None
+        self._probe = None
+        self._masks: dict[str, torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------ context
+    def __enter__(self) -> "ExpertObserver":
+        stack = ExitStack()
+        try:
+            stack.enter_context(observing_experts(self.layers, self._observe))
+            if any(s in ATTENTION_SUBSETS for s in self.subsets):
+                self._probe = stack.enter_context(AttentionProbe(self.model, [l.index for l in self.layers]))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        stack, self._stack, self._probe, self._masks = self._stack, None, None, None
+        if stack is not None:
+            stack.close()
+
+    # ------------------------------------------------------------------ per batch
+    def begin_batch(self, batch: Mapping[str, Any]) -> None:
+        """Declare the batch whose forward comes next (derives its token subsets)."""
+        if self._stack is None:
+            raise RuntimeError("ExpertObserver.begin_batch outside its with-block")
+        masks = base_masks(batch, self.vision_token_ids)
+        self._masks = masks
+        if self._probe is not None:
+            self._probe.set_batch(masks["text"], masks["vision"])
+        self.batches_seen += 1
+
+    def _subset_masks(self, layer: MoELayer) -> torch.Tensor:
+        masks = self._masks
+        rows = []
+        for subset in self.subsets:
+            if subset in ATTENTION_SUBSETS:
+                scores = self._probe.layer_scores(layer.index)
+                low, high = low_high_masks(scores, masks["vision"], self.low_attn_quantile)
+                rows.append(low if subset == "vision_low_attn" else high)
+            else:
+                rows.append(masks[subset])
+        return torch.stack(rows).reshape(len(rows), -1)
+
+    def _observe(self, layer: MoELayer, hidden: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor,
+                 outputs: torch.Tensor) -> None:
+        if self._masks is None:
+            raise RuntimeError("a forward ran inside ExpertObserver without begin_batch(batch) first")
+        batch, seq = self._masks["all"].shape
+        if hidden.shape[0] != batch * seq:
+            raise RuntimeError(f"layer {layer.index} saw {hidden.shape[0]} tokens, the declared batch has "
+                               f"{batch} x {seq}: pass the whole batch in one forward")
+        masks = self._subset_masks(layer).to(hidden.device)
+        samples = torch.arange(batch, device=hidden.device).repeat_interleave(seq)
+        self.accumulators[layer.index].update(layer, hidden, selected, weights, outputs, masks, samples, batch)
+
+    # ------------------------------------------------------------------ results
+    def result(self) -> CalibrationStats:
+        """The statistics so far; an error when a subset saw no tokens at all."""
+        values: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
+        tokens: dict[str, int] = {}
+        samples: dict[str, int] = {}
+        for index, acc in self.accumulators.items():
+            for key, value in acc.values().items():
+                values.setdefault(key, {})[index] = value
+        first = next(iter(self.accumulators.values()))
+        for u, subset in enumerate(self.subsets):
+            tokens[subset] = int(first.sums["tokens"][u].item())
+            samples[subset] = int(first.sums["samples"][u].item())
+            if tokens[subset] == 0:
+                raise ValueError(f"no calibration tokens of subset {subset!r} in {self.batches_seen} batches"
+                                 + (" (do the batches contain images?)" if subset != "all" and subset != "text" else ""))
+        limits = {l.index: l.limits for l in self.layers}
+        return CalibrationStats(values, limits, samples=samples, tokens=tokens,
+                                metadata={"batches": self.batches_seen, "low_attn_quantile": self.low_attn_quantile,
+                                          "criteria": list(self.criteria), "subsets": list(self.subsets)})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batches_seen": self.batches_seen,
+                "layers": {index: acc.state_dict() for index, acc in self.accumulators.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        layers = state.get("layers", {})
+        missing = sorted(set(self.accumulators) - {int(k) for k in layers})
+        if missing:
+            raise ValueError(f"calibration state has no accumulators for layers {missing}")
+        for index, acc in self.accumulators.items():
+            acc.load_state_dict(layers[index] if index in layers else layers[str(index)])
+        self.batches_seen = int(state.get("batches_seen", 0))
+
+    def all_reduce(self) -> None:
+        """Sum the accumulators across ranks (torch.distributed), in place; a no-op in one process."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return
+        for acc in self.accumulators.values():
+            for tensor in acc.sums.values():
+                torch.distributed.all_reduce(tensor)
+
+
+def collect_expert_stats(model: nn.Module, batches: Iterable[Mapping[str, Any]],
+                         subsets: Iterable[str] = ("all",), low_attn_quantile: float = 0.02,
+                         criteria: Iterable[str] | None = None, progress: bool = True) -> CalibrationStats:
+    """One observed forward per batch; returns every criterion for every subset (METHODS.md).
+
+    ``batches`` are dicts the model accepts as keyword arguments (``labels`` are dropped: no loss
+    is needed). An empty iterable is an error.
+    """
+    observer = ExpertObserver(model, subsets, criteria, low_attn_quantile)
+    device = next(model.parameters()).device
+    iterator = batches
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(batches, desc="calibration", unit="batch", leave=False)
+    with observer, torch.no_grad():
+        for batch in iterator:
+            batch = model_inputs(batch, device=device)  # no loss is needed to observe experts
+            observer.begin_batch(batch)
+            model(**batch)
+    if observer.batches_seen == 0:
+        raise ValueError("empty calibration set: no batches were given")
+    return observer.result()

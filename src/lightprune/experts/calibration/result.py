@@ -1,0 +1,87 @@
+"""CalibrationStats: every calibration criterion for every token subset, from one observed pass.
+
+``raw(name, subset)`` is the paper's value, ``score(name, subset)`` the importance (higher =
+keep); both are :class:`~lightprune.experts.scores.ExpertScores` ``{layer index: tensor[E_l]}``. They
+agree except for ``delta_h`` on ``vision_low_attn``, whose large values MAEP prunes first
+(section 5.3: s = (1 - alpha) z_text - alpha z_low), so its importance is the negated raw value.
+
+| name | raw value (METHODS.md) |
+|---|---|
+| frequency | n_j, tokens routed to j |
+| seer | sum of the routing weight g_j(t) over routed tokens |
+| ean | sum of ||f_j(t)|| over routed tokens |
+| reap | (1 / n_j) sum g_j(t) ||f_j(t)|| over routed tokens (0 when n_j = 0) |
+| routing_kl | mean over tokens of KL(p || p with j zeroed and renormalised), eps 1e-12 |
+| delta_h | mean over samples of the sample's mean ||H - H^(-j)||^2 (MAEP eq. 2) |
+| delta_h_promoted | delta_h with the promoted expert's output included |
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from lightprune.experts.scores import ExpertScores
+from lightprune.models.base import RoutingLimits
+
+__all__ = ["CalibrationStats", "CRITERIA", "SUBSETS", "NEGATED"]
+
+CRITERIA = ("frequency", "seer", "ean", "reap", "routing_kl", "delta_h", "delta_h_promoted")
+SUBSETS = ("all", "text", "vision", "vision_low_attn", "vision_high_attn")
+#: (criterion, subset) pairs whose importance is the negated raw value
+NEGATED = {("delta_h", "vision_low_attn"), ("delta_h_promoted", "vision_low_attn")}
+
+
+class CalibrationStats:
+    """Raw per-layer values ``{(criterion, subset): {layer: tensor[E_l]}}`` with the layers' limits.
+
+    ``samples[subset]`` counts the samples that had at least one token of the subset and
+    ``tokens[subset]`` the tokens (padding excluded) the statistics were taken over.
+    """
+
+    def __init__(self, values: Mapping[tuple[str, str], Mapping[int, torch.Tensor]],
+                 limits: Mapping[int, RoutingLimits], samples: Mapping[str, int] | None = None,
+                 tokens: Mapping[str, int] | None = None, metadata: Mapping[str, Any] | None = None):
+        self._values = {key: {int(l): v.detach().double().cpu() for l, v in per_layer.items()}
+                        for key, per_layer in values.items()}
+        self.limits = dict(limits)
+        self.samples = dict(samples or {})
+        self.tokens = dict(tokens or {})
+        self.metadata = dict(metadata or {})
+
+    @property
+    def criteria(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name for name, _ in self._values))
+
+    @property
+    def subsets(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(subset for _, subset in self._values))
+
+    def has(self, name: str, subset: str = "all") -> bool:
+        """Whether ``name`` was collected over ``subset``."""
+        return (name, subset) in self._values
+
+    def _get(self, name: str, subset: str) -> dict[int, torch.Tensor]:
+        if (name, subset) not in self._values:
+            have = sorted(self._values)
+            raise KeyError(f"no statistics for criterion {name!r} on subset {subset!r}; collected: {have}")
+        return self._values[(name, subset)]
+
+    def raw(self, name: str, subset: str = "all") -> ExpertScores:
+        """The paper's value of ``name`` over ``subset`` tokens."""
+        values = self._get(name, subset)
+        return ExpertScores(values, self.limits, criterion=name)
+
+    def score(self, name: str, subset: str = "all") -> ExpertScores:
+        """Importance (higher = keep) of ``name`` over ``subset`` tokens."""
+        raw = self._get(name, subset)
+        sign = -1.0 if (name, subset) in NEGATED else 1.0
+        return ExpertScores({l: sign * v for l, v in raw.items()}, self.limits, criterion=name, raw=raw)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{criterion: {subset: {"importance": {layer: [...]}, "raw": {...}}}}`` plus counts, for scores.json."""
+        out: dict[str, Any] = {}
+        for name, subset in self._values:
+            out.setdefault(name, {})[subset] = self.score(name, subset).to_json()
+        return {"criteria": out, "samples": self.samples, "tokens": self.tokens, "metadata": self.metadata}

@@ -1,0 +1,66 @@
+"""Expert-importance criteria behind one registry (METHODS.md, "Calibration-free criteria").
+
+Weight-only criteria score a model from its weights alone::
+
+    imp = lp.score_weights(model, "aimer")          # also "magnitude", "router_norm", "random"
+    plan = lp.select_experts(imp, ratio=0.5)
+
+| name | raw value | pruned first | source |
+|---|---|---|---|
+| aimer | ||w||_1 / (sqrt(N) ||w||_2) | largest | paper 001, section 4.2, eq. (5) |
+| magnitude | ||w||_2 (Frobenius) | smallest | paper 001, section 5 baselines |
+| router_norm | ||W_r[e]||_2 | smallest | METHODS.md |
+| random | U(0, 1), seeded | smallest | paper 001, section 5 baselines |
+
+``w`` is one expert's flattened gate, up and down weights. Criteria that need data register in the same
+registry (:mod:`.calibration`): ``frequency``, ``seer``, ``ean``, ``reap``, ``routing_kl``, ``delta_h``,
+``delta_h_promoted`` and ``maep`` read the run's calibration statistics, ``router_delta`` an adapter fit's
+scores; ``available_criteria(needs_data=True)`` lists them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from torch import nn
+
+from lightprune.experts.criteria.aimer import AIMER
+from lightprune.experts.criteria.base import Criterion, CriterionNeedsDataError
+from lightprune.experts.criteria.calibration import MAEP, CalibrationCriterion, FitCriterion, RouterDeltaCriterion
+from lightprune.experts.criteria.magnitude import Magnitude
+from lightprune.experts.criteria.random import RandomCriterion
+from lightprune.experts.criteria.registry import (
+    available_criteria,
+    get_criterion,
+    get_criterion_class,
+    register_criterion,
+    unregister_criterion,
+)
+from lightprune.experts.criteria.router_norm import RouterNorm
+from lightprune.experts.scores import ExpertScores
+
+__all__ = ["Criterion", "CriterionNeedsDataError", "register_criterion", "unregister_criterion", "get_criterion",
+           "get_criterion_class", "available_criteria", "score_weights", "AIMER", "Magnitude", "RouterNorm",
+           "RandomCriterion", "CalibrationCriterion", "FitCriterion", "MAEP", "RouterDeltaCriterion"]
+
+
+def score_weights(model: nn.Module, criterion: str | type[Criterion] | Criterion = "aimer", *, seed: int = 0,
+                  **kwargs: Any) -> ExpertScores:
+    """Score every routed expert of ``model`` with a weight-only criterion (higher = keep).
+
+    ``criterion`` is a registered name (see :func:`available_criteria`), a dotted import path,
+    a :class:`Criterion` subclass or instance; ``kwargs`` go to its constructor. ``seed`` is
+    passed to criteria whose constructor takes one (``"random"``) and ignored by the others.
+    A criterion that needs calibration data raises :class:`CriterionNeedsDataError`.
+    """
+    if isinstance(criterion, Criterion):
+        instance = get_criterion(criterion, **kwargs)
+    else:
+        cls = get_criterion_class(criterion)
+        if cls.needs_data:
+            raise CriterionNeedsDataError(cls.name or cls.__name__)
+        if "seed" in inspect.signature(cls).parameters:
+            kwargs.setdefault("seed", seed)
+        instance = get_criterion(cls, **kwargs)
+    return instance.score(model)

@@ -1,0 +1,125 @@
+"""The :class:`Criterion` interface: one small class per expert-importance scorer.
+
+A criterion turns a model (weight criteria) or observed batches (calibration criteria) into
+:class:`~lightprune.experts.scores.ExpertScores`: per MoE layer one value per routed expert, higher =
+keep. ``raw`` keeps the value as its paper defines it (AIMER, for one, prunes its *largest*
+values, so its importance is ``-raw``).
+
+The constructor is the config: subclasses take typed keyword arguments, validate them in
+``__init__`` and raise errors that name the bad value and the allowed ones. ``hparams`` and
+``repr`` read those arguments back, so a criterion is reported exactly as it was built.
+
+Weight criteria (``needs_data = False``) implement :meth:`Criterion.score_layer`; the base
+class walks the MoE layers under ``torch.no_grad()`` and assembles the scores, gathering one
+layer's ZeRO-3 partitions at a time (:mod:`lightprune.distributed`), so ``score_layer`` always
+sees full tensors.
+
+Criteria that need data (``needs_data = True``: REAP, EAN, frequency, Delta-H, MAEP, router delta)
+score from what a run observed instead (:mod:`lightprune.experts.criteria.calibration`):
+:meth:`Criterion.score_in_run` is the one call the pruning callback makes for every kind;
+:meth:`Criterion.score` on such a criterion raises an error that points to calibration.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from lightprune.distributed import gathered, layer_parameters
+from lightprune.experts.scores import ExpertScores
+from lightprune.models import MoELayer, find_moe_layers
+
+__all__ = ["Criterion", "CriterionNeedsDataError"]
+
+
+class CriterionNeedsDataError(ValueError):
+    """A calibration criterion was asked to score from weights alone."""
+
+    def __init__(self, name: str):
+        super().__init__(
+            f"criterion {name!r} needs calibration data and cannot score from weights alone; collect "
+            f"statistics first: stats = lp.collect_expert_stats(model, batches); stats.score({name!r}) "
+            f"(or run `lightprune calibrate`). Weight-only criteria: use lp.score_weights(model, name) "
+            f"with one of lp.available_criteria(needs_data=False)")
+        self.name = name
+
+
+class Criterion:
+    """Base class of every expert-importance criterion; register subclasses with
+    ``@register_criterion("name")``.
+
+    Subclass contract (weight criteria): implement :meth:`score_layer` returning the raw
+    per-expert value ``[E]`` of one layer; override :meth:`importance` when larger raw values
+    should be pruned first. Read weights in place (no per-expert copies); :meth:`score` already
+    runs under ``torch.no_grad()``.
+    """
+
+    #: registry name, set by ``@register_criterion``
+    name: ClassVar[str] = ""
+    #: True for criteria that score from calibration batches, not from weights
+    needs_data: ClassVar[bool] = False
+
+    # ------------------------------------------------------------------ config
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The constructor arguments, read back from attributes of the same name."""
+        params = inspect.signature(type(self).__init__).parameters
+        return {p: getattr(self, p) for p in params
+                if p != "self" and params[p].kind not in (params[p].VAR_POSITIONAL, params[p].VAR_KEYWORD)
+                and hasattr(self, p)}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.hparams.items())
+        return f"{type(self).__name__}({args})"
+
+    # ------------------------------------------------------------------ scoring
+    def score(self, model: nn.Module) -> ExpertScores:
+        """Score every routed expert of every MoE layer of ``model`` from its weights.
+
+        Dense layers are absent and shared experts are never scored (the adapter's rule).
+        Values come back as float64 CPU tensors. Under DeepSpeed ZeRO-3 each layer's router and
+        expert partitions are gathered while that layer is scored (one layer at a time; every
+        rank must call this, as the callbacks do).
+        """
+        if self.needs_data:
+            raise CriterionNeedsDataError(self.name or type(self).__name__)
+
+        layers = find_moe_layers(model)
+        raw: dict[int, torch.Tensor] = {}
+        with torch.no_grad():
+            for layer in layers:
+                with gathered(layer_parameters(layer)):  # ZeRO-3: this layer's partitions only
+                    values = self.score_layer(layer)
+                if values.shape != (layer.num_experts,):
+                    raise ValueError(f"{type(self).__name__}.score_layer returned shape {tuple(values.shape)} "
+                                     f"for layer {layer.index}; expected ({layer.num_experts},)")
+                raw[layer.index] = values.detach().to(device="cpu", dtype=torch.float64)
+        importance = {index: self.importance(values) for index, values in raw.items()}
+        return ExpertScores(importance, limits=ExpertScores.limits_of(layers),
+                            criterion=self.name or type(self).__name__, raw=raw)
+
+    def score_in_run(self, model: nn.Module, calibration: Any = None, fitted: Any = None) -> ExpertScores:
+        """Importance in a run: from ``model``'s weights here; criteria that need data read ``calibration``
+        (the run's CalibrationStats) or ``fitted`` (scores a fit produced, by criterion name)."""
+        return self.score(model)
+
+    def score_layer(self, layer: MoELayer) -> torch.Tensor:
+        """The raw per-expert value ``[layer.num_experts]`` of one MoE layer."""
+        raise NotImplementedError(f"{type(self).__name__} must implement score_layer(layer) "
+                                  "(weight criteria) or set needs_data = True (calibration criteria)")
+
+    def importance(self, raw: torch.Tensor) -> torch.Tensor:
+        """Raw values -> importance (higher = keep). The identity unless overridden."""
+        return raw
+
+    # ------------------------------------------------------------------ validation helpers
+    @staticmethod
+    def _check_int(name: str, value: Any, minimum: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        if minimum is not None and value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+        return value

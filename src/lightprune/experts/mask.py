@@ -1,0 +1,56 @@
+"""Reversible expert masking: the router runs with masked experts' logits at -inf.
+
+Inside ``with mask_experts(model, plan):`` every MoE router of the plan is replaced (per instance,
+never per class) by its family's routing with the pruned experts masked before selection, so the
+model computes exactly what the structurally pruned model computes (tested per family). Leaving
+the block restores the original routers, also on error.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from functools import partial
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from lightprune.experts.plan import ExpertPlan
+from lightprune.models import find_moe_layers
+
+__all__ = ["mask_experts", "is_masked"]
+
+_MASK_ATTR = "_lightprune_expert_mask"
+
+
+def is_masked(model: nn.Module) -> bool:
+    """True while ``model`` is inside a :func:`mask_experts` block."""
+    return any(hasattr(layer.router, _MASK_ATTR) for layer in find_moe_layers(model))
+
+
+@contextmanager
+def mask_experts(model: nn.Module, plan: ExpertPlan) -> Iterator[nn.Module]:
+    """Mask the experts ``plan`` prunes, for the duration of the block; yields ``model``."""
+    layers = find_moe_layers(model)
+    plan.check_layers(layers)
+    installed = []
+    try:
+        for layer in layers:
+            if layer.index not in plan.keep:
+                continue
+            router = layer.router
+            if hasattr(router, _MASK_ATTR):
+                raise RuntimeError(f"layer {layer.index} is already masked: nested mask_experts is not supported")
+            mask = torch.ones(layer.num_experts, dtype=torch.bool, device=router.weight.device)
+            mask[plan.keep[layer.index]] = False
+            previous = router.__dict__.get("forward")
+            router.forward = partial(layer.route, expert_mask=mask)
+            setattr(router, _MASK_ATTR, mask)
+            installed.append((router, previous))
+        yield model
+    finally:
+        for router, previous in installed:
+            del router.forward
+            if previous is not None:
+                router.forward = previous
+            delattr(router, _MASK_ATTR)

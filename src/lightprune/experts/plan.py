@@ -1,0 +1,107 @@
+"""ExpertPlan: the experts a pruning run keeps, the only thing passed from scoring to surgery.
+
+``ExpertPlan.keep`` maps each decoder layer index to the sorted ids of the routed experts it keeps;
+``num_experts`` records each layer's count before pruning, so a plan made for another model is
+caught before any surgery.
+
+The plan round-trips through JSON.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from lightprune.errors import PlanError
+from lightprune.jsonio import read_json, write_json
+
+__all__ = ["ExpertPlan", "PlanError"]
+
+@dataclass
+class ExpertPlan:
+    keep: dict[int, list[int]]
+    num_experts: dict[int, int]
+    criterion: str = "unknown"
+    ratio: float | None = None
+    allocation: str = "uniform"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.keep = {int(k): sorted(int(e) for e in v) for k, v in sorted(self.keep.items(), key=lambda kv: int(kv[0]))}
+        self.num_experts = {int(k): int(v) for k, v in sorted(self.num_experts.items(), key=lambda kv: int(kv[0]))}
+        missing = sorted(set(self.keep) - set(self.num_experts))
+        if missing:
+            raise PlanError(f"plan keeps experts of layers {missing} but records no expert count for them")
+        for layer, ids in self.keep.items():
+            if len(set(ids)) != len(ids):
+                raise PlanError(f"plan layer {layer} keeps duplicate expert ids {ids}")
+            bad = [e for e in ids if not 0 <= e < self.num_experts[layer]]
+            if bad:
+                raise PlanError(f"plan layer {layer} keeps expert ids {bad} outside 0..{self.num_experts[layer] - 1}")
+
+    # ------------------------------------------------------------------ views
+    def pruned(self) -> dict[int, list[int]]:
+        """{layer: sorted ids removed}."""
+        return {l: sorted(set(range(self.num_experts[l])) - set(ids)) for l, ids in self.keep.items()}
+
+    def kept_counts(self) -> dict[int, int]:
+        return {l: len(ids) for l, ids in self.keep.items()}
+
+    @property
+    def is_uniform(self) -> bool:
+        """True when every layer keeps the same number of experts (plain ``from_pretrained`` reloads it)."""
+        return len(set(self.kept_counts().values())) <= 1
+
+    @property
+    def total_pruned(self) -> int:
+        return sum(self.num_experts[l] - len(ids) for l, ids in self.keep.items())
+
+    # ------------------------------------------------------------------ checks
+    def check_layers(self, layers: Iterable) -> None:
+        """Raise :class:`PlanError` unless this plan fits ``layers`` (``MoELayer`` list of a model)."""
+        by_index = {layer.index: layer for layer in layers}
+        unknown = sorted(set(self.keep) - set(by_index))
+        if unknown:
+            raise PlanError(f"plan names layers {unknown} that are not MoE layers of this model "
+                            f"(MoE layers: {sorted(by_index)})")
+        for index, ids in self.keep.items():
+            layer = by_index[index]
+            if self.num_experts[index] != layer.num_experts:
+                raise PlanError(f"plan was made for {self.num_experts[index]} experts in layer {index}, "
+                                f"the model has {layer.num_experts}: a plan for another model?")
+            if len(ids) < layer.min_experts:
+                raise PlanError(f"plan keeps {len(ids)} experts in layer {index}, below its floor of "
+                                f"{layer.min_experts} (top_k={layer.top_k}"
+                                + (f", n_group={layer.n_group}, topk_group={layer.topk_group})" if layer.limits.is_grouped else ")"))
+            if layer.n_group > 1:
+                size = layer.num_experts // layer.n_group
+                per_group = [sum(1 for e in ids if e // size == g) for g in range(layer.n_group)]
+                if len(set(per_group)) != 1:
+                    raise PlanError(f"plan keeps {per_group} experts per group in layer {index}; group-limited "
+                                    "routing needs the same count in every group")
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["keep"] = {str(k): v for k, v in self.keep.items()}
+        d["num_experts"] = {str(k): v for k, v in self.num_experts.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ExpertPlan":
+        unknown = sorted(set(data) - {"keep", "num_experts", "criterion", "ratio", "allocation", "metadata"})
+        if unknown:
+            raise PlanError(f"unknown plan keys {unknown}")
+        for key in ("keep", "num_experts"):
+            if key not in data:
+                raise PlanError(f"plan is missing {key!r}")
+        return cls(**data)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(self.to_dict(), path, indent=2)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ExpertPlan":
+        return cls.from_dict(read_json(path, "plan", PlanError))

@@ -1,0 +1,122 @@
+"""Structural expert removal, in place: router rows, router biases, fused expert tensors, counts.
+
+For each layer of the plan, the kept ids index dimension 0 of the router ``weight [E, H]``, any
+router bias and ``e_score_correction_bias [E]``, and the fused expert parameters
+(``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]`` and their biases); every ``num_experts``
+attribute and the config follow (non-uniform counts per layer go to the config's
+``lightprune_experts_per_layer``). The result equals the masked model exactly.
+
+Surgery changes shapes, which DeepSpeed ZeRO-3 cannot re-partition in place: a model with
+partitioned parameters is refused with an error that points to
+:func:`lightprune.distributed.materialize` (the callbacks call it at the end of a ZeRO-3 job).
+Under DDP and ZeRO-1/2 every rank holds full parameters and applies the same plan.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lightprune.distributed import PartitionedModelError, is_partitioned
+from lightprune.experts.plan import ExpertPlan
+from lightprune.models import MoELayer, find_moe_layers, get_family
+
+__all__ = ["prune_experts", "resize_experts", "EXPERT_TENSORS", "ROUTER_TENSORS"]
+
+#: per-expert tensors of a fused experts module (dimension 0 indexes experts)
+EXPERT_TENSORS = ("gate_up_proj", "down_proj", "up_proj", "gate_up_proj_bias", "down_proj_bias", "up_proj_bias")
+#: per-expert tensors of a router
+ROUTER_TENSORS = ("weight", "bias", "e_score_correction_bias")
+
+
+def _index_rows(module: nn.Module, names: tuple[str, ...], index: torch.Tensor | int) -> None:
+    """Replace each named parameter/buffer with its rows ``index`` (a tensor) or an empty tensor of ``index`` rows."""
+    for name in names:
+        tensor = getattr(module, name, None)
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        if isinstance(index, torch.Tensor):
+            data = tensor.data.index_select(0, index.to(tensor.device))
+        else:
+            data = torch.empty((index, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        if isinstance(tensor, nn.Parameter):
+            setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
+        else:
+            module.register_buffer(name, data, persistent=name in _persistent_buffers(module))
+
+
+def _check_not_partitioned(model: nn.Module) -> None:
+    names = [n for n, p in model.named_parameters() if is_partitioned(p)]
+    if names:
+        raise PartitionedModelError(
+            f"prune_experts got a DeepSpeed ZeRO-3 partitioned model ({len(names)} partitioned parameters, e.g. "
+            f"{names[0]!r}); structural surgery needs full tensors: call "
+            "lightprune.distributed.materialize(model, engine) first (every rank)")
+
+
+def _persistent_buffers(module: nn.Module) -> set[str]:
+    return {n for n in module._buffers if n not in module._non_persistent_buffers_set}
+
+
+def _set_counts(layer: MoELayer, count: int) -> None:
+    for module in (layer.router, layer.experts, layer.block):
+        if hasattr(module, "num_experts") and isinstance(module.num_experts, int):
+            module.num_experts = count
+
+
+def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
+    """Remove the experts ``plan`` prunes from ``model``, in place; returns ``model``."""
+    _check_not_partitioned(model)
+    layers = find_moe_layers(model)
+    plan.check_layers(layers)
+    family = get_family(model)
+    old_count = getattr(family.text_config, family.num_experts_key, None)
+    for layer in layers:
+        if layer.index not in plan.keep or len(plan.keep[layer.index]) == layer.num_experts:
+            continue
+        index = torch.tensor(plan.keep[layer.index], dtype=torch.long)
+        _index_rows(layer.router, ROUTER_TENSORS, index)
+        _index_rows(layer.experts, EXPERT_TENSORS, index)
+        _set_counts(layer, len(index))
+    layers = find_moe_layers(model)
+    counts = {layer.index: int(layer.router.weight.shape[0]) for layer in layers}
+    family.set_expert_counts(counts)
+    _set_model_counts(model, layers, old_count, getattr(family.text_config, family.num_experts_key))
+    return model
+
+
+def _set_model_counts(model: nn.Module, layers: list[MoELayer], old: int | None, new: int) -> None:
+    """Update ``num_experts`` copies held outside the MoE blocks.
+
+    transformers' ``*ForCausalLM`` (Mixtral, Qwen2/3-MoE, OLMoE) copies the config's expert count
+    to ``self.num_experts`` at construction and sizes the load-balancing loss with it, so a stale
+    count breaks ``output_router_logits=True`` on the pruned model.
+    """
+    if old is None or old == new:
+        return
+    inside = {id(m) for layer in layers for m in layer.block.modules()}
+    for module in model.modules():
+        if id(module) in inside:
+            continue
+        value = module.__dict__.get("num_experts")
+        if isinstance(value, int) and not isinstance(value, bool) and value == old:
+            module.num_experts = new
+
+
+def resize_experts(model: nn.Module, counts: dict[int, int]) -> nn.Module:
+    """Give each listed MoE layer ``counts[layer]`` empty expert slots (weights to be loaded after).
+
+    Used to build a non-uniformly pruned architecture from its config before loading its weights.
+    """
+    by_index = {layer.index: layer for layer in find_moe_layers(model)}
+    unknown = sorted(set(counts) - set(by_index))
+    if unknown:
+        raise ValueError(f"expert counts name layers {unknown} that are not MoE layers (MoE layers: {sorted(by_index)})")
+    for index, count in counts.items():
+        layer = by_index[index]
+        if count == layer.num_experts:
+            continue
+        _index_rows(layer.router, ROUTER_TENSORS, count)
+        _index_rows(layer.experts, EXPERT_TENSORS, count)
+        _set_counts(layer, count)
+    return model

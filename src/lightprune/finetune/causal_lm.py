@@ -1,0 +1,232 @@
+"""MoECausalLM: a LightningModule around a transformers 5 MoE causal LM or MLLM.
+
+The wrapped model is ``self.model``; lightprune's callbacks read and change it in place. It is
+built in ``configure_model`` (so strategies can shard it) from a local checkpoint directory
+(``checkpoint``) or from a tiny config of a supported family (``tiny``), never from a hub.
+Loss: next-token cross-entropy over positions whose ``labels`` are not -100 (``labels``
+default to ``input_ids`` with padding masked; the JSONL datamodules mask prompt tokens, so the loss is on
+completions). Batch keys that describe a sample rather than feed the model (``task_ids``: the task family of each
+row, see :mod:`lightprune.data.generated.shapes_qa`) stay in the batch for callbacks and are not passed to the model.
+Validation logs torchmetrics perplexity (``val/ppl``) and next-token accuracy (``val/acc``) over
+the same positions.
+
+Fine-tuning (paper 003, section 4): an optional ``adapter`` (:class:`~lightprune.finetune.AdapterSpec`) is
+attached in ``configure_model`` after the model is built (and, with ``load_in_4bit``, after its linear layers
+are quantised to 4 bit: QLoRA); ``self.model`` is then the model to train (a peft model for LoRA / IA3) and
+``self.base_model`` the transformers model under it, whose routers :func:`lightprune.find_moe_layers` walks.
+The optimizer (AdamW or bitsandbytes AdamW8bit) and the per-step schedule (cosine or constant, linear warm-up)
+are :mod:`lightprune.finetune.optim`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torchmetrics import MeanMetric
+from torchmetrics.text import Perplexity
+
+from lightprune.batch import model_inputs
+from lightprune.distributed import outside_zero_init
+from lightprune.export import load_pruned
+from lightprune.finetune.adapters import AdapterSpec, apply_adapter
+from lightprune.finetune.optim import OPTIMIZERS, SCHEDULERS, build_optimizer, build_scheduler, check_choice
+from lightprune.finetune.quantize import _bnb, quantize_4bit
+from lightprune.finetune.sources import check_checkpoint_name, resolve_checkpoint
+from lightprune.models.tiny import TINY_DENSE_MLLMS, TINY_FAMILIES, tiny_model
+from lightprune.models.unwrap import base_model_of
+
+__all__ = ["MoECausalLM"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+
+class MoECausalLM(pl.LightningModule):
+    """Wrap an MoE language model.
+
+    Args:
+        checkpoint: local directory of a transformers checkpoint (or a lightprune export), or a testbed
+            trained here, ``testbed:text-<preset>`` (:mod:`lightprune.testbed.text_moe`; trained and cached
+            on first use).
+        tiny: instead of a checkpoint, build a tiny random model of this family (see
+            ``lightprune.models.tiny.TINY_FAMILIES`` and ``TINY_DENSE_MLLMS``), seeded by ``seed``.
+        tiny_overrides: config overrides for the tiny model (e.g. ``num_hidden_layers``).
+        dtype: ``float32``, ``bfloat16`` or ``float16``.
+        trust_remote_code: allow a checkpoint's own modeling code to run (off by default).
+        learning_rate: peak learning rate for ``fit``.
+        adapter: the parameter-efficient adapter to fine-tune with (None: every parameter trains).
+        optimizer: ``adamw`` (torch) or ``adamw8bit`` (bitsandbytes, imported only then).
+        weight_decay: AdamW weight decay.
+        warmup_steps: linear warm-up optimizer steps.
+        scheduler: ``cosine`` (to zero over ``trainer.estimated_stepping_batches``) or ``constant``.
+        load_in_4bit: quantise the base model's linear layers to 4 bit (QLoRA, bitsandbytes; CPU works).
+        loss_mean: how the training loss averages next-token cross-entropy: ``token`` (over every labelled token
+            of the batch) or ``row`` (each row's mean, then the mean over rows: a one-word answer weighs as much as
+            a long completion). Validation perplexity is always per token.
+        router_aux_loss_coef: weight of the family's load-balancing loss (``aux_loss`` of transformers' MoE
+            models, Switch Transformers' E * sum_e f_e P_e) added to the training loss; 0: none.
+    """
+
+    def __init__(self, checkpoint: str | None = None, tiny: str | None = None, tiny_overrides: dict | None = None,
+                 seed: int = 0, dtype: str = "float32", trust_remote_code: bool = False,
+                 learning_rate: float = 1e-4, adapter: AdapterSpec | None = None, optimizer: str = "adamw",
+                 weight_decay: float = 0.0, warmup_steps: int = 0, scheduler: str = "cosine",
+                 load_in_4bit: bool = False, router_aux_loss_coef: float = 0.0, loss_mean: str = "token"):
+        super().__init__()
+        if isinstance(adapter, dict):
+            adapter = AdapterSpec(**adapter)
+        check_choice("optimizer", optimizer, OPTIMIZERS)
+        check_choice("scheduler", scheduler, SCHEDULERS)
+        if learning_rate <= 0:
+            raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+        if weight_decay < 0 or warmup_steps < 0:
+            raise ValueError(f"weight_decay and warmup_steps must be >= 0, got {weight_decay}, {warmup_steps}")
+        check_choice("loss_mean", loss_mean, ("token", "row"))
+        if not router_aux_loss_coef >= 0:
+            raise ValueError(f"router_aux_loss_coef must be >= 0, got {router_aux_loss_coef}")
+        if load_in_4bit:
+            _bnb()
+        if (checkpoint is None) == (tiny is None):
+            raise ValueError("give exactly one of checkpoint= (a local directory) or tiny= (a family name); "
+                             f"got checkpoint={checkpoint!r}, tiny={tiny!r}")
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        if checkpoint is not None:
+            check_checkpoint_name(checkpoint)  # a known source name (built on first use, in configure_model) or a folder
+        if tiny is not None:
+            if tiny not in TINY_FAMILIES + TINY_DENSE_MLLMS:
+                raise ValueError(f"tiny must be one of {list(TINY_FAMILIES + TINY_DENSE_MLLMS)}, got {tiny!r}")
+        self.adapter = adapter
+        self.save_hyperparameters()
+        self.model: torch.nn.Module | None = None
+        self.val_ppl = Perplexity(ignore_index=-100)
+        self.val_acc = MeanMetric()
+
+    @property
+    def base_model(self) -> torch.nn.Module | None:
+        """The transformers model without adapter wrappers (adapters stay active in it)."""
+        return None if self.model is None else base_model_of(self.model)
+
+    @property
+    def source(self) -> str:
+        """Where the model came from, for reports."""
+        return self.hparams.checkpoint or f"tiny:{self.hparams.tiny}"
+
+    def build_original(self) -> torch.nn.Module:
+        """The model as its source defines it (checkpoint or tiny config), full precision, no adapter.
+
+        What a fine-tune-then-prune job prunes when the trained model has 4-bit base weights (QLoRA).
+        """
+        dtype = _DTYPES[self.hparams.dtype]
+        if self.hparams.tiny is not None:
+            return tiny_model(self.hparams.tiny, seed=self.hparams.seed, **(self.hparams.tiny_overrides or {})).to(dtype)
+
+        checkpoint = resolve_checkpoint(self.hparams.checkpoint)
+        return load_pruned(checkpoint, dtype=dtype, trust_remote_code=self.hparams.trust_remote_code)
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+
+        # inside Lightning's ZeRO-3 zero.Init the tiny model's seeded re-draws and peft's LoRA init (B = 0)
+        # would write into empty partitions: build with full parameters, DeepSpeed partitions them later
+        with outside_zero_init():
+            self.model = self.build_original()
+            if self.hparams.load_in_4bit:
+                self.model = quantize_4bit(self.model, compute_dtype=_DTYPES[self.hparams.dtype])
+            if self.adapter is not None:
+                self.model = apply_adapter(self.model, self.adapter)
+        # Lightning switches train/eval per loop; start from train mode like any fresh module
+        self.model.train(self.training)
+
+    def forward(self, **batch: Any):
+        return self.model(**model_inputs(batch, keep_labels=True))
+
+    def _shifted(self, batch: dict[str, torch.Tensor], aux: bool = False):
+        """(logits [B, T-1, V] fp32, next-token labels [B, T-1] with -100 where no loss is taken); with ``aux``,
+        also the model's load-balancing loss."""
+        batch = dict(batch)
+        labels = batch.pop("labels", None)
+        if labels is None:
+            labels = batch["input_ids"].masked_fill(batch.get("attention_mask", 1) == 0, -100)
+        out = self(**batch, output_router_logits=True) if aux else self(**batch)
+        logits = out.logits[:, :-1].float()
+        if not aux:
+            return logits, labels[:, 1:]
+        if getattr(out, "aux_loss", None) is None:
+            raise ValueError(f"router_aux_loss_coef={self.hparams.router_aux_loss_coef} but "
+                             f"{type(self.base_model).__name__} returns no aux_loss (a dense model?)")
+        return logits, labels[:, 1:], out.aux_loss
+
+    @staticmethod
+    def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                                 ignore_index=-100)
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._ce(*self._shifted(batch))
+
+    def _train_ce(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The training cross-entropy, averaged as ``loss_mean`` says."""
+        if self.hparams.get("loss_mean", "token") == "token":
+            return self._ce(logits, labels)
+        per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                                      ignore_index=-100, reduction="none").view(labels.shape)
+        counts = (labels != -100).sum(-1)
+        rows = counts > 0
+        return (per_token.sum(-1)[rows] / counts[rows]).mean()
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        coef = self.hparams.get("router_aux_loss_coef", 0.0)
+        if not coef:
+            loss = self._train_ce(*self._shifted(batch))
+            self.log("train/loss", loss, prog_bar=True)
+            return loss
+        logits, labels, aux = self._shifted(batch, aux=True)
+        ce = self._train_ce(logits, labels)
+        self.log("train/loss", ce, prog_bar=True)
+        self.log("train/aux_loss", aux)
+        return ce + coef * aux
+
+    def on_validation_epoch_start(self) -> None:
+        # a loop run under inference mode (calibrate, validate) may have reset the metric states to inference
+        # tensors, which a later no-grad loop (fit's validation) could not update in place: start from fresh ones
+        with torch.inference_mode(False):
+            self.val_ppl.reset()
+            self.val_acc.reset()
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        logits, labels = self._shifted(batch)
+        loss = self._ce(logits, labels)
+        self.log("val/loss", loss, prog_bar=True)
+        keep = labels != -100
+        count = keep.sum()
+        if count > 0:
+            self.val_ppl.update(logits, labels)
+            correct = (logits.argmax(-1) == labels) & keep
+            self.val_acc.update(correct.sum() / count, weight=count)
+            self.log("val/ppl", self.val_ppl, on_step=False, on_epoch=True)
+            self.log("val/acc", self.val_acc, on_step=False, on_epoch=True)
+        return loss
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("test/loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = build_optimizer(params, hp.optimizer, hp.learning_rate, hp.weight_decay)
+        if hp.scheduler == "constant" and hp.warmup_steps == 0:
+            return optimizer
+        total = self.trainer.estimated_stepping_batches if self._trainer is not None else float("inf")
+        if hp.scheduler == "cosine" and not math.isfinite(total):
+            rank_zero_warn("scheduler='cosine' needs a known number of steps (set trainer max_steps); "
+                           "the learning rate stays constant after warm-up")
+        scheduler = build_scheduler(optimizer, hp.scheduler, hp.warmup_steps, total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,82 @@
+"""Checkpoint sources: names like ``testbed:text-small`` that resolve to a local checkpoint folder.
+
+A source is a prefix with two functions: ``check(name)`` raises a ValueError naming the choices for an
+unknown name (called when the LightningModule is constructed, before any work), ``resolve(name)``
+returns the folder (called when the model is built; it may train and cache the checkpoint first).
+Packages register theirs with :func:`register_source`, at import; a package is imported for its sources
+when it declares a ``lightprune.checkpoint_sources`` entry point (``lightprune.testbed`` does), so this
+module never imports the packages that provide sources. A plain path is a local directory.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["CheckpointSource", "register_source", "sources", "check_checkpoint_name", "resolve_checkpoint",
+           "ENTRY_POINT_GROUP"]
+
+ENTRY_POINT_GROUP = "lightprune.checkpoint_sources"
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    prefix: str
+    check: Callable[[str], object]
+    resolve: Callable[[str], Path]
+
+
+_SOURCES: dict[str, CheckpointSource] = {}
+_ENTRY_POINTS_LOADED = False
+
+
+def register_source(prefix: str, check: Callable[[str], object], resolve: Callable[[str], Path]) -> None:
+    """Make checkpoint names starting with ``prefix`` (for example ``"testbed:"``) resolvable."""
+    if not prefix.endswith(":") or len(prefix) < 2:
+        raise ValueError(f"a checkpoint source prefix ends with ':' (like 'testbed:'), got {prefix!r}")
+    _SOURCES[prefix] = CheckpointSource(prefix, check, resolve)
+
+
+def sources() -> dict[str, CheckpointSource]:
+    """Every registered source, by prefix (entry points loaded first)."""
+    _load_entry_points()
+    return dict(_SOURCES)
+
+
+def _load_entry_points() -> None:
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        entry.load()  # importing the module registers its sources
+
+
+def _source_of(name: str) -> CheckpointSource | None:
+    if Path(name).is_dir():
+        return None
+    prefix, sep, _ = name.partition(":")
+    if not sep or "/" in prefix or "\\" in prefix or len(prefix) < 2:  # a path (C:\..., ./a:b) is not a source
+        return None
+    found = sources().get(prefix + ":")
+    if found is None:
+        raise ValueError(f"unknown checkpoint source {prefix + ':'!r} in {name!r}; registered sources: "
+                         f"{sorted(sources())} (or give a local checkpoint directory)")
+    return found
+
+
+def check_checkpoint_name(name: str) -> None:
+    """Fail now for a bad checkpoint name: an unknown source name, or a directory that does not exist."""
+    source = _source_of(name)
+    if source is not None:
+        source.check(name)
+    elif not Path(name).is_dir():
+        raise FileNotFoundError(f"checkpoint directory {name!r} does not exist")
+
+
+def resolve_checkpoint(name: str) -> Path:
+    """The local folder of checkpoint ``name`` (a source's folder, built if needed, or the path itself)."""
+    source = _source_of(name)
+    return Path(name) if source is None else Path(source.resolve(name))

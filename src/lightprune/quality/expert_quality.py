@@ -1,0 +1,165 @@
+"""Expert-pruning quality side by side: every criterion at the same ratios on one trained model.
+
+What the papers' tables report, measured on a testbed: for each criterion and ratio, the plan
+(``select_experts``; uniform per layer unless the criterion is a global one) is applied with
+``mask_experts`` (reversible, no copy) and the model evaluated by a caller-given function
+(perplexity, task accuracy). Random is run over several seeds and reported with its spread, and
+"anti-REAP" (the REAP ranking reversed: the most important experts pruned first) frames the
+ceiling of damage (the project's TESTBED notes).
+
+Rankings (:func:`expert_rankings`), higher = keep:
+
+- calibration criteria from one observed pass over the calibration batches (METHODS.md): frequency,
+  seer, ean, reap, routing_kl, delta_h, on the ``all`` token subset;
+- weight-only criteria (paper 001): aimer, magnitude, router_norm;
+- router sensitivity (paper 003): |Delta ||w_e||| of the router rows after a short router-LoRA fit
+  (:func:`router_sensitivity`, the RouterDelta callback's own scores);
+- MAEP (METHODS.md): s = (1 - alpha) z~_text - alpha z~_low with the closed-form alpha, global ranking;
+  and uniform per layer with alpha = 0.5 (its Appendix L).
+
+Also :func:`proxy_rho` (per-layer Spearman of delta_h, reap, routing_kl against the ground-truth
+LM-head KL of removing each expert) and :func:`stability` (Spearman between the rankings of two
+calibration sets, per token subset).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from lightprune.callbacks import RouterDelta
+from lightprune.experts.calibration.validation import ground_truth_kl, proxy_correlations, ranking_stability
+from lightprune.finetune import AdapterSpec, MoECausalLM
+
+__all__ = ["CALIBRATION_CRITERIA", "WEIGHT_CRITERIA", "expert_quality", "expert_rankings", "proxy_rho",
+           "router_sensitivity", "spread", "stability", "summarise"]
+
+CALIBRATION_CRITERIA: tuple[str, ...] = ("frequency", "seer", "ean", "reap", "routing_kl", "delta_h")
+WEIGHT_CRITERIA: tuple[str, ...] = ("aimer", "magnitude", "router_norm")
+
+Evaluate = Callable[[torch.nn.Module], dict[str, float]]
+
+
+def expert_rankings(model: torch.nn.Module, stats, *, maep: bool = False,
+                    extra: Mapping[str, Any] | None = None) -> dict[str, tuple[Any, str]]:
+    """``{name: (ExpertScores, allocation)}`` for every criterion of the module docstring.
+
+    ``stats``: :class:`~lightprune.experts.calibration.CalibrationStats` with the calibration criteria on
+    ``all`` (and, for ``maep``, delta_h on ``text``, ``vision`` and ``vision_low_attn``);
+    ``extra``: more ``{name: ExpertScores}`` (e.g. router sensitivity), pruned uniformly.
+    """
+    import lightprune as lp
+
+    out: dict[str, tuple[Any, str]] = {}
+    for name in CALIBRATION_CRITERIA:
+        out[name] = (stats.score(name, "all"), "uniform")
+    for name in WEIGHT_CRITERIA:
+        out[name] = (lp.score_weights(model, name), "uniform")
+    for name, scores in (extra or {}).items():
+        out[name] = (scores, "uniform")
+    if maep:
+        scores, _ = lp.maep_scores(stats)
+        out["maep_global"] = (scores, "global")
+        out["maep_uniform"] = (lp.maep_scores(stats, alpha=0.5)[0], "uniform")
+    reap = stats.score("reap", "all")
+    out["anti_reap"] = (type(reap)({l: -v for l, v in reap.items()}, reap.limits, criterion="anti_reap"), "uniform")
+    return out
+
+
+def _pruned_per_layer(plan) -> dict[str, int]:
+    return {str(layer): len(experts) for layer, experts in sorted(plan.pruned().items())}
+
+
+def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str]], evaluate: Evaluate, *,
+                   ratios: Sequence[float] = (0.25, 0.5), random_seeds: int = 5,
+                   progress: bool = True) -> dict[str, Any]:
+    """Evaluate the dense model, every ranking at every ratio, and ``random_seeds`` random plans per ratio.
+
+    Returns ``{"dense": metrics, "rows": [{"criterion", "allocation", "ratio", "metrics",
+    "pruned_per_layer"}], "random": {ratio: {"seeds": [metrics...], "summary": summarise(...)}}}``.
+    """
+    from tqdm.auto import tqdm
+
+    import lightprune as lp
+
+    if random_seeds < 1:
+        raise ValueError(f"random_seeds must be >= 1, got {random_seeds!r}")
+    for r in ratios:
+        if not 0.0 < r < 1.0:
+            raise ValueError(f"ratios must lie in (0, 1), got {r!r}")
+    jobs = [(name, r) for r in ratios for name in rankings] + [(f"random:{s}", r) for r in ratios
+                                                               for s in range(random_seeds)]
+    out: dict[str, Any] = {"dense": evaluate(model), "rows": [], "random": {}}
+    for name, ratio in tqdm(jobs, desc="expert quality", disable=not progress):
+        if name.startswith("random:"):
+            seed = int(name.split(":")[1])
+            scores, allocation = lp.score_weights(model, "random", seed=seed), "uniform"
+        else:
+            scores, allocation = rankings[name]
+        plan = lp.select_experts(scores, ratio, allocation)
+        with lp.mask_experts(model, plan):
+            metrics = evaluate(model)
+        if name.startswith("random:"):
+            out["random"].setdefault(str(ratio), {"seeds": []})["seeds"].append(metrics)
+        else:
+            out["rows"].append({"criterion": name, "allocation": allocation, "ratio": ratio, "metrics": metrics,
+                                "pruned_per_layer": _pruned_per_layer(plan)})
+    for entry in out["random"].values():
+        entry["summary"] = summarise(entry["seeds"])
+    return out
+
+
+def spread(values: Sequence[float | None]) -> dict[str, float | None]:
+    """Mean, sample standard deviation (None for one value), min and max; all None when a value is missing."""
+    if not values or any(v is None for v in values):
+        return {"mean": None, "std": None, "min": None, "max": None}
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
+            "min": min(values), "max": max(values)}
+
+
+def summarise(runs: Sequence[Mapping[str, float]]) -> dict[str, dict[str, float | None]]:
+    """Per metric: :func:`spread` over runs."""
+    return {k: spread([r[k] for r in runs]) for k in runs[0]}
+
+
+def proxy_rho(model: torch.nn.Module, batches: Sequence[Mapping[str, Any]], stats, subsets: Sequence[str] = ("all",),
+              *, expert_chunk: int = 8, progress: bool = True) -> dict[str, Any]:
+    """Per subset and proxy (delta_h, reap, routing_kl): per-layer Spearman rho against the ground-truth KL."""
+
+    truth = ground_truth_kl(model, batches, subsets=subsets, expert_chunk=expert_chunk, progress=progress)
+    return proxy_correlations(stats, truth)
+
+
+def stability(stats_a, stats_b, criteria: Sequence[str] = ("delta_h", "reap", "frequency"),
+              subsets: Sequence[str] | None = None) -> dict[str, Any]:
+    """``{criterion: {subset: {"per_layer", "mean"}}}``: Spearman between two calibration sets' rankings."""
+
+    return {c: ranking_stability(stats_a, stats_b, c, subsets) for c in criteria}
+
+
+def router_sensitivity(checkpoint: str, datamodule, *, steps: int, learning_rate: float = 2e-3, r: int = 8,
+                       seed: int = 0, progress: bool = True):
+    """Paper 003's weight score: fit LoRA on the routers of ``checkpoint`` for ``steps``, score |Delta ||w_e|||.
+
+    Runs ``lightprune fit``'s RouterDelta callback (no export) and returns its :class:`ExpertScores`.
+    """
+    import lightning.pytorch as pl
+
+
+    pl.seed_everything(seed, verbose=False)
+    module = MoECausalLM(checkpoint=checkpoint, learning_rate=learning_rate, warmup_steps=max(1, steps // 20),
+                         adapter=AdapterSpec(kind="lora", targets=["router"], r=r, alpha=r, dropout=0.0))
+    with tempfile.TemporaryDirectory() as tmp:
+        callback = RouterDelta(score="weight")  # a scorer: no plan, nothing written
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=progress, enable_model_summary=False, limit_val_batches=0,
+                             num_sanity_val_steps=0, callbacks=[callback], default_root_dir=tmp)
+        trainer.fit(module, datamodule=datamodule)
+    if callback.scores is None:
+        raise RuntimeError("the router-LoRA fit ended without RouterDelta scores")
+    return callback.scores
+

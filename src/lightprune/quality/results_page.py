@@ -1,0 +1,257 @@
+"""docs/RESULTS.md: the quality tables, plots and benchmark figures in one page (readable offline).
+
+:func:`write_results` takes what :mod:`lightprune.quality.tables`,
+:mod:`lightprune.quality.width_quality` and ``scripts/collect_benchmarks.py`` return (any may be
+missing) and writes ``<out>/RESULTS.md``, ``<out>/results/results.json`` and the PNGs under
+``<out>/results/``. Retention is ``100 * metric / dense`` for accuracies and ``100 * dense / metric``
+for perplexities (so 100 = unchanged and lower is worse for both).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lightprune.quality.bench_section import benchmarks_markdown
+from lightprune.quality.expert_quality import summarise
+from lightprune.quality.width_quality import mwop_markdown, plot_mwop
+
+__all__ = ["retention", "write_results"]
+
+
+def retention(metric: str, value: float, dense: float) -> float:
+    """100 x value / dense for accuracies, 100 x dense / value for perplexities (``ppl*``)."""
+    if metric.startswith("ppl"):
+        return 100.0 * dense / value
+    return 100.0 * value / dense if dense else float("nan")
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def _by_criterion(result: Mapping[str, Any]) -> dict[str, dict[float, Mapping[str, Any]]]:
+    out: dict[str, dict[float, Mapping[str, Any]]] = {}
+    for row in result["rows"]:
+        out.setdefault(row["criterion"], {})[float(row["ratio"])] = row
+    return out
+
+
+def _ratios(result: Mapping[str, Any]) -> list[float]:
+    return sorted({float(r["ratio"]) for r in result["rows"]})
+
+
+def _random_cell(result, ratio: float, metric: str, digits: int) -> str:
+    s = summarise(result["random"][str(ratio)]["seeds"])[metric]
+    return f"{_fmt(s['mean'], digits)} ± {_fmt(s['std'], digits)} [{_fmt(s['min'], digits)}, {_fmt(s['max'], digits)}]"
+
+
+def _metric_table(result: Mapping[str, Any], columns: list[tuple[str, str, int]]) -> str:
+    """One row per criterion; per ratio and column (metric, header, digits) its value; random last."""
+    ratios = _ratios(result)
+    head = ["criterion", "allocation"] + [f"{h} @{int(r * 100)}%" for r in ratios for _, h, _ in columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    dense = result["dense"]
+    lines.append("| dense | - | " + " | ".join(_fmt(dense[m], d) for _ in ratios for m, _, d in columns) + " |")
+    for name, by_ratio in _by_criterion(result).items():
+        alloc = next(iter(by_ratio.values()))["allocation"]
+        cells = [_fmt(by_ratio[r]["metrics"][m], d) for r in ratios for m, _, d in columns]
+        lines.append(f"| {name} | {alloc} | " + " | ".join(cells) + " |")
+    n = len(next(iter(result["random"].values()))["seeds"])
+    cells = [_random_cell(result, r, m, d) for r in ratios for m, _, d in columns]
+    lines.append(f"| random ({n} seeds: mean ± std [min, max]) | uniform | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _retention_table(result: Mapping[str, Any], metrics: list[str]) -> str:
+    ratios = _ratios(result)
+    head = ["criterion"] + [f"{m} retention @{int(r * 100)}%" for r in ratios for m in metrics]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    dense = result["dense"]
+    for name, by_ratio in _by_criterion(result).items():
+        cells = [_fmt(retention(m, by_ratio[r]["metrics"][m], dense[m])) for r in ratios for m in metrics]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    cells = []
+    for r in ratios:
+        for m in metrics:
+            vals = [retention(m, s[m], dense[m]) for s in result["random"][str(r)]["seeds"]]
+            cells.append(f"{_fmt(sum(vals) / len(vals))} [{_fmt(min(vals))}, {_fmt(max(vals))}]")
+    lines.append("| random (mean [min, max]) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _summary(result: Mapping[str, Any], metric: str) -> str:
+    """One sentence per ratio: the best and worst criterion against random's spread (from the numbers)."""
+    dense = result["dense"][metric]
+    out = []
+    for r in _ratios(result):
+        kept = {name: retention(metric, by[r]["metrics"][metric], dense) for name, by in _by_criterion(result).items()
+                if name != "anti_reap"}
+        vals = [retention(metric, s[metric], dense) for s in result["random"][str(r)]["seeds"]]
+        best = max(kept, key=kept.get)
+        worst = min(kept, key=kept.get)
+        above = sorted(n for n, v in kept.items() if v > max(vals))
+        out.append(f"At {int(r * 100)}%: best {best} {kept[best]:.1f}, worst {worst} {kept[worst]:.1f}, random "
+                   f"{sum(vals) / len(vals):.1f} [{min(vals):.1f}, {max(vals):.1f}]; above random's maximum: "
+                   f"{', '.join(above) if above else 'none'}.")
+    return f"{metric} retention (%): " + " ".join(out)
+
+
+def _rho_table(proxy_rho: Mapping[str, Any]) -> str:
+    lines = ["| token subset | proxy | mean rho | per layer |", "|---|---|---|---|"]
+    for subset, proxies in proxy_rho.items():
+        for proxy, r in proxies.items():
+            per = ", ".join(f"{l}: {_fmt(v, 2)}" for l, v in r["per_layer"].items())
+            lines.append(f"| {subset} | {proxy} | {_fmt(r['mean'], 3)} | {per} |")
+    return "\n".join(lines)
+
+
+def _stability_table(stab: Mapping[str, Any]) -> str:
+    a, b = stab["pair"]
+    lines = [f"| criterion | token subset | mean rho ({a} vs {b}) | per layer |", "|---|---|---|---|"]
+    for criterion, subsets in stab["criteria"].items():
+        for subset, r in subsets.items():
+            per = ", ".join(f"{l}: {_fmt(v, 2)}" for l, v in r["per_layer"].items())
+            lines.append(f"| {criterion} | {subset} | {_fmt(r['mean'], 3)} | {per} |")
+    return "\n".join(lines)
+
+
+def plot_retention(result: Mapping[str, Any], metric: str, path: Path, title: str) -> None:
+    """Retention of ``metric`` vs pruning ratio, one line per criterion, random's min-max band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = _ratios(result)
+    dense = result["dense"][metric]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.get_cmap("tab20").colors
+    for i, (name, by_ratio) in enumerate(_by_criterion(result).items()):
+        ys = [100.0] + [retention(metric, by_ratio[r]["metrics"][metric], dense) for r in ratios]
+        ax.plot([0.0, *ratios], ys, marker="o", label=name, color=colors[i % len(colors)],
+                linestyle="--" if name == "anti_reap" else "-")
+    lo, hi = [100.0], [100.0]
+    for r in ratios:
+        vals = [retention(metric, s[metric], dense) for s in result["random"][str(r)]["seeds"]]
+        lo.append(min(vals))
+        hi.append(max(vals))
+    ax.fill_between([0.0, *ratios], lo, hi, color="grey", alpha=0.3, label="random (min-max)")
+    ax.set_xlabel("fraction of routed experts pruned")
+    ax.set_ylabel(f"{metric} retention (%)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_pruned_per_layer(result: Mapping[str, Any], path: Path, title: str) -> bool:
+    """Bars of experts pruned per layer for the global allocations; False when there is none."""
+    rows = [r for r in result["rows"] if r["allocation"] == "global"]
+    if not rows:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / len(rows)
+    for i, row in enumerate(rows):
+        layers = sorted(row["pruned_per_layer"], key=int)
+        ax.bar([int(l) + i * width for l in layers], [row["pruned_per_layer"][l] for l in layers], width,
+               label=f"{row['criterion']} @{int(row['ratio'] * 100)}%")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("experts pruned")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _text_section(r: Mapping[str, Any], out: Path) -> list[str]:
+    tb = r["testbed"]
+    plot_retention(r, "ppl", out / "results" / "text_ppl_retention.png", "text MoE testbed: perplexity retention")
+    ppl = tb["held_out_perplexity"]["test"]
+    return [
+        "## Text MoE testbed", "",
+        f"Qwen3-MoE-style, {tb['parameters']:,} parameters ({tb['spec']['model'].get('num_hidden_layers')} layers, "
+        f"{tb['spec']['model'].get('num_experts')} experts, top-{tb['spec']['model'].get('num_experts_per_tok')}), "
+        f"trained {tb['spec']['steps']} steps of {tb['spec']['batch_size']} x {tb['spec']['max_length']} tokens "
+        "on prose and code "
+        f"from Python's own documentation and standard library; held-out test perplexity {ppl['all']:.1f} "
+        f"(prose {ppl['prose']:.1f}, code {ppl['code']:.1f}). Calibration on the calibration split (mixed domains), "
+        "evaluation on the first test rows of each domain: perplexity (every token) and next-token accuracy.", "",
+        _metric_table(r, [("ppl", "ppl", 1), ("ppl_prose", "ppl prose", 1), ("ppl_code", "ppl code", 1),
+                          ("acc", "acc", 3)]), "",
+        _retention_table(r, ["ppl", "acc"]), "",
+        _summary(r, "ppl"), "",
+        "![perplexity retention](results/text_ppl_retention.png)", "",
+        "Per-layer Spearman rho of each proxy against the ground-truth LM-head KL of removing each expert alone:", "",
+        _rho_table(r["proxy_rho"]), "",
+        "Ranking stability across calibration sets (per-layer Spearman between the rankings):", "",
+        _stability_table(r["stability"]), ""]
+
+
+def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
+    tb = r["testbed"]
+    plot_retention(r, "acc_image", out / "results" / "mllm_image_retention.png",
+                   "multimodal MoE testbed: image-task accuracy retention")
+    plot_retention(r, "ppl_text", out / "results" / "mllm_text_retention.png",
+                   "multimodal MoE testbed: text perplexity retention")
+    lines = [
+        "## Multimodal MoE testbed", "",
+        f"Qwen3-VL-MoE-style, {tb['parameters']:,} parameters, trained {tb['spec']['steps']} steps of "
+        f"{tb['spec']['batch_size']} rows on Testbed VQA: scikit-learn's handwritten digits, matplotlib bar "
+        "charts (tallest colour, bar count) and Python-documentation text rows. Calibration on the calibration split "
+        "(all tasks); evaluation on the val split: answer accuracy per image task (every answer token right) and the "
+        "text rows' completion perplexity. Multimodal and text reported apart. "
+        f"MAEP's closed-form alpha on this model: {r['maep_alpha']:.3f}.", "",
+        _metric_table(r, [("acc_image", "image acc", 3), ("acc_digit", "digit", 3),
+                          ("acc_chart_tallest", "tallest", 3), ("acc_chart_count", "count", 3),
+                          ("ppl_text", "text ppl", 1)]), "",
+        _retention_table(r, ["acc_image", "ppl_text"]), "",
+        _summary(r, "acc_image"), "", _summary(r, "ppl_text"), "",
+        "![image-task retention](results/mllm_image_retention.png)",
+        "![text retention](results/mllm_text_retention.png)", ""]
+    if plot_pruned_per_layer(r, out / "results" / "mllm_pruned_per_layer.png", "global allocation: experts pruned"):
+        lines += ["![pruned per layer](results/mllm_pruned_per_layer.png)", ""]
+    lines += ["Proxy rho against the ground-truth KL (per token subset):", "", _rho_table(r["proxy_rho"]), "",
+              "Cross-dataset stability (digits vs charts calibration), per token subset:", "",
+              _stability_table(r["stability"]), ""]
+    return lines
+
+
+def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm: Mapping | None = None,
+                  mwop: Mapping | None = None, benchmarks: Mapping | None = None,
+                  command: str | None = None) -> Path:
+    """Write ``<out>/RESULTS.md`` (+ ``results/results.json`` and PNGs) from the parts given; its path."""
+    out = Path(out)
+    (out / "results").mkdir(parents=True, exist_ok=True)
+    data = {"text": text, "mllm": mllm, "mwop": mwop, "benchmarks": benchmarks}
+    (out / "results" / "results.json").write_text(json.dumps(data, indent=1, default=float) + "\n")
+    lines = ["# Results", "",
+             "Measured here, on CPU, on testbed models trained by lightprune itself (no pretrained weights can be "
+             "fetched): every criterion at the same pruning ratios, side by side, random over seeds with its spread, "
+             "and the anti-REAP ordering (most important pruned first) as the ceiling of damage. Small models, so "
+             "the absolute numbers are not the papers'; the ordering of the criteria is what this page is for.", ""]
+    if command:
+        lines += [f"Regenerate: `{command}`", ""]
+    if text:
+        lines += _text_section(text, out)
+    if mllm:
+        lines += _mllm_section(mllm, out)
+    if mwop:
+        plot_mwop(mwop, out / "results" / "mwop_atr_flops.png")
+        lines += ["## MWOP on the dense multimodal testbed", "", mwop_markdown(mwop), "",
+                  "![MWOP ATR vs FLOPs](results/mwop_atr_flops.png)", ""]
+    if benchmarks:
+        lines += [benchmarks_markdown(benchmarks), ""]
+    path = out / "RESULTS.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,155 @@
+"""The quality tables of docs/RESULTS.md: every expert criterion on the trained testbeds, side by side.
+
+:func:`text_tables` (the text MoE testbed) and :func:`mllm_tables` (the Qwen3-VL-MoE-style testbed)
+each return a JSON-able dict: the dense model's metrics, every criterion at every ratio
+(:mod:`lightprune.quality.expert_quality`), random over seeds with its spread, the per-layer rho of
+the Delta-H / REAP / routing-KL proxies against the ground-truth KL, and the cross-dataset stability
+of the rankings (text: prose vs code calibration; multimodal: digits vs charts, per token subset).
+Evaluation splits are never the calibration split.
+
+Metrics. Text testbed, on the test split: perplexity overall and per domain (every token) and
+next-token accuracy. Multimodal testbed, on the val split: answer accuracy per image task (every
+answer token right, teacher forced) and the perplexity of the text rows' completions.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from lightprune.batch import model_inputs
+from lightprune.data.rows import read_jsonl
+from lightprune.quality.expert_quality import expert_quality, expert_rankings, proxy_rho, router_sensitivity, stability
+from lightprune.quality.width_quality import mwop_quality
+from lightprune.testbed.text_corpus import build_text_corpus, rows_by_domain
+from lightprune.testbed.text_moe import TEXT_TESTBEDS, corpus_datamodule, text_testbed
+from lightprune.testbed.training import encode_batches, next_token_metrics
+from lightprune.testbed.vqa_models import VQA_TESTBEDS, answer_accuracy, datamodule, vqa_testbed
+
+__all__ = ["mllm_tables", "mwop_tables", "text_tables"]
+
+
+def _text_batches(dm, path, rows: int | None) -> list[dict[str, torch.Tensor]]:
+    return encode_batches(dm, read_jsonl(path, limit=rows))
+
+
+def _inputs(batches) -> list[dict[str, torch.Tensor]]:
+    """Calibration batches as the model takes them (no labels, no task ids)."""
+    return [model_inputs(b) for b in batches]
+
+
+def _testbed_record(folder, preset: str, quality: str) -> dict[str, Any]:
+    """What the page says about the testbed: its training.json's size, time, spec and ``quality`` figure."""
+    import json
+
+    training = json.loads((folder / "training.json").read_text())
+    return {"preset": preset, "folder": str(folder), "parameters": training["parameters"],
+            "train_seconds": training["train_seconds"], "spec": training["spec"], quality: training[quality]}
+
+
+def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, ratios=(0.25, 0.5),
+                random_seeds: int = 5, calibration_rows: int = 64, eval_rows: int = 128, kl_rows: int = 16,
+                sensitivity_steps: int = 100, progress: bool = True) -> dict[str, Any]:
+    """Every criterion on the text testbed ``preset`` (trained first when not cached)."""
+    import lightprune as lp
+
+
+    spec = TEXT_TESTBEDS[preset]
+    folder = text_testbed(preset, root, progress=progress)
+    corpus = build_text_corpus(spec.corpus, root)
+    model = lp.load_pruned(folder / "model").eval()
+    dm = corpus_datamodule(spec, corpus)
+    test_rows = rows_by_domain(corpus.files["test"])
+    eval_batches = {d: encode_batches(dm, rows[: eval_rows // 2]) for d, rows in test_rows.items()}
+    calib = {"mixed": corpus.files["calibration"], "prose": corpus.files["calibration-prose"],
+             "code": corpus.files["calibration-code"]}
+    calib_batches = {k: _inputs(_text_batches(dm, p, calibration_rows)) for k, p in calib.items()}
+
+    def evaluate(m: torch.nn.Module) -> dict[str, float]:
+        out = {}
+        for domain, batches in eval_batches.items():
+            out[f"ppl_{domain}"], out[f"acc_{domain}"] = next_token_metrics(m, batches)
+        out["ppl"], out["acc"] = next_token_metrics(m, [b for bs in eval_batches.values() for b in bs])
+        return out
+
+    stats = lp.collect_expert_stats(model, calib_batches["mixed"], subsets=("all",), progress=progress)
+    extra = {}
+    if sensitivity_steps:
+        extra["router_sensitivity"] = router_sensitivity(str(folder / "model"), corpus_datamodule(spec, corpus),
+                                                         steps=sensitivity_steps, progress=progress)
+    rankings = expert_rankings(model, stats, extra=extra)
+    result = expert_quality(model, rankings, evaluate, ratios=ratios, random_seeds=random_seeds, progress=progress)
+    kl_batches = calib_batches["mixed"][: max(1, kl_rows // dm.batch_size)]
+    kl_stats = lp.collect_expert_stats(model, kl_batches, subsets=("all",), progress=progress)
+    result["proxy_rho"] = proxy_rho(model, kl_batches, kl_stats, progress=progress)
+    by_domain = {d: lp.collect_expert_stats(model, calib_batches[d], subsets=("all",), progress=progress)
+                 for d in ("prose", "code")}
+    result["stability"] = {"pair": ["prose", "code"], "criteria": stability(by_domain["prose"], by_domain["code"])}
+    result["testbed"] = _testbed_record(folder, preset, "held_out_perplexity")
+    return result
+
+
+def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = None, *, ratios=(0.25, 0.5),
+                random_seeds: int = 5, kl_rows: int = 16, sensitivity_steps: int = 100,
+                progress: bool = True) -> dict[str, Any]:
+    """Every criterion, MAEP included, on the multimodal MoE testbed ``preset``."""
+    import lightprune as lp
+
+
+    spec = VQA_TESTBEDS[preset]
+    folder = vqa_testbed(preset, root, progress=progress)
+    model = lp.load_pruned(folder / "model").eval()
+    dm = datamodule(spec, str(folder / "model"), root)
+    dm.setup("fit")
+    names = dm.task_names
+    image_tasks = [t for t in names if t != "text"]
+    val_image = list(dm.dataloader("val", tasks=image_tasks))
+    val_text = list(dm.dataloader("val", tasks=["text"])) if "text" in names else []
+
+    calib_all = _inputs(dm.dataloader("calibration"))
+    calib_digits = _inputs(dm.dataloader("calibration", tasks=["digit"]))
+    calib_charts = _inputs(dm.dataloader("calibration", tasks=[t for t in image_tasks if t.startswith("chart")]))
+
+    def evaluate(m: torch.nn.Module) -> dict[str, float]:
+        out = {f"acc_{t}": v for t, v in answer_accuracy(m, val_image, names).items()}
+        out["acc_image"] = sum(out[f"acc_{t}"] for t in image_tasks) / len(image_tasks)
+        if val_text:
+            out["ppl_text"], out["acc_text"] = next_token_metrics(m, val_text)
+        return out
+
+    subsets = ("all", "text", "vision", "vision_low_attn", "vision_high_attn")
+    stats = lp.collect_expert_stats(model, calib_all, subsets=subsets, progress=progress)
+    extra = {}
+    if sensitivity_steps:
+        checkpoint = str(folder / "model")
+        extra["router_sensitivity"] = router_sensitivity(checkpoint, datamodule(spec, checkpoint, root),
+                                                         steps=sensitivity_steps, progress=progress)
+    rankings = expert_rankings(model, stats, maep=True, extra=extra)
+    result = expert_quality(model, rankings, evaluate, ratios=ratios, random_seeds=random_seeds, progress=progress)
+    result["maep_alpha"] = lp.maep_scores(stats)[1]
+    kl_batches = calib_all[: max(1, kl_rows // spec.batch_size)]
+    kl_stats = lp.collect_expert_stats(model, kl_batches, subsets=("all", "text", "vision"), progress=progress)
+    result["proxy_rho"] = proxy_rho(model, kl_batches, kl_stats, subsets=("all", "text", "vision"), progress=progress)
+    a = lp.collect_expert_stats(model, calib_digits, subsets=subsets[1:], progress=progress)
+    b = lp.collect_expert_stats(model, calib_charts, subsets=subsets[1:], progress=progress)
+    result["stability"] = {"pair": ["digits", "charts"], "criteria": stability(a, b, ("delta_h", "reap"))}
+    result["testbed"] = _testbed_record(folder, preset, "val_answer_accuracy")
+    return result
+
+
+def mwop_tables(preset: str = "dense-mllm-full", root: str | os.PathLike | None = None, *, random_seeds: int = 5,
+                progress: bool = True, **kwargs: Any) -> dict[str, Any]:
+    """MWOP at the paper's operating points vs random masks on the dense multimodal testbed ``preset``."""
+    import lightprune as lp
+
+
+    spec = VQA_TESTBEDS[preset]
+    folder = vqa_testbed(preset, root, progress=progress)
+    model = lp.load_pruned(folder / "model").eval()
+    dm = datamodule(spec, str(folder / "model"), root)
+    dm.setup("fit")
+    result = mwop_quality(model, dm, random_seeds=random_seeds, **kwargs)
+    result["testbed"] = _testbed_record(folder, preset, "val_answer_accuracy")
+    return result

@@ -1,0 +1,297 @@
+"""MWOP quality rows: Taylor vs random width plans at the paper's operating points, training-free.
+
+Paper 002's reference operating points (LLaVA-OneVision-7B prunes the V2V / T2V / T2T paths 40 / 60 / 10 %
+and the visual FFN channels 50 %; Qwen2.5-VL-7B 60 / 70 / 0 % and 40 %) against random masks of the same
+ratios, here without the recovery epoch; ATR as in section 6.1, FLOPs as in appendix D.4. For a model and a
+Testbed VQA datamodule:
+
+1. attention Taylor importance S_attn(l, h, p) once on the ``calibration`` split (dense model);
+2. per operating point: the Taylor plan prunes, per path p, the round(r_p * L * H) lowest-scored
+   (layer, head) units (:func:`~lightprune.width.select.select_paths`); FFN importance S_ffn(l, c, mu) is
+   then computed with those attention masks applied (Alg. 1 line 7) and round(r_mu * sum_l m_l) channels of
+   modality mu are pruned, lowest first (:func:`~lightprune.width.select.select_channels`). The random
+   plans rank the same units by uniform scores (:func:`~lightprune.width.select.random_scores`, seeds
+   0 .. ``random_seeds`` - 1) at the same ratios;
+3. every plan is evaluated under :func:`~lightprune.width.mask.mask_width` on the ``val`` split, teacher
+   forced, as the staged search does (:func:`~lightprune.width.retention.evaluate_tasks`):
+
+       acc_f        per task family f (``metric``: answer-token accuracy, whole-answer match or probability)
+       ATR          = mean over families f with acc_f(dense) > 0 of 100 * acc_f(plan) / acc_f(dense)
+       FLOPs frac.  = decoder_flops(config, V, T, plan, align).fraction          (appendix D.4)
+
+   with (V, T) the val split's mean vision (image placeholder) and text tokens per sample, system tokens
+   (those before a sample's first image token) and padding excluded, rounded to integers, as the search
+   counts its FLOPs profile.
+
+:func:`mwop_quality` returns plain JSON-ready data (plans and scores included); :func:`mwop_markdown`
+writes the table and :func:`plot_mwop` the ATR-vs-FLOPs figure (random: mean with min-max bars).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from lightprune.models.unwrap import base_model_of
+from lightprune.quality.expert_quality import spread
+from lightprune.width.flops import decoder_flops
+from lightprune.width.mask import mask_width
+from lightprune.width.modality import token_profile
+from lightprune.width.paths import PATHS
+from lightprune.width.plan import WIDTH_UNITS, WidthPlan
+from lightprune.width.retention import METRICS, evaluate_tasks, retention
+from lightprune.width.select import random_scores, select_channels, select_paths
+from lightprune.width.taylor import taylor_importance
+
+__all__ = ["PAPER_OPERATING_POINTS", "mwop_quality", "mwop_markdown", "plot_mwop"]
+
+#: the paper's operating points, named by the model they were chosen for (units: :data:`WIDTH_UNITS`)
+PAPER_OPERATING_POINTS: dict[str, dict[str, float]] = {
+    "LLaVA-OneVision-7B": {"v2v": 0.4, "t2v": 0.6, "t2t": 0.1, "ffn_vision": 0.5},
+    "Qwen2.5-VL-7B": {"v2v": 0.6, "t2v": 0.7, "t2t": 0.0, "ffn_vision": 0.4},
+}
+
+DENSE = "dense"
+
+
+def _check_operating_points(points: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    if not isinstance(points, Mapping) or not points:
+        raise ValueError(f"operating_points must be a non-empty mapping name -> {{unit: ratio}}, got {points!r}")
+    out: dict[str, dict[str, float]] = {}
+    for name, ratios in points.items():
+        if not isinstance(name, str) or not name or name == DENSE:
+            raise ValueError(f"operating point names must be non-empty strings other than {DENSE!r}, got {name!r}")
+        if not isinstance(ratios, Mapping):
+            raise ValueError(f"operating point {name!r} must map width units to ratios, got {ratios!r}")
+        bad = sorted(str(u) for u in ratios if u not in WIDTH_UNITS)
+        if bad:
+            raise ValueError(f"operating point {name!r} names unknown width units {bad}; "
+                             f"choose among {list(WIDTH_UNITS)}")
+        checked = {}
+        for unit, ratio in ratios.items():
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) <= 1.0:
+                raise ValueError(f"operating point {name!r}: ratio for {unit!r} must be a number in [0, 1], "
+                                 f"got {ratio!r}")
+            checked[unit] = float(ratio)
+        out[name] = checked
+    return out
+
+
+def _split(ratios: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    paths = {u: r for u, r in ratios.items() if u in PATHS}
+    channels = {u[len("ffn_"):]: r for u, r in ratios.items() if u.startswith("ffn_")}
+    return paths, channels
+
+
+def _loader(dm: Any, split: str):
+    if callable(getattr(dm, "dataloader", None)):
+        return dm.dataloader(split)
+    fn = getattr(dm, f"{split}_dataloader", None)
+    if not callable(fn):
+        raise ValueError(f"{type(dm).__name__} has neither dataloader(split) nor {split}_dataloader()")
+    return fn()
+
+
+def _nan_to_none(value: float) -> float | None:
+    return None if value is None or value != value else float(value)
+
+
+def mwop_quality(model: torch.nn.Module, dm: Any, *,
+                 operating_points: Mapping[str, Mapping[str, float]] = PAPER_OPERATING_POINTS,
+                 random_seeds: int = 5, align: int = 64, metric: str = "token",
+                 progress: bool | None = None) -> dict[str, Any]:
+    """Dense, Taylor and random rows of MWOP's quality table (module docstring), training-free.
+
+    Args:
+        model: the dense MLLM (e.g. ``lp.load_pruned(vqa_testbed("dense-mllm-full") / "model")``).
+        dm: a datamodule with ``dataloader(split)`` (``calibration`` and ``val``) and ``task_names``
+            (:class:`~lightprune.data.TestbedVQADataModule`), or ``calibration_dataloader()`` /
+            ``val_dataloader()``.
+        operating_points: {name: {unit: ratio}} with units from :data:`~lightprune.width.plan.WIDTH_UNITS`.
+        random_seeds: random plans per operating point (seeds 0 .. n - 1; 0: no random rows).
+        align: FFN channel alignment b of the FLOPs count (the paper: 64; 1 counts every channel).
+        metric: ``token``, ``exact`` or ``prob`` (:mod:`lightprune.width.retention`).
+        progress: a bar over the evaluations (None: when stderr is a terminal).
+
+    Returns:
+        ``{"metric", "align", "task_names", "profile", "reference", "scores", "rows"}``; every row has
+        ``operating_point``, ``method`` (``dense``, ``taylor`` or ``random``), ``ratios``; dense and taylor
+        rows ``flops_fraction``, ``atr``, ``per_task_accuracy``, ``per_task_retention``, ``excluded``,
+        ``pruned`` (the share of every unit) and ``plan`` (``WidthPlan.to_dict``); random rows ``seeds``,
+        ``per_seed`` (those fields per seed) and mean / std (sample) / min / max of ``atr``,
+        ``flops_fraction`` and ``per_task_accuracy``. NaN (a task without samples, or without a defined
+        retention) is written as None.
+    """
+    from tqdm.auto import tqdm
+
+
+    points = _check_operating_points(operating_points)
+    if isinstance(random_seeds, bool) or not isinstance(random_seeds, int) or random_seeds < 0:
+        raise ValueError(f"random_seeds must be an integer >= 0, got {random_seeds!r}")
+    if isinstance(align, bool) or not isinstance(align, int) or align < 1:
+        raise ValueError(f"align must be a positive integer, got {align!r}")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
+    names = list(getattr(dm, "task_names", None) or ["default"])
+    show = sys.stderr.isatty() if progress is None else bool(progress)
+
+    base = base_model_of(model)
+    config = base.config
+    dense_plan = WidthPlan.dense(base)
+    if any(_split(r)[1] for r in points.values()) and not dense_plan.intermediate_size:
+        ffn = sorted(p for p, r in points.items() if _split(r)[1])
+        raise ValueError(f"operating points {ffn} prune FFN channels, but every FFN of {type(base).__name__} is a "
+                         f"mixture of experts; give them attention paths only")
+    calibration = list(_loader(dm, "calibration"))
+    val = list(_loader(dm, "val"))
+    if not calibration:
+        raise ValueError("the calibration split has no batches: no Taylor importance")
+    profile = token_profile(base, val)
+    V, T = profile["vision_tokens"], profile["text_tokens"]
+
+    bar = tqdm(total=1 + len(points) * (1 + random_seeds), desc="MWOP quality", unit="eval", disable=not show)
+
+    def evaluate(plan: WidthPlan | None, label: str) -> torch.Tensor:
+        bar.set_postfix_str(label)
+        if plan is None:
+            scores = evaluate_tasks(model, val, len(names), metric)
+        else:
+            with mask_width(model, plan):
+                scores = evaluate_tasks(model, val, len(names), metric)
+        bar.update(1)
+        return scores
+
+    def row(plan: WidthPlan, scores: torch.Tensor, reference: torch.Tensor) -> dict[str, Any]:
+        kept = retention(scores, reference, names)
+        return {"flops_fraction": decoder_flops(config, V, T, plan=plan, align=align).fraction,
+                "atr": kept.atr,
+                "per_task_accuracy": {n: _nan_to_none(s) for n, s in zip(names, scores.tolist())},
+                "per_task_retention": {n: _nan_to_none(v) for n, v in kept.per_task.items()},
+                "excluded": list(kept.excluded),
+                "pruned": {u: plan.pruned_fraction(u) for u in WIDTH_UNITS},
+                "plan": plan.to_dict()}
+
+    try:
+        reference = evaluate(None, DENSE)
+        rows = [{"operating_point": DENSE, "method": DENSE, "ratios": {}, **row(dense_plan, reference, reference)}]
+        bar.set_postfix_str("taylor: attention")
+        attn = taylor_importance(base, calibration, attention=True, ffn=False, progress=show)
+        scores_out: dict[str, Any] = {"attn": attn.to_dict(), "ffn": {}}
+        for name, ratios in points.items():
+            paths, channels = _split(ratios)
+            plan = select_paths(attn.attn, paths, dense_plan)
+            if channels:
+                bar.set_postfix_str(f"taylor: FFN under {name}'s paths")
+                ffn = taylor_importance(base, calibration, attention=False, ffn=True, plan=plan, progress=show)
+                scores_out["ffn"][name] = ffn.to_dict()
+                plan = select_channels(ffn.ffn, channels, plan)
+            plan.metadata.update({"method": "taylor", "operating_point": name})
+            rows.append({"operating_point": name, "method": "taylor", "ratios": dict(ratios),
+                         **row(plan, evaluate(plan, f"{name} taylor"), reference)})
+            if not random_seeds:
+                continue
+            per_seed = []
+            for seed in range(random_seeds):
+                attn_r, ffn_r = random_scores(dense_plan, seed)
+                plan = select_paths(attn_r, paths, dense_plan)
+                if channels:
+                    plan = select_channels(ffn_r, channels, plan)
+                plan.metadata.update({"method": "random", "operating_point": name, "seed": seed})
+                per_seed.append({"seed": seed, **row(plan, evaluate(plan, f"{name} random {seed}"), reference)})
+            rows.append({"operating_point": name, "method": "random", "ratios": dict(ratios),
+                         "seeds": list(range(random_seeds)),
+                         "atr": spread([r["atr"] for r in per_seed]),
+                         "flops_fraction": spread([r["flops_fraction"] for r in per_seed]),
+                         "per_task_accuracy": {n: spread([r["per_task_accuracy"][n] for r in per_seed])
+                                               for n in names},
+                         "per_seed": per_seed})
+    finally:
+        bar.close()
+    return {"metric": metric, "align": align, "task_names": names, "profile": profile,
+            "calibration_samples": attn.num_samples,
+            "reference": {n: _nan_to_none(s) for n, s in zip(names, reference.tolist())},
+            "scores": scores_out, "rows": rows}
+
+
+# ---------------------------------------------------------------------------------------------- output
+def _num(value: float | None, digits: int) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _spread(stats: Mapping[str, float | None], digits: int, scale: float = 1.0) -> str:
+    if stats["mean"] is None:
+        return "n/a"
+    s = lambda v: _num(None if v is None else v * scale, digits)  # noqa: E731
+    std = f" ± {s(stats['std'])}" if stats["std"] is not None else ""
+    return f"{s(stats['mean'])}{std} [{s(stats['min'])}, {s(stats['max'])}]"
+
+
+def _ratios(ratios: Mapping[str, float]) -> str:
+    return ", ".join(f"{u} {r:g}" for u, r in ratios.items()) or "-"
+
+
+def mwop_markdown(result: Mapping[str, Any]) -> str:
+    """The quality table in Markdown: one row per (operating point, method); accuracies in %.
+
+    Random rows read ``mean ± std [min, max]`` over the seeds.
+    """
+    names = list(result["task_names"])
+    head = ["operating point", "ratios", "method", "FLOPs fraction", "ATR (%)"] + [f"{n} acc. (%)" for n in names]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + "|"]
+    for r in result["rows"]:
+        label = r["method"] if r["method"] != "random" else f"random ({len(r['seeds'])} seeds)"
+        cells = [r["operating_point"], _ratios(r["ratios"]), label]
+        if r["method"] == "random":
+            cells += [_spread(r["flops_fraction"], 3), _spread(r["atr"], 1)]
+            cells += [_spread(r["per_task_accuracy"][n], 1, 100.0) for n in names]
+        else:
+            cells += [_num(r["flops_fraction"], 3), _num(r["atr"], 1)]
+            cells += [_num(None if r["per_task_accuracy"][n] is None else 100.0 * r["per_task_accuracy"][n], 1)
+                      for n in names]
+        lines.append("| " + " | ".join(cells) + " |")
+    p = result["profile"]
+    lines += ["", f"Training-free (no recovery); metric `{result['metric']}`; ATR over the tasks with a non-zero "
+              f"dense score; FLOPs: decoder prefill at (V, T) = ({p['vision_tokens']}, {p['text_tokens']}), "
+              f"FFN alignment {result['align']}."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_mwop(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """PNG of ATR against the FLOPs fraction: Taylor points, random means with min-max bars, the dense point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    points = list(dict.fromkeys(r["operating_point"] for r in result["rows"] if r["method"] != DENSE))
+    for r in result["rows"]:
+        if r["method"] == DENSE:
+            ax.scatter([r["flops_fraction"]], [r["atr"]], marker="*", s=160, color="black", zorder=5, label="dense")
+            continue
+        color = colors[points.index(r["operating_point"]) % len(colors)]
+        if r["method"] == "taylor":
+            ax.scatter([r["flops_fraction"]], [r["atr"]], marker="o", s=50, color=color, zorder=4,
+                       label=f"{r['operating_point']} Taylor")
+        elif r["atr"]["mean"] is not None:
+            x, y = r["flops_fraction"], r["atr"]
+            ax.errorbar([x["mean"]], [y["mean"]], yerr=[[y["mean"] - y["min"]], [y["max"] - y["mean"]]],
+                        xerr=[[x["mean"] - x["min"]], [x["max"] - x["mean"]]], fmt="s", mfc="none", color=color,
+                        capsize=4, zorder=3, label=f"{r['operating_point']} random ({len(r['seeds'])} seeds)")
+    ax.axhline(100.0, color="grey", lw=0.8)
+    ax.set_xlabel("decoder FLOPs fraction")
+    ax.set_ylabel("ATR (%)")
+    ax.set_title(f"MWOP training-free ({result['metric']} accuracy)", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

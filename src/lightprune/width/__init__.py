@@ -1,0 +1,28 @@
+"""MWOP whole (paper 002): width pruning of MLLMs, attention paths per head and FFN channels per modality.
+
+Built bottom-up, each module importing only those before it:
+
+- :mod:`.paths` (a leaf: modality codes, the three paths V2V / T2V / T2T and their pair masks);
+- :mod:`.layers` (the language decoder's heads and FFN channels), :mod:`.modality` (each token's
+  modality), :mod:`.plan` (:class:`WidthPlan`), :mod:`.flops` (decoder FLOPs, appendix D.4);
+- :mod:`.kernels` (Triton / FlexAttention / masked-SDPA path-sparse attention, the compact FFN);
+- :mod:`.attention` (the attention implementation that masks or gates paths), :mod:`.mask`
+  (:func:`mask_width`, reversible), :mod:`.swap` (compact FFNs swapped in);
+- :mod:`.taylor` (first-order Taylor importance), :mod:`.select` (scores -> plan), :mod:`.retention`
+  (task accuracy and ATR), :mod:`.search` (the staged search's decisions, Algorithm 1).
+
+May import: models, observe and the shared leaves; never experts, finetune, export, callbacks or above.
+"""
+
+from __future__ import annotations
+
+from lightprune.width.flops import decoder_flops
+from lightprune.width.layers import WidthLayer, find_width_layers
+from lightprune.width.mask import mask_width
+from lightprune.width.modality import token_modality, token_profile
+from lightprune.width.plan import WidthPlan
+from lightprune.width.select import select_channels, select_paths
+from lightprune.width.taylor import WidthScores, taylor_importance
+
+__all__ = ["WidthLayer", "WidthPlan", "WidthScores", "decoder_flops", "find_width_layers", "mask_width",
+           "select_channels", "select_paths", "taylor_importance", "token_modality", "token_profile"]

@@ -1,0 +1,205 @@
+"""MWOP path attention: per-head removal of attention paths, and the Taylor gates on them (paper 002).
+
+Paper 002, section 3: the attention of query head h in layer l splits into paths b = (query modality ->
+key modality) in ``PATHS`` = (V2V, T2V, T2T); SYSTEM tokens (and every other pair) are never pruned.
+With the keep mask K[b, h, i, j] (False where path(i, j) is pruned for head h):
+
+- mask mode (appendix D.5): the pruned keys are removed BEFORE the softmax,
+  ``A = softmax(q k^T * s + mask, keys restricted to allowed(i, j) and K[h, i, j])``, so every query
+  normalises over its retained causal keys. A query whose every allowed key the plan removes (a VISION
+  query with V2V pruned and no SYSTEM key before it) outputs zeros: its attention update is empty.
+- gate mode (appendix A.1, Taylor importance): the output is ``O = (A * C) V`` with
+  ``C[b, h, i, j] = g[b, h, path(i, j)]`` on the prunable pairs and 1 elsewhere, so
+  ``dL/dg[b, h, p] = <O_(l,h,p), dL/dO_(l,h)>`` where ``O_p = (A * M_p) V`` is the path's additive
+  contribution with the attention weights held fixed (no renormalisation: "we zero either contribution
+  without renormalizing"). Since the gates are 1, this is computed as the mask-mode output plus
+  ``sum_p (g_p - 1) O_p`` with O_p computed explicitly in fp32 (query-row chunks) outside the graph:
+  the same value, the same gradients w.r.t. the activations and the gates, and nothing [B, H, Q, K]
+  kept for the backward beyond what SDPA keeps.
+
+The function is registered in transformers' ``AttentionInterface`` as ``"lightprune_path:<original>"``
+(original = ``sdpa`` or ``eager``) through :mod:`.attention_interface`; layers without a route, or whose
+plan keeps every path (outside the Taylor pass), call the original unchanged. Token modalities come from :class:`ModalityState`, set by a forward pre-hook that
+:mod:`lightprune.width.mask` installs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from lightprune.observe.attention_interface import dense_mask, original_function, register_wrapper, wrappable
+from lightprune.width.kernels import path_sparse_attention
+from lightprune.width.paths import PATHS, path_keep, path_masks
+
+__all__ = ["PATH_PREFIX", "WRAPPABLE", "ModalityState", "PathRoute", "register", "route", "unroute",
+           "path_masks", "path_keep"]
+
+PATH_PREFIX = "lightprune_path:"
+#: elements of one fp32 [B, H, rows, K] chunk of attention probabilities in gate mode (64 MiB)
+_CHUNK_ELEMENTS = 1 << 24
+#: implementations the path attention wraps (it calls torch's SDPA with a per-head mask, or computes gates)
+WRAPPABLE = ("sdpa", "eager")
+
+_ROUTES: dict[int, "PathRoute"] = {}  # id(attention module) -> its route
+
+
+class ModalityState:
+    """Token modality of the current forward: int8 [B, T] over every position the keys span (cache included)."""
+
+    def __init__(self) -> None:
+        self.modality: torch.Tensor | None = None
+
+    def keys_and_queries(self, batch: int, q_len: int, k_len: int, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(key modality [B, K], query modality [B, Q]): the queries are the last Q positions."""
+        mod = self.modality
+        if mod is None:
+            raise RuntimeError(f"{where}: no token modality recorded; the model must be called with input_ids "
+                               f"while width masks are active")
+        if mod.shape[0] != batch or mod.shape[1] != k_len or q_len > k_len:
+            raise RuntimeError(f"{where}: the attention sees batch {batch}, {q_len} queries and {k_len} keys, but "
+                               f"the forward's tokens are {tuple(mod.shape)} (a static or pre-filled cache is not "
+                               f"supported)")
+        return mod, mod[:, k_len - q_len:]
+
+
+@dataclass(eq=False)
+class PathRoute:
+    """What the path attention does for one layer: ``keep`` bool [H, 3] (None = all kept) and, in gate
+    mode, ``gate`` [B, H, 3] (set per batch by the Taylor pass; None = mask mode). ``backend`` (mask mode
+    only): None builds the dense [B, H, Q, K] mask here; ``"sdpa"``, ``"flex"`` or ``"triton"`` calls
+    :func:`lightprune.width.kernels.path_sparse_attention` (the exported model's path-sparse attention)."""
+
+    layer: int
+    state: ModalityState
+    keep: torch.Tensor | None = None
+    gate: torch.Tensor | None = None
+    backend: str | None = None
+
+    def __post_init__(self) -> None:
+        # a layer that keeps every path runs the original implementation unchanged (mask mode)
+        self.all_kept = self.keep is None or bool(self.keep.all())
+
+
+def route(module: nn.Module, layer_route: PathRoute) -> None:
+    if id(module) in _ROUTES:
+        raise RuntimeError(f"attention of layer {layer_route.layer} already has width masks or gates")
+    _ROUTES[id(module)] = layer_route
+
+
+def unroute(module: nn.Module, layer_route: PathRoute) -> None:
+    if _ROUTES.get(id(module)) is layer_route:
+        del _ROUTES[id(module)]
+
+
+def register(original: str) -> str:
+    """Register the path attention wrapping ``original``; its name (for ``switch_attention``)."""
+    if original.startswith(PATH_PREFIX):
+        raise RuntimeError("width masks are already active on this model")
+    if original not in WRAPPABLE:
+        raise ValueError(f"width masking wraps attention implementation {list(WRAPPABLE)}, the language model "
+                         f"uses {original!r} (available: {wrappable((PATH_PREFIX,))}); set "
+                         f"attn_implementation='sdpa' or 'eager' on the language model")
+    return register_wrapper(PATH_PREFIX, original, _make_attention)
+
+
+def _make_attention(original: str) -> Callable:
+    def path_attention(module, query, key, value, attention_mask, **kwargs):
+        layer_route = _ROUTES.get(id(module))
+        if layer_route is None or (layer_route.gate is None and layer_route.all_kept):
+            return original_function(original, module)(module, query, key, value, attention_mask, **kwargs)
+        return _routed(module, query, key, value, attention_mask, layer_route, kwargs)
+
+    path_attention.__name__ = f"path_attention[{original}]"
+    return path_attention
+
+
+def _routed(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
+            layer_route: PathRoute, kwargs: dict) -> tuple[torch.Tensor, None]:
+    where = f"width masks, layer {layer_route.layer}"
+    for name in ("softcap", "s_aux", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"{where}: attention with {name} is not supported by path masking")
+    batch, heads, q_len, _ = query.shape
+    k_len = key.shape[2]
+    key_mod, query_mod = layer_route.state.keys_and_queries(batch, q_len, k_len, where)
+    key_mod, query_mod = key_mod.to(query.device), query_mod.to(query.device)
+    if layer_route.backend is not None and layer_route.gate is None:
+        return _kernel(module, query, key, value, key_mod, layer_route, kwargs, where)
+    allowed, additive = dense_mask(module, attention_mask, batch, q_len, k_len, query.device, kwargs)
+    paths = path_masks(query_mod, key_mod)
+    keep = allowed.expand(batch, heads, q_len, k_len)
+    if layer_route.keep is not None:
+        if tuple(layer_route.keep.shape) != (heads, 3):
+            raise RuntimeError(f"{where}: keep mask {tuple(layer_route.keep.shape)} for {heads} heads")
+        keep = keep & path_keep(paths, layer_route.keep)
+    row_any = keep.any(dim=-1, keepdim=True)
+    emptied = allowed.any(dim=-1, keepdim=True) & ~row_any  # rows the plan (not the model) left without keys
+    groups = heads // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1) if groups > 1 else key
+    value = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    scaling = kwargs.get("scaling")
+    dropout = float(kwargs.get("dropout", 0.0) or 0.0)
+    if layer_route.gate is not None and dropout:
+        raise NotImplementedError(f"{where}: Taylor gates need attention dropout 0 (the model is in train mode "
+                                  f"with attention_dropout {dropout})")
+    # an emptied row is computed over the model's keys (finite gradients) and zeroed afterwards
+    run = keep | (emptied & allowed)
+    if additive is None:
+        mask = run
+    else:
+        low = torch.tensor(torch.finfo(query.dtype).min, dtype=query.dtype, device=query.device)
+        mask = torch.where(run, additive.to(query.dtype), low)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
+                                                           scale=scaling)
+    out = out.masked_fill(emptied, 0.0)
+    if layer_route.gate is not None:
+        gate = layer_route.gate
+        if tuple(gate.shape) != (batch, heads, len(PATHS)):
+            raise RuntimeError(f"{where}: path gates {tuple(gate.shape)}, expected {(batch, heads, len(PATHS))}")
+        contributions = _path_outputs(query, key, value, keep, row_any, additive, paths, scaling)
+        # (g - 1) = 0: the value is unchanged; d out / d g[b, h, p] = O_(h, p), the path's contribution
+        delta = torch.einsum("bhp,pbhqd->bhqd", gate.to(contributions.device, torch.float32) - 1, contributions)
+        out = out + delta.to(out.dtype)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _kernel(module, query, key, value, key_mod, layer_route: PathRoute, kwargs: dict, where: str):
+    """The exported model's attention: the kernel derives causality and padding from the token modality,
+    so only a plain causal + padding mask is representable (no sliding window, no dropout)."""
+
+    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    if window is not None:
+        raise NotImplementedError(f"{where}: the {layer_route.backend!r} path-sparse attention supports causal + "
+                                  f"padding masks only, this layer has sliding_window={window}")
+    if float(kwargs.get("dropout", 0.0) or 0.0):
+        raise NotImplementedError(f"{where}: the path-sparse attention kernels run without attention dropout")
+    out = path_sparse_attention(query, key, value, key_mod, layer_route.keep, scale=kwargs.get("scaling"),
+                                backend=layer_route.backend)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@torch.no_grad()
+def _path_outputs(query, key, value, keep, row_any, additive, paths, scaling) -> torch.Tensor:
+    """fp32 [3, B, H, Q, D]: each path's contribution (A * M_p) V with A the masked softmax of the layer
+    (rows without keys give zeros), computed in query-row chunks. No graph: at gates g = 1 the derivative
+    of ``out + (g - 1) O_p`` w.r.t. the activations does not involve O_p."""
+    batch, heads, q_len, dim = query.shape
+    scale = dim ** -0.5 if scaling is None else scaling
+    keys, values = key.float().transpose(-1, -2), value.float()
+    result = torch.zeros(len(PATHS), batch, heads, q_len, value.shape[-1], device=query.device)
+    step = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * key.shape[2]))
+    for start in range(0, q_len, step):
+        rows = slice(start, start + step)
+        logits = (query[:, :, rows].float() @ keys) * scale
+        if additive is not None:
+            logits = logits + additive[:, :, rows]
+        ok, any_key = keep[:, :, rows], row_any[:, :, rows]
+        # a row without keys softmaxes over all keys (finite) and is multiplied by 0
+        probs = torch.softmax(logits.masked_fill(~(ok | ~any_key), float("-inf")), dim=-1) * any_key
+        for p in range(len(PATHS)):
+            result[p, :, :, rows] = (probs * paths[p][:, None, rows]) @ values
+    return result

@@ -1,0 +1,29 @@
+"""Export-time kernels of MWOP (paper 002, appendix D.5): path-sparse attention and the compact FFN.
+
+``path_sparse_attention(query, key, value, modality, keep, backend=...)`` computes attention with the
+pruned paths' keys removed before the softmax (:mod:`.path_attention`); backends ``"triton"``
+(:mod:`.path_attention_triton`, imported only when used), ``"flex"`` and ``"sdpa"``. The retained key
+intervals the Triton kernel walks come from :func:`.intervals.key_intervals`.
+:class:`.compact_ffn.CompactModalityFFN` runs a gated MLP with packed visual (and text) channels;
+(:func:`lightprune.width.swap.swap_compact_ffn` swaps it in for every FFN a WidthPlan prunes).
+
+May import: torch, triton (lazily) and :mod:`lightprune.width.paths` only; the rest of ``width`` builds on it.
+"""
+
+from __future__ import annotations
+
+from lightprune.width.kernels.compact_ffn import CompactModalityFFN, split_tokens
+from lightprune.width.kernels.intervals import class_bits, class_table, key_intervals
+from lightprune.width.kernels.path_attention import (
+                                                     BACKENDS,
+                                                     check_backend,
+                                                     flex_path_attention,
+                                                     path_block_mask,
+                                                     path_keep_mask,
+                                                     path_sparse_attention,
+                                                     sdpa_path_attention,
+)
+
+__all__ = ["BACKENDS", "path_sparse_attention", "check_backend", "path_keep_mask", "path_block_mask",
+           "sdpa_path_attention", "flex_path_attention", "key_intervals", "class_table", "class_bits",
+           "CompactModalityFFN", "split_tokens"]

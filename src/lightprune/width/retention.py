@@ -1,0 +1,131 @@
+"""Answer accuracy per task family and retention against a reference (MWOP's ATR, paper 002 section 6.1).
+
+The paper scores each benchmark, normalises it to the dense reference and averages: ATR (average task
+retention) = mean over task families f of 100 * score_f(candidate) / score_f(reference). Here a task
+family's score is its teacher-forced answer accuracy on held-out data:
+
+- ``token``: the fraction of answer tokens (labels != -100, next-token shifted) whose argmax is right;
+- ``exact``: the fraction of samples whose every answer token is right (a whole-answer match);
+- ``prob``: the mean probability the model gives the right answer token (teacher-forced). Not a paper
+  metric: a continuous score that stays above zero for an untrained model (a random tiny model answers
+  nothing right, so its accuracy cannot be a reference), for smoke runs and tiny defaults.
+
+:class:`TaskAccuracy` is a torchmetrics ``Metric`` (states summed across ranks by torchmetrics' own sync);
+:func:`evaluate_tasks` runs it over batches carrying ``task_ids`` [B] (index into the task names; a batch
+without them counts as task 0). A task whose reference score is 0 has no defined retention: it is left
+out of the ATR and named in :attr:`Retention.excluded`, never silently counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+from torchmetrics import Metric
+
+from lightprune.batch import model_inputs
+
+__all__ = ["TaskAccuracy", "evaluate_tasks", "Retention", "retention", "METRICS"]
+
+METRICS = ("token", "exact", "prob")
+
+
+class TaskAccuracy(Metric):
+    """Answer accuracy per task family: ``compute()`` gives a float64 [num_tasks] tensor (NaN: no samples)."""
+
+    full_state_update = False
+
+    def __init__(self, num_tasks: int, metric: str = "token", **kwargs: Any):
+        super().__init__(**kwargs)
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
+        if int(num_tasks) != num_tasks or num_tasks < 1:
+            raise ValueError(f"num_tasks must be a positive integer, got {num_tasks!r}")
+        self.metric = metric
+        self.num_tasks = int(num_tasks)
+        self.add_state("correct", torch.zeros(self.num_tasks, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("total", torch.zeros(self.num_tasks, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, logits: torch.Tensor, labels: torch.Tensor, task_ids: torch.Tensor | None = None) -> None:
+        target = labels[:, 1:]
+        answer = target != -100
+        hit = (logits[:, :-1].argmax(-1) == target) & answer
+        tasks = torch.zeros(labels.shape[0], dtype=torch.long, device=labels.device) if task_ids is None \
+            else task_ids.to(labels.device).long()
+        if tasks.numel() and (tasks.min() < 0 or tasks.max() >= self.num_tasks):
+            raise ValueError(f"task_ids must be in 0..{self.num_tasks - 1}, got {tasks.unique().tolist()}")
+        if self.metric == "token":
+            correct, total = hit.sum(1).double(), answer.sum(1).double()
+        elif self.metric == "prob":
+            logp = torch.log_softmax(logits[:, :-1].double(), -1)
+            picked = logp.gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1).exp()
+            correct, total = (picked * answer).sum(1), answer.sum(1).double()
+        else:
+            has_answer = answer.any(1)
+            correct = ((hit == answer).all(1) & has_answer).double()
+            total = has_answer.double()
+        self.correct.index_add_(0, tasks, correct.to(self.correct.device))
+        self.total.index_add_(0, tasks, total.to(self.total.device))
+
+    def compute(self) -> torch.Tensor:
+        return self.correct / self.total
+
+
+@torch.no_grad()
+def evaluate_tasks(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]], num_tasks: int,
+                   metric: str = "token", progress: bool = False, desc: str = "evaluate") -> torch.Tensor:
+    """Teacher-forced answer accuracy per task of ``model`` over ``batches`` (model left in its mode)."""
+    device = next(model.parameters()).device
+    acc = TaskAccuracy(num_tasks, metric).to(device)
+    was_training = model.training
+    model.eval()
+    iterator = batches
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(batches, desc=desc, unit="batch", leave=False)
+    try:
+        for batch in iterator:
+            if "labels" not in batch:
+                raise ValueError("evaluation batches need labels (-100 outside the answer)")
+            inputs = model_inputs(batch, device=device)
+            logits = model(**inputs).logits
+            acc.update(logits, batch["labels"].to(device), batch.get("task_ids"))
+    finally:
+        model.train(was_training)
+    if float(acc.total.sum()) == 0:
+        raise ValueError("evaluation set is empty: no answer tokens (labels != -100) in any batch")
+    return acc.compute().cpu()
+
+
+@dataclass
+class Retention:
+    """Retention in percent per task (NaN where undefined) and its mean over the defined tasks (ATR)."""
+
+    per_task: dict[str, float]
+    atr: float
+    excluded: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"atr": self.atr, "per_task": self.per_task, "excluded": self.excluded}
+
+
+def retention(scores: torch.Tensor, reference: torch.Tensor, task_names: Sequence[str]) -> Retention:
+    """100 * scores / reference per task; ATR = their mean over tasks with a non-zero, defined reference."""
+    if len(scores) != len(reference) or len(scores) != len(task_names):
+        raise ValueError(f"scores ({len(scores)}), reference ({len(reference)}) and task names ({len(task_names)}) "
+                         "must have one entry per task")
+    per_task: dict[str, float] = {}
+    excluded: list[str] = []
+    for name, s, r in zip(task_names, scores.tolist(), reference.tolist()):
+        if r != r or s != s or r == 0:  # NaN (no samples) or a zero reference: retention undefined
+            per_task[name] = float("nan")
+            excluded.append(name)
+        else:
+            per_task[name] = 100.0 * (s / r)  # exactly 100 when s == r
+    defined = [v for v in per_task.values() if v == v]
+    if not defined:
+        raise ValueError(f"retention is undefined for every task {list(task_names)}: the reference scores "
+                         f"{reference.tolist()} are all zero or missing")
+    return Retention(per_task=per_task, atr=sum(defined) / len(defined), excluded=excluded)

@@ -1,0 +1,103 @@
+"""Run the FFNs a WidthPlan prunes as compact modality FFNs, in memory and reversibly (MWOP, paper 002, section 3).
+
+:func:`swap_compact_ffn` replaces the MLP forward of every layer the plan prunes by its
+:class:`~lightprune.width.kernels.compact_ffn.CompactModalityFFN` and records the token modality through
+:class:`~lightprune.width.mask.WidthHooks` (which also masks the plan's attention paths, when asked): the
+exported model's FFN runtime.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lightprune.width.kernels.compact_ffn import CompactModalityFFN, split_tokens
+from lightprune.width.layers import find_width_layers
+from lightprune.width.mask import WidthHooks
+from lightprune.width.plan import WidthPlan
+
+__all__ = ["CompactFFNSwap", "swap_compact_ffn"]
+
+
+class CompactFFNSwap:
+    """What :func:`swap_compact_ffn` installed; ``remove()`` (or leaving a ``with`` block) restores the model.
+
+    ``modules[l]`` is layer l's :class:`CompactModalityFFN`; ``hooks`` the :class:`WidthHooks` that record
+    the token modality (``hooks.state.modality``) and, with ``mask_attention``, mask the plan's paths.
+    """
+
+    def __init__(self, model: nn.Module, plan: WidthPlan, align: int = 64, *, mask_attention: bool = True,
+                 attention_backend: str | None = None):
+        if not isinstance(plan, WidthPlan):
+            raise TypeError(f"swap_compact_ffn needs a WidthPlan, got {type(plan).__name__}")
+        plan.validate(model)
+        layers = {layer.index: layer for layer in find_width_layers(model)}
+        self.modules: dict[int, CompactModalityFFN] = {}
+        for i in sorted(plan.ffn_keep):
+            mlp = layers[i].mlp
+            if "forward" in vars(mlp):
+                raise RuntimeError(f"layer {i}: {type(mlp).__name__}.forward is already replaced on the instance "
+                                   f"(an accelerate hook or another swap); swap_compact_ffn would bypass it")
+            self.modules[i] = CompactModalityFFN.from_mlp(mlp, plan.ffn_keep[i], align)
+        # the modality pre-hook (and the attention masks, when asked) without FFN masks
+        rest = WidthPlan(attn_keep=dict(plan.attn_keep) if mask_attention else {}, ffn_keep={},
+                         num_heads=dict(plan.num_heads), intermediate_size=dict(plan.intermediate_size))
+        self.hooks = WidthHooks(model, rest, attention_backend=attention_backend)
+        self._mlps = {i: layers[i].mlp for i in self.modules}
+        self._split: dict = {}
+        for i, mlp in self._mlps.items():
+            mlp.forward = self._forward(i)
+
+    def _forward(self, index: int):
+        compact, state, cache = self.modules[index], self.hooks.state, self._split
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            mod = state.modality
+            if mod is None:
+                raise RuntimeError(f"compact FFN, layer {index}: no token modality recorded (call the model with "
+                                   f"input_ids)")
+            if x.dim() != 3 or x.shape[0] != mod.shape[0] or x.shape[1] > mod.shape[1]:
+                raise RuntimeError(f"compact FFN, layer {index}: input {tuple(x.shape)} does not match the "
+                                   f"tokens {tuple(mod.shape)}")
+            tokens = mod[:, mod.shape[1] - x.shape[1]:]
+            # every layer of one forward sees the same recorded tensor: split its tokens once
+            if cache.get("of") is not mod or cache.get("length") != x.shape[1] or cache["device"] != x.device:
+                cache.update(of=mod, length=x.shape[1], device=x.device, split=split_tokens(tokens.to(x.device)))
+            return compact(x, tokens, cache["split"])
+
+        return forward
+
+    @property
+    def active(self) -> bool:
+        return self.hooks.active
+
+    def remove(self) -> None:
+        """Restore every MLP forward and remove the hooks (idempotent)."""
+        for mlp in self._mlps.values():
+            vars(mlp).pop("forward", None)
+        self._mlps = {}
+        self._split.clear()
+        self.hooks.remove()
+
+    def __enter__(self) -> "CompactFFNSwap":
+        if not self.active:
+            raise RuntimeError("this compact FFN swap was removed; create a new one")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def swap_compact_ffn(model: nn.Module, plan: WidthPlan, align: int = 64, *, mask_attention: bool = True,
+                     attention_backend: str | None = None) -> CompactFFNSwap:
+    """Run every FFN that ``plan`` prunes as a :class:`CompactModalityFFN` (in memory, reversible).
+
+    With ``mask_attention`` (default) the plan's attention paths are masked as :func:`mask_width` does, so
+    the model computes what ``mask_width(model, plan)`` computes; ``mask_attention=False`` leaves attention
+    dense (for a path-sparse attention installed separately, which can read ``handle.hooks.state``).
+    ``attention_backend`` (``"sdpa"``, ``"flex"``, ``"triton"``) runs the masked paths through
+    :func:`lightprune.width.kernels.path_sparse_attention` instead of a dense per-head mask: the exported
+    model's runtime (:func:`lightprune.export.load_pruned` of a width checkpoint).
+    Nesting with ``mask_width`` / another swap is refused (one :class:`WidthHooks` per model).
+    """
+    return CompactFFNSwap(model, plan, align, mask_attention=mask_attention, attention_backend=attention_backend)
