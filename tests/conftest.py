@@ -1,4 +1,7 @@
-"""Shared pytest setup: offline hub, and tiny models of every family built once per session.
+"""Shared pytest setup: offline hub, the ``fixtures`` helpers importable, tiny models built once per session.
+
+Layout: ``unit/<folder>/`` mirrors ``src/lightprune/<folder>/``; ``integration/`` holds the CLI, recipe and
+multi-process tests; ``fixtures/`` the helpers, data files and the CPU DeepSpeed strategy.
 
 ``tiny(family, seed=0, **overrides)`` returns a deep copy of a cached tiny model, so a test may
 mask, prune or train it freely without paying for the build again or leaking into other tests.
@@ -8,9 +11,13 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
+from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# tests/unit/<folder>/ and tests/integration/<folder>/ import the shared helpers as ``fixtures`` (tests/fixtures)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest  # noqa: E402
 

@@ -1,4 +1,12 @@
-"""Lightning callbacks: thin orchestration over lightprune's functional core."""
+"""Lightning callbacks: thin orchestration over lightprune's functional core, one callback per file.
+
+They share one :class:`~lightprune.callbacks.state.RunState` (calibration statistics, expert scores, the expert
+and width plans, the active width masks) and never look each other up; end-of-job steps run in phase order,
+wherever they are listed (:mod:`.job_end`).
+
+May import: everything below it (experts, width, export, finetune, reporting, models, observe, data and the
+shared leaves); never the trainer, the CLI or quality.
+"""
 
 from lightprune.callbacks.evaluate import Evaluate
 from lightprune.callbacks.expert_pruning import ExpertPruning

@@ -15,6 +15,9 @@
   :func:`tiny_llava_onevision_processor`): local processors matching the tiny MLLMs of
   :mod:`lightprune.models.tiny`.
 - :class:`SyntheticTokens`: seeded random ids, for smoke runs.
+
+Generated data sets live in :mod:`.generated`, cache folders in :mod:`.cache`. May import: models (the tiny
+processors follow the tiny models' configs) and the shared leaves; nothing else of lightprune.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ after verification. A checkpoint whose layers keep different numbers of experts 
 ``config.lightprune_experts_per_layer`` and carries a ``modeling_lightprune.py`` (torch and
 transformers only) so that ``AutoModel...from_pretrained(path, trust_remote_code=True)`` loads
 it without lightprune.
+
+May import: models, experts, width and the shared leaves; never finetune, callbacks or above.
 """
 
 from lightprune.export.load import check_checkpoint, load_pruned

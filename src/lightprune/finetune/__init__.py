@@ -1,4 +1,10 @@
-"""LightningModules wrapping MoE language models, and the adapters they fine-tune with."""
+"""Fine-tuning: the LightningModule (:class:`MoECausalLM`), peft adapters (LoRA, IA3), Houlsby adapters,
+4-bit quantisation (QLoRA), optimizers and schedulers, and checkpoint sources (:mod:`.sources`: names such as
+``testbed:text-small`` that packages register).
+
+May import: models, export (it loads pruned checkpoints) and the shared leaves; never testbed (it registers
+its own source), callbacks or above.
+"""
 
 from lightprune.finetune.adapters import (
                                           AdapterSpec,

@@ -1,4 +1,9 @@
-"""Instrumentation of a model's forward: attention probes (and, from others, observing implementations)."""
+"""transformers-interface plumbing that observes a forward: the observing experts implementation
+(:mod:`.experts_impl`, ExpertsInterface), the attention probe (:mod:`.attention_probe`) and the
+AttentionInterface helpers (:mod:`.attention_interface`) that width masking builds on.
+
+May import: models and the shared leaves; it never changes what the forward computes.
+"""
 
 from __future__ import annotations
 

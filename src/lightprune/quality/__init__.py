@@ -3,4 +3,6 @@
 :mod:`.tables` measures the quality tables, :mod:`.expert_quality` and :mod:`.width_quality` the expert and
 MWOP rows, :mod:`.bench_section` renders the benchmark figures and :mod:`.results_page` writes the page
 (``python scripts/quality_table.py``). It sits above everything it measures and nothing imports it.
+
+May import: anything (it measures the whole package).
 """

@@ -16,6 +16,8 @@ Weight-only criteria score a model from its weights alone::
 registry (:mod:`.calibration`): ``frequency``, ``seer``, ``ean``, ``reap``, ``routing_kl``, ``delta_h``,
 ``delta_h_promoted`` and ``maep`` read the run's calibration statistics, ``router_delta`` an adapter fit's
 scores; ``available_criteria(needs_data=True)`` lists them.
+
+May import: models, experts (scores, calibration, maep) and the shared leaves.
 """
 
 from __future__ import annotations

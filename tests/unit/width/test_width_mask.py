@@ -5,11 +5,10 @@ zeroed per modality (recomputed per layer from the MLP's weights, also under a p
 from __future__ import annotations
 
 import copy
-import sys
 
 import pytest
 import torch
-from test_width_plan import dense_lm
+from fixtures.width import dense_lm, ffn_plan, lm_batch, random_keep, reference_logits
 
 from lightprune.errors import PlanError
 from lightprune.models.tiny_batches import tiny_multimodal_batch
@@ -17,75 +16,6 @@ from lightprune.width.mask import mask_width
 from lightprune.width.modality import token_modality
 from lightprune.width.paths import MODALITIES, SYSTEM, TEXT, VISION
 from lightprune.width.plan import WidthPlan
-
-#: (query modality, key modality) of each plan column, written out independently of the library
-PATH_PAIRS = ((VISION, VISION), (TEXT, VISION), (TEXT, TEXT))
-
-
-def reference_attention(modality, input_mask, keep=None, gates=None):
-    """An eager attention function: float64, causal + key padding from the 2D mask, pairs of a pruned
-    (head, path) removed before the softmax (rows left without keys give zeros); ``gates[layer]`` [H, 3]
-    scales each path's contribution (A M_p) V after the softmax, shared by the batch."""
-
-    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-        layer = module.layer_idx
-        _, heads, q_len, _ = query.shape
-        groups = heads // key.shape[1]
-        k = key.double().repeat_interleave(groups, dim=1)
-        v = value.double().repeat_interleave(groups, dim=1)
-        logits = query.double() @ k.transpose(-1, -2) * scaling
-        k_len = k.shape[2]
-        causal = torch.ones(q_len, k_len).tril(k_len - q_len).bool()
-        allowed = causal[None, None] & input_mask.bool()[:, None, None, :]
-        mod_q, mod_k = modality[:, -q_len:], modality
-        pairs = [((mod_q == qm)[:, :, None] & (mod_k == km)[:, None, :])[:, None] for qm, km in PATH_PAIRS]
-        kept = allowed.expand(-1, heads, -1, -1).clone()
-        if keep is not None and layer in keep:
-            for p, pair in enumerate(pairs):
-                kept &= ~(pair & ~keep[layer][:, p][None, :, None, None])
-        probs = torch.softmax(logits.masked_fill(~kept, float("-inf")), dim=-1)
-        probs = torch.nan_to_num(probs, nan=0.0)
-        if gates is not None:
-            coef = torch.ones_like(probs)
-            for p, pair in enumerate(pairs):
-                coef = torch.where(pair, gates[layer][None, :, p, None, None].double(), coef)
-            probs = probs * coef
-        return (probs @ v).to(query.dtype).transpose(1, 2).contiguous(), None
-
-    return attention
-
-
-def reference_logits(model, batch, keep=None, gates=None, vision_ids=None, ffn_hooks=None):
-    """Logits of ``model`` (a copy is switched to eager) with :func:`reference_attention` in every decoder
-    layer's attention and ``ffn_hooks[l]`` as a forward pre-hook on layer l's ``mlp.down_proj``; ``model``
-    itself is left as it was."""
-    ref = copy.deepcopy(model)
-    decoder = ref.model.language_model.layers if hasattr(ref.model, "language_model") else ref.model.layers
-    for layer, hook in (ffn_hooks or {}).items():
-        decoder[layer].mlp.down_proj.register_forward_pre_hook(hook)
-    text = getattr(ref.config, "text_config", ref.config)
-    text._attn_implementation_internal = "eager"
-    ids = vision_ids if vision_ids is not None else {120, 121}
-    modality = token_modality(batch["input_ids"], batch["attention_mask"], ids)
-    module = sys.modules[type(decoder[0].self_attn).__module__]
-    original = module.eager_attention_forward
-    module.eager_attention_forward = reference_attention(modality, batch["attention_mask"], keep, gates)
-    try:
-        return ref(**batch).logits
-    finally:
-        module.eager_attention_forward = original
-
-
-def random_keep(plan: WidthPlan, columns, seed=0) -> dict[int, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    keep = {}
-    for layer, heads in plan.num_heads.items():
-        mask = torch.ones(heads, 3, dtype=torch.bool)
-        for c in columns:
-            mask[:, c] = torch.rand(heads, generator=gen) < 0.5
-            mask[layer % heads, c] = False  # at least one pruned head per column and layer
-        keep[layer] = mask
-    return keep
 
 
 @pytest.fixture(scope="module")
@@ -159,11 +89,6 @@ def test_query_without_keys_outputs_zero():
     torch.testing.assert_close(got, reference_logits(model, batch, {0: keep}, vision_ids={120}), atol=2e-5, rtol=0)
 
 
-def _ffn_plan(plan: WidthPlan, seed=0) -> dict:
-    gen = torch.Generator().manual_seed(seed)
-    return {l: {mu: torch.rand(m, generator=gen) < 0.5 for mu in MODALITIES} for l, m in plan.intermediate_size.items()}
-
-
 def _check_ffn(model, mlps, batch, ffn_keep, down):
     """Per layer: the masked MLP's output equals down(h * keep per token) recomputed from its input."""
     seen = {}
@@ -189,18 +114,10 @@ def _check_ffn(model, mlps, batch, ffn_keep, down):
         assert (out - unmasked).abs().max() > 1e-4
 
 
-def _lm_batch():
-    ids = torch.tensor([[0, 1, 5, 120, 120, 120, 7, 8, 9, 10],
-                        [3, 120, 120, 6, 7, 120, 8, 9, 0, 0],
-                        [4, 5, 6, 7, 8, 9, 10, 11, 0, 0]])  # system / vision / text, right padding, text only
-    mask = torch.tensor([[1] * 10, [1] * 8 + [0, 0], [1] * 8 + [0, 0]])
-    return {"input_ids": ids, "attention_mask": mask}
-
-
 def test_ffn_channels_masked_per_modality():
     model = dense_lm()
-    batch = _lm_batch()
-    ffn_keep = _ffn_plan(WidthPlan.dense(model))
+    batch = lm_batch()
+    ffn_keep = ffn_plan(WidthPlan.dense(model))
     mlps = [layer.mlp for layer in model.model.layers]
     _check_ffn(model, mlps, batch, ffn_keep, lambda i, h: h @ mlps[i].down_proj.weight.T)
     plain = model(**batch).logits
@@ -229,14 +146,14 @@ def test_ffn_masks_reach_a_lora_on_down_proj():
         a, b = d.lora_A["default"].weight, d.lora_B["default"].weight
         return h @ d.base_layer.weight.T + (h @ a.T @ b.T) * d.scaling["default"]
 
-    _check_ffn(model, mlps, _lm_batch(), _ffn_plan(WidthPlan.dense(model), seed=1), down)
+    _check_ffn(model, mlps, lm_batch(), ffn_plan(WidthPlan.dense(model), seed=1), down)
 
 
 def test_masks_carry_gradients_and_generation_appends_text():
     model = dense_lm()
-    batch = _lm_batch()
+    batch = lm_batch()
     dense = WidthPlan.dense(model)
-    plan = dense.replace(attn_keep=random_keep(dense, [0, 1, 2]), ffn_keep=_ffn_plan(dense))
+    plan = dense.replace(attn_keep=random_keep(dense, [0, 1, 2]), ffn_keep=ffn_plan(dense))
     with mask_width(model, plan):
         model(**batch).logits.logsumexp(-1).sum().backward()
     grads = [p.grad for p in model.parameters()]
@@ -300,7 +217,7 @@ def test_dense_mllm_paths_and_ffn_match_reference(family):
     valid = batch["attention_mask"].bool()
     dense = WidthPlan.dense(model)
     assert dense.intermediate_size == {0: 24, 1: 24}
-    keep, ffn_keep = random_keep(dense, [0, 1, 2], seed=2), _ffn_plan(dense, seed=2)
+    keep, ffn_keep = random_keep(dense, [0, 1, 2], seed=2), ffn_plan(dense, seed=2)
     modality = token_modality(batch["input_ids"], batch["attention_mask"], {120, 121})
     with torch.no_grad():
         plain = model(**batch).logits

@@ -290,3 +290,26 @@ def test_expert_scores_validate_and_serialise():
     data = scores.to_json()
     assert data["criterion"] == "aimer"
     assert data["importance"] == {"0": imp.tolist()} and data["raw"] == {"0": (-imp).tolist()}
+
+
+@pytest.mark.parametrize("n", [0, 3, 6])
+def test_n_per_layer_prunes_exactly_the_n_lowest_of_every_layer(n):
+    scores = random_scores({0: 8, 3: 12, 5: 16}, seed=4)
+    plan = lp.select_experts(scores, None, n_per_layer=n)
+    for layer, values in scores.items():
+        lowest = sorted(torch.argsort(values)[:n].tolist())
+        assert plan.pruned()[layer] == lowest  # by hand: the n smallest scores of the layer
+    assert plan.metadata["n_per_layer"] == n and plan.metadata["pruned"] == 3 * n
+    assert plan.ratio is None if n else plan.ratio == 0.0  # one ratio only when every layer has the same E
+
+
+def test_n_per_layer_errors_name_the_value():
+    scores = random_scores({0: 8}, seed=1, top_k=2)
+    with pytest.raises(ValueError, match="exactly one of ratio"):
+        lp.select_experts(scores, 0.5, n_per_layer=2)
+    with pytest.raises(ValueError, match="n_per_layer=7 prunes 7 of 8 experts in layer 0, below its floor of 2"):
+        lp.select_experts(scores, None, n_per_layer=7)
+    with pytest.raises(ValueError, match="allocation must be 'uniform'"):
+        lp.select_experts(scores, None, "global", n_per_layer=1)
+    with pytest.raises(ValueError, match="non-negative integer, got 1.5"):
+        lp.select_experts(scores, None, n_per_layer=1.5)

@@ -6,24 +6,13 @@ import copy
 
 import pytest
 import torch
+from fixtures.width import dense_lm
 
 from lightprune.errors import PlanError
 from lightprune.width.layers import find_width_layers, vision_token_ids
 from lightprune.width.modality import token_modality
 from lightprune.width.paths import MODALITIES, PAD, PATHS, SYSTEM, TEXT, VISION
 from lightprune.width.plan import WidthPlan
-
-
-def dense_lm(image_token_id: int | None = 120):
-    """Tiny Qwen2ForCausalLM (2 layers, 4 heads, 2 kv heads, FFN 24) with an image token id in its config."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=24, vocab_size=128, max_position_embeddings=64, tie_word_embeddings=False)
-    if image_token_id is not None:
-        config.image_token_id = image_token_id
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config).eval()
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import REPO
 
 import lightprune as lp
 from lightprune.quality.results_page import retention
 from lightprune.testbed import TEXT_TESTBEDS, build_text_corpus, text_testbed
 from lightprune.testbed.text_moe import corpus_datamodule
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO
 MICRO = TEXT_TESTBEDS["micro"]
 
 

@@ -50,11 +50,12 @@ def _peft(model, *, router: bool):
     return get_peft_model(model, config)
 
 
-def _fit(tmp_path: Path, model, callback: RouterDelta, steps: int = 4) -> AdaptedLM:
+def _fit(tmp_path: Path, model, callback: RouterDelta | list, steps: int = 4) -> AdaptedLM:
     module = AdaptedLM(model)
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
-                         callbacks=[callback], num_sanity_val_steps=0, limit_val_batches=0)
+                         callbacks=callback if isinstance(callback, list) else [callback], num_sanity_val_steps=0,
+                         limit_val_batches=0)
     trainer.fit(module, datamodule=SyntheticTokens(num_samples=8, seq_len=12, batch_size=2, high=100))
     return module
 
@@ -179,3 +180,36 @@ def test_ia3_and_houlsby_fit_and_score_by_logits(tiny, tmp_path: Path, kind: str
     assert callback.resolved == "logit"
     assert all((s > 0).any() for s in callback.scores.values())
     _check_export(tmp_path, original, callback, "router_delta:logit")
+
+
+def test_scorer_then_expert_pruning_then_export_equals_the_legacy_arguments(tiny, tmp_path: Path) -> None:
+    """RouterDelta only scores; ExpertPruning(criterion='router_delta') and Export, listed in any order, write the
+    same plan.json and scores.json bytes (and export the same checkpoint) as 0.1's RouterDelta(ratio=...)."""
+    from lightprune import _compat
+    from lightprune.callbacks import ExpertPruning, Export
+
+    _compat._WARNED.clear()  # the deprecation warns once per process
+    model = _peft(tiny("mixtral"), router=True)
+    pl.seed_everything(0)
+    with pytest.warns(FutureWarning, match="RouterDelta\\(ratio="):
+        legacy = RouterDelta(score="weight", ratio=0.5, summary=False)
+    _fit(tmp_path / "legacy", copy.deepcopy(model), legacy)
+    pl.seed_everything(0)
+    scorer = RouterDelta(score="weight")
+    pruning = ExpertPruning(criterion="router_delta", ratio=0.5)
+    _fit(tmp_path / "new", copy.deepcopy(model), [Export(summary=False), pruning, scorer])
+    for name in ("plan.json", "scores.json"):
+        assert (tmp_path / "new" / name).read_bytes() == (tmp_path / "legacy" / name).read_bytes()
+    assert pruning.plan.criterion == "router_delta:weight" and pruning.plan.keep == legacy.plan.keep
+    assert scorer.plan is None and scorer.report is None  # a scorer: no plan, nothing written by it
+    new_model = lp.load_pruned(tmp_path / "new" / "model")
+    old_model = lp.load_pruned(tmp_path / "legacy" / "model")
+    assert new_model.state_dict().keys() == old_model.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(new_model.state_dict().values(), old_model.state_dict().values()))
+
+
+def test_a_scorer_alone_says_that_nothing_is_pruned(tiny, tmp_path: Path) -> None:
+    callback = RouterDelta(score="weight")
+    with pytest.warns(UserWarning, match="RouterDelta only scores: add ExpertPruning"):
+        _fit(tmp_path, _peft(tiny("mixtral"), router=True), callback, steps=1)
+    assert callback.scores is not None and not (tmp_path / "plan.json").exists()

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from fixtures import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def _run(args: list[str], timeout: int = 180) -> subprocess.CompletedProcess:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import FIXTURES
 
 from lightprune.data import (
     ImageTextJsonlDataModule,
@@ -17,8 +18,8 @@ from lightprune.data import (
     train_bpe_tokenizer,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "data"
-TEXT_JSONL = FIXTURES / "text.jsonl"
+DATA = FIXTURES / "data"
+TEXT_JSONL = DATA / "text.jsonl"
 ROWS = [json.loads(line) for line in TEXT_JSONL.read_text().splitlines()]
 VISION_IDS = {"<|image_pad|>": 120, "<|video_pad|>": 121, "<|vision_start|>": 122, "<|vision_end|>": 123}
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
+from fixtures import REPO
 
 from lightprune.cli import cli_main
 from lightprune.data import SyntheticTokens
@@ -16,7 +16,7 @@ from lightprune.finetune.optim import build_optimizer, lr_factor
 from lightprune.models import find_moe_layers
 from lightprune.trainer import PruneTrainer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO
 
 
 def _trainer(tmp_path, **kw):

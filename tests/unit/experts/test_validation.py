@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from fixtures import REPO
 
 import lightprune as lp
 from lightprune.experts.calibration.validation import ground_truth_kl, proxy_correlations, ranking_stability
@@ -77,9 +78,8 @@ def test_correlations_and_stability_are_spearman_of_the_right_vectors() -> None:
 def test_validation_command_writes_its_report(tmp_path) -> None:
     import importlib.util
     import json
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "validate_proxies.py"
+    script = REPO / "scripts" / "validate_proxies.py"
     spec = importlib.util.spec_from_file_location("validate_proxies", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import REPO
 
 import lightprune as lp
 from lightprune.cli import cli_main
 from lightprune.models.tiny import tiny_model
 from lightprune.testbed import resolve_testbed
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO
 TEXT = REPO / "tests" / "fixtures" / "data" / "text.jsonl"
 # the README's job on the micro text testbed (trained in seconds) instead of the small one (minutes)
 MICRO_TESTBED = ["--model.init_args.checkpoint", "testbed:text-micro", "--data.init_args.preset", "micro"]

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import REPO
 
 import lightprune as lp
 from lightprune.cli import cli_main
 from lightprune.models.tiny import tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO
 
 
 @pytest.fixture()

@@ -7,19 +7,18 @@ import json
 import math
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from fixtures import FIXTURES
 
 import lightprune as lp  # noqa: E402
 from lightprune.callbacks import Evaluate, ExpertPruning, Export  # noqa: E402
 from lightprune.callbacks.evaluate import evaluate_lm, load_lm_eval_task  # noqa: E402
 from lightprune.reporting.report import merge_report  # noqa: E402
 
-FIXTURES = Path(__file__).parent / "fixtures"
 TEXT = FIXTURES / "data" / "text.jsonl"
 TASK = FIXTURES / "lm_eval" / "tiny_choice.yaml"
 VOCAB = 320

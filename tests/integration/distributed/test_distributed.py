@@ -31,6 +31,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+from fixtures import REPO
 from fixtures.cpu_deepspeed import CPUDeepSpeedStrategy
 from safetensors.torch import load_file
 
@@ -200,7 +201,7 @@ def test_deepspeed_configs_build_the_strategy_from_the_command_line(name: str, s
 
     from lightprune.cli import LightpruneCLI
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     cli = LightpruneCLI(MoECausalLM, None, trainer_class=PruneTrainer, subclass_mode_model=True,
                         subclass_mode_data=True, run=False, auto_configure_optimizers=False,
                         args=["--config", str(root / "configs" / "aimer_tiny.yaml"),

@@ -402,3 +402,37 @@ def test_non_moe_model_is_an_error():
                                          num_attention_heads=2, num_key_value_heads=2, vocab_size=32))
     with pytest.raises(ValueError, match="unsupported model_type"):
         score_weights(model, "aimer")
+
+
+def test_criteria_that_need_data_share_the_registry_and_score_from_the_run(tiny):
+    from fixtures import padded_batch, scores_for_layers
+
+    from lightprune.experts.calibration import CRITERIA
+    from lightprune.models import find_moe_layers
+
+    assert set(lp.available_criteria(needs_data=True)) == set(CRITERIA) | {"maep", "router_delta"}
+    assert not set(lp.available_criteria(needs_data=True)) & set(lp.available_criteria(needs_data=False))
+    model = tiny("qwen3_moe")
+    stats = lp.collect_expert_stats(model, [padded_batch(seed=s) for s in range(2)], subsets=("all", "text"),
+                                    progress=False)
+    for name in ("frequency", "seer", "ean", "reap", "routing_kl", "delta_h"):
+        for subset in ("all", "text"):
+            got = lp.get_criterion(name, subset=subset).score_in_run(model, stats, {})
+            want = stats.score(name, subset)
+            assert got.criterion == name and set(got) == set(want)
+            for layer in want:
+                assert torch.equal(got[layer], want[layer])
+    with pytest.raises(ValueError, match="'reap' needs calibration statistics: add an ExpertStats callback"):
+        lp.get_criterion("reap").score_in_run(model, None, {})
+    with pytest.raises(CriterionNeedsDataError, match="'reap' needs calibration data"):
+        lp.score_weights(model, "reap")
+    with pytest.raises(ValueError, match="subset must be one of .* got 'audio'"):
+        lp.get_criterion("reap", subset="audio")
+    fitted = scores_for_layers(find_moe_layers(model))
+    assert lp.get_criterion("router_delta").score_in_run(model, None, {"router_delta": fitted}) is fitted
+    with pytest.raises(ValueError, match="measured by the RouterDelta callback during `lightprune fit`"):
+        lp.get_criterion("router_delta").score_in_run(model, stats, {})
+    # a weight criterion asked in a run reads the weights, whatever the run holds
+    aimer = lp.get_criterion("aimer")
+    assert all(torch.equal(a, b) for a, b in zip(aimer.score_in_run(model, stats, {"aimer": fitted}).values(),
+                                                  aimer.score(model).values()))

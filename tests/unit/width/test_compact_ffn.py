@@ -7,10 +7,11 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from fixtures import REPO
+from fixtures.width import dense_lm
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -25,7 +26,7 @@ from lightprune.width.paths import MODALITIES, PAD, SYSTEM, TEXT, VISION
 from lightprune.width.plan import WidthPlan
 from lightprune.width.swap import swap_compact_ffn
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def qwen2_mlp(d=48, m=200, bias=False, seed=0):
@@ -215,8 +216,6 @@ def test_split_tokens_once_per_forward(monkeypatch):
     x = torch.randn(2, 57, 8)
     with pytest.raises(ValueError, match="split holds 114 tokens, the input 112"):
         compact(x[:, 1:], modality[:, 1:], split)
-    from test_width_plan import dense_lm
-
     model = dense_lm()
     plan, _ = _ffn_plan(model, seed=1)
     calls = []
@@ -309,8 +308,6 @@ def test_swap_with_attention_masks_and_dense_plan(tiny):
 def test_cached_decoding_and_peft_refusal():
     """A cached step after the prefill (new tokens are TEXT) equals mask mode; a LoRA-wrapped MLP is refused."""
     from peft import LoraConfig, get_peft_model
-    from test_width_plan import dense_lm
-
     model = dense_lm()
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 100, (2, 14), generator=gen)

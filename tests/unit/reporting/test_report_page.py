@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import FIXTURES
 
 from lightprune.experts.plan import ExpertPlan
 from lightprune.reporting.page import fmt, main, write_report_page
@@ -58,9 +59,9 @@ def _expert_run(run_dir: Path) -> dict:
 def test_expert_run_page(tmp_path) -> None:
     report = _expert_run(tmp_path)
     page = write_report_page(tmp_path).read_text()
-    assert f"| routed experts | 8 | 4 |" in page
-    assert f"| parameters | 123456 | 98765 |" in page
-    assert f"| checkpoint bytes | - | 402112 |" in page
+    assert "| routed experts | 8 | 4 |" in page
+    assert "| parameters | 123456 | 98765 |" in page
+    assert "| checkpoint bytes | - | 402112 |" in page
     assert f"| {fmt(report['max_abs_diff'])} | 0.0123 | 1.5 |" in page
     # kept experts per layer: the plan's counts and the pruned ids (the complement of keep)
     assert "| 0 | 4 | 2 | 0 3 |" in page and "| 1 | 4 | 2 | 1 2 |" in page
@@ -145,7 +146,7 @@ def test_report_page_callback_after_export_and_evaluate(tmp_path) -> None:
     from lightprune.finetune import MoECausalLM
     from lightprune.trainer import PruneTrainer
 
-    text = Path(__file__).parent / "fixtures" / "data" / "text.jsonl"
+    text = FIXTURES / "data" / "text.jsonl"
     train_bpe_tokenizer([line for line in text.read_text().splitlines()] * 4, 300).save_pretrained(tmp_path / "tok")
     dm = TextJsonlDataModule(str(tmp_path / "tok"), test=str(text), batch_size=4)
     run = tmp_path / "run"

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import REPO
 
 import lightprune as lp
 from lightprune.models.tiny import tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO
 ENGLISH = "The quick brown fox jumps over the lazy dog. A tiny tokenizer for bad-input tests. " * 4
 
 

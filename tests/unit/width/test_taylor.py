@@ -9,8 +9,7 @@ import copy
 
 import pytest
 import torch
-from test_width_mask import _ffn_plan, _lm_batch, random_keep, reference_logits
-from test_width_plan import dense_lm
+from fixtures.width import dense_lm, ffn_plan, lm_batch, random_keep, reference_logits
 
 from lightprune.models.tiny_batches import tiny_multimodal_batch
 from lightprune.width.modality import token_modality
@@ -110,7 +109,7 @@ def test_attention_scores_match_per_sample_autograd(vl):
 
 def test_dense_lm_attention_and_ffn_scores(tmp_path, monkeypatch):
     model = dense_lm()
-    batch = _with_labels(_lm_batch(), answer=2)  # sample 2 is text only: no V2V / T2V queries
+    batch = _with_labels(lm_batch(), answer=2)  # sample 2 is text only: no V2V / T2V queries
     scores = taylor_importance(model, [batch], attention=True, ffn=True, progress=False)
     attn, _ = _reference(model, batch, {120})
     _, ffn = _reference(model, batch, {120}, attention=False, ffn=True)
@@ -139,10 +138,10 @@ def test_dense_lm_attention_and_ffn_scores(tmp_path, monkeypatch):
 
 def test_plan_is_applied_during_the_pass():
     model = dense_lm()
-    batch = _with_labels(_lm_batch(), answer=2)
+    batch = _with_labels(lm_batch(), answer=2)
     dense = WidthPlan.dense(model)
     keep = random_keep(dense, [0, 1, 2], seed=7)
-    ffn_keep = _ffn_plan(dense, seed=3)
+    ffn_keep = ffn_plan(dense, seed=3)
     plan = dense.replace(attn_keep=keep, ffn_keep=ffn_keep)
     plain = taylor_importance(model, [batch], attention=False, ffn=True, progress=False)
     masked = taylor_importance(model, [batch], attention=False, ffn=True, plan=plan, progress=False)
@@ -173,7 +172,7 @@ def test_errors(vl):
     with pytest.raises(ValueError, match="every FFN of Qwen3VLMoeForConditionalGeneration is an MoE block"):
         taylor_importance(model, [_with_labels(batch)], ffn=True, progress=False)
     with pytest.raises(ValueError, match="Qwen2ForCausalLM .* has no image_token_id"):
-        taylor_importance(dense_lm(image_token_id=None), [_with_labels(_lm_batch())], progress=False)
+        taylor_importance(dense_lm(image_token_id=None), [_with_labels(lm_batch())], progress=False)
     with pytest.raises(ValueError, match="nothing to score"):
         taylor_importance(model, [batch], attention=False, progress=False)
     with pytest.raises(ValueError, match="no batches"):
@@ -203,7 +202,7 @@ def test_all_reduce_under_a_process_group(tmp_path):
     import torch.distributed as dist
 
     model = dense_lm()
-    batch = _with_labels(_lm_batch(), answer=2)
+    batch = _with_labels(lm_batch(), answer=2)
     local = taylor_importance(model, [batch], attention=True, ffn=True, progress=False)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
