@@ -26,12 +26,19 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from lightprune._compat import warn_once
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
 from lightprune.checks import check_choice, check_ratio
 from lightprune.distributed import same_on_every_rank
 from lightprune.experts.calibration import SUBSETS
-from lightprune.experts.criteria import Criterion, get_criterion, get_criterion_class
+from lightprune.experts.criteria import (
+    CalibrationCriterion,
+    Criterion,
+    available_criteria,
+    get_criterion,
+    get_criterion_class,
+)
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.scores import ExpertScores
 from lightprune.experts.select import ALLOCATIONS, NORMALIZATIONS, select_experts
@@ -172,3 +179,12 @@ class ExpertPruning(JobEndCallback):
         plan = state_dict.get("plan")
         self.plan = ExpertPlan.from_dict(plan) if plan is not None else None
         self.seconds = state_dict.get("seconds")
+
+
+def __getattr__(name: str):
+    if name == "CALIBRATION":  # 0.1: the calibration criteria's names; they are in the registry now
+        warn_once("lightprune.callbacks.expert_pruning.CALIBRATION",
+                  "lightprune.available_criteria(needs_data=True)")
+        return tuple(n for n in available_criteria(needs_data=True)
+                     if issubclass(get_criterion_class(n), CalibrationCriterion))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -70,7 +70,6 @@ def base_fingerprint(model: nn.Module) -> dict[str, tuple[float, float]]:
     name their shared parameters alike; LoRA / IA3 factors are skipped (they have no counterpart).
     Large tensors are reduced in chunks; under ZeRO-3 one module's partitions are gathered at a time.
     """
-
     out: dict[str, tuple[float, float]] = {}
     base = base_model_of(model)
     for prefix, module in base.named_modules():

@@ -43,6 +43,8 @@ _STATES: "weakref.WeakKeyDictionary[Any, RunState]" = weakref.WeakKeyDictionary(
 
 @dataclass(eq=False)
 class RunState:
+    """What one run's lightprune callbacks share (the module docstring lists who writes and reads each field)."""
+
     calibration: "CalibrationStats | None" = None
     observer: "ExpertObserver | None" = None
     expert_scores: "dict[str, ExpertScores]" = field(default_factory=dict)
@@ -84,7 +86,6 @@ class RunState:
 
     def apply_width_masks(self, model: Any, plan: "WidthPlan") -> None:
         """Mask ``model`` with ``plan`` (:func:`lightprune.width.mask.mask_width`), replacing the masks on it."""
-
         self.release_width_masks()
         self._width_masks = mask_width(model, plan)
 

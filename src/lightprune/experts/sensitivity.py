@@ -105,7 +105,6 @@ def router_row_norms(model: nn.Module) -> dict[int, torch.Tensor]:
     :func:`effective_router_weights` (or the adapters module's ``merged_router_weights``) for the
     adapted rows. Under ZeRO-3 each router is gathered in turn (every rank must call this).
     """
-
     norms = {}
     for layer in _layers(model):
         router = innermost_router(layer.router)

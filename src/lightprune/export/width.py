@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightprune.checks import check_positive_int
 from lightprune.export.load import load_pruned
 from lightprune.export.staging import staging_dir
 from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, model_logits
@@ -77,8 +78,7 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
         processor: saved beside the weights when given.
         metadata: extra entries for the manifest (e.g. the search's ATR and FLOPs).
     """
-    if int(align) != align or align < 1:
-        raise ValueError(f"align must be a positive integer, got {align!r}")
+    check_positive_int("align", align)
     if getattr(model, "lightprune_width", None) is not None:
         raise ValueError("save_width_pruned got a model with width kernels attached; save the plain model")
     plan.validate(model)

@@ -297,7 +297,6 @@ def moe_inputs_require_grad(model: nn.Module, enable: bool = True) -> None:
     docstring). A no-op for a block whose input already requires grad, under ``torch.no_grad``, and for a model
     without MoE layers (a dense MLLM).
     """
-
     try:
         layers = find_moe_layers(base_model_of(model))
     except ValueError:  # not an MoE model of a supported family: no MoE block to reach
@@ -346,7 +345,6 @@ def merged_router_weights(model: nn.Module) -> dict[int, torch.Tensor]:
     Adapters that do not write to the router (IA3, Houlsby, LoRA without the router target) give the base
     weight. Returned tensors are detached copies in the weight's dtype.
     """
-
     out: dict[int, torch.Tensor] = {}
     for layer in find_moe_layers(base_model_of(model)):
         wrappers, router = _lora_chain(layer.router)
@@ -364,7 +362,6 @@ def router_is_trainable(model: nn.Module) -> bool:
     False for IA3, Houlsby and LoRA without the router target: then a weight delta is identically zero and
     sensitivity must be read from router logits.
     """
-
     for layer in find_moe_layers(base_model_of(model)):
         wrappers, router = _lora_chain(layer.router)
         if any(_live_adapters(w) for w in wrappers) or _base_weight(router).requires_grad:

@@ -129,7 +129,6 @@ def summarise(runs: Sequence[Mapping[str, float]]) -> dict[str, dict[str, float 
 def proxy_rho(model: torch.nn.Module, batches: Sequence[Mapping[str, Any]], stats, subsets: Sequence[str] = ("all",),
               *, expert_chunk: int = 8, progress: bool = True) -> dict[str, Any]:
     """Per subset and proxy (delta_h, reap, routing_kl): per-layer Spearman rho against the ground-truth KL."""
-
     truth = ground_truth_kl(model, batches, subsets=subsets, expert_chunk=expert_chunk, progress=progress)
     return proxy_correlations(stats, truth)
 
@@ -137,7 +136,6 @@ def proxy_rho(model: torch.nn.Module, batches: Sequence[Mapping[str, Any]], stat
 def stability(stats_a, stats_b, criteria: Sequence[str] = ("delta_h", "reap", "frequency"),
               subsets: Sequence[str] | None = None) -> dict[str, Any]:
     """``{criterion: {subset: {"per_layer", "mean"}}}``: Spearman between two calibration sets' rankings."""
-
     return {c: ranking_stability(stats_a, stats_b, c, subsets) for c in criteria}
 
 

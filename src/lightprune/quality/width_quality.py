@@ -37,6 +37,7 @@ from typing import Any, Mapping
 
 import torch
 
+from lightprune.checks import check_positive_int
 from lightprune.models.unwrap import base_model_of
 from lightprune.quality.expert_quality import spread
 from lightprune.width.flops import decoder_flops
@@ -133,8 +134,7 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
     points = _check_operating_points(operating_points)
     if isinstance(random_seeds, bool) or not isinstance(random_seeds, int) or random_seeds < 0:
         raise ValueError(f"random_seeds must be an integer >= 0, got {random_seeds!r}")
-    if isinstance(align, bool) or not isinstance(align, int) or align < 1:
-        raise ValueError(f"align must be a positive integer, got {align!r}")
+    check_positive_int("align", align)
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
     names = list(getattr(dm, "task_names", None) or ["default"])

@@ -235,7 +235,6 @@ def build_text_corpus(spec: TextCorpusSpec | None = None, root: str | os.PathLik
 
 def rows_by_domain(path: Path) -> dict[str, list]:
     """A corpus JSONL file's rows (:class:`~lightprune.data.rows.Row`) per domain, in file order."""
-
     rows = read_jsonl(path)
     domains = [json.loads(line)["domain"] for line in path.read_text(encoding="utf-8").splitlines()]
     return {domain: [r for r, d in zip(rows, domains) if d == domain] for domain in DOMAINS}

@@ -122,7 +122,6 @@ def text_testbed(preset: str | TextTestbedSpec = "small", root: str | os.PathLik
 
 def corpus_datamodule(spec: TextTestbedSpec, corpus: TextCorpus, **overrides: Any):
     """The corpus's splits as a TextJsonlDataModule with the spec's batching (loss on every token)."""
-
     kw = dict(max_length=spec.max_length, batch_size=spec.batch_size, mask_prompt=False, add_eos=True, seed=spec.seed)
     return TextJsonlDataModule(**corpus.jsonl_args(), **{**kw, **overrides})
 
@@ -146,7 +145,6 @@ def _initial_checkpoint(folder: Path, spec: TextTestbedSpec, tokenizer) -> Path:
 def held_out_perplexity(model, corpus: TextCorpus, spec: TextTestbedSpec, split: str = "test",
                         max_batches: int | None = None) -> dict[str, float]:
     """exp(mean next-token loss) over ``split``'s rows per domain and overall (every token, eos included)."""
-
     dm = corpus_datamodule(spec, corpus)
     by_domain = {**rows_by_domain(corpus.files[split]), "all": read_jsonl(corpus.files[split])}
     return {domain: next_token_metrics(model, encode_batches(dm, rows, max_batches))[0]

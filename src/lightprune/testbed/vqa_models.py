@@ -112,7 +112,6 @@ def _processor(spec: VQATestbedSpec, config):
 
 def datamodule(spec: VQATestbedSpec, processor: Any, root: str | os.PathLike | None = None, **overrides: Any):
     """The spec's Testbed VQA splits through ``processor`` (an object or the checkpoint folder)."""
-
     kw = dict(spec.data, seed=spec.seed, batch_size=spec.batch_size, max_length=spec.max_length)
     return TestbedVQADataModule(processor, root=None if root is None else str(root), **{**kw, **overrides})
 
@@ -120,7 +119,6 @@ def datamodule(spec: VQATestbedSpec, processor: Any, root: str | os.PathLike | N
 def answer_accuracy(model, loader, task_names: list[str]) -> dict[str, float]:
     """Per task family with rows in ``loader``: the fraction of rows whose every answer token is the argmax
     (teacher forced; :func:`lightprune.width.retention.evaluate_tasks` with ``metric="exact"``)."""
-
     scores = evaluate_tasks(model, loader, len(task_names), metric="exact").tolist()
     return {task: score for task, score in sorted(zip(task_names, scores)) if score == score}
 

@@ -170,7 +170,6 @@ def _routed(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: to
 def _kernel(module, query, key, value, key_mod, layer_route: PathRoute, kwargs: dict, where: str):
     """The exported model's attention: the kernel derives causality and padding from the token modality,
     so only a plain causal + padding mask is representable (no sliding window, no dropout)."""
-
     window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
     if window is not None:
         raise NotImplementedError(f"{where}: the {layer_route.backend!r} path-sparse attention supports causal + "

@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightprune.checks import check_positive_int
+
 __all__ = ["FlopCount", "decoder_flops"]
 
 _PATHS = ("v2v", "t2v", "t2t")
@@ -121,8 +123,7 @@ def decoder_flops(config, vision_tokens: int, text_tokens: int, plan=None, align
         raise ValueError(f"vision_tokens and text_tokens must be integers >= 0, got {vision_tokens}, {text_tokens}")
     if vision_tokens + text_tokens == 0:
         raise ValueError("vision_tokens + text_tokens must be > 0")
-    if int(align) != align or align < 1:
-        raise ValueError(f"align must be a positive integer, got {align!r}")
+    check_positive_int("align", align)
     cfg = _text_config(config)
     d = int(_get(cfg, "hidden_size"))
     heads = int(_get(cfg, "num_attention_heads"))

@@ -48,7 +48,6 @@ def _transformers_model(model: nn.Module) -> nn.Module:
 
 def language_decoder(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
     """(transformers model, module path, ModuleList) of the language model's decoder layers."""
-
     base = _transformers_model(model)
     # the base family's path search needs nothing family-specific
     path, decoder = MoEFamily(base).decoder_layers()

@@ -96,7 +96,6 @@ class WidthPlan:
     @classmethod
     def dense(cls, model) -> "WidthPlan":
         """Every head path and every dense-FFN channel kept, for every decoder layer of ``model``."""
-
         layers = find_width_layers(model)
         dense = [layer for layer in layers if layer.intermediate_size is not None]
         return cls(attn_keep={layer.index: torch.ones(layer.num_heads, len(PATHS), dtype=torch.bool)
@@ -145,7 +144,6 @@ class WidthPlan:
 
     def validate(self, model) -> None:
         """Raise :class:`PlanError` unless this plan fits ``model``'s decoder layers (head and channel counts)."""
-
         layers = {layer.index: layer for layer in find_width_layers(model)}
         if set(layers) != set(self.num_heads):
             raise PlanError(f"plan records decoder layers {sorted(self.num_heads)}, the model has layers "

@@ -116,7 +116,6 @@ def taylor_importance(model: nn.Module, batches: Iterable[Mapping[str, Any]], *,
     ``batches`` are dicts of model inputs plus ``labels`` (-100 outside the answer); ``labels`` and
     ``task_ids`` are not passed to the model. ``progress`` None shows a bar on an interactive rank 0.
     """
-
     if not (attention or ffn):
         raise ValueError("taylor_importance needs attention=True or ffn=True: nothing to score")
     if plan is not None and not isinstance(plan, WidthPlan):

@@ -96,3 +96,13 @@ def test_unknown_old_looking_paths_are_not_invented() -> None:
     assert _compat.new_location("lightprune.experts.plan") is None
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("lightprune.no_such_module")
+
+
+def test_the_old_calibration_tuple_is_the_registry_s_calibration_criteria() -> None:
+    from lightprune.callbacks import expert_pruning
+    from lightprune.experts.calibration import CRITERIA
+
+    _compat._WARNED.discard("lightprune.callbacks.expert_pruning.CALIBRATION")
+    with pytest.warns(FutureWarning, match="available_criteria"):
+        names = expert_pruning.CALIBRATION
+    assert set(names) == set(CRITERIA) | {"maep"}  # 0.1's tuple: the statistics and MAEP

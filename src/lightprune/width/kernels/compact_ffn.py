@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lightprune.checks import check_positive_int
 from lightprune.width.paths import MODALITIES, TEXT, VISION
 
 __all__ = ["CompactModalityFFN", "split_tokens"]
@@ -112,8 +113,7 @@ class CompactModalityFFN(nn.Module):
 
     def __init__(self, mlp: nn.Module, keep: dict[str, torch.Tensor], align: int = 64):
         super().__init__()
-        if isinstance(align, bool) or not isinstance(align, int) or align < 1:
-            raise ValueError(f"align must be a positive integer, got {align!r}")
+        align = check_positive_int("align", align)
         self.gate_proj, self.up_proj, self.down_proj, self.act_fn = _linears(mlp)
         self.intermediate_size = self.gate_proj.out_features
         self.hidden_size = self.gate_proj.in_features
