@@ -15,16 +15,33 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lightprune.cli_errors import condense
+from lightprune.errors import ERRORS
 from lightprune.finetune import MoECausalLM
 from lightprune.trainer import PruneTrainer
 
 __all__ = ["LightpruneCLI", "cli_main", "main"]
 
 
+class LightpruneArgumentParser(LightningArgumentParser):
+    """A bad option is one ``lightprune: error:`` line naming the option, its value and what it accepts."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error or os.environ.get("LIGHTPRUNE_DEBUG"):
+            return super().error(message, ex)
+        prog = self.prog.replace(" [options]", "")
+        sys.stderr.write(f"lightprune: error: {condense(message)} (`{prog} --help` lists the options)\n")
+        self.exit(2)
+
+
 class LightpruneCLI(LightningCLI):
     """LightningCLI whose trainer also has ``calibrate`` and ``export``."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("parser_class", LightpruneArgumentParser)
+        super().__init__(*args, **kwargs)
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -82,12 +99,13 @@ def cli_main(args: list[str] | None = None) -> LightpruneCLI:
 def main() -> None:
     """Entry point of the ``lightprune`` console script.
 
-    A bad input (ValueError, FileNotFoundError) is reported in one line and exit status 2;
-    set ``LIGHTPRUNE_DEBUG=1`` to see the traceback.
+    A bad input or an OS error (a ValueError, an OSError such as a read-only output or a full disk, or one of
+    lightprune's own errors: :data:`lightprune.errors.ERRORS`) is reported in one line and exit status 2; set
+    ``LIGHTPRUNE_DEBUG=1`` to see the traceback.
     """
     try:
         cli_main()
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError, *ERRORS) as err:
         if os.environ.get("LIGHTPRUNE_DEBUG"):
             raise
         print(f"lightprune: error: {err}", file=sys.stderr)

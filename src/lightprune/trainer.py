@@ -20,6 +20,8 @@ from lightning.pytorch.trainer import call
 from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from lightprune.callbacks.state import RunState
+
 __all__ = ["PruneTrainer", "SkipBatches"]
 
 
@@ -63,10 +65,14 @@ class PruneTrainer(pl.Trainer):
                 datamodule.prepare_data()
             self.strategy.barrier("calibration_prepare_data")
             datamodule.setup("calibrate")
+            RunState.of(self).datamodule = datamodule  # the loop does not see it; callbacks may (its tokenizer)
             dataloaders = datamodule.calibration_dataloader()
             datamodule = None
         skip = max((cb.batches_to_skip(self) for cb in self.callbacks if hasattr(cb, "batches_to_skip")), default=0)
         if skip and dataloaders is not None:
+            for cb in self.callbacks:  # a resumed state must hold this run's first batches: checked before skipping
+                if hasattr(cb, "check_resume"):
+                    cb.check_resume(self, iter(dataloaders))
             dataloaders = SkipBatches(dataloaders, skip)
         if dataloaders is not None or datamodule is not None:
             self.calibrating = True

@@ -248,6 +248,8 @@ class Evaluate(JobEndCallback):
             result["lm_eval"] = run_lm_eval(model, self._tokenizer(trainer), self.lm_eval_tasks,
                                             self.lm_eval_batch_size, self.lm_eval_limit)
         self.results[label] = result
+        if getattr(trainer, "strategy", None) is not None:
+            RunState.of(trainer).evaluation[label] = result
         rank_zero_info(f"Evaluate ({label}): perplexity {result['perplexity']:.4g}, next-token accuracy "
                        f"{result['next_token_accuracy']:.4f}, {self.metric} accuracy {result['task_accuracy']}")
         return result

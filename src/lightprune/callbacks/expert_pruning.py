@@ -7,7 +7,8 @@ asked the same way (:meth:`~lightprune.experts.criteria.Criterion.score_in_run`)
 model, calibration criteria the run state's calibration statistics (ExpertStats), ``router_delta`` the
 scores of the run's adapter fit (RouterDelta). The plan goes to the run state, where
 :class:`~lightprune.callbacks.Export` applies it; scoring and surgery stay apart (Torch-Pruning's habit).
-Run files go to ``output_dir`` (default: the trainer's ``default_root_dir``).
+``scores.json`` and ``plan.json`` go to ``output_dir`` (default: the trainer's ``default_root_dir``) once the
+export has succeeded (or at the end of a job without one): a failed export leaves the previous files.
 
 Across processes (DDP, DeepSpeed ZeRO-1/2/3) every rank scores: weight criteria gather one
 layer's ZeRO-3 partitions at a time, calibration criteria read statistics already summed across
@@ -42,7 +43,6 @@ from lightprune.experts.criteria import (
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.scores import ExpertScores
 from lightprune.experts.select import ALLOCATIONS, NORMALIZATIONS, select_experts
-from lightprune.jsonio import write_json
 from lightprune.models import find_moe_layers
 from lightprune.models.unwrap import base_model_of
 
@@ -163,10 +163,10 @@ class ExpertPruning(JobEndCallback):
         state.expert_scores.setdefault(self.name, scores)
         state.expert_plan = self.plan
         state.scoring_seconds += self.seconds
-        if trainer.is_global_zero:
+        if trainer.is_global_zero:  # written with the export, once it has succeeded (RunState.stage_file)
             out = self.run_dir(trainer)
-            write_json({label: scores.to_json()}, out / "scores.json", indent=1)
-            self.plan.save(out / "plan.json")
+            state.stage_file(out / "scores.json", {label: scores.to_json()}, indent=1)
+            state.stage_file(out / "plan.json", self.plan.to_dict(), indent=2)
             how = f"{self.n_per_layer} per layer" if self.n_per_layer is not None else \
                 f"{self.allocation}, ratio {self.ratio}"
             rank_zero_info(f"ExpertPruning: {label} pruned {self.plan.total_pruned} experts ({how}); "

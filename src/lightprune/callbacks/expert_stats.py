@@ -10,24 +10,33 @@ it observes, the observer is the run state's ``observer`` (so that another callb
 Evaluate's, can pause it).
 
 Resuming: with ``save_every_n_batches > 0`` the accumulators are saved (atomically, one file per
-rank) every n batches to ``<output_dir>/calibration_state.rank<r>.pt``; a rerun finds them, loads
-them and skips the batches already seen (:meth:`batches_to_skip`, used by
-``PruneTrainer.calibrate``). The files are removed once calibration completes. The state is also
-in ``state_dict`` so a Lightning checkpoint carries it.
+rank) every n batches to ``<output_dir>/calibration_state.rank<r>.pt``, with a fingerprint of the
+setup, the model and the batches accumulated (:mod:`lightprune.experts.calibration.resume`); a rerun
+finds them, checks that its own setup, model and first batches are the same (:meth:`check_resume`,
+used by ``PruneTrainer.calibrate`` before any batch is skipped; a mismatch is an error naming it) and
+skips the batches already seen. ``resume=False`` deletes a saved state and starts afresh. The files
+are removed once calibration completes. The state is also in ``state_dict`` so a Lightning
+checkpoint carries it.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Iterable
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.state import RunState
 from lightprune.experts.calibration import CalibrationStats, ExpertObserver
+from lightprune.experts.calibration.resume import (
+    chain_digest,
+    check_batches,
+    check_model,
+    load_state,
+    model_fingerprint,
+    save_state,
+)
 from lightprune.jsonio import write_json
 
 __all__ = ["ExpertStats"]
@@ -42,10 +51,12 @@ class ExpertStats(pl.Callback):
         low_attn_quantile: q of the low / high attention vision subsets.
         output_dir: where calibration.json and resume files go (default: ``trainer.default_root_dir``).
         save_every_n_batches: save resumable state every n batches (0: never).
+        resume: resume from a saved state of the same calibration (False: delete it and start afresh).
     """
 
     def __init__(self, subsets: Iterable[str] = ("all",), criteria: Iterable[str] | None = None,
-                 low_attn_quantile: float = 0.02, output_dir: str | None = None, save_every_n_batches: int = 0):
+                 low_attn_quantile: float = 0.02, output_dir: str | None = None, save_every_n_batches: int = 0,
+                 resume: bool = True):
         super().__init__()
         if save_every_n_batches < 0:
             raise ValueError(f"save_every_n_batches must be >= 0, got {save_every_n_batches!r}")
@@ -54,9 +65,13 @@ class ExpertStats(pl.Callback):
         self.low_attn_quantile = low_attn_quantile
         self.output_dir = output_dir
         self.save_every_n_batches = save_every_n_batches
+        self.resume = bool(resume)
         self.stats: CalibrationStats | None = None
         self._observer: ExpertObserver | None = None
-        self._pending_state: dict[str, Any] | None = None
+        self._pending_state: dict[str, Any] | None = None  # observer state to load (a file's or a checkpoint's)
+        self._resumed: dict[str, Any] | None = None  # the state file being resumed (fingerprint included)
+        self._digest: str | None = None  # the chain digest of the batches accumulated so far
+        self._model_fingerprint: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ files
     def run_dir(self, trainer: pl.Trainer) -> Path:
@@ -65,21 +80,34 @@ class ExpertStats(pl.Callback):
     def _state_path(self, trainer: pl.Trainer) -> Path:
         return self.run_dir(trainer) / f"calibration_state.rank{trainer.global_rank}.pt"
 
+    def _setup(self) -> dict[str, Any]:
+        return {"subsets": list(self.subsets), "criteria": None if self.criteria is None else list(self.criteria),
+                "low_attn_quantile": float(self.low_attn_quantile)}
+
     def batches_to_skip(self, trainer: pl.Trainer) -> int:
         """Batches a previous, interrupted calibration already accumulated (0 when starting afresh)."""
         path = self._state_path(trainer)
-        if self._pending_state is None and path.is_file():
-            self._pending_state = torch.load(path, map_location="cpu", weights_only=True)
+        if not self.resume:
+            if path.is_file():
+                path.unlink()
+                rank_zero_info(f"ExpertStats: resume=False, deleted {path}; calibrating afresh")
+            return 0
+        if self._resumed is None and path.is_file():
+            self._resumed = load_state(path, self._setup())
+            self._pending_state = self._resumed["observer"]
             rank_zero_info(f"ExpertStats: resuming calibration from {path} "
                            f"({self._pending_state['batches_seen']} batches done)")
-        return int(self._pending_state["batches_seen"]) if self._pending_state else 0
+        return int(self._resumed["observer"]["batches_seen"]) if self._resumed else 0
+
+    def check_resume(self, trainer: pl.Trainer, batches) -> None:
+        """Refuse to resume unless ``batches`` (this run's calibration batches, from the first) begin with exactly
+        the batches the saved state accumulated; called before they are skipped."""
+        if self._resumed is not None:
+            check_batches(self._state_path(trainer), self._resumed, batches)
 
     def _save_state(self, trainer: pl.Trainer) -> None:
-        path = self._state_path(trainer)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(self._observer.state_dict(), tmp)
-        os.replace(tmp, path)
+        save_state(self._state_path(trainer), self._observer.state_dict(), self._setup(), self._model_fingerprint,
+                   self._digest)
 
     # ------------------------------------------------------------------ lifecycle
     @staticmethod
@@ -91,6 +119,11 @@ class ExpertStats(pl.Callback):
             return
         self.stats = None
         observer = ExpertObserver(pl_module.model, self.subsets, self.criteria, self.low_attn_quantile)
+        if self.save_every_n_batches or self._resumed is not None:
+            self._model_fingerprint = model_fingerprint(pl_module.model)
+        if self._resumed is not None:  # the saved state must come from this model
+            check_model(self._state_path(trainer), self._resumed, self._model_fingerprint)
+            self._digest = self._resumed["digest"]
         if self._pending_state is not None:
             observer.load_state_dict(self._pending_state)
             self._pending_state = None
@@ -101,6 +134,8 @@ class ExpertStats(pl.Callback):
     def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                                   batch_idx: int, dataloader_idx: int = 0) -> None:
         if self._observer is not None:
+            if self.save_every_n_batches:  # what the state accumulated, for a resumed run to check
+                self._digest = chain_digest(self._digest, batch)
             self._observer.begin_batch(batch)
 
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -121,6 +156,7 @@ class ExpertStats(pl.Callback):
             observer.__exit__(None, None, None)
             self._observer = state.observer = None
         self._state_path(trainer).unlink(missing_ok=True)
+        self._resumed = None
         if trainer.is_global_zero:
             write_json(self.stats.to_json(), self.run_dir(trainer) / "calibration.json", indent=1)
 

@@ -3,7 +3,8 @@
 At the end of the job (phase ``export``: after ExpertPruning, wherever either is listed) it takes the
 plan from the run state (made by :class:`ExpertPruning`) or from ``plan_path``, computes the masked
 model's logits on a probe batch, prunes in place, writes the checkpoint (temporary directory renamed
-into place) and verifies the reloaded checkpoint against the masked logits. A model fitted on 4-bit base
+into place) and verifies the reloaded checkpoint against the masked logits. The checkpoint holds the source's tokenizer files (or the run's
+tokenizer / processor when the source has none) and a README.md model card. A model fitted on 4-bit base
 weights (QLoRA) is exported from its full-precision original, rebuilt by the LightningModule. It writes ``report.json`` (parameter counts and checkpoint
 bytes before and after, per-layer kept counts, timings) and ``kept_experts.png``, and prints a
 summary table.
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
@@ -31,6 +33,8 @@ from lightprune.distributed import materialize
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
 from lightprune.export import export_pruned
+from lightprune.export.save import TOKENIZER_FILES, resolve_source_dir
+from lightprune.export.staging import check_out_dir
 from lightprune.finetune.quantize import is_quantized_4bit
 from lightprune.models import find_moe_layers
 from lightprune.reporting.report import plot_kept_experts, print_summary, write_report
@@ -46,11 +50,14 @@ def _dir_bytes(path: Path) -> int | None:
 
 def export_with_report(model, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
                        seconds_scoring: float, overwrite: bool, atol: float | None, summary: bool,
-                       extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Prune ``model`` by ``plan``, export and verify it to ``ckpt_dir``, then write ``report.json``
-    and ``kept_experts.png`` to ``run_dir`` (and print the summary table); returns the report."""
+                       extra: dict[str, Any] | None = None, processor: Any = None,
+                       evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Prune ``model`` by ``plan``, export and verify it to ``ckpt_dir`` (with the source checkpoint's tokenizer
+    files, else ``processor``, and a model card), then write ``report.json`` and ``kept_experts.png`` to
+    ``run_dir`` (and print the summary table); returns the report."""
     start = time.perf_counter()
-    result = export_pruned(model, plan, ckpt_dir, overwrite=overwrite, atol=atol)
+    card = {"source": str(source), **({"evaluation": evaluation} if evaluation else {})}
+    result = export_pruned(model, plan, ckpt_dir, overwrite=overwrite, atol=atol, processor=processor, card=card)
     before = Path(source) if isinstance(source, str) else None
     report = {
         "source": source,
@@ -103,6 +110,8 @@ class Export(JobEndCallback):
         self.report: dict[str, Any] | None = None
 
     def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # an existing checkpoint directory without overwrite fails now, before any data is spent
+        check_out_dir(self._checkpoint_dir(trainer), self.overwrite)
         # a plan_path made for another model fails here, before the run writes anything (config.yaml)
         if self.plan_path is not None and getattr(pl_module, "model", None) is not None:
             ExpertPlan.load(self.plan_path).check_layers(find_moe_layers(pl_module.model))
@@ -117,23 +126,31 @@ class Export(JobEndCallback):
             raise ValueError("Export needs a plan: add an ExpertPruning callback or set plan_path")
         return state.expert_plan, state.scoring_seconds
 
+    def _checkpoint_dir(self, trainer: pl.Trainer) -> Path:
+        run_dir = Path(self.output_dir or trainer.default_root_dir)
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else run_dir / "model"
+
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.report is not None:
             return
         plan, seconds_scoring = self._plan(trainer)
         run_dir = Path(self.output_dir or trainer.default_root_dir)
-        ckpt_dir = Path(self.checkpoint_dir) if self.checkpoint_dir else run_dir / "model"
+        ckpt_dir = self._checkpoint_dir(trainer)
         model = _full_precision(pl_module)
         materialize(model, engine=trainer.strategy.model)  # ZeRO-3 only; every rank
+        _to_trainer_precision(model, trainer)
         if not trainer.is_global_zero:
             # every rank leaves with the same pruned model; only rank 0 writes (and verifies) the checkpoint
             prune_experts(model, plan)
             self.report = {}
             return
         source = getattr(pl_module, "source", type(model).__name__)
+        state = RunState.of(trainer)
         self.report = export_with_report(model, plan, run_dir, ckpt_dir, source=source,
                                          seconds_scoring=seconds_scoring, overwrite=self.overwrite,
-                                         atol=self.atol, summary=self.summary)
+                                         atol=self.atol, summary=self.summary,
+                                         processor=_run_tokenizer(model, trainer.datamodule or state.datamodule),
+                                         evaluation=dict(state.evaluation) or None)
 
 
 def _full_precision(pl_module: pl.LightningModule):
@@ -147,3 +164,29 @@ def _full_precision(pl_module: pl.LightningModule):
                          "full-precision original (no build_original()); export needs the original weights")
     pl_module.model = pl_module.build_original()
     return pl_module.model
+
+
+#: ``--trainer.precision`` values that fix the weights' dtype (the "-mixed" ones keep the weights as they are)
+_TRUE_PRECISION = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "32-true": torch.float32,
+                   "64-true": torch.float64}
+
+
+def _to_trainer_precision(model, trainer: pl.Trainer) -> None:
+    """Honour ``--trainer.precision bf16-true`` (and 16-/32-/64-true): the checkpoint is written in that dtype.
+
+    ``lightprune fit`` has already converted the module; ``lightprune export`` runs no loop, so the precision
+    plugin never did: cast the floating weights here, before the reference logits are taken."""
+    dtype = _TRUE_PRECISION.get(str(getattr(trainer, "precision", "")))
+    if dtype is None:
+        return
+    if any(p.is_floating_point() and p.dtype != dtype and p.device.type != "meta" for p in model.parameters()):
+        model.to(dtype)
+
+
+def _run_tokenizer(model, datamodule) -> Any:
+    """The run's tokenizer / processor for the export, when the source checkpoint has no tokenizer files of its own
+    (those are copied as they are); ``None`` without one."""
+    source = resolve_source_dir(model, None)
+    if source is not None and any((source / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    return getattr(datamodule, "processor", None) or getattr(datamodule, "tokenizer", None)

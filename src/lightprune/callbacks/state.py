@@ -8,12 +8,17 @@ need from here:
 - ``expert_scores``: importance by criterion name (RouterDelta puts ``router_delta``; ExpertPruning puts
   the criterion it scored), ``scoring_seconds``;
 - ``expert_plan``: the ExpertPlan (ExpertPruning; Export applies it, Evaluate masks with it);
+- ``evaluation``: what Evaluate measured so far (the model card of an export shows it); ``datamodule``: the
+  data of a ``lightprune calibrate`` run, which Lightning does not attach to the trainer (PruneTrainer);
 - ``width_plan`` and the width masks active on the model (WidthSearch; WidthExport releases them, Evaluate
   reads whether they are on): one owner for those hooks, :meth:`apply_width_masks` /
   :meth:`release_width_masks`;
 - the end-of-job steps: every :class:`~lightprune.callbacks.job_end.JobEndCallback` registers at ``setup``
   and the first end-of-job hook runs them all, in phase order (:data:`PHASES`: score, select, export,
-  evaluate, report), each once. Where a callback is listed does not matter.
+  evaluate, report), each once. Where a callback is listed does not matter;
+- the run files that must agree with the export (plan.json, scores.json): :meth:`stage_file` holds them
+  until the export phase has succeeded (or the job ends without one), then they are written together, each
+  atomically. A run that fails before leaves the previous run's files as they were.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
+from lightprune.jsonio import write_json
 from lightprune.width.mask import mask_width
 
 if TYPE_CHECKING:  # annotations only
@@ -51,11 +57,14 @@ class RunState:
     scoring_seconds: float = 0.0
     expert_plan: "ExpertPlan | None" = None
     width_plan: "WidthPlan | None" = None
+    evaluation: dict = field(default_factory=dict)
+    datamodule: Any = None
     _width_masks: Any = None
     _job_end: list = field(default_factory=list)
     _finishing: bool = False
     _tested: list = field(default_factory=list)
     _finished: list = field(default_factory=list)
+    _staged: dict = field(default_factory=dict)
 
     @classmethod
     def of(cls, trainer: Any) -> "RunState":
@@ -95,6 +104,21 @@ class RunState:
         if handle is not None:
             handle.remove()
 
+    # ------------------------------------------------------------------ run files
+    def stage_file(self, path: Any, data: Any, indent: int | None = None) -> None:
+        """Write JSON ``data`` to ``path`` once the job's export phase has succeeded (:meth:`commit_files`)."""
+        self._staged[str(path)] = (data, indent)
+
+    def commit_files(self) -> list[str]:
+        """Write every staged file (each atomically); returns their paths."""
+        written = []
+        while self._staged:
+            path, (data, indent) = next(iter(self._staged.items()))
+            write_json(data, path, indent=indent)
+            del self._staged[path]
+            written.append(path)
+        return written
+
     # ------------------------------------------------------------------ end of job
     def add_job_end(self, callback: Any) -> None:
         """Register ``callback`` (a JobEndCallback) for :meth:`finish_job` (idempotent)."""
@@ -119,6 +143,9 @@ class RunState:
                     break
                 pending[0].run(trainer, pl_module)
                 self._finished.append(pending[0])
+                later = pending[1:]
+                if not later or PHASES.index(later[0].phase) > PHASES.index("export") >= PHASES.index(pending[0].phase):
+                    self.commit_files()  # the export (if any) succeeded: plan and scores go with it
         finally:
             self._finishing = False
 

@@ -17,12 +17,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from lightprune.errors import register_error
+
 __all__ = ["MANIFEST", "CacheError", "sha256_file", "write_manifest", "check_folder", "publish_folder",
            "build_folder"]
 
 MANIFEST = "manifest.json"
 
 
+@register_error
 class CacheError(RuntimeError):
     """A cache folder is missing or corrupt; the message names the file."""
 

@@ -50,7 +50,7 @@ from lightprune.data.collate import TOKEN_KEYS, Collator
 from lightprune.data.generated.shapes_qa import shapes_qa_texts
 from lightprune.data.rows import DEFAULT_TASK, Row
 from lightprune.data.segments import chat_renderer, row_segments, special_affixes
-from lightprune.data.text import pad_token_id
+from lightprune.data.text import check_tokenizer_dir, pad_token_id
 from lightprune.data.tiny_processor import TINY_CORPUS, TINY_PROCESSOR_FAMILIES, tiny_mllm_processor
 
 __all__ = ["ImageTextJsonlDataModule", "load_processor"]
@@ -75,8 +75,12 @@ def load_processor(processor: Any):
                                     "processors from local directories only; nothing is downloaded)")
         from transformers import AutoProcessor
 
-
-        return AutoProcessor.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+        check_tokenizer_dir(path, "processor")
+        try:
+            return AutoProcessor.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+        except Exception as err:  # noqa: BLE001 - every loader failure is the same answer: name the folder
+            raise ValueError(f"processor directory {str(path)!r} cannot be loaded: {type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}") from None
     if not callable(processor) or getattr(processor, "tokenizer", None) is None:
         raise TypeError(f"processor must be a local directory or a processor object with a tokenizer, "
                         f"got {type(processor).__name__}")

@@ -110,10 +110,28 @@ def _images(obj: dict, source: str, base: Path) -> list[Path]:
     return paths
 
 
+def _check_unicode(value: Any, source: str, where: str = "") -> None:
+    """Every string in ``value`` must be valid Unicode text (JSON escapes can spell a lone surrogate)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            bad = value[e.start:e.end].encode("unicode_escape").decode()
+            raise _fail(source, f"{where or 'a string'} holds {bad}, a lone surrogate (not Unicode text; "
+                                f"at character {e.start})") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(item, source, f"{where}[{key!r}]" if where else repr(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_unicode(item, source, f"{where}[{i}]")
+
+
 def parse_row(obj: Any, source: str, base: Path, allow_images: bool) -> Row:
     """Validate one decoded line and return its :class:`Row`."""
     if not isinstance(obj, dict):
         raise _fail(source, f"expected a JSON object, got {type(obj).__name__}")
+    _check_unicode(obj, source)
     has_image = "image" in obj or "images" in obj
     if has_image and not allow_images:
         raise _fail(source, "has an image, but this datamodule reads text only; use ImageTextJsonlDataModule")

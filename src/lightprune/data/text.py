@@ -14,6 +14,7 @@ local_files_only=True)``; nothing is downloaded) or a tokenizer object, e.g. fro
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from lightprune.data.collate import Collator
 from lightprune.data.rows import Row
 from lightprune.data.segments import chat_renderer, row_segments, special_affixes
 
-__all__ = ["TextJsonlDataModule", "load_tokenizer"]
+__all__ = ["check_tokenizer_dir", "TOKENIZER_FILES", "TextJsonlDataModule", "load_tokenizer"]
 
 _CHUNK = 512  # rows tokenised per batched tokenizer call
 _PROGRESS_MIN_ROWS = 2000
@@ -41,10 +42,33 @@ def load_tokenizer(tokenizer: Any):
                                     "tokenizers from local directories only; nothing is downloaded)")
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        check_tokenizer_dir(path, "tokenizer")
+        try:
+            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except Exception as err:  # noqa: BLE001 - every loader failure is the same answer: name the folder
+            raise ValueError(f"tokenizer directory {str(path)!r} cannot be loaded: {type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}") from None
     if not callable(tokenizer):
         raise TypeError(f"tokenizer must be a local directory or a tokenizer object, got {type(tokenizer).__name__}")
     return tokenizer
+
+
+#: files one of which a tokenizer directory holds
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "sentencepiece.bpe.model")
+
+
+def check_tokenizer_dir(path: Path, what: str) -> None:
+    """``path`` holds tokenizer files, and its ``tokenizer.json`` (if any) is valid JSON; errors name the file."""
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"{what} directory {str(path)!r} has no tokenizer files (none of "
+                                f"{', '.join(TOKENIZER_FILES)}): transformers would build an empty tokenizer")
+    file = path / "tokenizer.json"
+    if file.is_file():
+        try:
+            json.loads(file.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{str(file)!r} is not valid JSON ({err}): the tokenizer file is damaged") from None
 
 
 def pad_token_id(tokenizer) -> int:

@@ -4,20 +4,49 @@
 ``num_experts`` records each layer's count before pruning, so a plan made for another model is
 caught before any surgery.
 
-The plan round-trips through JSON.
+The plan round-trips through JSON under a strict schema, nothing coerced: ``keep`` an object
+{layer: [expert ids]}, ``num_experts`` {layer: positive count}, layer keys plain decimal strings (ints
+when built in Python), ids and counts integers (never booleans, floats or strings), ``criterion`` and
+``allocation`` strings, ``ratio`` a number in [0, 1) or null, ``metadata`` an object. Every violation is
+a :class:`PlanError` naming the file (when loaded from one), the key path and the value, e.g.
+``plan file '/x/plan.json': keep['3'][1] must be an expert id (an integer), got 1.7``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from numbers import Real
 from pathlib import Path
 from typing import Any, Iterable
 
 from lightprune.errors import PlanError
-from lightprune.jsonio import read_json, write_json
+from lightprune.jsonio import layer_items, read_json, show, strict_int, write_json
 
 __all__ = ["ExpertPlan", "PlanError"]
+
+_FIELDS = ("keep", "num_experts", "criterion", "ratio", "allocation", "metadata")
+
+
+def _expert_ids(key: Any, ids: Any) -> list[int]:
+    if not isinstance(ids, (list, tuple)):
+        raise PlanError(f"keep[{key!r}] must be a list of expert ids, got {show(ids)}")
+    out = []
+    for i, e in enumerate(ids):
+        value = strict_int(e)
+        if value is None:
+            raise PlanError(f"keep[{key!r}][{i}] must be an expert id (an integer), got {show(e)}")
+        out.append(value)
+    return sorted(out)
+
+
+def _count(key: Any, n: Any) -> int:
+    value = strict_int(n)
+    if value is None or value < 1:
+        raise PlanError(f"num_experts[{key!r}] must be a positive integer (the layer's expert count), got {show(n)}")
+    return value
+
 
 @dataclass
 class ExpertPlan:
@@ -29,8 +58,18 @@ class ExpertPlan:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.keep = {int(k): sorted(int(e) for e in v) for k, v in sorted(self.keep.items(), key=lambda kv: int(kv[0]))}
-        self.num_experts = {int(k): int(v) for k, v in sorted(self.num_experts.items(), key=lambda kv: int(kv[0]))}
+        keep = layer_items(self.keep, "keep", "{layer: [expert ids]}", PlanError)
+        counts = layer_items(self.num_experts, "num_experts", "{layer: expert count}", PlanError)
+        self.keep = {layer: _expert_ids(key, ids) for key, layer, ids in keep}
+        self.num_experts = {layer: _count(key, n) for key, layer, n in counts}
+        for name in ("criterion", "allocation"):
+            if not isinstance(getattr(self, name), str):
+                raise PlanError(f"{name} must be a string, got {show(getattr(self, name))}")
+        if self.ratio is not None and (isinstance(self.ratio, bool) or not isinstance(self.ratio, Real)
+                                       or not 0 <= self.ratio < 1):
+            raise PlanError(f"ratio must be a number in [0, 1) or null, got {show(self.ratio)}")
+        if not isinstance(self.metadata, dict):
+            raise PlanError(f"metadata must be an object, got {show(self.metadata)}")
         missing = sorted(set(self.keep) - set(self.num_experts))
         if missing:
             raise PlanError(f"plan keeps experts of layers {missing} but records no expert count for them")
@@ -91,7 +130,10 @@ class ExpertPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ExpertPlan":
-        unknown = sorted(set(data) - {"keep", "num_experts", "criterion", "ratio", "allocation", "metadata"})
+        """The plan ``data`` describes (:meth:`to_dict`'s form); any break of the schema is a :class:`PlanError`."""
+        if not isinstance(data, Mapping):
+            raise PlanError(f"plan must be an object {{keep: ..., num_experts: ...}}, got {show(data)}")
+        unknown = sorted(set(data) - set(_FIELDS), key=str)
         if unknown:
             raise PlanError(f"unknown plan keys {unknown}")
         for key in ("keep", "num_experts"):
@@ -104,4 +146,9 @@ class ExpertPlan:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ExpertPlan":
-        return cls.from_dict(read_json(path, "plan", PlanError))
+        """The plan saved at ``path``; a :class:`PlanError` names the file."""
+        data = read_json(path, "plan", PlanError)
+        try:
+            return cls.from_dict(data)
+        except PlanError as err:
+            raise PlanError(f"plan file {str(Path(path))!r}: {err}") from err

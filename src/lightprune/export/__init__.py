@@ -17,11 +17,13 @@ May import: models, experts, width and the shared leaves; never finetune, callba
 """
 
 from lightprune.export.load import check_checkpoint, load_pruned
+from lightprune.export.model_card import CARD_FILE, model_card
 from lightprune.export.pipeline import export_pruned
-from lightprune.export.save import MANIFEST_FILE, save_pruned
+from lightprune.export.save import CARD_KEYS, MANIFEST_FILE, TOKENIZER_FILES, save_pruned
 from lightprune.export.verify import ExportVerificationError, default_probe
 from lightprune.export.width import save_width_pruned
 from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels
 
 __all__ = ["save_pruned", "load_pruned", "export_pruned", "ExportVerificationError", "default_probe",
-           "check_checkpoint", "MANIFEST_FILE", "save_width_pruned", "attach_width_kernels", "WIDTH_PLAN_FILE"]
+           "check_checkpoint", "MANIFEST_FILE", "save_width_pruned", "attach_width_kernels", "WIDTH_PLAN_FILE",
+           "model_card", "CARD_FILE", "CARD_KEYS", "TOKENIZER_FILES"]

@@ -4,6 +4,10 @@ The reference for verification is the *masked* model (``with mask_experts(model,
 computed before any surgery, so the exported checkpoint is checked against what the plan means,
 not against the pruned model it was written from: a bug in structural removal, in saving or in
 loading all show up as a logits difference.
+
+The plan, the unpruned model's parameter count and tensor bytes go into the export's manifest and
+model card (``save_pruned(card=...)``), so the checkpoint says which original experts each layer
+keeps. An output directory that is (or holds) the source checkpoint is refused before any surgery.
 """
 
 from __future__ import annotations
@@ -16,10 +20,20 @@ from typing import Any
 
 from torch import nn
 
+from lightprune.checks import check_atol
 from lightprune.experts.mask import mask_experts
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
-from lightprune.export.save import MANIFEST_FILE, parameter_count, save_pruned
+from lightprune.export.save import (
+    MANIFEST_FILE,
+    card_facts,
+    check_not_source,
+    parameter_count,
+    resolve_source_dir,
+    save_pruned,
+    source_fingerprint,
+    tensor_bytes,
+)
 from lightprune.export.staging import check_out_dir
 from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
 
@@ -28,26 +42,42 @@ __all__ = ["export_pruned"]
 
 def export_pruned(model: nn.Module, plan: ExpertPlan, out_dir: str | os.PathLike, *,
                   probe: Mapping[str, Any] | None = None, overwrite: bool = False, atol: float | None = None,
-                  processor: Any = None) -> dict[str, Any]:
+                  processor: Any = None, source_dir: str | os.PathLike | None = None,
+                  card: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Prune ``model`` in place by ``plan``, save it to ``out_dir`` and verify it against the masked model.
+
+    ``processor`` and ``source_dir`` are passed to :func:`save_pruned` (the tokenizer, the source's
+    fingerprint); ``card`` too (``source``, ``command``, ``evaluation``), with ``plan`` and the
+    unpruned model's ``parameters_before`` / ``parameter_bytes_before`` added here.
 
     Returns a report: ``out_dir``, ``params_before``, ``params_after``, ``checkpoint_bytes``
     (safetensors bytes on disk), ``expected_bytes`` (bytes of the pruned tensors),
     ``kept_per_layer`` ({layer: count}), ``uniform``, ``max_abs_diff`` and ``seconds``.
 
-    The output directory is checked before any surgery. The pruned model is compared with the
+    The output directory is checked before any surgery (also that it is not, and does not hold, the
+    source checkpoint directory: ``ValueError``). The pruned model is compared with the
     masked one before anything is written (a surgery problem), then the reloaded checkpoint
     (a save / load problem); either mismatch raises :class:`ExportVerificationError`, leaving
     ``out_dir`` untouched and the in-memory model pruned.
     """
     start = time.perf_counter()
+    atol = check_atol(atol)  # NaN would switch verification off: refused before any surgery
+    source = resolve_source_dir(model, source_dir)
+    check_not_source(out_dir, source)
     check_out_dir(out_dir, overwrite)
-    probe = dict(probe) if probe is not None else default_probe(model)
+    given = dict(card or {})
+    ours = sorted({"plan", "parameters_before", "parameter_bytes_before"} & set(given))
+    if ours:
+        raise ValueError(f"export_pruned fills card keys {ours} itself; pass the plan as the plan argument")
     params_before = parameter_count(model)
+    card = {**given, "plan": plan, "parameters_before": params_before, "parameter_bytes_before": tensor_bytes(model)}
+    card_facts(card, plan.kept_counts())  # a bad card or source is an error before any surgery
+    source_fingerprint(source)
+    probe = dict(probe) if probe is not None else default_probe(model)
     with mask_experts(model, plan):
         reference = model_logits(model, probe)
     prune_experts(model, plan)
-    atol = default_atol(model) if atol is None else float(atol)
+    atol = default_atol(model) if atol is None else atol
     gap = max_abs_diff(model_logits(model, probe), reference, what="pruned model")
     if gap > atol:
         raise ExportVerificationError(
@@ -55,7 +85,7 @@ def export_pruned(model: nn.Module, plan: ExpertPlan, out_dir: str | os.PathLike
             "nothing was written (the in-memory model is pruned). In bf16/fp16 a near tie between router "
             "scores can flip an expert choice: pass a larger atol or export in fp32", gap, atol)
     path = save_pruned(model, out_dir, probe=probe, reference_logits=reference, atol=atol, overwrite=overwrite,
-                       processor=processor)
+                       processor=processor, source_dir=source, card=card)
     manifest = json.loads((path / MANIFEST_FILE).read_text())
     return {
         "out_dir": str(path),

@@ -2,21 +2,37 @@
 
 Steps, all inside a staging directory renamed into place only at the end (:mod:`.staging`):
 
-1. ``save_pretrained`` (safetensors, transformers' on-disk per-expert layout), and the
-   processor / tokenizer when one is given;
-2. config.json: ``architectures`` names the stock transformers class; for a non-uniform model
-   (``config.lightprune_experts_per_layer``) the generated ``modeling_lightprune.py`` and an
-   ``auto_map`` entry are added (:mod:`.remote_code`), for a uniform one both are absent;
-3. verification: reload through :func:`load_pruned` (and, non-uniform, also through
+1. ``save_pretrained`` (safetensors, transformers' on-disk per-expert layout);
+2. the tokenizer: the given ``processor`` (``save_pretrained``), or else the tokenizer, processor and
+   chat-template files of the source checkpoint directory (``source_dir``, by default
+   ``config._name_or_path`` when that is a local directory), copied by name (:data:`TOKENIZER_FILES`;
+   never weights, never code; a foreign ``auto_map`` in a copied JSON file is dropped with the code
+   it points at); ``generation_config.json`` from the source when ``save_pretrained`` wrote none.
+   Neither a processor nor tokenizer files: none is invented (the manifest says ``"tokenizer": null``);
+3. config.json: ``architectures`` names the stock transformers class; for a non-uniform model
+   (``config.lightprune_experts_per_layer``) the generated ``modeling_lightprune.py`` and its
+   ``auto_map`` entry are added (:mod:`.remote_code`), for a uniform one both are absent. Any other
+   ``auto_map`` entry (remote code of the source that is not lightprune's) is dropped: the export
+   does not carry that code;
+4. verification: reload through :func:`load_pruned` (and, non-uniform, also through
    transformers' ``trust_remote_code=True``), run the probe batch, compare with the reference
    logits (:mod:`.verify`); a mismatch raises :class:`ExportVerificationError`;
-4. ``lightprune_export.json``: per-layer expert counts, parameter count and bytes, bytes on
-   disk, dtype, the verification result.
+5. ``lightprune_export.json``: per-layer expert counts, parameter count and bytes, bytes on
+   disk, dtype, the verification result, and what the export came from: the source and the
+   fingerprint of its safetensors files (name, size, SHA-256 of the header), the plan, the
+   tokenizer's origin, the evaluation, the lightprune version and the command;
+6. ``README.md``: the model card rendered from the manifest (:func:`.model_card.model_card`);
+7. file modes: every file ``0o666 & ~umask``, every directory ``0o777 & ~umask`` (transformers
+   writes the weights ``0o600``).
+
+An output directory that is the source checkpoint directory, or holds it, is refused before
+anything is written: replacing it would delete the source.
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import os
 import shutil
@@ -28,18 +44,33 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightprune.checks import check_atol
 from lightprune.experts.mask import is_masked
+from lightprune.experts.plan import ExpertPlan
 from lightprune.export.classes import auto_class_name, base_class
 from lightprune.export.load import load_pruned, weight_files
+from lightprune.export.model_card import CARD_FILE, model_card
 from lightprune.export.remote_code import MODELING_FILE, auto_map_entry, modeling_source
 from lightprune.export.staging import TMP_TAG, staging_dir
 from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
 from lightprune.models import find_moe_layers, get_family
 
-__all__ = ["save_pruned", "parameter_count", "tensor_bytes", "MANIFEST_FILE"]
+__all__ = ["save_pruned", "parameter_count", "tensor_bytes", "MANIFEST_FILE", "TOKENIZER_FILES", "CARD_KEYS",
+           "resolve_source_dir", "check_not_source", "source_fingerprint", "card_facts"]
 
 MANIFEST_FILE = "lightprune_export.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+#: tokenizer / processor / chat-template files copied from a source checkpoint directory, when present
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json",
+                   "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
+_CHAT_TEMPLATES_DIR = "additional_chat_templates"  # transformers' extra named templates: <name>.jinja
+_GENERATION_FILE = "generation_config.json"
+#: the keys ``save_pruned(card=...)`` accepts
+CARD_KEYS = ("plan", "source", "command", "evaluation", "parameters_before", "parameter_bytes_before")
+_HEADER_LIMIT = 100 * 1024 * 1024
 
 
 def parameter_count(model: nn.Module) -> int:
@@ -72,18 +103,150 @@ def _finish_config(tmp: Path, model: nn.Module, uniform: bool) -> None:
     path = tmp / "config.json"
     data = json.loads(path.read_text())
     data["architectures"] = [base_class(model).__name__]
-    ours = MODELING_FILE[:-3] + "."
-    auto_map = {k: v for k, v in (data.get("auto_map") or {}).items() if not str(v).split("--")[-1].startswith(ours)}
+    # the only remote code an export carries is its own modeling file: any other auto_map entry (the
+    # source's remote code, or an older lightprune entry) would point at code that is not there
+    data.pop("auto_map", None)
     if uniform:
         (tmp / MODELING_FILE).unlink(missing_ok=True)
     else:
         (tmp / MODELING_FILE).write_text(modeling_source(model))
-        auto_map.update(auto_map_entry(model))
-    if auto_map:
-        data["auto_map"] = auto_map
-    else:
-        data.pop("auto_map", None)
+        data["auto_map"] = auto_map_entry(model)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------------- source checkpoint
+def resolve_source_dir(model: nn.Module, source_dir: str | os.PathLike | None) -> Path | None:
+    """The source checkpoint directory: ``source_dir`` (must be a directory), else ``config._name_or_path``
+    when that is an existing local directory, else ``None``."""
+    if source_dir is not None:
+        path = Path(source_dir).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"source_dir {str(source_dir)!r} does not exist")
+        if not path.is_dir():
+            raise NotADirectoryError(f"source_dir {str(source_dir)!r} is not a directory")
+        return path.absolute()
+    name = str(getattr(model.config, "_name_or_path", "") or "")
+    if name and Path(name).expanduser().is_dir():
+        return Path(name).expanduser().absolute()
+    return None
+
+
+def check_not_source(out_dir: str | os.PathLike, source: Path | None) -> None:
+    """Raise ``ValueError`` naming both paths when ``out_dir`` is the source directory or holds it."""
+    if source is None:
+        return
+    out, src = Path(out_dir).expanduser().resolve(), Path(source).resolve()
+    if out == src or out in src.parents:
+        where = "is" if out == src else "holds"
+        raise ValueError(f"refusing to export into {str(out)!r}: it {where} the source checkpoint {str(src)!r}, "
+                         "which replacing it would delete; choose another output directory")
+
+
+def _header_fingerprint(file: Path, name: str) -> dict[str, Any]:
+    size = file.stat().st_size
+    with open(file, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise ValueError(f"source safetensors file {str(file)!r} has {size} bytes, shorter than a header")
+        length = int.from_bytes(head, "little")
+        if length > min(size - 8, _HEADER_LIMIT):
+            raise ValueError(f"source safetensors file {str(file)!r}: header length {length} does not fit "
+                             f"in the file of {size} bytes")
+        header = head + handle.read(length)
+    return {"name": name, "size": size, "header_sha256": hashlib.sha256(header).hexdigest()}
+
+
+def source_fingerprint(source: Path | None) -> list[dict[str, Any]] | None:
+    """Per safetensors file of ``source``: name, size and SHA-256 of its header (the first 8 + header-length
+    bytes, not the whole file); ``None`` without a local source directory."""
+    if source is None:
+        return None
+    return [_header_fingerprint(f, f.relative_to(source).as_posix()) for f in weight_files(source)]
+
+
+def _copy_dropping_auto_map(src: Path, dst: Path) -> None:
+    if src.suffix == ".json":
+        try:
+            data = json.loads(src.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"source file {str(src)!r} is not valid JSON: {err}") from None
+        if isinstance(data, dict) and "auto_map" in data:  # points at source code the export does not carry
+            data.pop("auto_map")
+            dst.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+            return
+    shutil.copyfile(src, dst)
+
+
+def _copy_tokenizer_files(source: Path, tmp: Path) -> list[str]:
+    names = [n for n in TOKENIZER_FILES if (source / n).is_file()]
+    extra = source / _CHAT_TEMPLATES_DIR
+    if extra.is_dir():
+        names += sorted(f"{_CHAT_TEMPLATES_DIR}/{p.name}" for p in extra.glob("*.jinja") if p.is_file())
+    for name in names:
+        (tmp / name).parent.mkdir(exist_ok=True)
+        _copy_dropping_auto_map(source / name, tmp / name)
+    return sorted(names)
+
+
+def _files(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+def _write_tokenizer(tmp: Path, processor: Any, source: Path | None) -> dict[str, Any] | None:
+    """Save ``processor`` or copy the source's tokenizer files; the manifest's ``tokenizer`` entry."""
+    if processor is not None:
+        before = _files(tmp)
+        processor.save_pretrained(tmp)
+        return {"origin": "processor", "class": type(processor).__name__, "files": sorted(_files(tmp) - before)}
+    copied = _copy_tokenizer_files(source, tmp) if source is not None else []
+    return {"origin": "source_dir", "files": copied} if copied else None
+
+
+def card_facts(card: Mapping[str, Any] | None, counts: Mapping[int, int]) -> dict[str, Any]:
+    """Validate ``save_pruned(card=...)`` for a model with ``counts`` ({layer: routed experts}); returns
+    every :data:`CARD_KEYS` key (``None`` when not given), the plan as its ``to_dict()``."""
+    card = dict(card or {})
+    unknown = sorted(set(card) - set(CARD_KEYS))
+    if unknown:
+        raise ValueError(f"card has unknown keys {unknown}; allowed: {list(CARD_KEYS)}")
+    facts = {key: card.get(key) for key in CARD_KEYS}
+    plan = facts["plan"]
+    if plan is not None:
+        if isinstance(plan, Mapping):
+            plan = ExpertPlan.from_dict(dict(plan))
+        if not isinstance(plan, ExpertPlan):
+            raise TypeError(f"card['plan'] must be an ExpertPlan or its to_dict(), got {type(plan).__name__}")
+        if plan.kept_counts() != dict(counts):
+            raise ValueError(f"card['plan'] keeps {plan.kept_counts()} experts per layer, the model has {dict(counts)}: "
+                             "not the plan this model was pruned with")
+        facts["plan"] = json.loads(json.dumps(plan.to_dict(), default=str))  # as ExpertPlan.save writes it
+    for key in ("parameters_before", "parameter_bytes_before"):
+        if facts[key] is not None and (isinstance(facts[key], bool) or not isinstance(facts[key], int)):
+            raise TypeError(f"card[{key!r}] must be an int, got {facts[key]!r}")
+    if facts["evaluation"] is not None:
+        if not isinstance(facts["evaluation"], Mapping):
+            raise TypeError(f"card['evaluation'] must be a mapping, got {type(facts['evaluation']).__name__}")
+        try:
+            facts["evaluation"] = json.loads(json.dumps(dict(facts["evaluation"])))
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"card['evaluation'] must be JSON-serialisable: {err}") from None
+    if facts["command"] is not None and not isinstance(facts["command"], str):
+        raise TypeError(f"card['command'] must be a string, got {facts['command']!r}")
+    if facts["source"] is not None:
+        facts["source"] = os.fspath(facts["source"])
+    return facts
+
+
+def _apply_umask(root: Path) -> None:
+    """Every file under ``root`` to ``0o666 & ~umask``, every directory (``root`` too) to ``0o777 & ~umask``."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(root, 0o777 & ~umask)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(folder, name), 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o666 & ~umask)
 
 
 def _check_no_pickles(tmp: Path) -> None:
@@ -144,19 +307,30 @@ def _verify(checkpoint: Path, probe: Mapping[str, Any], reference: torch.Tensor,
 
 def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[str, Any] | None = None,
                 reference_logits: torch.Tensor | None = None, atol: float | None = None, overwrite: bool = False,
-                processor: Any = None, max_shard_size: int | str | None = None) -> Path:
+                processor: Any = None, max_shard_size: int | str | None = None,
+                source_dir: str | os.PathLike | None = None, card: Mapping[str, Any] | None = None) -> Path:
     """Write ``model`` (already pruned in place) to ``out_dir`` as a verified safetensors checkpoint.
 
     Args:
         model: a transformers MoE model of a supported family (not inside ``mask_experts``).
-        out_dir: the checkpoint directory; must not exist or be empty unless ``overwrite``.
+        out_dir: the checkpoint directory; must not exist or be empty unless ``overwrite``; never
+            the source checkpoint directory nor one holding it (``ValueError``).
         probe: keyword batch for the verification forward (default: :func:`default_probe`).
         reference_logits: the logits the reloaded checkpoint must reproduce on ``probe``
             (default: ``model``'s own).
         atol: largest allowed absolute logits difference (default 1e-5 fp32, 1e-2 bf16/fp16).
         overwrite: replace an existing non-empty ``out_dir`` (only once the new one is verified).
-        processor: a tokenizer / processor saved into the checkpoint too (``save_pretrained``).
+        processor: a tokenizer / processor saved into the checkpoint too (``save_pretrained``);
+            without one the tokenizer files are copied from the source directory.
         max_shard_size: passed to ``save_pretrained`` (default: transformers' own).
+        source_dir: the local checkpoint directory ``model`` was loaded from: its tokenizer files
+            are copied, its safetensors headers fingerprinted (default: ``config._name_or_path``
+            when that is an existing directory; none otherwise).
+        card: facts for the model card and the manifest, keys :data:`CARD_KEYS`: ``plan``
+            (the ExpertPlan the model was pruned with, or its ``to_dict()``), ``source`` (a name
+            for the source; default: the source directory or ``config._name_or_path``),
+            ``command`` (default: ``" ".join(sys.argv)``), ``evaluation`` (a JSON mapping),
+            ``parameters_before`` and ``parameter_bytes_before`` (of the unpruned model).
 
     The reloaded copies run on ``model``'s device. Returns the absolute checkpoint path.
     Raises :class:`ExportVerificationError` (leaving ``out_dir`` untouched) on a mismatch.
@@ -164,22 +338,30 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
     if is_masked(model):
         raise ValueError("save_pruned got a model inside mask_experts: masking is not saved; "
                          "call prune_experts(model, plan) first (or use export_pruned)")
+    source = resolve_source_dir(model, source_dir)
+    check_not_source(out_dir, source)
     family = get_family(model)
     counts = {layer.index: layer.num_experts for layer in find_moe_layers(model)}
+    facts = card_facts(card, counts)
+    fingerprint = source_fingerprint(source)
     family.set_expert_counts(counts)
     uniform = len(set(counts.values())) == 1
     probe = dict(probe) if probe is not None else default_probe(model)
     if reference_logits is None:
         reference_logits = model_logits(model, probe)
-    atol = default_atol(model) if atol is None else float(atol)
+    atol = check_atol(atol)  # NaN would switch verification off: refused
+    atol = default_atol(model) if atol is None else atol
     dtype, device = _weights_dtype(model), _device(model)
     with staging_dir(out_dir, overwrite) as tmp:
         model.save_pretrained(tmp, **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))
-        if processor is not None:
-            processor.save_pretrained(tmp)
+        tokenizer = _write_tokenizer(tmp, processor, source)
+        if source is not None and not (tmp / _GENERATION_FILE).exists() and (source / _GENERATION_FILE).is_file():
+            shutil.copyfile(source / _GENERATION_FILE, tmp / _GENERATION_FILE)
         _finish_config(tmp, model, uniform)
         _check_no_pickles(tmp)
         diffs = _verify(tmp, probe, reference_logits, dtype, device, not uniform, atol)
+        from lightprune import __version__
+
         manifest = {
             "format": "lightprune-export",
             "format_version": 1,
@@ -196,6 +378,19 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
             "verification": {"max_abs_diff": max(diffs.values()), "atol": atol, "loaders": diffs,
                              "probe_shapes": {k: list(v.shape) for k, v in probe.items()
                                               if isinstance(v, torch.Tensor)}},
+            "source": facts["source"] if facts["source"] is not None else (
+                str(source) if source is not None else (getattr(model.config, "_name_or_path", "") or None)),
+            "source_fingerprint": fingerprint,
+            "plan": facts["plan"],
+            "tokenizer": tokenizer,
+            "evaluation": facts["evaluation"],
+            "parameters_before": facts["parameters_before"],
+            "parameter_bytes_before": facts["parameter_bytes_before"],
+            "weight_bytes_before": sum(f["size"] for f in fingerprint) if fingerprint else None,
+            "lightprune_version": __version__,
+            "command": facts["command"] if facts["command"] is not None else " ".join(sys.argv),
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / CARD_FILE).write_text(model_card(manifest))
+        _apply_umask(tmp)
     return Path(out_dir).expanduser().absolute()

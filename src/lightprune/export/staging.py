@@ -6,18 +6,25 @@ and is atomic). When the block exits cleanly the staged directory is renamed to 
 when it raises, the staged directory is removed and the output path is left as it was. With
 ``overwrite=True`` an existing output directory is first renamed aside, the new one renamed in,
 and only then the old one deleted (restored if the second rename fails).
+
+Leftovers of a process that was killed (SIGKILL, power loss) carry its pid in their name
+(``.<name>.lightprune-tmp-<pid>-<random>``): the next staging of the same target removes staged
+directories whose process is gone and, when the target itself is missing because the kill came between
+the two renames of a replacement, puts the set-aside previous directory back (:func:`clean_stale`).
+Directories of live processes (a concurrent export on this machine) are left alone.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["check_out_dir", "staging_dir", "TMP_TAG"]
+__all__ = ["check_out_dir", "staging_dir", "clean_stale", "TMP_TAG"]
 
 #: part of every staged / set-aside directory name, so leftovers are recognisable
 TMP_TAG = ".lightprune-tmp-"
@@ -43,12 +50,46 @@ def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
 
 
 def _sibling(out: Path, tag: str) -> Path:
-    return out.parent / f".{out.name}{tag}{uuid.uuid4().hex[:12]}"
+    return out.parent / f".{out.name}{tag}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def clean_stale(out_dir: str | os.PathLike) -> list[Path]:
+    """Remove staged directories of ``out_dir`` left by dead processes (and restore a set-aside previous
+    ``out_dir`` when the target is missing); returns what was removed or restored."""
+    out = Path(out_dir).expanduser().absolute()
+    if not out.parent.is_dir():
+        return []
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.lightprune-(tmp|old)-(?:(\d+)-)?[0-9a-f]{{12}}$")
+    done = []
+    for entry in sorted(out.parent.iterdir()):
+        match = pattern.match(entry.name)
+        if match is None or not entry.is_dir():
+            continue
+        kind, pid = match.group(1), match.group(2)
+        if pid is not None and (int(pid) == os.getpid() or _alive(int(pid))):
+            continue
+        if kind == "old" and not out.exists():
+            os.rename(entry, out)  # killed between the two renames of a replacement: the previous one returns
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+        done.append(entry)
+    return done
 
 
 @contextmanager
 def staging_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Yield an empty staging directory that replaces ``out_dir`` when the block succeeds."""
+    clean_stale(out_dir)
     out = check_out_dir(out_dir, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = _sibling(out, TMP_TAG)

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightprune.errors import register_error
+
 __all__ = ["ExportVerificationError", "default_probe", "special_token_ids", "model_logits", "max_abs_diff",
            "default_atol"]
 
@@ -26,6 +28,7 @@ PROBE_SHAPE = (2, 16)
 PROBE_SEED = 0
 
 
+@register_error
 class ExportVerificationError(RuntimeError):
     """The reloaded checkpoint's logits differ from the reference beyond ``atol``."""
 

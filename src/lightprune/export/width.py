@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightprune.checks import check_positive_int
+from lightprune.checks import check_atol, check_positive_int
 from lightprune.export.load import load_pruned
 from lightprune.export.staging import staging_dir
 from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, model_logits
@@ -86,7 +86,8 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
     if reference_logits is None:
         with mask_width(model, plan):
             reference_logits = model_logits(model, probe)
-    atol = default_atol(model) if atol is None else float(atol)
+    atol = check_atol(atol)  # NaN would switch verification off: refused
+    atol = default_atol(model) if atol is None else atol
     valid = _valid_positions(probe, reference_logits)
     with staging_dir(out_dir, overwrite) as tmp:
         model.save_pretrained(tmp)

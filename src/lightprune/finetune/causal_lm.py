@@ -103,6 +103,7 @@ class MoECausalLM(pl.LightningModule):
         self.adapter = adapter
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
+        self._ids_checked = False
         self.val_ppl = Perplexity(ignore_index=-100)
         self.val_acc = MeanMetric()
 
@@ -144,7 +145,23 @@ class MoECausalLM(pl.LightningModule):
         self.model.train(self.training)
 
     def forward(self, **batch: Any):
+        if not self._ids_checked:
+            self._check_token_ids(batch)
         return self.model(**model_inputs(batch, keep_labels=True))
+
+    def _check_token_ids(self, batch: dict[str, Any]) -> None:
+        """Once per module: the data's token ids must fit the model's embedding (a tokenizer with a larger
+        vocabulary than the model's would fail deep inside the embedding lookup)."""
+        ids = batch.get("input_ids")
+        embedding = self.base_model.get_input_embeddings() if hasattr(self.base_model, "get_input_embeddings") else None
+        rows = getattr(embedding, "num_embeddings", None)
+        if isinstance(ids, torch.Tensor) and ids.numel() and rows is not None:
+            top = int(ids.max())
+            if top >= rows or int(ids.min()) < 0:
+                raise ValueError(f"the data has token id {top if top >= rows else int(ids.min())}, but the model's "
+                                 f"embedding has {rows} rows (ids 0..{rows - 1}): the tokenizer does not belong to "
+                                 f"this model (its vocabulary is larger); use the checkpoint's own tokenizer")
+        self._ids_checked = True
 
     def _shifted(self, batch: dict[str, torch.Tensor], aux: bool = False):
         """(logits [B, T-1, V] fp32, next-token labels [B, T-1] with -100 where no loss is taken); with ``aux``,

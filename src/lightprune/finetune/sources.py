@@ -73,7 +73,10 @@ def check_checkpoint_name(name: str) -> None:
     if source is not None:
         source.check(name)
     elif not Path(name).is_dir():
-        raise FileNotFoundError(f"checkpoint directory {name!r} does not exist")
+        hub = "" if name.startswith((".", "/", "~")) or name.count("/") != 1 else \
+            " (it looks like a hub id: lightprune loads local directories only and never downloads; fetch the " \
+            "checkpoint first and give its folder)"
+        raise FileNotFoundError(f"checkpoint directory {name!r} does not exist{hub}")
 
 
 def resolve_checkpoint(name: str) -> Path:

@@ -4,13 +4,19 @@ Taylor scoring to width surgery.
 For every decoder layer l and query head h a keep flag per attention path b in :data:`PATHS` (V2V,
 T2V, T2T: query modality -> key modality), and for every dense-FFN channel c a keep flag per execution
 modality mu in :data:`MODALITIES` (a pruned (c, mu) skips channel c for tokens of modality mu). A layer
-missing from ``attn_keep`` / ``ffn_keep`` is dense. The plan round-trips through JSON.
+missing from ``attn_keep`` / ``ffn_keep`` is dense. The plan round-trips through JSON under a strict
+schema, nothing coerced: layer keys plain decimal strings (ints when built in Python), mask entries
+booleans or the integers 0 / 1 (never floats such as ``0.0`` or strings such as ``"1"``), ``num_heads`` and
+``intermediate_size`` positive integers, ``metadata`` an object. Every violation is a :class:`PlanError`
+naming the file (when loaded from one), the key path and the value, e.g.
+``width plan file '/x/width_plan.json': attn_keep['0'][1][2] must be a keep flag (booleans or 0/1), got 0.0``.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +24,7 @@ from typing import Any
 import torch
 
 from lightprune.errors import PlanError
-from lightprune.jsonio import read_json, write_json
+from lightprune.jsonio import layer_items, read_json, show, strict_int, write_json
 from lightprune.width.layers import find_width_layers
 from lightprune.width.paths import MODALITIES, PATHS
 
@@ -28,22 +34,59 @@ __all__ = ["WidthPlan", "WIDTH_UNITS", "PATHS", "MODALITIES"]
 WIDTH_UNITS: tuple[str, ...] = PATHS + ("ffn_vision", "ffn_text")
 
 
+def _bad_flag(value: Any, path: str = "") -> tuple[str, Any] | None:
+    """(index path, entry) of the first entry of nested lists ``value`` that is not a boolean or 0/1."""
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = _bad_flag(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+        return None
+    return None if isinstance(value, bool) or strict_int(value) in (0, 1) else (path, value)
+
+
 def _bool_tensor(value: Any, shape: tuple[int, ...], what: str) -> torch.Tensor:
-    """``value`` (tensor or nested lists of bools / 0 / 1) as a CPU bool tensor of ``shape``."""
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach().cpu()
+    """``value`` (tensor or nested lists of booleans / 0 / 1) as a CPU bool tensor of ``shape``."""
+    if isinstance(value, torch.Tensor) or hasattr(value, "__array__"):
+        tensor = value.detach().cpu() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        if tensor.dtype != torch.bool:
+            if tensor.is_floating_point() or tensor.is_complex():
+                raise PlanError(f"{what} must hold keep flags (booleans or 0/1), got a {tensor.dtype} tensor")
+            bad = ((tensor != 0) & (tensor != 1)).nonzero()
+            if len(bad):
+                index = tuple(bad[0].tolist())
+                raise PlanError(f"{what}{''.join(f'[{i}]' for i in index)} must be a keep flag (booleans or 0/1), "
+                                f"got {tensor[index].item()}")
+            tensor = tensor.bool()
+    elif not isinstance(value, (list, tuple)):
+        raise PlanError(f"{what} must be a list of keep flags (booleans or 0/1), got {show(value)}")
     else:
-        try:
+        try:  # fast path: nested lists of bools and ints only ever give a bool or an integer tensor
             tensor = torch.as_tensor(value)
-        except (TypeError, ValueError) as err:
-            raise PlanError(f"{what} is not a tensor or a nested list of 0/1: {err}") from err
-    if tensor.dtype != torch.bool:
-        if tensor.is_floating_point() or tensor.is_complex() or not bool(((tensor == 0) | (tensor == 1)).all()):
-            raise PlanError(f"{what} must hold booleans or 0/1, got dtype {tensor.dtype}")
+        except (TypeError, ValueError, RuntimeError, OverflowError) as err:
+            tensor, error = None, err
+        if tensor is None or tensor.dtype != torch.bool and (tensor.is_floating_point() or tensor.is_complex()
+                                                             or not bool(((tensor == 0) | (tensor == 1)).all())):
+            found = _bad_flag(value)
+            if found is not None:
+                raise PlanError(f"{what}{found[0]} must be a keep flag (booleans or 0/1), got {show(found[1])}")
+            raise PlanError(f"{what} is not a regular nested list of keep flags (expected shape {shape}): "
+                            f"{error if tensor is None else show(value)}")
         tensor = tensor.bool()
     if tuple(tensor.shape) != shape:
         raise PlanError(f"{what} has shape {tuple(tensor.shape)}, expected {shape}")
     return tensor.clone()
+
+
+def _counts(value: Any, name: str, what: str) -> dict[int, int]:
+    """{layer: positive int} from ``value``."""
+    counts = {}
+    for key, layer, n in layer_items(value, name, f"{{layer: {what}}}", PlanError):
+        count = strict_int(n)
+        if count is None or count < 1:
+            raise PlanError(f"{name}[{key!r}] must be a positive integer ({what}), got {show(n)}")
+        counts[layer] = count
+    return counts
 
 
 @dataclass(eq=False)
@@ -63,34 +106,29 @@ class WidthPlan:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.num_heads = {int(k): int(v) for k, v in sorted(self.num_heads.items(), key=lambda kv: int(kv[0]))}
-        self.intermediate_size = {int(k): int(v)
-                                  for k, v in sorted(self.intermediate_size.items(), key=lambda kv: int(kv[0]))}
-        for name, counts in (("num_heads", self.num_heads), ("intermediate_size", self.intermediate_size)):
-            bad = {k: v for k, v in counts.items() if v < 1}
-            if bad:
-                raise PlanError(f"WidthPlan.{name} must be positive, got {bad}")
+        self.num_heads = _counts(self.num_heads, "num_heads", "the layer's query-head count")
+        self.intermediate_size = _counts(self.intermediate_size, "intermediate_size", "the dense FFN's channel count")
         attn = {}
-        for layer, mask in sorted(self.attn_keep.items(), key=lambda kv: int(kv[0])):
-            layer = int(layer)
+        attn_items = layer_items(self.attn_keep, "attn_keep", "{layer: [[V2V, T2V, T2T] flags per head]}", PlanError)
+        ffn_items = layer_items(self.ffn_keep, "ffn_keep", "{layer: {vision: [flags], text: [flags]}}", PlanError)
+        for key, layer, mask in attn_items:
             if layer not in self.num_heads:
                 raise PlanError(f"attn_keep names layer {layer}, which has no head count in num_heads "
                                 f"(layers {sorted(self.num_heads)})")
-            attn[layer] = _bool_tensor(mask, (self.num_heads[layer], len(PATHS)), f"attn_keep[{layer}]")
+            attn[layer] = _bool_tensor(mask, (self.num_heads[layer], len(PATHS)), f"attn_keep[{key!r}]")
         ffn = {}
-        for layer, masks in sorted(self.ffn_keep.items(), key=lambda kv: int(kv[0])):
-            layer = int(layer)
+        for key, layer, masks in ffn_items:
             if layer not in self.intermediate_size:
                 raise PlanError(f"ffn_keep names layer {layer}, which has no dense FFN in intermediate_size "
                                 f"(dense FFN layers {sorted(self.intermediate_size)}; an MoE layer's FFN is experts)")
-            if not isinstance(masks, dict) or set(masks) != set(MODALITIES):
-                got = sorted(masks) if isinstance(masks, dict) else type(masks).__name__
-                raise PlanError(f"ffn_keep[{layer}] must have exactly the keys {list(MODALITIES)}, got {got}")
+            if not isinstance(masks, Mapping) or set(masks) != set(MODALITIES):
+                got = sorted(masks, key=str) if isinstance(masks, Mapping) else show(masks)
+                raise PlanError(f"ffn_keep[{key!r}] must have exactly the keys {list(MODALITIES)}, got {got}")
             m = self.intermediate_size[layer]
-            ffn[layer] = {mu: _bool_tensor(masks[mu], (m,), f"ffn_keep[{layer}][{mu!r}]") for mu in MODALITIES}
+            ffn[layer] = {mu: _bool_tensor(masks[mu], (m,), f"ffn_keep[{key!r}][{mu!r}]") for mu in MODALITIES}
         self.attn_keep, self.ffn_keep = attn, ffn
         if not isinstance(self.metadata, dict):
-            raise PlanError(f"WidthPlan.metadata must be a dict, got {type(self.metadata).__name__}")
+            raise PlanError(f"metadata must be an object, got {show(self.metadata)}")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -187,22 +225,33 @@ class WidthPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "WidthPlan":
+        """The plan ``data`` describes (:meth:`to_dict`'s form); any break of the schema is a :class:`PlanError`."""
+        if not isinstance(data, Mapping):
+            raise PlanError(f"width plan must be an object {{attn_keep: ..., ffn_keep: ..., ...}}, got {show(data)}")
         known = {"paths", "attn_keep", "ffn_keep", "num_heads", "intermediate_size", "metadata"}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known, key=str)
         if unknown:
             raise PlanError(f"unknown width plan keys {unknown}; known: {sorted(known)}")
         for key in ("attn_keep", "ffn_keep", "num_heads", "intermediate_size"):
             if key not in data:
                 raise PlanError(f"width plan is missing {key!r}")
-        paths = tuple(data.get("paths", PATHS))
-        if paths != PATHS:
-            raise PlanError(f"width plan columns are {list(paths)}, this lightprune reads {list(PATHS)}")
+        paths = data.get("paths", list(PATHS))
+        if not isinstance(paths, (list, tuple)) or tuple(paths) != PATHS:
+            raise PlanError(f"width plan columns (paths) are {show(paths)}, this lightprune reads {list(PATHS)}")
+        metadata = data.get("metadata", {})
+        if not isinstance(metadata, dict):
+            raise PlanError(f"metadata must be an object, got {show(metadata)}")
         return cls(attn_keep=data["attn_keep"], ffn_keep=data["ffn_keep"], num_heads=data["num_heads"],
-                   intermediate_size=data["intermediate_size"], metadata=dict(data.get("metadata") or {}))
+                   intermediate_size=data["intermediate_size"], metadata=dict(metadata))
 
     def save(self, path: str | os.PathLike) -> Path:
         return write_json(self.to_dict(), path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "WidthPlan":
-        return cls.from_dict(read_json(path, "width plan", PlanError))
+        """The width plan saved at ``path``; a :class:`PlanError` names the file."""
+        data = read_json(path, "width plan", PlanError)
+        try:
+            return cls.from_dict(data)
+        except PlanError as err:
+            raise PlanError(f"width plan file {str(Path(path))!r}: {err}") from err

@@ -15,7 +15,8 @@ so ``raw`` is AIMER and importance is ``-AIMER``.
 Weights only, as in the paper: the expert's slices of the fused ``gate_up_proj [E, 2I, H]``
 (or ``gate_proj``/``up_proj``) and ``down_proj [E, H, I]``; biases and the router are not part
 of ``w``. An all-zero expert (P = Q = 0, AIMER undefined) gets AIMER = 1, the upper bound, so it
-is pruned first: it computes nothing. Values are clamped to the bounds of eq. (7), which only
+is pruned first: it computes nothing. An expert with a NaN or infinite weight is an error (a broken
+checkpoint), never the score of an all-zero expert. Values are clamped to the bounds of eq. (7), which only
 removes float rounding (an expert of equal magnitudes would otherwise read 1 + 1e-7).
 """
 
@@ -47,7 +48,8 @@ class AIMER(Criterion):
     def score_layer(self, layer: MoELayer) -> torch.Tensor:
         l1, sq, numel = expert_weight_norms(layer, block_elements=self.block_elements)
         value = (l1 / (math.sqrt(numel) * sq.sqrt())).clamp_(1.0 / math.sqrt(numel), 1.0)
-        return torch.where(sq > 0, value, torch.ones_like(value))
+        # all-zero expert -> 1; a NaN / inf weight stays non-finite (Criterion.score refuses it, naming the experts)
+        return torch.where((sq > 0) | ~torch.isfinite(sq) | ~torch.isfinite(l1), value, torch.ones_like(value))
 
     def importance(self, raw: torch.Tensor) -> torch.Tensor:
         return -raw

@@ -96,6 +96,11 @@ class Criterion:
                 if values.shape != (layer.num_experts,):
                     raise ValueError(f"{type(self).__name__}.score_layer returned shape {tuple(values.shape)} "
                                      f"for layer {layer.index}; expected ({layer.num_experts},)")
+                bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
+                if bad:
+                    raise ValueError(f"criterion {self.name or type(self).__name__!r}: layer {layer.index}, experts "
+                                     f"{bad} score {[float(values[i]) for i in bad]} (non-finite: their weights hold "
+                                     "NaN or inf, a broken checkpoint); nothing was pruned")
                 raw[layer.index] = values.detach().to(device="cpu", dtype=torch.float64)
         importance = {index: self.importance(values) for index, values in raw.items()}
         return ExpertScores(importance, limits=ExpertScores.limits_of(layers),

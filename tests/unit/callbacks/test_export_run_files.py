@@ -1,0 +1,98 @@
+"""A run's files commit together, after the export succeeded; an existing checkpoint without overwrite fails before
+any work; ``--trainer.precision bf16-true`` is honoured by export; the export carries the run's tokenizer."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures import FIXTURES
+from safetensors import safe_open
+
+import lightprune as lp
+from lightprune.callbacks import ExpertPruning, ExpertStats, Export
+from lightprune.trainer import PruneTrainer
+
+VOCAB = 160
+TEXT = FIXTURES / "data" / "text.jsonl"
+
+
+def _module(**overrides):
+    from lightprune.finetune import MoECausalLM
+
+    return MoECausalLM(tiny="qwen3_moe", tiny_overrides={"num_hidden_layers": 2, **overrides})
+
+
+def _export(run: Path, ratio: float, overwrite: bool = True, atol: float | None = None, **trainer) -> None:
+    PruneTrainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                 default_root_dir=str(run), callbacks=[Export(overwrite=overwrite, summary=False, atol=atol),
+                                                       ExpertPruning("aimer", ratio=ratio)], **trainer).export(_module())
+
+
+def _files(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def test_a_failed_export_leaves_the_previous_run_files(tmp_path: Path, monkeypatch) -> None:
+    run = tmp_path / "run"
+    _export(run, 0.5)
+    before = _files(run)
+    assert {"plan.json", "scores.json", "report.json", "model/model.safetensors"} <= set(before)
+    from lightprune.callbacks import export as export_module
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(run / "model"))
+
+    monkeypatch.setattr(export_module, "export_pruned", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        _export(run, 0.25)
+    assert _files(run) == before  # plan.json still describes model/ (the 50% plan), byte for byte
+
+
+def test_an_existing_checkpoint_without_overwrite_fails_before_any_scoring(tmp_path: Path, monkeypatch) -> None:
+    run = tmp_path / "run"
+    _export(run, 0.5)
+    before = _files(run)
+    scored = []
+    from lightprune.experts.criteria.aimer import AIMER
+
+    monkeypatch.setattr(AIMER, "score_layer", lambda self, layer: scored.append(layer.index))
+    with pytest.raises(FileExistsError, match=r"output directory '.*model' exists and is not empty"):
+        _export(run, 0.25, overwrite=False)
+    assert scored == [] and _files(run) == before
+
+
+def test_bf16_true_precision_writes_a_bf16_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _export(run, 0.5, precision="bf16-true", atol=0.1)  # bf16 rounding of a random tiny model: a looser tolerance
+    with safe_open(str(run / "model" / "model.safetensors"), "pt") as f:
+        dtypes = {f.get_slice(name).get_dtype() for name in f.keys()}
+    assert dtypes == {"BF16"}
+    assert json.loads((run / "model" / "lightprune_export.json").read_text())["dtype"] == "bfloat16"
+    assert lp.load_pruned(run / "model").dtype == torch.bfloat16
+
+
+def test_a_calibrate_export_carries_the_run_s_tokenizer(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from lightprune.data import TextJsonlDataModule, train_bpe_tokenizer
+
+    tok_dir = tmp_path / "tok"
+    texts = [json.loads(line)["text"] if "text" in json.loads(line) else line for line in TEXT.read_text().splitlines()]
+    train_bpe_tokenizer(texts * 4, VOCAB).save_pretrained(tok_dir)
+    dm = TextJsonlDataModule(str(tok_dir), calibration=str(TEXT), batch_size=4)
+    run = tmp_path / "run"
+    PruneTrainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                 default_root_dir=str(run),
+                 callbacks=[ExpertStats(), ExpertPruning("reap", ratio=0.5), Export(summary=False)]
+                 ).calibrate(_module(vocab_size=VOCAB), datamodule=dm)
+    exported = AutoTokenizer.from_pretrained(run / "model")
+    sentence = "def prune(model): return the experts that matter"
+    assert exported(sentence)["input_ids"] == dm.tokenizer(sentence)["input_ids"]
+    card = (run / "model" / "README.md").read_text()
+    plan = lp.ExpertPlan.load(run / "plan.json")
+    for layer, ids in plan.keep.items():
+        assert ", ".join(str(i) for i in ids) in card  # the original ids of the kept experts, per layer
