@@ -33,6 +33,8 @@ _compat.install()
 _LAZY = {
     "find_moe_layers": "lightprune.models",
     "get_family": "lightprune.models",
+    "register_family": "lightprune.models",
+    "supported_model_types": "lightprune.models",
     "MoELayer": "lightprune.models",
     "base_model_of": "lightprune.models.unwrap",
     "ExpertPlan": "lightprune.experts.plan",

@@ -1,7 +1,8 @@
 """Model families (layout + routing rule) behind one registry, and :func:`find_moe_layers`.
 
-The only code that knows a family's attribute names. May import: torch, transformers and :mod:`lightprune.errors`;
-nothing else of lightprune.
+The only code that knows a family's attribute names. Families register with :func:`register_family`
+(:mod:`.registry`); the built-in ones are registered here. May import: torch, transformers and the shared
+leaves; nothing else of lightprune.
 """
 
 from __future__ import annotations
@@ -10,39 +11,27 @@ from torch import nn
 
 from lightprune._compat import warn_once
 from lightprune.models.base import MoEFamily, MoELayer, RoutingLimits, RoutingOutput
-from lightprune.models.families import (
-    DeepseekV3Family,
-    InternVLFamily,
-    MixtralFamily,
-    OlmoeFamily,
-    Qwen2MoeFamily,
-    Qwen3MoeFamily,
-    Qwen3VLMoeFamily,
+from lightprune.models.families import BUILT_IN, REFUSED_TYPES
+from lightprune.models.registry import (
+    ADD_A_FAMILY,
+    FAMILIES,
+    REFUSED,
+    family_table,
+    get_family,
+    refuse_family,
+    register_family,
+    supported_model_types,
+    unregister_family,
 )
 
-__all__ = ["MoEFamily", "MoELayer", "RoutingLimits", "RoutingOutput", "FAMILIES", "get_family", "find_moe_layers",
-           "supported_model_types"]
+__all__ = ["MoEFamily", "MoELayer", "RoutingLimits", "RoutingOutput", "FAMILIES", "REFUSED", "get_family",
+           "find_moe_layers", "supported_model_types", "register_family", "unregister_family", "refuse_family",
+           "family_table", "ADD_A_FAMILY"]
 
-FAMILIES: dict[str, type[MoEFamily]] = {
-    t: cls
-    for cls in (MixtralFamily, Qwen2MoeFamily, Qwen3MoeFamily, OlmoeFamily, DeepseekV3Family,
-                Qwen3VLMoeFamily, InternVLFamily)
-    for t in cls.model_types
-}
-
-
-def supported_model_types() -> list[str]:
-    return sorted(FAMILIES)
-
-
-def get_family(model: nn.Module) -> MoEFamily:
-    """The family of ``model``; an unsupported ``model_type`` is an error listing the supported ones."""
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILIES:
-        raise ValueError(f"unsupported model_type {model_type!r}; lightprune supports: "
-                         f"{', '.join(supported_model_types())}")
-    return FAMILIES[model_type](model)
+for _family in BUILT_IN:
+    register_family(_family)
+for _type, _why in REFUSED_TYPES.items():
+    refuse_family(_type, _why)
 
 
 def find_moe_layers(model: nn.Module) -> list[MoELayer]:

@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-__all__ = ["MoELayer", "MoEFamily", "RoutingLimits", "RoutingOutput", "find_decoder_layers"]
+__all__ = ["MoELayer", "MoEFamily", "RoutingLimits", "RoutingOutput", "find_decoder_layers", "mlp_layer_type"]
 
 RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(router_logits [T, E], weights applied to the selected experts [T, k], selected ids [T, k])``."""
@@ -94,6 +94,17 @@ class MoELayer:
 _DECODER_PATHS = ("model.language_model.layers", "model.layers", "language_model.layers", "layers")
 
 
+def mlp_layer_type(config, index: int) -> bool | None:
+    """``config.mlp_layer_types[index] == "sparse"`` where the config lists its layers' MLP types (recent families
+    build their decoder layers from that list), else ``None``: the family's own rule applies."""
+    types = getattr(config, "mlp_layer_types", None)
+    if not isinstance(types, (list, tuple)) or index >= len(types):
+        return None
+    if types[index] not in ("sparse", "dense"):
+        raise ValueError(f"config.mlp_layer_types[{index}] is {types[index]!r}; lightprune knows 'sparse' and 'dense'")
+    return types[index] == "sparse"
+
+
 def find_decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     """(module path, ModuleList) of the language model's decoder layers of a transformers model (MoE or dense)."""
     for path in _DECODER_PATHS:
@@ -150,6 +161,9 @@ class MoEFamily:
     def is_sparse_layer(self, index: int) -> bool:
         """The family's rule for whether decoder layer ``index`` has an MoE block."""
         cfg = self.text_config
+        listed = mlp_layer_type(cfg, index)
+        if listed is not None:
+            return listed
         # transformers builds a dense MLP everywhere when the expert count is 0 (Qwen families)
         count = getattr(cfg, self.num_experts_key, None)
         if count is not None and int(count) <= 0:

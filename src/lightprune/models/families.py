@@ -9,6 +9,23 @@
 | deepseek_v3 | sigmoid + e_score_correction_bias, n_group/topk_group, routed_scaling_factor | first_k_dense_replace | shared_experts |
 | qwen3_vl_moe | softmax, always renormalised | mlp_only_layers, decoder_sparse_step | none |
 | internvl | its Qwen3-MoE language model | as qwen3_moe | none |
+| glm4_moe | as deepseek_v3 (sigmoid, bias, groups, scaling) | first_k_dense_replace | shared_experts |
+| dots1 | as deepseek_v3 | first_k_dense_replace | shared_experts |
+| minimax | as mixtral (softmax of fp32 logits, renormalised) | none | none |
+| flex_olmo | as olmoe | none | none |
+| exaone_moe, solar_open | as deepseek_v3 | first_k_dense_replace (none in solar_open) | shared_experts |
+| mimo_v2_flash, hy_v4, glm4_moe_lite, axk1, kimi_linear, bailing_hybrid | as deepseek_v3 | mlp_layer_types | shared_experts (none in mimo_v2_flash) |
+| deepseek_v32, glm_moe_dsa (DeepSeek sparse attention) | as deepseek_v3 | first_k_dense_replace | shared_experts |
+| mellum | as olmoe | none | none |
+| qwen3_next | as qwen2_moe | mlp_only_layers, decoder_sparse_step | shared_expert (+ sigmoid gate) |
+| gpt_oss | biased logits, top-k, softmax over the k | none | none (expert biases, clamped SwiGLU) |
+| granitemoe, granitemoeshared, granitemoe_swa | fp32 logits, top-k, softmax over the k | none | (granitemoeshared: a shared MLP beside the block) |
+| jamba | softmax, top-k, not renormalised | expert_layer_period / offset | none |
+| cohere2_moe | top-k of the logits, softmax or sigmoid over the k | none | none |
+| qwen3_5_moe_text | as qwen2_moe, always renormalised | mlp_only_layers, decoder_sparse_step | shared_expert (+ sigmoid gate) |
+
+A family that reuses another's rule says so by subclassing it: the transformers router of each was
+compared line by line, and the conformance tests check route == the family's own router bitwise.
 """
 
 from __future__ import annotations
@@ -18,11 +35,13 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput
+from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, mlp_layer_type
 from lightprune.models.softmax_routing import softmax_logits, softmax_topk_select
 
 __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "DeepseekV3Family",
-           "Qwen3VLMoeFamily", "InternVLFamily"]
+           "Qwen3VLMoeFamily", "InternVLFamily", "Glm4MoeFamily", "Dots1Family", "MiniMaxFamily", "FlexOlmoFamily",
+           "DEEPSEEK_ALIKE", "MellumFamily", "Qwen3NextFamily", "GptOssFamily", "GraniteMoeFamily",
+           "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "BUILT_IN", "REFUSED_TYPES"]
 
 
 class _SoftmaxFamily(MoEFamily):
@@ -120,6 +139,9 @@ class DeepseekV3Family(MoEFamily):
 
     def is_sparse_layer(self, index: int) -> bool:
         cfg = self.text_config
+        listed = mlp_layer_type(cfg, index)
+        if listed is not None:
+            return listed
         return index >= int(getattr(cfg, "first_k_dense_replace", 0) or 0)
 
     def group_limits(self) -> tuple[int, int]:
@@ -156,3 +178,179 @@ class DeepseekV3Family(MoEFamily):
             topk_weights /= topk_weights.sum(dim=-1, keepdim=True) + 1e-20
         topk_weights = topk_weights * router.routed_scaling_factor
         return router_logits, topk_weights, topk_indices
+
+
+class Glm4MoeFamily(DeepseekV3Family):
+    """GLM-4.5 / 4.6 (``glm4_moe``): DeepSeek-V3's router (Glm4MoeTopkRouter is the same computation)."""
+
+    model_types = ("glm4_moe",)
+
+
+class Dots1Family(DeepseekV3Family):
+    """dots.llm1 (``dots1``): DeepSeek-V3's router and dense-layer rule."""
+
+    model_types = ("dots1",)
+
+
+class MiniMaxFamily(MixtralFamily):
+    """MiniMax-Text-01 (``minimax``): Mixtral's router (softmax of fp32 logits, top-k, renormalised) in every
+    layer, whatever its attention type."""
+
+    model_types = ("minimax",)
+
+
+class FlexOlmoFamily(OlmoeFamily):
+    """FlexOlmo (``flex_olmo``): OLMoE's router."""
+
+    model_types = ("flex_olmo",)
+
+
+class GptOssFamily(MoEFamily):
+    """gpt-oss: router logits with a bias, top-k of the logits, softmax over the k selected (GptOssTopKRouter);
+    experts with biases and a clamped SwiGLU (pruned like every other per-expert tensor). Masking sets a pruned
+    expert's logit to -inf before the top-k: it is never selected and the softmax over the k is unchanged."""
+
+    model_types = ("gpt_oss",)
+    num_experts_key = "num_local_experts"
+    router_attr = "router"
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return True
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        return F.linear(hidden_states.reshape(-1, router.weight.shape[1]), router.weight, router.bias)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        if expert_mask is not None:
+            router_logits = router_logits.masked_fill(expert_mask.to(router_logits.device), float("-inf"))
+        top_value, top_index = torch.topk(router_logits, layer.top_k, dim=-1)
+        return router_logits, torch.softmax(top_value, dim=1, dtype=top_value.dtype), top_index
+
+
+class GraniteMoeFamily(MoEFamily):
+    """Granite MoE (``granitemoe``, ``granitemoeshared``, ``granitemoe_swa``): fp32 logits, top-k of the logits,
+    softmax over the k in the hidden states' dtype (GraniteMoeTopKRouter); every layer sparse. A pruned expert's
+    logit is -inf before the top-k."""
+
+    model_types = ("granitemoe", "granitemoeshared", "granitemoe_swa")
+    num_experts_key = "num_local_experts"
+    mlp_attr = "block_sparse_moe"
+    router_attr = "router"
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return True
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]), layer.router.weight).float()
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        if expert_mask is not None:
+            router_logits = router_logits.masked_fill(expert_mask.to(router_logits.device), float("-inf"))
+        top_logits, top_index = router_logits.topk(layer.top_k, dim=-1)
+        return router_logits, torch.softmax(top_logits, dim=-1).type(layer.router.weight.dtype), top_index
+
+
+class JambaFamily(MoEFamily):
+    """Jamba: softmax of fp32 logits, top-k, no renormalisation, cast to the hidden states' dtype; an MoE block in
+    layer i when ``i % expert_layer_period == expert_layer_offset`` (``config.layers_num_experts``)."""
+
+    model_types = ("jamba",)
+    mlp_attr = "feed_forward"
+    router_attr = "router"
+
+    def is_sparse_layer(self, index: int) -> bool:
+        cfg = self.text_config
+        return int(cfg.num_experts) > 1 and index % cfg.expert_layer_period == cfg.expert_layer_offset
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]), layer.router.weight)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        if expert_mask is not None:
+            router_logits = router_logits.masked_fill(expert_mask.to(router_logits.device), float("-inf"))
+        weights = torch.softmax(router_logits, dim=-1, dtype=torch.float)
+        top_weights, top_index = torch.topk(weights, layer.top_k, dim=-1)
+        return router_logits, top_weights.to(router_logits.dtype), top_index
+
+
+class Cohere2MoeFamily(MoEFamily):
+    """Cohere2 MoE: top-k of the logits, then softmax over the k (fp32) or sigmoid (renormalised with
+    ``norm_topk_prob``), as ``expert_selection_fn`` says; cast to the hidden states' dtype."""
+
+    model_types = ("cohere2_moe",)
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return True
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]), layer.router.weight)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        if expert_mask is not None:
+            router_logits = router_logits.masked_fill(expert_mask.to(router_logits.device), float("-inf"))
+        scores, top_index = torch.topk(router_logits, layer.top_k, dim=-1)
+        how = self.text_config.expert_selection_fn
+        if how == "softmax":
+            scores = torch.softmax(scores, dim=1, dtype=torch.float)
+        elif how == "sigmoid":
+            scores = torch.sigmoid(scores)
+            if self.text_config.norm_topk_prob:
+                scores = scores / torch.sum(scores, dim=-1, keepdim=True)
+        else:
+            raise ValueError(f"cohere2_moe expert_selection_fn {how!r}: lightprune knows 'softmax' and 'sigmoid'")
+        return router_logits, scores.to(router_logits.dtype), top_index
+
+
+class Qwen3_5MoeTextFamily(Qwen2MoeFamily):
+    """Qwen3.5-MoE's language model (``qwen3_5_moe_text``): Qwen2-MoE's block, its router always renormalised."""
+
+    model_types = ("qwen3_5_moe_text",)
+
+    def renormalize(self) -> bool:
+        return True
+
+
+def _alike(base: type[MoEFamily], model_type: str, doc: str, count_key: str | None = None) -> type[MoEFamily]:
+    """A family of ``model_type`` that routes exactly as ``base`` (its transformers router's forward is ``base``'s);
+    ``count_key``: the config field counting routed experts, when it is not ``base``'s."""
+    name = "".join(part.capitalize() for part in model_type.split("_")) + "Family"
+    attrs = {"model_types": (model_type,), "__doc__": doc, "__module__": __name__}
+    if count_key is not None:
+        attrs["num_experts_key"] = count_key
+    return type(name, (base,), attrs)
+
+
+#: families whose transformers router computes what DeepSeek-V3's does (its forward, line for line), with
+#: DeepSeek-V3's attribute names; the dense-layer rule is first_k_dense_replace or the config's mlp_layer_types
+DEEPSEEK_ALIKE: tuple[type[MoEFamily], ...] = tuple(
+    _alike(DeepseekV3Family, t, f"``{t}``: DeepSeek-V3's router (sigmoid, correction bias, groups, scaling).", key)
+    for t, key in (("exaone_moe", "num_experts"), ("solar_open", None), ("mimo_v2_flash", None), ("hy_v4", None),
+                   ("deepseek_v32", None), ("glm_moe_dsa", None), ("glm4_moe_lite", None), ("axk1", None),
+                   ("kimi_linear", "num_local_experts"), ("bailing_hybrid", "num_local_experts")))
+MellumFamily = _alike(OlmoeFamily, "mellum", "``mellum``: OLMoE's router.")
+Qwen3NextFamily = _alike(Qwen2MoeFamily, "qwen3_next",
+                         "``qwen3_next``: Qwen2-MoE's router and shared expert with its sigmoid gate.")
+
+#: the families lightprune registers itself (:mod:`lightprune.models` does it at import)
+BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3MoeFamily, OlmoeFamily, DeepseekV3Family,
+                                         Qwen3VLMoeFamily, InternVLFamily, Glm4MoeFamily, Dots1Family, MiniMaxFamily,
+                                         FlexOlmoFamily, *DEEPSEEK_ALIKE, MellumFamily, Qwen3NextFamily, GptOssFamily,
+                                         GraniteMoeFamily, JambaFamily, Cohere2MoeFamily, Qwen3_5MoeTextFamily)
+
+
+#: model types whose structure lightprune cannot prune exactly yet, and why (:func:`registry.refuse_family`)
+REFUSED_TYPES: dict[str, str] = {
+    "switch_transformers": "an encoder-decoder model whose experts are separate modules (no fused gate_up_proj / "
+                           "down_proj); lightprune prunes decoder-only models with fused expert tensors",
+    "nllb_moe": "an encoder-decoder model whose experts are separate modules (no fused gate_up_proj / down_proj); "
+                "lightprune prunes decoder-only models with fused expert tensors",
+    "jetmoe": "a mixture of attention heads besides its MLP experts, which are not stored as fused gate_up_proj / "
+              "down_proj tensors",
+    "dbrx": "its experts are not stored as per-expert gate_up_proj / down_proj tensors (a layout lightprune's "
+            "surgery does not slice yet)",
+}

@@ -65,6 +65,89 @@ def _deepseek_v3(**kw: Any):
                                "v_head_dim": 8, "tie_word_embeddings": False, **kw})
 
 
+def _glm4_moe(**kw: Any):
+    from transformers import Glm4MoeConfig
+
+    return Glm4MoeConfig(**{**_ATTN, "num_hidden_layers": 3, "intermediate_size": 24, "moe_intermediate_size": 16,
+                            "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 2,
+                            "topk_group": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
+                            "norm_topk_prob": True, "use_qk_norm": True, **kw})
+
+
+def _dots1(**kw: Any):
+    from transformers import Dots1Config
+
+    return Dots1Config(**{**_ATTN, "num_hidden_layers": 3, "intermediate_size": 24, "moe_intermediate_size": 16,
+                          "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 2,
+                          "topk_group": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 1.5,
+                          "norm_topk_prob": False, **kw})
+
+
+def _minimax(**kw: Any):
+    from transformers import MiniMaxConfig
+
+    # one lightning (linear) attention layer and one full one: the routing is the same in both
+    return MiniMaxConfig(**{**_ATTN, "num_hidden_layers": 2, "intermediate_size": 16, "num_local_experts": 8,
+                            "num_experts_per_tok": 2, "layer_types": ["linear_attention", "full_attention"],
+                            "block_size": 4, **kw})
+
+
+def _flex_olmo(**kw: Any):
+    from transformers import FlexOlmoConfig
+
+    return FlexOlmoConfig(**{**_ATTN, "num_hidden_layers": 2, "intermediate_size": 16, "num_experts": 8,
+                             "num_experts_per_tok": 2, "norm_topk_prob": True, "pad_token_id": 0, "bos_token_id": 2,
+                             "eos_token_id": 1, **kw})
+
+
+#: the tiny values of every config field a family may have (a family's builder keeps the ones its config takes)
+_GENERIC = {**_ATTN, "intermediate_size": 24, "moe_intermediate_size": 16, "num_hidden_layers": 3,
+            "n_routed_experts": 8, "num_experts": 8, "num_local_experts": 8, "num_experts_per_tok": 2, "n_group": 2,
+            "topk_group": 1, "first_k_dense_replace": 1, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
+            "norm_topk_prob": True, "q_lora_rank": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+            "v_head_dim": 8, "shared_expert_intermediate_size": 16, "pad_token_id": 0, "bos_token_id": 2,
+            "eos_token_id": 1, "decoder_sparse_step": 1, "mlp_only_layers": []}
+
+
+def _generic(model_type: str, **kw: Any):
+    """A tiny config of ``model_type`` from :data:`_GENERIC`: the fields its config class takes, then ``kw``."""
+    import inspect
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    fields = set(inspect.signature(cls.__init__).parameters) | set(getattr(cls, "__dataclass_fields__", {}))
+    return cls(**{k: v for k, v in {**_GENERIC, **kw}.items() if k in fields or k in kw})
+
+
+def _sparse_after_first(**kw: Any) -> dict[str, Any]:
+    return {"mlp_layer_types": ["dense", "sparse", "sparse"], **kw}
+
+
+#: families built by :func:`_generic`: model type -> family-specific fields
+_MLA = {"num_key_value_heads": 4}  # multi-head latent attention: as many kv heads as query heads
+_HYBRID = {"layer_types": ["linear_attention", "full_attention", "full_attention"]}
+_GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
+    "exaone_moe": {}, "solar_open": {}, "mimo_v2_flash": _sparse_after_first(), "hy_v4": _sparse_after_first(),
+    "deepseek_v32": _MLA, "glm_moe_dsa": _MLA, "glm4_moe_lite": _sparse_after_first(**_MLA),
+    "axk1": _sparse_after_first(**_MLA), "kimi_linear": _sparse_after_first(**_HYBRID, **_MLA),
+    "bailing_hybrid": _sparse_after_first(**_HYBRID, **_MLA),
+    "mellum": {},
+    # one gated-delta-net (linear attention) layer and two full ones, the middle layer dense
+    "qwen3_next": {"mlp_only_layers": [1], **_HYBRID},
+    "granitemoe": {"num_hidden_layers": 2}, "granitemoeshared": {"num_hidden_layers": 2, "shared_intermediate_size": 16},
+    "granitemoe_swa": {"num_hidden_layers": 2},
+    # mamba, attention+MoE, mamba, attention+MoE
+    "jamba": {"num_hidden_layers": 4, "expert_layer_period": 2, "expert_layer_offset": 1, "attn_layer_period": 2,
+              "attn_layer_offset": 1, "mamba_d_state": 4, "mamba_d_conv": 2, "mamba_expand": 2, "mamba_dt_rank": 4},
+    "cohere2_moe": {"num_hidden_layers": 2},
+    "qwen3_5_moe_text": {**_HYBRID, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+                         "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 2},
+    "gpt_oss": {"num_hidden_layers": 2, "intermediate_size": 16, "layer_types": ["sliding_attention", "full_attention"],
+                "sliding_window": 4},
+}
+
+
 def _qwen3_vl_moe(**kw: Any):
     from transformers import Qwen3VLMoeConfig
 
@@ -138,6 +221,12 @@ _BUILDERS = {
     "deepseek_v3": _deepseek_v3,
     "qwen3_vl_moe": _qwen3_vl_moe,
     "internvl": _internvl,
+    "glm4_moe": _glm4_moe,
+    "dots1": _dots1,
+    "minimax": _minimax,
+    "flex_olmo": _flex_olmo,
+    **{t: (lambda t, extra: lambda **kw: _generic(t, **{**extra, **kw}))(t, extra)
+       for t, extra in _GENERIC_FAMILIES.items()},
 }
 
 TINY_FAMILIES: tuple[str, ...] = tuple(_BUILDERS)
@@ -176,7 +265,8 @@ def tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
+            if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight",
+                              "block_sparse_moe.router.weight", "feed_forward.router.weight")):
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
             elif "experts" in name and param.dim() == 3:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.2)

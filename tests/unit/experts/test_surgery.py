@@ -12,7 +12,15 @@ import copy
 
 import pytest
 import torch
-from fixtures import family_count_key, logits_of, padded_batch, random_keep, scores_for_layers, text_config_of
+from fixtures import (
+    BLOCK_ATTR,
+    family_count_key,
+    logits_of,
+    padded_batch,
+    random_keep,
+    scores_for_layers,
+    text_config_of,
+)
 
 import lightprune as lp
 from lightprune.experts.mask import is_masked
@@ -92,6 +100,11 @@ def _check_pruned_structure(family, original, pruned, plan):
         if family == "deepseek_v3":
             assert torch.equal(layer.router.e_score_correction_bias, old.router.e_score_correction_bias[idx])
             assert "e_score_correction_bias" in dict(layer.router.named_buffers())
+        for module, names in ((layer.router, ("bias",)), (layer.experts, ("gate_up_proj_bias", "down_proj_bias"))):
+            for name in names:  # per-expert biases (gpt-oss) are the kept experts' rows
+                if getattr(module, name, None) is not None:
+                    assert torch.equal(getattr(module, name), getattr(old.router if module is layer.router
+                                                                      else old.experts, name)[idx])
         for module in (layer.router, layer.experts):
             assert module.num_experts == len(keep)
         assert layer.experts.gate_up_proj.requires_grad
@@ -99,9 +112,11 @@ def _check_pruned_structure(family, original, pruned, plan):
     old_state = original.state_dict()
     pruned_state = pruned.state_dict()
     assert set(old_state) == set(pruned_state)
-    per_expert = ("gate.weight", "gate.e_score_correction_bias", "experts.gate_up_proj", "experts.down_proj")
+    per_expert = ("gate.weight", "gate.e_score_correction_bias", "experts.gate_up_proj", "experts.down_proj",
+                  "router.weight", "router.bias", "experts.gate_up_proj_bias", "experts.down_proj_bias")
     for name, tensor in old_state.items():
-        if not (".mlp." in name and name.endswith(per_expert) and "shared" not in name):
+        block = f".{BLOCK_ATTR.get(family, 'mlp')}."
+        if not (block in name and name.endswith(per_expert) and "shared" not in name):
             assert torch.equal(pruned_state[name], tensor), name
 
     counts = plan.kept_counts()

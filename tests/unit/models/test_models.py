@@ -11,13 +11,24 @@ import math
 
 import pytest
 import torch
-from fixtures import family_count_key, text_config_of
+from fixtures import (
+    ALL_SPARSE,
+    ALWAYS_RENORMALISE,
+    BLOCK_ATTR,
+    DEEPSEEK_LIKE,
+    NEVER_RENORMALISE,
+    ROUTER_ATTR,
+    SHARED_EXPERTS,
+    TOPK_THEN_SOFTMAX,
+    family_count_key,
+    text_config_of,
+)
 
 import lightprune as lp
 from lightprune.models.tiny import TINY_FAMILIES
 
-SOFTMAX_FAMILIES = tuple(f for f in TINY_FAMILIES if f != "deepseek_v3")
-SHARED = {"qwen2_moe", "deepseek_v3"}
+SOFTMAX_FAMILIES = tuple(f for f in TINY_FAMILIES if f not in DEEPSEEK_LIKE | TOPK_THEN_SOFTMAX)
+SHARED = SHARED_EXPERTS
 MULTIMODAL = {"qwen3_vl_moe", "internvl"}
 
 
@@ -30,10 +41,14 @@ def expected_moe_indices(family: str, model) -> list[int]:
     """transformers' own rule for which decoder layers get a sparse MoE block, from the config."""
     cfg = text_config_of(model)
     n = cfg.num_hidden_layers
-    if family in ("mixtral", "olmoe"):
+    if family == "jamba":  # transformers' own per-layer expert counts
+        return [i for i, count in enumerate(cfg.layers_num_experts) if count > 1]
+    if getattr(cfg, "mlp_layer_types", None) is not None:  # recent families build their layers from this list
+        return [i for i in range(n) if cfg.mlp_layer_types[i] == "sparse"]
+    if family in ALL_SPARSE:
         return list(range(n))
-    if family == "deepseek_v3":
-        return [i for i in range(n) if i >= cfg.first_k_dense_replace]
+    if family in DEEPSEEK_LIKE:
+        return [i for i in range(n) if i >= getattr(cfg, "first_k_dense_replace", 0)]
     # qwen2_moe, qwen3_moe, qwen3_vl_moe, internvl (qwen3_moe language model)
     return [i for i in range(n)
             if i not in cfg.mlp_only_layers and cfg.num_experts > 0 and (i + 1) % cfg.decoder_sparse_step == 0]
@@ -41,8 +56,10 @@ def expected_moe_indices(family: str, model) -> list[int]:
 
 def renormalises(family: str, model) -> bool:
     """Whether the family's router renormalises the top-k probabilities (from transformers' routers)."""
-    if family in ("mixtral", "qwen3_vl_moe"):
+    if family in ALWAYS_RENORMALISE:
         return True
+    if family in NEVER_RENORMALISE:
+        return False
     return bool(text_config_of(model).norm_topk_prob)
 
 
@@ -72,16 +89,17 @@ def test_find_moe_layers_follows_the_family_rule(tiny, family, overrides):
     decoder = decoder_layers(model)
     for index, decoder_layer in enumerate(decoder):
         # the rule agrees with the modules transformers actually built
-        assert hasattr(decoder_layer.mlp, "experts") == (index in expected)
+        assert hasattr(getattr(decoder_layer, BLOCK_ATTR.get(family, "mlp")), "experts") == (index in expected)
     count = getattr(cfg, family_count_key(family))
     for layer in layers:
-        assert layer.block is decoder[layer.index].mlp
+        assert layer.block is getattr(decoder[layer.index], BLOCK_ATTR.get(family, "mlp"))
         assert model.get_submodule(layer.name) is layer.block
-        assert layer.router is layer.block.gate and layer.experts is layer.block.experts
+        assert layer.router is getattr(layer.block, ROUTER_ATTR.get(family, "gate"))
+        assert layer.experts is layer.block.experts
         assert layer.num_experts == count == layer.router.weight.shape[0] == layer.experts.gate_up_proj.shape[0]
         assert layer.top_k == cfg.num_experts_per_tok
         assert layer.has_shared_experts == (family in SHARED)
-        if family == "deepseek_v3":
+        if family in DEEPSEEK_LIKE:
             assert (layer.n_group, layer.topk_group) == (cfg.n_group, cfg.topk_group)
         else:
             assert (layer.n_group, layer.topk_group) == (1, 1)

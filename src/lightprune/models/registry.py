@@ -1,0 +1,100 @@
+"""The model-family registry: ``config.model_type`` -> the :class:`~lightprune.models.base.MoEFamily` that knows it.
+
+Built-in families register when :mod:`lightprune.models` is imported; a project adds its own with the same
+call (README, "Add a model family")::
+
+    @lp.register_family
+    class MyMoeFamily(MoEFamily):
+        model_types = ("my_moe",)
+        ...
+
+Registering a model type twice is an error unless it is the same class again (also after a module reload:
+same module and qualified name). Model types whose structure cannot be pruned exactly yet are listed in
+:data:`REFUSED` with the reason, and :func:`get_family` says it instead of "unsupported".
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from torch import nn
+
+from lightprune.models.base import MoEFamily
+
+__all__ = ["FAMILIES", "REFUSED", "register_family", "unregister_family", "refuse_family", "get_family",
+           "supported_model_types", "family_table", "ADD_A_FAMILY"]
+
+#: where a user reads how to add a family
+ADD_A_FAMILY = "see 'Add a model family' in lightprune's README (lp.register_family)"
+
+#: model type -> family class
+FAMILIES: dict[str, type[MoEFamily]] = {}
+#: model type -> why lightprune cannot prune it exactly yet
+REFUSED: dict[str, str] = {}
+
+F = TypeVar("F", bound=type)
+
+
+def _same_class(a: type, b: type) -> bool:
+    return a is b or (a.__module__ == b.__module__ and a.__qualname__ == b.__qualname__)
+
+
+def register_family(cls: F) -> F:
+    """Class decorator: make ``cls`` the family of every model type in ``cls.model_types``."""
+    if not (isinstance(cls, type) and issubclass(cls, MoEFamily)):
+        raise TypeError(f"register_family takes MoEFamily subclasses, got {cls!r}")
+    if not cls.model_types or not all(isinstance(t, str) and t for t in cls.model_types):
+        raise ValueError(f"{cls.__name__}.model_types must name at least one config.model_type, "
+                         f"got {cls.model_types!r}")
+    for model_type in cls.model_types:
+        existing = FAMILIES.get(model_type)
+        if existing is not None and not _same_class(existing, cls):
+            raise ValueError(f"model_type {model_type!r} is already registered to {existing.__module__}."
+                             f"{existing.__qualname__}; unregister_family({model_type!r}) first")
+    for model_type in cls.model_types:
+        FAMILIES[model_type] = cls
+        REFUSED.pop(model_type, None)
+    return cls
+
+
+def unregister_family(model_type: str) -> type[MoEFamily]:
+    """Remove ``model_type`` from the registry and return its class (for tests and notebooks)."""
+    try:
+        return FAMILIES.pop(model_type)
+    except KeyError:
+        raise KeyError(f"no family for model_type {model_type!r}; registered: {supported_model_types()}") from None
+
+
+def refuse_family(model_type: str, reason: str) -> None:
+    """Record that ``model_type`` cannot be pruned exactly yet, and why (the error says it)."""
+    REFUSED[model_type] = reason
+
+
+def supported_model_types() -> list[str]:
+    return sorted(FAMILIES)
+
+
+def get_family(model: nn.Module) -> MoEFamily:
+    """The family of ``model``; a refused or unknown ``model_type`` is an error that says why and what to do."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type in REFUSED:
+        raise ValueError(f"lightprune cannot prune model_type {model_type!r} exactly yet: {REFUSED[model_type]}")
+    if model_type not in FAMILIES:
+        raise ValueError(f"unsupported model_type {model_type!r}; lightprune supports: "
+                         f"{', '.join(supported_model_types())}; to add one, {ADD_A_FAMILY}")
+    return FAMILIES[model_type](model)
+
+
+def family_table() -> str:
+    """Markdown: every registered model type with its family class and routing, then the refused ones and why."""
+    rows = ["| model type | family | routing | shared experts | multimodal |", "|---|---|---|---|---|"]
+    for model_type in supported_model_types():
+        cls = FAMILIES[model_type]
+        routing = "sigmoid, groups" if cls.group_limited else cls.score_function
+        rows.append(f"| `{model_type}` | `{cls.__name__}` | {routing} | {'yes' if cls.shared_attrs else 'no'} | "
+                    f"{'yes' if cls.multimodal else 'no'} |")
+    if REFUSED:
+        rows += ["", "| refused model type | why |", "|---|---|"]
+        rows += [f"| `{t}` | {REFUSED[t]} |" for t in sorted(REFUSED)]
+    return "\n".join(rows) + "\n"

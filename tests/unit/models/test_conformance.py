@@ -1,0 +1,86 @@
+"""The conformance table's calibration and weight rows, for every family with a tiny model: frequency sums equal
+tokens x top-k, Delta-H with the promoted expert (``delta_h_promoted``: the block's output with the expert removed,
+the next-ranked expert promoted) equals a brute-force removal of each expert on one layer, AIMER equals its formula.
+
+(Routing == the family's own router in fp32 and bf16 is ``tests/unit/models/test_models.py``; masked == pruned is
+``tests/unit/experts/test_surgery.py``; pruned == reloaded with both loaders is ``tests/unit/export/test_export.py``:
+all three are parametrised over the same :data:`TINY_FAMILIES`.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from fixtures import padded_batch
+
+import lightprune as lp
+from lightprune.models.tiny import TINY_FAMILIES
+
+TEXT_FAMILIES = tuple(f for f in TINY_FAMILIES if f not in ("qwen3_vl_moe", "internvl"))  # the MLLMs: own tests
+
+
+def _batches() -> list[dict[str, torch.Tensor]]:
+    return [padded_batch(seed=5, batch=2, seq=8, pad=3), padded_batch(seed=6, batch=2, seq=8, pad=0)]
+
+
+@torch.no_grad()
+def _block_inputs(model, layer, batches) -> list[torch.Tensor]:
+    seen = []
+    handle = layer.block.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
+    try:
+        for batch in batches:
+            model(**batch)
+    finally:
+        handle.remove()
+    return seen
+
+
+@torch.no_grad()
+def _routed_output(layer, hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The routed experts' output [T, H] (float64) with the experts in ``mask`` removed from the selection, run by the
+    family's own experts module (shared experts are the same with and without the mask: they cancel)."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    _, weights, index = layer.route(flat, mask)
+    return layer.experts(flat, index, weights.to(flat.dtype)).double()
+
+
+@pytest.mark.parametrize("family", TEXT_FAMILIES)
+def test_calibration_and_weight_rows(tiny, family) -> None:
+    model = tiny(family, seed=7)
+    batches = _batches()
+    stats = lp.collect_expert_stats(model, batches, subsets=("all",), criteria=("frequency", "delta_h_promoted"),
+                                    progress=False)
+    layers = lp.find_moe_layers(model)
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+    for layer in layers:  # every valid token picks exactly top-k experts
+        assert float(stats.raw("frequency", "all")[layer.index].sum()) == tokens * layer.top_k
+
+    # Delta-H on the first MoE layer: remove each expert from the selection (the family's router then promotes the
+    # next-ranked one, exactly as if the expert were gone) and measure the routed output's change per token
+    first = layers[0]
+    inputs = _block_inputs(model, first, batches)
+    expected = []
+    for j in range(first.num_experts):
+        mask = torch.zeros(first.num_experts, dtype=torch.bool)
+        mask[j] = True
+        per_sample = []
+        for batch, h in zip(batches, inputs):
+            change = (_routed_output(first, h, None) - _routed_output(first, h, mask)).view(*h.shape[:2], -1)
+            valid = batch["attention_mask"].bool()
+            for row in range(valid.shape[0]):
+                if valid[row].any():
+                    per_sample.append(float((change[row] ** 2).sum(-1)[valid[row]].mean()))
+        expected.append(sum(per_sample) / len(per_sample))
+    got = stats.raw("delta_h_promoted", "all")[first.index].tolist()
+    assert got == pytest.approx(expected, rel=1e-4, abs=1e-9)
+
+    # AIMER = ||w||_1 / (sqrt(N) ||w||_2) over the expert's gate, up and down weights (paper 001, eq. 5)
+    aimer = lp.score_weights(model, "aimer").raw
+    for layer in layers:
+        for e in range(layer.num_experts):
+            w = torch.cat([layer.experts.gate_up_proj[e].detach().double().flatten(),
+                           layer.experts.down_proj[e].detach().double().flatten()])
+            want = float(w.abs().sum()) / (math.sqrt(w.numel()) * float(w.norm()))
+            assert float(aimer[layer.index][e]) == pytest.approx(want, rel=1e-6)

@@ -1,0 +1,101 @@
+"""The family registry: register / refuse / unknown, the conformance table over transformers' MoE model types,
+and the README's family table generated from the registry."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+from fixtures import REPO
+
+import lightprune as lp
+from lightprune.models import FAMILIES, REFUSED, MoEFamily, family_table, register_family, unregister_family
+from lightprune.models.families import DeepseekV3Family
+from lightprune.models.tiny import TINY_FAMILIES, tiny_model
+
+_EXPERTS = re.compile(r"^class \w+Experts\(nn\.Module\)", re.M)
+
+
+def transformers_moe_types() -> list[str]:
+    """Every model type of the installed transformers whose modeling file defines an experts module (read from its
+    config registry and its source files, not from a hand list: a new release adds rows by itself)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
+
+    found = []
+    for model_type in CONFIG_MAPPING_NAMES:
+        try:
+            spec = importlib.util.find_spec(f"transformers.models.{model_type_to_module_name(model_type)}")
+        except ModuleNotFoundError:
+            continue
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        if any(_EXPERTS.search(f.read_text(errors="replace")) for f in folder.glob("modeling_*.py")):
+            found.append(model_type)
+    return sorted(found)
+
+
+def test_conformance_table_covers_every_moe_type_of_transformers(capsys) -> None:
+    types = transformers_moe_types()
+    assert {"mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss", "llama4"} <= set(types)
+    exact = [t for t in types if t in FAMILIES]
+    refused = [t for t in types if t in REFUSED]
+    missing = [t for t in types if t not in FAMILIES and t not in REFUSED]
+    # an exact family is one the parametrised conformance tests run on: it has a tiny config
+    assert all(t in TINY_FAMILIES for t in exact), [t for t in exact if t not in TINY_FAMILIES]
+    assert not set(exact) & set(refused)
+    with capsys.disabled():
+        print(f"\nfamily conformance: {len(exact)} exact, {len(refused)} refused, {len(missing)} not covered "
+              f"of {len(types)} MoE model types in transformers")
+    for model_type in missing:  # neither registered nor refused: the error says so and points to the README
+        assert model_type not in FAMILIES
+
+
+def test_a_refused_type_says_why_and_an_unknown_one_points_to_the_readme() -> None:
+    from transformers import SwitchTransformersConfig, SwitchTransformersForConditionalGeneration
+
+    config = SwitchTransformersConfig(d_model=16, d_ff=16, num_layers=2, num_decoder_layers=2, num_heads=2,
+                                      d_kv=8, num_experts=4, vocab_size=32)
+    with pytest.raises(ValueError, match="cannot prune model_type 'switch_transformers' exactly yet: an "
+                                         "encoder-decoder model whose experts are separate modules"):
+        lp.find_moe_layers(SwitchTransformersForConditionalGeneration(config))
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, vocab_size=32))
+    with pytest.raises(ValueError, match="unsupported model_type 'llama'.*'Add a model family' in lightprune's "
+                                         "README"):
+        lp.find_moe_layers(llama)
+
+
+def test_register_a_family_by_subclassing_one_that_routes_alike() -> None:
+    model = tiny_model("glm4_moe")
+    model.config.model_type = "my_glm_moe"  # a new model type, the same architecture
+    with pytest.raises(ValueError, match="unsupported model_type 'my_glm_moe'"):
+        lp.find_moe_layers(model)
+
+    @register_family
+    class MyGlmLikeFamily(DeepseekV3Family):
+        model_types = ("my_glm_moe",)
+
+    try:
+        layers = lp.find_moe_layers(model)
+        assert [l.index for l in layers] == [1, 2] and isinstance(layers[0].family, MyGlmLikeFamily)
+        register_family(MyGlmLikeFamily)  # the same class again: fine
+        with pytest.raises(ValueError, match="'my_glm_moe' is already registered"):
+            register_family(type("Other", (DeepseekV3Family,), {"model_types": ("my_glm_moe",)}))
+    finally:
+        assert unregister_family("my_glm_moe") is MyGlmLikeFamily
+    with pytest.raises(TypeError, match="MoEFamily subclasses"):
+        register_family(object)
+    with pytest.raises(ValueError, match="must name at least one config.model_type"):
+        register_family(type("Empty", (MoEFamily,), {}))
+
+
+def test_the_readme_family_table_is_the_registry_s() -> None:
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("<!-- family table: generated by lightprune.models.family_table() -->\n")
+    end = readme.index("<!-- end of family table -->")
+    assert readme[start:end].split("\n", 1)[1] == family_table()
