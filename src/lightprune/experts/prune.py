@@ -77,6 +77,14 @@ def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
         index = torch.tensor(plan.keep[layer.index], dtype=torch.long)
         _index_rows(layer.router, ROUTER_TENSORS, index)
         _index_rows(layer.experts, EXPERT_TENSORS, index)
+        for sub, name, dim in layer.family.router_sub_tensors:  # per-expert tensors in router submodules
+            module = getattr(layer.router, sub)
+            tensor = getattr(module, name)
+            data = tensor.data.index_select(dim, index.to(tensor.device))
+            if isinstance(tensor, nn.Parameter):
+                setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
+            else:
+                module.register_buffer(name, data, persistent=name in _persistent_buffers(module))
         _set_counts(layer, len(index))
     layers = find_moe_layers(model)
     counts = {layer.index: int(layer.router.weight.shape[0]) for layer in layers}
@@ -118,5 +126,15 @@ def resize_experts(model: nn.Module, counts: dict[int, int]) -> nn.Module:
             continue
         _index_rows(layer.router, ROUTER_TENSORS, count)
         _index_rows(layer.experts, EXPERT_TENSORS, count)
+        for sub, name, dim in layer.family.router_sub_tensors:
+            module = getattr(layer.router, sub)
+            tensor = getattr(module, name)
+            shape = list(tensor.shape)
+            shape[dim] = count
+            data = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+            if isinstance(tensor, nn.Parameter):
+                setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
+            else:
+                module.register_buffer(name, data, persistent=name in _persistent_buffers(module))
         _set_counts(layer, count)
     return model

@@ -39,6 +39,7 @@ from {base_module} import {base} as _LightpruneBase  # noqa: E402
 MOE_BLOCK_PATTERN = {pattern!r}
 ROUTER_ATTR = {router_attr!r}
 EXPERTS_ATTR = {experts_attr!r}
+ROUTER_SUB = {router_sub!r}
 
 
 class {name}(_LightpruneBase):
@@ -56,7 +57,7 @@ class {name}(_LightpruneBase):
         super().__init__(config, *args, **kwargs)
         counts = experts_per_layer(config)
         if counts:
-            resize_model(self, MOE_BLOCK_PATTERN, counts, ROUTER_ATTR, EXPERTS_ATTR)
+            resize_model(self, MOE_BLOCK_PATTERN, counts, ROUTER_ATTR, EXPERTS_ATTR, ROUTER_SUB)
 '''
 
 
@@ -82,7 +83,8 @@ def modeling_source(model: nn.Module) -> str:
     body = inspect.getsource(remote_resize)
     return header + body + _TEMPLATE.format(
         version=__version__, base=base.__name__, base_module=_import_module(base), pattern=moe_block_pattern(model),
-        router_attr=family.router_attr, experts_attr=family.experts_attr, name=remote_class_name(model))
+        router_attr=family.router_attr, experts_attr=family.experts_attr, router_sub=tuple(family.router_sub_tensors),
+        name=remote_class_name(model))
 
 
 def auto_map_entry(model: nn.Module) -> dict[str, Any]:

@@ -20,8 +20,8 @@ empty rows, parameters stay parameters, buffers keep their persistence; every in
 import torch
 from torch import nn
 
-__all__ = ["PER_LAYER_KEY", "EXPERT_TENSORS", "ROUTER_TENSORS", "block_path", "experts_per_layer",
-           "resize_rows", "resize_block", "resize_model"]
+__all__ = ["PER_LAYER_KEY", "EXPERT_TENSORS", "ROUTER_TENSORS", "block_path", "experts_per_layer", "resize_rows",
+           "resize_block", "resize_model", "router_sub_tensors"]
 
 #: config key (on the top-level config) of the per-layer routed-expert counts
 PER_LAYER_KEY = "lightprune_experts_per_layer"
@@ -29,6 +29,25 @@ PER_LAYER_KEY = "lightprune_experts_per_layer"
 EXPERT_TENSORS = ("gate_up_proj", "down_proj", "up_proj", "gate_up_proj_bias", "down_proj_bias", "up_proj_bias")
 #: per-expert tensors of a router
 ROUTER_TENSORS = ("weight", "bias", "e_score_correction_bias")
+def router_sub_tensors(router, specs):
+    """``[(module, name, dim)]`` of the per-expert tensors in ``router``'s submodules that exist; ``specs`` are
+    the family's ``(submodule, name, experts' dimension)`` (ERNIE-4.5: its selection bias
+    ``moe_statics.e_score_correction_bias`` [1, E])."""
+    found = []
+    for sub, name, dim in specs:
+        module = getattr(router, sub, None)
+        if isinstance(module, nn.Module) and isinstance(getattr(module, name, None), torch.Tensor):
+            found.append((module, name, dim))
+    return found
+
+
+def _replace(module, name, data, like):
+    if isinstance(like, nn.Parameter):
+        setattr(module, name, nn.Parameter(data, requires_grad=like.requires_grad))
+    else:
+        persistent = _persistent(module, name)
+        delattr(module, name)
+        module.register_buffer(name, data, persistent=persistent)
 
 
 def block_path(pattern, index):
@@ -76,20 +95,26 @@ def resize_rows(module, names, count):
             module.register_buffer(name, data, persistent=persistent)
 
 
-def resize_block(block, router_attr, experts_attr, count):
-    """Give one MoE ``block`` ``count`` empty routed-expert slots (router rows and expert tensors)."""
+def resize_block(block, router_attr, experts_attr, count, router_sub=()):
+    """Give one MoE ``block`` ``count`` empty routed-expert slots (router rows, expert tensors and the per-expert
+    tensors ``router_sub`` names in the router's submodules)."""
     router = getattr(block, router_attr, None)
     experts = getattr(block, experts_attr, None)
     if router is None or experts is None:
         raise ValueError(f"{type(block).__name__} has no {router_attr!r} router or no {experts_attr!r} experts")
     resize_rows(router, ROUTER_TENSORS, count)
     resize_rows(experts, EXPERT_TENSORS, count)
+    for module, name, dim in router_sub_tensors(router, router_sub):
+        tensor = getattr(module, name)
+        shape = list(tensor.shape)
+        shape[dim] = count
+        _replace(module, name, torch.empty(shape, dtype=tensor.dtype, device=tensor.device), tensor)
     for module in (router, experts, block):
         if isinstance(getattr(module, "num_experts", None), int):
             module.num_experts = int(count)
 
 
-def resize_model(model, pattern, counts, router_attr, experts_attr):
+def resize_model(model, pattern, counts, router_attr, experts_attr, router_sub=()):
     """Resize every MoE block named by ``pattern`` and ``counts`` (``{layer index: count}``); returns ``model``."""
     for index, count in sorted(counts.items()):
         path = block_path(pattern, index)
@@ -98,5 +123,5 @@ def resize_model(model, pattern, counts, router_attr, experts_attr):
         except AttributeError:
             raise ValueError(f"{type(model).__name__} has no MoE block {path!r} for layer {index} "
                              f"(config.{PER_LAYER_KEY} names it)") from None
-        resize_block(block, router_attr, experts_attr, int(count))
+        resize_block(block, router_attr, experts_attr, int(count), router_sub)
     return model

@@ -135,6 +135,10 @@ class MoEFamily:
     multimodal: ClassVar[bool] = False
     #: True for group-limited routers (top-2 group scores need two experts in every group)
     group_limited: ClassVar[bool] = False
+    #: the routing rule in a few words (the README's family table)
+    routing: ClassVar[str] = "softmax over the experts, top-k"
+    #: per-expert tensors in submodules of the router: (submodule, name, the experts' dimension)
+    router_sub_tensors: ClassVar[tuple[tuple[str, str, int], ...]] = ()
 
     #: lightprune's config key for per-layer expert counts of a non-uniform prune
     PER_LAYER_KEY: ClassVar[str] = "lightprune_experts_per_layer"

@@ -22,6 +22,8 @@
 | granitemoe, granitemoeshared, granitemoe_swa | fp32 logits, top-k, softmax over the k | none | (granitemoeshared: a shared MLP beside the block) |
 | jamba | softmax, top-k, not renormalised | expert_layer_period / offset | none |
 | cohere2_moe | top-k of the logits, softmax or sigmoid over the k | none | none |
+| deepseek_v2 | softmax, greedy or group-limited greedy (best expert per group), scaled, not renormalised | first_k_dense_replace | shared_experts |
+| ernie4_5_moe | softmax + selection bias (moe_statics), renormalised | moe_layer_interval / start / end | shared_experts |
 | qwen3_5_moe_text | as qwen2_moe, always renormalised | mlp_only_layers, decoder_sparse_step | shared_expert (+ sigmoid gate) |
 
 A family that reuses another's rule says so by subclassing it: the transformers router of each was
@@ -41,11 +43,13 @@ from lightprune.models.softmax_routing import softmax_logits, softmax_topk_selec
 __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "DeepseekV3Family",
            "Qwen3VLMoeFamily", "InternVLFamily", "Glm4MoeFamily", "Dots1Family", "MiniMaxFamily", "FlexOlmoFamily",
            "DEEPSEEK_ALIKE", "MellumFamily", "Qwen3NextFamily", "GptOssFamily", "GraniteMoeFamily",
-           "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "BUILT_IN", "REFUSED_TYPES"]
+           "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily", "BUILT_IN",
+           "REFUSED_TYPES"]
 
 
 class _SoftmaxFamily(MoEFamily):
     cast_back: ClassVar[bool] = True
+    routing = "softmax, top-k, renormalised when norm_topk_prob"
 
     def renormalize(self) -> bool:
         return bool(getattr(self.text_config, "norm_topk_prob", True))
@@ -59,6 +63,7 @@ class _SoftmaxFamily(MoEFamily):
 
 
 class MixtralFamily(_SoftmaxFamily):
+    routing = "softmax of fp32 logits, top-k, renormalised"
     model_types = ("mixtral",)
     num_experts_key = "num_local_experts"
     cast_back = False
@@ -87,6 +92,7 @@ class OlmoeFamily(_SoftmaxFamily):
 
 
 class Qwen3VLMoeFamily(_SoftmaxFamily):
+    routing = "softmax, top-k, renormalised"
     model_types = ("qwen3_vl_moe",)
     multimodal = True
 
@@ -132,6 +138,7 @@ class DeepseekV3Family(MoEFamily):
     group scores or selection: exactly the model with that expert removed.
     """
 
+    routing = "sigmoid + correction bias, group-limited top-k, scaled"
     model_types = ("deepseek_v3",)
     num_experts_key = "n_routed_experts"
     shared_attrs = ("shared_experts",)
@@ -210,6 +217,7 @@ class GptOssFamily(MoEFamily):
     experts with biases and a clamped SwiGLU (pruned like every other per-expert tensor). Masking sets a pruned
     expert's logit to -inf before the top-k: it is never selected and the softmax over the k is unchanged."""
 
+    routing = "biased logits, top-k, softmax over the k"
     model_types = ("gpt_oss",)
     num_experts_key = "num_local_experts"
     router_attr = "router"
@@ -234,6 +242,7 @@ class GraniteMoeFamily(MoEFamily):
     softmax over the k in the hidden states' dtype (GraniteMoeTopKRouter); every layer sparse. A pruned expert's
     logit is -inf before the top-k."""
 
+    routing = "top-k of fp32 logits, softmax over the k"
     model_types = ("granitemoe", "granitemoeshared", "granitemoe_swa")
     num_experts_key = "num_local_experts"
     mlp_attr = "block_sparse_moe"
@@ -257,6 +266,7 @@ class JambaFamily(MoEFamily):
     """Jamba: softmax of fp32 logits, top-k, no renormalisation, cast to the hidden states' dtype; an MoE block in
     layer i when ``i % expert_layer_period == expert_layer_offset`` (``config.layers_num_experts``)."""
 
+    routing = "softmax, top-k, not renormalised"
     model_types = ("jamba",)
     mlp_attr = "feed_forward"
     router_attr = "router"
@@ -281,6 +291,7 @@ class Cohere2MoeFamily(MoEFamily):
     """Cohere2 MoE: top-k of the logits, then softmax over the k (fp32) or sigmoid (renormalised with
     ``norm_topk_prob``), as ``expert_selection_fn`` says; cast to the hidden states' dtype."""
 
+    routing = "top-k of the logits, softmax or sigmoid over the k"
     model_types = ("cohere2_moe",)
 
     def is_sparse_layer(self, index: int) -> bool:
@@ -309,10 +320,102 @@ class Cohere2MoeFamily(MoEFamily):
 class Qwen3_5MoeTextFamily(Qwen2MoeFamily):
     """Qwen3.5-MoE's language model (``qwen3_5_moe_text``): Qwen2-MoE's block, its router always renormalised."""
 
+    routing = "softmax, top-k, renormalised"
     model_types = ("qwen3_5_moe_text",)
 
     def renormalize(self) -> bool:
         return True
+
+
+class DeepseekV2Family(MoEFamily):
+    """DeepSeek-V2: softmax of fp32 logits over all experts, then ``greedy`` top-k or ``group_limited_greedy``
+    (groups scored by their best expert, ``topk_group`` groups kept, the rest zeroed), not renormalised, times
+    ``routed_scaling_factor`` (DeepseekV2TopkRouter). Masking sets a pruned expert's logit to -inf (probability 0,
+    the softmax's denominator as without it) and its selection score to -inf, so it is never chosen."""
+
+    routing = "softmax, greedy or group-limited top-k, scaled"
+    model_types = ("deepseek_v2",)
+    num_experts_key = "n_routed_experts"
+    shared_attrs = ("shared_experts",)
+
+    @property
+    def group_limited(self) -> bool:  # type: ignore[override]
+        return self.text_config.topk_method == "group_limited_greedy"
+
+    def is_sparse_layer(self, index: int) -> bool:
+        listed = mlp_layer_type(self.text_config, index)
+        if listed is not None:
+            return listed
+        return index >= int(getattr(self.text_config, "first_k_dense_replace", 0) or 0)
+
+    def group_limits(self) -> tuple[int, int]:
+        cfg = self.text_config
+        return (int(cfg.n_group or 1), int(cfg.topk_group or 1)) if self.group_limited else (1, 1)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        return F.linear(hidden_states.view(-1, router.weight.shape[1]).type(torch.float32),
+                        router.weight.type(torch.float32))
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router = layer.router
+        if expert_mask is not None:
+            expert_mask = expert_mask.to(router_logits.device)
+            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
+        scores = router_logits.softmax(dim=-1, dtype=torch.float32)
+        if router.topk_method == "group_limited_greedy":
+            num_experts, num_group = scores.shape[-1], router.num_group
+            group_scores = scores.view(-1, num_group, num_experts // num_group).max(dim=-1).values
+            group_idx = torch.topk(group_scores, k=router.topk_group, dim=-1, sorted=False)[1]
+            group_mask = torch.zeros_like(group_scores)
+            group_mask.scatter_(1, group_idx, 1)
+            score_mask = group_mask.unsqueeze(-1).expand(-1, num_group, num_experts // num_group).reshape(-1, num_experts)
+            scores = scores.masked_fill(~score_mask.bool(), 0.0)
+        elif router.topk_method != "greedy":
+            raise ValueError(f"deepseek_v2 topk_method {router.topk_method!r}: lightprune knows 'greedy' and "
+                             "'group_limited_greedy'")
+        choice = scores if expert_mask is None else scores.masked_fill(expert_mask, float("-inf"))
+        top_index = torch.topk(choice, k=router.top_k, dim=-1, sorted=False)[1]
+        top_weights = scores.gather(1, top_index) if expert_mask is not None else \
+            torch.topk(scores, k=router.top_k, dim=-1, sorted=False)[0]
+        return router_logits, top_weights * router.routed_scaling_factor, top_index
+
+
+class Ernie4_5MoeFamily(MoEFamily):
+    """ERNIE-4.5-MoE: softmax of fp32 logits, top-k of the probabilities plus a selection bias
+    (``gate.moe_statics.e_score_correction_bias`` [1, E], pruned with the experts), the k probabilities renormalised
+    (clamped at ``moe_norm_min``), cast to the hidden states' dtype. Masking: logit -inf (probability 0, the softmax
+    as without the expert) and selection score -inf."""
+
+    routing = "softmax + selection bias, top-k, renormalised"
+    model_types = ("ernie4_5_moe",)
+    num_experts_key = "moe_num_experts"
+    shared_attrs = ("shared_experts",)
+    router_sub_tensors = (("moe_statics", "e_score_correction_bias", -1),)
+
+    def is_sparse_layer(self, index: int) -> bool:
+        cfg = self.text_config
+        return ((index + 1) % cfg.moe_layer_interval == 0 and cfg.moe_layer_start_index <= index
+                and index <= cfg.moe_layer_end_index)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]).float(), layer.router.weight.float())
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router = layer.router
+        if expert_mask is not None:
+            expert_mask = expert_mask.to(router_logits.device)
+            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
+        weights = torch.softmax(router_logits, dim=1, dtype=torch.float)
+        choice = router.moe_statics(weights)
+        if expert_mask is not None:
+            choice = choice.masked_fill(expert_mask, float("-inf"))
+        top_index = torch.topk(choice, router.top_k, dim=-1)[1]
+        top = torch.gather(weights, dim=-1, index=top_index)
+        top = top / torch.clamp(top.sum(dim=-1, keepdim=True), min=router.norm_min)
+        return router_logits, top.to(layer.experts.down_proj.dtype), top_index
 
 
 def _alike(base: type[MoEFamily], model_type: str, doc: str, count_key: str | None = None) -> type[MoEFamily]:
@@ -340,7 +443,8 @@ Qwen3NextFamily = _alike(Qwen2MoeFamily, "qwen3_next",
 BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3MoeFamily, OlmoeFamily, DeepseekV3Family,
                                          Qwen3VLMoeFamily, InternVLFamily, Glm4MoeFamily, Dots1Family, MiniMaxFamily,
                                          FlexOlmoFamily, *DEEPSEEK_ALIKE, MellumFamily, Qwen3NextFamily, GptOssFamily,
-                                         GraniteMoeFamily, JambaFamily, Cohere2MoeFamily, Qwen3_5MoeTextFamily)
+                                         GraniteMoeFamily, JambaFamily, Cohere2MoeFamily, Qwen3_5MoeTextFamily,
+                                         DeepseekV2Family, Ernie4_5MoeFamily)
 
 
 #: model types whose structure lightprune cannot prune exactly yet, and why (:func:`registry.refuse_family`)

@@ -88,11 +88,12 @@ def get_family(model: nn.Module) -> MoEFamily:
 
 def family_table() -> str:
     """Markdown: every registered model type with its family class and routing, then the refused ones and why."""
-    rows = ["| model type | family | routing | shared experts | multimodal |", "|---|---|---|---|---|"]
+    rows = ["| model type | family | routing | shared experts (when present) | multimodal |", "|---|---|---|---|---|"]
     for model_type in supported_model_types():
         cls = FAMILIES[model_type]
-        routing = "sigmoid, groups" if cls.group_limited else cls.score_function
-        rows.append(f"| `{model_type}` | `{cls.__name__}` | {routing} | {'yes' if cls.shared_attrs else 'no'} | "
+        routing = cls.routing
+        shared = ", ".join(f"`{a}`" for a in cls.shared_attrs) or "-"
+        rows.append(f"| `{model_type}` | `{cls.__name__}` | {routing} | {shared} | "
                     f"{'yes' if cls.multimodal else 'no'} |")
     if REFUSED:
         rows += ["", "| refused model type | why |", "|---|---|"]

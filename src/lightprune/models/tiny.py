@@ -135,6 +135,9 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     "mellum": {},
     # one gated-delta-net (linear attention) layer and two full ones, the middle layer dense
     "qwen3_next": {"mlp_only_layers": [1], **_HYBRID},
+    "deepseek_v2": {**_MLA, "topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1},
+    "ernie4_5_moe": {"moe_num_experts": 8, "moe_k": 2, "moe_layer_start_index": 1, "moe_layer_interval": 1,
+                     "moe_num_shared_experts": 1},
     "granitemoe": {"num_hidden_layers": 2}, "granitemoeshared": {"num_hidden_layers": 2, "shared_intermediate_size": 16},
     "granitemoe_swa": {"num_hidden_layers": 2},
     # mamba, attention+MoE, mamba, attention+MoE
@@ -270,7 +273,7 @@ def tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
             elif "experts" in name and param.dim() == 3:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
-        for name, buf in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
+        for name, buf in [*model.named_buffers(), *model.named_parameters()]:
+            if name.endswith("e_score_correction_bias"):  # a buffer (DeepSeek-V3) or a parameter (ERNIE-4.5)
                 buf.copy_(torch.randn(buf.shape, generator=gen) * 0.1)
     return model.eval()

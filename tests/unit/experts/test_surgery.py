@@ -100,6 +100,9 @@ def _check_pruned_structure(family, original, pruned, plan):
         if family == "deepseek_v3":
             assert torch.equal(layer.router.e_score_correction_bias, old.router.e_score_correction_bias[idx])
             assert "e_score_correction_bias" in dict(layer.router.named_buffers())
+        statics = getattr(layer.router, "moe_statics", None)
+        if statics is not None:  # ERNIE-4.5's selection bias [1, E]: the kept experts' columns
+            assert torch.equal(statics.e_score_correction_bias, old.router.moe_statics.e_score_correction_bias[:, idx])
         for module, names in ((layer.router, ("bias",)), (layer.experts, ("gate_up_proj_bias", "down_proj_bias"))):
             for name in names:  # per-expert biases (gpt-oss) are the kept experts' rows
                 if getattr(module, name, None) is not None:
@@ -113,7 +116,8 @@ def _check_pruned_structure(family, original, pruned, plan):
     pruned_state = pruned.state_dict()
     assert set(old_state) == set(pruned_state)
     per_expert = ("gate.weight", "gate.e_score_correction_bias", "experts.gate_up_proj", "experts.down_proj",
-                  "router.weight", "router.bias", "experts.gate_up_proj_bias", "experts.down_proj_bias")
+                  "router.weight", "router.bias", "experts.gate_up_proj_bias", "experts.down_proj_bias",
+                  "gate.moe_statics.e_score_correction_bias")
     for name, tensor in old_state.items():
         block = f".{BLOCK_ATTR.get(family, 'mlp')}."
         if not (block in name and name.endswith(per_expert) and "shared" not in name):

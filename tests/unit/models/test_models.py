@@ -14,6 +14,7 @@ import torch
 from fixtures import (
     ALL_SPARSE,
     ALWAYS_RENORMALISE,
+    BIASED_SELECTION,
     BLOCK_ATTR,
     DEEPSEEK_LIKE,
     NEVER_RENORMALISE,
@@ -27,7 +28,7 @@ from fixtures import (
 import lightprune as lp
 from lightprune.models.tiny import TINY_FAMILIES
 
-SOFTMAX_FAMILIES = tuple(f for f in TINY_FAMILIES if f not in DEEPSEEK_LIKE | TOPK_THEN_SOFTMAX)
+SOFTMAX_FAMILIES = tuple(f for f in TINY_FAMILIES if f not in DEEPSEEK_LIKE | TOPK_THEN_SOFTMAX | BIASED_SELECTION)
 SHARED = SHARED_EXPERTS
 MULTIMODAL = {"qwen3_vl_moe", "internvl"}
 
@@ -41,6 +42,9 @@ def expected_moe_indices(family: str, model) -> list[int]:
     """transformers' own rule for which decoder layers get a sparse MoE block, from the config."""
     cfg = text_config_of(model)
     n = cfg.num_hidden_layers
+    if family == "ernie4_5_moe":  # every moe_layer_interval-th layer from moe_layer_start_index to moe_layer_end_index
+        return [i for i in range(n) if (i + 1) % cfg.moe_layer_interval == 0
+                and cfg.moe_layer_start_index <= i <= cfg.moe_layer_end_index]
     if family == "jamba":  # transformers' own per-layer expert counts
         return [i for i, count in enumerate(cfg.layers_num_experts) if count > 1]
     if getattr(cfg, "mlp_layer_types", None) is not None:  # recent families build their layers from this list
