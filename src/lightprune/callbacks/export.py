@@ -3,9 +3,10 @@
 At the end of the job (phase ``export``: after ExpertPruning, wherever either is listed) it takes the
 plan from the run state (made by :class:`ExpertPruning`) or from ``plan_path``, computes the masked
 model's logits on a probe batch, prunes in place, writes the checkpoint (temporary directory renamed
-into place) and verifies the reloaded checkpoint against the masked logits. The checkpoint holds the source's tokenizer files (or the run's
-tokenizer / processor when the source has none) and a README.md model card. A model fitted on 4-bit base
-weights (QLoRA) is exported from its full-precision original, rebuilt by the LightningModule. It writes ``report.json`` (parameter counts and checkpoint
+into place) and verifies the reloaded checkpoint against the masked logits. The checkpoint holds the
+source's tokenizer files (or the run's tokenizer / processor when the source has none) and a README.md
+model card. A model fitted on 4-bit base weights (QLoRA) is exported from its full-precision original,
+rebuilt by the LightningModule. It writes ``report.json`` (parameter counts and checkpoint
 bytes before and after, per-layer kept counts, timings) and ``kept_experts.png``, and prints a
 summary table.
 
@@ -166,13 +167,13 @@ def _full_precision(pl_module: pl.LightningModule):
     return pl_module.model
 
 
-#: ``--trainer.precision`` values that fix the weights' dtype (the "-mixed" ones keep the weights as they are)
-_TRUE_PRECISION = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "32-true": torch.float32,
-                   "64-true": torch.float64}
+#: ``--trainer.precision`` values that convert the weights' dtype (Lightning's default "32-true" and the "-mixed"
+#: ones keep the weights as they are: a bf16 checkpoint stays bf16)
+_TRUE_PRECISION = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64}
 
 
 def _to_trainer_precision(model, trainer: pl.Trainer) -> None:
-    """Honour ``--trainer.precision bf16-true`` (and 16-/32-/64-true): the checkpoint is written in that dtype.
+    """Honour ``--trainer.precision bf16-true`` (and 16-true, 64-true): the checkpoint is written in that dtype.
 
     ``lightprune fit`` has already converted the module; ``lightprune export`` runs no loop, so the precision
     plugin never did: cast the floating weights here, before the reference logits are taken."""

@@ -35,14 +35,23 @@ def _index_rows(module: nn.Module, names: tuple[str, ...], index: torch.Tensor |
         tensor = getattr(module, name, None)
         if not isinstance(tensor, torch.Tensor):
             continue
-        if isinstance(index, torch.Tensor):
-            data = tensor.data.index_select(0, index.to(tensor.device))
-        else:
-            data = torch.empty((index, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-        if isinstance(tensor, nn.Parameter):
-            setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
-        else:
-            module.register_buffer(name, data, persistent=name in _persistent_buffers(module))
+        _index_along(module, name, 0, index)
+
+
+def _index_along(module: nn.Module, name: str, dim: int, index: torch.Tensor | int) -> None:
+    """Replace tensor ``name`` of ``module`` with its entries ``index`` along ``dim`` (a tensor), or an empty tensor
+    of ``index`` entries there; parameters stay parameters, buffers keep their persistence."""
+    tensor = getattr(module, name)
+    if isinstance(index, torch.Tensor):
+        data = tensor.data.index_select(dim, index.to(tensor.device))
+    else:
+        shape = list(tensor.shape)
+        shape[dim] = index
+        data = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+    if isinstance(tensor, nn.Parameter):
+        setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
+    else:
+        module.register_buffer(name, data, persistent=name in _persistent_buffers(module))
 
 
 def _check_not_partitioned(model: nn.Module) -> None:
@@ -78,13 +87,7 @@ def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
         _index_rows(layer.router, ROUTER_TENSORS, index)
         _index_rows(layer.experts, EXPERT_TENSORS, index)
         for sub, name, dim in layer.family.router_sub_tensors:  # per-expert tensors in router submodules
-            module = getattr(layer.router, sub)
-            tensor = getattr(module, name)
-            data = tensor.data.index_select(dim, index.to(tensor.device))
-            if isinstance(tensor, nn.Parameter):
-                setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
-            else:
-                module.register_buffer(name, data, persistent=name in _persistent_buffers(module))
+            _index_along(getattr(layer.router, sub), name, dim, index)
         _set_counts(layer, len(index))
     layers = find_moe_layers(model)
     counts = {layer.index: int(layer.router.weight.shape[0]) for layer in layers}
@@ -127,14 +130,6 @@ def resize_experts(model: nn.Module, counts: dict[int, int]) -> nn.Module:
         _index_rows(layer.router, ROUTER_TENSORS, count)
         _index_rows(layer.experts, EXPERT_TENSORS, count)
         for sub, name, dim in layer.family.router_sub_tensors:
-            module = getattr(layer.router, sub)
-            tensor = getattr(module, name)
-            shape = list(tensor.shape)
-            shape[dim] = count
-            data = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
-            if isinstance(tensor, nn.Parameter):
-                setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
-            else:
-                module.register_buffer(name, data, persistent=name in _persistent_buffers(module))
+            _index_along(getattr(layer.router, sub), name, dim, count)
         _set_counts(layer, count)
     return model

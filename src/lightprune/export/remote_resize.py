@@ -86,13 +86,8 @@ def resize_rows(module, names, count):
         tensor = getattr(module, name, None)
         if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
             continue
-        data = torch.empty((count, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-        if isinstance(tensor, nn.Parameter):
-            setattr(module, name, nn.Parameter(data, requires_grad=tensor.requires_grad))
-        else:
-            persistent = _persistent(module, name)
-            delattr(module, name)
-            module.register_buffer(name, data, persistent=persistent)
+        _replace(module, name, torch.empty((count, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device),
+                 tensor)
 
 
 def resize_block(block, router_attr, experts_attr, count, router_sub=()):

@@ -212,6 +212,13 @@ class FlexOlmoFamily(OlmoeFamily):
     model_types = ("flex_olmo",)
 
 
+def _mask_logits(router_logits: torch.Tensor, expert_mask: torch.Tensor | None) -> torch.Tensor:
+    """Router logits with the masked experts at -inf: never selected, and out of every softmax."""
+    if expert_mask is None:
+        return router_logits
+    return router_logits.masked_fill(expert_mask.to(router_logits.device), float("-inf"))
+
+
 class GptOssFamily(MoEFamily):
     """gpt-oss: router logits with a bias, top-k of the logits, softmax over the k selected (GptOssTopKRouter);
     experts with biases and a clamped SwiGLU (pruned like every other per-expert tensor). Masking sets a pruned
@@ -231,8 +238,7 @@ class GptOssFamily(MoEFamily):
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        if expert_mask is not None:
-            router_logits = router_logits.masked_fill(expert_mask.to(router_logits.device), float("-inf"))
+        router_logits = _mask_logits(router_logits, expert_mask)
         top_value, top_index = torch.topk(router_logits, layer.top_k, dim=-1)
         return router_logits, torch.softmax(top_value, dim=1, dtype=top_value.dtype), top_index
 
@@ -256,8 +262,7 @@ class GraniteMoeFamily(MoEFamily):
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        if expert_mask is not None:
-            router_logits = router_logits.masked_fill(expert_mask.to(router_logits.device), float("-inf"))
+        router_logits = _mask_logits(router_logits, expert_mask)
         top_logits, top_index = router_logits.topk(layer.top_k, dim=-1)
         return router_logits, torch.softmax(top_logits, dim=-1).type(layer.router.weight.dtype), top_index
 
@@ -280,8 +285,7 @@ class JambaFamily(MoEFamily):
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        if expert_mask is not None:
-            router_logits = router_logits.masked_fill(expert_mask.to(router_logits.device), float("-inf"))
+        router_logits = _mask_logits(router_logits, expert_mask)
         weights = torch.softmax(router_logits, dim=-1, dtype=torch.float)
         top_weights, top_index = torch.topk(weights, layer.top_k, dim=-1)
         return router_logits, top_weights.to(router_logits.dtype), top_index
@@ -302,8 +306,7 @@ class Cohere2MoeFamily(MoEFamily):
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        if expert_mask is not None:
-            router_logits = router_logits.masked_fill(expert_mask.to(router_logits.device), float("-inf"))
+        router_logits = _mask_logits(router_logits, expert_mask)
         scores, top_index = torch.topk(router_logits, layer.top_k, dim=-1)
         how = self.text_config.expert_selection_fn
         if how == "softmax":

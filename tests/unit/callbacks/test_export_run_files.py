@@ -96,3 +96,18 @@ def test_a_calibrate_export_carries_the_run_s_tokenizer(tmp_path: Path) -> None:
     plan = lp.ExpertPlan.load(run / "plan.json")
     for layer, ids in plan.keep.items():
         assert ", ".join(str(i) for i in ids) in card  # the original ids of the kept experts, per layer
+
+
+def test_the_default_precision_keeps_a_bf16_model_bf16(tmp_path: Path) -> None:
+    run = tmp_path / "run"  # Lightning's default precision is "32-true": it does not convert the weights
+    PruneTrainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                 default_root_dir=str(run), callbacks=[Export(summary=False, atol=0.1), ExpertPruning("aimer", ratio=0.5)]
+                 ).export(_module_bf16())
+    with safe_open(str(run / "model" / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(name).get_dtype() for name in f.keys()} == {"BF16"}
+
+
+def _module_bf16():
+    from lightprune.finetune import MoECausalLM
+
+    return MoECausalLM(tiny="qwen3_moe", tiny_overrides={"num_hidden_layers": 2}, dtype="bfloat16")
