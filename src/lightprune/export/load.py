@@ -56,7 +56,7 @@ from lightprune.export.remote_resize import experts_per_layer
 from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels, read_width_manifest
 from lightprune.width.plan import WidthPlan
 
-__all__ = ["load_pruned", "check_checkpoint", "check_safetensors", "weight_files"]
+__all__ = ["load_pruned", "check_checkpoint", "check_safetensors", "weight_files", "header_bytes"]
 
 _HEADER_LIMIT = 100 * 1024 * 1024
 SAFE_INDEX = "model.safetensors.index.json"
@@ -70,18 +70,34 @@ _EXPERT_KEY = re.compile(r"^(?P<prefix>(?:.+\.)?experts)\.(?P<index>\d+)\.(?P<re
 _STRICT_KWARGS = ("output_loading_info", "ignore_mismatched_sizes")
 
 
+def _raw_header(file: Path, size: int) -> bytes:
+    """The first 8 + header-length bytes of a safetensors file (a bare ``ValueError`` when they cannot be)."""
+    with open(file, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{size} bytes, shorter than a safetensors header")
+        length = int.from_bytes(head, "little")
+        if length > min(size - 8, _HEADER_LIMIT):
+            raise ValueError(f"header length {length} does not fit in the file of {size} bytes")
+        return head + handle.read(length)
+
+
+def header_bytes(file: str | os.PathLike) -> bytes:
+    """The raw header (length prefix included) of a safetensors file; ``ValueError`` naming it when truncated."""
+    file = Path(file)
+    try:
+        return _raw_header(file, file.stat().st_size)
+    except ValueError as err:
+        raise ValueError(f"safetensors file {str(file)!r} is corrupt or truncated: {err}") from None
+
+
 def _read_header(file: Path) -> dict[str, Any]:
     """The header of a safetensors file, validated against the file's size (``ValueError`` naming it)."""
     size = file.stat().st_size
     try:
-        with open(file, "rb") as handle:
-            head = handle.read(8)
-            if len(head) < 8:
-                raise ValueError(f"{size} bytes, shorter than a safetensors header")
-            length = int.from_bytes(head, "little")
-            if length > min(size - 8, _HEADER_LIMIT):
-                raise ValueError(f"header length {length} does not fit in the file of {size} bytes")
-            header = json.loads(handle.read(length))
+        raw = _raw_header(file, size)
+        length = len(raw) - 8
+        header = json.loads(raw[8:])
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
         end = 0

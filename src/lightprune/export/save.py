@@ -48,7 +48,7 @@ from lightprune.checks import check_atol
 from lightprune.experts.mask import is_masked
 from lightprune.experts.plan import ExpertPlan
 from lightprune.export.classes import auto_class_name, base_class
-from lightprune.export.load import load_pruned, weight_files
+from lightprune.export.load import header_bytes, load_pruned, weight_files
 from lightprune.export.model_card import CARD_FILE, model_card
 from lightprune.export.remote_code import MODELING_FILE, auto_map_entry, modeling_source
 from lightprune.export.staging import TMP_TAG, staging_dir
@@ -70,7 +70,6 @@ _CHAT_TEMPLATES_DIR = "additional_chat_templates"  # transformers' extra named t
 _GENERATION_FILE = "generation_config.json"
 #: the keys ``save_pruned(card=...)`` accepts
 CARD_KEYS = ("plan", "source", "command", "evaluation", "parameters_before", "parameter_bytes_before")
-_HEADER_LIMIT = 100 * 1024 * 1024
 
 
 def parameter_count(model: nn.Module) -> int:
@@ -143,17 +142,7 @@ def check_not_source(out_dir: str | os.PathLike, source: Path | None) -> None:
 
 
 def _header_fingerprint(file: Path, name: str) -> dict[str, Any]:
-    size = file.stat().st_size
-    with open(file, "rb") as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            raise ValueError(f"source safetensors file {str(file)!r} has {size} bytes, shorter than a header")
-        length = int.from_bytes(head, "little")
-        if length > min(size - 8, _HEADER_LIMIT):
-            raise ValueError(f"source safetensors file {str(file)!r}: header length {length} does not fit "
-                             f"in the file of {size} bytes")
-        header = head + handle.read(length)
-    return {"name": name, "size": size, "header_sha256": hashlib.sha256(header).hexdigest()}
+    return {"name": name, "size": file.stat().st_size, "header_sha256": hashlib.sha256(header_bytes(file)).hexdigest()}
 
 
 def source_fingerprint(source: Path | None) -> list[dict[str, Any]] | None:

@@ -345,11 +345,7 @@ class DeepseekV2Family(MoEFamily):
     def group_limited(self) -> bool:  # type: ignore[override]
         return self.text_config.topk_method == "group_limited_greedy"
 
-    def is_sparse_layer(self, index: int) -> bool:
-        listed = mlp_layer_type(self.text_config, index)
-        if listed is not None:
-            return listed
-        return index >= int(getattr(self.text_config, "first_k_dense_replace", 0) or 0)
+    is_sparse_layer = DeepseekV3Family.is_sparse_layer  # the same dense-layer rule
 
     def group_limits(self) -> tuple[int, int]:
         cfg = self.text_config

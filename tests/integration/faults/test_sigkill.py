@@ -50,11 +50,6 @@ def _listing(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def _kept(out: Path) -> list[int]:
-    return sorted(len(v) for v in lp.load_pruned(out).config.to_dict().get("lightprune_experts_per_layer", {}).values()) \
-        or [lp.find_moe_layers(lp.load_pruned(out))[0].num_experts]
-
-
 def test_a_killed_export_leaves_the_target_and_the_next_export_cleans_up(tmp_path: Path) -> None:
     out = tmp_path / "model"
     assert _export(out, "none", 0.5).returncode == 0
@@ -120,7 +115,6 @@ def test_a_killed_calibration_resumes_to_the_uninterrupted_statistics(tmp_path: 
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming calibration" in resumed.stderr + resumed.stdout
     assert not (run / "calibration_state.rank0.pt").exists()
-    saved = lp.CalibrationStats  # noqa: F841 - the class the file came from
     import json
 
     got = json.loads((run / "calibration.json").read_text())["criteria"]
