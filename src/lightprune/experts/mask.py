@@ -41,7 +41,7 @@ def mask_experts(model: nn.Module, plan: ExpertPlan) -> Iterator[nn.Module]:
             router = layer.router
             if hasattr(router, _MASK_ATTR):
                 raise RuntimeError(f"layer {layer.index} is already masked: nested mask_experts is not supported")
-            mask = torch.ones(layer.num_experts, dtype=torch.bool, device=router.weight.device)
+            mask = torch.ones(layer.num_experts, dtype=torch.bool, device=layer.router_linear.weight.device)
             mask[plan.keep[layer.index]] = False
             previous = router.__dict__.get("forward")
             router.forward = partial(layer.route, expert_mask=mask)

@@ -67,8 +67,15 @@ def _persistent_buffers(module: nn.Module) -> set[str]:
     return {n for n in module._buffers if n not in module._non_persistent_buffers_set}
 
 
+def _router_sub_tensors(layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
+    """(module, tensor name, experts' dimension) of the family's per-expert router tensors outside ``weight``
+    (:attr:`MoEFamily.router_sub_tensors`; submodule "" is the router itself)."""
+    return [(getattr(layer.router, sub) if sub else layer.router, name, dim)
+            for sub, name, dim in layer.family.router_sub_tensors]
+
+
 def _set_counts(layer: MoELayer, count: int) -> None:
-    for module in (layer.router, layer.experts, layer.block):
+    for module in (layer.router, layer.router_linear, layer.experts, layer.block):
         if hasattr(module, "num_experts") and isinstance(module.num_experts, int):
             module.num_experts = count
 
@@ -84,13 +91,13 @@ def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
         if layer.index not in plan.keep or len(plan.keep[layer.index]) == layer.num_experts:
             continue
         index = torch.tensor(plan.keep[layer.index], dtype=torch.long)
-        _index_rows(layer.router, ROUTER_TENSORS, index)
+        _index_rows(layer.router_linear, ROUTER_TENSORS, index)
         _index_rows(layer.experts, EXPERT_TENSORS, index)
-        for sub, name, dim in layer.family.router_sub_tensors:  # per-expert tensors in router submodules
-            _index_along(getattr(layer.router, sub), name, dim, index)
+        for module, name, dim in _router_sub_tensors(layer):  # per-expert tensors elsewhere in the router
+            _index_along(module, name, dim, index)
         _set_counts(layer, len(index))
     layers = find_moe_layers(model)
-    counts = {layer.index: int(layer.router.weight.shape[0]) for layer in layers}
+    counts = {layer.index: layer.num_experts for layer in layers}
     family.set_expert_counts(counts)
     _set_model_counts(model, layers, old_count, getattr(family.text_config, family.num_experts_key))
     return model
@@ -127,9 +134,9 @@ def resize_experts(model: nn.Module, counts: dict[int, int]) -> nn.Module:
         layer = by_index[index]
         if count == layer.num_experts:
             continue
-        _index_rows(layer.router, ROUTER_TENSORS, count)
+        _index_rows(layer.router_linear, ROUTER_TENSORS, count)
         _index_rows(layer.experts, EXPERT_TENSORS, count)
-        for sub, name, dim in layer.family.router_sub_tensors:
-            _index_along(getattr(layer.router, sub), name, dim, count)
+        for module, name, dim in _router_sub_tensors(layer):
+            _index_along(module, name, dim, count)
         _set_counts(layer, count)
     return model

@@ -107,7 +107,7 @@ def router_row_norms(model: nn.Module) -> dict[int, torch.Tensor]:
     """
     norms = {}
     for layer in _layers(model):
-        router = innermost_router(layer.router)
+        router = innermost_router(layer.router_linear)
         with gathered(router.parameters()):  # ZeRO-3: this router only
             norms[layer.index] = _row_norms(_checked_weight(layer, _own_weight(router)))
     return norms
@@ -125,7 +125,7 @@ def effective_router_weights(model: nn.Module) -> dict[int, torch.Tensor]:
     """
     found: dict[int, torch.Tensor] = {}
     for layer in _layers(model):
-        inner = innermost_router(layer.router)
+        inner = innermost_router(layer.router_linear)
         seen: list[torch.Tensor] = []
 
         def grab(module: nn.Module, args: Any, output: Any, seen=seen) -> None:

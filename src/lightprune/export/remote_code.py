@@ -40,6 +40,7 @@ MOE_BLOCK_PATTERN = {pattern!r}
 ROUTER_ATTR = {router_attr!r}
 EXPERTS_ATTR = {experts_attr!r}
 ROUTER_SUB = {router_sub!r}
+ROUTER_WEIGHT = {router_weight!r}
 
 
 class {name}(_LightpruneBase):
@@ -57,7 +58,7 @@ class {name}(_LightpruneBase):
         super().__init__(config, *args, **kwargs)
         counts = experts_per_layer(config)
         if counts:
-            resize_model(self, MOE_BLOCK_PATTERN, counts, ROUTER_ATTR, EXPERTS_ATTR, ROUTER_SUB)
+            resize_model(self, MOE_BLOCK_PATTERN, counts, ROUTER_ATTR, EXPERTS_ATTR, ROUTER_SUB, ROUTER_WEIGHT)
 '''
 
 
@@ -84,6 +85,7 @@ def modeling_source(model: nn.Module) -> str:
     return header + body + _TEMPLATE.format(
         version=__version__, base=base.__name__, base_module=_import_module(base), pattern=moe_block_pattern(model),
         router_attr=family.router_attr, experts_attr=family.experts_attr, router_sub=tuple(family.router_sub_tensors),
+        router_weight=family.router_weight_attr,
         name=remote_class_name(model))
 
 

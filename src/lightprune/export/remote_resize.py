@@ -31,11 +31,12 @@ EXPERT_TENSORS = ("gate_up_proj", "down_proj", "up_proj", "gate_up_proj_bias", "
 ROUTER_TENSORS = ("weight", "bias", "e_score_correction_bias")
 def router_sub_tensors(router, specs):
     """``[(module, name, dim)]`` of the per-expert tensors in ``router``'s submodules that exist; ``specs`` are
-    the family's ``(submodule, name, experts' dimension)`` (ERNIE-4.5: its selection bias
-    ``moe_statics.e_score_correction_bias`` [1, E])."""
+    the family's ``(submodule, name, experts' dimension)``, submodule "" the router itself (ERNIE-4.5: its
+    selection bias ``moe_statics.e_score_correction_bias`` [1, E]; Gemma 4: ``proj.weight`` [E, H] and
+    ``per_expert_scale`` [E])."""
     found = []
     for sub, name, dim in specs:
-        module = getattr(router, sub, None)
+        module = getattr(router, sub, None) if sub else router
         if isinstance(module, nn.Module) and isinstance(getattr(module, name, None), torch.Tensor):
             found.append((module, name, dim))
     return found
@@ -90,26 +91,28 @@ def resize_rows(module, names, count):
                  tensor)
 
 
-def resize_block(block, router_attr, experts_attr, count, router_sub=()):
+def resize_block(block, router_attr, experts_attr, count, router_sub=(), router_weight=""):
     """Give one MoE ``block`` ``count`` empty routed-expert slots (router rows, expert tensors and the per-expert
-    tensors ``router_sub`` names in the router's submodules)."""
+    tensors ``router_sub`` names in the router's submodules); ``router_weight`` names the router's submodule that
+    holds ``weight [E, H]`` ("": the router itself; Gemma 4: "proj")."""
     router = getattr(block, router_attr, None)
     experts = getattr(block, experts_attr, None)
     if router is None or experts is None:
         raise ValueError(f"{type(block).__name__} has no {router_attr!r} router or no {experts_attr!r} experts")
-    resize_rows(router, ROUTER_TENSORS, count)
+    linear = getattr(router, router_weight) if router_weight else router
+    resize_rows(linear, ROUTER_TENSORS, count)
     resize_rows(experts, EXPERT_TENSORS, count)
     for module, name, dim in router_sub_tensors(router, router_sub):
         tensor = getattr(module, name)
         shape = list(tensor.shape)
         shape[dim] = count
         _replace(module, name, torch.empty(shape, dtype=tensor.dtype, device=tensor.device), tensor)
-    for module in (router, experts, block):
+    for module in (router, linear, experts, block):
         if isinstance(getattr(module, "num_experts", None), int):
             module.num_experts = int(count)
 
 
-def resize_model(model, pattern, counts, router_attr, experts_attr, router_sub=()):
+def resize_model(model, pattern, counts, router_attr, experts_attr, router_sub=(), router_weight=""):
     """Resize every MoE block named by ``pattern`` and ``counts`` (``{layer index: count}``); returns ``model``."""
     for index, count in sorted(counts.items()):
         path = block_path(pattern, index)
@@ -118,5 +121,5 @@ def resize_model(model, pattern, counts, router_attr, experts_attr, router_sub=(
         except AttributeError:
             raise ValueError(f"{type(model).__name__} has no MoE block {path!r} for layer {index} "
                              f"(config.{PER_LAYER_KEY} names it)") from None
-        resize_block(block, router_attr, experts_attr, int(count), router_sub)
+        resize_block(block, router_attr, experts_attr, int(count), router_sub, router_weight)
     return model

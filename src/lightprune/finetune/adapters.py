@@ -99,7 +99,7 @@ def _names(model: nn.Module) -> dict[int, str]:
 
 def _router_param_names(model: nn.Module) -> list[str]:
     names = _names(model)
-    return [f"{names[id(layer.router)]}.weight" for layer in find_moe_layers(model)]
+    return [f"{names[id(layer.router_linear)]}.weight" for layer in find_moe_layers(model)]
 
 
 def _expert_param_names(model: nn.Module) -> list[str]:
@@ -156,7 +156,7 @@ def _all_linear_names(model: nn.Module) -> list[str]:
 
 
 def _router_modules(model: nn.Module) -> list[nn.Module]:
-    return [layer.router for layer in find_moe_layers(model)]
+    return [layer.router_linear for layer in find_moe_layers(model)]
 
 
 # ---------------------------------------------------------------------------------------------- apply
@@ -274,7 +274,7 @@ def _apply_ia3(model: nn.Module) -> nn.Module:
     peft_model = get_peft_model(model, IA3Config(target_modules=attention, feedforward_modules=[]))
     base = peft_model.get_base_model()
     for layer in find_moe_layers(base):
-        scale_parameter_input(layer.router, "weight").requires_grad_(True)
+        scale_parameter_input(layer.router_linear, "weight").requires_grad_(True)
         scale_parameter_input(layer.experts, "down_proj", per_expert=True).requires_grad_(True)
     return peft_model
 
@@ -347,7 +347,7 @@ def merged_router_weights(model: nn.Module) -> dict[int, torch.Tensor]:
     """
     out: dict[int, torch.Tensor] = {}
     for layer in find_moe_layers(base_model_of(model)):
-        wrappers, router = _lora_chain(layer.router)
+        wrappers, router = _lora_chain(layer.router_linear)
         weight = _base_weight(router).detach().clone()
         for wrapper in wrappers:
             for name in _live_adapters(wrapper):
@@ -363,7 +363,7 @@ def router_is_trainable(model: nn.Module) -> bool:
     sensitivity must be read from router logits.
     """
     for layer in find_moe_layers(base_model_of(model)):
-        wrappers, router = _lora_chain(layer.router)
+        wrappers, router = _lora_chain(layer.router_linear)
         if any(_live_adapters(w) for w in wrappers) or _base_weight(router).requires_grad:
             return True
     return False

@@ -85,6 +85,13 @@ class MoELayer:
     def min_experts(self) -> int:
         return self.limits.min_experts
 
+    @property
+    def router_linear(self) -> nn.Module:
+        """The module holding the router's ``weight [E, H]``: the router itself, or its submodule
+        :attr:`MoEFamily.router_weight_attr` (Gemma 4: ``router.proj``)."""
+        attr = self.family.router_weight_attr if self.family is not None else ""
+        return getattr(self.router, attr) if attr else self.router
+
     def route(self, hidden_states: torch.Tensor, expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         """The family's routing of ``hidden_states`` [T, H]; ``expert_mask`` [E] bool, True = masked out."""
         assert self.family is not None
@@ -125,9 +132,12 @@ class MoEFamily:
     model_types: ClassVar[tuple[str, ...]] = ()
     #: config attribute holding the routed-expert count (on the text config for MLLMs)
     num_experts_key: ClassVar[str] = "num_experts"
-    #: module attribute names inside a decoder layer / MoE block
+    #: module attribute names inside a decoder layer / MoE block; ``mlp_attr = ""``: the decoder layer itself holds
+    #: the router and the experts (Gemma 4, beside its dense MLP)
     mlp_attr: ClassVar[str] = "mlp"
     router_attr: ClassVar[str] = "gate"
+    #: submodule of the router holding ``weight [E, H]`` ("": the router itself)
+    router_weight_attr: ClassVar[str] = ""
     experts_attr: ClassVar[str] = "experts"
     #: MoE block attributes holding always-on experts
     shared_attrs: ClassVar[tuple[str, ...]] = ()
@@ -137,7 +147,8 @@ class MoEFamily:
     group_limited: ClassVar[bool] = False
     #: the routing rule in a few words (the README's family table)
     routing: ClassVar[str] = "softmax over the experts, top-k"
-    #: per-expert tensors in submodules of the router: (submodule, name, the experts' dimension)
+    #: per-expert tensors in submodules of the router: (submodule, name, the experts' dimension); submodule ""
+    #: is the router itself
     router_sub_tensors: ClassVar[tuple[tuple[str, str, int], ...]] = ()
 
     #: lightprune's config key for per-layer expert counts of a non-uniform prune
@@ -196,7 +207,7 @@ class MoEFamily:
         prefix, decoder = self.decoder_layers()
         found: list[MoELayer] = []
         for index, layer in enumerate(decoder):
-            block = getattr(layer, self.mlp_attr)
+            block = getattr(layer, self.mlp_attr) if self.mlp_attr else layer
             router = getattr(block, self.router_attr, None)
             experts = getattr(block, self.experts_attr, None)
             sparse = self.is_sparse_layer(index)
@@ -208,9 +219,10 @@ class MoEFamily:
             if not sparse:
                 continue
             n_group, topk_group = self.group_limits()
+            linear = getattr(router, self.router_weight_attr) if self.router_weight_attr else router
             found.append(MoELayer(
-                index=index, name=f"{prefix}.{index}.{self.mlp_attr}", block=block, router=router,
-                experts=experts, num_experts=int(_stored_shape(router)[0]), top_k=self.top_k(),
+                index=index, name=f"{prefix}.{index}" + (f".{self.mlp_attr}" if self.mlp_attr else ""), block=block,
+                router=router, experts=experts, num_experts=int(_stored_shape(linear)[0]), top_k=self.top_k(),
                 has_shared_experts=any(getattr(block, a, None) is not None for a in self.shared_attrs),
                 n_group=n_group, topk_group=topk_group, family=self, grouped=self.group_limited))
         return found

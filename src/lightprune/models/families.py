@@ -25,6 +25,7 @@
 | deepseek_v2 | softmax, greedy or group-limited greedy (best expert per group), scaled, not renormalised | first_k_dense_replace | shared_experts |
 | ernie4_5_moe | softmax + selection bias (moe_statics), renormalised | moe_layer_interval / start / end | shared_experts |
 | qwen3_5_moe_text | as qwen2_moe, always renormalised | mlp_only_layers, decoder_sparse_step | shared_expert (+ sigmoid gate) |
+| gemma4_text, gemma4 | normed input, softmax, top-k, renormalised, per_expert_scale | enable_moe_block (all or none) | a dense MLP beside the experts in every layer |
 
 A family that reuses another's rule says so by subclassing it: the transformers router of each was
 compared line by line, and the conformance tests check route == the family's own router bitwise.
@@ -43,7 +44,8 @@ from lightprune.models.softmax_routing import softmax_logits, softmax_topk_selec
 __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "DeepseekV3Family",
            "Qwen3VLMoeFamily", "InternVLFamily", "Glm4MoeFamily", "Dots1Family", "MiniMaxFamily", "FlexOlmoFamily",
            "DEEPSEEK_ALIKE", "MellumFamily", "Qwen3NextFamily", "GptOssFamily", "GraniteMoeFamily",
-           "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily", "BUILT_IN",
+           "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily", "Gemma4TextFamily",
+           "Gemma4Family", "BUILT_IN",
            "REFUSED_TYPES"]
 
 
@@ -417,6 +419,51 @@ class Ernie4_5MoeFamily(MoEFamily):
         return router_logits, top.to(layer.experts.down_proj.dtype), top_index
 
 
+class Gemma4TextFamily(MoEFamily):
+    """Gemma 4 (``gemma4_text``): every decoder layer with ``enable_moe_block`` holds a router and experts of its
+    own beside its dense MLP (the MoE block is the decoder layer). The router (Gemma4TextRouter) sees the layer's
+    residual stream, RMS-normed without scale, times ``scale`` and ``hidden_size ** -0.5``; ``proj`` gives the
+    logits, softmax in fp32, top-k, renormalised over the k, times ``per_expert_scale`` of the chosen experts
+    (pruned with the experts). The experts get a separately normed copy of the same tokens. Masking: logit -inf
+    (probability 0, the softmax as without the expert); the route returns the probabilities, as the router does."""
+
+    routing = "RMS-normed input, softmax, top-k, renormalised, times per_expert_scale"
+    model_types = ("gemma4_text",)
+    mlp_attr = ""
+    router_attr = "router"
+    router_weight_attr = "proj"
+    router_sub_tensors = (("", "per_expert_scale", 0),)
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return bool(self.text_config.enable_moe_block)
+
+    def top_k(self) -> int:
+        return int(self.text_config.top_k_experts)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        hidden_states = router.norm(hidden_states.reshape(-1, router.hidden_size))
+        return router.proj(hidden_states * router.scale * router.scalar_root_size)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        probabilities = torch.softmax(_mask_logits(router_logits, expert_mask), dim=-1, dtype=torch.float32)
+        top_weights, top_index = torch.topk(probabilities, k=layer.top_k, dim=-1)
+        top_weights /= top_weights.sum(dim=-1, keepdim=True)
+        return probabilities, top_weights * layer.router.per_expert_scale[top_index], top_index
+
+
+class Gemma4Family(Gemma4TextFamily):
+    """Gemma 4 MLLM (``gemma4``): its Gemma 4 language model, with image and video placeholders."""
+
+    model_types = ("gemma4",)
+    multimodal = True
+
+    def vision_token_ids(self) -> tuple[int, ...]:
+        """``image_token_id`` and ``video_token_id`` of the top-level config (audio placeholders are not vision)."""
+        return _config_ids(self.config, ("image_token_id", "video_token_id"))
+
+
 def _alike(base: type[MoEFamily], model_type: str, doc: str, count_key: str | None = None) -> type[MoEFamily]:
     """A family of ``model_type`` that routes exactly as ``base`` (its transformers router's forward is ``base``'s);
     ``count_key``: the config field counting routed experts, when it is not ``base``'s."""
@@ -443,7 +490,7 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          Qwen3VLMoeFamily, InternVLFamily, Glm4MoeFamily, Dots1Family, MiniMaxFamily,
                                          FlexOlmoFamily, *DEEPSEEK_ALIKE, MellumFamily, Qwen3NextFamily, GptOssFamily,
                                          GraniteMoeFamily, JambaFamily, Cohere2MoeFamily, Qwen3_5MoeTextFamily,
-                                         DeepseekV2Family, Ernie4_5MoeFamily)
+                                         DeepseekV2Family, Ernie4_5MoeFamily, Gemma4TextFamily, Gemma4Family)
 
 
 #: model types whose structure lightprune cannot prune exactly yet, and why (:func:`registry.refuse_family`)

@@ -124,6 +124,12 @@ def _sparse_after_first(**kw: Any) -> dict[str, Any]:
     return {"mlp_layer_types": ["dense", "sparse", "sparse"], **kw}
 
 
+#: Gemma 4's language model: a sliding and a full attention layer (global head_dim as the local one), no per-layer
+#: input embeddings, a router and experts beside the dense MLP in every layer
+_GEMMA4_TEXT = {"num_hidden_layers": 2, "num_experts": 8, "top_k_experts": 2, "enable_moe_block": True,
+                "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 128, "sliding_window": 4,
+                "layer_types": ["sliding_attention", "full_attention"], "global_head_dim": 8}
+
 #: families built by :func:`_generic`: model type -> family-specific fields
 _MLA = {"num_key_value_heads": 4}  # multi-head latent attention: as many kv heads as query heads
 _HYBRID = {"layer_types": ["linear_attention", "full_attention", "full_attention"]}
@@ -148,6 +154,7 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
                          "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 2},
     "gpt_oss": {"num_hidden_layers": 2, "intermediate_size": 16, "layer_types": ["sliding_attention", "full_attention"],
                 "sliding_window": 4},
+    "gemma4_text": _GEMMA4_TEXT,
 }
 
 
@@ -179,6 +186,21 @@ def _internvl(**kw: Any):
     vision.update(kw.pop("vision_config", {}))
     return InternVLConfig(text_config=text, vision_config=vision, image_token_id=120, downsample_ratio=0.5,
                           tie_word_embeddings=False, **kw)
+
+
+def _gemma4(**kw: Any):
+    from transformers import Gemma4Config
+
+    text = {**_ATTN, "intermediate_size": 24, "moe_intermediate_size": 16, **_GEMMA4_TEXT}
+    text.update(kw.pop("text_config", {}))
+    # 4x4-pixel patches pooled 2x2: an image of (2..3)*2 x (2..3)*2 patches gives 4 to 9 placeholders
+    vision = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 2, "head_dim": 16, "patch_size": 4, "pooling_kernel_size": 2,
+              "position_embedding_size": 64}
+    vision.update(kw.pop("vision_config", {}))
+    return Gemma4Config(text_config=text, vision_config=vision, audio_config=None, image_token_id=120,
+                        video_token_id=121, boi_token_id=122, eoi_token_id=123, boa_token_id=124, eoa_token_index=125,
+                        audio_token_id=126, tie_word_embeddings=False, **kw)
 
 
 def _llava_onevision(**kw: Any):
@@ -228,6 +250,7 @@ _BUILDERS = {
     "dots1": _dots1,
     "minimax": _minimax,
     "flex_olmo": _flex_olmo,
+    "gemma4": _gemma4,
     **{t: (lambda t, extra: lambda **kw: _generic(t, **{**extra, **kw}))(t, extra)
        for t, extra in _GENERIC_FAMILIES.items()},
 }
@@ -238,7 +261,7 @@ _DENSE_BUILDERS = {"llava_onevision": _llava_onevision, "qwen2_5_vl": _qwen2_5_v
 
 TINY_DENSE_MLLMS: tuple[str, ...] = tuple(_DENSE_BUILDERS)
 
-_MLLMS = ("qwen3_vl_moe", "internvl", *TINY_DENSE_MLLMS)
+_MLLMS = ("qwen3_vl_moe", "internvl", "gemma4", *TINY_DENSE_MLLMS)
 
 
 def tiny_config(family: str, **overrides: Any):
@@ -269,8 +292,10 @@ def tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight",
-                              "block_sparse_moe.router.weight", "feed_forward.router.weight")):
+                              "block_sparse_moe.router.weight", "feed_forward.router.weight", "router.proj.weight")):
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
+            elif name.endswith("router.per_expert_scale"):  # Gemma 4: distinct per expert, so pruning must slice it
+                param.copy_(0.5 + torch.rand(param.shape, generator=gen))
             elif "experts" in name and param.dim() == 3:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
         for name, buf in [*model.named_buffers(), *model.named_parameters()]:

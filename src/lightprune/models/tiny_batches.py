@@ -12,6 +12,9 @@
   image; ``pixel_values [num_images, C, H, W]`` at the vision config's ``image_size``. The count comes
   from the vision geometry, which is what the model produces (``config.image_seq_length`` is only read
   by the processor).
+- Gemma 4: ``text, <boi>, <image> x (valid patches / pooling^2), <eoi>, text``; ``pixel_values [num_images, P,
+  3 * patch^2]`` patches padded to one length P, ``image_position_ids [num_images, P, 2]`` their (x, y) grid
+  positions, (-1, -1) for padding; ``mm_token_type_ids`` marks the placeholders (image 1).
 - LLaVA-OneVision: ``text, <image> x n, text`` with ``n`` from :func:`llava_onevision_image_tokens`: an
   image alone in its sample is tiled "anyres" (a base tile plus the best-fitting pinpoint grid, the grid's
   features unpadded back to the image's aspect ratio, one ``image_newline`` per feature row); an image
@@ -35,7 +38,8 @@ from torch import nn
 __all__ = ["llava_onevision_image_tokens", "special_token_ids", "tiny_multimodal_batch", "tiny_text_batch"]
 
 _SPECIAL_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
-                 "audio_token_id", "pad_token_id", "bos_token_id", "eos_token_id")
+                 "audio_token_id", "pad_token_id", "bos_token_id", "eos_token_id", "boi_token_id", "eoi_token_id",
+                 "boa_token_id", "eoa_token_index")
 
 
 def special_token_ids(config) -> set[int]:
@@ -182,14 +186,35 @@ def _llava_images(config, count: int, first: int, gen: torch.Generator):
     return counts, pixels, torch.tensor(sizes, dtype=torch.long).reshape(count, 2)
 
 
-_FAMILIES = ("qwen3_vl_moe", "qwen2_5_vl", "internvl", "llava_onevision")
+def _gemma4_images(config, count: int, first: int, gen: torch.Generator):
+    """(per-image counts, pixel patches [count, P, C * patch^2], positions [count, P, 2]) of ``count`` Gemma 4
+    images: image j of sample b is (2 + j % 2) x (2 + b % 2) pooled cells of k x k patches, padded to the largest
+    grid's P = 9 k^2 patches with position (-1, -1), as the processor pads them."""
+    vc = config.vision_config
+    k = int(vc.pooling_kernel_size)
+    most = 9 * k * k
+    patch_dim = 3 * int(vc.patch_size) ** 2
+    pixels = torch.zeros(count, most, patch_dim)
+    positions = torch.full((count, most, 2), -1, dtype=torch.long)
+    counts = []
+    for j in range(count):
+        width, height = (2 + j % 2) * k, (2 + first % 2) * k
+        n = width * height
+        pixels[j, :n] = torch.rand(n, patch_dim, generator=gen)
+        grid = torch.stack(torch.meshgrid(torch.arange(width), torch.arange(height), indexing="xy"), dim=-1)
+        positions[j, :n] = grid.reshape(-1, 2)
+        counts.append(n // (k * k))
+    return counts, pixels, positions
+
+
+_FAMILIES = ("qwen3_vl_moe", "qwen2_5_vl", "internvl", "llava_onevision", "gemma4")
 _QWEN = ("qwen3_vl_moe", "qwen2_5_vl")
 
 
 def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tuple[int, int] = (4, 6),
                           images_per_sample: int = 1, seed: int = 0, pad_last: int = 2,
                           padding_side: str = "left") -> dict[str, torch.Tensor]:
-    """A valid ``model(**batch)`` input for a Qwen3-VL-MoE, Qwen2.5-VL, InternVL or LLaVA-OneVision model.
+    """A valid ``model(**batch)`` input for a Qwen3-VL-MoE, Qwen2.5-VL, InternVL, LLaVA-OneVision or Gemma 4 model.
 
     Each sample is ``text_tokens[0]`` text ids, then ``images_per_sample`` images (one text id between
     two images), then ``text_tokens[1]`` text ids, so the closing text attends to every image. The last
@@ -214,6 +239,8 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
             counts, pix, extra = _qwen_images(config, images_per_sample, b, gen)
         elif model_type == "internvl":
             (counts, pix), extra = _internvl_images(config, images_per_sample, gen), None
+        elif model_type == "gemma4":
+            counts, pix, extra = _gemma4_images(config, images_per_sample, b, gen)
         else:
             counts, pix, extra = _llava_images(config, images_per_sample, b, gen)
         pixels.append(pix)
@@ -227,6 +254,8 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
             if qwen:
                 image = torch.cat([torch.tensor([config.vision_start_token_id]), image,
                                    torch.tensor([config.vision_end_token_id])])
+            elif model_type == "gemma4":
+                image = torch.cat([torch.tensor([config.boi_token_id]), image, torch.tensor([config.eoi_token_id])])
             parts.append(image)
         parts.append(_text_ids(config, n_after, gen))
         seq = torch.cat(parts)
@@ -244,6 +273,8 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
         batch["pixel_values"] = torch.cat(pixels)
         if qwen:
             batch["image_grid_thw"] = torch.cat(extras)
-    if qwen:
+        elif model_type == "gemma4":
+            batch["image_position_ids"] = torch.cat(extras)
+    if qwen or model_type == "gemma4":
         batch["mm_token_type_ids"] = mm
     return batch

@@ -5,8 +5,10 @@ transformers 5 dispatches a fused experts module's forward through ``ExpertsInte
 ``config._experts_implementation``. :func:`observing_experts` registers ``"lightprune_observe"``
 there once and, for the duration of a ``with`` block, points the MoE layers' configs at it; the
 previous implementation names are restored on exit (also on error). The observer receives
-``(layer, hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k], outputs [T, k, H])``
-where ``outputs[t, s]`` is expert ``top_k_index[t, s]``'s unweighted output f(h_t).
+``(layer, hidden_states [T, H], router_input [T, H], top_k_index [T, k], top_k_weights [T, k], outputs [T, k, H])``
+where ``outputs[t, s]`` is expert ``top_k_index[t, s]``'s unweighted output f(h_t) and ``router_input`` what the
+layer's router was called with for the same tokens (a forward pre-hook on the router, removed on exit): the experts'
+input in most families, the decoder layer's residual stream in Gemma 4, whose experts get a normed copy.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from lightprune.models import MoELayer
 __all__ = ["IMPLEMENTATION", "observing_experts", "expert_outputs", "run_expert"]
 
 IMPLEMENTATION = "lightprune_observe"
-Observer = Callable[[MoELayer, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+Observer = Callable[[MoELayer, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 _OBSERVERS: dict[int, tuple[MoELayer, Observer]] = {}
+#: the last input of each observed layer's router, by id of the layer's experts module
+_ROUTER_INPUTS: dict[int, torch.Tensor] = {}
 
 
 def run_expert(experts: nn.Module, index: int, x: torch.Tensor) -> torch.Tensor:
@@ -73,7 +77,12 @@ def _observing_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index
     entry = _OBSERVERS.get(id(self))
     if entry is not None:
         layer, observer = entry
-        observer(layer, hidden_states, top_k_index, top_k_weights, outputs)
+        router_input = _ROUTER_INPUTS.pop(id(self), None)
+        if router_input is None or router_input.numel() != hidden_states.numel():
+            raise RuntimeError(f"layer {layer.index}: its experts ran without a router call on the same tokens "
+                               "before them; lightprune observes experts routed by the layer's own router")
+        observer(layer, hidden_states, router_input.reshape(hidden_states.shape), top_k_index, top_k_weights,
+                 outputs)
     weighted = (outputs.float() * top_k_weights.float().unsqueeze(-1)).sum(dim=1)
     return weighted.to(hidden_states.dtype)
 
@@ -85,11 +94,21 @@ def _register() -> None:
         ExpertsInterface.register(IMPLEMENTATION, _observing_forward)
 
 
+def _router_input_hook(key: int):
+    """A forward pre-hook that keeps the router's hidden-states input (first positional, or ``hidden_states``)."""
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if isinstance(hidden, torch.Tensor):
+            _ROUTER_INPUTS[key] = hidden.detach()
+    return hook
+
+
 @contextmanager
 def observing_experts(layers: list[MoELayer], observer: Observer) -> Iterator[None]:
     """Route every listed layer's experts through the observing implementation inside the block."""
     _register()
     configs: dict[int, tuple[object, object]] = {}
+    handles = []
     try:
         for layer in layers:
             if id(layer.experts) in _OBSERVERS:
@@ -100,13 +119,18 @@ def observing_experts(layers: list[MoELayer], observer: Observer) -> Iterator[No
                                  "transformers' ExpertsInterface; cannot observe it")
             configs.setdefault(id(config), (config, config._experts_implementation_internal))
             _OBSERVERS[id(layer.experts)] = (layer, observer)
+            handles.append(layer.router.register_forward_pre_hook(_router_input_hook(id(layer.experts)),
+                                                                  with_kwargs=True))
         for config, _ in configs.values():
             config._experts_implementation_internal = IMPLEMENTATION
         yield
     finally:
+        for handle in handles:
+            handle.remove()
         for config, previous in configs.values():
             config._experts_implementation_internal = previous
         for layer in layers:
             entry = _OBSERVERS.get(id(layer.experts))
             if entry is not None and entry[1] is observer:
                 del _OBSERVERS[id(layer.experts)]
+                _ROUTER_INPUTS.pop(id(layer.experts), None)

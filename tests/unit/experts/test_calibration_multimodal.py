@@ -17,7 +17,8 @@ Q = 0.25
 
 
 def _expected_low_high(model, batch, layer_index: int):
-    """Bottom / top ceil(q n) vision tokens per sample by eager text->vision attention, ties by position."""
+    """Bottom / top ceil(q n) vision tokens per sample by eager text->vision attention (over the text queries that
+    may attend to the token: causal, within a sliding window), ties by position."""
     eager = copy.deepcopy(model)
     eager.set_attn_implementation("eager")
     with torch.no_grad():
@@ -26,12 +27,15 @@ def _expected_low_high(model, batch, layer_index: int):
     valid = batch["attention_mask"].bool()
     vision = torch.isin(ids, torch.tensor(get_family(model).vision_token_ids())) & valid
     text = valid & ~vision
+    cfg = model.config.text_config
+    sliding = (getattr(cfg, "layer_types", None) or ["full_attention"] * (layer_index + 1))[layer_index]
+    window = cfg.sliding_window if sliding == "sliding_attention" else None  # Gemma 4's local layers
     low = torch.zeros_like(vision)
     high = torch.zeros_like(vision)
     for b in range(ids.shape[0]):
         scores = {}
         for v in vision[b].nonzero().flatten().tolist():
-            queries = [q for q in text[b].nonzero().flatten().tolist() if q >= v]
+            queries = [q for q in text[b].nonzero().flatten().tolist() if q >= v and (window is None or q - v < window)]
             if queries:
                 scores[v] = float(attentions[b, :, queries, v].double().mean())
         n = max(1, math.ceil(Q * len(scores)))
@@ -56,7 +60,7 @@ def _routing(model, batch):
     return captured
 
 
-@pytest.mark.parametrize("family", ["qwen3_vl_moe", "internvl"])
+@pytest.mark.parametrize("family", ["qwen3_vl_moe", "internvl", "gemma4"])
 def test_vision_subsets_follow_eager_attention(family: str) -> None:
     model = tiny_model(family)
     batch = tiny_multimodal_batch(model, seed=3)

@@ -94,7 +94,9 @@ def _check_pruned_structure(family, original, pruned, plan):
         keep = plan.keep[layer.index]
         idx = torch.tensor(keep)
         assert layer.num_experts == len(keep)
-        assert torch.equal(layer.router.weight, old.router.weight[idx])
+        assert torch.equal(layer.router_linear.weight, old.router_linear.weight[idx])
+        if hasattr(layer.router, "per_expert_scale"):  # Gemma 4: the kept experts' scales
+            assert torch.equal(layer.router.per_expert_scale, old.router.per_expert_scale[idx])
         assert torch.equal(layer.experts.gate_up_proj, old.experts.gate_up_proj[idx])
         assert torch.equal(layer.experts.down_proj, old.experts.down_proj[idx])
         if family == "deepseek_v3":
@@ -108,8 +110,9 @@ def _check_pruned_structure(family, original, pruned, plan):
                 if getattr(module, name, None) is not None:
                     assert torch.equal(getattr(module, name), getattr(old.router if module is layer.router
                                                                       else old.experts, name)[idx])
-        for module in (layer.router, layer.experts):
-            assert module.num_experts == len(keep)
+        assert layer.experts.num_experts == len(keep)
+        if hasattr(layer.router, "num_experts"):  # Gemma 4's router keeps no count
+            assert layer.router.num_experts == len(keep)
         assert layer.experts.gate_up_proj.requires_grad
     # everything else is untouched (shared experts, attention, embeddings, dense layers)
     old_state = original.state_dict()
@@ -117,9 +120,9 @@ def _check_pruned_structure(family, original, pruned, plan):
     assert set(old_state) == set(pruned_state)
     per_expert = ("gate.weight", "gate.e_score_correction_bias", "experts.gate_up_proj", "experts.down_proj",
                   "router.weight", "router.bias", "experts.gate_up_proj_bias", "experts.down_proj_bias",
-                  "gate.moe_statics.e_score_correction_bias")
+                  "gate.moe_statics.e_score_correction_bias", "router.proj.weight", "router.per_expert_scale")
     for name, tensor in old_state.items():
-        block = f".{BLOCK_ATTR.get(family, 'mlp')}."
+        block = f".{BLOCK_ATTR.get(family, 'mlp')}." if BLOCK_ATTR.get(family, "mlp") else ".layers."
         if not (block in name and name.endswith(per_expert) and "shared" not in name):
             assert torch.equal(pruned_state[name], tensor), name
 

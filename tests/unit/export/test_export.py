@@ -363,7 +363,7 @@ def test_load_pruned_errors_name_the_problem(tmp_path):
 
 
 # ----------------------------------------------------------------------------------- probe
-@pytest.mark.parametrize("family", ["qwen3_vl_moe", "internvl", "olmoe"])
+@pytest.mark.parametrize("family", ["qwen3_vl_moe", "internvl", "gemma4", "olmoe"])
 def test_default_probe_avoids_special_tokens_and_is_fixed(family):
     model = _MODELS.get(family) or fresh(family)
     probe = default_probe(model)

@@ -13,12 +13,12 @@ import math
 
 import pytest
 import torch
-from fixtures import padded_batch
+from fixtures import MULTIMODAL, padded_batch
 
 import lightprune as lp
 from lightprune.models.tiny import TINY_FAMILIES
 
-TEXT_FAMILIES = tuple(f for f in TINY_FAMILIES if f not in ("qwen3_vl_moe", "internvl"))  # the MLLMs: own tests
+TEXT_FAMILIES = tuple(f for f in TINY_FAMILIES if f not in MULTIMODAL)  # the MLLMs: own tests
 
 
 def _batches() -> list[dict[str, torch.Tensor]]:
@@ -26,24 +26,28 @@ def _batches() -> list[dict[str, torch.Tensor]]:
 
 
 @torch.no_grad()
-def _block_inputs(model, layer, batches) -> list[torch.Tensor]:
-    seen = []
-    handle = layer.block.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
+def _router_and_expert_inputs(model, layer, batches) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per batch, what the layer's router and its experts are called with (the same tokens; in Gemma 4 the router
+    sees the residual stream and the experts a normed copy)."""
+    routed, expert = [], []
+    handles = [layer.router.register_forward_pre_hook(lambda m, args: routed.append(args[0].detach())),
+               layer.experts.register_forward_pre_hook(lambda m, args: expert.append(args[0].detach()))]
     try:
         for batch in batches:
             model(**batch)
     finally:
-        handle.remove()
-    return seen
+        for handle in handles:
+            handle.remove()
+    return list(zip(routed, expert, strict=True))
 
 
 @torch.no_grad()
-def _routed_output(layer, hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def _routed_output(layer, inputs: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
     """The routed experts' output [T, H] (float64) with the experts in ``mask`` removed from the selection, run by the
     family's own experts module (shared experts are the same with and without the mask: they cancel)."""
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    _, weights, index = layer.route(flat, mask)
-    return layer.experts(flat, index, weights.to(flat.dtype)).double()
+    router_input, expert_input = (x.reshape(-1, x.shape[-1]) for x in inputs)
+    _, weights, index = layer.route(router_input, mask)
+    return layer.experts(expert_input, index, weights.to(expert_input.dtype)).double()
 
 
 @pytest.mark.parametrize("family", TEXT_FAMILIES)
@@ -60,14 +64,15 @@ def test_calibration_and_weight_rows(tiny, family) -> None:
     # Delta-H on the first MoE layer: remove each expert from the selection (the family's router then promotes the
     # next-ranked one, exactly as if the expert were gone) and measure the routed output's change per token
     first = layers[0]
-    inputs = _block_inputs(model, first, batches)
+    inputs = _router_and_expert_inputs(model, first, batches)
     expected = []
     for j in range(first.num_experts):
         mask = torch.zeros(first.num_experts, dtype=torch.bool)
         mask[j] = True
         per_sample = []
         for batch, h in zip(batches, inputs):
-            change = (_routed_output(first, h, None) - _routed_output(first, h, mask)).view(*h.shape[:2], -1)
+            shape = batch["input_ids"].shape
+            change = (_routed_output(first, h, None) - _routed_output(first, h, mask)).view(*shape, -1)
             valid = batch["attention_mask"].bool()
             for row in range(valid.shape[0]):
                 if valid[row].any():

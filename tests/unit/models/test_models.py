@@ -15,12 +15,14 @@ from fixtures import (
     ALL_SPARSE,
     ALWAYS_RENORMALISE,
     BIASED_SELECTION,
-    BLOCK_ATTR,
     DEEPSEEK_LIKE,
     NEVER_RENORMALISE,
+    NORMED_ROUTER_INPUT,
     ROUTER_ATTR,
     SHARED_EXPERTS,
+    TOP_K_KEY,
     TOPK_THEN_SOFTMAX,
+    block_of,
     family_count_key,
     text_config_of,
 )
@@ -28,9 +30,9 @@ from fixtures import (
 import lightprune as lp
 from lightprune.models.tiny import TINY_FAMILIES
 
-SOFTMAX_FAMILIES = tuple(f for f in TINY_FAMILIES if f not in DEEPSEEK_LIKE | TOPK_THEN_SOFTMAX | BIASED_SELECTION)
+SOFTMAX_FAMILIES = tuple(f for f in TINY_FAMILIES
+                         if f not in DEEPSEEK_LIKE | TOPK_THEN_SOFTMAX | BIASED_SELECTION | NORMED_ROUTER_INPUT)
 SHARED = SHARED_EXPERTS
-MULTIMODAL = {"qwen3_vl_moe", "internvl"}
 
 
 def decoder_layers(model):
@@ -93,15 +95,15 @@ def test_find_moe_layers_follows_the_family_rule(tiny, family, overrides):
     decoder = decoder_layers(model)
     for index, decoder_layer in enumerate(decoder):
         # the rule agrees with the modules transformers actually built
-        assert hasattr(getattr(decoder_layer, BLOCK_ATTR.get(family, "mlp")), "experts") == (index in expected)
+        assert hasattr(block_of(decoder_layer, family), "experts") == (index in expected)
     count = getattr(cfg, family_count_key(family))
     for layer in layers:
-        assert layer.block is getattr(decoder[layer.index], BLOCK_ATTR.get(family, "mlp"))
+        assert layer.block is block_of(decoder[layer.index], family)
         assert model.get_submodule(layer.name) is layer.block
         assert layer.router is getattr(layer.block, ROUTER_ATTR.get(family, "gate"))
         assert layer.experts is layer.block.experts
-        assert layer.num_experts == count == layer.router.weight.shape[0] == layer.experts.gate_up_proj.shape[0]
-        assert layer.top_k == cfg.num_experts_per_tok
+        assert layer.num_experts == count == layer.router_linear.weight.shape[0] == layer.experts.gate_up_proj.shape[0]
+        assert layer.top_k == getattr(cfg, TOP_K_KEY.get(family, "num_experts_per_tok"))
         assert layer.has_shared_experts == (family in SHARED)
         if family in DEEPSEEK_LIKE:
             assert (layer.n_group, layer.topk_group) == (cfg.n_group, cfg.topk_group)
@@ -153,7 +155,7 @@ def test_route_equals_the_models_router_bitwise(tiny, family, dtype):
     model = tiny(family).to(dtype)
     gen = torch.Generator().manual_seed(7)
     for layer in lp.find_moe_layers(model):
-        hidden = torch.randn(13, layer.router.weight.shape[1], generator=gen).to(dtype)
+        hidden = torch.randn(13, layer.router_linear.weight.shape[1], generator=gen).to(dtype)
         with torch.no_grad():
             expected = layer.router(hidden)
             for mask in (None, torch.zeros(layer.num_experts, dtype=torch.bool)):
@@ -217,6 +219,36 @@ def test_renormalisation_is_covered_both_ways(tiny):
     # guard for the test above: the tiny families exercise both softmax variants
     kinds = {renormalises(f, tiny(f)) for f in SOFTMAX_FAMILIES}
     assert kinds == {True, False}
+
+
+@pytest.mark.parametrize("family", sorted(NORMED_ROUTER_INPUT))
+def test_masked_gemma4_routing_matches_a_hand_computation(tiny, family):
+    """Gemma 4's router by hand (float64) on the router with the masked rows deleted: RMS norm without scale, times
+    ``scale / sqrt(hidden)``, softmax over the kept experts, top-k, renormalised, times ``per_expert_scale``."""
+    model = tiny(family, seed=3)
+    gen = torch.Generator().manual_seed(11)
+    for layer in lp.find_moe_layers(model):
+        router = layer.router
+        keep = sorted(torch.randperm(layer.num_experts, generator=gen)[:5].tolist())
+        masked = torch.ones(layer.num_experts, dtype=torch.bool)
+        masked[keep] = False
+        hidden = torch.randn(24, router.hidden_size, generator=gen)
+        with torch.no_grad():
+            probabilities, weights, ids = layer.route(hidden, masked)
+        assert (probabilities[:, masked] == 0).all()
+        h = hidden.double()
+        h = h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + router.eps) * router.scale.double() / math.sqrt(h.shape[1])
+        logits = h @ router.proj.weight.detach().double()[keep].T
+        scale = router.per_expert_scale.detach().double()
+        for t, row in enumerate(torch.softmax(logits, dim=-1).tolist()):
+            top = sorted(range(len(keep)), key=lambda j: -row[j])[:layer.top_k]
+            total = sum(row[j] for j in top)
+            expected = {keep[j]: row[j] / total * float(scale[keep[j]]) for j in top}
+            got = dict(zip(ids[t].tolist(), weights[t].tolist()))
+            assert set(got) == set(expected), f"token {t}"
+            for e, w in expected.items():
+                assert math.isclose(got[e], w, rel_tol=1e-5, abs_tol=1e-6), (t, e, got[e], w)
+    assert not torch.allclose(router.per_expert_scale, torch.ones_like(router.per_expert_scale))  # it matters
 
 
 def _deepseek_reference(hidden, router, keep, n_group, topk_group, top_k):

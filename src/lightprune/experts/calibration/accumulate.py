@@ -67,7 +67,7 @@ class LayerAccumulator:
 
     def __init__(self, layer: MoELayer, subsets: tuple[str, ...], criteria: tuple[str, ...]):
         self.index, self.num_experts, self.subsets, self.criteria = layer.index, layer.num_experts, subsets, criteria
-        device = layer.router.weight.device
+        device = layer.router_linear.weight.device
         zeros = lambda: torch.zeros(len(subsets), layer.num_experts, dtype=torch.float64, device=device)  # noqa: E731
         self.sums: dict[str, torch.Tensor] = {name: zeros() for name in _TOKEN_SUMS}
         self.sums["delta_h"] = zeros()
@@ -78,14 +78,21 @@ class LayerAccumulator:
     # ------------------------------------------------------------------ update
     @torch.no_grad()
     def update(self, layer: MoELayer, hidden: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor,
-               outputs: torch.Tensor, masks: torch.Tensor, samples: torch.Tensor, num_samples: int) -> None:
+               outputs: torch.Tensor, masks: torch.Tensor, samples: torch.Tensor, num_samples: int,
+               router_input: torch.Tensor | None = None) -> None:
         """Add one batch. ``masks`` [n_subsets, T] bool (padding already excluded), ``samples`` [T]
-        the sample index of each token."""
+        the sample index of each token; ``router_input`` [T, H] what the router saw (default: ``hidden``, the
+        experts' input), from which routing-KL and Delta-H recompute the router's logits."""
         num_experts = self.num_experts
         # Tokens in no subset (padding) are masked by multiplication below, and 0 * NaN = NaN: the
         # model may leave non-finite values at padded positions, so zero them first (no host sync).
         keep = masks.any(dim=0)                                          # [T]
         hidden = torch.where(keep.unsqueeze(-1), hidden, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
+        if router_input is None:
+            router_input = hidden
+        else:
+            router_input = torch.where(keep.unsqueeze(-1), router_input,
+                                       torch.zeros((), dtype=router_input.dtype, device=router_input.device))
         weights = torch.where(keep.unsqueeze(-1), weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
         outputs = torch.where(keep.view(-1, 1, 1), outputs, torch.zeros((), dtype=outputs.dtype, device=outputs.device))
         m = masks.double()                                               # [U, T]
@@ -106,7 +113,7 @@ class LayerAccumulator:
         want_promoted = "delta_h_promoted" in self.criteria
         if not ("routing_kl" in self.criteria or want_dh or want_promoted):
             return
-        logits = layer.family.router_logits(layer, hidden)
+        logits = layer.family.router_logits(layer, router_input)
         if "routing_kl" in self.criteria:
             self.sums["routing_kl"] += m @ routing_kl(router_distribution(layer, logits))
         if want_dh or want_promoted:

@@ -101,8 +101,8 @@ class ExpertObserver:
                 rows.append(masks[subset])
         return torch.stack(rows).reshape(len(rows), -1)
 
-    def _observe(self, layer: MoELayer, hidden: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor,
-                 outputs: torch.Tensor) -> None:
+    def _observe(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor, selected: torch.Tensor,
+                 weights: torch.Tensor, outputs: torch.Tensor) -> None:
         if self._masks is None:
             raise RuntimeError("a forward ran inside ExpertObserver without begin_batch(batch) first")
         batch, seq = self._masks["all"].shape
@@ -111,7 +111,8 @@ class ExpertObserver:
                                f"{batch} x {seq}: pass the whole batch in one forward")
         masks = self._subset_masks(layer).to(hidden.device)
         samples = torch.arange(batch, device=hidden.device).repeat_interleave(seq)
-        self.accumulators[layer.index].update(layer, hidden, selected, weights, outputs, masks, samples, batch)
+        self.accumulators[layer.index].update(layer, hidden, selected, weights, outputs, masks, samples, batch,
+                                              router_input)
 
     # ------------------------------------------------------------------ results
     def result(self) -> CalibrationStats:

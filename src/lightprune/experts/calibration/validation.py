@@ -40,7 +40,7 @@ def _repeat(batch: Mapping[str, Any], copies: int) -> dict[str, Any]:
 def _row_masked(layer: MoELayer, experts: list[int], rows_per_copy: int) -> Iterator[None]:
     """Layer's router masks expert ``experts[c]`` for the token rows of copy c."""
     router = layer.router
-    mask = torch.zeros(len(experts), layer.num_experts, dtype=torch.bool, device=router.weight.device)
+    mask = torch.zeros(len(experts), layer.num_experts, dtype=torch.bool, device=layer.router_linear.weight.device)
     mask[torch.arange(len(experts)), torch.tensor(experts)] = True
     mask = mask.repeat_interleave(rows_per_copy, dim=0)
     family = layer.family

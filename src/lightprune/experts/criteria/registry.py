@@ -7,7 +7,7 @@ then usable by name everywhere (``lp.score_weights``, configs)::
     @lp.register_criterion("my_norm")
     class MyNorm(lp.criteria.Criterion):
         def score_layer(self, layer):
-            return layer.router.weight.abs().sum(dim=1)
+            return layer.router_linear.weight.abs().sum(dim=1)
 
 Names are lower-case snake case (``[a-z][a-z0-9_]*``). Registering a name twice is an error
 unless it is the same class again (also after a module reload: same module and qualified

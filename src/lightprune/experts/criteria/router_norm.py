@@ -26,7 +26,7 @@ class RouterNorm(Criterion):
     """L2 norm of the expert's router row; smallest pruned first."""
 
     def score_layer(self, layer: MoELayer) -> torch.Tensor:
-        weight = layer.router.weight
+        weight = layer.router_linear.weight
         if weight.dim() != 2 or weight.shape[0] != layer.num_experts:
             raise ValueError(f"layer {layer.index} ({layer.name}): router weight has shape {tuple(weight.shape)}; "
                              f"expected [{layer.num_experts}, hidden]")
