@@ -25,6 +25,7 @@
 | deepseek_v2 | softmax, greedy or group-limited greedy (best expert per group), scaled, not renormalised | first_k_dense_replace | shared_experts |
 | ernie4_5_moe | softmax + selection bias (moe_statics), renormalised | moe_layer_interval / start / end | shared_experts |
 | qwen3_5_moe_text | as qwen2_moe, always renormalised | mlp_only_layers, decoder_sparse_step | shared_expert (+ sigmoid gate) |
+| hunyuan_v1_moe | softmax of fp32 logits (router weight in gate.wg), renormalised, top-k per layer | none | shared_mlp |
 | gemma4_text, gemma4 | normed input, softmax, top-k, renormalised, per_expert_scale | enable_moe_block (all or none) | a dense MLP beside the experts in every layer |
 
 A family that reuses another's rule says so by subclassing it: the transformers router of each was
@@ -45,7 +46,7 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "Qwen3VLMoeFamily", "InternVLFamily", "Glm4MoeFamily", "Dots1Family", "MiniMaxFamily", "FlexOlmoFamily",
            "DEEPSEEK_ALIKE", "MellumFamily", "Qwen3NextFamily", "GptOssFamily", "GraniteMoeFamily",
            "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily", "Gemma4TextFamily",
-           "Gemma4Family", "BUILT_IN",
+           "Gemma4Family", "HunYuanMoEV1Family", "BUILT_IN",
            "REFUSED_TYPES"]
 
 
@@ -464,6 +465,49 @@ class Gemma4Family(Gemma4TextFamily):
         return _config_ids(self.config, ("image_token_id", "video_token_id"))
 
 
+class HunYuanMoEV1Family(MoEFamily):
+    """Hunyuan-A13B (``hunyuan_v1_moe``): every layer sparse, a shared MLP beside the experts; the router keeps its
+    weight in ``gate.wg`` (fp32: the hidden states are cast up), softmax in fp32, top-k (``moe_topk``, one per layer
+    when a list), renormalised, cast to the logits' dtype (HunYuanMoEV1Gate). Masking: logit -inf."""
+
+    routing = "softmax of fp32 logits, top-k, renormalised"
+    model_types = ("hunyuan_v1_moe",)
+    router_weight_attr = "wg"
+    shared_attrs = ("shared_mlp",)
+
+    def __init__(self, model):
+        super().__init__(model)
+        if not isinstance(self.text_config.num_experts, int):
+            raise ValueError(f"hunyuan_v1_moe with a per-layer num_experts list {self.text_config.num_experts!r}: "
+                             "its experts are built with one count; lightprune prunes an integer num_experts")
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return True
+
+    def top_k(self) -> int:
+        top_k = self.text_config.moe_topk
+        return int(top_k if isinstance(top_k, int) else max(top_k))
+
+    def layer_top_k(self, index: int) -> int:
+        top_k = self.text_config.moe_topk
+        return int(top_k if isinstance(top_k, int) else top_k[index])
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        wg = layer.router.wg
+        hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1])
+        if wg.weight.dtype == torch.float32:
+            hidden_states = hidden_states.float()
+        return wg(hidden_states)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router_logits = _mask_logits(router_logits, expert_mask)
+        weights = F.softmax(router_logits, dim=1, dtype=torch.float)
+        weights, top_index = torch.topk(weights, layer.top_k, dim=-1)
+        weights /= weights.sum(dim=-1, keepdim=True)
+        return router_logits, weights.to(router_logits.dtype), top_index
+
+
 def _alike(base: type[MoEFamily], model_type: str, doc: str, count_key: str | None = None) -> type[MoEFamily]:
     """A family of ``model_type`` that routes exactly as ``base`` (its transformers router's forward is ``base``'s);
     ``count_key``: the config field counting routed experts, when it is not ``base``'s."""
@@ -490,7 +534,8 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          Qwen3VLMoeFamily, InternVLFamily, Glm4MoeFamily, Dots1Family, MiniMaxFamily,
                                          FlexOlmoFamily, *DEEPSEEK_ALIKE, MellumFamily, Qwen3NextFamily, GptOssFamily,
                                          GraniteMoeFamily, JambaFamily, Cohere2MoeFamily, Qwen3_5MoeTextFamily,
-                                         DeepseekV2Family, Ernie4_5MoeFamily, Gemma4TextFamily, Gemma4Family)
+                                         DeepseekV2Family, Ernie4_5MoeFamily, Gemma4TextFamily, Gemma4Family,
+                                         HunYuanMoEV1Family)
 
 
 #: model types whose structure lightprune cannot prune exactly yet, and why (:func:`registry.refuse_family`)

@@ -155,6 +155,8 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     "gpt_oss": {"num_hidden_layers": 2, "intermediate_size": 16, "layer_types": ["sliding_attention", "full_attention"],
                 "sliding_window": 4},
     "gemma4_text": _GEMMA4_TEXT,
+    # per-layer experts per token (a list, as the config allows): layer 1 routes to 3
+    "hunyuan_v1_moe": {"num_hidden_layers": 2, "intermediate_size": 16, "moe_topk": [2, 3], "use_qk_norm": True},
 }
 
 
@@ -292,7 +294,8 @@ def tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight",
-                              "block_sparse_moe.router.weight", "feed_forward.router.weight", "router.proj.weight")):
+                              "block_sparse_moe.router.weight", "feed_forward.router.weight", "router.proj.weight",
+                              "mlp.gate.wg.weight")):
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
             elif name.endswith("router.per_expert_scale"):  # Gemma 4: distinct per expert, so pruning must slice it
                 param.copy_(0.5 + torch.rand(param.shape, generator=gen))

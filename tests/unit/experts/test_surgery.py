@@ -120,7 +120,8 @@ def _check_pruned_structure(family, original, pruned, plan):
     assert set(old_state) == set(pruned_state)
     per_expert = ("gate.weight", "gate.e_score_correction_bias", "experts.gate_up_proj", "experts.down_proj",
                   "router.weight", "router.bias", "experts.gate_up_proj_bias", "experts.down_proj_bias",
-                  "gate.moe_statics.e_score_correction_bias", "router.proj.weight", "router.per_expert_scale")
+                  "gate.moe_statics.e_score_correction_bias", "router.proj.weight", "router.per_expert_scale",
+                  "gate.wg.weight")
     for name, tensor in old_state.items():
         block = f".{BLOCK_ATTR.get(family, 'mlp')}." if BLOCK_ATTR.get(family, "mlp") else ".layers."
         if not (block in name and name.endswith(per_expert) and "shared" not in name):

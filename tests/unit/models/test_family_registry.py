@@ -18,10 +18,29 @@ from lightprune.models.tiny import TINY_FAMILIES, tiny_model
 _EXPERTS = re.compile(r"^class \w+Experts\(nn\.Module\)", re.M)
 
 
+def _declares_experts(config_class, seen=None) -> bool:
+    """Whether a config class (or one of its sub-configs) declares a field counting experts: a field whose name
+    holds "experts" and is not a per-token, shared or group count (vision / audio encoder configs declare none)."""
+    seen = set() if seen is None else seen
+    if config_class in seen:
+        return False
+    seen.add(config_class)
+    declared = set(getattr(config_class, "__dataclass_fields__", {})) | set(getattr(config_class, "__annotations__", {}))
+    if any("experts" in f and not any(w in f for w in ("per_tok", "shared", "group", "top")) for f in declared):
+        return True
+    return any(isinstance(sub, type) and _declares_experts(sub, seen)
+               for sub in (getattr(config_class, "sub_configs", None) or {}).values())
+
+
 def transformers_moe_types() -> list[str]:
-    """Every model type of the installed transformers whose modeling file defines an experts module (read from its
-    config registry and its source files, not from a hand list: a new release adds rows by itself)."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
+    """Every model type of the installed transformers whose modeling file defines an experts module and whose config
+    declares an expert count (read from its config registry and its source files, not from a hand list: a new release
+    adds rows by itself; the vision and audio encoders that share an MoE model's folder are not rows)."""
+    from transformers.models.auto.configuration_auto import (
+        CONFIG_MAPPING,
+        CONFIG_MAPPING_NAMES,
+        model_type_to_module_name,
+    )
 
     found = []
     for model_type in CONFIG_MAPPING_NAMES:
@@ -32,7 +51,8 @@ def transformers_moe_types() -> list[str]:
         if spec is None or not spec.submodule_search_locations:
             continue
         folder = Path(next(iter(spec.submodule_search_locations)))
-        if any(_EXPERTS.search(f.read_text(errors="replace")) for f in folder.glob("modeling_*.py")):
+        if any(_EXPERTS.search(f.read_text(errors="replace")) for f in folder.glob("modeling_*.py")) and \
+                _declares_experts(CONFIG_MAPPING[model_type]):
             found.append(model_type)
     return sorted(found)
 

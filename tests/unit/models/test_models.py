@@ -103,7 +103,8 @@ def test_find_moe_layers_follows_the_family_rule(tiny, family, overrides):
         assert layer.router is getattr(layer.block, ROUTER_ATTR.get(family, "gate"))
         assert layer.experts is layer.block.experts
         assert layer.num_experts == count == layer.router_linear.weight.shape[0] == layer.experts.gate_up_proj.shape[0]
-        assert layer.top_k == getattr(cfg, TOP_K_KEY.get(family, "num_experts_per_tok"))
+        top_k = getattr(cfg, TOP_K_KEY.get(family, "num_experts_per_tok"))
+        assert layer.top_k == (top_k[layer.index] if isinstance(top_k, list) else top_k)  # a list: one per layer
         assert layer.has_shared_experts == (family in SHARED)
         if family in DEEPSEEK_LIKE:
             assert (layer.n_group, layer.topk_group) == (cfg.n_group, cfg.topk_group)
@@ -195,7 +196,7 @@ def test_masked_softmax_routing_matches_a_hand_computation(tiny, family, overrid
         keep = sorted(torch.randperm(layer.num_experts, generator=gen)[:5].tolist())
         masked = torch.ones(layer.num_experts, dtype=torch.bool)
         masked[keep] = False
-        hidden = torch.randn(24, layer.router.weight.shape[1], generator=gen)
+        hidden = torch.randn(24, layer.router_linear.weight.shape[1], generator=gen)
         with torch.no_grad():
             logits, weights, ids = layer.route(hidden, masked)
             plain_logits = layer.router(hidden)[0]
@@ -203,7 +204,7 @@ def test_masked_softmax_routing_matches_a_hand_computation(tiny, family, overrid
         assert torch.isneginf(logits[:, masked]).all()
         assert torch.equal(logits[:, ~masked], plain_logits[:, ~masked])
         assert not torch.isin(ids, torch.nonzero(masked).flatten()).any()
-        reference = _softmax_reference(hidden, layer.router.weight.detach(), keep, layer.top_k, renorm)
+        reference = _softmax_reference(hidden, layer.router_linear.weight.detach(), keep, layer.top_k, renorm)
         for t, expected in enumerate(reference):
             got = dict(zip(ids[t].tolist(), weights[t].tolist()))
             assert set(got) == set(expected), f"token {t}"
