@@ -9,7 +9,6 @@ the block restores the original routers, also on error.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from functools import partial
 from typing import Iterator
 
 import torch
@@ -28,6 +27,14 @@ def is_masked(model: nn.Module) -> bool:
     return any(hasattr(layer.router, _MASK_ATTR) for layer in find_moe_layers(model))
 
 
+def _masked_forward(layer, mask: torch.Tensor):
+    """The router's forward with ``mask`` applied; arguments after the hidden states (a bias the block passes in,
+    MiniMax-M2) are the block's own tensors, which the family's routing reads from the block itself."""
+    def forward(hidden_states: torch.Tensor, *args, **kwargs):
+        return layer.route(hidden_states, mask)
+    return forward
+
+
 @contextmanager
 def mask_experts(model: nn.Module, plan: ExpertPlan) -> Iterator[nn.Module]:
     """Mask the experts ``plan`` prunes, for the duration of the block; yields ``model``."""
@@ -44,7 +51,7 @@ def mask_experts(model: nn.Module, plan: ExpertPlan) -> Iterator[nn.Module]:
             mask = torch.ones(layer.num_experts, dtype=torch.bool, device=layer.router_linear.weight.device)
             mask[plan.keep[layer.index]] = False
             previous = router.__dict__.get("forward")
-            router.forward = partial(layer.route, expert_mask=mask)
+            router.forward = _masked_forward(layer, mask)
             setattr(router, _MASK_ATTR, mask)
             installed.append((router, previous))
         yield model

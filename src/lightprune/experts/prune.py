@@ -68,10 +68,16 @@ def _persistent_buffers(module: nn.Module) -> set[str]:
 
 
 def _router_sub_tensors(layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
-    """(module, tensor name, experts' dimension) of the family's per-expert router tensors outside ``weight``
-    (:attr:`MoEFamily.router_sub_tensors`; submodule "" is the router itself)."""
-    return [(getattr(layer.router, sub) if sub else layer.router, name, dim)
-            for sub, name, dim in layer.family.router_sub_tensors]
+    """(module, tensor name, experts' dimension) of the family's per-expert tensors outside the router's ``weight``
+    (:attr:`MoEFamily.router_sub_tensors` and :attr:`MoEFamily.block_sub_tensors`; submodule "" is the router or
+    the block itself)."""
+    found = [(getattr(layer.router, sub) if sub else layer.router, name, dim)
+             for sub, name, dim in layer.family.router_sub_tensors]
+    for sub, name, dim in layer.family.block_sub_tensors:  # the block's own per-expert tensors, where present
+        module = getattr(layer.block, sub) if sub else layer.block
+        if isinstance(getattr(module, name, None), torch.Tensor):
+            found.append((module, name, dim))
+    return found
 
 
 def _set_counts(layer: MoELayer, count: int) -> None:

@@ -41,6 +41,7 @@ ROUTER_ATTR = {router_attr!r}
 EXPERTS_ATTR = {experts_attr!r}
 ROUTER_SUB = {router_sub!r}
 ROUTER_WEIGHT = {router_weight!r}
+BLOCK_SUB = {block_sub!r}
 
 
 class {name}(_LightpruneBase):
@@ -58,7 +59,7 @@ class {name}(_LightpruneBase):
         super().__init__(config, *args, **kwargs)
         counts = experts_per_layer(config)
         if counts:
-            resize_model(self, MOE_BLOCK_PATTERN, counts, ROUTER_ATTR, EXPERTS_ATTR, ROUTER_SUB, ROUTER_WEIGHT)
+            resize_model(self, MOE_BLOCK_PATTERN, counts, ROUTER_ATTR, EXPERTS_ATTR, ROUTER_SUB, ROUTER_WEIGHT, BLOCK_SUB)
 '''
 
 
@@ -85,7 +86,7 @@ def modeling_source(model: nn.Module) -> str:
     return header + body + _TEMPLATE.format(
         version=__version__, base=base.__name__, base_module=_import_module(base), pattern=moe_block_pattern(model),
         router_attr=family.router_attr, experts_attr=family.experts_attr, router_sub=tuple(family.router_sub_tensors),
-        router_weight=family.router_weight_attr,
+        router_weight=family.router_weight_attr, block_sub=tuple(family.block_sub_tensors),
         name=remote_class_name(model))
 
 

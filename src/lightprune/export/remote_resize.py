@@ -91,10 +91,11 @@ def resize_rows(module, names, count):
                  tensor)
 
 
-def resize_block(block, router_attr, experts_attr, count, router_sub=(), router_weight=""):
+def resize_block(block, router_attr, experts_attr, count, router_sub=(), router_weight="", block_sub=()):
     """Give one MoE ``block`` ``count`` empty routed-expert slots (router rows, expert tensors and the per-expert
     tensors ``router_sub`` names in the router's submodules); ``router_weight`` names the router's submodule that
-    holds ``weight [E, H]`` ("": the router itself; Gemma 4: "proj")."""
+    holds ``weight [E, H]`` ("": the router itself; Gemma 4: "proj"); ``block_sub`` the block's own per-expert
+    tensors as (submodule, name, dim), "" the block itself (MiniMax-M2's ``e_score_correction_bias``)."""
     router = getattr(block, router_attr, None)
     experts = getattr(block, experts_attr, None)
     if router is None or experts is None:
@@ -102,7 +103,7 @@ def resize_block(block, router_attr, experts_attr, count, router_sub=(), router_
     linear = getattr(router, router_weight) if router_weight else router
     resize_rows(linear, ROUTER_TENSORS, count)
     resize_rows(experts, EXPERT_TENSORS, count)
-    for module, name, dim in router_sub_tensors(router, router_sub):
+    for module, name, dim in router_sub_tensors(router, router_sub) + router_sub_tensors(block, block_sub):
         tensor = getattr(module, name)
         shape = list(tensor.shape)
         shape[dim] = count
@@ -112,7 +113,7 @@ def resize_block(block, router_attr, experts_attr, count, router_sub=(), router_
             module.num_experts = int(count)
 
 
-def resize_model(model, pattern, counts, router_attr, experts_attr, router_sub=(), router_weight=""):
+def resize_model(model, pattern, counts, router_attr, experts_attr, router_sub=(), router_weight="", block_sub=()):
     """Resize every MoE block named by ``pattern`` and ``counts`` (``{layer index: count}``); returns ``model``."""
     for index, count in sorted(counts.items()):
         path = block_path(pattern, index)
@@ -121,5 +122,5 @@ def resize_model(model, pattern, counts, router_attr, experts_attr, router_sub=(
         except AttributeError:
             raise ValueError(f"{type(model).__name__} has no MoE block {path!r} for layer {index} "
                              f"(config.{PER_LAYER_KEY} names it)") from None
-        resize_block(block, router_attr, experts_attr, int(count), router_sub, router_weight)
+        resize_block(block, router_attr, experts_attr, int(count), router_sub, router_weight, block_sub)
     return model

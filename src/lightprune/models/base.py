@@ -150,6 +150,9 @@ class MoEFamily:
     #: per-expert tensors in submodules of the router: (submodule, name, the experts' dimension); submodule ""
     #: is the router itself
     router_sub_tensors: ClassVar[tuple[tuple[str, str, int], ...]] = ()
+    #: per-expert tensors the MoE block keeps outside its router, as (submodule, name, dim) with "" the block itself
+    #: (MiniMax-M2's ``e_score_correction_bias``, AFMoE's ``expert_bias``); a missing one is skipped
+    block_sub_tensors: ClassVar[tuple[tuple[str, str, int], ...]] = ()
 
     #: lightprune's config key for per-layer expert counts of a non-uniform prune
     PER_LAYER_KEY: ClassVar[str] = "lightprune_experts_per_layer"

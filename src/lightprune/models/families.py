@@ -26,6 +26,10 @@
 | ernie4_5_moe | softmax + selection bias (moe_statics), renormalised | moe_layer_interval / start / end | shared_experts |
 | qwen3_5_moe_text | as qwen2_moe, always renormalised | mlp_only_layers, decoder_sparse_step | shared_expert (+ sigmoid gate) |
 | hunyuan_v1_moe | softmax of fp32 logits (router weight in gate.wg), renormalised, top-k per layer | none | shared_mlp |
+| minimax_m2 | sigmoid + the block's e_score_correction_bias, top-k, renormalised | none | none |
+| hy_v3 | as minimax_m2, renormalised (+1e-20), router_scaling_factor | mlp_layer_types | shared_experts |
+| afmoe | as hy_v3 with the block's expert_bias and route_scale (router weight in router.gate) | num_dense_layers | shared_experts |
+| lfm2_moe | sigmoid (+ the block's expert_bias), top-k, norm_topk_prob (+1e-6), scaled | num_dense_layers | none |
 | gemma4_text, gemma4 | normed input, softmax, top-k, renormalised, per_expert_scale | enable_moe_block (all or none) | a dense MLP beside the experts in every layer |
 
 A family that reuses another's rule says so by subclassing it: the transformers router of each was
@@ -46,7 +50,8 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "Qwen3VLMoeFamily", "InternVLFamily", "Glm4MoeFamily", "Dots1Family", "MiniMaxFamily", "FlexOlmoFamily",
            "DEEPSEEK_ALIKE", "MellumFamily", "Qwen3NextFamily", "GptOssFamily", "GraniteMoeFamily",
            "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily", "Gemma4TextFamily",
-           "Gemma4Family", "HunYuanMoEV1Family", "BUILT_IN",
+           "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily",
+           "BUILT_IN",
            "REFUSED_TYPES"]
 
 
@@ -508,6 +513,136 @@ class HunYuanMoEV1Family(MoEFamily):
         return router_logits, weights.to(router_logits.dtype), top_index
 
 
+def _masked_choice(scores: torch.Tensor, bias: torch.Tensor | None,
+                   expert_mask: torch.Tensor | None) -> torch.Tensor:
+    """Selection scores ``scores + bias`` (``scores`` without a bias) with the masked experts at -inf."""
+    choice = scores if bias is None else scores + bias
+    if expert_mask is not None:
+        choice = choice.masked_fill(expert_mask.to(choice.device), float("-inf"))
+    return choice
+
+
+class MiniMaxM2Family(MoEFamily):
+    """MiniMax-M2 (``minimax_m2``): every layer sparse; sigmoid of the fp32 logits, top-k of the scores plus the
+    block's ``e_score_correction_bias`` (passed to the router, pruned with the experts), the k scores renormalised
+    (MiniMaxM2TopKRouter). Masking: logit -inf (score 0) and selection score -inf."""
+
+    routing = "sigmoid + block's correction bias, top-k, renormalised"
+    model_types = ("minimax_m2",)
+    num_experts_key = "num_local_experts"
+    score_function = "sigmoid"
+    block_sub_tensors = (("", "e_score_correction_bias", 0),)
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return True
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = layer.router.weight
+        return F.linear(hidden_states.reshape(-1, weight.shape[1]).to(weight.dtype), weight)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router_logits = _mask_logits(router_logits, expert_mask)
+        weights = torch.sigmoid(router_logits.float())
+        choice = _masked_choice(weights, layer.block.e_score_correction_bias, expert_mask)
+        top_index = torch.topk(choice, layer.top_k, dim=-1, sorted=False)[1]
+        top = weights.gather(1, top_index)
+        top /= top.sum(dim=-1, keepdim=True)
+        return router_logits, top, top_index
+
+
+class HYV3Family(MoEFamily):
+    """Hunyuan 3 (``hy_v3``): sigmoid of fp32 logits, top-k of the scores plus the block's
+    ``e_score_correction_bias``, renormalised (+1e-20), times ``router_scaling_factor`` (HYV3TopKRouter); sparse
+    layers from ``mlp_layer_types``; shared experts. Masking: logit -inf and selection score -inf."""
+
+    routing = "sigmoid + block's correction bias, top-k, renormalised, scaled"
+    model_types = ("hy_v3",)
+    score_function = "sigmoid"
+    shared_attrs = ("shared_experts",)
+    block_sub_tensors = (("", "e_score_correction_bias", 0),)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = layer.router.weight
+        return F.linear(hidden_states.reshape(-1, weight.shape[1]).float(), weight.float())
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router_logits = _mask_logits(router_logits, expert_mask)
+        weights = torch.sigmoid(router_logits)
+        choice = _masked_choice(weights, layer.block.e_score_correction_bias, expert_mask)
+        top_index = torch.topk(choice, layer.top_k, dim=-1, sorted=False)[1]
+        top = weights.gather(1, top_index)
+        top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+        return router_logits, top * layer.router.router_scaling_factor, top_index
+
+
+class AfmoeFamily(MoEFamily):
+    """AFMoE (``afmoe``): the router module keeps its linear in ``router.gate``; fp32 logits, sigmoid, top-k of the
+    scores plus the block's ``expert_bias``, renormalised (+1e-20), times ``route_scale`` (AfmoeTokenChoiceRouter);
+    layers from ``num_dense_layers`` on are sparse; shared experts. Masking: logit -inf and selection score -inf."""
+
+    routing = "sigmoid + block's expert bias, top-k, renormalised, scaled"
+    model_types = ("afmoe",)
+    router_attr = "router"
+    router_weight_attr = "gate"
+    score_function = "sigmoid"
+    shared_attrs = ("shared_experts",)
+    block_sub_tensors = (("", "expert_bias", 0),)
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return index >= int(self.text_config.num_dense_layers)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        gate = layer.router.gate
+        return gate(hidden_states.reshape(-1, hidden_states.shape[-1])).to(torch.float32)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router_logits = _mask_logits(router_logits, expert_mask)
+        scores = torch.sigmoid(router_logits)
+        top_index = torch.topk(_masked_choice(scores, layer.block.expert_bias, expert_mask), k=layer.top_k, dim=1)[1]
+        top = scores.gather(dim=1, index=top_index)
+        top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+        return router_logits, top * layer.router.route_scale, top_index
+
+
+class Lfm2MoeFamily(MoEFamily):
+    """LFM2-MoE (``lfm2_moe``): sigmoid of the logits, top-k of the scores (plus the block's ``expert_bias`` when
+    ``use_expert_bias``), renormalised (+1e-6) when ``norm_topk_prob``, times ``routed_scaling_factor``
+    (Lfm2MoeTopKRouter); layers from ``num_dense_layers`` on are sparse. Masking: logit -inf, selection -inf."""
+
+    routing = "sigmoid (+ block's expert bias), top-k, renormalised, scaled"
+    model_types = ("lfm2_moe",)
+    mlp_attr = "feed_forward"
+    score_function = "sigmoid"
+    block_sub_tensors = (("", "expert_bias", 0),)
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return index >= int(self.text_config.num_dense_layers)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]), layer.router.weight)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router, cfg = layer.router, self.text_config
+        router_logits = _mask_logits(router_logits, expert_mask)
+        weights = router_logits.sigmoid()
+        if router.use_expert_bias:
+            top_index = torch.topk(_masked_choice(weights, layer.block.expert_bias, expert_mask), k=layer.top_k,
+                                   dim=-1)[1]
+            weights = torch.gather(weights, dim=1, index=top_index).type_as(router_logits)
+        elif expert_mask is None:
+            weights, top_index = torch.topk(weights, k=layer.top_k, dim=-1)
+        else:  # a masked expert's score is 0, never above a kept one's: select on -inf to be exact
+            top_index = torch.topk(_masked_choice(weights, None, expert_mask), k=layer.top_k, dim=-1)[1]
+            weights = torch.gather(weights, dim=1, index=top_index)
+        if cfg.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)
+        return router_logits, weights * router.routed_scaling_factor, top_index
+
+
 def _alike(base: type[MoEFamily], model_type: str, doc: str, count_key: str | None = None) -> type[MoEFamily]:
     """A family of ``model_type`` that routes exactly as ``base`` (its transformers router's forward is ``base``'s);
     ``count_key``: the config field counting routed experts, when it is not ``base``'s."""
@@ -535,7 +670,8 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          FlexOlmoFamily, *DEEPSEEK_ALIKE, MellumFamily, Qwen3NextFamily, GptOssFamily,
                                          GraniteMoeFamily, JambaFamily, Cohere2MoeFamily, Qwen3_5MoeTextFamily,
                                          DeepseekV2Family, Ernie4_5MoeFamily, Gemma4TextFamily, Gemma4Family,
-                                         HunYuanMoEV1Family)
+                                         HunYuanMoEV1Family, MiniMaxM2Family, HYV3Family, AfmoeFamily,
+                                         Lfm2MoeFamily)
 
 
 #: model types whose structure lightprune cannot prune exactly yet, and why (:func:`registry.refuse_family`)

@@ -157,6 +157,11 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     "gemma4_text": _GEMMA4_TEXT,
     # per-layer experts per token (a list, as the config allows): layer 1 routes to 3
     "hunyuan_v1_moe": {"num_hidden_layers": 2, "intermediate_size": 16, "moe_topk": [2, 3], "use_qk_norm": True},
+    "minimax_m2": {"num_hidden_layers": 2, "intermediate_size": 16},
+    "hy_v3": _sparse_after_first(num_shared_experts=1, router_scaling_factor=2.5),
+    "afmoe": {"num_dense_layers": 1, "num_shared_experts": 1, "route_scale": 2.5},
+    "lfm2_moe": {"num_dense_layers": 1, "use_expert_bias": True, "routed_scaling_factor": 2.5,
+                 "layer_types": ["conv", "full_attention", "conv"], "conv_L_cache": 3},
 }
 
 
@@ -295,13 +300,13 @@ def tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
         for name, param in model.named_parameters():
             if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight",
                               "block_sparse_moe.router.weight", "feed_forward.router.weight", "router.proj.weight",
-                              "mlp.gate.wg.weight")):
+                              "mlp.gate.wg.weight", "mlp.router.gate.weight", "feed_forward.gate.weight")):
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
             elif name.endswith("router.per_expert_scale"):  # Gemma 4: distinct per expert, so pruning must slice it
                 param.copy_(0.5 + torch.rand(param.shape, generator=gen))
             elif "experts" in name and param.dim() == 3:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
         for name, buf in [*model.named_buffers(), *model.named_parameters()]:
-            if name.endswith("e_score_correction_bias"):  # a buffer (DeepSeek-V3) or a parameter (ERNIE-4.5)
+            if name.endswith(("e_score_correction_bias", "expert_bias")):  # a buffer (DeepSeek-V3) or a parameter
                 buf.copy_(torch.randn(buf.shape, generator=gen) * 0.1)
     return model.eval()

@@ -14,6 +14,7 @@ import pytest
 import torch
 from fixtures import (
     BLOCK_ATTR,
+    BLOCK_BIAS,
     family_count_key,
     logits_of,
     padded_batch,
@@ -95,6 +96,9 @@ def _check_pruned_structure(family, original, pruned, plan):
         idx = torch.tensor(keep)
         assert layer.num_experts == len(keep)
         assert torch.equal(layer.router_linear.weight, old.router_linear.weight[idx])
+        if family in BLOCK_BIAS:  # a selection bias the block keeps: the kept experts' entries
+            name = BLOCK_BIAS[family]
+            assert torch.equal(getattr(layer.block, name), getattr(old.block, name)[idx])
         if hasattr(layer.router, "per_expert_scale"):  # Gemma 4: the kept experts' scales
             assert torch.equal(layer.router.per_expert_scale, old.router.per_expert_scale[idx])
         assert torch.equal(layer.experts.gate_up_proj, old.experts.gate_up_proj[idx])
@@ -121,7 +125,8 @@ def _check_pruned_structure(family, original, pruned, plan):
     per_expert = ("gate.weight", "gate.e_score_correction_bias", "experts.gate_up_proj", "experts.down_proj",
                   "router.weight", "router.bias", "experts.gate_up_proj_bias", "experts.down_proj_bias",
                   "gate.moe_statics.e_score_correction_bias", "router.proj.weight", "router.per_expert_scale",
-                  "gate.wg.weight")
+                  "gate.wg.weight", "e_score_correction_bias", "expert_bias", "router.gate.weight",
+                  "feed_forward.gate.weight")
     for name, tensor in old_state.items():
         block = f".{BLOCK_ATTR.get(family, 'mlp')}." if BLOCK_ATTR.get(family, "mlp") else ".layers."
         if not (block in name and name.endswith(per_expert) and "shared" not in name):

@@ -15,6 +15,7 @@ from fixtures import (
     ALL_SPARSE,
     ALWAYS_RENORMALISE,
     BIASED_SELECTION,
+    BLOCK_BIAS,
     DEEPSEEK_LIKE,
     NEVER_RENORMALISE,
     NORMED_ROUTER_INPUT,
@@ -23,6 +24,7 @@ from fixtures import (
     TOP_K_KEY,
     TOPK_THEN_SOFTMAX,
     block_of,
+    call_router,
     family_count_key,
     text_config_of,
 )
@@ -31,7 +33,8 @@ import lightprune as lp
 from lightprune.models.tiny import TINY_FAMILIES
 
 SOFTMAX_FAMILIES = tuple(f for f in TINY_FAMILIES
-                         if f not in DEEPSEEK_LIKE | TOPK_THEN_SOFTMAX | BIASED_SELECTION | NORMED_ROUTER_INPUT)
+                         if f not in DEEPSEEK_LIKE | TOPK_THEN_SOFTMAX | BIASED_SELECTION | NORMED_ROUTER_INPUT
+                         | set(BLOCK_BIAS))
 SHARED = SHARED_EXPERTS
 
 
@@ -47,6 +50,8 @@ def expected_moe_indices(family: str, model) -> list[int]:
     if family == "ernie4_5_moe":  # every moe_layer_interval-th layer from moe_layer_start_index to moe_layer_end_index
         return [i for i in range(n) if (i + 1) % cfg.moe_layer_interval == 0
                 and cfg.moe_layer_start_index <= i <= cfg.moe_layer_end_index]
+    if family in ("afmoe", "lfm2_moe"):  # dense below num_dense_layers
+        return [i for i in range(n) if i >= cfg.num_dense_layers]
     if family == "jamba":  # transformers' own per-layer expert counts
         return [i for i, count in enumerate(cfg.layers_num_experts) if count > 1]
     if getattr(cfg, "mlp_layer_types", None) is not None:  # recent families build their layers from this list
@@ -158,7 +163,7 @@ def test_route_equals_the_models_router_bitwise(tiny, family, dtype):
     for layer in lp.find_moe_layers(model):
         hidden = torch.randn(13, layer.router_linear.weight.shape[1], generator=gen).to(dtype)
         with torch.no_grad():
-            expected = layer.router(hidden)
+            expected = call_router(family, layer, hidden)
             for mask in (None, torch.zeros(layer.num_experts, dtype=torch.bool)):
                 got = layer.route(hidden, mask)
                 for g, e in zip(got, expected, strict=True):
@@ -220,6 +225,45 @@ def test_renormalisation_is_covered_both_ways(tiny):
     # guard for the test above: the tiny families exercise both softmax variants
     kinds = {renormalises(f, tiny(f)) for f in SOFTMAX_FAMILIES}
     assert kinds == {True, False}
+
+
+#: (renormalisation epsilon or None for none, the router's scaling attribute or None) per block-bias family, from
+#: each transformers router's forward
+_BLOCK_BIAS_RULE = {"minimax_m2": (0.0, None), "hy_v3": (1e-20, "router_scaling_factor"),
+                    "afmoe": (1e-20, "route_scale"), "lfm2_moe": (1e-6, "routed_scaling_factor")}
+
+
+@pytest.mark.parametrize("family", sorted(BLOCK_BIAS))
+def test_masked_block_bias_routing_matches_a_hand_computation(tiny, family):
+    """Sigmoid scores, top-k of the scores plus the block's bias, the k scores renormalised and scaled, by hand
+    (float64) on the router with the masked rows deleted; the masked experts get a large bias, which masking only
+    the logits would let them win with."""
+    model = tiny(family, seed=3)
+    eps, scale_attr = _BLOCK_BIAS_RULE[family]
+    gen = torch.Generator().manual_seed(11)
+    for layer in lp.find_moe_layers(model):
+        bias = getattr(layer.block, BLOCK_BIAS[family])
+        keep = sorted(torch.randperm(layer.num_experts, generator=gen)[:5].tolist())
+        masked = torch.ones(layer.num_experts, dtype=torch.bool)
+        masked[keep] = False
+        with torch.no_grad():
+            bias[masked] = 5.0
+        hidden = torch.randn(24, layer.router_linear.weight.shape[1], generator=gen)
+        with torch.no_grad():
+            plain_ids = call_router(family, layer, hidden)[2]
+            logits, weights, ids = layer.route(hidden, masked)
+        assert torch.isin(plain_ids, torch.nonzero(masked).flatten()).any()  # the bias alone would pick them
+        assert torch.isneginf(logits[:, masked]).all()
+        scale = 1.0 if scale_attr is None else float(getattr(layer.router, scale_attr))
+        scores = torch.sigmoid(hidden.double() @ layer.router_linear.weight.detach().double()[keep].T)
+        for t, row in enumerate(scores.tolist()):
+            top = sorted(range(len(keep)), key=lambda j: -(row[j] + float(bias[keep[j]])))[:layer.top_k]
+            total = sum(row[j] for j in top) + eps
+            expected = {keep[j]: row[j] / total * scale for j in top}
+            got = dict(zip(ids[t].tolist(), weights[t].tolist()))
+            assert set(got) == set(expected), f"token {t}"
+            for e, w in expected.items():
+                assert math.isclose(got[e], w, rel_tol=1e-5, abs_tol=1e-6), (t, e, got[e], w)
 
 
 @pytest.mark.parametrize("family", sorted(NORMED_ROUTER_INPUT))

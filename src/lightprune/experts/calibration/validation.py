@@ -45,7 +45,7 @@ def _row_masked(layer: MoELayer, experts: list[int], rows_per_copy: int) -> Iter
     mask = mask.repeat_interleave(rows_per_copy, dim=0)
     family = layer.family
 
-    def forward(hidden_states: torch.Tensor):
+    def forward(hidden_states: torch.Tensor, *args, **kwargs):  # a block-held bias: read by the family itself
         return family.select(layer, family.router_logits(layer, hidden_states), mask)
 
     previous = router.__dict__.get("forward")
