@@ -19,7 +19,7 @@
 | mellum | as olmoe | none | none |
 | qwen3_next | as qwen2_moe | mlp_only_layers, decoder_sparse_step | shared_expert (+ sigmoid gate) |
 | gpt_oss | biased logits, top-k, softmax over the k | none | none (expert biases, clamped SwiGLU) |
-| granitemoe, granitemoeshared, granitemoe_swa | fp32 logits, top-k, softmax over the k | none | (granitemoeshared: a shared MLP beside the block) |
+| granitemoe, granitemoeshared, granitemoe_swa, granitemoehybrid | fp32 logits, top-k, softmax over the k | none | (granitemoeshared: a shared MLP beside the block) |
 | jamba | softmax, top-k, not renormalised | expert_layer_period / offset | none |
 | cohere2_moe | top-k of the logits, softmax or sigmoid over the k | none | none |
 | deepseek_v2 | softmax, greedy or group-limited greedy (best expert per group), scaled, not renormalised | first_k_dense_replace | shared_experts |
@@ -252,12 +252,13 @@ class GptOssFamily(MoEFamily):
 
 
 class GraniteMoeFamily(MoEFamily):
-    """Granite MoE (``granitemoe``, ``granitemoeshared``, ``granitemoe_swa``): fp32 logits, top-k of the logits,
+    """Granite MoE (``granitemoe``, ``granitemoeshared``, ``granitemoe_swa``, and the Mamba-2 hybrid
+    ``granitemoehybrid``, whose every layer has the block beside its mamba or attention mixer): fp32 logits, top-k of the logits,
     softmax over the k in the hidden states' dtype (GraniteMoeTopKRouter); every layer sparse. A pruned expert's
     logit is -inf before the top-k."""
 
     routing = "top-k of fp32 logits, softmax over the k"
-    model_types = ("granitemoe", "granitemoeshared", "granitemoe_swa")
+    model_types = ("granitemoe", "granitemoeshared", "granitemoe_swa", "granitemoehybrid")
     num_experts_key = "num_local_experts"
     mlp_attr = "block_sparse_moe"
     router_attr = "router"

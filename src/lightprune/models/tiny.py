@@ -146,6 +146,10 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
                      "moe_num_shared_experts": 1},
     "granitemoe": {"num_hidden_layers": 2}, "granitemoeshared": {"num_hidden_layers": 2, "shared_intermediate_size": 16},
     "granitemoe_swa": {"num_hidden_layers": 2},
+    # a Mamba-2 layer and an attention layer, each with the MoE block and the shared MLP
+    "granitemoehybrid": {"num_hidden_layers": 2, "shared_intermediate_size": 16, "intermediate_size": 16,
+                         "layer_types": ["linear_attention", "attention"], "mamba_n_heads": 4, "mamba_d_state": 8,
+                         "mamba_d_head": 16, "mamba_chunk_size": 8, "mamba_n_groups": 1},
     # mamba, attention+MoE, mamba, attention+MoE
     "jamba": {"num_hidden_layers": 4, "expert_layer_period": 2, "expert_layer_offset": 1, "attn_layer_period": 2,
               "attn_layer_offset": 1, "mamba_d_state": 4, "mamba_d_conv": 2, "mamba_expand": 2, "mamba_dt_rank": 4},
