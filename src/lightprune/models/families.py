@@ -24,7 +24,7 @@
 | cohere2_moe | top-k of the logits, softmax or sigmoid over the k | none | none |
 | deepseek_v2 | softmax, greedy or group-limited greedy (best expert per group), scaled, not renormalised | first_k_dense_replace | shared_experts |
 | ernie4_5_moe | softmax + selection bias (moe_statics), renormalised | moe_layer_interval / start / end | shared_experts |
-| qwen3_5_moe_text | as qwen2_moe, always renormalised | mlp_only_layers, decoder_sparse_step | shared_expert (+ sigmoid gate) |
+| qwen3_5_moe_text, qwen3_5_moe | as qwen2_moe, always renormalised | mlp_only_layers, decoder_sparse_step | shared_expert (+ sigmoid gate) |
 | hunyuan_v1_moe | softmax of fp32 logits (router weight in gate.wg), renormalised, top-k per layer | none | shared_mlp |
 | minimax_m2 | sigmoid + the block's e_score_correction_bias, top-k, renormalised | none | none |
 | hy_v3 | as minimax_m2, renormalised (+1e-20), router_scaling_factor | mlp_layer_types | shared_experts |
@@ -51,7 +51,7 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "DEEPSEEK_ALIKE", "MellumFamily", "Qwen3NextFamily", "GptOssFamily", "GraniteMoeFamily",
            "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily", "Gemma4TextFamily",
            "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily",
-           "BUILT_IN",
+           "Qwen3_5MoeFamily", "BUILT_IN",
            "REFUSED_TYPES"]
 
 
@@ -337,6 +337,17 @@ class Qwen3_5MoeTextFamily(Qwen2MoeFamily):
 
     def renormalize(self) -> bool:
         return True
+
+
+class Qwen3_5MoeFamily(Qwen3_5MoeTextFamily):
+    """Qwen3.5-MoE MLLM (``qwen3_5_moe``): its Qwen3.5-MoE language model, with image and video placeholders."""
+
+    model_types = ("qwen3_5_moe",)
+    multimodal = True
+
+    def vision_token_ids(self) -> tuple[int, ...]:
+        """``image_token_id`` and ``video_token_id`` of the top-level config."""
+        return _config_ids(self.config, ("image_token_id", "video_token_id"))
 
 
 class DeepseekV2Family(MoEFamily):
@@ -672,7 +683,7 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          GraniteMoeFamily, JambaFamily, Cohere2MoeFamily, Qwen3_5MoeTextFamily,
                                          DeepseekV2Family, Ernie4_5MoeFamily, Gemma4TextFamily, Gemma4Family,
                                          HunYuanMoEV1Family, MiniMaxM2Family, HYV3Family, AfmoeFamily,
-                                         Lfm2MoeFamily)
+                                         Lfm2MoeFamily, Qwen3_5MoeFamily)
 
 
 #: model types whose structure lightprune cannot prune exactly yet, and why (:func:`registry.refuse_family`)

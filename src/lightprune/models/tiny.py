@@ -185,6 +185,24 @@ def _qwen3_vl_moe(**kw: Any):
                             vision_start_token_id=122, vision_end_token_id=123, tie_word_embeddings=False, **kw)
 
 
+def _qwen3_5_moe(**kw: Any):
+    from transformers import Qwen3_5MoeConfig
+
+    text = {**_ATTN, "num_hidden_layers": 2, "intermediate_size": 24, "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2,
+            "layer_types": ["linear_attention", "full_attention"], "linear_num_value_heads": 4,
+            "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+            "linear_conv_kernel_dim": 2,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                                "mrope_interleaved": True, "partial_rotary_factor": 1.0}}
+    text.update(kw.pop("text_config", {}))
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
+              "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16}
+    vision.update(kw.pop("vision_config", {}))
+    return Qwen3_5MoeConfig(text_config=text, vision_config=vision, image_token_id=120, video_token_id=121,
+                            vision_start_token_id=122, vision_end_token_id=123, tie_word_embeddings=False, **kw)
+
+
 def _internvl(**kw: Any):
     from transformers import InternVLConfig
 
@@ -262,6 +280,7 @@ _BUILDERS = {
     "minimax": _minimax,
     "flex_olmo": _flex_olmo,
     "gemma4": _gemma4,
+    "qwen3_5_moe": _qwen3_5_moe,
     **{t: (lambda t, extra: lambda **kw: _generic(t, **{**extra, **kw}))(t, extra)
        for t, extra in _GENERIC_FAMILIES.items()},
 }
@@ -272,7 +291,7 @@ _DENSE_BUILDERS = {"llava_onevision": _llava_onevision, "qwen2_5_vl": _qwen2_5_v
 
 TINY_DENSE_MLLMS: tuple[str, ...] = tuple(_DENSE_BUILDERS)
 
-_MLLMS = ("qwen3_vl_moe", "internvl", "gemma4", *TINY_DENSE_MLLMS)
+_MLLMS = ("qwen3_vl_moe", "internvl", "gemma4", "qwen3_5_moe", *TINY_DENSE_MLLMS)
 
 
 def tiny_config(family: str, **overrides: Any):

@@ -207,8 +207,8 @@ def _gemma4_images(config, count: int, first: int, gen: torch.Generator):
     return counts, pixels, positions
 
 
-_FAMILIES = ("qwen3_vl_moe", "qwen2_5_vl", "internvl", "llava_onevision", "gemma4")
-_QWEN = ("qwen3_vl_moe", "qwen2_5_vl")
+_FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe", "qwen2_5_vl", "internvl", "llava_onevision", "gemma4")
+_QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen2_5_vl")
 
 
 def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tuple[int, int] = (4, 6),

@@ -128,7 +128,11 @@ class AttentionProbe:
         for i in layers:
             attn = getattr(decoder[i], "self_attn", None)
             if attn is None or getattr(attn, "config", None) is None:
-                raise ValueError(f"decoder layer {i} has no self_attn module with a config to switch")
+                types = getattr(family.text_config, "layer_types", None) or []
+                kind = f" (a {types[i]!r} layer)" if i < len(types) else ""
+                raise ValueError(f"decoder layer {i}{kind} has no softmax self-attention (self_attn) to rank vision "
+                                 "tokens by; the attention subsets (vision_low_attn, vision_high_attn) need one in "
+                                 "every probed layer: use 'vision' / 'text' subsets on this model")
             if getattr(attn, "layer_idx", i) != i:
                 raise ValueError(f"decoder layer {i}: self_attn.layer_idx is {attn.layer_idx}")
             self._attention[i] = attn

@@ -98,3 +98,21 @@ def test_observation_restores_the_mllm_exactly() -> None:
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, reference)
+
+
+def test_a_hybrid_mllm_has_modality_subsets_and_refuses_attention_ones() -> None:
+    """Qwen3.5-MoE: a linear-attention (gated delta net) layer and a full one. Text / vision frequencies are the
+    routers' own counts over those tokens; an attention subset is an error naming the linear layer."""
+    model = tiny_model("qwen3_5_moe")
+    batch = tiny_multimodal_batch(model, seed=3)
+    stats = lp.collect_expert_stats(model, [batch], subsets=("all", "text", "vision"), progress=False)
+    routing = _routing(model, batch)
+    ids, valid = batch["input_ids"], batch["attention_mask"].bool()
+    vision = torch.isin(ids, torch.tensor(get_family(model).vision_token_ids())) & valid
+    assert vision.any() and (valid & ~vision).any()
+    for layer in lp.find_moe_layers(model):
+        for subset, mask in (("text", valid & ~vision), ("vision", vision)):
+            expected = torch.bincount(routing[layer.index][mask.flatten()].flatten(), minlength=layer.num_experts)
+            torch.testing.assert_close(stats.raw("frequency", subset)[layer.index], expected.double(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="decoder layer 0 \\(a 'linear_attention' layer\\) has no softmax"):
+        lp.collect_expert_stats(model, [batch], subsets=("vision_low_attn",), progress=False)
