@@ -9,7 +9,8 @@
 | deepseek_v3 | sigmoid + e_score_correction_bias, n_group/topk_group, routed_scaling_factor | first_k_dense_replace | shared_experts |
 | qwen3_vl_moe | softmax, always renormalised | mlp_only_layers, decoder_sparse_step | none |
 | internvl | its Qwen3-MoE language model | as qwen3_moe | none |
-| glm4_moe | as deepseek_v3 (sigmoid, bias, groups, scaling) | first_k_dense_replace | shared_experts |
+| glm4_moe, glm4v_moe | as deepseek_v3 (sigmoid, bias, groups, scaling) | first_k_dense_replace | shared_experts |
+| qwen3_omni_moe_thinker | as qwen3_moe | mlp_only_layers, decoder_sparse_step | none |
 | dots1 | as deepseek_v3 | first_k_dense_replace | shared_experts |
 | minimax | as mixtral (softmax of fp32 logits, renormalised) | none | none |
 | flex_olmo | as olmoe | none | none |
@@ -51,7 +52,7 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "DEEPSEEK_ALIKE", "MellumFamily", "Qwen3NextFamily", "GptOssFamily", "GraniteMoeFamily",
            "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily", "Gemma4TextFamily",
            "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily",
-           "Qwen3_5MoeFamily", "BUILT_IN",
+           "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "BUILT_IN",
            "REFUSED_TYPES"]
 
 
@@ -109,6 +110,18 @@ class Qwen3VLMoeFamily(_SoftmaxFamily):
 
     def vision_token_ids(self) -> tuple[int, ...]:
         """``image_token_id`` and ``video_token_id`` of the top-level config."""
+        return _config_ids(self.config, ("image_token_id", "video_token_id"))
+
+
+class Qwen3OmniMoeThinkerFamily(_SoftmaxFamily):
+    """Qwen3-Omni's thinker (``qwen3_omni_moe_thinker``): a Qwen3-MoE language model (softmax, top-k,
+    ``norm_topk_prob``) reading text, image, video and audio; images and videos are its vision tokens."""
+
+    model_types = ("qwen3_omni_moe_thinker",)
+    multimodal = True
+
+    def vision_token_ids(self) -> tuple[int, ...]:
+        """``image_token_id`` and ``video_token_id`` of the thinker's config (audio placeholders are not vision)."""
         return _config_ids(self.config, ("image_token_id", "video_token_id"))
 
 
@@ -199,6 +212,18 @@ class Glm4MoeFamily(DeepseekV3Family):
     """GLM-4.5 / 4.6 (``glm4_moe``): DeepSeek-V3's router (Glm4MoeTopkRouter is the same computation)."""
 
     model_types = ("glm4_moe",)
+
+
+class Glm4vMoeFamily(DeepseekV3Family):
+    """GLM-4.5V / 4.6V (``glm4v_moe``): a GLM-4.5 language model (DeepSeek-V3's router) with image and video
+    placeholders."""
+
+    model_types = ("glm4v_moe",)
+    multimodal = True
+
+    def vision_token_ids(self) -> tuple[int, ...]:
+        """``image_token_id`` and ``video_token_id`` of the top-level config (begin / end markers are text)."""
+        return _config_ids(self.config, ("image_token_id", "video_token_id"))
 
 
 class Dots1Family(DeepseekV3Family):
@@ -683,7 +708,7 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          GraniteMoeFamily, JambaFamily, Cohere2MoeFamily, Qwen3_5MoeTextFamily,
                                          DeepseekV2Family, Ernie4_5MoeFamily, Gemma4TextFamily, Gemma4Family,
                                          HunYuanMoEV1Family, MiniMaxM2Family, HYV3Family, AfmoeFamily,
-                                         Lfm2MoeFamily, Qwen3_5MoeFamily)
+                                         Lfm2MoeFamily, Qwen3_5MoeFamily, Qwen3OmniMoeThinkerFamily, Glm4vMoeFamily)
 
 
 #: model types whose structure lightprune cannot prune exactly yet, and why (:func:`registry.refuse_family`)

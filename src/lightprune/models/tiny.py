@@ -203,6 +203,43 @@ def _qwen3_5_moe(**kw: Any):
                             vision_start_token_id=122, vision_end_token_id=123, tie_word_embeddings=False, **kw)
 
 
+def _qwen3_omni_moe_thinker(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    text = {**_ATTN, "num_hidden_layers": 2, "intermediate_size": 24, "moe_intermediate_size": 16, "num_experts": 8,
+            "num_experts_per_tok": 2, "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                                "mrope_interleaved": True}}
+    text.update(kw.pop("text_config", {}))
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
+              "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16,
+              "deepstack_visual_indexes": []}
+    vision.update(kw.pop("vision_config", {}))
+    audio = {"num_mel_bins": 16, "encoder_layers": 1, "encoder_attention_heads": 4, "encoder_ffn_dim": 16,
+             "d_model": 32, "output_dim": 32, "downsample_hidden_size": 8}
+    return CONFIG_MAPPING["qwen3_omni_moe_thinker"](
+        text_config=text, vision_config=vision, audio_config=audio, image_token_id=120, video_token_id=121,
+        vision_start_token_id=122, vision_end_token_id=123, audio_token_id=124, audio_start_token_id=125,
+        tie_word_embeddings=False, **kw)
+
+
+def _glm4v_moe(**kw: Any):
+    from transformers import Glm4vMoeConfig
+
+    text = {**_ATTN, "num_hidden_layers": 3, "intermediate_size": 24, "moe_intermediate_size": 16,
+            "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
+            "first_k_dense_replace": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 0],
+                                "partial_rotary_factor": 0.5}}
+    text.update(kw.pop("text_config", {}))
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
+              "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "image_size": 16}
+    vision.update(kw.pop("vision_config", {}))
+    return Glm4vMoeConfig(text_config=text, vision_config=vision, image_token_id=120, video_token_id=121,
+                          image_start_token_id=122, image_end_token_id=123, video_start_token_id=124,
+                          video_end_token_id=125, tie_word_embeddings=False, **kw)
+
+
 def _internvl(**kw: Any):
     from transformers import InternVLConfig
 
@@ -281,6 +318,8 @@ _BUILDERS = {
     "flex_olmo": _flex_olmo,
     "gemma4": _gemma4,
     "qwen3_5_moe": _qwen3_5_moe,
+    "qwen3_omni_moe_thinker": _qwen3_omni_moe_thinker,
+    "glm4v_moe": _glm4v_moe,
     **{t: (lambda t, extra: lambda **kw: _generic(t, **{**extra, **kw}))(t, extra)
        for t, extra in _GENERIC_FAMILIES.items()},
 }
@@ -291,7 +330,7 @@ _DENSE_BUILDERS = {"llava_onevision": _llava_onevision, "qwen2_5_vl": _qwen2_5_v
 
 TINY_DENSE_MLLMS: tuple[str, ...] = tuple(_DENSE_BUILDERS)
 
-_MLLMS = ("qwen3_vl_moe", "internvl", "gemma4", "qwen3_5_moe", *TINY_DENSE_MLLMS)
+_MLLMS = ("qwen3_vl_moe", "internvl", "gemma4", "qwen3_5_moe", "qwen3_omni_moe_thinker", "glm4v_moe", *TINY_DENSE_MLLMS)
 
 
 def tiny_config(family: str, **overrides: Any):

@@ -38,6 +38,8 @@ from torch import nn
 __all__ = ["llava_onevision_image_tokens", "special_token_ids", "tiny_multimodal_batch", "tiny_text_batch"]
 
 _SPECIAL_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
+                 "image_start_token_id", "image_end_token_id", "video_start_token_id", "video_end_token_id",
+                 "audio_start_token_id",
                  "audio_token_id", "pad_token_id", "bos_token_id", "eos_token_id", "boi_token_id", "eoi_token_id",
                  "boa_token_id", "eoa_token_index")
 
@@ -207,8 +209,9 @@ def _gemma4_images(config, count: int, first: int, gen: torch.Generator):
     return counts, pixels, positions
 
 
-_FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe", "qwen2_5_vl", "internvl", "llava_onevision", "gemma4")
-_QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen2_5_vl")
+_FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen2_5_vl", "glm4v_moe", "internvl",
+             "llava_onevision", "gemma4")
+_QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen2_5_vl", "glm4v_moe")
 
 
 def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tuple[int, int] = (4, 6),
@@ -251,7 +254,10 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
             if j:
                 parts.append(_text_ids(config, 1, gen))
             image = torch.full((count,), config.image_token_id, dtype=torch.long)
-            if qwen:
+            if model_type == "glm4v_moe":
+                image = torch.cat([torch.tensor([config.image_start_token_id]), image,
+                                   torch.tensor([config.image_end_token_id])])
+            elif qwen:
                 image = torch.cat([torch.tensor([config.vision_start_token_id]), image,
                                    torch.tensor([config.vision_end_token_id])])
             elif model_type == "gemma4":

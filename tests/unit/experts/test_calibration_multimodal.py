@@ -60,7 +60,7 @@ def _routing(model, batch):
     return captured
 
 
-@pytest.mark.parametrize("family", ["qwen3_vl_moe", "internvl", "gemma4"])
+@pytest.mark.parametrize("family", ["qwen3_vl_moe", "internvl", "gemma4", "qwen3_omni_moe_thinker", "glm4v_moe"])
 def test_vision_subsets_follow_eager_attention(family: str) -> None:
     model = tiny_model(family)
     batch = tiny_multimodal_batch(model, seed=3)

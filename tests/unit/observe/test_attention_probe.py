@@ -12,7 +12,7 @@ from lightprune.models import get_family
 from lightprune.models.tiny_batches import special_token_ids, tiny_multimodal_batch, tiny_text_batch
 from lightprune.observe import PROBE_PREFIX, AttentionProbe, low_high_masks, modality_masks
 
-MLLMS = ("qwen3_vl_moe", "internvl", "gemma4")
+MLLMS = ("qwen3_vl_moe", "internvl", "gemma4", "qwen3_omni_moe_thinker", "glm4v_moe")
 
 
 def _masks(model, batch):
@@ -237,7 +237,7 @@ def test_tiny_batches_are_valid(tiny, family):
             valid = mask[b].nonzero().flatten()
             assert valid.min() < first[b] and valid.max() > last[b]
             assert not set((ids[b][mask[b] & ~vision[b]]).tolist()) & {image_id}
-        if family == "qwen3_vl_moe":
+        if "image_grid_thw" in batch:  # Qwen-VL-style patches (Qwen3-VL, Qwen3-Omni's thinker, GLM-4.5V)
             grid = batch["image_grid_thw"]
             merge = model.config.vision_config.spatial_merge_size
             assert int(vision.sum()) == int((grid.prod(-1) // merge**2).sum())
