@@ -31,6 +31,7 @@
 | hy_v3 | as minimax_m2, renormalised (+1e-20), router_scaling_factor | mlp_layer_types | shared_experts |
 | afmoe | as hy_v3 with the block's expert_bias and route_scale (router weight in router.gate) | num_dense_layers | shared_experts |
 | lfm2_moe | sigmoid (+ the block's expert_bias), top-k, norm_topk_prob (+1e-6), scaled | num_dense_layers | none |
+| phimoe | sparsemixer (two experts, thresholded softmaxes) | none | none |
 | gemma4_text, gemma4 | normed input, softmax, top-k, renormalised, per_expert_scale | enable_moe_block (all or none) | a dense MLP beside the experts in every layer |
 
 A family that reuses another's rule says so by subclassing it: the transformers router of each was
@@ -52,7 +53,7 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "DEEPSEEK_ALIKE", "MellumFamily", "Qwen3NextFamily", "GptOssFamily", "GraniteMoeFamily",
            "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily", "Gemma4TextFamily",
            "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily",
-           "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "BUILT_IN",
+           "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily", "BUILT_IN",
            "REFUSED_TYPES"]
 
 
@@ -550,6 +551,40 @@ class HunYuanMoEV1Family(MoEFamily):
         return router_logits, weights.to(router_logits.dtype), top_index
 
 
+class PhimoeFamily(MoEFamily):
+    """Phi-3.5-MoE (``phimoe``): every layer sparse; the router's logits go through sparsemixer (arXiv 2409.12136):
+    in eval, the best expert, then the best of the rest, each weighted by a softmax over the experts within
+    ``2 * router_jitter_noise`` (relative) of it; two experts whatever ``num_experts_per_tok`` says, not
+    renormalised. transformers' own ``sparsemixer`` runs on the masked logits: a pruned expert's logit is -inf, so
+    it is never chosen and drops out of both softmaxes and thresholds, exactly as if removed. In training mode
+    sparsemixer samples (Gumbel), as the model does."""
+
+    routing = "sparsemixer: two experts, each a thresholded softmax"
+    model_types = ("phimoe",)
+    num_experts_key = "num_local_experts"
+    router_attr = "router"
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return True
+
+    def top_k(self) -> int:
+        return 2  # sparsemixer's fixed choice of two
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]), layer.router.weight,
+                        layer.router.bias)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        from transformers.models.phimoe.modeling_phimoe import sparsemixer
+
+        router = layer.router
+        router_logits = _mask_logits(router_logits, expert_mask)
+        weights, top_index = sparsemixer(router_logits, jitter_eps=router.router_jitter_noise,
+                                         training=router.training, top_k=2)
+        return router_logits, weights, top_index
+
+
 def _masked_choice(scores: torch.Tensor, bias: torch.Tensor | None,
                    expert_mask: torch.Tensor | None) -> torch.Tensor:
     """Selection scores ``scores + bias`` (``scores`` without a bias) with the masked experts at -inf."""
@@ -708,7 +743,8 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          GraniteMoeFamily, JambaFamily, Cohere2MoeFamily, Qwen3_5MoeTextFamily,
                                          DeepseekV2Family, Ernie4_5MoeFamily, Gemma4TextFamily, Gemma4Family,
                                          HunYuanMoEV1Family, MiniMaxM2Family, HYV3Family, AfmoeFamily,
-                                         Lfm2MoeFamily, Qwen3_5MoeFamily, Qwen3OmniMoeThinkerFamily, Glm4vMoeFamily)
+                                         Lfm2MoeFamily, Qwen3_5MoeFamily, Qwen3OmniMoeThinkerFamily, Glm4vMoeFamily,
+                                         PhimoeFamily)
 
 
 #: model types whose structure lightprune cannot prune exactly yet, and why (:func:`registry.refuse_family`)

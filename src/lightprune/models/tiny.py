@@ -162,6 +162,8 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     # per-layer experts per token (a list, as the config allows): layer 1 routes to 3
     "hunyuan_v1_moe": {"num_hidden_layers": 2, "intermediate_size": 16, "moe_topk": [2, 3], "use_qk_norm": True},
     "minimax_m2": {"num_hidden_layers": 2, "intermediate_size": 16},
+    # a jitter epsilon wide enough that sparsemixer's threshold masks some experts out of its softmaxes
+    "phimoe": {"num_hidden_layers": 2, "intermediate_size": 16, "router_jitter_noise": 0.2},
     "hy_v3": _sparse_after_first(num_shared_experts=1, router_scaling_factor=2.5),
     "afmoe": {"num_dense_layers": 1, "num_shared_experts": 1, "route_scale": 2.5},
     "lfm2_moe": {"num_dense_layers": 1, "use_expert_bias": True, "routed_scaling_factor": 2.5,

@@ -21,6 +21,7 @@ from fixtures import (
     NORMED_ROUTER_INPUT,
     ROUTER_ATTR,
     SHARED_EXPERTS,
+    SPARSEMIXER,
     TOP_K_KEY,
     TOPK_THEN_SOFTMAX,
     block_of,
@@ -34,7 +35,7 @@ from lightprune.models.tiny import TINY_FAMILIES
 
 SOFTMAX_FAMILIES = tuple(f for f in TINY_FAMILIES
                          if f not in DEEPSEEK_LIKE | TOPK_THEN_SOFTMAX | BIASED_SELECTION | NORMED_ROUTER_INPUT
-                         | set(BLOCK_BIAS))
+                         | set(BLOCK_BIAS) | SPARSEMIXER)
 SHARED = SHARED_EXPERTS
 
 
@@ -108,7 +109,7 @@ def test_find_moe_layers_follows_the_family_rule(tiny, family, overrides):
         assert layer.router is getattr(layer.block, ROUTER_ATTR.get(family, "gate"))
         assert layer.experts is layer.block.experts
         assert layer.num_experts == count == layer.router_linear.weight.shape[0] == layer.experts.gate_up_proj.shape[0]
-        top_k = getattr(cfg, TOP_K_KEY.get(family, "num_experts_per_tok"))
+        top_k = 2 if family in SPARSEMIXER else getattr(cfg, TOP_K_KEY.get(family, "num_experts_per_tok"))
         assert layer.top_k == (top_k[layer.index] if isinstance(top_k, list) else top_k)  # a list: one per layer
         assert layer.has_shared_experts == (family in SHARED)
         if family in DEEPSEEK_LIKE:
@@ -264,6 +265,46 @@ def test_masked_block_bias_routing_matches_a_hand_computation(tiny, family):
             assert set(got) == set(expected), f"token {t}"
             for e, w in expected.items():
                 assert math.isclose(got[e], w, rel_tol=1e-5, abs_tol=1e-6), (t, e, got[e], w)
+
+
+def _sparsemixer_reference(row: list[float], eps: float) -> dict[int, float]:
+    """Sparsemixer in eval (arXiv 2409.12136) on one token's logits: the best expert weighted by a softmax over the
+    experts within 2 eps (relative to max(|logit|, best)) of it; then the same for the best of the rest."""
+    def pick(candidates: list[int]) -> tuple[int, float]:
+        best = max(candidates, key=lambda j: row[j])
+        near = [j for j in candidates if (row[best] - row[j]) / max(abs(row[j]), row[best]) <= 2 * eps]
+        total = sum(math.exp(row[j] - row[best]) for j in near)
+        return best, 1.0 / total
+
+    everyone = list(range(len(row)))
+    first, w1 = pick(everyone)
+    second, w2 = pick([j for j in everyone if j != first])
+    return {first: w1, second: w2}
+
+
+@pytest.mark.parametrize("family", sorted(SPARSEMIXER))
+def test_masked_sparsemixer_routing_matches_a_hand_computation(tiny, family):
+    model = tiny(family, seed=3)
+    gen = torch.Generator().manual_seed(11)
+    thresholded = 0
+    for layer in lp.find_moe_layers(model):
+        eps = float(layer.router.router_jitter_noise)
+        keep = sorted(torch.randperm(layer.num_experts, generator=gen)[:5].tolist())
+        masked = torch.ones(layer.num_experts, dtype=torch.bool)
+        masked[keep] = False
+        hidden = torch.randn(24, layer.router_linear.weight.shape[1], generator=gen)
+        with torch.no_grad():
+            logits, weights, ids = layer.route(hidden, masked)
+        assert torch.isneginf(logits[:, masked]).all()
+        rows = (hidden.double() @ layer.router.weight.detach().double()[keep].T).tolist()
+        for t, row in enumerate(rows):
+            expected = {keep[j]: w for j, w in _sparsemixer_reference(row, eps).items()}
+            got = dict(zip(ids[t].tolist(), weights[t].tolist()))
+            assert set(got) == set(expected), f"token {t}"
+            for e, w in expected.items():
+                assert math.isclose(got[e], w, rel_tol=1e-5, abs_tol=1e-6), (t, e, got[e], w)
+            thresholded += sum(w < 1 - 1e-6 for w in expected.values())
+    assert thresholded > 0  # some softmaxes span more than one expert: the threshold is exercised
 
 
 @pytest.mark.parametrize("family", sorted(NORMED_ROUTER_INPUT))
