@@ -218,7 +218,8 @@ class MoEFamily:
             router = getattr(block, self.router_attr, None)
             experts = getattr(block, self.experts_attr, None)
             sparse = self.is_sparse_layer(index)
-            has_moe = router is not None and experts is not None and hasattr(experts, "gate_up_proj")
+            has_moe = router is not None and experts is not None and (hasattr(experts, "gate_up_proj")
+                                                                      or hasattr(experts, "up_proj"))
             if sparse != has_moe:
                 raise ValueError(
                     f"{type(self.model).__name__} layer {index}: the config says "

@@ -11,6 +11,7 @@
 | internvl | its Qwen3-MoE language model | as qwen3_moe | none |
 | glm4_moe, glm4v_moe | as deepseek_v3 (sigmoid, bias, groups, scaling) | first_k_dense_replace | shared_experts |
 | qwen3_omni_moe_thinker | as qwen3_moe | mlp_only_layers, decoder_sparse_step | none |
+| nemotron_h | as deepseek_v3 (ungated relu^2 experts, latent projection) | layers_block_type "moe" | shared_experts |
 | dots1 | as deepseek_v3 | first_k_dense_replace | shared_experts |
 | minimax | as mixtral (softmax of fp32 logits, renormalised) | none | none |
 | flex_olmo | as olmoe | none | none |
@@ -53,7 +54,7 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "DEEPSEEK_ALIKE", "MellumFamily", "Qwen3NextFamily", "GptOssFamily", "GraniteMoeFamily",
            "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily", "Gemma4TextFamily",
            "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily",
-           "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily", "BUILT_IN",
+           "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily", "NemotronHFamily", "BUILT_IN",
            "REFUSED_TYPES"]
 
 
@@ -225,6 +226,19 @@ class Glm4vMoeFamily(DeepseekV3Family):
     def vision_token_ids(self) -> tuple[int, ...]:
         """``image_token_id`` and ``video_token_id`` of the top-level config (begin / end markers are text)."""
         return _config_ids(self.config, ("image_token_id", "video_token_id"))
+
+
+class NemotronHFamily(DeepseekV3Family):
+    """Nemotron-H / Nemotron 3 (``nemotron_h``): DeepSeek-V3's router (NemotronHTopkRouter is the same computation)
+    in the layers whose ``layers_block_type`` is "moe" (the others are Mamba-2, attention or MLP mixers); ungated
+    relu^2 experts (``up_proj``, ``down_proj``), fed a latent projection of the router's input when
+    ``moe_latent_size`` is set."""
+
+    model_types = ("nemotron_h",)
+    mlp_attr = "mixer"
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return self.text_config.layers_block_type[index] == "moe"
 
 
 class Dots1Family(DeepseekV3Family):
@@ -744,7 +758,7 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          DeepseekV2Family, Ernie4_5MoeFamily, Gemma4TextFamily, Gemma4Family,
                                          HunYuanMoEV1Family, MiniMaxM2Family, HYV3Family, AfmoeFamily,
                                          Lfm2MoeFamily, Qwen3_5MoeFamily, Qwen3OmniMoeThinkerFamily, Glm4vMoeFamily,
-                                         PhimoeFamily)
+                                         PhimoeFamily, NemotronHFamily)
 
 
 #: model types whose structure lightprune cannot prune exactly yet, and why (:func:`registry.refuse_family`)

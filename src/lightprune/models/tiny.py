@@ -162,6 +162,10 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     # per-layer experts per token (a list, as the config allows): layer 1 routes to 3
     "hunyuan_v1_moe": {"num_hidden_layers": 2, "intermediate_size": 16, "moe_topk": [2, 3], "use_qk_norm": True},
     "minimax_m2": {"num_hidden_layers": 2, "intermediate_size": 16},
+    # Mamba-2, MoE, attention, MoE mixers; the experts read a 16-wide latent projection of the hidden states
+    "nemotron_h": {"layers_block_type": ["linear_attention", "moe", "full_attention", "moe"], "intermediate_size": 16,
+                   "moe_shared_expert_intermediate_size": 16, "moe_latent_size": 16, "mamba_num_heads": 4,
+                   "mamba_head_dim": 16, "ssm_state_size": 8, "n_groups": 1, "chunk_size": 8},
     # a jitter epsilon wide enough that sparsemixer's threshold masks some experts out of its softmaxes
     "phimoe": {"num_hidden_layers": 2, "intermediate_size": 16, "router_jitter_noise": 0.2},
     "hy_v3": _sparse_after_first(num_shared_experts=1, router_scaling_factor=2.5),

@@ -5,7 +5,7 @@ transformers 5 dispatches a fused experts module's forward through ``ExpertsInte
 ``config._experts_implementation``. :func:`observing_experts` registers ``"lightprune_observe"``
 there once and, for the duration of a ``with`` block, points the MoE layers' configs at it; the
 previous implementation names are restored on exit (also on error). The observer receives
-``(layer, hidden_states [T, H], router_input [T, H], top_k_index [T, k], top_k_weights [T, k], outputs [T, k, H])``
+``(layer, hidden_states [T, H], router_input [T, H'], top_k_index [T, k], top_k_weights [T, k], outputs [T, k, H])``
 where ``outputs[t, s]`` is expert ``top_k_index[t, s]``'s unweighted output f(h_t) and ``router_input`` what the
 layer's router was called with for the same tokens (a forward pre-hook on the router, removed on exit): the experts'
 input in most families, the decoder layer's residual stream in Gemma 4, whose experts get a normed copy.
@@ -78,11 +78,12 @@ def _observing_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index
     if entry is not None:
         layer, observer = entry
         router_input = _ROUTER_INPUTS.pop(id(self), None)
-        if router_input is None or router_input.numel() != hidden_states.numel():
+        if router_input is not None:  # [T, H]; the experts may read a narrower projection (Nemotron-H's latent)
+            router_input = router_input.reshape(-1, router_input.shape[-1])
+        if router_input is None or router_input.shape[0] != hidden_states.shape[0]:
             raise RuntimeError(f"layer {layer.index}: its experts ran without a router call on the same tokens "
                                "before them; lightprune observes experts routed by the layer's own router")
-        observer(layer, hidden_states, router_input.reshape(hidden_states.shape), top_k_index, top_k_weights,
-                 outputs)
+        observer(layer, hidden_states, router_input, top_k_index, top_k_weights, outputs)
     weighted = (outputs.float() * top_k_weights.float().unsqueeze(-1)).sum(dim=1)
     return weighted.to(hidden_states.dtype)
 

@@ -101,7 +101,8 @@ def _check_pruned_structure(family, original, pruned, plan):
             assert torch.equal(getattr(layer.block, name), getattr(old.block, name)[idx])
         if hasattr(layer.router, "per_expert_scale"):  # Gemma 4: the kept experts' scales
             assert torch.equal(layer.router.per_expert_scale, old.router.per_expert_scale[idx])
-        assert torch.equal(layer.experts.gate_up_proj, old.experts.gate_up_proj[idx])
+        up = "gate_up_proj" if hasattr(layer.experts, "gate_up_proj") else "up_proj"  # ungated: Nemotron-H
+        assert torch.equal(getattr(layer.experts, up), getattr(old.experts, up)[idx])
         assert torch.equal(layer.experts.down_proj, old.experts.down_proj[idx])
         if family == "deepseek_v3":
             assert torch.equal(layer.router.e_score_correction_bias, old.router.e_score_correction_bias[idx])
@@ -117,16 +118,16 @@ def _check_pruned_structure(family, original, pruned, plan):
         assert layer.experts.num_experts == len(keep)
         if hasattr(layer.router, "num_experts"):  # Gemma 4's router keeps no count
             assert layer.router.num_experts == len(keep)
-        assert layer.experts.gate_up_proj.requires_grad
+        assert getattr(layer.experts, up).requires_grad
     # everything else is untouched (shared experts, attention, embeddings, dense layers)
     old_state = original.state_dict()
     pruned_state = pruned.state_dict()
     assert set(old_state) == set(pruned_state)
     per_expert = ("gate.weight", "gate.e_score_correction_bias", "experts.gate_up_proj", "experts.down_proj",
-                  "router.weight", "router.bias", "experts.gate_up_proj_bias", "experts.down_proj_bias",
-                  "gate.moe_statics.e_score_correction_bias", "router.proj.weight", "router.per_expert_scale",
-                  "gate.wg.weight", "e_score_correction_bias", "expert_bias", "router.gate.weight",
-                  "feed_forward.gate.weight")
+                  "experts.up_proj", "router.weight", "router.bias", "experts.gate_up_proj_bias",
+                  "experts.down_proj_bias", "gate.moe_statics.e_score_correction_bias", "router.proj.weight",
+                  "router.per_expert_scale", "gate.wg.weight", "e_score_correction_bias", "expert_bias",
+                  "router.gate.weight", "feed_forward.gate.weight")
     for name, tensor in old_state.items():
         block = f".{BLOCK_ATTR.get(family, 'mlp')}." if BLOCK_ATTR.get(family, "mlp") else ".layers."
         if not (block in name and name.endswith(per_expert) and "shared" not in name):

@@ -51,6 +51,8 @@ def expected_moe_indices(family: str, model) -> list[int]:
     if family == "ernie4_5_moe":  # every moe_layer_interval-th layer from moe_layer_start_index to moe_layer_end_index
         return [i for i in range(n) if (i + 1) % cfg.moe_layer_interval == 0
                 and cfg.moe_layer_start_index <= i <= cfg.moe_layer_end_index]
+    if family == "nemotron_h":  # one mixer per layer: the MoE ones
+        return [i for i, kind in enumerate(cfg.layers_block_type) if kind == "moe"]
     if family in ("afmoe", "lfm2_moe"):  # dense below num_dense_layers
         return [i for i in range(n) if i >= cfg.num_dense_layers]
     if family == "jamba":  # transformers' own per-layer expert counts
@@ -108,7 +110,7 @@ def test_find_moe_layers_follows_the_family_rule(tiny, family, overrides):
         assert model.get_submodule(layer.name) is layer.block
         assert layer.router is getattr(layer.block, ROUTER_ATTR.get(family, "gate"))
         assert layer.experts is layer.block.experts
-        assert layer.num_experts == count == layer.router_linear.weight.shape[0] == layer.experts.gate_up_proj.shape[0]
+        assert layer.num_experts == count == layer.router_linear.weight.shape[0] == layer.experts.down_proj.shape[0]
         top_k = 2 if family in SPARSEMIXER else getattr(cfg, TOP_K_KEY.get(family, "num_experts_per_tok"))
         assert layer.top_k == (top_k[layer.index] if isinstance(top_k, list) else top_k)  # a list: one per layer
         assert layer.has_shared_experts == (family in SHARED)
