@@ -201,6 +201,11 @@ class MoEFamily:
     def group_limits(self) -> tuple[int, int]:
         return 1, 1
 
+    def output_scale(self, layer: MoELayer) -> float:
+        """The factor the MoE block multiplies the routed experts' weighted sum by after the experts module (1.0;
+        Laguna's ``moe_routed_scaling_factor``): calibration weighs each expert output by ``w * output_scale``."""
+        return 1.0
+
     def vision_token_ids(self) -> tuple[int, ...]:
         """Token ids of the image/video placeholders that the vision features replace (empty for text-only).
 

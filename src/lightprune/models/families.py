@@ -32,6 +32,7 @@
 | hy_v3 | as minimax_m2, renormalised (+1e-20), router_scaling_factor | mlp_layer_types | shared_experts |
 | afmoe | as hy_v3 with the block's expert_bias and route_scale (router weight in router.gate) | num_dense_layers | shared_experts |
 | lfm2_moe | sigmoid (+ the block's expert_bias), top-k, norm_topk_prob (+1e-6), scaled | num_dense_layers | none |
+| laguna | (soft-capped) sigmoid + correction bias, renormalised; the block scales the routed sum | mlp_layer_types | shared_experts |
 | phimoe | sparsemixer (two experts, thresholded softmaxes) | none | none |
 | gemma4_text, gemma4 | normed input, softmax, top-k, renormalised, per_expert_scale | enable_moe_block (all or none) | a dense MLP beside the experts in every layer |
 
@@ -54,7 +55,7 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "DEEPSEEK_ALIKE", "MellumFamily", "Qwen3NextFamily", "GptOssFamily", "GraniteMoeFamily",
            "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily", "Gemma4TextFamily",
            "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily",
-           "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily", "NemotronHFamily", "BUILT_IN",
+           "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily", "NemotronHFamily", "LagunaFamily", "BUILT_IN",
            "REFUSED_TYPES"]
 
 
@@ -599,6 +600,40 @@ class PhimoeFamily(MoEFamily):
         return router_logits, weights, top_index
 
 
+class LagunaFamily(MoEFamily):
+    """Laguna (``laguna``): fp32 logits, optionally soft-capped (``moe_router_logit_softcapping``), sigmoid, top-k of
+    the scores plus the router's ``e_score_correction_bias``, renormalised, cast to the hidden states' dtype
+    (LagunaTopKRouter); the block multiplies the routed sum by ``moe_routed_scaling_factor`` after the experts;
+    sparse layers from ``mlp_layer_types``; shared experts. Masking sets the soft-capped logit to -inf (a cap of
+    -inf would be finite) and the selection score to -inf."""
+
+    routing = "(soft-capped) sigmoid + correction bias, top-k, renormalised; routed sum scaled"
+    model_types = ("laguna",)
+    score_function = "sigmoid"
+    shared_attrs = ("shared_experts",)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        logits = F.linear(hidden_states.reshape(-1, router.weight.shape[1]), router.weight).float()
+        if router.router_logit_softcapping > 0.0:
+            logits = torch.tanh(logits / router.router_logit_softcapping) * router.router_logit_softcapping
+        return logits
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router = layer.router
+        router_logits = _mask_logits(router_logits, expert_mask)
+        scores = torch.sigmoid(router_logits)
+        choice = _masked_choice(scores, router.e_score_correction_bias.to(scores.dtype), expert_mask)
+        top_index = torch.topk(choice, layer.top_k, dim=-1)[1]
+        weights = scores.gather(-1, top_index)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return router_logits, weights.to(router.weight.dtype), top_index
+
+    def output_scale(self, layer: MoELayer) -> float:
+        return float(layer.block.routed_scaling_factor)
+
+
 def _masked_choice(scores: torch.Tensor, bias: torch.Tensor | None,
                    expert_mask: torch.Tensor | None) -> torch.Tensor:
     """Selection scores ``scores + bias`` (``scores`` without a bias) with the masked experts at -inf."""
@@ -758,7 +793,7 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          DeepseekV2Family, Ernie4_5MoeFamily, Gemma4TextFamily, Gemma4Family,
                                          HunYuanMoEV1Family, MiniMaxM2Family, HYV3Family, AfmoeFamily,
                                          Lfm2MoeFamily, Qwen3_5MoeFamily, Qwen3OmniMoeThinkerFamily, Glm4vMoeFamily,
-                                         PhimoeFamily, NemotronHFamily)
+                                         PhimoeFamily, NemotronHFamily, LagunaFamily)
 
 
 #: model types whose structure lightprune cannot prune exactly yet, and why (:func:`registry.refuse_family`)

@@ -162,6 +162,7 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     # per-layer experts per token (a list, as the config allows): layer 1 routes to 3
     "hunyuan_v1_moe": {"num_hidden_layers": 2, "intermediate_size": 16, "moe_topk": [2, 3], "use_qk_norm": True},
     "minimax_m2": {"num_hidden_layers": 2, "intermediate_size": 16},
+    "laguna": _sparse_after_first(moe_routed_scaling_factor=2.5, moe_router_logit_softcapping=2.0, sliding_window=16),
     # Mamba-2, MoE, attention, MoE mixers; the experts read a 16-wide latent projection of the hidden states
     "nemotron_h": {"layers_block_type": ["linear_attention", "moe", "full_attention", "moe"], "intermediate_size": 16,
                    "moe_shared_expert_intermediate_size": 16, "moe_latent_size": 16, "mamba_num_heads": 4,

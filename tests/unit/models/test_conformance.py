@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from fixtures import MULTIMODAL, padded_batch
+from fixtures import MULTIMODAL, OUTPUT_SCALE_KEY, padded_batch
 
 import lightprune as lp
 from lightprune.models.tiny import TINY_FAMILIES
@@ -47,7 +47,9 @@ def _routed_output(layer, inputs: tuple[torch.Tensor, torch.Tensor], mask: torch
     family's own experts module (shared experts are the same with and without the mask: they cancel)."""
     router_input, expert_input = (x.reshape(-1, x.shape[-1]) for x in inputs)
     _, weights, index = layer.route(router_input, mask)
-    return layer.experts(expert_input, index, weights.to(expert_input.dtype)).double()
+    out = layer.experts(expert_input, index, weights.to(expert_input.dtype)).double()
+    key = OUTPUT_SCALE_KEY.get(layer.family.model_types[0])  # a factor the block applies after the experts
+    return out * getattr(layer.family.text_config, key) if key else out
 
 
 @pytest.mark.parametrize("family", TEXT_FAMILIES)

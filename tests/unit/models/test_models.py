@@ -16,6 +16,7 @@ from fixtures import (
     ALWAYS_RENORMALISE,
     BIASED_SELECTION,
     BLOCK_BIAS,
+    ROUTER_BIAS,
     DEEPSEEK_LIKE,
     NEVER_RENORMALISE,
     NORMED_ROUTER_INPUT,
@@ -35,7 +36,7 @@ from lightprune.models.tiny import TINY_FAMILIES
 
 SOFTMAX_FAMILIES = tuple(f for f in TINY_FAMILIES
                          if f not in DEEPSEEK_LIKE | TOPK_THEN_SOFTMAX | BIASED_SELECTION | NORMED_ROUTER_INPUT
-                         | set(BLOCK_BIAS) | SPARSEMIXER)
+                         | set(BLOCK_BIAS) | set(ROUTER_BIAS) | SPARSEMIXER)
 SHARED = SHARED_EXPERTS
 
 
@@ -233,19 +234,20 @@ def test_renormalisation_is_covered_both_ways(tiny):
 #: (renormalisation epsilon or None for none, the router's scaling attribute or None) per block-bias family, from
 #: each transformers router's forward
 _BLOCK_BIAS_RULE = {"minimax_m2": (0.0, None), "hy_v3": (1e-20, "router_scaling_factor"),
-                    "afmoe": (1e-20, "route_scale"), "lfm2_moe": (1e-6, "routed_scaling_factor")}
+                    "afmoe": (1e-20, "route_scale"), "lfm2_moe": (1e-6, "routed_scaling_factor"), "laguna": (0.0, None)}
 
 
-@pytest.mark.parametrize("family", sorted(BLOCK_BIAS))
-def test_masked_block_bias_routing_matches_a_hand_computation(tiny, family):
-    """Sigmoid scores, top-k of the scores plus the block's bias, the k scores renormalised and scaled, by hand
-    (float64) on the router with the masked rows deleted; the masked experts get a large bias, which masking only
-    the logits would let them win with."""
+@pytest.mark.parametrize("family", sorted({*BLOCK_BIAS, *ROUTER_BIAS}))
+def test_masked_biased_sigmoid_routing_matches_a_hand_computation(tiny, family):
+    """Sigmoid scores (of soft-capped logits where the router caps them), top-k of the scores plus the block's or
+    the router's bias, the k scores renormalised and scaled, by hand (float64) on the router with the masked rows
+    deleted; the masked experts get a large bias, which masking only the logits would let them win with."""
     model = tiny(family, seed=3)
     eps, scale_attr = _BLOCK_BIAS_RULE[family]
     gen = torch.Generator().manual_seed(11)
     for layer in lp.find_moe_layers(model):
-        bias = getattr(layer.block, BLOCK_BIAS[family])
+        bias = getattr(layer.block, BLOCK_BIAS[family]) if family in BLOCK_BIAS else \
+            getattr(layer.router, ROUTER_BIAS[family])
         keep = sorted(torch.randperm(layer.num_experts, generator=gen)[:5].tolist())
         masked = torch.ones(layer.num_experts, dtype=torch.bool)
         masked[keep] = False
@@ -258,7 +260,9 @@ def test_masked_block_bias_routing_matches_a_hand_computation(tiny, family):
         assert torch.isin(plain_ids, torch.nonzero(masked).flatten()).any()  # the bias alone would pick them
         assert torch.isneginf(logits[:, masked]).all()
         scale = 1.0 if scale_attr is None else float(getattr(layer.router, scale_attr))
-        scores = torch.sigmoid(hidden.double() @ layer.router_linear.weight.detach().double()[keep].T)
+        logits = hidden.double() @ layer.router_linear.weight.detach().double()[keep].T
+        cap = float(getattr(layer.router, "router_logit_softcapping", 0.0))
+        scores = torch.sigmoid(torch.tanh(logits / cap) * cap if cap > 0 else logits)
         for t, row in enumerate(scores.tolist()):
             top = sorted(range(len(keep)), key=lambda j: -(row[j] + float(bias[keep[j]])))[:layer.top_k]
             total = sum(row[j] for j in top) + eps

@@ -96,7 +96,7 @@ class LayerAccumulator:
         weights = torch.where(keep.unsqueeze(-1), weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
         outputs = torch.where(keep.view(-1, 1, 1), outputs, torch.zeros((), dtype=outputs.dtype, device=outputs.device))
         m = masks.double()                                               # [U, T]
-        w = weights.double()
+        w = weights.double() * layer.family.output_scale(layer)  # the weight each output gets in the block
         gram = torch.bmm(outputs.float(), outputs.float().transpose(1, 2)).double()   # [T, k, k]: f_s . f_r
         norms = gram.diagonal(dim1=1, dim2=2).clamp_min(0).sqrt()        # ||f_s||  [T, k]
         dense = torch.zeros(hidden.shape[0], 4, num_experts, dtype=torch.float64, device=hidden.device)
@@ -144,7 +144,7 @@ class LayerAccumulator:
             rows = logits.unsqueeze(0).expand(n, -1, -1).reshape(n * num_tokens, num_experts)
             mask = eye[first:first + n].unsqueeze(1).expand(-1, num_tokens, -1).reshape(n * num_tokens, num_experts)
             _, w_new, s_new = layer.family.select(layer, rows, mask)
-            w_new = w_new.view(n, num_tokens, -1).double()
+            w_new = w_new.view(n, num_tokens, -1).double() * layer.family.output_scale(layer)
             s_new = s_new.view(n, num_tokens, -1)
             match = (s_new.unsqueeze(3) == selected.unsqueeze(0).unsqueeze(2)).double()   # [J, T, k', k]
             diff = w.unsqueeze(0) - torch.einsum("jtp,jtps->jts", w_new, match)          # D [J, T, k]
