@@ -59,7 +59,8 @@ class {name}(_LightpruneBase):
         super().__init__(config, *args, **kwargs)
         counts = experts_per_layer(config)
         if counts:
-            resize_model(self, MOE_BLOCK_PATTERN, counts, ROUTER_ATTR, EXPERTS_ATTR, ROUTER_SUB, ROUTER_WEIGHT, BLOCK_SUB)
+            resize_model(self, MOE_BLOCK_PATTERN, counts, ROUTER_ATTR, EXPERTS_ATTR, ROUTER_SUB, ROUTER_WEIGHT,
+                         BLOCK_SUB)
 '''
 
 

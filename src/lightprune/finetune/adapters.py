@@ -104,7 +104,8 @@ def _router_param_names(model: nn.Module) -> list[str]:
 
 def _expert_param_names(model: nn.Module) -> list[str]:
     names = _names(model)
-    return [f"{names[id(layer.experts)]}.{p}" for layer in find_moe_layers(model) for p in ("gate_up_proj", "down_proj")]
+    return [f"{names[id(layer.experts)]}.{p}" for layer in find_moe_layers(model)
+            for p in ("gate_up_proj", "up_proj", "down_proj") if hasattr(layer.experts, p)]  # ungated: up_proj
 
 
 def _is_linear(module: nn.Module) -> bool:

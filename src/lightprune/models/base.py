@@ -235,7 +235,8 @@ class MoEFamily:
             linear = getattr(router, self.router_weight_attr) if self.router_weight_attr else router
             found.append(MoELayer(
                 index=index, name=f"{prefix}.{index}" + (f".{self.mlp_attr}" if self.mlp_attr else ""), block=block,
-                router=router, experts=experts, num_experts=int(_stored_shape(linear)[0]), top_k=self.layer_top_k(index),
+                router=router, experts=experts, num_experts=int(_stored_shape(linear)[0]),
+                top_k=self.layer_top_k(index),
                 has_shared_experts=any(getattr(block, a, None) is not None for a in self.shared_attrs),
                 n_group=n_group, topk_group=topk_group, family=self, grouped=self.group_limited))
         return found

@@ -1,43 +1,11 @@
 """One family class per supported model type (selected by ``config.model_type``).
 
-| family | routing | dense layers | shared experts |
-|---|---|---|---|
-| mixtral | softmax, renormalised, fp32 weights | none | none |
-| qwen2_moe | softmax, ``norm_topk_prob`` | mlp_only_layers, decoder_sparse_step | shared_expert (+ sigmoid gate) |
-| qwen3_moe | softmax, ``norm_topk_prob`` | mlp_only_layers, decoder_sparse_step | none |
-| olmoe | softmax, ``norm_topk_prob`` (default off) | none | none |
-| deepseek_v3 | sigmoid + e_score_correction_bias, n_group/topk_group, routed_scaling_factor | first_k_dense_replace | shared_experts |
-| qwen3_vl_moe | softmax, always renormalised | mlp_only_layers, decoder_sparse_step | none |
-| internvl | its Qwen3-MoE language model | as qwen3_moe | none |
-| glm4_moe, glm4v_moe | as deepseek_v3 (sigmoid, bias, groups, scaling) | first_k_dense_replace | shared_experts |
-| qwen3_omni_moe_thinker | as qwen3_moe | mlp_only_layers, decoder_sparse_step | none |
-| nemotron_h | as deepseek_v3 (ungated relu^2 experts, latent projection) | layers_block_type "moe" | shared_experts |
-| dots1 | as deepseek_v3 | first_k_dense_replace | shared_experts |
-| minimax | as mixtral (softmax of fp32 logits, renormalised) | none | none |
-| flex_olmo | as olmoe | none | none |
-| exaone_moe, solar_open | as deepseek_v3 | first_k_dense_replace (none in solar_open) | shared_experts |
-| mimo_v2_flash, hy_v4, glm4_moe_lite, axk1, kimi_linear, bailing_hybrid | as deepseek_v3 | mlp_layer_types | shared_experts (none in mimo_v2_flash) |
-| deepseek_v32, glm_moe_dsa (DeepSeek sparse attention) | as deepseek_v3 | first_k_dense_replace | shared_experts |
-| mellum | as olmoe | none | none |
-| qwen3_next | as qwen2_moe | mlp_only_layers, decoder_sparse_step | shared_expert (+ sigmoid gate) |
-| gpt_oss | biased logits, top-k, softmax over the k | none | none (expert biases, clamped SwiGLU) |
-| granitemoe, granitemoeshared, granitemoe_swa, granitemoehybrid | fp32 logits, top-k, softmax over the k | none | (granitemoeshared: a shared MLP beside the block) |
-| jamba | softmax, top-k, not renormalised | expert_layer_period / offset | none |
-| cohere2_moe | top-k of the logits, softmax or sigmoid over the k | none | none |
-| deepseek_v2 | softmax, greedy or group-limited greedy (best expert per group), scaled, not renormalised | first_k_dense_replace | shared_experts |
-| ernie4_5_moe | softmax + selection bias (moe_statics), renormalised | moe_layer_interval / start / end | shared_experts |
-| qwen3_5_moe_text, qwen3_5_moe | as qwen2_moe, always renormalised | mlp_only_layers, decoder_sparse_step | shared_expert (+ sigmoid gate) |
-| hunyuan_v1_moe | softmax of fp32 logits (router weight in gate.wg), renormalised, top-k per layer | none | shared_mlp |
-| minimax_m2 | sigmoid + the block's e_score_correction_bias, top-k, renormalised | none | none |
-| hy_v3 | as minimax_m2, renormalised (+1e-20), router_scaling_factor | mlp_layer_types | shared_experts |
-| afmoe | as hy_v3 with the block's expert_bias and route_scale (router weight in router.gate) | num_dense_layers | shared_experts |
-| lfm2_moe | sigmoid (+ the block's expert_bias), top-k, norm_topk_prob (+1e-6), scaled | num_dense_layers | none |
-| laguna | (soft-capped) sigmoid + correction bias, renormalised; the block scales the routed sum | mlp_layer_types | shared_experts |
-| phimoe | sparsemixer (two experts, thresholded softmaxes) | none | none |
-| gemma4_text, gemma4 | normed input, softmax, top-k, renormalised, per_expert_scale | enable_moe_block (all or none) | a dense MLP beside the experts in every layer |
-
-A family that reuses another's rule says so by subclassing it: the transformers router of each was
-compared line by line, and the conformance tests check route == the family's own router bitwise.
+Each class states its routing rule in its docstring and in ``routing``; the table of every registered
+family (routing, shared experts, multimodal) and of every refused model type with its reason is generated
+by :func:`lightprune.models.family_table` (the README's "Add a model family" shows it). A family that reuses
+another's rule says so by subclassing it: the transformers router of each was compared line by line, and the
+conformance tests check route == the family's own router bitwise, masked == pruned == reloaded, and the
+calibration statistics against brute force.
 """
 
 from __future__ import annotations
@@ -53,10 +21,10 @@ from lightprune.models.softmax_routing import softmax_logits, softmax_topk_selec
 __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "DeepseekV3Family",
            "Qwen3VLMoeFamily", "InternVLFamily", "Glm4MoeFamily", "Dots1Family", "MiniMaxFamily", "FlexOlmoFamily",
            "DEEPSEEK_ALIKE", "MellumFamily", "Qwen3NextFamily", "GptOssFamily", "GraniteMoeFamily",
-           "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily", "Gemma4TextFamily",
-           "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily",
-           "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily", "NemotronHFamily", "LagunaFamily", "BUILT_IN",
-           "REFUSED_TYPES"]
+           "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily",
+           "Gemma4TextFamily", "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily",
+           "Lfm2MoeFamily", "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily",
+           "NemotronHFamily", "LagunaFamily", "BUILT_IN", "REFUSED_TYPES"]
 
 
 class _SoftmaxFamily(MoEFamily):
@@ -294,7 +262,8 @@ class GptOssFamily(MoEFamily):
 
 class GraniteMoeFamily(MoEFamily):
     """Granite MoE (``granitemoe``, ``granitemoeshared``, ``granitemoe_swa``, and the Mamba-2 hybrid
-    ``granitemoehybrid``, whose every layer has the block beside its mamba or attention mixer): fp32 logits, top-k of the logits,
+    ``granitemoehybrid``, whose every layer has the block beside its mamba or attention mixer): fp32 logits, top-k of
+    the logits,
     softmax over the k in the hidden states' dtype (GraniteMoeTopKRouter); every layer sparse. A pruned expert's
     logit is -inf before the top-k."""
 

@@ -144,7 +144,8 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     "deepseek_v2": {**_MLA, "topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1},
     "ernie4_5_moe": {"moe_num_experts": 8, "moe_k": 2, "moe_layer_start_index": 1, "moe_layer_interval": 1,
                      "moe_num_shared_experts": 1},
-    "granitemoe": {"num_hidden_layers": 2}, "granitemoeshared": {"num_hidden_layers": 2, "shared_intermediate_size": 16},
+    "granitemoe": {"num_hidden_layers": 2},
+    "granitemoeshared": {"num_hidden_layers": 2, "shared_intermediate_size": 16},
     "granitemoe_swa": {"num_hidden_layers": 2},
     # a Mamba-2 layer and an attention layer, each with the MoE block and the shared MLP
     "granitemoehybrid": {"num_hidden_layers": 2, "shared_intermediate_size": 16, "intermediate_size": 16,

@@ -26,7 +26,8 @@ def _declares_experts(config_class, seen=None) -> bool:
     if config_class in seen:
         return False
     seen.add(config_class)
-    declared = set(getattr(config_class, "__dataclass_fields__", {})) | set(getattr(config_class, "__annotations__", {}))
+    declared = set(getattr(config_class, "__dataclass_fields__", {}))
+    declared |= set(getattr(config_class, "__annotations__", {}))
     if any("experts" in f and not any(w in f for w in ("per_tok", "shared", "group", "top")) for f in declared):
         return True
     return any(isinstance(sub, type) and _declares_experts(sub, seen)
