@@ -258,6 +258,21 @@ class MoEFamily:
         """
         raise NotImplementedError
 
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Which single-expert removals can change a token's routing, for Delta-H (MAEP eq. 2) without re-running
+        the selection E times per token.
+
+        Returns ``(candidates [T, m], scale [T, E] or None)``: removing an expert j that is not among token t's
+        candidates leaves its selection as it is and multiplies every selected weight by ``scale[t, j]`` (None:
+        by 1, nothing changes). Candidates may repeat. The default lists every expert (exact, E selections per
+        token); a family overrides it with its router's closed form: a renormalised top-k is unchanged by removing
+        an unselected expert, a plain softmax rescales by 1 / (1 - p_j), a group-limited router can change only
+        through an expert among its group's top scores.
+        """
+        num_tokens, num_experts = router_logits.shape
+        return torch.arange(num_experts, device=router_logits.device).expand(num_tokens, -1), None
+
     def route(self, layer: MoELayer, hidden_states: torch.Tensor,
               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         """Run the family's routing on ``hidden_states`` [T, H] with ``expert_mask`` experts removed.

@@ -41,6 +41,14 @@ class _SoftmaxFamily(MoEFamily):
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         return softmax_topk_select(router_logits, expert_mask, layer.top_k, self.renormalize(), self.cast_back)
 
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Removing an unselected expert j keeps the top-k (the softmax over the rest is p_i / (1 - p_j), the same
+        order); renormalised weights are unchanged, plain softmax weights scale by 1 / (1 - p_j)."""
+        if self.renormalize():
+            return selected, None
+        return selected, _softmax_removal_scale(router_logits)
+
 
 class MixtralFamily(_SoftmaxFamily):
     routing = "softmax of fp32 logits, top-k, renormalised"
@@ -178,6 +186,23 @@ class DeepseekV3Family(MoEFamily):
         topk_weights = topk_weights * router.routed_scaling_factor
         return router_logits, topk_weights, topk_indices
 
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Sigmoid scores are per expert and the weights are the selected ones' (renormalised or not): an
+        unselected expert matters only through its group's score, the sum of the group's top-2 selection scores,
+        when not every group is chosen, and only in a chosen group (an unchosen group's score can only fall);
+        candidates are the selected experts and the top 2 of each chosen group."""
+        router = layer.router
+        num_group, num_experts = router.num_group, router_logits.shape[-1]
+        if num_group <= router.topk_group:
+            return selected, None
+        choice = router_logits.sigmoid() + router.e_score_correction_bias
+        size = num_experts // num_group
+        top2 = choice.view(-1, num_group, size).topk(2, dim=-1)
+        chosen = top2[0].sum(dim=-1).topk(router.topk_group, dim=-1, sorted=False)[1]        # [T, topk_group]
+        leaders = top2[1].gather(1, chosen.unsqueeze(-1).expand(-1, -1, 2)) + chosen.unsqueeze(-1) * size
+        return _unique_rows(torch.cat([selected, leaders.reshape(selected.shape[0], -1)], dim=1)), None
+
 
 class Glm4MoeFamily(DeepseekV3Family):
     """GLM-4.5 / 4.6 (``glm4_moe``): DeepSeek-V3's router (Glm4MoeTopkRouter is the same computation)."""
@@ -229,6 +254,23 @@ class FlexOlmoFamily(OlmoeFamily):
     model_types = ("flex_olmo",)
 
 
+def _unique_rows(ids: torch.Tensor) -> torch.Tensor:
+    """Each row's distinct values (ascending), padded with the row's first value to the longest row."""
+    ids = ids.sort(dim=-1).values
+    repeat = torch.zeros_like(ids, dtype=torch.bool)
+    repeat[:, 1:] = ids[:, 1:] == ids[:, :-1]
+    width = int((~repeat).sum(dim=-1).max())
+    order = torch.sort(repeat.to(torch.int8), dim=-1, stable=True).indices[:, :width]     # distinct values first
+    out = ids.gather(1, order)
+    return torch.where(repeat.gather(1, order), ids[:, :1], out)
+
+
+def _softmax_removal_scale(router_logits: torch.Tensor) -> torch.Tensor:
+    """1 / (1 - p_j) [T, E] (float64): the factor every softmax probability takes when expert j is removed."""
+    p = torch.softmax(router_logits.double(), dim=-1)
+    return 1.0 / (1.0 - p).clamp_min(1e-300)
+
+
 def _mask_logits(router_logits: torch.Tensor, expert_mask: torch.Tensor | None) -> torch.Tensor:
     """Router logits with the masked experts at -inf: never selected, and out of every softmax."""
     if expert_mask is None:
@@ -259,6 +301,11 @@ class GptOssFamily(MoEFamily):
         top_value, top_index = torch.topk(router_logits, layer.top_k, dim=-1)
         return router_logits, torch.softmax(top_value, dim=1, dtype=top_value.dtype), top_index
 
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An unselected expert's removal changes nothing: top-k of the logits, softmax over the k."""
+        return selected, None
+
 
 class GraniteMoeFamily(MoEFamily):
     """Granite MoE (``granitemoe``, ``granitemoeshared``, ``granitemoe_swa``, and the Mamba-2 hybrid
@@ -285,6 +332,11 @@ class GraniteMoeFamily(MoEFamily):
         top_logits, top_index = router_logits.topk(layer.top_k, dim=-1)
         return router_logits, torch.softmax(top_logits, dim=-1).type(layer.router.weight.dtype), top_index
 
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An unselected expert's removal changes nothing: top-k of the logits, softmax over the k."""
+        return selected, None
+
 
 class JambaFamily(MoEFamily):
     """Jamba: softmax of fp32 logits, top-k, no renormalisation, cast to the hidden states' dtype; an MoE block in
@@ -308,6 +360,11 @@ class JambaFamily(MoEFamily):
         weights = torch.softmax(router_logits, dim=-1, dtype=torch.float)
         top_weights, top_index = torch.topk(weights, layer.top_k, dim=-1)
         return router_logits, top_weights.to(router_logits.dtype), top_index
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Softmax over all experts, not renormalised: an unselected expert's removal scales by 1 / (1 - p_j)."""
+        return selected, _softmax_removal_scale(router_logits)
 
 
 class Cohere2MoeFamily(MoEFamily):
@@ -337,6 +394,11 @@ class Cohere2MoeFamily(MoEFamily):
         else:
             raise ValueError(f"cohere2_moe expert_selection_fn {how!r}: lightprune knows 'softmax' and 'sigmoid'")
         return router_logits, scores.to(router_logits.dtype), top_index
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An unselected expert's removal changes nothing: top-k of the logits, softmax or per-expert sigmoid over the k."""
+        return selected, None
 
 
 class Qwen3_5MoeTextFamily(Qwen2MoeFamily):
@@ -410,6 +472,22 @@ class DeepseekV2Family(MoEFamily):
             torch.topk(scores, k=router.top_k, dim=-1, sorted=False)[0]
         return router_logits, top_weights * router.routed_scaling_factor, top_index
 
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Softmax over all experts, not renormalised: an unselected expert's removal scales every probability by
+        1 / (1 - p_j), which keeps the top-k and each group's order; under group-limited greedy a group's best
+        expert is also a candidate (its removal lowers the group's score)."""
+        scale = _softmax_removal_scale(router_logits)
+        router = layer.router
+        if router.topk_method != "group_limited_greedy" or router.num_group <= router.topk_group:
+            return selected, scale
+        num_group, num_experts = router.num_group, router_logits.shape[-1]
+        size = num_experts // num_group
+        best = router_logits.view(-1, num_group, size).max(dim=-1)
+        chosen = best[0].topk(router.topk_group, dim=-1, sorted=False)[1]          # an unchosen group can only fall
+        leaders = best[1].gather(1, chosen) + chosen * size
+        return _unique_rows(torch.cat([selected, leaders], dim=1)), scale
+
 
 class Ernie4_5MoeFamily(MoEFamily):
     """ERNIE-4.5-MoE: softmax of fp32 logits, top-k of the probabilities plus a selection bias
@@ -480,6 +558,11 @@ class Gemma4TextFamily(MoEFamily):
         top_weights /= top_weights.sum(dim=-1, keepdim=True)
         return probabilities, top_weights * layer.router.per_expert_scale[top_index], top_index
 
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An unselected expert's removal changes nothing: top-k of the softmax, renormalised over the k."""
+        return selected, None
+
 
 class Gemma4Family(Gemma4TextFamily):
     """Gemma 4 MLLM (``gemma4``): its Gemma 4 language model, with image and video placeholders."""
@@ -533,6 +616,11 @@ class HunYuanMoEV1Family(MoEFamily):
         weights, top_index = torch.topk(weights, layer.top_k, dim=-1)
         weights /= weights.sum(dim=-1, keepdim=True)
         return router_logits, weights.to(router_logits.dtype), top_index
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An unselected expert's removal changes nothing: top-k of the softmax, renormalised over the k."""
+        return selected, None
 
 
 class PhimoeFamily(MoEFamily):
@@ -602,6 +690,11 @@ class LagunaFamily(MoEFamily):
     def output_scale(self, layer: MoELayer) -> float:
         return float(layer.block.routed_scaling_factor)
 
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An unselected expert's removal changes nothing: per-expert sigmoid scores, renormalised over the k."""
+        return selected, None
+
 
 def _masked_choice(scores: torch.Tensor, bias: torch.Tensor | None,
                    expert_mask: torch.Tensor | None) -> torch.Tensor:
@@ -640,6 +733,11 @@ class MiniMaxM2Family(MoEFamily):
         top /= top.sum(dim=-1, keepdim=True)
         return router_logits, top, top_index
 
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An unselected expert's removal changes nothing: per-expert sigmoid scores, renormalised over the k."""
+        return selected, None
+
 
 class HYV3Family(MoEFamily):
     """Hunyuan 3 (``hy_v3``): sigmoid of fp32 logits, top-k of the scores plus the block's
@@ -665,6 +763,11 @@ class HYV3Family(MoEFamily):
         top = weights.gather(1, top_index)
         top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
         return router_logits, top * layer.router.router_scaling_factor, top_index
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An unselected expert's removal changes nothing: per-expert sigmoid scores, renormalised over the k."""
+        return selected, None
 
 
 class AfmoeFamily(MoEFamily):
@@ -695,6 +798,11 @@ class AfmoeFamily(MoEFamily):
         top = scores.gather(dim=1, index=top_index)
         top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
         return router_logits, top * layer.router.route_scale, top_index
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An unselected expert's removal changes nothing: per-expert sigmoid scores, renormalised over the k."""
+        return selected, None
 
 
 class Lfm2MoeFamily(MoEFamily):
@@ -731,6 +839,11 @@ class Lfm2MoeFamily(MoEFamily):
         if cfg.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)
         return router_logits, weights * router.routed_scaling_factor, top_index
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An unselected expert's removal changes nothing: per-expert sigmoid scores, the k renormalised or not."""
+        return selected, None
 
 
 def _alike(base: type[MoEFamily], model_type: str, doc: str, count_key: str | None = None) -> type[MoEFamily]:

@@ -45,6 +45,13 @@ VARIANTS = [
     pytest.param("deepseek_v3", {}, id="deepseek_v3"),
     pytest.param("deepseek_v3", dict(n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=3),
                  id="deepseek_v3-4groups-top3"),
+    # 64 experts: Delta-H re-runs the selection only where a removal can change it (each router's closed form)
+    pytest.param("mixtral", dict(num_local_experts=64, num_experts_per_tok=4), id="mixtral-64"),
+    pytest.param("olmoe", dict(num_experts=64, num_experts_per_tok=8, norm_topk_prob=False), id="olmoe-64-no-renorm"),
+    pytest.param("deepseek_v3", dict(n_routed_experts=64, n_group=8, topk_group=3, num_experts_per_tok=6),
+                 id="deepseek_v3-64-8groups"),
+    pytest.param("deepseek_v2", dict(n_routed_experts=64, n_group=8, topk_group=3, num_experts_per_tok=6),
+                 id="deepseek_v2-64-group-limited"),
 ]
 
 
@@ -610,3 +617,27 @@ def test_sample_counts_do_not_depend_on_the_criteria_asked_for() -> None:
     reap_only = lp.collect_expert_stats(model, batches, subsets=("all",), criteria=("reap",), progress=False)
     assert reap_only.samples == full.samples == {"all": 6}
     assert reap_only.tokens == full.tokens
+
+
+@pytest.mark.parametrize("scale", [0.5, 3.0, 12.0, 40.0], ids=["flat", "spread", "peaked", "saturated"])
+def test_routing_kl_in_linear_time_equals_the_direct_double_sum(scale) -> None:
+    """routing_kl's O(T E) form against KL(ps || qs_j) summed over every (j, i) pair in float64: flat to saturated
+    routers (p_j rounding to 1, most p_i below 1e-9, the exactly summed part), 64 experts."""
+    from lightprune.experts.calibration.accumulate import KL_EPS, routing_kl
+
+    gen = torch.Generator().manual_seed(3)
+    p = torch.softmax(torch.randn(40, 64, generator=gen, dtype=torch.float64) * scale, dim=-1)
+    num = p.shape[1]
+    z = 1.0 + num * KL_EPS
+    expected = torch.empty_like(p)
+    for t in range(p.shape[0]):
+        ps = [(float(v) + KL_EPS) / z for v in p[t]]
+        for j in range(num):
+            rest = max(1.0 - float(p[t, j]), 1e-300)
+            q = [0.0 if i == j else float(p[t, i]) / rest for i in range(num)]
+            expected[t, j] = sum(a * (math.log(a) - math.log((b + KL_EPS) / z)) for a, b in zip(ps, q))
+    if scale >= 12.0:
+        assert (p < 1e-9).any()  # the exactly summed experts are exercised
+    if scale == 40.0:
+        assert (p == 1.0).any()
+    torch.testing.assert_close(routing_kl(p), expected, rtol=1e-9, atol=1e-12)

@@ -6,10 +6,12 @@ outputs f [T, k, H]. From these (METHODS.md, "Calibration criteria"):
 
 - token-level sums over a subset's tokens: n_j (frequency), sum g_j (seer), sum ||f_j|| (ean),
   sum g_j ||f_j|| (REAP's numerator), sum KL(p || p^(-j)) (routing_kl, MAEP eq. 8);
-- Delta-H (MAEP eq. 2): H = sum_s w_s f_s; the family's selection is re-run from the same router
-  logits with expert j masked (all j of a chunk in one call, one mask per row),
-  giving S', w'; the survivors keep their outputs, a promoted expert (in S' but not S) adds
-  nothing. With D_s = w_s - sum_{s' : S'_s' = S_s} w'_s' the change is H - H^(-j) = sum_s D_s f_s,
+- Delta-H (MAEP eq. 2): H = sum_s w_s f_s; for the (token, expert) pairs whose removal can change the
+  token's routing (the family's ``removal_effect``: its selected experts, and a group-limited router's group
+  leaders) the family's selection is re-run from the same router logits with expert j masked (a chunk of
+  pairs per call, one mask per row), giving S', w'; the survivors keep their outputs, a promoted expert (in S'
+  but not S) adds nothing; any other removal scales H by the family's closed-form factor c (1 for a
+  renormalised router, 1 / (1 - p_j) for a plain softmax), so ||H - H^(-j)||^2 = (c - 1)^2 ||H||^2. With D_s = w_s - sum_{s' : S'_s' = S_s} w'_s' the change is H - H^(-j) = sum_s D_s f_s,
   so ||H - H^(-j)||^2 = D^T G D with the Gram matrix G = f f^T [T, k, k], computed once per
   batch: no expert runs again and no [T, E, H] tensor is formed. Per sample, the mean over the
   sample's subset tokens; summed over samples that have such tokens.
@@ -21,6 +23,8 @@ optional promoted variant gathers the promoted tokens, which needs their count).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from lightprune.models import MoELayer
@@ -30,7 +34,7 @@ __all__ = ["LayerAccumulator", "KL_EPS", "router_distribution"]
 
 KL_EPS = 1e-12
 _TOKEN_SUMS = ("frequency", "seer", "ean", "reap_num", "routing_kl")
-#: logits elements per masked-selection call in Delta-H (bounds memory: chunk x T x E)
+#: elements per masked-selection call in Delta-H (bounds memory: rows x E logits, rows x k x H promoted outputs)
 _CHUNK_ELEMENTS = 1 << 22
 
 
@@ -44,21 +48,59 @@ def router_distribution(layer: MoELayer, logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
+#: the largest x_ij = eps p_j / (p_i + eps) left to routing_kl's series (4 terms: the rest is below x^5 / 5)
+_KL_SERIES_X = 1e-2
+
+
 def routing_kl(p: torch.Tensor, eps: float = KL_EPS) -> torch.Tensor:
     """KL(p || p^(-j)) for every j [T, E]: p^(-j) zeroes p_j and renormalises; both sides get Laplace
-    smoothing (add eps, renormalise), as MAEP eq. (8) does. Chunked over tokens ([chunk, E, E])."""
+    smoothing (add eps, renormalise), as MAEP eq. (8) does. In O(T E) for every expert at once.
+
+    With ps = (p + eps) / z, z = 1 + E eps, a_j = 1 / (1 - p_j) and L_i = log(p_i + eps):
+    KL_j = sum_i ps_i log ps_i + log z - (1 - ps_j) log a_j - (S - ps_j L_j) - ps_j log eps - R_j, with
+    S = sum_i ps_i L_i and R_j = sum_{i != j} ps_i log(1 - x_ij), x_ij = eps p_j / (p_i + eps). Since
+    ps_i x_ij^n = (eps p_j)^n (p_i + eps)^(1 - n) / z, R_j is the series -(1/z) sum_n c^n / n M_(n-1), c = eps p_j,
+    M_m = sum_{i != j} (p_i + eps)^-m, to four terms where every x_ij <= 1e-2; the few (token, expert) pairs with
+    a larger x_ij (a near-certain expert j over experts below eps) are summed exactly.
+    """
     num_tokens, num = p.shape
     z = 1.0 + num * eps
-    ps = (p + eps) / z                                              # [T, E]
-    entropy_term = (ps * ps.log()).sum(dim=-1, keepdim=True)        # sum_i ps_i log ps_i
-    off_diagonal = 1.0 - torch.eye(num, dtype=p.dtype, device=p.device)
-    out = torch.empty_like(p)
-    step = max(1, _CHUNK_ELEMENTS // (num * num))
-    for start in range(0, num_tokens, step):
-        pc = p[start:start + step]
-        q = pc.unsqueeze(1) / (1.0 - pc).clamp_min(1e-300).unsqueeze(-1) * off_diagonal   # [t, j, i]
-        cross = torch.einsum("ti,tji->tj", ps[start:start + step], ((q + eps) / z).log())
-        out[start:start + step] = entropy_term[start:start + step] - cross
+    ps = (p + eps) / z
+    entropy_term = (ps * ps.log()).sum(dim=-1, keepdim=True)                 # sum_i ps_i log ps_i
+    big_l = (p + eps).log()
+    total = (ps * big_l).sum(dim=-1, keepdim=True)                            # S
+    one_minus = (1.0 - p).clamp_min(1e-300)                                   # 1 / a_j
+    log_a = -one_minus.log()
+    c = eps * (1.0 - one_minus)                                               # eps p_j
+    inv = 1.0 / (p + eps)
+    rest = c * (num - 1)
+    power = torch.ones_like(inv)
+    for n in (2, 3, 4):                                                       # c^n / n * M_(n-1), i != j
+        power = power * inv
+        rest = rest + c.pow(n) / n * (power.sum(dim=-1, keepdim=True) - power)
+    rest = -rest / z
+    top2 = inv.topk(min(2, num), dim=-1).values                               # the largest 1 / (p_i + eps), i != j
+    largest = torch.where(inv == top2[:, :1], top2[:, -1:], top2[:, :1])
+    exact = c * largest > _KL_SERIES_X
+    if bool(exact.any()):
+        t, j = exact.nonzero(as_tuple=True)
+        rest[t, j] = _exact_rest(p, ps, big_l, one_minus, t, j, eps)
+    cross = -math.log(z) + (1.0 - ps) * log_a + (total - ps * big_l) + ps * math.log(eps) + rest
+    return entropy_term - cross
+
+
+def _exact_rest(p: torch.Tensor, ps: torch.Tensor, big_l: torch.Tensor, one_minus: torch.Tensor, t: torch.Tensor,
+                j: torch.Tensor, eps: float) -> torch.Tensor:
+    """R_j = sum_{i != j} ps_i (log(p_i + eps (1 - p_j)) - L_i) for the (token t, expert j) pairs, exactly."""
+    num = p.shape[1]
+    out = torch.empty(t.numel(), dtype=p.dtype, device=p.device)
+    step = max(1, _CHUNK_ELEMENTS // num)
+    for start in range(0, t.numel(), step):
+        tt, jj = t[start:start + step], j[start:start + step]
+        shifted = (p[tt] + eps * one_minus[tt, jj].unsqueeze(-1)).log()            # [n, E]
+        terms = ps[tt] * (shifted - big_l[tt])
+        terms[torch.arange(tt.numel(), device=p.device), jj] = 0.0
+        out[start:start + step] = terms.sum(dim=-1)
     return out
 
 
@@ -130,46 +172,56 @@ class LayerAccumulator:
     def _delta_h(self, layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor, selected: torch.Tensor,
                  w: torch.Tensor, outputs: torch.Tensor, gram: torch.Tensor,
                  promoted: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """dh [T, E] (and the promoted variant): the family's selection re-run from the same logits with
-        each expert masked in turn, a chunk of experts at a time (one selection call per chunk)."""
+        """dh [T, E] (and the promoted variant).
+
+        The family says which removals can change a token's routing (:meth:`MoEFamily.removal_effect`): for
+        those (token, expert) pairs the selection is re-run from the same logits with the expert masked, a chunk
+        of pairs per selection call (one mask per row); every other removal keeps the selection and scales the
+        weights by a factor c, so H^(-j) = c H and dh = (c - 1)^2 ||H||^2 with ||H||^2 = w^T G w. Cost: tokens x
+        candidates selections instead of tokens x E.
+        """
         num_tokens, num_experts = logits.shape
+        candidates, scale = layer.family.removal_effect(layer, logits, selected)
+        if scale is None:
+            dh = torch.zeros(num_tokens, num_experts, dtype=torch.float64, device=hidden.device)
+        else:
+            norm2 = torch.einsum("ts,tsr,tr->t", w, gram, w)             # ||H_t||^2
+            dh = (scale.to(device=hidden.device, dtype=torch.float64) - 1.0).pow(2) * norm2.unsqueeze(-1)
+        dhp = dh.clone() if promoted else None
         f = outputs.double() if promoted else None
-        dh = torch.empty(num_tokens, num_experts, dtype=torch.float64, device=hidden.device)
-        dhp = torch.empty_like(dh) if promoted else None
-        eye = torch.eye(num_experts, dtype=torch.bool, device=logits.device)
-        chunk = max(1, _CHUNK_ELEMENTS // max(1, num_tokens * num_experts))
-        for first in range(0, num_experts, chunk):
-            js = range(first, min(first + chunk, num_experts))
-            n = len(js)
-            rows = logits.unsqueeze(0).expand(n, -1, -1).reshape(n * num_tokens, num_experts)
-            mask = eye[first:first + n].unsqueeze(1).expand(-1, num_tokens, -1).reshape(n * num_tokens, num_experts)
-            _, w_new, s_new = layer.family.select(layer, rows, mask)
-            w_new = w_new.view(n, num_tokens, -1).double() * layer.family.output_scale(layer)
-            s_new = s_new.view(n, num_tokens, -1)
-            match = (s_new.unsqueeze(3) == selected.unsqueeze(0).unsqueeze(2)).double()   # [J, T, k', k]
-            diff = w.unsqueeze(0) - torch.einsum("jtp,jtps->jts", w_new, match)          # D [J, T, k]
-            dh[:, first:first + n] = torch.einsum("jts,tsr,jtr->tj", diff, gram, diff)
+        per_row = max(num_experts, gram.shape[-1] * (outputs.shape[-1] if promoted else 1))
+        step = max(1, _CHUNK_ELEMENTS // per_row)
+        tokens = torch.arange(num_tokens, device=logits.device).repeat_interleave(candidates.shape[1])
+        experts = candidates.reshape(-1).to(logits.device)
+        output_scale = layer.family.output_scale(layer)
+        for start in range(0, tokens.numel(), step):
+            t, j = tokens[start:start + step], experts[start:start + step]
+            mask = torch.zeros(t.numel(), num_experts, dtype=torch.bool, device=logits.device)
+            mask[torch.arange(t.numel(), device=logits.device), j] = True
+            _, w_new, s_new = layer.family.select(layer, logits[t], mask)
+            w_new = w_new.double() * output_scale
+            match = (s_new.unsqueeze(2) == selected[t].unsqueeze(1)).double()    # [n, k', k]
+            diff = w[t] - torch.einsum("np,nps->ns", w_new, match)               # D [n, k]
+            t_out, j_out = t.to(dh.device), j.to(dh.device)
+            dh[t_out, j_out] = torch.einsum("ns,nsr,nr->n", diff, gram[t], diff)
             if dhp is not None:
-                for i, j in enumerate(js):
-                    dhp[:, j] = self._with_promoted(layer, hidden, s_new[i], w_new[i], match[i], diff[i], f, dh[:, j])
+                dhp[t_out, j_out] = self._with_promoted(layer, hidden[t], s_new, w_new, match, diff, f[t])
         return dh, dhp
 
     @staticmethod
     def _with_promoted(layer: MoELayer, hidden: torch.Tensor, s_new: torch.Tensor, w_new: torch.Tensor,
-                       match: torch.Tensor, diff: torch.Tensor, f: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        """||sum_s D_s f_s - P||^2 with P the promoted experts' weighted outputs."""
-        is_new = match.sum(dim=2) == 0                                    # [T, k'] slot holds a promoted expert
-        tok, slot = is_new.nonzero(as_tuple=True)
-        if tok.numel() == 0:
-            return base
-        contrib = torch.zeros(hidden.shape[0], f.shape[-1], dtype=torch.float64, device=hidden.device)
-        experts = s_new[tok, slot]
-        for e in experts.unique().tolist():
-            pick = experts == e
-            out = run_expert(layer.experts, e, hidden[tok[pick]]).double()
-            contrib.index_add_(0, tok[pick], out * w_new[tok[pick], slot[pick]].double().unsqueeze(-1))
-        change = torch.einsum("ts,tsh->th", diff, f)
-        return (change - contrib).pow(2).sum(dim=-1)
+                       match: torch.Tensor, diff: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        """||sum_s D_s f_s - P||^2 per row, with P the promoted experts' weighted outputs."""
+        change = torch.einsum("ns,nsh->nh", diff, f)
+        is_new = match.sum(dim=2) == 0                                    # [n, k'] slot holds a promoted expert
+        row, slot = is_new.nonzero(as_tuple=True)
+        if row.numel():
+            experts = s_new[row, slot]
+            for e in experts.unique().tolist():
+                pick = experts == e
+                out = run_expert(layer.experts, e, hidden[row[pick]]).double()
+                change.index_add_(0, row[pick], -out * w_new[row[pick], slot[pick]].unsqueeze(-1))
+        return change.pow(2).sum(dim=-1)
 
     # ------------------------------------------------------------------ results
     def values(self) -> dict[tuple[str, str], torch.Tensor]:
