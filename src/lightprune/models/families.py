@@ -24,7 +24,8 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily",
            "Gemma4TextFamily", "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily",
            "Lfm2MoeFamily", "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily",
-           "NemotronHFamily", "LagunaFamily", "BUILT_IN", "REFUSED_TYPES"]
+           "NemotronHFamily", "LagunaFamily", "AriaTextFamily", "Qwen4ExpTextFamily", "Qwen4ExpFamily", "Dots3NoteTextFamily", "BUILT_IN",
+           "REFUSED_TYPES"]
 
 
 class _SoftmaxFamily(MoEFamily):
@@ -575,6 +576,38 @@ class Gemma4Family(Gemma4TextFamily):
         return _config_ids(self.config, ("image_token_id", "video_token_id"))
 
 
+class AriaTextFamily(MoEFamily):
+    """Aria's language model (``aria_text``): every layer sparse, shared experts; top-k of the logits, softmax over
+    the k in the logits' dtype (AriaTextTopKRouter); experts stored transposed (experts still on dimension 0).
+    Masking: logit -inf before the top-k."""
+
+    routing = "top-k of the logits, softmax over the k"
+    model_types = ("aria_text",)
+    num_experts_key = "moe_num_experts"
+    router_attr = "router"
+    shared_attrs = ("shared_experts",)
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return True
+
+    def top_k(self) -> int:
+        return int(self.text_config.moe_topk)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]), layer.router.weight)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router_logits = _mask_logits(router_logits, expert_mask)
+        top_logits, top_index = torch.topk(router_logits, layer.top_k, dim=-1)
+        return router_logits, F.softmax(top_logits, dim=-1), top_index
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An unselected expert's removal changes nothing: top-k of the logits, softmax over the k."""
+        return selected, None
+
+
 class HunYuanMoEV1Family(MoEFamily):
     """Hunyuan-A13B (``hunyuan_v1_moe``): every layer sparse, a shared MLP beside the experts; the router keeps its
     weight in ``gate.wg`` (fp32: the hidden states are cast up), softmax in fp32, top-k (``moe_topk``, one per layer
@@ -866,6 +899,15 @@ DEEPSEEK_ALIKE: tuple[type[MoEFamily], ...] = tuple(
 MellumFamily = _alike(OlmoeFamily, "mellum", "``mellum``: OLMoE's router.")
 Qwen3NextFamily = _alike(Qwen2MoeFamily, "qwen3_next",
                          "``qwen3_next``: Qwen2-MoE's router and shared expert with its sigmoid gate.")
+Qwen4ExpTextFamily = _alike(Qwen2MoeFamily, "qwen4_exp_text",
+                            "``qwen4_exp_text``: Qwen2-MoE's router and shared expert with its sigmoid gate (in "
+                            "hyper-connected decoder layers with linear and indexed attention).")
+Qwen4ExpFamily = type("Qwen4ExpFamily", (Qwen4ExpTextFamily,), {
+    "model_types": ("qwen4_exp",), "multimodal": True, "__module__": __name__,
+    "__doc__": "``qwen4_exp``: its Qwen4-exp language model (Qwen2-MoE's router), with image and video placeholders.",
+    "vision_token_ids": lambda self: _config_ids(self.config, ("image_token_id", "video_token_id"))})
+Dots3NoteTextFamily = _alike(DeepseekV3Family, "dots3_note_text",
+                             "``dots3_note_text``: DeepSeek-V3's router (sigmoid, correction bias, groups, scaling).")
 
 #: the families lightprune registers itself (:mod:`lightprune.models` does it at import)
 BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3MoeFamily, OlmoeFamily, DeepseekV3Family,
@@ -875,7 +917,8 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          DeepseekV2Family, Ernie4_5MoeFamily, Gemma4TextFamily, Gemma4Family,
                                          HunYuanMoEV1Family, MiniMaxM2Family, HYV3Family, AfmoeFamily,
                                          Lfm2MoeFamily, Qwen3_5MoeFamily, Qwen3OmniMoeThinkerFamily, Glm4vMoeFamily,
-                                         PhimoeFamily, NemotronHFamily, LagunaFamily)
+                                         PhimoeFamily, NemotronHFamily, LagunaFamily, AriaTextFamily,
+                                         Qwen4ExpTextFamily, Qwen4ExpFamily, Dots3NoteTextFamily)
 
 
 #: model types whose structure lightprune cannot prune exactly yet, and why (:func:`registry.refuse_family`)

@@ -163,6 +163,20 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     # per-layer experts per token (a list, as the config allows): layer 1 routes to 3
     "hunyuan_v1_moe": {"num_hidden_layers": 2, "intermediate_size": 16, "moe_topk": [2, 3], "use_qk_norm": True},
     "minimax_m2": {"num_hidden_layers": 2, "intermediate_size": 16},
+    "aria_text": {"num_hidden_layers": 2, "intermediate_size": 16, "moe_num_experts": 8, "moe_topk": 2,
+                  "moe_num_shared_experts": 1},
+    # hyper-connected layers: a gated-delta-net layer and an indexed (sparse) attention one
+    "qwen4_exp_text": {"num_hidden_layers": 2, "layer_types": ["linear_attention", "indexed_attention"],
+                       "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+                       "linear_value_head_dim": 8, "linear_conv_kernel_dim": 2, "hc_count": 2, "hc_lowrank": 8,
+                       "indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 8, "indexer_budget": 4,
+                       "indexer_compress_ratio": 2},
+    # multi-head latent attention with a sparse indexer; the last layer a sliding-window one with its own sizes
+    "dots3_note_text": _sparse_after_first(**_MLA, shared_experts_intermediate_size=16, head_dim=16, index_topk=4,
+                                           index_head_dim=8, index_n_heads=2, sliding_window=4,
+                                           swa_num_attention_heads=4, swa_num_key_value_heads=4, swa_q_lora_rank=16,
+                                           swa_kv_lora_rank=16, swa_head_dim=16, swa_qk_nope_head_dim=8,
+                                           swa_v_head_dim=8),
     "laguna": _sparse_after_first(moe_routed_scaling_factor=2.5, moe_router_logit_softcapping=2.0, sliding_window=16),
     # Mamba-2, MoE, attention, MoE mixers; the experts read a 16-wide latent projection of the hidden states
     "nemotron_h": {"layers_block_type": ["linear_attention", "moe", "full_attention", "moe"], "intermediate_size": 16,
@@ -209,6 +223,23 @@ def _qwen3_5_moe(**kw: Any):
     vision.update(kw.pop("vision_config", {}))
     return Qwen3_5MoeConfig(text_config=text, vision_config=vision, image_token_id=120, video_token_id=121,
                             vision_start_token_id=122, vision_end_token_id=123, tie_word_embeddings=False, **kw)
+
+
+def _qwen4_exp(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    text = {**_ATTN, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16, "num_experts": 8,
+            "num_experts_per_tok": 2, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1,
+            **_GENERIC_FAMILIES["qwen4_exp_text"],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                                "mrope_interleaved": True}}
+    text.update(kw.pop("text_config", {}))
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
+              "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16}
+    vision.update(kw.pop("vision_config", {}))
+    return CONFIG_MAPPING["qwen4_exp"](text_config=text, vision_config=vision, image_token_id=120, video_token_id=121,
+                                       vision_start_token_id=122, vision_end_token_id=123, tie_word_embeddings=False,
+                                       **kw)
 
 
 def _qwen3_omni_moe_thinker(**kw: Any):
@@ -328,6 +359,7 @@ _BUILDERS = {
     "qwen3_5_moe": _qwen3_5_moe,
     "qwen3_omni_moe_thinker": _qwen3_omni_moe_thinker,
     "glm4v_moe": _glm4v_moe,
+    "qwen4_exp": _qwen4_exp,
     **{t: (lambda t, extra: lambda **kw: _generic(t, **{**extra, **kw}))(t, extra)
        for t, extra in _GENERIC_FAMILIES.items()},
 }
@@ -338,7 +370,8 @@ _DENSE_BUILDERS = {"llava_onevision": _llava_onevision, "qwen2_5_vl": _qwen2_5_v
 
 TINY_DENSE_MLLMS: tuple[str, ...] = tuple(_DENSE_BUILDERS)
 
-_MLLMS = ("qwen3_vl_moe", "internvl", "gemma4", "qwen3_5_moe", "qwen3_omni_moe_thinker", "glm4v_moe", *TINY_DENSE_MLLMS)
+_MLLMS = ("qwen3_vl_moe", "internvl", "gemma4", "qwen3_5_moe", "qwen3_omni_moe_thinker", "glm4v_moe", "qwen4_exp",
+          *TINY_DENSE_MLLMS)
 
 
 def tiny_config(family: str, **overrides: Any):

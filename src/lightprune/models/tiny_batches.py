@@ -209,9 +209,9 @@ def _gemma4_images(config, count: int, first: int, gen: torch.Generator):
     return counts, pixels, positions
 
 
-_FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen2_5_vl", "glm4v_moe", "internvl",
-             "llava_onevision", "gemma4")
-_QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen2_5_vl", "glm4v_moe")
+_FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe",
+             "internvl", "llava_onevision", "gemma4")
+_QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe")
 
 
 def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tuple[int, int] = (4, 6),

@@ -100,10 +100,12 @@ def test_observation_restores_the_mllm_exactly() -> None:
         assert torch.equal(model(**batch).logits, reference)
 
 
-def test_a_hybrid_mllm_has_modality_subsets_and_refuses_attention_ones() -> None:
-    """Qwen3.5-MoE: a linear-attention (gated delta net) layer and a full one. Text / vision frequencies are the
-    routers' own counts over those tokens; an attention subset is an error naming the linear layer."""
-    model = tiny_model("qwen3_5_moe")
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen4_exp"])
+def test_a_hybrid_mllm_has_modality_subsets_and_refuses_attention_ones(family) -> None:
+    """Qwen3.5-MoE and Qwen4-exp: a linear-attention (gated delta net) layer, then a full or indexed one. Text /
+    vision frequencies are the routers' own counts over those tokens; an attention subset is an error naming the
+    linear layer."""
+    model = tiny_model(family)
     batch = tiny_multimodal_batch(model, seed=3)
     stats = lp.collect_expert_stats(model, [batch], subsets=("all", "text", "vision"), progress=False)
     routing = _routing(model, batch)
