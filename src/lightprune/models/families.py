@@ -24,7 +24,8 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily",
            "Gemma4TextFamily", "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily",
            "Lfm2MoeFamily", "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily",
-           "NemotronHFamily", "LagunaFamily", "AriaTextFamily", "Qwen4ExpTextFamily", "Qwen4ExpFamily", "Dots3NoteTextFamily", "BUILT_IN",
+           "NemotronHFamily", "LagunaFamily", "AriaTextFamily", "Qwen4ExpTextFamily", "Qwen4ExpFamily", "Dots3NoteTextFamily", "MiniMaxM3VLTextFamily",
+           "BUILT_IN",
            "REFUSED_TYPES"]
 
 
@@ -760,16 +761,38 @@ class MiniMaxM2Family(MoEFamily):
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         router_logits = _mask_logits(router_logits, expert_mask)
         weights = torch.sigmoid(router_logits.float())
-        choice = _masked_choice(weights, layer.block.e_score_correction_bias, expert_mask)
+        choice = _masked_choice(weights, self.selection_bias(layer), expert_mask)
         top_index = torch.topk(choice, layer.top_k, dim=-1, sorted=False)[1]
         top = weights.gather(1, top_index)
         top /= top.sum(dim=-1, keepdim=True)
         return router_logits, top, top_index
 
+    def selection_bias(self, layer: MoELayer) -> torch.Tensor:
+        """The correction bias added to the scores for selection only (MiniMax-M2: the block's)."""
+        return layer.block.e_score_correction_bias
+
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
                        selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """An unselected expert's removal changes nothing: per-expert sigmoid scores, renormalised over the k."""
         return selected, None
+
+
+class MiniMaxM3VLTextFamily(MiniMaxM2Family):
+    """MiniMax-M3-VL's language model (``minimax_m3_vl_text``): MiniMax-M2's router with the correction bias on the
+    router (pruned with its rows), shared experts, the routed sum times ``routed_scaling_factor`` in the block;
+    sparse layers from ``mlp_layer_types``."""
+
+    routing = "sigmoid + correction bias, top-k, renormalised; routed sum scaled"
+    model_types = ("minimax_m3_vl_text",)
+    shared_attrs = ("shared_experts",)
+    block_sub_tensors = ()
+    is_sparse_layer = MoEFamily.is_sparse_layer
+
+    def selection_bias(self, layer: MoELayer) -> torch.Tensor:
+        return layer.router.e_score_correction_bias
+
+    def output_scale(self, layer: MoELayer) -> float:
+        return float(layer.block.routed_scaling_factor)
 
 
 class HYV3Family(MoEFamily):
@@ -918,7 +941,8 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          HunYuanMoEV1Family, MiniMaxM2Family, HYV3Family, AfmoeFamily,
                                          Lfm2MoeFamily, Qwen3_5MoeFamily, Qwen3OmniMoeThinkerFamily, Glm4vMoeFamily,
                                          PhimoeFamily, NemotronHFamily, LagunaFamily, AriaTextFamily,
-                                         Qwen4ExpTextFamily, Qwen4ExpFamily, Dots3NoteTextFamily)
+                                         Qwen4ExpTextFamily, Qwen4ExpFamily, Dots3NoteTextFamily,
+                                         MiniMaxM3VLTextFamily)
 
 
 #: model types whose structure lightprune cannot prune exactly yet, and why (:func:`registry.refuse_family`)

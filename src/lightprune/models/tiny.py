@@ -177,6 +177,12 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
                                            swa_num_attention_heads=4, swa_num_key_value_heads=4, swa_q_lora_rank=16,
                                            swa_kv_lora_rank=16, swa_head_dim=16, swa_qk_nope_head_dim=8,
                                            swa_v_head_dim=8),
+    # a sparse-attention (indexed blocks) layer between two full ones; the middle and last layers sparse
+    "minimax_m3_vl_text": _sparse_after_first(intermediate_size=16, dense_intermediate_size=24,
+                                              shared_intermediate_size=16, routed_scaling_factor=2.5, rotary_dim=4,
+                                              layer_types=["full_attention", "minimax_m3_sparse", "full_attention"],
+                                              index_n_heads=2, index_head_dim=8, index_block_size=2,
+                                              index_topk_blocks=2, index_local_blocks=1),
     "laguna": _sparse_after_first(moe_routed_scaling_factor=2.5, moe_router_logit_softcapping=2.0, sliding_window=16),
     # Mamba-2, MoE, attention, MoE mixers; the experts read a 16-wide latent projection of the hidden states
     "nemotron_h": {"layers_block_type": ["linear_attention", "moe", "full_attention", "moe"], "intermediate_size": 16,
