@@ -1,15 +1,16 @@
-"""Calibration overhead: collect_expert_stats (every criterion, every applicable subset) against a
-plain forward over the same batches, side by side in one run.
+"""Calibration overhead: collect_expert_stats (every criterion, subsets all + text) against a plain forward
+over the same batches, side by side in one run, at four router shapes.
 
-Model: Qwen3-MoE shape scaled down (4 layers, hidden 256, 16 experts, top-4, expert
-intermediate 128: Qwen3-30B-A3B's 768/2048 ratio rounded up), 8 batches of 256 tokens,
-built from a config (nothing downloaded). Target: ratio <= 1.5. For reference it also times an
-"every expert on every token" pass, the way REAP's public code observes experts (about E/k times
-the expert compute).
+Shapes (issue 17): hidden 128, expert width 64, 2 layers, 2 batches of 4 x 256 tokens, built from transformers'
+own configs (nothing downloaded): Mixtral-like (8 experts, top-2), OLMoE-like (64, top-8), Qwen3-30B-like
+(128, top-8), DeepSeek-V3-like (256, top-8, 8 groups, 4 chosen). Target: ratio <= 1.5 for every shape, every
+criterion on (``delta_h_promoted`` included; ``--criteria default`` leaves it out). One torch thread unless
+``--threads``. ``bench_model`` is the scaled-down Qwen3-MoE that scripts/gpu_check.py times.
 
-    python scripts/bench_calibration.py [--repeats 3] [--batches 8] [--seq 256] [--quick] [--json PATH]
+    python scripts/bench_calibration.py [--repeats 3] [--shapes mixtral,olmoe,qwen3,deepseek] [--criteria all|default]
+        [--quick] [--json PATH]
 
-``--quick``: 2 batches of 64 tokens, 2 repeats (seconds; checks the script, not the target).
+``--quick``: 1 batch of 2 x 64 tokens, 2 repeats (seconds; checks the script, not the target).
 ``--json PATH``: the printed figures (times, ratios, target, PASS/FAIL, shapes, torch threads) as JSON.
 """
 
@@ -43,12 +44,43 @@ def bench_model(layers: int = 4) -> torch.nn.Module:
     return model
 
 
-def build(args):
-    model = bench_model(4)
+_SHAPES = {"mixtral": ("Mixtral-like", 8, 2), "olmoe": ("OLMoE-like", 64, 8), "qwen3": ("Qwen3-30B-like", 128, 8),
+           "deepseek": ("DeepSeek-V3-like", 256, 8)}
+
+
+def shape_model(shape: str) -> torch.nn.Module:
+    """The benchmark model of ``shape``: hidden 128, expert width 64, 2 MoE layers, fp32, eval, seeded."""
+    from transformers import AutoModelForCausalLM, DeepseekV3Config, MixtralConfig, OlmoeConfig, Qwen3MoeConfig
+
+    _, experts, top_k = _SHAPES[shape]
+    common = dict(vocab_size=4096, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=1024, num_experts_per_tok=top_k, tie_word_embeddings=False)
+    if shape == "mixtral":
+        config = MixtralConfig(**common, intermediate_size=64, num_local_experts=experts)
+    elif shape == "olmoe":
+        config = OlmoeConfig(**common, intermediate_size=64, num_experts=experts, norm_topk_prob=False,
+                             pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    elif shape == "qwen3":
+        config = Qwen3MoeConfig(**common, head_dim=32, intermediate_size=256, moe_intermediate_size=64,
+                                num_experts=experts, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+    else:
+        config = DeepseekV3Config(**{**common, "num_key_value_heads": 4}, intermediate_size=256,
+                                  moe_intermediate_size=64, n_routed_experts=experts, n_shared_experts=1, n_group=8,
+                                  topk_group=4, first_k_dense_replace=0, routed_scaling_factor=2.5,
+                                  norm_topk_prob=True, q_lora_rank=64, kv_lora_rank=32, qk_rope_head_dim=16,
+                                  qk_nope_head_dim=16, v_head_dim=32)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for layer in find_moe_layers(model):
+            layer.router_linear.weight.normal_(0, 0.5)
+    return model
+
+
+def shape_batches(count: int, rows: int, seq: int) -> list[dict[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(1)
-    batches = [{"input_ids": torch.randint(0, 4096, (1, args.seq), generator=gen),
-                "attention_mask": torch.ones(1, args.seq, dtype=torch.long)} for _ in range(args.batches)]
-    return model, batches
+    return [{"input_ids": torch.randint(0, 4096, (rows, seq), generator=gen),
+             "attention_mask": torch.ones(rows, seq, dtype=torch.long)} for _ in range(count)]
 
 
 def plain(model, batches):
@@ -57,82 +89,67 @@ def plain(model, batches):
             model(**batch)
 
 
-def collect(model, batches):
-    lp.collect_expert_stats(model, batches, subsets=("all", "text"), progress=False)
-
-
-def every_expert_on_every_token(model, batches):
-    """What REAP's public code does: run all E experts on all tokens, via forward hooks."""
-    layers = find_moe_layers(model)
-    handles = []
-
-    def hook(module, args, output):
-        hidden = args[0].reshape(-1, args[0].shape[-1])
-        from lightprune.observe.experts_impl import run_expert
-
-        for e in range(module.experts.num_experts):
-            run_expert(module.experts, e, hidden).norm(dim=-1)
-
-    for layer in layers:
-        handles.append(layer.block.register_forward_hook(hook))
-    try:
-        plain(model, batches)
-    finally:
-        for h in handles:
-            h.remove()
-
-
+def collect(model, batches, criteria=None):
+    lp.collect_expert_stats(model, batches, subsets=("all", "text"), criteria=criteria, progress=False)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lightprune.experts.calibration import CRITERIA, DEFAULT_CRITERIA
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=None, help="default 5 (quick 2)")
-    parser.add_argument("--batches", type=int, default=None, help="default 8 (quick 2)")
-    parser.add_argument("--seq", type=int, default=None, help="default 256 (quick 64)")
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick 2)")
+    parser.add_argument("--shapes", default=",".join(_SHAPES), help=f"comma-separated, of {list(_SHAPES)}")
+    parser.add_argument("--criteria", choices=("all", "default"), default="all",
+                        help="all: every criterion (delta_h_promoted too); default: collect_expert_stats' default")
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--target", type=float, default=1.5)
     parser.add_argument("--quick", action="store_true", help="small sizes and repeats: checks the script in seconds")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args(argv)
-    for name, full, quick in (("repeats", 5, 2), ("batches", 8, 2), ("seq", 256, 64)):
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
-    model, batches = build(args)
-    passes = {"plain forward": plain, "collect_expert_stats": collect, "every expert, every token": every_expert_on_every_token}
-    plain(model, batches[:1])
-    collect(model, batches[:1])
-    times = {name: [] for name in passes}
-    for _ in range(args.repeats):
-        for name, fn in passes.items():
-            start = time.perf_counter()
-            fn(model, batches)
-            times[name].append(time.perf_counter() - start)
-    print(f"Qwen3-MoE shape: 4 layers, hidden 256, 16 experts, top-4; {args.batches} x {args.seq} tokens; "
-          f"torch threads {torch.get_num_threads()}; {args.repeats} repeats (median, min)")
-    med = {name: statistics.median(t) for name, t in times.items()}
-    for name, t in times.items():
-        print(f"  {name:28s} {med[name]:7.3f} s  ({min(t):.3f})")
-    best = {name: min(t) for name, t in times.items()}
-    print(f"  every expert / plain forward: {best['every expert, every token'] / best['plain forward']:.2f} (min)")
-    print(f"  collect / plain forward: median {med['collect_expert_stats'] / med['plain forward']:.2f}")
-    # judged on the fastest of the interleaved repeats: on a shared 2-core machine the minimum is the
-    # estimate least disturbed by other processes
-    ratio = best["collect_expert_stats"] / best["plain forward"]
-    print(f"{'PASS' if ratio <= args.target else 'FAIL'}: collect_expert_stats / plain forward = {ratio:.2f} "
-          f"(min of {args.repeats}; target <= {args.target})")
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    unknown = [s for s in shapes if s not in _SHAPES]
+    if unknown or not shapes:
+        parser.error(f"--shapes: unknown {unknown or shapes}; choose from {list(_SHAPES)}")
+    criteria = CRITERIA if args.criteria == "all" else DEFAULT_CRITERIA
+    repeats = args.repeats or (2 if args.quick else 3)
+    torch.set_num_threads(args.threads)
+    count, rows, seq = (1, 2, 64) if args.quick else (2, 4, 256)
+    batches = shape_batches(count, rows, seq)
+    print(f"collect_expert_stats ({args.criteria} criteria, all + text) / plain forward; hidden 128, expert width "
+          f"64, 2 layers, {count} x {rows} x {seq} tokens; torch threads {torch.get_num_threads()}; min of {repeats}")
+    print(f"  {'shape':18s} {'experts':>7s} {'top-k':>5s} {'plain s':>8s} {'collect s':>9s} {'ratio':>6s}")
+    checks, table, times_s = [], {}, {}
+    for shape in shapes:
+        label, experts, top_k = _SHAPES[shape]
+        model = shape_model(shape)
+        run = {"plain": lambda: plain(model, batches), "collect": lambda: collect(model, batches, criteria)}
+        plain(model, batches[:1])
+        collect(model, batches[:1], criteria)
+        times = {name: [] for name in run}
+        for _ in range(repeats):  # interleaved: both see the same machine state
+            for name, fn in run.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+        best = {name: min(t) for name, t in times.items()}
+        ratio = best["collect"] / best["plain"]
+        table[shape] = {"label": label, "experts": experts, "top_k": top_k, "plain_s": best["plain"],
+                        "collect_s": best["collect"], "ratio": ratio}
+        for name, t in times.items():
+            times_s[f"{label} {name}"] = {"median": statistics.median(t), "min": min(t)}
+        print(f"  {label:18s} {experts:7d} {top_k:5d} {best['plain']:8.3f} {best['collect']:9.3f} {ratio:6.2f}")
+        checks.append(check(f"collect_expert_stats / plain forward, {label} (min)", ratio, args.target, "<="))
+    passed = all(c["passed"] for c in checks)
+    print("quick run: figures check the script, not the target" if args.quick else
+          f"{'PASS' if passed else 'FAIL'}: every ratio <= {args.target}")
     if args.json is not None:
-        checks = [check("collect_expert_stats / plain forward (min)", ratio, args.target, "<="),
-                  check("collect_expert_stats / plain forward (median)",
-                        med["collect_expert_stats"] / med["plain forward"]),
-                  check("every expert, every token / plain forward (min)",
-                        best["every expert, every token"] / best["plain forward"], note="REAP-style observation")]
-        figures = {"benchmark": "calibration", "title": "Calibration overhead",
+        figures = {"benchmark": "calibration", "title": "Calibration overhead by router shape",
                    "what": " ".join(__doc__.split("\n\n")[0].split()), "quick": args.quick,
                    "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
-                   "repeats": args.repeats,
-                   "shapes": {"model": "qwen3_moe", "layers": 4, "hidden": 256, "experts": 16, "top_k": 4,
-                              "moe_intermediate": 128, "vocab": 4096, "batches": args.batches, "seq": args.seq},
-                   "times_s": {name: {"median": med[name], "min": best[name]} for name in times},
-                   "checks": checks, "passed": checks[0]["passed"]}
+                   "repeats": repeats, "criteria": list(criteria),
+                   "shapes": {"hidden": 128, "expert_width": 64, "layers": 2, "batches": count, "rows": rows,
+                              "seq": seq, "routers": ", ".join(f"{v[0]} {v[1]}/{v[2]}" for v in _SHAPES.values())},
+                   "by_shape": table, "times_s": times_s, "checks": checks, "passed": passed}
         write_json(args.json, figures)
     return 0
 
