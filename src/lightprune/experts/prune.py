@@ -67,7 +67,7 @@ def _persistent_buffers(module: nn.Module) -> set[str]:
     return {n for n in module._buffers if n not in module._non_persistent_buffers_set}
 
 
-def _router_sub_tensors(layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
+def _extra_expert_tensors(layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
     """(module, tensor name, experts' dimension) of the family's per-expert tensors outside the router's ``weight``
     (:attr:`MoEFamily.router_sub_tensors` and :attr:`MoEFamily.block_sub_tensors`; submodule "" is the router or
     the block itself)."""
@@ -99,7 +99,7 @@ def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
         index = torch.tensor(plan.keep[layer.index], dtype=torch.long)
         _index_rows(layer.router_linear, ROUTER_TENSORS, index)
         _index_rows(layer.experts, EXPERT_TENSORS, index)
-        for module, name, dim in _router_sub_tensors(layer):  # per-expert tensors elsewhere in the router
+        for module, name, dim in _extra_expert_tensors(layer):  # router and block per-expert tensors besides weight
             _index_along(module, name, dim, index)
         _set_counts(layer, len(index))
     layers = find_moe_layers(model)
@@ -142,7 +142,7 @@ def resize_experts(model: nn.Module, counts: dict[int, int]) -> nn.Module:
             continue
         _index_rows(layer.router_linear, ROUTER_TENSORS, count)
         _index_rows(layer.experts, EXPERT_TENSORS, count)
-        for module, name, dim in _router_sub_tensors(layer):
+        for module, name, dim in _extra_expert_tensors(layer):
             _index_along(module, name, dim, count)
         _set_counts(layer, count)
     return model

@@ -24,8 +24,8 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "JambaFamily", "Cohere2MoeFamily", "Qwen3_5MoeTextFamily", "DeepseekV2Family", "Ernie4_5MoeFamily",
            "Gemma4TextFamily", "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily",
            "Lfm2MoeFamily", "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily",
-           "NemotronHFamily", "LagunaFamily", "AriaTextFamily", "Qwen4ExpTextFamily", "Qwen4ExpFamily", "Dots3NoteTextFamily", "MiniMaxM3VLTextFamily",
-           "BUILT_IN",
+           "NemotronHFamily", "LagunaFamily", "AriaTextFamily", "Qwen4ExpTextFamily", "Qwen4ExpFamily",
+           "Dots3NoteTextFamily", "MiniMaxM3VLTextFamily", "BUILT_IN",
            "REFUSED_TYPES"]
 
 
@@ -311,9 +311,8 @@ class GptOssFamily(MoEFamily):
 
 class GraniteMoeFamily(MoEFamily):
     """Granite MoE (``granitemoe``, ``granitemoeshared``, ``granitemoe_swa``, and the Mamba-2 hybrid
-    ``granitemoehybrid``, whose every layer has the block beside its mamba or attention mixer): fp32 logits, top-k of
-    the logits,
-    softmax over the k in the hidden states' dtype (GraniteMoeTopKRouter); every layer sparse. A pruned expert's
+    ``granitemoehybrid``, whose every layer has the block beside its mamba or attention mixer): fp32 logits, top-k
+    of the logits, softmax over the k in the hidden states' dtype (GraniteMoeTopKRouter); every layer sparse. A pruned expert's
     logit is -inf before the top-k."""
 
     routing = "top-k of fp32 logits, softmax over the k"
@@ -399,7 +398,7 @@ class Cohere2MoeFamily(MoEFamily):
 
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
                        selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """An unselected expert's removal changes nothing: top-k of the logits, softmax or per-expert sigmoid over the k."""
+        """An unselected expert's removal changes nothing: top-k of the logits, softmax or sigmoid over the k."""
         return selected, None
 
 

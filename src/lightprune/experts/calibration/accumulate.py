@@ -10,15 +10,16 @@ outputs f [T, k, H]. From these (METHODS.md, "Calibration criteria"):
   token's routing (the family's ``removal_effect``: its selected experts, and a group-limited router's group
   leaders) the family's selection is re-run from the same router logits with expert j masked (a chunk of
   pairs per call, one mask per row), giving S', w'; the survivors keep their outputs, a promoted expert (in S'
-  but not S) adds nothing; any other removal scales H by the family's closed-form factor c (1 for a
-  renormalised router, 1 / (1 - p_j) for a plain softmax), so ||H - H^(-j)||^2 = (c - 1)^2 ||H||^2. With D_s = w_s - sum_{s' : S'_s' = S_s} w'_s' the change is H - H^(-j) = sum_s D_s f_s,
-  so ||H - H^(-j)||^2 = D^T G D with the Gram matrix G = f f^T [T, k, k], computed once per
+  but not S) adds nothing. With D_s = w_s - sum_{s' : S'_s' = S_s} w'_s' the change is H - H^(-j) =
+  sum_s D_s f_s, so ||H - H^(-j)||^2 = D^T G D with the Gram matrix G = f f^T [T, k, k], computed once per
   batch: no expert runs again and no [T, E, H] tensor is formed. Per sample, the mean over the
-  sample's subset tokens; summed over samples that have such tokens.
+  sample's subset tokens; summed over samples that have such tokens. Any other removal scales H by the
+  family's closed-form factor c (1 for a renormalised router, 1 / (1 - p_j) for a plain softmax), so
+  ||H - H^(-j)||^2 = (c - 1)^2 ||H||^2 with ||H||^2 = w^T G w.
 - ``delta_h_promoted`` also evaluates the promoted expert: ||sum_s D_s f_s - sum_p w'_p f_p(h)||^2.
 
-Everything accumulates in float64 on the weights' device with no host synchronisation (the
-optional promoted variant gathers the promoted tokens, which needs their count).
+Everything accumulates in float64 on the weights' device; the host synchronises only on counts (routing KL's
+pairs that need an exact sum, a group-limited router's distinct candidates, the promoted tokens).
 """
 
 from __future__ import annotations
