@@ -6,6 +6,8 @@
   ``pixel_values`` are the flattened patches ``[sum(t*h*w), C * temporal_patch * patch^2]`` with
   ``image_grid_thw [num_images, 3]``; ``mm_token_type_ids`` (text 0, image 1, video 2) is required by
   transformers 5.24 whenever ``image_grid_thw`` is given (it drives the 3D M-RoPE positions).
+- Qwen3.5-MoE, Qwen3-Omni's thinker, Qwen4-exp: Qwen3-VL's layout and inputs; GLM-4.5V the same between its
+  ``image_start`` / ``image_end`` markers.
 - Qwen2.5-VL: the same layout and inputs as Qwen3-VL (its vision tower adds windowed attention, which
   only changes the patch order inside the tower, not the count).
 - InternVL: ``text, <image> x ((H/p) * (W/p) * downsample_ratio^2), text`` per image, one tile per
@@ -39,9 +41,8 @@ __all__ = ["llava_onevision_image_tokens", "special_token_ids", "tiny_multimodal
 
 _SPECIAL_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
                  "image_start_token_id", "image_end_token_id", "video_start_token_id", "video_end_token_id",
-                 "audio_start_token_id",
-                 "audio_token_id", "pad_token_id", "bos_token_id", "eos_token_id", "boi_token_id", "eoi_token_id",
-                 "boa_token_id", "eoa_token_index")
+                 "audio_token_id", "audio_start_token_id", "boi_token_id", "eoi_token_id", "boa_token_id",
+                 "eoa_token_index", "pad_token_id", "bos_token_id", "eos_token_id")
 
 
 def special_token_ids(config) -> set[int]:
@@ -217,7 +218,8 @@ _QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "
 def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tuple[int, int] = (4, 6),
                           images_per_sample: int = 1, seed: int = 0, pad_last: int = 2,
                           padding_side: str = "left") -> dict[str, torch.Tensor]:
-    """A valid ``model(**batch)`` input for a Qwen3-VL-MoE, Qwen2.5-VL, InternVL, LLaVA-OneVision or Gemma 4 model.
+    """A valid ``model(**batch)`` input for a model of the tiny MLLM families (Qwen-VL-style patches: Qwen3-VL-MoE,
+    Qwen3.5-MoE, Qwen3-Omni's thinker, Qwen4-exp, Qwen2.5-VL, GLM-4.5V; InternVL; LLaVA-OneVision; Gemma 4).
 
     Each sample is ``text_tokens[0]`` text ids, then ``images_per_sample`` images (one text id between
     two images), then ``text_tokens[1]`` text ids, so the closing text attends to every image. The last
