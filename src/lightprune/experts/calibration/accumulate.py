@@ -218,10 +218,14 @@ class LayerAccumulator:
         row, slot = is_new.nonzero(as_tuple=True)
         if row.numel():
             experts = s_new[row, slot]
-            for e in experts.unique().tolist():
-                pick = experts == e
-                out = run_expert(layer.experts, e, hidden[row[pick]]).double()
-                change.index_add_(0, row[pick], -out * w_new[row[pick], slot[pick]].unsqueeze(-1))
+            order = torch.argsort(experts, stable=True)                   # one pass: rows grouped by expert
+            start = 0
+            for e, count in enumerate(torch.bincount(experts, minlength=layer.num_experts).tolist()):
+                if count:
+                    pick = order[start:start + count]
+                    out = run_expert(layer.experts, e, hidden[row[pick]]).double()
+                    change.index_add_(0, row[pick], -out * w_new[row[pick], slot[pick]].unsqueeze(-1))
+                    start += count
         return change.pow(2).sum(dim=-1)
 
     # ------------------------------------------------------------------ results
