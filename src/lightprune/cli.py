@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightprune.cli_errors import condense
 from lightprune.errors import ERRORS
+from lightprune.extras import missing_deepspeed
 from lightprune.finetune import MoECausalLM
 from lightprune.trainer import PruneTrainer
 
@@ -104,7 +106,14 @@ def main() -> None:
     ``LIGHTPRUNE_DEBUG=1`` to see the traceback.
     """
     try:
-        cli_main()
+        try:
+            cli_main()
+        except (MisconfigurationException, ValueError) as err:  # a DeepSpeed strategy without deepspeed (also
+            # inside the parser's Union error when built from a config file): name the extra
+            missing = missing_deepspeed(err)
+            if missing is None:
+                raise
+            raise missing from None
     except (ValueError, OSError, *ERRORS) as err:
         if os.environ.get("LIGHTPRUNE_DEBUG"):
             raise

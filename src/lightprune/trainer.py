@@ -18,9 +18,11 @@ from typing import Any, Iterable, Iterator
 import lightning.pytorch as pl
 from lightning.pytorch.trainer import call
 from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.state import RunState
+from lightprune.extras import missing_deepspeed
 
 __all__ = ["PruneTrainer", "SkipBatches"]
 
@@ -47,6 +49,15 @@ class PruneTrainer(pl.Trainer):
 
     #: True while ``calibrate`` runs its validation loop (callbacks tell calibration from validation by it)
     calibrating: bool = False
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        try:
+            super().__init__(*args, **kwargs)
+        except MisconfigurationException as err:  # a DeepSpeed strategy without deepspeed: name the extra
+            missing = missing_deepspeed(err)
+            if missing is None:
+                raise
+            raise missing from None
 
     def _call_custom_hook(self, hook: str, model: pl.LightningModule) -> None:
         for callback in self.callbacks:

@@ -106,8 +106,9 @@ def _require_lm_eval():
         import lm_eval  # noqa: F401
         from lm_eval.models.huggingface import HFLM
     except ImportError as err:
-        raise ImportError("lm-evaluation-harness is not installed: pip install 'lightprune[eval]' "
-                          f"(the 'eval' extra; import failed with: {err})") from None
+        from lightprune.extras import missing
+
+        raise missing("eval", f"lm_eval_tasks (lm-evaluation-harness; import failed with: {err})") from None
     return HFLM
 
 

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 
 import torch
 
+from lightprune.extras import require
+
 __all__ = ["OPTIMIZERS", "SCHEDULERS", "build_optimizer", "build_scheduler", "lr_factor"]
 
 OPTIMIZERS = ("adamw", "adamw8bit")
@@ -33,11 +35,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], name: str = "adamw", l
         raise ValueError("no trainable parameters: nothing to optimize (is every parameter frozen?)")
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    try:
-        import bitsandbytes as bnb
-    except ImportError as err:  # pragma: no cover - bitsandbytes is installed where the tests run
-        raise ImportError("optimizer='adamw8bit' needs bitsandbytes (pip install bitsandbytes); "
-                          "use optimizer='adamw' without it") from err
+    bnb = require("qlora", "optimizer='adamw8bit' (or optimizer='adamw' without it)")
     return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=weight_decay)
 
 

@@ -18,11 +18,9 @@ __all__ = ["quantize_4bit", "is_quantized_4bit"]
 
 
 def _bnb():
-    try:
-        import bitsandbytes as bnb
-    except ImportError as err:  # pragma: no cover - bitsandbytes is installed where the tests run
-        raise ImportError("load_in_4bit=True needs bitsandbytes (pip install bitsandbytes)") from err
-    return bnb
+    from lightprune.extras import require
+
+    return require("qlora", "load_in_4bit=True")
 
 
 _CPU_PACK_BLOCK = 64

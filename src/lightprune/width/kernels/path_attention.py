@@ -57,7 +57,9 @@ def check_backend(backend: str, device: torch.device | str) -> None:
             raise RuntimeError(f"backend 'flex' on {device}: FlexAttention runs on {list(_FLEX_DEVICES)} here")
         return
     if importlib.util.find_spec("triton") is None:
-        raise RuntimeError(f"backend 'triton' on {device}: the triton package is not installed")
+        from lightprune.extras import missing
+
+        raise missing("triton", f"backend 'triton' on {device}")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError(f"backend 'triton' on {device}: CUDA is not available in this torch "
