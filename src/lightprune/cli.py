@@ -15,6 +15,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from lightprune import quiet
+
+if not quiet.is_verbose(sys.argv):  # before lightning, transformers and deepspeed print their import-time notices
+    quiet.install()
+
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -103,8 +108,11 @@ def main() -> None:
 
     A bad input or an OS error (a ValueError, an OSError such as a read-only output or a full disk, or one of
     lightprune's own errors: :data:`lightprune.errors.ERRORS`) is reported in one line and exit status 2; set
-    ``LIGHTPRUNE_DEBUG=1`` to see the traceback.
+    ``LIGHTPRUNE_DEBUG=1`` to see the traceback. Third-party notices that say nothing about the run are dropped
+    (:mod:`lightprune.quiet`); ``--verbose`` or ``LIGHTPRUNE_VERBOSE=1`` shows them.
     """
+    if "--verbose" in sys.argv:  # read at import (lightprune.quiet); not an option of the parser
+        sys.argv.remove("--verbose")
     try:
         try:
             cli_main()
