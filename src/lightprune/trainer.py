@@ -16,6 +16,7 @@ import itertools
 from typing import Any, Iterable, Iterator
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 from lightning.pytorch.trainer import call
 from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -44,6 +45,21 @@ class SkipBatches:
         return max(0, len(self.loader) - self.skip)
 
 
+def _progress_bar() -> ProgressBar:
+    """Lightning's default progress bar (Rich when installed, else tqdm) that labels calibration "Calibration"."""
+    from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+    from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
+
+    base = RichProgressBar if _RICH_AVAILABLE else TQDMProgressBar
+
+    class CalibrationAwareBar(base):
+        @property
+        def validation_description(self) -> str:
+            return "Calibration" if getattr(self.trainer, "calibrating", False) else super().validation_description
+
+    return CalibrationAwareBar()
+
+
 class PruneTrainer(pl.Trainer):
     """A :class:`lightning.pytorch.Trainer` that also calibrates and exports."""
 
@@ -51,6 +67,12 @@ class PruneTrainer(pl.Trainer):
     calibrating: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any):
+        if kwargs.get("enable_progress_bar", True) is not False:  # our default bar says "Calibration" when it is one
+            callbacks = kwargs.get("callbacks")
+            callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) \
+                else [callbacks]
+            if not any(isinstance(c, ProgressBar) for c in callbacks):
+                kwargs["callbacks"] = [*callbacks, _progress_bar()]
         try:
             super().__init__(*args, **kwargs)
         except MisconfigurationException as err:  # a DeepSpeed strategy without deepspeed: name the extra

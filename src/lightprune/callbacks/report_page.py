@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.reporting.page import write_report_page
@@ -33,6 +34,7 @@ class ReportPage(JobEndCallback):
             return
         if trainer.is_global_zero:
             self.path = write_report_page(Path(self.output_dir or trainer.default_root_dir))
+            rank_zero_info(f"ReportPage: wrote {self.path}")
         else:
             self.path = Path(self.output_dir or trainer.default_root_dir) / "report.md"
 
@@ -40,3 +42,4 @@ class ReportPage(JobEndCallback):
         # lightprune test: after Evaluate's test measurement (phase order), wherever either is listed
         if trainer.is_global_zero:
             self.path = write_report_page(Path(self.output_dir or trainer.default_root_dir))
+            rank_zero_info(f"ReportPage: wrote {self.path}")

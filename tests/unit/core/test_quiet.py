@@ -76,3 +76,36 @@ def test_the_command_is_quiet_unless_verbose(tmp_path, testbed_root, verbose) ->
     if not verbose:  # (shown verbose only where bitsandbytes lacks its optional kernel package)
         assert "gemm_4bit_forward" not in output and "is_gradient_checkpointing" not in output
     assert "ExpertPruning: router_delta:weight pruned" in output  # lightprune's own lines stay
+
+
+def test_the_progress_bar_says_calibration_while_calibrating(tmp_path) -> None:
+    """PruneTrainer's default bar labels a calibration pass "Calibration" and a validation pass "Validation"; a bar
+    the user passes is left as it is."""
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    from lightprune.trainer import PruneTrainer
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def validation_step(self, batch, batch_idx):
+            return self.layer(batch).sum()
+
+    labels: list[str] = []
+
+    class Record(pl.Callback):
+        def on_validation_batch_start(self, trainer, *args):
+            labels.append(trainer.progress_bar_callback.validation_description)
+
+    data = torch.utils.data.DataLoader(torch.zeros(2, 2), batch_size=1)
+    trainer = PruneTrainer(callbacks=[Record()], logger=False, default_root_dir=tmp_path, accelerator="cpu")
+    trainer.calibrate(Tiny(), dataloaders=data)
+    trainer.validate(Tiny(), dataloaders=data, verbose=False)
+    assert labels == ["Calibration", "Calibration", "Validation", "Validation"]
+    mine = TQDMProgressBar()
+    assert PruneTrainer(callbacks=[mine], logger=False, default_root_dir=tmp_path).progress_bar_callback is mine
+    assert PruneTrainer(logger=False, enable_progress_bar=False, default_root_dir=tmp_path).progress_bar_callback is None

@@ -4,6 +4,7 @@ it is rebuilt after the fact from the files alone, and the ReportPage callback w
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def test_page_bad_inputs(tmp_path) -> None:
     assert not (tmp_path / "report.md").exists()
 
 
-def test_report_page_callback_after_export_and_evaluate(tmp_path) -> None:
+def test_report_page_callback_after_export_and_evaluate(tmp_path, caplog) -> None:
     from lightprune.callbacks import Evaluate, ExpertPruning, Export, ReportPage
     from lightprune.data import TextJsonlDataModule, train_bpe_tokenizer
     from lightprune.finetune import MoECausalLM
@@ -156,7 +157,9 @@ def test_report_page_callback_after_export_and_evaluate(tmp_path) -> None:
     trainer = PruneTrainer(accelerator="cpu", logger=False, enable_checkpointing=False, default_root_dir=run,
                            callbacks=callbacks, enable_progress_bar=False)
     torch.manual_seed(0)
-    trainer.export(MoECausalLM(tiny="qwen3_moe", tiny_overrides={"vocab_size": 300, "num_hidden_layers": 2}))
+    with caplog.at_level(logging.INFO):
+        trainer.export(MoECausalLM(tiny="qwen3_moe", tiny_overrides={"vocab_size": 300, "num_hidden_layers": 2}))
+    assert f"ReportPage: wrote {run / 'report.md'}" in caplog.messages  # the run says where the page went
     report = json.loads((run / "report.json").read_text())
     page = (run / "report.md").read_text()
     ev = report["evaluation"]
