@@ -25,7 +25,8 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "Gemma4TextFamily", "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily",
            "Lfm2MoeFamily", "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily",
            "NemotronHFamily", "LagunaFamily", "AriaTextFamily", "Qwen4ExpTextFamily", "Qwen4ExpFamily",
-           "Dots3NoteTextFamily", "MiniMaxM3VLTextFamily", "BUILT_IN",
+           "Dots3NoteTextFamily", "MiniMaxM3VLTextFamily", "KimiK25Family",
+           "BUILT_IN",
            "REFUSED_TYPES"]
 
 
@@ -221,6 +222,24 @@ class Glm4vMoeFamily(DeepseekV3Family):
 
     def vision_token_ids(self) -> tuple[int, ...]:
         """``image_token_id`` and ``video_token_id`` of the top-level config (begin / end markers are text)."""
+        return _config_ids(self.config, ("image_token_id", "video_token_id"))
+
+
+class KimiK25Family(DeepseekV3Family):
+    """Kimi K2.5 / K2.6 (``kimi_k25``): a DeepSeek-V3 language model (``text_config.model_type`` deepseek_v3) behind a
+    MoonViT vision tower; images and videos are its vision tokens."""
+
+    model_types = ("kimi_k25",)
+    multimodal = True
+
+    def __init__(self, model):
+        super().__init__(model)
+        lm_type = self.text_config.model_type
+        if lm_type != "deepseek_v3":
+            raise ValueError(f"Kimi K2.5 is supported with a deepseek_v3 language model, got {lm_type!r}")
+
+    def vision_token_ids(self) -> tuple[int, ...]:
+        """``image_token_id`` and ``video_token_id`` of the top-level config (vision_start / end are markers)."""
         return _config_ids(self.config, ("image_token_id", "video_token_id"))
 
 
@@ -941,7 +960,7 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          Lfm2MoeFamily, Qwen3_5MoeFamily, Qwen3OmniMoeThinkerFamily, Glm4vMoeFamily,
                                          PhimoeFamily, NemotronHFamily, LagunaFamily, AriaTextFamily,
                                          Qwen4ExpTextFamily, Qwen4ExpFamily, Dots3NoteTextFamily,
-                                         MiniMaxM3VLTextFamily)
+                                         MiniMaxM3VLTextFamily, KimiK25Family)
 
 
 #: model types whose structure lightprune cannot prune exactly yet, and why (:func:`registry.refuse_family`)

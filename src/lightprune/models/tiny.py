@@ -248,6 +248,19 @@ def _qwen4_exp(**kw: Any):
                                        **kw)
 
 
+def _kimi_k25(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    text = {"model_type": "deepseek_v3", **_deepseek_v3().to_dict()}
+    text.update(kw.pop("text_config", {}))
+    vision = {"patch_size": 4, "pos_emb_height": 8, "pos_emb_width": 8, "pos_emb_time": 2, "num_attention_heads": 2,
+              "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 32, "merge_kernel_size": [2, 2]}
+    vision.update(kw.pop("vision_config", {}))
+    return CONFIG_MAPPING["kimi_k25"](text_config=text, vision_config=vision, projection_hidden_size=32,
+                                      image_token_id=120, video_token_id=121, vision_start_token_id=122,
+                                      vision_end_token_id=123, tie_word_embeddings=False, **kw)
+
+
 def _qwen3_omni_moe_thinker(**kw: Any):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -366,6 +379,7 @@ _BUILDERS = {
     "qwen3_omni_moe_thinker": _qwen3_omni_moe_thinker,
     "glm4v_moe": _glm4v_moe,
     "qwen4_exp": _qwen4_exp,
+    "kimi_k25": _kimi_k25,
     **{t: (lambda t, extra: lambda **kw: _generic(t, **{**extra, **kw}))(t, extra)
        for t, extra in _GENERIC_FAMILIES.items()},
 }
@@ -377,7 +391,7 @@ _DENSE_BUILDERS = {"llava_onevision": _llava_onevision, "qwen2_5_vl": _qwen2_5_v
 TINY_DENSE_MLLMS: tuple[str, ...] = tuple(_DENSE_BUILDERS)
 
 _MLLMS = ("qwen3_vl_moe", "internvl", "gemma4", "qwen3_5_moe", "qwen3_omni_moe_thinker", "glm4v_moe", "qwen4_exp",
-          *TINY_DENSE_MLLMS)
+          "kimi_k25", *TINY_DENSE_MLLMS)
 
 
 def tiny_config(family: str, **overrides: Any):

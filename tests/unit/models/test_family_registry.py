@@ -68,6 +68,11 @@ def transformers_moe_types() -> list[str]:
         if any(_EXPERTS.search(f.read_text(errors="replace")) for f in folder.glob("modeling_*.py")) and \
                 _declares_experts(CONFIG_MAPPING[model_type]):
             found.append(model_type)
+    # an MLLM whose language model is an MoE type given by name (Kimi K2.5: text_config defaults to deepseek_v3)
+    for model_type in CONFIG_MAPPING_NAMES:
+        defaults = getattr(CONFIG_MAPPING[model_type], "sub_configs_defaults", None) or {}
+        if model_type not in found and any(getattr(d, "model_type", None) in found for d in defaults.values()):
+            found.append(model_type)
     return sorted(found)
 
 
