@@ -331,8 +331,8 @@ class GptOssFamily(MoEFamily):
 class GraniteMoeFamily(MoEFamily):
     """Granite MoE (``granitemoe``, ``granitemoeshared``, ``granitemoe_swa``, and the Mamba-2 hybrid
     ``granitemoehybrid``, whose every layer has the block beside its mamba or attention mixer): fp32 logits, top-k
-    of the logits, softmax over the k in the hidden states' dtype (GraniteMoeTopKRouter); every layer sparse. A pruned expert's
-    logit is -inf before the top-k."""
+    of the logits, softmax over the k in the hidden states' dtype (GraniteMoeTopKRouter); every layer sparse. A
+    pruned expert's logit is -inf before the top-k."""
 
     routing = "top-k of fp32 logits, softmax over the k"
     model_types = ("granitemoe", "granitemoeshared", "granitemoe_swa", "granitemoehybrid")

@@ -75,8 +75,8 @@ def test_a_deepspeed_strategy_without_deepspeed_names_the_extra(monkeypatch) -> 
 def test_the_cli_reports_a_missing_deepspeed_in_one_line(monkeypatch, capsys, tmp_path) -> None:
     """A DeepSpeed strategy from a config file (built by the argument parser, before the trainer) fails the same way:
     one line and exit status 2, nothing run."""
-    from lightning.pytorch.strategies import deepspeed as lightning_deepspeed
     from fixtures import REPO
+    from lightning.pytorch.strategies import deepspeed as lightning_deepspeed
 
     from lightprune.cli import main
 

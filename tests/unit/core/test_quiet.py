@@ -108,4 +108,5 @@ def test_the_progress_bar_says_calibration_while_calibrating(tmp_path) -> None:
     assert labels == ["Calibration", "Calibration", "Validation", "Validation"]
     mine = TQDMProgressBar()
     assert PruneTrainer(callbacks=[mine], logger=False, default_root_dir=tmp_path).progress_bar_callback is mine
-    assert PruneTrainer(logger=False, enable_progress_bar=False, default_root_dir=tmp_path).progress_bar_callback is None
+    quiet_trainer = PruneTrainer(logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    assert quiet_trainer.progress_bar_callback is None
