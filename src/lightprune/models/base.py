@@ -16,7 +16,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-__all__ = ["MoELayer", "MoEFamily", "RoutingLimits", "RoutingOutput", "find_decoder_layers", "mlp_layer_type"]
+__all__ = ["MoELayer", "MoEFamily", "alike_family", "RoutingLimits", "RoutingOutput", "find_decoder_layers",
+           "mlp_layer_type"]
 
 RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(router_logits [T, E], weights applied to the selected experts [T, k], selected ids [T, k])``."""
@@ -143,6 +144,11 @@ class MoEFamily:
     shared_attrs: ClassVar[tuple[str, ...]] = ()
     #: True for MLLMs: the MoE language model sits inside a conditional-generation model
     multimodal: ClassVar[bool] = False
+    #: top-level config keys of the image / video placeholder token ids (audio placeholders are not vision)
+    vision_token_keys: ClassVar[tuple[str, ...]] = ()
+    #: True when removing an expert a token did not select leaves its routing exactly as it was (a top-k whose
+    #: weights depend only on the selected experts: renormalised, top-k-then-softmax, per-expert sigmoid)
+    unselected_removal_is_free: ClassVar[bool] = False
     #: True for group-limited routers (top-2 group scores need two experts in every group)
     group_limited: ClassVar[bool] = False
     #: the routing rule in a few words (the README's family table)
@@ -207,12 +213,18 @@ class MoEFamily:
         return 1.0
 
     def vision_token_ids(self) -> tuple[int, ...]:
-        """Token ids of the image/video placeholders that the vision features replace (empty for text-only).
+        """Token ids of the image/video placeholders that the vision features replace (empty for text-only): the
+        set values of :attr:`vision_token_keys` on the top-level config, in order, without repeats.
 
         A vision token of a batch is a position whose ``input_ids`` value is one of these ids; start/end
         markers around an image (Qwen3-VL ``vision_start``/``vision_end``) are not vision tokens.
         """
-        return ()
+        found: list[int] = []
+        for key in self.vision_token_keys:
+            value = getattr(self.config, key, None)
+            if value is not None and int(value) not in found:
+                found.append(int(value))
+        return tuple(found)
 
     # ----------------------------------------------------------------- layers
     def layers(self) -> list[MoELayer]:
@@ -265,11 +277,13 @@ class MoEFamily:
 
         Returns ``(candidates [T, m], scale [T, E] or None)``: removing an expert j that is not among token t's
         candidates leaves its selection as it is and multiplies every selected weight by ``scale[t, j]`` (None:
-        by 1, nothing changes). Candidates may repeat. The default lists every expert (exact, E selections per
-        token); a family overrides it with its router's closed form: a renormalised top-k is unchanged by removing
-        an unselected expert, a plain softmax rescales by 1 / (1 - p_j), a group-limited router can change only
+        by 1, nothing changes). Candidates may repeat. The default: the selected experts alone where
+        :attr:`unselected_removal_is_free`, else every expert (exact, E selections per token). A family with another
+        closed form overrides it: a plain softmax rescales by 1 / (1 - p_j), a group-limited router can change only
         through an expert among its group's top scores.
         """
+        if self.unselected_removal_is_free:
+            return selected, None
         num_tokens, num_experts = router_logits.shape
         return torch.arange(num_experts, device=router_logits.device).expand(num_tokens, -1), None
 
@@ -311,3 +325,14 @@ def _stored_shape(router: nn.Module) -> torch.Size:
     params = getattr(router, "parametrizations", None)
     weight = params.weight.original if params is not None and "weight" in params else router.weight
     return getattr(weight, "ds_shape", None) or weight.shape
+
+
+def alike_family(module: str, base: type[MoEFamily], model_type: str, doc: str,
+                 count_key: str | None = None) -> type[MoEFamily]:
+    """A family of ``model_type`` (defined in ``module``) that routes exactly as ``base``: its transformers router's
+    forward is ``base``'s; ``count_key``: the config field counting routed experts, when it is not ``base``'s."""
+    name = "".join(part.capitalize() for part in model_type.split("_")) + "Family"
+    attrs = {"model_types": (model_type,), "__doc__": doc, "__module__": module}
+    if count_key is not None:
+        attrs["num_experts_key"] = count_key
+    return type(name, (base,), attrs)

@@ -1,0 +1,213 @@
+"""DeepSeek's routers and the families that compute them: DeepSeek-V3 (sigmoid scores, a correction bias for
+selection, group-limited top-k, scaling) with the models whose transformers router is the same computation, and
+DeepSeek-V2 (softmax, greedy or group-limited greedy)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, alike_family, mlp_layer_type
+from lightprune.models.routing_ops import chosen_groups_mask, softmax_removal_scale, unique_rows
+
+__all__ = ["DeepseekV3Family", "Glm4MoeFamily", "Glm4vMoeFamily", "KimiK25Family", "NemotronHFamily", "Dots1Family",
+           "DeepseekV2Family", "DEEPSEEK_ALIKE", "Dots3NoteTextFamily"]
+
+
+class DeepseekV3Family(MoEFamily):
+    """DeepSeek-V3: sigmoid scores, correction bias for selection only, group-limited top-k,
+    optional renormalisation, then ``routed_scaling_factor``.
+
+    Masking sets the expert's logit to -inf (score 0) and its selection score to -inf (the
+    correction bias alone could otherwise still select it), so a masked expert takes no part in
+    group scores or selection: exactly the model with that expert removed.
+    """
+
+    routing = "sigmoid + correction bias, group-limited top-k, scaled"
+    model_types = ("deepseek_v3",)
+    num_experts_key = "n_routed_experts"
+    shared_attrs = ("shared_experts",)
+    group_limited = True
+
+    def is_sparse_layer(self, index: int) -> bool:
+        cfg = self.text_config
+        listed = mlp_layer_type(cfg, index)
+        if listed is not None:
+            return listed
+        return index >= int(getattr(cfg, "first_k_dense_replace", 0) or 0)
+
+    def group_limits(self) -> tuple[int, int]:
+        cfg = self.text_config
+        return int(cfg.n_group or 1), int(cfg.topk_group or 1)
+
+    score_function = "sigmoid"
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        hidden_states = hidden_states.view(-1, router.weight.shape[1])
+        return F.linear(hidden_states.type(torch.float32), router.weight.type(torch.float32))
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router = layer.router
+        num_experts, num_group = router.weight.shape[0], router.num_group
+        bias = router.e_score_correction_bias
+        if expert_mask is not None:
+            expert_mask = expert_mask.to(router_logits.device)
+            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
+            bias = bias.masked_fill(expert_mask, float("-inf"))
+        scores = router_logits.sigmoid()
+        scores_for_choice = scores + bias
+        group_scores = scores_for_choice.view(-1, num_group, num_experts // num_group).topk(2, dim=-1)[0].sum(dim=-1)
+        outside = ~chosen_groups_mask(group_scores, router.topk_group, num_experts)
+        scores_for_choice = scores_for_choice.masked_fill(outside, float("-inf"))
+        topk_indices = torch.topk(scores_for_choice, k=router.top_k, dim=-1, sorted=False)[1]
+        topk_weights = scores.gather(1, topk_indices)
+        if router.norm_topk_prob:
+            topk_weights /= topk_weights.sum(dim=-1, keepdim=True) + 1e-20
+        topk_weights = topk_weights * router.routed_scaling_factor
+        return router_logits, topk_weights, topk_indices
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Sigmoid scores are per expert and the weights are the selected ones' (renormalised or not): an
+        unselected expert matters only through its group's score, the sum of the group's top-2 selection scores,
+        when not every group is chosen, and only in a chosen group (an unchosen group's score can only fall);
+        candidates are the selected experts and the top 2 of each chosen group."""
+        router = layer.router
+        num_group, num_experts = router.num_group, router_logits.shape[-1]
+        if num_group <= router.topk_group:
+            return selected, None
+        choice = router_logits.sigmoid() + router.e_score_correction_bias
+        size = num_experts // num_group
+        top2 = choice.view(-1, num_group, size).topk(2, dim=-1)
+        chosen = top2[0].sum(dim=-1).topk(router.topk_group, dim=-1, sorted=False)[1]        # [T, topk_group]
+        leaders = top2[1].gather(1, chosen.unsqueeze(-1).expand(-1, -1, 2)) + chosen.unsqueeze(-1) * size
+        return unique_rows(torch.cat([selected, leaders.reshape(selected.shape[0], -1)], dim=1)), None
+
+
+class Glm4MoeFamily(DeepseekV3Family):
+    """GLM-4.5 / 4.6 (``glm4_moe``): DeepSeek-V3's router (Glm4MoeTopkRouter is the same computation)."""
+
+    model_types = ("glm4_moe",)
+
+
+class Glm4vMoeFamily(DeepseekV3Family):
+    """GLM-4.5V / 4.6V (``glm4v_moe``): a GLM-4.5 language model (DeepSeek-V3's router) with image and video
+    placeholders."""
+
+    model_types = ("glm4v_moe",)
+    multimodal = True
+
+    vision_token_keys = ("image_token_id", "video_token_id")
+
+
+class KimiK25Family(DeepseekV3Family):
+    """Kimi K2.5 / K2.6 (``kimi_k25``): a DeepSeek-V3 language model (``text_config.model_type`` deepseek_v3) behind a
+    MoonViT vision tower; images and videos are its vision tokens."""
+
+    model_types = ("kimi_k25",)
+    multimodal = True
+
+    def __init__(self, model):
+        super().__init__(model)
+        lm_type = self.text_config.model_type
+        if lm_type != "deepseek_v3":
+            raise ValueError(f"Kimi K2.5 is supported with a deepseek_v3 language model, got {lm_type!r}")
+
+    vision_token_keys = ("image_token_id", "video_token_id")
+
+
+class NemotronHFamily(DeepseekV3Family):
+    """Nemotron-H / Nemotron 3 (``nemotron_h``): DeepSeek-V3's router (NemotronHTopkRouter is the same computation)
+    in the layers whose ``layers_block_type`` is "moe" (the others are Mamba-2, attention or MLP mixers); ungated
+    relu^2 experts (``up_proj``, ``down_proj``), fed a latent projection of the router's input when
+    ``moe_latent_size`` is set."""
+
+    model_types = ("nemotron_h",)
+    mlp_attr = "mixer"
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return self.text_config.layers_block_type[index] == "moe"
+
+
+class Dots1Family(DeepseekV3Family):
+    """dots.llm1 (``dots1``): DeepSeek-V3's router and dense-layer rule."""
+
+    model_types = ("dots1",)
+
+
+class DeepseekV2Family(MoEFamily):
+    """DeepSeek-V2: softmax of fp32 logits over all experts, then ``greedy`` top-k or ``group_limited_greedy``
+    (groups scored by their best expert, ``topk_group`` groups kept, the rest zeroed), not renormalised, times
+    ``routed_scaling_factor`` (DeepseekV2TopkRouter). Masking sets a pruned expert's logit to -inf (probability 0,
+    the softmax's denominator as without it) and its selection score to -inf, so it is never chosen."""
+
+    routing = "softmax, greedy or group-limited top-k, scaled"
+    model_types = ("deepseek_v2",)
+    num_experts_key = "n_routed_experts"
+    shared_attrs = ("shared_experts",)
+
+    @property
+    def group_limited(self) -> bool:  # type: ignore[override]
+        return self.text_config.topk_method == "group_limited_greedy"
+
+    is_sparse_layer = DeepseekV3Family.is_sparse_layer  # the same dense-layer rule
+
+    def group_limits(self) -> tuple[int, int]:
+        cfg = self.text_config
+        return (int(cfg.n_group or 1), int(cfg.topk_group or 1)) if self.group_limited else (1, 1)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        return F.linear(hidden_states.view(-1, router.weight.shape[1]).type(torch.float32),
+                        router.weight.type(torch.float32))
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router = layer.router
+        if expert_mask is not None:
+            expert_mask = expert_mask.to(router_logits.device)
+            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
+        scores = router_logits.softmax(dim=-1, dtype=torch.float32)
+        if router.topk_method == "group_limited_greedy":
+            num_experts, num_group = scores.shape[-1], router.num_group
+            group_scores = scores.view(-1, num_group, num_experts // num_group).max(dim=-1).values
+            scores = scores.masked_fill(~chosen_groups_mask(group_scores, router.topk_group, num_experts), 0.0)
+        elif router.topk_method != "greedy":
+            raise ValueError(f"deepseek_v2 topk_method {router.topk_method!r}: lightprune knows 'greedy' and "
+                             "'group_limited_greedy'")
+        choice = scores if expert_mask is None else scores.masked_fill(expert_mask, float("-inf"))
+        top_index = torch.topk(choice, k=router.top_k, dim=-1, sorted=False)[1]
+        top_weights = scores.gather(1, top_index) if expert_mask is not None else \
+            torch.topk(scores, k=router.top_k, dim=-1, sorted=False)[0]
+        return router_logits, top_weights * router.routed_scaling_factor, top_index
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
+                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Softmax over all experts, not renormalised: an unselected expert's removal scales every probability by
+        1 / (1 - p_j), which keeps the top-k and each group's order; under group-limited greedy a group's best
+        expert is also a candidate (its removal lowers the group's score)."""
+        scale = softmax_removal_scale(router_logits)
+        router = layer.router
+        if router.topk_method != "group_limited_greedy" or router.num_group <= router.topk_group:
+            return selected, scale
+        num_group, num_experts = router.num_group, router_logits.shape[-1]
+        size = num_experts // num_group
+        best = router_logits.view(-1, num_group, size).max(dim=-1)
+        chosen = best[0].topk(router.topk_group, dim=-1, sorted=False)[1]          # an unchosen group can only fall
+        leaders = best[1].gather(1, chosen) + chosen * size
+        return unique_rows(torch.cat([selected, leaders], dim=1)), scale
+
+
+#: families whose transformers router computes what DeepSeek-V3's does (its forward, line for line), with
+#: DeepSeek-V3's attribute names; the dense-layer rule is first_k_dense_replace or the config's mlp_layer_types
+DEEPSEEK_ALIKE: tuple[type[MoEFamily], ...] = tuple(
+    alike_family(__name__, DeepseekV3Family, t,
+                 f"``{t}``: DeepSeek-V3's router (sigmoid, correction bias, groups, scaling).", key)
+    for t, key in (("exaone_moe", "num_experts"), ("solar_open", None), ("mimo_v2_flash", None), ("hy_v4", None),
+                   ("deepseek_v32", None), ("glm_moe_dsa", None), ("glm4_moe_lite", None), ("axk1", None),
+                   ("kimi_linear", "num_local_experts"), ("bailing_hybrid", "num_local_experts")))
+Dots3NoteTextFamily = alike_family(
+    __name__, DeepseekV3Family, "dots3_note_text",
+    "``dots3_note_text``: DeepSeek-V3's router (sigmoid, correction bias, groups, scaling).")

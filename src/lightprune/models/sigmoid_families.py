@@ -1,0 +1,199 @@
+"""Routers that select on per-expert sigmoid scores plus a correction bias (kept by the router or by the MoE block)
+and renormalise the chosen scores: MiniMax-M2 / M3-VL, Hunyuan 3, AFMoE, LFM2-MoE, Laguna."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput
+from lightprune.models.routing_ops import mask_logits, masked_choice
+
+__all__ = ["LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily"]
+
+
+class LagunaFamily(MoEFamily):
+    """Laguna (``laguna``): fp32 logits, optionally soft-capped (``moe_router_logit_softcapping``), sigmoid, top-k of
+    the scores plus the router's ``e_score_correction_bias``, renormalised, cast to the hidden states' dtype
+    (LagunaTopKRouter); the block multiplies the routed sum by ``moe_routed_scaling_factor`` after the experts;
+    sparse layers from ``mlp_layer_types``; shared experts. Masking sets the soft-capped logit to -inf (a cap of
+    -inf would be finite) and the selection score to -inf."""
+
+    routing = "(soft-capped) sigmoid + correction bias, top-k, renormalised; routed sum scaled"
+    model_types = ("laguna",)
+    score_function = "sigmoid"
+    shared_attrs = ("shared_experts",)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        logits = F.linear(hidden_states.reshape(-1, router.weight.shape[1]), router.weight).float()
+        if router.router_logit_softcapping > 0.0:
+            logits = torch.tanh(logits / router.router_logit_softcapping) * router.router_logit_softcapping
+        return logits
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router = layer.router
+        router_logits = mask_logits(router_logits, expert_mask)
+        scores = torch.sigmoid(router_logits)
+        choice = masked_choice(scores, router.e_score_correction_bias.to(scores.dtype), expert_mask)
+        top_index = torch.topk(choice, layer.top_k, dim=-1)[1]
+        weights = scores.gather(-1, top_index)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return router_logits, weights.to(router.weight.dtype), top_index
+
+    def output_scale(self, layer: MoELayer) -> float:
+        return float(layer.block.routed_scaling_factor)
+
+    unselected_removal_is_free = True  # per-expert sigmoid scores, renormalised over the k
+
+
+class MiniMaxM2Family(MoEFamily):
+    """MiniMax-M2 (``minimax_m2``): every layer sparse; sigmoid of the fp32 logits, top-k of the scores plus the
+    block's ``e_score_correction_bias`` (passed to the router, pruned with the experts), the k scores renormalised
+    (MiniMaxM2TopKRouter). Masking: logit -inf (score 0) and selection score -inf."""
+
+    routing = "sigmoid + block's correction bias, top-k, renormalised"
+    model_types = ("minimax_m2",)
+    num_experts_key = "num_local_experts"
+    score_function = "sigmoid"
+    block_sub_tensors = (("", "e_score_correction_bias", 0),)
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return True
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = layer.router.weight
+        return F.linear(hidden_states.reshape(-1, weight.shape[1]).to(weight.dtype), weight)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router_logits = mask_logits(router_logits, expert_mask)
+        weights = torch.sigmoid(router_logits.float())
+        choice = masked_choice(weights, self.selection_bias(layer), expert_mask)
+        top_index = torch.topk(choice, layer.top_k, dim=-1, sorted=False)[1]
+        top = weights.gather(1, top_index)
+        top /= top.sum(dim=-1, keepdim=True)
+        return router_logits, top, top_index
+
+    def selection_bias(self, layer: MoELayer) -> torch.Tensor:
+        """The correction bias added to the scores for selection only (MiniMax-M2: the block's)."""
+        return layer.block.e_score_correction_bias
+
+    unselected_removal_is_free = True  # per-expert sigmoid scores, renormalised over the k
+
+
+class MiniMaxM3VLTextFamily(MiniMaxM2Family):
+    """MiniMax-M3-VL's language model (``minimax_m3_vl_text``): MiniMax-M2's router with the correction bias on the
+    router (pruned with its rows), shared experts, the routed sum times ``routed_scaling_factor`` in the block;
+    sparse layers from ``mlp_layer_types``."""
+
+    routing = "sigmoid + correction bias, top-k, renormalised; routed sum scaled"
+    model_types = ("minimax_m3_vl_text",)
+    shared_attrs = ("shared_experts",)
+    block_sub_tensors = ()
+    is_sparse_layer = MoEFamily.is_sparse_layer
+
+    def selection_bias(self, layer: MoELayer) -> torch.Tensor:
+        return layer.router.e_score_correction_bias
+
+    def output_scale(self, layer: MoELayer) -> float:
+        return float(layer.block.routed_scaling_factor)
+
+
+class HYV3Family(MoEFamily):
+    """Hunyuan 3 (``hy_v3``): sigmoid of fp32 logits, top-k of the scores plus the block's
+    ``e_score_correction_bias``, renormalised (+1e-20), times ``router_scaling_factor`` (HYV3TopKRouter); sparse
+    layers from ``mlp_layer_types``; shared experts. Masking: logit -inf and selection score -inf."""
+
+    routing = "sigmoid + block's correction bias, top-k, renormalised, scaled"
+    model_types = ("hy_v3",)
+    score_function = "sigmoid"
+    shared_attrs = ("shared_experts",)
+    block_sub_tensors = (("", "e_score_correction_bias", 0),)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = layer.router.weight
+        return F.linear(hidden_states.reshape(-1, weight.shape[1]).float(), weight.float())
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router_logits = mask_logits(router_logits, expert_mask)
+        weights = torch.sigmoid(router_logits)
+        choice = masked_choice(weights, layer.block.e_score_correction_bias, expert_mask)
+        top_index = torch.topk(choice, layer.top_k, dim=-1, sorted=False)[1]
+        top = weights.gather(1, top_index)
+        top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+        return router_logits, top * layer.router.router_scaling_factor, top_index
+
+    unselected_removal_is_free = True  # per-expert sigmoid scores, renormalised over the k
+
+
+class AfmoeFamily(MoEFamily):
+    """AFMoE (``afmoe``): the router module keeps its linear in ``router.gate``; fp32 logits, sigmoid, top-k of the
+    scores plus the block's ``expert_bias``, renormalised (+1e-20), times ``route_scale`` (AfmoeTokenChoiceRouter);
+    layers from ``num_dense_layers`` on are sparse; shared experts. Masking: logit -inf and selection score -inf."""
+
+    routing = "sigmoid + block's expert bias, top-k, renormalised, scaled"
+    model_types = ("afmoe",)
+    router_attr = "router"
+    router_weight_attr = "gate"
+    score_function = "sigmoid"
+    shared_attrs = ("shared_experts",)
+    block_sub_tensors = (("", "expert_bias", 0),)
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return index >= int(self.text_config.num_dense_layers)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        gate = layer.router.gate
+        return gate(hidden_states.reshape(-1, hidden_states.shape[-1])).to(torch.float32)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router_logits = mask_logits(router_logits, expert_mask)
+        scores = torch.sigmoid(router_logits)
+        top_index = torch.topk(masked_choice(scores, layer.block.expert_bias, expert_mask), k=layer.top_k, dim=1)[1]
+        top = scores.gather(dim=1, index=top_index)
+        top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+        return router_logits, top * layer.router.route_scale, top_index
+
+    unselected_removal_is_free = True  # per-expert sigmoid scores, renormalised over the k
+
+
+class Lfm2MoeFamily(MoEFamily):
+    """LFM2-MoE (``lfm2_moe``): sigmoid of the logits, top-k of the scores (plus the block's ``expert_bias`` when
+    ``use_expert_bias``), renormalised (+1e-6) when ``norm_topk_prob``, times ``routed_scaling_factor``
+    (Lfm2MoeTopKRouter); layers from ``num_dense_layers`` on are sparse. Masking: logit -inf, selection -inf."""
+
+    routing = "sigmoid (+ block's expert bias), top-k, renormalised, scaled"
+    model_types = ("lfm2_moe",)
+    mlp_attr = "feed_forward"
+    score_function = "sigmoid"
+    block_sub_tensors = (("", "expert_bias", 0),)
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return index >= int(self.text_config.num_dense_layers)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]), layer.router.weight)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router, cfg = layer.router, self.text_config
+        router_logits = mask_logits(router_logits, expert_mask)
+        weights = router_logits.sigmoid()
+        if router.use_expert_bias:
+            top_index = torch.topk(masked_choice(weights, layer.block.expert_bias, expert_mask), k=layer.top_k,
+                                   dim=-1)[1]
+            weights = torch.gather(weights, dim=1, index=top_index).type_as(router_logits)
+        elif expert_mask is None:
+            weights, top_index = torch.topk(weights, k=layer.top_k, dim=-1)
+        else:  # a masked expert's score is 0, never above a kept one's: select on -inf to be exact
+            top_index = torch.topk(masked_choice(weights, None, expert_mask), k=layer.top_k, dim=-1)[1]
+            weights = torch.gather(weights, dim=1, index=top_index)
+        if cfg.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)
+        return router_logits, weights * router.routed_scaling_factor, top_index
+
+    unselected_removal_is_free = True  # per-expert sigmoid scores, the k renormalised or not
