@@ -197,20 +197,33 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
 }
 
 
+#: a Qwen-VL-style vision tower: one block, 4-pixel patches merged 2 x 2, frames in pairs
+_QWEN_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
+                "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2}
+def _mrope(**extra: Any) -> dict[str, Any]:
+    """Interleaved M-RoPE over (time, height, width) for head_dim 8 (a fresh dict: configs may normalise it)."""
+    return {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1], "mrope_interleaved": True,
+            **extra}
+#: image / video placeholders and the markers around a Qwen-VL-style image
+_QWEN_IDS = {"image_token_id": 120, "video_token_id": 121, "vision_start_token_id": 122, "vision_end_token_id": 123}
+
+
+def _mllm(config_class, text: dict[str, Any], vision: dict[str, Any], kw: dict[str, Any], **top: Any):
+    """``config_class`` of an MLLM from its tiny ``text`` and ``vision`` sub-configs, with ``kw``'s ``text_config``
+    / ``vision_config`` entries merged into them and its other keys set on the top-level config."""
+    text = {**text, **kw.pop("text_config", {})}
+    vision = {**vision, **kw.pop("vision_config", {})}
+    return config_class(text_config=text, vision_config=vision, tie_word_embeddings=False, **top, **kw)
+
+
 def _qwen3_vl_moe(**kw: Any):
     from transformers import Qwen3VLMoeConfig
 
     text = {**_ATTN, "num_hidden_layers": 2, "intermediate_size": 24, "moe_intermediate_size": 16,
             "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
-                                "mrope_interleaved": True}}
-    text.update(kw.pop("text_config", {}))
-    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
-              "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16,
-              "deepstack_visual_indexes": []}
-    vision.update(kw.pop("vision_config", {}))
-    return Qwen3VLMoeConfig(text_config=text, vision_config=vision, image_token_id=120, video_token_id=121,
-                            vision_start_token_id=122, vision_end_token_id=123, tie_word_embeddings=False, **kw)
+            "rope_parameters": _mrope()}
+    vision = {**_QWEN_VISION, "num_position_embeddings": 16, "deepstack_visual_indexes": []}
+    return _mllm(Qwen3VLMoeConfig, text, vision, kw, **_QWEN_IDS)
 
 
 def _qwen3_5_moe(**kw: Any):
@@ -220,15 +233,8 @@ def _qwen3_5_moe(**kw: Any):
             "shared_expert_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2,
             "layer_types": ["linear_attention", "full_attention"], "linear_num_value_heads": 4,
             "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-            "linear_conv_kernel_dim": 2,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
-                                "mrope_interleaved": True, "partial_rotary_factor": 1.0}}
-    text.update(kw.pop("text_config", {}))
-    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
-              "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16}
-    vision.update(kw.pop("vision_config", {}))
-    return Qwen3_5MoeConfig(text_config=text, vision_config=vision, image_token_id=120, video_token_id=121,
-                            vision_start_token_id=122, vision_end_token_id=123, tie_word_embeddings=False, **kw)
+            "linear_conv_kernel_dim": 2, "rope_parameters": _mrope(partial_rotary_factor=1.0)}
+    return _mllm(Qwen3_5MoeConfig, text, {**_QWEN_VISION, "num_position_embeddings": 16}, kw, **_QWEN_IDS)
 
 
 def _qwen4_exp(**kw: Any):
@@ -236,29 +242,17 @@ def _qwen4_exp(**kw: Any):
 
     text = {**_ATTN, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16, "num_experts": 8,
             "num_experts_per_tok": 2, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1,
-            **_GENERIC_FAMILIES["qwen4_exp_text"],
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
-                                "mrope_interleaved": True}}
-    text.update(kw.pop("text_config", {}))
-    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
-              "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16}
-    vision.update(kw.pop("vision_config", {}))
-    return CONFIG_MAPPING["qwen4_exp"](text_config=text, vision_config=vision, image_token_id=120, video_token_id=121,
-                                       vision_start_token_id=122, vision_end_token_id=123, tie_word_embeddings=False,
-                                       **kw)
+            **_GENERIC_FAMILIES["qwen4_exp_text"], "rope_parameters": _mrope()}
+    return _mllm(CONFIG_MAPPING["qwen4_exp"], text, {**_QWEN_VISION, "num_position_embeddings": 16}, kw, **_QWEN_IDS)
 
 
 def _kimi_k25(**kw: Any):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     text = {"model_type": "deepseek_v3", **_deepseek_v3().to_dict()}
-    text.update(kw.pop("text_config", {}))
     vision = {"patch_size": 4, "pos_emb_height": 8, "pos_emb_width": 8, "pos_emb_time": 2, "num_attention_heads": 2,
               "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 32, "merge_kernel_size": [2, 2]}
-    vision.update(kw.pop("vision_config", {}))
-    return CONFIG_MAPPING["kimi_k25"](text_config=text, vision_config=vision, projection_hidden_size=32,
-                                      image_token_id=120, video_token_id=121, vision_start_token_id=122,
-                                      vision_end_token_id=123, tie_word_embeddings=False, **kw)
+    return _mllm(CONFIG_MAPPING["kimi_k25"], text, vision, kw, projection_hidden_size=32, **_QWEN_IDS)
 
 
 def _qwen3_omni_moe_thinker(**kw: Any):
@@ -266,19 +260,12 @@ def _qwen3_omni_moe_thinker(**kw: Any):
 
     text = {**_ATTN, "num_hidden_layers": 2, "intermediate_size": 24, "moe_intermediate_size": 16, "num_experts": 8,
             "num_experts_per_tok": 2, "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
-                                "mrope_interleaved": True}}
-    text.update(kw.pop("text_config", {}))
-    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
-              "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16,
-              "deepstack_visual_indexes": []}
-    vision.update(kw.pop("vision_config", {}))
+            "rope_parameters": _mrope()}
+    vision = {**_QWEN_VISION, "num_position_embeddings": 16, "deepstack_visual_indexes": []}
     audio = {"num_mel_bins": 16, "encoder_layers": 1, "encoder_attention_heads": 4, "encoder_ffn_dim": 16,
              "d_model": 32, "output_dim": 32, "downsample_hidden_size": 8}
-    return CONFIG_MAPPING["qwen3_omni_moe_thinker"](
-        text_config=text, vision_config=vision, audio_config=audio, image_token_id=120, video_token_id=121,
-        vision_start_token_id=122, vision_end_token_id=123, audio_token_id=124, audio_start_token_id=125,
-        tie_word_embeddings=False, **kw)
+    return _mllm(CONFIG_MAPPING["qwen3_omni_moe_thinker"], text, vision, kw, audio_config=audio, **_QWEN_IDS,
+                 audio_token_id=124, audio_start_token_id=125)
 
 
 def _glm4v_moe(**kw: Any):
@@ -289,13 +276,9 @@ def _glm4v_moe(**kw: Any):
             "first_k_dense_replace": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 0],
                                 "partial_rotary_factor": 0.5}}
-    text.update(kw.pop("text_config", {}))
-    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 32,
-              "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "image_size": 16}
-    vision.update(kw.pop("vision_config", {}))
-    return Glm4vMoeConfig(text_config=text, vision_config=vision, image_token_id=120, video_token_id=121,
-                          image_start_token_id=122, image_end_token_id=123, video_start_token_id=124,
-                          video_end_token_id=125, tie_word_embeddings=False, **kw)
+    return _mllm(Glm4vMoeConfig, text, {**_QWEN_VISION, "image_size": 16}, kw, image_token_id=120,
+                 video_token_id=121, image_start_token_id=122, image_end_token_id=123, video_start_token_id=124,
+                 video_end_token_id=125)
 
 
 def _internvl(**kw: Any):
@@ -304,27 +287,21 @@ def _internvl(**kw: Any):
     text = {"model_type": "qwen3_moe", **_ATTN, "num_hidden_layers": 2, "intermediate_size": 24,
             "moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True,
             "decoder_sparse_step": 1, "mlp_only_layers": []}
-    text.update(kw.pop("text_config", {}))
     vision = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
               "image_size": [16, 16], "patch_size": [4, 4]}
-    vision.update(kw.pop("vision_config", {}))
-    return InternVLConfig(text_config=text, vision_config=vision, image_token_id=120, downsample_ratio=0.5,
-                          tie_word_embeddings=False, **kw)
+    return _mllm(InternVLConfig, text, vision, kw, image_token_id=120, downsample_ratio=0.5)
 
 
 def _gemma4(**kw: Any):
     from transformers import Gemma4Config
 
     text = {**_ATTN, "intermediate_size": 24, "moe_intermediate_size": 16, **_GEMMA4_TEXT}
-    text.update(kw.pop("text_config", {}))
     # 4x4-pixel patches pooled 2x2: an image of (2..3)*2 x (2..3)*2 patches gives 4 to 9 placeholders
     vision = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
               "num_key_value_heads": 2, "head_dim": 16, "patch_size": 4, "pooling_kernel_size": 2,
               "position_embedding_size": 64}
-    vision.update(kw.pop("vision_config", {}))
-    return Gemma4Config(text_config=text, vision_config=vision, audio_config=None, image_token_id=120,
-                        video_token_id=121, boi_token_id=122, eoi_token_id=123, boa_token_id=124, eoa_token_index=125,
-                        audio_token_id=126, tie_word_embeddings=False, **kw)
+    return _mllm(Gemma4Config, text, vision, kw, audio_config=None, image_token_id=120, video_token_id=121,
+                 boi_token_id=122, eoi_token_id=123, boa_token_id=124, eoa_token_index=125, audio_token_id=126)
 
 
 def _llava_onevision(**kw: Any):
