@@ -28,20 +28,27 @@ import lightprune as lp
 from lightprune.models import find_moe_layers
 
 
-def bench_model(layers: int = 4) -> torch.nn.Module:
-    """The scaled-down Qwen3-MoE of this benchmark (also scripts/gpu_check.py's), fp32, eval, seeded."""
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+def seeded_model(config) -> torch.nn.Module:
+    """A causal LM of ``config``, fp32, eval, seed 0, router rows drawn from N(0, 0.5^2) so routing is decisive."""
+    from transformers import AutoModelForCausalLM
 
-    config = Qwen3MoeConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=layers, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=64, intermediate_size=512, moe_intermediate_size=128,
-                            num_experts=16, num_experts_per_tok=4, norm_topk_prob=True, max_position_embeddings=1024,
-                            decoder_sparse_step=1, mlp_only_layers=[])
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
         for layer in find_moe_layers(model):
-            layer.router.weight.normal_(0, 0.5)
+            layer.router_linear.weight.normal_(0, 0.5)
     return model
+
+
+def bench_model(layers: int = 4) -> torch.nn.Module:
+    """The scaled-down Qwen3-MoE that scripts/gpu_check.py times (hidden 256, 16 experts, top-4)."""
+    from transformers import Qwen3MoeConfig
+
+    return seeded_model(Qwen3MoeConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=layers,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                       intermediate_size=512, moe_intermediate_size=128, num_experts=16,
+                                       num_experts_per_tok=4, norm_topk_prob=True, max_position_embeddings=1024,
+                                       decoder_sparse_step=1, mlp_only_layers=[]))
 
 
 _SHAPES = {"mixtral": ("Mixtral-like", 8, 2), "olmoe": ("OLMoE-like", 64, 8), "qwen3": ("Qwen3-30B-like", 128, 8),
@@ -50,7 +57,7 @@ _SHAPES = {"mixtral": ("Mixtral-like", 8, 2), "olmoe": ("OLMoE-like", 64, 8), "q
 
 def shape_model(shape: str) -> torch.nn.Module:
     """The benchmark model of ``shape``: hidden 128, expert width 64, 2 MoE layers, fp32, eval, seeded."""
-    from transformers import AutoModelForCausalLM, DeepseekV3Config, MixtralConfig, OlmoeConfig, Qwen3MoeConfig
+    from transformers import DeepseekV3Config, MixtralConfig, OlmoeConfig, Qwen3MoeConfig
 
     _, experts, top_k = _SHAPES[shape]
     common = dict(vocab_size=4096, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -69,12 +76,7 @@ def shape_model(shape: str) -> torch.nn.Module:
                                   topk_group=4, first_k_dense_replace=0, routed_scaling_factor=2.5,
                                   norm_topk_prob=True, q_lora_rank=64, kv_lora_rank=32, qk_rope_head_dim=16,
                                   qk_nope_head_dim=16, v_head_dim=32)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for layer in find_moe_layers(model):
-            layer.router_linear.weight.normal_(0, 0.5)
-    return model
+    return seeded_model(config)
 
 
 def shape_batches(count: int, rows: int, seq: int) -> list[dict[str, torch.Tensor]]:
