@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["int_key", "layer_items", "read_json", "show", "strict_int", "write_json"]
+__all__ = ["int_key", "layer_items", "read_json", "read_parsed", "show", "strict_int", "write_json"]
 
 _DECIMAL = re.compile(r"-?[0-9]+")
 
@@ -50,6 +50,15 @@ def read_json(path: str | os.PathLike, what: str, error: type[Exception] = Value
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise error(f"{what} file {str(path)!r} is not valid JSON: {err}") from err
+
+
+def read_parsed(path: str | os.PathLike, what: str, error: type[Exception], parse: Any) -> Any:
+    """``parse(read_json(path))``; an ``error`` that ``parse`` raises is re-raised naming ``what`` and the file."""
+    data = read_json(path, what, error)
+    try:
+        return parse(data)
+    except error as err:
+        raise error(f"{what} file {str(Path(path))!r}: {err}") from err
 
 
 def strict_int(value: Any) -> int | None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lightprune.errors import PlanError
-from lightprune.jsonio import layer_items, read_json, show, strict_int, write_json
+from lightprune.jsonio import layer_items, read_parsed, show, strict_int, write_json
 
 __all__ = ["ExpertPlan", "PlanError"]
 
@@ -147,8 +147,4 @@ class ExpertPlan:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ExpertPlan":
         """The plan saved at ``path``; a :class:`PlanError` names the file."""
-        data = read_json(path, "plan", PlanError)
-        try:
-            return cls.from_dict(data)
-        except PlanError as err:
-            raise PlanError(f"plan file {str(Path(path))!r}: {err}") from err
+        return read_parsed(path, "plan", PlanError, cls.from_dict)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from lightprune.errors import PlanError
-from lightprune.jsonio import layer_items, read_json, show, strict_int, write_json
+from lightprune.jsonio import layer_items, read_parsed, show, strict_int, write_json
 from lightprune.width.layers import find_width_layers
 from lightprune.width.paths import MODALITIES, PATHS
 
@@ -250,8 +250,4 @@ class WidthPlan:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "WidthPlan":
         """The width plan saved at ``path``; a :class:`PlanError` names the file."""
-        data = read_json(path, "width plan", PlanError)
-        try:
-            return cls.from_dict(data)
-        except PlanError as err:
-            raise PlanError(f"width plan file {str(Path(path))!r}: {err}") from err
+        return read_parsed(path, "width plan", PlanError, cls.from_dict)
