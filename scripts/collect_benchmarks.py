@@ -32,6 +32,7 @@ BENCHES = {
     "weight_scores": ("bench_weight_scores.py", [], ["--quick"]),
     "prefill": ("bench_prefill.py", [], ["--quick", "--device", "cpu"]),
     "export": ("bench_export.py", [], ["--quick"]),
+    "taylor": ("bench_taylor.py", [], ["--quick"]),
 }
 STDERR_TAIL = 4000
 

@@ -12,10 +12,11 @@ With the keep mask K[b, h, i, j] (False where path(i, j) is pruned for head h):
   ``C[b, h, i, j] = g[b, h, path(i, j)]`` on the prunable pairs and 1 elsewhere, so
   ``dL/dg[b, h, p] = <O_(l,h,p), dL/dO_(l,h)>`` where ``O_p = (A * M_p) V`` is the path's additive
   contribution with the attention weights held fixed (no renormalisation: "we zero either contribution
-  without renormalizing"). Since the gates are 1, this is computed as the mask-mode output plus
-  ``sum_p (g_p - 1) O_p`` with O_p computed explicitly in fp32 (query-row chunks) outside the graph:
-  the same value, the same gradients w.r.t. the activations and the gates, and nothing [B, H, Q, K]
-  kept for the backward beyond what SDPA keeps.
+  without renormalizing"). Since the gates are 1, the forward is the mask-mode output and the gate is an
+  identity whose backward computes ``sum_(i,j in p) A_ij (dL/dO_i . v_j)`` (:func:`lightprune.width.gates.path_gate`).
+
+Heads are grouped by their keep flags (:func:`head_groups`, at most 8 groups), and each group runs SDPA with
+one [B, 1, Q, K] pair mask, so neither mode builds a [B, heads, Q, K] tensor.
 
 The function is registered in transformers' ``AttentionInterface`` as ``"lightprune_path:<original>"``
 (original = ``sdpa`` or ``eager``) through :mod:`.attention_interface`; layers without a route, or whose
@@ -32,15 +33,14 @@ import torch
 from torch import nn
 
 from lightprune.observe.attention_interface import dense_mask, original_function, register_wrapper, wrappable
+from lightprune.width.gates import HeadGroup, PathGateInputs, path_gate
 from lightprune.width.kernels import path_sparse_attention
 from lightprune.width.paths import PATHS, path_keep, path_masks
 
 __all__ = ["PATH_PREFIX", "WRAPPABLE", "ModalityState", "PathRoute", "register", "route", "unroute",
-           "path_masks", "path_keep"]
+           "head_groups", "path_masks", "path_keep"]
 
 PATH_PREFIX = "lightprune_path:"
-#: elements of one fp32 [B, H, rows, K] chunk of attention probabilities in gate mode (64 MiB)
-_CHUNK_ELEMENTS = 1 << 24
 #: implementations the path attention wraps (it calls torch's SDPA with a per-head mask, or computes gates)
 WRAPPABLE = ("sdpa", "eager")
 
@@ -123,48 +123,88 @@ def _routed(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: to
     for name in ("softcap", "s_aux", "position_bias"):
         if kwargs.get(name) is not None:
             raise NotImplementedError(f"{where}: attention with {name} is not supported by path masking")
-    batch, heads, q_len, _ = query.shape
+    batch, heads, q_len, dim = query.shape
     k_len = key.shape[2]
     key_mod, query_mod = layer_route.state.keys_and_queries(batch, q_len, k_len, where)
     key_mod, query_mod = key_mod.to(query.device), query_mod.to(query.device)
     if layer_route.backend is not None and layer_route.gate is None:
         return _kernel(module, query, key, value, key_mod, layer_route, kwargs, where)
-    allowed, additive = dense_mask(module, attention_mask, batch, q_len, k_len, query.device, kwargs)
-    paths = path_masks(query_mod, key_mod)
-    keep = allowed.expand(batch, heads, q_len, k_len)
-    if layer_route.keep is not None:
-        if tuple(layer_route.keep.shape) != (heads, 3):
-            raise RuntimeError(f"{where}: keep mask {tuple(layer_route.keep.shape)} for {heads} heads")
-        keep = keep & path_keep(paths, layer_route.keep)
-    row_any = keep.any(dim=-1, keepdim=True)
-    emptied = allowed.any(dim=-1, keepdim=True) & ~row_any  # rows the plan (not the model) left without keys
-    groups = heads // key.shape[1]
-    key = key.repeat_interleave(groups, dim=1) if groups > 1 else key
-    value = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    if layer_route.keep is not None and tuple(layer_route.keep.shape) != (heads, 3):
+        raise RuntimeError(f"{where}: keep mask {tuple(layer_route.keep.shape)} for {heads} heads")
     scaling = kwargs.get("scaling")
     dropout = float(kwargs.get("dropout", 0.0) or 0.0)
     if layer_route.gate is not None and dropout:
         raise NotImplementedError(f"{where}: Taylor gates need attention dropout 0 (the model is in train mode "
                                   f"with attention_dropout {dropout})")
-    # an emptied row is computed over the model's keys (finite gradients) and zeroed afterwards
-    run = keep | (emptied & allowed)
-    if additive is None:
-        mask = run
+    allowed, additive = dense_mask(module, attention_mask, batch, q_len, k_len, query.device, kwargs)
+    groups = head_groups(layer_route.keep, heads, key.shape[1], allowed, path_masks(query_mod, key_mod))
+    parts = [_group_attention(query, key, value, allowed, additive, group, scaling, dropout, len(groups) == 1)
+             for group in groups]
+    if len(parts) == 1:
+        out = parts[0]
     else:
-        low = torch.tensor(torch.finfo(query.dtype).min, dtype=query.dtype, device=query.device)
-        mask = torch.where(run, additive.to(query.dtype), low)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
-                                                           scale=scaling)
-    out = out.masked_fill(emptied, 0.0)
+        order = torch.cat([group.heads for group in groups]).argsort()
+        out = torch.cat(parts, dim=1).index_select(1, order)
     if layer_route.gate is not None:
         gate = layer_route.gate
         if tuple(gate.shape) != (batch, heads, len(PATHS)):
             raise RuntimeError(f"{where}: path gates {tuple(gate.shape)}, expected {(batch, heads, len(PATHS))}")
-        contributions = _path_outputs(query, key, value, keep, row_any, additive, paths, scaling)
-        # (g - 1) = 0: the value is unchanged; d out / d g[b, h, p] = O_(h, p), the path's contribution
-        delta = torch.einsum("bhp,pbhqd->bhqd", gate.to(contributions.device, torch.float32) - 1, contributions)
-        out = out + delta.to(out.dtype)
+        inputs = PathGateInputs(groups=groups, additive=additive, scale=dim ** -0.5 if scaling is None else scaling,
+                                query_mod=query_mod, key_mod=key_mod)
+        out = path_gate(out, gate, query, key, value, inputs)
     return out.transpose(1, 2).contiguous(), None
+
+
+def head_groups(keep: torch.Tensor | None, heads: int, kv_heads: int, allowed: torch.Tensor,
+                paths: torch.Tensor) -> list[HeadGroup]:
+    """The heads grouped by their keep flags (``keep`` bool [H, 3], None = all kept), each with its pair mask
+    ``allowed & (pair's path kept)`` [B, 1 | H_g, Q, K]: at most 8 distinct flag rows, so no [B, H, Q, K] mask
+    unless the model's own mask is per head. ``allowed`` [B | 1, 1 | H, Q, K]; ``paths`` [3, B, Q, K]."""
+    device = allowed.device
+    per_kv = heads // kv_heads
+    flags = torch.ones(heads, len(PATHS), dtype=torch.bool) if keep is None else keep.detach().bool().cpu()
+    rows = {}
+    for h, row in enumerate(flags.tolist()):
+        rows.setdefault(tuple(row), []).append(h)
+    groups = []
+    for row, members in rows.items():
+        index = torch.tensor(members, device=device)
+        mask = allowed if allowed.shape[1] == 1 else allowed.index_select(1, index)
+        has_any = mask.any(dim=-1, keepdim=True)
+        if not all(row):
+            pruned = torch.zeros(paths.shape[1:], dtype=torch.bool, device=device)
+            for p, kept in enumerate(row):
+                if not kept:
+                    pruned |= paths[p]
+            mask = mask & ~pruned[:, None]
+            has_any = mask.any(dim=-1, keepdim=True)
+        groups.append(HeadGroup(heads=index, kv_heads=index // per_kv, kept=mask, has_keys=has_any))
+    return groups
+
+
+def _group_attention(query, key, value, allowed, additive, group: HeadGroup, scaling, dropout: float,
+                     every_head: bool) -> torch.Tensor:
+    """[B, H_g, Q, Dv] SDPA of one head group over its kept pairs; a query the plan (not the model) left
+    without keys is computed over the model's keys (finite gradients) and zeroed."""
+    heads = query.shape[1]
+    model = allowed if allowed.shape[1] == 1 else allowed.index_select(1, group.heads)
+    emptied = model.any(dim=-1, keepdim=True) & ~group.has_keys
+    run = group.kept | (emptied & model)
+    if additive is None:
+        mask = run
+    else:
+        add = additive if additive.shape[1] == 1 else additive.index_select(1, group.heads)
+        low = torch.tensor(torch.finfo(query.dtype).min, dtype=query.dtype, device=query.device)
+        mask = torch.where(run, add.to(query.dtype), low)
+    if every_head:
+        q, gqa = query, key.shape[1] != heads
+        k, v = key, value
+    else:
+        q, gqa = query.index_select(1, group.heads), False
+        k, v = key.index_select(1, group.kv_heads), value.index_select(1, group.kv_heads)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling,
+                                                           enable_gqa=gqa)
+    return out.masked_fill(emptied, 0.0) if bool(emptied.any()) else out
 
 
 def _kernel(module, query, key, value, key_mod, layer_route: PathRoute, kwargs: dict, where: str):
@@ -179,26 +219,3 @@ def _kernel(module, query, key, value, key_mod, layer_route: PathRoute, kwargs: 
     out = path_sparse_attention(query, key, value, key_mod, layer_route.keep, scale=kwargs.get("scaling"),
                                 backend=layer_route.backend)
     return out.transpose(1, 2).contiguous(), None
-
-
-@torch.no_grad()
-def _path_outputs(query, key, value, keep, row_any, additive, paths, scaling) -> torch.Tensor:
-    """fp32 [3, B, H, Q, D]: each path's contribution (A * M_p) V with A the masked softmax of the layer
-    (rows without keys give zeros), computed in query-row chunks. No graph: at gates g = 1 the derivative
-    of ``out + (g - 1) O_p`` w.r.t. the activations does not involve O_p."""
-    batch, heads, q_len, dim = query.shape
-    scale = dim ** -0.5 if scaling is None else scaling
-    keys, values = key.float().transpose(-1, -2), value.float()
-    result = torch.zeros(len(PATHS), batch, heads, q_len, value.shape[-1], device=query.device)
-    step = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * key.shape[2]))
-    for start in range(0, q_len, step):
-        rows = slice(start, start + step)
-        logits = (query[:, :, rows].float() @ keys) * scale
-        if additive is not None:
-            logits = logits + additive[:, :, rows]
-        ok, any_key = keep[:, :, rows], row_any[:, :, rows]
-        # a row without keys softmaxes over all keys (finite) and is multiplied by 0
-        probs = torch.softmax(logits.masked_fill(~(ok | ~any_key), float("-inf")), dim=-1) * any_key
-        for p in range(len(PATHS)):
-            result[p, :, :, rows] = (probs * paths[p][:, None, rows]) @ values
-    return result

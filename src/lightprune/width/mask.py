@@ -26,6 +26,7 @@ from torch import nn
 
 from lightprune.observe.attention_interface import language_model_configs, restore_attention, switch_attention
 from lightprune.width import attention as path_attention
+from lightprune.width.gates import channel_gate
 from lightprune.width.kernels import BACKENDS
 from lightprune.width.layers import find_width_layers, language_decoder, vision_token_ids
 from lightprune.width.modality import token_modality
@@ -173,22 +174,17 @@ class WidthHooks:
                 raise RuntimeError(f"width masks, layer {index} FFN: down_proj input {tuple(h.shape)} does not "
                                    f"match the tokens {tuple(mod.shape)}")
             mod = mod[:, mod.shape[1] - h.shape[1]:].to(h.device)
-            is_vision, is_text = (mod == VISION)[..., None], (mod == TEXT)[..., None]
-            factor = None
-            keep = self.ffn_keep.get(index)
+            keep, gate = self.ffn_keep.get(index), self.ffn_gate.get(index)
+            if keep is None and gate is None:
+                return None
             if keep is not None:
                 one = torch.ones((), dtype=h.dtype, device=h.device)
-                factor = torch.where(is_vision, keep["vision"].to(h.dtype),
-                                     torch.where(is_text, keep["text"].to(h.dtype), one))
-            gate = self.ffn_gate.get(index)
+                is_vision, is_text = (mod == VISION)[..., None], (mod == TEXT)[..., None]
+                h = h * torch.where(is_vision, keep["vision"].to(h.dtype),
+                                    torch.where(is_text, keep["text"].to(h.dtype), one))
             if gate is not None:
-                gate = gate.to(h.dtype)
-                one = torch.ones((), dtype=h.dtype, device=h.device)
-                g = torch.where(is_vision, gate[:, None, :, 0], torch.where(is_text, gate[:, None, :, 1], one))
-                factor = g if factor is None else factor * g
-            if factor is None:
-                return None
-            return (h * factor, *args[1:])
+                h = channel_gate(h, gate, mod)
+            return (h, *args[1:])
 
         return hook
 

@@ -127,10 +127,11 @@ def test_dense_lm_attention_and_ffn_scores(tmp_path, monkeypatch):
     assert two.num_samples == 3
     for layer in (0, 1):
         torch.testing.assert_close(two.attn[layer], scores.attn[layer], atol=1e-8, rtol=1e-5)
-    # path contributions computed one query row at a time give the same scores
-    from lightprune.width import attention as path_attention
+    # attention weights recomputed one query row at a time (keys cut at the row's last visible key) give the
+    # same scores
+    from lightprune.width import gates
 
-    monkeypatch.setattr(path_attention, "_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(gates, "CHUNK_ELEMENTS", 1)
     rows = taylor_importance(model, [batch], attention=True, ffn=False, progress=False)
     for layer in (0, 1):
         torch.testing.assert_close(rows.attn[layer], scores.attn[layer], atol=1e-9, rtol=1e-6)
@@ -220,3 +221,48 @@ def test_all_reduce_under_a_process_group(tmp_path):
     for layer in (0, 1):
         assert torch.equal(reduced.attn[layer], local.attn[layer])
         assert all(torch.equal(reduced.ffn[layer][mu], local.ffn[layer][mu]) for mu in MODALITIES)
+
+
+class _PerHeadGrids(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the shape of every op output that is a per-head query x key grid: [B, H, Q, K] with H > 1."""
+
+    def __init__(self, batch, heads, q_len):
+        super().__init__()
+        self.batch, self.heads, self.q_len, self.seen = batch, heads, q_len, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[1] > 1 and t.shape[0] == self.batch \
+                    and t.shape[2] == self.q_len and t.shape[3] == self.q_len:
+                self.seen.append((func.__name__, tuple(t.shape)))
+        return out
+
+
+def test_no_per_head_query_key_grid(monkeypatch):
+    """Neither the gated pass nor masked attention builds a [B, heads, Q, K] tensor (heads grouped by their
+    keep flags, one [B, 1, Q, K] mask per group; the gate backward recomputes A in row chunks). The probe is
+    checked to see such a grid where one exists (an eager attention's weights)."""
+    from lightprune.width import gates
+    from lightprune.width.mask import mask_width
+
+    monkeypatch.setattr(gates, "CHUNK_ELEMENTS", 64)  # a chunk holds fewer rows than the sequence
+    model = dense_lm()
+    batch = _with_labels({k: v[:2] for k, v in lm_batch().items()}, answer=2)  # B = 2: no other dim is 2
+    dense = WidthPlan.dense(model)
+    plan = dense.replace(attn_keep=random_keep(dense, [0, 1, 2], seed=7))
+    assert len({tuple(r) for r in plan.attn_keep[0].tolist()}) > 1  # several head groups
+    shape = (2, 4, 10)
+    for p in (None, plan):
+        with _PerHeadGrids(*shape) as probe:
+            taylor_importance(model, [batch], attention=True, ffn=True, plan=p, progress=False)
+        assert probe.seen == []
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    with torch.no_grad(), mask_width(model, plan), _PerHeadGrids(*shape) as probe:
+        model(**inputs)
+    assert probe.seen == []
+    eager = dense_lm()
+    eager.config._attn_implementation = "eager"
+    with torch.no_grad(), _PerHeadGrids(*shape) as probe:
+        eager(**inputs)
+    assert probe.seen
