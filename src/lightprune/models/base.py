@@ -275,11 +275,13 @@ class MoEFamily:
         """Which single-expert removals can change a token's routing, for Delta-H (MAEP eq. 2) without re-running
         the selection E times per token.
 
-        Returns ``(candidates [T, m], scale [T, E] or None)``: removing an expert j that is not among token t's
-        candidates leaves its selection as it is and multiplies every selected weight by ``scale[t, j]`` (None:
-        by 1, nothing changes). Candidates may repeat. The default: the selected experts alone where
+        Returns ``(candidates [T, m], growth [T, E] or None)``: removing an expert j that is not among token t's
+        candidates leaves its selection as it is and multiplies every selected weight by ``1 + growth[t, j]`` (None:
+        by 1, nothing changes; the excess over 1 rather than the factor, so that a small change keeps its digits in
+        float32). Candidates may repeat. The default: the selected experts alone where
         :attr:`unselected_removal_is_free`, else every expert (exact, E selections per token). A family with another
-        closed form overrides it: a plain softmax rescales by 1 / (1 - p_j), a group-limited router can change only
+        closed form overrides it: a plain softmax rescales by 1 / (1 - p_j), growth p_j / (1 - p_j)
+        (:func:`lightprune.models.routing_ops.softmax_removal_growth`), a group-limited router can change only
         through an expert among its group's top scores.
         """
         if self.unselected_removal_is_free:

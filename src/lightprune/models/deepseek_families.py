@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, alike_family, mlp_layer_type
-from lightprune.models.routing_ops import chosen_groups_mask, softmax_removal_scale, unique_rows
+from lightprune.models.routing_ops import chosen_groups_mask, softmax_removal_growth, unique_rows
 
 __all__ = ["DeepseekV3Family", "Glm4MoeFamily", "Glm4vMoeFamily", "KimiK25Family", "NemotronHFamily", "Dots1Family",
            "DeepseekV2Family", "DEEPSEEK_ALIKE", "Dots3NoteTextFamily"]
@@ -188,16 +188,16 @@ class DeepseekV2Family(MoEFamily):
         """Softmax over all experts, not renormalised: an unselected expert's removal scales every probability by
         1 / (1 - p_j), which keeps the top-k and each group's order; under group-limited greedy a group's best
         expert is also a candidate (its removal lowers the group's score)."""
-        scale = softmax_removal_scale(router_logits)
+        growth = softmax_removal_growth(router_logits)
         router = layer.router
         if router.topk_method != "group_limited_greedy" or router.num_group <= router.topk_group:
-            return selected, scale
+            return selected, growth
         num_group, num_experts = router.num_group, router_logits.shape[-1]
         size = num_experts // num_group
         best = router_logits.view(-1, num_group, size).max(dim=-1)
         chosen = best[0].topk(router.topk_group, dim=-1, sorted=False)[1]          # an unchosen group can only fall
         leaders = best[1].gather(1, chosen) + chosen * size
-        return unique_rows(torch.cat([selected, leaders], dim=1)), scale
+        return unique_rows(torch.cat([selected, leaders], dim=1)), growth
 
 
 #: families whose transformers router computes what DeepSeek-V3's does (its forward, line for line), with

@@ -30,7 +30,7 @@ from lightprune.models.deepseek_families import (
     NemotronHFamily,
 )
 from lightprune.models.refusals import REFUSED_TYPES
-from lightprune.models.routing_ops import mask_logits, softmax_removal_scale
+from lightprune.models.routing_ops import mask_logits, softmax_removal_growth
 from lightprune.models.sigmoid_families import (
     AfmoeFamily,
     HYV3Family,
@@ -71,10 +71,10 @@ class _SoftmaxFamily(MoEFamily):
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
                        selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Removing an unselected expert j keeps the top-k (the softmax over the rest is p_i / (1 - p_j), the same
-        order); renormalised weights are unchanged, plain softmax weights scale by 1 / (1 - p_j)."""
+        order); renormalised weights are unchanged, plain softmax weights scale by 1 / (1 - p_j) (growth p_j / (1 - p_j))."""
         if self.renormalize():
             return selected, None
-        return selected, softmax_removal_scale(router_logits)
+        return selected, softmax_removal_growth(router_logits)
 
 
 class MixtralFamily(_SoftmaxFamily):
@@ -232,7 +232,7 @@ class JambaFamily(MoEFamily):
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
                        selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Softmax over all experts, not renormalised: an unselected expert's removal scales by 1 / (1 - p_j)."""
-        return selected, softmax_removal_scale(router_logits)
+        return selected, softmax_removal_growth(router_logits)
 
 
 class Cohere2MoeFamily(MoEFamily):

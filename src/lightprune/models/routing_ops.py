@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["chosen_groups_mask", "mask_logits", "masked_choice", "softmax_removal_scale", "unique_rows"]
+__all__ = ["chosen_groups_mask", "mask_logits", "masked_choice", "one_minus", "softmax_removal_growth",
+           "unique_rows"]
 
 
 def unique_rows(ids: torch.Tensor) -> torch.Tensor:
@@ -19,10 +20,22 @@ def unique_rows(ids: torch.Tensor) -> torch.Tensor:
     return torch.where(repeat.gather(1, order), ids[:, :1], out)
 
 
-def softmax_removal_scale(router_logits: torch.Tensor) -> torch.Tensor:
-    """1 / (1 - p_j) [T, E] (float64): the factor every softmax probability takes when expert j is removed."""
-    p = torch.softmax(router_logits.double(), dim=-1)
-    return 1.0 / (1.0 - p).clamp_min(1e-300)
+def softmax_removal_growth(router_logits: torch.Tensor) -> torch.Tensor:
+    """p_j / (1 - p_j) [T, E]: every other softmax probability is multiplied by 1 + this when expert j is removed.
+
+    Computed in the logits' dtype (at least float32) without cancellation: the excess over 1 rather than the
+    factor, and 1 - p_j of each row's most probable expert as the sum of the other probabilities."""
+    p = torch.softmax(router_logits.to(torch.promote_types(router_logits.dtype, torch.float32)), dim=-1)
+    return p / one_minus(p)
+
+
+def one_minus(p: torch.Tensor) -> torch.Tensor:
+    """1 - p [T, E] of a distribution's rows, with the row's largest entry's as the sum of the others (exact where
+    1 - p_max rounds to 0), floored at the dtype's smallest normal number."""
+    rest = 1.0 - p
+    top = p.argmax(dim=-1, keepdim=True)
+    others = p.scatter(-1, top, 0.0).sum(dim=-1, keepdim=True)
+    return rest.scatter(-1, top, others).clamp_min(torch.finfo(p.dtype).tiny)
 
 
 def mask_logits(router_logits: torch.Tensor, expert_mask: torch.Tensor | None) -> torch.Tensor:

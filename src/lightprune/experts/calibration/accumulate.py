@@ -14,95 +14,70 @@ outputs f [T, k, H]. From these (METHODS.md, "Calibration criteria"):
   sum_s D_s f_s, so ||H - H^(-j)||^2 = D^T G D with the Gram matrix G = f f^T [T, k, k], computed once per
   batch: no expert runs again and no [T, E, H] tensor is formed. Per sample, the mean over the
   sample's subset tokens; summed over samples that have such tokens. Any other removal scales H by the
-  family's closed-form factor c (1 for a renormalised router, 1 / (1 - p_j) for a plain softmax), so
-  ||H - H^(-j)||^2 = (c - 1)^2 ||H||^2 with ||H||^2 = w^T G w.
-- ``delta_h_promoted`` also evaluates the promoted expert: ||sum_s D_s f_s - sum_p w'_p f_p(h)||^2.
+  family's closed-form factor 1 + g (g = 0 for a renormalised router, p_j / (1 - p_j) for a plain softmax), so
+  ||H - H^(-j)||^2 = g^2 ||H||^2 with ||H||^2 = w^T G w.
+- ``delta_h_promoted`` also evaluates the promoted experts: ||sum_s D_s f_s - sum_p w'_p f_p(h)||^2, each distinct
+  (token, promoted expert) pair once (under top-k routing every removal of a selected expert promotes the
+  token's (k+1)-th expert: one expert evaluation per token, not k).
 
-Everything accumulates in float64 on the weights' device; the host synchronises only on counts (routing KL's
-pairs that need an exact sum, a group-limited router's distinct candidates, the promoted tokens).
+Per-token quantities are computed in float32 (the outputs' dtype or wider) and each batch's sums are added
+to float64 accumulators [subsets, E] on the weights' device: no float64 tensor over tokens. The host
+synchronises only on counts (a group-limited router's distinct candidates, the promoted tokens).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from lightprune.models import MoELayer
+from lightprune.models.routing_ops import one_minus
 from lightprune.observe.experts_impl import run_expert
 
 __all__ = ["LayerAccumulator", "KL_EPS", "router_distribution"]
 
 KL_EPS = 1e-12
 _TOKEN_SUMS = ("frequency", "seer", "ean", "reap_num", "routing_kl")
-#: elements per masked-selection call in Delta-H (bounds memory: rows x E logits, rows x k x H promoted outputs)
+#: elements per masked-selection call in Delta-H (bounds memory: rows x E logits, rows x H promoted changes)
 _CHUNK_ELEMENTS = 1 << 22
 
 
+def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """float32, or the tensor's dtype when it is wider (a float64 reference stays float64)."""
+    return torch.promote_types(tensor.dtype, torch.float32)
+
+
 def router_distribution(layer: MoELayer, logits: torch.Tensor) -> torch.Tensor:
-    """The router's distribution p over all experts [T, E] (float64): softmax of the logits, or for a
+    """The router's distribution p over all experts [T, E] (float32 or wider): softmax of the logits, or for a
     sigmoid router (DeepSeek-V3) the sigmoid scores normalised to sum to 1."""
-    logits = logits.double()
+    logits = logits.to(_compute_dtype(logits))
     if getattr(layer.family, "score_function", "softmax") == "sigmoid":
         scores = logits.sigmoid()
         return scores / scores.sum(dim=-1, keepdim=True)
     return torch.softmax(logits, dim=-1)
 
 
-#: the largest x_ij = eps p_j / (p_i + eps) left to routing_kl's series (4 terms: the rest is below x^5 / 5)
-_KL_SERIES_X = 1e-2
-
-
 def routing_kl(p: torch.Tensor, eps: float = KL_EPS) -> torch.Tensor:
-    """KL(p || p^(-j)) for every j [T, E]: p^(-j) zeroes p_j and renormalises; both sides get Laplace
-    smoothing (add eps, renormalise), as MAEP eq. (8) does. In O(T E) for every expert at once.
+    """KL(p || p^(-j)) for every j [T, E] (p's dtype): p^(-j) zeroes p_j and renormalises; both sides get Laplace
+    smoothing (add eps, renormalise by z = 1 + E eps), as MAEP eq. (8) does. O(T E), no cancellation.
 
-    With ps = (p + eps) / z, z = 1 + E eps, a_j = 1 / (1 - p_j) and L_i = log(p_i + eps):
-    KL_j = sum_i ps_i log ps_i + log z - (1 - ps_j) log a_j - (S - ps_j L_j) - ps_j log eps - R_j, with
-    S = sum_i ps_i L_i and R_j = sum_{i != j} ps_i log(1 - x_ij), x_ij = eps p_j / (p_i + eps). Since
-    ps_i x_ij^n = (eps p_j)^n (p_i + eps)^(1 - n) / z, R_j is the series -(1/z) sum_n c^n / n M_(n-1), c = eps p_j,
-    M_m = sum_{i != j} (p_i + eps)^-m, to four terms where every x_ij <= 1e-2; the few (token, expert) pairs with
-    a larger x_ij (a near-certain expert j over experts below eps) are summed exactly.
+    With ps = (p + eps) / z and r_j = 1 - p_j, the pairs i != j contribute
+    ps_i log((p_i + eps) r_j / (p_i + eps r_j)) = ps_i (log r_j + log1p(x_ij)), x_ij = eps p_j / (p_i + eps r_j), so
+
+        KL_j = ps_j log1p(p_j / eps) + (1 - ps_j) log r_j + R_j,   1 - ps_j = (r_j + (E - 1) eps) / z,
+
+    and R_j = sum_{i != j} ps_i log1p(x_ij) is taken to first order with p_i + eps r_j ~ p_i + eps, where
+    ps_i / (p_i + eps) = 1 / z: R_j ~ eps p_j (E - 1) / z. What that leaves out is below E eps (1 + |log r_j|)
+    in absolute terms (about 1e-8 for 256 experts), against KL_j ~ p_j log(p_j / eps). r_j of the most probable
+    expert is the sum of the others (exact where 1 - p_j rounds to 0), the others' log r_j is log1p(-p_j).
     """
-    num_tokens, num = p.shape
+    num = p.shape[-1]
     z = 1.0 + num * eps
     ps = (p + eps) / z
-    entropy_term = (ps * ps.log()).sum(dim=-1, keepdim=True)                 # sum_i ps_i log ps_i
-    big_l = (p + eps).log()
-    total = (ps * big_l).sum(dim=-1, keepdim=True)                            # S
-    one_minus = (1.0 - p).clamp_min(1e-300)                                   # 1 / a_j
-    log_a = -one_minus.log()
-    c = eps * (1.0 - one_minus)                                               # eps p_j
-    inv = 1.0 / (p + eps)
-    rest = c * (num - 1)
-    power = torch.ones_like(inv)
-    for n in (2, 3, 4):                                                       # c^n / n * M_(n-1), i != j
-        power = power * inv
-        rest = rest + c.pow(n) / n * (power.sum(dim=-1, keepdim=True) - power)
-    rest = -rest / z
-    top2 = inv.topk(min(2, num), dim=-1).values                               # the largest 1 / (p_i + eps), i != j
-    largest = torch.where(inv == top2[:, :1], top2[:, -1:], top2[:, :1])
-    exact = c * largest > _KL_SERIES_X
-    if bool(exact.any()):
-        t, j = exact.nonzero(as_tuple=True)
-        rest[t, j] = _exact_rest(p, ps, big_l, one_minus, t, j, eps)
-    cross = -math.log(z) + (1.0 - ps) * log_a + (total - ps * big_l) + ps * math.log(eps) + rest
-    return entropy_term - cross
-
-
-def _exact_rest(p: torch.Tensor, ps: torch.Tensor, big_l: torch.Tensor, one_minus: torch.Tensor, t: torch.Tensor,
-                j: torch.Tensor, eps: float) -> torch.Tensor:
-    """R_j = sum_{i != j} ps_i (log(p_i + eps (1 - p_j)) - L_i) for the (token t, expert j) pairs, exactly."""
-    num = p.shape[1]
-    out = torch.empty(t.numel(), dtype=p.dtype, device=p.device)
-    step = max(1, _CHUNK_ELEMENTS // num)
-    for start in range(0, t.numel(), step):
-        tt, jj = t[start:start + step], j[start:start + step]
-        shifted = (p[tt] + eps * one_minus[tt, jj].unsqueeze(-1)).log()            # [n, E]
-        terms = ps[tt] * (shifted - big_l[tt])
-        terms[torch.arange(tt.numel(), device=p.device), jj] = 0.0
-        out[start:start + step] = terms.sum(dim=-1)
-    return out
+    rest = one_minus(p)
+    # log r_j as log1p(-p_j) (1 - p_j rounds away a small p_j), the most probable expert's from the sum of the others
+    top = p.argmax(dim=-1, keepdim=True)
+    log_rest = torch.log1p(-p).scatter(-1, top, rest.gather(-1, top).log())
+    return ps * torch.log1p(p / eps) + (rest + (num - 1) * eps) / z * log_rest + (eps * (num - 1) / z) * p
 
 
 class LayerAccumulator:
@@ -138,94 +113,103 @@ class LayerAccumulator:
                                        torch.zeros((), dtype=router_input.dtype, device=router_input.device))
         weights = torch.where(keep.unsqueeze(-1), weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
         outputs = torch.where(keep.view(-1, 1, 1), outputs, torch.zeros((), dtype=outputs.dtype, device=outputs.device))
-        m = masks.double()                                               # [U, T]
-        w = weights.double() * layer.family.output_scale(layer)  # the weight each output gets in the block
-        gram = torch.bmm(outputs.float(), outputs.float().transpose(1, 2)).double()   # [T, k, k]: f_s . f_r
+        dtype = _compute_dtype(outputs)
+        m = masks.to(dtype)                                              # [U, T]
+        w = weights.to(dtype) * layer.family.output_scale(layer)  # the weight each output gets in the block
+        f = outputs.to(dtype)
+        gram = torch.bmm(f, f.transpose(1, 2))                           # [T, k, k]: f_s . f_r
         norms = gram.diagonal(dim1=1, dim2=2).clamp_min(0).sqrt()        # ||f_s||  [T, k]
-        dense = torch.zeros(hidden.shape[0], 4, num_experts, dtype=torch.float64, device=hidden.device)
+        dense = torch.zeros(hidden.shape[0], 4, num_experts, dtype=dtype, device=hidden.device)
         per_slot = torch.stack([torch.ones_like(w), w, norms, w * norms], dim=1)   # [T, 4, k]
         dense.scatter_add_(2, selected.unsqueeze(1).expand(-1, 4, -1), per_slot)
         token_sums = torch.einsum("ut,tce->uce", m, dense)               # [U, 4, E]
         for c, name in enumerate(("frequency", "seer", "ean", "reap_num")):
-            self.sums[name] += token_sums[:, c]
-        self.sums["tokens"] += m.sum(dim=1)
-        counts = torch.zeros(len(self.subsets), num_samples, dtype=torch.float64, device=hidden.device)
+            self.sums[name] += token_sums[:, c].double()
+        self.sums["tokens"] += m.sum(dim=1).double()
+        counts = torch.zeros(len(self.subsets), num_samples, dtype=dtype, device=hidden.device)
         counts.index_add_(1, samples, m)                                 # [U, B] subset tokens per sample
-        self.sums["samples"] += (counts > 0).double().sum(dim=1)
+        self.sums["samples"] += (counts > 0).sum(dim=1).double()
         want_dh = "delta_h" in self.criteria
         want_promoted = "delta_h_promoted" in self.criteria
         if not ("routing_kl" in self.criteria or want_dh or want_promoted):
             return
         logits = layer.family.router_logits(layer, router_input)
         if "routing_kl" in self.criteria:
-            self.sums["routing_kl"] += m @ routing_kl(router_distribution(layer, logits))
+            self.sums["routing_kl"] += (m @ routing_kl(router_distribution(layer, logits)).to(dtype)).double()
         if want_dh or want_promoted:
-            per_sample = torch.zeros(len(self.subsets), num_samples, hidden.shape[0], dtype=torch.float64,
-                                     device=hidden.device)
-            per_sample[:, samples, torch.arange(hidden.shape[0], device=hidden.device)] = m
-            weight = per_sample / counts.clamp_min(1).unsqueeze(-1)       # mean over a sample's tokens
-            dh, dhp = self._delta_h(layer, hidden, logits, selected, w, outputs, gram, want_promoted)
+            weight = m / counts.clamp_min(1)[:, samples]                  # [U, T]: the mean over a sample's tokens
+            dh, dhp = self._delta_h(layer, hidden, logits, selected, w, f, gram, want_promoted)
             if want_dh:
-                self.sums["delta_h"] += torch.einsum("ubt,te->ue", weight, dh)
+                self.sums["delta_h"] += (weight @ dh).double()
             if want_promoted:
-                self.sums["delta_h_promoted"] += torch.einsum("ubt,te->ue", weight, dhp)
+                self.sums["delta_h_promoted"] += (weight @ dhp).double()
 
     def _delta_h(self, layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor, selected: torch.Tensor,
-                 w: torch.Tensor, outputs: torch.Tensor, gram: torch.Tensor,
+                 w: torch.Tensor, f: torch.Tensor, gram: torch.Tensor,
                  promoted: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """dh [T, E] (and the promoted variant).
+        """dh [T, E] in ``w``'s dtype (and the promoted variant).
 
         The family says which removals can change a token's routing (:meth:`MoEFamily.removal_effect`): for
-        those (token, expert) pairs the selection is re-run from the same logits with the expert masked, a chunk
-        of pairs per selection call (one mask per row); every other removal keeps the selection and scales the
-        weights by a factor c, so H^(-j) = c H and dh = (c - 1)^2 ||H||^2 with ||H||^2 = w^T G w. Cost: tokens x
-        candidates selections instead of tokens x E.
+        those (token, expert) pairs the selection is re-run from the same logits with the expert masked, the m
+        candidates of a chunk of tokens per selection call (one mask per row); every other removal keeps the
+        selection and scales the weights by 1 + g, so H^(-j) = (1 + g) H and dh = g^2 ||H||^2 with
+        ||H||^2 = w^T G w. Cost: tokens x candidates selections instead of tokens x E; D^T G D and sum_s D_s f_s
+        are batched products per token, nothing is gathered per candidate.
         """
         num_tokens, num_experts = logits.shape
-        candidates, scale = layer.family.removal_effect(layer, logits, selected)
-        if scale is None:
-            dh = torch.zeros(num_tokens, num_experts, dtype=torch.float64, device=hidden.device)
+        dtype, device = w.dtype, hidden.device
+        candidates, growth = layer.family.removal_effect(layer, logits, selected)
+        candidates = candidates.to(logits.device)
+        if growth is None:
+            dh = torch.zeros(num_tokens, num_experts, dtype=dtype, device=device)
         else:
             norm2 = torch.einsum("ts,tsr,tr->t", w, gram, w)             # ||H_t||^2
-            dh = (scale.to(device=hidden.device, dtype=torch.float64) - 1.0).pow(2) * norm2.unsqueeze(-1)
+            dh = growth.to(device=device, dtype=dtype).pow(2) * norm2.unsqueeze(-1)
         dhp = dh.clone() if promoted else None
-        f = outputs.double() if promoted else None
-        per_row = max(num_experts, gram.shape[-1] * (outputs.shape[-1] if promoted else 1))
-        step = max(1, _CHUNK_ELEMENTS // per_row)
-        tokens = torch.arange(num_tokens, device=logits.device).repeat_interleave(candidates.shape[1])
-        experts = candidates.reshape(-1).to(logits.device)
+        width, k = candidates.shape[1], selected.shape[1]
+        per_token = width * max(num_experts, k * k, f.shape[-1] if promoted else 1)
+        step = max(1, _CHUNK_ELEMENTS // per_token)
         output_scale = layer.family.output_scale(layer)
-        for start in range(0, tokens.numel(), step):
-            t, j = tokens[start:start + step], experts[start:start + step]
-            mask = torch.zeros(t.numel(), num_experts, dtype=torch.bool, device=logits.device)
-            mask[torch.arange(t.numel(), device=logits.device), j] = True
-            _, w_new, s_new = layer.family.select(layer, logits[t], mask)
-            w_new = w_new.double() * output_scale
-            match = (s_new.unsqueeze(2) == selected[t].unsqueeze(1)).double()    # [n, k', k]
-            diff = w[t] - torch.einsum("np,nps->ns", w_new, match)               # D [n, k]
-            t_out, j_out = t.to(dh.device), j.to(dh.device)
-            dh[t_out, j_out] = torch.einsum("ns,nsr,nr->n", diff, gram[t], diff)
+        for start in range(0, num_tokens, step):
+            tokens = slice(start, min(num_tokens, start + step))
+            cand = candidates[tokens]                                    # [n, m]
+            n = cand.shape[0]
+            mask = torch.zeros(n * width, num_experts, dtype=torch.bool, device=logits.device)
+            mask.scatter_(1, cand.reshape(-1, 1), True)
+            _, w_new, s_new = layer.family.select(layer, logits[tokens].repeat_interleave(width, dim=0), mask)
+            w_new = w_new.to(dtype) * output_scale                       # [n m, k']
+            chosen = selected[tokens].repeat_interleave(width, dim=0)
+            match = s_new.unsqueeze(2) == chosen.unsqueeze(1)            # [n m, k', k]
+            kept = torch.einsum("np,nps->ns", w_new, match.to(dtype))
+            diff = w[tokens].unsqueeze(1) - kept.view(n, width, k)       # D [n, m, k]
+            cand_out = cand.to(device)
+            dh[tokens] = dh[tokens].scatter(1, cand_out, ((diff @ gram[tokens]) * diff).sum(dim=-1))
             if dhp is not None:
-                dhp[t_out, j_out] = self._with_promoted(layer, hidden[t], s_new, w_new, match, diff, f[t])
+                change = (diff @ f[tokens]).view(n * width, -1)          # sum_s D_s f_s  [n m, H]
+                value = self._with_promoted(layer, hidden[tokens], s_new, w_new, match, change, width)
+                dhp[tokens] = dhp[tokens].scatter(1, cand_out, value.view(n, width))
         return dh, dhp
 
     @staticmethod
     def _with_promoted(layer: MoELayer, hidden: torch.Tensor, s_new: torch.Tensor, w_new: torch.Tensor,
-                       match: torch.Tensor, diff: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-        """||sum_s D_s f_s - P||^2 per row, with P the promoted experts' weighted outputs."""
-        change = torch.einsum("ns,nsh->nh", diff, f)
-        is_new = match.sum(dim=2) == 0                                    # [n, k'] slot holds a promoted expert
+                       match: torch.Tensor, change: torch.Tensor, width: int) -> torch.Tensor:
+        """||sum_s D_s f_s - P||^2 per row (``width`` rows per token of ``hidden``), with P the promoted experts'
+        weighted outputs; each distinct (token, promoted expert) is evaluated once."""
+        is_new = ~match.any(dim=2)                                        # [n m, k'] slot holds a promoted expert
         row, slot = is_new.nonzero(as_tuple=True)
         if row.numel():
-            experts = s_new[row, slot]
-            order = torch.argsort(experts, stable=True)                   # one pass: rows grouped by expert
+            num_experts = layer.num_experts
+            pair, inverse = torch.unique((row // width) * num_experts + s_new[row, slot], return_inverse=True)
+            token, expert = pair // num_experts, pair % num_experts
+            outputs = torch.empty(pair.numel(), change.shape[-1], dtype=change.dtype, device=change.device)
+            order = torch.argsort(expert, stable=True)                    # one pass: pairs grouped by expert
             start = 0
-            for e, count in enumerate(torch.bincount(experts, minlength=layer.num_experts).tolist()):
+            for e, count in enumerate(torch.bincount(expert, minlength=num_experts).tolist()):
                 if count:
                     pick = order[start:start + count]
-                    out = run_expert(layer.experts, e, hidden[row[pick]]).double()
-                    change.index_add_(0, row[pick], -out * w_new[row[pick], slot[pick]].unsqueeze(-1))
+                    outputs[pick] = run_expert(layer.experts, e, hidden[token[pick]]).to(change.dtype)
                     start += count
+            change = change.index_add(0, row, -outputs[inverse] * w_new[row, slot].unsqueeze(-1))
         return change.pow(2).sum(dim=-1)
 
     # ------------------------------------------------------------------ results
