@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from lightprune._compat import warn_once
-from lightprune.models.base import MoEFamily, MoELayer, RoutingLimits, RoutingOutput
+from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingLimits, RoutingOutput
 from lightprune.models.families import BUILT_IN, REFUSED_TYPES
 from lightprune.models.registry import (
     ADD_A_FAMILY,
@@ -24,7 +24,7 @@ from lightprune.models.registry import (
     unregister_family,
 )
 
-__all__ = ["MoEFamily", "MoELayer", "RoutingLimits", "RoutingOutput", "FAMILIES", "REFUSED", "get_family",
+__all__ = ["MoEFamily", "MoELayer", "RemovalEffect", "RoutingLimits", "RoutingOutput", "FAMILIES", "REFUSED", "get_family",
            "find_moe_layers", "supported_model_types", "register_family", "unregister_family", "refuse_family",
            "family_table", "ADD_A_FAMILY"]
 

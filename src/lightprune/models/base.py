@@ -16,11 +16,32 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-__all__ = ["MoELayer", "MoEFamily", "alike_family", "RoutingLimits", "RoutingOutput", "find_decoder_layers",
-           "mlp_layer_type"]
+__all__ = ["MoELayer", "MoEFamily", "alike_family", "RemovalEffect", "RoutingLimits", "RoutingOutput",
+           "find_decoder_layers", "mlp_layer_type"]
 
 RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(router_logits [T, E], weights applied to the selected experts [T, k], selected ids [T, k])``."""
+
+
+@dataclass(eq=False)
+class RemovalEffect:
+    """How removing one expert j changes each token's routing, for Delta-H (MAEP eq. 2) without re-running the
+    selection E times per token (:meth:`MoEFamily.removal_effect`). For token t, in order of precedence:
+
+    - ``rerun`` [T, m] (-1 = no expert, ids may repeat): the removals whose effect has no closed form here;
+      calibration re-runs the family's selection with j masked;
+    - ``swap_*`` [T, k] (None: no closed form, the selected experts must then be in ``rerun``): removing
+      ``selected[t, r]`` multiplies every other selected weight by ``1 + swap_factor[t, r]`` and routes expert
+      ``swap_expert[t, r]`` with weight ``swap_weight[t, r]`` (before the family's ``output_scale``);
+    - ``growth`` [T, E] (None: zero): any other removal keeps the selection and multiplies every selected weight by
+      ``1 + growth[t, j]`` (the excess over 1, so that a small change keeps its digits in float32).
+    """
+
+    rerun: torch.Tensor
+    growth: torch.Tensor | None = None
+    swap_factor: torch.Tensor | None = None
+    swap_expert: torch.Tensor | None = None
+    swap_weight: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -270,24 +291,19 @@ class MoEFamily:
         """
         raise NotImplementedError
 
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
-                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Which single-expert removals can change a token's routing, for Delta-H (MAEP eq. 2) without re-running
-        the selection E times per token.
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor) -> RemovalEffect:
+        """Which single-expert removals can change a token's routing and how (:class:`RemovalEffect`).
 
-        Returns ``(candidates [T, m], growth [T, E] or None)``: removing an expert j that is not among token t's
-        candidates leaves its selection as it is and multiplies every selected weight by ``1 + growth[t, j]`` (None:
-        by 1, nothing changes; the excess over 1 rather than the factor, so that a small change keeps its digits in
-        float32). Candidates may repeat. The default: the selected experts alone where
-        :attr:`unselected_removal_is_free`, else every expert (exact, E selections per token). A family with another
-        closed form overrides it: a plain softmax rescales by 1 / (1 - p_j), growth p_j / (1 - p_j)
-        (:func:`lightprune.models.routing_ops.softmax_removal_growth`), a group-limited router can change only
-        through an expert among its group's top scores.
+        The default re-runs the selection for the selected experts alone where :attr:`unselected_removal_is_free`,
+        else for every expert (exact, E selections per token). A family with a closed form overrides it: a plain
+        softmax rescales by 1 / (1 - p_j), growth p_j / (1 - p_j)
+        (:func:`lightprune.models.routing_ops.softmax_removal_growth`), softmax top-k promotes the (k+1)-th expert,
+        a group-limited router can change its groups only through an expert among a chosen group's top scores.
         """
         if self.unselected_removal_is_free:
-            return selected, None
+            return RemovalEffect(rerun=selected)
         num_tokens, num_experts = router_logits.shape
-        return torch.arange(num_experts, device=router_logits.device).expand(num_tokens, -1), None
+        return RemovalEffect(rerun=torch.arange(num_experts, device=router_logits.device).expand(num_tokens, -1))
 
     def route(self, layer: MoELayer, hidden_states: torch.Tensor,
               expert_mask: torch.Tensor | None = None) -> RoutingOutput:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, alike_family, mlp_layer_type
+from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput, alike_family, mlp_layer_type
 from lightprune.models.routing_ops import chosen_groups_mask, softmax_removal_growth, unique_rows
 
 __all__ = ["DeepseekV3Family", "Glm4MoeFamily", "Glm4vMoeFamily", "KimiK25Family", "NemotronHFamily", "Dots1Family",
@@ -68,22 +68,47 @@ class DeepseekV3Family(MoEFamily):
         topk_weights = topk_weights * router.routed_scaling_factor
         return router_logits, topk_weights, topk_indices
 
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
-                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Sigmoid scores are per expert and the weights are the selected ones' (renormalised or not): an
-        unselected expert matters only through its group's score, the sum of the group's top-2 selection scores,
-        when not every group is chosen, and only in a chosen group (an unchosen group's score can only fall);
-        candidates are the selected experts and the top 2 of each chosen group."""
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor) -> RemovalEffect:
+        """Sigmoid scores are per expert, so a removal changes the routing only through the selection, and the chosen
+        groups only through a group's score, the sum of its top-2 selection scores c. Removing expert j:
+
+        - j among the top 2 of a chosen group g whose score without j (the top-3 sum less c_j) is not above the best
+          unchosen group's score (or without a third expert): the chosen groups may change, the selection is re-run;
+        - else, j selected: the k - 1 others stay and the best unselected expert n of the chosen groups enters;
+          weights are scores s (sigmoid, no bias) times the scaling factor, renormalised over the selected ones when
+          ``norm_topk_prob``: then the others' factor is (s_j - s_n) / (S - s_j + s_n), S the selected score sum;
+        - else nothing changes.
+        """
         router = layer.router
         num_group, num_experts = router.num_group, router_logits.shape[-1]
+        size, k = num_experts // num_group, selected.shape[1]
+        scores = router_logits.sigmoid()
+        choice = scores + router.e_score_correction_bias
+        top = choice.view(-1, num_group, size).topk(min(3, size), dim=-1)
+        group_scores = top.values[..., :2].sum(dim=-1)                                       # [T, G]
+        in_chosen = chosen_groups_mask(group_scores, router.topk_group, num_experts)
         if num_group <= router.topk_group:
-            return selected, None
-        choice = router_logits.sigmoid() + router.e_score_correction_bias
-        size = num_experts // num_group
-        top2 = choice.view(-1, num_group, size).topk(2, dim=-1)
-        chosen = top2[0].sum(dim=-1).topk(router.topk_group, dim=-1, sorted=False)[1]        # [T, topk_group]
-        leaders = top2[1].gather(1, chosen.unsqueeze(-1).expand(-1, -1, 2)) + chosen.unsqueeze(-1) * size
-        return unique_rows(torch.cat([selected, leaders.reshape(selected.shape[0], -1)], dim=1)), None
+            rerun = selected[:, :0]
+        else:
+            chosen = in_chosen.view(-1, num_group, size)[..., 0]                             # [T, G]
+            rival = group_scores.masked_fill(chosen, float("-inf")).max(dim=-1, keepdim=True).values
+            if size >= 3:
+                without = top.values[..., 2:3] + top.values[..., :2].flip(-1)               # [T, G, 2]: less each
+            else:
+                without = torch.full_like(top.values[..., :2], float("-inf"))
+            risky = (without <= rival.unsqueeze(-1)) & chosen.unsqueeze(-1)
+            ids = top.indices[..., :2] + torch.arange(num_group, device=choice.device).view(1, -1, 1) * size
+            rerun = torch.where(risky, ids, -1).reshape(ids.shape[0], -1)
+        available = choice.masked_fill(~in_chosen, float("-inf")).scatter(1, selected, float("-inf"))
+        promoted = available.argmax(dim=-1, keepdim=True)
+        s_sel, s_next = scores.gather(1, selected), scores.gather(1, promoted)
+        scale = router.routed_scaling_factor
+        if router.norm_topk_prob:
+            denom = s_sel.sum(dim=-1, keepdim=True) - s_sel + s_next + 1e-20
+            factor, weight = (s_sel - s_next) / denom, s_next / denom * scale
+        else:
+            factor, weight = torch.zeros_like(s_sel), (s_next * scale).expand(-1, k)
+        return RemovalEffect(rerun=rerun, swap_factor=factor, swap_expert=promoted.expand(-1, k), swap_weight=weight)
 
 
 class Glm4MoeFamily(DeepseekV3Family):
@@ -184,20 +209,20 @@ class DeepseekV2Family(MoEFamily):
         return router_logits, top_weights * router.routed_scaling_factor, top_index
 
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
-                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       selected: torch.Tensor) -> RemovalEffect:
         """Softmax over all experts, not renormalised: an unselected expert's removal scales every probability by
         1 / (1 - p_j), which keeps the top-k and each group's order; under group-limited greedy a group's best
         expert is also a candidate (its removal lowers the group's score)."""
         growth = softmax_removal_growth(router_logits)
         router = layer.router
         if router.topk_method != "group_limited_greedy" or router.num_group <= router.topk_group:
-            return selected, growth
+            return RemovalEffect(rerun=selected, growth=growth)
         num_group, num_experts = router.num_group, router_logits.shape[-1]
         size = num_experts // num_group
         best = router_logits.view(-1, num_group, size).max(dim=-1)
         chosen = best[0].topk(router.topk_group, dim=-1, sorted=False)[1]          # an unchosen group can only fall
         leaders = best[1].gather(1, chosen) + chosen * size
-        return unique_rows(torch.cat([selected, leaders], dim=1)), growth
+        return RemovalEffect(rerun=unique_rows(torch.cat([selected, leaders], dim=1)), growth=growth)
 
 
 #: families whose transformers router computes what DeepSeek-V3's does (its forward, line for line), with

@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, alike_family
+from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput, alike_family
 from lightprune.models.deepseek_families import (
     DEEPSEEK_ALIKE,
     DeepseekV2Family,
@@ -30,7 +30,7 @@ from lightprune.models.deepseek_families import (
     NemotronHFamily,
 )
 from lightprune.models.refusals import REFUSED_TYPES
-from lightprune.models.routing_ops import mask_logits, softmax_removal_growth
+from lightprune.models.routing_ops import mask_logits, softmax_topk_removal
 from lightprune.models.sigmoid_families import (
     AfmoeFamily,
     HYV3Family,
@@ -68,13 +68,9 @@ class _SoftmaxFamily(MoEFamily):
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         return softmax_topk_select(router_logits, expert_mask, layer.top_k, self.renormalize(), self.cast_back)
 
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
-                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Removing an unselected expert j keeps the top-k (the softmax over the rest is p_i / (1 - p_j), the same
-        order); renormalised weights are unchanged, plain softmax weights scale by 1 / (1 - p_j) (growth p_j / (1 - p_j))."""
-        if self.renormalize():
-            return selected, None
-        return selected, softmax_removal_growth(router_logits)
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor) -> RemovalEffect:
+        """Softmax top-k in closed form (:func:`lightprune.models.routing_ops.softmax_topk_removal`)."""
+        return softmax_topk_removal(router_logits, selected, self.renormalize())
 
 
 class MixtralFamily(_SoftmaxFamily):
@@ -229,10 +225,10 @@ class JambaFamily(MoEFamily):
         top_weights, top_index = torch.topk(weights, layer.top_k, dim=-1)
         return router_logits, top_weights.to(router_logits.dtype), top_index
 
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
-                       selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Softmax over all experts, not renormalised: an unselected expert's removal scales by 1 / (1 - p_j)."""
-        return selected, softmax_removal_growth(router_logits)
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor) -> RemovalEffect:
+        """Softmax over all experts, top-k, not renormalised: the closed form of
+        :func:`lightprune.models.routing_ops.softmax_topk_removal`."""
+        return softmax_topk_removal(router_logits, selected, renormalize=False)
 
 
 class Cohere2MoeFamily(MoEFamily):

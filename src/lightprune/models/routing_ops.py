@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from lightprune.models.base import RemovalEffect
+
 __all__ = ["chosen_groups_mask", "mask_logits", "masked_choice", "one_minus", "softmax_removal_growth",
-           "unique_rows"]
+           "softmax_topk_removal", "unique_rows"]
 
 
 def unique_rows(ids: torch.Tensor) -> torch.Tensor:
@@ -36,6 +38,34 @@ def one_minus(p: torch.Tensor) -> torch.Tensor:
     top = p.argmax(dim=-1, keepdim=True)
     others = p.scatter(-1, top, 0.0).sum(dim=-1, keepdim=True)
     return rest.scatter(-1, top, others).clamp_min(torch.finfo(p.dtype).tiny)
+
+
+def softmax_topk_removal(router_logits: torch.Tensor, selected: torch.Tensor, renormalize: bool) -> RemovalEffect:
+    """Removals under ``w = top-k(softmax(logits))`` (divided by their sum when ``renormalize``), in closed form.
+
+    With p the softmax over all experts and n the (k+1)-th most probable expert: removing a selected expert j
+    leaves the other k - 1 and promotes n (the softmax over the rest is p_i / (1 - p_j), the same order); the
+    others' weights become p_s / (1 - p_j) (factor growth p_j / (1 - p_j), n's weight p_n / (1 - p_j)), or
+    renormalised p_s / (P - p_j + p_n) with P the selected mass (factor (p_j - p_n) / (P - p_j + p_n), n's weight
+    p_n / (P - p_j + p_n)). Removing an unselected expert keeps the selection: growth p_j / (1 - p_j), or nothing
+    under renormalisation. Nothing is re-run. Exact up to ties between the k-th and (k+1)-th probability.
+    """
+    num_tokens, k = selected.shape
+    if k >= router_logits.shape[-1]:  # nothing to promote: the selection is re-run (exact)
+        return RemovalEffect(rerun=selected, growth=None if renormalize else softmax_removal_growth(router_logits))
+    p = torch.softmax(router_logits.to(torch.promote_types(router_logits.dtype, torch.float32)), dim=-1)
+    top = torch.topk(p, k + 1, dim=-1)
+    p_sel, p_next = p.gather(1, selected), top.values[:, k:]
+    promoted = top.indices[:, k:].expand(-1, k)
+    if renormalize:
+        denom = p_sel.sum(dim=-1, keepdim=True) - p_sel + p_next
+        factor, weight, growth = (p_sel - p_next) / denom, p_next / denom, None
+    else:
+        rest = one_minus(p)
+        growth = p / rest
+        factor, weight = growth.gather(1, selected), p_next / rest.gather(1, selected)
+    return RemovalEffect(rerun=selected[:, :0], growth=growth, swap_factor=factor, swap_expert=promoted,
+                         swap_weight=weight)
 
 
 def mask_logits(router_logits: torch.Tensor, expert_mask: torch.Tensor | None) -> torch.Tensor:

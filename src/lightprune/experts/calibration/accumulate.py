@@ -147,69 +147,84 @@ class LayerAccumulator:
     def _delta_h(self, layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor, selected: torch.Tensor,
                  w: torch.Tensor, f: torch.Tensor, gram: torch.Tensor,
                  promoted: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """dh [T, E] in ``w``'s dtype (and the promoted variant).
+        """dh [T, E] in ``w``'s dtype (and the promoted variant), from the family's :class:`RemovalEffect`.
 
-        The family says which removals can change a token's routing (:meth:`MoEFamily.removal_effect`): for
-        those (token, expert) pairs the selection is re-run from the same logits with the expert masked, the m
-        candidates of a chunk of tokens per selection call (one mask per row); every other removal keeps the
-        selection and scales the weights by 1 + g, so H^(-j) = (1 + g) H and dh = g^2 ||H||^2 with
-        ||H||^2 = w^T G w. Cost: tokens x candidates selections instead of tokens x E; D^T G D and sum_s D_s f_s
-        are batched products per token, nothing is gathered per candidate.
+        Any removal with weights scaled by 1 + g: H^(-j) = (1 + g) H, dh = g^2 ||H||^2 with ||H||^2 = w^T G w. A
+        swap of selected slot r: D = (w_s (-factor) for s != r, w_r), dh = D^T G D, batched over [T, k]. A re-run
+        (token, expert) pair: the family's selection with the expert masked, a chunk of pairs per call (one mask per
+        row). Later kinds overwrite earlier ones (growth, then swaps, then re-runs).
         """
         num_tokens, num_experts = logits.shape
         dtype, device = w.dtype, hidden.device
-        candidates, growth = layer.family.removal_effect(layer, logits, selected)
-        candidates = candidates.to(logits.device)
-        if growth is None:
+        effect = layer.family.removal_effect(layer, logits, selected)
+        if effect.growth is None:
             dh = torch.zeros(num_tokens, num_experts, dtype=dtype, device=device)
         else:
             norm2 = torch.einsum("ts,tsr,tr->t", w, gram, w)             # ||H_t||^2
-            dh = growth.to(device=device, dtype=dtype).pow(2) * norm2.unsqueeze(-1)
+            dh = effect.growth.to(device=device, dtype=dtype).pow(2) * norm2.unsqueeze(-1)
         dhp = dh.clone() if promoted else None
-        width, k = candidates.shape[1], selected.shape[1]
-        per_token = width * max(num_experts, k * k, f.shape[-1] if promoted else 1)
-        step = max(1, _CHUNK_ELEMENTS // per_token)
         output_scale = layer.family.output_scale(layer)
-        for start in range(0, num_tokens, step):
-            tokens = slice(start, min(num_tokens, start + step))
-            cand = candidates[tokens]                                    # [n, m]
-            n = cand.shape[0]
-            mask = torch.zeros(n * width, num_experts, dtype=torch.bool, device=logits.device)
-            mask.scatter_(1, cand.reshape(-1, 1), True)
-            _, w_new, s_new = layer.family.select(layer, logits[tokens].repeat_interleave(width, dim=0), mask)
-            w_new = w_new.to(dtype) * output_scale                       # [n m, k']
-            chosen = selected[tokens].repeat_interleave(width, dim=0)
-            match = s_new.unsqueeze(2) == chosen.unsqueeze(1)            # [n m, k', k]
-            kept = torch.einsum("np,nps->ns", w_new, match.to(dtype))
-            diff = w[tokens].unsqueeze(1) - kept.view(n, width, k)       # D [n, m, k]
-            cand_out = cand.to(device)
-            dh[tokens] = dh[tokens].scatter(1, cand_out, ((diff @ gram[tokens]) * diff).sum(dim=-1))
+        k, width = selected.shape[1], f.shape[-1]
+        if effect.swap_factor is not None:
+            factor = effect.swap_factor.to(device=device, dtype=dtype)
+            eye = torch.eye(k, dtype=torch.bool, device=device)
+            diff = torch.where(eye, w.unsqueeze(1), -w.unsqueeze(1) * factor.unsqueeze(-1))   # D [T, r, s]
+            ids = selected.to(device)
+            dh.scatter_(1, ids, ((diff @ gram) * diff).sum(dim=-1))
             if dhp is not None:
-                change = (diff @ f[tokens]).view(n * width, -1)          # sum_s D_s f_s  [n m, H]
-                value = self._with_promoted(layer, hidden[tokens], s_new, w_new, match, change, width)
-                dhp[tokens] = dhp[tokens].scatter(1, cand_out, value.view(n, width))
+                expert = effect.swap_expert.to(device)
+                weight = effect.swap_weight.to(device=device, dtype=dtype) * output_scale
+                step = max(1, _CHUNK_ELEMENTS // (k * width))
+                for start in range(0, num_tokens, step):
+                    rows = slice(start, min(num_tokens, start + step))
+                    n = rows.stop - rows.start
+                    change = (diff[rows] @ f[rows]).reshape(n * k, width)  # sum_s D_s f_s  [n k, H]
+                    token = torch.arange(rows.start, rows.stop, device=device).repeat_interleave(k)
+                    value = self._with_promoted(layer, hidden, token, expert[rows].reshape(-1),
+                                                weight[rows].reshape(-1), change)
+                    dhp[rows] = dhp[rows].scatter(1, ids[rows], value.view(n, k))
+        t_all, slot = (effect.rerun >= 0).nonzero(as_tuple=True)
+        j_all = effect.rerun[t_all, slot]
+        per_pair = max(num_experts, k * k, k * width if promoted else 1)
+        step = max(1, _CHUNK_ELEMENTS // per_pair)
+        for start in range(0, t_all.numel(), step):
+            t, j = t_all[start:start + step].to(logits.device), j_all[start:start + step].to(logits.device)
+            mask = torch.zeros(t.numel(), num_experts, dtype=torch.bool, device=logits.device)
+            mask[torch.arange(t.numel(), device=logits.device), j] = True
+            _, w_new, s_new = layer.family.select(layer, logits[t], mask)
+            w_new = w_new.to(dtype) * output_scale                       # [n, k']
+            match = s_new.unsqueeze(2) == selected[t].unsqueeze(1)       # [n, k', k]
+            diff = w[t] - torch.einsum("np,nps->ns", w_new, match.to(dtype))      # D [n, k]
+            t_out, j_out = t.to(device), j.to(device)
+            dh[t_out, j_out] = torch.einsum("ns,nsr,nr->n", diff, gram[t_out], diff)
+            if dhp is not None:
+                change = torch.einsum("ns,nsh->nh", diff, f[t_out])
+                is_new = ~match.any(dim=2)                               # [n, k'] slot holds a promoted expert
+                row, col = is_new.nonzero(as_tuple=True)
+                dhp[t_out, j_out] = self._with_promoted(layer, hidden, t_out[row], s_new[row, col].to(device),
+                                                        w_new[row, col], change, row)
         return dh, dhp
 
     @staticmethod
-    def _with_promoted(layer: MoELayer, hidden: torch.Tensor, s_new: torch.Tensor, w_new: torch.Tensor,
-                       match: torch.Tensor, change: torch.Tensor, width: int) -> torch.Tensor:
-        """||sum_s D_s f_s - P||^2 per row (``width`` rows per token of ``hidden``), with P the promoted experts'
-        weighted outputs; each distinct (token, promoted expert) is evaluated once."""
-        is_new = ~match.any(dim=2)                                        # [n m, k'] slot holds a promoted expert
-        row, slot = is_new.nonzero(as_tuple=True)
-        if row.numel():
+    def _with_promoted(layer: MoELayer, hidden: torch.Tensor, token: torch.Tensor, expert: torch.Tensor,
+                       weight: torch.Tensor, change: torch.Tensor, row: torch.Tensor | None = None) -> torch.Tensor:
+        """||change_r - sum of w_p f_p(h_t)||^2 per row r of ``change``, for the promoted (token, expert, weight)
+        triples of row ``row`` (default: one triple per row, in order); each distinct (token, expert) pair is
+        evaluated once, one call per expert."""
+        if token.numel():
             num_experts = layer.num_experts
-            pair, inverse = torch.unique((row // width) * num_experts + s_new[row, slot], return_inverse=True)
-            token, expert = pair // num_experts, pair % num_experts
+            pair, inverse = torch.unique(token * num_experts + expert, return_inverse=True)
+            pair_token, pair_expert = pair // num_experts, pair % num_experts
             outputs = torch.empty(pair.numel(), change.shape[-1], dtype=change.dtype, device=change.device)
-            order = torch.argsort(expert, stable=True)                    # one pass: pairs grouped by expert
+            order = torch.argsort(pair_expert, stable=True)               # one pass: pairs grouped by expert
             start = 0
-            for e, count in enumerate(torch.bincount(expert, minlength=num_experts).tolist()):
+            for e, count in enumerate(torch.bincount(pair_expert, minlength=num_experts).tolist()):
                 if count:
                     pick = order[start:start + count]
-                    outputs[pick] = run_expert(layer.experts, e, hidden[token[pick]]).to(change.dtype)
+                    outputs[pick] = run_expert(layer.experts, e, hidden[pair_token[pick]]).to(change.dtype)
                     start += count
-            change = change.index_add(0, row, -outputs[inverse] * w_new[row, slot].unsqueeze(-1))
+            rows = torch.arange(token.numel(), device=change.device) if row is None else row
+            change = change.index_add(0, rows, -outputs[inverse] * weight.to(change.dtype).unsqueeze(-1))
         return change.pow(2).sum(dim=-1)
 
     # ------------------------------------------------------------------ results
