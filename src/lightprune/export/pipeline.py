@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from lightprune.checks import check_atol
@@ -40,6 +41,21 @@ from lightprune.export.verify import ExportVerificationError, default_atol, defa
 __all__ = ["export_pruned"]
 
 
+def _name_a_surgery_problem(model: nn.Module, probe: Mapping[str, Any], reference: torch.Tensor, atol: float,
+                            err: Exception) -> None:
+    """After a failed save / verification: raise the surgery error when the in-memory pruned model already differs
+    from the masked one (the checkpoint is not to blame); return (the caller re-raises ``err``) otherwise."""
+    try:
+        gap = max_abs_diff(model_logits(model, probe), reference, what="pruned model")
+    except Exception:
+        return
+    if gap > atol:
+        raise ExportVerificationError(
+            f"the pruned model's logits differ from the masked model's by up to {gap:.3g} > atol={atol:g}; "
+            "nothing was written (the in-memory model is pruned). In bf16/fp16 a near tie between router "
+            "scores can flip an expert choice: pass a larger atol or export in fp32", gap, atol) from err
+
+
 def export_pruned(model: nn.Module, plan: ExpertPlan, out_dir: str | os.PathLike, *,
                   probe: Mapping[str, Any] | None = None, overwrite: bool = False, atol: float | None = None,
                   processor: Any = None, source_dir: str | os.PathLike | None = None,
@@ -55,9 +71,9 @@ def export_pruned(model: nn.Module, plan: ExpertPlan, out_dir: str | os.PathLike
     ``kept_per_layer`` ({layer: count}), ``uniform``, ``max_abs_diff`` and ``seconds``.
 
     The output directory is checked before any surgery (also that it is not, and does not hold, the
-    source checkpoint directory: ``ValueError``). The pruned model is compared with the
-    masked one before anything is written (a surgery problem), then the reloaded checkpoint
-    (a save / load problem); either mismatch raises :class:`ExportVerificationError`, leaving
+    source checkpoint directory: ``ValueError``). The reloaded checkpoint is compared with the masked
+    model; only when that fails is the in-memory pruned model run too, to name the cause (a surgery
+    problem, or a save / load one). A mismatch raises :class:`ExportVerificationError`, leaving
     ``out_dir`` untouched and the in-memory model pruned.
     """
     start = time.perf_counter()
@@ -78,14 +94,12 @@ def export_pruned(model: nn.Module, plan: ExpertPlan, out_dir: str | os.PathLike
         reference = model_logits(model, probe)
     prune_experts(model, plan)
     atol = default_atol(model) if atol is None else atol
-    gap = max_abs_diff(model_logits(model, probe), reference, what="pruned model")
-    if gap > atol:
-        raise ExportVerificationError(
-            f"the pruned model's logits differ from the masked model's by up to {gap:.3g} > atol={atol:g}; "
-            "nothing was written (the in-memory model is pruned). In bf16/fp16 a near tie between router "
-            "scores can flip an expert choice: pass a larger atol or export in fp32", gap, atol)
-    path = save_pruned(model, out_dir, probe=probe, reference_logits=reference, atol=atol, overwrite=overwrite,
-                       processor=processor, source_dir=source, card=card)
+    try:
+        path = save_pruned(model, out_dir, probe=probe, reference_logits=reference, atol=atol, overwrite=overwrite,
+                           processor=processor, source_dir=source, card=card)
+    except Exception as err:
+        _name_a_surgery_problem(model, probe, reference, atol, err)
+        raise
     manifest = json.loads((path / MANIFEST_FILE).read_text())
     return {
         "out_dir": str(path),

@@ -37,6 +37,7 @@ import json
 import os
 import shutil
 import sys
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -265,14 +266,17 @@ def _forget_remote_module(checkpoint: Path) -> None:
 
 def _reload_logits(checkpoint: Path, probe: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
                    trust_remote_code: bool) -> torch.Tensor:
+    alive = None
     try:
         reloaded = load_pruned(checkpoint, dtype=dtype, trust_remote_code=trust_remote_code)
+        alive = weakref.ref(reloaded)
         if device.type != "cpu":
             reloaded.to(device)
         return model_logits(reloaded, probe)
     finally:
         reloaded = None
-        gc.collect()
+        if alive is not None and alive() is not None:  # held by a reference cycle: free it before the next load
+            gc.collect()
         if trust_remote_code:
             _forget_remote_module(checkpoint)
 

@@ -288,7 +288,9 @@ def test_verification_failure_leaves_nothing(tmp_path):
     assert_clean_parent(tmp_path, {"ckpt"})
 
 
-def test_a_surgery_mismatch_is_caught_before_writing(tmp_path, monkeypatch):
+def test_a_surgery_mismatch_is_named_and_nothing_is_written(tmp_path, monkeypatch):
+    """The reloaded checkpoint differs from the masked model; the in-memory pruned model differs too, so the error
+    names the surgery (not the save / load), and the output directory never appears."""
     from lightprune.export import pipeline
 
     real_prune = pipeline.prune_experts
