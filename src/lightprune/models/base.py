@@ -30,9 +30,10 @@ class RemovalEffect:
 
     - ``rerun`` [T, m] (-1 = no expert, ids may repeat): the removals whose effect has no closed form here;
       calibration re-runs the family's selection with j masked;
-    - ``swap_*`` [T, k] (None: no closed form, the selected experts must then be in ``rerun``): removing
-      ``selected[t, r]`` multiplies every other selected weight by ``1 + swap_factor[t, r]`` and routes expert
-      ``swap_expert[t, r]`` with weight ``swap_weight[t, r]`` (before the family's ``output_scale``);
+    - ``swap_*`` (None: no closed form, the selected experts must then be in ``rerun``): removing
+      ``selected[t, r]`` multiplies every other selected weight by ``1 + swap_factor[t, r]`` ([T, k]) and routes
+      expert ``swap_expert[t]`` ([T]: the same expert enters whichever selected one leaves) with weight
+      ``swap_weight[t, r]`` ([T, k], before the family's ``output_scale``);
     - ``growth`` [T, E] (None: zero): any other removal keeps the selection and multiplies every selected weight by
       ``1 + growth[t, j]`` (the excess over 1, so that a small change keeps its digits in float32).
     """

@@ -108,7 +108,7 @@ class DeepseekV3Family(MoEFamily):
             factor, weight = (s_sel - s_next) / denom, s_next / denom * scale
         else:
             factor, weight = torch.zeros_like(s_sel), (s_next * scale).expand(-1, k)
-        return RemovalEffect(rerun=rerun, swap_factor=factor, swap_expert=promoted.expand(-1, k), swap_weight=weight)
+        return RemovalEffect(rerun=rerun, swap_factor=factor, swap_expert=promoted.squeeze(-1), swap_weight=weight)
 
 
 class Glm4MoeFamily(DeepseekV3Family):

@@ -56,7 +56,7 @@ def softmax_topk_removal(router_logits: torch.Tensor, selected: torch.Tensor, re
     p = torch.softmax(router_logits.to(torch.promote_types(router_logits.dtype, torch.float32)), dim=-1)
     top = torch.topk(p, k + 1, dim=-1)
     p_sel, p_next = p.gather(1, selected), top.values[:, k:]
-    promoted = top.indices[:, k:].expand(-1, k)
+    promoted = top.indices[:, k]
     if renormalize:
         denom = p_sel.sum(dim=-1, keepdim=True) - p_sel + p_next
         factor, weight, growth = (p_sel - p_next) / denom, p_next / denom, None

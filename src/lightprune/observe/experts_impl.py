@@ -22,7 +22,7 @@ from torch import nn
 
 from lightprune.models import MoELayer
 
-__all__ = ["IMPLEMENTATION", "observing_experts", "expert_outputs", "run_expert"]
+__all__ = ["IMPLEMENTATION", "observing_experts", "expert_outputs", "expert_rows", "run_expert"]
 
 IMPLEMENTATION = "lightprune_observe"
 Observer = Callable[[MoELayer, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
@@ -54,21 +54,58 @@ def _gate(experts: nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
     return experts.act_fn(gate) * up
 
 
+def expert_rows(experts: nn.Module, hidden_states: torch.Tensor, tokens: torch.Tensor,
+                expert_ids: torch.Tensor) -> torch.Tensor:
+    """Unweighted outputs ``[n, H]``: row i is expert ``expert_ids[i]`` on token ``hidden_states[tokens[i]]``.
+
+    The rows are sorted by expert and each projection of every expert runs in one grouped matmul
+    (``torch._grouped_mm``, as transformers' ``grouped_mm`` experts do), else one call per expert."""
+    num = expert_ids.numel()
+    out = torch.empty(num, hidden_states.shape[-1], dtype=hidden_states.dtype, device=hidden_states.device)
+    if num == 0:
+        return out
+    ids, order = torch.sort(expert_ids, stable=True)
+    counts = torch.bincount(ids, minlength=experts.num_experts)
+    x = hidden_states[tokens[order]]
+    if _GROUPED_MM:
+        out[order] = _grouped_rows(experts, x, ids, torch.cumsum(counts, dim=0, dtype=torch.int32)).to(out.dtype)
+        return out
+    start = 0
+    for expert, count in enumerate(counts.tolist()):
+        if count:
+            rows = order[start:start + count]
+            out[rows] = run_expert(experts, expert, x[start:start + count]).to(out.dtype)
+            start += count
+    return out
+
+
+#: whether this torch has the grouped matmul transformers' ``grouped_mm`` experts use
+_GROUPED_MM = hasattr(torch, "_grouped_mm")
+
+
+def _grouped_rows(experts: nn.Module, x: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """:func:`run_expert` for rows sorted by expert (``ids``, group ends ``offsets``), one grouped matmul per
+    projection."""
+    transposed = getattr(experts, "is_transposed", False)
+
+    def linear(inp: torch.Tensor, weight: torch.Tensor, bias_name: str) -> torch.Tensor:
+        out = torch._grouped_mm(inp, weight if transposed else weight.transpose(-2, -1), offs=offsets)
+        bias = getattr(experts, bias_name, None) if getattr(experts, "has_bias", False) else None
+        return out + bias[ids] if bias is not None else out
+
+    if getattr(experts, "has_gate", True):
+        hidden = linear(x, experts.gate_up_proj, "gate_up_proj_bias")
+        hidden = experts._apply_gate(hidden) if hasattr(experts, "_apply_gate") else _gate(experts, hidden)
+    else:
+        hidden = experts.act_fn(linear(x, experts.up_proj, "up_proj_bias"))
+    return linear(hidden, experts.down_proj, "down_proj_bias")
+
+
 def expert_outputs(experts: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor) -> torch.Tensor:
     """Unweighted outputs ``[T, k, H]`` of the selected experts, each run only on its routed tokens."""
     num_tokens, k = top_k_index.shape
-    flat = top_k_index.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=experts.num_experts).tolist()
-    tokens = order // k
-    out = torch.empty(num_tokens * k, hidden_states.shape[-1], dtype=hidden_states.dtype, device=hidden_states.device)
-    start = 0
-    for expert, count in enumerate(counts):
-        if count:
-            rows = order[start:start + count]
-            out[rows] = run_expert(experts, expert, hidden_states[tokens[start:start + count]]).to(out.dtype)
-            start += count
-    return out.view(num_tokens, k, -1)
+    tokens = torch.arange(num_tokens, device=top_k_index.device).repeat_interleave(k)
+    return expert_rows(experts, hidden_states, tokens, top_k_index.reshape(-1)).view(num_tokens, k, -1)
 
 
 def _observing_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,

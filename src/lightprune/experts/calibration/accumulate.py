@@ -31,7 +31,7 @@ import torch
 
 from lightprune.models import MoELayer
 from lightprune.models.routing_ops import one_minus
-from lightprune.observe.experts_impl import run_expert
+from lightprune.observe.experts_impl import expert_rows
 
 __all__ = ["LayerAccumulator", "KL_EPS", "router_distribution"]
 
@@ -152,7 +152,8 @@ class LayerAccumulator:
         Any removal with weights scaled by 1 + g: H^(-j) = (1 + g) H, dh = g^2 ||H||^2 with ||H||^2 = w^T G w. A
         swap of selected slot r: D = (w_s (-factor) for s != r, w_r), dh = D^T G D, batched over [T, k]. A re-run
         (token, expert) pair: the family's selection with the expert masked, a chunk of pairs per call (one mask per
-        row). Later kinds overwrite earlier ones (growth, then swaps, then re-runs).
+        row). Later kinds overwrite earlier ones (growth, then swaps, then re-runs). The promoted variant of a swap
+        expands the square, so the entering expert runs once per token and no [T, k, H] tensor is formed.
         """
         num_tokens, num_experts = logits.shape
         dtype, device = w.dtype, hidden.device
@@ -170,19 +171,17 @@ class LayerAccumulator:
             eye = torch.eye(k, dtype=torch.bool, device=device)
             diff = torch.where(eye, w.unsqueeze(1), -w.unsqueeze(1) * factor.unsqueeze(-1))   # D [T, r, s]
             ids = selected.to(device)
-            dh.scatter_(1, ids, ((diff @ gram) * diff).sum(dim=-1))
+            quad = ((diff @ gram) * diff).sum(dim=-1)                       # D^T G D  [T, k]
+            dh.scatter_(1, ids, quad)
             if dhp is not None:
-                expert = effect.swap_expert.to(device)
+                # ||sum_s D_s f_s - w' f_n||^2 = D^T G D - 2 w' D . (f_s . f_n) + w'^2 ||f_n||^2: f_n once per token
+                tokens = torch.arange(num_tokens, device=device)
+                f_n = expert_rows(layer.experts, hidden, tokens, effect.swap_expert.to(device)).to(dtype)
+                cross = torch.einsum("tsh,th->ts", f, f_n)                # f_s . f_n  [T, k]
                 weight = effect.swap_weight.to(device=device, dtype=dtype) * output_scale
-                step = max(1, _CHUNK_ELEMENTS // (k * width))
-                for start in range(0, num_tokens, step):
-                    rows = slice(start, min(num_tokens, start + step))
-                    n = rows.stop - rows.start
-                    change = (diff[rows] @ f[rows]).reshape(n * k, width)  # sum_s D_s f_s  [n k, H]
-                    token = torch.arange(rows.start, rows.stop, device=device).repeat_interleave(k)
-                    value = self._with_promoted(layer, hidden, token, expert[rows].reshape(-1),
-                                                weight[rows].reshape(-1), change)
-                    dhp[rows] = dhp[rows].scatter(1, ids[rows], value.view(n, k))
+                value = quad - 2 * weight * (diff @ cross.unsqueeze(-1)).squeeze(-1) \
+                    + weight.pow(2) * f_n.pow(2).sum(dim=-1, keepdim=True)
+                dhp.scatter_(1, ids, value.clamp_min(0))
         t_all, slot = (effect.rerun >= 0).nonzero(as_tuple=True)
         j_all = effect.rerun[t_all, slot]
         per_pair = max(num_experts, k * k, k * width if promoted else 1)
@@ -210,19 +209,12 @@ class LayerAccumulator:
                        weight: torch.Tensor, change: torch.Tensor, row: torch.Tensor | None = None) -> torch.Tensor:
         """||change_r - sum of w_p f_p(h_t)||^2 per row r of ``change``, for the promoted (token, expert, weight)
         triples of row ``row`` (default: one triple per row, in order); each distinct (token, expert) pair is
-        evaluated once, one call per expert."""
+        evaluated once (:func:`lightprune.observe.experts_impl.expert_rows`)."""
         if token.numel():
             num_experts = layer.num_experts
             pair, inverse = torch.unique(token * num_experts + expert, return_inverse=True)
             pair_token, pair_expert = pair // num_experts, pair % num_experts
-            outputs = torch.empty(pair.numel(), change.shape[-1], dtype=change.dtype, device=change.device)
-            order = torch.argsort(pair_expert, stable=True)               # one pass: pairs grouped by expert
-            start = 0
-            for e, count in enumerate(torch.bincount(pair_expert, minlength=num_experts).tolist()):
-                if count:
-                    pick = order[start:start + count]
-                    outputs[pick] = run_expert(layer.experts, e, hidden[pair_token[pick]]).to(change.dtype)
-                    start += count
+            outputs = expert_rows(layer.experts, hidden, pair_token, pair_expert).to(change.dtype)
             rows = torch.arange(token.numel(), device=change.device) if row is None else row
             change = change.index_add(0, rows, -outputs[inverse] * weight.to(change.dtype).unsqueeze(-1))
         return change.pow(2).sum(dim=-1)
