@@ -292,6 +292,16 @@ class MoEFamily:
         """
         raise NotImplementedError
 
+    def select_without(self, layer: MoELayer, router_logits: torch.Tensor, tokens: torch.Tensor,
+                       experts: torch.Tensor) -> RoutingOutput:
+        """:meth:`select` of token ``tokens[i]`` (rows of ``router_logits`` [T, E]) with expert ``experts[i]`` removed,
+        one (token, expert) pair per row: what calibration re-runs for a :class:`RemovalEffect`'s ``rerun`` pairs.
+        The default masks one expert per row and calls :meth:`select` on [n, E]; a family may compute it from
+        fewer candidates (the order of the selected experts may differ from :meth:`select`'s)."""
+        mask = torch.zeros(tokens.numel(), router_logits.shape[-1], dtype=torch.bool, device=router_logits.device)
+        mask[torch.arange(tokens.numel(), device=router_logits.device), experts] = True
+        return self.select(layer, router_logits[tokens], mask)
+
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor) -> RemovalEffect:
         """Which single-expert removals can change a token's routing and how (:class:`RemovalEffect`).
 

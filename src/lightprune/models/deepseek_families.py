@@ -68,12 +68,41 @@ class DeepseekV3Family(MoEFamily):
         topk_weights = topk_weights * router.routed_scaling_factor
         return router_logits, topk_weights, topk_indices
 
+    def select_without(self, layer: MoELayer, router_logits: torch.Tensor, tokens: torch.Tensor,
+                       experts: torch.Tensor) -> RoutingOutput:
+        """:meth:`select` with one expert removed per (token, expert) row, from each group's top k + 1 (at least 3)
+        selection scores c instead of all E: the removed expert's group score becomes the top-2 sum of what is left,
+        the chosen groups are the top ``topk_group`` of the group scores (as the router takes them), the new top-k
+        is taken over the chosen groups' lists (no group gives more than k), the weights are the scores s of the
+        selected experts, renormalised with ``norm_topk_prob``, times the scaling factor. The logits returned are
+        the rows of ``router_logits``, unmasked."""
+        router = layer.router
+        num_group, num_experts = router.num_group, router_logits.shape[-1]
+        size, k = num_experts // num_group, router.top_k
+        scores = router_logits.sigmoid()
+        choice = scores + router.e_score_correction_bias
+        width = min(size, max(k + 1, 3))
+        top = choice.view(-1, num_group, size).topk(width, dim=-1)
+        values = top.values[tokens]                                                          # [n, G, w]
+        ids = top.indices[tokens] + torch.arange(num_group, device=choice.device).view(1, -1, 1) * size
+        values = values.masked_fill(ids == experts.view(-1, 1, 1), float("-inf"))
+        group_scores = values.topk(min(2, width), dim=-1).values.sum(dim=-1)               # [n, G]
+        chosen = torch.topk(group_scores, k=router.topk_group, dim=-1, sorted=False)[1]    # [n, topk_group]
+        pick = chosen.unsqueeze(-1).expand(-1, -1, width)
+        pool_values, pool_ids = values.gather(1, pick).flatten(1), ids.gather(1, pick).flatten(1)
+        top_index = pool_ids.gather(1, torch.topk(pool_values, k=k, dim=-1, sorted=False)[1])
+        top_weights = scores.view(-1)[tokens.unsqueeze(-1) * num_experts + top_index]
+        if router.norm_topk_prob:
+            top_weights = top_weights / (top_weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return router_logits[tokens], top_weights * router.routed_scaling_factor, top_index
+
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor) -> RemovalEffect:
         """Sigmoid scores are per expert, so a removal changes the routing only through the selection, and the chosen
         groups only through a group's score, the sum of its top-2 selection scores c. Removing expert j:
 
-        - j among the top 2 of a chosen group g whose score without j (the top-3 sum less c_j) is not above the best
-          unchosen group's score (or without a third expert): the chosen groups may change, the selection is re-run;
+        - j among the top 2 of a chosen group g whose score without j (the top-3 sum less c_j; -inf without a third
+          expert) is below the best unchosen group's score (or equal to it): the chosen groups change, the selection
+          is re-run (:meth:`select_without`);
         - else, j selected: the k - 1 others stay and the best unselected expert n of the chosen groups enters;
           weights are scores s (sigmoid, no bias) times the scaling factor, renormalised over the selected ones when
           ``norm_topk_prob``: then the others' factor is (s_j - s_n) / (S - s_j + s_n), S the selected score sum;
@@ -96,9 +125,9 @@ class DeepseekV3Family(MoEFamily):
                 without = top.values[..., 2:3] + top.values[..., :2].flip(-1)               # [T, G, 2]: less each
             else:
                 without = torch.full_like(top.values[..., :2], float("-inf"))
-            risky = (without <= rival.unsqueeze(-1)) & chosen.unsqueeze(-1)
+            falls = (without <= rival.unsqueeze(-1)) & chosen.unsqueeze(-1)
             ids = top.indices[..., :2] + torch.arange(num_group, device=choice.device).view(1, -1, 1) * size
-            rerun = torch.where(risky, ids, -1).reshape(ids.shape[0], -1)
+            rerun = torch.where(falls, ids, -1).reshape(ids.shape[0], -1)
         available = choice.masked_fill(~in_chosen, float("-inf")).scatter(1, selected, float("-inf"))
         promoted = available.argmax(dim=-1, keepdim=True)
         s_sel, s_next = scores.gather(1, selected), scores.gather(1, promoted)

@@ -91,3 +91,36 @@ def test_calibration_and_weight_rows(tiny, family) -> None:
                            for name in ("gate_up_proj", "up_proj", "down_proj") if hasattr(layer.experts, name)])
             want = float(w.abs().sum()) / (math.sqrt(w.numel()) * float(w.norm()))
             assert float(aimer[layer.index][e]) == pytest.approx(want, rel=1e-6)
+
+
+def _same_routing(got, expected, where: str) -> None:
+    """Equal (expert, weight) sets per row: select_without may order the selected experts differently."""
+    (_, w_got, s_got), (_, w_exp, s_exp) = got, expected
+    order_got, order_exp = s_got.argsort(dim=-1), s_exp.argsort(dim=-1)
+    assert torch.equal(s_got.gather(1, order_got), s_exp.gather(1, order_exp)), where
+    torch.testing.assert_close(w_got.gather(1, order_got).float(), w_exp.gather(1, order_exp).float(),
+                               rtol=1e-6, atol=1e-7, msg=lambda m: f"{where}: {m}")
+
+
+@pytest.mark.parametrize("family,overrides", [(f, {}) for f in TEXT_FAMILIES] + [
+    ("deepseek_v3", dict(n_routed_experts=64, n_group=8, topk_group=3, num_experts_per_tok=6)),
+    ("deepseek_v3", dict(n_routed_experts=256, n_group=8, topk_group=4, num_experts_per_tok=8)),
+    ("deepseek_v3", dict(n_routed_experts=16, n_group=8, topk_group=4, num_experts_per_tok=3)),  # 2 per group
+])
+def test_select_without_equals_the_masked_selection(tiny, family, overrides) -> None:
+    """For every (token, expert) pair, the family's select_without equals its selection with that expert masked (the
+    reference: select on a one-hot mask per row), so a family's faster form cannot drift from its router."""
+    model = tiny(family, seed=3, **overrides)
+    layer = lp.find_moe_layers(model)[0]
+    router_input, _ = _router_and_expert_inputs(model, layer, _batches()[:1])[0]
+    logits = layer.family.router_logits(layer, router_input.reshape(-1, router_input.shape[-1]))
+    num_tokens, num_experts = logits.shape
+    tokens = torch.arange(num_tokens).repeat_interleave(num_experts)
+    experts = torch.arange(num_experts).repeat(num_tokens)
+    mask = torch.zeros(tokens.numel(), num_experts, dtype=torch.bool)
+    mask[torch.arange(tokens.numel()), experts] = True
+    with torch.no_grad():
+        got = layer.family.select_without(layer, logits, tokens, experts)
+        expected = layer.family.select(layer, logits[tokens], mask)
+    _same_routing(got, expected, f"{family} {overrides}")
+    assert not (got[2] == experts.unsqueeze(-1)).any()

@@ -188,9 +188,7 @@ class LayerAccumulator:
         step = max(1, _CHUNK_ELEMENTS // per_pair)
         for start in range(0, t_all.numel(), step):
             t, j = t_all[start:start + step].to(logits.device), j_all[start:start + step].to(logits.device)
-            mask = torch.zeros(t.numel(), num_experts, dtype=torch.bool, device=logits.device)
-            mask[torch.arange(t.numel(), device=logits.device), j] = True
-            _, w_new, s_new = layer.family.select(layer, logits[t], mask)
+            _, w_new, s_new = layer.family.select_without(layer, logits, t, j)
             w_new = w_new.to(dtype) * output_scale                       # [n, k']
             match = s_new.unsqueeze(2) == selected[t].unsqueeze(1)       # [n, k', k]
             diff = w[t] - torch.einsum("np,nps->ns", w_new, match.to(dtype))      # D [n, k]
