@@ -5,10 +5,11 @@ transformers 5 dispatches a fused experts module's forward through ``ExpertsInte
 ``config._experts_implementation``. :func:`observing_experts` registers ``"lightprune_observe"``
 there once and, for the duration of a ``with`` block, points the MoE layers' configs at it; the
 previous implementation names are restored on exit (also on error). The observer receives
-``(layer, hidden_states [T, H], router_input [T, H'], top_k_index [T, k], top_k_weights [T, k], outputs [T, k, H])``
-where ``outputs[t, s]`` is expert ``top_k_index[t, s]``'s unweighted output f(h_t) and ``router_input`` what the
-layer's router was called with for the same tokens (a forward pre-hook on the router, removed on exit): the experts'
-input in most families, the decoder layer's residual stream in Gemma 4, whose experts get a normed copy.
+``(layer, hidden_states [T, H], router_input [T, H'], top_k_index [T, k], top_k_weights [T, k], outputs [T, k, H],
+extra_outputs [n, H] or None)`` where ``outputs[t, s]`` is expert ``top_k_index[t, s]``'s unweighted output f(h_t),
+``router_input`` what the layer's router was called with for the same tokens (a forward pre-hook on the router,
+removed on exit): the experts' input in most families, the decoder layer's residual stream in Gemma 4, whose experts
+get a normed copy; ``extra_outputs`` the rows an ``extra`` callback asked for, run in the same grouped matmuls.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from lightprune.models import MoELayer
 __all__ = ["IMPLEMENTATION", "observing_experts", "expert_outputs", "expert_rows", "run_expert"]
 
 IMPLEMENTATION = "lightprune_observe"
-Observer = Callable[[MoELayer, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+Observer = Callable[..., None]
+#: (layer, hidden_states, router_input, top_k_index) -> (tokens, experts) of further rows to run, or None
+ExtraRows = Callable[[MoELayer, torch.Tensor, torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor] | None"]
 
-_OBSERVERS: dict[int, tuple[MoELayer, Observer]] = {}
+_OBSERVERS: dict[int, tuple[MoELayer, Observer, ExtraRows | None]] = {}
 #: the last input of each observed layer's router, by id of the layer's experts module
 _ROUTER_INPUTS: dict[int, torch.Tensor] = {}
 
@@ -110,17 +113,28 @@ def expert_outputs(experts: nn.Module, hidden_states: torch.Tensor, top_k_index:
 
 def _observing_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                        top_k_weights: torch.Tensor) -> torch.Tensor:
-    outputs = expert_outputs(self, hidden_states, top_k_index)
     entry = _OBSERVERS.get(id(self))
-    if entry is not None:
-        layer, observer = entry
+    if entry is None:
+        outputs = expert_outputs(self, hidden_states, top_k_index)
+    else:
+        layer, observer, extra = entry
         router_input = _ROUTER_INPUTS.pop(id(self), None)
         if router_input is not None:  # [T, H]; the experts may read a narrower projection (Nemotron-H's latent)
             router_input = router_input.reshape(-1, router_input.shape[-1])
         if router_input is None or router_input.shape[0] != hidden_states.shape[0]:
             raise RuntimeError(f"layer {layer.index}: its experts ran without a router call on the same tokens "
                                "before them; lightprune observes experts routed by the layer's own router")
-        observer(layer, hidden_states, router_input, top_k_index, top_k_weights, outputs)
+        rows = extra(layer, hidden_states, router_input, top_k_index) if extra is not None else None
+        num_tokens, k = top_k_index.shape
+        tokens = torch.arange(num_tokens, device=top_k_index.device).repeat_interleave(k)
+        experts = top_k_index.reshape(-1)
+        if rows is not None:  # further (token, expert) rows the observer needs, in the same grouped matmuls
+            tokens = torch.cat([tokens, rows[0].to(tokens.device)])
+            experts = torch.cat([experts, rows[1].to(tokens.device)])
+        every = expert_rows(self, hidden_states, tokens, experts)
+        outputs = every[:num_tokens * k].view(num_tokens, k, -1)
+        observer(layer, hidden_states, router_input, top_k_index, top_k_weights, outputs,
+                 every[num_tokens * k:] if rows is not None else None)
     weighted = (outputs.float() * top_k_weights.float().unsqueeze(-1)).sum(dim=1)
     return weighted.to(hidden_states.dtype)
 
@@ -142,8 +156,12 @@ def _router_input_hook(key: int):
 
 
 @contextmanager
-def observing_experts(layers: list[MoELayer], observer: Observer) -> Iterator[None]:
-    """Route every listed layer's experts through the observing implementation inside the block."""
+def observing_experts(layers: list[MoELayer], observer: Observer, extra: ExtraRows | None = None) -> Iterator[None]:
+    """Route every listed layer's experts through the observing implementation inside the block.
+
+    ``extra`` (optional) is asked before a layer's experts run for further (token, expert) rows; their unweighted
+    outputs [n, H] are computed with the routed ones and handed to the observer as its last argument (None
+    without ``extra`` or when it returns None)."""
     _register()
     configs: dict[int, tuple[object, object]] = {}
     handles = []
@@ -156,7 +174,7 @@ def observing_experts(layers: list[MoELayer], observer: Observer) -> Iterator[No
                 raise ValueError(f"layer {layer.index}: {type(layer.experts).__name__} does not dispatch through "
                                  "transformers' ExpertsInterface; cannot observe it")
             configs.setdefault(id(config), (config, config._experts_implementation_internal))
-            _OBSERVERS[id(layer.experts)] = (layer, observer)
+            _OBSERVERS[id(layer.experts)] = (layer, observer, extra)
             handles.append(layer.router.register_forward_pre_hook(_router_input_hook(id(layer.experts)),
                                                                   with_kwargs=True))
         for config, _ in configs.values():

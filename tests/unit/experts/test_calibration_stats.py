@@ -287,12 +287,15 @@ def test_default_criteria_leave_out_the_promoted_variant_and_agree_with_all(tiny
         default.raw("delta_h_promoted")
     for name in DEFAULT_CRITERIA:
         for index, value in default.raw(name).items():
-            assert torch.equal(value, full.raw(name)[index]), (name, index)
+            # with delta_h_promoted the entering experts run in the forward's grouped matmuls, which may round the
+            # routed rows (and so the next layers) in the last bits
+            torch.testing.assert_close(value, full.raw(name)[index], rtol=1e-5, atol=1e-9, msg=f"{name} {index}")
             assert torch.equal(default.score(name)[index], value)     # importance = raw for text subsets
     only = lp.collect_expert_stats(model, batches, criteria=["reap"], progress=False)
     assert only.criteria == ("reap",)
     for index, value in only.raw("reap").items():
-        assert torch.equal(value, full.raw("reap")[index])
+        assert torch.equal(value, default.raw("reap")[index])  # no promoted experts run: the same forward
+        torch.testing.assert_close(value, full.raw("reap")[index], rtol=1e-5, atol=1e-9)
 
 
 # ----------------------------------------------------------------------------- Delta-H semantics

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from lightprune.models import MoELayer
+from lightprune.models import MoELayer, RemovalEffect
 from lightprune.models.routing_ops import one_minus
 from lightprune.observe.experts_impl import expert_rows
 
@@ -92,15 +92,42 @@ class LayerAccumulator:
         self.sums["delta_h_promoted"] = zeros()
         self.sums["tokens"] = torch.zeros(len(subsets), dtype=torch.float64, device=device)
         self.sums["samples"] = torch.zeros(len(subsets), dtype=torch.float64, device=device)
+        self._pending: tuple[torch.Tensor, torch.Tensor, RemovalEffect | None] | None = None
 
     # ------------------------------------------------------------------ update
     @torch.no_grad()
+    def prepare(self, layer: MoELayer, router_input: torch.Tensor, selected: torch.Tensor,
+                masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Before the layer's experts run: the router logits and the family's :class:`RemovalEffect` for the next
+        :meth:`update` of these ``selected`` experts, and the (tokens, experts) rows whose outputs it will need
+        beyond the routed ones (the expert a swap promotes, for ``delta_h_promoted``; None: none), so that they run
+        in the forward's own expert call."""
+        self._pending = None
+        want_dh = "delta_h" in self.criteria or "delta_h_promoted" in self.criteria
+        if not (want_dh or "routing_kl" in self.criteria):
+            return None
+        keep = masks.any(dim=0).unsqueeze(-1)
+        router_input = torch.where(keep, router_input, torch.zeros((), dtype=router_input.dtype,
+                                                                   device=router_input.device))
+        logits = layer.family.router_logits(layer, router_input)
+        effect = layer.family.removal_effect(layer, logits, selected) if want_dh else None
+        self._pending = (selected, logits, effect)
+        if "delta_h_promoted" in self.criteria and effect.swap_expert is not None:
+            return torch.arange(selected.shape[0], device=selected.device), effect.swap_expert
+        return None
+
+    @torch.no_grad()
     def update(self, layer: MoELayer, hidden: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor,
                outputs: torch.Tensor, masks: torch.Tensor, samples: torch.Tensor, num_samples: int,
-               router_input: torch.Tensor | None = None) -> None:
+               router_input: torch.Tensor | None = None, extra_outputs: torch.Tensor | None = None) -> None:
         """Add one batch. ``masks`` [n_subsets, T] bool (padding already excluded), ``samples`` [T]
         the sample index of each token; ``router_input`` [T, H] what the router saw (default: ``hidden``, the
-        experts' input), from which routing-KL and Delta-H recompute the router's logits."""
+        experts' input), from which routing-KL and Delta-H recompute the router's logits. After :meth:`prepare`
+        for the same ``selected``, its logits and removal effect are used, and ``extra_outputs`` are the outputs of
+        the rows it asked for (without :meth:`prepare`, the same is computed here)."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] is not selected:
+            pending = None
         num_experts = self.num_experts
         # Tokens in no subset (padding) are masked by multiplication below, and 0 * NaN = NaN: the
         # model may leave non-finite values at padded positions, so zero them first (no host sync).
@@ -133,31 +160,35 @@ class LayerAccumulator:
         want_promoted = "delta_h_promoted" in self.criteria
         if not ("routing_kl" in self.criteria or want_dh or want_promoted):
             return
-        logits = layer.family.router_logits(layer, router_input)
+        logits = layer.family.router_logits(layer, router_input) if pending is None else pending[1]
         if "routing_kl" in self.criteria:
             self.sums["routing_kl"] += (m @ routing_kl(router_distribution(layer, logits)).to(dtype)).double()
         if want_dh or want_promoted:
             weight = m / counts.clamp_min(1)[:, samples]                  # [U, T]: the mean over a sample's tokens
-            dh, dhp = self._delta_h(layer, hidden, logits, selected, w, f, gram, want_promoted)
+            effect = pending[2] if pending is not None else layer.family.removal_effect(layer, logits, selected)
+            swap_outputs = None
+            if want_promoted and extra_outputs is not None and pending is not None:
+                swap_outputs = torch.where(keep.unsqueeze(-1), extra_outputs.to(dtype), 0.0)  # NaN at padding
+            dh, dhp = self._delta_h(layer, hidden, logits, selected, w, f, gram, want_promoted, effect, swap_outputs)
             if want_dh:
                 self.sums["delta_h"] += (weight @ dh).double()
             if want_promoted:
                 self.sums["delta_h_promoted"] += (weight @ dhp).double()
 
     def _delta_h(self, layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor, selected: torch.Tensor,
-                 w: torch.Tensor, f: torch.Tensor, gram: torch.Tensor,
-                 promoted: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 w: torch.Tensor, f: torch.Tensor, gram: torch.Tensor, promoted: bool, effect: RemovalEffect,
+                 swap_outputs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """dh [T, E] in ``w``'s dtype (and the promoted variant), from the family's :class:`RemovalEffect`.
 
         Any removal with weights scaled by 1 + g: H^(-j) = (1 + g) H, dh = g^2 ||H||^2 with ||H||^2 = w^T G w. A
         swap of selected slot r: D = (w_s (-factor) for s != r, w_r), dh = D^T G D, batched over [T, k]. A re-run
         (token, expert) pair: the family's selection with the expert masked, a chunk of pairs per call (one mask per
         row). Later kinds overwrite earlier ones (growth, then swaps, then re-runs). The promoted variant of a swap
-        expands the square, so the entering expert runs once per token and no [T, k, H] tensor is formed.
+        expands the square, so the entering expert runs once per token (``swap_outputs`` [T, H] when the forward ran
+        it) and no [T, k, H] tensor is formed.
         """
         num_tokens, num_experts = logits.shape
         dtype, device = w.dtype, hidden.device
-        effect = layer.family.removal_effect(layer, logits, selected)
         if effect.growth is None:
             dh = torch.zeros(num_tokens, num_experts, dtype=dtype, device=device)
         else:
@@ -176,7 +207,8 @@ class LayerAccumulator:
             if dhp is not None:
                 # ||sum_s D_s f_s - w' f_n||^2 = D^T G D - 2 w' D . (f_s . f_n) + w'^2 ||f_n||^2: f_n once per token
                 tokens = torch.arange(num_tokens, device=device)
-                f_n = expert_rows(layer.experts, hidden, tokens, effect.swap_expert.to(device)).to(dtype)
+                f_n = swap_outputs if swap_outputs is not None else \
+                    expert_rows(layer.experts, hidden, tokens, effect.swap_expert.to(device)).to(dtype)
                 cross = torch.einsum("tsh,th->ts", f, f_n)                # f_s . f_n  [T, k]
                 weight = effect.swap_weight.to(device=device, dtype=dtype) * output_scale
                 value = quad - 2 * weight * (diff @ cross.unsqueeze(-1)).squeeze(-1) \

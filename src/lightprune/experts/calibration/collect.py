@@ -64,7 +64,7 @@ class ExpertObserver:
     def __enter__(self) -> "ExpertObserver":
         stack = ExitStack()
         try:
-            stack.enter_context(observing_experts(self.layers, self._observe))
+            stack.enter_context(observing_experts(self.layers, self._observe, extra=self._extra_rows))
             if any(s in ATTENTION_SUBSETS for s in self.subsets):
                 self._probe = stack.enter_context(AttentionProbe(self.model, [l.index for l in self.layers]))
         except BaseException:
@@ -101,8 +101,8 @@ class ExpertObserver:
                 rows.append(masks[subset])
         return torch.stack(rows).reshape(len(rows), -1)
 
-    def _observe(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor, selected: torch.Tensor,
-                 weights: torch.Tensor, outputs: torch.Tensor) -> None:
+    def _batch_masks(self, layer: MoELayer, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(subset masks [U, T], sample of each token [T], samples) of the declared batch, checked against ``hidden``."""
         if self._masks is None:
             raise RuntimeError("a forward ran inside ExpertObserver without begin_batch(batch) first")
         batch, seq = self._masks["all"].shape
@@ -110,9 +110,18 @@ class ExpertObserver:
             raise RuntimeError(f"layer {layer.index} saw {hidden.shape[0]} tokens, the declared batch has "
                                f"{batch} x {seq}: pass the whole batch in one forward")
         masks = self._subset_masks(layer).to(hidden.device)
-        samples = torch.arange(batch, device=hidden.device).repeat_interleave(seq)
+        return masks, torch.arange(batch, device=hidden.device).repeat_interleave(seq), batch
+
+    def _extra_rows(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor,
+                    selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        masks, _, _ = self._batch_masks(layer, hidden)
+        return self.accumulators[layer.index].prepare(layer, router_input, selected, masks)
+
+    def _observe(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor, selected: torch.Tensor,
+                 weights: torch.Tensor, outputs: torch.Tensor, extra_outputs: torch.Tensor | None = None) -> None:
+        masks, samples, batch = self._batch_masks(layer, hidden)
         self.accumulators[layer.index].update(layer, hidden, selected, weights, outputs, masks, samples, batch,
-                                              router_input)
+                                              router_input, extra_outputs=extra_outputs)
 
     # ------------------------------------------------------------------ results
     def result(self) -> CalibrationStats:

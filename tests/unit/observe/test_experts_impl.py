@@ -1,0 +1,75 @@
+"""expert_rows (the grouped matmul of the observing experts, and its one-call-per-expert form) against each
+expert run alone (run_expert) row by row, for every tiny text family's experts module (gated or not, biased,
+transposed); and the extra rows an observer asks for come back equal to the same experts run alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fixtures import MULTIMODAL, padded_batch
+
+import lightprune as lp
+from lightprune.models.tiny import TINY_FAMILIES
+from lightprune.observe import experts_impl
+from lightprune.observe.experts_impl import expert_rows, observing_experts, run_expert
+
+TEXT_FAMILIES = tuple(f for f in TINY_FAMILIES if f not in MULTIMODAL)
+
+
+def _experts_input(model, layer) -> torch.Tensor:
+    seen = []
+    handle = layer.experts.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            model(**padded_batch(seed=2, batch=2, seq=6, pad=0))
+    finally:
+        handle.remove()
+    return seen[0].reshape(-1, seen[0].shape[-1])
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped_mm", "per_expert"])
+@pytest.mark.parametrize("family", TEXT_FAMILIES)
+def test_expert_rows_equal_each_expert_alone(tiny, family, grouped, monkeypatch) -> None:
+    if grouped and not experts_impl._GROUPED_MM:
+        pytest.skip("this torch has no torch._grouped_mm")
+    monkeypatch.setattr(experts_impl, "_GROUPED_MM", grouped)
+    model = tiny(family, seed=1)
+    layer = lp.find_moe_layers(model)[0]
+    hidden = _experts_input(model, layer)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, hidden.shape[0], (40,), generator=gen)
+    experts = torch.randint(0, layer.num_experts, (40,), generator=gen)
+    experts[:3] = layer.num_experts - 1  # the last expert, several rows
+    with torch.no_grad():
+        got = expert_rows(layer.experts, hidden, tokens, experts)
+        expected = torch.stack([run_expert(layer.experts, int(e), hidden[int(t)][None])[0]
+                                for t, e in zip(tokens, experts)])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert expert_rows(layer.experts, hidden, tokens[:0], experts[:0]).shape == (0, hidden.shape[-1])
+
+
+def test_extra_rows_come_back_with_the_routed_ones(tiny) -> None:
+    model = tiny("qwen3_moe", seed=1)
+    layers = lp.find_moe_layers(model)
+    asked, seen = {}, {}
+
+    def extra(layer, hidden, router_input, selected):
+        rows = (torch.arange(hidden.shape[0]), (selected[:, 0] + 1) % layer.num_experts)
+        asked[layer.index] = (hidden.clone(), *rows)
+        return rows
+
+    def observer(layer, hidden, router_input, selected, weights, outputs, extra_outputs):
+        seen[layer.index] = extra_outputs
+
+    batch = padded_batch(seed=3, batch=2, seq=5, pad=0)
+    with torch.no_grad():
+        plain = model(**batch).logits
+        with observing_experts(layers, observer, extra=extra):
+            observed = model(**batch).logits
+    torch.testing.assert_close(observed, plain, rtol=1e-5, atol=1e-5)
+    assert sorted(seen) == sorted(asked) == [layer.index for layer in layers]
+    for layer in layers:
+        hidden, tokens, experts = asked[layer.index]
+        expected = torch.stack([run_expert(layer.experts, int(e), hidden[int(t)][None])[0]
+                                for t, e in zip(tokens, experts)])
+        torch.testing.assert_close(seen[layer.index], expected, rtol=1e-5, atol=1e-6)
