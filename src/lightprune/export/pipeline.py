@@ -47,7 +47,7 @@ def _name_a_surgery_problem(model: nn.Module, probe: Mapping[str, Any], referenc
     from the masked one (the checkpoint is not to blame); return (the caller re-raises ``err``) otherwise."""
     try:
         gap = max_abs_diff(model_logits(model, probe), reference, what="pruned model")
-    except Exception:
+    except Exception:  # noqa: BLE001 - the diagnosis failed: the caller re-raises the original error
         return
     if gap > atol:
         raise ExportVerificationError(
@@ -97,7 +97,7 @@ def export_pruned(model: nn.Module, plan: ExpertPlan, out_dir: str | os.PathLike
     try:
         path = save_pruned(model, out_dir, probe=probe, reference_logits=reference, atol=atol, overwrite=overwrite,
                            processor=processor, source_dir=source, card=card)
-    except Exception as err:
+    except Exception as err:  # re-raised below unless the surgery is to blame
         _name_a_surgery_problem(model, probe, reference, atol, err)
         raise
     manifest = json.loads((path / MANIFEST_FILE).read_text())

@@ -50,7 +50,7 @@ def softmax_topk_removal(router_logits: torch.Tensor, selected: torch.Tensor, re
     p_n / (P - p_j + p_n)). Removing an unselected expert keeps the selection: growth p_j / (1 - p_j), or nothing
     under renormalisation. Nothing is re-run. Exact up to ties between the k-th and (k+1)-th probability.
     """
-    num_tokens, k = selected.shape
+    k = selected.shape[1]
     if k >= router_logits.shape[-1]:  # nothing to promote: the selection is re-run (exact)
         return RemovalEffect(rerun=selected, growth=None if renormalize else softmax_removal_growth(router_logits))
     p = torch.softmax(router_logits.to(torch.promote_types(router_logits.dtype, torch.float32)), dim=-1)

@@ -65,7 +65,6 @@ def _path_gate_grad(query, key, value, grad_out, inputs: PathGateInputs) -> torc
     """fp32 [B, H, 3]: dL/dg per (sample, head, path), recomputing A in query-row chunks (module docstring)."""
     batch, heads, q_len, _ = query.shape
     k_len = key.shape[2]
-    offset = k_len - q_len
     grad = torch.zeros(batch, heads, len(PATHS), dtype=torch.float32, device=query.device)
     key_onehot = torch.stack([inputs.key_mod == VISION, inputs.key_mod == TEXT], dim=-1).float()  # [B, K, 2]
     q_vision = (inputs.query_mod == VISION).float()
