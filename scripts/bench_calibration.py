@@ -7,7 +7,7 @@ own configs (nothing downloaded): Mixtral-like (8 experts, top-2), OLMoE-like (6
 criterion on (``delta_h_promoted`` included; ``--criteria default`` leaves it out). One torch thread unless
 ``--threads``. ``bench_model`` is the scaled-down Qwen3-MoE that scripts/gpu_check.py times.
 
-    python scripts/bench_calibration.py [--repeats 3] [--shapes mixtral,olmoe,qwen3,deepseek] [--criteria all|default]
+    python scripts/bench_calibration.py [--repeats 5] [--shapes mixtral,olmoe,qwen3,deepseek] [--criteria all|default]
         [--quick] [--json PATH]
 
 ``--quick``: 1 batch of 2 x 64 tokens, 2 repeats (seconds; checks the script, not the target).
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     from lightprune.experts.calibration import CRITERIA, DEFAULT_CRITERIA
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick 2)")
+    parser.add_argument("--repeats", type=int, default=None, help="default 5 (quick 2)")
     parser.add_argument("--shapes", default=",".join(_SHAPES), help=f"comma-separated, of {list(_SHAPES)}")
     parser.add_argument("--criteria", choices=("all", "default"), default="all",
                         help="all: every criterion (delta_h_promoted too); default: collect_expert_stats' default")
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not shapes:
         parser.error(f"--shapes: unknown {unknown or shapes}; choose from {list(_SHAPES)}")
     criteria = CRITERIA if args.criteria == "all" else DEFAULT_CRITERIA
-    repeats = args.repeats or (2 if args.quick else 3)
+    repeats = args.repeats or (2 if args.quick else 5)
     torch.set_num_threads(args.threads)
     count, rows, seq = (1, 2, 64) if args.quick else (2, 4, 256)
     batches = shape_batches(count, rows, seq)

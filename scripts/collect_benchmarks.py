@@ -3,10 +3,12 @@
 Each bench runs in its own process (never two at once, so they do not time each other), with ``--json`` to a
 temporary file. The output is ``{name: figures, "machine": {...}, "commands": {name: command line}}``; a bench
 that writes no figures is recorded as ``{"error": ..., "exit_code": ..., "stderr_tail": ...}`` and the others
-still run. A bench whose figures say FAIL keeps its figures (and its exit code). Render the result with
+still run. A bench whose figures say FAIL keeps its figures (and its exit code); ``--merge`` keeps the figures of
+the benches not run from an existing output file. Render the result with
 :func:`lightprune.quality.bench_section.benchmarks_markdown`.
 
     python scripts/collect_benchmarks.py --out results/benchmarks.json [--quick] [--bench export --bench prefill]
+        [--merge]
 """
 
 from __future__ import annotations
@@ -97,9 +99,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only this bench (repeatable; default: all, in the order "
                              f"{', '.join(BENCHES)})")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per bench (default: none)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other benches' figures (and commands) of an existing --out file")
     args = parser.parse_args(argv)
     names = [name for name in BENCHES if args.bench is None or name in args.bench]
     merged = collect(names, quick=args.quick, timeout=args.timeout)
+    if args.merge and args.out.is_file():
+        previous = json.loads(args.out.read_text())
+        commands = {**previous.get("commands", {}), **merged["commands"]}
+        merged = {**{k: v for k, v in previous.items() if k not in ("machine", "commands")}, **merged,
+                  "commands": commands}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(merged, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -92,6 +92,14 @@ def test_collect_export_and_render_markdown(tmp_path):
     assert f"| {ratio['value']:.4g} |  | <= 1.01 | PASS |" in rows[ratio["name"]]
     assert f"{figures['bytes']['expected']:,}" in text and "1 of 1 judged benchmarks PASS" in text
 
+    # --merge keeps another bench's figures from the existing file, a plain run replaces the file
+    kept = {"benchmark": "other", "checks": [], "passed": None}
+    out.write_text(json.dumps({**collected, "other": kept, "commands": {**collected["commands"], "other": "x"}}))
+    _run(["scripts/collect_benchmarks.py", "--out", str(out), "--quick", "--bench", "export", "--merge"])
+    merged = json.loads(out.read_text())
+    assert merged["other"] == kept and merged["commands"]["other"] == "x"
+    assert merged["export"]["exit_code"] == 0 and merged["commands"]["export"] == collected["commands"]["export"]
+
 
 def test_markdown_of_a_failed_and_a_failing_bench():
     from lightprune.quality.bench_section import benchmarks_markdown
