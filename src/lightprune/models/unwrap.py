@@ -1,9 +1,13 @@
 """The transformers model under whatever wraps it: peft's wrappers or a LightningModule.
 
 Every module that needs the family's own model calls :func:`base_model_of`; adapters stay active in it.
+A wrapper's class can only exist once its package is imported, so peft and Lightning are looked up in
+``sys.modules`` rather than imported here (importing them costs seconds and hundreds of MB).
 """
 
 from __future__ import annotations
+
+import sys
 
 from torch import nn
 
@@ -12,15 +16,14 @@ __all__ = ["base_model_of"]
 
 def base_model_of(model: nn.Module) -> nn.Module:
     """The transformers model under any peft wrapper (or a MoECausalLM's model); adapters stay active in it."""
-    from peft import PeftModel
-    from peft.tuners.tuners_utils import BaseTuner
-
-    if isinstance(model, PeftModel):
+    peft_model = getattr(sys.modules.get("peft"), "PeftModel", None)
+    if peft_model is not None and isinstance(model, peft_model):
         return model.get_base_model()
-    if isinstance(model, BaseTuner):
+    tuners = sys.modules.get("peft.tuners.tuners_utils")
+    if tuners is not None and isinstance(model, tuners.BaseTuner):
         return model.model
-    from lightning.pytorch import LightningModule
-
-    if isinstance(model, LightningModule) and isinstance(getattr(model, "model", None), nn.Module):
+    lightning_module = getattr(sys.modules.get("lightning.pytorch"), "LightningModule", None)
+    if lightning_module is not None and isinstance(model, lightning_module) \
+            and isinstance(getattr(model, "model", None), nn.Module):
         return base_model_of(model.model)
     return model
