@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                              reference_name="forward+backward s"))
         figures.append(check(f"taylor with a plan / forward+backward time, {length} tokens (median)",
                              round(plan_ratio, 3), reference=round(base["seconds"], 4),
-                             reference_name="forward+backward s", note="half the V2V, a quarter of the T2V paths pruned"))
+                             reference_name="forward+backward s",
+                             note="half the V2V, a quarter of the T2V paths pruned"))
         figures.append(check(f"taylor / forward+backward activation memory, {length} tokens", round(mem_ratio, 3),
                              memory_target, "<=" if memory_target else None, reference=round(base["activation_mib"], 1),
                              reference_name="forward+backward MiB", note="peak RSS above the RSS after setup, "

@@ -24,8 +24,8 @@ from lightprune.models.registry import (
     unregister_family,
 )
 
-__all__ = ["MoEFamily", "MoELayer", "RemovalEffect", "RoutingLimits", "RoutingOutput", "FAMILIES", "REFUSED", "get_family",
-           "find_moe_layers", "supported_model_types", "register_family", "unregister_family", "refuse_family",
+__all__ = ["MoEFamily", "MoELayer", "RemovalEffect", "RoutingLimits", "RoutingOutput", "FAMILIES", "REFUSED",
+           "get_family", "find_moe_layers", "supported_model_types", "register_family", "unregister_family", "refuse_family",
            "family_table", "ADD_A_FAMILY"]
 
 for _family in BUILT_IN:

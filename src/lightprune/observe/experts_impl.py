@@ -61,8 +61,8 @@ def expert_rows(experts: nn.Module, hidden_states: torch.Tensor, tokens: torch.T
                 expert_ids: torch.Tensor) -> torch.Tensor:
     """Unweighted outputs ``[n, H]``: row i is expert ``expert_ids[i]`` on token ``hidden_states[tokens[i]]``.
 
-    The rows are sorted by expert and each projection of every expert runs in one grouped matmul
-    (``torch._grouped_mm``, as transformers' ``grouped_mm`` experts do), else one call per expert."""
+    The rows are sorted by expert and each projection of every expert runs in one grouped matmul (transformers'
+    own, as its ``grouped_mm`` experts do), else one call per expert."""
     num = expert_ids.numel()
     out = torch.empty(num, hidden_states.shape[-1], dtype=hidden_states.dtype, device=hidden_states.device)
     if num == 0:
@@ -70,7 +70,7 @@ def expert_rows(experts: nn.Module, hidden_states: torch.Tensor, tokens: torch.T
     ids, order = torch.sort(expert_ids, stable=True)
     counts = torch.bincount(ids, minlength=experts.num_experts)
     x = hidden_states[tokens[order]]
-    if _GROUPED_MM:
+    if _GROUPED_MM is not None:
         out[order] = _grouped_rows(experts, x, ids, torch.cumsum(counts, dim=0, dtype=torch.int32)).to(out.dtype)
         return out
     start = 0
@@ -82,8 +82,18 @@ def expert_rows(experts: nn.Module, hidden_states: torch.Tensor, tokens: torch.T
     return out
 
 
-#: whether this torch has the grouped matmul transformers' ``grouped_mm`` experts use
-_GROUPED_MM = hasattr(torch, "_grouped_mm")
+def _transformers_grouped_mm() -> Callable | None:
+    """transformers' grouped-matmul dispatcher (it picks torch's kernel where the device, dtype and alignment allow
+    it, else its own fallback op), or None where this transformers has none."""
+    try:
+        from transformers.integrations.moe import _grouped_mm
+    except ImportError:
+        return None
+    return _grouped_mm
+
+
+#: the grouped matmul of transformers' ``grouped_mm`` experts, or None (one call per expert instead)
+_GROUPED_MM = _transformers_grouped_mm()
 
 
 def _grouped_rows(experts: nn.Module, x: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -92,7 +102,7 @@ def _grouped_rows(experts: nn.Module, x: torch.Tensor, ids: torch.Tensor, offset
     transposed = getattr(experts, "is_transposed", False)
 
     def linear(inp: torch.Tensor, weight: torch.Tensor, bias_name: str) -> torch.Tensor:
-        out = torch._grouped_mm(inp, weight if transposed else weight.transpose(-2, -1), offs=offsets)
+        out = _GROUPED_MM(inp, weight if transposed else weight.transpose(-2, -1), offsets)
         bias = getattr(experts, bias_name, None) if getattr(experts, "has_bias", False) else None
         return out + bias[ids] if bias is not None else out
 

@@ -6,23 +6,25 @@ outputs f [T, k, H]. From these (METHODS.md, "Calibration criteria"):
 
 - token-level sums over a subset's tokens: n_j (frequency), sum g_j (seer), sum ||f_j|| (ean),
   sum g_j ||f_j|| (REAP's numerator), sum KL(p || p^(-j)) (routing_kl, MAEP eq. 8);
-- Delta-H (MAEP eq. 2): H = sum_s w_s f_s; for the (token, expert) pairs whose removal can change the
-  token's routing (the family's ``removal_effect``: its selected experts, and a group-limited router's group
-  leaders) the family's selection is re-run from the same router logits with expert j masked (a chunk of
-  pairs per call, one mask per row), giving S', w'; the survivors keep their outputs, a promoted expert (in S'
-  but not S) adds nothing. With D_s = w_s - sum_{s' : S'_s' = S_s} w'_s' the change is H - H^(-j) =
-  sum_s D_s f_s, so ||H - H^(-j)||^2 = D^T G D with the Gram matrix G = f f^T [T, k, k], computed once per
-  batch: no expert runs again and no [T, E, H] tensor is formed. Per sample, the mean over the
-  sample's subset tokens; summed over samples that have such tokens. Any other removal scales H by the
-  family's closed-form factor 1 + g (g = 0 for a renormalised router, p_j / (1 - p_j) for a plain softmax), so
-  ||H - H^(-j)||^2 = g^2 ||H||^2 with ||H||^2 = w^T G w.
-- ``delta_h_promoted`` also evaluates the promoted experts: ||sum_s D_s f_s - sum_p w'_p f_p(h)||^2, each distinct
-  (token, promoted expert) pair once (under top-k routing every removal of a selected expert promotes the
-  token's (k+1)-th expert: one expert evaluation per token, not k).
+- Delta-H (MAEP eq. 2): H = sum_s w_s f_s. Removing expert j gives a new selection S', w'; the survivors keep
+  their outputs, a promoted expert (in S' but not S) adds nothing. With D_s = w_s - sum_{s' : S'_s' = S_s} w'_s'
+  the change is H - H^(-j) = sum_s D_s f_s, so ||H - H^(-j)||^2 = D^T G D with the Gram matrix G = f f^T
+  [T, k, k], computed once per batch: no expert runs again and no [T, E, H] tensor is formed. S', w' come from
+  the family's :class:`~lightprune.models.RemovalEffect`: a closed-form swap for a selected j (the others
+  scaled by 1 + factor, one expert entering), a growth factor 1 + g for any other j (g = 0 for a renormalised
+  router, p_j / (1 - p_j) for a plain softmax; ||H - H^(-j)||^2 = g^2 ||H||^2 with ||H||^2 = w^T G w), and
+  for the pairs without a closed form the family's selection re-run from the same router logits
+  (:meth:`~lightprune.models.MoEFamily.select_without`, a chunk of pairs per call). Per sample, the mean over
+  the sample's subset tokens; summed over samples that have such tokens.
+- ``delta_h_promoted`` also evaluates the promoted experts: ||sum_s D_s f_s - sum_p w'_p f_p(h)||^2. A swap's
+  entering expert is the same whichever selected expert leaves, so it runs once per token, in the forward's own
+  expert call (:meth:`LayerAccumulator.prepare` asks for it), and the square is expanded:
+  D^T G D - 2 w' D . (f . f_n) + w'^2 ||f_n||^2; a re-run pair's entering experts run once per distinct
+  (token, expert).
 
 Per-token quantities are computed in float32 (the outputs' dtype or wider) and each batch's sums are added
 to float64 accumulators [subsets, E] on the weights' device: no float64 tensor over tokens. The host
-synchronises only on counts (a group-limited router's distinct candidates, the promoted tokens).
+synchronises only on counts (the re-run pairs, the distinct promoted pairs).
 """
 
 from __future__ import annotations
@@ -236,17 +238,16 @@ class LayerAccumulator:
 
     @staticmethod
     def _with_promoted(layer: MoELayer, hidden: torch.Tensor, token: torch.Tensor, expert: torch.Tensor,
-                       weight: torch.Tensor, change: torch.Tensor, row: torch.Tensor | None = None) -> torch.Tensor:
+                       weight: torch.Tensor, change: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
         """||change_r - sum of w_p f_p(h_t)||^2 per row r of ``change``, for the promoted (token, expert, weight)
-        triples of row ``row`` (default: one triple per row, in order); each distinct (token, expert) pair is
-        evaluated once (:func:`lightprune.observe.experts_impl.expert_rows`)."""
+        triples of rows ``row``; each distinct (token, expert) pair is evaluated once
+        (:func:`lightprune.observe.experts_impl.expert_rows`)."""
         if token.numel():
             num_experts = layer.num_experts
             pair, inverse = torch.unique(token * num_experts + expert, return_inverse=True)
             pair_token, pair_expert = pair // num_experts, pair % num_experts
             outputs = expert_rows(layer.experts, hidden, pair_token, pair_expert).to(change.dtype)
-            rows = torch.arange(token.numel(), device=change.device) if row is None else row
-            change = change.index_add(0, rows, -outputs[inverse] * weight.to(change.dtype).unsqueeze(-1))
+            change = change.index_add(0, row, -outputs[inverse] * weight.to(change.dtype).unsqueeze(-1))
         return change.pow(2).sum(dim=-1)
 
     # ------------------------------------------------------------------ results

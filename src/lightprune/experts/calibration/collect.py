@@ -102,7 +102,8 @@ class ExpertObserver:
         return torch.stack(rows).reshape(len(rows), -1)
 
     def _batch_masks(self, layer: MoELayer, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(subset masks [U, T], sample of each token [T], samples) of the declared batch, checked against ``hidden``."""
+        """(subset masks [U, T], sample of each token [T], samples) of the declared batch, checked against
+        ``hidden``."""
         if self._masks is None:
             raise RuntimeError("a forward ran inside ExpertObserver without begin_batch(batch) first")
         batch, seq = self._masks["all"].shape
