@@ -409,10 +409,13 @@ def test_shared_expert_takes_no_part(tiny):
 
 
 # ----------------------------------------------------------------------------- padding
-def test_non_finite_values_at_padding_positions_do_not_count(tiny):
+@pytest.mark.parametrize("family,overrides", [("qwen3_moe", {}), ("deepseek_v3", dict(
+    n_routed_experts=64, n_group=8, topk_group=3, num_experts_per_tok=6))], ids=["qwen3_moe", "deepseek_v3-64"])
+def test_non_finite_values_at_padding_positions_do_not_count(tiny, family, overrides):
     """Padding never counts, also when the model leaves NaN there (as some attention kernels do for
-    fully masked rows): the padded positions' hidden states entering the last MoE layer are NaN."""
-    model = tiny("qwen3_moe")
+    fully masked rows): the padded positions' hidden states entering the last MoE layer are NaN (DeepSeek-V3:
+    swaps and re-run pairs whose entering experts run on those NaN rows too)."""
+    model = tiny(family, **overrides)
     batches = calibration_batches()
     clean = lp.collect_expert_stats(model, batches, criteria=ALL_CRITERIA, progress=False)
     last = find_moe_layers(model)[-1]

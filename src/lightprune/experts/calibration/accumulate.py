@@ -29,6 +29,8 @@ synchronises only on counts (the re-run pairs, the distinct promoted pairs).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from lightprune.models import MoELayer, RemovalEffect
@@ -82,6 +84,46 @@ def routing_kl(p: torch.Tensor, eps: float = KL_EPS) -> torch.Tensor:
     return ps * torch.log1p(p / eps) + (rest + (num - 1) * eps) / z * log_rest + (eps * (num - 1) / z) * p
 
 
+@dataclass(eq=False)
+class _Reruns:
+    """A :class:`RemovalEffect`'s re-run pairs with their new selections (``weights`` before ``output_scale``), and
+    the distinct (token, expert) pairs that enter (``pair_token``, ``pair_expert``; slot (``row``, ``col``) of the
+    new selection holds pair ``inverse``)."""
+
+    tokens: torch.Tensor
+    experts: torch.Tensor
+    weights: torch.Tensor
+    selected: torch.Tensor
+    row: torch.Tensor
+    col: torch.Tensor
+    pair_token: torch.Tensor
+    pair_expert: torch.Tensor
+    inverse: torch.Tensor
+
+
+def _reselect(layer: MoELayer, logits: torch.Tensor, selected: torch.Tensor, effect: RemovalEffect) -> _Reruns:
+    """The family's selection without each re-run pair's expert (``select_without``, a chunk of pairs per call)."""
+    t_all, slot = (effect.rerun >= 0).nonzero(as_tuple=True)
+    t_all = t_all.to(logits.device)
+    j_all = effect.rerun[t_all, slot.to(effect.rerun.device)].to(logits.device)
+    step = max(1, _CHUNK_ELEMENTS // logits.shape[-1])
+    weights, chosen = [], []
+    for start in range(0, t_all.numel(), step):
+        _, w_new, s_new = layer.family.select_without(layer, logits, t_all[start:start + step],
+                                                      j_all[start:start + step])
+        weights.append(w_new)
+        chosen.append(s_new)
+    k = selected.shape[1]
+    w_new = torch.cat(weights) if weights else logits.new_zeros(0, k)
+    s_new = torch.cat(chosen) if chosen else selected.new_zeros(0, k)
+    is_new = ~(s_new.unsqueeze(2) == selected[t_all].unsqueeze(1)).any(dim=2)      # [n, k'] an entering expert
+    row, col = is_new.nonzero(as_tuple=True)
+    num_experts = layer.num_experts
+    pair, inverse = torch.unique(t_all[row] * num_experts + s_new[row, col], return_inverse=True)
+    return _Reruns(tokens=t_all, experts=j_all, weights=w_new, selected=s_new, row=row, col=col,
+                   pair_token=pair // num_experts, pair_expert=pair % num_experts, inverse=inverse)
+
+
 class LayerAccumulator:
     """Sums for one MoE layer over ``subsets``; ``criteria`` decides what is computed."""
 
@@ -94,16 +136,16 @@ class LayerAccumulator:
         self.sums["delta_h_promoted"] = zeros()
         self.sums["tokens"] = torch.zeros(len(subsets), dtype=torch.float64, device=device)
         self.sums["samples"] = torch.zeros(len(subsets), dtype=torch.float64, device=device)
-        self._pending: tuple[torch.Tensor, torch.Tensor, RemovalEffect | None] | None = None
+        self._pending: tuple | None = None  # (selected, logits, effect, reruns, swap rows) from prepare()
 
     # ------------------------------------------------------------------ update
     @torch.no_grad()
     def prepare(self, layer: MoELayer, router_input: torch.Tensor, selected: torch.Tensor,
                 masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Before the layer's experts run: the router logits and the family's :class:`RemovalEffect` for the next
-        :meth:`update` of these ``selected`` experts, and the (tokens, experts) rows whose outputs it will need
-        beyond the routed ones (the expert a swap promotes, for ``delta_h_promoted``; None: none), so that they run
-        in the forward's own expert call."""
+        """Before the layer's experts run: the router logits, the family's :class:`RemovalEffect` and the re-run
+        selections for the next :meth:`update` of these ``selected`` experts, and the (tokens, experts) rows whose
+        outputs it will need beyond the routed ones (for ``delta_h_promoted``: the expert a swap promotes, then the
+        experts entering a re-run pair's selection; None: none), so that they run in the forward's own expert call."""
         self._pending = None
         want_dh = "delta_h" in self.criteria or "delta_h_promoted" in self.criteria
         if not (want_dh or "routing_kl" in self.criteria):
@@ -113,10 +155,19 @@ class LayerAccumulator:
                                                                    device=router_input.device))
         logits = layer.family.router_logits(layer, router_input)
         effect = layer.family.removal_effect(layer, logits, selected) if want_dh else None
-        self._pending = (selected, logits, effect)
-        if "delta_h_promoted" in self.criteria and effect.swap_expert is not None:
-            return torch.arange(selected.shape[0], device=selected.device), effect.swap_expert
-        return None
+        reruns = _reselect(layer, logits, selected, effect) if want_dh else None
+        swap_rows = 0
+        rows = None
+        if "delta_h_promoted" in self.criteria:
+            tokens, experts = [reruns.pair_token], [reruns.pair_expert]
+            if effect.swap_expert is not None:
+                swap_rows = selected.shape[0]
+                tokens.insert(0, torch.arange(swap_rows, device=selected.device))
+                experts.insert(0, effect.swap_expert.to(selected.device))
+            rows = (torch.cat([t.to(selected.device) for t in tokens]),
+                    torch.cat([e.to(selected.device) for e in experts]))
+        self._pending = (selected, logits, effect, reruns, swap_rows)
+        return rows
 
     @torch.no_grad()
     def update(self, layer: MoELayer, hidden: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor,
@@ -167,11 +218,20 @@ class LayerAccumulator:
             self.sums["routing_kl"] += (m @ routing_kl(router_distribution(layer, logits)).to(dtype)).double()
         if want_dh or want_promoted:
             weight = m / counts.clamp_min(1)[:, samples]                  # [U, T]: the mean over a sample's tokens
-            effect = pending[2] if pending is not None else layer.family.removal_effect(layer, logits, selected)
-            swap_outputs = None
+            if pending is not None:
+                _, _, effect, reruns, swap_rows = pending
+            else:
+                effect = layer.family.removal_effect(layer, logits, selected)
+                reruns, swap_rows = _reselect(layer, logits, selected, effect), 0
+            swap_outputs = rerun_outputs = None
             if want_promoted and extra_outputs is not None and pending is not None:
-                swap_outputs = torch.where(keep.unsqueeze(-1), extra_outputs.to(dtype), 0.0)  # NaN at padding
-            dh, dhp = self._delta_h(layer, hidden, logits, selected, w, f, gram, want_promoted, effect, swap_outputs)
+                extra_outputs = extra_outputs.to(dtype)
+                if swap_rows:  # a padded token's expert output may be NaN: it has weight 0, and 0 * NaN = NaN
+                    swap_outputs = torch.where(keep.unsqueeze(-1), extra_outputs[:swap_rows], 0.0)
+                rerun_outputs = torch.where(keep[reruns.pair_token.to(keep.device)].unsqueeze(-1),
+                                            extra_outputs[swap_rows:], 0.0)
+            dh, dhp = self._delta_h(layer, hidden, logits, selected, w, f, gram, want_promoted, effect, reruns,
+                                    swap_outputs, rerun_outputs)
             if want_dh:
                 self.sums["delta_h"] += (weight @ dh).double()
             if want_promoted:
@@ -179,7 +239,8 @@ class LayerAccumulator:
 
     def _delta_h(self, layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor, selected: torch.Tensor,
                  w: torch.Tensor, f: torch.Tensor, gram: torch.Tensor, promoted: bool, effect: RemovalEffect,
-                 swap_outputs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 reruns: _Reruns, swap_outputs: torch.Tensor | None = None,
+                 rerun_outputs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """dh [T, E] in ``w``'s dtype (and the promoted variant), from the family's :class:`RemovalEffect`.
 
         Any removal with weights scaled by 1 + g: H^(-j) = (1 + g) H, dh = g^2 ||H||^2 with ||H||^2 = w^T G w. A
@@ -216,39 +277,28 @@ class LayerAccumulator:
                 value = quad - 2 * weight * (diff @ cross.unsqueeze(-1)).squeeze(-1) \
                     + weight.pow(2) * f_n.pow(2).sum(dim=-1, keepdim=True)
                 dhp.scatter_(1, ids, value.clamp_min(0))
-        t_all, slot = (effect.rerun >= 0).nonzero(as_tuple=True)
-        j_all = effect.rerun[t_all, slot]
-        per_pair = max(num_experts, k * k, k * width if promoted else 1)
-        step = max(1, _CHUNK_ELEMENTS // per_pair)
-        for start in range(0, t_all.numel(), step):
-            t, j = t_all[start:start + step].to(logits.device), j_all[start:start + step].to(logits.device)
-            _, w_new, s_new = layer.family.select_without(layer, logits, t, j)
-            w_new = w_new.to(dtype) * output_scale                       # [n, k']
-            match = s_new.unsqueeze(2) == selected[t].unsqueeze(1)       # [n, k', k]
+        if promoted and reruns.pair_token.numel() and rerun_outputs is None:
+            rerun_outputs = expert_rows(layer.experts, hidden, reruns.pair_token.to(device),
+                                        reruns.pair_expert.to(device)).to(dtype)
+        step = max(1, _CHUNK_ELEMENTS // (k * (width if promoted else k)))
+        for start in range(0, reruns.tokens.numel(), step):
+            pairs = slice(start, min(reruns.tokens.numel(), start + step))
+            t, j = reruns.tokens[pairs].to(device), reruns.experts[pairs].to(device)
+            w_new = reruns.weights[pairs].to(device=device, dtype=dtype) * output_scale       # [n, k']
+            match = reruns.selected[pairs].to(device).unsqueeze(2) == selected[t].unsqueeze(1)  # [n, k', k]
             diff = w[t] - torch.einsum("np,nps->ns", w_new, match.to(dtype))      # D [n, k]
-            t_out, j_out = t.to(device), j.to(device)
-            dh[t_out, j_out] = torch.einsum("ns,nsr,nr->n", diff, gram[t_out], diff)
+            dh[t, j] = torch.einsum("ns,nsr,nr->n", diff, gram[t], diff)
             if dhp is not None:
-                change = torch.einsum("ns,nsh->nh", diff, f[t_out])
-                is_new = ~match.any(dim=2)                               # [n, k'] slot holds a promoted expert
-                row, col = is_new.nonzero(as_tuple=True)
-                dhp[t_out, j_out] = self._with_promoted(layer, hidden, t_out[row], s_new[row, col].to(device),
-                                                        w_new[row, col], change, row)
+                change = torch.einsum("ns,nsh->nh", diff, f[t])            # sum_s D_s f_s  [n, H]
+                first, last = torch.searchsorted(reruns.row, torch.tensor([pairs.start, pairs.stop],
+                                                                          device=reruns.row.device)).tolist()
+                row, col = reruns.row[first:last].to(device), reruns.col[first:last].to(device)
+                if row.numel():
+                    entering = rerun_outputs[reruns.inverse[first:last].to(device)]
+                    local = row - pairs.start
+                    change = change.index_add(0, local, -entering * w_new[local, col].unsqueeze(-1))
+                dhp[t, j] = change.pow(2).sum(dim=-1)
         return dh, dhp
-
-    @staticmethod
-    def _with_promoted(layer: MoELayer, hidden: torch.Tensor, token: torch.Tensor, expert: torch.Tensor,
-                       weight: torch.Tensor, change: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
-        """||change_r - sum of w_p f_p(h_t)||^2 per row r of ``change``, for the promoted (token, expert, weight)
-        triples of rows ``row``; each distinct (token, expert) pair is evaluated once
-        (:func:`lightprune.observe.experts_impl.expert_rows`)."""
-        if token.numel():
-            num_experts = layer.num_experts
-            pair, inverse = torch.unique(token * num_experts + expert, return_inverse=True)
-            pair_token, pair_expert = pair // num_experts, pair % num_experts
-            outputs = expert_rows(layer.experts, hidden, pair_token, pair_expert).to(change.dtype)
-            change = change.index_add(0, row, -outputs[inverse] * weight.to(change.dtype).unsqueeze(-1))
-        return change.pow(2).sum(dim=-1)
 
     # ------------------------------------------------------------------ results
     def values(self) -> dict[tuple[str, str], torch.Tensor]:
