@@ -224,11 +224,12 @@ def test_all_reduce_under_a_process_group(tmp_path):
 
 
 class _PerHeadGrids(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the shape of every op output that is a per-head query x key grid: [B, H, Q, K] with H > 1."""
+    """Records the shape of every op output that is a per-head query x key grid: [B, H', Q, K] with H' > 1 heads
+    (all of them or a group's)."""
 
-    def __init__(self, batch, heads, q_len):
+    def __init__(self, batch, q_len):
         super().__init__()
-        self.batch, self.heads, self.q_len, self.seen = batch, heads, q_len, []
+        self.batch, self.q_len, self.seen = batch, q_len, []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -252,7 +253,7 @@ def test_no_per_head_query_key_grid(monkeypatch):
     dense = WidthPlan.dense(model)
     plan = dense.replace(attn_keep=random_keep(dense, [0, 1, 2], seed=7))
     assert len({tuple(r) for r in plan.attn_keep[0].tolist()}) > 1  # several head groups
-    shape = (2, 4, 10)
+    shape = (2, 10)  # batch, tokens
     for p in (None, plan):
         with _PerHeadGrids(*shape) as probe:
             taylor_importance(model, [batch], attention=True, ffn=True, plan=p, progress=False)
