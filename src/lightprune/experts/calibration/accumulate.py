@@ -101,8 +101,10 @@ class _Reruns:
     inverse: torch.Tensor
 
 
-def _reselect(layer: MoELayer, logits: torch.Tensor, selected: torch.Tensor, effect: RemovalEffect) -> _Reruns:
-    """The family's selection without each re-run pair's expert (``select_without``, a chunk of pairs per call)."""
+def _reselect(layer: MoELayer, logits: torch.Tensor, selected: torch.Tensor, effect: RemovalEffect,
+              entering: bool) -> _Reruns:
+    """The family's selection without each re-run pair's expert (``select_without``, a chunk of pairs per call), and
+    with ``entering`` the distinct (token, expert) pairs that enter (none without)."""
     t_all, slot = (effect.rerun >= 0).nonzero(as_tuple=True)
     t_all = t_all.to(logits.device)
     j_all = effect.rerun[t_all, slot.to(effect.rerun.device)].to(logits.device)
@@ -116,8 +118,11 @@ def _reselect(layer: MoELayer, logits: torch.Tensor, selected: torch.Tensor, eff
     k = selected.shape[1]
     w_new = torch.cat(weights) if weights else logits.new_zeros(0, k)
     s_new = torch.cat(chosen) if chosen else selected.new_zeros(0, k)
-    is_new = ~(s_new.unsqueeze(2) == selected[t_all].unsqueeze(1)).any(dim=2)      # [n, k'] an entering expert
-    row, col = is_new.nonzero(as_tuple=True)
+    if entering:
+        is_new = ~(s_new.unsqueeze(2) == selected[t_all].unsqueeze(1)).any(dim=2)  # [n, k'] an entering expert
+        row, col = is_new.nonzero(as_tuple=True)
+    else:
+        row = col = t_all[:0]
     num_experts = layer.num_experts
     pair, inverse = torch.unique(t_all[row] * num_experts + s_new[row, col], return_inverse=True)
     return _Reruns(tokens=t_all, experts=j_all, weights=w_new, selected=s_new, row=row, col=col,
@@ -155,7 +160,7 @@ class LayerAccumulator:
                                                                    device=router_input.device))
         logits = layer.family.router_logits(layer, router_input)
         effect = layer.family.removal_effect(layer, logits, selected) if want_dh else None
-        reruns = _reselect(layer, logits, selected, effect) if want_dh else None
+        reruns = _reselect(layer, logits, selected, effect, "delta_h_promoted" in self.criteria) if want_dh else None
         swap_rows = 0
         rows = None
         if "delta_h_promoted" in self.criteria:
@@ -222,7 +227,7 @@ class LayerAccumulator:
                 _, _, effect, reruns, swap_rows = pending
             else:
                 effect = layer.family.removal_effect(layer, logits, selected)
-                reruns, swap_rows = _reselect(layer, logits, selected, effect), 0
+                reruns, swap_rows = _reselect(layer, logits, selected, effect, want_promoted), 0
             swap_outputs = rerun_outputs = None
             if want_promoted and extra_outputs is not None and pending is not None:
                 extra_outputs = extra_outputs.to(dtype)
