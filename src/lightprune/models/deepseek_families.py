@@ -85,8 +85,15 @@ class DeepseekV3Family(MoEFamily):
         top = choice.view(-1, num_group, size).topk(width, dim=-1)
         values = top.values[tokens]                                                          # [n, G, w]
         ids = top.indices[tokens] + torch.arange(num_group, device=choice.device).view(1, -1, 1) * size
-        values = values.masked_fill(ids == experts.view(-1, 1, 1), float("-inf"))
-        group_scores = values.topk(min(2, width), dim=-1).values.sum(dim=-1)               # [n, G]
+        hit = ids == experts.view(-1, 1, 1)
+        # the group scores with the expert removed: the top-2 sum of what is left of its group (the values are sorted)
+        low = torch.full_like(values[..., 0], float("-inf"))
+        second = values[..., 1] if width >= 2 else low
+        third = values[..., 2] if width >= 3 else low
+        removed_second = hit[..., 1] if width >= 2 else torch.zeros_like(hit[..., 0])
+        group_scores = torch.where(hit[..., 0], second + third,
+                                   torch.where(removed_second, values[..., 0] + third, values[..., 0] + second))
+        values = values.masked_fill(hit, float("-inf"))
         chosen = torch.topk(group_scores, k=router.topk_group, dim=-1, sorted=False)[1]    # [n, topk_group]
         pick = chosen.unsqueeze(-1).expand(-1, -1, width)
         pool_values, pool_ids = values.gather(1, pick).flatten(1), ids.gather(1, pick).flatten(1)
