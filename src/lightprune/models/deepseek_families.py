@@ -101,7 +101,12 @@ class DeepseekV3Family(MoEFamily):
         top_weights = scores.view(-1)[tokens.unsqueeze(-1) * num_experts + top_index]
         if router.norm_topk_prob:
             top_weights = top_weights / (top_weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return router_logits[tokens], top_weights * router.routed_scaling_factor, top_index
+        top_weights = top_weights * router.routed_scaling_factor
+        short = torch.isfinite(pool_values).sum(dim=-1) < k  # fewer than k experts left in the chosen groups: the
+        if bool(short.any()):                                # router fills up from the rest, as select does
+            _, weights, index = super().select_without(layer, router_logits, tokens[short], experts[short])
+            top_weights[short], top_index[short] = weights.to(top_weights.dtype), index
+        return router_logits[tokens], top_weights, top_index
 
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor) -> RemovalEffect:
         """Sigmoid scores are per expert, so a removal changes the routing only through the selection, and the chosen
@@ -110,7 +115,8 @@ class DeepseekV3Family(MoEFamily):
         - j among the top 2 of a chosen group g whose score without j (the top-3 sum less c_j; -inf without a third
           expert) is below the best unchosen group's score (or equal to it): the chosen groups change, the selection
           is re-run (:meth:`select_without`);
-        - else, j selected: the k - 1 others stay and the best unselected expert n of the chosen groups enters;
+        - else, j selected: the k - 1 others stay and the best unselected expert n of the chosen groups enters (when
+          the chosen groups hold no unselected expert, the selection is re-run);
           weights are scores s (sigmoid, no bias) times the scaling factor, renormalised over the selected ones when
           ``norm_topk_prob``: then the others' factor is (s_j - s_n) / (S - s_j + s_n), S the selected score sum;
         - else nothing changes.
@@ -136,7 +142,10 @@ class DeepseekV3Family(MoEFamily):
             ids = top.indices[..., :2] + torch.arange(num_group, device=choice.device).view(1, -1, 1) * size
             rerun = torch.where(falls, ids, -1).reshape(ids.shape[0], -1)
         available = choice.masked_fill(~in_chosen, float("-inf")).scatter(1, selected, float("-inf"))
-        promoted = available.argmax(dim=-1, keepdim=True)
+        best, promoted = available.max(dim=-1, keepdim=True)
+        none_left = torch.isneginf(best)  # the chosen groups hold only selected experts: no swap, re-run them
+        if bool(none_left.any()):
+            rerun = torch.cat([rerun, torch.where(none_left, selected, -1)], dim=1)
         s_sel, s_next = scores.gather(1, selected), scores.gather(1, promoted)
         scale = router.routed_scaling_factor
         if router.norm_topk_prob:

@@ -106,6 +106,7 @@ def _same_routing(got, expected, where: str) -> None:
     ("deepseek_v3", dict(n_routed_experts=64, n_group=8, topk_group=3, num_experts_per_tok=6)),
     ("deepseek_v3", dict(n_routed_experts=256, n_group=8, topk_group=4, num_experts_per_tok=8)),
     ("deepseek_v3", dict(n_routed_experts=16, n_group=8, topk_group=4, num_experts_per_tok=3)),  # 2 per group
+    ("deepseek_v3", dict(n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=8)),  # groups full
 ])
 def test_select_without_equals_the_masked_selection(tiny, family, overrides) -> None:
     """For every (token, expert) pair, the family's select_without equals its selection with that expert masked (the
@@ -123,4 +124,21 @@ def test_select_without_equals_the_masked_selection(tiny, family, overrides) -> 
         got = layer.family.select_without(layer, logits, tokens, experts)
         expected = layer.family.select(layer, logits[tokens], mask)
     _same_routing(got, expected, f"{family} {overrides}")
-    assert not (got[2] == experts.unsqueeze(-1)).any()
+    router = layer.router
+    groups_full = hasattr(router, "topk_group") and \
+        router.topk_group * (num_experts // router.num_group) == layer.top_k
+    if not groups_full:  # else the masked router fills up from -inf choices, the removed expert among them at weight 0
+        assert not (got[2] == experts.unsqueeze(-1)).any()
+
+
+def test_deepseek_removal_without_an_unselected_expert_in_the_chosen_groups(tiny) -> None:
+    """Every expert of the chosen groups is selected (k = topk_group x group size): removing one leaves the router
+    nothing in its groups, so the family re-runs those removals instead of a swap; Delta-H stays exact."""
+    model = tiny("deepseek_v3", seed=3, n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=8)
+    layer = lp.find_moe_layers(model)[0]
+    router_input, _ = _router_and_expert_inputs(model, layer, _batches()[:1])[0]
+    logits = layer.family.router_logits(layer, router_input.reshape(-1, router_input.shape[-1]))
+    _, _, selected = layer.family.select(layer, logits)
+    effect = layer.family.removal_effect(layer, logits, selected)
+    rerun = [set(row.tolist()) - {-1} for row in effect.rerun]
+    assert all(set(sel.tolist()) <= row for sel, row in zip(selected, rerun))
