@@ -39,17 +39,27 @@ def run_expert(experts: nn.Module, index: int, x: torch.Tensor) -> torch.Tensor:
     """Expert ``index`` of a fused experts module on tokens ``x`` [n, H] -> [n, H] (unweighted)."""
     transposed = getattr(experts, "is_transposed", False)
 
-    def linear(inp: torch.Tensor, weight: torch.Tensor, bias_name: str) -> torch.Tensor:
-        bias = getattr(experts, bias_name, None) if getattr(experts, "has_bias", False) else None
+    def linear(inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         out = inp @ weight[index] if transposed else F.linear(inp, weight[index])
         return out + bias[index] if bias is not None else out
 
+    return _expert_mlp(experts, x, linear)
+
+
+def _expert_mlp(experts: nn.Module, x: torch.Tensor, linear: Callable) -> torch.Tensor:
+    """A fused experts module's MLP on ``x`` with its projections applied by ``linear(input, weight, bias or
+    None)``: gate_up, the module's gate (or the activation of up_proj when it has no gate), down."""
+    has_bias = getattr(experts, "has_bias", False)
+
+    def bias(name: str) -> torch.Tensor | None:
+        return getattr(experts, name, None) if has_bias else None
+
     if getattr(experts, "has_gate", True):
-        hidden = linear(x, experts.gate_up_proj, "gate_up_proj_bias")
+        hidden = linear(x, experts.gate_up_proj, bias("gate_up_proj_bias"))
         hidden = experts._apply_gate(hidden) if hasattr(experts, "_apply_gate") else _gate(experts, hidden)
     else:
-        hidden = experts.act_fn(linear(x, experts.up_proj, "up_proj_bias"))
-    return linear(hidden, experts.down_proj, "down_proj_bias")
+        hidden = experts.act_fn(linear(x, experts.up_proj, bias("up_proj_bias")))
+    return linear(hidden, experts.down_proj, bias("down_proj_bias"))
 
 
 def _gate(experts: nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
@@ -101,17 +111,11 @@ def _grouped_rows(experts: nn.Module, x: torch.Tensor, ids: torch.Tensor, offset
     projection."""
     transposed = getattr(experts, "is_transposed", False)
 
-    def linear(inp: torch.Tensor, weight: torch.Tensor, bias_name: str) -> torch.Tensor:
+    def linear(inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         out = _GROUPED_MM(inp, weight if transposed else weight.transpose(-2, -1), offsets)
-        bias = getattr(experts, bias_name, None) if getattr(experts, "has_bias", False) else None
         return out + bias[ids] if bias is not None else out
 
-    if getattr(experts, "has_gate", True):
-        hidden = linear(x, experts.gate_up_proj, "gate_up_proj_bias")
-        hidden = experts._apply_gate(hidden) if hasattr(experts, "_apply_gate") else _gate(experts, hidden)
-    else:
-        hidden = experts.act_fn(linear(x, experts.up_proj, "up_proj_bias"))
-    return linear(hidden, experts.down_proj, "down_proj_bias")
+    return _expert_mlp(experts, x, linear)
 
 
 def expert_outputs(experts: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor) -> torch.Tensor:
