@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["MoELayer", "MoEFamily", "alike_family", "RemovalEffect", "RoutingLimits", "RoutingOutput",
@@ -168,6 +169,8 @@ class MoEFamily:
     multimodal: ClassVar[bool] = False
     #: top-level config keys of the image / video placeholder token ids (audio placeholders are not vision)
     vision_token_keys: ClassVar[tuple[str, ...]] = ()
+    #: the one language-model type an MLLM family is exact for (its ``text_config.model_type``; None: any)
+    language_model_type: ClassVar[str | None] = None
     #: True when removing an expert a token did not select leaves its routing exactly as it was (a top-k whose
     #: weights depend only on the selected experts: renormalised, top-k-then-softmax, per-expert sigmoid)
     unselected_removal_is_free: ClassVar[bool] = False
@@ -187,6 +190,10 @@ class MoEFamily:
 
     def __init__(self, model: nn.Module):
         self.model = model
+        wanted, found = self.language_model_type, getattr(self.text_config, "model_type", None)
+        if wanted is not None and found != wanted:
+            raise ValueError(f"{type(self).__name__} ({', '.join(self.model_types)}) is supported with a {wanted} "
+                             f"language model, got {found!r}")
 
     # ----------------------------------------------------------------- config and paths
     @property
@@ -280,8 +287,9 @@ class MoEFamily:
     score_function: ClassVar[str] = "softmax"
 
     def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The router's logits [T, E] for ``hidden_states``, as the family computes them."""
-        raise NotImplementedError
+        """The router's logits [T, E] for ``hidden_states``, as the family computes them. The default is a plain
+        linear router, op for op as transformers' routers compute it: ``F.linear(h, router.weight)``."""
+        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]), layer.router.weight)
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:

@@ -178,13 +178,7 @@ class KimiK25Family(DeepseekV3Family):
 
     model_types = ("kimi_k25",)
     multimodal = True
-
-    def __init__(self, model):
-        super().__init__(model)
-        lm_type = self.text_config.model_type
-        if lm_type != "deepseek_v3":
-            raise ValueError(f"Kimi K2.5 is supported with a deepseek_v3 language model, got {lm_type!r}")
-
+    language_model_type = "deepseek_v3"
     vision_token_keys = ("image_token_id", "video_token_id")
 
 

@@ -39,7 +39,7 @@ from lightprune.models.sigmoid_families import (
     MiniMaxM2Family,
     MiniMaxM3VLTextFamily,
 )
-from lightprune.models.softmax_routing import softmax_logits, softmax_topk_select
+from lightprune.models.softmax_routing import softmax_topk_select
 
 __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "DeepseekV3Family",
            "Qwen3VLMoeFamily", "InternVLFamily", "Glm4MoeFamily", "Dots1Family", "MiniMaxFamily", "FlexOlmoFamily",
@@ -60,9 +60,6 @@ class _SoftmaxFamily(MoEFamily):
 
     def renormalize(self) -> bool:
         return bool(getattr(self.text_config, "norm_topk_prob", True))
-
-    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
-        return softmax_logits(layer.router, hidden_states)
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
@@ -127,12 +124,7 @@ class InternVLFamily(_SoftmaxFamily):
     model_types = ("internvl",)
     multimodal = True
 
-    def __init__(self, model):
-        super().__init__(model)
-        lm_type = self.text_config.model_type
-        if lm_type != "qwen3_moe":
-            raise ValueError(f"InternVL is supported with a qwen3_moe language model, got {lm_type!r}")
-
+    language_model_type = "qwen3_moe"
     vision_token_keys = ("image_token_id",)
 
 
@@ -191,7 +183,7 @@ class GraniteMoeFamily(MoEFamily):
         return True
 
     def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]), layer.router.weight).float()
+        return super().router_logits(layer, hidden_states).float()
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
@@ -215,9 +207,6 @@ class JambaFamily(MoEFamily):
         cfg = self.text_config
         return int(cfg.num_experts) > 1 and index % cfg.expert_layer_period == cfg.expert_layer_offset
 
-    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]), layer.router.weight)
-
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         router_logits = mask_logits(router_logits, expert_mask)
@@ -240,9 +229,6 @@ class Cohere2MoeFamily(MoEFamily):
 
     def is_sparse_layer(self, index: int) -> bool:
         return True
-
-    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]), layer.router.weight)
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
@@ -378,9 +364,6 @@ class AriaTextFamily(MoEFamily):
 
     def top_k(self) -> int:
         return int(self.text_config.moe_topk)
-
-    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]), layer.router.weight)
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:

@@ -175,9 +175,6 @@ class Lfm2MoeFamily(MoEFamily):
     def is_sparse_layer(self, index: int) -> bool:
         return index >= int(self.text_config.num_dense_layers)
 
-    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]), layer.router.weight)
-
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         router, cfg = layer.router, self.text_config

@@ -14,12 +14,7 @@ import torch.nn.functional as F
 
 from lightprune.models.base import RoutingOutput
 
-__all__ = ["softmax_logits", "softmax_topk_select"]
-
-
-def softmax_logits(router: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """Router logits [T, E], op for op as the softmax families compute them."""
-    return F.linear(hidden_states.reshape(-1, router.weight.shape[1]), router.weight)
+__all__ = ["softmax_topk_select"]
 
 
 def softmax_topk_select(router_logits: torch.Tensor, expert_mask: torch.Tensor | None, top_k: int,
