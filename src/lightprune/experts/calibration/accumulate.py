@@ -30,6 +30,7 @@ synchronises only on counts (the re-run pairs, the distinct promoted pairs).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -72,15 +73,15 @@ def routing_kl(p: torch.Tensor, eps: float = KL_EPS) -> torch.Tensor:
     and R_j = sum_{i != j} ps_i log1p(x_ij) is taken to first order with p_i + eps r_j ~ p_i + eps, where
     ps_i / (p_i + eps) = 1 / z: R_j ~ eps p_j (E - 1) / z. What that leaves out is below E eps (1 + |log r_j|)
     in absolute terms (about 1e-8 for 256 experts), against KL_j ~ p_j log(p_j / eps). r_j of the most probable
-    expert is the sum of the others (exact where 1 - p_j rounds to 0), the others' log r_j is log1p(-p_j).
+    expert is the sum of the others (exact where 1 - p_j rounds to 0), log r_j is log1p(-p_j) below 1/2.
     """
     num = p.shape[-1]
     z = 1.0 + num * eps
     ps = (p + eps) / z
     rest = one_minus(p)
-    # log r_j as log1p(-p_j) (1 - p_j rounds away a small p_j), the most probable expert's from the sum of the others
-    top = p.argmax(dim=-1, keepdim=True)
-    log_rest = torch.log1p(-p).scatter(-1, top, rest.gather(-1, top).log())
+    # log r_j as log1p(-p_j) (1 - p_j rounds away a small p_j); above 1/2 (the most probable expert) from the sum of
+    # the others that one_minus gives
+    log_rest = torch.where(p < 0.5, torch.log1p(-p), rest.log())
     return ps * torch.log1p(p / eps) + (rest + (num - 1) * eps) / z * log_rest + (eps * (num - 1) / z) * p
 
 
@@ -129,6 +130,17 @@ def _reselect(layer: MoELayer, logits: torch.Tensor, selected: torch.Tensor, eff
                    pair_token=pair // num_experts, pair_expert=pair % num_experts, inverse=inverse)
 
 
+class _Prepared(NamedTuple):
+    """What :meth:`LayerAccumulator.prepare` computed for one layer and batch (``selected``: the routing it is for;
+    ``swap_rows``: how many of the extra rows it asked for are swap rows, before the re-run pairs' rows)."""
+
+    selected: torch.Tensor
+    logits: torch.Tensor
+    effect: RemovalEffect | None
+    reruns: _Reruns | None
+    swap_rows: int
+
+
 class LayerAccumulator:
     """Sums for one MoE layer over ``subsets``; ``criteria`` decides what is computed."""
 
@@ -141,7 +153,7 @@ class LayerAccumulator:
         self.sums["delta_h_promoted"] = zeros()
         self.sums["tokens"] = torch.zeros(len(subsets), dtype=torch.float64, device=device)
         self.sums["samples"] = torch.zeros(len(subsets), dtype=torch.float64, device=device)
-        self._pending: tuple | None = None  # (selected, logits, effect, reruns, swap rows) from prepare()
+        self._pending: _Prepared | None = None
 
     # ------------------------------------------------------------------ update
     @torch.no_grad()
@@ -171,7 +183,7 @@ class LayerAccumulator:
                 experts.insert(0, effect.swap_expert.to(selected.device))
             rows = (torch.cat([t.to(selected.device) for t in tokens]),
                     torch.cat([e.to(selected.device) for e in experts]))
-        self._pending = (selected, logits, effect, reruns, swap_rows)
+        self._pending = _Prepared(selected, logits, effect, reruns, swap_rows)
         return rows
 
     @torch.no_grad()
@@ -181,21 +193,18 @@ class LayerAccumulator:
         """Add one batch. ``masks`` [n_subsets, T] bool (padding already excluded), ``samples`` [T]
         the sample index of each token; ``router_input`` [T, H] what the router saw (default: ``hidden``, the
         experts' input), from which routing-KL and Delta-H recompute the router's logits. After :meth:`prepare`
-        for the same ``selected``, its logits and removal effect are used, and ``extra_outputs`` are the outputs of
-        the rows it asked for (without :meth:`prepare`, the same is computed here)."""
-        pending, self._pending = self._pending, None
-        if pending is not None and pending[0] is not selected:
-            pending = None
+        for the same ``selected``, ``extra_outputs`` are the outputs of the rows it asked for; without it, it is
+        called here (and the rows it would ask for are run here)."""
+        prepared, self._pending = self._pending, None
+        if prepared is None or prepared.selected is not selected:
+            extra_outputs = None
+            self.prepare(layer, hidden if router_input is None else router_input, selected, masks)
+            prepared, self._pending = self._pending, None
         num_experts = self.num_experts
         # Tokens in no subset (padding) are masked by multiplication below, and 0 * NaN = NaN: the
         # model may leave non-finite values at padded positions, so zero them first (no host sync).
         keep = masks.any(dim=0)                                          # [T]
         hidden = torch.where(keep.unsqueeze(-1), hidden, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
-        if router_input is None:
-            router_input = hidden
-        else:
-            router_input = torch.where(keep.unsqueeze(-1), router_input,
-                                       torch.zeros((), dtype=router_input.dtype, device=router_input.device))
         weights = torch.where(keep.unsqueeze(-1), weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
         outputs = torch.where(keep.view(-1, 1, 1), outputs, torch.zeros((), dtype=outputs.dtype, device=outputs.device))
         dtype = _compute_dtype(outputs)
@@ -214,24 +223,19 @@ class LayerAccumulator:
         counts = torch.zeros(len(self.subsets), num_samples, dtype=dtype, device=hidden.device)
         counts.index_add_(1, samples, m)                                 # [U, B] subset tokens per sample
         self.sums["samples"] += (counts > 0).sum(dim=1).double()
+        if prepared is None:  # no routing-KL and no Delta-H asked for
+            return
         want_dh = "delta_h" in self.criteria
         want_promoted = "delta_h_promoted" in self.criteria
-        if not ("routing_kl" in self.criteria or want_dh or want_promoted):
-            return
-        logits = layer.family.router_logits(layer, router_input) if pending is None else pending[1]
+        logits, effect, reruns, swap_rows = prepared.logits, prepared.effect, prepared.reruns, prepared.swap_rows
         if "routing_kl" in self.criteria:
             self.sums["routing_kl"] += (m @ routing_kl(router_distribution(layer, logits)).to(dtype)).double()
         if want_dh or want_promoted:
             weight = m / counts.clamp_min(1)[:, samples]                  # [U, T]: the mean over a sample's tokens
-            if pending is not None:
-                _, _, effect, reruns, swap_rows = pending
-            else:
-                effect = layer.family.removal_effect(layer, logits, selected)
-                reruns, swap_rows = _reselect(layer, logits, selected, effect, want_promoted), 0
             swap_outputs = rerun_outputs = None
-            if want_promoted and extra_outputs is not None and pending is not None:
+            if extra_outputs is not None:  # a padded token's expert output may be NaN, and 0 * NaN = NaN
                 extra_outputs = extra_outputs.to(dtype)
-                if swap_rows:  # a padded token's expert output may be NaN: it has weight 0, and 0 * NaN = NaN
+                if swap_rows:
                     swap_outputs = torch.where(keep.unsqueeze(-1), extra_outputs[:swap_rows], 0.0)
                 rerun_outputs = torch.where(keep[reruns.pair_token.to(keep.device)].unsqueeze(-1),
                                             extra_outputs[swap_rows:], 0.0)

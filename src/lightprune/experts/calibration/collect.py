@@ -59,6 +59,7 @@ class ExpertObserver:
         self._stack: ExitStack | None = None
         self._probe = None
         self._masks: dict[str, torch.Tensor] | None = None
+        self._layer_masks: tuple | None = None  # (selected, _batch_masks) from _extra_rows, for _observe
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> "ExpertObserver":
@@ -115,12 +116,14 @@ class ExpertObserver:
 
     def _extra_rows(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor,
                     selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        masks, _, _ = self._batch_masks(layer, hidden)
-        return self.accumulators[layer.index].prepare(layer, router_input, selected, masks)
+        self._layer_masks = (selected, self._batch_masks(layer, hidden))  # _observe of the same routing reuses them
+        return self.accumulators[layer.index].prepare(layer, router_input, selected, self._layer_masks[1][0])
 
     def _observe(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor, selected: torch.Tensor,
                  weights: torch.Tensor, outputs: torch.Tensor, extra_outputs: torch.Tensor | None = None) -> None:
-        masks, samples, batch = self._batch_masks(layer, hidden)
+        prepared, self._layer_masks = self._layer_masks, None
+        masks, samples, batch = prepared[1] if prepared is not None and prepared[0] is selected else \
+            self._batch_masks(layer, hidden)
         self.accumulators[layer.index].update(layer, hidden, selected, weights, outputs, masks, samples, batch,
                                               router_input, extra_outputs=extra_outputs)
 
