@@ -138,8 +138,7 @@ def _routed(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: to
                                   f"with attention_dropout {dropout})")
     allowed, additive = dense_mask(module, attention_mask, batch, q_len, k_len, query.device, kwargs)
     groups = head_groups(layer_route.keep, heads, key.shape[1], allowed, path_masks(query_mod, key_mod))
-    parts = [_group_attention(query, key, value, allowed, additive, group, scaling, dropout, len(groups) == 1)
-             for group in groups]
+    parts = [_group_attention(query, key, value, allowed, additive, group, scaling, dropout) for group in groups]
     if len(parts) == 1:
         out = parts[0]
     else:
@@ -170,20 +169,18 @@ def head_groups(keep: torch.Tensor | None, heads: int, kv_heads: int, allowed: t
     for row, members in rows.items():
         index = torch.tensor(members, device=device)
         mask = allowed if allowed.shape[1] == 1 else allowed.index_select(1, index)
-        has_any = mask.any(dim=-1, keepdim=True)
         if not all(row):
             pruned = torch.zeros(paths.shape[1:], dtype=torch.bool, device=device)
             for p, kept in enumerate(row):
                 if not kept:
                     pruned |= paths[p]
             mask = mask & ~pruned[:, None]
-            has_any = mask.any(dim=-1, keepdim=True)
-        groups.append(HeadGroup(heads=index, kv_heads=index // per_kv, kept=mask, has_keys=has_any))
+        groups.append(HeadGroup(heads=index, kv_heads=index // per_kv, kept=mask,
+                                has_keys=mask.any(dim=-1, keepdim=True)))
     return groups
 
 
-def _group_attention(query, key, value, allowed, additive, group: HeadGroup, scaling, dropout: float,
-                     every_head: bool) -> torch.Tensor:
+def _group_attention(query, key, value, allowed, additive, group: HeadGroup, scaling, dropout: float) -> torch.Tensor:
     """[B, H_g, Q, Dv] SDPA of one head group over its kept pairs; a query the plan (not the model) left
     without keys is computed over the model's keys (finite gradients) and zeroed."""
     heads = query.shape[1]
@@ -196,7 +193,7 @@ def _group_attention(query, key, value, allowed, additive, group: HeadGroup, sca
         add = additive if additive.shape[1] == 1 else additive.index_select(1, group.heads)
         low = torch.tensor(torch.finfo(query.dtype).min, dtype=query.dtype, device=query.device)
         mask = torch.where(run, add.to(query.dtype), low)
-    if every_head:
+    if group.heads.numel() == heads:  # every head: the kv heads as they are (GQA in SDPA)
         q, gqa = query, key.shape[1] != heads
         k, v = key, value
     else:
