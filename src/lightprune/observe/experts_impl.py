@@ -118,18 +118,26 @@ def _grouped_rows(experts: nn.Module, x: torch.Tensor, ids: torch.Tensor, offset
     return _expert_mlp(experts, x, linear)
 
 
-def expert_outputs(experts: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor) -> torch.Tensor:
-    """Unweighted outputs ``[T, k, H]`` of the selected experts, each run only on its routed tokens."""
+def expert_outputs(experts: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                   extra: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Unweighted outputs ``[T, k, H]`` of the selected experts, each run only on its routed tokens, and those of
+    the ``extra`` (tokens, experts) rows [n, H] (None without), run in the same grouped matmuls."""
     num_tokens, k = top_k_index.shape
     tokens = torch.arange(num_tokens, device=top_k_index.device).repeat_interleave(k)
-    return expert_rows(experts, hidden_states, tokens, top_k_index.reshape(-1)).view(num_tokens, k, -1)
+    expert_ids = top_k_index.reshape(-1)
+    if extra is not None:
+        tokens = torch.cat([tokens, extra[0].to(tokens.device)])
+        expert_ids = torch.cat([expert_ids, extra[1].to(tokens.device)])
+    every = expert_rows(experts, hidden_states, tokens, expert_ids)
+    routed = every[:num_tokens * k].view(num_tokens, k, -1)
+    return routed, (every[num_tokens * k:] if extra is not None else None)
 
 
 def _observing_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                        top_k_weights: torch.Tensor) -> torch.Tensor:
     entry = _OBSERVERS.get(id(self))
     if entry is None:
-        outputs = expert_outputs(self, hidden_states, top_k_index)
+        outputs, _ = expert_outputs(self, hidden_states, top_k_index)
     else:
         layer, observer, extra = entry
         router_input = _ROUTER_INPUTS.pop(id(self), None)
@@ -139,16 +147,8 @@ def _observing_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index
             raise RuntimeError(f"layer {layer.index}: its experts ran without a router call on the same tokens "
                                "before them; lightprune observes experts routed by the layer's own router")
         rows = extra(layer, hidden_states, router_input, top_k_index) if extra is not None else None
-        num_tokens, k = top_k_index.shape
-        tokens = torch.arange(num_tokens, device=top_k_index.device).repeat_interleave(k)
-        experts = top_k_index.reshape(-1)
-        if rows is not None:  # further (token, expert) rows the observer needs, in the same grouped matmuls
-            tokens = torch.cat([tokens, rows[0].to(tokens.device)])
-            experts = torch.cat([experts, rows[1].to(tokens.device)])
-        every = expert_rows(self, hidden_states, tokens, experts)
-        outputs = every[:num_tokens * k].view(num_tokens, k, -1)
-        observer(layer, hidden_states, router_input, top_k_index, top_k_weights, outputs,
-                 every[num_tokens * k:] if rows is not None else None)
+        outputs, extra_outputs = expert_outputs(self, hidden_states, top_k_index, rows)
+        observer(layer, hidden_states, router_input, top_k_index, top_k_weights, outputs, extra_outputs)
     weighted = (outputs.float() * top_k_weights.float().unsqueeze(-1)).sum(dim=1)
     return weighted.to(hidden_states.dtype)
 
