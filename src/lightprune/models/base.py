@@ -37,6 +37,12 @@ class RemovalEffect:
       ``swap_weight[t, r]`` ([T, k], before the family's ``output_scale``);
     - ``growth`` [T, E] (None: zero): any other removal keeps the selection and multiplies every selected weight by
       ``1 + growth[t, j]`` (the excess over 1, so that a small change keeps its digits in float32).
+
+    A family that computes the re-run selections itself gives them as ``rerun_weights`` / ``rerun_selected``
+    ([T, m, k], before ``output_scale``; any values at -1 slots), else calibration calls
+    :meth:`MoEFamily.select_without` for each pair. ``rerun_alias`` [T, m] (-1 = none) names a second expert whose
+    removal gives exactly the selection of the slot's (DeepSeek-V3: both top-2 experts of a group that then drops out
+    of the chosen groups), so that it is computed once.
     """
 
     rerun: torch.Tensor
@@ -44,6 +50,9 @@ class RemovalEffect:
     swap_factor: torch.Tensor | None = None
     swap_expert: torch.Tensor | None = None
     swap_weight: torch.Tensor | None = None
+    rerun_weights: torch.Tensor | None = None
+    rerun_selected: torch.Tensor | None = None
+    rerun_alias: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -79,12 +79,13 @@ class DeepseekV3Family(MoEFamily):
         router = layer.router
         num_group, num_experts = router.num_group, router_logits.shape[-1]
         size, k = num_experts // num_group, router.top_k
-        scores = router_logits.sigmoid()
-        choice = scores + router.e_score_correction_bias
         width = min(size, max(k + 1, 3))
+        rows = router_logits[tokens] if tokens.numel() < router_logits.shape[0] else router_logits
+        choice = rows.sigmoid() + router.e_score_correction_bias
         top = choice.view(-1, num_group, size).topk(width, dim=-1)
-        values = top.values[tokens]                                                          # [n, G, w]
-        ids = top.indices[tokens] + torch.arange(num_group, device=choice.device).view(1, -1, 1) * size
+        values, ids = (top.values, top.indices) if rows is not router_logits else \
+            (top.values[tokens], top.indices[tokens])                                          # [n, G, w]
+        ids = ids + torch.arange(num_group, device=choice.device).view(1, -1, 1) * size
         hit = ids == experts.view(-1, 1, 1)
         # the group scores with the expert removed: the top-2 sum of what is left of its group (the values are sorted)
         low = torch.full_like(values[..., 0], float("-inf"))
@@ -98,23 +99,32 @@ class DeepseekV3Family(MoEFamily):
         pick = chosen.unsqueeze(-1).expand(-1, -1, width)
         pool_values, pool_ids = values.gather(1, pick).flatten(1), ids.gather(1, pick).flatten(1)
         top_index = pool_ids.gather(1, torch.topk(pool_values, k=k, dim=-1, sorted=False)[1])
-        top_weights = scores.view(-1)[tokens.unsqueeze(-1) * num_experts + top_index]
-        if router.norm_topk_prob:
-            top_weights = top_weights / (top_weights.sum(dim=-1, keepdim=True) + 1e-20)
-        top_weights = top_weights * router.routed_scaling_factor
+        top_weights = self._selected_weights(
+            router, router_logits.reshape(-1)[tokens.unsqueeze(-1) * num_experts + top_index].sigmoid())
         short = torch.isfinite(pool_values).sum(dim=-1) < k  # fewer than k experts left in the chosen groups: the
         if bool(short.any()):                                # router fills up from the rest, as select does
             _, weights, index = super().select_without(layer, router_logits, tokens[short], experts[short])
             top_weights[short], top_index[short] = weights.to(top_weights.dtype), index
         return router_logits[tokens], top_weights, top_index
 
+    @staticmethod
+    def _selected_weights(router, scores: torch.Tensor) -> torch.Tensor:
+        """The weights of selected experts from their scores s [..., k]: renormalised with ``norm_topk_prob`` (as the
+        router does, + 1e-20), times ``routed_scaling_factor``."""
+        if router.norm_topk_prob:
+            scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
+        return scores * router.routed_scaling_factor
+
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor) -> RemovalEffect:
         """Sigmoid scores are per expert, so a removal changes the routing only through the selection, and the chosen
         groups only through a group's score, the sum of its top-2 selection scores c. Removing expert j:
 
         - j among the top 2 of a chosen group g whose score without j (the top-3 sum less c_j; -inf without a third
-          expert) is below the best unchosen group's score (or equal to it): the chosen groups change, the selection
-          is re-run (:meth:`select_without`);
+          expert) is below the best unchosen group r's score: g leaves the chosen groups and r enters, whichever of
+          the two leaves (the other is the slot's ``rerun_alias``), and the new selection is the top k of the other
+          chosen groups' and r's lists, computed here for every (token, chosen group) at once; equal to r's score
+          (a tie the router breaks), or no closed form (the groups hold fewer than k experts): re-run
+          (:meth:`select_without`);
         - else, j selected: the k - 1 others stay and the best unselected expert n of the chosen groups enters (when
           the chosen groups hold no unselected expert, the selection is re-run);
           weights are scores s (sigmoid, no bias) times the scaling factor, renormalised over the selected ones when
@@ -123,29 +133,65 @@ class DeepseekV3Family(MoEFamily):
         """
         router = layer.router
         num_group, num_experts = router.num_group, router_logits.shape[-1]
-        size, k = num_experts // num_group, selected.shape[1]
+        size, k, picked = num_experts // num_group, selected.shape[1], router.topk_group
+        num_tokens, device = router_logits.shape[0], router_logits.device
         scores = router_logits.sigmoid()
         choice = scores + router.e_score_correction_bias
-        top = choice.view(-1, num_group, size).topk(min(3, size), dim=-1)
+        width = min(size, max(k, 3))
+        top = choice.view(-1, num_group, size).topk(width, dim=-1)                          # sorted, [T, G, w]
+        top_ids = top.indices + torch.arange(num_group, device=device).view(1, -1, 1) * size
         group_scores = top.values[..., :2].sum(dim=-1)                                       # [T, G]
-        in_chosen = chosen_groups_mask(group_scores, router.topk_group, num_experts)
-        if num_group <= router.topk_group:
-            rerun = selected[:, :0]
-        else:
-            chosen = in_chosen.view(-1, num_group, size)[..., 0]                             # [T, G]
-            rival = group_scores.masked_fill(chosen, float("-inf")).max(dim=-1, keepdim=True).values
-            if size >= 3:
-                without = top.values[..., 2:3] + top.values[..., :2].flip(-1)               # [T, G, 2]: less each
-            else:
-                without = torch.full_like(top.values[..., :2], float("-inf"))
-            falls = (without <= rival.unsqueeze(-1)) & chosen.unsqueeze(-1)
-            ids = top.indices[..., :2] + torch.arange(num_group, device=choice.device).view(1, -1, 1) * size
-            rerun = torch.where(falls, ids, -1).reshape(ids.shape[0], -1)
+        chosen_idx = torch.topk(group_scores, k=picked, dim=-1, sorted=False)[1]           # [T, Gc]
+        chosen = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, chosen_idx, True)
+        in_chosen = chosen.unsqueeze(-1).expand(-1, -1, size).reshape(-1, num_experts)
+        rerun = selected[:, :0]
+        alias = new_weights = new_selected = None
+        if num_group > picked:
+            rival_score, rival = group_scores.masked_fill(chosen, float("-inf")).max(dim=-1)
+            gather = lambda t: t.gather(1, chosen_idx.unsqueeze(-1).expand(-1, -1, width))  # noqa: E731
+            values, ids = gather(top.values), gather(top_ids)                               # [T, Gc, w]
+            third = values[..., 2] if width >= 3 else torch.full_like(values[..., 0], float("-inf"))
+            without = torch.stack([values[..., 1] + third, values[..., 0] + third], dim=-1)  # [T, Gc, 2]: less each
+            falls = without <= rival_score.view(-1, 1, 1)
+            # a strict fall of the top-1 removal has the closed form (the top-2 removal's score is not lower)
+            closed = (without[..., 0] < rival_score.view(-1, 1)) & (picked * width >= k)  # [T, Gc]
+            both = closed & (without[..., 1] < rival_score.view(-1, 1))
+            pair_ids = torch.where(falls, ids[..., :2], -1)
+            pair_ids[..., 1] = torch.where(both, -1, pair_ids[..., 1])
+            alias = torch.stack([torch.where(both, ids[..., 1], -1), torch.full_like(both, -1, dtype=ids.dtype)],
+                                dim=-1).flatten(1)
+            rerun = pair_ids.flatten(1)                                                      # [T, 2 Gc]
+            # slot c of the new groups: the chosen ones with c replaced by the rival
+            eye = torch.eye(picked, dtype=torch.bool, device=device)
+            groups = torch.where(eye, rival.view(-1, 1, 1), chosen_idx.unsqueeze(1))         # [T, Gc, Gc]
+            pick = groups.reshape(num_tokens, -1, 1).expand(-1, -1, width)
+            pool_values = top.values.gather(1, pick).view(num_tokens, picked, -1)           # [T, Gc, Gc w]
+            pool_ids = top_ids.gather(1, pick).view(num_tokens, picked, -1)
+            swapped = pool_ids.gather(2, pool_values.topk(min(k, pool_values.shape[-1]), dim=-1, sorted=False)[1])
+            new_selected = torch.zeros(num_tokens, picked, 2, k, dtype=selected.dtype, device=device)
+            new_weights = torch.zeros(num_tokens, picked, 2, k, dtype=scores.dtype, device=device)
+            if swapped.shape[-1] == k:
+                new_selected[:, :, 0] = swapped
+                new_weights[:, :, 0] = self._selected_weights(router, scores.gather(1, swapped.flatten(1))
+                                                              .view(num_tokens, picked, k))
+            new_selected, new_weights = new_selected.flatten(1, 2), new_weights.flatten(1, 2)
+            generic = (rerun >= 0) & ~torch.stack([closed, torch.zeros_like(closed)], dim=-1).flatten(1)
         available = choice.masked_fill(~in_chosen, float("-inf")).scatter(1, selected, float("-inf"))
         best, promoted = available.max(dim=-1, keepdim=True)
         none_left = torch.isneginf(best)  # the chosen groups hold only selected experts: no swap, re-run them
         if bool(none_left.any()):
-            rerun = torch.cat([rerun, torch.where(none_left, selected, -1)], dim=1)
+            extra = torch.where(none_left, selected, -1)
+            rerun = torch.cat([rerun, extra], dim=1)
+            if new_selected is not None:
+                alias = torch.cat([alias, torch.full_like(extra, -1)], dim=1)
+                new_selected = torch.cat([new_selected, selected.new_zeros(num_tokens, k, k)], dim=1)
+                new_weights = torch.cat([new_weights, new_weights.new_zeros(num_tokens, k, k)], dim=1)
+                generic = torch.cat([generic, extra >= 0], dim=1)
+        if new_selected is not None:
+            rows, slots = generic.nonzero(as_tuple=True)
+            if rows.numel():
+                _, weights, index = self.select_without(layer, router_logits, rows, rerun[rows, slots])
+                new_weights[rows, slots], new_selected[rows, slots] = weights.to(new_weights.dtype), index
         s_sel, s_next = scores.gather(1, selected), scores.gather(1, promoted)
         scale = router.routed_scaling_factor
         if router.norm_topk_prob:
@@ -153,7 +199,8 @@ class DeepseekV3Family(MoEFamily):
             factor, weight = (s_sel - s_next) / denom, s_next / denom * scale
         else:
             factor, weight = torch.zeros_like(s_sel), (s_next * scale).expand(-1, k)
-        return RemovalEffect(rerun=rerun, swap_factor=factor, swap_expert=promoted.squeeze(-1), swap_weight=weight)
+        return RemovalEffect(rerun=rerun, swap_factor=factor, swap_expert=promoted.squeeze(-1), swap_weight=weight,
+                             rerun_weights=new_weights, rerun_selected=new_selected, rerun_alias=alias)
 
 
 class Glm4MoeFamily(DeepseekV3Family):

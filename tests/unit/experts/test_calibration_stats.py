@@ -52,6 +52,9 @@ VARIANTS = [
                  id="deepseek_v3-64-8groups"),
     pytest.param("deepseek_v2", dict(n_routed_experts=64, n_group=8, topk_group=3, num_experts_per_tok=6),
                  id="deepseek_v2-64-group-limited"),
+    # DeepSeek-V3's own shape: groups that drop out are replaced in closed form (both top-2 experts at once)
+    pytest.param("deepseek_v3", dict(n_routed_experts=256, n_group=8, topk_group=4, num_experts_per_tok=8),
+                 id="deepseek_v3-256-8groups-4chosen"),
 ]
 
 

@@ -131,6 +131,57 @@ def test_select_without_equals_the_masked_selection(tiny, family, overrides) -> 
         assert not (got[2] == experts.unsqueeze(-1)).any()
 
 
+def _implied_routing(layer, logits, selected, weights, effect, token: int, expert: int):
+    """The routing of ``token`` without ``expert`` that a :class:`RemovalEffect` states, by its precedence: a re-run
+    slot (the effect's own selection, else select_without), an alias of one, a swap of a selected expert, growth."""
+    aliases = effect.rerun_alias[token].tolist() if effect.rerun_alias is not None else [-1] * effect.rerun.shape[1]
+    for slot, (rerun, alias) in enumerate(zip(effect.rerun[token].tolist(), aliases)):
+        if expert in (rerun, alias) and rerun >= 0:
+            if effect.rerun_selected is not None:
+                return effect.rerun_selected[token, slot], effect.rerun_weights[token, slot]
+            _, w, s = layer.family.select_without(layer, logits, torch.tensor([token]), torch.tensor([rerun]))
+            return s[0], w[0]
+    row = selected[token].tolist()
+    if effect.swap_factor is not None and expert in row:
+        r = row.index(expert)
+        keep = [c for c in range(len(row)) if c != r]
+        ids = torch.tensor([row[c] for c in keep] + [int(effect.swap_expert[token])])
+        w = torch.cat([weights[token, keep] * (1 + effect.swap_factor[token, r]), effect.swap_weight[token, r:r + 1]])
+        return ids, w
+    growth = 0.0 if effect.growth is None else effect.growth[token, expert]
+    return selected[token], weights[token] * (1 + growth)
+
+
+@pytest.mark.parametrize("overrides", [dict(n_routed_experts=64, n_group=8, topk_group=3, num_experts_per_tok=6),
+                                       dict(n_routed_experts=256, n_group=8, topk_group=4, num_experts_per_tok=8),
+                                       dict(n_routed_experts=16, n_group=8, topk_group=4, num_experts_per_tok=3)],
+                         ids=["64-8-3", "256-8-4", "16-8-4"])
+def test_deepseek_removal_effect_states_the_masked_selection(tiny, overrides) -> None:
+    """For every (token, expert), the routing the DeepSeek-V3 family's RemovalEffect states (its closed-form group
+    replacement with aliases, its re-runs, swaps) equals the router's selection with that expert masked. Logits are
+    drawn so that groups often drop out (and some saturate, sigmoid = 1: ties the router breaks by itself, where
+    only the weights are compared)."""
+    model = tiny("deepseek_v3", seed=3, **overrides)
+    layer = lp.find_moe_layers(model)[0]
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(48, layer.num_experts, generator=gen) * 3
+    logits[40:, ::3] = 40.0                                   # saturated rows: many equal scores
+    _, weights, selected = layer.family.select(layer, logits)
+    effect = layer.family.removal_effect(layer, logits, selected)
+    assert effect.rerun_alias is not None and (effect.rerun_alias >= 0).any(), "no group replaced in closed form"
+    for token in range(logits.shape[0]):
+        for expert in range(layer.num_experts):
+            mask = torch.zeros(1, layer.num_experts, dtype=torch.bool)
+            mask[0, expert] = True
+            _, w_exp, s_exp = layer.family.select(layer, logits[token:token + 1], mask)
+            s_got, w_got = _implied_routing(layer, logits, selected, weights, effect, token, expert)
+            where = f"token {token}, expert {expert}"
+            torch.testing.assert_close(w_got.sort().values, w_exp[0].sort().values, rtol=1e-6, atol=1e-7,
+                                       msg=lambda m: f"{where}: {m}")
+            if token < 40:
+                assert sorted(s_got.tolist()) == sorted(s_exp[0].tolist()), where
+
+
 def test_deepseek_removal_without_an_unselected_expert_in_the_chosen_groups(tiny) -> None:
     """Every expert of the chosen groups is selected (k = topk_group x group size): removing one leaves the router
     nothing in its groups, so the family re-runs those removals instead of a swap; Delta-H stays exact."""

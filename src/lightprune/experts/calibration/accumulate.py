@@ -35,7 +35,6 @@ from typing import NamedTuple
 import torch
 
 from lightprune.models import MoELayer, RemovalEffect
-from lightprune.models.routing_ops import one_minus
 from lightprune.observe.experts_impl import expert_rows
 
 __all__ = ["LayerAccumulator", "KL_EPS", "router_distribution"]
@@ -73,26 +72,28 @@ def routing_kl(p: torch.Tensor, eps: float = KL_EPS) -> torch.Tensor:
     and R_j = sum_{i != j} ps_i log1p(x_ij) is taken to first order with p_i + eps r_j ~ p_i + eps, where
     ps_i / (p_i + eps) = 1 / z: R_j ~ eps p_j (E - 1) / z. What that leaves out is below E eps (1 + |log r_j|)
     in absolute terms (about 1e-8 for 256 experts), against KL_j ~ p_j log(p_j / eps). r_j of the most probable
-    expert is the sum of the others (exact where 1 - p_j rounds to 0), log r_j is log1p(-p_j) below 1/2.
+    expert is the sum of the others (exact where 1 - p_j rounds to 0), the others' log r_j is log1p(-p_j).
     """
     num = p.shape[-1]
-    z = 1.0 + num * eps
-    ps = (p + eps) / z
-    rest = one_minus(p)
-    # log r_j as log1p(-p_j) (1 - p_j rounds away a small p_j); above 1/2 (the most probable expert) from the sum of
-    # the others that one_minus gives
-    log_rest = torch.where(p < 0.5, torch.log1p(-p), rest.log())
-    return ps * torch.log1p(p / eps) + (rest + (num - 1) * eps) / z * log_rest + (eps * (num - 1) / z) * p
+    top = p.argmax(dim=-1, keepdim=True)
+    rest_top = p.scatter(-1, top, 0.0).sum(dim=-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+    # z KL_j = (p_j + eps) log1p(p_j / eps) + (r_j + (E - 1) eps) log r_j + eps (E - 1) p_j, one pass per term
+    kl = torch.log1p(p * (1.0 / eps)).mul_(p + eps)
+    log_rest = torch.log1p(-p).scatter_(-1, top, rest_top.log())
+    kl.addcmul_(torch.sub(1.0 + (num - 1) * eps, p).scatter_(-1, top, rest_top + (num - 1) * eps), log_rest)
+    return kl.add_(p, alpha=eps * (num - 1)).mul_(1.0 / (1.0 + num * eps))
 
 
 @dataclass(eq=False)
 class _Reruns:
     """A :class:`RemovalEffect`'s re-run pairs with their new selections (``weights`` before ``output_scale``), and
     the distinct (token, expert) pairs that enter (``pair_token``, ``pair_expert``; slot (``row``, ``col``) of the
-    new selection holds pair ``inverse``)."""
+    new selection holds pair ``inverse``); ``alias``: a second removed expert per pair with the same effect (-1 none),
+    or None."""
 
     tokens: torch.Tensor
     experts: torch.Tensor
+    alias: torch.Tensor | None
     weights: torch.Tensor
     selected: torch.Tensor
     row: torch.Tensor
@@ -104,21 +105,25 @@ class _Reruns:
 
 def _reselect(layer: MoELayer, logits: torch.Tensor, selected: torch.Tensor, effect: RemovalEffect,
               entering: bool) -> _Reruns:
-    """The family's selection without each re-run pair's expert (``select_without``, a chunk of pairs per call), and
-    with ``entering`` the distinct (token, expert) pairs that enter (none without)."""
+    """The family's selection without each re-run pair's expert (the effect's own, else ``select_without``, a chunk
+    of pairs per call), and with ``entering`` the distinct (token, expert) pairs that enter (none without)."""
     t_all, slot = (effect.rerun >= 0).nonzero(as_tuple=True)
-    t_all = t_all.to(logits.device)
-    j_all = effect.rerun[t_all, slot.to(effect.rerun.device)].to(logits.device)
-    step = max(1, _CHUNK_ELEMENTS // logits.shape[-1])
-    weights, chosen = [], []
-    for start in range(0, t_all.numel(), step):
-        _, w_new, s_new = layer.family.select_without(layer, logits, t_all[start:start + step],
-                                                      j_all[start:start + step])
-        weights.append(w_new)
-        chosen.append(s_new)
+    at = lambda tensor: tensor[t_all.to(tensor.device), slot.to(tensor.device)].to(logits.device)  # noqa: E731
+    j_all, t_all = at(effect.rerun), t_all.to(logits.device)
+    alias = None if effect.rerun_alias is None else at(effect.rerun_alias)
     k = selected.shape[1]
-    w_new = torch.cat(weights) if weights else logits.new_zeros(0, k)
-    s_new = torch.cat(chosen) if chosen else selected.new_zeros(0, k)
+    if effect.rerun_selected is not None:
+        w_new, s_new = at(effect.rerun_weights), at(effect.rerun_selected)
+    else:
+        step = max(1, _CHUNK_ELEMENTS // logits.shape[-1])
+        weights, chosen = [], []
+        for start in range(0, t_all.numel(), step):
+            _, w_new, s_new = layer.family.select_without(layer, logits, t_all[start:start + step],
+                                                          j_all[start:start + step])
+            weights.append(w_new)
+            chosen.append(s_new)
+        w_new = torch.cat(weights) if weights else logits.new_zeros(0, k)
+        s_new = torch.cat(chosen) if chosen else selected.new_zeros(0, k)
     if entering:
         is_new = ~(s_new.unsqueeze(2) == selected[t_all].unsqueeze(1)).any(dim=2)  # [n, k'] an entering expert
         row, col = is_new.nonzero(as_tuple=True)
@@ -126,8 +131,18 @@ def _reselect(layer: MoELayer, logits: torch.Tensor, selected: torch.Tensor, eff
         row = col = t_all[:0]
     num_experts = layer.num_experts
     pair, inverse = torch.unique(t_all[row] * num_experts + s_new[row, col], return_inverse=True)
-    return _Reruns(tokens=t_all, experts=j_all, weights=w_new, selected=s_new, row=row, col=col,
+    return _Reruns(tokens=t_all, experts=j_all, alias=alias, weights=w_new, selected=s_new, row=row, col=col,
                    pair_token=pair // num_experts, pair_expert=pair % num_experts, inverse=inverse)
+
+
+def _put(out: torch.Tensor, tokens: torch.Tensor, experts: torch.Tensor, alias: torch.Tensor | None, pairs: slice,
+         values: torch.Tensor) -> None:
+    """out[tokens, experts] = values, and the same at the pairs' aliases (``alias[pairs]``, -1 none)."""
+    out[tokens, experts] = values
+    if alias is not None:
+        alias = alias[pairs].to(out.device)
+        has = alias >= 0
+        out[tokens[has], alias[has]] = values[has]
 
 
 class _Prepared(NamedTuple):
@@ -281,7 +296,7 @@ class LayerAccumulator:
                 tokens = torch.arange(num_tokens, device=device)
                 f_n = swap_outputs if swap_outputs is not None else \
                     expert_rows(layer.experts, hidden, tokens, effect.swap_expert.to(device)).to(dtype)
-                cross = torch.einsum("tsh,th->ts", f, f_n)                # f_s . f_n  [T, k]
+                cross = torch.linalg.vecdot(f, f_n.unsqueeze(1))            # f_s . f_n  [T, k]
                 weight = effect.swap_weight.to(device=device, dtype=dtype) * output_scale
                 value = quad - 2 * weight * (diff @ cross.unsqueeze(-1)).squeeze(-1) \
                     + weight.pow(2) * f_n.pow(2).sum(dim=-1, keepdim=True)
@@ -289,24 +304,49 @@ class LayerAccumulator:
         if promoted and reruns.pair_token.numel() and rerun_outputs is None:
             rerun_outputs = expert_rows(layer.experts, hidden, reruns.pair_token.to(device),
                                         reruns.pair_expert.to(device)).to(dtype)
-        step = max(1, _CHUNK_ELEMENTS // (k * (width if promoted else k)))
-        for start in range(0, reruns.tokens.numel(), step):
-            pairs = slice(start, min(reruns.tokens.numel(), start + step))
-            t, j = reruns.tokens[pairs].to(device), reruns.experts[pairs].to(device)
+        tokens = reruns.tokens.to(device)
+        if not tokens.numel():
+            return dh, dhp
+        slots = 0
+        if promoted and reruns.pair_token.numel():
+            # the distinct entering outputs of each token, densely [T, slots, H]: their dot products with the token's
+            # selected outputs and with each other are batched per token (no [pairs, k, H] gather)
+            pair_token = reruns.pair_token.to(device)
+            per_token = torch.bincount(pair_token, minlength=num_tokens)
+            rank = torch.arange(pair_token.numel(), device=device) - (per_token.cumsum(0) - per_token)[pair_token]
+            slots = int(per_token.max())
+        step = max(1, _CHUNK_ELEMENTS // (max(k, slots) * (width if slots else k)))   # tokens per chunk
+        for t0 in range(0, num_tokens, step):
+            t1 = min(num_tokens, t0 + step)
+            first, last = torch.searchsorted(tokens, torch.tensor([t0, t1], device=device)).tolist()
+            if first == last:
+                continue
+            pairs = slice(first, last)
+            t, j = tokens[pairs], reruns.experts[pairs].to(device)
             w_new = reruns.weights[pairs].to(device=device, dtype=dtype) * output_scale       # [n, k']
             match = reruns.selected[pairs].to(device).unsqueeze(2) == selected[t].unsqueeze(1)  # [n, k', k]
             diff = w[t] - torch.einsum("np,nps->ns", w_new, match.to(dtype))      # D [n, k]
-            dh[t, j] = torch.einsum("ns,nsr,nr->n", diff, gram[t], diff)
-            if dhp is not None:
-                change = torch.einsum("ns,nsh->nh", diff, f[t])            # sum_s D_s f_s  [n, H]
-                first, last = torch.searchsorted(reruns.row, torch.tensor([pairs.start, pairs.stop],
-                                                                          device=reruns.row.device)).tolist()
-                row, col = reruns.row[first:last].to(device), reruns.col[first:last].to(device)
-                if row.numel():
-                    entering = rerun_outputs[reruns.inverse[first:last].to(device)]
-                    local = row - pairs.start
-                    change = change.index_add(0, local, -entering * w_new[local, col].unsqueeze(-1))
-                dhp[t, j] = change.pow(2).sum(dim=-1)
+            quad = torch.einsum("ns,nsr,nr->n", diff, gram[t], diff)              # D^T G D
+            _put(dh, t, j, reruns.alias, pairs, quad)
+            if dhp is None:
+                continue
+            # ||sum_s D_s f_s - sum_p a_p f_p||^2 = D^T G D - 2 D^T C a + a^T P a, with the entering outputs f_p,
+            # their weights a, C = f_s . f_p and P = f_p . f_q
+            e0, e1 = torch.searchsorted(reruns.row, torch.tensor([first, last], device=reruns.row.device)).tolist()
+            value = quad
+            if e1 > e0:
+                row, col = reruns.row[e0:e1].to(device) - first, reruns.col[e0:e1].to(device)
+                pair = reruns.inverse[e0:e1].to(device)
+                a = torch.zeros(last - first, slots, dtype=dtype, device=device)
+                a[row, rank[pair]] = w_new[row, col]
+                p0, p1 = torch.searchsorted(pair_token, torch.tensor([t0, t1], device=device)).tolist()
+                outputs = torch.zeros(t1 - t0, slots, width, dtype=dtype, device=device)
+                outputs[pair_token[p0:p1] - t0, rank[p0:p1]] = rerun_outputs[p0:p1]
+                cross = torch.bmm(f[t0:t1], outputs.transpose(1, 2))[t - t0]         # C [n, k, slots]
+                among = torch.bmm(outputs, outputs.transpose(1, 2))[t - t0]           # P [n, slots, slots]
+                value = quad - 2 * torch.einsum("ns,nsm,nm->n", diff, cross, a) \
+                    + torch.einsum("nm,nmq,nq->n", a, among, a)
+            _put(dhp, t, j, reruns.alias, pairs, value.clamp_min(0))
         return dh, dhp
 
     # ------------------------------------------------------------------ results
