@@ -48,7 +48,8 @@ def mask_experts(model: nn.Module, plan: ExpertPlan) -> Iterator[nn.Module]:
             router = layer.router
             if hasattr(router, _MASK_ATTR):
                 raise RuntimeError(f"layer {layer.index} is already masked: nested mask_experts is not supported")
-            mask = torch.ones(layer.num_experts, dtype=torch.bool, device=layer.router_linear.weight.device)
+            device = layer.router_linear.weight.device  # a layer not loaded yet (meta): its mask waits on the CPU
+            mask = torch.ones(layer.num_experts, dtype=torch.bool, device=device if device.type != "meta" else "cpu")
             mask[plan.keep[layer.index]] = False
             previous = router.__dict__.get("forward")
             router.forward = _masked_forward(layer, mask)

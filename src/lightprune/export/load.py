@@ -56,7 +56,8 @@ from lightprune.export.remote_resize import experts_per_layer
 from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels, read_width_manifest
 from lightprune.width.plan import WidthPlan
 
-__all__ = ["load_pruned", "check_checkpoint", "check_safetensors", "weight_files", "header_bytes"]
+__all__ = ["load_pruned", "check_checkpoint", "check_safetensors", "weight_files", "header_bytes", "read_header",
+           "SAFE_INDEX"]
 
 _HEADER_LIMIT = 100 * 1024 * 1024
 SAFE_INDEX = "model.safetensors.index.json"
@@ -91,7 +92,7 @@ def header_bytes(file: str | os.PathLike) -> bytes:
         raise ValueError(f"safetensors file {str(file)!r} is corrupt or truncated: {err}") from None
 
 
-def _read_header(file: Path) -> dict[str, Any]:
+def read_header(file: Path) -> dict[str, Any]:
     """The header of a safetensors file, validated against the file's size (``ValueError`` naming it)."""
     size = file.stat().st_size
     try:
@@ -120,7 +121,7 @@ def _read_header(file: Path) -> dict[str, Any]:
 
 def check_safetensors(file: str | os.PathLike) -> None:
     """Raise ``ValueError`` naming ``file`` when its header is unreadable or its size disagrees with it."""
-    _read_header(Path(file))
+    read_header(Path(file))
 
 
 def weight_files(path: str | os.PathLike) -> list[Path]:
@@ -179,7 +180,7 @@ def _disk_entries(path: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
     """``{name: (file, header entry)}`` of the safetensors files transformers loads from ``path``."""
     files = weight_files(path) if (path / SAFE_INDEX).is_file() else [path / SAFE_WEIGHTS]
     return {name: (file, info) for file in files if file.is_file()
-            for name, info in _read_header(file).items() if name != "__metadata__"}
+            for name, info in read_header(file).items() if name != "__metadata__"}
 
 
 def _is_integer(dtype: str) -> bool:

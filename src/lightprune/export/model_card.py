@@ -117,6 +117,14 @@ def _size(info: Mapping[str, Any]) -> list[str]:
 
 def _verification(info: Mapping[str, Any]) -> list[str]:
     v = info["verification"]
+    if v is None:
+        return ["## Verification", "", "Not verified when it was written (`verify=False`)."]
+    if "sequential_logits" in v:  # written shard by shard (lp.prune_checkpoint)
+        return ["## Verification", "",
+                ("Checked one layer at a time before it was written: each MoE layer's routed experts against the "
+                 "source layer with the pruned experts masked, on probe hidden states, then probe tokens through the "
+                 "whole model, layer by layer, against the masked source: the largest absolute difference was "
+                 f"{_number(float(v['max_abs_diff']))} (tolerance {_number(float(v['atol']))}).")]
     loaders = ", ".join(f"`{k}`" for k in v.get("loaders", {}))
     return ["## Verification", "",
             (f"Reloaded with {loaders or 'its loaders'} before it was written: the largest absolute logits "

@@ -57,7 +57,8 @@ from lightprune.export.verify import ExportVerificationError, default_atol, defa
 from lightprune.models import find_moe_layers, get_family
 
 __all__ = ["save_pruned", "parameter_count", "tensor_bytes", "MANIFEST_FILE", "TOKENIZER_FILES", "CARD_KEYS",
-           "resolve_source_dir", "check_not_source", "source_fingerprint", "card_facts"]
+           "resolve_source_dir", "check_not_source", "source_fingerprint", "card_facts", "copy_tokenizer_files",
+           "finish_config", "apply_umask", "check_no_pickles", "GENERATION_FILE"]
 
 MANIFEST_FILE = "lightprune_export.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -68,7 +69,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json",
                    "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
 _CHAT_TEMPLATES_DIR = "additional_chat_templates"  # transformers' extra named templates: <name>.jinja
-_GENERATION_FILE = "generation_config.json"
+GENERATION_FILE = "generation_config.json"
 #: the keys ``save_pruned(card=...)`` accepts
 CARD_KEYS = ("plan", "source", "command", "evaluation", "parameters_before", "parameter_bytes_before")
 
@@ -99,7 +100,7 @@ def _device(model: nn.Module) -> torch.device:
     return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
-def _finish_config(tmp: Path, model: nn.Module, uniform: bool) -> None:
+def finish_config(tmp: Path, model: nn.Module, uniform: bool) -> None:
     path = tmp / "config.json"
     data = json.loads(path.read_text())
     data["architectures"] = [base_class(model).__name__]
@@ -167,7 +168,7 @@ def _copy_dropping_auto_map(src: Path, dst: Path) -> None:
     shutil.copyfile(src, dst)
 
 
-def _copy_tokenizer_files(source: Path, tmp: Path) -> list[str]:
+def copy_tokenizer_files(source: Path, tmp: Path) -> list[str]:
     names = [n for n in TOKENIZER_FILES if (source / n).is_file()]
     extra = source / _CHAT_TEMPLATES_DIR
     if extra.is_dir():
@@ -188,7 +189,7 @@ def _write_tokenizer(tmp: Path, processor: Any, source: Path | None) -> dict[str
         before = _files(tmp)
         processor.save_pretrained(tmp)
         return {"origin": "processor", "class": type(processor).__name__, "files": sorted(_files(tmp) - before)}
-    copied = _copy_tokenizer_files(source, tmp) if source is not None else []
+    copied = copy_tokenizer_files(source, tmp) if source is not None else []
     return {"origin": "source_dir", "files": copied} if copied else None
 
 
@@ -227,7 +228,7 @@ def card_facts(card: Mapping[str, Any] | None, counts: Mapping[int, int]) -> dic
     return facts
 
 
-def _apply_umask(root: Path) -> None:
+def apply_umask(root: Path) -> None:
     """Every file under ``root`` to ``0o666 & ~umask``, every directory (``root`` too) to ``0o777 & ~umask``."""
     umask = os.umask(0)
     os.umask(umask)
@@ -239,7 +240,7 @@ def _apply_umask(root: Path) -> None:
             os.chmod(os.path.join(folder, name), 0o666 & ~umask)
 
 
-def _check_no_pickles(tmp: Path) -> None:
+def check_no_pickles(tmp: Path) -> None:
     pickles = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.suffix in _PICKLE_SUFFIXES)
     if pickles:
         raise RuntimeError(f"export wrote pickle files {pickles}; lightprune exports safetensors only")
@@ -348,10 +349,10 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
     with staging_dir(out_dir, overwrite) as tmp:
         model.save_pretrained(tmp, **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))
         tokenizer = _write_tokenizer(tmp, processor, source)
-        if source is not None and not (tmp / _GENERATION_FILE).exists() and (source / _GENERATION_FILE).is_file():
-            shutil.copyfile(source / _GENERATION_FILE, tmp / _GENERATION_FILE)
-        _finish_config(tmp, model, uniform)
-        _check_no_pickles(tmp)
+        if source is not None and not (tmp / GENERATION_FILE).exists() and (source / GENERATION_FILE).is_file():
+            shutil.copyfile(source / GENERATION_FILE, tmp / GENERATION_FILE)
+        finish_config(tmp, model, uniform)
+        check_no_pickles(tmp)
         diffs = _verify(tmp, probe, reference_logits, dtype, device, not uniform, atol)
         from lightprune import __version__
 
@@ -385,5 +386,5 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
         (tmp / CARD_FILE).write_text(model_card(manifest))
-        _apply_umask(tmp)
+        apply_umask(tmp)
     return Path(out_dir).expanduser().absolute()

@@ -83,9 +83,10 @@ def _device(model: nn.Module) -> torch.device:
 
 
 @torch.no_grad()
-def model_logits(model: nn.Module, probe: Mapping[str, Any]) -> torch.Tensor:
-    """``model``'s logits on ``probe`` in eval mode (its mode restored after), fp32, on the CPU."""
-    device = _device(model)
+def model_logits(model: nn.Module, probe: Mapping[str, Any], device: torch.device | str | None = None) -> torch.Tensor:
+    """``model``'s logits on ``probe`` in eval mode (its mode restored after), fp32, on the CPU; the probe goes to
+    ``device`` (default: that of the model's first parameter)."""
+    device = _device(model) if device is None else device
     batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in probe.items()}
     batch.setdefault("use_cache", False)
     training = model.training

@@ -293,7 +293,9 @@ def test_builtins_registered_and_lazy_top_level():
     assert lp.available_criteria is available_criteria
     assert lp.get_criterion is get_criterion
     assert lp.register_criterion is register_criterion
-    assert lp.score_weights is score_weights
+    from lightprune.stream import score_weights as model_or_checkpoint
+
+    assert lp.score_weights is model_or_checkpoint  # a model, or a checkpoint directory streamed
     assert isinstance(get_criterion("aimer"), AIMER)
     assert get_criterion(AIMER).name == "aimer"
     instance = AIMER()

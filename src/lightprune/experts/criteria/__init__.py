@@ -43,8 +43,24 @@ from lightprune.experts.criteria.router_norm import RouterNorm
 from lightprune.experts.scores import ExpertScores
 
 __all__ = ["Criterion", "CriterionNeedsDataError", "register_criterion", "unregister_criterion", "get_criterion",
-           "get_criterion_class", "available_criteria", "score_weights", "AIMER", "Magnitude", "RouterNorm",
+           "get_criterion_class", "available_criteria", "score_weights", "weight_criterion", "AIMER", "Magnitude", "RouterNorm",
            "RandomCriterion", "CalibrationCriterion", "FitCriterion", "MAEP", "RouterDeltaCriterion"]
+
+
+def weight_criterion(criterion: str | type[Criterion] | Criterion = "aimer", *, seed: int = 0,
+                     **kwargs: Any) -> Criterion:
+    """The weight-only criterion :func:`score_weights` scores with: a registered name (see
+    :func:`available_criteria`), a dotted import path, a :class:`Criterion` subclass or instance; ``kwargs`` go to
+    its constructor, ``seed`` to criteria whose constructor takes one (``"random"``). A criterion that needs
+    calibration data raises :class:`CriterionNeedsDataError`."""
+    if isinstance(criterion, Criterion):
+        return get_criterion(criterion, **kwargs)
+    cls = get_criterion_class(criterion)
+    if cls.needs_data:
+        raise CriterionNeedsDataError(cls.name or cls.__name__)
+    if "seed" in inspect.signature(cls).parameters:
+        kwargs.setdefault("seed", seed)
+    return get_criterion(cls, **kwargs)
 
 
 def score_weights(model: nn.Module, criterion: str | type[Criterion] | Criterion = "aimer", *, seed: int = 0,
@@ -55,14 +71,6 @@ def score_weights(model: nn.Module, criterion: str | type[Criterion] | Criterion
     a :class:`Criterion` subclass or instance; ``kwargs`` go to its constructor. ``seed`` is
     passed to criteria whose constructor takes one (``"random"``) and ignored by the others.
     A criterion that needs calibration data raises :class:`CriterionNeedsDataError`.
+    (``lp.score_weights`` also takes a checkpoint directory: :func:`lightprune.stream.score_weights`.)
     """
-    if isinstance(criterion, Criterion):
-        instance = get_criterion(criterion, **kwargs)
-    else:
-        cls = get_criterion_class(criterion)
-        if cls.needs_data:
-            raise CriterionNeedsDataError(cls.name or cls.__name__)
-        if "seed" in inspect.signature(cls).parameters:
-            kwargs.setdefault("seed", seed)
-        instance = get_criterion(cls, **kwargs)
-    return instance.score(model)
+    return weight_criterion(criterion, seed=seed, **kwargs).score(model)

@@ -22,7 +22,10 @@ score from what a run observed instead (:mod:`lightprune.experts.criteria.calibr
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
@@ -61,6 +64,8 @@ class Criterion:
     name: ClassVar[str] = ""
     #: True for criteria that score from calibration batches, not from weights
     needs_data: ClassVar[bool] = False
+    #: False for a weight criterion that reads no tensor (``random``: the expert counts are enough)
+    reads_weights: ClassVar[bool] = True
 
     # ------------------------------------------------------------------ config
     @property
@@ -76,13 +81,16 @@ class Criterion:
         return f"{type(self).__name__}({args})"
 
     # ------------------------------------------------------------------ scoring
-    def score(self, model: nn.Module) -> ExpertScores:
+    def score(self, model: nn.Module,
+              layer_weights: Callable[[MoELayer], AbstractContextManager[Any]] | None = None) -> ExpertScores:
         """Score every routed expert of every MoE layer of ``model`` from its weights.
 
         Dense layers are absent and shared experts are never scored (the adapter's rule).
         Values come back as float64 CPU tensors. Under DeepSpeed ZeRO-3 each layer's router and
         expert partitions are gathered while that layer is scored (one layer at a time; every
-        rank must call this, as the callbacks do).
+        rank must call this, as the callbacks do). ``layer_weights(layer)``, when given, is the
+        context in which a layer's weights are present instead (a streamed checkpoint loads them;
+        entered only when :attr:`reads_weights`).
         """
         if self.needs_data:
             raise CriterionNeedsDataError(self.name or type(self).__name__)
@@ -91,7 +99,13 @@ class Criterion:
         raw: dict[int, torch.Tensor] = {}
         with torch.no_grad():
             for layer in layers:
-                with gathered(layer_parameters(layer)):  # ZeRO-3: this layer's partitions only
+                if not self.reads_weights:
+                    context = contextlib.nullcontext()
+                elif layer_weights is not None:
+                    context = layer_weights(layer)
+                else:
+                    context = gathered(layer_parameters(layer))  # ZeRO-3: this layer's partitions only
+                with context:
                     values = self.score_layer(layer)
                 if values.shape != (layer.num_experts,):
                     raise ValueError(f"{type(self).__name__}.score_layer returned shape {tuple(values.shape)} "

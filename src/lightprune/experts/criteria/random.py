@@ -31,6 +31,8 @@ def layer_seed(seed: int, layer_index: int) -> int:
 class RandomCriterion(Criterion):
     """Seeded uniform random scores; reproducible per (seed, layer)."""
 
+    reads_weights = False
+
     def __init__(self, seed: int = 0):
         self.seed = self._check_int("seed", seed, minimum=0)
 

@@ -1,0 +1,260 @@
+"""Prune a checkpoint directory shard by shard, without loading the model: :func:`prune_checkpoint`.
+
+Which tensors index experts, and along which dimension, is not guessed from names: the plan's surgery
+(:func:`lightprune.experts.prune_experts`) runs on the checkpoint's model on the meta device, and the tensors it
+reshapes are the ones to cut (router rows and biases, fused expert tensors, a family's per-expert router or block
+tensors), in the model's names. Each checkpoint key is mapped to its model tensor through transformers' own
+conversion mapping (:class:`~lightprune.stream.skeleton.Skeleton`); then, per key:
+
+- a per-expert key (``...experts.<n>.<name>``, what transformers' ``save_pretrained`` writes) of a pruned layer:
+  kept experts are written under their new index (their rank among the kept ones), the others are dropped;
+- a fused key (``...experts.gate_up_proj``, a router ``weight``): the kept slices along the experts' dimension,
+  read and written one expert at a time when that dimension is the first;
+- anything else, and any key the model has no tensor for (a DeepSeek-V3 multi-token-prediction layer): copied
+  unchanged.
+
+Each output shard keeps its source's name; its header is written first and its tensors follow one at a time
+(:class:`~lightprune.stream.writer.SafetensorsWriter`), so memory holds a tensor (an expert of a fused one), never
+a shard. config.json comes from the pruned meta model (the expert counts, ``lightprune_experts_per_layer`` and the
+generated ``modeling_lightprune.py`` when they differ per layer, as :func:`save_pruned` writes them), the shard
+index is rewritten, the tokenizer / processor / chat-template files and ``generation_config.json`` come along.
+Everything is written into a staging directory renamed into place only after verification
+(:mod:`lightprune.stream.verify`): a failure or a kill leaves a previous ``out_dir`` as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightprune.experts.plan import ExpertPlan
+from lightprune.experts.prune import prune_experts
+from lightprune.export.load import SAFE_INDEX
+from lightprune.export.model_card import CARD_FILE, model_card
+from lightprune.export.save import (
+    GENERATION_FILE,
+    MANIFEST_FILE,
+    apply_umask,
+    check_no_pickles,
+    check_not_source,
+    copy_tokenizer_files,
+    finish_config,
+    source_fingerprint,
+)
+from lightprune.export.staging import staging_dir
+from lightprune.models import MoELayer, find_moe_layers
+from lightprune.stream.checkpoint import Checkpoint
+from lightprune.stream.skeleton import Skeleton
+from lightprune.stream.writer import SafetensorsWriter
+
+__all__ = ["prune_checkpoint", "expert_dims", "KeyRule"]
+
+_EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class KeyRule:
+    """What one checkpoint key becomes: ``out_key`` (None: dropped), and for a fused tensor the kept indices
+    ``keep`` along dimension ``dim`` (None: written whole)."""
+
+    out_key: str | None
+    dim: int | None = None
+    keep: tuple[int, ...] | None = None
+
+
+def expert_dims(before: nn.Module, after: nn.Module) -> dict[str, int]:
+    """{model tensor name: the dimension the surgery shrank} between a model and its pruned copy (meta device)."""
+    old, new = before.state_dict(keep_vars=True), after.state_dict(keep_vars=True)
+    if old.keys() != new.keys():
+        gone, added = sorted(old.keys() - new.keys()), sorted(new.keys() - old.keys())
+        raise ValueError(f"the surgery renamed tensors (gone {gone[:4]}, new {added[:4]}): experts held as separate "
+                         "modules cannot be pruned shard by shard; load the model and use lp.export_pruned")
+    dims = {}
+    for name, tensor in old.items():
+        if tensor.shape == new[name].shape:
+            continue
+        changed = [d for d, (a, b) in enumerate(zip(tensor.shape, new[name].shape, strict=True)) if a != b]
+        if len(changed) != 1:
+            raise ValueError(f"the surgery reshaped {name} from {list(tensor.shape)} to {list(new[name].shape)}: "
+                             "more than one dimension")
+        dims[name] = changed[0]
+    return dims
+
+
+def _layer_of(name: str, layers: list[MoELayer]) -> MoELayer:
+    for layer in layers:
+        if name.startswith(f"{layer.name}."):
+            return layer
+    raise ValueError(f"the surgery reshaped {name}, which is in no MoE block")
+
+
+def key_rules(skeleton: Skeleton, dims: dict[str, int], plan: ExpertPlan) -> dict[str, KeyRule]:
+    """{checkpoint key: :class:`KeyRule`} for every key of the skeleton's checkpoint (see the module docstring)."""
+    checkpoint, layers = skeleton.checkpoint, find_moe_layers(skeleton.model)
+    own = skeleton.model.state_dict(keep_vars=True)
+    rules = {}
+    for key in checkpoint.keys():
+        target, pattern = skeleton.targets.get(key, (None, None))
+        if target not in dims:
+            rules[key] = KeyRule(key)
+            continue
+        keep = tuple(plan.keep[_layer_of(target, layers).index])
+        match = _EXPERT_INDEX.search(key)
+        if pattern is not None and "*" in pattern and match is not None:  # one expert's tensor
+            index = int(match.group(1))
+            rules[key] = KeyRule(key[:match.start(1)] + str(keep.index(index)) + key[match.end(1):]
+                                 if index in keep else None)
+        elif checkpoint.shape(key) == tuple(own[target].shape):  # the model's tensor as it is
+            rules[key] = KeyRule(key, dims[target], keep)
+        else:
+            raise ValueError(f"checkpoint {str(checkpoint.path)!r}: tensor {key!r} {list(checkpoint.shape(key))} "
+                             f"becomes the model's {target} {list(own[target].shape)} through a conversion that is "
+                             "not a per-expert merge: it cannot be pruned shard by shard")
+    return rules
+
+
+def _out_shape(checkpoint: Checkpoint, key: str, rule: KeyRule) -> tuple[int, ...]:
+    shape = list(checkpoint.shape(key))
+    if rule.dim is not None:
+        shape[rule.dim] = len(rule.keep)
+    return tuple(shape)
+
+
+def _write_shard(checkpoint: Checkpoint, file: Path, rules: dict[str, KeyRule], out: Path) -> dict[str, int]:
+    """Write one output shard; returns {output key: bytes}."""
+    keys = [key for key in checkpoint.keys_in(file) if rules[key].out_key is not None]
+    entries = [(rules[k].out_key, checkpoint.dtype(k), _out_shape(checkpoint, k, rules[k])) for k in keys]
+    sizes = {}
+    with SafetensorsWriter(out / file.name, entries, metadata=checkpoint.metadata.get(file.name)) as writer:
+        for key, (name, dtype, shape) in zip(keys, entries, strict=True):
+            rule = rules[key]
+            if rule.dim is None:
+                writer.write(name, checkpoint.tensor(key))
+            elif rule.dim == 0:  # one kept slice at a time
+                for index in rule.keep:
+                    writer.write(name, checkpoint.rows(key, index, index + 1))
+            else:
+                writer.write(name, checkpoint.tensor(key).index_select(rule.dim, torch.tensor(rule.keep)))
+            sizes[name] = torch.empty((), dtype=dtype).element_size() * int(torch.Size(shape).numel())
+    return sizes
+
+
+def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str | os.PathLike, *,
+                     overwrite: bool = False, verify: bool = True, atol: float | None = None,
+                     probe_tokens: int = 16, seed: int = 0, progress: bool = True,
+                     card: dict[str, Any] | None = None) -> Path:
+    """Write the checkpoint at ``src_dir`` with the experts ``plan`` prunes removed to ``out_dir``, shard by
+    shard (see the module docstring); returns the absolute output path.
+
+    ``verify``: check the result layer by layer and with a sequential forward against the masked source
+    (:func:`lightprune.stream.verify.verify_pruned_checkpoint`, ``atol`` default 1e-5 fp32, 1e-2 bf16/fp16,
+    ``probe_tokens`` per probe, ``seed``); a mismatch raises ``ExportVerificationError`` and writes nothing.
+    ``overwrite``: replace an existing non-empty ``out_dir`` once the new one is complete. ``card``: extra manifest
+    facts (``source``, ``command``). The output loads with ``lp.load_pruned`` (and with plain ``from_pretrained``
+    when every layer keeps the same number of experts).
+    """
+    from lightprune.stream.verify import verify_pruned_checkpoint
+
+    src = Path(src_dir).expanduser().absolute()
+    check_not_source(out_dir, src)
+    with Checkpoint(src) as checkpoint:
+        skeleton = Skeleton(checkpoint)
+        layers = find_moe_layers(skeleton.model)
+        plan.check_layers(layers)
+        plan = _whole(plan, layers)
+        pruned = prune_experts(copy.deepcopy(skeleton.model), plan)
+        counts = {layer.index: layer.num_experts for layer in find_moe_layers(pruned)}
+        rules = key_rules(skeleton, expert_dims(skeleton.model, pruned), plan)
+        with staging_dir(out_dir, overwrite) as tmp:
+            bar = _bar(progress, len(checkpoint.files), f"pruning {src.name}")
+            weight_map: dict[str, str] = {}
+            total = 0
+            for file in checkpoint.files:
+                sizes = _write_shard(checkpoint, file, rules, tmp)
+                weight_map.update({name: file.name for name in sizes})
+                total += sum(sizes.values())
+                if bar is not None:
+                    bar.update(1)
+            if bar is not None:
+                bar.close()
+            if checkpoint.sharded:
+                index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+                (tmp / SAFE_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+            pruned.config.save_pretrained(tmp)
+            finish_config(tmp, pruned, len(set(counts.values())) == 1)
+            tokenizer = copy_tokenizer_files(src, tmp)
+            if (src / GENERATION_FILE).is_file():
+                shutil.copyfile(src / GENERATION_FILE, tmp / GENERATION_FILE)
+            check_no_pickles(tmp)
+            verification = verify_pruned_checkpoint(checkpoint, plan, tmp, atol=atol, probe_tokens=probe_tokens,
+                                                    seed=seed, progress=progress) if verify else None
+            _write_manifest(tmp, skeleton, pruned, plan, counts, total, tokenizer, verification, card)
+            apply_umask(tmp)
+    return Path(out_dir).expanduser().absolute()
+
+
+def _whole(plan: ExpertPlan, layers: list[MoELayer]) -> ExpertPlan:
+    """``plan`` with every MoE layer it leaves out keeping all its experts (what pruning does to them)."""
+    if all(layer.index in plan.keep for layer in layers):
+        return plan
+    keep = {**{layer.index: list(range(layer.num_experts)) for layer in layers}, **plan.keep}
+    counts = {**{layer.index: layer.num_experts for layer in layers}, **plan.num_experts}
+    return ExpertPlan(keep=keep, num_experts=counts, criterion=plan.criterion, ratio=plan.ratio,
+                      allocation=plan.allocation, metadata=plan.metadata)
+
+
+def _write_manifest(tmp: Path, skeleton: Skeleton, pruned: nn.Module, plan: ExpertPlan, counts: dict[int, int],
+                    total: int, tokenizer: list[str], verification: dict[str, Any] | None,
+                    card: dict[str, Any] | None) -> None:
+    from lightprune import __version__
+    from lightprune.export.classes import auto_class_name, base_class
+
+    card, checkpoint = dict(card or {}), skeleton.checkpoint
+    fingerprint = source_fingerprint(checkpoint.path)
+    manifest = {
+        "format": "lightprune-export",
+        "format_version": 1,
+        "written_by": "prune_checkpoint",
+        "model_type": pruned.config.model_type,
+        "architecture": base_class(pruned).__name__,
+        "auto_class": auto_class_name(pruned.config),
+        "uniform": len(set(counts.values())) == 1,
+        "experts_per_layer": {str(k): v for k, v in sorted(counts.items())},
+        "routed_experts": sum(counts.values()),
+        "parameters": sum(p.numel() for p in pruned.parameters()),
+        "parameter_bytes": total,
+        "weight_bytes": sum(f.stat().st_size for f in tmp.glob("*.safetensors")),
+        "dtype": str(skeleton.dtype).removeprefix("torch."),
+        "verification": verification,
+        "source": card.get("source", str(checkpoint.path)),
+        "source_fingerprint": fingerprint,
+        "plan": json.loads(json.dumps(plan.to_dict(), default=str)),
+        "tokenizer": {"origin": "source_dir", "files": tokenizer} if tokenizer else None,
+        "evaluation": None,
+        "parameters_before": None,
+        "parameter_bytes_before": checkpoint.total_bytes,
+        "weight_bytes_before": sum(f["size"] for f in fingerprint) if fingerprint else None,
+        "copied_without_model_tensor": sorted(skeleton.unmatched),
+        "lightprune_version": __version__,
+        "command": card.get("command", " ".join(sys.argv)),
+    }
+    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    (tmp / CARD_FILE).write_text(model_card(manifest))
+
+
+def _bar(progress: bool, total: int, description: str) -> Any:
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(desc=description, total=total, unit="shard", leave=False)

@@ -1,0 +1,307 @@
+"""A checkpoint's model on the meta device, with chosen modules read in from the checkpoint and released again:
+:class:`Skeleton`, what every out-of-core path (streamed scores, streamed pruning and its verification, layer by
+layer calibration) is built on.
+
+The model is built from the checkpoint's config under ``torch.device("meta")`` (no weights allocated, no random
+initialisation), with the stock transformers class, or for a non-uniform lightprune checkpoint its resizing
+subclass. Non-persistent buffers (rotary frequencies) are computed on the CPU as transformers' loader does
+(``initialize_weights`` over meta parameters, which it leaves alone).
+
+:meth:`Skeleton.load` makes modules resident: the checkpoint tensors whose model name falls under them are read
+(lazily, through safetensors' memory map) and converted by transformers' own weight conversions
+(``conversion_mapping``: per-expert tensors on disk fused into ``gate_up_proj`` / ``down_proj``, renamings),
+the same code ``from_pretrained`` runs, one module at a time. Every parameter and persistent buffer of a loaded
+module must come from the checkpoint (tied weights follow their source); a missing, mis-shaped or unconvertible
+tensor raises ``ValueError`` naming it. :meth:`Skeleton.release` puts them back on the meta device, so the
+memory held is that of the resident modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightprune.export.classes import base_class_for_config, resizing_class
+from lightprune.export.remote_resize import experts_per_layer
+from lightprune.stream.checkpoint import Checkpoint
+
+__all__ = ["Skeleton", "checkpoint_dtype"]
+
+_EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)\.")
+
+
+def checkpoint_dtype(checkpoint: Checkpoint) -> torch.dtype:
+    """The floating dtype of most of the checkpoint's bytes (what its weights are stored in)."""
+    counts: dict[torch.dtype, int] = defaultdict(int)
+    for key in checkpoint.keys():
+        dtype = checkpoint.dtype(key)
+        if dtype.is_floating_point:
+            counts[dtype] += checkpoint.nbytes(key)
+    return max(counts, key=counts.get) if counts else torch.float32
+
+
+def _standard_merge(converter: Any) -> bool:
+    """True for transformers' per-expert merge: ``MergeModulelist(dim=0)`` alone, or followed by
+    ``Concatenate(dim=1)`` over several source patterns (gate then up)."""
+    from transformers.core_model_loading import Concatenate, MergeModulelist
+
+    ops = list(converter.operations)
+    if not ops or type(ops[0]) is not MergeModulelist or ops[0].dim != 0:
+        return False
+    if len(ops) == 1:
+        return len(converter.source_patterns) == 1
+    return len(ops) == 2 and type(ops[1]) is Concatenate and ops[1].dim == 1 and \
+        getattr(converter, "quantization_operation", None) is None
+
+
+@functools.lru_cache(maxsize=1)
+def _libc_trim() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def _trim() -> None:
+    """glibc's ``malloc_trim(0)``: after a layer is released, its freed memory goes back to the system. Without it
+    glibc keeps it (the mmap threshold grows to the size of the last freed block, so the next layer's tensors come
+    from the heap, which only shrinks from the top): measured, 3x the memory of one layer held after a few."""
+    trim = _libc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """transformers' "Loading weights" bar off while one module loads."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+class Skeleton:
+    """``model``: the checkpoint's model on the meta device; :meth:`load` / :meth:`release` / :meth:`resident`
+    move modules (by their names in ``model``) in and out of memory. ``dtype``: the weights' dtype (default the
+    checkpoint's), ``device``: where loaded tensors go."""
+
+    def __init__(self, checkpoint: Checkpoint, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str = "cpu"):
+        self.checkpoint = checkpoint
+        self.dtype = dtype or checkpoint_dtype(checkpoint)
+        self.device = torch.device(device)
+        config = checkpoint.config
+        cls = base_class_for_config(config)
+        if experts_per_layer(config):
+            cls = resizing_class(cls)
+        with torch.device("meta"):
+            self.model = cls._from_config(config, dtype=self.dtype)
+        self.model.eval()
+        for name, buffer in list(self.model.named_non_persistent_buffers()):
+            owner, _, attr = name.rpartition(".")
+            self.model.get_submodule(owner)._buffers[attr] = torch.empty_like(buffer, device="cpu")
+        self.model.initialize_weights()  # the non-persistent buffers' values; meta parameters stay as they are
+        self._sources = self._map_checkpoint_keys()
+
+    # ------------------------------------------------------------------ the key map
+    def _map_checkpoint_keys(self) -> dict[str, list[str]]:
+        """{model tensor name: checkpoint keys it is converted from}, through transformers' conversion mapping."""
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        self._mapping = get_model_conversion_mapping(self.model)
+        renamings = [m for m in self._mapping if isinstance(m, WeightRenaming)]
+        converters = [m for m in self._mapping if isinstance(m, WeightConverter)]
+        self._converters = {pattern: c for c in converters for pattern in c.source_patterns}
+        own = self._own_tensors()
+        prefix = self.model.base_model_prefix
+        sources: dict[str, list[str]] = defaultdict(list)
+        #: checkpoint keys the model has no tensor for; {checkpoint key: (model tensor, converter's source pattern
+        #: or None for a rename)}
+        self.unmatched: list[str] = []
+        self.targets: dict[str, tuple[str, str | None]] = {}
+        for key in self.checkpoint.keys():
+            target, pattern = rename_source_key(key, renamings, converters, prefix, own)
+            if target not in own and key in own:
+                target, pattern = rename_source_key(key, [], [], prefix, own)
+            if target in own:
+                sources[target].append(key)
+                self.targets[key] = (target, pattern)
+            else:
+                self.unmatched.append(key)
+        return dict(sources)
+
+    def _own_tensors(self) -> dict[str, torch.Tensor]:
+        """The model's state-dict tensors (parameters and persistent buffers), by name."""
+        return self.model.state_dict(keep_vars=True)
+
+    def sources(self, module: str) -> list[str]:
+        """The checkpoint keys of the tensors under ``module`` (a module name of ``model``; "" = all)."""
+        head = f"{module}." if module else ""
+        return sorted({key for target, keys in self._sources.items() if target.startswith(head) for key in keys})
+
+    # ------------------------------------------------------------------ load / release
+    def load(self, modules: Iterable[str]) -> None:
+        """Read the tensors of ``modules`` (names in ``model``) from the checkpoint into the model."""
+        modules = list(modules)
+        wanted = self._wanted(modules)
+        tied = self._tied(wanted)
+        wanted += [s for s in tied.values() if s not in wanted and self._get(s).device.type == "meta"]
+        missing = sorted(name for name in wanted if name not in tied and name not in self._sources)
+        if missing:
+            raise ValueError(f"checkpoint {str(self.checkpoint.path)!r} has no tensor for {missing[:8]}"
+                             f"{f' and {len(missing) - 8} more' if len(missing) > 8 else ''} of module(s) "
+                             f"{modules}: it would load with random weights")
+        own, converted = self._own_tensors(), []
+        for name in wanted:
+            if name in tied:
+                continue
+            tensor = self._read(name, own[name])
+            if tensor is None:
+                converted.append(name)
+                continue
+            self._set(name, tensor.to(self.device))
+        if converted:
+            self._convert(modules, converted)
+        for target, source in tied.items():
+            self._set(target, self._get(source))
+
+    def _read(self, name: str, like: torch.Tensor) -> torch.Tensor | None:
+        """The model tensor ``name`` read from its checkpoint keys: a renamed tensor as it is, or the per-expert
+        tensors of transformers' standard merge (``MergeModulelist(dim=0)``, then ``Concatenate(dim=1)`` of
+        several source patterns) written straight into the fused tensor, one expert slice at a time (no stacked
+        copies); None for any other conversion (:meth:`_convert` runs transformers' own)."""
+        keys = self._sources[name]
+        patterns = [self.targets[key][1] for key in keys]
+        if patterns == [None]:
+            tensor = self.checkpoint.tensor(keys[0], dtype=like.dtype)
+            return self._checked(name, tensor, like)
+        converter = self._converters.get(patterns[0])
+        if converter is None or not _standard_merge(converter):
+            return None
+        by_pattern: dict[str, dict[int, str]] = {p: {} for p in converter.source_patterns}
+        for key, pattern in zip(keys, patterns, strict=True):
+            match = _EXPERT_INDEX.search(key)
+            if pattern not in by_pattern or match is None:
+                return None
+            by_pattern[pattern][int(match.group(1))] = key
+        counts = {len(found) for found in by_pattern.values()}
+        if len(counts) != 1 or any(sorted(found) != list(range(len(found))) for found in by_pattern.values()):
+            raise ValueError(f"checkpoint {str(self.checkpoint.path)!r}: the per-expert tensors of {name} do not "
+                             f"cover experts 0..n-1 under every name ({ {p: sorted(f) for p, f in by_pattern.items()} })")
+        if tuple(like.shape[:1]) != (counts.pop(),):
+            raise ValueError(f"checkpoint {str(self.checkpoint.path)!r}: {name} needs {like.shape[0]} experts, the "
+                             f"checkpoint has {len(next(iter(by_pattern.values())))}")
+        out = torch.empty(like.shape, dtype=like.dtype)
+        offset = 0
+        for found in by_pattern.values():
+            rows = self.checkpoint.shape(found[0])
+            if len(rows) != out.dim() - 1 or tuple(rows[1:]) != tuple(out.shape[2:]) or \
+                    offset + rows[0] > out.shape[1]:
+                raise ValueError(f"checkpoint {str(self.checkpoint.path)!r}: {found[0]} {list(rows)} does not fit "
+                                 f"{name} {list(out.shape)}")
+            for expert, key in found.items():
+                part = out[expert, offset:offset + rows[0]]
+                if self.checkpoint.dtype(key) == out.dtype:
+                    self.checkpoint.read_into(key, part)
+                else:
+                    part.copy_(self.checkpoint.tensor(key))
+            offset += rows[0]
+        return self._checked(name, out, like, covered=offset)
+
+    def _checked(self, name: str, tensor: torch.Tensor, like: torch.Tensor, covered: int | None = None) -> torch.Tensor:
+        if tuple(tensor.shape) != tuple(like.shape) or (covered is not None and covered != like.shape[1]):
+            raise ValueError(f"checkpoint {str(self.checkpoint.path)!r}: {name} is {list(tensor.shape)} on disk, "
+                             f"the model's is {list(like.shape)}")
+        return tensor
+
+    def _convert(self, modules: list[str], names: list[str]) -> None:
+        """Load ``names`` through transformers' own conversion (for the conversions :meth:`_read` does not do)."""
+        from transformers.core_model_loading import convert_and_load_state_dict_in_model
+        from transformers.modeling_utils import LoadStateDictConfig
+
+        keys = sorted({key for name in names for key in self._sources[name]})
+        state = {key: self.checkpoint.tensor(key) for key in keys}
+        config = LoadStateDictConfig(weight_mapping=self._mapping, dtype=self.dtype, device_map={"": self.device})
+        with _quiet_progress():
+            info, _ = convert_and_load_state_dict_in_model(self.model, state, config)
+        problems = []
+        left = sorted(set(info.missing_keys) & set(names))
+        if left:
+            problems.append(f"left unloaded: {left[:8]}")
+        if info.mismatched_keys:
+            problems.append(f"of another shape than the model's: {sorted(info.mismatched_keys)[:8]}")
+        if info.unexpected_keys:
+            problems.append(f"not in the model: {sorted(info.unexpected_keys)[:8]}")
+        if info.conversion_errors:
+            problems.append(f"not convertible: {info.conversion_errors}")
+        if info.error_msgs:
+            problems.append("; ".join(info.error_msgs))
+        if problems:
+            raise ValueError(f"checkpoint {str(self.checkpoint.path)!r}, module(s) {modules}: tensors "
+                             + "; ".join(problems))
+
+    def release(self, modules: Iterable[str]) -> None:
+        """Put the tensors of ``modules`` back on the meta device (non-persistent buffers stay), and hand the freed
+        memory back to the system (:func:`_trim`)."""
+        freed = False
+        for name in self._wanted(list(modules)):
+            tensor = self._get(name)
+            if tensor.device.type != "meta":
+                self._set(name, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"))
+                freed = True
+        if freed and self.device.type == "cpu":
+            _trim()
+
+    @contextlib.contextmanager
+    def resident(self, *modules: str) -> Iterator[nn.Module]:
+        """``with skeleton.resident("model.layers.3"):`` the module's tensors are in memory inside the block."""
+        self.load(modules)
+        try:
+            yield self.model
+        finally:
+            self.release(modules)
+
+    def is_resident(self, module: str) -> bool:
+        return all(self._get(name).device.type != "meta" for name in self._wanted([module]))
+
+    # ------------------------------------------------------------------ internals
+    def _wanted(self, modules: list[str]) -> list[str]:
+        own = self._own_tensors()
+        for module in modules:
+            if module:
+                self.model.get_submodule(module)  # AttributeError naming it when there is no such module
+        heads = [f"{m}." if m else "" for m in modules]
+        return [name for name in own if any(name.startswith(h) for h in heads)]
+
+    def _tied(self, names: list[str]) -> dict[str, str]:
+        """{tied tensor: its source} among ``names`` (``lm_head.weight`` of a tied embedding)."""
+        ties: dict[str, Any] = getattr(self.model, "all_tied_weights_keys", None) or {}
+        return {target: source for target, source in ties.items() if target in names}
+
+    def _get(self, name: str) -> torch.Tensor:
+        owner, _, attr = name.rpartition(".")
+        module = self.model.get_submodule(owner)
+        return module._parameters[attr] if attr in module._parameters else module._buffers[attr]
+
+    def _set(self, name: str, tensor: torch.Tensor) -> None:
+        owner, _, attr = name.rpartition(".")
+        module = self.model.get_submodule(owner)
+        if attr in module._parameters:
+            module._parameters[attr] = tensor if isinstance(tensor, nn.Parameter) else \
+                nn.Parameter(tensor, requires_grad=False)
+        else:
+            module._buffers[attr] = tensor

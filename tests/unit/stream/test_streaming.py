@@ -1,0 +1,257 @@
+"""Out-of-core paths against the in-memory ones, tensor by tensor: streamed weight scores, the meta skeleton run
+layer by layer, checkpoints pruned shard by shard (uniform and non-uniform plans, sharded and single-file), their
+verification, and what a failed or killed streaming export leaves behind."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import lightprune as lp
+from lightprune.export import MANIFEST_FILE
+from lightprune.export.verify import ExportVerificationError, default_probe, model_logits
+from lightprune.models.base import find_decoder_layers
+from lightprune.stream import Checkpoint, Skeleton, prune_checkpoint
+from lightprune.stream.sequential import layer_by_layer
+
+FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "gemma4", "qwen3_vl_moe", "gpt_oss", "jamba", "granitemoe"]
+
+
+def saved(model, path: Path, sharded: bool) -> Path:
+    model.save_pretrained(path, **({"max_shard_size": "20KB"} if sharded else {}))
+    return path
+
+
+def varied_plan(model) -> lp.ExpertPlan:
+    """Half the experts of every MoE layer but the first, which keeps them all: a different count per layer."""
+    plan = lp.select_experts(lp.score_weights(model, "random", seed=1), ratio=0.5, allocation="uniform")
+    first = min(plan.keep)
+    keep = {**plan.keep, first: list(range(plan.num_experts[first]))}
+    plan = lp.ExpertPlan(keep=keep, num_experts=plan.num_experts, criterion="random", allocation="varied")
+    assert len(set(plan.kept_counts().values())) > 1, plan.kept_counts()
+    return plan
+
+
+def state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_streamed_weight_scores_equal_the_loaded_models(tiny, tmp_path, family):
+    model = tiny(family, seed=2)
+    path = saved(model, tmp_path / "ckpt", sharded=family in ("qwen3_moe", "deepseek_v3", "gemma4"))
+    for criterion in ("aimer", "magnitude", "router_norm", "random"):
+        expected = lp.score_weights(model, criterion, seed=3)
+        got = lp.score_weights(path, criterion, seed=3, progress=False)
+        assert got.raw.keys() == expected.raw.keys(), criterion
+        for index in expected.raw:
+            assert torch.equal(got.raw[index], expected.raw[index]), (criterion, index)
+            assert torch.equal(got[index], expected[index]), (criterion, index)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "gemma4", "qwen3_vl_moe", "jamba"])
+def test_the_skeleton_run_layer_by_layer_gives_the_loaded_models_logits(tiny, tmp_path, family):
+    model = tiny(family, seed=2).eval()
+    path = saved(model, tmp_path / "ckpt", sharded=True)
+    probe = default_probe(model)
+    skeleton = Skeleton(Checkpoint(path))
+    seen = []
+    _, layers = find_decoder_layers(skeleton.model)
+    for layer in layers:  # at most one decoder layer in memory while it runs
+        layer.register_forward_pre_hook(lambda *_: seen.append(sum(
+            any(p.device.type != "meta" for p in other.parameters()) for other in layers)))
+    with layer_by_layer(skeleton):
+        logits = model_logits(skeleton.model, probe, device="cpu")
+    assert torch.equal(logits, model_logits(model, probe))
+    assert seen and max(seen) == 0, seen  # the pre-hooks run before the layer's own load hook
+    assert all(p.device.type == "meta" for p in skeleton.model.parameters())  # all released after
+
+
+def test_a_skeleton_refuses_a_module_whose_tensors_are_missing(tiny, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = tiny("qwen3_moe", seed=2)
+    path = saved(model, tmp_path / "ckpt", sharded=False)
+    tensors = load_file(path / "model.safetensors")
+    dropped = "model.layers.1.mlp.experts.3.down_proj.weight"
+    assert dropped in tensors
+    del tensors[dropped]
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    skeleton = Skeleton(Checkpoint(path))
+    with skeleton.resident("model.layers.0"):
+        pass
+    with pytest.raises(ValueError, match="model.layers.1"):
+        skeleton.load(["model.layers.1"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["uniform", "varied"])
+def test_a_checkpoint_pruned_shard_by_shard_equals_the_pruned_model(tiny, tmp_path, family, kind):
+    model = tiny(family, seed=2).eval()
+    sharded = kind == "varied" or family in ("mixtral", "gemma4")
+    path = saved(model, tmp_path / "ckpt", sharded=sharded)
+    plan = varied_plan(model) if kind == "varied" else \
+        lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5, allocation="uniform")
+    out = prune_checkpoint(path, plan, tmp_path / "out", progress=False)
+    expected = lp.prune_experts(copy.deepcopy(model), plan)
+    reloaded = lp.load_pruned(out)
+    want, got = state(expected), state(reloaded)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert manifest["uniform"] == (kind == "uniform")
+    assert manifest["experts_per_layer"] == {str(k): v for k, v in plan.kept_counts().items()}
+    assert manifest["verification"]["max_abs_diff"] <= manifest["verification"]["atol"]
+    assert set(manifest["verification"]["blocks"]) == {str(i) for i in plan.keep}
+    assert (out / "model.safetensors.index.json").is_file() == sharded
+    if kind == "uniform":  # plain transformers loads it
+        from lightprune.export.classes import auto_class
+
+        plain = auto_class(reloaded.config).from_pretrained(out)
+        assert all(torch.equal(v, want[k]) for k, v in state(plain).items())
+
+
+def test_tokenizer_and_generation_files_come_along(tiny, tmp_path):
+    from lightprune.data import train_bpe_tokenizer
+
+    model = tiny("qwen3_moe", seed=2)
+    path = saved(model, tmp_path / "ckpt", sharded=False)
+    tokenizer = train_bpe_tokenizer(["a tiny sentence to tokenize", "and another one"] * 4, vocab_size=64)
+    tokenizer.save_pretrained(path)
+    (path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 7}))
+    plan = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5)
+    out = prune_checkpoint(path, plan, tmp_path / "out", progress=False)
+    from transformers import AutoTokenizer
+
+    text = "a tiny sentence"
+    assert AutoTokenizer.from_pretrained(out)(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert json.loads((out / "generation_config.json").read_text()) == {"max_new_tokens": 7}
+    assert json.loads((out / MANIFEST_FILE).read_text())["tokenizer"]["origin"] == "source_dir"
+
+
+def test_a_wrong_write_fails_verification_and_leaves_the_previous_output(tiny, tmp_path, monkeypatch):
+    """Two kept experts written under each other's index: the layer check names the layer, nothing changes."""
+    import lightprune.stream.prune as streamed
+
+    model = tiny("qwen3_moe", seed=2)
+    path = saved(model, tmp_path / "ckpt", sharded=True)
+    plan = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5)
+    out = prune_checkpoint(path, plan, tmp_path / "out", progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    rules = streamed.key_rules
+
+    def swapped(*args):
+        found = rules(*args)
+        for key, rule in found.items():
+            if rule.out_key and ".layers.1.mlp.experts." in rule.out_key and ".experts.0." in rule.out_key:
+                found[key] = streamed.KeyRule(rule.out_key.replace(".experts.0.", ".experts.1."))
+            elif rule.out_key and ".layers.1.mlp.experts." in rule.out_key and ".experts.1." in rule.out_key:
+                found[key] = streamed.KeyRule(rule.out_key.replace(".experts.1.", ".experts.0."))
+        return found
+
+    monkeypatch.setattr(streamed, "key_rules", swapped)
+    with pytest.raises(ExportVerificationError, match="layer 1"):
+        prune_checkpoint(path, plan, tmp_path / "out", overwrite=True, progress=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_a_killed_streaming_export_leaves_the_previous_output(tiny, tmp_path):
+    model = tiny("qwen3_moe", seed=2)
+    path = saved(model, tmp_path / "ckpt", sharded=True)
+    plan = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5)
+    plan.save(tmp_path / "plan.json")
+    out = prune_checkpoint(path, plan, tmp_path / "out", progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    script = textwrap.dedent(f"""
+        import os, signal
+        import lightprune as lp
+        from lightprune.stream import writer
+        written = []
+        original = writer.SafetensorsWriter.write
+        def write(self, name, tensor):
+            original(self, name, tensor)
+            written.append(name)
+            if len(written) == 5:  # in the middle of the shards
+                os.kill(os.getpid(), signal.SIGKILL)
+        writer.SafetensorsWriter.write = write
+        plan = lp.ExpertPlan.load({str(tmp_path / 'plan.json')!r})
+        lp.prune_checkpoint({str(path)!r}, plan, {str(tmp_path / 'out')!r}, overwrite=True, progress=False)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert any(p.name.startswith(".out") for p in tmp_path.iterdir())  # the killed run's staging directory
+    prune_checkpoint(path, plan, tmp_path / "out", overwrite=True, progress=False)  # cleans it up
+    assert not any(p.name.startswith(".out") for p in tmp_path.iterdir())
+
+
+def test_prune_checkpoint_refuses_its_own_source_and_a_plan_of_another_model(tiny, tmp_path):
+    model = tiny("qwen3_moe", seed=2)
+    path = saved(model, tmp_path / "ckpt", sharded=False)
+    plan = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5)
+    with pytest.raises(ValueError, match="source checkpoint"):
+        prune_checkpoint(path, plan, path, overwrite=True, progress=False)
+    other = lp.ExpertPlan(keep={0: [0, 1, 2, 3]}, num_experts={0: 16})  # the layer has 8 experts
+    with pytest.raises(lp.PlanError, match="16"):
+        prune_checkpoint(path, other, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+_UNDER_LIMIT = """
+import resource, sys
+import torch
+import lightprune as lp
+from lightprune.stream import Checkpoint, Skeleton
+path, out, budget, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+Skeleton(Checkpoint(path))  # imports and lazy modules in place before the limit
+data = int([l for l in open("/proc/self/status") if l.startswith("VmData")][0].split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_DATA, (data + budget, resource.RLIM_INFINITY))
+try:
+    if mode == "stream":
+        scores = lp.score_weights(path, "aimer", progress=False)
+        plan = lp.select_experts(scores, ratio=0.5)
+        lp.prune_checkpoint(path, plan, out, progress=False, atol=1e-4)  # fp32 reordering over 8 layers
+    else:
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(path)
+except MemoryError:
+    sys.exit(3)
+"""
+
+
+def test_streaming_runs_under_a_memory_limit_smaller_than_the_checkpoint(tmp_path):
+    """A private-memory limit (RLIMIT_DATA over what the process holds once imported) of a third of the
+    checkpoint: scoring and pruning (with verification) stream within it, loading the model does not. glibc is told
+    to map every allocation over 128 KiB on its own (MALLOC_MMAP_THRESHOLD_), so that freed memory leaves the data
+    segment and the limit counts live memory, not the heap's high-water mark."""
+    from transformers import Qwen3MoeConfig
+
+    from lightprune.models.tiny import tiny_model
+
+    config = dict(hidden_size=256, moe_intermediate_size=256, num_experts=32, num_hidden_layers=8,
+                  vocab_size=256, intermediate_size=256)
+    model = tiny_model("qwen3_moe", seed=0, **config)
+    path = saved(model, tmp_path / "ckpt", sharded=True)
+    size = Checkpoint(path).total_bytes
+    assert size > 150e6, size
+    budget = size // 3
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DEACTIVATE_ASYNC_LOAD": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
+    run = lambda mode: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", _UNDER_LIMIT, str(path), str(tmp_path / mode), str(budget), mode],
+        capture_output=True, text=True, timeout=600, env=env)
+    streamed = run("stream")
+    assert streamed.returncode == 0, streamed.stderr[-3000:]
+    assert lp.load_pruned(tmp_path / "stream") is not None
+    loaded = run("load")
+    assert loaded.returncode != 0, "the limit is not binding: the whole model loaded under it"
