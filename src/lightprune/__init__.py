@@ -50,7 +50,7 @@ _LAZY = {
     "register_criterion": "lightprune.experts.criteria",
     "get_criterion": "lightprune.experts.criteria",
     "available_criteria": "lightprune.experts.criteria",
-    "collect_expert_stats": "lightprune.experts.calibration",
+    "collect_expert_stats": "lightprune.stream",
     "CalibrationStats": "lightprune.experts.calibration",
     "router_row_norms": "lightprune.experts.sensitivity",
     "weight_delta": "lightprune.experts.sensitivity",

@@ -1,24 +1,33 @@
-"""A skeleton's model run with one decoder layer in memory at a time: :func:`layer_by_layer`.
+"""A skeleton's model run with one decoder layer in memory at a time.
 
 Everything outside the decoder layers (embeddings, final norm, LM head, rotary tables, a vision tower) is loaded
-once; each decoder layer is loaded by a forward pre-hook just before it runs and released by a forward hook just
-after, so the model's own ``forward`` (masks, caches off, position embeddings) runs unchanged while memory holds
-one layer's weights plus the activations. Inside the block, anything else that works on the model works:
-``mask_experts``, the observing experts implementation of calibration.
+once, and the model's own ``forward`` runs unchanged (its masks, position embeddings, whatever it does between
+layers, as Qwen3-VL's deepstack), so anything else that works on the model works too (``mask_experts``, the
+observing experts implementation of calibration, the attention probe):
+
+- :func:`layer_by_layer`: each decoder layer is loaded by a forward pre-hook just before it runs and released
+  just after: one forward, every layer read once;
+- :func:`run_layer_outer`: many batches, each layer read once for all of them. Each batch's forward runs in its
+  own thread and waits at every decoder layer; layer by layer, the layer is loaded, the batches run it one after
+  the other (each up to the next layer), and it is released. Memory holds one layer plus every batch's
+  activations at a layer boundary (what a layer-input cache holds), and only one forward computes at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+import torch
 
 from torch import nn
 
 from lightprune.models.base import find_decoder_layers
 from lightprune.stream.skeleton import Skeleton
 
-__all__ = ["layer_by_layer", "outside_modules"]
+__all__ = ["layer_by_layer", "outside_modules", "run_layer_outer"]
 
 
 def outside_modules(model: nn.Module, layers_path: str) -> list[str]:
@@ -63,3 +72,95 @@ def layer_by_layer(skeleton: Skeleton, progress: Any = None) -> Iterator[nn.Modu
             handle.remove()
         skeleton.release(names)
         skeleton.release(outside)
+
+
+class _Aborted(Exception):
+    """Raised in a waiting forward when the run stops."""
+
+
+def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable[[Any], Any],
+                    before: Callable[[int, int], None] | None = None, progress: Any = None) -> None:
+    """Run ``forward(inputs[i])`` (a call of ``skeleton.model``) for every input, each decoder layer loaded once
+    (see the module docstring). ``before(i, layer)`` runs before input ``i`` enters decoder layer ``layer``;
+    ``progress``: a tqdm bar advanced once per (layer, input). An error in a forward stops the run and is raised."""
+    model = skeleton.model
+    path, layers = find_decoder_layers(model)
+    names = [f"{path}.{index}" for index in range(len(layers))]
+    cond, local, intra_op = threading.Condition(), threading.local(), torch.get_num_threads()
+    where: dict[int, tuple] = {}            # input -> ("at", layer) | ("done",) | ("error", exception)
+    turn: list[tuple[int, int] | None] = [None]
+    stop = [False]
+
+    def pre_hook(index: int):
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            mine = getattr(local, "input", None)
+            if mine is None:  # a forward outside the run (not one of its threads)
+                return
+            with cond:
+                where[mine] = ("at", index)
+                cond.notify_all()
+                cond.wait_for(lambda: stop[0] or turn[0] == (mine, index))
+                if stop[0]:
+                    raise _Aborted()
+        return hook
+
+    def worker(index: int, item: Any) -> None:
+        local.input = index
+        torch.set_num_threads(intra_op)  # per thread with OpenMP: the caller's count, so its kernels reduce alike
+        try:
+            with torch.no_grad():
+                forward(item)
+            result: tuple = ("done",)
+        except BaseException as err:  # noqa: BLE001 - handed to the coordinator
+            result = ("error", err)
+        with cond:
+            where[index] = result
+            cond.notify_all()
+
+    def wait(index: int, state: tuple | None) -> tuple:
+        with cond:
+            cond.wait_for(lambda: where.get(index) != state)
+            return where[index]
+
+    def expect(index: int, state: tuple, layer: int) -> None:
+        if state[0] == "error":
+            raise state[1]
+        if layer < len(layers) and state != ("at", layer):
+            found = "finished" if state[0] == "done" else f"reached decoder layer {state[1]}"
+            raise RuntimeError(f"input {index}: the forward {found} where decoder layer {layer} of {len(layers)} "
+                               "was expected: this model does not run its decoder layers once each, in order")
+        if layer == len(layers) and state[0] != "done":
+            raise RuntimeError(f"input {index}: the forward reached decoder layer {state[1]} again after the last")
+
+    handles = [layer.register_forward_pre_hook(pre_hook(i)) for i, layer in enumerate(layers)]
+    threads = []
+    skeleton.load(outside_modules(model, path))
+    try:
+        for index, item in enumerate(inputs):  # each forward up to its first decoder layer, one at a time
+            thread = threading.Thread(target=worker, args=(index, item), daemon=True,
+                                      name=f"lightprune-forward-{index}")
+            threads.append(thread)
+            thread.start()
+            expect(index, wait(index, None), 0)
+        for layer, name in enumerate(names):
+            skeleton.load([name])
+            for index in range(len(threads)):
+                if before is not None:
+                    before(index, layer)
+                with cond:
+                    turn[0] = (index, layer)
+                    cond.notify_all()
+                expect(index, wait(index, ("at", layer)), layer + 1)
+                if progress is not None:
+                    progress.update(1)
+            skeleton.release([name])
+    finally:
+        with cond:
+            stop[0] = True
+            cond.notify_all()
+        for thread in threads:
+            thread.join()
+        for handle in handles:
+            handle.remove()
+        skeleton.release(names)
+        skeleton.release(outside_modules(model, path))

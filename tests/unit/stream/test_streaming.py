@@ -255,3 +255,56 @@ def test_streaming_runs_under_a_memory_limit_smaller_than_the_checkpoint(tmp_pat
     assert lp.load_pruned(tmp_path / "stream") is not None
     loaded = run("load")
     assert loaded.returncode != 0, "the limit is not binding: the whole model loaded under it"
+
+
+def assert_same_stats(got, expected) -> None:
+    assert got.tokens == expected.tokens and got.samples == expected.samples
+    for criterion in expected.metadata["criteria"]:
+        for subset in expected.metadata["subsets"]:
+            want, have = expected.raw(criterion, subset), got.raw(criterion, subset)
+            assert have.keys() == want.keys()
+            for index in want:
+                assert torch.equal(have[index], want[index]), (criterion, subset, index)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "mixtral", "jamba"])
+def test_sequential_calibration_equals_the_in_memory_pass(tiny, tmp_path, family):
+    """Every criterion (delta_h_promoted too) for two subsets, bit for bit, with passes of 2 batches over 3 (each
+    layer read twice), padded batches included."""
+    from lightprune.experts.calibration import CRITERIA
+    from lightprune.models.tiny_batches import tiny_text_batch
+
+    model = tiny(family, seed=2).eval()
+    path = saved(model, tmp_path / "ckpt", sharded=True)
+    batches = [tiny_text_batch(model, batch_size=2, seq_len=10, seed=s, pad=s != 1) for s in range(3)]
+    kwargs = dict(subsets=("all", "text"), criteria=CRITERIA, progress=False)
+    expected = lp.collect_expert_stats(model, batches, **kwargs)
+    got = lp.collect_expert_stats(path, batches, batches_per_pass=2, **kwargs)
+    assert got.metadata["batches"] == expected.metadata["batches"] == 3
+    assert_same_stats(got, expected)
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl_moe", "gemma4", "internvl"])
+def test_sequential_calibration_of_an_mllm_with_the_attention_probe(tiny, tmp_path, family):
+    """Vision subsets, the low- and high-attention ones from the attention probe too, equal the in-memory pass;
+    Qwen3-VL adds its deepstack features between decoder layers, which the model's own forward does here."""
+    from lightprune.models.tiny_batches import tiny_multimodal_batch
+
+    model = tiny(family, seed=2).eval()
+    path = saved(model, tmp_path / "ckpt", sharded=True)
+    batches = [tiny_multimodal_batch(model, seed=s) for s in (3, 4)]
+    kwargs = dict(subsets=("all", "text", "vision", "vision_low_attn", "vision_high_attn"), progress=False)
+    expected = lp.collect_expert_stats(model, batches, **kwargs)
+    got = lp.collect_expert_stats(path, batches, **kwargs)
+    assert_same_stats(got, expected)
+
+
+def test_a_forward_that_fails_stops_the_sequential_run_and_says_where(tiny, tmp_path):
+    model = tiny("qwen3_moe", seed=2)
+    path = saved(model, tmp_path / "ckpt", sharded=False)
+    good = {"input_ids": torch.tensor([[3, 4, 5, 6]])}
+    bad = {"input_ids": torch.tensor([[3, 4, 5, 10**6]])}  # an id past the vocabulary
+    with pytest.raises(IndexError):
+        lp.collect_expert_stats(path, [good, bad], progress=False)
+    with pytest.raises(TypeError, match="batches_per_pass"):
+        lp.collect_expert_stats(model, [good], batches_per_pass=2, progress=False)

@@ -80,15 +80,18 @@ class ExpertObserver:
             stack.close()
 
     # ------------------------------------------------------------------ per batch
-    def begin_batch(self, batch: Mapping[str, Any]) -> None:
-        """Declare the batch whose forward comes next (derives its token subsets)."""
+    def begin_batch(self, batch: Mapping[str, Any], count: bool = True) -> None:
+        """Declare the batch whose forward comes next (derives its token subsets). ``count=False``: the same batch
+        again, for the next layers of a run that takes the batches through one layer at a time
+        (:func:`lightprune.stream.collect_checkpoint_stats`)."""
         if self._stack is None:
             raise RuntimeError("ExpertObserver.begin_batch outside its with-block")
         masks = base_masks(batch, self.vision_token_ids)
         self._masks = masks
         if self._probe is not None:
             self._probe.set_batch(masks["text"], masks["vision"])
-        self.batches_seen += 1
+        if count:
+            self.batches_seen += 1
 
     def _subset_masks(self, layer: MoELayer) -> torch.Tensor:
         masks = self._masks

@@ -1,0 +1,79 @@
+"""Calibration statistics of a checkpoint directory with one decoder layer in memory: :func:`collect_checkpoint_stats`.
+
+The same :class:`~lightprune.experts.calibration.ExpertObserver` as the in-memory pass (every criterion, every
+token subset, the attention probe of ``vision_low_attn``) observes the checkpoint's meta skeleton while the batches
+go through it layer by layer (:func:`lightprune.stream.sequential.run_layer_outer`): each decoder layer is read from
+the safetensors files once per pass of ``batches_per_pass`` batches, every batch runs it, and it is released. The
+model's own forward runs for every batch, so the statistics are those of the in-memory pass (the same tensors, the
+same order of operations). Memory: one decoder layer, what lies outside the layers (embeddings, head, a vision
+tower) and the pass's activations at a layer boundary.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from torch import nn
+
+from lightprune.batch import model_inputs
+from lightprune.experts.calibration import CalibrationStats, ExpertObserver
+from lightprune.experts.calibration import collect_expert_stats as collect_model_stats
+from lightprune.models.base import find_decoder_layers
+from lightprune.stream.checkpoint import Checkpoint
+from lightprune.stream.sequential import run_layer_outer
+from lightprune.stream.skeleton import Skeleton
+
+__all__ = ["collect_expert_stats", "collect_checkpoint_stats"]
+
+
+def collect_expert_stats(model: nn.Module | str | os.PathLike, batches: Iterable[Mapping[str, Any]],
+                         subsets: Iterable[str] = ("all",), low_attn_quantile: float = 0.02,
+                         criteria: Iterable[str] | None = None, progress: bool = True,
+                         **streaming: Any) -> CalibrationStats:
+    """``lp.collect_expert_stats``: a model (:func:`lightprune.experts.calibration.collect_expert_stats`) or a
+    checkpoint directory (:func:`collect_checkpoint_stats`; ``streaming``: its ``batches_per_pass``)."""
+    if isinstance(model, (str, os.PathLike)):
+        return collect_checkpoint_stats(model, batches, subsets, low_attn_quantile, criteria, progress, **streaming)
+    if streaming:
+        raise TypeError(f"{sorted(streaming)} apply to a checkpoint directory, not to a model in memory")
+    return collect_model_stats(model, batches, subsets, low_attn_quantile, criteria, progress)
+
+
+def collect_checkpoint_stats(path: str | os.PathLike, batches: Iterable[Mapping[str, Any]],
+                             subsets: Iterable[str] = ("all",), low_attn_quantile: float = 0.02,
+                             criteria: Iterable[str] | None = None, progress: bool = True,
+                             batches_per_pass: int = 16) -> CalibrationStats:
+    """Every calibration criterion for every subset of the checkpoint at ``path``, one decoder layer resident (see
+    the module docstring); ``batches_per_pass`` bounds the activations held (each layer is read once per pass)."""
+    if isinstance(batches_per_pass, bool) or not isinstance(batches_per_pass, int) or batches_per_pass < 1:
+        raise ValueError(f"batches_per_pass must be an int >= 1, got {batches_per_pass!r}")
+    with Checkpoint(path) as checkpoint:
+        skeleton = Skeleton(checkpoint)
+        observer = ExpertObserver(skeleton.model, subsets, criteria, low_attn_quantile)
+        layers = len(find_decoder_layers(skeleton.model)[1])
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(desc=f"calibration, layer by layer ({checkpoint.path.name})", unit="layer-batch", leave=False)
+        iterator = iter(batches)
+        try:
+            with observer:
+                while True:
+                    wave = [model_inputs(b, device=skeleton.device) for b in itertools.islice(iterator, batches_per_pass)]
+                    if not wave:
+                        break
+                    if bar is not None:
+                        bar.total = (bar.total or 0) + layers * len(wave)
+                    run_layer_outer(skeleton, wave, lambda batch: skeleton.model(**batch),
+                                    before=lambda i, layer: observer.begin_batch(wave[i], count=layer == 0),
+                                    progress=bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        if observer.batches_seen == 0:
+            raise ValueError("empty calibration set: no batches were given")
+        return observer.result()
