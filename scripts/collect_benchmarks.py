@@ -35,6 +35,7 @@ BENCHES = {
     "prefill": ("bench_prefill.py", [], ["--quick", "--device", "cpu"]),
     "export": ("bench_export.py", [], ["--quick"]),
     "taylor": ("bench_taylor.py", [], ["--quick"]),
+    "out_of_core": ("bench_out_of_core.py", [], ["--quick"]),
 }
 STDERR_TAIL = 4000
 

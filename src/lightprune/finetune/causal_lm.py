@@ -69,13 +69,19 @@ class MoECausalLM(pl.LightningModule):
             a long completion). Validation perplexity is always per token.
         router_aux_loss_coef: weight of the family's load-balancing loss (``aux_loss`` of transformers' MoE
             models, Switch Transformers' E * sum_e f_e P_e) added to the training loss; 0: none.
+        device_map, max_memory, offload_folder: passed to transformers' ``from_pretrained`` for a ``checkpoint``
+            (accelerate's placement and offload). Calibration refuses an offloaded model before any batch
+            (its observers read every MoE layer's weights); ``lp.collect_expert_stats(checkpoint_dir, batches)``
+            streams one layer at a time instead.
     """
 
     def __init__(self, checkpoint: str | None = None, tiny: str | None = None, tiny_overrides: dict | None = None,
                  seed: int = 0, dtype: str = "float32", trust_remote_code: bool = False,
                  learning_rate: float = 1e-4, adapter: AdapterSpec | None = None, optimizer: str = "adamw",
                  weight_decay: float = 0.0, warmup_steps: int = 0, scheduler: str = "cosine",
-                 load_in_4bit: bool = False, router_aux_loss_coef: float = 0.0, loss_mean: str = "token"):
+                 load_in_4bit: bool = False, router_aux_loss_coef: float = 0.0, loss_mean: str = "token",
+                 device_map: str | dict[str, Any] | None = None, max_memory: dict[str, Any] | None = None,
+                 offload_folder: str | None = None):
         super().__init__()
         if isinstance(adapter, dict):
             adapter = AdapterSpec(**adapter)
@@ -97,6 +103,10 @@ class MoECausalLM(pl.LightningModule):
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
         if checkpoint is not None:
             check_checkpoint_name(checkpoint)  # a known source name (built on first use, in configure_model) or a folder
+        placement = {k: v for k, v in (("device_map", device_map), ("max_memory", max_memory),
+                                       ("offload_folder", offload_folder)) if v is not None}
+        if placement and checkpoint is None:
+            raise ValueError(f"{sorted(placement)} apply to checkpoint=, not to a tiny model (tiny={tiny!r})")
         if tiny is not None:
             if tiny not in TINY_FAMILIES + TINY_DENSE_MLLMS:
                 raise ValueError(f"tiny must be one of {list(TINY_FAMILIES + TINY_DENSE_MLLMS)}, got {tiny!r}")
@@ -127,7 +137,9 @@ class MoECausalLM(pl.LightningModule):
             return tiny_model(self.hparams.tiny, seed=self.hparams.seed, **(self.hparams.tiny_overrides or {})).to(dtype)
 
         checkpoint = resolve_checkpoint(self.hparams.checkpoint)
-        return load_pruned(checkpoint, dtype=dtype, trust_remote_code=self.hparams.trust_remote_code)
+        placement = {k: self.hparams.get(k) for k in ("device_map", "max_memory", "offload_folder")
+                     if self.hparams.get(k) is not None}
+        return load_pruned(checkpoint, dtype=dtype, trust_remote_code=self.hparams.trust_remote_code, **placement)
 
     def configure_model(self) -> None:
         if self.model is not None:

@@ -79,8 +79,9 @@ def _check_blocks(original: Skeleton, pruned: Skeleton, plan: ExpertPlan, atol: 
         if layer.index in plan.keep:
             mask = torch.ones(layer.num_experts, dtype=torch.bool)
             mask[list(plan.keep[layer.index])] = False
-        with original.resident(layer.name), pruned.resident(after[layer.index].name):
+        with original.resident(layer.name):  # one layer in memory at a time: the source's, then the pruned one
             expected = routed_output(layer, hidden, mask)
+        with pruned.resident(after[layer.index].name):
             got = routed_output(after[layer.index], hidden, None)
         diffs[layer.index] = max_abs_diff(got, expected, what=f"layer {layer.index}'s routed experts")
         if diffs[layer.index] > atol:

@@ -308,3 +308,27 @@ def test_a_forward_that_fails_stops_the_sequential_run_and_says_where(tiny, tmp_
         lp.collect_expert_stats(path, [good, bad], progress=False)
     with pytest.raises(TypeError, match="batches_per_pass"):
         lp.collect_expert_stats(model, [good], batches_per_pass=2, progress=False)
+
+
+def test_calibration_of_an_offloaded_model_is_refused_before_any_batch(tiny, tmp_path):
+    """accelerate's disk offload (device_map="auto" under a max_memory smaller than the model): the observers would
+    read meta weights; refused, naming the layers and the streamed alternative, before the first batch runs."""
+    from lightprune.finetune import MoECausalLM
+
+    model = tiny("qwen3_moe", seed=2)
+    path = saved(model, tmp_path / "ckpt", sharded=False)
+    module = MoECausalLM(checkpoint=str(path), device_map="auto", max_memory={"cpu": "30KB"},
+                         offload_folder=str(tmp_path / "offload"))
+    module.configure_model()
+    assert any(getattr(getattr(m, "_hf_hook", None), "offload", False) for m in module.model.modules())
+    calls = []
+
+    def batches():
+        calls.append(1)
+        yield {"input_ids": torch.tensor([[3, 4, 5]])}
+
+    with pytest.raises(ValueError, match=r"offloads \(model.layers.0.mlp.*collect_expert_stats\(checkpoint_dir"):
+        lp.collect_expert_stats(module.model, batches(), progress=False)
+    assert calls == []
+    with pytest.raises(ValueError, match="apply to checkpoint="):
+        MoECausalLM(tiny="qwen3_moe", device_map="cpu")

@@ -32,6 +32,19 @@ __all__ = ["ExpertObserver", "collect_expert_stats", "DEFAULT_CRITERIA"]
 DEFAULT_CRITERIA = tuple(c for c in CRITERIA if c != "delta_h_promoted")
 
 
+def _check_not_offloaded(model: nn.Module, layers: list[MoELayer]) -> None:
+    """Refuse a model whose MoE layers accelerate offloads (``device_map`` with ``cpu`` / ``disk`` entries beside
+    an accelerator, or ``max_memory``): their weights are on the meta device between their own module calls, and
+    the observers read a layer's router weights inside its experts' call."""
+    offloaded = sorted({layer.name for layer in layers for module in layer.block.modules()
+                        if getattr(getattr(module, "_hf_hook", None), "offload", False)})
+    if offloaded:
+        shown = ", ".join(offloaded[:4]) + (f" and {len(offloaded) - 4} more" if len(offloaded) > 4 else "")
+        raise ValueError(f"calibration cannot observe MoE layers that accelerate offloads ({shown}): their weights "
+                         "are loaded only while each module runs. Load the model without offloading, or stream the "
+                         "checkpoint one decoder layer at a time: lp.collect_expert_stats(checkpoint_dir, batches)")
+
+
 class ExpertObserver:
     """Accumulate calibration statistics over forward passes made inside ``with observer:``.
 
@@ -44,6 +57,7 @@ class ExpertObserver:
         self.model = model
         self.family = get_family(model)
         self.layers: list[MoELayer] = find_moe_layers(model)
+        _check_not_offloaded(model, self.layers)
         self.vision_token_ids = tuple(getattr(self.family, "vision_token_ids", lambda: ())())
         self.subsets = check_subsets(subsets, self.vision_token_ids)
         criteria = tuple(dict.fromkeys(DEFAULT_CRITERIA if criteria is None else criteria))
