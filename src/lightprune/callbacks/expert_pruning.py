@@ -151,7 +151,11 @@ class ExpertPruning(JobEndCallback):
             state.expert_plan = state.expert_plan or self.plan
             return
         start = time.perf_counter()
-        scores = self.criterion.score_in_run(pl_module.model, state.calibration, state.expert_scores)
+        skeleton = getattr(pl_module, "skeleton", None)
+        if skeleton is not None and not self.criterion.needs_data:  # one MoE block read in at a time
+            scores = self.criterion.score(pl_module.model, layer_weights=lambda layer: skeleton.resident(layer.name))
+        else:
+            scores = self.criterion.score_in_run(pl_module.model, state.calibration, state.expert_scores)
         label = getattr(scores, "criterion", None) or self.name
         layers = find_moe_layers(base_model_of(pl_module.model))
         self.plan = self._select(scores, {l.index: l.limits for l in layers}, criterion=label)

@@ -38,6 +38,7 @@ from lightprune.experts.calibration.resume import (
     save_state,
 )
 from lightprune.jsonio import write_json
+from lightprune.models import find_moe_layers
 
 __all__ = ["ExpertStats"]
 
@@ -120,7 +121,7 @@ class ExpertStats(pl.Callback):
         self.stats = None
         observer = ExpertObserver(pl_module.model, self.subsets, self.criteria, self.low_attn_quantile)
         if self.save_every_n_batches or self._resumed is not None:
-            self._model_fingerprint = model_fingerprint(pl_module.model)
+            self._model_fingerprint = _fingerprint(pl_module)
         if self._resumed is not None:  # the saved state must come from this model
             check_model(self._state_path(trainer), self._resumed, self._model_fingerprint)
             self._digest = self._resumed["digest"]
@@ -172,3 +173,15 @@ class ExpertStats(pl.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("observer") is not None:
             self._pending_state = state_dict["observer"]
+
+
+def _fingerprint(pl_module: pl.LightningModule) -> dict[str, Any]:
+    """:func:`model_fingerprint` of the module's model; a streamed one (``MoECausalLM(sequential=True)``) has its
+    routers read in for it."""
+    skeleton = getattr(pl_module, "skeleton", None)
+    if skeleton is None:
+        return model_fingerprint(pl_module.model)
+    names = {id(module): name for name, module in pl_module.model.named_modules()}
+    routers = [names[id(layer.router)] for layer in find_moe_layers(pl_module.model)]
+    with skeleton.resident(*routers):
+        return model_fingerprint(pl_module.model)

@@ -20,6 +20,7 @@ shapes and apply the same surgery to those.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -34,13 +35,13 @@ from lightprune.distributed import materialize
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
 from lightprune.export import export_pruned
-from lightprune.export.save import TOKENIZER_FILES, resolve_source_dir
+from lightprune.export.save import MANIFEST_FILE, TOKENIZER_FILES, resolve_source_dir
 from lightprune.export.staging import check_out_dir
 from lightprune.finetune.quantize import is_quantized_4bit
 from lightprune.models import find_moe_layers
 from lightprune.reporting.report import plot_kept_experts, print_summary, write_report
 
-__all__ = ["Export", "export_with_report"]
+__all__ = ["Export", "export_with_report", "streamed_export_with_report"]
 
 
 def _dir_bytes(path: Path) -> int | None:
@@ -76,6 +77,44 @@ def export_with_report(model, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *
         "kept_per_layer": {str(l): len(ids) for l, ids in plan.keep.items()},
         "n_per_layer": plan.metadata.get("n_per_layer"),
         "max_abs_diff": result["max_abs_diff"],
+        "seconds_scoring": seconds_scoring,
+        "seconds_export": time.perf_counter() - start,
+        "checkpoint_dir": str(ckpt_dir),
+    }
+    write_report(report, run_dir / "report.json")
+    plot_kept_experts(plan, run_dir / "kept_experts.png")
+    if summary:
+        print_summary(report)
+    return report
+
+
+def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
+                                params_before: int, seconds_scoring: float, overwrite: bool, atol: float | None,
+                                summary: bool) -> dict[str, Any]:
+    """:func:`lightprune.stream.prune_checkpoint` of ``source_dir`` by ``plan`` into ``ckpt_dir``, then the same
+    ``report.json``, ``kept_experts.png`` and summary as :func:`export_with_report`, from the checkpoints."""
+    from lightprune.stream import prune_checkpoint
+
+    start = time.perf_counter()
+    prune_checkpoint(source_dir, plan, ckpt_dir, overwrite=overwrite, atol=atol,
+                     card={"source": str(source or source_dir)})
+    manifest = json.loads((Path(ckpt_dir) / MANIFEST_FILE).read_text())
+    report = {
+        "source": source or str(source_dir),
+        "criterion": plan.criterion,
+        "ratio": plan.ratio,
+        "allocation": plan.allocation,
+        "streamed": True,
+        "experts_before": sum(plan.num_experts.values()),
+        "experts_after": sum(len(ids) for ids in plan.keep.values()),
+        "params_before": params_before,
+        "params_after": manifest["parameters"],
+        "checkpoint_bytes_before": _dir_bytes(Path(source_dir)),
+        "checkpoint_bytes_after": manifest["weight_bytes"],
+        "expected_bytes_after": manifest["parameter_bytes"],
+        "kept_per_layer": {str(l): len(ids) for l, ids in plan.keep.items()},
+        "n_per_layer": plan.metadata.get("n_per_layer"),
+        "max_abs_diff": manifest["verification"]["max_abs_diff"],
         "seconds_scoring": seconds_scoring,
         "seconds_export": time.perf_counter() - start,
         "checkpoint_dir": str(ckpt_dir),
@@ -137,6 +176,15 @@ class Export(JobEndCallback):
         plan, seconds_scoring = self._plan(trainer)
         run_dir = Path(self.output_dir or trainer.default_root_dir)
         ckpt_dir = self._checkpoint_dir(trainer)
+        skeleton = getattr(pl_module, "skeleton", None)
+        if skeleton is not None:  # MoECausalLM(sequential=True): the checkpoint is pruned shard by shard
+            params_before = sum(p.numel() for p in pl_module.model.parameters())
+            prune_experts(pl_module.model, plan)  # the meta skeleton takes the pruned architecture, on every rank
+            self.report = {} if not trainer.is_global_zero else streamed_export_with_report(
+                skeleton.checkpoint.path, plan, run_dir, ckpt_dir, source=getattr(pl_module, "source", None),
+                params_before=params_before, seconds_scoring=seconds_scoring, overwrite=self.overwrite,
+                atol=self.atol, summary=self.summary)
+            return
         model = _full_precision(pl_module)
         materialize(model, engine=trainer.strategy.model)  # ZeRO-3 only; every rank
         _to_trainer_precision(model, trainer)

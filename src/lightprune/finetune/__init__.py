@@ -2,7 +2,7 @@
 4-bit quantisation (QLoRA), optimizers and schedulers, and checkpoint sources (:mod:`.sources`: names such as
 ``testbed:text-small`` that packages register).
 
-May import: models, export (it loads pruned checkpoints) and the shared leaves; never testbed (it registers
+May import: models, export (it loads pruned checkpoints), stream (``sequential=True``) and the shared leaves; never testbed (it registers
 its own source), callbacks or above.
 """
 

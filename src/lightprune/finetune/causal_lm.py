@@ -69,6 +69,12 @@ class MoECausalLM(pl.LightningModule):
             a long completion). Validation perplexity is always per token.
         router_aux_loss_coef: weight of the family's load-balancing loss (``aux_loss`` of transformers' MoE
             models, Switch Transformers' E * sum_e f_e P_e) added to the training loss; 0: none.
+        sequential: keep one decoder layer in memory at a time (``lightprune calibrate`` / ``export`` of a checkpoint
+            larger than memory): the model is the checkpoint's meta skeleton (:mod:`lightprune.stream`), every
+            forward loads each layer just before it runs and releases it after, weight criteria score one MoE
+            block at a time, and ``Export`` prunes the checkpoint shard by shard (``lp.prune_checkpoint``). Needs
+            ``checkpoint``; not for ``fit`` (training needs the weights in memory), nor with an adapter, 4-bit
+            weights or ``device_map``.
         device_map, max_memory, offload_folder: passed to transformers' ``from_pretrained`` for a ``checkpoint``
             (accelerate's placement and offload). Calibration refuses an offloaded model before any batch
             (its observers read every MoE layer's weights); ``lp.collect_expert_stats(checkpoint_dir, batches)``
@@ -81,7 +87,7 @@ class MoECausalLM(pl.LightningModule):
                  weight_decay: float = 0.0, warmup_steps: int = 0, scheduler: str = "cosine",
                  load_in_4bit: bool = False, router_aux_loss_coef: float = 0.0, loss_mean: str = "token",
                  device_map: str | dict[str, Any] | None = None, max_memory: dict[str, Any] | None = None,
-                 offload_folder: str | None = None):
+                 offload_folder: str | None = None, sequential: bool = False):
         super().__init__()
         if isinstance(adapter, dict):
             adapter = AdapterSpec(**adapter)
@@ -107,6 +113,13 @@ class MoECausalLM(pl.LightningModule):
                                        ("offload_folder", offload_folder)) if v is not None}
         if placement and checkpoint is None:
             raise ValueError(f"{sorted(placement)} apply to checkpoint=, not to a tiny model (tiny={tiny!r})")
+        if sequential:
+            clash = [name for name, on in (("tiny", tiny is not None), ("adapter", adapter is not None),
+                                           ("load_in_4bit", load_in_4bit), *((k, True) for k in placement)) if on]
+            if clash:
+                raise ValueError(f"sequential=True streams a checkpoint one decoder layer at a time; it does not go "
+                                 f"with {clash}")
+        self.skeleton = None
         if tiny is not None:
             if tiny not in TINY_FAMILIES + TINY_DENSE_MLLMS:
                 raise ValueError(f"tiny must be one of {list(TINY_FAMILIES + TINY_DENSE_MLLMS)}, got {tiny!r}")
@@ -144,6 +157,15 @@ class MoECausalLM(pl.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:
             return
+        if self.hparams.get("sequential"):
+            from lightprune.stream import Checkpoint, Skeleton
+
+            self.skeleton = Skeleton(Checkpoint(resolve_checkpoint(self.hparams.checkpoint)),
+                                     dtype=_DTYPES[self.hparams.dtype])
+            # not a submodule: its tensors stay on the meta device and only the skeleton moves them, one layer at a
+            # time (Lightning's .to(device), optimizers and state dicts never see them)
+            self.__dict__["model"] = self.skeleton.model
+            return
 
         # inside Lightning's ZeRO-3 zero.Init the tiny model's seeded re-draws and peft's LoRA init (B = 0)
         # would write into empty partitions: build with full parameters, DeepSpeed partitions them later
@@ -159,6 +181,11 @@ class MoECausalLM(pl.LightningModule):
     def forward(self, **batch: Any):
         if not self._ids_checked:
             self._check_token_ids(batch)
+        if self.skeleton is not None:
+            from lightprune.stream import layer_by_layer
+
+            with layer_by_layer(self.skeleton):
+                return self.model(**model_inputs(batch, keep_labels=True))
         return self.model(**model_inputs(batch, keep_labels=True))
 
     def _check_token_ids(self, batch: dict[str, Any]) -> None:
@@ -249,6 +276,9 @@ class MoECausalLM(pl.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
+        if self.skeleton is not None:
+            raise ValueError("sequential=True keeps one decoder layer in memory: it calibrates and exports, it does "
+                             "not train (fine-tuning needs the model in memory; drop --model.init_args.sequential)")
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = build_optimizer(params, hp.optimizer, hp.learning_rate, hp.weight_decay)
         if hp.scheduler == "constant" and hp.warmup_steps == 0:

@@ -57,6 +57,46 @@ def test_reap_recipe_on_a_text_checkpoint(tmp_path: Path) -> None:
     assert lp.ExpertPlan.load(run / "plan.json").keep == expected.keep
 
 
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        out.update(load_file(file))
+    return out
+
+
+@pytest.mark.parametrize("config, command", [("configs/reap.yaml", "calibrate"), ("configs/aimer.yaml", "export")])
+def test_a_recipe_with_sequential_true_streams_the_checkpoint_to_the_same_result(tmp_path: Path, config: str,
+                                                                               command: str) -> None:
+    """--model.init_args.sequential true: calibration with one decoder layer resident (each forward loads and
+    releases the layers), weight scores one block at a time, the export pruned shard by shard; the plan, the
+    statistics and every tensor of the checkpoint equal the in-memory run's."""
+    ckpt = tmp_path / "ckpt"
+    _checkpoint_with_tokenizer(ckpt, "qwen3_moe", seed=2)
+    data = ["--data.init_args.tokenizer", str(ckpt), "--data.init_args.calibration", str(TEXT),
+            "--data.init_args.batch_size", "3"] if command == "calibrate" else []
+    runs = {}
+    for mode in ("memory", "sequential"):
+        runs[mode] = tmp_path / mode
+        cli_main([command, "--config", config, "--model.init_args.checkpoint", str(ckpt), *data,
+                  "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
+                  "--trainer.default_root_dir", str(runs[mode]),
+                  *(["--model.init_args.sequential", "true"] if mode == "sequential" else [])])
+    plans = {mode: lp.ExpertPlan.load(run / "plan.json") for mode, run in runs.items()}
+    assert plans["sequential"].keep == plans["memory"].keep
+    if command == "calibrate":
+        stats = {mode: json.loads((run / "calibration.json").read_text()) for mode, run in runs.items()}
+        assert stats["sequential"]["criteria"] == stats["memory"]["criteria"]
+    memory, sequential = _tensors(runs["memory"] / "model"), _tensors(runs["sequential"] / "model")
+    assert memory.keys() == sequential.keys()
+    assert all(torch.equal(memory[k], sequential[k]) for k in memory)
+    report = json.loads((runs["sequential"] / "report.json").read_text())
+    assert report["streamed"] is True
+    assert report["params_after"] == json.loads((runs["memory"] / "report.json").read_text())["params_after"]
+    assert lp.load_pruned(runs["sequential"] / "model") is not None
+
+
 def test_maep_recipe_on_a_multimodal_checkpoint(tmp_path: Path) -> None:
     from PIL import Image
 

@@ -332,3 +332,25 @@ def test_calibration_of_an_offloaded_model_is_refused_before_any_batch(tiny, tmp
     assert calls == []
     with pytest.raises(ValueError, match="apply to checkpoint="):
         MoECausalLM(tiny="qwen3_moe", device_map="cpu")
+
+
+def test_a_sequential_module_streams_its_checkpoint_and_refuses_what_needs_it_in_memory(tiny, tmp_path):
+    from lightprune.finetune import AdapterSpec, MoECausalLM
+
+    model = tiny("qwen3_moe", seed=2).eval()
+    path = saved(model, tmp_path / "ckpt", sharded=True)
+    module = MoECausalLM(checkpoint=str(path), sequential=True)
+    module.configure_model()
+    assert list(module.parameters()) == []  # the skeleton is not a submodule: Lightning never moves it
+    assert all(p.device.type == "meta" for p in module.model.parameters())
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        logits = module(input_ids=ids).logits
+        assert torch.equal(logits, model(input_ids=ids).logits)
+    assert all(p.device.type == "meta" for p in module.model.parameters())
+    with pytest.raises(ValueError, match="does not train"):
+        module.configure_optimizers()
+    for bad in (dict(tiny="qwen3_moe"), dict(checkpoint=str(path), adapter=AdapterSpec(kind="lora")),
+                dict(checkpoint=str(path), device_map="cpu")):
+        with pytest.raises(ValueError, match="sequential=True"):
+            MoECausalLM(**bad, sequential=True)
