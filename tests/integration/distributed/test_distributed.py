@@ -85,15 +85,15 @@ def _trainer(run: Path, devices: int, strategy, callbacks, **kw) -> PruneTrainer
                         default_root_dir=str(run), callbacks=[*callbacks, _PerRank(run)], **kw)
 
 
-def _calibrate(run: Path, checkpoint: Path, devices: int = 1, strategy="auto") -> Path:
+def _calibrate(run: Path, checkpoint: Path, devices: int = 1, strategy="auto", sequential: bool = False) -> Path:
     """From a checkpoint: under ZeRO-3 it is loaded inside Lightning's zero.Init (load_pruned keeps it whole)."""
     run.mkdir(parents=True)
     pl.seed_everything(0, verbose=False)
     callbacks = [ExpertStats(subsets=["all"]), ExpertPruning("aimer", ratio=0.5),
                  ExpertPruning("reap", ratio=0.5, allocation="global", output_dir=str(run / "reap")),
                  Export(overwrite=True, summary=False)]
-    _trainer(run, devices, strategy, callbacks).calibrate(MoECausalLM(checkpoint=str(checkpoint)),
-                                                         datamodule=SyntheticTokens(**DATA))
+    module = MoECausalLM(checkpoint=str(checkpoint), sequential=sequential)
+    _trainer(run, devices, strategy, callbacks).calibrate(module, datamodule=SyntheticTokens(**DATA))
     return run
 
 
@@ -167,6 +167,23 @@ def test_calibrate_aimer_reap_export_equal_single_process(name: str, single, tmp
     _assert_weights(run / "model", want / "model")
     expected = json.loads((want / "rank0.json").read_text())
     _assert_ranks(run, expected["plans"], expected["experts"], stage3=name == "zero3")
+
+
+def test_two_rank_sequential_calibration_streams_the_same_export(single, tmp_path: Path) -> None:
+    """MoECausalLM(sequential=True) under DDP: each rank streams the checkpoint layer by layer over its share of
+    the batches, the statistics are summed, rank 0 prunes the source checkpoint shard by shard; plans, statistics
+    and the exported weights equal the single-process in-memory run, every rank's skeleton takes the pruned
+    architecture."""
+    want = single["calibrate"]
+    run = _calibrate(tmp_path / "run", single["ckpt"], devices=2, strategy="ddp_fork", sequential=True)
+    assert lp.ExpertPlan.load(run / "plan.json").keep == lp.ExpertPlan.load(want / "plan.json").keep
+    assert lp.ExpertPlan.load(run / "reap" / "plan.json").keep == lp.ExpertPlan.load(want / "reap" / "plan.json").keep
+    _assert_scores(run / "reap" / "scores.json", want / "reap" / "scores.json", rtol=1e-6, atol=1e-9)
+    _assert_weights(run / "model", want / "model")
+    expected = json.loads((want / "rank0.json").read_text())
+    for rank in (0, 1):
+        record = json.loads((run / f"rank{rank}.json").read_text())
+        assert record["experts"] == expected["experts"] and record["devices"] == ["meta"], rank
 
 
 @pytest.mark.parametrize("name", STRATEGIES)

@@ -235,7 +235,6 @@ def test_streaming_runs_under_a_memory_limit_smaller_than_the_checkpoint(tmp_pat
     checkpoint: scoring and pruning (with verification) stream within it, loading the model does not. glibc is told
     to map every allocation over 128 KiB on its own (MALLOC_MMAP_THRESHOLD_), so that freed memory leaves the data
     segment and the limit counts live memory, not the heap's high-water mark."""
-    from transformers import Qwen3MoeConfig
 
     from lightprune.models.tiny import tiny_model
 
