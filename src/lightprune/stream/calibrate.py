@@ -19,8 +19,7 @@ from typing import Any
 from torch import nn
 
 from lightprune.batch import model_inputs
-from lightprune.experts.calibration import CalibrationStats, ExpertObserver
-from lightprune.experts.calibration import collect_expert_stats as collect_model_stats
+from lightprune.experts.calibration import CalibrationStats, ExpertObserver, collect_expert_stats as collect_model_stats
 from lightprune.models.base import find_decoder_layers
 from lightprune.stream.checkpoint import Checkpoint
 from lightprune.stream.sequential import run_layer_outer

@@ -15,8 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from lightprune.experts.criteria import Criterion, weight_criterion
-from lightprune.experts.criteria import score_weights as score_model_weights
+from lightprune.experts.criteria import Criterion, score_weights as score_model_weights, weight_criterion
 from lightprune.experts.scores import ExpertScores
 from lightprune.models import MoELayer, find_moe_layers
 from lightprune.stream.checkpoint import Checkpoint

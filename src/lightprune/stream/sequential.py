@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-
 from torch import nn
 
 from lightprune.models.base import find_decoder_layers
