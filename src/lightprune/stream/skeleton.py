@@ -140,6 +140,11 @@ class Skeleton:
             if target in own:
                 sources[target].append(key)
                 self.targets[key] = (target, pattern)
+                converter = self._converters.get(pattern)
+                for other in converter.target_patterns[1:] if converter is not None else ():  # a split (qkv)
+                    split = target.replace(converter.target_patterns[0], other)
+                    if split in own:
+                        sources[split].append(key)
             else:
                 self.unmatched.append(key)
         return dict(sources)

@@ -1,11 +1,11 @@
 """Verification of a checkpoint pruned shard by shard, one layer in memory at a time:
 :func:`verify_pruned_checkpoint`.
 
-1. Layer by layer: for each MoE layer, the pruned layer's routed output (its router's selection, its experts) on
-   seeded probe hidden states equals the source layer's with the plan's experts masked (the family's own masked
-   routing, as ``mask_experts`` runs it), both read from disk.
-2. The whole model: probe token ids run through the pruned checkpoint and through the masked source, each layer by
+1. The whole model: probe token ids run through the pruned checkpoint and through the masked source, each layer by
    layer (:func:`lightprune.stream.sequential.layer_by_layer`); the logits must agree.
+2. Layer by layer: for each MoE layer, the pruned layer's routed output (its router's selection, its experts) on
+   what the source layer's router and experts received in that forward equals the source layer's with the plan's
+   experts masked (the family's own masked routing, as ``mask_experts`` runs it), each read from disk again.
 
 Both within ``atol`` (default 1e-5 for fp32 weights, 1e-2 for bf16/fp16), else
 :class:`~lightprune.export.verify.ExportVerificationError` naming the layer or the logits difference.
@@ -13,7 +13,9 @@ Both within ``atol`` (default 1e-5 for fp32 weights, 1e-2 for bf16/fp16), else
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -31,30 +33,33 @@ __all__ = ["verify_pruned_checkpoint", "routed_output"]
 
 
 @torch.no_grad()
-def routed_output(layer: MoELayer, hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """The layer's routed experts' output [T, H] on ``hidden`` [T, H] (router input and experts input alike), with
-    the experts in ``mask`` removed from the selection."""
-    _, weights, index = layer.route(hidden, mask)
-    return layer.experts(hidden, index, weights.to(hidden.dtype))
+def routed_output(layer: MoELayer, router_input: torch.Tensor, expert_input: torch.Tensor,
+                  mask: torch.Tensor | None) -> torch.Tensor:
+    """The layer's routed experts' output [T, H] on what its router and its experts were called with ([T, H], and
+    [T, H'] for experts that read a projection), with the experts in ``mask`` removed from the selection."""
+    _, weights, index = layer.route(router_input, mask)
+    return layer.experts(expert_input, index, weights.to(expert_input.dtype))
 
 
 def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str | os.PathLike, *,
                              atol: float | None = None, probe_tokens: int = 16, seed: int = 0,
                              progress: bool = True) -> dict[str, Any]:
     """Check the checkpoint at ``out_dir`` against ``source`` pruned by ``plan`` (see the module docstring);
-    returns the manifest's ``verification`` entry."""
+    returns the manifest's ``verification`` entry. The layer checks run on what each MoE layer's router and experts
+    received in the masked source's forward of the probe."""
     original = Skeleton(source)
     with Checkpoint(out_dir) as written:
         pruned = Skeleton(written)
         atol = check_atol(atol)
         atol = default_atol(original.model) if atol is None else atol
         bar = _bar(progress, "verifying")
-        blocks = _check_blocks(original, pruned, plan, atol, probe_tokens, seed, bar)
         probe = default_probe(original.model, shape=(2, probe_tokens), seed=seed)
-        with layer_by_layer(original, bar), mask_experts(original.model, plan):
+        inputs: dict[int, list[torch.Tensor]] = {}
+        with _capture(original, inputs), layer_by_layer(original, bar), mask_experts(original.model, plan):
             reference = model_logits(original.model, probe, device=original.device)
         with layer_by_layer(pruned, bar):
             logits = model_logits(pruned.model, probe, device=pruned.device)
+        blocks = _check_blocks(original, pruned, plan, inputs, atol, bar)
         if bar is not None:
             bar.close()
     diff = max_abs_diff(logits, reference, what="pruned checkpoint, run layer by layer")
@@ -63,26 +68,43 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
             f"the pruned checkpoint's logits, run layer by layer, differ from the masked source's by up to {diff:.3g} "
             f"> atol={atol:g}; nothing was written", diff, atol)
     return {"max_abs_diff": max([diff, *blocks.values()]), "atol": atol, "sequential_logits": diff,
-            "blocks": {str(k): v for k, v in sorted(blocks.items())}, "probe_shapes": {
-                "input_ids": list(probe["input_ids"].shape), "hidden_states": [probe_tokens, "hidden"]}}
+            "blocks": {str(k): v for k, v in sorted(blocks.items())},
+            "probe_shapes": {"input_ids": list(probe["input_ids"].shape)}}
 
 
-def _check_blocks(original: Skeleton, pruned: Skeleton, plan: ExpertPlan, atol: float, tokens: int, seed: int,
-                  bar: Any) -> dict[int, float]:
+@contextlib.contextmanager
+def _capture(skeleton: Skeleton, inputs: dict[int, list[torch.Tensor]]) -> Iterator[None]:
+    """Record what each MoE layer's router and experts are called with (their first argument), by layer."""
+    handles = []
+    for layer in find_moe_layers(skeleton.model):
+        for slot, module in enumerate((layer.router, layer.experts)):
+            def hook(module: torch.nn.Module, args: Any, index: int = layer.index, slot: int = slot) -> None:
+                inputs.setdefault(index, [None, None])[slot] = args[0].detach().reshape(-1, args[0].shape[-1])
+            handles.append(module.register_forward_pre_hook(hook))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _check_blocks(original: Skeleton, pruned: Skeleton, plan: ExpertPlan, inputs: dict[int, list[torch.Tensor]],
+                  atol: float, bar: Any) -> dict[int, float]:
     after = {layer.index: layer for layer in find_moe_layers(pruned.model)}
     diffs = {}
     for layer in find_moe_layers(original.model):
-        gen = torch.Generator().manual_seed(seed * 100_003 + layer.index)
-        hidden_size = layer.router_linear.weight.shape[-1]
-        hidden = torch.randn(tokens, hidden_size, generator=gen).to(original.dtype)
+        if layer.index not in inputs or any(x is None for x in inputs[layer.index]):
+            raise ExportVerificationError(f"layer {layer.index} ({layer.name}): the probe's forward never reached its "
+                                          "router and experts, so it could not be checked; nothing was written")
+        router_input, expert_input = inputs[layer.index]
         mask = None
         if layer.index in plan.keep:
             mask = torch.ones(layer.num_experts, dtype=torch.bool)
             mask[list(plan.keep[layer.index])] = False
         with original.resident(layer.name):  # one layer in memory at a time: the source's, then the pruned one
-            expected = routed_output(layer, hidden, mask)
+            expected = routed_output(layer, router_input, expert_input, mask)
         with pruned.resident(after[layer.index].name):
-            got = routed_output(after[layer.index], hidden, None)
+            got = routed_output(after[layer.index], router_input, expert_input, None)
         diffs[layer.index] = max_abs_diff(got, expected, what=f"layer {layer.index}'s routed experts")
         if diffs[layer.index] > atol:
             raise ExportVerificationError(
