@@ -10,12 +10,16 @@ rebuilt by the LightningModule. It writes ``report.json`` (parameter counts and 
 bytes before and after, per-layer kept counts, timings) and ``kept_experts.png``, and prints a
 summary table.
 
-Across processes every rank leaves with the same pruned architecture and only rank 0 writes and
-verifies. Under DDP and ZeRO-1/2 every rank applies the plan to its full copy. Under ZeRO-3 the
-model is first un-partitioned one module at a time (:func:`lightprune.distributed.materialize`):
-rank 0 gathers the full values onto the CPU in the weights' own dtype (16-bit under mixed
-precision) and is the only rank holding them; the other ranks keep ``meta`` tensors of the same
-shapes and apply the same surgery to those.
+Across processes only rank 0 writes and verifies. When the weights are still the source checkpoint's (a
+calibration job from a local checkpoint: no training, adapter, 4-bit base or precision cast), rank 0 prunes the
+source checkpoint shard by shard with the agreed plan (:func:`lightprune.stream.prune_checkpoint`) instead of
+writing the model: under DDP and ZeRO-1/2 every rank also applies the plan to its full copy; under ZeRO-3 nothing
+is gathered and the in-memory model stays partitioned and unpruned (unless an evaluation follows the export, which
+needs the pruned model: then it is gathered as below). Otherwise every rank leaves with the same pruned
+architecture: under DDP and ZeRO-1/2 every rank applies the plan to its full copy; under ZeRO-3 the model is first
+un-partitioned one module at a time (:func:`lightprune.distributed.materialize`): rank 0 gathers the full values
+onto the CPU in the weights' own dtype (16-bit under mixed precision) and is the only rank holding them; the other
+ranks keep ``meta`` tensors of the same shapes and apply the same surgery to those.
 """
 
 from __future__ import annotations
@@ -31,10 +35,11 @@ import torch
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
 from lightprune.checks import check_atol
-from lightprune.distributed import materialize
+from lightprune.distributed import has_partitioned, materialize
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
 from lightprune.export import export_pruned
+from lightprune.export.load import weight_files
 from lightprune.export.save import MANIFEST_FILE, TOKENIZER_FILES, resolve_source_dir
 from lightprune.export.staging import check_out_dir
 from lightprune.finetune.quantize import is_quantized_4bit
@@ -185,6 +190,17 @@ class Export(JobEndCallback):
                 params_before=params_before, seconds_scoring=seconds_scoring, overwrite=self.overwrite,
                 atol=self.atol, summary=self.summary)
             return
+        source_dir = _stream_source(trainer, pl_module)
+        if source_dir is not None:  # several processes, weights as in the source: rank 0 streams the checkpoint
+            model = pl_module.model
+            params_before = sum(int(getattr(p, "ds_numel", 0) or p.numel()) for p in model.parameters())
+            if not has_partitioned(model):  # DDP, ZeRO-1/2: every rank prunes its full copy, as before
+                prune_experts(model, plan)
+            self.report = {} if not trainer.is_global_zero else streamed_export_with_report(
+                source_dir, plan, run_dir, ckpt_dir, source=getattr(pl_module, "source", None),
+                params_before=params_before, seconds_scoring=seconds_scoring, overwrite=self.overwrite,
+                atol=self.atol, summary=self.summary)
+            return
         model = _full_precision(pl_module)
         materialize(model, engine=trainer.strategy.model)  # ZeRO-3 only; every rank
         _to_trainer_precision(model, trainer)
@@ -200,6 +216,24 @@ class Export(JobEndCallback):
                                          atol=self.atol, summary=self.summary,
                                          processor=_run_tokenizer(model, trainer.datamodule or state.datamodule),
                                          evaluation=dict(state.evaluation) or None)
+
+
+def _stream_source(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Path | None:
+    """The source checkpoint directory when a multi-process export streams from it instead of gathering the model:
+    the job did not train (a calibration), the weights are the source's (no adapter, no 4-bit base, no
+    ``--trainer.precision`` cast) and it is a local safetensors checkpoint; under ZeRO-3 also no evaluation after
+    the export (which needs the pruned model in memory, so the model is gathered then)."""
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    model = pl_module.model
+    if trainer.world_size < 2 or trainer.state.fn == TrainerFn.FITTING or getattr(pl_module, "adapter", None):
+        return None
+    if is_quantized_4bit(model) or str(getattr(trainer, "precision", "")) in _TRUE_PRECISION:
+        return None
+    if has_partitioned(model) and RunState.of(trainer).has_phase("evaluate"):
+        return None
+    source = resolve_source_dir(model, None)
+    return source if source is not None and weight_files(source) else None
 
 
 def _full_precision(pl_module: pl.LightningModule):

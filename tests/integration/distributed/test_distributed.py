@@ -164,9 +164,18 @@ def test_calibrate_aimer_reap_export_equal_single_process(name: str, single, tmp
     _assert_scores(run / "reap" / "scores.json", want / "reap" / "scores.json", rtol=1e-6, atol=1e-9)
     calib, calib_want = (json.loads((p / "calibration.json").read_text()) for p in (run, want))
     assert calib["tokens"] == calib_want["tokens"]
-    _assert_weights(run / "model", want / "model")
+    _assert_weights(run / "model", want / "model")  # rank 0 streamed it from the source checkpoint
+    assert json.loads((run / "report.json").read_text())["streamed"] is True
     expected = json.loads((want / "rank0.json").read_text())
-    _assert_ranks(run, expected["plans"], expected["experts"], stage3=name == "zero3")
+    if name != "zero3":
+        _assert_ranks(run, expected["plans"], expected["experts"], stage3=False)
+        return
+    # ZeRO-3: nothing was gathered; every rank's model is as the engine partitioned it, unpruned
+    unpruned = {str(l.index): l.num_experts for l in find_moe_layers(lp.load_pruned(single["ckpt"]))}
+    for rank in (0, 1):
+        record = json.loads((run / f"rank{rank}.json").read_text())
+        assert record["plans"] == expected["plans"] and record["partitioned"], rank
+        assert record["experts"] == unpruned, rank
 
 
 def test_two_rank_sequential_calibration_streams_the_same_export(single, tmp_path: Path) -> None:
