@@ -160,6 +160,11 @@ class MoECausalLM(pl.LightningModule):
         if self.hparams.get("sequential"):
             from lightprune.stream import Checkpoint, Skeleton
 
+            strategy = getattr(self._trainer, "strategy", None) if self._trainer is not None else None
+            if strategy is not None and "deepspeed" in type(strategy).__name__.lower():
+                raise ValueError("sequential=True keeps one decoder layer in memory per process; DeepSpeed shards a "
+                                 "model held in memory: run it in one process or under DDP "
+                                 "(--trainer.strategy ddp), or drop sequential")
             self.skeleton = Skeleton(Checkpoint(resolve_checkpoint(self.hparams.checkpoint)),
                                      dtype=_DTYPES[self.hparams.dtype])
             # not a submodule: its tensors stay on the meta device and only the skeleton moves them, one layer at a

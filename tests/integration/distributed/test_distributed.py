@@ -195,6 +195,13 @@ def test_two_rank_sequential_calibration_streams_the_same_export(single, tmp_pat
         assert record["experts"] == expected["experts"] and record["devices"] == ["meta"], rank
 
 
+def test_sequential_is_refused_under_deepspeed(single, tmp_path: Path) -> None:
+    # raised in the strategy's process (Lightning hands it back wrapped), before any batch
+    with pytest.raises(Exception, match="sequential=True keeps one decoder layer in memory per process; DeepSpeed"):
+        _calibrate(tmp_path / "run", single["ckpt"], devices=1, strategy=CPUDeepSpeedStrategy(stage=3),
+                   sequential=True)
+
+
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_router_lora_fit_router_delta_equal_single_process(name: str, single, tmp_path: Path) -> None:
     want = single["fit"]
