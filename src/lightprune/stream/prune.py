@@ -165,6 +165,9 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     """
     from lightprune.stream.verify import verify_pruned_checkpoint
 
+    unknown = sorted(set(card or {}) - {"source", "command"})
+    if unknown:
+        raise ValueError(f"card has unknown keys {unknown}; prune_checkpoint takes 'source' and 'command'")
     src = Path(src_dir).expanduser().absolute()
     check_not_source(out_dir, src)
     with Checkpoint(src) as checkpoint:
@@ -241,7 +244,7 @@ def _write_manifest(tmp: Path, skeleton: Skeleton, pruned: nn.Module, plan: Expe
         "plan": json.loads(json.dumps(plan.to_dict(), default=str)),
         "tokenizer": {"origin": "source_dir", "files": tokenizer} if tokenizer else None,
         "evaluation": None,
-        "parameters_before": None,
+        "parameters_before": sum(p.numel() for p in skeleton.model.parameters()),
         "parameter_bytes_before": checkpoint.total_bytes,
         "weight_bytes_before": sum(f["size"] for f in fingerprint) if fingerprint else None,
         "copied_without_model_tensor": sorted(skeleton.unmatched),

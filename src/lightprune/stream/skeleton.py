@@ -129,9 +129,9 @@ class Skeleton:
         own = self._own_tensors()
         prefix = self.model.base_model_prefix
         sources: dict[str, list[str]] = defaultdict(list)
-        #: checkpoint keys the model has no tensor for; {checkpoint key: (model tensor, converter's source pattern
-        #: or None for a rename)}
+        #: the checkpoint keys the model has no tensor for (copied unchanged by a streamed export)
         self.unmatched: list[str] = []
+        #: {checkpoint key: (the model tensor it becomes, the converter's source pattern, None for a rename)}
         self.targets: dict[str, tuple[str, str | None]] = {}
         for key in self.checkpoint.keys():
             target, pattern = rename_source_key(key, renamings, converters, prefix, own)
@@ -152,11 +152,6 @@ class Skeleton:
     def _own_tensors(self) -> dict[str, torch.Tensor]:
         """The model's state-dict tensors (parameters and persistent buffers), by name."""
         return self.model.state_dict(keep_vars=True)
-
-    def sources(self, module: str) -> list[str]:
-        """The checkpoint keys of the tensors under ``module`` (a module name of ``model``; "" = all)."""
-        head = f"{module}." if module else ""
-        return sorted({key for target, keys in self._sources.items() if target.startswith(head) for key in keys})
 
     # ------------------------------------------------------------------ load / release
     def load(self, modules: Iterable[str]) -> None:
