@@ -142,8 +142,22 @@ class ExpertStats(pl.Callback):
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         observer = self._observer
-        if observer is not None and self.save_every_n_batches and observer.batches_seen % self.save_every_n_batches == 0:
+        save = observer is not None and self.save_every_n_batches and \
+            observer.batches_seen % self.save_every_n_batches == 0
+        if observer is not None and _defers(pl_module) and (save or pl_module.deferred_full()):
+            self._flush(pl_module)  # the state saved must hold every batch counted
+        if save:
             self._save_state(trainer)
+
+    def _flush(self, pl_module: pl.LightningModule) -> None:
+        """Run the forwards a sequential module deferred (``MoECausalLM(sequential=True)``), declaring each batch to
+        the observer again before every layer it enters (it was counted when it arrived)."""
+        observer = self._observer
+        pl_module.flush_deferred(lambda batch: observer.begin_batch(batch, count=False))
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._observer is not None and _defers(pl_module):
+            self._flush(pl_module)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         observer = self._observer
@@ -185,3 +199,7 @@ def _fingerprint(pl_module: pl.LightningModule) -> dict[str, Any]:
     routers = [names[id(layer.router)] for layer in find_moe_layers(pl_module.model)]
     with skeleton.resident(*routers):
         return model_fingerprint(pl_module.model)
+
+
+def _defers(pl_module: pl.LightningModule) -> bool:
+    return bool(getattr(pl_module, "defers_forwards", lambda: False)())

@@ -74,7 +74,8 @@ class MoECausalLM(pl.LightningModule):
             forward loads each layer just before it runs and releases it after, weight criteria score one MoE
             block at a time, and ``Export`` prunes the checkpoint shard by shard (``lp.prune_checkpoint``). Needs
             ``checkpoint``; not for ``fit`` (training needs the weights in memory), nor with an adapter, 4-bit
-            weights or ``device_map``.
+            weights or ``device_map``. ``lightprune calibrate`` collects :attr:`batches_per_pass` batches at a time
+            and runs them through the layers together, each layer read once per pass.
         device_map, max_memory, offload_folder: passed to transformers' ``from_pretrained`` for a ``checkpoint``
             (accelerate's placement and offload). Calibration refuses an offloaded model before any batch
             (its observers read every MoE layer's weights); ``lp.collect_expert_stats(checkpoint_dir, batches)``
@@ -120,6 +121,7 @@ class MoECausalLM(pl.LightningModule):
                 raise ValueError(f"sequential=True streams a checkpoint one decoder layer at a time; it does not go "
                                  f"with {clash}")
         self.skeleton = None
+        self._deferred: list[dict[str, Any]] = []
         if tiny is not None:
             if tiny not in TINY_FAMILIES + TINY_DENSE_MLLMS:
                 raise ValueError(f"tiny must be one of {list(TINY_FAMILIES + TINY_DENSE_MLLMS)}, got {tiny!r}")
@@ -260,7 +262,39 @@ class MoECausalLM(pl.LightningModule):
             self.val_ppl.reset()
             self.val_acc.reset()
 
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    # ------------------------------------------------------------------ sequential calibration
+    #: batches a sequential calibration runs through each layer together (each layer is read once per pass)
+    batches_per_pass: int = 16
+
+    def defers_forwards(self) -> bool:
+        """True while a calibration of a ``sequential`` model runs: ``validation_step`` only collects the batches,
+        and :meth:`flush_deferred` runs them through the layers one pass at a time."""
+        trainer = self._trainer
+        return self.skeleton is not None and trainer is not None and bool(getattr(trainer, "calibrating", False))
+
+    def deferred_full(self) -> bool:
+        return len(self._deferred) >= self.batches_per_pass
+
+    def flush_deferred(self, before: Any = None) -> None:
+        """Run the collected batches' forwards, each decoder layer read once for all of them
+        (:func:`lightprune.stream.run_layer_outer`); ``before(batch)`` runs before a batch enters each layer (the
+        calibration observer declares the batch: its token subsets)."""
+        from lightprune.stream import run_layer_outer
+
+        batches, self._deferred = self._deferred, []
+        if batches:
+            run_layer_outer(self.skeleton, batches, lambda batch: self.model(**batch),
+                            before=None if before is None else lambda i, layer: before(batches[i]))
+
+    def on_validation_epoch_end(self) -> None:
+        self.flush_deferred()  # left over without an observer (ExpertStats flushes its own first)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
+        if self.defers_forwards():
+            if not self._ids_checked:
+                self._check_token_ids(batch)
+            self._deferred.append(model_inputs(batch))
+            return None
         logits, labels = self._shifted(batch)
         loss = self._ce(logits, labels)
         self.log("val/loss", loss, prog_bar=True)

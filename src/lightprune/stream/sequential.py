@@ -86,6 +86,7 @@ def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable
     path, layers = find_decoder_layers(model)
     names = [f"{path}.{index}" for index in range(len(layers))]
     cond, local, intra_op = threading.Condition(), threading.local(), torch.get_num_threads()
+    inference = torch.is_inference_mode_enabled()
     where: dict[int, tuple] = {}            # input -> ("at", layer) | ("done",) | ("error", exception)
     turn: list[tuple[int, int] | None] = [None]
     stop = [False]
@@ -106,8 +107,8 @@ def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable
     def worker(index: int, item: Any) -> None:
         local.input = index
         torch.set_num_threads(intra_op)  # per thread with OpenMP: the caller's count, so its kernels reduce alike
-        try:
-            with torch.no_grad():
+        try:  # grad and inference modes are per thread: the caller's (Lightning's loops run in inference mode)
+            with torch.inference_mode() if inference else torch.no_grad():
                 forward(item)
             result: tuple = ("done",)
         except BaseException as err:  # noqa: BLE001 - handed to the coordinator

@@ -68,10 +68,17 @@ def _tensors(path: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("config, command", [("configs/reap.yaml", "calibrate"), ("configs/aimer.yaml", "export")])
 def test_a_recipe_with_sequential_true_streams_the_checkpoint_to_the_same_result(tmp_path: Path, config: str,
-                                                                               command: str) -> None:
-    """--model.init_args.sequential true: calibration with one decoder layer resident (each forward loads and
-    releases the layers), weight scores one block at a time, the export pruned shard by shard; the plan, the
-    statistics and every tensor of the checkpoint equal the in-memory run's."""
+                                                                               command: str, monkeypatch) -> None:
+    """--model.init_args.sequential true: calibration with one decoder layer resident (the batches collected and
+    run through the layers one pass at a time, each layer read once per pass), weight scores one block at a time,
+    the export pruned shard by shard; the plan, the statistics and every tensor of the checkpoint equal the
+    in-memory run's."""
+    from lightprune.finetune import MoECausalLM
+
+    passes = []
+    flush = MoECausalLM.flush_deferred
+    monkeypatch.setattr(MoECausalLM, "flush_deferred",
+                        lambda self, before=None: (passes.append(len(self._deferred)), flush(self, before))[1])
     ckpt = tmp_path / "ckpt"
     _checkpoint_with_tokenizer(ckpt, "qwen3_moe", seed=2)
     data = ["--data.init_args.tokenizer", str(ckpt), "--data.init_args.calibration", str(TEXT),
@@ -88,6 +95,8 @@ def test_a_recipe_with_sequential_true_streams_the_checkpoint_to_the_same_result
     if command == "calibrate":
         stats = {mode: json.loads((run / "calibration.json").read_text()) for mode, run in runs.items()}
         assert stats["sequential"]["criteria"] == stats["memory"]["criteria"]
+        batches = stats["memory"]["metadata"]["batches"]
+        assert batches > 1 and max(passes) == batches  # one pass took every batch through each layer once
     memory, sequential = _tensors(runs["memory"] / "model"), _tensors(runs["sequential"] / "model")
     assert memory.keys() == sequential.keys()
     assert all(torch.equal(memory[k], sequential[k]) for k in memory)

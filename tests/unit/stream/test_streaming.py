@@ -356,3 +356,37 @@ def test_a_sequential_module_streams_its_checkpoint_and_refuses_what_needs_it_in
                 dict(checkpoint=str(path), device_map="cpu")):
         with pytest.raises(ValueError, match="sequential=True"):
             MoECausalLM(**bad, sequential=True)
+
+
+def test_lightning_calibration_of_a_sequential_module_runs_passes_that_end_at_every_state_save(tiny, tmp_path,
+                                                                                              monkeypatch):
+    """PruneTrainer.calibrate with MoECausalLM(sequential=True) and ExpertStats saving its state every 2 batches:
+    the deferred forwards run before each save (the saved state holds every batch it counted) and at the end; the
+    statistics equal an in-memory calibration's."""
+    from lightprune.callbacks import ExpertStats
+    from lightprune.data import SyntheticTokens
+    from lightprune.finetune import MoECausalLM
+    from lightprune.trainer import PruneTrainer
+
+    model = tiny("qwen3_moe", seed=2)
+    path = saved(model, tmp_path / "ckpt", sharded=True)
+    passes, saved_counts = [], []
+    flush = MoECausalLM.flush_deferred
+    monkeypatch.setattr(MoECausalLM, "flush_deferred",
+                        lambda self, before=None: (passes.append(len(self._deferred)), flush(self, before))[1])
+    save = ExpertStats._save_state
+    monkeypatch.setattr(ExpertStats, "_save_state", lambda self, trainer: (
+        saved_counts.append(int(self._observer.accumulators[min(self._observer.accumulators)].sums["tokens"][0])),
+        save(self, trainer))[1])
+    stats = {}
+    for mode in ("memory", "sequential"):
+        callback = ExpertStats(subsets=["all", "text"], save_every_n_batches=2, output_dir=str(tmp_path / mode))
+        trainer = PruneTrainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                               enable_progress_bar=False, enable_model_summary=False,
+                               default_root_dir=str(tmp_path / mode), callbacks=[callback])
+        trainer.calibrate(MoECausalLM(checkpoint=str(path), sequential=mode == "sequential"),
+                          datamodule=SyntheticTokens(num_samples=10, seq_len=8, batch_size=2, seed=3))
+        stats[mode] = callback.stats
+    assert [n for n in passes if n] == [2, 2, 1]  # the sequential run (the in-memory one defers nothing)
+    assert saved_counts[2:] == saved_counts[:2] == [32, 64]  # 2 and 4 batches of 2 x 8 tokens, in both runs
+    assert_same_stats(stats["sequential"], stats["memory"])
