@@ -74,8 +74,9 @@ class MoECausalLM(pl.LightningModule):
             forward loads each layer just before it runs and releases it after, weight criteria score one MoE
             block at a time, and ``Export`` prunes the checkpoint shard by shard (``lp.prune_checkpoint``). Needs
             ``checkpoint``; not for ``fit`` (training needs the weights in memory), nor with an adapter, 4-bit
-            weights or ``device_map``. ``lightprune calibrate`` collects :attr:`batches_per_pass` batches at a time
-            and runs them through the layers together, each layer read once per pass.
+            weights or ``device_map``.
+        batches_per_pass: with ``sequential``, ``lightprune calibrate`` collects this many batches and runs them
+            through the layers together (each layer is read once per pass; memory holds the pass's activations).
         device_map, max_memory, offload_folder: passed to transformers' ``from_pretrained`` for a ``checkpoint``
             (accelerate's placement and offload). Calibration refuses an offloaded model before any batch
             (its observers read every MoE layer's weights); ``lp.collect_expert_stats(checkpoint_dir, batches)``
@@ -88,7 +89,7 @@ class MoECausalLM(pl.LightningModule):
                  weight_decay: float = 0.0, warmup_steps: int = 0, scheduler: str = "cosine",
                  load_in_4bit: bool = False, router_aux_loss_coef: float = 0.0, loss_mean: str = "token",
                  device_map: str | dict[str, Any] | None = None, max_memory: dict[str, Any] | None = None,
-                 offload_folder: str | None = None, sequential: bool = False):
+                 offload_folder: str | None = None, sequential: bool = False, batches_per_pass: int = 16):
         super().__init__()
         if isinstance(adapter, dict):
             adapter = AdapterSpec(**adapter)
@@ -120,6 +121,9 @@ class MoECausalLM(pl.LightningModule):
             if clash:
                 raise ValueError(f"sequential=True streams a checkpoint one decoder layer at a time; it does not go "
                                  f"with {clash}")
+        if isinstance(batches_per_pass, bool) or not isinstance(batches_per_pass, int) or batches_per_pass < 1:
+            raise ValueError(f"batches_per_pass must be an int >= 1, got {batches_per_pass!r}")
+        self.batches_per_pass = batches_per_pass
         self.skeleton = None
         self._deferred: list[dict[str, Any]] = []
         if tiny is not None:
@@ -263,9 +267,6 @@ class MoECausalLM(pl.LightningModule):
             self.val_acc.reset()
 
     # ------------------------------------------------------------------ sequential calibration
-    #: batches a sequential calibration runs through each layer together (each layer is read once per pass)
-    batches_per_pass: int = 16
-
     def defers_forwards(self) -> bool:
         """True while a calibration of a ``sequential`` model runs: ``validation_step`` only collects the batches,
         and :meth:`flush_deferred` runs them through the layers one pass at a time."""

@@ -356,6 +356,8 @@ def test_a_sequential_module_streams_its_checkpoint_and_refuses_what_needs_it_in
                 dict(checkpoint=str(path), device_map="cpu")):
         with pytest.raises(ValueError, match="sequential=True"):
             MoECausalLM(**bad, sequential=True)
+    with pytest.raises(ValueError, match="batches_per_pass must be an int >= 1, got 0"):
+        MoECausalLM(checkpoint=str(path), sequential=True, batches_per_pass=0)
 
 
 def test_lightning_calibration_of_a_sequential_module_runs_passes_that_end_at_every_state_save(tiny, tmp_path,
