@@ -55,6 +55,31 @@ def _dir_bytes(path: Path) -> int | None:
     return sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
+def _run_report(plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any, figures: dict[str, Any],
+                seconds_scoring: float, start: float, summary: bool) -> dict[str, Any]:
+    """``report.json`` (the plan's facts, ``figures`` of the export, timings), ``kept_experts.png`` and the summary
+    table; returns the report."""
+    report = {
+        "source": source,
+        "criterion": plan.criterion,
+        "ratio": plan.ratio,
+        "allocation": plan.allocation,
+        "experts_before": sum(plan.num_experts.values()),
+        "experts_after": sum(len(ids) for ids in plan.keep.values()),
+        **figures,
+        "kept_per_layer": {str(l): len(ids) for l, ids in plan.keep.items()},
+        "n_per_layer": plan.metadata.get("n_per_layer"),
+        "seconds_scoring": seconds_scoring,
+        "seconds_export": time.perf_counter() - start,
+        "checkpoint_dir": str(ckpt_dir),
+    }
+    write_report(report, run_dir / "report.json")
+    plot_kept_experts(plan, run_dir / "kept_experts.png")
+    if summary:
+        print_summary(report)
+    return report
+
+
 def export_with_report(model, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
                        seconds_scoring: float, overwrite: bool, atol: float | None, summary: bool,
                        extra: dict[str, Any] | None = None, processor: Any = None,
@@ -66,31 +91,12 @@ def export_with_report(model, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *
     card = {"source": str(source), **({"evaluation": evaluation} if evaluation else {})}
     result = export_pruned(model, plan, ckpt_dir, overwrite=overwrite, atol=atol, processor=processor, card=card)
     before = Path(source) if isinstance(source, str) else None
-    report = {
-        "source": source,
-        "criterion": plan.criterion,
-        "ratio": plan.ratio,
-        "allocation": plan.allocation,
-        **(extra or {}),
-        "experts_before": sum(plan.num_experts.values()),
-        "experts_after": sum(len(ids) for ids in plan.keep.values()),
-        "params_before": result["params_before"],
-        "params_after": result["params_after"],
-        "checkpoint_bytes_before": _dir_bytes(before) if before is not None else None,
-        "checkpoint_bytes_after": result["checkpoint_bytes"],
-        "expected_bytes_after": result["expected_bytes"],
-        "kept_per_layer": {str(l): len(ids) for l, ids in plan.keep.items()},
-        "n_per_layer": plan.metadata.get("n_per_layer"),
-        "max_abs_diff": result["max_abs_diff"],
-        "seconds_scoring": seconds_scoring,
-        "seconds_export": time.perf_counter() - start,
-        "checkpoint_dir": str(ckpt_dir),
-    }
-    write_report(report, run_dir / "report.json")
-    plot_kept_experts(plan, run_dir / "kept_experts.png")
-    if summary:
-        print_summary(report)
-    return report
+    figures = {**(extra or {}), "params_before": result["params_before"], "params_after": result["params_after"],
+               "checkpoint_bytes_before": _dir_bytes(before) if before is not None else None,
+               "checkpoint_bytes_after": result["checkpoint_bytes"], "expected_bytes_after": result["expected_bytes"],
+               "max_abs_diff": result["max_abs_diff"]}
+    return _run_report(plan, run_dir, ckpt_dir, source=source, figures=figures, seconds_scoring=seconds_scoring,
+                       start=start, summary=summary)
 
 
 def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
@@ -104,31 +110,12 @@ def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Pat
     prune_checkpoint(source_dir, plan, ckpt_dir, overwrite=overwrite, atol=atol,
                      card={"source": str(source or source_dir)})
     manifest = json.loads((Path(ckpt_dir) / MANIFEST_FILE).read_text())
-    report = {
-        "source": source or str(source_dir),
-        "criterion": plan.criterion,
-        "ratio": plan.ratio,
-        "allocation": plan.allocation,
-        "streamed": True,
-        "experts_before": sum(plan.num_experts.values()),
-        "experts_after": sum(len(ids) for ids in plan.keep.values()),
-        "params_before": params_before,
-        "params_after": manifest["parameters"],
-        "checkpoint_bytes_before": _dir_bytes(Path(source_dir)),
-        "checkpoint_bytes_after": manifest["weight_bytes"],
-        "expected_bytes_after": manifest["parameter_bytes"],
-        "kept_per_layer": {str(l): len(ids) for l, ids in plan.keep.items()},
-        "n_per_layer": plan.metadata.get("n_per_layer"),
-        "max_abs_diff": manifest["verification"]["max_abs_diff"],
-        "seconds_scoring": seconds_scoring,
-        "seconds_export": time.perf_counter() - start,
-        "checkpoint_dir": str(ckpt_dir),
-    }
-    write_report(report, run_dir / "report.json")
-    plot_kept_experts(plan, run_dir / "kept_experts.png")
-    if summary:
-        print_summary(report)
-    return report
+    figures = {"streamed": True, "params_before": params_before, "params_after": manifest["parameters"],
+               "checkpoint_bytes_before": _dir_bytes(Path(source_dir)),
+               "checkpoint_bytes_after": manifest["weight_bytes"], "expected_bytes_after": manifest["parameter_bytes"],
+               "max_abs_diff": manifest["verification"]["max_abs_diff"]}
+    return _run_report(plan, run_dir, ckpt_dir, source=source or str(source_dir), figures=figures,
+                       seconds_scoring=seconds_scoring, start=start, summary=summary)
 
 
 class Export(JobEndCallback):
@@ -182,19 +169,13 @@ class Export(JobEndCallback):
         run_dir = Path(self.output_dir or trainer.default_root_dir)
         ckpt_dir = self._checkpoint_dir(trainer)
         skeleton = getattr(pl_module, "skeleton", None)
-        if skeleton is not None:  # MoECausalLM(sequential=True): the checkpoint is pruned shard by shard
-            params_before = sum(p.numel() for p in pl_module.model.parameters())
-            prune_experts(pl_module.model, plan)  # the meta skeleton takes the pruned architecture, on every rank
-            self.report = {} if not trainer.is_global_zero else streamed_export_with_report(
-                skeleton.checkpoint.path, plan, run_dir, ckpt_dir, source=getattr(pl_module, "source", None),
-                params_before=params_before, seconds_scoring=seconds_scoring, overwrite=self.overwrite,
-                atol=self.atol, summary=self.summary)
-            return
-        source_dir = _stream_source(trainer, pl_module)
-        if source_dir is not None:  # several processes, weights as in the source: rank 0 streams the checkpoint
+        # MoECausalLM(sequential=True), or several processes whose weights are still the source's: rank 0 prunes the
+        # source checkpoint shard by shard
+        source_dir = skeleton.checkpoint.path if skeleton is not None else _stream_source(trainer, pl_module)
+        if source_dir is not None:
             model = pl_module.model
             params_before = sum(int(getattr(p, "ds_numel", 0) or p.numel()) for p in model.parameters())
-            if not has_partitioned(model):  # DDP, ZeRO-1/2: every rank prunes its full copy, as before
+            if not has_partitioned(model):  # every rank's copy (a meta skeleton: its shapes) takes the plan
                 prune_experts(model, plan)
             self.report = {} if not trainer.is_global_zero else streamed_export_with_report(
                 source_dir, plan, run_dir, ckpt_dir, source=getattr(pl_module, "source", None),
