@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torch import nn
+from tqdm.auto import tqdm
 
 from lightprune.batch import model_inputs
 from lightprune.experts.calibration import CalibrationStats, ExpertObserver, collect_expert_stats as collect_model_stats
@@ -53,11 +54,8 @@ def collect_checkpoint_stats(path: str | os.PathLike, batches: Iterable[Mapping[
         skeleton = Skeleton(checkpoint)
         observer = ExpertObserver(skeleton.model, subsets, criteria, low_attn_quantile)
         layers = len(find_decoder_layers(skeleton.model)[1])
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(desc=f"calibration, layer by layer ({checkpoint.path.name})", unit="layer-batch", leave=False)
+        bar = tqdm(desc=f"calibration, layer by layer ({checkpoint.path.name})", unit="layer-batch", leave=False,
+                   disable=not progress)
         iterator = iter(batches)
         try:
             with observer:
@@ -65,14 +63,12 @@ def collect_checkpoint_stats(path: str | os.PathLike, batches: Iterable[Mapping[
                     wave = [model_inputs(b, device=skeleton.device) for b in itertools.islice(iterator, batches_per_pass)]
                     if not wave:
                         break
-                    if bar is not None:
-                        bar.total = (bar.total or 0) + layers * len(wave)
+                    bar.total = (bar.total or 0) + layers * len(wave)
                     run_layer_outer(skeleton, wave, lambda batch: skeleton.model(**batch),
                                     before=lambda i, layer: observer.begin_batch(wave[i], count=layer == 0),
                                     progress=bar)
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
         if observer.batches_seen == 0:
             raise ValueError("empty calibration set: no batches were given")
         return observer.result()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
@@ -54,12 +54,11 @@ from lightprune.export.save import (
 from lightprune.export.staging import staging_dir
 from lightprune.models import MoELayer, find_moe_layers
 from lightprune.stream.checkpoint import Checkpoint
-from lightprune.stream.skeleton import Skeleton
+from lightprune.stream.skeleton import EXPERT_INDEX, Skeleton
 from lightprune.stream.writer import SafetensorsWriter
 
 __all__ = ["prune_checkpoint", "expert_dims", "KeyRule"]
 
-_EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -109,7 +108,7 @@ def key_rules(skeleton: Skeleton, dims: dict[str, int], plan: ExpertPlan) -> dic
             rules[key] = KeyRule(key)
             continue
         keep = tuple(plan.keep[_layer_of(target, layers).index])
-        match = _EXPERT_INDEX.search(key)
+        match = EXPERT_INDEX.search(key)
         if pattern is not None and "*" in pattern and match is not None:  # one expert's tensor
             index = int(match.group(1))
             rules[key] = KeyRule(key[:match.start(1)] + str(keep.index(index)) + key[match.end(1):]
@@ -179,17 +178,13 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
         counts = {layer.index: layer.num_experts for layer in find_moe_layers(pruned)}
         rules = key_rules(skeleton, expert_dims(skeleton.model, pruned), plan)
         with staging_dir(out_dir, overwrite) as tmp:
-            bar = _bar(progress, len(checkpoint.files), f"pruning {src.name}")
             weight_map: dict[str, str] = {}
             total = 0
-            for file in checkpoint.files:
+            for file in tqdm(checkpoint.files, desc=f"pruning {src.name}", unit="shard", leave=False,
+                             disable=not progress):
                 sizes = _write_shard(checkpoint, file, rules, tmp)
                 weight_map.update({name: file.name for name in sizes})
                 total += sum(sizes.values())
-                if bar is not None:
-                    bar.update(1)
-            if bar is not None:
-                bar.close()
             if checkpoint.sharded:
                 index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
                 (tmp / SAFE_INDEX).write_text(json.dumps(index, indent=2) + "\n")
@@ -254,10 +249,3 @@ def _write_manifest(tmp: Path, skeleton: Skeleton, pruned: nn.Module, plan: Expe
     (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     (tmp / CARD_FILE).write_text(model_card(manifest))
 
-
-def _bar(progress: bool, total: int, description: str) -> Any:
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(desc=description, total=total, unit="shard", leave=False)

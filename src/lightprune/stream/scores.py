@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
+from tqdm.auto import tqdm
 
 from lightprune.experts.criteria import Criterion, score_weights as score_model_weights, weight_criterion
 from lightprune.experts.scores import ExpertScores
@@ -41,26 +42,16 @@ def score_checkpoint(path: str | os.PathLike, criterion: str | type[Criterion] |
     instance = weight_criterion(criterion, seed=seed, **kwargs)
     with Checkpoint(path) as checkpoint:
         skeleton = Skeleton(checkpoint)
-        bar = _bar(progress, f"scoring {instance.name or type(instance).__name__} from {checkpoint.path.name}",
-                   len(find_moe_layers(skeleton.model)))
+        bar = tqdm(desc=f"scoring {instance.name or type(instance).__name__} from {checkpoint.path.name}",
+                   total=len(find_moe_layers(skeleton.model)), unit="layer", leave=False, disable=not progress)
 
         @contextlib.contextmanager
         def resident(layer: MoELayer) -> Iterator[None]:
             with skeleton.resident(layer.name):
                 yield
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
 
         try:
             return instance.score(skeleton.model, layer_weights=resident)
         finally:
-            if bar is not None:
-                bar.close()
-
-
-def _bar(progress: bool, description: str, total: int) -> Any:
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(desc=description, total=total, unit="layer", leave=False)
+            bar.close()

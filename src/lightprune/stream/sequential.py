@@ -133,8 +133,8 @@ def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable
             raise RuntimeError(f"input {index}: the forward reached decoder layer {state[1]} again after the last")
 
     handles = [layer.register_forward_pre_hook(pre_hook(i)) for i, layer in enumerate(layers)]
-    threads = []
-    skeleton.load(outside_modules(model, path))
+    threads, outside = [], outside_modules(model, path)
+    skeleton.load(outside)
     try:
         for index, item in enumerate(inputs):  # each forward up to its first decoder layer, one at a time
             thread = threading.Thread(target=worker, args=(index, item), daemon=True,
@@ -163,4 +163,4 @@ def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable
         for handle in handles:
             handle.remove()
         skeleton.release(names)
-        skeleton.release(outside_modules(model, path))
+        skeleton.release(outside)

@@ -33,9 +33,10 @@ from lightprune.export.classes import base_class_for_config, resizing_class
 from lightprune.export.remote_resize import experts_per_layer
 from lightprune.stream.checkpoint import Checkpoint
 
-__all__ = ["Skeleton", "checkpoint_dtype"]
+__all__ = ["EXPERT_INDEX", "Skeleton", "checkpoint_dtype"]
 
-_EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)\.")
+#: the expert number of a per-expert checkpoint key (``...experts.<n>.<name>``)
+EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)\.")
 
 
 def checkpoint_dtype(checkpoint: Checkpoint) -> torch.dtype:
@@ -114,6 +115,8 @@ class Skeleton:
             owner, _, attr = name.rpartition(".")
             self.model.get_submodule(owner)._buffers[attr] = torch.empty_like(buffer, device="cpu")
         self.model.initialize_weights()  # the non-persistent buffers' values; meta parameters stay as they are
+        #: the model's state-dict names (parameters and persistent buffers): loading and releasing never change them
+        self._names = list(self.model.state_dict(keep_vars=True))
         self._sources = self._map_checkpoint_keys()
 
     # ------------------------------------------------------------------ the key map
@@ -126,7 +129,7 @@ class Skeleton:
         renamings = [m for m in self._mapping if isinstance(m, WeightRenaming)]
         converters = [m for m in self._mapping if isinstance(m, WeightConverter)]
         self._converters = {pattern: c for c in converters for pattern in c.source_patterns}
-        own = self._own_tensors()
+        own = self.model.state_dict(keep_vars=True)
         prefix = self.model.base_model_prefix
         sources: dict[str, list[str]] = defaultdict(list)
         #: the checkpoint keys the model has no tensor for (copied unchanged by a streamed export)
@@ -149,10 +152,6 @@ class Skeleton:
                 self.unmatched.append(key)
         return dict(sources)
 
-    def _own_tensors(self) -> dict[str, torch.Tensor]:
-        """The model's state-dict tensors (parameters and persistent buffers), by name."""
-        return self.model.state_dict(keep_vars=True)
-
     # ------------------------------------------------------------------ load / release
     def load(self, modules: Iterable[str]) -> None:
         """Read the tensors of ``modules`` (names in ``model``) from the checkpoint into the model."""
@@ -165,11 +164,11 @@ class Skeleton:
             raise ValueError(f"checkpoint {str(self.checkpoint.path)!r} has no tensor for {missing[:8]}"
                              f"{f' and {len(missing) - 8} more' if len(missing) > 8 else ''} of module(s) "
                              f"{modules}: it would load with random weights")
-        own, converted = self._own_tensors(), []
+        converted = []
         for name in wanted:
             if name in tied:
                 continue
-            tensor = self._read(name, own[name])
+            tensor = self._read(name, self._get(name))
             if tensor is None:
                 converted.append(name)
                 continue
@@ -194,7 +193,7 @@ class Skeleton:
             return None
         by_pattern: dict[str, dict[int, str]] = {p: {} for p in converter.source_patterns}
         for key, pattern in zip(keys, patterns, strict=True):
-            match = _EXPERT_INDEX.search(key)
+            match = EXPERT_INDEX.search(key)
             if pattern not in by_pattern or match is None:
                 return None
             by_pattern[pattern][int(match.group(1))] = key
@@ -280,12 +279,11 @@ class Skeleton:
 
     # ------------------------------------------------------------------ internals
     def _wanted(self, modules: list[str]) -> list[str]:
-        own = self._own_tensors()
         for module in modules:
             if module:
                 self.model.get_submodule(module)  # AttributeError naming it when there is no such module
-        heads = [f"{m}." if m else "" for m in modules]
-        return [name for name in own if any(name.startswith(h) for h in heads)]
+        heads = tuple(f"{m}." if m else "" for m in modules)
+        return [name for name in self._names if name.startswith(heads)]
 
     def _tied(self, names: list[str]) -> dict[str, str]:
         """{tied tensor: its source} among ``names`` (``lm_head.weight`` of a tied embedding)."""

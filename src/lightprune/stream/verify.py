@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from lightprune.checks import check_atol
 from lightprune.experts.mask import mask_experts
@@ -52,7 +53,7 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
         pruned = Skeleton(written)
         atol = check_atol(atol)
         atol = default_atol(original.model) if atol is None else atol
-        bar = _bar(progress, "verifying")
+        bar = tqdm(desc="verifying", unit="layer", leave=False, disable=not progress)
         probe = default_probe(original.model, shape=(2, probe_tokens), seed=seed)
         inputs: dict[int, list[torch.Tensor]] = {}
         with _capture(original, inputs), layer_by_layer(original, bar), mask_experts(original.model, plan):
@@ -60,8 +61,7 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
         with layer_by_layer(pruned, bar):
             logits = model_logits(pruned.model, probe, device=pruned.device)
         blocks = _check_blocks(original, pruned, plan, inputs, atol, bar)
-        if bar is not None:
-            bar.close()
+        bar.close()
     diff = max_abs_diff(logits, reference, what="pruned checkpoint, run layer by layer")
     if diff > atol:
         raise ExportVerificationError(
@@ -111,14 +111,6 @@ def _check_blocks(original: Skeleton, pruned: Skeleton, plan: ExpertPlan, inputs
                 f"layer {layer.index} ({layer.name}) of the pruned checkpoint: its routed experts' output differs from "
                 f"the masked source layer's by up to {diffs[layer.index]:.3g} > atol={atol:g}; nothing was written",
                 diffs[layer.index], atol)
-        if bar is not None:
-            bar.update(1)
+        bar.update(1)
     return diffs
 
-
-def _bar(progress: bool, description: str) -> Any:
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(desc=description, unit="layer", leave=False)
