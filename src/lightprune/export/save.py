@@ -58,7 +58,7 @@ from lightprune.models import find_moe_layers, get_family
 
 __all__ = ["save_pruned", "parameter_count", "tensor_bytes", "MANIFEST_FILE", "TOKENIZER_FILES", "CARD_KEYS",
            "resolve_source_dir", "check_not_source", "source_fingerprint", "card_facts", "copy_tokenizer_files",
-           "finish_config", "apply_umask", "check_no_pickles", "GENERATION_FILE"]
+           "finish_config", "apply_umask", "check_no_pickles", "GENERATION_FILE", "write_manifest"]
 
 MANIFEST_FILE = "lightprune_export.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -299,6 +299,48 @@ def _verify(checkpoint: Path, probe: Mapping[str, Any], reference: torch.Tensor,
     return diffs
 
 
+def write_manifest(tmp: Path, model: nn.Module, counts: Mapping[int, int], *, parameters: int, parameter_bytes: int,
+                   dtype: torch.dtype, verification: Mapping[str, Any] | None, source: str | None,
+                   fingerprint: list[dict[str, Any]] | None, plan: Mapping[str, Any] | None,
+                   tokenizer: Mapping[str, Any] | None, evaluation: Mapping[str, Any] | None = None,
+                   parameters_before: int | None = None, parameter_bytes_before: int | None = None,
+                   command: str | None = None, **extra: Any) -> dict[str, Any]:
+    """Write :data:`MANIFEST_FILE` and the model card of the export staged in ``tmp`` (its weights already there), for
+    ``model`` (pruned; meta tensors will do) with ``counts`` experts per layer; ``extra`` keys go in too. Returns
+    the manifest."""
+    from lightprune import __version__
+
+    manifest = {
+        "format": "lightprune-export",
+        "format_version": 1,
+        "model_type": model.config.model_type,
+        "architecture": base_class(model).__name__,
+        "auto_class": auto_class_name(model.config),
+        "uniform": len(set(counts.values())) == 1,
+        "experts_per_layer": {str(k): v for k, v in sorted(counts.items())},
+        "routed_experts": sum(counts.values()),
+        "parameters": parameters,
+        "parameter_bytes": parameter_bytes,
+        "weight_bytes": sum(f.stat().st_size for f in weight_files(tmp)),
+        "dtype": str(dtype).removeprefix("torch."),
+        "verification": verification,
+        "source": source,
+        "source_fingerprint": fingerprint,
+        "plan": plan,
+        "tokenizer": tokenizer,
+        "evaluation": evaluation,
+        "parameters_before": parameters_before,
+        "parameter_bytes_before": parameter_bytes_before,
+        "weight_bytes_before": sum(f["size"] for f in fingerprint) if fingerprint else None,
+        **extra,
+        "lightprune_version": __version__,
+        "command": command if command is not None else " ".join(sys.argv),
+    }
+    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    (tmp / CARD_FILE).write_text(model_card(manifest))
+    return manifest
+
+
 def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[str, Any] | None = None,
                 reference_logits: torch.Tensor | None = None, atol: float | None = None, overwrite: bool = False,
                 processor: Any = None, max_shard_size: int | str | None = None,
@@ -354,37 +396,14 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
         finish_config(tmp, model, uniform)
         check_no_pickles(tmp)
         diffs = _verify(tmp, probe, reference_logits, dtype, device, not uniform, atol)
-        from lightprune import __version__
-
-        manifest = {
-            "format": "lightprune-export",
-            "format_version": 1,
-            "model_type": model.config.model_type,
-            "architecture": base_class(model).__name__,
-            "auto_class": auto_class_name(model.config),
-            "uniform": uniform,
-            "experts_per_layer": {str(k): v for k, v in sorted(counts.items())},
-            "routed_experts": sum(counts.values()),
-            "parameters": parameter_count(model),
-            "parameter_bytes": tensor_bytes(model),
-            "weight_bytes": sum(f.stat().st_size for f in weight_files(tmp)),
-            "dtype": str(dtype).removeprefix("torch."),
-            "verification": {"max_abs_diff": max(diffs.values()), "atol": atol, "loaders": diffs,
-                             "probe_shapes": {k: list(v.shape) for k, v in probe.items()
-                                              if isinstance(v, torch.Tensor)}},
-            "source": facts["source"] if facts["source"] is not None else (
-                str(source) if source is not None else (getattr(model.config, "_name_or_path", "") or None)),
-            "source_fingerprint": fingerprint,
-            "plan": facts["plan"],
-            "tokenizer": tokenizer,
-            "evaluation": facts["evaluation"],
-            "parameters_before": facts["parameters_before"],
-            "parameter_bytes_before": facts["parameter_bytes_before"],
-            "weight_bytes_before": sum(f["size"] for f in fingerprint) if fingerprint else None,
-            "lightprune_version": __version__,
-            "command": facts["command"] if facts["command"] is not None else " ".join(sys.argv),
-        }
-        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        (tmp / CARD_FILE).write_text(model_card(manifest))
+        write_manifest(tmp, model, counts, parameters=parameter_count(model), parameter_bytes=tensor_bytes(model),
+                       dtype=dtype, verification={
+                           "max_abs_diff": max(diffs.values()), "atol": atol, "loaders": diffs,
+                           "probe_shapes": {k: list(v.shape) for k, v in probe.items() if isinstance(v, torch.Tensor)}},
+                       source=facts["source"] if facts["source"] is not None else (
+                           str(source) if source is not None else (getattr(model.config, "_name_or_path", "") or None)),
+                       fingerprint=fingerprint, plan=facts["plan"], tokenizer=tokenizer,
+                       evaluation=facts["evaluation"], parameters_before=facts["parameters_before"],
+                       parameter_bytes_before=facts["parameter_bytes_before"], command=facts["command"])
         apply_umask(tmp)
     return Path(out_dir).expanduser().absolute()

@@ -28,7 +28,6 @@ import copy
 import json
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,16 +39,15 @@ from tqdm.auto import tqdm
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
 from lightprune.export.load import SAFE_INDEX
-from lightprune.export.model_card import CARD_FILE, model_card
 from lightprune.export.save import (
     GENERATION_FILE,
-    MANIFEST_FILE,
     apply_umask,
     check_no_pickles,
     check_not_source,
     copy_tokenizer_files,
     finish_config,
     source_fingerprint,
+    write_manifest,
 )
 from lightprune.export.staging import staging_dir
 from lightprune.models import MoELayer, find_moe_layers
@@ -214,38 +212,12 @@ def _whole(plan: ExpertPlan, layers: list[MoELayer]) -> ExpertPlan:
 def _write_manifest(tmp: Path, skeleton: Skeleton, pruned: nn.Module, plan: ExpertPlan, counts: dict[int, int],
                     total: int, tokenizer: list[str], verification: dict[str, Any] | None,
                     card: dict[str, Any] | None) -> None:
-    from lightprune import __version__
-    from lightprune.export.classes import auto_class_name, base_class
-
     card, checkpoint = dict(card or {}), skeleton.checkpoint
-    fingerprint = source_fingerprint(checkpoint.path)
-    manifest = {
-        "format": "lightprune-export",
-        "format_version": 1,
-        "written_by": "prune_checkpoint",
-        "model_type": pruned.config.model_type,
-        "architecture": base_class(pruned).__name__,
-        "auto_class": auto_class_name(pruned.config),
-        "uniform": len(set(counts.values())) == 1,
-        "experts_per_layer": {str(k): v for k, v in sorted(counts.items())},
-        "routed_experts": sum(counts.values()),
-        "parameters": sum(p.numel() for p in pruned.parameters()),
-        "parameter_bytes": total,
-        "weight_bytes": sum(f.stat().st_size for f in tmp.glob("*.safetensors")),
-        "dtype": str(skeleton.dtype).removeprefix("torch."),
-        "verification": verification,
-        "source": card.get("source", str(checkpoint.path)),
-        "source_fingerprint": fingerprint,
-        "plan": json.loads(json.dumps(plan.to_dict(), default=str)),
-        "tokenizer": {"origin": "source_dir", "files": tokenizer} if tokenizer else None,
-        "evaluation": None,
-        "parameters_before": sum(p.numel() for p in skeleton.model.parameters()),
-        "parameter_bytes_before": checkpoint.total_bytes,
-        "weight_bytes_before": sum(f["size"] for f in fingerprint) if fingerprint else None,
-        "copied_without_model_tensor": sorted(skeleton.unmatched),
-        "lightprune_version": __version__,
-        "command": card.get("command", " ".join(sys.argv)),
-    }
-    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-    (tmp / CARD_FILE).write_text(model_card(manifest))
-
+    write_manifest(tmp, pruned, counts, parameters=sum(p.numel() for p in pruned.parameters()), parameter_bytes=total,
+                   dtype=skeleton.dtype, verification=verification, source=card.get("source", str(checkpoint.path)),
+                   fingerprint=source_fingerprint(checkpoint.path),
+                   plan=json.loads(json.dumps(plan.to_dict(), default=str)),
+                   tokenizer={"origin": "source_dir", "files": tokenizer} if tokenizer else None,
+                   parameters_before=sum(p.numel() for p in skeleton.model.parameters()),
+                   parameter_bytes_before=checkpoint.total_bytes, command=card.get("command"),
+                   written_by="prune_checkpoint", copied_without_model_tensor=sorted(skeleton.unmatched))
