@@ -21,21 +21,12 @@ from lightprune.distributed import PartitionedModelError, is_partitioned
 from lightprune.experts.plan import ExpertPlan
 from lightprune.models import MoELayer, find_moe_layers, get_family
 
-__all__ = ["prune_experts", "resize_experts", "EXPERT_TENSORS", "ROUTER_TENSORS"]
+__all__ = ["prune_experts", "resize_experts", "per_expert_tensors", "EXPERT_TENSORS", "ROUTER_TENSORS"]
 
 #: per-expert tensors of a fused experts module (dimension 0 indexes experts)
 EXPERT_TENSORS = ("gate_up_proj", "down_proj", "up_proj", "gate_up_proj_bias", "down_proj_bias", "up_proj_bias")
 #: per-expert tensors of a router
 ROUTER_TENSORS = ("weight", "bias", "e_score_correction_bias")
-
-
-def _index_rows(module: nn.Module, names: tuple[str, ...], index: torch.Tensor | int) -> None:
-    """Replace each named parameter/buffer with its rows ``index`` (a tensor) or an empty tensor of ``index`` rows."""
-    for name in names:
-        tensor = getattr(module, name, None)
-        if not isinstance(tensor, torch.Tensor):
-            continue
-        _index_along(module, name, 0, index)
 
 
 def _index_along(module: nn.Module, name: str, dim: int, index: torch.Tensor | int) -> None:
@@ -80,6 +71,16 @@ def _extra_expert_tensors(layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
     return found
 
 
+def per_expert_tensors(layer: MoELayer) -> list[tuple[nn.Module, str, int, bool]]:
+    """(module, tensor name, experts' dimension, is a router tensor) of every per-expert tensor of ``layer``: the
+    fused expert parameters, the router's rows and the family's other router and block per-expert tensors."""
+    found = [(layer.experts, name, 0, False) for name in EXPERT_TENSORS
+             if isinstance(getattr(layer.experts, name, None), torch.Tensor)]
+    found += [(layer.router_linear, name, 0, True) for name in ROUTER_TENSORS
+              if isinstance(getattr(layer.router_linear, name, None), torch.Tensor)]
+    return found + [(module, name, dim, True) for module, name, dim in _extra_expert_tensors(layer)]
+
+
 def _set_counts(layer: MoELayer, count: int) -> None:
     for module in (layer.router, layer.router_linear, layer.experts, layer.block):
         if hasattr(module, "num_experts") and isinstance(module.num_experts, int):
@@ -97,9 +98,7 @@ def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
         if layer.index not in plan.keep or len(plan.keep[layer.index]) == layer.num_experts:
             continue
         index = torch.tensor(plan.keep[layer.index], dtype=torch.long)
-        _index_rows(layer.router_linear, ROUTER_TENSORS, index)
-        _index_rows(layer.experts, EXPERT_TENSORS, index)
-        for module, name, dim in _extra_expert_tensors(layer):  # router and block per-expert tensors besides weight
+        for module, name, dim, _ in per_expert_tensors(layer):
             _index_along(module, name, dim, index)
         _set_counts(layer, len(index))
     layers = find_moe_layers(model)
@@ -140,9 +139,7 @@ def resize_experts(model: nn.Module, counts: dict[int, int]) -> nn.Module:
         layer = by_index[index]
         if count == layer.num_experts:
             continue
-        _index_rows(layer.router_linear, ROUTER_TENSORS, count)
-        _index_rows(layer.experts, EXPERT_TENSORS, count)
-        for module, name, dim in _extra_expert_tensors(layer):
+        for module, name, dim, _ in per_expert_tensors(layer):
             _index_along(module, name, dim, count)
         _set_counts(layer, count)
     return model
