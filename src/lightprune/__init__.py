@@ -9,6 +9,12 @@ The public API (names and signatures are stable; see DESIGN.md)::
     lp.prune_experts(model, plan)
     lp.save_pruned(model, out_dir); model = lp.load_pruned(out_dir)
 
+    # expert merging (HC-SMoE, M-SMoE): statistics from the same calibration pass
+    stats = lp.collect_expert_stats(model, batches, criteria=["frequency", "expert_outputs", "router_logits"])
+    mplan = lp.hc_smoe_plan(stats, ratio=0.5)       # or lp.m_smoe_plan(stats, 0.5, align=True)
+    with lp.merged_experts(model, mplan): ...         # reversible
+    lp.export_pruned(model, mplan, out_dir)           # merge + save + reload + verify
+
     # MWOP: width pruning of MLLMs (paper 002)
     scores = lp.taylor_importance(model, batches, attention=True)
     wplan = lp.select_paths(scores.attn, {"v2v": 0.4}, lp.WidthPlan.dense(model))
@@ -44,6 +50,11 @@ _LAZY = {
     "maep_scores": "lightprune.experts.maep",
     "mask_experts": "lightprune.experts.mask",
     "prune_experts": "lightprune.experts.prune",
+    "MergePlan": "lightprune.experts.merging",
+    "merge_experts": "lightprune.experts.merging",
+    "merged_experts": "lightprune.experts.merging",
+    "hc_smoe_plan": "lightprune.experts.merging",
+    "m_smoe_plan": "lightprune.experts.merging",
     "Criterion": "lightprune.experts.criteria",
     "score_weights": "lightprune.stream",
     "prune_checkpoint": "lightprune.stream",

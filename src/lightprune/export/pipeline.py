@@ -23,6 +23,7 @@ from torch import nn
 
 from lightprune.checks import check_atol
 from lightprune.experts.mask import mask_experts
+from lightprune.experts.merging import MergePlan, write_merged
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
 from lightprune.export.save import (
@@ -37,6 +38,7 @@ from lightprune.export.save import (
 )
 from lightprune.export.staging import check_out_dir
 from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
+from lightprune.models import find_moe_layers
 
 __all__ = ["export_pruned"]
 
@@ -56,11 +58,16 @@ def _name_a_surgery_problem(model: nn.Module, probe: Mapping[str, Any], referenc
             "scores can flip an expert choice: pass a larger atol or export in fp32", gap, atol) from err
 
 
-def export_pruned(model: nn.Module, plan: ExpertPlan, out_dir: str | os.PathLike, *,
+def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str | os.PathLike, *,
                   probe: Mapping[str, Any] | None = None, overwrite: bool = False, atol: float | None = None,
                   processor: Any = None, source_dir: str | os.PathLike | None = None,
                   card: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Prune ``model`` in place by ``plan``, save it to ``out_dir`` and verify it against the masked model.
+
+    A :class:`~lightprune.experts.merging.MergePlan` merges instead: once the checks below have passed, every
+    cluster's merged expert is written into its dominant's slot and the export goes on with the plan's
+    ExpertPlan (the dominants kept), so the reference is the reversibly merged model
+    (:func:`~lightprune.experts.merging.merged_experts` computes the same).
 
     ``processor`` and ``source_dir`` are passed to :func:`save_pruned` (the tokenizer, the source's
     fingerprint); ``card`` too (``source``, ``command``, ``evaluation``), with ``plan`` and the
@@ -77,6 +84,10 @@ def export_pruned(model: nn.Module, plan: ExpertPlan, out_dir: str | os.PathLike
     ``out_dir`` untouched and the in-memory model pruned.
     """
     start = time.perf_counter()
+    merge = plan if isinstance(plan, MergePlan) else None
+    if merge is not None:
+        plan = merge.expert_plan()
+        plan.check_layers(find_moe_layers(model))
     atol = check_atol(atol)  # NaN would switch verification off: refused before any surgery
     source = resolve_source_dir(model, source_dir)
     check_not_source(out_dir, source)
@@ -90,6 +101,8 @@ def export_pruned(model: nn.Module, plan: ExpertPlan, out_dir: str | os.PathLike
     card_facts(card, plan.kept_counts())  # a bad card or source is an error before any surgery
     source_fingerprint(source)
     probe = dict(probe) if probe is not None else default_probe(model)
+    if merge is not None:
+        write_merged(model, merge)  # irreversible: after every check that can fail without surgery
     with mask_experts(model, plan):
         reference = model_logits(model, probe)
     prune_experts(model, plan)

@@ -20,6 +20,7 @@ from torch import nn
 
 from lightprune.batch import model_inputs
 from lightprune.experts.calibration.accumulate import LayerAccumulator
+from lightprune.experts.calibration.merge_sums import MERGE_STATISTICS, MergeSums
 from lightprune.experts.calibration.result import CRITERIA, CalibrationStats
 from lightprune.experts.calibration.subsets import ATTENTION_SUBSETS, base_masks, check_subsets
 from lightprune.models import MoELayer, find_moe_layers, get_family
@@ -61,14 +62,20 @@ class ExpertObserver:
         self.vision_token_ids = tuple(getattr(self.family, "vision_token_ids", lambda: ())())
         self.subsets = check_subsets(subsets, self.vision_token_ids)
         criteria = tuple(dict.fromkeys(DEFAULT_CRITERIA if criteria is None else criteria))
-        unknown = [c for c in criteria if c not in CRITERIA]
+        unknown = [c for c in criteria if c not in CRITERIA + MERGE_STATISTICS]
         if unknown or not criteria:
-            raise ValueError(f"unknown calibration criteria {unknown or criteria}; choose from {CRITERIA}")
-        self.criteria = criteria
+            raise ValueError(f"unknown calibration criteria {unknown or criteria}; choose from {CRITERIA} and the "
+                             f"merging statistics {MERGE_STATISTICS}")
+        merging = tuple(c for c in criteria if c in MERGE_STATISTICS)
+        # the merges weight experts by routing frequency: collected with any merging statistic
+        self.criteria = tuple(dict.fromkeys([c for c in criteria if c in CRITERIA]
+                                            + (["frequency"] if merging else [])))
+        self.merging = merging
         if not 0.0 < low_attn_quantile <= 0.5:
             raise ValueError(f"low_attn_quantile must be in (0, 0.5], got {low_attn_quantile!r}")
         self.low_attn_quantile = float(low_attn_quantile)
         self.accumulators = {l.index: LayerAccumulator(l, self.subsets, self.criteria) for l in self.layers}
+        self.merge_sums = {l.index: MergeSums(l, merging) for l in self.layers} if merging else {}
         self.batches_seen = 0
         self._stack: ExitStack | None = None
         self._probe = None
@@ -143,6 +150,9 @@ class ExpertObserver:
             self._batch_masks(layer, hidden)
         self.accumulators[layer.index].update(layer, hidden, selected, weights, outputs, masks, samples, batch,
                                               router_input, extra_outputs=extra_outputs)
+        if self.merge_sums:
+            self.merge_sums[layer.index].update(layer, hidden, hidden if router_input is None else router_input,
+                                                masks.any(dim=0))
 
     # ------------------------------------------------------------------ results
     def result(self) -> CalibrationStats:
@@ -161,13 +171,21 @@ class ExpertObserver:
                 raise ValueError(f"no calibration tokens of subset {subset!r} in {self.batches_seen} batches"
                                  + (" (do the batches contain images?)" if subset != "all" and subset != "text" else ""))
         limits = {l.index: l.limits for l in self.layers}
-        return CalibrationStats(values, limits, samples=samples, tokens=tokens,
+        merging: dict[str, dict[int, torch.Tensor]] = {}
+        for index, sums in self.merge_sums.items():
+            for name, value in sums.means().items():
+                merging.setdefault(name, {})[index] = value
+        return CalibrationStats(values, limits, samples=samples, tokens=tokens, merging=merging,
                                 metadata={"batches": self.batches_seen, "low_attn_quantile": self.low_attn_quantile,
-                                          "criteria": list(self.criteria), "subsets": list(self.subsets)})
+                                          "criteria": list(self.criteria) + list(self.merging),
+                                          "subsets": list(self.subsets)})
 
     def state_dict(self) -> dict[str, Any]:
-        return {"batches_seen": self.batches_seen,
-                "layers": {index: acc.state_dict() for index, acc in self.accumulators.items()}}
+        state = {"batches_seen": self.batches_seen,
+                 "layers": {index: acc.state_dict() for index, acc in self.accumulators.items()}}
+        if self.merge_sums:
+            state["merging"] = {index: sums.state_dict() for index, sums in self.merge_sums.items()}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         layers = state.get("layers", {})
@@ -176,6 +194,13 @@ class ExpertObserver:
             raise ValueError(f"calibration state has no accumulators for layers {missing}")
         for index, acc in self.accumulators.items():
             acc.load_state_dict(layers[index] if index in layers else layers[str(index)])
+        if self.merge_sums:
+            merging = state.get("merging")
+            if merging is None:
+                raise ValueError(f"calibration state has no merging statistics {list(self.merging)}: it was "
+                                 "collected without them")
+            for index, sums in self.merge_sums.items():
+                sums.load_state_dict(merging[index] if index in merging else merging[str(index)])
         self.batches_seen = int(state.get("batches_seen", 0))
 
     def all_reduce(self) -> None:
@@ -185,12 +210,22 @@ class ExpertObserver:
         for acc in self.accumulators.values():
             for tensor in acc.sums.values():
                 torch.distributed.all_reduce(tensor)
+        device = next(iter(self.accumulators.values())).sums["tokens"].device  # the backend's device
+        for sums in self.merge_sums.values():  # held on the CPU: reduced on the accumulators' device
+            for tensor in sums.sums.values():
+                moved = tensor.to(device)
+                torch.distributed.all_reduce(moved)
+                tensor.copy_(moved.cpu())
 
 
 def collect_expert_stats(model: nn.Module, batches: Iterable[Mapping[str, Any]],
                          subsets: Iterable[str] = ("all",), low_attn_quantile: float = 0.02,
                          criteria: Iterable[str] | None = None, progress: bool = True) -> CalibrationStats:
     """One observed forward per batch; returns every criterion for every subset (METHODS.md).
+
+    ``criteria`` may also name the merging statistics (:data:`~.merge_sums.MERGE_STATISTICS`: ``expert_outputs``
+    for HC-SMoE, ``router_logits`` for M-SMoE; ``frequency`` comes with them), read by
+    :meth:`CalibrationStats.merging_statistic`.
 
     ``batches`` are dicts the model accepts as keyword arguments (``labels`` are dropped: no loss
     is needed). An empty iterable is an error.

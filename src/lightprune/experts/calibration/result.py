@@ -42,13 +42,16 @@ class CalibrationStats:
 
     def __init__(self, values: Mapping[tuple[str, str], Mapping[int, torch.Tensor]],
                  limits: Mapping[int, RoutingLimits], samples: Mapping[str, int] | None = None,
-                 tokens: Mapping[str, int] | None = None, metadata: Mapping[str, Any] | None = None):
+                 tokens: Mapping[str, int] | None = None, metadata: Mapping[str, Any] | None = None,
+                 merging: Mapping[str, Mapping[int, torch.Tensor]] | None = None):
         self._values = {key: {int(l): v.detach().double().cpu() for l, v in per_layer.items()}
                         for key, per_layer in values.items()}
         self.limits = dict(limits)
         self.samples = dict(samples or {})
         self.tokens = dict(tokens or {})
         self.metadata = dict(metadata or {})
+        self._merging = {name: {int(l): v.detach().double().cpu() for l, v in per_layer.items()}
+                         for name, per_layer in (merging or {}).items()}
 
     @property
     def criteria(self) -> tuple[str, ...]:
@@ -67,6 +70,15 @@ class CalibrationStats:
             have = sorted(self._values)
             raise KeyError(f"no statistics for criterion {name!r} on subset {subset!r}; collected: {have}")
         return self._values[(name, subset)]
+
+    def merging_statistic(self, name: str) -> dict[int, torch.Tensor]:
+        """A merging statistic's per-token mean by layer (``expert_outputs`` [E, H], ``router_logits`` [E, E]
+        Gram matrix); an error saying how to collect it when the pass did not."""
+        if name not in self._merging:
+            raise KeyError(f"no merging statistic {name!r} in these calibration statistics (collected: "
+                           f"{sorted(self._merging) or 'none'}): collect it with criteria including {name!r} "
+                           f"(lp.collect_expert_stats(..., criteria=[..., {name!r}]) or ExpertStats(criteria=...))")
+        return self._merging[name]
 
     def raw(self, name: str, subset: str = "all") -> ExpertScores:
         """The paper's value of ``name`` over ``subset`` tokens."""

@@ -1,0 +1,115 @@
+"""A MergePlan applied to a model: each cluster's experts folded into its dominant's slot.
+
+For a cluster C with dominant d and coefficients c (summing to 1), every per-expert tensor T of the fused
+experts module (gate_up / up, down and their biases) becomes, in slot d,
+
+    T_d <- sum_{i in C} c_i P_i(T_i)
+
+where P_i permutes expert i's intermediate neurons to match d's (M-SMoE's alignment, ``plan.align``; the
+identity otherwise and for d itself). With ``plan.router == "average"`` the router's per-expert tensors (its
+row, bias, score-correction bias, per-expert scales) get the same average in slot d; with ``"dominant"`` they stay
+d's. The merged layer is then the layer with only the dominants' slots kept: the same ExpertPlan surgery as
+pruning (:func:`lightprune.experts.prune.prune_experts`), so the merged model saves, reloads and verifies through
+the pruning export.
+
+- :func:`merged_experts`: reversible, for evaluation: the dominants' slots are overwritten (their previous
+  values kept aside) and the other members masked at the router (:func:`lightprune.mask_experts`); everything is
+  restored on exit, also on error. It computes exactly what the structural merge computes.
+- :func:`write_merged` writes the merged tensors in place (irreversibly); :func:`merge_experts` then removes
+  the non-dominant slots.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from lightprune.experts.mask import is_masked, mask_experts
+from lightprune.experts.merging.align import neuron_permutation, permuted_expert
+from lightprune.experts.merging.plan import MergePlan
+from lightprune.experts.prune import _check_not_partitioned, per_expert_tensors, prune_experts
+from lightprune.models import MoELayer, find_moe_layers
+
+__all__ = ["merge_experts", "merged_experts", "write_merged", "merged_slots"]
+
+
+def merged_slots(layer: MoELayer, plan: MergePlan) -> list[tuple[nn.Module, str, int, int, torch.Tensor]]:
+    """(module, tensor name, experts' dimension, dominant id, merged slot value) for every cluster of ``layer``
+    with more than one member (a single expert stays as it is), computed from the current weights."""
+    out = []
+    tensors = per_expert_tensors(layer)
+    for members, dominant, coefficients in zip(plan.clusters[layer.index], plan.dominant[layer.index],
+                                               plan.coefficients[layer.index]):
+        if len(members) == 1:
+            continue
+        aligned = {}
+        if plan.align:  # each member's neurons permuted to the dominant's order
+            for member in members:
+                if member != dominant:
+                    perm = neuron_permutation(layer.experts, dominant, member)
+                    aligned[member] = permuted_expert(layer.experts, member, perm)
+        for module, name, dim, is_router in tensors:
+            if is_router and plan.router == "dominant":
+                continue
+            tensor = getattr(module, name)
+            dtype = torch.promote_types(tensor.dtype, torch.float32)
+            total = None
+            for member, weight in zip(members, coefficients):
+                value = aligned[member][name] if member in aligned and name in aligned[member] \
+                    else tensor.detach().select(dim, member)
+                term = value.to(dtype) * weight
+                total = term if total is None else total + term
+            out.append((module, name, dim, dominant, total.to(tensor.dtype)))
+    return out
+
+
+def _checked_layers(model: nn.Module, plan: MergePlan) -> list[MoELayer]:
+    if not isinstance(plan, MergePlan):
+        raise TypeError(f"expected a MergePlan, got {type(plan).__name__}")
+    if is_masked(model):
+        raise ValueError("the model is inside mask_experts (or merged_experts): leave that block before merging")
+    _check_not_partitioned(model)
+    layers = find_moe_layers(model)
+    plan.check_layers(layers)
+    return [layer for layer in layers if layer.index in plan.clusters]
+
+
+@torch.no_grad()
+def write_merged(model: nn.Module, plan: MergePlan) -> nn.Module:
+    """Write every cluster's merged expert into its dominant's slot, in place (the other slots keep their old
+    values until :func:`merge_experts` removes them). Returns ``model``."""
+    for layer in _checked_layers(model, plan):
+        for module, name, dim, dominant, value in merged_slots(layer, plan):
+            getattr(module, name).data.select(dim, dominant).copy_(value)
+    return model
+
+
+def merge_experts(model: nn.Module, plan: MergePlan) -> nn.Module:
+    """Merge ``model``'s experts by ``plan``, structurally and in place: the merged tensors written, then only
+    the dominants' slots kept (in ascending id order). Returns ``model``."""
+    write_merged(model, plan)
+    return prune_experts(model, plan.expert_plan())
+
+
+@contextmanager
+def merged_experts(model: nn.Module, plan: MergePlan) -> Iterator[nn.Module]:
+    """The merged model, reversibly: inside the block ``model`` computes what :func:`merge_experts` would leave;
+    on exit every overwritten slot gets its value back and the router masks are removed."""
+    layers = _checked_layers(model, plan)
+    saved: list[tuple[torch.Tensor, int, int, torch.Tensor]] = []
+    try:
+        with torch.no_grad():
+            for layer in layers:
+                for module, name, dim, dominant, value in merged_slots(layer, plan):
+                    tensor = getattr(module, name).data
+                    saved.append((tensor, dim, dominant, tensor.select(dim, dominant).clone()))
+                    tensor.select(dim, dominant).copy_(value)
+        with mask_experts(model, plan.expert_plan()):
+            yield model
+    finally:
+        with torch.no_grad():
+            for tensor, dim, dominant, original in reversed(saved):
+                tensor.select(dim, dominant).copy_(original)
