@@ -17,7 +17,8 @@ under ``fit``, ``setup`` under ``export``, the calibration loop's start under ``
 calibration observer paused, so its batches are never observed); ``after`` at the end of the job (phase
 ``evaluate``: after scoring, selection and export, wherever it is listed), on the model they leave: pruned in
 place, or masked by the run state's plan when it is not (an ExpertPlan through
-:func:`~lightprune.mask_experts`, a WidthPlan through :func:`~lightprune.mask_width`). Under ``lightprune
+:func:`~lightprune.mask_experts`, a MergePlan through :func:`~lightprune.merged_experts`, a WidthPlan through
+:func:`~lightprune.mask_width`). Under ``lightprune
 test`` it evaluates the model as loaded, as ``test``. Results go to ``report.json`` in the run directory under
 ``"evaluation"``, merged with what is there (:func:`lightprune.reporting.report.merge_report`); only rank 0 writes.
 """
@@ -38,6 +39,7 @@ from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
 from lightprune.checks import check_choice, check_positive_int
 from lightprune.experts.mask import mask_experts
+from lightprune.experts.merging import merged_experts
 from lightprune.models import find_moe_layers
 from lightprune.models.unwrap import base_model_of
 from lightprune.reporting.report import merge_report
@@ -264,7 +266,9 @@ class Evaluate(JobEndCallback):
         if plan is not None:
             counts = {l.index: l.num_experts for l in find_moe_layers(base_model_of(model))}
             if all(counts.get(l) == len(ids) for l, ids in plan.keep.items()):
-                return contextlib.nullcontext()  # pruned in place
+                return contextlib.nullcontext()  # pruned (or merged) in place
+            if state.merge_plan is not None:
+                return merged_experts(model, state.merge_plan)
             return mask_experts(model, plan)
         return contextlib.nullcontext()
 

@@ -36,10 +36,12 @@ from lightprune.experts.calibration import SUBSETS
 from lightprune.experts.criteria import (
     CalibrationCriterion,
     Criterion,
+    MergeMethod,
     available_criteria,
     get_criterion,
     get_criterion_class,
 )
+from lightprune.experts.merging import MergePlan
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.scores import ExpertScores
 from lightprune.experts.select import ALLOCATIONS, NORMALIZATIONS, select_experts
@@ -60,7 +62,9 @@ class ExpertPruning(JobEndCallback):
             + ``init_args``). Weight criteria: ``aimer``, ``magnitude``, ``router_norm``, ``random`` or one
             registered by your project; calibration criteria (``frequency``, ``seer``, ``ean``, ``reap``,
             ``routing_kl``, ``delta_h``, ``delta_h_promoted``, ``maep``) read the run's ExpertStats;
-            ``router_delta`` reads the run's RouterDelta fit.
+            ``router_delta`` reads the run's RouterDelta fit. The merging methods ``hc_smoe`` and ``m_smoe``
+            merge ``ratio`` of the experts away instead (a MergePlan, written as merge_plan.json; their
+            statistics: ExpertStats' ``criteria`` with ``expert_outputs`` / ``router_logits``).
         subset: the token subset of a calibration criterion (``all``, ``text``, ``vision``, ...).
         alpha: MAEP's mixing weight (None: its closed form).
         ratio: fraction of routed experts to prune, in [0, 1) (``null`` with ``n_per_layer``).
@@ -100,7 +104,11 @@ class ExpertPruning(JobEndCallback):
             self.criterion = get_criterion(cls, **{k: given[k] for k in _CRITERION_ARGS if k in takes})
         self.seed = seed
         self.output_dir = output_dir
+        if isinstance(self.criterion, MergeMethod) and self.ratio is None:
+            raise ValueError(f"merging method {self.name!r} takes a ratio (the share of experts merged away), "
+                             "not n_per_layer")
         self.plan: ExpertPlan | None = None
+        self.merge_plan: MergePlan | None = None
         self.scores: ExpertScores | None = None
         self.seconds: float | None = None
 
@@ -149,6 +157,10 @@ class ExpertPruning(JobEndCallback):
         state = RunState.of(trainer)
         if self.plan is not None:  # done, or restored from a checkpoint
             state.expert_plan = state.expert_plan or self.plan
+            state.merge_plan = state.merge_plan or self.merge_plan
+            return
+        if isinstance(self.criterion, MergeMethod):
+            self._merge(trainer, state)
             return
         start = time.perf_counter()
         skeleton = getattr(pl_module, "skeleton", None)
@@ -176,12 +188,30 @@ class ExpertPruning(JobEndCallback):
             rank_zero_info(f"ExpertPruning: {label} pruned {self.plan.total_pruned} experts ({how}); "
                            f"plan in {out / 'plan.json'}")
 
+    def _merge(self, trainer: pl.Trainer, state: RunState) -> None:
+        """A merging method: its MergePlan (and the kept layout as the run's ExpertPlan) from the calibration."""
+        start = time.perf_counter()
+        self.merge_plan = self.criterion.merge_plan(state.calibration, self.ratio, self.allocation)
+        self.plan = self.merge_plan.expert_plan()
+        same_on_every_rank(self.merge_plan.clusters, f"ExpertPruning's merge plan ({self.name})")
+        self.seconds = time.perf_counter() - start
+        state.expert_plan, state.merge_plan = self.plan, self.merge_plan
+        state.scoring_seconds += self.seconds
+        if trainer.is_global_zero:
+            out = self.run_dir(trainer)
+            state.stage_file(out / "merge_plan.json", self.merge_plan.to_dict(), indent=1)
+            rank_zero_info(f"ExpertPruning: {self.name} merged {self.merge_plan.total_merged_away} experts away "
+                           f"(ratio {self.ratio}); plan in {out / 'merge_plan.json'}")
+
     def state_dict(self) -> dict[str, Any]:
-        return {"plan": self.plan.to_dict() if self.plan is not None else None, "seconds": self.seconds}
+        return {"plan": self.plan.to_dict() if self.plan is not None else None, "seconds": self.seconds,
+                "merge_plan": self.merge_plan.to_dict() if self.merge_plan is not None else None}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         plan = state_dict.get("plan")
         self.plan = ExpertPlan.from_dict(plan) if plan is not None else None
+        merge = state_dict.get("merge_plan")
+        self.merge_plan = MergePlan.from_dict(merge) if merge is not None else None
         self.seconds = state_dict.get("seconds")
 
 

@@ -36,6 +36,7 @@ from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
 from lightprune.checks import check_atol
 from lightprune.distributed import has_partitioned, materialize
+from lightprune.experts.merging import MergePlan, merge_experts
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
 from lightprune.export import export_pruned
@@ -80,13 +81,13 @@ def _run_report(plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
     return report
 
 
-def export_with_report(model, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
+def export_with_report(model, plan: ExpertPlan | MergePlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
                        seconds_scoring: float, overwrite: bool, atol: float | None, summary: bool,
                        extra: dict[str, Any] | None = None, processor: Any = None,
                        evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Prune ``model`` by ``plan``, export and verify it to ``ckpt_dir`` (with the source checkpoint's tokenizer
-    files, else ``processor``, and a model card), then write ``report.json`` and ``kept_experts.png`` to
-    ``run_dir`` (and print the summary table); returns the report."""
+    """Prune (a MergePlan: merge) ``model`` by ``plan``, export and verify it to ``ckpt_dir`` (with the source
+    checkpoint's tokenizer files, else ``processor``, and a model card), then write ``report.json`` and
+    ``kept_experts.png`` to ``run_dir`` (and print the summary table); returns the report."""
     start = time.perf_counter()
     card = {"source": str(source), **({"evaluation": evaluation} if evaluation else {})}
     result = export_pruned(model, plan, ckpt_dir, overwrite=overwrite, atol=atol, processor=processor, card=card)
@@ -95,7 +96,11 @@ def export_with_report(model, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *
                "checkpoint_bytes_before": _dir_bytes(before) if before is not None else None,
                "checkpoint_bytes_after": result["checkpoint_bytes"], "expected_bytes_after": result["expected_bytes"],
                "max_abs_diff": result["max_abs_diff"]}
-    return _run_report(plan, run_dir, ckpt_dir, source=source, figures=figures, seconds_scoring=seconds_scoring,
+    layout = plan
+    if isinstance(plan, MergePlan):
+        layout = plan.expert_plan()
+        figures["merge"] = {"method": plan.method, "router": plan.router, "align": plan.align}
+    return _run_report(layout, run_dir, ckpt_dir, source=source, figures=figures, seconds_scoring=seconds_scoring,
                        start=start, summary=summary)
 
 
@@ -169,9 +174,14 @@ class Export(JobEndCallback):
         run_dir = Path(self.output_dir or trainer.default_root_dir)
         ckpt_dir = self._checkpoint_dir(trainer)
         skeleton = getattr(pl_module, "skeleton", None)
+        merge = None if self.plan_path is not None else RunState.of(trainer).merge_plan
+        if merge is not None and skeleton is not None:
+            raise ValueError("a merge plan is exported from the model in memory; this run streams the checkpoint "
+                             "(MoECausalLM sequential=True): run it without sequential")
         # MoECausalLM(sequential=True), or several processes whose weights are still the source's: rank 0 prunes the
-        # source checkpoint shard by shard
-        source_dir = skeleton.checkpoint.path if skeleton is not None else _stream_source(trainer, pl_module)
+        # source checkpoint shard by shard (a merge writes new expert tensors: from the model in memory)
+        source_dir = skeleton.checkpoint.path if skeleton is not None else \
+            None if merge is not None else _stream_source(trainer, pl_module)
         if source_dir is not None:
             model = pl_module.model
             params_before = sum(int(getattr(p, "ds_numel", 0) or p.numel()) for p in model.parameters())
@@ -186,13 +196,16 @@ class Export(JobEndCallback):
         materialize(model, engine=trainer.strategy.model)  # ZeRO-3 only; every rank
         _to_trainer_precision(model, trainer)
         if not trainer.is_global_zero:
-            # every rank leaves with the same pruned model; only rank 0 writes (and verifies) the checkpoint
-            prune_experts(model, plan)
+            # every rank leaves with the same pruned (merged) model; only rank 0 writes (and verifies) the checkpoint
+            if merge is not None:
+                merge_experts(model, merge)
+            else:
+                prune_experts(model, plan)
             self.report = {}
             return
         source = getattr(pl_module, "source", type(model).__name__)
         state = RunState.of(trainer)
-        self.report = export_with_report(model, plan, run_dir, ckpt_dir, source=source,
+        self.report = export_with_report(model, merge or plan, run_dir, ckpt_dir, source=source,
                                          seconds_scoring=seconds_scoring, overwrite=self.overwrite,
                                          atol=self.atol, summary=self.summary,
                                          processor=_run_tokenizer(model, trainer.datamodule or state.datamodule),

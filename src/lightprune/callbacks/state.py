@@ -7,7 +7,9 @@ need from here:
   and ``observer``, the calibration observer while it is active (ExpertStats; Evaluate pauses it);
 - ``expert_scores``: importance by criterion name (RouterDelta puts ``router_delta``; ExpertPruning puts
   the criterion it scored), ``scoring_seconds``;
-- ``expert_plan``: the ExpertPlan (ExpertPruning; Export applies it, Evaluate masks with it);
+- ``expert_plan``: the ExpertPlan (ExpertPruning; Export applies it, Evaluate masks with it); ``merge_plan``: the
+  MergePlan of a merging method (ExpertPruning with ``hc_smoe`` / ``m_smoe``; ``expert_plan`` is then its kept
+  layout; Export writes the merged experts before the surgery, Evaluate merges reversibly);
 - ``evaluation``: what Evaluate measured so far (the model card of an export shows it); ``datamodule``: the
   data of a ``lightprune calibrate`` run, which Lightning does not attach to the trainer (PruneTrainer);
 - ``width_plan`` and the width masks active on the model (WidthSearch; WidthExport releases them, Evaluate
@@ -35,6 +37,7 @@ if TYPE_CHECKING:  # annotations only
     import lightning.pytorch as pl
 
     from lightprune.experts.calibration import CalibrationStats, ExpertObserver
+    from lightprune.experts.merging import MergePlan
     from lightprune.experts.plan import ExpertPlan
     from lightprune.experts.scores import ExpertScores
     from lightprune.width.plan import WidthPlan
@@ -56,6 +59,7 @@ class RunState:
     expert_scores: "dict[str, ExpertScores]" = field(default_factory=dict)
     scoring_seconds: float = 0.0
     expert_plan: "ExpertPlan | None" = None
+    merge_plan: "MergePlan | None" = None
     width_plan: "WidthPlan | None" = None
     evaluation: dict = field(default_factory=dict)
     datamodule: Any = None

@@ -57,6 +57,39 @@ def test_reap_recipe_on_a_text_checkpoint(tmp_path: Path) -> None:
     assert lp.ExpertPlan.load(run / "plan.json").keep == expected.keep
 
 
+@pytest.mark.parametrize("method, config", [("hc_smoe", "configs/hc_smoe.yaml"), ("m_smoe", "configs/m_smoe.yaml")])
+def test_merging_recipe_on_a_text_checkpoint(tmp_path: Path, method: str, config: str) -> None:
+    """The merging recipes: the statistics from the calibration pass, the merge plan the method computes from
+    them, a checkpoint that plain from_pretrained loads and that computes the reversibly merged original."""
+    from transformers import AutoModelForCausalLM
+
+    from lightprune.data import TextJsonlDataModule
+    from lightprune.export.verify import default_probe, model_logits
+
+    ckpt = tmp_path / "ckpt"
+    original = _checkpoint_with_tokenizer(ckpt, "qwen3_moe", seed=3)
+    run = tmp_path / "run"
+    cli_main(["calibrate", "--config", config, "--model.init_args.checkpoint", str(ckpt),
+              "--data.init_args.tokenizer", str(ckpt), "--data.init_args.calibration", str(TEXT),
+              "--data.init_args.batch_size", "3", "--data.init_args.max_length", "512", "--trainer.accelerator", "cpu",
+              "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run)])
+    plan = lp.MergePlan.load(run / "merge_plan.json")
+    dm = TextJsonlDataModule(str(ckpt), calibration=str(TEXT), batch_size=3, max_length=512)
+    dm.setup("calibrate")
+    stats = lp.collect_expert_stats(original, list(dm.calibration_dataloader()), progress=False,
+                                    criteria=["frequency", "expert_outputs", "router_logits"])
+    expected = lp.hc_smoe_plan(stats, 0.5) if method == "hc_smoe" else lp.m_smoe_plan(stats, 0.5, align=True)
+    assert plan.clusters == expected.clusters and plan.dominant == expected.dominant and plan.method == method
+    merged = AutoModelForCausalLM.from_pretrained(run / "model")  # uniform: no lightprune, no remote code
+    probe = default_probe(original)
+    with lp.merged_experts(original, plan):
+        reference = model_logits(original, probe)
+    torch.testing.assert_close(model_logits(merged, probe), reference, rtol=0, atol=1e-5)
+    report = json.loads((run / "report.json").read_text())
+    assert report["kept_per_layer"] == {str(k): v for k, v in plan.kept_counts().items()}
+    assert report["merge"] == {"method": method, "router": "dominant", "align": method == "m_smoe"}
+
+
 def _tensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

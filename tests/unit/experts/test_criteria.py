@@ -412,7 +412,7 @@ def test_criteria_that_need_data_share_the_registry_and_score_from_the_run(tiny)
     from lightprune.experts.calibration import CRITERIA
     from lightprune.models import find_moe_layers
 
-    assert set(lp.available_criteria(needs_data=True)) == set(CRITERIA) | {"maep", "router_delta"}
+    assert set(lp.available_criteria(needs_data=True)) == set(CRITERIA) | {"maep", "router_delta", "hc_smoe", "m_smoe"}
     assert not set(lp.available_criteria(needs_data=True)) & set(lp.available_criteria(needs_data=False))
     model = tiny("qwen3_moe")
     stats = lp.collect_expert_stats(model, [padded_batch(seed=s) for s in range(2)], subsets=("all", "text"),

@@ -15,7 +15,8 @@ Weight-only criteria score a model from its weights alone::
 ``w`` is one expert's flattened gate, up and down weights. Criteria that need data register in the same
 registry (:mod:`.calibration`): ``frequency``, ``seer``, ``ean``, ``reap``, ``routing_kl``, ``delta_h``,
 ``delta_h_promoted`` and ``maep`` read the run's calibration statistics, ``router_delta`` an adapter fit's
-scores; ``available_criteria(needs_data=True)`` lists them.
+scores; ``available_criteria(needs_data=True)`` lists them. The merging methods ``hc_smoe`` and ``m_smoe``
+(:mod:`.merge_methods`) are named the same way and give a MergePlan instead of scores.
 
 May import: models, experts (scores, calibration, maep) and the shared leaves.
 """
@@ -31,6 +32,7 @@ from lightprune.experts.criteria.aimer import AIMER
 from lightprune.experts.criteria.base import Criterion, CriterionNeedsDataError
 from lightprune.experts.criteria.calibration import MAEP, CalibrationCriterion, FitCriterion, RouterDeltaCriterion
 from lightprune.experts.criteria.magnitude import Magnitude
+from lightprune.experts.criteria.merge_methods import HCSMoE, MergeMethod, MSMoE
 from lightprune.experts.criteria.random import RandomCriterion
 from lightprune.experts.criteria.registry import (
     available_criteria,
@@ -44,7 +46,8 @@ from lightprune.experts.scores import ExpertScores
 
 __all__ = ["Criterion", "CriterionNeedsDataError", "register_criterion", "unregister_criterion", "get_criterion",
            "get_criterion_class", "available_criteria", "score_weights", "weight_criterion", "AIMER", "Magnitude", "RouterNorm",
-           "RandomCriterion", "CalibrationCriterion", "FitCriterion", "MAEP", "RouterDeltaCriterion"]
+           "RandomCriterion", "CalibrationCriterion", "FitCriterion", "MAEP", "RouterDeltaCriterion", "MergeMethod",
+           "HCSMoE", "MSMoE"]
 
 
 def weight_criterion(criterion: str | type[Criterion] | Criterion = "aimer", *, seed: int = 0,
