@@ -17,6 +17,9 @@ Rankings (:func:`expert_rankings`), higher = keep:
 - MAEP (METHODS.md): s = (1 - alpha) z~_text - alpha z~_low with the closed-form alpha, global ranking;
   and uniform per layer with alpha = 0.5 (its Appendix L).
 
+Merges (:func:`expert_merges`, MAEP's merging baseline HC-SMoE and M-SMoE) are rows beside them: the same share of
+each layer's experts merged away instead of pruned, evaluated reversibly.
+
 Also :func:`proxy_rho` (per-layer Spearman of delta_h, reap, routing_kl against the ground-truth
 LM-head KL of removing each expert) and :func:`stability` (Spearman between the rankings of two
 calibration sets, per token subset).
@@ -35,10 +38,13 @@ from lightprune.callbacks import RouterDelta
 from lightprune.experts.calibration.validation import ground_truth_kl, proxy_correlations, ranking_stability
 from lightprune.finetune import AdapterSpec, MoECausalLM
 
-__all__ = ["CALIBRATION_CRITERIA", "WEIGHT_CRITERIA", "expert_quality", "expert_rankings", "proxy_rho",
+__all__ = ["CALIBRATION_CRITERIA", "WEIGHT_CRITERIA", "MERGE_STATISTICS", "expert_merges", "expert_quality",
+           "expert_rankings", "proxy_rho",
            "router_sensitivity", "spread", "stability", "summarise"]
 
 CALIBRATION_CRITERIA: tuple[str, ...] = ("frequency", "seer", "ean", "reap", "routing_kl", "delta_h")
+#: what the calibration pass also collects for the merging baselines
+MERGE_STATISTICS: tuple[str, ...] = ("expert_outputs", "router_logits")
 WEIGHT_CRITERIA: tuple[str, ...] = ("aimer", "magnitude", "router_norm")
 
 Evaluate = Callable[[torch.nn.Module], dict[str, float]]
@@ -74,10 +80,21 @@ def _pruned_per_layer(plan) -> dict[str, int]:
     return {str(layer): len(experts) for layer, experts in sorted(plan.pruned().items())}
 
 
+def expert_merges(stats) -> dict[str, Callable[[float], Any]]:
+    """``{name: ratio -> MergePlan}`` of the merging baselines (HC-SMoE, M-SMoE) from ``stats`` collected with
+    the merging statistics (``expert_outputs``, ``router_logits``)."""
+    import lightprune as lp
+
+    return {"hc_smoe": lambda ratio: lp.hc_smoe_plan(stats, ratio),
+            "m_smoe": lambda ratio: lp.m_smoe_plan(stats, ratio, align=True)}
+
+
 def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str]], evaluate: Evaluate, *,
-                   ratios: Sequence[float] = (0.25, 0.5), random_seeds: int = 5,
-                   progress: bool = True) -> dict[str, Any]:
-    """Evaluate the dense model, every ranking at every ratio, and ``random_seeds`` random plans per ratio.
+                   ratios: Sequence[float] = (0.25, 0.5), random_seeds: int = 5, progress: bool = True,
+                   merges: Mapping[str, Callable[[float], Any]] | None = None) -> dict[str, Any]:
+    """Evaluate the dense model, every ranking at every ratio, every merge (``merges``: name -> ratio ->
+    MergePlan, evaluated reversibly with :func:`lightprune.merged_experts`; allocation ``"merge"``) and
+    ``random_seeds`` random plans per ratio.
 
     Returns ``{"dense": metrics, "rows": [{"criterion", "allocation", "ratio", "metrics",
     "pruned_per_layer"}], "random": {ratio: {"seeds": [metrics...], "summary": summarise(...)}}}``.
@@ -91,10 +108,18 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
     for r in ratios:
         if not 0.0 < r < 1.0:
             raise ValueError(f"ratios must lie in (0, 1), got {r!r}")
-    jobs = [(name, r) for r in ratios for name in rankings] + [(f"random:{s}", r) for r in ratios
-                                                               for s in range(random_seeds)]
+    merges = dict(merges or {})
+    jobs = [(name, r) for r in ratios for name in [*rankings, *merges]] + \
+        [(f"random:{s}", r) for r in ratios for s in range(random_seeds)]
     out: dict[str, Any] = {"dense": evaluate(model), "rows": [], "random": {}}
     for name, ratio in tqdm(jobs, desc="expert quality", disable=not progress):
+        if name in merges:
+            merge = merges[name](ratio)
+            with lp.merged_experts(model, merge):
+                metrics = evaluate(model)
+            out["rows"].append({"criterion": name, "allocation": "merge", "ratio": ratio, "metrics": metrics,
+                                "pruned_per_layer": _pruned_per_layer(merge.expert_plan())})
+            continue
         if name.startswith("random:"):
             seed = int(name.split(":")[1])
             scores, allocation = lp.score_weights(model, "random", seed=seed), "uniform"

@@ -21,7 +21,16 @@ import torch
 
 from lightprune.batch import model_inputs
 from lightprune.data.rows import read_jsonl
-from lightprune.quality.expert_quality import expert_quality, expert_rankings, proxy_rho, router_sensitivity, stability
+from lightprune.experts.calibration import DEFAULT_CRITERIA
+from lightprune.quality.expert_quality import (
+    MERGE_STATISTICS,
+    expert_merges,
+    expert_quality,
+    expert_rankings,
+    proxy_rho,
+    router_sensitivity,
+    stability,
+)
 from lightprune.quality.width_quality import mwop_quality
 from lightprune.testbed.text_corpus import build_text_corpus, rows_by_domain
 from lightprune.testbed.text_moe import TEXT_TESTBEDS, corpus_datamodule, text_testbed
@@ -74,13 +83,15 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
         out["ppl"], out["acc"] = next_token_metrics(m, [b for bs in eval_batches.values() for b in bs])
         return out
 
-    stats = lp.collect_expert_stats(model, calib_batches["mixed"], subsets=("all",), progress=progress)
+    stats = lp.collect_expert_stats(model, calib_batches["mixed"], subsets=("all",), progress=progress,
+                                    criteria=DEFAULT_CRITERIA + MERGE_STATISTICS)
     extra = {}
     if sensitivity_steps:
         extra["router_sensitivity"] = router_sensitivity(str(folder / "model"), corpus_datamodule(spec, corpus),
                                                          steps=sensitivity_steps, progress=progress)
     rankings = expert_rankings(model, stats, extra=extra)
-    result = expert_quality(model, rankings, evaluate, ratios=ratios, random_seeds=random_seeds, progress=progress)
+    result = expert_quality(model, rankings, evaluate, ratios=ratios, random_seeds=random_seeds, progress=progress,
+                            merges=expert_merges(stats))
     kl_batches = calib_batches["mixed"][: max(1, kl_rows // dm.batch_size)]
     kl_stats = lp.collect_expert_stats(model, kl_batches, subsets=("all",), progress=progress)
     result["proxy_rho"] = proxy_rho(model, kl_batches, kl_stats, progress=progress)
@@ -120,14 +131,16 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
         return out
 
     subsets = ("all", "text", "vision", "vision_low_attn", "vision_high_attn")
-    stats = lp.collect_expert_stats(model, calib_all, subsets=subsets, progress=progress)
+    stats = lp.collect_expert_stats(model, calib_all, subsets=subsets, progress=progress,
+                                    criteria=DEFAULT_CRITERIA + MERGE_STATISTICS)
     extra = {}
     if sensitivity_steps:
         checkpoint = str(folder / "model")
         extra["router_sensitivity"] = router_sensitivity(checkpoint, datamodule(spec, checkpoint, root),
                                                          steps=sensitivity_steps, progress=progress)
     rankings = expert_rankings(model, stats, maep=True, extra=extra)
-    result = expert_quality(model, rankings, evaluate, ratios=ratios, random_seeds=random_seeds, progress=progress)
+    result = expert_quality(model, rankings, evaluate, ratios=ratios, random_seeds=random_seeds, progress=progress,
+                            merges=expert_merges(stats))
     result["maep_alpha"] = lp.maep_scores(stats)[1]
     kl_batches = calib_all[: max(1, kl_rows // spec.batch_size)]
     kl_stats = lp.collect_expert_stats(model, kl_batches, subsets=("all", "text", "vision"), progress=progress)

@@ -14,6 +14,7 @@ What it reads (each optional, at least one needed):
 - ``plan.json`` and ``scores.json`` (expert runs): kept experts per layer (``kept_experts.png``, drawn by
   :func:`lightprune.reporting.report.plot_kept_experts`) and a heat map of each criterion's importance per layer x expert
   (``scores_<criterion>.png``, pruned experts crossed);
+- ``merge_plan.json`` (HC-SMoE, M-SMoE): each layer's clusters of merged experts, with their dominants;
 - ``search.json`` and ``width_plan.json`` (MWOP, :class:`~lightprune.callbacks.WidthSearch`): every recovered
   candidate's training-free and recovered retention (ATR) against its ratio, per stage
   (``retention_vs_ratio.png``), the anchors, the chosen candidate, its plan's pruned fractions and FLOPs fraction.
@@ -32,12 +33,13 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from lightprune.experts.merging import MergePlan
 from lightprune.experts.plan import ExpertPlan
 from lightprune.reporting.report import plot_kept_experts
 
 __all__ = ["write_report_page", "fmt", "main", "RUN_FILES"]
 
-RUN_FILES = ("report.json", "plan.json", "scores.json", "search.json", "width_plan.json")
+RUN_FILES = ("report.json", "plan.json", "merge_plan.json", "scores.json", "search.json", "width_plan.json")
 
 
 def fmt(value: Any) -> str:
@@ -79,10 +81,28 @@ def _pyplot():
 
 
 # ---------------------------------------------------------------------------------------------- experts
+def _merge_section(merge: dict | None) -> list[str]:
+    """The merged clusters per layer (members, the dominant first in bold), from merge_plan.json."""
+    if not merge:
+        return []
+    plan = MergePlan.from_dict(merge)
+
+    def shown(members: list[int], dominant: int) -> str:
+        return " ".join(f"**{e}**" if e == dominant else str(e) for e in members)
+
+    rows = [[l, plan.num_experts[l], len(groups),
+             ", ".join(shown(m, d) for m, d in zip(groups, plan.dominant[l]) if len(m) > 1) or "-"]
+            for l, groups in plan.clusters.items()]
+    return ["## Merged experts per layer", "", f"Method `{plan.method}`, router `{plan.router}`, aligned "
+            f"{'yes' if plan.align else 'no'}; each merged expert (its dominant in bold) takes the dominant's place.",
+            "", _table(["layer", "experts", "merged experts", "clusters of more than one"], rows), ""]
+
+
 def _expert_section(run_dir: Path, report: dict | None, plan: dict | None, scores: dict | None) -> list[str]:
     out: list[str] = []
     if report and "experts_before" in report:
-        out += ["## Pruning", "", f"Criterion `{report.get('criterion')}`, ratio {fmt(report.get('ratio'))}, "
+        heading = "## Merging" if report.get("merge") else "## Pruning"
+        out += [heading, "", f"Criterion `{report.get('criterion')}`, ratio {fmt(report.get('ratio'))}, "
                 f"allocation `{report.get('allocation')}`; source `{report.get('source')}`.", "",
                 _table(["", "before", "after"], [
                     ["routed experts", report["experts_before"], report["experts_after"]],
@@ -262,6 +282,7 @@ def write_report_page(run_dir: str | os.PathLike) -> Path:
     lines = [f"# lightprune run: {run_dir.resolve().name}", "",
              "Files: " + ", ".join(f"`{n}`" for n, v in data.items() if v is not None) + ".", ""]
     lines += _expert_section(run_dir, report, data["plan.json"], data["scores.json"])
+    lines += _merge_section(data["merge_plan.json"])
     lines += _width_section(run_dir, data["search.json"], data["width_plan.json"], report)
     lines += _evaluation_section(run_dir, (report or {}).get("evaluation"))
     path = run_dir / "report.md"

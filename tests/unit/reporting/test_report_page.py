@@ -166,3 +166,15 @@ def test_report_page_callback_after_export_and_evaluate(tmp_path, caplog) -> Non
     assert f"| perplexity | {fmt(ev['before']['perplexity'])} | {fmt(ev['after']['perplexity'])} |" in page
     assert f"| routed experts | {report['experts_before']} | {report['experts_after']} |" in page
     _check_pngs(_images(page, run))
+
+
+def test_a_merge_run_lists_its_clusters_with_the_dominant_in_bold(tmp_path) -> None:
+    from lightprune.experts.merging import MergePlan
+
+    merge = MergePlan(clusters={0: [[0, 2, 3], [1]], 3: [[0, 1], [2, 3]]}, dominant={0: [2, 1], 3: [1, 2]},
+                         coefficients={0: [[0.5, 0.25, 0.25], [1.0]], 3: [[0.5, 0.5], [0.5, 0.5]]},
+                         num_experts={0: 4, 3: 4}, method="m_smoe", align=True)
+    merge.save(tmp_path / "merge_plan.json")
+    text = write_report_page(tmp_path).read_text()
+    assert "## Merged experts per layer" in text and "Method `m_smoe`, router `dominant`, aligned yes" in text
+    assert "| 0 | 4 | 2 | 0 **2** 3 |" in text and "| 3 | 4 | 2 | 0 **1**, **2** 3 |" in text
