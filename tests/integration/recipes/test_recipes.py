@@ -90,6 +90,26 @@ def test_merging_recipe_on_a_text_checkpoint(tmp_path: Path, method: str, config
     assert report["merge"] == {"method": method, "router": "dominant", "align": method == "m_smoe"}
 
 
+@pytest.mark.parametrize("config", ["configs/hc_smoe_testbed.yaml", "configs/m_smoe_testbed.yaml"])
+def test_merging_testbed_configs_run_on_a_fresh_machine(tmp_path: Path, monkeypatch, testbed_root: Path,
+                                                        config: str) -> None:
+    """The embedded variants: the testbed (micro here) trained or cached, calibrated on its own corpus, merged,
+    exported; the checkpoint computes the reversibly merged testbed."""
+    from lightprune.export.verify import default_probe, model_logits
+
+    monkeypatch.setenv("LIGHTPRUNE_CACHE", str(testbed_root))
+    run = tmp_path / "run"
+    cli_main(["calibrate", "--config", config, *MICRO_TESTBED, "--trainer.enable_progress_bar", "false",
+              "--trainer.default_root_dir", str(run)])
+    plan = lp.MergePlan.load(run / "merge_plan.json")
+    assert plan.kept_counts() == {l: 4 for l in plan.clusters}  # 8 experts per layer, half merged away
+    original = lp.load_pruned(resolve_testbed("testbed:text-micro"))
+    probe = default_probe(original)
+    with lp.merged_experts(original, plan):
+        reference = model_logits(original, probe)
+    torch.testing.assert_close(model_logits(lp.load_pruned(run / "model"), probe), reference, rtol=0, atol=1e-5)
+
+
 def _tensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
