@@ -126,3 +126,16 @@ def test_a_cluster_never_routed_gets_equal_coefficients() -> None:
     plan = lp.hc_smoe_plan(hand_stats([3, 1, 0, 0], outputs=outputs), 0.5)
     assert plan.clusters[0] == [[0, 1], [2, 3]]
     assert plan.coefficients[0] == [[0.75, 0.25], [0.5, 0.5]] and plan.dominant[0] == [0, 2]
+
+
+def test_a_streamed_calibration_gives_the_same_merging_statistics(tiny, tmp_path) -> None:
+    """collect_expert_stats on a checkpoint directory (one decoder layer resident at a time) sums the same."""
+    model = tiny("qwen3_moe", seed=1).eval()
+    model.save_pretrained(tmp_path / "ckpt")
+    batches = [padded_batch(model.config.vocab_size, seed=s) for s in (0, 1)]
+    criteria = ["frequency", "expert_outputs", "router_logits"]
+    memory = lp.collect_expert_stats(model, batches, criteria=criteria, progress=False)
+    streamed = lp.collect_expert_stats(tmp_path / "ckpt", batches, criteria=criteria, progress=False)
+    for name in ("expert_outputs", "router_logits"):
+        a, b = memory.merging_statistic(name), streamed.merging_statistic(name)
+        assert set(a) == set(b) and all(torch.equal(a[l], b[l]) for l in a)
