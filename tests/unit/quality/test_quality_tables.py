@@ -79,7 +79,12 @@ def test_every_uniform_row_prunes_the_ratio_of_every_layer_and_global_rows_the_r
                 assert sum(counts.values()) == round(row["ratio"] * experts * len(counts)), row["criterion"]
     names = {r["criterion"] for r in data["mllm"]["rows"]}
     assert {"frequency", "seer", "ean", "reap", "routing_kl", "delta_h", "maep_global", "maep_uniform", "aimer",
-            "magnitude", "router_norm", "router_sensitivity", "anti_reap"} <= names
+            "magnitude", "router_norm", "router_sensitivity", "anti_reap", "hc_smoe", "m_smoe"} <= names
+    for part in ("text", "mllm"):  # the merging baselines: every layer merged down to the same share, per ratio
+        merges = [r for r in data[part]["rows"] if r["allocation"] == "merge"]
+        assert sorted((r["criterion"], r["ratio"]) for r in merges) == \
+            sorted((m, ratio) for m in ("hc_smoe", "m_smoe") for ratio in (0.25, 0.5))
+        assert all(set(r["pruned_per_layer"].values()) == {int(r["ratio"] * 8)} for r in merges)
 
 
 def test_random_spread_and_the_page_carry_the_measured_numbers(page) -> None:
