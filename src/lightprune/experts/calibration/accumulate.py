@@ -24,7 +24,8 @@ outputs f [T, k, H]. From these (METHODS.md, "Calibration criteria"):
 
 Per-token quantities are computed in float32 (the outputs' dtype or wider) and each batch's sums are added
 to float64 accumulators [subsets, E] on the weights' device: no float64 tensor over tokens. The host
-synchronises only on counts (the re-run pairs, the distinct promoted pairs).
+synchronises only on counts (the re-run pairs, the distinct promoted pairs) and on whether a batch has tokens
+outside every subset (padding), which are zeroed only then.
 """
 
 from __future__ import annotations
@@ -185,8 +186,9 @@ class LayerAccumulator:
         if not (want_dh or "routing_kl" in self.criteria):
             return None
         keep = masks.any(dim=0).unsqueeze(-1)
-        router_input = torch.where(keep, router_input, torch.zeros((), dtype=router_input.dtype,
-                                                                   device=router_input.device))
+        if not bool(keep.all()):
+            router_input = torch.where(keep, router_input, torch.zeros((), dtype=router_input.dtype,
+                                                                       device=router_input.device))
         logits = layer.family.router_logits(layer, router_input)
         effect = layer.family.removal_effect(layer, logits, selected) if want_dh else None
         reruns = _reselect(layer, logits, selected, effect, "delta_h_promoted" in self.criteria) if want_dh else None
@@ -219,11 +221,15 @@ class LayerAccumulator:
             prepared, self._pending = self._pending, None
         num_experts = self.num_experts
         # Tokens in no subset (padding) are masked by multiplication below, and 0 * NaN = NaN: the
-        # model may leave non-finite values at padded positions, so zero them first (no host sync).
+        # model may leave non-finite values at padded positions, so zero them first (a batch without such
+        # tokens needs none of these copies: one host sync to know).
         keep = masks.any(dim=0)                                          # [T]
-        hidden = torch.where(keep.unsqueeze(-1), hidden, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
-        weights = torch.where(keep.unsqueeze(-1), weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
-        outputs = torch.where(keep.view(-1, 1, 1), outputs, torch.zeros((), dtype=outputs.dtype, device=outputs.device))
+        padded = not bool(keep.all())
+        if padded:
+            zero = lambda t: torch.zeros((), dtype=t.dtype, device=t.device)  # noqa: E731
+            hidden = torch.where(keep.unsqueeze(-1), hidden, zero(hidden))
+            weights = torch.where(keep.unsqueeze(-1), weights, zero(weights))
+            outputs = torch.where(keep.view(-1, 1, 1), outputs, zero(outputs))
         dtype = _compute_dtype(outputs)
         m = masks.to(dtype)                                              # [U, T]
         w = weights.to(dtype) * layer.family.output_scale(layer)  # the weight each output gets in the block
@@ -252,10 +258,13 @@ class LayerAccumulator:
             swap_outputs = rerun_outputs = None
             if extra_outputs is not None:  # a padded token's expert output may be NaN, and 0 * NaN = NaN
                 extra_outputs = extra_outputs.to(dtype)
-                if swap_rows:
-                    swap_outputs = torch.where(keep.unsqueeze(-1), extra_outputs[:swap_rows], 0.0)
-                rerun_outputs = torch.where(keep[reruns.pair_token.to(keep.device)].unsqueeze(-1),
-                                            extra_outputs[swap_rows:], 0.0)
+                swap_outputs = extra_outputs[:swap_rows] if swap_rows else None
+                rerun_outputs = extra_outputs[swap_rows:]
+                if padded:
+                    if swap_rows:
+                        swap_outputs = torch.where(keep.unsqueeze(-1), swap_outputs, 0.0)
+                    rerun_outputs = torch.where(keep[reruns.pair_token.to(keep.device)].unsqueeze(-1), rerun_outputs,
+                                                0.0)
             dh, dhp = self._delta_h(layer, hidden, logits, selected, w, f, gram, want_promoted, effect, reruns,
                                     swap_outputs, rerun_outputs)
             if want_dh:
