@@ -144,6 +144,18 @@ class ExpertPruning(JobEndCallback):
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._check_model(pl_module.model)
 
+    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                                  batch_idx: int, dataloader_idx: int = 0) -> None:
+        """A merging method whose statistic the run's calibration does not collect fails at the first batch, not
+        after the whole pass (the observer is in the run state by then, wherever the callbacks are listed)."""
+        observer = RunState.of(trainer).observer
+        if batch_idx or self.plan is not None or not isinstance(self.criterion, MergeMethod) or observer is None:
+            return
+        if self.criterion.statistic not in observer.merging:
+            raise ValueError(f"merging method {self.name!r} needs the calibration statistic "
+                             f"{self.criterion.statistic!r}, which this run does not collect: add it to ExpertStats' "
+                             f"criteria (e.g. criteria: [frequency, {self.criterion.statistic}])")
+
     def _check_model(self, model) -> None:
         """Fail before any data is spent: not an MoE model, or a ratio that would cut below a floor."""
         if self.plan is not None:

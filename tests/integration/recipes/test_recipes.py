@@ -90,6 +90,26 @@ def test_merging_recipe_on_a_text_checkpoint(tmp_path: Path, method: str, config
     assert report["merge"] == {"method": method, "router": "dominant", "align": method == "m_smoe"}
 
 
+def test_a_merging_recipe_without_its_statistic_fails_at_the_first_batch(tmp_path: Path, monkeypatch) -> None:
+    from lightprune.finetune import MoECausalLM
+
+    ckpt = tmp_path / "ckpt"
+    _checkpoint_with_tokenizer(ckpt, "qwen3_moe", seed=3)
+    steps = []
+    step = MoECausalLM.validation_step
+    monkeypatch.setattr(MoECausalLM, "validation_step", lambda self, *a, **k: steps.append(1) or step(self, *a, **k))
+    config = tmp_path / "hc_smoe.yaml"  # the recipe with the merging statistic left out of ExpertStats' criteria
+    text = (REPO / "configs" / "hc_smoe.yaml").read_text()
+    assert "criteria: [frequency, expert_outputs]" in text
+    config.write_text(text.replace("criteria: [frequency, expert_outputs]", "criteria: [frequency, reap]"))
+    with pytest.raises(ValueError, match="needs the calibration statistic 'expert_outputs', which this run does not"):
+        cli_main(["calibrate", "--config", str(config), "--model.init_args.checkpoint", str(ckpt),
+                  "--data.init_args.tokenizer", str(ckpt), "--data.init_args.calibration", str(TEXT),
+                  "--data.init_args.batch_size", "1", "--trainer.accelerator", "cpu",
+                  "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run")])
+    assert not steps  # before the first calibration batch ran
+
+
 @pytest.mark.parametrize("config", ["configs/hc_smoe_testbed.yaml", "configs/m_smoe_testbed.yaml"])
 def test_merging_testbed_configs_run_on_a_fresh_machine(tmp_path: Path, monkeypatch, testbed_root: Path,
                                                         config: str) -> None:
