@@ -19,6 +19,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "qlora": ("bitsandbytes", "4-bit base models (QLoRA) and the adamw8bit optimizer"),
     "triton": ("triton", "the Triton path-sparse attention kernel"),
     "eval": ("lm_eval", "lm-evaluation-harness tasks"),
+    "merging": ("scipy.optimize", "M-SMoE's neuron alignment (the Hungarian weight matching)"),
 }
 
 

@@ -91,3 +91,14 @@ def test_the_cli_reports_a_missing_deepspeed_in_one_line(monkeypatch, capsys, tm
         "lightprune: error: a DeepSpeed strategy needs 'deepspeed', which is not installed: "
         "pip install 'lightprune[deepspeed]'")
     assert not any(tmp_path.iterdir())  # nothing ran
+
+
+def test_m_smoe_alignment_names_the_merging_extra(monkeypatch, tiny) -> None:
+    from lightprune.experts.merging.align import neuron_permutation
+    from lightprune.models import find_moe_layers
+
+    experts = find_moe_layers(tiny("mixtral"))[0].experts
+    _block(monkeypatch, "scipy.optimize")
+    with pytest.raises(MissingExtraError, match=r"M-SMoE's neuron alignment \(align: true\) needs 'scipy\.optimize'.*"
+                                                r"lightprune\[merging\]"):
+        neuron_permutation(experts, 0, 1)

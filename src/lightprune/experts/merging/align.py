@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lightprune.extras import require
+
 __all__ = ["has_standard_layout", "neuron_features", "neuron_permutation", "permuted_expert"]
 
 
@@ -115,11 +117,7 @@ def neuron_features(experts: nn.Module, index: int) -> torch.Tensor:
 def neuron_permutation(experts: nn.Module, reference: int, target: int) -> torch.Tensor:
     """``perm [I]`` (long): target's neuron ``perm[i]`` is matched to reference's neuron ``i``, the assignment that
     maximises the summed inner products of the neurons' features (:func:`neuron_features`)."""
-    try:
-        from scipy.optimize import linear_sum_assignment
-    except ImportError as err:
-        raise ImportError("neuron_permutation needs scipy (scipy.optimize.linear_sum_assignment) for M-SMoE's "
-                          "weight matching: pip install scipy") from err
+    linear_sum_assignment = require("merging", "M-SMoE's neuron alignment (align: true)").linear_sum_assignment
     _check_index(experts, reference, "reference")
     _check_index(experts, target, "target")
     ref = neuron_features(experts, reference).to(torch.float64)
