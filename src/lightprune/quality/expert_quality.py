@@ -39,8 +39,7 @@ from lightprune.experts.calibration.validation import ground_truth_kl, proxy_cor
 from lightprune.finetune import AdapterSpec, MoECausalLM
 
 __all__ = ["CALIBRATION_CRITERIA", "WEIGHT_CRITERIA", "MERGE_STATISTICS", "expert_merges", "expert_quality",
-           "expert_rankings", "proxy_rho",
-           "router_sensitivity", "spread", "stability", "summarise"]
+           "expert_rankings", "proxy_rho", "router_sensitivity", "spread", "stability", "summarise"]
 
 CALIBRATION_CRITERIA: tuple[str, ...] = ("frequency", "seer", "ean", "reap", "routing_kl", "delta_h")
 #: what the calibration pass also collects for the merging baselines
