@@ -110,6 +110,18 @@ def test_a_merging_recipe_without_its_statistic_fails_at_the_first_batch(tmp_pat
     assert not steps  # before the first calibration batch ran
 
 
+def test_reap_testbed_config_runs_on_a_fresh_machine(tmp_path: Path, monkeypatch, testbed_root: Path) -> None:
+    monkeypatch.setenv("LIGHTPRUNE_CACHE", str(testbed_root))
+    run = tmp_path / "run"
+    cli_main(["calibrate", "--config", "configs/reap_testbed.yaml", *MICRO_TESTBED,
+              "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run)])
+    plan = lp.ExpertPlan.load(run / "plan.json")
+    scores = json.loads((run / "scores.json").read_text())["reap"]["importance"]
+    for layer, ids in plan.keep.items():  # the 4 of 8 experts with the highest REAP per layer
+        assert set(ids) == set(torch.topk(torch.tensor(scores[str(layer)]), 4).indices.tolist())
+    assert json.loads((run / "report.json").read_text())["max_abs_diff"] <= 1e-5
+
+
 @pytest.mark.parametrize("config", ["configs/hc_smoe_testbed.yaml", "configs/m_smoe_testbed.yaml"])
 def test_merging_testbed_configs_run_on_a_fresh_machine(tmp_path: Path, monkeypatch, testbed_root: Path,
                                                         config: str) -> None:
