@@ -36,6 +36,7 @@ from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
 from lightprune.checks import check_atol
 from lightprune.distributed import has_partitioned, materialize
+from lightprune.errors import PlanError
 from lightprune.experts.merging import MergePlan, merge_experts
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
@@ -44,6 +45,7 @@ from lightprune.export.load import weight_files
 from lightprune.export.save import MANIFEST_FILE, TOKENIZER_FILES, resolve_source_dir
 from lightprune.export.staging import check_out_dir
 from lightprune.finetune.quantize import is_quantized_4bit
+from lightprune.jsonio import read_json
 from lightprune.models import find_moe_layers
 from lightprune.reporting.report import plot_kept_experts, print_summary, write_report
 
@@ -129,7 +131,8 @@ class Export(JobEndCallback):
     Args:
         output_dir: run directory for report.json and the PNG (default: ``trainer.default_root_dir``).
         checkpoint_dir: where the pruned checkpoint goes (default: ``<output_dir>/model``).
-        plan_path: apply this plan.json instead of the one an ExpertPruning callback made.
+        plan_path: apply this plan.json (or merge this merge_plan.json) instead of the plan an ExpertPruning
+            callback made.
         overwrite: replace an existing checkpoint directory.
         atol: largest logit difference accepted by verification (default: 1e-5 in fp32, 1e-2 in
             bf16/fp16, where a near tie between router scores can flip an expert choice).
@@ -151,17 +154,21 @@ class Export(JobEndCallback):
         check_out_dir(self._checkpoint_dir(trainer), self.overwrite)
         # a plan_path made for another model fails here, before the run writes anything (config.yaml)
         if self.plan_path is not None and getattr(pl_module, "model", None) is not None:
-            ExpertPlan.load(self.plan_path).check_layers(find_moe_layers(pl_module.model))
+            _load_plan(self.plan_path).check_layers(find_moe_layers(pl_module.model))
 
-    def _plan(self, trainer: pl.Trainer) -> tuple[ExpertPlan, float]:
+    def _plan(self, trainer: pl.Trainer) -> tuple[ExpertPlan, MergePlan | None, float]:
+        """(the kept layout, the merge plan when the experts are merged, the seconds spent scoring)."""
         state = RunState.of(trainer)
         if self.plan_path is not None:
-            plan = ExpertPlan.load(self.plan_path)
+            loaded = _load_plan(self.plan_path)
+            merge = loaded if isinstance(loaded, MergePlan) else None
+            plan = merge.expert_plan() if merge is not None else loaded
             state.expert_plan = state.expert_plan or plan
-            return plan, 0.0
+            state.merge_plan = state.merge_plan or merge
+            return plan, merge, 0.0
         if state.expert_plan is None:
             raise ValueError("Export needs a plan: add an ExpertPruning callback or set plan_path")
-        return state.expert_plan, state.scoring_seconds
+        return state.expert_plan, state.merge_plan, state.scoring_seconds
 
     def _checkpoint_dir(self, trainer: pl.Trainer) -> Path:
         run_dir = Path(self.output_dir or trainer.default_root_dir)
@@ -170,11 +177,10 @@ class Export(JobEndCallback):
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.report is not None:
             return
-        plan, seconds_scoring = self._plan(trainer)
+        plan, merge, seconds_scoring = self._plan(trainer)
         run_dir = Path(self.output_dir or trainer.default_root_dir)
         ckpt_dir = self._checkpoint_dir(trainer)
         skeleton = getattr(pl_module, "skeleton", None)
-        merge = None if self.plan_path is not None else RunState.of(trainer).merge_plan
         if merge is not None and skeleton is not None:
             raise ValueError("a merge plan is exported from the model in memory; this run streams the checkpoint "
                              "(MoECausalLM sequential=True): run it without sequential")
@@ -210,6 +216,12 @@ class Export(JobEndCallback):
                                          atol=self.atol, summary=self.summary,
                                          processor=_run_tokenizer(model, trainer.datamodule or state.datamodule),
                                          evaluation=dict(state.evaluation) or None)
+
+
+def _load_plan(path: str | Path) -> ExpertPlan | MergePlan:
+    """The plan file at ``path``: a merge plan (it has ``clusters``) or an expert plan."""
+    data = read_json(path, "plan", PlanError)
+    return MergePlan.load(path) if isinstance(data, dict) and "clusters" in data else ExpertPlan.load(path)
 
 
 def _stream_source(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Path | None:

@@ -88,6 +88,16 @@ def test_merging_recipe_on_a_text_checkpoint(tmp_path: Path, method: str, config
     report = json.loads((run / "report.json").read_text())
     assert report["kept_per_layer"] == {str(k): v for k, v in plan.kept_counts().items()}
     assert report["merge"] == {"method": method, "router": "dominant", "align": method == "m_smoe"}
+    # the saved merge plan, merged again later by `lightprune export` (Export's plan_path): the same checkpoint
+    config = tmp_path / "export.yaml"
+    config.write_text("model:\n  class_path: lightprune.finetune.MoECausalLM\n  init_args:\n"
+                      f"    checkpoint: {str(ckpt)!r}\n"
+                      "trainer:\n  accelerator: cpu\n  devices: 1\n  logger: false\n  enable_checkpointing: false\n"
+                      "  callbacks:\n    - class_path: lightprune.callbacks.Export\n      init_args:\n"
+                      f"        plan_path: {str(run / 'merge_plan.json')!r}\n")
+    cli_main(["export", "--config", str(config), "--trainer.default_root_dir", str(tmp_path / "again")])
+    again, first = _tensors(tmp_path / "again" / "model"), _tensors(run / "model")
+    assert set(again) == set(first) and all(torch.equal(again[k], first[k]) for k in first)
 
 
 def test_a_merging_recipe_without_its_statistic_fails_at_the_first_batch(tmp_path: Path, monkeypatch) -> None:
