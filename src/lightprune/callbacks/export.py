@@ -202,8 +202,9 @@ class Export(JobEndCallback):
         materialize(model, engine=trainer.strategy.model)  # ZeRO-3 only; every rank
         _to_trainer_precision(model, trainer)
         if not trainer.is_global_zero:
-            # every rank leaves with the same pruned (merged) model; only rank 0 writes (and verifies) the checkpoint
-            if merge is not None:
+            # every rank leaves with the same pruned (merged) model; only rank 0 writes (and verifies) the checkpoint;
+            # under ZeRO-3 the other ranks hold shapes on the meta device, which take the layout alone
+            if merge is not None and not any(p.device.type == "meta" for p in model.parameters()):
                 merge_experts(model, merge)
             else:
                 prune_experts(model, plan)

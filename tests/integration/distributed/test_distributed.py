@@ -178,6 +178,30 @@ def test_calibrate_aimer_reap_export_equal_single_process(name: str, single, tmp
         assert record["experts"] == unpruned, rank
 
 
+def _calibrate_merge(run: Path, checkpoint: Path, devices: int = 1, strategy="auto") -> Path:
+    run.mkdir(parents=True)
+    pl.seed_everything(0, verbose=False)
+    callbacks = [ExpertStats(subsets=["all"], criteria=["frequency", "router_logits"]),
+                 ExpertPruning("m_smoe", ratio=0.5), Export(overwrite=True, summary=False)]
+    module = MoECausalLM(checkpoint=str(checkpoint))
+    _trainer(run, devices, strategy, callbacks).calibrate(module, datamodule=SyntheticTokens(**DATA))
+    return run
+
+
+@pytest.mark.parametrize("name", ["ddp", "zero3"])
+def test_m_smoe_merge_across_ranks_equals_single_process(name: str, single, tmp_path: Path) -> None:
+    """The router-logit Gram matrices summed across ranks give the single process's merge plan, and rank 0 exports
+    the same merged checkpoint bit for bit (the merge is written from the gathered model, never streamed)."""
+    want = _calibrate_merge(tmp_path / "single", single["ckpt"])
+    run = _calibrate_merge(tmp_path / "run", single["ckpt"], devices=2, strategy=_strategy(name))
+    got, expected = (lp.MergePlan.load(p / "merge_plan.json") for p in (run, want))
+    assert got.clusters == expected.clusters and got.dominant == expected.dominant
+    _assert_weights(run / "model", want / "model")
+    assert "streamed" not in json.loads((run / "report.json").read_text())
+    records = [json.loads((run / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert records[0]["experts"] == records[1]["experts"] == {str(l): 4 for l in got.clusters}
+
+
 def test_two_rank_sequential_calibration_streams_the_same_export(single, tmp_path: Path) -> None:
     """MoECausalLM(sequential=True) under DDP: each rank streams the checkpoint layer by layer over its share of
     the batches, the statistics are summed, rank 0 prunes the source checkpoint shard by shard; plans, statistics
