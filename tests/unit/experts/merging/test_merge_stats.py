@@ -139,3 +139,33 @@ def test_a_streamed_calibration_gives_the_same_merging_statistics(tiny, tmp_path
     for name in ("expert_outputs", "router_logits"):
         a, b = memory.merging_statistic(name), streamed.merging_statistic(name)
         assert set(a) == set(b) and all(torch.equal(a[l], b[l]) for l in a)
+
+
+def test_the_merging_sums_resume_from_a_saved_state(tiny) -> None:
+    """An observer's state after one batch, loaded into a fresh observer that sees the second batch, gives the
+    statistics of one pass over both; a state saved without the merging statistics is refused."""
+    from lightprune.experts.calibration import ExpertObserver
+
+    model = tiny("mixtral", seed=2).eval()
+    batches = [padded_batch(model.config.vocab_size, seed=s) for s in (0, 1)]
+    criteria = ["frequency", "expert_outputs", "router_logits"]
+    whole = lp.collect_expert_stats(model, batches, criteria=criteria, progress=False)
+
+    def observe(observer, batch):
+        with observer, torch.no_grad():
+            observer.begin_batch(batch)
+            model(**batch)
+
+    first = ExpertObserver(model, criteria=criteria)
+    observe(first, batches[0])
+    second = ExpertObserver(model, criteria=criteria)
+    second.load_state_dict(first.state_dict())
+    observe(second, batches[1])
+    resumed = second.result()
+    for name in ("expert_outputs", "router_logits"):
+        a, b = whole.merging_statistic(name), resumed.merging_statistic(name)
+        assert all(torch.allclose(a[l], b[l], rtol=1e-12, atol=1e-12) for l in a)
+    plain = ExpertObserver(model, criteria=["frequency"])
+    observe(plain, batches[0])
+    with pytest.raises(ValueError, match="no merging statistics \\['expert_outputs', 'router_logits'\\]"):
+        ExpertObserver(model, criteria=criteria).load_state_dict(plain.state_dict())
