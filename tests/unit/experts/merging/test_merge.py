@@ -141,3 +141,21 @@ def test_merged_model_equals_its_reloaded_checkpoint(tmp_path, tiny, family) -> 
     torch.testing.assert_close(model_logits(reloaded, probe), reference, rtol=0, atol=ATOL)
     # the in-memory merged model and its reloaded checkpoint: the same tensors, the same logits exactly
     torch.testing.assert_close(model_logits(model, probe), model_logits(reloaded, probe), rtol=0, atol=0)
+
+
+def test_a_non_uniform_merge_exports_with_the_per_layer_counts(tmp_path, tiny) -> None:
+    """M-SMoE with dominants ranked across layers keeps different counts per layer: the checkpoint records them
+    and lp.load_pruned rebuilds that layout, computing the merged model."""
+    model = tiny("qwen3_moe", seed=3).eval()  # on this seed the layers keep 3, 6 and 3 merged experts
+    batches = [padded_batch(model.config.vocab_size, seed=s) for s in range(3)]
+    stats = lp.collect_expert_stats(model, batches, criteria=["router_logits"], progress=False)
+    plan = lp.m_smoe_plan(stats, 0.5, allocation="global")
+    assert not plan.is_uniform and plan.total_merged_away == 12
+    probe = default_probe(model)
+    with lp.merged_experts(model, plan):
+        reference = model_logits(model, probe)
+    lp.export_pruned(model, plan, tmp_path / "merged")
+    config = json.loads((tmp_path / "merged" / "config.json").read_text())
+    assert {int(k): v for k, v in config[PER_LAYER_KEY].items()} == plan.kept_counts()
+    torch.testing.assert_close(model_logits(lp.load_pruned(tmp_path / "merged"), probe), reference, rtol=0,
+                               atol=ATOL)
