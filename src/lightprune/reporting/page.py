@@ -43,15 +43,16 @@ RUN_FILES = ("report.json", "plan.json", "merge_plan.json", "scores.json", "sear
 
 
 def fmt(value: Any) -> str:
-    """A table cell: ``-`` for None / NaN, integers exact, floats to 6 significant digits."""
+    """A table cell: ``-`` for None / NaN, integers exact with thousands separators (3,876,224), floats to 4
+    significant digits (4.292e-06, 0.0123)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, int):
-        return str(value)
+        return f"{value:,}"
     if isinstance(value, float):
-        return f"{value:.6g}"
+        return f"{value:.4g}"
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 

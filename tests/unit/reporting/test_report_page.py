@@ -61,14 +61,14 @@ def test_expert_run_page(tmp_path) -> None:
     report = _expert_run(tmp_path)
     page = write_report_page(tmp_path).read_text()
     assert "| routed experts | 8 | 4 |" in page
-    assert "| parameters | 123456 | 98765 |" in page
-    assert "| checkpoint bytes | - | 402112 |" in page
+    assert "| parameters | 123,456 | 98,765 |" in page
+    assert "| checkpoint bytes | - | 402,112 |" in page
     assert f"| {fmt(report['max_abs_diff'])} | 0.0123 | 1.5 |" in page
     # kept experts per layer: the plan's counts and the pruned ids (the complement of keep)
     assert "| 0 | 4 | 2 | 0 3 |" in page and "| 1 | 4 | 2 | 1 2 |" in page
     ev = report["evaluation"]
     assert f"| perplexity | {fmt(ev['before']['perplexity'])} | {fmt(ev['after']['perplexity'])} |" in page
-    assert "| perplexity | 301.235 | 355.5 |" in page  # fmt: 6 significant digits
+    assert "| perplexity | 301.2 | 355.5 |" in page  # fmt: 4 significant digits
     assert "| next-token accuracy | 0.125 | 0.075 |" in page
     assert "| token accuracy: default | 0.125 | 0.075 |" in page
     assert "| lm-eval tiny: acc,none | 0.6 | 0.4 |" in page and "stderr" not in page
@@ -124,7 +124,7 @@ def test_mwop_run_page(tmp_path) -> None:
     # the chosen plan's pruned fractions, counted by hand from the masks above
     for unit, frac in {"v2v": 1 / 4, "t2v": 3 / 4, "t2t": 0.0, "ffn_vision": 5 / 8, "ffn_text": 1 / 8}.items():
         assert f"| {unit} | {fmt(frac)} |" in page
-    assert "| 1.2e-07 |" in page and "| 136661 |" in page
+    assert "| 1.2e-07 |" in page and "| 136,661 |" in page
     images = _images(page, tmp_path)
     assert [p.name for p in images] == ["retention_vs_ratio.png"]
     _check_pngs(images)
