@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.state import RunState
 from lightprune.extras import missing_deepspeed
+from lightprune.finetune.progress import progress_bar
 
 __all__ = ["PruneTrainer", "SkipBatches"]
 
@@ -45,21 +46,6 @@ class SkipBatches:
         return max(0, len(self.loader) - self.skip)
 
 
-def _progress_bar() -> ProgressBar:
-    """Lightning's default progress bar (Rich when installed, else tqdm) that labels calibration "Calibration"."""
-    from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
-    from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
-
-    base = RichProgressBar if _RICH_AVAILABLE else TQDMProgressBar
-
-    class CalibrationAwareBar(base):
-        @property
-        def validation_description(self) -> str:
-            return "Calibration" if getattr(self.trainer, "calibrating", False) else super().validation_description
-
-    return CalibrationAwareBar()
-
-
 class PruneTrainer(pl.Trainer):
     """A :class:`lightning.pytorch.Trainer` that also calibrates and exports."""
 
@@ -72,7 +58,7 @@ class PruneTrainer(pl.Trainer):
             callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) \
                 else [callbacks]
             if not any(isinstance(c, ProgressBar) for c in callbacks):
-                kwargs["callbacks"] = [*callbacks, _progress_bar()]
+                kwargs["callbacks"] = [*callbacks, progress_bar()]
         try:
             super().__init__(*args, **kwargs)
         except MisconfigurationException as err:  # a DeepSpeed strategy without deepspeed: name the extra

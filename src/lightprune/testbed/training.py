@@ -31,6 +31,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightprune.batch import model_inputs
 from lightprune.data.cache import CacheError, build_folder, check_folder
 from lightprune.finetune import MoECausalLM
+from lightprune.finetune.progress import progress_bar
 
 __all__ = ["LossCurve", "cache_root", "cached_testbed", "encode_batches", "fit_from_init", "isolated_rng",
            "next_token_metrics", "spec_digest"]
@@ -121,7 +122,8 @@ def fit_from_init(folder: Path, init: Path, datamodule, spec, *, router_aux_loss
     curve = LossCurve(max(1, spec.steps // 50))
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec.steps, logger=False,
                          enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
-                         limit_val_batches=0, num_sanity_val_steps=0, callbacks=[curve],
+                         limit_val_batches=0, num_sanity_val_steps=0,
+                         callbacks=[curve, *([progress_bar()] if progress else [])],
                          default_root_dir=str(folder / "lightning"))
     start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule)

@@ -110,3 +110,19 @@ def test_the_progress_bar_says_calibration_while_calibrating(tmp_path) -> None:
     assert PruneTrainer(callbacks=[mine], logger=False, default_root_dir=tmp_path).progress_bar_callback is mine
     quiet_trainer = PruneTrainer(logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
     assert quiet_trainer.progress_bar_callback is None
+
+
+def test_a_run_bounded_by_steps_shows_the_epoch_without_a_negative_bound(tmp_path) -> None:
+    """Rich's bar writes "Epoch N/<max_epochs - 1>", which is "/-2" when only max_steps bounds the run."""
+    from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
+
+    from lightprune.finetune.progress import progress_bar
+    from lightprune.trainer import PruneTrainer
+
+    if not _RICH_AVAILABLE:
+        pytest.skip("the tqdm bar writes no epoch bound")
+    for kwargs, expected in (({"max_steps": 4}, "Epoch 3"), ({"max_epochs": 5}, "Epoch 3/4")):
+        bar = progress_bar()
+        trainer = PruneTrainer(callbacks=[bar], logger=False, default_root_dir=tmp_path, **kwargs)
+        bar.setup(trainer, None, "fit")  # what the fit loop's setup does
+        assert bar._get_train_description(3).strip() == expected
