@@ -3,7 +3,7 @@
 ::
 
     report = lp.export_pruned(model, plan, out_dir)   # mask -> reference logits, prune, save, verify
-    report = lp.export_pruned(model, merge, out_dir)  # a MergePlan: merged experts in the dominants' slots, then the same
+    report = lp.export_pruned(model, merge, out_dir)  # a MergePlan: merged into the dominants' slots, then as above
     lp.save_pruned(model, out_dir)                    # an already pruned model
     model = lp.load_pruned(out_dir)                   # never runs the checkpoint's code
     lp.save_width_pruned(model, width_plan, out_dir)  # MWOP: weights + width_plan.json, kernels on load
