@@ -24,8 +24,8 @@ outputs f [T, k, H]. From these (METHODS.md, "Calibration criteria"):
 
 Per-token quantities are computed in float32 (the outputs' dtype or wider) and each batch's sums are added
 to float64 accumulators [subsets, E] on the weights' device: no float64 tensor over tokens. The host
-synchronises only on counts (the re-run pairs, the distinct promoted pairs) and on whether a batch has tokens
-outside every subset (padding), which are zeroed only then.
+synchronises only on counts (the re-run pairs, the distinct promoted pairs); padded positions, where a model may
+leave non-finite values, are zeroed only in batches with padding (the observer reads that once per batch).
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ _CHUNK_ELEMENTS = 1 << 22
 def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
     """float32, or the tensor's dtype when it is wider (a float64 reference stays float64)."""
     return torch.promote_types(tensor.dtype, torch.float32)
+
+
+def _has_padding(keep: torch.Tensor, padded: bool | None) -> bool:
+    """``padded`` when the caller knows it, else whether any token is outside ``keep`` (one host sync)."""
+    return not bool(keep.all()) if padded is None else padded
 
 
 def router_distribution(layer: MoELayer, logits: torch.Tensor) -> torch.Tensor:
@@ -176,17 +181,18 @@ class LayerAccumulator:
     # ------------------------------------------------------------------ update
     @torch.no_grad()
     def prepare(self, layer: MoELayer, router_input: torch.Tensor, selected: torch.Tensor,
-                masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+                masks: torch.Tensor, padded: bool | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Before the layer's experts run: the router logits, the family's :class:`RemovalEffect` and the re-run
         selections for the next :meth:`update` of these ``selected`` experts, and the (tokens, experts) rows whose
         outputs it will need beyond the routed ones (for ``delta_h_promoted``: the expert a swap promotes, then the
-        experts entering a re-run pair's selection; None: none), so that they run in the forward's own expert call."""
+        experts entering a re-run pair's selection; None: none), so that they run in the forward's own expert call.
+        ``padded``: whether the batch has padding (see :meth:`update`)."""
         self._pending = None
         want_dh = "delta_h" in self.criteria or "delta_h_promoted" in self.criteria
         if not (want_dh or "routing_kl" in self.criteria):
             return None
         keep = masks.any(dim=0).unsqueeze(-1)
-        if not bool(keep.all()):
+        if _has_padding(keep, padded):
             router_input = torch.where(keep, router_input, torch.zeros((), dtype=router_input.dtype,
                                                                        device=router_input.device))
         logits = layer.family.router_logits(layer, router_input)
@@ -208,23 +214,25 @@ class LayerAccumulator:
     @torch.no_grad()
     def update(self, layer: MoELayer, hidden: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor,
                outputs: torch.Tensor, masks: torch.Tensor, samples: torch.Tensor, num_samples: int,
-               router_input: torch.Tensor | None = None, extra_outputs: torch.Tensor | None = None) -> None:
+               router_input: torch.Tensor | None = None, extra_outputs: torch.Tensor | None = None,
+               padded: bool | None = None) -> None:
         """Add one batch. ``masks`` [n_subsets, T] bool (padding already excluded), ``samples`` [T]
         the sample index of each token; ``router_input`` [T, H] what the router saw (default: ``hidden``, the
         experts' input), from which routing-KL and Delta-H recompute the router's logits. After :meth:`prepare`
         for the same ``selected``, ``extra_outputs`` are the outputs of the rows it asked for; without it, it is
-        called here (and the rows it would ask for are run here)."""
+        called here (and the rows it would ask for are run here). ``padded``: whether the batch has padding (its
+        observer knows it once per batch; None: derived here from ``masks``, one host sync)."""
         prepared, self._pending = self._pending, None
         if prepared is None or prepared.selected is not selected:
             extra_outputs = None
-            self.prepare(layer, hidden if router_input is None else router_input, selected, masks)
+            self.prepare(layer, hidden if router_input is None else router_input, selected, masks, padded)
             prepared, self._pending = self._pending, None
         num_experts = self.num_experts
-        # Tokens in no subset (padding) are masked by multiplication below, and 0 * NaN = NaN: the
-        # model may leave non-finite values at padded positions, so zero them first (a batch without such
-        # tokens needs none of these copies: one host sync to know).
+        # Tokens in no subset are masked by multiplication below, and 0 * NaN = NaN: the model may leave
+        # non-finite values at padded positions, so a batch with padding zeroes them first (real tokens outside
+        # the subsets are finite: their zero weight is enough).
         keep = masks.any(dim=0)                                          # [T]
-        padded = not bool(keep.all())
+        padded = _has_padding(keep, padded)
         if padded:
             zero = lambda t: torch.zeros((), dtype=t.dtype, device=t.device)  # noqa: E731
             hidden = torch.where(keep.unsqueeze(-1), hidden, zero(hidden))

@@ -80,6 +80,7 @@ class ExpertObserver:
         self._stack: ExitStack | None = None
         self._probe = None
         self._masks: dict[str, torch.Tensor] | None = None
+        self._padded = True  # whether the declared batch has padding (begin_batch)
         self._layer_masks: tuple | None = None  # (selected, _batch_masks) from _extra_rows, for _observe
 
     # ------------------------------------------------------------------ context
@@ -109,6 +110,7 @@ class ExpertObserver:
             raise RuntimeError("ExpertObserver.begin_batch outside its with-block")
         masks = base_masks(batch, self.vision_token_ids)
         self._masks = masks
+        self._padded = not bool(masks["all"].all())  # one host sync per batch, for every layer's accumulator
         if self._probe is not None:
             self._probe.set_batch(masks["text"], masks["vision"])
         if count:
@@ -141,7 +143,8 @@ class ExpertObserver:
     def _extra_rows(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor,
                     selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         self._layer_masks = (selected, self._batch_masks(layer, hidden))  # _observe of the same routing reuses them
-        return self.accumulators[layer.index].prepare(layer, router_input, selected, self._layer_masks[1][0])
+        return self.accumulators[layer.index].prepare(layer, router_input, selected, self._layer_masks[1][0],
+                                                      self._padded)
 
     def _observe(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor, selected: torch.Tensor,
                  weights: torch.Tensor, outputs: torch.Tensor, extra_outputs: torch.Tensor | None = None) -> None:
@@ -149,7 +152,7 @@ class ExpertObserver:
         masks, samples, batch = prepared[1] if prepared is not None and prepared[0] is selected else \
             self._batch_masks(layer, hidden)
         self.accumulators[layer.index].update(layer, hidden, selected, weights, outputs, masks, samples, batch,
-                                              router_input, extra_outputs=extra_outputs)
+                                              router_input, extra_outputs=extra_outputs, padded=self._padded)
         if self.merge_sums:
             self.merge_sums[layer.index].update(layer, hidden, hidden if router_input is None else router_input,
                                                 masks.any(dim=0))
