@@ -69,12 +69,12 @@ def hc_smoe_plan(stats, ratio: float, *, router: str = "dominant", subset: str =
     counts = kept_counts(stats.limits, ratio)
     clusters, dominant, coefficients = {}, {}, {}
     for layer in sorted(outputs):
-        limits = stats.limits[layer]
+        n_group = max(stats.limits[layer].n_group, 1)
+        size = outputs[layer].shape[0] // n_group
         groups = []
-        size = limits.num_experts // max(limits.n_group, 1)
-        for g in range(max(limits.n_group, 1)):  # group-limited routing: clusters within each group
+        for g in range(n_group):  # group-limited routing: clusters within each group
             ids = list(range(g * size, (g + 1) * size))
-            found = average_linkage(pairwise_euclidean(outputs[layer][ids]), counts[layer] // max(limits.n_group, 1))
+            found = average_linkage(pairwise_euclidean(outputs[layer][ids]), counts[layer] // n_group)
             groups += [[ids[i] for i in cluster] for cluster in found]
         groups.sort(key=min)
         clusters[layer] = groups
