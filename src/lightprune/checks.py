@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-__all__ = ["check_ratio", "check_atol", "check_choice", "check_positive_int"]
+__all__ = ["check_ratio", "check_atol", "check_choice", "check_each", "check_positive_int", "check_non_negative_int"]
 
 
 def check_ratio(value: Any, name: str = "ratio") -> float:
@@ -34,6 +34,27 @@ def check_choice(name: str, value: Any, allowed: Iterable[Any]) -> Any:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     return value
+
+
+def check_each(name: str, values: Any, allowed: Iterable[Any]) -> tuple:
+    """``values`` (a list or tuple) as a tuple if each is one of ``allowed``."""
+    allowed = list(allowed)
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be a list of {allowed}, got {values!r}")
+    values = tuple(values)
+    bad = [value for value in values if value not in allowed]
+    if bad:
+        raise ValueError(f"{name} must each be one of {allowed}, got {bad[0]!r}")
+    return values
+
+
+def check_non_negative_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
+    """A non-negative integer (``None`` too when ``allow_none``)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer{' or None' if allow_none else ''}, got {value!r}")
+    return int(value)
 
 
 def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:

@@ -24,6 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightprune.cli_errors import condense
+from lightprune.cli_options import Addressed, OptionError, missing_callback, split_addressed
 from lightprune.errors import ERRORS
 from lightprune.extras import missing_deepspeed
 from lightprune.finetune import MoECausalLM
@@ -44,11 +45,25 @@ class LightpruneArgumentParser(LightningArgumentParser):
 
 
 class LightpruneCLI(LightningCLI):
-    """LightningCLI whose trainer also has ``calibrate`` and ``export``."""
+    """LightningCLI whose trainer also has ``calibrate`` and ``export``, and whose callbacks' options also have
+    stable addresses (``addressed``: the ``--prune.ratio``-style options, see :mod:`lightprune.cli_options`)."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, addressed: list[Addressed] | tuple[Addressed, ...] = (), **kwargs: Any):
         kwargs.setdefault("parser_class", LightpruneArgumentParser)
+        self.addressed = list(addressed)
         super().__init__(*args, **kwargs)
+
+    def before_instantiate_classes(self) -> None:
+        """Set each addressed option on the one callback of its class (a subclass counts) in the parsed config."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        entries = (config.trainer.callbacks or []) if self.addressed else []
+        for item in self.addressed:
+            matches = [entry for entry in entries if _is_callback(entry, item.callback)]
+            if len(matches) != 1:
+                raise OptionError(missing_callback(item) if not matches else
+                                  f"{item.option}: the job has {len(matches)} {item.callback} callbacks; set the "
+                                  "option in the config file instead")
+            matches[0].init_args[item.argument] = item.value
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -60,6 +75,23 @@ class LightpruneCLI(LightningCLI):
 
 
 _PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def _is_callback(entry: Any, name: str) -> bool:
+    """Whether a parsed ``trainer.callbacks`` entry (class_path + init_args) is lightprune's callback ``name``."""
+    import importlib
+
+    import lightprune.callbacks as callbacks
+
+    class_path = getattr(entry, "class_path", None)
+    if not isinstance(class_path, str) or getattr(entry, "init_args", None) is None:
+        return False
+    module, _, attr = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr) if module else None
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, getattr(callbacks, name))
 
 
 def _raised_here(err: BaseException) -> bool:
@@ -84,7 +116,8 @@ def _own_error(err: BaseException) -> BaseException | None:
 
 
 def cli_main(args: list[str] | None = None) -> LightpruneCLI:
-    """Parse ``args`` (default: ``sys.argv``), run the subcommand, return the CLI object.
+    """Parse ``args`` (default: ``sys.argv``), run the subcommand, return the CLI object. The callbacks' stable
+    addresses (``--prune.ratio 0.3``, :mod:`lightprune.cli_options`) are taken out and set once the config is parsed.
 
     A lightprune error raised while the config's classes are built is re-raised as itself (type
     and message), not inside jsonargparse's "Does not validate against any of the Union subtypes".
@@ -92,10 +125,16 @@ def cli_main(args: list[str] | None = None) -> LightpruneCLI:
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
+    if args is None:  # LightningCLI reads sys.argv itself (given args too, it warns): leave it the rest
+        rest, addressed = split_addressed(sys.argv[1:])
+        sys.argv[1:] = rest
+    else:
+        args, addressed = split_addressed(args)
     kwargs: dict[str, Any] = {"save_config_kwargs": {"overwrite": True}}
     try:
         return LightpruneCLI(MoECausalLM, None, trainer_class=PruneTrainer, subclass_mode_model=True,
-                             subclass_mode_data=True, args=args, auto_configure_optimizers=False, **kwargs)
+                             subclass_mode_data=True, args=args, auto_configure_optimizers=False,
+                             addressed=addressed, **kwargs)
     except ValueError as err:
         own = None if _raised_here(err) else _own_error(err)
         if own is None:

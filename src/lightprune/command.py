@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 
+from lightprune.cli_options import ADDRESSES
+
 __all__ = ["CALLBACKS", "HELP", "SUBCOMMANDS", "main"]
 
 #: subcommand -> what it does
@@ -32,6 +34,7 @@ CALLBACKS: dict[str, str] = {
     "ReportPage": "report.md of the run",
 }
 
+_ADDRESS_OF = {name: address for address, name in ADDRESSES.items()}
 HELP = "\n".join([
     "usage: lightprune [--verbose] {" + ",".join(SUBCOMMANDS) + "} [--config CONFIG] [options]",
     "",
@@ -40,8 +43,9 @@ HELP = "\n".join([
     "subcommands:",
     *(f"  {name:11s} {text}" for name, text in SUBCOMMANDS.items()),
     "",
-    "lightprune's callbacks (in a config's trainer.callbacks, or --trainer.callbacks+=NAME):",
-    *(f"  {name:14s} {text}" for name, text in CALLBACKS.items()),
+    "lightprune's callbacks (in a config's trainer.callbacks, or --trainer.callbacks+=NAME) and the address",
+    "of their options, whatever the callbacks' order (--prune.ratio 0.3 --export.overwrite true):",
+    *(f"  {name:14s} --{_ADDRESS_OF[name] + '.*':15s} {text}" for name, text in CALLBACKS.items()),
     "",
     "options:",
     "  --verbose   show third-party notices that lightprune drops (also LIGHTPRUNE_VERBOSE=1)",
@@ -51,10 +55,23 @@ HELP = "\n".join([
 
 
 def main() -> None:
-    """Print :data:`HELP` for a bare ``lightprune`` or ``--help``; otherwise run :func:`lightprune.cli.main`."""
+    """Print :data:`HELP` for a bare ``lightprune`` or ``--help``; otherwise check the callbacks' options
+    (:func:`lightprune.cli_options.check_command_line`, before Lightning is imported: a typo is reported at once)
+    and run :func:`lightprune.cli.main`."""
     if sys.argv[1:] in ([], ["-h"], ["--help"]):
         print(HELP)
         return
+    import os
+
+    from lightprune.cli_options import OptionError, check_command_line
+
+    try:
+        check_command_line(arg for arg in sys.argv[1:] if arg != "--verbose")
+    except OptionError as err:
+        if os.environ.get("LIGHTPRUNE_DEBUG"):
+            raise
+        print(f"lightprune: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     from lightprune.cli import main as cli_main
 
     cli_main()

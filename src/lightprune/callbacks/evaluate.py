@@ -198,8 +198,7 @@ class Evaluate(JobEndCallback):
                  lm_eval_limit: int | None = None, data: pl.LightningDataModule | None = None,
                  output_dir: str | None = None, progress: bool = True):
         super().__init__()
-        if split not in ("test", "val"):
-            raise ValueError(f"split must be 'test' or 'val', got {split!r}")
+        check_choice("split", split, ("test", "val"))
         check_choice("metric", metric, METRICS)
         when = [when] if isinstance(when, str) else list(when)
         if not when or any(w not in ("before", "after") for w in when):

@@ -30,7 +30,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightprune._compat import warn_once
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
-from lightprune.checks import check_choice, check_ratio
+from lightprune.checks import check_choice, check_non_negative_int, check_ratio
 from lightprune.distributed import same_on_every_rank
 from lightprune.experts.calibration import SUBSETS
 from lightprune.experts.criteria import (
@@ -88,10 +88,7 @@ class ExpertPruning(JobEndCallback):
             raise ValueError("give exactly one of ratio (a fraction) or n_per_layer (a count per layer); "
                              f"got ratio={ratio!r}, n_per_layer={n_per_layer!r} (set ratio: null to use n_per_layer)")
         self.ratio = None if ratio is None else check_ratio(ratio)
-        if n_per_layer is not None and (isinstance(n_per_layer, bool) or int(n_per_layer) != n_per_layer
-                                        or n_per_layer < 0):
-            raise ValueError(f"n_per_layer must be a non-negative integer, got {n_per_layer!r}")
-        self.n_per_layer = None if n_per_layer is None else int(n_per_layer)
+        self.n_per_layer = check_non_negative_int("n_per_layer", n_per_layer, allow_none=True)
         if self.n_per_layer is not None and allocation != "uniform":
             raise ValueError(f"n_per_layer prunes the same count from every layer: allocation must be 'uniform', "
                              f"got {allocation!r}")

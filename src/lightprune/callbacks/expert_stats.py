@@ -28,6 +28,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.state import RunState
+from lightprune.checks import check_each, check_non_negative_int
+from lightprune.choices import CALIBRATION_CRITERIA, MERGE_STATISTICS, SUBSETS
 from lightprune.experts.calibration import CalibrationStats, ExpertObserver
 from lightprune.experts.calibration.resume import (
     chain_digest,
@@ -59,10 +61,10 @@ class ExpertStats(pl.Callback):
                  low_attn_quantile: float = 0.02, output_dir: str | None = None, save_every_n_batches: int = 0,
                  resume: bool = True):
         super().__init__()
-        if save_every_n_batches < 0:
-            raise ValueError(f"save_every_n_batches must be >= 0, got {save_every_n_batches!r}")
-        self.subsets = tuple(subsets)
-        self.criteria = None if criteria is None else tuple(criteria)
+        self.subsets = check_each("subsets", subsets, SUBSETS)
+        statistics = (*CALIBRATION_CRITERIA, *MERGE_STATISTICS)
+        self.criteria = None if criteria is None else check_each("criteria", criteria, statistics)
+        save_every_n_batches = check_non_negative_int("save_every_n_batches", save_every_n_batches)
         self.low_attn_quantile = low_attn_quantile
         self.output_dir = output_dir
         self.save_every_n_batches = save_every_n_batches

@@ -20,13 +20,12 @@ from typing import Mapping
 import torch
 
 from lightprune.checks import check_choice, check_ratio
+from lightprune.choices import ALLOCATIONS, NORMALIZATIONS
 from lightprune.experts.plan import ExpertPlan
 from lightprune.models.base import RoutingLimits
 
 __all__ = ["select_experts", "log_zscore", "ALLOCATIONS", "NORMALIZATIONS"]
 
-ALLOCATIONS = ("uniform", "global")
-NORMALIZATIONS = (None, "log_zscore")
 _EPS = 1e-8
 
 

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from lightprune.batch import model_inputs
+from lightprune.choices import SENSITIVITY_SCORES
 from lightprune.distributed import gathered
 from lightprune.experts.scores import ExpertScores
 from lightprune.models import MoELayer, RoutingLimits, find_moe_layers
@@ -48,8 +49,8 @@ __all__ = ["router_row_norms", "effective_router_weights", "weight_delta", "rout
            "innermost_router", "VacuousScoreError", "WEIGHT_SCORES", "SCORES"]
 
 #: scores read from router weights / from router logits
-WEIGHT_SCORES = ("weight", "signed_weight")
-SCORES = (*WEIGHT_SCORES, "logit")
+SCORES = SENSITIVITY_SCORES
+WEIGHT_SCORES = tuple(score for score in SCORES if score != "logit")
 
 
 class VacuousScoreError(ValueError):

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from lightprune.callbacks import RouterDelta
+from lightprune.choices import MERGE_STATISTICS
 from lightprune.experts.calibration.validation import ground_truth_kl, proxy_correlations, ranking_stability
 from lightprune.finetune import AdapterSpec, MoECausalLM
 
@@ -42,8 +43,6 @@ __all__ = ["CALIBRATION_CRITERIA", "WEIGHT_CRITERIA", "MERGE_STATISTICS", "exper
            "expert_rankings", "proxy_rho", "router_sensitivity", "spread", "stability", "summarise"]
 
 CALIBRATION_CRITERIA: tuple[str, ...] = ("frequency", "seer", "ean", "reap", "routing_kl", "delta_h")
-#: what the calibration pass also collects for the merging baselines
-MERGE_STATISTICS: tuple[str, ...] = ("expert_outputs", "router_logits")
 WEIGHT_CRITERIA: tuple[str, ...] = ("aimer", "magnitude", "router_norm")
 
 Evaluate = Callable[[torch.nn.Module], dict[str, float]]

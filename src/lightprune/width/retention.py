@@ -25,10 +25,11 @@ import torch
 from torchmetrics import Metric
 
 from lightprune.batch import model_inputs
+from lightprune.choices import RETENTION_METRICS
 
 __all__ = ["TaskAccuracy", "evaluate_tasks", "Retention", "retention", "METRICS"]
 
-METRICS = ("token", "exact", "prob")
+METRICS = RETENTION_METRICS
 
 
 class TaskAccuracy(Metric):

@@ -101,6 +101,31 @@ def test_bad_ratio_is_named(tmp_path: Path, monkeypatch) -> None:
     assert not any(tmp_path.iterdir())
 
 
+def test_addressed_options_reach_their_callback_whatever_the_order(tmp_path: Path, monkeypatch) -> None:
+    """--prune.X sets ExpertPruning's X also when another callback is listed last (where
+    --trainer.callbacks.init_args.X would go), and the saved config records it."""
+    import yaml
+
+    from lightprune.cli_options import OptionError
+
+    monkeypatch.chdir(REPO)
+    run = tmp_path / "run"
+    common = ["export", "--config", "configs/aimer_tiny.yaml", "--trainer.default_root_dir", str(run),
+              "--trainer.callbacks+=lightprune.callbacks.ReportPage"]
+    _run([*common, "--prune.ratio", "0.25", "--prune.allocation", "global", "--export.checkpoint_dir",
+          str(tmp_path / "ckpt")])
+    plan = lp.ExpertPlan.load(run / "plan.json")
+    assert (plan.ratio, plan.allocation, plan.total_pruned) == (0.25, "global", 16)  # 4 layers x 16 x 0.25
+    # Export's option, and Export is listed first
+    assert (tmp_path / "ckpt" / "model.safetensors").is_file() and not (run / "model").exists()
+    saved = yaml.safe_load((run / "config.yaml").read_text())["trainer"]["callbacks"]
+    pruning = [c["init_args"] for c in saved if c["class_path"].endswith("ExpertPruning")]
+    assert pruning[0]["ratio"] == 0.25 and pruning[0]["allocation"] == "global"
+    with pytest.raises(OptionError, match="--width_search.metric: the job has no WidthSearch callback"):
+        _run([*common[:4], str(tmp_path / "other"), "--width_search.metric", "exact"])
+    assert not (tmp_path / "other").exists()
+
+
 def test_fit_and_calibrate_run_on_synthetic_tokens(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     common = ["--model", "lightprune.finetune.MoECausalLM", "--model.init_args.tiny", "olmoe",

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import torch
 
+from lightprune.choices import MERGE_STATISTICS
 from lightprune.models import MoELayer
 from lightprune.observe.experts_impl import expert_rows
 
 __all__ = ["MERGE_STATISTICS", "MergeSums"]
 
-#: what :class:`MergeSums` can collect (named among collect_expert_stats' ``criteria``)
-MERGE_STATISTICS = ("expert_outputs", "router_logits")
 #: elements of the dense outputs computed at once (tokens x experts x width)
 _CHUNK_ELEMENTS = 1 << 22
 

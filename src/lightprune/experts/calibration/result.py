@@ -22,13 +22,13 @@ from typing import Any, Mapping
 
 import torch
 
+from lightprune.choices import CALIBRATION_CRITERIA, SUBSETS
 from lightprune.experts.scores import ExpertScores
 from lightprune.models.base import RoutingLimits
 
 __all__ = ["CalibrationStats", "CRITERIA", "SUBSETS", "NEGATED"]
 
-CRITERIA = ("frequency", "seer", "ean", "reap", "routing_kl", "delta_h", "delta_h_promoted")
-SUBSETS = ("all", "text", "vision", "vision_low_attn", "vision_high_attn")
+CRITERIA = CALIBRATION_CRITERIA
 #: (criterion, subset) pairs whose importance is the negated raw value
 NEGATED = {("delta_h", "vision_low_attn"), ("delta_h_promoted", "vision_low_attn")}
 

@@ -12,11 +12,10 @@ from typing import Mapping
 
 import torch
 
+from lightprune.choices import ATTENTION_SUBSETS, SUBSETS, VISION_SUBSETS
+
 __all__ = ["SUBSETS", "ATTENTION_SUBSETS", "VISION_SUBSETS", "base_masks", "check_subsets"]
 
-SUBSETS = ("all", "text", "vision", "vision_low_attn", "vision_high_attn")
-ATTENTION_SUBSETS = ("vision_low_attn", "vision_high_attn")
-VISION_SUBSETS = ("vision",) + ATTENTION_SUBSETS
 
 
 def check_subsets(subsets, vision_token_ids: tuple[int, ...]) -> tuple[str, ...]:

@@ -1,0 +1,283 @@
+"""Stable addresses for the callbacks' options, and the checks the command line runs before it loads Lightning.
+
+``--prune.ratio 0.3`` sets ExpertPruning's ``ratio`` whatever the order of the job's callbacks (jsonargparse's own
+``--trainer.callbacks.init_args.ratio`` sets it on whichever callback is listed last). One address per callback of
+lightprune (:data:`ADDRESSES`); the value is read as YAML, as jsonargparse reads a value (``0.3``, ``null``,
+``[all, text]``, ``true``). :func:`split_addressed` takes these options out of the command line;
+``LightpruneCLI`` sets them on the one callback of that class once the config is parsed (none or two: an error).
+
+:func:`check_command_line` reads the command line and the config files it names (YAML only: no torch, no
+Lightning) and checks the options lightprune's callbacks would refuse at construction: an unknown option name,
+a criterion that is not registered, a ratio outside [0, 1), a choice outside its list. The messages are the
+callbacks' own (the same helpers of :mod:`lightprune.checks` over the same lists of :mod:`lightprune.choices`), so
+a typo is reported in a fraction of a second instead of after Lightning's import. Whatever it cannot see (a value
+set in a way it does not follow) is left to the callbacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from lightprune.checks import (
+    check_atol,
+    check_choice,
+    check_each,
+    check_non_negative_int,
+    check_positive_int,
+    check_ratio,
+)
+from lightprune.choices import (
+    ALLOCATIONS,
+    CALIBRATION_CRITERIA,
+    CRITERIA,
+    MERGE_STATISTICS,
+    NORMALIZATIONS,
+    RETENTION_METRICS,
+    SENSITIVITY_SCORES,
+    SUBSETS,
+)
+
+__all__ = ["ADDRESSES", "ARGUMENTS", "OptionError", "Addressed", "split_addressed", "check_command_line",
+           "check_callback_options", "check_criterion_name", "class_name", "missing_callback"]
+
+#: address -> lightprune callback: ``--<address>.<argument> VALUE``
+ADDRESSES: dict[str, str] = {
+    "stats": "ExpertStats",
+    "router_delta": "RouterDelta",
+    "prune": "ExpertPruning",
+    "export": "Export",
+    "width_search": "WidthSearch",
+    "width_export": "WidthExport",
+    "evaluate": "Evaluate",
+    "report": "ReportPage",
+}
+#: every callback's constructor arguments (a test keeps them equal to the signatures)
+ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "ExpertStats": ("subsets", "criteria", "low_attn_quantile", "output_dir", "save_every_n_batches", "resume"),
+    "RouterDelta": ("score", "holdout_batches", "ratio", "n_per_layer", "output_dir", "export", "overwrite", "atol",
+                    "summary"),
+    "ExpertPruning": ("criterion", "ratio", "allocation", "normalize", "seed", "output_dir", "subset", "alpha",
+                      "n_per_layer"),
+    "Export": ("output_dir", "checkpoint_dir", "plan_path", "overwrite", "atol", "summary"),
+    "WidthSearch": ("grid", "stages", "min_retention", "max_candidates", "expand_above", "recovery_epochs", "metric",
+                    "last_layer_first", "flops_profile", "align", "output_dir", "progress"),
+    "WidthExport": ("output_dir", "checkpoint_dir", "plan_path", "overwrite", "atol", "align"),
+    "Evaluate": ("split", "metric", "when", "max_batches", "lm_eval_tasks", "lm_eval_batch_size", "lm_eval_limit",
+                 "data", "output_dir", "progress"),
+    "ReportPage": ("output_dir",),
+}
+
+
+class OptionError(ValueError):
+    """A bad option of the command line, before anything is built."""
+
+
+@dataclass(frozen=True)
+class Addressed:
+    """``--<address>.<argument> <value>``: ``value`` as YAML read it."""
+
+    option: str
+    callback: str
+    argument: str
+    value: Any
+
+
+def _yaml_value(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+
+
+def class_name(class_path: Any) -> str | None:
+    """The class a ``class_path`` names (its last dotted part), or None when it is not a string."""
+    return class_path.rsplit(".", 1)[-1] if isinstance(class_path, str) else None
+
+
+def split_addressed(argv: Iterable[str]) -> tuple[list[str], list[Addressed]]:
+    """``argv`` without its ``--<address>.<argument>`` options, and those options, in order. An unknown argument
+    of a known address, or an address option without a value, is an :class:`OptionError`."""
+    rest, found = [], []
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        head = arg.split("=", 1)[0]
+        address, dot, argument = head[2:].partition(".") if head.startswith("--") else ("", "", "")
+        if not dot or address not in ADDRESSES:
+            rest.append(arg)
+            i += 1
+            continue
+        callback = ADDRESSES[address]
+        if argument not in ARGUMENTS[callback]:
+            raise OptionError(f"{head}: {callback} has no option {argument!r}; its options: "
+                              f"{', '.join(ARGUMENTS[callback])}")
+        if "=" in arg:
+            text = arg.split("=", 1)[1]
+        elif i + 1 < len(argv):
+            i += 1
+            text = argv[i]
+        else:
+            raise OptionError(f"{head} needs a value")
+        found.append(Addressed(head, callback, argument, _yaml_value(text)))
+        i += 1
+    return rest, found
+
+
+def missing_callback(item: Addressed) -> str:
+    """The error for an addressed option of a callback the job does not have."""
+    return (f"{item.option}: the job has no {item.callback} callback (add one: "
+            f"--trainer.callbacks+=lightprune.callbacks.{item.callback})")
+
+
+def check_criterion_name(value: Any, known: Iterable[str] = CRITERIA) -> None:
+    """A criterion given by name must be registered (or a dotted import path, or a ``class_path`` mapping)."""
+    if isinstance(value, str) and "." not in value and value not in known:
+        raise OptionError(f"unknown criterion {value!r}; available: {', '.join(sorted(known))} "
+                          "(or a dotted import path 'package.module.ClassName')")
+
+
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], None]:
+    return lambda value: None if value is None else check(value)
+
+
+_STATISTICS = (*CALIBRATION_CRITERIA, *MERGE_STATISTICS)
+#: callback -> argument -> check, each raising what the callback's constructor raises for the same value
+_CHECKS: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "ExpertPruning": {
+        "ratio": _optional(check_ratio),
+        "allocation": lambda v: check_choice("allocation", v, ALLOCATIONS),
+        "normalize": lambda v: check_choice("normalize", v, NORMALIZATIONS),
+        "subset": lambda v: check_choice("subset", v, SUBSETS),
+        "n_per_layer": lambda v: check_non_negative_int("n_per_layer", v, allow_none=True),
+    },
+    "ExpertStats": {
+        "subsets": lambda v: check_each("subsets", v, SUBSETS),
+        "criteria": _optional(lambda v: check_each("criteria", v, _STATISTICS)),
+        "save_every_n_batches": lambda v: check_non_negative_int("save_every_n_batches", v),
+    },
+    "RouterDelta": {
+        "score": lambda v: check_choice("score", v, (*SENSITIVITY_SCORES, "auto")),
+        "holdout_batches": lambda v: check_positive_int("holdout_batches", v),
+    },
+    "Export": {"atol": check_atol},
+    "WidthExport": {"atol": check_atol, "align": lambda v: check_positive_int("align", v)},
+    "WidthSearch": {"metric": lambda v: check_choice("metric", v, RETENTION_METRICS),
+                    "align": lambda v: check_positive_int("align", v)},
+    "Evaluate": {"metric": lambda v: check_choice("metric", v, RETENTION_METRICS),
+                 "split": lambda v: check_choice("split", v, ("test", "val")),
+                 "max_batches": lambda v: check_positive_int("max_batches", v, allow_none=True)},
+}
+
+
+def check_callback_options(callback: str, options: dict[str, Any], where: str, criteria_known: bool = True) -> None:
+    """Check ``options`` of a lightprune ``callback`` (its class name); ``where`` prefixes the error (the option or
+    the config file). ``criteria_known``: whether only lightprune's criteria can be registered (no project module
+    is named that could register its own)."""
+    checks = _CHECKS.get(callback, {})
+    for argument, value in options.items():
+        if argument not in ARGUMENTS.get(callback, (argument,)):
+            raise OptionError(f"{where}: {callback} has no option {argument!r}; its options: "
+                              f"{', '.join(ARGUMENTS[callback])}")
+        try:
+            if argument == "criterion" and callback == "ExpertPruning" and criteria_known:
+                check_criterion_name(value)
+            if argument in checks:
+                checks[argument](value)
+        except ValueError as err:
+            raise OptionError(f"{where}: {err}") from None
+
+
+def _config_options(argv: list[str]) -> list[tuple[str, Any]]:
+    """The ``--config`` files' contents and the ``--trainer.callbacks...`` options, in command-line order."""
+    import yaml
+
+    items: list[tuple[str, Any]] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        head, eq, text = arg.partition("=")
+        if head in ("--config", "-c") or head.startswith("--trainer.callbacks"):
+            if not eq:
+                if i + 1 >= len(argv):
+                    break
+                i += 1
+                text = argv[i]
+            if head in ("--config", "-c"):
+                path = Path(text)
+                if path.is_file():
+                    try:
+                        items.append((str(path), yaml.safe_load(path.read_text()) or {}))
+                    except yaml.YAMLError:
+                        items.append((str(path), None))  # left to jsonargparse, which names the line
+                else:
+                    items.append((text, None))
+            else:
+                items.append((head, _yaml_value(text)))
+        i += 1
+    return items
+
+
+def _project_modules(argv: list[str], configs: list[Any]) -> bool:
+    """Whether the job names a class outside lightprune and Lightning (a module that could register criteria)."""
+    paths: list[str] = [a.partition("=")[2] for a in argv if a.startswith("--trainer.callbacks+=")]
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "class_path" and isinstance(value, str):
+                    paths.append(value)
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for config in configs:
+        walk(config)
+    return any("." in p and not p.startswith(("lightprune.", "lightning.", "pytorch_lightning.")) for p in paths)
+
+
+def check_command_line(argv: Iterable[str]) -> None:
+    """Check a ``lightprune SUBCOMMAND ...`` command line's callback options (see the module docstring); an
+    :class:`OptionError` names the option or the config file, the bad value and what is accepted."""
+    argv = list(argv)
+    rest, addressed = split_addressed(argv)
+    items = _config_options(rest)
+    criteria_known = not _project_modules(rest, [content for _, content in items])
+    callbacks: list[dict[str, Any]] | None = []  # the list jsonargparse would build (None: not followed)
+    for where, content in items:
+        if where == "--trainer.callbacks+":  # one callback appended
+            is_class = isinstance(content, str) or (isinstance(content, dict) and "class_path" in content)
+            if callbacks is not None and is_class:
+                callbacks.append(content if isinstance(content, dict) else {"class_path": content})
+            else:
+                callbacks = None
+            continue
+        if where.startswith("--trainer.callbacks.init_args."):  # an option of the last callback listed
+            name = class_name(callbacks[-1].get("class_path")) if callbacks else None
+            if name in ARGUMENTS:
+                check_callback_options(name, {where.rsplit(".", 1)[-1]: content}, where, criteria_known)
+            continue
+        if where.startswith("--trainer.callbacks"):  # the list given another way: not followed from here
+            callbacks = None
+            continue
+        if not isinstance(content, dict):
+            continue
+        listed = (content.get("trainer") or {}).get("callbacks") if isinstance(content.get("trainer"), dict) else None
+        if isinstance(listed, list):
+            entries = [{"class_path": e} if isinstance(e, str) else e for e in listed]
+            callbacks = entries if all(isinstance(e, dict) for e in entries) else None
+            entries = [e for e in entries if isinstance(e, dict)]
+            for entry in entries:
+                name = class_name(entry.get("class_path"))
+                if name in ARGUMENTS and isinstance(entry.get("init_args"), dict):
+                    check_callback_options(name, entry["init_args"], f"{where}: {name}", criteria_known)
+    names = None if callbacks is None else [class_name(entry.get("class_path")) for entry in callbacks]
+    for item in addressed:
+        check_callback_options(item.callback, {item.argument: item.value}, item.option, criteria_known)
+        if names is not None and criteria_known and item.callback not in names:
+            raise OptionError(missing_callback(item))

@@ -1,0 +1,160 @@
+"""The callbacks' stable addresses and the command line's checks before Lightning: the same rules and messages as
+the callbacks' constructors, read from the command line and the config files alone."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightprune import choices
+from lightprune.cli_options import (
+    ADDRESSES,
+    ARGUMENTS,
+    Addressed,
+    OptionError,
+    check_callback_options,
+    check_command_line,
+    split_addressed,
+)
+
+
+def test_arguments_are_the_callbacks_signatures() -> None:
+    import lightprune.callbacks as callbacks
+
+    assert set(ADDRESSES.values()) == set(ARGUMENTS) == set(callbacks.__all__)
+    for name, arguments in ARGUMENTS.items():
+        signature = inspect.signature(getattr(callbacks, name).__init__)
+        assert arguments == tuple(p for p in signature.parameters if p != "self"), name
+
+
+def test_choices_are_what_the_modules_accept() -> None:
+    from lightprune.experts.criteria import registry
+
+    builtin = {name for name, cls in registry._REGISTRY.items() if cls.__module__.startswith("lightprune.")}
+    assert set(choices.CRITERIA) == builtin
+    from lightprune.experts.calibration import CRITERIA, SUBSETS
+    from lightprune.experts.sensitivity import SCORES
+    from lightprune.width.retention import METRICS
+
+    assert (CRITERIA, SUBSETS, SCORES, METRICS) == (choices.CALIBRATION_CRITERIA, choices.SUBSETS,
+                                                     choices.SENSITIVITY_SCORES, choices.RETENTION_METRICS)
+
+
+# (callback, options that are fine together, the one bad option)
+BAD = [
+    ("ExpertPruning", {}, {"ratio": 1.5}),
+    ("ExpertPruning", {}, {"ratio": "abc"}),
+    ("ExpertPruning", {}, {"criterion": "reapp"}),
+    ("ExpertPruning", {}, {"allocation": "globl"}),
+    ("ExpertPruning", {}, {"subset": "txt"}),
+    ("ExpertPruning", {}, {"normalize": "zscore"}),
+    ("ExpertPruning", {"ratio": None}, {"n_per_layer": -1}),
+    ("ExpertStats", {}, {"subsets": ["all", "txt"]}),
+    ("ExpertStats", {}, {"criteria": ["reap", "expert_output"]}),
+    ("ExpertStats", {}, {"save_every_n_batches": -1}),
+    ("RouterDelta", {}, {"score": "logits"}),
+    ("RouterDelta", {}, {"holdout_batches": 0}),
+    ("Export", {}, {"atol": -1.0}),
+    ("WidthExport", {}, {"align": 0}),
+    ("WidthSearch", {}, {"metric": "tokens"}),
+    ("Evaluate", {}, {"metric": "acc"}),
+    ("Evaluate", {}, {"split": "train"}),
+    ("Evaluate", {}, {"max_batches": 0}),
+]
+
+
+@pytest.mark.parametrize("callback,fine,bad", BAD, ids=lambda v: str(v) if isinstance(v, str) else None)
+def test_a_bad_option_gets_the_callbacks_own_message(callback, fine, bad) -> None:
+    import lightprune.callbacks as callbacks
+
+    with pytest.raises(ValueError) as built:
+        getattr(callbacks, callback)(**fine, **bad)
+    with pytest.raises(OptionError) as checked:
+        check_callback_options(callback, {**fine, **bad}, "here")
+    assert str(checked.value) == f"here: {built.value}"
+
+
+def test_good_options_pass() -> None:
+    check_callback_options("ExpertPruning", {"criterion": "reap", "ratio": 0.5, "allocation": "global",
+                                             "subset": "text", "normalize": None}, "here")
+    check_callback_options("ExpertPruning", {"criterion": "my.module.MyCriterion"}, "here")
+    check_callback_options("ExpertPruning", {"criterion": {"class_path": "callbacks.x.Y"}}, "here")
+    check_callback_options("ExpertStats", {"subsets": ["all", "vision_low_attn"],
+                                           "criteria": ["reap", "expert_outputs"]}, "here")
+    # a project module may register criteria by name: a name is then left to the callback
+    check_callback_options("ExpertPruning", {"criterion": "my_norm"}, "here", criteria_known=False)
+
+
+def test_split_addressed_takes_out_the_addresses_and_reads_their_values_as_yaml() -> None:
+    argv = ["calibrate", "--config", "c.yaml", "--prune.ratio", "0.3", "--trainer.max_steps", "2",
+            "--stats.subsets=[all, text]", "--export.overwrite", "true", "--prune.normalize", "null",
+            "--prune.criterion=reap", "--model.init_args.x", "1"]
+    rest, found = split_addressed(argv)
+    assert rest == ["calibrate", "--config", "c.yaml", "--trainer.max_steps", "2", "--model.init_args.x", "1"]
+    assert found == [Addressed("--prune.ratio", "ExpertPruning", "ratio", 0.3),
+                     Addressed("--stats.subsets", "ExpertStats", "subsets", ["all", "text"]),
+                     Addressed("--export.overwrite", "Export", "overwrite", True),
+                     Addressed("--prune.normalize", "ExpertPruning", "normalize", None),
+                     Addressed("--prune.criterion", "ExpertPruning", "criterion", "reap")]
+    with pytest.raises(OptionError, match="--prune.ratoi: ExpertPruning has no option 'ratoi'; its options: "
+                                          "criterion, ratio"):
+        split_addressed(["--prune.ratoi", "0.3"])
+    with pytest.raises(OptionError, match="--prune.ratio needs a value"):
+        split_addressed(["fit", "--prune.ratio"])
+
+
+def _config(path: Path, callbacks: list) -> str:
+    path.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
+    return str(path)
+
+
+def test_the_command_line_is_checked_as_jsonargparse_builds_it(tmp_path: Path) -> None:
+    first = _config(tmp_path / "a.yaml", [{"class_path": "lightprune.callbacks.Export"},
+                                          {"class_path": "lightprune.callbacks.ExpertPruning",
+                                           "init_args": {"ratio": 0.5}}])
+    second = _config(tmp_path / "b.yaml", [{"class_path": "lightprune.callbacks.Evaluate"}])
+    check_command_line(["calibrate", "--config", first, "--prune.ratio", "0.25"])
+    # the config file's own values
+    bad = _config(tmp_path / "bad.yaml", [{"class_path": "lightprune.callbacks.ExpertPruning",
+                                           "init_args": {"criterion": "reapp"}}])
+    with pytest.raises(OptionError, match=f"{bad}: ExpertPruning: unknown criterion 'reapp'; available: aimer"):
+        check_command_line(["export", "--config", bad])
+    # --trainer.callbacks.init_args.X sets the last callback listed: ExpertPruning here, Evaluate after b.yaml
+    # (a later config's list replaces the earlier one), the appended one after +=
+    with pytest.raises(OptionError, match="--trainer.callbacks.init_args.ratio: ratio must be in"):
+        check_command_line(["export", "--config", first, "--trainer.callbacks.init_args.ratio", "2"])
+    with pytest.raises(OptionError, match="--trainer.callbacks.init_args.ratio: Evaluate has no option 'ratio'"):
+        check_command_line(["export", "--config", first, "--config", second, "--trainer.callbacks.init_args.ratio",
+                            "0.5"])
+    with pytest.raises(OptionError, match="metric must be one of"):
+        check_command_line(["export", "--config", first, "--config", second,
+                            "--trainer.callbacks.init_args.metric=acc"])
+    with pytest.raises(OptionError, match="subsets must each be one of"):
+        check_command_line(["calibrate", "--config", second, "--trainer.callbacks+=lightprune.callbacks.ExpertStats",
+                            "--trainer.callbacks.init_args.subsets=[txt]"])
+    # an address of a callback the job does not have
+    with pytest.raises(OptionError, match="--prune.ratio: the job has no ExpertPruning callback \\(add one: "
+                                          "--trainer.callbacks\\+=lightprune.callbacks.ExpertPruning\\)"):
+        check_command_line(["export", "--config", first, "--config", second, "--prune.ratio", "0.3"])
+    # a project's own callback may subclass it, and its module may register criteria: left to the callbacks
+    own = _config(tmp_path / "own.yaml", [{"class_path": "callbacks.mine.MyPruning"}])
+    check_command_line(["export", "--config", own, "--prune.ratio", "0.3", "--prune.criterion", "my_norm"])
+    # a list the checks do not follow: nothing is assumed about its last callback
+    check_command_line(["export", "--config", first, "--trainer.callbacks=[]", "--trainer.callbacks.init_args.ratio",
+                        "2"])
+
+
+def test_an_option_error_comes_before_lightning_is_imported(tmp_path: Path) -> None:
+    config = _config(tmp_path / "c.yaml", [{"class_path": "lightprune.callbacks.ExpertPruning"}])
+    code = ("import sys; from lightprune.command import main\n"
+            f"sys.argv = ['lightprune', 'export', '--config', {config!r}, '--prune.criterion', 'reapp']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    print(e.code)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'torch', 'transformers'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "[]"], done.stderr
+    assert done.stderr.startswith("lightprune: error: --prune.criterion: unknown criterion 'reapp'; available: ")
