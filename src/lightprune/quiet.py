@@ -4,7 +4,9 @@ command's output, unless it runs verbose (``--verbose`` or ``LIGHTPRUNE_VERBOSE=
 Dropped, each by its logger and message (nothing else from those loggers): Lightning's litlogger tip,
 bitsandbytes' "Failed to load CPU gemm_4bit_forward" (an optional kernel package), DeepSpeed's "Setting
 accelerator to CPU", and the deprecation warnings transformers (``is_gradient_checkpointing``) and Lightning
-(``LeafSpec``) emit for their own internal calls.
+(``LeafSpec``) emit for their own internal calls. transformers' own progress bars ("Loading weights", "Writing
+model shards": a checkpoint's save and reload, which the export's summary reports) are off
+(``HF_HUB_DISABLE_PROGRESS_BARS``, which transformers reads at import, unless the environment sets it).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import logging
 import os
 import warnings
 
-__all__ = ["DROPPED_LOGS", "DROPPED_WARNINGS", "VERBOSE_ENV", "install", "is_verbose"]
+__all__ = ["DROPPED_LOGS", "DROPPED_WARNINGS", "QUIET_ENV", "VERBOSE_ENV", "install", "is_verbose"]
 
 VERBOSE_ENV = "LIGHTPRUNE_VERBOSE"
+#: environment defaults of a quiet run (set before the libraries are imported, kept when already set)
+QUIET_ENV: dict[str, str] = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 #: logger name -> message fragments dropped from it
 DROPPED_LOGS: dict[str, tuple[str, ...]] = {
     "lightning.pytorch.utilities.rank_zero": ("try installing [litlogger]",),
@@ -56,3 +60,5 @@ def install() -> None:
             logger.addFilter(_Drop(fragments))
     for category, message in DROPPED_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
+    for name, value in QUIET_ENV.items():
+        os.environ.setdefault(name, value)

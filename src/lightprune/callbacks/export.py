@@ -49,7 +49,7 @@ from lightprune.jsonio import read_json
 from lightprune.models import find_moe_layers
 from lightprune.reporting.report import plot_kept_experts, print_summary, write_report
 
-__all__ = ["Export", "export_with_report", "streamed_export_with_report"]
+__all__ = ["check_checkpoint_dir", "Export", "export_with_report", "streamed_export_with_report"]
 
 
 def _dir_bytes(path: Path) -> int | None:
@@ -125,6 +125,19 @@ def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Pat
                        seconds_scoring=seconds_scoring, start=start, summary=summary)
 
 
+def check_checkpoint_dir(path: str | Path, overwrite: bool, address: str) -> None:
+    """Refuse at setup to write over a checkpoint directory that holds files (an earlier run's) unless ``overwrite``;
+    the error says how: ``--<address>.overwrite true`` on the command line or ``overwrite: true`` in the config."""
+    try:
+        check_out_dir(path, overwrite)
+    except FileExistsError as err:
+        if not Path(path).is_dir() or Path(path).is_symlink():
+            raise
+        raise FileExistsError(f"checkpoint directory {str(path)!r} holds an earlier run's files; replace it with "
+                              f"--{address}.overwrite true (overwrite: true in the config), or choose another "
+                              "--trainer.default_root_dir") from err
+
+
 class Export(JobEndCallback):
     """Prune by the run's plan and export a verified checkpoint.
 
@@ -151,7 +164,7 @@ class Export(JobEndCallback):
 
     def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # an existing checkpoint directory without overwrite fails now, before any data is spent
-        check_out_dir(self._checkpoint_dir(trainer), self.overwrite)
+        check_checkpoint_dir(self._checkpoint_dir(trainer), self.overwrite, "export")
         # a plan_path made for another model fails here, before the run writes anything (config.yaml)
         if self.plan_path is not None and getattr(pl_module, "model", None) is not None:
             _load_plan(self.plan_path).check_layers(find_moe_layers(pl_module.model))

@@ -126,6 +126,36 @@ def test_addressed_options_reach_their_callback_whatever_the_order(tmp_path: Pat
     assert not (tmp_path / "other").exists()
 
 
+def test_a_rerun_does_not_replace_the_last_runs_checkpoint_unless_asked(tmp_path: Path, monkeypatch) -> None:
+    """The shipped configs do not overwrite: a rerun in the same directory fails at setup, naming the option, and
+    leaves the earlier checkpoint as it was; with --export.overwrite true it is replaced."""
+    monkeypatch.chdir(REPO)
+    run = tmp_path / "run"
+    common = ["export", "--config", "configs/aimer_tiny.yaml", "--trainer.default_root_dir", str(run)]
+    _run(common)
+    weights = run / "model" / "model.safetensors"
+    before = weights.read_bytes()
+    with pytest.raises(FileExistsError, match="holds an earlier run's files; replace it with --export.overwrite true"):
+        _run([*common, "--prune.ratio", "0.25"])
+    assert weights.read_bytes() == before and lp.ExpertPlan.load(run / "plan.json").ratio == 0.5
+    _run([*common, "--prune.ratio", "0.25", "--export.overwrite", "true"])
+    assert lp.ExpertPlan.load(run / "plan.json").ratio == 0.25
+    assert lp.load_pruned(run / "model").config.num_experts == 12
+
+
+def test_width_export_refuses_an_existing_checkpoint_at_setup(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from lightprune.callbacks import WidthExport
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    trainer = SimpleNamespace(default_root_dir=str(tmp_path))
+    with pytest.raises(FileExistsError, match="--width_export.overwrite true"):
+        WidthExport().check(trainer, None, "fit")
+    WidthExport(overwrite=True).check(trainer, None, "fit")
+
+
 def test_fit_and_calibrate_run_on_synthetic_tokens(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     common = ["--model", "lightprune.finetune.MoECausalLM", "--model.init_args.tiny", "olmoe",

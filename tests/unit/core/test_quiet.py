@@ -68,11 +68,14 @@ def test_the_command_is_quiet_unless_verbose(tmp_path, testbed_root, verbose) ->
             "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run")]
     env = {**os.environ, "LIGHTPRUNE_CACHE": str(testbed_root), "HF_HUB_OFFLINE": "1"}
     env.pop(quiet.VERBOSE_ENV, None)
+    for name in quiet.QUIET_ENV:
+        env.pop(name, None)
     done = subprocess.run(args + (["--verbose"] if verbose else []), cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     output = done.stdout + done.stderr
     assert ("litlogger" in output) == verbose
+    assert ("Loading weights" in output) == verbose  # the export's reload
     if not verbose:  # (shown verbose only where bitsandbytes lacks its optional kernel package)
         assert "gemm_4bit_forward" not in output and "is_gradient_checkpointing" not in output
     assert "ExpertPruning: router_delta:weight pruned" in output  # lightprune's own lines stay

@@ -1,0 +1,34 @@
+"""Every `lightprune` command the README shows names configs that exist and options lightprune accepts (checked
+as the console script checks them before it loads Lightning), so a renamed option or config cannot rot there."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+from fixtures import REPO
+
+from lightprune.cli_options import check_command_line
+
+_BLOCKS = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+COMMANDS = []
+for _block in _BLOCKS:
+    for _line in _block.replace("\\\n", " ").splitlines():
+        for _part in _line.split("&&"):
+            words = shlex.split(_part, comments=True)
+            if words[:1] == ["lightprune"]:
+                COMMANDS.append(words[1:])
+
+
+def test_the_readme_shows_commands() -> None:
+    assert len(COMMANDS) >= 8
+    assert {words[0] for words in COMMANDS} >= {"fit", "calibrate", "export"}
+
+
+@pytest.mark.parametrize("words", COMMANDS, ids=[" ".join(w)[:60] for w in COMMANDS])
+def test_readme_command_is_accepted(words, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    configs = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--config", "-c")]
+    assert configs and all((REPO / c).is_file() for c in configs), configs
+    check_command_line(words)
