@@ -26,6 +26,7 @@ test`` it evaluates the model as loaded, as ``test``. Results go to ``report.jso
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -74,16 +75,17 @@ def evaluate_lm(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]], ta
     tasks = TaskAccuracy(len(names), metric).to(device)
     was_training = model.training
     model.eval()
-    iterator: Iterable = batches
+    iterator: Iterable = batches if max_batches is None else itertools.islice(batches, max_batches)
     if progress:
         from tqdm.auto import tqdm
 
-        iterator = tqdm(batches, desc=desc, unit="batch", leave=False)
+        total = len(batches) if hasattr(batches, "__len__") else None
+        if max_batches is not None and total is not None:
+            total = min(total, max_batches)
+        iterator = tqdm(iterator, desc=desc, unit="batch", leave=False, total=total)
     samples = 0
     try:
-        for i, batch in enumerate(iterator):
-            if max_batches is not None and i >= max_batches:
-                break
+        for batch in iterator:
             labels = _labels(batch).to(device)
             logits = model(**model_inputs(batch, device=device)).logits.float()
             if (labels[:, 1:] != -100).any():
@@ -251,7 +253,7 @@ class Evaluate(JobEndCallback):
                                             self.lm_eval_batch_size, self.lm_eval_limit)
         self.results[label] = result
         if getattr(trainer, "strategy", None) is not None:
-            RunState.of(trainer).evaluation[label] = result
+            RunState.of(trainer).evaluation.update({"split": self.split, label: result})
         rank_zero_info(f"Evaluate ({label}): perplexity {result['perplexity']:.4g}, next-token accuracy "
                        f"{result['next_token_accuracy']:.4f}, {self.metric} accuracy {result['task_accuracy']}")
         return result

@@ -47,7 +47,7 @@ from lightprune.export.staging import check_out_dir
 from lightprune.finetune.quantize import is_quantized_4bit
 from lightprune.jsonio import read_json
 from lightprune.models import find_moe_layers
-from lightprune.reporting.report import plot_kept_experts, print_summary, write_report
+from lightprune.reporting.report import plot_kept_experts, write_report
 
 __all__ = ["check_checkpoint_dir", "Export", "export_with_report", "streamed_export_with_report"]
 
@@ -59,9 +59,9 @@ def _dir_bytes(path: Path) -> int | None:
 
 
 def _run_report(plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any, figures: dict[str, Any],
-                seconds_scoring: float, start: float, summary: bool) -> dict[str, Any]:
-    """``report.json`` (the plan's facts, ``figures`` of the export, timings), ``kept_experts.png`` and the summary
-    table; returns the report."""
+                seconds_scoring: float, start: float) -> dict[str, Any]:
+    """``report.json`` (the plan's facts, ``figures`` of the export, timings) and ``kept_experts.png``; returns the
+    report."""
     report = {
         "source": source,
         "criterion": plan.criterion,
@@ -78,18 +78,17 @@ def _run_report(plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
     }
     write_report(report, run_dir / "report.json")
     plot_kept_experts(plan, run_dir / "kept_experts.png")
-    if summary:
-        print_summary(report)
     return report
 
 
 def export_with_report(model, plan: ExpertPlan | MergePlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
-                       seconds_scoring: float, overwrite: bool, atol: float | None, summary: bool,
+                       seconds_scoring: float, overwrite: bool, atol: float | None,
                        extra: dict[str, Any] | None = None, processor: Any = None,
                        evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
     """Prune (a MergePlan: merge) ``model`` by ``plan``, export and verify it to ``ckpt_dir`` (with the source
     checkpoint's tokenizer files, else ``processor``, and a model card), then write ``report.json`` and
-    ``kept_experts.png`` to ``run_dir`` (and print the summary table); returns the report."""
+    ``kept_experts.png`` to ``run_dir``; returns the report (:func:`lightprune.reporting.report.summary_table`
+    shows it)."""
     start = time.perf_counter()
     card = {"source": str(source), **({"evaluation": evaluation} if evaluation else {})}
     result = export_pruned(model, plan, ckpt_dir, overwrite=overwrite, atol=atol, processor=processor, card=card)
@@ -103,14 +102,14 @@ def export_with_report(model, plan: ExpertPlan | MergePlan, run_dir: Path, ckpt_
         layout = plan.expert_plan()
         figures["merge"] = {"method": plan.method, "router": plan.router, "align": plan.align}
     return _run_report(layout, run_dir, ckpt_dir, source=source, figures=figures, seconds_scoring=seconds_scoring,
-                       start=start, summary=summary)
+                       start=start)
 
 
 def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
-                                params_before: int, seconds_scoring: float, overwrite: bool, atol: float | None,
-                                summary: bool) -> dict[str, Any]:
+                                params_before: int, seconds_scoring: float, overwrite: bool,
+                                atol: float | None) -> dict[str, Any]:
     """:func:`lightprune.stream.prune_checkpoint` of ``source_dir`` by ``plan`` into ``ckpt_dir``, then the same
-    ``report.json``, ``kept_experts.png`` and summary as :func:`export_with_report`, from the checkpoints."""
+    ``report.json`` and ``kept_experts.png`` as :func:`export_with_report`, from the checkpoints."""
     from lightprune.stream import prune_checkpoint
 
     start = time.perf_counter()
@@ -122,7 +121,7 @@ def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Pat
                "checkpoint_bytes_after": manifest["weight_bytes"], "expected_bytes_after": manifest["parameter_bytes"],
                "max_abs_diff": manifest["verification"]["max_abs_diff"]}
     return _run_report(plan, run_dir, ckpt_dir, source=source or str(source_dir), figures=figures,
-                       seconds_scoring=seconds_scoring, start=start, summary=summary)
+                       seconds_scoring=seconds_scoring, start=start)
 
 
 def check_checkpoint_dir(path: str | Path, overwrite: bool, address: str) -> None:
@@ -149,7 +148,7 @@ class Export(JobEndCallback):
         overwrite: replace an existing checkpoint directory.
         atol: largest logit difference accepted by verification (default: 1e-5 in fp32, 1e-2 in
             bf16/fp16, where a near tie between router scores can flip an expert choice).
-        summary: print the summary table.
+        summary: print the summary table at the end of the job (with Evaluate's perplexity before and after).
     """
 
     def __init__(self, output_dir: str | None = None, checkpoint_dir: str | None = None,
@@ -209,7 +208,8 @@ class Export(JobEndCallback):
             self.report = {} if not trainer.is_global_zero else streamed_export_with_report(
                 source_dir, plan, run_dir, ckpt_dir, source=getattr(pl_module, "source", None),
                 params_before=params_before, seconds_scoring=seconds_scoring, overwrite=self.overwrite,
-                atol=self.atol, summary=self.summary)
+                atol=self.atol)
+            self._summarise(trainer)
             return
         model = _full_precision(pl_module)
         materialize(model, engine=trainer.strategy.model)  # ZeRO-3 only; every rank
@@ -227,9 +227,15 @@ class Export(JobEndCallback):
         state = RunState.of(trainer)
         self.report = export_with_report(model, merge or plan, run_dir, ckpt_dir, source=source,
                                          seconds_scoring=seconds_scoring, overwrite=self.overwrite,
-                                         atol=self.atol, summary=self.summary,
+                                         atol=self.atol,
                                          processor=_run_tokenizer(model, trainer.datamodule or state.datamodule),
                                          evaluation=dict(state.evaluation) or None)
+        self._summarise(trainer)
+
+    def _summarise(self, trainer: pl.Trainer) -> None:
+        """The summary table, printed once the job's steps have all run (the evaluation after the export too)."""
+        if self.summary and self.report:
+            RunState.of(trainer).summary = self.report
 
 
 def _load_plan(path: str | Path) -> ExpertPlan | MergePlan:

@@ -10,7 +10,9 @@ need from here:
 - ``expert_plan``: the ExpertPlan (ExpertPruning; Export applies it, Evaluate masks with it); ``merge_plan``: the
   MergePlan of a merging method (ExpertPruning with ``hc_smoe`` / ``m_smoe``; ``expert_plan`` is then its kept
   layout; Export writes the merged experts before the surgery, Evaluate merges reversibly);
-- ``evaluation``: what Evaluate measured so far (the model card of an export shows it); ``datamodule``: the
+- ``evaluation``: what Evaluate measured so far (the model card of an export shows it); ``summary``: the export's
+  report (Export, when it prints a summary), printed as a table once every end-of-job step has run, with the
+  evaluation's rows; ``datamodule``: the
   data of a ``lightprune calibrate`` run, which Lightning does not attach to the trainer (PruneTrainer);
 - ``width_plan`` and the width masks active on the model (WidthSearch; WidthExport releases them, Evaluate
   reads whether they are on): one owner for those hooks, :meth:`apply_width_masks` /
@@ -62,6 +64,7 @@ class RunState:
     merge_plan: "MergePlan | None" = None
     width_plan: "WidthPlan | None" = None
     evaluation: dict = field(default_factory=dict)
+    summary: "dict | None" = None
     datamodule: Any = None
     _width_masks: Any = None
     _job_end: list = field(default_factory=list)
@@ -152,6 +155,11 @@ class RunState:
                     self.commit_files()  # the export (if any) succeeded: plan and scores go with it
         finally:
             self._finishing = False
+        if self.summary is not None:  # every step ran: the export's figures with the evaluation's
+            from lightprune.reporting.report import print_summary
+
+            report, self.summary = self.summary, None
+            print_summary(report, self.evaluation)
 
     def finish_test(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         """The end of ``lightprune test``: every registered callback's ``run_test``, in phase order, once each."""

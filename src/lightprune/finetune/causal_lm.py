@@ -298,9 +298,10 @@ class MoECausalLM(pl.LightningModule):
             return None
         logits, labels = self._shifted(batch)
         loss = self._ce(logits, labels)
-        self.log("val/loss", loss, prog_bar=True)
         keep = labels != -100
         count = keep.sum()
+        # weighted by label tokens: the epoch's val/loss is the mean over tokens (log of val/ppl, and Evaluate's)
+        self.log("val/loss", loss, prog_bar=True, batch_size=max(1, int(count)))
         if count > 0:
             self.val_ppl.update(logits, labels)
             correct = (logits.argmax(-1) == labels) & keep
@@ -310,8 +311,10 @@ class MoECausalLM(pl.LightningModule):
         return loss
 
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self._loss(batch)
-        self.log("test/loss", loss)
+        logits, labels = self._shifted(batch)
+        loss = self._ce(logits, labels)
+        # the mean over the split's label tokens, as Evaluate's loss (a mean of batch means would differ)
+        self.log("test/loss", loss, batch_size=max(1, int((labels != -100).sum())))
         return loss
 
     def configure_optimizers(self):

@@ -79,8 +79,9 @@ def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.2f} MiB"
 
 
-def summary_table(report: dict[str, Any]):
-    """A rich Table of the headline figures of a run."""
+def summary_table(report: dict[str, Any], evaluation: dict[str, Any] | None = None):
+    """A rich Table of the headline figures of a run; with ``evaluation`` (Evaluate's ``before`` / ``after``), its
+    perplexity on the held-out split before and after, and the retention before / after in percent."""
     from rich.table import Table
 
     table = Table(title=f"lightprune: {report['criterion']} on {report['source']}")
@@ -92,12 +93,19 @@ def summary_table(report: dict[str, Any]):
     table.add_row("checkpoint bytes", _mib(report.get("checkpoint_bytes_before")), _mib(report["checkpoint_bytes_after"]))
     table.add_row("kept per layer", "", " ".join(f"{l}:{k}" for l, k in report["kept_per_layer"].items()))
     table.add_row("verified max |logit diff|", "", f"{report['max_abs_diff']:.2e}")
+    before, after = ((evaluation or {}).get(k, {}).get("perplexity") for k in ("before", "after"))
+    if before is not None or after is not None:
+        split = (evaluation or {}).get("split", "held-out")
+        table.add_row(f"perplexity ({split})", "-" if before is None else f"{before:.4g}",
+                      "-" if after is None else f"{after:.4g}")
+        if before is not None and after is not None:
+            table.add_row("perplexity retention (before / after)", "", f"{100 * before / after:.1f}%")
     table.add_row("seconds (score+select / export)", "",
                   f"{report['seconds_scoring']:.2f} / {report['seconds_export']:.2f}")
     return table
 
 
-def print_summary(report: dict[str, Any]) -> None:
+def print_summary(report: dict[str, Any], evaluation: dict[str, Any] | None = None) -> None:
     from rich.console import Console
 
-    Console().print(summary_table(report))
+    Console().print(summary_table(report, evaluation))

@@ -238,7 +238,7 @@ def test_maep_recipe_on_a_multimodal_checkpoint(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("qlora", [False, True], ids=["lora", "qlora"])
 def test_readme_main_job_config_runs_on_a_micro_setting(tmp_path: Path, monkeypatch, qlora: bool,
-                                                        testbed_root: Path) -> None:
+                                                        testbed_root: Path, capsys) -> None:
     """configs/quickstart.yaml (the README's main command) end to end on the micro text testbed, a few steps;
     with 4-bit base weights (QLoRA) the export must still be the full-precision original, pruned."""
     monkeypatch.setenv("LIGHTPRUNE_CACHE", str(testbed_root))
@@ -257,6 +257,12 @@ def test_readme_main_job_config_runs_on_a_micro_setting(tmp_path: Path, monkeypa
         assert set(ids) == set(torch.topk(moved, 4).indices.tolist())
     pruned = lp.load_pruned(run / "model")
     assert not any(k for k in pruned.state_dict() if "lora" in k)
+    # the summary, printed at the end of the job (after the evaluation that follows the export), has Evaluate's
+    # validation perplexity before and after
+    evaluation = json.loads((run / "report.json").read_text())["evaluation"]
+    before, after = evaluation["before"]["perplexity"], evaluation["after"]["perplexity"]
+    summary = capsys.readouterr().out
+    assert f"{before:.4g}" in summary and f"{after:.4g}" in summary and f"{100 * before / after:.1f}%" in summary
     original = lp.load_pruned(resolve_testbed("testbed:text-micro"))  # the trained testbed, cached by the run
     ids = torch.randint(3, 500, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), lp.mask_experts(original, plan):

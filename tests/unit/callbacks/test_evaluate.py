@@ -194,6 +194,21 @@ def test_lightprune_test_writes_test_metrics(tmp_path, tokenizer_dir) -> None:
     assert report["evaluation"]["test"]["perplexity"] == pytest.approx(want["perplexity"], rel=1e-5)
 
 
+def test_lightnings_test_loss_is_evaluates_loss(tmp_path, tokenizer_dir) -> None:
+    """`lightprune test` with Evaluate shows one test loss: Lightning's test/loss is the mean over the split's label
+    tokens, as Evaluate's (the log of its perplexity), also where the batches' token counts differ."""
+    import lightning.pytorch as pl
+
+    dm = _datamodule(tokenizer_dir)
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, default_root_dir=tmp_path,
+                         callbacks=[Evaluate(progress=False)], enable_progress_bar=False)
+    metrics = trainer.test(_module(), datamodule=dm, verbose=False)[0]
+    evaluation = json.loads((tmp_path / "report.json").read_text())["evaluation"]["test"]
+    counts = {int((b["labels"][:, 1:] != -100).sum()) for b in dm.test_dataloader()}
+    assert len(counts) > 1  # else a mean of batch means would agree as well
+    assert metrics["test/loss"] == pytest.approx(evaluation["loss"], rel=1e-5)
+
+
 def test_missing_split_and_missing_data_are_named(tmp_path, tokenizer_dir) -> None:
     from lightprune.data import TextJsonlDataModule
     from lightprune.trainer import PruneTrainer
