@@ -22,6 +22,9 @@ The public API (names and signatures are stable; see DESIGN.md)::
     lp.decoder_flops(model.config, vision_tokens, text_tokens, plan=wplan).fraction
     lp.save_width_pruned(model, wplan, out_dir)   # load_pruned swaps the path-sparse kernels in
 
+    # a whole recipe in one call (what `lightprune COMMAND --config ...` runs); returns the run directory
+    run_dir = lp.run_recipe("configs/reap_testbed.yaml", overrides={"prune.ratio": 0.25})
+
 Heavy modules (transformers, lightning, export) are imported on first use.
 """
 
@@ -37,6 +40,7 @@ __version__ = "0.1.0"
 _compat.install()
 
 _LAZY = {
+    "run_recipe": "lightprune.recipe",
     "find_moe_layers": "lightprune.models",
     "get_family": "lightprune.models",
     "register_family": "lightprune.models",

@@ -192,6 +192,13 @@ def check_callback_options(callback: str, options: dict[str, Any], where: str, c
             raise OptionError(f"{where}: {err}") from None
 
 
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):  # a config's content given inline (too long, or not a name)
+        return False
+
+
 def _config_options(argv: list[str]) -> list[tuple[str, Any]]:
     """The ``--config`` files' contents and the ``--trainer.callbacks...`` options, in command-line order."""
     import yaml
@@ -208,14 +215,14 @@ def _config_options(argv: list[str]) -> list[tuple[str, Any]]:
                 i += 1
                 text = argv[i]
             if head in ("--config", "-c"):
-                path = Path(text)
-                if path.is_file():
-                    try:
-                        items.append((str(path), yaml.safe_load(path.read_text()) or {}))
-                    except yaml.YAMLError:
-                        items.append((str(path), None))  # left to jsonargparse, which names the line
-                else:
-                    items.append((text, None))
+                try:
+                    if _is_file(text):
+                        items.append((text, yaml.safe_load(Path(text).read_text()) or {}))
+                    else:  # jsonargparse also takes the config's content itself
+                        content = yaml.safe_load(text)
+                        items.append(("--config", content if isinstance(content, dict) else None))
+                except yaml.YAMLError:
+                    items.append((text, None))  # left to jsonargparse, which names the line
             else:
                 items.append((head, _yaml_value(text)))
         i += 1

@@ -1,0 +1,85 @@
+"""One call for a whole recipe from Python (a notebook, a script): what ``lightprune COMMAND --config ...`` does.
+
+    run_dir = lp.run_recipe("configs/reap_testbed.yaml", overrides={"prune.ratio": 0.25})
+    plan = lp.ExpertPlan.load(run_dir / "plan.json")
+
+The recipe is a config file or the same content as a mapping; ``overrides`` are the command line's options without
+their dashes (``"prune.ratio"``, ``"trainer.max_steps"``, ``"model.init_args.checkpoint"``), checked as the command
+checks them (:func:`lightprune.cli_options.check_command_line`) before anything is built. The command is the one the
+recipe's callbacks imply unless given (:func:`recipe_command`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from lightprune.cli_options import check_command_line, class_name
+
+__all__ = ["run_recipe", "recipe_command"]
+
+#: the command a recipe's callbacks imply: calibration statistics -> calibrate; a fit's score or search -> fit
+_IMPLIED = {"ExpertStats": "calibrate", "RouterDelta": "fit", "WidthSearch": "fit"}
+_COMMANDS = ("fit", "validate", "test", "predict", "calibrate", "export")
+
+
+def _load(config: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(config, Mapping):
+        return dict(config)
+    import yaml
+
+    path = Path(config)
+    if not path.is_file():
+        raise FileNotFoundError(f"recipe {str(config)!r} does not exist")
+    content = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(content, dict):
+        raise ValueError(f"recipe {str(config)!r} is not a mapping of options")
+    return content
+
+
+def recipe_command(config: str | os.PathLike | Mapping[str, Any]) -> str:
+    """The command a recipe is run with: ``calibrate`` with ExpertStats (statistics from forward passes), ``fit``
+    with RouterDelta or WidthSearch (they score a fit), else ``export`` (weights only). Callbacks implying two
+    commands are an error asking for one."""
+    callbacks = ((_load(config).get("trainer") or {}).get("callbacks")) or []
+    names = [class_name(c.get("class_path") if isinstance(c, Mapping) else c) for c in callbacks]
+    implied = sorted({_IMPLIED[n] for n in names if n in _IMPLIED})
+    if len(implied) > 1:
+        raise ValueError(f"the recipe's callbacks imply the commands {implied}; give command= one of them")
+    return implied[0] if implied else "export"
+
+
+def _option_value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def run_recipe(config: str | os.PathLike | Mapping[str, Any], command: str | None = None,
+               overrides: Mapping[str, Any] | None = None) -> Path:
+    """Run ``config`` (a config file, or its content as a mapping) as ``lightprune COMMAND --config CONFIG --KEY
+    VALUE ...`` would, in this process, and return the run directory (``trainer.default_root_dir``: plan.json,
+    report.json, the checkpoint in ``model/``, ...). ``command``: default :func:`recipe_command`. ``overrides``:
+    ``{"prune.ratio": 0.25, "trainer.max_steps": 10}``, values as Python objects (lists, None, bools) or strings.
+    A bad option is an :class:`~lightprune.cli_options.OptionError` before anything is built; a failing job raises
+    what the command would report."""
+    command = recipe_command(config) if command is None else command
+    if command not in _COMMANDS:
+        raise ValueError(f"command must be one of {list(_COMMANDS)}, got {command!r}")
+    source = json.dumps(_load(config)) if isinstance(config, Mapping) else str(config)
+    argv = [command, "--config", source]
+    for key, value in (overrides or {}).items():
+        if not isinstance(key, str) or not key or key.startswith("-"):
+            raise ValueError(f"overrides keys are option names without dashes (for example 'prune.ratio'), "
+                             f"got {key!r}")
+        argv += [f"--{key}", _option_value(value)]
+    check_command_line(argv)
+    from lightprune.cli import cli_main
+
+    saved, sys.argv = sys.argv, sys.argv[:1]  # a notebook's own arguments are not the recipe's
+    try:
+        cli = cli_main(argv)
+    finally:
+        sys.argv = saved
+    return Path(cli.trainer.default_root_dir)
