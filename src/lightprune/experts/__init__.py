@@ -10,20 +10,29 @@
   :mod:`.ranking`: rank statistics.
 
 May import: models, observe and the shared leaves (batch, jsonio, distributed, errors, checks); never
-width, finetune, export, callbacks or anything above.
+width, finetune, export, callbacks or anything above. Its names are imported on first use.
 """
 
 from __future__ import annotations
 
-from lightprune.experts.calibration import CalibrationStats, collect_expert_stats
-from lightprune.experts.criteria import Criterion, available_criteria, get_criterion, register_criterion, score_weights
-from lightprune.experts.maep import maep_scores
-from lightprune.experts.mask import is_masked, mask_experts
-from lightprune.experts.plan import ExpertPlan
-from lightprune.experts.prune import prune_experts, resize_experts
-from lightprune.experts.scores import ExpertScores
-from lightprune.experts.select import select_experts
+from lightprune._lazy import lazy_attributes
 
-__all__ = ["CalibrationStats", "Criterion", "ExpertPlan", "ExpertScores", "available_criteria",
-           "collect_expert_stats", "get_criterion", "is_masked", "maep_scores", "mask_experts", "prune_experts",
-           "register_criterion", "resize_experts", "score_weights", "select_experts"]
+_NAMES = {
+    "CalibrationStats": "lightprune.experts.calibration",
+    "collect_expert_stats": "lightprune.experts.calibration",
+    "Criterion": "lightprune.experts.criteria",
+    "available_criteria": "lightprune.experts.criteria",
+    "get_criterion": "lightprune.experts.criteria",
+    "register_criterion": "lightprune.experts.criteria",
+    "score_weights": "lightprune.experts.criteria",
+    "maep_scores": "lightprune.experts.maep",
+    "is_masked": "lightprune.experts.mask",
+    "mask_experts": "lightprune.experts.mask",
+    "ExpertPlan": "lightprune.experts.plan",
+    "prune_experts": "lightprune.experts.prune",
+    "resize_experts": "lightprune.experts.prune",
+    "ExpertScores": "lightprune.experts.scores",
+    "select_experts": "lightprune.experts.select",
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)

@@ -178,3 +178,21 @@ def test_a_merge_run_lists_its_clusters_with_the_dominant_in_bold(tmp_path) -> N
     text = write_report_page(tmp_path).read_text()
     assert "## Merged experts per layer" in text and "Method `m_smoe`, router `dominant`, aligned yes" in text
     assert "| 0 | 4 | 2 | 0 **2** 3 |" in text and "| 3 | 4 | 2 | 0 **1**, **2** 3 |" in text
+
+
+def test_the_page_is_written_without_torch_or_lightning(tmp_path) -> None:
+    """`python -m lightprune.reporting.page RUN` reads JSON and draws PNGs: it imports neither torch nor Lightning
+    (which is what made it take 20 s)."""
+    import subprocess
+    import sys
+
+    _expert_run(tmp_path)
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['page', {str(tmp_path)!r}]\n"
+            "try:\n    runpy.run_module('lightprune.reporting.page', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'torch', 'transformers'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert "| routed experts | 8 | 4 |" in (tmp_path / "report.md").read_text()

@@ -9,9 +9,18 @@ May import: models, observe, experts.plan / experts.prune / experts.mask / exper
 leaves; never width, finetune, export, callbacks or anything above.
 """
 
-from lightprune.experts.merging.merge import merge_experts, merged_experts, write_merged
-from lightprune.experts.merging.methods import hc_smoe_plan, m_smoe_plan
-from lightprune.experts.merging.plan import ROUTER_RULES, MergePlan
+from __future__ import annotations
 
-__all__ = ["MergePlan", "ROUTER_RULES", "hc_smoe_plan", "m_smoe_plan", "merge_experts", "merged_experts",
-           "write_merged"]
+from lightprune._lazy import lazy_attributes
+
+_NAMES = {
+    "merge_experts": "lightprune.experts.merging.merge",
+    "merged_experts": "lightprune.experts.merging.merge",
+    "write_merged": "lightprune.experts.merging.merge",
+    "hc_smoe_plan": "lightprune.experts.merging.methods",
+    "m_smoe_plan": "lightprune.experts.merging.methods",
+    "MergePlan": "lightprune.experts.merging.plan",
+    "ROUTER_RULES": "lightprune.experts.merging.plan",
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)
