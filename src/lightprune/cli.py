@@ -53,6 +53,14 @@ class LightpruneCLI(LightningCLI):
         self.addressed = list(addressed)
         super().__init__(*args, **kwargs)
 
+    def _dump_config(self) -> None:
+        """Lightning's dump, with a job without top-level data (``lightprune export``) dumped as ``data: {}``: Lightning
+        reads ``config_dump["data"]`` as a mapping when it builds any datamodule, such as Evaluate's own ``data``."""
+        super()._dump_config()
+        for key in ("model", "data"):
+            if self.config_dump.get(key, {}) is None:
+                self.config_dump[key] = {}
+
     def before_instantiate_classes(self) -> None:
         """Set each addressed option on the one callback of its class (a subclass counts) in the parsed config."""
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -63,7 +71,11 @@ class LightpruneCLI(LightningCLI):
                 raise OptionError(missing_callback(item) if not matches else
                                   f"{item.option}: the job has {len(matches)} {item.callback} callbacks; set the "
                                   "option in the config file instead")
-            matches[0].init_args[item.argument] = item.value
+            try:
+                matches[0].init_args[item.argument] = item.value
+            except (KeyError, TypeError, AttributeError):  # a nested option of a class that is not given
+                raise OptionError(f"{item.option}: {item.callback}'s {item.argument.split('.')[0]} is not given as a "
+                                  "class here; set it whole") from None
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:

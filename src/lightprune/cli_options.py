@@ -3,7 +3,8 @@
 ``--prune.ratio 0.3`` sets ExpertPruning's ``ratio`` whatever the order of the job's callbacks (jsonargparse's own
 ``--trainer.callbacks.init_args.ratio`` sets it on whichever callback is listed last). One address per callback of
 lightprune (:data:`ADDRESSES`); the value is read as YAML, as jsonargparse reads a value (``0.3``, ``null``,
-``[all, text]``, ``true``). :func:`split_addressed` takes these options out of the command line;
+``[all, text]``, ``true``); ``--evaluate.data.init_args.preset micro`` sets an option of the class given as
+Evaluate's ``data``. :func:`split_addressed` takes these options out of the command line;
 ``LightpruneCLI`` sets them on the one callback of that class once the config is parsed (none or two: an error).
 
 :func:`check_command_line` reads the command line and the config files it names (YAML only: no torch, no
@@ -76,7 +77,8 @@ class OptionError(ValueError):
 
 @dataclass(frozen=True)
 class Addressed:
-    """``--<address>.<argument> <value>``: ``value`` as YAML read it."""
+    """``--<address>.<argument> <value>``: ``value`` as YAML read it; ``argument`` may go into a nested class's
+    options (``data.init_args.preset``)."""
 
     option: str
     callback: str
@@ -113,7 +115,7 @@ def split_addressed(argv: Iterable[str]) -> tuple[list[str], list[Addressed]]:
             i += 1
             continue
         callback = ADDRESSES[address]
-        if argument not in ARGUMENTS[callback]:
+        if argument.split(".")[0] not in ARGUMENTS[callback]:
             raise OptionError(f"{head}: {callback} has no option {argument!r}; its options: "
                               f"{', '.join(ARGUMENTS[callback])}")
         if "=" in arg:
@@ -180,9 +182,12 @@ def check_callback_options(callback: str, options: dict[str, Any], where: str, c
     is named that could register its own)."""
     checks = _CHECKS.get(callback, {})
     for argument, value in options.items():
+        argument, nested, _ = argument.partition(".")
         if argument not in ARGUMENTS.get(callback, (argument,)):
             raise OptionError(f"{where}: {callback} has no option {argument!r}; its options: "
                               f"{', '.join(ARGUMENTS[callback])}")
+        if nested:  # an option of a class given as this option's value: left to the class
+            continue
         try:
             if argument == "criterion" and callback == "ExpertPruning" and criteria_known:
                 check_criterion_name(value)
@@ -267,7 +272,8 @@ def check_command_line(argv: Iterable[str]) -> None:
         if where.startswith("--trainer.callbacks.init_args."):  # an option of the last callback listed
             name = class_name(callbacks[-1].get("class_path")) if callbacks else None
             if name in ARGUMENTS:
-                check_callback_options(name, {where.rsplit(".", 1)[-1]: content}, where, criteria_known)
+                key = where[len("--trainer.callbacks.init_args."):]
+                check_callback_options(name, {key: content}, where, criteria_known)
             continue
         if where.startswith("--trainer.callbacks"):  # the list given another way: not followed from here
             callbacks = None

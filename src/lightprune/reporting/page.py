@@ -166,6 +166,8 @@ def _evaluation_section(run_dir: Path, evaluation: dict | None) -> list[str]:
     rows = [["perplexity", *[r.get("perplexity") for r in runs]], ["loss", *[r.get("loss") for r in runs]],
             ["next-token accuracy", *[r.get("next_token_accuracy") for r in runs]]]
     tasks = list(evaluation.get("task_names") or runs[0].get("task_accuracy", {}))
+    if tasks == ["default"] and evaluation.get("metric", "token") == "token":
+        tasks = []  # one task of next-token accuracy: the next-token row already is it
     rows += [[f"{evaluation.get('metric', 'token')} accuracy: {t}", *[r.get("task_accuracy", {}).get(t) for r in runs]]
              for t in tasks]
     for task in sorted({t for r in runs for t in r.get("lm_eval", {}) if t != "samples"}):

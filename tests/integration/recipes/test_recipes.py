@@ -132,6 +132,45 @@ def test_reap_testbed_config_runs_on_a_fresh_machine(tmp_path: Path, monkeypatch
     assert json.loads((run / "report.json").read_text())["max_abs_diff"] <= 1e-5
 
 
+def test_aimer_testbed_config_runs_on_a_fresh_machine(tmp_path: Path, monkeypatch, testbed_root: Path) -> None:
+    """configs/aimer_testbed.yaml on the micro testbed: AIMER's plan from the testbed's weights, and Evaluate's
+    held-out perplexity before and after from its own datamodule (export has none)."""
+    monkeypatch.setenv("LIGHTPRUNE_CACHE", str(testbed_root))
+    run = tmp_path / "run"
+    cli_main(["export", "--config", "configs/aimer_testbed.yaml", "--model.init_args.checkpoint", "testbed:text-micro",
+              "--evaluate.data.init_args.preset", "micro", "--evaluate.max_batches", "2", "--evaluate.progress", "false",
+              "--trainer.default_root_dir", str(run)])
+    original = lp.load_pruned(resolve_testbed("testbed:text-micro"))
+    want = lp.select_experts(lp.score_weights(original, "aimer"), ratio=0.5, allocation="uniform")
+    assert lp.ExpertPlan.load(run / "plan.json").keep == want.keep
+    evaluation = json.loads((run / "report.json").read_text())["evaluation"]
+    assert evaluation["split"] == "val" and evaluation["before"]["perplexity"] != evaluation["after"]["perplexity"]
+
+
+def test_maep_testbed_config_runs_on_a_fresh_machine(tmp_path: Path) -> None:
+    """configs/maep_testbed.yaml (a tiny Qwen3-VL-MoE on generated Shapes QA): the plan is MAEP's (closed-form
+    alpha, global) on statistics collected afresh from the same model and calibration split."""
+    from lightprune.data import ShapesQADataModule
+    from lightprune.finetune import MoECausalLM
+
+    run = tmp_path / "run"
+    cli_main(["calibrate", "--config", "configs/maep_testbed.yaml", "--data.init_args.n_calibration", "8",
+              "--data.init_args.root", str(tmp_path / "data"), "--trainer.enable_progress_bar", "false",
+              "--trainer.default_root_dir", str(run)])
+    plan = lp.ExpertPlan.load(run / "plan.json")
+    dm = ShapesQADataModule("tiny:qwen3_vl_moe", root=str(tmp_path / "data"), n_train=8, n_val=8, n_selection=0,
+                            n_calibration=8, batch_size=4)
+    dm.setup("calibrate")
+    module = MoECausalLM(tiny="qwen3_vl_moe")
+    module.configure_model()
+    stats = lp.collect_expert_stats(module.model, list(dm.calibration_dataloader()),
+                                    subsets=("text", "vision", "vision_low_attn"), criteria=("delta_h",),
+                                    progress=False)
+    imp, _ = lp.maep_scores(stats)
+    assert plan.criterion == "maep" and plan.keep == lp.select_experts(imp, 0.25, "global").keep
+    assert json.loads((run / "report.json").read_text())["max_abs_diff"] <= 1e-5
+
+
 @pytest.mark.parametrize("config", ["configs/hc_smoe_testbed.yaml", "configs/m_smoe_testbed.yaml"])
 def test_merging_testbed_configs_run_on_a_fresh_machine(tmp_path: Path, monkeypatch, testbed_root: Path,
                                                         config: str) -> None:
@@ -289,6 +328,23 @@ def test_router_lora_recipe_on_a_checkpoint(tmp_path: Path) -> None:
     with torch.no_grad(), lp.mask_experts(original, plan):
         expected = original(input_ids=ids).logits
     torch.testing.assert_close(pruned(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_router_lora_testbed_config_runs_on_a_fresh_machine(tmp_path: Path, monkeypatch, testbed_root: Path) -> None:
+    """configs/router_lora_testbed.yaml (router_lora.yaml's recipe on the text testbed) on the micro testbed, two
+    optimizer steps: the plan keeps the experts whose router rows moved most; Evaluate measures before and after."""
+    monkeypatch.setenv("LIGHTPRUNE_CACHE", str(testbed_root))
+    run = tmp_path / "run"
+    cli = cli_main(["fit", "--config", "configs/router_lora_testbed.yaml", *MICRO_TESTBED, "--trainer.max_steps", "2",
+                    "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "4",
+                    "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
+                    "--evaluate.max_batches", "1", "--evaluate.progress", "false", "--trainer.default_root_dir", str(run)])
+    assert cli.trainer.global_step == 2
+    plan = lp.ExpertPlan.load(run / "plan.json")
+    moved = json.loads((run / "scores.json").read_text())["router_delta:weight"]["importance"]
+    for layer, ids in plan.keep.items():
+        assert set(ids) == set(torch.topk(torch.tensor(moved[str(layer)]), 4).indices.tolist())
+    assert set(json.loads((run / "report.json").read_text())["evaluation"]) >= {"before", "after"}
 
 
 def test_rerun_with_the_same_seed_and_data_gives_the_same_plan(tmp_path: Path, monkeypatch) -> None:

@@ -70,7 +70,7 @@ def test_expert_run_page(tmp_path) -> None:
     assert f"| perplexity | {fmt(ev['before']['perplexity'])} | {fmt(ev['after']['perplexity'])} |" in page
     assert "| perplexity | 301.2 | 355.5 |" in page  # fmt: 4 significant digits
     assert "| next-token accuracy | 0.125 | 0.075 |" in page
-    assert "| token accuracy: default | 0.125 | 0.075 |" in page
+    assert "accuracy: default" not in page  # a text set's one "token" task is next-token accuracy: shown once
     assert "| lm-eval tiny: acc,none | 0.6 | 0.4 |" in page and "stderr" not in page
     images = _images(page, tmp_path)
     assert {p.name for p in images} == {"kept_experts.png", "scores_magnitude.png", "evaluation.png"}
