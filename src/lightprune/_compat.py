@@ -48,6 +48,7 @@ OLD_MODULES: dict[str, str] = {
     "lightprune.observe.path_attention": "lightprune.width.attention",
     "lightprune.models.width": "lightprune.width.layers",
     "lightprune.modules": "lightprune.finetune",
+    "lightprune.finetune.sources": "lightprune.sources",
     "lightprune.testbed.bench_section": "lightprune.quality.bench_section",
     "lightprune.testbed.expert_quality": "lightprune.quality.expert_quality",
     "lightprune.testbed.quality_tables": "lightprune.quality.tables",

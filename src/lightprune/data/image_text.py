@@ -52,6 +52,7 @@ from lightprune.data.rows import DEFAULT_TASK, Row
 from lightprune.data.segments import chat_renderer, row_segments, special_affixes
 from lightprune.data.text import check_tokenizer_dir, pad_token_id
 from lightprune.data.tiny_processor import TINY_CORPUS, TINY_PROCESSOR_FAMILIES, tiny_mllm_processor
+from lightprune.sources import resolve_checkpoint
 
 __all__ = ["ImageTextJsonlDataModule", "load_processor"]
 
@@ -69,7 +70,7 @@ def load_processor(processor: Any):
             raise ValueError(f"processor {processor!r}: tiny processors exist for {list(TINY_PROCESSOR_FAMILIES)}")
         return tiny_mllm_processor(family, texts=TINY_CORPUS + tuple(shapes_qa_texts()))
     if isinstance(processor, (str, os.PathLike)):
-        path = Path(processor).expanduser()
+        path = resolve_checkpoint(str(Path(processor).expanduser()))  # a checkpoint source's name too
         if not path.is_dir():
             raise FileNotFoundError(f"processor directory {str(path)!r} does not exist (lightprune loads "
                                     "processors from local directories only; nothing is downloaded)")

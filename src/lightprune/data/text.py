@@ -26,6 +26,7 @@ from lightprune.data.base import JsonlDataModule
 from lightprune.data.collate import Collator
 from lightprune.data.rows import Row
 from lightprune.data.segments import chat_renderer, row_segments, special_affixes
+from lightprune.sources import resolve_checkpoint
 
 __all__ = ["check_tokenizer_dir", "TOKENIZER_FILES", "TextJsonlDataModule", "load_tokenizer"]
 
@@ -34,9 +35,10 @@ _PROGRESS_MIN_ROWS = 2000
 
 
 def load_tokenizer(tokenizer: Any):
-    """A tokenizer object, or one loaded from a local directory (never from a hub)."""
+    """A tokenizer object, or one loaded from a local directory (never from a hub) or a checkpoint source's
+    (``testbed:text-small``: the testbed's own tokenizer, :mod:`lightprune.sources`)."""
     if isinstance(tokenizer, (str, os.PathLike)):
-        path = Path(tokenizer).expanduser()
+        path = resolve_checkpoint(str(Path(tokenizer).expanduser()))
         if not path.is_dir():
             raise FileNotFoundError(f"tokenizer directory {str(path)!r} does not exist (lightprune loads "
                                     "tokenizers from local directories only; nothing is downloaded)")

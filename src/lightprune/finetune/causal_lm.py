@@ -35,9 +35,9 @@ from lightprune.export import load_pruned
 from lightprune.finetune.adapters import AdapterSpec, apply_adapter
 from lightprune.finetune.optim import OPTIMIZERS, SCHEDULERS, build_optimizer, build_scheduler, check_choice
 from lightprune.finetune.quantize import _bnb, quantize_4bit
-from lightprune.finetune.sources import check_checkpoint_name, resolve_checkpoint
 from lightprune.models.tiny import TINY_DENSE_MLLMS, TINY_FAMILIES, tiny_model
 from lightprune.models.unwrap import base_model_of
+from lightprune.sources import check_checkpoint_name, resolve_checkpoint
 
 __all__ = ["MoECausalLM"]
 

@@ -104,6 +104,12 @@ def test_split_addressed_takes_out_the_addresses_and_reads_their_values_as_yaml(
     with pytest.raises(OptionError, match="--prune.ratoi: ExpertPruning has no option 'ratoi'; its options: "
                                           "criterion, ratio"):
         split_addressed(["--prune.ratoi", "0.3"])
+    # an option of a class given as a callback's option: the callback's option must exist, the rest is the class's
+    assert split_addressed(["--evaluate.data.init_args.preset", "micro"])[1] == [
+        Addressed("--evaluate.data.init_args.preset", "Evaluate", "data.init_args.preset", "micro")]
+    check_callback_options("Evaluate", {"data.init_args.preset": "micro"}, "here")
+    with pytest.raises(OptionError, match="Evaluate has no option 'dat'"):
+        split_addressed(["--evaluate.dat.init_args.preset", "micro"])
     with pytest.raises(OptionError, match="--prune.ratio needs a value"):
         split_addressed(["fit", "--prune.ratio"])
 

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from lightprune.finetune import sources
-from lightprune.finetune.sources import check_checkpoint_name, register_source, resolve_checkpoint
+from lightprune import sources
+from lightprune.sources import check_checkpoint_name, register_source, resolve_checkpoint
 
 
 def test_a_registered_source_checks_and_resolves(tmp_path: Path, monkeypatch) -> None:
+    sources.sources()  # the entry points' sources go into the registry itself, not into this test's copy
     monkeypatch.setattr(sources, "_SOURCES", dict(sources._SOURCES))
     built = []
 
@@ -48,7 +49,27 @@ def test_paths_are_paths(tmp_path: Path) -> None:
 
 def test_the_testbed_source_comes_from_its_entry_point() -> None:
     # a fresh process that never imported lightprune.testbed still resolves 'testbed:' names
-    code = ("import sys; from lightprune.finetune.sources import sources; s = sources(); "
+    code = ("import sys; from lightprune.sources import sources; s = sources(); "
             "print('testbed:' in s, 'lightprune.testbed' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["True", "True"]
+
+
+def test_a_tokenizer_and_a_processor_take_a_checkpoint_source_name(monkeypatch, testbed_root) -> None:
+    """`--data.init_args.tokenizer testbed:text-micro` loads the testbed's own tokenizer (as the checkpoint name
+    does for the model); an unknown source is named."""
+    from transformers import AutoTokenizer
+
+    from lightprune.data.image_text import load_processor
+    from lightprune.data.text import load_tokenizer
+    from lightprune.testbed import resolve_testbed
+
+    monkeypatch.setenv("LIGHTPRUNE_CACHE", str(testbed_root))
+    folder = resolve_testbed("testbed:text-micro")
+    text = "def f(x):\n    return x + 1  # a comment"
+    want = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)(text)["input_ids"]
+    assert load_tokenizer("testbed:text-micro")(text)["input_ids"] == want
+    with pytest.raises(ValueError, match="unknown checkpoint source 'nope:'"):
+        load_tokenizer("nope:thing")
+    with pytest.raises(ValueError, match="unknown checkpoint source 'nope:'"):
+        load_processor("nope:thing")

@@ -5,7 +5,8 @@ unknown name (called when the LightningModule is constructed, before any work), 
 returns the folder (called when the model is built; it may train and cache the checkpoint first).
 Packages register theirs with :func:`register_source`, at import; a package is imported for its sources
 when it declares a ``lightprune.checkpoint_sources`` entry point (``lightprune.testbed`` does), so this
-module never imports the packages that provide sources. A plain path is a local directory.
+module never imports the packages that provide sources. A plain path is a local directory. A leaf: the model
+(MoECausalLM), tokenizer and processor loaders all resolve names here.
 """
 
 from __future__ import annotations
