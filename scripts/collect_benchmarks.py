@@ -36,6 +36,7 @@ BENCHES = {
     "export": ("bench_export.py", [], ["--quick"]),
     "taylor": ("bench_taylor.py", [], ["--quick"]),
     "out_of_core": ("bench_out_of_core.py", [], ["--quick"]),
+    "cli": ("bench_cli.py", [], ["--quick"]),
 }
 STDERR_TAIL = 4000
 

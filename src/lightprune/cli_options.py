@@ -116,7 +116,7 @@ def split_addressed(argv: Iterable[str]) -> tuple[list[str], list[Addressed]]:
             continue
         callback = ADDRESSES[address]
         if argument.split(".")[0] not in ARGUMENTS[callback]:
-            raise OptionError(f"{head}: {callback} has no option {argument!r}; its options: "
+            raise OptionError(f"{head}: {callback} has no option {argument.split('.')[0]!r}; its options: "
                               f"{', '.join(ARGUMENTS[callback])}")
         if "=" in arg:
             text = arg.split("=", 1)[1]

@@ -32,3 +32,14 @@ def test_readme_command_is_accepted(words, monkeypatch) -> None:
     configs = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--config", "-c")]
     assert configs and all((REPO / c).is_file() for c in configs), configs
     check_command_line(words)
+
+
+def test_every_command_that_runs_as_shown_has_its_recipe_run_by_a_test() -> None:
+    """A command without placeholders (no CKPT, no user data) runs as shown on a fresh machine: its config is run
+    end to end by the recipe tests (on the micro testbeds, a few steps)."""
+    recipes = "\n".join(p.read_text() for p in (REPO / "tests" / "integration").rglob("test_*.py"))
+    runnable = {words[words.index("--config") + 1] for words in COMMANDS
+                if not any(w in ("CKPT", "...") or w.endswith(".jsonl") or w.startswith("/path") for w in words)}
+    assert runnable >= {"configs/quickstart.yaml", "configs/reap_testbed.yaml", "configs/mwop.yaml"}
+    missing = sorted(c for c in runnable if f'"{c}"' not in recipes)
+    assert not missing, f"README commands whose config no integration test runs: {missing}"

@@ -69,8 +69,13 @@ BAD = [
 
 
 @pytest.mark.parametrize("callback,fine,bad", BAD, ids=lambda v: str(v) if isinstance(v, str) else None)
-def test_a_bad_option_gets_the_callbacks_own_message(callback, fine, bad) -> None:
+def test_a_bad_option_gets_the_callbacks_own_message(callback, fine, bad, monkeypatch) -> None:
     import lightprune.callbacks as callbacks
+    from lightprune.experts.criteria import registry
+
+    # the registry as a fresh process has it (other tests register project-local criteria)
+    monkeypatch.setattr(registry, "_REGISTRY", {n: c for n, c in registry._REGISTRY.items()
+                                                if c.__module__.startswith("lightprune.")})
 
     with pytest.raises(ValueError) as built:
         getattr(callbacks, callback)(**fine, **bad)
