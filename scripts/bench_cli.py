@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'PASS' if passed else 'FAIL'}: every one <= {args.target} s")
     write_json(args.json, {"benchmark": "cli", "title": "Command-line responsiveness",
                            "what": " ".join(__doc__.split("\n\n")[0].split()), "quick": args.quick,
-                           "repeats": repeats, "seconds": best, "checks": checks, "passed": passed})
+                           "repeats": repeats, "wall_s": best, "checks": checks, "passed": passed})
     return 0
 
 
