@@ -33,8 +33,10 @@ from lightprune.batch import model_inputs
 from lightprune.distributed import outside_zero_init
 from lightprune.export import load_pruned
 from lightprune.finetune.adapters import AdapterSpec, apply_adapter
+from lightprune.finetune.balance import per_layer_balance_loss
 from lightprune.finetune.optim import OPTIMIZERS, SCHEDULERS, build_optimizer, build_scheduler, check_choice
 from lightprune.finetune.quantize import _bnb, quantize_4bit
+from lightprune.models import find_moe_layers
 from lightprune.models.tiny import TINY_DENSE_MLLMS, TINY_FAMILIES, tiny_model
 from lightprune.models.unwrap import base_model_of
 from lightprune.sources import check_checkpoint_name, resolve_checkpoint
@@ -67,8 +69,10 @@ class MoECausalLM(pl.LightningModule):
         loss_mean: how the training loss averages next-token cross-entropy: ``token`` (over every labelled token
             of the batch) or ``row`` (each row's mean, then the mean over rows: a one-word answer weighs as much as
             a long completion). Validation perplexity is always per token.
-        router_aux_loss_coef: weight of the family's load-balancing loss (``aux_loss`` of transformers' MoE
-            models, Switch Transformers' E * sum_e f_e P_e) added to the training loss; 0: none.
+        router_aux_loss_coef: weight of the load-balancing loss added to the training loss; 0: none.
+        aux_loss: which one: ``model`` (``aux_loss`` of transformers' MoE models: Switch Transformers'
+            E * sum_e f_e P_e over all layers pooled) or ``per_layer`` (the same loss of each MoE layer on its own,
+            averaged: :mod:`lightprune.finetune.balance`; softmax routers).
         sequential: keep one decoder layer in memory at a time (``lightprune calibrate`` / ``export`` of a checkpoint
             larger than memory): the model is the checkpoint's meta skeleton (:mod:`lightprune.stream`), every
             forward loads each layer just before it runs and releases it after, weight criteria score one MoE
@@ -87,8 +91,8 @@ class MoECausalLM(pl.LightningModule):
                  seed: int = 0, dtype: str = "float32", trust_remote_code: bool = False,
                  learning_rate: float = 1e-4, adapter: AdapterSpec | None = None, optimizer: str = "adamw",
                  weight_decay: float = 0.0, warmup_steps: int = 0, scheduler: str = "cosine",
-                 load_in_4bit: bool = False, router_aux_loss_coef: float = 0.0, loss_mean: str = "token",
-                 device_map: str | dict[str, Any] | None = None, max_memory: dict[str, Any] | None = None,
+                 load_in_4bit: bool = False, router_aux_loss_coef: float = 0.0, aux_loss: str = "model",
+                 loss_mean: str = "token", device_map: str | dict[str, Any] | None = None, max_memory: dict[str, Any] | None = None,
                  offload_folder: str | None = None, sequential: bool = False, batches_per_pass: int = 16):
         super().__init__()
         if isinstance(adapter, dict):
@@ -100,6 +104,7 @@ class MoECausalLM(pl.LightningModule):
         if weight_decay < 0 or warmup_steps < 0:
             raise ValueError(f"weight_decay and warmup_steps must be >= 0, got {weight_decay}, {warmup_steps}")
         check_choice("loss_mean", loss_mean, ("token", "row"))
+        check_choice("aux_loss", aux_loss, ("model", "per_layer"))
         if not router_aux_loss_coef >= 0:
             raise ValueError(f"router_aux_loss_coef must be >= 0, got {router_aux_loss_coef}")
         if load_in_4bit:
@@ -224,6 +229,10 @@ class MoECausalLM(pl.LightningModule):
         logits = out.logits[:, :-1].float()
         if not aux:
             return logits, labels[:, 1:]
+        if self.hparams.get("aux_loss", "model") == "per_layer":
+            top_k = find_moe_layers(self.base_model)[0].top_k
+            return logits, labels[:, 1:], per_layer_balance_loss(out.router_logits, top_k,
+                                                                 batch.get("attention_mask"))
         if getattr(out, "aux_loss", None) is None:
             raise ValueError(f"router_aux_loss_coef={self.hparams.router_aux_loss_coef} but "
                              f"{type(self.base_model).__name__} returns no aux_loss (a dense model?)")

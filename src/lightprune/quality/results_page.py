@@ -174,6 +174,21 @@ def plot_pruned_per_layer(result: Mapping[str, Any], path: Path, title: str) -> 
     return True
 
 
+def _balance_table(r: Mapping[str, Any]) -> list[str]:
+    """The testbed's routing balance per MoE layer (absent in results measured before it was recorded)."""
+    balance = r.get("routing_balance")
+    if not balance:
+        return []
+    goal = balance["goal"]
+    rows = ["| MoE layer | least routed expert's share | share x E | normalised entropy |", "|---|---:|---:|---:|"]
+    rows += [f"| {layer} | {v['min_share']:.4f} | {v['min_share_x_experts']:.2f} | {v['entropy']:.3f} |"
+             for layer, v in balance["layers"].items()]
+    verdict = "met in every layer" if balance["met"] else "**not met** in every layer"
+    return [f"Routing balance on the calibration tokens (goal: every expert at least 1/(4E) of a layer's routing, "
+            f"share x E >= {goal['min_share_x_experts']}, and normalised entropy >= {goal['entropy']}: {verdict}):",
+            "", *rows, ""]
+
+
 def _text_section(r: Mapping[str, Any], out: Path) -> list[str]:
     tb = r["testbed"]
     plot_retention(r, "ppl", out / "results" / "text_ppl_retention.png", "text MoE testbed: perplexity retention")
@@ -187,6 +202,7 @@ def _text_section(r: Mapping[str, Any], out: Path) -> list[str]:
         f"from Python's own documentation and standard library; held-out test perplexity {ppl['all']:.1f} "
         f"(prose {ppl['prose']:.1f}, code {ppl['code']:.1f}). Calibration on the calibration split (mixed domains), "
         "evaluation on the first test rows of each domain: perplexity (every token) and next-token accuracy.", "",
+        *_balance_table(r),
         _metric_table(r, [("ppl", "ppl", 1), ("ppl_prose", "ppl prose", 1), ("ppl_code", "ppl code", 1),
                           ("acc", "acc", 3)]), "",
         _retention_table(r, ["ppl", "acc"]), "",
@@ -212,6 +228,7 @@ def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
         "(all tasks); evaluation on the val split: answer accuracy per image task (every answer token right) and the "
         "text rows' completion perplexity. Multimodal and text reported apart. "
         f"MAEP's closed-form alpha on this model: {r['maep_alpha']:.3f}.", "",
+        *_balance_table(r),
         _metric_table(r, [("acc_image", "image acc", 3), ("acc_digit", "digit", 3),
                           ("acc_chart_tallest", "tallest", 3), ("acc_chart_count", "count", 3),
                           ("ppl_text", "text ppl", 1)]), "",

@@ -58,6 +58,17 @@ def _testbed_record(folder, preset: str, quality: str) -> dict[str, Any]:
             "train_seconds": training["train_seconds"], "spec": training["spec"], quality: training[quality]}
 
 
+def routing_balance_record(stats) -> dict[str, Any]:
+    """Per MoE layer, how balanced the calibration tokens' routing is
+    (:func:`lightprune.finetune.balance.routing_balance` of the frequency counts over all tokens), with the goal it
+    is held to: every expert at least 1/(4E) of a layer's routing, normalised entropy at least 0.95."""
+    from lightprune.finetune.balance import routing_balance
+
+    layers = {str(layer): routing_balance(counts) for layer, counts in stats.raw("frequency", "all").items()}
+    return {"layers": layers, "goal": {"min_share_x_experts": 0.25, "entropy": 0.95},
+            "met": all(v["min_share_x_experts"] >= 0.25 and v["entropy"] >= 0.95 for v in layers.values())}
+
+
 def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, ratios=(0.25, 0.5),
                 random_seeds: int = 5, calibration_rows: int = 64, eval_rows: int = 128, kl_rows: int = 16,
                 sensitivity_steps: int = 100, progress: bool = True) -> dict[str, Any]:
@@ -99,6 +110,7 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
                  for d in ("prose", "code")}
     result["stability"] = {"pair": ["prose", "code"], "criteria": stability(by_domain["prose"], by_domain["code"])}
     result["testbed"] = _testbed_record(folder, preset, "held_out_perplexity")
+    result["routing_balance"] = routing_balance_record(stats)
     return result
 
 
@@ -149,6 +161,7 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
     b = lp.collect_expert_stats(model, calib_charts, subsets=subsets[1:], progress=progress)
     result["stability"] = {"pair": ["digits", "charts"], "criteria": stability(a, b, ("delta_h", "reap"))}
     result["testbed"] = _testbed_record(folder, preset, "val_answer_accuracy")
+    result["routing_balance"] = routing_balance_record(stats)
     return result
 
 

@@ -113,12 +113,12 @@ class LossCurve(pl.Callback):
 def fit_from_init(folder: Path, init: Path, datamodule, spec, *, router_aux_loss_coef: float,
                   progress: bool) -> tuple[Any, float, list[dict[str, float]]]:
     """Train the checkpoint ``init`` on ``datamodule`` as ``spec`` says (steps, learning_rate, weight_decay,
-    warmup_steps, seed, and ``loss_mean`` when it has one); returns (the trained transformers model, seconds, loss
-    curve). ``init`` is removed."""
+    warmup_steps, seed, and ``loss_mean`` and ``aux_loss`` when it has them); returns (the trained transformers model,
+    seconds, loss curve). ``init`` is removed."""
     pl.seed_everything(spec.seed, verbose=False)
     module = MoECausalLM(checkpoint=str(init), learning_rate=spec.learning_rate, weight_decay=spec.weight_decay,
                          warmup_steps=spec.warmup_steps, scheduler="cosine", router_aux_loss_coef=router_aux_loss_coef,
-                         loss_mean=getattr(spec, "loss_mean", "token"))
+                         aux_loss=getattr(spec, "aux_loss", "model"), loss_mean=getattr(spec, "loss_mean", "token"))
     curve = LossCurve(max(1, spec.steps // 50))
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec.steps, logger=False,
                          enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,

@@ -112,3 +112,19 @@ def test_random_spread_and_the_page_carry_the_measured_numbers(page) -> None:
     assert rho["mean"] is None or -1.0 <= rho["mean"] <= 1.0
     assert set(data["mllm"]["stability"]["criteria"]["delta_h"]) == {"text", "vision", "vision_low_attn",
                                                                    "vision_high_attn"}
+
+
+def test_the_page_shows_each_moe_testbeds_routing_balance(page) -> None:
+    """Per MoE layer the least routed expert's share and the normalised entropy of the calibration routing, against
+    the goal (share x E >= 0.25, entropy >= 0.95), as recorded."""
+    out, data = page
+    text = (out / "RESULTS.md").read_text()
+    for part in ("text", "mllm"):
+        balance = data[part]["routing_balance"]
+        layers = balance["layers"]
+        assert set(layers) == set(data[part]["rows"][0]["pruned_per_layer"])  # every MoE layer
+        for layer, v in layers.items():
+            assert 0.0 <= v["min_share"] <= 1 / 8 and v["min_share_x_experts"] == pytest.approx(8 * v["min_share"])
+            assert 0.0 < v["entropy"] <= 1.0 + 1e-12
+            assert f"| {layer} | {v['min_share']:.4f} | {v['min_share_x_experts']:.2f} | {v['entropy']:.3f} |" in text
+        assert balance["met"] == all(v["min_share_x_experts"] >= 0.25 and v["entropy"] >= 0.95 for v in layers.values())
