@@ -12,8 +12,8 @@ Rankings (:func:`expert_rankings`), higher = keep:
 - calibration criteria from one observed pass over the calibration batches (METHODS.md): frequency,
   seer, ean, reap, routing_kl, delta_h, on the ``all`` token subset;
 - weight-only criteria (paper 001): aimer, magnitude, router_norm;
-- router sensitivity (paper 003): |Delta ||w_e||| of the router rows after a short router-LoRA fit
-  (:func:`router_sensitivity`, the RouterDelta callback's own scores);
+- router sensitivity (paper 003): |Delta ||w_e||| of the router rows after a router-LoRA fit with
+  configs/router_lora.yaml's recipe (:func:`router_sensitivity`, the RouterDelta callback's own scores);
 - MAEP (METHODS.md): s = (1 - alpha) z~_text - alpha z~_low with the closed-form alpha, global ranking;
   and uniform per layer with alpha = 0.5 (its Appendix L).
 
@@ -162,17 +162,21 @@ def stability(stats_a, stats_b, criteria: Sequence[str] = ("delta_h", "reap", "f
     return {c: ranking_stability(stats_a, stats_b, c, subsets) for c in criteria}
 
 
-def router_sensitivity(checkpoint: str, datamodule, *, steps: int, learning_rate: float = 2e-3, r: int = 8,
-                       seed: int = 0, progress: bool = True):
+def router_sensitivity(checkpoint: str, datamodule, *, steps: int, learning_rate: float = 2e-4,
+                       weight_decay: float = 0.01, warmup_steps: int = 5, r: int = 8, seed: int = 0,
+                       progress: bool = True):
     """Paper 003's weight score: fit LoRA on the routers of ``checkpoint`` for ``steps``, score |Delta ||w_e|||.
 
-    Runs ``lightprune fit``'s RouterDelta callback (no export) and returns its :class:`ExpertScores`.
+    The defaults are configs/router_lora.yaml's recipe (LoRA r = alpha = 8 on the routers, AdamW, lr 2e-4, weight
+    decay 0.01, cosine with 5 warm-up steps; the paper's 500 steps); the batch is the datamodule's. Runs ``lightprune
+    fit``'s RouterDelta callback (no export) and returns its :class:`ExpertScores`.
     """
     import lightning.pytorch as pl
 
 
     pl.seed_everything(seed, verbose=False)
-    module = MoECausalLM(checkpoint=checkpoint, learning_rate=learning_rate, warmup_steps=max(1, steps // 20),
+    module = MoECausalLM(checkpoint=checkpoint, learning_rate=learning_rate, weight_decay=weight_decay,
+                         warmup_steps=min(warmup_steps, max(0, steps - 1)), scheduler="cosine",
                          adapter=AdapterSpec(kind="lora", targets=["router"], r=r, alpha=r, dropout=0.0))
     with tempfile.TemporaryDirectory() as tmp:
         callback = RouterDelta(score="weight")  # a scorer: no plan, nothing written

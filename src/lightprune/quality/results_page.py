@@ -189,6 +189,16 @@ def _balance_table(r: Mapping[str, Any]) -> list[str]:
             "", *rows, ""]
 
 
+def _sensitivity_note(r: Mapping[str, Any]) -> list[str]:
+    """How the router_sensitivity row was fitted (absent in results measured before it was recorded)."""
+    steps = r.get("router_sensitivity_steps")
+    if not steps:
+        return []
+    return [f"router_sensitivity: configs/router_lora.yaml's recipe (LoRA r = alpha = 8 on the routers, AdamW, lr "
+            f"2e-4, weight decay 0.01, cosine with 5 warm-up steps) for {steps} steps of the testbed's train split "
+            "(the testbed has no instruction data distinct from its pretraining text).", ""]
+
+
 def _text_section(r: Mapping[str, Any], out: Path) -> list[str]:
     tb = r["testbed"]
     plot_retention(r, "ppl", out / "results" / "text_ppl_retention.png", "text MoE testbed: perplexity retention")
@@ -202,7 +212,7 @@ def _text_section(r: Mapping[str, Any], out: Path) -> list[str]:
         f"from Python's own documentation and standard library; held-out test perplexity {ppl['all']:.1f} "
         f"(prose {ppl['prose']:.1f}, code {ppl['code']:.1f}). Calibration on the calibration split (mixed domains), "
         "evaluation on the first test rows of each domain: perplexity (every token) and next-token accuracy.", "",
-        *_balance_table(r),
+        *_balance_table(r), *_sensitivity_note(r),
         _metric_table(r, [("ppl", "ppl", 1), ("ppl_prose", "ppl prose", 1), ("ppl_code", "ppl code", 1),
                           ("acc", "acc", 3)]), "",
         _retention_table(r, ["ppl", "acc"]), "",

@@ -71,7 +71,7 @@ def routing_balance_record(stats) -> dict[str, Any]:
 
 def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, ratios=(0.25, 0.5),
                 random_seeds: int = 5, calibration_rows: int = 64, eval_rows: int = 128, kl_rows: int = 16,
-                sensitivity_steps: int = 100, progress: bool = True) -> dict[str, Any]:
+                sensitivity_steps: int = 500, progress: bool = True) -> dict[str, Any]:
     """Every criterion on the text testbed ``preset`` (trained first when not cached)."""
     import lightprune as lp
 
@@ -111,11 +111,12 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
     result["stability"] = {"pair": ["prose", "code"], "criteria": stability(by_domain["prose"], by_domain["code"])}
     result["testbed"] = _testbed_record(folder, preset, "held_out_perplexity")
     result["routing_balance"] = routing_balance_record(stats)
+    result["router_sensitivity_steps"] = sensitivity_steps
     return result
 
 
 def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = None, *, ratios=(0.25, 0.5),
-                random_seeds: int = 5, kl_rows: int = 16, sensitivity_steps: int = 100,
+                random_seeds: int = 5, kl_rows: int = 16, sensitivity_steps: int = 500,
                 progress: bool = True) -> dict[str, Any]:
     """Every criterion, MAEP included, on the multimodal MoE testbed ``preset``."""
     import lightprune as lp
@@ -162,6 +163,7 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
     result["stability"] = {"pair": ["digits", "charts"], "criteria": stability(a, b, ("delta_h", "reap"))}
     result["testbed"] = _testbed_record(folder, preset, "val_answer_accuracy")
     result["routing_balance"] = routing_balance_record(stats)
+    result["router_sensitivity_steps"] = sensitivity_steps
     return result
 
 
