@@ -92,7 +92,8 @@ class MoECausalLM(pl.LightningModule):
                  learning_rate: float = 1e-4, adapter: AdapterSpec | None = None, optimizer: str = "adamw",
                  weight_decay: float = 0.0, warmup_steps: int = 0, scheduler: str = "cosine",
                  load_in_4bit: bool = False, router_aux_loss_coef: float = 0.0, aux_loss: str = "model",
-                 loss_mean: str = "token", device_map: str | dict[str, Any] | None = None, max_memory: dict[str, Any] | None = None,
+                 loss_mean: str = "token", device_map: str | dict[str, Any] | None = None,
+                 max_memory: dict[str, Any] | None = None,
                  offload_folder: str | None = None, sequential: bool = False, batches_per_pass: int = 16):
         super().__init__()
         if isinstance(adapter, dict):

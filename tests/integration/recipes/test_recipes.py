@@ -138,7 +138,8 @@ def test_aimer_testbed_config_runs_on_a_fresh_machine(tmp_path: Path, monkeypatc
     monkeypatch.setenv("LIGHTPRUNE_CACHE", str(testbed_root))
     run = tmp_path / "run"
     cli_main(["export", "--config", "configs/aimer_testbed.yaml", "--model.init_args.checkpoint", "testbed:text-micro",
-              "--evaluate.data.init_args.preset", "micro", "--evaluate.max_batches", "2", "--evaluate.progress", "false",
+              "--evaluate.data.init_args.preset", "micro", "--evaluate.max_batches", "2",
+              "--evaluate.progress", "false",
               "--trainer.default_root_dir", str(run)])
     original = lp.load_pruned(resolve_testbed("testbed:text-micro"))
     want = lp.select_experts(lp.score_weights(original, "aimer"), ratio=0.5, allocation="uniform")
@@ -338,7 +339,8 @@ def test_router_lora_testbed_config_runs_on_a_fresh_machine(tmp_path: Path, monk
     cli = cli_main(["fit", "--config", "configs/router_lora_testbed.yaml", *MICRO_TESTBED, "--trainer.max_steps", "2",
                     "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "4",
                     "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
-                    "--evaluate.max_batches", "1", "--evaluate.progress", "false", "--trainer.default_root_dir", str(run)])
+                    "--evaluate.max_batches", "1", "--evaluate.progress", "false",
+                    "--trainer.default_root_dir", str(run)])
     assert cli.trainer.global_step == 2
     plan = lp.ExpertPlan.load(run / "plan.json")
     moved = json.loads((run / "scores.json").read_text())["router_delta:weight"]["importance"]
