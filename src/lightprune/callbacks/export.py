@@ -49,7 +49,7 @@ from lightprune.jsonio import read_json
 from lightprune.models import find_moe_layers
 from lightprune.reporting.report import plot_kept_experts, write_report
 
-__all__ = ["check_checkpoint_dir", "Export", "export_with_report", "streamed_export_with_report"]
+__all__ = ["check_checkpoint_dir", "checkpoint_path", "Export", "export_with_report", "streamed_export_with_report"]
 
 
 def _dir_bytes(path: Path) -> int | None:
@@ -124,17 +124,17 @@ def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Pat
                        seconds_scoring=seconds_scoring, start=start)
 
 
-def check_checkpoint_dir(path: str | Path, overwrite: bool, address: str) -> None:
-    """Refuse at setup to write over a checkpoint directory that holds files (an earlier run's) unless ``overwrite``;
-    the error says how: ``--<address>.overwrite true`` on the command line or ``overwrite: true`` in the config."""
-    try:
-        check_out_dir(path, overwrite)
-    except FileExistsError as err:
-        if not Path(path).is_dir() or Path(path).is_symlink():
-            raise
-        raise FileExistsError(f"checkpoint directory {str(path)!r} holds an earlier run's files; replace it with "
-                              f"--{address}.overwrite true (overwrite: true in the config), or choose another "
-                              "--trainer.default_root_dir") from err
+def checkpoint_path(trainer: pl.Trainer, output_dir: str | None, checkpoint_dir: str | None) -> Path:
+    """Where an export callback writes the checkpoint: ``checkpoint_dir``, else ``<output_dir or
+    trainer.default_root_dir>/model``."""
+    return Path(checkpoint_dir) if checkpoint_dir else Path(output_dir or trainer.default_root_dir) / "model"
+
+
+def check_checkpoint_dir(path: Path, overwrite: bool, address: str) -> None:
+    """At setup: refuse a checkpoint directory holding an earlier run's files unless ``overwrite``, saying how to
+    replace it (``--<address>.overwrite true`` on the command line, ``overwrite: true`` in the config)."""
+    check_out_dir(path, overwrite, remedy=f"replace it with --{address}.overwrite true (overwrite: true in the "
+                                          "config), or choose another --trainer.default_root_dir")
 
 
 class Export(JobEndCallback):
@@ -183,8 +183,7 @@ class Export(JobEndCallback):
         return state.expert_plan, state.merge_plan, state.scoring_seconds
 
     def _checkpoint_dir(self, trainer: pl.Trainer) -> Path:
-        run_dir = Path(self.output_dir or trainer.default_root_dir)
-        return Path(self.checkpoint_dir) if self.checkpoint_dir else run_dir / "model"
+        return checkpoint_path(trainer, self.output_dir, self.checkpoint_dir)
 
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.report is not None:

@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.batch import model_inputs
-from lightprune.callbacks.export import check_checkpoint_dir
+from lightprune.callbacks.export import check_checkpoint_dir, checkpoint_path
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
 from lightprune.checks import check_atol, check_positive_int
@@ -71,13 +71,10 @@ class WidthExport(JobEndCallback):
         self.overwrite, self.atol, self.align = overwrite, check_atol(atol), check_positive_int("align", align)
         self.report: dict[str, Any] | None = None
 
-    def _checkpoint_dir(self, trainer: pl.Trainer) -> Path:
-        run_dir = Path(self.output_dir or trainer.default_root_dir)
-        return Path(self.checkpoint_dir) if self.checkpoint_dir else run_dir / "model"
-
     def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # an existing checkpoint directory without overwrite fails now, before the search is spent
-        check_checkpoint_dir(self._checkpoint_dir(trainer), self.overwrite, "width_export")
+        check_checkpoint_dir(checkpoint_path(trainer, self.output_dir, self.checkpoint_dir), self.overwrite,
+                             "width_export")
 
     def _plan(self, trainer: pl.Trainer) -> WidthPlan:
         state = RunState.of(trainer)
@@ -100,7 +97,7 @@ class WidthExport(JobEndCallback):
         start = time.perf_counter()
         plan = self._plan(trainer)
         run_dir = Path(self.output_dir or trainer.default_root_dir)
-        ckpt_dir = self._checkpoint_dir(trainer)
+        ckpt_dir = checkpoint_path(trainer, self.output_dir, self.checkpoint_dir)
         probe = self._probe(trainer)
         RunState.of(trainer).release_width_masks()  # the search's masks; the reference is taken with the plan's
         with mask_width(pl_module.model, plan):

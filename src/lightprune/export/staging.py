@@ -31,8 +31,10 @@ TMP_TAG = ".lightprune-tmp-"
 _OLD_TAG = ".lightprune-old-"
 
 
-def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
-    """The absolute output path, after checking it may be written; errors name the path."""
+def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False,
+                  remedy: str = "pass overwrite=True to replace it") -> Path:
+    """The absolute output path, after checking it may be written; errors name the path (a non-empty one without
+    ``overwrite``: and ``remedy``, how the caller's user replaces it)."""
     out = Path(out_dir).expanduser().absolute()
     if out.name in ("", ".", ".."):
         raise ValueError(f"output directory {str(out_dir)!r} must name a directory, not {out.name!r}")
@@ -41,8 +43,7 @@ def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
             raise FileExistsError(f"output path {str(out)!r} exists and is not a plain directory")
         if any(out.iterdir()):
             if not overwrite:
-                raise FileExistsError(f"output directory {str(out)!r} exists and is not empty; "
-                                      "pass overwrite=True to replace it")
+                raise FileExistsError(f"output directory {str(out)!r} exists and is not empty; {remedy}")
             cwd = Path.cwd().resolve()
             if out.resolve() == cwd or out.resolve() in cwd.parents:
                 raise ValueError(f"refusing to replace {str(out)!r}: it holds the current working directory")

@@ -135,7 +135,8 @@ def test_a_rerun_does_not_replace_the_last_runs_checkpoint_unless_asked(tmp_path
     _run(common)
     weights = run / "model" / "model.safetensors"
     before = weights.read_bytes()
-    with pytest.raises(FileExistsError, match="holds an earlier run's files; replace it with --export.overwrite true"):
+    with pytest.raises(FileExistsError, match="model' exists and is not empty; replace it with --export.overwrite "
+                                              "true"):
         _run([*common, "--prune.ratio", "0.25"])
     assert weights.read_bytes() == before and lp.ExpertPlan.load(run / "plan.json").ratio == 0.5
     _run([*common, "--prune.ratio", "0.25", "--export.overwrite", "true"])

@@ -60,7 +60,7 @@ def test_an_existing_checkpoint_without_overwrite_fails_before_any_scoring(tmp_p
     from lightprune.experts.criteria.aimer import AIMER
 
     monkeypatch.setattr(AIMER, "score_layer", lambda self, layer: scored.append(layer.index))
-    with pytest.raises(FileExistsError, match=r"checkpoint directory '.*model' holds an earlier run's files; "
+    with pytest.raises(FileExistsError, match=r"output directory '.*model' exists and is not empty; "
                                              r"replace it with --export.overwrite true"):
         _export(run, 0.25, overwrite=False)
     assert scored == [] and _files(run) == before
