@@ -24,14 +24,15 @@ def per_layer_balance_loss(router_logits: Sequence[torch.Tensor], top_k: int,
     (tokens = the batch's rows x positions, as the model returns them), ``attention_mask`` [rows, positions]."""
     if not router_logits:
         raise ValueError("no router logits: the model has no MoE layer that returns them")
+    num_tokens, device = router_logits[0].shape[0], router_logits[0].device
+    keep = torch.ones(num_tokens, device=device) if attention_mask is None else \
+        attention_mask.reshape(-1).to(device=device, dtype=torch.float32)
+    if keep.numel() != num_tokens:
+        raise ValueError(f"router logits of {num_tokens} tokens for an attention mask of {keep.numel()}")
+    tokens = keep.sum().clamp_min(1)
     losses = []
     for logits in router_logits:
         probs = torch.softmax(logits.float(), dim=-1)                         # [T, E]
-        keep = torch.ones(probs.shape[0], device=probs.device) if attention_mask is None else \
-            attention_mask.reshape(-1).to(device=probs.device, dtype=probs.dtype)
-        if keep.numel() != probs.shape[0]:
-            raise ValueError(f"router logits of {probs.shape[0]} tokens for an attention mask of {keep.numel()}")
-        tokens = keep.sum().clamp_min(1)
         chosen = torch.zeros_like(probs).scatter_(1, probs.topk(top_k, dim=-1).indices, 1.0)
         share = (chosen * keep.unsqueeze(-1)).sum(0) / (tokens * top_k)       # f_e
         mean_prob = (probs * keep.unsqueeze(-1)).sum(0) / tokens              # P_e

@@ -231,13 +231,21 @@ class MoECausalLM(pl.LightningModule):
         if not aux:
             return logits, labels[:, 1:]
         if self.hparams.get("aux_loss", "model") == "per_layer":
-            top_k = find_moe_layers(self.base_model)[0].top_k
-            return logits, labels[:, 1:], per_layer_balance_loss(out.router_logits, top_k,
+            return logits, labels[:, 1:], per_layer_balance_loss(out.router_logits, self._top_k(),
                                                                  batch.get("attention_mask"))
         if getattr(out, "aux_loss", None) is None:
             raise ValueError(f"router_aux_loss_coef={self.hparams.router_aux_loss_coef} but "
                              f"{type(self.base_model).__name__} returns no aux_loss (a dense model?)")
         return logits, labels[:, 1:], out.aux_loss
+
+    def _top_k(self) -> int:
+        """The MoE layers' top-k (found once: the per-layer balance loss asks every training step)."""
+        if getattr(self, "_moe_top_k", None) is None:
+            top_ks = {layer.top_k for layer in find_moe_layers(self.base_model)}
+            if len(top_ks) != 1:
+                raise ValueError(f"aux_loss='per_layer' needs one top-k in every MoE layer, got {sorted(top_ks)}")
+            self._moe_top_k = top_ks.pop()
+        return self._moe_top_k
 
     @staticmethod
     def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -309,10 +317,10 @@ class MoECausalLM(pl.LightningModule):
         logits, labels = self._shifted(batch)
         loss = self._ce(logits, labels)
         keep = labels != -100
-        count = keep.sum()
-        # weighted by label tokens: the epoch's val/loss is the mean over tokens (log of val/ppl, and Evaluate's)
-        self.log("val/loss", loss, prog_bar=True, batch_size=max(1, int(count)))
+        count = int(keep.sum())  # the step's one host sync
         if count > 0:
+            # weighted by label tokens: the epoch's val/loss is the mean over tokens (log of val/ppl, and Evaluate's)
+            self.log("val/loss", loss, prog_bar=True, batch_size=count)
             self.val_ppl.update(logits, labels)
             correct = (logits.argmax(-1) == labels) & keep
             self.val_acc.update(correct.sum() / count, weight=count)
