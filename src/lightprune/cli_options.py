@@ -40,9 +40,18 @@ from lightprune.choices import (
     SUBSETS,
 )
 
-__all__ = ["ADDRESSES", "ARGUMENTS", "OptionError", "Addressed", "split_addressed", "check_command_line",
+__all__ = ["ADDRESSES", "ARGUMENTS", "SUBCOMMANDS", "OptionError", "Addressed", "split_addressed", "check_command_line",
            "check_callback_options", "check_criterion_name", "class_name", "missing_callback"]
 
+#: subcommand -> what it does
+SUBCOMMANDS: dict[str, str] = {
+    "fit": "fine-tune (for example LoRA on the routers), then prune and export with the configured callbacks",
+    "validate": "one evaluation pass over the validation set",
+    "test": "one evaluation pass over the test set (Evaluate, ReportPage)",
+    "predict": "run the model's predict step",
+    "calibrate": "forward passes over calibration data, no optimizer (ExpertStats: REAP, Delta-H, MAEP, ...)",
+    "export": "score, select, prune and export without data or training (weight criteria: AIMER, ...)",
+}
 #: address -> lightprune callback: ``--<address>.<argument> VALUE``
 ADDRESSES: dict[str, str] = {
     "stats": "ExpertStats",
@@ -100,6 +109,11 @@ def class_name(class_path: Any) -> str | None:
     return class_path.rsplit(".", 1)[-1] if isinstance(class_path, str) else None
 
 
+def _check_option_name(callback: str, name: str, where: str) -> None:
+    if name not in ARGUMENTS[callback]:
+        raise OptionError(f"{where}: {callback} has no option {name!r}; its options: {', '.join(ARGUMENTS[callback])}")
+
+
 def split_addressed(argv: Iterable[str]) -> tuple[list[str], list[Addressed]]:
     """``argv`` without its ``--<address>.<argument>`` options, and those options, in order. An unknown argument
     of a known address, or an address option without a value, is an :class:`OptionError`."""
@@ -115,9 +129,7 @@ def split_addressed(argv: Iterable[str]) -> tuple[list[str], list[Addressed]]:
             i += 1
             continue
         callback = ADDRESSES[address]
-        if argument.split(".")[0] not in ARGUMENTS[callback]:
-            raise OptionError(f"{head}: {callback} has no option {argument.split('.')[0]!r}; its options: "
-                              f"{', '.join(ARGUMENTS[callback])}")
+        _check_option_name(callback, argument.split(".")[0], head)
         if "=" in arg:
             text = arg.split("=", 1)[1]
         elif i + 1 < len(argv):
@@ -183,9 +195,7 @@ def check_callback_options(callback: str, options: dict[str, Any], where: str, c
     checks = _CHECKS.get(callback, {})
     for argument, value in options.items():
         argument, nested, _ = argument.partition(".")
-        if argument not in ARGUMENTS.get(callback, (argument,)):
-            raise OptionError(f"{where}: {callback} has no option {argument!r}; its options: "
-                              f"{', '.join(ARGUMENTS[callback])}")
+        _check_option_name(callback, argument, where)
         if nested:  # an option of a class given as this option's value: left to the class
             continue
         try:

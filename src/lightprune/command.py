@@ -9,19 +9,10 @@ from __future__ import annotations
 
 import sys
 
-from lightprune.cli_options import ADDRESSES
+from lightprune.cli_options import ADDRESSES, SUBCOMMANDS
 
 __all__ = ["CALLBACKS", "HELP", "SUBCOMMANDS", "main"]
 
-#: subcommand -> what it does
-SUBCOMMANDS: dict[str, str] = {
-    "fit": "fine-tune (for example LoRA on the routers), then prune and export with the configured callbacks",
-    "validate": "one evaluation pass over the validation set",
-    "test": "one evaluation pass over the test set (Evaluate, ReportPage)",
-    "predict": "run the model's predict step",
-    "calibrate": "forward passes over calibration data, no optimizer (ExpertStats: REAP, Delta-H, MAEP, ...)",
-    "export": "score, select, prune and export without data or training (weight criteria: AIMER, ...)",
-}
 #: lightprune's callbacks (``--trainer.callbacks+=NAME``), in the order a job usually lists them
 CALLBACKS: dict[str, str] = {
     "ExpertStats": "calibration statistics of every expert (calibrate)",

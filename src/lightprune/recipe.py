@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from lightprune.cli_options import check_command_line, class_name
+from lightprune.checks import check_choice
+from lightprune.cli_options import SUBCOMMANDS, check_command_line, class_name
 
 __all__ = ["run_recipe", "recipe_command"]
 
 #: the command a recipe's callbacks imply: calibration statistics -> calibrate; a fit's score or search -> fit
 _IMPLIED = {"ExpertStats": "calibrate", "RouterDelta": "fit", "WidthSearch": "fit"}
-_COMMANDS = ("fit", "validate", "test", "predict", "calibrate", "export")
 
 
 def _load(config: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
@@ -65,8 +65,7 @@ def run_recipe(config: str | os.PathLike | Mapping[str, Any], command: str | Non
     A bad option is an :class:`~lightprune.cli_options.OptionError` before anything is built; a failing job raises
     what the command would report."""
     command = recipe_command(config) if command is None else command
-    if command not in _COMMANDS:
-        raise ValueError(f"command must be one of {list(_COMMANDS)}, got {command!r}")
+    check_choice("command", command, SUBCOMMANDS)
     source = json.dumps(_load(config)) if isinstance(config, Mapping) else str(config)
     argv = [command, "--config", source]
     for key, value in (overrides or {}).items():
