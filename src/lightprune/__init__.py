@@ -34,6 +34,7 @@ import importlib
 from typing import Any
 
 from lightprune import _compat
+from lightprune._lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -96,11 +97,12 @@ _DEPRECATED = {"get_adapter": ("lightprune.models", "get_family")}
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
+_lazy_getattr, _ = lazy_attributes(__name__, _LAZY)
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
+        return _lazy_getattr(name)
     if _compat.new_location(f"lightprune.{name}") is not None:  # an old submodule: lp.modules, lp.plan, ...
         return importlib.import_module(f"lightprune.{name}")
     if name in _DEPRECATED:
