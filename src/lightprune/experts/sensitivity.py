@@ -38,7 +38,7 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch import nn
 
-from lightprune.batch import model_inputs
+from lightprune.batch import head_skipped, model_inputs
 from lightprune.choices import SENSITIVITY_SCORES
 from lightprune.distributed import gathered
 from lightprune.experts.scores import ExpertScores
@@ -230,7 +230,7 @@ def router_logits(model: nn.Module, batch: Mapping[str, Any]) -> dict[int, torch
         for layer in layers:
             handles.append(innermost_router(layer.router).register_forward_hook(hook_for(layer)))
         with _eval_mode(model):
-            model(**inputs)
+            model(**inputs, **head_skipped(model))  # the router logits are all it needs
     finally:
         for handle in handles:
             handle.remove()

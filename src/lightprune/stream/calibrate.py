@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 from tqdm.auto import tqdm
 
-from lightprune.batch import model_inputs
+from lightprune.batch import head_skipped, model_inputs
 from lightprune.experts.calibration import CalibrationStats, ExpertObserver, collect_expert_stats as collect_model_stats
 from lightprune.models.base import find_decoder_layers
 from lightprune.stream.checkpoint import Checkpoint
@@ -57,6 +57,7 @@ def collect_checkpoint_stats(path: str | os.PathLike, batches: Iterable[Mapping[
         bar = tqdm(desc=f"calibration, layer by layer ({checkpoint.path.name})", unit="layer-batch", leave=False,
                    disable=not progress)
         iterator = iter(batches)
+        head = head_skipped(skeleton.model)  # no logits are needed
         try:
             with observer:
                 while True:
@@ -64,7 +65,7 @@ def collect_checkpoint_stats(path: str | os.PathLike, batches: Iterable[Mapping[
                     if not wave:
                         break
                     bar.total = (bar.total or 0) + layers * len(wave)
-                    run_layer_outer(skeleton, wave, lambda batch: skeleton.model(**batch),
+                    run_layer_outer(skeleton, wave, lambda batch: skeleton.model(**batch, **head),
                                     before=lambda i, layer: observer.begin_batch(wave[i], count=layer == 0),
                                     progress=bar)
         finally:

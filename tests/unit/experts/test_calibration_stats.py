@@ -546,6 +546,24 @@ def test_nested_observers_are_refused_and_the_outer_one_keeps_working(tiny):
     assert_stats_equal(outer.result(), expected, rtol=0)
 
 
+def test_calibration_runs_the_output_head_on_one_position_only(tiny):
+    """No criterion reads the logits: the head sees the last position (logits_to_keep=1), not [B, T, V]; the
+    statistics equal those of a pass that computes every logit (test_nested_observers_... compares them)."""
+    from lightprune.batch import head_skipped
+
+    model = tiny("qwen3_moe")
+    batches = calibration_batches()
+    positions = []
+    handle = model.get_output_embeddings().register_forward_pre_hook(lambda m, args: positions.append(args[0].shape))
+    try:
+        lp.collect_expert_stats(model, batches, progress=False)
+    finally:
+        handle.remove()
+    assert [shape[:2] for shape in positions] == [(b["input_ids"].shape[0], 1) for b in batches]
+    assert head_skipped(model) == {"logits_to_keep": 1}
+    assert head_skipped(torch.nn.Linear(2, 2)) == {}  # a forward without the argument gets nothing it cannot take
+
+
 # ----------------------------------------------------------------------------- state: resume and reduction
 def observe(model, batches, state=None, criteria=ALL_CRITERIA):
     observer = ExpertObserver(model, ("all", "text"), criteria)

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from lightprune.batch import model_inputs
+from lightprune.batch import head_skipped, model_inputs
 from lightprune.experts.calibration.accumulate import LayerAccumulator
 from lightprune.experts.calibration.merge_sums import MERGE_STATISTICS, MergeSums
 from lightprune.experts.calibration.result import CRITERIA, CalibrationStats
@@ -240,11 +240,12 @@ def collect_expert_stats(model: nn.Module, batches: Iterable[Mapping[str, Any]],
         from tqdm.auto import tqdm
 
         iterator = tqdm(batches, desc="calibration", unit="batch", leave=False)
+    head = head_skipped(model)  # neither a loss nor logits are needed to observe experts
     with observer, torch.no_grad():
         for batch in iterator:
-            batch = model_inputs(batch, device=device)  # no loss is needed to observe experts
+            batch = model_inputs(batch, device=device)
             observer.begin_batch(batch)
-            model(**batch)
+            model(**batch, **head)
     if observer.batches_seen == 0:
         raise ValueError("empty calibration set: no batches were given")
     return observer.result()
