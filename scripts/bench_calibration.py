@@ -7,7 +7,8 @@ own configs (nothing downloaded): Mixtral-like (8 experts, top-2), OLMoE-like (6
 criterion on (``delta_h_promoted`` included; ``--criteria default`` leaves it out). Two baselines: the plain forward
 as a user calls it (``model(**batch)``: logits at every position) and the headless forward (``logits_to_keep=1``,
 as collect_expert_stats runs it: no criterion reads the logits); the ratio to the headless forward is the cost of
-observing alone, and the target holds for both. One torch thread unless ``--threads``. ``bench_model`` is the scaled-down Qwen3-MoE that scripts/gpu_check.py times.
+observing alone, and the target applies to both. One torch thread unless ``--threads``. ``bench_model`` is the
+scaled-down Qwen3-MoE that scripts/gpu_check.py times.
 
     python scripts/bench_calibration.py [--repeats 5] [--shapes mixtral,olmoe,qwen3,deepseek] [--criteria all|default]
         [--quick] [--json PATH]
