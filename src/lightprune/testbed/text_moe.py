@@ -88,7 +88,8 @@ TEXT_TESTBEDS: dict[str, TextTestbedSpec] = {
         corpus=TextCorpusSpec(max_chars=1_000_000, vocab_size=2048),
         model=dict(_FULL_MODEL, hidden_size=128, head_dim=32, intermediate_size=256, moe_intermediate_size=128),
         steps=1200, batch_size=8, max_length=128, learning_rate=3e-3, warmup_steps=20, eval_batches=16),
-    "full": TextTestbedSpec(model=dict(_FULL_MODEL)),
+    # at 0.05 the last layer's normalised routing entropy was 0.943 (the goal is 0.95)
+    "full": TextTestbedSpec(model=dict(_FULL_MODEL), router_aux_loss_coef=0.1),
 }
 
 

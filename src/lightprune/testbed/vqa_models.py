@@ -53,6 +53,9 @@ class VQATestbedSpec:
     warmup_steps: int = 30
     weight_decay: float = 0.01
     router_aux_loss_coef: float = 0.01  # MoE only
+    # each MoE layer's load balance on its own (lightprune.finetune.balance), as the text testbed: transformers'
+    # pooled loss balances the layers' sum, and one layer may starve experts that another feeds
+    aux_loss: str = "per_layer"
     seed: int = 0
     # "row": every row weighs the same in the loss, so the one-word image answers are not drowned by the long
     # text completions (with "token", 2000 steps left the first answer token at its prior: image tasks at chance)
@@ -90,7 +93,7 @@ _MICRO_DATA = dict(n_train=48, n_val=16, n_selection=8, n_calibration=16)
 VQA_TESTBEDS: dict[str, VQATestbedSpec] = {
     "mllm-moe-micro": VQATestbedSpec("mllm-moe", data=_MICRO_DATA, vocab_size=512, steps=6, batch_size=8),
     "mllm-moe-full": VQATestbedSpec("mllm-moe", model=_MOE_FULL, data=_FULL_DATA, steps=2000, warmup_steps=50,
-                                   loss_mean="row"),
+                                   loss_mean="row", router_aux_loss_coef=0.1),
     "dense-mllm-micro": VQATestbedSpec("dense-mllm", data=_MICRO_DATA, vocab_size=512, steps=6, batch_size=8),
     "dense-mllm-full": VQATestbedSpec("dense-mllm", model=_DENSE_FULL, data=_FULL_DATA, steps=2000, warmup_steps=50,
                                    loss_mean="row"),

@@ -69,15 +69,22 @@ def test_routing_balance_figures() -> None:
         routing_balance(torch.zeros(4))
 
 
-def test_the_module_adds_the_per_layer_loss_when_asked() -> None:
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_vl_moe"])  # the text and the multimodal testbed's family
+def test_the_module_adds_the_per_layer_loss_when_asked(family: str) -> None:
     from lightprune.finetune import MoECausalLM
+    from lightprune.models.tiny_batches import tiny_multimodal_batch
 
-    module = MoECausalLM(tiny="qwen3_moe", router_aux_loss_coef=0.5, aux_loss="per_layer")
+    module = MoECausalLM(tiny=family, router_aux_loss_coef=0.5, aux_loss="per_layer")
     module.configure_model()
-    ids = torch.randint(3, 100, (2, 10), generator=torch.Generator().manual_seed(1))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if family == "qwen3_moe":
+        ids = torch.randint(3, 100, (2, 10), generator=torch.Generator().manual_seed(1))
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    else:
+        batch = dict(tiny_multimodal_batch(module.model))
     logits, labels, aux = module._shifted(batch, aux=True)
     out = module.model(**batch, output_router_logits=True)
-    assert float(aux) == pytest.approx(float(per_layer_balance_loss(out.router_logits, 2, batch["attention_mask"])))
+    layers = [layer for layer in out.router_logits if layer is not None]
+    assert len(layers) == module.model.config.get_text_config().num_hidden_layers
+    assert float(aux) == pytest.approx(float(per_layer_balance_loss(layers, 2, batch["attention_mask"])))
     with pytest.raises(ValueError, match="aux_loss must be one of"):
         MoECausalLM(tiny="qwen3_moe", aux_loss="pooled")
