@@ -39,6 +39,7 @@ from lightprune.batch import model_inputs
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
 from lightprune.checks import check_choice, check_positive_int
+from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.experts.mask import mask_experts
 from lightprune.experts.merging import merged_experts
 from lightprune.models import find_moe_layers
@@ -62,8 +63,10 @@ def _labels(batch: Mapping[str, Any]) -> torch.Tensor:
 @torch.no_grad()
 def evaluate_lm(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]], task_names: Sequence[str] | None = None,
                 metric: str = "token", progress: bool = False, desc: str = "evaluate",
-                max_batches: int | None = None) -> dict[str, Any]:
-    """Perplexity, next-token accuracy and per-task accuracy of ``model`` over ``batches`` (mode restored)."""
+                max_batches: int | None = None, end_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """Perplexity, next-token accuracy and per-task accuracy of ``model`` over ``batches`` (mode restored); the
+    task accuracy leaves the end-of-turn markers ``end_ids`` out of the answers
+    (:func:`lightprune.width.retention.answer_mask`), perplexity and next-token accuracy count every label."""
     from torchmetrics.text import Perplexity
 
     if metric not in METRICS:
@@ -72,7 +75,7 @@ def evaluate_lm(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]], ta
     device = next(model.parameters()).device
     ppl = Perplexity(ignore_index=-100).to(device)
     next_token = TaskAccuracy(1, "token").to(device)
-    tasks = TaskAccuracy(len(names), metric).to(device)
+    tasks = TaskAccuracy(len(names), metric, end_ids).to(device)
     was_training = model.training
     model.eval()
     iterator: Iterable = batches if max_batches is None else itertools.islice(batches, max_batches)
@@ -247,7 +250,8 @@ class Evaluate(JobEndCallback):
         """Evaluate ``model`` now and keep the result as ``label``."""
         dm = self._datamodule(trainer)
         result = evaluate_lm(model, self._loader(trainer), getattr(dm, "task_names", None), self.metric,
-                             progress=self.progress, desc=f"evaluate {label}", max_batches=self.max_batches)
+                             progress=self.progress, desc=f"evaluate {label}", max_batches=self.max_batches,
+                             end_ids=end_of_turn_ids(dm))
         if self.lm_eval_tasks:
             result["lm_eval"] = run_lm_eval(model, self._tokenizer(trainer), self.lm_eval_tasks,
                                             self.lm_eval_batch_size, self.lm_eval_limit)

@@ -35,6 +35,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.state import RunState
+from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.finetune.optim import build_scheduler
 from lightprune.jsonio import write_json
 from lightprune.models.unwrap import base_model_of
@@ -123,7 +124,8 @@ class WidthSearch(pl.Callback):
 
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loader, desc: str):
         names = self._task_names(trainer)
-        scores = evaluate_tasks(pl_module.model, loader, len(names), self.metric, progress=self.progress, desc=desc)
+        scores = evaluate_tasks(pl_module.model, loader, len(names), self.metric, progress=self.progress, desc=desc,
+                                end_ids=end_of_turn_ids(trainer.datamodule))
         return scores, names
 
     def _retention(self, trainer, pl_module, loader, desc: str):

@@ -29,7 +29,9 @@ from collections.abc import Iterable, Mapping, Sequence
 __all__ = [
     "CHAT_TOKENS",
     "CHATML_TEMPLATE",
+    "END_OF_TURN_TOKENS",
     "IMAGE_TOKENS",
+    "end_of_turn_ids",
     "train_bpe_tokenizer",
 ]
 
@@ -51,6 +53,23 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant' + '\\n' }}{% endif %}"
 )
 _BYTES = 256
+
+#: the end-of-turn markers of common chat templates (ChatML, Llama 3, Gemma, Phi)
+END_OF_TURN_TOKENS: tuple[str, ...] = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
+
+
+def end_of_turn_ids(owner) -> tuple[int, ...]:
+    """The ids of :data:`END_OF_TURN_TOKENS` in the vocabulary of ``owner``: a tokenizer, a processor (its
+    ``tokenizer``) or a datamodule (its ``processor`` or ``tokenizer``), sorted; empty when it has none of them or
+    ``owner`` holds no tokenizer."""
+    for _ in range(3):
+        if owner is None or callable(getattr(owner, "get_vocab", None)):
+            break
+        owner = getattr(owner, "processor", None) or getattr(owner, "tokenizer", None)
+    if owner is None or not callable(getattr(owner, "get_vocab", None)):
+        return ()
+    vocab = owner.get_vocab()
+    return tuple(sorted(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab))
 
 
 def _ordered_unique(tokens: Iterable[str]) -> list[str]:

@@ -22,12 +22,13 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from lightprune.data import TestbedVQADataModule
 from lightprune.data.cache import write_manifest
 from lightprune.data.generated.testbed_vqa import testbed_vqa_texts
 from lightprune.data.tiny_processor import TINY_CORPUS, tiny_mllm_processor
+from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.models.tiny import tiny_config
 from lightprune.testbed.training import cache_root, cached_testbed, fit_from_init, spec_digest
 from lightprune.width.retention import evaluate_tasks
@@ -121,10 +122,11 @@ def datamodule(spec: VQATestbedSpec, processor: Any, root: str | os.PathLike | N
     return TestbedVQADataModule(processor, root=None if root is None else str(root), **{**kw, **overrides})
 
 
-def answer_accuracy(model, loader, task_names: list[str]) -> dict[str, float]:
+def answer_accuracy(model, loader, task_names: list[str], end_ids: Sequence[int] = ()) -> dict[str, float]:
     """Per task family with rows in ``loader``: the fraction of rows whose every answer token is the argmax
-    (teacher forced; :func:`lightprune.width.retention.evaluate_tasks` with ``metric="exact"``)."""
-    scores = evaluate_tasks(model, loader, len(task_names), metric="exact").tolist()
+    (teacher forced; :func:`lightprune.width.retention.evaluate_tasks` with ``metric="exact"``), the end-of-turn
+    markers ``end_ids`` not counted as answer tokens."""
+    scores = evaluate_tasks(model, loader, len(task_names), metric="exact", end_ids=end_ids).tolist()
     return {task: score for task, score in sorted(zip(task_names, scores)) if score == score}
 
 
@@ -154,7 +156,7 @@ def _train(folder: Path, spec: VQATestbedSpec, root, expect: dict[str, Any], pro
     dm = datamodule(spec, processor, root)
     aux = spec.router_aux_loss_coef if spec.kind == "mllm-moe" else 0.0
     model, seconds, curve = fit_from_init(folder, init, dm, spec, router_aux_loss_coef=aux, progress=progress)
-    accuracy = answer_accuracy(model, dm.val_dataloader(), dm.task_names)
+    accuracy = answer_accuracy(model, dm.val_dataloader(), dm.task_names, end_of_turn_ids(processor))
     out = folder / "model"
     model.save_pretrained(str(out))
     processor.save_pretrained(str(out))

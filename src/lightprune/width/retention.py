@@ -10,6 +10,12 @@ family's score is its teacher-forced answer accuracy on held-out data:
   metric: a continuous score that stays above zero for an untrained model (a random tiny model answers
   nothing right, so its accuracy cannot be a reference), for smoke runs and tiny defaults.
 
+Answer tokens are the labelled next-token targets (labels != -100) less the end-of-turn markers ``end_ids``
+(:func:`lightprune.data.tokenizer.end_of_turn_ids`) and the labelled position right after one (ChatML's newline
+after ``<|im_end|>``): a chat template makes them part of every trained answer, and predicting them is not
+answering (:func:`answer_mask`). :func:`answer_row_sums` gives every metric's per-row sums in one pass (for
+bootstrap intervals and the answer log-likelihood).
+
 :class:`TaskAccuracy` is a torchmetrics ``Metric`` (states summed across ranks by torchmetrics' own sync);
 :func:`evaluate_tasks` runs it over batches carrying ``task_ids`` [B] (index into the task names; a batch
 without them counts as task 0). A task whose reference score is 0 has no defined retention: it is left
@@ -27,18 +33,41 @@ from torchmetrics import Metric
 from lightprune.batch import model_inputs
 from lightprune.choices import RETENTION_METRICS
 
-__all__ = ["TaskAccuracy", "evaluate_tasks", "Retention", "retention", "METRICS"]
+__all__ = ["TaskAccuracy", "answer_mask", "answer_row_sums", "evaluate_tasks", "Retention", "retention", "METRICS"]
 
 METRICS = RETENTION_METRICS
 
 
+def answer_mask(labels: torch.Tensor, end_ids: Sequence[int] = ()) -> torch.Tensor:
+    """[B, T - 1] the answer positions of the next-token targets ``labels[:, 1:]``: labelled, not an end-of-turn
+    marker of ``end_ids`` and not the labelled position right after one."""
+    target = labels[:, 1:]
+    answer = target != -100
+    if len(end_ids):
+        end = torch.isin(target, torch.as_tensor(list(end_ids), dtype=target.dtype, device=target.device)) & answer
+        after = torch.zeros_like(end)
+        after[:, 1:] = end[:, :-1]
+        answer = answer & ~end & ~after
+    return answer
+
+
+def _task_ids(labels: torch.Tensor, task_ids: torch.Tensor | None, num_tasks: int) -> torch.Tensor:
+    tasks = torch.zeros(labels.shape[0], dtype=torch.long, device=labels.device) if task_ids is None \
+        else task_ids.to(labels.device).long()
+    if tasks.numel() and (tasks.min() < 0 or tasks.max() >= num_tasks):
+        raise ValueError(f"task_ids must be in 0..{num_tasks - 1}, got {tasks.unique().tolist()}")
+    return tasks
+
+
 class TaskAccuracy(Metric):
-    """Answer accuracy per task family: ``compute()`` gives a float64 [num_tasks] tensor (NaN: no samples)."""
+    """Answer accuracy per task family: ``compute()`` gives a float64 [num_tasks] tensor (NaN: no samples).
+    ``end_ids``: the end-of-turn markers that are not answer tokens (:func:`answer_mask`)."""
 
     full_state_update = False
 
-    def __init__(self, num_tasks: int, metric: str = "token", **kwargs: Any):
+    def __init__(self, num_tasks: int, metric: str = "token", end_ids: Sequence[int] = (), **kwargs: Any):
         super().__init__(**kwargs)
+        self.end_ids = tuple(int(i) for i in end_ids)
         if metric not in METRICS:
             raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
         if int(num_tasks) != num_tasks or num_tasks < 1:
@@ -50,12 +79,9 @@ class TaskAccuracy(Metric):
 
     def update(self, logits: torch.Tensor, labels: torch.Tensor, task_ids: torch.Tensor | None = None) -> None:
         target = labels[:, 1:]
-        answer = target != -100
+        answer = answer_mask(labels, self.end_ids)
         hit = (logits[:, :-1].argmax(-1) == target) & answer
-        tasks = torch.zeros(labels.shape[0], dtype=torch.long, device=labels.device) if task_ids is None \
-            else task_ids.to(labels.device).long()
-        if tasks.numel() and (tasks.min() < 0 or tasks.max() >= self.num_tasks):
-            raise ValueError(f"task_ids must be in 0..{self.num_tasks - 1}, got {tasks.unique().tolist()}")
+        tasks = _task_ids(labels, task_ids, self.num_tasks)
         if self.metric == "token":
             correct, total = hit.sum(1).double(), answer.sum(1).double()
         elif self.metric == "prob":
@@ -75,10 +101,11 @@ class TaskAccuracy(Metric):
 
 @torch.no_grad()
 def evaluate_tasks(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]], num_tasks: int,
-                   metric: str = "token", progress: bool = False, desc: str = "evaluate") -> torch.Tensor:
+                   metric: str = "token", progress: bool = False, desc: str = "evaluate",
+                   end_ids: Sequence[int] = ()) -> torch.Tensor:
     """Teacher-forced answer accuracy per task of ``model`` over ``batches`` (model left in its mode)."""
     device = next(model.parameters()).device
-    acc = TaskAccuracy(num_tasks, metric).to(device)
+    acc = TaskAccuracy(num_tasks, metric, end_ids).to(device)
     was_training = model.training
     model.eval()
     iterator = batches
@@ -98,6 +125,41 @@ def evaluate_tasks(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]],
     if float(acc.total.sum()) == 0:
         raise ValueError("evaluation set is empty: no answer tokens (labels != -100) in any batch")
     return acc.compute().cpu()
+
+
+@torch.no_grad()
+def answer_row_sums(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]], num_tasks: int,
+                    end_ids: Sequence[int] = ()) -> dict[str, torch.Tensor]:
+    """Per row of ``batches`` (in order), teacher forced, float64 [rows] on the CPU: ``task`` (its task id),
+    ``tokens`` (answer tokens, :func:`answer_mask`), ``right`` (those whose argmax is right), ``exact`` (1 when
+    the row has answer tokens and every one is right), ``answered`` (1 when it has answer tokens) and ``nll`` (the
+    answer tokens' negative log-likelihood sum, float32 log-softmax). Model left in its mode."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    rows: dict[str, list[torch.Tensor]] = {k: [] for k in ("task", "tokens", "right", "exact", "answered", "nll")}
+    try:
+        for batch in batches:
+            if "labels" not in batch:
+                raise ValueError("evaluation batches need labels (-100 outside the answer)")
+            labels = batch["labels"].to(device)
+            logits = model(**model_inputs(batch, device=device)).logits[:, :-1].float()
+            target = labels[:, 1:]
+            answer = answer_mask(labels, end_ids)
+            hit = (logits.argmax(-1) == target) & answer
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target.clamp_min(0), reduction="none")
+            answered = answer.any(1)
+            values = {"task": _task_ids(labels, batch.get("task_ids"), num_tasks), "tokens": answer.sum(1),
+                      "right": hit.sum(1), "exact": (hit == answer).all(1) & answered, "answered": answered,
+                      "nll": (nll.double() * answer).sum(1)}
+            for key, value in values.items():
+                rows[key].append(value.double().cpu())
+    finally:
+        model.train(was_training)
+    out = {k: torch.cat(v) if v else torch.zeros(0, dtype=torch.float64) for k, v in rows.items()}
+    if float(out["tokens"].sum()) == 0:
+        raise ValueError("evaluation set is empty: no answer tokens (labels != -100) in any batch")
+    return out
 
 
 @dataclass

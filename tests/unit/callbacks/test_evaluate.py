@@ -24,8 +24,9 @@ TASK = FIXTURES / "lm_eval" / "tiny_choice.yaml"
 VOCAB = 320
 
 
-def _hand(model, batches, num_tasks=1):
-    """Perplexity, next-token and per-task token / exact accuracy by explicit loops over float64 logits."""
+def _hand(model, batches, num_tasks=1, end_ids=()):
+    """Perplexity, next-token and per-task token / exact accuracy by explicit loops over float64 logits; the task
+    accuracies skip the labelled targets in ``end_ids`` and the labelled target right after one."""
     nll, count, hits = 0.0, 0, 0
     tok_hit, tok_tot = [0] * num_tasks, [0] * num_tasks
     ex_hit, ex_tot = [0] * num_tasks, [0] * num_tasks
@@ -35,16 +36,20 @@ def _hand(model, batches, num_tasks=1):
             logp = torch.log_softmax(model(**inputs).logits.double(), -1)
             for b in range(batch["input_ids"].shape[0]):
                 task = int(batch["task_ids"][b]) if "task_ids" in batch else 0
-                all_right, any_answer = True, False
+                all_right, any_answer, previous_end = True, False, False
                 for t in range(batch["input_ids"].shape[1] - 1):
                     target = int(batch["labels"][b, t + 1])
                     if target == -100:
+                        previous_end = False
                         continue
-                    any_answer = True
                     nll -= float(logp[b, t, target])
                     count += 1
                     right = int(logp[b, t].argmax()) == target
                     hits += right
+                    if target in end_ids or previous_end:
+                        previous_end = target in end_ids
+                        continue
+                    any_answer = True
                     tok_hit[task] += right
                     tok_tot[task] += 1
                     all_right &= right
@@ -53,6 +58,11 @@ def _hand(model, batches, num_tasks=1):
                     ex_hit[task] += all_right
     return {"perplexity": math.exp(nll / count), "next_token_accuracy": hits / count,
             "token": [h / t for h, t in zip(tok_hit, tok_tot)], "exact": [h / t for h, t in zip(ex_hit, ex_tot)]}
+
+
+def _end_ids(dm):
+    """The datamodule tokenizer's end-of-turn marker, looked up by hand: the task accuracies leave it out."""
+    return (dm.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
 
 
 def _batches():
@@ -153,8 +163,8 @@ def test_export_run_before_and_after_merged_into_report(tmp_path, tokenizer_dir)
     assert ev["split"] == "test" and ev["task_names"] == ["default"]
     original = _module()
     original.configure_model()
-    before = _hand(original.model.eval(), list(dm.test_dataloader()))
-    after = _hand(lp.load_pruned(tmp_path / "model").eval(), list(dm.test_dataloader()))
+    before = _hand(original.model.eval(), list(dm.test_dataloader()), end_ids=_end_ids(dm))
+    after = _hand(lp.load_pruned(tmp_path / "model").eval(), list(dm.test_dataloader()), end_ids=_end_ids(dm))
     for got, want in ((ev["before"], before), (ev["after"], after)):
         assert got["perplexity"] == pytest.approx(want["perplexity"], rel=1e-5)
         assert got["next_token_accuracy"] == pytest.approx(want["next_token_accuracy"], abs=1e-12)
@@ -175,7 +185,7 @@ def test_masked_after_when_nothing_prunes_in_place(tmp_path, tokenizer_dir) -> N
     ev = json.loads((tmp_path / "report.json").read_text())["evaluation"]
     assert "before" not in ev
     with lp.mask_experts(module.model, pruning.plan):
-        want = _hand(module.model, list(dm.test_dataloader()))
+        want = _hand(module.model, list(dm.test_dataloader()), end_ids=_end_ids(dm))
     assert ev["after"]["perplexity"] == pytest.approx(want["perplexity"], rel=1e-5)
 
 
@@ -189,7 +199,7 @@ def test_lightprune_test_writes_test_metrics(tmp_path, tokenizer_dir) -> None:
     module = _module()
     trainer.test(module, datamodule=dm)
     report = json.loads((tmp_path / "report.json").read_text())
-    want = _hand(module.model.eval(), list(dm.val_dataloader()))
+    want = _hand(module.model.eval(), list(dm.val_dataloader()), end_ids=_end_ids(dm))
     assert report["kept"] == 1 and report["evaluation"]["split"] == "val"
     assert report["evaluation"]["test"]["perplexity"] == pytest.approx(want["perplexity"], rel=1e-5)
 
@@ -292,9 +302,10 @@ def test_calibrate_run_before_is_the_unobserved_original(tmp_path, tokenizer_dir
     ev = json.loads((tmp_path / "a" / "report.json").read_text())["evaluation"]
     original = _module()
     original.configure_model()
-    want = _hand(original.model.eval(), list(dm.test_dataloader()))
+    want = _hand(original.model.eval(), list(dm.test_dataloader()), end_ids=_end_ids(dm))
     assert ev["before"]["perplexity"] == pytest.approx(want["perplexity"], rel=1e-5)
-    after = _hand(lp.load_pruned(tmp_path / "a" / "model").eval(), list(dm.test_dataloader()))
+    after = _hand(lp.load_pruned(tmp_path / "a" / "model").eval(), list(dm.test_dataloader()),
+                  end_ids=_end_ids(dm))
     assert ev["after"]["perplexity"] == pytest.approx(after["perplexity"], rel=1e-5)
     # any order: Evaluate listed after ExpertStats (and Export before ExpertPruning) gives the same statistics,
     # the same 'before' (the run state pauses the observer for Evaluate's batches) and the same 'after'

@@ -74,6 +74,21 @@ def test_tokenizer_round_trip_specials_and_local_save(tokenizer_dir, tokenizer) 
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_end_of_turn_ids_of_a_tokenizer_processor_or_datamodule(tokenizer) -> None:
+    from types import SimpleNamespace
+
+    from lightprune.data.tokenizer import end_of_turn_ids
+
+    expected = (tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+    processor = SimpleNamespace(tokenizer=tokenizer)
+    assert end_of_turn_ids(tokenizer) == expected and end_of_turn_ids(processor) == expected
+    assert end_of_turn_ids(SimpleNamespace(processor=processor)) == expected
+    assert end_of_turn_ids(SimpleNamespace(tokenizer=tokenizer)) == expected
+    assert end_of_turn_ids(None) == () and end_of_turn_ids(SimpleNamespace()) == ()
+    plain = train_bpe_tokenizer(_corpus(), 400, special_tokens=())
+    assert end_of_turn_ids(plain) == ()
+
+
 def test_tokenizer_is_deterministic_and_pins_ids() -> None:
     texts = ["the cat sat on the mat", "a dog and a cat", "what is in the image?"] * 3
     kw = dict(image_tokens=True, token_ids=VISION_IDS)

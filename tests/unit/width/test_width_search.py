@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lightprune.width.retention import TaskAccuracy, retention
+from lightprune.width.retention import TaskAccuracy, answer_mask, answer_row_sums, retention
 from lightprune.width.search import Candidate, StagedSearch
 
 GRID = (0.0, 0.2, 0.4, 0.6, 0.8)
@@ -112,6 +112,66 @@ def test_task_accuracy_token_and_exact_by_hand():
     exact = TaskAccuracy(2, "exact")
     exact.update(logits, labels, tasks)
     assert exact.compute().tolist() == [1.0, 0.0]
+
+
+END = 7  # an end-of-turn id; 8 stands for the newline a ChatML turn puts after it
+
+
+def test_end_of_turn_markers_and_the_position_after_are_not_answer_tokens():
+    # row 0: answer 1 2 <end> <newline>; row 1: answer 3 <end> (no newline), then an unlabelled header; row 2: a
+    # second turn's answer after the first one's end
+    labels = torch.tensor([[-100, 1, 2, END, 8, -100], [-100, -100, 3, END, -100, -100],
+                           [-100, 4, END, 8, -100, 5]])
+    assert answer_mask(labels, (END,)).tolist() == [[True, True, False, False, False],
+                                                     [False, True, False, False, False],
+                                                     [True, False, False, False, True]]
+    assert torch.equal(answer_mask(labels), labels[:, 1:] != -100)
+    # predictions right on the answers, wrong on the markers: whole-answer match only once the markers are left out
+    pred = torch.tensor([[1, 2, 0, 0, 0, 0], [0, 3, 0, 0, 0, 0], [4, 0, 0, 0, 5, 0]])
+    logits = torch.nn.functional.one_hot(pred, 9).float()
+    with_markers, without = TaskAccuracy(1, "exact"), TaskAccuracy(1, "exact", end_ids=(END,))
+    with_markers.update(logits, labels)
+    without.update(logits, labels)
+    assert float(with_markers.compute()) == 0.0 and float(without.compute()) == 1.0
+
+
+class _Logits(torch.nn.Module):
+    """A 'model' whose logits are given per batch (by its input_ids' first entry)."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.logits = logits
+
+    def forward(self, input_ids, **kwargs):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.logits[int(input_ids[0, 0])])
+
+
+def test_answer_row_sums_agree_with_task_accuracy_and_cross_entropy():
+    gen = torch.Generator().manual_seed(3)
+    logits = [torch.randn(2, 6, 9, generator=gen) for _ in range(2)]
+    labels = [torch.tensor([[-100, 1, 2, END, 8, -100], [-100, -100, 3, END, -100, -100]]),
+              torch.tensor([[-100, 4, END, 8, -100, 5], [-100, 6, 6, -100, -100, -100]])]
+    batches = [{"input_ids": torch.full((2, 6), i), "labels": labels[i], "task_ids": torch.tensor([0, 1])}
+               for i in range(2)]
+    rows = answer_row_sums(_Logits(logits), batches, 2, end_ids=(END,))
+    assert rows["task"].tolist() == [0, 1, 0, 1] and rows["tokens"].tolist() == [2, 1, 2, 2]
+    for metric, key in (("token", "right"), ("exact", "exact")):
+        acc = TaskAccuracy(2, metric, end_ids=(END,))
+        for lg, batch in zip(logits, batches):
+            acc.update(lg, batch["labels"], batch["task_ids"])
+        den = rows["tokens"] if metric == "token" else rows["answered"]
+        by_task = [float(rows[key][rows["task"] == t].sum() / den[rows["task"] == t].sum()) for t in (0, 1)]
+        assert acc.compute().tolist() == pytest.approx(by_task, rel=1e-12)
+    expected = []
+    for lg, lab in zip(logits, labels):
+        mask = answer_mask(lab, (END,))
+        for r in range(2):
+            logp = torch.log_softmax(lg[r, :-1].double(), -1)
+            expected.append(float(sum(-logp[t, lab[r, t + 1]] for t in range(5) if mask[r, t])))
+    assert rows["nll"].tolist() == pytest.approx(expected, rel=1e-5)
 
 
 def test_task_accuracy_prob_is_the_mean_answer_probability():
