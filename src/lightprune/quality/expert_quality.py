@@ -3,9 +3,12 @@
 What the papers' tables report, measured on a testbed: for each criterion and ratio, the plan
 (``select_experts``; uniform per layer unless the criterion is a global one) is applied with
 ``mask_experts`` (reversible, no copy) and the model evaluated by a caller-given function
-(perplexity, task accuracy). Random is run over several seeds and reported with its spread, and
-"anti-REAP" (the REAP ranking reversed: the most important experts pruned first) frames the
-ceiling of damage (the project's TESTBED notes).
+(perplexity, task accuracy). Random is run over several seeds and reported with its spread; the
+anti orderings (the REAP, AIMER and router-sensitivity rankings reversed: the most important experts
+pruned first) frame the ceiling of damage and test each ranking's direction (the project's TESTBED
+notes). When the evaluation returns per-row sums (:data:`~lightprune.quality.intervals.ROW_SUMS`), every
+row gets paired bootstrap intervals of its retention against the dense model
+(:mod:`lightprune.quality.intervals`).
 
 Rankings (:func:`expert_rankings`), higher = keep:
 
@@ -38,12 +41,15 @@ from lightprune.callbacks import RouterDelta
 from lightprune.choices import MERGE_STATISTICS
 from lightprune.experts.calibration.validation import ground_truth_kl, proxy_correlations, ranking_stability
 from lightprune.finetune import AdapterSpec, MoECausalLM
+from lightprune.quality.intervals import ROW_SUMS, intervals_of
 
-__all__ = ["CALIBRATION_CRITERIA", "WEIGHT_CRITERIA", "MERGE_STATISTICS", "expert_merges", "expert_quality",
-           "expert_rankings", "proxy_rho", "router_sensitivity", "spread", "stability", "summarise"]
+__all__ = ["ANTI_CRITERIA", "CALIBRATION_CRITERIA", "WEIGHT_CRITERIA", "MERGE_STATISTICS", "expert_merges",
+           "expert_quality", "expert_rankings", "proxy_rho", "router_sensitivity", "spread", "stability", "summarise"]
 
 CALIBRATION_CRITERIA: tuple[str, ...] = ("frequency", "seer", "ean", "reap", "routing_kl", "delta_h")
 WEIGHT_CRITERIA: tuple[str, ...] = ("aimer", "magnitude", "router_norm")
+#: the rankings whose direction is a paper's claim, also run reversed (``anti_<name>``) when present
+ANTI_CRITERIA: tuple[str, ...] = ("reap", "aimer", "router_sensitivity")
 
 Evaluate = Callable[[torch.nn.Module], dict[str, float]]
 
@@ -69,8 +75,11 @@ def expert_rankings(model: torch.nn.Module, stats, *, maep: bool = False,
         scores, _ = lp.maep_scores(stats)
         out["maep_global"] = (scores, "global")
         out["maep_uniform"] = (lp.maep_scores(stats, alpha=0.5)[0], "uniform")
-    reap = stats.score("reap", "all")
-    out["anti_reap"] = (type(reap)({l: -v for l, v in reap.items()}, reap.limits, criterion="anti_reap"), "uniform")
+    for name in ANTI_CRITERIA:
+        if name in out:
+            scores = out[name][0]
+            out[f"anti_{name}"] = (type(scores)({l: -v for l, v in scores.items()}, scores.limits,
+                                                criterion=f"anti_{name}"), "uniform")
     return out
 
 
@@ -94,8 +103,9 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
     MergePlan, evaluated reversibly with :func:`lightprune.merged_experts`; allocation ``"merge"``) and
     ``random_seeds`` random plans per ratio.
 
-    Returns ``{"dense": metrics, "rows": [{"criterion", "allocation", "ratio", "metrics",
-    "pruned_per_layer"}], "random": {ratio: {"seeds": [metrics...], "summary": summarise(...)}}}``.
+    Returns ``{"dense": metrics, "rows": [{"criterion", "allocation", "ratio", "metrics", "pruned_per_layer"}
+    (+ "intervals": {metric: [low, high]} of the retention when ``evaluate`` gives row sums)],
+    "random": {ratio: {"seeds": [metrics...], "summary": summarise(...)}}}``.
     """
     from tqdm.auto import tqdm
 
@@ -109,14 +119,25 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
     merges = dict(merges or {})
     jobs = [(name, r) for r in ratios for name in [*rankings, *merges]] + \
         [(f"random:{s}", r) for r in ratios for s in range(random_seeds)]
-    out: dict[str, Any] = {"dense": evaluate(model), "rows": [], "random": {}}
+    dense = dict(evaluate(model))
+    dense_sums = dense.pop(ROW_SUMS, None)
+    out: dict[str, Any] = {"dense": dense, "rows": [], "random": {}}
+
+    def row(name: str, allocation: str, ratio: float, metrics: Mapping[str, Any], plan) -> dict[str, Any]:
+        metrics = dict(metrics)
+        sums = metrics.pop(ROW_SUMS, None)
+        entry = {"criterion": name, "allocation": allocation, "ratio": ratio, "metrics": metrics,
+                 "pruned_per_layer": _pruned_per_layer(plan)}
+        if sums is not None and dense_sums is not None:
+            entry["intervals"] = intervals_of(dense_sums, sums)
+        return entry
+
     for name, ratio in tqdm(jobs, desc="expert quality", disable=not progress):
         if name in merges:
             merge = merges[name](ratio)
             with lp.merged_experts(model, merge):
                 metrics = evaluate(model)
-            out["rows"].append({"criterion": name, "allocation": "merge", "ratio": ratio, "metrics": metrics,
-                                "pruned_per_layer": _pruned_per_layer(merge.expert_plan())})
+            out["rows"].append(row(name, "merge", ratio, metrics, merge.expert_plan()))
             continue
         if name.startswith("random:"):
             seed = int(name.split(":")[1])
@@ -127,10 +148,10 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
         with lp.mask_experts(model, plan):
             metrics = evaluate(model)
         if name.startswith("random:"):
+            metrics = {k: v for k, v in metrics.items() if k != ROW_SUMS}
             out["random"].setdefault(str(ratio), {"seeds": []})["seeds"].append(metrics)
         else:
-            out["rows"].append({"criterion": name, "allocation": allocation, "ratio": ratio, "metrics": metrics,
-                                "pruned_per_layer": _pruned_per_layer(plan)})
+            out["rows"].append(row(name, allocation, ratio, metrics, plan))
     for entry in out["random"].values():
         entry["summary"] = summarise(entry["seeds"])
     return out

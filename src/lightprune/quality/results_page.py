@@ -16,16 +16,10 @@ from typing import Any
 
 from lightprune.quality.bench_section import benchmarks_markdown
 from lightprune.quality.expert_quality import summarise
+from lightprune.quality.intervals import RESAMPLES, retention
 from lightprune.quality.width_quality import mwop_markdown, plot_mwop
 
 __all__ = ["retention", "write_results"]
-
-
-def retention(metric: str, value: float, dense: float) -> float:
-    """100 x value / dense for accuracies, 100 x dense / value for perplexities (``ppl*``)."""
-    if metric.startswith("ppl"):
-        return 100.0 * dense / value
-    return 100.0 * value / dense if dense else float("nan")
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -65,13 +59,22 @@ def _metric_table(result: Mapping[str, Any], columns: list[tuple[str, str, int]]
     return "\n".join(lines)
 
 
+def _retention_cell(row: Mapping[str, Any], metric: str, dense: float) -> str:
+    """The row's retention of ``metric``, with its bootstrap interval when it was measured with one."""
+    cell = _fmt(retention(metric, row["metrics"][metric], dense))
+    interval = row.get("intervals", {}).get(metric)
+    return f"{cell} [{_fmt(interval[0])}, {_fmt(interval[1])}]" if interval else cell
+
+
 def _retention_table(result: Mapping[str, Any], metrics: list[str]) -> str:
+    """One row per criterion: retention per ratio and metric (with its 95% bootstrap interval when measured);
+    random last, as mean [min, max] over its seeds."""
     ratios = _ratios(result)
     head = ["criterion"] + [f"{m} retention @{int(r * 100)}%" for r in ratios for m in metrics]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     dense = result["dense"]
     for name, by_ratio in _by_criterion(result).items():
-        cells = [_fmt(retention(m, by_ratio[r]["metrics"][m], dense[m])) for r in ratios for m in metrics]
+        cells = [_retention_cell(by_ratio[r], m, dense[m]) for r in ratios for m in metrics]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     cells = []
     for r in ratios:
@@ -79,6 +82,10 @@ def _retention_table(result: Mapping[str, Any], metrics: list[str]) -> str:
             vals = [retention(m, s[m], dense[m]) for s in result["random"][str(r)]["seeds"]]
             cells.append(f"{_fmt(sum(vals) / len(vals))} [{_fmt(min(vals))}, {_fmt(max(vals))}]")
     lines.append("| random (mean [min, max]) | " + " | ".join(cells) + " |")
+    if any("intervals" in row for row in result["rows"]):
+        lines += ["", f"[low, high] after a criterion: the 95% paired bootstrap interval of its retention over the "
+                  f"evaluation rows ({RESAMPLES} resamples, the same for every row: lightprune.quality.intervals); "
+                  "random's brackets are its min and max over seeds."]
     return "\n".join(lines)
 
 
@@ -88,7 +95,7 @@ def _summary(result: Mapping[str, Any], metric: str) -> str:
     out = []
     for r in _ratios(result):
         kept = {name: retention(metric, by[r]["metrics"][metric], dense) for name, by in _by_criterion(result).items()
-                if name != "anti_reap"}
+                if not name.startswith("anti_")}
         vals = [retention(metric, s[metric], dense) for s in result["random"][str(r)]["seeds"]]
         best = max(kept, key=kept.get)
         worst = min(kept, key=kept.get)

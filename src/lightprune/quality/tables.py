@@ -9,7 +9,9 @@ Evaluation splits are never the calibration split.
 
 Metrics. Text testbed, on the test split: perplexity overall and per domain (every token) and
 next-token accuracy. Multimodal testbed, on the val split: answer accuracy per image task (every
-answer token right, teacher forced) and the perplexity of the text rows' completions.
+answer token right, teacher forced, end-of-turn markers not counted) and the perplexity of the text
+rows' completions. Both evaluations return their per-row sums, so every row gets bootstrap intervals
+of its retention (:mod:`lightprune.quality.intervals`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from lightprune.batch import model_inputs
 from lightprune.data.rows import read_jsonl
+from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.experts.calibration import DEFAULT_CRITERIA
 from lightprune.quality.expert_quality import (
     MERGE_STATISTICS,
@@ -31,11 +34,13 @@ from lightprune.quality.expert_quality import (
     router_sensitivity,
     stability,
 )
+from lightprune.quality.intervals import ROW_SUMS, metric_value
 from lightprune.quality.width_quality import mwop_quality
 from lightprune.testbed.text_corpus import build_text_corpus, rows_by_domain
 from lightprune.testbed.text_moe import TEXT_TESTBEDS, corpus_datamodule, text_testbed
-from lightprune.testbed.training import encode_batches, next_token_metrics
-from lightprune.testbed.vqa_models import VQA_TESTBEDS, answer_accuracy, datamodule, vqa_testbed
+from lightprune.testbed.training import encode_batches, next_token_row_sums
+from lightprune.testbed.vqa_models import VQA_TESTBEDS, datamodule, vqa_testbed
+from lightprune.width.retention import answer_row_sums
 
 __all__ = ["mllm_tables", "mwop_tables", "text_tables"]
 
@@ -56,6 +61,18 @@ def _testbed_record(folder, preset: str, quality: str) -> dict[str, Any]:
     training = json.loads((folder / "training.json").read_text())
     return {"preset": preset, "folder": str(folder), "parameters": training["parameters"],
             "train_seconds": training["train_seconds"], "spec": training["spec"], quality: training[quality]}
+
+
+def _with_row_sums(sums: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+    """Each metric's value from its row sums (:func:`~lightprune.quality.intervals.metric_value`), and the sums
+    themselves under :data:`~lightprune.quality.intervals.ROW_SUMS`."""
+    out: dict[str, Any] = {m: float(metric_value(m, *s)) for m, s in sums.items()}
+    out[ROW_SUMS] = sums
+    return out
+
+
+def _next_token_sums(sums: dict, suffix: str, nll: torch.Tensor, right: torch.Tensor, count: torch.Tensor) -> None:
+    sums[f"ppl{suffix}"], sums[f"acc{suffix}"] = (nll, count), (right, count)
 
 
 def routing_balance_record(stats) -> dict[str, Any]:
@@ -87,12 +104,13 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
              "code": corpus.files["calibration-code"]}
     calib_batches = {k: _inputs(_text_batches(dm, p, calibration_rows)) for k, p in calib.items()}
 
-    def evaluate(m: torch.nn.Module) -> dict[str, float]:
-        out = {}
-        for domain, batches in eval_batches.items():
-            out[f"ppl_{domain}"], out[f"acc_{domain}"] = next_token_metrics(m, batches)
-        out["ppl"], out["acc"] = next_token_metrics(m, [b for bs in eval_batches.values() for b in bs])
-        return out
+    def evaluate(m: torch.nn.Module) -> dict[str, Any]:
+        sums: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        rows = {domain: next_token_row_sums(m, batches) for domain, batches in eval_batches.items()}
+        for domain, (nll, right, count) in rows.items():
+            _next_token_sums(sums, f"_{domain}", nll, right, count)
+        _next_token_sums(sums, "", *(torch.cat([r[i] for r in rows.values()]) for i in range(3)))
+        return _with_row_sums(sums)
 
     stats = lp.collect_expert_stats(model, calib_batches["mixed"], subsets=("all",), progress=progress,
                                     criteria=DEFAULT_CRITERIA + MERGE_STATISTICS)
@@ -136,12 +154,21 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
     calib_digits = _inputs(dm.dataloader("calibration", tasks=["digit"]))
     calib_charts = _inputs(dm.dataloader("calibration", tasks=[t for t in image_tasks if t.startswith("chart")]))
 
-    def evaluate(m: torch.nn.Module) -> dict[str, float]:
-        out = {f"acc_{t}": v for t, v in answer_accuracy(m, val_image, names).items()}
-        out["acc_image"] = sum(out[f"acc_{t}"] for t in image_tasks) / len(image_tasks)
+    end_ids = end_of_turn_ids(dm)
+
+    def evaluate(m: torch.nn.Module) -> dict[str, Any]:
+        rows = answer_row_sums(m, val_image, len(names), end_ids)
+        image = torch.zeros_like(rows["task"], dtype=torch.bool)
+        sums: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for t in image_tasks:
+            mine = rows["task"] == names.index(t)
+            image |= mine
+            sums[f"acc_{t}"] = (rows["exact"][mine], rows["answered"][mine])
+        # every image row pooled: with the val split's equal rows per task, the mean of the tasks' accuracies
+        sums["acc_image"] = (rows["exact"][image], rows["answered"][image])
         if val_text:
-            out["ppl_text"], out["acc_text"] = next_token_metrics(m, val_text)
-        return out
+            _next_token_sums(sums, "_text", *next_token_row_sums(m, val_text))
+        return _with_row_sums(sums)
 
     subsets = ("all", "text", "vision", "vision_low_attn", "vision_high_attn")
     stats = lp.collect_expert_stats(model, calib_all, subsets=subsets, progress=progress,

@@ -13,11 +13,17 @@ Testbed VQA datamodule:
    plans rank the same units by uniform scores (:func:`~lightprune.width.select.random_scores`, seeds
    0 .. ``random_seeds`` - 1) at the same ratios;
 3. every plan is evaluated under :func:`~lightprune.width.mask.mask_width` on the ``val`` split, teacher
-   forced, as the staged search does (:func:`~lightprune.width.retention.evaluate_tasks`):
+   forced, as the staged search does, end-of-turn markers not counted as answer tokens
+   (:func:`~lightprune.width.retention.answer_row_sums`):
 
        acc_f        per task family f (``metric``: answer-token accuracy, whole-answer match or probability)
        ATR          = mean over families f with acc_f(dense) > 0 of 100 * acc_f(plan) / acc_f(dense)
-       FLOPs frac.  = decoder_flops(config, V, T, plan, align).fraction          (appendix D.4)
+       loss_f       the answer tokens' mean negative log-likelihood (nats), a continuous score beside acc_f
+       answer-ppl ATR = mean over the same families of 100 * exp(loss_f(dense) - loss_f(plan))
+       FLOPs frac.  = decoder_flops(config, V, T, plan, align).fraction at ``align`` and at 1   (appendix D.4)
+
+   with 95% paired bootstrap intervals of both ATRs over the val rows
+   (:func:`~lightprune.quality.intervals.task_mean_retention_interval`);
 
    with (V, T) the val split's mean vision (image placeholder) and text tokens per sample, system tokens
    (those before a sample's first image token) and padding excluded, rounded to integers, as the search
@@ -38,14 +44,16 @@ from typing import Any, Mapping
 import torch
 
 from lightprune.checks import check_positive_int
+from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.models.unwrap import base_model_of
 from lightprune.quality.expert_quality import spread
+from lightprune.quality.intervals import task_mean_retention_interval
 from lightprune.width.flops import decoder_flops
 from lightprune.width.mask import mask_width
 from lightprune.width.modality import token_profile
 from lightprune.width.paths import PATHS
 from lightprune.width.plan import WIDTH_UNITS, WidthPlan
-from lightprune.width.retention import METRICS, evaluate_tasks, retention
+from lightprune.width.retention import METRIC_SUMS, METRICS, answer_row_sums, retention, task_scores
 from lightprune.width.select import random_scores, select_channels, select_paths
 from lightprune.width.taylor import taylor_importance
 
@@ -120,13 +128,15 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
         progress: a bar over the evaluations (None: when stderr is a terminal).
 
     Returns:
-        ``{"metric", "align", "task_names", "profile", "reference", "scores", "rows"}``; every row has
-        ``operating_point``, ``method`` (``dense``, ``taylor`` or ``random``), ``ratios``; dense and taylor
-        rows ``flops_fraction``, ``atr``, ``per_task_accuracy``, ``per_task_retention``, ``excluded``,
-        ``pruned`` (the share of every unit) and ``plan`` (``WidthPlan.to_dict``); random rows ``seeds``,
-        ``per_seed`` (those fields per seed) and mean / std (sample) / min / max of ``atr``,
-        ``flops_fraction`` and ``per_task_accuracy``. NaN (a task without samples, or without a defined
-        retention) is written as None.
+        ``{"metric", "align", "task_names", "profile", "val_rows_per_task", "end_of_turn_ids", "reference",
+        "scores", "rows"}``; every row has ``operating_point``, ``method`` (``dense``, ``taylor`` or
+        ``random``), ``ratios``; dense and taylor rows ``flops_fraction`` (at ``align``),
+        ``flops_fraction_align_1``, ``atr`` and ``atr_interval``, ``answer_ppl_atr`` and
+        ``answer_ppl_atr_interval``, ``per_task_accuracy``, ``per_task_answer_loss``, ``per_task_retention``,
+        ``excluded``, ``pruned`` (the share of every unit) and ``plan`` (``WidthPlan.to_dict``); random rows
+        ``seeds``, ``per_seed`` (those fields per seed) and mean / std (sample) / min / max of ``atr``,
+        ``answer_ppl_atr``, both FLOPs fractions and ``per_task_accuracy``. NaN (a task without samples, or
+        without a defined retention) is written as None.
     """
     from tqdm.auto import tqdm
 
@@ -156,21 +166,37 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
 
     bar = tqdm(total=1 + len(points) * (1 + random_seeds), desc="MWOP quality", unit="eval", disable=not show)
 
-    def evaluate(plan: WidthPlan | None, label: str) -> torch.Tensor:
+    end_ids = end_of_turn_ids(dm)
+    num, den = METRIC_SUMS[metric]
+
+    def evaluate(plan: WidthPlan | None, label: str) -> dict[str, torch.Tensor]:
         bar.set_postfix_str(label)
         if plan is None:
-            scores = evaluate_tasks(model, val, len(names), metric)
+            rows = answer_row_sums(model, val, len(names), end_ids)
         else:
             with mask_width(model, plan):
-                scores = evaluate_tasks(model, val, len(names), metric)
+                rows = answer_row_sums(model, val, len(names), end_ids)
         bar.update(1)
-        return scores
+        return rows
 
-    def row(plan: WidthPlan, scores: torch.Tensor, reference: torch.Tensor) -> dict[str, Any]:
+    def row(plan: WidthPlan, rows: dict[str, torch.Tensor], dense: dict[str, torch.Tensor]) -> dict[str, Any]:
+        scores, reference = task_scores(rows, len(names), metric), task_scores(dense, len(names), metric)
         kept = retention(scores, reference, names)
+        loss = _task_loss(rows, len(names))
+        include = torch.tensor([n not in kept.excluded for n in names])
+        ppl_kept = [100.0 * math.exp(d - v) for d, v, keep in zip(_task_loss(dense, len(names)), loss, include)
+                    if keep and d == d and v == v]
+        tasks = rows["task"]
         return {"flops_fraction": decoder_flops(config, V, T, plan=plan, align=align).fraction,
+                "flops_fraction_align_1": decoder_flops(config, V, T, plan=plan, align=1).fraction,
                 "atr": kept.atr,
+                "atr_interval": task_mean_retention_interval("acc", tasks, (dense[num], dense[den]),
+                                                             (rows[num], rows[den]), include),
+                "answer_ppl_atr": sum(ppl_kept) / len(ppl_kept) if ppl_kept else None,
+                "answer_ppl_atr_interval": task_mean_retention_interval(
+                    "ppl", tasks, (dense["nll"], dense["tokens"]), (rows["nll"], rows["tokens"]), include),
                 "per_task_accuracy": {n: _nan_to_none(s) for n, s in zip(names, scores.tolist())},
+                "per_task_answer_loss": {n: _nan_to_none(v) for n, v in zip(names, loss)},
                 "per_task_retention": {n: _nan_to_none(v) for n, v in kept.per_task.items()},
                 "excluded": list(kept.excluded),
                 "pruned": {u: plan.pruned_fraction(u) for u in WIDTH_UNITS},
@@ -206,16 +232,33 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
             rows.append({"operating_point": name, "method": "random", "ratios": dict(ratios),
                          "seeds": list(range(random_seeds)),
                          "atr": spread([r["atr"] for r in per_seed]),
+                         "answer_ppl_atr": spread([r["answer_ppl_atr"] for r in per_seed]),
                          "flops_fraction": spread([r["flops_fraction"] for r in per_seed]),
+                         "flops_fraction_align_1": spread([r["flops_fraction_align_1"] for r in per_seed]),
                          "per_task_accuracy": {n: spread([r["per_task_accuracy"][n] for r in per_seed])
                                                for n in names},
                          "per_seed": per_seed})
     finally:
         bar.close()
     return {"metric": metric, "align": align, "task_names": names, "profile": profile,
-            "calibration_samples": attn.num_samples,
-            "reference": {n: _nan_to_none(s) for n, s in zip(names, reference.tolist())},
+            "calibration_samples": attn.num_samples, "val_rows_per_task": _rows_per_task(reference, names),
+            "end_of_turn_ids": list(end_ids),
+            "reference": {n: _nan_to_none(s)
+                          for n, s in zip(names, task_scores(reference, len(names), metric).tolist())},
             "scores": scores_out, "rows": rows}
+
+
+def _task_loss(rows: Mapping[str, torch.Tensor], num_tasks: int) -> list[float]:
+    """Per task, the answer tokens' mean negative log-likelihood (NaN: no answer tokens)."""
+    tasks = rows["task"].long()
+    nll = torch.zeros(num_tasks, dtype=torch.float64).index_add_(0, tasks, rows["nll"])
+    tokens = torch.zeros(num_tasks, dtype=torch.float64).index_add_(0, tasks, rows["tokens"])
+    return (nll / tokens).tolist()
+
+
+def _rows_per_task(rows: Mapping[str, torch.Tensor], names: list[str]) -> dict[str, int]:
+    counts = torch.bincount(rows["task"].long(), minlength=len(names)).tolist()
+    return dict(zip(names, counts))
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -241,23 +284,37 @@ def mwop_markdown(result: Mapping[str, Any]) -> str:
     Random rows read ``mean ± std [min, max]`` over the seeds.
     """
     names = list(result["task_names"])
-    head = ["operating point", "ratios", "method", "FLOPs fraction", "ATR (%)"] + [f"{n} acc. (%)" for n in names]
+    align = result["align"]
+    new = "answer_ppl_atr" in result["rows"][0]  # results measured before the answer loss was recorded lack it
+    head = ["operating point", "ratios", "method", f"FLOPs fraction (align {align})"]
+    head += ["FLOPs fraction (align 1)", "ATR (%) [95% CI]", "answer-ppl ATR (%) [95% CI]"] if new else ["ATR (%)"]
+    head += [f"{n} acc. (%)" for n in names]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + "|"]
+    with_ci = lambda value, ci: f"{_num(value, 1)} [{_num(ci[0], 1)}, {_num(ci[1], 1)}]"  # noqa: E731
     for r in result["rows"]:
         label = r["method"] if r["method"] != "random" else f"random ({len(r['seeds'])} seeds)"
         cells = [r["operating_point"], _ratios(r["ratios"]), label]
         if r["method"] == "random":
-            cells += [_spread(r["flops_fraction"], 3), _spread(r["atr"], 1)]
+            cells += [_spread(r["flops_fraction"], 3)]
+            cells += [_spread(r["flops_fraction_align_1"], 3), _spread(r["atr"], 1),
+                      _spread(r["answer_ppl_atr"], 1)] if new else [_spread(r["atr"], 1)]
             cells += [_spread(r["per_task_accuracy"][n], 1, 100.0) for n in names]
         else:
-            cells += [_num(r["flops_fraction"], 3), _num(r["atr"], 1)]
+            cells += [_num(r["flops_fraction"], 3)]
+            cells += [_num(r["flops_fraction_align_1"], 3), with_ci(r["atr"], r["atr_interval"]),
+                      with_ci(r["answer_ppl_atr"], r["answer_ppl_atr_interval"])] if new else [_num(r["atr"], 1)]
             cells += [_num(None if r["per_task_accuracy"][n] is None else 100.0 * r["per_task_accuracy"][n], 1)
                       for n in names]
         lines.append("| " + " | ".join(cells) + " |")
     p = result["profile"]
-    lines += ["", f"Training-free (no recovery); metric `{result['metric']}`; ATR over the tasks with a non-zero "
-              f"dense score; FLOPs: decoder prefill at (V, T) = ({p['vision_tokens']}, {p['text_tokens']}), "
-              f"FFN alignment {result['align']}."]
+    rows = result.get("val_rows_per_task")
+    lines += ["", f"Training-free (no recovery); metric `{result['metric']}`, end-of-turn markers not counted as "
+              "answer tokens; ATR over the tasks with a non-zero dense score; answer-ppl ATR: the mean over the same "
+              "tasks of 100 x exp(dense answer loss - plan answer loss), the answer tokens' mean negative "
+              "log-likelihood, a continuous score beside the accuracy; [95% CI]: paired bootstrap over the val rows"
+              + (f" ({', '.join(f'{n} {c}' for n, c in rows.items())} rows)" if rows else "") + "; random rows: "
+              f"mean ± std [min, max] over seeds. FLOPs: decoder prefill at (V, T) = ({p['vision_tokens']}, "
+              f"{p['text_tokens']}), FFN channels counted in blocks of {align} and of 1."]
     return "\n".join(lines) + "\n"
 
 

@@ -34,7 +34,7 @@ from lightprune.finetune import MoECausalLM
 from lightprune.finetune.progress import progress_bar
 
 __all__ = ["LossCurve", "cache_root", "cached_testbed", "encode_batches", "fit_from_init", "isolated_rng",
-           "next_token_metrics", "spec_digest"]
+           "next_token_metrics", "next_token_row_sums", "spec_digest"]
 
 _MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
@@ -144,21 +144,29 @@ def encode_batches(datamodule, rows: Sequence[Any], max_batches: int | None = No
     return [collate(datamodule.encode_rows(list(rows[i:i + size]))) for i in starts]
 
 
-def next_token_metrics(model, batches: Sequence[dict[str, Any]]) -> tuple[float, float]:
-    """(perplexity, next-token accuracy) over the labelled positions of ``batches``."""
+def next_token_row_sums(model, batches: Sequence[dict[str, Any]]):
+    """Per row of ``batches`` (in order): (negative log-likelihood sum, right next-token argmaxes, labelled
+    positions), float64 tensors [rows]."""
     import torch
 
-
-    nll, right, count = 0.0, 0, 0
+    nll, right, count = [], [], []
     model.eval()
     with torch.no_grad():
         for batch in batches:
             logits = model(**model_inputs(batch)).logits[:, :-1].float()
             labels = batch["labels"][:, 1:]
             keep = labels != -100
-            nll += float(torch.nn.functional.cross_entropy(logits[keep], labels[keep], reduction="sum"))
-            right += int((logits.argmax(-1)[keep] == labels[keep]).sum())
-            count += int(keep.sum())
-    if count == 0:
+            token_nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels.clamp_min(0),
+                                                          reduction="none")
+            nll.append((token_nll.double() * keep).sum(dim=1))
+            right.append(((logits.argmax(-1) == labels) & keep).sum(dim=1).double())
+            count.append(keep.sum(dim=1).double())
+    if not count or float(torch.cat(count).sum()) == 0:
         raise ValueError("no labelled positions to evaluate")
-    return math.exp(nll / count), right / count
+    return torch.cat(nll), torch.cat(right), torch.cat(count)
+
+
+def next_token_metrics(model, batches: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    """(perplexity, next-token accuracy) over the labelled positions of ``batches``."""
+    nll, right, count = next_token_row_sums(model, batches)
+    return math.exp(float(nll.sum() / count.sum())), float(right.sum() / count.sum())

@@ -33,7 +33,8 @@ from torchmetrics import Metric
 from lightprune.batch import model_inputs
 from lightprune.choices import RETENTION_METRICS
 
-__all__ = ["TaskAccuracy", "answer_mask", "answer_row_sums", "evaluate_tasks", "Retention", "retention", "METRICS"]
+__all__ = ["TaskAccuracy", "answer_mask", "answer_row_sums", "evaluate_tasks", "Retention", "retention", "METRICS",
+           "METRIC_SUMS", "task_scores"]
 
 METRICS = RETENTION_METRICS
 
@@ -132,12 +133,14 @@ def answer_row_sums(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]]
                     end_ids: Sequence[int] = ()) -> dict[str, torch.Tensor]:
     """Per row of ``batches`` (in order), teacher forced, float64 [rows] on the CPU: ``task`` (its task id),
     ``tokens`` (answer tokens, :func:`answer_mask`), ``right`` (those whose argmax is right), ``exact`` (1 when
-    the row has answer tokens and every one is right), ``answered`` (1 when it has answer tokens) and ``nll`` (the
-    answer tokens' negative log-likelihood sum, float32 log-softmax). Model left in its mode."""
+    the row has answer tokens and every one is right), ``answered`` (1 when it has answer tokens), ``nll`` (the
+    answer tokens' negative log-likelihood sum, float32 log-softmax) and ``prob`` (the sum of the probabilities of
+    the right answer tokens). Model left in its mode."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    rows: dict[str, list[torch.Tensor]] = {k: [] for k in ("task", "tokens", "right", "exact", "answered", "nll")}
+    rows: dict[str, list[torch.Tensor]] = {k: [] for k in ("task", "tokens", "right", "exact", "answered", "nll",
+                                                           "prob")}
     try:
         for batch in batches:
             if "labels" not in batch:
@@ -151,7 +154,7 @@ def answer_row_sums(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]]
             answered = answer.any(1)
             values = {"task": _task_ids(labels, batch.get("task_ids"), num_tasks), "tokens": answer.sum(1),
                       "right": hit.sum(1), "exact": (hit == answer).all(1) & answered, "answered": answered,
-                      "nll": (nll.double() * answer).sum(1)}
+                      "nll": (nll.double() * answer).sum(1), "prob": ((-nll.double()).exp() * answer).sum(1)}
             for key, value in values.items():
                 rows[key].append(value.double().cpu())
     finally:
@@ -160,6 +163,22 @@ def answer_row_sums(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]]
     if float(out["tokens"].sum()) == 0:
         raise ValueError("evaluation set is empty: no answer tokens (labels != -100) in any batch")
     return out
+
+
+#: the keys of :func:`answer_row_sums` whose ratio is each metric's score (numerator, denominator)
+METRIC_SUMS: dict[str, tuple[str, str]] = {"token": ("right", "tokens"), "exact": ("exact", "answered"),
+                                           "prob": ("prob", "tokens")}
+
+
+def task_scores(rows: Mapping[str, torch.Tensor], num_tasks: int, metric: str) -> torch.Tensor:
+    """Per task, ``metric``'s score from :func:`answer_row_sums` (float64 [num_tasks], NaN: no rows), as
+    :class:`TaskAccuracy` computes it."""
+    num, den = METRIC_SUMS[metric]
+    tasks = rows["task"].long()
+    sums = torch.zeros(2, num_tasks, dtype=torch.float64)
+    sums[0].index_add_(0, tasks, rows[num].double())
+    sums[1].index_add_(0, tasks, rows[den].double())
+    return sums[0] / sums[1]
 
 
 @dataclass

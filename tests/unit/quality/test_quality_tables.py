@@ -39,20 +39,27 @@ def page(testbed_root: Path, tmp_path_factory) -> tuple[Path, dict]:
 
 def _ppl_of_pruned(model, plan, testbed_root: Path, rows_per_domain: int) -> float:
     """exp(summed next-token CE / tokens) of the physically pruned model over the first test rows of each domain."""
+    nll, count = _rows_of_pruned(model, plan, testbed_root, rows_per_domain)
+    return math.exp(float(nll.sum() / count.sum()))
+
+
+def _rows_of_pruned(model, plan, testbed_root: Path, rows_per_domain: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per test row (the first of each domain, prose then code), one at a time without padding: the physically
+    pruned model's summed next-token CE and the row's predicted tokens."""
     pruned = copy.deepcopy(model)
     lp.prune_experts(pruned, plan)
     corpus = build_text_corpus(MICRO.corpus, testbed_root)
     tokenizer = corpus_datamodule(MICRO, corpus).tokenizer
     rows = [json.loads(line) for line in corpus.files["test"].read_text().splitlines()]
-    nll, count = 0.0, 0
+    nll, count = [], []
     for domain in ("prose", "code"):
         for row in [r for r in rows if r["domain"] == domain][:rows_per_domain]:
             ids = torch.tensor([(tokenizer(row["text"])["input_ids"] + [tokenizer.eos_token_id])[: MICRO.max_length]])
             with torch.no_grad():
                 logits = pruned(input_ids=ids).logits[0, :-1]
-            nll += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
-            count += ids.shape[1] - 1
-    return math.exp(nll / count)
+            nll.append(float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum")))
+            count.append(ids.shape[1] - 1)
+    return torch.tensor(nll, dtype=torch.float64), torch.tensor(count, dtype=torch.float64)
 
 
 def test_text_rows_equal_physically_pruned_models(page, testbed_root: Path) -> None:
@@ -65,6 +72,43 @@ def test_text_rows_equal_physically_pruned_models(page, testbed_root: Path) -> N
         assert row["metrics"]["ppl"] == pytest.approx(_ppl_of_pruned(model, plan, testbed_root, 4), rel=1e-4)
     dense_plan = lp.select_experts(lp.score_weights(model, "aimer"), 0.0)
     assert text["dense"]["ppl"] == pytest.approx(_ppl_of_pruned(model, dense_plan, testbed_root, 4), rel=1e-4)
+
+
+def test_every_row_carries_the_bootstrap_interval_of_its_physically_pruned_model(page, testbed_root: Path) -> None:
+    from lightprune.quality.intervals import retention_interval
+
+    out, data = page
+    text = data["text"]
+    model = lp.load_pruned(text_testbed("micro", testbed_root) / "model").eval()
+    dense = _rows_of_pruned(model, lp.select_experts(lp.score_weights(model, "aimer"), 0.0), testbed_root, 4)
+    md = (out / "RESULTS.md").read_text()
+    for row in (r for r in text["rows"] if r["criterion"] == "aimer"):
+        pruned = _rows_of_pruned(model, lp.select_experts(lp.score_weights(model, "aimer"), row["ratio"]),
+                                 testbed_root, 4)
+        expected = retention_interval("ppl", dense, pruned)
+        assert row["intervals"]["ppl"] == pytest.approx(expected, rel=1e-3)
+        point = retention("ppl", row["metrics"]["ppl"], text["dense"]["ppl"])
+        assert expected[0] <= point <= expected[1] and expected[0] < expected[1]
+        line = next(x for x in md.splitlines() if x.startswith("| aimer | ") and "uniform" not in x)
+        assert f"{point:.1f} [{row['intervals']['ppl'][0]:.1f}, {row['intervals']['ppl'][1]:.1f}]" in line
+    for part, metrics in (("text", {"ppl", "ppl_prose", "ppl_code", "acc", "acc_prose", "acc_code"}),
+                          ("mllm", {"acc_image", "acc_digit", "acc_chart_tallest", "acc_chart_count", "ppl_text"})):
+        assert all(metrics <= set(r["intervals"]) for r in data[part]["rows"]), part
+
+
+def test_anti_orderings_prune_what_their_criterion_keeps(page, testbed_root: Path) -> None:
+    _, data = page
+    for part in ("text", "mllm"):
+        names = {r["criterion"] for r in data[part]["rows"]}
+        assert {"anti_reap", "anti_aimer", "anti_router_sensitivity"} <= names, part
+    model = lp.load_pruned(text_testbed("micro", testbed_root) / "model").eval()
+    aimer = lp.score_weights(model, "aimer")
+    for row in (r for r in data["text"]["rows"] if r["criterion"] == "anti_aimer"):
+        plan = lp.select_experts(type(aimer)({l: -v for l, v in aimer.items()}, aimer.limits), row["ratio"])
+        for layer, pruned in plan.pruned().items():  # the highest AIMER scores of every layer
+            order = sorted(range(len(aimer[layer])), key=lambda e: float(aimer[layer][e]))
+            assert sorted(pruned) == sorted(order[len(order) - len(pruned):])
+        assert row["metrics"]["ppl"] == pytest.approx(_ppl_of_pruned(model, plan, testbed_root, 4), rel=1e-4)
 
 
 def test_every_uniform_row_prunes_the_ratio_of_every_layer_and_global_rows_the_ratio_overall(page) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import statistics
 
 import pytest
@@ -67,22 +68,33 @@ def test_dense_row(result, testbed):
     assert dense["flops_fraction"] == 1.0
     assert all(v == 0.0 for v in dense["pruned"].values())
     # teacher-forced answer-token accuracy per task, by hand
+    # the answer tokens: labelled, less the end-of-turn marker and the labelled newline after it
+    end = dm.processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
     hits = torch.zeros(len(dm.task_names), dtype=torch.float64)
-    total = torch.zeros_like(hits)
+    total, nll = torch.zeros_like(hits), torch.zeros_like(hits)
     model.eval()
     with torch.no_grad():
         for batch in dm.dataloader("val"):
             inputs = {k: v for k, v in batch.items() if k not in ("labels", "task_ids")}
-            pred = model(**inputs).logits[:, :-1].argmax(-1)
+            logp = torch.log_softmax(model(**inputs).logits[:, :-1].double(), -1)
             target = batch["labels"][:, 1:]
-            answer = target != -100
             for b, task in enumerate(batch["task_ids"].tolist()):
-                hits[task] += int(((pred[b] == target[b]) & answer[b]).sum())
-                total[task] += int(answer[b].sum())
+                previous_end = False
+                for t, label in enumerate(target[b].tolist()):
+                    if label == -100 or label == end or previous_end:
+                        previous_end = label == end
+                        continue
+                    hits[task] += int(logp[b, t].argmax()) == label
+                    total[task] += 1
+                    nll[task] -= float(logp[b, t, label])
     assert (total > 0).all()
     expected = (hits / total).tolist()
     got = [dense["per_task_accuracy"][n] for n in dm.task_names]
     assert got == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert result["end_of_turn_ids"] == [end]
+    loss = [dense["per_task_answer_loss"][n] for n in dm.task_names]
+    assert loss == pytest.approx((nll / total).tolist(), rel=1e-5)
+    assert dense["atr_interval"] == pytest.approx([100.0, 100.0]) and dense["answer_ppl_atr"] == pytest.approx(100.0)
     assert [result["reference"][n] for n in dm.task_names] == got
     assert result["task_names"] == list(dm.task_names)
 
@@ -95,6 +107,14 @@ def test_retention_from_accuracies(result):
         per_task = {n: 100.0 * row["per_task_accuracy"][n] / reference[n] for n in defined}
         assert row["atr"] == pytest.approx(statistics.fmean(per_task.values()), rel=1e-12)
         assert sorted(row["excluded"]) == sorted(set(reference) - set(defined))
+        dense_loss = _rows(result, "dense")["dense"]["per_task_answer_loss"]
+        kept = [100.0 * math.exp(dense_loss[n] - row["per_task_answer_loss"][n]) for n in defined]
+        assert row["answer_ppl_atr"] == pytest.approx(statistics.fmean(kept), rel=1e-12)
+        for key in ("atr", "answer_ppl_atr"):  # the bootstrap interval brackets the point
+            low, high = row[f"{key}_interval"]
+            assert low - 1e-9 <= row[key] <= high + 1e-9, key
+        low, high = row["answer_ppl_atr_interval"]  # a continuous score: resampled rows move it, unless the plan
+        assert low < high or low == high == pytest.approx(row["answer_ppl_atr"])  # leaves every answer as it was
 
 
 def test_token_profile_and_flops(result, testbed):
@@ -119,6 +139,9 @@ def test_token_profile_and_flops(result, testbed):
             flops = lp.decoder_flops(model.config, profile["vision_tokens"], profile["text_tokens"], plan=plan,
                                      align=ALIGN)
             assert entry["flops_fraction"] == flops.fraction
+            every_channel = lp.decoder_flops(model.config, profile["vision_tokens"], profile["text_tokens"],
+                                             plan=plan, align=1)
+            assert entry["flops_fraction_align_1"] == every_channel.fraction
             assert (entry["flops_fraction"] < 1.0) == (row["method"] != "dense")
     for name, row in _rows(result, "random").items():
         fractions = [e["flops_fraction"] for e in row["per_seed"]]
@@ -197,10 +220,13 @@ def test_markdown_and_plot(result, tmp_path):
     text = mwop_markdown(result)
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 1 + 2 * len(PAPER_OPERATING_POINTS)  # header, dense, taylor + random per point
-    assert all(n in table[0] for n in result["task_names"]) and "ATR (%)" in table[0]
+    assert all(n in table[0] for n in result["task_names"]) and "ATR (%) [95% CI]" in table[0]
     llava = _rows(result, "taylor")["LLaVA-OneVision-7B"]
-    assert f"{llava['flops_fraction']:.3f} | {llava['atr']:.1f}" in text
-    assert f"random ({SEEDS} seeds)" in text and "| dense | - | dense | 1.000 | 100.0 |" in text
+    low, high = llava["atr_interval"]
+    assert (f"{llava['flops_fraction']:.3f} | {llava['flops_fraction_align_1']:.3f} | {llava['atr']:.1f} "
+            f"[{low:.1f}, {high:.1f}] | {llava['answer_ppl_atr']:.1f} [") in text
+    assert f"random ({SEEDS} seeds)" in text
+    assert "| dense | - | dense | 1.000 | 1.000 | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] |" in text
     path = plot_mwop(result, tmp_path / "sub" / "mwop.png")
     with Image.open(path) as image:
         assert image.format == "PNG" and image.size[0] > 100

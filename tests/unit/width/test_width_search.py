@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lightprune.width.retention import TaskAccuracy, answer_mask, answer_row_sums, retention
+from lightprune.width.retention import TaskAccuracy, answer_mask, answer_row_sums, retention, task_scores
 from lightprune.width.search import Candidate, StagedSearch
 
 GRID = (0.0, 0.2, 0.4, 0.6, 0.8)
@@ -158,13 +158,14 @@ def test_answer_row_sums_agree_with_task_accuracy_and_cross_entropy():
                for i in range(2)]
     rows = answer_row_sums(_Logits(logits), batches, 2, end_ids=(END,))
     assert rows["task"].tolist() == [0, 1, 0, 1] and rows["tokens"].tolist() == [2, 1, 2, 2]
-    for metric, key in (("token", "right"), ("exact", "exact")):
+    for metric, key in (("token", "right"), ("exact", "exact"), ("prob", "prob")):
         acc = TaskAccuracy(2, metric, end_ids=(END,))
         for lg, batch in zip(logits, batches):
             acc.update(lg, batch["labels"], batch["task_ids"])
-        den = rows["tokens"] if metric == "token" else rows["answered"]
+        den = rows["answered"] if metric == "exact" else rows["tokens"]
         by_task = [float(rows[key][rows["task"] == t].sum() / den[rows["task"] == t].sum()) for t in (0, 1)]
-        assert acc.compute().tolist() == pytest.approx(by_task, rel=1e-12)
+        assert acc.compute().tolist() == pytest.approx(by_task, rel=1e-6)
+        assert task_scores(rows, 2, metric).tolist() == pytest.approx(acc.compute().tolist(), rel=1e-6)
     expected = []
     for lg, lab in zip(logits, labels):
         mask = answer_mask(lab, (END,))

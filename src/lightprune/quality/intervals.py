@@ -1,0 +1,119 @@
+"""Retention of a testbed metric and its paired bootstrap interval over the evaluation rows.
+
+A metric is a ratio of sums over the evaluation rows r: ``value = N / D`` with N = sum_r n_r, D = sum_r d_r
+(accuracy: right answers over answers or tokens), or ``exp(N / D)`` for perplexities (``ppl*``: n_r the row's
+negative log-likelihood, d_r its tokens). An evaluation that supports intervals returns, beside its metrics, the
+per-row sums under :data:`ROW_SUMS`: ``{metric: (n [R], d [R])}``.
+
+Retention (percent; 100 = unchanged, lower is worse for both kinds): ``100 * value / dense`` for accuracies,
+``100 * dense / value`` for perplexities. Its interval is the percentile bootstrap (Efron & Tibshirani, "An
+Introduction to the Bootstrap", 1993, section 13.3): B resamples of the R rows with replacement, drawn once from
+a fixed seed, each giving the dense model's and the pruned model's metric on the same rows (paired), so the
+interval reflects which rows were evaluated, not the pruning's own randomness (random plans are reported over
+seeds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+__all__ = ["ROW_SUMS", "RESAMPLES", "intervals_of", "metric_value", "retention", "retention_interval",
+           "task_mean_retention_interval"]
+
+#: the key of an evaluation's per-row sums ``{metric: (n [R], d [R])}`` (never a metric itself)
+ROW_SUMS = "_row_sums"
+#: bootstrap resamples per interval
+RESAMPLES = 1000
+
+
+def metric_value(metric: str, numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """N / D over the last dimension's rows (exp of it for ``ppl*``); NaN where D = 0."""
+    n, d = numerator.double().sum(dim=-1), denominator.double().sum(dim=-1)
+    ratio = n / d
+    return ratio.exp() if metric.startswith("ppl") else ratio
+
+
+def retention(metric: str, value: float, dense: float) -> float:
+    """100 x value / dense for accuracies, 100 x dense / value for perplexities (``ppl*``)."""
+    if metric.startswith("ppl"):
+        return 100.0 * dense / value
+    return 100.0 * value / dense if dense else float("nan")
+
+
+def _check(level: float, resamples: int) -> None:
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level!r}")
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 2:
+        raise ValueError(f"resamples must be an int >= 2, got {resamples!r}")
+
+
+def _percentiles(kept: torch.Tensor, level: float) -> list[float]:
+    kept = kept[torch.isfinite(kept)]
+    if kept.numel() == 0:
+        return [math.nan, math.nan]
+    tail = (1.0 - level) / 2
+    return torch.quantile(kept, torch.tensor([tail, 1.0 - tail], dtype=torch.float64)).tolist()
+
+
+def _resamples(rows: int, resamples: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, rows, (resamples, rows), generator=generator)
+
+
+RowSums = tuple[torch.Tensor, torch.Tensor]
+
+
+def retention_interval(metric: str, dense: RowSums, pruned: RowSums, *, resamples: int = RESAMPLES,
+                       level: float = 0.95, seed: int = 0) -> list[float]:
+    """[low, high] of ``metric``'s retention (module docstring): the percentile bootstrap of the pruned model's
+    row sums ``pruned`` against the dense model's ``dense`` on the same rows, ``resamples`` resamples from
+    ``seed`` (the same rows for every call with the same row count and seed)."""
+    _check(level, resamples)
+    sums = [torch.as_tensor(t, dtype=torch.float64).flatten() for t in (*dense, *pruned)]
+    rows = sums[0].numel()
+    if rows == 0 or any(t.numel() != rows for t in sums):
+        raise ValueError(f"{metric}: the dense and pruned row sums must hold the same rows, got "
+                         f"{[t.numel() for t in sums]}")
+    index = _resamples(rows, resamples, seed)
+    base = metric_value(metric, sums[0][index], sums[1][index])
+    value = metric_value(metric, sums[2][index], sums[3][index])
+    return _percentiles(100.0 * (base / value if metric.startswith("ppl") else value / base), level)
+
+
+def task_mean_retention_interval(metric: str, tasks: torch.Tensor, dense: RowSums, pruned: RowSums,
+                                 include: torch.Tensor | None = None, *, resamples: int = RESAMPLES,
+                                 level: float = 0.95, seed: int = 0) -> list[float]:
+    """[low, high] of the mean over tasks of each task's retention (MWOP's ATR, paper 002 section 6.1): the rows
+    (``tasks`` [R], each row's task id) resampled jointly, each resample's per-task metric from its rows' sums.
+    ``include`` [num_tasks] bool: the tasks the mean is over (default: every task with rows); a task without rows
+    in a resample leaves that resample's mean to the others."""
+    _check(level, resamples)
+    tasks = torch.as_tensor(tasks).long().flatten()
+    sums = [torch.as_tensor(t, dtype=torch.float64).flatten() for t in (*dense, *pruned)]
+    rows = tasks.numel()
+    if rows == 0 or any(t.numel() != rows for t in sums):
+        raise ValueError(f"{metric}: the task ids and the dense and pruned row sums must hold the same rows, got "
+                         f"{[rows] + [t.numel() for t in sums]}")
+    num_tasks = int(tasks.max()) + 1
+    include = torch.ones(num_tasks, dtype=torch.bool) if include is None else torch.as_tensor(include)[:num_tasks]
+    index = _resamples(rows, resamples, seed)
+    which = tasks[index]                                                   # [B, R]
+
+    def per_task(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+        n = torch.zeros(resamples, num_tasks, dtype=torch.float64).scatter_add_(1, which, num[index])
+        d = torch.zeros(resamples, num_tasks, dtype=torch.float64).scatter_add_(1, which, den[index])
+        value = n / d
+        return value.exp() if metric.startswith("ppl") else value
+
+    base, value = per_task(sums[0], sums[1]), per_task(sums[2], sums[3])
+    kept = 100.0 * (base / value if metric.startswith("ppl") else value / base)
+    kept = kept.masked_fill(~include.unsqueeze(0) | ~torch.isfinite(kept), math.nan)
+    return _percentiles(kept.nanmean(dim=1), level)
+
+
+def intervals_of(dense_sums: Mapping[str, RowSums], sums: Mapping[str, RowSums], **kwargs) -> dict[str, list[float]]:
+    """``{metric: [low, high]}`` of every metric with row sums on both sides."""
+    return {m: retention_interval(m, dense_sums[m], sums[m], **kwargs) for m in sums if m in dense_sums}
