@@ -11,7 +11,9 @@ Testbed VQA datamodule:
    then computed with those attention masks applied (Alg. 1 line 7) and round(r_mu * sum_l m_l) channels of
    modality mu are pruned, lowest first (:func:`~lightprune.width.select.select_channels`). The random
    plans rank the same units by uniform scores (:func:`~lightprune.width.select.random_scores`, seeds
-   0 .. ``random_seeds`` - 1) at the same ratios;
+   0 .. ``random_seeds`` - 1) at the same ratios; with ``all_tasks``, the "All Tasks" plans (appendix A.4)
+   rank them by the minimum over task families of each family's Taylor rank, every family's scores from its
+   own calibration samples (:func:`~lightprune.width.min_rank.min_rank_scores`);
 3. every plan is evaluated under :func:`~lightprune.width.mask.mask_width` on the ``val`` split, teacher
    forced, as the staged search does, end-of-turn markers not counted as answer tokens
    (:func:`~lightprune.width.retention.answer_row_sums`):
@@ -50,6 +52,7 @@ from lightprune.quality.expert_quality import spread
 from lightprune.quality.intervals import task_mean_retention_interval
 from lightprune.width.flops import decoder_flops
 from lightprune.width.mask import mask_width
+from lightprune.width.min_rank import min_rank_scores
 from lightprune.width.modality import token_profile
 from lightprune.width.paths import PATHS
 from lightprune.width.plan import WIDTH_UNITS, WidthPlan
@@ -112,7 +115,7 @@ def _nan_to_none(value: float) -> float | None:
 
 def mwop_quality(model: torch.nn.Module, dm: Any, *,
                  operating_points: Mapping[str, Mapping[str, float]] = PAPER_OPERATING_POINTS,
-                 random_seeds: int = 5, align: int = 64, metric: str = "token",
+                 random_seeds: int = 5, align: int = 64, metric: str = "token", all_tasks: bool = True,
                  progress: bool | None = None) -> dict[str, Any]:
     """Dense, Taylor and random rows of MWOP's quality table (module docstring), training-free.
 
@@ -125,6 +128,8 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
         random_seeds: random plans per operating point (seeds 0 .. n - 1; 0: no random rows).
         align: FFN channel alignment b of the FLOPs count (the paper: 64; 1 counts every channel).
         metric: ``token``, ``exact`` or ``prob`` (:mod:`lightprune.width.retention`).
+        all_tasks: also the "All Tasks" rows (method ``taylor_all_tasks``), when the datamodule serves a split per
+            task (``dataloader(split, tasks=[...])``) and has more than one task.
         progress: a bar over the evaluations (None: when stderr is a terminal).
 
     Returns:
@@ -163,8 +168,13 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
         raise ValueError("the calibration split has no batches: no Taylor importance")
     profile = token_profile(base, val)
     V, T = profile["vision_tokens"], profile["text_tokens"]
+    by_task: dict[str, list] = {}
+    if all_tasks and len(names) > 1 and callable(getattr(dm, "dataloader", None)):
+        by_task = {t: list(dm.dataloader("calibration", tasks=[t])) for t in names}
+        by_task = {t: b for t, b in by_task.items() if b}  # a task without calibration samples ranks nothing
 
-    bar = tqdm(total=1 + len(points) * (1 + random_seeds), desc="MWOP quality", unit="eval", disable=not show)
+    bar = tqdm(total=1 + len(points) * (1 + random_seeds + bool(by_task)), desc="MWOP quality", unit="eval",
+               disable=not show)
 
     end_ids = end_of_turn_ids(dm)
     num, den = METRIC_SUMS[metric]
@@ -208,6 +218,11 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
         bar.set_postfix_str("taylor: attention")
         attn = taylor_importance(base, calibration, attention=True, ffn=False, progress=show)
         scores_out: dict[str, Any] = {"attn": attn.to_dict(), "ffn": {}}
+        if by_task:
+            bar.set_postfix_str("taylor: attention per task")
+            attn_all = min_rank_scores([taylor_importance(base, b, attention=True, ffn=False, progress=show)
+                                        for b in by_task.values()])
+            scores_out.update(all_tasks={"tasks": list(by_task), "attn": attn_all.to_dict(), "ffn": {}})
         for name, ratios in points.items():
             paths, channels = _split(ratios)
             plan = select_paths(attn.attn, paths, dense_plan)
@@ -219,6 +234,17 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
             plan.metadata.update({"method": "taylor", "operating_point": name})
             rows.append({"operating_point": name, "method": "taylor", "ratios": dict(ratios),
                          **row(plan, evaluate(plan, f"{name} taylor"), reference)})
+            if by_task:
+                plan = select_paths(attn_all.attn, paths, dense_plan)
+                if channels:
+                    bar.set_postfix_str(f"taylor: FFN per task under {name}'s paths")
+                    ffn_all = min_rank_scores([taylor_importance(base, b, attention=False, ffn=True, plan=plan,
+                                                                 progress=show) for b in by_task.values()])
+                    scores_out["all_tasks"]["ffn"][name] = ffn_all.to_dict()
+                    plan = select_channels(ffn_all.ffn, channels, plan)
+                plan.metadata.update({"method": "taylor_all_tasks", "operating_point": name})
+                rows.append({"operating_point": name, "method": "taylor_all_tasks", "ratios": dict(ratios),
+                             **row(plan, evaluate(plan, f"{name} all tasks"), reference)})
             if not random_seeds:
                 continue
             per_seed = []
@@ -292,7 +318,8 @@ def mwop_markdown(result: Mapping[str, Any]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + "|"]
     with_ci = lambda value, ci: f"{_num(value, 1)} [{_num(ci[0], 1)}, {_num(ci[1], 1)}]"  # noqa: E731
     for r in result["rows"]:
-        label = r["method"] if r["method"] != "random" else f"random ({len(r['seeds'])} seeds)"
+        label = {"random": f"random ({len(r.get('seeds', []))} seeds)",
+                 "taylor_all_tasks": "taylor, All Tasks (min rank)"}.get(r["method"], r["method"])
         cells = [r["operating_point"], _ratios(r["ratios"]), label]
         if r["method"] == "random":
             cells += [_spread(r["flops_fraction"], 3)]
@@ -312,7 +339,9 @@ def mwop_markdown(result: Mapping[str, Any]) -> str:
               "answer tokens; ATR over the tasks with a non-zero dense score; answer-ppl ATR: the mean over the same "
               "tasks of 100 x exp(dense answer loss - plan answer loss), the answer tokens' mean negative "
               "log-likelihood, a continuous score beside the accuracy; [95% CI]: paired bootstrap over the val rows"
-              + (f" ({', '.join(f'{n} {c}' for n, c in rows.items())} rows)" if rows else "") + "; random rows: "
+              + (f" ({', '.join(f'{n} {c}' for n, c in rows.items())} rows)" if rows else "") + "; All Tasks: every "
+              "unit ranked by the minimum over task families of its Taylor rank, each family's scores from its own "
+              "calibration samples (appendix A.4); random rows: "
               f"mean ± std [min, max] over seeds. FLOPs: decoder prefill at (V, T) = ({p['vision_tokens']}, "
               f"{p['text_tokens']}), FFN channels counted in blocks of {align} and of 1."]
     return "\n".join(lines) + "\n"
@@ -338,6 +367,9 @@ def plot_mwop(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
         if r["method"] == "taylor":
             ax.scatter([r["flops_fraction"]], [r["atr"]], marker="o", s=50, color=color, zorder=4,
                        label=f"{r['operating_point']} Taylor")
+        elif r["method"] == "taylor_all_tasks":
+            ax.scatter([r["flops_fraction"]], [r["atr"]], marker="^", s=50, color=color, zorder=4,
+                       label=f"{r['operating_point']} Taylor, All Tasks")
         elif r["atr"]["mean"] is not None:
             x, y = r["flops_fraction"], r["atr"]
             ax.errorbar([x["mean"]], [y["mean"]], yerr=[[y["mean"] - y["min"]], [y["max"] - y["mean"]]],

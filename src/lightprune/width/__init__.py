@@ -8,8 +8,9 @@ Built bottom-up, each module importing only those before it:
 - :mod:`.kernels` (Triton / FlexAttention / masked-SDPA path-sparse attention, the compact FFN);
 - :mod:`.attention` (the attention implementation that masks or gates paths), :mod:`.mask`
   (:func:`mask_width`, reversible), :mod:`.swap` (compact FFNs swapped in);
-- :mod:`.taylor` (first-order Taylor importance), :mod:`.select` (scores -> plan), :mod:`.retention`
-  (task accuracy and ATR), :mod:`.search` (the staged search's decisions, Algorithm 1).
+- :mod:`.taylor` (first-order Taylor importance), :mod:`.min_rank` (per-category rankings combined, the
+  "All Tasks" calibration), :mod:`.select` (scores -> plan), :mod:`.retention` (task accuracy and ATR),
+  :mod:`.search` (the staged search's decisions, Algorithm 1).
 
 May import: models, observe and the shared leaves; never experts, finetune, export, callbacks or above.
 """
@@ -19,10 +20,11 @@ from __future__ import annotations
 from lightprune.width.flops import decoder_flops
 from lightprune.width.layers import WidthLayer, find_width_layers
 from lightprune.width.mask import mask_width
+from lightprune.width.min_rank import min_rank_scores
 from lightprune.width.modality import token_modality, token_profile
 from lightprune.width.plan import WidthPlan
 from lightprune.width.select import select_channels, select_paths
 from lightprune.width.taylor import WidthScores, taylor_importance
 
 __all__ = ["WidthLayer", "WidthPlan", "WidthScores", "decoder_flops", "find_width_layers", "mask_width",
-           "select_channels", "select_paths", "taylor_importance", "token_modality", "token_profile"]
+           "min_rank_scores", "select_channels", "select_paths", "taylor_importance", "token_modality", "token_profile"]

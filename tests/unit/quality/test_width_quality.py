@@ -199,6 +199,25 @@ def test_taylor_plans_prune_the_lowest_scored_units(result, testbed):
         assert got == want, name
 
 
+def test_all_tasks_plans_rank_by_the_minimum_of_the_task_families_ranks(result, testbed):
+    model, dm = testbed
+    per_task = {t: list(dm.dataloader("calibration", tasks=[t])) for t in dm.task_names}
+    assert result["scores"]["all_tasks"]["tasks"] == list(dm.task_names) and all(per_task.values())
+    attn = lp.width.min_rank_scores([lp.taylor_importance(model, b, attention=True, progress=False)
+                                     for b in per_task.values()])
+    for name, row in _rows(result, "taylor_all_tasks").items():
+        ratios = PAPER_OPERATING_POINTS[name]
+        plan = WidthPlan.from_dict(row["plan"])
+        layers = sorted(plan.num_heads)
+        for column, path in enumerate(PATHS):
+            scores = {l: attn.attn[l][:, column].tolist() for l in layers}
+            want = _lowest(scores, layers, round(ratios[path] * sum(plan.num_heads.values())))
+            assert _pruned_units(plan, column) == want, (name, path)
+        assert row["pruned"]["ffn_vision"] == pytest.approx(ratios["ffn_vision"], abs=0.05)
+    taylor = _rows(result, "taylor")
+    assert any(_rows(result, "taylor_all_tasks")[n]["plan"] != taylor[n]["plan"] for n in taylor)
+
+
 def test_random_rows(result):
     for name, row in _rows(result, "random").items():
         assert row["seeds"] == list(range(SEEDS)) and len(row["per_seed"]) == SEEDS
@@ -219,7 +238,8 @@ def test_markdown_and_plot(result, tmp_path):
 
     text = mwop_markdown(result)
     table = [line for line in text.splitlines() if line.startswith("| ")]
-    assert len(table) == 1 + 1 + 2 * len(PAPER_OPERATING_POINTS)  # header, dense, taylor + random per point
+    # header, dense, then per point taylor, All Tasks and random
+    assert len(table) == 1 + 1 + 3 * len(PAPER_OPERATING_POINTS)
     assert all(n in table[0] for n in result["task_names"]) and "ATR (%) [95% CI]" in table[0]
     llava = _rows(result, "taylor")["LLaVA-OneVision-7B"]
     low, high = llava["atr_interval"]
@@ -234,14 +254,16 @@ def test_markdown_and_plot(result, tmp_path):
 
 def test_progress_bar(run):
     bar = run[1]
-    evaluations = 1 + len(PAPER_OPERATING_POINTS) * (1 + SEEDS)
+    evaluations = 1 + len(PAPER_OPERATING_POINTS) * (2 + SEEDS)
     assert "MWOP quality" in bar and f"{evaluations}/{evaluations}" in bar and "taylor importance" in bar
 
 
 def test_attention_only_point_without_random_rows(testbed):
     model, dm = testbed
-    out = mwop_quality(model, dm, operating_points={"half v2v": {"v2v": 0.5}}, random_seeds=0, progress=False)
+    out = mwop_quality(model, dm, operating_points={"half v2v": {"v2v": 0.5}}, random_seeds=0, all_tasks=False,
+                       progress=False)
     assert [r["method"] for r in out["rows"]] == ["dense", "taylor"] and out["scores"]["ffn"] == {}
+    assert "all_tasks" not in out["scores"]
     assert out["rows"][1]["pruned"] == {"v2v": 0.5, "t2v": 0.0, "t2t": 0.0, "ffn_vision": 0.0, "ffn_text": 0.0}
 
 
