@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lightprune.quality.bench_section import benchmarks_markdown
+from lightprune.quality.claims import paper_claims
 from lightprune.quality.expert_quality import summarise
 from lightprune.quality.intervals import RESAMPLES, retention
 from lightprune.quality.width_quality import mwop_markdown, plot_mwop
@@ -261,6 +262,17 @@ def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
     return lines
 
 
+def _claims_section(text, mllm, mwop) -> list[str]:
+    """Each paper's claim, the rule it is checked by and the verdict (:mod:`lightprune.quality.claims`)."""
+    rows = ["| paper | claim | checked by | here | figures |", "|---|---|---|---|---|"]
+    for c in paper_claims(text, mllm, mwop):
+        verdict = c["verdict"] if c["verdict"] in ("held", "not measured") else f"**{c['verdict']}**"
+        rows.append(f"| {c['paper']} | {c['claim']} | {c['rule']} | {verdict} | {c['figures']} |")
+    return ["## Claims checked", "",
+            "One claim per paper, as it is made, on these testbeds. Held: above random's best seed and the lower end "
+            "of its bootstrap interval above random's mean; within noise: above random's mean only.", "", *rows, ""]
+
+
 def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm: Mapping | None = None,
                   mwop: Mapping | None = None, benchmarks: Mapping | None = None,
                   command: str | None = None) -> Path:
@@ -279,6 +291,8 @@ def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm
              "papers'; the ordering of the criteria is what this page is for.", ""]
     if command:
         lines += [f"Regenerate: `{command}`", ""]
+    if text or mllm or mwop:
+        lines += _claims_section(text, mllm, mwop)
     if text:
         lines += _text_section(text, out)
     if mllm:

@@ -172,3 +172,29 @@ def test_the_page_shows_each_moe_testbeds_routing_balance(page) -> None:
             assert 0.0 < v["entropy"] <= 1.0 + 1e-12
             assert f"| {layer} | {v['min_share']:.4f} | {v['min_share_x_experts']:.2f} | {v['entropy']:.3f} |" in text
         assert balance["met"] == all(v["min_share_x_experts"] >= 0.25 and v["entropy"] >= 0.95 for v in layers.values())
+
+
+def test_each_papers_claim_is_judged_by_its_stated_rule(page) -> None:
+    from lightprune.quality.claims import paper_claims
+
+    out, data = page
+    claims = {c["paper"]: c for c in paper_claims(data["text"], data["mllm"], None)}
+    assert set(claims) == {"MAEP (000)", "AIMER (001)", "MWOP (002)", "router sensitivity (003)"}
+    assert claims["MWOP (002)"]["verdict"] == "not measured"
+
+    def verdict(part, criterion, metric):  # the rule, from the JSON alone
+        result = data[part]
+        row = next(r for r in result["rows"] if r["criterion"] == criterion and r["ratio"] == 0.5)
+        kept = retention(metric, row["metrics"][metric], result["dense"][metric])
+        randoms = [retention(metric, s[metric], result["dense"][metric]) for s in result["random"]["0.5"]["seeds"]]
+        mean = sum(randoms) / len(randoms)
+        if kept > max(randoms) and row["intervals"][metric][0] > mean:
+            return "held"
+        return "within noise" if kept > mean else "did not hold"
+
+    order = ["not measured", "did not hold", "within noise", "held"]
+    want = min(verdict("text", "aimer", "ppl"), verdict("mllm", "aimer", "acc_image"), key=order.index)
+    assert claims["AIMER (001)"]["verdict"] == want
+    page_text = (out / "RESULTS.md").read_text()
+    line = next(x for x in page_text.splitlines() if x.startswith("| AIMER (001) |"))
+    assert want in line and claims["AIMER (001)"]["figures"] in line
