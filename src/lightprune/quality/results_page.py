@@ -202,9 +202,10 @@ def _sensitivity_note(r: Mapping[str, Any]) -> list[str]:
     steps = r.get("router_sensitivity_steps")
     if not steps:
         return []
+    data = r.get("router_sensitivity_data", "the testbed's train split (no instruction data distinct from its "
+                                               "pretraining text)")
     return [f"router_sensitivity: configs/router_lora.yaml's recipe (LoRA r = alpha = 8 on the routers, AdamW, lr "
-            f"2e-4, weight decay 0.01, cosine with 5 warm-up steps) for {steps} steps of the testbed's train split "
-            "(the testbed has no instruction data distinct from its pretraining text).", ""]
+            f"2e-4, weight decay 0.01, cosine with 5 warm-up steps) for {steps} steps of {data}.", ""]
 
 
 def _text_section(r: Mapping[str, Any], out: Path) -> list[str]:

@@ -17,6 +17,7 @@ of its retention (:mod:`lightprune.quality.intervals`).
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any
 
 import torch
@@ -37,7 +38,7 @@ from lightprune.quality.expert_quality import (
 from lightprune.quality.intervals import ROW_SUMS, metric_value
 from lightprune.quality.width_quality import mwop_quality
 from lightprune.testbed.text_corpus import build_text_corpus, rows_by_domain
-from lightprune.testbed.text_moe import TEXT_TESTBEDS, corpus_datamodule, text_testbed
+from lightprune.testbed.text_moe import TEXT_TESTBEDS, corpus_datamodule, instruction_datamodule, text_testbed
 from lightprune.testbed.training import encode_batches, next_token_row_sums
 from lightprune.testbed.vqa_models import VQA_TESTBEDS, datamodule, vqa_testbed
 from lightprune.width.retention import answer_row_sums
@@ -115,9 +116,11 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
     stats = lp.collect_expert_stats(model, calib_batches["mixed"], subsets=("all",), progress=progress,
                                     criteria=DEFAULT_CRITERIA + MERGE_STATISTICS)
     extra = {}
-    if sensitivity_steps:
-        extra["router_sensitivity"] = router_sensitivity(str(folder / "model"), corpus_datamodule(spec, corpus),
-                                                         steps=sensitivity_steps, progress=progress)
+    if sensitivity_steps:  # paper 003 adapts on instruction data, not on the pretraining text
+        with tempfile.TemporaryDirectory() as tmp:
+            extra["router_sensitivity"] = router_sensitivity(str(folder / "model"),
+                                                             instruction_datamodule(spec, corpus, tmp),
+                                                             steps=sensitivity_steps, progress=progress)
     rankings = expert_rankings(model, stats, extra=extra)
     result = expert_quality(model, rankings, evaluate, ratios=ratios, random_seeds=random_seeds, progress=progress,
                             merges=expert_merges(stats))
@@ -130,6 +133,8 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
     result["testbed"] = _testbed_record(folder, preset, "held_out_perplexity")
     result["routing_balance"] = routing_balance_record(stats)
     result["router_sensitivity_steps"] = sensitivity_steps
+    result["router_sensitivity_data"] = ("instruction rows (questions and answers on Python's documentation topics, "
+                                         "Testbed VQA's text task, loss on the answer only)")
     return result
 
 

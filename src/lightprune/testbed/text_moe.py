@@ -44,7 +44,7 @@ from lightprune.testbed.training import (
 )
 
 __all__ = ["TEXT_TESTBEDS", "TESTBED_PREFIX", "TextTestbedSpec", "held_out_perplexity", "resolve_testbed", "spec_with",
-           "corpus_datamodule", "preset_of", "text_testbed"]
+           "corpus_datamodule", "instruction_datamodule", "preset_of", "text_testbed"]
 
 TEXT_TESTBED_FORMAT = "v1"
 TESTBED_PREFIX = "testbed:"
@@ -129,6 +129,21 @@ def corpus_datamodule(spec: TextTestbedSpec, corpus: TextCorpus, **overrides: An
     """The corpus's splits as a TextJsonlDataModule with the spec's batching (loss on every token)."""
     kw = dict(max_length=spec.max_length, batch_size=spec.batch_size, mask_prompt=False, add_eos=True, seed=spec.seed)
     return TextJsonlDataModule(**corpus.jsonl_args(), **{**kw, **overrides})
+
+
+def instruction_datamodule(spec: TextTestbedSpec, corpus: TextCorpus, folder: str | os.PathLike, **overrides: Any):
+    """Instruction data for the testbed, distinct in form from its pretraining text: the question / answer rows on
+    Python's documentation topics of Testbed VQA's text task (its train pool,
+    :func:`~lightprune.data.generated.testbed_vqa.text_pool`), written to ``folder/instructions.jsonl`` as
+    prompt / completion rows (loss on the answer only), served with the corpus's tokenizer and the spec's
+    batching as the datamodule's train split. The content comes from the same documentation as the corpus."""
+    from lightprune.data.generated.testbed_vqa import text_pool
+
+    path = Path(folder) / "instructions.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"prompt": q + "\n", "completion": a}) + "\n" for q, a, _ in text_pool("train")))
+    kw = dict(max_length=spec.max_length, batch_size=spec.batch_size, mask_prompt=True, add_eos=True, seed=spec.seed)
+    return TextJsonlDataModule(tokenizer=str(corpus.tokenizer_dir), train=str(path), **{**kw, **overrides})
 
 
 def _initial_checkpoint(folder: Path, spec: TextTestbedSpec, tokenizer) -> Path:

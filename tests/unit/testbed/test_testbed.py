@@ -132,6 +132,26 @@ def test_datamodule_serves_the_presets_corpus_and_one_domains_calibration(testbe
         TestbedTextDataModule("giant", str(testbed_root))
 
 
+def test_instruction_data_trains_on_the_answers_of_the_documentation_questions(testbed_root: Path,
+                                                                               tmp_path: Path) -> None:
+    from lightprune.data.generated.testbed_vqa import text_pool
+    from lightprune.testbed.text_moe import instruction_datamodule
+
+    corpus = build_text_corpus(MICRO.corpus, testbed_root)
+    dm = instruction_datamodule(MICRO, corpus, tmp_path, batch_size=2, max_length=512)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    question, answer, _ = text_pool("train")[0]
+    rows = _rows(tmp_path / "instructions.jsonl")
+    assert len(rows) == len(text_pool("train")) and rows[0] == {"prompt": question + "\n", "completion": answer}
+    by_text = {r["prompt"] + r["completion"] + dm.tokenizer.eos_token: r for r in rows}
+    for i in range(2):  # the train split is shuffled: find each row by its text
+        text = dm.tokenizer.decode([t for t, m in zip(batch["input_ids"][i].tolist(),
+                                                      batch["attention_mask"][i].tolist()) if m])
+        labels = [t for t in batch["labels"][i].tolist() if t != -100]
+        assert dm.tokenizer.decode(labels) == by_text[text]["completion"] + dm.tokenizer.eos_token  # answer, EOS
+
+
 def test_row_mean_training_loss_weighs_every_row_the_same() -> None:
     """loss_mean="row": mean over rows of each row's mean next-token CE (a short answer weighs as a long text)."""
     from lightprune.finetune import MoECausalLM
