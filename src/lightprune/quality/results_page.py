@@ -18,7 +18,7 @@ from lightprune.quality.bench_section import benchmarks_markdown
 from lightprune.quality.claims import paper_claims
 from lightprune.quality.expert_quality import summarise
 from lightprune.quality.intervals import RESAMPLES, retention
-from lightprune.quality.width_quality import mwop_markdown, plot_mwop
+from lightprune.quality.width_quality import mwop_markdown, mwop_recovery_markdown, plot_mwop
 
 __all__ = ["retention", "write_results"]
 
@@ -302,6 +302,9 @@ def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm
         plot_mwop(mwop, out / "results" / "mwop_atr_flops.png")
         lines += ["## MWOP on the dense multimodal testbed", "", mwop_markdown(mwop), "",
                   "![MWOP ATR vs FLOPs](results/mwop_atr_flops.png)", ""]
+        if mwop.get("recovery"):
+            lines += ["After recovery (the paper's claim is made after its recovery epochs):", "",
+                      mwop_recovery_markdown(mwop["recovery"]), ""]
     if benchmarks:
         lines += [benchmarks_markdown(benchmarks), ""]
     path = out / "RESULTS.md"

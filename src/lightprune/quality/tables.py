@@ -36,7 +36,7 @@ from lightprune.quality.expert_quality import (
     stability,
 )
 from lightprune.quality.intervals import ROW_SUMS, metric_value
-from lightprune.quality.width_quality import mwop_quality
+from lightprune.quality.width_quality import mwop_quality, mwop_recovery
 from lightprune.testbed.text_corpus import build_text_corpus, rows_by_domain
 from lightprune.testbed.text_moe import TEXT_TESTBEDS, corpus_datamodule, instruction_datamodule, text_testbed
 from lightprune.testbed.training import encode_batches, next_token_row_sums
@@ -200,8 +200,10 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
 
 
 def mwop_tables(preset: str = "dense-mllm-full", root: str | os.PathLike | None = None, *, random_seeds: int = 5,
-                progress: bool = True, **kwargs: Any) -> dict[str, Any]:
-    """MWOP at the paper's operating points vs random masks on the dense multimodal testbed ``preset``."""
+                recovery_epochs: int = 1, recovery_seeds: int = 3, progress: bool = True,
+                **kwargs: Any) -> dict[str, Any]:
+    """MWOP at the paper's operating points vs random masks on the dense multimodal testbed ``preset``,
+    training-free and (``recovery_epochs`` > 0) after recovery (``recovery_seeds`` random plans per point)."""
     import lightprune as lp
 
 
@@ -211,5 +213,8 @@ def mwop_tables(preset: str = "dense-mllm-full", root: str | os.PathLike | None 
     dm = datamodule(spec, str(folder / "model"), root)
     dm.setup("fit")
     result = mwop_quality(model, dm, random_seeds=random_seeds, **kwargs)
+    if recovery_epochs:
+        result["recovery"] = mwop_recovery(model, dm, result, random_seeds=recovery_seeds, epochs=recovery_epochs,
+                                           progress=progress)
     result["testbed"] = _testbed_record(folder, preset, "val_answer_accuracy")
     return result

@@ -279,3 +279,27 @@ def test_attention_only_point_without_random_rows(testbed):
 def test_bad_values_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         mwop_quality(None, None, **kwargs)
+
+
+def test_recovery_rows(result, testbed):
+    from lightprune.quality.width_quality import mwop_recovery, mwop_recovery_markdown
+
+    model, dm = testbed
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    # learning rate 0: recovery changes nothing, so every row equals its training-free row exactly
+    still = mwop_recovery(model, dm, result, random_seeds=2, epochs=1, learning_rate=0.0, progress=False)
+    free = {(r["operating_point"], r["method"]): r for r in result["rows"] if r["method"] != "random"}
+    for r in still["rows"]:
+        want = free[(r["operating_point"], r["method"])] if r["method"] != "random" else \
+            next(e for e in _rows(result, "random")[r["operating_point"]]["per_seed"] if e["seed"] == r["seed"])
+        assert r["atr"] == pytest.approx(want["atr"], rel=1e-12) and r["flops_fraction"] == want["flops_fraction"]
+        assert r["answer_ppl_atr"] == pytest.approx(want["answer_ppl_atr"], rel=1e-9)
+    assert sorted({r["method"] for r in still["rows"]}) == ["random", "taylor", "taylor_all_tasks"]
+    assert sum(r["method"] == "random" for r in still["rows"]) == 2 * len(PAPER_OPERATING_POINTS)
+    assert still["steps"] == len(list(dm.train_dataloader()))
+    moved = mwop_recovery(model, dm, result, random_seeds=1, epochs=1, learning_rate=1e-3, progress=False)
+    assert any(r["answer_ppl_atr"] != pytest.approx(s["answer_ppl_atr"], rel=1e-9)
+               for r, s in zip(moved["rows"], still["rows"]) if r["method"] != "random")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the dense model is untouched
+    text = mwop_recovery_markdown(moved)
+    assert "after recovery" in text and f"{moved['steps']} steps" in text
