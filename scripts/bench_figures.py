@@ -12,7 +12,7 @@ from typing import Any
 
 __all__ = ["check", "write_json"]
 
-_OPS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq}
+_OPS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq, "<": operator.lt, ">": operator.gt}
 
 
 def check(name: str, value: Any, target: Any = None, op: str | None = None, reference: Any = None,
