@@ -135,8 +135,8 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
 
     Returns:
         ``{"metric", "align", "task_names", "profile", "val_rows_per_task", "end_of_turn_ids", "reference",
-        "scores", "rows"}``; every row has ``operating_point``, ``method`` (``dense``, ``taylor`` or
-        ``random``), ``ratios``; dense and taylor rows ``flops_fraction`` (at ``align``),
+        "scores", "rows"}``; every row has ``operating_point``, ``method`` (``dense``, ``taylor``,
+        ``taylor_all_tasks`` or ``random``), ``ratios``; dense and Taylor rows ``flops_fraction`` (at ``align``),
         ``flops_fraction_align_1``, ``atr`` and ``atr_interval``, ``answer_ppl_atr`` and
         ``answer_ppl_atr_interval``, ``per_task_accuracy``, ``per_task_answer_loss``, ``per_task_retention``,
         ``excluded``, ``pruned`` (the share of every unit) and ``plan`` (``WidthPlan.to_dict``); random rows
