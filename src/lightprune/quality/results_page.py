@@ -285,7 +285,8 @@ def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm
     lines = ["# Results", "",
              "Measured here, on CPU, on testbed models trained by lightprune itself (no pretrained weights can be "
              "fetched): every criterion at the same pruning ratios, side by side, random over seeds with its spread, "
-             "and the anti-REAP ordering (most important pruned first) as the ceiling of damage. Rows with allocation "
+             "95% bootstrap intervals over the evaluation rows, and the anti orderings of REAP, AIMER and router "
+             "sensitivity (most important pruned first) as the ceiling of damage. Rows with allocation "
              "`merge` are MAEP's merging baselines (HC-SMoE, M-SMoE): the same share of each layer's experts merged "
              "away instead of pruned, measured in the form lightprune exports (one expert per cluster in its "
              "dominant's place, the dominant's router row). Small models, so the absolute numbers are not the "
