@@ -13,8 +13,8 @@ family's score is its teacher-forced answer accuracy on held-out data:
 Answer tokens are the labelled next-token targets (labels != -100) less the end-of-turn markers ``end_ids``
 (:func:`lightprune.data.tokenizer.end_of_turn_ids`) and the labelled position right after one (ChatML's newline
 after ``<|im_end|>``): a chat template makes them part of every trained answer, and predicting them is not
-answering (:func:`answer_mask`). :func:`answer_row_sums` gives every metric's per-row sums in one pass (for
-bootstrap intervals and the answer log-likelihood).
+answering (:func:`answer_mask`). :func:`row_sums` gives every metric's per-row sums (TaskAccuracy sums them by
+task; :func:`answer_row_sums` keeps them per row, for bootstrap intervals and the answer log-likelihood).
 
 :class:`TaskAccuracy` is a torchmetrics ``Metric`` (states summed across ranks by torchmetrics' own sync);
 :func:`evaluate_tasks` runs it over batches carrying ``task_ids`` [B] (index into the task names; a batch
@@ -34,7 +34,7 @@ from lightprune.batch import model_inputs
 from lightprune.choices import RETENTION_METRICS
 
 __all__ = ["TaskAccuracy", "answer_mask", "answer_row_sums", "evaluate_tasks", "Retention", "retention", "METRICS",
-           "METRIC_SUMS", "task_scores"]
+           "METRIC_SUMS", "row_sums", "task_scores"]
 
 METRICS = RETENTION_METRICS
 
@@ -60,6 +60,30 @@ def _task_ids(labels: torch.Tensor, task_ids: torch.Tensor | None, num_tasks: in
     return tasks
 
 
+#: the keys of :func:`row_sums` whose ratio is each metric's score (numerator, denominator)
+METRIC_SUMS: dict[str, tuple[str, str]] = {"token": ("right", "tokens"), "exact": ("exact", "answered"),
+                                           "prob": ("prob", "tokens")}
+
+
+def row_sums(logits: torch.Tensor, labels: torch.Tensor, end_ids: Sequence[int] = (),
+             likelihood: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Per row of one batch, float64 [B]: ``tokens`` (answer tokens, :func:`answer_mask`), ``right`` (those whose
+    argmax is right), ``exact`` (1 when the row has answer tokens and every one is right) and ``answered`` (1 when it
+    has answer tokens); with ``likelihood`` (the dtype of the log-softmax) also ``nll`` (the answer tokens' negative
+    log-likelihood sum) and ``prob`` (the sum of the right answer tokens' probabilities)."""
+    target = labels[:, 1:]
+    answer = answer_mask(labels, end_ids)
+    hit = (logits[:, :-1].argmax(-1) == target) & answer
+    answered = answer.any(1)
+    out = {"tokens": answer.sum(1), "right": hit.sum(1), "exact": (hit == answer).all(1) & answered,
+           "answered": answered}
+    if likelihood is not None:
+        logp = torch.log_softmax(logits[:, :-1].to(likelihood), -1)
+        nll = -logp.gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1).double()
+        out.update(nll=(nll * answer).sum(1), prob=((-nll).exp() * answer).sum(1))
+    return {k: v.double() for k, v in out.items()}
+
+
 class TaskAccuracy(Metric):
     """Answer accuracy per task family: ``compute()`` gives a float64 [num_tasks] tensor (NaN: no samples).
     ``end_ids``: the end-of-turn markers that are not answer tokens (:func:`answer_mask`)."""
@@ -79,25 +103,34 @@ class TaskAccuracy(Metric):
         self.add_state("total", torch.zeros(self.num_tasks, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, logits: torch.Tensor, labels: torch.Tensor, task_ids: torch.Tensor | None = None) -> None:
-        target = labels[:, 1:]
-        answer = answer_mask(labels, self.end_ids)
-        hit = (logits[:, :-1].argmax(-1) == target) & answer
         tasks = _task_ids(labels, task_ids, self.num_tasks)
-        if self.metric == "token":
-            correct, total = hit.sum(1).double(), answer.sum(1).double()
-        elif self.metric == "prob":
-            logp = torch.log_softmax(logits[:, :-1].double(), -1)
-            picked = logp.gather(-1, target.clamp_min(0).unsqueeze(-1)).squeeze(-1).exp()
-            correct, total = (picked * answer).sum(1), answer.sum(1).double()
-        else:
-            has_answer = answer.any(1)
-            correct = ((hit == answer).all(1) & has_answer).double()
-            total = has_answer.double()
-        self.correct.index_add_(0, tasks, correct.to(self.correct.device))
-        self.total.index_add_(0, tasks, total.to(self.total.device))
+        sums = row_sums(logits, labels, self.end_ids, torch.float64 if self.metric == "prob" else None)
+        num, den = METRIC_SUMS[self.metric]
+        self.correct.index_add_(0, tasks, sums[num].to(self.correct.device))
+        self.total.index_add_(0, tasks, sums[den].to(self.total.device))
 
     def compute(self) -> torch.Tensor:
         return self.correct / self.total
+
+
+def _teacher_forced(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]], progress: bool = False,
+                    desc: str = "evaluate"):
+    """(logits, labels, task ids or None) of every batch in eval mode on the model's device (the caller holds no_grad);
+    the model's mode is restored when the batches end (or the loop stops)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    if progress:
+        from tqdm.auto import tqdm
+
+        batches = tqdm(batches, desc=desc, unit="batch", leave=False)
+    try:
+        for batch in batches:
+            if "labels" not in batch:
+                raise ValueError("evaluation batches need labels (-100 outside the answer)")
+            yield model(**model_inputs(batch, device=device)).logits, batch["labels"].to(device), batch.get("task_ids")
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
@@ -105,24 +138,9 @@ def evaluate_tasks(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]],
                    metric: str = "token", progress: bool = False, desc: str = "evaluate",
                    end_ids: Sequence[int] = ()) -> torch.Tensor:
     """Teacher-forced answer accuracy per task of ``model`` over ``batches`` (model left in its mode)."""
-    device = next(model.parameters()).device
-    acc = TaskAccuracy(num_tasks, metric, end_ids).to(device)
-    was_training = model.training
-    model.eval()
-    iterator = batches
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(batches, desc=desc, unit="batch", leave=False)
-    try:
-        for batch in iterator:
-            if "labels" not in batch:
-                raise ValueError("evaluation batches need labels (-100 outside the answer)")
-            inputs = model_inputs(batch, device=device)
-            logits = model(**inputs).logits
-            acc.update(logits, batch["labels"].to(device), batch.get("task_ids"))
-    finally:
-        model.train(was_training)
+    acc = TaskAccuracy(num_tasks, metric, end_ids).to(next(model.parameters()).device)
+    for logits, labels, task_ids in _teacher_forced(model, batches, progress, desc):
+        acc.update(logits, labels, task_ids)
     if float(acc.total.sum()) == 0:
         raise ValueError("evaluation set is empty: no answer tokens (labels != -100) in any batch")
     return acc.compute().cpu()
@@ -131,43 +149,17 @@ def evaluate_tasks(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]],
 @torch.no_grad()
 def answer_row_sums(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]], num_tasks: int,
                     end_ids: Sequence[int] = ()) -> dict[str, torch.Tensor]:
-    """Per row of ``batches`` (in order), teacher forced, float64 [rows] on the CPU: ``task`` (its task id),
-    ``tokens`` (answer tokens, :func:`answer_mask`), ``right`` (those whose argmax is right), ``exact`` (1 when
-    the row has answer tokens and every one is right), ``answered`` (1 when it has answer tokens), ``nll`` (the
-    answer tokens' negative log-likelihood sum, float32 log-softmax) and ``prob`` (the sum of the probabilities of
-    the right answer tokens). Model left in its mode."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    rows: dict[str, list[torch.Tensor]] = {k: [] for k in ("task", "tokens", "right", "exact", "answered", "nll",
-                                                           "prob")}
-    try:
-        for batch in batches:
-            if "labels" not in batch:
-                raise ValueError("evaluation batches need labels (-100 outside the answer)")
-            labels = batch["labels"].to(device)
-            logits = model(**model_inputs(batch, device=device)).logits[:, :-1].float()
-            target = labels[:, 1:]
-            answer = answer_mask(labels, end_ids)
-            hit = (logits.argmax(-1) == target) & answer
-            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target.clamp_min(0), reduction="none")
-            answered = answer.any(1)
-            values = {"task": _task_ids(labels, batch.get("task_ids"), num_tasks), "tokens": answer.sum(1),
-                      "right": hit.sum(1), "exact": (hit == answer).all(1) & answered, "answered": answered,
-                      "nll": (nll.double() * answer).sum(1), "prob": ((-nll.double()).exp() * answer).sum(1)}
-            for key, value in values.items():
-                rows[key].append(value.double().cpu())
-    finally:
-        model.train(was_training)
-    out = {k: torch.cat(v) if v else torch.zeros(0, dtype=torch.float64) for k, v in rows.items()}
-    if float(out["tokens"].sum()) == 0:
+    """Per row of ``batches`` (in order), teacher forced, float64 [rows] on the CPU: ``task`` (its task id) and
+    :func:`row_sums` with the likelihoods (float32 log-softmax). Model left in its mode."""
+    rows: dict[str, list[torch.Tensor]] = {}
+    for logits, labels, task_ids in _teacher_forced(model, batches):
+        sums = {"task": _task_ids(labels, task_ids, num_tasks).double(),
+                **row_sums(logits.float(), labels, end_ids, torch.float32)}
+        for key, value in sums.items():
+            rows.setdefault(key, []).append(value.cpu())
+    if not rows or float(torch.cat(rows["tokens"]).sum()) == 0:
         raise ValueError("evaluation set is empty: no answer tokens (labels != -100) in any batch")
-    return out
-
-
-#: the keys of :func:`answer_row_sums` whose ratio is each metric's score (numerator, denominator)
-METRIC_SUMS: dict[str, tuple[str, str]] = {"token": ("right", "tokens"), "exact": ("exact", "answered"),
-                                           "prob": ("prob", "tokens")}
+    return {k: torch.cat(v) for k, v in rows.items()}
 
 
 def task_scores(rows: Mapping[str, torch.Tensor], num_tasks: int, metric: str) -> torch.Tensor:
