@@ -178,7 +178,6 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
                disable=not show)
 
     end_ids = end_of_turn_ids(dm)
-    num, den = METRIC_SUMS[metric]
 
     def evaluate(plan: WidthPlan | None, label: str) -> dict[str, torch.Tensor]:
         bar.set_postfix_str(label)
@@ -191,25 +190,9 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
         return rows
 
     def row(plan: WidthPlan, rows: dict[str, torch.Tensor], dense: dict[str, torch.Tensor]) -> dict[str, Any]:
-        scores, reference = task_scores(rows, len(names), metric), task_scores(dense, len(names), metric)
-        kept = retention(scores, reference, names)
-        loss = _task_loss(rows, len(names))
-        include = torch.tensor([n not in kept.excluded for n in names])
-        ppl_kept = [100.0 * math.exp(d - v) for d, v, keep in zip(_task_loss(dense, len(names)), loss, include)
-                    if keep and d == d and v == v]
-        tasks = rows["task"]
         return {"flops_fraction": decoder_flops(config, V, T, plan=plan, align=align).fraction,
                 "flops_fraction_align_1": decoder_flops(config, V, T, plan=plan, align=1).fraction,
-                "atr": kept.atr,
-                "atr_interval": task_mean_retention_interval("acc", tasks, (dense[num], dense[den]),
-                                                             (rows[num], rows[den]), include),
-                "answer_ppl_atr": sum(ppl_kept) / len(ppl_kept) if ppl_kept else None,
-                "answer_ppl_atr_interval": task_mean_retention_interval(
-                    "ppl", tasks, (dense["nll"], dense["tokens"]), (rows["nll"], rows["tokens"]), include),
-                "per_task_accuracy": {n: _nan_to_none(s) for n, s in zip(names, scores.tolist())},
-                "per_task_answer_loss": {n: _nan_to_none(v) for n, v in zip(names, loss)},
-                "per_task_retention": {n: _nan_to_none(v) for n, v in kept.per_task.items()},
-                "excluded": list(kept.excluded),
+                **_scored(rows, dense, names, metric),
                 "pruned": {u: plan.pruned_fraction(u) for u in WIDTH_UNITS},
                 "plan": plan.to_dict()}
 
@@ -275,6 +258,29 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
             "scores": scores_out, "rows": rows}
 
 
+def _scored(rows: Mapping[str, torch.Tensor], dense: Mapping[str, torch.Tensor], names: list[str],
+            metric: str) -> dict[str, Any]:
+    """One evaluation's figures (:func:`~lightprune.width.retention.answer_row_sums`) against the dense model's:
+    the ATR and the answer-ppl ATR over the tasks with a defined retention, each with its paired bootstrap
+    interval, and per task the accuracy, answer loss and retention."""
+    scores = task_scores(rows, len(names), metric)
+    kept = retention(scores, task_scores(dense, len(names), metric), names)
+    include = torch.tensor([n not in kept.excluded for n in names])
+    loss, dense_loss = _task_loss(rows, len(names)), _task_loss(dense, len(names))
+    ppl_kept = [100.0 * math.exp(d - v) for d, v, keep in zip(dense_loss, loss, include) if keep and d == d and v == v]
+    num, den = METRIC_SUMS[metric]
+    return {"atr": kept.atr,
+            "atr_interval": task_mean_retention_interval("acc", rows["task"], (dense[num], dense[den]),
+                                                         (rows[num], rows[den]), include),
+            "answer_ppl_atr": sum(ppl_kept) / len(ppl_kept) if ppl_kept else None,
+            "answer_ppl_atr_interval": task_mean_retention_interval(
+                "ppl", rows["task"], (dense["nll"], dense["tokens"]), (rows["nll"], rows["tokens"]), include),
+            "per_task_accuracy": {n: _nan_to_none(v) for n, v in zip(names, scores.tolist())},
+            "per_task_answer_loss": {n: _nan_to_none(v) for n, v in zip(names, loss)},
+            "per_task_retention": {n: _nan_to_none(v) for n, v in kept.per_task.items()},
+            "excluded": list(kept.excluded)}
+
+
 def _task_loss(rows: Mapping[str, torch.Tensor], num_tasks: int) -> list[float]:
     """Per task, the answer tokens' mean negative log-likelihood (NaN: no answer tokens)."""
     tasks = rows["task"].long()
@@ -326,8 +332,9 @@ def mwop_recovery(model: torch.nn.Module, dm: Any, result: Mapping[str, Any], *,
     dense model before recovery. The testbed is too small for the paper's LoRA (r = 128 on a 128-wide model), so
     the language model is fine-tuned in full, with the paper's schedule (cosine, 3% warm-up, weight decay 0).
 
-    Returns ``{"epochs", "steps", "learning_rate", "rows"}``: rows as :func:`mwop_quality`'s (method ``taylor``,
-    ``taylor_all_tasks`` or ``random`` with ``seed``), recovered.
+    Returns ``{"epochs", "steps", "learning_rate", "rows"}``: rows with ``operating_point``, ``method``
+    (``taylor``, ``taylor_all_tasks`` or ``random`` with ``seed``), ``flops_fraction`` and :func:`mwop_quality`'s
+    scores (ATRs with intervals, per-task accuracy, answer loss and retention), recovered.
     """
     from tqdm.auto import tqdm
 
@@ -342,9 +349,7 @@ def mwop_recovery(model: torch.nn.Module, dm: Any, result: Mapping[str, Any], *,
     config = base_model_of(model).config
     V, T = result["profile"]["vision_tokens"], result["profile"]["text_tokens"]
     metric, align = result["metric"], result["align"]
-    num, den = METRIC_SUMS[metric]
     dense = answer_row_sums(model, val, len(names), end_ids)
-    reference = task_scores(dense, len(names), metric)
     jobs = []
     for r in result["rows"]:
         if r["method"] in ("taylor", "taylor_all_tasks"):
@@ -358,18 +363,9 @@ def mwop_recovery(model: torch.nn.Module, dm: Any, result: Mapping[str, Any], *,
         trained = _recover(model, plan, train, steps, learning_rate, seed=0 if seed is None else seed)
         with mask_width(trained, plan):
             got = answer_row_sums(trained, val, len(names), end_ids)
-        scores = task_scores(got, len(names), metric)
-        kept = retention(scores, reference, names)
-        include = torch.tensor([n not in kept.excluded for n in names])
-        loss, dense_loss = _task_loss(got, len(names)), _task_loss(dense, len(names))
-        ppl_kept = [100.0 * math.exp(d - v) for d, v, keep in zip(dense_loss, loss, include) if keep]
         rows.append({"operating_point": point, "method": method, **({"seed": seed} if seed is not None else {}),
                      "flops_fraction": decoder_flops(config, V, T, plan=plan, align=align).fraction,
-                     "atr": kept.atr,
-                     "atr_interval": task_mean_retention_interval("acc", got["task"], (dense[num], dense[den]),
-                                                                  (got[num], got[den]), include),
-                     "answer_ppl_atr": sum(ppl_kept) / len(ppl_kept) if ppl_kept else None,
-                     "per_task_accuracy": {n: _nan_to_none(v) for n, v in zip(names, scores.tolist())}})
+                     **_scored(got, dense, names, metric)})
     return {"epochs": epochs, "steps": steps, "learning_rate": learning_rate, "rows": rows}
 
 
