@@ -44,6 +44,11 @@ def _random(result: Mapping[str, Any], ratio: float, metric: str) -> list[float]
     return [retention(metric, s[metric], result["dense"][metric]) for s in seeds]
 
 
+def _verdict(value: float, low: float, random_mean: float, random_best: float) -> str:
+    """The module docstring's rule: ``low`` is the lower end of the value's interval (the value without one)."""
+    return HELD if value > random_best and low > random_mean else NOISE if value > random_mean else FAILED
+
+
 def _against_random(result: Mapping[str, Any] | None, criterion: str, ratio: float, metric: str) -> tuple[str, str]:
     """(verdict, figures) of ``criterion`` against random at ``ratio`` on ``metric``'s retention."""
     row = _row(result or {}, criterion, ratio)
@@ -53,7 +58,7 @@ def _against_random(result: Mapping[str, Any] | None, criterion: str, ratio: flo
     kept, mean, best = _kept(result, row, metric), sum(randoms) / len(randoms), max(randoms)
     interval = row.get("intervals", {}).get(metric)
     low = interval[0] if interval else kept
-    verdict = HELD if kept > best and low > mean else NOISE if kept > mean else FAILED
+    verdict = _verdict(kept, low, mean, best)
     ci = f" [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else ""
     return verdict, (f"{criterion} {kept:.1f}{ci} vs random {mean:.1f} [{min(randoms):.1f}, {best:.1f}] "
                      f"({metric} retention @{int(ratio * 100)}%)")
@@ -106,7 +111,7 @@ def _mwop(mwop: Mapping[str, Any] | None) -> tuple[str, str]:
             interval = taylor.get(f"{key}_interval")
             low = interval[0] if interval else taylor[key]
             best, mean = random[key]["max"], random[key]["mean"]
-            verdicts.append(HELD if taylor[key] > best and low > mean else NOISE if taylor[key] > mean else FAILED)
+            verdicts.append(_verdict(taylor[key], low, mean, best))
             ci = f" [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else ""
             parts.append(f"{point} {label}: Taylor {taylor[key]:.1f}{ci} vs random {mean:.1f} "
                          f"[{random[key]['min']:.1f}, {best:.1f}]")

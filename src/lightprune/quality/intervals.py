@@ -36,10 +36,13 @@ def metric_value(metric: str, numerator: torch.Tensor, denominator: torch.Tensor
     return ratio.exp() if metric.startswith("ppl") else ratio
 
 
-def retention(metric: str, value: float, dense: float) -> float:
-    """100 x value / dense for accuracies, 100 x dense / value for perplexities (``ppl*``)."""
+def retention(metric: str, value, dense):
+    """100 x value / dense for accuracies, 100 x dense / value for perplexities (``ppl*``); floats or tensors (NaN
+    for a zero dense accuracy)."""
     if metric.startswith("ppl"):
         return 100.0 * dense / value
+    if isinstance(dense, torch.Tensor):
+        return 100.0 * value / dense
     return 100.0 * value / dense if dense else float("nan")
 
 
@@ -80,7 +83,7 @@ def retention_interval(metric: str, dense: RowSums, pruned: RowSums, *, resample
     index = _resamples(rows, resamples, seed)
     base = metric_value(metric, sums[0][index], sums[1][index])
     value = metric_value(metric, sums[2][index], sums[3][index])
-    return _percentiles(100.0 * (base / value if metric.startswith("ppl") else value / base), level)
+    return _percentiles(retention(metric, value, base), level)
 
 
 def task_mean_retention_interval(metric: str, tasks: torch.Tensor, dense: RowSums, pruned: RowSums,
@@ -109,7 +112,7 @@ def task_mean_retention_interval(metric: str, tasks: torch.Tensor, dense: RowSum
         return value.exp() if metric.startswith("ppl") else value
 
     base, value = per_task(sums[0], sums[1]), per_task(sums[2], sums[3])
-    kept = 100.0 * (base / value if metric.startswith("ppl") else value / base)
+    kept = retention(metric, value, base)
     kept = kept.masked_fill(~include.unsqueeze(0) | ~torch.isfinite(kept), math.nan)
     return _percentiles(kept.nanmean(dim=1), level)
 

@@ -40,10 +40,6 @@ def _combine(pools: list[torch.Tensor]) -> torch.Tensor:
     return -(ranks.min(dim=0).values + ranks.sum(dim=0) / (count * n + 1))
 
 
-def _split(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    return list(torch.split(flat, sizes))
-
-
 def min_rank_scores(per_category: Sequence[WidthScores]) -> WidthScores:
     """One :class:`WidthScores` whose every pool is ordered by the categories' minimum rank (module docstring);
     ``num_samples`` is the categories' total. The categories must score the same layers, heads and channels."""
@@ -60,12 +56,12 @@ def min_rank_scores(per_category: Sequence[WidthScores]) -> WidthScores:
     heads = [first.attn[l].shape[0] for l in attn_layers]
     for column in range(len(PATHS) if attn_layers else 0):
         pools = [torch.cat([s.attn[l][:, column].double() for l in attn_layers]) for s in per_category]
-        for l, part in zip(attn_layers, _split(_combine(pools), heads)):
+        for l, part in zip(attn_layers, torch.split(_combine(pools), heads)):
             attn[l][:, column] = part
     ffn = {l: {} for l in ffn_layers}
     channels = [first.ffn[l][MODALITIES[0]].numel() for l in ffn_layers]
     for modality in MODALITIES if ffn_layers else ():
         pools = [torch.cat([s.ffn[l][modality].double() for l in ffn_layers]) for s in per_category]
-        for l, part in zip(ffn_layers, _split(_combine(pools), channels)):
+        for l, part in zip(ffn_layers, torch.split(_combine(pools), channels)):
             ffn[l][modality] = part
     return WidthScores(attn=attn, ffn=ffn, num_samples=sum(int(s.num_samples) for s in per_category))
