@@ -244,10 +244,11 @@ class LayerAccumulator:
         f = outputs.to(dtype)
         gram = torch.bmm(f, f.transpose(1, 2))                           # [T, k, k]: f_s . f_r
         norms = gram.diagonal(dim1=1, dim2=2).clamp_min(0).sqrt()        # ||f_s||  [T, k]
-        dense = torch.zeros(hidden.shape[0], 4, num_experts, dtype=dtype, device=hidden.device)
         per_slot = torch.stack([torch.ones_like(w), w, norms, w * norms], dim=1)   # [T, 4, k]
-        dense.scatter_add_(2, selected.unsqueeze(1).expand(-1, 4, -1), per_slot)
-        token_sums = torch.einsum("ut,tce->uce", m, dense)               # [U, 4, E]
+        # each subset's token-weighted slot values, added at their experts: [U, 4, T k] -> [U, 4, E]
+        weighted = (m.view(m.shape[0], -1, 1, 1) * per_slot).transpose(1, 2).flatten(2)
+        token_sums = torch.zeros(m.shape[0], 4, num_experts, dtype=dtype, device=hidden.device).scatter_add_(
+            2, selected.reshape(1, 1, -1).expand(m.shape[0], 4, -1), weighted)
         for c, name in enumerate(("frequency", "seer", "ean", "reap_num")):
             self.sums[name] += token_sums[:, c].double()
         self.sums["tokens"] += m.sum(dim=1).double()
