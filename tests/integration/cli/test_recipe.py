@@ -14,7 +14,7 @@ from lightprune.cli_options import OptionError
 from lightprune.recipe import recipe_command
 
 
-@pytest.mark.parametrize("config,command", [("quickstart", "fit"), ("mwop", "fit"), ("router_lora", "fit"),
+@pytest.mark.parametrize("config,command", [("quickstart", "calibrate"), ("mwop", "fit"), ("router_lora", "fit"),
                                             ("reap_testbed", "calibrate"), ("maep", "calibrate"),
                                             ("hc_smoe", "calibrate"), ("aimer", "export"),
                                             ("custom_criterion", "export")])

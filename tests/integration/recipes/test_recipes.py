@@ -276,34 +276,31 @@ def test_maep_recipe_on_a_multimodal_checkpoint(tmp_path: Path) -> None:
     assert report["max_abs_diff"] <= 1e-5
 
 
-@pytest.mark.parametrize("qlora", [False, True], ids=["lora", "qlora"])
-def test_readme_main_job_config_runs_on_a_micro_setting(tmp_path: Path, monkeypatch, qlora: bool,
-                                                        testbed_root: Path, capsys) -> None:
-    """configs/quickstart.yaml (the README's main command) end to end on the micro text testbed, a few steps;
-    with 4-bit base weights (QLoRA) the export must still be the full-precision original, pruned."""
+def test_readme_main_job_config_runs_on_a_micro_setting(tmp_path: Path, monkeypatch, testbed_root: Path,
+                                                        capsys) -> None:
+    """configs/quickstart.yaml (the README's main command) end to end on the micro text testbed: the plan keeps the
+    experts of highest REAP, recomputed here from the testbed and its calibration batches; the export equals the
+    masked original; the summary has Evaluate's perplexity before and after."""
+    from lightprune.testbed import TestbedTextDataModule
+
     monkeypatch.setenv("LIGHTPRUNE_CACHE", str(testbed_root))
     run = tmp_path / "run"
-    cli = cli_main(["fit", "--config", "configs/quickstart.yaml", *MICRO_TESTBED, "--trainer.max_steps", "4",
-                    "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "1",
-                    "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run),
-                    "--model.init_args.load_in_4bit", str(qlora).lower()])
-    assert cli.trainer.global_step == 4
+    cli_main(["calibrate", "--config", "configs/quickstart.yaml", *MICRO_TESTBED,
+              "--evaluate.data.init_args.preset", "micro", "--evaluate.max_batches", "2",
+              "--evaluate.progress", "false", "--trainer.enable_progress_bar", "false",
+              "--trainer.default_root_dir", str(run)])
     plan = lp.ExpertPlan.load(run / "plan.json")
-    scores = json.loads((run / "scores.json").read_text())
-    assert plan.kept_counts() == {l: 4 for l in plan.keep} and plan.criterion == "router_delta:weight"
-    # the plan keeps the experts whose router rows moved most (independently: sort the saved scores)
-    for layer, ids in plan.keep.items():
-        moved = torch.tensor(scores["router_delta:weight"]["importance"][str(layer)])
-        assert set(ids) == set(torch.topk(moved, 4).indices.tolist())
-    pruned = lp.load_pruned(run / "model")
-    assert not any(k for k in pruned.state_dict() if "lora" in k)
-    # the summary, printed at the end of the job (after the evaluation that follows the export), has Evaluate's
-    # validation perplexity before and after
+    assert plan.kept_counts() == {l: 4 for l in plan.keep} and plan.criterion == "reap"
+    original = lp.load_pruned(resolve_testbed("testbed:text-micro"))  # the trained testbed, cached by the run
+    data = TestbedTextDataModule(preset="micro", batch_size=8)
+    data.setup("calibrate")
+    stats = lp.collect_expert_stats(original, list(data.calibration_dataloader()), criteria=("reap",), progress=False)
+    assert plan.keep == lp.select_experts(stats.score("reap"), 0.5, "uniform").keep
     evaluation = json.loads((run / "report.json").read_text())["evaluation"]
     before, after = evaluation["before"]["perplexity"], evaluation["after"]["perplexity"]
     summary = capsys.readouterr().out
     assert f"{before:.4g}" in summary and f"{after:.4g}" in summary and f"{100 * before / after:.1f}%" in summary
-    original = lp.load_pruned(resolve_testbed("testbed:text-micro"))  # the trained testbed, cached by the run
+    pruned = lp.load_pruned(run / "model")
     ids = torch.randint(3, 500, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), lp.mask_experts(original, plan):
         expected = original(input_ids=ids).logits
@@ -331,33 +328,46 @@ def test_router_lora_recipe_on_a_checkpoint(tmp_path: Path) -> None:
     torch.testing.assert_close(pruned(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_router_lora_testbed_config_runs_on_a_fresh_machine(tmp_path: Path, monkeypatch, testbed_root: Path) -> None:
+@pytest.mark.parametrize("qlora", [False, True], ids=["lora", "qlora"])
+def test_router_lora_testbed_config_runs_on_a_fresh_machine(tmp_path: Path, monkeypatch, testbed_root: Path,
+                                                            qlora: bool) -> None:
     """configs/router_lora_testbed.yaml (router_lora.yaml's recipe on the text testbed) on the micro testbed, two
-    optimizer steps: the plan keeps the experts whose router rows moved most; Evaluate measures before and after."""
+    optimizer steps: the plan keeps the experts whose router rows moved most; Evaluate measures before and after;
+    with 4-bit base weights (QLoRA) the export is still the full-precision original, pruned, without the adapter."""
     monkeypatch.setenv("LIGHTPRUNE_CACHE", str(testbed_root))
     run = tmp_path / "run"
     cli = cli_main(["fit", "--config", "configs/router_lora_testbed.yaml", *MICRO_TESTBED, "--trainer.max_steps", "2",
                     "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "4",
                     "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
                     "--evaluate.max_batches", "1", "--evaluate.progress", "false",
-                    "--trainer.default_root_dir", str(run)])
+                    "--model.init_args.load_in_4bit", str(qlora).lower(), "--trainer.default_root_dir", str(run)])
     assert cli.trainer.global_step == 2
     plan = lp.ExpertPlan.load(run / "plan.json")
+    assert plan.kept_counts() == {l: 4 for l in plan.keep} and plan.criterion == "router_delta:weight"
     moved = json.loads((run / "scores.json").read_text())["router_delta:weight"]["importance"]
     for layer, ids in plan.keep.items():
         assert set(ids) == set(torch.topk(torch.tensor(moved[str(layer)]), 4).indices.tolist())
     assert set(json.loads((run / "report.json").read_text())["evaluation"]) >= {"before", "after"}
+    pruned = lp.load_pruned(run / "model")
+    assert not any(k for k in pruned.state_dict() if "lora" in k)
+    original = lp.load_pruned(resolve_testbed("testbed:text-micro"))
+    ids = torch.randint(3, 500, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), lp.mask_experts(original, plan):
+        expected = original(input_ids=ids).logits
+    torch.testing.assert_close(pruned(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_rerun_with_the_same_seed_and_data_gives_the_same_plan(tmp_path: Path, monkeypatch) -> None:
-    """Twice the README's job from an empty cache: the first run trains the micro testbed (inside the job, so its
-    random state must be left as it was), the second finds it cached; same plan and scores."""
+    """Twice a fine-tune-then-prune job on the testbed from an empty cache: the first run trains the micro testbed
+    (inside the job, so its random state must be left as it was), the second finds it cached; same plan and
+    scores."""
     monkeypatch.setenv("LIGHTPRUNE_CACHE", str(tmp_path / "cache"))
     outputs = []
     for name in ("first", "second"):
         run = tmp_path / name
-        cli_main(["fit", "--config", "configs/quickstart.yaml", *MICRO_TESTBED, "--trainer.max_steps", "6",
-                  "--trainer.val_check_interval", "6", "--trainer.limit_val_batches", "1",
+        cli_main(["fit", "--config", "configs/router_lora_testbed.yaml", *MICRO_TESTBED, "--trainer.max_steps", "3",
+                  "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "6",
+                  "--trainer.limit_val_batches", "1", "--evaluate.max_batches", "1", "--evaluate.progress", "false",
                   "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run)])
         outputs.append(((run / "plan.json").read_text(), (run / "scores.json").read_text()))
     assert outputs[0] == outputs[1]

@@ -81,7 +81,8 @@ def test_the_cli_reports_a_missing_deepspeed_in_one_line(monkeypatch, capsys, tm
     from lightprune.cli import main
 
     monkeypatch.setattr(lightning_deepspeed, "_DEEPSPEED_AVAILABLE", False)
-    monkeypatch.setattr(sys, "argv", ["lightprune", "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
+    monkeypatch.setattr(sys, "argv", ["lightprune", "fit", "--config",
+                                      str(REPO / "configs" / "router_lora_testbed.yaml"),
                                       "--trainer.default_root_dir", str(tmp_path),
                                       "--trainer.strategy", str(REPO / "configs" / "deepspeed" / "stage2.yaml")])
     with pytest.raises(SystemExit) as exit_:

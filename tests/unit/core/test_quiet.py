@@ -60,11 +60,11 @@ def test_install_drops_the_named_notices_and_nothing_else() -> None:
 
 @pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
 def test_the_command_is_quiet_unless_verbose(tmp_path, testbed_root, verbose) -> None:
-    """The README's default job on the micro testbed, two steps, in a fresh process: Lightning's litlogger tip and
+    """The README's default job on the micro testbed, in a fresh process: Lightning's litlogger tip and
     bitsandbytes' optional-kernel notice are gone, and --verbose brings them back."""
-    args = [sys.executable, "-m", "lightprune.cli", "fit", "--config", "configs/quickstart.yaml",
+    args = [sys.executable, "-m", "lightprune.cli", "calibrate", "--config", "configs/quickstart.yaml",
             "--model.init_args.checkpoint", "testbed:text-micro", "--data.init_args.preset", "micro",
-            "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
+            "--evaluate.data.init_args.preset", "micro", "--evaluate.max_batches", "1", "--evaluate.progress", "false",
             "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run")]
     env = {**os.environ, "LIGHTPRUNE_CACHE": str(testbed_root), "HF_HUB_OFFLINE": "1"}
     env.pop(quiet.VERBOSE_ENV, None)
@@ -78,7 +78,7 @@ def test_the_command_is_quiet_unless_verbose(tmp_path, testbed_root, verbose) ->
     assert ("Loading weights" in output) == verbose  # the export's reload
     if not verbose:  # (shown verbose only where bitsandbytes lacks its optional kernel package)
         assert "gemm_4bit_forward" not in output and "is_gradient_checkpointing" not in output
-    assert "ExpertPruning: router_delta:weight pruned" in output  # lightprune's own lines stay
+    assert "ExpertPruning: reap pruned" in output  # lightprune's own lines stay
 
 
 def test_the_progress_bar_says_calibration_while_calibrating(tmp_path) -> None:
