@@ -153,13 +153,16 @@ def _put(out: torch.Tensor, tokens: torch.Tensor, experts: torch.Tensor, alias: 
 
 class _Prepared(NamedTuple):
     """What :meth:`LayerAccumulator.prepare` computed for one layer and batch (``selected``: the routing it is for;
-    ``swap_rows``: how many of the extra rows it asked for are swap rows, before the re-run pairs' rows)."""
+    ``swap_index`` [T] / ``pair_index`` [pairs]: the rows of the extra outputs it asked for that hold each token's
+    swap expert and each re-run pair's entering expert, None when it asked for none: a (token, expert) row both need
+    runs once)."""
 
     selected: torch.Tensor
     logits: torch.Tensor
     effect: RemovalEffect | None
     reruns: _Reruns | None
-    swap_rows: int
+    swap_index: torch.Tensor | None = None
+    pair_index: torch.Tensor | None = None
 
 
 class LayerAccumulator:
@@ -198,18 +201,20 @@ class LayerAccumulator:
         logits = layer.family.router_logits(layer, router_input)
         effect = layer.family.removal_effect(layer, logits, selected) if want_dh else None
         reruns = _reselect(layer, logits, selected, effect, "delta_h_promoted" in self.criteria) if want_dh else None
-        swap_rows = 0
-        rows = None
-        if "delta_h_promoted" in self.criteria:
-            tokens, experts = [reruns.pair_token], [reruns.pair_expert]
-            if effect.swap_expert is not None:
-                swap_rows = selected.shape[0]
-                tokens.insert(0, torch.arange(swap_rows, device=selected.device))
-                experts.insert(0, effect.swap_expert.to(selected.device))
-            rows = (torch.cat([t.to(selected.device) for t in tokens]),
-                    torch.cat([e.to(selected.device) for e in experts]))
-        self._pending = _Prepared(selected, logits, effect, reruns, swap_rows)
-        return rows
+        if "delta_h_promoted" not in self.criteria:
+            self._pending = _Prepared(selected, logits, effect, reruns)
+            return None
+        # every (token, expert) row the promoted variant reads, once: a swap's entering expert is often one that
+        # enters a re-run pair's selection of the same token too
+        num_experts, device = self.num_experts, selected.device
+        keys = [reruns.pair_token.to(device) * num_experts + reruns.pair_expert.to(device)]
+        swaps = 0
+        if effect.swap_expert is not None:
+            swaps = selected.shape[0]
+            keys.insert(0, torch.arange(swaps, device=device) * num_experts + effect.swap_expert.to(device))
+        rows, index = torch.unique(torch.cat(keys), return_inverse=True)
+        self._pending = _Prepared(selected, logits, effect, reruns, index[:swaps] if swaps else None, index[swaps:])
+        return rows // num_experts, rows % num_experts
 
     @torch.no_grad()
     def update(self, layer: MoELayer, hidden: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor,
@@ -259,7 +264,7 @@ class LayerAccumulator:
             return
         want_dh = "delta_h" in self.criteria
         want_promoted = "delta_h_promoted" in self.criteria
-        logits, effect, reruns, swap_rows = prepared.logits, prepared.effect, prepared.reruns, prepared.swap_rows
+        logits, effect, reruns = prepared.logits, prepared.effect, prepared.reruns
         if "routing_kl" in self.criteria:
             self.sums["routing_kl"] += (m @ routing_kl(router_distribution(layer, logits)).to(dtype)).double()
         if want_dh or want_promoted:
@@ -267,10 +272,11 @@ class LayerAccumulator:
             swap_outputs = rerun_outputs = None
             if extra_outputs is not None:  # a padded token's expert output may be NaN, and 0 * NaN = NaN
                 extra_outputs = extra_outputs.to(dtype)
-                swap_outputs = extra_outputs[:swap_rows] if swap_rows else None
-                rerun_outputs = extra_outputs[swap_rows:]
+                index = prepared.swap_index
+                swap_outputs = None if index is None else extra_outputs[index.to(extra_outputs.device)]
+                rerun_outputs = extra_outputs[prepared.pair_index.to(extra_outputs.device)]
                 if padded:
-                    if swap_rows:
+                    if swap_outputs is not None:
                         swap_outputs = torch.where(keep.unsqueeze(-1), swap_outputs, 0.0)
                     rerun_outputs = torch.where(keep[reruns.pair_token.to(keep.device)].unsqueeze(-1), rerun_outputs,
                                                 0.0)
