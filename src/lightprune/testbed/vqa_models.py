@@ -35,7 +35,7 @@ from lightprune.width.retention import evaluate_tasks
 
 __all__ = ["VQA_TESTBEDS", "VQATestbedSpec", "answer_accuracy", "vqa_testbed"]
 
-VQA_TESTBED_FORMAT = "v1"
+VQA_TESTBED_FORMAT = "v2"  # bump when the trained weights would change for the same spec (the data's rows)
 _FAMILIES = {"mllm-moe": "qwen3_vl_moe", "dense-mllm": "llava_onevision"}
 
 
@@ -88,9 +88,8 @@ _MOE_FULL = dict(
 _DENSE_FULL = dict(
     text_config=_text(128, 4, intermediate_size=256),
     vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4))
-# val: 155 rows per task family (the most its Python-documentation text pool gives), for the quality tables'
-# intervals
-_FULL_DATA = dict(n_train=4000, n_val=620, n_selection=100, n_calibration=200)
+# val: 200 rows per task family, for the quality tables' intervals
+_FULL_DATA = dict(n_train=4000, n_val=800, n_selection=100, n_calibration=200)
 _MICRO_DATA = dict(n_train=48, n_val=16, n_selection=8, n_calibration=16)
 
 VQA_TESTBEDS: dict[str, VQATestbedSpec] = {

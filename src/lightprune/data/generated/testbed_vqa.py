@@ -15,8 +15,9 @@ text. Each row is a chat whose answer is one word, in one of the task families :
   :func:`lightprune.data.pydoc_rows.corpus_splits`), to measure text perplexity on held-out text.
   An instruction row keeps its prompt ("Explain the Python topic 'with':"); a text chunk becomes
   :data:`TEXT_PROMPT` plus its first sentence (or line) -> what follows. Splits take the corpus's own
-  topic split (:data:`TEXT_SOURCE_SPLITS`), so text rows of different splits never share a topic (and
-  a completion that two splits' topics share stays in ``train`` only).
+  topic splits (:data:`TEXT_SOURCE_SPLITS`: ``val`` the corpus's ``val`` and ``test`` topics, ``selection``
+  and ``calibration`` one half each of its ``calibration`` topics), so text rows of different splits never
+  share a topic (and a completion that two splits' topics share stays in ``train`` only).
 
 :func:`testbed_vqa_splits` draws rows from one seeded stream (``random.Random(seed)``), the splits
 in :data:`TESTBED_VQA_SPLITS` order (evaluation first, so ``train``'s size does not move them); row
@@ -27,6 +28,7 @@ are disjoint. :func:`render_row` draws a row's picture; the same row gives the s
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -45,9 +47,13 @@ __all__ = ["BAR_COLORS", "BAR_LEVELS", "CHART_BACKGROUND", "CHART_DPI", "COUNT_W
 TESTBED_VQA_TASKS: tuple[str, ...] = ("digit", "chart_tallest", "chart_count", "text")
 # stream order: evaluation first, so that n_train does not move the evaluation rows
 TESTBED_VQA_SPLITS: tuple[str, ...] = ("val", "selection", "calibration", "train")
-# split -> the default corpus split its text rows come from (topic-disjoint)
-TEXT_SOURCE_SPLITS: dict[str, str] = {"val": "val", "selection": "test", "calibration": "calibration",
-                                      "train": "train"}
+# split -> the default corpus splits its text rows come from, as (corpus split, half): half None takes every topic,
+# 0 / 1 the topics of that parity of their name's SHA-256. val takes two held-out topic splits (about 300 rows, so
+# that 200 of them can be asked for); selection and calibration share the calibration topics out: every two splits
+# stay topic-disjoint
+TEXT_SOURCE_SPLITS: dict[str, tuple[tuple[str, int | None], ...]] = {
+    "val": (("val", None), ("test", None)), "selection": (("calibration", 0),),
+    "calibration": (("calibration", 1),), "train": (("train", None),)}
 DIGIT_WORDS: tuple[str, ...] = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 COUNT_WORDS: dict[int, str] = {2: "two", 3: "three", 4: "four"}
 BAR_COLORS: dict[str, tuple[int, int, int]] = {
@@ -248,17 +254,25 @@ def _text_pair(row: Mapping[str, str]) -> tuple[str, str] | None:
     return (question, answer) if question and answer.strip() else None
 
 
+def _topic_half(topic: str) -> int:
+    """0 or 1: the parity of the first byte of the SHA-256 of a topic's name."""
+    return hashlib.sha256(topic.encode("utf-8")).digest()[0] & 1
+
+
 @lru_cache(maxsize=1)
 def _text_pools() -> dict[str, tuple[tuple[str, str, str], ...]]:
     corpus = corpus_splits()
     pools = {}
-    for split, source in TEXT_SOURCE_SPLITS.items():
+    for split, sources in TEXT_SOURCE_SPLITS.items():
         items, seen = [], set()
-        for row in corpus[source]:
-            pair = _text_pair(row)
-            if pair is not None and pair not in seen:
-                seen.add(pair)
-                items.append((*pair, row["topic"]))
+        for source, half in sources:
+            for row in corpus[source]:
+                if half is not None and _topic_half(row["topic"]) != half:
+                    continue
+                pair = _text_pair(row)
+                if pair is not None and pair not in seen:
+                    seen.add(pair)
+                    items.append((*pair, row["topic"]))
         pools[split] = items
     # the same words can end two topics ("described by the following lexical definitions:"): held-out
     # splits drop an answer that another split also has, so no completion is in two splits

@@ -38,7 +38,7 @@ from lightprune.data.generated.testbed_vqa import (
 
 __all__ = ["TESTBED_VQA_FORMAT", "TestbedVQADataModule", "build_testbed_vqa", "testbed_vqa_dir"]
 
-TESTBED_VQA_FORMAT = "v1"  # bump when the rows, the pictures or the file layout change
+TESTBED_VQA_FORMAT = "v2"  # bump when the rows, the pictures or the file layout change
 _PROGRESS_MIN_ROWS = 1000
 
 
