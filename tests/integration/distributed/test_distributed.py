@@ -287,6 +287,9 @@ def test_zero3_full_fit_then_aimer_export_equal_single_process(tmp_path: Path) -
 
     Every weight trains, so the exported weights carry 2 AdamW steps of fp32 gradients averaged over 2 ranks:
     equal to the single process to ~1e-6 (lr 1e-3 times a rounding-level difference in Adam's normalised step).
+    Where a gradient is within a few eps (1e-8) of zero, the step g / (|g| + eps) moves with the gradient's last
+    bits, so a few elements may differ by a few percent of a step; a lost partition or a wrong gradient moves
+    whole tensors by steps of 1e-3.
     """
     want = _fit_full(tmp_path / "single")
     run = _fit_full(tmp_path / "zero3", devices=2, strategy=_strategy("zero3"))
@@ -295,8 +298,11 @@ def test_zero3_full_fit_then_aimer_export_equal_single_process(tmp_path: Path) -
     a = {k: v for f in sorted((run / "model").glob("*.safetensors")) for k, v in load_file(f).items()}
     b = {k: v for f in sorted((want / "model").glob("*.safetensors")) for k, v in load_file(f).items()}
     assert a.keys() == b.keys()
+    differ = 0
     for key in b:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-5, msg=key)
+        torch.testing.assert_close(a[key], b[key], rtol=0.0, atol=0.05 * 1e-3, msg=key)  # 5% of one step
+        differ += int(((a[key].float() - b[key].float()).abs() > 1e-6).sum())
+    assert differ <= 1e-3 * sum(v.numel() for v in b.values()), f"{differ} weights differ by more than 1e-6"
     expected = json.loads((want / "rank0.json").read_text())
     _assert_ranks(run, expected["plans"], expected["experts"], stage3=True)
 
