@@ -20,7 +20,7 @@ outputs f [T, k, H]. From these (METHODS.md, "Calibration criteria"):
   entering expert is the same whichever selected expert leaves, so it runs once per token, in the forward's own
   expert call (:meth:`LayerAccumulator.prepare` asks for it), and the square is expanded:
   D^T G D - 2 w' D . (f . f_n) + w'^2 ||f_n||^2; a re-run pair's entering experts run once per distinct
-  (token, expert).
+  (token, expert), also when a swap of the same token promotes the same expert.
 
 Per-token quantities are computed in float32 (the outputs' dtype or wider) and each batch's sums are added
 to float64 accumulators [subsets, E] on the weights' device: no float64 tensor over tokens. The host
