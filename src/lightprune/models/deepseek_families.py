@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput, alike_family, mlp_layer_type
 from lightprune.models.routing_ops import chosen_groups_mask, softmax_removal_growth, unique_rows
+from lightprune.models.sorted_top import sorted_topk
 
 __all__ = ["DeepseekV3Family", "Glm4MoeFamily", "Glm4vMoeFamily", "KimiK25Family", "NemotronHFamily", "Dots1Family",
            "DeepseekV2Family", "DEEPSEEK_ALIKE", "Dots3NoteTextFamily"]
@@ -137,24 +138,27 @@ class DeepseekV3Family(MoEFamily):
         num_tokens, device = router_logits.shape[0], router_logits.device
         scores = router_logits.sigmoid()
         choice = scores + router.e_score_correction_bias
-        width = min(size, max(k, 3))
-        top = choice.view(-1, num_group, size).topk(width, dim=-1)                          # sorted, [T, G, w]
-        top_ids = top.indices + torch.arange(num_group, device=device).view(1, -1, 1) * size
-        group_scores = top.values[..., :2].sum(dim=-1)                                       # [T, G]
+        # each group's top k + 1 (at least 3) selection scores, sorted: a group holds at most k selected experts, so
+        # its best unselected one is in its list
+        width = min(size, max(k + 1, 3))
+        top_values, top_ids = sorted_topk(choice.view(-1, num_group, size), width)          # [T, G, w]
+        top_ids = top_ids + torch.arange(num_group, device=device).view(1, -1, 1) * size
+        group_scores = top_values[..., :2].sum(dim=-1)                                       # [T, G]
         chosen_idx = torch.topk(group_scores, k=picked, dim=-1, sorted=False)[1]           # [T, Gc]
-        chosen = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, chosen_idx, True)
-        in_chosen = chosen.unsqueeze(-1).expand(-1, -1, size).reshape(-1, num_experts)
+        gather = lambda t: t.gather(1, chosen_idx.unsqueeze(-1).expand(-1, -1, t.shape[-1]))  # noqa: E731
+        values, ids = gather(top_values), gather(top_ids)                                   # [T, Gc, w]
         rerun = selected[:, :0]
         alias = new_weights = new_selected = None
         if num_group > picked:
+            chosen = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, chosen_idx, True)
             rival_score, rival = group_scores.masked_fill(chosen, float("-inf")).max(dim=-1)
-            gather = lambda t: t.gather(1, chosen_idx.unsqueeze(-1).expand(-1, -1, width))  # noqa: E731
-            values, ids = gather(top.values), gather(top_ids)                               # [T, Gc, w]
             third = values[..., 2] if width >= 3 else torch.full_like(values[..., 0], float("-inf"))
             without = torch.stack([values[..., 1] + third, values[..., 0] + third], dim=-1)  # [T, Gc, 2]: less each
             falls = without <= rival_score.view(-1, 1, 1)
+            # a group gives at most k experts to a top k: the pools of the new groups hold each one's first k
+            pool_width = min(width, k)
             # a strict fall of the top-1 removal has the closed form (the top-2 removal's score is not lower)
-            closed = (without[..., 0] < rival_score.view(-1, 1)) & (picked * width >= k)  # [T, Gc]
+            closed = (without[..., 0] < rival_score.view(-1, 1)) & (picked * pool_width >= k)  # [T, Gc]
             both = closed & (without[..., 1] < rival_score.view(-1, 1))
             pair_ids = torch.where(falls, ids[..., :2], -1)
             pair_ids[..., 1] = torch.where(both, -1, pair_ids[..., 1])
@@ -164,20 +168,25 @@ class DeepseekV3Family(MoEFamily):
             # slot c of the new groups: the chosen ones with c replaced by the rival
             eye = torch.eye(picked, dtype=torch.bool, device=device)
             groups = torch.where(eye, rival.view(-1, 1, 1), chosen_idx.unsqueeze(1))         # [T, Gc, Gc]
-            pick = groups.reshape(num_tokens, -1, 1).expand(-1, -1, width)
-            pool_values = top.values.gather(1, pick).view(num_tokens, picked, -1)           # [T, Gc, Gc w]
-            pool_ids = top_ids.gather(1, pick).view(num_tokens, picked, -1)
-            swapped = pool_ids.gather(2, pool_values.topk(min(k, pool_values.shape[-1]), dim=-1, sorted=False)[1])
+            pick = groups.reshape(num_tokens, -1, 1).expand(-1, -1, pool_width)
+            pool_values = top_values[..., :pool_width].gather(1, pick).view(-1, picked * pool_width)  # [T Gc, Gc w']
+            pool_ids = top_ids[..., :pool_width].gather(1, pick).view(-1, picked * pool_width)
+            take = min(k, pool_values.shape[-1])
+            swapped = pool_ids.gather(1, sorted_topk(pool_values, take)[1]).view(num_tokens, picked, take)
             new_selected = torch.zeros(num_tokens, picked, 2, k, dtype=selected.dtype, device=device)
             new_weights = torch.zeros(num_tokens, picked, 2, k, dtype=scores.dtype, device=device)
-            if swapped.shape[-1] == k:
+            if take == k:
                 new_selected[:, :, 0] = swapped
                 new_weights[:, :, 0] = self._selected_weights(router, scores.gather(1, swapped.flatten(1))
                                                               .view(num_tokens, picked, k))
             new_selected, new_weights = new_selected.flatten(1, 2), new_weights.flatten(1, 2)
             generic = (rerun >= 0) & ~torch.stack([closed, torch.zeros_like(closed)], dim=-1).flatten(1)
-        available = choice.masked_fill(~in_chosen, float("-inf")).scatter(1, selected, float("-inf"))
-        best, promoted = available.max(dim=-1, keepdim=True)
+        # the expert a swap promotes: the best unselected one of the chosen groups' lists
+        is_selected = torch.zeros(num_tokens, num_experts, dtype=torch.bool, device=device).scatter_(1, selected, True)
+        listed = ids.flatten(1)
+        best, at = values.flatten(1).masked_fill(is_selected.gather(1, listed), float("-inf")).max(dim=-1,
+                                                                                                 keepdim=True)
+        promoted = listed.gather(1, at)
         none_left = torch.isneginf(best)  # the chosen groups hold only selected experts: no swap, re-run them
         if bool(none_left.any()):
             extra = torch.where(none_left, selected, -1)
