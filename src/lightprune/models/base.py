@@ -190,6 +190,10 @@ class MoEFamily:
     #: per-expert tensors in submodules of the router: (submodule, name, the experts' dimension); submodule ""
     #: is the router itself
     router_sub_tensors: ClassVar[tuple[tuple[str, str, int], ...]] = ()
+    #: True when the router module's forward returns ``(logits, ...)`` with the logits exactly :meth:`router_logits` of
+    #: its input (every transformers 5 router here but Gemma 4's, which returns probabilities): calibration then
+    #: reads them instead of recomputing them
+    router_returns_logits: ClassVar[bool] = True
     #: per-expert tensors the MoE block keeps outside its router, as (submodule, name, dim) with "" the block itself
     #: (MiniMax-M2's ``e_score_correction_bias``, AFMoE's ``expert_bias``); a missing one is skipped
     block_sub_tensors: ClassVar[tuple[tuple[str, str, int], ...]] = ()

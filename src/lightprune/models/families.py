@@ -317,6 +317,7 @@ class Gemma4TextFamily(MoEFamily):
     router_attr = "router"
     router_weight_attr = "proj"
     router_sub_tensors = (("", "per_expert_scale", 0),)
+    router_returns_logits = False  # Gemma4TextRouter returns the probabilities
 
     def is_sparse_layer(self, index: int) -> bool:
         return bool(self.text_config.enable_moe_block)

@@ -10,6 +10,8 @@ extra_outputs [n, H] or None)`` where ``outputs[t, s]`` is expert ``top_k_index[
 ``router_input`` what the layer's router was called with for the same tokens (a forward pre-hook on the router,
 removed on exit): the experts' input in most families, the decoder layer's residual stream in Gemma 4, whose experts
 get a normed copy; ``extra_outputs`` the rows an ``extra`` callback asked for, run in the same grouped matmuls.
+With ``router_logits=True`` the observer and ``extra`` also get ``router_logits=``: the logits the router returned
+(a forward hook), where the family's router returns them (``MoEFamily.router_returns_logits``), else None.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ Observer = Callable[..., None]
 #: (layer, hidden_states, router_input, top_k_index) -> (tokens, experts) of further rows to run, or None
 ExtraRows = Callable[[MoELayer, torch.Tensor, torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor] | None"]
 
-_OBSERVERS: dict[int, tuple[MoELayer, Observer, ExtraRows | None]] = {}
+_OBSERVERS: dict[int, tuple[MoELayer, Observer, ExtraRows | None, bool]] = {}
 #: the last input of each observed layer's router, by id of the layer's experts module
 _ROUTER_INPUTS: dict[int, torch.Tensor] = {}
+#: the logits the router returned with that input (only for observers that asked for them)
+_ROUTER_LOGITS: dict[int, torch.Tensor] = {}
 
 
 def run_expert(experts: nn.Module, index: int, x: torch.Tensor) -> torch.Tensor:
@@ -139,16 +143,17 @@ def _observing_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index
     if entry is None:
         outputs, _ = expert_outputs(self, hidden_states, top_k_index)
     else:
-        layer, observer, extra = entry
+        layer, observer, extra, with_logits = entry
         router_input = _ROUTER_INPUTS.pop(id(self), None)
+        logits = {"router_logits": _ROUTER_LOGITS.pop(id(self), None)} if with_logits else {}
         if router_input is not None:  # [T, H]; the experts may read a narrower projection (Nemotron-H's latent)
             router_input = router_input.reshape(-1, router_input.shape[-1])
         if router_input is None or router_input.shape[0] != hidden_states.shape[0]:
             raise RuntimeError(f"layer {layer.index}: its experts ran without a router call on the same tokens "
                                "before them; lightprune observes experts routed by the layer's own router")
-        rows = extra(layer, hidden_states, router_input, top_k_index) if extra is not None else None
+        rows = extra(layer, hidden_states, router_input, top_k_index, **logits) if extra is not None else None
         outputs, extra_outputs = expert_outputs(self, hidden_states, top_k_index, rows)
-        observer(layer, hidden_states, router_input, top_k_index, top_k_weights, outputs, extra_outputs)
+        observer(layer, hidden_states, router_input, top_k_index, top_k_weights, outputs, extra_outputs, **logits)
     weighted = (outputs.float() * top_k_weights.float().unsqueeze(-1)).sum(dim=1)
     return weighted.to(hidden_states.dtype)
 
@@ -169,13 +174,24 @@ def _router_input_hook(key: int):
     return hook
 
 
+def _router_logits_hook(key: int):
+    """A forward hook that keeps the logits a router returned (the first of its outputs)."""
+    def hook(module: nn.Module, args: tuple, output) -> None:
+        logits = output[0] if isinstance(output, (tuple, list)) else output
+        if isinstance(logits, torch.Tensor):
+            _ROUTER_LOGITS[key] = logits.detach()
+    return hook
+
+
 @contextmanager
-def observing_experts(layers: list[MoELayer], observer: Observer, extra: ExtraRows | None = None) -> Iterator[None]:
+def observing_experts(layers: list[MoELayer], observer: Observer, extra: ExtraRows | None = None,
+                      router_logits: bool = False) -> Iterator[None]:
     """Route every listed layer's experts through the observing implementation inside the block.
 
     ``extra`` (optional) is asked before a layer's experts run for further (token, expert) rows; their unweighted
-    outputs [n, H] are computed with the routed ones and handed to the observer as its last argument (None
-    without ``extra`` or when it returns None)."""
+    outputs [n, H] are computed with the routed ones and handed to the observer (None without ``extra`` or when it
+    returns None). ``router_logits``: also hand both the logits the router returned (keyword ``router_logits``; None
+    where the family's router does not return its logits)."""
     _register()
     configs: dict[int, tuple[object, object]] = {}
     handles = []
@@ -188,9 +204,11 @@ def observing_experts(layers: list[MoELayer], observer: Observer, extra: ExtraRo
                 raise ValueError(f"layer {layer.index}: {type(layer.experts).__name__} does not dispatch through "
                                  "transformers' ExpertsInterface; cannot observe it")
             configs.setdefault(id(config), (config, config._experts_implementation_internal))
-            _OBSERVERS[id(layer.experts)] = (layer, observer, extra)
+            _OBSERVERS[id(layer.experts)] = (layer, observer, extra, router_logits)
             handles.append(layer.router.register_forward_pre_hook(_router_input_hook(id(layer.experts)),
                                                                   with_kwargs=True))
+            if router_logits and layer.family.router_returns_logits:
+                handles.append(layer.router.register_forward_hook(_router_logits_hook(id(layer.experts))))
         for config, _ in configs.values():
             config._experts_implementation_internal = IMPLEMENTATION
         yield
@@ -204,3 +222,4 @@ def observing_experts(layers: list[MoELayer], observer: Observer, extra: ExtraRo
             if entry is not None and entry[1] is observer:
                 del _OBSERVERS[id(layer.experts)]
                 _ROUTER_INPUTS.pop(id(layer.experts), None)
+                _ROUTER_LOGITS.pop(id(layer.experts), None)

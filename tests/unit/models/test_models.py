@@ -173,6 +173,11 @@ def test_route_equals_the_models_router_bitwise(tiny, family, dtype):
                 for g, e in zip(got, expected, strict=True):
                     assert g.dtype == e.dtype and g.shape == e.shape
                     assert torch.equal(g, e)
+            # calibration reads the router's first output as its logits where the family says it may
+            logits = layer.family.router_logits(layer, hidden)
+            returned = expected[0].reshape(logits.shape) if expected[0].numel() == logits.numel() else None
+            same = returned is not None and torch.equal(returned, logits)
+            assert same == layer.family.router_returns_logits, f"{family}: router_returns_logits is not {same}"
 
 
 def _softmax_reference(hidden, weight, keep, top_k, renorm):

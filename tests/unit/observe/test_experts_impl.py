@@ -74,3 +74,30 @@ def test_extra_rows_come_back_with_the_routed_ones(tiny) -> None:
         expected = torch.stack([run_expert(layer.experts, int(e), hidden[int(t)][None])[0]
                                 for t, e in zip(tokens, experts)])
         torch.testing.assert_close(seen[layer.index], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_moe", "gemma4_text"])
+def test_router_logits_come_with_the_router_input_where_the_router_returns_them(tiny, family) -> None:
+    """With router_logits=True both callbacks get the logits the router returned, equal to the family's logits of
+    the router input; None where the router returns something else (Gemma 4: probabilities); the hooks go on exit."""
+    model = tiny(family, seed=1)
+    layers = lp.find_moe_layers(model)
+    seen = {}
+
+    def extra(layer, hidden, router_input, selected, router_logits):
+        seen[("extra", layer.index)] = router_logits
+        return None
+
+    def observer(layer, hidden, router_input, selected, weights, outputs, extra_outputs, router_logits):
+        seen[("observer", layer.index)] = (router_input, router_logits)
+
+    with torch.no_grad(), observing_experts(layers, observer, extra=extra, router_logits=True):
+        model(**padded_batch(seed=3, batch=2, seq=5, pad=0))
+    for layer in layers:
+        router_input, logits = seen[("observer", layer.index)]
+        assert seen[("extra", layer.index)] is logits
+        if layer.family.router_returns_logits:
+            assert torch.equal(logits, layer.family.router_logits(layer, router_input))
+        else:
+            assert logits is None
+        assert not layer.router._forward_hooks and not layer.router._forward_pre_hooks

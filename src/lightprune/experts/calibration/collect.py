@@ -87,7 +87,8 @@ class ExpertObserver:
     def __enter__(self) -> "ExpertObserver":
         stack = ExitStack()
         try:
-            stack.enter_context(observing_experts(self.layers, self._observe, extra=self._extra_rows))
+            stack.enter_context(observing_experts(self.layers, self._observe, extra=self._extra_rows,
+                                                 router_logits=True))
             if any(s in ATTENTION_SUBSETS for s in self.subsets):
                 self._probe = stack.enter_context(AttentionProbe(self.model, [l.index for l in self.layers]))
         except BaseException:
@@ -141,18 +142,21 @@ class ExpertObserver:
         return masks, torch.arange(batch, device=hidden.device).repeat_interleave(seq), batch
 
     def _extra_rows(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor,
-                    selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+                    selected: torch.Tensor, router_logits: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         self._layer_masks = (selected, self._batch_masks(layer, hidden))  # _observe of the same routing reuses them
         return self.accumulators[layer.index].prepare(layer, router_input, selected, self._layer_masks[1][0],
-                                                      self._padded)
+                                                      self._padded, router_logits)
 
     def _observe(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor, selected: torch.Tensor,
-                 weights: torch.Tensor, outputs: torch.Tensor, extra_outputs: torch.Tensor | None = None) -> None:
+                 weights: torch.Tensor, outputs: torch.Tensor, extra_outputs: torch.Tensor | None = None,
+                 router_logits: torch.Tensor | None = None) -> None:
         prepared, self._layer_masks = self._layer_masks, None
         masks, samples, batch = prepared[1] if prepared is not None and prepared[0] is selected else \
             self._batch_masks(layer, hidden)
         self.accumulators[layer.index].update(layer, hidden, selected, weights, outputs, masks, samples, batch,
-                                              router_input, extra_outputs=extra_outputs, padded=self._padded)
+                                              router_input, extra_outputs=extra_outputs, padded=self._padded,
+                                              router_logits=router_logits)
         if self.merge_sums:
             self.merge_sums[layer.index].update(layer, hidden, hidden if router_input is None else router_input,
                                                 masks.any(dim=0))
