@@ -11,7 +11,7 @@ transformers 5 stores a layer's experts as fused 3D parameters: ``gate_up_proj [
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -323,8 +323,16 @@ class MoEFamily:
         mask[torch.arange(tokens.numel(), device=router_logits.device), experts] = True
         return self.select(layer, router_logits[tokens], mask)
 
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor) -> RemovalEffect:
+    def observed_router(self, layer: MoELayer, keep: Callable[[Any], None]) -> Callable[..., Any] | None:
+        """A forward for ``layer.router`` while calibration observes the layer, or None (the router's own, the
+        default). It returns exactly what the router's forward returns (bit for bit) and passes ``keep`` what it
+        computed on the way that :meth:`removal_effect` can reuse for the same logits (its ``routing_state``)."""
+        return None
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
+                       routing_state: Any = None) -> RemovalEffect:
         """Which single-expert removals can change a token's routing and how (:class:`RemovalEffect`).
+        ``routing_state``: what :meth:`observed_router` kept in the router call that gave these logits (None: none).
 
         The default re-runs the selection for the selected experts alone where :attr:`unselected_removal_is_free`,
         else for every expert (exact, E selections per token). A family with a closed form overrides it: a plain

@@ -4,6 +4,8 @@ DeepSeek-V2 (softmax, greedy or group-limited greedy)."""
 
 from __future__ import annotations
 
+from typing import Any, Callable, NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -11,8 +13,15 @@ from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOu
 from lightprune.models.routing_ops import chosen_groups_mask, softmax_removal_growth, unique_rows
 from lightprune.models.sorted_top import sorted_topk
 
-__all__ = ["DeepseekV3Family", "Glm4MoeFamily", "Glm4vMoeFamily", "KimiK25Family", "NemotronHFamily", "Dots1Family",
-           "DeepseekV2Family", "DEEPSEEK_ALIKE", "Dots3NoteTextFamily"]
+__all__ = ["GroupTop", "DeepseekV3Family", "Glm4MoeFamily", "Glm4vMoeFamily", "KimiK25Family", "NemotronHFamily",
+           "Dots1Family", "DeepseekV2Family", "DEEPSEEK_ALIKE", "Dots3NoteTextFamily"]
+
+
+class GroupTop(NamedTuple):
+    """Each group's highest selection scores c = s + bias, sorted descending ([T, G, w]), and their expert ids."""
+
+    values: torch.Tensor
+    ids: torch.Tensor
 
 
 class DeepseekV3Family(MoEFamily):
@@ -116,7 +125,49 @@ class DeepseekV3Family(MoEFamily):
             scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
         return scores * router.routed_scaling_factor
 
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor) -> RemovalEffect:
+    def observed_router(self, layer: MoELayer, keep: Callable[[Any], None]) -> Callable[..., Any] | None:
+        """The router's forward computed as :meth:`removal_effect` needs it: the group scores from each group's sorted
+        top k + 1 (:class:`GroupTop`, kept), the chosen groups as the router takes them, the other groups' selection
+        scores at -inf by adding -inf (the same tensor as the router's ``masked_fill``: the scores are finite), the
+        router's own top-k. Bit for bit the router's output; a batch with NaN logits runs the router's own forward.
+        None for a router that does not compute what DeepSeek-V3's does (its forward already replaced, say by a
+        device hook)."""
+        router = layer.router
+        if "forward" in vars(router) or not hasattr(router, "e_score_correction_bias"):
+            return None
+        original = type(router).forward
+
+        def forward(hidden_states: torch.Tensor):
+            logits = self.router_logits(layer, hidden_states)
+            if bool(torch.isnan(logits).any()):
+                return original(router, hidden_states)
+            num_experts, num_group = logits.shape[-1], router.num_group
+            size = num_experts // num_group
+            scores = logits.sigmoid()
+            choice = scores + router.e_score_correction_bias
+            top = self._group_top(choice, num_group, router.top_k)
+            group_scores = top.values[..., :2].sum(dim=-1)
+            group_idx = torch.topk(group_scores, k=router.topk_group, dim=-1, sorted=False)[1]
+            outside = torch.full_like(group_scores, float("-inf")).scatter_(1, group_idx, 0.0)
+            masked = (choice.view(-1, num_group, size) + outside.unsqueeze(-1)).view(-1, num_experts)
+            topk_indices = torch.topk(masked, k=router.top_k, dim=-1, sorted=False)[1]
+            topk_weights = scores.gather(1, topk_indices)
+            if router.norm_topk_prob:
+                topk_weights /= topk_weights.sum(dim=-1, keepdim=True) + 1e-20
+            keep(top)
+            return logits, topk_weights * router.routed_scaling_factor, topk_indices
+
+        return forward
+
+    @staticmethod
+    def _group_top(choice: torch.Tensor, num_group: int, k: int) -> "GroupTop":
+        """Each group's top k + 1 (at least 3, at most the group) selection scores c, sorted, with their expert ids."""
+        size = choice.shape[-1] // num_group
+        values, ids = sorted_topk(choice.view(-1, num_group, size), min(size, max(k + 1, 3)))
+        return GroupTop(values, ids + torch.arange(num_group, device=choice.device).view(1, -1, 1) * size)
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
+                       routing_state: Any = None) -> RemovalEffect:
         """Sigmoid scores are per expert, so a removal changes the routing only through the selection, and the chosen
         groups only through a group's score, the sum of its top-2 selection scores c. Removing expert j:
 
@@ -131,18 +182,20 @@ class DeepseekV3Family(MoEFamily):
           weights are scores s (sigmoid, no bias) times the scaling factor, renormalised over the selected ones when
           ``norm_topk_prob``: then the others' factor is (s_j - s_n) / (S - s_j + s_n), S the selected score sum;
         - else nothing changes.
+
+        ``routing_state``: the :class:`GroupTop` of these logits that :meth:`observed_router` kept (else computed).
         """
         router = layer.router
         num_group, num_experts = router.num_group, router_logits.shape[-1]
-        size, k, picked = num_experts // num_group, selected.shape[1], router.topk_group
+        k, picked = selected.shape[1], router.topk_group
         num_tokens, device = router_logits.shape[0], router_logits.device
         scores = router_logits.sigmoid()
         choice = scores + router.e_score_correction_bias
         # each group's top k + 1 (at least 3) selection scores, sorted: a group holds at most k selected experts, so
         # its best unselected one is in its list
-        width = min(size, max(k + 1, 3))
-        top_values, top_ids = sorted_topk(choice.view(-1, num_group, size), width)          # [T, G, w]
-        top_ids = top_ids + torch.arange(num_group, device=device).view(1, -1, 1) * size
+        top = routing_state if isinstance(routing_state, GroupTop) else self._group_top(choice, num_group, k)
+        top_values, top_ids = top                                                            # [T, G, w]
+        width = top_values.shape[-1]
         group_scores = top_values[..., :2].sum(dim=-1)                                       # [T, G]
         chosen_idx = torch.topk(group_scores, k=picked, dim=-1, sorted=False)[1]           # [T, Gc]
         gather = lambda t: t.gather(1, chosen_idx.unsqueeze(-1).expand(-1, -1, t.shape[-1]))  # noqa: E731
@@ -165,20 +218,19 @@ class DeepseekV3Family(MoEFamily):
             alias = torch.stack([torch.where(both, ids[..., 1], -1), torch.full_like(both, -1, dtype=ids.dtype)],
                                 dim=-1).flatten(1)
             rerun = pair_ids.flatten(1)                                                      # [T, 2 Gc]
-            # slot c of the new groups: the chosen ones with c replaced by the rival
-            eye = torch.eye(picked, dtype=torch.bool, device=device)
-            groups = torch.where(eye, rival.view(-1, 1, 1), chosen_idx.unsqueeze(1))         # [T, Gc, Gc]
-            pick = groups.reshape(num_tokens, -1, 1).expand(-1, -1, pool_width)
-            pool_values = top_values[..., :pool_width].gather(1, pick).view(-1, picked * pool_width)  # [T Gc, Gc w']
-            pool_ids = top_ids[..., :pool_width].gather(1, pick).view(-1, picked * pool_width)
-            take = min(k, pool_values.shape[-1])
-            swapped = pool_ids.gather(1, sorted_topk(pool_values, take)[1]).view(num_tokens, picked, take)
+            # for each (token, chosen group c) of the closed form, the new groups: the chosen ones with c replaced by
+            # the rival; the new selection: the top k of their lists
             new_selected = torch.zeros(num_tokens, picked, 2, k, dtype=selected.dtype, device=device)
             new_weights = torch.zeros(num_tokens, picked, 2, k, dtype=scores.dtype, device=device)
-            if take == k:
-                new_selected[:, :, 0] = swapped
-                new_weights[:, :, 0] = self._selected_weights(router, scores.gather(1, swapped.flatten(1))
-                                                              .view(num_tokens, picked, k))
+            tokens, slot = closed.nonzero(as_tuple=True)
+            if tokens.numel():
+                groups = chosen_idx[tokens].scatter(1, slot.unsqueeze(-1), rival[tokens].unsqueeze(-1))  # [n, Gc]
+                at = (tokens.unsqueeze(-1), groups, slice(None, pool_width))
+                pool_values, pool_ids = top_values[at].flatten(1), top_ids[at].flatten(1)           # [n, Gc w']
+                swapped = pool_ids.gather(1, sorted_topk(pool_values, k)[1])                         # [n, k]
+                new_selected[tokens, slot, 0] = swapped
+                new_weights[tokens, slot, 0] = self._selected_weights(
+                    router, scores.view(-1)[tokens.unsqueeze(-1) * num_experts + swapped])
             new_selected, new_weights = new_selected.flatten(1, 2), new_weights.flatten(1, 2)
             generic = (rerun >= 0) & ~torch.stack([closed, torch.zeros_like(closed)], dim=-1).flatten(1)
         # the expert a swap promotes: the best unselected one of the chosen groups' lists
@@ -303,8 +355,8 @@ class DeepseekV2Family(MoEFamily):
             torch.topk(scores, k=router.top_k, dim=-1, sorted=False)[0]
         return router_logits, top_weights * router.routed_scaling_factor, top_index
 
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor,
-                       selected: torch.Tensor) -> RemovalEffect:
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
+                       routing_state: Any = None) -> RemovalEffect:
         """Softmax over all experts, not renormalised: an unselected expert's removal scales every probability by
         1 / (1 - p_j), which keeps the top-k and each group's order; under group-limited greedy a group's best
         expert is also a candidate (its removal lowers the group's score)."""

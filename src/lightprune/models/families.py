@@ -12,7 +12,7 @@ calibration statistics against brute force.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +65,8 @@ class _SoftmaxFamily(MoEFamily):
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         return softmax_topk_select(router_logits, expert_mask, layer.top_k, self.renormalize(), self.cast_back)
 
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor) -> RemovalEffect:
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
+                       routing_state: Any = None) -> RemovalEffect:
         """Softmax top-k in closed form (:func:`lightprune.models.routing_ops.softmax_topk_removal`)."""
         return softmax_topk_removal(router_logits, selected, self.renormalize())
 
@@ -214,7 +215,8 @@ class JambaFamily(MoEFamily):
         top_weights, top_index = torch.topk(weights, layer.top_k, dim=-1)
         return router_logits, top_weights.to(router_logits.dtype), top_index
 
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor) -> RemovalEffect:
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
+                       routing_state: Any = None) -> RemovalEffect:
         """Softmax over all experts, top-k, not renormalised: the closed form of
         :func:`lightprune.models.routing_ops.softmax_topk_removal`."""
         return softmax_topk_removal(router_logits, selected, renormalize=False)

@@ -11,7 +11,9 @@ extra_outputs [n, H] or None)`` where ``outputs[t, s]`` is expert ``top_k_index[
 removed on exit): the experts' input in most families, the decoder layer's residual stream in Gemma 4, whose experts
 get a normed copy; ``extra_outputs`` the rows an ``extra`` callback asked for, run in the same grouped matmuls.
 With ``router_logits=True`` the observer and ``extra`` also get ``router_logits=``: the logits the router returned
-(a forward hook), where the family's router returns them (``MoEFamily.router_returns_logits``), else None.
+(a forward hook), where the family's router returns them (``MoEFamily.router_returns_logits``), else None; and
+``routing_state=``: what the family's :meth:`~lightprune.models.MoEFamily.observed_router` (the router's forward in
+the block, where the family has one) kept in the same call, else None.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ ExtraRows = Callable[[MoELayer, torch.Tensor, torch.Tensor, torch.Tensor], "tupl
 _OBSERVERS: dict[int, tuple[MoELayer, Observer, ExtraRows | None, bool]] = {}
 #: the last input of each observed layer's router, by id of the layer's experts module
 _ROUTER_INPUTS: dict[int, torch.Tensor] = {}
-#: the logits the router returned with that input (only for observers that asked for them)
+#: the logits the router returned with that input, and what the family's observed router kept (observers that
+#: asked for them)
 _ROUTER_LOGITS: dict[int, torch.Tensor] = {}
+_ROUTER_STATES: dict[int, object] = {}
 
 
 def run_expert(experts: nn.Module, index: int, x: torch.Tensor) -> torch.Tensor:
@@ -145,7 +149,8 @@ def _observing_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index
     else:
         layer, observer, extra, with_logits = entry
         router_input = _ROUTER_INPUTS.pop(id(self), None)
-        logits = {"router_logits": _ROUTER_LOGITS.pop(id(self), None)} if with_logits else {}
+        logits = {"router_logits": _ROUTER_LOGITS.pop(id(self), None),
+                  "routing_state": _ROUTER_STATES.pop(id(self), None)} if with_logits else {}
         if router_input is not None:  # [T, H]; the experts may read a narrower projection (Nemotron-H's latent)
             router_input = router_input.reshape(-1, router_input.shape[-1])
         if router_input is None or router_input.shape[0] != hidden_states.shape[0]:
@@ -183,6 +188,13 @@ def _router_logits_hook(key: int):
     return hook
 
 
+def _keeper(key: int) -> Callable[[object], None]:
+    """What a family's observed router calls with the state it keeps for the layer's next experts call."""
+    def keep(state: object) -> None:
+        _ROUTER_STATES[key] = state
+    return keep
+
+
 @contextmanager
 def observing_experts(layers: list[MoELayer], observer: Observer, extra: ExtraRows | None = None,
                       router_logits: bool = False) -> Iterator[None]:
@@ -191,10 +203,12 @@ def observing_experts(layers: list[MoELayer], observer: Observer, extra: ExtraRo
     ``extra`` (optional) is asked before a layer's experts run for further (token, expert) rows; their unweighted
     outputs [n, H] are computed with the routed ones and handed to the observer (None without ``extra`` or when it
     returns None). ``router_logits``: also hand both the logits the router returned (keyword ``router_logits``; None
-    where the family's router does not return its logits)."""
+    where the family's router does not return its logits) and the routing state its observed router kept (keyword
+    ``routing_state``), the router's forward replaced by the family's observed one in the block where it has one."""
     _register()
     configs: dict[int, tuple[object, object]] = {}
     handles = []
+    replaced: list[nn.Module] = []
     try:
         for layer in layers:
             if id(layer.experts) in _OBSERVERS:
@@ -209,12 +223,18 @@ def observing_experts(layers: list[MoELayer], observer: Observer, extra: ExtraRo
                                                                   with_kwargs=True))
             if router_logits and layer.family.router_returns_logits:
                 handles.append(layer.router.register_forward_hook(_router_logits_hook(id(layer.experts))))
+                forward = layer.family.observed_router(layer, _keeper(id(layer.experts)))
+                if forward is not None:
+                    layer.router.forward = forward
+                    replaced.append(layer.router)
         for config, _ in configs.values():
             config._experts_implementation_internal = IMPLEMENTATION
         yield
     finally:
         for handle in handles:
             handle.remove()
+        for router in replaced:
+            del router.forward
         for config, previous in configs.values():
             config._experts_implementation_internal = previous
         for layer in layers:
@@ -223,3 +243,4 @@ def observing_experts(layers: list[MoELayer], observer: Observer, extra: ExtraRo
                 del _OBSERVERS[id(layer.experts)]
                 _ROUTER_INPUTS.pop(id(layer.experts), None)
                 _ROUTER_LOGITS.pop(id(layer.experts), None)
+                _ROUTER_STATES.pop(id(layer.experts), None)

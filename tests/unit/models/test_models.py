@@ -180,6 +180,36 @@ def test_route_equals_the_models_router_bitwise(tiny, family, dtype):
             assert same == layer.family.router_returns_logits, f"{family}: router_returns_logits is not {same}"
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_observed_router_equals_the_models_router_bitwise(tiny, family, dtype):
+    """A family's observed router (the router's forward while calibration observes it) returns the router's own
+    output bit for bit, also with saturated scores (ties) and a NaN row, and keeps its state only when it computed
+    it; a router whose forward is already replaced on the instance keeps it."""
+    model = tiny(family).to(dtype)
+    gen = torch.Generator().manual_seed(11)
+    for layer in lp.find_moe_layers(model):
+        kept = []
+        forward = layer.family.observed_router(layer, kept.append)
+        if forward is None:
+            continue
+        hidden = torch.randn(40, layer.router_linear.weight.shape[1], generator=gen)
+        hidden[30:] *= 1e4                                   # saturated sigmoid scores: many equal selection scores
+        with torch.no_grad():
+            for h in (hidden.to(dtype), torch.cat([hidden[:3], torch.full_like(hidden[:1], float("nan"))]).to(dtype)):
+                kept.clear()
+                expected, got = call_router(family, layer, h), forward(h)
+                for g, e in zip(got, expected, strict=True):
+                    assert g.dtype == e.dtype and g.shape == e.shape
+                    assert torch.equal(g, e) or (g.isnan().any() and torch.equal(g.nan_to_num(), e.nan_to_num()))
+                assert len(kept) == (0 if h.isnan().any() else 1)
+        layer.router.forward = layer.router.forward  # an instance forward (a device hook's, say) is left alone
+        try:
+            assert layer.family.observed_router(layer, kept.append) is None
+        finally:
+            del layer.router.forward
+
 def _softmax_reference(hidden, weight, keep, top_k, renorm):
     """{original expert id: weight} per token, from the router with the masked rows deleted."""
     logits = hidden.double() @ weight.double()[keep].T

@@ -84,11 +84,11 @@ def test_router_logits_come_with_the_router_input_where_the_router_returns_them(
     layers = lp.find_moe_layers(model)
     seen = {}
 
-    def extra(layer, hidden, router_input, selected, router_logits):
+    def extra(layer, hidden, router_input, selected, router_logits, routing_state):
         seen[("extra", layer.index)] = router_logits
         return None
 
-    def observer(layer, hidden, router_input, selected, weights, outputs, extra_outputs, router_logits):
+    def observer(layer, hidden, router_input, selected, weights, outputs, extra_outputs, router_logits, routing_state):
         seen[("observer", layer.index)] = (router_input, router_logits)
 
     with torch.no_grad(), observing_experts(layers, observer, extra=extra, router_logits=True):

@@ -184,14 +184,15 @@ class LayerAccumulator:
     # ------------------------------------------------------------------ update
     @torch.no_grad()
     def prepare(self, layer: MoELayer, router_input: torch.Tensor, selected: torch.Tensor,
-                masks: torch.Tensor, padded: bool | None = None,
-                router_logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+                masks: torch.Tensor, padded: bool | None = None, router_logits: torch.Tensor | None = None,
+                routing_state: object = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Before the layer's experts run: the router logits, the family's :class:`RemovalEffect` and the re-run
         selections for the next :meth:`update` of these ``selected`` experts, and the (tokens, experts) rows whose
         outputs it will need beyond the routed ones (for ``delta_h_promoted``: the expert a swap promotes, then the
         experts entering a re-run pair's selection; None: none), so that they run in the forward's own expert call.
         ``padded``: whether the batch has padding (see :meth:`update`). ``router_logits``: the logits the router
-        returned for ``router_input`` (``MoEFamily.router_returns_logits``), read instead of recomputed."""
+        returned for ``router_input`` (``MoEFamily.router_returns_logits``), read instead of recomputed;
+        ``routing_state``: what the family's observed router kept in that call, for its removal effect."""
         self._pending = None
         want_dh = "delta_h" in self.criteria or "delta_h_promoted" in self.criteria
         if not (want_dh or "routing_kl" in self.criteria):
@@ -204,14 +205,16 @@ class LayerAccumulator:
             if logits.shape[0] != selected.shape[0]:
                 raise RuntimeError(f"layer {self.index}: the router returned logits for {logits.shape[0]} tokens, its "
                                    f"experts got {selected.shape[0]}")
-            if padded:
+            if padded:  # the routing state is of the logits before zeroing: not reused
                 logits = torch.where(keep, logits, torch.zeros((), dtype=logits.dtype, device=logits.device))
+                routing_state = None
         else:
+            routing_state = None
             if padded:
                 router_input = torch.where(keep, router_input, torch.zeros((), dtype=router_input.dtype,
                                                                            device=router_input.device))
             logits = layer.family.router_logits(layer, router_input)
-        effect = layer.family.removal_effect(layer, logits, selected) if want_dh else None
+        effect = layer.family.removal_effect(layer, logits, selected, routing_state) if want_dh else None
         reruns = _reselect(layer, logits, selected, effect, "delta_h_promoted" in self.criteria) if want_dh else None
         if "delta_h_promoted" not in self.criteria:
             self._pending = _Prepared(selected, logits, effect, reruns)
@@ -232,19 +235,20 @@ class LayerAccumulator:
     def update(self, layer: MoELayer, hidden: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor,
                outputs: torch.Tensor, masks: torch.Tensor, samples: torch.Tensor, num_samples: int,
                router_input: torch.Tensor | None = None, extra_outputs: torch.Tensor | None = None,
-               padded: bool | None = None, router_logits: torch.Tensor | None = None) -> None:
+               padded: bool | None = None, router_logits: torch.Tensor | None = None,
+               routing_state: object = None) -> None:
         """Add one batch. ``masks`` [n_subsets, T] bool (padding already excluded), ``samples`` [T]
         the sample index of each token; ``router_input`` [T, H] what the router saw (default: ``hidden``, the
         experts' input), from which routing-KL and Delta-H recompute the router's logits. After :meth:`prepare`
         for the same ``selected``, ``extra_outputs`` are the outputs of the rows it asked for; without it, it is
         called here (and the rows it would ask for are run here). ``padded``: whether the batch has padding (its
-        observer knows it once per batch; None: derived here from ``masks``, one host sync). ``router_logits``: as
-        for :meth:`prepare`, when it runs here."""
+        observer knows it once per batch; None: derived here from ``masks``, one host sync). ``router_logits``,
+        ``routing_state``: as for :meth:`prepare`, when it runs here."""
         prepared, self._pending = self._pending, None
         if prepared is None or prepared.selected is not selected:
             extra_outputs = None
             self.prepare(layer, hidden if router_input is None else router_input, selected, masks, padded,
-                         router_logits)
+                         router_logits, routing_state)
             prepared, self._pending = self._pending, None
         num_experts = self.num_experts
         # Tokens in no subset are masked by multiplication below, and 0 * NaN = NaN: the model may leave

@@ -142,21 +142,21 @@ class ExpertObserver:
         return masks, torch.arange(batch, device=hidden.device).repeat_interleave(seq), batch
 
     def _extra_rows(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor,
-                    selected: torch.Tensor, router_logits: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+                    selected: torch.Tensor, router_logits: torch.Tensor | None = None,
+                    routing_state: object = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         self._layer_masks = (selected, self._batch_masks(layer, hidden))  # _observe of the same routing reuses them
         return self.accumulators[layer.index].prepare(layer, router_input, selected, self._layer_masks[1][0],
-                                                      self._padded, router_logits)
+                                                      self._padded, router_logits, routing_state)
 
     def _observe(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor, selected: torch.Tensor,
                  weights: torch.Tensor, outputs: torch.Tensor, extra_outputs: torch.Tensor | None = None,
-                 router_logits: torch.Tensor | None = None) -> None:
+                 router_logits: torch.Tensor | None = None, routing_state: object = None) -> None:
         prepared, self._layer_masks = self._layer_masks, None
         masks, samples, batch = prepared[1] if prepared is not None and prepared[0] is selected else \
             self._batch_masks(layer, hidden)
         self.accumulators[layer.index].update(layer, hidden, selected, weights, outputs, masks, samples, batch,
                                               router_input, extra_outputs=extra_outputs, padded=self._padded,
-                                              router_logits=router_logits)
+                                              router_logits=router_logits, routing_state=routing_state)
         if self.merge_sums:
             self.merge_sums[layer.index].update(layer, hidden, hidden if router_input is None else router_input,
                                                 masks.any(dim=0))
