@@ -27,7 +27,8 @@ def _flip_negatives_(bits: torch.Tensor) -> torch.Tensor:
 
 def top_positions(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest of each row of float32 ``values`` [N, n], sorted descending, and their positions [N, k] (int64);
-    equal values in ascending position (-0.0 just below +0.0, NaN above +inf). k <= n <= 65536.
+    equal values in ascending position (-0.0 just below +0.0; a NaN above +inf, or below -inf with its sign bit
+    set). k <= n <= 65536.
 
     Every step but the knock-out is in place: on a CPU a fresh [N, n] buffer costs its page faults."""
     num_rows, n = values.shape
