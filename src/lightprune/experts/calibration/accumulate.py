@@ -205,9 +205,9 @@ class LayerAccumulator:
             if logits.shape[0] != selected.shape[0]:
                 raise RuntimeError(f"layer {self.index}: the router returned logits for {logits.shape[0]} tokens, its "
                                    f"experts got {selected.shape[0]}")
-            if padded:  # the routing state is of the logits before zeroing: not reused
+            if padded:  # the routing state stays: it differs only at padded rows (weight 0), and an observed
+                # router keeps none for non-finite logits
                 logits = torch.where(keep, logits, torch.zeros((), dtype=logits.dtype, device=logits.device))
-                routing_state = None
         else:
             routing_state = None
             if padded:
