@@ -18,10 +18,13 @@ __all__ = ["GroupTop", "DeepseekV3Family", "Glm4MoeFamily", "Glm4vMoeFamily", "K
 
 
 class GroupTop(NamedTuple):
-    """Each group's highest selection scores c = s + bias, sorted descending ([T, G, w]), and their expert ids."""
+    """Each group's highest selection scores c = s + bias, sorted descending ([T, G, w]), and their expert ids; as the
+    router computed them, also the scores s [T, E] and the chosen groups [T, topk_group] (None: not kept)."""
 
     values: torch.Tensor
     ids: torch.Tensor
+    scores: torch.Tensor | None = None
+    chosen: torch.Tensor | None = None
 
 
 class DeepseekV3Family(MoEFamily):
@@ -154,7 +157,7 @@ class DeepseekV3Family(MoEFamily):
             topk_weights = scores.gather(1, topk_indices)
             if router.norm_topk_prob:
                 topk_weights /= topk_weights.sum(dim=-1, keepdim=True) + 1e-20
-            keep(top)
+            keep(top._replace(scores=scores, chosen=group_idx))
             return logits, topk_weights * router.routed_scaling_factor, topk_indices
 
         return forward
@@ -189,15 +192,17 @@ class DeepseekV3Family(MoEFamily):
         num_group, num_experts = router.num_group, router_logits.shape[-1]
         k, picked = selected.shape[1], router.topk_group
         num_tokens, device = router_logits.shape[0], router_logits.device
-        scores = router_logits.sigmoid()
-        choice = scores + router.e_score_correction_bias
         # each group's top k + 1 (at least 3) selection scores, sorted: a group holds at most k selected experts, so
         # its best unselected one is in its list
-        top = routing_state if isinstance(routing_state, GroupTop) else self._group_top(choice, num_group, k)
-        top_values, top_ids = top                                                            # [T, G, w]
+        top = routing_state if isinstance(routing_state, GroupTop) else None
+        scores = top.scores if top is not None and top.scores is not None else router_logits.sigmoid()
+        if top is None:
+            top = self._group_top(scores + router.e_score_correction_bias, num_group, k)
+        top_values, top_ids = top.values, top.ids                                            # [T, G, w]
         width = top_values.shape[-1]
         group_scores = top_values[..., :2].sum(dim=-1)                                       # [T, G]
-        chosen_idx = torch.topk(group_scores, k=picked, dim=-1, sorted=False)[1]           # [T, Gc]
+        chosen_idx = top.chosen if top.chosen is not None else \
+            torch.topk(group_scores, k=picked, dim=-1, sorted=False)[1]                      # [T, Gc]
         gather = lambda t: t.gather(1, chosen_idx.unsqueeze(-1).expand(-1, -1, t.shape[-1]))  # noqa: E731
         values, ids = gather(top_values), gather(top_ids)                                   # [T, Gc, w]
         rerun = selected[:, :0]
@@ -224,13 +229,18 @@ class DeepseekV3Family(MoEFamily):
             new_weights = torch.zeros(num_tokens, picked, 2, k, dtype=scores.dtype, device=device)
             tokens, slot = closed.nonzero(as_tuple=True)
             if tokens.numel():
-                groups = chosen_idx[tokens].scatter(1, slot.unsqueeze(-1), rival[tokens].unsqueeze(-1))  # [n, Gc]
-                at = (tokens.unsqueeze(-1), groups, slice(None, pool_width))
-                pool_values, pool_ids = top_values[at].flatten(1), top_ids[at].flatten(1)           # [n, Gc w']
+                groups = chosen_idx.index_select(0, tokens).scatter(1, slot.unsqueeze(-1),
+                                                                    rival.index_select(0, tokens).unsqueeze(-1))
+                # rows (token, group) of the [T G, w] lists, by index_select (faster than indexing on a CPU)
+                at = (tokens.unsqueeze(-1) * num_group + groups).view(-1)
+                pool = lambda t: t.flatten(0, 1).index_select(0, at)[:, :pool_width].reshape(len(tokens), -1)  # noqa
+                pool_values, pool_ids = pool(top_values), pool(top_ids)                                # [n, Gc w']
                 swapped = pool_ids.gather(1, sorted_topk(pool_values, k)[1])                         # [n, k]
-                new_selected[tokens, slot, 0] = swapped
-                new_weights[tokens, slot, 0] = self._selected_weights(
-                    router, scores.view(-1)[tokens.unsqueeze(-1) * num_experts + swapped])
+                into = tokens * (picked * 2) + slot * 2                     # row (token, slot, 0) of [T, Gc, 2, k]
+                new_selected.view(-1, k).index_copy_(0, into, swapped)
+                new_weights.view(-1, k).index_copy_(0, into, self._selected_weights(
+                    router, scores.view(-1).index_select(0, (tokens.unsqueeze(-1) * num_experts + swapped).view(-1))
+                    .view(-1, k)))
             new_selected, new_weights = new_selected.flatten(1, 2), new_weights.flatten(1, 2)
             generic = (rerun >= 0) & ~torch.stack([closed, torch.zeros_like(closed)], dim=-1).flatten(1)
         # the expert a swap promotes: the best unselected one of the chosen groups' lists

@@ -42,8 +42,8 @@ def top_positions(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     for step in range(k):
         torch.amax(packed, dim=-1, out=best[step])
         if step + 1 < k:
-            flat[row_start - (best[step] & _POSITION_MASK)] = _KNOCKED_OUT
-    best = best.t()
+            flat.index_fill_(0, row_start - (best[step] & _POSITION_MASK), _KNOCKED_OUT)
+    best = best.t().contiguous()  # [N, k]: rows of the results are contiguous, as torch.topk's are
     positions = (best & _POSITION_MASK).neg_().add_(n - 1)
     keys = best.bitwise_right_shift_(_POSITION_BITS).to(torch.int32)
     return _flip_negatives_(keys).view(torch.float32), positions

@@ -87,7 +87,7 @@ def expert_rows(experts: nn.Module, hidden_states: torch.Tensor, tokens: torch.T
         return out
     ids, order = torch.sort(expert_ids, stable=True)
     counts = torch.bincount(ids, minlength=experts.num_experts)
-    x = hidden_states[tokens[order]]
+    x = hidden_states.index_select(0, tokens.index_select(0, order))  # index_select: a CPU gathers rows faster
     if _GROUPED_MM is not None:
         out[order] = _grouped_rows(experts, x, ids, torch.cumsum(counts, dim=0, dtype=torch.int32)).to(out.dtype)
         return out

@@ -81,12 +81,14 @@ def routing_kl(p: torch.Tensor, eps: float = KL_EPS) -> torch.Tensor:
     expert is the sum of the others (exact where 1 - p_j rounds to 0), the others' log r_j is log1p(-p_j).
     """
     num = p.shape[-1]
-    top = p.argmax(dim=-1, keepdim=True)
-    rest_top = p.scatter(-1, top, 0.0).sum(dim=-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
-    # z KL_j = (p_j + eps) log1p(p_j / eps) + (r_j + (E - 1) eps) log r_j + eps (E - 1) p_j, one pass per term
-    kl = torch.log1p(p * (1.0 / eps)).mul_(p + eps)
-    log_rest = torch.log1p(-p).scatter_(-1, top, rest_top.log())
-    kl.addcmul_(torch.sub(1.0 + (num - 1) * eps, p).scatter_(-1, top, rest_top + (num - 1) * eps), log_rest)
+    top = p.max(dim=-1, keepdim=True).indices
+    rest_top = p.scatter(-1, top, 0.0).sum(dim=-1, keepdim=True).clamp_min_(torch.finfo(p.dtype).tiny)
+    # z KL_j = (p_j + eps) log1p(p_j / eps) + (r_j + (E - 1) eps) log r_j + eps (E - 1) p_j, in place past the
+    # first buffer of each factor (a fresh [T, E] buffer costs its page faults on a CPU)
+    kl = torch.mul(p, 1.0 / eps).log1p_().mul_(p + eps)
+    log_rest = torch.neg(p).log1p_().scatter_(-1, top, rest_top.log())
+    weight = torch.sub(1.0 + (num - 1) * eps, p).scatter_(-1, top, rest_top + (num - 1) * eps)
+    kl.addcmul_(weight, log_rest)
     return kl.add_(p, alpha=eps * (num - 1)).mul_(1.0 / (1.0 + num * eps))
 
 
@@ -114,7 +116,11 @@ def _reselect(layer: MoELayer, logits: torch.Tensor, selected: torch.Tensor, eff
     """The family's selection without each re-run pair's expert (the effect's own, else ``select_without``, a chunk
     of pairs per call), and with ``entering`` the distinct (token, expert) pairs that enter (none without)."""
     t_all, slot = (effect.rerun >= 0).nonzero(as_tuple=True)
-    at = lambda tensor: tensor[t_all.to(tensor.device), slot.to(tensor.device)].to(logits.device)  # noqa: E731
+    flat = t_all * effect.rerun.shape[1] + slot
+
+    def at(tensor: torch.Tensor) -> torch.Tensor:  # tensor[t_all, slot], by index_select (faster on a CPU)
+        return tensor.flatten(0, 1).index_select(0, flat.to(tensor.device)).to(logits.device)
+
     j_all, t_all = at(effect.rerun), t_all.to(logits.device)
     alias = None if effect.rerun_alias is None else at(effect.rerun_alias)
     k = selected.shape[1]
@@ -131,12 +137,13 @@ def _reselect(layer: MoELayer, logits: torch.Tensor, selected: torch.Tensor, eff
         w_new = torch.cat(weights) if weights else logits.new_zeros(0, k)
         s_new = torch.cat(chosen) if chosen else selected.new_zeros(0, k)
     if entering:
-        is_new = ~(s_new.unsqueeze(2) == selected[t_all].unsqueeze(1)).any(dim=2)  # [n, k'] an entering expert
+        is_new = ~(s_new.unsqueeze(2) == selected.index_select(0, t_all).unsqueeze(1)).any(dim=2)  # [n, k'] entering
         row, col = is_new.nonzero(as_tuple=True)
     else:
         row = col = t_all[:0]
     num_experts = layer.num_experts
-    pair, inverse = torch.unique(t_all[row] * num_experts + s_new[row, col], return_inverse=True)
+    entering = s_new.reshape(-1).index_select(0, row * s_new.shape[1] + col)
+    pair, inverse = torch.unique(t_all.index_select(0, row) * num_experts + entering, return_inverse=True)
     return _Reruns(tokens=t_all, experts=j_all, alias=alias, weights=w_new, selected=s_new, row=row, col=col,
                    pair_token=pair // num_experts, pair_expert=pair % num_experts, inverse=inverse)
 
@@ -291,8 +298,8 @@ class LayerAccumulator:
             if extra_outputs is not None:  # a padded token's expert output may be NaN, and 0 * NaN = NaN
                 extra_outputs = extra_outputs.to(dtype)
                 index = prepared.swap_index
-                swap_outputs = None if index is None else extra_outputs[index.to(extra_outputs.device)]
-                rerun_outputs = extra_outputs[prepared.pair_index.to(extra_outputs.device)]
+                swap_outputs = None if index is None else extra_outputs.index_select(0, index.to(extra_outputs.device))
+                rerun_outputs = extra_outputs.index_select(0, prepared.pair_index.to(extra_outputs.device))
                 if padded:
                     if swap_outputs is not None:
                         swap_outputs = torch.where(keep.unsqueeze(-1), swap_outputs, 0.0)
@@ -340,7 +347,7 @@ class LayerAccumulator:
                 tokens = torch.arange(num_tokens, device=device)
                 f_n = swap_outputs if swap_outputs is not None else \
                     expert_rows(layer.experts, hidden, tokens, effect.swap_expert.to(device)).to(dtype)
-                cross = torch.linalg.vecdot(f, f_n.unsqueeze(1))            # f_s . f_n  [T, k]
+                cross = torch.bmm(f, f_n.unsqueeze(-1)).squeeze(-1)         # f_s . f_n  [T, k]
                 weight = effect.swap_weight.to(device=device, dtype=dtype) * output_scale
                 value = quad - 2 * weight * (diff @ cross.unsqueeze(-1)).squeeze(-1) \
                     + weight.pow(2) * f_n.pow(2).sum(dim=-1, keepdim=True)
@@ -368,9 +375,9 @@ class LayerAccumulator:
             pairs = slice(first, last)
             t, j = tokens[pairs], reruns.experts[pairs].to(device)
             w_new = reruns.weights[pairs].to(device=device, dtype=dtype) * output_scale       # [n, k']
-            match = reruns.selected[pairs].to(device).unsqueeze(2) == selected[t].unsqueeze(1)  # [n, k', k]
-            diff = w[t] - torch.einsum("np,nps->ns", w_new, match.to(dtype))      # D [n, k]
-            quad = torch.einsum("ns,nsr,nr->n", diff, gram[t], diff)              # D^T G D
+            match = reruns.selected[pairs].to(device).unsqueeze(2) == selected.index_select(0, t).unsqueeze(1)
+            diff = w.index_select(0, t) - torch.einsum("np,nps->ns", w_new, match.to(dtype))   # D [n, k]
+            quad = torch.einsum("ns,nsr,nr->n", diff, gram.index_select(0, t), diff)           # D^T G D
             _put(dh, t, j, reruns.alias, pairs, quad)
             if dhp is None:
                 continue
@@ -386,8 +393,8 @@ class LayerAccumulator:
                 p0, p1 = torch.searchsorted(pair_token, torch.tensor([t0, t1], device=device)).tolist()
                 outputs = torch.zeros(t1 - t0, slots, width, dtype=dtype, device=device)
                 outputs[pair_token[p0:p1] - t0, rank[p0:p1]] = rerun_outputs[p0:p1]
-                cross = torch.bmm(f[t0:t1], outputs.transpose(1, 2))[t - t0]         # C [n, k, slots]
-                among = torch.bmm(outputs, outputs.transpose(1, 2))[t - t0]           # P [n, slots, slots]
+                cross = torch.bmm(f[t0:t1], outputs.transpose(1, 2)).index_select(0, t - t0)  # C [n, k, slots]
+                among = torch.bmm(outputs, outputs.transpose(1, 2)).index_select(0, t - t0)   # P [n, slots, slots]
                 value = quad - 2 * torch.einsum("ns,nsm,nm->n", diff, cross, a) \
                     + torch.einsum("nm,nmq,nq->n", a, among, a)
             _put(dhp, t, j, reruns.alias, pairs, value.clamp_min(0))
