@@ -19,7 +19,7 @@ from pathlib import Path
 from bench_figures import check, write_json  # noqa: E402  (scripts/ is on sys.path when a script runs)
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMAND = [sys.executable, "-m", "lightprune.command"]
+COMMAND = [sys.executable, "-m", "lightprune.cli.command"]
 
 
 def timed(args: list[str], expect: int) -> float:

@@ -84,7 +84,7 @@ def _disk_tensors(config) -> list[tuple[str, tuple[int, ...]]]:
 
 def write_checkpoint(path: Path, layers: int, quick: bool, seed: int = 0) -> int:
     """Generate the benchmark checkpoint at ``path`` (see the module docstring); returns its tensor bytes."""
-    from lightprune.stream.writer import SafetensorsWriter
+    from lightprune.checkpoints.writer import SafetensorsWriter
 
     config = _config(layers, quick)
     path.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def _run(name: str, path: Path, out: Path, batches: int, vocab: int) -> dict:
 
 
 def _same_checkpoints(a: Path, b: Path) -> bool:
-    from lightprune.stream import Checkpoint
+    from lightprune.checkpoints import Checkpoint
 
     with Checkpoint(a) as left, Checkpoint(b) as right:
         if sorted(left.keys()) != sorted(right.keys()):

@@ -103,10 +103,10 @@ def _zero3_job(args, run: Path, lora: bool) -> dict:
     import lightning.pytorch as pl
 
     from lightprune.callbacks import ExpertPruning, Export, RouterDelta
+    from lightprune.cli.trainer import PruneTrainer
+    from lightprune.core.distributed import outside_zero_init
     from lightprune.data import SyntheticTokens
-    from lightprune.distributed import outside_zero_init
     from lightprune.finetune import MoECausalLM
-    from lightprune.trainer import PruneTrainer
 
     class SeededLM(MoECausalLM):  # the tiny model's seeded weights survive zero.Init (see distributed.outside_zero_init)
         def configure_model(self) -> None:

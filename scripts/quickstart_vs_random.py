@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(out: Path, *extra: str) -> dict:
     """One quickstart job into ``out``; Evaluate's before / after perplexity from its report.json."""
-    command = [sys.executable, "-m", "lightprune.command", "calibrate", "--config",
+    command = [sys.executable, "-m", "lightprune.cli.command", "calibrate", "--config",
                str(ROOT / "configs" / "quickstart.yaml"),
                "--trainer.default_root_dir", str(out), *extra]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)

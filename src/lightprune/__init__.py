@@ -34,14 +34,14 @@ import importlib
 from typing import Any
 
 from lightprune import _compat
-from lightprune._lazy import lazy_attributes
+from lightprune.core.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
 _compat.install()
 
 _LAZY = {
-    "run_recipe": "lightprune.recipe",
+    "run_recipe": "lightprune.cli.recipe",
     "find_moe_layers": "lightprune.models",
     "get_family": "lightprune.models",
     "register_family": "lightprune.models",
@@ -49,7 +49,7 @@ _LAZY = {
     "MoELayer": "lightprune.models",
     "base_model_of": "lightprune.models.unwrap",
     "ExpertPlan": "lightprune.experts.plan",
-    "PlanError": "lightprune.errors",
+    "PlanError": "lightprune.core.errors",
     "ExpertScores": "lightprune.experts.scores",
     "select_experts": "lightprune.experts.select",
     "maep_scores": "lightprune.experts.maep",
@@ -61,12 +61,12 @@ _LAZY = {
     "hc_smoe_plan": "lightprune.experts.merging",
     "m_smoe_plan": "lightprune.experts.merging",
     "Criterion": "lightprune.experts.criteria",
-    "score_weights": "lightprune.stream",
-    "prune_checkpoint": "lightprune.stream",
+    "score_weights": "lightprune.experts.criteria",
+    "prune_checkpoint": "lightprune.export",
     "register_criterion": "lightprune.experts.criteria",
     "get_criterion": "lightprune.experts.criteria",
     "available_criteria": "lightprune.experts.criteria",
-    "collect_expert_stats": "lightprune.stream",
+    "collect_expert_stats": "lightprune.experts.calibration",
     "CalibrationStats": "lightprune.experts.calibration",
     "router_row_norms": "lightprune.experts.sensitivity",
     "weight_delta": "lightprune.experts.sensitivity",

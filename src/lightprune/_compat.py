@@ -48,7 +48,7 @@ OLD_MODULES: dict[str, str] = {
     "lightprune.observe.path_attention": "lightprune.width.attention",
     "lightprune.models.width": "lightprune.width.layers",
     "lightprune.modules": "lightprune.finetune",
-    "lightprune.finetune.sources": "lightprune.sources",
+    "lightprune.finetune.sources": "lightprune.core.sources",
     "lightprune.testbed.bench_section": "lightprune.quality.bench_section",
     "lightprune.testbed.expert_quality": "lightprune.quality.expert_quality",
     "lightprune.testbed.quality_tables": "lightprune.quality.tables",
@@ -60,6 +60,29 @@ OLD_MODULES: dict[str, str] = {
     "lightprune.data.testbed_vqa_datamodule": "lightprune.data.generated.testbed_vqa_datamodule",
     "lightprune.data.generated_qa": "lightprune.data.generated.qa",
     "lightprune.data.synthetic": "lightprune.data.generated.synthetic",
+    # 0.2: the leaves in core/, the entry chain in cli/ (lightprune.cli itself is now that package: its old names
+    # are its deprecated attributes), checkpoints/ below export, stream/ dissolved into its homes
+    **{f"lightprune.{name}": f"lightprune.core.{name}"
+       for name in ("batch", "checks", "choices", "distributed", "errors", "extras", "jsonio", "sources")},
+    "lightprune._lazy": "lightprune.core.lazy",
+    "lightprune.quiet": "lightprune.cli.quiet",
+    "lightprune.cli_options": "lightprune.cli.options",
+    "lightprune.cli_errors": "lightprune.cli.errors",
+    "lightprune.command": "lightprune.cli.command",
+    "lightprune.recipe": "lightprune.cli.recipe",
+    "lightprune.trainer": "lightprune.cli.trainer",
+    "lightprune.export.staging": "lightprune.checkpoints.staging",
+    "lightprune.export.classes": "lightprune.checkpoints.classes",
+    "lightprune.export.remote_resize": "lightprune.checkpoints.resize",
+    "lightprune.stream": "lightprune.checkpoints",
+    "lightprune.stream.checkpoint": "lightprune.checkpoints.reader",
+    "lightprune.stream.writer": "lightprune.checkpoints.writer",
+    "lightprune.stream.skeleton": "lightprune.checkpoints.skeleton",
+    "lightprune.stream.sequential": "lightprune.checkpoints.sequential",
+    "lightprune.stream.prune": "lightprune.export.streamed",
+    "lightprune.stream.verify": "lightprune.export.streamed_verify",
+    "lightprune.stream.scores": "lightprune.experts.criteria.scoring",
+    "lightprune.stream.calibrate": "lightprune.experts.calibration.sequential",
 }
 #: old packages whose submodules moved with them (``lightprune.criteria.aimer`` -> ``...experts.criteria.aimer``)
 _OLD_PACKAGES = ("lightprune.calibration", "lightprune.criteria", "lightprune.kernels", "lightprune.modules")
@@ -87,6 +110,13 @@ OLD_NAMES: dict[tuple[str, str], tuple[str, str]] = {
     **{("lightprune.models.width", n): ("lightprune.width.paths", n)
        for n in ("SYSTEM", "VISION", "TEXT", "PAD", "MODALITY_NAMES")},
     **{("lightprune.models.width", n): ("lightprune.width.modality", n) for n in ("token_modality", "token_profile")},
+    ("lightprune.stream", "score_weights"): ("lightprune.experts.criteria", "score_weights"),
+    ("lightprune.stream", "score_checkpoint"): ("lightprune.experts.criteria", "score_checkpoint"),
+    ("lightprune.stream", "prune_checkpoint"): ("lightprune.export", "prune_checkpoint"),
+    ("lightprune.stream", "collect_expert_stats"): ("lightprune.experts.calibration", "collect_expert_stats"),
+    ("lightprune.stream", "collect_checkpoint_stats"): ("lightprune.experts.calibration", "collect_checkpoint_stats"),
+    ("lightprune.stream.checkpoint", "SAFETENSORS_DTYPES"): ("lightprune.checkpoints.header", "SAFETENSORS_DTYPES"),
+    ("lightprune.stream.calibrate", "collect_expert_stats"): ("lightprune.experts.calibration", "collect_expert_stats"),
 }
 
 _WARNED: set[str] = set()

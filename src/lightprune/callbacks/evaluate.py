@@ -35,10 +35,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightprune.batch import model_inputs
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
-from lightprune.checks import check_choice, check_positive_int
+from lightprune.core.batch import model_inputs
+from lightprune.core.checks import check_choice, check_positive_int
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.experts.mask import mask_experts
 from lightprune.experts.merging import merged_experts
@@ -113,7 +113,7 @@ def _require_lm_eval():
         import lm_eval  # noqa: F401
         from lm_eval.models.huggingface import HFLM
     except ImportError as err:
-        from lightprune.extras import missing
+        from lightprune.core.extras import missing
 
         raise missing("eval", f"lm_eval_tasks (lm-evaluation-harness; import failed with: {err})") from None
     return HFLM

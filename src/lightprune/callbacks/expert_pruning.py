@@ -30,8 +30,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightprune._compat import warn_once
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
-from lightprune.checks import check_choice, check_non_negative_int, check_ratio
-from lightprune.distributed import same_on_every_rank
+from lightprune.core.checks import check_choice, check_non_negative_int, check_ratio
+from lightprune.core.distributed import same_on_every_rank
 from lightprune.experts.calibration import SUBSETS
 from lightprune.experts.criteria import (
     CalibrationCriterion,

@@ -28,8 +28,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.state import RunState
-from lightprune.checks import check_each, check_non_negative_int
-from lightprune.choices import CALIBRATION_CRITERIA, MERGE_STATISTICS, SUBSETS
+from lightprune.core.checks import check_each, check_non_negative_int
+from lightprune.core.choices import CALIBRATION_CRITERIA, MERGE_STATISTICS, SUBSETS
+from lightprune.core.jsonio import write_json
 from lightprune.experts.calibration import CalibrationStats, ExpertObserver
 from lightprune.experts.calibration.resume import (
     chain_digest,
@@ -39,7 +40,6 @@ from lightprune.experts.calibration.resume import (
     model_fingerprint,
     save_state,
 )
-from lightprune.jsonio import write_json
 from lightprune.models import find_moe_layers
 
 __all__ = ["ExpertStats"]

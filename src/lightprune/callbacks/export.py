@@ -12,12 +12,12 @@ summary table.
 
 Across processes only rank 0 writes and verifies. When the weights are still the source checkpoint's (a
 calibration job from a local checkpoint: no training, adapter, 4-bit base or precision cast), rank 0 prunes the
-source checkpoint shard by shard with the agreed plan (:func:`lightprune.stream.prune_checkpoint`) instead of
+source checkpoint shard by shard with the agreed plan (:func:`lightprune.export.prune_checkpoint`) instead of
 writing the model: under DDP and ZeRO-1/2 every rank also applies the plan to its full copy; under ZeRO-3 nothing
 is gathered and the in-memory model stays partitioned and unpruned (unless an evaluation follows the export, which
 needs the pruned model: then it is gathered as below). Otherwise every rank leaves with the same pruned
 architecture: under DDP and ZeRO-1/2 every rank applies the plan to its full copy; under ZeRO-3 the model is first
-un-partitioned one module at a time (:func:`lightprune.distributed.materialize`): rank 0 gathers the full values
+un-partitioned one module at a time (:func:`lightprune.core.distributed.materialize`): rank 0 gathers the full values
 onto the CPU in the weights' own dtype (16-bit under mixed precision) and is the only rank holding them; the other
 ranks keep ``meta`` tensors of the same shapes and apply the same surgery to those.
 """
@@ -34,18 +34,18 @@ import torch
 
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
-from lightprune.checks import check_atol
-from lightprune.distributed import has_partitioned, materialize
-from lightprune.errors import PlanError
+from lightprune.checkpoints.directory import weight_files
+from lightprune.checkpoints.staging import check_out_dir
+from lightprune.core.checks import check_atol
+from lightprune.core.distributed import has_partitioned, materialize
+from lightprune.core.errors import PlanError
+from lightprune.core.jsonio import read_json
 from lightprune.experts.merging import MergePlan, merge_experts
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
 from lightprune.export import export_pruned
-from lightprune.export.load import weight_files
 from lightprune.export.save import MANIFEST_FILE, TOKENIZER_FILES, resolve_source_dir
-from lightprune.export.staging import check_out_dir
 from lightprune.finetune.quantize import is_quantized_4bit
-from lightprune.jsonio import read_json
 from lightprune.models import find_moe_layers
 from lightprune.reporting.report import plot_kept_experts, write_report
 
@@ -108,9 +108,9 @@ def export_with_report(model, plan: ExpertPlan | MergePlan, run_dir: Path, ckpt_
 def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
                                 params_before: int, seconds_scoring: float, overwrite: bool,
                                 atol: float | None) -> dict[str, Any]:
-    """:func:`lightprune.stream.prune_checkpoint` of ``source_dir`` by ``plan`` into ``ckpt_dir``, then the same
+    """:func:`lightprune.export.prune_checkpoint` of ``source_dir`` by ``plan`` into ``ckpt_dir``, then the same
     ``report.json`` and ``kept_experts.png`` as :func:`export_with_report`, from the checkpoints."""
-    from lightprune.stream import prune_checkpoint
+    from lightprune.export.streamed import prune_checkpoint
 
     start = time.perf_counter()
     prune_checkpoint(source_dir, plan, ckpt_dir, overwrite=overwrite, atol=atol,

@@ -1,7 +1,7 @@
 """JobEndCallback: a callback that acts once, at the end of whichever job it runs in.
 
 ``lightprune export`` ends in ``on_export``, ``lightprune calibrate`` in ``on_calibrate_end``
-(both called by :class:`~lightprune.trainer.PruneTrainer`) and ``lightprune fit`` in Lightning's
+(both called by :class:`~lightprune.cli.trainer.PruneTrainer`) and ``lightprune fit`` in Lightning's
 ``on_fit_end``. Every JobEndCallback registers with the run's :class:`~lightprune.callbacks.state.RunState`
 at ``setup``; the first end-of-job hook runs them all in the order of their :attr:`phase` (score, select,
 export, evaluate, report), so where a callback is listed does not matter.

@@ -41,8 +41,8 @@ from lightprune.callbacks.expert_pruning import ExpertPruning
 from lightprune.callbacks.export import Export
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
-from lightprune.checks import check_choice, check_positive_int
-from lightprune.distributed import gathered
+from lightprune.core.checks import check_choice, check_positive_int
+from lightprune.core.distributed import gathered
 from lightprune.experts.scores import ExpertScores
 from lightprune.experts.sensitivity import SCORES, logit_delta, router_logits, router_row_norms, weight_delta
 from lightprune.finetune.adapters import merged_router_weights, remove_adapters, router_is_trainable

@@ -32,7 +32,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
-from lightprune.jsonio import write_json
+from lightprune.core.jsonio import write_json
 from lightprune.width.mask import mask_width
 
 if TYPE_CHECKING:  # annotations only

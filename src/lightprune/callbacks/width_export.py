@@ -21,11 +21,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightprune.batch import model_inputs
 from lightprune.callbacks.export import check_checkpoint_dir, checkpoint_path
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.state import RunState
-from lightprune.checks import check_atol, check_positive_int
+from lightprune.core.batch import model_inputs
+from lightprune.core.checks import check_atol, check_positive_int
 from lightprune.export import save_width_pruned
 from lightprune.export.verify import model_logits
 from lightprune.finetune.houlsby import has_houlsby

@@ -35,9 +35,9 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.state import RunState
+from lightprune.core.jsonio import write_json
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.finetune.optim import build_scheduler
-from lightprune.jsonio import write_json
 from lightprune.models.unwrap import base_model_of
 from lightprune.width.flops import decoder_flops
 from lightprune.width.layers import find_width_layers

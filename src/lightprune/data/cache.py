@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from lightprune.errors import register_error
+from lightprune.core.errors import register_error
 
 __all__ = ["MANIFEST", "CacheError", "sha256_file", "write_manifest", "check_folder", "publish_folder",
            "build_folder"]

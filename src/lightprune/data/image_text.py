@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from lightprune.core.sources import resolve_checkpoint
 from lightprune.data.base import JsonlDataModule
 from lightprune.data.collate import TOKEN_KEYS, Collator
 from lightprune.data.generated.shapes_qa import shapes_qa_texts
@@ -52,7 +53,6 @@ from lightprune.data.rows import DEFAULT_TASK, Row
 from lightprune.data.segments import chat_renderer, row_segments, special_affixes
 from lightprune.data.text import check_tokenizer_dir, pad_token_id
 from lightprune.data.tiny_processor import TINY_CORPUS, TINY_PROCESSOR_FAMILIES, tiny_mllm_processor
-from lightprune.sources import resolve_checkpoint
 
 __all__ = ["ImageTextJsonlDataModule", "load_processor"]
 

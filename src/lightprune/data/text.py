@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from lightprune.core.sources import resolve_checkpoint
 from lightprune.data.base import JsonlDataModule
 from lightprune.data.collate import Collator
 from lightprune.data.rows import Row
 from lightprune.data.segments import chat_renderer, row_segments, special_affixes
-from lightprune.sources import resolve_checkpoint
 
 __all__ = ["check_tokenizer_dir", "TOKENIZER_FILES", "TextJsonlDataModule", "load_tokenizer"]
 
@@ -36,7 +36,7 @@ _PROGRESS_MIN_ROWS = 2000
 
 def load_tokenizer(tokenizer: Any):
     """A tokenizer object, or one loaded from a local directory (never from a hub) or a checkpoint source's
-    (``testbed:text-small``: the testbed's own tokenizer, :mod:`lightprune.sources`)."""
+    (``testbed:text-small``: the testbed's own tokenizer, :mod:`lightprune.core.sources`)."""
     if isinstance(tokenizer, (str, os.PathLike)):
         path = resolve_checkpoint(str(Path(tokenizer).expanduser()))
         if not path.is_dir():

@@ -15,7 +15,7 @@ width, finetune, export, callbacks or anything above. Its names are imported on 
 
 from __future__ import annotations
 
-from lightprune._lazy import lazy_attributes
+from lightprune.core.lazy import lazy_attributes
 
 _NAMES = {
     "CalibrationStats": "lightprune.experts.calibration",

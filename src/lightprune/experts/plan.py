@@ -21,8 +21,8 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, Iterable
 
-from lightprune.errors import PlanError
-from lightprune.jsonio import layer_items, read_parsed, show, strict_int, write_json
+from lightprune.core.errors import PlanError
+from lightprune.core.jsonio import layer_items, read_parsed, show, strict_int, write_json
 
 __all__ = ["ExpertPlan", "PlanError"]
 

@@ -8,7 +8,7 @@ attribute and the config follow (non-uniform counts per layer go to the config's
 
 Surgery changes shapes, which DeepSpeed ZeRO-3 cannot re-partition in place: a model with
 partitioned parameters is refused with an error that points to
-:func:`lightprune.distributed.materialize` (the callbacks call it at the end of a ZeRO-3 job).
+:func:`lightprune.core.distributed.materialize` (the callbacks call it at the end of a ZeRO-3 job).
 Under DDP and ZeRO-1/2 every rank holds full parameters and applies the same plan.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightprune.distributed import PartitionedModelError, is_partitioned
+from lightprune.core.distributed import PartitionedModelError, is_partitioned
 from lightprune.experts.plan import ExpertPlan
 from lightprune.models import MoELayer, find_moe_layers, get_family
 
@@ -51,7 +51,7 @@ def _check_not_partitioned(model: nn.Module) -> None:
         raise PartitionedModelError(
             f"prune_experts got a DeepSpeed ZeRO-3 partitioned model ({len(names)} partitioned parameters, e.g. "
             f"{names[0]!r}); structural surgery needs full tensors: call "
-            "lightprune.distributed.materialize(model, engine) first (every rank)")
+            "lightprune.core.distributed.materialize(model, engine) first (every rank)")
 
 
 def _persistent_buffers(module: nn.Module) -> set[str]:

@@ -19,8 +19,8 @@ from typing import Mapping
 
 import torch
 
-from lightprune.checks import check_choice, check_ratio
-from lightprune.choices import ALLOCATIONS, NORMALIZATIONS
+from lightprune.core.checks import check_choice, check_ratio
+from lightprune.core.choices import ALLOCATIONS, NORMALIZATIONS
 from lightprune.experts.plan import ExpertPlan
 from lightprune.models.base import RoutingLimits
 

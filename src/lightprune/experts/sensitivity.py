@@ -24,7 +24,7 @@ outside a forward, and inside its own forward it is the weight the adapted model
 what the hooks of :func:`router_logits` and :func:`effective_router_weights` read.
 
 Under DeepSpeed ZeRO-3 a router weight is a partition on each rank: :func:`router_row_norms`
-gathers one router at a time (:func:`lightprune.distributed.gathered`; a collective, so every
+gathers one router at a time (:func:`lightprune.core.distributed.gathered`; a collective, so every
 rank calls it); the logit hooks run inside the router's forward, where ZeRO-3 has gathered it.
 """
 
@@ -38,9 +38,9 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch import nn
 
-from lightprune.batch import head_skipped, model_inputs
-from lightprune.choices import SENSITIVITY_SCORES
-from lightprune.distributed import gathered
+from lightprune.core.batch import head_skipped, model_inputs
+from lightprune.core.choices import SENSITIVITY_SCORES
+from lightprune.core.distributed import gathered
 from lightprune.experts.scores import ExpertScores
 from lightprune.models import MoELayer, RoutingLimits, find_moe_layers
 from lightprune.models.unwrap import base_model_of
@@ -80,7 +80,7 @@ def _checked_weight(layer: MoELayer, weight: torch.Tensor) -> torch.Tensor:
     if weight.dim() != 2 or weight.shape[0] != layer.num_experts:
         raise ValueError(f"layer {layer.index} ({layer.name}): router weight has shape {tuple(weight.shape)}, "
                          f"expected [{layer.num_experts}, hidden]. A ZeRO-3 partitioned weight must be gathered "
-                         "first (lightprune.distributed.gathered)")
+                         "first (lightprune.core.distributed.gathered)")
     return weight
 
 

@@ -7,6 +7,7 @@
     lp.save_pruned(model, out_dir)                    # an already pruned model
     model = lp.load_pruned(out_dir)                   # never runs the checkpoint's code
     lp.save_width_pruned(model, width_plan, out_dir)  # MWOP: weights + width_plan.json, kernels on load
+    lp.prune_checkpoint(src_dir, plan, out_dir)      # a checkpoint directory, shard by shard (:mod:`.streamed`)
 
 Checkpoints are safetensors only, written to a hidden sibling directory and renamed into place
 after verification. A checkpoint whose layers keep different numbers of experts records them as
@@ -14,17 +15,18 @@ after verification. A checkpoint whose layers keep different numbers of experts 
 transformers only) so that ``AutoModel...from_pretrained(path, trust_remote_code=True)`` loads
 it without lightprune.
 
-May import: models, experts, width and the shared leaves; never finetune, callbacks or above.
+May import: models, checkpoints, experts, width and core; never finetune, callbacks or above.
 """
 
 from lightprune.export.load import check_checkpoint, load_pruned
 from lightprune.export.model_card import CARD_FILE, model_card
 from lightprune.export.pipeline import export_pruned
 from lightprune.export.save import CARD_KEYS, MANIFEST_FILE, TOKENIZER_FILES, save_pruned
+from lightprune.export.streamed import prune_checkpoint
 from lightprune.export.verify import ExportVerificationError, default_probe
 from lightprune.export.width import save_width_pruned
 from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels
 
-__all__ = ["save_pruned", "load_pruned", "export_pruned", "ExportVerificationError", "default_probe",
-           "check_checkpoint", "MANIFEST_FILE", "save_width_pruned", "attach_width_kernels", "WIDTH_PLAN_FILE",
+__all__ = ["save_pruned", "load_pruned", "export_pruned", "prune_checkpoint", "ExportVerificationError",
+           "default_probe", "check_checkpoint", "MANIFEST_FILE", "save_width_pruned", "attach_width_kernels", "WIDTH_PLAN_FILE",
            "model_card", "CARD_FILE", "CARD_KEYS", "TOKENIZER_FILES"]

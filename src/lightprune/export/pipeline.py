@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightprune.checks import check_atol
+from lightprune.checkpoints.staging import check_out_dir
+from lightprune.core.checks import check_atol
 from lightprune.experts.mask import mask_experts
 from lightprune.experts.merging import MergePlan, write_merged
 from lightprune.experts.plan import ExpertPlan
@@ -36,7 +37,6 @@ from lightprune.export.save import (
     source_fingerprint,
     tensor_bytes,
 )
-from lightprune.export.staging import check_out_dir
 from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
 from lightprune.models import find_moe_layers
 

@@ -45,14 +45,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightprune.checks import check_atol
+from lightprune.checkpoints.classes import auto_class_name, base_class
+from lightprune.checkpoints.directory import weight_files
+from lightprune.checkpoints.header import header_bytes
+from lightprune.checkpoints.staging import TMP_TAG, staging_dir
+from lightprune.core.checks import check_atol
 from lightprune.experts.mask import is_masked
 from lightprune.experts.plan import ExpertPlan
-from lightprune.export.classes import auto_class_name, base_class
-from lightprune.export.load import header_bytes, load_pruned, weight_files
+from lightprune.export.load import load_pruned
 from lightprune.export.model_card import CARD_FILE, model_card
 from lightprune.export.remote_code import MODELING_FILE, auto_map_entry, modeling_source
-from lightprune.export.staging import TMP_TAG, staging_dir
 from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
 from lightprune.models import find_moe_layers, get_family
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightprune.errors import register_error
+from lightprune.core.errors import register_error
 
 __all__ = ["ExportVerificationError", "default_probe", "special_token_ids", "model_logits", "max_abs_diff",
            "default_atol"]

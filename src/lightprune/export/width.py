@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightprune.checks import check_atol, check_positive_int
+from lightprune.checkpoints.staging import staging_dir
+from lightprune.core.checks import check_atol, check_positive_int
 from lightprune.export.load import load_pruned
-from lightprune.export.staging import staging_dir
 from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, model_logits
 from lightprune.export.width_format import MANIFEST_NAME, WIDTH_FORMAT, WIDTH_PLAN_FILE
 from lightprune.width.mask import mask_width

@@ -29,8 +29,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
-from lightprune.batch import model_inputs
-from lightprune.distributed import outside_zero_init
+from lightprune.core.batch import model_inputs
+from lightprune.core.distributed import outside_zero_init
+from lightprune.core.sources import check_checkpoint_name, resolve_checkpoint
 from lightprune.export import load_pruned
 from lightprune.finetune.adapters import AdapterSpec, apply_adapter
 from lightprune.finetune.balance import per_layer_balance_loss
@@ -39,7 +40,6 @@ from lightprune.finetune.quantize import _bnb, quantize_4bit
 from lightprune.models import find_moe_layers
 from lightprune.models.tiny import TINY_DENSE_MLLMS, TINY_FAMILIES, tiny_model
 from lightprune.models.unwrap import base_model_of
-from lightprune.sources import check_checkpoint_name, resolve_checkpoint
 
 __all__ = ["MoECausalLM"]
 
@@ -74,7 +74,7 @@ class MoECausalLM(pl.LightningModule):
             E * sum_e f_e P_e over all layers pooled) or ``per_layer`` (the same loss of each MoE layer on its own,
             averaged: :mod:`lightprune.finetune.balance`; softmax routers).
         sequential: keep one decoder layer in memory at a time (``lightprune calibrate`` / ``export`` of a checkpoint
-            larger than memory): the model is the checkpoint's meta skeleton (:mod:`lightprune.stream`), every
+            larger than memory): the model is the checkpoint's meta skeleton (:mod:`lightprune.checkpoints.skeleton`), every
             forward loads each layer just before it runs and releases it after, weight criteria score one MoE
             block at a time, and ``Export`` prunes the checkpoint shard by shard (``lp.prune_checkpoint``). Needs
             ``checkpoint``; not for ``fit`` (training needs the weights in memory), nor with an adapter, 4-bit
@@ -170,7 +170,7 @@ class MoECausalLM(pl.LightningModule):
         if self.model is not None:
             return
         if self.hparams.get("sequential"):
-            from lightprune.stream import Checkpoint, Skeleton
+            from lightprune.checkpoints import Checkpoint, Skeleton
 
             strategy = getattr(self._trainer, "strategy", None) if self._trainer is not None else None
             if strategy is not None and "deepspeed" in type(strategy).__name__.lower():
@@ -199,7 +199,7 @@ class MoECausalLM(pl.LightningModule):
         if not self._ids_checked:
             self._check_token_ids(batch)
         if self.skeleton is not None:
-            from lightprune.stream import layer_by_layer
+            from lightprune.checkpoints.sequential import layer_by_layer
 
             with layer_by_layer(self.skeleton):
                 return self.model(**model_inputs(batch, keep_labels=True))
@@ -296,9 +296,9 @@ class MoECausalLM(pl.LightningModule):
 
     def flush_deferred(self, before: Any = None) -> None:
         """Run the collected batches' forwards, each decoder layer read once for all of them
-        (:func:`lightprune.stream.run_layer_outer`); ``before(batch)`` runs before a batch enters each layer (the
+        (:func:`lightprune.checkpoints.sequential.run_layer_outer`); ``before(batch)`` runs before a batch enters each layer (the
         calibration observer declares the batch: its token subsets)."""
-        from lightprune.stream import run_layer_outer
+        from lightprune.checkpoints.sequential import run_layer_outer
 
         batches, self._deferred = self._deferred, []
         if batches:

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import torch
 
-from lightprune.extras import require
+from lightprune.core.extras import require
 
 __all__ = ["OPTIMIZERS", "SCHEDULERS", "build_optimizer", "build_scheduler", "lr_factor"]
 

@@ -18,7 +18,7 @@ __all__ = ["quantize_4bit", "is_quantized_4bit"]
 
 
 def _bnb():
-    from lightprune.extras import require
+    from lightprune.core.extras import require
 
     return require("qlora", "load_in_4bit=True")
 

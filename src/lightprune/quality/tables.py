@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from lightprune.batch import model_inputs
+from lightprune.core.batch import model_inputs
 from lightprune.data.rows import read_jsonl
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.experts.calibration import DEFAULT_CRITERIA

@@ -45,7 +45,7 @@ from typing import Any, Mapping
 
 import torch
 
-from lightprune.checks import check_positive_int
+from lightprune.core.checks import check_positive_int
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.models.unwrap import base_model_of
 from lightprune.quality.expert_quality import spread
@@ -300,7 +300,7 @@ def _recover(model: torch.nn.Module, plan: WidthPlan, train: list, steps: int, l
     model's weights (vision tower frozen), AdamW, cosine with 3% warm-up, weight decay 0, the answer loss."""
     import copy
 
-    from lightprune.batch import model_inputs
+    from lightprune.core.batch import model_inputs
     from lightprune.finetune.optim import build_scheduler
 
     torch.manual_seed(seed)

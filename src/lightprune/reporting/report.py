@@ -7,14 +7,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lightprune.core.jsonio import write_json
 from lightprune.experts.plan import ExpertPlan
-from lightprune.jsonio import write_json
 
 __all__ = ["write_report", "merge_report", "plot_kept_experts", "summary_table", "print_summary"]
 
 
 def write_report(report: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``report`` as JSON atomically (:func:`lightprune.jsonio.write_json`, indent 2)."""
+    """Write ``report`` as JSON atomically (:func:`lightprune.core.jsonio.write_json`, indent 2)."""
     return write_json(report, path, indent=2)
 
 

@@ -1,11 +1,11 @@
 """Testbed models trained here (nothing downloaded): what the default job and the quality tables run on.
 
 Importing this package registers the ``testbed:`` checkpoint source (``testbed:text-<preset>``) with
-:func:`lightprune.sources.register_source`; the package's entry point makes that happen whenever a
+:func:`lightprune.core.sources.register_source`; the package's entry point makes that happen whenever a
 checkpoint name is resolved. May import: data, models, finetune (it trains with MoECausalLM); nothing above.
 """
 
-from lightprune.sources import register_source
+from lightprune.core.sources import register_source
 from lightprune.testbed.text_corpus import DOMAINS, TextCorpus, TextCorpusSpec, build_text_corpus
 from lightprune.testbed.text_data import TestbedTextDataModule
 from lightprune.testbed.text_moe import (

@@ -28,7 +28,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightprune.batch import model_inputs
+from lightprune.core.batch import model_inputs
 from lightprune.data.cache import CacheError, build_folder, check_folder
 from lightprune.finetune import MoECausalLM
 from lightprune.finetune.progress import progress_bar

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightprune.checks import check_positive_int
+from lightprune.core.checks import check_positive_int
 
 __all__ = ["FlopCount", "decoder_flops"]
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from lightprune.errors import PlanError
-from lightprune.jsonio import layer_items, read_parsed, show, strict_int, write_json
+from lightprune.core.errors import PlanError
+from lightprune.core.jsonio import layer_items, read_parsed, show, strict_int, write_json
 from lightprune.width.layers import find_width_layers
 from lightprune.width.paths import MODALITIES, PATHS
 

@@ -30,8 +30,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 from torchmetrics import Metric
 
-from lightprune.batch import model_inputs
-from lightprune.choices import RETENTION_METRICS
+from lightprune.core.batch import model_inputs
+from lightprune.core.choices import RETENTION_METRICS
 
 __all__ = ["TaskAccuracy", "answer_mask", "answer_row_sums", "evaluate_tasks", "Retention", "retention", "METRICS",
            "METRIC_SUMS", "row_sums", "task_scores"]

@@ -17,7 +17,7 @@ from typing import Mapping
 
 import torch
 
-from lightprune.errors import PlanError
+from lightprune.core.errors import PlanError
 from lightprune.width.paths import MODALITIES, PATHS
 from lightprune.width.plan import WidthPlan
 

@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightprune.batch import model_inputs
-from lightprune.jsonio import read_json, write_json
+from lightprune.core.batch import model_inputs
+from lightprune.core.jsonio import read_json, write_json
 from lightprune.models.unwrap import base_model_of
 from lightprune.width.layers import find_width_layers, vision_token_ids
 from lightprune.width.mask import WidthHooks

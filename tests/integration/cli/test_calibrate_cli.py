@@ -12,7 +12,7 @@ import torch
 
 import lightprune as lp
 import lightprune.callbacks
-from lightprune.cli import cli_main
+from lightprune.cli.app import cli_main
 from lightprune.data import SyntheticTokens
 from lightprune.models.tiny import tiny_model
 

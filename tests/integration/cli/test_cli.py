@@ -11,7 +11,7 @@ import torch
 from fixtures import REPO
 
 import lightprune as lp
-from lightprune.cli import cli_main
+from lightprune.cli.app import cli_main
 from lightprune.models.tiny import tiny_model
 
 REPO = REPO
@@ -106,7 +106,7 @@ def test_addressed_options_reach_their_callback_whatever_the_order(tmp_path: Pat
     --trainer.callbacks.init_args.X would go), and the saved config records it."""
     import yaml
 
-    from lightprune.cli_options import OptionError
+    from lightprune.cli.options import OptionError
 
     monkeypatch.chdir(REPO)
     run = tmp_path / "run"
@@ -173,7 +173,7 @@ def test_fit_and_calibrate_run_on_synthetic_tokens(tmp_path: Path, monkeypatch) 
 
 
 def test_console_entry_reports_bad_input_in_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
-    from lightprune.cli import main
+    from lightprune.cli.app import main
 
     monkeypatch.chdir(REPO)
     monkeypatch.delenv("LIGHTPRUNE_DEBUG", raising=False)

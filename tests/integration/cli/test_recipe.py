@@ -10,8 +10,8 @@ import yaml
 from fixtures import REPO
 
 import lightprune as lp
-from lightprune.cli_options import OptionError
-from lightprune.recipe import recipe_command
+from lightprune.cli.options import OptionError
+from lightprune.cli.recipe import recipe_command
 
 
 @pytest.mark.parametrize("config,command", [("quickstart", "calibrate"), ("mwop", "fit"), ("router_lora", "fit"),

@@ -11,10 +11,10 @@ import torch
 
 import lightprune as lp
 from lightprune.callbacks import ExpertPruning, ExpertStats
+from lightprune.cli.trainer import PruneTrainer
 from lightprune.data import SyntheticTokens
 from lightprune.finetune import MoECausalLM
 from lightprune.models.tiny import tiny_model
-from lightprune.trainer import PruneTrainer
 
 DATA = {"num_samples": 8, "seq_len": 10, "batch_size": 2, "seed": 7}
 

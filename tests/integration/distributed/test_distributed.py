@@ -37,11 +37,11 @@ from safetensors.torch import load_file
 
 import lightprune as lp
 from lightprune.callbacks import ExpertPruning, ExpertStats, Export, RouterDelta
+from lightprune.cli.trainer import PruneTrainer
+from lightprune.core.distributed import has_partitioned
 from lightprune.data import SyntheticTokens
-from lightprune.distributed import has_partitioned
 from lightprune.finetune import MoECausalLM
 from lightprune.models import find_moe_layers
-from lightprune.trainer import PruneTrainer
 
 pytestmark = pytest.mark.distributed
 
@@ -256,7 +256,7 @@ def test_deepspeed_configs_build_the_strategy_from_the_command_line(name: str, s
     """``--trainer.strategy configs/deepspeed/<name>.yaml`` gives Lightning's DeepSpeedStrategy (built, not launched)."""
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
-    from lightprune.cli import LightpruneCLI
+    from lightprune.cli.app import LightpruneCLI
 
     root = REPO
     cli = LightpruneCLI(MoECausalLM, None, trainer_class=PruneTrainer, subclass_mode_model=True,
@@ -314,7 +314,7 @@ def test_zero3_full_fit_then_aimer_export_equal_single_process(tmp_path: Path) -
 def test_one_process_helpers_are_plain_and_surgery_refuses_a_partitioned_model(tiny) -> None:
     """Without a process group or partitions nothing changes; a (faked) ZeRO-3 parameter is refused by surgery
     with an error that names it and the way out, and the router's full ``ds_shape`` gives the expert count."""
-    from lightprune.distributed import PartitionedModelError, gathered, materialize, same_on_every_rank
+    from lightprune.core.distributed import PartitionedModelError, gathered, materialize, same_on_every_rank
 
     model = tiny("qwen3_moe")
     layer = find_moe_layers(model)[0]

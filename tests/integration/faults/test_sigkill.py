@@ -73,7 +73,7 @@ def test_killed_between_the_two_renames_the_previous_checkpoint_comes_back(tmp_p
     assert not out.exists()  # set aside, the new one not renamed in
     aside = [p for p in tmp_path.iterdir() if p.name.startswith(".model.lightprune-old-")]
     assert len(aside) == 1 and _listing(aside[0]) == before
-    from lightprune.export.staging import clean_stale
+    from lightprune.checkpoints.staging import clean_stale
 
     assert clean_stale(out) and _listing(out) == before  # what the next export does first
 
@@ -81,7 +81,7 @@ def test_killed_between_the_two_renames_the_previous_checkpoint_comes_back(tmp_p
 _CALIBRATE = textwrap.dedent("""
     import os, signal, sys
     import lightning.pytorch as pl
-    from lightprune.cli import cli_main
+    from lightprune.cli.app import cli_main
 
     class Die(pl.Callback):
         def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):

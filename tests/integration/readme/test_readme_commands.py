@@ -9,7 +9,7 @@ import shlex
 import pytest
 from fixtures import REPO
 
-from lightprune.cli_options import check_command_line
+from lightprune.cli.options import check_command_line
 
 _BLOCKS = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
 COMMANDS = []

@@ -11,7 +11,7 @@ import torch
 from fixtures import REPO
 
 import lightprune as lp
-from lightprune.cli import cli_main
+from lightprune.cli.app import cli_main
 from lightprune.models.tiny import tiny_model
 from lightprune.testbed import resolve_testbed
 

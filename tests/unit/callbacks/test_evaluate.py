@@ -148,7 +148,7 @@ def _datamodule(tokenizer_dir):
 
 
 def test_export_run_before_and_after_merged_into_report(tmp_path, tokenizer_dir) -> None:
-    from lightprune.trainer import PruneTrainer
+    from lightprune.cli.trainer import PruneTrainer
 
     dm = _datamodule(tokenizer_dir)
     # Evaluate listed first: its end-of-job step runs ExpertPruning and Export before measuring "after"
@@ -173,7 +173,7 @@ def test_export_run_before_and_after_merged_into_report(tmp_path, tokenizer_dir)
 
 
 def test_masked_after_when_nothing_prunes_in_place(tmp_path, tokenizer_dir) -> None:
-    from lightprune.trainer import PruneTrainer
+    from lightprune.cli.trainer import PruneTrainer
 
     dm = _datamodule(tokenizer_dir)
     pruning = ExpertPruning(criterion="magnitude", ratio=0.5)
@@ -220,8 +220,8 @@ def test_lightnings_test_loss_is_evaluates_loss(tmp_path, tokenizer_dir) -> None
 
 
 def test_missing_split_and_missing_data_are_named(tmp_path, tokenizer_dir) -> None:
+    from lightprune.cli.trainer import PruneTrainer
     from lightprune.data import TextJsonlDataModule
-    from lightprune.trainer import PruneTrainer
 
     dm = TextJsonlDataModule(str(tokenizer_dir), val=str(TEXT), batch_size=3)
     trainer = PruneTrainer(accelerator="cpu", logger=False, enable_checkpointing=False, default_root_dir=tmp_path,
@@ -282,8 +282,8 @@ def test_lm_eval_local_task_offline(tiny) -> None:
 
 def test_calibrate_run_before_is_the_unobserved_original(tmp_path, tokenizer_dir) -> None:
     from lightprune.callbacks import ExpertStats
+    from lightprune.cli.trainer import PruneTrainer
     from lightprune.data import TextJsonlDataModule
-    from lightprune.trainer import PruneTrainer
 
     dm = TextJsonlDataModule(str(tokenizer_dir), calibration=str(TEXT), test=str(TEXT), batch_size=4)
 

@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 import lightprune as lp
 from lightprune.callbacks import ExpertPruning, ExpertStats, Export
-from lightprune.trainer import PruneTrainer
+from lightprune.cli.trainer import PruneTrainer
 
 VOCAB = 160
 TEXT = FIXTURES / "data" / "text.jsonl"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lightprune.checks import check_atol, check_choice, check_positive_int, check_ratio
+from lightprune.core.checks import check_atol, check_choice, check_positive_int, check_ratio
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, True, "0.5", None, math.nan])

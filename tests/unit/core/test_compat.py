@@ -28,7 +28,7 @@ def _fresh(old: str):
 @pytest.mark.parametrize(("old", "name", "new"), [
     ("lightprune.plan", "ExpertPlan", "lightprune.experts.plan"),
     ("lightprune.plan", "WidthPlan", "lightprune.width.plan"),
-    ("lightprune.plan", "PlanError", "lightprune.errors"),
+    ("lightprune.plan", "PlanError", "lightprune.core.errors"),
     ("lightprune.scores", "ExpertScores", "lightprune.experts.scores"),
     ("lightprune.criteria", "register_criterion", "lightprune.experts.criteria"),
     ("lightprune.criteria", "Criterion", "lightprune.experts.criteria"),
@@ -44,6 +44,14 @@ def _fresh(old: str):
     ("lightprune.calibration.collect", "collect_expert_stats", "lightprune.experts.calibration.collect"),
     ("lightprune.report_page", "ReportPage", "lightprune.callbacks.report_page"),
     ("lightprune.testbed.quality_tables", "text_tables", "lightprune.quality.tables"),
+    ("lightprune.stream", "Checkpoint", "lightprune.checkpoints"),
+    ("lightprune.stream", "prune_checkpoint", "lightprune.export"),
+    ("lightprune.stream", "score_weights", "lightprune.experts.criteria"),
+    ("lightprune.stream", "collect_expert_stats", "lightprune.experts.calibration"),
+    ("lightprune.stream.writer", "SafetensorsWriter", "lightprune.checkpoints.writer"),
+    ("lightprune.trainer", "PruneTrainer", "lightprune.cli.trainer"),
+    ("lightprune.jsonio", "write_json", "lightprune.core.jsonio"),
+    ("lightprune.export.staging", "staging_dir", "lightprune.checkpoints.staging"),
 ])
 def test_old_path_gives_the_object_that_lives_at_the_new_one(old: str, name: str, new: str) -> None:
     module, warned = _fresh(old)
@@ -106,3 +114,23 @@ def test_the_old_calibration_tuple_is_the_registry_s_calibration_criteria() -> N
     with pytest.warns(FutureWarning, match="available_criteria"):
         names = expert_pruning.CALIBRATION
     assert set(names) == set(CRITERIA) | {"maep"}  # 0.1's tuple: the statistics and MAEP
+
+
+def test_the_old_cli_module_names_are_deprecated_attributes_of_the_cli_package() -> None:
+    import lightprune.cli as cli
+    import lightprune.cli.app as app
+
+    _compat._WARNED.discard("lightprune.cli.cli_main")
+    with pytest.warns(FutureWarning, match="lightprune.cli.cli_main is deprecated"):
+        assert cli.cli_main is app.cli_main
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        cli.nope  # noqa: B018
+
+
+def test_moved_names_of_export_load_warn_and_resolve() -> None:
+    import lightprune.export.load as load
+    from lightprune.checkpoints.directory import weight_files
+
+    _compat._WARNED.discard("lightprune.export.load.weight_files")
+    with pytest.warns(FutureWarning, match="lightprune.checkpoints.directory.weight_files"):
+        assert load.weight_files is weight_files

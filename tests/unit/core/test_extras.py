@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import lightprune
-from lightprune.extras import EXTRAS, MissingExtraError, missing, require
+from lightprune.core.extras import EXTRAS, MissingExtraError, missing, require
 
 
 def _block(monkeypatch, module: str) -> None:
@@ -26,7 +26,7 @@ def test_require_names_the_extra_when_its_module_is_missing(monkeypatch, extra) 
         require(extra, "this feature")
     assert str(err.value) == (f"this feature needs {module!r}, which is not installed: "
                               f"pip install 'lightprune[{extra}]'")
-    assert isinstance(err.value, ImportError) and MissingExtraError in lightprune.errors.ERRORS  # one CLI line
+    assert isinstance(err.value, ImportError) and MissingExtraError in lightprune.core.errors.ERRORS  # one CLI line
 
 
 def test_an_unknown_extra_is_an_error() -> None:
@@ -63,7 +63,7 @@ def test_the_triton_backend_names_the_triton_extra(monkeypatch) -> None:
 def test_a_deepspeed_strategy_without_deepspeed_names_the_extra(monkeypatch) -> None:
     from lightning.pytorch.strategies import deepspeed as lightning_deepspeed
 
-    from lightprune.trainer import PruneTrainer
+    from lightprune.cli.trainer import PruneTrainer
 
     monkeypatch.setattr(lightning_deepspeed, "_DEEPSPEED_AVAILABLE", False)
     with pytest.raises(MissingExtraError) as err:
@@ -78,7 +78,7 @@ def test_the_cli_reports_a_missing_deepspeed_in_one_line(monkeypatch, capsys, tm
     from fixtures import REPO
     from lightning.pytorch.strategies import deepspeed as lightning_deepspeed
 
-    from lightprune.cli import main
+    from lightprune.cli.app import main
 
     monkeypatch.setattr(lightning_deepspeed, "_DEEPSPEED_AVAILABLE", False)
     monkeypatch.setattr(sys, "argv", ["lightprune", "fit", "--config",

@@ -422,8 +422,8 @@ def test_image_errors(tmp_path, processor_dir, image_rows) -> None:
 
 
 def test_calibrate_and_fit_on_image_text_with_the_trainer(tmp_path, processor_dir, image_rows) -> None:
+    from lightprune.cli.trainer import PruneTrainer
     from lightprune.finetune.causal_lm import MoECausalLM
-    from lightprune.trainer import PruneTrainer
 
     path, rows, _ = image_rows
     dm = ImageTextJsonlDataModule(str(processor_dir), train=str(path), val=str(path), batch_size=2)

@@ -549,7 +549,7 @@ def test_nested_observers_are_refused_and_the_outer_one_keeps_working(tiny):
 def test_calibration_runs_the_output_head_on_one_position_only(tiny):
     """No criterion reads the logits: the head sees the last position (logits_to_keep=1), not [B, T, V]; the
     statistics equal those of a pass that computes every logit (test_nested_observers_... compares them)."""
-    from lightprune.batch import head_skipped
+    from lightprune.core.batch import head_skipped
 
     model = tiny("qwen3_moe")
     batches = calibration_batches()

@@ -293,7 +293,7 @@ def test_builtins_registered_and_lazy_top_level():
     assert lp.available_criteria is available_criteria
     assert lp.get_criterion is get_criterion
     assert lp.register_criterion is register_criterion
-    from lightprune.stream import score_weights as model_or_checkpoint
+    from lightprune.experts.criteria import score_weights as model_or_checkpoint
 
     assert lp.score_weights is model_or_checkpoint  # a model, or a checkpoint directory streamed
     assert isinstance(get_criterion("aimer"), AIMER)

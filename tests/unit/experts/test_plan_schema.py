@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from lightprune.errors import PlanError
+from lightprune.core.errors import PlanError
 from lightprune.experts.plan import ExpertPlan
 from lightprune.width.plan import PATHS, WidthPlan
 

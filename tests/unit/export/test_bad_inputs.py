@@ -32,7 +32,7 @@ def _snapshot(root: Path) -> dict[str, bytes] | None:
 
 @pytest.fixture
 def cli(monkeypatch):
-    from lightprune.cli import cli_main
+    from lightprune.cli.app import cli_main
 
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(sys, "argv", ["lightprune"])

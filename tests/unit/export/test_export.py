@@ -21,9 +21,9 @@ import torch
 from fixtures import DEEPSEEK_LIKE
 
 import lightprune as lp
+from lightprune.checkpoints.classes import auto_class_name
 from lightprune.experts.scores import ExpertScores
 from lightprune.export import MANIFEST_FILE, default_probe
-from lightprune.export.classes import auto_class_name
 from lightprune.export.remote_code import MODELING_FILE
 from lightprune.export.verify import model_logits, special_token_ids
 from lightprune.models import FAMILIES
@@ -242,8 +242,8 @@ def test_generated_modeling_file_imports_only_torch_and_transformers(tmp_path):
 
 
 def test_remote_resize_tensor_names_match_surgery():
+    from lightprune.checkpoints import resize as remote_resize
     from lightprune.experts import prune
-    from lightprune.export import remote_resize
 
     assert remote_resize.EXPERT_TENSORS == prune.EXPERT_TENSORS
     assert remote_resize.ROUTER_TENSORS == prune.ROUTER_TENSORS

@@ -9,12 +9,12 @@ import pytest
 import torch
 from fixtures import REPO
 
-from lightprune.cli import cli_main
+from lightprune.cli.app import cli_main
+from lightprune.cli.trainer import PruneTrainer
 from lightprune.data import SyntheticTokens
 from lightprune.finetune import AdapterSpec, MoECausalLM, merged_router_weights, router_is_trainable
 from lightprune.finetune.optim import build_optimizer, lr_factor
 from lightprune.models import find_moe_layers
-from lightprune.trainer import PruneTrainer
 
 REPO = REPO
 

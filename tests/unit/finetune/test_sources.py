@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lightprune import sources
-from lightprune.sources import check_checkpoint_name, register_source, resolve_checkpoint
+from lightprune.core import sources
+from lightprune.core.sources import check_checkpoint_name, register_source, resolve_checkpoint
 
 
 def test_a_registered_source_checks_and_resolves(tmp_path: Path, monkeypatch) -> None:
@@ -49,7 +49,7 @@ def test_paths_are_paths(tmp_path: Path) -> None:
 
 def test_the_testbed_source_comes_from_its_entry_point() -> None:
     # a fresh process that never imported lightprune.testbed still resolves 'testbed:' names
-    code = ("import sys; from lightprune.sources import sources; s = sources(); "
+    code = ("import sys; from lightprune.core.sources import sources; s = sources(); "
             "print('testbed:' in s, 'lightprune.testbed' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["True", "True"]

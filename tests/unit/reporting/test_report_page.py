@@ -143,9 +143,9 @@ def test_page_bad_inputs(tmp_path) -> None:
 
 def test_report_page_callback_after_export_and_evaluate(tmp_path, caplog) -> None:
     from lightprune.callbacks import Evaluate, ExpertPruning, Export, ReportPage
+    from lightprune.cli.trainer import PruneTrainer
     from lightprune.data import TextJsonlDataModule, train_bpe_tokenizer
     from lightprune.finetune import MoECausalLM
-    from lightprune.trainer import PruneTrainer
 
     text = FIXTURES / "data" / "text.jsonl"
     train_bpe_tokenizer([line for line in text.read_text().splitlines()] * 4, 300).save_pretrained(tmp_path / "tok")

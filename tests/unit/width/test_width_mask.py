@@ -10,7 +10,7 @@ import pytest
 import torch
 from fixtures.width import dense_lm, ffn_plan, lm_batch, random_keep, reference_logits
 
-from lightprune.errors import PlanError
+from lightprune.core.errors import PlanError
 from lightprune.models.tiny_batches import tiny_multimodal_batch
 from lightprune.width.mask import mask_width
 from lightprune.width.modality import token_modality

@@ -8,7 +8,7 @@ import pytest
 import torch
 from fixtures.width import dense_lm
 
-from lightprune.errors import PlanError
+from lightprune.core.errors import PlanError
 from lightprune.width.layers import find_width_layers, vision_token_ids
 from lightprune.width.modality import token_modality
 from lightprune.width.paths import MODALITIES, PAD, PATHS, SYSTEM, TEXT, VISION

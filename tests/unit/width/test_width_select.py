@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightprune.errors import PlanError
+from lightprune.core.errors import PlanError
 from lightprune.width.paths import PATHS
 from lightprune.width.plan import WidthPlan
 from lightprune.width.select import random_scores, select_channels, select_paths

@@ -178,7 +178,7 @@ class LayerAccumulator:
     def __init__(self, layer: MoELayer, subsets: tuple[str, ...], criteria: tuple[str, ...]):
         self.index, self.num_experts, self.subsets, self.criteria = layer.index, layer.num_experts, subsets, criteria
         device = layer.router_linear.weight.device
-        if device.type == "meta":  # a layer loaded only while it runs (lightprune.stream): sums on the CPU
+        if device.type == "meta":  # a layer loaded only while it runs (lightprune.checkpoints.skeleton): sums on the CPU
             device = torch.device("cpu")
         zeros = lambda: torch.zeros(len(subsets), layer.num_experts, dtype=torch.float64, device=device)  # noqa: E731
         self.sums: dict[str, torch.Tensor] = {name: zeros() for name in _TOKEN_SUMS}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from lightprune.choices import MERGE_STATISTICS
+from lightprune.core.choices import MERGE_STATISTICS
 from lightprune.models import MoELayer
 from lightprune.observe.experts_impl import expert_rows
 

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import torch
 
-from lightprune.choices import CALIBRATION_CRITERIA, SUBSETS
+from lightprune.core.choices import CALIBRATION_CRITERIA, SUBSETS
 from lightprune.experts.scores import ExpertScores
 from lightprune.models.base import RoutingLimits
 

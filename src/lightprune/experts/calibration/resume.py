@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightprune.distributed import gathered
+from lightprune.core.distributed import gathered
 from lightprune.models import find_moe_layers
 from lightprune.models.unwrap import base_model_of
 

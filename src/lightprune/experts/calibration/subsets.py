@@ -12,7 +12,7 @@ from typing import Mapping
 
 import torch
 
-from lightprune.choices import ATTENTION_SUBSETS, SUBSETS, VISION_SUBSETS
+from lightprune.core.choices import ATTENTION_SUBSETS, SUBSETS, VISION_SUBSETS
 
 __all__ = ["SUBSETS", "ATTENTION_SUBSETS", "VISION_SUBSETS", "base_masks", "check_subsets"]
 

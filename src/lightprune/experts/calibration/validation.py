@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
-from lightprune.batch import model_inputs
+from lightprune.core.batch import model_inputs
 from lightprune.experts.calibration.result import CalibrationStats
 from lightprune.experts.calibration.subsets import base_masks, check_subsets
 from lightprune.experts.ranking import spearman

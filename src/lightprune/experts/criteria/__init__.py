@@ -23,11 +23,6 @@ May import: models, experts (scores, calibration, maep) and the shared leaves.
 
 from __future__ import annotations
 
-import inspect
-from typing import Any
-
-from torch import nn
-
 from lightprune.experts.criteria.aimer import AIMER
 from lightprune.experts.criteria.base import Criterion, CriterionNeedsDataError
 from lightprune.experts.criteria.calibration import MAEP, CalibrationCriterion, FitCriterion, RouterDeltaCriterion
@@ -42,38 +37,9 @@ from lightprune.experts.criteria.registry import (
     unregister_criterion,
 )
 from lightprune.experts.criteria.router_norm import RouterNorm
-from lightprune.experts.scores import ExpertScores
+from lightprune.experts.criteria.scoring import score_checkpoint, score_weights, weight_criterion
 
 __all__ = ["Criterion", "CriterionNeedsDataError", "register_criterion", "unregister_criterion", "get_criterion",
-           "get_criterion_class", "available_criteria", "score_weights", "weight_criterion", "AIMER", "Magnitude", "RouterNorm",
-           "RandomCriterion", "CalibrationCriterion", "FitCriterion", "MAEP", "RouterDeltaCriterion", "MergeMethod",
+           "get_criterion_class", "available_criteria", "score_weights", "score_checkpoint", "weight_criterion", "AIMER",
+           "Magnitude", "RouterNorm", "RandomCriterion", "CalibrationCriterion", "FitCriterion", "MAEP", "RouterDeltaCriterion", "MergeMethod",
            "HCSMoE", "MSMoE"]
-
-
-def weight_criterion(criterion: str | type[Criterion] | Criterion = "aimer", *, seed: int = 0,
-                     **kwargs: Any) -> Criterion:
-    """The weight-only criterion :func:`score_weights` scores with: a registered name (see
-    :func:`available_criteria`), a dotted import path, a :class:`Criterion` subclass or instance; ``kwargs`` go to
-    its constructor, ``seed`` to criteria whose constructor takes one (``"random"``). A criterion that needs
-    calibration data raises :class:`CriterionNeedsDataError`."""
-    if isinstance(criterion, Criterion):
-        return get_criterion(criterion, **kwargs)
-    cls = get_criterion_class(criterion)
-    if cls.needs_data:
-        raise CriterionNeedsDataError(cls.name or cls.__name__)
-    if "seed" in inspect.signature(cls).parameters:
-        kwargs.setdefault("seed", seed)
-    return get_criterion(cls, **kwargs)
-
-
-def score_weights(model: nn.Module, criterion: str | type[Criterion] | Criterion = "aimer", *, seed: int = 0,
-                  **kwargs: Any) -> ExpertScores:
-    """Score every routed expert of ``model`` with a weight-only criterion (higher = keep).
-
-    ``criterion`` is a registered name (see :func:`available_criteria`), a dotted import path,
-    a :class:`Criterion` subclass or instance; ``kwargs`` go to its constructor. ``seed`` is
-    passed to criteria whose constructor takes one (``"random"``) and ignored by the others.
-    A criterion that needs calibration data raises :class:`CriterionNeedsDataError`.
-    (``lp.score_weights`` also takes a checkpoint directory: :func:`lightprune.stream.score_weights`.)
-    """
-    return weight_criterion(criterion, seed=seed, **kwargs).score(model)

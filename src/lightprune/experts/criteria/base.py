@@ -11,7 +11,7 @@ The constructor is the config: subclasses take typed keyword arguments, validate
 
 Weight criteria (``needs_data = False``) implement :meth:`Criterion.score_layer`; the base
 class walks the MoE layers under ``torch.no_grad()`` and assembles the scores, gathering one
-layer's ZeRO-3 partitions at a time (:mod:`lightprune.distributed`), so ``score_layer`` always
+layer's ZeRO-3 partitions at a time (:mod:`lightprune.core.distributed`), so ``score_layer`` always
 sees full tensors.
 
 Criteria that need data (``needs_data = True``: REAP, EAN, frequency, Delta-H, MAEP, router delta)
@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from lightprune.distributed import gathered, layer_parameters
+from lightprune.core.distributed import gathered, layer_parameters
 from lightprune.experts.scores import ExpertScores
 from lightprune.models import MoELayer, find_moe_layers
 

@@ -11,7 +11,7 @@ leaves; never width, finetune, export, callbacks or anything above.
 
 from __future__ import annotations
 
-from lightprune._lazy import lazy_attributes
+from lightprune.core.lazy import lazy_attributes
 
 _NAMES = {
     "merge_experts": "lightprune.experts.merging.merge",

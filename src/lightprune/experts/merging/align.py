@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lightprune.extras import require
+from lightprune.core.extras import require
 
 __all__ = ["has_standard_layout", "neuron_features", "neuron_permutation", "permuted_expert"]
 

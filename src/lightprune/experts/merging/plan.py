@@ -14,7 +14,7 @@ Plan-wide: ``router`` is ``"dominant"`` (the dominant's router row and per-exper
 ``"average"`` (the coefficient-weighted average of the members' rows: logits are linear in the row, so the
 merged expert's logit is the members' averaged logit); ``align`` (M-SMoE, section 3.2): each member's
 intermediate neurons are permuted to match the dominant's before averaging; ``method``, ``ratio`` and
-``metadata`` describe the run. Every break of the schema is a :class:`~lightprune.errors.PlanError` naming the
+``metadata`` describe the run. Every break of the schema is a :class:`~lightprune.core.errors.PlanError` naming the
 file (when loaded from one), the key and the value.
 """
 
@@ -28,9 +28,9 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, Iterable
 
-from lightprune.errors import PlanError
+from lightprune.core.errors import PlanError
+from lightprune.core.jsonio import layer_items, read_parsed, show, strict_int, write_json
 from lightprune.experts.plan import ExpertPlan
-from lightprune.jsonio import layer_items, read_parsed, show, strict_int, write_json
 
 __all__ = ["MergePlan", "ROUTER_RULES"]
 

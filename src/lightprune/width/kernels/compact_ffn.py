@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightprune.checks import check_positive_int
+from lightprune.core.checks import check_positive_int
 from lightprune.width.paths import MODALITIES, TEXT, VISION
 
 __all__ = ["CompactModalityFFN", "split_tokens"]

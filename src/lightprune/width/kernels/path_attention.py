@@ -57,7 +57,7 @@ def check_backend(backend: str, device: torch.device | str) -> None:
             raise RuntimeError(f"backend 'flex' on {device}: FlexAttention runs on {list(_FLEX_DEVICES)} here")
         return
     if importlib.util.find_spec("triton") is None:
-        from lightprune.extras import missing
+        from lightprune.core.extras import missing
 
         raise missing("triton", f"backend 'triton' on {device}")
     if device.type == "cuda":

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import lightprune as lp
-from lightprune.errors import PlanError
+from lightprune.core.errors import PlanError
 
 
 def plan(**changes) -> lp.MergePlan:

@@ -1,7 +1,7 @@
 """The ``lightprune`` console script.
 
 ``lightprune`` / ``lightprune -h`` / ``lightprune --help`` print the subcommands and lightprune's callbacks without
-importing Lightning (a fraction of a second); everything else goes to :func:`lightprune.cli.main`, whose
+importing Lightning (a fraction of a second); everything else goes to :func:`lightprune.cli.app.main`, whose
 ``lightprune SUBCOMMAND --help`` lists every option.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from lightprune.cli_options import ADDRESSES, SUBCOMMANDS
+from lightprune.cli.options import ADDRESSES, SUBCOMMANDS
 
 __all__ = ["CALLBACKS", "HELP", "SUBCOMMANDS", "main"]
 
@@ -47,14 +47,14 @@ HELP = "\n".join([
 
 def main() -> None:
     """Print :data:`HELP` for a bare ``lightprune`` or ``--help``; otherwise check the callbacks' options
-    (:func:`lightprune.cli_options.check_command_line`, before Lightning is imported: a typo is reported at once)
-    and run :func:`lightprune.cli.main`."""
+    (:func:`lightprune.cli.options.check_command_line`, before Lightning is imported: a typo is reported at once)
+    and run :func:`lightprune.cli.app.main`."""
     if sys.argv[1:] in ([], ["-h"], ["--help"]):
         print(HELP)
         return
     import os
 
-    from lightprune.cli_options import OptionError, check_command_line
+    from lightprune.cli.options import OptionError, check_command_line
 
     try:
         check_command_line(arg for arg in sys.argv[1:] if arg != "--verbose")
@@ -63,7 +63,7 @@ def main() -> None:
             raise
         print(f"lightprune: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    from lightprune.cli import main as cli_main
+    from lightprune.cli.app import main as cli_main
 
     cli_main()
 

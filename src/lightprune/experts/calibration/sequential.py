@@ -2,7 +2,7 @@
 
 The same :class:`~lightprune.experts.calibration.ExpertObserver` as the in-memory pass (every criterion, every
 token subset, the attention probe of ``vision_low_attn``) observes the checkpoint's meta skeleton while the batches
-go through it layer by layer (:func:`lightprune.stream.sequential.run_layer_outer`): each decoder layer is read from
+go through it layer by layer (:func:`lightprune.checkpoints.sequential.run_layer_outer`): each decoder layer is read from
 the safetensors files once per pass of ``batches_per_pass`` batches, every batch runs it, and it is released. The
 model's own forward runs for every batch, so the statistics are those of the in-memory pass (the same tensors, the
 same order of operations). Memory: one decoder layer, what lies outside the layers (embeddings, head, a vision
@@ -16,30 +16,17 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from torch import nn
 from tqdm.auto import tqdm
 
-from lightprune.batch import head_skipped, model_inputs
-from lightprune.experts.calibration import CalibrationStats, ExpertObserver, collect_expert_stats as collect_model_stats
+from lightprune.checkpoints.reader import Checkpoint
+from lightprune.checkpoints.sequential import run_layer_outer
+from lightprune.checkpoints.skeleton import Skeleton
+from lightprune.core.batch import head_skipped, model_inputs
+from lightprune.experts.calibration.observer import ExpertObserver
+from lightprune.experts.calibration.result import CalibrationStats
 from lightprune.models.base import find_decoder_layers
-from lightprune.stream.checkpoint import Checkpoint
-from lightprune.stream.sequential import run_layer_outer
-from lightprune.stream.skeleton import Skeleton
 
-__all__ = ["collect_expert_stats", "collect_checkpoint_stats"]
-
-
-def collect_expert_stats(model: nn.Module | str | os.PathLike, batches: Iterable[Mapping[str, Any]],
-                         subsets: Iterable[str] = ("all",), low_attn_quantile: float = 0.02,
-                         criteria: Iterable[str] | None = None, progress: bool = True,
-                         **streaming: Any) -> CalibrationStats:
-    """``lp.collect_expert_stats``: a model (:func:`lightprune.experts.calibration.collect_expert_stats`) or a
-    checkpoint directory (:func:`collect_checkpoint_stats`; ``streaming``: its ``batches_per_pass``)."""
-    if isinstance(model, (str, os.PathLike)):
-        return collect_checkpoint_stats(model, batches, subsets, low_attn_quantile, criteria, progress, **streaming)
-    if streaming:
-        raise TypeError(f"{sorted(streaming)} apply to a checkpoint directory, not to a model in memory")
-    return collect_model_stats(model, batches, subsets, low_attn_quantile, criteria, progress)
+__all__ = ["collect_checkpoint_stats"]
 
 
 def collect_checkpoint_stats(path: str | os.PathLike, batches: Iterable[Mapping[str, Any]],

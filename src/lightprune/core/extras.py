@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from lightprune.errors import register_error
+from lightprune.core.errors import register_error
 
 __all__ = ["EXTRAS", "MissingExtraError", "missing", "require", "missing_deepspeed"]
 

@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from lightprune import quiet
+from lightprune.cli import quiet
 
 if not quiet.is_verbose(sys.argv):  # before lightning, transformers and deepspeed print their import-time notices
     quiet.install()
@@ -23,12 +23,12 @@ if not quiet.is_verbose(sys.argv):  # before lightning, transformers and deepspe
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lightprune.cli_errors import condense
-from lightprune.cli_options import Addressed, OptionError, missing_callback, split_addressed
-from lightprune.errors import ERRORS
-from lightprune.extras import missing_deepspeed
+from lightprune.cli.errors import condense
+from lightprune.cli.options import Addressed, OptionError, missing_callback, split_addressed
+from lightprune.cli.trainer import PruneTrainer
+from lightprune.core.errors import ERRORS
+from lightprune.core.extras import missing_deepspeed
 from lightprune.finetune import MoECausalLM
-from lightprune.trainer import PruneTrainer
 
 __all__ = ["LightpruneCLI", "cli_main", "main"]
 
@@ -46,7 +46,7 @@ class LightpruneArgumentParser(LightningArgumentParser):
 
 class LightpruneCLI(LightningCLI):
     """LightningCLI whose trainer also has ``calibrate`` and ``export``, and whose callbacks' options also have
-    stable addresses (``addressed``: the ``--prune.ratio``-style options, see :mod:`lightprune.cli_options`)."""
+    stable addresses (``addressed``: the ``--prune.ratio``-style options, see :mod:`lightprune.cli.options`)."""
 
     def __init__(self, *args: Any, addressed: list[Addressed] | tuple[Addressed, ...] = (), **kwargs: Any):
         kwargs.setdefault("parser_class", LightpruneArgumentParser)
@@ -86,7 +86,7 @@ class LightpruneCLI(LightningCLI):
         }
 
 
-_PACKAGE = str(Path(__file__).resolve().parent)
+_PACKAGE = str(Path(__file__).resolve().parents[1])  # the lightprune package
 
 
 def _is_callback(entry: Any, name: str) -> bool:
@@ -129,7 +129,7 @@ def _own_error(err: BaseException) -> BaseException | None:
 
 def cli_main(args: list[str] | None = None) -> LightpruneCLI:
     """Parse ``args`` (default: ``sys.argv``), run the subcommand, return the CLI object. The callbacks' stable
-    addresses (``--prune.ratio 0.3``, :mod:`lightprune.cli_options`) are taken out and set once the config is parsed.
+    addresses (``--prune.ratio 0.3``, :mod:`lightprune.cli.options`) are taken out and set once the config is parsed.
 
     A lightprune error raised while the config's classes are built is re-raised as itself (type
     and message), not inside jsonargparse's "Does not validate against any of the Union subtypes".
@@ -158,11 +158,11 @@ def main() -> None:
     """Entry point of the ``lightprune`` console script.
 
     A bad input or an OS error (a ValueError, an OSError such as a read-only output or a full disk, or one of
-    lightprune's own errors: :data:`lightprune.errors.ERRORS`) is reported in one line and exit status 2; set
+    lightprune's own errors: :data:`lightprune.core.errors.ERRORS`) is reported in one line and exit status 2; set
     ``LIGHTPRUNE_DEBUG=1`` to see the traceback. Third-party notices that say nothing about the run are dropped
-    (:mod:`lightprune.quiet`); ``--verbose`` or ``LIGHTPRUNE_VERBOSE=1`` shows them.
+    (:mod:`lightprune.cli.quiet`); ``--verbose`` or ``LIGHTPRUNE_VERBOSE=1`` shows them.
     """
-    if "--verbose" in sys.argv:  # read at import (lightprune.quiet); not an option of the parser
+    if "--verbose" in sys.argv:  # read at import (lightprune.cli.quiet); not an option of the parser
         sys.argv.remove("--verbose")
     try:
         try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from lightprune.stream.checkpoint import SAFETENSORS_DTYPES
+from lightprune.checkpoints.header import SAFETENSORS_DTYPES
 
 __all__ = ["SafetensorsWriter", "TensorEntry"]
 

@@ -23,7 +23,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.state import RunState
-from lightprune.extras import missing_deepspeed
+from lightprune.core.extras import missing_deepspeed
 from lightprune.finetune.progress import progress_bar
 
 __all__ = ["PruneTrainer", "SkipBatches"]

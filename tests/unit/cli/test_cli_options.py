@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lightprune import choices
-from lightprune.cli_options import (
+from lightprune.core import choices
+from lightprune.cli.options import (
     ADDRESSES,
     ARGUMENTS,
     Addressed,
@@ -162,7 +162,7 @@ def test_the_command_line_is_checked_as_jsonargparse_builds_it(tmp_path: Path) -
 
 def test_an_option_error_comes_before_lightning_is_imported(tmp_path: Path) -> None:
     config = _config(tmp_path / "c.yaml", [{"class_path": "lightprune.callbacks.ExpertPruning"}])
-    code = ("import sys; from lightprune.command import main\n"
+    code = ("import sys; from lightprune.cli.command import main\n"
             f"sys.argv = ['lightprune', 'export', '--config', {config!r}, '--prune.criterion', 'reapp']\n"
             "try:\n    main()\nexcept SystemExit as e:\n    print(e.code)\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'torch', 'transformers'}))")

@@ -1,4 +1,4 @@
-"""Quiet runs: the command drops exactly the third-party notices lightprune.quiet names, and --verbose keeps them."""
+"""Quiet runs: the command drops exactly the third-party notices lightprune.cli.quiet names, and --verbose keeps them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import warnings
 import pytest
 from fixtures import REPO
 
-from lightprune import quiet
+from lightprune.cli import quiet
 
 
 def test_verbose_is_an_argument_or_the_environment() -> None:
@@ -62,7 +62,7 @@ def test_install_drops_the_named_notices_and_nothing_else() -> None:
 def test_the_command_is_quiet_unless_verbose(tmp_path, testbed_root, verbose) -> None:
     """The README's default job on the micro testbed, in a fresh process: Lightning's litlogger tip and
     bitsandbytes' optional-kernel notice are gone, and --verbose brings them back."""
-    args = [sys.executable, "-m", "lightprune.cli", "calibrate", "--config", "configs/quickstart.yaml",
+    args = [sys.executable, "-m", "lightprune.cli.app", "calibrate", "--config", "configs/quickstart.yaml",
             "--model.init_args.checkpoint", "testbed:text-micro", "--data.init_args.preset", "micro",
             "--evaluate.data.init_args.preset", "micro", "--evaluate.max_batches", "1", "--evaluate.progress", "false",
             "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run")]
@@ -88,7 +88,7 @@ def test_the_progress_bar_says_calibration_while_calibrating(tmp_path) -> None:
     import torch
     from lightning.pytorch.callbacks import TQDMProgressBar
 
-    from lightprune.trainer import PruneTrainer
+    from lightprune.cli.trainer import PruneTrainer
 
     class Tiny(pl.LightningModule):
         def __init__(self):
@@ -119,8 +119,8 @@ def test_a_run_bounded_by_steps_shows_the_epoch_without_a_negative_bound(tmp_pat
     """Rich's bar writes "Epoch N/<max_epochs - 1>", which is "/-2" when only max_steps bounds the run."""
     from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 
+    from lightprune.cli.trainer import PruneTrainer
     from lightprune.finetune.progress import progress_bar
-    from lightprune.trainer import PruneTrainer
 
     if not _RICH_AVAILABLE:
         pytest.skip("the tqdm bar writes no epoch bound")

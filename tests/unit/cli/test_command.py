@@ -5,12 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from lightprune import command
+from lightprune.cli import command
 
 
 def test_help_names_every_subcommand_and_callback() -> None:
     import lightprune.callbacks
-    from lightprune.cli import LightpruneCLI
+    from lightprune.cli.app import LightpruneCLI
 
     assert set(command.SUBCOMMANDS) == set(LightpruneCLI.subcommands())
     assert set(command.CALLBACKS) == set(lightprune.callbacks.__all__)
@@ -19,7 +19,7 @@ def test_help_names_every_subcommand_and_callback() -> None:
 
 
 def test_help_imports_neither_lightning_nor_torch() -> None:
-    code = ("import sys; sys.argv = ['lightprune', '--help']; from lightprune.command import main; main(); "
+    code = ("import sys; sys.argv = ['lightprune', '--help']; from lightprune.cli.command import main; main(); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'torch', 'transformers'}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -28,10 +28,10 @@ def test_help_imports_neither_lightning_nor_torch() -> None:
 
 
 def test_everything_else_goes_to_the_lightning_cli(monkeypatch) -> None:
-    import lightprune.cli
+    import lightprune.cli.app
 
     calls = []
-    monkeypatch.setattr(lightprune.cli, "main", lambda: calls.append(list(sys.argv)))
+    monkeypatch.setattr(lightprune.cli.app, "main", lambda: calls.append(list(sys.argv)))
     monkeypatch.setattr(sys, "argv", ["lightprune", "fit", "--help"])
     command.main()
     assert calls == [["lightprune", "fit", "--help"]]

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import lightprune as lp
-from lightprune.export import MANIFEST_FILE
+from lightprune.checkpoints import Checkpoint, Skeleton
+from lightprune.checkpoints.sequential import layer_by_layer
+from lightprune.export import MANIFEST_FILE, prune_checkpoint
 from lightprune.export.verify import ExportVerificationError, default_probe, model_logits
 from lightprune.models.base import find_decoder_layers
-from lightprune.stream import Checkpoint, Skeleton, prune_checkpoint
-from lightprune.stream.sequential import layer_by_layer
 
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "gemma4", "qwen3_vl_moe", "gpt_oss", "jamba", "granitemoe"]
 #: also streamed: a vision tower whose checkpoint fuses q, k, v (Kimi K2.5: a split conversion), experts that read a
@@ -118,7 +118,7 @@ def test_a_checkpoint_pruned_shard_by_shard_equals_the_pruned_model(tiny, tmp_pa
     assert set(manifest["verification"]["blocks"]) == {str(i) for i in plan.keep}
     assert (out / "model.safetensors.index.json").is_file() == sharded
     if kind == "uniform":  # plain transformers loads it
-        from lightprune.export.classes import auto_class
+        from lightprune.checkpoints.classes import auto_class
 
         plain = auto_class(reloaded.config).from_pretrained(out)
         assert all(torch.equal(v, want[k]) for k, v in state(plain).items())
@@ -144,7 +144,7 @@ def test_tokenizer_and_generation_files_come_along(tiny, tmp_path):
 
 def test_a_wrong_write_fails_verification_and_leaves_the_previous_output(tiny, tmp_path, monkeypatch):
     """Two kept experts written under each other's index: the layer check names the layer, nothing changes."""
-    import lightprune.stream.prune as streamed
+    import lightprune.export.streamed as streamed
 
     model = tiny("qwen3_moe", seed=2)
     path = saved(model, tmp_path / "ckpt", sharded=True)
@@ -179,7 +179,7 @@ def test_a_killed_streaming_export_leaves_the_previous_output(tiny, tmp_path):
     script = textwrap.dedent(f"""
         import os, signal
         import lightprune as lp
-        from lightprune.stream import writer
+        from lightprune.checkpoints import writer
         written = []
         original = writer.SafetensorsWriter.write
         def write(self, name, tensor):
@@ -215,7 +215,7 @@ _UNDER_LIMIT = """
 import resource, sys
 import torch
 import lightprune as lp
-from lightprune.stream import Checkpoint, Skeleton
+from lightprune.checkpoints import Checkpoint, Skeleton
 path, out, budget, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 Skeleton(Checkpoint(path))  # imports and lazy modules in place before the limit
 data = int([l for l in open("/proc/self/status") if l.startswith("VmData")][0].split()[1]) * 1024
@@ -366,9 +366,9 @@ def test_lightning_calibration_of_a_sequential_module_runs_passes_that_end_at_ev
     the deferred forwards run before each save (the saved state holds every batch it counted) and at the end; the
     statistics equal an in-memory calibration's."""
     from lightprune.callbacks import ExpertStats
+    from lightprune.cli.trainer import PruneTrainer
     from lightprune.data import SyntheticTokens
     from lightprune.finetune import MoECausalLM
-    from lightprune.trainer import PruneTrainer
 
     model = tiny("qwen3_moe", seed=2)
     path = saved(model, tmp_path / "ckpt", sharded=True)

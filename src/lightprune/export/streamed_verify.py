@@ -2,7 +2,7 @@
 :func:`verify_pruned_checkpoint`.
 
 1. The whole model: probe token ids run through the pruned checkpoint and through the masked source, each layer by
-   layer (:func:`lightprune.stream.sequential.layer_by_layer`); the logits must agree.
+   layer (:func:`lightprune.checkpoints.sequential.layer_by_layer`); the logits must agree.
 2. Layer by layer: for each MoE layer, the pruned layer's routed output (its router's selection, its experts) on
    what the source layer's router and experts received in that forward equals the source layer's with the plan's
    experts masked (the family's own masked routing, as ``mask_experts`` runs it), each read from disk again.
@@ -21,14 +21,14 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from lightprune.checks import check_atol
+from lightprune.checkpoints.reader import Checkpoint
+from lightprune.checkpoints.sequential import layer_by_layer
+from lightprune.checkpoints.skeleton import Skeleton
+from lightprune.core.checks import check_atol
 from lightprune.experts.mask import mask_experts
 from lightprune.experts.plan import ExpertPlan
 from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
 from lightprune.models import MoELayer, find_moe_layers
-from lightprune.stream.checkpoint import Checkpoint
-from lightprune.stream.sequential import layer_by_layer
-from lightprune.stream.skeleton import Skeleton
 
 __all__ = ["verify_pruned_checkpoint", "routed_output"]
 

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightprune.export.classes import base_class_for_config, resizing_class
-from lightprune.export.remote_resize import experts_per_layer
-from lightprune.stream.checkpoint import Checkpoint
+from lightprune.checkpoints.classes import base_class_for_config, resizing_class
+from lightprune.checkpoints.reader import Checkpoint
+from lightprune.checkpoints.resize import experts_per_layer
 
 __all__ = ["EXPERT_INDEX", "Skeleton", "checkpoint_dtype"]
 

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightprune.checkpoints.skeleton import Skeleton
 from lightprune.models.base import find_decoder_layers
-from lightprune.stream.skeleton import Skeleton
 
 __all__ = ["layer_by_layer", "outside_modules", "run_layer_outer"]
 

@@ -4,7 +4,7 @@ Which tensors index experts, and along which dimension, is not guessed from name
 (:func:`lightprune.experts.prune_experts`) runs on the checkpoint's model on the meta device, and the tensors it
 reshapes are the ones to cut (router rows and biases, fused expert tensors, a family's per-expert router or block
 tensors), in the model's names. Each checkpoint key is mapped to its model tensor through transformers' own
-conversion mapping (:class:`~lightprune.stream.skeleton.Skeleton`); then, per key:
+conversion mapping (:class:`~lightprune.checkpoints.skeleton.Skeleton`); then, per key:
 
 - a per-expert key (``...experts.<n>.<name>``, what transformers' ``save_pretrained`` writes) of a pruned layer:
   kept experts are written under their new index (their rank among the kept ones), the others are dropped;
@@ -14,12 +14,12 @@ conversion mapping (:class:`~lightprune.stream.skeleton.Skeleton`); then, per ke
   unchanged.
 
 Each output shard keeps its source's name; its header is written first and its tensors follow one at a time
-(:class:`~lightprune.stream.writer.SafetensorsWriter`), so memory holds a tensor (an expert of a fused one), never
+(:class:`~lightprune.checkpoints.writer.SafetensorsWriter`), so memory holds a tensor (an expert of a fused one), never
 a shard. config.json comes from the pruned meta model (the expert counts, ``lightprune_experts_per_layer`` and the
 generated ``modeling_lightprune.py`` when they differ per layer, as :func:`save_pruned` writes them), the shard
 index is rewritten, the tokenizer / processor / chat-template files and ``generation_config.json`` come along.
 Everything is written into a staging directory renamed into place only after verification
-(:mod:`lightprune.stream.verify`): a failure or a kill leaves a previous ``out_dir`` as it was.
+(:mod:`lightprune.export.streamed_verify`): a failure or a kill leaves a previous ``out_dir`` as it was.
 """
 
 from __future__ import annotations
@@ -36,9 +36,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from lightprune.checkpoints.directory import SAFE_INDEX
+from lightprune.checkpoints.reader import Checkpoint
+from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
+from lightprune.checkpoints.staging import staging_dir
+from lightprune.checkpoints.writer import SafetensorsWriter
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
-from lightprune.export.load import SAFE_INDEX
 from lightprune.export.save import (
     GENERATION_FILE,
     apply_umask,
@@ -49,11 +53,7 @@ from lightprune.export.save import (
     source_fingerprint,
     write_manifest,
 )
-from lightprune.export.staging import staging_dir
 from lightprune.models import MoELayer, find_moe_layers
-from lightprune.stream.checkpoint import Checkpoint
-from lightprune.stream.skeleton import EXPERT_INDEX, Skeleton
-from lightprune.stream.writer import SafetensorsWriter
 
 __all__ = ["prune_checkpoint", "expert_dims", "KeyRule"]
 
@@ -154,13 +154,13 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     shard (see the module docstring); returns the absolute output path.
 
     ``verify``: check the result layer by layer and with a sequential forward against the masked source
-    (:func:`lightprune.stream.verify.verify_pruned_checkpoint`, ``atol`` default 1e-5 fp32, 1e-2 bf16/fp16,
+    (:func:`lightprune.export.streamed_verify.verify_pruned_checkpoint`, ``atol`` default 1e-5 fp32, 1e-2 bf16/fp16,
     ``probe_tokens`` per probe, ``seed``); a mismatch raises ``ExportVerificationError`` and writes nothing.
     ``overwrite``: replace an existing non-empty ``out_dir`` once the new one is complete. ``card``: extra manifest
     facts (``source``, ``command``). The output loads with ``lp.load_pruned`` (and with plain ``from_pretrained``
     when every layer keeps the same number of experts).
     """
-    from lightprune.stream.verify import verify_pruned_checkpoint
+    from lightprune.export.streamed_verify import verify_pruned_checkpoint
 
     unknown = sorted(set(card or {}) - {"source", "command"})
     if unknown:

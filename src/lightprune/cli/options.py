@@ -10,7 +10,7 @@ Evaluate's ``data``. :func:`split_addressed` takes these options out of the comm
 :func:`check_command_line` reads the command line and the config files it names (YAML only: no torch, no
 Lightning) and checks the options lightprune's callbacks would refuse at construction: an unknown option name,
 a criterion that is not registered, a ratio outside [0, 1), a choice outside its list. The messages are the
-callbacks' own (the same helpers of :mod:`lightprune.checks` over the same lists of :mod:`lightprune.choices`), so
+callbacks' own (the same helpers of :mod:`lightprune.core.checks` over the same lists of :mod:`lightprune.core.choices`), so
 a typo is reported in a fraction of a second instead of after Lightning's import. Whatever it cannot see (a value
 set in a way it does not follow) is left to the callbacks.
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from lightprune.checks import (
+from lightprune.core.checks import (
     check_atol,
     check_choice,
     check_each,
@@ -29,7 +29,7 @@ from lightprune.checks import (
     check_positive_int,
     check_ratio,
 )
-from lightprune.choices import (
+from lightprune.core.choices import (
     ALLOCATIONS,
     CALIBRATION_CRITERIA,
     CRITERIA,

@@ -9,8 +9,8 @@ import sys
 import pytest
 from fixtures import REPO
 
-from lightprune import cli
-from lightprune.cli_errors import condense
+from lightprune.cli import app as cli
+from lightprune.cli.errors import condense
 
 UNION = '''Parser key "trainer.callbacks":
   Does not validate against any of the Union subtypes
@@ -35,7 +35,7 @@ def test_condense_names_the_class_the_option_the_value_and_the_types() -> None:
 
 
 def test_a_bad_option_value_is_one_line(tmp_path) -> None:
-    done = subprocess.run([sys.executable, "-m", "lightprune.cli", "export", "--config",
+    done = subprocess.run([sys.executable, "-m", "lightprune.cli.app", "export", "--config",
                            str(REPO / "configs" / "aimer_tiny.yaml"), "--trainer.callbacks.init_args.ratio", "abc",
                            "--trainer.default_root_dir", str(tmp_path / "run")], capture_output=True, text=True,
                           cwd=REPO)

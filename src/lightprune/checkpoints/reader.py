@@ -20,16 +20,10 @@ from typing import Any
 
 import torch
 
-from lightprune.export.load import SAFE_INDEX, check_checkpoint, read_header, weight_files
+from lightprune.checkpoints.directory import SAFE_INDEX, check_checkpoint, weight_files
+from lightprune.checkpoints.header import SAFETENSORS_DTYPES, read_header
 
-__all__ = ["Checkpoint", "SAFETENSORS_DTYPES"]
-
-#: safetensors dtype names -> torch dtypes
-SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}
+__all__ = ["Checkpoint"]
 
 
 class Checkpoint:

@@ -7,7 +7,7 @@
 - :func:`moe_block_pattern`: the module path of the MoE blocks with an ``{index}`` field, from
   the family (``model.layers.{index}.mlp``, ``model.language_model.layers.{index}.mlp``).
 - :func:`resizing_class`: a subclass of the stock class whose ``__init__`` gives each layer the
-  expert count of ``config.lightprune_experts_per_layer`` (through :mod:`.remote_resize`, the same
+  expert count of ``config.lightprune_experts_per_layer`` (through :mod:`.resize`, the same
   code the generated ``modeling_lightprune.py`` runs), so ``from_pretrained`` loads a
   non-uniform checkpoint with its own weight conversions and never runs the checkpoint's code.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from lightprune.export import remote_resize
+from lightprune.checkpoints import resize as remote_resize
 from lightprune.models import FAMILIES, find_moe_layers, get_family
 
 __all__ = ["auto_class_name", "auto_class", "base_class", "base_class_for_config", "moe_block_pattern",

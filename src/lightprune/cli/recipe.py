@@ -5,7 +5,7 @@
 
 The recipe is a config file or the same content as a mapping; ``overrides`` are the command line's options without
 their dashes (``"prune.ratio"``, ``"trainer.max_steps"``, ``"model.init_args.checkpoint"``), checked as the command
-checks them (:func:`lightprune.cli_options.check_command_line`) before anything is built. The command is the one the
+checks them (:func:`lightprune.cli.options.check_command_line`) before anything is built. The command is the one the
 recipe's callbacks imply unless given (:func:`recipe_command`).
 """
 
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from lightprune.checks import check_choice
-from lightprune.cli_options import SUBCOMMANDS, check_command_line, class_name
+from lightprune.cli.options import SUBCOMMANDS, check_command_line, class_name
+from lightprune.core.checks import check_choice
 
 __all__ = ["run_recipe", "recipe_command"]
 
@@ -62,7 +62,7 @@ def run_recipe(config: str | os.PathLike | Mapping[str, Any], command: str | Non
     VALUE ...`` would, in this process, and return the run directory (``trainer.default_root_dir``: plan.json,
     report.json, the checkpoint in ``model/``, ...). ``command``: default :func:`recipe_command`. ``overrides``:
     ``{"prune.ratio": 0.25, "trainer.max_steps": 10}``, values as Python objects (lists, None, bools) or strings.
-    A bad option is an :class:`~lightprune.cli_options.OptionError` before anything is built; a failing job raises
+    A bad option is an :class:`~lightprune.cli.options.OptionError` before anything is built; a failing job raises
     what the command would report."""
     command = recipe_command(config) if command is None else command
     check_choice("command", command, SUBCOMMANDS)
@@ -74,7 +74,7 @@ def run_recipe(config: str | os.PathLike | Mapping[str, Any], command: str | Non
                              f"got {key!r}")
         argv += [f"--{key}", _option_value(value)]
     check_command_line(argv)
-    from lightprune.cli import cli_main
+    from lightprune.cli.app import cli_main
 
     saved, sys.argv = sys.argv, sys.argv[:1]  # a notebook's own arguments are not the recipe's
     try:

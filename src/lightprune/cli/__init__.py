@@ -1,0 +1,29 @@
+"""The entry chain: the ``lightprune`` console script and everything that turns a command line or a recipe into a
+run.
+
+- :mod:`.command`: the console script (help without Lightning, option checks before it loads);
+- :mod:`.options`: the callbacks' option addresses and the checks of a command line, read from each callback's
+  option spec (:mod:`lightprune.callbacks.options`);
+- :mod:`.app`: LightningCLI with lightprune's subcommands (``calibrate``, ``export``), :mod:`.errors` its one-line
+  errors, :mod:`.trainer` the Trainer that runs the end-of-job steps, :mod:`.recipe` one call per recipe,
+  :mod:`.quiet` the third-party notices dropped from a run.
+
+May import: everything below it; nothing imports it but the package's lazy top level (``lp.run_recipe``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: names of the 0.1 module ``lightprune.cli`` (now :mod:`.app`): deprecated attributes of this package
+_OLD_NAMES = ("main", "cli_main", "LightpruneCLI", "LightpruneArgumentParser")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _OLD_NAMES:
+        from lightprune._compat import warn_once
+
+        warn_once(f"lightprune.cli.{name}", f"lightprune.cli.app.{name}")
+        return getattr(importlib.import_module("lightprune.cli.app"), name)
+    raise AttributeError(f"module 'lightprune.cli' has no attribute {name!r}")

@@ -1,0 +1,88 @@
+"""Weight-only expert scores, of a model in memory or of a checkpoint directory: :func:`score_weights`.
+
+A checkpoint directory is scored without loading the model: its model is a
+:class:`~lightprune.checkpoints.skeleton.Skeleton` (meta device); each MoE block is read from the safetensors
+files, scored by the criterion's own ``score_layer`` and released before the next one, so memory holds one block
+(its router, experts and shared experts) at a time. The scores equal those of the loaded model (the same tensors,
+the same code); ``random`` reads no tensor at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from torch import nn
+from tqdm.auto import tqdm
+
+from lightprune.checkpoints.reader import Checkpoint
+from lightprune.checkpoints.skeleton import Skeleton
+from lightprune.experts.criteria.base import Criterion, CriterionNeedsDataError
+from lightprune.experts.criteria.registry import get_criterion, get_criterion_class
+from lightprune.experts.scores import ExpertScores
+from lightprune.models import MoELayer, find_moe_layers
+
+__all__ = ["score_weights", "score_model_weights", "score_checkpoint", "weight_criterion"]
+
+
+def score_weights(model: nn.Module | str | os.PathLike, criterion: str | type[Criterion] | Criterion = "aimer", *,
+                  seed: int = 0, progress: bool = True, **kwargs: Any) -> ExpertScores:
+    """``lp.score_weights``: a model in memory (:func:`score_model_weights`) or a checkpoint directory
+    (:func:`score_checkpoint`, one MoE block in memory at a time)."""
+    if isinstance(model, (str, os.PathLike)):
+        return score_checkpoint(model, criterion, seed=seed, progress=progress, **kwargs)
+    return score_model_weights(model, criterion, seed=seed, **kwargs)
+
+
+def weight_criterion(criterion: str | type[Criterion] | Criterion = "aimer", *, seed: int = 0,
+                     **kwargs: Any) -> Criterion:
+    """The weight-only criterion :func:`score_weights` scores with: a registered name (see
+    :func:`~lightprune.experts.criteria.available_criteria`), a dotted import path, a :class:`Criterion` subclass or instance; ``kwargs`` go to
+    its constructor, ``seed`` to criteria whose constructor takes one (``"random"``). A criterion that needs
+    calibration data raises :class:`CriterionNeedsDataError`."""
+    if isinstance(criterion, Criterion):
+        return get_criterion(criterion, **kwargs)
+    cls = get_criterion_class(criterion)
+    if cls.needs_data:
+        raise CriterionNeedsDataError(cls.name or cls.__name__)
+    if "seed" in inspect.signature(cls).parameters:
+        kwargs.setdefault("seed", seed)
+    return get_criterion(cls, **kwargs)
+
+
+def score_model_weights(model: nn.Module, criterion: str | type[Criterion] | Criterion = "aimer", *,
+                        seed: int = 0, **kwargs: Any) -> ExpertScores:
+    """Score every routed expert of ``model`` with a weight-only criterion (higher = keep).
+
+    ``criterion`` is a registered name (see :func:`available_criteria`), a dotted import path,
+    a :class:`Criterion` subclass or instance; ``kwargs`` go to its constructor. ``seed`` is
+    passed to criteria whose constructor takes one (``"random"``) and ignored by the others.
+    A criterion that needs calibration data raises :class:`CriterionNeedsDataError`.
+    """
+    return weight_criterion(criterion, seed=seed, **kwargs).score(model)
+
+
+def score_checkpoint(path: str | os.PathLike, criterion: str | type[Criterion] | Criterion = "aimer", *,
+                     seed: int = 0, progress: bool = True, **kwargs: Any) -> ExpertScores:
+    """Score every routed expert of the checkpoint at ``path`` from its weights, one MoE block resident at a
+    time (see the module docstring); ``criterion``, ``seed`` and ``kwargs`` as for
+    :func:`score_model_weights`."""
+    instance = weight_criterion(criterion, seed=seed, **kwargs)
+    with Checkpoint(path) as checkpoint:
+        skeleton = Skeleton(checkpoint)
+        bar = tqdm(desc=f"scoring {instance.name or type(instance).__name__} from {checkpoint.path.name}",
+                   total=len(find_moe_layers(skeleton.model)), unit="layer", leave=False, disable=not progress)
+
+        @contextlib.contextmanager
+        def resident(layer: MoELayer) -> Iterator[None]:
+            with skeleton.resident(layer.name):
+                yield
+            bar.update(1)
+
+        try:
+            return instance.score(skeleton.model, layer_weights=resident)
+        finally:
+            bar.close()
