@@ -83,6 +83,8 @@ OLD_MODULES: dict[str, str] = {
     "lightprune.stream.verify": "lightprune.export.streamed_verify",
     "lightprune.stream.scores": "lightprune.experts.criteria.scoring",
     "lightprune.stream.calibrate": "lightprune.experts.calibration.sequential",
+    # the calibration accumulator became one module per statistic: its functions live with routing KL
+    "lightprune.experts.calibration.accumulate": "lightprune.experts.calibration.routing_kl",
 }
 #: old packages whose submodules moved with them (``lightprune.criteria.aimer`` -> ``...experts.criteria.aimer``)
 _OLD_PACKAGES = ("lightprune.calibration", "lightprune.criteria", "lightprune.kernels", "lightprune.modules")

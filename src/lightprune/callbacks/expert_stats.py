@@ -29,7 +29,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.state import RunState
 from lightprune.core.checks import check_each, check_non_negative_int
-from lightprune.core.choices import CALIBRATION_CRITERIA, MERGE_STATISTICS, SUBSETS
+from lightprune.core.choices import SUBSETS
+from lightprune.experts.calibration.registry import available_statistics
 from lightprune.core.jsonio import write_json
 from lightprune.experts.calibration import CalibrationStats, ExpertObserver
 from lightprune.experts.calibration.resume import (
@@ -62,8 +63,7 @@ class ExpertStats(pl.Callback):
                  resume: bool = True):
         super().__init__()
         self.subsets = check_each("subsets", subsets, SUBSETS)
-        statistics = (*CALIBRATION_CRITERIA, *MERGE_STATISTICS)
-        self.criteria = None if criteria is None else check_each("criteria", criteria, statistics)
+        self.criteria = None if criteria is None else check_each("criteria", criteria, available_statistics())
         save_every_n_batches = check_non_negative_int("save_every_n_batches", save_every_n_batches)
         self.low_attn_quantile = low_attn_quantile
         self.output_dir = output_dir

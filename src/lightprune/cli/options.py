@@ -29,11 +29,10 @@ from lightprune.core.checks import (
     check_positive_int,
     check_ratio,
 )
+from lightprune.experts.calibration.registry import available_statistics
+from lightprune.experts.criteria.registry import CRITERIA
 from lightprune.core.choices import (
     ALLOCATIONS,
-    CALIBRATION_CRITERIA,
-    CRITERIA,
-    MERGE_STATISTICS,
     NORMALIZATIONS,
     RETENTION_METRICS,
     SENSITIVITY_SCORES,
@@ -148,18 +147,16 @@ def missing_callback(item: Addressed) -> str:
             f"--trainer.callbacks+=lightprune.callbacks.{item.callback})")
 
 
-def check_criterion_name(value: Any, known: Iterable[str] = CRITERIA) -> None:
+def check_criterion_name(value: Any) -> None:
     """A criterion given by name must be registered (or a dotted import path, or a ``class_path`` mapping)."""
-    if isinstance(value, str) and "." not in value and value not in known:
-        raise OptionError(f"unknown criterion {value!r}; available: {', '.join(sorted(known))} "
-                          "(or a dotted import path 'package.module.ClassName')")
+    if isinstance(value, str) and "." not in value and value not in CRITERIA:
+        raise OptionError(str(CRITERIA.unknown(value)))
 
 
 def _optional(check: Callable[[Any], Any]) -> Callable[[Any], None]:
     return lambda value: None if value is None else check(value)
 
 
-_STATISTICS = (*CALIBRATION_CRITERIA, *MERGE_STATISTICS)
 #: callback -> argument -> check, each raising what the callback's constructor raises for the same value
 _CHECKS: dict[str, dict[str, Callable[[Any], Any]]] = {
     "ExpertPruning": {
@@ -171,7 +168,7 @@ _CHECKS: dict[str, dict[str, Callable[[Any], Any]]] = {
     },
     "ExpertStats": {
         "subsets": lambda v: check_each("subsets", v, SUBSETS),
-        "criteria": _optional(lambda v: check_each("criteria", v, _STATISTICS)),
+        "criteria": _optional(lambda v: check_each("criteria", v, available_statistics())),
         "save_every_n_batches": lambda v: check_non_negative_int("save_every_n_batches", v),
     },
     "RouterDelta": {

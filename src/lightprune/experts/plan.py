@@ -14,20 +14,14 @@ a :class:`PlanError` naming the file (when loaded from one), the key path and th
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from numbers import Real
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
 from lightprune.core.errors import PlanError
-from lightprune.core.jsonio import layer_items, read_parsed, show, strict_int, write_json
+from lightprune.core.jsonio import layer_items, show, strict_int
+from lightprune.experts.plan_base import ExpertLayout, layer_count
 
 __all__ = ["ExpertPlan", "PlanError"]
-
-_FIELDS = ("keep", "num_experts", "criterion", "ratio", "allocation", "metadata")
-
 
 def _expert_ids(key: Any, ids: Any) -> list[int]:
     if not isinstance(ids, (list, tuple)):
@@ -41,15 +35,15 @@ def _expert_ids(key: Any, ids: Any) -> list[int]:
     return sorted(out)
 
 
-def _count(key: Any, n: Any) -> int:
-    value = strict_int(n)
-    if value is None or value < 1:
-        raise PlanError(f"num_experts[{key!r}] must be a positive integer (the layer's expert count), got {show(n)}")
-    return value
-
-
 @dataclass
-class ExpertPlan:
+class ExpertPlan(ExpertLayout):
+    """The experts each MoE layer keeps (see the module docstring)."""
+
+    KIND: ClassVar[str] = "plan"
+    FIELDS: ClassVar[tuple[str, ...]] = ("keep", "num_experts", "criterion", "ratio", "allocation", "metadata")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("keep", "num_experts")
+    SHAPE: ClassVar[str] = "{keep: ..., num_experts: ...}"
+
     keep: dict[int, list[int]]
     num_experts: dict[int, int]
     criterion: str = "unknown"
@@ -61,15 +55,11 @@ class ExpertPlan:
         keep = layer_items(self.keep, "keep", "{layer: [expert ids]}", PlanError)
         counts = layer_items(self.num_experts, "num_experts", "{layer: expert count}", PlanError)
         self.keep = {layer: _expert_ids(key, ids) for key, layer, ids in keep}
-        self.num_experts = {layer: _count(key, n) for key, layer, n in counts}
+        self.num_experts = {layer: layer_count(key, n) for key, layer, n in counts}
         for name in ("criterion", "allocation"):
             if not isinstance(getattr(self, name), str):
                 raise PlanError(f"{name} must be a string, got {show(getattr(self, name))}")
-        if self.ratio is not None and (isinstance(self.ratio, bool) or not isinstance(self.ratio, Real)
-                                       or not 0 <= self.ratio < 1):
-            raise PlanError(f"ratio must be a number in [0, 1) or null, got {show(self.ratio)}")
-        if not isinstance(self.metadata, dict):
-            raise PlanError(f"metadata must be an object, got {show(self.metadata)}")
+        self._check_plan_fields()
         missing = sorted(set(self.keep) - set(self.num_experts))
         if missing:
             raise PlanError(f"plan keeps experts of layers {missing} but records no expert count for them")
@@ -89,13 +79,9 @@ class ExpertPlan:
         return {l: len(ids) for l, ids in self.keep.items()}
 
     @property
-    def is_uniform(self) -> bool:
-        """True when every layer keeps the same number of experts (plain ``from_pretrained`` reloads it)."""
-        return len(set(self.kept_counts().values())) <= 1
-
-    @property
     def total_pruned(self) -> int:
-        return sum(self.num_experts[l] - len(ids) for l, ids in self.keep.items())
+        """Experts removed over all layers (:attr:`total_removed`)."""
+        return self.total_removed
 
     # ------------------------------------------------------------------ checks
     def check_layers(self, layers: Iterable) -> None:
@@ -127,24 +113,3 @@ class ExpertPlan:
         d["keep"] = {str(k): v for k, v in self.keep.items()}
         d["num_experts"] = {str(k): v for k, v in self.num_experts.items()}
         return d
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ExpertPlan":
-        """The plan ``data`` describes (:meth:`to_dict`'s form); any break of the schema is a :class:`PlanError`."""
-        if not isinstance(data, Mapping):
-            raise PlanError(f"plan must be an object {{keep: ..., num_experts: ...}}, got {show(data)}")
-        unknown = sorted(set(data) - set(_FIELDS), key=str)
-        if unknown:
-            raise PlanError(f"unknown plan keys {unknown}")
-        for key in ("keep", "num_experts"):
-            if key not in data:
-                raise PlanError(f"plan is missing {key!r}")
-        return cls(**data)
-
-    def save(self, path: str | os.PathLike) -> Path:
-        return write_json(self.to_dict(), path, indent=2)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "ExpertPlan":
-        """The plan saved at ``path``; a :class:`PlanError` names the file."""
-        return read_parsed(path, "plan", PlanError, cls.from_dict)

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from lightprune.callbacks import RouterDelta
-from lightprune.core.choices import MERGE_STATISTICS
+from lightprune.experts.calibration.registry import MERGE_STATISTICS
 from lightprune.experts.calibration.validation import ground_truth_kl, proxy_correlations, ranking_stability
 from lightprune.finetune import AdapterSpec, MoECausalLM
 from lightprune.quality.intervals import ROW_SUMS, intervals_of

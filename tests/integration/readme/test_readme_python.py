@@ -16,20 +16,21 @@ def test_the_readme_has_python_blocks() -> None:
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_python_block_runs(index, tmp_path, monkeypatch) -> None:
+    from lightprune.experts.calibration.registry import STATISTICS
     from lightprune.experts.criteria import registry as criteria
     from lightprune.models import FAMILIES, unregister_family
 
     monkeypatch.chdir(tmp_path)  # blocks write plan.json, out/
     block = BLOCKS[index]
-    criteria_before, families_before = dict(criteria._REGISTRY), dict(FAMILIES)
-    for name in re.findall(r'@register_criterion\("(\w+)"\)', block):  # a name a test may hold: the snippet's own
-        criteria._REGISTRY.pop(name, None)
+    families_before = dict(FAMILIES)
     namespace = {"__name__": f"readme_block_{index}"}
     try:
-        exec(compile(block, f"README.md python block {index}", "exec"), namespace)
+        with criteria.CRITERIA.restoring(), STATISTICS.restoring():
+            for name in re.findall(r'@register_criterion\("(\w+)"\)', block):  # a name a test may hold: the snippet's
+                if name in criteria.CRITERIA:                                   # own
+                    criteria.unregister_criterion(name)
+            exec(compile(block, f"README.md python block {index}", "exec"), namespace)
     finally:
-        criteria._REGISTRY.clear()
-        criteria._REGISTRY.update(criteria_before)
         for model_type in set(FAMILIES) - set(families_before):
             unregister_family(model_type)
     if "plan" in namespace:  # the pruning snippets end in a plan with experts or paths to keep

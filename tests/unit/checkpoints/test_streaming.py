@@ -378,7 +378,7 @@ def test_lightning_calibration_of_a_sequential_module_runs_passes_that_end_at_ev
                         lambda self, before=None: (passes.append(len(self._deferred)), flush(self, before))[1])
     save = ExpertStats._save_state
     monkeypatch.setattr(ExpertStats, "_save_state", lambda self, trainer: (
-        saved_counts.append(int(self._observer.accumulators[min(self._observer.accumulators)].sums["tokens"][0])),
+        saved_counts.append(int(self._observer.statistics[min(self._observer.statistics)].counts.tokens(0))),
         save(self, trainer))[1])
     stats = {}
     for mode in ("memory", "sequential"):

@@ -33,16 +33,20 @@ def test_arguments_are_the_callbacks_signatures() -> None:
 
 
 def test_choices_are_what_the_modules_accept() -> None:
-    from lightprune.experts.criteria import registry
-
-    builtin = {name for name, cls in registry._REGISTRY.items() if cls.__module__.startswith("lightprune.")}
-    assert set(choices.CRITERIA) == builtin
-    from lightprune.experts.calibration import CRITERIA, SUBSETS
+    from lightprune.experts.calibration import SUBSETS
     from lightprune.experts.sensitivity import SCORES
     from lightprune.width.retention import METRICS
 
-    assert (CRITERIA, SUBSETS, SCORES, METRICS) == (choices.CALIBRATION_CRITERIA, choices.SUBSETS,
-                                                     choices.SENSITIVITY_SCORES, choices.RETENTION_METRICS)
+    assert (SUBSETS, SCORES, METRICS) == (choices.SUBSETS, choices.SENSITIVITY_SCORES, choices.RETENTION_METRICS)
+
+
+def test_the_command_line_reads_criterion_names_without_torch() -> None:
+    code = ("import sys; from lightprune.cli.options import check_callback_options; "
+            "check_callback_options('ExpertPruning', {'criterion': 'reap'}, 'here'); "
+            "check_callback_options('ExpertStats', {'criteria': ['delta_h', 'expert_outputs']}, 'here'); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 # (callback, options that are fine together, the one bad option)
@@ -73,14 +77,14 @@ def test_a_bad_option_gets_the_callbacks_own_message(callback, fine, bad, monkey
     import lightprune.callbacks as callbacks
     from lightprune.experts.criteria import registry
 
-    # the registry as a fresh process has it (other tests register project-local criteria)
-    monkeypatch.setattr(registry, "_REGISTRY", {n: c for n, c in registry._REGISTRY.items()
-                                                if c.__module__.startswith("lightprune.")})
-
-    with pytest.raises(ValueError) as built:
-        getattr(callbacks, callback)(**fine, **bad)
-    with pytest.raises(OptionError) as checked:
-        check_callback_options(callback, {**fine, **bad}, "here")
+    with registry.CRITERIA.restoring():  # the registry as a fresh process has it (other tests register their own)
+        for name, cls in list(registry.CRITERIA.items()):
+            if not cls.__module__.startswith("lightprune."):
+                registry.unregister_criterion(name)
+        with pytest.raises(ValueError) as built:
+            getattr(callbacks, callback)(**fine, **bad)
+        with pytest.raises(OptionError) as checked:
+            check_callback_options(callback, {**fine, **bad}, "here")
     assert str(checked.value) == f"here: {built.value}"
 
 

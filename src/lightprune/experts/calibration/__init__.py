@@ -1,13 +1,39 @@
 """Calibration statistics: every calibration criterion for every token subset, from one observed pass (in memory,
-or a checkpoint directory one decoder layer at a time: :mod:`.sequential`).
+or a checkpoint directory one decoder layer at a time).
 
-May import: models, checkpoints, observe, experts.scores / experts.ranking and the shared leaves.
+- :mod:`.observer` (:class:`ExpertObserver`: the hooks of the pass), :mod:`.collect` (:func:`collect_expert_stats`,
+  a model or a checkpoint directory), :mod:`.sequential` (the checkpoint one decoder layer at a time);
+- :mod:`.observed` (:class:`~.observed.ObservedBatch`: one layer's view of one batch, computed once: padding,
+  routing state, removal effect and re-runs (:mod:`.reruns`), Gram matrix), :mod:`.statistic` (the
+  :class:`~.statistic.Statistic` shape), one module per statistic (:mod:`.token_sums`, :mod:`.routing_kl`,
+  :mod:`.delta_h`, :mod:`.merge_sums`) behind one registry (:mod:`.registry`, torch-free), :mod:`.layer_statistics`
+  (a layer's statistics fed one batch);
+- :mod:`.result` (:class:`CalibrationStats`), :mod:`.resume` (a resumable state), :mod:`.subsets` (token subsets),
+  :mod:`.validation` (the paper's validations of Delta-H).
+
+May import: models, checkpoints, observe, experts.scores / experts.ranking and core. Its names are imported on
+first use (the registry is read without torch).
 """
 
-from lightprune.experts.calibration.collect import collect_expert_stats, collect_model_stats
-from lightprune.experts.calibration.observer import DEFAULT_CRITERIA, ExpertObserver
-from lightprune.experts.calibration.result import CRITERIA, NEGATED, SUBSETS, CalibrationStats
-from lightprune.experts.calibration.sequential import collect_checkpoint_stats
+from __future__ import annotations
 
-__all__ = ["CalibrationStats", "CRITERIA", "SUBSETS", "NEGATED", "DEFAULT_CRITERIA", "ExpertObserver",
-           "collect_expert_stats", "collect_model_stats", "collect_checkpoint_stats"]
+from lightprune.core.lazy import lazy_attributes
+
+_NAMES = {
+    "CalibrationStats": "lightprune.experts.calibration.result",
+    "CRITERIA": "lightprune.experts.calibration.result",
+    "SUBSETS": "lightprune.experts.calibration.result",
+    "NEGATED": "lightprune.experts.calibration.result",
+    "DEFAULT_CRITERIA": "lightprune.experts.calibration.registry",
+    "MERGE_STATISTICS": "lightprune.experts.calibration.registry",
+    "register_statistic": "lightprune.experts.calibration.registry",
+    "available_statistics": "lightprune.experts.calibration.registry",
+    "Statistic": "lightprune.experts.calibration.statistic",
+    "ObservedBatch": "lightprune.experts.calibration.observed",
+    "ExpertObserver": "lightprune.experts.calibration.observer",
+    "collect_expert_stats": "lightprune.experts.calibration.collect",
+    "collect_model_stats": "lightprune.experts.calibration.collect",
+    "collect_checkpoint_stats": "lightprune.experts.calibration.sequential",
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)

@@ -9,14 +9,18 @@
 
 Tokens are those of the collected subsets (padding excluded). Nothing per token is kept across batches: each
 layer-batch adds its sums, computed in float32 on the model's device (all experts on a chunk of tokens at a
-time, in one grouped matmul per projection), to float64 sums held on the CPU.
+time, in one grouped matmul per projection), to float64 sums held on the CPU (reduced across ranks on the backend's device).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
-from lightprune.core.choices import MERGE_STATISTICS
+from lightprune.experts.calibration.observed import ObservedBatch
+from lightprune.experts.calibration.registry import MERGE_STATISTICS, register_statistic
+from lightprune.experts.calibration.statistic import Statistic, SubsetCounts
 from lightprune.models import MoELayer
 from lightprune.observe.experts_impl import expert_rows
 
@@ -32,43 +36,44 @@ def _output_width(layer: MoELayer) -> int:
     return int(down.shape[2] if getattr(layer.experts, "is_transposed", False) else down.shape[1])
 
 
-class MergeSums:
-    """Sums of :data:`MERGE_STATISTICS` (those named in ``statistics``) for one MoE layer."""
+@register_statistic
+class MergeSums(Statistic):
+    """Sums of :data:`MERGE_STATISTICS` (those ``wanted``) for one MoE layer, over every token of the collected
+    subsets; the value is the sum divided by the token count (one value per layer, not per subset)."""
 
-    def __init__(self, layer: MoELayer, statistics: tuple[str, ...]):
-        unknown = [s for s in statistics if s not in MERGE_STATISTICS]
-        if unknown:
-            raise ValueError(f"unknown merging statistics {unknown}; choose from {list(MERGE_STATISTICS)}")
-        self.index, self.num_experts = layer.index, layer.num_experts
-        self.sums: dict[str, torch.Tensor] = {"tokens": torch.zeros((), dtype=torch.float64)}
-        if "expert_outputs" in statistics:
-            self.sums["expert_outputs"] = torch.zeros(layer.num_experts, _output_width(layer), dtype=torch.float64)
-        if "router_logits" in statistics:
-            self.sums["router_logits"] = torch.zeros(layer.num_experts, layer.num_experts, dtype=torch.float64)
+    values = MERGE_STATISTICS
+    per_subset = False
+    requires = ("frequency",)  # the merges weight each member by its routing frequency
+    state_group = "merging"
+
+    def __init__(self, layer: MoELayer, subsets: tuple[str, ...], wanted: tuple[str, ...],
+                 counts: SubsetCounts | None = None):
+        super().__init__(layer, subsets, wanted, counts)
+        cpu = torch.device("cpu")
+        self.sums = {"tokens": self.zeros(device=cpu)}
+        if "expert_outputs" in wanted:
+            self.sums["expert_outputs"] = self.zeros(layer.num_experts, _output_width(layer), device=cpu)
+        if "router_logits" in wanted:
+            self.sums["router_logits"] = self.zeros(layer.num_experts, layer.num_experts, device=cpu)
 
     @torch.no_grad()
-    def update(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor, keep: torch.Tensor) -> None:
-        """Add one batch: ``hidden`` [T, H] the experts' input, ``router_input`` [T, H'] the router's, ``keep`` [T]
-        the tokens counted (in a collected subset)."""
-        rows = keep.nonzero().flatten()
+    def update(self, batch: ObservedBatch) -> None:
+        rows = batch.keep.nonzero().flatten()
         if not rows.numel():
             return
+        layer = batch.layer
         self.sums["tokens"] += float(rows.numel())
         if "expert_outputs" in self.sums:
-            self.sums["expert_outputs"] += dense_output_sum(layer, hidden[rows]).double().cpu()
+            self.sums["expert_outputs"] += dense_output_sum(layer, batch.hidden[rows]).double().cpu()
         if "router_logits" in self.sums:
-            logits = layer.family.router_logits(layer, router_input[rows]).float()
+            logits = layer.family.router_logits(layer, batch.router_input[rows]).float()
             self.sums["router_logits"] += (logits.T @ logits).double().cpu()
 
-    def means(self) -> dict[str, torch.Tensor]:
-        """Each statistic divided by the token count (float64, CPU)."""
-        count = max(float(self.sums["tokens"]), 1.0)
-        return {name: t / count for name, t in self.sums.items() if name != "tokens"}
+    def value(self, name: str, subset: int | None = None) -> torch.Tensor:
+        """The per-token mean (float64, CPU)."""
+        return self.sums[name] / max(float(self.sums["tokens"]), 1.0)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {name: t.clone() for name, t in self.sums.items()}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         for name, t in self.sums.items():
             if name not in state or state[name].shape != t.shape:
                 raise ValueError(f"layer {self.index}: calibration state has no merging statistic {name!r} of "

@@ -3,8 +3,10 @@
 :class:`ExpertObserver` is what :func:`~lightprune.experts.calibration.collect_expert_stats` and the Lightning
 ``ExpertStats`` callback drive batch by batch: it routes every MoE layer's experts through the observing implementation
 (:mod:`lightprune.observe.experts_impl`), attaches an attention probe when an attention subset
-is asked for, feeds :class:`~.accumulate.LayerAccumulator` per layer, and restores the model
-exactly on exit (experts and attention implementations, no hooks left).
+is asked for, feeds each layer's :class:`~.layer_statistics.LayerStatistics` one
+:class:`~.observed.ObservedBatch` per batch (its routing part before the layer's experts run, so that the rows the
+promoted Delta-H needs run in the same expert call), and restores the model exactly on exit (experts and attention
+implementations, no hooks left).
 """
 
 from __future__ import annotations
@@ -15,9 +17,16 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from lightprune.experts.calibration.accumulate import LayerAccumulator
-from lightprune.experts.calibration.merge_sums import MERGE_STATISTICS, MergeSums
-from lightprune.experts.calibration.result import CRITERIA, CalibrationStats
+from lightprune.experts.calibration.layer_statistics import LayerStatistics
+from lightprune.experts.calibration.observed import ObservedBatch
+from lightprune.experts.calibration.registry import (
+    CALIBRATION_CRITERIA,
+    DEFAULT_CRITERIA,
+    MERGE_STATISTICS,
+    STATISTICS,
+    statistic_class,
+)
+from lightprune.experts.calibration.result import CalibrationStats
 from lightprune.experts.calibration.subsets import ATTENTION_SUBSETS, base_masks, check_subsets
 from lightprune.models import MoELayer, find_moe_layers, get_family
 from lightprune.observe.attention_probe import AttentionProbe, low_high_masks
@@ -25,8 +34,6 @@ from lightprune.observe.experts_impl import observing_experts
 
 __all__ = ["ExpertObserver", "DEFAULT_CRITERIA"]
 
-#: every criterion but the optional delta_h_promoted (which runs promoted experts again)
-DEFAULT_CRITERIA = tuple(c for c in CRITERIA if c != "delta_h_promoted")
 
 
 def _check_not_offloaded(model: nn.Module, layers: list[MoELayer]) -> None:
@@ -40,6 +47,22 @@ def _check_not_offloaded(model: nn.Module, layers: list[MoELayer]) -> None:
         raise ValueError(f"calibration cannot observe MoE layers that accelerate offloads ({shown}): their weights "
                          "are loaded only while each module runs. Load the model without offloading, or stream the "
                          "checkpoint one decoder layer at a time: lp.collect_expert_stats(checkpoint_dir, batches)")
+
+
+def _resolve(criteria: Iterable[str] | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(per-subset values, per-layer values) to collect for ``criteria`` (None: :data:`DEFAULT_CRITERIA`), each
+    statistic's required values added after the ones asked for."""
+    criteria = tuple(dict.fromkeys(DEFAULT_CRITERIA if criteria is None else criteria))
+    unknown = [c for c in criteria if c not in STATISTICS]
+    if unknown or not criteria:
+        others = sorted(set(STATISTICS.names()) - set(CALIBRATION_CRITERIA) - set(MERGE_STATISTICS))
+        raise ValueError(f"unknown calibration criteria {list(unknown or criteria)}; choose from "
+                         f"{CALIBRATION_CRITERIA} and the merging statistics {MERGE_STATISTICS}"
+                         + (f", or the registered {others}" if others else ""))
+    classes = {c: statistic_class(c) for c in criteria}
+    required = [r for c in criteria for r in classes[c].requires]
+    per_subset = tuple(dict.fromkeys([c for c in criteria if classes[c].per_subset] + required))
+    return per_subset, tuple(c for c in criteria if not classes[c].per_subset)
 
 
 class ExpertObserver:
@@ -57,27 +80,18 @@ class ExpertObserver:
         _check_not_offloaded(model, self.layers)
         self.vision_token_ids = tuple(getattr(self.family, "vision_token_ids", lambda: ())())
         self.subsets = check_subsets(subsets, self.vision_token_ids)
-        criteria = tuple(dict.fromkeys(DEFAULT_CRITERIA if criteria is None else criteria))
-        unknown = [c for c in criteria if c not in CRITERIA + MERGE_STATISTICS]
-        if unknown or not criteria:
-            raise ValueError(f"unknown calibration criteria {unknown or criteria}; choose from {CRITERIA} and the "
-                             f"merging statistics {MERGE_STATISTICS}")
-        merging = tuple(c for c in criteria if c in MERGE_STATISTICS)
-        # the merges weight experts by routing frequency: collected with any merging statistic
-        self.criteria = tuple(dict.fromkeys([c for c in criteria if c in CRITERIA]
-                                            + (["frequency"] if merging else [])))
-        self.merging = merging
+        self.criteria, self.merging = _resolve(criteria)
         if not 0.0 < low_attn_quantile <= 0.5:
             raise ValueError(f"low_attn_quantile must be in (0, 0.5], got {low_attn_quantile!r}")
         self.low_attn_quantile = float(low_attn_quantile)
-        self.accumulators = {l.index: LayerAccumulator(l, self.subsets, self.criteria) for l in self.layers}
-        self.merge_sums = {l.index: MergeSums(l, merging) for l in self.layers} if merging else {}
+        self.statistics = {l.index: LayerStatistics(l, self.subsets, self.criteria + self.merging)
+                           for l in self.layers}
         self.batches_seen = 0
         self._stack: ExitStack | None = None
         self._probe = None
         self._masks: dict[str, torch.Tensor] | None = None
         self._padded = True  # whether the declared batch has padding (begin_batch)
-        self._layer_masks: tuple | None = None  # (selected, _batch_masks) from _extra_rows, for _observe
+        self._pending: dict[int, ObservedBatch] = {}  # each layer's batch, from before its experts ran
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> "ExpertObserver":
@@ -95,6 +109,7 @@ class ExpertObserver:
 
     def __exit__(self, *exc: Any) -> None:
         stack, self._stack, self._probe, self._masks = self._stack, None, None, None
+        self._pending.clear()
         if stack is not None:
             stack.close()
 
@@ -107,7 +122,7 @@ class ExpertObserver:
             raise RuntimeError("ExpertObserver.begin_batch outside its with-block")
         masks = base_masks(batch, self.vision_token_ids)
         self._masks = masks
-        self._padded = not bool(masks["all"].all())  # one host sync per batch, for every layer's accumulator
+        self._padded = not bool(masks["all"].all())  # one host sync per batch, for every layer
         if self._probe is not None:
             self._probe.set_batch(masks["text"], masks["vision"])
         if count:
@@ -140,82 +155,74 @@ class ExpertObserver:
     def _extra_rows(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor,
                     selected: torch.Tensor, router_logits: torch.Tensor | None = None,
                     routing_state: object = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        self._layer_masks = (selected, self._batch_masks(layer, hidden))  # _observe of the same routing reuses them
-        return self.accumulators[layer.index].prepare(layer, router_input, selected, self._layer_masks[1][0],
-                                                      self._padded, router_logits, routing_state)
+        """Before the layer's experts run: its batch's routing part, and the rows it asks the expert call for."""
+        masks, samples, batch_size = self._batch_masks(layer, hidden)
+        batch = self.statistics[layer.index].observe(layer, masks, samples, batch_size, self._padded, selected,
+                                                     router_input, router_logits, routing_state)
+        self._pending[layer.index] = batch
+        return batch.extra_rows
 
     def _observe(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor, selected: torch.Tensor,
                  weights: torch.Tensor, outputs: torch.Tensor, extra_outputs: torch.Tensor | None = None,
                  router_logits: torch.Tensor | None = None, routing_state: object = None) -> None:
-        prepared, self._layer_masks = self._layer_masks, None
-        masks, samples, batch = prepared[1] if prepared is not None and prepared[0] is selected else \
-            self._batch_masks(layer, hidden)
-        self.accumulators[layer.index].update(layer, hidden, selected, weights, outputs, masks, samples, batch,
-                                              router_input, extra_outputs=extra_outputs, padded=self._padded,
-                                              router_logits=router_logits, routing_state=routing_state)
-        if self.merge_sums:
-            self.merge_sums[layer.index].update(layer, hidden, hidden if router_input is None else router_input,
-                                                masks.any(dim=0))
+        batch = self._pending.pop(layer.index, None)
+        if batch is None or batch.selected is not selected:  # not the routing it was prepared for: the rows it
+            masks, samples, batch_size = self._batch_masks(layer, hidden)  # asked for did not run
+            batch = self.statistics[layer.index].observe(layer, masks, samples, batch_size, self._padded, selected,
+                                                         router_input, router_logits, routing_state)
+            extra_outputs = None
+        batch.add_outputs(hidden, weights, outputs, extra_outputs)
+        self.statistics[layer.index].update(batch)
 
     # ------------------------------------------------------------------ results
     def result(self) -> CalibrationStats:
         """The statistics so far; an error when a subset saw no tokens at all."""
         values: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
-        tokens: dict[str, int] = {}
-        samples: dict[str, int] = {}
-        for index, acc in self.accumulators.items():
-            for key, value in acc.values().items():
-                values.setdefault(key, {})[index] = value
-        first = next(iter(self.accumulators.values()))
-        for u, subset in enumerate(self.subsets):
-            tokens[subset] = int(first.sums["tokens"][u].item())
-            samples[subset] = int(first.sums["samples"][u].item())
+        for index, stats in self.statistics.items():
+            for u, subset in enumerate(self.subsets):
+                for name in self.criteria:
+                    values.setdefault((name, subset), {})[index] = stats.value(name, u)
+        counts = next(iter(self.statistics.values())).counts
+        tokens = {subset: int(counts.tokens(u).item()) for u, subset in enumerate(self.subsets)}
+        samples = {subset: int(counts.samples(u).item()) for u, subset in enumerate(self.subsets)}
+        for subset in self.subsets:
             if tokens[subset] == 0:
                 raise ValueError(f"no calibration tokens of subset {subset!r} in {self.batches_seen} batches"
                                  + (" (do the batches contain images?)" if subset != "all" and subset != "text" else ""))
+        merging = {name: {index: stats.value(name, None) for index, stats in self.statistics.items()}
+                   for name in self.merging}
         limits = {l.index: l.limits for l in self.layers}
-        merging: dict[str, dict[int, torch.Tensor]] = {}
-        for index, sums in self.merge_sums.items():
-            for name, value in sums.means().items():
-                merging.setdefault(name, {})[index] = value
         return CalibrationStats(values, limits, samples=samples, tokens=tokens, merging=merging,
                                 metadata={"batches": self.batches_seen, "low_attn_quantile": self.low_attn_quantile,
                                           "criteria": list(self.criteria) + list(self.merging),
                                           "subsets": list(self.subsets)})
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"batches_seen": self.batches_seen,
-                 "layers": {index: acc.state_dict() for index, acc in self.accumulators.items()}}
-        if self.merge_sums:
-            state["merging"] = {index: sums.state_dict() for index, sums in self.merge_sums.items()}
+        """``{"batches_seen", "layers": {layer: {sum: tensor}}}``, and ``"merging"`` likewise with merging
+        statistics."""
+        state: dict[str, Any] = {"batches_seen": self.batches_seen}
+        for index, stats in self.statistics.items():
+            for group, sums in stats.state_dict().items():
+                state.setdefault(group, {})[index] = sums
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        layers = state.get("layers", {})
-        missing = sorted(set(self.accumulators) - {int(k) for k in layers})
-        if missing:
-            raise ValueError(f"calibration state has no accumulators for layers {missing}")
-        for index, acc in self.accumulators.items():
-            acc.load_state_dict(layers[index] if index in layers else layers[str(index)])
-        if self.merge_sums:
-            merging = state.get("merging")
-            if merging is None:
+        groups: dict[str, Mapping[Any, Any]] = {}
+        for group in sorted(set().union(*(stats.groups() for stats in self.statistics.values()))):
+            saved = state.get(group)
+            if saved is None and group == "merging":
                 raise ValueError(f"calibration state has no merging statistics {list(self.merging)}: it was "
                                  "collected without them")
-            for index, sums in self.merge_sums.items():
-                sums.load_state_dict(merging[index] if index in merging else merging[str(index)])
+            missing = sorted(set(self.statistics) - {int(k) for k in (saved or {})})
+            if missing:
+                raise ValueError(f"calibration state has no {group} sums for layers {missing}")
+            groups[group] = saved
+        for index, stats in self.statistics.items():
+            stats.load_state_dict({group: sums[index] if index in sums else sums[str(index)]
+                                   for group, sums in groups.items() if group in stats.groups()})
         self.batches_seen = int(state.get("batches_seen", 0))
 
     def all_reduce(self) -> None:
-        """Sum the accumulators across ranks (torch.distributed), in place; a no-op in one process."""
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return
-        for acc in self.accumulators.values():
-            for tensor in acc.sums.values():
-                torch.distributed.all_reduce(tensor)
-        device = next(iter(self.accumulators.values())).sums["tokens"].device  # the backend's device
-        for sums in self.merge_sums.values():  # held on the CPU: reduced on the accumulators' device
-            for tensor in sums.sums.values():
-                moved = tensor.to(device)
-                torch.distributed.all_reduce(moved)
-                tensor.copy_(moved.cpu())
+        """Sum every layer's statistics across ranks (torch.distributed), in place; a no-op in one process."""
+        for stats in self.statistics.values():
+            stats.all_reduce()

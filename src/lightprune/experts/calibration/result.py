@@ -22,7 +22,8 @@ from typing import Any, Mapping
 
 import torch
 
-from lightprune.core.choices import CALIBRATION_CRITERIA, SUBSETS
+from lightprune.core.choices import SUBSETS
+from lightprune.experts.calibration.registry import CALIBRATION_CRITERIA
 from lightprune.experts.scores import ExpertScores
 from lightprune.models.base import RoutingLimits
 

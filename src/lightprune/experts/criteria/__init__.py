@@ -18,28 +18,29 @@ registry (:mod:`.calibration`): ``frequency``, ``seer``, ``ean``, ``reap``, ``ro
 scores; ``available_criteria(needs_data=True)`` lists them. The merging methods ``hc_smoe`` and ``m_smoe``
 (:mod:`.merge_methods`) are named the same way and give a MergePlan instead of scores.
 
-May import: models, experts (scores, calibration, maep) and the shared leaves.
+May import: models, checkpoints, experts (scores, calibration, maep, merging) and core. Its names are
+imported on first use (the registry is read without torch).
 """
 
 from __future__ import annotations
 
-from lightprune.experts.criteria.aimer import AIMER
-from lightprune.experts.criteria.base import Criterion, CriterionNeedsDataError
-from lightprune.experts.criteria.calibration import MAEP, CalibrationCriterion, FitCriterion, RouterDeltaCriterion
-from lightprune.experts.criteria.magnitude import Magnitude
-from lightprune.experts.criteria.merge_methods import HCSMoE, MergeMethod, MSMoE
-from lightprune.experts.criteria.random import RandomCriterion
-from lightprune.experts.criteria.registry import (
-    available_criteria,
-    get_criterion,
-    get_criterion_class,
-    register_criterion,
-    unregister_criterion,
-)
-from lightprune.experts.criteria.router_norm import RouterNorm
-from lightprune.experts.criteria.scoring import score_checkpoint, score_weights, weight_criterion
+from lightprune.core.lazy import lazy_attributes
 
-__all__ = ["Criterion", "CriterionNeedsDataError", "register_criterion", "unregister_criterion", "get_criterion",
-           "get_criterion_class", "available_criteria", "score_weights", "score_checkpoint", "weight_criterion", "AIMER",
-           "Magnitude", "RouterNorm", "RandomCriterion", "CalibrationCriterion", "FitCriterion", "MAEP", "RouterDeltaCriterion", "MergeMethod",
-           "HCSMoE", "MSMoE"]
+_NAMES = {
+    **{name: "lightprune.experts.criteria.registry" for name in (
+        "CRITERIA", "register_criterion", "unregister_criterion", "get_criterion", "get_criterion_class",
+        "available_criteria")},
+    **{name: "lightprune.experts.criteria.scoring" for name in (
+        "score_weights", "score_model_weights", "score_checkpoint", "weight_criterion")},
+    "Criterion": "lightprune.experts.criteria.base",
+    "CriterionNeedsDataError": "lightprune.experts.criteria.base",
+    "AIMER": "lightprune.experts.criteria.aimer",
+    "Magnitude": "lightprune.experts.criteria.magnitude",
+    "RouterNorm": "lightprune.experts.criteria.router_norm",
+    "RandomCriterion": "lightprune.experts.criteria.random",
+    **{name: "lightprune.experts.criteria.calibration" for name in (
+        "CalibrationCriterion", "FitCriterion", "MAEP", "RouterDeltaCriterion")},
+    **{name: "lightprune.experts.criteria.merge_methods" for name in ("MergeMethod", "HCSMoE", "MSMoE")},
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)

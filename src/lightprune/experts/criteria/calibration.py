@@ -18,19 +18,33 @@ from typing import Any, ClassVar, Mapping
 
 from torch import nn
 
-from lightprune.experts.calibration.result import CRITERIA, SUBSETS, CalibrationStats
+from lightprune.experts.calibration.registry import STATISTICS
+from lightprune.experts.calibration.result import SUBSETS, CalibrationStats
 from lightprune.experts.criteria.base import Criterion
 from lightprune.experts.criteria.registry import register_criterion
 from lightprune.experts.maep import maep_scores
 from lightprune.experts.scores import ExpertScores
 
-__all__ = ["CalibrationCriterion", "FitCriterion", "MAEP", "RouterDeltaCriterion", "CALIBRATION_CLASSES"]
+__all__ = ["CalibrationCriterion", "Frequency", "Seer", "Ean", "Reap", "RoutingKl", "DeltaH", "DeltaHPromoted",
+           "FitCriterion", "MAEP", "RouterDeltaCriterion", "CALIBRATION_CLASSES"]
 
 
 class CalibrationCriterion(Criterion):
-    """Importance from calibration statistics: ``stats.score(name, subset)``."""
+    """Importance from calibration statistics: ``stats.score(statistic, subset)``, the value of the registered
+    calibration statistic the class names (:mod:`lightprune.experts.calibration.registry`).
+
+    Subclasses set :attr:`statistic` (checked when the class is defined: a statistic registered before it).
+    """
 
     needs_data: ClassVar[bool] = True
+    #: the calibration value this criterion reads ("": none; MAEP combines several)
+    statistic: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.statistic and cls.statistic not in STATISTICS:
+            raise ValueError(f"{cls.__name__}.statistic = {cls.statistic!r} is not a registered calibration "
+                             f"statistic; known: {STATISTICS.names()}")
 
     def __init__(self, subset: str = "all"):
         if subset not in SUBSETS:
@@ -38,7 +52,7 @@ class CalibrationCriterion(Criterion):
         self.subset = subset
 
     def score_stats(self, stats: CalibrationStats) -> ExpertScores:
-        return stats.score(self.name, self.subset)
+        return stats.score(self.statistic or self.name, self.subset)
 
     def score_in_run(self, model: nn.Module, calibration: CalibrationStats | None = None,
                      fitted: Mapping[str, ExpertScores] | None = None) -> ExpertScores:
@@ -48,15 +62,59 @@ class CalibrationCriterion(Criterion):
         return self.score_stats(calibration)
 
 
-def _calibration_class(name: str) -> type[CalibrationCriterion]:
-    cls = type(name.title().replace("_", ""), (CalibrationCriterion,),
-               {"__doc__": f"Calibration criterion ``{name}`` on one token subset (see the module docstring).",
-                "__module__": __name__})
-    return register_criterion(name)(cls)
+@register_criterion("frequency")
+class Frequency(CalibrationCriterion):
+    """n_j: the subset's tokens routed to expert j."""
+
+    statistic = "frequency"
 
 
-#: the registered class of each calibration statistic, by name
-CALIBRATION_CLASSES: dict[str, type[CalibrationCriterion]] = {name: _calibration_class(name) for name in CRITERIA}
+@register_criterion("seer")
+class Seer(CalibrationCriterion):
+    """SEER: sum of the routing weight g_j(t) over the subset's tokens routed to j."""
+
+    statistic = "seer"
+
+
+@register_criterion("ean")
+class Ean(CalibrationCriterion):
+    """EAN: sum of the output norm ||f_j(t)|| over the subset's tokens routed to j."""
+
+    statistic = "ean"
+
+
+@register_criterion("reap")
+class Reap(CalibrationCriterion):
+    """REAP: (1 / n_j) sum g_j(t) ||f_j(t)|| over the subset's tokens routed to j, the mean router-weighted output
+    norm (0 when n_j = 0)."""
+
+    statistic = "reap"
+
+
+@register_criterion("routing_kl")
+class RoutingKl(CalibrationCriterion):
+    """Routing KL (MAEP eq. 8): the mean over the subset's tokens of KL(p || p with j removed), eps 1e-12."""
+
+    statistic = "routing_kl"
+
+
+@register_criterion("delta_h")
+class DeltaH(CalibrationCriterion):
+    """Delta-H (MAEP eq. 2): the mean over samples of each sample's mean ||H - H^(-j)||^2 over its subset tokens."""
+
+    statistic = "delta_h"
+
+
+@register_criterion("delta_h_promoted")
+class DeltaHPromoted(CalibrationCriterion):
+    """Delta-H with the promoted experts' outputs included in H^(-j) (collected when asked for)."""
+
+    statistic = "delta_h_promoted"
+
+
+#: the registered class of each built-in calibration statistic value, by name
+CALIBRATION_CLASSES: dict[str, type[CalibrationCriterion]] = {
+    cls.statistic: cls for cls in (Frequency, Seer, Ean, Reap, RoutingKl, DeltaH, DeltaHPromoted)}
 
 
 @register_criterion("maep")

@@ -21,22 +21,19 @@ file (when loaded from one), the key and the value.
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from numbers import Real
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
 from lightprune.core.errors import PlanError
-from lightprune.core.jsonio import layer_items, read_parsed, show, strict_int, write_json
+from lightprune.core.jsonio import layer_items, show, strict_int
 from lightprune.experts.plan import ExpertPlan
+from lightprune.experts.plan_base import ExpertLayout, layer_count
 
 __all__ = ["MergePlan", "ROUTER_RULES"]
 
 #: how a merged expert's router row is formed
 ROUTER_RULES = ("dominant", "average")
-_FIELDS = ("clusters", "dominant", "coefficients", "num_experts", "router", "align", "method", "ratio", "metadata")
 _SUM_TOLERANCE = 1e-6
 
 
@@ -67,7 +64,16 @@ def _numbers(where: str, values: Any, length: int) -> list[float]:
 
 
 @dataclass
-class MergePlan:
+class MergePlan(ExpertLayout):
+    """Which experts each MoE layer folds together, and how (see the module docstring)."""
+
+    KIND: ClassVar[str] = "merge plan"
+    FIELDS: ClassVar[tuple[str, ...]] = ("clusters", "dominant", "coefficients", "num_experts", "router", "align",
+                                         "method", "ratio", "metadata")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("clusters", "dominant", "coefficients", "num_experts")
+    SHAPE: ClassVar[str] = "{clusters: ..., ...}"
+    INDENT: ClassVar[int] = 1
+
     clusters: dict[int, list[list[int]]]
     dominant: dict[int, list[int]]
     coefficients: dict[int, list[list[float]]]
@@ -79,12 +85,8 @@ class MergePlan:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        counts = {}
-        for key, layer, n in layer_items(self.num_experts, "num_experts", "{layer: expert count}", PlanError):
-            counts[layer] = strict_int(n)
-            if counts[layer] is None or counts[layer] < 1:
-                raise PlanError(f"num_experts[{key!r}] must be a positive integer (the layer's expert count), "
-                                f"got {show(n)}")
+        counts = {layer: layer_count(key, n)
+                  for key, layer, n in layer_items(self.num_experts, "num_experts", "{layer: expert count}", PlanError)}
         clusters = {layer: (key, value) for key, layer, value in
                     layer_items(self.clusters, "clusters", "{layer: [[expert ids], ...]}", PlanError)}
         dominant = {layer: value for _, layer, value in
@@ -104,11 +106,7 @@ class MergePlan:
             raise PlanError(f"align must be true or false, got {show(self.align)}")
         if not isinstance(self.method, str):
             raise PlanError(f"method must be a string, got {show(self.method)}")
-        if self.ratio is not None and (isinstance(self.ratio, bool) or not isinstance(self.ratio, Real)
-                                       or not 0 <= self.ratio < 1):
-            raise PlanError(f"ratio must be a number in [0, 1) or null, got {show(self.ratio)}")
-        if not isinstance(self.metadata, dict):
-            raise PlanError(f"metadata must be an object, got {show(self.metadata)}")
+        self._check_plan_fields()
 
     def _set_layer(self, layer: int, key: Any, groups: Any, dominant: Any, coefficients: Any, count: int) -> None:
         if not isinstance(groups, (list, tuple)) or not groups:
@@ -153,14 +151,9 @@ class MergePlan:
         return {l: len(c) for l, c in self.clusters.items()}
 
     @property
-    def is_uniform(self) -> bool:
-        """True when every layer keeps the same number of experts (plain ``from_pretrained`` reloads it)."""
-        return len(set(self.kept_counts().values())) <= 1
-
-    @property
     def total_merged_away(self) -> int:
-        """Experts gone: the layers' counts before less the merged experts left."""
-        return sum(self.num_experts[l] - len(c) for l, c in self.clusters.items())
+        """Experts gone: the layers' counts before less the merged experts left (:attr:`total_removed`)."""
+        return self.total_removed
 
     def check_layers(self, layers: Iterable) -> None:
         """Raise :class:`PlanError` unless this plan fits ``layers`` (the kept layout obeys the routing floors)."""
@@ -173,24 +166,3 @@ class MergePlan:
                 "coefficients": per_layer(self.coefficients), "num_experts": per_layer(self.num_experts),
                 "router": self.router, "align": self.align, "method": self.method, "ratio": self.ratio,
                 "metadata": dict(self.metadata)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "MergePlan":
-        """The plan ``data`` describes (:meth:`to_dict`'s form); any break of the schema is a :class:`PlanError`."""
-        if not isinstance(data, Mapping):
-            raise PlanError(f"merge plan must be an object {{clusters: ..., ...}}, got {show(data)}")
-        unknown = sorted(set(data) - set(_FIELDS), key=str)
-        if unknown:
-            raise PlanError(f"unknown merge plan keys {unknown}")
-        missing = [k for k in ("clusters", "dominant", "coefficients", "num_experts") if k not in data]
-        if missing:
-            raise PlanError(f"merge plan is missing {missing}")
-        return cls(**data)
-
-    def save(self, path: str | os.PathLike) -> Path:
-        return write_json(self.to_dict(), path, indent=1)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "MergePlan":
-        """The plan saved at ``path``; a :class:`PlanError` names the file."""
-        return read_parsed(path, "merge plan", PlanError, cls.from_dict)

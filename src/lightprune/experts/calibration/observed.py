@@ -1,0 +1,173 @@
+"""One MoE layer's view of one calibration batch, computed once for every statistic: :class:`ObservedBatch`.
+
+For one layer and one batch the observer gets, before the layer's experts run, the selected experts S [T, k], what
+the router saw and, where the family's router returns them, its logits and the routing state its observed router
+kept; after they run, the experts' input h [T, H], the weights applied w [T, k] and the selected experts' unweighted
+outputs f [T, k, H] (METHODS.md, "Calibration criteria"). From these the batch computes, each once and only when a
+statistic of the layer reads it:
+
+- the routing part (before the experts): the router logits [T, E] (read, or recomputed from the router's input),
+  the family's :class:`~lightprune.models.RemovalEffect` and the re-run selections (:mod:`.reruns`), and the
+  (token, expert) rows whose outputs the promoted Delta-H reads, so that they run in the forward's own expert call
+  (a swap's entering expert and a re-run pair's, once each);
+- the outputs part: the subset masks ``m`` [U, T] in the compute dtype (float32, or the outputs' dtype when wider),
+  the weights ``w`` each output gets in the block (times the family's output scale), ``f``, the Gram matrix
+  G = f f^T [T, k, k], the output norms ||f_s|| [T, k], the subset tokens per sample [U, B] and each token's weight
+  in its sample's mean [U, T].
+
+Padding: the model may leave non-finite values at padded positions and 0 * NaN = NaN, so a batch with padding
+zeroes them (logits or the router's input, the experts' input, weights, outputs, the promoted outputs) before
+anything is summed; real tokens outside the subsets are finite and weigh 0 through ``m``. The host synchronises only
+on counts (the re-run pairs, the distinct promoted rows) and once per batch on whether it has padding (the observer).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch
+
+from lightprune.experts.calibration.reruns import Reruns, reselect
+from lightprune.models import MoELayer, RemovalEffect
+
+__all__ = ["ObservedBatch", "compute_dtype", "ROUTING_NEEDS"]
+
+#: the needs that make a batch compute its routing part
+ROUTING_NEEDS = frozenset({"logits", "removal", "entering"})
+
+
+def compute_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """float32, or the tensor's dtype when it is wider (a float64 reference stays float64)."""
+    return torch.promote_types(tensor.dtype, torch.float32)
+
+
+def _zero(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.zeros((), dtype=tensor.dtype, device=tensor.device)
+
+
+class ObservedBatch:
+    """See the module docstring. Built before the layer's experts run (the routing part, for ``needs``); the
+    experts' outputs are added with :meth:`add_outputs`.
+
+    Args:
+        layer: the MoE layer.
+        masks: [U, T] bool, each subset's tokens (padding excluded).
+        samples: [T] the sample of each token; ``num_samples``: the batch's samples.
+        padded: whether the batch has padding (None: read from ``masks``, one host sync).
+        selected: [T, k] the experts the router selected.
+        router_input: [T, H'] what the router saw.
+        router_logits: the logits the router returned for it (None: recomputed from ``router_input``).
+        routing_state: what the family's observed router kept in that call (for its removal effect).
+        needs: what the layer's statistics read (:attr:`~.statistic.Statistic.needs`).
+    """
+
+    def __init__(self, layer: MoELayer, masks: torch.Tensor, samples: torch.Tensor, num_samples: int,
+                 padded: bool | None, selected: torch.Tensor, router_input: torch.Tensor,
+                 router_logits: torch.Tensor | None = None, routing_state: object = None,
+                 needs: frozenset[str] = frozenset()):
+        self.layer, self.masks, self.samples, self.num_samples, self.selected = (layer, masks, samples, num_samples,
+                                                                                  selected)
+        self.router_input = router_input
+        self.keep = masks.any(dim=0)                                         # [T]: in some subset
+        self.padded = not bool(self.keep.all()) if padded is None else padded
+        self.logits: torch.Tensor | None = None
+        self.effect: RemovalEffect | None = None
+        self.reruns: Reruns | None = None
+        #: (tokens, experts) of the rows to run beside the routed ones (None: none), and where each token's swap
+        #: expert [T] and each re-run pair's entering expert [pairs] are among them
+        self.extra_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.swap_index: torch.Tensor | None = None
+        self.pair_index: torch.Tensor | None = None
+        self.swap_outputs: torch.Tensor | None = None
+        self.rerun_outputs: torch.Tensor | None = None
+        if needs & ROUTING_NEEDS:
+            self._route(router_input, router_logits, routing_state, needs)
+
+    # ------------------------------------------------------------------ before the experts
+    def _route(self, router_input: torch.Tensor, router_logits: torch.Tensor | None, routing_state: object,
+               needs: frozenset[str]) -> None:
+        layer, selected = self.layer, self.selected
+        keep = self.keep.unsqueeze(-1)
+        if router_logits is not None:
+            logits = router_logits.reshape(-1, layer.num_experts)
+            if logits.shape[0] != selected.shape[0]:
+                raise RuntimeError(f"layer {layer.index}: the router returned logits for {logits.shape[0]} tokens, "
+                                   f"its experts got {selected.shape[0]}")
+            if self.padded:  # the routing state stays: it differs only at padded rows (weight 0), and an observed
+                # router keeps none for non-finite logits
+                logits = torch.where(keep, logits, _zero(logits))
+        else:
+            routing_state = None
+            if self.padded:
+                router_input = torch.where(keep, router_input, _zero(router_input))
+            logits = layer.family.router_logits(layer, router_input)
+        self.logits = logits
+        if not needs & {"removal", "entering"}:
+            return
+        self.effect = layer.family.removal_effect(layer, logits, selected, routing_state)
+        self.reruns = reselect(layer, logits, selected, self.effect, "entering" in needs)
+        if "entering" in needs:
+            self._entering_rows()
+
+    def _entering_rows(self) -> None:
+        """Every (token, expert) row the promoted Delta-H reads, once: a swap's entering expert is often one that
+        enters a re-run pair's selection of the same token too."""
+        num_experts, device, reruns = self.layer.num_experts, self.selected.device, self.reruns
+        keys = [reruns.pair_token.to(device) * num_experts + reruns.pair_expert.to(device)]
+        swaps = 0
+        if self.effect.swap_expert is not None:
+            swaps = self.selected.shape[0]
+            keys.insert(0, torch.arange(swaps, device=device) * num_experts + self.effect.swap_expert.to(device))
+        rows, index = torch.unique(torch.cat(keys), return_inverse=True)
+        self.swap_index, self.pair_index = (index[:swaps] if swaps else None), index[swaps:]
+        self.extra_rows = (rows // num_experts, rows % num_experts)
+
+    # ------------------------------------------------------------------ after the experts
+    def add_outputs(self, hidden: torch.Tensor, weights: torch.Tensor, outputs: torch.Tensor,
+                    extra_outputs: torch.Tensor | None = None) -> None:
+        """The experts' input [T, H], the weights applied [T, k], the routed outputs [T, k, H] and the outputs of
+        :attr:`extra_rows` [n, H] (None when they did not run in the forward: the promoted Delta-H runs them)."""
+        if self.padded:
+            keep = self.keep
+            hidden = torch.where(keep.unsqueeze(-1), hidden, _zero(hidden))
+            weights = torch.where(keep.unsqueeze(-1), weights, _zero(weights))
+            outputs = torch.where(keep.view(-1, 1, 1), outputs, _zero(outputs))
+        self.hidden = hidden
+        self.dtype = dtype = compute_dtype(outputs)
+        self.m = self.masks.to(dtype)                                        # [U, T]
+        self.w = weights.to(dtype) * self.layer.family.output_scale(self.layer)  # the weight each output gets
+        self.f = outputs.to(dtype)                                           # [T, k, H]
+        if extra_outputs is not None:
+            self._extra_outputs(extra_outputs.to(dtype))
+
+    def _extra_outputs(self, extra: torch.Tensor) -> None:
+        index = self.swap_index
+        swap = None if index is None else extra.index_select(0, index.to(extra.device))
+        rerun = extra.index_select(0, self.pair_index.to(extra.device))
+        if self.padded:  # a padded token's expert output may be NaN
+            keep = self.keep
+            if swap is not None:
+                swap = torch.where(keep.unsqueeze(-1), swap, 0.0)
+            rerun = torch.where(keep[self.reruns.pair_token.to(keep.device)].unsqueeze(-1), rerun, 0.0)
+        self.swap_outputs, self.rerun_outputs = swap, rerun
+
+    @cached_property
+    def gram(self) -> torch.Tensor:
+        """G = f f^T [T, k, k]: f_s . f_r."""
+        return torch.bmm(self.f, self.f.transpose(1, 2))
+
+    @cached_property
+    def norms(self) -> torch.Tensor:
+        """||f_s|| [T, k]."""
+        return self.gram.diagonal(dim1=1, dim2=2).clamp_min(0).sqrt()
+
+    @cached_property
+    def sample_counts(self) -> torch.Tensor:
+        """[U, B]: each subset's tokens per sample."""
+        counts = torch.zeros(self.m.shape[0], self.num_samples, dtype=self.dtype, device=self.hidden.device)
+        return counts.index_add_(1, self.samples, self.m)
+
+    @cached_property
+    def sample_weight(self) -> torch.Tensor:
+        """[U, T]: each token's weight in its sample's mean over the subset's tokens (0 outside the subset)."""
+        return self.m / self.sample_counts.clamp_min(1)[:, self.samples]

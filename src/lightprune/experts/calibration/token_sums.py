@@ -1,0 +1,57 @@
+"""The token-level sums over each subset's routed tokens: frequency, SEER, EAN and REAP (METHODS.md, "Calibration
+criteria"; MAEP paper, section 3).
+
+For expert j of a layer and the tokens t of a subset that the router sent to j, with g_j(t) the weight the expert's
+output gets in the block and f_j(t) its unweighted output:
+
+- ``frequency``: n_j, the tokens routed to j;
+- ``seer``: sum_t g_j(t);
+- ``ean``: sum_t ||f_j(t)||;
+- ``reap``: (1 / n_j) sum_t g_j(t) ||f_j(t)|| (0 when n_j = 0): REAP's numerator is summed here, divided by the
+  frequency when the value is read.
+
+The four per-slot quantities of a batch (1, g, ||f||, g ||f||) are scattered into their experts in one call per
+batch, in the compute dtype, and added to float64 sums [U, E].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lightprune.experts.calibration.observed import ObservedBatch
+from lightprune.experts.calibration.registry import register_statistic
+from lightprune.experts.calibration.statistic import Statistic, SubsetCounts
+from lightprune.models import MoELayer
+
+__all__ = ["TokenSums"]
+
+#: the sums, in the order of the per-slot quantities 1, g, ||f||, g ||f||
+_SUMS = ("frequency", "seer", "ean", "reap_num")
+
+
+@register_statistic
+class TokenSums(Statistic):
+    """Frequency, SEER, EAN and REAP's numerator per expert and subset (see the module docstring)."""
+
+    values = ("frequency", "seer", "ean", "reap")
+
+    def __init__(self, layer: MoELayer, subsets: tuple[str, ...], wanted: tuple[str, ...],
+                 counts: SubsetCounts | None = None):
+        super().__init__(layer, subsets, wanted, counts)
+        self.sums = {name: self.zeros(len(subsets), layer.num_experts) for name in _SUMS}
+
+    def update(self, batch: ObservedBatch) -> None:
+        m, w = batch.m, batch.w
+        per_slot = torch.stack([torch.ones_like(w), w, batch.norms, w * batch.norms], dim=1)   # [T, 4, k]
+        # each subset's token-weighted slot values, added at their experts: [U, 4, T k] -> [U, 4, E]
+        weighted = (m.view(m.shape[0], -1, 1, 1) * per_slot).transpose(1, 2).flatten(2)
+        sums = torch.zeros(m.shape[0], len(_SUMS), self.num_experts, dtype=batch.dtype, device=batch.hidden.device)
+        sums.scatter_add_(2, batch.selected.reshape(1, 1, -1).expand(m.shape[0], len(_SUMS), -1), weighted)
+        for row, name in enumerate(_SUMS):
+            self.sums[name] += sums[:, row].double()
+
+    def value(self, name: str, subset: int | None) -> torch.Tensor:
+        if name == "reap":
+            freq = self.sums["frequency"][subset]
+            return torch.where(freq > 0, self.sums["reap_num"][subset] / freq.clamp_min(1), torch.zeros_like(freq))
+        return self.sums[name][subset]

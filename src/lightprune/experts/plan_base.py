@@ -1,0 +1,100 @@
+"""What every depth-axis plan shares: :class:`ExpertLayout`, the base of
+:class:`~lightprune.experts.plan.ExpertPlan` and :class:`~lightprune.experts.merging.MergePlan`.
+
+A plan records each MoE layer's routed-expert count before (``num_experts``, so a plan made for another model is
+caught before any surgery) and says how many experts each layer keeps (:meth:`ExpertLayout.kept_counts`). From
+these: whether every layer keeps the same number (plain ``from_pretrained`` reloads the result), how many experts
+go, and the plan-wide fields both validate alike (``ratio`` a number in [0, 1) or null, ``metadata`` an object).
+Both round-trip through JSON under a strict schema (:meth:`ExpertLayout.from_dict`: unknown or missing keys are a
+:class:`~lightprune.core.errors.PlanError` naming them, and the file when loaded from one).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from numbers import Real
+from pathlib import Path
+from typing import Any, ClassVar
+
+from lightprune.core.errors import PlanError
+from lightprune.core.jsonio import read_parsed, show, strict_int, write_json
+
+__all__ = ["ExpertLayout", "layer_count"]
+
+
+def layer_count(key: Any, n: Any) -> int:
+    """A layer's expert count from ``num_experts[key]``: a positive integer (a :class:`PlanError` otherwise)."""
+    value = strict_int(n)
+    if value is None or value < 1:
+        raise PlanError(f"num_experts[{key!r}] must be a positive integer (the layer's expert count), got {show(n)}")
+    return value
+
+
+class ExpertLayout:
+    """Base of the depth-axis plans (see the module docstring). Subclasses are dataclasses with ``num_experts``,
+    ``ratio`` and ``metadata`` fields; they implement :meth:`kept_counts` and :meth:`to_dict` and set the schema
+    (:attr:`KIND`, :attr:`FIELDS`, :attr:`REQUIRED`, :attr:`SHAPE`)."""
+
+    #: what the plan is called in errors ("plan", "merge plan")
+    KIND: ClassVar[str] = "plan"
+    #: every key of its JSON form, and those that must be present
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+    REQUIRED: ClassVar[tuple[str, ...]] = ()
+    #: its JSON form in a few words, for the error about a value that is not an object
+    SHAPE: ClassVar[str] = "{...}"
+    #: JSON indentation of :meth:`save`
+    INDENT: ClassVar[int] = 2
+
+    num_experts: dict[int, int]
+    ratio: float | None
+    metadata: dict[str, Any]
+
+    # ------------------------------------------------------------------ views
+    def kept_counts(self) -> dict[int, int]:
+        """{layer: routed experts the layer has after the plan}."""
+        raise NotImplementedError
+
+    @property
+    def is_uniform(self) -> bool:
+        """True when every layer keeps the same number of experts (plain ``from_pretrained`` reloads it)."""
+        return len(set(self.kept_counts().values())) <= 1
+
+    @property
+    def total_removed(self) -> int:
+        """Experts gone over all layers: the counts before less the experts kept."""
+        return sum(self.num_experts[layer] - kept for layer, kept in self.kept_counts().items())
+
+    def _check_plan_fields(self) -> None:
+        """``ratio`` and ``metadata``, alike in every plan."""
+        if self.ratio is not None and (isinstance(self.ratio, bool) or not isinstance(self.ratio, Real)
+                                       or not 0 <= self.ratio < 1):
+            raise PlanError(f"ratio must be a number in [0, 1) or null, got {show(self.ratio)}")
+        if not isinstance(self.metadata, dict):
+            raise PlanError(f"metadata must be an object, got {show(self.metadata)}")
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Any:
+        """The plan ``data`` describes (:meth:`to_dict`'s form); any break of the schema is a :class:`PlanError`."""
+        if not isinstance(data, Mapping):
+            raise PlanError(f"{cls.KIND} must be an object {cls.SHAPE}, got {show(data)}")
+        unknown = sorted(set(data) - set(cls.FIELDS), key=str)
+        if unknown:
+            raise PlanError(f"unknown {cls.KIND} keys {unknown}")
+        missing = [key for key in cls.REQUIRED if key not in data]
+        if missing:
+            raise PlanError(f"{cls.KIND} is missing {missing[0]!r}" if len(missing) == 1 else
+                            f"{cls.KIND} is missing {missing}")
+        return cls(**data)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(self.to_dict(), path, indent=self.INDENT)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Any:
+        """The plan saved at ``path``; a :class:`PlanError` names the file."""
+        return read_parsed(path, cls.KIND, PlanError, cls.from_dict)
