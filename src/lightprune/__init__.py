@@ -88,6 +88,10 @@ _LAZY = {
     "select_paths": "lightprune.width.select",
     "select_channels": "lightprune.width.select",
     "decoder_flops": "lightprune.width.flops",
+    "WidthScorer": "lightprune.width.scorer",
+    "register_width_scorer": "lightprune.width.scorers",
+    "get_width_scorer": "lightprune.width.scorers",
+    "available_width_scorers": "lightprune.width.scorers",
     "save_width_pruned": "lightprune.export",
     "path_sparse_attention": "lightprune.width.kernels",
 }

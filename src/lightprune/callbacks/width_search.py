@@ -4,8 +4,8 @@ The fit loop's epochs are the recovery epochs of the candidates, one candidate a
 callback owns the schedule, in the manner of Lightning's ``BaseFinetuning``:
 
 - ``on_fit_start``: snapshot M0's trainable weights (the fresh adapter and the projector), evaluate M0 on
-  the full evaluation set (the retention reference), count the FLOPs profile, compute attention Taylor
-  importance on M0, run the first stage's training-free sweep and choose the first candidate.
+  the full evaluation set (the retention reference), count the FLOPs profile, compute attention importance
+  (``criterion``; Taylor by default) on M0, run the first stage's training-free sweep and choose the first candidate.
 - ``on_train_epoch_start``: for a new candidate, reset the trainable weights to M0, clear the optimizer
   state and restart the learning-rate schedule over the candidate's steps; (re)apply its cumulative masks.
 - ``on_train_epoch_end``: after ``recovery_epochs`` epochs, score the candidate on the full evaluation set
@@ -19,9 +19,16 @@ Everything a restart needs (search state, M0 snapshot, scores, reference, the cu
 ``state_dict``, so a fit resumed from a Lightning checkpoint (``ckpt_path``) carries on at the next
 candidate, or inside a candidate's recovery with its masks re-applied.
 
-Data (from the datamodule): ``calibration_dataloader`` (Taylor importance; ``train_dataloader`` when
-absent), ``selection_dataloader`` (training-free sweeps; ``val_dataloader`` when absent: said in the log),
-``val_dataloader`` (full evaluation), ``task_names`` (task families; one "default" family when absent).
+Importance comes from ``criterion``, a width scorer (:mod:`lightprune.width.scorers`; default ``taylor``, the
+paper's first-order Taylor importance), computed for the attention paths on M0 and for the FFN channels under the
+chosen attention masks, as Algorithm 1 does with Taylor importance.
+
+Data (from the datamodule): ``calibration_dataloader`` (the scorer's calibration set; ``train_dataloader`` when
+absent; a scorer that reads one set per task category, ``min_rank``, gets ``dataloader("calibration",
+tasks=[name])`` for every name of ``task_names``: :func:`~lightprune.width.scorer.category_batches`; a
+calibration-free scorer reads none), ``selection_dataloader`` (training-free sweeps; ``val_dataloader`` when
+absent: said in the log), ``val_dataloader`` (full evaluation), ``task_names`` (task families; one "default" family
+when absent).
 """
 
 from __future__ import annotations
@@ -45,9 +52,11 @@ from lightprune.width.modality import token_profile
 from lightprune.width.paths import PATHS
 from lightprune.width.plan import WIDTH_UNITS, WidthPlan
 from lightprune.width.retention import METRICS, evaluate_tasks, retention
+from lightprune.width.scorer import BATCHES, PER_TASK, WidthScorer, category_batches
+from lightprune.width.scorers import get_width_scorer
 from lightprune.width.search import DEFAULT_GRID, Candidate, StagedSearch
 from lightprune.width.select import select_channels, select_paths
-from lightprune.width.taylor import taylor_importance
+from lightprune.width.taylor import WidthScores
 
 __all__ = ["WidthSearch"]
 
@@ -74,14 +83,18 @@ class WidthSearch(pl.Callback):
         align: FFN channel alignment b of the FLOPs count.
         output_dir: where width_plan.json, search.json and candidates/ go (default: the trainer's root dir).
         progress: show a progress bar across stages and over evaluation batches.
+        criterion: the width scorer of the attention paths and FFN channels: a registered name
+            (:func:`~lightprune.width.scorers.available_width_scorers`: ``taylor``, ``min_rank``, ``random``, ...),
+            a dotted import path, a :class:`~lightprune.width.scorer.WidthScorer` subclass or instance.
     """
 
     def __init__(self, grid: Sequence[float] = DEFAULT_GRID, stages: Sequence[str] = WIDTH_UNITS,
                  min_retention: float = 90.0, max_candidates: int = 2, expand_above: float = 100.0,
                  recovery_epochs: int = 1, metric: str = "token", last_layer_first: bool = False,
                  flops_profile: Sequence[int] | None = None, align: int = 64, output_dir: str | None = None,
-                 progress: bool = True):
+                 progress: bool = True, criterion: str | WidthScorer = "taylor"):
         super().__init__()
+        self.criterion = get_width_scorer(criterion)
         if metric not in METRICS:
             raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
         if int(recovery_epochs) != recovery_epochs or recovery_epochs < 1:
@@ -174,6 +187,10 @@ class WidthSearch(pl.Callback):
         if trainer.datamodule is None:
             raise ValueError("WidthSearch needs a datamodule with train, val (full evaluation) and ideally "
                              "selection and calibration dataloaders")
+        if self.criterion.calibration == PER_TASK and not callable(getattr(trainer.datamodule, "dataloader", None)):
+            raise ValueError(f"WidthSearch: width scorer {self.criterion.label!r} reads one calibration set per task "
+                             f"category, but {type(trainer.datamodule).__name__} has no dataloader(split, "
+                             f"tasks=[name]) to serve them")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._state = RunState.of(trainer)
@@ -205,19 +222,33 @@ class WidthSearch(pl.Callback):
         rank_zero_info(f"WidthSearch: reference scores {dict(zip(names, self._reference))}")
         if self.flops_profile is None:
             self.flops_profile = self._profile(pl_module, trainer.datamodule.val_dataloader())
-        self._attn_scores = self._taylor(trainer, pl_module, attention=True, plan=None).attn
+        self._attn_scores = self._score(trainer, pl_module, attention=True, plan=None).attn
         self._advance(trainer, pl_module)
 
     def _profile(self, pl_module, loader) -> list[int]:
         profile = token_profile(pl_module.model, loader)
         return [profile["vision_tokens"], profile["text_tokens"]]
 
-    def _taylor(self, trainer, pl_module, attention: bool, plan: WidthPlan | None):
-        loader = self._loader(trainer.datamodule, "calibration_dataloader", "train_dataloader")
+    def _calibration(self, trainer: pl.Trainer):
+        """What the scorer reads: one calibration loader, one per task category, or nothing."""
+        if self.criterion.calibration == BATCHES:
+            return self._loader(trainer.datamodule, "calibration_dataloader", "train_dataloader")
+        if self.criterion.calibration == PER_TASK:
+            batches = category_batches(trainer.datamodule, "calibration")
+            left_out = [t for t in self._task_names(trainer) if t not in batches]
+            if left_out:
+                rank_zero_info(f"WidthSearch: tasks {left_out} have no calibration rows; {self.criterion.label!r} "
+                               f"ranks by the others {list(batches)}")
+            return batches
+        return None
+
+    def _score(self, trainer, pl_module, attention: bool, plan: WidthPlan | None) -> WidthScores:
+        """Attention (``attention``) or FFN importance of M0's weights, under ``plan``'s masks while observing."""
+        batches = self._calibration(trainer)
         self._load_trainable(pl_module, self._m0)
         self._unmask()
-        return taylor_importance(pl_module.model, loader, attention=attention, ffn=not attention, plan=plan,
-                                 progress=self.progress)
+        return self.criterion.score(pl_module.model, batches, attention=attention, ffn=not attention, plan=plan,
+                                    progress=self.progress)
 
     def _advance(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Decide the next candidate, running sweeps (and FFN importance) as stages begin; finish at the end."""
@@ -239,7 +270,7 @@ class WidthSearch(pl.Callback):
     def _sweep(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         stage = self.search.stage
         if stage.startswith("ffn_") and self._ffn_scores is None:
-            self._ffn_scores = self._taylor(trainer, pl_module, attention=False, plan=self._base_plan(pl_module)).ffn
+            self._ffn_scores = self._score(trainer, pl_module, attention=False, plan=self._base_plan(pl_module)).ffn
         self._load_trainable(pl_module, self._m0)
         loader = self._loader(trainer.datamodule, "selection_dataloader", "val_dataloader")
         results = {}
@@ -302,7 +333,8 @@ class WidthSearch(pl.Callback):
         best = self.search.final()
         self._load_trainable(pl_module, torch.load(best.weights, map_location="cpu", weights_only=True))
         self.plan = self._state.width_plan = WidthPlan.from_dict(best.plan)
-        self.plan.metadata.update({"method": "mwop", "atr": best.atr, "flops": best.flops,
+        self.plan.metadata.update({"method": "mwop", "criterion": repr(self.criterion), "atr": best.atr,
+                                   "flops": best.flops,
                                    "flops_fraction": best.flops / self._flops(pl_module, WidthPlan.dense(pl_module.model)),
                                    "flops_profile": self.flops_profile, "chosen": best.label()})
         self._mask(pl_module, self.plan)
@@ -311,7 +343,7 @@ class WidthSearch(pl.Callback):
             out = self.run_dir(trainer)
             out.mkdir(parents=True, exist_ok=True)
             self.plan.save(out / "width_plan.json")
-            write_json({"chosen": best.label(), "reference": self._reference,
+            write_json({"chosen": best.label(), "criterion": repr(self.criterion), "reference": self._reference,
                         "task_names": self._task_names(trainer), "flops_profile": self.flops_profile,
                         "search": self.search.to_dict()}, out / "search.json", indent=2)
         rank_zero_info(f"WidthSearch: chose {best.label()} (ATR {best.atr:.2f}, "
@@ -330,9 +362,15 @@ class WidthSearch(pl.Callback):
     def state_dict(self) -> dict[str, Any]:
         return {"search": self.search.to_dict(), "m0": self._m0, "reference": self._reference,
                 "attn_scores": self._attn_scores, "ffn_scores": self._ffn_scores, "current": self._current,
-                "epochs_done": self._epochs_done, "flops_profile": self.flops_profile}
+                "epochs_done": self._epochs_done, "flops_profile": self.flops_profile,
+                "criterion": repr(self.criterion)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        # a state from before the criterion argument was scored by Taylor importance
+        scored_by = state.get("criterion", "TaylorScorer()")
+        if scored_by != repr(self.criterion):
+            raise ValueError(f"WidthSearch: the checkpoint's search scored with {scored_by}, this WidthSearch with "
+                             f"{self.criterion!r}; resume with the same criterion (scores of both would mix)")
         self.search = StagedSearch.from_dict(state["search"])
         self._m0, self._reference = state["m0"], state["reference"]
         self._attn_scores, self._ffn_scores = state["attn_scores"], state["ffn_scores"]

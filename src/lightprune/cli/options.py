@@ -71,7 +71,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                       "n_per_layer"),
     "Export": ("output_dir", "checkpoint_dir", "plan_path", "overwrite", "atol", "summary"),
     "WidthSearch": ("grid", "stages", "min_retention", "max_candidates", "expand_above", "recovery_epochs", "metric",
-                    "last_layer_first", "flops_profile", "align", "output_dir", "progress"),
+                    "last_layer_first", "flops_profile", "align", "output_dir", "progress", "criterion"),
     "WidthExport": ("output_dir", "checkpoint_dir", "plan_path", "overwrite", "atol", "align"),
     "Evaluate": ("split", "metric", "when", "max_batches", "lm_eval_tasks", "lm_eval_batch_size", "lm_eval_limit",
                  "data", "output_dir", "progress"),

@@ -5,15 +5,17 @@ and the visual FFN channels 50 %; Qwen2.5-VL-7B 60 / 70 / 0 % and 40 %) against 
 ratios, here without the recovery epoch; ATR as in section 6.1, FLOPs as in appendix D.4. For a model and a
 Testbed VQA datamodule:
 
-1. attention Taylor importance S_attn(l, h, p) once on the ``calibration`` split (dense model);
+1. attention Taylor importance S_attn(l, h, p) once on the ``calibration`` split (dense model); every score comes
+   from the width-scorer registry (:mod:`lightprune.width.scorers`: ``taylor``, ``min_rank``, ``random``);
 2. per operating point: the Taylor plan prunes, per path p, the round(r_p * L * H) lowest-scored
    (layer, head) units (:func:`~lightprune.width.select.select_paths`); FFN importance S_ffn(l, c, mu) is
    then computed with those attention masks applied (Alg. 1 line 7) and round(r_mu * sum_l m_l) channels of
    modality mu are pruned, lowest first (:func:`~lightprune.width.select.select_channels`). The random
-   plans rank the same units by uniform scores (:func:`~lightprune.width.select.random_scores`, seeds
-   0 .. ``random_seeds`` - 1) at the same ratios; with ``all_tasks``, the "All Tasks" plans (appendix A.4)
+   plans rank the same units by uniform scores (scorer ``random``, :func:`~lightprune.width.select.random_scores`,
+   seeds 0 .. ``random_seeds`` - 1) at the same ratios; with ``all_tasks``, the "All Tasks" plans (appendix A.4)
    rank them by the minimum over task families of each family's Taylor rank, every family's scores from its
-   own calibration samples (:func:`~lightprune.width.min_rank.min_rank_scores`);
+   own calibration samples (scorer ``min_rank``, :func:`~lightprune.width.min_rank.min_rank_scores`, the
+   families' splits from :func:`~lightprune.width.scorer.category_batches`);
 3. every plan is evaluated under :func:`~lightprune.width.mask.mask_width` on the ``val`` split, teacher
    forced, as the staged search does, end-of-turn markers not counted as answer tokens
    (:func:`~lightprune.width.retention.answer_row_sums`):
@@ -52,13 +54,13 @@ from lightprune.quality.expert_quality import spread
 from lightprune.quality.intervals import task_mean_retention_interval
 from lightprune.width.flops import decoder_flops
 from lightprune.width.mask import mask_width
-from lightprune.width.min_rank import min_rank_scores
 from lightprune.width.modality import token_profile
 from lightprune.width.paths import PATHS
 from lightprune.width.plan import WIDTH_UNITS, WidthPlan
 from lightprune.width.retention import METRIC_SUMS, METRICS, answer_row_sums, retention, task_scores
-from lightprune.width.select import random_scores, select_channels, select_paths
-from lightprune.width.taylor import taylor_importance
+from lightprune.width.scorer import category_batches
+from lightprune.width.scorers import get_width_scorer
+from lightprune.width.select import select_channels, select_paths
 
 __all__ = ["PAPER_OPERATING_POINTS", "mwop_quality", "mwop_recovery", "mwop_recovery_markdown", "mwop_markdown",
            "plot_mwop"]
@@ -171,7 +173,7 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
     V, T = profile["vision_tokens"], profile["text_tokens"]
     by_task: dict[str, list] = {}
     if all_tasks and len(names) > 1 and callable(getattr(dm, "dataloader", None)):
-        by_task = {t: list(dm.dataloader("calibration", tasks=[t])) for t in names}
+        by_task = {t: list(b) for t, b in category_batches(dm, "calibration").items()}
         by_task = {t: b for t, b in by_task.items() if b}  # a task without calibration samples ranks nothing
 
     bar = tqdm(total=1 + len(points) * (1 + random_seeds + bool(by_task)), desc="MWOP quality", unit="eval",
@@ -199,20 +201,20 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
     try:
         reference = evaluate(None, DENSE)
         rows = [{"operating_point": DENSE, "method": DENSE, "ratios": {}, **row(dense_plan, reference, reference)}]
+        taylor, all_tasks_scorer = get_width_scorer("taylor"), get_width_scorer("min_rank")
         bar.set_postfix_str("taylor: attention")
-        attn = taylor_importance(base, calibration, attention=True, ffn=False, progress=show)
+        attn = taylor.score(base, calibration, attention=True, ffn=False, progress=show)
         scores_out: dict[str, Any] = {"attn": attn.to_dict(), "ffn": {}}
         if by_task:
             bar.set_postfix_str("taylor: attention per task")
-            attn_all = min_rank_scores([taylor_importance(base, b, attention=True, ffn=False, progress=show)
-                                        for b in by_task.values()])
+            attn_all = all_tasks_scorer.score(base, by_task, attention=True, ffn=False, progress=show)
             scores_out.update(all_tasks={"tasks": list(by_task), "attn": attn_all.to_dict(), "ffn": {}})
         for name, ratios in points.items():
             paths, channels = _split(ratios)
             plan = select_paths(attn.attn, paths, dense_plan)
             if channels:
                 bar.set_postfix_str(f"taylor: FFN under {name}'s paths")
-                ffn = taylor_importance(base, calibration, attention=False, ffn=True, plan=plan, progress=show)
+                ffn = taylor.score(base, calibration, attention=False, ffn=True, plan=plan, progress=show)
                 scores_out["ffn"][name] = ffn.to_dict()
                 plan = select_channels(ffn.ffn, channels, plan)
             plan.metadata.update({"method": "taylor", "operating_point": name})
@@ -222,8 +224,8 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
                 plan = select_paths(attn_all.attn, paths, dense_plan)
                 if channels:
                     bar.set_postfix_str(f"taylor: FFN per task under {name}'s paths")
-                    ffn_all = min_rank_scores([taylor_importance(base, b, attention=False, ffn=True, plan=plan,
-                                                                 progress=show) for b in by_task.values()])
+                    ffn_all = all_tasks_scorer.score(base, by_task, attention=False, ffn=True, plan=plan,
+                                                     progress=show)
                     scores_out["all_tasks"]["ffn"][name] = ffn_all.to_dict()
                     plan = select_channels(ffn_all.ffn, channels, plan)
                 plan.metadata.update({"method": "taylor_all_tasks", "operating_point": name})
@@ -233,10 +235,10 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
                 continue
             per_seed = []
             for seed in range(random_seeds):
-                attn_r, ffn_r = random_scores(dense_plan, seed)
-                plan = select_paths(attn_r, paths, dense_plan)
+                drawn = get_width_scorer("random", seed=seed).score(base, attention=True, ffn=bool(channels))
+                plan = select_paths(drawn.attn, paths, dense_plan)
                 if channels:
-                    plan = select_channels(ffn_r, channels, plan)
+                    plan = select_channels(drawn.ffn, channels, plan)
                 plan.metadata.update({"method": "random", "operating_point": name, "seed": seed})
                 per_seed.append({"seed": seed, **row(plan, evaluate(plan, f"{name} random {seed}"), reference)})
             rows.append({"operating_point": name, "method": "random", "ratios": dict(ratios),

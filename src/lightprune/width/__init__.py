@@ -10,7 +10,10 @@ Built bottom-up, each module importing only those before it:
   (:func:`mask_width`, reversible), :mod:`.swap` (compact FFNs swapped in);
 - :mod:`.taylor` (first-order Taylor importance), :mod:`.min_rank` (per-category rankings combined, the
   "All Tasks" calibration), :mod:`.select` (scores -> plan), :mod:`.retention` (task accuracy and ATR),
-  :mod:`.search` (the staged search's decisions, Algorithm 1).
+  :mod:`.search` (the staged search's decisions, Algorithm 1);
+- :mod:`.scorer` (:class:`WidthScorer`, the interface every width importance implements) and :mod:`.scorers`
+  (one registry, :func:`register_width_scorer` / :func:`get_width_scorer`, with the built-ins ``taylor``,
+  ``min_rank`` and ``random``).
 
 May import: models, observe and the shared leaves; never experts, finetune, export, callbacks or above.
 """
@@ -23,8 +26,12 @@ from lightprune.width.mask import mask_width
 from lightprune.width.min_rank import min_rank_scores
 from lightprune.width.modality import token_modality, token_profile
 from lightprune.width.plan import WidthPlan
-from lightprune.width.select import select_channels, select_paths
+from lightprune.width.scorer import WidthScorer, category_batches
+from lightprune.width.scorers import available_width_scorers, get_width_scorer, register_width_scorer
+from lightprune.width.select import random_scores, select_channels, select_paths
 from lightprune.width.taylor import WidthScores, taylor_importance
 
-__all__ = ["WidthLayer", "WidthPlan", "WidthScores", "decoder_flops", "find_width_layers", "mask_width",
-           "min_rank_scores", "select_channels", "select_paths", "taylor_importance", "token_modality", "token_profile"]
+__all__ = ["WidthLayer", "WidthPlan", "WidthScorer", "WidthScores", "available_width_scorers", "category_batches",
+           "decoder_flops", "find_width_layers", "get_width_scorer", "mask_width", "min_rank_scores", "random_scores",
+           "register_width_scorer", "select_channels", "select_paths", "taylor_importance", "token_modality",
+           "token_profile"]

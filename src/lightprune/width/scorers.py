@@ -1,0 +1,160 @@
+"""The width-scorer registry and MWOP's built-in scorers (paper 002): ``taylor``, ``min_rank`` and ``random``.
+
+One name -> one :class:`~lightprune.width.scorer.WidthScorer` class, in a
+:class:`~lightprune.core.registry.Registry`. Project-local scorers (a project's ``callbacks/``, a notebook)
+register with the same decorator and are then usable by name (``WidthSearch(criterion="my_scorer")``)::
+
+    @lp.register_width_scorer("my_scorer")
+    class MyScorer(lp.WidthScorer):
+        def score_heads(self, layer): ...       # [heads] or [heads, 3]
+        def score_channels(self, layer): ...    # [channels] or {"vision": ..., "text": ...}
+
+:func:`get_width_scorer` also takes a class, an instance or a dotted import path ``"package.module.ClassName"``
+(what a config's ``class_path`` holds). The built-ins:
+
+- ``taylor`` (:class:`TaylorScorer`, one calibration set): first-order Taylor importance, paper 002 section 3 and
+  appendix A.1, S_attn(l, h, p) = mean_b |<O_(l,h,p), dL_b/dO_(l,h)>| / |Q_p,b| and
+  S_ffn(l, c, mu) = mean_b |sum_{i in mu} h_ic dL_b/dh_ic| (:func:`~lightprune.width.taylor.taylor_importance`);
+- ``min_rank`` (:class:`MinRankScorer`, one calibration set per task category): the "All Tasks" calibration,
+  appendix A.4: every category's own Taylor scores, every unit ordered by r(u) = min_c r_c(u) within each ranked
+  pool (:func:`~lightprune.width.min_rank.min_rank_scores`);
+- ``random`` (:class:`RandomScorer`, no data): the random baseline, uniform scores from a generator seeded with
+  ``seed`` (:func:`~lightprune.width.select.random_scores`: the same values for the same seed, whichever of
+  attention and FFN is asked for).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from torch import nn
+
+from lightprune.core.registry import Registry
+from lightprune.width.min_rank import min_rank_scores
+from lightprune.width.plan import WidthPlan
+from lightprune.width.scorer import BATCHES, NO_DATA, PER_TASK, WidthScorer
+from lightprune.width.select import random_scores
+from lightprune.width.taylor import WidthScores, taylor_importance
+
+__all__ = ["WIDTH_SCORERS", "MinRankScorer", "RandomScorer", "TaylorScorer", "WidthScorer",
+           "available_width_scorers", "get_width_scorer", "get_width_scorer_class", "register_width_scorer",
+           "unregister_width_scorer"]
+
+S = TypeVar("S", bound=type)
+
+
+def _check_class(name: str, cls: Any) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, WidthScorer)):
+        raise TypeError(f"width scorer {name!r} must be a WidthScorer subclass, got {cls!r}")
+
+
+#: name -> WidthScorer class (the functions below are the API; tests may use the Registry's own methods)
+WIDTH_SCORERS: Registry[type[WidthScorer]] = Registry(
+    "width scorer", check=_check_class,
+    hint="register one with @register_width_scorer(name) or give a dotted import path 'package.module.ClassName'")
+
+
+def register_width_scorer(name: str) -> Callable[[S], S]:
+    """Class decorator: register a :class:`WidthScorer` subclass under ``name`` (lower-case snake case) and set
+    ``cls.name``. A name registered to another class is an error."""
+    add = WIDTH_SCORERS.decorator(name)  # checks the name now
+
+    def decorator(cls: S) -> S:
+        add(cls)
+        cls.name = name
+        return cls
+
+    return decorator
+
+
+def unregister_width_scorer(name: str) -> type[WidthScorer]:
+    """Remove ``name`` from the registry and return its class (for tests and notebooks)."""
+    return WIDTH_SCORERS.unregister(name)
+
+
+def available_width_scorers() -> list[str]:
+    """Every registered width scorer's name, sorted."""
+    return WIDTH_SCORERS.names()
+
+
+def get_width_scorer_class(scorer: str | type[WidthScorer]) -> type[WidthScorer]:
+    """The class for a registered name, a dotted import path ``"package.module.ClassName"`` or a class."""
+    if isinstance(scorer, type):
+        _check_class(scorer.__qualname__, scorer)
+        return scorer
+    if not isinstance(scorer, str):
+        raise TypeError(f"a width scorer is a registered name, a dotted import path, a WidthScorer subclass or "
+                        f"instance; got {scorer!r} ({type(scorer).__name__})")
+    if scorer not in WIDTH_SCORERS and "." in scorer:
+        module, _, attribute = scorer.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"cannot import width scorer {scorer!r}: {err}") from err
+        _check_class(scorer, cls)
+        return cls
+    return WIDTH_SCORERS.get(scorer)  # an unknown name: a ValueError listing the available ones
+
+
+def get_width_scorer(scorer: str | type[WidthScorer] | WidthScorer, **kwargs: Any) -> WidthScorer:
+    """An instance of ``scorer`` built with ``kwargs`` (an instance is returned as is, without ``kwargs``).
+
+    An unknown name is a ``ValueError`` listing :func:`available_width_scorers`; an argument the constructor does
+    not take is a ``TypeError`` listing the ones it does.
+    """
+    if isinstance(scorer, WidthScorer):
+        if kwargs:
+            raise ValueError(f"got arguments {sorted(kwargs)} for an already built width scorer {scorer!r}")
+        return scorer
+    cls = get_width_scorer_class(scorer)
+    signature = inspect.signature(cls)
+    try:
+        signature.bind(**kwargs)
+    except TypeError as err:
+        allowed = [p for p in signature.parameters if p not in ("args", "kwargs")]
+        raise TypeError(f"width scorer {cls.name or cls.__name__!r}: {err}; its arguments are: "
+                        f"{', '.join(allowed) if allowed else '(none)'}") from None
+    return cls(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- built-ins
+@register_width_scorer("taylor")
+class TaylorScorer(WidthScorer):
+    """First-order Taylor importance on one calibration set (paper 002, section 3 and appendix A.1)."""
+
+    calibration = BATCHES
+
+    def compute(self, model: nn.Module, batches: Any, *, attention: bool, ffn: bool, plan: WidthPlan | None,
+                progress: bool | None) -> WidthScores:
+        return taylor_importance(model, batches, attention=attention, ffn=ffn, plan=plan, progress=progress)
+
+
+@register_width_scorer("min_rank")
+class MinRankScorer(WidthScorer):
+    """Paper 002's "All Tasks" calibration (appendix A.4): each task category's Taylor scores on its own
+    calibration set, combined by the minimum rank over the categories."""
+
+    calibration = PER_TASK
+
+    def compute(self, model: nn.Module, batches: Any, *, attention: bool, ffn: bool, plan: WidthPlan | None,
+                progress: bool | None) -> WidthScores:
+        return min_rank_scores([taylor_importance(model, category, attention=attention, ffn=ffn, plan=plan,
+                                                  progress=progress) for category in batches.values()])
+
+
+@register_width_scorer("random")
+class RandomScorer(WidthScorer):
+    """Uniform random scores from a generator seeded with ``seed`` (the random baseline of paper 002's tables)."""
+
+    calibration = NO_DATA
+
+    def __init__(self, seed: int = 0):
+        self.seed = self._check_int("seed", seed)
+
+    def compute(self, model: nn.Module, batches: Any, *, attention: bool, ffn: bool, plan: WidthPlan | None,
+                progress: bool | None) -> WidthScores:
+        attn, channels = random_scores(WidthPlan.dense(model), self.seed)  # both drawn: the same values either way
+        return WidthScores(attn=attn if attention else {}, ffn=channels if ffn else {}, num_samples=0)
