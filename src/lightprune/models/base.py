@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MoELayer", "MoEFamily", "alike_family", "RemovalEffect", "RoutingLimits", "RoutingOutput",
-           "find_decoder_layers", "mlp_layer_type"]
+__all__ = ["MoELayer", "MoEFamily", "RemovalEffect", "RoutingLimits", "RoutingOutput", "find_decoder_layers",
+           "mlp_layer_type"]
 
 RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(router_logits [T, E], weights applied to the selected experts [T, k], selected ids [T, k])``."""
@@ -384,13 +384,3 @@ def _stored_shape(router: nn.Module) -> torch.Size:
     weight = params.weight.original if params is not None and "weight" in params else router.weight
     return getattr(weight, "ds_shape", None) or weight.shape
 
-
-def alike_family(module: str, base: type[MoEFamily], model_type: str, doc: str,
-                 count_key: str | None = None) -> type[MoEFamily]:
-    """A family of ``model_type`` (defined in ``module``) that routes exactly as ``base``: its transformers router's
-    forward is ``base``'s; ``count_key``: the config field counting routed experts, when it is not ``base``'s."""
-    name = "".join(part.capitalize() for part in model_type.split("_")) + "Family"
-    attrs = {"model_types": (model_type,), "__doc__": doc, "__module__": module}
-    if count_key is not None:
-        attrs["num_experts_key"] = count_key
-    return type(name, (base,), attrs)

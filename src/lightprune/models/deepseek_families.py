@@ -1,30 +1,34 @@
 """DeepSeek's routers and the families that compute them: DeepSeek-V3 (sigmoid scores, a correction bias for
-selection, group-limited top-k, scaling) with the models whose transformers router is the same computation, and
-DeepSeek-V2 (softmax, greedy or group-limited greedy)."""
+selection, group-limited top-k, scaling; the rule itself in :mod:`.deepseek_v3_routing`) with the models whose
+transformers router is the same computation (rows of :func:`~lightprune.models.family_rows.family_row`), and DeepSeek-V2
+(softmax, greedy or group-limited greedy)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput, alike_family, mlp_layer_type
-from lightprune.models.routing_ops import chosen_groups_mask, softmax_removal_growth, unique_rows
+from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput, mlp_layer_type
+from lightprune.models.deepseek_v3_routing import (
+    RENORM_EPS,
+    GroupTop,
+    choose_groups,
+    group_scores,
+    group_top,
+    routed_weights,
+    select_from_group_top,
+    select_from_scores,
+    select_without_one,
+    selection_scores,
+)
+from lightprune.models.family_rows import family_row
+from lightprune.models.routing_ops import fill_unchosen_groups, softmax_removal_growth, unique_rows
 from lightprune.models.sorted_top import sorted_topk
 
 __all__ = ["GroupTop", "DeepseekV3Family", "Glm4MoeFamily", "Glm4vMoeFamily", "KimiK25Family", "NemotronHFamily",
            "Dots1Family", "DeepseekV2Family", "DEEPSEEK_ALIKE", "Dots3NoteTextFamily"]
-
-
-class GroupTop(NamedTuple):
-    """Each group's highest selection scores c = s + bias, sorted descending ([T, G, w]), and their expert ids; as the
-    router computed them, also the scores s [T, E] and the chosen groups [T, topk_group] (None: not kept)."""
-
-    values: torch.Tensor
-    ids: torch.Tensor
-    scores: torch.Tensor | None = None
-    chosen: torch.Tensor | None = None
 
 
 class DeepseekV3Family(MoEFamily):
@@ -62,79 +66,27 @@ class DeepseekV3Family(MoEFamily):
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        router = layer.router
-        num_experts, num_group = router.weight.shape[0], router.num_group
-        bias = router.e_score_correction_bias
-        if expert_mask is not None:
-            expert_mask = expert_mask.to(router_logits.device)
-            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
-            bias = bias.masked_fill(expert_mask, float("-inf"))
-        scores = router_logits.sigmoid()
-        scores_for_choice = scores + bias
-        group_scores = scores_for_choice.view(-1, num_group, num_experts // num_group).topk(2, dim=-1)[0].sum(dim=-1)
-        outside = ~chosen_groups_mask(group_scores, router.topk_group, num_experts)
-        scores_for_choice = scores_for_choice.masked_fill(outside, float("-inf"))
-        topk_indices = torch.topk(scores_for_choice, k=router.top_k, dim=-1, sorted=False)[1]
-        topk_weights = scores.gather(1, topk_indices)
-        if router.norm_topk_prob:
-            topk_weights /= topk_weights.sum(dim=-1, keepdim=True) + 1e-20
-        topk_weights = topk_weights * router.routed_scaling_factor
-        return router_logits, topk_weights, topk_indices
+        """The rule from all E scores (:func:`~lightprune.models.deepseek_v3_routing.select_from_scores`)."""
+        return select_from_scores(layer.router, router_logits, expert_mask)
 
     def select_without(self, layer: MoELayer, router_logits: torch.Tensor, tokens: torch.Tensor,
                        experts: torch.Tensor) -> RoutingOutput:
         """:meth:`select` with one expert removed per (token, expert) row, from each group's top k + 1 (at least 3)
-        selection scores c instead of all E: the removed expert's group score becomes the top-2 sum of what is left,
-        the chosen groups are the top ``topk_group`` of the group scores (as the router takes them), the new top-k
-        is taken over the chosen groups' lists (no group gives more than k), the weights are the scores s of the
-        selected experts, renormalised with ``norm_topk_prob``, times the scaling factor. The logits returned are
-        the rows of ``router_logits``, unmasked."""
-        router = layer.router
-        num_group, num_experts = router.num_group, router_logits.shape[-1]
-        size, k = num_experts // num_group, router.top_k
-        width = min(size, max(k + 1, 3))
-        rows = router_logits[tokens] if tokens.numel() < router_logits.shape[0] else router_logits
-        choice = rows.sigmoid() + router.e_score_correction_bias
-        top = choice.view(-1, num_group, size).topk(width, dim=-1)
-        values, ids = (top.values, top.indices) if rows is not router_logits else \
-            (top.values[tokens], top.indices[tokens])                                          # [n, G, w]
-        ids = ids + torch.arange(num_group, device=choice.device).view(1, -1, 1) * size
-        hit = ids == experts.view(-1, 1, 1)
-        # the group scores with the expert removed: the top-2 sum of what is left of its group (the values are sorted)
-        low = torch.full_like(values[..., 0], float("-inf"))
-        second = values[..., 1] if width >= 2 else low
-        third = values[..., 2] if width >= 3 else low
-        removed_second = hit[..., 1] if width >= 2 else torch.zeros_like(hit[..., 0])
-        group_scores = torch.where(hit[..., 0], second + third,
-                                   torch.where(removed_second, values[..., 0] + third, values[..., 0] + second))
-        values = values.masked_fill(hit, float("-inf"))
-        chosen = torch.topk(group_scores, k=router.topk_group, dim=-1, sorted=False)[1]    # [n, topk_group]
-        pick = chosen.unsqueeze(-1).expand(-1, -1, width)
-        pool_values, pool_ids = values.gather(1, pick).flatten(1), ids.gather(1, pick).flatten(1)
-        top_index = pool_ids.gather(1, torch.topk(pool_values, k=k, dim=-1, sorted=False)[1])
-        top_weights = self._selected_weights(
-            router, router_logits.reshape(-1)[tokens.unsqueeze(-1) * num_experts + top_index].sigmoid())
-        short = torch.isfinite(pool_values).sum(dim=-1) < k  # fewer than k experts left in the chosen groups: the
-        if bool(short.any()):                                # router fills up from the rest, as select does
+        selection scores c instead of all E (:func:`~lightprune.models.deepseek_v3_routing.select_without_one`); the
+        rows whose chosen groups hold fewer than k experts (the router fills up from the rest) by :meth:`select` on a
+        mask. The logits returned are the rows of ``router_logits``, unmasked."""
+        top_weights, top_index, short = select_without_one(layer.router, router_logits, tokens, experts)
+        if bool(short.any()):
             _, weights, index = super().select_without(layer, router_logits, tokens[short], experts[short])
             top_weights[short], top_index[short] = weights.to(top_weights.dtype), index
         return router_logits[tokens], top_weights, top_index
 
-    @staticmethod
-    def _selected_weights(router, scores: torch.Tensor) -> torch.Tensor:
-        """The weights of selected experts from their scores s [..., k]: renormalised with ``norm_topk_prob`` (as the
-        router does, + 1e-20), times ``routed_scaling_factor``."""
-        if router.norm_topk_prob:
-            scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
-        return scores * router.routed_scaling_factor
-
     def observed_router(self, layer: MoELayer, keep: Callable[[Any], None]) -> Callable[..., Any] | None:
         """The router's forward computed as :meth:`removal_effect` needs it: the group scores from each group's sorted
-        top k + 1 (:class:`GroupTop`, kept), the chosen groups as the router takes them, the other groups' selection
-        scores at -inf by adding -inf (the same tensor as the router's ``masked_fill``: the scores are finite), the
-        router's own top-k. Bit for bit the router's output; a batch with NaN logits runs the router's own forward.
-        None for a router that does not compute what DeepSeek-V3's does (its forward already replaced, say by a
-        device hook)."""
+        top k + 1 (:class:`GroupTop`, kept with the scores and the chosen groups), the other groups' selection scores
+        at -inf by adding -inf (:func:`~lightprune.models.deepseek_v3_routing.select_from_group_top`). Bit for bit the
+        router's output; a batch with NaN logits runs the router's own forward. None for a router that does not
+        compute what DeepSeek-V3's does (its forward already replaced, say by a device hook)."""
         router = layer.router
         if "forward" in vars(router) or not hasattr(router, "e_score_correction_bias"):
             return None
@@ -144,30 +96,11 @@ class DeepseekV3Family(MoEFamily):
             logits = self.router_logits(layer, hidden_states)
             if bool(torch.isnan(logits).any()):
                 return original(router, hidden_states)
-            num_experts, num_group = logits.shape[-1], router.num_group
-            size = num_experts // num_group
-            scores = logits.sigmoid()
-            choice = scores + router.e_score_correction_bias
-            top = self._group_top(choice, num_group, router.top_k)
-            group_scores = top.values[..., :2].sum(dim=-1)
-            group_idx = torch.topk(group_scores, k=router.topk_group, dim=-1, sorted=False)[1]
-            outside = torch.full_like(group_scores, float("-inf")).scatter_(1, group_idx, 0.0)
-            masked = (choice.view(-1, num_group, size) + outside.unsqueeze(-1)).view(-1, num_experts)
-            topk_indices = torch.topk(masked, k=router.top_k, dim=-1, sorted=False)[1]
-            topk_weights = scores.gather(1, topk_indices)
-            if router.norm_topk_prob:
-                topk_weights /= topk_weights.sum(dim=-1, keepdim=True) + 1e-20
-            keep(top._replace(scores=scores, chosen=group_idx))
-            return logits, topk_weights * router.routed_scaling_factor, topk_indices
+            weights, selected, top = select_from_group_top(router, logits)
+            keep(top)
+            return logits, weights, selected
 
         return forward
-
-    @staticmethod
-    def _group_top(choice: torch.Tensor, num_group: int, k: int) -> "GroupTop":
-        """Each group's top k + 1 (at least 3, at most the group) selection scores c, sorted, with their expert ids."""
-        size = choice.shape[-1] // num_group
-        values, ids = sorted_topk(choice.view(-1, num_group, size), min(size, max(k + 1, 3)))
-        return GroupTop(values, ids + torch.arange(num_group, device=choice.device).view(1, -1, 1) * size)
 
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
                        routing_state: Any = None) -> RemovalEffect:
@@ -197,19 +130,18 @@ class DeepseekV3Family(MoEFamily):
         top = routing_state if isinstance(routing_state, GroupTop) else None
         scores = top.scores if top is not None and top.scores is not None else router_logits.sigmoid()
         if top is None:
-            top = self._group_top(scores + router.e_score_correction_bias, num_group, k)
+            top = group_top(selection_scores(scores, router.e_score_correction_bias), num_group, k)
         top_values, top_ids = top.values, top.ids                                            # [T, G, w]
         width = top_values.shape[-1]
-        group_scores = top_values[..., :2].sum(dim=-1)                                       # [T, G]
-        chosen_idx = top.chosen if top.chosen is not None else \
-            torch.topk(group_scores, k=picked, dim=-1, sorted=False)[1]                      # [T, Gc]
+        scored = group_scores(top_values)                                                    # [T, G]
+        chosen_idx = top.chosen if top.chosen is not None else choose_groups(scored, picked)  # [T, Gc]
         gather = lambda t: t.gather(1, chosen_idx.unsqueeze(-1).expand(-1, -1, t.shape[-1]))  # noqa: E731
         values, ids = gather(top_values), gather(top_ids)                                   # [T, Gc, w]
         rerun = selected[:, :0]
         alias = new_weights = new_selected = None
         if num_group > picked:
-            chosen = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, chosen_idx, True)
-            rival_score, rival = group_scores.masked_fill(chosen, float("-inf")).max(dim=-1)
+            chosen = torch.zeros_like(scored, dtype=torch.bool).scatter_(1, chosen_idx, True)
+            rival_score, rival = scored.masked_fill(chosen, float("-inf")).max(dim=-1)
             third = values[..., 2] if width >= 3 else torch.full_like(values[..., 0], float("-inf"))
             without = torch.stack([values[..., 1] + third, values[..., 0] + third], dim=-1)  # [T, Gc, 2]: less each
             falls = without <= rival_score.view(-1, 1, 1)
@@ -238,7 +170,7 @@ class DeepseekV3Family(MoEFamily):
                 swapped = pool_ids.gather(1, sorted_topk(pool_values, k)[1])                         # [n, k]
                 into = tokens * (picked * 2) + slot * 2                     # row (token, slot, 0) of [T, Gc, 2, k]
                 new_selected.view(-1, k).index_copy_(0, into, swapped)
-                new_weights.view(-1, k).index_copy_(0, into, self._selected_weights(
+                new_weights.view(-1, k).index_copy_(0, into, routed_weights(
                     router, scores.view(-1).index_select(0, (tokens.unsqueeze(-1) * num_experts + swapped).view(-1))
                     .view(-1, k)))
             new_selected, new_weights = new_selected.flatten(1, 2), new_weights.flatten(1, 2)
@@ -266,38 +198,12 @@ class DeepseekV3Family(MoEFamily):
         s_sel, s_next = scores.gather(1, selected), scores.gather(1, promoted)
         scale = router.routed_scaling_factor
         if router.norm_topk_prob:
-            denom = s_sel.sum(dim=-1, keepdim=True) - s_sel + s_next + 1e-20
+            denom = s_sel.sum(dim=-1, keepdim=True) - s_sel + s_next + RENORM_EPS
             factor, weight = (s_sel - s_next) / denom, s_next / denom * scale
         else:
             factor, weight = torch.zeros_like(s_sel), (s_next * scale).expand(-1, k)
         return RemovalEffect(rerun=rerun, swap_factor=factor, swap_expert=promoted.squeeze(-1), swap_weight=weight,
                              rerun_weights=new_weights, rerun_selected=new_selected, rerun_alias=alias)
-
-
-class Glm4MoeFamily(DeepseekV3Family):
-    """GLM-4.5 / 4.6 (``glm4_moe``): DeepSeek-V3's router (Glm4MoeTopkRouter is the same computation)."""
-
-    model_types = ("glm4_moe",)
-
-
-class Glm4vMoeFamily(DeepseekV3Family):
-    """GLM-4.5V / 4.6V (``glm4v_moe``): a GLM-4.5 language model (DeepSeek-V3's router) with image and video
-    placeholders."""
-
-    model_types = ("glm4v_moe",)
-    multimodal = True
-
-    vision_token_keys = ("image_token_id", "video_token_id")
-
-
-class KimiK25Family(DeepseekV3Family):
-    """Kimi K2.5 / K2.6 (``kimi_k25``): a DeepSeek-V3 language model (``text_config.model_type`` deepseek_v3) behind a
-    MoonViT vision tower; images and videos are its vision tokens."""
-
-    model_types = ("kimi_k25",)
-    multimodal = True
-    language_model_type = "deepseek_v3"
-    vision_token_keys = ("image_token_id", "video_token_id")
 
 
 class NemotronHFamily(DeepseekV3Family):
@@ -311,12 +217,6 @@ class NemotronHFamily(DeepseekV3Family):
 
     def is_sparse_layer(self, index: int) -> bool:
         return self.text_config.layers_block_type[index] == "moe"
-
-
-class Dots1Family(DeepseekV3Family):
-    """dots.llm1 (``dots1``): DeepSeek-V3's router and dense-layer rule."""
-
-    model_types = ("dots1",)
 
 
 class DeepseekV2Family(MoEFamily):
@@ -354,8 +254,9 @@ class DeepseekV2Family(MoEFamily):
         scores = router_logits.softmax(dim=-1, dtype=torch.float32)
         if router.topk_method == "group_limited_greedy":
             num_experts, num_group = scores.shape[-1], router.num_group
-            group_scores = scores.view(-1, num_group, num_experts // num_group).max(dim=-1).values
-            scores = scores.masked_fill(~chosen_groups_mask(group_scores, router.topk_group, num_experts), 0.0)
+            best = scores.view(-1, num_group, num_experts // num_group).max(dim=-1).values
+            scores = fill_unchosen_groups(scores, torch.topk(best, k=router.topk_group, dim=-1, sorted=False)[1],
+                                          num_group, 0.0)
         elif router.topk_method != "greedy":
             raise ValueError(f"deepseek_v2 topk_method {router.topk_method!r}: lightprune knows 'greedy' and "
                              "'group_limited_greedy'")
@@ -382,14 +283,38 @@ class DeepseekV2Family(MoEFamily):
         return RemovalEffect(rerun=unique_rows(torch.cat([selected, leaders], dim=1)), growth=growth)
 
 
-#: families whose transformers router computes what DeepSeek-V3's does (its forward, line for line), with
-#: DeepSeek-V3's attribute names; the dense-layer rule is first_k_dense_replace or the config's mlp_layer_types
+# ------------------------------------------------------------------------------------------------ the table rows
+# families whose transformers router computes what DeepSeek-V3's does (its forward, line for line), with DeepSeek-V3's
+# attribute names and dense-layer rule (first_k_dense_replace or the config's mlp_layer_types): one row each
+_IMAGES_AND_VIDEOS = ("image_token_id", "video_token_id")
+_V3_ROUTER = "DeepSeek-V3's router (sigmoid, correction bias, groups, scaling)."
+
+Glm4MoeFamily = family_row(__name__, DeepseekV3Family, "glm4_moe",
+                           "GLM-4.5 / 4.6 (``glm4_moe``): DeepSeek-V3's router (Glm4MoeTopkRouter is the same "
+                           "computation).")
+Glm4vMoeFamily = family_row(__name__, DeepseekV3Family, "glm4v_moe",
+                            "GLM-4.5V / 4.6V (``glm4v_moe``): a GLM-4.5 language model (DeepSeek-V3's router) with "
+                            "image and video placeholders.",
+                            multimodal=True, vision_token_keys=_IMAGES_AND_VIDEOS)
+KimiK25Family = family_row(__name__, DeepseekV3Family, "kimi_k25",
+                           "Kimi K2.5 / K2.6 (``kimi_k25``): a DeepSeek-V3 language model (``text_config.model_type`` "
+                           "deepseek_v3) behind a MoonViT vision tower; images and videos are its vision tokens.",
+                           multimodal=True, language_model_type="deepseek_v3", vision_token_keys=_IMAGES_AND_VIDEOS)
+Dots1Family = family_row(__name__, DeepseekV3Family, "dots1",
+                         "dots.llm1 (``dots1``): DeepSeek-V3's router and dense-layer rule.")
+#: the rows registered by model type only (no name of their own here); settings: the config key counting the experts
 DEEPSEEK_ALIKE: tuple[type[MoEFamily], ...] = tuple(
-    alike_family(__name__, DeepseekV3Family, t,
-                 f"``{t}``: DeepSeek-V3's router (sigmoid, correction bias, groups, scaling).", key)
-    for t, key in (("exaone_moe", "num_experts"), ("solar_open", None), ("mimo_v2_flash", None), ("hy_v4", None),
-                   ("deepseek_v32", None), ("glm_moe_dsa", None), ("glm4_moe_lite", None), ("axk1", None),
-                   ("kimi_linear", "num_local_experts"), ("bailing_hybrid", "num_local_experts")))
-Dots3NoteTextFamily = alike_family(
-    __name__, DeepseekV3Family, "dots3_note_text",
-    "``dots3_note_text``: DeepSeek-V3's router (sigmoid, correction bias, groups, scaling).")
+    family_row(__name__, DeepseekV3Family, model_type, f"``{model_type}``: {_V3_ROUTER}", **settings)
+    for model_type, settings in (
+        ("exaone_moe", {"num_experts_key": "num_experts"}),
+        ("solar_open", {}),
+        ("mimo_v2_flash", {}),
+        ("hy_v4", {}),
+        ("deepseek_v32", {}),
+        ("glm_moe_dsa", {}),
+        ("glm4_moe_lite", {}),
+        ("axk1", {}),
+        ("kimi_linear", {"num_experts_key": "num_local_experts"}),
+        ("bailing_hybrid", {"num_experts_key": "num_local_experts"}),
+    ))
+Dots3NoteTextFamily = family_row(__name__, DeepseekV3Family, "dots3_note_text", f"``dots3_note_text``: {_V3_ROUTER}")

@@ -1,23 +1,24 @@
-"""One family class per supported model type (selected by ``config.model_type``): the softmax and top-k routers
-here, DeepSeek's in :mod:`.deepseek_families`, the biased sigmoid ones in :mod:`.sigmoid_families`; this module
-holds the built-in list and the refusals.
+"""One family class per supported model type (selected by ``config.model_type``): the top-k-then-softmax and other
+routers here, the softmax top-k ones in :mod:`.softmax_routing`, DeepSeek's in :mod:`.deepseek_families`, the biased
+sigmoid ones in :mod:`.sigmoid_families`; this module holds the built-in list and the refusals.
 
 Each class states its routing rule in its docstring and in ``routing``; the table of every registered
 family (routing, shared experts, multimodal) and of every refused model type with its reason is generated
 by :func:`lightprune.models.family_table` (the README's "Add a model family" shows it). A family that reuses
-another's rule says so by subclassing it: the transformers router of each was compared line by line, and the
-conformance tests check route == the family's own router bitwise, masked == pruned == reloaded, and the
+another's rule says so by subclassing it, or, when it differs from it only in settings, by a row of
+:func:`~lightprune.models.family_rows.family_row`: the transformers router of each was compared line by line, and
+the conformance tests check route == the family's own router bitwise, masked == pruned == reloaded, and the
 calibration statistics against brute force.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput, alike_family
+from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput
 from lightprune.models.deepseek_families import (
     DEEPSEEK_ALIKE,
     DeepseekV2Family,
@@ -29,8 +30,9 @@ from lightprune.models.deepseek_families import (
     KimiK25Family,
     NemotronHFamily,
 )
+from lightprune.models.family_rows import family_row
 from lightprune.models.refusals import REFUSED_TYPES
-from lightprune.models.routing_ops import mask_logits, softmax_topk_removal
+from lightprune.models.routing_ops import mask_logits, renormalized, softmax_topk_removal
 from lightprune.models.sigmoid_families import (
     AfmoeFamily,
     HYV3Family,
@@ -39,7 +41,23 @@ from lightprune.models.sigmoid_families import (
     MiniMaxM2Family,
     MiniMaxM3VLTextFamily,
 )
-from lightprune.models.softmax_routing import softmax_topk_select
+from lightprune.models.softmax_routing import (
+    FlexOlmoFamily,
+    InternVLFamily,
+    MellumFamily,
+    MiniMaxFamily,
+    MixtralFamily,
+    OlmoeFamily,
+    Qwen2MoeFamily,
+    Qwen3_5MoeFamily,
+    Qwen3_5MoeTextFamily,
+    Qwen3MoeFamily,
+    Qwen3NextFamily,
+    Qwen3OmniMoeThinkerFamily,
+    Qwen3VLMoeFamily,
+    Qwen4ExpFamily,
+    Qwen4ExpTextFamily,
+)
 
 __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "DeepseekV3Family",
            "Qwen3VLMoeFamily", "InternVLFamily", "Glm4MoeFamily", "Dots1Family", "MiniMaxFamily", "FlexOlmoFamily",
@@ -51,95 +69,6 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "Dots3NoteTextFamily", "MiniMaxM3VLTextFamily", "KimiK25Family",
            "BUILT_IN",
            "REFUSED_TYPES"]
-
-
-
-class _SoftmaxFamily(MoEFamily):
-    cast_back: ClassVar[bool] = True
-    routing = "softmax, top-k, renormalised when norm_topk_prob"
-
-    def renormalize(self) -> bool:
-        return bool(getattr(self.text_config, "norm_topk_prob", True))
-
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        return softmax_topk_select(router_logits, expert_mask, layer.top_k, self.renormalize(), self.cast_back)
-
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
-                       routing_state: Any = None) -> RemovalEffect:
-        """Softmax top-k in closed form (:func:`lightprune.models.routing_ops.softmax_topk_removal`)."""
-        return softmax_topk_removal(router_logits, selected, self.renormalize())
-
-
-class MixtralFamily(_SoftmaxFamily):
-    routing = "softmax of fp32 logits, top-k, renormalised"
-    model_types = ("mixtral",)
-    num_experts_key = "num_local_experts"
-    cast_back = False
-
-    def renormalize(self) -> bool:
-        return True
-
-    def is_sparse_layer(self, index: int) -> bool:
-        return True
-
-
-class Qwen2MoeFamily(_SoftmaxFamily):
-    model_types = ("qwen2_moe",)
-    shared_attrs = ("shared_expert",)
-
-
-class Qwen3MoeFamily(_SoftmaxFamily):
-    model_types = ("qwen3_moe",)
-
-
-class OlmoeFamily(_SoftmaxFamily):
-    model_types = ("olmoe",)
-
-    def is_sparse_layer(self, index: int) -> bool:
-        return True
-
-
-class Qwen3VLMoeFamily(_SoftmaxFamily):
-    routing = "softmax, top-k, renormalised"
-    model_types = ("qwen3_vl_moe",)
-    multimodal = True
-
-    def renormalize(self) -> bool:
-        return True
-
-    vision_token_keys = ("image_token_id", "video_token_id")
-
-
-class Qwen3OmniMoeThinkerFamily(_SoftmaxFamily):
-    """Qwen3-Omni's thinker (``qwen3_omni_moe_thinker``): a Qwen3-MoE language model (softmax, top-k,
-    ``norm_topk_prob``) reading text, image, video and audio; images and videos are its vision tokens."""
-
-    model_types = ("qwen3_omni_moe_thinker",)
-    multimodal = True
-
-    vision_token_keys = ("image_token_id", "video_token_id")
-
-
-class InternVLFamily(_SoftmaxFamily):
-    model_types = ("internvl",)
-    multimodal = True
-
-    language_model_type = "qwen3_moe"
-    vision_token_keys = ("image_token_id",)
-
-
-class MiniMaxFamily(MixtralFamily):
-    """MiniMax-Text-01 (``minimax``): Mixtral's router (softmax of fp32 logits, top-k, renormalised) in every
-    layer, whatever its attention type."""
-
-    model_types = ("minimax",)
-
-
-class FlexOlmoFamily(OlmoeFamily):
-    """FlexOlmo (``flex_olmo``): OLMoE's router."""
-
-    model_types = ("flex_olmo",)
 
 
 class GptOssFamily(MoEFamily):
@@ -242,31 +171,12 @@ class Cohere2MoeFamily(MoEFamily):
         elif how == "sigmoid":
             scores = torch.sigmoid(scores)
             if self.text_config.norm_topk_prob:
-                scores = scores / torch.sum(scores, dim=-1, keepdim=True)
+                scores = renormalized(scores)
         else:
             raise ValueError(f"cohere2_moe expert_selection_fn {how!r}: lightprune knows 'softmax' and 'sigmoid'")
         return router_logits, scores.to(router_logits.dtype), top_index
 
     unselected_removal_is_free = True  # top-k of the logits, softmax or sigmoid over the k
-
-
-class Qwen3_5MoeTextFamily(Qwen2MoeFamily):
-    """Qwen3.5-MoE's language model (``qwen3_5_moe_text``): Qwen2-MoE's block, its router always renormalised."""
-
-    routing = "softmax, top-k, renormalised"
-    model_types = ("qwen3_5_moe_text",)
-
-    def renormalize(self) -> bool:
-        return True
-
-
-class Qwen3_5MoeFamily(Qwen3_5MoeTextFamily):
-    """Qwen3.5-MoE MLLM (``qwen3_5_moe``): its Qwen3.5-MoE language model, with image and video placeholders."""
-
-    model_types = ("qwen3_5_moe",)
-    multimodal = True
-
-    vision_token_keys = ("image_token_id", "video_token_id")
 
 
 class Ernie4_5MoeFamily(MoEFamily):
@@ -336,19 +246,9 @@ class Gemma4TextFamily(MoEFamily):
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         probabilities = torch.softmax(mask_logits(router_logits, expert_mask), dim=-1, dtype=torch.float32)
         top_weights, top_index = torch.topk(probabilities, k=layer.top_k, dim=-1)
-        top_weights /= top_weights.sum(dim=-1, keepdim=True)
-        return probabilities, top_weights * layer.router.per_expert_scale[top_index], top_index
+        return probabilities, renormalized(top_weights) * layer.router.per_expert_scale[top_index], top_index
 
     unselected_removal_is_free = True  # top-k of the softmax, renormalised over the k
-
-
-class Gemma4Family(Gemma4TextFamily):
-    """Gemma 4 MLLM (``gemma4``): its Gemma 4 language model, with image and video placeholders."""
-
-    model_types = ("gemma4",)
-    multimodal = True
-
-    vision_token_keys = ("image_token_id", "video_token_id")
 
 
 class AriaTextFamily(MoEFamily):
@@ -416,8 +316,7 @@ class HunYuanMoEV1Family(MoEFamily):
         router_logits = mask_logits(router_logits, expert_mask)
         weights = F.softmax(router_logits, dim=1, dtype=torch.float)
         weights, top_index = torch.topk(weights, layer.top_k, dim=-1)
-        weights /= weights.sum(dim=-1, keepdim=True)
-        return router_logits, weights.to(router_logits.dtype), top_index
+        return router_logits, renormalized(weights).to(router_logits.dtype), top_index
 
     unselected_removal_is_free = True  # top-k of the softmax, renormalised over the k
 
@@ -456,16 +355,11 @@ class PhimoeFamily(MoEFamily):
         return router_logits, weights, top_index
 
 
-MellumFamily = alike_family(__name__, OlmoeFamily, "mellum", "``mellum``: OLMoE's router.")
-Qwen3NextFamily = alike_family(__name__, Qwen2MoeFamily, "qwen3_next",
-                               "``qwen3_next``: Qwen2-MoE's router and shared expert with its sigmoid gate.")
-Qwen4ExpTextFamily = alike_family(__name__, Qwen2MoeFamily, "qwen4_exp_text",
-                                  "``qwen4_exp_text``: Qwen2-MoE's router and shared expert with its sigmoid gate (in "
-                                  "hyper-connected decoder layers with linear and indexed attention).")
-Qwen4ExpFamily = type("Qwen4ExpFamily", (Qwen4ExpTextFamily,), {
-    "model_types": ("qwen4_exp",), "multimodal": True, "__module__": __name__,
-    "__doc__": "``qwen4_exp``: its Qwen4-exp language model (Qwen2-MoE's router), with image and video placeholders.",
-    "vision_token_keys": ("image_token_id", "video_token_id")})
+# ------------------------------------------------------------------------------------------------ the table rows
+# a family that routes exactly as another one here and differs from it only in settings: one row (family_row)
+Gemma4Family = family_row(__name__, Gemma4TextFamily, "gemma4",
+                          "Gemma 4 MLLM (``gemma4``): its Gemma 4 language model, with image and video placeholders.",
+                          multimodal=True, vision_token_keys=("image_token_id", "video_token_id"))
 
 #: the families lightprune registers itself (:mod:`lightprune.models` does it at import)
 BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3MoeFamily, OlmoeFamily, DeepseekV3Family,

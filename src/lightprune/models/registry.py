@@ -1,4 +1,5 @@
-"""The model-family registry: ``config.model_type`` -> the :class:`~lightprune.models.base.MoEFamily` that knows it.
+"""The model-family registry: ``config.model_type`` -> the :class:`~lightprune.models.base.MoEFamily` that knows it,
+on the project's one registry class (:class:`lightprune.core.registry.Registry`, any non-empty model type).
 
 Built-in families register when :mod:`lightprune.models` is imported; a project adds its own with the same
 call (README, "Add a model family")::
@@ -9,16 +10,19 @@ call (README, "Add a model family")::
         ...
 
 Registering a model type twice is an error unless it is the same class again (also after a module reload:
-same module and qualified name). Model types whose structure cannot be pruned exactly yet are listed in
-:data:`REFUSED` with the reason, and :func:`get_family` says it instead of "unsupported".
+same module and qualified name); a family's model types register all or none. Model types whose structure cannot
+be pruned exactly yet are listed in :data:`REFUSED` with the reason, and :func:`get_family` says it instead of
+"unsupported"; registering a refused type lifts its refusal.
 """
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar
 
 from torch import nn
 
+from lightprune.core.registry import Registry, same_class
 from lightprune.models.base import MoEFamily
 
 __all__ = ["FAMILIES", "REFUSED", "register_family", "unregister_family", "refuse_family", "get_family",
@@ -27,42 +31,67 @@ __all__ = ["FAMILIES", "REFUSED", "register_family", "unregister_family", "refus
 #: where a user reads how to add a family
 ADD_A_FAMILY = "see 'Add a model family' in lightprune's README (lp.register_family)"
 
-#: model type -> family class
-FAMILIES: dict[str, type[MoEFamily]] = {}
+
+def _check_family(model_type: str, cls: Any) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, MoEFamily)):
+        raise TypeError(f"register_family takes MoEFamily subclasses, got {cls!r}")
+
+
+_REGISTRY: Registry[type[MoEFamily]] = Registry("model_type", check=_check_family, pattern=None, hint=ADD_A_FAMILY)
+
+
+class _FamilyMapping(Mapping):
+    """The registry read as a mapping ``model_type -> family class`` (sorted by model type); it changes through
+    :func:`register_family` and :func:`unregister_family` only."""
+
+    def __getitem__(self, model_type: str) -> type[MoEFamily]:
+        if model_type not in _REGISTRY:
+            raise KeyError(model_type)
+        return _REGISTRY.get(model_type)
+
+    def __contains__(self, model_type: object) -> bool:
+        return model_type in _REGISTRY
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_REGISTRY.names())
+
+    def __len__(self) -> int:
+        return len(_REGISTRY.names())
+
+    def __repr__(self) -> str:
+        return f"FAMILIES({dict(self)!r})"
+
+
+#: model type -> family class (read-only: register_family / unregister_family change it)
+FAMILIES: Mapping[str, type[MoEFamily]] = _FamilyMapping()
 #: model type -> why lightprune cannot prune it exactly yet
 REFUSED: dict[str, str] = {}
 
 F = TypeVar("F", bound=type)
 
 
-def _same_class(a: type, b: type) -> bool:
-    return a is b or (a.__module__ == b.__module__ and a.__qualname__ == b.__qualname__)
-
-
 def register_family(cls: F) -> F:
     """Class decorator: make ``cls`` the family of every model type in ``cls.model_types``."""
-    if not (isinstance(cls, type) and issubclass(cls, MoEFamily)):
-        raise TypeError(f"register_family takes MoEFamily subclasses, got {cls!r}")
+    _check_family("", cls)
     if not cls.model_types or not all(isinstance(t, str) and t for t in cls.model_types):
         raise ValueError(f"{cls.__name__}.model_types must name at least one config.model_type, "
                          f"got {cls.model_types!r}")
-    for model_type in cls.model_types:
+    for model_type in cls.model_types:  # every type checked before any registers
         existing = FAMILIES.get(model_type)
-        if existing is not None and not _same_class(existing, cls):
+        if existing is not None and not same_class(existing, cls):
             raise ValueError(f"model_type {model_type!r} is already registered to {existing.__module__}."
                              f"{existing.__qualname__}; unregister_family({model_type!r}) first")
     for model_type in cls.model_types:
-        FAMILIES[model_type] = cls
+        _REGISTRY.register(model_type, cls)
         REFUSED.pop(model_type, None)
     return cls
 
 
 def unregister_family(model_type: str) -> type[MoEFamily]:
     """Remove ``model_type`` from the registry and return its class (for tests and notebooks)."""
-    try:
-        return FAMILIES.pop(model_type)
-    except KeyError:
-        raise KeyError(f"no family for model_type {model_type!r}; registered: {supported_model_types()}") from None
+    if model_type not in _REGISTRY:
+        raise KeyError(f"no family for model_type {model_type!r}; registered: {supported_model_types()}")
+    return _REGISTRY.unregister(model_type)
 
 
 def refuse_family(model_type: str, reason: str) -> None:
@@ -71,7 +100,7 @@ def refuse_family(model_type: str, reason: str) -> None:
 
 
 def supported_model_types() -> list[str]:
-    return sorted(FAMILIES)
+    return _REGISTRY.names()
 
 
 def get_family(model: nn.Module) -> MoEFamily:
@@ -89,11 +118,9 @@ def get_family(model: nn.Module) -> MoEFamily:
 def family_table() -> str:
     """Markdown: every registered model type with its family class and routing, then the refused ones and why."""
     rows = ["| model type | family | routing | shared experts (when present) | multimodal |", "|---|---|---|---|---|"]
-    for model_type in supported_model_types():
-        cls = FAMILIES[model_type]
-        routing = cls.routing
+    for model_type, cls in FAMILIES.items():
         shared = ", ".join(f"`{a}`" for a in cls.shared_attrs) or "-"
-        rows.append(f"| `{model_type}` | `{cls.__name__}` | {routing} | {shared} | "
+        rows.append(f"| `{model_type}` | `{cls.__name__}` | {cls.routing} | {shared} | "
                     f"{'yes' if cls.multimodal else 'no'} |")
     if REFUSED:
         rows += ["", "| refused model type | why |", "|---|---|"]

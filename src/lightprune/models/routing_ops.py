@@ -1,5 +1,10 @@
-"""The tensor operations several families' routing rules share: masking logits and selection scores, the softmax
-factor of removing an expert, the distinct candidates of a row."""
+"""The tensor operations several families' routing rules share: renormalising the selected weights, masking logits,
+selection scores and unchosen groups, the softmax factor of removing an expert, the distinct candidates of a row.
+
+Renormalisation (every renormalising router here, with its own epsilon or none)::
+
+    w_i <- w_i / (sum_{s in S} w_s + eps)        over the k selected experts S of a token
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,18 @@ import torch
 
 from lightprune.models.base import RemovalEffect
 
-__all__ = ["chosen_groups_mask", "mask_logits", "masked_choice", "one_minus", "softmax_removal_growth",
-           "softmax_topk_removal", "unique_rows"]
+__all__ = ["fill_unchosen_groups", "mask_logits", "masked_choice", "one_minus", "renormalized",
+           "softmax_removal_growth", "softmax_topk_removal", "unique_rows"]
+
+
+def renormalized(weights: torch.Tensor, eps: float | None = None) -> torch.Tensor:
+    """``weights / (weights.sum(dim=-1, keepdim=True) + eps)``: the selected weights [..., k] divided by their sum,
+    out of place, in their dtype, the ops and their order those of the routers' ``w /= w.sum(...) (+ eps)``.
+
+    ``eps``: the router's epsilon (DeepSeek-V3, Hunyuan 3, AFMoE: 1e-20; LFM2-MoE: 1e-6); None adds nothing (not
+    ``+ 0.0``, which would turn a -0.0 sum into +0.0)."""
+    total = weights.sum(dim=-1, keepdim=True)
+    return weights / (total if eps is None else total + eps)
 
 
 def unique_rows(ids: torch.Tensor) -> torch.Tensor:
@@ -84,11 +99,12 @@ def masked_choice(scores: torch.Tensor, bias: torch.Tensor | None,
     return choice
 
 
-def chosen_groups_mask(group_scores: torch.Tensor, topk_group: int, num_experts: int) -> torch.Tensor:
-    """[T, E] bool: the experts of each token's ``topk_group`` best groups (``group_scores`` [T, n_group]), the
-    group-limited selection of DeepSeek's routers, computed as their transformers routers do."""
-    num_group = group_scores.shape[-1]
-    group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
-    group_mask = torch.zeros_like(group_scores)
-    group_mask.scatter_(1, group_idx, 1)
-    return group_mask.unsqueeze(-1).expand(-1, num_group, num_experts // num_group).reshape(-1, num_experts).bool()
+def fill_unchosen_groups(values: torch.Tensor, chosen: torch.Tensor, num_group: int, fill: float) -> torch.Tensor:
+    """``values`` [T, E] (contiguous) with every expert outside each token's ``chosen`` groups ([T, g] group ids) at
+    ``fill``: the group-limited routers' ``masked_fill`` (DeepSeek-V2: 0.0, DeepSeek-V3: -inf), any values (NaN
+    included) as theirs. The [T, n_group] mask broadcasts over each group's experts instead of being expanded to
+    [T, E] first (the same elements filled, the same tensor)."""
+    num_tokens, num_experts = values.shape
+    outside = torch.ones(num_tokens, num_group, dtype=torch.bool, device=values.device).scatter_(1, chosen, False)
+    return values.view(num_tokens, num_group, num_experts // num_group).masked_fill(outside.unsqueeze(-1), fill) \
+        .view(num_tokens, num_experts)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput
-from lightprune.models.routing_ops import mask_logits, masked_choice
+from lightprune.models.routing_ops import mask_logits, masked_choice, renormalized
 
 __all__ = ["LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily"]
 
@@ -38,8 +38,7 @@ class LagunaFamily(MoEFamily):
         scores = torch.sigmoid(router_logits)
         choice = masked_choice(scores, router.e_score_correction_bias.to(scores.dtype), expert_mask)
         top_index = torch.topk(choice, layer.top_k, dim=-1)[1]
-        weights = scores.gather(-1, top_index)
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = renormalized(scores.gather(-1, top_index))
         return router_logits, weights.to(router.weight.dtype), top_index
 
     def output_scale(self, layer: MoELayer) -> float:
@@ -72,9 +71,7 @@ class MiniMaxM2Family(MoEFamily):
         weights = torch.sigmoid(router_logits.float())
         choice = masked_choice(weights, self.selection_bias(layer), expert_mask)
         top_index = torch.topk(choice, layer.top_k, dim=-1, sorted=False)[1]
-        top = weights.gather(1, top_index)
-        top /= top.sum(dim=-1, keepdim=True)
-        return router_logits, top, top_index
+        return router_logits, renormalized(weights.gather(1, top_index)), top_index
 
     def selection_bias(self, layer: MoELayer) -> torch.Tensor:
         """The correction bias added to the scores for selection only (MiniMax-M2: the block's)."""
@@ -122,8 +119,7 @@ class HYV3Family(MoEFamily):
         weights = torch.sigmoid(router_logits)
         choice = masked_choice(weights, layer.block.e_score_correction_bias, expert_mask)
         top_index = torch.topk(choice, layer.top_k, dim=-1, sorted=False)[1]
-        top = weights.gather(1, top_index)
-        top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+        top = renormalized(weights.gather(1, top_index), 1e-20)
         return router_logits, top * layer.router.router_scaling_factor, top_index
 
     unselected_removal_is_free = True  # per-expert sigmoid scores, renormalised over the k
@@ -154,8 +150,7 @@ class AfmoeFamily(MoEFamily):
         router_logits = mask_logits(router_logits, expert_mask)
         scores = torch.sigmoid(router_logits)
         top_index = torch.topk(masked_choice(scores, layer.block.expert_bias, expert_mask), k=layer.top_k, dim=1)[1]
-        top = scores.gather(dim=1, index=top_index)
-        top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+        top = renormalized(scores.gather(dim=1, index=top_index), 1e-20)
         return router_logits, top * layer.router.route_scale, top_index
 
     unselected_removal_is_free = True  # per-expert sigmoid scores, renormalised over the k
@@ -190,7 +185,7 @@ class Lfm2MoeFamily(MoEFamily):
             top_index = torch.topk(masked_choice(weights, None, expert_mask), k=layer.top_k, dim=-1)[1]
             weights = torch.gather(weights, dim=1, index=top_index)
         if cfg.norm_topk_prob:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-6)
+            weights = renormalized(weights, 1e-6)
         return router_logits, weights * router.routed_scaling_factor, top_index
 
     unselected_removal_is_free = True  # per-expert sigmoid scores, the k renormalised or not

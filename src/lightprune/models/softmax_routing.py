@@ -1,20 +1,28 @@
-"""Softmax top-k routing as the transformers 5 softmax families implement it.
+"""Softmax top-k routing as the transformers 5 softmax families implement it, and those families.
 
-Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and Qwen3-VL-MoE share the rule
+Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Qwen3-VL-MoE and the families that route as one of them share the rule
 ``p = softmax(W h)``, ``S = top-k(p)``, ``w_S = p_S`` or ``p_S / sum(p_S)`` (renormalised), and
 differ only in whether they renormalise and in the dtype of the returned weights. Masking an
 expert sets its logit to -inf before the softmax, which is exactly the model with its router
-row removed (MAEP section 3; METHODS.md "Router facts").
+row removed (MAEP section 3; METHODS.md "Router facts"). Removals have a closed form
+(:func:`~lightprune.models.routing_ops.softmax_topk_removal`).
 """
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import RoutingOutput
+from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput
+from lightprune.models.family_rows import family_row
+from lightprune.models.routing_ops import renormalized, softmax_topk_removal
 
-__all__ = ["softmax_topk_select"]
+__all__ = ["softmax_topk_select", "MixtralFamily", "OlmoeFamily", "Qwen2MoeFamily", "Qwen3MoeFamily",
+           "Qwen3VLMoeFamily", "Qwen3OmniMoeThinkerFamily", "InternVLFamily", "MiniMaxFamily", "FlexOlmoFamily",
+           "Qwen3_5MoeTextFamily", "Qwen3_5MoeFamily", "MellumFamily", "Qwen3NextFamily", "Qwen4ExpTextFamily",
+           "Qwen4ExpFamily"]
 
 
 def softmax_topk_select(router_logits: torch.Tensor, expert_mask: torch.Tensor | None, top_k: int,
@@ -29,7 +37,97 @@ def softmax_topk_select(router_logits: torch.Tensor, expert_mask: torch.Tensor |
     router_probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
     top_value, top_index = torch.topk(router_probs, top_k, dim=-1)
     if renormalize:
-        top_value /= top_value.sum(dim=-1, keepdim=True)
+        top_value = renormalized(top_value)
     if cast_back:
         top_value = top_value.to(router_logits.dtype)
     return router_logits, top_value, top_index
+
+
+class _SoftmaxFamily(MoEFamily):
+    """Softmax top-k (:func:`~lightprune.models.softmax_routing.softmax_topk_select`), renormalised when the config's
+    ``norm_topk_prob`` (True when absent) or always (``renormalize_always``)."""
+
+    cast_back: ClassVar[bool] = True
+    #: True: the router renormalises whatever the config says (Mixtral, Qwen3-VL-MoE, Qwen3.5-MoE)
+    renormalize_always: ClassVar[bool] = False
+    routing = "softmax, top-k, renormalised when norm_topk_prob"
+
+    def renormalize(self) -> bool:
+        return self.renormalize_always or bool(getattr(self.text_config, "norm_topk_prob", True))
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return softmax_topk_select(router_logits, expert_mask, layer.top_k, self.renormalize(), self.cast_back)
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
+                       routing_state: Any = None) -> RemovalEffect:
+        """Softmax top-k in closed form (:func:`lightprune.models.routing_ops.softmax_topk_removal`)."""
+        return softmax_topk_removal(router_logits, selected, self.renormalize())
+
+
+class MixtralFamily(_SoftmaxFamily):
+    """Mixtral (``mixtral``): softmax of fp32 logits, top-k, always renormalised, the weights kept in fp32; every
+    layer sparse."""
+
+    routing = "softmax of fp32 logits, top-k, renormalised"
+    model_types = ("mixtral",)
+    num_experts_key = "num_local_experts"
+    cast_back = False
+    renormalize_always = True
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return True
+
+
+class OlmoeFamily(_SoftmaxFamily):
+    """OLMoE (``olmoe``): softmax, top-k, ``norm_topk_prob``; every layer sparse."""
+
+    model_types = ("olmoe",)
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return True
+
+
+# ------------------------------------------------------------------------------------------------ the table rows
+# families that route exactly as one above and differ from it only in settings: one row each (family_row)
+_IMAGES_AND_VIDEOS = ("image_token_id", "video_token_id")
+
+Qwen2MoeFamily = family_row(__name__, _SoftmaxFamily, "qwen2_moe",
+                            "Qwen2-MoE (``qwen2_moe``): softmax, top-k, ``norm_topk_prob``; a shared expert.",
+                            shared_attrs=("shared_expert",))
+Qwen3MoeFamily = family_row(__name__, _SoftmaxFamily, "qwen3_moe",
+                            "Qwen3-MoE (``qwen3_moe``): softmax, top-k, ``norm_topk_prob``.")
+Qwen3VLMoeFamily = family_row(__name__, _SoftmaxFamily, "qwen3_vl_moe",
+                              "Qwen3-VL-MoE (``qwen3_vl_moe``): softmax, top-k, always renormalised; image and video "
+                              "placeholders.", name="Qwen3VLMoeFamily", routing="softmax, top-k, renormalised",
+                              multimodal=True, renormalize_always=True, vision_token_keys=_IMAGES_AND_VIDEOS)
+Qwen3OmniMoeThinkerFamily = family_row(
+    __name__, _SoftmaxFamily, "qwen3_omni_moe_thinker",
+    "Qwen3-Omni's thinker (``qwen3_omni_moe_thinker``): a Qwen3-MoE language model (softmax, top-k, "
+    "``norm_topk_prob``) reading text, image, video and audio; images and videos are its vision tokens.",
+    multimodal=True, vision_token_keys=_IMAGES_AND_VIDEOS)
+InternVLFamily = family_row(__name__, _SoftmaxFamily, "internvl",
+                            "InternVL (``internvl``) with a Qwen3-MoE language model (softmax, top-k, "
+                            "``norm_topk_prob``); image placeholders.", name="InternVLFamily", multimodal=True,
+                            language_model_type="qwen3_moe", vision_token_keys=("image_token_id",))
+MiniMaxFamily = family_row(__name__, MixtralFamily, "minimax",
+                           "MiniMax-Text-01 (``minimax``): Mixtral's router (softmax of fp32 logits, top-k, "
+                           "renormalised) in every layer, whatever its attention type.", name="MiniMaxFamily")
+FlexOlmoFamily = family_row(__name__, OlmoeFamily, "flex_olmo", "FlexOlmo (``flex_olmo``): OLMoE's router.")
+Qwen3_5MoeTextFamily = family_row(__name__, Qwen2MoeFamily, "qwen3_5_moe_text",
+                                  "Qwen3.5-MoE's language model (``qwen3_5_moe_text``): Qwen2-MoE's block, its router "
+                                  "always renormalised.", name="Qwen3_5MoeTextFamily",
+                                  routing="softmax, top-k, renormalised", renormalize_always=True)
+Qwen3_5MoeFamily = family_row(__name__, Qwen3_5MoeTextFamily, "qwen3_5_moe",
+                              "Qwen3.5-MoE MLLM (``qwen3_5_moe``): its Qwen3.5-MoE language model, with image and "
+                              "video placeholders.", name="Qwen3_5MoeFamily", multimodal=True,
+                              vision_token_keys=_IMAGES_AND_VIDEOS)
+MellumFamily = family_row(__name__, OlmoeFamily, "mellum", "``mellum``: OLMoE's router.")
+Qwen3NextFamily = family_row(__name__, Qwen2MoeFamily, "qwen3_next",
+                             "``qwen3_next``: Qwen2-MoE's router and shared expert with its sigmoid gate.")
+Qwen4ExpTextFamily = family_row(__name__, Qwen2MoeFamily, "qwen4_exp_text",
+                                "``qwen4_exp_text``: Qwen2-MoE's router and shared expert with its sigmoid gate (in "
+                                "hyper-connected decoder layers with linear and indexed attention).")
+Qwen4ExpFamily = family_row(__name__, Qwen4ExpTextFamily, "qwen4_exp",
+                            "``qwen4_exp``: its Qwen4-exp language model (Qwen2-MoE's router), with image and video "
+                            "placeholders.", multimodal=True, vision_token_keys=_IMAGES_AND_VIDEOS)
