@@ -1,12 +1,15 @@
 """One registry class for every kind of named extension: expert criteria, model families, width scorers and
-calibration statistics.
+calibration statistics; and :class:`Configured`, the base of the extensions whose constructor is their config.
 
 A :class:`Registry` maps a name to a class. Built-in entries may be *declared* as ``"package.module:Class"``
 strings (:meth:`Registry.declare`): their names are known without importing anything (the command line checks a
 criterion's name before torch loads), and the class is imported when first asked for. Project code registers with
 :meth:`Registry.register`, usually through a decorator the owning package exposes (``register_criterion``,
 ``register_family``, ...). Registering a name twice is an error unless it is the same class again (also after a
-module reload: same module and qualified name), which replaces the entry.
+module reload: same module and qualified name), which replaces the entry. :meth:`Registry.resolve` and
+:meth:`Registry.build` turn what a user or a config gives (a registered name, a dotted import path
+``"package.module.ClassName"``, a class, an instance) into a class or an instance, with errors that name the value
+and what is accepted.
 
 A leaf: it imports nothing of lightprune and no third-party package.
 """
@@ -14,11 +17,12 @@ A leaf: it imports nothing of lightprune and no third-party package.
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from contextlib import contextmanager
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
-__all__ = ["Registry", "SNAKE_CASE", "same_class"]
+__all__ = ["Registry", "SNAKE_CASE", "same_class", "Configured"]
 
 #: names of criteria, width scorers and statistics: lower-case snake case
 SNAKE_CASE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -34,14 +38,18 @@ def same_class(a: type, b: type) -> bool:
 class Registry(Generic[T]):
     """``name -> class`` for one ``kind`` of extension (the word errors use: "criterion", "width scorer", ...).
 
-    ``check(name, cls)``, when given, raises for a class that may not be registered (a wrong base class).
-    ``pattern``: what a name must match (None: any non-empty string). ``hint``: appended as given to the error for
-    an unknown name (how to add one, say; with its own leading punctuation).
+    ``base()``, when given, returns the class every entry must subclass (a function, so that a torch-free registry
+    names a base defined beside torch). ``check(name, cls)``, when given, raises for a class that may not be
+    registered (instead of the base check). ``pattern``: what a name must match (None: any non-empty string).
+    ``hint``: appended as given to the error for an unknown name (how to add one, say; with its own leading
+    punctuation). ``name_attribute``: the class attribute registration sets to the name ("name"; None: none).
     """
 
-    def __init__(self, kind: str, *, check: Callable[[str, Any], None] | None = None,
-                 pattern: re.Pattern[str] | None = SNAKE_CASE, hint: str = ""):
-        self.kind, self._check, self._pattern, self._hint = kind, check, pattern, hint
+    def __init__(self, kind: str, *, base: Callable[[], type] | None = None,
+                 check: Callable[[str, Any], None] | None = None, pattern: re.Pattern[str] | None = SNAKE_CASE,
+                 hint: str = "", name_attribute: str | None = None):
+        self.kind, self._base, self._check, self._pattern, self._hint = kind, base, check, pattern, hint
+        self._name_attribute = name_attribute
         self._classes: dict[str, T] = {}
         self._declared: dict[str, str] = {}
         self._verified: set[str] = set()  # declared names whose class was checked against the declaration
@@ -66,11 +74,15 @@ class Registry(Generic[T]):
         self._check_name(name)
         if self._check is not None:
             self._check(name, cls)
+        elif self._base is not None and not (isinstance(cls, type) and issubclass(cls, self._base())):
+            raise TypeError(f"{self.kind} {name!r} must be a {self._base().__name__} subclass, got {cls!r}")
         existing = self._classes.get(name)
         if existing is not None and not same_class(existing, cls):
             raise ValueError(f"{self.kind} {name!r} is already registered to {existing.__module__}."
                              f"{existing.__qualname__}; choose another name or unregister {name!r} first")
         self._classes[name] = cls
+        if self._name_attribute is not None:
+            setattr(cls, self._name_attribute, name)
         return cls
 
     def decorator(self, name: str) -> Callable[[T], T]:
@@ -115,6 +127,45 @@ class Registry(Generic[T]):
         """The error for a name that is not registered: it lists the known names (and the registry's hint)."""
         return ValueError(f"unknown {self.kind} {name!r}; available: {', '.join(self.names()) or '(none)'}{self._hint}")
 
+    def resolve(self, spec: Any) -> T:
+        """The class for a registered name, a dotted import path ``"package.module.ClassName"`` or a class."""
+        base = self._base() if self._base is not None else object
+        if isinstance(spec, type):
+            if not issubclass(spec, base):
+                raise TypeError(f"{spec!r} is not a {base.__name__} subclass")
+            return spec
+        if not isinstance(spec, str):
+            raise TypeError(f"a {self.kind} is a registered name, a dotted import path, a {base.__name__} subclass "
+                            f"or instance; got {spec!r} ({type(spec).__name__})")
+        if spec in self or "." not in spec:
+            return self.get(spec)
+        module, _, attribute = spec.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"cannot import {self.kind} {spec!r}: {err}") from err
+        if not (isinstance(found, type) and issubclass(found, base)):
+            raise TypeError(f"{spec!r} is {found!r}, not a {base.__name__} subclass")
+        return found
+
+    def build(self, spec: Any, **kwargs: Any) -> Any:
+        """An instance of ``spec`` (see :meth:`resolve`; an instance is returned as is) built with ``kwargs``; an
+        argument the constructor does not take is a ``TypeError`` listing the ones it does."""
+        if self._base is not None and isinstance(spec, self._base()):
+            if kwargs:
+                raise ValueError(f"got arguments {sorted(kwargs)} for an already built {self.kind} {spec!r}")
+            return spec
+        cls = self.resolve(spec)
+        signature = inspect.signature(cls)
+        try:
+            signature.bind(**kwargs)
+        except TypeError as err:
+            allowed = [p for p in signature.parameters if p not in ("args", "kwargs")]
+            label = getattr(cls, self._name_attribute, "") if self._name_attribute else ""
+            raise TypeError(f"{self.kind} {label or cls.__name__!r}: {err}; its arguments are: "
+                            f"{', '.join(allowed) if allowed else '(none)'}") from None
+        return cls(**kwargs)
+
     def items(self) -> Iterator[tuple[str, T]]:
         """``(name, class)`` of every entry, declared ones imported."""
         for name in self.names():
@@ -137,3 +188,28 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {len(self.names())} entries)"
+
+
+class Configured:
+    """The constructor is the config: subclasses take typed keyword arguments, validate them in ``__init__`` with
+    errors that name the bad value, and keep each under an attribute of the same name; :attr:`hparams` and
+    ``repr`` read them back, so an instance is reported exactly as it was built."""
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The constructor arguments, read back from attributes of the same name."""
+        params = inspect.signature(type(self).__init__).parameters
+        return {p: getattr(self, p) for p in params
+                if p != "self" and params[p].kind not in (params[p].VAR_POSITIONAL, params[p].VAR_KEYWORD)
+                and hasattr(self, p)}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.hparams.items())})"
+
+    @staticmethod
+    def _check_int(name: str, value: Any, minimum: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        if minimum is not None and value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+        return value

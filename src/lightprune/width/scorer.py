@@ -31,7 +31,6 @@ is the one call the callers make: it checks the arguments, then the result's lay
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
@@ -39,6 +38,7 @@ import torch
 from torch import nn
 
 from lightprune.core.distributed import gathered
+from lightprune.core.registry import Configured
 from lightprune.width.layers import WidthLayer, find_width_layers
 from lightprune.width.paths import MODALITIES, PATHS
 from lightprune.width.plan import WidthPlan
@@ -51,7 +51,7 @@ NO_DATA, BATCHES, PER_TASK = "none", "batches", "per_task"
 CALIBRATIONS = (NO_DATA, BATCHES, PER_TASK)
 
 
-class WidthScorer:
+class WidthScorer(Configured):
     """Base class of every width scorer; register subclasses with ``@register_width_scorer("name")``."""
 
     #: registry name, set by ``@register_width_scorer``
@@ -63,25 +63,6 @@ class WidthScorer:
     @property
     def label(self) -> str:
         return self.name or type(self).__name__
-
-    @property
-    def hparams(self) -> dict[str, Any]:
-        """The constructor arguments, read back from attributes of the same name."""
-        params = inspect.signature(type(self).__init__).parameters
-        return {p: getattr(self, p) for p in params
-                if p != "self" and params[p].kind not in (params[p].VAR_POSITIONAL, params[p].VAR_KEYWORD)
-                and hasattr(self, p)}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.hparams.items())})"
-
-    @staticmethod
-    def _check_int(name: str, value: Any, minimum: int | None = None) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-        if minimum is not None and value < minimum:
-            raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-        return value
 
     # ------------------------------------------------------------------ scoring
     def score(self, model: nn.Module, batches: Any = None, *, attention: bool = True, ffn: bool = False,

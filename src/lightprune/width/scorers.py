@@ -25,8 +25,6 @@ register with the same decorator and are then usable by name (``WidthSearch(crit
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -46,28 +44,16 @@ __all__ = ["WIDTH_SCORERS", "MinRankScorer", "RandomScorer", "TaylorScorer", "Wi
 S = TypeVar("S", bound=type)
 
 
-def _check_class(name: str, cls: Any) -> None:
-    if not (isinstance(cls, type) and issubclass(cls, WidthScorer)):
-        raise TypeError(f"width scorer {name!r} must be a WidthScorer subclass, got {cls!r}")
-
-
-#: name -> WidthScorer class (the functions below are the API; tests may use the Registry's own methods)
+#: name -> WidthScorer class
 WIDTH_SCORERS: Registry[type[WidthScorer]] = Registry(
-    "width scorer", check=_check_class,
-    hint="register one with @register_width_scorer(name) or give a dotted import path 'package.module.ClassName'")
+    "width scorer", base=lambda: WidthScorer, name_attribute="name",
+    hint="; register one with @register_width_scorer(name) or give a dotted import path 'package.module.ClassName'")
 
 
 def register_width_scorer(name: str) -> Callable[[S], S]:
     """Class decorator: register a :class:`WidthScorer` subclass under ``name`` (lower-case snake case) and set
     ``cls.name``. A name registered to another class is an error."""
-    add = WIDTH_SCORERS.decorator(name)  # checks the name now
-
-    def decorator(cls: S) -> S:
-        add(cls)
-        cls.name = name
-        return cls
-
-    return decorator
+    return WIDTH_SCORERS.decorator(name)
 
 
 def unregister_width_scorer(name: str) -> type[WidthScorer]:
@@ -82,21 +68,7 @@ def available_width_scorers() -> list[str]:
 
 def get_width_scorer_class(scorer: str | type[WidthScorer]) -> type[WidthScorer]:
     """The class for a registered name, a dotted import path ``"package.module.ClassName"`` or a class."""
-    if isinstance(scorer, type):
-        _check_class(scorer.__qualname__, scorer)
-        return scorer
-    if not isinstance(scorer, str):
-        raise TypeError(f"a width scorer is a registered name, a dotted import path, a WidthScorer subclass or "
-                        f"instance; got {scorer!r} ({type(scorer).__name__})")
-    if scorer not in WIDTH_SCORERS and "." in scorer:
-        module, _, attribute = scorer.rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module), attribute)
-        except (ImportError, AttributeError) as err:
-            raise ValueError(f"cannot import width scorer {scorer!r}: {err}") from err
-        _check_class(scorer, cls)
-        return cls
-    return WIDTH_SCORERS.get(scorer)  # an unknown name: a ValueError listing the available ones
+    return WIDTH_SCORERS.resolve(scorer)
 
 
 def get_width_scorer(scorer: str | type[WidthScorer] | WidthScorer, **kwargs: Any) -> WidthScorer:
@@ -105,19 +77,7 @@ def get_width_scorer(scorer: str | type[WidthScorer] | WidthScorer, **kwargs: An
     An unknown name is a ``ValueError`` listing :func:`available_width_scorers`; an argument the constructor does
     not take is a ``TypeError`` listing the ones it does.
     """
-    if isinstance(scorer, WidthScorer):
-        if kwargs:
-            raise ValueError(f"got arguments {sorted(kwargs)} for an already built width scorer {scorer!r}")
-        return scorer
-    cls = get_width_scorer_class(scorer)
-    signature = inspect.signature(cls)
-    try:
-        signature.bind(**kwargs)
-    except TypeError as err:
-        allowed = [p for p in signature.parameters if p not in ("args", "kwargs")]
-        raise TypeError(f"width scorer {cls.name or cls.__name__!r}: {err}; its arguments are: "
-                        f"{', '.join(allowed) if allowed else '(none)'}") from None
-    return cls(**kwargs)
+    return WIDTH_SCORERS.build(scorer, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------- built-ins

@@ -335,7 +335,7 @@ def test_duplicate_and_invalid_registration(registry_guard):
     for bad in ("Bad Name", "", "1abc", "a.b", 3):
         with pytest.raises(ValueError, match="snake case"):
             register_criterion(bad)
-    with pytest.raises(TypeError, match="Criterion subclasses"):
+    with pytest.raises(TypeError, match="must be a Criterion subclass"):
         register_criterion("not_a_criterion")(dict)
 
 

@@ -23,7 +23,6 @@ score from what a run observed instead (:mod:`lightprune.experts.criteria.calibr
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
@@ -32,6 +31,7 @@ import torch
 from torch import nn
 
 from lightprune.core.distributed import gathered, layer_parameters
+from lightprune.core.registry import Configured
 from lightprune.experts.scores import ExpertScores
 from lightprune.models import MoELayer, find_moe_layers
 
@@ -50,7 +50,7 @@ class CriterionNeedsDataError(ValueError):
         self.name = name
 
 
-class Criterion:
+class Criterion(Configured):
     """Base class of every expert-importance criterion; register subclasses with
     ``@register_criterion("name")``.
 
@@ -66,19 +66,6 @@ class Criterion:
     needs_data: ClassVar[bool] = False
     #: False for a weight criterion that reads no tensor (``random``: the expert counts are enough)
     reads_weights: ClassVar[bool] = True
-
-    # ------------------------------------------------------------------ config
-    @property
-    def hparams(self) -> dict[str, Any]:
-        """The constructor arguments, read back from attributes of the same name."""
-        params = inspect.signature(type(self).__init__).parameters
-        return {p: getattr(self, p) for p in params
-                if p != "self" and params[p].kind not in (params[p].VAR_POSITIONAL, params[p].VAR_KEYWORD)
-                and hasattr(self, p)}
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.hparams.items())
-        return f"{type(self).__name__}({args})"
 
     # ------------------------------------------------------------------ scoring
     def score(self, model: nn.Module,
@@ -133,12 +120,3 @@ class Criterion:
     def importance(self, raw: torch.Tensor) -> torch.Tensor:
         """Raw values -> importance (higher = keep). The identity unless overridden."""
         return raw
-
-    # ------------------------------------------------------------------ validation helpers
-    @staticmethod
-    def _check_int(name: str, value: Any, minimum: int | None = None) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-        if minimum is not None and value < minimum:
-            raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-        return value

@@ -20,8 +20,6 @@ Torch-free: this module imports only the registry class (the criteria's base cla
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from typing import Any, Callable, TypeVar
 
 from lightprune.core.registry import Registry
@@ -38,13 +36,8 @@ def _base() -> type:
     return Criterion
 
 
-def _check(name: str, cls: Any) -> None:
-    if not (isinstance(cls, type) and issubclass(cls, _base())):
-        raise TypeError(f"@register_criterion({name!r}) decorates Criterion subclasses, got {cls!r}")
-
-
 #: criterion name -> class
-CRITERIA: Registry[type] = Registry("criterion", check=_check, hint=_HINT)
+CRITERIA: Registry[type] = Registry("criterion", base=_base, hint=_HINT, name_attribute="name")
 
 _PACKAGE = "lightprune.experts.criteria"
 for _name, _where in (
@@ -61,14 +54,7 @@ C = TypeVar("C", bound=type)
 
 def register_criterion(name: str) -> Callable[[C], C]:
     """Class decorator: register a :class:`Criterion` subclass under ``name`` and set ``cls.name``."""
-    register = CRITERIA.decorator(name)
-
-    def decorator(cls: C) -> C:
-        register(cls)
-        cls.name = name
-        return cls
-
-    return decorator
+    return CRITERIA.decorator(name)
 
 
 def unregister_criterion(name: str) -> type:
@@ -84,28 +70,9 @@ def available_criteria(needs_data: bool | None = None) -> list[str]:
     return [name for name, cls in CRITERIA.items() if cls.needs_data == needs_data]
 
 
-def _import_path(path: str) -> type:
-    module_name, _, attr = path.rpartition(".")
-    try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"cannot import criterion {path!r}: {err}") from err
-    if not (isinstance(obj, type) and issubclass(obj, _base())):
-        raise TypeError(f"{path!r} is {obj!r}, not a Criterion subclass")
-    return obj
-
-
 def get_criterion_class(criterion: str | type) -> type:
     """The class for a registered name, a dotted import path or a class."""
-    if isinstance(criterion, type):
-        if not issubclass(criterion, _base()):
-            raise TypeError(f"{criterion!r} is not a Criterion subclass")
-        return criterion
-    if not isinstance(criterion, str):
-        raise TypeError(f"criterion must be a name, a Criterion subclass or instance, got {criterion!r}")
-    if criterion in CRITERIA or "." not in criterion:
-        return CRITERIA.get(criterion)
-    return _import_path(criterion)
+    return CRITERIA.resolve(criterion)
 
 
 def get_criterion(criterion: Any, **kwargs: Any) -> Any:
@@ -115,16 +82,4 @@ def get_criterion(criterion: Any, **kwargs: Any) -> Any:
     Unknown names are an error listing :func:`available_criteria`; arguments the constructor does not take are an
     error listing the ones it does.
     """
-    if isinstance(criterion, _base()):
-        if kwargs:
-            raise ValueError(f"got arguments {sorted(kwargs)} for an already built criterion {criterion!r}")
-        return criterion
-    cls = get_criterion_class(criterion)
-    signature = inspect.signature(cls)
-    try:
-        signature.bind(**kwargs)
-    except TypeError as err:
-        allowed = [p for p in signature.parameters if p not in ("args", "kwargs")]
-        raise TypeError(f"criterion {cls.name or cls.__name__!r}: {err}; its arguments are: "
-                        f"{', '.join(allowed) if allowed else '(none)'}") from None
-    return cls(**kwargs)
+    return CRITERIA.build(criterion, **kwargs)
