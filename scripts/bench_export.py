@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                   check("export_pruned / save_pretrained unpruned (median)", time_ratio,
                         None if args.quick else args.time_target, None if args.quick else "<=",
                         note=f"export {med['export_pruned']:.3f} s; prunes, saves, reloads and verifies"),
-                  check("verification max |logits diff|", report["max_abs_diff"])]
+                  check("verification max |logits diff|", report.max_abs_diff)]
         figures = {"benchmark": "export", "title": "Export: time and checkpoint bytes",
                    "what": " ".join(__doc__.split("\n\n")[0].split()), "quick": args.quick,
                    "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
@@ -218,10 +218,10 @@ def main(argv: list[str] | None = None) -> int:
                    "times_s": {name: {"median": med[name], "min": best[name]} for name in times},
                    "bytes": {"checkpoint": disk["total"], "data": disk["data"], "header": disk["header"],
                              "files": disk["files"], "expected": pruned_expected,
-                             "manifest_expected": report["expected_bytes"],
+                             "manifest_expected": report.parameter_bytes,
                              "unpruned_checkpoint": disk_unpruned["total"], "unpruned_expected": unpruned_expected},
-                   "params": {"before": report["params_before"], "after": report["params_after"],
-                              "kept_per_layer": report["kept_per_layer"]},
+                   "params": {"before": report.parameters_before, "after": report.parameters,
+                              "kept_per_layer": {str(k): v for k, v in report.experts_per_layer.items()}},
                    "checks": checks, "passed": verdict == "PASS"}
         write_json(args.json, figures)
     return 0 if verdict == "PASS" else 1

@@ -79,6 +79,8 @@ _LAZY = {
     "load_pruned": "lightprune.export",
     "export_pruned": "lightprune.export",
     "ExportVerificationError": "lightprune.export",
+    "ExportResult": "lightprune.export",
+    "WidthExportResult": "lightprune.export",
     "WidthPlan": "lightprune.width.plan",
     "mask_width": "lightprune.width.mask",
     "taylor_importance": "lightprune.width.taylor",

@@ -36,7 +36,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.job_end import JobEndCallback
-from lightprune.callbacks.state import RunState
+from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.batch import model_inputs
 from lightprune.core.checks import check_choice, check_positive_int
 from lightprune.data.tokenizer import end_of_turn_ids
@@ -222,7 +222,7 @@ class Evaluate(JobEndCallback):
 
     # ------------------------------------------------------------------ helpers
     def run_dir(self, trainer: pl.Trainer) -> Path:
-        return Path(self.output_dir or trainer.default_root_dir)
+        return run_directory(trainer, self.output_dir)
 
     def _datamodule(self, trainer: pl.Trainer):
         dm = self.data if self.data is not None else trainer.datamodule

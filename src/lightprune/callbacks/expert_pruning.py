@@ -29,7 +29,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune._compat import warn_once
 from lightprune.callbacks.job_end import JobEndCallback
-from lightprune.callbacks.state import RunState
+from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.checks import check_choice, check_non_negative_int, check_ratio
 from lightprune.core.distributed import same_on_every_rank
 from lightprune.experts.calibration import SUBSETS
@@ -121,7 +121,7 @@ class ExpertPruning(JobEndCallback):
                                         allocation=self.allocation, output_dir=self.output_dir)
 
     def run_dir(self, trainer: pl.Trainer) -> Path:
-        return Path(self.output_dir or trainer.default_root_dir)
+        return run_directory(trainer, self.output_dir)
 
     def _select(self, scores, limits, criterion: str | None = None) -> ExpertPlan:
         return select_experts(scores, self.ratio, self.allocation, self.normalize, limits=limits,

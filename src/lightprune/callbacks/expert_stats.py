@@ -27,12 +27,12 @@ from typing import Any, Iterable
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightprune.callbacks.state import RunState
+from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.checks import check_each, check_non_negative_int
 from lightprune.core.choices import SUBSETS
-from lightprune.experts.calibration.registry import available_statistics
 from lightprune.core.jsonio import write_json
 from lightprune.experts.calibration import CalibrationStats, ExpertObserver
+from lightprune.experts.calibration.registry import available_statistics
 from lightprune.experts.calibration.resume import (
     chain_digest,
     check_batches,
@@ -78,7 +78,7 @@ class ExpertStats(pl.Callback):
 
     # ------------------------------------------------------------------ files
     def run_dir(self, trainer: pl.Trainer) -> Path:
-        return Path(self.output_dir or trainer.default_root_dir)
+        return run_directory(trainer, self.output_dir)
 
     def _state_path(self, trainer: pl.Trainer) -> Path:
         return self.run_dir(trainer) / f"calibration_state.rank{trainer.global_rank}.pt"

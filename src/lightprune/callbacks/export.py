@@ -24,7 +24,6 @@ ranks keep ``meta`` tensors of the same shapes and apply the same surgery to tho
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ import lightning.pytorch as pl
 import torch
 
 from lightprune.callbacks.job_end import JobEndCallback
-from lightprune.callbacks.state import RunState
+from lightprune.callbacks.state import RunState, run_directory
 from lightprune.checkpoints.directory import weight_files
 from lightprune.checkpoints.staging import check_out_dir
 from lightprune.core.checks import check_atol
@@ -43,8 +42,8 @@ from lightprune.core.jsonio import read_json
 from lightprune.experts.merging import MergePlan, merge_experts
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
-from lightprune.export import export_pruned
-from lightprune.export.save import MANIFEST_FILE, TOKENIZER_FILES, resolve_source_dir
+from lightprune.export import ExportResult, export_pruned
+from lightprune.export.save import TOKENIZER_FILES, resolve_source_dir
 from lightprune.finetune.quantize import is_quantized_4bit
 from lightprune.models import find_moe_layers
 from lightprune.reporting.report import plot_kept_experts, write_report
@@ -56,6 +55,13 @@ def _dir_bytes(path: Path) -> int | None:
     if not path.is_dir():
         return None
     return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+
+
+def _figures(result: ExportResult, params_before: int | None, bytes_before: int | None) -> dict[str, Any]:
+    """The report's figures of the export ``result`` (the unpruned model's parameters and checkpoint bytes given)."""
+    return {"params_before": params_before, "params_after": result.parameters,
+            "checkpoint_bytes_before": bytes_before, "checkpoint_bytes_after": result.weight_bytes,
+            "expected_bytes_after": result.parameter_bytes, "max_abs_diff": result.max_abs_diff}
 
 
 def _run_report(plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any, figures: dict[str, Any],
@@ -93,10 +99,8 @@ def export_with_report(model, plan: ExpertPlan | MergePlan, run_dir: Path, ckpt_
     card = {"source": str(source), **({"evaluation": evaluation} if evaluation else {})}
     result = export_pruned(model, plan, ckpt_dir, overwrite=overwrite, atol=atol, processor=processor, card=card)
     before = Path(source) if isinstance(source, str) else None
-    figures = {**(extra or {}), "params_before": result["params_before"], "params_after": result["params_after"],
-               "checkpoint_bytes_before": _dir_bytes(before) if before is not None else None,
-               "checkpoint_bytes_after": result["checkpoint_bytes"], "expected_bytes_after": result["expected_bytes"],
-               "max_abs_diff": result["max_abs_diff"]}
+    figures = {**(extra or {}),
+               **_figures(result, result.parameters_before, _dir_bytes(before) if before is not None else None)}
     layout = plan
     if isinstance(plan, MergePlan):
         layout = plan.expert_plan()
@@ -113,13 +117,9 @@ def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Pat
     from lightprune.export.streamed import prune_checkpoint
 
     start = time.perf_counter()
-    prune_checkpoint(source_dir, plan, ckpt_dir, overwrite=overwrite, atol=atol,
-                     card={"source": str(source or source_dir)})
-    manifest = json.loads((Path(ckpt_dir) / MANIFEST_FILE).read_text())
-    figures = {"streamed": True, "params_before": params_before, "params_after": manifest["parameters"],
-               "checkpoint_bytes_before": _dir_bytes(Path(source_dir)),
-               "checkpoint_bytes_after": manifest["weight_bytes"], "expected_bytes_after": manifest["parameter_bytes"],
-               "max_abs_diff": manifest["verification"]["max_abs_diff"]}
+    result = prune_checkpoint(source_dir, plan, ckpt_dir, overwrite=overwrite, atol=atol,
+                              card={"source": str(source or source_dir)})
+    figures = {"streamed": True, **_figures(result, params_before, _dir_bytes(Path(source_dir)))}
     return _run_report(plan, run_dir, ckpt_dir, source=source or str(source_dir), figures=figures,
                        seconds_scoring=seconds_scoring, start=start)
 
@@ -127,7 +127,7 @@ def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Pat
 def checkpoint_path(trainer: pl.Trainer, output_dir: str | None, checkpoint_dir: str | None) -> Path:
     """Where an export callback writes the checkpoint: ``checkpoint_dir``, else ``<output_dir or
     trainer.default_root_dir>/model``."""
-    return Path(checkpoint_dir) if checkpoint_dir else Path(output_dir or trainer.default_root_dir) / "model"
+    return Path(checkpoint_dir) if checkpoint_dir else run_directory(trainer, output_dir) / "model"
 
 
 def check_checkpoint_dir(path: Path, overwrite: bool, address: str) -> None:
@@ -189,7 +189,7 @@ class Export(JobEndCallback):
         if self.report is not None:
             return
         plan, merge, seconds_scoring = self._plan(trainer)
-        run_dir = Path(self.output_dir or trainer.default_root_dir)
+        run_dir = run_directory(trainer, self.output_dir)
         ckpt_dir = self._checkpoint_dir(trainer)
         skeleton = getattr(pl_module, "skeleton", None)
         if merge is not None and skeleton is not None:

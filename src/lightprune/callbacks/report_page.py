@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.job_end import JobEndCallback
+from lightprune.callbacks.state import run_directory
 from lightprune.reporting.page import write_report_page
 
 __all__ = ["ReportPage"]
@@ -33,13 +34,13 @@ class ReportPage(JobEndCallback):
         if self.path is not None:
             return
         if trainer.is_global_zero:
-            self.path = write_report_page(Path(self.output_dir or trainer.default_root_dir))
+            self.path = write_report_page(run_directory(trainer, self.output_dir))
             rank_zero_info(f"ReportPage: wrote {self.path}")
         else:
-            self.path = Path(self.output_dir or trainer.default_root_dir) / "report.md"
+            self.path = run_directory(trainer, self.output_dir) / "report.md"
 
     def run_test(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # lightprune test: after Evaluate's test measurement (phase order), wherever either is listed
         if trainer.is_global_zero:
-            self.path = write_report_page(Path(self.output_dir or trainer.default_root_dir))
+            self.path = write_report_page(run_directory(trainer, self.output_dir))
             rank_zero_info(f"ReportPage: wrote {self.path}")

@@ -23,13 +23,18 @@ need from here:
 - the run files that must agree with the export (plan.json, scores.json): :meth:`stage_file` holds them
   until the export phase has succeeded (or the job ends without one), then they are written together, each
   atomically. A run that fails before leaves the previous run's files as they were.
+
+Where a callback writes them: :func:`run_directory`, its ``output_dir`` or else the trainer's
+``default_root_dir``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from lightprune.core.jsonio import write_json
@@ -44,12 +49,17 @@ if TYPE_CHECKING:  # annotations only
     from lightprune.experts.scores import ExpertScores
     from lightprune.width.plan import WidthPlan
 
-__all__ = ["RunState", "PHASES"]
+__all__ = ["RunState", "PHASES", "run_directory"]
 
 #: the end-of-job phases, in the order they run
 PHASES: tuple[str, ...] = ("score", "select", "export", "evaluate", "report")
 
 _STATES: "weakref.WeakKeyDictionary[Any, RunState]" = weakref.WeakKeyDictionary()
+
+
+def run_directory(trainer: "pl.Trainer", output_dir: str | os.PathLike | None) -> Path:
+    """The directory a callback writes its run files to: ``output_dir``, else ``trainer.default_root_dir``."""
+    return Path(output_dir or trainer.default_root_dir)
 
 
 @dataclass(eq=False)

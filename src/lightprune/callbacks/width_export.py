@@ -12,7 +12,6 @@ and FLOPs, checkpoint bytes and timings. Only rank 0 writes.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.export import check_checkpoint_dir, checkpoint_path
 from lightprune.callbacks.job_end import JobEndCallback
-from lightprune.callbacks.state import RunState
+from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.batch import model_inputs
 from lightprune.core.checks import check_atol, check_positive_int
 from lightprune.export import save_width_pruned
@@ -96,7 +95,7 @@ class WidthExport(JobEndCallback):
             return
         start = time.perf_counter()
         plan = self._plan(trainer)
-        run_dir = Path(self.output_dir or trainer.default_root_dir)
+        run_dir = run_directory(trainer, self.output_dir)
         ckpt_dir = checkpoint_path(trainer, self.output_dir, self.checkpoint_dir)
         probe = self._probe(trainer)
         RunState.of(trainer).release_width_masks()  # the search's masks; the reference is taken with the plan's
@@ -106,17 +105,16 @@ class WidthExport(JobEndCallback):
         pl_module.model = model
         processor = getattr(trainer.datamodule, "processor", None)
         if trainer.is_global_zero:
-            save_width_pruned(model, plan, ckpt_dir, probe=probe, reference_logits=reference, atol=self.atol,
-                              align=self.align, overwrite=self.overwrite, processor=processor,
-                              metadata={"search": dict(plan.metadata)})
-            manifest = json.loads((ckpt_dir / "lightprune_export.json").read_text())
-            self.report = {"method": "mwop", "checkpoint": str(ckpt_dir.absolute()),
-                           "checkpoint_bytes": sum(f.stat().st_size for f in ckpt_dir.rglob("*") if f.is_file()),
-                           "pruned_fractions": manifest["pruned_fractions"], "search": dict(plan.metadata),
-                           "verification": manifest["verification"], "seconds": time.perf_counter() - start}
+            result = save_width_pruned(model, plan, ckpt_dir, probe=probe, reference_logits=reference,
+                                       atol=self.atol, align=self.align, overwrite=self.overwrite, processor=processor,
+                                       metadata={"search": dict(plan.metadata)})
+            self.report = {"method": "mwop", "checkpoint": str(result.path),
+                           "checkpoint_bytes": sum(f.stat().st_size for f in result.path.rglob("*") if f.is_file()),
+                           "pruned_fractions": result.pruned_fractions, "search": dict(plan.metadata),
+                           "verification": result.verification, "seconds": time.perf_counter() - start}
             merge_report(self.report, run_dir / "report.json")  # other callbacks' entries are kept
-            rank_zero_info(f"WidthExport: wrote {ckpt_dir} (max |logit diff| "
-                           f"{manifest['verification']['max_abs_diff']:.2g}); pruned {manifest['pruned_fractions']}")
+            rank_zero_info(f"WidthExport: wrote {ckpt_dir} (max |logit diff| {result.max_abs_diff:.2g}); "
+                           f"pruned {result.pruned_fractions}")
         else:
             self.report = {}
         trainer.strategy.barrier()

@@ -41,7 +41,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightprune.callbacks.state import RunState
+from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.jsonio import write_json
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.finetune.optim import build_scheduler
@@ -122,7 +122,7 @@ class WidthSearch(pl.Callback):
 
     # ------------------------------------------------------------------ helpers
     def run_dir(self, trainer: pl.Trainer) -> Path:
-        return Path(self.output_dir or trainer.default_root_dir)
+        return run_directory(trainer, self.output_dir)
 
     @staticmethod
     def _loader(datamodule, name: str, fallback: str):

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from lightprune.checkpoints.directory import SAFE_INDEX, check_checkpoint, weight_files
-from lightprune.checkpoints.header import SAFETENSORS_DTYPES, read_header
+from lightprune.checkpoints.header import SAFETENSORS_DTYPES, header_bytes, read_header
 
 __all__ = ["Checkpoint"]
 
@@ -52,7 +52,7 @@ class Checkpoint:
                                      f"({self._entries[name][0].name} and {file.name})")
                 self._entries[name] = (file, info)
         self.sharded = (self.path / SAFE_INDEX).is_file()
-        self._data_start = {file: 8 + int.from_bytes(file.open("rb").read(8), "little") for file in self.files}
+        self._data_start = {file: len(header_bytes(file)) for file in self.files}  # 8 + the header's length
         self._fds: dict[Path, int] = {}
 
     # ------------------------------------------------------------------ headers

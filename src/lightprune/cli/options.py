@@ -29,8 +29,6 @@ from lightprune.core.checks import (
     check_positive_int,
     check_ratio,
 )
-from lightprune.experts.calibration.registry import available_statistics
-from lightprune.experts.criteria.registry import CRITERIA
 from lightprune.core.choices import (
     ALLOCATIONS,
     NORMALIZATIONS,
@@ -38,6 +36,8 @@ from lightprune.core.choices import (
     SENSITIVITY_SCORES,
     SUBSETS,
 )
+from lightprune.experts.calibration.registry import available_statistics
+from lightprune.experts.criteria.registry import CRITERIA
 
 __all__ = ["ADDRESSES", "ARGUMENTS", "SUBCOMMANDS", "OptionError", "Addressed", "split_addressed", "check_command_line",
            "check_callback_options", "check_criterion_name", "class_name", "missing_callback"]

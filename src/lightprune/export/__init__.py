@@ -2,8 +2,8 @@
 
 ::
 
-    report = lp.export_pruned(model, plan, out_dir)   # mask -> reference logits, prune, save, verify
-    report = lp.export_pruned(model, merge, out_dir)  # a MergePlan: merged into the dominants' slots, then as above
+    result = lp.export_pruned(model, plan, out_dir)   # mask -> reference logits, prune, save, verify
+    result = lp.export_pruned(model, merge, out_dir)  # a MergePlan: merged into the dominants' slots, then as above
     lp.save_pruned(model, out_dir)                    # an already pruned model
     model = lp.load_pruned(out_dir)                   # never runs the checkpoint's code
     lp.save_width_pruned(model, width_plan, out_dir)  # MWOP: weights + width_plan.json, kernels on load
@@ -15,13 +15,18 @@ after verification. A checkpoint whose layers keep different numbers of experts 
 transformers only) so that ``AutoModel...from_pretrained(path, trust_remote_code=True)`` loads
 it without lightprune.
 
+Each export returns its result (:mod:`.result`): :class:`ExportResult` (``save_pruned``, ``export_pruned``,
+``prune_checkpoint``) or :class:`WidthExportResult` (``save_width_pruned``), the figures of the manifest it wrote
+(:data:`MANIFEST_FILE`) as attributes, and ``os.PathLike``: the checkpoint path.
+
 May import: models, checkpoints, experts, width and core; never finetune, callbacks or above.
 """
 
 from lightprune.export.load import check_checkpoint, load_pruned
 from lightprune.export.model_card import CARD_FILE, model_card
 from lightprune.export.pipeline import export_pruned
-from lightprune.export.save import CARD_KEYS, MANIFEST_FILE, TOKENIZER_FILES, save_pruned
+from lightprune.export.result import MANIFEST_FILE, ExportResult, WidthExportResult
+from lightprune.export.save import CARD_KEYS, TOKENIZER_FILES, save_pruned
 from lightprune.export.streamed import prune_checkpoint
 from lightprune.export.verify import ExportVerificationError, default_probe
 from lightprune.export.width import save_width_pruned
@@ -29,4 +34,4 @@ from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels
 
 __all__ = ["save_pruned", "load_pruned", "export_pruned", "prune_checkpoint", "ExportVerificationError",
            "default_probe", "check_checkpoint", "MANIFEST_FILE", "save_width_pruned", "attach_width_kernels", "WIDTH_PLAN_FILE",
-           "model_card", "CARD_FILE", "CARD_KEYS", "TOKENIZER_FILES"]
+           "model_card", "CARD_FILE", "CARD_KEYS", "TOKENIZER_FILES", "ExportResult", "WidthExportResult"]

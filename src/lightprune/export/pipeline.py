@@ -8,11 +8,17 @@ loading all show up as a logits difference.
 The plan, the unpruned model's parameter count and tensor bytes go into the export's manifest and
 model card (``save_pruned(card=...)``), so the checkpoint says which original experts each layer
 keeps. An output directory that is (or holds) the source checkpoint is refused before any surgery.
+
+Every input is checked before any surgery: the output directory, ``atol``, the card (against the counts the
+plan leaves in every MoE layer) and the source's fingerprint here, once; the plan against the model by the
+experts functions that use it (``write_merged`` for a MergePlan, ``mask_experts``, ``prune_experts``: public
+functions that each check what they are given), not by the export itself.
+:func:`~lightprune.export.save.write_pruned` then writes and verifies the checkpoint without checking those
+again and returns its :class:`~lightprune.export.result.ExportResult`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Mapping
@@ -27,15 +33,15 @@ from lightprune.experts.mask import mask_experts
 from lightprune.experts.merging import MergePlan, write_merged
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
+from lightprune.export.result import ExportResult
 from lightprune.export.save import (
-    MANIFEST_FILE,
     card_facts,
     check_not_source,
     parameter_count,
     resolve_source_dir,
-    save_pruned,
     source_fingerprint,
     tensor_bytes,
+    write_pruned,
 )
 from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
 from lightprune.models import find_moe_layers
@@ -58,10 +64,17 @@ def _name_a_surgery_problem(model: nn.Module, probe: Mapping[str, Any], referenc
             "scores can flip an expert choice: pass a larger atol or export in fp32", gap, atol) from err
 
 
+def _counts_after(model: nn.Module, plan: ExpertPlan) -> dict[int, int]:
+    """{layer: routed experts} ``model`` will have once pruned by ``plan``; a layer of the plan that the model lacks
+    keeps the plan's count (``mask_experts`` names it)."""
+    layers = {layer.index: layer.num_experts for layer in find_moe_layers(model)}
+    return {**plan.kept_counts(), **{index: len(plan.keep.get(index, range(n))) for index, n in layers.items()}}
+
+
 def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str | os.PathLike, *,
                   probe: Mapping[str, Any] | None = None, overwrite: bool = False, atol: float | None = None,
                   processor: Any = None, source_dir: str | os.PathLike | None = None,
-                  card: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  card: Mapping[str, Any] | None = None) -> ExportResult:
     """Prune ``model`` in place by ``plan``, save it to ``out_dir`` and verify it against the masked model.
 
     A :class:`~lightprune.experts.merging.MergePlan` merges instead: once the checks below have passed, every
@@ -69,13 +82,16 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     ExpertPlan (the dominants kept), so the reference is the reversibly merged model
     (:func:`~lightprune.experts.merging.merged_experts` computes the same).
 
-    ``processor`` and ``source_dir`` are passed to :func:`save_pruned` (the tokenizer, the source's
-    fingerprint); ``card`` too (``source``, ``command``, ``evaluation``), with ``plan`` and the
-    unpruned model's ``parameters_before`` / ``parameter_bytes_before`` added here.
+    ``processor``, ``source_dir`` and ``card`` are as for :func:`save_pruned` (the tokenizer, the source's
+    fingerprint; ``card``: ``source``, ``command``, ``evaluation``), with ``plan`` and the unpruned model's
+    ``parameters_before`` / ``parameter_bytes_before`` added to the card here.
 
-    Returns a report: ``out_dir``, ``params_before``, ``params_after``, ``checkpoint_bytes``
-    (safetensors bytes on disk), ``expected_bytes`` (bytes of the pruned tensors),
-    ``kept_per_layer`` ({layer: count}), ``uniform``, ``max_abs_diff`` and ``seconds``.
+    Returns an :class:`~lightprune.export.result.ExportResult`: ``path``, ``parameters_before``, ``parameters``,
+    ``weight_bytes`` (safetensors bytes on disk), ``parameter_bytes`` (bytes of the pruned tensors),
+    ``experts_per_layer``, ``uniform``, ``max_abs_diff``, ``seconds``, ... Indexing it with the keys of the dict
+    this returned before 0.2 (``out_dir``, ``params_before``, ``params_after``, ``checkpoint_bytes``,
+    ``expected_bytes``, ``kept_per_layer``, ``uniform``, ``max_abs_diff``, ``seconds``) still gives their values,
+    deprecated (:data:`~lightprune.export.result.LEGACY_KEYS` names the attribute of each).
 
     The output directory is checked before any surgery (also that it is not, and does not hold, the
     source checkpoint directory: ``ValueError``). The reloaded checkpoint is compared with the masked
@@ -87,7 +103,6 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     merge = plan if isinstance(plan, MergePlan) else None
     if merge is not None:
         plan = merge.expert_plan()
-        plan.check_layers(find_moe_layers(model))
     atol = check_atol(atol)  # NaN would switch verification off: refused before any surgery
     source = resolve_source_dir(model, source_dir)
     check_not_source(out_dir, source)
@@ -96,32 +111,22 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     ours = sorted({"plan", "parameters_before", "parameter_bytes_before"} & set(given))
     if ours:
         raise ValueError(f"export_pruned fills card keys {ours} itself; pass the plan as the plan argument")
-    params_before = parameter_count(model)
-    card = {**given, "plan": plan, "parameters_before": params_before, "parameter_bytes_before": tensor_bytes(model)}
-    card_facts(card, plan.kept_counts())  # a bad card or source is an error before any surgery
-    source_fingerprint(source)
+    # a bad card or source is an error before any surgery, so is a plan that leaves out MoE layers
+    facts = card_facts({**given, "plan": plan, "parameters_before": parameter_count(model),
+                        "parameter_bytes_before": tensor_bytes(model)}, _counts_after(model, plan))
+    fingerprint = source_fingerprint(source)
     probe = dict(probe) if probe is not None else default_probe(model)
     if merge is not None:
-        write_merged(model, merge)  # irreversible: after every check that can fail without surgery
+        write_merged(model, merge)  # irreversible: after every check that can fail without surgery (plan included)
     with mask_experts(model, plan):
         reference = model_logits(model, probe)
     prune_experts(model, plan)
     atol = default_atol(model) if atol is None else atol
+    counts = {layer.index: layer.num_experts for layer in find_moe_layers(model)}
     try:
-        path = save_pruned(model, out_dir, probe=probe, reference_logits=reference, atol=atol, overwrite=overwrite,
-                           processor=processor, source_dir=source, card=card)
+        return write_pruned(model, out_dir, counts, source=source, facts=facts, fingerprint=fingerprint, probe=probe,
+                            reference_logits=reference, atol=atol, overwrite=overwrite, processor=processor,
+                            max_shard_size=None, start=start)
     except Exception as err:  # re-raised below unless the surgery is to blame
         _name_a_surgery_problem(model, probe, reference, atol, err)
         raise
-    manifest = json.loads((path / MANIFEST_FILE).read_text())
-    return {
-        "out_dir": str(path),
-        "params_before": params_before,
-        "params_after": manifest["parameters"],
-        "checkpoint_bytes": manifest["weight_bytes"],
-        "expected_bytes": manifest["parameter_bytes"],
-        "kept_per_layer": {str(layer): len(ids) for layer, ids in plan.keep.items()},
-        "uniform": manifest["uniform"],
-        "max_abs_diff": manifest["verification"]["max_abs_diff"],
-        "seconds": time.perf_counter() - start,
-    }

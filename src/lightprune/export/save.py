@@ -17,16 +17,19 @@ Steps, all inside a staging directory renamed into place only at the end (:mod:`
 4. verification: reload through :func:`load_pruned` (and, non-uniform, also through
    transformers' ``trust_remote_code=True``), run the probe batch, compare with the reference
    logits (:mod:`.verify`); a mismatch raises :class:`ExportVerificationError`;
-5. ``lightprune_export.json``: per-layer expert counts, parameter count and bytes, bytes on
-   disk, dtype, the verification result, and what the export came from: the source and the
-   fingerprint of its safetensors files (name, size, SHA-256 of the header), the plan, the
+5. ``lightprune_export.json`` (:func:`.result.write_manifest`): per-layer expert counts, parameter count
+   and bytes, bytes on disk, dtype, the verification result, and what the export came from: the source and
+   the fingerprint of its safetensors files (name, size, SHA-256 of the header), the plan, the
    tokenizer's origin, the evaluation, the lightprune version and the command;
 6. ``README.md``: the model card rendered from the manifest (:func:`.model_card.model_card`);
 7. file modes: every file ``0o666 & ~umask``, every directory ``0o777 & ~umask`` (transformers
    writes the weights ``0o600``).
 
 An output directory that is the source checkpoint directory, or holds it, is refused before
-anything is written: replacing it would delete the source.
+anything is written: replacing it would delete the source. The call returns an
+:class:`~lightprune.export.result.ExportResult` made from the manifest it wrote (``os.PathLike``: the
+checkpoint path). :func:`save_pruned` checks its inputs and calls :func:`write_pruned`, which
+:func:`~lightprune.export.export_pruned` calls with inputs it has checked itself.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,7 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightprune.checkpoints.classes import auto_class_name, base_class
+from lightprune.checkpoints.classes import base_class
 from lightprune.checkpoints.directory import weight_files
 from lightprune.checkpoints.header import header_bytes
 from lightprune.checkpoints.staging import TMP_TAG, staging_dir
@@ -53,16 +57,16 @@ from lightprune.core.checks import check_atol
 from lightprune.experts.mask import is_masked
 from lightprune.experts.plan import ExpertPlan
 from lightprune.export.load import load_pruned
-from lightprune.export.model_card import CARD_FILE, model_card
 from lightprune.export.remote_code import MODELING_FILE, auto_map_entry, modeling_source
+from lightprune.export.result import MANIFEST_FILE, ExportResult, write_manifest
 from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
 from lightprune.models import find_moe_layers, get_family
 
-__all__ = ["save_pruned", "parameter_count", "tensor_bytes", "MANIFEST_FILE", "TOKENIZER_FILES", "CARD_KEYS",
-           "resolve_source_dir", "check_not_source", "source_fingerprint", "card_facts", "copy_tokenizer_files",
-           "finish_config", "apply_umask", "check_no_pickles", "GENERATION_FILE", "write_manifest"]
+__all__ = ["save_pruned", "write_pruned", "parameter_count", "tensor_bytes", "MANIFEST_FILE", "TOKENIZER_FILES",
+           "CARD_KEYS", "resolve_source_dir", "check_not_source", "source_fingerprint", "card_facts", "plan_record",
+           "copy_tokenizer_files", "finish_config", "apply_umask", "check_no_pickles", "GENERATION_FILE",
+           "write_manifest"]
 
-MANIFEST_FILE = "lightprune_export.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 #: tokenizer / processor / chat-template files copied from a source checkpoint directory, when present
@@ -195,9 +199,18 @@ def _write_tokenizer(tmp: Path, processor: Any, source: Path | None) -> dict[str
     return {"origin": "source_dir", "files": copied} if copied else None
 
 
+def plan_record(plan: ExpertPlan) -> dict[str, Any]:
+    """``plan`` as the manifest records it: its ``to_dict()`` as :meth:`ExpertPlan.save` writes it."""
+    return json.loads(json.dumps(plan.to_dict(), default=str))
+
+
 def card_facts(card: Mapping[str, Any] | None, counts: Mapping[int, int]) -> dict[str, Any]:
-    """Validate ``save_pruned(card=...)`` for a model with ``counts`` ({layer: routed experts}); returns
-    every :data:`CARD_KEYS` key (``None`` when not given), the plan as its ``to_dict()``."""
+    """Validate ``save_pruned(card=...)``; returns every :data:`CARD_KEYS` key (``None`` when not given), the plan
+    as :func:`plan_record` (an ExpertPlan converted once; a ``to_dict()`` mapping parsed once, which checks it).
+
+    ``counts``: the pruned model's {layer: routed experts}, which the plan's kept counts must equal (a plan of
+    another model, or one that leaves out MoE layers, is a ``ValueError``).
+    """
     card = dict(card or {})
     unknown = sorted(set(card) - set(CARD_KEYS))
     if unknown:
@@ -212,7 +225,7 @@ def card_facts(card: Mapping[str, Any] | None, counts: Mapping[int, int]) -> dic
         if plan.kept_counts() != dict(counts):
             raise ValueError(f"card['plan'] keeps {plan.kept_counts()} experts per layer, the model has {dict(counts)}: "
                              "not the plan this model was pruned with")
-        facts["plan"] = json.loads(json.dumps(plan.to_dict(), default=str))  # as ExpertPlan.save writes it
+        facts["plan"] = plan_record(plan)
     for key in ("parameters_before", "parameter_bytes_before"):
         if facts[key] is not None and (isinstance(facts[key], bool) or not isinstance(facts[key], int)):
             raise TypeError(f"card[{key!r}] must be an int, got {facts[key]!r}")
@@ -301,52 +314,10 @@ def _verify(checkpoint: Path, probe: Mapping[str, Any], reference: torch.Tensor,
     return diffs
 
 
-def write_manifest(tmp: Path, model: nn.Module, counts: Mapping[int, int], *, parameters: int, parameter_bytes: int,
-                   dtype: torch.dtype, verification: Mapping[str, Any] | None, source: str | None,
-                   fingerprint: list[dict[str, Any]] | None, plan: Mapping[str, Any] | None,
-                   tokenizer: Mapping[str, Any] | None, evaluation: Mapping[str, Any] | None = None,
-                   parameters_before: int | None = None, parameter_bytes_before: int | None = None,
-                   command: str | None = None, **extra: Any) -> dict[str, Any]:
-    """Write :data:`MANIFEST_FILE` and the model card of the export staged in ``tmp`` (its weights already there), for
-    ``model`` (pruned; meta tensors will do) with ``counts`` experts per layer; ``extra`` keys go in too. Returns
-    the manifest."""
-    from lightprune import __version__
-
-    manifest = {
-        "format": "lightprune-export",
-        "format_version": 1,
-        "model_type": model.config.model_type,
-        "architecture": base_class(model).__name__,
-        "auto_class": auto_class_name(model.config),
-        "uniform": len(set(counts.values())) == 1,
-        "experts_per_layer": {str(k): v for k, v in sorted(counts.items())},
-        "routed_experts": sum(counts.values()),
-        "parameters": parameters,
-        "parameter_bytes": parameter_bytes,
-        "weight_bytes": sum(f.stat().st_size for f in weight_files(tmp)),
-        "dtype": str(dtype).removeprefix("torch."),
-        "verification": verification,
-        "source": source,
-        "source_fingerprint": fingerprint,
-        "plan": plan,
-        "tokenizer": tokenizer,
-        "evaluation": evaluation,
-        "parameters_before": parameters_before,
-        "parameter_bytes_before": parameter_bytes_before,
-        "weight_bytes_before": sum(f["size"] for f in fingerprint) if fingerprint else None,
-        **extra,
-        "lightprune_version": __version__,
-        "command": command if command is not None else " ".join(sys.argv),
-    }
-    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-    (tmp / CARD_FILE).write_text(model_card(manifest))
-    return manifest
-
-
 def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[str, Any] | None = None,
                 reference_logits: torch.Tensor | None = None, atol: float | None = None, overwrite: bool = False,
                 processor: Any = None, max_shard_size: int | str | None = None,
-                source_dir: str | os.PathLike | None = None, card: Mapping[str, Any] | None = None) -> Path:
+                source_dir: str | os.PathLike | None = None, card: Mapping[str, Any] | None = None) -> ExportResult:
     """Write ``model`` (already pruned in place) to ``out_dir`` as a verified safetensors checkpoint.
 
     Args:
@@ -370,19 +341,34 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
             ``command`` (default: ``" ".join(sys.argv)``), ``evaluation`` (a JSON mapping),
             ``parameters_before`` and ``parameter_bytes_before`` (of the unpruned model).
 
-    The reloaded copies run on ``model``'s device. Returns the absolute checkpoint path.
+    The reloaded copies run on ``model``'s device. Returns an :class:`~lightprune.export.result.ExportResult`
+    (the manifest's figures as attributes; ``os.PathLike`` and ``str``: the absolute checkpoint path, as the
+    ``Path`` this returned before 0.2, whose other behaviour is deprecated there).
     Raises :class:`ExportVerificationError` (leaving ``out_dir`` untouched) on a mismatch.
     """
+    start = time.perf_counter()
     if is_masked(model):
         raise ValueError("save_pruned got a model inside mask_experts: masking is not saved; "
                          "call prune_experts(model, plan) first (or use export_pruned)")
     source = resolve_source_dir(model, source_dir)
     check_not_source(out_dir, source)
-    family = get_family(model)
+    get_family(model)  # an unsupported model is named before anything else
     counts = {layer.index: layer.num_experts for layer in find_moe_layers(model)}
     facts = card_facts(card, counts)
-    fingerprint = source_fingerprint(source)
-    family.set_expert_counts(counts)
+    return write_pruned(model, out_dir, counts, source=source, facts=facts, fingerprint=source_fingerprint(source),
+                        probe=probe, reference_logits=reference_logits, atol=atol, overwrite=overwrite,
+                        processor=processor, max_shard_size=max_shard_size, start=start)
+
+
+def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[int, int], *, source: Path | None,
+                 facts: Mapping[str, Any], fingerprint: list[dict[str, Any]] | None,
+                 probe: Mapping[str, Any] | None, reference_logits: torch.Tensor | None, atol: float | None,
+                 overwrite: bool, processor: Any, max_shard_size: int | str | None, start: float) -> ExportResult:
+    """Steps 1-7 of the module docstring for ``model`` (pruned, ``counts`` routed experts per layer), its inputs
+    checked by the caller: ``source`` (:func:`resolve_source_dir`, not ``out_dir`` nor inside it), ``facts``
+    (:func:`card_facts`), ``fingerprint`` (:func:`source_fingerprint` of ``source``). The other arguments are
+    :func:`save_pruned`'s; the result's ``seconds`` count from ``start`` (``time.perf_counter()``)."""
+    get_family(model).set_expert_counts(dict(counts))
     uniform = len(set(counts.values())) == 1
     probe = dict(probe) if probe is not None else default_probe(model)
     if reference_logits is None:
@@ -398,14 +384,14 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
         finish_config(tmp, model, uniform)
         check_no_pickles(tmp)
         diffs = _verify(tmp, probe, reference_logits, dtype, device, not uniform, atol)
-        write_manifest(tmp, model, counts, parameters=parameter_count(model), parameter_bytes=tensor_bytes(model),
-                       dtype=dtype, verification={
-                           "max_abs_diff": max(diffs.values()), "atol": atol, "loaders": diffs,
-                           "probe_shapes": {k: list(v.shape) for k, v in probe.items() if isinstance(v, torch.Tensor)}},
-                       source=facts["source"] if facts["source"] is not None else (
-                           str(source) if source is not None else (getattr(model.config, "_name_or_path", "") or None)),
-                       fingerprint=fingerprint, plan=facts["plan"], tokenizer=tokenizer,
-                       evaluation=facts["evaluation"], parameters_before=facts["parameters_before"],
-                       parameter_bytes_before=facts["parameter_bytes_before"], command=facts["command"])
+        manifest = write_manifest(
+            tmp, model, counts, parameters=parameter_count(model), parameter_bytes=tensor_bytes(model), dtype=dtype,
+            verification={"max_abs_diff": max(diffs.values()), "atol": atol, "loaders": diffs,
+                          "probe_shapes": {k: list(v.shape) for k, v in probe.items() if isinstance(v, torch.Tensor)}},
+            source=facts["source"] if facts["source"] is not None else (
+                str(source) if source is not None else (getattr(model.config, "_name_or_path", "") or None)),
+            fingerprint=fingerprint, plan=facts["plan"], tokenizer=tokenizer, evaluation=facts["evaluation"],
+            parameters_before=facts["parameters_before"], parameter_bytes_before=facts["parameter_bytes_before"],
+            command=facts["command"])
         apply_umask(tmp)
-    return Path(out_dir).expanduser().absolute()
+    return ExportResult.from_manifest(out_dir, manifest, time.perf_counter() - start)

@@ -28,6 +28,7 @@ import copy
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from lightprune.checkpoints.staging import staging_dir
 from lightprune.checkpoints.writer import SafetensorsWriter
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
+from lightprune.export.result import ExportResult, write_manifest
 from lightprune.export.save import (
     GENERATION_FILE,
     apply_umask,
@@ -50,13 +52,12 @@ from lightprune.export.save import (
     check_not_source,
     copy_tokenizer_files,
     finish_config,
+    plan_record,
     source_fingerprint,
-    write_manifest,
 )
 from lightprune.models import MoELayer, find_moe_layers
 
 __all__ = ["prune_checkpoint", "expert_dims", "KeyRule"]
-
 
 
 @dataclass(frozen=True)
@@ -149,9 +150,11 @@ def _write_shard(checkpoint: Checkpoint, file: Path, rules: dict[str, KeyRule], 
 def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str | os.PathLike, *,
                      overwrite: bool = False, verify: bool = True, atol: float | None = None,
                      probe_tokens: int = 16, seed: int = 0, progress: bool = True,
-                     card: dict[str, Any] | None = None) -> Path:
+                     card: dict[str, Any] | None = None) -> ExportResult:
     """Write the checkpoint at ``src_dir`` with the experts ``plan`` prunes removed to ``out_dir``, shard by
-    shard (see the module docstring); returns the absolute output path.
+    shard (see the module docstring); returns an :class:`~lightprune.export.result.ExportResult` (the manifest's
+    figures as attributes; ``os.PathLike`` and ``str``: the absolute output path, as the ``Path`` this returned
+    before 0.2, whose other behaviour is deprecated there).
 
     ``verify``: check the result layer by layer and with a sequential forward against the masked source
     (:func:`lightprune.export.streamed_verify.verify_pruned_checkpoint`, ``atol`` default 1e-5 fp32, 1e-2 bf16/fp16,
@@ -162,6 +165,7 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     """
     from lightprune.export.streamed_verify import verify_pruned_checkpoint
 
+    start = time.perf_counter()
     unknown = sorted(set(card or {}) - {"source", "command"})
     if unknown:
         raise ValueError(f"card has unknown keys {unknown}; prune_checkpoint takes 'source' and 'command'")
@@ -170,9 +174,8 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     with Checkpoint(src) as checkpoint:
         skeleton = Skeleton(checkpoint)
         layers = find_moe_layers(skeleton.model)
-        plan.check_layers(layers)
         plan = _whole(plan, layers)
-        pruned = prune_experts(copy.deepcopy(skeleton.model), plan)
+        pruned = prune_experts(copy.deepcopy(skeleton.model), plan)  # checks the plan against the model first
         counts = {layer.index: layer.num_experts for layer in find_moe_layers(pruned)}
         rules = key_rules(skeleton, expert_dims(skeleton.model, pruned), plan)
         with staging_dir(out_dir, overwrite) as tmp:
@@ -194,9 +197,9 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
             check_no_pickles(tmp)
             verification = verify_pruned_checkpoint(checkpoint, plan, tmp, atol=atol, probe_tokens=probe_tokens,
                                                     seed=seed, progress=progress) if verify else None
-            _write_manifest(tmp, skeleton, pruned, plan, counts, total, tokenizer, verification, card)
+            manifest = _write_manifest(tmp, skeleton, pruned, plan, counts, total, tokenizer, verification, card)
             apply_umask(tmp)
-    return Path(out_dir).expanduser().absolute()
+    return ExportResult.from_manifest(out_dir, manifest, time.perf_counter() - start)
 
 
 def _whole(plan: ExpertPlan, layers: list[MoELayer]) -> ExpertPlan:
@@ -211,13 +214,13 @@ def _whole(plan: ExpertPlan, layers: list[MoELayer]) -> ExpertPlan:
 
 def _write_manifest(tmp: Path, skeleton: Skeleton, pruned: nn.Module, plan: ExpertPlan, counts: dict[int, int],
                     total: int, tokenizer: list[str], verification: dict[str, Any] | None,
-                    card: dict[str, Any] | None) -> None:
+                    card: dict[str, Any] | None) -> dict[str, Any]:
     card, checkpoint = dict(card or {}), skeleton.checkpoint
-    write_manifest(tmp, pruned, counts, parameters=sum(p.numel() for p in pruned.parameters()), parameter_bytes=total,
-                   dtype=skeleton.dtype, verification=verification, source=card.get("source", str(checkpoint.path)),
-                   fingerprint=source_fingerprint(checkpoint.path),
-                   plan=json.loads(json.dumps(plan.to_dict(), default=str)),
-                   tokenizer={"origin": "source_dir", "files": tokenizer} if tokenizer else None,
-                   parameters_before=sum(p.numel() for p in skeleton.model.parameters()),
-                   parameter_bytes_before=checkpoint.total_bytes, command=card.get("command"),
-                   written_by="prune_checkpoint", copied_without_model_tensor=sorted(skeleton.unmatched))
+    return write_manifest(tmp, pruned, counts, parameters=sum(p.numel() for p in pruned.parameters()),
+                          parameter_bytes=total, dtype=skeleton.dtype, verification=verification,
+                          source=card.get("source", str(checkpoint.path)),
+                          fingerprint=source_fingerprint(checkpoint.path), plan=plan_record(plan),
+                          tokenizer={"origin": "source_dir", "files": tokenizer} if tokenizer else None,
+                          parameters_before=sum(p.numel() for p in skeleton.model.parameters()),
+                          parameter_bytes_before=checkpoint.total_bytes, command=card.get("command"),
+                          written_by="prune_checkpoint", copied_without_model_tensor=sorted(skeleton.unmatched))

@@ -99,13 +99,23 @@ def model_logits(model: nn.Module, probe: Mapping[str, Any], device: torch.devic
     return logits.detach().float().cpu()
 
 
-def max_abs_diff(logits: torch.Tensor, reference: torch.Tensor, what: str = "reloaded checkpoint") -> float:
-    """Largest ``|logits - reference|``; a shape mismatch or a NaN is an :class:`ExportVerificationError`."""
+def max_abs_diff(logits: torch.Tensor, reference: torch.Tensor, what: str = "reloaded checkpoint",
+                 valid: torch.Tensor | None = None) -> float:
+    """Largest ``|logits - reference|``; a shape mismatch or a NaN is an :class:`ExportVerificationError`.
+
+    ``valid``: a boolean mask over the leading dimensions of the logits (``[batch, seq]``, e.g. the probe's
+    attention mask): only those positions count (a padding query of the width kernels outputs zeros, which its
+    reference need not), NaN included."""
     reference = reference.detach().float().cpu()
     if logits.shape != reference.shape:
         raise ExportVerificationError(f"{what}: logits of shape {tuple(logits.shape)} do not match the reference "
                                       f"of shape {tuple(reference.shape)}")
     diff = (logits - reference).abs()
+    if valid is not None:
+        if valid.dtype != torch.bool or tuple(valid.shape) != tuple(diff.shape[:valid.dim()]):
+            raise ValueError(f"{what}: valid must be a boolean mask of the logits' leading dimensions "
+                             f"{tuple(diff.shape[:max(valid.dim(), 1)])}, got {valid.dtype} {tuple(valid.shape)}")
+        diff = diff[valid.cpu()]
     if diff.numel() == 0:
         return 0.0
     if torch.isnan(diff).any():

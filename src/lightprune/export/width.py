@@ -21,8 +21,8 @@ from __future__ import annotations
 import gc
 import json
 import os
+import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,28 +31,21 @@ from torch import nn
 from lightprune.checkpoints.staging import staging_dir
 from lightprune.core.checks import check_atol, check_positive_int
 from lightprune.export.load import load_pruned
-from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, model_logits
-from lightprune.export.width_format import MANIFEST_NAME, WIDTH_FORMAT, WIDTH_PLAN_FILE
+from lightprune.export.result import MANIFEST_FILE, WidthExportResult
+from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
+from lightprune.export.width_format import WIDTH_FORMAT, WIDTH_PLAN_FILE
 from lightprune.width.mask import mask_width
 from lightprune.width.paths import MODALITIES, PATHS
 from lightprune.width.plan import WidthPlan
 
 __all__ = ["save_width_pruned"]
 
+
 def _valid_positions(probe: Mapping[str, Any], logits: torch.Tensor) -> torch.Tensor:
     mask = probe.get("attention_mask")
     if mask is None:
         return torch.ones(logits.shape[:2], dtype=torch.bool)
     return mask.bool().cpu()
-
-
-def _max_diff(logits: torch.Tensor, reference: torch.Tensor, valid: torch.Tensor, what: str) -> float:
-    if logits.shape != reference.shape:
-        raise ExportVerificationError(f"{what}: logits {tuple(logits.shape)} vs reference {tuple(reference.shape)}")
-    diff = (logits - reference.float().cpu()).abs()[valid]
-    if torch.isnan(diff).any():
-        raise ExportVerificationError(f"{what}: NaN in the logits difference", float("nan"))
-    return float(diff.max()) if diff.numel() else 0.0
 
 
 def _summary(plan: WidthPlan) -> dict[str, float]:
@@ -63,7 +56,7 @@ def _summary(plan: WidthPlan) -> dict[str, float]:
 def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathLike, *,
                       probe: Mapping[str, Any] | None = None, reference_logits: torch.Tensor | None = None,
                       atol: float | None = None, align: int = 64, overwrite: bool = False, processor: Any = None,
-                      metadata: Mapping[str, Any] | None = None) -> Path:
+                      metadata: Mapping[str, Any] | None = None) -> WidthExportResult:
     """Write ``model`` (a transformers MLLM, no adapter, no active masks) with ``plan`` to ``out_dir``.
 
     Args:
@@ -77,7 +70,12 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
         overwrite: replace an existing non-empty ``out_dir`` once the new one is verified.
         processor: saved beside the weights when given.
         metadata: extra entries for the manifest (e.g. the search's ATR and FLOPs).
+
+    Returns a :class:`~lightprune.export.result.WidthExportResult` (the manifest's facts as attributes;
+    ``os.PathLike`` and ``str``: the absolute checkpoint path, as the ``Path`` this returned before 0.2, whose
+    other behaviour is deprecated there).
     """
+    start = time.perf_counter()
     check_positive_int("align", align)
     if getattr(model, "lightprune_width", None) is not None:
         raise ValueError("save_width_pruned got a model with width kernels attached; save the plain model")
@@ -96,7 +94,8 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
         plan.save(tmp / WIDTH_PLAN_FILE)
         reloaded = load_pruned(tmp).to(next(model.parameters()).device)
         try:
-            diff = _max_diff(model_logits(reloaded, probe), reference_logits, valid, "reloaded width checkpoint")
+            diff = max_abs_diff(model_logits(reloaded, probe), reference_logits, "reloaded width checkpoint",
+                                valid=valid)
         finally:
             del reloaded
             gc.collect()
@@ -110,5 +109,5 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
                                      "probe_shapes": {k: list(v.shape) for k, v in probe.items()
                                                       if isinstance(v, torch.Tensor)}},
                     **dict(metadata or {})}
-        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-    return Path(out_dir).expanduser().absolute()
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    return WidthExportResult.from_manifest(out_dir, manifest, time.perf_counter() - start)

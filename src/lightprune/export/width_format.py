@@ -1,5 +1,8 @@
 """The MWOP width-export format (paper 002, appendix D.5): file names, the manifest, and the kernel swap
 :func:`lightprune.export.load_pruned` applies when a checkpoint holds ``width_plan.json``.
+
+The manifest's file name is the one every export writes (:data:`lightprune.export.result.MANIFEST_FILE`);
+``MANIFEST_NAME``, its name here until 0.2, is a deprecated alias.
 """
 
 from __future__ import annotations
@@ -10,15 +13,15 @@ from typing import Any
 
 from torch import nn
 
+from lightprune.export.result import MANIFEST_FILE
 from lightprune.width.kernels import check_backend
 from lightprune.width.plan import WidthPlan
 from lightprune.width.swap import swap_compact_ffn
 
-__all__ = ["WIDTH_PLAN_FILE", "WIDTH_FORMAT", "MANIFEST_NAME", "attach_width_kernels", "read_width_manifest"]
+__all__ = ["WIDTH_PLAN_FILE", "WIDTH_FORMAT", "attach_width_kernels", "read_width_manifest"]
 
 WIDTH_PLAN_FILE = "width_plan.json"
 WIDTH_FORMAT = "lightprune-width-export"
-MANIFEST_NAME = "lightprune_export.json"
 
 
 def attach_width_kernels(model: nn.Module, plan: WidthPlan, align: int = 64, attention_backend: str = "sdpa"):
@@ -33,7 +36,7 @@ def attach_width_kernels(model: nn.Module, plan: WidthPlan, align: int = 64, att
 
 def read_width_manifest(path: Path) -> dict[str, Any]:
     """The width export's manifest (alignment) at ``path``; defaults when a plan was dropped in by hand."""
-    manifest = path / MANIFEST_NAME
+    manifest = path / MANIFEST_FILE
     if not manifest.is_file():
         return {"align": 64}
     data = json.loads(manifest.read_text())
@@ -41,3 +44,12 @@ def read_width_manifest(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path} has {WIDTH_PLAN_FILE} but its manifest is of format {data.get('format')!r}, "
                          f"not {WIDTH_FORMAT!r}")
     return data
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MANIFEST_NAME":  # the width export's own name for the manifest file until 0.2: deprecated
+        from lightprune._compat import warn_once
+
+        warn_once(f"{__name__}.MANIFEST_NAME", "lightprune.export.MANIFEST_FILE")
+        return MANIFEST_FILE
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

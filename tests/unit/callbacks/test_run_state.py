@@ -97,3 +97,20 @@ def test_width_masks_have_one_owner() -> None:
     state.release_width_masks()  # idempotent
     assert not state.width_masks_active
     torch.testing.assert_close(model(**batch).logits, dense, rtol=0, atol=0)
+
+
+def test_every_callback_writes_to_its_output_dir_or_the_trainers_root(tmp_path) -> None:
+    from lightprune.callbacks import Evaluate, ExpertPruning, ExpertStats
+    from lightprune.callbacks.export import checkpoint_path
+    from lightprune.callbacks.state import run_directory
+
+    trainer = Trainer()
+    trainer.default_root_dir = str(tmp_path / "root")
+    assert run_directory(trainer, None) == tmp_path / "root"
+    assert run_directory(trainer, tmp_path / "mine") == tmp_path / "mine"
+    assert checkpoint_path(trainer, None, None) == tmp_path / "root" / "model"
+    assert checkpoint_path(trainer, str(tmp_path / "mine"), None) == tmp_path / "mine" / "model"
+    for callback in (Evaluate(), ExpertPruning(), ExpertStats()):
+        assert callback.run_dir(trainer) == tmp_path / "root"
+        callback.output_dir = str(tmp_path / "mine")
+        assert callback.run_dir(trainer) == tmp_path / "mine"

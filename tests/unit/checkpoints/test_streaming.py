@@ -104,7 +104,7 @@ def test_a_checkpoint_pruned_shard_by_shard_equals_the_pruned_model(tiny, tmp_pa
     path = saved(model, tmp_path / "ckpt", sharded=sharded)
     plan = varied_plan(model) if kind == "varied" else \
         lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5, allocation="uniform")
-    out = prune_checkpoint(path, plan, tmp_path / "out", progress=False)
+    out = prune_checkpoint(path, plan, tmp_path / "out", progress=False).path
     expected = lp.prune_experts(copy.deepcopy(model), plan)
     reloaded = lp.load_pruned(out)
     want, got = state(expected), state(reloaded)
@@ -133,7 +133,7 @@ def test_tokenizer_and_generation_files_come_along(tiny, tmp_path):
     tokenizer.save_pretrained(path)
     (path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 7}))
     plan = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5)
-    out = prune_checkpoint(path, plan, tmp_path / "out", progress=False)
+    out = prune_checkpoint(path, plan, tmp_path / "out", progress=False).path
     from transformers import AutoTokenizer
 
     text = "a tiny sentence"
@@ -149,7 +149,7 @@ def test_a_wrong_write_fails_verification_and_leaves_the_previous_output(tiny, t
     model = tiny("qwen3_moe", seed=2)
     path = saved(model, tmp_path / "ckpt", sharded=True)
     plan = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5)
-    out = prune_checkpoint(path, plan, tmp_path / "out", progress=False)
+    out = prune_checkpoint(path, plan, tmp_path / "out", progress=False).path
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     rules = streamed.key_rules
 
@@ -174,7 +174,7 @@ def test_a_killed_streaming_export_leaves_the_previous_output(tiny, tmp_path):
     path = saved(model, tmp_path / "ckpt", sharded=True)
     plan = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5)
     plan.save(tmp_path / "plan.json")
-    out = prune_checkpoint(path, plan, tmp_path / "out", progress=False)
+    out = prune_checkpoint(path, plan, tmp_path / "out", progress=False).path
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     script = textwrap.dedent(f"""
         import os, signal

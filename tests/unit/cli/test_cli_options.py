@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lightprune.core import choices
 from lightprune.cli.options import (
     ADDRESSES,
     ARGUMENTS,
@@ -21,6 +20,7 @@ from lightprune.cli.options import (
     check_command_line,
     split_addressed,
 )
+from lightprune.core import choices
 
 
 def test_arguments_are_the_callbacks_signatures() -> None:

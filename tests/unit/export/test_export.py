@@ -116,11 +116,11 @@ def test_non_uniform_export_reloads_with_both_loaders(tmp_path, family, kind):
     probe = default_probe(model)
     reference = masked_logits(model, plan, probe)
     out = tmp_path / REMOTE
-    report = lp.export_pruned(model, plan, out)
+    result = lp.export_pruned(model, plan, out)
 
-    assert Path(report["out_dir"]) == out.absolute() and report["max_abs_diff"] <= ATOL
-    assert report["kept_per_layer"] == {str(k): len(v) for k, v in plan.keep.items()}
-    assert report["params_after"] < report["params_before"]
+    assert result.path == out.absolute() and result.max_abs_diff <= ATOL
+    assert result.experts_per_layer == plan.kept_counts() and result.uniform == plan.is_uniform
+    assert result.parameters < result.parameters_before
     assert_only_safetensors(out)
     assert_clean_parent(tmp_path, {REMOTE})
 
@@ -149,7 +149,7 @@ def test_uniform_export_loads_with_plain_from_pretrained(tmp_path, family):
     plan = scored_plan(model, 0.5, "uniform", seed=1)
     probe = default_probe(model)
     reference = masked_logits(model, plan, probe)
-    out = lp.export_pruned(model, plan, tmp_path / "ckpt")["out_dir"]
+    out = lp.export_pruned(model, plan, tmp_path / "ckpt").path
 
     config = json.loads((Path(out) / "config.json").read_text())
     assert PER_LAYER_KEY not in config and "auto_map" not in config
@@ -169,7 +169,7 @@ def test_manifest_records_counts_sizes_and_verification(tmp_path):
     model = fresh("qwen3_moe")
     plan = floor_plan(model)
     lp.prune_experts(model, plan)
-    out = lp.save_pruned(model, tmp_path / "ckpt")
+    out = lp.save_pruned(model, tmp_path / "ckpt").path
     manifest = json.loads((out / MANIFEST_FILE).read_text())
     assert manifest["experts_per_layer"] == {str(k): len(v) for k, v in plan.keep.items()}
     assert manifest["uniform"] is False
@@ -186,7 +186,7 @@ def test_sharded_checkpoint_round_trip(tmp_path):
     probe = default_probe(model)
     reference = masked_logits(model, plan, probe)
     lp.prune_experts(model, plan)
-    out = lp.save_pruned(model, tmp_path / "ckpt", probe=probe, reference_logits=reference, max_shard_size="40KB")
+    out = lp.save_pruned(model, tmp_path / "ckpt", probe=probe, reference_logits=reference, max_shard_size="40KB").path
     shards = sorted(p.name for p in out.glob("*.safetensors"))
     assert len(shards) > 1 and (out / "model.safetensors.index.json").is_file()
     manifest = json.loads((out / MANIFEST_FILE).read_text())
@@ -204,7 +204,7 @@ def test_bf16_save_uses_bf16_tolerance_and_keeps_dtype(tmp_path):
     lp.prune_experts(model, scored_plan(model, 0.5, "global"))
     probe = default_probe(model)
     own = model_logits(model, probe)
-    out = lp.save_pruned(model, tmp_path / "ckpt", probe=probe, reference_logits=own + 5e-3)
+    out = lp.save_pruned(model, tmp_path / "ckpt", probe=probe, reference_logits=own + 5e-3).path
     manifest = json.loads((out / MANIFEST_FILE).read_text())
     assert manifest["dtype"] == "bfloat16" and manifest["verification"]["atol"] == 1e-2
     assert manifest["verification"]["max_abs_diff"] == pytest.approx(5e-3, abs=1e-6)
@@ -221,7 +221,7 @@ def test_reexport_of_a_loaded_non_uniform_checkpoint(tmp_path):
     reference = masked_logits(model, plan, probe)
     lp.export_pruned(model, plan, tmp_path / "a")
     loaded = lp.load_pruned(tmp_path / "a")
-    out = lp.save_pruned(loaded, tmp_path / "b")
+    out = lp.save_pruned(loaded, tmp_path / "b").path
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["MixtralForCausalLM"]
     torch.testing.assert_close(model_logits(lp.load_pruned(out), probe), reference, atol=ATOL, rtol=0)
@@ -341,7 +341,7 @@ def test_load_pruned_errors_name_the_problem(tmp_path):
 
     model = fresh("olmoe")
     lp.prune_experts(model, scored_plan(model, 0.5, "uniform"))
-    good = lp.save_pruned(model, tmp_path / "good")
+    good = lp.save_pruned(model, tmp_path / "good").path
 
     no_config = tmp_path / "no_config"
     shutil.copytree(good, no_config)

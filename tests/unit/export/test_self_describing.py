@@ -55,7 +55,7 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 
 def manifest(out: Path) -> dict:
-    return json.loads((out / MANIFEST_FILE).read_text())
+    return json.loads((Path(out) / MANIFEST_FILE).read_text())
 
 
 def test_tokenizer_of_the_source_travels_and_tokenizes_the_same(tmp_path):
@@ -65,7 +65,7 @@ def test_tokenizer_of_the_source_travels_and_tokenizes_the_same(tmp_path):
     for junk in ("modeling_foo.py", "notes.txt", "extra.bin"):
         (src / junk).write_text("not for the export")
     model = AutoModelForCausalLM.from_pretrained(src)  # config._name_or_path is the source directory
-    out = Path(lp.export_pruned(model, plan_of(model, UNIFORM), tmp_path / "out")["out_dir"])
+    out = lp.export_pruned(model, plan_of(model, UNIFORM), tmp_path / "out").path
 
     copied = ["chat_template.jinja", "tokenizer.json", "tokenizer_config.json"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
@@ -84,11 +84,11 @@ def test_tokenizer_of_the_source_travels_and_tokenizes_the_same(tmp_path):
 def test_tokenizer_from_a_processor_or_none_at_all(tmp_path):
     model = tiny_model("qwen3_moe")  # built in memory: no source directory
     lp.prune_experts(model, plan_of(model, UNIFORM))
-    with_tok = lp.save_pruned(model, tmp_path / "with", processor=tokenizer())
+    with_tok = lp.save_pruned(model, tmp_path / "with", processor=tokenizer()).path
     assert manifest(with_tok)["tokenizer"] == {"origin": "processor", "class": "TokenizersBackend",
                                                "files": ["chat_template.jinja", "tokenizer.json",
                                                          "tokenizer_config.json"]}
-    without = lp.save_pruned(model, tmp_path / "without")
+    without = lp.save_pruned(model, tmp_path / "without").path
     assert manifest(without)["tokenizer"] is None
     assert sorted(p.name for p in without.iterdir()) == sorted(
         ["config.json", "generation_config.json", "model.safetensors", MANIFEST_FILE, CARD_FILE])
@@ -106,9 +106,9 @@ def test_model_card_lists_the_plans_original_ids_sizes_and_facts(tmp_path, monke
     before = sum(p.numel() for p in model.parameters())
     plan = plan_of(model, UNIFORM)
     evaluation = {"wikitext": {"ppl": 12.5}, "mmlu": 0.25}
-    out = Path(lp.export_pruned(model, plan, tmp_path / "out",
-                                card={"command": "lightprune export --x 1", "evaluation": evaluation,
-                                      "source": "org/tiny-moe"})["out_dir"])
+    out = lp.export_pruned(model, plan, tmp_path / "out",
+                           card={"command": "lightprune export --x 1", "evaluation": evaluation,
+                                 "source": "org/tiny-moe"}).path
     card, facts = (out / CARD_FILE).read_text(), manifest(out)
     assert card == model_card(facts)
     assert kept_table(card) == {layer: (4, "8", ", ".join(map(str, ids))) for layer, ids in plan.keep.items()}
@@ -123,7 +123,7 @@ def test_model_card_lists_the_plans_original_ids_sizes_and_facts(tmp_path, monke
 
     # save_pruned without a plan: a card with what it knows, the command from sys.argv
     monkeypatch.setattr(sys, "argv", ["prune.py", "--ratio", "0.5"])
-    plain = (lp.save_pruned(model, tmp_path / "plain") / CARD_FILE).read_text()
+    plain = (lp.save_pruned(model, tmp_path / "plain").path / CARD_FILE).read_text()
     assert "Original expert ids are unknown: no plan was given." in plain
     assert kept_table(plain) == {layer: (4, "unknown", "unknown") for layer in plan.keep}
     assert "```bash\nprune.py --ratio 0.5\n```" in plain and "No evaluation was given." in plain
@@ -140,7 +140,7 @@ def test_manifest_records_the_plan_and_the_source_fingerprint(tmp_path):
     assert len(shards) > 1
     model = tiny_model("qwen3_moe", seed=1)
     plan = plan_of(model, UNIFORM)
-    out = Path(lp.export_pruned(model, plan, tmp_path / "out", source_dir=src)["out_dir"])
+    out = lp.export_pruned(model, plan, tmp_path / "out", source_dir=src).path
     facts = manifest(out)
     assert facts["plan"] == plan.to_dict()
     assert facts["source"] == str(src)
@@ -159,7 +159,7 @@ def test_file_modes_follow_the_umask(tmp_path, umask, file_mode, dir_mode):
     old = os.umask(umask)
     try:
         model = tiny_model("qwen3_moe")
-        out = Path(lp.export_pruned(model, plan_of(model, UNIFORM), tmp_path / "out", processor=tokenizer())["out_dir"])
+        out = lp.export_pruned(model, plan_of(model, UNIFORM), tmp_path / "out", processor=tokenizer()).path
     finally:
         os.umask(old)
     modes = {p.relative_to(out).as_posix(): p.stat().st_mode & 0o777 for p in out.rglob("*")}
@@ -176,7 +176,7 @@ def test_a_foreign_auto_map_is_not_exported(tmp_path):
     for name, ids in [("uniform", UNIFORM), ("non_uniform", NON_UNIFORM)]:
         model = tiny_model("qwen3_moe")
         model.config.auto_map = dict(FOREIGN)
-        out = Path(lp.export_pruned(model, plan_of(model, ids), tmp_path / name, source_dir=src)["out_dir"])
+        out = lp.export_pruned(model, plan_of(model, ids), tmp_path / name, source_dir=src).path
         exported = json.loads((out / "config.json").read_text())
         if name == "uniform":
             assert "auto_map" not in exported and not (out / "modeling_lightprune.py").exists()

@@ -7,7 +7,13 @@ import json
 import pytest
 import torch
 
-from lightprune.export import ExportVerificationError, attach_width_kernels, load_pruned, save_width_pruned
+from lightprune.export import (
+    MANIFEST_FILE,
+    ExportVerificationError,
+    attach_width_kernels,
+    load_pruned,
+    save_width_pruned,
+)
 from lightprune.models.tiny_batches import tiny_multimodal_batch
 from lightprune.width.mask import mask_width
 from lightprune.width.plan import WidthPlan
@@ -49,8 +55,12 @@ def test_save_and_reload_equals_the_masked_model(tiny, tmp_path):
     model = tiny("qwen2_5_vl")
     plan = _random_plan(model, seed=3)
     batch = tiny_multimodal_batch(model, batch_size=2, seed=4)
-    out = save_width_pruned(model, plan, tmp_path / "ckpt", probe=batch, align=16, metadata={"atr": 99.5})
-    manifest = json.loads((out / "lightprune_export.json").read_text())
+    result = save_width_pruned(model, plan, tmp_path / "ckpt", probe=batch, align=16, metadata={"atr": 99.5})
+    out = result.path
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert result.manifest == manifest and result.align == 16
+    assert result.pruned_fractions == manifest["pruned_fractions"]
+    assert result.verification == manifest["verification"] and result.max_abs_diff < 1e-5
     assert manifest["format"] == "lightprune-width-export" and manifest["align"] == 16 and manifest["atr"] == 99.5
     assert manifest["pruned_fractions"]["v2v"] == plan.pruned_fraction("v2v")
     assert WidthPlan.load(out / "width_plan.json") == plan

@@ -132,7 +132,7 @@ def test_merged_model_equals_its_reloaded_checkpoint(tmp_path, tiny, family) -> 
         reference = model_logits(model, probe)
     assert (reference - original).abs().max() > 1e-4  # the merge changes the model
     report = lp.export_pruned(model, plan, tmp_path / "merged")
-    assert report["uniform"] and report["max_abs_diff"] <= ATOL
+    assert report.uniform and report.max_abs_diff <= ATOL
     config = json.loads((tmp_path / "merged" / "config.json").read_text())
     assert PER_LAYER_KEY not in config and "auto_map" not in config  # plain from_pretrained loads it
     manifest = json.loads((tmp_path / "merged" / "lightprune_export.json").read_text())

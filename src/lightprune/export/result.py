@@ -1,0 +1,262 @@
+"""What an export returns: :class:`ExportResult` (expert pruning: :func:`~lightprune.export.save_pruned`,
+:func:`~lightprune.export.export_pruned`, :func:`~lightprune.export.prune_checkpoint`) and
+:class:`WidthExportResult` (:func:`~lightprune.export.save_width_pruned`), with :data:`MANIFEST_FILE`, the name
+of the manifest every export writes beside its weights, and :func:`write_manifest`, which writes an expert
+export's manifest.
+
+A result is built from the manifest the export has just written (the same dict, never read back from disk), so
+its attributes are the manifest's figures::
+
+    result = lp.export_pruned(model, plan, "out")
+    result.path, result.experts_per_layer, result.parameters, result.weight_bytes, result.max_abs_diff
+    model = lp.load_pruned(result)          # a result is os.PathLike: it goes wherever a path goes
+
+Plain API: the attributes, ``os.fspath(result)`` and ``str(result)`` (the checkpoint path), so ``Path(result)``,
+``open``, ``shutil`` and ``lp.load_pruned(result)`` take it as they took the ``Path`` returned before 0.2.
+
+Deprecated, for one release (each use warns once, ``FutureWarning``, naming the replacement):
+
+- what the ``pathlib.Path`` that ``save_pruned`` / ``prune_checkpoint`` returned offered beyond ``os.PathLike``:
+  its methods and properties (``result.exists()``, ``result.name``), ``result / "name"``, equality with a
+  path: use ``result.path``;
+- the dict that ``export_pruned`` returned: ``result["params_after"]`` (also ``get``, ``keys``, ``items``,
+  ``values``, ``in``) gives the old value; the attributes of :data:`LEGACY_KEYS` replace its keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightprune._compat import warn_once
+from lightprune.checkpoints.classes import auto_class_name, base_class
+from lightprune.checkpoints.directory import weight_files
+from lightprune.export.model_card import CARD_FILE, model_card
+
+__all__ = ["MANIFEST_FILE", "ExportResult", "WidthExportResult", "LEGACY_KEYS", "write_manifest"]
+
+#: the manifest of every export (expert and width), beside the weights
+MANIFEST_FILE = "lightprune_export.json"
+
+#: the keys of the dict ``export_pruned`` returned before 0.2 -> the attribute that replaces each (``out_dir``:
+#: ``str(result.path)``; ``kept_per_layer``: string keys)
+LEGACY_KEYS = {"out_dir": "path", "params_before": "parameters_before", "params_after": "parameters",
+               "checkpoint_bytes": "weight_bytes", "expected_bytes": "parameter_bytes",
+               "kept_per_layer": "experts_per_layer", "uniform": "uniform", "max_abs_diff": "max_abs_diff",
+               "seconds": "seconds"}
+
+_PATH_NAMES = frozenset(name for name in dir(Path) if not name.startswith("_"))
+_PATH_BEFORE = "on the result of an export (the pathlib.Path that save_pruned and prune_checkpoint returned before 0.2)"
+_DICT_BEFORE = "on the result of lightprune.export_pruned (the dict it returned before 0.2)"
+
+
+class _CheckpointPath(os.PathLike):
+    """The checkpoint path side of a result: ``os.PathLike`` and ``str``; ``pathlib.Path``'s other behaviour
+    (attributes, ``/``, equality with a path) deprecated. Subclasses are frozen dataclasses with a ``path``."""
+
+    path: Path
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __getattr__(self, name: str) -> Any:  # only for names the result itself does not have
+        if name.startswith("_") or name not in _PATH_NAMES:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        warn_once(f"result.{name} {_PATH_BEFORE}", f"result.path.{name}")
+        return getattr(self.path, name)
+
+    def __truediv__(self, other: Any) -> Path:
+        warn_once(f"result / name {_PATH_BEFORE}", "result.path / name")
+        return self.path / other
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is type(self):
+            return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
+        if isinstance(other, PurePath):
+            warn_once(f"result == path {_PATH_BEFORE}", "result.path == path")
+            return self.path == other
+        return NotImplemented
+
+    def __hash__(self) -> int:  # equal to a path it compares equal to
+        return hash(self.path)
+
+    __iter__ = None  # neither a Path nor the old dict iterates here: no fallback through __getitem__
+
+
+@dataclass(frozen=True, eq=False)
+class ExportResult(_CheckpointPath):
+    """A verified expert-pruned checkpoint: where it is and the figures of its manifest (see the module docstring
+    for the deprecated ``Path`` and dict behaviour).
+
+    Attributes:
+        path: the checkpoint directory, absolute.
+        experts_per_layer: {MoE layer index: routed experts it keeps}, every MoE layer of the exported model.
+        uniform: every layer keeps the same number (plain ``from_pretrained`` loads it).
+        parameters, parameter_bytes: parameter count and tensor bytes of the pruned model.
+        weight_bytes: bytes of the safetensors files on disk.
+        parameters_before, parameter_bytes_before: of the unpruned model (``None`` when not known: a
+            ``save_pruned`` without ``card``).
+        weight_bytes_before: the source checkpoint's safetensors bytes (``None`` without a local source).
+        verification: the manifest's verification entry (``max_abs_diff``, ``atol``, ...); ``None`` for
+            ``prune_checkpoint(verify=False)``.
+        manifest: the whole manifest, as written to :data:`MANIFEST_FILE`.
+        seconds: wall time of the call that returned it.
+    """
+
+    path: Path
+    experts_per_layer: dict[int, int]
+    uniform: bool
+    parameters: int
+    parameter_bytes: int
+    weight_bytes: int
+    parameters_before: int | None
+    parameter_bytes_before: int | None
+    weight_bytes_before: int | None
+    verification: dict[str, Any] | None = field(repr=False)
+    manifest: dict[str, Any] = field(repr=False)
+    seconds: float
+
+    @classmethod
+    def from_manifest(cls, path: str | os.PathLike, manifest: Mapping[str, Any], seconds: float) -> ExportResult:
+        """The result of the export at ``path`` whose manifest is ``manifest`` (:func:`write_manifest`'s)."""
+        return cls(path=Path(path).expanduser().absolute(),
+                   experts_per_layer={int(k): v for k, v in manifest["experts_per_layer"].items()},
+                   uniform=manifest["uniform"], parameters=manifest["parameters"],
+                   parameter_bytes=manifest["parameter_bytes"], weight_bytes=manifest["weight_bytes"],
+                   parameters_before=manifest["parameters_before"],
+                   parameter_bytes_before=manifest["parameter_bytes_before"],
+                   weight_bytes_before=manifest["weight_bytes_before"], verification=manifest["verification"],
+                   manifest=dict(manifest), seconds=seconds)
+
+    @property
+    def max_abs_diff(self) -> float | None:
+        """The verification's largest absolute logits difference (``None`` when not verified)."""
+        return None if self.verification is None else self.verification["max_abs_diff"]
+
+    # ------------------------------------------------------------------ deprecated: the dict of export_pruned
+    def _check_key(self, key: Any) -> None:
+        if key not in LEGACY_KEYS:
+            raise KeyError(f"{key!r}: the dict export_pruned returned had keys {list(LEGACY_KEYS)}; "
+                           f"use the attributes of {type(self).__name__}")
+
+    def _legacy(self, key: str) -> Any:
+        if key == "out_dir":
+            return str(self.path)
+        if key == "kept_per_layer":
+            return {str(layer): n for layer, n in self.experts_per_layer.items()}
+        return getattr(self, LEGACY_KEYS[key])
+
+    def __getitem__(self, key: str) -> Any:
+        self._check_key(key)
+        warn_once(f"result[{key!r}] {_DICT_BEFORE}", f"result.{LEGACY_KEYS[key]}")
+        return self._legacy(key)
+
+    def __contains__(self, key: Any) -> bool:
+        warn_once(f"key in result {_DICT_BEFORE}", "its attributes")
+        return key in LEGACY_KEYS
+
+    def get(self, key: str, default: Any = None) -> Any:
+        warn_once(f"result.get() {_DICT_BEFORE}", "its attributes")
+        return self._legacy(key) if key in LEGACY_KEYS else default
+
+    def keys(self) -> list[str]:
+        warn_once(f"result.keys() {_DICT_BEFORE}", "its attributes")
+        return list(LEGACY_KEYS)
+
+    def values(self) -> list[Any]:
+        warn_once(f"result.values() {_DICT_BEFORE}", "its attributes")
+        return [self._legacy(key) for key in LEGACY_KEYS]
+
+    def items(self) -> list[tuple[str, Any]]:
+        warn_once(f"result.items() {_DICT_BEFORE}", "its attributes")
+        return [(key, self._legacy(key)) for key in LEGACY_KEYS]
+
+
+@dataclass(frozen=True, eq=False)
+class WidthExportResult(_CheckpointPath):
+    """A verified MWOP width checkpoint (:func:`~lightprune.export.save_width_pruned`): where it is and its
+    manifest's facts. Not an :class:`ExportResult`: MWOP removes no parameter and no expert, so the expert
+    export's figures (experts per layer, parameters before and after) have nothing to say here.
+
+    Attributes:
+        path: the checkpoint directory, absolute.
+        pruned_fractions: {unit: fraction the plan prunes} (``v2v``, ``t2v``, ``t2t``, ``ffn_<modality>``).
+        align: the compact FFN's channel alignment recorded for loading.
+        verification: the manifest's verification entry (``max_abs_diff``, ``atol``, ...).
+        manifest: the whole manifest, as written to :data:`MANIFEST_FILE`.
+        seconds: wall time of the call that returned it.
+    """
+
+    path: Path
+    pruned_fractions: dict[str, float]
+    align: int
+    verification: dict[str, Any] = field(repr=False)
+    manifest: dict[str, Any] = field(repr=False)
+    seconds: float
+
+    @classmethod
+    def from_manifest(cls, path: str | os.PathLike, manifest: Mapping[str, Any],
+                      seconds: float) -> WidthExportResult:
+        """The result of the width export at ``path`` whose manifest is ``manifest``."""
+        return cls(path=Path(path).expanduser().absolute(), pruned_fractions=dict(manifest["pruned_fractions"]),
+                   align=manifest["align"], verification=manifest["verification"], manifest=dict(manifest),
+                   seconds=seconds)
+
+    @property
+    def max_abs_diff(self) -> float:
+        """The verification's largest absolute logits difference (at non-padding positions)."""
+        return self.verification["max_abs_diff"]
+
+
+def write_manifest(tmp: Path, model: nn.Module, counts: Mapping[int, int], *, parameters: int, parameter_bytes: int,
+                   dtype: torch.dtype, verification: Mapping[str, Any] | None, source: str | None,
+                   fingerprint: list[dict[str, Any]] | None, plan: Mapping[str, Any] | None,
+                   tokenizer: Mapping[str, Any] | None, evaluation: Mapping[str, Any] | None = None,
+                   parameters_before: int | None = None, parameter_bytes_before: int | None = None,
+                   command: str | None = None, **extra: Any) -> dict[str, Any]:
+    """Write :data:`MANIFEST_FILE` and the model card of the expert export staged in ``tmp`` (its weights already
+    there), for ``model`` (pruned; meta tensors will do) with ``counts`` experts per layer; ``extra`` keys go in
+    too. Returns the manifest (:meth:`ExportResult.from_manifest` makes the result of it)."""
+    from lightprune import __version__
+
+    manifest = {
+        "format": "lightprune-export",
+        "format_version": 1,
+        "model_type": model.config.model_type,
+        "architecture": base_class(model).__name__,
+        "auto_class": auto_class_name(model.config),
+        "uniform": len(set(counts.values())) == 1,
+        "experts_per_layer": {str(k): v for k, v in sorted(counts.items())},
+        "routed_experts": sum(counts.values()),
+        "parameters": parameters,
+        "parameter_bytes": parameter_bytes,
+        "weight_bytes": sum(f.stat().st_size for f in weight_files(tmp)),
+        "dtype": str(dtype).removeprefix("torch."),
+        "verification": verification,
+        "source": source,
+        "source_fingerprint": fingerprint,
+        "plan": plan,
+        "tokenizer": tokenizer,
+        "evaluation": evaluation,
+        "parameters_before": parameters_before,
+        "parameter_bytes_before": parameter_bytes_before,
+        "weight_bytes_before": sum(f["size"] for f in fingerprint) if fingerprint else None,
+        **extra,
+        "lightprune_version": __version__,
+        "command": command if command is not None else " ".join(sys.argv),
+    }
+    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    (tmp / CARD_FILE).write_text(model_card(manifest))
+    return manifest

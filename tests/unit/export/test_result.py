@@ -1,0 +1,213 @@
+"""The result of an export (:mod:`lightprune.export.result`): its attributes are the manifest's figures and agree with
+independent counts (the reloaded model's parameters, the safetensors files' bytes and tensors); it is a path-like
+of the checkpoint; the ``Path`` that save_pruned / prune_checkpoint returned and the dict that export_pruned
+returned before 0.2 keep working for one release, each use warning once."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import lightprune as lp
+from lightprune import _compat
+from lightprune.export import MANIFEST_FILE, ExportResult, prune_checkpoint
+from lightprune.export.result import LEGACY_KEYS
+from lightprune.export.verify import ExportVerificationError, max_abs_diff
+
+
+def _plan(model, partial: bool = False) -> lp.ExpertPlan:
+    """Layer 0 keeps 4 of its 8 experts, the others keep all theirs (``partial``: are not in the plan)."""
+    layers = lp.find_moe_layers(model)[:1] if partial else lp.find_moe_layers(model)
+    return lp.ExpertPlan(keep={layer.index: [1, 3, 4, 6] if layer.index == 0 else list(range(layer.num_experts))
+                               for layer in layers}, num_experts={layer.index: layer.num_experts for layer in layers})
+
+
+def _safetensors(path: Path) -> tuple[int, int]:
+    """(bytes of the files, bytes of the tensors they hold)."""
+    files = sorted(path.glob("*.safetensors"))
+    tensors = 0
+    for file in files:
+        with safe_open(file, "pt") as f:
+            tensors += sum(f.get_tensor(k).nbytes for k in f.keys())
+    return sum(f.stat().st_size for f in files), tensors
+
+
+def _parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.fixture(scope="module")
+def exported(tiny, tmp_path_factory):
+    """(the result of export_pruned, the plan, the unpruned model's parameter count)."""
+    model = tiny("qwen3_moe")
+    before = _parameters(model)
+    plan = _plan(model)
+    result = lp.export_pruned(model, plan, tmp_path_factory.mktemp("result") / "ckpt")
+    return result, plan, before
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    """Every deprecated use warns again (warn_once remembers per process)."""
+    monkeypatch.setattr(_compat, "_WARNED", set())
+
+
+# ----------------------------------------------------------------------------------- the plain API
+def test_export_pruned_result_equals_its_manifest_and_independent_counts(exported):
+    result, plan, before = exported
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the plain API never warns
+        manifest = json.loads((result.path / MANIFEST_FILE).read_text())
+        assert result.manifest == manifest
+        reloaded = lp.load_pruned(result)  # os.PathLike
+        counts = {layer.index: layer.num_experts for layer in lp.find_moe_layers(reloaded)}
+        assert result.experts_per_layer == counts == {0: 4, 1: 8, 2: 8}
+        assert result.experts_per_layer == {int(k): v for k, v in manifest["experts_per_layer"].items()}
+        assert not result.uniform and manifest["uniform"] is False
+        assert result.parameters == manifest["parameters"] == _parameters(reloaded)
+        assert result.parameters_before == manifest["parameters_before"] == before > result.parameters
+        assert result.parameter_bytes_before == manifest["parameter_bytes_before"] > result.parameter_bytes
+        file_bytes, tensor_bytes = _safetensors(result.path)
+        assert result.weight_bytes == manifest["weight_bytes"] == file_bytes
+        assert result.parameter_bytes == manifest["parameter_bytes"] == tensor_bytes
+        assert result.weight_bytes_before is None  # built in memory: no source files
+        assert result.verification == manifest["verification"]
+        assert result.max_abs_diff == manifest["verification"]["max_abs_diff"] <= 1e-5
+        assert result.seconds > 0
+        assert isinstance(result, os.PathLike) and not isinstance(result, Path)
+        assert os.fspath(result) == str(result) == str(result.path) and result.path.is_absolute()
+        assert Path(result) == result.path and f"{result}" == str(result.path)
+        assert "manifest" not in repr(result) and "experts_per_layer={0: 4, 1: 8, 2: 8}" in repr(result)
+
+
+def test_save_pruned_and_prune_checkpoint_return_the_same_kind_of_result(tiny, tmp_path):
+    model = tiny("qwen3_moe", seed=1)
+    model.save_pretrained(tmp_path / "src")
+    before, plan = _parameters(model), _plan(model, partial=True)  # prune_checkpoint: the others keep all
+    lp.prune_experts(model, plan)
+    saved = lp.save_pruned(model, tmp_path / "saved", source_dir=tmp_path / "src")
+    assert isinstance(saved, ExportResult) and saved.path == (tmp_path / "saved").absolute()
+    assert saved.manifest == json.loads((saved.path / MANIFEST_FILE).read_text())
+    assert saved.parameters_before is None and saved.parameters == _parameters(model)  # no card: not known
+    source_bytes, _ = _safetensors(tmp_path / "src")
+    assert saved.weight_bytes_before == source_bytes
+
+    streamed = prune_checkpoint(tmp_path / "src", plan, tmp_path / "streamed", progress=False)
+    assert isinstance(streamed, ExportResult)
+    assert streamed.manifest == json.loads((streamed.path / MANIFEST_FILE).read_text())
+    assert streamed.experts_per_layer == saved.experts_per_layer and streamed.parameters == saved.parameters
+    assert streamed.parameters_before == before and streamed.weight_bytes_before == source_bytes
+    file_bytes, tensor_bytes = _safetensors(streamed.path)
+    assert (streamed.weight_bytes, streamed.parameter_bytes) == (file_bytes, tensor_bytes)
+    assert streamed.verification["blocks"].keys() == {"0", "1", "2"} and streamed.max_abs_diff <= 1e-5
+
+    unverified = prune_checkpoint(tmp_path / "src", plan, tmp_path / "quick", verify=False, progress=False)
+    assert unverified.verification is None and unverified.max_abs_diff is None
+
+
+def test_export_pruned_refuses_a_plan_that_leaves_out_layers_before_any_surgery(tiny, tmp_path):
+    model = tiny("qwen3_moe")
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"keeps \{0: 4\} experts per layer, the model has \{0: 4, 1: 8, 2: 8\}"):
+        lp.export_pruned(model, _plan(model, partial=True), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())  # untouched
+
+
+# ----------------------------------------------------------------------------------- deprecated paths
+def _one_future_warning(record, replacement: str) -> None:
+    found = [w for w in record if issubclass(w.category, FutureWarning)]
+    assert len(found) == 1 and replacement in str(found[0].message), [str(w.message) for w in found]
+    assert found[0].filename == __file__  # it points at the caller
+
+
+def test_the_old_dict_keys_give_the_old_values_and_warn_once(exported, fresh_warnings):
+    result, plan, before = exported
+    old = {"out_dir": str(result.path), "params_before": before, "params_after": result.parameters,
+           "checkpoint_bytes": result.weight_bytes, "expected_bytes": result.parameter_bytes,
+           "kept_per_layer": {"0": 4, "1": 8, "2": 8},
+           "uniform": False, "max_abs_diff": result.max_abs_diff, "seconds": result.seconds}
+    assert set(old) == set(LEGACY_KEYS)
+    for key, value in old.items():
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            assert result[key] == value
+        _one_future_warning(record, f"result.{LEGACY_KEYS[key]}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert result[key] == value  # once only
+    with pytest.warns(FutureWarning):
+        assert dict(result) == old  # keys() and indexing
+    with pytest.warns(FutureWarning):
+        assert "params_after" in result and "nope" not in result
+    with pytest.warns(FutureWarning):
+        assert result.get("max_abs_diff") == old["max_abs_diff"] and result.get("nope", 7) == 7
+    with pytest.warns(FutureWarning):
+        assert list(result.items()) == list(old.items())
+    with pytest.warns(FutureWarning):
+        assert list(result.values()) == list(old.values())
+    with pytest.raises(KeyError, match="'nope'.*out_dir"):
+        result["nope"]
+    with pytest.raises(TypeError):
+        iter(result)
+
+
+def test_the_old_path_behaviour_works_and_warns_once(exported, fresh_warnings):
+    result = exported[0]
+    uses = [(1, lambda: result / MANIFEST_FILE, result.path / MANIFEST_FILE),
+            (1, lambda: result.exists(), True),
+            (1, lambda: result.name, "ckpt"),
+            (1, lambda: result == result.path, True),
+            (0, lambda: Path(result.path) == result, True)]  # the same comparison: warned already
+    for warns, use, value in uses:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            assert use() == value
+        assert len([w for w in record if issubclass(w.category, FutureWarning)]) == warns
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert use() == value  # once only
+    assert hash(result) == hash(result.path) and {result.path: 1}[result] == 1
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = result.nope
+    copy = pickle.loads(pickle.dumps(result))
+    assert copy == result and copy.manifest == result.manifest
+
+
+def test_the_first_path_use_names_its_replacement(exported, fresh_warnings):
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert exported[0].is_dir()
+    _one_future_warning(record, "result.path.is_dir")
+
+
+def test_the_manifest_has_one_name(fresh_warnings):
+    import lightprune.export.save as save
+    import lightprune.export.width_format as width_format
+
+    assert save.MANIFEST_FILE is MANIFEST_FILE == "lightprune_export.json"
+    with pytest.warns(FutureWarning, match="MANIFEST_FILE"):
+        assert width_format.MANIFEST_NAME is MANIFEST_FILE
+
+
+# ----------------------------------------------------------------------------------- one comparison
+def test_max_abs_diff_counts_only_the_valid_positions():
+    reference = torch.zeros(2, 3, 4)
+    logits = reference.clone()
+    logits[1, 2] = float("nan")  # a padding position: no query there
+    logits[0, 1, 3] = 0.25
+    valid = torch.tensor([[True, True, True], [True, True, False]])
+    assert max_abs_diff(logits, reference, valid=valid) == 0.25
+    with pytest.raises(ExportVerificationError, match="NaN"):
+        max_abs_diff(logits, reference)
+    with pytest.raises(ValueError, match="valid must be a boolean mask"):
+        max_abs_diff(logits, reference, valid=valid[:, :2])
+    with pytest.raises(ExportVerificationError, match="do not match the reference"):
+        max_abs_diff(logits[:, :2], reference, valid=valid)
