@@ -1,21 +1,22 @@
 """Lightning callbacks: thin orchestration over lightprune's functional core, one callback per file.
 
-They share one :class:`~lightprune.callbacks.state.RunState` (calibration statistics, expert scores, the expert
+Each callback's options are stated once, torch-free, in :mod:`.options` (the constructor checks its values
+through them, and the command line runs the same checks before Lightning loads). They share one
+:class:`~lightprune.callbacks.state.RunState` (calibration statistics, expert scores, the expert
 and width plans, the active width masks) and never look each other up; end-of-job steps run in phase order,
 wherever they are listed (:mod:`.job_end`).
 
 May import: everything below it (experts, width, export, finetune, reporting, models, observe, data and the
-shared leaves); never the trainer, the CLI or quality.
+core); never the CLI or quality. Its names are imported on first use.
 """
 
-from lightprune.callbacks.evaluate import Evaluate
-from lightprune.callbacks.expert_pruning import ExpertPruning
-from lightprune.callbacks.expert_stats import ExpertStats
-from lightprune.callbacks.export import Export
-from lightprune.callbacks.report_page import ReportPage
-from lightprune.callbacks.router_delta import RouterDelta
-from lightprune.callbacks.width_export import WidthExport
-from lightprune.callbacks.width_search import WidthSearch
+from __future__ import annotations
 
-__all__ = ["Evaluate", "ExpertPruning", "ExpertStats", "Export", "ReportPage", "RouterDelta", "WidthExport",
-           "WidthSearch"]
+from lightprune.core.lazy import lazy_attributes
+
+_NAMES = {"Evaluate": "lightprune.callbacks.evaluate", "ExpertPruning": "lightprune.callbacks.expert_pruning",
+          "ExpertStats": "lightprune.callbacks.expert_stats", "Export": "lightprune.callbacks.export",
+          "ReportPage": "lightprune.callbacks.report_page", "RouterDelta": "lightprune.callbacks.router_delta",
+          "WidthExport": "lightprune.callbacks.width_export", "WidthSearch": "lightprune.callbacks.width_search"}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)

@@ -36,9 +36,9 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.job_end import JobEndCallback
+from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.batch import model_inputs
-from lightprune.core.checks import check_choice, check_positive_int
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.experts.mask import mask_experts
 from lightprune.experts.merging import merged_experts
@@ -179,6 +179,7 @@ def run_lm_eval(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[str | Pa
     return results
 
 
+@uses_options(OPTIONS["Evaluate"])
 class Evaluate(JobEndCallback):
     """Perplexity and accuracy before and after pruning (see the module docstring).
 
@@ -203,12 +204,13 @@ class Evaluate(JobEndCallback):
                  lm_eval_limit: int | None = None, data: pl.LightningDataModule | None = None,
                  output_dir: str | None = None, progress: bool = True):
         super().__init__()
-        check_choice("split", split, ("test", "val"))
-        check_choice("metric", metric, METRICS)
+        options = self.OPTIONS
+        options.check("split", split)
+        options.check("metric", metric)
         when = [when] if isinstance(when, str) else list(when)
         if not when or any(w not in ("before", "after") for w in when):
             raise ValueError(f"when must be a non-empty subset of ['before', 'after'], got {when!r}")
-        check_positive_int("max_batches", max_batches, allow_none=True)
+        options.check("max_batches", max_batches)
         self.lm_eval_tasks = [str(t) for t in lm_eval_tasks]
         if self.lm_eval_tasks:
             _require_lm_eval()

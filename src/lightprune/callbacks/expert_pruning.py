@@ -29,10 +29,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune._compat import warn_once
 from lightprune.callbacks.job_end import JobEndCallback
+from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
-from lightprune.core.checks import check_choice, check_non_negative_int, check_ratio
 from lightprune.core.distributed import same_on_every_rank
-from lightprune.experts.calibration import SUBSETS
 from lightprune.experts.criteria import (
     CalibrationCriterion,
     Criterion,
@@ -44,7 +43,7 @@ from lightprune.experts.criteria import (
 from lightprune.experts.merging import MergePlan
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.scores import ExpertScores
-from lightprune.experts.select import ALLOCATIONS, NORMALIZATIONS, select_experts
+from lightprune.experts.select import select_experts
 from lightprune.models import find_moe_layers
 from lightprune.models.unwrap import base_model_of
 
@@ -54,6 +53,7 @@ __all__ = ["ExpertPruning"]
 _CRITERION_ARGS = ("seed", "subset", "alpha")
 
 
+@uses_options(OPTIONS["ExpertPruning"])
 class ExpertPruning(JobEndCallback):
     """Score with ``criterion``, prune ``ratio`` of the routed experts by ``allocation``.
 
@@ -81,21 +81,22 @@ class ExpertPruning(JobEndCallback):
                  normalize: str | None = None, seed: int = 0, output_dir: str | None = None, subset: str = "all",
                  alpha: float | None = None, n_per_layer: int | None = None):
         super().__init__()
-        self.subset, self.alpha = check_choice("subset", subset, SUBSETS), alpha
-        self.allocation = check_choice("allocation", allocation, ALLOCATIONS)
-        self.normalize = check_choice("normalize", normalize, NORMALIZATIONS)
+        options = self.OPTIONS
+        self.subset, self.alpha = options.check("subset", subset), alpha
+        self.allocation = options.check("allocation", allocation)
+        self.normalize = options.check("normalize", normalize)
         if (ratio is None) == (n_per_layer is None):
             raise ValueError("give exactly one of ratio (a fraction) or n_per_layer (a count per layer); "
                              f"got ratio={ratio!r}, n_per_layer={n_per_layer!r} (set ratio: null to use n_per_layer)")
-        self.ratio = None if ratio is None else check_ratio(ratio)
-        self.n_per_layer = check_non_negative_int("n_per_layer", n_per_layer, allow_none=True)
+        self.ratio = options.check("ratio", ratio)
+        self.n_per_layer = options.check("n_per_layer", n_per_layer)
         if self.n_per_layer is not None and allocation != "uniform":
             raise ValueError(f"n_per_layer prunes the same count from every layer: allocation must be 'uniform', "
                              f"got {allocation!r}")
         if isinstance(criterion, Criterion):
             self.criterion = criterion
         else:
-            cls = get_criterion_class(criterion)
+            cls = get_criterion_class(options.check("criterion", criterion))
             takes = inspect.signature(cls).parameters
             given = {"seed": seed, "subset": subset, "alpha": alpha}
             self.criterion = get_criterion(cls, **{k: given[k] for k in _CRITERION_ARGS if k in takes})

@@ -27,12 +27,10 @@ from typing import Any, Iterable
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
-from lightprune.core.checks import check_each, check_non_negative_int
-from lightprune.core.choices import SUBSETS
 from lightprune.core.jsonio import write_json
 from lightprune.experts.calibration import CalibrationStats, ExpertObserver
-from lightprune.experts.calibration.registry import available_statistics
 from lightprune.experts.calibration.resume import (
     chain_digest,
     check_batches,
@@ -46,6 +44,7 @@ from lightprune.models import find_moe_layers
 __all__ = ["ExpertStats"]
 
 
+@uses_options(OPTIONS["ExpertStats"])
 class ExpertStats(pl.Callback):
     """Collect every calibration criterion over ``subsets`` during ``lightprune calibrate``.
 
@@ -62,9 +61,10 @@ class ExpertStats(pl.Callback):
                  low_attn_quantile: float = 0.02, output_dir: str | None = None, save_every_n_batches: int = 0,
                  resume: bool = True):
         super().__init__()
-        self.subsets = check_each("subsets", subsets, SUBSETS)
-        self.criteria = None if criteria is None else check_each("criteria", criteria, available_statistics())
-        save_every_n_batches = check_non_negative_int("save_every_n_batches", save_every_n_batches)
+        options = self.OPTIONS
+        self.subsets = options.check("subsets", subsets)
+        self.criteria = options.check("criteria", criteria)
+        save_every_n_batches = options.check("save_every_n_batches", save_every_n_batches)
         self.low_attn_quantile = low_attn_quantile
         self.output_dir = output_dir
         self.save_every_n_batches = save_every_n_batches

@@ -32,10 +32,10 @@ import lightning.pytorch as pl
 import torch
 
 from lightprune.callbacks.job_end import JobEndCallback
+from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
 from lightprune.checkpoints.directory import weight_files
 from lightprune.checkpoints.staging import check_out_dir
-from lightprune.core.checks import check_atol
 from lightprune.core.distributed import has_partitioned, materialize
 from lightprune.core.errors import PlanError
 from lightprune.core.jsonio import read_json
@@ -137,6 +137,7 @@ def check_checkpoint_dir(path: Path, overwrite: bool, address: str) -> None:
                                           "config), or choose another --trainer.default_root_dir")
 
 
+@uses_options(OPTIONS["Export"])
 class Export(JobEndCallback):
     """Prune by the run's plan and export a verified checkpoint.
 
@@ -158,7 +159,7 @@ class Export(JobEndCallback):
         if plan_path is not None and not Path(plan_path).is_file():
             raise FileNotFoundError(f"plan_path {plan_path!r} does not exist")
         self.output_dir, self.checkpoint_dir, self.plan_path = output_dir, checkpoint_dir, plan_path
-        self.overwrite, self.atol, self.summary = overwrite, check_atol(atol), summary
+        self.overwrite, self.atol, self.summary = overwrite, self.OPTIONS.check("atol", atol), summary
         self.report: dict[str, Any] | None = None
 
     def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -9,12 +9,14 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.job_end import JobEndCallback
+from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import run_directory
 from lightprune.reporting.page import write_report_page
 
 __all__ = ["ReportPage"]
 
 
+@uses_options(OPTIONS["ReportPage"])
 class ReportPage(JobEndCallback):
     """Write the run's ``report.md`` at the end of the job (phase ``report``: after pruning, export and
     :class:`~lightprune.callbacks.Evaluate`, wherever it is listed). Only rank 0 writes.

@@ -40,11 +40,11 @@ from lightprune._compat import warn_once
 from lightprune.callbacks.expert_pruning import ExpertPruning
 from lightprune.callbacks.export import Export
 from lightprune.callbacks.job_end import JobEndCallback
+from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState
-from lightprune.core.checks import check_choice, check_positive_int
 from lightprune.core.distributed import gathered
 from lightprune.experts.scores import ExpertScores
-from lightprune.experts.sensitivity import SCORES, logit_delta, router_logits, router_row_norms, weight_delta
+from lightprune.experts.sensitivity import logit_delta, router_logits, router_row_norms, weight_delta
 from lightprune.finetune.adapters import merged_router_weights, remove_adapters, router_is_trainable
 from lightprune.models import find_moe_layers
 from lightprune.models.unwrap import base_model_of
@@ -95,6 +95,7 @@ def _sums(param: torch.Tensor) -> tuple[float, float]:
     return float(total), float(squares)
 
 
+@uses_options(OPTIONS["RouterDelta"])
 class RouterDelta(JobEndCallback):
     """Score experts by how much their router moved under the run's adapter fit.
 
@@ -113,9 +114,8 @@ class RouterDelta(JobEndCallback):
                  n_per_layer: int | None = None, output_dir: str | None = None, export: bool | None = None,
                  overwrite: bool | None = None, atol: float | None = None, summary: bool | None = None):
         super().__init__()
-        check_choice("score", score, (*SCORES, "auto"))
-        self.score = score
-        self.holdout_batches = check_positive_int("holdout_batches", holdout_batches)
+        self.score = self.OPTIONS.check("score", score)
+        self.holdout_batches = self.OPTIONS.check("holdout_batches", holdout_batches)
         legacy = {"ratio": ratio, "n_per_layer": n_per_layer, "output_dir": output_dir, "export": export,
                   "overwrite": overwrite, "atol": atol, "summary": summary}
         self.legacy = {k: v for k, v in legacy.items() if v is not None}

@@ -22,9 +22,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.export import check_checkpoint_dir, checkpoint_path
 from lightprune.callbacks.job_end import JobEndCallback
+from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.batch import model_inputs
-from lightprune.core.checks import check_atol, check_positive_int
 from lightprune.export import save_width_pruned
 from lightprune.export.verify import model_logits
 from lightprune.finetune.houlsby import has_houlsby
@@ -49,6 +49,7 @@ def _merged(model: torch.nn.Module) -> torch.nn.Module:
     return base
 
 
+@uses_options(OPTIONS["WidthExport"])
 class WidthExport(JobEndCallback):
     """Export the width-pruned model of the run.
 
@@ -67,7 +68,8 @@ class WidthExport(JobEndCallback):
         if plan_path is not None and not Path(plan_path).is_file():
             raise FileNotFoundError(f"plan_path {plan_path!r} does not exist")
         self.output_dir, self.checkpoint_dir, self.plan_path = output_dir, checkpoint_dir, plan_path
-        self.overwrite, self.atol, self.align = overwrite, check_atol(atol), check_positive_int("align", align)
+        self.overwrite, self.atol = overwrite, self.OPTIONS.check("atol", atol)
+        self.align = self.OPTIONS.check("align", align)
         self.report: dict[str, Any] | None = None
 
     def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

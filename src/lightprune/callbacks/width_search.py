@@ -41,6 +41,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.jsonio import write_json
 from lightprune.data.tokenizer import end_of_turn_ids
@@ -51,7 +52,7 @@ from lightprune.width.layers import find_width_layers
 from lightprune.width.modality import token_profile
 from lightprune.width.paths import PATHS
 from lightprune.width.plan import WIDTH_UNITS, WidthPlan
-from lightprune.width.retention import METRICS, evaluate_tasks, retention
+from lightprune.width.retention import evaluate_tasks, retention
 from lightprune.width.scorer import BATCHES, PER_TASK, WidthScorer, category_batches
 from lightprune.width.scorers import get_width_scorer
 from lightprune.width.search import DEFAULT_GRID, Candidate, StagedSearch
@@ -65,6 +66,7 @@ def _trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
+@uses_options(OPTIONS["WidthSearch"])
 class WidthSearch(pl.Callback):
     """MWOP's Algorithm 1 over ``lightprune fit`` (see the module docstring).
 
@@ -95,10 +97,9 @@ class WidthSearch(pl.Callback):
                  progress: bool = True, criterion: str | WidthScorer = "taylor"):
         super().__init__()
         self.criterion = get_width_scorer(criterion)
-        if metric not in METRICS:
-            raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
-        if int(recovery_epochs) != recovery_epochs or recovery_epochs < 1:
-            raise ValueError(f"recovery_epochs must be a positive integer, got {recovery_epochs!r}")
+        options = self.OPTIONS
+        options.check("metric", metric)
+        recovery_epochs = options.check("recovery_epochs", recovery_epochs)
         if flops_profile is not None and (len(flops_profile) != 2 or min(flops_profile) < 0):
             raise ValueError(f"flops_profile must be (vision tokens, text tokens) >= 0, got {flops_profile!r}")
         self.search = StagedSearch(grid=grid, stages=stages, min_retention=min_retention,
@@ -107,7 +108,7 @@ class WidthSearch(pl.Callback):
         self.metric = metric
         self.last_layer_first = last_layer_first
         self.flops_profile = None if flops_profile is None else [int(v) for v in flops_profile]
-        self.align = int(align)
+        self.align = options.check("align", align)
         self.output_dir = output_dir
         self.progress = progress
         self.plan: WidthPlan | None = None  # the final plan, once the search is done

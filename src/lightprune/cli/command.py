@@ -9,23 +9,14 @@ from __future__ import annotations
 
 import sys
 
-from lightprune.cli.options import ADDRESSES, SUBCOMMANDS
+from lightprune.callbacks.options import OPTIONS
+from lightprune.cli.options import SUBCOMMANDS
 
 __all__ = ["CALLBACKS", "HELP", "SUBCOMMANDS", "main"]
 
-#: lightprune's callbacks (``--trainer.callbacks+=NAME``), in the order a job usually lists them
-CALLBACKS: dict[str, str] = {
-    "ExpertStats": "calibration statistics of every expert (calibrate)",
-    "RouterDelta": "router sensitivity: how far fine-tuning moved each router row",
-    "ExpertPruning": "score with a criterion and select the experts to keep (plan.json)",
-    "Export": "prune, save, reload and verify the checkpoint",
-    "WidthSearch": "MWOP: staged search over attention paths and FFN channels",
-    "WidthExport": "MWOP: export the width-pruned model with its sparse kernels",
-    "Evaluate": "perplexity / task accuracy before and after",
-    "ReportPage": "report.md of the run",
-}
+#: lightprune's callbacks (``--trainer.callbacks+=NAME``), in the order a job usually lists them, with what each does
+CALLBACKS: dict[str, str] = {name: spec.summary for name, spec in OPTIONS.items()}
 
-_ADDRESS_OF = {name: address for address, name in ADDRESSES.items()}
 HELP = "\n".join([
     "usage: lightprune [--verbose] {" + ",".join(SUBCOMMANDS) + "} [--config CONFIG] [options]",
     "",
@@ -36,7 +27,7 @@ HELP = "\n".join([
     "",
     "lightprune's callbacks (in a config's trainer.callbacks, or --trainer.callbacks+=NAME) and the address",
     "of their options, whatever the callbacks' order (--prune.ratio 0.3 --export.overwrite true):",
-    *(f"  {name:14s} --{_ADDRESS_OF[name] + '.*':15s} {text}" for name, text in CALLBACKS.items()),
+    *(f"  {name:14s} --{spec.address + '.*':15s} {spec.summary}" for name, spec in OPTIONS.items()),
     "",
     "options:",
     "  --verbose   show third-party notices that lightprune drops (also LIGHTPRUNE_VERBOSE=1)",

@@ -6,12 +6,14 @@ lightprune (:data:`ADDRESSES`); the value is read as YAML, as jsonargparse reads
 ``[all, text]``, ``true``); ``--evaluate.data.init_args.preset micro`` sets an option of the class given as
 Evaluate's ``data``. :func:`split_addressed` takes these options out of the command line;
 ``LightpruneCLI`` sets them on the one callback of that class once the config is parsed (none or two: an error).
+The addresses, the arguments and their checks are the callbacks' own option specs
+(:mod:`lightprune.callbacks.options`).
 
 :func:`check_command_line` reads the command line and the config files it names (YAML only: no torch, no
 Lightning) and checks the options lightprune's callbacks would refuse at construction: an unknown option name,
-a criterion that is not registered, a ratio outside [0, 1), a choice outside its list. The messages are the
-callbacks' own (the same helpers of :mod:`lightprune.core.checks` over the same lists of :mod:`lightprune.core.choices`), so
-a typo is reported in a fraction of a second instead of after Lightning's import. Whatever it cannot see (a value
+a criterion that is not registered, a ratio outside [0, 1), a choice outside its list. The checks are the ones the
+callbacks' constructors run (their option specs), so the messages are the callbacks' own and a typo is reported
+in a fraction of a second instead of after Lightning's import. Whatever it cannot see (a value
 set in a way it does not follow) is left to the callbacks.
 """
 
@@ -19,25 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
-from lightprune.core.checks import (
-    check_atol,
-    check_choice,
-    check_each,
-    check_non_negative_int,
-    check_positive_int,
-    check_ratio,
-)
-from lightprune.core.choices import (
-    ALLOCATIONS,
-    NORMALIZATIONS,
-    RETENTION_METRICS,
-    SENSITIVITY_SCORES,
-    SUBSETS,
-)
-from lightprune.experts.calibration.registry import available_statistics
-from lightprune.experts.criteria.registry import CRITERIA
+from lightprune.callbacks.options import OPTIONS, check_criterion_name
 
 __all__ = ["ADDRESSES", "ARGUMENTS", "SUBCOMMANDS", "OptionError", "Addressed", "split_addressed", "check_command_line",
            "check_callback_options", "check_criterion_name", "class_name", "missing_callback"]
@@ -52,31 +38,9 @@ SUBCOMMANDS: dict[str, str] = {
     "export": "score, select, prune and export without data or training (weight criteria: AIMER, ...)",
 }
 #: address -> lightprune callback: ``--<address>.<argument> VALUE``
-ADDRESSES: dict[str, str] = {
-    "stats": "ExpertStats",
-    "router_delta": "RouterDelta",
-    "prune": "ExpertPruning",
-    "export": "Export",
-    "width_search": "WidthSearch",
-    "width_export": "WidthExport",
-    "evaluate": "Evaluate",
-    "report": "ReportPage",
-}
-#: every callback's constructor arguments (a test keeps them equal to the signatures)
-ARGUMENTS: dict[str, tuple[str, ...]] = {
-    "ExpertStats": ("subsets", "criteria", "low_attn_quantile", "output_dir", "save_every_n_batches", "resume"),
-    "RouterDelta": ("score", "holdout_batches", "ratio", "n_per_layer", "output_dir", "export", "overwrite", "atol",
-                    "summary"),
-    "ExpertPruning": ("criterion", "ratio", "allocation", "normalize", "seed", "output_dir", "subset", "alpha",
-                      "n_per_layer"),
-    "Export": ("output_dir", "checkpoint_dir", "plan_path", "overwrite", "atol", "summary"),
-    "WidthSearch": ("grid", "stages", "min_retention", "max_candidates", "expand_above", "recovery_epochs", "metric",
-                    "last_layer_first", "flops_profile", "align", "output_dir", "progress", "criterion"),
-    "WidthExport": ("output_dir", "checkpoint_dir", "plan_path", "overwrite", "atol", "align"),
-    "Evaluate": ("split", "metric", "when", "max_batches", "lm_eval_tasks", "lm_eval_batch_size", "lm_eval_limit",
-                 "data", "output_dir", "progress"),
-    "ReportPage": ("output_dir",),
-}
+ADDRESSES: dict[str, str] = {spec.address: name for name, spec in OPTIONS.items()}
+#: every callback's constructor arguments (the callbacks' option specs, which their constructors are checked against)
+ARGUMENTS: dict[str, tuple[str, ...]] = {name: spec.arguments for name, spec in OPTIONS.items()}
 
 
 class OptionError(ValueError):
@@ -147,59 +111,19 @@ def missing_callback(item: Addressed) -> str:
             f"--trainer.callbacks+=lightprune.callbacks.{item.callback})")
 
 
-def check_criterion_name(value: Any) -> None:
-    """A criterion given by name must be registered (or a dotted import path, or a ``class_path`` mapping)."""
-    if isinstance(value, str) and "." not in value and value not in CRITERIA:
-        raise OptionError(str(CRITERIA.unknown(value)))
-
-
-def _optional(check: Callable[[Any], Any]) -> Callable[[Any], None]:
-    return lambda value: None if value is None else check(value)
-
-
-#: callback -> argument -> check, each raising what the callback's constructor raises for the same value
-_CHECKS: dict[str, dict[str, Callable[[Any], Any]]] = {
-    "ExpertPruning": {
-        "ratio": _optional(check_ratio),
-        "allocation": lambda v: check_choice("allocation", v, ALLOCATIONS),
-        "normalize": lambda v: check_choice("normalize", v, NORMALIZATIONS),
-        "subset": lambda v: check_choice("subset", v, SUBSETS),
-        "n_per_layer": lambda v: check_non_negative_int("n_per_layer", v, allow_none=True),
-    },
-    "ExpertStats": {
-        "subsets": lambda v: check_each("subsets", v, SUBSETS),
-        "criteria": _optional(lambda v: check_each("criteria", v, available_statistics())),
-        "save_every_n_batches": lambda v: check_non_negative_int("save_every_n_batches", v),
-    },
-    "RouterDelta": {
-        "score": lambda v: check_choice("score", v, (*SENSITIVITY_SCORES, "auto")),
-        "holdout_batches": lambda v: check_positive_int("holdout_batches", v),
-    },
-    "Export": {"atol": check_atol},
-    "WidthExport": {"atol": check_atol, "align": lambda v: check_positive_int("align", v)},
-    "WidthSearch": {"metric": lambda v: check_choice("metric", v, RETENTION_METRICS),
-                    "align": lambda v: check_positive_int("align", v)},
-    "Evaluate": {"metric": lambda v: check_choice("metric", v, RETENTION_METRICS),
-                 "split": lambda v: check_choice("split", v, ("test", "val")),
-                 "max_batches": lambda v: check_positive_int("max_batches", v, allow_none=True)},
-}
-
-
 def check_callback_options(callback: str, options: dict[str, Any], where: str, criteria_known: bool = True) -> None:
-    """Check ``options`` of a lightprune ``callback`` (its class name); ``where`` prefixes the error (the option or
-    the config file). ``criteria_known``: whether only lightprune's criteria can be registered (no project module
-    is named that could register its own)."""
-    checks = _CHECKS.get(callback, {})
+    """Check ``options`` of a lightprune ``callback`` (its class name) with the callback's own option spec; ``where``
+    prefixes the error (the option or the config file). ``criteria_known``: whether only lightprune's criteria and
+    statistics can be registered (no project module is named that could register its own): otherwise the checks
+    that read those registries are left to the callback."""
+    spec = OPTIONS[callback]
     for argument, value in options.items():
         argument, nested, _ = argument.partition(".")
         _check_option_name(callback, argument, where)
-        if nested:  # an option of a class given as this option's value: left to the class
+        if nested or (argument in spec.registered and not criteria_known):  # left to the class / the callback
             continue
         try:
-            if argument == "criterion" and callback == "ExpertPruning" and criteria_known:
-                check_criterion_name(value)
-            if argument in checks:
-                checks[argument](value)
+            spec.check(argument, value)
         except ValueError as err:
             raise OptionError(f"{where}: {err}") from None
 

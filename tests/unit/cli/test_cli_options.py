@@ -25,11 +25,34 @@ from lightprune.core import choices
 
 def test_arguments_are_the_callbacks_signatures() -> None:
     import lightprune.callbacks as callbacks
+    from lightprune.callbacks.options import OPTIONS
 
-    assert set(ADDRESSES.values()) == set(ARGUMENTS) == set(callbacks.__all__)
+    assert set(ADDRESSES.values()) == set(ARGUMENTS) == set(OPTIONS) == set(callbacks.__all__)
     for name, arguments in ARGUMENTS.items():
-        signature = inspect.signature(getattr(callbacks, name).__init__)
-        assert arguments == tuple(p for p in signature.parameters if p != "self"), name
+        cls = getattr(callbacks, name)
+        assert cls.OPTIONS is OPTIONS[name]
+        assert arguments == tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self"), name
+
+
+def test_a_callback_whose_constructor_differs_from_its_spec_is_refused_when_defined() -> None:
+    from lightprune.callbacks.options import CallbackOptions, uses_options
+
+    spec = CallbackOptions("Probe", "probe", "a probe", {"ratio": None, "seed": None})
+
+    with pytest.raises(TypeError, match=r"Probe.__init__ takes \['ratio'\], its option spec lists \['ratio', 'seed'\]"):
+        @uses_options(spec)
+        class Probe:
+            def __init__(self, ratio: float = 0.5):
+                self.ratio = ratio
+
+    @uses_options(spec)
+    class Good:
+        def __init__(self, ratio: float = 0.5, seed: int = 0):
+            self.ratio, self.seed = ratio, seed
+
+    assert Good.OPTIONS is spec
+    with pytest.raises(KeyError, match="Probe has no option 'sed'; its options: ratio, seed"):
+        spec.check("sed", 1)
 
 
 def test_choices_are_what_the_modules_accept() -> None:
@@ -66,6 +89,8 @@ BAD = [
     ("Export", {}, {"atol": -1.0}),
     ("WidthExport", {}, {"align": 0}),
     ("WidthSearch", {}, {"metric": "tokens"}),
+    ("WidthSearch", {}, {"align": 0}),
+    ("WidthSearch", {}, {"recovery_epochs": 0}),
     ("Evaluate", {}, {"metric": "acc"}),
     ("Evaluate", {}, {"split": "train"}),
     ("Evaluate", {}, {"max_batches": 0}),
