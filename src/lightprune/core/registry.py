@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+from collections.abc import Mapping
 from contextlib import contextmanager
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
@@ -166,6 +167,11 @@ class Registry(Generic[T]):
                             f"{', '.join(allowed) if allowed else '(none)'}") from None
         return cls(**kwargs)
 
+    def view(self) -> Mapping[str, T]:
+        """The registry read as a mapping ``name -> class`` (sorted by name, declared entries imported when read);
+        it changes only through the registry."""
+        return _View(self)
+
     def items(self) -> Iterator[tuple[str, T]]:
         """``(name, class)`` of every entry, declared ones imported."""
         for name in self.names():
@@ -188,6 +194,30 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {len(self.names())} entries)"
+
+
+class _View(Mapping):
+    """:meth:`Registry.view`."""
+
+    def __init__(self, registry: Registry[Any]):
+        self._registry = registry
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._registry:
+            raise KeyError(name)
+        return self._registry.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._registry
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._registry.names())
+
+    def __len__(self) -> int:
+        return len(self._registry.names())
+
+    def __repr__(self) -> str:
+        return f"{self._registry.kind} registry view {dict(self)!r}"
 
 
 class Configured:

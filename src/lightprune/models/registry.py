@@ -17,7 +17,7 @@ be pruned exactly yet are listed in :data:`REFUSED` with the reason, and :func:`
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from torch import nn
@@ -40,30 +40,8 @@ def _check_family(model_type: str, cls: Any) -> None:
 _REGISTRY: Registry[type[MoEFamily]] = Registry("model_type", check=_check_family, pattern=None, hint=ADD_A_FAMILY)
 
 
-class _FamilyMapping(Mapping):
-    """The registry read as a mapping ``model_type -> family class`` (sorted by model type); it changes through
-    :func:`register_family` and :func:`unregister_family` only."""
-
-    def __getitem__(self, model_type: str) -> type[MoEFamily]:
-        if model_type not in _REGISTRY:
-            raise KeyError(model_type)
-        return _REGISTRY.get(model_type)
-
-    def __contains__(self, model_type: object) -> bool:
-        return model_type in _REGISTRY
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_REGISTRY.names())
-
-    def __len__(self) -> int:
-        return len(_REGISTRY.names())
-
-    def __repr__(self) -> str:
-        return f"FAMILIES({dict(self)!r})"
-
-
 #: model type -> family class (read-only: register_family / unregister_family change it)
-FAMILIES: Mapping[str, type[MoEFamily]] = _FamilyMapping()
+FAMILIES: Mapping[str, type[MoEFamily]] = _REGISTRY.view()
 #: model type -> why lightprune cannot prune it exactly yet
 REFUSED: dict[str, str] = {}
 

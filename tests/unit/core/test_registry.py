@@ -95,3 +95,22 @@ def test_a_declared_entry_is_known_by_name_and_imported_on_first_use(tmp_path) -
 def test_a_declaration_names_module_and_attribute() -> None:
     with pytest.raises(ValueError, match="declare it as 'module:attribute'"):
         Registry("widget").declare("w", "declared_widgets.Widget")
+
+
+def test_the_view_reads_the_registry_as_a_mapping() -> None:
+    registry = Registry("widget")
+
+    class A:
+        pass
+
+    view = registry.view()
+    assert dict(view) == {} and "a" not in view
+    registry.register("a", A)
+    registry.declare("od", "collections:OrderedDict")
+    import collections
+
+    assert list(view) == ["a", "od"] and len(view) == 2 and view["a"] is A and view["od"] is collections.OrderedDict
+    with pytest.raises(KeyError):
+        view["nope"]  # noqa: B018
+    with pytest.raises(TypeError):
+        view["b"] = A  # type: ignore[index]
