@@ -19,13 +19,14 @@ def test_readme_python_block_runs(index, tmp_path, monkeypatch) -> None:
     from lightprune.experts.calibration.registry import STATISTICS
     from lightprune.experts.criteria import registry as criteria
     from lightprune.models import FAMILIES, unregister_family
+    from lightprune.width.scorers import WIDTH_SCORERS
 
     monkeypatch.chdir(tmp_path)  # blocks write plan.json, out/
     block = BLOCKS[index]
     families_before = dict(FAMILIES)
     namespace = {"__name__": f"readme_block_{index}"}
     try:
-        with criteria.CRITERIA.restoring(), STATISTICS.restoring():
+        with criteria.CRITERIA.restoring(), STATISTICS.restoring(), WIDTH_SCORERS.restoring():
             for name in re.findall(r'@register_criterion\("(\w+)"\)', block):  # a name a test may hold: the snippet's
                 if name in criteria.CRITERIA:                                   # own
                     criteria.unregister_criterion(name)
