@@ -42,7 +42,7 @@ from lightprune.core.jsonio import read_json
 from lightprune.experts.merging import MergePlan, merge_experts
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
-from lightprune.export import ExportResult, export_pruned
+from lightprune.export import ExportResult, export_pruned, prune_checkpoint
 from lightprune.export.save import TOKENIZER_FILES, resolve_source_dir
 from lightprune.finetune.quantize import is_quantized_4bit
 from lightprune.models import find_moe_layers
@@ -114,8 +114,6 @@ def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Pat
                                 atol: float | None) -> dict[str, Any]:
     """:func:`lightprune.export.prune_checkpoint` of ``source_dir`` by ``plan`` into ``ckpt_dir``, then the same
     ``report.json`` and ``kept_experts.png`` as :func:`export_with_report`, from the checkpoints."""
-    from lightprune.export.streamed import prune_checkpoint
-
     start = time.perf_counter()
     result = prune_checkpoint(source_dir, plan, ckpt_dir, overwrite=overwrite, atol=atol,
                               card={"source": str(source or source_dir)})

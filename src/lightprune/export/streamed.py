@@ -55,6 +55,7 @@ from lightprune.export.save import (
     plan_record,
     source_fingerprint,
 )
+from lightprune.export.streamed_verify import verify_pruned_checkpoint
 from lightprune.models import MoELayer, find_moe_layers
 
 __all__ = ["prune_checkpoint", "expert_dims", "KeyRule"]
@@ -163,8 +164,6 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     facts (``source``, ``command``). The output loads with ``lp.load_pruned`` (and with plain ``from_pretrained``
     when every layer keeps the same number of experts).
     """
-    from lightprune.export.streamed_verify import verify_pruned_checkpoint
-
     start = time.perf_counter()
     unknown = sorted(set(card or {}) - {"source", "command"})
     if unknown:
