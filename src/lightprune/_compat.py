@@ -91,7 +91,7 @@ _OLD_PACKAGES = ("lightprune.calibration", "lightprune.criteria", "lightprune.ke
 
 #: (old module, name) -> (new module, new name) for names that left their old module's successor
 OLD_NAMES: dict[tuple[str, str], tuple[str, str]] = {
-    ("lightprune.plan", "PlanError"): ("lightprune.errors", "PlanError"),
+    ("lightprune.plan", "PlanError"): ("lightprune.core.errors", "PlanError"),
     ("lightprune.plan", "WidthPlan"): ("lightprune.width.plan", "WidthPlan"),
     ("lightprune.plan", "WIDTH_UNITS"): ("lightprune.width.plan", "WIDTH_UNITS"),
     ("lightprune.plan", "PATHS"): ("lightprune.width.paths", "PATHS"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -134,3 +135,11 @@ def test_moved_names_of_export_load_warn_and_resolve() -> None:
     _compat._WARNED.discard("lightprune.export.load.weight_files")
     with pytest.warns(FutureWarning, match="lightprune.checkpoints.directory.weight_files"):
         assert load.weight_files is weight_files
+
+
+def test_every_old_path_leads_to_a_current_module() -> None:
+    """No alias points at another alias (a user would get two warnings, the second naming a path that is old too)."""
+    targets = set(_compat.OLD_MODULES.values()) | {module for module, _ in _compat.OLD_NAMES.values()}
+    assert not [t for t in sorted(targets) if _compat.new_location(t) is not None]
+    for target in sorted(targets):
+        assert importlib.util.find_spec(target) is not None, target
