@@ -44,13 +44,15 @@ class Registry(Generic[T]):
     registered (instead of the base check). ``pattern``: what a name must match (None: any non-empty string).
     ``hint``: appended as given to the error for an unknown name (how to add one, say; with its own leading
     punctuation). ``name_attribute``: the class attribute registration sets to the name ("name"; None: none).
+    ``clash``: what the error for a name registered to another class tells the user to do (``{name}``: the name).
     """
 
     def __init__(self, kind: str, *, base: Callable[[], type] | None = None,
                  check: Callable[[str, Any], None] | None = None, pattern: re.Pattern[str] | None = SNAKE_CASE,
-                 hint: str = "", name_attribute: str | None = None):
+                 hint: str = "", name_attribute: str | None = None,
+                 clash: str = "choose another name or unregister {name!r} first"):
         self.kind, self._base, self._check, self._pattern, self._hint = kind, base, check, pattern, hint
-        self._name_attribute = name_attribute
+        self._name_attribute, self._clash = name_attribute, clash
         self._classes: dict[str, T] = {}
         self._declared: dict[str, str] = {}
         self._verified: set[str] = set()  # declared names whose class was checked against the declaration
@@ -72,18 +74,24 @@ class Registry(Generic[T]):
 
     def register(self, name: str, cls: T) -> T:
         """Register ``cls`` under ``name`` (see the module docstring for a name registered twice)."""
-        self._check_name(name)
-        if self._check is not None:
-            self._check(name, cls)
-        elif self._base is not None and not (isinstance(cls, type) and issubclass(cls, self._base())):
-            raise TypeError(f"{self.kind} {name!r} must be a {self._base().__name__} subclass, got {cls!r}")
-        existing = self._classes.get(name)
-        if existing is not None and not same_class(existing, cls):
-            raise ValueError(f"{self.kind} {name!r} is already registered to {existing.__module__}."
-                             f"{existing.__qualname__}; choose another name or unregister {name!r} first")
-        self._classes[name] = cls
-        if self._name_attribute is not None:
-            setattr(cls, self._name_attribute, name)
+        return self.register_all((name,), cls)
+
+    def register_all(self, names: tuple[str, ...], cls: T) -> T:
+        """Register ``cls`` under every one of ``names``, or under none when one of them may not be."""
+        for name in names:
+            self._check_name(name)
+            if self._check is not None:
+                self._check(name, cls)
+            elif self._base is not None and not (isinstance(cls, type) and issubclass(cls, self._base())):
+                raise TypeError(f"{self.kind} {name!r} must be a {self._base().__name__} subclass, got {cls!r}")
+            existing = self._classes.get(name)
+            if existing is not None and not same_class(existing, cls):
+                raise ValueError(f"{self.kind} {name!r} is already registered to {existing.__module__}."
+                                 f"{existing.__qualname__}; {self._clash.format(name=name)}")
+        for name in names:
+            self._classes[name] = cls
+            if self._name_attribute is not None:
+                setattr(cls, self._name_attribute, name)
         return cls
 
     def decorator(self, name: str) -> Callable[[T], T]:
@@ -174,8 +182,7 @@ class Registry(Generic[T]):
 
     def items(self) -> Iterator[tuple[str, T]]:
         """``(name, class)`` of every entry, declared ones imported."""
-        for name in self.names():
-            yield name, self.get(name)
+        return iter(self.view().items())
 
     @contextmanager
     def restoring(self) -> Iterator[None]:

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from lightprune.core.registry import Registry, same_class
+from lightprune.core.registry import Registry
 from lightprune.models.base import MoEFamily
 
 __all__ = ["FAMILIES", "REFUSED", "register_family", "unregister_family", "refuse_family", "get_family",
@@ -37,7 +37,9 @@ def _check_family(model_type: str, cls: Any) -> None:
         raise TypeError(f"register_family takes MoEFamily subclasses, got {cls!r}")
 
 
-_REGISTRY: Registry[type[MoEFamily]] = Registry("model_type", check=_check_family, pattern=None, hint=ADD_A_FAMILY)
+_REGISTRY: Registry[type[MoEFamily]] = Registry("model_type", check=_check_family, pattern=None,
+                                                hint=f"; to add one, {ADD_A_FAMILY}",
+                                                clash="unregister_family({name!r}) first")
 
 
 #: model type -> family class (read-only: register_family / unregister_family change it)
@@ -54,13 +56,8 @@ def register_family(cls: F) -> F:
     if not cls.model_types or not all(isinstance(t, str) and t for t in cls.model_types):
         raise ValueError(f"{cls.__name__}.model_types must name at least one config.model_type, "
                          f"got {cls.model_types!r}")
-    for model_type in cls.model_types:  # every type checked before any registers
-        existing = FAMILIES.get(model_type)
-        if existing is not None and not same_class(existing, cls):
-            raise ValueError(f"model_type {model_type!r} is already registered to {existing.__module__}."
-                             f"{existing.__qualname__}; unregister_family({model_type!r}) first")
+    _REGISTRY.register_all(tuple(cls.model_types), cls)  # every type checked before any registers
     for model_type in cls.model_types:
-        _REGISTRY.register(model_type, cls)
         REFUSED.pop(model_type, None)
     return cls
 

@@ -47,6 +47,7 @@ S = TypeVar("S", bound=type)
 #: name -> WidthScorer class
 WIDTH_SCORERS: Registry[type[WidthScorer]] = Registry(
     "width scorer", base=lambda: WidthScorer, name_attribute="name",
+    clash="choose another name or unregister_width_scorer({name!r}) first",
     hint="; register one with @register_width_scorer(name) or give a dotted import path 'package.module.ClassName'")
 
 

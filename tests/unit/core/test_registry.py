@@ -114,3 +114,19 @@ def test_the_view_reads_the_registry_as_a_mapping() -> None:
         view["nope"]  # noqa: B018
     with pytest.raises(TypeError):
         view["b"] = A  # type: ignore[index]
+
+
+def test_register_all_registers_every_name_or_none() -> None:
+    registry = Registry("widget", clash="unregister_widget({name!r}) first")
+
+    class A:
+        pass
+
+    class B:
+        pass
+
+    registry.register("b", B)
+    with pytest.raises(ValueError, match=r"widget 'b' is already registered to .*B; unregister_widget\('b'\) first"):
+        registry.register_all(("a", "b"), A)
+    assert registry.names() == ["b"]
+    assert registry.register_all(("a", "c"), A) is A and registry.names() == ["a", "b", "c"]

@@ -37,7 +37,8 @@ def _base() -> type:
 
 
 #: criterion name -> class
-CRITERIA: Registry[type] = Registry("criterion", base=_base, hint=_HINT, name_attribute="name")
+CRITERIA: Registry[type] = Registry("criterion", base=_base, hint=_HINT, name_attribute="name",
+                                    clash="choose another name or unregister_criterion({name!r}) first")
 
 _PACKAGE = "lightprune.experts.criteria"
 for _name, _where in (
