@@ -21,9 +21,16 @@ from typing import Any
 import torch
 
 from lightprune.checkpoints.directory import SAFE_INDEX, check_checkpoint, weight_files
-from lightprune.checkpoints.header import SAFETENSORS_DTYPES, header_bytes, read_header
+from lightprune.checkpoints.header import SAFETENSORS_DTYPES, read_header
 
 __all__ = ["Checkpoint"]
+
+
+def _data_start(file: Path) -> int:
+    """Where a safetensors file's tensor data starts: 8 + its header's length (the header itself was read and
+    checked against the file's size by :func:`read_header`)."""
+    with open(file, "rb") as handle:
+        return 8 + int.from_bytes(handle.read(8), "little")
 
 
 class Checkpoint:
@@ -52,7 +59,7 @@ class Checkpoint:
                                      f"({self._entries[name][0].name} and {file.name})")
                 self._entries[name] = (file, info)
         self.sharded = (self.path / SAFE_INDEX).is_file()
-        self._data_start = {file: len(header_bytes(file)) for file in self.files}  # 8 + the header's length
+        self._data_start = {file: _data_start(file) for file in self.files}
         self._fds: dict[Path, int] = {}
 
     # ------------------------------------------------------------------ headers

@@ -83,6 +83,17 @@ class ExpertPlan(ExpertLayout):
         """Experts removed over all layers (:attr:`total_removed`)."""
         return self.total_removed
 
+    def completed(self, layers: Iterable) -> "ExpertPlan":
+        """This plan with every MoE layer of ``layers`` it leaves out keeping all its experts (what pruning does to
+        them), so that what is written records every layer; the plan itself when it names them all."""
+        layers = list(layers)
+        if all(layer.index in self.keep for layer in layers):
+            return self
+        keep = {**{layer.index: list(range(layer.num_experts)) for layer in layers}, **self.keep}
+        counts = {**{layer.index: layer.num_experts for layer in layers}, **self.num_experts}
+        return ExpertPlan(keep=keep, num_experts=counts, criterion=self.criterion, ratio=self.ratio,
+                          allocation=self.allocation, metadata=self.metadata)
+
     # ------------------------------------------------------------------ checks
     def check_layers(self, layers: Iterable) -> None:
         """Raise :class:`PlanError` unless this plan fits ``layers`` (``MoELayer`` list of a model)."""

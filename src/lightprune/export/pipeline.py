@@ -9,8 +9,9 @@ The plan, the unpruned model's parameter count and tensor bytes go into the expo
 model card (``save_pruned(card=...)``), so the checkpoint says which original experts each layer
 keeps. An output directory that is (or holds) the source checkpoint is refused before any surgery.
 
-Every input is checked before any surgery: the output directory, ``atol``, the card (against the counts the
-plan leaves in every MoE layer) and the source's fingerprint here, once; the plan against the model by the
+A plan that leaves out MoE layers is completed first (:meth:`~lightprune.experts.plan.ExpertPlan.completed`: they
+keep every expert, as ``prune_checkpoint`` does), so the manifest records every layer. Every input is checked
+before any surgery: the output directory, ``atol``, the card and the source's fingerprint here, once; the plan against the model by the
 experts functions that use it (``write_merged`` for a MergePlan, ``mask_experts``, ``prune_experts``: public
 functions that each check what they are given), not by the export itself.
 :func:`~lightprune.export.save.write_pruned` then writes and verifies the checkpoint without checking those
@@ -64,13 +65,6 @@ def _name_a_surgery_problem(model: nn.Module, probe: Mapping[str, Any], referenc
             "scores can flip an expert choice: pass a larger atol or export in fp32", gap, atol) from err
 
 
-def _counts_after(model: nn.Module, plan: ExpertPlan) -> dict[int, int]:
-    """{layer: routed experts} ``model`` will have once pruned by ``plan``; a layer of the plan that the model lacks
-    keeps the plan's count (``mask_experts`` names it)."""
-    layers = {layer.index: layer.num_experts for layer in find_moe_layers(model)}
-    return {**plan.kept_counts(), **{index: len(plan.keep.get(index, range(n))) for index, n in layers.items()}}
-
-
 def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str | os.PathLike, *,
                   probe: Mapping[str, Any] | None = None, overwrite: bool = False, atol: float | None = None,
                   processor: Any = None, source_dir: str | os.PathLike | None = None,
@@ -111,9 +105,10 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     ours = sorted({"plan", "parameters_before", "parameter_bytes_before"} & set(given))
     if ours:
         raise ValueError(f"export_pruned fills card keys {ours} itself; pass the plan as the plan argument")
-    # a bad card or source is an error before any surgery, so is a plan that leaves out MoE layers
+    plan = plan.completed(find_moe_layers(model))  # a layer the plan leaves out keeps all its experts
+    # a bad card or source is an error before any surgery
     facts = card_facts({**given, "plan": plan, "parameters_before": parameter_count(model),
-                        "parameter_bytes_before": tensor_bytes(model)}, _counts_after(model, plan))
+                        "parameter_bytes_before": tensor_bytes(model)}, plan.kept_counts())
     fingerprint = source_fingerprint(source)
     probe = dict(probe) if probe is not None else default_probe(model)
     if merge is not None:

@@ -173,7 +173,7 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     with Checkpoint(src) as checkpoint:
         skeleton = Skeleton(checkpoint)
         layers = find_moe_layers(skeleton.model)
-        plan = _whole(plan, layers)
+        plan = plan.completed(layers)
         pruned = prune_experts(copy.deepcopy(skeleton.model), plan)  # checks the plan against the model first
         counts = {layer.index: layer.num_experts for layer in find_moe_layers(pruned)}
         rules = key_rules(skeleton, expert_dims(skeleton.model, pruned), plan)
@@ -199,16 +199,6 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
             manifest = _write_manifest(tmp, skeleton, pruned, plan, counts, total, tokenizer, verification, card)
             apply_umask(tmp)
     return ExportResult.from_manifest(out_dir, manifest, time.perf_counter() - start)
-
-
-def _whole(plan: ExpertPlan, layers: list[MoELayer]) -> ExpertPlan:
-    """``plan`` with every MoE layer it leaves out keeping all its experts (what pruning does to them)."""
-    if all(layer.index in plan.keep for layer in layers):
-        return plan
-    keep = {**{layer.index: list(range(layer.num_experts)) for layer in layers}, **plan.keep}
-    counts = {**{layer.index: layer.num_experts for layer in layers}, **plan.num_experts}
-    return ExpertPlan(keep=keep, num_experts=counts, criterion=plan.criterion, ratio=plan.ratio,
-                      allocation=plan.allocation, metadata=plan.metadata)
 
 
 def _write_manifest(tmp: Path, skeleton: Skeleton, pruned: nn.Module, plan: ExpertPlan, counts: dict[int, int],

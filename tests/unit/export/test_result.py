@@ -5,6 +5,7 @@ returned before 0.2 keep working for one release, each use warning once."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
@@ -112,13 +113,20 @@ def test_save_pruned_and_prune_checkpoint_return_the_same_kind_of_result(tiny, t
     assert unverified.verification is None and unverified.max_abs_diff is None
 
 
-def test_export_pruned_refuses_a_plan_that_leaves_out_layers_before_any_surgery(tiny, tmp_path):
+def test_a_plan_that_leaves_out_layers_exports_them_whole_as_prune_checkpoint_does(tiny, tmp_path):
+    """export_pruned and prune_checkpoint complete a partial plan alike (ExpertPlan.completed): the layers it leaves
+    out keep every expert, and the checkpoint equals the one exported with the whole plan."""
     model = tiny("qwen3_moe")
-    weights = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(ValueError, match=r"keeps \{0: 4\} experts per layer, the model has \{0: 4, 1: 8, 2: 8\}"):
-        lp.export_pruned(model, _plan(model, partial=True), tmp_path / "out")
-    assert not (tmp_path / "out").exists()
-    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())  # untouched
+    partial = lp.export_pruned(copy.deepcopy(model), _plan(model, partial=True), tmp_path / "partial")
+    whole = lp.export_pruned(copy.deepcopy(model), _plan(model), tmp_path / "whole")
+    assert partial.experts_per_layer == whole.experts_per_layer == {0: 4, 1: 8, 2: 8}
+    assert partial.manifest["plan"]["keep"] == whole.manifest["plan"]["keep"]
+    a, b = lp.load_pruned(partial).state_dict(), lp.load_pruned(whole).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    model.save_pretrained(tmp_path / "src")
+    streamed = prune_checkpoint(tmp_path / "src", _plan(model, partial=True), tmp_path / "streamed", progress=False)
+    assert streamed.experts_per_layer == whole.experts_per_layer
+    assert streamed.manifest["plan"]["keep"] == whole.manifest["plan"]["keep"]
 
 
 # ----------------------------------------------------------------------------------- deprecated paths

@@ -113,12 +113,13 @@ def _entering(batch: ObservedBatch) -> _Entering | None:
     return _Entering(outputs, token, rank, int(per_token.max()))
 
 
-def _rerun_chunk(batch: ObservedBatch, dh: torch.Tensor, dhp: torch.Tensor | None, pairs: slice, t0: int, t1: int,
-                 entering: _Entering | None) -> None:
-    """The re-run pairs ``pairs`` (those of tokens t0..t1) into dh (and the promoted variant)."""
+def _rerun_chunk(batch: ObservedBatch, dh: torch.Tensor, dhp: torch.Tensor | None, tokens: torch.Tensor,
+                 pairs: slice, t0: int, t1: int, entering: _Entering | None) -> None:
+    """The re-run pairs ``pairs`` (those of tokens t0..t1; ``tokens``: every pair's token, on the outputs' device)
+    into dh (and the promoted variant)."""
     reruns, w, device = batch.reruns, batch.w, batch.hidden.device
     dtype = w.dtype
-    t, j = reruns.tokens.to(device)[pairs], reruns.experts[pairs].to(device)
+    t, j = tokens[pairs], reruns.experts[pairs].to(device)
     w_new = reruns.weights[pairs].to(device=device, dtype=dtype) * batch.layer.family.output_scale(batch.layer)
     match = reruns.selected[pairs].to(device).unsqueeze(2) == batch.selected.index_select(0, t).unsqueeze(1)
     diff = w.index_select(0, t) - torch.einsum("np,nps->ns", w_new, match.to(dtype))     # D [n, k]
@@ -162,7 +163,7 @@ def removal_values(batch: ObservedBatch, promoted: bool) -> tuple[torch.Tensor, 
         t1 = min(batch.w.shape[0], t0 + step)
         first, last = torch.searchsorted(tokens, torch.tensor([t0, t1], device=tokens.device)).tolist()
         if first != last:
-            _rerun_chunk(batch, dh, dhp, slice(first, last), t0, t1, entering)
+            _rerun_chunk(batch, dh, dhp, tokens, slice(first, last), t0, t1, entering)
     return dh, dhp
 
 
