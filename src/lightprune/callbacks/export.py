@@ -51,16 +51,11 @@ from lightprune.reporting.report import plot_kept_experts, write_report
 __all__ = ["check_checkpoint_dir", "checkpoint_path", "Export", "export_with_report", "streamed_export_with_report"]
 
 
-def _dir_bytes(path: Path) -> int | None:
-    if not path.is_dir():
-        return None
-    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
-
-
-def _figures(result: ExportResult, params_before: int | None, bytes_before: int | None) -> dict[str, Any]:
-    """The report's figures of the export ``result`` (the unpruned model's parameters and checkpoint bytes given)."""
+def _figures(result: ExportResult, params_before: int | None) -> dict[str, Any]:
+    """The report's figures of the export ``result`` (the unpruned model's parameters given; the source's checkpoint
+    bytes are the manifest's, as the model card shows them: None without a local source)."""
     return {"params_before": params_before, "params_after": result.parameters,
-            "checkpoint_bytes_before": bytes_before, "checkpoint_bytes_after": result.weight_bytes,
+            "checkpoint_bytes_before": result.weight_bytes_before, "checkpoint_bytes_after": result.weight_bytes,
             "expected_bytes_after": result.parameter_bytes, "max_abs_diff": result.max_abs_diff}
 
 
@@ -98,9 +93,7 @@ def export_with_report(model, plan: ExpertPlan | MergePlan, run_dir: Path, ckpt_
     start = time.perf_counter()
     card = {"source": str(source), **({"evaluation": evaluation} if evaluation else {})}
     result = export_pruned(model, plan, ckpt_dir, overwrite=overwrite, atol=atol, processor=processor, card=card)
-    before = Path(source) if isinstance(source, str) else None
-    figures = {**(extra or {}),
-               **_figures(result, result.parameters_before, _dir_bytes(before) if before is not None else None)}
+    figures = {**(extra or {}), **_figures(result, result.parameters_before)}
     layout = plan
     if isinstance(plan, MergePlan):
         layout = plan.expert_plan()
@@ -117,7 +110,7 @@ def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Pat
     start = time.perf_counter()
     result = prune_checkpoint(source_dir, plan, ckpt_dir, overwrite=overwrite, atol=atol,
                               card={"source": str(source or source_dir)})
-    figures = {"streamed": True, **_figures(result, params_before, _dir_bytes(Path(source_dir)))}
+    figures = {"streamed": True, **_figures(result, params_before)}
     return _run_report(plan, run_dir, ckpt_dir, source=source or str(source_dir), figures=figures,
                        seconds_scoring=seconds_scoring, start=start)
 
