@@ -28,6 +28,7 @@ _NAMES = {
     "check_checkpoint": "lightprune.checkpoints.directory",
     "weight_files": "lightprune.checkpoints.directory",
     "staging_dir": "lightprune.checkpoints.staging",
+    "OutputDirError": "lightprune.checkpoints.staging",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = lazy_attributes(__name__, _NAMES)

@@ -1,34 +1,63 @@
 """All-or-nothing output directories: write beside the target, rename into place.
 
-:func:`staging_dir` yields a new hidden sibling of the output directory
-(``.<name>.lightprune-tmp-<random>``, same parent, so the final rename stays on one filesystem
-and is atomic). When the block exits cleanly the staged directory is renamed to the output path;
-when it raises, the staged directory is removed and the output path is left as it was. With
-``overwrite=True`` an existing output directory is first renamed aside, the new one renamed in,
-and only then the old one deleted (restored if the second rename fails).
+:func:`staging_dir` yields a new hidden sibling of the output directory (``.<name>.lightprune-tmp-<pid>-<random>``,
+same parent, so every rename stays on one filesystem and is atomic). Whatever exception or interrupt
+(KeyboardInterrupt) ends the block or arrives during any step (a second interrupt during the recovery is handled as
+a kill, below):
 
-Leftovers of a process that was killed (SIGKILL, power loss) carry its pid in their name
-(``.<name>.lightprune-tmp-<pid>-<random>``): the next staging of the same target removes staged
-directories whose process is gone and, when the target itself is missing because the kill came between
-the two renames of a replacement, puts the set-aside previous directory back (:func:`clean_stale`).
+- the output path holds the complete previous directory or the complete new one; a staged directory is renamed into
+  place only after the block finished, never a partial one;
+- when the block fails the staged directory is removed and the previous output is left untouched;
+- with ``overwrite=True`` the previous directory is renamed aside (``-old-``), the new one renamed in, and the aside
+  copy renamed once more (``-trash-``) before its deletion starts, so a copy that may be half-deleted is never put
+  back. A trash copy that cannot be deleted (a read-only subdirectory) is reported by a RuntimeWarning naming it: the
+  new output is complete, the copy is left to be deleted by hand (or by the next staging of the same target);
+- a full disk (ENOSPC, EDQUOT, safetensors' "No space left on device") or an unwritable parent (EACCES, EROFS, EPERM
+  while creating the staging directory) raises one :class:`OutputDirError` naming the output directory and what
+  happened, chained from the original error.
+
+Leftovers of a process that died (SIGKILL, power loss, an interrupt during a deletion) carry its pid in their name.
+The next staging of the same target (:func:`clean_stale`) deletes the staged and trash directories of dead
+processes, and renames an ``-old-`` copy back only when the target is missing, which means the kill came between
+the two renames of a replacement (an ``-old-`` copy is complete: its deletion never starts under that name).
 Directories of live processes (a concurrent export on this machine) are left alone.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
 import uuid
+import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
-__all__ = ["check_out_dir", "staging_dir", "clean_stale", "TMP_TAG"]
+from safetensors import SafetensorError
 
-#: part of every staged / set-aside directory name, so leftovers are recognisable
+from lightprune.core.errors import register_error
+
+__all__ = ["TMP_TAG", "OutputDirError", "check_out_dir", "clean_stale", "staging_dir"]
+
+#: part of every staged directory's name, so leftovers are recognisable
 TMP_TAG = ".lightprune-tmp-"
+#: a previous output set aside during a replacement; complete, restored if the target is missing
 _OLD_TAG = ".lightprune-old-"
+#: a previous output whose deletion may have started; only ever deleted
+_TRASH_TAG = ".lightprune-trash-"
+
+#: how safetensors' Rust writer reports a full disk
+_NO_SPACE_MARKERS = ("No space left on device", "StorageFull", "os error 28")
+#: errno values meaning the output's parent cannot be written
+_UNWRITABLE = (errno.EACCES, errno.EROFS, errno.EPERM)
+
+
+@register_error
+class OutputDirError(OSError):
+    """An output directory that could not be written (full disk, unwritable parent). The message names the output
+    directory and what happened; ``errno`` is the original error's, ``__cause__`` the original error."""
 
 
 def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False,
@@ -54,6 +83,11 @@ def _sibling(out: Path, tag: str) -> Path:
     return out.parent / f".{out.name}{tag}{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
+def _retagged(path: Path, old_tag: str, new_tag: str) -> Path:
+    """``path`` with ``old_tag`` in its name replaced by ``new_tag`` (same pid and random part)."""
+    return path.with_name(path.name.replace(old_tag, new_tag, 1))
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -64,55 +98,134 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _remove(path: Path, leftover_of: str) -> bool:
+    """Delete the directory ``path``; True once it is gone. When it cannot be deleted, a RuntimeWarning names it
+    (``leftover_of`` says what it held) and asks for deletion by hand."""
+    if not os.path.lexists(path):
+        return True
+    try:
+        shutil.rmtree(path)
+    except OSError as exc:
+        warnings.warn(f"could not delete {str(path)!r}, {leftover_of} ({exc}); delete it by hand (the next export "
+                      "to the same directory tries again)", RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
 def clean_stale(out_dir: str | os.PathLike) -> list[Path]:
-    """Remove staged directories of ``out_dir`` left by dead processes (and restore a set-aside previous
-    ``out_dir`` when the target is missing); returns what was removed or restored."""
+    """Tidy the leftovers of dead processes beside ``out_dir``: staged and trash directories are deleted, a set-aside
+    previous ``out_dir`` is renamed back when ``out_dir`` is missing and otherwise retired to trash and deleted.
+    Leftovers of live processes are skipped; one that cannot be deleted gets a RuntimeWarning naming it. Returns the
+    leftovers deleted or restored."""
     out = Path(out_dir).expanduser().absolute()
     if not out.parent.is_dir():
         return []
-    pattern = re.compile(rf"^\.{re.escape(out.name)}\.lightprune-(tmp|old)-(?:(\d+)-)?[0-9a-f]{{12}}$")
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.lightprune-(tmp|old|trash)-(?:(\d+)-)?[0-9a-f]{{12}}$")
     done = []
     for entry in sorted(out.parent.iterdir()):
         match = pattern.match(entry.name)
-        if match is None or not entry.is_dir():
+        if match is None or not entry.is_dir() or entry.is_symlink():
             continue
         kind, pid = match.group(1), match.group(2)
         if pid is not None and (int(pid) == os.getpid() or _alive(int(pid))):
             continue
-        if kind == "old" and not out.exists():
-            os.rename(entry, out)  # killed between the two renames of a replacement: the previous one returns
-        else:
-            shutil.rmtree(entry, ignore_errors=True)
-        done.append(entry)
+        doomed = entry
+        if kind == "old":
+            if not os.path.lexists(out):
+                os.rename(entry, out)  # killed between the two renames of a replacement: the previous one returns
+                done.append(entry)
+                continue
+            doomed = _retagged(entry, _OLD_TAG, _TRASH_TAG)
+            os.rename(entry, doomed)  # from here on a half deletion can never be restored
+        if _remove(doomed, f"left beside {str(out)!r} by an earlier run that did not finish"):
+            done.append(entry)
     return done
+
+
+def _output_dir_error(exc: BaseException, out: Path, creating: bool) -> OutputDirError | None:
+    """``exc`` restated as an :class:`OutputDirError` naming ``out``, when it is a full disk or (``creating``: while
+    creating the staging directory) an unwritable parent; None for any other exception."""
+    if isinstance(exc, OutputDirError):
+        return None
+    if os.path.lexists(out):
+        kept = f"nothing was written, {str(out)!r} is as it was"
+    else:
+        kept = f"nothing was written, {str(out)!r} was not created"
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        what = "disk quota exceeded" if code == errno.EDQUOT else "no space left"
+        message = f"{what} on the device holding {str(out)!r}; {kept}"
+    elif isinstance(exc, SafetensorError) and any(marker in str(exc) for marker in _NO_SPACE_MARKERS):
+        code = errno.ENOSPC
+        message = f"no space left on the device holding {str(out)!r}; {kept}"
+    elif creating and code in _UNWRITABLE:
+        filename = getattr(exc, "filename", None)
+        blocked = Path(os.fsdecode(filename)).parent if filename else out.parent
+        message = f"cannot write to {str(blocked)!r}: {os.strerror(code).lower()}; {kept}"
+    else:
+        return None
+    error = OutputDirError(message)
+    error.errno = code
+    return error
+
+
+@contextmanager
+def _creating(out: Path) -> Iterator[None]:
+    """Restate a full disk or an unwritable parent raised in the block as an :class:`OutputDirError`."""
+    try:
+        yield
+    except OSError as exc:
+        error = _output_dir_error(exc, out, creating=True)
+        if error is None:
+            raise
+        raise error from exc
 
 
 @contextmanager
 def staging_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
-    """Yield an empty staging directory that replaces ``out_dir`` when the block succeeds."""
-    clean_stale(out_dir)
+    """Yield an empty staging directory that replaces ``out_dir`` when the block succeeds; on any exception or
+    interrupt ``out_dir`` is left as it was (guarantees: the module's docstring)."""
+    with _creating(Path(out_dir).expanduser().absolute()):
+        clean_stale(out_dir)
     out = check_out_dir(out_dir, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _sibling(out, TMP_TAG)
-    tmp.mkdir()
+    staged = _sibling(out, TMP_TAG)
     try:
-        yield tmp
+        with _creating(out):
+            out.parent.mkdir(parents=True, exist_ok=True)
+            os.mkdir(staged)
+        yield staged
         out = check_out_dir(out, overwrite)  # the target may have appeared meanwhile
-        _commit(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _commit(staged, out)
+    except BaseException as exc:
+        _remove(staged, f"the unfinished staging of {str(out)!r}")
+        error = _output_dir_error(exc, out, creating=False)
+        if error is None:
+            raise
+        raise error from exc
 
 
-def _commit(tmp: Path, out: Path) -> None:
-    if not out.exists():
-        os.rename(tmp, out)
+def _commit(staged: Path, out: Path) -> None:
+    """Rename ``staged`` to ``out``. An existing ``out`` is set aside first and discarded once the new one is in
+    place; when interrupted before that, the previous one is renamed back."""
+    if not os.path.lexists(out):
+        os.rename(staged, out)
         return
     old = _sibling(out, _OLD_TAG)
-    os.rename(out, old)
     try:
-        os.rename(tmp, out)
+        os.rename(out, old)
+        os.rename(staged, out)
     except BaseException:
-        os.rename(old, out)
+        if os.path.lexists(old):
+            if os.path.lexists(staged):  # the new one is not in place: the previous one returns
+                os.rename(old, out)
+            else:  # interrupted just after the new one came in
+                _discard(old, out)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    _discard(old, out)
+
+
+def _discard(old: Path, out: Path) -> None:
+    """Retire the set-aside previous ``out`` to trash (never restored from there), then delete it."""
+    trash = _retagged(old, _OLD_TAG, _TRASH_TAG)
+    os.rename(old, trash)
+    _remove(trash, f"the previous version of {str(out)!r}, which now holds the new output")

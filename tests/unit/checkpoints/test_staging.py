@@ -1,0 +1,326 @@
+"""The all-or-nothing output directory: interrupted (KeyboardInterrupt) at every step of a staging, of a replacement
+and of the next run's cleanup, the output is the complete previous or the complete new directory and the next run
+tidies up; a previous output that cannot be deleted is reported and never restored; a full disk or an unwritable
+parent is one OutputDirError naming the output directory, with the data left intact."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors import SafetensorError
+
+from lightprune.checkpoints import OutputDirError, staging, staging_dir
+from lightprune.checkpoints.staging import TMP_TAG, clean_stale
+
+OLD = {"weights.bin": "old weights", "sub/config.json": "old config"}
+NEW = {"weights.bin": "new weights", "sub/config.json": "new config"}
+THIRD = {"weights.bin": "third weights"}
+#: a pid above every system's pid_max (Linux allows at most 2**22): no process has it
+DEAD_PID = 2**22 + 1
+needs_permission_bits = pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permission bits")
+
+
+def write(folder: Path, files: dict[str, str]) -> None:
+    """``files`` written under ``folder``, a file before every subdirectory (a partial tree differs from a whole one)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for rel, text in files.items():
+        (folder / rel).parent.mkdir(exist_ok=True)
+        (folder / rel).write_text(text)
+
+
+def tree(folder: Path) -> dict[str, str] | None:
+    """{relative path: text} of every file under ``folder``; None when it does not exist."""
+    if not folder.exists():
+        return None
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def listing(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir())
+
+
+def leftovers(parent: Path, kind: str = "") -> list[Path]:
+    return sorted(p for p in parent.iterdir() if f".lightprune-{kind}" in p.name)
+
+
+def as_dead(parent: Path) -> None:
+    """This process's leftovers renamed to a pid that no process has, as if it had died."""
+    assert not staging._alive(DEAD_PID)
+    mine = f"-{os.getpid()}-"
+    for path in leftovers(parent):
+        if mine in path.name:
+            os.rename(path, path.with_name(path.name.replace(mine, f"-{DEAD_PID}-")))
+
+
+def leftover(out: Path, kind: str) -> Path:
+    """A leftover of a dead process: ``kind`` is tmp, old or trash."""
+    return out.parent / f".{out.name}.lightprune-{kind}-{DEAD_PID}-{os.urandom(6).hex()}"
+
+
+class Interrupt:
+    """KeyboardInterrupt at the ``at``-th call of os.rename, os.mkdir and shutil.rmtree (counted together):
+    ``before`` the call runs, ``after`` it ran, or ``midway`` (in an rmtree: one file deleted, the rest kept;
+    other calls: before)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, at: int, when: str) -> None:
+        self.at, self.when, self.calls, self.fired = at, when, 0, None
+        for module, name in ((os, "rename"), (os, "mkdir"), (shutil, "rmtree")):
+            monkeypatch.setattr(module, name, self._wrapped(name, getattr(module, name)))
+
+    def _wrapped(self, name, real):
+        def call(*args, **kwargs):
+            self.calls += 1
+            if self.calls != self.at:
+                return real(*args, **kwargs)
+            paths = [os.path.basename(os.fspath(arg)) for arg in args if isinstance(arg, (str, os.PathLike))]
+            self.fired = f"call {self.at}: {name}({', '.join(paths)}) interrupted {self.when}"
+            if self.when == "after":
+                try:
+                    real(*args, **kwargs)
+                except OSError:  # the call failed (an existing directory), then the interrupt came
+                    pass
+            elif self.when == "midway" and name == "rmtree":
+                files = sorted(p for p in Path(args[0]).rglob("*") if p.is_file())
+                if files:
+                    files[0].unlink()
+            raise KeyboardInterrupt
+        return call
+
+
+def interrupted(monkeypatch: pytest.MonkeyPatch, at: int, when: str, run) -> str | None:
+    """``run()`` interrupted at call ``at``; what was interrupted, None when ``run`` made fewer calls."""
+    with monkeypatch.context() as patched:
+        interrupt = Interrupt(patched, at, when)
+        try:
+            run()
+        except KeyboardInterrupt:
+            assert interrupt.fired is not None
+    return interrupt.fired
+
+
+def export(out: Path, files: dict[str, str], overwrite: bool = True) -> None:
+    with staging_dir(out, overwrite=overwrite) as staged:
+        assert listing(staged) == []
+        write(staged, files)
+
+
+# ------------------------------------------------------------------------------------------ interrupts
+@pytest.mark.parametrize("previous", [OLD, None], ids=["replacing", "creating"])
+@pytest.mark.parametrize("when", ["before", "after", "midway"])
+def test_an_interrupted_export_leaves_the_previous_or_the_new_output_and_the_next_run_tidies_up(
+        tmp_path, monkeypatch, when, previous):
+    for at in itertools.count(1):
+        root = tmp_path / str(at)
+        out = root / "model"
+        if previous is not None:
+            write(out, previous)
+        else:
+            root.mkdir()
+        step = interrupted(monkeypatch, at, when, lambda out=out: export(out, NEW))
+        if step is None:  # every call has been interrupted once; uninterrupted, the new output is in place
+            assert tree(out) == NEW and listing(root) == ["model"]
+            break
+        assert tree(out) in (previous, NEW), step  # never a partial staging, never nothing
+        for old in leftovers(root, "old"):
+            assert tree(old) == previous, step  # a set-aside copy is complete
+        assert not leftovers(root, "tmp"), step
+
+        as_dead(root)
+        deleted = tmp_path / f"{at}-deleted"  # the same state, then the user deletes the output
+        shutil.copytree(root, deleted, symlinks=True)
+        shutil.rmtree(deleted / "model", ignore_errors=True)
+        clean_stale(deleted / "model")
+        assert tree(deleted / "model") in (None, previous), step  # no staging, no half-deleted copy comes back
+        assert listing(deleted) in ([], ["model"]), step
+
+        export(out, THIRD)  # the next run
+        assert tree(out) == THIRD and listing(root) == ["model"], step
+    # setup, staging, body and (replacing) both renames, trash rename, deletion were each interrupted
+    assert at > (7 if previous is not None else 4)
+
+
+@pytest.mark.parametrize("target", ["missing", "present"])
+@pytest.mark.parametrize("when", ["before", "after", "midway"])
+def test_an_interrupted_cleanup_never_restores_a_partial_directory(tmp_path, monkeypatch, when, target):
+    for at in itertools.count(1):
+        out = tmp_path / str(at) / "model"
+        out.parent.mkdir()
+        if target == "present":
+            write(out, NEW)
+        write(leftover(out, "tmp"), {"weights.bin": "staged, unfinished"})
+        write(leftover(out, "old"), OLD)  # killed between the two renames of a replacement
+        write(leftover(out, "trash"), {"sub/config.json": "old config"})  # killed while deleting
+        step = interrupted(monkeypatch, at, when, lambda out=out: clean_stale(out))
+        expected = NEW if target == "present" else OLD
+        assert tree(out) in ((None, OLD) if target == "missing" else (NEW,)), step
+        if tree(out) is None:
+            assert [tree(p) for p in leftovers(out.parent, "old")] == [OLD], step  # still complete, still there
+        for old in leftovers(out.parent, "old"):
+            assert tree(old) == OLD, step
+        if target == "present":
+            deleted = out.parent.with_name(f"{at}-deleted")
+            shutil.copytree(out.parent, deleted, symlinks=True)
+            shutil.rmtree(deleted / "model")
+            clean_stale(deleted / "model")
+            assert tree(deleted / "model") in (None, OLD), step
+        clean_stale(out)  # the run after
+        assert tree(out) == expected and listing(out.parent) == ["model"], step
+        if step is None:
+            break
+    assert at > (4 if target == "present" else 3)  # each rename and deletion was interrupted
+
+
+def test_leftovers_of_a_live_process_are_left_alone(tmp_path):
+    out = tmp_path / "model"
+    write(out, NEW)
+    alive = out.parent / f".model.lightprune-old-{os.getppid()}-{os.urandom(6).hex()}"
+    write(alive, OLD)
+    assert clean_stale(out) == [] and tree(alive) == OLD
+
+
+# ------------------------------------------------------------------------- a previous output stuck on disk
+@pytest.mark.parametrize("how", ["read-only subdirectory", "unlink refused"])
+def test_a_previous_output_that_cannot_be_deleted_is_reported_and_never_restored(tmp_path, monkeypatch, how):
+    if how == "read-only subdirectory" and os.geteuid() == 0:
+        pytest.skip("root ignores permission bits")
+    out = tmp_path / "model"
+    write(out, {**OLD, "stuck/held.bin": "old, undeletable"})
+    with monkeypatch.context() as patched:
+        if how == "read-only subdirectory":
+            (out / "stuck").chmod(0o500)
+        else:
+            real_unlink = os.unlink
+
+            def unlink(path, *args, **kwargs):
+                if os.path.basename(os.fspath(path)) == "held.bin":
+                    raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+                return real_unlink(path, *args, **kwargs)
+
+            patched.setattr(os, "unlink", unlink)
+        try:
+            with pytest.warns(RuntimeWarning) as warned:
+                export(out, NEW)
+            assert tree(out) == NEW  # the export succeeded
+            [trash] = leftovers(tmp_path)
+            assert ".model.lightprune-trash-" in trash.name and (trash / "stuck" / "held.bin").exists()
+            [message] = [str(w.message) for w in warned]
+            assert repr(str(trash)) in message and "delete it by hand" in message
+
+            shutil.rmtree(out)  # the user deletes the new output; the process that left the trash is gone
+            as_dead(tmp_path)
+            [trash] = leftovers(tmp_path)
+            with pytest.warns(RuntimeWarning, match="delete it by hand"):
+                assert clean_stale(out) == []  # tried again, still stuck, reported again
+            assert not out.exists() and leftovers(tmp_path) == [trash]  # never put back in place
+        finally:
+            for folder in tmp_path.iterdir():
+                if (folder / "stuck").is_dir():
+                    (folder / "stuck").chmod(0o700)
+    assert clean_stale(out) == [trash] and listing(tmp_path) == []  # deletable again: the next run deletes it
+
+
+# ------------------------------------------------------------------------------------------ disk errors
+NO_SPACE = {
+    "ENOSPC": lambda staged: OSError(errno.ENOSPC, "No space left on device", str(staged / "model.safetensors")),
+    "safetensors StorageFull": lambda staged: SafetensorError(
+        'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'),
+    "safetensors os error 28": lambda staged: SafetensorError("I/O error: No space left on device (os error 28)"),
+}
+
+
+@pytest.mark.parametrize("previous", [OLD, None], ids=["replacing", "creating"])
+@pytest.mark.parametrize("error", list(NO_SPACE), ids=list(NO_SPACE))
+def test_a_full_disk_is_one_error_naming_the_output_and_leaves_the_data_intact(tmp_path, error, previous):
+    out = tmp_path / "model"
+    if previous is not None:
+        write(out, previous)
+    with pytest.raises(OutputDirError) as raised, staging_dir(out, overwrite=True) as staged:
+        write(staged, NEW)
+        original = NO_SPACE[error](staged)
+        raise original
+    message = str(raised.value)
+    kept = "is as it was" if previous is not None else "was not created"
+    assert message == f"no space left on the device holding {str(out)!r}; nothing was written, {str(out)!r} {kept}"
+    assert raised.value.__cause__ is original and raised.value.errno == errno.ENOSPC
+    assert isinstance(raised.value, OSError)
+    assert tree(out) == previous and listing(tmp_path) == (["model"] if previous is not None else [])
+
+
+def test_an_exceeded_quota_is_named_as_such(tmp_path):
+    out = tmp_path / "model"
+    quota = "^disk quota exceeded on the device holding " + re.escape(repr(str(out)))
+    with pytest.raises(OutputDirError, match=quota), staging_dir(out) as staged:
+        raise OSError(errno.EDQUOT, "Disk quota exceeded", str(staged / "a"))
+    assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a bug"), PermissionError(errno.EACCES, "Permission denied", "x"),
+                                   SafetensorError("header too large")], ids=["bug", "EACCES", "other safetensors"])
+def test_other_errors_in_the_block_pass_unchanged(tmp_path, error):
+    out = tmp_path / "model"
+    write(out, OLD)
+    with pytest.raises(type(error)) as raised, staging_dir(out, overwrite=True) as staged:
+        write(staged, NEW)
+        raise error
+    assert raised.value is error and tree(out) == OLD and listing(tmp_path) == ["model"]
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EROFS, errno.EPERM])
+def test_an_unwritable_parent_is_one_error_naming_it_and_the_output(tmp_path, monkeypatch, code):
+    out = tmp_path / "model"
+    write(out, OLD)
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        if TMP_TAG in os.fspath(path):
+            raise OSError(code, os.strerror(code), os.fspath(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    with pytest.raises(OutputDirError) as raised:
+        export(out, NEW)
+    assert str(raised.value) == (f"cannot write to {str(tmp_path)!r}: {os.strerror(code).lower()}; nothing was "
+                                 f"written, {str(out)!r} is as it was")
+    assert raised.value.errno == code and raised.value.__cause__.errno == code
+    assert tree(out) == OLD and listing(tmp_path) == ["model"]
+
+
+@needs_permission_bits
+def test_a_read_only_parent_is_one_error_naming_it(tmp_path):
+    parent = tmp_path / "ro"
+    parent.mkdir(mode=0o500)
+    out = parent / "missing" / "model"
+    try:
+        with pytest.raises(OutputDirError) as raised:
+            export(out, NEW)
+    finally:
+        parent.chmod(0o700)
+    assert str(raised.value) == (f"cannot write to {str(parent)!r}: permission denied; nothing was written, "
+                                 f"{str(out)!r} was not created")
+    assert isinstance(raised.value.__cause__, PermissionError) and listing(parent) == []
+
+
+def test_the_command_reports_an_output_dir_error_in_one_line(tmp_path, monkeypatch, capsys):
+    from lightprune.cli import app as cli
+    from lightprune.core.errors import ERRORS
+
+    assert OutputDirError in ERRORS and "OutputDirError" in staging.__all__
+
+    def full_disk():
+        with staging_dir(tmp_path / "model") as staged:
+            raise OSError(errno.ENOSPC, "No space left on device", str(staged / "model.safetensors"))
+
+    monkeypatch.setattr(cli, "cli_main", full_disk)
+    monkeypatch.delenv("LIGHTPRUNE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (f"lightprune: error: no space left on the device holding "
+                                       f"{str(tmp_path / 'model')!r}; nothing was written, "
+                                       f"{str(tmp_path / 'model')!r} was not created\n")
