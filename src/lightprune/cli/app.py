@@ -28,9 +28,10 @@ from lightprune.cli.options import Addressed, OptionError, missing_callback, spl
 from lightprune.cli.trainer import PruneTrainer
 from lightprune.core.errors import ERRORS
 from lightprune.core.extras import missing_deepspeed
+from lightprune.core.jsonio import DuplicateKeyError, check_yaml_keys
 from lightprune.finetune import MoECausalLM
 
-__all__ = ["LightpruneCLI", "cli_main", "main"]
+__all__ = ["LightpruneCLI", "cli_main", "main", "refuse_duplicate_yaml_keys"]
 
 
 class LightpruneArgumentParser(LightningArgumentParser):
@@ -39,9 +40,22 @@ class LightpruneArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("LIGHTPRUNE_DEBUG"):
             return super().error(message, ex)
+        duplicate = _duplicate_key(ex)
         prog = self.prog.replace(" [options]", "")
-        sys.stderr.write(f"lightprune: error: {condense(message)} (`{prog} --help` lists the options)\n")
+        sys.stderr.write(f"lightprune: error: {duplicate}\n" if duplicate else
+                         f"lightprune: error: {condense(message)} (`{prog} --help` lists the options)\n")
         self.exit(2)
+
+
+def _duplicate_key(err: BaseException | None) -> DuplicateKeyError | None:
+    """The :class:`DuplicateKeyError` (a value naming a key twice) behind a parser error, or None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, DuplicateKeyError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 class LightpruneCLI(LightningCLI):
@@ -127,6 +141,45 @@ def _own_error(err: BaseException) -> BaseException | None:
     return None
 
 
+def _config_name(path: str) -> str | None:
+    """The config file jsonargparse is reading, as the command line named it (else ``path``, its base name)."""
+    try:
+        from jsonargparse._util import config_load_stack  # the files being read, innermost last
+
+        stack = config_load_stack.get()
+    except (ImportError, AttributeError, LookupError):
+        stack = ()
+    if stack:
+        return str(stack[-1][1])
+    return str(path) if path else None
+
+
+def refuse_duplicate_yaml_keys() -> None:
+    """Make jsonargparse's YAML loader (config files and option values) refuse a mapping that names a key twice,
+    naming the key, the file and both lines (it would keep the last value: a second ``trainer:`` block would replace
+    the first). What it loads is unchanged. Installed once, when the command starts."""
+    import yaml
+    from jsonargparse import get_loader, set_loader
+
+    original = get_loader("yaml")
+    if getattr(original, "refuses_duplicate_keys", False):
+        return
+
+    def load(stream: str, path: str = "") -> Any:
+        value = original(stream)
+        if isinstance(value, (dict, list)):  # a key can only be repeated where a mapping was loaded
+            name = _config_name(path)
+            try:
+                check_yaml_keys(stream, f"config file {name!r}" if name else f"value {stream.strip()!r}")
+            except yaml.YAMLError:  # read by jsonargparse's own loader, not by PyYAML's pure-Python one
+                pass
+        return value
+
+    load.refuses_duplicate_keys = True  # type: ignore[attr-defined]
+    load.original = original  # type: ignore[attr-defined]
+    set_loader("yaml", load, (yaml.YAMLError,))
+
+
 def cli_main(args: list[str] | None = None) -> LightpruneCLI:
     """Parse ``args`` (default: ``sys.argv``), run the subcommand, return the CLI object. The callbacks' stable
     addresses (``--prune.ratio 0.3``, :mod:`lightprune.cli.options`) are taken out and set once the config is parsed.
@@ -143,6 +196,7 @@ def cli_main(args: list[str] | None = None) -> LightpruneCLI:
     else:
         args, addressed = split_addressed(args)
     kwargs: dict[str, Any] = {"save_config_kwargs": {"overwrite": True}}
+    refuse_duplicate_yaml_keys()
     try:
         return LightpruneCLI(MoECausalLM, None, trainer_class=PruneTrainer, subclass_mode_model=True,
                              subclass_mode_data=True, args=args, auto_configure_optimizers=False,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lightprune.callbacks.options import OPTIONS, check_criterion_name
+from lightprune.core.jsonio import DuplicateKeyError, parse_yaml
 
 __all__ = ["ADDRESSES", "ARGUMENTS", "SUBCOMMANDS", "OptionError", "Addressed", "split_addressed", "check_command_line",
            "check_callback_options", "check_criterion_name", "class_name", "missing_callback"]
@@ -58,11 +59,15 @@ class Addressed:
     value: Any
 
 
-def _yaml_value(text: str) -> Any:
+def _yaml_value(text: str, option: str) -> Any:
+    """``text`` as YAML (a mapping naming a key twice: an :class:`OptionError` naming ``option``); text that is not
+    YAML is kept as it is."""
     import yaml
 
     try:
-        return yaml.safe_load(text) if text.strip() else text
+        return parse_yaml(text, option) if text.strip() else text
+    except DuplicateKeyError as err:
+        raise OptionError(str(err)) from None
     except yaml.YAMLError:
         return text
 
@@ -100,7 +105,7 @@ def split_addressed(argv: Iterable[str]) -> tuple[list[str], list[Addressed]]:
             text = argv[i]
         else:
             raise OptionError(f"{head} needs a value")
-        found.append(Addressed(head, callback, argument, _yaml_value(text)))
+        found.append(Addressed(head, callback, argument, _yaml_value(text, head)))
         i += 1
     return rest, found
 
@@ -153,14 +158,16 @@ def _config_options(argv: list[str]) -> list[tuple[str, Any]]:
             if head in ("--config", "-c"):
                 try:
                     if _is_file(text):
-                        items.append((text, yaml.safe_load(Path(text).read_text()) or {}))
+                        items.append((text, parse_yaml(Path(text).read_text(), f"config file {text!r}") or {}))
                     else:  # jsonargparse also takes the config's content itself
-                        content = yaml.safe_load(text)
+                        content = parse_yaml(text, head)
                         items.append(("--config", content if isinstance(content, dict) else None))
-                except yaml.YAMLError:
-                    items.append((text, None))  # left to jsonargparse, which names the line
+                except DuplicateKeyError as err:
+                    raise OptionError(str(err)) from None
+                except (yaml.YAMLError, ValueError):  # a value PyYAML cannot build (an impossible date, which
+                    items.append((text, None))  # jsonargparse reads as text) too: left to jsonargparse
             else:
-                items.append((head, _yaml_value(text)))
+                items.append((head, _yaml_value(text, head)))
         i += 1
     return items
 

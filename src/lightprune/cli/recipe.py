@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from lightprune.cli.options import SUBCOMMANDS, check_command_line, class_name
 from lightprune.core.checks import check_choice
+from lightprune.core.jsonio import parse_yaml
 
 __all__ = ["run_recipe", "recipe_command"]
 
@@ -29,12 +30,10 @@ _IMPLIED = {"ExpertStats": "calibrate", "RouterDelta": "fit", "WidthSearch": "fi
 def _load(config: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(config, Mapping):
         return dict(config)
-    import yaml
-
     path = Path(config)
     if not path.is_file():
         raise FileNotFoundError(f"recipe {str(config)!r} does not exist")
-    content = yaml.safe_load(path.read_text()) or {}
+    content = parse_yaml(path.read_text(), f"recipe {str(config)!r}") or {}
     if not isinstance(content, dict):
         raise ValueError(f"recipe {str(config)!r} is not a mapping of options")
     return content

@@ -3,7 +3,9 @@ strict value checks the plan schemas share.
 
 A writer that dies half-way must never leave a truncated file where a later run reads it: the data goes to
 ``<name>.tmp`` first and is renamed into place. A file is read as UTF-8 (what :func:`write_json` writes);
-one that is not, or is not JSON, is an error naming the file.
+one that is not, is not JSON, or has an object naming one key twice (:func:`parse_json`), is an error naming the file.
+YAML is read the same way (:func:`parse_yaml`, :func:`read_yaml`): a mapping naming one key twice is refused with
+the key, the file and both lines; :func:`check_yaml_keys` runs only that check.
 
 The checks take JSON as it is, never coerced: :func:`strict_int` refuses booleans, floats (even ``2.0``)
 and strings; :func:`int_key` reads a JSON object's layer key (a plain decimal string such as ``"3"``, or
@@ -21,9 +23,141 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["int_key", "layer_items", "read_json", "read_parsed", "show", "strict_int", "write_json"]
+__all__ = ["DuplicateKeyError", "check_yaml_keys", "int_key", "layer_items", "parse_json", "parse_yaml", "read_json",
+           "read_parsed", "read_yaml", "show", "strict_int", "write_json"]
 
 _DECIMAL = re.compile(r"-?[0-9]+")
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object or YAML mapping that names one key twice (``json.loads`` and ``yaml.safe_load`` would keep
+    the last value silently)."""
+
+
+def _unique_pairs(where: str):
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise DuplicateKeyError(f"{where}: key {key!r} appears twice in one JSON object "
+                                        f"(values {show(out[key], 40)} and {show(value, 40)}); remove one")
+            out[key] = value
+        return out
+    return hook
+
+
+def parse_json(text: str | bytes, where: str) -> Any:
+    """``json.loads(text)``, refusing an object that names a key twice (:class:`DuplicateKeyError` naming
+    ``where``, the key and both values); other errors are ``json.JSONDecodeError`` as from ``json.loads``."""
+    return json.loads(text, object_pairs_hook=_unique_pairs(where))
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_yaml_loader: Any = None
+
+
+def _key_of(loader: Any, node: Any) -> Any:
+    """A YAML key node as the key a dict would hold (``1`` and ``true`` are one key); None for a key that is not
+    a scalar."""
+    import yaml
+
+    if not isinstance(node, yaml.ScalarNode):
+        return None
+    try:
+        key = loader.construct_object(node)
+        hash(key)
+    except (ValueError, TypeError, OverflowError, yaml.YAMLError):  # a key YAML cannot build (an impossible date)
+        return node.tag, node.value
+    return key
+
+
+def _check_mapping(loader: Any, node: Any, where: str) -> None:
+    """Refuse a YAML mapping node that names a key twice (merge keys ``<<`` are YAML's own overrides)."""
+    seen: dict[Any, Any] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            continue
+        key = _key_of(loader, key_node)
+        if key is None:
+            continue
+        first = seen.setdefault(key, key_node)
+        if first is not key_node:
+            named = (f"key {key_node.value!r} appears" if first.value == key_node.value else
+                     f"keys {first.value!r} and {key_node.value!r} (one key) appear")
+            raise DuplicateKeyError(f"{where}: {named} twice in one mapping (lines {first.start_mark.line + 1} "
+                                    f"and {key_node.start_mark.line + 1}); remove one")
+
+
+def _loader() -> Any:
+    """``yaml.SafeLoader`` refusing a mapping that names a key twice (built on first use: yaml loads lazily)."""
+    global _yaml_loader
+    if _yaml_loader is None:
+        import yaml
+
+        class UniqueKeyLoader(yaml.SafeLoader):
+            where = "YAML"
+
+            def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+                if isinstance(node, yaml.MappingNode):
+                    _check_mapping(self, node, self.where)
+                return super().construct_mapping(node, deep=deep)
+
+        _yaml_loader = UniqueKeyLoader
+    return _yaml_loader
+
+
+def parse_yaml(text: str | bytes, where: str) -> Any:
+    """``yaml.safe_load(text)``, refusing a mapping that names a key twice (:class:`DuplicateKeyError` naming
+    ``where``, the key and the lines of both); other errors are ``yaml.YAMLError`` as from ``yaml.safe_load``."""
+    loader = _loader()(text)
+    loader.where = where
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def check_yaml_keys(text: str | bytes, where: str) -> None:
+    """Only the key check of :func:`parse_yaml`: no value is built (a value YAML cannot build is left to the
+    reader that does); ``yaml.YAMLError`` for text that is not YAML."""
+    import yaml
+
+    loader = _loader()(text)
+    try:
+        root = loader.get_single_node()
+        todo, done = [root] if root is not None else [], set()
+        while todo:
+            node = todo.pop()
+            if id(node) in done:
+                continue
+            done.add(id(node))
+            if isinstance(node, yaml.MappingNode):
+                _check_mapping(loader, node, where)
+                todo += [part for pair in node.value for part in pair]
+            elif isinstance(node, yaml.SequenceNode):
+                todo += node.value
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: str | os.PathLike, what: str, error: type[Exception] = ValueError) -> Any:
+    """The YAML at ``path`` (:func:`parse_yaml`); a missing file is FileNotFoundError, a file that is not UTF-8
+    text, not valid YAML or names a key twice ``error``, each naming ``what`` and the file."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} file {str(path)!r} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise error(f"{what} file {str(path)!r} is not UTF-8 text: {err}") from err
+    try:
+        return parse_yaml(text, f"{what} file {str(path)!r}")
+    except DuplicateKeyError as err:
+        raise error(str(err)) from err
+    except yaml.YAMLError as err:
+        raise error(f"{what} file {str(path)!r} is not valid YAML: {err}") from err
 
 
 def write_json(data: Any, path: str | os.PathLike, indent: int | None = None) -> Path:
@@ -47,7 +181,9 @@ def read_json(path: str | os.PathLike, what: str, error: type[Exception] = Value
     except UnicodeDecodeError as err:
         raise error(f"{what} file {str(path)!r} is not UTF-8 text: {err}") from err
     try:
-        return json.loads(text)
+        return parse_json(text, f"{what} file {str(path)!r}")
+    except DuplicateKeyError as err:
+        raise error(str(err)) from err
     except json.JSONDecodeError as err:
         raise error(f"{what} file {str(path)!r} is not valid JSON: {err}") from err
 

@@ -35,7 +35,6 @@ it before calling the model, and callbacks read it from the batch (per-task metr
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from functools import cached_property
@@ -45,6 +44,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from lightprune.core.jsonio import parse_json
 from lightprune.core.sources import resolve_checkpoint
 from lightprune.data.base import JsonlDataModule
 from lightprune.data.collate import TOKEN_KEYS, Collator
@@ -218,8 +218,8 @@ def _file_tasks(path: Path, limit: int | None) -> tuple[set[str], bool]:
                 continue
             rows += 1
             try:
-                obj = json.loads(raw)
-            except ValueError:
+                obj = parse_json(raw, str(path))
+            except ValueError:  # a key given twice too
                 continue
             task = obj.get("task") if isinstance(obj, dict) else None
             named |= task is not None

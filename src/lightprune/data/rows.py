@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightprune.core.jsonio import DuplicateKeyError, parse_json
+
 __all__ = ["DEFAULT_TASK", "IMAGE_PLACEHOLDER", "JsonlRowError", "Row", "parse_row", "read_jsonl"]
 
 IMAGE_PLACEHOLDER = "<image>"
@@ -204,7 +206,9 @@ def read_jsonl(path: str | Path, *, limit: int | None = None, allow_images: bool
                     continue
                 source = f"{path}:{number}"
                 try:
-                    obj = json.loads(raw.decode("utf-8"))
+                    obj = parse_json(raw.decode("utf-8"), source)
+                except DuplicateKeyError as e:
+                    raise JsonlRowError(str(e)) from None
                 except UnicodeDecodeError as e:
                     raise JsonlRowError(f"{source}: not UTF-8 text ({e.reason})") from None
                 except json.JSONDecodeError as e:

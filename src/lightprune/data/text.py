@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from lightprune.core.jsonio import parse_json
 from lightprune.core.sources import resolve_checkpoint
 from lightprune.data.base import JsonlDataModule
 from lightprune.data.collate import Collator
@@ -68,7 +69,7 @@ def check_tokenizer_dir(path: Path, what: str) -> None:
     file = path / "tokenizer.json"
     if file.is_file():
         try:
-            json.loads(file.read_bytes().decode("utf-8"))
+            parse_json(file.read_bytes().decode("utf-8"), f"tokenizer file {str(file)!r}")
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(f"{str(file)!r} is not valid JSON ({err}): the tokenizer file is damaged") from None
 

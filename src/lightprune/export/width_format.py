@@ -7,12 +7,12 @@ The manifest's file name is the one every export writes (:data:`lightprune.expor
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from lightprune.core.jsonio import parse_json
 from lightprune.export.result import MANIFEST_FILE
 from lightprune.width.kernels import check_backend
 from lightprune.width.plan import WidthPlan
@@ -39,7 +39,7 @@ def read_width_manifest(path: Path) -> dict[str, Any]:
     manifest = path / MANIFEST_FILE
     if not manifest.is_file():
         return {"align": 64}
-    data = json.loads(manifest.read_text())
+    data = parse_json(manifest.read_text(), f"width manifest {str(manifest)!r}")
     if data.get("format") != WIDTH_FORMAT:
         raise ValueError(f"{path} has {WIDTH_PLAN_FILE} but its manifest is of format {data.get('format')!r}, "
                          f"not {WIDTH_FORMAT!r}")

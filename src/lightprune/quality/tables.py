@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from lightprune.core.batch import model_inputs
+from lightprune.core.jsonio import read_json
 from lightprune.data.rows import read_jsonl
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.experts.calibration import DEFAULT_CRITERIA
@@ -57,9 +58,7 @@ def _inputs(batches) -> list[dict[str, torch.Tensor]]:
 
 def _testbed_record(folder, preset: str, quality: str) -> dict[str, Any]:
     """What the page says about the testbed: its training.json's size, time, spec and ``quality`` figure."""
-    import json
-
-    training = json.loads((folder / "training.json").read_text())
+    training = read_json(folder / "training.json", "testbed training")
     return {"preset": preset, "folder": str(folder), "parameters": training["parameters"],
             "train_seconds": training["train_seconds"], "spec": training["spec"], quality: training[quality]}
 

@@ -33,6 +33,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from lightprune.core.jsonio import parse_json
 from lightprune.experts.merging import MergePlan
 from lightprune.experts.plan import ExpertPlan
 from lightprune.reporting.report import plot_kept_experts
@@ -67,7 +68,7 @@ def _read(run_dir: Path, name: str) -> Any:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        return parse_json(path.read_text(), str(path))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON ({err}); cannot write the report page") from None
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lightprune.core.jsonio import write_json
+from lightprune.core.jsonio import parse_json, write_json
 from lightprune.experts.plan import ExpertPlan
 
 __all__ = ["write_report", "merge_report", "plot_kept_experts", "summary_table", "print_summary"]
@@ -37,7 +37,7 @@ def merge_report(updates: dict[str, Any], path: str | os.PathLike) -> dict[str, 
     current: dict[str, Any] = {}
     if path.is_file():
         try:
-            current = json.loads(path.read_text())
+            current = parse_json(path.read_text(), str(path))
         except json.JSONDecodeError as err:
             raise ValueError(f"{path} is not valid JSON ({err}); refusing to overwrite it") from None
         if not isinstance(current, dict):

@@ -28,6 +28,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from lightprune.core.jsonio import parse_json
 from lightprune.data.cache import MANIFEST, CacheError, build_folder, check_folder, write_manifest
 from lightprune.data.image_text import ImageTextJsonlDataModule, LazyImageTextDataset
 from lightprune.data.rows import read_jsonl
@@ -179,9 +180,11 @@ class GeneratedQADataModule(ImageTextJsonlDataModule):
         path = self.folder / f"{split}.jsonl"
         if not path.is_file():
             return []
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return [parse_json(line, f"{path}:{number}") for number, line in enumerate(lines, start=1) if line.strip()]
 
     @property
     def manifest(self) -> dict[str, Any]:
         """The cache folder's manifest (parameters, rows per split, file digests)."""
-        return json.loads((self.folder / MANIFEST).read_text())
+        path = self.folder / MANIFEST
+        return parse_json(path.read_text(), str(path))
