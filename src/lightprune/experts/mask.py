@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from lightprune.experts.plan import ExpertPlan
+from lightprune.experts.plan_base import check_plan_kind
 from lightprune.models import find_moe_layers
 
 __all__ = ["mask_experts", "is_masked"]
@@ -38,6 +39,7 @@ def _masked_forward(layer, mask: torch.Tensor):
 @contextmanager
 def mask_experts(model: nn.Module, plan: ExpertPlan) -> Iterator[nn.Module]:
     """Mask the experts ``plan`` prunes, for the duration of the block; yields ``model``."""
+    check_plan_kind(plan, ExpertPlan, "mask_experts")
     layers = find_moe_layers(model)
     plan.check_layers(layers)
     installed = []

@@ -96,17 +96,20 @@ class ExpertPlan(ExpertLayout):
 
     # ------------------------------------------------------------------ checks
     def check_layers(self, layers: Iterable) -> None:
-        """Raise :class:`PlanError` unless this plan fits ``layers`` (``MoELayer`` list of a model)."""
+        """Raise :class:`PlanError` unless this plan fits ``layers`` (``MoELayer`` list of a model): every MoE
+        layer named and no other, each one's expert count, its floor (top-k, or the per-group minimum) and, for
+        group-limited routing, the same count kept in every group."""
         by_index = {layer.index: layer for layer in layers}
         unknown = sorted(set(self.keep) - set(by_index))
         if unknown:
             raise PlanError(f"plan names layers {unknown} that are not MoE layers of this model "
                             f"(MoE layers: {sorted(by_index)})")
+        for index in self.keep:
+            if self.num_experts[index] != by_index[index].num_experts:
+                raise PlanError(f"plan was made for {self.num_experts[index]} experts in layer {index}, "
+                                f"the model has {by_index[index].num_experts}: a plan for another model?")
         for index, ids in self.keep.items():
             layer = by_index[index]
-            if self.num_experts[index] != layer.num_experts:
-                raise PlanError(f"plan was made for {self.num_experts[index]} experts in layer {index}, "
-                                f"the model has {layer.num_experts}: a plan for another model?")
             if len(ids) < layer.min_experts:
                 raise PlanError(f"plan keeps {len(ids)} experts in layer {index}, below its floor of "
                                 f"{layer.min_experts} (top_k={layer.top_k}"
@@ -117,6 +120,11 @@ class ExpertPlan(ExpertLayout):
                 if len(set(per_group)) != 1:
                     raise PlanError(f"plan keeps {per_group} experts per group in layer {index}; group-limited "
                                     "routing needs the same count in every group")
+        left_out = sorted(set(by_index) - set(self.keep))
+        if left_out:
+            raise PlanError(f"plan leaves out MoE layers {left_out} of this model (it names {sorted(self.keep)}): "
+                            "a plan names every MoE layer; to leave a layer unpruned keep all its experts "
+                            "(plan.completed(lp.find_moe_layers(model)) does so for every layer left out)")
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:

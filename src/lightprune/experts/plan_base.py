@@ -12,7 +12,7 @@ Both round-trip through JSON under a strict schema (:meth:`ExpertLayout.from_dic
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from numbers import Real
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,7 +20,16 @@ from typing import Any, ClassVar
 from lightprune.core.errors import PlanError
 from lightprune.core.jsonio import read_parsed, show, strict_int, write_json
 
-__all__ = ["ExpertLayout", "layer_count"]
+__all__ = ["ExpertLayout", "layer_count", "check_plan_kind"]
+
+#: what to do instead, by (the kind an entry point takes, the kind it was given)
+_INSTEAD = {
+    ("ExpertPlan", "MergePlan"): "a MergePlan merges experts: lp.merge_experts(model, plan) merges in place, "
+                                 "lp.merged_experts(model, plan) reversibly, lp.export_pruned(model, plan, out) "
+                                 "merges and exports",
+    ("MergePlan", "ExpertPlan"): "an ExpertPlan prunes experts: lp.prune_experts(model, plan) prunes in place, "
+                                 "lp.mask_experts(model, plan) reversibly",
+}
 
 
 def layer_count(key: Any, n: Any) -> int:
@@ -29,6 +38,19 @@ def layer_count(key: Any, n: Any) -> int:
     if value is None or value < 1:
         raise PlanError(f"num_experts[{key!r}] must be a positive integer (the layer's expert count), got {show(n)}")
     return value
+
+
+def check_plan_kind(plan: Any, kind: type, caller: str, instead: str | None = None) -> None:
+    """Raise ``TypeError`` unless ``plan`` is a ``kind`` (an :class:`ExpertPlan` or a :class:`MergePlan`), naming
+    ``caller``, what it got and what to call instead (``instead`` overrides the default advice)."""
+    if isinstance(plan, kind):
+        return
+    got = type(plan).__name__
+    advice = instead or _INSTEAD.get((kind.__name__, got))
+    if advice is None:
+        advice = f"build one with lp.{kind.__name__}(...) or load a saved one with lp.{kind.__name__}.load(path)"
+    raise TypeError(f"{caller} takes a{'n' if kind.__name__[0] in 'AEIOU' else ''} {kind.__name__}, got {got}: "
+                    f"{advice}")
 
 
 class ExpertLayout:
@@ -53,6 +75,12 @@ class ExpertLayout:
     # ------------------------------------------------------------------ views
     def kept_counts(self) -> dict[int, int]:
         """{layer: routed experts the layer has after the plan}."""
+        raise NotImplementedError
+
+    def check_layers(self, layers: Iterable) -> None:
+        """Raise :class:`PlanError` unless this plan fits the model whose MoE layers are ``layers``: every MoE
+        layer named and no other, each layer's expert count before, the routing floors. Every entry point that
+        takes a plan runs it before any surgery."""
         raise NotImplementedError
 
     @property

@@ -19,6 +19,7 @@ from torch import nn
 
 from lightprune.core.distributed import PartitionedModelError, is_partitioned
 from lightprune.experts.plan import ExpertPlan
+from lightprune.experts.plan_base import check_plan_kind
 from lightprune.models import MoELayer, find_moe_layers, get_family
 
 __all__ = ["prune_experts", "resize_experts", "per_expert_tensors", "EXPERT_TENSORS", "ROUTER_TENSORS"]
@@ -88,7 +89,9 @@ def _set_counts(layer: MoELayer, count: int) -> None:
 
 
 def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
-    """Remove the experts ``plan`` prunes from ``model``, in place; returns ``model``."""
+    """Remove the experts ``plan`` prunes from ``model``, in place; returns ``model``. The plan is checked against
+    the model (:meth:`ExpertPlan.check_layers`) before anything changes."""
+    check_plan_kind(plan, ExpertPlan, "prune_experts")
     _check_not_partitioned(model)
     layers = find_moe_layers(model)
     plan.check_layers(layers)

@@ -9,11 +9,11 @@ The plan, the unpruned model's parameter count and tensor bytes go into the expo
 model card (``save_pruned(card=...)``), so the checkpoint says which original experts each layer
 keeps. An output directory that is (or holds) the source checkpoint is refused before any surgery.
 
-A plan that leaves out MoE layers is completed first (:meth:`~lightprune.experts.plan.ExpertPlan.completed`: they
-keep every expert, as ``prune_checkpoint`` does), so the manifest records every layer. Every input is checked
-before any surgery: the output directory, ``atol``, the card and the source's fingerprint here, once; the plan against the model by the
-experts functions that use it (``write_merged`` for a MergePlan, ``mask_experts``, ``prune_experts``: public
-functions that each check what they are given), not by the export itself.
+Every input is checked before any surgery or merge: the plan against the model first (every MoE layer named and
+no other, the expert counts, the floors: :meth:`~lightprune.experts.plan.ExpertPlan.check_layers`; a plan that
+leaves layers out is refused, ``plan.completed(lp.find_moe_layers(model))`` keeps them whole), then the output
+directory, ``atol``, the card and the source's fingerprint. The experts functions it calls (``write_merged``,
+``mask_experts``, ``prune_experts``) check the plan again, as every public entry point does.
 :func:`~lightprune.export.save.write_pruned` then writes and verifies the checkpoint without checking those
 again and returns its :class:`~lightprune.export.result.ExportResult`.
 """
@@ -87,13 +87,20 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     ``expected_bytes``, ``kept_per_layer``, ``uniform``, ``max_abs_diff``, ``seconds``) still gives their values,
     deprecated (:data:`~lightprune.export.result.LEGACY_KEYS` names the attribute of each).
 
-    The output directory is checked before any surgery (also that it is not, and does not hold, the
+    The plan is checked against the model before anything changes (every MoE layer named and no other, the
+    expert counts, the routing floors: :meth:`~lightprune.experts.plan.ExpertPlan.check_layers`, a
+    :class:`~lightprune.core.errors.PlanError`), and so is the output directory (also that it is not, and does not hold, the
     source checkpoint directory: ``ValueError``). The reloaded checkpoint is compared with the masked
     model; only when that fails is the in-memory pruned model run too, to name the cause (a surgery
     problem, or a save / load one). A mismatch raises :class:`ExportVerificationError`, leaving
     ``out_dir`` untouched and the in-memory model pruned.
     """
     start = time.perf_counter()
+    if not isinstance(plan, (ExpertPlan, MergePlan)):
+        raise TypeError(f"export_pruned takes an ExpertPlan (pruning) or a MergePlan (merging), got "
+                        f"{type(plan).__name__}: build one with lp.select_experts / lp.hc_smoe_plan, or load a saved "
+                        "one with lp.ExpertPlan.load(path) / lp.MergePlan.load(path)")
+    plan.check_layers(find_moe_layers(model))  # every MoE layer, counts and floors: before anything changes
     merge = plan if isinstance(plan, MergePlan) else None
     if merge is not None:
         plan = merge.expert_plan()
@@ -105,7 +112,6 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     ours = sorted({"plan", "parameters_before", "parameter_bytes_before"} & set(given))
     if ours:
         raise ValueError(f"export_pruned fills card keys {ours} itself; pass the plan as the plan argument")
-    plan = plan.completed(find_moe_layers(model))  # a layer the plan leaves out keeps all its experts
     # a bad card or source is an error before any surgery
     facts = card_facts({**given, "plan": plan, "parameters_before": parameter_count(model),
                         "parameter_bytes_before": tensor_bytes(model)}, plan.kept_counts())

@@ -43,6 +43,7 @@ from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
 from lightprune.checkpoints.staging import staging_dir
 from lightprune.checkpoints.writer import SafetensorsWriter
 from lightprune.experts.plan import ExpertPlan
+from lightprune.experts.plan_base import check_plan_kind
 from lightprune.experts.prune import prune_experts
 from lightprune.export.result import ExportResult, write_manifest
 from lightprune.export.save import (
@@ -165,6 +166,9 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     when every layer keeps the same number of experts).
     """
     start = time.perf_counter()
+    check_plan_kind(plan, ExpertPlan, "prune_checkpoint", "a MergePlan merges experts, which prune_checkpoint does "
+                    "not do shard by shard: load the model (lp.load_pruned(src_dir)) and run "
+                    "lp.export_pruned(model, merge_plan, out_dir)")
     unknown = sorted(set(card or {}) - {"source", "command"})
     if unknown:
         raise ValueError(f"card has unknown keys {unknown}; prune_checkpoint takes 'source' and 'command'")
@@ -173,8 +177,8 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     with Checkpoint(src) as checkpoint:
         skeleton = Skeleton(checkpoint)
         layers = find_moe_layers(skeleton.model)
-        plan = plan.completed(layers)
-        pruned = prune_experts(copy.deepcopy(skeleton.model), plan)  # checks the plan against the model first
+        plan.check_layers(layers)  # every MoE layer, counts and floors: before anything is written
+        pruned = prune_experts(copy.deepcopy(skeleton.model), plan)
         counts = {layer.index: layer.num_experts for layer in find_moe_layers(pruned)}
         rules = key_rules(skeleton, expert_dims(skeleton.model, pruned), plan)
         with staging_dir(out_dir, overwrite) as tmp:

@@ -24,8 +24,12 @@ from lightprune.export.verify import ExportVerificationError, max_abs_diff
 
 
 def _plan(model, partial: bool = False) -> lp.ExpertPlan:
-    """Layer 0 keeps 4 of its 8 experts, the others keep all theirs (``partial``: are not in the plan)."""
+    """Layer 0 keeps 4 of its 8 experts, the others keep all theirs (``partial``: they are left out of the plan, then
+    kept whole by ``completed``, the explicit way)."""
     layers = lp.find_moe_layers(model)[:1] if partial else lp.find_moe_layers(model)
+    if partial:
+        return lp.ExpertPlan(keep={0: [1, 3, 4, 6]}, num_experts={0: layers[0].num_experts}).completed(
+            lp.find_moe_layers(model))
     return lp.ExpertPlan(keep={layer.index: [1, 3, 4, 6] if layer.index == 0 else list(range(layer.num_experts))
                                for layer in layers}, num_experts={layer.index: layer.num_experts for layer in layers})
 
@@ -113,10 +117,14 @@ def test_save_pruned_and_prune_checkpoint_return_the_same_kind_of_result(tiny, t
     assert unverified.verification is None and unverified.max_abs_diff is None
 
 
-def test_a_plan_that_leaves_out_layers_exports_them_whole_as_prune_checkpoint_does(tiny, tmp_path):
-    """export_pruned and prune_checkpoint complete a partial plan alike (ExpertPlan.completed): the layers it leaves
-    out keep every expert, and the checkpoint equals the one exported with the whole plan."""
+def test_a_completed_partial_plan_exports_as_the_whole_plan_in_both_exports(tiny, tmp_path):
+    """A plan naming some layers is refused by every entry point (tests/unit/experts/test_plan_entry_points.py);
+    completed (ExpertPlan.completed), the layers it left out keep every expert, in export_pruned and
+    prune_checkpoint alike, and the checkpoint equals the one exported with the whole plan."""
     model = tiny("qwen3_moe")
+    with pytest.raises(lp.PlanError, match=r"plan leaves out MoE layers \[1, 2\]"):
+        lp.export_pruned(copy.deepcopy(model), lp.ExpertPlan(keep={0: [1, 3, 4, 6]}, num_experts={0: 8}),
+                         tmp_path / "refused")
     partial = lp.export_pruned(copy.deepcopy(model), _plan(model, partial=True), tmp_path / "partial")
     whole = lp.export_pruned(copy.deepcopy(model), _plan(model), tmp_path / "whole")
     assert partial.experts_per_layer == whole.experts_per_layer == {0: 4, 1: 8, 2: 8}

@@ -30,6 +30,7 @@ from torch import nn
 from lightprune.experts.mask import is_masked, mask_experts
 from lightprune.experts.merging.align import neuron_permutation, permuted_expert
 from lightprune.experts.merging.plan import MergePlan
+from lightprune.experts.plan_base import check_plan_kind
 from lightprune.experts.prune import _check_not_partitioned, per_expert_tensors, prune_experts
 from lightprune.models import MoELayer, find_moe_layers
 
@@ -66,9 +67,8 @@ def merged_slots(layer: MoELayer, plan: MergePlan) -> list[tuple[nn.Module, str,
     return out
 
 
-def _checked_layers(model: nn.Module, plan: MergePlan) -> list[MoELayer]:
-    if not isinstance(plan, MergePlan):
-        raise TypeError(f"expected a MergePlan, got {type(plan).__name__}")
+def _checked_layers(model: nn.Module, plan: MergePlan, caller: str) -> list[MoELayer]:
+    check_plan_kind(plan, MergePlan, caller)
     if is_masked(model):
         raise ValueError("the model is inside mask_experts (or merged_experts): leave that block before merging")
     _check_not_partitioned(model)
@@ -81,7 +81,7 @@ def _checked_layers(model: nn.Module, plan: MergePlan) -> list[MoELayer]:
 def write_merged(model: nn.Module, plan: MergePlan) -> nn.Module:
     """Write every cluster's merged expert into its dominant's slot, in place (the other slots keep their old
     values until :func:`merge_experts` removes them). Returns ``model``."""
-    for layer in _checked_layers(model, plan):
+    for layer in _checked_layers(model, plan, "write_merged"):
         for module, name, dim, dominant, value in merged_slots(layer, plan):
             getattr(module, name).data.select(dim, dominant).copy_(value)
     return model
@@ -90,6 +90,7 @@ def write_merged(model: nn.Module, plan: MergePlan) -> nn.Module:
 def merge_experts(model: nn.Module, plan: MergePlan) -> nn.Module:
     """Merge ``model``'s experts by ``plan``, structurally and in place: the merged tensors written, then only
     the dominants' slots kept (in ascending id order). Returns ``model``."""
+    _checked_layers(model, plan, "merge_experts")
     write_merged(model, plan)
     return prune_experts(model, plan.expert_plan())
 
@@ -98,7 +99,7 @@ def merge_experts(model: nn.Module, plan: MergePlan) -> nn.Module:
 def merged_experts(model: nn.Module, plan: MergePlan) -> Iterator[nn.Module]:
     """The merged model, reversibly: inside the block ``model`` computes what :func:`merge_experts` would leave;
     on exit every overwritten slot gets its value back and the router masks are removed."""
-    layers = _checked_layers(model, plan)
+    layers = _checked_layers(model, plan, "merged_experts")
     saved: list[tuple[torch.Tensor, int, int, torch.Tensor]] = []
     try:
         with torch.no_grad():

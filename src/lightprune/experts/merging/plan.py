@@ -156,7 +156,8 @@ class MergePlan(ExpertLayout):
         return self.total_removed
 
     def check_layers(self, layers: Iterable) -> None:
-        """Raise :class:`PlanError` unless this plan fits ``layers`` (the kept layout obeys the routing floors)."""
+        """Raise :class:`PlanError` unless this plan fits ``layers``: its kept layout (the dominants) as
+        :meth:`ExpertPlan.check_layers <lightprune.experts.plan.ExpertPlan.check_layers>` checks one."""
         self.expert_plan().check_layers(layers)
 
     # ------------------------------------------------------------------ JSON
