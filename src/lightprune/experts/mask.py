@@ -17,6 +17,7 @@ from torch import nn
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.models import find_moe_layers
+from lightprune.models.base import kept_experts
 
 __all__ = ["mask_experts", "is_masked"]
 
@@ -29,10 +30,19 @@ def is_masked(model: nn.Module) -> bool:
 
 
 def _masked_forward(layer, mask: torch.Tensor):
-    """The router's forward with ``mask`` applied; arguments after the hidden states (a bias the block passes in,
-    MiniMax-M2) are the block's own tensors, which the family's routing reads from the block itself."""
+    """The router's forward with ``mask`` applied: the pruned layer's router on the kept experts' columns
+    (``MoEFamily.route_kept``, ties broken as there), the kept ids found once (per device); arguments after the
+    hidden states (a bias the block passes in, MiniMax-M2) are the block's own tensors, which the family's routing
+    reads from the block itself."""
+    kept_on = {mask.device: kept_experts(mask)}
+    if not layer.family.keeps_a_layer(layer, kept_on[mask.device]):  # no pruned layer to match: -inf over E
+        return lambda hidden_states, *args, **kwargs: layer.route(hidden_states, mask)
+
     def forward(hidden_states: torch.Tensor, *args, **kwargs):
-        return layer.route(hidden_states, mask)
+        kept = kept_on.get(hidden_states.device)
+        if kept is None:
+            kept = kept_on[hidden_states.device] = kept_on[mask.device].to(hidden_states.device)
+        return layer.family.route_kept(layer, hidden_states, kept)
     return forward
 
 

@@ -25,18 +25,21 @@ def _average_ranks(x: torch.Tensor) -> torch.Tensor:
     return ranks
 
 
-def spearman(a: Any, b: Any) -> float:
+def spearman(a: Any, b: Any, label: str | None = None) -> float:
     """Spearman rank correlation of two equally long 1-D sequences, in float64.
 
     Ties get average ranks; rho is the Pearson correlation of the ranks. A constant input (or
-    fewer than two values) has no ranking and gives NaN. NaN or inf inputs are a ValueError.
+    fewer than two values) has no ranking and gives NaN. NaN or inf inputs are a ValueError naming their positions
+    (the experts of a layer's scores) and ``label`` (what is compared, e.g. the layer): they have no rank.
     """
     x = torch.as_tensor(a).detach().cpu().double().flatten()
     y = torch.as_tensor(b).detach().cpu().double().flatten()
     if x.numel() != y.numel():
         raise ValueError(f"spearman needs two equally long vectors, got {x.numel()} and {y.numel()} values")
     if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
-        raise ValueError("spearman got NaN or inf values")
+        bad = [(~torch.isfinite(v)).nonzero().flatten().tolist() for v in (x, y)]
+        raise ValueError(f"{label + ': ' if label else ''}spearman got NaN or inf values at positions (experts) "
+                         f"{bad[0]} of the first and {bad[1]} of the second ranking; they have no rank")
     if x.numel() < 2:
         return math.nan
     rx = _average_ranks(x)

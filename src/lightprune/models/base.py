@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["MoELayer", "MoEFamily", "RemovalEffect", "RoutingLimits", "RoutingOutput", "find_decoder_layers",
-           "mlp_layer_type"]
+           "kept_entries", "kept_experts", "mlp_layer_type"]
 
 RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(router_logits [T, E], weights applied to the selected experts [T, k], selected ids [T, k])``."""
@@ -349,9 +349,73 @@ class MoEFamily:
               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         """Run the family's routing on ``hidden_states`` [T, H] with ``expert_mask`` experts removed.
 
-        Equals ``layer.router(hidden_states)`` exactly when the mask is None or all False.
+        Equals ``layer.router(hidden_states)`` exactly when the mask is None or all False. An [E] mask that keeps
+        what a plan may keep (:meth:`keeps_a_layer`) routes as the structurally pruned layer's router does, ties
+        included (:meth:`select_pruned`); any other mask (one per token row, a group-limited layer's single removal)
+        as :meth:`select` does, the masked experts at -inf.
         """
-        return self.select(layer, self.router_logits(layer, hidden_states), expert_mask)
+        logits = self.router_logits(layer, hidden_states)
+        if expert_mask is not None and expert_mask.dim() == 1:
+            kept = kept_experts(expert_mask)
+            if self.keeps_a_layer(layer, kept):
+                return self.select_pruned(layer, logits, kept)
+        return self.select(layer, logits, expert_mask)
+
+    def route_kept(self, layer: MoELayer, hidden_states: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        """:meth:`route` with only the experts ``kept`` (ascending ids, :func:`kept_experts` of an [E] mask), which
+        must be a layer's worth (:meth:`keeps_a_layer`: a plan's, checked when the mask is made)."""
+        return self.select_pruned(layer, self.router_logits(layer, hidden_states), kept)
+
+    @staticmethod
+    def keeps_a_layer(layer: MoELayer, kept: torch.Tensor) -> bool:
+        """True when the experts ``kept`` (ascending ids) form a layer its router runs on, as a plan's do: at least the
+        layer's floor, and the same count in every group of a group-limited router."""
+        if kept.numel() < layer.min_experts:
+            return False
+        if layer.n_group <= 1:
+            return True
+        counts = torch.bincount(kept.cpu() // (layer.num_experts // layer.n_group), minlength=layer.n_group)
+        return bool((counts == counts[0]).all())
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        """The selection of the layer pruned to the experts ``kept`` (ascending ids): ``kept_logits`` [T, E'] are the
+        kept experts' logits, the ids returned positions 0..E'-1 among them, the first output [T, E'].
+
+        It must run the ops the family's router runs on the pruned layer's tensors (``torch.topk`` breaks ties by
+        position in a tensor of that size): the default, :meth:`select` without a mask, is that for a family whose
+        selection reads no per-expert tensor but the logits (group-limited routers keep their group count: each group
+        keeps the same number of experts). A family whose selection reads per-expert tensors (a selection bias,
+        per-expert scales) overrides it with their ``kept`` entries (:func:`kept_entries`)."""
+        return self.select(layer, kept_logits, None)
+
+    def select_pruned(self, layer: MoELayer, router_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        """What the router of the layer pruned to ``kept`` (ascending ids) selects from ``router_logits`` [T, E], in
+        the layer's expert ids: :meth:`select_kept` on the kept columns, its positions mapped back to ids and its
+        first output scattered back to [T, E] (-inf at the removed experts; 0 where the router returns probabilities).
+
+        Selecting on all E columns with the removed ones at -inf would pick the same experts but for exact ties,
+        which ``torch.topk`` breaks differently in a tensor of another size. A family that reads per-expert tensors in
+        its selection but keeps the default :meth:`select_kept` is masked over all E (ties may differ)."""
+        num_experts = router_logits.shape[-1]
+        kept = kept.to(router_logits.device)
+        if kept.numel() == num_experts:
+            return self.select(layer, router_logits, None)
+        if type(self).select_kept is MoEFamily.select_kept and self._reads_expert_tensors(layer):
+            mask = torch.ones(num_experts, dtype=torch.bool, device=router_logits.device)
+            return self.select(layer, router_logits, mask.index_fill_(0, kept, False))
+        first, weights, positions = self.select_kept(layer, router_logits.index_select(-1, kept), kept)
+        fill = float("-inf") if self.router_returns_logits else 0.0
+        full = first.new_full((*first.shape[:-1], num_experts), fill).index_copy(-1, kept, first)
+        return full, weights, kept[positions]
+
+    def _reads_expert_tensors(self, layer: MoELayer) -> bool:
+        """True when the layer holds per-expert routing tensors besides the router's weight and bias (the family's
+        router and block sub-tensors, a router ``e_score_correction_bias``)."""
+        if self.router_sub_tensors or isinstance(getattr(layer.router_linear, "e_score_correction_bias", None),
+                                                 torch.Tensor):
+            return True
+        return any(isinstance(getattr(getattr(layer.block, sub) if sub else layer.block, name, None), torch.Tensor)
+                   for sub, name, _ in self.block_sub_tensors)
 
     # ----------------------------------------------------------------- config updates
     def set_expert_counts(self, counts: dict[int, int]) -> None:
@@ -370,6 +434,16 @@ class MoEFamily:
             return
         setattr(cfg, self.num_experts_key, max(values))
         setattr(self.config, self.PER_LAYER_KEY, {str(k): int(v) for k, v in sorted(counts.items())})
+
+
+def kept_experts(expert_mask: torch.Tensor) -> torch.Tensor:
+    """The ids an [E] mask (True = removed) keeps, ascending: the order in which the pruned layer holds them."""
+    return (~expert_mask).nonzero().squeeze(-1)
+
+
+def kept_entries(tensor: torch.Tensor, kept: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """The entries ``kept`` of a per-expert tensor along ``dim``: what the pruned layer holds of it."""
+    return tensor.index_select(dim, kept.to(tensor.device))
 
 
 def _stored_shape(router: nn.Module) -> torch.Size:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput, mlp_layer_type
+from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput, kept_entries, mlp_layer_type
 from lightprune.models.deepseek_v3_routing import (
     RENORM_EPS,
     GroupTop,
@@ -68,6 +68,12 @@ class DeepseekV3Family(MoEFamily):
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         """The rule from all E scores (:func:`~lightprune.models.deepseek_v3_routing.select_from_scores`)."""
         return select_from_scores(layer.router, router_logits, expert_mask)
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        """The rule on the kept experts' logits and correction bias entries, in the pruned layer's groups (the same
+        group count, each group its kept experts)."""
+        router = layer.router
+        return select_from_scores(router, kept_logits, None, kept_entries(router.e_score_correction_bias, kept))
 
     def select_without(self, layer: MoELayer, router_logits: torch.Tensor, tokens: torch.Tensor,
                        experts: torch.Tensor) -> RoutingOutput:

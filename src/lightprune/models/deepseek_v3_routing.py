@@ -108,14 +108,15 @@ def group_top(choice: torch.Tensor, num_group: int, k: int) -> GroupTop:
 
 
 # ---------------------------------------------------------------------------------------------- the three starts
-def select_from_scores(router: Any, router_logits: torch.Tensor,
-                       expert_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def select_from_scores(router: Any, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
+                       bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The rule from all E scores, op for op the router's forward: ``(logits, weights [T, k], ids [T, k])``.
 
     A masked expert (``expert_mask`` [E] or per row, True = removed) has logit -inf (score 0) and selection score -inf
     (the bias alone could otherwise still select it): it takes no part in group scores or selection, exactly the model
-    without it."""
-    bias = router.e_score_correction_bias
+    without it. ``bias``: the correction bias to use (None: the router's), for logits of a pruned layout (the kept
+    experts' columns with their bias entries, the router's group count)."""
+    bias = router.e_score_correction_bias if bias is None else bias
     if expert_mask is not None:
         expert_mask = expert_mask.to(router_logits.device)
         router_logits = router_logits.masked_fill(expert_mask, float("-inf"))

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput
+from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput, kept_entries
 from lightprune.models.deepseek_families import (
     DEEPSEEK_ALIKE,
     DeepseekV2Family,
@@ -201,12 +201,24 @@ class Ernie4_5MoeFamily(MoEFamily):
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return self._select(layer, router_logits, expert_mask, None)
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        return self._select(layer, kept_logits, None, kept)
+
+    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
+                kept: torch.Tensor | None) -> RoutingOutput:
+        """The rule; ``kept``: the logits are the kept experts' columns, the selection bias taken at ``kept`` and
+        added as ``moe_statics`` adds its own (``scores + bias.squeeze()``)."""
         router = layer.router
         if expert_mask is not None:
             expert_mask = expert_mask.to(router_logits.device)
             router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
         weights = torch.softmax(router_logits, dim=1, dtype=torch.float)
-        choice = router.moe_statics(weights)
+        if kept is None:
+            choice = router.moe_statics(weights)
+        else:
+            choice = weights + kept_entries(router.moe_statics.e_score_correction_bias, kept, dim=-1).squeeze()
         if expert_mask is not None:
             choice = choice.masked_fill(expert_mask, float("-inf"))
         top_index = torch.topk(choice, router.top_k, dim=-1)[1]
@@ -244,9 +256,16 @@ class Gemma4TextFamily(MoEFamily):
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return self._select(layer, router_logits, expert_mask, layer.router.per_expert_scale)
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        return self._select(layer, kept_logits, None, kept_entries(layer.router.per_expert_scale, kept))
+
+    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
+                per_expert_scale: torch.Tensor) -> RoutingOutput:
         probabilities = torch.softmax(mask_logits(router_logits, expert_mask), dim=-1, dtype=torch.float32)
         top_weights, top_index = torch.topk(probabilities, k=layer.top_k, dim=-1)
-        return probabilities, renormalized(top_weights) * layer.router.per_expert_scale[top_index], top_index
+        return probabilities, renormalized(top_weights) * per_expert_scale[top_index], top_index
 
     unselected_removal_is_free = True  # top-k of the softmax, renormalised over the k
 

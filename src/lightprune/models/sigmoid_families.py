@@ -1,12 +1,15 @@
 """Routers that select on per-expert sigmoid scores plus a correction bias (kept by the router or by the MoE block)
-and renormalise the chosen scores: MiniMax-M2 / M3-VL, Hunyuan 3, AFMoE, LFM2-MoE, Laguna."""
+and renormalise the chosen scores: MiniMax-M2 / M3-VL, Hunyuan 3, AFMoE, LFM2-MoE, Laguna.
+
+Each selects through one function of the bias it is given: the layer's own bias (:meth:`select`), or its kept experts'
+entries on the kept experts' logits (:meth:`select_kept`, what the pruned layer's router computes)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput
+from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, kept_entries
 from lightprune.models.routing_ops import mask_logits, masked_choice, renormalized
 
 __all__ = ["LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily"]
@@ -33,10 +36,17 @@ class LagunaFamily(MoEFamily):
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return self._select(layer, router_logits, expert_mask, layer.router.e_score_correction_bias)
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        return self._select(layer, kept_logits, None, kept_entries(layer.router.e_score_correction_bias, kept))
+
+    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
+                bias: torch.Tensor) -> RoutingOutput:
         router = layer.router
         router_logits = mask_logits(router_logits, expert_mask)
         scores = torch.sigmoid(router_logits)
-        choice = masked_choice(scores, router.e_score_correction_bias.to(scores.dtype), expert_mask)
+        choice = masked_choice(scores, bias.to(scores.dtype), expert_mask)
         top_index = torch.topk(choice, layer.top_k, dim=-1)[1]
         weights = renormalized(scores.gather(-1, top_index))
         return router_logits, weights.to(router.weight.dtype), top_index
@@ -67,10 +77,18 @@ class MiniMaxM2Family(MoEFamily):
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return self._select(router_logits, expert_mask, self.selection_bias(layer), layer.top_k)
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        return self._select(kept_logits, None, kept_entries(self.selection_bias(layer), kept), layer.top_k)
+
+    @staticmethod
+    def _select(router_logits: torch.Tensor, expert_mask: torch.Tensor | None, bias: torch.Tensor,
+                top_k: int) -> RoutingOutput:
         router_logits = mask_logits(router_logits, expert_mask)
         weights = torch.sigmoid(router_logits.float())
-        choice = masked_choice(weights, self.selection_bias(layer), expert_mask)
-        top_index = torch.topk(choice, layer.top_k, dim=-1, sorted=False)[1]
+        choice = masked_choice(weights, bias, expert_mask)
+        top_index = torch.topk(choice, top_k, dim=-1, sorted=False)[1]
         return router_logits, renormalized(weights.gather(1, top_index)), top_index
 
     def selection_bias(self, layer: MoELayer) -> torch.Tensor:
@@ -115,9 +133,16 @@ class HYV3Family(MoEFamily):
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return self._select(layer, router_logits, expert_mask, layer.block.e_score_correction_bias)
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        return self._select(layer, kept_logits, None, kept_entries(layer.block.e_score_correction_bias, kept))
+
+    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
+                bias: torch.Tensor) -> RoutingOutput:
         router_logits = mask_logits(router_logits, expert_mask)
         weights = torch.sigmoid(router_logits)
-        choice = masked_choice(weights, layer.block.e_score_correction_bias, expert_mask)
+        choice = masked_choice(weights, bias, expert_mask)
         top_index = torch.topk(choice, layer.top_k, dim=-1, sorted=False)[1]
         top = renormalized(weights.gather(1, top_index), 1e-20)
         return router_logits, top * layer.router.router_scaling_factor, top_index
@@ -147,9 +172,16 @@ class AfmoeFamily(MoEFamily):
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return self._select(layer, router_logits, expert_mask, layer.block.expert_bias)
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        return self._select(layer, kept_logits, None, kept_entries(layer.block.expert_bias, kept))
+
+    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
+                bias: torch.Tensor) -> RoutingOutput:
         router_logits = mask_logits(router_logits, expert_mask)
         scores = torch.sigmoid(router_logits)
-        top_index = torch.topk(masked_choice(scores, layer.block.expert_bias, expert_mask), k=layer.top_k, dim=1)[1]
+        top_index = torch.topk(masked_choice(scores, bias, expert_mask), k=layer.top_k, dim=1)[1]
         top = renormalized(scores.gather(dim=1, index=top_index), 1e-20)
         return router_logits, top * layer.router.route_scale, top_index
 
@@ -172,12 +204,20 @@ class Lfm2MoeFamily(MoEFamily):
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return self._select(layer, router_logits, expert_mask, None)
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        return self._select(layer, kept_logits, None, kept)
+
+    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
+                kept: torch.Tensor | None) -> RoutingOutput:
+        """The rule; ``kept``: the logits are the kept experts' columns, the bias taken at ``kept``."""
         router, cfg = layer.router, self.text_config
         router_logits = mask_logits(router_logits, expert_mask)
         weights = router_logits.sigmoid()
         if router.use_expert_bias:
-            top_index = torch.topk(masked_choice(weights, layer.block.expert_bias, expert_mask), k=layer.top_k,
-                                   dim=-1)[1]
+            bias = layer.block.expert_bias if kept is None else kept_entries(layer.block.expert_bias, kept)
+            top_index = torch.topk(masked_choice(weights, bias, expert_mask), k=layer.top_k, dim=-1)[1]
             weights = torch.gather(weights, dim=1, index=top_index).type_as(router_logits)
         elif expert_mask is None:
             weights, top_index = torch.topk(weights, k=layer.top_k, dim=-1)

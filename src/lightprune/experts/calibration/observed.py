@@ -15,6 +15,9 @@ statistic of the layer reads it:
   G = f f^T [T, k, k], the output norms ||f_s|| [T, k], the subset tokens per sample [U, B] and each token's weight
   in its sample's mean [U, T].
 
+Non-finite routing: a NaN or inf in the router's input or logits at a token the statistics read is refused before the
+batch is built (:func:`check_finite_routing`, called by the observer with the batch's index).
+
 Padding: the model may leave non-finite values at padded positions and 0 * NaN = NaN, so a batch with padding
 zeroes them (logits or the router's input, the experts' input, weights, outputs, the promoted outputs) before
 anything is summed; real tokens outside the subsets are finite and weigh 0 through ``m``. The host synchronises only
@@ -30,7 +33,7 @@ import torch
 from lightprune.experts.calibration.reruns import Reruns, reselect
 from lightprune.models import MoELayer, RemovalEffect
 
-__all__ = ["ObservedBatch", "compute_dtype", "ROUTING_NEEDS"]
+__all__ = ["ObservedBatch", "check_finite_routing", "compute_dtype", "ROUTING_NEEDS"]
 
 #: the needs that make a batch compute its routing part
 ROUTING_NEEDS = frozenset({"logits", "removal", "entering"})
@@ -39,6 +42,43 @@ ROUTING_NEEDS = frozenset({"logits", "removal", "entering"})
 def compute_dtype(tensor: torch.Tensor) -> torch.dtype:
     """float32, or the tensor's dtype when it is wider (a float64 reference stays float64)."""
     return torch.promote_types(tensor.dtype, torch.float32)
+
+
+def check_finite_routing(layer: MoELayer, batch_index: int, router_input: torch.Tensor,
+                         router_logits: torch.Tensor | None, keep: torch.Tensor | None, seq_len: int = 0,
+                         logits_name: str = "router logits") -> None:
+    """Refuse a NaN or inf in what the layer's router saw (``router_input`` [T, H']) or returned (``router_logits``,
+    None where the router returns none; ``logits_name`` says what they are) at a token the statistics read: every
+    token, or with padding only those in some subset (``keep`` [T]; the rest are zeroed before anything is summed). A
+    non-finite token would be routed, counted and summed into every statistic as NaN, and selection would then blame
+    the experts it reached.
+
+    One reduction and one host sync per layer and batch; the counts only for the error. Raises ``ValueError`` naming
+    the batch (0-based index in the run), the layer (index, module name) and the non-finite tokens (the first as
+    sample and position when ``seq_len``, the batch's sequence length, is given)."""
+    rows = torch.isfinite(router_input).all(dim=-1)
+    logits = None if router_logits is None else router_logits.reshape(-1, router_logits.shape[-1])
+    if logits is not None and logits.shape[0] != rows.shape[0]:
+        logits = None  # logits of other tokens: the batch refuses them itself
+    if logits is not None:
+        rows = rows & torch.isfinite(logits).all(dim=-1)
+    if keep is not None:
+        rows = rows | ~keep.to(rows.device)
+    if bool(rows.all()):
+        return
+    checked = rows.numel() if keep is None else int(keep.sum())
+    bad_input = ~torch.isfinite(router_input).all(dim=-1)
+    bad_logits = torch.zeros_like(bad_input) if logits is None else ~torch.isfinite(logits).all(dim=-1)
+    if keep is not None:
+        keep = keep.to(rows.device)
+        bad_input, bad_logits = bad_input & keep, bad_logits & keep
+    first = int((~rows).nonzero()[0, 0])
+    where = f"sample {first // seq_len}, position {first % seq_len}" if seq_len > 0 else f"token {first}"
+    raise ValueError(
+        f"calibration batch {batch_index}, MoE layer {layer.index} ({layer.name}): {int((~rows).sum())} of {checked} "
+        f"tokens have a NaN or inf router input ({int(bad_input.sum())}) or {logits_name} ({int(bad_logits.sum())}), "
+        f"the first at {where}; their statistics would be NaN. Check the batch (a NaN embedding, "
+        "pixel values) and the layer's router weights")
 
 
 def _zero(tensor: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,11 @@ is asked for, feeds each layer's :class:`~.layer_statistics.LayerStatistics` one
 :class:`~.observed.ObservedBatch` per batch (its routing part before the layer's experts run, so that the rows the
 promoted Delta-H needs run in the same expert call), and restores the model exactly on exit (experts and attention
 implementations, no hooks left).
+
+Before a layer's batch is observed, its router's input and the logits the router returned (the routing weights of a
+router that returns no logits) must be finite at every token the statistics read
+(:func:`~.observed.check_finite_routing`): a NaN or inf there is refused naming the layer and the batch (its 0-based
+index in the run: the batches counted before it), not summed into every statistic.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import torch
 from torch import nn
 
 from lightprune.experts.calibration.layer_statistics import LayerStatistics
-from lightprune.experts.calibration.observed import ObservedBatch
+from lightprune.experts.calibration.observed import ObservedBatch, check_finite_routing
 from lightprune.experts.calibration.registry import (
     CALIBRATION_CRITERIA,
     DEFAULT_CRITERIA,
@@ -91,6 +96,10 @@ class ExpertObserver:
         self._probe = None
         self._masks: dict[str, torch.Tensor] | None = None
         self._padded = True  # whether the declared batch has padding (begin_batch)
+        self._batch_index = -1  # the declared batch's 0-based index in the run (begin_batch)
+        self._wave_start: int | None = None  # index of the first batch of the latest counted run (None: none yet)
+        self._repeat_next = 0  # index of the batch the next uncounted declaration repeats
+        self._repeating = False  # whether the last declaration was uncounted
         self._pending: dict[int, ObservedBatch] = {}  # each layer's batch, from before its experts ran
 
     # ------------------------------------------------------------------ context
@@ -114,12 +123,16 @@ class ExpertObserver:
             stack.close()
 
     # ------------------------------------------------------------------ per batch
-    def begin_batch(self, batch: Mapping[str, Any], count: bool = True) -> None:
+    def begin_batch(self, batch: Mapping[str, Any], count: bool = True, index: int | None = None) -> None:
         """Declare the batch whose forward comes next (derives its token subsets). ``count=False``: the same batch
         again, for the next layers of a run that takes the batches through one layer at a time
-        (:func:`~lightprune.experts.calibration.sequential.collect_checkpoint_stats`)."""
+        (:func:`~lightprune.experts.calibration.sequential.collect_checkpoint_stats`).
+
+        ``index``: the batch's 0-based index in the run, for errors (None: a counted batch is the next one; the
+        uncounted declarations after a run of counted ones repeat that run's batches in order, layer after layer)."""
         if self._stack is None:
             raise RuntimeError("ExpertObserver.begin_batch outside its with-block")
+        self._batch_index = self._next_index(count) if index is None else int(index)
         masks = base_masks(batch, self.vision_token_ids)
         self._masks = masks
         self._padded = not bool(masks["all"].all())  # one host sync per batch, for every layer
@@ -127,6 +140,18 @@ class ExpertObserver:
             self._probe.set_batch(masks["text"], masks["vision"])
         if count:
             self.batches_seen += 1
+
+    def _next_index(self, count: bool) -> int:
+        """The 0-based index of the batch a declaration names (see :meth:`begin_batch`)."""
+        if count:
+            if self._wave_start is None or self._repeating:
+                self._wave_start = self.batches_seen
+            self._repeating, self._repeat_next = False, self._wave_start
+            return self.batches_seen
+        start = self.batches_seen if self._wave_start is None else self._wave_start
+        index = self._repeat_next
+        self._repeating, self._repeat_next = True, index + 1 if index + 1 < self.batches_seen else start
+        return index
 
     def _subset_masks(self, layer: MoELayer) -> torch.Tensor:
         masks = self._masks
@@ -152,13 +177,21 @@ class ExpertObserver:
         masks = self._subset_masks(layer).to(hidden.device)
         return masks, torch.arange(batch, device=hidden.device).repeat_interleave(seq), batch
 
+    def _layer_batch(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor,
+                     selected: torch.Tensor, router_logits: torch.Tensor | None,
+                     routing_state: object) -> ObservedBatch:
+        """The layer's :class:`ObservedBatch` of the declared batch, its routing checked finite first."""
+        masks, samples, batch_size = self._batch_masks(layer, hidden)
+        check_finite_routing(layer, self._batch_index, router_input, router_logits,
+                             masks.any(dim=0) if self._padded else None, self._masks["all"].shape[1])
+        return self.statistics[layer.index].observe(layer, masks, samples, batch_size, self._padded, selected,
+                                                    router_input, router_logits, routing_state)
+
     def _extra_rows(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor,
                     selected: torch.Tensor, router_logits: torch.Tensor | None = None,
                     routing_state: object = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Before the layer's experts run: its batch's routing part, and the rows it asks the expert call for."""
-        masks, samples, batch_size = self._batch_masks(layer, hidden)
-        batch = self.statistics[layer.index].observe(layer, masks, samples, batch_size, self._padded, selected,
-                                                     router_input, router_logits, routing_state)
+        batch = self._layer_batch(layer, hidden, router_input, selected, router_logits, routing_state)
         self._pending[layer.index] = batch
         return batch.extra_rows
 
@@ -167,10 +200,12 @@ class ExpertObserver:
                  router_logits: torch.Tensor | None = None, routing_state: object = None) -> None:
         batch = self._pending.pop(layer.index, None)
         if batch is None or batch.selected is not selected:  # not the routing it was prepared for: the rows it
-            masks, samples, batch_size = self._batch_masks(layer, hidden)  # asked for did not run
-            batch = self.statistics[layer.index].observe(layer, masks, samples, batch_size, self._padded, selected,
-                                                         router_input, router_logits, routing_state)
+            # asked for did not run
+            batch = self._layer_batch(layer, hidden, router_input, selected, router_logits, routing_state)
             extra_outputs = None
+        if router_logits is None:  # a router that returns no logits (Gemma 4: probabilities): its weights stand in
+            check_finite_routing(layer, self._batch_index, router_input, weights, batch.keep if batch.padded else None,
+                                 self._masks["all"].shape[1], "routing weights")
         batch.add_outputs(hidden, weights, outputs, extra_outputs)
         self.statistics[layer.index].update(batch)
 
@@ -221,6 +256,7 @@ class ExpertObserver:
             stats.load_state_dict({group: sums[index] if index in sums else sums[str(index)]
                                    for group, sums in groups.items() if group in stats.groups()})
         self.batches_seen = int(state.get("batches_seen", 0))
+        self._wave_start, self._repeating = None, False  # the next counted batch starts a run
 
     def all_reduce(self) -> None:
         """Sum every layer's statistics across ranks (torch.distributed), in place; a no-op in one process."""
