@@ -1,7 +1,14 @@
-"""The safetensors format: its dtypes, and a file's header read and checked against the file's size.
+"""The safetensors format: its dtypes, and a file's header read and checked against the file's bytes.
 
 A safetensors file is an 8-byte little-endian header length, a JSON header (each tensor's dtype, shape and byte
 range in the data that follows, plus ``__metadata__``), then the tensors' bytes. Only headers are read here.
+
+:func:`read_header` accepts a header only when every byte of the data is described once: no key named twice,
+every tensor a known dtype, a shape of non-negative integers and a range ``[begin, end)`` with
+``end - begin == numel(shape) * itemsize(dtype)``; the ranges, in order, tile the data from 0 to the end of the
+file without a gap or an overlap (what the safetensors format requires of a writer). Anything else is a
+``ValueError`` naming the file, the tensor and the values: read as it is, such a file would hand out another
+tensor's bytes, or a shape the bytes do not hold.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["SAFETENSORS_DTYPES", "header_bytes", "read_header", "check_safetensors"]
+from lightprune.core.jsonio import show, strict_int
+
+__all__ = ["SAFETENSORS_DTYPES", "header_bytes", "read_header", "check_safetensors", "dtype_size"]
 
 #: safetensors dtype names -> torch dtypes
 SAFETENSORS_DTYPES = {
@@ -22,6 +31,13 @@ SAFETENSORS_DTYPES = {
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
 _HEADER_LIMIT = 100 * 1024 * 1024
+
+
+def dtype_size(name: str) -> int:
+    """Bytes per element of a safetensors dtype name."""
+    return torch.empty((), dtype=SAFETENSORS_DTYPES[name]).element_size()
+
+
 def _raw_header(file: Path, size: int) -> bytes:
     """The first 8 + header-length bytes of a safetensors file (a bare ``ValueError`` when they cannot be)."""
     with open(file, "rb") as handle:
@@ -43,33 +59,70 @@ def header_bytes(file: str | os.PathLike) -> bytes:
         raise ValueError(f"safetensors file {str(file)!r} is corrupt or truncated: {err}") from None
 
 
+def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A header object whose keys are unique (a JSON object hook)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the header names {key!r} twice")
+        out[key] = value
+    return out
+
+
+def _entry(name: str, info: Any) -> tuple[int, int]:
+    """The byte range of one header entry, after checking its dtype, shape and range agree (bare ``ValueError``)."""
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        raise ValueError(f"tensor {name!r} has entry {show(info)}; a tensor's entry holds exactly dtype, shape "
+                         "and data_offsets")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if dtype not in SAFETENSORS_DTYPES:
+        raise ValueError(f"tensor {name!r} has dtype {show(dtype)}, which lightprune does not read "
+                         f"(known: {sorted(SAFETENSORS_DTYPES)})")
+    sizes = [strict_int(s) for s in shape] if isinstance(shape, list) else [None]
+    if any(s is None or s < 0 for s in sizes):
+        raise ValueError(f"tensor {name!r} has shape {show(shape)}, not a list of non-negative integers")
+    bounds = [strict_int(o) for o in offsets] if isinstance(offsets, list) and len(offsets) == 2 else [None]
+    if any(b is None for b in bounds) or not 0 <= bounds[0] <= bounds[1]:
+        raise ValueError(f"tensor {name!r} has data_offsets {show(offsets)}, not [begin, end] with 0 <= begin <= end")
+    numel = 1
+    for s in sizes:
+        numel *= s
+    if bounds[1] - bounds[0] != numel * dtype_size(dtype):
+        raise ValueError(f"tensor {name!r}: {dtype} {sizes} is {numel * dtype_size(dtype)} bytes, its data_offsets "
+                         f"{bounds} span {bounds[1] - bounds[0]}")
+    return bounds[0], bounds[1]
+
+
 def read_header(file: Path) -> dict[str, Any]:
-    """The header of a safetensors file, validated against the file's size (``ValueError`` naming it)."""
+    """The header of a safetensors file, checked against its bytes (see the module docstring; ``ValueError``
+    naming the file)."""
+    file = Path(file)
     size = file.stat().st_size
     try:
         raw = _raw_header(file, size)
-        length = len(raw) - 8
-        header = json.loads(raw[8:])
+        data = size - len(raw)
+        header = json.loads(raw[8:], object_pairs_hook=_once)
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
-        end = 0
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            begin, stop = info["data_offsets"]
-            if not 0 <= begin <= stop:
-                raise ValueError(f"tensor {name!r} has bad data offsets {info['data_offsets']}")
-            end = max(end, int(stop))
-    except ValueError as err:
+        metadata = header.get("__metadata__")
+        if metadata is not None and (not isinstance(metadata, dict)
+                                     or not all(isinstance(v, str) for v in metadata.values())):
+            raise ValueError(f"__metadata__ is {show(metadata)}, not an object of strings")
+        ranges = sorted((*_entry(name, info), name) for name, info in header.items() if name != "__metadata__")
+        end, previous = 0, None
+        for begin, stop, name in ranges:
+            if begin != end:
+                what = (f"overlaps {previous!r}" if begin < end else f"leaves bytes {end}..{begin} unaccounted for "
+                        f"after {previous!r}" if previous else f"starts at byte {begin}, not 0")
+                raise ValueError(f"tensor {name!r} (data_offsets [{begin}, {stop}]) {what}")
+            end, previous = stop, name
+        if end != data:
+            raise ValueError(f"its tensors end at byte {end} of the data, the file holds {data} bytes of data")
+    except (ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"safetensors file {str(file)!r} is corrupt or truncated: {err}") from None
-    except (KeyError, TypeError, UnicodeDecodeError) as err:
-        raise ValueError(f"safetensors file {str(file)!r} has a corrupt header: {err!r}") from None
-    if 8 + length + end != size:
-        raise ValueError(f"safetensors file {str(file)!r} is corrupt or truncated: its header describes "
-                         f"{8 + length + end} bytes, the file has {size}")
     return header
 
 
 def check_safetensors(file: str | os.PathLike) -> None:
-    """Raise ``ValueError`` naming ``file`` when its header is unreadable or its size disagrees with it."""
+    """Raise ``ValueError`` naming ``file`` when its header is unreadable or disagrees with its bytes."""
     read_header(Path(file))

@@ -6,24 +6,40 @@ tensor names, dtypes, shapes and byte ranges of every shard. A tensor's data is 
 with positioned reads, not a memory map: what stays in this process's memory is what the caller keeps (pages of
 a mapped file would count in its resident set until unmapped).
 
-Refused when opened, with the path in the message: no directory, no config.json, no ``.safetensors`` weights
-(pickle files are never read), a shard index naming a missing file, a truncated or corrupt shard, a
-``quantization_config`` (lightprune streams float checkpoints).
+Opening it is where every path that reads a checkpoint (streamed scores, pruning, calibration and fine-tuning,
+and :func:`~lightprune.export.load.load_pruned` before transformers loads anything) has its files checked, alike:
+the directory, config.json and the weight files (:func:`~lightprune.checkpoints.directory.check_checkpoint`:
+which files are the weights, the shard index against the shards, every header against its bytes), then, before
+any model is built:
+
+- no ``quantization_config`` (lightprune streams float checkpoints);
+- the config's layer counts against the weights: no ``num_hidden_layers`` (of the config or a sub-config) above
+  the number of tensors on disk, nor above the decoder layers the tensor names number (a config claiming more
+  layers than the weights hold, which would also build an unbounded model);
+- the config's ``dtype`` against the dtype the weights are stored in (the in-memory path computes in the
+  config's, the streamed one in the stored one: they must be the same).
+
+What the model needs of the tensors is checked by the :class:`~lightprune.checkpoints.skeleton.Skeleton` built on
+it (:mod:`lightprune.checkpoints.contents`).
 """
 
 from __future__ import annotations
 
-import json
 import os
+import re
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lightprune.checkpoints.directory import SAFE_INDEX, check_checkpoint, weight_files
-from lightprune.checkpoints.header import SAFETENSORS_DTYPES, read_header
+from lightprune.checkpoints.directory import SAFE_INDEX, check_checkpoint, disk_entries, read_config, weight_files
+from lightprune.checkpoints.header import SAFETENSORS_DTYPES
+from lightprune.checkpoints.strict import check_not_quantized
 
-__all__ = ["Checkpoint"]
+__all__ = ["Checkpoint", "stored_dtype"]
+
+_LAYER_NUMBER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def _data_start(file: Path) -> int:
@@ -31,6 +47,20 @@ def _data_start(file: Path) -> int:
     checked against the file's size by :func:`read_header`)."""
     with open(file, "rb") as handle:
         return 8 + int.from_bytes(handle.read(8), "little")
+
+
+def stored_dtype(checkpoint: Checkpoint) -> tuple[torch.dtype | None, float]:
+    """The floating dtype of most of the checkpoint's tensor bytes and its share of the floating bytes
+    ((None, 0.0) without floating tensors)."""
+    counts: dict[torch.dtype, int] = defaultdict(int)
+    for key in checkpoint.keys():
+        dtype = checkpoint.dtype(key)
+        if dtype.is_floating_point:
+            counts[dtype] += checkpoint.nbytes(key)
+    if not counts:
+        return None, 0.0
+    best = max(counts, key=counts.get)
+    return best, counts[best] / max(1, sum(counts.values()))
 
 
 class Checkpoint:
@@ -42,29 +72,63 @@ class Checkpoint:
         self.path = check_checkpoint(path)
         from transformers import AutoConfig
 
-        raw = json.loads((self.path / "config.json").read_text())
-        if raw.get("quantization_config") is not None:
-            raise ValueError(f"checkpoint {str(self.path)!r} is quantized (config.json has a quantization_config): "
-                             "lightprune streams float checkpoints")
-        self.config = AutoConfig.from_pretrained(self.path)
+        check_not_quantized(self.path)
+        self.raw_config = read_config(self.path)
         self.files = weight_files(self.path)
-        self._entries: dict[str, tuple[Path, dict[str, Any]]] = {}
+        #: {file name: the header's ``__metadata__``}
         self.metadata: dict[str, dict[str, str]] = {}
-        for file in self.files:
-            header = read_header(file)
-            self.metadata[file.name] = header.pop("__metadata__", None) or {}
-            for name, info in header.items():
-                if name in self._entries:
-                    raise ValueError(f"checkpoint {str(self.path)!r}: tensor {name!r} is stored twice "
-                                     f"({self._entries[name][0].name} and {file.name})")
-                self._entries[name] = (file, info)
+        self._entries: dict[str, tuple[Path, dict[str, Any]]] = disk_entries(self.path, self.metadata)
+        self._check_layer_counts()
+        self.config = AutoConfig.from_pretrained(self.path)
+        self._check_dtype()
         self.sharded = (self.path / SAFE_INDEX).is_file()
         self._data_start = {file: _data_start(file) for file in self.files}
         self._fds: dict[Path, int] = {}
 
+    def _check_layer_counts(self) -> None:
+        """config.json's ``num_hidden_layers`` (anywhere in it) against the weights (see the module docstring)."""
+        numbered = {int(m.group(1)) for key in self._entries for m in [_LAYER_NUMBER.search(key)] if m}
+        stored = 1 + max(numbered) if numbered else 0
+        todo, claims = [("", self.raw_config)], []
+        while todo:
+            where, node = todo.pop()
+            for key, value in node.items():
+                if isinstance(value, dict):
+                    todo.append((f"{where}{key}.", value))
+                elif key == "num_hidden_layers":
+                    claims.append((f"{where}{key}", value))
+        for name, value in sorted(claims):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"checkpoint {str(self.path)!r}: config.json's {name} is {value!r}, not a "
+                                 "non-negative integer")
+            decoder = name in ("num_hidden_layers", "text_config.num_hidden_layers")
+            if value > len(self._entries) or (decoder and numbered and value > stored):
+                raise ValueError(f"checkpoint {str(self.path)!r}: config.json's {name} is {value}, the weights hold "
+                                 f"{stored} numbered layers ({len(self._entries)} tensors): a config for another "
+                                 "checkpoint, or weights missing; restore the files")
+
+    def _check_dtype(self) -> None:
+        """config.json's ``dtype`` against the stored one (see the module docstring)."""
+        claimed = getattr(self.config, "dtype", None)
+        if isinstance(claimed, str):
+            claimed = getattr(torch, claimed, None)
+        stored, share = stored_dtype(self)
+        if not isinstance(claimed, torch.dtype) or stored is None or not stored.is_floating_point or \
+                stored.itemsize == 1 or claimed == stored:
+            return
+        name = lambda dtype: str(dtype).removeprefix("torch.")  # noqa: E731
+        raise ValueError(f"checkpoint {str(self.path)!r}: config.json says dtype {name(claimed)}, its weights are "
+                         f"stored in {name(stored)} ({share:.0%} of the tensor bytes): loaded whole it would compute "
+                         f"in {name(claimed)}, streamed in {name(stored)}; set \"dtype\": \"{name(stored)}\" in "
+                         "config.json (or re-save the checkpoint in the dtype it names)")
+
     # ------------------------------------------------------------------ headers
     def keys(self) -> list[str]:
         return list(self._entries)
+
+    def entries(self) -> dict[str, tuple[Path, dict[str, Any]]]:
+        """{tensor: (its file, its header entry)}."""
+        return dict(self._entries)
 
     def __contains__(self, key: str) -> bool:
         return key in self._entries
@@ -76,11 +140,11 @@ class Checkpoint:
         return tuple(self._entry(key)[1]["shape"])
 
     def dtype(self, key: str) -> torch.dtype:
-        name = self._entry(key)[1]["dtype"]
-        if name not in SAFETENSORS_DTYPES:
-            raise ValueError(f"checkpoint {str(self.path)!r}: tensor {key!r} has dtype {name}, which lightprune "
-                             f"does not read (known: {sorted(SAFETENSORS_DTYPES)})")
-        return SAFETENSORS_DTYPES[name]
+        return SAFETENSORS_DTYPES[self.dtype_name(key)]
+
+    def dtype_name(self, key: str) -> str:
+        """The dtype as the header names it (``F32``, ``BF16``, ``I8``, ...)."""
+        return self._entry(key)[1]["dtype"]
 
     def nbytes(self, key: str) -> int:
         begin, end = self._entry(key)[1]["data_offsets"]

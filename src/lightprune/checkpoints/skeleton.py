@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from lightprune.checkpoints.classes import base_class_for_config, resizing_class
-from lightprune.checkpoints.reader import Checkpoint
+from lightprune.checkpoints.contents import check_contents
+from lightprune.checkpoints.reader import Checkpoint, stored_dtype
 from lightprune.checkpoints.resize import experts_per_layer
 
 __all__ = ["EXPERT_INDEX", "Skeleton", "checkpoint_dtype"]
@@ -40,13 +41,9 @@ EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)\.")
 
 
 def checkpoint_dtype(checkpoint: Checkpoint) -> torch.dtype:
-    """The floating dtype of most of the checkpoint's bytes (what its weights are stored in)."""
-    counts: dict[torch.dtype, int] = defaultdict(int)
-    for key in checkpoint.keys():
-        dtype = checkpoint.dtype(key)
-        if dtype.is_floating_point:
-            counts[dtype] += checkpoint.nbytes(key)
-    return max(counts, key=counts.get) if counts else torch.float32
+    """The floating dtype of most of the checkpoint's bytes (what its weights are stored in; float32 without any
+    floating tensor)."""
+    return stored_dtype(checkpoint)[0] or torch.float32
 
 
 def _standard_merge(converter: Any) -> bool:
@@ -117,7 +114,9 @@ class Skeleton:
         self.model.initialize_weights()  # the non-persistent buffers' values; meta parameters stay as they are
         #: the model's state-dict names (parameters and persistent buffers): loading and releasing never change them
         self._names = list(self.model.state_dict(keep_vars=True))
-        self._sources = self._map_checkpoint_keys()
+        #: {model tensor name: the checkpoint keys it is converted from}
+        self.sources = self._map_checkpoint_keys()
+        check_contents(self)  # every tensor the model needs, nothing else, in shapes that fit: before any read
 
     # ------------------------------------------------------------------ the key map
     def _map_checkpoint_keys(self) -> dict[str, list[str]]:
@@ -136,6 +135,8 @@ class Skeleton:
         self.unmatched: list[str] = []
         #: {checkpoint key: (the model tensor it becomes, the converter's source pattern, None for a rename)}
         self.targets: dict[str, tuple[str, str | None]] = {}
+        #: {unmatched checkpoint key: its name after transformers' renamings}
+        self.renamed: dict[str, str] = {}
         for key in self.checkpoint.keys():
             target, pattern = rename_source_key(key, renamings, converters, prefix, own)
             if target not in own and key in own:
@@ -150,7 +151,24 @@ class Skeleton:
                         sources[split].append(key)
             else:
                 self.unmatched.append(key)
+                self.renamed[key] = target
         return dict(sources)
+
+    def merged_pieces(self, name: str) -> dict[str, dict[int, str]] | None:
+        """{source pattern: {expert: checkpoint key}} of a model tensor that transformers' standard per-expert merge
+        builds (:func:`_standard_merge`), None for one read as it is or through another conversion."""
+        keys = self.sources[name]
+        patterns = [self.targets[key][1] for key in keys]
+        converter = self._converters.get(patterns[0]) if patterns[0] is not None else None
+        if converter is None or not _standard_merge(converter):
+            return None
+        by_pattern: dict[str, dict[int, str]] = {p: {} for p in converter.source_patterns}
+        for key, pattern in zip(keys, patterns, strict=True):
+            match = EXPERT_INDEX.search(key)
+            if pattern not in by_pattern or match is None:
+                return None
+            by_pattern[pattern][int(match.group(1))] = key
+        return by_pattern
 
     # ------------------------------------------------------------------ load / release
     def load(self, modules: Iterable[str]) -> None:
@@ -159,7 +177,7 @@ class Skeleton:
         wanted = self._wanted(modules)
         tied = self._tied(wanted)
         wanted += [s for s in tied.values() if s not in wanted and self._get(s).device.type == "meta"]
-        missing = sorted(name for name in wanted if name not in tied and name not in self._sources)
+        missing = sorted(name for name in wanted if name not in tied and name not in self.sources)
         if missing:
             raise ValueError(f"checkpoint {str(self.checkpoint.path)!r} has no tensor for {missing[:8]}"
                              f"{f' and {len(missing) - 8} more' if len(missing) > 8 else ''} of module(s) "
@@ -183,27 +201,14 @@ class Skeleton:
         tensors of transformers' standard merge (``MergeModulelist(dim=0)``, then ``Concatenate(dim=1)`` of
         several source patterns) written straight into the fused tensor, one expert slice at a time (no stacked
         copies); None for any other conversion (:meth:`_convert` runs transformers' own)."""
-        keys = self._sources[name]
+        keys = self.sources[name]
         patterns = [self.targets[key][1] for key in keys]
         if patterns == [None]:
             tensor = self.checkpoint.tensor(keys[0], dtype=like.dtype)
             return self._checked(name, tensor, like)
-        converter = self._converters.get(patterns[0])
-        if converter is None or not _standard_merge(converter):
+        by_pattern = self.merged_pieces(name)
+        if by_pattern is None:
             return None
-        by_pattern: dict[str, dict[int, str]] = {p: {} for p in converter.source_patterns}
-        for key, pattern in zip(keys, patterns, strict=True):
-            match = EXPERT_INDEX.search(key)
-            if pattern not in by_pattern or match is None:
-                return None
-            by_pattern[pattern][int(match.group(1))] = key
-        counts = {len(found) for found in by_pattern.values()}
-        if len(counts) != 1 or any(sorted(found) != list(range(len(found))) for found in by_pattern.values()):
-            raise ValueError(f"checkpoint {str(self.checkpoint.path)!r}: the per-expert tensors of {name} do not "
-                             f"cover experts 0..n-1 under every name ({ {p: sorted(f) for p, f in by_pattern.items()} })")
-        if tuple(like.shape[:1]) != (counts.pop(),):
-            raise ValueError(f"checkpoint {str(self.checkpoint.path)!r}: {name} needs {like.shape[0]} experts, the "
-                             f"checkpoint has {len(next(iter(by_pattern.values())))}")
         out = torch.empty(like.shape, dtype=like.dtype)
         offset = 0
         for found in by_pattern.values():
@@ -232,7 +237,7 @@ class Skeleton:
         from transformers.core_model_loading import convert_and_load_state_dict_in_model
         from transformers.modeling_utils import LoadStateDictConfig
 
-        keys = sorted({key for name in names for key in self._sources[name]})
+        keys = sorted({key for name in names for key in self.sources[name]})
         state = {key: self.checkpoint.tensor(key) for key in keys}
         config = LoadStateDictConfig(weight_mapping=self._mapping, dtype=self.dtype, device_map={"": self.device})
         with _quiet_progress():

@@ -2,8 +2,6 @@
 named before (from the headers) or after (from transformers' loading report) the load.
 
 - :func:`check_not_quantized`: a ``quantization_config`` in config.json;
-- :func:`check_integer_tensors`: a tensor stored as an integer (neither floating point nor bool) that is not an
-  integer tensor of the model (transformers would cast int8 to float silently);
 - :func:`expert_layout_error`: per-expert tensors on disk (``...experts.<i>.<name>``) that cannot be fused;
 - :func:`check_loading_info`: missing, unexpected and mis-shaped tensors and error messages of transformers'
   report, in the model's parameter names.
@@ -13,17 +11,15 @@ Each error names the checkpoint and the tensors (at most 8, then "and N more").
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
+from lightprune.checkpoints.directory import read_config
 
-__all__ = ["check_not_quantized", "check_integer_tensors", "expert_layout_error", "check_loading_info"]
+__all__ = ["check_not_quantized", "expert_layout_error", "check_loading_info", "listed", "tensors_phrase"]
 
 _SHOWN = 8
 _FLOAT_ONLY = "lightprune loads float checkpoints; quantized or integer weights are not supported"
@@ -33,56 +29,23 @@ _FIX = "re-export it or restore the files"
 _EXPERT_KEY = re.compile(r"^(?P<prefix>(?:.+\.)?experts)\.(?P<index>\d+)\.(?P<rest>.+)$")
 
 
-def _listed(items: Iterable[str]) -> str:
+def listed(items: Iterable[str]) -> str:
     """At most :data:`_SHOWN` items, then ``and N more``."""
     items = list(items)
     shown = ", ".join(items[:_SHOWN])
     return shown + (f", and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
 
 
-def _tensors(n: int) -> str:
+def tensors_phrase(n: int) -> str:
     return f"{n} tensor" if n == 1 else f"{n} tensors"
 
 
-def _is_integer(dtype: str) -> bool:
-    """A safetensors dtype (``F32``, ``BF16``, ``F8_E4M3``, ``I8``, ``U8``, ``BOOL``, ...) neither float nor bool."""
-    return not (dtype.startswith("F") or dtype in ("BF16", "BOOL"))
-
-
 def check_not_quantized(path: Path) -> None:
-    quantization = json.loads((path / "config.json").read_text()).get("quantization_config")
+    quantization = read_config(path).get("quantization_config")
     if quantization is not None:
         method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
         raise ValueError(f"checkpoint {str(path)!r} is quantized (config.json has a quantization_config, "
                          f"quant_method {method!r}): {_FLOAT_ONLY}")
-
-
-def check_integer_tensors(path: Path, entries: dict[str, tuple[Path, dict[str, Any]]],
-                           build: Callable[[], nn.Module]) -> None:
-    """Refuse integer tensors on disk unless the model's tensor of that name is an integer one too.
-
-    Only when the headers hold integer tensors is the model built, on the ``meta`` device, for its dtypes.
-    """
-    integers = {name: (file, info["dtype"]) for name, (file, info) in entries.items() if _is_integer(info["dtype"])}
-    if not integers:
-        return
-    with torch.device("meta"):
-        skeleton = build()
-    own = {**dict(skeleton.named_parameters(remove_duplicate=False)),
-           **dict(skeleton.named_buffers(remove_duplicate=False))}
-    prefix = f"{skeleton.base_model_prefix}." if skeleton.base_model_prefix else ""
-    bad = []
-    for name, (file, dtype) in sorted(integers.items()):
-        found = [n for n in (name, prefix + name, name.removeprefix(prefix) if prefix else name) if n in own]
-        tensor = own[found[0]] if found else None
-        if tensor is not None and not tensor.is_floating_point():
-            continue
-        role = (f"the model's {found[0]} is {str(tensor.dtype).removeprefix('torch.')}" if tensor is not None
-                else "the model has no integer tensor of that name")
-        bad.append(f"{name}: {dtype} in {file.name}, {role}")
-    if bad:
-        raise ValueError(f"checkpoint {str(path)!r} stores {_tensors(len(bad))} as integers ({_listed(bad)}; "
-                         f"{_DISK_NAMES}): {_FLOAT_ONLY}")
 
 
 def expert_layout_error(path: Path, entries: dict[str, tuple[Path, dict[str, Any]]]) -> ValueError | None:
@@ -112,10 +75,10 @@ def expert_layout_error(path: Path, entries: dict[str, tuple[Path, dict[str, Any
                         for i, shape in sorted(shapes.items()) if shape != common]
     parts = []
     if missing:
-        parts.append(f"lacks {_tensors(len(missing))} of experts whose other tensors it has ({_listed(missing)})")
+        parts.append(f"lacks {tensors_phrase(len(missing))} of experts whose other tensors it has ({listed(missing)})")
     if odd:
-        parts.append(f"has {_tensors(len(odd))} of another shape than the same tensor of the layer's other "
-                     f"experts ({_listed(odd)})")
+        parts.append(f"has {tensors_phrase(len(odd))} of another shape than the same tensor of the layer's other "
+                     f"experts ({listed(odd)})")
     if not parts:
         return None
     return ValueError(f"checkpoint {str(path)!r} {'; '.join(parts)}: its per-expert tensors cannot be fused "
@@ -128,15 +91,15 @@ def check_loading_info(path: Path, info: dict[str, Any]) -> None:
     mismatched, errors = sorted(info["mismatched_keys"], key=lambda item: item[0]), list(info["error_msgs"])
     parts, effects = [], []
     if missing:
-        parts.append(f"is missing {_tensors(len(missing))} the model needs ({_listed(missing)})")
+        parts.append(f"is missing {tensors_phrase(len(missing))} the model needs ({listed(missing)})")
     if mismatched:
-        parts.append(f"has {_tensors(len(mismatched))} of another shape than the model's ("
-                     + _listed(f"{name} {list(disk)} on disk, {list(want)} in the model"
+        parts.append(f"has {tensors_phrase(len(mismatched))} of another shape than the model's ("
+                     + listed(f"{name} {list(disk)} on disk, {list(want)} in the model"
                                for name, disk, want in mismatched) + ")")
     if missing or mismatched:
         effects.append("it would load with random weights")
     if unexpected:
-        parts.append(f"has {_tensors(len(unexpected))} the model does not have ({_listed(unexpected)})")
+        parts.append(f"has {tensors_phrase(len(unexpected))} the model does not have ({listed(unexpected)})")
         effects.append("the extra ones would be ignored")
     if errors:
         parts.append(f"failed to load ({'; '.join(errors)})")

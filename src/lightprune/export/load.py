@@ -1,27 +1,18 @@
 """Load a pruned checkpoint: :func:`load_pruned`, with clear errors for a broken directory.
 
-Before transformers sees the directory, :func:`check_checkpoint` names what is wrong with it:
-no directory, no (or unreadable) config.json, no ``.safetensors`` weights (pickle ``.bin`` /
-``.pt`` files are never loaded), a shard index naming a missing shard, or a safetensors file whose
-header is corrupt or whose size disagrees with its header (truncated). Only headers are read.
+Before transformers sees the directory, it is opened and checked exactly as every streamed path checks it
+(:class:`~lightprune.checkpoints.reader.Checkpoint`, then the
+:class:`~lightprune.checkpoints.skeleton.Skeleton` built on it, which runs
+:func:`~lightprune.checkpoints.contents.check_contents`): the files (which are the weights, the shard index
+against the shards, every header against its bytes), config.json (no duplicate key, no
+``quantization_config``, layer counts and ``dtype`` against the weights), and the tensors against the model
+(all present, none extra, shapes that fit, no integer tensor where the model has a float one, a possible top-k).
+The same checkpoint is refused with the same message whichever path reads it. Only headers are read.
 
 Loading is strict: a checkpoint that would give a model with random or dropped weights raises
 ``ValueError`` naming the path and the tensors (at most 8, then "and N more"), never a warning.
-
-- From the headers, before any data is read: a ``quantization_config`` in config.json, or a tensor
-  stored as an integer (neither floating point nor bool) that is not an integer tensor of the model
-  (a float parameter, or no tensor of that name; the model is then built on the ``meta`` device for
-  its dtypes): transformers would cast int8 to float silently. Integer buffers (position ids) load.
-- Transformers' loading report (``output_loading_info=True``, with ``ignore_mismatched_sizes=True``
-  so that shape mismatches come back named instead of as a bare ``RuntimeError``): missing,
-  unexpected and mis-shaped tensors, and its error messages, in the model's parameter names (into
-  which transformers fuses the per-expert tensors on disk). Legitimately absent tensors are not in
-  that report: tied weights (``lm_head.weight`` with ``tie_word_embeddings``), the class's
-  ``_keys_to_ignore_on_load_missing`` / ``_unexpected`` patterns (plus ``rotary_emb.inv_freq`` and
-  ``position_ids``), non-persistent buffers (never in a state dict).
-- Per-expert tensors on disk (``...experts.<i>.<name>``) that cannot be fused (an expert lacking a
-  name its layer's other experts have, or a shape differing from theirs), in the names on disk:
-  raised when transformers' conversion fails on them, or after a clean report.
+Transformers' loading report (``output_loading_info=True``, with ``ignore_mismatched_sizes=True``) is checked
+again after the load, a second net: missing, unexpected and mis-shaped tensors and its error messages.
 
 A uniform checkpoint loads with the stock transformers class. A non-uniform one
 (``config.lightprune_experts_per_layer``) loads with :func:`.classes.resizing_class`: the stock
@@ -46,14 +37,11 @@ import torch
 from torch import nn
 
 from lightprune.checkpoints.classes import auto_class, base_class_for_config, resizing_class
-from lightprune.checkpoints.directory import check_checkpoint, disk_entries
+from lightprune.checkpoints.directory import check_checkpoint
+from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.resize import experts_per_layer
-from lightprune.checkpoints.strict import (
-    check_integer_tensors,
-    check_loading_info,
-    check_not_quantized,
-    expert_layout_error,
-)
+from lightprune.checkpoints.skeleton import Skeleton
+from lightprune.checkpoints.strict import check_loading_info
 from lightprune.core.distributed import outside_zero_init
 from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels, read_width_manifest
 from lightprune.width.plan import WidthPlan
@@ -83,14 +71,14 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
     clash = [key for key in _STRICT_KWARGS if key in from_pretrained_kwargs]
     if clash:
         raise TypeError(f"load_pruned sets {clash} itself to check transformers' loading report; do not pass them")
-    path = check_checkpoint(path)
-    check_not_quantized(path)
+    with Checkpoint(path) as checkpoint, outside_zero_init():
+        Skeleton(checkpoint)  # the checks every path runs (see the module docstring), from the headers
+    path = checkpoint.path
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     kwargs = {"dtype": dtype if dtype is not None else "auto", "use_safetensors": True, **from_pretrained_kwargs,
               "output_loading_info": True, "ignore_mismatched_sizes": True}
-    entries = disk_entries(path)
     with outside_zero_init():
         if trust_remote_code:
             cls, kwargs["trust_remote_code"] = auto_class(config), True
@@ -98,21 +86,8 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
             cls = base_class_for_config(config)
             if experts_per_layer(config):
                 cls = resizing_class(cls)
-
-        def build() -> nn.Module:
-            return cls.from_config(config, trust_remote_code=True) if trust_remote_code else cls(config)
-
-        check_integer_tensors(path, entries, build)
-        layout_error = expert_layout_error(path, entries)
-        try:
-            model, info = cls.from_pretrained(path, config=config, **kwargs)
-        except RuntimeError as err:  # transformers' conversion failed: the per-expert tensors say why
-            if layout_error is None:
-                raise
-            raise layout_error from err
-    check_loading_info(path, info)  # names every missing tensor when transformers got that far
-    if layout_error is not None:
-        raise layout_error
+        model, info = cls.from_pretrained(path, config=config, **kwargs)
+    check_loading_info(path, info)  # a second net: transformers' own report
     model.eval()
     if (path / WIDTH_PLAN_FILE).is_file():
         plan = WidthPlan.load(path / WIDTH_PLAN_FILE)
