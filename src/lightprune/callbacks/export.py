@@ -250,7 +250,13 @@ def _stream_source(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Path |
     if has_partitioned(model) and RunState.of(trainer).has_phase("evaluate"):
         return None
     source = resolve_source_dir(model, None)
-    return source if source is not None and weight_files(source) else None
+    if source is None:
+        return None
+    try:
+        weight_files(source)
+    except FileNotFoundError:  # no safetensors weights to stream from: the export runs in memory
+        return None
+    return source
 
 
 def _full_precision(pl_module: pl.LightningModule):
