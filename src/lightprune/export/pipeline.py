@@ -44,7 +44,15 @@ from lightprune.export.save import (
     tensor_bytes,
     write_pruned,
 )
-from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
+from lightprune.export.verify import (
+    ExportVerificationError,
+    compare,
+    default_atol,
+    default_probe,
+    default_rtol,
+    model_logits,
+    restore_fp32_buffers,
+)
 from lightprune.models import find_moe_layers
 
 __all__ = ["export_pruned"]
@@ -55,14 +63,15 @@ def _name_a_surgery_problem(model: nn.Module, probe: Mapping[str, Any], referenc
     """After a failed save / verification: raise the surgery error when the in-memory pruned model already differs
     from the masked one (the checkpoint is not to blame); return (the caller re-raises ``err``) otherwise."""
     try:
-        gap = max_abs_diff(model_logits(model, probe), reference, what="pruned model")
+        gap = compare(model_logits(model, probe), reference, atol, default_rtol(model), what="pruned model")
     except Exception:  # noqa: BLE001 - the diagnosis failed: the caller re-raises the original error
         return
-    if gap > atol:
+    if not gap.ok:
         raise ExportVerificationError(
-            f"the pruned model's logits differ from the masked model's by up to {gap:.3g} > atol={atol:g}; "
+            f"the pruned model's logits differ from the masked model's by up to {gap.describe()}; "
             "nothing was written (the in-memory model is pruned). In bf16/fp16 a near tie between router "
-            "scores can flip an expert choice: pass a larger atol or export in fp32", gap, atol) from err
+            "scores can flip an expert choice: pass a larger atol or export in fp32", gap.max_abs_diff, atol,
+            tolerance=gap.tolerance) from err
 
 
 def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str | os.PathLike, *,
@@ -119,6 +128,7 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     probe = dict(probe) if probe is not None else default_probe(model)
     if merge is not None:
         write_merged(model, merge)  # irreversible: after every check that can fail without surgery (plan included)
+    restore_fp32_buffers(model)  # cast with .to(bf16): rotary inv_freq back in fp32, as the checkpoint reloads
     with mask_experts(model, plan):
         reference = model_logits(model, probe)
     prune_experts(model, plan)

@@ -54,12 +54,22 @@ from lightprune.checkpoints.directory import weight_files
 from lightprune.checkpoints.header import header_bytes
 from lightprune.checkpoints.staging import TMP_TAG, staging_dir
 from lightprune.core.checks import check_atol
+from lightprune.core.jsonio import parse_json
 from lightprune.experts.mask import is_masked
 from lightprune.experts.plan import ExpertPlan
 from lightprune.export.load import load_pruned
 from lightprune.export.remote_code import MODELING_FILE, auto_map_entry, modeling_source
 from lightprune.export.result import MANIFEST_FILE, ExportResult, write_manifest
-from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
+from lightprune.export.verify import (
+    Comparison,
+    ExportVerificationError,
+    compare,
+    default_atol,
+    default_probe,
+    default_rtol,
+    model_logits,
+    restore_fp32_buffers,
+)
 from lightprune.models import find_moe_layers, get_family
 
 __all__ = ["save_pruned", "write_pruned", "parameter_count", "tensor_bytes", "MANIFEST_FILE", "TOKENIZER_FILES",
@@ -108,7 +118,7 @@ def _device(model: nn.Module) -> torch.device:
 
 def finish_config(tmp: Path, model: nn.Module, uniform: bool) -> None:
     path = tmp / "config.json"
-    data = json.loads(path.read_text())
+    data = parse_json(path.read_text(), f"config file {str(path)!r}")
     data["architectures"] = [base_class(model).__name__]
     # the only remote code an export carries is its own modeling file: any other auto_map entry (the
     # source's remote code, or an older lightprune entry) would point at code that is not there
@@ -158,13 +168,17 @@ def source_fingerprint(source: Path | None) -> list[dict[str, Any]] | None:
     bytes, not the whole file); ``None`` without a local source directory."""
     if source is None:
         return None
-    return [_header_fingerprint(f, f.relative_to(source).as_posix()) for f in weight_files(source)]
+    try:
+        files = weight_files(source)
+    except FileNotFoundError:  # a source folder without safetensors weights: nothing to fingerprint
+        return []
+    return [_header_fingerprint(f, f.relative_to(source).as_posix()) for f in files]
 
 
 def _copy_dropping_auto_map(src: Path, dst: Path) -> None:
     if src.suffix == ".json":
         try:
-            data = json.loads(src.read_text())
+            data = parse_json(src.read_text(), f"source file {str(src)!r}")
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ValueError(f"source file {str(src)!r} is not valid JSON: {err}") from None
         if isinstance(data, dict) and "auto_map" in data:  # points at source code the export does not carry
@@ -298,19 +312,21 @@ def _reload_logits(checkpoint: Path, probe: Mapping[str, Any], dtype: torch.dtyp
 
 
 def _verify(checkpoint: Path, probe: Mapping[str, Any], reference: torch.Tensor, dtype: torch.dtype,
-            device: torch.device, remote: bool, atol: float) -> dict[str, float]:
+            device: torch.device, remote: bool, atol: float, rtol: float) -> dict[str, Comparison]:
     loaders = {"load_pruned": False}
     if remote:
         loaders["trust_remote_code"] = True
-    diffs: dict[str, float] = {}
+    diffs: dict[str, Comparison] = {}
     for what, trust in loaders.items():
         logits = _reload_logits(checkpoint, probe, dtype, device, trust)
-        diffs[what] = max_abs_diff(logits, reference, what=f"checkpoint reloaded with {what}")
-    worst = max(diffs, key=diffs.get)
-    if diffs[worst] > atol:
+        diffs[what] = compare(logits, reference, atol, rtol, what=f"checkpoint reloaded with {what}")
+    worst = max(diffs, key=lambda what: diffs[what].max_abs_diff)
+    if not diffs[worst].ok:
+        each = {k: v.max_abs_diff for k, v in diffs.items()}
         raise ExportVerificationError(
             f"checkpoint reloaded with {worst} gives logits that differ from the reference by up to "
-            f"{diffs[worst]:.3g} > atol={atol:g} ({diffs}); nothing was written", diffs[worst], atol)
+            f"{diffs[worst].describe()} ({each}); nothing was written", diffs[worst].max_abs_diff, atol,
+            tolerance=diffs[worst].tolerance)
     return diffs
 
 
@@ -327,7 +343,8 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
         probe: keyword batch for the verification forward (default: :func:`default_probe`).
         reference_logits: the logits the reloaded checkpoint must reproduce on ``probe``
             (default: ``model``'s own).
-        atol: largest allowed absolute logits difference (default 1e-5 fp32, 1e-2 bf16/fp16).
+        atol: the absolute term of the tolerance ``atol + rtol * max|reference|`` (default 1e-5 fp32, 1e-2
+            bf16/fp16; ``rtol``: :func:`~lightprune.export.verify.default_rtol`).
         overwrite: replace an existing non-empty ``out_dir`` (only once the new one is verified).
         processor: a tokenizer / processor saved into the checkpoint too (``save_pretrained``);
             without one the tokenizer files are copied from the source directory.
@@ -371,10 +388,11 @@ def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[i
     get_family(model).set_expert_counts(dict(counts))
     uniform = len(set(counts.values())) == 1
     probe = dict(probe) if probe is not None else default_probe(model)
+    restore_fp32_buffers(model)  # cast with .to(bf16): rotary inv_freq back in fp32, as the checkpoint reloads
     if reference_logits is None:
         reference_logits = model_logits(model, probe)
     atol = check_atol(atol)  # NaN would switch verification off: refused
-    atol = default_atol(model) if atol is None else atol
+    atol, rtol = default_atol(model) if atol is None else atol, default_rtol(model)
     dtype, device = _weights_dtype(model), _device(model)
     with staging_dir(out_dir, overwrite) as tmp:
         model.save_pretrained(tmp, **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))
@@ -383,10 +401,11 @@ def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[i
             shutil.copyfile(source / GENERATION_FILE, tmp / GENERATION_FILE)
         finish_config(tmp, model, uniform)
         check_no_pickles(tmp)
-        diffs = _verify(tmp, probe, reference_logits, dtype, device, not uniform, atol)
+        diffs = _verify(tmp, probe, reference_logits, dtype, device, not uniform, atol, rtol)
+        worst = max(diffs.values(), key=lambda c: c.max_abs_diff)
         manifest = write_manifest(
             tmp, model, counts, parameters=parameter_count(model), parameter_bytes=tensor_bytes(model), dtype=dtype,
-            verification={"max_abs_diff": max(diffs.values()), "atol": atol, "loaders": diffs,
+            verification={**worst.record(), "loaders": {k: v.max_abs_diff for k, v in diffs.items()},
                           "probe_shapes": {k: list(v.shape) for k, v in probe.items() if isinstance(v, torch.Tensor)}},
             source=facts["source"] if facts["source"] is not None else (
                 str(source) if source is not None else (getattr(model.config, "_name_or_path", "") or None)),

@@ -7,8 +7,15 @@
    what the source layer's router and experts received in that forward equals the source layer's with the plan's
    experts masked (the family's own masked routing, as ``mask_experts`` runs it), each read from disk again.
 
-Both within ``atol`` (default 1e-5 for fp32 weights, 1e-2 for bf16/fp16), else
-:class:`~lightprune.export.verify.ExportVerificationError` naming the layer or the logits difference.
+Each within ``atol + rtol * max|reference|`` (:func:`~lightprune.export.verify.compare`: the error of a rounded
+sum scales with the magnitude of its terms, so the scale is the reference's largest magnitude), else
+:class:`~lightprune.export.verify.ExportVerificationError` naming the layer or the logits difference. ``atol``
+default 1e-5 for fp32 weights, 1e-2 for bf16/fp16 (the floor for a reference near zero); ``rtol`` =
+``sqrt(L) * (2 u + 8 u32 sqrt(K))`` (:func:`~lightprune.export.verify.default_rtol`: ``u`` the weights' unit
+roundoff, at least fp32's, ``u32`` fp32's, ``K`` the widest input of a weight matrix) with ``L`` = the decoder
+layers for the logits and ``L`` = 1 for one layer's routed output, whose inputs are the same on both sides. The
+manifest's ``verification`` entry records each comparison: the difference, ``max|reference|``, ``atol``, ``rtol``
+and the tolerance applied.
 """
 
 from __future__ import annotations
@@ -27,7 +34,15 @@ from lightprune.checkpoints.skeleton import Skeleton
 from lightprune.core.checks import check_atol
 from lightprune.experts.mask import mask_experts
 from lightprune.experts.plan import ExpertPlan
-from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
+from lightprune.export.verify import (
+    Comparison,
+    ExportVerificationError,
+    compare,
+    default_atol,
+    default_probe,
+    default_rtol,
+    model_logits,
+)
 from lightprune.models import MoELayer, find_moe_layers
 
 __all__ = ["verify_pruned_checkpoint", "routed_output"]
@@ -60,15 +75,16 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
             reference = model_logits(original.model, probe, device=original.device)
         with layer_by_layer(pruned, bar):
             logits = model_logits(pruned.model, probe, device=pruned.device)
-        blocks = _check_blocks(original, pruned, plan, inputs, atol, bar)
+        blocks = _check_blocks(original, pruned, plan, inputs, atol, default_rtol(original.model, layers=1), bar)
         bar.close()
-    diff = max_abs_diff(logits, reference, what="pruned checkpoint, run layer by layer")
-    if diff > atol:
+    diff = compare(logits, reference, atol, default_rtol(original.model), what="pruned checkpoint, run layer by layer")
+    if not diff.ok:
         raise ExportVerificationError(
-            f"the pruned checkpoint's logits, run layer by layer, differ from the masked source's by up to {diff:.3g} "
-            f"> atol={atol:g}; nothing was written", diff, atol)
-    return {"max_abs_diff": max([diff, *blocks.values()]), "atol": atol, "sequential_logits": diff,
-            "blocks": {str(k): v for k, v in sorted(blocks.items())},
+            f"the pruned checkpoint's logits, run layer by layer, differ from the masked source's by up to "
+            f"{diff.describe()}; nothing was written", diff.max_abs_diff, atol, tolerance=diff.tolerance)
+    return {"max_abs_diff": max([diff.max_abs_diff, *(c.max_abs_diff for c in blocks.values())]), "atol": atol,
+            "sequential_logits": diff.max_abs_diff, "logits": diff.record(),
+            "blocks": {str(k): v.record() for k, v in sorted(blocks.items())},
             "probe_shapes": {"input_ids": list(probe["input_ids"].shape)}}
 
 
@@ -89,7 +105,7 @@ def _capture(skeleton: Skeleton, inputs: dict[int, list[torch.Tensor]]) -> Itera
 
 
 def _check_blocks(original: Skeleton, pruned: Skeleton, plan: ExpertPlan, inputs: dict[int, list[torch.Tensor]],
-                  atol: float, bar: Any) -> dict[int, float]:
+                  atol: float, rtol: float, bar: Any) -> dict[int, Comparison]:
     after = {layer.index: layer for layer in find_moe_layers(pruned.model)}
     diffs = {}
     for layer in find_moe_layers(original.model):
@@ -105,12 +121,12 @@ def _check_blocks(original: Skeleton, pruned: Skeleton, plan: ExpertPlan, inputs
             expected = routed_output(layer, router_input, expert_input, mask)
         with pruned.resident(after[layer.index].name):
             got = routed_output(after[layer.index], router_input, expert_input, None)
-        diffs[layer.index] = max_abs_diff(got, expected, what=f"layer {layer.index}'s routed experts")
-        if diffs[layer.index] > atol:
+        found = diffs[layer.index] = compare(got, expected, atol, rtol, what=f"layer {layer.index}'s routed experts")
+        if not found.ok:
             raise ExportVerificationError(
                 f"layer {layer.index} ({layer.name}) of the pruned checkpoint: its routed experts' output differs from "
-                f"the masked source layer's by up to {diffs[layer.index]:.3g} > atol={atol:g}; nothing was written",
-                diffs[layer.index], atol)
+                f"the masked source layer's by up to {found.describe()}; nothing was written",
+                found.max_abs_diff, atol, tolerance=found.tolerance)
         bar.update(1)
     return diffs
 

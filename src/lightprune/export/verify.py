@@ -2,8 +2,25 @@
 
 Every export reloads what it wrote and runs a probe batch through it; the logits must match the
 reference (the masked model's logits for :func:`export_pruned`, else the in-memory model's) to
-within ``atol`` (default 1e-5 for fp32/fp64 weights, 1e-2 for bf16/fp16), or
-:class:`ExportVerificationError` is raised with the largest absolute difference.
+within a tolerance relative to the reference's magnitude (:func:`compare`), or :class:`ExportVerificationError`
+is raised with the largest absolute difference.
+
+The rule, over the compared positions: ``max|got - ref| <= atol + rtol * max|ref|``. The error of a rounded
+reduction scales with the magnitude of its terms, not with the entry it produces (an entry near zero by
+cancellation carries the same absolute error as a large one), so the scale is the reference's largest magnitude,
+not each entry's own (a per-element rule would refuse such entries). Defaults (:func:`default_atol`,
+:func:`default_rtol`), with ``u`` the unit roundoff (eps / 2) of the weights' dtype, at least fp32's (what is
+compared is fp32), ``u32`` fp32's (matmuls of fp32 and of half dtypes accumulate in fp32), ``K`` the longest
+reduction (the widest input of a weight matrix) and ``L`` the layers the difference builds up over::
+
+    rtol = sqrt(L) * (2 * u + 8 * u32 * sqrt(K))
+    atol = 1e-5 (fp32 / fp64), 1e-2 (bf16 / fp16): the floor for a reference near zero
+
+``2 u``: one unit in the last place at the reference's magnitude (a stored value rounded the other way);
+``u32 sqrt(K)``: the rounding error of a length-K sum as a random walk, relative to the magnitude of its terms,
+times 8 for two independently rounded runs and the largest of all compared entries; ``sqrt(L)``: independent
+per-layer errors add as a random walk. A wrong or swapped expert changes outputs by a sizeable fraction of their
+magnitude, far above this. A given ``atol`` replaces the default absolute term; the relative one still applies.
 
 The default probe is a fixed-seed batch of 2 x 16 token ids drawn from the vocabulary without
 any special or multimodal token id of the config (pad/bos/eos, image/video tokens, vision
@@ -13,8 +30,11 @@ multimodal families alike.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import copy
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -22,7 +42,11 @@ from torch import nn
 from lightprune.core.errors import register_error
 
 __all__ = ["ExportVerificationError", "default_probe", "special_token_ids", "model_logits", "max_abs_diff",
-           "default_atol"]
+           "default_atol", "default_rtol", "Comparison", "compare", "fp32_buffer_names", "keep_fp32_buffers",
+           "restore_fp32_buffers"]
+
+T = TypeVar("T")
+U32 = torch.finfo(torch.float32).eps / 2  # fp32's unit roundoff
 
 PROBE_SHAPE = (2, 16)
 PROBE_SEED = 0
@@ -30,12 +54,15 @@ PROBE_SEED = 0
 
 @register_error
 class ExportVerificationError(RuntimeError):
-    """The reloaded checkpoint's logits differ from the reference beyond ``atol``."""
+    """The reloaded checkpoint's logits differ from the reference beyond the tolerance
+    (``atol + rtol * max|reference|``, :func:`compare`)."""
 
-    def __init__(self, message: str, max_abs_diff: float | None = None, atol: float | None = None):
+    def __init__(self, message: str, max_abs_diff: float | None = None, atol: float | None = None,
+                 tolerance: float | None = None):
         super().__init__(message)
         self.max_abs_diff = max_abs_diff
         self.atol = atol
+        self.tolerance = tolerance
 
 
 def _configs(config: Any) -> list[Any]:
@@ -99,6 +126,24 @@ def model_logits(model: nn.Module, probe: Mapping[str, Any], device: torch.devic
     return logits.detach().float().cpu()
 
 
+def _compared(logits: torch.Tensor, reference: torch.Tensor, what: str,
+              valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(|logits - reference|, reference)`` at the compared positions (see :func:`max_abs_diff`)."""
+    reference = reference.detach().float().cpu()
+    if logits.shape != reference.shape:
+        raise ExportVerificationError(f"{what}: logits of shape {tuple(logits.shape)} do not match the reference "
+                                      f"of shape {tuple(reference.shape)}")
+    diff = (logits.detach().float().cpu() - reference).abs()
+    if valid is not None:
+        if valid.dtype != torch.bool or tuple(valid.shape) != tuple(diff.shape[:valid.dim()]):
+            raise ValueError(f"{what}: valid must be a boolean mask of the logits' leading dimensions "
+                             f"{tuple(diff.shape[:max(valid.dim(), 1)])}, got {valid.dtype} {tuple(valid.shape)}")
+        diff, reference = diff[valid.cpu()], reference[valid.cpu()]
+    if diff.numel() and torch.isnan(diff).any():
+        raise ExportVerificationError(f"{what}: NaN in the logits difference", float("nan"))
+    return diff, reference
+
+
 def max_abs_diff(logits: torch.Tensor, reference: torch.Tensor, what: str = "reloaded checkpoint",
                  valid: torch.Tensor | None = None) -> float:
     """Largest ``|logits - reference|``; a shape mismatch or a NaN is an :class:`ExportVerificationError`.
@@ -106,24 +151,172 @@ def max_abs_diff(logits: torch.Tensor, reference: torch.Tensor, what: str = "rel
     ``valid``: a boolean mask over the leading dimensions of the logits (``[batch, seq]``, e.g. the probe's
     attention mask): only those positions count (a padding query of the width kernels outputs zeros, which its
     reference need not), NaN included."""
-    reference = reference.detach().float().cpu()
-    if logits.shape != reference.shape:
-        raise ExportVerificationError(f"{what}: logits of shape {tuple(logits.shape)} do not match the reference "
-                                      f"of shape {tuple(reference.shape)}")
-    diff = (logits - reference).abs()
-    if valid is not None:
-        if valid.dtype != torch.bool or tuple(valid.shape) != tuple(diff.shape[:valid.dim()]):
-            raise ValueError(f"{what}: valid must be a boolean mask of the logits' leading dimensions "
-                             f"{tuple(diff.shape[:max(valid.dim(), 1)])}, got {valid.dtype} {tuple(valid.shape)}")
-        diff = diff[valid.cpu()]
-    if diff.numel() == 0:
-        return 0.0
-    if torch.isnan(diff).any():
-        raise ExportVerificationError(f"{what}: NaN in the logits difference", float("nan"))
-    return float(diff.max())
+    diff, _ = _compared(logits, reference, what, valid)
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One verification check: ``max_abs_diff`` (``max|got - ref|``) against ``atol + rtol * reference_max_abs``
+    (``max|ref|``, over the same positions)."""
+
+    max_abs_diff: float
+    reference_max_abs: float
+    atol: float
+    rtol: float
+
+    @property
+    def tolerance(self) -> float:
+        return self.atol + self.rtol * self.reference_max_abs
+
+    @property
+    def ok(self) -> bool:
+        return self.max_abs_diff <= self.tolerance
+
+    def record(self) -> dict[str, float]:
+        """What was compared, for the manifest's ``verification`` entry."""
+        return {"max_abs_diff": self.max_abs_diff, "reference_max_abs": self.reference_max_abs, "atol": self.atol,
+                "rtol": self.rtol, "tolerance": self.tolerance}
+
+    def describe(self) -> str:
+        """``"<diff> > tolerance <t> (atol <a> + rtol <r> x max|reference| <m>)"``, for an error message."""
+        return (f"{self.max_abs_diff:.3g} > tolerance {self.tolerance:.3g} (atol {self.atol:g} + rtol "
+                f"{self.rtol:.3g} x max|reference| {self.reference_max_abs:.3g})")
+
+
+def compare(got: torch.Tensor, reference: torch.Tensor, atol: float, rtol: float, what: str = "reloaded checkpoint",
+            valid: torch.Tensor | None = None) -> Comparison:
+    """``got`` against ``reference`` by the module docstring's rule (``valid`` as for :func:`max_abs_diff`); a
+    non-finite reference is an :class:`ExportVerificationError` (it would make any difference pass)."""
+    diff, reference = _compared(got, reference, what, valid)
+    if not diff.numel():
+        return Comparison(0.0, 0.0, float(atol), float(rtol))
+    scale = float(reference.abs().max())
+    if not math.isfinite(scale):
+        raise ExportVerificationError(f"{what}: the reference is not finite", float(diff.max()), atol)
+    return Comparison(float(diff.max()), scale, float(atol), float(rtol))
+
+
+def _weights_dtype(model: nn.Module) -> torch.dtype:
+    """The coarsest floating dtype of the parameters (fp32 without any)."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    return max(dtypes, key=lambda d: torch.finfo(d).eps, default=torch.float32)
 
 
 def default_atol(model: nn.Module) -> float:
-    """1e-2 when the weights are bf16/fp16, else 1e-5."""
+    """1e-2 when the weights are bf16/fp16, else 1e-5: the absolute term (a reference near zero)."""
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
     return 1e-2 if dtypes & {torch.bfloat16, torch.float16} else 1e-5
+
+
+def default_rtol(model: nn.Module, layers: int | None = None) -> float:
+    """``sqrt(L) * (2 u + 8 u32 sqrt(K))`` (the module docstring): ``u`` of the coarsest weights dtype (at least
+    fp32's), ``K`` the widest input of a weight matrix (last dimension of a >= 2-D floating parameter), ``L`` =
+    ``layers`` (default: the text config's ``num_hidden_layers``; 1 for one layer's output)."""
+    u = max(torch.finfo(_weights_dtype(model)).eps / 2, U32)
+    widths = [p.shape[-1] for p in model.parameters() if p.is_floating_point() and p.dim() >= 2]
+    k = max(widths, default=1)
+    if layers is None:
+        config = getattr(model, "config", None)
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        layers = getattr(text, "num_hidden_layers", None) or 1
+    return math.sqrt(max(int(layers), 1)) * (2 * u + 8 * U32 * math.sqrt(k))
+
+
+# ------------------------------------------------------------------ buffers transformers keeps in fp32
+def _transformers_models(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The outermost transformers models in ``module`` (itself included), by name."""
+    from transformers import PreTrainedModel
+
+    found: list[tuple[str, nn.Module]] = []
+    for name, sub in module.named_modules():
+        if isinstance(sub, PreTrainedModel) and not any(name.startswith(f"{p}.") or not p for p, _ in found):
+            found.append((name, sub))
+    return found
+
+
+def _float_non_persistent(model: nn.Module) -> Iterator[tuple[str, nn.Module, str, torch.Tensor]]:
+    """``(name, owner, key, buffer)`` of each non-persistent floating buffer."""
+    for owner_name, owner in model.named_modules():
+        for key in owner._non_persistent_buffers_set:
+            buf = owner._buffers.get(key)
+            if buf is not None and buf.is_floating_point():
+                yield (f"{owner_name}.{key}" if owner_name else key), owner, key, buf
+
+
+def fp32_buffer_names(model: nn.Module, dtype: torch.dtype) -> set[str]:
+    """Names of the non-persistent floating buffers of ``model`` (a transformers model) that transformers keeps in
+    fp32 in a model of ``dtype``: those fp32 in its class built from its config in ``dtype`` on the meta device, as
+    ``from_pretrained(dtype=...)`` builds it (rotary ``inv_freq``, sinusoid position tables; not e.g. Gemma's
+    ``embed_scale``, which follows ``dtype``). When that build fails: every ``*inv_freq`` buffer."""
+    try:
+        with torch.device("meta"):
+            shadow = type(model)._from_config(copy.deepcopy(model.config), dtype=dtype)
+    except Exception:  # noqa: BLE001 - a class that will not build from its config: the rotary buffers only
+        return {name for name, *_ in _float_non_persistent(model) if name.endswith("inv_freq")}
+    return {name for name, _, _, buf in _float_non_persistent(shadow) if buf.dtype == torch.float32}
+
+
+def keep_fp32_buffers(module: nn.Module, cast: Callable[[], T]) -> T:
+    """Run ``cast`` (a conversion of ``module``'s dtype: ``module.to(torch.bfloat16)``, Lightning's
+    ``bf16-true`` precision plugin), then put back, with their fp32 values, the buffers of the transformers models
+    in ``module`` that it converted and transformers keeps in fp32 (:func:`fp32_buffer_names`); returns what
+    ``cast`` returned. The model then holds what ``from_pretrained(dtype=...)`` gives."""
+    before = [(prefix, model, name, owner, key, buf) for prefix, model in _transformers_models(module)
+              for name, owner, key, buf in _float_non_persistent(model) if buf.dtype == torch.float32]
+    result = cast()
+    keep: dict[tuple[str, torch.dtype], set[str]] = {}
+    for prefix, model, name, owner, key, buf in before:
+        now = owner._buffers.get(key)
+        if now is None or now is buf or not now.is_floating_point() or now.dtype == torch.float32:
+            continue
+        if (prefix, now.dtype) not in keep:
+            keep[prefix, now.dtype] = fp32_buffer_names(model, now.dtype)
+        if name in keep[prefix, now.dtype]:
+            owner._buffers[key] = buf.to(device=now.device)
+    return result
+
+
+def _init_owner(model: nn.Module, name: str) -> nn.Module:
+    """The innermost transformers model holding the module of buffer ``name`` (its ``_init_weights`` initialises
+    it, as in ``from_pretrained``)."""
+    from transformers import PreTrainedModel
+
+    owner, best = model, ""
+    for sub_name, sub in model.named_modules():
+        inside = sub_name and name.startswith(f"{sub_name}.")
+        if inside and isinstance(sub, PreTrainedModel) and len(sub_name) > len(best):
+            owner, best = sub, sub_name
+    return owner
+
+
+@torch.no_grad()
+def restore_fp32_buffers(model: nn.Module) -> list[str]:
+    """Recompute in fp32 the buffers transformers keeps in fp32 (:func:`fp32_buffer_names`) that a cast of
+    ``model`` (``model.to(torch.bfloat16)``) left in a lower precision, as ``from_pretrained`` computes them (the
+    ``_init_weights`` of the transformers model holding them, run on a copy of their module); a value that does
+    not round to the one the model holds is left alone. Returns the names restored. The export path calls it
+    before computing its reference: the checkpoint reloads with these buffers in fp32."""
+    restored = []
+    for prefix, hf in _transformers_models(model):
+        low = [(name, owner, key, buf) for name, owner, key, buf in _float_non_persistent(hf)
+               if buf.dtype != torch.float32]
+        if not low:
+            continue
+        keep: dict[torch.dtype, set[str]] = {}
+        for name, owner, key, buf in low:
+            if buf.dtype not in keep:
+                keep[buf.dtype] = fp32_buffer_names(hf, buf.dtype)
+            if name not in keep[buf.dtype] or buf.device.type == "meta":
+                continue
+            try:
+                twin = copy.deepcopy(owner)
+                twin._buffers[key] = torch.full(buf.shape, math.nan, dtype=torch.float32, device=buf.device)
+                _init_owner(hf, name)._init_weights(twin)
+                value = twin._buffers[key]
+            except Exception:  # noqa: BLE001 - not recomputable here: left as the cast left it
+                continue
+            if value is not None and value.dtype == torch.float32 and torch.equal(value.to(buf.dtype), buf):
+                owner._buffers[key] = value
+                restored.append(f"{prefix}.{name}" if prefix else name)
+    return restored

@@ -32,7 +32,14 @@ from lightprune.checkpoints.staging import staging_dir
 from lightprune.core.checks import check_atol, check_positive_int
 from lightprune.export.load import load_pruned
 from lightprune.export.result import MANIFEST_FILE, WidthExportResult
-from lightprune.export.verify import ExportVerificationError, default_atol, default_probe, max_abs_diff, model_logits
+from lightprune.export.verify import (
+    ExportVerificationError,
+    compare,
+    default_atol,
+    default_probe,
+    default_rtol,
+    model_logits,
+)
 from lightprune.export.width_format import WIDTH_FORMAT, WIDTH_PLAN_FILE
 from lightprune.width.mask import mask_width
 from lightprune.width.paths import MODALITIES, PATHS
@@ -65,7 +72,8 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
         probe: keyword batch for verification (give a multimodal one; default: a text-only probe).
         reference_logits: the logits the reloaded model must reproduce on ``probe`` (default: ``model``
             under ``mask_width(model, plan)``).
-        atol: largest allowed absolute logits difference (default 1e-5 fp32, 1e-2 bf16/fp16).
+        atol: the absolute term of the tolerance ``atol + rtol * max|reference|`` (default 1e-5 fp32, 1e-2
+            bf16/fp16; ``rtol``: :func:`~lightprune.export.verify.default_rtol`).
         align: the compact FFN's channel alignment b recorded for loading (paper: 64).
         overwrite: replace an existing non-empty ``out_dir`` once the new one is verified.
         processor: saved beside the weights when given.
@@ -85,7 +93,7 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
         with mask_width(model, plan):
             reference_logits = model_logits(model, probe)
     atol = check_atol(atol)  # NaN would switch verification off: refused
-    atol = default_atol(model) if atol is None else atol
+    atol, rtol = default_atol(model) if atol is None else atol, default_rtol(model)
     valid = _valid_positions(probe, reference_logits)
     with staging_dir(out_dir, overwrite) as tmp:
         model.save_pretrained(tmp)
@@ -94,18 +102,18 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
         plan.save(tmp / WIDTH_PLAN_FILE)
         reloaded = load_pruned(tmp).to(next(model.parameters()).device)
         try:
-            diff = max_abs_diff(model_logits(reloaded, probe), reference_logits, "reloaded width checkpoint",
-                                valid=valid)
+            diff = compare(model_logits(reloaded, probe), reference_logits, atol, rtol, "reloaded width checkpoint",
+                           valid=valid)
         finally:
             del reloaded
             gc.collect()
-        if diff > atol:
-            raise ExportVerificationError(f"reloaded width checkpoint: max |logit diff| {diff:.3g} > atol {atol:g} "
-                                          "against the masked model", diff, atol)
+        if not diff.ok:
+            raise ExportVerificationError(f"reloaded width checkpoint: max |logit diff| {diff.describe()} "
+                                          "against the masked model", diff.max_abs_diff, atol, tolerance=diff.tolerance)
         manifest = {"format": WIDTH_FORMAT, "format_version": 1, "model_type": model.config.model_type,
                     "align": int(align), "pruned_fractions": _summary(plan),
                     "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-                    "verification": {"max_abs_diff": diff, "atol": atol, "attention_backend": "sdpa",
+                    "verification": {**diff.record(), "attention_backend": "sdpa",
                                      "probe_shapes": {k: list(v.shape) for k, v in probe.items()
                                                       if isinstance(v, torch.Tensor)}},
                     **dict(metadata or {})}

@@ -16,6 +16,12 @@ are quantised to 4 bit: QLoRA); ``self.model`` is then the model to train (a pef
 ``self.base_model`` the transformers model under it, whose routers :func:`lightprune.find_moe_layers` walks.
 The optimizer (AdamW or bitsandbytes AdamW8bit) and the per-step schedule (cosine or constant, linear warm-up)
 are :mod:`lightprune.finetune.optim`.
+
+Half precision: a dtype conversion of the module (``--trainer.precision bf16-true`` / ``16-true``: Lightning's
+precision plugin runs ``module.to(dtype)`` in the strategy's setup; or ``dtype: bfloat16`` for a tiny model) keeps
+the buffers transformers keeps in fp32 (rotary ``inv_freq``, sinusoid position tables:
+:func:`lightprune.export.verify.fp32_buffer_names`) in fp32 with their values, as ``from_pretrained(dtype=...)``
+leaves them, so the model computes what its exported checkpoint will when reloaded (:meth:`MoECausalLM._apply`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from lightprune.core.batch import model_inputs
 from lightprune.core.distributed import outside_zero_init
 from lightprune.core.sources import check_checkpoint_name, resolve_checkpoint
 from lightprune.export import load_pruned
+from lightprune.export.verify import keep_fp32_buffers
 from lightprune.finetune.adapters import AdapterSpec, apply_adapter
 from lightprune.finetune.balance import per_layer_balance_loss
 from lightprune.finetune.optim import OPTIMIZERS, SCHEDULERS, build_optimizer, build_scheduler, check_choice
@@ -159,12 +166,20 @@ class MoECausalLM(pl.LightningModule):
         """
         dtype = _DTYPES[self.hparams.dtype]
         if self.hparams.tiny is not None:
-            return tiny_model(self.hparams.tiny, seed=self.hparams.seed, **(self.hparams.tiny_overrides or {})).to(dtype)
+            model = tiny_model(self.hparams.tiny, seed=self.hparams.seed, **(self.hparams.tiny_overrides or {}))
+            return keep_fp32_buffers(model, lambda: model.to(dtype))  # as from_pretrained(dtype=dtype) leaves them
 
         checkpoint = resolve_checkpoint(self.hparams.checkpoint)
         placement = {k: self.hparams.get(k) for k in ("device_map", "max_memory", "offload_folder")
                      if self.hparams.get(k) is not None}
         return load_pruned(checkpoint, dtype=dtype, trust_remote_code=self.hparams.trust_remote_code, **placement)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> MoECausalLM:
+        """``nn.Module._apply`` (``to``, ``half``, ``bfloat16``; Lightning's precision plugin ``convert_module``),
+        then the buffers transformers keeps in fp32 that it converted are put back in fp32
+        (:func:`~lightprune.export.verify.keep_fp32_buffers`)."""
+        apply = super()._apply
+        return keep_fp32_buffers(self, lambda: apply(fn, recurse))
 
     def configure_model(self) -> None:
         if self.model is not None:
