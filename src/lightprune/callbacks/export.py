@@ -138,8 +138,9 @@ class Export(JobEndCallback):
         plan_path: apply this plan.json (or merge this merge_plan.json) instead of the plan an ExpertPruning
             callback made.
         overwrite: replace an existing checkpoint directory.
-        atol: largest logit difference accepted by verification (default: 1e-5 in fp32, 1e-2 in
-            bf16/fp16, where a near tie between router scores can flip an expert choice).
+        atol: the absolute term of verification's tolerance ``atol + rtol * max|reference|`` (default: 1e-5 in
+            fp32, 1e-2 in bf16/fp16, where a near tie between router scores can flip an expert choice; ``rtol``:
+            :func:`lightprune.export.verify.default_rtol`).
         summary: print the summary table at the end of the job (with Evaluate's perplexity before and after).
     """
 

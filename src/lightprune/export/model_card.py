@@ -115,6 +115,17 @@ def _size(info: Mapping[str, Any]) -> list[str]:
     return ["## Size", "", f"Weights dtype: `{info['dtype']}`.", ""] + _table(["", "before", "after"], rows)
 
 
+def _tolerance(v: Mapping[str, Any]) -> str:
+    """The tolerance the check applied: ``atol + rtol * max|reference|`` where the manifest records it (the streamed
+    export's under ``logits``), else ``atol`` (manifests of 0.2 and earlier)."""
+    record = v if "tolerance" in v else v.get("logits") if isinstance(v.get("logits"), Mapping) else None
+    if record is None or "tolerance" not in record:
+        return f"tolerance {_number(float(v['atol']))}"
+    return (f"tolerance {_number(float(record['tolerance']))} = atol {_number(float(record['atol']))} + rtol "
+            f"{_number(float(record['rtol']))} x the reference's largest magnitude "
+            f"{_number(float(record['reference_max_abs']))}")
+
+
 def _verification(info: Mapping[str, Any]) -> list[str]:
     v = info["verification"]
     if v is None:
@@ -124,12 +135,12 @@ def _verification(info: Mapping[str, Any]) -> list[str]:
                 ("Checked one layer at a time before it was written: each MoE layer's routed experts against the "
                  "source layer with the pruned experts masked, on probe hidden states, then probe tokens through the "
                  "whole model, layer by layer, against the masked source: the largest absolute difference was "
-                 f"{_number(float(v['max_abs_diff']))} (tolerance {_number(float(v['atol']))}).")]
+                 f"{_number(float(v['max_abs_diff']))} ({_tolerance(v)}).")]
     loaders = ", ".join(f"`{k}`" for k in v.get("loaders", {}))
     return ["## Verification", "",
             (f"Reloaded with {loaders or 'its loaders'} before it was written: the largest absolute logits "
              f"difference from the reference was {_number(float(v['max_abs_diff']))} "
-             f"(tolerance {_number(float(v['atol']))}).")]
+             f"({_tolerance(v)}).")]
 
 
 def _evaluation(info: Mapping[str, Any]) -> list[str]:

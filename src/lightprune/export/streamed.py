@@ -159,8 +159,8 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     before 0.2, whose other behaviour is deprecated there).
 
     ``verify``: check the result layer by layer and with a sequential forward against the masked source
-    (:func:`lightprune.export.streamed_verify.verify_pruned_checkpoint`, ``atol`` default 1e-5 fp32, 1e-2 bf16/fp16,
-    ``probe_tokens`` per probe, ``seed``); a mismatch raises ``ExportVerificationError`` and writes nothing.
+    (:func:`lightprune.export.streamed_verify.verify_pruned_checkpoint`, tolerance ``atol + rtol * max|reference|``,
+    ``atol`` default 1e-5 fp32, 1e-2 bf16/fp16, ``probe_tokens`` per probe, ``seed``); a mismatch raises ``ExportVerificationError`` and writes nothing.
     ``overwrite``: replace an existing non-empty ``out_dir`` once the new one is complete. ``card``: extra manifest
     facts (``source``, ``command``). The output loads with ``lp.load_pruned`` (and with plain ``from_pretrained``
     when every layer keeps the same number of experts).

@@ -208,3 +208,25 @@ def test_prune_checkpoint_of_the_wider_model_records_each_check_and_refuses_a_sw
         prune_checkpoint(tmp_path / "src", plan, tmp_path / "swapped", progress=False)
     assert err.value.max_abs_diff > 100 * err.value.tolerance
     assert not (tmp_path / "swapped").exists()
+
+
+def test_the_model_card_states_the_tolerance_the_check_applied(tiny, tmp_path):
+    """README.md's verification line gives the tolerance recorded in the manifest (atol + rtol x the reference's
+    largest magnitude), for an in-memory and a shard-by-shard export alike."""
+    import re
+
+    model = tiny("qwen3_moe", seed=0)
+    model.save_pretrained(tmp_path / "src")
+    plan = lp.select_experts(lp.score_weights(model, "random", seed=1), ratio=0.5)
+    exported = lp.export_pruned(model, plan, tmp_path / "memory")
+    streamed = lp.prune_checkpoint(tmp_path / "src", plan, tmp_path / "streamed", progress=False)
+    for out, record in ((exported, exported.manifest["verification"]),
+                        (streamed, streamed.manifest["verification"]["logits"])):
+        card = (out.path / "README.md").read_text()
+        line = next(line for line in card.splitlines() if "tolerance" in line)
+        shown = [float(x) for x in re.findall(r"tolerance ([0-9.e+-]+) = atol ([0-9.e+-]+) \+ rtol ([0-9.e+-]+) x the "
+                                              r"reference's largest magnitude ([0-9.e+-]+)", line)[0]]
+        assert record == json.loads((out.path / MANIFEST_FILE).read_text())["verification"].get("logits", record)
+        expected = [record["tolerance"], record["atol"], record["rtol"], record["reference_max_abs"]]
+        assert shown == pytest.approx(expected, rel=1e-3), (line, expected)
+        assert record["tolerance"] == pytest.approx(record["atol"] + record["rtol"] * record["reference_max_abs"])
