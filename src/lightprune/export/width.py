@@ -39,6 +39,7 @@ from lightprune.export.verify import (
     default_probe,
     default_rtol,
     model_logits,
+    restore_fp32_buffers,
 )
 from lightprune.export.width_format import WIDTH_FORMAT, WIDTH_PLAN_FILE
 from lightprune.width.mask import mask_width
@@ -89,6 +90,7 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
         raise ValueError("save_width_pruned got a model with width kernels attached; save the plain model")
     plan.validate(model)
     probe = dict(probe) if probe is not None else default_probe(model)
+    restore_fp32_buffers(model)  # cast with .to(bf16): rotary inv_freq back in fp32, as the checkpoint reloads
     if reference_logits is None:
         with mask_width(model, plan):
             reference_logits = model_logits(model, probe)
