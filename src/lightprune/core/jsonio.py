@@ -140,18 +140,24 @@ def check_yaml_keys(text: str | bytes, where: str) -> None:
         loader.dispose()
 
 
+def _read_text(path: str | os.PathLike, what: str, error: type[Exception]) -> str:
+    """The UTF-8 text of ``path``: FileNotFoundError when missing, ``error`` when not UTF-8, naming ``what``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} file {str(path)!r} does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise error(f"{what} file {str(path)!r} is not UTF-8 text: {err}") from err
+
+
 def read_yaml(path: str | os.PathLike, what: str, error: type[Exception] = ValueError) -> Any:
     """The YAML at ``path`` (:func:`parse_yaml`); a missing file is FileNotFoundError, a file that is not UTF-8
     text, not valid YAML or names a key twice ``error``, each naming ``what`` and the file."""
     import yaml
 
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} file {str(path)!r} does not exist")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise error(f"{what} file {str(path)!r} is not UTF-8 text: {err}") from err
+    text = _read_text(path, what, error)
     try:
         return parse_yaml(text, f"{what} file {str(path)!r}")
     except DuplicateKeyError as err:
@@ -174,12 +180,7 @@ def read_json(path: str | os.PathLike, what: str, error: type[Exception] = Value
     """The JSON at ``path``; a missing file is FileNotFoundError, a file that is not UTF-8 text or not
     valid JSON ``error``, each naming ``what`` and the file."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} file {str(path)!r} does not exist")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise error(f"{what} file {str(path)!r} is not UTF-8 text: {err}") from err
+    text = _read_text(path, what, error)
     try:
         return parse_json(text, f"{what} file {str(path)!r}")
     except DuplicateKeyError as err:
