@@ -171,3 +171,19 @@ def test_spearman_names_the_non_finite_experts() -> None:
                                          r"the first and \[3\] of the second"):
         spearman(a, b, label="layer 3")
     assert spearman([1.0, 2.0, 3.0], [3.0, 1.0, 2.0]) == pytest.approx(-0.5)
+
+
+def test_nan_pixels_are_refused_naming_the_first_layer_that_routes_them() -> None:
+    """NaN pixels reach the language model as NaN image embeddings: the first MoE layer's router input holds them,
+    and the refusal names that layer and the batch instead of handing NaN statistics to the ranking."""
+    from lightprune.models.tiny import tiny_model
+    from lightprune.models.tiny_batches import tiny_multimodal_batch
+
+    model = tiny_model("qwen3_vl_moe")
+    clean = tiny_multimodal_batch(model, seed=3)
+    poisoned = dict(clean, pixel_values=clean["pixel_values"].clone())
+    poisoned["pixel_values"][0, 0] = float("nan")
+    first = lp.find_moe_layers(model)[0]
+    with pytest.raises(ValueError, match=rf"calibration batch 1, MoE layer {first.index} \({first.name}\): .*NaN or inf "
+                                         r"router input"):
+        lp.collect_expert_stats(model, [clean, poisoned], subsets=("all", "vision"), progress=False)
