@@ -309,3 +309,24 @@ def test_files_that_are_not_the_models_are_ignored_by_every_path(clean, tmp_path
     expected_counts, got_counts = in_memory.raw("frequency"), streamed.raw("frequency")
     assert got_counts.raw.keys() == expected_counts.raw.keys()
     assert all(torch.equal(got_counts.raw[i], expected_counts.raw[i]) for i in expected_counts.raw)
+
+
+def test_tensors_the_models_class_ignores_are_accepted_alike_and_carried_by_the_streamed_export(tiny, tmp_path):
+    """A DeepSeek-V3 checkpoint's multi-token-prediction layer (``model.layers.61.*``, which transformers' class
+    lists in ``_keys_to_ignore_on_load_unexpected``) is not refused by any path: loading ignores it, the streamed
+    export copies it unchanged and records it."""
+    model = tiny("deepseek_v3", seed=1).eval()
+    path = tmp_path / "ckpt"
+    model.save_pretrained(path)
+    mtp = {"model.layers.61.eh_proj.weight": torch.randn(4, 8), "model.layers.61.enorm.weight": torch.ones(8)}
+    tensors = load_file(path / "model.safetensors")
+    save_file({**tensors, **mtp}, path / "model.safetensors", metadata={"format": "pt"})
+    loaded = lp.load_pruned(path)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
+    expected = lp.score_weights(model, "aimer")
+    got = lp.score_weights(path, "aimer", progress=False)
+    assert all(torch.equal(got.raw[i], expected.raw[i]) for i in expected.raw)
+    result = lp.prune_checkpoint(path, _plan(model), tmp_path / "out", progress=False)
+    assert result.manifest["copied_without_model_tensor"] == sorted(mtp)
+    written = load_file(Path(result) / "model.safetensors")
+    assert all(torch.equal(written[k], v) for k, v in mtp.items())
