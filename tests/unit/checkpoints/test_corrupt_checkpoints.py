@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 import lightprune as lp
 
 GATE = "model.layers.0.mlp.gate.weight"
+_EXPERT_3 = "model.layers.1.mlp.experts.3.gate_proj.weight"
 PATHS = ("load_pruned", "score_weights", "prune_checkpoint", "collect_expert_stats")
 
 
@@ -247,9 +248,8 @@ CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
                          ("is missing 1 tensor the model needs (model.layers.1.post_attention_layernorm.weight)",)),
     "a transposed tensor": ("single", _tensors(_transposed),
                             (f"({GATE} [32, 8] on disk, [8, 32] in the model)",)),
-    "an expert lacking a tensor": ("single", _tensors(_del("model.layers.1.mlp.experts.3.gate_proj.weight")),
-                                   ("lacks 1 tensor of experts whose other tensors it has "
-                                    "(model.layers.1.mlp.experts.3.gate_proj.weight)",)),
+    "an expert lacking a tensor": ("single", _tensors(_del(_EXPERT_3)),
+                                   (f"lacks 1 tensor of experts whose other tensors it has ({_EXPERT_3})",)),
 }
 
 
@@ -273,7 +273,7 @@ def test_every_path_refuses_a_corrupt_checkpoint_alike(clean, tmp_path, case):
         refusals[name] = (type(err.value), str(err.value))
         assert not out.exists() and not list(tmp_path.glob(f".{out.name}*")), name
     assert len(set(refusals.values())) == 1, refusals  # one refusal, whichever path reads it
-    kind, message = refusals["load_pruned"]
+    _, message = refusals["load_pruned"]
     assert str(path) in message, message
     at = 0
     for fragment in fragments:
