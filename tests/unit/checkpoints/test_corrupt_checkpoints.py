@@ -330,3 +330,19 @@ def test_tensors_the_models_class_ignores_are_accepted_alike_and_carried_by_the_
     assert result.manifest["copied_without_model_tensor"] == sorted(mtp)
     written = load_file(Path(result) / "model.safetensors")
     assert all(torch.equal(written[k], v) for k, v in mtp.items())
+
+
+def test_an_fp8_tensor_is_accepted_alike_where_transformers_accepts_it(clean, tmp_path):
+    """fp8 is a floating dtype: a tensor stored in float8_e4m3fn loads upcast to the model's dtype, and the streamed
+    scores of the checkpoint equal those of the loaded model."""
+    _, dirs = clean
+    path = tmp_path / "ckpt"
+    shutil.copytree(dirs["single"], path)
+    tensors = load_file(path / "model.safetensors")
+    tensors[GATE] = tensors[GATE].to(torch.float8_e4m3fn)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    loaded = lp.load_pruned(path)
+    assert loaded.state_dict()[GATE].dtype == torch.float32
+    assert torch.equal(loaded.state_dict()[GATE], tensors[GATE].float())
+    expected, got = lp.score_weights(loaded, "aimer"), lp.score_weights(path, "aimer", progress=False)
+    assert all(torch.equal(got.raw[i], expected.raw[i]) for i in expected.raw)
