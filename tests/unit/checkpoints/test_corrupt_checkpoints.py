@@ -234,6 +234,8 @@ CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
     "top_k above the experts": ("single", _config(num_experts_per_tok=9), ("layer 0: top_k 9 of 8 experts",)),
     "config claims more experts": ("single", _config(num_local_experts=10),
                                    ("needs experts 0..9 of mlp.experts.*.down_proj.weight", "[0, 1, 2, 3, 4, 5, 6, 7]")),
+    "config claims 1e9 experts": ("single", _config(num_local_experts=10 ** 9),
+                                  ("needs experts 0..999999999 of mlp.experts.*.down_proj.weight",)),
     "config claims fewer experts": ("single", _config(num_local_experts=6),
                                     ("needs experts 0..5 of mlp.experts.*.down_proj.weight",)),
     "config dtype differs from the stored one": ("single", _config(dtype="bfloat16"),
