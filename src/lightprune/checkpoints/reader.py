@@ -13,9 +13,9 @@ which files are the weights, the shard index against the shards, every header ag
 any model is built:
 
 - no ``quantization_config`` (lightprune streams float checkpoints);
-- the config's layer counts against the weights: no ``num_hidden_layers`` (of the config or a sub-config) above
-  the number of tensors on disk, nor above the decoder layers the tensor names number (a config claiming more
-  layers than the weights hold, which would also build an unbounded model);
+- the config's layer counts against the weights: no ``num_hidden_layers`` (or a vision tower's ``depth``, ...: of
+  the config or a sub-config) above the number of tensors on disk, nor a decoder's above the layers the tensor
+  names number (a config claiming more layers than the weights hold, which would also build an unbounded model);
 - the config's ``dtype`` against the dtype the weights are stored in (the in-memory path computes in the
   config's, the streamed one in the stored one: they must be the same).
 
@@ -39,6 +39,9 @@ from lightprune.checkpoints.strict import check_not_quantized
 
 __all__ = ["Checkpoint", "stored_dtype"]
 
+#: config keys that count layers (decoder, vision tower, encoder): each layer holds at least one tensor
+_LAYER_COUNTS = frozenset({"num_hidden_layers", "depth", "num_layers", "n_layer", "n_layers", "encoder_layers",
+                           "decoder_layers", "vision_layers"})
 _LAYER_NUMBER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -86,7 +89,7 @@ class Checkpoint:
         self._fds: dict[Path, int] = {}
 
     def _check_layer_counts(self) -> None:
-        """config.json's ``num_hidden_layers`` (anywhere in it) against the weights (see the module docstring)."""
+        """config.json's layer counts (anywhere in it) against the weights (see the module docstring)."""
         numbered = {int(m.group(1)) for key in self._entries for m in [_LAYER_NUMBER.search(key)] if m}
         stored = 1 + max(numbered) if numbered else 0
         todo, claims = [("", self.raw_config)], []
@@ -95,17 +98,26 @@ class Checkpoint:
             for key, value in node.items():
                 if isinstance(value, dict):
                     todo.append((f"{where}{key}.", value))
-                elif key == "num_hidden_layers":
-                    claims.append((f"{where}{key}", value))
-        for name, value in sorted(claims):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                elif key in _LAYER_COUNTS:
+                    claims.append((f"{where}{key}", key, value))
+        for name, key, value in sorted(claims):
+            if isinstance(value, bool) or not isinstance(value, int):
+                if key != "num_hidden_layers":
+                    continue  # another meaning of the name (a list of stage depths)
                 raise ValueError(f"checkpoint {str(self.path)!r}: config.json's {name} is {value!r}, not a "
                                  "non-negative integer")
+            if value < 0:
+                raise ValueError(f"checkpoint {str(self.path)!r}: config.json's {name} is {value}, not a "
+                                 "non-negative integer")
             decoder = name in ("num_hidden_layers", "text_config.num_hidden_layers")
-            if value > len(self._entries) or (decoder and numbered and value > stored):
-                raise ValueError(f"checkpoint {str(self.path)!r}: config.json's {name} is {value}, the weights hold "
-                                 f"{stored} numbered layers ({len(self._entries)} tensors): a config for another "
-                                 "checkpoint, or weights missing; restore the files")
+            if decoder and numbered and value > stored:
+                held = f"the weights hold {stored} numbered layers"
+            elif value > len(self._entries):
+                held = f"the weights hold {len(self._entries)} tensors (a layer holds at least one)"
+            else:
+                continue
+            raise ValueError(f"checkpoint {str(self.path)!r}: config.json's {name} is {value}, {held}: a config for "
+                             "another checkpoint, or weights missing; restore the files")
 
     def _check_dtype(self) -> None:
         """config.json's ``dtype`` against the stored one (see the module docstring)."""

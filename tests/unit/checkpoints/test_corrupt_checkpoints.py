@@ -29,7 +29,8 @@ PATHS = ("load_pruned", "score_weights", "prune_checkpoint", "collect_expert_sta
 # ----------------------------------------------------------------------------------- the clean checkpoints
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
-    """(model, {"single": dir, "sharded": dir}) of one tiny Qwen3-MoE (3 layers of 8 experts, top-2, fp32)."""
+    """(model, {"single": dir, "sharded": dir, "mllm": dir}) of one tiny Qwen3-MoE (3 layers of 8 experts, top-2, fp32),
+    and of a tiny Qwen3-VL-MoE for the vision tower's config (refused before any plan or batch is looked at)."""
     from lightprune.models.tiny import tiny_model
 
     model = tiny_model("qwen3_moe", seed=0).eval()
@@ -37,7 +38,8 @@ def clean(tmp_path_factory):
     model.save_pretrained(root / "single")
     model.save_pretrained(root / "sharded", max_shard_size="20KB")
     assert len(list((root / "sharded").glob("*.safetensors"))) >= 4
-    return model, {"single": root / "single", "sharded": root / "sharded"}
+    tiny_model("qwen3_vl_moe", seed=0).save_pretrained(root / "mllm")
+    return model, {"single": root / "single", "sharded": root / "sharded", "mllm": root / "mllm"}
 
 
 def _plan(model) -> lp.ExpertPlan:
@@ -116,6 +118,12 @@ def _config(**changes) -> Callable[[Path], None]:
         config.update(changes)
         (path / "config.json").write_text(json.dumps(config, indent=2))
     return damage
+
+
+def _edit_vision(path: Path, **changes) -> None:
+    config = json.loads((path / "config.json").read_text())
+    config["vision_config"].update(changes)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def _config_text(edit: Callable[[str], str]) -> Callable[[Path], None]:
@@ -225,6 +233,9 @@ CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
     "quantized": ("single", _config(quantization_config={"quant_method": "fp8"}), ("is quantized", "'fp8'")),
     "config claims 1e20 layers": ("single", _config(num_hidden_layers=10 ** 20),
                                   ("num_hidden_layers is 100000000000000000000, the weights hold 3 numbered layers",)),
+    "vision tower claims 1e20 layers": ("mllm", lambda p: _edit_vision(p, depth=10 ** 20),
+                                        ("config.json's vision_config.depth is 100000000000000000000, the weights hold",
+                                         "tensors (a layer holds at least one)")),
     "config claims 4 layers over 3": ("single", _config(num_hidden_layers=4),
                                       ("num_hidden_layers is 4, the weights hold 3 numbered layers",)),
     "config claims 2 layers over 3": ("single", _config(num_hidden_layers=2),
