@@ -128,11 +128,11 @@ class Checkpoint:
         if not isinstance(claimed, torch.dtype) or stored is None or not stored.is_floating_point or \
                 stored.itemsize == 1 or claimed == stored:
             return
-        name = lambda dtype: str(dtype).removeprefix("torch.")  # noqa: E731
-        raise ValueError(f"checkpoint {str(self.path)!r}: config.json says dtype {name(claimed)}, its weights are "
-                         f"stored in {name(stored)} ({share:.0%} of the tensor bytes): loaded whole it would compute "
-                         f"in {name(claimed)}, streamed in {name(stored)}; set \"dtype\": \"{name(stored)}\" in "
-                         "config.json (or re-save the checkpoint in the dtype it names)")
+        said, held = (str(dtype).removeprefix("torch.") for dtype in (claimed, stored))
+        raise ValueError(f"checkpoint {str(self.path)!r}: config.json says dtype {said}, its weights are stored in "
+                         f"{held} ({share:.0%} of the tensor bytes): loaded whole it would compute in {said}, "
+                         f"streamed in {held}; set \"dtype\": \"{held}\" in config.json (or re-save the checkpoint "
+                         "in the dtype it names)")
 
     # ------------------------------------------------------------------ headers
     def keys(self) -> list[str]:
