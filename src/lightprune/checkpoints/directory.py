@@ -25,7 +25,7 @@ from lightprune.checkpoints.header import read_header
 from lightprune.core.jsonio import DuplicateKeyError, parse_json
 
 __all__ = ["SAFE_INDEX", "SAFE_WEIGHTS", "weight_files", "read_index", "read_config", "check_checkpoint",
-           "disk_entries"]
+           "checkpoint_directory", "disk_entries"]
 
 SAFE_INDEX = "model.safetensors.index.json"
 SAFE_WEIGHTS = "model.safetensors"
@@ -137,14 +137,20 @@ def disk_entries(path: str | os.PathLike, metadata: dict[str, dict[str, str]] | 
     return entries
 
 
-def check_checkpoint(path: str | os.PathLike) -> Path:
-    """Validate a checkpoint directory's files before loading (see the module docstring); returns it as a
-    ``Path``."""
+def checkpoint_directory(path: str | os.PathLike) -> Path:
+    """``path`` as a ``Path``, once it is an existing directory (FileNotFoundError / NotADirectoryError naming it)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist")
     if not path.is_dir():
         raise NotADirectoryError(f"checkpoint path {str(path)!r} is not a directory")
+    return path
+
+
+def check_checkpoint(path: str | os.PathLike) -> Path:
+    """Validate a checkpoint directory's files before loading (see the module docstring); returns it as a
+    ``Path``."""
+    path = checkpoint_directory(path)
     read_config(path)
     disk_entries(path)
     return path

@@ -8,9 +8,9 @@ a mapped file would count in its resident set until unmapped).
 
 Opening it is where every path that reads a checkpoint (streamed scores, pruning, calibration and fine-tuning,
 and :func:`~lightprune.export.load.load_pruned` before transformers loads anything) has its files checked, alike:
-the directory, config.json and the weight files (:func:`~lightprune.checkpoints.directory.check_checkpoint`:
-which files are the weights, the shard index against the shards, every header against its bytes), then, before
-any model is built:
+the directory, config.json and the weight files (what :func:`~lightprune.checkpoints.directory.check_checkpoint`
+checks: which files are the weights, the shard index against the shards, every header against its bytes, each read
+once), then, before any model is built:
 
 - no ``quantization_config`` (lightprune streams float checkpoints);
 - the config's layer counts against the weights: no ``num_hidden_layers`` (or a vision tower's ``depth``, ...: of
@@ -33,7 +33,13 @@ from typing import Any
 
 import torch
 
-from lightprune.checkpoints.directory import SAFE_INDEX, check_checkpoint, disk_entries, read_config, weight_files
+from lightprune.checkpoints.directory import (
+    SAFE_INDEX,
+    checkpoint_directory,
+    disk_entries,
+    read_config,
+    weight_files,
+)
 from lightprune.checkpoints.header import SAFETENSORS_DTYPES
 from lightprune.checkpoints.strict import check_not_quantized
 
@@ -72,15 +78,15 @@ class Checkpoint:
     read one. Use it as a context manager (or call :meth:`close`) to close the open shards."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = check_checkpoint(path)
+        self.path = checkpoint_directory(path)
         from transformers import AutoConfig
 
-        check_not_quantized(self.path)
         self.raw_config = read_config(self.path)
         self.files = weight_files(self.path)
         #: {file name: the header's ``__metadata__``}
         self.metadata: dict[str, dict[str, str]] = {}
         self._entries: dict[str, tuple[Path, dict[str, Any]]] = disk_entries(self.path, self.metadata)
+        check_not_quantized(self.path)
         self._check_layer_counts()
         self.config = AutoConfig.from_pretrained(self.path)
         self._check_dtype()
