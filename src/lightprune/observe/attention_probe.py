@@ -21,7 +21,10 @@ vision tower keeps its own implementation; names are registered on entry and rem
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+import re
 from typing import Any, Callable
 
 import torch
@@ -43,6 +46,22 @@ __all__ = ["AttentionProbe", "low_high_masks", "modality_masks", "PROBE_PREFIX"]
 PROBE_PREFIX = "lightprune_probe:"
 #: elements of one fp32 [B, H, rows, K] chunk of probabilities (64 MiB)
 _CHUNK_ELEMENTS = 1 << 24
+
+#: an attention forward that picks what it computes by the implementation's name (``_attn_implementation in
+#: ("eager", "sdpa")``, ``== "sdpa"``); the usual ``!= "eager"`` dispatch to the registered function is not one
+_NAME_GATE = re.compile(r"_attn_implementation\s+(?:not\s+)?in\s*[(\[{]|_attn_implementation\s*[!=]=\s*[\"']sdpa")
+
+
+@functools.lru_cache(maxsize=None)
+def gates_on_implementation_name(cls: type) -> bool:
+    """Whether ``cls.forward`` changes what it computes with the attention implementation's name (an indexed sparse
+    attention that builds its indexer's mask only under "eager" / "sdpa"): under the probe's renamed implementation
+    such a layer would compute something else, so the probe refuses it."""
+    try:
+        return _NAME_GATE.search(inspect.getsource(cls.forward)) is not None
+    except (OSError, TypeError):  # no source to read: a compiled or dynamically built class
+        return False
+
 
 _PROBED: dict[int, tuple["AttentionProbe", int]] = {}  # id(attention module) -> (probe, layer index)
 
@@ -136,6 +155,14 @@ class AttentionProbe:
             if getattr(attn, "layer_idx", i) != i:
                 raise ValueError(f"decoder layer {i}: self_attn.layer_idx is {attn.layer_idx}")
             self._attention[i] = attn
+        gated = sorted({type(layer.self_attn).__name__ for layer in decoder if hasattr(layer, "self_attn")
+                        and gates_on_implementation_name(type(layer.self_attn))})
+        if gated:
+            raise ValueError(f"{', '.join(gated)} builds its attention mask from the implementation's name (an indexed "
+                             "sparse attention applies its indexer's selection only under 'eager' / 'sdpa'): under the "
+                             "attention probe the model would attend to other keys, so the attention subsets "
+                             "(vision_low_attn, vision_high_attn) are not available for this model; use 'vision' / "
+                             "'text' subsets")
         # every config the language model's attention and mask builders read
         parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
         self._configs = language_model_configs(decoder, parent)
