@@ -24,11 +24,13 @@ from lightprune.models.deepseek_v3_routing import (
     selection_scores,
 )
 from lightprune.models.family_rows import family_row
-from lightprune.models.routing_ops import fill_unchosen_groups, softmax_removal_growth, unique_rows
+from lightprune.models.routing_ops import fill_unchosen_groups, renormalized, softmax_removal_growth, unique_rows
 from lightprune.models.sorted_top import sorted_topk
 
-__all__ = ["GroupTop", "DeepseekV3Family", "Glm4MoeFamily", "Glm4vMoeFamily", "KimiK25Family", "NemotronHFamily",
-           "Dots1Family", "DeepseekV2Family", "DEEPSEEK_ALIKE", "Dots3NoteTextFamily"]
+__all__ = ["GroupTop", "DeepseekV3Family", "Glm4MoeFamily", "SarvamMoeFamily", "Glm4vMoeFamily", "KimiK25Family",
+           "NemotronHFamily", "Dots1Family", "DeepseekV2Family", "DEEPSEEK_ALIKE", "Dots3NoteTextFamily",
+           "Mistral4Family", "MiniCPM5MoeFamily", "BeamFamily",
+           "AXK2Family"]
 
 
 class DeepseekV3Family(MoEFamily):
@@ -225,6 +227,161 @@ class NemotronHFamily(DeepseekV3Family):
         return self.text_config.layers_block_type[index] == "moe"
 
 
+class MiniCPM5MoeFamily(DeepseekV3Family):
+    """MiniCPM 5 MoE (``minicpm5_moe``): DeepSeek-V3's router (MiniCPM5MoeTopkRouter is its computation) with the fp32
+    logits computed outside any autocast, as that router forces them; the dense-layer rule of ``mlp_layer_types``."""
+
+    model_types = ("minicpm5_moe",)
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=hidden_states.device.type, enabled=False):
+            return super().router_logits(layer, hidden_states)
+
+
+class BeamFamily(DeepseekV3Family):
+    """Beam (``beam``): DeepSeek-V3's scores (sigmoid of fp32 logits, the router's correction bias for the selection
+    only, groups scored by their top-2 sum, ``topk_group`` groups kept) with both top-ks sorted, the k renormalised
+    (+1e-20) when ``norm_topk_prob`` and not scaled in the router (BeamTopKRouter): the MoE block multiplies the
+    routed experts' sum by ``routed_scaling_factor``. No shared experts; the sparse layers those ``mlp_layer_types``
+    says. Masking: logit -inf (score 0) and selection score -inf."""
+
+    routing = "sigmoid + correction bias, group-limited top-k, renormalised; routed sum scaled"
+    model_types = ("beam",)
+    num_experts_key = "num_experts"
+    shared_attrs = ()
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return self._select(layer, router_logits, expert_mask, layer.router.e_score_correction_bias)
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        return self._select(layer, kept_logits, None, kept_entries(layer.router.e_score_correction_bias, kept))
+
+    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
+                bias: torch.Tensor) -> RoutingOutput:
+        """BeamTopKRouter's ops with the correction bias ``bias`` (the layer's, or its kept experts' entries)."""
+        router = layer.router
+        if expert_mask is not None:
+            expert_mask = expert_mask.to(router_logits.device)
+            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
+        scores = router_logits.sigmoid()
+        choice = scores + bias
+        if expert_mask is not None:
+            choice = choice.masked_fill(expert_mask, float("-inf"))
+        num_experts, num_group = choice.shape[-1], router.num_group
+        best_two = choice.view(-1, num_group, num_experts // num_group).topk(2, dim=-1)[0].sum(dim=-1)
+        chosen = torch.topk(best_two, k=router.topk_group, dim=-1)[1]
+        choice = fill_unchosen_groups(choice, chosen, num_group, float("-inf"))
+        top_index = torch.topk(choice, k=router.top_k, dim=-1)[1]
+        top_weights = scores.gather(1, top_index)
+        if router.norm_topk_prob:
+            top_weights = renormalized(top_weights, RENORM_EPS)
+        return router_logits, top_weights, top_index
+
+    select_without = MoEFamily.select_without  # one mask per (token, expert) row
+
+    def observed_router(self, layer: MoELayer, keep: Callable[[Any], None]) -> Callable[..., Any] | None:
+        return None  # the router's own forward
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
+                       routing_state: Any = None) -> RemovalEffect:
+        """:func:`_chosen_leaders_rerun`: the selected experts and each chosen group's top 2 re-run."""
+        return _chosen_leaders_rerun(layer.router, router_logits, selected)
+
+    def output_scale(self, layer: MoELayer) -> float:
+        return float(layer.block.routed_scaling_factor)
+
+
+class AXK2Family(DeepseekV3Family):
+    """A.X K2 (``axk2``): DeepSeek-V3's scores (sigmoid of fp32 logits, the router's correction bias for the selection
+    only); with ``n_group`` set, groups scored by their top-2 sum and ``topk_group`` kept, the other groups' selection
+    scores set to 0, not -inf (an expert there still beats a chosen one whose biased score is below 0); without
+    ``n_group`` (A.X K2 Light) no groups; top-k, renormalised (+1e-20) when ``norm_topk_prob``, times
+    ``routed_scaling_factor`` (AXK2TopkRouter). Masking: logit -inf (score 0) and selection score -inf, also after
+    the groups' fill."""
+
+    routing = "sigmoid + correction bias, top-k in the chosen groups (the others at 0), scaled"
+    model_types = ("axk2",)
+
+    @property
+    def group_limited(self) -> bool:  # type: ignore[override]
+        return self.text_config.n_group is not None
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return self._select(layer, router_logits, expert_mask, layer.router.e_score_correction_bias)
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        return self._select(layer, kept_logits, None, kept_entries(layer.router.e_score_correction_bias, kept))
+
+    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
+                bias: torch.Tensor) -> RoutingOutput:
+        """AXK2TopkRouter's ops with the correction bias ``bias`` (the layer's, or its kept experts' entries)."""
+        router = layer.router
+        if expert_mask is not None:
+            expert_mask = expert_mask.to(router_logits.device)
+            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
+        scores = router_logits.sigmoid()
+        choice = scores + bias
+        if expert_mask is not None:
+            choice = choice.masked_fill(expert_mask, float("-inf"))
+        if router.num_group is not None:
+            num_experts, num_group = choice.shape[-1], router.num_group
+            best_two = choice.view(-1, num_group, num_experts // num_group).topk(2, dim=-1)[0].sum(dim=-1)
+            chosen = torch.topk(best_two, k=router.topk_group, dim=-1, sorted=False)[1]
+            choice = fill_unchosen_groups(choice, chosen, num_group, 0.0)
+            if expert_mask is not None:
+                choice = choice.masked_fill(expert_mask, float("-inf"))
+        top_index = torch.topk(choice, k=router.top_k, dim=-1, sorted=False)[1]
+        top_weights = scores.gather(1, top_index)
+        if router.norm_topk_prob:
+            top_weights = renormalized(top_weights, RENORM_EPS)
+        return router_logits, top_weights * router.routed_scaling_factor, top_index
+
+    select_without = MoEFamily.select_without  # one mask per (token, expert) row
+
+    def observed_router(self, layer: MoELayer, keep: Callable[[Any], None]) -> Callable[..., Any] | None:
+        return None  # the router's own forward
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
+                       routing_state: Any = None) -> RemovalEffect:
+        """:func:`_chosen_leaders_rerun` with groups; without them only the selected experts are re-run (per-expert
+        scores: any other removal changes nothing). A token that selected an expert of an unchosen group took it
+        among the experts all at the fill's 0, a tie ``torch.topk`` breaks by position, which any removal there
+        may change: every removal of such a token is re-run."""
+        router = layer.router
+        if router.num_group is None:
+            return RemovalEffect(rerun=selected)
+        effect = _chosen_leaders_rerun(router, router_logits, selected)
+        num_tokens, num_experts = router_logits.shape
+        size = num_experts // router.num_group
+        choice = (router_logits.sigmoid() + router.e_score_correction_bias).view(-1, router.num_group, size)
+        chosen = choice.topk(2, dim=-1)[0].sum(dim=-1).topk(router.topk_group, dim=-1)[1]       # [T, g]
+        inside = (selected // size).unsqueeze(-1).eq(chosen.unsqueeze(1)).any(dim=-1)           # [T, k]
+        tied = ~inside.all(dim=-1)
+        if not bool(tied.any()):
+            return effect
+        rerun = torch.full((num_tokens, num_experts), -1, dtype=selected.dtype, device=selected.device)
+        rerun[:, :effect.rerun.shape[1]] = effect.rerun
+        rerun[tied] = torch.arange(num_experts, dtype=selected.dtype, device=selected.device)
+        return RemovalEffect(rerun=rerun)
+
+
+def _chosen_leaders_rerun(router: torch.nn.Module, router_logits: torch.Tensor,
+                          selected: torch.Tensor) -> RemovalEffect:
+    """The removal effect of a group-limited router on per-expert sigmoid scores s plus a selection bias (Beam, A.X K2):
+    an unselected expert's removal changes the routing only through its group's top-2 sum, and only a chosen group's
+    fall can change the chosen groups; so the selected experts and each chosen group's top 2 (of s + bias) are
+    re-run, and any other removal leaves the selection and the weights as they are."""
+    num_group, num_experts = router.num_group, router_logits.shape[-1]
+    size = num_experts // num_group
+    choice = (router_logits.sigmoid() + router.e_score_correction_bias).view(-1, num_group, size)
+    best = choice.topk(2, dim=-1)
+    chosen = best[0].sum(dim=-1).topk(router.topk_group, dim=-1)[1]                         # [T, g]
+    leaders = best[1].gather(1, chosen.unsqueeze(-1).expand(-1, -1, 2)) + (chosen * size).unsqueeze(-1)
+    return RemovalEffect(rerun=unique_rows(torch.cat([selected, leaders.flatten(1)], dim=1)))
+
+
 class DeepseekV2Family(MoEFamily):
     """DeepSeek-V2: softmax of fp32 logits over all experts, then ``greedy`` top-k or ``group_limited_greedy``
     (groups scored by their best expert, ``topk_group`` groups kept, the rest zeroed), not renormalised, times
@@ -289,6 +446,74 @@ class DeepseekV2Family(MoEFamily):
         return RemovalEffect(rerun=unique_rows(torch.cat([selected, leaders], dim=1)), growth=growth)
 
 
+
+class Mistral4Family(MoEFamily):
+    """Mistral 4 (``mistral4``): softmax of the logits (in their dtype) over all experts, groups scored by the sum of
+    their top-2 probabilities, ``topk_group`` groups kept (the others' probabilities set to 0 for the choice), top-k,
+    the k probabilities renormalised (+1e-20) when ``norm_topk_prob``, times ``routed_scaling_factor``
+    (Mistral4TopkRouter); no selection bias. Masking sets a pruned expert's logit to -inf (probability 0, the softmax's
+    denominator as without it) and its selection score to -inf, so it is never chosen."""
+
+    routing = "softmax, group-limited (top-2 sums) top-k, renormalised, scaled"
+    model_types = ("mistral4",)
+    num_experts_key = "n_routed_experts"
+    shared_attrs = ("shared_experts",)
+    group_limited = True
+    #: True: the router computes fp32 logits from an fp32 weight (Mistral Large 4)
+    fp32_logits = False
+    #: True: the router renormalises whatever the config says (Mistral Large 4)
+    renormalize_always = False
+
+    is_sparse_layer = DeepseekV3Family.is_sparse_layer  # the same dense-layer rule
+    group_limits = DeepseekV3Family.group_limits
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        hidden_states = hidden_states.view(-1, router.weight.shape[1])
+        if self.fp32_logits:
+            return F.linear(hidden_states.float(), router.weight.float())
+        return F.linear(hidden_states, router.weight)
+
+    def renormalize(self, layer: MoELayer) -> bool:
+        return self.renormalize_always or bool(layer.router.norm_topk_prob)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router = layer.router
+        if expert_mask is not None:
+            expert_mask = expert_mask.to(router_logits.device)
+            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
+        scores = router_logits.softmax(-1)
+        num_experts, num_group = scores.shape[-1], router.num_group
+        best_two = scores.view(-1, num_group, num_experts // num_group).topk(2, dim=-1)[0].sum(dim=-1)
+        chosen = torch.topk(best_two, k=router.topk_group, dim=-1, sorted=False)[1]
+        choice = fill_unchosen_groups(scores, chosen, num_group, 0.0)
+        if expert_mask is not None:
+            choice = choice.masked_fill(expert_mask, float("-inf"))
+        top_index = torch.topk(choice, k=router.top_k, dim=-1, sorted=False)[1]
+        top_weights = scores.gather(1, top_index)
+        if self.renormalize(layer):
+            top_weights = renormalized(top_weights, RENORM_EPS)
+        return router_logits, top_weights * router.routed_scaling_factor, top_index
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
+                       routing_state: Any = None) -> RemovalEffect:
+        """Softmax over all experts: removing an unselected expert j scales every probability by 1 / (1 - p_j), which
+        keeps each group's top-2 sum in order and the top-k within the chosen groups; the selected weights grow by
+        that factor unless renormalised. A chosen group's top-2 expert lowers its group's score: a candidate too."""
+        router = layer.router
+        growth = None if self.renormalize(layer) else softmax_removal_growth(router_logits)
+        num_group, num_experts = router.num_group, router_logits.shape[-1]
+        if num_group <= router.topk_group:
+            return RemovalEffect(rerun=selected, growth=growth)
+        size = num_experts // num_group
+        probabilities = router_logits.softmax(-1).view(-1, num_group, size)
+        best = probabilities.topk(2, dim=-1)
+        chosen = best[0].sum(dim=-1).topk(router.topk_group, dim=-1, sorted=False)[1]    # [T, g]
+        leaders = best[1].gather(1, chosen.unsqueeze(-1).expand(-1, -1, 2)) + (chosen * size).unsqueeze(-1)
+        return RemovalEffect(rerun=unique_rows(torch.cat([selected, leaders.flatten(1)], dim=1)), growth=growth)
+
+
 # ------------------------------------------------------------------------------------------------ the table rows
 # families whose transformers router computes what DeepSeek-V3's does (its forward, line for line), with DeepSeek-V3's
 # attribute names and dense-layer rule (first_k_dense_replace or the config's mlp_layer_types): one row each
@@ -298,6 +523,9 @@ _V3_ROUTER = "DeepSeek-V3's router (sigmoid, correction bias, groups, scaling)."
 Glm4MoeFamily = family_row(__name__, DeepseekV3Family, "glm4_moe",
                            "GLM-4.5 / 4.6 (``glm4_moe``): DeepSeek-V3's router (Glm4MoeTopkRouter is the same "
                            "computation).")
+SarvamMoeFamily = family_row(__name__, DeepseekV3Family, "sarvam_moe",
+                             "Sarvam-30B (``sarvam_moe``): transformers builds it as a GLM-4.5 model "
+                             "(Glm4MoeForCausalLM with a SarvamMoEConfig), so DeepSeek-V3's router.")
 Glm4vMoeFamily = family_row(__name__, DeepseekV3Family, "glm4v_moe",
                             "GLM-4.5V / 4.6V (``glm4v_moe``): a GLM-4.5 language model (DeepSeek-V3's router) with "
                             "image and video placeholders.",

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput, kept_entries
 from lightprune.models.deepseek_families import (
     DEEPSEEK_ALIKE,
+    AXK2Family,
+    BeamFamily,
     DeepseekV2Family,
     DeepseekV3Family,
     Dots1Family,
@@ -28,14 +30,18 @@ from lightprune.models.deepseek_families import (
     Glm4MoeFamily,
     Glm4vMoeFamily,
     KimiK25Family,
+    MiniCPM5MoeFamily,
     NemotronHFamily,
+    SarvamMoeFamily,
 )
 from lightprune.models.family_rows import family_row
 from lightprune.models.refusals import REFUSED_TYPES
 from lightprune.models.routing_ops import mask_logits, renormalized, softmax_topk_removal
 from lightprune.models.sigmoid_families import (
     AfmoeFamily,
+    FlintFamily,
     HYV3Family,
+    Kolibri1Family,
     LagunaFamily,
     Lfm2MoeFamily,
     MiniMaxM2Family,
@@ -44,6 +50,7 @@ from lightprune.models.sigmoid_families import (
 from lightprune.models.softmax_routing import (
     FlexOlmoFamily,
     InternVLFamily,
+    LaraMiniFamily,
     MellumFamily,
     MiniMaxFamily,
     MixtralFamily,
@@ -66,7 +73,10 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "Gemma4TextFamily", "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily",
            "Lfm2MoeFamily", "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily",
            "NemotronHFamily", "LagunaFamily", "AriaTextFamily", "Qwen4ExpTextFamily", "Qwen4ExpFamily",
-           "Dots3NoteTextFamily", "MiniMaxM3VLTextFamily", "KimiK25Family",
+           "Dots3NoteTextFamily", "MiniMaxM3VLTextFamily", "KimiK25Family", "MiniCPM5MoeFamily", "LaraMiniFamily", "FlintFamily",
+           "Kolibri1Family", "BeamFamily", "AXK2Family",
+           "HYV4VLFamily", "Dots3NoteFamily", "DeepseekOcr2Family", "UnlimitedOcrFamily", "AriaFamily",
+           "MiniMaxM3VLFamily", "MLLM_VARIANTS",
            "BUILT_IN",
            "REFUSED_TYPES"]
 
@@ -380,6 +390,48 @@ Gemma4Family = family_row(__name__, Gemma4TextFamily, "gemma4",
                           "Gemma 4 MLLM (``gemma4``): its Gemma 4 language model, with image and video placeholders.",
                           multimodal=True, vision_token_keys=("image_token_id", "video_token_id"))
 
+_IMAGES_AND_VIDEOS = ("image_token_id", "video_token_id")
+#: MLLMs whose language model is another family's text model, its router line for line (their image and video
+#: placeholders are the vision tokens); each with its text model's type, which the family is exact for
+HYV4VLFamily = family_row(__name__, DeepseekV3Family, "hy_v4_vl",
+                          "Hy4-VL (``hy_v4_vl``): its language model (``hy_v4_vl_text``) is Hy4's (``hy_v4``) with "
+                          "M-RoPE: HYV4VLTopkRouter is DeepSeek-V3's router (sigmoid, correction bias, groups, "
+                          "scaling), the MoE layers those ``mlp_layer_types`` says; image and video placeholders.",
+                          name="HYV4VLFamily", multimodal=True, language_model_type="hy_v4_vl_text",
+                          vision_token_keys=_IMAGES_AND_VIDEOS)
+Dots3NoteFamily = family_row(
+    __name__, Dots3NoteTextFamily, "dots3_note",
+    "dots3-note (``dots3_note``): its language model is ``dots3_note_text`` (Dots3NoteTextModel, DeepSeek-V3's "
+    "router); image and video placeholders are its vision tokens, audio ones are not. The vision tower's own MoE "
+    "blocks are not decoder layers of the language model and are left as they are.",
+    multimodal=True, language_model_type="dots3_note_text", vision_token_keys=_IMAGES_AND_VIDEOS)
+DeepseekOcr2Family = family_row(
+    __name__, DeepseekV2Family, "deepseek_ocr2",
+    "DeepSeek-OCR 2 (``deepseek_ocr2``): its language model (``deepseek_ocr2_text``) routes with "
+    "DeepseekOcr2TextTopkRouter, DeepSeek-V2's router line for line (softmax, greedy or group-limited top-k, scaled), "
+    "its MoE layers those ``mlp_layer_types`` says; image placeholders are its vision tokens.",
+    multimodal=True, language_model_type="deepseek_ocr2_text", vision_token_keys=("image_token_id",))
+UnlimitedOcrFamily = family_row(
+    __name__, DeepseekV2Family, "unlimited_ocr",
+    "Unlimited-OCR (``unlimited_ocr``): its language model (``unlimited_ocr_text``) routes with "
+    "UnlimitedOcrTextTopkRouter, DeepSeek-V2's router line for line (softmax, greedy or group-limited top-k, scaled), "
+    "its MoE layers those ``mlp_layer_types`` says; image placeholders are its vision tokens.",
+    multimodal=True, language_model_type="unlimited_ocr_text", vision_token_keys=("image_token_id",))
+AriaFamily = family_row(
+    __name__, AriaTextFamily, "aria",
+    "Aria (``aria``): its language model is ``aria_text`` (AriaTextModel: AriaTextTopKRouter, every layer sparse, "
+    "shared experts); image placeholders are its vision tokens.",
+    multimodal=True, language_model_type="aria_text", vision_token_keys=("image_token_id",))
+MiniMaxM3VLFamily = family_row(
+    __name__, MiniMaxM3VLTextFamily, "minimax_m3_vl",
+    "MiniMax-M3 VL (``minimax_m3_vl``): its language model is ``minimax_m3_vl_text`` (MiniMaxM3VLTextModel: "
+    "MiniMaxM3VLTopKRouter, sigmoid with the router's correction bias, the routed sum scaled); image and video "
+    "placeholders are its vision tokens.",
+    name="MiniMaxM3VLFamily", multimodal=True, language_model_type="minimax_m3_vl_text",
+    vision_token_keys=_IMAGES_AND_VIDEOS)
+MLLM_VARIANTS: tuple[type[MoEFamily], ...] = (HYV4VLFamily, Dots3NoteFamily, DeepseekOcr2Family, UnlimitedOcrFamily,
+                                              AriaFamily, MiniMaxM3VLFamily)
+
 #: the families lightprune registers itself (:mod:`lightprune.models` does it at import)
 BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3MoeFamily, OlmoeFamily, DeepseekV3Family,
                                          Qwen3VLMoeFamily, InternVLFamily, Glm4MoeFamily, Dots1Family, MiniMaxFamily,
@@ -390,4 +442,7 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          Lfm2MoeFamily, Qwen3_5MoeFamily, Qwen3OmniMoeThinkerFamily, Glm4vMoeFamily,
                                          PhimoeFamily, NemotronHFamily, LagunaFamily, AriaTextFamily,
                                          Qwen4ExpTextFamily, Qwen4ExpFamily, Dots3NoteTextFamily,
-                                         MiniMaxM3VLTextFamily, KimiK25Family)
+                                         MiniMaxM3VLTextFamily, KimiK25Family, *MLLM_VARIANTS,
+                                         SarvamMoeFamily, MiniCPM5MoeFamily,
+                                         LaraMiniFamily, FlintFamily, Kolibri1Family,
+                                         BeamFamily, AXK2Family)

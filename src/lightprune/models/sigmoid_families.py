@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, kept_entries
 from lightprune.models.routing_ops import mask_logits, masked_choice, renormalized
 
-__all__ = ["LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily"]
+__all__ = ["LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily",
+           "FlintFamily", "Kolibri1Family"]
 
 
 class LagunaFamily(MoEFamily):
@@ -229,3 +230,84 @@ class Lfm2MoeFamily(MoEFamily):
         return router_logits, weights * router.routed_scaling_factor, top_index
 
     unselected_removal_is_free = True  # per-expert sigmoid scores, the k renormalised or not
+
+
+class FlintFamily(MoEFamily):
+    """Flint (``flint``): fp32 logits computed outside any autocast (the router's weight kept in fp32), sigmoid, top-k
+    of the scores, renormalised (no epsilon) when ``norm_topk_prob``, the weights left in fp32 (FlintTopKRouter); no
+    selection bias. Sparse layers by Qwen3-MoE's rule (``mlp_only_layers``, ``decoder_sparse_step``), a shared
+    expert added ungated. Masking: logit -inf (score 0) and selection score -inf."""
+
+    routing = "sigmoid of fp32 logits, top-k, renormalised when norm_topk_prob"
+    model_types = ("flint",)
+    shared_attrs = ("shared_expert",)
+    score_function = "sigmoid"
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        hidden_states = hidden_states.reshape(-1, router.weight.shape[1])
+        with torch.autocast(device_type=hidden_states.device.type, enabled=False):
+            return F.linear(hidden_states.float(), router.weight.float())
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router_logits = mask_logits(router_logits, expert_mask)
+        scores = router_logits.sigmoid()
+        if expert_mask is None:
+            weights, top_index = torch.topk(scores, layer.top_k, dim=-1)
+        else:  # a masked expert's score is 0, never above a kept one's: select on -inf to be exact
+            top_index = torch.topk(masked_choice(scores, None, expert_mask), layer.top_k, dim=-1)[1]
+            weights = torch.gather(scores, dim=1, index=top_index)
+        if layer.router.norm_topk_prob:
+            weights = renormalized(weights)
+        return router_logits, weights, top_index
+
+    unselected_removal_is_free = True  # per-expert sigmoid scores, the k renormalised or not
+
+
+class Kolibri1Family(MoEFamily):
+    """Kolibri 1 (``kolibri1``): fp32 logits (on CUDA, for bf16 hidden states and weight without grad, a bf16 GEMM
+    with fp32 output, as the router computes them there), top-k of the logits plus the router's
+    ``e_score_correction_bias`` (pruned with the experts), sigmoid of the k chosen logits, renormalised (no epsilon)
+    when ``norm_topk_prob`` (Kolibri1TopKRouter); every layer sparse, shared experts added ungated. Masking: logit
+    -inf and selection score -inf."""
+
+    routing = "top-k of fp32 logits + correction bias, sigmoid of the k, renormalised when norm_topk_prob"
+    model_types = ("kolibri1",)
+    shared_attrs = ("shared_experts",)
+    score_function = "sigmoid"
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        weight = router.weight
+        hidden_states = hidden_states.reshape(-1, weight.shape[1])
+        if (hidden_states.is_cuda and hidden_states.dtype == weight.dtype and not torch.is_grad_enabled()
+                and _torch_at_least("2.8.0")):
+            return torch.mm(hidden_states, weight.t(), out_dtype=torch.float32)
+        return F.linear(hidden_states.type(torch.float32), weight.type(torch.float32))
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return self._select(layer, router_logits, expert_mask, layer.router.e_score_correction_bias)
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        return self._select(layer, kept_logits, None, kept_entries(layer.router.e_score_correction_bias, kept))
+
+    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
+                bias: torch.Tensor) -> RoutingOutput:
+        """The rule with the correction bias ``bias`` (the layer's, or its kept experts' entries)."""
+        router_logits = mask_logits(router_logits, expert_mask)
+        top_index = torch.topk(masked_choice(router_logits, bias, expert_mask), layer.top_k, dim=-1)[1]
+        scores = router_logits.gather(1, top_index).sigmoid()
+        if layer.router.norm_topk_prob:
+            scores = renormalized(scores)
+        return router_logits, scores, top_index
+
+    unselected_removal_is_free = True  # top-k of the biased logits, a sigmoid of each chosen one
+
+
+def _torch_at_least(version: str) -> bool:
+    """transformers' ``is_torch_greater_or_equal``: the check the Kolibri routers make."""
+    from transformers.utils import is_torch_greater_or_equal
+
+    return bool(is_torch_greater_or_equal(version))

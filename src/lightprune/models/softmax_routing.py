@@ -22,7 +22,7 @@ from lightprune.models.routing_ops import renormalized, softmax_topk_removal
 __all__ = ["softmax_topk_select", "MixtralFamily", "OlmoeFamily", "Qwen2MoeFamily", "Qwen3MoeFamily",
            "Qwen3VLMoeFamily", "Qwen3OmniMoeThinkerFamily", "InternVLFamily", "MiniMaxFamily", "FlexOlmoFamily",
            "Qwen3_5MoeTextFamily", "Qwen3_5MoeFamily", "MellumFamily", "Qwen3NextFamily", "Qwen4ExpTextFamily",
-           "Qwen4ExpFamily"]
+           "Qwen4ExpFamily", "LaraMiniFamily"]
 
 
 def softmax_topk_select(router_logits: torch.Tensor, expert_mask: torch.Tensor | None, top_k: int,
@@ -86,6 +86,29 @@ class OlmoeFamily(_SoftmaxFamily):
 
     def is_sparse_layer(self, index: int) -> bool:
         return True
+
+
+class LaraMiniFamily(_SoftmaxFamily):
+    """Lara Mini (``lara_mini``): fp32 logits (hidden states and weight cast up), softmax, top-k, renormalised when
+    ``norm_topk_prob``, cast to the hidden states' dtype (LaraMiniTopKRouter); every layer sparse, a shared expert
+    added ungated."""
+
+    routing = "softmax of fp32 logits, top-k, renormalised when norm_topk_prob"
+    model_types = ("lara_mini",)
+    shared_attrs = ("shared_expert",)
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return True
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        return F.linear(hidden_states.reshape(-1, router.weight.shape[1]).float(), router.weight.float())
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router_logits, weights, top_index = softmax_topk_select(router_logits, expert_mask, layer.top_k,
+                                                                self.renormalize(), cast_back=False)
+        return router_logits, weights.to(layer.router.weight.dtype), top_index
 
 
 # ------------------------------------------------------------------------------------------------ the table rows

@@ -135,10 +135,24 @@ _MLA = {"num_key_value_heads": 4}  # multi-head latent attention: as many kv hea
 _HYBRID = {"layer_types": ["linear_attention", "full_attention", "full_attention"]}
 _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     "exaone_moe": {}, "solar_open": {}, "mimo_v2_flash": _sparse_after_first(), "hy_v4": _sparse_after_first(),
+    # Sarvam-30B: built by transformers as a GLM-4.5 model (Glm4MoeForCausalLM), full-head rotary, q/k norms
+    "sarvam_moe": {"use_qk_norm": True},
     "deepseek_v32": _MLA, "glm_moe_dsa": _MLA, "glm4_moe_lite": _sparse_after_first(**_MLA),
     "axk1": _sparse_after_first(**_MLA), "kimi_linear": _sparse_after_first(**_HYBRID, **_MLA),
     "bailing_hybrid": _sparse_after_first(**_HYBRID, **_MLA),
     "mellum": {},
+    "minicpm5_moe": _sparse_after_first(),
+    # a gated-delta-net layer and two full-attention ones, each with the MoE block and its ungated shared expert
+    "lara_mini": {**_HYBRID, "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 8,
+                  "linear_value_head_dim": 8, "linear_conv_kernel_dim": 2, "norm_topk_prob": False},
+    # the middle layer dense (Qwen3-MoE's rule), a sliding-window layer, the routed weights renormalised
+    "flint": {"mlp_only_layers": [1], "layer_types": ["sliding_attention", "full_attention", "full_attention"],
+              "sliding_window": 4},
+    "kolibri1": {"num_hidden_layers": 2, "norm_topk_prob": False},
+    # the first layer dense; the block scales the routed sum after the experts
+    "beam": _sparse_after_first(),
+    # expert groups (the larger A.X K2 releases; A.X K2 Light has none), the first layer dense
+    "axk2": _sparse_after_first(**_MLA),
     # one gated-delta-net (linear attention) layer and two full ones, the middle layer dense
     "qwen3_next": {"mlp_only_layers": [1], **_HYBRID},
     "deepseek_v2": {**_MLA, "topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1},
@@ -255,6 +269,94 @@ def _kimi_k25(**kw: Any):
     return _mllm(CONFIG_MAPPING["kimi_k25"], text, vision, kw, projection_hidden_size=32, **_QWEN_IDS)
 
 
+def _hy_v4_vl(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # Hy4's tiny language model with M-RoPE over its 8 rotary dimensions; its sparse-attention indexer keeps 4 keys
+    # per query, fewer than a tiny image batch has
+    text = _generic("hy_v4_vl_text", **_sparse_after_first(), index_topk=4, index_n_heads=2, index_head_dim=16,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]})
+    # 4-pixel patches merged 2 x 2, a newline token after every merged row
+    vision = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "out_hidden_size": 32, "patch_size": 4, "spatial_merge_size": 2, "max_image_size": 16}
+    return _mllm(CONFIG_MAPPING["hy_v4_vl"], text.to_dict(), vision, kw, image_token_id=120, video_token_id=121)
+
+
+def _dots3_note(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    text = _generic("dots3_note_text", **_GENERIC_FAMILIES["dots3_note_text"])
+    # a dense vision block, then one with 4 routed vision experts (not the language model's: never pruned)
+    vision = {"hidden_size": 32, "intermediate_size": 32, "moe_intermediate_size": 16, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "patch_size": 4, "spatial_merge_size": 2, "adapter_in_dim": 32,
+              "adapter_out_dim": 32, "adapter_merge_size": 2, "pyramid_num_routed": [-1, 4]}
+    audio = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+             "feature_size": 16, "downsample_hidden_size": 8, "adapter_input_size": 32, "adapter_out_dim": 32}
+    return _mllm(CONFIG_MAPPING["dots3_note"], text.to_dict(), vision, kw, audio_config=audio, image_token_id=120,
+                 video_token_id=121, audio_token_id=122)
+
+
+#: DeepSeek-OCR 2's vision tower: a SAM encoder (32-pixel images, 4-pixel patches, 4 x 4 downsampled to 2 x 2)
+#: whose features and 144 learned queries run through a one-layer encoder; every image is its 144 query features and
+#: a view separator, 145 placeholders
+_OCR2_VISION = {"sam_config": {"hidden_size": 32, "output_channels": 16, "num_hidden_layers": 2,
+                               "num_attention_heads": 2, "image_size": 32, "patch_size": 4, "window_size": 4,
+                               "global_attn_indexes": [1], "mlp_dim": 32, "downsample_channels": [16, 32]},
+                "encoder_config": {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+                                   "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 16}}
+
+
+def _deepseek_ocr2(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # DeepSeek-V2's router, group-limited (2 groups, 1 kept), multi-head attention; the first layer dense
+    text = _generic("deepseek_ocr2_text", **_sparse_after_first(num_key_value_heads=4),
+                    topk_method="group_limited_greedy")
+    return _mllm(CONFIG_MAPPING["deepseek_ocr2"], text.to_dict(), _OCR2_VISION, kw, image_token_id=120)
+
+
+#: Unlimited-OCR's vision tower: a SAM encoder (48-pixel images, 4-pixel patches, 12 x 12 downsampled to 3 x 3) and a
+#: one-layer CLIP encoder on its features; every image is 3 rows of 3 features and a newline, then a view separator
+_UNLIMITED_OCR_VISION = {
+    "sam_config": {"hidden_size": 32, "output_channels": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                   "image_size": 48, "patch_size": 4, "window_size": 4, "global_attn_indexes": [1], "mlp_dim": 32,
+                   "downsample_channels": [16, 32]},
+    "encoder_config": {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 16, "patch_size": 4}}
+
+
+def _unlimited_ocr(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # DeepSeek-V2's router, group-limited (2 groups, 1 kept), multi-head attention; the first layer dense
+    text = _generic("unlimited_ocr_text", **_sparse_after_first(num_key_value_heads=4),
+                    topk_method="group_limited_greedy")
+    return _mllm(CONFIG_MAPPING["unlimited_ocr"], text.to_dict(), _UNLIMITED_OCR_VISION, kw, image_token_id=120)
+
+
+def _aria(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # an Idefics3 vision tower (16-pixel images, 4-pixel patches: 16 patches), whose features the projector's
+    # cross-attention reads into 6 learned queries: 6 placeholders per image
+    text = _generic("aria_text", **_GENERIC_FAMILIES["aria_text"])
+    vision = {"model_type": "idefics3_vision", "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "image_size": 16, "patch_size": 4}
+    return _mllm(CONFIG_MAPPING["aria"], text.to_dict(), vision, kw, image_token_index=120,
+                 projector_patch_to_query_dict={16: 6})
+
+
+def _minimax_m3_vl(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # a Qwen-VL-style tower: 4-pixel patches in frame pairs, merged 2 x 2 by the projector
+    text = _generic("minimax_m3_vl_text", **_GENERIC_FAMILIES["minimax_m3_vl_text"])
+    vision = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 16, "patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2}
+    return _mllm(CONFIG_MAPPING["minimax_m3_vl"], text.to_dict(), vision, kw, image_token_index=120,
+                 video_token_index=121, projector_hidden_size=32)
+
+
 def _qwen3_omni_moe_thinker(**kw: Any):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -357,6 +459,12 @@ _BUILDERS = {
     "glm4v_moe": _glm4v_moe,
     "qwen4_exp": _qwen4_exp,
     "kimi_k25": _kimi_k25,
+    "hy_v4_vl": _hy_v4_vl,
+    "dots3_note": _dots3_note,
+    "deepseek_ocr2": _deepseek_ocr2,
+    "unlimited_ocr": _unlimited_ocr,
+    "aria": _aria,
+    "minimax_m3_vl": _minimax_m3_vl,
     **{t: (lambda t, extra: lambda **kw: _generic(t, **{**extra, **kw}))(t, extra)
        for t, extra in _GENERIC_FAMILIES.items()},
 }
@@ -368,7 +476,8 @@ _DENSE_BUILDERS = {"llava_onevision": _llava_onevision, "qwen2_5_vl": _qwen2_5_v
 TINY_DENSE_MLLMS: tuple[str, ...] = tuple(_DENSE_BUILDERS)
 
 _MLLMS = ("qwen3_vl_moe", "internvl", "gemma4", "qwen3_5_moe", "qwen3_omni_moe_thinker", "glm4v_moe", "qwen4_exp",
-          "kimi_k25", *TINY_DENSE_MLLMS)
+          "kimi_k25", "hy_v4_vl", "dots3_note",
+          "deepseek_ocr2", "unlimited_ocr", "aria", "minimax_m3_vl", *TINY_DENSE_MLLMS)
 
 
 def tiny_config(family: str, **overrides: Any):

@@ -17,6 +17,14 @@
 - Gemma 4: ``text, <boi>, <image> x (valid patches / pooling^2), <eoi>, text``; ``pixel_values [num_images, P,
   3 * patch^2]`` patches padded to one length P, ``image_position_ids [num_images, P, 2]`` their (x, y) grid
   positions, (-1, -1) for padding; ``mm_token_type_ids`` marks the placeholders (image 1).
+- Hy4-VL, dots3-note, MiniMax-M3 VL: Qwen3-VL's grids as flat patches with ``image_grid_thw`` (one frame per patch
+  but in MiniMax-M3 VL); Hy4-VL adds a newline placeholder after every merged row and needs ``mm_token_type_ids``
+  (M-RoPE), the other two take neither markers nor token types.
+- DeepSeek-OCR 2, Unlimited-OCR: one global view per image, ``pixel_values [num_images, C, S, S]`` at the SAM
+  config's ``image_size``; ``text, <image> x n, text`` with n the learned queries + 1 view separator (DeepSeek-OCR 2)
+  or the g x g feature grid with a newline per row + 1 view separator (Unlimited-OCR).
+- Aria: ``text, <image> x queries, text`` (``projector_patch_to_query_dict`` of the tower's patch count);
+  ``pixel_values [num_images, C, S, S]`` and ``pixel_mask [num_images, S, S]`` (all valid).
 - LLaVA-OneVision: ``text, <image> x n, text`` with ``n`` from :func:`llava_onevision_image_tokens`: an
   image alone in its sample is tiled "anyres" (a base tile plus the best-fitting pinpoint grid, the grid's
   features unpadded back to the image's aspect ratio, one ``image_newline`` per feature row); an image
@@ -121,6 +129,60 @@ def _qwen_images(config, count: int, first: int, gen: torch.Generator):
     return [t * h * w // (m * m) for t, h, w in grids], pixels, torch.tensor(grids, dtype=torch.long)
 
 
+def _hy_v4_vl_images(config, count: int, first: int, gen: torch.Generator):
+    """(per-image placeholder counts, pixel_values, image_grid_thw) of ``count`` Hy4-VL images: those of
+    :func:`_flat_patch_images` with a newline placeholder after every merged row."""
+    m = int(config.vision_config.spatial_merge_size)
+    _, pixels, grids = _flat_patch_images(config, count, first, gen)
+    return [t * (h // m) * (w // m + 1) for t, h, w in grids.tolist()], pixels, grids
+
+
+def _flat_patch_images(config, count: int, first: int, gen: torch.Generator):
+    """(per-image placeholder counts, pixel_values, image_grid_thw) of ``count`` images of a tower that takes flat
+    patches of ``C * temporal_patch * patch^2`` pixels (one frame where the config has no ``temporal_patch_size``:
+    dots3-note, Hy4-VL; MiniMax-M3 VL's frame pairs): Qwen3-VL's grids, ``t * h * w / merge^2`` placeholders."""
+    vc = config.vision_config
+    m = int(vc.spatial_merge_size)
+    grids = [(1, (2 + j % 2) * m, (2 + first % 2) * m) for j in range(count)]
+    frames = int(getattr(vc, "temporal_patch_size", 1) or 1)
+    patch_dim = int(vc.num_channels) * frames * int(vc.patch_size) ** 2
+    pixels = torch.randn(sum(t * h * w for t, h, w in grids), patch_dim, generator=gen)
+    return [t * h * w // (m * m) for t, h, w in grids], pixels, torch.tensor(grids, dtype=torch.long)
+
+
+def _deepseek_ocr2_images(config, count: int, gen: torch.Generator):
+    """(per-image placeholder counts, pixel_values [count, C, S, S]) of ``count`` DeepSeek-OCR 2 global views (no local
+    tiles): each is the vision encoder's learned queries (144 when the SAM features are at most 12 x 12, else 256)
+    and the view separator."""
+    sam = config.vision_config.sam_config
+    size = int(sam.image_size)
+    side = size // int(sam.patch_size) // 4  # the SAM neck downsamples its patch grid 4 x 4
+    tokens = (144 if side * side <= 144 else 256) + 1
+    pixels = torch.randn(count, int(sam.num_channels), size, size, generator=gen)
+    return [tokens] * count, pixels
+
+
+def _unlimited_ocr_images(config, count: int, gen: torch.Generator):
+    """(per-image placeholder counts, pixel_values [count, C, S, S]) of ``count`` Unlimited-OCR global views (no local
+    tiles): each is the g x g grid of SAM features (the patch grid downsampled 4 x 4), a newline after every row, and
+    the view separator."""
+    sam = config.vision_config.sam_config
+    size = int(sam.image_size)
+    side = size // int(sam.patch_size) // 4
+    pixels = torch.randn(count, int(sam.num_channels), size, size, generator=gen)
+    return [side * (side + 1) + 1] * count, pixels
+
+
+def _aria_images(config, count: int, gen: torch.Generator):
+    """(per-image placeholder counts, pixel_values [count, C, S, S], pixel_mask [count, S, S]) of ``count`` Aria
+    images: each is the projector's queries for the vision tower's patch count (``projector_patch_to_query_dict``)."""
+    vc = config.vision_config
+    size = int(vc.image_size)
+    tokens = int(config.projector_patch_to_query_dict[(size // int(vc.patch_size)) ** 2])
+    pixels = torch.randn(count, int(vc.num_channels), size, size, generator=gen)
+    return [tokens] * count, pixels, torch.ones(count, size, size, dtype=torch.long)
+
+
 def _internvl_images(config, count: int, gen: torch.Generator):
     vc = config.vision_config
     (height, width), (ph, pw) = vc.image_size, vc.patch_size
@@ -211,15 +273,21 @@ def _gemma4_images(config, count: int, first: int, gen: torch.Generator):
 
 
 _FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe",
-             "internvl", "llava_onevision", "gemma4")
+             "internvl", "llava_onevision", "gemma4", "hy_v4_vl", "dots3_note", "deepseek_ocr2",
+             "unlimited_ocr", "aria", "minimax_m3_vl")
 _QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe")
+#: the families whose images come as flat patches with ``image_grid_thw``, and those of them that need
+#: ``mm_token_type_ids`` (M-RoPE positions)
+_GRIDDED = (*_QWEN, "hy_v4_vl", "dots3_note", "minimax_m3_vl")
+_TYPED = (*_QWEN, "hy_v4_vl")
 
 
 def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tuple[int, int] = (4, 6),
                           images_per_sample: int = 1, seed: int = 0, pad_last: int = 2,
                           padding_side: str = "left") -> dict[str, torch.Tensor]:
     """A valid ``model(**batch)`` input for a model of the tiny MLLM families (Qwen-VL-style patches: Qwen3-VL-MoE,
-    Qwen3.5-MoE, Qwen3-Omni's thinker, Qwen4-exp, Qwen2.5-VL, GLM-4.5V; InternVL; LLaVA-OneVision; Gemma 4).
+    Qwen3.5-MoE, Qwen3-Omni's thinker, Qwen4-exp, Qwen2.5-VL, GLM-4.5V; InternVL; LLaVA-OneVision; Gemma 4; Hy4-VL,
+    dots3-note, DeepSeek-OCR 2, Unlimited-OCR, Aria, MiniMax-M3 VL).
 
     Each sample is ``text_tokens[0]`` text ids, then ``images_per_sample`` images (one text id between
     two images), then ``text_tokens[1]`` text ids, so the closing text attends to every image. The last
@@ -246,6 +314,16 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
             (counts, pix), extra = _internvl_images(config, images_per_sample, gen), None
         elif model_type == "gemma4":
             counts, pix, extra = _gemma4_images(config, images_per_sample, b, gen)
+        elif model_type == "hy_v4_vl":
+            counts, pix, extra = _hy_v4_vl_images(config, images_per_sample, b, gen)
+        elif model_type in ("dots3_note", "minimax_m3_vl"):
+            counts, pix, extra = _flat_patch_images(config, images_per_sample, b, gen)
+        elif model_type == "deepseek_ocr2":
+            (counts, pix), extra = _deepseek_ocr2_images(config, images_per_sample, gen), None
+        elif model_type == "unlimited_ocr":
+            (counts, pix), extra = _unlimited_ocr_images(config, images_per_sample, gen), None
+        elif model_type == "aria":
+            counts, pix, extra = _aria_images(config, images_per_sample, gen)
         else:
             counts, pix, extra = _llava_images(config, images_per_sample, b, gen)
         pixels.append(pix)
@@ -279,10 +357,12 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
         batch["batch_num_images"] = torch.full((batch_size,), images_per_sample, dtype=torch.long)
     elif images_per_sample:
         batch["pixel_values"] = torch.cat(pixels)
-        if qwen:
+        if model_type in _GRIDDED:
             batch["image_grid_thw"] = torch.cat(extras)
         elif model_type == "gemma4":
             batch["image_position_ids"] = torch.cat(extras)
-    if qwen or model_type == "gemma4":
+        elif model_type == "aria":
+            batch["pixel_mask"] = torch.cat(extras)
+    if model_type in _TYPED or model_type == "gemma4":
         batch["mm_token_type_ids"] = mm
     return batch

@@ -60,7 +60,8 @@ def _routing(model, batch):
     return captured
 
 
-@pytest.mark.parametrize("family", ["qwen3_vl_moe", "internvl", "gemma4", "qwen3_omni_moe_thinker", "glm4v_moe"])
+@pytest.mark.parametrize("family", ["qwen3_vl_moe", "internvl", "gemma4", "qwen3_omni_moe_thinker", "glm4v_moe",
+                                    "deepseek_ocr2", "unlimited_ocr", "aria"])
 def test_vision_subsets_follow_eager_attention(family: str) -> None:
     model = tiny_model(family)
     batch = tiny_multimodal_batch(model, seed=3)
@@ -74,6 +75,27 @@ def test_vision_subsets_follow_eager_attention(family: str) -> None:
             expected = torch.bincount(selected[mask.flatten()].flatten(), minlength=layer.num_experts).double()
             torch.testing.assert_close(stats.raw("frequency", subset)[layer.index], expected, rtol=0, atol=0)
         assert low.sum() > 0 and not torch.equal(low, high)
+
+
+@pytest.mark.parametrize("family", ["hy_v4_vl", "dots3_note", "minimax_m3_vl"])
+def test_attention_subsets_are_refused_where_the_probe_would_change_the_attention(family: str) -> None:
+    """Hy4-VL's and dots3-note's DeepSeek sparse attention and MiniMax-M3's block-sparse attention build their indexer's
+    mask only when the implementation is named "eager" or "sdpa": under the probe's renamed implementation they would
+    attend to every key (other outputs, other routing). The attention subsets are refused by name; the others run."""
+    model = tiny_model(family)
+    batch = tiny_multimodal_batch(model, seed=3)
+    with torch.no_grad():
+        reference = model(**batch).logits
+    with pytest.raises(ValueError, match=r"builds its attention mask from the implementation's name .*"
+                                         r"vision_low_attn, vision_high_attn"):
+        lp.collect_expert_stats(model, [batch], subsets=("all", "vision_low_attn"), progress=False)
+    stats = lp.collect_expert_stats(model, [batch], subsets=("all",), progress=False)  # no probe: runs
+    routing, kept = _routing(model, batch), batch["attention_mask"].flatten().bool()
+    for layer in lp.find_moe_layers(model):
+        expected = torch.bincount(routing[layer.index][kept].flatten(), minlength=layer.num_experts).double()
+        assert torch.equal(stats.raw("frequency", "all")[layer.index], expected), layer.index
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, reference)  # nothing left switched
 
 
 def test_vision_subset_without_vision_tokens_is_an_error() -> None:

@@ -270,7 +270,7 @@ def test_renormalisation_is_covered_both_ways(tiny):
 #: each transformers router's forward
 _BLOCK_BIAS_RULE = {"minimax_m2": (0.0, None), "hy_v3": (1e-20, "router_scaling_factor"),
                     "afmoe": (1e-20, "route_scale"), "lfm2_moe": (1e-6, "routed_scaling_factor"), "laguna": (0.0, None),
-                    "minimax_m3_vl_text": (0.0, None)}
+                    "minimax_m3_vl_text": (0.0, None), "minimax_m3_vl": (0.0, None)}
 
 
 @pytest.mark.parametrize("family", sorted({*BLOCK_BIAS, *ROUTER_BIAS}))
