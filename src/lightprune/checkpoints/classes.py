@@ -1,7 +1,9 @@
 """Which transformers classes build a pruned checkpoint, and the in-process resizing subclass.
 
 - :func:`auto_class_name`: ``AutoModelForImageTextToText`` for the MLLM families (the family's
-  ``multimodal`` flag), ``AutoModelForCausalLM`` otherwise.
+  ``multimodal`` flag); otherwise ``AutoModelForCausalLM`` when transformers' causal-LM auto mapping has the
+  config's model type, else ``AutoModelForImageTextToText`` when that mapping has it (Mistral 4: its
+  ``Mistral4ForCausalLM`` is mapped only there), else an error naming the model type.
 - :func:`base_class`: the stock transformers class of a model or config (never a lightprune or
   remote-code subclass), the name a checkpoint records in ``architectures``.
 - :func:`moe_block_pattern`: the module path of the MoE blocks with an ``{index}`` field, from
@@ -28,14 +30,33 @@ _CAUSAL, _IMAGE_TEXT = "AutoModelForCausalLM", "AutoModelForImageTextToText"
 _RESIZING: dict[type, type] = {}
 
 
-def auto_class_name(config: Any) -> str:
-    """The transformers auto class that builds ``config``'s model with its LM head."""
-    family = FAMILIES.get(getattr(config, "model_type", None))
-    if family is not None:
-        return _IMAGE_TEXT if family.multimodal else _CAUSAL
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+def _in_auto_mapping(config: Any, name: str) -> bool:
+    """Whether the auto mapping ``name`` (e.g. ``MODEL_FOR_CAUSAL_LM_MAPPING``) has ``config``: by its model type
+    (transformers' own table) or by its class (a config class registered with the auto class)."""
+    from transformers.models.auto import modeling_auto
 
-    return _CAUSAL if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else _IMAGE_TEXT
+    if getattr(config, "model_type", None) in getattr(modeling_auto, f"{name}_NAMES"):
+        return True
+    try:
+        return type(config) in getattr(modeling_auto, name)
+    except (KeyError, AttributeError, TypeError):
+        return False
+
+
+def auto_class_name(config: Any) -> str:
+    """The transformers auto class that builds ``config``'s model with its LM head: ``AutoModelForImageTextToText``
+    for a multimodal family; otherwise ``AutoModelForCausalLM`` when its causal-LM auto mapping has the config,
+    else ``AutoModelForImageTextToText`` when that one has it (a text model transformers maps only there, as
+    Mistral 4's ``Mistral4ForCausalLM``); a ``ValueError`` naming the model type when neither has it."""
+    family = FAMILIES.get(getattr(config, "model_type", None))
+    if family is not None and family.multimodal:
+        return _IMAGE_TEXT
+    if _in_auto_mapping(config, "MODEL_FOR_CAUSAL_LM_MAPPING"):
+        return _CAUSAL
+    if _in_auto_mapping(config, "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING"):
+        return _IMAGE_TEXT
+    raise ValueError(f"model_type {getattr(config, 'model_type', None)!r} ({type(config).__name__}) is in neither "
+                     f"transformers' {_CAUSAL} nor its {_IMAGE_TEXT} mapping: no auto class builds it with its head")
 
 
 def auto_class(config: Any) -> type:
@@ -56,13 +77,20 @@ def base_class_for_config(config: Any) -> type:
     """The stock class that the auto class of ``config`` maps it to."""
     from transformers.models.auto import modeling_auto
 
-    name = auto_class_name(config)
+    name = auto_class_name(config)  # the mapping (causal-LM or image-text-to-text) that has the config
     mapping = (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING if name == _CAUSAL
                else modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING)
     try:
         return mapping[type(config)]
     except KeyError:
-        raise ValueError(f"no {name} class for model_type {getattr(config, 'model_type', None)!r}") from None
+        names = (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if name == _CAUSAL
+                 else modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+        model_type = getattr(config, "model_type", None)
+        if model_type in names:  # by model type: a config class transformers does not list under that type
+            import transformers
+
+            return getattr(transformers, names[model_type])
+        raise ValueError(f"no {name} class for model_type {model_type!r}") from None
 
 
 def moe_block_pattern(model: nn.Module) -> str:
