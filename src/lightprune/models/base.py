@@ -131,7 +131,8 @@ class MoELayer:
         return self.family.route(self, hidden_states, expert_mask)
 
 
-_DECODER_PATHS = ("model.language_model.layers", "model.layers", "language_model.layers", "layers")
+_DECODER_PATHS = ("model.language_model.layers", "model.layers", "language_model.layers",
+                  "language_model.model.layers", "layers")
 
 
 def mlp_layer_type(config, index: int) -> bool | None:

@@ -27,9 +27,10 @@ from lightprune.models.family_rows import family_row
 from lightprune.models.routing_ops import fill_unchosen_groups, renormalized, softmax_removal_growth, unique_rows
 from lightprune.models.sorted_top import sorted_topk
 
-__all__ = ["GroupTop", "DeepseekV3Family", "Glm4MoeFamily", "SarvamMoeFamily", "Glm4vMoeFamily", "KimiK25Family",
+__all__ = ["GroupTop", "DeepseekV3Family", "Glm4MoeFamily", "SarvamMoeFamily", "Param2MoeFamily", "SarvamMlaFamily",
+           "Glm4vMoeFamily", "KimiK25Family",
            "NemotronHFamily", "Dots1Family", "DeepseekV2Family", "DEEPSEEK_ALIKE", "Dots3NoteTextFamily",
-           "Mistral4Family", "MiniCPM5MoeFamily", "BeamFamily",
+           "Mistral4Family", "MistralLarge4Family", "MiniCPM5MoeFamily", "BeamFamily",
            "AXK2Family"]
 
 
@@ -514,6 +515,16 @@ class Mistral4Family(MoEFamily):
         return RemovalEffect(rerun=unique_rows(torch.cat([selected, leaders.flatten(1)], dim=1)), growth=growth)
 
 
+MistralLarge4Family = family_row(
+    __name__, Mistral4Family, "mistral_large4",
+    "Mistral Large 4 (``mistral_large4``): its language model (``mistral_large4_text``) routes with "
+    "MistralLarge4TextTopkRouter, Mistral 4's router line for line but for fp32 logits (the hidden states and the "
+    "fp32 weight cast to fp32) and the top-k always renormalised (+1e-20); the MoE layers those ``mlp_layer_types`` "
+    "says; image placeholders (Pixtral vision tower) are its vision tokens.",
+    multimodal=True, language_model_type="mistral_large4_text", vision_token_keys=("image_token_id",),
+    fp32_logits=True, renormalize_always=True)
+
+
 # ------------------------------------------------------------------------------------------------ the table rows
 # families whose transformers router computes what DeepSeek-V3's does (its forward, line for line), with DeepSeek-V3's
 # attribute names and dense-layer rule (first_k_dense_replace or the config's mlp_layer_types): one row each
@@ -526,6 +537,12 @@ Glm4MoeFamily = family_row(__name__, DeepseekV3Family, "glm4_moe",
 SarvamMoeFamily = family_row(__name__, DeepseekV3Family, "sarvam_moe",
                              "Sarvam-30B (``sarvam_moe``): transformers builds it as a GLM-4.5 model "
                              "(Glm4MoeForCausalLM with a SarvamMoEConfig), so DeepSeek-V3's router.")
+Param2MoeFamily = family_row(__name__, DeepseekV3Family, "param2moe",
+                             "Param-2 MoE (``param2moe``): transformers builds it as a GLM-4.5 model "
+                             "(Glm4MoeForCausalLM with a Param2MoeConfig), so DeepSeek-V3's router.")
+SarvamMlaFamily = family_row(__name__, DeepseekV3Family, "sarvam_mla",
+                             "Sarvam-105B (``sarvam_mla``): transformers builds it as a DeepSeek-V3 model "
+                             "(DeepseekV3ForCausalLM with a SarvamMLAConfig), so DeepSeek-V3's router.")
 Glm4vMoeFamily = family_row(__name__, DeepseekV3Family, "glm4v_moe",
                             "GLM-4.5V / 4.6V (``glm4v_moe``): a GLM-4.5 language model (DeepSeek-V3's router) with "
                             "image and video placeholders.",

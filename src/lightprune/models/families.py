@@ -31,7 +31,11 @@ from lightprune.models.deepseek_families import (
     Glm4vMoeFamily,
     KimiK25Family,
     MiniCPM5MoeFamily,
+    Mistral4Family,
+    MistralLarge4Family,
     NemotronHFamily,
+    Param2MoeFamily,
+    SarvamMlaFamily,
     SarvamMoeFamily,
 )
 from lightprune.models.family_rows import family_row
@@ -41,6 +45,7 @@ from lightprune.models.sigmoid_families import (
     AfmoeFamily,
     FlintFamily,
     HYV3Family,
+    Kolibri1_1Family,
     Kolibri1Family,
     LagunaFamily,
     Lfm2MoeFamily,
@@ -74,9 +79,10 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "Lfm2MoeFamily", "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily",
            "NemotronHFamily", "LagunaFamily", "AriaTextFamily", "Qwen4ExpTextFamily", "Qwen4ExpFamily",
            "Dots3NoteTextFamily", "MiniMaxM3VLTextFamily", "KimiK25Family", "MiniCPM5MoeFamily", "LaraMiniFamily", "FlintFamily",
-           "Kolibri1Family", "BeamFamily", "AXK2Family",
+           "Kolibri1Family", "BeamFamily", "AXK2Family", "Mistral4Family", "Param2MoeFamily",
+           "SarvamMlaFamily", "Kolibri1_1Family",
            "HYV4VLFamily", "Dots3NoteFamily", "DeepseekOcr2Family", "UnlimitedOcrFamily", "AriaFamily",
-           "MiniMaxM3VLFamily", "MLLM_VARIANTS",
+           "MiniMaxM3VLFamily", "Glm5NextFamily", "MistralLarge4Family", "MLLM_VARIANTS",
            "BUILT_IN",
            "REFUSED_TYPES"]
 
@@ -429,8 +435,14 @@ MiniMaxM3VLFamily = family_row(
     "placeholders are its vision tokens.",
     name="MiniMaxM3VLFamily", multimodal=True, language_model_type="minimax_m3_vl_text",
     vision_token_keys=_IMAGES_AND_VIDEOS)
+Glm5NextFamily = family_row(
+    __name__, DeepseekV3Family, "glm5_next",
+    "GLM-5 (``glm5_next``): its language model (``glm5_next_text``) routes with Glm5NextTextTopkRouter, DeepSeek-V3's "
+    "router line for line (sigmoid of fp32 logits, correction bias, groups, scaling) in the layers ``mlp_layer_types`` "
+    "says are sparse; hyper-connected layers, linear and DSA attention; image and video placeholders.",
+    multimodal=True, language_model_type="glm5_next_text", vision_token_keys=_IMAGES_AND_VIDEOS)
 MLLM_VARIANTS: tuple[type[MoEFamily], ...] = (HYV4VLFamily, Dots3NoteFamily, DeepseekOcr2Family, UnlimitedOcrFamily,
-                                              AriaFamily, MiniMaxM3VLFamily)
+                                              AriaFamily, MiniMaxM3VLFamily, Glm5NextFamily, MistralLarge4Family)
 
 #: the families lightprune registers itself (:mod:`lightprune.models` does it at import)
 BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3MoeFamily, OlmoeFamily, DeepseekV3Family,
@@ -445,4 +457,5 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          MiniMaxM3VLTextFamily, KimiK25Family, *MLLM_VARIANTS,
                                          SarvamMoeFamily, MiniCPM5MoeFamily,
                                          LaraMiniFamily, FlintFamily, Kolibri1Family,
-                                         BeamFamily, AXK2Family)
+                                         BeamFamily, AXK2Family, Mistral4Family,
+                                         Param2MoeFamily, SarvamMlaFamily, Kolibri1_1Family)

@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, kept_entries
+from lightprune.models.family_rows import family_row
 from lightprune.models.routing_ops import mask_logits, masked_choice, renormalized
 
-__all__ = ["LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily",
+__all__ = ["Kolibri1_1Family", "LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily",
            "FlintFamily", "Kolibri1Family"]
 
 
@@ -304,6 +305,12 @@ class Kolibri1Family(MoEFamily):
         return router_logits, scores, top_index
 
     unselected_removal_is_free = True  # top-k of the biased logits, a sigmoid of each chosen one
+
+
+Kolibri1_1Family = family_row(__name__, Kolibri1Family, "kolibri1_1",
+                              "Kolibri 1.1 (``kolibri1_1``): Kolibri 1's router and MoE block (Kolibri1_1TopKRouter and "
+                              "Kolibri1_1SparseMoeBlock are the same code), its indexed and shared-KV attention aside; "
+                              "the layers in ``mlp_only_layers`` dense (the base rule).", name="Kolibri1_1Family")
 
 
 def _torch_at_least(version: str) -> bool:

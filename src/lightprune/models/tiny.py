@@ -137,6 +137,10 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     "exaone_moe": {}, "solar_open": {}, "mimo_v2_flash": _sparse_after_first(), "hy_v4": _sparse_after_first(),
     # Sarvam-30B: built by transformers as a GLM-4.5 model (Glm4MoeForCausalLM), full-head rotary, q/k norms
     "sarvam_moe": {"use_qk_norm": True},
+    # Param-2 MoE: built as a GLM-4.5 model too (Glm4MoeForCausalLM), q/k norms
+    "param2moe": {"use_qk_norm": True},
+    # Sarvam-105B: built as a DeepSeek-V3 model (DeepseekV3ForCausalLM), MLA without a query low-rank projection
+    "sarvam_mla": {**_MLA, "q_lora_rank": None},
     "deepseek_v32": _MLA, "glm_moe_dsa": _MLA, "glm4_moe_lite": _sparse_after_first(**_MLA),
     "axk1": _sparse_after_first(**_MLA), "kimi_linear": _sparse_after_first(**_HYBRID, **_MLA),
     "bailing_hybrid": _sparse_after_first(**_HYBRID, **_MLA),
@@ -149,6 +153,13 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     "flint": {"mlp_only_layers": [1], "layer_types": ["sliding_attention", "full_attention", "full_attention"],
               "sliding_window": 4},
     "kolibri1": {"num_hidden_layers": 2, "norm_topk_prob": False},
+    # the first layer dense (mlp_only_layers), a sliding-window layer, then an indexer layer whose K/V the last
+    # (indexed) layer reuses; heads of 16 (the config's NVFP4 rounding of keys and values needs a multiple of 16)
+    "kolibri1_1": {"norm_topk_prob": False, "head_dim": 16, "mlp_only_layers": [0], "mlp_only_intermediate_size": 24,
+                   "layer_types": ["sliding_attention", "indexed_attention", "indexed_attention"],
+                   "sliding_window": 4, "index_layers": [1], "kv_source_layers": [0, 1, 1], "index_topk": 4,
+                   "index_pool_size": 8, "index_compression": 2, "index_num_heads": 2, "index_num_local_tokens": 2,
+                   "index_num_sink_tokens": 1},
     # the first layer dense; the block scales the routed sum after the experts
     "beam": _sparse_after_first(),
     # expert groups (the larger A.X K2 releases; A.X K2 Light has none), the first layer dense
@@ -208,6 +219,13 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     "afmoe": {"num_dense_layers": 1, "num_shared_experts": 1, "route_scale": 2.5},
     "lfm2_moe": {"num_dense_layers": 1, "use_expert_bias": True, "routed_scaling_factor": 2.5,
                  "layer_types": ["conv", "full_attention", "conv"], "conv_L_cache": 3},
+    # multi-head latent attention with YaRN rotary on the 8 rope dims of its 16-wide heads and Llama 4's
+    # position-dependent query scaling (from position 4 on); built by AutoModelForImageTextToText (transformers
+    # maps Mistral4ForCausalLM only there)
+    "mistral4": {**_MLA, "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0,
+                                             "original_max_position_embeddings": 4, "beta_fast": 32.0,
+                                             "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                             "llama_4_scaling_beta": 0.1}},
 }
 
 
@@ -357,6 +375,35 @@ def _minimax_m3_vl(**kw: Any):
                  video_token_index=121, projector_hidden_size=32)
 
 
+def _glm5_next(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # GLM-5: hyper-connected layers (2 streams), a linear-attention layer, then two DSA layers (the second reuses the
+    # first's index mask); every layer sparse, as the linear-attention ones are in the model. A Qwen-VL-style tower,
+    # 4-pixel patches merged 2 x 2
+    text = _generic("glm5_next_text", mlp_layer_types=["sparse"] * 3, num_key_value_heads=4, qk_rope_head_dim=0,
+                    qk_nope_head_dim=8, v_head_dim=8, layer_types=["linear_attention", "indexed_attention",
+                                                                   "indexed_attention"],
+                    indexer_types=["full", "full", "shared"], index_topk=4, index_kpool=2, index_n_heads=2,
+                    index_head_dim=8, linear_head_dim=8, linear_num_heads=4, linear_conv_kernel_dim=2, hc_mult=2)
+    vision = {**_QWEN_VISION, "image_size": 16, "projection_intermediate_size": 32}
+    return _mllm(CONFIG_MAPPING["glm5_next"], text.to_dict(), vision, kw, image_token_id=120, video_token_id=121,
+                 image_start_token_id=122, image_end_token_id=123, video_start_token_id=124, video_end_token_id=125)
+
+
+def _mistral_large4(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # multi-head latent attention with a DSA indexer keeping 4 keys per query, fewer than a tiny image batch has;
+    # 2 groups of 4 experts, 1 kept; the first layer dense
+    text = _generic("mistral_large4_text", **_sparse_after_first(**_MLA), head_dim=8, index_topk=4, index_n_heads=2,
+                    index_head_dim=8, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    # a Pixtral tower: 4-pixel patches up to 32 x 32 pixels, merged 2 x 2 by the projector
+    vision = {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "head_dim": 16, "patch_size": 4, "image_size": 32, "hidden_act": "silu"}
+    return _mllm(CONFIG_MAPPING["mistral_large4"], text.to_dict(), vision, kw, image_token_index=120)
+
+
 def _qwen3_omni_moe_thinker(**kw: Any):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -465,6 +512,8 @@ _BUILDERS = {
     "unlimited_ocr": _unlimited_ocr,
     "aria": _aria,
     "minimax_m3_vl": _minimax_m3_vl,
+    "glm5_next": _glm5_next,
+    "mistral_large4": _mistral_large4,
     **{t: (lambda t, extra: lambda **kw: _generic(t, **{**extra, **kw}))(t, extra)
        for t, extra in _GENERIC_FAMILIES.items()},
 }
@@ -477,7 +526,7 @@ TINY_DENSE_MLLMS: tuple[str, ...] = tuple(_DENSE_BUILDERS)
 
 _MLLMS = ("qwen3_vl_moe", "internvl", "gemma4", "qwen3_5_moe", "qwen3_omni_moe_thinker", "glm4v_moe", "qwen4_exp",
           "kimi_k25", "hy_v4_vl", "dots3_note",
-          "deepseek_ocr2", "unlimited_ocr", "aria", "minimax_m3_vl", *TINY_DENSE_MLLMS)
+          "deepseek_ocr2", "unlimited_ocr", "aria", "minimax_m3_vl", "glm5_next", "mistral_large4", *TINY_DENSE_MLLMS)
 
 
 def tiny_config(family: str, **overrides: Any):
@@ -491,8 +540,8 @@ def tiny_config(family: str, **overrides: Any):
 def tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
     """A randomly initialised tiny model of ``family`` in eval mode, fp32, seeded.
 
-    Text-only families build ``AutoModelForCausalLM``; the MLLM families build
-    ``AutoModelForImageTextToText``. In the MoE families, router weights are re-drawn with a larger
+    Text-only families build ``AutoModelForCausalLM``; the MLLM families, and a text model that transformers
+    maps only to ``AutoModelForImageTextToText`` (Mistral 4), build ``AutoModelForImageTextToText``. In the MoE families, router weights are re-drawn with a larger
     scale so that routing is decisive (random init otherwise gives near-uniform, tie-prone router
     logits); the dense MLLMs keep transformers' initialisation.
     """
@@ -500,7 +549,11 @@ def tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
 
     config = tiny_config(family, **overrides)
     torch.manual_seed(seed)
-    auto = AutoModelForImageTextToText if family in _MLLMS else AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    # a text model that transformers maps only to the image-text auto class (Mistral 4) is built by that one
+    text_only = family not in _MLLMS and config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    auto = AutoModelForCausalLM if text_only else AutoModelForImageTextToText
     model = auto.from_config(config, dtype=torch.float32)
     if family in TINY_DENSE_MLLMS:
         return model.eval()

@@ -6,8 +6,8 @@
   ``pixel_values`` are the flattened patches ``[sum(t*h*w), C * temporal_patch * patch^2]`` with
   ``image_grid_thw [num_images, 3]``; ``mm_token_type_ids`` (text 0, image 1, video 2) is required by
   transformers 5.24 whenever ``image_grid_thw`` is given (it drives the 3D M-RoPE positions).
-- Qwen3.5-MoE, Qwen3-Omni's thinker, Qwen4-exp: Qwen3-VL's layout and inputs; GLM-4.5V the same between its
-  ``image_start`` / ``image_end`` markers.
+- Qwen3.5-MoE, Qwen3-Omni's thinker, Qwen4-exp: Qwen3-VL's layout and inputs; GLM-4.5V and GLM-5 the same between
+  their ``image_start`` / ``image_end`` markers.
 - Qwen2.5-VL: the same layout and inputs as Qwen3-VL (its vision tower adds windowed attention, which
   only changes the patch order inside the tower, not the count).
 - InternVL: ``text, <image> x ((H/p) * (W/p) * downsample_ratio^2), text`` per image, one tile per
@@ -25,6 +25,9 @@
   or the g x g feature grid with a newline per row + 1 view separator (Unlimited-OCR).
 - Aria: ``text, <image> x queries, text`` (``projector_patch_to_query_dict`` of the tower's patch count);
   ``pixel_values [num_images, C, S, S]`` and ``pixel_mask [num_images, S, S]`` (all valid).
+- Mistral Large 4 (Pixtral): ``text, <image> x (h / (p m)) * (w / (p m)), text`` (patch p, merge m);
+  ``pixel_values [num_images, C, S, S]`` padded to the tower's ``image_size`` S, ``image_sizes [num_images, 2]`` each
+  image's (h, w), multiples of p m that differ by image and sample.
 - LLaVA-OneVision: ``text, <image> x n, text`` with ``n`` from :func:`llava_onevision_image_tokens`: an
   image alone in its sample is tiled "anyres" (a base tile plus the best-fitting pinpoint grid, the grid's
   features unpadded back to the image's aspect ratio, one ``image_newline`` per feature row); an image
@@ -183,6 +186,20 @@ def _aria_images(config, count: int, gen: torch.Generator):
     return [tokens] * count, pixels, torch.ones(count, size, size, dtype=torch.long)
 
 
+def _pixtral_images(config, count: int, first: int, gen: torch.Generator):
+    """(per-image placeholder counts, pixel_values [count, C, S, S], image_sizes [count, 2]) of ``count`` images of a
+    Pixtral tower: image j of sample b is (2 + j % 2) x (2 + b % 2) merged blocks of ``patch * merge`` pixels, padded
+    to the tower's ``image_size``; one placeholder per merged block."""
+    vc = config.vision_config
+    block = int(vc.patch_size) * int(config.spatial_merge_size)
+    size = int(vc.image_size)
+    sizes = [((2 + j % 2) * block, (2 + first % 2) * block) for j in range(count)]
+    pixels = torch.zeros(count, int(vc.num_channels), size, size)
+    for j, (h, w) in enumerate(sizes):
+        pixels[j, :, :h, :w] = torch.randn(int(vc.num_channels), h, w, generator=gen)
+    return [(h // block) * (w // block) for h, w in sizes], pixels, torch.tensor(sizes, dtype=torch.long)
+
+
 def _internvl_images(config, count: int, gen: torch.Generator):
     vc = config.vision_config
     (height, width), (ph, pw) = vc.image_size, vc.patch_size
@@ -274,8 +291,8 @@ def _gemma4_images(config, count: int, first: int, gen: torch.Generator):
 
 _FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe",
              "internvl", "llava_onevision", "gemma4", "hy_v4_vl", "dots3_note", "deepseek_ocr2",
-             "unlimited_ocr", "aria", "minimax_m3_vl")
-_QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe")
+             "unlimited_ocr", "aria", "minimax_m3_vl", "glm5_next", "mistral_large4")
+_QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe", "glm5_next")
 #: the families whose images come as flat patches with ``image_grid_thw``, and those of them that need
 #: ``mm_token_type_ids`` (M-RoPE positions)
 _GRIDDED = (*_QWEN, "hy_v4_vl", "dots3_note", "minimax_m3_vl")
@@ -287,7 +304,7 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
                           padding_side: str = "left") -> dict[str, torch.Tensor]:
     """A valid ``model(**batch)`` input for a model of the tiny MLLM families (Qwen-VL-style patches: Qwen3-VL-MoE,
     Qwen3.5-MoE, Qwen3-Omni's thinker, Qwen4-exp, Qwen2.5-VL, GLM-4.5V; InternVL; LLaVA-OneVision; Gemma 4; Hy4-VL,
-    dots3-note, DeepSeek-OCR 2, Unlimited-OCR, Aria, MiniMax-M3 VL).
+    dots3-note, DeepSeek-OCR 2, Unlimited-OCR, Aria, MiniMax-M3 VL, GLM-5, Mistral Large 4).
 
     Each sample is ``text_tokens[0]`` text ids, then ``images_per_sample`` images (one text id between
     two images), then ``text_tokens[1]`` text ids, so the closing text attends to every image. The last
@@ -324,6 +341,8 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
             (counts, pix), extra = _unlimited_ocr_images(config, images_per_sample, gen), None
         elif model_type == "aria":
             counts, pix, extra = _aria_images(config, images_per_sample, gen)
+        elif model_type == "mistral_large4":
+            counts, pix, extra = _pixtral_images(config, images_per_sample, b, gen)
         else:
             counts, pix, extra = _llava_images(config, images_per_sample, b, gen)
         pixels.append(pix)
@@ -334,7 +353,7 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
             if j:
                 parts.append(_text_ids(config, 1, gen))
             image = torch.full((count,), config.image_token_id, dtype=torch.long)
-            if model_type == "glm4v_moe":
+            if model_type in ("glm4v_moe", "glm5_next"):
                 image = torch.cat([torch.tensor([config.image_start_token_id]), image,
                                    torch.tensor([config.image_end_token_id])])
             elif qwen:
@@ -363,6 +382,8 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
             batch["image_position_ids"] = torch.cat(extras)
         elif model_type == "aria":
             batch["pixel_mask"] = torch.cat(extras)
+        elif model_type == "mistral_large4":
+            batch["image_sizes"] = torch.cat(extras)
     if model_type in _TYPED or model_type == "gemma4":
         batch["mm_token_type_ids"] = mm
     return batch

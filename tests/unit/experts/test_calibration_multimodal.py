@@ -77,7 +77,7 @@ def test_vision_subsets_follow_eager_attention(family: str) -> None:
         assert low.sum() > 0 and not torch.equal(low, high)
 
 
-@pytest.mark.parametrize("family", ["hy_v4_vl", "dots3_note", "minimax_m3_vl"])
+@pytest.mark.parametrize("family", ["hy_v4_vl", "dots3_note", "minimax_m3_vl", "mistral_large4"])
 def test_attention_subsets_are_refused_where_the_probe_would_change_the_attention(family: str) -> None:
     """Hy4-VL's and dots3-note's DeepSeek sparse attention and MiniMax-M3's block-sparse attention build their indexer's
     mask only when the implementation is named "eager" or "sdpa": under the probe's renamed implementation they would
@@ -122,7 +122,7 @@ def test_observation_restores_the_mllm_exactly() -> None:
         assert torch.equal(model(**batch).logits, reference)
 
 
-@pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen4_exp"])
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen4_exp", "glm5_next"])
 def test_a_hybrid_mllm_has_modality_subsets_and_refuses_attention_ones(family) -> None:
     """Qwen3.5-MoE and Qwen4-exp: a linear-attention (gated delta net) layer, then a full or indexed one. Text /
     vision frequencies are the routers' own counts over those tokens; an attention subset is an error naming the

@@ -54,6 +54,8 @@ def expected_moe_indices(family: str, model) -> list[int]:
                 and cfg.moe_layer_start_index <= i <= cfg.moe_layer_end_index]
     if family == "nemotron_h":  # one mixer per layer: the MoE ones
         return [i for i, kind in enumerate(cfg.layers_block_type) if kind == "moe"]
+    if family == "kolibri1_1":  # dense in mlp_only_layers, sparse elsewhere (no decoder_sparse_step)
+        return [i for i in range(n) if i not in cfg.mlp_only_layers]
     if family in ("afmoe", "lfm2_moe"):  # dense below num_dense_layers
         return [i for i in range(n) if i >= cfg.num_dense_layers]
     if family == "jamba":  # transformers' own per-layer expert counts
