@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["MoELayer", "MoEFamily", "RemovalEffect", "RoutingLimits", "RoutingOutput", "find_decoder_layers",
-           "kept_entries", "kept_experts", "mlp_layer_type"]
+           "kept_entries", "SelectsWithExpertTensor", "kept_experts", "mlp_layer_type"]
 
 RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(router_logits [T, E], weights applied to the selected experts [T, k], selected ids [T, k])``."""
@@ -445,6 +445,24 @@ def kept_experts(expert_mask: torch.Tensor) -> torch.Tensor:
 def kept_entries(tensor: torch.Tensor, kept: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """The entries ``kept`` of a per-expert tensor along ``dim``: what the pruned layer holds of it."""
     return tensor.index_select(dim, kept.to(tensor.device))
+
+
+class SelectsWithExpertTensor:
+    """Mixin (first among the bases) of a family whose selection reads one per-expert tensor besides the logits (a
+    correction bias, per-expert scales): it implements :meth:`selection_tensor` and ``_select(layer, logits, mask,
+    tensor)``; ``select`` runs that with the layer's tensor, ``select_kept`` with the kept experts' entries (what the
+    pruned layer's router holds: :func:`kept_entries`)."""
+
+    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
+        """The per-expert tensor [E] the selection reads."""
+        raise NotImplementedError
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return self._select(layer, router_logits, expert_mask, self.selection_tensor(layer))
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        return self._select(layer, kept_logits, None, kept_entries(self.selection_tensor(layer), kept))
 
 
 def _stored_shape(router: nn.Module) -> torch.Size:

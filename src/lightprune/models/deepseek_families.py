@@ -10,7 +10,15 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput, kept_entries, mlp_layer_type
+from lightprune.models.base import (
+    MoEFamily,
+    MoELayer,
+    RemovalEffect,
+    RoutingOutput,
+    SelectsWithExpertTensor,
+    kept_entries,
+    mlp_layer_type,
+)
 from lightprune.models.deepseek_v3_routing import (
     RENORM_EPS,
     GroupTop,
@@ -239,7 +247,7 @@ class MiniCPM5MoeFamily(DeepseekV3Family):
             return super().router_logits(layer, hidden_states)
 
 
-class BeamFamily(DeepseekV3Family):
+class BeamFamily(SelectsWithExpertTensor, DeepseekV3Family):
     """Beam (``beam``): DeepSeek-V3's scores (sigmoid of fp32 logits, the router's correction bias for the selection
     only, groups scored by their top-2 sum, ``topk_group`` groups kept) with both top-ks sorted, the k renormalised
     (+1e-20) when ``norm_topk_prob`` and not scaled in the router (BeamTopKRouter): the MoE block multiplies the
@@ -251,12 +259,8 @@ class BeamFamily(DeepseekV3Family):
     num_experts_key = "num_experts"
     shared_attrs = ()
 
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        return self._select(layer, router_logits, expert_mask, layer.router.e_score_correction_bias)
-
-    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
-        return self._select(layer, kept_logits, None, kept_entries(layer.router.e_score_correction_bias, kept))
+    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
+        return layer.router.e_score_correction_bias
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
@@ -293,7 +297,7 @@ class BeamFamily(DeepseekV3Family):
         return float(layer.block.routed_scaling_factor)
 
 
-class AXK2Family(DeepseekV3Family):
+class AXK2Family(SelectsWithExpertTensor, DeepseekV3Family):
     """A.X K2 (``axk2``): DeepSeek-V3's scores (sigmoid of fp32 logits, the router's correction bias for the selection
     only); with ``n_group`` set, groups scored by their top-2 sum and ``topk_group`` kept, the other groups' selection
     scores set to 0, not -inf (an expert there still beats a chosen one whose biased score is below 0); without
@@ -308,12 +312,8 @@ class AXK2Family(DeepseekV3Family):
     def group_limited(self) -> bool:  # type: ignore[override]
         return self.text_config.n_group is not None
 
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        return self._select(layer, router_logits, expert_mask, layer.router.e_score_correction_bias)
-
-    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
-        return self._select(layer, kept_logits, None, kept_entries(layer.router.e_score_correction_bias, kept))
+    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
+        return layer.router.e_score_correction_bias
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:

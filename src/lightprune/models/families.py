@@ -18,7 +18,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput, kept_entries
+from lightprune.models.base import (
+    MoEFamily,
+    MoELayer,
+    RemovalEffect,
+    RoutingOutput,
+    SelectsWithExpertTensor,
+    kept_entries,
+)
 from lightprune.models.deepseek_families import (
     DEEPSEEK_ALIKE,
     AXK2Family,
@@ -78,7 +85,8 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "Gemma4TextFamily", "Gemma4Family", "HunYuanMoEV1Family", "MiniMaxM2Family", "HYV3Family", "AfmoeFamily",
            "Lfm2MoeFamily", "Qwen3_5MoeFamily", "Qwen3OmniMoeThinkerFamily", "Glm4vMoeFamily", "PhimoeFamily",
            "NemotronHFamily", "LagunaFamily", "AriaTextFamily", "Qwen4ExpTextFamily", "Qwen4ExpFamily",
-           "Dots3NoteTextFamily", "MiniMaxM3VLTextFamily", "KimiK25Family", "MiniCPM5MoeFamily", "LaraMiniFamily", "FlintFamily",
+           "Dots3NoteTextFamily", "MiniMaxM3VLTextFamily", "KimiK25Family", "MiniCPM5MoeFamily", "LaraMiniFamily",
+           "FlintFamily",
            "Kolibri1Family", "BeamFamily", "AXK2Family", "Mistral4Family", "Param2MoeFamily",
            "SarvamMlaFamily", "Kolibri1_1Family",
            "HYV4VLFamily", "Dots3NoteFamily", "DeepseekOcr2Family", "UnlimitedOcrFamily", "AriaFamily",
@@ -243,7 +251,7 @@ class Ernie4_5MoeFamily(MoEFamily):
         return router_logits, top.to(layer.experts.down_proj.dtype), top_index
 
 
-class Gemma4TextFamily(MoEFamily):
+class Gemma4TextFamily(SelectsWithExpertTensor, MoEFamily):
     """Gemma 4 (``gemma4_text``): every decoder layer with ``enable_moe_block`` holds a router and experts of its
     own beside its dense MLP (the MoE block is the decoder layer). The router (Gemma4TextRouter) sees the layer's
     residual stream, RMS-normed without scale, times ``scale`` and ``hidden_size ** -0.5``; ``proj`` gives the
@@ -270,12 +278,8 @@ class Gemma4TextFamily(MoEFamily):
         hidden_states = router.norm(hidden_states.reshape(-1, router.hidden_size))
         return router.proj(hidden_states * router.scale * router.scalar_root_size)
 
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        return self._select(layer, router_logits, expert_mask, layer.router.per_expert_scale)
-
-    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
-        return self._select(layer, kept_logits, None, kept_entries(layer.router.per_expert_scale, kept))
+    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
+        return layer.router.per_expert_scale
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 per_expert_scale: torch.Tensor) -> RoutingOutput:

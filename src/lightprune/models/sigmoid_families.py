@@ -9,15 +9,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, kept_entries
+from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, SelectsWithExpertTensor, kept_entries
 from lightprune.models.family_rows import family_row
 from lightprune.models.routing_ops import mask_logits, masked_choice, renormalized
 
-__all__ = ["Kolibri1_1Family", "LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily", "Lfm2MoeFamily",
-           "FlintFamily", "Kolibri1Family"]
+__all__ = ["Kolibri1_1Family", "LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily",
+           "Lfm2MoeFamily", "FlintFamily", "Kolibri1Family"]
 
 
-class LagunaFamily(MoEFamily):
+class LagunaFamily(SelectsWithExpertTensor, MoEFamily):
     """Laguna (``laguna``): fp32 logits, optionally soft-capped (``moe_router_logit_softcapping``), sigmoid, top-k of
     the scores plus the router's ``e_score_correction_bias``, renormalised, cast to the hidden states' dtype
     (LagunaTopKRouter); the block multiplies the routed sum by ``moe_routed_scaling_factor`` after the experts;
@@ -36,12 +36,8 @@ class LagunaFamily(MoEFamily):
             logits = torch.tanh(logits / router.router_logit_softcapping) * router.router_logit_softcapping
         return logits
 
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        return self._select(layer, router_logits, expert_mask, layer.router.e_score_correction_bias)
-
-    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
-        return self._select(layer, kept_logits, None, kept_entries(layer.router.e_score_correction_bias, kept))
+    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
+        return layer.router.e_score_correction_bias
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
@@ -118,7 +114,7 @@ class MiniMaxM3VLTextFamily(MiniMaxM2Family):
         return float(layer.block.routed_scaling_factor)
 
 
-class HYV3Family(MoEFamily):
+class HYV3Family(SelectsWithExpertTensor, MoEFamily):
     """Hunyuan 3 (``hy_v3``): sigmoid of fp32 logits, top-k of the scores plus the block's
     ``e_score_correction_bias``, renormalised (+1e-20), times ``router_scaling_factor`` (HYV3TopKRouter); sparse
     layers from ``mlp_layer_types``; shared experts. Masking: logit -inf and selection score -inf."""
@@ -133,12 +129,8 @@ class HYV3Family(MoEFamily):
         weight = layer.router.weight
         return F.linear(hidden_states.reshape(-1, weight.shape[1]).float(), weight.float())
 
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        return self._select(layer, router_logits, expert_mask, layer.block.e_score_correction_bias)
-
-    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
-        return self._select(layer, kept_logits, None, kept_entries(layer.block.e_score_correction_bias, kept))
+    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
+        return layer.block.e_score_correction_bias
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
@@ -152,7 +144,7 @@ class HYV3Family(MoEFamily):
     unselected_removal_is_free = True  # per-expert sigmoid scores, renormalised over the k
 
 
-class AfmoeFamily(MoEFamily):
+class AfmoeFamily(SelectsWithExpertTensor, MoEFamily):
     """AFMoE (``afmoe``): the router module keeps its linear in ``router.gate``; fp32 logits, sigmoid, top-k of the
     scores plus the block's ``expert_bias``, renormalised (+1e-20), times ``route_scale`` (AfmoeTokenChoiceRouter);
     layers from ``num_dense_layers`` on are sparse; shared experts. Masking: logit -inf and selection score -inf."""
@@ -172,12 +164,8 @@ class AfmoeFamily(MoEFamily):
         gate = layer.router.gate
         return gate(hidden_states.reshape(-1, hidden_states.shape[-1])).to(torch.float32)
 
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        return self._select(layer, router_logits, expert_mask, layer.block.expert_bias)
-
-    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
-        return self._select(layer, kept_logits, None, kept_entries(layer.block.expert_bias, kept))
+    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
+        return layer.block.expert_bias
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
@@ -266,7 +254,7 @@ class FlintFamily(MoEFamily):
     unselected_removal_is_free = True  # per-expert sigmoid scores, the k renormalised or not
 
 
-class Kolibri1Family(MoEFamily):
+class Kolibri1Family(SelectsWithExpertTensor, MoEFamily):
     """Kolibri 1 (``kolibri1``): fp32 logits (on CUDA, for bf16 hidden states and weight without grad, a bf16 GEMM
     with fp32 output, as the router computes them there), top-k of the logits plus the router's
     ``e_score_correction_bias`` (pruned with the experts), sigmoid of the k chosen logits, renormalised (no epsilon)
@@ -287,12 +275,8 @@ class Kolibri1Family(MoEFamily):
             return torch.mm(hidden_states, weight.t(), out_dtype=torch.float32)
         return F.linear(hidden_states.type(torch.float32), weight.type(torch.float32))
 
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        return self._select(layer, router_logits, expert_mask, layer.router.e_score_correction_bias)
-
-    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
-        return self._select(layer, kept_logits, None, kept_entries(layer.router.e_score_correction_bias, kept))
+    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
+        return layer.router.e_score_correction_bias
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
@@ -310,7 +294,8 @@ class Kolibri1Family(MoEFamily):
 Kolibri1_1Family = family_row(__name__, Kolibri1Family, "kolibri1_1",
                               "Kolibri 1.1 (``kolibri1_1``): Kolibri 1's router and MoE block (Kolibri1_1TopKRouter and "
                               "Kolibri1_1SparseMoeBlock are the same code), its indexed and shared-KV attention aside; "
-                              "the layers in ``mlp_only_layers`` dense (the base rule).", name="Kolibri1_1Family")
+                              "the layers in ``mlp_only_layers`` dense (the base rule).",
+                              name="Kolibri1_1Family")
 
 
 def _torch_at_least(version: str) -> bool:
