@@ -32,13 +32,19 @@ from lightprune.models.deepseek_v3_routing import (
     selection_scores,
 )
 from lightprune.models.family_rows import family_row
-from lightprune.models.routing_ops import fill_unchosen_groups, renormalized, softmax_removal_growth, unique_rows
+from lightprune.models.routing_ops import (
+    chosen_group_leaders,
+    fill_unchosen_groups,
+    renormalized,
+    softmax_removal_growth,
+    unique_rows,
+)
 from lightprune.models.sorted_top import sorted_topk
 
 __all__ = ["GroupTop", "DeepseekV3Family", "Glm4MoeFamily", "SarvamMoeFamily", "Param2MoeFamily", "SarvamMlaFamily",
            "Glm4vMoeFamily", "KimiK25Family",
            "NemotronHFamily", "Dots1Family", "DeepseekV2Family", "DEEPSEEK_ALIKE", "Dots3NoteTextFamily",
-           "Mistral4Family", "MistralLarge4Family", "MiniCPM5MoeFamily", "BeamFamily",
+           "MiniCPM5MoeFamily", "BeamFamily",
            "AXK2Family"]
 
 
@@ -374,13 +380,8 @@ def _chosen_leaders_rerun(router: torch.nn.Module, router_logits: torch.Tensor,
     an unselected expert's removal changes the routing only through its group's top-2 sum, and only a chosen group's
     fall can change the chosen groups; so the selected experts and each chosen group's top 2 (of s + bias) are
     re-run, and any other removal leaves the selection and the weights as they are."""
-    num_group, num_experts = router.num_group, router_logits.shape[-1]
-    size = num_experts // num_group
-    choice = (router_logits.sigmoid() + router.e_score_correction_bias).view(-1, num_group, size)
-    best = choice.topk(2, dim=-1)
-    chosen = best[0].sum(dim=-1).topk(router.topk_group, dim=-1)[1]                         # [T, g]
-    leaders = best[1].gather(1, chosen.unsqueeze(-1).expand(-1, -1, 2)) + (chosen * size).unsqueeze(-1)
-    return RemovalEffect(rerun=unique_rows(torch.cat([selected, leaders.flatten(1)], dim=1)))
+    choice = router_logits.sigmoid() + router.e_score_correction_bias
+    return RemovalEffect(rerun=chosen_group_leaders(choice, router.num_group, router.topk_group, selected))
 
 
 class DeepseekV2Family(MoEFamily):
@@ -445,84 +446,6 @@ class DeepseekV2Family(MoEFamily):
         chosen = best[0].topk(router.topk_group, dim=-1, sorted=False)[1]          # an unchosen group can only fall
         leaders = best[1].gather(1, chosen) + chosen * size
         return RemovalEffect(rerun=unique_rows(torch.cat([selected, leaders], dim=1)), growth=growth)
-
-
-
-class Mistral4Family(MoEFamily):
-    """Mistral 4 (``mistral4``): softmax of the logits (in their dtype) over all experts, groups scored by the sum of
-    their top-2 probabilities, ``topk_group`` groups kept (the others' probabilities set to 0 for the choice), top-k,
-    the k probabilities renormalised (+1e-20) when ``norm_topk_prob``, times ``routed_scaling_factor``
-    (Mistral4TopkRouter); no selection bias. Masking sets a pruned expert's logit to -inf (probability 0, the softmax's
-    denominator as without it) and its selection score to -inf, so it is never chosen."""
-
-    routing = "softmax, group-limited (top-2 sums) top-k, renormalised, scaled"
-    model_types = ("mistral4",)
-    num_experts_key = "n_routed_experts"
-    shared_attrs = ("shared_experts",)
-    group_limited = True
-    #: True: the router computes fp32 logits from an fp32 weight (Mistral Large 4)
-    fp32_logits = False
-    #: True: the router renormalises whatever the config says (Mistral Large 4)
-    renormalize_always = False
-
-    is_sparse_layer = DeepseekV3Family.is_sparse_layer  # the same dense-layer rule
-    group_limits = DeepseekV3Family.group_limits
-
-    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
-        router = layer.router
-        hidden_states = hidden_states.view(-1, router.weight.shape[1])
-        if self.fp32_logits:
-            return F.linear(hidden_states.float(), router.weight.float())
-        return F.linear(hidden_states, router.weight)
-
-    def renormalize(self, layer: MoELayer) -> bool:
-        return self.renormalize_always or bool(layer.router.norm_topk_prob)
-
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        router = layer.router
-        if expert_mask is not None:
-            expert_mask = expert_mask.to(router_logits.device)
-            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
-        scores = router_logits.softmax(-1)
-        num_experts, num_group = scores.shape[-1], router.num_group
-        best_two = scores.view(-1, num_group, num_experts // num_group).topk(2, dim=-1)[0].sum(dim=-1)
-        chosen = torch.topk(best_two, k=router.topk_group, dim=-1, sorted=False)[1]
-        choice = fill_unchosen_groups(scores, chosen, num_group, 0.0)
-        if expert_mask is not None:
-            choice = choice.masked_fill(expert_mask, float("-inf"))
-        top_index = torch.topk(choice, k=router.top_k, dim=-1, sorted=False)[1]
-        top_weights = scores.gather(1, top_index)
-        if self.renormalize(layer):
-            top_weights = renormalized(top_weights, RENORM_EPS)
-        return router_logits, top_weights * router.routed_scaling_factor, top_index
-
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
-                       routing_state: Any = None) -> RemovalEffect:
-        """Softmax over all experts: removing an unselected expert j scales every probability by 1 / (1 - p_j), which
-        keeps each group's top-2 sum in order and the top-k within the chosen groups; the selected weights grow by
-        that factor unless renormalised. A chosen group's top-2 expert lowers its group's score: a candidate too."""
-        router = layer.router
-        growth = None if self.renormalize(layer) else softmax_removal_growth(router_logits)
-        num_group, num_experts = router.num_group, router_logits.shape[-1]
-        if num_group <= router.topk_group:
-            return RemovalEffect(rerun=selected, growth=growth)
-        size = num_experts // num_group
-        probabilities = router_logits.softmax(-1).view(-1, num_group, size)
-        best = probabilities.topk(2, dim=-1)
-        chosen = best[0].sum(dim=-1).topk(router.topk_group, dim=-1, sorted=False)[1]    # [T, g]
-        leaders = best[1].gather(1, chosen.unsqueeze(-1).expand(-1, -1, 2)) + (chosen * size).unsqueeze(-1)
-        return RemovalEffect(rerun=unique_rows(torch.cat([selected, leaders.flatten(1)], dim=1)), growth=growth)
-
-
-MistralLarge4Family = family_row(
-    __name__, Mistral4Family, "mistral_large4",
-    "Mistral Large 4 (``mistral_large4``): its language model (``mistral_large4_text``) routes with "
-    "MistralLarge4TextTopkRouter, Mistral 4's router line for line but for fp32 logits (the hidden states and the "
-    "fp32 weight cast to fp32) and the top-k always renormalised (+1e-20); the MoE layers those ``mlp_layer_types`` "
-    "says; image placeholders (Pixtral vision tower) are its vision tokens.",
-    multimodal=True, language_model_type="mistral_large4_text", vision_token_keys=("image_token_id",),
-    fp32_logits=True, renormalize_always=True)
 
 
 # ------------------------------------------------------------------------------------------------ the table rows

@@ -12,7 +12,7 @@ import torch
 
 from lightprune.models.base import RemovalEffect
 
-__all__ = ["fill_unchosen_groups", "mask_logits", "masked_choice", "one_minus", "renormalized",
+__all__ = ["chosen_group_leaders", "fill_unchosen_groups", "mask_logits", "masked_choice", "one_minus", "renormalized",
            "softmax_removal_growth", "softmax_topk_removal", "unique_rows"]
 
 
@@ -108,3 +108,16 @@ def fill_unchosen_groups(values: torch.Tensor, chosen: torch.Tensor, num_group: 
     outside = torch.ones(num_tokens, num_group, dtype=torch.bool, device=values.device).scatter_(1, chosen, False)
     return values.view(num_tokens, num_group, num_experts // num_group).masked_fill(outside.unsqueeze(-1), fill) \
         .view(num_tokens, num_experts)
+
+
+def chosen_group_leaders(choice: torch.Tensor, num_group: int, topk_group: int, selected: torch.Tensor, *,
+                         sorted: bool = True) -> torch.Tensor:
+    """The experts to re-run for a router that keeps the ``topk_group`` groups with the largest top-2 sums of
+    ``choice`` [T, E]: the ``selected`` ones and each chosen group's top 2 (an unselected expert's removal changes the
+    routing only by lowering its group's top-2 sum, and only a chosen group's fall can change the chosen groups).
+    ``sorted``: the router's own ``torch.topk`` over the group scores (ties are resolved as it resolves them)."""
+    size = choice.shape[-1] // num_group
+    best = choice.view(-1, num_group, size).topk(2, dim=-1)
+    chosen = best[0].sum(dim=-1).topk(topk_group, dim=-1, sorted=sorted)[1]                 # [T, g]
+    leaders = best[1].gather(1, chosen.unsqueeze(-1).expand(-1, -1, 2)) + (chosen * size).unsqueeze(-1)
+    return unique_rows(torch.cat([selected, leaders.flatten(1)], dim=1))

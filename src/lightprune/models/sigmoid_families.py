@@ -292,9 +292,9 @@ class Kolibri1Family(SelectsWithExpertTensor, MoEFamily):
 
 
 Kolibri1_1Family = family_row(__name__, Kolibri1Family, "kolibri1_1",
-                              "Kolibri 1.1 (``kolibri1_1``): Kolibri 1's router and MoE block (Kolibri1_1TopKRouter and "
-                              "Kolibri1_1SparseMoeBlock are the same code), its indexed and shared-KV attention aside; "
-                              "the layers in ``mlp_only_layers`` dense (the base rule).",
+                              "Kolibri 1.1 (``kolibri1_1``): Kolibri 1's router and MoE block (Kolibri1_1TopKRouter "
+                              "and Kolibri1_1SparseMoeBlock are the same code), its indexed and shared-KV attention "
+                              "aside; the layers in ``mlp_only_layers`` dense (the base rule).",
                               name="Kolibri1_1Family")
 
 

@@ -5,7 +5,8 @@ Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Qwen3-VL-MoE and the families that route a
 differ only in whether they renormalise and in the dtype of the returned weights. Masking an
 expert sets its logit to -inf before the softmax, which is exactly the model with its router
 row removed (MAEP section 3; METHODS.md "Router facts"). Removals have a closed form
-(:func:`~lightprune.models.routing_ops.softmax_topk_removal`).
+(:func:`~lightprune.models.routing_ops.softmax_topk_removal`). Mistral 4 and Mistral Large 4 add a group limit to
+the softmax (groups scored by their top-2 probabilities), with DeepSeek-V3's dense-layer rule.
 """
 
 from __future__ import annotations
@@ -16,13 +17,21 @@ import torch
 import torch.nn.functional as F
 
 from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput
+from lightprune.models.deepseek_families import DeepseekV3Family
+from lightprune.models.deepseek_v3_routing import RENORM_EPS
 from lightprune.models.family_rows import family_row
-from lightprune.models.routing_ops import renormalized, softmax_topk_removal
+from lightprune.models.routing_ops import (
+    chosen_group_leaders,
+    fill_unchosen_groups,
+    renormalized,
+    softmax_removal_growth,
+    softmax_topk_removal,
+)
 
 __all__ = ["softmax_topk_select", "MixtralFamily", "OlmoeFamily", "Qwen2MoeFamily", "Qwen3MoeFamily",
            "Qwen3VLMoeFamily", "Qwen3OmniMoeThinkerFamily", "InternVLFamily", "MiniMaxFamily", "FlexOlmoFamily",
            "Qwen3_5MoeTextFamily", "Qwen3_5MoeFamily", "MellumFamily", "Qwen3NextFamily", "Qwen4ExpTextFamily",
-           "Qwen4ExpFamily", "LaraMiniFamily"]
+           "Qwen4ExpFamily", "LaraMiniFamily", "Mistral4Family", "MistralLarge4Family"]
 
 
 def softmax_topk_select(router_logits: torch.Tensor, expert_mask: torch.Tensor | None, top_k: int,
@@ -154,3 +163,76 @@ Qwen4ExpTextFamily = family_row(__name__, Qwen2MoeFamily, "qwen4_exp_text",
 Qwen4ExpFamily = family_row(__name__, Qwen4ExpTextFamily, "qwen4_exp",
                             "``qwen4_exp``: its Qwen4-exp language model (Qwen2-MoE's router), with image and video "
                             "placeholders.", multimodal=True, vision_token_keys=_IMAGES_AND_VIDEOS)
+
+
+class Mistral4Family(MoEFamily):
+    """Mistral 4 (``mistral4``): softmax of the logits (in their dtype) over all experts, groups scored by the sum of
+    their top-2 probabilities, ``topk_group`` groups kept (the others' probabilities set to 0 for the choice), top-k,
+    the k probabilities renormalised (+1e-20) when ``norm_topk_prob``, times ``routed_scaling_factor``
+    (Mistral4TopkRouter); no selection bias. Masking sets a pruned expert's logit to -inf (probability 0, the softmax's
+    denominator as without it) and its selection score to -inf, so it is never chosen."""
+
+    routing = "softmax, group-limited (top-2 sums) top-k, renormalised, scaled"
+    model_types = ("mistral4",)
+    num_experts_key = "n_routed_experts"
+    shared_attrs = ("shared_experts",)
+    group_limited = True
+    #: True: the router computes fp32 logits from an fp32 weight (Mistral Large 4)
+    fp32_logits = False
+    #: True: the router renormalises whatever the config says (Mistral Large 4)
+    renormalize_always = False
+
+    is_sparse_layer = DeepseekV3Family.is_sparse_layer  # the same dense-layer rule
+    group_limits = DeepseekV3Family.group_limits
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        hidden_states = hidden_states.view(-1, router.weight.shape[1])
+        if self.fp32_logits:
+            return F.linear(hidden_states.float(), router.weight.float())
+        return F.linear(hidden_states, router.weight)
+
+    def renormalize(self, layer: MoELayer) -> bool:
+        return self.renormalize_always or bool(layer.router.norm_topk_prob)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        router = layer.router
+        if expert_mask is not None:
+            expert_mask = expert_mask.to(router_logits.device)
+            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
+        scores = router_logits.softmax(-1)
+        num_experts, num_group = scores.shape[-1], router.num_group
+        best_two = scores.view(-1, num_group, num_experts // num_group).topk(2, dim=-1)[0].sum(dim=-1)
+        chosen = torch.topk(best_two, k=router.topk_group, dim=-1, sorted=False)[1]
+        choice = fill_unchosen_groups(scores, chosen, num_group, 0.0)
+        if expert_mask is not None:
+            choice = choice.masked_fill(expert_mask, float("-inf"))
+        top_index = torch.topk(choice, k=router.top_k, dim=-1, sorted=False)[1]
+        top_weights = scores.gather(1, top_index)
+        if self.renormalize(layer):
+            top_weights = renormalized(top_weights, RENORM_EPS)
+        return router_logits, top_weights * router.routed_scaling_factor, top_index
+
+    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
+                       routing_state: Any = None) -> RemovalEffect:
+        """Softmax over all experts: removing an unselected expert j scales every probability by 1 / (1 - p_j), which
+        keeps each group's top-2 sum in order and the top-k within the chosen groups; the selected weights grow by
+        that factor unless renormalised. A chosen group's top-2 expert lowers its group's score: a candidate too."""
+        router = layer.router
+        growth = None if self.renormalize(layer) else softmax_removal_growth(router_logits)
+        if router.num_group <= router.topk_group:
+            return RemovalEffect(rerun=selected, growth=growth)
+        leaders = chosen_group_leaders(router_logits.softmax(-1), router.num_group, router.topk_group, selected,
+                                       sorted=False)
+        return RemovalEffect(rerun=leaders, growth=growth)
+
+
+MistralLarge4Family = family_row(
+    __name__, Mistral4Family, "mistral_large4",
+    "Mistral Large 4 (``mistral_large4``): its language model (``mistral_large4_text``) routes with "
+    "MistralLarge4TextTopkRouter, Mistral 4's router line for line but for fp32 logits (the hidden states and the "
+    "fp32 weight cast to fp32) and the top-k always renormalised (+1e-20); the MoE layers those ``mlp_layer_types`` "
+    "says; image placeholders (Pixtral vision tower) are its vision tokens.",
+    multimodal=True, language_model_type="mistral_large4_text", vision_token_keys=("image_token_id",),
+    fp32_logits=True, renormalize_always=True)
