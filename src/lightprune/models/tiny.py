@@ -53,8 +53,8 @@ def tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
 
     Text-only families build ``AutoModelForCausalLM``; the MLLM families, and a text model that transformers
     maps only to ``AutoModelForImageTextToText`` (Mistral 4), build ``AutoModelForImageTextToText``. In the MoE
-    families, router weights are re-drawn with a larger scale so that routing is decisive (random init otherwise gives near-uniform, tie-prone router
-    logits); the dense MLLMs keep transformers' initialisation.
+    families, router weights are re-drawn with a larger scale so that routing is decisive (random init otherwise
+    gives near-uniform, tie-prone router logits); the dense MLLMs keep transformers' initialisation.
     """
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
