@@ -1,8 +1,8 @@
 """Reversible expert masking: the router selects among the kept experts only.
 
 Inside ``with mask_experts(model, plan):`` every MoE router of the plan is replaced (per instance,
-never per class) by its family's routing run on the kept experts' logits (and their biases): the
-same operations the pruned model's stock router runs on its pruned tensors, so the model computes
+never per class) by its family's routing run on the kept experts' logits (and their biases), and the MoE block too
+where the family says so (``MoEFamily.masked_block``: Llama 4 sums over its experts): the same operations the pruned model's stock router runs on its pruned tensors, so the model computes
 exactly what the structurally pruned model computes, exact ties in the logits included (tested per
 family); the removed experts' logits read -inf. Leaving the block restores the original routers,
 also on error. The plan is checked against the model first (:meth:`ExpertPlan.check_layers
@@ -36,16 +36,17 @@ def _masked_forward(layer, mask: torch.Tensor):
     """The router's forward with ``mask`` applied: the pruned layer's router on the kept experts' columns
     (``MoEFamily.route_kept``, ties broken as there), the kept ids found once (per device); arguments after the
     hidden states (a bias the block passes in, MiniMax-M2) are the block's own tensors, which the family's routing
-    reads from the block itself."""
+    reads from the block itself. It returns what the router's own forward returns (``MoEFamily.router_output``)."""
+    family = layer.family
     kept_on = {mask.device: kept_experts(mask)}
-    if not layer.family.keeps_a_layer(layer, kept_on[mask.device]):  # no pruned layer to match: -inf over E
-        return lambda hidden_states, *args, **kwargs: layer.route(hidden_states, mask)
+    if not family.keeps_a_layer(layer, kept_on[mask.device]):  # no pruned layer to match: -inf over E
+        return lambda hidden_states, *args, **kwargs: family.router_output(layer, layer.route(hidden_states, mask))
 
     def forward(hidden_states: torch.Tensor, *args, **kwargs):
         kept = kept_on.get(hidden_states.device)
         if kept is None:
             kept = kept_on[hidden_states.device] = kept_on[mask.device].to(hidden_states.device)
-        return layer.family.route_kept(layer, hidden_states, kept)
+        return family.router_output(layer, family.route_kept(layer, hidden_states, kept))
     return forward
 
 
@@ -55,7 +56,7 @@ def mask_experts(model: nn.Module, plan: ExpertPlan) -> Iterator[nn.Module]:
     check_plan_kind(plan, ExpertPlan, "mask_experts")
     layers = find_moe_layers(model)
     plan.check_layers(layers)
-    installed = []
+    installed, masked = [], []
     try:
         for layer in layers:
             if layer.index not in plan.keep:
@@ -66,14 +67,19 @@ def mask_experts(model: nn.Module, plan: ExpertPlan) -> Iterator[nn.Module]:
             device = layer.router_linear.weight.device  # a layer not loaded yet (meta): its mask waits on the CPU
             mask = torch.ones(layer.num_experts, dtype=torch.bool, device=device if device.type != "meta" else "cpu")
             mask[plan.keep[layer.index]] = False
-            previous = router.__dict__.get("forward")
-            router.forward = _masked_forward(layer, mask)
+            for module, forward in ((router, _masked_forward(layer, mask)),
+                                    (layer.block, layer.family.masked_block(layer, kept_experts(mask)))):
+                if forward is None:
+                    continue
+                installed.append((module, module.__dict__.get("forward")))
+                module.forward = forward
             setattr(router, _MASK_ATTR, mask)
-            installed.append((router, previous))
+            masked.append(router)
         yield model
     finally:
-        for router, previous in installed:
-            del router.forward
+        for module, previous in reversed(installed):
+            del module.forward
             if previous is not None:
-                router.forward = previous
+                module.forward = previous
+        for router in masked:
             delattr(router, _MASK_ATTR)

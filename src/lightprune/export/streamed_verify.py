@@ -53,8 +53,7 @@ def routed_output(layer: MoELayer, router_input: torch.Tensor, expert_input: tor
                   mask: torch.Tensor | None) -> torch.Tensor:
     """The layer's routed experts' output [T, H] on what its router and its experts were called with ([T, H], and
     [T, H'] for experts that read a projection), with the experts in ``mask`` removed from the selection."""
-    _, weights, index = layer.route(router_input, mask)
-    return layer.experts(expert_input, index, weights.to(expert_input.dtype))
+    return layer.family.routed_output(layer, router_input, expert_input, mask)
 
 
 def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str | os.PathLike, *,
@@ -93,9 +92,14 @@ def _capture(skeleton: Skeleton, inputs: dict[int, list[torch.Tensor]]) -> Itera
     """Record what each MoE layer's router and experts are called with (their first argument), by layer."""
     handles = []
     for layer in find_moe_layers(skeleton.model):
-        for slot, module in enumerate((layer.router, layer.experts)):
-            def hook(module: torch.nn.Module, args: Any, index: int = layer.index, slot: int = slot) -> None:
-                inputs.setdefault(index, [None, None])[slot] = args[0].detach().reshape(-1, args[0].shape[-1])
+        both = layer.family.experts_read_router_input  # Llama 4: the router's input is the experts' too
+        for slot, module in enumerate((layer.router,) if both else (layer.router, layer.experts)):
+            def hook(module: torch.nn.Module, args: Any, index: int = layer.index, slot: int = slot,
+                     both: bool = both) -> None:
+                found = args[0].detach().reshape(-1, args[0].shape[-1])
+                inputs.setdefault(index, [None, None])[slot] = found
+                if both:
+                    inputs[index][1] = found
             handles.append(module.register_forward_pre_hook(hook))
     try:
         yield

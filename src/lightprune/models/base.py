@@ -330,6 +330,41 @@ class MoEFamily:
         computed on the way that :meth:`removal_effect` can reuse for the same logits (its ``routing_state``)."""
         return None
 
+    def router_output(self, layer: MoELayer, routed: RoutingOutput) -> Any:
+        """What ``layer.router``'s forward returns for the routing ``routed`` (:meth:`route`'s output): ``routed``
+        itself (every transformers 5 router here but Llama 4's, which returns dense scores and the logits). A masked
+        router returns this, so that the MoE block reads it as it reads its own router's."""
+        return routed
+
+    #: True when the experts module is not called with the routed tokens but the block feeds them the router's input
+    #: itself (Llama 4: scaled per expert, every expert on every token): what the router gets is the experts' input
+    experts_read_router_input: ClassVar[bool] = False
+
+    def routed_output(self, layer: MoELayer, router_input: torch.Tensor, expert_input: torch.Tensor,
+                      expert_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The routed experts' output [T, H] on what the router and the experts get ([T, H], and [T, H'] for experts
+        that read a projection), ``expert_mask`` experts removed from the selection (before :meth:`output_scale`):
+        the experts module called as transformers' ExpertsInterface calls it."""
+        _, weights, index = self.route(layer, router_input, expert_mask)
+        return layer.experts(expert_input, index, weights.to(expert_input.dtype))
+
+    def masked_block(self, layer: MoELayer, kept: torch.Tensor) -> Callable[..., Any] | None:
+        """A forward for ``layer.block`` while ``mask_experts`` keeps only the experts ``kept`` (ascending ids), for a
+        family whose block runs every expert and reduces over them (None, the default: masking the router is
+        enough). It computes what the block of the pruned layer computes, op for op (Llama 4: the sum over the
+        experts' dimension adds in another order when removed experts' zero outputs stay in it)."""
+        return None
+
+    def observed_block(self, layer: MoELayer, observe: Callable[..., torch.Tensor]) -> Callable[..., Any] | None:
+        """A forward for ``layer.block`` while calibration observes the layer, for a family whose experts do not
+        dispatch through transformers' ExpertsInterface (None, the default: they do, and are observed there).
+
+        It returns exactly what the block's forward returns and calls ``observe(hidden [T, H], top_k_index [T, k],
+        top_k_weights [T, k], run)`` once, ``run(rows)`` giving the selected experts' outputs [T, k, H] and those of
+        the (tokens, experts) ``rows`` [n, H] (None: none asked), as the observer must see them (Llama 4: each
+        expert's contribution, weights 1)."""
+        return None
+
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
                        routing_state: Any = None) -> RemovalEffect:
         """Which single-expert removals can change a token's routing and how (:class:`RemovalEffect`).

@@ -44,6 +44,7 @@ from lightprune.models.deepseek_families import (
     SarvamMoeFamily,
 )
 from lightprune.models.family_rows import family_row
+from lightprune.models.llama4_family import Llama4Family, Llama4TextFamily
 from lightprune.models.refusals import REFUSED_TYPES
 from lightprune.models.routing_ops import mask_logits, renormalized, softmax_topk_removal
 from lightprune.models.sigmoid_families import (
@@ -445,8 +446,18 @@ Glm5NextFamily = family_row(
     "router line for line (sigmoid of fp32 logits, correction bias, groups, scaling) in the layers ``mlp_layer_types`` "
     "says are sparse; hyper-connected layers, linear and DSA attention; image and video placeholders.",
     multimodal=True, language_model_type="glm5_next_text", vision_token_keys=_IMAGES_AND_VIDEOS)
+Step3p7Family = family_row(
+    __name__, MiniMaxM3VLTextFamily, "step3p7",
+    "Step 3.7 Flash (``step3p7``): its language model (``step3p5``, built inside the MLLM) routes with "
+    "Step3p7TopKRouter, MiniMax-M3 VL's router line for line (sigmoid of the logits in the weight's dtype, the "
+    "router's correction bias for the choice, top-k unsorted, renormalised), the routed sum times the block's "
+    "``routed_scaling_factor``, shared experts; sparse layers from ``mlp_layer_types``; image placeholders. Its "
+    "config declares ``num_local_experts`` beside ``n_routed_experts``, the count its experts are built with.",
+    multimodal=True, language_model_type="step3p5", num_experts_key="n_routed_experts",
+    vision_token_keys=("image_token_id",))
 MLLM_VARIANTS: tuple[type[MoEFamily], ...] = (HYV4VLFamily, Dots3NoteFamily, DeepseekOcr2Family, UnlimitedOcrFamily,
-                                              AriaFamily, MiniMaxM3VLFamily, Glm5NextFamily, MistralLarge4Family)
+                                              AriaFamily, MiniMaxM3VLFamily, Glm5NextFamily, MistralLarge4Family,
+                                              Step3p7Family)
 
 #: the families lightprune registers itself (:mod:`lightprune.models` does it at import)
 BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3MoeFamily, OlmoeFamily, DeepseekV3Family,
@@ -462,4 +473,5 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          SarvamMoeFamily, MiniCPM5MoeFamily,
                                          LaraMiniFamily, FlintFamily, Kolibri1Family,
                                          BeamFamily, AXK2Family, Mistral4Family,
-                                         Param2MoeFamily, SarvamMlaFamily, Kolibri1_1Family)
+                                         Param2MoeFamily, SarvamMlaFamily, Kolibri1_1Family,
+                                         Llama4TextFamily, Llama4Family)

@@ -15,20 +15,22 @@ REFUSED_TYPES: dict[str, str] = {
               "down_proj tensors",
     "dbrx": "its experts are not stored as per-expert gate_up_proj / down_proj tensors (a layout lightprune's "
             "surgery does not slice yet)",
-    "llama4": "its router's sigmoid score scales each expert's input (f_j(s x), every expert run densely) rather "
-              "than weighting the expert's output, and its experts do not dispatch through transformers' "
-              "ExpertsInterface: lightprune's calibration criteria assume H = sum_j w_j f_j(x)",
-    "llama4_text": "its router's sigmoid score scales each expert's input (f_j(s x), every expert run densely) "
-                   "rather than weighting the expert's output, and its experts do not dispatch through "
-                   "transformers' ExpertsInterface: lightprune's calibration criteria assume H = sum_j w_j f_j(x)",
     "ernie4_5_vl_moe": "each MoE layer holds two expert sets (text_moe and vision_moe, chosen per token by "
                        "moe_mm_token_type_ids); lightprune models one router and one expert set per layer",
-    "longcat_flash": "zero-computation (identity) experts share the router with the routed ones ([E + Z] router "
-                     "rows and gate_up_proj rows but [E] down_proj rows), and its experts do not dispatch through "
-                     "transformers' ExpertsInterface",
+    "longcat_flash": "zero-computation (identity) experts share the router with the routed ones: its router "
+                     "weight and correction bias hold [E + Z] rows, the expert tensors [E], the zero experts' rows "
+                     "last; pruning must keep those Z rows and the counts the block keeps (n_routed_experts, "
+                     "num_routed_experts), which lightprune's one-expert-dimension surgery does not express yet",
     "deepseek_v4": "its first layers route by token id (hash MoE: tid2eid maps a token to fixed experts, so a removed "
                    "expert's tokens cannot be re-routed exactly) and it mixes hyper-connection streams around "
                    "every block",
     "zaya": "its router is an MLP with a state carried from layer to layer and a skip class, with no per-expert "
             "[E, H] router row to prune",
+    "doge": "product-key experts (DogeCDMoE): the router holds 2 sqrt(E) key rows, not one row per expert (expert "
+            "ix * K + iy scores x_ix + y_iy), and a model with fewer experts rebuilds its keys from floor(sqrt(E')), "
+            "re-indexing every expert, so no subset of the experts is a model; its router also splits the flattened "
+            "logits across tokens (view(2, B * S, -1))",
+    "diffusion_gemma": "a block-diffusion model whose encoder and decoder layers share their expert parameters (the "
+                       "same tensors, tied), routed by two stacks; lightprune prunes one decoder stack per model and "
+                       "does not prune a tied pair yet",
 }

@@ -28,6 +28,10 @@
 - Mistral Large 4 (Pixtral): ``text, <image> x (h / (p m)) * (w / (p m)), text`` (patch p, merge m);
   ``pixel_values [num_images, C, S, S]`` padded to the tower's ``image_size`` S, ``image_sizes [num_images, 2]`` each
   image's (h, w), multiples of p m that differ by image and sample.
+- Llama 4: ``text, <image> x ((S/p)^2 * pixel_shuffle_ratio^2), text`` per image; ``pixel_values [num_images, C, S,
+  S]`` at the vision config's ``image_size``.
+- Step 3.7: ``text, <image> x (S / p / 4)^2, text``, ``pixel_values [num_images, C, S, S]`` (two stride-2
+  downsamplers after the tower).
 - LLaVA-OneVision: ``text, <image> x n, text`` with ``n`` from :func:`llava_onevision_image_tokens`: an
   image alone in its sample is tiled "anyres" (a base tile plus the best-fitting pinpoint grid, the grid's
   features unpadded back to the image's aspect ratio, one ``image_newline`` per feature row); an image
@@ -53,7 +57,8 @@ __all__ = ["llava_onevision_image_tokens", "special_token_ids", "tiny_multimodal
 _SPECIAL_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
                  "image_start_token_id", "image_end_token_id", "video_start_token_id", "video_end_token_id",
                  "audio_token_id", "audio_start_token_id", "boi_token_id", "eoi_token_id", "boa_token_id",
-                 "eoa_token_index", "pad_token_id", "bos_token_id", "eos_token_id")
+                 "eoa_token_index", "boi_token_index", "eoi_token_index", "pad_token_id", "bos_token_id",
+                 "eos_token_id")
 
 
 def special_token_ids(config) -> set[int]:
@@ -200,6 +205,24 @@ def _pixtral_images(config, count: int, first: int, gen: torch.Generator):
     return [(h // block) * (w // block) for h, w in sizes], pixels, torch.tensor(sizes, dtype=torch.long)
 
 
+def _llama4_images(config, count: int, gen: torch.Generator):
+    """(per-image placeholder counts, pixel_values [count, C, S, S]) of ``count`` Llama 4 images: the tower's patches,
+    pixel-shuffled by ``pixel_shuffle_ratio`` in each direction."""
+    vc = config.vision_config
+    size = int(vc.image_size)
+    tokens = int((size // int(vc.patch_size)) ** 2 * float(vc.pixel_shuffle_ratio) ** 2)
+    return [tokens] * count, torch.randn(count, int(vc.num_channels), size, size, generator=gen)
+
+
+def _step3p7_images(config, count: int, gen: torch.Generator):
+    """(per-image placeholder counts, pixel_values [count, C, S, S]) of ``count`` Step 3.7 images: the tower's patch
+    grid downsampled 4 x 4 (two stride-2 convolutions)."""
+    vc = config.vision_config
+    size = int(vc.image_size)
+    side = size // int(vc.patch_size) // 4
+    return [side * side] * count, torch.randn(count, int(vc.num_channels), size, size, generator=gen)
+
+
 def _internvl_images(config, count: int, gen: torch.Generator):
     vc = config.vision_config
     (height, width), (ph, pw) = vc.image_size, vc.patch_size
@@ -291,7 +314,8 @@ def _gemma4_images(config, count: int, first: int, gen: torch.Generator):
 
 _FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe",
              "internvl", "llava_onevision", "gemma4", "hy_v4_vl", "dots3_note", "deepseek_ocr2",
-             "unlimited_ocr", "aria", "minimax_m3_vl", "glm5_next", "mistral_large4")
+             "unlimited_ocr", "aria", "minimax_m3_vl", "glm5_next", "mistral_large4", "llama4",
+             "step3p7")
 _QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe", "glm5_next")
 #: the families whose images come as flat patches with ``image_grid_thw``, and those of them that need
 #: ``mm_token_type_ids`` (M-RoPE positions)
@@ -304,7 +328,8 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
                           padding_side: str = "left") -> dict[str, torch.Tensor]:
     """A valid ``model(**batch)`` input for a model of the tiny MLLM families (Qwen-VL-style patches: Qwen3-VL-MoE,
     Qwen3.5-MoE, Qwen3-Omni's thinker, Qwen4-exp, Qwen2.5-VL, GLM-4.5V; InternVL; LLaVA-OneVision; Gemma 4; Hy4-VL,
-    dots3-note, DeepSeek-OCR 2, Unlimited-OCR, Aria, MiniMax-M3 VL, GLM-5, Mistral Large 4).
+    dots3-note, DeepSeek-OCR 2, Unlimited-OCR, Aria, MiniMax-M3 VL, GLM-5, Mistral Large 4, Llama 4,
+    Step 3.7).
 
     Each sample is ``text_tokens[0]`` text ids, then ``images_per_sample`` images (one text id between
     two images), then ``text_tokens[1]`` text ids, so the closing text attends to every image. The last
@@ -343,6 +368,10 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
             counts, pix, extra = _aria_images(config, images_per_sample, gen)
         elif model_type == "mistral_large4":
             counts, pix, extra = _pixtral_images(config, images_per_sample, b, gen)
+        elif model_type == "llama4":
+            (counts, pix), extra = _llama4_images(config, images_per_sample, gen), None
+        elif model_type == "step3p7":
+            (counts, pix), extra = _step3p7_images(config, images_per_sample, gen), None
         else:
             counts, pix, extra = _llava_images(config, images_per_sample, b, gen)
         pixels.append(pix)

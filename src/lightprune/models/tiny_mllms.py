@@ -192,6 +192,33 @@ def _mistral_large4(**kw: Any):
     return _mllm(CONFIG_MAPPING["mistral_large4"], text.to_dict(), vision, kw, image_token_index=120)
 
 
+def _llama4(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # Llama 4's tower: 4-pixel patches of 16-pixel images, pixel-shuffled by 1/2 (4 x the channels into the
+    # projector's MLP): 4 placeholders per image
+    text = _generic("llama4_text", **_GENERIC_FAMILIES["llama4_text"])
+    vision = {"hidden_size": 32, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 16, "patch_size": 4, "vision_output_dim": 32, "projector_input_dim": 32,
+              "projector_output_dim": 32, "pixel_shuffle_ratio": 0.5}
+    return _mllm(CONFIG_MAPPING["llama4"], text.to_dict(), vision, kw, image_token_index=120, boi_token_index=121,
+                 eoi_token_index=122)
+
+
+def _step3p7(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # Step 3.7's language model: the first layer dense, sliding / full / sliding attention, the routed sum scaled;
+    # a tower of 4-pixel patches of 32-pixel images, downsampled 4 x 4 by two strided convolutions: 4 placeholders
+    text = _generic("step3p5", **_sparse_after_first(moe_router_scaling_factor=2.5, share_expert_dim=16,
+                                                     sliding_window=4, layer_types=["sliding_attention",
+                                                                                    "full_attention",
+                                                                                    "sliding_attention"]))
+    vision = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 32, "patch_size": 4, "max_position_embeddings": 64}
+    return _mllm(CONFIG_MAPPING["step3p7"], text.to_dict(), vision, kw, image_token_id=120)
+
+
 def _qwen3_omni_moe_thinker(**kw: Any):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -294,6 +321,8 @@ MLLM_BUILDERS = {
     "minimax_m3_vl": _minimax_m3_vl,
     "glm5_next": _glm5_next,
     "mistral_large4": _mistral_large4,
+    "llama4": _llama4,
+    "step3p7": _step3p7,
 }
 #: dense MLLM family -> builder of its tiny config
 DENSE_BUILDERS = {"llava_onevision": _llava_onevision, "qwen2_5_vl": _qwen2_5_vl}

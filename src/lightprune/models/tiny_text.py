@@ -207,6 +207,9 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     "afmoe": {"num_dense_layers": 1, "num_shared_experts": 1, "route_scale": 2.5},
     "lfm2_moe": {"num_dense_layers": 1, "use_expert_bias": True, "routed_scaling_factor": 2.5,
                  "layer_types": ["conv", "full_attention", "conv"], "conv_L_cache": 3},
+    # Llama 4: the first layer dense (moe_layers), a NoPE layer, chunked attention over 4 tokens
+    "llama4_text": {"intermediate_size": 16, "intermediate_size_mlp": 24, "moe_layers": [1, 2],
+                    "no_rope_layers": [1, 0, 1], "attention_chunk_size": 4},
     # multi-head latent attention with YaRN rotary on the 8 rope dims of its 16-wide heads and Llama 4's
     # position-dependent query scaling (from position 4 on); built by AutoModelForImageTextToText (transformers
     # maps Mistral4ForCausalLM only there)

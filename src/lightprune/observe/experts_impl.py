@@ -4,7 +4,9 @@ the unweighted outputs are handed to an observer before the weighted sum is retu
 transformers 5 dispatches a fused experts module's forward through ``ExpertsInterface`` by
 ``config._experts_implementation``. :func:`observing_experts` registers ``"lightprune_observe"``
 there once and, for the duration of a ``with`` block, points the MoE layers' configs at it; the
-previous implementation names are restored on exit (also on error). The observer receives
+previous implementation names are restored on exit (also on error); a family whose experts do not dispatch there
+observes them through its own MoE block's forward instead (:meth:`~lightprune.models.MoEFamily.observed_block`,
+Llama 4), installed on the block for the duration. The observer receives
 ``(layer, hidden_states [T, H], router_input [T, H'], top_k_index [T, k], top_k_weights [T, k], outputs [T, k, H],
 extra_outputs [n, H] or None)`` where ``outputs[t, s]`` is expert ``top_k_index[t, s]``'s unweighted output f(h_t),
 ``router_input`` what the layer's router was called with for the same tokens (a forward pre-hook on the router,
@@ -19,6 +21,7 @@ the block, where the family has one) kept in the same call, else None.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 from typing import Callable, Iterator
 
 import torch
@@ -141,24 +144,32 @@ def expert_outputs(experts: nn.Module, hidden_states: torch.Tensor, top_k_index:
     return routed, (every[num_tokens * k:] if extra is not None else None)
 
 
+def _observe(experts: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+             top_k_weights: torch.Tensor, run: Callable) -> torch.Tensor:
+    """The selected experts' outputs [T, k, H] from ``run(rows)`` (rows: the observer's extra (tokens, experts) or
+    None -> (outputs, extra outputs or None)), handed to the layer's observer with what its router saw."""
+    entry = _OBSERVERS.get(id(experts))
+    if entry is None:
+        return run(None)[0]
+    layer, observer, extra, with_logits = entry
+    router_input = _ROUTER_INPUTS.pop(id(experts), None)
+    logits = {"router_logits": _ROUTER_LOGITS.pop(id(experts), None),
+              "routing_state": _ROUTER_STATES.pop(id(experts), None)} if with_logits else {}
+    if router_input is not None:  # [T, H]; the experts may read a narrower projection (Nemotron-H's latent)
+        router_input = router_input.reshape(-1, router_input.shape[-1])
+    if router_input is None or router_input.shape[0] != hidden_states.shape[0]:
+        raise RuntimeError(f"layer {layer.index}: its experts ran without a router call on the same tokens "
+                           "before them; lightprune observes experts routed by the layer's own router")
+    rows = extra(layer, hidden_states, router_input, top_k_index, **logits) if extra is not None else None
+    outputs, extra_outputs = run(rows)
+    observer(layer, hidden_states, router_input, top_k_index, top_k_weights, outputs, extra_outputs, **logits)
+    return outputs
+
+
 def _observing_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                        top_k_weights: torch.Tensor) -> torch.Tensor:
-    entry = _OBSERVERS.get(id(self))
-    if entry is None:
-        outputs, _ = expert_outputs(self, hidden_states, top_k_index)
-    else:
-        layer, observer, extra, with_logits = entry
-        router_input = _ROUTER_INPUTS.pop(id(self), None)
-        logits = {"router_logits": _ROUTER_LOGITS.pop(id(self), None),
-                  "routing_state": _ROUTER_STATES.pop(id(self), None)} if with_logits else {}
-        if router_input is not None:  # [T, H]; the experts may read a narrower projection (Nemotron-H's latent)
-            router_input = router_input.reshape(-1, router_input.shape[-1])
-        if router_input is None or router_input.shape[0] != hidden_states.shape[0]:
-            raise RuntimeError(f"layer {layer.index}: its experts ran without a router call on the same tokens "
-                               "before them; lightprune observes experts routed by the layer's own router")
-        rows = extra(layer, hidden_states, router_input, top_k_index, **logits) if extra is not None else None
-        outputs, extra_outputs = expert_outputs(self, hidden_states, top_k_index, rows)
-        observer(layer, hidden_states, router_input, top_k_index, top_k_weights, outputs, extra_outputs, **logits)
+    outputs = _observe(self, hidden_states, top_k_index, top_k_weights,
+                       lambda rows: expert_outputs(self, hidden_states, top_k_index, rows))
     weighted = (outputs.float() * top_k_weights.float().unsqueeze(-1)).sum(dim=1)
     return weighted.to(hidden_states.dtype)
 
@@ -213,11 +224,17 @@ def observing_experts(layers: list[MoELayer], observer: Observer, extra: ExtraRo
         for layer in layers:
             if id(layer.experts) in _OBSERVERS:
                 raise RuntimeError(f"layer {layer.index} is already observed: nested observation is not supported")
+            block_forward = layer.family.observed_block(layer, partial(_observe, layer.experts))
             config = getattr(layer.experts, "config", None)
-            if config is None or not hasattr(config, "_experts_implementation_internal"):
+            if block_forward is not None:  # experts outside ExpertsInterface: observed by the family's own block
+                layer.block.forward = block_forward
+                replaced.append(layer.block)
+            elif config is None or not hasattr(config, "_experts_implementation_internal"):
                 raise ValueError(f"layer {layer.index}: {type(layer.experts).__name__} does not dispatch through "
-                                 "transformers' ExpertsInterface; cannot observe it")
-            configs.setdefault(id(config), (config, config._experts_implementation_internal))
+                                 "transformers' ExpertsInterface and its family observes no block of its own; "
+                                 "cannot observe it")
+            else:
+                configs.setdefault(id(config), (config, config._experts_implementation_internal))
             _OBSERVERS[id(layer.experts)] = (layer, observer, extra, router_logits)
             handles.append(layer.router.register_forward_pre_hook(_router_input_hook(id(layer.experts)),
                                                                   with_kwargs=True))
@@ -233,8 +250,8 @@ def observing_experts(layers: list[MoELayer], observer: Observer, extra: ExtraRo
     finally:
         for handle in handles:
             handle.remove()
-        for router in replaced:
-            del router.forward
+        for module in replaced:
+            del module.forward
         for config, previous in configs.values():
             config._experts_implementation_internal = previous
         for layer in layers:

@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from fixtures import MULTIMODAL, OUTPUT_SCALE_KEY, padded_batch
+from fixtures import INPUT_SCALING, MULTIMODAL, OUTPUT_SCALE_KEY, padded_batch
 
 import lightprune as lp
 from lightprune.models.tiny import TINY_FAMILIES
@@ -30,8 +30,11 @@ def _router_and_expert_inputs(model, layer, batches) -> list[tuple[torch.Tensor,
     """Per batch, what the layer's router and its experts are called with (the same tokens; in Gemma 4 the router
     sees the residual stream and the experts a normed copy)."""
     routed, expert = [], []
-    handles = [layer.router.register_forward_pre_hook(lambda m, args: routed.append(args[0].detach())),
-               layer.experts.register_forward_pre_hook(lambda m, args: expert.append(args[0].detach()))]
+    handles = [layer.router.register_forward_pre_hook(lambda m, args: routed.append(args[0].detach()))]
+    if layer.family.model_types[0] in INPUT_SCALING:  # Llama 4: the experts get the router's input, scaled per expert
+        handles.append(layer.router.register_forward_pre_hook(lambda m, args: expert.append(args[0].detach())))
+    else:
+        handles.append(layer.experts.register_forward_pre_hook(lambda m, args: expert.append(args[0].detach())))
     try:
         for batch in batches:
             model(**batch)
@@ -46,6 +49,10 @@ def _routed_output(layer, inputs: tuple[torch.Tensor, torch.Tensor], mask: torch
     """The routed experts' output [T, H] (float64) with the experts in ``mask`` removed from the selection, run by the
     family's own experts module (shared experts are the same with and without the mask: they cancel)."""
     router_input, expert_input = (x.reshape(-1, x.shape[-1]) for x in inputs)
+    if layer.family.model_types[0] in INPUT_SCALING:  # Llama 4: sum_j f_j(s_j x), the router's dense scores s
+        scores, _ = layer.family.router_output(layer, layer.route(router_input, mask))
+        routed_in = expert_input.repeat(scores.shape[1], 1) * scores.transpose(0, 1).reshape(-1, 1)
+        return layer.experts(routed_in).view(scores.shape[1], *expert_input.shape).double().sum(dim=0)
     _, weights, index = layer.route(router_input, mask)
     out = layer.experts(expert_input, index, weights.to(expert_input.dtype)).double()
     key = OUTPUT_SCALE_KEY.get(layer.family.model_types[0])  # a factor the block applies after the experts

@@ -17,6 +17,7 @@ from fixtures import (
     BIASED_SELECTION,
     BLOCK_BIAS,
     DEEPSEEK_LIKE,
+    INPUT_SCALING,
     NEVER_RENORMALISE,
     NORMED_ROUTER_INPUT,
     ROUTER_ATTR,
@@ -36,11 +37,15 @@ from lightprune.models.tiny import TINY_FAMILIES
 
 SOFTMAX_FAMILIES = tuple(f for f in TINY_FAMILIES
                          if f not in DEEPSEEK_LIKE | TOPK_THEN_SOFTMAX | BIASED_SELECTION | NORMED_ROUTER_INPUT
-                         | set(BLOCK_BIAS) | set(ROUTER_BIAS) | SPARSEMIXER)
+                         | set(BLOCK_BIAS) | set(ROUTER_BIAS) | SPARSEMIXER | INPUT_SCALING)
 SHARED = SHARED_EXPERTS
 
 
 def decoder_layers(model):
+    """The language model's decoder layers, by transformers' attribute names: ``model.layers``,
+    ``model.language_model.layers``, or ``language_model.model.layers`` (Llama 4 keeps its causal LM inside)."""
+    if not hasattr(model, "model"):
+        return model.language_model.model.layers
     inner = model.model
     return inner.language_model.layers if hasattr(inner, "language_model") else inner.layers
 
@@ -56,6 +61,8 @@ def expected_moe_indices(family: str, model) -> list[int]:
         return [i for i, kind in enumerate(cfg.layers_block_type) if kind == "moe"]
     if family == "kolibri1_1":  # dense in mlp_only_layers, sparse elsewhere (no decoder_sparse_step)
         return [i for i in range(n) if i not in cfg.mlp_only_layers]
+    if family in ("llama4_text", "llama4"):  # Llama4TextDecoderLayer: sparse where layer_idx in moe_layers
+        return [i for i in range(n) if i in cfg.moe_layers]
     if family in ("afmoe", "lfm2_moe"):  # dense below num_dense_layers
         return [i for i in range(n) if i >= cfg.num_dense_layers]
     if family == "jamba":  # transformers' own per-layer expert counts
@@ -171,7 +178,7 @@ def test_route_equals_the_models_router_bitwise(tiny, family, dtype):
         with torch.no_grad():
             expected = call_router(family, layer, hidden)
             for mask in (None, torch.zeros(layer.num_experts, dtype=torch.bool)):
-                got = layer.route(hidden, mask)
+                got = layer.family.router_output(layer, layer.route(hidden, mask))  # as the router returns it
                 for g, e in zip(got, expected, strict=True):
                     assert g.dtype == e.dtype and g.shape == e.shape
                     assert torch.equal(g, e)
@@ -272,7 +279,7 @@ def test_renormalisation_is_covered_both_ways(tiny):
 #: each transformers router's forward
 _BLOCK_BIAS_RULE = {"minimax_m2": (0.0, None), "hy_v3": (1e-20, "router_scaling_factor"),
                     "afmoe": (1e-20, "route_scale"), "lfm2_moe": (1e-6, "routed_scaling_factor"), "laguna": (0.0, None),
-                    "minimax_m3_vl_text": (0.0, None), "minimax_m3_vl": (0.0, None)}
+                    "minimax_m3_vl_text": (0.0, None), "minimax_m3_vl": (0.0, None), "step3p7": (0.0, None)}
 
 
 @pytest.mark.parametrize("family", sorted({*BLOCK_BIAS, *ROUTER_BIAS}))
@@ -349,6 +356,39 @@ def test_masked_sparsemixer_routing_matches_a_hand_computation(tiny, family):
                 assert math.isclose(got[e], w, rel_tol=1e-5, abs_tol=1e-6), (t, e, got[e], w)
             thresholded += sum(w < 1 - 1e-6 for w in expected.values())
     assert thresholded > 0  # some softmaxes span more than one expert: the threshold is exercised
+
+
+@pytest.mark.parametrize("family", sorted(INPUT_SCALING))
+def test_masked_llama4_block_matches_a_hand_computation(tiny, family):
+    """Llama 4: the masked block's output is the shared expert plus, for each of the k largest kept logits, the
+    expert run on its input times sigmoid(logit) (float64 by hand from the weights); the router returns the dense
+    scores (0 at every other expert) and the logits."""
+    model = tiny(family, seed=3)
+    gen = torch.Generator().manual_seed(11)
+    for layer in lp.find_moe_layers(model):
+        keep = sorted(torch.randperm(layer.num_experts, generator=gen)[:5].tolist())
+        plan = lp.ExpertPlan(keep={l.index: (keep if l.index == layer.index else list(range(l.num_experts)))
+                                   for l in lp.find_moe_layers(model)},
+                             num_experts={l.index: l.num_experts for l in lp.find_moe_layers(model)})
+        hidden = torch.randn(24, layer.router_linear.weight.shape[1], generator=gen)
+        with torch.no_grad(), lp.mask_experts(model, plan):
+            scores, logits = layer.router(hidden)
+            out, _ = layer.block(hidden)
+            shared = layer.block.shared_expert(hidden).double()
+        experts = layer.experts
+        gate_up, down = experts.gate_up_proj.detach().double(), experts.down_proj.detach().double()
+        rows = hidden.double() @ layer.router.weight.detach().double()[keep].T
+        for t in range(hidden.shape[0]):
+            top = sorted(range(len(keep)), key=lambda j: -float(rows[t, j]))[:layer.top_k]
+            want = shared[t].clone()
+            for j in top:
+                e, s = keep[j], torch.sigmoid(rows[t, j])
+                assert math.isclose(float(scores[t, e]), float(s), rel_tol=1e-5)
+                gate, up = (hidden[t].double() * s @ gate_up[e]).chunk(2)
+                want += (torch.nn.functional.silu(gate) * up) @ down[e]
+            assert int((scores[t] != 0).sum()) == layer.top_k
+            torch.testing.assert_close(out[t].double(), want, rtol=1e-5, atol=1e-6)
+        assert torch.isneginf(logits[:, [e for e in range(layer.num_experts) if e not in keep]]).all()
 
 
 @pytest.mark.parametrize("family", sorted(NORMED_ROUTER_INPUT))

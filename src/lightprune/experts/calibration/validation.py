@@ -46,7 +46,7 @@ def _row_masked(layer: MoELayer, experts: list[int], rows_per_copy: int) -> Iter
     family = layer.family
 
     def forward(hidden_states: torch.Tensor, *args, **kwargs):  # a block-held bias: read by the family itself
-        return family.select(layer, family.router_logits(layer, hidden_states), mask)
+        return family.router_output(layer, family.select(layer, family.router_logits(layer, hidden_states), mask))
 
     previous = router.__dict__.get("forward")
     router.forward = forward
