@@ -60,6 +60,17 @@ def _standard_merge(converter: Any) -> bool:
         getattr(converter, "quantization_operation", None) is None
 
 
+def concatenates_fused(converter: Any) -> bool:
+    """True for a conversion that only concatenates whole fused tensors along a dimension after the first
+    (``Concatenate(dim >= 1)`` over several source patterns: Step 3.7's ``gate_proj [E, I, H]`` and ``up_proj`` into
+    ``gate_up_proj [E, 2I, H]``): each source then holds the experts on its dimension 0, as the target does."""
+    from transformers.core_model_loading import Concatenate
+
+    ops = list(getattr(converter, "operations", ()))
+    return len(ops) == 1 and type(ops[0]) is Concatenate and ops[0].dim >= 1 and \
+        len(converter.source_patterns) > 1 and getattr(converter, "quantization_operation", None) is None
+
+
 @functools.lru_cache(maxsize=1)
 def _libc_trim() -> Any:
     try:
@@ -153,6 +164,12 @@ class Skeleton:
                 self.unmatched.append(key)
                 self.renamed[key] = target
         return dict(sources)
+
+    def concatenated_fused(self, key: str) -> bool:
+        """True when checkpoint ``key`` is one of several whole fused tensors that transformers concatenates along a
+        later dimension into its model tensor (:func:`concatenates_fused`): pruned by its own dimension 0."""
+        pattern = self.targets.get(key, (None, None))[1]
+        return pattern is not None and concatenates_fused(self._converters.get(pattern))
 
     def merged_pieces(self, name: str) -> dict[str, dict[int, str]] | None:
         """{source pattern: {expert: checkpoint key}} of a model tensor that transformers' standard per-expert merge

@@ -9,7 +9,9 @@ conversion mapping (:class:`~lightprune.checkpoints.skeleton.Skeleton`); then, p
 - a per-expert key (``...experts.<n>.<name>``, what transformers' ``save_pretrained`` writes) of a pruned layer:
   kept experts are written under their new index (their rank among the kept ones), the others are dropped;
 - a fused key (``...experts.gate_up_proj``, a router ``weight``): the kept slices along the experts' dimension,
-  read and written one expert at a time when that dimension is the first;
+  read and written one expert at a time when that dimension is the first; a whole fused tensor that transformers
+  concatenates with others along a later dimension (Step 3.7's ``gate_proj`` and ``up_proj`` into ``gate_up_proj``)
+  the same way, by its own first dimension;
 - anything else, and any key the model has no tensor for (a DeepSeek-V3 multi-token-prediction layer): copied
   unchanged.
 
@@ -116,6 +118,8 @@ def key_rules(skeleton: Skeleton, dims: dict[str, int], plan: ExpertPlan) -> dic
                                  if index in keep else None)
         elif checkpoint.shape(key) == tuple(own[target].shape):  # the model's tensor as it is
             rules[key] = KeyRule(key, dims[target], keep)
+        elif dims[target] == 0 and skeleton.concatenated_fused(key):  # a piece of a fused tensor (Step 3.7's gate)
+            rules[key] = KeyRule(key, 0, keep)
         else:
             raise ValueError(f"checkpoint {str(checkpoint.path)!r}: tensor {key!r} {list(checkpoint.shape(key))} "
                              f"becomes the model's {target} {list(own[target].shape)} through a conversion that is "
