@@ -22,7 +22,11 @@ DENSE = "dense: its modeling code routes no tokens to experts"
 MOE_SEQ2SEQ = "an MoE sequence-to-sequence model (encoder-decoder, speech-to-text) without a generation class"
 MOE_SUB_MODEL = "an MoE sub-model without a generation class (a text stack built inside its MLLM, a talker, ...)"
 NO_MODELING_FILE = "its generation class is defined in no modeling file of transformers"
-NOT_A_ROW = (NO_GENERATION_CLASS, DENSE, MOE_SEQ2SEQ, MOE_SUB_MODEL, NO_MODELING_FILE)
+DENSE_BY_CONFIG = "dense: its config refuses the MoE block its modeling code can build (a draft model)"
+NOT_A_ROW = (NO_GENERATION_CLASS, DENSE, MOE_SEQ2SEQ, MOE_SUB_MODEL, NO_MODELING_FILE, DENSE_BY_CONFIG)
+#: model types whose config's validation refuses the MoE block (shown in test_refusal_demonstrations.py: Gemma 4's
+#: assistant, a speculative-decoding draft model, refuses ``enable_moe_block=True``)
+_CONFIG_REFUSES_MOE = frozenset({"gemma4_assistant"})
 
 #: what the former discovery found on transformers 5.25 (a folder of the model type whose modeling file defines
 #: ``class XxxExperts(nn.Module)``, a config declaring an expert count, and the MLLMs whose sub-config defaults to one
@@ -166,6 +170,8 @@ def moe_verdicts() -> dict[str, str | None]:
                 if any(model_type in mapping for mapping in seq2seq) else MOE_SUB_MODEL
         elif not all(name in files for name in names):
             verdicts[model_type] = NO_MODELING_FILE
+        elif model_type in _CONFIG_REFUSES_MOE:
+            verdicts[model_type] = DENSE_BY_CONFIG
         elif routes(model_type, generation):
             verdicts[model_type] = None
         else:
@@ -188,7 +194,7 @@ def test_conformance_table_covers_every_moe_type_of_transformers(capsys) -> None
     # what the former folder scan found is still a row, or an MoE type that says why it is not one (its rows all have a
     # generation class, so they are all rows still)
     assert {t: not_rows[t] for t in _FOUND_BY_THE_FOLDER_SCAN & set(not_rows)
-            if not_rows[t] not in (MOE_SUB_MODEL, MOE_SEQ2SEQ)} == {}
+            if not_rows[t] not in (MOE_SUB_MODEL, MOE_SEQ2SEQ, DENSE_BY_CONFIG)} == {}
     # every exact family is a model a user can load (InternVL's default language model is dense: its family is exact
     # for one with a Qwen3-MoE language model)
     assert not {t: not_rows[t] for t in FAMILIES if t in not_rows and not_rows[t] != DENSE}
@@ -205,6 +211,8 @@ def test_conformance_table_covers_every_moe_type_of_transformers(capsys) -> None
             listed = sorted(t for t, why in not_rows.items() if why == reason)
             if listed:
                 print(f"not a row, {reason}: {len(listed)}: {', '.join(listed)}")
+        for model_type in refused:
+            print(f"refused {model_type}: {REFUSED[model_type]}")
         print(f"not covered: {', '.join(missing)}")
     for model_type in missing:  # neither registered nor refused: the error says so and points to the README
         assert model_type not in FAMILIES
