@@ -51,6 +51,8 @@ from lightprune.models.sigmoid_families import (
     AfmoeFamily,
     FlintFamily,
     HYV3Family,
+    Inkling2Family,
+    Inkling2TextFamily,
     Kolibri1_1Family,
     Kolibri1Family,
     LagunaFamily,
@@ -474,4 +476,4 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          LaraMiniFamily, FlintFamily, Kolibri1Family,
                                          BeamFamily, AXK2Family, Mistral4Family,
                                          Param2MoeFamily, SarvamMlaFamily, Kolibri1_1Family,
-                                         Llama4TextFamily, Llama4Family)
+                                         Llama4TextFamily, Llama4Family, Inkling2TextFamily, Inkling2Family)

@@ -14,7 +14,7 @@ from lightprune.models.family_rows import family_row
 from lightprune.models.routing_ops import mask_logits, masked_choice, renormalized
 
 __all__ = ["Kolibri1_1Family", "LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily",
-           "Lfm2MoeFamily", "FlintFamily", "Kolibri1Family"]
+           "Lfm2MoeFamily", "FlintFamily", "Kolibri1Family", "Inkling2TextFamily", "Inkling2Family"]
 
 
 class LagunaFamily(SelectsWithExpertTensor, MoEFamily):
@@ -142,6 +142,50 @@ class HYV3Family(SelectsWithExpertTensor, MoEFamily):
         return router_logits, top * layer.router.router_scaling_factor, top_index
 
     unselected_removal_is_free = True  # per-expert sigmoid scores, renormalised over the k
+
+
+class Inkling2TextFamily(HYV3Family):
+    """Inkling 2's language model (``inkling2_text``): every layer sparse, no shared experts; the router keeps its
+    weight in fp32 (``_keep_in_fp32_modules_strict``) and casts the hidden states up, sigmoid scores, top-k (unsorted)
+    of the scores plus the router's ``e_score_correction_bias``, renormalised (+1e-20), times ``routed_scaling_factor``,
+    left in fp32 (Inkling2TopKRouter). Masking: logit -inf and selection score -inf."""
+
+    routing = "sigmoid of fp32 logits + correction bias, top-k, renormalised, scaled"
+    model_types = ("inkling2_text",)
+    num_experts_key = "n_routed_experts"
+    shared_attrs = ()
+    block_sub_tensors = ()
+
+    def __init__(self, model):
+        super().__init__(model)
+        scoring = getattr(self.text_config, "scoring_func", "sigmoid")
+        if scoring != "sigmoid":
+            raise ValueError(f"{type(self).__name__}: scoring_func {scoring!r} is not supported (lightprune's rule for "
+                             "this router is the sigmoid one)")
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return True
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = layer.router.weight
+        return F.linear(hidden_states.float().reshape(-1, weight.shape[1]), weight)
+
+    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
+        return layer.router.e_score_correction_bias
+
+    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
+                bias: torch.Tensor) -> RoutingOutput:
+        router_logits = mask_logits(router_logits, expert_mask)
+        scores = torch.sigmoid(router_logits)
+        top_index = torch.topk(masked_choice(scores, bias, expert_mask), layer.top_k, dim=-1, sorted=False).indices
+        weights = renormalized(scores.gather(1, top_index), 1e-20)
+        return router_logits, weights * layer.router.routed_scaling_factor, top_index
+
+
+Inkling2Family = family_row(__name__, Inkling2TextFamily, "inkling2",
+                            "Inkling 2 (``inkling2``): its language model is ``inkling2_text`` (Inkling2TextModel, "
+                            "Inkling2TopKRouter); image placeholders are its vision tokens.",
+                            multimodal=True, language_model_type="inkling2_text", vision_token_keys=("image_token_id",))
 
 
 class AfmoeFamily(SelectsWithExpertTensor, MoEFamily):

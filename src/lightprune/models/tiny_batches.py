@@ -32,6 +32,8 @@
   S]`` at the vision config's ``image_size``.
 - Step 3.7: ``text, <image> x (S / p / 4)^2, text``, ``pixel_values [num_images, C, S, S]`` (two stride-2
   downsamplers after the tower).
+- Inkling 2: ``text, <image> x (h * w), text``, ``pixel_values [placeholders, p m, p m, C]`` (one merged block of
+  pixels per placeholder, in [-1, 1]) and ``image_grid_thw [num_images, 3]`` counted in placeholders.
 - LLaVA-OneVision: ``text, <image> x n, text`` with ``n`` from :func:`llava_onevision_image_tokens`: an
   image alone in its sample is tiled "anyres" (a base tile plus the best-fitting pinpoint grid, the grid's
   features unpadded back to the image's aspect ratio, one ``image_newline`` per feature row); an image
@@ -223,6 +225,18 @@ def _step3p7_images(config, count: int, gen: torch.Generator):
     return [side * side] * count, torch.randn(count, int(vc.num_channels), size, size, generator=gen)
 
 
+def _inkling2_images(config, count: int, first: int, gen: torch.Generator):
+    """(per-image placeholder counts, pixel_values [placeholders, p m, p m, C] in [-1, 1], image_grid_thw [count, 3]
+    in placeholders) of ``count`` Inkling 2 images: image j of sample b is 1 x (2 + j % 2) x (2 + b % 2) merged
+    blocks of ``patch * merge`` pixels, one pixel block per placeholder, in raster order."""
+    vc = config.vision_config
+    block = int(vc.patch_size) * int(vc.spatial_merge_size)
+    grids = [(1, 2 + j % 2, 2 + first % 2) for j in range(count)]
+    counts = [t * h * w for t, h, w in grids]
+    pixels = torch.rand(sum(counts), block, block, int(vc.num_channels), generator=gen) * 2 - 1
+    return counts, pixels, torch.tensor(grids, dtype=torch.long).reshape(-1, 3)
+
+
 def _internvl_images(config, count: int, gen: torch.Generator):
     vc = config.vision_config
     (height, width), (ph, pw) = vc.image_size, vc.patch_size
@@ -315,11 +329,11 @@ def _gemma4_images(config, count: int, first: int, gen: torch.Generator):
 _FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe",
              "internvl", "llava_onevision", "gemma4", "hy_v4_vl", "dots3_note", "deepseek_ocr2",
              "unlimited_ocr", "aria", "minimax_m3_vl", "glm5_next", "mistral_large4", "llama4",
-             "step3p7")
+             "step3p7", "inkling2")
 _QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe", "glm5_next")
 #: the families whose images come as flat patches with ``image_grid_thw``, and those of them that need
 #: ``mm_token_type_ids`` (M-RoPE positions)
-_GRIDDED = (*_QWEN, "hy_v4_vl", "dots3_note", "minimax_m3_vl")
+_GRIDDED = (*_QWEN, "hy_v4_vl", "dots3_note", "minimax_m3_vl", "inkling2")
 _TYPED = (*_QWEN, "hy_v4_vl")
 
 
@@ -329,7 +343,7 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
     """A valid ``model(**batch)`` input for a model of the tiny MLLM families (Qwen-VL-style patches: Qwen3-VL-MoE,
     Qwen3.5-MoE, Qwen3-Omni's thinker, Qwen4-exp, Qwen2.5-VL, GLM-4.5V; InternVL; LLaVA-OneVision; Gemma 4; Hy4-VL,
     dots3-note, DeepSeek-OCR 2, Unlimited-OCR, Aria, MiniMax-M3 VL, GLM-5, Mistral Large 4, Llama 4,
-    Step 3.7).
+    Step 3.7, Inkling 2).
 
     Each sample is ``text_tokens[0]`` text ids, then ``images_per_sample`` images (one text id between
     two images), then ``text_tokens[1]`` text ids, so the closing text attends to every image. The last
@@ -370,6 +384,8 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
             counts, pix, extra = _pixtral_images(config, images_per_sample, b, gen)
         elif model_type == "llama4":
             (counts, pix), extra = _llama4_images(config, images_per_sample, gen), None
+        elif model_type == "inkling2":
+            counts, pix, extra = _inkling2_images(config, images_per_sample, b, gen)
         elif model_type == "step3p7":
             (counts, pix), extra = _step3p7_images(config, images_per_sample, gen), None
         else:

@@ -219,6 +219,18 @@ def _step3p7(**kw: Any):
     return _mllm(CONFIG_MAPPING["step3p7"], text.to_dict(), vision, kw, image_token_id=120)
 
 
+def _inkling2(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # Inkling 2's tower: 4-pixel patches merged 2 x 2 into one placeholder, a class token per image, a 4 x 4 position
+    # grid interpolated to each image's
+    text = _generic("inkling2_text", **_GENERIC_FAMILIES["inkling2_text"])
+    vision = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "patch_size": 4,
+              "spatial_merge_size": 2, "posemb_grid_size": 4, "projection_hidden_dim": 32, "text_hidden_size": 32,
+              "mlp_ratio": 1.0}
+    return _mllm(CONFIG_MAPPING["inkling2"], text.to_dict(), vision, kw, image_token_id=120)
+
+
 def _qwen3_omni_moe_thinker(**kw: Any):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -323,6 +335,7 @@ MLLM_BUILDERS = {
     "mistral_large4": _mistral_large4,
     "llama4": _llama4,
     "step3p7": _step3p7,
+    "inkling2": _inkling2,
 }
 #: dense MLLM family -> builder of its tiny config
 DENSE_BUILDERS = {"llava_onevision": _llava_onevision, "qwen2_5_vl": _qwen2_5_vl}

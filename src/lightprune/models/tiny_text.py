@@ -210,6 +210,11 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     # Llama 4: the first layer dense (moe_layers), a NoPE layer, chunked attention over 4 tokens
     "llama4_text": {"intermediate_size": 16, "intermediate_size_mlp": 24, "moe_layers": [1, 2],
                     "no_rope_layers": [1, 0, 1], "attention_chunk_size": 4},
+    # Inkling 2: sliding (hybrid_sliding) / full (hybrid) / sliding layers with their short convolutions, attention
+    # residuals over blocks of 2 layers, relative position biases
+    "inkling2_text": {"swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 8,
+                      "sliding_window_size": 4, "unpadded_vocab_size": 128, "n_layers_per_attn_res_block": 2,
+                      "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding"], "d_rel": 4, "rel_extent": 16},
     # multi-head latent attention with YaRN rotary on the 8 rope dims of its 16-wide heads and Llama 4's
     # position-dependent query scaling (from position 4 on); built by AutoModelForImageTextToText (transformers
     # maps Mistral4ForCausalLM only there)

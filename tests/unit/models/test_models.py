@@ -28,6 +28,7 @@ from fixtures import (
     TOPK_THEN_SOFTMAX,
     block_of,
     call_router,
+    cast_as_loaded,
     family_count_key,
     text_config_of,
 )
@@ -171,7 +172,7 @@ def test_config_that_disagrees_with_the_modules_is_an_error(tiny):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_route_equals_the_models_router_bitwise(tiny, family, dtype):
-    model = tiny(family).to(dtype)
+    model = cast_as_loaded(tiny(family), dtype)
     gen = torch.Generator().manual_seed(7)
     for layer in lp.find_moe_layers(model):
         hidden = torch.randn(13, layer.router_linear.weight.shape[1], generator=gen).to(dtype)
@@ -196,7 +197,7 @@ def test_observed_router_equals_the_models_router_bitwise(tiny, family, dtype):
     """A family's observed router (the router's forward while calibration observes it) returns the router's own
     output bit for bit, also with saturated scores (ties) and a NaN row, and keeps its state only when it computed
     it; a router whose forward is already replaced on the instance keeps it."""
-    model = tiny(family).to(dtype)
+    model = cast_as_loaded(tiny(family), dtype)
     gen = torch.Generator().manual_seed(11)
     for layer in lp.find_moe_layers(model):
         kept = []
@@ -279,7 +280,8 @@ def test_renormalisation_is_covered_both_ways(tiny):
 #: each transformers router's forward
 _BLOCK_BIAS_RULE = {"minimax_m2": (0.0, None), "hy_v3": (1e-20, "router_scaling_factor"),
                     "afmoe": (1e-20, "route_scale"), "lfm2_moe": (1e-6, "routed_scaling_factor"), "laguna": (0.0, None),
-                    "minimax_m3_vl_text": (0.0, None), "minimax_m3_vl": (0.0, None), "step3p7": (0.0, None)}
+                    "minimax_m3_vl_text": (0.0, None), "minimax_m3_vl": (0.0, None), "step3p7": (0.0, None),
+                    "inkling2_text": (1e-20, "routed_scaling_factor"), "inkling2": (1e-20, "routed_scaling_factor")}
 
 
 @pytest.mark.parametrize("family", sorted({*BLOCK_BIAS, *ROUTER_BIAS}))
