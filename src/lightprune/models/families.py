@@ -457,9 +457,17 @@ Step3p7Family = family_row(
     "config declares ``num_local_experts`` beside ``n_routed_experts``, the count its experts are built with.",
     multimodal=True, language_model_type="step3p5", num_experts_key="n_routed_experts",
     vision_token_keys=("image_token_id",))
+NemotronHOmniFamily = family_row(
+    __name__, NemotronHFamily, "nemotron_h_omni",
+    "Nemotron-H Omni (``nemotron_h_omni``): its language model is a Nemotron-H causal LM (``nemotron_h``: "
+    "NemotronHTopkRouter, DeepSeek-V3's router, the MoE mixers those ``layers_block_type`` says); images and videos "
+    "fill the image placeholders (its videos reuse them), audio ones are not vision. Calibrate with "
+    "``video_pruning_rate`` 0 (the default): above 0 the model drops video positions inside its forward.",
+    name="NemotronHOmniFamily", multimodal=True, language_model_type="nemotron_h",
+    vision_token_keys=("image_token_id",))
 MLLM_VARIANTS: tuple[type[MoEFamily], ...] = (HYV4VLFamily, Dots3NoteFamily, DeepseekOcr2Family, UnlimitedOcrFamily,
                                               AriaFamily, MiniMaxM3VLFamily, Glm5NextFamily, MistralLarge4Family,
-                                              Step3p7Family)
+                                              Step3p7Family, NemotronHOmniFamily)
 
 #: the families lightprune registers itself (:mod:`lightprune.models` does it at import)
 BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3MoeFamily, OlmoeFamily, DeepseekV3Family,

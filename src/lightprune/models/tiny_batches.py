@@ -34,6 +34,8 @@
   downsamplers after the tower).
 - Inkling 2: ``text, <image> x (h * w), text``, ``pixel_values [placeholders, p m, p m, C]`` (one merged block of
   pixels per placeholder, in [-1, 1]) and ``image_grid_thw [num_images, 3]`` counted in placeholders.
+- Nemotron-H Omni (RADIO): ``text, <image> x (h w / 4), text``, ``pixel_values [patches, C p^2]`` flattened and
+  ``image_grid_hw [num_images, 2]`` in patches (features downsampled 2 x 2).
 - LLaVA-OneVision: ``text, <image> x n, text`` with ``n`` from :func:`llava_onevision_image_tokens`: an
   image alone in its sample is tiled "anyres" (a base tile plus the best-fitting pinpoint grid, the grid's
   features unpadded back to the image's aspect ratio, one ``image_newline`` per feature row); an image
@@ -237,6 +239,18 @@ def _inkling2_images(config, count: int, first: int, gen: torch.Generator):
     return counts, pixels, torch.tensor(grids, dtype=torch.long).reshape(-1, 3)
 
 
+def _radio_images(config, count: int, first: int, gen: torch.Generator):
+    """(per-image placeholder counts, pixel_values [patches, C p^2], image_grid_hw [count, 2] in patches) of ``count``
+    Nemotron-H Omni images: image j of sample b is 4 x 4 patches, or 4 x 6 when j + b is odd, flattened; one
+    placeholder per 2 x 2 patches (``downsample_ratio`` 1/2)."""
+    vc = config.vision_config
+    step = round(1 / float(config.downsample_ratio))
+    grids = [(2 * step, 2 * step + step * ((j + first) % 2)) for j in range(count)]
+    counts = [(h // step) * (w // step) for h, w in grids]
+    pixels = torch.randn(sum(h * w for h, w in grids), int(vc.num_channels) * int(vc.patch_size) ** 2, generator=gen)
+    return counts, pixels, torch.tensor(grids, dtype=torch.long).reshape(-1, 2)
+
+
 def _internvl_images(config, count: int, gen: torch.Generator):
     vc = config.vision_config
     (height, width), (ph, pw) = vc.image_size, vc.patch_size
@@ -329,7 +343,7 @@ def _gemma4_images(config, count: int, first: int, gen: torch.Generator):
 _FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe",
              "internvl", "llava_onevision", "gemma4", "hy_v4_vl", "dots3_note", "deepseek_ocr2",
              "unlimited_ocr", "aria", "minimax_m3_vl", "glm5_next", "mistral_large4", "llama4",
-             "step3p7", "inkling2")
+             "step3p7", "inkling2", "nemotron_h_omni")
 _QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe", "glm5_next")
 #: the families whose images come as flat patches with ``image_grid_thw``, and those of them that need
 #: ``mm_token_type_ids`` (M-RoPE positions)
@@ -343,7 +357,7 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
     """A valid ``model(**batch)`` input for a model of the tiny MLLM families (Qwen-VL-style patches: Qwen3-VL-MoE,
     Qwen3.5-MoE, Qwen3-Omni's thinker, Qwen4-exp, Qwen2.5-VL, GLM-4.5V; InternVL; LLaVA-OneVision; Gemma 4; Hy4-VL,
     dots3-note, DeepSeek-OCR 2, Unlimited-OCR, Aria, MiniMax-M3 VL, GLM-5, Mistral Large 4, Llama 4,
-    Step 3.7, Inkling 2).
+    Step 3.7, Inkling 2, Nemotron-H Omni).
 
     Each sample is ``text_tokens[0]`` text ids, then ``images_per_sample`` images (one text id between
     two images), then ``text_tokens[1]`` text ids, so the closing text attends to every image. The last
@@ -384,6 +398,8 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
             counts, pix, extra = _pixtral_images(config, images_per_sample, b, gen)
         elif model_type == "llama4":
             (counts, pix), extra = _llama4_images(config, images_per_sample, gen), None
+        elif model_type == "nemotron_h_omni":
+            counts, pix, extra = _radio_images(config, images_per_sample, b, gen)
         elif model_type == "inkling2":
             counts, pix, extra = _inkling2_images(config, images_per_sample, b, gen)
         elif model_type == "step3p7":
@@ -429,6 +445,8 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
             batch["pixel_mask"] = torch.cat(extras)
         elif model_type == "mistral_large4":
             batch["image_sizes"] = torch.cat(extras)
+        elif model_type == "nemotron_h_omni":
+            batch["image_grid_hw"] = torch.cat(extras)
     if model_type in _TYPED or model_type == "gemma4":
         batch["mm_token_type_ids"] = mm
     return batch

@@ -231,6 +231,22 @@ def _inkling2(**kw: Any):
     return _mllm(CONFIG_MAPPING["inkling2"], text.to_dict(), vision, kw, image_token_id=120)
 
 
+def _nemotron_h_omni(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # Nemotron-H's tiny language model; a RADIO tower on 4-pixel patches, its features downsampled 2 x 2 into one
+    # placeholder; a one-layer Parakeet audio encoder (built, not fed)
+    text = _generic("nemotron_h", **_GENERIC_FAMILIES["nemotron_h"])
+    vision = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "patch_size": 4, "image_size": 16,
+              "max_img_size": 32, "num_cls_tokens": 1, "num_registers": 1, "mlp_ratio": 1.0,
+              "video_temporal_patch_size": 2}
+    audio = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+             "intermediate_size": 32, "subsampling_conv_channels": 8, "num_mel_bins": 16,
+             "projection_hidden_size": 32, "projection_bias": False}
+    return _mllm(CONFIG_MAPPING["nemotron_h_omni"], text.to_dict(), vision, kw, audio_config=audio,
+                 image_token_id=120, vision_hidden_size=32, projector_hidden_size=32)
+
+
 def _qwen3_omni_moe_thinker(**kw: Any):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -336,6 +352,7 @@ MLLM_BUILDERS = {
     "llama4": _llama4,
     "step3p7": _step3p7,
     "inkling2": _inkling2,
+    "nemotron_h_omni": _nemotron_h_omni,
 }
 #: dense MLLM family -> builder of its tiny config
 DENSE_BUILDERS = {"llava_onevision": _llava_onevision, "qwen2_5_vl": _qwen2_5_vl}

@@ -58,7 +58,7 @@ def expected_moe_indices(family: str, model) -> list[int]:
     if family == "ernie4_5_moe":  # every moe_layer_interval-th layer from moe_layer_start_index to moe_layer_end_index
         return [i for i in range(n) if (i + 1) % cfg.moe_layer_interval == 0
                 and cfg.moe_layer_start_index <= i <= cfg.moe_layer_end_index]
-    if family == "nemotron_h":  # one mixer per layer: the MoE ones
+    if family in ("nemotron_h", "nemotron_h_omni"):  # one mixer per layer: the MoE ones
         return [i for i, kind in enumerate(cfg.layers_block_type) if kind == "moe"]
     if family == "kolibri1_1":  # dense in mlp_only_layers, sparse elsewhere (no decoder_sparse_step)
         return [i for i in range(n) if i not in cfg.mlp_only_layers]
