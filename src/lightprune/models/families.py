@@ -55,6 +55,7 @@ from lightprune.models.sigmoid_families import (
     Inkling2TextFamily,
     Kolibri1_1Family,
     Kolibri1Family,
+    MuseSparkFamily,
     LagunaFamily,
     Lfm2MoeFamily,
     MiniMaxM2Family,
@@ -484,4 +485,5 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          LaraMiniFamily, FlintFamily, Kolibri1Family,
                                          BeamFamily, AXK2Family, Mistral4Family,
                                          Param2MoeFamily, SarvamMlaFamily, Kolibri1_1Family,
-                                         Llama4TextFamily, Llama4Family, Inkling2TextFamily, Inkling2Family)
+                                         Llama4TextFamily, Llama4Family, Inkling2TextFamily, Inkling2Family,
+                                         MuseSparkFamily)

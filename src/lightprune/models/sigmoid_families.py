@@ -14,7 +14,8 @@ from lightprune.models.family_rows import family_row
 from lightprune.models.routing_ops import mask_logits, masked_choice, renormalized
 
 __all__ = ["Kolibri1_1Family", "LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily",
-           "Lfm2MoeFamily", "FlintFamily", "Kolibri1Family", "Inkling2TextFamily", "Inkling2Family"]
+           "Lfm2MoeFamily", "FlintFamily", "Kolibri1Family", "Inkling2TextFamily", "Inkling2Family",
+           "MuseSparkFamily"]
 
 
 class LagunaFamily(SelectsWithExpertTensor, MoEFamily):
@@ -186,6 +187,42 @@ Inkling2Family = family_row(__name__, Inkling2TextFamily, "inkling2",
                             "Inkling 2 (``inkling2``): its language model is ``inkling2_text`` (Inkling2TextModel, "
                             "Inkling2TopKRouter); image placeholders are its vision tokens.",
                             multimodal=True, language_model_type="inkling2_text", vision_token_keys=("image_token_id",))
+
+
+class MuseSparkFamily(SelectsWithExpertTensor, MoEFamily):
+    """Muse Spark (``muse_spark``; its language model ``muse_spark_text`` is built inside the MLLM only): fp32 logits
+    (the router's weight kept in fp32) times ``output_multiplier``, sigmoid, top-k (unsorted) of the scores plus the
+    router's ``e_score_correction_bias``, renormalised (+1e-15), times ``routed_scaling_factor`` (MuseSparkTopkRouter);
+    the experts read a projected, normed copy of the tokens and norm each output (``post_expert_norm``, shared), the
+    block projects the weighted sum back; sparse layers from ``mlp_layer_types``. Masking: the scaled logit -inf and
+    the selection score -inf."""
+
+    routing = "sigmoid of scaled fp32 logits + correction bias, top-k, renormalised, scaled"
+    model_types = ("muse_spark",)
+    num_experts_key = "num_local_experts"
+    score_function = "sigmoid"
+    multimodal = True
+    language_model_type = "muse_spark_text"
+    vision_token_keys = ("image_token_id", "video_token_id")
+    unselected_removal_is_free = True  # per-expert sigmoid scores, renormalised over the k
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        router = layer.router
+        hidden_states = hidden_states.reshape(-1, router.hidden_dim)
+        logits = F.linear(hidden_states.type(torch.float32), router.weight.type(torch.float32))
+        return logits * router.output_multiplier
+
+    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
+        return layer.router.e_score_correction_bias
+
+    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
+                bias: torch.Tensor) -> RoutingOutput:
+        router = layer.router
+        router_logits = mask_logits(router_logits, expert_mask)
+        scores = torch.sigmoid(router_logits)
+        top_index = torch.topk(masked_choice(scores, bias, expert_mask), layer.top_k, dim=-1, sorted=False)[1]
+        weights = renormalized(scores.gather(1, top_index), router.norm_topk_prob_eps)
+        return router_logits, weights * router.routed_scaling_factor, top_index
 
 
 class AfmoeFamily(SelectsWithExpertTensor, MoEFamily):

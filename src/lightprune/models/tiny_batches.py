@@ -36,6 +36,8 @@
   pixels per placeholder, in [-1, 1]) and ``image_grid_thw [num_images, 3]`` counted in placeholders.
 - Nemotron-H Omni (RADIO): ``text, <image> x (h w / 4), text``, ``pixel_values [patches, C p^2]`` flattened and
   ``image_grid_hw [num_images, 2]`` in patches (features downsampled 2 x 2).
+- Muse Spark: Qwen3-VL's flat patches and ``image_grid_thw`` (``patch_temporal`` frames per patch, ``merge_size``
+  merging), ``text, <image> x (t h w / merge^2), text`` without markers or token types.
 - LLaVA-OneVision: ``text, <image> x n, text`` with ``n`` from :func:`llava_onevision_image_tokens`: an
   image alone in its sample is tiled "anyres" (a base tile plus the best-fitting pinpoint grid, the grid's
   features unpadded back to the image's aspect ratio, one ``image_newline`` per feature row); an image
@@ -251,6 +253,19 @@ def _radio_images(config, count: int, first: int, gen: torch.Generator):
     return counts, pixels, torch.tensor(grids, dtype=torch.long).reshape(-1, 2)
 
 
+def _muse_spark_images(config, count: int, first: int, gen: torch.Generator):
+    """(per-image placeholder counts, pixel_values [patches, frames C p^2], image_grid_thw [count, 3] in patches) of
+    ``count`` Muse Spark images: image j of sample b is 1 x 4 x 4 patches, or 1 x 4 x 6 when j + b is odd, each patch
+    ``patch_temporal`` frames; one placeholder per ``merge_size`` x ``merge_size`` patches."""
+    vc = config.vision_config
+    merge = int(vc.merge_size)
+    grids = [(1, 2 * merge, 2 * merge + merge * ((j + first) % 2)) for j in range(count)]
+    counts = [t * h * w // merge ** 2 for t, h, w in grids]
+    width = int(vc.patch_temporal) * 3 * int(vc.patch_size) ** 2
+    pixels = torch.randn(sum(t * h * w for t, h, w in grids), width, generator=gen)
+    return counts, pixels, torch.tensor(grids, dtype=torch.long).reshape(-1, 3)
+
+
 def _internvl_images(config, count: int, gen: torch.Generator):
     vc = config.vision_config
     (height, width), (ph, pw) = vc.image_size, vc.patch_size
@@ -343,11 +358,11 @@ def _gemma4_images(config, count: int, first: int, gen: torch.Generator):
 _FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe",
              "internvl", "llava_onevision", "gemma4", "hy_v4_vl", "dots3_note", "deepseek_ocr2",
              "unlimited_ocr", "aria", "minimax_m3_vl", "glm5_next", "mistral_large4", "llama4",
-             "step3p7", "inkling2", "nemotron_h_omni")
+             "step3p7", "inkling2", "nemotron_h_omni", "muse_spark")
 _QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe", "glm5_next")
 #: the families whose images come as flat patches with ``image_grid_thw``, and those of them that need
 #: ``mm_token_type_ids`` (M-RoPE positions)
-_GRIDDED = (*_QWEN, "hy_v4_vl", "dots3_note", "minimax_m3_vl", "inkling2")
+_GRIDDED = (*_QWEN, "hy_v4_vl", "dots3_note", "minimax_m3_vl", "inkling2", "muse_spark")
 _TYPED = (*_QWEN, "hy_v4_vl")
 
 
@@ -357,7 +372,7 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
     """A valid ``model(**batch)`` input for a model of the tiny MLLM families (Qwen-VL-style patches: Qwen3-VL-MoE,
     Qwen3.5-MoE, Qwen3-Omni's thinker, Qwen4-exp, Qwen2.5-VL, GLM-4.5V; InternVL; LLaVA-OneVision; Gemma 4; Hy4-VL,
     dots3-note, DeepSeek-OCR 2, Unlimited-OCR, Aria, MiniMax-M3 VL, GLM-5, Mistral Large 4, Llama 4,
-    Step 3.7, Inkling 2, Nemotron-H Omni).
+    Step 3.7, Inkling 2, Nemotron-H Omni, Muse Spark).
 
     Each sample is ``text_tokens[0]`` text ids, then ``images_per_sample`` images (one text id between
     two images), then ``text_tokens[1]`` text ids, so the closing text attends to every image. The last
@@ -400,6 +415,8 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
             (counts, pix), extra = _llama4_images(config, images_per_sample, gen), None
         elif model_type == "nemotron_h_omni":
             counts, pix, extra = _radio_images(config, images_per_sample, b, gen)
+        elif model_type == "muse_spark":
+            counts, pix, extra = _muse_spark_images(config, images_per_sample, b, gen)
         elif model_type == "inkling2":
             counts, pix, extra = _inkling2_images(config, images_per_sample, b, gen)
         elif model_type == "step3p7":

@@ -247,6 +247,20 @@ def _nemotron_h_omni(**kw: Any):
                  image_token_id=120, vision_hidden_size=32, projector_hidden_size=32)
 
 
+def _muse_spark(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # Muse Spark: a sliding and a full attention layer, both sparse, the experts on a 16-wide projection; a tower of
+    # 4-pixel patches in frame pairs merged 2 x 2 (a 4 x 4 position grid interpolated); a two-stage audio encoder
+    text = _generic("muse_spark_text", num_hidden_layers=2, moe_hidden_size=16, sliding_window=4)
+    vision = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "patch_size": 4, "pos_emb_height": 4, "pos_emb_width": 4, "max_position_embeddings": 16}
+    audio = {"patch_sizes": [4, 2], "hidden_sizes": [8, 16], "depths": [1, 1], "num_hidden_layers": 2,
+             "out_hidden_size": 32, "mlp_ratio": 1.0}
+    return _mllm(CONFIG_MAPPING["muse_spark"], text.to_dict(), vision, kw, audio_config=audio, image_token_id=120,
+                 video_token_id=121, out_hidden_size=128, projector_hidden_size=32)
+
+
 def _qwen3_omni_moe_thinker(**kw: Any):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -353,6 +367,7 @@ MLLM_BUILDERS = {
     "step3p7": _step3p7,
     "inkling2": _inkling2,
     "nemotron_h_omni": _nemotron_h_omni,
+    "muse_spark": _muse_spark,
 }
 #: dense MLLM family -> builder of its tiny config
 DENSE_BUILDERS = {"llava_onevision": _llava_onevision, "qwen2_5_vl": _qwen2_5_vl}

@@ -59,7 +59,8 @@ def run_expert(experts: nn.Module, index: int, x: torch.Tensor) -> torch.Tensor:
 
 def _expert_mlp(experts: nn.Module, x: torch.Tensor, linear: Callable) -> torch.Tensor:
     """A fused experts module's MLP on ``x`` with its projections applied by ``linear(input, weight, bias or
-    None)``: gate_up, the module's gate (or the activation of up_proj when it has no gate), down."""
+    None)``: gate_up, the module's gate (or the activation of up_proj when it has no gate), down, and the module's
+    ``post_expert_norm`` of each output row where it has one (``has_post_expert_norm``: Muse Spark)."""
     has_bias = getattr(experts, "has_bias", False)
 
     def bias(name: str) -> torch.Tensor | None:
@@ -70,7 +71,8 @@ def _expert_mlp(experts: nn.Module, x: torch.Tensor, linear: Callable) -> torch.
         hidden = experts._apply_gate(hidden) if hasattr(experts, "_apply_gate") else _gate(experts, hidden)
     else:
         hidden = experts.act_fn(linear(x, experts.up_proj, bias("up_proj_bias")))
-    return linear(hidden, experts.down_proj, bias("down_proj_bias"))
+    out = linear(hidden, experts.down_proj, bias("down_proj_bias"))
+    return experts.post_expert_norm(out) if getattr(experts, "has_post_expert_norm", False) else out
 
 
 def _gate(experts: nn.Module, gate_up: torch.Tensor) -> torch.Tensor:

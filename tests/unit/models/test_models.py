@@ -281,7 +281,8 @@ def test_renormalisation_is_covered_both_ways(tiny):
 _BLOCK_BIAS_RULE = {"minimax_m2": (0.0, None), "hy_v3": (1e-20, "router_scaling_factor"),
                     "afmoe": (1e-20, "route_scale"), "lfm2_moe": (1e-6, "routed_scaling_factor"), "laguna": (0.0, None),
                     "minimax_m3_vl_text": (0.0, None), "minimax_m3_vl": (0.0, None), "step3p7": (0.0, None),
-                    "inkling2_text": (1e-20, "routed_scaling_factor"), "inkling2": (1e-20, "routed_scaling_factor")}
+                    "inkling2_text": (1e-20, "routed_scaling_factor"), "inkling2": (1e-20, "routed_scaling_factor"),
+                    "muse_spark": (1e-15, "routed_scaling_factor")}
 
 
 @pytest.mark.parametrize("family", sorted({*BLOCK_BIAS, *ROUTER_BIAS}))
@@ -308,6 +309,7 @@ def test_masked_biased_sigmoid_routing_matches_a_hand_computation(tiny, family):
         assert torch.isneginf(logits[:, masked]).all()
         scale = 1.0 if scale_attr is None else float(getattr(layer.router, scale_attr))
         logits = hidden.double() @ layer.router_linear.weight.detach().double()[keep].T
+        logits = logits * float(getattr(layer.router, "output_multiplier", 1.0))  # Muse Spark scales its logits
         cap = float(getattr(layer.router, "router_logit_softcapping", 0.0))
         scores = torch.sigmoid(torch.tanh(logits / cap) * cap if cap > 0 else logits)
         for t, row in enumerate(scores.tolist()):
