@@ -7,9 +7,10 @@ observing experts implementation of calibration, the attention probe):
 
 - :func:`layer_by_layer`: each decoder layer is loaded by a forward pre-hook just before it runs and released
   just after: one forward, every layer read once;
-- :func:`run_layer_outer`: many batches, each layer read once for all of them. Each batch's forward runs in its
-  own thread and waits at every decoder layer; layer by layer, the layer is loaded, the batches run it one after
-  the other (each up to the next layer), and it is released. Memory holds one layer plus every batch's
+- :func:`run_layer_outer`: many batches, each layer read once for all of them (once per pass for a model that loops
+  over some of its layers). Each batch's forward runs in its own thread and waits at every decoder layer; visit by
+  visit, the layer is loaded, the batches run it one after the other (each up to its next layer), and it is
+  released. Memory holds one layer plus every batch's
   activations at a layer boundary (what a layer-input cache holds), and only one forward computes at a time.
 """
 
@@ -79,15 +80,20 @@ class _Aborted(Exception):
 
 def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable[[Any], Any],
                     before: Callable[[int, int], None] | None = None, progress: Any = None) -> None:
-    """Run ``forward(inputs[i])`` (a call of ``skeleton.model``) for every input, each decoder layer loaded once
-    (see the module docstring). ``before(i, layer)`` runs before input ``i`` enters decoder layer ``layer``;
-    ``progress``: a tqdm bar advanced once per (layer, input). An error in a forward stops the run and is raised."""
+    """Run ``forward(inputs[i])`` (a call of ``skeleton.model``) for every input, each decoder layer loaded once per
+    visit (see the module docstring). ``before(i, layer)`` runs before input ``i`` enters decoder layer ``layer``;
+    ``progress``: a tqdm bar advanced once per (layer visit, input). An error in a forward stops the run and is raised.
+
+    The layers are visited in the order the forwards call them, which must be the same for every input: once each
+    in order for most models; a model that loops over a span of its layers (Inkling 2 Loop runs layers 6-17 three
+    times) visits that span once per pass, each visit reading its layer again."""
     model = skeleton.model
     path, layers = find_decoder_layers(model)
     names = [f"{path}.{index}" for index in range(len(layers))]
     cond, local, intra_op = threading.Condition(), threading.local(), torch.get_num_threads()
     inference = torch.is_inference_mode_enabled()
-    where: dict[int, tuple] = {}            # input -> ("at", layer) | ("done",) | ("error", exception)
+    # input -> ("at", layer, visit) | ("done",) | ("error", exception); visit counts the input's layer calls
+    where: dict[int, tuple] = {}
     turn: list[tuple[int, int] | None] = [None]
     stop = [False]
 
@@ -97,9 +103,10 @@ def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable
             if mine is None:  # a forward outside the run (not one of its threads)
                 return
             with cond:
-                where[mine] = ("at", index)
+                visit = where[mine][2] + 1 if where.get(mine, ("",))[0] == "at" else 0
+                where[mine] = ("at", index, visit)
                 cond.notify_all()
-                cond.wait_for(lambda: stop[0] or turn[0] == (mine, index))
+                cond.wait_for(lambda: stop[0] or turn[0] == (mine, visit))
                 if stop[0]:
                     raise _Aborted()
         return hook
@@ -122,38 +129,47 @@ def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable
             cond.wait_for(lambda: where.get(index) != state)
             return where[index]
 
-    def expect(index: int, state: tuple, layer: int) -> None:
-        if state[0] == "error":
-            raise state[1]
-        if layer < len(layers) and state != ("at", layer):
-            found = "finished" if state[0] == "done" else f"reached decoder layer {state[1]}"
-            raise RuntimeError(f"input {index}: the forward {found} where decoder layer {layer} of {len(layers)} "
-                               "was expected: this model does not run its decoder layers once each, in order")
-        if layer == len(layers) and state[0] != "done":
-            raise RuntimeError(f"input {index}: the forward reached decoder layer {state[1]} again after the last")
+    def next_layer(states: list[tuple], visit: int) -> int | None:
+        """The layer every input waits at for its visit ``visit`` (None: all finished); an error when they differ."""
+        for state in states:
+            if state[0] == "error":
+                raise state[1]
+        places = {state[1] if state[0] == "at" else None for state in states}
+        if len(places) > 1 or any(state[0] == "at" and state[2] != visit for state in states):
+            found = ", ".join(f"input {i}: " + (f"decoder layer {s[1]}" if s[0] == "at" else "finished")
+                              for i, s in enumerate(states))
+            raise RuntimeError(f"the forwards left decoder-layer visit {visit} for different places ({found}): "
+                               "this model does not run its decoder layers in the same order for every input")
+        return places.pop()
 
     handles = [layer.register_forward_pre_hook(pre_hook(i)) for i, layer in enumerate(layers)]
     threads, outside = [], outside_modules(model, path)
     skeleton.load(outside)
     try:
+        states = []
         for index, item in enumerate(inputs):  # each forward up to its first decoder layer, one at a time
             thread = threading.Thread(target=worker, args=(index, item), daemon=True,
                                       name=f"lightprune-forward-{index}")
             threads.append(thread)
             thread.start()
-            expect(index, wait(index, None), 0)
-        for layer, name in enumerate(names):
-            skeleton.load([name])
+            states.append(wait(index, None))
+        visit, layer = 0, next_layer(states, 0)
+        while layer is not None:
+            if visit >= len(layers) and progress is not None and getattr(progress, "total", None) is not None:
+                progress.total += len(threads)  # a loop: more visits than layers
+            skeleton.load([names[layer]])
             for index in range(len(threads)):
                 if before is not None:
                     before(index, layer)
                 with cond:
-                    turn[0] = (index, layer)
+                    turn[0] = (index, visit)
                     cond.notify_all()
-                expect(index, wait(index, ("at", layer)), layer + 1)
+                states[index] = wait(index, ("at", layer, visit))
                 if progress is not None:
                     progress.update(1)
-            skeleton.release([name])
+            skeleton.release([names[layer]])
+            visit += 1
+            layer = next_layer(states, visit)
     finally:
         with cond:
             stop[0] = True

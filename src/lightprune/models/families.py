@@ -52,6 +52,8 @@ from lightprune.models.sigmoid_families import (
     FlintFamily,
     HYV3Family,
     Inkling2Family,
+    Inkling2LoopFamily,
+    Inkling2LoopTextFamily,
     Inkling2TextFamily,
     Kolibri1_1Family,
     Kolibri1Family,
@@ -486,4 +488,4 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          BeamFamily, AXK2Family, Mistral4Family,
                                          Param2MoeFamily, SarvamMlaFamily, Kolibri1_1Family,
                                          Llama4TextFamily, Llama4Family, Inkling2TextFamily, Inkling2Family,
-                                         MuseSparkFamily)
+                                         MuseSparkFamily, Inkling2LoopTextFamily, Inkling2LoopFamily)

@@ -15,7 +15,7 @@ from lightprune.models.routing_ops import mask_logits, masked_choice, renormaliz
 
 __all__ = ["Kolibri1_1Family", "LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily",
            "Lfm2MoeFamily", "FlintFamily", "Kolibri1Family", "Inkling2TextFamily", "Inkling2Family",
-           "MuseSparkFamily"]
+           "Inkling2LoopTextFamily", "Inkling2LoopFamily", "MuseSparkFamily"]
 
 
 class LagunaFamily(SelectsWithExpertTensor, MoEFamily):
@@ -187,6 +187,20 @@ Inkling2Family = family_row(__name__, Inkling2TextFamily, "inkling2",
                             "Inkling 2 (``inkling2``): its language model is ``inkling2_text`` (Inkling2TextModel, "
                             "Inkling2TopKRouter); image placeholders are its vision tokens.",
                             multimodal=True, language_model_type="inkling2_text", vision_token_keys=("image_token_id",))
+
+
+Inkling2LoopTextFamily = family_row(
+    __name__, Inkling2TextFamily, "inkling2_loop_text",
+    "Inkling 2 Loop's language model (``inkling2_loop_text``): Inkling 2's router line for line "
+    "(Inkling2LoopTopKRouter), every layer sparse; the layers from ``loop_layer_index_start`` to "
+    "``loop_layer_index_end`` run ``loop_num_passes`` times per forward, so calibration observes each of their MoE "
+    "blocks once per pass (its statistics cover every pass) and pruning an expert prunes it in every pass.",
+    name="Inkling2LoopTextFamily")
+Inkling2LoopFamily = family_row(__name__, Inkling2LoopTextFamily, "inkling2_loop",
+                                "Inkling 2 Loop (``inkling2_loop``): its language model is ``inkling2_loop_text``; "
+                                "image placeholders are its vision tokens.",
+                                name="Inkling2LoopFamily", multimodal=True, language_model_type="inkling2_loop_text",
+                                vision_token_keys=("image_token_id",))
 
 
 class MuseSparkFamily(SelectsWithExpertTensor, MoEFamily):

@@ -32,7 +32,7 @@
   S]`` at the vision config's ``image_size``.
 - Step 3.7: ``text, <image> x (S / p / 4)^2, text``, ``pixel_values [num_images, C, S, S]`` (two stride-2
   downsamplers after the tower).
-- Inkling 2: ``text, <image> x (h * w), text``, ``pixel_values [placeholders, p m, p m, C]`` (one merged block of
+- Inkling 2 and Inkling 2 Loop: ``text, <image> x (h * w), text``, ``pixel_values [placeholders, p m, p m, C]`` (one merged block of
   pixels per placeholder, in [-1, 1]) and ``image_grid_thw [num_images, 3]`` counted in placeholders.
 - Nemotron-H Omni (RADIO): ``text, <image> x (h w / 4), text``, ``pixel_values [patches, C p^2]`` flattened and
   ``image_grid_hw [num_images, 2]`` in patches (features downsampled 2 x 2).
@@ -358,11 +358,11 @@ def _gemma4_images(config, count: int, first: int, gen: torch.Generator):
 _FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe",
              "internvl", "llava_onevision", "gemma4", "hy_v4_vl", "dots3_note", "deepseek_ocr2",
              "unlimited_ocr", "aria", "minimax_m3_vl", "glm5_next", "mistral_large4", "llama4",
-             "step3p7", "inkling2", "nemotron_h_omni", "muse_spark")
+             "step3p7", "inkling2", "nemotron_h_omni", "muse_spark", "inkling2_loop")
 _QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe", "glm5_next")
 #: the families whose images come as flat patches with ``image_grid_thw``, and those of them that need
 #: ``mm_token_type_ids`` (M-RoPE positions)
-_GRIDDED = (*_QWEN, "hy_v4_vl", "dots3_note", "minimax_m3_vl", "inkling2", "muse_spark")
+_GRIDDED = (*_QWEN, "hy_v4_vl", "dots3_note", "minimax_m3_vl", "inkling2", "inkling2_loop", "muse_spark")
 _TYPED = (*_QWEN, "hy_v4_vl")
 
 
@@ -372,7 +372,7 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
     """A valid ``model(**batch)`` input for a model of the tiny MLLM families (Qwen-VL-style patches: Qwen3-VL-MoE,
     Qwen3.5-MoE, Qwen3-Omni's thinker, Qwen4-exp, Qwen2.5-VL, GLM-4.5V; InternVL; LLaVA-OneVision; Gemma 4; Hy4-VL,
     dots3-note, DeepSeek-OCR 2, Unlimited-OCR, Aria, MiniMax-M3 VL, GLM-5, Mistral Large 4, Llama 4,
-    Step 3.7, Inkling 2, Nemotron-H Omni, Muse Spark).
+    Step 3.7, Inkling 2 (and Loop), Nemotron-H Omni, Muse Spark).
 
     Each sample is ``text_tokens[0]`` text ids, then ``images_per_sample`` images (one text id between
     two images), then ``text_tokens[1]`` text ids, so the closing text attends to every image. The last
@@ -417,7 +417,7 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
             counts, pix, extra = _radio_images(config, images_per_sample, b, gen)
         elif model_type == "muse_spark":
             counts, pix, extra = _muse_spark_images(config, images_per_sample, b, gen)
-        elif model_type == "inkling2":
+        elif model_type in ("inkling2", "inkling2_loop"):
             counts, pix, extra = _inkling2_images(config, images_per_sample, b, gen)
         elif model_type == "step3p7":
             (counts, pix), extra = _step3p7_images(config, images_per_sample, gen), None

@@ -219,16 +219,18 @@ def _step3p7(**kw: Any):
     return _mllm(CONFIG_MAPPING["step3p7"], text.to_dict(), vision, kw, image_token_id=120)
 
 
+_INKLING2_VISION = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "patch_size": 4,
+                    "spatial_merge_size": 2, "posemb_grid_size": 4, "projection_hidden_dim": 32, "text_hidden_size": 32,
+                    "mlp_ratio": 1.0}
+
+
 def _inkling2(**kw: Any):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     # Inkling 2's tower: 4-pixel patches merged 2 x 2 into one placeholder, a class token per image, a 4 x 4 position
     # grid interpolated to each image's
     text = _generic("inkling2_text", **_GENERIC_FAMILIES["inkling2_text"])
-    vision = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "patch_size": 4,
-              "spatial_merge_size": 2, "posemb_grid_size": 4, "projection_hidden_dim": 32, "text_hidden_size": 32,
-              "mlp_ratio": 1.0}
-    return _mllm(CONFIG_MAPPING["inkling2"], text.to_dict(), vision, kw, image_token_id=120)
+    return _mllm(CONFIG_MAPPING["inkling2"], text.to_dict(), _INKLING2_VISION, kw, image_token_id=120)
 
 
 def _nemotron_h_omni(**kw: Any):
@@ -259,6 +261,14 @@ def _muse_spark(**kw: Any):
              "out_hidden_size": 32, "mlp_ratio": 1.0}
     return _mllm(CONFIG_MAPPING["muse_spark"], text.to_dict(), vision, kw, audio_config=audio, image_token_id=120,
                  video_token_id=121, out_hidden_size=128, projector_hidden_size=32)
+
+
+def _inkling2_loop(**kw: Any):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    # Inkling 2 Loop: its looped language model and Inkling 2's tower
+    text = _generic("inkling2_loop_text", **_GENERIC_FAMILIES["inkling2_loop_text"])
+    return _mllm(CONFIG_MAPPING["inkling2_loop"], text.to_dict(), _INKLING2_VISION, kw, image_token_id=120)
 
 
 def _qwen3_omni_moe_thinker(**kw: Any):
@@ -368,6 +378,7 @@ MLLM_BUILDERS = {
     "inkling2": _inkling2,
     "nemotron_h_omni": _nemotron_h_omni,
     "muse_spark": _muse_spark,
+    "inkling2_loop": _inkling2_loop,
 }
 #: dense MLLM family -> builder of its tiny config
 DENSE_BUILDERS = {"llava_onevision": _llava_onevision, "qwen2_5_vl": _qwen2_5_vl}

@@ -215,6 +215,13 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
     "inkling2_text": {"swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 8,
                       "sliding_window_size": 4, "unpadded_vocab_size": 128, "n_layers_per_attn_res_block": 2,
                       "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding"], "d_rel": 4, "rel_extent": 16},
+    # Inkling 2 Loop: Inkling 2's layers, the last two looped twice per forward (their MoE blocks run twice)
+    "inkling2_loop_text": {"swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 8,
+                           "sliding_window_size": 4, "unpadded_vocab_size": 128, "n_layers_per_attn_res_block": 2,
+                           "num_hidden_layers": 4, "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding",
+                                                                   "hybrid"], "d_rel": 4, "rel_extent": 16,
+                           "loop_layer_index_start": 2, "loop_layer_index_end": 4, "loop_num_passes": 2,
+                           "loop_gate_rank": 4},
     # multi-head latent attention with YaRN rotary on the 8 rope dims of its 16-wide heads and Llama 4's
     # position-dependent query scaling (from position 4 on); built by AutoModelForImageTextToText (transformers
     # maps Mistral4ForCausalLM only there)

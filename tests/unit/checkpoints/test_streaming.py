@@ -266,10 +266,12 @@ def assert_same_stats(got, expected) -> None:
                 assert torch.equal(have[index], want[index]), (criterion, subset, index)
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "mixtral", "jamba"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "mixtral", "jamba", "llama4_text",
+                                    "inkling2_loop_text"])
 def test_sequential_calibration_equals_the_in_memory_pass(tiny, tmp_path, family):
     """Every criterion (delta_h_promoted too) for two subsets, bit for bit, with passes of 2 batches over 3 (each
-    layer read twice), padded batches included."""
+    layer read twice), padded batches included. Llama 4 is observed in its own MoE block; Inkling 2 Loop runs its
+    last two layers twice per forward, so the pass visits them twice."""
     from lightprune.experts.calibration import CRITERIA
     from lightprune.models.tiny_batches import tiny_text_batch
 

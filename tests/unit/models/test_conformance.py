@@ -48,6 +48,20 @@ def _router_and_expert_inputs(model, layer, batches) -> list[tuple[torch.Tensor,
 
 
 @torch.no_grad()
+def _router_calls(model, layers, batch) -> dict[int, int]:
+    """How many times each MoE layer's router runs in one forward of ``batch``."""
+    calls = {layer.index: 0 for layer in layers}
+    handles = [layer.router.register_forward_pre_hook(lambda m, args, i=layer.index: calls.__setitem__(i, calls[i] + 1))
+               for layer in layers]
+    try:
+        model(**batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls
+
+
+@torch.no_grad()
 def _routed_output(layer, inputs: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
     """The routed experts' output [T, H] (float64) with the experts in ``mask`` removed from the selection, run by the
     family's own experts module (shared experts are the same with and without the mask: they cancel)."""
@@ -70,8 +84,9 @@ def test_calibration_and_weight_rows(tiny, family) -> None:
                                     progress=False)
     layers = lp.find_moe_layers(model)
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
-    for layer in layers:  # every valid token picks exactly top-k experts
-        assert float(stats.raw("frequency", "all")[layer.index].sum()) == tokens * layer.top_k
+    passes = _router_calls(model, layers, batches[0])  # 1, or a looped layer's passes per forward (Inkling 2 Loop)
+    for layer in layers:  # every valid token picks exactly top-k experts, in every pass through the layer
+        assert float(stats.raw("frequency", "all")[layer.index].sum()) == tokens * layer.top_k * passes[layer.index]
 
     # Delta-H on the first MoE layer: remove each expert from the selection (the family's router then promotes the
     # next-ranked one, exactly as if the expert were gone) and measure the routed output's change per token

@@ -282,7 +282,9 @@ _BLOCK_BIAS_RULE = {"minimax_m2": (0.0, None), "hy_v3": (1e-20, "router_scaling_
                     "afmoe": (1e-20, "route_scale"), "lfm2_moe": (1e-6, "routed_scaling_factor"), "laguna": (0.0, None),
                     "minimax_m3_vl_text": (0.0, None), "minimax_m3_vl": (0.0, None), "step3p7": (0.0, None),
                     "inkling2_text": (1e-20, "routed_scaling_factor"), "inkling2": (1e-20, "routed_scaling_factor"),
-                    "muse_spark": (1e-15, "routed_scaling_factor")}
+                    "muse_spark": (1e-15, "routed_scaling_factor"),
+                    "inkling2_loop_text": (1e-20, "routed_scaling_factor"),
+                    "inkling2_loop": (1e-20, "routed_scaling_factor")}
 
 
 @pytest.mark.parametrize("family", sorted({*BLOCK_BIAS, *ROUTER_BIAS}))
