@@ -31,12 +31,15 @@ EXPERT_TENSORS = ("gate_up_proj", "down_proj", "up_proj", "gate_up_proj_bias", "
 ROUTER_TENSORS = ("weight", "bias", "e_score_correction_bias")
 def router_sub_tensors(router, specs):
     """``[(module, name, dim)]`` of the per-expert tensors in ``router``'s submodules that exist; ``specs`` are
-    the family's ``(submodule, name, experts' dimension)``, submodule "" the router itself (ERNIE-4.5: its
+    the family's ``(submodule, name, experts' dimension)``, submodule "" the router itself, a dotted path a nested one
+    (ERNIE-4.5: its
     selection bias ``moe_statics.e_score_correction_bias`` [1, E]; Gemma 4: ``proj.weight`` [E, H] and
     ``per_expert_scale`` [E])."""
     found = []
     for sub, name, dim in specs:
-        module = getattr(router, sub, None) if sub else router
+        module = router
+        for part in sub.split(".") if sub else ():  # a dotted path: a submodule's submodule (Ergo's
+            module = getattr(module, part, None)    # experts.post_expert_norm)
         if isinstance(module, nn.Module) and isinstance(getattr(module, name, None), torch.Tensor):
             found.append((module, name, dim))
     return found

@@ -71,6 +71,20 @@ def concatenates_fused(converter: Any) -> bool:
         len(converter.source_patterns) > 1 and getattr(converter, "quantization_operation", None) is None
 
 
+def transposed_dim(converter: Any, dim: int) -> int | None:
+    """The dimension of the stored tensor that becomes the model tensor's ``dim`` under a conversion that only swaps
+    two dimensions (``Transpose(dim0, dim1)`` of one source: Ergo's router weight, stored [H, E]); None for any other
+    conversion."""
+    from transformers.core_model_loading import Transpose
+
+    ops = list(getattr(converter, "operations", ()))
+    if len(ops) != 1 or type(ops[0]) is not Transpose or len(converter.source_patterns) != 1 or \
+            getattr(converter, "quantization_operation", None) is not None:
+        return None
+    swap = {ops[0].dim0: ops[0].dim1, ops[0].dim1: ops[0].dim0}
+    return swap.get(dim, dim)
+
+
 @functools.lru_cache(maxsize=1)
 def _libc_trim() -> Any:
     try:
@@ -170,6 +184,20 @@ class Skeleton:
         later dimension into its model tensor (:func:`concatenates_fused`): pruned by its own dimension 0."""
         pattern = self.targets.get(key, (None, None))[1]
         return pattern is not None and concatenates_fused(self._converters.get(pattern))
+
+    def stored_dim(self, key: str, dim: int, shape: tuple[int, ...]) -> int | None:
+        """The dimension of checkpoint ``key`` that becomes dimension ``dim`` of its model tensor (of ``shape``) under
+        a transposing conversion (:func:`transposed_dim`), when the stored shape is the model's transposed; else
+        None."""
+        pattern = self.targets.get(key, (None, None))[1]
+        converter = self._converters.get(pattern) if pattern is not None else None
+        found = transposed_dim(converter, dim) if converter is not None else None
+        if found is None:
+            return None
+        ops = converter.operations[0]
+        stored = list(shape)
+        stored[ops.dim0], stored[ops.dim1] = shape[ops.dim1], shape[ops.dim0]
+        return found if tuple(self.checkpoint.shape(key)) == tuple(stored) else None
 
     def merged_pieces(self, name: str) -> dict[str, dict[int, str]] | None:
         """{source pattern: {expert: checkpoint key}} of a model tensor that transformers' standard per-expert merge

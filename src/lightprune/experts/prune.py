@@ -63,10 +63,9 @@ def _extra_expert_tensors(layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
     """(module, tensor name, experts' dimension) of the family's per-expert tensors outside the router's ``weight``
     (:attr:`MoEFamily.router_sub_tensors` and :attr:`MoEFamily.block_sub_tensors`; submodule "" is the router or
     the block itself)."""
-    found = [(getattr(layer.router, sub) if sub else layer.router, name, dim)
-             for sub, name, dim in layer.family.router_sub_tensors]
+    found = [(layer.router.get_submodule(sub), name, dim) for sub, name, dim in layer.family.router_sub_tensors]
     for sub, name, dim in layer.family.block_sub_tensors:  # the block's own per-expert tensors, where present
-        module = getattr(layer.block, sub) if sub else layer.block
+        module = layer.block.get_submodule(sub)  # "" the block, a dotted path a nested module
         if isinstance(getattr(module, name, None), torch.Tensor):
             found.append((module, name, dim))
     return found

@@ -11,7 +11,8 @@ conversion mapping (:class:`~lightprune.checkpoints.skeleton.Skeleton`); then, p
 - a fused key (``...experts.gate_up_proj``, a router ``weight``): the kept slices along the experts' dimension,
   read and written one expert at a time when that dimension is the first; a whole fused tensor that transformers
   concatenates with others along a later dimension (Step 3.7's ``gate_proj`` and ``up_proj`` into ``gate_up_proj``)
-  the same way, by its own first dimension;
+  the same way, by its own first dimension; a tensor stored transposed (Ergo's router weight, [H, E]) along the
+  stored tensor's experts' dimension;
 - anything else, and any key the model has no tensor for (a DeepSeek-V3 multi-token-prediction layer): copied
   unchanged.
 
@@ -120,6 +121,8 @@ def key_rules(skeleton: Skeleton, dims: dict[str, int], plan: ExpertPlan) -> dic
             rules[key] = KeyRule(key, dims[target], keep)
         elif dims[target] == 0 and skeleton.concatenated_fused(key):  # a piece of a fused tensor (Step 3.7's gate)
             rules[key] = KeyRule(key, 0, keep)
+        elif (stored := skeleton.stored_dim(key, dims[target], tuple(own[target].shape))) is not None:
+            rules[key] = KeyRule(key, stored, keep)  # stored transposed (Ergo's router weight [H, E])
         else:
             raise ValueError(f"checkpoint {str(checkpoint.path)!r}: tensor {key!r} {list(checkpoint.shape(key))} "
                              f"becomes the model's {target} {list(own[target].shape)} through a conversion that is "

@@ -196,7 +196,8 @@ class MoEFamily:
     #: reads them instead of recomputing them
     router_returns_logits: ClassVar[bool] = True
     #: per-expert tensors the MoE block keeps outside its router, as (submodule, name, dim) with "" the block itself
-    #: (MiniMax-M2's ``e_score_correction_bias``, AFMoE's ``expert_bias``); a missing one is skipped
+    #: and a dotted path a nested module (MiniMax-M2's ``e_score_correction_bias``, AFMoE's ``expert_bias``, Ergo's
+    #: ``experts.post_expert_norm.weight``); a missing one is skipped
     block_sub_tensors: ClassVar[tuple[tuple[str, str, int], ...]] = ()
 
     #: lightprune's config key for per-layer expert counts of a non-uniform prune
@@ -450,7 +451,7 @@ class MoEFamily:
         if self.router_sub_tensors or isinstance(getattr(layer.router_linear, "e_score_correction_bias", None),
                                                  torch.Tensor):
             return True
-        return any(isinstance(getattr(getattr(layer.block, sub) if sub else layer.block, name, None), torch.Tensor)
+        return any(isinstance(getattr(layer.block.get_submodule(sub), name, None), torch.Tensor)
                    for sub, name, _ in self.block_sub_tensors)
 
     # ----------------------------------------------------------------- config updates

@@ -43,6 +43,7 @@ from lightprune.models.deepseek_families import (
     SarvamMlaFamily,
     SarvamMoeFamily,
 )
+from lightprune.models.ergo_family import ErgoFamily
 from lightprune.models.family_rows import family_row
 from lightprune.models.llama4_family import Llama4Family, Llama4TextFamily
 from lightprune.models.refusals import REFUSED_TYPES
@@ -488,4 +489,4 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          BeamFamily, AXK2Family, Mistral4Family,
                                          Param2MoeFamily, SarvamMlaFamily, Kolibri1_1Family,
                                          Llama4TextFamily, Llama4Family, Inkling2TextFamily, Inkling2Family,
-                                         MuseSparkFamily, Inkling2LoopTextFamily, Inkling2LoopFamily)
+                                         MuseSparkFamily, Inkling2LoopTextFamily, Inkling2LoopFamily, ErgoFamily)

@@ -222,6 +222,9 @@ _GENERIC_FAMILIES: dict[str, dict[str, Any]] = {
                                                                    "hybrid"], "d_rel": 4, "rel_extent": 16,
                            "loop_layer_index_start": 2, "loop_layer_index_end": 4, "loop_num_passes": 2,
                            "loop_gate_rank": 4},
+    # Ergo: the first layer dense, a sliding and a full attention layer after it
+    "ergo": {"num_dense_blocks": 1, "first_dense_intermediate_size": 24, "shared_intermediate_size": 16,
+             "sliding_window": 4, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
     # multi-head latent attention with YaRN rotary on the 8 rope dims of its 16-wide heads and Llama 4's
     # position-dependent query scaling (from position 4 on); built by AutoModelForImageTextToText (transformers
     # maps Mistral4ForCausalLM only there)

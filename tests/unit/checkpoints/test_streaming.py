@@ -25,8 +25,9 @@ from lightprune.models.base import find_decoder_layers
 
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "gemma4", "qwen3_vl_moe", "gpt_oss", "jamba", "granitemoe"]
 #: also streamed: a vision tower whose checkpoint fuses q, k, v (Kimi K2.5: a split conversion), experts that read a
-#: latent projection (Nemotron-H)
-MORE_FAMILIES = ["kimi_k25", "nemotron_h"]
+#: latent projection (Nemotron-H), a router weight stored transposed and a nested per-expert norm (Ergo), gate and up
+#: stored as two fused tensors concatenated on load (Step 3.7), experts outside ExpertsInterface (Llama 4)
+MORE_FAMILIES = ["kimi_k25", "nemotron_h", "ergo", "step3p7", "llama4_text"]
 
 
 def saved(model, path: Path, sharded: bool) -> Path:

@@ -101,6 +101,9 @@ def _check_pruned_structure(family, original, pruned, plan):
             assert torch.equal(getattr(layer.block, name), getattr(old.block, name)[idx])
         if hasattr(layer.router, "per_expert_scale"):  # Gemma 4: the kept experts' scales
             assert torch.equal(layer.router.per_expert_scale, old.router.per_expert_scale[idx])
+        norm = getattr(layer.experts, "post_expert_norm", None)
+        if norm is not None and norm.weight.dim() == 2:  # Ergo: the kept experts' output-norm scales
+            assert torch.equal(norm.weight, old.experts.post_expert_norm.weight[idx])
         up = "gate_up_proj" if hasattr(layer.experts, "gate_up_proj") else "up_proj"  # ungated: Nemotron-H
         assert torch.equal(getattr(layer.experts, up), getattr(old.experts, up)[idx])
         assert torch.equal(layer.experts.down_proj, old.experts.down_proj[idx])
@@ -127,7 +130,8 @@ def _check_pruned_structure(family, original, pruned, plan):
                   "experts.up_proj", "router.weight", "router.bias", "experts.gate_up_proj_bias",
                   "experts.down_proj_bias", "gate.moe_statics.e_score_correction_bias", "router.proj.weight",
                   "router.per_expert_scale", "gate.wg.weight", "e_score_correction_bias", "expert_bias",
-                  "router.gate.weight", "feed_forward.gate.weight")
+                  "router.gate.weight", "feed_forward.gate.weight", "gate.linear.weight",
+                  "experts.post_expert_norm.weight")
     for name, tensor in old_state.items():
         block = f".{BLOCK_ATTR.get(family, 'mlp')}." if BLOCK_ATTR.get(family, "mlp") else ".layers."
         if not (block in name and name.endswith(per_expert) and "shared" not in name):

@@ -284,7 +284,7 @@ _BLOCK_BIAS_RULE = {"minimax_m2": (0.0, None), "hy_v3": (1e-20, "router_scaling_
                     "inkling2_text": (1e-20, "routed_scaling_factor"), "inkling2": (1e-20, "routed_scaling_factor"),
                     "muse_spark": (1e-15, "routed_scaling_factor"),
                     "inkling2_loop_text": (1e-20, "routed_scaling_factor"),
-                    "inkling2_loop": (1e-20, "routed_scaling_factor")}
+                    "inkling2_loop": (1e-20, "routed_scaling_factor"), "ergo": (1e-20, "routed_scaling_factor")}
 
 
 @pytest.mark.parametrize("family", sorted({*BLOCK_BIAS, *ROUTER_BIAS}))

@@ -1,0 +1,90 @@
+"""Ergo (``ergo``): a biased sigmoid router and experts that norm each output with a scale of their own.
+
+ErgoTopkRouter: fp32 logits (ErgoLinearWithFP32Output), s = sigmoid(l), the top-k (unsorted) of s + b (the router's
+``e_score_correction_bias``), w = s / (sum_k s + 1e-20) * ``moe_routed_scaling_factor``, rounded to the hidden states'
+dtype and back to fp32. ErgoExperts: every (token, selected expert) pair is its own row, run by the dispatched
+projections (relu^2, transposed ``up_proj [E, H, I]``, ``down_proj [E, I, H]``) with weight 1, then RMS-normed with
+expert j's scale ``post_expert_norm.weight[j]`` ([E, H], pruned with the experts), then weighted and summed:
+
+    H(x) = shared(x) + sum_{j in S} w_j f_j(x),   f_j(x) = rmsnorm(relu(x U_j)^2 D_j) * g_j
+
+The dispatched call sees one route per row, not the block's [T, k] selection, so calibration observes the experts in
+the block's own forward (:meth:`ErgoFamily.observed_block`) with f_j as above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, SelectsWithExpertTensor
+from lightprune.models.routing_ops import mask_logits, masked_choice, renormalized
+
+__all__ = ["ErgoFamily"]
+
+
+class ErgoFamily(SelectsWithExpertTensor, MoEFamily):
+    """Ergo (``ergo``): sigmoid of fp32 logits + the router's correction bias, top-k, renormalised (+1e-20), scaled,
+    rounded through the model's dtype; a per-expert output norm in the experts; shared experts; sparse layers from
+    ``mlp_layer_types``. Masking: logit -inf and selection score -inf."""
+
+    routing = "sigmoid of fp32 logits + correction bias, top-k, renormalised, scaled; per-expert output norm"
+    model_types = ("ergo",)
+    router_weight_attr = "linear"
+    router_sub_tensors = (("", "e_score_correction_bias", 0),)
+    block_sub_tensors = (("experts.post_expert_norm", "weight", 0),)
+    shared_attrs = ("shared_experts",)
+    score_function = "sigmoid"
+    unselected_removal_is_free = True  # per-expert sigmoid scores, renormalised over the k
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        linear = layer.router.linear
+        return linear(hidden_states.reshape(-1, linear.in_features))
+
+    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
+        return layer.router.e_score_correction_bias
+
+    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
+                bias: torch.Tensor) -> RoutingOutput:
+        router = layer.router
+        router_logits = mask_logits(router_logits, expert_mask)
+        scores = router_logits.sigmoid()
+        top_index = masked_choice(scores, bias, expert_mask).topk(layer.top_k, sorted=False).indices
+        weights = renormalized(scores.gather(1, top_index), 1e-20) * router.routed_scaling_factor
+        return router_logits, weights.to(layer.experts.up_proj.dtype).float(), top_index
+
+    @staticmethod
+    def expert_rows(layer: MoELayer, hidden: torch.Tensor, tokens: torch.Tensor,
+                    experts: torch.Tensor) -> torch.Tensor:
+        """f_e(x_t) [n, H] of the (token, expert) pairs: ErgoExperts' ops on each expert's rows, then its norm."""
+        module = layer.experts
+        x = hidden.index_select(0, tokens)
+        out = torch.zeros_like(x)
+        for expert in torch.unique(experts).tolist():
+            rows = (experts == expert).nonzero().squeeze(-1)
+            out[rows] = module.act_fn(x.index_select(0, rows) @ module.up_proj[expert]) @ module.down_proj[expert]
+        return module.post_expert_norm(out, experts)
+
+    def observed_block(self, layer: MoELayer, observe: Callable[..., torch.Tensor]) -> Callable[..., Any]:
+        """ErgoMoE's forward with the experts' part computed here, each selected expert's normed output handed to
+        ``observe`` with the router's weights (extra rows by :meth:`expert_rows`)."""
+        block = layer.block
+
+        def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+            residuals, shape = hidden_states, hidden_states.shape
+            _, weights, index = block.gate(hidden_states)
+            hidden = hidden_states.view(-1, shape[-1])
+            num_tokens, k = index.shape
+            tokens = torch.arange(num_tokens, device=index.device).repeat_interleave(k)
+
+            def run(rows):
+                chosen = self.expert_rows(layer, hidden, tokens, index.reshape(-1)).view(num_tokens, k, -1)
+                return chosen, None if rows is None else self.expert_rows(layer, hidden, *rows)
+
+            outputs = observe(hidden, index, weights, run)
+            out = (outputs * weights.unsqueeze(-1)).sum(1).to(hidden.dtype).view(*shape)
+            return out + block.shared_experts(residuals)
+
+        return forward
