@@ -33,4 +33,11 @@ REFUSED_TYPES: dict[str, str] = {
     "diffusion_gemma": "a block-diffusion model whose encoder and decoder layers share their expert parameters (the "
                        "same tensors, tied), routed by two stacks; lightprune prunes one decoder stack per model and "
                        "does not prune a tied pair yet",
+    "inkling_text": "its router holds a row per routed expert and then one per shared expert ([E + S] rows) and "
+                    "normalises the chosen routed experts' and every shared expert's scores together, so removing a "
+                    "routed expert changes the shared experts' weights too; lightprune's surgery and Delta-H model "
+                    "routed rows only, not yet these",
+    "inkling_mm_model": "its language model is Inkling's (inkling_text), whose router holds a row per routed expert "
+                        "and then one per shared expert ([E + S] rows) and normalises both kinds together; lightprune's "
+                        "surgery and Delta-H model routed rows only, not yet these",
 }

@@ -397,6 +397,22 @@ def test_masked_llama4_block_matches_a_hand_computation(tiny, family):
         assert torch.isneginf(logits[:, [e for e in range(layer.num_experts) if e not in keep]]).all()
 
 
+def test_calibration_refuses_a_masked_llama4_block_and_leaves_it_masked(tiny):
+    """Llama 4 is observed in its block's own forward, which masking replaced: calibration inside mask_experts is
+    refused before any batch, and the masked forward stays."""
+    from fixtures import padded_batch
+
+    model = tiny("llama4_text", seed=3)
+    layers = lp.find_moe_layers(model)
+    plan = lp.ExpertPlan(keep={l.index: [0, 2, 4, 6] for l in layers}, num_experts={l.index: 8 for l in layers})
+    with lp.mask_experts(model, plan):
+        masked = [vars(layer.block)["forward"] for layer in layers]
+        with pytest.raises(RuntimeError, match="already replaced"):
+            lp.collect_expert_stats(model, [padded_batch()], progress=False)
+        assert [vars(layer.block).get("forward") for layer in layers] == masked
+    assert not any("forward" in vars(layer.block) for layer in layers)
+
+
 @pytest.mark.parametrize("family", sorted(NORMED_ROUTER_INPUT))
 def test_masked_gemma4_routing_matches_a_hand_computation(tiny, family):
     """Gemma 4's router by hand (float64) on the router with the masked rows deleted: RMS norm without scale, times

@@ -6,10 +6,15 @@ its MoE block (Gemma 4's assistant)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import lightprune as lp
 from lightprune.models import REFUSED
 from lightprune.models.tiny_text import _GENERIC_FAMILIES, _generic
+
+#: a tiny Inkling language model: Inkling 2's attention sizes, one shared expert
+_INKLING = {"swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 8, "sliding_window_size": 4,
+            "unpadded_vocab_size": 128, "d_rel": 4, "rel_extent": 16, "n_shared_experts": 1, "num_hidden_layers": 1}
 
 
 def _refused_with_its_reason(model, model_type: str) -> None:
@@ -48,6 +53,26 @@ def test_longcat_flash_routes_to_zero_experts_that_have_router_rows_and_no_exper
     assert routed == block.experts.down_proj.shape[0] == 8
     assert block.router.classifier.weight.shape[0] == block.router.e_score_correction_bias.shape[0] == routed + 2
     _refused_with_its_reason(model, "longcat_flash")
+
+
+def test_inkling_weighs_its_shared_experts_with_the_routed_ones() -> None:
+    """Inkling's router: [E + S] rows; removing a selected routed expert changes the shared experts' weights, which
+    the router normalises together with the routed ones'."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(_generic("inkling_text", **_INKLING))
+    block = model.model.layers[0].mlp
+    routed = block.experts.gate_up_proj.shape[0]
+    assert block.gate.weight.shape[0] == routed + block.shared_experts.n_shared_experts
+    with torch.no_grad():
+        torch.nn.init.normal_(block.gate.weight, std=0.5)
+        hidden = torch.randn(6, block.gate.weight.shape[1], generator=torch.Generator().manual_seed(0))
+        _, _, chosen, gammas = block.gate(hidden)
+        block.gate.e_score_correction_bias[chosen[0, 0]] = -1e9  # remove token 0's first chosen expert
+        _, _, again, gammas_without = block.gate(hidden)
+    assert int(chosen[0, 0]) not in again[0].tolist()
+    assert not torch.allclose(gammas[0], gammas_without[0])  # the shared experts' weights moved
+    _refused_with_its_reason(model, "inkling_text")
 
 
 def test_diffusion_gemma_ties_its_encoder_and_decoder_experts() -> None:
