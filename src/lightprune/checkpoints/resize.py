@@ -32,9 +32,8 @@ ROUTER_TENSORS = ("weight", "bias", "e_score_correction_bias")
 def router_sub_tensors(router, specs):
     """``[(module, name, dim)]`` of the per-expert tensors in ``router``'s submodules that exist; ``specs`` are
     the family's ``(submodule, name, experts' dimension)``, submodule "" the router itself, a dotted path a nested one
-    (ERNIE-4.5: its
-    selection bias ``moe_statics.e_score_correction_bias`` [1, E]; Gemma 4: ``proj.weight`` [E, H] and
-    ``per_expert_scale`` [E])."""
+    (ERNIE-4.5: its selection bias ``moe_statics.e_score_correction_bias`` [1, E]; Gemma 4: ``proj.weight`` [E, H]
+    and ``per_expert_scale`` [E]; Ergo: ``experts.post_expert_norm.weight`` [E, H], from its MoE block)."""
     found = []
     for sub, name, dim in specs:
         module = router

@@ -10,8 +10,8 @@ observing experts implementation of calibration, the attention probe):
 - :func:`run_layer_outer`: many batches, each layer read once for all of them (once per pass for a model that loops
   over some of its layers). Each batch's forward runs in its own thread and waits at every decoder layer; visit by
   visit, the layer is loaded, the batches run it one after the other (each up to its next layer), and it is
-  released. Memory holds one layer plus every batch's
-  activations at a layer boundary (what a layer-input cache holds), and only one forward computes at a time.
+  released. Memory holds one layer plus every batch's activations at a layer boundary (what a layer-input cache
+  holds), and only one forward computes at a time.
 """
 
 from __future__ import annotations

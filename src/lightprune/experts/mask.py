@@ -1,10 +1,11 @@
 """Reversible expert masking: the router selects among the kept experts only.
 
 Inside ``with mask_experts(model, plan):`` every MoE router of the plan is replaced (per instance,
-never per class) by its family's routing run on the kept experts' logits (and their biases), and the MoE block too
-where the family says so (``MoEFamily.masked_block``: Llama 4 sums over its experts): the same operations the pruned model's stock router runs on its pruned tensors, so the model computes
-exactly what the structurally pruned model computes, exact ties in the logits included (tested per
-family); the removed experts' logits read -inf. Leaving the block restores the original routers,
+never per class) by its family's routing run on the kept experts' logits (and their biases), and the MoE block
+too where the family says so (``MoEFamily.masked_block``: Llama 4 sums over its experts): the same operations
+the pruned model's stock router (and block) runs on its pruned tensors, so the model computes exactly what the
+structurally pruned model computes, exact ties in the logits included (tested per family); the removed experts'
+logits read -inf. Leaving the block restores the original routers,
 also on error. The plan is checked against the model first (:meth:`ExpertPlan.check_layers
 <lightprune.experts.plan.ExpertPlan.check_layers>`); a MergePlan is refused (``lp.merged_experts``).
 """

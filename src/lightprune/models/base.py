@@ -360,7 +360,8 @@ class MoEFamily:
         """A forward for ``layer.block`` while calibration observes the layer, for a family whose experts do not
         dispatch through transformers' ExpertsInterface (None, the default: they do, and are observed there).
 
-        It returns exactly what the block's forward returns and calls ``observe(hidden [T, H], top_k_index [T, k],
+        It returns what the block's forward returns (Llama 4's op for op; Ergo's with its experts run per expert by
+        the family) and calls ``observe(hidden [T, H], top_k_index [T, k],
         top_k_weights [T, k], run)`` once, ``run(rows)`` giving the selected experts' outputs [T, k, H] and those of
         the (tokens, experts) ``rows`` [n, H] (None: none asked), as the observer must see them (Llama 4: each
         expert's contribution, weights 1)."""

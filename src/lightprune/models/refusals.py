@@ -37,7 +37,7 @@ REFUSED_TYPES: dict[str, str] = {
                     "normalises the chosen routed experts' and every shared expert's scores together, so removing a "
                     "routed expert changes the shared experts' weights too; lightprune's surgery and Delta-H model "
                     "routed rows only, not yet these",
-    "inkling_mm_model": "its language model is Inkling's (inkling_text), whose router holds a row per routed expert "
-                        "and then one per shared expert ([E + S] rows) and normalises both kinds together; lightprune's "
-                        "surgery and Delta-H model routed rows only, not yet these",
+    "inkling_mm_model": "its language model is Inkling's (inkling_text), whose router holds a row per routed "
+                        "expert and then one per shared expert ([E + S] rows) and normalises both kinds together; "
+                        "lightprune's surgery and Delta-H model routed rows only, not yet these",
 }

@@ -32,8 +32,9 @@
   S]`` at the vision config's ``image_size``.
 - Step 3.7: ``text, <image> x (S / p / 4)^2, text``, ``pixel_values [num_images, C, S, S]`` (two stride-2
   downsamplers after the tower).
-- Inkling 2 and Inkling 2 Loop: ``text, <image> x (h * w), text``, ``pixel_values [placeholders, p m, p m, C]`` (one merged block of
-  pixels per placeholder, in [-1, 1]) and ``image_grid_thw [num_images, 3]`` counted in placeholders.
+- Inkling 2 and Inkling 2 Loop: ``text, <image> x (h * w), text``, ``pixel_values [placeholders, p m, p m, C]``
+  (one merged block of pixels per placeholder, in [-1, 1]) and ``image_grid_thw [num_images, 3]`` counted in
+  placeholders.
 - Nemotron-H Omni (RADIO): ``text, <image> x (h w / 4), text``, ``pixel_values [patches, C p^2]`` flattened and
   ``image_grid_hw [num_images, 2]`` in patches (features downsampled 2 x 2).
 - Muse Spark: Qwen3-VL's flat patches and ``image_grid_thw`` (``patch_temporal`` frames per patch, ``merge_size``
