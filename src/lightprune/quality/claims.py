@@ -15,19 +15,68 @@ One claim per paper, stated as the paper makes it, tested on the measured number
 "Held" needs the criterion above random's best seed (random's spread is over seeds) and, where the row has one,
 the lower end of its bootstrap interval above random's mean; "within noise" when it is above random's mean only;
 otherwise "did not hold". A claim whose rows were not measured says so.
+
+The rule for a claim measured on several independently trained testbeds against a null distribution (each seed's
+standing: :func:`standing`; the verdict over the seeds: :func:`claim_verdict`), the one every claim moves to:
+
+- on one testbed seed, the criterion's retention v against N random plans of the same ratio (the null): the
+  empirical p-value p = (1 + #{null >= v}) / (1 + N) (the chance that a random plan keeps at least as much), and
+  the paired difference d = v - mean(null) with its paired bootstrap interval over the evaluation rows (the same
+  rows for the dense model, the criterion and every null plan: :func:`~lightprune.quality.intervals.paired_difference`);
+- "held" when p < 0.05 and the interval's lower end is above 0 on every seed; "did not hold" when the opposite
+  holds on every seed (the p-value the other way, (1 + #{null <= v}) / (1 + N), below 0.05, and the interval's
+  upper end below 0); otherwise "within noise". A random plan judged as a criterion passes at most 5% of the time on one seed (the
+  p-value's own guarantee), less on several (shown by a test that feeds random plans to the rule).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightprune.quality.expert_quality import spread
 from lightprune.quality.intervals import retention
 
-__all__ = ["paper_claims"]
+__all__ = ["P_LEVEL", "claim_verdict", "empirical_p_value", "paper_claims", "standing"]
 
 HELD, NOISE, FAILED, MISSING = "held", "within noise", "did not hold", "not measured"
+#: the p-value below which one seed counts for the claim (and above 1 - P_LEVEL against it)
+P_LEVEL = 0.05
+
+
+def empirical_p_value(value: float, null: Sequence[float]) -> float:
+    """(1 + #{x in null: x >= value}) / (1 + len(null)): the chance a null draw keeps at least ``value`` (higher =
+    better), counting the value itself as one draw, so a draw of the null gets p <= a with probability <= a."""
+    if not null:
+        raise ValueError("empirical_p_value needs a non-empty null distribution")
+    return (1 + sum(x >= value for x in null)) / (1 + len(null))
+
+
+def standing(value: float, null: Sequence[float], paired_diff: float, paired_ci: Sequence[float],
+             testbed_seed: int) -> dict[str, Any]:
+    """One seed's record of a criterion against its null (the module docstring): ``{"testbed_seed", "null_size",
+    "p_value", "paired_diff", "paired_ci"}``, what results.json keeps and :func:`claim_verdict` reads."""
+    return {"testbed_seed": int(testbed_seed), "null_size": len(null), "p_value": empirical_p_value(value, null),
+            "paired_diff": float(paired_diff), "paired_ci": [float(paired_ci[0]), float(paired_ci[1])]}
+
+
+def claim_verdict(seeds: Sequence[Mapping[str, Any]]) -> str:
+    """The rule of the module docstring over per-seed :func:`standing` records: held, did not hold, within noise (not
+    measured without seeds)."""
+    if not seeds:
+        return MISSING
+    if all(s["p_value"] < P_LEVEL and s["paired_ci"][0] > 0 for s in seeds):
+        return HELD
+    if all(_lower_p_value(s) < P_LEVEL and s["paired_ci"][1] < 0 for s in seeds):
+        return FAILED
+    return NOISE
+
+
+def _lower_p_value(record: Mapping[str, Any]) -> float:
+    """The p-value the other way, (1 + #{null <= v}) / (1 + N), from a :func:`standing` record: (2 + N) / (1 + N) - p
+    (the retentions of distinct plans do not tie)."""
+    size = record["null_size"]
+    return (2 + size) / (1 + size) - record["p_value"]
 
 
 def _row(result: Mapping[str, Any], criterion: str, ratio: float) -> Mapping[str, Any] | None:

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["ROW_SUMS", "RESAMPLES", "intervals_of", "metric_value", "retention", "retention_interval",
-           "task_mean_retention_interval"]
+__all__ = ["ROW_SUMS", "RESAMPLES", "intervals_of", "metric_value", "paired_difference", "retention",
+           "retention_interval", "task_mean_retention_interval"]
 
 #: the key of an evaluation's per-row sums ``{metric: (n [R], d [R])}`` (never a metric itself)
 ROW_SUMS = "_row_sums"
@@ -120,3 +120,29 @@ def task_mean_retention_interval(metric: str, tasks: torch.Tensor, dense: RowSum
 def intervals_of(dense_sums: Mapping[str, RowSums], sums: Mapping[str, RowSums], **kwargs) -> dict[str, list[float]]:
     """``{metric: [low, high]}`` of every metric with row sums on both sides."""
     return {m: retention_interval(m, dense_sums[m], sums[m], **kwargs) for m in sums if m in dense_sums}
+
+
+def paired_difference(metric: str, dense: RowSums, pruned: RowSums, null: list[RowSums], *,
+                      resamples: int = RESAMPLES, level: float = 0.95, seed: int = 0) -> tuple[float, list[float]]:
+    """(d, [low, high]): d = the pruned model's retention of ``metric`` minus the mean retention of the ``null``
+    plans (random plans of the same ratio on the same model), on every row; [low, high] its percentile bootstrap
+    interval, every resample drawing the same rows for the dense model, the pruned one and each null plan (paired:
+    the rows' difficulty cancels, what is left is the plans' difference)."""
+    _check(level, resamples)
+    if not null:
+        raise ValueError(f"{metric}: paired_difference needs at least one null plan")
+    sums = [torch.as_tensor(t, dtype=torch.float64).flatten() for pair in (dense, pruned, *null) for t in pair]
+    rows = sums[0].numel()
+    if rows == 0 or any(t.numel() != rows for t in sums):
+        raise ValueError(f"{metric}: the dense, pruned and null row sums must hold the same rows, got "
+                         f"{[t.numel() for t in sums]}")
+
+    def differences(index: torch.Tensor | None) -> torch.Tensor:
+        pick = (lambda t: t) if index is None else (lambda t: t[index])
+        base = metric_value(metric, pick(sums[0]), pick(sums[1]))
+        kept = retention(metric, metric_value(metric, pick(sums[2]), pick(sums[3])), base)
+        others = torch.stack([retention(metric, metric_value(metric, pick(sums[i]), pick(sums[i + 1])), base)
+                              for i in range(4, len(sums), 2)])
+        return kept - others.mean(dim=0)
+
+    return float(differences(None)), _percentiles(differences(_resamples(rows, resamples, seed)), level)

@@ -1,0 +1,87 @@
+"""The one rule for a paper's claim (quality/claims.py): a criterion's empirical p-value against a null of random
+plans and its paired difference to the null's mean, per testbed seed, and the verdict over the seeds. Random plans
+fed to the rule as the criterion pass at most 5% of the time; a criterion clearly better (worse) than random holds
+(does not hold) on every seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightprune.quality.claims import FAILED, HELD, MISSING, NOISE, claim_verdict, empirical_p_value, standing
+from lightprune.quality.intervals import metric_value, paired_difference, retention
+
+ROWS, NULL = 40, 50
+
+
+def test_the_p_value_counts_the_null_draws_at_least_as_good() -> None:
+    null = [3.0, 1.0, 2.0, 2.0, 5.0]
+    for value in (0.0, 1.0, 2.0, 2.5, 5.0, 6.0):
+        assert empirical_p_value(value, null) == (1 + len([x for x in null if x >= value])) / 6
+    with pytest.raises(ValueError, match="non-empty"):
+        empirical_p_value(1.0, [])
+
+
+def _plan(gen: torch.Generator, base: torch.Tensor, effect: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (nll sum, tokens) of one plan: the rows' own difficulty ``base``, a plan-wide shift (how much the
+    plan hurts, drawn like a random plan's), row noise, and ``effect`` subtracted (a better plan)."""
+    tokens = torch.full((ROWS,), 20.0, dtype=torch.float64)
+    shift = 0.3 * torch.rand((), generator=gen, dtype=torch.float64)
+    noise = 0.05 * torch.randn(ROWS, generator=gen, dtype=torch.float64)
+    return (base + shift + noise - effect) * tokens, tokens
+
+
+def test_the_paired_difference_is_the_criterion_minus_the_null_mean_on_the_same_rows() -> None:
+    gen = torch.Generator().manual_seed(0)
+    base = 3.0 + torch.rand(ROWS, generator=gen, dtype=torch.float64)
+    dense, criterion = _plan(gen, base, effect=0.5), _plan(gen, base)
+    null = [_plan(gen, base) for _ in range(5)]
+    d, (low, high) = paired_difference("ppl", dense, criterion, null, resamples=200)
+
+    def kept(sums):
+        return float(retention("ppl", metric_value("ppl", *sums), metric_value("ppl", *dense)))
+
+    assert d == pytest.approx(kept(criterion) - sum(map(kept, null)) / len(null), rel=1e-12)
+    assert low <= d <= high
+    same, (lo, hi) = paired_difference("ppl", dense, criterion, [criterion], resamples=50)
+    assert same == lo == hi == 0.0  # a plan against itself: no difference on any resample
+    with pytest.raises(ValueError, match="same rows"):
+        paired_difference("ppl", dense, criterion, [(criterion[0][:-1], criterion[1][:-1])])
+
+
+def _seed_record(gen: torch.Generator, effect: float, seed: int) -> dict:
+    """One testbed seed: a dense model, the criterion (``effect`` better than a random plan) and a null of NULL
+    random plans, judged by the rule."""
+    base = 3.0 + torch.rand(ROWS, generator=gen, dtype=torch.float64)
+    dense = _plan(gen, base, effect=0.5)
+    criterion = _plan(gen, base, effect)
+    null = [_plan(gen, base) for _ in range(NULL)]
+
+    def kept(sums):
+        return float(retention("ppl", metric_value("ppl", *sums), metric_value("ppl", *dense)))
+
+    d, ci = paired_difference("ppl", dense, criterion, null, resamples=100, seed=seed)
+    return standing(kept(criterion), [kept(n) for n in null], d, ci, seed)
+
+
+def test_random_plans_judged_as_criteria_pass_at_most_five_percent_of_the_time() -> None:
+    gen = torch.Generator().manual_seed(1)
+    trials = 400
+    single = [claim_verdict([_seed_record(gen, 0.0, 0)]) for _ in range(trials)]
+    passed = single.count(HELD) / trials
+    failed = single.count(FAILED) / trials
+    assert passed <= 0.05 and failed <= 0.05, (passed, failed)
+    assert single.count(NOISE) > 0.85 * trials
+    three = [claim_verdict([_seed_record(gen, 0.0, s) for s in range(3)]) for _ in range(100)]
+    assert three.count(HELD) == 0  # every seed must pass: ~0.04^3
+
+
+def test_a_clearly_better_criterion_holds_and_a_clearly_worse_one_does_not() -> None:
+    gen = torch.Generator().manual_seed(2)
+    better = [_seed_record(gen, 0.4, s) for s in range(3)]
+    worse = [_seed_record(gen, -0.4, s) for s in range(3)]
+    assert claim_verdict(better) == HELD and claim_verdict(worse) == FAILED
+    assert all(s["null_size"] == NULL and s["p_value"] == 1 / (NULL + 1) for s in better)
+    # one seed that does not pass makes the claim within noise; no seed at all is not measured
+    assert claim_verdict([*better[:2], worse[0]]) == NOISE
+    assert claim_verdict([]) == MISSING
