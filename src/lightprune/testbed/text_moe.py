@@ -38,9 +38,11 @@ from lightprune.testbed.training import (
     cache_root,
     cached_testbed,
     encode_batches,
+    facts_digest,
     fit_from_init,
     next_token_metrics,
     spec_digest,
+    training_facts,
 )
 
 __all__ = ["TEXT_TESTBEDS", "TESTBED_PREFIX", "TextTestbedSpec", "held_out_perplexity", "resolve_testbed", "spec_with",
@@ -108,7 +110,7 @@ def resolve_testbed(name: str, root: str | os.PathLike | None = None) -> Path:
 
 
 def _folder(preset: str, spec: TextTestbedSpec, root) -> Path:
-    return cache_root(root) / "testbed" / f"text-{preset}-{spec.digest()}"
+    return cache_root(root) / "testbed" / f"text-{preset}-{spec.digest()}-{facts_digest()}"
 
 
 def text_testbed(preset: str | TextTestbedSpec = "small", root: str | os.PathLike | None = None, *,
@@ -120,7 +122,7 @@ def text_testbed(preset: str | TextTestbedSpec = "small", root: str | os.PathLik
         spec, name = TEXT_TESTBEDS[preset], preset
     else:
         raise ValueError(f"unknown text testbed preset {preset!r}; choose one of {list(TEXT_TESTBEDS)}")
-    expect = {"format": TEXT_TESTBED_FORMAT, "digest": spec.digest()}
+    expect = {"format": TEXT_TESTBED_FORMAT, "digest": spec.digest(), "facts": training_facts()}
     return cached_testbed(_folder(name, spec, root), expect,
                           lambda tmp: _train(tmp, spec, build_text_corpus(spec.corpus, root), expect, progress))
 

@@ -5,8 +5,10 @@ lightprune command loads), ``training.json`` and a manifest each; :func:`cached_
 both manifests check, else trains it into a temporary folder renamed into place (the default corpus's
 cache helpers), with the job's random state left untouched (:func:`isolated_rng`). :func:`fit_from_init`
 is the training itself: :class:`~lightprune.finetune.MoECausalLM` from the initial checkpoint, AdamW with
-linear warm-up and cosine decay for a fixed number of steps (not a time budget, so a rerun gives the same
-weights on the same machine and thread count), the loss curve kept by :class:`LossCurve`. What the testbeds
+linear warm-up and cosine decay for a fixed number of steps (not a time budget), on :data:`TRAINING_THREADS`
+threads with torch's deterministic algorithms (:func:`deterministic_training`), so a rerun gives the same weights on
+the same CPU, torch and Python (:func:`training_facts`: in the manifest and the cache key), the loss curve kept by
+:class:`LossCurve`. What the testbeds
 report about themselves and the quality tables measure on them: :func:`next_token_metrics` over batches of
 :func:`encode_batches`.
 """
@@ -33,8 +35,14 @@ from lightprune.data.cache import CacheError, build_folder, check_folder
 from lightprune.finetune import MoECausalLM
 from lightprune.finetune.progress import progress_bar
 
-__all__ = ["LossCurve", "cache_root", "cached_testbed", "encode_batches", "fit_from_init", "isolated_rng",
-           "next_token_metrics", "next_token_row_sums", "spec_digest"]
+__all__ = ["TRAINING_THREADS", "LossCurve", "cache_root", "cached_testbed", "deterministic_training", "encode_batches",
+           "facts_digest", "fit_from_init", "isolated_rng", "next_token_metrics", "next_token_row_sums", "spec_digest",
+           "training_facts"]
+
+#: the CPU threads every testbed trains with, whatever the machine has: torch's CPU kernels split their reductions
+#: by thread, so the same steps give other weights with another count (the text testbed's loss at step 48: 6.081
+#: with 2 threads, 6.146 with 1)
+TRAINING_THREADS = 2
 
 _MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
@@ -48,6 +56,53 @@ def spec_digest(fmt: str, spec) -> str:
     """12 hex digits of SHA-256 over the format and every field of the (dataclass) ``spec``: the cache key."""
     key = {"format": fmt, **asdict(spec)}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the platform's processor or machine string."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def training_facts() -> dict[str, Any]:
+    """What besides its spec decides a testbed's trained weights: the training threads, the CPU (its vector width
+    orders the reductions), torch and Python (the text corpus is Python's own documentation). Recorded in each
+    testbed's manifest and part of its cache key (:func:`facts_digest`)."""
+    import platform
+
+    import torch
+
+    return {"threads": TRAINING_THREADS, "cpu": _cpu_model(), "torch": torch.__version__,
+            "python": platform.python_version(), "deterministic_algorithms": True}
+
+
+def facts_digest() -> str:
+    """8 hex digits of SHA-256 over :func:`training_facts`: the second half of a testbed folder's name."""
+    return hashlib.sha256(json.dumps(training_facts(), sort_keys=True).encode()).hexdigest()[:8]
+
+
+@contextmanager
+def deterministic_training(threads: int = TRAINING_THREADS) -> Iterator[None]:
+    """Inside the block torch runs on ``threads`` CPU threads with its deterministic algorithms (a warning where an
+    op has none); both are restored on exit."""
+    import torch
+
+    previous = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous[0])
+        torch.use_deterministic_algorithms(previous[1], warn_only=previous[2])
 
 
 @contextmanager
@@ -126,7 +181,8 @@ def fit_from_init(folder: Path, init: Path, datamodule, spec, *, router_aux_loss
                          callbacks=[curve, *([progress_bar()] if progress else [])],
                          default_root_dir=str(folder / "lightning"))
     start = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule)
+    with deterministic_training():
+        trainer.fit(module, datamodule=datamodule)
     seconds = time.perf_counter() - start
     shutil.rmtree(init)
     shutil.rmtree(folder / "lightning", ignore_errors=True)

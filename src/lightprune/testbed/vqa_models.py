@@ -30,7 +30,14 @@ from lightprune.data.generated.testbed_vqa import testbed_vqa_texts
 from lightprune.data.tiny_processor import TINY_CORPUS, tiny_mllm_processor
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.models.tiny import tiny_config
-from lightprune.testbed.training import cache_root, cached_testbed, fit_from_init, spec_digest
+from lightprune.testbed.training import (
+    cache_root,
+    cached_testbed,
+    facts_digest,
+    fit_from_init,
+    spec_digest,
+    training_facts,
+)
 from lightprune.width.retention import evaluate_tasks
 
 __all__ = ["VQA_TESTBEDS", "VQATestbedSpec", "answer_accuracy", "vqa_testbed"]
@@ -138,8 +145,8 @@ def vqa_testbed(preset: str | VQATestbedSpec, root: str | os.PathLike | None = N
         spec, name = VQA_TESTBEDS[preset], preset
     else:
         raise ValueError(f"unknown multimodal testbed preset {preset!r}; choose one of {list(VQA_TESTBEDS)}")
-    expect = {"format": VQA_TESTBED_FORMAT, "digest": spec.digest()}
-    return cached_testbed(cache_root(root) / "testbed" / f"{name}-{spec.digest()}", expect,
+    expect = {"format": VQA_TESTBED_FORMAT, "digest": spec.digest(), "facts": training_facts()}
+    return cached_testbed(cache_root(root) / "testbed" / f"{name}-{spec.digest()}-{facts_digest()}", expect,
                           lambda tmp: _train(tmp, spec, root, expect, progress))
 
 

@@ -176,3 +176,39 @@ def test_row_mean_training_loss_weighs_every_row_the_same() -> None:
     assert not torch.allclose(token.training_step({"input_ids": ids, "labels": labels}, 0).detach(), loss.detach())
     with pytest.raises(ValueError, match="loss_mean"):
         MoECausalLM(tiny="qwen3_moe", loss_mean="sample")
+
+
+def test_training_is_deterministic_whatever_the_callers_threads(testbed_root: Path, tmp_path: Path) -> None:
+    """The micro testbed trained again from a caller on 1 thread (the session's was trained from the suite's own
+    count) has the same bytes: training runs on TRAINING_THREADS with deterministic algorithms, and the caller's
+    settings come back after. The manifest records the facts, the folder name holds their digest."""
+    import shutil
+
+    from lightprune.data.cache import MANIFEST
+    from lightprune.testbed.training import TRAINING_THREADS, facts_digest, training_facts
+
+    first = text_testbed("micro", testbed_root, progress=False)
+    shutil.copytree(testbed_root / "testbed", tmp_path / "testbed",  # the corpus, not the trained model
+                    ignore=lambda folder, names: [n for n in names if n.startswith("text-")])
+    before = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())
+    torch.set_num_threads(1)
+    try:
+        again = text_testbed("micro", tmp_path, progress=False)
+        assert torch.get_num_threads() == 1 and not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.set_num_threads(before[0])
+    assert (again / "model" / "model.safetensors").read_bytes() == (first / "model" / "model.safetensors").read_bytes()
+    manifest = json.loads((first / MANIFEST).read_text())
+    assert manifest["facts"] == training_facts() and manifest["facts"]["threads"] == TRAINING_THREADS
+    assert first.name.endswith(f"-{facts_digest()}")
+
+
+def test_another_machine_or_thread_count_is_another_testbed(monkeypatch, testbed_root: Path) -> None:
+    from lightprune.testbed import training
+    from lightprune.testbed.text_moe import _folder
+
+    here = _folder("micro", MICRO, testbed_root)
+    for key, value in (("threads", 3), ("cpu", "another CPU"), ("python", "3.99.0"), ("torch", "0.0")):
+        facts = {**training.training_facts(), key: value}
+        monkeypatch.setattr(training, "training_facts", lambda facts=facts: facts)
+        assert _folder("micro", MICRO, testbed_root) != here, key
