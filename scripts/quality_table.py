@@ -1,15 +1,17 @@
 """Side-by-side quality tables on the trained testbeds -> docs/RESULTS.md (with PNG plots).
 
-Trains (first time only; cached under --root, $LIGHTPRUNE_CACHE or ~/.cache/lightprune) and then
-measures, at 25% and 50% expert pruning, every criterion (random over 5 seeds with its spread,
+Trains (first time only; cached under --root, $LIGHTPRUNE_CACHE or ~/.cache/lightprune) each testbed from every
+seed of --testbed-seeds and then measures on each, at 25% and 50% expert pruning, every criterion (random over
+--random-seeds plans, the null each criterion is judged against,
 frequency, seer, ean, reap, routing_kl, delta_h, MAEP global and uniform, AIMER, magnitude,
 router_norm, router sensitivity, anti-REAP) on the text MoE testbed and the multimodal MoE testbed,
 the per-layer rho of delta_h against the ground-truth KL, cross-dataset ranking stability, MWOP at
 the paper's operating points against random masks on the dense multimodal testbed, and includes the
 benchmark figures of scripts/collect_benchmarks.py when given.
 
-    python scripts/quality_table.py                      # full presets: ~1 h the first time on 2 cores
-    python scripts/quality_table.py --micro --out /tmp/r # the micro presets: seconds (what the test runs)
+    python scripts/quality_table.py                      # full presets, 3 testbed seeds, a null of 50 random plans:
+                                                         # ~1 h per seed the first time on 2 cores
+    python scripts/quality_table.py --micro --out /tmp/r # the micro presets, 2 seeds, 8 random plans: what the test runs
     python scripts/quality_table.py --parts text mllm --benchmarks docs/results/benchmarks.json
     python scripts/quality_table.py --from-json docs/results/results.json   # re-render only
 Parts not measured in a run keep their figures from <out>/results/results.json unless --fresh.
@@ -21,6 +23,8 @@ import argparse
 import json
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 PARTS = ("text", "mllm", "mwop")
 
 
@@ -31,7 +35,10 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--micro", action="store_true", help="micro testbeds and sizes (seconds; for tests)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--ratios", nargs="+", type=float, default=[0.25, 0.5])
-    parser.add_argument("--random-seeds", type=int, default=5)
+    parser.add_argument("--random-seeds", type=int, default=None,
+                        help="random plans per ratio: the null each criterion is judged against (default 50; micro 8)")
+    parser.add_argument("--testbed-seeds", type=int, nargs="+", default=None,
+                        help="independently trained testbeds of each recipe (default 0 1 2; micro 0 1)")
     parser.add_argument("--benchmarks", help="JSON written by scripts/collect_benchmarks.py")
     parser.add_argument("--from-json", help="re-render a results.json without measuring")
     parser.add_argument("--fresh", action="store_true",
@@ -51,23 +58,43 @@ def main(argv: list[str] | None = None) -> Path:
         return path
     progress = not args.no_progress
     micro = args.micro
+    random_seeds = args.random_seeds or (8 if micro else 50)
+    testbed_seeds = args.testbed_seeds or ([0, 1] if micro else [0, 1, 2])
+    bar = tqdm(total=len(testbed_seeds) * len([p for p in args.parts if p != "mwop"]), desc="testbed seeds",
+               disable=not progress)
+    seeded: dict[str, list] = {"text": [], "mllm": []}
     parts = {}
     previous = Path(args.out) / "results" / "results.json"
     if previous.is_file() and not args.fresh:  # measure some parts, keep the others
         parts = {k: v for k, v in json.loads(previous.read_text()).items() if v is not None}
-    if "text" in args.parts:
-        from lightprune.quality.tables import text_tables
+    for seed in testbed_seeds:  # each seed a testbed trained (once, then cached) from that seed
+        if "text" in args.parts:
+            from lightprune.quality.tables import text_tables
 
-        sizes = dict(calibration_rows=8, eval_rows=8, kl_rows=8, sensitivity_steps=3) if micro else {}
-        parts["text"] = text_tables("micro" if micro else "full", args.root, ratios=tuple(args.ratios),
-                                    random_seeds=args.random_seeds, progress=progress, **sizes)
-    if "mllm" in args.parts:
-        from lightprune.quality.tables import mllm_tables
+            sizes = dict(calibration_rows=8, eval_rows=8, kl_rows=8, sensitivity_steps=3) if micro else {}
+            seeded["text"].append(text_tables("micro" if micro else "full", args.root, ratios=tuple(args.ratios),
+                                              random_seeds=random_seeds, progress=progress, testbed_seed=seed,
+                                              **sizes))
+            bar.update(1)
+        if "mllm" in args.parts:
+            from lightprune.quality.tables import mllm_tables
 
-        sizes = dict(kl_rows=8, sensitivity_steps=3) if micro else {}
-        parts["mllm"] = mllm_tables("mllm-moe-micro" if micro else "mllm-moe-full", args.root,
-                                    ratios=tuple(args.ratios), random_seeds=args.random_seeds, progress=progress,
-                                    **sizes)
+            sizes = dict(kl_rows=8, sensitivity_steps=3) if micro else {}
+            seeded["mllm"].append(mllm_tables("mllm-moe-micro" if micro else "mllm-moe-full", args.root,
+                                              ratios=tuple(args.ratios), random_seeds=random_seeds,
+                                              progress=progress, testbed_seed=seed, **sizes))
+            bar.update(1)
+    bar.close()
+    for part, tables in seeded.items():
+        if tables:
+            parts[part] = tables[0]  # the page's tables: the first seed's
+    measured = {part for part, tables in seeded.items() if tables}
+    if measured:  # the checks of the testbeds measured now; the others' as they were
+        from lightprune.quality.claims import claims_over_seeds
+
+        fresh = claims_over_seeds(seeded["text"], seeded["mllm"], ratio=max(args.ratios))
+        parts["claims"] = [c for c in fresh if c["testbed"] in measured] + \
+            [c for c in parts.get("claims") or [] if c["testbed"] not in measured]
     if "mwop" in args.parts:
         from lightprune.quality.tables import mwop_tables
 

@@ -17,7 +17,7 @@ the lower end of its bootstrap interval above random's mean; "within noise" when
 otherwise "did not hold". A claim whose rows were not measured says so.
 
 The rule for a claim measured on several independently trained testbeds against a null distribution (each seed's
-standing: :func:`standing`; the verdict over the seeds: :func:`claim_verdict`), the one every claim moves to:
+standing: :func:`lightprune.quality.evidence.standing`; the verdict over the seeds: :func:`claim_verdict`), the one every claim moves to:
 
 - on one testbed seed, the criterion's retention v against N random plans of the same ratio (the null): the
   empirical p-value p = (1 + #{null >= v}) / (1 + N) (the chance that a random plan keeps at least as much), and
@@ -37,27 +37,11 @@ from typing import Any
 from lightprune.quality.expert_quality import spread
 from lightprune.quality.intervals import retention
 
-__all__ = ["P_LEVEL", "claim_verdict", "empirical_p_value", "paper_claims", "standing"]
+__all__ = ["CLAIM_CHECKS", "P_LEVEL", "claim_verdict", "claims_over_seeds", "comparison_verdict", "paper_claims"]
 
 HELD, NOISE, FAILED, MISSING = "held", "within noise", "did not hold", "not measured"
 #: the p-value below which one seed counts for the claim (and above 1 - P_LEVEL against it)
 P_LEVEL = 0.05
-
-
-def empirical_p_value(value: float, null: Sequence[float]) -> float:
-    """(1 + #{x in null: x >= value}) / (1 + len(null)): the chance a null draw keeps at least ``value`` (higher =
-    better), counting the value itself as one draw, so a draw of the null gets p <= a with probability <= a."""
-    if not null:
-        raise ValueError("empirical_p_value needs a non-empty null distribution")
-    return (1 + sum(x >= value for x in null)) / (1 + len(null))
-
-
-def standing(value: float, null: Sequence[float], paired_diff: float, paired_ci: Sequence[float],
-             testbed_seed: int) -> dict[str, Any]:
-    """One seed's record of a criterion against its null (the module docstring): ``{"testbed_seed", "null_size",
-    "p_value", "paired_diff", "paired_ci"}``, what results.json keeps and :func:`claim_verdict` reads."""
-    return {"testbed_seed": int(testbed_seed), "null_size": len(null), "p_value": empirical_p_value(value, null),
-            "paired_diff": float(paired_diff), "paired_ci": [float(paired_ci[0]), float(paired_ci[1])]}
 
 
 def claim_verdict(seeds: Sequence[Mapping[str, Any]]) -> str:
@@ -68,6 +52,19 @@ def claim_verdict(seeds: Sequence[Mapping[str, Any]]) -> str:
     if all(s["p_value"] < P_LEVEL and s["paired_ci"][0] > 0 for s in seeds):
         return HELD
     if all(_lower_p_value(s) < P_LEVEL and s["paired_ci"][1] < 0 for s in seeds):
+        return FAILED
+    return NOISE
+
+
+def comparison_verdict(seeds: Sequence[Mapping[str, Any]]) -> str:
+    """A criterion against a named rival (a paper's own comparator) over per-seed ``{"paired_diff", "paired_ci"}``
+    records: held when the interval is above 0 on every seed, did not hold when below 0 on every seed, else within
+    noise (not measured without seeds)."""
+    if not seeds:
+        return MISSING
+    if all(s["paired_ci"][0] > 0 for s in seeds):
+        return HELD
+    if all(s["paired_ci"][1] < 0 for s in seeds):
         return FAILED
     return NOISE
 
@@ -195,4 +192,58 @@ def paper_claims(text: Mapping[str, Any] | None = None, mllm: Mapping[str, Any] 
                 "retention)", "verdict": _worst(*(v for v, _ in checks)), "figures": "; ".join(f for _, f in checks)})
     for claim in out:
         claim["rule"] += f", at {int(ratio * 100)}% of the experts" if claim["paper"] != "MWOP (002)" else ""
+    return out
+
+
+#: every claim checked over testbed seeds: (paper, claim, testbed part, criterion, rival (None: the random null),
+#: metric); a paper's claim against its own comparators is one check per comparator
+CLAIM_CHECKS: tuple[tuple[str, str, str, str, str | None, str], ...] = (
+    ("MAEP (000)", "Delta-H keeps more than random pruning", "mllm", "delta_h", None, "acc_image"),
+    ("MAEP (000)", "Delta-H keeps more image accuracy than REAP", "mllm", "delta_h", "reap", "acc_image"),
+    ("MAEP (000)", "Delta-H keeps more text than REAP", "mllm", "delta_h", "reap", "ppl_text"),
+    ("MAEP (000)", "Delta-H keeps more image accuracy than routing-KL", "mllm", "delta_h", "routing_kl", "acc_image"),
+    ("MAEP (000)", "MAEP's global ranking keeps more image accuracy than REAP", "mllm", "maep_global", "reap",
+     "acc_image"),
+    ("AIMER (001)", "a calibration-free weight ranking keeps more than random pruning", "text", "aimer", None, "ppl"),
+    ("AIMER (001)", "AIMER keeps more than magnitude", "text", "aimer", "magnitude", "ppl"),
+    ("AIMER (001)", "AIMER keeps more than the router norm", "text", "aimer", "router_norm", "ppl"),
+    ("AIMER (001)", "a calibration-free weight ranking keeps more than random pruning", "mllm", "aimer", None,
+     "acc_image"),
+    ("router sensitivity (003)", "experts whose router rows move least are prunable: more kept than random", "text",
+     "router_sensitivity", None, "ppl"),
+    ("router sensitivity (003)", "router sensitivity keeps more than magnitude", "text", "router_sensitivity",
+     "magnitude", "ppl"),
+    ("router sensitivity (003)", "router sensitivity keeps more than the router norm", "text", "router_sensitivity",
+     "router_norm", "ppl"),
+    ("router sensitivity (003)", "router sensitivity keeps more than its reverse", "text", "router_sensitivity",
+     "anti_router_sensitivity", "ppl"),
+)
+
+
+def _seed_record(table: Mapping[str, Any], criterion: str, rival: str | None, metric: str,
+                 ratio: float) -> Mapping[str, Any] | None:
+    row = _row(table, criterion, ratio)
+    if row is None:
+        return None
+    if rival is None:
+        return row.get("standing", {}).get(metric)
+    return row.get("versus", {}).get(rival, {}).get(metric)
+
+
+def claims_over_seeds(text: Sequence[Mapping[str, Any]] = (), mllm: Sequence[Mapping[str, Any]] = (),
+                      ratio: float = 0.5) -> list[dict[str, Any]]:
+    """``[{"paper", "claim", "testbed", "criterion", "rival", "metric", "ratio", "verdict", "seeds"}]``: every check
+    of :data:`CLAIM_CHECKS` over the tables of each testbed seed (``text`` / ``mllm``: one table per seed, from
+    :func:`~lightprune.quality.tables.text_tables` / ``mllm_tables``), its seeds' records as results.json keeps
+    them and the verdict by the rule of the module docstring (:func:`claim_verdict` against the null,
+    :func:`comparison_verdict` against a rival). A check without a record on some seed is "not measured"."""
+    parts = {"text": list(text), "mllm": list(mllm)}
+    out = []
+    for paper, claim, testbed, criterion, rival, metric in CLAIM_CHECKS:
+        records = [_seed_record(table, criterion, rival, metric, ratio) for table in parts[testbed]]
+        seeds = [dict(r) for r in records if r is not None]
+        complete = bool(records) and len(seeds) == len(records)
+        verdict = MISSING if not complete else claim_verdict(seeds) if rival is None else comparison_verdict(seeds)
+        out.append({"paper": paper, "claim": claim, "testbed": testbed, "criterion": criterion, "rival": rival,
+                    "metric": metric, "ratio": ratio, "verdict": verdict, "seeds": seeds})
     return out

@@ -17,8 +17,9 @@ Rankings (:func:`expert_rankings`), higher = keep:
 - weight-only criteria (paper 001): aimer, magnitude, router_norm;
 - router sensitivity (paper 003): |Delta ||w_e||| of the router rows after a router-LoRA fit with
   configs/router_lora.yaml's recipe (:func:`router_sensitivity`, the RouterDelta callback's own scores);
-- MAEP (METHODS.md): s = (1 - alpha) z~_text - alpha z~_low with the closed-form alpha, global ranking;
-  and uniform per layer with alpha = 0.5 (its Appendix L).
+- MAEP (METHODS.md): s = (1 - alpha) z~_text - alpha z~_low with the closed-form alpha, global ranking (no row
+  when the closed form leaves [0, 1] on the model: :func:`maep_alpha` records why); and uniform per layer with
+  alpha = 0.5 (its Appendix L).
 
 Merges (:func:`expert_merges`, MAEP's merging baseline HC-SMoE and M-SMoE) are rows beside them: the same share of
 each layer's experts merged away instead of pruned, evaluated reversibly.
@@ -30,6 +31,7 @@ calibration sets, per token subset).
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +46,7 @@ from lightprune.finetune import AdapterSpec, MoECausalLM
 from lightprune.quality.intervals import ROW_SUMS, intervals_of
 
 __all__ = ["ANTI_CRITERIA", "CALIBRATION_CRITERIA", "WEIGHT_CRITERIA", "MERGE_STATISTICS", "expert_merges",
-           "expert_quality", "expert_rankings", "proxy_rho", "router_sensitivity", "spread", "stability", "summarise"]
+           "expert_quality", "expert_rankings", "maep_alpha", "proxy_rho", "router_sensitivity", "spread", "stability", "summarise"]
 
 CALIBRATION_CRITERIA: tuple[str, ...] = ("frequency", "seer", "ean", "reap", "routing_kl", "delta_h")
 WEIGHT_CRITERIA: tuple[str, ...] = ("aimer", "magnitude", "router_norm")
@@ -72,8 +74,10 @@ def expert_rankings(model: torch.nn.Module, stats, *, maep: bool = False,
     for name, scores in (extra or {}).items():
         out[name] = (scores, "uniform")
     if maep:
-        scores, _ = lp.maep_scores(stats)
-        out["maep_global"] = (scores, "global")
+        try:  # the closed-form alpha can leave [0, 1] on a model: no global row then (maep_alpha says why)
+            out["maep_global"] = (lp.maep_scores(stats)[0], "global")
+        except ValueError:
+            pass
         out["maep_uniform"] = (lp.maep_scores(stats, alpha=0.5)[0], "uniform")
     for name in ANTI_CRITERIA:
         if name in out:
@@ -81,6 +85,17 @@ def expert_rankings(model: torch.nn.Module, stats, *, maep: bool = False,
             out[f"anti_{name}"] = (type(scores)({l: -v for l, v in scores.items()}, scores.limits,
                                                 criterion=f"anti_{name}"), "uniform")
     return out
+
+
+def maep_alpha(stats) -> dict[str, Any]:
+    """``{"value": alpha, "error": None}``: MAEP's closed-form alpha on ``stats``, or ``{"value": None, "error": why}``
+    when it leaves [0, 1] (the MAEP global row is then not measured)."""
+    import lightprune as lp
+
+    try:
+        return {"value": float(lp.maep_scores(stats)[1]), "error": None}
+    except ValueError as err:
+        return {"value": None, "error": str(err)}
 
 
 def _pruned_per_layer(plan) -> dict[str, int]:
@@ -98,14 +113,21 @@ def expert_merges(stats) -> dict[str, Callable[[float], Any]]:
 
 def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str]], evaluate: Evaluate, *,
                    ratios: Sequence[float] = (0.25, 0.5), random_seeds: int = 5, progress: bool = True,
-                   merges: Mapping[str, Callable[[float], Any]] | None = None) -> dict[str, Any]:
+                   merges: Mapping[str, Callable[[float], Any]] | None = None,
+                   standing_metrics: Sequence[str] = (), comparisons: Sequence[tuple[str, str, str]] = (),
+                   testbed_seed: int = 0) -> dict[str, Any]:
     """Evaluate the dense model, every ranking at every ratio, every merge (``merges``: name -> ratio ->
     MergePlan, evaluated reversibly with :func:`lightprune.merged_experts`; allocation ``"merge"``) and
-    ``random_seeds`` random plans per ratio.
+    ``random_seeds`` random plans per ratio (the null distribution).
 
     Returns ``{"dense": metrics, "rows": [{"criterion", "allocation", "ratio", "metrics", "pruned_per_layer"}
     (+ "intervals": {metric: [low, high]} of the retention when ``evaluate`` gives row sums)],
-    "random": {ratio: {"seeds": [metrics...], "summary": summarise(...)}}}``.
+    "random": {ratio: {"seeds": [metrics...], "summary": summarise(...)}}}``. With row sums, each row also gets
+    ``"standing": {metric: claims.standing(...)}`` for every metric of ``standing_metrics`` (its retention's
+    p-value against the random plans of its ratio and the paired difference to their mean, ``testbed_seed``
+    recorded), and ``"versus": {rival: {metric: {"paired_diff", "paired_ci"}}}`` for every (criterion, rival,
+    metric) of ``comparisons`` (the same rows for both: :func:`~lightprune.quality.intervals.paired_difference`
+    against the rival alone).
     """
     from tqdm.auto import tqdm
 
@@ -123,6 +145,9 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
     dense_sums = dense.pop(ROW_SUMS, None)
     out: dict[str, Any] = {"dense": dense, "rows": [], "random": {}}
 
+    row_sums: dict[tuple[str, float], Any] = {}      # (criterion, ratio) -> its row sums, for the comparisons
+    null_sums: dict[float, list[Any]] = {}             # ratio -> each random plan's row sums
+
     def row(name: str, allocation: str, ratio: float, metrics: Mapping[str, Any], plan) -> dict[str, Any]:
         metrics = dict(metrics)
         sums = metrics.pop(ROW_SUMS, None)
@@ -130,6 +155,7 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
                  "pruned_per_layer": _pruned_per_layer(plan)}
         if sums is not None and dense_sums is not None:
             entry["intervals"] = intervals_of(dense_sums, sums)
+            row_sums[(name, ratio)] = sums
         return entry
 
     for name, ratio in tqdm(jobs, desc="expert quality", disable=not progress):
@@ -148,13 +174,50 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
         with lp.mask_experts(model, plan):
             metrics = evaluate(model)
         if name.startswith("random:"):
+            if metrics.get(ROW_SUMS) is not None:
+                null_sums.setdefault(ratio, []).append(metrics[ROW_SUMS])
             metrics = {k: v for k, v in metrics.items() if k != ROW_SUMS}
             out["random"].setdefault(str(ratio), {"seeds": []})["seeds"].append(metrics)
         else:
             out["rows"].append(row(name, allocation, ratio, metrics, plan))
     for entry in out["random"].values():
         entry["summary"] = summarise(entry["seeds"])
+    if dense_sums is not None and (standing_metrics or comparisons):
+        _stand(out, dense_sums, row_sums, null_sums, standing_metrics, comparisons, testbed_seed)
     return out
+
+
+def _stand(out: dict[str, Any], dense_sums, row_sums, null_sums, metrics: Sequence[str],
+           comparisons: Sequence[tuple[str, str, str]], testbed_seed: int) -> None:
+    """Each row's ``standing`` against the random plans and ``versus`` its rivals (:func:`expert_quality`)."""
+    from lightprune.quality.evidence import standing
+    from lightprune.quality.intervals import paired_difference, retention
+
+    dense = out["dense"]
+    for entry in out["rows"]:
+        ratio, sums = entry["ratio"], row_sums.get((entry["criterion"], entry["ratio"]))
+        if sums is None:
+            continue
+        for metric in metrics:
+            null = null_sums.get(ratio, [])
+            if not null or metric not in sums:
+                continue
+            value = float(retention(metric, entry["metrics"][metric], dense[metric]))
+            kept = [float(retention(metric, seed[metric], dense[metric]))
+                    for seed in out["random"][str(ratio)]["seeds"]]
+            if not all(math.isfinite(v) for v in (value, *kept)):  # a dense accuracy of 0: no retention to judge
+                continue
+            diff, ci = paired_difference(metric, dense_sums[metric], sums[metric], [n[metric] for n in null])
+            entry.setdefault("standing", {})[metric] = standing(value, kept, diff, ci, testbed_seed)
+        for criterion, rival, metric in comparisons:
+            other = row_sums.get((rival, ratio))
+            if criterion != entry["criterion"] or other is None or metric not in sums:
+                continue
+            diff, ci = paired_difference(metric, dense_sums[metric], sums[metric], [other[metric]])
+            if not math.isfinite(diff):  # a dense accuracy of 0: no retention to compare
+                continue
+            entry.setdefault("versus", {}).setdefault(rival, {})[metric] = {
+                "testbed_seed": int(testbed_seed), "paired_diff": diff, "paired_ci": ci}
 
 
 def spread(values: Sequence[float | None]) -> dict[str, float | None]:

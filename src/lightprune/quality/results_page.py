@@ -10,7 +10,7 @@ for perplexities (so 100 = unchanged and lower is worse for both).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -245,8 +245,10 @@ def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
         f"{tb['spec']['batch_size']} rows on Testbed VQA: scikit-learn's handwritten digits, matplotlib bar "
         "charts (tallest colour, bar count) and Python-documentation text rows. Calibration on the calibration split "
         "(all tasks); evaluation on the val split: answer accuracy per image task (every answer token right) and the "
-        "text rows' completion perplexity. Multimodal and text reported apart. "
-        f"MAEP's closed-form alpha on this model: {r['maep_alpha']:.3f}.", "",
+        "text rows' completion perplexity. Multimodal and text reported apart. " + (
+            f"MAEP's closed-form alpha on this model: {r['maep_alpha']:.3f}." if r.get("maep_alpha") is not None else
+            "MAEP's closed-form alpha is outside [0, 1] on this model, so its global row was not measured: "
+            f"{r.get('maep_alpha_error')}."), "",
         *_balance_table(r),
         _metric_table(r, [("acc_image", "image acc", 3), ("acc_digit", "digit", 3),
                           ("acc_chart_tallest", "tallest", 3), ("acc_chart_count", "count", 3),
@@ -274,13 +276,34 @@ def _claims_section(text, mllm, mwop) -> list[str]:
             "of its bootstrap interval above random's mean; within noise: above random's mean only.", "", *rows, ""]
 
 
+def _seeded_claims_section(claims: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each check over the testbed seeds (:func:`lightprune.quality.claims.claims_over_seeds`): the verdict and, per
+    seed, the p-value against the random null (or "-" against a rival) and the paired difference with its interval."""
+    rows = ["| paper | claim | testbed | metric | here | per testbed seed: p, difference [95% interval] |",
+            "|---|---|---|---|---|---|"]
+    for c in claims:
+        seeds = "; ".join(
+            f"seed {s['testbed_seed']}: " + (f"p {s['p_value']:.3f} (N {s['null_size']}), " if "p_value" in s else "")
+            + f"{s['paired_diff']:+.1f} [{s['paired_ci'][0]:+.1f}, {s['paired_ci'][1]:+.1f}]" for s in c["seeds"])
+        verdict = c["verdict"] if c["verdict"] in ("held", "not measured") else f"**{c['verdict']}**"
+        rows.append(f"| {c['paper']} | {c['claim']} | {c['testbed']} | {c['metric']} retention @"
+                    f"{int(c['ratio'] * 100)}% | {verdict} | {seeds or '-'} |")
+    return ["## Claims over testbed seeds", "",
+            "Each check on every independently trained testbed seed. Against random: held when the criterion's "
+            "p-value against the random plans (the null, N plans) is below 0.05 and the paired difference to their "
+            "mean has its 95% interval above 0 on every seed; did not hold when the opposite holds on every seed; "
+            "otherwise within noise. Against a named rival: the paired interval alone, on every seed "
+            "(lightprune.quality.claims).", "", *rows, ""]
+
+
 def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm: Mapping | None = None,
                   mwop: Mapping | None = None, benchmarks: Mapping | None = None,
-                  command: str | None = None) -> Path:
-    """Write ``<out>/RESULTS.md`` (+ ``results/results.json`` and PNGs) from the parts given; its path."""
+                  claims: Sequence[Mapping[str, Any]] | None = None, command: str | None = None) -> Path:
+    """Write ``<out>/RESULTS.md`` (+ ``results/results.json`` and PNGs) from the parts given; its path.
+    ``claims``: the checks over testbed seeds (:func:`lightprune.quality.claims.claims_over_seeds`)."""
     out = Path(out)
     (out / "results").mkdir(parents=True, exist_ok=True)
-    data = {"text": text, "mllm": mllm, "mwop": mwop, "benchmarks": benchmarks}
+    data = {"text": text, "mllm": mllm, "mwop": mwop, "benchmarks": benchmarks, "claims": claims}
     (out / "results" / "results.json").write_text(json.dumps(data, indent=1, default=float) + "\n")
     lines = ["# Results", "",
              "Measured here, on CPU, on testbed models trained by lightprune itself (no pretrained weights can be "
@@ -293,6 +316,8 @@ def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm
              "papers'; the ordering of the criteria is what this page is for.", ""]
     if command:
         lines += [f"Regenerate: `{command}`", ""]
+    if claims:
+        lines += _seeded_claims_section(claims)
     if text or mllm or mwop:
         lines += _claims_section(text, mllm, mwop)
     if text:

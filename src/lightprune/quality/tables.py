@@ -16,8 +16,10 @@ of its retention (:mod:`lightprune.quality.intervals`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -32,6 +34,7 @@ from lightprune.quality.expert_quality import (
     expert_merges,
     expert_quality,
     expert_rankings,
+    maep_alpha,
     proxy_rho,
     router_sensitivity,
     stability,
@@ -44,7 +47,7 @@ from lightprune.testbed.training import encode_batches, next_token_row_sums
 from lightprune.testbed.vqa_models import VQA_TESTBEDS, datamodule, vqa_testbed
 from lightprune.width.retention import answer_row_sums
 
-__all__ = ["mllm_tables", "mwop_tables", "text_tables"]
+__all__ = ["MLLM_COMPARISONS", "TEXT_COMPARISONS", "mllm_tables", "mwop_tables", "text_tables"]
 
 
 def _text_batches(dm, path, rows: int | None) -> list[dict[str, torch.Tensor]]:
@@ -86,15 +89,35 @@ def routing_balance_record(stats) -> dict[str, Any]:
             "met": all(v["min_share_x_experts"] >= 0.25 and v["entropy"] >= 0.95 for v in layers.values())}
 
 
+#: each paper's own comparators: (criterion, rival, metric) pairs measured on the same rows (claims.py)
+TEXT_COMPARISONS = tuple((c, r, "ppl") for c in ("aimer", "router_sensitivity") for r in ("magnitude", "router_norm")) \
+    + (("router_sensitivity", "anti_router_sensitivity", "ppl"),)
+MLLM_COMPARISONS = tuple((c, r, m) for c in ("delta_h", "maep_global") for r in ("reap", "routing_kl")
+                         for m in ("acc_image", "ppl_text")) + (("aimer", "magnitude", "acc_image"),
+                                                                 ("aimer", "router_norm", "acc_image"))
+
+
+def _seeded(table: Mapping[str, Any], preset: str, seed: int | None) -> tuple[Any, Any]:
+    """(spec, what the testbed function takes): the preset's, or its recipe trained from ``seed`` (another testbed
+    of the same recipe, passed as a spec)."""
+    spec = table[preset]
+    if seed is None or seed == spec.seed:
+        return spec, preset
+    seeded = dataclasses.replace(spec, seed=int(seed))
+    return seeded, seeded
+
+
 def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, ratios=(0.25, 0.5),
-                random_seeds: int = 5, calibration_rows: int = 64, eval_rows: int = 128, kl_rows: int = 16,
-                sensitivity_steps: int = 500, progress: bool = True) -> dict[str, Any]:
-    """Every criterion on the text testbed ``preset`` (trained first when not cached)."""
+                random_seeds: int = 50, calibration_rows: int = 64, eval_rows: int = 128, kl_rows: int = 16,
+                sensitivity_steps: int = 500, progress: bool = True, testbed_seed: int | None = None) -> dict[str, Any]:
+    """Every criterion on the text testbed ``preset`` (trained first when not cached; ``testbed_seed``: the same
+    recipe trained from that seed), each row's standing against the ``random_seeds`` random plans (the null) and
+    against its paper's comparators (:data:`TEXT_COMPARISONS`)."""
     import lightprune as lp
 
 
-    spec = TEXT_TESTBEDS[preset]
-    folder = text_testbed(preset, root, progress=progress)
+    spec, which = _seeded(TEXT_TESTBEDS, preset, testbed_seed)
+    folder = text_testbed(which, root, progress=progress)
     corpus = build_text_corpus(spec.corpus, root)
     model = lp.load_pruned(folder / "model").eval()
     dm = corpus_datamodule(spec, corpus)
@@ -122,14 +145,15 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
                                                              steps=sensitivity_steps, progress=progress)
     rankings = expert_rankings(model, stats, extra=extra)
     result = expert_quality(model, rankings, evaluate, ratios=ratios, random_seeds=random_seeds, progress=progress,
-                            merges=expert_merges(stats))
+                            merges=expert_merges(stats), standing_metrics=("ppl",), comparisons=TEXT_COMPARISONS,
+                            testbed_seed=spec.seed)
     kl_batches = calib_batches["mixed"][: max(1, kl_rows // dm.batch_size)]
     kl_stats = lp.collect_expert_stats(model, kl_batches, subsets=("all",), progress=progress)
     result["proxy_rho"] = proxy_rho(model, kl_batches, kl_stats, progress=progress)
     by_domain = {d: lp.collect_expert_stats(model, calib_batches[d], subsets=("all",), progress=progress)
                  for d in ("prose", "code")}
     result["stability"] = {"pair": ["prose", "code"], "criteria": stability(by_domain["prose"], by_domain["code"])}
-    result["testbed"] = _testbed_record(folder, preset, "held_out_perplexity")
+    result["testbed"] = {**_testbed_record(folder, preset, "held_out_perplexity"), "seed": spec.seed}
     result["routing_balance"] = routing_balance_record(stats)
     result["router_sensitivity_steps"] = sensitivity_steps
     result["router_sensitivity_data"] = ("instruction rows (questions and answers on Python's documentation topics, "
@@ -138,14 +162,16 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
 
 
 def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = None, *, ratios=(0.25, 0.5),
-                random_seeds: int = 5, kl_rows: int = 16, sensitivity_steps: int = 500,
-                progress: bool = True) -> dict[str, Any]:
-    """Every criterion, MAEP included, on the multimodal MoE testbed ``preset``."""
+                random_seeds: int = 50, kl_rows: int = 16, sensitivity_steps: int = 500,
+                progress: bool = True, testbed_seed: int | None = None) -> dict[str, Any]:
+    """Every criterion, MAEP included, on the multimodal MoE testbed ``preset`` (``testbed_seed``: the same recipe
+    trained from that seed), with each row's standing against the random plans and the comparators of
+    :data:`MLLM_COMPARISONS`."""
     import lightprune as lp
 
 
-    spec = VQA_TESTBEDS[preset]
-    folder = vqa_testbed(preset, root, progress=progress)
+    spec, which = _seeded(VQA_TESTBEDS, preset, testbed_seed)
+    folder = vqa_testbed(which, root, progress=progress)
     model = lp.load_pruned(folder / "model").eval()
     dm = datamodule(spec, str(folder / "model"), root)
     dm.setup("fit")
@@ -184,15 +210,17 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
                                                          steps=sensitivity_steps, progress=progress)
     rankings = expert_rankings(model, stats, maep=True, extra=extra)
     result = expert_quality(model, rankings, evaluate, ratios=ratios, random_seeds=random_seeds, progress=progress,
-                            merges=expert_merges(stats))
-    result["maep_alpha"] = lp.maep_scores(stats)[1]
+                            merges=expert_merges(stats), standing_metrics=("acc_image", "ppl_text"),
+                            comparisons=MLLM_COMPARISONS, testbed_seed=spec.seed)
+    alpha = maep_alpha(stats)
+    result["maep_alpha"], result["maep_alpha_error"] = alpha["value"], alpha["error"]
     kl_batches = calib_all[: max(1, kl_rows // spec.batch_size)]
     kl_stats = lp.collect_expert_stats(model, kl_batches, subsets=("all", "text", "vision"), progress=progress)
     result["proxy_rho"] = proxy_rho(model, kl_batches, kl_stats, subsets=("all", "text", "vision"), progress=progress)
     a = lp.collect_expert_stats(model, calib_digits, subsets=subsets[1:], progress=progress)
     b = lp.collect_expert_stats(model, calib_charts, subsets=subsets[1:], progress=progress)
     result["stability"] = {"pair": ["digits", "charts"], "criteria": stability(a, b, ("delta_h", "reap"))}
-    result["testbed"] = _testbed_record(folder, preset, "val_answer_accuracy")
+    result["testbed"] = {**_testbed_record(folder, preset, "val_answer_accuracy"), "seed": spec.seed}
     result["routing_balance"] = routing_balance_record(stats)
     result["router_sensitivity_steps"] = sensitivity_steps
     return result

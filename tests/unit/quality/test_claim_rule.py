@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightprune.quality.claims import FAILED, HELD, MISSING, NOISE, claim_verdict, empirical_p_value, standing
+from lightprune.quality.claims import FAILED, HELD, MISSING, NOISE, claim_verdict, comparison_verdict
+from lightprune.quality.evidence import empirical_p_value, standing
 from lightprune.quality.intervals import metric_value, paired_difference, retention
 
 ROWS, NULL = 40, 50
@@ -85,3 +86,6 @@ def test_a_clearly_better_criterion_holds_and_a_clearly_worse_one_does_not() -> 
     # one seed that does not pass makes the claim within noise; no seed at all is not measured
     assert claim_verdict([*better[:2], worse[0]]) == NOISE
     assert claim_verdict([]) == MISSING
+    # against a named rival: the paired interval alone decides
+    assert comparison_verdict(better) == HELD and comparison_verdict(worse) == FAILED
+    assert comparison_verdict([*better[:2], worse[0]]) == NOISE and comparison_verdict([]) == MISSING
