@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> Path:
         if "text" in args.parts:
             from lightprune.quality.tables import text_tables
 
-            sizes = dict(calibration_rows=8, eval_rows=8, kl_rows=8, sensitivity_steps=3) if micro else {}
+            sizes = dict(calibration_rows=8, eval_rows=8, kl_rows=8, sensitivity_steps=3, sensitivity_fits=2) \
+                if micro else {}
             seeded["text"].append(text_tables("micro" if micro else "full", args.root, ratios=tuple(args.ratios),
                                               random_seeds=random_seeds, progress=progress, testbed_seed=seed,
                                               **sizes))

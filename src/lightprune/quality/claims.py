@@ -196,7 +196,8 @@ def paper_claims(text: Mapping[str, Any] | None = None, mllm: Mapping[str, Any] 
 
 
 #: every claim checked over testbed seeds: (paper, claim, testbed part, criterion, rival (None: the random null),
-#: metric); a paper's claim against its own comparators is one check per comparator
+#: metric); a paper's claim against its own comparators is one check per comparator; a criterion ending in "*" is
+#: every row of that name and its ``_fit<n>`` variants (router sensitivity's fit seeds), each a record per seed
 CLAIM_CHECKS: tuple[tuple[str, str, str, str, str | None, str], ...] = (
     ("MAEP (000)", "Delta-H keeps more than random pruning", "mllm", "delta_h", None, "acc_image"),
     ("MAEP (000)", "Delta-H keeps more image accuracy than REAP", "mllm", "delta_h", "reap", "acc_image"),
@@ -209,8 +210,8 @@ CLAIM_CHECKS: tuple[tuple[str, str, str, str, str | None, str], ...] = (
     ("AIMER (001)", "AIMER keeps more than the router norm", "text", "aimer", "router_norm", "ppl"),
     ("AIMER (001)", "a calibration-free weight ranking keeps more than random pruning", "mllm", "aimer", None,
      "acc_image"),
-    ("router sensitivity (003)", "experts whose router rows move least are prunable: more kept than random", "text",
-     "router_sensitivity", None, "ppl"),
+    ("router sensitivity (003)", "experts whose router rows move least are prunable: more kept than random "
+     "(every fit seed)", "text", "router_sensitivity*", None, "ppl"),
     ("router sensitivity (003)", "router sensitivity keeps more than magnitude", "text", "router_sensitivity",
      "magnitude", "ppl"),
     ("router sensitivity (003)", "router sensitivity keeps more than the router norm", "text", "router_sensitivity",
@@ -220,14 +221,25 @@ CLAIM_CHECKS: tuple[tuple[str, str, str, str, str | None, str], ...] = (
 )
 
 
-def _seed_record(table: Mapping[str, Any], criterion: str, rival: str | None, metric: str,
-                 ratio: float) -> Mapping[str, Any] | None:
-    row = _row(table, criterion, ratio)
-    if row is None:
-        return None
-    if rival is None:
-        return row.get("standing", {}).get(metric)
-    return row.get("versus", {}).get(rival, {}).get(metric)
+def _seed_records(table: Mapping[str, Any], criterion: str, rival: str | None, metric: str,
+                  ratio: float) -> list[Mapping[str, Any] | None]:
+    """The records of one seed's table: one per criterion row (``name*``: the row and its ``_fit<n>`` variants, each
+    record with its ``fit_seed``); None where a row or its record is missing."""
+    if criterion.endswith("*"):
+        base = criterion[:-1]
+        names = sorted({r["criterion"] for r in table.get("rows", []) if r["criterion"] == base
+                        or r["criterion"].startswith(f"{base}_fit")}) or [base]
+    else:
+        names = [criterion]
+    out: list[Mapping[str, Any] | None] = []
+    for name in names:
+        row = _row(table, name, ratio)
+        record = None if row is None else row.get("standing", {}).get(metric) if rival is None else \
+            row.get("versus", {}).get(rival, {}).get(metric)
+        if record is not None and criterion.endswith("*"):
+            record = {**record, "fit_seed": int(name.rsplit("_fit", 1)[1]) if "_fit" in name else 0}
+        out.append(record)
+    return out
 
 
 def claims_over_seeds(text: Sequence[Mapping[str, Any]] = (), mllm: Sequence[Mapping[str, Any]] = (),
@@ -240,7 +252,7 @@ def claims_over_seeds(text: Sequence[Mapping[str, Any]] = (), mllm: Sequence[Map
     parts = {"text": list(text), "mllm": list(mllm)}
     out = []
     for paper, claim, testbed, criterion, rival, metric in CLAIM_CHECKS:
-        records = [_seed_record(table, criterion, rival, metric, ratio) for table in parts[testbed]]
+        records = [r for table in parts[testbed] for r in _seed_records(table, criterion, rival, metric, ratio)]
         seeds = [dict(r) for r in records if r is not None]
         complete = bool(records) and len(seeds) == len(records)
         verdict = MISSING if not complete else claim_verdict(seeds) if rival is None else comparison_verdict(seeds)

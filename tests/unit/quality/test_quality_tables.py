@@ -203,7 +203,7 @@ def test_each_papers_claim_is_judged_by_its_stated_rule(page) -> None:
 
 def test_the_claims_over_testbed_seeds_follow_from_the_measured_numbers(page) -> None:
     """Every check of CLAIM_CHECKS has one record per testbed seed (micro: seeds 0 and 1, each a testbed trained
-    from its seed); seed 0's records recomputed from its table (the p-value from the random plans' retentions, the
+    from its seed; router sensitivity one per fit seed too); seed 0's records recomputed from its table (the p-value from the random plans' retentions, the
     paired difference's point value from the rows' metrics) and the verdict by the rule from the records alone."""
     from lightprune.quality.claims import CLAIM_CHECKS
 
@@ -222,9 +222,11 @@ def test_the_claims_over_testbed_seeds_follow_from_the_measured_numbers(page) ->
             assert len(c["seeds"]) < 2      # alpha leaves [0, 1], a metric whose dense value is 0 (micro testbeds)
             continue
         measured += 1
-        assert [s["testbed_seed"] for s in c["seeds"]] == [0, 1]
+        fits = c["criterion"].endswith("*")  # router sensitivity: a record per (testbed seed, fit seed)
+        assert [s["testbed_seed"] for s in c["seeds"]] == ([0, 0, 1, 1] if fits else [0, 1])
+        assert not fits or [s["fit_seed"] for s in c["seeds"]] == [0, 1, 0, 1]
         first, metric, part = c["seeds"][0], c["metric"], c["testbed"]
-        value = kept(part, c["criterion"], metric)
+        value = kept(part, c["criterion"].rstrip("*"), metric)
         if c["rival"] is None:
             randoms = [retention(metric, s[metric], data[part]["dense"][metric])
                        for s in data[part]["random"]["0.5"]["seeds"]]
