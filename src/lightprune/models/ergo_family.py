@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, SelectsWithExpertTensor
-from lightprune.models.routing_ops import mask_logits, masked_choice, renormalized
+from lightprune.models.routing_ops import sigmoid_biased_topk
 
 __all__ = ["ErgoFamily"]
 
@@ -48,11 +48,8 @@ class ErgoFamily(SelectsWithExpertTensor, MoEFamily):
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
-        router = layer.router
-        router_logits = mask_logits(router_logits, expert_mask)
-        scores = router_logits.sigmoid()
-        top_index = masked_choice(scores, bias, expert_mask).topk(layer.top_k, sorted=False).indices
-        weights = renormalized(scores.gather(1, top_index), 1e-20) * router.routed_scaling_factor
+        router_logits, weights, top_index = sigmoid_biased_topk(router_logits, bias, expert_mask, layer.top_k, 1e-20,
+                                                                layer.router.routed_scaling_factor)
         return router_logits, weights.to(layer.experts.up_proj.dtype).float(), top_index
 
     @staticmethod

@@ -13,7 +13,7 @@ import torch
 from lightprune.models.base import RemovalEffect
 
 __all__ = ["chosen_group_leaders", "fill_unchosen_groups", "mask_logits", "masked_choice", "one_minus", "renormalized",
-           "softmax_removal_growth", "softmax_topk_removal", "unique_rows"]
+           "sigmoid_biased_topk", "softmax_removal_growth", "softmax_topk_removal", "unique_rows"]
 
 
 def renormalized(weights: torch.Tensor, eps: float | None = None) -> torch.Tensor:
@@ -97,6 +97,17 @@ def masked_choice(scores: torch.Tensor, bias: torch.Tensor | None,
     if expert_mask is not None:
         choice = choice.masked_fill(expert_mask.to(choice.device), float("-inf"))
     return choice
+
+
+def sigmoid_biased_topk(router_logits: torch.Tensor, bias: torch.Tensor, expert_mask: torch.Tensor | None,
+                        top_k: int, eps: float, scale) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(masked logits, weights [T, k], ids [T, k]) of the biased sigmoid router several families share (Hunyuan 3,
+    Inkling 2, Muse Spark, Ergo): s = sigmoid(l), ids = top-k (unsorted) of s + bias, w = s_ids / (sum + eps) * scale,
+    the masked experts at -inf in the logits and the choice; op for op as their routers compute it."""
+    router_logits = mask_logits(router_logits, expert_mask)
+    scores = torch.sigmoid(router_logits)
+    top_index = torch.topk(masked_choice(scores, bias, expert_mask), top_k, dim=-1, sorted=False)[1]
+    return router_logits, renormalized(scores.gather(1, top_index), eps) * scale, top_index
 
 
 def fill_unchosen_groups(values: torch.Tensor, chosen: torch.Tensor, num_group: int, fill: float) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, SelectsWithExpertTensor, kept_entries
 from lightprune.models.family_rows import family_row
-from lightprune.models.routing_ops import mask_logits, masked_choice, renormalized
+from lightprune.models.routing_ops import mask_logits, masked_choice, renormalized, sigmoid_biased_topk
 
 __all__ = ["Kolibri1_1Family", "LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily",
            "Lfm2MoeFamily", "FlintFamily", "Kolibri1Family", "Inkling2TextFamily", "Inkling2Family",
@@ -135,12 +135,8 @@ class HYV3Family(SelectsWithExpertTensor, MoEFamily):
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
-        router_logits = mask_logits(router_logits, expert_mask)
-        weights = torch.sigmoid(router_logits)
-        choice = masked_choice(weights, bias, expert_mask)
-        top_index = torch.topk(choice, layer.top_k, dim=-1, sorted=False)[1]
-        top = renormalized(weights.gather(1, top_index), 1e-20)
-        return router_logits, top * layer.router.router_scaling_factor, top_index
+        return sigmoid_biased_topk(router_logits, bias, expert_mask, layer.top_k, 1e-20,
+                                   layer.router.router_scaling_factor)
 
     unselected_removal_is_free = True  # per-expert sigmoid scores, renormalised over the k
 
@@ -176,11 +172,8 @@ class Inkling2TextFamily(HYV3Family):
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
-        router_logits = mask_logits(router_logits, expert_mask)
-        scores = torch.sigmoid(router_logits)
-        top_index = torch.topk(masked_choice(scores, bias, expert_mask), layer.top_k, dim=-1, sorted=False).indices
-        weights = renormalized(scores.gather(1, top_index), 1e-20)
-        return router_logits, weights * layer.router.routed_scaling_factor, top_index
+        return sigmoid_biased_topk(router_logits, bias, expert_mask, layer.top_k, 1e-20,
+                                   layer.router.routed_scaling_factor)
 
 
 Inkling2Family = family_row(__name__, Inkling2TextFamily, "inkling2",
@@ -232,11 +225,8 @@ class MuseSparkFamily(SelectsWithExpertTensor, MoEFamily):
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
         router = layer.router
-        router_logits = mask_logits(router_logits, expert_mask)
-        scores = torch.sigmoid(router_logits)
-        top_index = torch.topk(masked_choice(scores, bias, expert_mask), layer.top_k, dim=-1, sorted=False)[1]
-        weights = renormalized(scores.gather(1, top_index), router.norm_topk_prob_eps)
-        return router_logits, weights * router.routed_scaling_factor, top_index
+        return sigmoid_biased_topk(router_logits, bias, expert_mask, layer.top_k, router.norm_topk_prob_eps,
+                                   router.routed_scaling_factor)
 
 
 class AfmoeFamily(SelectsWithExpertTensor, MoEFamily):
