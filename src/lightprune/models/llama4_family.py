@@ -118,9 +118,10 @@ class Llama4TextFamily(MoEFamily):
         return out
 
     def masked_block(self, layer: MoELayer, kept: torch.Tensor) -> Callable[..., Any]:
-        """Llama4TextMoe's forward on the kept experts alone (their scores' columns, their weights), op for op what
-        the pruned block computes: the masked router's scores are the pruned router's at the kept columns and 0
-        elsewhere, but the sum over all E experts would add the kept outputs in another order."""
+        """Llama4TextMoe's forward with the sum over the experts taken over the kept ones only: the masked router's
+        scores are the pruned router's at the kept columns and 0 elsewhere, every expert's output is its own batch
+        of the experts' bmm, so summing the kept experts' outputs adds what the pruned block adds, in its order (the
+        sum over all E, zeros included, would add them in another order). No weight is copied."""
         block, kept_on = layer.block, {kept.device: kept}
 
         def forward(hidden_states: torch.Tensor):
@@ -129,11 +130,10 @@ class Llama4TextFamily(MoEFamily):
             ids = kept_on.get(scores.device)
             if ids is None:
                 ids = kept_on[scores.device] = kept.to(scores.device)
-            scores = scores.index_select(1, ids)
             routed_in = hidden.repeat(scores.shape[1], 1) * scores.transpose(0, 1).reshape(-1, 1)
-            routed_out = _experts_forward(block.experts, routed_in, ids)
+            routed_out = block.experts(routed_in).reshape(scores.shape[1], -1, hidden.shape[-1])
             out = block.shared_expert(hidden)
-            out.add_(routed_out.reshape(scores.shape[1], -1, routed_out.shape[-1]).sum(dim=0))
+            out.add_(routed_out.index_select(0, ids).sum(dim=0))
             return out, logits
 
         return forward
@@ -169,11 +169,3 @@ Llama4Family = family_row(__name__, Llama4TextFamily, "llama4",
                           "Llama 4's text model (Llama4TextMoe blocks, the same router and experts).",
                           name="Llama4Family", multimodal=True, vision_token_keys=("image_token_index",),
                           language_model_type="llama4_text")
-
-
-def _experts_forward(experts: torch.nn.Module, hidden_states: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """Llama4TextExperts' forward with only the experts ``kept`` (their rows of each weight), op for op."""
-    gate_up_proj, down_proj = experts.gate_up_proj.index_select(0, kept), experts.down_proj.index_select(0, kept)
-    hidden_states = hidden_states.view(gate_up_proj.shape[0], -1, experts.hidden_size)
-    gate, up = torch.bmm(hidden_states, gate_up_proj).chunk(2, dim=-1)
-    return torch.bmm(up * experts.act_fn(gate), down_proj).view(-1, experts.hidden_size)
