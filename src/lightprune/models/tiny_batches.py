@@ -356,11 +356,30 @@ def _gemma4_images(config, count: int, first: int, gen: torch.Generator):
     return counts, pixels, positions
 
 
-_FAMILIES = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe",
-             "internvl", "llava_onevision", "gemma4", "hy_v4_vl", "dots3_note", "deepseek_ocr2",
-             "unlimited_ocr", "aria", "minimax_m3_vl", "glm5_next", "mistral_large4", "llama4",
-             "step3p7", "inkling2", "nemotron_h_omni", "muse_spark", "inkling2_loop")
+def _without_extra(images):
+    """An images builder of (config, count, gen) -> (counts, pixels) as (config, count, sample, gen) -> (counts,
+    pixels, None)."""
+    return lambda config, count, first, gen: (*images(config, count, gen), None)
+
+
+def _unsampled(images):
+    """An images builder of (config, count, gen) -> (counts, pixels, extra) as (config, count, sample, gen) -> ...."""
+    return lambda config, count, first, gen: images(config, count, gen)
+
+
+#: model type -> its images builder (config, images per sample, sample index, generator) -> (placeholder counts per
+#: image, pixel values, the extra input or None); Qwen-VL-style families use _qwen_images, the rest LLaVA's
+_IMAGES = {
+    "internvl": _without_extra(_internvl_images), "gemma4": _gemma4_images, "hy_v4_vl": _hy_v4_vl_images,
+    "dots3_note": _flat_patch_images, "minimax_m3_vl": _flat_patch_images,
+    "deepseek_ocr2": _without_extra(_deepseek_ocr2_images), "unlimited_ocr": _without_extra(_unlimited_ocr_images),
+    "aria": _unsampled(_aria_images), "mistral_large4": _pixtral_images, "llama4": _without_extra(_llama4_images),
+    "nemotron_h_omni": _radio_images, "muse_spark": _muse_spark_images, "inkling2": _inkling2_images,
+    "inkling2_loop": _inkling2_images, "step3p7": _without_extra(_step3p7_images),
+}
+
 _QWEN = ("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe_thinker", "qwen4_exp", "qwen2_5_vl", "glm4v_moe", "glm5_next")
+_FAMILIES = (*_QWEN, *_IMAGES, "llava_onevision")
 #: the families whose images come as flat patches with ``image_grid_thw``, and those of them that need
 #: ``mm_token_type_ids`` (M-RoPE positions)
 _GRIDDED = (*_QWEN, "hy_v4_vl", "dots3_note", "minimax_m3_vl", "inkling2", "inkling2_loop", "muse_spark")
@@ -394,36 +413,8 @@ def tiny_multimodal_batch(model: nn.Module, batch_size: int = 2, text_tokens: tu
     qwen = model_type in _QWEN
     seqs, types, pixels, extras = [], [], [], []
     for b in range(batch_size):
-        if qwen:
-            counts, pix, extra = _qwen_images(config, images_per_sample, b, gen)
-        elif model_type == "internvl":
-            (counts, pix), extra = _internvl_images(config, images_per_sample, gen), None
-        elif model_type == "gemma4":
-            counts, pix, extra = _gemma4_images(config, images_per_sample, b, gen)
-        elif model_type == "hy_v4_vl":
-            counts, pix, extra = _hy_v4_vl_images(config, images_per_sample, b, gen)
-        elif model_type in ("dots3_note", "minimax_m3_vl"):
-            counts, pix, extra = _flat_patch_images(config, images_per_sample, b, gen)
-        elif model_type == "deepseek_ocr2":
-            (counts, pix), extra = _deepseek_ocr2_images(config, images_per_sample, gen), None
-        elif model_type == "unlimited_ocr":
-            (counts, pix), extra = _unlimited_ocr_images(config, images_per_sample, gen), None
-        elif model_type == "aria":
-            counts, pix, extra = _aria_images(config, images_per_sample, gen)
-        elif model_type == "mistral_large4":
-            counts, pix, extra = _pixtral_images(config, images_per_sample, b, gen)
-        elif model_type == "llama4":
-            (counts, pix), extra = _llama4_images(config, images_per_sample, gen), None
-        elif model_type == "nemotron_h_omni":
-            counts, pix, extra = _radio_images(config, images_per_sample, b, gen)
-        elif model_type == "muse_spark":
-            counts, pix, extra = _muse_spark_images(config, images_per_sample, b, gen)
-        elif model_type in ("inkling2", "inkling2_loop"):
-            counts, pix, extra = _inkling2_images(config, images_per_sample, b, gen)
-        elif model_type == "step3p7":
-            (counts, pix), extra = _step3p7_images(config, images_per_sample, gen), None
-        else:
-            counts, pix, extra = _llava_images(config, images_per_sample, b, gen)
+        images = _qwen_images if qwen else _IMAGES.get(model_type, _llava_images)
+        counts, pix, extra = images(config, images_per_sample, b, gen)
         pixels.append(pix)
         extras.append(extra)
         n_after = after - (pad_last if b == batch_size - 1 and batch_size > 1 else 0)
