@@ -1,11 +1,10 @@
 """Reversible expert masking: the router selects among the kept experts only.
 
 Inside ``with mask_experts(model, plan):`` every MoE router of the plan is replaced (per instance,
-never per class) by its family's routing run on the kept experts' logits (and their biases), and the MoE block
-too where the family says so (``MoEFamily.masked_block``: Llama 4 sums over its experts): the same operations
-the pruned model's stock router (and block) runs on its pruned tensors, so the model computes exactly what the
-structurally pruned model computes, exact ties in the logits included (tested per family); the removed experts'
-logits read -inf. Leaving the block restores the original routers,
+never per class) by its family's routing run on the kept experts' logits (and their biases): the
+same operations the pruned model's stock router runs on its pruned tensors, so the model computes
+exactly what the structurally pruned model computes, exact ties in the logits included (tested per
+family); the removed experts' logits read -inf. Leaving the block restores the original routers,
 also on error. The plan is checked against the model first (:meth:`ExpertPlan.check_layers
 <lightprune.experts.plan.ExpertPlan.check_layers>`); a MergePlan is refused (``lp.merged_experts``).
 """
@@ -57,7 +56,7 @@ def mask_experts(model: nn.Module, plan: ExpertPlan) -> Iterator[nn.Module]:
     check_plan_kind(plan, ExpertPlan, "mask_experts")
     layers = find_moe_layers(model)
     plan.check_layers(layers)
-    installed, masked = [], []
+    installed = []
     try:
         for layer in layers:
             if layer.index not in plan.keep:
@@ -68,19 +67,14 @@ def mask_experts(model: nn.Module, plan: ExpertPlan) -> Iterator[nn.Module]:
             device = layer.router_linear.weight.device  # a layer not loaded yet (meta): its mask waits on the CPU
             mask = torch.ones(layer.num_experts, dtype=torch.bool, device=device if device.type != "meta" else "cpu")
             mask[plan.keep[layer.index]] = False
-            for module, forward in ((router, _masked_forward(layer, mask)),
-                                    (layer.block, layer.family.masked_block(layer, kept_experts(mask)))):
-                if forward is None:
-                    continue
-                installed.append((module, module.__dict__.get("forward")))
-                module.forward = forward
+            previous = router.__dict__.get("forward")
+            router.forward = _masked_forward(layer, mask)
             setattr(router, _MASK_ATTR, mask)
-            masked.append(router)
+            installed.append((router, previous))
         yield model
     finally:
-        for module, previous in reversed(installed):
-            del module.forward
+        for router, previous in installed:
+            del router.forward
             if previous is not None:
-                module.forward = previous
-        for router in masked:
+                router.forward = previous
             delattr(router, _MASK_ATTR)

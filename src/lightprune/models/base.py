@@ -320,14 +320,8 @@ class MoEFamily:
         _, weights, index = self.route(layer, router_input, expert_mask)
         return layer.experts(expert_input, index, weights.to(expert_input.dtype))
 
-    def masked_block(self, layer: MoELayer, kept: torch.Tensor) -> Callable[..., Any] | None:
-        """A forward for ``layer.block`` while ``mask_experts`` keeps only the experts ``kept`` (ascending ids), for a
-        family whose block runs every expert and reduces over them (None, the default: masking the router is
-        enough). It computes what the block of the pruned layer computes, op for op (Llama 4: the sum over the
-        experts' dimension adds in another order when removed experts' zero outputs stay in it)."""
-        return None
-
-    def observed_block(self, layer: MoELayer, observe: Callable[..., torch.Tensor]) -> Callable[..., Any] | None:
+    def observed_block(self, layer: MoELayer, observe: Callable[..., torch.Tensor],
+                       expert_rows: Callable[..., torch.Tensor]) -> Callable[..., Any] | None:
         """A forward for ``layer.block`` while calibration observes the layer, for a family whose experts do not
         dispatch through transformers' ExpertsInterface (None, the default: they do, and are observed there).
 
@@ -335,7 +329,8 @@ class MoEFamily:
         the family) and calls ``observe(hidden [T, H], top_k_index [T, k],
         top_k_weights [T, k], run)`` once, ``run(rows)`` giving the selected experts' outputs [T, k, H] and those of
         the (tokens, experts) ``rows`` [n, H] (None: none asked), as the observer must see them (Llama 4: each
-        expert's contribution, weights 1)."""
+        expert's contribution, weights 1). ``expert_rows(experts, hidden [T, H], tokens [n], expert ids [n])`` runs a
+        fused experts module's MLP on those rows, grouped by expert (calibration's own)."""
         return None
 
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,

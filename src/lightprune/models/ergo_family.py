@@ -52,22 +52,15 @@ class ErgoFamily(SelectsWithExpertTensor, MoEFamily):
                                                                 layer.router.routed_scaling_factor)
         return router_logits, weights.to(layer.experts.up_proj.dtype).float(), top_index
 
-    @staticmethod
-    def expert_rows(layer: MoELayer, hidden: torch.Tensor, tokens: torch.Tensor,
-                    experts: torch.Tensor) -> torch.Tensor:
-        """f_e(x_t) [n, H] of the (token, expert) pairs: ErgoExperts' ops on each expert's rows, then its norm."""
-        module = layer.experts
-        x = hidden.index_select(0, tokens)
-        out = torch.zeros_like(x)
-        for expert in torch.unique(experts).tolist():
-            rows = (experts == expert).nonzero().squeeze(-1)
-            out[rows] = module.act_fn(x.index_select(0, rows) @ module.up_proj[expert]) @ module.down_proj[expert]
-        return module.post_expert_norm(out, experts)
-
-    def observed_block(self, layer: MoELayer, observe: Callable[..., torch.Tensor]) -> Callable[..., Any]:
-        """ErgoMoE's forward with the experts' part computed here, each selected expert's normed output handed to
-        ``observe`` with the router's weights (extra rows by :meth:`expert_rows`)."""
+    def observed_block(self, layer: MoELayer, observe: Callable[..., torch.Tensor],
+                       expert_rows: Callable[..., torch.Tensor]) -> Callable[..., Any]:
+        """ErgoMoE's forward with the experts' part computed here: each (token, expert) row run by ``expert_rows``
+        (the projections, grouped by expert) then normed with its expert's scale, the selected ones handed to
+        ``observe`` with the router's weights."""
         block = layer.block
+
+        def normed_rows(hidden, tokens, experts):  # f_e(x_t) = rmsnorm(relu(x U_e)^2 D_e) * g_e
+            return layer.experts.post_expert_norm(expert_rows(layer.experts, hidden, tokens, experts), experts)
 
         def forward(hidden_states: torch.Tensor) -> torch.Tensor:
             residuals, shape = hidden_states, hidden_states.shape
@@ -77,8 +70,8 @@ class ErgoFamily(SelectsWithExpertTensor, MoEFamily):
             tokens = torch.arange(num_tokens, device=index.device).repeat_interleave(k)
 
             def run(rows):
-                chosen = self.expert_rows(layer, hidden, tokens, index.reshape(-1)).view(num_tokens, k, -1)
-                return chosen, None if rows is None else self.expert_rows(layer, hidden, *rows)
+                chosen = normed_rows(hidden, tokens, index.reshape(-1)).view(num_tokens, k, -1)
+                return chosen, None if rows is None else normed_rows(hidden, *rows)
 
             outputs = observe(hidden, index, weights, run)
             out = (outputs * weights.unsqueeze(-1)).sum(1).to(hidden.dtype).view(*shape)

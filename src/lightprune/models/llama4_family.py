@@ -16,7 +16,8 @@ What each criterion observes (the MAEP, REAP and EAN definitions with the contri
   (:meth:`Llama4TextFamily.removal_effect`, weight 1); removing an unselected expert changes nothing.
 
 Masking and pruning: the mask sets a removed expert's logit to -inf before the top-k (score 0: sigmoid(-inf), input
-scaled to 0, output exactly 0), so the masked block computes what the block holding only the kept experts computes.
+scaled to 0, output exactly 0), so the masked block computes what the block holding only the kept experts computes
+(up to the order of the sum over the experts and the matmuls' blocking at another expert count, as in any family).
 The experts (Llama4TextExperts) do not dispatch through transformers' ExpertsInterface: calibration observes them in the
 block's own forward, which already runs every expert on every token (the contributions are read from its output).
 Their weights are stored as transformers' transposed experts are (``gate_up_proj [E, H, 2I]``, ``down_proj
@@ -103,45 +104,17 @@ class Llama4TextFamily(MoEFamily):
         routed_in = expert_input.repeat(scores.shape[1], 1) * scores.transpose(0, 1).reshape(-1, 1)
         return layer.experts(routed_in).reshape(scores.shape[1], *expert_input.shape).sum(dim=0)
 
-    def contributions(self, layer: MoELayer, hidden: torch.Tensor, router_logits: torch.Tensor, tokens: torch.Tensor,
-                      experts: torch.Tensor) -> torch.Tensor:
-        """c_e(x_t) = f_e(sigmoid(l_te) x_t) [n, H] of the (token, expert) pairs, the input scaled as the block scales
-        it (the score cast to the hidden states' dtype)."""
-        module = layer.experts
-        scores = torch.sigmoid(router_logits[tokens, experts].float()).to(hidden.dtype)
-        scaled = hidden.index_select(0, tokens) * scores.unsqueeze(-1)
-        out = torch.empty_like(scaled)
-        for expert in torch.unique(experts).tolist():  # Llama4TextExperts' ops on each expert's rows
-            rows = (experts == expert).nonzero().squeeze(-1)
-            gate, up = (scaled.index_select(0, rows) @ module.gate_up_proj[expert]).chunk(2, dim=-1)
-            out[rows] = (up * module.act_fn(gate)) @ module.down_proj[expert]
-        return out
-
-    def masked_block(self, layer: MoELayer, kept: torch.Tensor) -> Callable[..., Any]:
-        """Llama4TextMoe's forward with the sum over the experts taken over the kept ones only: the masked router's
-        scores are the pruned router's at the kept columns and 0 elsewhere, every expert's output is its own batch
-        of the experts' bmm, so summing the kept experts' outputs adds what the pruned block adds, in its order (the
-        sum over all E, zeros included, would add them in another order). No weight is copied."""
-        block, kept_on = layer.block, {kept.device: kept}
-
-        def forward(hidden_states: torch.Tensor):
-            hidden = hidden_states.reshape(-1, block.hidden_dim)
-            scores, logits = block.router(hidden)
-            ids = kept_on.get(scores.device)
-            if ids is None:
-                ids = kept_on[scores.device] = kept.to(scores.device)
-            routed_in = hidden.repeat(scores.shape[1], 1) * scores.transpose(0, 1).reshape(-1, 1)
-            routed_out = block.experts(routed_in).reshape(scores.shape[1], -1, hidden.shape[-1])
-            out = block.shared_expert(hidden)
-            out.add_(routed_out.index_select(0, ids).sum(dim=0))
-            return out, logits
-
-        return forward
-
-    def observed_block(self, layer: MoELayer, observe: Callable[..., torch.Tensor]) -> Callable[..., Any]:
+    def observed_block(self, layer: MoELayer, observe: Callable[..., torch.Tensor],
+                       expert_rows: Callable[..., torch.Tensor]) -> Callable[..., Any]:
         """Llama4TextMoe's forward, op for op, with the chosen experts' contributions read from its dense expert
-        output and handed to ``observe`` (weights 1); extra rows are computed by :meth:`contributions`."""
+        output and handed to ``observe`` (weights 1); an extra (token, expert) row's contribution c_e(x_t) =
+        f_e(sigmoid(l_te) x_t), the input scaled as the block scales it, run by ``expert_rows``."""
         block = layer.block
+
+        def contributions(hidden, logits, tokens, experts):
+            scores = torch.sigmoid(logits[tokens, experts].float()).to(hidden.dtype)
+            scaled = hidden.index_select(0, tokens) * scores.unsqueeze(-1)
+            return expert_rows(layer.experts, scaled, torch.arange(tokens.numel(), device=tokens.device), experts)
 
         def forward(hidden_states: torch.Tensor):
             hidden = hidden_states.reshape(-1, block.hidden_dim)
@@ -155,7 +128,7 @@ class Llama4TextFamily(MoEFamily):
             chosen = routed_out.permute(1, 0, 2).gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
 
             def run(rows):
-                extra = None if rows is None else self.contributions(layer, hidden, logits, *rows)
+                extra = None if rows is None else contributions(hidden, logits, *rows)
                 return chosen, extra
 
             observe(hidden, index, torch.ones(index.shape, dtype=hidden.dtype, device=hidden.device), run)

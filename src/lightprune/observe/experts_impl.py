@@ -226,12 +226,8 @@ def observing_experts(layers: list[MoELayer], observer: Observer, extra: ExtraRo
         for layer in layers:
             if id(layer.experts) in _OBSERVERS:
                 raise RuntimeError(f"layer {layer.index} is already observed: nested observation is not supported")
-            block_forward = layer.family.observed_block(layer, partial(_observe, layer.experts))
+            block_forward = layer.family.observed_block(layer, partial(_observe, layer.experts), expert_rows)
             config = getattr(layer.experts, "config", None)
-            if block_forward is not None and "forward" in vars(layer.block):
-                raise RuntimeError(f"layer {layer.index}: its MoE block's forward is already replaced (a masked Llama "
-                                   "4 block inside mask_experts?); lightprune observes this family in its block's "
-                                   "own forward, so it cannot observe it there")
             if block_forward is not None:  # experts outside ExpertsInterface: observed by the family's own block
                 layer.block.forward = block_forward
                 replaced.append(layer.block)

@@ -397,19 +397,24 @@ def test_masked_llama4_block_matches_a_hand_computation(tiny, family):
         assert torch.isneginf(logits[:, [e for e in range(layer.num_experts) if e not in keep]]).all()
 
 
-def test_calibration_refuses_a_masked_llama4_block_and_leaves_it_masked(tiny):
-    """Llama 4 is observed in its block's own forward, which masking replaced: calibration inside mask_experts is
-    refused before any batch, and the masked forward stays."""
+def test_calibration_of_a_masked_llama4_model_observes_the_kept_experts_only(tiny):
+    """Llama 4 is observed in its block's own forward, behind the masked router: inside mask_experts every valid
+    token counts top-k kept experts and none of the removed ones."""
     from fixtures import padded_batch
 
     model = tiny("llama4_text", seed=3)
     layers = lp.find_moe_layers(model)
-    plan = lp.ExpertPlan(keep={l.index: [0, 2, 4, 6] for l in layers}, num_experts={l.index: 8 for l in layers})
+    keep = [0, 2, 4, 6]
+    plan = lp.ExpertPlan(keep={l.index: keep for l in layers}, num_experts={l.index: 8 for l in layers})
+    batch = padded_batch()
     with lp.mask_experts(model, plan):
-        masked = [vars(layer.block)["forward"] for layer in layers]
-        with pytest.raises(RuntimeError, match="already replaced"):
-            lp.collect_expert_stats(model, [padded_batch()], progress=False)
-        assert [vars(layer.block).get("forward") for layer in layers] == masked
+        stats = lp.collect_expert_stats(model, [batch], criteria=("frequency",), progress=False)
+    tokens = int(batch["attention_mask"].sum())
+    for layer in layers:
+        counts = stats.raw("frequency", "all")[layer.index]
+        assert float(counts.sum()) == tokens * layer.top_k
+        assert float(counts[[e for e in range(8) if e not in keep]].abs().sum()) == 0.0
+        assert float(counts[keep].min()) >= 0 and float(counts[keep].sum()) == tokens * layer.top_k
     assert not any("forward" in vars(layer.block) for layer in layers)
 
 
