@@ -30,6 +30,19 @@ def _freeze(value):
     return value
 
 
+@pytest.fixture(autouse=True)
+def _torch_global_modes():
+    """Give each test torch's global modes as the previous one found them: a ``Trainer(deterministic=True)`` turns
+    deterministic algorithms on for the rest of the process and would change what later tests run."""
+    import torch
+
+    modes = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.get_num_threads())
+    yield
+    torch.use_deterministic_algorithms(modes[0], warn_only=modes[1])
+    torch.set_num_threads(modes[2])
+
+
 @pytest.fixture(scope="session")
 def tiny_cache():
     """{(family, seed, overrides): model}, built lazily; hand out copies only (see ``tiny``)."""

@@ -190,13 +190,16 @@ def test_training_is_deterministic_whatever_the_callers_threads(testbed_root: Pa
     first = text_testbed("micro", testbed_root, progress=False)
     shutil.copytree(testbed_root / "testbed", tmp_path / "testbed",  # the corpus, not the trained model
                     ignore=lambda folder, names: [n for n in names if n.startswith("text-")])
-    before = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())
+    before = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
     torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(False)  # a Trainer(deterministic=True) earlier in the session leaves it on
     try:
         again = text_testbed("micro", tmp_path, progress=False)
         assert torch.get_num_threads() == 1 and not torch.are_deterministic_algorithms_enabled()
     finally:
         torch.set_num_threads(before[0])
+        torch.use_deterministic_algorithms(before[1], warn_only=before[2])
     assert (again / "model" / "model.safetensors").read_bytes() == (first / "model" / "model.safetensors").read_bytes()
     manifest = json.loads((first / MANIFEST).read_text())
     assert manifest["facts"] == training_facts() and manifest["facts"]["threads"] == TRAINING_THREADS
