@@ -27,7 +27,9 @@ def empirical_p_value(value: float, null: Sequence[float]) -> float:
 def standing(value: float, null: Sequence[float], paired_diff: float, paired_ci: Sequence[float],
              testbed_seed: int) -> dict[str, Any]:
     """One seed's record of a criterion against its null (the module docstring): ``{"testbed_seed", "null_size",
-    "p_value", "paired_diff", "paired_ci"}``, what results.json keeps and
+    "p_value", "p_value_below", "paired_diff", "paired_ci"}`` (``p_value_below``: the p-value the other way,
+    (1 + #{null <= v}) / (1 + N), the chance a null draw keeps at most ``value``), what results.json keeps and
     :func:`lightprune.quality.claims.claim_verdict` reads."""
     return {"testbed_seed": int(testbed_seed), "null_size": len(null), "p_value": empirical_p_value(value, null),
+            "p_value_below": empirical_p_value(-value, [-x for x in null]),
             "paired_diff": float(paired_diff), "paired_ci": [float(paired_ci[0]), float(paired_ci[1])]}

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import torch
 
 __all__ = ["ROW_SUMS", "RESAMPLES", "intervals_of", "metric_value", "paired_difference", "retention",
-           "retention_interval", "task_mean_retention_interval"]
+           "retention_interval", "task_mean_paired_difference", "task_mean_retention_interval"]
 
 #: the key of an evaluation's per-row sums ``{metric: (n [R], d [R])}`` (never a metric itself)
 ROW_SUMS = "_row_sums"
@@ -86,6 +86,35 @@ def retention_interval(metric: str, dense: RowSums, pruned: RowSums, *, resample
     return _percentiles(retention(metric, value, base), level)
 
 
+def _task_means(metric: str, tasks: torch.Tensor, dense: RowSums, plans: list[RowSums],
+                include: torch.Tensor | None, index: torch.Tensor | None) -> torch.Tensor:
+    """[P, B] (B = 1 without ``index``): each plan's mean over the included tasks of its per-task retention, on the
+    rows of each resample of ``index`` [B, R] (None: every row once)."""
+    tasks = torch.as_tensor(tasks).long().flatten()
+    sums = [torch.as_tensor(t, dtype=torch.float64).flatten() for pair in (dense, *plans) for t in pair]
+    rows = tasks.numel()
+    if rows == 0 or any(t.numel() != rows for t in sums):
+        raise ValueError(f"{metric}: the task ids and every plan's row sums must hold the same rows, got "
+                         f"{[rows] + [t.numel() for t in sums]}")
+    num_tasks = int(tasks.max()) + 1
+    include = torch.ones(num_tasks, dtype=torch.bool) if include is None else torch.as_tensor(include)[:num_tasks]
+    index = torch.arange(rows).unsqueeze(0) if index is None else index
+    which = tasks[index]                                                   # [B, R]
+
+    def per_task(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+        n = torch.zeros(index.shape[0], num_tasks, dtype=torch.float64).scatter_add_(1, which, num[index])
+        d = torch.zeros(index.shape[0], num_tasks, dtype=torch.float64).scatter_add_(1, which, den[index])
+        value = n / d
+        return value.exp() if metric.startswith("ppl") else value
+
+    base = per_task(sums[0], sums[1])
+    means = []
+    for i in range(2, len(sums), 2):
+        kept = retention(metric, per_task(sums[i], sums[i + 1]), base)
+        means.append(kept.masked_fill(~include.unsqueeze(0) | ~torch.isfinite(kept), math.nan).nanmean(dim=1))
+    return torch.stack(means)
+
+
 def task_mean_retention_interval(metric: str, tasks: torch.Tensor, dense: RowSums, pruned: RowSums,
                                  include: torch.Tensor | None = None, *, resamples: int = RESAMPLES,
                                  level: float = 0.95, seed: int = 0) -> list[float]:
@@ -94,27 +123,27 @@ def task_mean_retention_interval(metric: str, tasks: torch.Tensor, dense: RowSum
     ``include`` [num_tasks] bool: the tasks the mean is over (default: every task with rows); a task without rows
     in a resample leaves that resample's mean to the others."""
     _check(level, resamples)
-    tasks = torch.as_tensor(tasks).long().flatten()
-    sums = [torch.as_tensor(t, dtype=torch.float64).flatten() for t in (*dense, *pruned)]
-    rows = tasks.numel()
-    if rows == 0 or any(t.numel() != rows for t in sums):
-        raise ValueError(f"{metric}: the task ids and the dense and pruned row sums must hold the same rows, got "
-                         f"{[rows] + [t.numel() for t in sums]}")
-    num_tasks = int(tasks.max()) + 1
-    include = torch.ones(num_tasks, dtype=torch.bool) if include is None else torch.as_tensor(include)[:num_tasks]
-    index = _resamples(rows, resamples, seed)
-    which = tasks[index]                                                   # [B, R]
+    index = _resamples(torch.as_tensor(tasks).numel(), resamples, seed)
+    return _percentiles(_task_means(metric, tasks, dense, [pruned], include, index)[0], level)
 
-    def per_task(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-        n = torch.zeros(resamples, num_tasks, dtype=torch.float64).scatter_add_(1, which, num[index])
-        d = torch.zeros(resamples, num_tasks, dtype=torch.float64).scatter_add_(1, which, den[index])
-        value = n / d
-        return value.exp() if metric.startswith("ppl") else value
 
-    base, value = per_task(sums[0], sums[1]), per_task(sums[2], sums[3])
-    kept = retention(metric, value, base)
-    kept = kept.masked_fill(~include.unsqueeze(0) | ~torch.isfinite(kept), math.nan)
-    return _percentiles(kept.nanmean(dim=1), level)
+def task_mean_paired_difference(metric: str, tasks: torch.Tensor, dense: RowSums, pruned: RowSums,
+                                null: list[RowSums], include: torch.Tensor | None = None, *,
+                                resamples: int = RESAMPLES, level: float = 0.95,
+                                seed: int = 0) -> tuple[float, list[float]]:
+    """(d, [low, high]) as :func:`paired_difference`, for a mean over tasks of each task's retention (MWOP's ATR):
+    d = the pruned model's task-mean retention minus the mean of the ``null`` plans', every resample drawing the
+    same rows (``tasks`` [R]: each row's task id) for the dense model, the pruned one and each null plan."""
+    _check(level, resamples)
+    if not null:
+        raise ValueError(f"{metric}: task_mean_paired_difference needs at least one null plan")
+
+    def differences(index: torch.Tensor | None) -> torch.Tensor:
+        means = _task_means(metric, tasks, dense, [pruned, *null], include, index)
+        return means[0] - means[1:].mean(dim=0)
+
+    index = _resamples(torch.as_tensor(tasks).numel(), resamples, seed)
+    return float(differences(None)[0]), _percentiles(differences(index), level)
 
 
 def intervals_of(dense_sums: Mapping[str, RowSums], sums: Mapping[str, RowSums], **kwargs) -> dict[str, list[float]]:

@@ -231,22 +231,24 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
     return result
 
 
-def mwop_tables(preset: str = "dense-mllm-full", root: str | os.PathLike | None = None, *, random_seeds: int = 5,
+def mwop_tables(preset: str = "dense-mllm-full", root: str | os.PathLike | None = None, *, random_seeds: int = 50,
                 recovery_epochs: int = 1, recovery_seeds: int = 3, progress: bool = True,
-                **kwargs: Any) -> dict[str, Any]:
-    """MWOP at the paper's operating points vs random masks on the dense multimodal testbed ``preset``,
-    training-free and (``recovery_epochs`` > 0) after recovery (``recovery_seeds`` random plans per point)."""
+                testbed_seed: int | None = None, **kwargs: Any) -> dict[str, Any]:
+    """MWOP at the paper's operating points vs a null of ``random_seeds`` random masks on the dense multimodal
+    testbed ``preset`` (``testbed_seed``: the same recipe trained from that seed), training-free, and
+    (``recovery_epochs`` > 0) after recovery against ``recovery_seeds`` random plans given the same recovery."""
     import lightprune as lp
 
 
-    spec = VQA_TESTBEDS[preset]
-    folder = vqa_testbed(preset, root, progress=progress)
+    spec, which = _seeded(VQA_TESTBEDS, preset, testbed_seed)
+    folder = vqa_testbed(which, root, progress=progress)
     model = lp.load_pruned(folder / "model").eval()
     dm = datamodule(spec, str(folder / "model"), root)
     dm.setup("fit")
-    result = mwop_quality(model, dm, random_seeds=random_seeds, **kwargs)
+    result = mwop_quality(model, dm, random_seeds=random_seeds, testbed_seed=spec.seed, progress=progress,
+                          **kwargs)
     if recovery_epochs:
         result["recovery"] = mwop_recovery(model, dm, result, random_seeds=recovery_seeds, epochs=recovery_epochs,
-                                           progress=progress)
-    result["testbed"] = _testbed_record(folder, preset, "val_answer_accuracy")
+                                           testbed_seed=spec.seed, progress=progress)
+    result["testbed"] = {**_testbed_record(folder, preset, "val_answer_accuracy"), "seed": spec.seed}
     return result

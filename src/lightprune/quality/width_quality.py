@@ -50,8 +50,9 @@ import torch
 from lightprune.core.checks import check_positive_int
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.models.unwrap import base_model_of
+from lightprune.quality.evidence import standing
 from lightprune.quality.expert_quality import spread
-from lightprune.quality.intervals import task_mean_retention_interval
+from lightprune.quality.intervals import task_mean_paired_difference, task_mean_retention_interval
 from lightprune.width.flops import decoder_flops
 from lightprune.width.mask import mask_width
 from lightprune.width.modality import token_profile
@@ -118,8 +119,8 @@ def _nan_to_none(value: float) -> float | None:
 
 def mwop_quality(model: torch.nn.Module, dm: Any, *,
                  operating_points: Mapping[str, Mapping[str, float]] = PAPER_OPERATING_POINTS,
-                 random_seeds: int = 5, align: int = 64, metric: str = "token", all_tasks: bool = True,
-                 progress: bool | None = None) -> dict[str, Any]:
+                 random_seeds: int = 50, align: int = 64, metric: str = "token", all_tasks: bool = True,
+                 testbed_seed: int = 0, progress: bool | None = None) -> dict[str, Any]:
     """Dense, Taylor and random rows of MWOP's quality table (module docstring), training-free.
 
     Args:
@@ -133,6 +134,7 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
         metric: ``token``, ``exact`` or ``prob`` (:mod:`lightprune.width.retention`).
         all_tasks: also the "All Tasks" rows (method ``taylor_all_tasks``), when the datamodule serves a split per
             task (``dataloader(split, tasks=[...])``) and has more than one task.
+        testbed_seed: the seed the model was trained from, recorded in each row's standing.
         progress: a bar over the evaluations (None: when stderr is a terminal).
 
     Returns:
@@ -141,10 +143,12 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
         ``taylor_all_tasks`` or ``random``), ``ratios``; dense and Taylor rows ``flops_fraction`` (at ``align``),
         ``flops_fraction_align_1``, ``atr`` and ``atr_interval``, ``answer_ppl_atr`` and
         ``answer_ppl_atr_interval``, ``per_task_accuracy``, ``per_task_answer_loss``, ``per_task_retention``,
-        ``excluded``, ``pruned`` (the share of every unit) and ``plan`` (``WidthPlan.to_dict``); random rows
-        ``seeds``, ``per_seed`` (those fields per seed) and mean / std (sample) / min / max of ``atr``,
-        ``answer_ppl_atr``, both FLOPs fractions and ``per_task_accuracy``. NaN (a task without samples, or
-        without a defined retention) is written as None.
+        ``excluded``, ``pruned`` (the share of every unit) and ``plan`` (``WidthPlan.to_dict``); Taylor rows also
+        ``standing``: ``{"atr": ..., "answer_ppl_atr": ...}``, each :func:`~lightprune.quality.evidence.standing`
+        against the random plans of the same operating point (the p-value of its ATR among theirs, the paired
+        difference of the task-mean retentions on the same val rows); random rows ``seeds``, ``per_seed`` (those
+        fields per seed) and mean / std (sample) / min / max of ``atr``, ``answer_ppl_atr``, both FLOPs fractions
+        and ``per_task_accuracy``. NaN (a task without samples, or without a defined retention) is written as None.
     """
     from tqdm.auto import tqdm
 
@@ -218,8 +222,9 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
                 scores_out["ffn"][name] = ffn.to_dict()
                 plan = select_channels(ffn.ffn, channels, plan)
             plan.metadata.update({"method": "taylor", "operating_point": name})
+            sums = {"taylor": evaluate(plan, f"{name} taylor")}
             rows.append({"operating_point": name, "method": "taylor", "ratios": dict(ratios),
-                         **row(plan, evaluate(plan, f"{name} taylor"), reference)})
+                         **row(plan, sums["taylor"], reference)})
             if by_task:
                 plan = select_paths(attn_all.attn, paths, dense_plan)
                 if channels:
@@ -229,18 +234,23 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
                     scores_out["all_tasks"]["ffn"][name] = ffn_all.to_dict()
                     plan = select_channels(ffn_all.ffn, channels, plan)
                 plan.metadata.update({"method": "taylor_all_tasks", "operating_point": name})
+                sums["taylor_all_tasks"] = evaluate(plan, f"{name} all tasks")
                 rows.append({"operating_point": name, "method": "taylor_all_tasks", "ratios": dict(ratios),
-                             **row(plan, evaluate(plan, f"{name} all tasks"), reference)})
+                             **row(plan, sums["taylor_all_tasks"], reference)})
             if not random_seeds:
                 continue
-            per_seed = []
+            per_seed, null = [], []
             for seed in range(random_seeds):
                 drawn = get_width_scorer("random", seed=seed).score(base, attention=True, ffn=bool(channels))
                 plan = select_paths(drawn.attn, paths, dense_plan)
                 if channels:
                     plan = select_channels(drawn.ffn, channels, plan)
                 plan.metadata.update({"method": "random", "operating_point": name, "seed": seed})
-                per_seed.append({"seed": seed, **row(plan, evaluate(plan, f"{name} random {seed}"), reference)})
+                null.append(evaluate(plan, f"{name} random {seed}"))
+                per_seed.append({"seed": seed, **row(plan, null[-1], reference)})
+            for mine in (r for r in rows if r["operating_point"] == name and r["method"] != "random"):
+                mine["standing"] = _standing(mine, sums[mine["method"]], per_seed, null, reference, metric,
+                                             testbed_seed)
             rows.append({"operating_point": name, "method": "random", "ratios": dict(ratios),
                          "seeds": list(range(random_seeds)),
                          "atr": spread([r["atr"] for r in per_seed]),
@@ -281,6 +291,19 @@ def _scored(rows: Mapping[str, torch.Tensor], dense: Mapping[str, torch.Tensor],
             "per_task_answer_loss": {n: _nan_to_none(v) for n, v in zip(names, loss)},
             "per_task_retention": {n: _nan_to_none(v) for n, v in kept.per_task.items()},
             "excluded": list(kept.excluded)}
+
+
+def _standing(row: Mapping[str, Any], sums: Mapping[str, torch.Tensor], null_rows: list[Mapping[str, Any]],
+              null: list[Mapping[str, torch.Tensor]], dense: Mapping[str, torch.Tensor], metric: str,
+              testbed_seed: int) -> dict[str, Any]:
+    """A Taylor row's standing against the random plans of its operating point, for both ATRs: the p-value of its
+    ATR among theirs and the paired difference of the task-mean retentions (:func:`_versus`)."""
+    out = {}
+    for key, record in _versus(row, sums, null, dense, metric, testbed_seed).items():
+        values = [r[key] for r in null_rows]
+        if all(v is not None for v in values):
+            out[key] = standing(row[key], values, record["paired_diff"], record["paired_ci"], testbed_seed)
+    return out
 
 
 def _task_loss(rows: Mapping[str, torch.Tensor], num_tasks: int) -> list[float]:
@@ -327,16 +350,22 @@ def _recover(model: torch.nn.Module, plan: WidthPlan, train: list, steps: int, l
 
 
 def mwop_recovery(model: torch.nn.Module, dm: Any, result: Mapping[str, Any], *, random_seeds: int = 3,
-                  epochs: int = 1, learning_rate: float = 1e-4, progress: bool | None = None) -> dict[str, Any]:
+                  epochs: int = 1, learning_rate: float = 1e-4, testbed_seed: int = 0,
+                  progress: bool | None = None) -> dict[str, Any]:
     """The plans of ``result`` (:func:`mwop_quality`'s Taylor and All Tasks rows and its first ``random_seeds``
-    random plans per operating point), each recovered for ``epochs`` epochs of the train split under its masks
-    (Alg. 1's recovery, from the dense model every time) and evaluated as :func:`mwop_quality` does, against the
-    dense model before recovery. The testbed is too small for the paper's LoRA (r = 128 on a 128-wide model), so
-    the language model is fine-tuned in full, with the paper's schedule (cosine, 3% warm-up, weight decay 0).
+    random plans per operating point) and the dense model, each recovered for ``epochs`` epochs of the train split
+    under its masks (Alg. 1's recovery, from the dense model every time) and evaluated as :func:`mwop_quality`
+    does, against the dense model given the same recovery (so what the recovery teaches every model is not counted
+    as the plan's; the recovered dense row itself is scored against the dense model before recovery). The testbed
+    is too small for the paper's LoRA (r = 128 on a 128-wide model), so the language model is fine-tuned in full,
+    with the paper's schedule (cosine, 3% warm-up, weight decay 0).
 
     Returns ``{"epochs", "steps", "learning_rate", "rows"}``: rows with ``operating_point``, ``method``
-    (``taylor``, ``taylor_all_tasks`` or ``random`` with ``seed``), ``flops_fraction`` and :func:`mwop_quality`'s
-    scores (ATRs with intervals, per-task accuracy, answer loss and retention), recovered.
+    (``dense``, ``taylor``, ``taylor_all_tasks`` or ``random`` with ``seed``), ``flops_fraction`` and
+    :func:`mwop_quality`'s scores (ATRs with intervals, per-task accuracy, answer loss and retention), recovered;
+    Taylor rows also ``versus``: ``{"random": {"atr": ..., "answer_ppl_atr": ...}}``, each ``{"testbed_seed",
+    "paired_diff", "paired_ci"}`` against the mean of the recovered random plans of their operating point (paired
+    over the val rows: :func:`~lightprune.quality.intervals.task_mean_paired_difference`).
     """
     from tqdm.auto import tqdm
 
@@ -351,24 +380,45 @@ def mwop_recovery(model: torch.nn.Module, dm: Any, result: Mapping[str, Any], *,
     config = base_model_of(model).config
     V, T = result["profile"]["vision_tokens"], result["profile"]["text_tokens"]
     metric, align = result["metric"], result["align"]
-    dense = answer_row_sums(model, val, len(names), end_ids)
+    before = answer_row_sums(model, val, len(names), end_ids)
     jobs = []
     for r in result["rows"]:
-        if r["method"] in ("taylor", "taylor_all_tasks"):
+        if r["method"] in (DENSE, "taylor", "taylor_all_tasks"):
             jobs.append((r["operating_point"], r["method"], None, r["plan"]))
         elif r["method"] == "random":
             jobs += [(r["operating_point"], "random", e["seed"], e["plan"]) for e in r["per_seed"][:random_seeds]]
     show = sys.stderr.isatty() if progress is None else bool(progress)
-    rows = []
+    recovered = []
     for point, method, seed, plan_dict in tqdm(jobs, desc="MWOP recovery", unit="plan", disable=not show):
         plan = WidthPlan.from_dict(plan_dict)
         trained = _recover(model, plan, train, steps, learning_rate, seed=0 if seed is None else seed)
         with mask_width(trained, plan):
-            got = answer_row_sums(trained, val, len(names), end_ids)
+            recovered.append((point, method, seed, plan, answer_row_sums(trained, val, len(names), end_ids)))
+    dense = next((sums for _, method, _, _, sums in recovered if method == DENSE), before)
+    rows = []
+    for point, method, seed, plan, sums in recovered:
         rows.append({"operating_point": point, "method": method, **({"seed": seed} if seed is not None else {}),
                      "flops_fraction": decoder_flops(config, V, T, plan=plan, align=align).fraction,
-                     **_scored(got, dense, names, metric)})
+                     **_scored(sums, before if method == DENSE else dense, names, metric)})
+        null = [s for p, m, _, _, s in recovered if p == point and m == "random"]
+        if method == "taylor" and null:
+            rows[-1]["versus"] = {"random": _versus(rows[-1], sums, null, dense, metric, testbed_seed)}
     return {"epochs": epochs, "steps": steps, "learning_rate": learning_rate, "rows": rows}
+
+
+def _versus(row: Mapping[str, Any], sums: Mapping[str, torch.Tensor], null: list[Mapping[str, torch.Tensor]],
+            dense: Mapping[str, torch.Tensor], metric: str, testbed_seed: int) -> dict[str, Any]:
+    """Both ATRs' paired difference of ``row`` to the mean of the ``null`` plans (too few for a p-value)."""
+    include = torch.tensor([n not in row["excluded"] for n in row["per_task_accuracy"]])
+    num, den = METRIC_SUMS[metric]
+    out = {}
+    for key, kind, (n, d) in (("atr", "acc", (num, den)), ("answer_ppl_atr", "ppl", ("nll", "tokens"))):
+        if row.get(key) is None:
+            continue
+        diff, ci = task_mean_paired_difference(kind, sums["task"], (dense[n], dense[d]), (sums[n], sums[d]),
+                                               [(plan[n], plan[d]) for plan in null], include)
+        out[key] = {"testbed_seed": int(testbed_seed), "paired_diff": diff, "paired_ci": ci}
+    return out
 
 
 def mwop_recovery_markdown(recovery: Mapping[str, Any]) -> str:
@@ -380,8 +430,11 @@ def mwop_recovery_markdown(recovery: Mapping[str, Any]) -> str:
         mine = [r for r in recovery["rows"] if r["operating_point"] == point]
         for r in (r for r in mine if r["method"] != "random"):
             low, high = r["atr_interval"]
+            versus = (r.get("versus") or {}).get("random", {}).get("atr")
+            versus = "" if versus is None else (f"; vs random {versus['paired_diff']:+.1f} "
+                                                f"[{versus['paired_ci'][0]:+.1f}, {versus['paired_ci'][1]:+.1f}]")
             lines.append(f"| {point} | {r['method']} | {r['flops_fraction']:.3f} | {_num(r['atr'], 1)} "
-                         f"[{_num(low, 1)}, {_num(high, 1)}] | {_num(r['answer_ppl_atr'], 1)} |")
+                         f"[{_num(low, 1)}, {_num(high, 1)}]{versus} | {_num(r['answer_ppl_atr'], 1)} |")
         randoms = [r for r in mine if r["method"] == "random"]
         if randoms:
             atr, ppl = spread([r["atr"] for r in randoms]), spread([r["answer_ppl_atr"] for r in randoms])
@@ -390,7 +443,9 @@ def mwop_recovery_markdown(recovery: Mapping[str, Any]) -> str:
     lines += ["", f"Each plan recovered from the dense model for {recovery['epochs']} epoch(s) ({recovery['steps']} "
               f"steps) of the train split under its masks: the language model fine-tuned in full (the testbed is too "
               f"small for the paper's LoRA r = 128), AdamW lr {recovery['learning_rate']:g}, cosine with 3% warm-up, "
-              "weight decay 0; ATR against the dense model before recovery; [95% CI] as above."]
+              "weight decay 0. ATR against the dense model given the same recovery (the dense row: against the "
+              "dense model before it); [95% CI] as above; vs random: Taylor's paired difference to the recovered "
+              "random plans' mean on the same val rows [95% CI]."]
     return "\n".join(lines) + "\n"
 
 
@@ -435,8 +490,10 @@ def mwop_markdown(result: Mapping[str, Any]) -> str:
             cells += [_spread(r["per_task_accuracy"][n], 1, 100.0) for n in names]
         else:
             cells += [_num(r["flops_fraction"], 3)]
-            cells += [_num(r["flops_fraction_align_1"], 3), with_ci(r["atr"], r["atr_interval"]),
-                      with_ci(r["answer_ppl_atr"], r["answer_ppl_atr_interval"])] if new else [_num(r["atr"], 1)]
+            cells += [_num(r["flops_fraction_align_1"], 3),
+                      with_ci(r["atr"], r["atr_interval"]) + _against_null(r, "atr"),
+                      with_ci(r["answer_ppl_atr"], r["answer_ppl_atr_interval"]) + _against_null(r, "answer_ppl_atr")
+                      ] if new else [_num(r["atr"], 1)]
             cells += [_num(None if r["per_task_accuracy"][n] is None else 100.0 * r["per_task_accuracy"][n], 1)
                       for n in names]
         lines.append("| " + " | ".join(cells) + " |")
@@ -449,9 +506,18 @@ def mwop_markdown(result: Mapping[str, Any]) -> str:
               + (f" ({', '.join(f'{n} {c}' for n, c in rows.items())} rows)" if rows else "") + "; All Tasks: every "
               "unit ranked by the minimum over task families of its Taylor rank, each family's scores from its own "
               "calibration samples (appendix A.4); random rows: "
-              f"mean ± std [min, max] over seeds. FLOPs: decoder prefill at (V, T) = ({p['vision_tokens']}, "
+              "mean ± std [min, max] over seeds; p, d: a Taylor row's p-value among the random plans' ATRs and its "
+              f"paired difference to their mean [95% CI] (lightprune.quality.evidence). FLOPs: decoder prefill at (V, T) = ({p['vision_tokens']}, "
               f"{p['text_tokens']}), FFN channels counted in blocks of {align} and of 1."]
     return "\n".join(lines) + "\n"
+
+
+def _against_null(row: Mapping[str, Any], key: str) -> str:
+    record = (row.get("standing") or {}).get(key)
+    if record is None:
+        return ""
+    low, high = record["paired_ci"]
+    return f"; p {record['p_value']:.3f}, d {record['paired_diff']:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
 def plot_mwop(result: Mapping[str, Any], path: str | os.PathLike) -> Path:

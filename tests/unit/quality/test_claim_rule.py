@@ -23,6 +23,16 @@ def test_the_p_value_counts_the_null_draws_at_least_as_good() -> None:
         empirical_p_value(1.0, [])
 
 
+def test_ties_count_on_both_sides() -> None:
+    """A criterion that ties null plans: each tie counts against it both ways (p-values above and below), so a
+    criterion equal to every null plan is never held nor failed."""
+    null = [1.0, 2.0, 2.0, 3.0]
+    record = standing(2.0, null, 0.0, [0.0, 0.0], 0)
+    assert record["p_value"] == (1 + 3) / 5 and record["p_value_below"] == (1 + 3) / 5
+    flat = [standing(1.0, [1.0] * NULL, -1.0, [-2.0, -0.5], s) for s in range(3)]
+    assert claim_verdict(flat) == NOISE  # a worse interval alone, without the p-value below, is not "did not hold"
+
+
 def _plan(gen: torch.Generator, base: torch.Tensor, effect: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row (nll sum, tokens) of one plan: the rows' own difficulty ``base``, a plan-wide shift (how much the
     plan hurts, drawn like a random plan's), row noise, and ``effect`` subtracted (a better plan)."""

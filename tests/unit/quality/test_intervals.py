@@ -8,7 +8,13 @@ import statistics
 import pytest
 import torch
 
-from lightprune.quality.intervals import metric_value, retention, retention_interval, task_mean_retention_interval
+from lightprune.quality.intervals import (
+    metric_value,
+    retention,
+    retention_interval,
+    task_mean_paired_difference,
+    task_mean_retention_interval,
+)
 
 
 def _rows(seed: int, rows: int = 40):
@@ -92,6 +98,40 @@ def test_task_mean_interval_equals_an_explicit_loop_over_resamples_and_tasks() -
     assert got == pytest.approx(statistics.quantiles(means, n=10, method="inclusive")[::8], rel=1e-12)
     ppl = task_mean_retention_interval("ppl", tasks, (nll, count), (nll + 0.5 * count, count))
     assert ppl == pytest.approx([100 * math.exp(-0.5)] * 2, rel=1e-12)
+
+
+def test_task_mean_paired_difference_equals_an_explicit_loop() -> None:
+    """d = the plan's mean-over-tasks retention minus the null plans' mean of theirs, on every row and on each
+    resample (the same rows for the dense model, the plan and every null plan), from plain Python sums."""
+    rows = 24
+    _, right, count = _rows(10, rows=rows)
+    plans = [torch.minimum(_rows(11 + i, rows=rows)[1], count) for i in range(4)]  # the plan, then 3 null plans
+    tasks = torch.arange(rows) % 3
+    include = torch.tensor([True, False, True])
+
+    def task_mean(draw: list[int], other: torch.Tensor) -> float:
+        kept = []
+        for task in (0, 2):
+            mine = [i for i in draw if int(tasks[i]) == task]
+            if mine:
+                base = sum(right[i].item() for i in mine) / sum(count[i].item() for i in mine)
+                kept.append(100.0 * sum(other[i].item() for i in mine) / sum(count[i].item() for i in mine) / base)
+        return sum(kept) / len(kept)
+
+    def difference(draw: list[int]) -> float:
+        return task_mean(draw, plans[0]) - sum(task_mean(draw, p) for p in plans[1:]) / 3
+
+    d, ci = task_mean_paired_difference("acc", tasks, (right, count), (plans[0], count),
+                                        [(p, count) for p in plans[1:]], include, resamples=50, level=0.8, seed=5)
+    assert d == pytest.approx(difference(list(range(rows))), rel=1e-12)
+    index = torch.randint(0, rows, (50, rows), generator=torch.Generator().manual_seed(5))
+    expected = [difference(draw) for draw in index.tolist()]
+    assert ci == pytest.approx(statistics.quantiles(expected, n=10, method="inclusive")[::8], rel=1e-9)
+    same, same_ci = task_mean_paired_difference("acc", tasks, (right, count), (plans[0], count),
+                                                [(plans[0], count)], include, resamples=20)
+    assert same == 0.0 and same_ci == [0.0, 0.0]
+    with pytest.raises(ValueError, match="at least one null plan"):
+        task_mean_paired_difference("acc", tasks, (right, count), (plans[0], count), [])
 
 
 def test_bad_arguments_are_named() -> None:

@@ -233,6 +233,22 @@ def test_random_rows(result):
     json.dumps(result, allow_nan=False)  # JSON-ready: NaN written as None
 
 
+def test_taylor_standing_against_the_random_plans(result):
+    """Each Taylor row's standing (the one rule's inputs): its p-value among the random plans' ATRs and its paired
+    difference to their mean, recomputed from the rows' own ATRs."""
+    for method in ("taylor", "taylor_all_tasks"):
+        for name, row in _rows(result, method).items():
+            randoms = _rows(result, "random")[name]["per_seed"]
+            for key in ("atr", "answer_ppl_atr"):
+                record, null = row["standing"][key], [e[key] for e in randoms]
+                assert record["null_size"] == SEEDS and record["testbed_seed"] == 0
+                assert record["p_value"] == (1 + sum(v >= row[key] for v in null)) / (1 + SEEDS)
+                assert record["paired_diff"] == pytest.approx(row[key] - statistics.fmean(null), rel=1e-9,
+                                                              abs=1e-9)
+                low, high = record["paired_ci"]
+                assert low <= high and (low < high or all(v == row[key] for v in null))
+
+
 def test_markdown_and_plot(result, tmp_path):
     from PIL import Image
 
@@ -243,8 +259,11 @@ def test_markdown_and_plot(result, tmp_path):
     assert all(n in table[0] for n in result["task_names"]) and "ATR (%) [95% CI]" in table[0]
     llava = _rows(result, "taylor")["LLaVA-OneVision-7B"]
     low, high = llava["atr_interval"]
+    standing = llava["standing"]["atr"]
     assert (f"{llava['flops_fraction']:.3f} | {llava['flops_fraction_align_1']:.3f} | {llava['atr']:.1f} "
-            f"[{low:.1f}, {high:.1f}] | {llava['answer_ppl_atr']:.1f} [") in text
+            f"[{low:.1f}, {high:.1f}]; p {standing['p_value']:.3f}, d {standing['paired_diff']:+.1f} "
+            f"[{standing['paired_ci'][0]:+.1f}, {standing['paired_ci'][1]:+.1f}] | {llava['answer_ppl_atr']:.1f} [") \
+        in text
     assert f"random ({SEEDS} seeds)" in text
     assert "| dense | - | dense | 1.000 | 1.000 | 100.0 [100.0, 100.0] | 100.0 [100.0, 100.0] |" in text
     path = plot_mwop(result, tmp_path / "sub" / "mwop.png")
@@ -294,12 +313,47 @@ def test_recovery_rows(result, testbed):
             next(e for e in _rows(result, "random")[r["operating_point"]]["per_seed"] if e["seed"] == r["seed"])
         assert r["atr"] == pytest.approx(want["atr"], rel=1e-12) and r["flops_fraction"] == want["flops_fraction"]
         assert r["answer_ppl_atr"] == pytest.approx(want["answer_ppl_atr"], rel=1e-9)
-    assert sorted({r["method"] for r in still["rows"]}) == ["random", "taylor", "taylor_all_tasks"]
+    assert sorted({r["method"] for r in still["rows"]}) == ["dense", "random", "taylor", "taylor_all_tasks"]
+    for r in (r for r in still["rows"] if r["method"] == "taylor"):  # against the recovered random plans' mean
+        randoms = [e["atr"] for e in still["rows"] if e["method"] == "random"
+                   and e["operating_point"] == r["operating_point"]]
+        assert r["versus"]["random"]["atr"]["paired_diff"] == pytest.approx(r["atr"] - statistics.fmean(randoms),
+                                                                            rel=1e-9, abs=1e-9)
     assert sum(r["method"] == "random" for r in still["rows"]) == 2 * len(PAPER_OPERATING_POINTS)
     assert still["steps"] == len(list(dm.train_dataloader()))
     moved = mwop_recovery(model, dm, result, random_seeds=1, epochs=1, learning_rate=1e-3, progress=False)
     assert any(r["answer_ppl_atr"] != pytest.approx(s["answer_ppl_atr"], rel=1e-9)
                for r, s in zip(moved["rows"], still["rows"]) if r["method"] != "random")
+    # the recovered plans are scored against the dense model given the same recovery, which itself moved
+    dense = next(r for r in moved["rows"] if r["method"] == "dense")
+    assert dense["answer_ppl_atr"] != pytest.approx(100.0, rel=1e-9)
+    taylor = next(r for r in moved["rows"] if r["method"] == "taylor")
+    assert taylor["per_task_retention"] == {
+        n: pytest.approx(None if a is None or d is None or not d else 100.0 * a / d, rel=1e-9)
+        for (n, a), d in zip(taylor["per_task_accuracy"].items(), dense["per_task_accuracy"].values())}
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the dense model is untouched
     text = mwop_recovery_markdown(moved)
     assert "after recovery" in text and f"{moved['steps']} steps" in text
+    _check_claims({**result, "recovery": moved})
+
+
+def _check_claims(table) -> None:
+    """The MWOP checks over two seeds of this table: a record per seed and operating point, each the Taylor row's
+    own standing (training-free) or its versus-random record (after recovery), and the verdict by the one rule."""
+    from lightprune.quality.claims import claim_verdict, claims_over_seeds, comparison_verdict
+
+    again = json.loads(json.dumps({**table, "rows": [
+        {**r, "standing": {k: {**v, "testbed_seed": 1} for k, v in r["standing"].items()}} if "standing" in r else r
+        for r in table["rows"]]}))
+    checks = [c for c in claims_over_seeds(mwop=[table, again]) if c["testbed"] == "mwop"]
+    assert len(checks) == 4 and {c["metric"] for c in checks} == {"atr", "answer_ppl_atr"}
+    for c in checks:
+        rows = table["rows"] if c["rival"] is None else table["recovery"]["rows"]
+        taylor = [r for r in rows if r["method"] == "taylor"]
+        records = [r["standing"][c["metric"]] if c["rival"] is None else r["versus"]["random"][c["metric"]]
+                   for r in taylor]
+        assert [s["operating_point"] for s in c["seeds"]] == [r["operating_point"] for r in taylor] * 2
+        assert [s["paired_diff"] for s in c["seeds"]] == [r["paired_diff"] for r in records] * 2
+        assert [s["testbed_seed"] for s in c["seeds"]][:len(taylor)] == [0] * len(taylor)
+        rule = claim_verdict if c["rival"] is None else comparison_verdict
+        assert c["verdict"] == rule(c["seeds"])
