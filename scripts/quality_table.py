@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -98,6 +99,19 @@ def main(argv: list[str] | None = None) -> Path:
     if previous.is_file() and not args.fresh:  # measure some parts, keep the others
         parts = {k: v for k, v in json.loads(previous.read_text()).items() if v is not None}
     kept = SeedTables(Path(args.out) / "results" / "seeds", fresh=args.fresh)
+
+    def measure_seed(part: str, settings: dict, measure) -> dict:
+        """The seed's tables: kept, or measured and kept; a testbed the rows cannot be measured on (e.g. a dense
+        model that scores zero on every task) gives ``{"error", "testbed_seed"}``, on the page, not kept."""
+        found = kept.get(part, settings)
+        if found is not None:
+            return found
+        try:
+            return kept.put(part, settings, measure())
+        except ValueError as err:
+            print(f"{part}, testbed seed {settings['testbed_seed']}: not measured: {err}", file=sys.stderr)
+            return {"error": str(err), "testbed_seed": settings["testbed_seed"]}
+
     for seed in testbed_seeds:  # each seed a testbed trained (once, then cached) from that seed
         if "text" in args.parts:
             from lightprune.quality.tables import text_tables
@@ -106,7 +120,7 @@ def main(argv: list[str] | None = None) -> Path:
                 if micro else {}
             settings = dict(preset="micro" if micro else "full", ratios=list(args.ratios),
                             random_seeds=random_seeds, testbed_seed=seed, **sizes)
-            seeded["text"].append(kept.get("text", settings) or kept.put("text", settings, text_tables(
+            seeded["text"].append(measure_seed("text", settings, lambda: text_tables(
                 settings["preset"], args.root, ratios=tuple(args.ratios), random_seeds=random_seeds,
                 progress=progress, testbed_seed=seed, **sizes)))
             bar.update(1)
@@ -116,7 +130,7 @@ def main(argv: list[str] | None = None) -> Path:
             sizes = dict(kl_rows=8, sensitivity_steps=3) if micro else {}
             settings = dict(preset="mllm-moe-micro" if micro else "mllm-moe-full", ratios=list(args.ratios),
                             random_seeds=random_seeds, testbed_seed=seed, **sizes)
-            seeded["mllm"].append(kept.get("mllm", settings) or kept.put("mllm", settings, mllm_tables(
+            seeded["mllm"].append(measure_seed("mllm", settings, lambda: mllm_tables(
                 settings["preset"], args.root, ratios=tuple(args.ratios), random_seeds=random_seeds,
                 progress=progress, testbed_seed=seed, **sizes)))
             bar.update(1)
@@ -125,13 +139,14 @@ def main(argv: list[str] | None = None) -> Path:
 
             settings = dict(preset="dense-mllm-micro" if micro else "dense-mllm-full", random_seeds=random_seeds,
                             testbed_seed=seed)
-            seeded["mwop"].append(kept.get("mwop", settings) or kept.put("mwop", settings, mwop_tables(
+            seeded["mwop"].append(measure_seed("mwop", settings, lambda: mwop_tables(
                 settings["preset"], args.root, random_seeds=random_seeds, progress=progress, testbed_seed=seed)))
             bar.update(1)
     bar.close()
     for part, tables in seeded.items():
-        if tables:
-            parts[part] = tables[0]  # the page's tables: the first seed's
+        shown = [t for t in tables if "error" not in t]
+        if shown:
+            parts[part] = shown[0]  # the page's tables: the first measured seed's
     measured = {part for part, tables in seeded.items() if tables}
     if measured:  # the checks of the testbeds measured now; the others' as they were
         from lightprune.quality.claims import claims_over_seeds

@@ -126,6 +126,8 @@ def _width_records(table: Mapping[str, Any], method: str, rival: str | None,
     else:
         rows, key = (table.get("recovery") or {}).get("rows", []), "versus"
     points = list(dict.fromkeys(r["operating_point"] for r in table.get("rows", []) if r["method"] == method))
+    if not points:  # a seed whose table has no such rows (or could not be measured) leaves the check incomplete
+        return [None]
     out: list[Mapping[str, Any] | None] = []
     for point in points:
         row = next((r for r in rows if r["method"] == method and r["operating_point"] == point), None)
@@ -175,4 +177,7 @@ def claims_over_seeds(text: Sequence[Mapping[str, Any]] = (), mllm: Sequence[Map
         verdict = MISSING if not complete else claim_verdict(seeds) if rival is None else comparison_verdict(seeds)
         out.append({"paper": paper, "claim": claim, "testbed": testbed, "criterion": criterion, "rival": rival,
                     "metric": metric, "ratio": ratio, "verdict": verdict, "seeds": seeds})
+        failed = [{"testbed_seed": t.get("testbed_seed"), "error": t["error"]} for t in parts[testbed] if "error" in t]
+        if failed:  # a testbed seed that could not be measured, and why (the check is then not measured)
+            out[-1]["unmeasured"] = failed
     return out

@@ -281,6 +281,8 @@ def _seeded_claims_section(claims: Sequence[Mapping[str, Any]]) -> list[str]:
             f"seed {s['testbed_seed']}{_which(s)}: "
             + (f"p {s['p_value']:.3f} (N {s['null_size']}), " if "p_value" in s else "")
             + f"{s['paired_diff']:+.1f} [{s['paired_ci'][0]:+.1f}, {s['paired_ci'][1]:+.1f}]" for s in c["seeds"])
+        seeds = "; ".join([seeds] * bool(seeds) + [f"seed {u['testbed_seed']}: not measured ({u['error']})"
+                                                    for u in c.get("unmeasured", [])])
         verdict = c["verdict"] if c["verdict"] in ("held", "not measured") else f"**{c['verdict']}**"
         where = "at the paper's operating points" if c["testbed"] == "mwop" else f"@{int(c['ratio'] * 100)}%"
         rows.append(f"| {c['paper']} | {c['claim']} | {c['testbed']} | {c['metric']} retention {where} | "

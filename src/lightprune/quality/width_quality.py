@@ -545,8 +545,9 @@ def plot_mwop(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
                        label=f"{r['operating_point']} Taylor, All Tasks")
         elif r["atr"]["mean"] is not None:
             x, y = r["flops_fraction"], r["atr"]
-            ax.errorbar([x["mean"]], [y["mean"]], yerr=[[y["mean"] - y["min"]], [y["max"] - y["mean"]]],
-                        xerr=[[x["mean"] - x["min"]], [x["max"] - x["mean"]]], fmt="s", mfc="none", color=color,
+            bars = {k: [[max(0.0, v["mean"] - v["min"])], [max(0.0, v["max"] - v["mean"])]]  # a mean of equal
+                    for k, v in (("x", x), ("y", y))}                                         # values may round off
+            ax.errorbar([x["mean"]], [y["mean"]], yerr=bars["y"], xerr=bars["x"], fmt="s", mfc="none", color=color,
                         capsize=4, zorder=3, label=f"{r['operating_point']} random ({len(r['seeds'])} seeds)")
     ax.axhline(100.0, color="grey", lw=0.8)
     ax.set_xlabel("decoder FLOPs fraction")

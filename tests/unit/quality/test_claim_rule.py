@@ -99,3 +99,26 @@ def test_a_clearly_better_criterion_holds_and_a_clearly_worse_one_does_not() -> 
     # against a named rival: the paired interval alone decides
     assert comparison_verdict(better) == HELD and comparison_verdict(worse) == FAILED
     assert comparison_verdict([*better[:2], worse[0]]) == NOISE and comparison_verdict([]) == MISSING
+
+
+def test_a_testbed_seed_that_could_not_be_measured_leaves_its_checks_not_measured() -> None:
+    """Two seeds held, a third whose testbed could not be measured: the check is not measured (never judged on
+    the seeds that happened to work), with the seed and its reason recorded."""
+    from lightprune.quality.claims import claims_over_seeds
+
+    held = {"null_size": NULL, "p_value": 1 / (NULL + 1), "p_value_below": 1.0, "paired_diff": 5.0,
+            "paired_ci": [3.0, 7.0]}
+
+    def table(seed: int) -> dict:
+        return {"rows": [{"criterion": "aimer", "ratio": 0.5, "standing": {"ppl": {**held, "testbed_seed": seed}}}]}
+
+    def aimer(claims: list) -> dict:
+        return next(c for c in claims if c["testbed"] == "text" and c["criterion"] == "aimer" and c["rival"] is None)
+
+    assert aimer(claims_over_seeds(text=[table(0), table(1)]))["verdict"] == HELD
+    broken = {"error": "retention is undefined for every task", "testbed_seed": 2}
+    check = aimer(claims_over_seeds(text=[table(0), table(1), broken]))
+    assert check["verdict"] == MISSING and [s["testbed_seed"] for s in check["seeds"]] == [0, 1]
+    assert check["unmeasured"] == [{"testbed_seed": 2, "error": broken["error"]}]
+    mwop = [c for c in claims_over_seeds(mwop=[broken]) if c["testbed"] == "mwop"]
+    assert mwop and all(c["verdict"] == MISSING and c["unmeasured"] for c in mwop)
