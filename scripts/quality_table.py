@@ -149,9 +149,12 @@ def main(argv: list[str] | None = None) -> Path:
             parts[part] = shown[0]  # the page's tables: the first measured seed's
     measured = {part for part, tables in seeded.items() if tables}
     if measured:  # the checks of the testbeds measured now; the others' as they were
-        from lightprune.quality.claims import claims_over_seeds
+        from lightprune.quality.claims import claims_over_seeds, criteria_over_seeds
 
         fresh = claims_over_seeds(seeded["text"], seeded["mllm"], ratio=max(args.ratios), mwop=seeded["mwop"])
+        context = [c for part, metric in (("text", "ppl"), ("mllm", "acc_image"), ("mllm", "ppl_text"))
+                   for c in criteria_over_seeds(seeded[part], part, metric, ratio=max(args.ratios))]
+        parts["criteria"] = context + [c for c in parts.get("criteria") or [] if c["testbed"] not in measured]
         before = {c["testbed"] for c in parts.get("claims") or []} - measured
         parts["claims"] = [c for c in fresh if c["testbed"] not in before] + \
             [c for c in parts.get("claims") or [] if c["testbed"] in before]  # "not measured" where never measured

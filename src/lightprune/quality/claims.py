@@ -32,7 +32,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["CLAIM_CHECKS", "P_LEVEL", "RECOVERED_RANDOM", "claim_verdict", "claims_over_seeds", "comparison_verdict"]
+__all__ = ["CLAIM_CHECKS", "P_LEVEL", "RECOVERED_RANDOM", "claim_verdict", "claims_over_seeds", "comparison_verdict",
+           "criteria_over_seeds"]
 
 HELD, NOISE, FAILED, MISSING = "held", "within noise", "did not hold", "not measured"
 #: the p-value below which one seed counts for the claim (and above 1 - P_LEVEL against it)
@@ -180,4 +181,25 @@ def claims_over_seeds(text: Sequence[Mapping[str, Any]] = (), mllm: Sequence[Map
         failed = [{"testbed_seed": t.get("testbed_seed"), "error": t["error"]} for t in parts[testbed] if "error" in t]
         if failed:  # a testbed seed that could not be measured, and why (the check is then not measured)
             out[-1]["unmeasured"] = failed
+    return out
+
+
+def criteria_over_seeds(tables: Sequence[Mapping[str, Any]], testbed: str, metric: str,
+                        ratio: float = 0.5) -> list[dict[str, Any]]:
+    """Every criterion row of the expert tables (one per testbed seed) against the random null by the same rule:
+    ``[{"testbed", "criterion", "allocation", "metric", "ratio", "verdict", "seeds"}]`` in the first seed's row
+    order, the claims' context (which criteria tie, which hold)."""
+    first = next((t for t in tables if "error" not in t), None)
+    if first is None:
+        return []
+    out = []
+    for row in first.get("rows", []):
+        if float(row["ratio"]) != ratio or metric not in row.get("standing", {}):
+            continue
+        records = [next((r.get("standing", {}).get(metric) for r in t.get("rows", [])
+                         if r["criterion"] == row["criterion"] and float(r["ratio"]) == ratio), None) for t in tables]
+        seeds = [dict(r) for r in records if r is not None]
+        verdict = claim_verdict(seeds) if len(seeds) == len(records) else MISSING
+        out.append({"testbed": testbed, "criterion": row["criterion"], "allocation": row["allocation"],
+                    "metric": metric, "ratio": ratio, "verdict": verdict, "seeds": seeds})
     return out

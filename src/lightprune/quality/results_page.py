@@ -271,6 +271,22 @@ def _which(record: Mapping[str, Any]) -> str:
     return f" fit {record['fit_seed']}" if record.get("fit_seed") else ""
 
 
+def _criteria_section(criteria: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every criterion against the random null over the testbed seeds, by the claims' rule
+    (:func:`lightprune.quality.claims.criteria_over_seeds`)."""
+    rows = ["| testbed | criterion | allocation | metric | against random | per testbed seed: p, difference "
+            "[95% interval] |", "|---|---|---|---|---|---|"]
+    for c in criteria:
+        seeds = "; ".join(f"seed {s['testbed_seed']}: p {s['p_value']:.3f}, {s['paired_diff']:+.1f} "
+                          f"[{s['paired_ci'][0]:+.1f}, {s['paired_ci'][1]:+.1f}]" for s in c["seeds"])
+        rows.append(f"| {c['testbed']} | {c['criterion']} | {c['allocation']} | {c['metric']} retention "
+                    f"@{int(c['ratio'] * 100)}% | {c['verdict']} | {seeds or '-'} |")
+    return ["## Every criterion against random, over testbed seeds", "",
+            "Each row of the tables below judged against the random null by the claims' rule, on every testbed seed "
+            "(held: p < 0.05 and the paired interval above 0 on every seed; did not hold: the opposite on every "
+            "seed).", "", *rows, ""]
+
+
 def _seeded_claims_section(claims: Sequence[Mapping[str, Any]]) -> list[str]:
     """Each check over the testbed seeds (:func:`lightprune.quality.claims.claims_over_seeds`): the verdict and, per
     seed, the p-value against the random null (or "-" against a rival) and the paired difference with its interval."""
@@ -297,12 +313,14 @@ def _seeded_claims_section(claims: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm: Mapping | None = None,
                   mwop: Mapping | None = None, benchmarks: Mapping | None = None,
-                  claims: Sequence[Mapping[str, Any]] | None = None, command: str | None = None) -> Path:
+                  claims: Sequence[Mapping[str, Any]] | None = None,
+                  criteria: Sequence[Mapping[str, Any]] | None = None, command: str | None = None) -> Path:
     """Write ``<out>/RESULTS.md`` (+ ``results/results.json`` and PNGs) from the parts given; its path.
     ``claims``: the checks over testbed seeds (:func:`lightprune.quality.claims.claims_over_seeds`)."""
     out = Path(out)
     (out / "results").mkdir(parents=True, exist_ok=True)
-    data = {"text": text, "mllm": mllm, "mwop": mwop, "benchmarks": benchmarks, "claims": claims}
+    data = {"text": text, "mllm": mllm, "mwop": mwop, "benchmarks": benchmarks, "claims": claims,
+            "criteria": criteria}
     (out / "results" / "results.json").write_text(json.dumps(data, indent=1, default=float) + "\n")
     lines = ["# Results", "",
              "Measured here, on CPU, on testbed models trained by lightprune itself (no pretrained weights can be "
@@ -317,6 +335,8 @@ def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm
         lines += [f"Regenerate: `{command}`", ""]
     if claims:
         lines += _seeded_claims_section(claims)
+    if criteria:
+        lines += _criteria_section(criteria)
     if text:
         lines += _text_section(text, out)
     if mllm:

@@ -245,3 +245,21 @@ def test_each_seeds_tables_are_kept_so_a_stopped_run_resumes(tmp_path: Path) -> 
     assert kept.get("text", {**settings, "random_seeds": 50}) is None
     assert _script().SeedTables(tmp_path / "seeds", fresh=True).get("text", settings) is None
     assert sorted(p.name for p in (tmp_path / "seeds").iterdir()) == ["text-seed1.json"]
+
+
+def test_every_criterion_is_judged_against_random_over_the_seeds(page) -> None:
+    """The context of the claims: each row at 50% of the first seed's tables, its records over the seeds (seed 0's
+    the row's own standing) and the verdict by the claims' rule; on the page."""
+    from lightprune.quality.claims import claim_verdict
+
+    out, data = page
+    lines = (out / "RESULTS.md").read_text().splitlines()
+    for part, metric in (("text", "ppl"), ("mllm", "acc_image"), ("mllm", "ppl_text")):
+        mine = [c for c in data["criteria"] if c["testbed"] == part and c["metric"] == metric]
+        rows = [r for r in data[part]["rows"] if r["ratio"] == 0.5 and metric in r["standing"]]
+        assert [c["criterion"] for c in mine] == [r["criterion"] for r in rows] and rows
+        for c, row in zip(mine, rows):
+            assert c["seeds"][0] == row["standing"][metric] and [s["testbed_seed"] for s in c["seeds"]] == [0, 1]
+            assert c["verdict"] == claim_verdict(c["seeds"])
+            assert any(x.startswith(f"| {part} | {c['criterion']} | {c['allocation']} | {metric} retention @50% | "
+                                    f"{c['verdict']} |") for x in lines)
