@@ -257,9 +257,13 @@ def test_every_criterion_is_judged_against_random_over_the_seeds(page) -> None:
     for part, metric in (("text", "ppl"), ("mllm", "acc_image"), ("mllm", "ppl_text")):
         mine = [c for c in data["criteria"] if c["testbed"] == part and c["metric"] == metric]
         rows = [r for r in data[part]["rows"] if r["ratio"] == 0.5 and metric in r["standing"]]
-        assert [c["criterion"] for c in mine] == [r["criterion"] for r in rows] and rows
+        assert [c["criterion"] for c in mine] == [r["criterion"] for r in rows]
+        assert rows or part == "mllm"  # micro MLLM: a metric whose dense value is 0 has no standing
         for c, row in zip(mine, rows):
-            assert c["seeds"][0] == row["standing"][metric] and [s["testbed_seed"] for s in c["seeds"]] == [0, 1]
-            assert c["verdict"] == claim_verdict(c["seeds"])
+            assert c["seeds"][0] == row["standing"][metric]
+            if [s["testbed_seed"] for s in c["seeds"]] == [0, 1]:
+                assert c["verdict"] == claim_verdict(c["seeds"])
+            else:  # a row the other seed's tables lack (micro: MAEP's global row when its alpha leaves [0, 1])
+                assert c["verdict"] == "not measured" and len(c["seeds"]) == 1
             assert any(x.startswith(f"| {part} | {c['criterion']} | {c['allocation']} | {metric} retention @50% | "
                                     f"{c['verdict']} |") for x in lines)
