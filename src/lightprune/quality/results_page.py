@@ -264,6 +264,16 @@ def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
     return lines
 
 
+def _shown_seed(name: str, part: Mapping[str, Any], claims: Sequence[Mapping[str, Any]]) -> str:
+    """Which testbed seed a part's tables are, and how many seeds its checks are over."""
+    testbed = {"text MoE": "text", "multimodal MoE": "mllm", "MWOP": "mwop"}[name]
+    seeds = {s["testbed_seed"] for c in claims if c["testbed"] == testbed for s in c["seeds"]}
+    seed = (part.get("testbed") or {}).get("seed")
+    if seed is None or not seeds:
+        return f"{name}: one draw measured before the seeded rule (its checks are not measured)"
+    return f"{name}: seed {seed} of the {len(seeds)} its checks are over"
+
+
 def _which(record: Mapping[str, Any]) -> str:
     """What else a seed's record is one of: router sensitivity's fit seed, MWOP's operating point."""
     if "operating_point" in record:
@@ -335,6 +345,9 @@ def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm
         lines += [f"Regenerate: `{command}`", ""]
     if claims:
         lines += _seeded_claims_section(claims)
+        shown = [_shown_seed(name, part, claims) for name, part in
+                 (("text MoE", text), ("multimodal MoE", mllm), ("MWOP", mwop)) if part]
+        lines += ["The tables after these sections show one testbed seed each: " + "; ".join(shown) + ".", ""]
     if criteria:
         lines += _criteria_section(criteria)
     if text:

@@ -187,6 +187,7 @@ def test_the_page_states_every_check_with_its_verdict_and_seeds(page) -> None:
         for s in c["seeds"]:
             assert f"{s['paired_diff']:+.1f} [{s['paired_ci'][0]:+.1f}, {s['paired_ci'][1]:+.1f}]" in line
     assert {c["verdict"] for c in data["claims"] if c["testbed"] == "mwop"} == {"not measured"}
+    assert "text MoE: seed 0 of the 2 its checks are over; multimodal MoE: seed 0 of the 2" in "\n".join(lines)
 
 
 def test_the_claims_over_testbed_seeds_follow_from_the_measured_numbers(page) -> None:
