@@ -151,9 +151,12 @@ def main(argv: list[str] | None = None) -> Path:
     if measured:  # the checks of the testbeds measured now; the others' as they were
         from lightprune.quality.claims import claims_over_seeds, criteria_over_seeds
 
-        fresh = claims_over_seeds(seeded["text"], seeded["mllm"], ratio=max(args.ratios), mwop=seeded["mwop"])
+        enough = 2 if micro else 3  # testbed seeds a verdict needs (the micro run: what the test can afford)
+        fresh = claims_over_seeds(seeded["text"], seeded["mllm"], ratio=max(args.ratios), mwop=seeded["mwop"],
+                                  min_seeds=enough)
         context = [c for part, metric in (("text", "ppl"), ("mllm", "acc_image"), ("mllm", "ppl_text"))
-                   for c in criteria_over_seeds(seeded[part], part, metric, ratio=max(args.ratios))]
+                   for c in criteria_over_seeds(seeded[part], part, metric, ratio=max(args.ratios),
+                                                min_seeds=enough)]
         parts["criteria"] = context + [c for c in parts.get("criteria") or [] if c["testbed"] not in measured]
         before = {c["testbed"] for c in parts.get("claims") or []} - measured
         parts["claims"] = [c for c in fresh if c["testbed"] not in before] + \

@@ -32,10 +32,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["CLAIM_CHECKS", "P_LEVEL", "RECOVERED_RANDOM", "claim_verdict", "claims_over_seeds", "comparison_verdict",
+__all__ = ["CLAIM_CHECKS", "MIN_TESTBED_SEEDS", "P_LEVEL", "RECOVERED_RANDOM", "claim_verdict", "claims_over_seeds", "comparison_verdict",
            "criteria_over_seeds"]
 
 HELD, NOISE, FAILED, MISSING = "held", "within noise", "did not hold", "not measured"
+FEW = "too few testbed seeds"
+#: independently trained testbeds a verdict needs (fewer: :data:`FEW`, the seeds' figures still shown)
+MIN_TESTBED_SEEDS = 3
 #: the p-value below which one seed counts for the claim (and above 1 - P_LEVEL against it)
 P_LEVEL = 0.05
 
@@ -159,14 +162,21 @@ def _seed_records(table: Mapping[str, Any], criterion: str, rival: str | None, m
     return out
 
 
+def _enough(verdict: str, seeds: Sequence[Mapping[str, Any]], min_seeds: int) -> str:
+    """``verdict``, or :data:`FEW` when the records come from fewer than ``min_seeds`` testbed seeds."""
+    return FEW if verdict != MISSING and len({s["testbed_seed"] for s in seeds}) < min_seeds else verdict
+
+
 def claims_over_seeds(text: Sequence[Mapping[str, Any]] = (), mllm: Sequence[Mapping[str, Any]] = (),
-                      ratio: float = 0.5, mwop: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+                      ratio: float = 0.5, mwop: Sequence[Mapping[str, Any]] = (),
+                      min_seeds: int = MIN_TESTBED_SEEDS) -> list[dict[str, Any]]:
     """``[{"paper", "claim", "testbed", "criterion", "rival", "metric", "ratio", "verdict", "seeds"}]``: every check
     of :data:`CLAIM_CHECKS` over the tables of each testbed seed (``text`` / ``mllm``: one table per seed, from
     :func:`~lightprune.quality.tables.text_tables` / ``mllm_tables`` / ``mwop_tables``), its seeds' records as
     results.json keeps them and the verdict by the rule of the module docstring (:func:`claim_verdict` against the
     null, :func:`comparison_verdict` against a rival). A check without a record on some seed is "not measured";
-    ``ratio`` is the expert-pruning checks' (MWOP's: the paper's operating points)."""
+    ``ratio`` is the expert-pruning checks' (MWOP's: the paper's operating points); records from fewer than
+    ``min_seeds`` testbed seeds give :data:`FEW` (one draw decides nothing)."""
     parts = {"text": list(text), "mllm": list(mllm), "mwop": list(mwop)}
     out = []
     for paper, claim, testbed, criterion, rival, metric in CLAIM_CHECKS:
@@ -176,6 +186,7 @@ def claims_over_seeds(text: Sequence[Mapping[str, Any]] = (), mllm: Sequence[Map
         seeds = [dict(r) for r in records if r is not None]
         complete = bool(records) and len(seeds) == len(records)
         verdict = MISSING if not complete else claim_verdict(seeds) if rival is None else comparison_verdict(seeds)
+        verdict = _enough(verdict, seeds, min_seeds)
         out.append({"paper": paper, "claim": claim, "testbed": testbed, "criterion": criterion, "rival": rival,
                     "metric": metric, "ratio": ratio, "verdict": verdict, "seeds": seeds})
         failed = [{"testbed_seed": t.get("testbed_seed"), "error": t["error"]} for t in parts[testbed] if "error" in t]
@@ -185,7 +196,7 @@ def claims_over_seeds(text: Sequence[Mapping[str, Any]] = (), mllm: Sequence[Map
 
 
 def criteria_over_seeds(tables: Sequence[Mapping[str, Any]], testbed: str, metric: str,
-                        ratio: float = 0.5) -> list[dict[str, Any]]:
+                        ratio: float = 0.5, min_seeds: int = MIN_TESTBED_SEEDS) -> list[dict[str, Any]]:
     """Every criterion row of the expert tables (one per testbed seed) against the random null by the same rule:
     ``[{"testbed", "criterion", "allocation", "metric", "ratio", "verdict", "seeds"}]`` in the first seed's row
     order, the claims' context (which criteria tie, which hold)."""
@@ -199,7 +210,7 @@ def criteria_over_seeds(tables: Sequence[Mapping[str, Any]], testbed: str, metri
         records = [next((r.get("standing", {}).get(metric) for r in t.get("rows", [])
                          if r["criterion"] == row["criterion"] and float(r["ratio"]) == ratio), None) for t in tables]
         seeds = [dict(r) for r in records if r is not None]
-        verdict = claim_verdict(seeds) if len(seeds) == len(records) else MISSING
+        verdict = _enough(claim_verdict(seeds) if len(seeds) == len(records) else MISSING, seeds, min_seeds)
         out.append({"testbed": testbed, "criterion": row["criterion"], "allocation": row["allocation"],
                     "metric": metric, "ratio": ratio, "verdict": verdict, "seeds": seeds})
     return out

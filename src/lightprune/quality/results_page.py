@@ -318,7 +318,9 @@ def _seeded_claims_section(claims: Sequence[Mapping[str, Any]]) -> list[str]:
             "p-value against the random plans (the null, N plans) is below 0.05 and the paired difference to their "
             "mean has its 95% interval above 0 on every seed; did not hold when the opposite holds on every seed; "
             "otherwise within noise. Against a named rival: the paired interval alone, on every seed "
-            "(lightprune.quality.claims).", "", *rows, ""]
+            "(lightprune.quality.claims). Too few testbed seeds (under 3; the micro run: under 2): no verdict, the "
+            "figures shown.",
+            "", *rows, ""]
 
 
 def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm: Mapping | None = None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightprune.quality.claims import FAILED, HELD, MISSING, NOISE, claim_verdict, comparison_verdict
+from lightprune.quality.claims import FAILED, FEW, HELD, MISSING, NOISE, claim_verdict, comparison_verdict
 from lightprune.quality.evidence import empirical_p_value, standing
 from lightprune.quality.intervals import metric_value, paired_difference, retention
 
@@ -115,7 +115,9 @@ def test_a_testbed_seed_that_could_not_be_measured_leaves_its_checks_not_measure
     def aimer(claims: list) -> dict:
         return next(c for c in claims if c["testbed"] == "text" and c["criterion"] == "aimer" and c["rival"] is None)
 
-    assert aimer(claims_over_seeds(text=[table(0), table(1)]))["verdict"] == HELD
+    assert aimer(claims_over_seeds(text=[table(0), table(1), table(2)]))["verdict"] == HELD
+    assert aimer(claims_over_seeds(text=[table(0), table(1)]))["verdict"] == FEW  # two draws decide nothing
+    assert aimer(claims_over_seeds(text=[table(0), table(1)], min_seeds=2))["verdict"] == HELD
     broken = {"error": "retention is undefined for every task", "testbed_seed": 2}
     check = aimer(claims_over_seeds(text=[table(0), table(1), broken]))
     assert check["verdict"] == MISSING and [s["testbed_seed"] for s in check["seeds"]] == [0, 1]
