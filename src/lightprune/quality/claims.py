@@ -24,7 +24,8 @@ The rule, on several independently trained testbeds (each seed's standing:
   upper end below 0); otherwise "within noise". A random plan judged as a criterion passes at most 5% of the time
   on one seed (the p-value's own guarantee), less on several (shown by a test that feeds random plans to the rule).
 - against a named rival (a paper's own comparator, or MWOP's few recovered random plans): the paired interval
-  alone, above 0 on every seed (:func:`comparison_verdict`).
+  alone, above 0 on every seed (:func:`comparison_verdict`);
+- a verdict needs :data:`MIN_TESTBED_SEEDS` independently trained testbeds; fewer give "too few testbed seeds".
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["CLAIM_CHECKS", "MIN_TESTBED_SEEDS", "P_LEVEL", "RECOVERED_RANDOM", "claim_verdict", "claims_over_seeds", "comparison_verdict",
-           "criteria_over_seeds"]
+__all__ = ["CLAIM_CHECKS", "MIN_TESTBED_SEEDS", "P_LEVEL", "RECOVERED_RANDOM", "claim_verdict", "claims_over_seeds",
+           "comparison_verdict", "criteria_over_seeds"]
 
 HELD, NOISE, FAILED, MISSING = "held", "within noise", "did not hold", "not measured"
 FEW = "too few testbed seeds"
