@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> Path:
         enough = 2 if micro else 3  # testbed seeds a verdict needs (the micro run: what the test can afford)
         fresh = claims_over_seeds(seeded["text"], seeded["mllm"], ratio=max(args.ratios), mwop=seeded["mwop"],
                                   min_seeds=enough)
-        context = [c for part, metric in (("text", "ppl"), ("mllm", "acc_image"), ("mllm", "ppl_text"))
+        judged = (("text", "ppl"), ("mllm", "acc_image"), ("mllm", "ppl_image"), ("mllm", "ppl_text"))
+        context = [c for part, metric in judged
                    for c in criteria_over_seeds(seeded[part], part, metric, ratio=max(args.ratios),
                                                 min_seeds=enough)]
         parts["criteria"] = context + [c for c in parts.get("criteria") or [] if c["testbed"] not in measured]

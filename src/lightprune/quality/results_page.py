@@ -241,18 +241,15 @@ def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
     lines = [
         "## Multimodal MoE testbed", "",
         f"Qwen3-VL-MoE-style, {tb['parameters']:,} parameters, trained {tb['spec']['steps']} steps of "
-        f"{tb['spec']['batch_size']} rows on Testbed VQA: scikit-learn's handwritten digits, matplotlib bar "
-        "charts (tallest colour, bar count) and Python-documentation text rows. Calibration on the calibration split "
-        "(all tasks); evaluation on the val split: answer accuracy per image task (every answer token right) and the "
-        "text rows' completion perplexity. Multimodal and text reported apart. " + (
-            f"MAEP's closed-form alpha on this model: {r['maep_alpha']:.3f}." if r.get("maep_alpha") is not None else
-            "MAEP's closed-form alpha is outside [0, 1] on this model, so its global row was not measured: "
-            f"{r.get('maep_alpha_error')}."), "",
+        f"{tb['spec']['batch_size']} rows on Testbed VQA ({_vqa_tasks(tb)}). Calibration on the calibration split "
+        "(all tasks); evaluation on the val split: answer accuracy per image task (every answer token right), "
+        + ("the image answers' perplexity (their loss beside their accuracy) " if "ppl_image" in r["dense"] else "")
+        + "and the text rows' completion perplexity. Multimodal and text reported apart. " + _alpha_sentence(r), "",
         *_balance_table(r),
-        _metric_table(r, [("acc_image", "image acc", 3), ("acc_digit", "digit", 3),
-                          ("acc_chart_tallest", "tallest", 3), ("acc_chart_count", "count", 3),
-                          ("ppl_text", "text ppl", 1)]), "",
-        _retention_table(r, ["acc_image", "ppl_text"]), "",
+        _metric_table(r, [c for c in [("acc_image", "image acc", 3)]
+                      + [(m, m[len("acc_"):].replace("chart_", "chart "), 3) for m in _image_task_metrics(r)]
+                      + [("ppl_image", "image answer ppl", 2), ("ppl_text", "text ppl", 1)] if c[0] in r["dense"]]),
+        "", _retention_table(r, [m for m in ("acc_image", "ppl_image", "ppl_text") if m in r["dense"]]), "",
         _summary(r, "acc_image"), "", _summary(r, "ppl_text"), "",
         "![image-task retention](results/mllm_image_retention.png)",
         "![text retention](results/mllm_text_retention.png)", ""]
@@ -262,6 +259,36 @@ def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
               "Cross-dataset stability (digits vs charts calibration), per token subset:", "",
               _stability_table(r["stability"]), ""]
     return lines
+
+
+_VQA_TASK_WORDS = {"digit": "scikit-learn's handwritten digits", "chart_tallest": "bar charts: the tallest bar's colour",
+                   "chart_count": "bar charts: how many bars", "chart_left": "bar charts: the leftmost bar's colour",
+                   "text": "Python-documentation text rows"}
+
+
+def _image_task_metrics(r: Mapping[str, Any]) -> list[str]:
+    """The dense row's per-image-task accuracies (``acc_<task>``), in its order."""
+    return [m for m in r["dense"] if m.startswith("acc_") and m not in ("acc_image", "acc_text")]
+
+
+def _vqa_tasks(tb: Mapping[str, Any]) -> str:
+    from lightprune.data.generated.testbed_vqa import TESTBED_VQA_TASKS
+
+    tasks = tb["spec"].get("data", {}).get("tasks", TESTBED_VQA_TASKS)
+    return "; ".join(_VQA_TASK_WORDS.get(t, t) for t in tasks)
+
+
+def _alpha_sentence(r: Mapping[str, Any]) -> str:
+    """MAEP's closed-form alpha and the layer-mean rhos it comes from (when measured)."""
+    if r.get("maep_alpha") is None:
+        return ("MAEP's closed-form alpha is outside [0, 1] on this model, so its global row was not measured: "
+                f"{r.get('maep_alpha_error')}.")
+    text = f"MAEP's closed-form alpha on this model: {r['maep_alpha']:.3f}"
+    report = r.get("maep_alpha_report")
+    if report:
+        text += (f" (a = rho(t,v) - rho(t,la) = {report['mean_rho_tv']:.3f} - {report['mean_rho_tla']:.3f}, "
+                 f"b = rho(v,la) = {report['mean_rho_vla']:.3f}, layer means)")
+    return text + "."
 
 
 def _shown_seed(name: str, part: Mapping[str, Any], claims: Sequence[Mapping[str, Any]]) -> str:

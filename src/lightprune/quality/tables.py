@@ -9,9 +9,9 @@ Evaluation splits are never the calibration split.
 
 Metrics. Text testbed, on the test split: perplexity overall and per domain (every token) and
 next-token accuracy. Multimodal testbed, on the val split: answer accuracy per image task (every
-answer token right, teacher forced, end-of-turn markers not counted) and the perplexity of the text
-rows' completions. Both evaluations return their per-row sums, so every row gets bootstrap intervals
-of its retention (:mod:`lightprune.quality.intervals`).
+answer token right, teacher forced, end-of-turn markers not counted), the image answers' perplexity
+beside it (their loss) and the perplexity of the text rows' completions. Both evaluations return their
+per-row sums, so every row gets bootstrap intervals of its retention (:mod:`lightprune.quality.intervals`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from lightprune.core.jsonio import read_json
 from lightprune.data.rows import read_jsonl
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.experts.calibration import DEFAULT_CRITERIA
+from lightprune.experts.maep import maep_alpha as alpha_report
 from lightprune.quality.expert_quality import (
     MERGE_STATISTICS,
     expert_merges,
@@ -93,8 +94,8 @@ def routing_balance_record(stats) -> dict[str, Any]:
 TEXT_COMPARISONS = tuple((c, r, "ppl") for c in ("aimer", "router_sensitivity") for r in ("magnitude", "router_norm")) \
     + (("router_sensitivity", "anti_router_sensitivity", "ppl"),)
 MLLM_COMPARISONS = tuple((c, r, m) for c in ("delta_h", "maep_global") for r in ("reap", "routing_kl")
-                         for m in ("acc_image", "ppl_text")) + (("aimer", "magnitude", "acc_image"),
-                                                                 ("aimer", "router_norm", "acc_image"))
+                         for m in ("acc_image", "ppl_image", "ppl_text")) \
+    + (("aimer", "magnitude", "acc_image"), ("aimer", "router_norm", "acc_image"))
 
 
 def _seeded(table: Mapping[str, Any], preset: str, seed: int | None) -> tuple[Any, Any]:
@@ -201,6 +202,8 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
             sums[f"acc_{t}"] = (rows["exact"][mine], rows["answered"][mine])
         # every image row pooled: with the val split's equal rows per task, the mean of the tasks' accuracies
         sums["acc_image"] = (rows["exact"][image], rows["answered"][image])
+        # the answers' loss beside their accuracy: perplexity of the image rows' answer tokens (teacher forced)
+        sums["ppl_image"] = (rows["nll"][image], rows["tokens"][image])
         if val_text:
             _next_token_sums(sums, "_text", *next_token_row_sums(m, val_text))
         return _with_row_sums(sums)
@@ -215,10 +218,11 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
                                                          steps=sensitivity_steps, progress=progress)
     rankings = expert_rankings(model, stats, maep=True, extra=extra)
     result = expert_quality(model, rankings, evaluate, ratios=ratios, random_seeds=random_seeds, progress=progress,
-                            merges=expert_merges(stats), standing_metrics=("acc_image", "ppl_text"),
+                            merges=expert_merges(stats), standing_metrics=("acc_image", "ppl_image", "ppl_text"),
                             comparisons=MLLM_COMPARISONS, testbed_seed=spec.seed)
     alpha = maep_alpha(stats)
     result["maep_alpha"], result["maep_alpha_error"] = alpha["value"], alpha["error"]
+    result["maep_alpha_report"] = alpha_report(stats, check=False).to_dict()  # the rhos alpha comes from
     kl_batches = calib_all[: max(1, kl_rows // spec.batch_size)]
     kl_stats = lp.collect_expert_stats(model, kl_batches, subsets=("all", "text", "vision"), progress=progress)
     result["proxy_rho"] = proxy_rho(model, kl_batches, kl_stats, subsets=("all", "text", "vision"), progress=progress)

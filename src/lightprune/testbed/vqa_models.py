@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from lightprune.data import TestbedVQADataModule
 from lightprune.data.cache import write_manifest
-from lightprune.data.generated.testbed_vqa import testbed_vqa_texts
+from lightprune.data.generated.testbed_vqa import TESTBED_VQA_TASKS, testbed_vqa_texts
 from lightprune.data.tiny_processor import TINY_CORPUS, tiny_mllm_processor
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.models.tiny import tiny_config
@@ -52,7 +52,8 @@ class VQATestbedSpec:
 
     kind: str  # "mllm-moe" or "dense-mllm"
     model: dict[str, Any] = field(default_factory=dict)  # tiny_config overrides (text_config, vision_config, ...)
-    data: dict[str, int] = field(default_factory=dict)  # TestbedVQADataModule sizes: n_train, n_val, ...
+    # TestbedVQADataModule arguments: sizes (n_train, n_val, ...), and tasks / image_size where not the default
+    data: dict[str, Any] = field(default_factory=dict)
     vocab_size: int = 1024
     max_length: int = 256
     steps: int = 600
@@ -119,7 +120,11 @@ def _config(spec: VQATestbedSpec):
 
 
 def _processor(spec: VQATestbedSpec, config):
-    return tiny_mllm_processor(spec.family, config, texts=TINY_CORPUS + tuple(testbed_vqa_texts()))
+    texts = TINY_CORPUS + tuple(testbed_vqa_texts(spec.data.get("tasks", TESTBED_VQA_TASKS)))
+    if spec.kind == "dense-mllm":
+        return tiny_mllm_processor(spec.family, config, texts=texts)
+    side = spec.data.get("image_size", 32)  # Qwen's resize keeps the pictures as drawn: one token per 8 x 8 pixels
+    return tiny_mllm_processor(spec.family, config, texts=texts, max_pixels=max(side * side, 32 * 32))
 
 
 def datamodule(spec: VQATestbedSpec, processor: Any, root: str | os.PathLike | None = None, **overrides: Any):

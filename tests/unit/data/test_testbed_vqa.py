@@ -124,6 +124,26 @@ def test_chart_answers_match_the_rendered_pixels(dm):
         assert np.argsort([h for _, h in found]).tolist() == [2, 0, 3, 1]
 
 
+def test_leftmost_colour_answers_match_the_pixels_and_stay_out_of_the_default(tmp_path):
+    names = {rgb: name for name, rgb in BAR_COLORS.items()}
+    left = TestbedVQADataModule("tiny:qwen3_vl_moe", root=str(tmp_path), batch_size=4, tasks=("chart_left", "digit"),
+                                n_train=12, n_val=6, n_selection=4, n_calibration=4)
+    answers = []
+    for split in SPLITS:
+        for row in (r for r in left.rows(split) if r["task"] == "chart_left"):
+            bars = _bars_from_pixels(_png(left, row))
+            assert row["messages"][1]["content"] == "<image>Which colour is the leftmost bar?"
+            assert names[bars[0][0]] == row["answer"] == row["bars"][0]["color"], row
+            answers.append(row["answer"])
+    assert len(answers) == 13 and len(set(answers)) > 2
+    # the default set and its tokenizer texts are those of the testbeds trained before the task existed
+    assert "chart_left" not in TESTBED_VQA_TASKS
+    assert not any("leftmost" in t for t in testbed_vqa_texts())
+    assert "Which colour is the leftmost bar? red" in testbed_vqa_texts(("chart_left", "text"))
+    with pytest.raises(ValueError, match="unknown testbed VQA task 'chart_right'"):
+        testbed_vqa_texts(("chart_right",))
+
+
 def test_text_rows_are_held_out_documentation(dm):
     for split in SPLITS:
         for row in dm.rows(split):

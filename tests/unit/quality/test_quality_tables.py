@@ -92,7 +92,8 @@ def test_every_row_carries_the_bootstrap_interval_of_its_physically_pruned_model
         line = next(x for x in md.splitlines() if x.startswith("| aimer | ") and "uniform" not in x)
         assert f"{point:.1f} [{row['intervals']['ppl'][0]:.1f}, {row['intervals']['ppl'][1]:.1f}]" in line
     for part, metrics in (("text", {"ppl", "ppl_prose", "ppl_code", "acc", "acc_prose", "acc_code"}),
-                          ("mllm", {"acc_image", "acc_digit", "acc_chart_tallest", "acc_chart_count", "ppl_text"})):
+                          ("mllm", {"acc_image", "acc_digit", "acc_chart_tallest", "acc_chart_count", "ppl_image",
+                                   "ppl_text"})):
         assert all(metrics <= set(r["intervals"]) for r in data[part]["rows"]), part
 
 

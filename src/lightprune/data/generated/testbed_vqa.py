@@ -10,6 +10,9 @@ text. Each row is a chat whose answer is one word, in one of the task families :
   pixels, so every bar pixel has its exact colour) of 2-4 bars of distinct colours (:data:`BAR_COLORS`)
   and distinct heights (levels 1 to :data:`BAR_LEVELS`); "Which colour is the tallest bar?" -> "red";
 - ``chart_count``: such a chart; "How many bars are there?" -> "three";
+- ``chart_left`` (not in the default set: :data:`TESTBED_VQA_EXTRA_TASKS`): such a chart; "Which colour is the
+  leftmost bar?" -> "blue" (a colour question a small model answers: the tallest bar's colour needs heights one
+  level apart told apart, and stays near chance on the testbeds);
 - ``text`` (no image, no system turn): a prompt and a completion of at most
   :data:`TEXT_COMPLETION_CHARS` characters from Python's documentation (the default corpus rows of
   :func:`lightprune.data.pydoc_rows.corpus_splits`), to measure text perplexity on held-out text.
@@ -38,13 +41,16 @@ from typing import Any
 
 from lightprune.data.pydoc_rows import corpus_splits
 
-__all__ = ["BAR_COLORS", "BAR_LEVELS", "CHART_BACKGROUND", "CHART_DPI", "COUNT_WORDS", "DIGIT_WORDS",
-           "MIN_IMAGE_SIZE", "SYSTEM_PROMPT", "TESTBED_VQA_SPLITS", "TESTBED_VQA_TASKS", "TEXT_COMPLETION_CHARS",
-           "TEXT_PROMPT", "TEXT_SOURCE_SPLITS", "Bar", "TestbedVQARow", "bar_boxes", "digit_images",
-           "render_bar_chart", "render_digit", "render_row", "testbed_vqa_splits", "testbed_vqa_texts",
+__all__ = ["BAR_COLORS", "BAR_LEVELS", "CHART_BACKGROUND", "CHART_DPI", "COUNT_WORDS", "DIGIT_WORDS", "MIN_IMAGE_SIZE",
+           "SYSTEM_PROMPT", "TESTBED_VQA_EXTRA_TASKS", "TESTBED_VQA_SPLITS", "TESTBED_VQA_TASKS",
+           "TEXT_COMPLETION_CHARS", "TEXT_PROMPT", "TEXT_SOURCE_SPLITS", "Bar", "TestbedVQARow", "bar_boxes",
+           "digit_images", "render_bar_chart", "render_digit", "render_row", "testbed_vqa_splits", "testbed_vqa_texts",
            "text_pool"]
 
 TESTBED_VQA_TASKS: tuple[str, ...] = ("digit", "chart_tallest", "chart_count", "text")
+#: tasks a caller may ask for beside the default :data:`TESTBED_VQA_TASKS` (left out of the default, so that the
+#: default set's rows and tokenizer texts stay those of the testbeds trained before them)
+TESTBED_VQA_EXTRA_TASKS: tuple[str, ...] = ("chart_left",)
 # stream order: evaluation first, so that n_train does not move the evaluation rows
 TESTBED_VQA_SPLITS: tuple[str, ...] = ("val", "selection", "calibration", "train")
 # split -> the default corpus splits its text rows come from, as (corpus split, half): half None takes every topic,
@@ -66,6 +72,7 @@ MIN_IMAGE_SIZE = 16
 SYSTEM_PROMPT = "Answer with one word."
 DIGIT_QUESTION = "Which digit is written?"
 TALLEST_QUESTION = "Which colour is the tallest bar?"
+LEFT_QUESTION = "Which colour is the leftmost bar?"
 COUNT_QUESTION = "How many bars are there?"
 TEXT_PROMPT = "Continue the Python documentation:"
 TEXT_COMPLETION_CHARS = 200
@@ -293,11 +300,12 @@ def text_pool(split: str) -> tuple[tuple[str, str, str], ...]:
 # -- the stream --------------------------------------------------------------------------------
 def check_tasks(tasks: Sequence[str]) -> tuple[str, ...]:
     tasks = (tasks,) if isinstance(tasks, str) else tuple(tasks)
-    bad = [t for t in tasks if t not in TESTBED_VQA_TASKS]
+    known = TESTBED_VQA_TASKS + TESTBED_VQA_EXTRA_TASKS
+    bad = [t for t in tasks if t not in known]
     if bad:
-        raise ValueError(f"unknown testbed VQA task {bad[0]!r}; choose from {TESTBED_VQA_TASKS}")
+        raise ValueError(f"unknown testbed VQA task {bad[0]!r}; choose from {known}")
     if not tasks or len(set(tasks)) != len(tasks):
-        raise ValueError(f"tasks must be distinct names from {TESTBED_VQA_TASKS}, got {list(tasks)!r}")
+        raise ValueError(f"tasks must be distinct names from {known}, got {list(tasks)!r}")
     return tasks
 
 
@@ -328,6 +336,8 @@ def _draw_chart(task: str, rng: random.Random) -> TestbedVQARow:
     bars = tuple(Bar(c, h) for c, h in zip(colors, heights))
     if task == "chart_tallest":
         return TestbedVQARow(task, TALLEST_QUESTION, max(bars, key=lambda b: b.height).color, bars=bars)
+    if task == "chart_left":
+        return TestbedVQARow(task, LEFT_QUESTION, bars[0].color, bars=bars)
     return TestbedVQARow(task, COUNT_QUESTION, COUNT_WORDS[n], bars=bars)
 
 
@@ -385,14 +395,17 @@ def testbed_vqa_splits(sizes: Mapping[str, int], seed: int = 0,
     return out
 
 
-def testbed_vqa_texts() -> list[str]:
-    """Texts to train a tokenizer on: the system prompt, every question and answer word, and the ``train``
-    split's text rows, e.g. ``tiny_mllm_processor(family, texts=TINY_CORPUS + tuple(testbed_vqa_texts()))``."""
+def testbed_vqa_texts(tasks: Sequence[str] = TESTBED_VQA_TASKS) -> list[str]:
+    """Texts to train a tokenizer on: the system prompt, every question and answer word (the default tasks', and
+    those of the extra ``tasks``), and the ``train`` split's text rows, e.g.
+    ``tiny_mllm_processor(family, texts=TINY_CORPUS + tuple(testbed_vqa_texts()))``."""
     texts = [SYSTEM_PROMPT, DIGIT_QUESTION, TALLEST_QUESTION, COUNT_QUESTION, TEXT_PROMPT,
              " ".join(DIGIT_WORDS), " ".join(BAR_COLORS), " ".join(COUNT_WORDS.values())]
     texts += [f"{DIGIT_QUESTION} {word}" for word in DIGIT_WORDS]
     texts += [f"{TALLEST_QUESTION} {color}" for color in BAR_COLORS]
     texts += [f"{COUNT_QUESTION} {word}" for word in COUNT_WORDS.values()]
+    if "chart_left" in check_tasks(tasks):
+        texts += [LEFT_QUESTION] + [f"{LEFT_QUESTION} {color}" for color in BAR_COLORS]
     for question, answer, _ in text_pool("train"):
         texts += [question, answer]
     return texts
