@@ -261,21 +261,18 @@ def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
     return lines
 
 
-_VQA_TASK_WORDS = {"digit": "scikit-learn's handwritten digits", "chart_tallest": "bar charts: the tallest bar's colour",
-                   "chart_count": "bar charts: how many bars", "chart_left": "bar charts: the leftmost bar's colour",
-                   "text": "Python-documentation text rows"}
-
-
 def _image_task_metrics(r: Mapping[str, Any]) -> list[str]:
     """The dense row's per-image-task accuracies (``acc_<task>``), in its order."""
     return [m for m in r["dense"] if m.startswith("acc_") and m not in ("acc_image", "acc_text")]
 
 
 def _vqa_tasks(tb: Mapping[str, Any]) -> str:
-    from lightprune.data.generated.testbed_vqa import TESTBED_VQA_TASKS
+    """The testbed's tasks as the rows ask them (digits are scikit-learn's, charts drawn by matplotlib)."""
+    from lightprune.data.generated.testbed_vqa import TASK_QUESTIONS, TESTBED_VQA_TASKS
 
     tasks = tb["spec"].get("data", {}).get("tasks", TESTBED_VQA_TASKS)
-    return "; ".join(_VQA_TASK_WORDS.get(t, t) for t in tasks)
+    return "; ".join(f'{t}: "{TASK_QUESTIONS[t]}"' if t in TASK_QUESTIONS else f"{t}: Python-documentation rows"
+                     for t in tasks)
 
 
 def _alpha_sentence(r: Mapping[str, Any]) -> str:

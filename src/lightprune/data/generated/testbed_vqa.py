@@ -42,7 +42,7 @@ from typing import Any
 from lightprune.data.pydoc_rows import corpus_splits
 
 __all__ = ["BAR_COLORS", "BAR_LEVELS", "CHART_BACKGROUND", "CHART_DPI", "COUNT_WORDS", "DIGIT_WORDS", "MIN_IMAGE_SIZE",
-           "SYSTEM_PROMPT", "TESTBED_VQA_EXTRA_TASKS", "TESTBED_VQA_SPLITS", "TESTBED_VQA_TASKS",
+           "SYSTEM_PROMPT", "TASK_QUESTIONS", "TESTBED_VQA_EXTRA_TASKS", "TESTBED_VQA_SPLITS", "TESTBED_VQA_TASKS",
            "TEXT_COMPLETION_CHARS", "TEXT_PROMPT", "TEXT_SOURCE_SPLITS", "Bar", "TestbedVQARow", "bar_boxes",
            "digit_images", "render_bar_chart", "render_digit", "render_row", "testbed_vqa_splits", "testbed_vqa_texts",
            "text_pool"]
@@ -75,6 +75,9 @@ TALLEST_QUESTION = "Which colour is the tallest bar?"
 LEFT_QUESTION = "Which colour is the leftmost bar?"
 COUNT_QUESTION = "How many bars are there?"
 TEXT_PROMPT = "Continue the Python documentation:"
+#: each image task's question
+TASK_QUESTIONS: dict[str, str] = {"digit": DIGIT_QUESTION, "chart_tallest": TALLEST_QUESTION,
+                                  "chart_count": COUNT_QUESTION, "chart_left": LEFT_QUESTION}
 TEXT_COMPLETION_CHARS = 200
 _TEXT_HEAD_CHARS = (40, 160)  # a text chunk's prompt part: from its first boundary in this range of lengths
 _BOUNDARY = re.compile(r"[.!?:](?=\s)|\n")
