@@ -24,6 +24,7 @@ from the next one (the same settings; --fresh measures every seed again).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -36,7 +37,8 @@ PARTS = ("text", "mllm", "mwop")
 class SeedTables:
     """One testbed seed's measured tables per file (``<part>-seed<n>.json``, with the settings they were measured
     under), written as soon as they are measured, so a long run that stops resumes at the next seed. A file whose
-    settings differ from the run's is measured again."""
+    settings differ from the run's, or whose testbed was trained from another spec than the run's (a preset whose
+    recipe changed since), is measured again."""
 
     def __init__(self, folder: Path, fresh: bool = False) -> None:
         self.folder, self.fresh = folder, fresh
@@ -44,12 +46,18 @@ class SeedTables:
     def _path(self, part: str, settings: dict) -> Path:
         return self.folder / f"{part}-seed{settings['testbed_seed']}.json"
 
-    def get(self, part: str, settings: dict) -> dict | None:
+    def get(self, part: str, settings: dict, spec: dict | None = None) -> dict | None:
+        """The kept tables of ``settings``' seed, if measured under ``settings`` on a testbed of ``spec`` (the
+        testbed's spec as its training.json records it; None: not compared)."""
         path = self._path(part, settings)
         if self.fresh or not path.is_file():
             return None
         kept = json.loads(path.read_text())
-        return kept["tables"] if kept["settings"] == settings else None
+        if kept["settings"] != settings:
+            return None
+        if spec is not None and kept["tables"].get("testbed", {}).get("spec") != spec:
+            return None
+        return kept["tables"]
 
     def put(self, part: str, settings: dict, tables: dict) -> dict:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -58,6 +66,15 @@ class SeedTables:
         temporary.write_text(json.dumps({"settings": settings, "tables": tables}, default=float))
         temporary.replace(path)
         return json.loads(path.read_text())["tables"]  # as a resumed run reads it: one code path after
+
+
+def testbed_spec(part: str, preset: str, seed: int) -> dict:
+    """The spec (as JSON reads it back) of the testbed ``part``'s tables on ``preset`` trained from ``seed`` use."""
+    if part == "text":
+        from lightprune.testbed import TEXT_TESTBEDS as presets
+    else:
+        from lightprune.testbed.vqa_models import VQA_TESTBEDS as presets
+    return json.loads(json.dumps(dataclasses.asdict(dataclasses.replace(presets[preset], seed=seed))))
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -103,7 +120,7 @@ def main(argv: list[str] | None = None) -> Path:
     def measure_seed(part: str, settings: dict, measure) -> dict:
         """The seed's tables: kept, or measured and kept; a testbed the rows cannot be measured on (e.g. a dense
         model that scores zero on every task) gives ``{"error", "testbed_seed"}``, on the page, not kept."""
-        found = kept.get(part, settings)
+        found = kept.get(part, settings, testbed_spec(part, settings["preset"], settings["testbed_seed"]))
         if found is not None:
             return found
         try:

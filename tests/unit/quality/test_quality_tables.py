@@ -92,9 +92,52 @@ def test_every_row_carries_the_bootstrap_interval_of_its_physically_pruned_model
         line = next(x for x in md.splitlines() if x.startswith("| aimer | ") and "uniform" not in x)
         assert f"{point:.1f} [{row['intervals']['ppl'][0]:.1f}, {row['intervals']['ppl'][1]:.1f}]" in line
     for part, metrics in (("text", {"ppl", "ppl_prose", "ppl_code", "acc", "acc_prose", "acc_code"}),
-                          ("mllm", {"acc_image", "acc_digit", "acc_chart_tallest", "acc_chart_count", "ppl_image",
+                          ("mllm", {"acc_image", "acc_digit", "acc_chart_left", "acc_chart_count", "ppl_image",
                                    "ppl_text"})):
         assert all(metrics <= set(r["intervals"]) for r in data[part]["rows"]), part
+
+
+def _image_answer_ppl_of_pruned(model, plan, testbed_root: Path) -> float:
+    """exp(mean answer-token CE) over the val split's image rows of the physically pruned model, one row at a time
+    (no padding): the next-token targets that are labelled, neither an end-of-turn marker nor the token after one."""
+    from lightprune.core.batch import model_inputs
+    from lightprune.data.tokenizer import end_of_turn_ids
+    from lightprune.testbed.vqa_models import VQA_TESTBEDS, datamodule, vqa_testbed
+
+    pruned = copy.deepcopy(model)
+    lp.prune_experts(pruned, plan)
+    spec = VQA_TESTBEDS["mllm-moe-micro"]
+    dm = datamodule(spec, str(vqa_testbed("mllm-moe-micro", testbed_root) / "model"), testbed_root, batch_size=1)
+    dm.setup("fit")
+    ends = set(end_of_turn_ids(dm))
+    nll, count = 0.0, 0
+    for batch in dm.dataloader("val", tasks=[t for t in dm.task_names if t != "text"]):
+        with torch.no_grad():
+            logits = pruned(**model_inputs(batch)).logits[0, :-1].double()
+        targets = batch["labels"][0, 1:].tolist()
+        for i, t in enumerate(targets):
+            if t != -100 and t not in ends and not (i and targets[i - 1] in ends):
+                nll -= float(torch.log_softmax(logits[i], -1)[t])
+                count += 1
+    return math.exp(nll / count)
+
+
+def test_image_answer_perplexity_equals_a_row_by_row_computation(page, testbed_root: Path) -> None:
+    """``ppl_image`` of the dense model and of every AIMER row (an independent plan) against the physically pruned
+    model's image answers scored one row at a time."""
+    from lightprune.testbed.vqa_models import vqa_testbed
+
+    _, data = page
+    mllm = data["mllm"]
+    model = lp.load_pruned(vqa_testbed("mllm-moe-micro", testbed_root) / "model").eval()
+    aimer = lp.score_weights(model, "aimer")
+    assert mllm["dense"]["ppl_image"] == pytest.approx(
+        _image_answer_ppl_of_pruned(model, lp.select_experts(aimer, 0.0), testbed_root), rel=1e-4)
+    rows = [r for r in mllm["rows"] if r["criterion"] == "aimer"]
+    assert len(rows) == 2
+    for row in rows:
+        expected = _image_answer_ppl_of_pruned(model, lp.select_experts(aimer, row["ratio"]), testbed_root)
+        assert row["metrics"]["ppl_image"] == pytest.approx(expected, rel=1e-4)
 
 
 def test_anti_orderings_prune_what_their_criterion_keeps(page, testbed_root: Path) -> None:
@@ -236,15 +279,19 @@ def test_the_claims_over_testbed_seeds_follow_from_the_measured_numbers(page) ->
 
 def test_each_seeds_tables_are_kept_so_a_stopped_run_resumes(tmp_path: Path) -> None:
     """The tables of a measured seed come back for a run with the same settings (as JSON reads them), not for other
-    settings nor with --fresh; the file is replaced whole (no partial file is left to read)."""
+    settings nor for a testbed of another spec (a preset whose recipe changed), nor with --fresh; the file is
+    replaced whole (no partial file is left to read)."""
     kept = _script().SeedTables(tmp_path / "seeds")
     settings = {"preset": "micro", "ratios": [0.25, 0.5], "random_seeds": 8, "testbed_seed": 1}
-    tables = {"rows": [{"criterion": "aimer", "ratio": 0.5}], "dense": {"ppl": 3.5}, "random": {0.5: {"seeds": []}}}
+    tables = {"rows": [{"criterion": "aimer", "ratio": 0.5}], "dense": {"ppl": 3.5}, "random": {0.5: {"seeds": []}},
+              "testbed": {"spec": {"steps": 10, "tasks": ["digit"]}}}
     assert kept.get("text", settings) is None
     back = kept.put("text", settings, tables)
     assert back == json.loads(json.dumps(tables)) and back["random"] == {"0.5": {"seeds": []}}
     assert kept.get("text", settings) == back and kept.get("mllm", settings) is None
     assert kept.get("text", {**settings, "random_seeds": 50}) is None
+    assert kept.get("text", settings, {"steps": 10, "tasks": ["digit"]}) == back
+    assert kept.get("text", settings, {"steps": 10, "tasks": ["digit", "chart_left"]}) is None
     assert _script().SeedTables(tmp_path / "seeds", fresh=True).get("text", settings) is None
     assert sorted(p.name for p in (tmp_path / "seeds").iterdir()) == ["text-seed1.json"]
 
