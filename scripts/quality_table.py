@@ -46,17 +46,22 @@ class SeedTables:
     def _path(self, part: str, settings: dict) -> Path:
         return self.folder / f"{part}-seed{settings['testbed_seed']}.json"
 
-    def get(self, part: str, settings: dict, spec: dict | None = None) -> dict | None:
-        """The kept tables of ``settings``' seed, if measured under ``settings`` on a testbed of ``spec`` (the
-        testbed's spec as its training.json records it; None: not compared)."""
+    def get(self, part: str, settings: dict, spec=None) -> dict | None:
+        """The kept tables of ``settings``' seed, if measured under ``settings`` on a testbed of the digest of
+        ``spec`` (a testbed spec; None: not compared), read from the spec the kept tables record."""
         path = self._path(part, settings)
         if self.fresh or not path.is_file():
             return None
         kept = json.loads(path.read_text())
         if kept["settings"] != settings:
             return None
-        if spec is not None and kept["tables"].get("testbed", {}).get("spec") != spec:
-            return None
+        if spec is not None:
+            try:
+                recorded = type(spec)(**kept["tables"]["testbed"]["spec"])
+            except (KeyError, TypeError, ValueError):  # no spec recorded, or one of another shape
+                return None
+            if recorded.digest() != spec.digest():
+                return None
         return kept["tables"]
 
     def put(self, part: str, settings: dict, tables: dict) -> dict:
@@ -68,13 +73,13 @@ class SeedTables:
         return json.loads(path.read_text())["tables"]  # as a resumed run reads it: one code path after
 
 
-def testbed_spec(part: str, preset: str, seed: int) -> dict:
-    """The spec (as JSON reads it back) of the testbed ``part``'s tables on ``preset`` trained from ``seed`` use."""
+def testbed_spec(part: str, preset: str, seed: int):
+    """The spec of the testbed that ``part``'s tables on ``preset`` trained from ``seed`` are measured on."""
     if part == "text":
         from lightprune.testbed import TEXT_TESTBEDS as presets
     else:
         from lightprune.testbed.vqa_models import VQA_TESTBEDS as presets
-    return json.loads(json.dumps(dataclasses.asdict(dataclasses.replace(presets[preset], seed=seed))))
+    return dataclasses.replace(presets[preset], seed=seed)
 
 
 def main(argv: list[str] | None = None) -> Path:

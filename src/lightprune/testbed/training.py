@@ -52,9 +52,10 @@ def cache_root(root: str | os.PathLike | None) -> Path:
     return Path(root or os.environ.get("LIGHTPRUNE_CACHE") or Path.home() / ".cache" / "lightprune").expanduser()
 
 
-def spec_digest(fmt: str, spec) -> str:
-    """12 hex digits of SHA-256 over the format and every field of the (dataclass) ``spec``: the cache key."""
-    key = {"format": fmt, **asdict(spec)}
+def spec_digest(fmt: str, spec, omit_none: Sequence[str] = ()) -> str:
+    """12 hex digits of SHA-256 over the format and every field of the (dataclass) ``spec``: the cache key.
+    ``omit_none``: fields left out while None (added after testbeds were cached, which keep their digest)."""
+    key = {"format": fmt, **{k: v for k, v in asdict(spec).items() if not (k in omit_none and v is None)}}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -168,7 +169,7 @@ class LossCurve(pl.Callback):
 def fit_from_init(folder: Path, init: Path, datamodule, spec, *, router_aux_loss_coef: float,
                   progress: bool) -> tuple[Any, float, list[dict[str, float]]]:
     """Train the checkpoint ``init`` on ``datamodule`` as ``spec`` says (steps, learning_rate, weight_decay,
-    warmup_steps, seed, and ``loss_mean`` and ``aux_loss`` when it has them); returns (the trained transformers model,
+    warmup_steps, seed, and ``loss_mean``, ``aux_loss`` and ``max_grad_norm`` when it has them); returns (the trained transformers model,
     seconds, loss curve). ``init`` is removed."""
     pl.seed_everything(spec.seed, verbose=False)
     module = MoECausalLM(checkpoint=str(init), learning_rate=spec.learning_rate, weight_decay=spec.weight_decay,
@@ -178,6 +179,7 @@ def fit_from_init(folder: Path, init: Path, datamodule, spec, *, router_aux_loss
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec.steps, logger=False,
                          enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
                          limit_val_batches=0, num_sanity_val_steps=0,
+                         gradient_clip_val=getattr(spec, "max_grad_norm", None),
                          callbacks=[curve, *([progress_bar()] if progress else [])],
                          default_root_dir=str(folder / "lightning"))
     start = time.perf_counter()

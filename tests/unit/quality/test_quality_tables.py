@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
 import math
@@ -17,6 +18,7 @@ import lightprune as lp
 from lightprune.quality.results_page import retention
 from lightprune.testbed import TEXT_TESTBEDS, build_text_corpus, text_testbed
 from lightprune.testbed.text_moe import corpus_datamodule
+from lightprune.testbed.vqa_models import VQA_TESTBEDS
 
 REPO = REPO
 MICRO = TEXT_TESTBEDS["micro"]
@@ -283,15 +285,22 @@ def test_each_seeds_tables_are_kept_so_a_stopped_run_resumes(tmp_path: Path) -> 
     replaced whole (no partial file is left to read)."""
     kept = _script().SeedTables(tmp_path / "seeds")
     settings = {"preset": "micro", "ratios": [0.25, 0.5], "random_seeds": 8, "testbed_seed": 1}
+    spec = dataclasses.replace(VQA_TESTBEDS["mllm-moe-micro"], seed=1)
+    recorded = json.loads(json.dumps(dataclasses.asdict(spec)))  # as training.json keeps it
     tables = {"rows": [{"criterion": "aimer", "ratio": 0.5}], "dense": {"ppl": 3.5}, "random": {0.5: {"seeds": []}},
-              "testbed": {"spec": {"steps": 10, "tasks": ["digit"]}}}
+              "testbed": {"spec": recorded}}
     assert kept.get("text", settings) is None
     back = kept.put("text", settings, tables)
     assert back == json.loads(json.dumps(tables)) and back["random"] == {"0.5": {"seeds": []}}
     assert kept.get("text", settings) == back and kept.get("mllm", settings) is None
     assert kept.get("text", {**settings, "random_seeds": 50}) is None
-    assert kept.get("text", settings, {"steps": 10, "tasks": ["digit"]}) == back
-    assert kept.get("text", settings, {"steps": 10, "tasks": ["digit", "chart_left"]}) is None
+    assert kept.get("text", settings, spec) == back
+    assert kept.get("text", settings, dataclasses.replace(spec, steps=7)) is None
+    assert kept.get("text", settings, dataclasses.replace(spec, data={**spec.data, "tasks": ["digit"]})) is None
+    old = {k: v for k, v in recorded.items() if k != "max_grad_norm"}  # recorded before the field was added
+    kept.put("text", settings, {**tables, "testbed": {"spec": old}})
+    assert kept.get("text", settings, dataclasses.replace(spec, max_grad_norm=None)) is not None
+    assert kept.get("text", settings, spec) is None  # the same recipe with clipping: another testbed
     assert _script().SeedTables(tmp_path / "seeds", fresh=True).get("text", settings) is None
     assert sorted(p.name for p in (tmp_path / "seeds").iterdir()) == ["text-seed1.json"]
 
