@@ -40,6 +40,7 @@ from lightprune.experts.criteria import (
     get_criterion,
     get_criterion_class,
 )
+from lightprune.experts.criteria.scoring import streamed_layer_weights
 from lightprune.experts.merging import MergePlan
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.scores import ExpertScores
@@ -175,7 +176,7 @@ class ExpertPruning(JobEndCallback):
         start = time.perf_counter()
         skeleton = getattr(pl_module, "skeleton", None)
         if skeleton is not None and not self.criterion.needs_data:  # one MoE block read in at a time
-            scores = self.criterion.score(pl_module.model, layer_weights=lambda layer: skeleton.resident(layer.name))
+            scores = self.criterion.score(pl_module.model, layer_weights=streamed_layer_weights(skeleton, self.criterion))
         else:
             scores = self.criterion.score_in_run(pl_module.model, state.calibration, state.expert_scores)
         label = getattr(scores, "criterion", None) or self.name

@@ -62,6 +62,39 @@ def test_streamed_weight_scores_equal_the_loaded_models(tiny, tmp_path, family):
             assert torch.equal(got[index], expected[index]), (criterion, index)
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe", "gemma4", "gpt_oss"])
+def test_a_streamed_weight_score_reads_only_the_tensors_its_criterion_reads(tiny, tmp_path, family, monkeypatch):
+    """AIMER and magnitude read the experts' tensors (each once), router norm the router's weight, random nothing:
+    the checkpoint keys read, recorded at the reader, against those the skeleton maps to those modules."""
+    from lightprune.models import find_moe_layers
+
+    path = saved(tiny(family, seed=2), tmp_path / "ckpt", sharded=True)
+    with Checkpoint(path) as checkpoint:
+        skeleton = Skeleton(checkpoint)
+        names = {module: name for name, module in skeleton.model.named_modules()}
+        layers = find_moe_layers(skeleton.model)
+
+        def keys_under(modules):
+            prefixes = tuple(f"{names[m]}." for m in modules)
+            return sorted(key for target, keys in skeleton.sources.items() if target.startswith(prefixes)
+                          for key in keys)
+        expected = {"aimer": keys_under([layer.experts for layer in layers]),
+                    "router_norm": keys_under([layer.router_linear for layer in layers]), "random": []}
+    expected["magnitude"] = expected["aimer"]
+    assert expected["aimer"] and expected["router_norm"] and not set(expected["aimer"]) & set(expected["router_norm"])
+    read: list[str] = []
+    original = Checkpoint.read_into
+
+    def recording(self, key, out, start=0):
+        read.append(key)
+        return original(self, key, out, start)
+    monkeypatch.setattr(Checkpoint, "read_into", recording)
+    for criterion, keys in expected.items():
+        read.clear()
+        lp.score_weights(path, criterion, seed=3, progress=False)
+        assert sorted(read) == keys, criterion
+
+
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "gemma4", "qwen3_vl_moe", "jamba"])
 def test_the_skeleton_run_layer_by_layer_gives_the_loaded_models_logits(tiny, tmp_path, family):
     model = tiny(family, seed=2).eval()

@@ -45,6 +45,9 @@ class AIMER(Criterion):
     def __init__(self, block_elements: int | None = None):
         self.block_elements = None if block_elements is None else self._check_int("block_elements", block_elements, 1)
 
+    def weight_modules(self, layer: MoELayer) -> list[torch.nn.Module]:
+        return [layer.experts]
+
     def score_layer(self, layer: MoELayer) -> torch.Tensor:
         l1, sq, numel = expert_weight_norms(layer, block_elements=self.block_elements)
         value = (l1 / (math.sqrt(numel) * sq.sqrt())).clamp_(1.0 / math.sqrt(numel), 1.0)

@@ -112,6 +112,11 @@ class Criterion(Configured):
         (the run's CalibrationStats) or ``fitted`` (scores a fit produced, by criterion name)."""
         return self.score(model)
 
+    def weight_modules(self, layer: MoELayer) -> list[nn.Module] | None:
+        """The modules of ``layer`` whose weights :meth:`score_layer` reads (None: the whole MoE block). A streamed
+        checkpoint reads only these for the layer (AIMER: the experts; router norm: the router)."""
+        return None
+
     def score_layer(self, layer: MoELayer) -> torch.Tensor:
         """The raw per-expert value ``[layer.num_experts]`` of one MoE layer."""
         raise NotImplementedError(f"{type(self).__name__} must implement score_layer(layer) "

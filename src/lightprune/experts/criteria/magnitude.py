@@ -28,6 +28,9 @@ class Magnitude(Criterion):
     def __init__(self, block_elements: int | None = None):
         self.block_elements = None if block_elements is None else self._check_int("block_elements", block_elements, 1)
 
+    def weight_modules(self, layer: MoELayer) -> list[torch.nn.Module]:
+        return [layer.experts]
+
     def score_layer(self, layer: MoELayer) -> torch.Tensor:
         _, sq, _ = expert_weight_norms(layer, l1=False, block_elements=self.block_elements)
         return sq.sqrt()

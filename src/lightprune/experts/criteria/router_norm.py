@@ -25,6 +25,9 @@ __all__ = ["RouterNorm"]
 class RouterNorm(Criterion):
     """L2 norm of the expert's router row; smallest pruned first."""
 
+    def weight_modules(self, layer: MoELayer) -> list[torch.nn.Module]:
+        return [layer.router_linear]
+
     def score_layer(self, layer: MoELayer) -> torch.Tensor:
         weight = layer.router_linear.weight
         if weight.dim() != 2 or weight.shape[0] != layer.num_experts:

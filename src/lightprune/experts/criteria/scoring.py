@@ -3,8 +3,10 @@
 A checkpoint directory is scored without loading the model: its model is a
 :class:`~lightprune.checkpoints.skeleton.Skeleton` (meta device); each MoE block is read from the safetensors
 files, scored by the criterion's own ``score_layer`` and released before the next one, so memory holds one block
-(its router, experts and shared experts) at a time. The scores equal those of the loaded model (the same tensors,
-the same code); ``random`` reads no tensor at all.
+(its router, experts and shared experts) at a time, or only the modules the criterion reads
+(:meth:`~lightprune.experts.criteria.base.Criterion.weight_modules`: AIMER and magnitude the experts, router norm
+the router). The scores equal those of the loaded model (the same tensors, the same code); ``random`` reads no
+tensor at all.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import nn
@@ -25,7 +27,7 @@ from lightprune.experts.criteria.registry import get_criterion, get_criterion_cl
 from lightprune.experts.scores import ExpertScores
 from lightprune.models import MoELayer, find_moe_layers
 
-__all__ = ["score_weights", "score_model_weights", "score_checkpoint", "weight_criterion"]
+__all__ = ["score_weights", "score_model_weights", "score_checkpoint", "streamed_layer_weights", "weight_criterion"]
 
 
 def score_weights(model: nn.Module | str | os.PathLike, criterion: str | type[Criterion] | Criterion = "aimer", *,
@@ -65,6 +67,18 @@ def score_model_weights(model: nn.Module, criterion: str | type[Criterion] | Cri
     return weight_criterion(criterion, seed=seed, **kwargs).score(model)
 
 
+def streamed_layer_weights(skeleton: Skeleton, criterion: Criterion) -> Callable[[MoELayer], Any]:
+    """``layer -> context`` in which the modules of ``layer`` that ``criterion`` reads
+    (:meth:`~lightprune.experts.criteria.base.Criterion.weight_modules`, default the whole MoE block) are read in
+    from ``skeleton``'s checkpoint, and released after: what :meth:`Criterion.score` takes as ``layer_weights``."""
+    names = {module: name for name, module in skeleton.model.named_modules()}
+
+    def weights(layer: MoELayer):
+        modules = criterion.weight_modules(layer)
+        return skeleton.resident(*([layer.name] if modules is None else [names[m] for m in modules]))
+    return weights
+
+
 def score_checkpoint(path: str | os.PathLike, criterion: str | type[Criterion] | Criterion = "aimer", *,
                      seed: int = 0, progress: bool = True, **kwargs: Any) -> ExpertScores:
     """Score every routed expert of the checkpoint at ``path`` from its weights, one MoE block resident at a
@@ -76,9 +90,11 @@ def score_checkpoint(path: str | os.PathLike, criterion: str | type[Criterion] |
         bar = tqdm(desc=f"scoring {instance.name or type(instance).__name__} from {checkpoint.path.name}",
                    total=len(find_moe_layers(skeleton.model)), unit="layer", leave=False, disable=not progress)
 
+        weights = streamed_layer_weights(skeleton, instance)
+
         @contextlib.contextmanager
         def resident(layer: MoELayer) -> Iterator[None]:
-            with skeleton.resident(layer.name):
+            with weights(layer):
                 yield
             bar.update(1)
 
