@@ -184,19 +184,31 @@ def claims_over_seeds(text: Sequence[Mapping[str, Any]] = (), mllm: Sequence[Map
     parts = {"text": list(text), "mllm": list(mllm), "mwop": list(mwop)}
     out = []
     for paper, claim, testbed, criterion, rival, metric in CLAIM_CHECKS:
-        records = [r for table in parts[testbed] for r in (
-            _width_records(table, criterion, rival, metric) if testbed == "mwop"
-            else _seed_records(table, criterion, rival, metric, ratio))]
+        per_table = [(table, _width_records(table, criterion, rival, metric) if testbed == "mwop"
+                      else _seed_records(table, criterion, rival, metric, ratio)) for table in parts[testbed]]
+        records = [r for _, found in per_table for r in found]
         seeds = [dict(r) for r in records if r is not None]
         complete = bool(records) and len(seeds) == len(records)
         verdict = MISSING if not complete else claim_verdict(seeds) if rival is None else comparison_verdict(seeds)
         verdict = _enough(verdict, seeds, min_seeds)
         out.append({"paper": paper, "claim": claim, "testbed": testbed, "criterion": criterion, "rival": rival,
                     "metric": metric, "ratio": ratio, "verdict": verdict, "seeds": seeds})
-        failed = [{"testbed_seed": t.get("testbed_seed"), "error": t["error"]} for t in parts[testbed] if "error" in t]
-        if failed:  # a testbed seed that could not be measured, and why (the check is then not measured)
-            out[-1]["unmeasured"] = failed
+        # a testbed seed that could not be measured, or whose table has no record for the check, and why (the
+        # check is then not measured)
+        unmeasured = [{"testbed_seed": t.get("testbed_seed"), "error": t["error"]} if "error" in t else
+                      {"testbed_seed": (t.get("testbed") or {}).get("seed"), "error": _missing_why(t, criterion, ratio)}
+                      for t, found in per_table if "error" in t or None in found]
+        if unmeasured:
+            out[-1]["unmeasured"] = unmeasured
     return out
+
+
+def _missing_why(table: Mapping[str, Any], criterion: str, ratio: float) -> str:
+    """Why one seed's table has no record for a check on ``criterion``: MAEP's closed-form alpha outside [0, 1]
+    (the paper's procedure then needs a given alpha), else the row is absent."""
+    if criterion.startswith("maep") and table.get("maep_alpha_error"):
+        return f"no {criterion} row: {table['maep_alpha_error']}"
+    return f"no {criterion.rstrip('*')} record at {ratio:g}"
 
 
 def criteria_over_seeds(tables: Sequence[Mapping[str, Any]], testbed: str, metric: str,

@@ -124,3 +124,20 @@ def test_a_testbed_seed_that_could_not_be_measured_leaves_its_checks_not_measure
     assert check["unmeasured"] == [{"testbed_seed": 2, "error": broken["error"]}]
     mwop = [c for c in claims_over_seeds(mwop=[broken]) if c["testbed"] == "mwop"]
     assert mwop and all(c["verdict"] == MISSING and c["unmeasured"] for c in mwop)
+    # a seed whose table has no row for the check (MAEP's global ranking when its closed-form alpha leaves [0, 1]):
+    # not measured, with the table's reason
+    versus = {"paired_diff": 2.0, "paired_ci": [1.0, 3.0]}
+
+    def mllm(seed: int, alpha_error: str | None = None) -> dict:
+        rows = [] if alpha_error else [{"criterion": "maep_global", "ratio": 0.5,
+                                        "versus": {"reap": {"acc_image": {**versus, "testbed_seed": seed}}}}]
+        return {"rows": rows, "maep_alpha_error": alpha_error, "testbed": {"seed": seed}}
+
+    def maep(claims: list) -> dict:
+        return next(c for c in claims if c["criterion"] == "maep_global" and c["rival"] == "reap"
+                    and c["metric"] == "acc_image")
+
+    assert maep(claims_over_seeds(mllm=[mllm(0), mllm(1), mllm(2)]))["verdict"] == HELD
+    check = maep(claims_over_seeds(mllm=[mllm(0), mllm(1, "alpha = -0.01 is outside [0, 1]"), mllm(2)]))
+    assert check["verdict"] == MISSING and [s["testbed_seed"] for s in check["seeds"]] == [0, 2]
+    assert check["unmeasured"] == [{"testbed_seed": 1, "error": "no maep_global row: alpha = -0.01 is outside [0, 1]"}]
