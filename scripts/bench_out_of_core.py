@@ -14,8 +14,9 @@ its own process, its time taken around the call (imports excluded) and its peak 
 (``/proc/self/status`` read at its end: ``ru_maxrss`` survives ``execve``, so a child of a large parent can report
 the parent's peak):
 
-- score <criterion>: ``lp.score_weights(path, criterion)`` for every weight criterion that reads tensors, against
-  one warm read of the bytes that criterion reads (the keys of the modules of ``Criterion.weight_modules``);
+- score <criterion>: ``lp.score_weights(path, criterion)`` for every weight criterion that reads tensors, its
+  second call in the process (the first, printed too, also imports the model's modules: seconds, once per
+  process), against one warm read of the bytes that criterion reads (the keys of ``Criterion.weight_modules``);
 - stream prune: ``lp.prune_checkpoint`` (verification on, then off) of the AIMER plan at ratio 0.5, ``sync``
   included, against the copy;
 - memory prune: ``from_pretrained``, the same scores and plan, ``lp.export_pruned`` (prune, save, reload, verify);
@@ -133,12 +134,16 @@ def write_checkpoint(path: Path, layers: int, shape_name: str, seed: int = 0) ->
 _EPILOGUE = """
 import json, re
 _hwm = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
-open(OUT + ".figures.json", "w").write(json.dumps({"seconds": SECONDS, "vmhwm_bytes": _hwm}))
+open(OUT + ".figures.json", "w").write(json.dumps({"seconds": SECONDS, "first_call_s": globals().get("FIRST"),
+                                                   "vmhwm_bytes": _hwm}))
 """
 _RUNS = {
     "score": """
 import time
 import lightprune as lp
+start = time.perf_counter()
+lp.score_weights(PATH, CRITERION, progress=False)
+FIRST = time.perf_counter() - start  # with the lazy imports of the model's modules
 start = time.perf_counter()
 scores = lp.score_weights(PATH, CRITERION, progress=False)
 SECONDS = time.perf_counter() - start
@@ -208,7 +213,8 @@ def _run(kind: str, path: Path, out: Path, batches: int, vocab: int, src: Path |
     if done.returncode != 0:
         raise RuntimeError(f"{kind} {values} failed:\n{done.stderr[-4000:]}")
     figures = json.loads(Path(str(out) + ".figures.json").read_text())
-    return {"seconds": figures["seconds"], "wall_s": wall, "peak_rss_bytes": figures["vmhwm_bytes"]}
+    return {"seconds": figures["seconds"], "first_call_s": figures["first_call_s"], "wall_s": wall,
+            "peak_rss_bytes": figures["vmhwm_bytes"]}
 
 
 # ------------------------------------------------------------------ the disk, measured here
@@ -376,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
             if before:
                 line += f" {before[name]['seconds']:9.2f} {before[name]['seconds'] / ref:6.2f}"
             print(line)
+        print("  first call of each score in its process (imports included): " + ", ".join(
+            f"{c} {runs[f'score {c}']['first_call_s']:.2f} s" for c in SCORED))
         for name in ("memory prune", "memory calibration"):
             print(f"  {name:22s} {runs[name]['seconds']:8.2f} {'':>32s} {'':>6s} "
                   f"{runs[name]['peak_rss_bytes'] / size:11.3f}")

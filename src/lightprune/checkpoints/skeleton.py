@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import functools
 import re
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -102,6 +103,19 @@ def _trim() -> None:
         trim(0)
 
 
+def _only_holder(tensor: torch.Tensor, references: int) -> bool:
+    """True when ``tensor`` is a whole, contiguous CPU storage that no other tensor (a view, a copy a caller kept)
+    shares and no Python name holds beyond the caller's ``references`` (and this call's): refilling it cannot change
+    anything another holder sees."""
+    if sys.getrefcount(tensor) > references + 2:  # + this function's argument and getrefcount's
+        return False
+    storage = tensor.untyped_storage()
+    if tensor.device.type != "cpu" or tensor.storage_offset() != 0 or not tensor.is_contiguous() or \
+            storage.nbytes() != tensor.numel() * tensor.element_size():
+        return False
+    return torch._C._storage_Use_Count(storage._cdata) <= 2  # the tensor's and this function's storage object
+
+
 @contextlib.contextmanager
 def _quiet_progress() -> Iterator[None]:
     """transformers' "Loading weights" bar off while one module loads."""
@@ -139,6 +153,8 @@ class Skeleton:
         self.model.initialize_weights()  # the non-persistent buffers' values; meta parameters stay as they are
         #: the model's state-dict names (parameters and persistent buffers): loading and releasing never change them
         self._names = list(self.model.state_dict(keep_vars=True))
+        #: {(shape, dtype): released tensors to read the next load into} (:meth:`release`, :meth:`_buffer`)
+        self._spare: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
         #: {model tensor name: the checkpoint keys it is converted from}
         self.sources = self._map_checkpoint_keys()
         check_contents(self)  # every tensor the model needs, nothing else, in shapes that fit: before any read
@@ -249,12 +265,16 @@ class Skeleton:
         keys = self.sources[name]
         patterns = [self.targets[key][1] for key in keys]
         if patterns == [None]:
-            tensor = self.checkpoint.tensor(keys[0], dtype=like.dtype)
+            if self.checkpoint.dtype(keys[0]) == like.dtype and tuple(self.checkpoint.shape(keys[0])) == tuple(like.shape):
+                tensor = self._buffer(like.shape, like.dtype)
+                self.checkpoint.read_into(keys[0], tensor)
+            else:
+                tensor = self.checkpoint.tensor(keys[0], dtype=like.dtype)
             return self._checked(name, tensor, like)
         by_pattern = self.merged_pieces(name)
         if by_pattern is None:
             return None
-        out = torch.empty(like.shape, dtype=like.dtype)
+        out = self._buffer(like.shape, like.dtype)
         offset = 0
         for found in by_pattern.values():
             rows = self.checkpoint.shape(found[0])
@@ -304,16 +324,27 @@ class Skeleton:
                              + "; ".join(problems))
 
     def release(self, modules: Iterable[str]) -> None:
-        """Put the tensors of ``modules`` back on the meta device (non-persistent buffers stay), and hand the freed
-        memory back to the system (:func:`_trim`)."""
-        freed = False
+        """Put the tensors of ``modules`` back on the meta device (non-persistent buffers stay). On the CPU the
+        released tensors that nothing else holds are kept as spares for the next :meth:`load` (:meth:`_buffer`:
+        the next layer has the same shapes, and memory whose pages are already mapped is filled ~2x faster than
+        new memory), replacing the previous spares; the rest of the freed memory goes back to the system
+        (:func:`_trim`)."""
+        freed, spare = False, defaultdict(list)
         for name in self._wanted(list(modules)):
             tensor = self._get(name)
             if tensor.device.type != "meta":
+                if self.device.type == "cpu" and _only_holder(tensor, references=2):  # the module's, ``tensor``
+                    spare[(tuple(tensor.shape), tensor.dtype)].append(tensor.detach())
                 self._set(name, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"))
                 freed = True
         if freed and self.device.type == "cpu":
+            self._spare = spare
             _trim()
+
+    def _buffer(self, shape: Iterable[int], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised tensor of ``shape`` and ``dtype`` to read into: a spare of the last release, or new."""
+        found = self._spare.get((tuple(shape), dtype))
+        return found.pop() if found else torch.empty(tuple(shape), dtype=dtype)
 
     @contextlib.contextmanager
     def resident(self, *modules: str) -> Iterator[nn.Module]:

@@ -95,6 +95,35 @@ def test_a_streamed_weight_score_reads_only_the_tensors_its_criterion_reads(tiny
         assert sorted(read) == keys, criterion
 
 
+def test_a_released_layer_is_read_into_again_only_when_nothing_else_holds_it(tiny, tmp_path):
+    """The next layer of the same shapes is read into the released layer's tensors (no new memory), except one a
+    caller still holds (by name or through a view), whose values stay as they were."""
+    model = tiny("qwen3_moe", seed=2)
+    path = saved(model, tmp_path / "ckpt", sharded=True)
+    expected = state(model)
+    with Checkpoint(path) as checkpoint:
+        skeleton = Skeleton(checkpoint)
+        first, second, third = (f"model.layers.{i}.mlp.experts" for i in range(3))
+        skeleton.load([first])
+        storages = {n: p.untyped_storage().data_ptr() for n, p in skeleton.model.get_submodule(first).named_parameters()}
+        skeleton.release([first])
+        skeleton.load([second])
+        experts = skeleton.model.get_submodule(second)
+        assert {n: p.untyped_storage().data_ptr() for n, p in experts.named_parameters()} == storages
+        for name, p in experts.named_parameters():
+            assert torch.equal(p, expected[f"{second}.{name}"]), name
+        held, view = experts.gate_up_proj, experts.down_proj[0]
+        before = held.clone(), view.clone()
+        skeleton.release([second])
+        skeleton.load([third])
+        now = skeleton.model.get_submodule(third)
+        assert now.gate_up_proj.untyped_storage().data_ptr() != held.untyped_storage().data_ptr()
+        assert now.down_proj.untyped_storage().data_ptr() != view.untyped_storage().data_ptr()
+        assert torch.equal(held, before[0]) and torch.equal(view, before[1])
+        for name, p in now.named_parameters():
+            assert torch.equal(p, expected[f"{third}.{name}"]), name
+
+
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "gemma4", "qwen3_vl_moe", "jamba"])
 def test_the_skeleton_run_layer_by_layer_gives_the_loaded_models_logits(tiny, tmp_path, family):
     model = tiny(family, seed=2).eval()
