@@ -133,11 +133,15 @@ def _quiet_progress() -> Iterator[None]:
 class Skeleton:
     """``model``: the checkpoint's model on the meta device; :meth:`load` / :meth:`release` / :meth:`resident`
     move modules (by their names in ``model``) in and out of memory. ``dtype``: the weights' dtype (default the
-    checkpoint's), ``device``: where loaded tensors go."""
+    checkpoint's), ``device``: where loaded tensors go; ``reuse_released``: read the next load into the tensors a
+    release freed (:meth:`release`)."""
 
     def __init__(self, checkpoint: Checkpoint, *, dtype: torch.dtype | None = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", reuse_released: bool = False):
         self.checkpoint = checkpoint
+        #: keep released tensors for the next load (:meth:`release`): for one skeleton loading modules of the same
+        #: shapes in turn (streamed scores); two skeletons loading in alternation would hold each other's spares
+        self.reuse_released = reuse_released
         self.dtype = dtype or checkpoint_dtype(checkpoint)
         self.device = torch.device(device)
         config = checkpoint.config
@@ -324,8 +328,9 @@ class Skeleton:
                              + "; ".join(problems))
 
     def release(self, modules: Iterable[str]) -> None:
-        """Put the tensors of ``modules`` back on the meta device (non-persistent buffers stay). On the CPU the
-        released tensors that nothing else holds are kept as spares for the next :meth:`load` (:meth:`_buffer`:
+        """Put the tensors of ``modules`` back on the meta device (non-persistent buffers stay). On the CPU, with
+        ``reuse_released``, the released tensors that nothing else holds are kept as spares for the next
+        :meth:`load` (:meth:`_buffer`:
         the next layer has the same shapes, and memory whose pages are already mapped is filled ~2x faster than
         new memory), replacing the previous spares; the rest of the freed memory goes back to the system
         (:func:`_trim`)."""
@@ -333,7 +338,7 @@ class Skeleton:
         for name in self._wanted(list(modules)):
             tensor = self._get(name)
             if tensor.device.type != "meta":
-                if self.device.type == "cpu" and _only_holder(tensor, references=2):  # the module's, ``tensor``
+                if self.reuse_released and self.device.type == "cpu" and _only_holder(tensor, references=2):  # the module's, ``tensor``
                     spare[(tuple(tensor.shape), tensor.dtype)].append(tensor.detach())
                 self._set(name, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"))
                 freed = True

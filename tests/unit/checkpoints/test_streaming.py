@@ -96,13 +96,18 @@ def test_a_streamed_weight_score_reads_only_the_tensors_its_criterion_reads(tiny
 
 
 def test_a_released_layer_is_read_into_again_only_when_nothing_else_holds_it(tiny, tmp_path):
-    """The next layer of the same shapes is read into the released layer's tensors (no new memory), except one a
-    caller still holds (by name or through a view), whose values stay as they were."""
+    """With ``reuse_released`` (streamed scores), the next layer of the same shapes is read into the released
+    layer's tensors (no new memory), except one a caller still holds (by name or through a view), whose values stay
+    as they were; without it nothing is kept after a release."""
     model = tiny("qwen3_moe", seed=2)
     path = saved(model, tmp_path / "ckpt", sharded=True)
     expected = state(model)
     with Checkpoint(path) as checkpoint:
-        skeleton = Skeleton(checkpoint)
+        plain = Skeleton(checkpoint)
+        with plain.resident("model.layers.0.mlp.experts"):
+            pass
+        assert not plain._spare
+        skeleton = Skeleton(checkpoint, reuse_released=True)
         first, second, third = (f"model.layers.{i}.mlp.experts" for i in range(3))
         skeleton.load([first])
         storages = {n: p.untyped_storage().data_ptr() for n, p in skeleton.model.get_submodule(first).named_parameters()}

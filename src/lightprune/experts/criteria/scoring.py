@@ -86,7 +86,7 @@ def score_checkpoint(path: str | os.PathLike, criterion: str | type[Criterion] |
     :func:`score_model_weights`."""
     instance = weight_criterion(criterion, seed=seed, **kwargs)
     with Checkpoint(path) as checkpoint:
-        skeleton = Skeleton(checkpoint)
+        skeleton = Skeleton(checkpoint, reuse_released=True)  # every layer's tensors read into the same memory
         bar = tqdm(desc=f"scoring {instance.name or type(instance).__name__} from {checkpoint.path.name}",
                    total=len(find_moe_layers(skeleton.model)), unit="layer", leave=False, disable=not progress)
 
