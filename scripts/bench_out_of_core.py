@@ -95,8 +95,8 @@ def _disk_tensors(config) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def write_checkpoint(path: Path, layers: int, shape_name: str, seed: int = 0) -> int:
-    """Generate the benchmark checkpoint of :data:`SHAPES` ``shape_name`` at ``path`` (see the module docstring); returns
-    its tensor bytes."""
+    """Generate the benchmark checkpoint of :data:`SHAPES` ``shape_name`` at ``path`` (see the module docstring);
+    returns its tensor bytes."""
     from lightprune.checkpoints.writer import SafetensorsWriter
 
     config = _config(layers, shape_name)

@@ -176,7 +176,8 @@ class ExpertPruning(JobEndCallback):
         start = time.perf_counter()
         skeleton = getattr(pl_module, "skeleton", None)
         if skeleton is not None and not self.criterion.needs_data:  # one MoE block read in at a time
-            scores = self.criterion.score(pl_module.model, layer_weights=streamed_layer_weights(skeleton, self.criterion))
+            weights = streamed_layer_weights(skeleton, self.criterion)
+            scores = self.criterion.score(pl_module.model, layer_weights=weights)
         else:
             scores = self.criterion.score_in_run(pl_module.model, state.calibration, state.expert_scores)
         label = getattr(scores, "criterion", None) or self.name

@@ -269,7 +269,8 @@ class Skeleton:
         keys = self.sources[name]
         patterns = [self.targets[key][1] for key in keys]
         if patterns == [None]:
-            if self.checkpoint.dtype(keys[0]) == like.dtype and tuple(self.checkpoint.shape(keys[0])) == tuple(like.shape):
+            stored = self.checkpoint.dtype(keys[0]), tuple(self.checkpoint.shape(keys[0]))
+            if stored == (like.dtype, tuple(like.shape)):
                 tensor = self._buffer(like.shape, like.dtype)
                 self.checkpoint.read_into(keys[0], tensor)
             else:
@@ -330,15 +331,15 @@ class Skeleton:
     def release(self, modules: Iterable[str]) -> None:
         """Put the tensors of ``modules`` back on the meta device (non-persistent buffers stay). On the CPU, with
         ``reuse_released``, the released tensors that nothing else holds are kept as spares for the next
-        :meth:`load` (:meth:`_buffer`:
-        the next layer has the same shapes, and memory whose pages are already mapped is filled ~2x faster than
-        new memory), replacing the previous spares; the rest of the freed memory goes back to the system
-        (:func:`_trim`)."""
+        :meth:`load` (:meth:`_buffer`: the next layer has the same shapes, and memory whose pages are already
+        mapped is filled ~2x faster than new memory), replacing the previous spares; the rest of the freed memory
+        goes back to the system (:func:`_trim`)."""
         freed, spare = False, defaultdict(list)
         for name in self._wanted(list(modules)):
             tensor = self._get(name)
             if tensor.device.type != "meta":
-                if self.reuse_released and self.device.type == "cpu" and _only_holder(tensor, references=2):  # the module's, ``tensor``
+                # references: the module's and ``tensor``
+                if self.reuse_released and self.device.type == "cpu" and _only_holder(tensor, references=2):
                     spare[(tuple(tensor.shape), tensor.dtype)].append(tensor.detach())
                 self._set(name, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"))
                 freed = True

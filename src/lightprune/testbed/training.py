@@ -169,8 +169,8 @@ class LossCurve(pl.Callback):
 def fit_from_init(folder: Path, init: Path, datamodule, spec, *, router_aux_loss_coef: float,
                   progress: bool) -> tuple[Any, float, list[dict[str, float]]]:
     """Train the checkpoint ``init`` on ``datamodule`` as ``spec`` says (steps, learning_rate, weight_decay,
-    warmup_steps, seed, and ``loss_mean``, ``aux_loss`` and ``max_grad_norm`` when it has them); returns (the trained transformers model,
-    seconds, loss curve). ``init`` is removed."""
+    warmup_steps, seed, and ``loss_mean``, ``aux_loss`` and ``max_grad_norm`` when it has them); returns (the trained
+    transformers model, seconds, loss curve). ``init`` is removed."""
     pl.seed_everything(spec.seed, verbose=False)
     module = MoECausalLM(checkpoint=str(init), learning_rate=spec.learning_rate, weight_decay=spec.weight_decay,
                          warmup_steps=spec.warmup_steps, scheduler="cosine", router_aux_loss_coef=router_aux_loss_coef,

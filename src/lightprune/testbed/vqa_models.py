@@ -111,10 +111,10 @@ _MICRO_DATA = dict(n_train=48, n_val=16, n_selection=8, n_calibration=16)
 _MOE_TASKS = dict(tasks=["digit", "chart_left", "chart_count", "text"], image_size=32)
 
 VQA_TESTBEDS: dict[str, VQATestbedSpec] = {
-    "mllm-moe-micro": VQATestbedSpec("mllm-moe", data={**_MICRO_DATA, **_MOE_TASKS}, vocab_size=512, steps=6, batch_size=8,
-                                     max_grad_norm=1.0),
-    "mllm-moe-full": VQATestbedSpec("mllm-moe", model=_MOE_FULL, data={**_FULL_DATA, **_MOE_TASKS}, steps=2000, warmup_steps=50,
-                                   loss_mean="row", router_aux_loss_coef=0.1, max_grad_norm=1.0),
+    "mllm-moe-micro": VQATestbedSpec("mllm-moe", data={**_MICRO_DATA, **_MOE_TASKS}, vocab_size=512, steps=6,
+                                     batch_size=8, max_grad_norm=1.0),
+    "mllm-moe-full": VQATestbedSpec("mllm-moe", model=_MOE_FULL, data={**_FULL_DATA, **_MOE_TASKS}, steps=2000,
+                                   warmup_steps=50, loss_mean="row", router_aux_loss_coef=0.1, max_grad_norm=1.0),
     "dense-mllm-micro": VQATestbedSpec("dense-mllm", data=_MICRO_DATA, vocab_size=512, steps=6, batch_size=8),
     "dense-mllm-full": VQATestbedSpec("dense-mllm", model=_DENSE_FULL, data=_FULL_DATA, steps=2000, warmup_steps=50,
                                    loss_mean="row"),

@@ -110,7 +110,8 @@ def test_a_released_layer_is_read_into_again_only_when_nothing_else_holds_it(tin
         skeleton = Skeleton(checkpoint, reuse_released=True)
         first, second, third = (f"model.layers.{i}.mlp.experts" for i in range(3))
         skeleton.load([first])
-        storages = {n: p.untyped_storage().data_ptr() for n, p in skeleton.model.get_submodule(first).named_parameters()}
+        storages = {n: p.untyped_storage().data_ptr()
+                    for n, p in skeleton.model.get_submodule(first).named_parameters()}
         skeleton.release([first])
         skeleton.load([second])
         experts = skeleton.model.get_submodule(second)
