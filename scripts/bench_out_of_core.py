@@ -252,17 +252,12 @@ def _criterion_keys(path: Path, criterion: str) -> list[str]:
     """The checkpoint keys a streamed score of ``criterion`` reads: those of its ``weight_modules``."""
     from lightprune.checkpoints import Checkpoint, Skeleton
     from lightprune.experts.criteria import get_criterion
-    from lightprune.models import find_moe_layers
+    from lightprune.experts.criteria.scoring import weight_module_names
 
-    instance = get_criterion(criterion)
     with Checkpoint(path) as checkpoint:
         skeleton = Skeleton(checkpoint)
-        names = {module: name for name, module in skeleton.model.named_modules()}
-        prefixes = []
-        for layer in find_moe_layers(skeleton.model):
-            modules = instance.weight_modules(layer)
-            prefixes += [layer.name] if modules is None else [names[m] for m in modules]
-        heads = tuple(f"{p}." for p in prefixes)
+        names = weight_module_names(skeleton, get_criterion(criterion))
+        heads = tuple(f"{name}." for layer in names.values() for name in layer)
         return sorted(k for target, keys in skeleton.sources.items() if target.startswith(heads) for k in keys)
 
 

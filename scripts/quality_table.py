@@ -24,7 +24,6 @@ from the next one (the same settings; --fresh measures every seed again).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -73,15 +72,6 @@ class SeedTables:
         return json.loads(path.read_text())["tables"]  # as a resumed run reads it: one code path after
 
 
-def testbed_spec(part: str, preset: str, seed: int):
-    """The spec of the testbed that ``part``'s tables on ``preset`` trained from ``seed`` are measured on."""
-    if part == "text":
-        from lightprune.testbed import TEXT_TESTBEDS as presets
-    else:
-        from lightprune.testbed.vqa_models import VQA_TESTBEDS as presets
-    return dataclasses.replace(presets[preset], seed=seed)
-
-
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs", help="folder of RESULTS.md (PNGs and JSON go to <out>/results)")
@@ -125,6 +115,8 @@ def main(argv: list[str] | None = None) -> Path:
     def measure_seed(part: str, settings: dict, measure) -> dict:
         """The seed's tables: kept, or measured and kept; a testbed the rows cannot be measured on (e.g. a dense
         model that scores zero on every task) gives ``{"error", "testbed_seed"}``, on the page, not kept."""
+        from lightprune.quality.tables import testbed_spec
+
         found = kept.get(part, settings, testbed_spec(part, settings["preset"], settings["testbed_seed"]))
         if found is not None:
             return found

@@ -88,14 +88,16 @@ def expert_rankings(model: torch.nn.Module, stats, *, maep: bool = False,
 
 
 def maep_alpha(stats) -> dict[str, Any]:
-    """``{"value": alpha, "error": None}``: MAEP's closed-form alpha on ``stats``, or ``{"value": None, "error": why}``
-    when it leaves [0, 1] (the MAEP global row is then not measured)."""
-    import lightprune as lp
+    """``{"value": alpha, "error": None, "report"}``: MAEP's closed-form alpha on ``stats``, or ``{"value": None,
+    "error": why, "report"}`` when it leaves [0, 1] (the MAEP global row is then not measured); ``report``: the
+    a, b and rhos it comes from (:class:`~lightprune.experts.maep.AlphaReport` as a dict), either way."""
+    from lightprune.experts.maep import maep_alpha as closed_form
 
     try:
-        return {"value": float(lp.maep_scores(stats)[1]), "error": None}
+        report = closed_form(stats)
+        return {"value": float(report.alpha), "error": None, "report": report.to_dict()}
     except ValueError as err:
-        return {"value": None, "error": str(err)}
+        return {"value": None, "error": str(err), "report": closed_form(stats, check=False).to_dict()}
 
 
 def _pruned_per_layer(plan) -> dict[str, int]:

@@ -17,7 +17,8 @@ from typing import Any
 from lightprune.quality.bench_section import benchmarks_markdown
 from lightprune.quality.expert_quality import summarise
 from lightprune.quality.intervals import RESAMPLES, retention
-from lightprune.quality.width_quality import mwop_markdown, mwop_recovery_markdown, plot_mwop
+from lightprune.quality.width_quality import mwop_markdown, plot_mwop
+from lightprune.quality.width_recovery import mwop_recovery_markdown
 
 __all__ = ["retention", "write_results"]
 

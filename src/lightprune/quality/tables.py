@@ -29,7 +29,6 @@ from lightprune.core.jsonio import read_json
 from lightprune.data.rows import read_jsonl
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.experts.calibration import DEFAULT_CRITERIA
-from lightprune.experts.maep import maep_alpha as alpha_report
 from lightprune.quality.expert_quality import (
     MERGE_STATISTICS,
     expert_merges,
@@ -41,14 +40,16 @@ from lightprune.quality.expert_quality import (
     stability,
 )
 from lightprune.quality.intervals import ROW_SUMS, metric_value
-from lightprune.quality.width_quality import mwop_quality, mwop_recovery
+from lightprune.quality.width_quality import mwop_quality
+from lightprune.quality.width_recovery import mwop_recovery
 from lightprune.testbed.text_corpus import build_text_corpus, rows_by_domain
 from lightprune.testbed.text_moe import TEXT_TESTBEDS, corpus_datamodule, instruction_datamodule, text_testbed
 from lightprune.testbed.training import encode_batches, next_token_row_sums
 from lightprune.testbed.vqa_models import VQA_TESTBEDS, datamodule, vqa_testbed
 from lightprune.width.retention import answer_row_sums
 
-__all__ = ["MLLM_COMPARISONS", "TEXT_COMPARISONS", "mllm_tables", "mwop_tables", "text_tables"]
+__all__ = ["MLLM_COMPARISONS", "PART_PRESETS", "TEXT_COMPARISONS", "mllm_tables", "mwop_tables", "testbed_spec",
+           "text_tables"]
 
 
 def _text_batches(dm, path, rows: int | None) -> list[dict[str, torch.Tensor]]:
@@ -98,6 +99,16 @@ MLLM_COMPARISONS = tuple((c, r, m) for c in ("delta_h", "maep_global") for r in 
     + (("aimer", "magnitude", "acc_image"), ("aimer", "router_norm", "acc_image"))
 
 
+#: the testbed presets each part's tables are measured on
+PART_PRESETS: dict[str, Mapping[str, Any]] = {"text": TEXT_TESTBEDS, "mllm": VQA_TESTBEDS, "mwop": VQA_TESTBEDS}
+
+
+def testbed_spec(part: str, preset: str, seed: int | None = None) -> Any:
+    """The spec of the testbed ``part``'s tables (``text``, ``mllm``, ``mwop``) on ``preset`` are measured on, with
+    ``seed``: the recipe trained from that seed."""
+    return _seeded(PART_PRESETS[part], preset, seed)[0]
+
+
 def _seeded(table: Mapping[str, Any], preset: str, seed: int | None) -> tuple[Any, Any]:
     """(spec, what the testbed function takes): the preset's, or its recipe trained from ``seed`` (another testbed
     of the same recipe, passed as a spec)."""
@@ -120,7 +131,7 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
     import lightprune as lp
 
 
-    spec, which = _seeded(TEXT_TESTBEDS, preset, testbed_seed)
+    spec, which = _seeded(PART_PRESETS["text"], preset, testbed_seed)
     folder = text_testbed(which, root, progress=progress)
     corpus = build_text_corpus(spec.corpus, root)
     model = lp.load_pruned(folder / "model").eval()
@@ -176,7 +187,7 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
     import lightprune as lp
 
 
-    spec, which = _seeded(VQA_TESTBEDS, preset, testbed_seed)
+    spec, which = _seeded(PART_PRESETS["mllm"], preset, testbed_seed)
     folder = vqa_testbed(which, root, progress=progress)
     model = lp.load_pruned(folder / "model").eval()
     dm = datamodule(spec, str(folder / "model"), root)
@@ -222,7 +233,7 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
                             comparisons=MLLM_COMPARISONS, testbed_seed=spec.seed)
     alpha = maep_alpha(stats)
     result["maep_alpha"], result["maep_alpha_error"] = alpha["value"], alpha["error"]
-    result["maep_alpha_report"] = alpha_report(stats, check=False).to_dict()  # the rhos alpha comes from
+    result["maep_alpha_report"] = alpha["report"]  # the rhos alpha comes from
     kl_batches = calib_all[: max(1, kl_rows // spec.batch_size)]
     kl_stats = lp.collect_expert_stats(model, kl_batches, subsets=("all", "text", "vision"), progress=progress)
     result["proxy_rho"] = proxy_rho(model, kl_batches, kl_stats, subsets=("all", "text", "vision"), progress=progress)
@@ -244,7 +255,7 @@ def mwop_tables(preset: str = "dense-mllm-full", root: str | os.PathLike | None 
     import lightprune as lp
 
 
-    spec, which = _seeded(VQA_TESTBEDS, preset, testbed_seed)
+    spec, which = _seeded(PART_PRESETS["mwop"], preset, testbed_seed)
     folder = vqa_testbed(which, root, progress=progress)
     model = lp.load_pruned(folder / "model").eval()
     dm = datamodule(spec, str(folder / "model"), root)

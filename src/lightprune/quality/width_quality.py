@@ -34,7 +34,8 @@ Testbed VQA datamodule:
    counts its FLOPs profile.
 
 :func:`mwop_quality` returns plain JSON-ready data (plans and scores included); :func:`mwop_markdown`
-writes the table and :func:`plot_mwop` the ATR-vs-FLOPs figure (random: mean with min-max bars).
+writes the table and :func:`plot_mwop` the ATR-vs-FLOPs figure (random: mean with min-max bars). The same plans
+after recovery: :mod:`lightprune.quality.width_recovery`.
 """
 
 from __future__ import annotations
@@ -63,8 +64,7 @@ from lightprune.width.scorer import category_batches
 from lightprune.width.scorers import get_width_scorer
 from lightprune.width.select import select_channels, select_paths
 
-__all__ = ["PAPER_OPERATING_POINTS", "mwop_quality", "mwop_recovery", "mwop_recovery_markdown", "mwop_markdown",
-           "plot_mwop"]
+__all__ = ["PAPER_OPERATING_POINTS", "mwop_quality", "mwop_markdown", "plot_mwop"]
 
 #: the paper's operating points, named by the model they were chosen for (units: :data:`WIDTH_UNITS`)
 PAPER_OPERATING_POINTS: dict[str, dict[str, float]] = {
@@ -306,106 +306,6 @@ def _standing(row: Mapping[str, Any], sums: Mapping[str, torch.Tensor], null_row
     return out
 
 
-def _task_loss(rows: Mapping[str, torch.Tensor], num_tasks: int) -> list[float]:
-    """Per task, the answer tokens' mean negative log-likelihood (NaN: no answer tokens)."""
-    tasks = rows["task"].long()
-    nll = torch.zeros(num_tasks, dtype=torch.float64).index_add_(0, tasks, rows["nll"])
-    tokens = torch.zeros(num_tasks, dtype=torch.float64).index_add_(0, tasks, rows["tokens"])
-    return (nll / tokens).tolist()
-
-
-def _rows_per_task(rows: Mapping[str, torch.Tensor], names: list[str]) -> dict[str, int]:
-    counts = torch.bincount(rows["task"].long(), minlength=len(names)).tolist()
-    return dict(zip(names, counts))
-
-
-def _recover(model: torch.nn.Module, plan: WidthPlan, train: list, steps: int, learning_rate: float,
-             seed: int) -> torch.nn.Module:
-    """A copy of ``model`` trained ``steps`` batches of ``train`` (cycled) under ``plan``'s masks: the language
-    model's weights (vision tower frozen), AdamW, cosine with 3% warm-up, weight decay 0, the answer loss."""
-    import copy
-
-    from lightprune.core.batch import model_inputs
-    from lightprune.finetune.optim import build_scheduler
-
-    torch.manual_seed(seed)
-    trained = copy.deepcopy(model)
-    tower = {id(p) for name, p in trained.named_parameters() if "visual" in name or "vision_tower" in name}
-    params = [p for p in trained.parameters() if id(p) not in tower]
-    for p in trained.parameters():
-        p.requires_grad_(id(p) not in tower)
-    optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
-    scheduler = build_scheduler(optimizer, "cosine", max(1, round(0.03 * steps)), steps)
-    trained.train()
-    with mask_width(trained, plan):
-        for step in range(steps):
-            batch = train[step % len(train)]
-            loss = trained(**model_inputs(batch, keep_labels=True)).loss
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-    trained.eval()
-    return trained
-
-
-def mwop_recovery(model: torch.nn.Module, dm: Any, result: Mapping[str, Any], *, random_seeds: int = 3,
-                  epochs: int = 1, learning_rate: float = 1e-4, testbed_seed: int = 0,
-                  progress: bool | None = None) -> dict[str, Any]:
-    """The plans of ``result`` (:func:`mwop_quality`'s Taylor and All Tasks rows and its first ``random_seeds``
-    random plans per operating point) and the dense model, each recovered for ``epochs`` epochs of the train split
-    under its masks (Alg. 1's recovery, from the dense model every time) and evaluated as :func:`mwop_quality`
-    does, against the dense model given the same recovery (so what the recovery teaches every model is not counted
-    as the plan's; the recovered dense row itself is scored against the dense model before recovery). The testbed
-    is too small for the paper's LoRA (r = 128 on a 128-wide model), so the language model is fine-tuned in full,
-    with the paper's schedule (cosine, 3% warm-up, weight decay 0).
-
-    Returns ``{"epochs", "steps", "learning_rate", "rows"}``: rows with ``operating_point``, ``method``
-    (``dense``, ``taylor``, ``taylor_all_tasks`` or ``random`` with ``seed``), ``flops_fraction`` and
-    :func:`mwop_quality`'s scores (ATRs with intervals, per-task accuracy, answer loss and retention), recovered;
-    Taylor rows also ``versus``: ``{"random": {"atr": ..., "answer_ppl_atr": ...}}``, each ``{"testbed_seed",
-    "paired_diff", "paired_ci"}`` against the mean of the recovered random plans of their operating point (paired
-    over the val rows: :func:`~lightprune.quality.intervals.task_mean_paired_difference`).
-    """
-    from tqdm.auto import tqdm
-
-    check_positive_int("epochs", epochs)
-    names = list(result["task_names"])
-    train = list(_loader(dm, "train"))
-    if not train:
-        raise ValueError("the train split has no batches: nothing to recover on")
-    steps = epochs * len(train)
-    val = list(_loader(dm, "val"))
-    end_ids = end_of_turn_ids(dm)
-    config = base_model_of(model).config
-    V, T = result["profile"]["vision_tokens"], result["profile"]["text_tokens"]
-    metric, align = result["metric"], result["align"]
-    before = answer_row_sums(model, val, len(names), end_ids)
-    jobs = []
-    for r in result["rows"]:
-        if r["method"] in (DENSE, "taylor", "taylor_all_tasks"):
-            jobs.append((r["operating_point"], r["method"], None, r["plan"]))
-        elif r["method"] == "random":
-            jobs += [(r["operating_point"], "random", e["seed"], e["plan"]) for e in r["per_seed"][:random_seeds]]
-    show = sys.stderr.isatty() if progress is None else bool(progress)
-    recovered = []
-    for point, method, seed, plan_dict in tqdm(jobs, desc="MWOP recovery", unit="plan", disable=not show):
-        plan = WidthPlan.from_dict(plan_dict)
-        trained = _recover(model, plan, train, steps, learning_rate, seed=0 if seed is None else seed)
-        with mask_width(trained, plan):
-            recovered.append((point, method, seed, plan, answer_row_sums(trained, val, len(names), end_ids)))
-    dense = next((sums for _, method, _, _, sums in recovered if method == DENSE), before)
-    rows = []
-    for point, method, seed, plan, sums in recovered:
-        rows.append({"operating_point": point, "method": method, **({"seed": seed} if seed is not None else {}),
-                     "flops_fraction": decoder_flops(config, V, T, plan=plan, align=align).fraction,
-                     **_scored(sums, before if method == DENSE else dense, names, metric)})
-        null = [s for p, m, _, _, s in recovered if p == point and m == "random"]
-        if method == "taylor" and null:
-            rows[-1]["versus"] = {"random": _versus(rows[-1], sums, null, dense, metric, testbed_seed)}
-    return {"epochs": epochs, "steps": steps, "learning_rate": learning_rate, "rows": rows}
-
-
 def _versus(row: Mapping[str, Any], sums: Mapping[str, torch.Tensor], null: list[Mapping[str, torch.Tensor]],
             dense: Mapping[str, torch.Tensor], metric: str, testbed_seed: int) -> dict[str, Any]:
     """Both ATRs' paired difference of ``row`` to the mean of the ``null`` plans (too few for a p-value)."""
@@ -421,32 +321,17 @@ def _versus(row: Mapping[str, Any], sums: Mapping[str, torch.Tensor], null: list
     return out
 
 
-def mwop_recovery_markdown(recovery: Mapping[str, Any]) -> str:
-    """The recovered rows: Taylor and All Tasks per operating point, random as mean [min, max] over its seeds."""
-    lines = ["| operating point | method | FLOPs fraction | ATR (%) after recovery [95% CI] | answer-ppl ATR (%) "
-             "after recovery |", "|---|---|---:|---:|---:|"]
-    points = list(dict.fromkeys(r["operating_point"] for r in recovery["rows"]))
-    for point in points:
-        mine = [r for r in recovery["rows"] if r["operating_point"] == point]
-        for r in (r for r in mine if r["method"] != "random"):
-            low, high = r["atr_interval"]
-            versus = (r.get("versus") or {}).get("random", {}).get("atr")
-            versus = "" if versus is None else (f"; vs random {versus['paired_diff']:+.1f} "
-                                                f"[{versus['paired_ci'][0]:+.1f}, {versus['paired_ci'][1]:+.1f}]")
-            lines.append(f"| {point} | {r['method']} | {r['flops_fraction']:.3f} | {_num(r['atr'], 1)} "
-                         f"[{_num(low, 1)}, {_num(high, 1)}]{versus} | {_num(r['answer_ppl_atr'], 1)} |")
-        randoms = [r for r in mine if r["method"] == "random"]
-        if randoms:
-            atr, ppl = spread([r["atr"] for r in randoms]), spread([r["answer_ppl_atr"] for r in randoms])
-            lines.append(f"| {point} | random ({len(randoms)} seeds) | {randoms[0]['flops_fraction']:.3f} | "
-                         f"{_spread(atr, 1)} | {_spread(ppl, 1)} |")
-    lines += ["", f"Each plan recovered from the dense model for {recovery['epochs']} epoch(s) ({recovery['steps']} "
-              f"steps) of the train split under its masks: the language model fine-tuned in full (the testbed is too "
-              f"small for the paper's LoRA r = 128), AdamW lr {recovery['learning_rate']:g}, cosine with 3% warm-up, "
-              "weight decay 0. ATR against the dense model given the same recovery (the dense row: against the "
-              "dense model before it); [95% CI] as above; vs random: Taylor's paired difference to the recovered "
-              "random plans' mean on the same val rows [95% CI]."]
-    return "\n".join(lines) + "\n"
+def _task_loss(rows: Mapping[str, torch.Tensor], num_tasks: int) -> list[float]:
+    """Per task, the answer tokens' mean negative log-likelihood (NaN: no answer tokens)."""
+    tasks = rows["task"].long()
+    nll = torch.zeros(num_tasks, dtype=torch.float64).index_add_(0, tasks, rows["nll"])
+    tokens = torch.zeros(num_tasks, dtype=torch.float64).index_add_(0, tasks, rows["tokens"])
+    return (nll / tokens).tolist()
+
+
+def _rows_per_task(rows: Mapping[str, torch.Tensor], names: list[str]) -> dict[str, int]:
+    counts = torch.bincount(rows["task"].long(), minlength=len(names)).tolist()
+    return dict(zip(names, counts))
 
 
 # ---------------------------------------------------------------------------------------------- output

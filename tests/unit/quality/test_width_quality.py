@@ -301,7 +301,7 @@ def test_bad_values_are_named(kwargs, match):
 
 
 def test_recovery_rows(result, testbed):
-    from lightprune.quality.width_quality import mwop_recovery, mwop_recovery_markdown
+    from lightprune.quality.width_recovery import mwop_recovery, mwop_recovery_markdown
 
     model, dm = testbed
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -78,6 +78,8 @@ TEXT_PROMPT = "Continue the Python documentation:"
 #: each image task's question
 TASK_QUESTIONS: dict[str, str] = {"digit": DIGIT_QUESTION, "chart_tallest": TALLEST_QUESTION,
                                   "chart_count": COUNT_QUESTION, "chart_left": LEFT_QUESTION}
+#: each extra task's answer words (its tokenizer texts: the default tasks' are listed in :func:`testbed_vqa_texts`)
+_EXTRA_ANSWER_WORDS: dict[str, tuple[str, ...]] = {"chart_left": tuple(BAR_COLORS)}
 TEXT_COMPLETION_CHARS = 200
 _TEXT_HEAD_CHARS = (40, 160)  # a text chunk's prompt part: from its first boundary in this range of lengths
 _BOUNDARY = re.compile(r"[.!?:](?=\s)|\n")
@@ -407,8 +409,9 @@ def testbed_vqa_texts(tasks: Sequence[str] = TESTBED_VQA_TASKS) -> list[str]:
     texts += [f"{DIGIT_QUESTION} {word}" for word in DIGIT_WORDS]
     texts += [f"{TALLEST_QUESTION} {color}" for color in BAR_COLORS]
     texts += [f"{COUNT_QUESTION} {word}" for word in COUNT_WORDS.values()]
-    if "chart_left" in check_tasks(tasks):
-        texts += [LEFT_QUESTION] + [f"{LEFT_QUESTION} {color}" for color in BAR_COLORS]
+    for task in (t for t in check_tasks(tasks) if t in TESTBED_VQA_EXTRA_TASKS):
+        question = TASK_QUESTIONS[task]
+        texts += [question] + [f"{question} {word}" for word in _EXTRA_ANSWER_WORDS[task]]
     for question, answer, _ in text_pool("train"):
         texts += [question, answer]
     return texts

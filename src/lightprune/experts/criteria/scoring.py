@@ -27,7 +27,8 @@ from lightprune.experts.criteria.registry import get_criterion, get_criterion_cl
 from lightprune.experts.scores import ExpertScores
 from lightprune.models import MoELayer, find_moe_layers
 
-__all__ = ["score_weights", "score_model_weights", "score_checkpoint", "streamed_layer_weights", "weight_criterion"]
+__all__ = ["score_weights", "score_model_weights", "score_checkpoint", "streamed_layer_weights", "weight_criterion",
+           "weight_module_names"]
 
 
 def score_weights(model: nn.Module | str | os.PathLike, criterion: str | type[Criterion] | Criterion = "aimer", *,
@@ -67,16 +68,23 @@ def score_model_weights(model: nn.Module, criterion: str | type[Criterion] | Cri
     return weight_criterion(criterion, seed=seed, **kwargs).score(model)
 
 
-def streamed_layer_weights(skeleton: Skeleton, criterion: Criterion) -> Callable[[MoELayer], Any]:
-    """``layer -> context`` in which the modules of ``layer`` that ``criterion`` reads
-    (:meth:`~lightprune.experts.criteria.base.Criterion.weight_modules`, default the whole MoE block) are read in
-    from ``skeleton``'s checkpoint, and released after: what :meth:`Criterion.score` takes as ``layer_weights``."""
+def weight_module_names(skeleton: Skeleton, criterion: Criterion) -> dict[int, list[str]]:
+    """{MoE layer index: the names in ``skeleton.model`` of the modules of that layer ``criterion`` reads}
+    (:meth:`~lightprune.experts.criteria.base.Criterion.weight_modules`, default the whole MoE block)."""
     names = {module: name for name, module in skeleton.model.named_modules()}
-
-    def weights(layer: MoELayer):
+    out = {}
+    for layer in find_moe_layers(skeleton.model):
         modules = criterion.weight_modules(layer)
-        return skeleton.resident(*([layer.name] if modules is None else [names[m] for m in modules]))
-    return weights
+        out[layer.index] = [layer.name] if modules is None else [names[m] for m in modules]
+    return out
+
+
+def streamed_layer_weights(skeleton: Skeleton, criterion: Criterion) -> Callable[[MoELayer], Any]:
+    """``layer -> context`` in which the modules of ``layer`` that ``criterion`` reads (:func:`weight_module_names`)
+    are read in from ``skeleton``'s checkpoint, and released after: what :meth:`Criterion.score` takes as
+    ``layer_weights``."""
+    names = weight_module_names(skeleton, criterion)
+    return lambda layer: skeleton.resident(*names[layer.index])
 
 
 def score_checkpoint(path: str | os.PathLike, criterion: str | type[Criterion] | Criterion = "aimer", *,
