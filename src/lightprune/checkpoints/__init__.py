@@ -24,6 +24,7 @@ _NAMES = {
     "Skeleton": "lightprune.checkpoints.skeleton",
     "checkpoint_dtype": "lightprune.checkpoints.skeleton",
     "layer_by_layer": "lightprune.checkpoints.sequential",
+    "run_in_lockstep": "lightprune.checkpoints.sequential",
     "run_layer_outer": "lightprune.checkpoints.sequential",
     "check_checkpoint": "lightprune.checkpoints.directory",
     "weight_files": "lightprune.checkpoints.directory",

@@ -7,16 +7,19 @@ observing experts implementation of calibration, the attention probe):
 
 - :func:`layer_by_layer`: each decoder layer is loaded by a forward pre-hook just before it runs and released
   just after: one forward, every layer read once;
-- :func:`run_layer_outer`: many batches, each layer read once for all of them (once per pass for a model that loops
-  over some of its layers). Each batch's forward runs in its own thread and waits at every decoder layer; visit by
-  visit, the layer is loaded, the batches run it one after the other (each up to its next layer), and it is
-  released. Memory holds one layer plus every batch's activations at a layer boundary (what a layer-input cache
-  holds), and only one forward computes at a time.
+- :func:`run_in_lockstep`: many forwards, of one skeleton's model or of several skeletons' models with as many
+  decoder layers (a checkpoint and its pruned copy), each layer read once for all of them (once per pass for a model
+  that loops over some of its layers). Each forward runs in its own thread and waits at every decoder layer; visit
+  by visit and skeleton by skeleton, the layer is loaded, the skeleton's forwards run it one after the other (each
+  up to its next layer), a callback may look at the resident layer, and it is released. Memory holds one layer plus
+  every forward's activations at a layer boundary (what a layer-input cache holds), and only one forward computes
+  at a time. :func:`run_layer_outer`: many batches through one skeleton's model.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -27,7 +30,7 @@ from torch import nn
 from lightprune.checkpoints.skeleton import Skeleton
 from lightprune.models.base import find_decoder_layers
 
-__all__ = ["layer_by_layer", "outside_modules", "run_layer_outer"]
+__all__ = ["layer_by_layer", "outside_modules", "run_in_lockstep", "run_layer_outer"]
 
 
 def outside_modules(model: nn.Module, layers_path: str) -> list[str]:
@@ -81,25 +84,43 @@ class _Aborted(Exception):
 def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable[[Any], Any],
                     before: Callable[[int, int], None] | None = None, progress: Any = None) -> None:
     """Run ``forward(inputs[i])`` (a call of ``skeleton.model``) for every input, each decoder layer loaded once per
-    visit (see the module docstring). ``before(i, layer)`` runs before input ``i`` enters decoder layer ``layer``;
-    ``progress``: a tqdm bar advanced once per (layer visit, input). An error in a forward stops the run and is raised.
+    visit (:func:`run_in_lockstep`, whose ``before`` and ``progress`` these are)."""
+    run_in_lockstep([(skeleton, functools.partial(forward, item)) for item in inputs], before=before,
+                    progress=progress)
 
-    The layers are visited in the order the forwards call them, which must be the same for every input: once each
-    in order for most models; a model that loops over a span of its layers (Inkling 2 Loop runs layers 6-17 three
-    times) visits that span once per pass, each visit reading its layer again."""
-    model = skeleton.model
-    path, layers = find_decoder_layers(model)
-    names = [f"{path}.{index}" for index in range(len(layers))]
+
+def run_in_lockstep(runs: Sequence[tuple[Skeleton, Callable[[], Any]]], *,
+                    before: Callable[[int, int], None] | None = None,
+                    after: Callable[[int, Skeleton], None] | None = None, progress: Any = None) -> None:
+    """Run every ``forward()`` of ``runs`` (a call of its skeleton's model), each skeleton's decoder layer loaded
+    once per visit for all its runs (see the module docstring); at each visit the skeletons take their turns in the
+    order of their first run. ``before(i, layer)`` runs before run ``i`` enters decoder layer ``layer``;
+    ``after(layer, skeleton)`` once every run of ``skeleton`` has left it, while it is still resident;
+    ``progress``: a tqdm bar advanced once per (layer visit, run). An error in a forward stops the run and is
+    raised.
+
+    The layers are visited in the order the forwards call them, which must be the same for every run (the
+    skeletons' models have as many decoder layers): once each in order for most models; a model that loops over a
+    span of its layers (Inkling 2 Loop runs layers 6-17 three times) visits that span once per pass, each visit
+    reading its layer again."""
+    skeletons = list({id(skeleton): skeleton for skeleton, _ in runs}.values())
+    found = [find_decoder_layers(skeleton.model) for skeleton in skeletons]
+    counts = {len(layers) for _, layers in found}
+    if len(counts) > 1:
+        raise ValueError(f"run_in_lockstep: the skeletons' models have {sorted(counts)} decoder layers: they can only "
+                         "run in step with as many layers")
+    names = [[f"{path}.{index}" for index in range(len(layers))] for path, layers in found]
+    outside = [outside_modules(skeleton.model, path) for skeleton, (path, _) in zip(skeletons, found, strict=True)]
     cond, local, intra_op = threading.Condition(), threading.local(), torch.get_num_threads()
     inference = torch.is_inference_mode_enabled()
-    # input -> ("at", layer, visit) | ("done",) | ("error", exception); visit counts the input's layer calls
+    # run -> ("at", layer, visit) | ("done",) | ("error", exception); visit counts the run's layer calls
     where: dict[int, tuple] = {}
     turn: list[tuple[int, int] | None] = [None]
     stop = [False]
 
     def pre_hook(index: int):
         def hook(module: torch.nn.Module, args: Any) -> None:
-            mine = getattr(local, "input", None)
+            mine = getattr(local, "run", None)
             if mine is None:  # a forward outside the run (not one of its threads)
                 return
             with cond:
@@ -111,12 +132,12 @@ def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable
                     raise _Aborted()
         return hook
 
-    def worker(index: int, item: Any) -> None:
-        local.input = index
+    def worker(index: int, forward: Callable[[], Any]) -> None:
+        local.run = index
         torch.set_num_threads(intra_op)  # per thread with OpenMP: the caller's count, so its kernels reduce alike
         try:  # grad and inference modes are per thread: the caller's (Lightning's loops run in inference mode)
             with torch.inference_mode() if inference else torch.no_grad():
-                forward(item)
+                forward()
             result: tuple = ("done",)
         except BaseException as err:  # noqa: BLE001 - handed to the coordinator
             result = ("error", err)
@@ -130,44 +151,48 @@ def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable
             return where[index]
 
     def next_layer(states: list[tuple], visit: int) -> int | None:
-        """The layer every input waits at for its visit ``visit`` (None: all finished); an error when they differ."""
+        """The layer every run waits at for its visit ``visit`` (None: all finished); an error when they differ."""
         for state in states:
             if state[0] == "error":
                 raise state[1]
         places = {state[1] if state[0] == "at" else None for state in states}
         if len(places) > 1 or any(state[0] == "at" and state[2] != visit for state in states):
-            found = ", ".join(f"input {i}: " + (f"decoder layer {s[1]}" if s[0] == "at" else "finished")
-                              for i, s in enumerate(states))
-            raise RuntimeError(f"the forwards left decoder-layer visit {visit} for different places ({found}): "
-                               "this model does not run its decoder layers in the same order for every input")
+            where_now = ", ".join(f"run {i}: " + (f"decoder layer {s[1]}" if s[0] == "at" else "finished")
+                                  for i, s in enumerate(states))
+            raise RuntimeError(f"the forwards left decoder-layer visit {visit} for different places ({where_now}): "
+                               "the model(s) do not run their decoder layers in the same order for every run")
         return places.pop()
 
-    handles = [layer.register_forward_pre_hook(pre_hook(i)) for i, layer in enumerate(layers)]
-    threads, outside = [], outside_modules(model, path)
-    skeleton.load(outside)
+    handles = [layer.register_forward_pre_hook(pre_hook(i)) for _, layers in found for i, layer in enumerate(layers)]
+    threads: list[threading.Thread] = []
     try:
+        for skeleton, modules in zip(skeletons, outside, strict=True):
+            skeleton.load(modules)
         states = []
-        for index, item in enumerate(inputs):  # each forward up to its first decoder layer, one at a time
-            thread = threading.Thread(target=worker, args=(index, item), daemon=True,
+        for index, (_, forward) in enumerate(runs):  # each forward up to its first decoder layer, one at a time
+            thread = threading.Thread(target=worker, args=(index, forward), daemon=True,
                                       name=f"lightprune-forward-{index}")
             threads.append(thread)
             thread.start()
             states.append(wait(index, None))
         visit, layer = 0, next_layer(states, 0)
         while layer is not None:
-            if visit >= len(layers) and progress is not None and getattr(progress, "total", None) is not None:
+            if visit >= len(names[0]) and progress is not None and getattr(progress, "total", None) is not None:
                 progress.total += len(threads)  # a loop: more visits than layers
-            skeleton.load([names[layer]])
-            for index in range(len(threads)):
-                if before is not None:
-                    before(index, layer)
-                with cond:
-                    turn[0] = (index, visit)
-                    cond.notify_all()
-                states[index] = wait(index, ("at", layer, visit))
-                if progress is not None:
-                    progress.update(1)
-            skeleton.release([names[layer]])
+            for skeleton, layer_names in zip(skeletons, names, strict=True):
+                skeleton.load([layer_names[layer]])
+                for index in (i for i, (owner, _) in enumerate(runs) if owner is skeleton):
+                    if before is not None:
+                        before(index, layer)
+                    with cond:
+                        turn[0] = (index, visit)
+                        cond.notify_all()
+                    states[index] = wait(index, ("at", layer, visit))
+                    if progress is not None:
+                        progress.update(1)
+                if after is not None:
+                    after(layer, skeleton)
+                skeleton.release([layer_names[layer]])
             visit += 1
             layer = next_layer(states, visit)
     finally:
@@ -178,5 +203,6 @@ def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable
             thread.join()
         for handle in handles:
             handle.remove()
-        skeleton.release(names)
-        skeleton.release(outside)
+        for skeleton, layer_names, modules in zip(skeletons, names, outside, strict=True):
+            skeleton.release(layer_names)
+            skeleton.release(modules)

@@ -22,7 +22,6 @@ import contextlib
 import ctypes
 import functools
 import re
-import sys
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -32,6 +31,7 @@ from torch import nn
 
 from lightprune.checkpoints.classes import base_class_for_config, resizing_class
 from lightprune.checkpoints.contents import check_contents
+from lightprune.checkpoints.pool import ReadPool
 from lightprune.checkpoints.reader import Checkpoint, stored_dtype
 from lightprune.checkpoints.resize import experts_per_layer
 
@@ -103,19 +103,6 @@ def _trim() -> None:
         trim(0)
 
 
-def _only_holder(tensor: torch.Tensor, references: int) -> bool:
-    """True when ``tensor`` is a whole, contiguous CPU storage that no other tensor (a view, a copy a caller kept)
-    shares and no Python name holds beyond the caller's ``references`` (and this call's): refilling it cannot change
-    anything another holder sees."""
-    if sys.getrefcount(tensor) > references + 2:  # + this function's argument and getrefcount's
-        return False
-    storage = tensor.untyped_storage()
-    if tensor.device.type != "cpu" or tensor.storage_offset() != 0 or not tensor.is_contiguous() or \
-            storage.nbytes() != tensor.numel() * tensor.element_size():
-        return False
-    return torch._C._storage_Use_Count(storage._cdata) <= 2  # the tensor's and this function's storage object
-
-
 @contextlib.contextmanager
 def _quiet_progress() -> Iterator[None]:
     """transformers' "Loading weights" bar off while one module loads."""
@@ -133,17 +120,16 @@ def _quiet_progress() -> Iterator[None]:
 class Skeleton:
     """``model``: the checkpoint's model on the meta device; :meth:`load` / :meth:`release` / :meth:`resident`
     move modules (by their names in ``model``) in and out of memory. ``dtype``: the weights' dtype (default the
-    checkpoint's), ``device``: where loaded tensors go; ``reuse_released``: read the next load into the tensors a
-    release freed (:meth:`release`)."""
+    checkpoint's), ``device``: where loaded tensors go; ``pool``: released tensors' memory to read the next loads
+    into (:class:`~lightprune.checkpoints.pool.ReadPool`, on the CPU; shared by skeletons that load in turn)."""
 
     def __init__(self, checkpoint: Checkpoint, *, dtype: torch.dtype | None = None,
-                 device: torch.device | str = "cpu", reuse_released: bool = False):
+                 device: torch.device | str = "cpu", pool: ReadPool | None = None):
         self.checkpoint = checkpoint
-        #: keep released tensors for the next load (:meth:`release`): for one skeleton loading modules of the same
-        #: shapes in turn (streamed scores); two skeletons loading in alternation would hold each other's spares
-        self.reuse_released = reuse_released
         self.dtype = dtype or checkpoint_dtype(checkpoint)
         self.device = torch.device(device)
+        #: where released tensors go and loads read into (None: freed, new memory)
+        self.pool = pool if self.device.type == "cpu" else None
         config = checkpoint.config
         cls = base_class_for_config(config)
         if experts_per_layer(config):
@@ -157,8 +143,6 @@ class Skeleton:
         self.model.initialize_weights()  # the non-persistent buffers' values; meta parameters stay as they are
         #: the model's state-dict names (parameters and persistent buffers): loading and releasing never change them
         self._names = list(self.model.state_dict(keep_vars=True))
-        #: {(shape, dtype): released tensors to read the next load into} (:meth:`release`, :meth:`_buffer`)
-        self._spare: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
         #: {model tensor name: the checkpoint keys it is converted from}
         self.sources = self._map_checkpoint_keys()
         check_contents(self)  # every tensor the model needs, nothing else, in shapes that fit: before any read
@@ -248,7 +232,8 @@ class Skeleton:
                              f"{f' and {len(missing) - 8} more' if len(missing) > 8 else ''} of module(s) "
                              f"{modules}: it would load with random weights")
         converted = []
-        for name in wanted:
+        # largest first: each takes the smallest released storage that holds it (:meth:`ReadPool.take`)
+        for name in sorted(wanted, key=lambda n: -self._get(n).numel() * self._get(n).element_size()):
             if name in tied:
                 continue
             tensor = self._read(name, self._get(name))
@@ -256,6 +241,8 @@ class Skeleton:
                 converted.append(name)
                 continue
             self._set(name, tensor.to(self.device))
+        if self.pool is not None:
+            self.pool.drop()  # what this load did not take
         if converted:
             self._convert(modules, converted)
         for target, source in tied.items():
@@ -329,28 +316,23 @@ class Skeleton:
                              + "; ".join(problems))
 
     def release(self, modules: Iterable[str]) -> None:
-        """Put the tensors of ``modules`` back on the meta device (non-persistent buffers stay). On the CPU, with
-        ``reuse_released``, the released tensors that nothing else holds are kept as spares for the next
-        :meth:`load` (:meth:`_buffer`: the next layer has the same shapes, and memory whose pages are already
-        mapped is filled ~2x faster than new memory), replacing the previous spares; the rest of the freed memory
-        goes back to the system (:func:`_trim`)."""
-        freed, spare = False, defaultdict(list)
+        """Put the tensors of ``modules`` back on the meta device (non-persistent buffers stay). With a ``pool``,
+        the released tensors that nothing else holds go to it (the next :meth:`load` of this skeleton or of one
+        sharing the pool reads into them); the rest of the freed memory goes back to the system (:func:`_trim`)."""
+        freed = False
         for name in self._wanted(list(modules)):
             tensor = self._get(name)
             if tensor.device.type != "meta":
-                # references: the module's and ``tensor``
-                if self.reuse_released and self.device.type == "cpu" and _only_holder(tensor, references=2):
-                    spare[(tuple(tensor.shape), tensor.dtype)].append(tensor.detach())
+                if self.pool is not None:
+                    self.pool.give(tensor, references=2)  # the module's and ``tensor``
                 self._set(name, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"))
                 freed = True
         if freed and self.device.type == "cpu":
-            self._spare = spare
             _trim()
 
     def _buffer(self, shape: Iterable[int], dtype: torch.dtype) -> torch.Tensor:
-        """An uninitialised tensor of ``shape`` and ``dtype`` to read into: a spare of the last release, or new."""
-        found = self._spare.get((tuple(shape), dtype))
-        return found.pop() if found else torch.empty(tuple(shape), dtype=dtype)
+        """An uninitialised tensor of ``shape`` and ``dtype`` to read into: from the pool, or new."""
+        return self.pool.take(shape, dtype) if self.pool is not None else torch.empty(tuple(shape), dtype=dtype)
 
     @contextlib.contextmanager
     def resident(self, *modules: str) -> Iterator[nn.Module]:

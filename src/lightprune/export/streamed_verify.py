@@ -1,11 +1,17 @@
 """Verification of a checkpoint pruned shard by shard, one layer in memory at a time:
 :func:`verify_pruned_checkpoint`.
 
-1. The whole model: probe token ids run through the pruned checkpoint and through the masked source, each layer by
-   layer (:func:`lightprune.checkpoints.sequential.layer_by_layer`); the logits must agree.
+1. The whole model: probe token ids run through the pruned checkpoint and through the masked source; the logits
+   must agree.
 2. Layer by layer: for each MoE layer, the pruned layer's routed output (its router's selection, its experts) on
    what the source layer's router and experts received in that forward equals the source layer's with the plan's
-   experts masked (the family's own masked routing, as ``mask_experts`` runs it), each read from disk again.
+   experts masked (the family's own masked routing, as ``mask_experts`` runs it).
+
+Both in one pass (:func:`lightprune.checkpoints.sequential.run_in_lockstep`): the two forwards run in step, decoder
+layer ``i`` of the source then of the pruned checkpoint resident, the source layer's masked routed output computed
+while it is and the pruned layer's compared with it while that one is: every byte of either checkpoint is read once,
+one layer is in memory at a time, and the pruned layer is read into the memory the source layer released (a shared
+:class:`~lightprune.checkpoints.pool.ReadPool`).
 
 Each within ``atol + rtol * max|reference|`` (:func:`~lightprune.export.verify.compare`: the error of a rounded
 sum scales with the magnitude of its terms, so the scale is the reference's largest magnitude), else
@@ -21,6 +27,7 @@ and the tolerance applied.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -28,8 +35,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from lightprune.checkpoints.pool import ReadPool
 from lightprune.checkpoints.reader import Checkpoint
-from lightprune.checkpoints.sequential import layer_by_layer
+from lightprune.checkpoints.sequential import run_in_lockstep
 from lightprune.checkpoints.skeleton import Skeleton
 from lightprune.core.checks import check_atol
 from lightprune.experts.mask import mask_experts
@@ -62,21 +70,52 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
     """Check the checkpoint at ``out_dir`` against ``source`` pruned by ``plan`` (see the module docstring);
     returns the manifest's ``verification`` entry. The layer checks run on what each MoE layer's router and experts
     received in the masked source's forward of the probe."""
-    original = Skeleton(source)
+    atol = check_atol(atol)
+    pool = ReadPool()  # the pruned layer read into the source layer's memory, and back
+    original = Skeleton(source, pool=pool)
     with Checkpoint(out_dir) as written:
-        pruned = Skeleton(written)
-        atol = check_atol(atol)
+        pruned = Skeleton(written, pool=pool)
         atol = default_atol(original.model) if atol is None else atol
-        bar = tqdm(desc="verifying", unit="layer", leave=False, disable=not progress)
+        layer_rtol = default_rtol(original.model, layers=1)
         probe = default_probe(original.model, shape=(2, probe_tokens), seed=seed)
         inputs: dict[int, list[torch.Tensor]] = {}
-        with _capture(original, inputs), layer_by_layer(original, bar), mask_experts(original.model, plan):
-            reference = model_logits(original.model, probe, device=original.device)
-        with layer_by_layer(pruned, bar):
-            logits = model_logits(pruned.model, probe, device=pruned.device)
-        blocks = _check_blocks(original, pruned, plan, inputs, atol, default_rtol(original.model, layers=1), bar)
-        bar.close()
-    diff = compare(logits, reference, atol, default_rtol(original.model), what="pruned checkpoint, run layer by layer")
+        expected: dict[int, torch.Tensor] = {}
+        logits: dict[str, torch.Tensor] = {}
+        blocks: dict[int, Comparison] = {}
+        source_moe = {layer.index: layer for layer in find_moe_layers(original.model)}
+        pruned_moe = {layer.index: layer for layer in find_moe_layers(pruned.model)}
+
+        def check(index: int, skeleton: Skeleton) -> None:
+            if index not in source_moe:
+                return
+            layer = source_moe[index]
+            if skeleton is original:
+                expected[index] = _masked_output(layer, plan, inputs.get(index))
+                return
+            router_input, expert_input = inputs.pop(index)
+            got = routed_output(pruned_moe[index], router_input, expert_input, None)
+            found = compare(got, expected.pop(index), atol, layer_rtol, what=f"layer {index}'s routed experts")
+            if not found.ok:
+                raise ExportVerificationError(
+                    f"layer {index} ({layer.name}) of the pruned checkpoint: its routed experts' output differs from "
+                    f"the masked source layer's by up to {found.describe()}; nothing was written",
+                    found.max_abs_diff, atol, tolerance=found.tolerance)
+            if index not in blocks or found.max_abs_diff > blocks[index].max_abs_diff:  # a looped layer's worst
+                blocks[index] = found
+
+        def run(skeleton: Skeleton, what: str) -> None:
+            logits[what] = model_logits(skeleton.model, probe, device=skeleton.device)
+
+        with tqdm(desc="verifying", unit="layer", leave=False, disable=not progress) as bar, \
+                _capture(original, inputs), mask_experts(original.model, plan):
+            run_in_lockstep([(original, functools.partial(run, original, "reference")),
+                             (pruned, functools.partial(run, pruned, "pruned"))], after=check, progress=bar)
+    for layer in source_moe.values():
+        if layer.index not in blocks:
+            raise ExportVerificationError(f"layer {layer.index} ({layer.name}): the probe's forward never reached its "
+                                          "router and experts, so it could not be checked; nothing was written")
+    diff = compare(logits["pruned"], logits["reference"], atol, default_rtol(original.model),
+                   what="pruned checkpoint, run layer by layer")
     if not diff.ok:
         raise ExportVerificationError(
             f"the pruned checkpoint's logits, run layer by layer, differ from the masked source's by up to "
@@ -108,29 +147,14 @@ def _capture(skeleton: Skeleton, inputs: dict[int, list[torch.Tensor]]) -> Itera
             handle.remove()
 
 
-def _check_blocks(original: Skeleton, pruned: Skeleton, plan: ExpertPlan, inputs: dict[int, list[torch.Tensor]],
-                  atol: float, rtol: float, bar: Any) -> dict[int, Comparison]:
-    after = {layer.index: layer for layer in find_moe_layers(pruned.model)}
-    diffs = {}
-    for layer in find_moe_layers(original.model):
-        if layer.index not in inputs or any(x is None for x in inputs[layer.index]):
-            raise ExportVerificationError(f"layer {layer.index} ({layer.name}): the probe's forward never reached its "
-                                          "router and experts, so it could not be checked; nothing was written")
-        router_input, expert_input = inputs[layer.index]
-        mask = None
-        if layer.index in plan.keep:
-            mask = torch.ones(layer.num_experts, dtype=torch.bool)
-            mask[list(plan.keep[layer.index])] = False
-        with original.resident(layer.name):  # one layer in memory at a time: the source's, then the pruned one
-            expected = routed_output(layer, router_input, expert_input, mask)
-        with pruned.resident(after[layer.index].name):
-            got = routed_output(after[layer.index], router_input, expert_input, None)
-        found = diffs[layer.index] = compare(got, expected, atol, rtol, what=f"layer {layer.index}'s routed experts")
-        if not found.ok:
-            raise ExportVerificationError(
-                f"layer {layer.index} ({layer.name}) of the pruned checkpoint: its routed experts' output differs from "
-                f"the masked source layer's by up to {found.describe()}; nothing was written",
-                found.max_abs_diff, atol, tolerance=found.tolerance)
-        bar.update(1)
-    return diffs
-
+def _masked_output(layer: MoELayer, plan: ExpertPlan, inputs: list[torch.Tensor] | None) -> torch.Tensor:
+    """The source ``layer``'s routed output with the plan's experts masked, on what its router and experts received
+    in the probe's forward (``inputs``)."""
+    if inputs is None or any(x is None for x in inputs):
+        raise ExportVerificationError(f"layer {layer.index} ({layer.name}): the probe's forward never reached its "
+                                      "router and experts, so it could not be checked; nothing was written")
+    mask = None
+    if layer.index in plan.keep:
+        mask = torch.ones(layer.num_experts, dtype=torch.bool)
+        mask[list(plan.keep[layer.index])] = False
+    return routed_output(layer, *inputs, mask)

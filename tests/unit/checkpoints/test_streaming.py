@@ -96,24 +96,26 @@ def test_a_streamed_weight_score_reads_only_the_tensors_its_criterion_reads(tiny
 
 
 def test_a_released_layer_is_read_into_again_only_when_nothing_else_holds_it(tiny, tmp_path):
-    """With ``reuse_released`` (streamed scores), the next layer of the same shapes is read into the released
-    layer's tensors (no new memory), except one a caller still holds (by name or through a view), whose values stay
-    as they were; without it nothing is kept after a release."""
+    """With a pool (streamed scores), the next layer of the same shapes is read into the released layer's storages
+    (no new memory), except one a caller still holds (by name or through a view), whose values stay as they were;
+    without a pool nothing is kept after a release."""
+    from lightprune.checkpoints.pool import ReadPool
+
     model = tiny("qwen3_moe", seed=2)
     path = saved(model, tmp_path / "ckpt", sharded=True)
     expected = state(model)
     with Checkpoint(path) as checkpoint:
         plain = Skeleton(checkpoint)
-        with plain.resident("model.layers.0.mlp.experts"):
-            pass
-        assert not plain._spare
-        skeleton = Skeleton(checkpoint, reuse_released=True)
+        assert plain.pool is None
+        skeleton = Skeleton(checkpoint, pool=ReadPool())
         first, second, third = (f"model.layers.{i}.mlp.experts" for i in range(3))
         skeleton.load([first])
         storages = {n: p.untyped_storage().data_ptr()
                     for n, p in skeleton.model.get_submodule(first).named_parameters()}
         skeleton.release([first])
+        assert len(skeleton.pool) == len(storages)
         skeleton.load([second])
+        assert len(skeleton.pool) == 0
         experts = skeleton.model.get_submodule(second)
         assert {n: p.untyped_storage().data_ptr() for n, p in experts.named_parameters()} == storages
         for name, p in experts.named_parameters():
@@ -121,6 +123,7 @@ def test_a_released_layer_is_read_into_again_only_when_nothing_else_holds_it(tin
         held, view = experts.gate_up_proj, experts.down_proj[0]
         before = held.clone(), view.clone()
         skeleton.release([second])
+        assert len(skeleton.pool) == 0
         skeleton.load([third])
         now = skeleton.model.get_submodule(third)
         assert now.gate_up_proj.untyped_storage().data_ptr() != held.untyped_storage().data_ptr()
@@ -128,6 +131,39 @@ def test_a_released_layer_is_read_into_again_only_when_nothing_else_holds_it(tin
         assert torch.equal(held, before[0]) and torch.equal(view, before[1])
         for name, p in now.named_parameters():
             assert torch.equal(p, expected[f"{third}.{name}"]), name
+
+
+def test_a_shared_pool_reads_a_smaller_layer_into_a_larger_ones_storages_and_back(tiny, tmp_path):
+    """Two skeletons sharing a pool (verification: the source, then its pruned copy): the pruned layer's tensors
+    are read into the storages the source layer released, largest tensor into the smallest storage that holds it,
+    and the next source layer into the same storages again; every value is the checkpoint's."""
+    from lightprune.checkpoints.pool import ReadPool
+
+    model = tiny("qwen3_moe", seed=2)
+    path = saved(model, tmp_path / "ckpt", sharded=True)
+    plan = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5)
+    out = prune_checkpoint(path, plan, tmp_path / "out", verify=False, progress=False).path
+    pruned_state = state(lp.load_pruned(out))
+    pool = ReadPool()
+    source, pruned = Skeleton(Checkpoint(path), pool=pool), Skeleton(Checkpoint(out), pool=pool)
+    name = lambda i: f"model.layers.{i}.mlp.experts"
+    ptrs = lambda skeleton, i: {p.untyped_storage().data_ptr()
+                                for p in skeleton.model.get_submodule(name(i)).parameters()}
+
+    def assert_values(skeleton, i, expected):  # in a function: a loop variable left holding a tensor would keep it
+        for n, p in skeleton.model.get_submodule(name(i)).named_parameters():
+            assert torch.equal(p, expected[f"{name(i)}.{n}"]), n
+
+    source.load([name(0)])
+    first = ptrs(source, 0)
+    source.release([name(0)])
+    pruned.load([name(0)])
+    assert ptrs(pruned, 0) == first
+    assert_values(pruned, 0, pruned_state)
+    pruned.release([name(0)])
+    source.load([name(1)])
+    assert ptrs(source, 1) == first
+    assert_values(source, 1, state(model))
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "gemma4", "qwen3_vl_moe", "jamba"])
@@ -146,6 +182,76 @@ def test_the_skeleton_run_layer_by_layer_gives_the_loaded_models_logits(tiny, tm
     assert torch.equal(logits, model_logits(model, probe))
     assert seen and max(seen) == 0, seen  # the pre-hooks run before the layer's own load hook
     assert all(p.device.type == "meta" for p in skeleton.model.parameters())  # all released after
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_vl_moe"])
+def test_two_skeletons_run_in_lockstep_give_each_models_logits_one_layer_resident(tiny, tmp_path, family):
+    """Two checkpoints (a model and another seed's) run in step: each forward's logits are its loaded model's, and
+    at every (decoder layer, skeleton)'s ``after``, in that order, exactly that layer of that skeleton is
+    resident."""
+    from lightprune.checkpoints.sequential import run_in_lockstep
+
+    models = [tiny(family, seed=seed).eval() for seed in (2, 3)]
+    skeletons = [Skeleton(Checkpoint(saved(m, tmp_path / f"ckpt{i}", sharded=True))) for i, m in enumerate(models)]
+    probe = default_probe(models[0])
+    logits, resident = {}, []
+    layers = [find_decoder_layers(s.model)[1] for s in skeletons]
+
+    def after(index, skeleton):
+        resident.append((index, skeletons.index(skeleton), [
+            [i for i, layer in enumerate(found) if all(p.device.type != "meta" for p in layer.parameters())]
+            for found in layers]))
+
+    def run(i):
+        logits[i] = model_logits(skeletons[i].model, probe, device="cpu")
+    run_in_lockstep([(skeletons[0], lambda: run(0)), (skeletons[1], lambda: run(1))], after=after)
+    for i, model in enumerate(models):
+        assert torch.equal(logits[i], model_logits(model, probe)), i
+    assert resident == [(index, s, [[index] if s == 0 else [], [index] if s == 1 else []])
+                        for index in range(len(layers[0])) for s in (0, 1)]
+    assert all(p.device.type == "meta" for s in skeletons for p in s.model.parameters())
+
+
+def test_lockstep_refuses_models_of_different_depths(tiny, tmp_path):
+    from lightprune.checkpoints.sequential import run_in_lockstep
+
+    shallow = Skeleton(Checkpoint(saved(tiny("qwen3_moe", seed=2, num_hidden_layers=2), tmp_path / "a", False)))
+    deep = Skeleton(Checkpoint(saved(tiny("qwen3_moe", seed=2, num_hidden_layers=3), tmp_path / "b", False)))
+    with pytest.raises(ValueError, match=r"\[2, 3\] decoder layers"):
+        run_in_lockstep([(shallow, lambda: None), (deep, lambda: None)])
+
+
+def test_verification_reads_every_tensor_of_both_checkpoints_once(tiny, tmp_path, monkeypatch):
+    """The masked source and the pruned checkpoint run in one pass, each layer's check as its layers are resident:
+    every checkpoint key either model is built from is read exactly once (recorded at the reader)."""
+    from collections import Counter
+
+    from lightprune.export.streamed_verify import verify_pruned_checkpoint
+
+    model = tiny("qwen3_moe", seed=2)
+    path = saved(model, tmp_path / "ckpt", sharded=True)
+    plan = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5)
+    out = prune_checkpoint(path, plan, tmp_path / "out", verify=False, progress=False).path
+    expected = Counter()
+    for where in (path, out):
+        sources = Skeleton(Checkpoint(where)).sources
+        expected.update((str(where), key) for key in {key for keys in sources.values() for key in keys})
+    read = Counter()
+    original, tensor = Checkpoint.read_into, Checkpoint.tensor
+
+    def recording(self, key, out, start=0):
+        read[(str(self.path), key)] += 1
+        return original(self, key, out, start)
+
+    def recording_tensor(self, key, dtype=None):
+        read[(str(self.path), key)] += 1
+        return tensor(self, key, dtype)
+    monkeypatch.setattr(Checkpoint, "read_into", recording)
+    monkeypatch.setattr(Checkpoint, "tensor", recording_tensor)
+    with Checkpoint(path) as source:
+        found = verify_pruned_checkpoint(source, plan, out, progress=False)
+    assert set(found["blocks"]) == {str(i) for i in plan.keep}
+    assert read == expected
 
 
 def test_a_skeleton_refuses_a_checkpoint_missing_a_tensor_before_any_read(tiny, tmp_path):
@@ -285,7 +391,11 @@ from lightprune.checkpoints import Checkpoint, Skeleton
 path, out, budget, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 Skeleton(Checkpoint(path))  # imports and lazy modules in place before the limit
 data = int([l for l in open("/proc/self/status") if l.startswith("VmData")][0].split()[1]) * 1024
-resource.setrlimit(resource.RLIMIT_DATA, (data + budget, resource.RLIM_INFINITY))
+# verification runs the source's and the pruned model's forwards in two threads, whose stacks (reserved, mostly
+# untouched: RLIMIT_STACK each, as glibc sizes a thread's stack) the limit counts as data
+stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+stacks = 2 * (stack if 0 < stack < 1 << 30 else 8 << 20)
+resource.setrlimit(resource.RLIMIT_DATA, (data + budget + stacks, resource.RLIM_INFINITY))
 try:
     if mode == "stream":
         scores = lp.score_weights(path, "aimer", progress=False)
@@ -301,9 +411,10 @@ except MemoryError:
 
 def test_streaming_runs_under_a_memory_limit_smaller_than_the_checkpoint(tmp_path):
     """A private-memory limit (RLIMIT_DATA over what the process holds once imported) of a third of the
-    checkpoint: scoring and pruning (with verification) stream within it, loading the model does not. glibc is told
-    to map every allocation over 128 KiB on its own (MALLOC_MMAP_THRESHOLD_), so that freed memory leaves the data
-    segment and the limit counts live memory, not the heap's high-water mark."""
+    checkpoint, plus the verification forwards' thread stacks: scoring and pruning (with verification) stream
+    within it, loading the model does not. glibc is told to map every allocation over 128 KiB on its own
+    (MALLOC_MMAP_THRESHOLD_), so that freed memory leaves the data segment and the limit counts live memory, not
+    the heap's high-water mark."""
 
     from lightprune.models.tiny import tiny_model
 

@@ -20,6 +20,7 @@ from typing import Any
 from torch import nn
 from tqdm.auto import tqdm
 
+from lightprune.checkpoints.pool import ReadPool
 from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.skeleton import Skeleton
 from lightprune.experts.criteria.base import Criterion, CriterionNeedsDataError
@@ -94,7 +95,7 @@ def score_checkpoint(path: str | os.PathLike, criterion: str | type[Criterion] |
     :func:`score_model_weights`."""
     instance = weight_criterion(criterion, seed=seed, **kwargs)
     with Checkpoint(path) as checkpoint:
-        skeleton = Skeleton(checkpoint, reuse_released=True)  # every layer's tensors read into the same memory
+        skeleton = Skeleton(checkpoint, pool=ReadPool())  # every layer's tensors read into the same memory
         bar = tqdm(desc=f"scoring {instance.name or type(instance).__name__} from {checkpoint.path.name}",
                    total=len(find_moe_layers(skeleton.model)), unit="layer", leave=False, disable=not progress)
 
