@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,16 @@ __all__ = ["Checkpoint", "stored_dtype"]
 _LAYER_COUNTS = frozenset({"num_hidden_layers", "depth", "num_layers", "n_layer", "n_layers", "encoder_layers",
                            "decoder_layers", "vision_layers"})
 _LAYER_NUMBER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _advise(spans: list[tuple[int, int, int]]) -> None:
+    """``posix_fadvise(fd, offset, length, WILLNEED)`` for each span; errors ignored (advice only: a closed file or
+    a file system without it reads as before)."""
+    for fd, offset, length in spans:
+        try:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
 
 
 def _data_start(file: Path) -> int:
@@ -93,6 +104,7 @@ class Checkpoint:
         self.sharded = (self.path / SAFE_INDEX).is_file()
         self._data_start = {file: _data_start(file) for file in self.files}
         self._fds: dict[Path, int] = {}
+        self._advice: ThreadPoolExecutor | None = None  # will_need's background thread, made on first use
 
     def _check_layer_counts(self) -> None:
         """config.json's layer counts (anywhere in it) against the weights (see the module docstring)."""
@@ -214,7 +226,31 @@ class Checkpoint:
                 raise ValueError(f"checkpoint {str(self.path)!r}: {file.name} ended while reading {key!r}")
             done += got
 
+    def will_need(self, keys: list[str]) -> None:
+        """Tell the kernel that the bytes of ``keys`` are read next (``posix_fadvise(WILLNEED)`` per file over the
+        span of their data, adjacent tensors merged): it reads them into the page cache in the background, so that a
+        later :meth:`read_into` copies from memory instead of waiting on the disk. Issued from a background thread
+        (a large advice can block while the reads are queued); a no-op where the call does not exist."""
+        if not keys or not hasattr(os, "posix_fadvise"):
+            return
+        spans: dict[Path, list[list[int]]] = defaultdict(list)
+        for key in sorted(keys, key=lambda k: (str(self.file(k)), self._entry(k)[1]["data_offsets"][0])):
+            file, info = self._entry(key)
+            begin, end = (self._data_start[file] + int(offset) for offset in info["data_offsets"])
+            found = spans[file]
+            if found and begin <= found[-1][1]:
+                found[-1][1] = max(found[-1][1], end)
+            else:
+                found.append([begin, end])
+        work = [(self._fd(file), begin, end - begin) for file, found in spans.items() for begin, end in found]
+        if self._advice is None:
+            self._advice = ThreadPoolExecutor(1, thread_name_prefix="lightprune-readahead")
+        self._advice.submit(_advise, work)
+
     def close(self) -> None:
+        if self._advice is not None:
+            self._advice.shutdown(wait=True)
+            self._advice = None
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

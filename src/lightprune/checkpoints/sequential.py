@@ -14,6 +14,9 @@ observing experts implementation of calibration, the attention probe):
   up to its next layer), a callback may look at the resident layer, and it is released. Memory holds one layer plus
   every forward's activations at a layer boundary (what a layer-input cache holds), and only one forward computes
   at a time. :func:`run_layer_outer`: many batches through one skeleton's model.
+
+Both ask for the next layer's bytes as a layer is loaded (:meth:`Skeleton.prefetch
+<lightprune.checkpoints.skeleton.Skeleton.prefetch>`), so the disk reads it while this one computes.
 """
 
 from __future__ import annotations
@@ -52,9 +55,11 @@ def layer_by_layer(skeleton: Skeleton, progress: Any = None) -> Iterator[nn.Modu
     names = [f"{path}.{index}" for index in range(len(layers))]
     handles = []
 
-    def before(name: str):
+    def before(name: str, following: str | None):
         def hook(module: nn.Module, args: Any, kwargs: Any = None) -> None:
             skeleton.load([name])
+            if following is not None:  # the disk reads the next layer while this one computes
+                skeleton.prefetch([following])
         return hook
 
     def after(name: str):
@@ -66,8 +71,8 @@ def layer_by_layer(skeleton: Skeleton, progress: Any = None) -> Iterator[nn.Modu
 
     skeleton.load(outside)
     try:
-        for name, layer in zip(names, layers, strict=True):
-            handles.append(layer.register_forward_pre_hook(before(name)))
+        for name, following, layer in zip(names, [*names[1:], None], layers, strict=True):
+            handles.append(layer.register_forward_pre_hook(before(name, following)))
             handles.append(layer.register_forward_hook(after(name)))
         yield model
     finally:
@@ -181,6 +186,8 @@ def run_in_lockstep(runs: Sequence[tuple[Skeleton, Callable[[], Any]]], *,
                 progress.total += len(threads)  # a loop: more visits than layers
             for skeleton, layer_names in zip(skeletons, names, strict=True):
                 skeleton.load([layer_names[layer]])
+                if layer + 1 < len(layer_names):  # the disk reads the next layer while this one computes
+                    skeleton.prefetch([layer_names[layer + 1]])
                 for index in (i for i, (owner, _) in enumerate(runs) if owner is skeleton):
                     if before is not None:
                         before(index, layer)

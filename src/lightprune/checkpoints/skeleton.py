@@ -334,6 +334,15 @@ class Skeleton:
         """An uninitialised tensor of ``shape`` and ``dtype`` to read into: from the pool, or new."""
         return self.pool.take(shape, dtype) if self.pool is not None else torch.empty(tuple(shape), dtype=dtype)
 
+    def prefetch(self, modules: Iterable[str]) -> None:
+        """Have the checkpoint bytes of ``modules`` read into the page cache in the background
+        (:meth:`Checkpoint.will_need`): called for the next layer while this one computes, its :meth:`load` then
+        copies from memory instead of waiting on the disk. Changes nothing in memory this process holds."""
+        wanted = self._wanted(list(modules))
+        tied = self._tied(wanted)
+        self.checkpoint.will_need(sorted({key for name in wanted if name not in tied
+                                          for key in self.sources.get(name, ())}))
+
     @contextlib.contextmanager
     def resident(self, *modules: str) -> Iterator[nn.Module]:
         """``with skeleton.resident("model.layers.3"):`` the module's tensors are in memory inside the block."""

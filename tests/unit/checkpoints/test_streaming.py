@@ -95,6 +95,56 @@ def test_a_streamed_weight_score_reads_only_the_tensors_its_criterion_reads(tiny
         assert sorted(read) == keys, criterion
 
 
+def test_will_need_advises_exactly_the_keys_bytes_adjacent_ones_merged(tiny, tmp_path, monkeypatch):
+    """The readahead advice covers each asked tensor's bytes in its file (from the header's offsets), adjacent
+    tensors as one span, and nothing else; a streamed score asks, as each MoE layer is read, for the next layer's
+    keys of its criterion, and no others."""
+    import lightprune.checkpoints.reader as reader
+    from lightprune.experts.criteria.scoring import streamed_layer_weights, weight_module_names
+    from lightprune.experts.criteria import get_criterion
+    from lightprune.models import find_moe_layers
+
+    path = saved(tiny("qwen3_moe", seed=2), tmp_path / "ckpt", sharded=True)
+    advised = []
+    monkeypatch.setattr(reader.os, "posix_fadvise", lambda fd, offset, length, advice: advised.append(
+        (os.readlink(f"/proc/self/fd/{fd}"), offset, length, advice)))
+    with Checkpoint(path) as checkpoint:
+        keys = [k for k in checkpoint.keys() if ".layers.1.mlp.experts." in k]
+        by_file = {}
+        for key in keys:
+            file, info = checkpoint.entries()[key]
+            begin, end = info["data_offsets"]
+            by_file.setdefault(str(file), []).append((checkpoint._data_start[file] + begin,
+                                                      checkpoint._data_start[file] + end))
+        checkpoint.will_need(keys)
+        checkpoint.close()  # waits for the advice thread
+        expected = []
+        for file, spans in by_file.items():
+            merged = []
+            for begin, end in sorted(spans):
+                if merged and begin <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], end)
+                else:
+                    merged.append([begin, end])
+            expected += [(file, b, e - b, os.POSIX_FADV_WILLNEED) for b, e in merged]
+        assert sorted(advised) == sorted(expected) and len(advised) < len(keys)
+
+    asked = []
+    monkeypatch.setattr(Checkpoint, "will_need", lambda self, keys: asked.append(sorted(keys)))
+    with Checkpoint(path) as checkpoint:
+        skeleton = Skeleton(checkpoint)
+        criterion = get_criterion("aimer")
+        names = weight_module_names(skeleton, criterion)
+        resident = streamed_layer_weights(skeleton, criterion)
+        layers = find_moe_layers(skeleton.model)
+        for layer in layers:
+            with resident(layer):
+                pass
+        heads = lambda index: tuple(f"{n}." for n in names[index])
+        assert asked == [sorted(k for t, ks in skeleton.sources.items() if t.startswith(heads(layer.index))
+                                for k in ks) for layer in layers[1:]]
+
+
 def test_a_released_layer_is_read_into_again_only_when_nothing_else_holds_it(tiny, tmp_path):
     """With a pool (streamed scores), the next layer of the same shapes is read into the released layer's storages
     (no new memory), except one a caller still holds (by name or through a view), whose values stay as they were;

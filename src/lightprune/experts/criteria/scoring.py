@@ -83,9 +83,18 @@ def weight_module_names(skeleton: Skeleton, criterion: Criterion) -> dict[int, l
 def streamed_layer_weights(skeleton: Skeleton, criterion: Criterion) -> Callable[[MoELayer], Any]:
     """``layer -> context`` in which the modules of ``layer`` that ``criterion`` reads (:func:`weight_module_names`)
     are read in from ``skeleton``'s checkpoint, and released after: what :meth:`Criterion.score` takes as
-    ``layer_weights``."""
+    ``layer_weights``. Once a layer is in, the next MoE layer's bytes are prefetched (:meth:`Skeleton.prefetch`):
+    the disk reads them while this one is scored."""
     names = weight_module_names(skeleton, criterion)
-    return lambda layer: skeleton.resident(*names[layer.index])
+    following = dict(zip(list(names)[:-1], list(names)[1:]))
+
+    @contextlib.contextmanager
+    def resident(layer: MoELayer) -> Iterator[None]:
+        with skeleton.resident(*names[layer.index]):
+            if layer.index in following:
+                skeleton.prefetch(names[following[layer.index]])
+            yield
+    return resident
 
 
 def score_checkpoint(path: str | os.PathLike, criterion: str | type[Criterion] | Criterion = "aimer", *,
