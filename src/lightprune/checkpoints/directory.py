@@ -71,11 +71,12 @@ def read_index(path: str | os.PathLike) -> dict[str, str] | None:
             not all(isinstance(v, str) and v for v in weight_map.values()):
         raise ValueError(f"shard index {str(index)!r} is not valid: it needs a non-empty \"weight_map\" object "
                          "{tensor name: shard file name}")
-    outside = sorted({v for v in weight_map.values() if Path(v).name != v or not v.endswith(".safetensors")})
+    names = set(weight_map.values())  # a few shards named by thousands of tensors: each checked once
+    outside = sorted(v for v in names if Path(v).name != v or not v.endswith(".safetensors"))
     if outside:
         raise ValueError(f"shard index {str(index)!r} names {outside}: shards are .safetensors files in the "
                          "checkpoint directory")
-    missing = sorted({v for v in weight_map.values() if not (path / v).is_file()})
+    missing = sorted(v for v in names if not (path / v).is_file())
     if missing:
         raise FileNotFoundError(f"checkpoint {str(path)!r}: shard index names missing files {missing}")
     return weight_map
@@ -87,7 +88,7 @@ def weight_files(path: str | os.PathLike) -> list[Path]:
     path = Path(path)
     weight_map = read_index(path)
     if weight_map is not None:
-        return sorted({path / name for name in weight_map.values()})
+        return sorted(path / name for name in set(weight_map.values()))
     if (path / SAFE_WEIGHTS).is_file():
         return [path / SAFE_WEIGHTS]
     others = sorted(p.name for p in path.glob("*.safetensors"))

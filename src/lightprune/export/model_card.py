@@ -131,11 +131,13 @@ def _verification(info: Mapping[str, Any]) -> list[str]:
     if v is None:
         return ["## Verification", "", "Not verified when it was written (`verify=False`)."]
     if "sequential_logits" in v:  # written shard by shard (lp.prune_checkpoint)
+        every = (" and every kept expert's router row and MLP (a selection that names each)"
+                 if "kept_experts" in v else "")
         return ["## Verification", "",
-                ("Checked one layer at a time before it was written: each MoE layer's routed experts against the "
-                 "source layer with the pruned experts masked, on probe hidden states, then probe tokens through the "
-                 "whole model, layer by layer, against the masked source: the largest absolute difference was "
-                 f"{_number(float(v['max_abs_diff']))} ({_tolerance(v)}).")]
+                ("Checked one layer at a time before it was published: each MoE layer's routed experts against the "
+                 f"source layer with the pruned experts masked, on probe hidden states{every}, then probe tokens "
+                 "through the whole model, layer by layer, against the masked source: the largest absolute "
+                 f"difference was {_number(float(v['max_abs_diff']))} ({_tolerance(v)}).")]
     loaders = ", ".join(f"`{k}`" for k in v.get("loaders", {}))
     return ["## Verification", "",
             (f"Reloaded with {loaders or 'its loaders'} before it was written: the largest absolute logits "

@@ -3,9 +3,18 @@
 
 1. The whole model: probe token ids run through the pruned checkpoint and through the masked source; the logits
    must agree.
-2. Layer by layer: for each MoE layer, the pruned layer's routed output (its router's selection, its experts) on
-   what the source layer's router and experts received in that forward equals the source layer's with the plan's
-   experts masked (the family's own masked routing, as ``mask_experts`` runs it).
+2. Layer by layer, for each MoE layer, on what the source layer's router and experts received in that forward:
+
+   - the pruned layer's routed output (its router's selection, its experts) equals the source layer's with the
+     plan's experts masked (the family's own masked routing, as ``mask_experts`` runs it);
+   - the pruned router's logits equal the source router's columns of the kept experts, in order: every kept
+     expert's router row;
+   - every kept expert's MLP, not only those the probe's tokens select: the experts module is called with a
+     forced selection that names each kept expert (source ids on the source layer, their positions on the pruned
+     one), every row a different weight per slot, so that two experts written under each other's index (or a
+     mis-sliced one) change the output even when no probe token routes to them (a weighted sum with equal weights
+     would not see two experts of one row swapped). Llama 4's block runs every expert on every token, so its
+     routed output already covers every kept expert.
 
 Both in one pass (:func:`lightprune.checkpoints.sequential.run_in_lockstep`): the two forwards run in step, decoder
 layer ``i`` of the source then of the pruned checkpoint resident, the source layer's masked routed output computed
@@ -79,9 +88,9 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
         layer_rtol = default_rtol(original.model, layers=1)
         probe = default_probe(original.model, shape=(2, probe_tokens), seed=seed)
         inputs: dict[int, list[torch.Tensor]] = {}
-        expected: dict[int, torch.Tensor] = {}
+        expected: dict[int, tuple[dict[str, torch.Tensor], list[torch.Tensor]]] = {}  # source outputs, inputs
         logits: dict[str, torch.Tensor] = {}
-        blocks: dict[int, Comparison] = {}
+        checked: dict[str, dict[int, Comparison]] = {}  # {part: {layer: the comparison}}
         source_moe = {layer.index: layer for layer in find_moe_layers(original.model)}
         pruned_moe = {layer.index: layer for layer in find_moe_layers(pruned.model)}
 
@@ -89,19 +98,24 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
             if index not in source_moe:
                 return
             layer = source_moe[index]
+            kept = sorted(plan.keep[index]) if index in plan.keep else list(range(layer.num_experts))
             if skeleton is original:
-                expected[index] = _masked_output(layer, plan, inputs.get(index))
+                received = inputs.pop(index, None)
+                expected[index] = (_layer_outputs(layer, plan, received, kept, source=True), received)
+                inputs.pop(index, None)  # what the check's own calls of the router and experts recorded
                 return
-            router_input, expert_input = inputs.pop(index)
-            got = routed_output(pruned_moe[index], router_input, expert_input, None)
-            found = compare(got, expected.pop(index), atol, layer_rtol, what=f"layer {index}'s routed experts")
-            if not found.ok:
-                raise ExportVerificationError(
-                    f"layer {index} ({layer.name}) of the pruned checkpoint: its routed experts' output differs from "
-                    f"the masked source layer's by up to {found.describe()}; nothing was written",
-                    found.max_abs_diff, atol, tolerance=found.tolerance)
-            if index not in blocks or found.max_abs_diff > blocks[index].max_abs_diff:  # a looped layer's worst
-                blocks[index] = found
+            outputs, received = expected.pop(index)
+            got = _layer_outputs(pruned_moe[index], plan, received, kept, source=False)
+            for part, value in got.items():
+                found = compare(value, outputs[part], atol, layer_rtol, what=f"layer {index}'s {part}")
+                if not found.ok:
+                    raise ExportVerificationError(
+                        f"layer {index} ({layer.name}) of the pruned checkpoint: {_PARTS[part]} differ(s) from the "
+                        f"masked source layer's by up to {found.describe()}; nothing was written",
+                        found.max_abs_diff, atol, tolerance=found.tolerance)
+                worst = checked.setdefault(part, {})
+                if index not in worst or found.max_abs_diff > worst[index].max_abs_diff:  # a looped layer's worst
+                    worst[index] = found
 
         def run(skeleton: Skeleton, what: str) -> None:
             logits[what] = model_logits(skeleton.model, probe, device=skeleton.device)
@@ -110,6 +124,7 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
                 _capture(original, inputs), mask_experts(original.model, plan):
             run_in_lockstep([(original, functools.partial(run, original, "reference")),
                              (pruned, functools.partial(run, pruned, "pruned"))], after=check, progress=bar)
+    blocks = checked.get("routed output", {})
     for layer in source_moe.values():
         if layer.index not in blocks:
             raise ExportVerificationError(f"layer {layer.index} ({layer.name}): the probe's forward never reached its "
@@ -120,9 +135,12 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
         raise ExportVerificationError(
             f"the pruned checkpoint's logits, run layer by layer, differ from the masked source's by up to "
             f"{diff.describe()}; nothing was written", diff.max_abs_diff, atol, tolerance=diff.tolerance)
-    return {"max_abs_diff": max([diff.max_abs_diff, *(c.max_abs_diff for c in blocks.values())]), "atol": atol,
+    return {"max_abs_diff": max([diff.max_abs_diff, *(c.max_abs_diff for part in checked.values()
+                                                      for c in part.values())]), "atol": atol,
             "sequential_logits": diff.max_abs_diff, "logits": diff.record(),
             "blocks": {str(k): v.record() for k, v in sorted(blocks.items())},
+            **{_RECORDS[part]: {str(k): v.record() for k, v in sorted(found.items())}
+               for part, found in checked.items() if part != "routed output"},
             "probe_shapes": {"input_ids": list(probe["input_ids"].shape)}}
 
 
@@ -147,14 +165,47 @@ def _capture(skeleton: Skeleton, inputs: dict[int, list[torch.Tensor]]) -> Itera
             handle.remove()
 
 
-def _masked_output(layer: MoELayer, plan: ExpertPlan, inputs: list[torch.Tensor] | None) -> torch.Tensor:
-    """The source ``layer``'s routed output with the plan's experts masked, on what its router and experts received
-    in the probe's forward (``inputs``)."""
+#: what each part of a layer check compares, for its error message; the manifest entry of the parts after the first
+_PARTS = {"routed output": "its routed experts' output", "router logits": "its router's logits of the kept experts",
+          "kept experts": "its kept experts' outputs under a forced selection of every kept expert"}
+_RECORDS = {"router logits": "router_logits", "kept experts": "kept_experts"}
+
+
+def _layer_outputs(layer: MoELayer, plan: ExpertPlan, inputs: list[torch.Tensor] | None, kept: list[int],
+                   source: bool) -> dict[str, torch.Tensor]:
+    """What one layer check compares (see the module docstring), on what the source layer's router and experts
+    received (``inputs``): {part: tensor}. ``source``: ``layer`` is the source's (the plan's experts masked, kept
+    experts named by their ids, the router's kept columns), else the pruned one's (kept experts named by their
+    positions)."""
     if inputs is None or any(x is None for x in inputs):
         raise ExportVerificationError(f"layer {layer.index} ({layer.name}): the probe's forward never reached its "
                                       "router and experts, so it could not be checked; nothing was written")
+    router_input, expert_input = inputs
     mask = None
-    if layer.index in plan.keep:
+    if source and layer.index in plan.keep:
         mask = torch.ones(layer.num_experts, dtype=torch.bool)
-        mask[list(plan.keep[layer.index])] = False
-    return routed_output(layer, *inputs, mask)
+        mask[kept] = False
+    found = {"routed output": routed_output(layer, router_input, expert_input, mask)}
+    logits = layer.family.router_logits(layer, router_input)
+    found["router logits"] = logits[:, kept] if source else logits
+    if not layer.family.experts_read_router_input:
+        positions, weights = _forced_selection(len(kept), layer.top_k, rows=min(2, expert_input.shape[0]))
+        ids = torch.tensor(kept)[positions] if source else positions
+        tokens = expert_input[torch.arange(positions.shape[0]) % min(2, expert_input.shape[0])]
+        found["kept experts"] = layer.experts(tokens, ids.to(tokens.device),
+                                              weights.to(device=tokens.device, dtype=tokens.dtype))
+    return found
+
+
+def _forced_selection(count: int, top_k: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(positions [R, top_k], weights [R, top_k])``: every position ``0..count-1`` in some row (``count`` >=
+    ``top_k``, as a pruned layer keeps), rows of ``top_k`` distinct positions (the last group wraps around), each
+    group of positions repeated for ``rows`` tokens and rotated by one slot per token; weights ``(slot + 1) /
+    top_k`` by slot, so no two experts of a row weigh the same."""
+    groups = -(-count // top_k)
+    base = torch.arange(groups * top_k).view(groups, top_k) % count
+    positions = torch.cat([base.roll(token, dims=1) for token in range(rows)])  # [rows * groups, k], token-major
+    # group-major: row r is read with token r % rows
+    positions = positions.view(rows, groups, top_k).transpose(0, 1).reshape(-1, top_k)
+    weights = ((torch.arange(top_k) + 1) / top_k).expand(positions.shape[0], top_k)
+    return positions, weights.contiguous()

@@ -391,6 +391,44 @@ def test_a_wrong_write_fails_verification_and_leaves_the_previous_output(tiny, t
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
 
 
+def test_two_kept_experts_no_probe_token_reaches_swapped_fail_verification(tiny, tmp_path, monkeypatch):
+    """Every kept expert is checked, not only those the probe's tokens route to: a probe of one token per row
+    reaches at most 4 of the 8 kept experts of a layer; two kept experts it never selects, written under each
+    other's index, pass the routed-output check and the logits (the probe cannot see them) and fail the forced
+    selection of every kept expert, which names the layer."""
+    import lightprune.export.streamed as streamed
+    from lightprune.models import find_moe_layers
+
+    model = tiny("qwen3_moe", seed=2, num_experts=16)
+    path = saved(model, tmp_path / "ckpt", sharded=True)
+    plan = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5)
+    probe = default_probe(model, shape=(2, 1), seed=0)
+    layer = find_moe_layers(model)[1]
+    selected = []
+    layer.router.register_forward_hook(lambda module, args, output: selected.append(output[2]))
+    with lp.mask_experts(model, plan):
+        model_logits(model, probe)
+    unreached = sorted(set(plan.keep[1]) - set(torch.cat(selected).flatten().tolist()))
+    assert len(unreached) >= 2, unreached
+    a, b = (sorted(plan.keep[1]).index(e) for e in unreached[:2])  # their positions in the pruned layer
+    rules = streamed.key_rules
+
+    def swapped(*args):
+        found = rules(*args)
+        for key, rule in found.items():
+            if rule.out_key and ".layers.1.mlp.experts." in rule.out_key:
+                for old, new in ((f".experts.{a}.", f".experts.{b}."), (f".experts.{b}.", f".experts.{a}.")):
+                    if old in rule.out_key:
+                        found[key] = streamed.KeyRule(rule.out_key.replace(old, new))
+                        break
+        return found
+
+    monkeypatch.setattr(streamed, "key_rules", swapped)
+    with pytest.raises(ExportVerificationError, match="layer 1 .*kept experts' outputs under a forced selection"):
+        prune_checkpoint(path, plan, tmp_path / "out", progress=False, probe_tokens=1)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_killed_streaming_export_leaves_the_previous_output(tiny, tmp_path):
     model = tiny("qwen3_moe", seed=2)
     path = saved(model, tmp_path / "ckpt", sharded=True)
