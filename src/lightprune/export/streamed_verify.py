@@ -16,9 +16,13 @@
      would not see two experts of one row swapped). Llama 4's block runs every expert on every token, so its
      routed output already covers every kept expert.
 
+   Both sides run the same operations in the checkpoint's dtype on the same inputs: a faithful write agrees to the
+   rounding of a reordered sum (the tolerance below), a swapped, mis-sliced or missing expert by the size of an
+   expert's output.
+
 Both in one pass (:func:`lightprune.checkpoints.sequential.run_in_lockstep`): the two forwards run in step, decoder
-layer ``i`` of the source then of the pruned checkpoint resident, the source layer's masked routed output computed
-while it is and the pruned layer's compared with it while that one is: every byte of either checkpoint is read once,
+layer ``i`` of the source then of the pruned checkpoint resident, the source layer's three outputs computed while
+it is and the pruned layer's compared with them while that one is: every byte of either checkpoint is read once,
 one layer is in memory at a time, and the pruned layer is read into the memory the source layer released (a shared
 :class:`~lightprune.checkpoints.pool.ReadPool`).
 
