@@ -178,6 +178,12 @@ def run_lm_eval(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[str | Pa
     return results
 
 
+def _accuracies(per_task: dict[str, float | None]) -> str:
+    """``0.8125`` for one task, ``digit 0.8125, count 0.9750`` for several (``-``: a task with no answer here)."""
+    shown = {name: "-" if value is None else f"{value:.4f}" for name, value in per_task.items()}
+    return next(iter(shown.values())) if len(shown) == 1 else ", ".join(f"{n} {v}" for n, v in shown.items())
+
+
 @uses_options(OPTIONS["Evaluate"])
 class Evaluate(JobEndCallback):
     """Perplexity and accuracy before and after pruning (see the module docstring).
@@ -260,7 +266,8 @@ class Evaluate(JobEndCallback):
         if getattr(trainer, "strategy", None) is not None:
             RunState.of(trainer).evaluation.update({"split": self.split, label: result})
         rank_zero_info(f"Evaluate ({label}): perplexity {result['perplexity']:.4g}, next-token accuracy "
-                       f"{result['next_token_accuracy']:.4f}, {self.metric} accuracy {result['task_accuracy']}")
+                       f"{result['next_token_accuracy']:.4f}, {self.metric} accuracy "
+                       f"{_accuracies(result['task_accuracy'])}")
         return result
 
     def _pruned_view(self, trainer: pl.Trainer, model: torch.nn.Module):

@@ -24,7 +24,9 @@ ranks keep ``meta`` tensors of the same shapes and apply the same surgery to tho
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,8 @@ from lightprune.finetune.quantize import is_quantized_4bit
 from lightprune.models import find_moe_layers
 from lightprune.reporting.report import plot_kept_experts, write_report
 
-__all__ = ["check_checkpoint_dir", "checkpoint_path", "Export", "export_with_report", "streamed_export_with_report"]
+__all__ = ["check_checkpoint_dir", "checkpoint_dir_of", "checkpoint_path", "Export", "export_with_report",
+           "streamed_export_with_report"]
 
 
 def _figures(result: ExportResult, params_before: int | None) -> dict[str, Any]:
@@ -121,6 +124,14 @@ def checkpoint_path(trainer: pl.Trainer, output_dir: str | None, checkpoint_dir:
     return Path(checkpoint_dir) if checkpoint_dir else run_directory(trainer, output_dir) / "model"
 
 
+def checkpoint_dir_of(init_args: Mapping[str, Any], default_root_dir: str | None) -> Path:
+    """:func:`checkpoint_path` from an export callback's parsed options and the trainer's ``default_root_dir``
+    (None: the working directory, as Lightning's)."""
+    if init_args.get("checkpoint_dir"):
+        return Path(init_args["checkpoint_dir"])
+    return Path(init_args.get("output_dir") or default_root_dir or os.getcwd()) / "model"
+
+
 def check_checkpoint_dir(path: Path, overwrite: bool, address: str) -> None:
     """At setup: refuse a checkpoint directory holding an earlier run's files unless ``overwrite``, saying how to
     replace it (``--<address>.overwrite true`` on the command line, ``overwrite: true`` in the config)."""
@@ -153,6 +164,11 @@ class Export(JobEndCallback):
         self.output_dir, self.checkpoint_dir, self.plan_path = output_dir, checkpoint_dir, plan_path
         self.overwrite, self.atol, self.summary = overwrite, self.OPTIONS.check("atol", atol), summary
         self.report: dict[str, Any] | None = None
+
+    @classmethod
+    def preflight(cls, init_args: Mapping[str, Any], default_root_dir: str | None) -> None:
+        check_checkpoint_dir(checkpoint_dir_of(init_args, default_root_dir), bool(init_args.get("overwrite")),
+                             "export")
 
     def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # an existing checkpoint directory without overwrite fails now, before any data is spent

@@ -9,9 +9,14 @@ export, evaluate, report), so where a callback is listed does not matter.
 Subclasses set :attr:`phase` and implement two methods, in the manner of Lightning's ``BaseFinetuning``:
 :meth:`check` (fail fast against the model at setup, before any data is spent) and :meth:`run` (the work;
 idempotent). :meth:`run_test` is what a callback does at the end of ``lightprune test`` (nothing by default).
+:meth:`preflight` (a classmethod) refuses what needs no model (an output directory that exists) from the parsed
+options alone: the ``lightprune`` command calls it before anything is built, so that refusal comes in a second.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import lightning.pytorch as pl
 
@@ -25,6 +30,11 @@ class JobEndCallback(pl.Callback):
 
     #: when this callback's :meth:`run` comes at the end of the job (one of ``callbacks.state.PHASES``)
     phase: str = "export"
+
+    @classmethod
+    def preflight(cls, init_args: Mapping[str, Any], default_root_dir: str | None) -> None:
+        """Raise when the options ``init_args`` (the callback's parsed arguments) cannot work whatever the model,
+        ``default_root_dir``: the trainer's (None: the working directory). Default: nothing to check."""
 
     def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Raise before any work when this callback cannot act on ``pl_module`` (default: nothing to check)."""

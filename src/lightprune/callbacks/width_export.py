@@ -13,6 +13,7 @@ and FLOPs, checkpoint bytes and timings. Only rank 0 writes.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightprune.callbacks.export import check_checkpoint_dir, checkpoint_path
+from lightprune.callbacks.export import check_checkpoint_dir, checkpoint_dir_of, checkpoint_path
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
@@ -71,6 +72,11 @@ class WidthExport(JobEndCallback):
         self.overwrite, self.atol = overwrite, self.OPTIONS.check("atol", atol)
         self.align = self.OPTIONS.check("align", align)
         self.report: dict[str, Any] | None = None
+
+    @classmethod
+    def preflight(cls, init_args: Mapping[str, Any], default_root_dir: str | None) -> None:
+        check_checkpoint_dir(checkpoint_dir_of(init_args, default_root_dir), bool(init_args.get("overwrite")),
+                             "width_export")
 
     def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # an existing checkpoint directory without overwrite fails now, before the search is spent

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
+from lightprune.core import interrupt
 from lightprune.core.errors import register_error
 
 __all__ = ["TMP_TAG", "OutputDirError", "check_out_dir", "clean_stale", "staging_dir"]
@@ -196,6 +197,7 @@ def staging_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator
         yield staged
         out = check_out_dir(out, overwrite)  # the target may have appeared meanwhile
         _commit(staged, out)
+        interrupt.kept(str(out))
     except BaseException as exc:
         _remove(staged, f"the unfinished staging of {str(out)!r}")
         error = _output_dir_error(exc, out, creating=False)

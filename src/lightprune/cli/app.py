@@ -26,6 +26,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightprune.cli.errors import condense
 from lightprune.cli.options import Addressed, OptionError, missing_callback, split_addressed
 from lightprune.cli.trainer import PruneTrainer
+from lightprune.core import interrupt
 from lightprune.core.errors import ERRORS
 from lightprune.core.extras import missing_deepspeed
 from lightprune.core.jsonio import DuplicateKeyError, check_yaml_keys
@@ -76,7 +77,10 @@ class LightpruneCLI(LightningCLI):
                 self.config_dump[key] = {}
 
     def before_instantiate_classes(self) -> None:
-        """Set each addressed option on the one callback of its class (a subclass counts) in the parsed config."""
+        """Set each addressed option on the one callback of its class (a subclass counts) in the parsed config, then
+        run each callback's ``preflight`` (:meth:`JobEndCallback.preflight
+        <lightprune.callbacks.job_end.JobEndCallback.preflight>`: an existing output directory) before anything
+        is built."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         entries = (config.trainer.callbacks or []) if self.addressed else []
         for item in self.addressed:
@@ -90,6 +94,13 @@ class LightpruneCLI(LightningCLI):
             except (KeyError, TypeError, AttributeError):  # a nested option of a class that is not given
                 raise OptionError(f"{item.option}: {item.callback}'s {item.argument.split('.')[0]} is not given as a "
                                   "class here; set it whole") from None
+        callbacks = config.trainer.callbacks or []
+        for entry in callbacks if isinstance(callbacks, list) else [callbacks]:
+            preflight = getattr(_callback_class(entry), "preflight", None)
+            if preflight is not None:
+                init_args = entry.init_args
+                preflight(init_args.as_dict() if hasattr(init_args, "as_dict") else dict(vars(init_args)),
+                          config.trainer.default_root_dir)
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -103,21 +114,28 @@ class LightpruneCLI(LightningCLI):
 _PACKAGE = str(Path(__file__).resolve().parents[1])  # the lightprune package
 
 
-def _is_callback(entry: Any, name: str) -> bool:
-    """Whether a parsed ``trainer.callbacks`` entry (class_path + init_args) is lightprune's callback ``name``."""
+def _callback_class(entry: Any) -> type | None:
+    """The class of a parsed ``trainer.callbacks`` entry (class_path + init_args), None when it has none or it
+    cannot be imported (the parser says so when it builds it)."""
     import importlib
-
-    import lightprune.callbacks as callbacks
 
     class_path = getattr(entry, "class_path", None)
     if not isinstance(class_path, str) or getattr(entry, "init_args", None) is None:
-        return False
+        return None
     module, _, attr = class_path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), attr) if module else None
     except (ImportError, AttributeError):
-        return False
-    return isinstance(cls, type) and issubclass(cls, getattr(callbacks, name))
+        return None
+    return cls if isinstance(cls, type) else None
+
+
+def _is_callback(entry: Any, name: str) -> bool:
+    """Whether a parsed ``trainer.callbacks`` entry (class_path + init_args) is lightprune's callback ``name``."""
+    import lightprune.callbacks as callbacks
+
+    cls = _callback_class(entry)
+    return cls is not None and issubclass(cls, getattr(callbacks, name))
 
 
 def _raised_here(err: BaseException) -> bool:
@@ -213,25 +231,34 @@ def main() -> None:
 
     A bad input or an OS error (a ValueError, an OSError such as a read-only output or a full disk, or one of
     lightprune's own errors: :data:`lightprune.core.errors.ERRORS`) is reported in one line and exit status 2; set
-    ``LIGHTPRUNE_DEBUG=1`` to see the traceback. Third-party notices that say nothing about the run are dropped
-    (:mod:`lightprune.cli.quiet`); ``--verbose`` or ``LIGHTPRUNE_VERBOSE=1`` shows them.
+    ``LIGHTPRUNE_DEBUG=1`` to see the traceback. SIGTERM or SIGINT stop the run where it is, with one line saying
+    what it was doing and what it kept, and exit status 143 or 130 (:mod:`lightprune.core.interrupt`).
+    Third-party notices that say nothing about the run are dropped (:mod:`lightprune.cli.quiet`); ``--verbose`` or
+    ``LIGHTPRUNE_VERBOSE=1`` shows them.
     """
     if "--verbose" in sys.argv:  # read at import (lightprune.cli.quiet); not an option of the parser
         sys.argv.remove("--verbose")
     try:
-        try:
-            cli_main()
-        except (MisconfigurationException, ValueError) as err:  # a DeepSpeed strategy without deepspeed (also
-            # inside the parser's Union error when built from a config file): name the extra
-            missing = missing_deepspeed(err)
-            if missing is None:
-                raise
-            raise missing from None
+        with interrupt.installed():
+            try:
+                cli_main()
+            except (MisconfigurationException, ValueError) as err:  # a DeepSpeed strategy without deepspeed (also
+                # inside the parser's Union error when built from a config file): name the extra
+                missing = missing_deepspeed(err)
+                if missing is None:
+                    raise
+                raise missing from None
     except (ValueError, OSError, *ERRORS) as err:
         if os.environ.get("LIGHTPRUNE_DEBUG"):
             raise
         print(f"lightprune: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except interrupt.Interrupted as err:
+        if os.environ.get("LIGHTPRUNE_DEBUG"):
+            raise
+        command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
+        print(interrupt.describe(err, command), file=sys.stderr)
+        raise SystemExit(err.exit_status) from None
 
 
 if __name__ == "__main__":

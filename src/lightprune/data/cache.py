@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from lightprune.core import interrupt
 from lightprune.core.errors import register_error
 
 __all__ = ["MANIFEST", "CacheError", "sha256_file", "write_manifest", "check_folder", "publish_folder",
@@ -93,10 +94,11 @@ def build_folder(final: Path, fill, replace: bool) -> None:
     """``fill(tmp)`` a temporary sibling of ``final``, then rename it into place (:func:`publish_folder`)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    try:
+    try:  # made inside: an interrupt right after the mkdir still removes it
+        tmp.mkdir()
         fill(tmp)
         publish_folder(tmp, final, replace)
+        interrupt.kept(f"{final} (cached)")
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -30,10 +30,10 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from lightprune.core import interrupt
 from lightprune.core.batch import model_inputs
 from lightprune.data.cache import CacheError, build_folder, check_folder
 from lightprune.finetune import MoECausalLM
-from lightprune.finetune.progress import progress_bar
 
 __all__ = ["TRAINING_THREADS", "LossCurve", "cache_root", "cached_testbed", "deterministic_training", "encode_batches",
            "facts_digest", "fit_from_init", "isolated_rng", "next_token_metrics", "next_token_row_sums", "spec_digest",
@@ -143,17 +143,51 @@ def cached_testbed(folder: Path, expect: dict[str, Any], train: Callable[[Path],
             from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
             rank_zero_warn(f"retraining the testbed {folder}: {e}")
-        with isolated_rng():
+        with isolated_rng(), interrupt.doing(f"training the embedded testbed {folder.name} (nothing of it is "
+                                             "cached until it finishes)"):
+            rank_zero_info(f"lightprune: training the embedded testbed {folder.name} once, on {TRAINING_THREADS} "
+                           f"threads (fixed: the cache is keyed on them); it is cached under {folder.parent} and "
+                           "later runs reuse it")
             build_folder(folder, train, replace=folder.exists())
     return folder
 
 
+class StepsBar(pl.Callback):
+    """A bar over the whole training (``max_steps`` optimizer steps, its rate and time left for all of them), where
+    Lightning's bar counts the batches of one epoch; the running loss beside it."""
+
+    def __init__(self, description: str):
+        self.description = description
+        self.bar = None
+
+    def on_train_start(self, trainer, module):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=trainer.max_steps, desc=self.description, unit="step", leave=False,
+                        initial=trainer.global_step)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.bar is None:
+            return
+        self.bar.update(trainer.global_step - self.bar.n)
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is not None:
+            self.bar.set_postfix(loss=f"{float(loss):.3f}", refresh=False)
+
+    def on_train_end(self, trainer, module):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    on_exception = on_train_end
+
+
 class LossCurve(pl.Callback):
     """Keeps (step, train loss, aux loss) every ``every`` optimizer steps and at the last (and logs them when
-    the trainer shows no progress bar)."""
+    ``log``: no bar is shown)."""
 
-    def __init__(self, every: int):
-        self.every = every
+    def __init__(self, every: int, log: bool = False):
+        self.every, self.log = every, log
         self.points: list[dict[str, float]] = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
@@ -162,7 +196,7 @@ class LossCurve(pl.Callback):
             m = trainer.callback_metrics
             self.points.append({"step": step, "loss": float(m["train/loss"]),
                                 "aux_loss": float(m.get("train/aux_loss", math.nan))})
-            if trainer.progress_bar_callback is None:  # no bar: a line per point, for logs of background runs
+            if self.log:  # no bar: a line per point, for logs of background runs
                 rank_zero_info(f"step {step}/{trainer.max_steps}: loss {self.points[-1]['loss']:.4f}")
 
 
@@ -175,12 +209,12 @@ def fit_from_init(folder: Path, init: Path, datamodule, spec, *, router_aux_loss
     module = MoECausalLM(checkpoint=str(init), learning_rate=spec.learning_rate, weight_decay=spec.weight_decay,
                          warmup_steps=spec.warmup_steps, scheduler="cosine", router_aux_loss_coef=router_aux_loss_coef,
                          aux_loss=getattr(spec, "aux_loss", "model"), loss_mean=getattr(spec, "loss_mean", "token"))
-    curve = LossCurve(max(1, spec.steps // 50))
+    curve = LossCurve(max(1, spec.steps // 50), log=not progress)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec.steps, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=progress, enable_model_summary=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          limit_val_batches=0, num_sanity_val_steps=0,
                          gradient_clip_val=getattr(spec, "max_grad_norm", None),
-                         callbacks=[curve, *([progress_bar()] if progress else [])],
+                         callbacks=[curve, *([StepsBar("training the testbed")] if progress else [])],
                          default_root_dir=str(folder / "lightning"))
     start = time.perf_counter()
     with deterministic_training():

@@ -147,8 +147,12 @@ def _datamodule(tokenizer_dir):
     return TextJsonlDataModule(str(tokenizer_dir), test=str(TEXT), val=str(TEXT), batch_size=3)
 
 
-def test_export_run_before_and_after_merged_into_report(tmp_path, tokenizer_dir) -> None:
+def test_export_run_before_and_after_merged_into_report(tmp_path, tokenizer_dir, caplog) -> None:
+    import logging
+
     from lightprune.cli.trainer import PruneTrainer
+
+    caplog.set_level(logging.INFO)
 
     dm = _datamodule(tokenizer_dir)
     # Evaluate listed first: its end-of-job step runs ExpertPruning and Export before measuring "after"
@@ -170,6 +174,11 @@ def test_export_run_before_and_after_merged_into_report(tmp_path, tokenizer_dir)
         assert got["next_token_accuracy"] == pytest.approx(want["next_token_accuracy"], abs=1e-12)
         assert got["task_accuracy"]["default"] == pytest.approx(want["token"][0], abs=1e-12)
     assert abs(ev["before"]["perplexity"] - ev["after"]["perplexity"]) > 1e-3  # pruning changed the model
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Evaluate (")]
+    assert lines == [f"Evaluate ({label}): perplexity {ev[label]['perplexity']:.4g}, next-token accuracy "
+                     f"{ev[label]['next_token_accuracy']:.4f}, token accuracy "
+                     f"{ev[label]['task_accuracy']['default']:.4f}"
+                     for label in ("before", "after")]  # one task: its value, not a dict
 
 
 def test_masked_after_when_nothing_prunes_in_place(tmp_path, tokenizer_dir) -> None:

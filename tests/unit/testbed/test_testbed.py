@@ -215,3 +215,43 @@ def test_another_machine_or_thread_count_is_another_testbed(monkeypatch, testbed
         facts = {**training.training_facts(), key: value}
         monkeypatch.setattr(training, "training_facts", lambda facts=facts: facts)
         assert _folder("micro", MICRO, testbed_root) != here, key
+
+
+def test_the_training_bar_counts_every_optimizer_step_across_epochs(monkeypatch) -> None:
+    """Lightning's bar counts one epoch's batches; the testbed's counts the whole training: 7 steps over 3 epochs
+    of 3 batches, total 7, and it reaches 7."""
+    import io
+
+    import lightning.pytorch as pl
+    import torch
+    import tqdm.auto
+
+    from lightprune.testbed.training import StepsBar
+
+    bars = []
+
+    class Recording(tqdm.auto.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "file": io.StringIO()})
+            bars.append(self)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recording)
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = self.layer(batch[0]).pow(2).mean()
+            self.log("train/loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(6, 2)), batch_size=2)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=7, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[StepsBar("testbed")])
+    trainer.fit(Module(), data)
+    assert len(bars) == 1 and bars[0].total == 7 and bars[0].n == 7 and trainer.current_epoch > 1

@@ -1,0 +1,101 @@
+"""An interrupted command (SIGTERM, SIGINT) exits non-zero with one line saying what it was doing and what it kept;
+refusals that need no model come before anything is built."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fixtures import REPO
+
+from lightprune.cli import app as cli
+from lightprune.core import interrupt
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_raises_interrupted_naming_what_ran_and_the_handlers_return_after(signum) -> None:
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    with pytest.raises(interrupt.Interrupted) as info, interrupt.installed(), interrupt.doing("training a testbed"):
+        os.kill(os.getpid(), signum)
+        time.sleep(5)  # the handler runs at the next bytecode: never reached
+    assert info.value.signum == signum and info.value.doing == "training a testbed"
+    assert info.value.exit_status == 128 + signum
+    assert {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} == before
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_the_command_prints_one_line_and_exits_with_128_plus_the_signal(monkeypatch, capsys, signum, status) -> None:
+    def run():
+        interrupt.kept("/runs/a/model")
+        with interrupt.doing("exporting"):
+            os.kill(os.getpid(), signum)
+            time.sleep(5)
+
+    monkeypatch.setattr(cli, "cli_main", run)
+    monkeypatch.setattr(sys, "argv", ["lightprune", "calibrate", "--config", "c.yaml"])
+    monkeypatch.delenv("LIGHTPRUNE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == status
+    name = signal.Signals(signum).name
+    assert capsys.readouterr().err == (f"lightprune: interrupted by {name} during `calibrate` while exporting; "
+                                       "kept: /runs/a/model\n")
+    interrupt.kept("/elsewhere")  # outside a command nothing is recorded
+    monkeypatch.setattr(cli, "cli_main", lambda: os.kill(os.getpid(), signum) or time.sleep(5))
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert capsys.readouterr().err.endswith("nothing was published (outputs are renamed into place only when "
+                                            "complete)\n")
+
+
+def test_sigterm_while_the_first_run_trains_its_testbed_exits_143_and_caches_nothing(tmp_path) -> None:
+    """The real command, on a fresh cache: it says it trains the testbed; SIGTERM then stops it at once, with
+    status 143 (Lightning alone exits 0), one line naming the training and what was kept (the text corpus, cached
+    before the training), and no testbed, not even a partial one, in the cache."""
+    env = {**os.environ, "LIGHTPRUNE_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "lightprune.cli.app", "calibrate", "--config",
+                                str(REPO / "configs" / "quickstart.yaml"), "--trainer.default_root_dir",
+                                str(tmp_path / "run")], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in process.stderr:
+            seen.append(line)
+            if "training the embedded testbed" in line:
+                process.send_signal(signal.SIGTERM)
+                break
+        err = "".join(seen) + process.stderr.read()
+        status = process.wait(timeout=120)
+    finally:
+        process.kill()
+    assert status == 143, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("lightprune: interrupted by SIGTERM during `calibrate` while training the embedded "
+                           "testbed text-small"), last
+    corpus = re.search(r"; kept: (\S+) \(cached\)$", last)  # the text corpus, built before the training
+    assert corpus and Path(corpus.group(1)).parent == tmp_path / "cache" / "testbed", last
+    assert Path(corpus.group(1)).name.startswith("corpus-") and Path(corpus.group(1)).is_dir()
+    assert not [p for p in (tmp_path / "cache" / "testbed").iterdir() if "text-small" in p.name]
+
+
+def test_an_existing_output_directory_is_refused_before_anything_is_built(tmp_path) -> None:
+    """The export directory exists: refused from the options alone, before the model (whose checkpoint here does
+    not even exist, which building it would report) or Lightning's trainer is made."""
+    (tmp_path / "run" / "model").mkdir(parents=True)
+    (tmp_path / "run" / "model" / "config.json").write_text("{}")
+    done = subprocess.run([sys.executable, "-m", "lightprune.cli.app", "export", "--config",
+                           str(REPO / "configs" / "aimer_tiny.yaml"), "--model.init_args.tiny", "null",
+                           "--model.init_args.checkpoint", str(tmp_path / "missing"), "--trainer.default_root_dir",
+                           str(tmp_path / "run")],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("lightprune: error:") and str(tmp_path / "run" / "model") in last, last
+    assert "overwrite true" in last and "missing" not in last.replace(str(tmp_path / "run"), ""), last
+    assert "GPU available" not in done.stderr
