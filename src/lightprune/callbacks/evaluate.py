@@ -195,7 +195,8 @@ class Evaluate(JobEndCallback):
         max_batches: evaluate the first batches only.
         lm_eval_tasks: local lm-eval task YAML files (``dataset_path: json`` + ``dataset_kwargs.data_files``);
             needs the ``eval`` extra.
-        lm_eval_batch_size, lm_eval_limit: lm-eval's batch size and samples per task.
+        lm_eval_batch_size: lm-eval's batch size.
+        lm_eval_limit: lm-eval's samples per task (None: all).
         data: a datamodule to read the split from (default: the trainer's, under ``fit`` and ``test``; ``calibrate``
             and ``export`` do not give their callbacks one, so there it is needed).
         output_dir: the run directory of report.json (default: ``trainer.default_root_dir``).

@@ -103,9 +103,10 @@ class RouterDelta(JobEndCallback):
         score: ``weight`` (Eq. 4), ``signed_weight`` (Eq. 3), ``logit`` (Eq. 5) or ``auto``
             (``weight`` when the router is trainable, else ``logit``).
         holdout_batches: batches of the datamodule's val dataloader for the logit delta.
-        ratio, n_per_layer, output_dir, export, overwrite, atol, summary: deprecated (0.1): when any is
-            given, the run also gets ``ExpertPruning(criterion="router_delta", ...)`` and (unless
-            ``export=False``) ``Export(...)`` with them; list those callbacks instead.
+
+    ``ratio``, ``n_per_layer``, ``output_dir``, ``export``, ``overwrite``, ``atol``, ``summary``: deprecated (0.1):
+    when any is given, the run also gets ``ExpertPruning(criterion="router_delta", ...)`` and (unless
+    ``export=False``) ``Export(...)`` with them; list those callbacks instead.
     """
 
     phase = "score"

@@ -157,7 +157,7 @@ class MoEFamily:
     unselected_removal_is_free: ClassVar[bool] = False
     #: True for group-limited routers (top-2 group scores need two experts in every group)
     group_limited: ClassVar[bool] = False
-    #: the routing rule in a few words (the README's family table)
+    #: the routing rule in a few words (the family table of docs/extending/family.md)
     routing: ClassVar[str] = "softmax over the experts, top-k"
     #: per-expert tensors in submodules of the router: (submodule, name, the experts' dimension); submodule ""
     #: is the router itself

@@ -4,7 +4,7 @@ sigmoid ones in :mod:`.sigmoid_families`; this module holds the built-in list an
 
 Each class states its routing rule in its docstring and in ``routing``; the table of every registered
 family (routing, shared experts, multimodal) and of every refused model type with its reason is generated
-by :func:`lightprune.models.family_table` (the README's "Add a model family" shows it). A family that reuses
+by :func:`lightprune.models.family_table` (docs/extending/family.md shows it). A family that reuses
 another's rule says so by subclassing it, or, when it differs from it only in settings, by a row of
 :func:`~lightprune.models.family_rows.family_row`: the transformers router of each was compared line by line, and
 the conformance tests check route == the family's own router bitwise, masked == pruned == reloaded, and the

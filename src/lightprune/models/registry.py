@@ -2,7 +2,7 @@
 on the project's one registry class (:class:`lightprune.core.registry.Registry`, any non-empty model type).
 
 Built-in families register when :mod:`lightprune.models` is imported; a project adds its own with the same
-call (README, "Add a model family")::
+call (docs/extending/family.md)::
 
     @lp.register_family
     class MyMoeFamily(MoEFamily):
@@ -29,7 +29,7 @@ __all__ = ["FAMILIES", "REFUSED", "register_family", "unregister_family", "refus
            "supported_model_types", "family_table", "ADD_A_FAMILY"]
 
 #: where a user reads how to add a family
-ADD_A_FAMILY = "see 'Add a model family' in lightprune's README (lp.register_family)"
+ADD_A_FAMILY = "see lightprune's documentation, docs/extending/family.md (lp.register_family)"
 
 
 def _check_family(model_type: str, cls: Any) -> None:

@@ -36,7 +36,9 @@ def format_value(value: Any) -> str:
 
 
 def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """A table cell: pipes escaped, one line, square brackets escaped (Markdown would read ``[a, b]`` beside
+    another bracket as a reference link)."""
+    return str(text).replace("|", "\\|").replace("\n", " ").replace("[", "\\[").replace("]", "\\]")
 
 
 def _inline(value: Any) -> str:

@@ -1,5 +1,6 @@
-"""Every `lightprune` command the README shows names configs that exist and options lightprune accepts (checked
-as the console script checks them before it loads Lightning), so a renamed option or config cannot rot there."""
+"""Every `lightprune` command the README and the documentation pages (docs/) show names configs that exist and
+options lightprune accepts (checked as the console script checks them before it loads Lightning), so a renamed
+option or config cannot rot there."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from fixtures import REPO
 
 from lightprune.cli.options import check_command_line
 
-_BLOCKS = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+_BLOCKS = [block for page in PAGES for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S)]
 COMMANDS = []
 for _block in _BLOCKS:
     for _line in _block.replace("\\\n", " ").splitlines():

@@ -1,4 +1,5 @@
-"""Every ```python block of the README runs as written (on the embedded tiny models), so the README cannot rot."""
+"""Every ```python block of the README and of the documentation pages (docs/) runs as written (on the embedded
+tiny models), so the documentation cannot rot."""
 
 from __future__ import annotations
 
@@ -7,15 +8,19 @@ import re
 import pytest
 from fixtures import REPO
 
-BLOCKS = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+FOUND = [(page.relative_to(REPO), block) for page in PAGES
+         for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
+BLOCKS = [block for _, block in FOUND]
 
 
-def test_the_readme_has_python_blocks() -> None:
+def test_the_documentation_has_python_blocks() -> None:
     assert len(BLOCKS) >= 5
+    assert any(str(page) == "README.md" for page, _ in FOUND)
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_python_block_runs(index, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[f"{page}-{i}" for i, (page, _) in enumerate(FOUND)])
+def test_documentation_python_block_runs(index, tmp_path, monkeypatch) -> None:
     from lightprune.experts.calibration.registry import STATISTICS
     from lightprune.experts.criteria import registry as criteria
     from lightprune.models import FAMILIES, unregister_family
@@ -30,7 +35,7 @@ def test_readme_python_block_runs(index, tmp_path, monkeypatch) -> None:
             for name in re.findall(r'@register_criterion\("(\w+)"\)', block):  # a name a test may hold: the snippet's
                 if name in criteria.CRITERIA:                                   # own
                     criteria.unregister_criterion(name)
-            exec(compile(block, f"README.md python block {index}", "exec"), namespace)
+            exec(compile(block, f"{FOUND[index][0]} python block {index}", "exec"), namespace)
     finally:
         for model_type in set(FAMILIES) - set(families_before):
             unregister_family(model_type)

@@ -82,7 +82,7 @@ def test_every_value_equals_the_replaced_accumulators_bit_for_bit(tiny, family, 
 
 
 def test_a_statistic_a_project_registers_is_collected_scored_and_resumed(tiny) -> None:
-    """A Statistic registered outside lightprune (sum of squared routing weights per expert, the README's example)
+    """A Statistic registered outside lightprune (sum of squared routing weights per expert, the documentation's example)
     is collected in the same pass as the built-in ones, equals the same sum taken from the routers' own outputs, is
     read by a criterion that names it, and resumes from a saved state."""
     from lightprune.experts.calibration import Statistic
