@@ -34,6 +34,7 @@ from lightprune.checkpoints.contents import check_contents
 from lightprune.checkpoints.pool import ReadPool
 from lightprune.checkpoints.reader import Checkpoint, stored_dtype
 from lightprune.checkpoints.resize import experts_per_layer
+from lightprune.core.notices import quiet_progress
 
 __all__ = ["EXPERT_INDEX", "Skeleton", "checkpoint_dtype"]
 
@@ -101,20 +102,6 @@ def _trim() -> None:
     trim = _libc_trim()
     if trim is not None:
         trim(0)
-
-
-@contextlib.contextmanager
-def _quiet_progress() -> Iterator[None]:
-    """transformers' "Loading weights" bar off while one module loads."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
 
 
 class Skeleton:
@@ -297,7 +284,7 @@ class Skeleton:
         keys = sorted({key for name in names for key in self.sources[name]})
         state = {key: self.checkpoint.tensor(key) for key in keys}
         config = LoadStateDictConfig(weight_mapping=self._mapping, dtype=self.dtype, device_map={"": self.device})
-        with _quiet_progress():
+        with quiet_progress():
             info, _ = convert_and_load_state_dict_in_model(self.model, state, config)
         problems = []
         left = sorted(set(info.missing_keys) & set(names))

@@ -19,6 +19,8 @@ from lightprune.cli import quiet
 
 if not quiet.is_verbose(sys.argv):  # before lightning, transformers and deepspeed print their import-time notices
     quiet.install()
+else:  # ``import lightprune`` dropped them for the Python API: a verbose command shows them
+    quiet.remove_filters()
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -238,6 +240,7 @@ def main() -> None:
     """
     if "--verbose" in sys.argv:  # read at import (lightprune.cli.quiet); not an option of the parser
         sys.argv.remove("--verbose")
+        os.environ[quiet.VERBOSE_ENV] = "1"  # and by lightprune's own quiet steps (lightprune.core.notices)
     try:
         with interrupt.installed():
             try:

@@ -55,6 +55,7 @@ from lightprune.checkpoints.header import header_bytes
 from lightprune.checkpoints.staging import TMP_TAG, staging_dir
 from lightprune.core.checks import check_atol
 from lightprune.core.jsonio import parse_json
+from lightprune.core.notices import quiet_progress
 from lightprune.experts.mask import is_masked
 from lightprune.experts.plan import ExpertPlan
 from lightprune.export.load import load_pruned
@@ -395,13 +396,15 @@ def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[i
     atol, rtol = default_atol(model) if atol is None else atol, default_rtol(model)
     dtype, device = _weights_dtype(model), _device(model)
     with staging_dir(out_dir, overwrite) as tmp:
-        model.save_pretrained(tmp, **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))
+        with quiet_progress():  # lightprune's own save: the summary reports it
+            model.save_pretrained(tmp, **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))
         tokenizer = _write_tokenizer(tmp, processor, source)
         if source is not None and not (tmp / GENERATION_FILE).exists() and (source / GENERATION_FILE).is_file():
             shutil.copyfile(source / GENERATION_FILE, tmp / GENERATION_FILE)
         finish_config(tmp, model, uniform)
         check_no_pickles(tmp)
-        diffs = _verify(tmp, probe, reference_logits, dtype, device, not uniform, atol, rtol)
+        with quiet_progress():  # the verification's reloads
+            diffs = _verify(tmp, probe, reference_logits, dtype, device, not uniform, atol, rtol)
         worst = max(diffs.values(), key=lambda c: c.max_abs_diff)
         manifest = write_manifest(
             tmp, model, counts, parameters=parameter_count(model), parameter_bytes=tensor_bytes(model), dtype=dtype,

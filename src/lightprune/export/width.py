@@ -30,6 +30,7 @@ from torch import nn
 
 from lightprune.checkpoints.staging import staging_dir
 from lightprune.core.checks import check_atol, check_positive_int
+from lightprune.core.notices import quiet_progress
 from lightprune.export.load import load_pruned
 from lightprune.export.result import MANIFEST_FILE, WidthExportResult
 from lightprune.export.verify import (
@@ -98,11 +99,12 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
     atol, rtol = default_atol(model) if atol is None else atol, default_rtol(model)
     valid = _valid_positions(probe, reference_logits)
     with staging_dir(out_dir, overwrite) as tmp:
-        model.save_pretrained(tmp)
-        if processor is not None:
-            processor.save_pretrained(tmp)
-        plan.save(tmp / WIDTH_PLAN_FILE)
-        reloaded = load_pruned(tmp).to(next(model.parameters()).device)
+        with quiet_progress():  # lightprune's own save and reload: the result reports them
+            model.save_pretrained(tmp)
+            if processor is not None:
+                processor.save_pretrained(tmp)
+            plan.save(tmp / WIDTH_PLAN_FILE)
+            reloaded = load_pruned(tmp).to(next(model.parameters()).device)
         try:
             diff = compare(model_logits(reloaded, probe), reference_logits, atol, rtol, "reloaded width checkpoint",
                            valid=valid)

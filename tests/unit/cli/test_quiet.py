@@ -12,6 +12,7 @@ import pytest
 from fixtures import REPO
 
 from lightprune.cli import quiet
+from lightprune.core import notices
 
 
 def test_verbose_is_an_argument_or_the_environment() -> None:
@@ -46,7 +47,7 @@ def test_install_drops_the_named_notices_and_nothing_else() -> None:
             warnings.warn("`is_gradient_checkpointing` is deprecated and will be removed", FutureWarning)
             warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", DeprecationWarning)
             warnings.warn("something else is deprecated", FutureWarning)
-        assert sum(len([f for f in l.filters if isinstance(f, quiet._Drop)]) for l in loggers) == len(loggers)
+        assert sum(len([f for f in l.filters if isinstance(f, notices._Drop)]) for l in loggers) == len(loggers)
     finally:
         for logger in loggers:
             logger.removeHandler(handler)
@@ -79,6 +80,30 @@ def test_the_command_is_quiet_unless_verbose(tmp_path, testbed_root, verbose) ->
     if not verbose:  # (shown verbose only where bitsandbytes lacks its optional kernel package)
         assert "gemm_4bit_forward" not in output and "is_gradient_checkpointing" not in output
     assert "ExpertPruning: reap pruned" in output  # lightprune's own lines stay
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+def test_the_python_api_is_as_quiet_as_the_command(tmp_path, verbose) -> None:
+    """An export from Python in a fresh process (the dev extras installed: DeepSpeed is imported on the way): no
+    DeepSpeed notice, no progress bars of the export's own save and reload; LIGHTPRUNE_VERBOSE=1 shows them."""
+    script = ("import lightprune as lp\n"
+              "from lightprune.models.tiny import tiny_model\n"
+              "model = tiny_model('qwen3_moe')\n"
+              "plan = lp.select_experts(lp.score_weights(model, 'aimer'), ratio=0.5)\n"
+              f"lp.export_pruned(model, plan, {str(tmp_path / 'out')!r})\n"
+              "print('exported')\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop(quiet.VERBOSE_ENV, None)
+    env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+    if verbose:
+        env[quiet.VERBOSE_ENV] = "1"
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0 and done.stdout.endswith("exported\n"), done.stderr[-2000:]
+    assert ("Loading weights" in done.stderr) == verbose and ("Writing model shards" in done.stderr) == verbose
+    assert ("Setting accelerator to CPU" in done.stdout + done.stderr) == verbose  # DeepSpeed prints to stdout
+    if not verbose:
+        assert done.stdout == "exported\n" and done.stderr == "", done.stdout + done.stderr
 
 
 def test_the_progress_bar_says_calibration_while_calibrating(tmp_path) -> None:
