@@ -35,8 +35,7 @@ from typing import Any
 
 from lightprune import _compat
 from lightprune.core.lazy import lazy_attributes
-from lightprune.core.notices import install_filters as _install_filters
-from lightprune.core.notices import verbose as _verbose
+from lightprune.core.notices import install_filters as _install_filters, verbose as _verbose
 
 if not _verbose():  # the Python API as quiet as the command (lightprune.core.notices); LIGHTPRUNE_VERBOSE=1 keeps all
     _install_filters()
