@@ -13,7 +13,8 @@ subclass. Non-persistent buffers (rotary frequencies) are computed on the CPU as
 the same code ``from_pretrained`` runs, one module at a time. Every parameter and persistent buffer of a loaded
 module must come from the checkpoint (tied weights follow their source); a missing, mis-shaped or unconvertible
 tensor raises ``ValueError`` naming it. :meth:`Skeleton.release` puts them back on the meta device, so the
-memory held is that of the resident modules.
+memory held is that of the resident modules (with a :class:`~lightprune.checkpoints.pool.ReadPool`, also the last
+release's storages until the next load has read into them or dropped them).
 """
 
 from __future__ import annotations
