@@ -43,6 +43,7 @@ from lightprune.core.jsonio import parse_yaml
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.experts.mask import mask_experts
 from lightprune.experts.merging import merged_experts
+from lightprune.export.result import record_evaluation
 from lightprune.models import find_moe_layers
 from lightprune.models.unwrap import base_model_of
 from lightprune.reporting.report import merge_report
@@ -292,6 +293,9 @@ class Evaluate(JobEndCallback):
             merge_report({"evaluation": {"split": self.split, "metric": self.metric,
                                          "task_names": list(getattr(dm, "task_names", None) or ["default"]),
                                          **self.results}}, self.run_dir(trainer) / "report.json")
+            state = RunState.of(trainer)
+            if "after" in self.results and state.exported is not None:  # the card was written before "after"
+                record_evaluation(state.exported, state.evaluation)
         self.written = True
 
     # ------------------------------------------------------------------ lifecycle

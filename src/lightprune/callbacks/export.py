@@ -217,6 +217,8 @@ class Export(JobEndCallback):
                 source_dir, plan, run_dir, ckpt_dir, source=getattr(pl_module, "source", None),
                 params_before=params_before, seconds_scoring=seconds_scoring, overwrite=self.overwrite,
                 atol=self.atol)
+            if trainer.is_global_zero:
+                RunState.of(trainer).exported = ckpt_dir
             self._summarise(trainer)
             return
         model = _full_precision(pl_module)
@@ -238,6 +240,7 @@ class Export(JobEndCallback):
                                          atol=self.atol,
                                          processor=_run_tokenizer(model, trainer.datamodule or state.datamodule),
                                          evaluation=dict(state.evaluation) or None)
+        state.exported = ckpt_dir
         self._summarise(trainer)
 
     def _summarise(self, trainer: pl.Trainer) -> None:

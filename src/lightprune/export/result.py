@@ -42,7 +42,7 @@ from lightprune.checkpoints.classes import auto_class_name, base_class
 from lightprune.checkpoints.directory import weight_files
 from lightprune.export.model_card import CARD_FILE, model_card
 
-__all__ = ["MANIFEST_FILE", "ExportResult", "WidthExportResult", "LEGACY_KEYS", "write_manifest"]
+__all__ = ["MANIFEST_FILE", "ExportResult", "WidthExportResult", "LEGACY_KEYS", "record_evaluation", "write_manifest"]
 
 #: the manifest of every export (expert and width), beside the weights
 MANIFEST_FILE = "lightprune_export.json"
@@ -260,3 +260,19 @@ def write_manifest(tmp: Path, model: nn.Module, counts: Mapping[int, int], *, pa
     (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     (tmp / CARD_FILE).write_text(model_card(manifest))
     return manifest
+
+
+def record_evaluation(out_dir: str | os.PathLike, evaluation: Mapping[str, Any]) -> None:
+    """Replace the ``evaluation`` of the expert export at ``out_dir`` (its manifest and its model card, each
+    rewritten whole beside itself and renamed over it): what an evaluation after the export measured (the card of
+    a job that evaluates after pruning shows both ``before`` and ``after``). Nothing else of the export changes."""
+    out_dir = Path(out_dir)
+    manifest = json.loads((out_dir / MANIFEST_FILE).read_text())
+    if manifest.get("format") != "lightprune-export":
+        raise ValueError(f"{str(out_dir)!r} is not an expert export (its {MANIFEST_FILE} has format "
+                         f"{manifest.get('format')!r})")
+    manifest["evaluation"] = json.loads(json.dumps(dict(evaluation)))  # plain JSON, as written at export
+    for name, text in ((MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n"), (CARD_FILE, model_card(manifest))):
+        staged = out_dir / f".{name}.tmp-{os.getpid()}"
+        staged.write_text(text)
+        os.replace(staged, out_dir / name)

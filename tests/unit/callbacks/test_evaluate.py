@@ -174,6 +174,14 @@ def test_export_run_before_and_after_merged_into_report(tmp_path, tokenizer_dir,
         assert got["next_token_accuracy"] == pytest.approx(want["next_token_accuracy"], abs=1e-12)
         assert got["task_accuracy"]["default"] == pytest.approx(want["token"][0], abs=1e-12)
     assert abs(ev["before"]["perplexity"] - ev["after"]["perplexity"]) > 1e-3  # pruning changed the model
+    # the export's card and manifest, written before "after" was measured, carry both once the job has ended
+    manifest = json.loads((tmp_path / "model" / "lightprune_export.json").read_text())
+    assert manifest["evaluation"]["before"] == ev["before"] and manifest["evaluation"]["after"] == ev["after"]
+    card = (tmp_path / "model" / "README.md").read_text()
+    for label in ("before", "after"):
+        assert f"| {label}.perplexity | " in card, card
+    assert lp.load_pruned(tmp_path / "model") is not None
+    assert not [p.name for p in (tmp_path / "model").iterdir() if ".tmp-" in p.name]
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Evaluate (")]
     assert lines == [f"Evaluate ({label}): perplexity {ev[label]['perplexity']:.4g}, next-token accuracy "
                      f"{ev[label]['next_token_accuracy']:.4f}, token accuracy "
