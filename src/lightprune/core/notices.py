@@ -18,8 +18,8 @@ import os
 import warnings
 from collections.abc import Iterator
 
-__all__ = ["DROPPED_LOGS", "DROPPED_WARNINGS", "VERBOSE_ENV", "install_filters", "quiet_progress", "remove_filters",
-           "verbose"]
+__all__ = ["DROPPED_LOGS", "DROPPED_WARNINGS", "VERBOSE_ENV", "dropped", "install_filters", "quiet_progress",
+           "remove_filters", "verbose"]
 
 VERBOSE_ENV = "LIGHTPRUNE_VERBOSE"
 #: logger name -> message fragments dropped from it
@@ -73,6 +73,20 @@ def remove_filters() -> None:
     dropped = {(category, message) for category, message in DROPPED_WARNINGS}
     warnings.filters[:] = [f for f in warnings.filters
                            if not (f[0] == "ignore" and (f[2], getattr(f[1], "pattern", f[1])) in dropped)]
+
+
+@contextlib.contextmanager
+def dropped(logger: str, *fragments: str) -> Iterator[None]:
+    """Inside the block, messages of ``logger`` holding any of ``fragments`` are dropped, unless verbose (an inner
+    trainer's banner: Lightning prints it once per Trainer)."""
+    log = logging.getLogger(logger)
+    drop = _Drop(fragments)
+    if not verbose():
+        log.addFilter(drop)
+    try:
+        yield
+    finally:
+        log.removeFilter(drop)
 
 
 @contextlib.contextmanager

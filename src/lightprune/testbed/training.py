@@ -30,7 +30,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightprune.core import interrupt
+from lightprune.core import interrupt, notices
 from lightprune.core.batch import model_inputs
 from lightprune.data.cache import CacheError, build_folder, check_folder
 from lightprune.finetune import MoECausalLM
@@ -43,6 +43,8 @@ __all__ = ["TRAINING_THREADS", "LossCurve", "cache_root", "cached_testbed", "det
 #: by thread, so the same steps give other weights with another count (the text testbed's loss at step 48: 6.081
 #: with 2 threads, 6.146 with 1)
 TRAINING_THREADS = 2
+#: Lightning's info logger (its device banner, its "`Trainer.fit` stopped" line)
+_RANK_ZERO = "lightning.pytorch.utilities.rank_zero"
 
 _MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
@@ -210,14 +212,15 @@ def fit_from_init(folder: Path, init: Path, datamodule, spec, *, router_aux_loss
                          warmup_steps=spec.warmup_steps, scheduler="cosine", router_aux_loss_coef=router_aux_loss_coef,
                          aux_loss=getattr(spec, "aux_loss", "model"), loss_mean=getattr(spec, "loss_mean", "token"))
     curve = LossCurve(max(1, spec.steps // 50), log=not progress)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec.steps, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         limit_val_batches=0, num_sanity_val_steps=0,
-                         gradient_clip_val=getattr(spec, "max_grad_norm", None),
-                         callbacks=[curve, *([StepsBar("training the testbed")] if progress else [])],
-                         default_root_dir=str(folder / "lightning"))
+    with notices.dropped(_RANK_ZERO, "GPU available", "TPU available"):  # the job's own trainer said it already
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=spec.steps, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             limit_val_batches=0, num_sanity_val_steps=0,
+                             gradient_clip_val=getattr(spec, "max_grad_norm", None),
+                             callbacks=[curve, *([StepsBar("training the testbed")] if progress else [])],
+                             default_root_dir=str(folder / "lightning"))
     start = time.perf_counter()
-    with deterministic_training():
+    with deterministic_training(), notices.dropped(_RANK_ZERO, "`Trainer.fit` stopped"):
         trainer.fit(module, datamodule=datamodule)
     seconds = time.perf_counter() - start
     shutil.rmtree(init)

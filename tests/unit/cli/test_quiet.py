@@ -155,3 +155,27 @@ def test_a_run_bounded_by_steps_shows_the_epoch_without_a_negative_bound(tmp_pat
         trainer = PruneTrainer(callbacks=[bar], logger=False, default_root_dir=tmp_path, **kwargs)
         bar.setup(trainer, None, "fit")  # what the fit loop's setup does
         assert bar._get_train_description(3).strip() == expected
+
+
+def test_dropped_hides_a_logger_s_named_lines_inside_the_block_only(monkeypatch) -> None:
+    """The testbed's inner trainer: Lightning's banner dropped inside the block, every other line kept, nothing
+    dropped after it or when verbose."""
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logger = logging.getLogger("lightprune.test.dropped")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    monkeypatch.delenv(quiet.VERBOSE_ENV, raising=False)
+    with notices.dropped("lightprune.test.dropped", "GPU available", "TPU available"):
+        logger.info("GPU available: False, used: False")
+        logger.info("training the testbed")
+    logger.info("GPU available: after the block")
+    monkeypatch.setenv(quiet.VERBOSE_ENV, "1")
+    with notices.dropped("lightprune.test.dropped", "GPU available"):
+        logger.info("GPU available: verbose")
+    assert seen == ["training the testbed", "GPU available: after the block", "GPU available: verbose"]
