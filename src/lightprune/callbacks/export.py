@@ -24,7 +24,6 @@ ranks keep ``meta`` tensors of the same shapes and apply the same surgery to tho
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,11 +32,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from lightprune.callbacks.export_dirs import check_checkpoint_dir, checkpoint_dir_of
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
 from lightprune.checkpoints.directory import weight_files
-from lightprune.checkpoints.staging import check_out_dir
 from lightprune.core.distributed import has_partitioned, materialize
 from lightprune.core.errors import PlanError
 from lightprune.core.jsonio import read_json
@@ -122,21 +121,6 @@ def checkpoint_path(trainer: pl.Trainer, output_dir: str | None, checkpoint_dir:
     """Where an export callback writes the checkpoint: ``checkpoint_dir``, else ``<output_dir or
     trainer.default_root_dir>/model``."""
     return Path(checkpoint_dir) if checkpoint_dir else run_directory(trainer, output_dir) / "model"
-
-
-def checkpoint_dir_of(init_args: Mapping[str, Any], default_root_dir: str | None) -> Path:
-    """:func:`checkpoint_path` from an export callback's parsed options and the trainer's ``default_root_dir``
-    (None: the working directory, as Lightning's)."""
-    if init_args.get("checkpoint_dir"):
-        return Path(init_args["checkpoint_dir"])
-    return Path(init_args.get("output_dir") or default_root_dir or os.getcwd()) / "model"
-
-
-def check_checkpoint_dir(path: Path, overwrite: bool, address: str) -> None:
-    """At setup: refuse a checkpoint directory holding an earlier run's files unless ``overwrite``, saying how to
-    replace it (``--<address>.overwrite true`` on the command line, ``overwrite: true`` in the config)."""
-    check_out_dir(path, overwrite, remedy=f"replace it with --{address}.overwrite true (overwrite: true in the "
-                                          "config), or choose another --trainer.default_root_dir")
 
 
 @uses_options(OPTIONS["Export"])

@@ -21,7 +21,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightprune.callbacks.export import check_checkpoint_dir, checkpoint_dir_of, checkpoint_path
+from lightprune.callbacks.export import checkpoint_path
+from lightprune.callbacks.export_dirs import check_checkpoint_dir, checkpoint_dir_of
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory

@@ -140,8 +140,15 @@ def _is_file(text: str) -> bool:
         return False
 
 
+#: the trainer's run directory on the command line (the export callbacks' checkpoint directory is under it)
+_ROOT_OPTION = "--trainer.default_root_dir"
+#: the export callbacks whose checkpoint directory is refused here when it holds an earlier run's files
+_EXPORTS = ("Export", "WidthExport")
+
+
 def _config_options(argv: list[str]) -> list[tuple[str, Any]]:
-    """The ``--config`` files' contents and the ``--trainer.callbacks...`` options, in command-line order."""
+    """The ``--config`` files' contents and the ``--trainer.callbacks...`` and ``--trainer.default_root_dir``
+    options, in command-line order."""
     import yaml
 
     items: list[tuple[str, Any]] = []
@@ -149,7 +156,7 @@ def _config_options(argv: list[str]) -> list[tuple[str, Any]]:
     while i < len(argv):
         arg = argv[i]
         head, eq, text = arg.partition("=")
-        if head in ("--config", "-c") or head.startswith("--trainer.callbacks"):
+        if head in ("--config", "-c") or head.startswith("--trainer.callbacks") or head == _ROOT_OPTION:
             if not eq:
                 if i + 1 >= len(argv):
                     break
@@ -232,3 +239,72 @@ def check_command_line(argv: Iterable[str]) -> None:
         check_callback_options(item.callback, {item.argument: item.value}, item.option, criteria_known)
         if names is not None and criteria_known and item.callback not in names:
             raise OptionError(missing_callback(item))
+    _check_export_dirs(items, addressed)
+
+
+def _check_export_dirs(items: list[tuple[str, Any]], addressed: list[Addressed]) -> None:
+    """An export callback's checkpoint directory that holds an earlier run's files, without ``overwrite``, or its
+    ``plan_path`` that does not exist: refused here, before Lightning is imported (the directory with the message
+    its ``preflight`` gives once Lightning has parsed the job).
+    Only where every option that places it is seen here (the callbacks list followed as jsonargparse builds it, each
+    config file read, no nested option of an export callback): anything else is left to that ``preflight``, so this
+    never refuses a job the parser would take."""
+    from lightprune.callbacks.export_dirs import check_checkpoint_dir, checkpoint_dir_of
+
+    root: Any = None
+    callbacks: list[dict[str, Any]] | None = []
+    for where, content in items:
+        if where == _ROOT_OPTION:
+            root = content
+        elif where == "--trainer.callbacks+":
+            entry = {"class_path": content} if isinstance(content, str) else content
+            ok = callbacks is not None and isinstance(entry, dict) and "class_path" in entry
+            callbacks = [*callbacks, _entry_copy(entry)] if ok else None
+        elif where.startswith("--trainer.callbacks.init_args."):
+            key = where[len("--trainer.callbacks.init_args."):]
+            if not callbacks or "." in key:
+                callbacks = None
+            else:
+                callbacks[-1]["init_args"][key] = content
+        elif where.startswith("--trainer.callbacks"):
+            callbacks = None
+        elif not isinstance(content, dict):  # a config file not read here: it may place the directory
+            return
+        elif isinstance(content.get("trainer"), dict):
+            trainer = content["trainer"]
+            root = trainer.get("default_root_dir", root)
+            listed = trainer.get("callbacks")
+            if isinstance(listed, list):
+                entries = [{"class_path": e} if isinstance(e, str) else e for e in listed]
+                callbacks = [_entry_copy(e) for e in entries] if all(
+                    isinstance(e, dict) and "class_path" in e for e in entries) else None
+            elif listed is not None:
+                callbacks = None
+    if callbacks is None or not (root is None or isinstance(root, str)):
+        return
+    for item in addressed:
+        targets = [e for e in callbacks if class_name(e.get("class_path")) == item.callback]
+        if item.callback in _EXPORTS and ("." in item.argument or len(targets) != 1):
+            return
+        for entry in targets:
+            entry["init_args"][item.argument] = item.value
+    for entry in callbacks:
+        name = class_name(entry.get("class_path"))
+        args = entry["init_args"]
+        plan_path = args.get("plan_path") if name in _EXPORTS else None
+        if isinstance(plan_path, str) and not Path(plan_path).is_file():  # as the callback's constructor says it
+            raise OptionError(f"{OPTIONS[name].address}.plan_path: {plan_path!r} does not exist")
+        if name not in _EXPORTS or args.get("overwrite") not in (None, False):
+            continue
+        try:
+            check_checkpoint_dir(checkpoint_dir_of(args, root), False, OPTIONS[name].address)
+        except FileExistsError as err:
+            raise OptionError(str(err)) from None
+        except ValueError:  # a path the export refuses for another reason: said there
+            continue
+
+
+def _entry_copy(entry: dict[str, Any]) -> dict[str, Any]:
+    """A callbacks-list entry with its own ``init_args`` mapping (options set on it change nothing else)."""
+    init_args = entry.get("init_args")
+    return {**entry, "init_args": dict(init_args) if isinstance(init_args, dict) else {}}

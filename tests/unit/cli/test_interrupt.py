@@ -99,3 +99,46 @@ def test_an_existing_output_directory_is_refused_before_anything_is_built(tmp_pa
     assert last.startswith("lightprune: error:") and str(tmp_path / "run" / "model") in last, last
     assert "overwrite true" in last and "missing" not in last.replace(str(tmp_path / "run"), ""), last
     assert "GPU available" not in done.stderr
+
+
+def test_the_command_line_pass_refuses_an_existing_export_directory_before_lightning(tmp_path, monkeypatch) -> None:
+    """The console script's first pass (no Lightning imported) refuses an export directory holding an earlier run,
+    wherever the options place it, and leaves alone every job that replaces it or writes elsewhere."""
+    from lightprune.cli.options import OptionError, check_command_line
+
+    monkeypatch.chdir(REPO)
+    (tmp_path / "run" / "model").mkdir(parents=True)
+    (tmp_path / "run" / "model" / "config.json").write_text("{}")
+    (tmp_path / "other" / "model").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "x").write_text("x")
+    job = ["export", "--config", "configs/aimer_tiny.yaml"]
+    refused = [[*job, "--trainer.default_root_dir", str(tmp_path / "run")],
+               [*job, "--export.checkpoint_dir", str(tmp_path / "elsewhere")],
+               [*job, "--trainer.default_root_dir", str(tmp_path / "other"), "--export.output_dir",
+                str(tmp_path / "run")],
+               [*job, "--trainer.default_root_dir", str(tmp_path / "run"), "--export.overwrite", "false"]]
+    for argv in refused:
+        with pytest.raises(OptionError, match=r"exists and is not empty; replace it with --export.overwrite true"):
+            check_command_line(argv)
+    accepted = [[*job, "--trainer.default_root_dir", str(tmp_path / "run"), "--export.overwrite", "true"],
+                [*job, "--trainer.default_root_dir", str(tmp_path / "other")],  # an empty model/ is written into
+                [*job, "--trainer.default_root_dir", str(tmp_path / "new")],
+                [*job, "--trainer.default_root_dir", str(tmp_path / "run"), "--export.checkpoint_dir",
+                 str(tmp_path / "new")],
+                [*job, "--trainer.default_root_dir", str(tmp_path / "run"),  # the list rebuilt: left to the parser
+                 "--trainer.callbacks", "lightprune.callbacks.Export"]]
+    for argv in accepted:
+        check_command_line(argv)
+    with pytest.raises(OptionError, match=r"export.plan_path: '.*missing.json' does not exist"):
+        check_command_line([*job, "--trainer.default_root_dir", str(tmp_path / "new"), "--export.plan_path",
+                            str(tmp_path / "missing.json")])
+    script = ("import sys\nfrom lightprune.cli import command\n"
+              f"sys.argv = ['lightprune', *{refused[0]!r}]\n"
+              "try:\n    command.main()\nexcept SystemExit as err:\n"
+              "    print(err.code, 'lightning' in sys.modules, 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=False,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.stdout.split() == ["2", "False", "False"], done.stdout + done.stderr[-2000:]
+    assert done.stderr.strip().startswith(f"lightprune: error: output directory '{tmp_path / 'run' / 'model'}' "
+                                          "exists and is not empty"), done.stderr
