@@ -181,7 +181,8 @@ class StepsBar(pl.Callback):
             self.bar.close()
             self.bar = None
 
-    on_exception = on_train_end
+    def on_exception(self, trainer, module, exception):
+        self.on_train_end(trainer, module)
 
 
 class LossCurve(pl.Callback):

@@ -255,3 +255,15 @@ def test_the_training_bar_counts_every_optimizer_step_across_epochs(monkeypatch)
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[StepsBar("testbed")])
     trainer.fit(Module(), data)
     assert len(bars) == 1 and bars[0].total == 7 and bars[0].n == 7 and trainer.current_epoch > 1
+
+    class Failing(Module):  # an error mid-training reaches the caller as itself, the bar closed
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 2:
+                raise RuntimeError("step 2 failed")
+            return super().training_step(batch, batch_idx)
+
+    trainer = pl.Trainer(accelerator="cpu", max_steps=7, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[StepsBar("testbed")])
+    with pytest.raises(RuntimeError, match="step 2 failed"):
+        trainer.fit(Failing(), data)
+    assert len(bars) == 2 and bars[1].n == 2 and bars[1].disable  # tqdm marks a closed bar disabled
