@@ -25,14 +25,13 @@ ranks keep ``meta`` tensors of the same shapes and apply the same surgery to tho
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
-from lightprune.callbacks.export_dirs import check_checkpoint_dir, checkpoint_dir_of
+from lightprune.callbacks.export_dirs import WritesCheckpoint, check_checkpoint_dir, checkpoint_dir_of
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
@@ -120,11 +119,11 @@ def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Pat
 def checkpoint_path(trainer: pl.Trainer, output_dir: str | None, checkpoint_dir: str | None) -> Path:
     """Where an export callback writes the checkpoint: ``checkpoint_dir``, else ``<output_dir or
     trainer.default_root_dir>/model``."""
-    return Path(checkpoint_dir) if checkpoint_dir else run_directory(trainer, output_dir) / "model"
+    return checkpoint_dir_of({"output_dir": output_dir, "checkpoint_dir": checkpoint_dir}, trainer.default_root_dir)
 
 
 @uses_options(OPTIONS["Export"])
-class Export(JobEndCallback):
+class Export(WritesCheckpoint, JobEndCallback):
     """Prune by the run's plan and export a verified checkpoint.
 
     Args:
@@ -148,11 +147,6 @@ class Export(JobEndCallback):
         self.output_dir, self.checkpoint_dir, self.plan_path = output_dir, checkpoint_dir, plan_path
         self.overwrite, self.atol, self.summary = overwrite, self.OPTIONS.check("atol", atol), summary
         self.report: dict[str, Any] | None = None
-
-    @classmethod
-    def preflight(cls, init_args: Mapping[str, Any], default_root_dir: str | None) -> None:
-        check_checkpoint_dir(checkpoint_dir_of(init_args, default_root_dir), bool(init_args.get("overwrite")),
-                             "export")
 
     def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # an existing checkpoint directory without overwrite fails now, before any data is spent

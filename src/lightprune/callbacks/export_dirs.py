@@ -12,7 +12,7 @@ from typing import Any
 
 from lightprune.checkpoints.staging import check_out_dir
 
-__all__ = ["check_checkpoint_dir", "checkpoint_dir_of"]
+__all__ = ["WritesCheckpoint", "check_checkpoint_dir", "checkpoint_dir_of"]
 
 
 def checkpoint_dir_of(init_args: Mapping[str, Any], default_root_dir: str | os.PathLike | None) -> Path:
@@ -28,3 +28,14 @@ def check_checkpoint_dir(path: Path, overwrite: bool, address: str) -> None:
     (``--<address>.overwrite true`` on the command line, ``overwrite: true`` in the config)."""
     check_out_dir(path, overwrite, remedy=f"replace it with --{address}.overwrite true (overwrite: true in the "
                                           "config), or choose another --trainer.default_root_dir")
+
+
+class WritesCheckpoint:
+    """Mixin of the export callbacks (``OPTIONS``: their option spec, ``output_dir`` / ``checkpoint_dir`` /
+    ``overwrite`` among their options): their ``preflight`` refuses a checkpoint directory holding an earlier
+    run's files from the options alone."""
+
+    @classmethod
+    def preflight(cls, init_args: Mapping[str, Any], default_root_dir: str | None) -> None:
+        check_checkpoint_dir(checkpoint_dir_of(init_args, default_root_dir), bool(init_args.get("overwrite")),
+                             cls.OPTIONS.address)

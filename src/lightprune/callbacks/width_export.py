@@ -13,7 +13,6 @@ and FLOPs, checkpoint bytes and timings. Only rank 0 writes.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.export import checkpoint_path
-from lightprune.callbacks.export_dirs import check_checkpoint_dir, checkpoint_dir_of
+from lightprune.callbacks.export_dirs import WritesCheckpoint, check_checkpoint_dir
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
@@ -52,7 +51,7 @@ def _merged(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @uses_options(OPTIONS["WidthExport"])
-class WidthExport(JobEndCallback):
+class WidthExport(WritesCheckpoint, JobEndCallback):
     """Export the width-pruned model of the run.
 
     Args:
@@ -73,11 +72,6 @@ class WidthExport(JobEndCallback):
         self.overwrite, self.atol = overwrite, self.OPTIONS.check("atol", atol)
         self.align = self.OPTIONS.check("align", align)
         self.report: dict[str, Any] | None = None
-
-    @classmethod
-    def preflight(cls, init_args: Mapping[str, Any], default_root_dir: str | None) -> None:
-        check_checkpoint_dir(checkpoint_dir_of(init_args, default_root_dir), bool(init_args.get("overwrite")),
-                             "width_export")
 
     def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # an existing checkpoint directory without overwrite fails now, before the search is spent

@@ -142,3 +142,17 @@ def test_the_command_line_pass_refuses_an_existing_export_directory_before_light
     assert done.stdout.split() == ["2", "False", "False"], done.stdout + done.stderr[-2000:]
     assert done.stderr.strip().startswith(f"lightprune: error: output directory '{tmp_path / 'run' / 'model'}' "
                                           "exists and is not empty"), done.stderr
+
+
+def test_both_export_callbacks_refuse_an_earlier_run_from_their_options_alone(tmp_path) -> None:
+    from lightprune.callbacks import Export, WidthExport
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    for cls, address in ((Export, "export"), (WidthExport, "width_export")):
+        with pytest.raises(FileExistsError, match=rf"{tmp_path / 'model'}.*--{address}\.overwrite true"):
+            cls.preflight({"overwrite": False}, str(tmp_path))
+        with pytest.raises(FileExistsError, match="--trainer.default_root_dir"):
+            cls.preflight({"output_dir": str(tmp_path)}, None)
+        cls.preflight({"overwrite": True}, str(tmp_path))
+        cls.preflight({"checkpoint_dir": str(tmp_path / "new")}, str(tmp_path))
