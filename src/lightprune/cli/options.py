@@ -205,83 +205,68 @@ def check_command_line(argv: Iterable[str]) -> None:
     rest, addressed = split_addressed(argv)
     items = _config_options(rest)
     criteria_known = not _project_modules(rest, [content for _, content in items])
-    callbacks: list[dict[str, Any]] | None = []  # the list jsonargparse would build (None: not followed)
+    # the list jsonargparse would build, each entry with its options so far (None: not followed), the trainer's
+    # run directory, and whether everything that places an export's checkpoint directory is seen here
+    callbacks: list[dict[str, Any]] | None = []
+    root: Any = None
+    placed = True
     for where, content in items:
+        if where == _ROOT_OPTION:
+            root = content
+            continue
         if where == "--trainer.callbacks+":  # one callback appended
             is_class = isinstance(content, str) or (isinstance(content, dict) and "class_path" in content)
             if callbacks is not None and is_class:
-                callbacks.append(content if isinstance(content, dict) else {"class_path": content})
+                callbacks.append(_entry_copy(content if isinstance(content, dict) else {"class_path": content}))
             else:
                 callbacks = None
             continue
         if where.startswith("--trainer.callbacks.init_args."):  # an option of the last callback listed
+            key = where[len("--trainer.callbacks.init_args."):]
             name = class_name(callbacks[-1].get("class_path")) if callbacks else None
             if name in ARGUMENTS:
-                key = where[len("--trainer.callbacks.init_args."):]
                 check_callback_options(name, {key: content}, where, criteria_known)
+            if callbacks and "." not in key:
+                callbacks[-1]["init_args"][key] = content
+            else:
+                placed = False
             continue
         if where.startswith("--trainer.callbacks"):  # the list given another way: not followed from here
             callbacks = None
             continue
-        if not isinstance(content, dict):
+        if not isinstance(content, dict):  # a config file not read here
+            placed = False
             continue
-        listed = (content.get("trainer") or {}).get("callbacks") if isinstance(content.get("trainer"), dict) else None
+        trainer = content.get("trainer") if isinstance(content.get("trainer"), dict) else {}
+        root = trainer.get("default_root_dir", root)
+        listed = trainer.get("callbacks")
         if isinstance(listed, list):
             entries = [{"class_path": e} if isinstance(e, str) else e for e in listed]
-            callbacks = entries if all(isinstance(e, dict) for e in entries) else None
-            entries = [e for e in entries if isinstance(e, dict)]
-            for entry in entries:
+            callbacks = [_entry_copy(e) for e in entries] if all(isinstance(e, dict) for e in entries) else None
+            for entry in (e for e in entries if isinstance(e, dict)):
                 name = class_name(entry.get("class_path"))
                 if name in ARGUMENTS and isinstance(entry.get("init_args"), dict):
                     check_callback_options(name, entry["init_args"], f"{where}: {name}", criteria_known)
+        elif listed is not None:
+            placed = False
     names = None if callbacks is None else [class_name(entry.get("class_path")) for entry in callbacks]
     for item in addressed:
         check_callback_options(item.callback, {item.argument: item.value}, item.option, criteria_known)
         if names is not None and criteria_known and item.callback not in names:
             raise OptionError(missing_callback(item))
-    _check_export_dirs(items, addressed)
+    if placed and callbacks is not None and (root is None or isinstance(root, str)):
+        _check_export_dirs(callbacks, root, addressed)
 
 
-def _check_export_dirs(items: list[tuple[str, Any]], addressed: list[Addressed]) -> None:
+def _check_export_dirs(callbacks: list[dict[str, Any]], root: str | None, addressed: list[Addressed]) -> None:
     """An export callback's checkpoint directory that holds an earlier run's files, without ``overwrite``, or its
     ``plan_path`` that does not exist: refused here, before Lightning is imported (the directory with the message
-    its ``preflight`` gives once Lightning has parsed the job).
-    Only where every option that places it is seen here (the callbacks list followed as jsonargparse builds it, each
-    config file read, no nested option of an export callback): anything else is left to that ``preflight``, so this
-    never refuses a job the parser would take."""
+    its ``preflight`` gives once Lightning has parsed the job). Called only where every option that places it was
+    seen (the callbacks list followed as jsonargparse builds it, each config file read, no nested option of a
+    callback); an addressed option that does not name one export callback's top-level option leaves it to that
+    ``preflight``, so this never refuses a job the parser would take."""
     from lightprune.callbacks.export_dirs import check_checkpoint_dir, checkpoint_dir_of
 
-    root: Any = None
-    callbacks: list[dict[str, Any]] | None = []
-    for where, content in items:
-        if where == _ROOT_OPTION:
-            root = content
-        elif where == "--trainer.callbacks+":
-            entry = {"class_path": content} if isinstance(content, str) else content
-            ok = callbacks is not None and isinstance(entry, dict) and "class_path" in entry
-            callbacks = [*callbacks, _entry_copy(entry)] if ok else None
-        elif where.startswith("--trainer.callbacks.init_args."):
-            key = where[len("--trainer.callbacks.init_args."):]
-            if not callbacks or "." in key:
-                callbacks = None
-            else:
-                callbacks[-1]["init_args"][key] = content
-        elif where.startswith("--trainer.callbacks"):
-            callbacks = None
-        elif not isinstance(content, dict):  # a config file not read here: it may place the directory
-            return
-        elif isinstance(content.get("trainer"), dict):
-            trainer = content["trainer"]
-            root = trainer.get("default_root_dir", root)
-            listed = trainer.get("callbacks")
-            if isinstance(listed, list):
-                entries = [{"class_path": e} if isinstance(e, str) else e for e in listed]
-                callbacks = [_entry_copy(e) for e in entries] if all(
-                    isinstance(e, dict) and "class_path" in e for e in entries) else None
-            elif listed is not None:
-                callbacks = None
-    if callbacks is None or not (root is None or isinstance(root, str)):
-        return
     for item in addressed:
         targets = [e for e in callbacks if class_name(e.get("class_path")) == item.callback]
         if item.callback in _EXPORTS and ("." in item.argument or len(targets) != 1):
