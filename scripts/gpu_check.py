@@ -8,8 +8,8 @@ Parts:
   against the fp32 ones (bf16 should keep the rankings: rho near 1).
 - ``zero3``: a short full fine-tune on one GPU under DeepSpeed ZeRO-3 (bf16-mixed), then AIMER
   (gathered layer by layer), prune, export and verify on rank 0: seconds, peak GPU memory, the
-  export's verification difference. Then the same with router LoRA + RouterDelta, which fails on CPU
-  (peft's parameter wrapper under ZeRO-3): its outcome is printed either way.
+  export's verification difference. Then the same with router LoRA + RouterDelta; each job's outcome is
+  printed even when the other fails.
 - ``prefill``: scripts/bench_prefill.py on the GPU (the paper's 7B shapes; ``--cpu-smoke``: ``--quick``).
 - ``kernels``: when ``lightprune.width.kernels`` exists, its GPU tests (``pytest -m gpu``) compile and run
   the Triton kernels for real; otherwise it says that the module is absent.

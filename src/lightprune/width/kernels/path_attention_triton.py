@@ -94,7 +94,7 @@ def _path_attention_fwd(Q, K, V, Mod, Bits, Iv, Out,
             if UPCAST:
                 acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision=PRECISION)
             else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a query without retained keys: zeros
     tl.store(Out + b * s_ob + h * s_oh + offs_m[:, None] * s_om + offs_d[None, :] * s_od,
