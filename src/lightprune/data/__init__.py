@@ -47,7 +47,14 @@ from lightprune.data.generated.testbed_vqa_datamodule import TestbedVQADataModul
 from lightprune.data.image_text import ImageTextJsonlDataModule, load_processor
 from lightprune.data.rows import DEFAULT_TASK, JsonlRowError
 from lightprune.data.text import TextJsonlDataModule, load_tokenizer
-from lightprune.data.tokenizer import CHAT_TOKENS, CHATML_TEMPLATE, IMAGE_TOKENS, train_bpe_tokenizer
+from lightprune.data.tokenizer import (
+    CHAT_TOKENS,
+    CHATML_TEMPLATE,
+    CHATML_TEXT_TEMPLATE,
+    IMAGE_TOKENS,
+    chatml_template,
+    train_bpe_tokenizer,
+)
 
 # imports transformers' processors at module level: loaded on first use
 _LAZY = {name: ".tiny_processor" for name in (
@@ -55,7 +62,7 @@ _LAZY = {name: ".tiny_processor" for name in (
     "tiny_llava_onevision_processor", "tiny_mllm_processor", "tiny_qwen2_5_vl_processor", "tiny_qwen3_vl_processor",
     "tiny_qwen3_vl_tokenizer", "tiny_mllm_tokenizer")}
 
-__all__ = ["CHATML_TEMPLATE", "CHAT_TOKENS", "DEFAULT_TASK", "DefaultCorpusDataModule", "DefaultCorpusError",
+__all__ = ["CHATML_TEMPLATE", "CHATML_TEXT_TEMPLATE", "CHAT_TOKENS", "chatml_template", "DEFAULT_TASK", "DefaultCorpusDataModule", "DefaultCorpusError",
            "IMAGE_TOKENS", "ImageTextJsonlDataModule", "JsonlRowError", "build_default_corpus", "default_corpus_dir",
            "default_model_overrides", "load_default_corpus", "SHAPES_QA_TASKS", "ShapesQADataModule",
            "build_shapes_qa", "render_shapes", "shapes_qa_rows", "shapes_qa_splits", "shapes_qa_texts",

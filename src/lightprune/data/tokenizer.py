@@ -23,21 +23,38 @@ Training is deterministic: same texts and arguments, same vocabulary, merges and
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
-    "CHAT_TOKENS",
     "CHATML_TEMPLATE",
+    "CHATML_TEXT_TEMPLATE",
+    "CHAT_TOKENS",
     "END_OF_TURN_TOKENS",
     "IMAGE_TOKENS",
+    "chatml_template",
     "end_of_turn_ids",
+    "template_tokens_missing",
     "train_bpe_tokenizer",
 ]
 
 CHAT_TOKENS: tuple[str, ...] = ("<|im_start|>", "<|im_end|>")
 IMAGE_TOKENS: tuple[str, ...] = ("<image>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
+#: ChatML for text: the turn markers only; a content list's parts must be text
+CHATML_TEXT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] != 'text' %}{{ raise_exception('this tokenizer has no ' + part['type'] + ' tokens') }}{% endif %}"
+    "{{ part['text'] }}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant' + '\\n' }}{% endif %}"
+)
 # ChatML, with Qwen-VL style content lists: {"type": "image"} -> <|vision_start|><|image_pad|><|vision_end|>
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -53,9 +70,27 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant' + '\\n' }}{% endif %}"
 )
 _BYTES = 256
+#: a special-token literal in a chat template: <|name|>, <image>, <video>
+_TEMPLATE_TOKEN = re.compile(r"<\|[^|<>'\"\s]+\|>|<image>|<video>")
 
 #: the end-of-turn markers of common chat templates (ChatML, Llama 3, Gemma, Phi)
 END_OF_TURN_TOKENS: tuple[str, ...] = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
+
+
+def template_tokens_missing(template: str, vocab: Mapping[str, int]) -> list[str]:
+    """The special-token literals (``<|name|>``, ``<image>``, ``<video>``) that ``template`` writes and ``vocab``
+    lacks, sorted: a template that writes them would feed the model their characters as plain text."""
+    return sorted({t for t in _TEMPLATE_TOKEN.findall(template) if t not in vocab})
+
+
+def chatml_template(vocab: Mapping[str, int]) -> str | None:
+    """The ChatML template that ``vocab`` can write: with Qwen-VL's image and video parts
+    (:data:`CHATML_TEMPLATE`) when it has their tokens, else the text one (:data:`CHATML_TEXT_TEMPLATE`);
+    ``None`` without the turn markers (:data:`CHAT_TOKENS`)."""
+    for template in (CHATML_TEMPLATE, CHATML_TEXT_TEMPLATE):
+        if not template_tokens_missing(template, vocab):
+            return template
+    return None
 
 
 def end_of_turn_ids(owner) -> tuple[int, ...]:
@@ -93,7 +128,7 @@ def train_bpe_tokenizer(
     min_frequency: int = 1,
     byte_alphabet: bool | None = None,
     keep_chars: str = " \n",
-    chat_template: str | None = CHATML_TEMPLATE,
+    chat_template: str | None = "chatml",
     model_max_length: int = 4096,
 ):
     """Train a byte-level BPE tokenizer on ``texts``; return a ``PreTrainedTokenizerFast``.
@@ -116,8 +151,10 @@ def train_bpe_tokenizer(
         keep_chars: without the full byte alphabet, the byte symbols of these characters are
             kept even when the texts lack them (default: space and newline, which chat
             templates add).
-        chat_template: Jinja chat template stored with the tokenizer (ChatML by default);
-            ``None`` for none.
+        chat_template: Jinja chat template stored with the tokenizer; ``"chatml"`` (default):
+            :func:`chatml_template` of the special tokens (none without the turn markers); ``None`` for
+            none. A template naming a special token (``<|...|>``, ``<image>``, ``<video>``) that the
+            vocabulary lacks is refused.
         model_max_length: stored as the tokenizer's ``model_max_length``.
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -211,6 +248,13 @@ def train_bpe_tokenizer(
     if extras:
         kwargs["additional_special_tokens"] = extras
     hf = PreTrainedTokenizerFast(**kwargs)
+    if chat_template == "chatml":
+        chat_template = chatml_template(hf.get_vocab())
+    elif chat_template is not None:
+        missing = template_tokens_missing(chat_template, hf.get_vocab())
+        if missing:
+            raise ValueError(f"chat_template names {missing}, which the vocabulary does not have; add them to "
+                             f"special_tokens or image_tokens, or pass another template")
     if chat_template is not None:
         hf.chat_template = chat_template
     wrong = {t: (hf.convert_tokens_to_ids(t), i) for t, i in pinned.items() if hf.convert_tokens_to_ids(t) != i}
