@@ -62,7 +62,8 @@ _LAZY = {name: ".tiny_processor" for name in (
     "tiny_llava_onevision_processor", "tiny_mllm_processor", "tiny_qwen2_5_vl_processor", "tiny_qwen3_vl_processor",
     "tiny_qwen3_vl_tokenizer", "tiny_mllm_tokenizer")}
 
-__all__ = ["CHATML_TEMPLATE", "CHATML_TEXT_TEMPLATE", "CHAT_TOKENS", "chatml_template", "DEFAULT_TASK", "DefaultCorpusDataModule", "DefaultCorpusError",
+__all__ = ["CHATML_TEMPLATE", "CHATML_TEXT_TEMPLATE", "CHAT_TOKENS", "chatml_template", "DEFAULT_TASK",
+           "DefaultCorpusDataModule", "DefaultCorpusError",
            "IMAGE_TOKENS", "ImageTextJsonlDataModule", "JsonlRowError", "build_default_corpus", "default_corpus_dir",
            "default_model_overrides", "load_default_corpus", "SHAPES_QA_TASKS", "ShapesQADataModule",
            "build_shapes_qa", "render_shapes", "shapes_qa_rows", "shapes_qa_splits", "shapes_qa_texts",
