@@ -45,3 +45,10 @@ def test_every_command_that_runs_as_shown_has_its_recipe_run_by_a_test() -> None
     assert runnable >= {"configs/quickstart.yaml", "configs/reap_testbed.yaml", "configs/mwop.yaml"}
     missing = sorted(c for c in runnable if f'"{c}"' not in recipes)
     assert not missing, f"README commands whose config no integration test runs: {missing}"
+
+
+def test_every_script_the_pages_run_exists() -> None:
+    """`python scripts/NAME.py` in a bash block of the README or docs/ names a script of the repository."""
+    scripts = {m for block in _BLOCKS for m in re.findall(r"python (scripts/[\w/.-]+\.py)", block)}
+    assert "scripts/convert_to_gguf.py" in scripts
+    assert sorted(s for s in scripts if not (REPO / s).is_file()) == []
