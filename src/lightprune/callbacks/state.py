@@ -11,8 +11,8 @@ need from here:
   MergePlan of a merging method (ExpertPruning with ``hc_smoe`` / ``m_smoe``; ``expert_plan`` is then its kept
   layout; Export writes the merged experts before the surgery, Evaluate merges reversibly);
 - ``evaluation``: what Evaluate measured so far (the model card of an export shows it; Evaluate rewrites that
-  card's evaluation once it has measured after the export); ``exported``: the expert checkpoint the run's export
-  published (Export, on rank 0); ``summary``: the export's
+  card's evaluation once it has measured after the export); ``exported``: the checkpoint the run's export
+  published (Export or WidthExport, on rank 0); ``summary``: the export's
   report (Export, when it prints a summary), printed as a table once every end-of-job step has run, with the
   evaluation's rows; ``datamodule``: the
   data of a ``lightprune calibrate`` run, which Lightning does not attach to the trainer (PruneTrainer);

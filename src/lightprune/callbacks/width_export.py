@@ -108,9 +108,12 @@ class WidthExport(WritesCheckpoint, JobEndCallback):
         pl_module.model = model
         processor = getattr(trainer.datamodule, "processor", None)
         if trainer.is_global_zero:
+            state = RunState.of(trainer)
+            evaluation = {"evaluation": dict(state.evaluation)} if state.evaluation else {}
             result = save_width_pruned(model, plan, ckpt_dir, probe=probe, reference_logits=reference,
                                        atol=self.atol, align=self.align, overwrite=self.overwrite, processor=processor,
-                                       metadata={"search": dict(plan.metadata)})
+                                       metadata={"search": dict(plan.metadata), **evaluation})
+            state.exported = result.path  # Evaluate records what it measures after the export there
             self.report = {"method": "mwop", "checkpoint": str(result.path),
                            "checkpoint_bytes": sum(f.stat().st_size for f in result.path.rglob("*") if f.is_file()),
                            "pruned_fractions": result.pruned_fractions, "search": dict(plan.metadata),

@@ -46,6 +46,8 @@ __all__ = ["MANIFEST_FILE", "ExportResult", "WidthExportResult", "LEGACY_KEYS", 
 
 #: the manifest of every export (expert and width), beside the weights
 MANIFEST_FILE = "lightprune_export.json"
+#: the ``format`` of a width export's manifest (export.width_format reads it)
+WIDTH_FORMAT = "lightprune-width-export"
 
 #: the keys of the dict ``export_pruned`` returned before 0.2 -> the attribute that replaces each (``out_dir``:
 #: ``str(result.path)``; ``kept_per_layer``: string keys)
@@ -263,16 +265,20 @@ def write_manifest(tmp: Path, model: nn.Module, counts: Mapping[int, int], *, pa
 
 
 def record_evaluation(out_dir: str | os.PathLike, evaluation: Mapping[str, Any]) -> None:
-    """Replace the ``evaluation`` of the expert export at ``out_dir`` (its manifest and its model card, each
-    rewritten whole beside itself and renamed over it): what an evaluation after the export measured (the card of
-    a job that evaluates after pruning shows both ``before`` and ``after``). Nothing else of the export changes."""
+    """Replace the ``evaluation`` of the export at ``out_dir``: an expert export's manifest and model card, a width
+    export's manifest (it has no card), each rewritten whole beside itself and renamed over it: what an evaluation
+    after the export measured (the card of a job that evaluates after pruning shows both ``before`` and
+    ``after``). Nothing else of the export changes."""
     out_dir = Path(out_dir)
     manifest = json.loads((out_dir / MANIFEST_FILE).read_text())
-    if manifest.get("format") != "lightprune-export":
-        raise ValueError(f"{str(out_dir)!r} is not an expert export (its {MANIFEST_FILE} has format "
+    if manifest.get("format") not in ("lightprune-export", WIDTH_FORMAT):
+        raise ValueError(f"{str(out_dir)!r} is not a lightprune export (its {MANIFEST_FILE} has format "
                          f"{manifest.get('format')!r})")
     manifest["evaluation"] = json.loads(json.dumps(dict(evaluation)))  # plain JSON, as written at export
-    for name, text in ((MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n"), (CARD_FILE, model_card(manifest))):
+    files = [(MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")]
+    if manifest["format"] == "lightprune-export":
+        files.append((CARD_FILE, model_card(manifest)))
+    for name, text in files:
         staged = out_dir / f".{name}.tmp-{os.getpid()}"
         staged.write_text(text)
         os.replace(staged, out_dir / name)

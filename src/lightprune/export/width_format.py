@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from lightprune.core.jsonio import parse_json
-from lightprune.export.result import MANIFEST_FILE
+from lightprune.export.result import MANIFEST_FILE, WIDTH_FORMAT
 from lightprune.width.kernels import check_backend
 from lightprune.width.plan import WidthPlan
 from lightprune.width.swap import swap_compact_ffn
@@ -21,7 +21,6 @@ from lightprune.width.swap import swap_compact_ffn
 __all__ = ["WIDTH_PLAN_FILE", "WIDTH_FORMAT", "attach_width_kernels", "read_width_manifest"]
 
 WIDTH_PLAN_FILE = "width_plan.json"
-WIDTH_FORMAT = "lightprune-width-export"
 
 
 def attach_width_kernels(model: nn.Module, plan: WidthPlan, align: int = 64, attention_backend: str = "sdpa"):

@@ -196,8 +196,11 @@ def test_width_export_writes_the_chosen_model(m0_checkpoint, tmp_path):
     from lightprune.callbacks import WidthExport
     from lightprune.export import load_pruned
 
+    from lightprune.callbacks.state import RunState
+
     export = WidthExport(align=1)
-    search, module, _ = _fit(m0_checkpoint, tmp_path, callbacks=[export])
+    search, module, trainer = _fit(m0_checkpoint, tmp_path, callbacks=[export])
+    assert RunState.of(trainer).exported == tmp_path / "model"  # where Evaluate records what it measures after
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["search"]["chosen"] == search.plan.metadata["chosen"]
     assert report["verification"]["max_abs_diff"] <= 1e-5

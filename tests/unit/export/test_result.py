@@ -227,3 +227,18 @@ def test_max_abs_diff_counts_only_the_valid_positions():
         max_abs_diff(logits, reference, valid=valid[:, :2])
     with pytest.raises(ExportVerificationError, match="do not match the reference"):
         max_abs_diff(logits[:, :2], reference, valid=valid)
+
+
+def test_record_evaluation_rewrites_a_width_manifest_and_writes_no_card(tmp_path) -> None:
+    from lightprune.export.result import MANIFEST_FILE, WIDTH_FORMAT, record_evaluation
+
+    manifest = {"format": WIDTH_FORMAT, "format_version": 1, "pruned_fractions": {"v2v": 0.5},
+                "evaluation": {"before": {"perplexity": 9.0}}}
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(manifest))
+    evaluation = {"split": "val", "before": {"perplexity": 9.0}, "after": {"perplexity": 11.5}}
+    record_evaluation(tmp_path, evaluation)
+    assert json.loads((tmp_path / MANIFEST_FILE).read_text()) == {**manifest, "evaluation": evaluation}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST_FILE]  # no card, nothing staged left
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(ValueError, match="'something-else'"):
+        record_evaluation(tmp_path, evaluation)
