@@ -10,7 +10,7 @@ import shlex
 import pytest
 from fixtures import REPO
 
-from lightprune.cli.options import check_command_line
+from lightprune.cli.options import OptionError, check_command_line
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 _BLOCKS = [block for page in PAGES for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S)]
@@ -33,6 +33,11 @@ def test_readme_command_is_accepted(words, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     configs = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--config", "-c")]
     assert configs and all((REPO / c).is_file() for c in configs), configs
+    placeholder = [w for w in words if w.startswith("/path/")]  # the reader's own checkpoint: it exists there
+    if placeholder:
+        with pytest.raises(OptionError, match=f"checkpoint directory '{placeholder[0]}' does not exist"):
+            check_command_line(words)
+        words = [w if w not in placeholder else str(REPO) for w in words]
     check_command_line(words)
 
 
