@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import subprocess
 import sys
 
@@ -32,6 +33,40 @@ UNION = '''Parser key "trainer.callbacks":
 def test_condense_names_the_class_the_option_the_value_and_the_types() -> None:
     assert condense(UNION) == "ExpertPruning: ratio='abc' is not a float or null"
     assert condense("Unrecognized arguments: --nope\nmore") == "Unrecognized arguments: --nope"
+
+
+REQUIRED = '''Parser key "data":
+  Does not validate against any of the Union subtypes
+  Subtypes: [<class 'lightning.pytorch.core.datamodule.LightningDataModule'>, <class 'NoneType'>]
+  Errors:
+    - Problem with given class_path 'lightprune.data.TextJsonlDataModule':
+        the following arguments are required: tokenizer
+    - Expected a <class 'NoneType'>
+  Given value type: <class 'jsonargparse._namespace.Namespace'>
+  Given value: Namespace(class_path='lightprune.data.TextJsonlDataModule', init_args=Namespace(tokenizer=None))'''
+
+REQUIRED_NESTED = '''Parser key "trainer.callbacks":
+  Does not validate against any of the Union subtypes
+  Errors:
+    - Problem with given class_path 'lightprune.callbacks.Evaluate':
+        Parser key "data":
+          Does not validate against any of the Union subtypes
+          Errors:
+            - Problem with given class_path 'my.DataModule':
+                the following arguments are required: tokenizer, rows
+            - Expected a <class 'NoneType'>
+          Given value: Namespace(class_path='my.DataModule', init_args=Namespace(tokenizer=None))
+    - Not a valid subclass of Callback
+  Given value: [Namespace(class_path='lightprune.callbacks.Evaluate')]'''
+
+
+def test_a_class_without_a_required_argument_names_the_options_to_set() -> None:
+    assert condense(REQUIRED) == "TextJsonlDataModule needs tokenizer: set --data.init_args.tokenizer"
+    assert condense(REQUIRED_NESTED) == ("DataModule needs tokenizer, rows: set --evaluate.data.init_args.tokenizer, "
+                                         "--evaluate.data.init_args.rows")
+    assert condense(REQUIRED_NESTED.replace("lightprune.callbacks.Evaluate", "my.Callback")) == (
+        "DataModule needs tokenizer, rows: set --trainer.callbacks.init_args.data.init_args.tokenizer, "
+        "--trainer.callbacks.init_args.data.init_args.rows")
 
 
 def test_a_bad_option_value_is_one_line(tmp_path) -> None:
@@ -72,3 +107,15 @@ def test_lightprune_s_own_runtime_errors_are_one_line_and_bugs_keep_their_traceb
     monkeypatch.setattr(cli, "cli_main", lambda: (_ for _ in ()).throw(RuntimeError("a bug")))
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main()
+
+
+def test_a_missing_required_argument_is_one_line_naming_the_option(tmp_path) -> None:
+    """configs/reap.yaml without its tokenizer (the config's own comment says to set it): jsonargparse's Union
+    listing ("... is not null") becomes the option to set."""
+    done = subprocess.run([sys.executable, "-m", "lightprune.cli.app", "calibrate", "--config",
+                           str(REPO / "configs" / "reap.yaml"), "--model.init_args.checkpoint", str(REPO),
+                           "--trainer.default_root_dir", str(tmp_path / "run")], capture_output=True, text=True,
+                          cwd=REPO, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "lightprune: error: TextJsonlDataModule needs tokenizer: set --data.init_args.tokenizer"), done.stderr[-2000:]
