@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lightprune.callbacks.options import OPTIONS, check_criterion_name
+from lightprune.cli.inputs import JobInputs
 from lightprune.core.jsonio import DuplicateKeyError, parse_yaml
 
 __all__ = ["ADDRESSES", "ARGUMENTS", "SUBCOMMANDS", "OptionError", "Addressed", "split_addressed", "check_command_line",
@@ -144,15 +145,11 @@ def _is_file(text: str) -> bool:
 _ROOT_OPTION = "--trainer.default_root_dir"
 #: the export callbacks whose checkpoint directory is refused here when it holds an earlier run's files
 _EXPORTS = ("Export", "WidthExport")
-#: the model's checkpoint on the command line (another ``--model...`` option makes it unseen here)
-_CHECKPOINT_OPTIONS = ("--model.init_args.checkpoint", "--model.checkpoint")
-#: a checkpoint value this pass did not follow
-_UNSEEN = object()
 
 
 def _config_options(argv: list[str]) -> list[tuple[str, Any]]:
-    """The ``--config`` files' contents and the ``--trainer.callbacks...``, ``--trainer.default_root_dir`` and
-    ``--model...`` options, in command-line order."""
+    """The ``--config`` files' contents and the ``--trainer.callbacks...``, ``--trainer.default_root_dir``,
+    ``--model...`` and ``--data...`` options, in command-line order."""
     import yaml
 
     items: list[tuple[str, Any]] = []
@@ -160,7 +157,8 @@ def _config_options(argv: list[str]) -> list[tuple[str, Any]]:
     while i < len(argv):
         arg = argv[i]
         head, eq, text = arg.partition("=")
-        if (head in ("--config", "-c") or head.startswith(("--trainer.callbacks", "--model")) or head == _ROOT_OPTION):
+        if (head in ("--config", "-c") or head.startswith(("--trainer.callbacks", "--model", "--data"))
+                or head == _ROOT_OPTION):
             if not eq:
                 if i + 1 >= len(argv):
                     break
@@ -213,14 +211,14 @@ def check_command_line(argv: Iterable[str]) -> None:
     # run directory, and whether everything that places an export's checkpoint directory is seen here
     callbacks: list[dict[str, Any]] | None = []
     root: Any = None
-    checkpoint: Any = None  # the model's checkpoint, last given wins
+    inputs = JobInputs()  # the files the model and the data read
     placed = True
     for where, content in items:
         if where == _ROOT_OPTION:
             root = content
             continue
-        if where.startswith("--model"):
-            checkpoint = content if where in _CHECKPOINT_OPTIONS else _UNSEEN
+        if where.startswith(("--model", "--data")):
+            inputs.see_option(where, content)
             continue
         if where == "--trainer.callbacks+":  # one callback appended
             is_class = isinstance(content, str) or (isinstance(content, dict) and "class_path" in content)
@@ -247,7 +245,7 @@ def check_command_line(argv: Iterable[str]) -> None:
             continue
         trainer = content.get("trainer") if isinstance(content.get("trainer"), dict) else {}
         root = trainer.get("default_root_dir", root)
-        checkpoint = _config_checkpoint(content, checkpoint)
+        inputs.see_config(content)
         listed = trainer.get("callbacks")
         if isinstance(listed, list):
             entries = [{"class_path": e} if isinstance(e, str) else e for e in listed]
@@ -265,30 +263,9 @@ def check_command_line(argv: Iterable[str]) -> None:
             raise OptionError(missing_callback(item))
     if placed and callbacks is not None and (root is None or isinstance(root, str)):
         _check_export_dirs(callbacks, root, addressed)
-    if isinstance(checkpoint, str) and _local_path(checkpoint) and not Path(checkpoint).expanduser().exists():
-        raise OptionError(f"--model.init_args.checkpoint: checkpoint directory {checkpoint!r} does not exist")
-
-
-def _config_checkpoint(config: dict[str, Any], checkpoint: Any) -> Any:
-    """The model's checkpoint after a config file: its ``model.init_args.checkpoint`` (or ``model.checkpoint``),
-    else ``checkpoint``; unseen when the file gives the model another way (a class name, a file)."""
-    if "model" not in config:
-        return checkpoint
-    model = config["model"]
-    init_args = model.get("init_args", {}) if isinstance(model, dict) and "class_path" in model else model
-    if not isinstance(init_args, dict):
-        return _UNSEEN
-    if "checkpoint" in init_args:
-        return init_args["checkpoint"]
-    return _UNSEEN if "class_path" in model else checkpoint  # a class given again: what the parser keeps is its own
-
-
-def _local_path(text: str) -> bool:
-    """Whether a checkpoint name can only be a local path: absolute, ``./``, ``../``, ``~``, or two or more
-    folders deep. A hub id (``org/name``, a bare name) and a source name (``testbed:text-small``) are not."""
-    if ":" in text.split("/", 1)[0]:
-        return False
-    return Path(text).is_absolute() or text.startswith(("./", "../", "~")) or text.strip("/").count("/") >= 2
+    problems = inputs.problems()
+    if problems:
+        raise OptionError("; ".join(f"{option}: {problem}" for option, problem in problems))
 
 
 def _check_export_dirs(callbacks: list[dict[str, Any]], root: str | None, addressed: list[Addressed]) -> None:

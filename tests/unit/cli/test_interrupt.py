@@ -144,33 +144,6 @@ def test_the_command_line_pass_refuses_an_existing_export_directory_before_light
                                           "exists and is not empty"), done.stderr
 
 
-def test_the_command_line_pass_refuses_a_missing_local_checkpoint(tmp_path, monkeypatch) -> None:
-    """A model checkpoint that can only be a local path (absolute, ./, ../, ~, two folders deep) and does not exist
-    is refused before Lightning, from the command line or a config, the last given winning; a hub id, a testbed
-    name, an existing folder, or a model given in a way the pass does not follow, are left to the parser."""
-    from lightprune.cli.options import OptionError, check_command_line
-
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "ckpt").mkdir()
-    (tmp_path / "missing.yaml").write_text("model:\n  class_path: lightprune.finetune.MoECausalLM\n"
-                                           "  init_args:\n    checkpoint: ./gone/model\n")
-    (tmp_path / "class_only.yaml").write_text("model:\n  class_path: lightprune.finetune.MoECausalLM\n")
-    job = ["export", "--config", str(REPO / "configs" / "aimer_tiny.yaml")]
-    for bad in ("./gone", str(tmp_path / "gone"), "../gone/model", "a/b/c", "~/no-such-lightprune-ckpt"):
-        for option in ("--model.init_args.checkpoint", "--model.checkpoint"):
-            with pytest.raises(OptionError, match=f"checkpoint directory '{re.escape(bad)}' does not exist"):
-                check_command_line([*job, option, bad])
-    with pytest.raises(OptionError, match="'./gone/model' does not exist"):
-        check_command_line([*job, "--config", "missing.yaml"])
-    for fine in (["--model.init_args.checkpoint", "./ckpt"], ["--model.init_args.checkpoint", str(tmp_path / "ckpt")],
-                 ["--model.init_args.checkpoint", "Qwen/Qwen3-30B-A3B"], ["--model.init_args.checkpoint", "gpt2"],
-                 ["--model.init_args.checkpoint", "testbed:text-small"],
-                 ["--config", "missing.yaml", "--model.init_args.checkpoint", "./ckpt"],  # the last one given
-                 ["--model.init_args.checkpoint", "./gone", "--config", "class_only.yaml"],  # a class again: unseen
-                 ["--model.init_args.checkpoint", "./gone", "--model", "other.yaml"]):
-        check_command_line([*job, *fine])
-
-
 def test_both_export_callbacks_refuse_an_earlier_run_from_their_options_alone(tmp_path) -> None:
     from lightprune.callbacks import Export, WidthExport
 

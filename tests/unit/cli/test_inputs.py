@@ -1,0 +1,69 @@
+"""The files a job reads (the model's checkpoint, the data module's JSONL files and tokenizer folder) are checked
+by the console script's first pass, before Lightning is imported (cli.inputs through cli.options)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from fixtures import REPO
+
+from lightprune.cli.options import OptionError, check_command_line
+
+
+def test_the_command_line_pass_refuses_a_missing_local_checkpoint(tmp_path, monkeypatch) -> None:
+    """A model checkpoint that can only be a local path (absolute, ./, ../, ~, two folders deep) and does not exist
+    is refused before Lightning, from the command line or a config, the last given winning; a hub id, a testbed
+    name, an existing folder, or a model given in a way the pass does not follow, are left to the parser."""
+    from lightprune.cli.options import OptionError, check_command_line
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "missing.yaml").write_text("model:\n  class_path: lightprune.finetune.MoECausalLM\n"
+                                           "  init_args:\n    checkpoint: ./gone/model\n")
+    (tmp_path / "same_class.yaml").write_text("model:\n  class_path: lightprune.finetune.MoECausalLM\n")
+    (tmp_path / "other_class.yaml").write_text("model:\n  class_path: my_project.MyModule\n")
+    job = ["export", "--config", str(REPO / "configs" / "aimer_tiny.yaml")]
+    for bad in ("./gone", str(tmp_path / "gone"), "../gone/model", "a/b/c", "~/no-such-lightprune-ckpt"):
+        for option in ("--model.init_args.checkpoint", "--model.checkpoint"):
+            with pytest.raises(OptionError, match=f"checkpoint directory '{re.escape(bad)}' does not exist"):
+                check_command_line([*job, option, bad])
+    with pytest.raises(OptionError, match="'./gone/model' does not exist"):
+        check_command_line([*job, "--config", "missing.yaml"])
+    with pytest.raises(OptionError, match="'./gone' does not exist"):  # the same class again keeps its arguments
+        check_command_line([*job, "--model.init_args.checkpoint", "./gone", "--config", "same_class.yaml"])
+    for fine in (["--model.init_args.checkpoint", "./ckpt"], ["--model.init_args.checkpoint", str(tmp_path / "ckpt")],
+                 ["--model.init_args.checkpoint", "Qwen/Qwen3-30B-A3B"], ["--model.init_args.checkpoint", "gpt2"],
+                 ["--model.init_args.checkpoint", "testbed:text-small"],
+                 ["--config", "missing.yaml", "--model.init_args.checkpoint", "./ckpt"],  # the last one given
+                 ["--model.init_args.checkpoint", "./gone", "--config", "other_class.yaml"],  # another class
+                 ["--model.init_args.checkpoint", "./gone", "--model", "other.yaml"]):
+        check_command_line([*job, *fine])
+
+
+def test_the_command_line_pass_refuses_missing_data_files_and_tokenizer_folders(tmp_path, monkeypatch) -> None:
+    """configs/reap.yaml (TextJsonlDataModule): a JSONL split that is not a file and a tokenizer folder that is not
+    a folder are refused before Lightning, all of them in one line, in the data module's own words; a source name,
+    an existing file, a data module given another way, are left to the classes."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "calib.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "tok").mkdir()
+    job = ["calibrate", "--config", str(REPO / "configs" / "reap.yaml"), "--model.init_args.checkpoint", str(REPO)]
+    with pytest.raises(OptionError) as info:
+        check_command_line([*job, "--data.init_args.tokenizer", "tok2", "--data.init_args.calibration", "c.jsonl",
+                            "--data.init_args.val", "v.jsonl"])
+    assert str(info.value) == (
+        "--data.init_args.calibration: calibration JSONL file 'c.jsonl' does not exist; "
+        "--data.init_args.val: val JSONL file 'v.jsonl' does not exist; "
+        "--data.init_args.tokenizer: tokenizer directory 'tok2' does not exist (lightprune loads tokenizers from "
+        "local directories only; nothing is downloaded)")
+    (tmp_path / "image.yaml").write_text("data:\n  class_path: lightprune.data.ImageTextJsonlDataModule\n"
+                                         "  init_args:\n    processor: ./proc\n    train: t.jsonl\n")
+    with pytest.raises(OptionError, match=r"^--data.init_args.train: train JSONL file 't.jsonl' does not exist; "
+                                          r"--data.init_args.processor: processor directory './proc' does not exist"):
+        check_command_line([*job, "--config", "image.yaml"])
+    for fine in (["--data.init_args.tokenizer", "tok", "--data.init_args.calibration", "calib.jsonl"],
+                 ["--data.init_args.tokenizer", "testbed:text-small", "--data.init_args.calibration", "calib.jsonl"],
+                 ["--data.init_args.calibration", "nope.jsonl", "--data", "lightprune.data.SyntheticTokens"],
+                 ["--data.init_args.calibration", "nope.jsonl", "--data", "data.yaml"]):  # a file: not followed
+        check_command_line([*job, *fine])
