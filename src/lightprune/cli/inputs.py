@@ -3,8 +3,8 @@
 The model's ``checkpoint`` and the data module's files (:class:`~lightprune.data.TextJsonlDataModule` and
 :class:`~lightprune.data.ImageTextJsonlDataModule`: the ``calibration`` / ``train`` / ``val`` / ``test`` JSONL
 files, the ``tokenizer`` / ``processor`` folder) are followed through the config files and the ``--model...`` /
-``--data...`` options in command-line order, as jsonargparse applies them (the last value given wins; a class
-given again forgets what was set before it here). A value that cannot exist is refused with the message the
+``--data...`` options in command-line order, as jsonargparse applies them (the last value given wins; the same
+class given again keeps the arguments set before it, another class is followed from scratch). A value that cannot exist is refused with the message the
 class itself would give once Lightning had loaded: a JSONL file that is not a file, a tokenizer folder that is
 not a folder, a checkpoint that can only be a local folder (:func:`local_path`) and is not one. What is not
 followed (a ``--model`` given as a file, a nested option) is left to the classes.
@@ -27,7 +27,7 @@ _SPLITS = ("calibration", "train", "val", "test")
 def local_path(text: str) -> bool:
     """Whether a checkpoint name can only be a local path: absolute, ``./``, ``../``, ``~``, or two or more
     folders deep. A hub id (``org/name``, a bare name) and a source name (``testbed:text-small``) are not."""
-    if ":" in text.split("/", 1)[0]:
+    if _source_name(text):
         return False
     return Path(text).is_absolute() or text.startswith(("./", "../", "~")) or text.strip("/").count("/") >= 2
 

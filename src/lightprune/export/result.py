@@ -42,12 +42,12 @@ from lightprune.checkpoints.classes import auto_class_name, base_class
 from lightprune.checkpoints.directory import weight_files
 from lightprune.export.model_card import CARD_FILE, model_card
 
-__all__ = ["MANIFEST_FILE", "ExportResult", "WidthExportResult", "LEGACY_KEYS", "record_evaluation", "write_manifest"]
+__all__ = ["MANIFEST_FILE", "EXPERT_FORMAT", "WIDTH_FORMAT", "ExportResult", "WidthExportResult", "LEGACY_KEYS", "record_evaluation", "write_manifest"]
 
 #: the manifest of every export (expert and width), beside the weights
 MANIFEST_FILE = "lightprune_export.json"
-#: the ``format`` of a width export's manifest (export.width_format reads it)
-WIDTH_FORMAT = "lightprune-width-export"
+#: the ``format`` of an expert export's manifest and of a width export's (export.width_format reads the latter)
+EXPERT_FORMAT, WIDTH_FORMAT = "lightprune-export", "lightprune-width-export"
 
 #: the keys of the dict ``export_pruned`` returned before 0.2 -> the attribute that replaces each (``out_dir``:
 #: ``str(result.path)``; ``kept_per_layer``: string keys)
@@ -234,7 +234,7 @@ def write_manifest(tmp: Path, model: nn.Module, counts: Mapping[int, int], *, pa
     from lightprune import __version__
 
     manifest = {
-        "format": "lightprune-export",
+        "format": EXPERT_FORMAT,
         "format_version": 1,
         "model_type": model.config.model_type,
         "architecture": base_class(model).__name__,
@@ -271,12 +271,12 @@ def record_evaluation(out_dir: str | os.PathLike, evaluation: Mapping[str, Any])
     ``after``). Nothing else of the export changes."""
     out_dir = Path(out_dir)
     manifest = json.loads((out_dir / MANIFEST_FILE).read_text())
-    if manifest.get("format") not in ("lightprune-export", WIDTH_FORMAT):
+    if manifest.get("format") not in (EXPERT_FORMAT, WIDTH_FORMAT):
         raise ValueError(f"{str(out_dir)!r} is not a lightprune export (its {MANIFEST_FILE} has format "
                          f"{manifest.get('format')!r})")
     manifest["evaluation"] = json.loads(json.dumps(dict(evaluation)))  # plain JSON, as written at export
     files = [(MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")]
-    if manifest["format"] == "lightprune-export":
+    if manifest["format"] == EXPERT_FORMAT:
         files.append((CARD_FILE, model_card(manifest)))
     for name, text in files:
         staged = out_dir / f".{name}.tmp-{os.getpid()}"
