@@ -42,7 +42,8 @@ from lightprune.checkpoints.classes import auto_class_name, base_class
 from lightprune.checkpoints.directory import weight_files
 from lightprune.export.model_card import CARD_FILE, model_card
 
-__all__ = ["MANIFEST_FILE", "EXPERT_FORMAT", "WIDTH_FORMAT", "ExportResult", "WidthExportResult", "LEGACY_KEYS", "record_evaluation", "write_manifest"]
+__all__ = ["MANIFEST_FILE", "EXPERT_FORMAT", "WIDTH_FORMAT", "ExportResult", "WidthExportResult", "LEGACY_KEYS",
+           "record_evaluation", "write_manifest"]
 
 #: the manifest of every export (expert and width), beside the weights
 MANIFEST_FILE = "lightprune_export.json"
