@@ -11,7 +11,8 @@ encodes a fixed text, which only published tokenizers have. A tokenizer lightpru
 ``--pre-tokenizer auto`` (default) then names ``gpt-2`` when, and only when, the export's ``tokenizer.json``
 declares GPT-2's byte-level pre-tokenization (a ``ByteLevel`` pre-tokenizer with its regex and no prefix space,
 no normaliser), which is what llama.cpp's ``gpt-2`` pre-tokenizer does; ``--pre-tokenizer NAME`` names another;
-``none`` leaves the converter's refusal. A tokenizer the converter knows is never overridden.
+``none`` leaves the converter's refusal. A tokenizer the converter knows is never overridden. The GGUF is
+written beside ``outfile`` and renamed over it once complete: a failed conversion leaves nothing behind.
 
 llama.cpp stores one expert count per model (``<arch>.expert_count``): an export whose layers keep different
 numbers of experts (``uniform: false`` in ``lightprune_export.json``) is refused here, naming the counts; prune
@@ -43,6 +44,7 @@ def gpt2_byte_level(tokenizer_json: Path) -> bool:
 
 
 def check_uniform(export: Path) -> None:
+    """Refuse a lightprune export whose layers keep different numbers of experts (its manifest says so)."""
     manifest = export / "lightprune_export.json"
     if not manifest.is_file():
         return  # not a lightprune export: the converter judges it
@@ -112,10 +114,15 @@ def main(argv: list[str] | None = None) -> None:
                 log.setLevel(level)
 
         TextModel.get_vocab_base_pre = get_vocab_base_pre
-    sys.argv = ["convert_hf_to_gguf.py", str(export), "--outfile", str(args.outfile.resolve()),
-                "--outtype", args.outtype]
+    outfile = args.outfile.resolve()
+    staged = outfile.with_name(f".{outfile.name}.tmp-{os.getpid()}")  # renamed over outfile once complete
+    sys.argv = ["convert_hf_to_gguf.py", str(export), "--outfile", str(staged), "--outtype", args.outtype]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    converter.main()
+    try:
+        converter.main()
+        os.replace(staged, outfile)
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
