@@ -19,8 +19,8 @@ before timing, as the paper packs weights and tunes kernels before timing; their
   registered as an attention implementation reading the swap's token modality).
 - GPU (when CUDA is available and ``--device`` allows): the paper's 7B per-layer shapes in bf16 with CUDA
   events (eager, no CUDA graphs); Triton path-sparse vs SDPA (kernel with prebuilt intervals, and
-  ``path_sparse_attention`` end to end) and compact vs dense FFN, target pruned/dense <= 1.15 x the
-  fraction.
+  ``path_sparse_attention`` end to end; FlexAttention compiled for the GPU beside, not judged) and compact vs
+  dense FFN, target pruned/dense <= 1.15 x the fraction.
 
 ``--quick`` runs tiny shapes in seconds (a test runs it so the script cannot rot). ``--json PATH`` also writes
 the printed figures (every ratio with its retained-FLOPs fraction, targets, PASS/FAIL, shapes, threads) as JSON.
@@ -136,16 +136,17 @@ def report(kind: str, point: str, times: dict, fraction: float, target: float | 
 
 
 class Flex:
-    """FlexAttention path-sparse attention on CPU (:func:`lightprune.width.kernels.path_attention.flex_path_attention`)
+    """FlexAttention path-sparse attention (:func:`lightprune.width.kernels.path_attention.flex_path_attention`)
     with one BlockMask per operating point built before timing (as the paper packs and tunes before timing);
     compiled with ``torch.compile`` unless ``--quick``, eager (said so) when compiling fails."""
 
-    def __init__(self, quick: bool):
+    def __init__(self, quick: bool, where: str = "CPU"):
         from lightprune.width.kernels.path_attention import flex_path_attention, path_block_mask
 
         self.attend, self.build = flex_path_attention, path_block_mask
         self.compile = not quick
         self.checked = quick
+        self.where = where
         self.masks: dict = {}
 
     @property
@@ -167,11 +168,12 @@ class Flex:
             t0 = time.perf_counter()
             try:
                 out = self.attend(q, k, v, modality, keep, scale=scale, block_mask=block_mask, compile=True)
-                print(f"note: torch.compile of FlexAttention on CPU: compiled in {time.perf_counter() - t0:.1f} s")
+                print(f"note: torch.compile of FlexAttention on {self.where}: compiled in "
+                      f"{time.perf_counter() - t0:.1f} s")
                 return out
             except Exception as err:  # noqa: BLE001 - reported; the brief asks to time eager then
                 self.compile = False
-                print(f"note: torch.compile of FlexAttention failed on CPU ({type(err).__name__}: "
+                print(f"note: torch.compile of FlexAttention failed on {self.where} ({type(err).__name__}: "
                       f"{str(err).splitlines()[0][:160]}); timing eager FlexAttention")
         return self.attend(q, k, v, modality, keep, scale=scale, block_mask=block_mask, compile=self.compile)
 
@@ -270,6 +272,7 @@ def bench_gpu(args, device, s7: dict | None = None, profiles: dict | None = None
     """The paper's 7B per-layer shapes in bf16: Triton vs SDPA attention core, compact vs dense FFN."""
     s7 = s7 or dict(d=3584, heads=28, kv=4, head_dim=128, m=18944, layers=1)
     have_kernels = importlib.util.find_spec("lightprune.width.kernels.path_attention_triton") is not None
+    flex = None
     for point, (V, T) in (profiles or PROFILES_7B).items():
         s = dict(s7, V=V, T=T, system=POINTS[point][2])
         bench_ffn(s, point, args, device, torch.bfloat16, slack=GPU_SLACK)
@@ -295,6 +298,11 @@ def bench_gpu(args, device, s7: dict | None = None, profiles: dict | None = None
         times = timeit({"dense": dense, "pruned": lambda: path_sparse_attention(q, k, v, mod, keep, backend="triton")},
                        args.repeats, args.warmup, device)
         report("attention", point, times, fraction, None, "  [path_sparse_attention triton, intervals per call]")
+        flex = flex or Flex(args.quick, where=device.type.upper())  # compiled for the GPU, beside (not judged)
+        mask = flex.block_mask(point, mod, keep, s["heads"])
+        times = timeit({"dense": dense, "pruned": lambda: flex(q, k, v, mod, keep, mask)}, args.repeats, args.warmup,
+                       device)
+        report("attention", point, times, fraction, None, flex.note)
 
 
 def main(argv=None) -> int:

@@ -5,6 +5,7 @@ benchmark's --quick mode runs so the script cannot rot."""
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 
@@ -371,3 +372,22 @@ def test_bench_prefill_quick_prints_ratios():
             found.setdefault(kind, set()).add(point)
     kinds = {"ffn", "total"} | ({"attention"} if importlib.util.find_spec("lightprune.width.kernels.path_attention") else set())
     assert set(found) == kinds and all(v == {"llava_onevision", "qwen2_5_vl"} for v in found.values()), run.stdout
+
+
+def test_bench_prefill_gpu_part_runs_on_the_cpu():
+    """bench_prefill's GPU part (Triton in interpreter mode, eager FlexAttention) on tiny shapes on the CPU: every
+    row it prints on a GPU is printed, so the part a GPU session runs cannot rot unseen."""
+    import re
+
+    code = ("import sys, argparse, torch; sys.path.insert(0, 'scripts'); import bench_prefill as bp\n"
+            "args = argparse.Namespace(quick=True, repeats=1, warmup=0, align=16, threads=1)\n"
+            "s7 = dict(d=64, heads=4, kv=2, head_dim=16, m=128, layers=1)\n"
+            "bp.bench_gpu(args, torch.device('cpu'), s7, {'llava_onevision': (40, 8), 'qwen2_5_vl': (20, 6)})\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**os.environ, "TRITON_INTERPRET": "1"}, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = re.findall(r"^ratio (ffn|attention) +(\w+) +pruned/dense median \d+\.\d+ .*?\[(\S+)", run.stdout, re.M)
+    for point in ("llava_onevision", "qwen2_5_vl"):
+        assert [(kind, note) for kind, p, note in rows if p == point] == [
+            ("ffn", "visual"), ("attention", "triton,"), ("attention", "path_sparse_attention"),
+            ("attention", "flex")], run.stdout
