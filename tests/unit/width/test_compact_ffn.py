@@ -355,39 +355,35 @@ def test_cuda_bf16_and_fp32(text):
 
 
 def test_bench_prefill_quick_prints_ratios():
+    """``bench_prefill.py --quick`` prints every CPU ratio; then, in the same process (Triton in interpreter mode,
+    eager FlexAttention, tiny shapes), its GPU part prints every row it prints on a GPU, so the part a GPU session
+    runs cannot rot unseen."""
     import importlib.util
     import re
 
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_prefill.py"), "--quick", "--device", "cpu"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert run.returncode == 0, run.stdout + run.stderr
-    line = re.compile(r"^ratio (ffn|attention|total) +(llava_onevision|qwen2_5_vl) +pruned/dense median "
-                      r"(\d+\.\d+) min (\d+\.\d+) +retained FLOPs (\d\.\d+)")
-    found = {}
-    for text in run.stdout.splitlines():
-        match = line.match(text)
-        if match:
-            kind, point, median, low, fraction = match.groups()
-            assert float(median) > 0 and float(low) > 0 and 0 < float(fraction) < 1, text
-            found.setdefault(kind, set()).add(point)
-    kinds = {"ffn", "total"} | ({"attention"} if importlib.util.find_spec("lightprune.width.kernels.path_attention") else set())
-    assert set(found) == kinds and all(v == {"llava_onevision", "qwen2_5_vl"} for v in found.values()), run.stdout
-
-
-def test_bench_prefill_gpu_part_runs_on_the_cpu():
-    """bench_prefill's GPU part (Triton in interpreter mode, eager FlexAttention) on tiny shapes on the CPU: every
-    row it prints on a GPU is printed, so the part a GPU session runs cannot rot unseen."""
-    import re
-
     code = ("import sys, argparse, torch; sys.path.insert(0, 'scripts'); import bench_prefill as bp\n"
+            "bp.main(['--quick', '--device', 'cpu'])\n"
+            "print('--- GPU part on the CPU ---')\n"
             "args = argparse.Namespace(quick=True, repeats=1, warmup=0, align=16, threads=1)\n"
             "s7 = dict(d=64, heads=4, kv=2, head_dim=16, m=128, layers=1)\n"
             "bp.bench_gpu(args, torch.device('cpu'), s7, {'llava_onevision': (40, 8), 'qwen2_5_vl': (20, 6)})\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env={**os.environ, "TRITON_INTERPRET": "1"}, check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    rows = re.findall(r"^ratio (ffn|attention) +(\w+) +pruned/dense median \d+\.\d+ .*?\[(\S+)", run.stdout, re.M)
+    cpu, gpu = run.stdout.split("--- GPU part on the CPU ---")
+    line = re.compile(r"^ratio (ffn|attention|total) +(llava_onevision|qwen2_5_vl) +pruned/dense median "
+                      r"(\d+\.\d+) min (\d+\.\d+) +retained FLOPs (\d\.\d+)")
+    found = {}
+    for text in cpu.splitlines():
+        match = line.match(text)
+        if match:
+            kind, point, median, low, fraction = match.groups()
+            assert float(median) > 0 and float(low) > 0 and 0 < float(fraction) < 1, text
+            found.setdefault(kind, set()).add(point)
+    kinds = {"ffn", "total"} | ({"attention"} if importlib.util.find_spec("lightprune.width.kernels.path_attention") else set())
+    assert set(found) == kinds and all(v == {"llava_onevision", "qwen2_5_vl"} for v in found.values()), cpu
+    rows = re.findall(r"^ratio (ffn|attention) +(\w+) +pruned/dense median \d+\.\d+ .*?\[(\S+)", gpu, re.M)
     for point in ("llava_onevision", "qwen2_5_vl"):
         assert [(kind, note) for kind, p, note in rows if p == point] == [
             ("ffn", "visual"), ("attention", "triton,"), ("attention", "path_sparse_attention"),
-            ("attention", "flex")], run.stdout
+            ("attention", "flex")], gpu
