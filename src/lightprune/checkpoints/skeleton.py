@@ -221,7 +221,7 @@ class Skeleton:
                              f"{modules}: it would load with random weights")
         converted = []
         # largest first: each takes the smallest released storage that holds it (:meth:`ReadPool.take`)
-        for name in sorted(wanted, key=lambda n: -self._get(n).numel() * self._get(n).element_size()):
+        for name in sorted(wanted, key=lambda n: -self._get(n).nbytes):
             if name in tied:
                 continue
             tensor = self._read(name, self._get(name))

@@ -131,8 +131,7 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
     blocks = checked.get("routed output", {})
     for layer in source_moe.values():
         if layer.index not in blocks:
-            raise ExportVerificationError(f"layer {layer.index} ({layer.name}): the probe's forward never reached its "
-                                          "router and experts, so it could not be checked; nothing was written")
+            raise _unreached(layer)
     diff = compare(logits["pruned"], logits["reference"], atol, default_rtol(original.model),
                    what="pruned checkpoint, run layer by layer")
     if not diff.ok:
@@ -175,6 +174,11 @@ _PARTS = {"routed output": "its routed experts' output", "router logits": "its r
 _RECORDS = {"router logits": "router_logits", "kept experts": "kept_experts"}
 
 
+def _unreached(layer: MoELayer) -> ExportVerificationError:
+    return ExportVerificationError(f"layer {layer.index} ({layer.name}): the probe's forward never reached its router "
+                                   "and experts, so it could not be checked; nothing was written")
+
+
 def _layer_outputs(layer: MoELayer, plan: ExpertPlan, inputs: list[torch.Tensor] | None, kept: list[int],
                    source: bool) -> dict[str, torch.Tensor]:
     """What one layer check compares (see the module docstring), on what the source layer's router and experts
@@ -182,8 +186,7 @@ def _layer_outputs(layer: MoELayer, plan: ExpertPlan, inputs: list[torch.Tensor]
     experts named by their ids, the router's kept columns), else the pruned one's (kept experts named by their
     positions)."""
     if inputs is None or any(x is None for x in inputs):
-        raise ExportVerificationError(f"layer {layer.index} ({layer.name}): the probe's forward never reached its "
-                                      "router and experts, so it could not be checked; nothing was written")
+        raise _unreached(layer)
     router_input, expert_input = inputs
     mask = None
     if source and layer.index in plan.keep:
