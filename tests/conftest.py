@@ -43,6 +43,37 @@ def _torch_global_modes():
     torch.set_num_threads(modes[2])
 
 
+#: what tools write into any checkout they run in (Python's bytecode, pytest's own cache, an editable install)
+_TOOL_FILES = ("__pycache__", ".pytest_cache", ".egg-info", ".import_linter_cache")
+
+
+def _checkout_state(repo: Path) -> set[str] | None:
+    """The checkout's changed, untracked and ignored paths as ``git status`` lists them (None outside a git
+    checkout), without what tools write into any checkout (:data:`_TOOL_FILES`)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "status", "--porcelain=v1", "-z", "--ignored", "--untracked-files=all"],
+                              cwd=repo, capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    entries = done.stdout.decode("utf-8", "replace").split("\0")
+    return {e for e in entries if e and not any(part in e for part in _TOOL_FILES)}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _checkout_untouched():
+    """A test never writes into the checkout (nor depends on what a user's runs left there, such as outputs/):
+    temporary directories only. The session fails at its end when the checkout's files changed while it ran."""
+    repo = Path(__file__).resolve().parents[1]
+    before = _checkout_state(repo)
+    yield
+    after = _checkout_state(repo) if before is not None else None
+    if after is not None and after != before:
+        changed = sorted(after - before) + [f"(gone) {e}" for e in sorted(before - after)]
+        pytest.fail(f"the tests changed the checkout {repo}: " + ", ".join(changed[:20]), pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_cache():
     """{(family, seed, overrides): model}, built lazily; hand out copies only (see ``tiny``)."""
