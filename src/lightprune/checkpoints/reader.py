@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,6 +51,18 @@ __all__ = ["Checkpoint", "stored_dtype"]
 _LAYER_COUNTS = frozenset({"num_hidden_layers", "depth", "num_layers", "n_layer", "n_layers", "encoder_layers",
                            "decoder_layers", "vision_layers"})
 _LAYER_NUMBER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+_readahead_said = False
+
+
+def _readahead_off(exc: BaseException) -> None:
+    """Say once per process that a checkpoint reads without readahead (its thread could not be started)."""
+    global _readahead_said
+    if not _readahead_said:
+        _readahead_said = True
+        warnings.warn(f"lightprune: the checkpoint readahead thread could not be started ({exc}); reading without "
+                      "readahead (the same results, slower on a cold disk)", RuntimeWarning, stacklevel=3)
 
 
 def _advise(spans: list[tuple[int, int, int]]) -> None:
@@ -104,7 +117,8 @@ class Checkpoint:
         self.sharded = (self.path / SAFE_INDEX).is_file()
         self._data_start = {file: _data_start(file) for file in self.files}
         self._fds: dict[Path, int] = {}
-        self._advice: ThreadPoolExecutor | None = None  # will_need's background thread, made on first use
+        # will_need's background thread, made on first use (False: it could not be started, no readahead)
+        self._advice: ThreadPoolExecutor | None | bool = None
 
     def _check_layer_counts(self) -> None:
         """config.json's layer counts (anywhere in it) against the weights (see the module docstring)."""
@@ -230,7 +244,8 @@ class Checkpoint:
         """Tell the kernel that the bytes of ``keys`` are read next (``posix_fadvise(WILLNEED)`` per file over the
         span of their data, adjacent tensors merged): it reads them into the page cache in the background, so that a
         later :meth:`read_into` copies from memory instead of waiting on the disk. Issued from a background thread
-        (a large advice can block while the reads are queued); a no-op where the call does not exist."""
+        (a large advice can block while the reads are queued); a no-op where the call does not exist, and from
+        the first time that thread cannot be started (a thread or memory limit: said once per process)."""
         if not keys or not hasattr(os, "posix_fadvise"):
             return
         spans: dict[Path, list[list[int]]] = defaultdict(list)
@@ -243,14 +258,21 @@ class Checkpoint:
             else:
                 found.append([begin, end])
         work = [(self._fd(file), begin, end - begin) for file, found in spans.items() for begin, end in found]
+        if self._advice is False:  # its thread could not start: read without the advice
+            return
         if self._advice is None:
             self._advice = ThreadPoolExecutor(1, thread_name_prefix="lightprune-readahead")
-        self._advice.submit(_advise, work)
+        try:
+            self._advice.submit(_advise, work)
+        except RuntimeError as exc:  # no thread to spare (a memory or thread limit): reads go on, only slower
+            self._advice.shutdown(wait=False, cancel_futures=True)
+            self._advice = False
+            _readahead_off(exc)
 
     def close(self) -> None:
-        if self._advice is not None:
+        if self._advice:
             self._advice.shutdown(wait=True)
-            self._advice = None
+        self._advice = None
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

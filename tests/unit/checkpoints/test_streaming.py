@@ -145,6 +145,38 @@ def test_will_need_advises_exactly_the_keys_bytes_adjacent_ones_merged(tiny, tmp
                                 for k in ks) for layer in layers[1:]]
 
 
+def test_without_a_readahead_thread_streaming_carries_on_and_says_so_once(tiny, tmp_path, monkeypatch):
+    """A process that cannot start one more thread (a memory or thread limit) streams without readahead: the same
+    scores and the same pruned checkpoint as with it, one warning for the whole process, and no advice issued."""
+    import warnings
+
+    import lightprune.checkpoints.reader as reader
+
+    path = saved(tiny("qwen3_moe", seed=4), tmp_path / "ckpt", sharded=True)
+    expected = lp.score_weights(path, "aimer", progress=False)
+    plan = lp.select_experts(expected, ratio=0.5)
+    lp.prune_checkpoint(path, plan, tmp_path / "with", progress=False)
+
+    class NoThreads(reader.ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            raise RuntimeError("can't start new thread")
+
+    advised = []
+    monkeypatch.setattr(reader, "ThreadPoolExecutor", NoThreads)
+    monkeypatch.setattr(reader, "_readahead_said", False)
+    monkeypatch.setattr(reader.os, "posix_fadvise", lambda *args: advised.append(args))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = lp.score_weights(path, "aimer", progress=False)
+        lp.prune_checkpoint(path, plan, tmp_path / "without", progress=False)
+    said = [w for w in caught if "readahead" in str(w.message)]
+    assert len(said) == 1 and "can't start new thread" in str(said[0].message), [str(w.message) for w in caught]
+    assert advised == []
+    assert got.keys() == expected.keys() and all(torch.equal(got[i], expected[i]) for i in expected)
+    with_files = {f.name: f.read_bytes() for f in (tmp_path / "with").glob("*.safetensors")}
+    assert with_files and with_files == {f.name: f.read_bytes() for f in (tmp_path / "without").glob("*.safetensors")}
+
+
 def test_a_released_layer_is_read_into_again_only_when_nothing_else_holds_it(tiny, tmp_path):
     """With a pool (streamed scores), the next layer of the same shapes is read into the released layer's storages
     (no new memory), except one a caller still holds (by name or through a view), whose values stay as they were;
@@ -481,8 +513,9 @@ Skeleton(Checkpoint(path))  # imports and lazy modules in place before the limit
 data = int([l for l in open("/proc/self/status") if l.startswith("VmData")][0].split()[1]) * 1024
 # verification runs the source's and the pruned model's forwards in two threads, whose stacks (reserved, mostly
 # untouched: RLIMIT_STACK each, as glibc sizes a thread's stack) the limit counts as data
+# (and the readahead's thread: without it, reading carries on without readahead)
 stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
-stacks = 2 * (stack if 0 < stack < 1 << 30 else 8 << 20)
+stacks = 3 * (stack if 0 < stack < 1 << 30 else 8 << 20)
 resource.setrlimit(resource.RLIMIT_DATA, (data + budget + stacks, resource.RLIM_INFINITY))
 try:
     if mode == "stream":
@@ -499,19 +532,21 @@ except MemoryError:
 
 def test_streaming_runs_under_a_memory_limit_smaller_than_the_checkpoint(tmp_path):
     """A private-memory limit (RLIMIT_DATA over what the process holds once imported) of a third of the
-    checkpoint, plus the verification forwards' thread stacks: scoring and pruning (with verification) stream
-    within it, loading the model does not. glibc is told to map every allocation over 128 KiB on its own
+    checkpoint, plus the stacks of the verification forwards' and the readahead's threads: scoring and pruning
+    (with verification) stream within it, loading the model does not. glibc is told to map every allocation over 128 KiB on its own
     (MALLOC_MMAP_THRESHOLD_), so that freed memory leaves the data segment and the limit counts live memory, not
     the heap's high-water mark."""
 
     from lightprune.models.tiny import tiny_model
 
-    config = dict(hidden_size=256, moe_intermediate_size=256, num_experts=32, num_hidden_layers=8,
+    # 16 layers: a third of the checkpoint is about twice what one layer's verification holds (the source layer,
+    # the pruned one, and the experts kernel's copies of a layer's weights)
+    config = dict(hidden_size=256, moe_intermediate_size=256, num_experts=32, num_hidden_layers=16,
                   vocab_size=256, intermediate_size=256)
     model = tiny_model("qwen3_moe", seed=0, **config)
     path = saved(model, tmp_path / "ckpt", sharded=True)
     size = Checkpoint(path).total_bytes
-    assert size > 150e6, size
+    assert size > 300e6, size
     budget = size // 3
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DEACTIVATE_ASYNC_LOAD": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
     run = lambda mode: subprocess.run(  # noqa: E731
