@@ -5,10 +5,10 @@ lightprune command loads), ``training.json`` and a manifest each; :func:`cached_
 both manifests check, else trains it into a temporary folder renamed into place (the default corpus's
 cache helpers), with the job's random state left untouched (:func:`isolated_rng`). :func:`fit_from_init`
 is the training itself: :class:`~lightprune.finetune.MoECausalLM` from the initial checkpoint, AdamW with
-linear warm-up and cosine decay for a fixed number of steps (not a time budget), on :data:`TRAINING_THREADS`
-threads with torch's deterministic algorithms (:func:`deterministic_training`), so a rerun gives the same weights on
-the same CPU, torch and Python (:func:`training_facts`: in the manifest and the cache key), the loss curve kept by
-:class:`LossCurve`. What the testbeds
+linear warm-up and cosine decay for a fixed number of steps (not a time budget), on the caller's torch threads
+(:func:`training_threads`) with torch's deterministic algorithms (:func:`deterministic_training`), so a rerun gives
+the same weights on the same CPU, thread count, torch and Python (:func:`training_facts`: in the manifest and the
+cache key), the loss curve kept by :class:`LossCurve`. What the testbeds
 report about themselves and the quality tables measure on them: :func:`next_token_metrics` over batches of
 :func:`encode_batches`.
 """
@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -35,14 +36,10 @@ from lightprune.core.batch import model_inputs
 from lightprune.data.cache import CacheError, build_folder, check_folder
 from lightprune.finetune import MoECausalLM
 
-__all__ = ["TRAINING_THREADS", "LossCurve", "cache_root", "cached_testbed", "deterministic_training", "encode_batches",
+__all__ = ["LossCurve", "WindowRate", "cache_root", "cached_testbed", "deterministic_training", "encode_batches",
            "facts_digest", "fit_from_init", "isolated_rng", "next_token_metrics", "next_token_row_sums", "spec_digest",
-           "training_facts"]
+           "training_facts", "training_threads", "windowed_bar"]
 
-#: the CPU threads every testbed trains with, whatever the machine has: torch's CPU kernels split their reductions
-#: by thread, so the same steps give other weights with another count (the text testbed's loss at step 48: 6.081
-#: with 2 threads, 6.146 with 1)
-TRAINING_THREADS = 2
 #: Lightning's info logger (its device banner, its "`Trainer.fit` stopped" line)
 _RANK_ZERO = "lightning.pytorch.utilities.rank_zero"
 
@@ -74,15 +71,25 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def training_threads() -> int:
+    """The CPU threads a testbed trains with: torch's count in the calling thread (``OMP_NUM_THREADS``, else the
+    machine's cores, unless the caller set another). The weights depend on it (torch's CPU kernels split their
+    reductions by thread: the small text testbed's loss at step 48 is 6.081 on 2 threads, 6.146 on 1), so it is
+    one of the :func:`training_facts`: another count trains, and caches, another testbed."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def training_facts() -> dict[str, Any]:
-    """What besides its spec decides a testbed's trained weights: the training threads, the CPU (its vector width
-    orders the reductions), torch and Python (the text corpus is Python's own documentation). Recorded in each
-    testbed's manifest and part of its cache key (:func:`facts_digest`)."""
+    """What besides its spec decides a testbed's trained weights: the training threads (:func:`training_threads`),
+    the CPU (its vector width orders the reductions), torch and Python (the text corpus is Python's own
+    documentation). Recorded in each testbed's manifest and part of its cache key (:func:`facts_digest`)."""
     import platform
 
     import torch
 
-    return {"threads": TRAINING_THREADS, "cpu": _cpu_model(), "torch": torch.__version__,
+    return {"threads": training_threads(), "cpu": _cpu_model(), "torch": torch.__version__,
             "python": platform.python_version(), "deterministic_algorithms": True}
 
 
@@ -92,10 +99,12 @@ def facts_digest() -> str:
 
 
 @contextmanager
-def deterministic_training(threads: int = TRAINING_THREADS) -> Iterator[None]:
-    """Inside the block torch runs on ``threads`` CPU threads with its deterministic algorithms (a warning where an
-    op has none); both are restored on exit."""
+def deterministic_training(threads: int | None = None) -> Iterator[None]:
+    """Inside the block torch runs on ``threads`` CPU threads (default: :func:`training_threads`) with its
+    deterministic algorithms (a warning where an op has none); both are restored on exit."""
     import torch
+
+    threads = training_threads() if threads is None else threads
 
     previous = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
                 torch.is_deterministic_algorithms_warn_only_enabled())
@@ -147,26 +156,99 @@ def cached_testbed(folder: Path, expect: dict[str, Any], train: Callable[[Path],
             rank_zero_warn(f"retraining the testbed {folder}: {e}")
         with isolated_rng(), interrupt.doing(f"training the embedded testbed {folder.name} (nothing of it is "
                                              "cached until it finishes)"):
-            rank_zero_info(f"lightprune: training the embedded testbed {folder.name} once, on {TRAINING_THREADS} "
-                           f"threads (fixed: the cache is keyed on them); it is cached under {folder.parent} and "
-                           "later runs reuse it")
+            rank_zero_info(f"lightprune: training the embedded testbed {folder.name} once, on "
+                           f"{_threads_said(expect)}; it is cached under {folder.parent} and later runs reuse it")
+            busy = _busy(expect)
+            if busy:
+                rank_zero_info(busy)
             build_folder(folder, train, replace=folder.exists())
     return folder
 
 
+def _threads_said(expect: dict[str, Any]) -> str:
+    """``"2 threads (torch's count: ...)"``: the count the testbed trains with and how to change it."""
+    threads = expect.get("facts", {}).get("threads", training_threads())
+    return (f"{threads} thread{'s' if threads != 1 else ''} (torch's count, which OMP_NUM_THREADS sets; the weights "
+            "depend on it, so another count trains and caches another testbed)")
+
+
+def _busy(expect: dict[str, Any]) -> str | None:
+    """A line for a machine whose other work already fills its cores (1-minute load average at least the core
+    count) while the testbed trains on several threads: threads waiting on each other at every kernel's barrier run
+    many times slower there; one thread does not wait."""
+    threads = expect.get("facts", {}).get("threads", training_threads())
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    except OSError:  # no load average on this platform
+        return None
+    if threads < 2 or load < cores:
+        return None
+    return (f"lightprune: this machine is busy (load {load:.1f} on {cores} cores): {threads} threads wait on each "
+            "other there and can train many times slower; OMP_NUM_THREADS=1 trains on one")
+
+
+class WindowRate:
+    """Steps per second over the last ``seconds`` of a run (and at least its last ``min_points`` updates): the rate
+    a bar's time left is computed from. tqdm's default (an exponential average of each update's steps and seconds,
+    weight 0.3) moves the estimate several-fold when one step stalls on a busy machine; a window of a minute does
+    not."""
+
+    def __init__(self, seconds: float = 60.0, min_points: int = 10):
+        self.seconds, self.min_points = seconds, min_points
+        self.points: deque[tuple[float, float]] = deque()
+
+    def add(self, time: float, count: float) -> None:
+        """The run had done ``count`` steps at ``time``."""
+        self.points.append((time, count))
+        while len(self.points) > self.min_points and self.points[1][0] <= time - self.seconds:
+            self.points.popleft()
+
+    def rate(self) -> float | None:
+        """(steps done from the window's first point to its last) / (seconds between them); None before two
+        points or when no time has passed."""
+        if len(self.points) < 2:
+            return None
+        (t0, n0), (t1, n1) = self.points[0], self.points[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 and n1 > n0 else None
+
+
+def windowed_bar(**kwargs: Any):
+    """A tqdm bar (``tqdm.auto``'s kind) whose rate and time left come from a :class:`WindowRate` of its updates."""
+    from tqdm.auto import tqdm
+
+    class WindowedBar(tqdm):
+        def __init__(self, **options: Any):
+            self.window = WindowRate()
+            super().__init__(**options)
+            self.window.add(self._time(), self.n)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            self.window.add(self._time(), self.n + (n or 0))
+            return super().update(n)
+
+        @property
+        def format_dict(self) -> dict[str, Any]:
+            found = super().format_dict
+            rate = self.window.rate()
+            if rate is not None:
+                found["rate"] = rate
+            return found
+
+    return WindowedBar(**kwargs)
+
+
 class StepsBar(pl.Callback):
-    """A bar over the whole training (``max_steps`` optimizer steps, its rate and time left for all of them), where
-    Lightning's bar counts the batches of one epoch; the running loss beside it."""
+    """A bar over the whole training (``max_steps`` optimizer steps, its rate and time left for all of them, over
+    the last minute: :class:`WindowRate`), where Lightning's bar counts the batches of one epoch; the running loss
+    beside it."""
 
     def __init__(self, description: str):
         self.description = description
         self.bar = None
 
     def on_train_start(self, trainer, module):
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(total=trainer.max_steps, desc=self.description, unit="step", leave=False,
-                        initial=trainer.global_step)
+        self.bar = windowed_bar(total=trainer.max_steps, desc=self.description, unit="step", leave=False,
+                                initial=trainer.global_step)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if self.bar is None:
@@ -187,10 +269,11 @@ class StepsBar(pl.Callback):
 
 class LossCurve(pl.Callback):
     """Keeps (step, train loss, aux loss) every ``every`` optimizer steps and at the last (and logs them when
-    ``log``: no bar is shown)."""
+    ``log``: no bar is shown). The flag is kept as ``log_points``: a trainer sets every callback's ``log`` to its
+    module's ``log`` method (a bound method, always true) when it attaches the module."""
 
     def __init__(self, every: int, log: bool = False):
-        self.every, self.log = every, log
+        self.every, self.log_points = every, log
         self.points: list[dict[str, float]] = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
@@ -199,7 +282,7 @@ class LossCurve(pl.Callback):
             m = trainer.callback_metrics
             self.points.append({"step": step, "loss": float(m["train/loss"]),
                                 "aux_loss": float(m.get("train/aux_loss", math.nan))})
-            if self.log:  # no bar: a line per point, for logs of background runs
+            if self.log_points:  # no bar: a line per point, for logs of background runs
                 rank_zero_info(f"step {step}/{trainer.max_steps}: loss {self.points[-1]['loss']:.4f}")
 
 

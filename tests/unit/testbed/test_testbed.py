@@ -178,32 +178,154 @@ def test_row_mean_training_loss_weighs_every_row_the_same() -> None:
         MoECausalLM(tiny="qwen3_moe", loss_mean="sample")
 
 
-def test_training_is_deterministic_whatever_the_callers_threads(testbed_root: Path, tmp_path: Path) -> None:
-    """The micro testbed trained again from a caller on 1 thread (the session's was trained from the suite's own
-    count) has the same bytes: training runs on TRAINING_THREADS with deterministic algorithms, and the caller's
-    settings come back after. The manifest records the facts, the folder name holds their digest."""
+def test_training_runs_on_the_callers_thread_count_and_repeats_exactly(testbed_root: Path, tmp_path: Path) -> None:
+    """The micro testbed trained again from a caller with the session's thread count and deterministic algorithms
+    off has the same bytes: training runs deterministically on the caller's torch threads, and the caller's settings
+    come back after. The manifest records the count among the facts, the folder name holds their digest."""
     import shutil
 
     from lightprune.data.cache import MANIFEST
-    from lightprune.testbed.training import TRAINING_THREADS, facts_digest, training_facts
+    from lightprune.testbed.training import facts_digest, training_facts
 
     first = text_testbed("micro", testbed_root, progress=False)
     shutil.copytree(testbed_root / "testbed", tmp_path / "testbed",  # the corpus, not the trained model
                     ignore=lambda folder, names: [n for n in names if n.startswith("text-")])
+    manifest = json.loads((first / MANIFEST).read_text())
+    threads = manifest["facts"]["threads"]
     before = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
               torch.is_deterministic_algorithms_warn_only_enabled())
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(False)  # a Trainer(deterministic=True) earlier in the session leaves it on
     try:
         again = text_testbed("micro", tmp_path, progress=False)
-        assert torch.get_num_threads() == 1 and not torch.are_deterministic_algorithms_enabled()
+        assert torch.get_num_threads() == threads and not torch.are_deterministic_algorithms_enabled()
+        assert manifest["facts"] == training_facts() and first.name.endswith(f"-{facts_digest()}")
     finally:
         torch.set_num_threads(before[0])
         torch.use_deterministic_algorithms(before[1], warn_only=before[2])
+    assert again.name == first.name
     assert (again / "model" / "model.safetensors").read_bytes() == (first / "model" / "model.safetensors").read_bytes()
-    manifest = json.loads((first / MANIFEST).read_text())
-    assert manifest["facts"] == training_facts() and manifest["facts"]["threads"] == TRAINING_THREADS
-    assert first.name.endswith(f"-{facts_digest()}")
+
+
+def test_the_thread_count_is_the_callers_and_names_another_testbed(monkeypatch, testbed_root: Path) -> None:
+    """training_threads is torch's count in the calling thread (what OMP_NUM_THREADS or set_num_threads says), and
+    it is in the facts, so another count is another folder."""
+    from lightprune.testbed.text_moe import _folder
+    from lightprune.testbed.training import training_facts, training_threads
+
+    before = torch.get_num_threads()
+    folders = {}
+    try:
+        for count in (1, 3):
+            torch.set_num_threads(count)
+            assert training_threads() == count and training_facts()["threads"] == count
+            folders[count] = _folder("micro", MICRO, testbed_root)
+    finally:
+        torch.set_num_threads(before)
+    assert folders[1] != folders[3]
+
+
+def test_the_first_run_names_its_threads_and_a_busy_machine(monkeypatch, tmp_path: Path, caplog) -> None:
+    """The first run's line says how many threads train the testbed and what sets them; on a machine whose load
+    already fills its cores, a second line says that one thread trains faster there (and none on one thread, or
+    on a quiet machine)."""
+    import logging
+    import shutil
+
+    from lightprune.testbed import training
+
+    def said(load: float, threads: int) -> list[str]:
+        monkeypatch.setattr(training.os, "getloadavg", lambda: (load, load, load))
+        monkeypatch.setattr(training.os, "cpu_count", lambda: 2)
+        caplog.clear()
+        expect = {"facts": {**training.training_facts(), "threads": threads}}
+        folder = tmp_path / f"tb-{load}-{threads}"
+        with caplog.at_level(logging.INFO):
+            training.cached_testbed(folder, expect, lambda tmp: (tmp / "model").mkdir())
+        shutil.rmtree(folder)
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("lightprune:")]
+
+    quiet = said(0.5, 2)
+    assert len(quiet) == 1 and " on 2 threads (torch's count, which OMP_NUM_THREADS sets;" in quiet[0]
+    busy = said(5.0, 2)
+    assert busy[0] == quiet[0].replace("tb-0.5-2", "tb-5.0-2")
+    assert busy[1] == ("lightprune: this machine is busy (load 5.0 on 2 cores): 2 threads wait on each other there "
+                       "and can train many times slower; OMP_NUM_THREADS=1 trains on one")
+    one = said(5.0, 1)
+    assert len(one) == 1 and " on 1 thread (" in one[0]
+
+
+def test_the_time_left_comes_from_the_last_minute_of_steps() -> None:
+    """WindowRate: steps over seconds between the first and last point of the last 60 s (at least 10 points); a
+    bar's time left uses it, so one stalled step moves it by its share of the window, not several-fold."""
+    import io
+
+    from lightprune.testbed.training import WindowRate, windowed_bar
+
+    window = WindowRate(seconds=60, min_points=10)
+    assert window.rate() is None
+    for i in range(121):  # a step a second for two minutes
+        window.add(float(i), float(i))
+    assert [p[0] for p in window.points] == [float(t) for t in range(60, 121)]
+    assert window.rate() == 1.0
+    window.add(150.0, 121.0)  # one step took 30 s: the window keeps 90-150
+    assert window.points[0] == (90.0, 90.0) and window.rate() == 31 / 60
+    slow = WindowRate(seconds=60, min_points=10)
+    for i in range(12):  # 100 s a step: at least 10 points are kept, whatever their age
+        slow.add(100.0 * i, float(i))
+    assert len(slow.points) == 10 and slow.rate() == 9 / 900
+
+    now = [0.0]
+    bar = windowed_bar(total=1000, file=io.StringIO(), mininterval=0)
+    bar._time = lambda: now[0]
+    bar.window = WindowRate()
+    bar.window.add(0.0, 0.0)
+    for _ in range(100):
+        now[0] += 0.5
+        bar.update(1)
+    now[0] += 30.0
+    bar.update(1)
+    kept = [p for p in bar.window.points]
+    expected = (kept[-1][1] - kept[0][1]) / (kept[-1][0] - kept[0][0])
+    assert bar.format_dict["rate"] == expected and 0.9 < expected < 1.1  # tqdm's average would fall below 0.1
+    bar.close()
+
+
+def test_the_loss_lines_replace_the_bar_never_join_it(caplog) -> None:
+    """LossCurve logs a line per point only when asked (no bar), through a real training: a trainer sets every
+    callback's ``log`` attribute to its module's method, which must not turn the lines on."""
+    import logging
+
+    import lightning.pytorch as pl
+
+    from lightprune.testbed.training import LossCurve
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = self.layer(batch[0]).pow(2).mean()
+            self.log("train/loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=2)
+    lines = {}
+    for log in (False, True):
+        curve = LossCurve(2, log=log)
+        trainer = pl.Trainer(accelerator="cpu", max_steps=4, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, callbacks=[curve])
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            trainer.fit(Module(), data)
+        lines[log] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+        assert [p["step"] for p in curve.points] == [2, 4]
+    assert lines[False] == []
+    assert [line.split(":")[0] for line in lines[True]] == ["step 2/4", "step 4/4"]
 
 
 def test_another_machine_or_thread_count_is_another_testbed(monkeypatch, testbed_root: Path) -> None:
