@@ -23,7 +23,6 @@ of one process moves by about 0.2 from process to process on a 2-core machine (a
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import torch
 from bench_figures import check, write_json  # noqa: E402  (scripts/ is on sys.path when a script runs)
 
 import lightprune as lp
+from lightprune.core.jsonio import read_json
 from lightprune.models import find_moe_layers
 
 
@@ -149,7 +149,7 @@ def _one_process(argv: list[str], index: int) -> dict:
         if done.returncode != 0:
             raise RuntimeError(f"measuring process {index + 1} failed (exit {done.returncode}):\n"
                                f"{done.stderr[-2000:]}")
-        return json.loads(out.read_text())
+        return read_json(out, "measurements")
 
 
 def _median_of(shape: str, rows: list[dict]) -> dict:

@@ -60,6 +60,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from bench_figures import check, write_json  # noqa: E402  (scripts/ is on sys.path when a script runs)
 
+from lightprune.core.jsonio import read_json  # noqa: E402
+
 __all__ = ["write_checkpoint", "main"]
 
 SHAPES = {"full": dict(hidden_size=2048, num_experts=128, moe_intermediate_size=768, num_attention_heads=32,
@@ -235,7 +237,7 @@ def _run(kind: str, path: Path, out: Path, batches: int, vocab: int, src: Path |
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{kind} {values} failed:\n{done.stderr[-4000:]}")
-    figures = json.loads(Path(str(out) + ".figures.json").read_text())
+    figures = read_json(Path(str(out) + ".figures.json"), "figures")
     return {"seconds": figures["seconds"], "first_call_s": figures["first_call_s"], "opening_s": figures["opening_s"],
             "wall_s": wall, "peak_rss_bytes": figures["vmhwm_bytes"]}
 
@@ -441,8 +443,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{runs['score aimer (cold)']['seconds'] * terabyte / 3600:.2f} h (from the device), prune (verified) "
               f"{runs['prune (verified)']['seconds'] * terabyte / 3600:.2f} h")
         same_prune = _same_checkpoints(work / "stream_prune", work / "memory_prune") and \
-            json.loads((work / "stream_prune.plan.json").read_text())["keep"] == \
-            json.loads((work / "memory_prune.plan.json").read_text())["keep"]
+            read_json(work / "stream_prune.plan.json", "plan")["keep"] == \
+            read_json(work / "memory_prune.plan.json", "plan")["keep"]
         same_scores = _same_scores(Path(f"{work / 'score_aimer'}.pt"), work / "memory_prune.pt")
         same_stats = _same_stats(work / "stream_calibrate.pt", work / "memory_calibrate.pt")
         print(f"  identical results: pruned checkpoints {same_prune}, AIMER scores {same_scores}, calibration "

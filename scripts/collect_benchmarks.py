@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from lightprune.core.jsonio import read_json
+
 ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["BENCHES", "collect", "main"]
@@ -69,9 +71,9 @@ def run_one(name: str, quick: bool, timeout: float | None, workdir: Path) -> tup
         return {"error": "no figures written", "exit_code": done.returncode, "seconds": seconds,
                 "stderr_tail": done.stderr[-STDERR_TAIL:] or done.stdout[-STDERR_TAIL:]}, shown
     try:
-        figures = json.loads(out.read_text())
-    except json.JSONDecodeError as err:
-        return {"error": f"figures are not valid JSON: {err}", "exit_code": done.returncode, "seconds": seconds,
+        figures = read_json(out, "figures")
+    except ValueError as err:  # not JSON, or past the readers' limits
+        return {"error": str(err), "exit_code": done.returncode, "seconds": seconds,
                 "stderr_tail": done.stderr[-STDERR_TAIL:]}, shown
     figures["exit_code"], figures["seconds"] = done.returncode, seconds
     return figures, shown
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [name for name in BENCHES if args.bench is None or name in args.bench]
     merged = collect(names, quick=args.quick, timeout=args.timeout)
     if args.merge and args.out.is_file():
-        previous = json.loads(args.out.read_text())
+        previous = read_json(args.out, "benchmarks")
         commands = {**previous.get("commands", {}), **merged["commands"]}
         merged = {**{k: v for k, v in previous.items() if k not in ("machine", "commands")}, **merged,
                   "commands": commands}

@@ -23,7 +23,6 @@ tests' CPU DeepSpeed strategy, one process) to check this script's own logic wit
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from lightprune.core.jsonio import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,7 +143,7 @@ def _zero3_job(args, run: Path, lora: bool) -> dict:
     start = time.perf_counter()
     trainer.fit(module, datamodule=SyntheticTokens(num_samples=40, seq_len=128, batch_size=4, high=1000))
     seconds = time.perf_counter() - start
-    report = json.loads((run / "report.json").read_text())
+    report = read_json(run / "report.json", "report")
     peak = torch.cuda.max_memory_allocated() / 2**20 if accel == "gpu" else float("nan")
     return {"seconds": seconds, "peak_mib": peak, "max_abs_diff": report["max_abs_diff"],
             "params": (report["params_before"], report["params_after"]), "criterion": report["criterion"]}

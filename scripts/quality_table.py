@@ -30,6 +30,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from lightprune.core.jsonio import read_json
+
 PARTS = ("text", "mllm", "mwop")
 
 
@@ -51,7 +53,7 @@ class SeedTables:
         path = self._path(part, settings)
         if self.fresh or not path.is_file():
             return None
-        kept = json.loads(path.read_text())
+        kept = read_json(path, "kept tables")
         if kept["settings"] != settings:
             return None
         if spec is not None:
@@ -69,7 +71,7 @@ class SeedTables:
         temporary = path.with_suffix(".json.tmp")
         temporary.write_text(json.dumps({"settings": settings, "tables": tables}, default=float))
         temporary.replace(path)
-        return json.loads(path.read_text())["tables"]  # as a resumed run reads it: one code path after
+        return read_json(path, "kept tables")["tables"]  # as a resumed run reads it: one code path after
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -94,9 +96,9 @@ def main(argv: list[str] | None = None) -> Path:
 
     command = "python scripts/quality_table.py" + (" --micro" if args.micro else "")
     if args.from_json:
-        data = json.loads(Path(args.from_json).read_text())
+        data = read_json(args.from_json, "results")
         if args.benchmarks:
-            data["benchmarks"] = json.loads(Path(args.benchmarks).read_text())
+            data["benchmarks"] = read_json(args.benchmarks, "benchmarks")
         path = write_results(args.out, **data, command=command)
         print(f"wrote {path}")
         return path
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> Path:
     parts = {}
     previous = Path(args.out) / "results" / "results.json"
     if previous.is_file() and not args.fresh:  # measure some parts, keep the others
-        parts = {k: v for k, v in json.loads(previous.read_text()).items() if v is not None}
+        parts = {k: v for k, v in read_json(previous, "results").items() if v is not None}
     kept = SeedTables(Path(args.out) / "results" / "seeds", fresh=args.fresh)
 
     def measure_seed(part: str, settings: dict, measure) -> dict:
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> Path:
         parts["claims"] = [c for c in fresh if c["testbed"] not in before] + \
             [c for c in parts.get("claims") or [] if c["testbed"] in before]  # "not measured" where never measured
     if args.benchmarks:
-        parts["benchmarks"] = json.loads(Path(args.benchmarks).read_text())
+        parts["benchmarks"] = read_json(args.benchmarks, "benchmarks")
     path = write_results(args.out, **parts, command=command)
     print(f"wrote {path}")
     return path

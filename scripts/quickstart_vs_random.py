@@ -14,7 +14,6 @@ once. PASS when its empirical p-value against the random runs, (1 + #{random >= 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import tempfile
 from pathlib import Path
 
 from bench_figures import check, write_json  # noqa: E402  (scripts/ is on sys.path when a script runs)
+
+from lightprune.core.jsonio import read_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +35,7 @@ def run(out: Path, *extra: str) -> dict:
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    evaluation = json.loads((out / "report.json").read_text())["evaluation"]
+    evaluation = read_json(out / "report.json", "report")["evaluation"]
     before, after = evaluation["before"]["perplexity"], evaluation["after"]["perplexity"]
     return {"before": before, "after": after, "retention": 100.0 * before / after}
 

@@ -10,7 +10,9 @@ Refused, with the path in the message: no directory, no (or unreadable) config.j
 twice, no weights (pickle ``.bin`` / ``.pt`` files are never loaded; shards named ``model-00001-of-00003``
 without their index), a shard index that is not ``{"weight_map": {tensor: file}}``, names a missing file, or
 disagrees with the shards' headers (a tensor it lists that its shard lacks, or a tensor of a shard it does not
-list), and a safetensors file whose header disagrees with its bytes (:func:`.header.read_header`).
+list), and a safetensors file whose header disagrees with its bytes (:func:`.header.read_header`). config.json,
+the index and the headers nested deeper than :data:`~lightprune.core.jsonio.MAX_DEPTH` are refused before they are
+parsed.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ every tensor a known dtype, a shape of non-negative integers and a range ``[begi
 ``end - begin == numel(shape) * itemsize(dtype)``; the ranges, in order, tile the data from 0 to the end of the
 file without a gap or an overlap (what the safetensors format requires of a writer). Anything else is a
 ``ValueError`` naming the file, the tensor and the values: read as it is, such a file would hand out another
-tensor's bytes, or a shape the bytes do not hold.
+tensor's bytes, or a shape the bytes do not hold. A header longer than the reader's cap (:data:`HEADER_LIMIT`) or
+nested deeper than :data:`~lightprune.core.jsonio.MAX_DEPTH` is a :class:`~lightprune.core.jsonio.ParseLimitError`
+naming the file and the limit, before it is read or parsed.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from typing import Any
 
 import torch
 
-from lightprune.core.jsonio import show, strict_int
+from lightprune.core.jsonio import ParseLimitError, check_json_depth, show, strict_int
 
-__all__ = ["SAFETENSORS_DTYPES", "header_bytes", "read_header", "check_safetensors", "dtype_size"]
+__all__ = ["HEADER_LIMIT", "SAFETENSORS_DTYPES", "header_bytes", "read_header", "check_safetensors", "dtype_size"]
 
 #: safetensors dtype names -> torch dtypes
 SAFETENSORS_DTYPES = {
@@ -30,7 +32,9 @@ SAFETENSORS_DTYPES = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
-_HEADER_LIMIT = 100 * 1024 * 1024
+#: the longest header read, in bytes: a header describes each tensor in about 100 bytes, so a checkpoint of a million
+#: tensors stays far below it; a longer one is a corrupt file, and would be read into memory whole
+HEADER_LIMIT = 100 * 1024 * 1024
 
 
 def dtype_size(name: str) -> int:
@@ -39,14 +43,19 @@ def dtype_size(name: str) -> int:
 
 
 def _raw_header(file: Path, size: int) -> bytes:
-    """The first 8 + header-length bytes of a safetensors file (a bare ``ValueError`` when they cannot be)."""
+    """The first 8 + header-length bytes of a safetensors file (a bare ``ValueError`` when they cannot be; a
+    :class:`ParseLimitError` naming the file for a header over :data:`HEADER_LIMIT`)."""
     with open(file, "rb") as handle:
         head = handle.read(8)
         if len(head) < 8:
             raise ValueError(f"{size} bytes, shorter than a safetensors header")
         length = int.from_bytes(head, "little")
-        if length > min(size - 8, _HEADER_LIMIT):
+        if length > size - 8:
             raise ValueError(f"header length {length} does not fit in the file of {size} bytes")
+        if length > HEADER_LIMIT:
+            raise ParseLimitError(f"safetensors file {str(file)!r}: header length {length} bytes exceeds the reader's "
+                                  f"cap (limit {HEADER_LIMIT} bytes); the file is corrupt or not a safetensors file: "
+                                  "restore it or save it again")
         return head + handle.read(length)
 
 
@@ -55,6 +64,8 @@ def header_bytes(file: str | os.PathLike) -> bytes:
     file = Path(file)
     try:
         return _raw_header(file, file.stat().st_size)
+    except ParseLimitError:
+        raise
     except ValueError as err:
         raise ValueError(f"safetensors file {str(file)!r} is corrupt or truncated: {err}") from None
 
@@ -101,6 +112,7 @@ def read_header(file: Path) -> dict[str, Any]:
     try:
         raw = _raw_header(file, size)
         data = size - len(raw)
+        check_json_depth(raw[8:], f"safetensors file {str(file)!r} (its header)")  # before json recurses
         header = json.loads(raw[8:], object_pairs_hook=_once)
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
@@ -118,6 +130,8 @@ def read_header(file: Path) -> dict[str, Any]:
             end, previous = stop, name
         if end != data:
             raise ValueError(f"its tensors end at byte {end} of the data, the file holds {data} bytes of data")
+    except ParseLimitError:
+        raise
     except (ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"safetensors file {str(file)!r} is corrupt or truncated: {err}") from None
     return header

@@ -5,7 +5,13 @@ A writer that dies half-way must never leave a truncated file where a later run 
 ``<name>.tmp`` first and is renamed into place. A file is read as UTF-8 (what :func:`write_json` writes);
 one that is not, is not JSON, or has an object naming one key twice (:func:`parse_json`), is an error naming the file.
 YAML is read the same way (:func:`parse_yaml`, :func:`read_yaml`): a mapping naming one key twice is refused with
-the key, the file and both lines; :func:`check_yaml_keys` runs only that check.
+the key, the file and both lines; :func:`check_yaml_keys` runs only that check (and the limits below).
+
+Both are bounded (:class:`ParseLimitError`, naming the file and the limit): JSON arrays and objects or YAML
+collections nested deeper than :data:`MAX_DEPTH` (Python's ``json`` and PyYAML's composer recurse once per level),
+and YAML whose aliases, counted each time they are used, expand to more than :data:`MAX_YAML_VALUES` values (a
+"billion laughs" text); both are refused before any Python value is built (:func:`check_json_depth`,
+:func:`check_yaml_limits`).
 
 The checks take JSON as it is, never coerced: :func:`strict_int` refuses booleans, floats (even ``2.0``)
 and strings; :func:`int_key` reads a JSON object's layer key (a plain decimal string such as ``"3"``, or
@@ -20,18 +26,76 @@ import operator
 import os
 import re
 from collections.abc import Mapping
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DuplicateKeyError", "check_yaml_keys", "int_key", "layer_items", "parse_json", "parse_yaml", "read_json",
+__all__ = ["MAX_DEPTH", "MAX_YAML_VALUES", "DuplicateKeyError", "ParseLimitError", "check_json_depth",
+           "check_yaml_keys", "check_yaml_limits", "int_key", "layer_items", "parse_json", "parse_yaml", "read_json",
            "read_parsed", "read_yaml", "show", "strict_int", "write_json"]
 
 _DECIMAL = re.compile(r"-?[0-9]+")
+
+#: the deepest nesting read (JSON arrays / objects, YAML sequences / mappings, aliases followed): Python's json and
+#: PyYAML's composer recurse once per level, so a text nested 100,000 deep raises RecursionError (or crashes under a
+#: deep stack). The configs in configs/ nest at most 7 deep, plans, reports, tokenizer files and safetensors headers
+#: about as much; 100 is far above any of them and far below the interpreter's recursion limit.
+MAX_DEPTH = 100
+#: the most values a YAML text may stand for, each alias counted every time it is used: a "billion laughs" text of a
+#: few hundred bytes stands for 10**9 values, and whatever walks them (jsonargparse, a check) hangs. The largest
+#: config in configs/ stands for about 110 values; a million is far above any real config.
+MAX_YAML_VALUES = 1_000_000
+_CHECK_FILE = "no file lightprune reads comes near that: check that it is the file meant"
 
 
 class DuplicateKeyError(ValueError):
     """A JSON object or YAML mapping that names one key twice (``json.loads`` and ``yaml.safe_load`` would keep
     the last value silently)."""
+
+
+class ParseLimitError(ValueError):
+    """A JSON or YAML text (or a safetensors header) past one of the readers' bounds: nested deeper than
+    :data:`MAX_DEPTH`, YAML aliases expanding to more than :data:`MAX_YAML_VALUES` values, a header over its size
+    cap. The message names the file, the limit and what was found."""
+
+
+_JSON_STRING = re.compile(rb'"[^"]*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_BRACKETS_OR_QUOTES = bytes(b for b in range(256) if b not in b'[]{}"')
+_STEP = tuple(1 if b in b"[{" else -1 if b in b"]}" else 0 for b in range(256))
+
+
+def _bracket_depth(raw: bytes) -> int:
+    """How deep the arrays and objects of UTF-8 JSON ``raw`` nest, from its brackets outside strings: a few linear
+    passes in C and one over the brackets, no recursion."""
+    # escapes go first (``\\`` pairs, then ``\"``, left to right as JSON reads them), then everything but brackets and
+    # quotes, then ``""`` (an empty string, or two strings side by side: no bracket between either); what is left
+    # of the strings are those holding a bracket, few
+    raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_BRACKETS_OR_QUOTES).replace(b'""', b"")
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def check_json_depth(text: str | bytes, where: str) -> None:
+    """Refuse JSON whose arrays and objects nest deeper than :data:`MAX_DEPTH` (:class:`ParseLimitError` naming
+    ``where``, the limit and the depth found) before ``json.loads`` recurses into it; text that is not JSON is left
+    to the parser."""
+    opens = text.count("[") + text.count("{") if isinstance(text, str) else text.count(b"[") + text.count(b"{")
+    if opens <= MAX_DEPTH:  # cannot nest deeper (most files stop here)
+        return
+    if isinstance(text, str):
+        raw = text.encode("utf-8", "surrogatepass")
+    else:
+        raw = bytes(text)
+        encoding = json.detect_encoding(raw)
+        if encoding not in ("utf-8", "utf-8-sig"):
+            try:
+                raw = raw.decode(encoding).encode("utf-8", "surrogatepass")
+            except UnicodeError:  # not text: json.loads says so
+                return
+    depth = _bracket_depth(raw)
+    if depth > MAX_DEPTH:
+        raise ParseLimitError(f"{where}: JSON nested {depth} levels deep (limit {MAX_DEPTH}); {_CHECK_FILE}")
 
 
 def _unique_pairs(where: str):
@@ -48,7 +112,9 @@ def _unique_pairs(where: str):
 
 def parse_json(text: str | bytes, where: str) -> Any:
     """``json.loads(text)``, refusing an object that names a key twice (:class:`DuplicateKeyError` naming
-    ``where``, the key and both values); other errors are ``json.JSONDecodeError`` as from ``json.loads``."""
+    ``where``, the key and both values) and nesting deeper than :data:`MAX_DEPTH` (:class:`ParseLimitError`);
+    other errors are ``json.JSONDecodeError`` as from ``json.loads``."""
+    check_json_depth(text, where)
     return json.loads(text, object_pairs_hook=_unique_pairs(where))
 
 
@@ -89,42 +155,125 @@ def _check_mapping(loader: Any, node: Any, where: str) -> None:
 
 
 def _loader() -> Any:
-    """``yaml.SafeLoader`` refusing a mapping that names a key twice (built on first use: yaml loads lazily)."""
+    """``yaml.SafeLoader`` refusing a mapping that names a key twice and collections nested deeper than
+    :data:`MAX_DEPTH` (built on first use: yaml loads lazily)."""
     global _yaml_loader
     if _yaml_loader is None:
         import yaml
 
         class UniqueKeyLoader(yaml.SafeLoader):
             where = "YAML"
+            depth = 0
 
             def construct_mapping(self, node: Any, deep: bool = False) -> Any:
                 if isinstance(node, yaml.MappingNode):
                     _check_mapping(self, node, self.where)
                 return super().construct_mapping(node, deep=deep)
 
+            def compose_sequence_node(self, anchor: Any) -> Any:
+                return self._nested(super().compose_sequence_node, anchor)
+
+            def compose_mapping_node(self, anchor: Any) -> Any:
+                return self._nested(super().compose_mapping_node, anchor)
+
+            def _nested(self, compose: Any, anchor: Any) -> Any:
+                """One collection deeper (the composer recurses once per level: refused past the limit)."""
+                self.depth += 1
+                try:
+                    if self.depth > MAX_DEPTH:
+                        line = self.peek_event().start_mark.line + 1
+                        raise ParseLimitError(f"{self.where}: YAML nested more than {MAX_DEPTH} levels deep at line "
+                                              f"{line} (limit {MAX_DEPTH}); {_CHECK_FILE}")
+                    return compose(anchor)
+                finally:
+                    self.depth -= 1
+
         _yaml_loader = UniqueKeyLoader
     return _yaml_loader
 
 
-def parse_yaml(text: str | bytes, where: str) -> Any:
-    """``yaml.safe_load(text)``, refusing a mapping that names a key twice (:class:`DuplicateKeyError` naming
-    ``where``, the key and the lines of both); other errors are ``yaml.YAMLError`` as from ``yaml.safe_load``."""
+def _children(node: Any) -> list[Any]:
+    """The nodes a YAML node holds (a mapping's keys and values)."""
+    if node.id == "mapping":
+        return [part for pair in node.value for part in pair]
+    return node.value if node.id == "sequence" else []
+
+
+def _check_expansion(root: Any, where: str) -> None:
+    """Refuse a composed YAML node graph that, its aliases counted each time they are used, stands for more than
+    :data:`MAX_YAML_VALUES` values, nests deeper than :data:`MAX_DEPTH` or holds itself (:class:`ParseLimitError`
+    naming ``where`` and the line). Each node is visited once: sizes and depths are kept per node, so a
+    billion-laughs text costs what its few nodes do."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    todo: list[tuple[Any, bool]] = [(root, False)]
+    while todo:
+        node, finished = todo.pop()
+        key = id(node)
+        if finished:
+            open_nodes.discard(key)
+            children = _children(node)
+            size[key] = 1 + sum(size[id(child)] for child in children)
+            depth[key] = 0 if node.id == "scalar" else 1 + max((depth[id(child)] for child in children), default=0)
+            line = node.start_mark.line + 1
+            if size[key] > MAX_YAML_VALUES:
+                raise ParseLimitError(f"{where}: YAML aliases expand the value at line {line} to more than "
+                                      f"{MAX_YAML_VALUES} values (limit {MAX_YAML_VALUES}); {_CHECK_FILE}")
+            if depth[key] > MAX_DEPTH:
+                raise ParseLimitError(f"{where}: YAML nested more than {MAX_DEPTH} levels deep through its aliases "
+                                      f"at line {line} (limit {MAX_DEPTH}); {_CHECK_FILE}")
+            continue
+        if key in size:
+            continue
+        if key in open_nodes:  # reached again below itself: an alias inside the value it names
+            raise ParseLimitError(f"{where}: the YAML value anchored at line {node.start_mark.line + 1} holds an "
+                                  f"alias to itself, which expands without end (limit {MAX_YAML_VALUES} values); "
+                                  "remove the alias")
+        open_nodes.add(key)
+        todo.append((node, True))
+        todo += [(child, False) for child in _children(node)]
+
+
+def _compose(text: str | bytes, where: str) -> tuple[Any, Any]:
+    """(loader, the root node or None) of ``text``, within the limits (:class:`ParseLimitError`); the caller disposes
+    the loader."""
     loader = _loader()(text)
     loader.where = where
     try:
-        return loader.get_single_data()
+        root = loader.get_single_node()
+        if root is not None:
+            _check_expansion(root, where)
+    except BaseException:
+        loader.dispose()
+        raise
+    return loader, root
+
+
+def parse_yaml(text: str | bytes, where: str) -> Any:
+    """``yaml.safe_load(text)``, refusing a mapping that names a key twice (:class:`DuplicateKeyError` naming
+    ``where``, the key and the lines of both) and text past the limits (:class:`ParseLimitError`, before any value
+    is built); other errors are ``yaml.YAMLError`` as from ``yaml.safe_load``."""
+    loader, root = _compose(text, where)
+    try:
+        return None if root is None else loader.construct_document(root)
     finally:
         loader.dispose()
 
 
+def check_yaml_limits(text: str | bytes, where: str) -> None:
+    """Only the limits of :func:`parse_yaml` (:class:`ParseLimitError`): no value is built; ``yaml.YAMLError`` for
+    text that is not YAML."""
+    _compose(text, where)[0].dispose()
+
+
 def check_yaml_keys(text: str | bytes, where: str) -> None:
-    """Only the key check of :func:`parse_yaml`: no value is built (a value YAML cannot build is left to the
-    reader that does); ``yaml.YAMLError`` for text that is not YAML."""
+    """Only the key check (and the limits) of :func:`parse_yaml`: no value is built (a value YAML cannot build is
+    left to the reader that does); ``yaml.YAMLError`` for text that is not YAML."""
     import yaml
 
-    loader = _loader()(text)
+    loader, root = _compose(text, where)
     try:
-        root = loader.get_single_node()
         todo, done = [root] if root is not None else [], set()
         while todo:
             node = todo.pop()
@@ -153,14 +302,16 @@ def _read_text(path: str | os.PathLike, what: str, error: type[Exception]) -> st
 
 def read_yaml(path: str | os.PathLike, what: str, error: type[Exception] = ValueError) -> Any:
     """The YAML at ``path`` (:func:`parse_yaml`); a missing file is FileNotFoundError, a file that is not UTF-8
-    text, not valid YAML or names a key twice ``error``, each naming ``what`` and the file."""
+    text, not valid YAML, names a key twice or is past the limits ``error``, each naming ``what`` and the file."""
     import yaml
 
     path = Path(path)
     text = _read_text(path, what, error)
     try:
         return parse_yaml(text, f"{what} file {str(path)!r}")
-    except DuplicateKeyError as err:
+    except (DuplicateKeyError, ParseLimitError) as err:
+        if isinstance(err, error):  # ValueError: kept as it is
+            raise
         raise error(str(err)) from err
     except yaml.YAMLError as err:
         raise error(f"{what} file {str(path)!r} is not valid YAML: {err}") from err
@@ -177,13 +328,15 @@ def write_json(data: Any, path: str | os.PathLike, indent: int | None = None) ->
 
 
 def read_json(path: str | os.PathLike, what: str, error: type[Exception] = ValueError) -> Any:
-    """The JSON at ``path``; a missing file is FileNotFoundError, a file that is not UTF-8 text or not
-    valid JSON ``error``, each naming ``what`` and the file."""
+    """The JSON at ``path``; a missing file is FileNotFoundError, a file that is not UTF-8 text, not valid JSON,
+    names a key twice or nests too deep (:func:`parse_json`) ``error``, each naming ``what`` and the file."""
     path = Path(path)
     text = _read_text(path, what, error)
     try:
         return parse_json(text, f"{what} file {str(path)!r}")
-    except DuplicateKeyError as err:
+    except (DuplicateKeyError, ParseLimitError) as err:
+        if isinstance(err, error):  # ValueError: kept as it is
+            raise
         raise error(str(err)) from err
     except json.JSONDecodeError as err:
         raise error(f"{what} file {str(path)!r} is not valid JSON: {err}") from err

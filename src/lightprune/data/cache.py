@@ -19,6 +19,7 @@ from typing import Any
 
 from lightprune.core import interrupt
 from lightprune.core.errors import register_error
+from lightprune.core.jsonio import ParseLimitError, parse_json
 
 __all__ = ["MANIFEST", "CacheError", "sha256_file", "write_manifest", "check_folder", "publish_folder",
            "build_folder"]
@@ -49,8 +50,10 @@ def check_folder(folder: Path, expect: dict[str, Any], required: tuple[str, ...]
     if not path.is_file():
         raise CacheError(f"{path} is missing: {folder} is not a complete cache folder")
     try:
-        manifest = json.loads(path.read_text())
+        manifest = parse_json(path.read_text(encoding="utf-8"), str(path))
         files = manifest["files"]
+    except ParseLimitError as e:
+        raise CacheError(str(e)) from None
     except (ValueError, KeyError, TypeError) as e:
         raise CacheError(f"{path} is corrupt ({e})") from None
     for key, value in expect.items():

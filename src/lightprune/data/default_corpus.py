@@ -31,6 +31,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from lightprune.core.jsonio import parse_json
 from lightprune.data.base import check_loader_args
 from lightprune.data.cache import CacheError, build_folder, check_folder, sha256_file, write_manifest
 from lightprune.data.pydoc_rows import SPLIT_SHARES, corpus_splits, python_topics
@@ -93,8 +94,8 @@ def _fill_corpus(folder: Path) -> None:
 
 def _tokenizer_texts(train: Path) -> list[str]:
     texts = []
-    for line in train.read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
+    for number, line in enumerate(train.read_text(encoding="utf-8").splitlines(), start=1):
+        row = parse_json(line, f"{train}:{number}")
         texts += [row["text"]] if "text" in row else [row["prompt"], row["completion"]]
     return texts
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightprune.core.jsonio import DuplicateKeyError, parse_json
+from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError, parse_json
 
 __all__ = ["DEFAULT_TASK", "IMAGE_PLACEHOLDER", "JsonlRowError", "Row", "parse_row", "read_jsonl"]
 
@@ -207,7 +207,7 @@ def read_jsonl(path: str | Path, *, limit: int | None = None, allow_images: bool
                 source = f"{path}:{number}"
                 try:
                     obj = parse_json(raw.decode("utf-8"), source)
-                except DuplicateKeyError as e:
+                except (DuplicateKeyError, ParseLimitError) as e:
                     raise JsonlRowError(str(e)) from None
                 except UnicodeDecodeError as e:
                     raise JsonlRowError(f"{source}: not UTF-8 text ({e.reason})") from None

@@ -40,6 +40,7 @@ from torch import nn
 from lightprune._compat import warn_once
 from lightprune.checkpoints.classes import auto_class_name, base_class
 from lightprune.checkpoints.directory import weight_files
+from lightprune.core.jsonio import read_json
 from lightprune.export.model_card import CARD_FILE, model_card
 
 __all__ = ["MANIFEST_FILE", "EXPERT_FORMAT", "WIDTH_FORMAT", "ExportResult", "WidthExportResult", "LEGACY_KEYS",
@@ -271,7 +272,7 @@ def record_evaluation(out_dir: str | os.PathLike, evaluation: Mapping[str, Any])
     after the export measured (the card of a job that evaluates after pruning shows both ``before`` and
     ``after``). Nothing else of the export changes."""
     out_dir = Path(out_dir)
-    manifest = json.loads((out_dir / MANIFEST_FILE).read_text())
+    manifest = read_json(out_dir / MANIFEST_FILE, "export manifest")
     if manifest.get("format") not in (EXPERT_FORMAT, WIDTH_FORMAT):
         raise ValueError(f"{str(out_dir)!r} is not a lightprune export (its {MANIFEST_FILE} has format "
                          f"{manifest.get('format')!r})")

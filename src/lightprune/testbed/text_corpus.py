@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lightprune.core.jsonio import parse_json
 from lightprune.data.cache import CacheError, build_folder, check_folder, write_manifest
 from lightprune.data.pydoc_rows import SPLIT_SHARES, corpus_splits
 from lightprune.data.rows import read_jsonl
@@ -236,7 +237,8 @@ def build_text_corpus(spec: TextCorpusSpec | None = None, root: str | os.PathLik
 def rows_by_domain(path: Path) -> dict[str, list]:
     """A corpus JSONL file's rows (:class:`~lightprune.data.rows.Row`) per domain, in file order."""
     rows = read_jsonl(path)
-    domains = [json.loads(line)["domain"] for line in path.read_text(encoding="utf-8").splitlines()]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    domains = [parse_json(line, f"{path}:{number}")["domain"] for number, line in enumerate(lines, start=1)]
     return {domain: [r for r, d in zip(rows, domains) if d == domain] for domain in DOMAINS}
 
 
