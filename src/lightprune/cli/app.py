@@ -31,30 +31,45 @@ from lightprune.cli.trainer import PruneTrainer
 from lightprune.core import interrupt
 from lightprune.core.errors import ERRORS
 from lightprune.core.extras import missing_deepspeed
-from lightprune.core.jsonio import DuplicateKeyError, check_yaml_keys
+from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError, check_yaml_keys, check_yaml_limits, show
 from lightprune.finetune import MoECausalLM
 
-__all__ = ["LightpruneCLI", "cli_main", "main", "refuse_duplicate_yaml_keys"]
+__all__ = ["LightpruneCLI", "cli_main", "main", "refuse_denied_imports", "refuse_duplicate_yaml_keys"]
 
 
 class LightpruneArgumentParser(LightningArgumentParser):
-    """A bad option is one ``lightprune: error:`` line naming the option, its value and what it accepts."""
+    """A bad option is one ``lightprune: error:`` line naming the option, its value and what it accepts (with the
+    closest option's name); an option is never taken from a prefix of its name (``allow_abbrev``: off, here and in
+    the parsers jsonargparse makes from this class)."""
+
+    #: set on the command's own parsers (the main one and the subcommands'), not on those jsonargparse makes inside
+    one_line = False
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
-        if not self.exit_on_error or os.environ.get("LIGHTPRUNE_DEBUG"):
+        if not self.one_line or os.environ.get("LIGHTPRUNE_DEBUG"):
             return super().error(message, ex)
+        if isinstance(ex, OptionError):  # said already
+            raise ex
         duplicate = _duplicate_key(ex)
         prog = self.prog.replace(" [options]", "")
-        sys.stderr.write(f"lightprune: error: {duplicate}\n" if duplicate else
-                         f"lightprune: error: {condense(message)} (`{prog} --help` lists the options)\n")
+        line = str(duplicate) if duplicate else \
+            f"{condense(message, self._option_string_actions)} (`{prog} --help` lists the options)"
+        if not self.exit_on_error:  # the Python API (lp.run_recipe): the console's line as an exception
+            raise OptionError(line) from ex
+        sys.stderr.write(f"lightprune: error: {line}\n")
         self.exit(2)
 
 
-def _duplicate_key(err: BaseException | None) -> DuplicateKeyError | None:
-    """The :class:`DuplicateKeyError` (a value naming a key twice) behind a parser error, or None."""
+def _duplicate_key(err: BaseException | None) -> DuplicateKeyError | ParseLimitError | None:
+    """The :class:`DuplicateKeyError` (a value naming a key twice) or :class:`ParseLimitError` (YAML past the
+    limits) behind a parser error, or None."""
     seen = set()
     while err is not None and id(err) not in seen:
-        if isinstance(err, DuplicateKeyError):
+        if isinstance(err, (DuplicateKeyError, ParseLimitError)):
             return err
         seen.add(id(err))
         err = err.__cause__ or err.__context__
@@ -69,6 +84,11 @@ class LightpruneCLI(LightningCLI):
         kwargs.setdefault("parser_class", LightpruneArgumentParser)
         self.addressed = list(addressed)
         super().__init__(*args, **kwargs)
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        parser = super().init_parser(**kwargs)
+        parser.one_line = True  # type: ignore[attr-defined]
+        return parser
 
     def _dump_config(self) -> None:
         """Lightning's dump, with a job without top-level data (``lightprune export``) dumped as ``data: {}``: Lightning
@@ -177,7 +197,9 @@ def _config_name(path: str) -> str | None:
 def refuse_duplicate_yaml_keys() -> None:
     """Make jsonargparse's YAML loader (config files and option values) refuse a mapping that names a key twice,
     naming the key, the file and both lines (it would keep the last value: a second ``trainer:`` block would replace
-    the first). What it loads is unchanged. Installed once, when the command starts."""
+    the first), and, before it builds anything, YAML past the limits of :func:`~lightprune.core.jsonio.parse_yaml`
+    (aliases expanding without bound, nesting too deep). What it loads is unchanged. Installed once, when the command
+    starts."""
     import yaml
     from jsonargparse import get_loader, set_loader
 
@@ -186,6 +208,12 @@ def refuse_duplicate_yaml_keys() -> None:
         return
 
     def load(stream: str, path: str = "") -> Any:
+        if isinstance(stream, str) and stream.strip():
+            name = _config_name(path)
+            try:
+                check_yaml_limits(stream, f"config file {name!r}" if name else f"value {show(stream.strip(), 60)}")
+            except yaml.YAMLError:  # left to jsonargparse's own loader
+                pass
         value = original(stream)
         if isinstance(value, (dict, list)):  # a key can only be repeated where a mapping was loaded
             name = _config_name(path)
@@ -200,9 +228,19 @@ def refuse_duplicate_yaml_keys() -> None:
     set_loader("yaml", load, (yaml.YAMLError,))
 
 
-def cli_main(args: list[str] | None = None) -> LightpruneCLI:
+def refuse_denied_imports() -> None:
+    """Make jsonargparse refuse, before importing it, a class path that its import denylist names (``os``,
+    ``subprocess``, ``pickle``, ...: what jsonargparse 5 refuses by default; 4.x only warns)."""
+    from jsonargparse import set_parsing_settings
+
+    set_parsing_settings(import_path_denylist=[])
+
+
+def cli_main(args: list[str] | None = None, exit_on_error: bool = True) -> LightpruneCLI:
     """Parse ``args`` (default: ``sys.argv``), run the subcommand, return the CLI object. The callbacks' stable
     addresses (``--prune.ratio 0.3``, :mod:`lightprune.cli.options`) are taken out and set once the config is parsed.
+    ``exit_on_error=False``: a parser error is an :class:`~lightprune.cli.options.OptionError` with the line the
+    command prints, instead of that line and exit status 2.
 
     A lightprune error raised while the config's classes are built is re-raised as itself (type
     and message), not inside jsonargparse's "Does not validate against any of the Union subtypes".
@@ -215,8 +253,10 @@ def cli_main(args: list[str] | None = None) -> LightpruneCLI:
         sys.argv[1:] = rest
     else:
         args, addressed = split_addressed(args)
-    kwargs: dict[str, Any] = {"save_config_kwargs": {"overwrite": True}}
+    kwargs: dict[str, Any] = {"save_config_kwargs": {"overwrite": True},  # the command's name, however it runs
+                              "parser_kwargs": {"prog": "lightprune", "exit_on_error": exit_on_error}}
     refuse_duplicate_yaml_keys()
+    refuse_denied_imports()
     try:
         return LightpruneCLI(MoECausalLM, None, trainer_class=PruneTrainer, subclass_mode_model=True,
                              subclass_mode_data=True, args=args, auto_configure_optimizers=False,

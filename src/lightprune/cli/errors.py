@@ -3,24 +3,38 @@
 jsonargparse reports a bad value deep in a config (``--trainer.callbacks.init_args.ratio abc``) as a nested
 "Does not validate against any of the Union subtypes" listing of every candidate type and class.
 :func:`condense` finds the innermost option that was given a bad value, with the class it belongs to and
-the types it accepts: ``ExpertPruning: ratio='abc' is not a float or null``. Messages it cannot read are
-kept as their first line.
+the types it accepts: ``ExpertPruning: ratio='abc' is not a float or null``. A class path outside what its option
+accepts, an option a class does not take and an unknown option are said with what is accepted (and the closest
+name). Messages it cannot read are kept as their first line.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
+import sys
+from typing import Iterable
 
 from lightprune.callbacks.options import OPTIONS
+from lightprune.cli.names import did_you_mean
+from lightprune.cli.slots import ACCEPTS
 
 __all__ = ["condense"]
 
 _CLASS = re.compile(r"Problem with given class_path '([^']+)':")
 _KEY = re.compile(r'Parser key "([^"]+)":')
 _EXPECTED = re.compile(r"Expected a <class '([^']+)'>")
-_GIVEN = re.compile(r"Given value: (.*)$")
+_GIVEN = re.compile(r"(?:Given value|\. Got value): (.*)$")
 _REQUIRED = re.compile(r"the following arguments are required: (.+)$")
 _NAMES = {"NoneType": "null", "str": "a string", "int": "an integer", "float": "a float", "bool": "true/false"}
+_UNRECOGNIZED = re.compile(r"unrecognized arguments: (.+)$")
+_NOT_ACCEPTED = re.compile(r"Option '([^']+)' is not accepted")
+_NOT_SUBCLASS = re.compile(r"Import path (\S+ )?does not correspond to a subclass of (\w+)")
+_DENIED = re.compile(r"Importing '([^']+)' is not allowed, denied by the '([^']+)' entry")
+_NOT_IMPORTED = re.compile(r"^(No module named '[^']+'|module '[^']+' has no attribute '[^']+')$")
+_SUBTYPES = re.compile(r"[A-Za-z_][\w.]*\.([A-Za-z_]\w*)")
+#: a base class in jsonargparse's words -> the slot (:data:`lightprune.cli.slots.ACCEPTS`) it is the base of
+_SLOTS = {"Callback": "callback", "LightningDataModule": "data", "LightningModule": "model", "MoECausalLM": "model"}
 
 
 def _type_name(name: str) -> str:
@@ -28,12 +42,13 @@ def _type_name(name: str) -> str:
     return _NAMES.get(short, short)
 
 
-def condense(message: str) -> str:
-    """The error's innermost failing option as one line; ``message``'s first line when it has no such part."""
+def condense(message: str, options: Iterable[str] = ()) -> str:
+    """The error's innermost failing option as one line; ``message``'s first line when it has no such part.
+    ``options``: the parser's option names (an unknown one is said with the closest)."""
     lines = message.splitlines()
-    required = _required(lines)
-    if required:
-        return required
+    said = _required(lines) or _unrecognized(lines, options)
+    if said:
+        return said
     best = None  # (depth, owner, key, given, expected)
     owner: list[tuple[int, str]] = []
     for i, line in enumerate(lines):
@@ -56,6 +71,10 @@ def condense(message: str) -> str:
                 given = got.group(1)
         if given is not None and "NestedArg" not in given and (best is None or depth > best[0]):
             best = (depth, owner[-1][1] if owner else None, key.group(1), given, expected)
+    if best is None or best[0] == 0:  # no inner option failed: the class itself, or an option it does not take
+        said = _class_path(lines) or _not_accepted(lines)
+        if said:
+            return said
     if best is None:
         return lines[0].strip() if lines else message
     _, cls, key, given, expected = best
@@ -91,4 +110,81 @@ def _required(lines: list[str]) -> str | None:
                 path = ".init_args.".join([f"{OPTIONS[owner].address}.{keys[1]}", *keys[2:]])
             options = ", ".join(f"--{path}.init_args.{n}" for n in names)
             return f"{classes[-1].rsplit('.', 1)[-1]} needs {', '.join(names)}: set {options}"
+    return None
+
+
+def _unrecognized(lines: list[str], options: Iterable[str]) -> str | None:
+    """An option no parser has: jsonargparse's line, with the closest option."""
+    found = _UNRECOGNIZED.search(lines[0]) if lines else None
+    if not found:
+        return None
+    head = next((arg.split("=", 1)[0] for arg in found.group(1).split() if arg.startswith("--")), None)
+    hint = did_you_mean(head, [o for o in options if o.startswith("--")]) if head else ""
+    return f"{lines[0].strip()}{hint}"
+
+
+def _accepts(lines: list[str], base: str | None) -> str:
+    """What the option accepts: ``base`` (the class jsonargparse checked against) or its listed subtypes."""
+    if base is None:
+        subtypes = next((line for line in lines if line.strip().startswith("Subtypes:")), "")
+        base = next((n for n in _SUBTYPES.findall(subtypes) if n != "NoneType"), None)
+    return ACCEPTS[_SLOTS[base]] if base in _SLOTS else f"a {base} subclass" if base else "a class it accepts"
+
+
+def _class_path(lines: list[str]) -> str | None:
+    """A class path that is not what its option accepts (not a subclass, denied, not importable): the option, the
+    path, what it accepts, and that nothing was built."""
+    key = next((found.group(1) for found in map(_KEY.search, lines) if found), None)
+    for i, line in enumerate(lines):
+        text = line.strip()
+        found = _DENIED.search(text)
+        if found:
+            return (f"{key}: {found.group(1)!r} is not {_accepts(lines, None)}: importing it is denied (the "
+                    f"{found.group(2)!r} entry of jsonargparse's import denylist); it was not loaded")
+        found = _NOT_SUBCLASS.search(text)
+        given = (found.group(1) or _given(lines)) if found else None
+        if given:
+            return f"{key}: {given.strip()!r} is not {_accepts(lines, found.group(2))}; it was not built"
+        found = _CLASS.search(text)
+        reason = _NOT_IMPORTED.match(lines[i + 1].strip()) if found and i + 1 < len(lines) else None
+        if reason:
+            return f"{key}: cannot import {found.group(1)!r} ({reason.group(1)}); nothing was built"
+    return None
+
+
+def _given(lines: list[str]) -> str | None:
+    """The outermost ``Given value:`` of a message (the value of its first key)."""
+    return next((found.group(1) for found in (_GIVEN.search(line.strip()) for line in lines) if found), None)
+
+
+def _parameters(class_path: str) -> list[str]:
+    """The constructor's parameters of a class the parser has imported already (none is imported here)."""
+    module, _, name = class_path.rpartition(".")
+    cls = getattr(sys.modules.get(module), name, None)
+    try:
+        parameters = inspect.signature(cls).parameters if isinstance(cls, type) else {}
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _not_accepted(lines: list[str]) -> str | None:
+    """An option a class does not take: the option as the command line spells it, the class, the closest option."""
+    ancestors: list[tuple[int, str, str]] = []  # (indent, "key" or "class", name)
+    for line in lines:
+        depth = len(line) - len(line.lstrip())
+        ancestors = [a for a in ancestors if a[0] < depth]
+        for kind, pattern in (("key", _KEY), ("class", _CLASS)):
+            found = pattern.search(line)
+            if found:
+                ancestors.append((depth, kind, found.group(1)))
+        option = _NOT_ACCEPTED.search(line.strip())
+        classes = [name for _, kind, name in ancestors if kind == "class"]
+        keys = [name for _, kind, name in ancestors if kind == "key"]
+        if option and classes and keys:
+            name = option.group(1).split(".", 1)[0]  # a nested key: its first part is the option
+            path = ".init_args.".join(keys)
+            known = [*_parameters(classes[-1]), "init_args", "class_path"]
+            return (f"--{path}.init_args.{name}: {classes[-1].rsplit('.', 1)[-1]} has no option {name!r}"
+                    f"{did_you_mean(name, known)}")
     return None

@@ -8,14 +8,22 @@ class given again keeps the arguments set before it, another class is followed f
 class itself would give once Lightning had loaded: a JSONL file that is not a file, a tokenizer folder that is
 not a folder, a checkpoint that can only be a local folder (:func:`local_path`) and is not one. What is not
 followed (a ``--model`` given as a file, a nested option) is left to the classes.
+
+The config files themselves (:func:`load_config`) and the run directory (:func:`root_dir_problem`) are checked too:
+a ``--config`` that is no file (with the closest file's name), a directory, a file that is not UTF-8, not YAML,
+empty or not a mapping, and a ``trainer.default_root_dir`` that is a file or under one.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JobInputs", "local_path"]
+from lightprune.cli.names import closest
+from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError, parse_yaml
+
+__all__ = ["JobInputs", "load_config", "local_path", "root_dir_problem"]
 
 #: a value this pass did not follow
 _UNSEEN = object()
@@ -109,3 +117,93 @@ class JobInputs:
                        "directories only; nothing is downloaded)")
             found.append((f"--data.init_args.{folder_arg}", problem))
         return found
+
+
+_RECIPES = "configs/ holds the recipes"
+
+
+def _no_file(text: str, option: str) -> str:
+    """The error for a ``--config`` that names no file: with the closest file of its folder, or the missing folder."""
+    folder = Path(text).parent
+    if not folder.is_dir():
+        return f"{option} {text!r}: no such file (no folder {str(folder)!r}; {_RECIPES})"
+    close = closest(Path(text).name, [entry.name for entry in folder.iterdir() if entry.is_file()])
+    hint = f"did you mean {str(folder / close)!r}?" if close else _RECIPES
+    return f"{option} {text!r}: no such file ({hint})"
+
+
+def _not_yaml(err: Exception, where: str) -> str:
+    mark = getattr(err, "problem_mark", None)
+    at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return f"{where} is not YAML: {getattr(err, 'problem', None) or err}{at}"
+
+
+def _read(path: Path, where: str) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = err.object.count(b"\n", 0, err.start) + 1
+        column = err.start - err.object.rfind(b"\n", 0, err.start)
+        raise ValueError(f"{where} is not UTF-8 text (byte {err.object[err.start]:#04x} at line {line}, column "
+                         f"{column})") from None
+    except OSError as err:
+        raise ValueError(f"{where} cannot be read: {err.strerror or err}") from None
+
+
+def load_config(text: str, option: str) -> tuple[str, dict[str, Any] | None]:
+    """(where, content) of a ``--config`` value: a file's mapping of options (where: its name) or the mapping given
+    inline (where: ``option``); content None where the parser reads it its own way (a value PyYAML cannot build,
+    such as an impossible date). A value that cannot be a config is a ``ValueError`` in one line, and so are a key
+    named twice and YAML past the limits (:func:`~lightprune.core.jsonio.parse_yaml`)."""
+    import yaml
+
+    if not text.strip():
+        raise ValueError(f"{option} needs a value: a YAML config file ({_RECIPES})")
+    path = Path(text)
+    try:
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except (OSError, ValueError):  # a config's content given inline (too long, or not a name)
+        is_dir = is_file = False
+    if is_dir:
+        files = sorted(str(p) for p in path.glob("*.yaml"))[:2]
+        raise ValueError(f"{option} {text!r} is a folder; give a config file" +
+                         (f" (for example {', '.join(files)})" if files else ""))
+    one_name = not is_file and "\n" not in text and not text.lstrip().startswith(("{", "["))  # a file's name
+    if one_name and os.path.exists(text):  # a device, a pipe: the parser reads regular files only
+        raise ValueError(f"{option} {text!r} is not a regular file; give a config file")
+    key, where = (text, f"config file {text!r}") if is_file else (option, option)
+    source = _read(path, where) if is_file else text
+    try:
+        content = parse_yaml(source, where)
+    except (yaml.scanner.ScannerError, yaml.parser.ParserError) as err:
+        raise ValueError(_no_file(text, option) if one_name else _not_yaml(err, where)) from None
+    except (DuplicateKeyError, ParseLimitError):
+        raise
+    except (yaml.YAMLError, ValueError):  # a value PyYAML cannot build (an impossible date, which jsonargparse
+        return key, None  # reads as text), a tag it does not know: left to jsonargparse's own loader
+    if isinstance(content, dict):
+        return key, content
+    if one_name:
+        if path.expanduser().is_file():  # ~ is the parser's business
+            return text, None
+        raise ValueError(_no_file(text, option))
+    if content is None:
+        raise ValueError(f"{where} is empty{' (comments only)' if source.strip() else ''}; a config is a mapping of "
+                         f"options (trainer:, model:, data:, ...; {_RECIPES})")
+    kind = "a list" if isinstance(content, list) else f"a scalar ({str(content)[:40]!r})"
+    raise ValueError(f"{where} is not a mapping of options: its top level is {kind}")
+
+
+def root_dir_problem(root: str) -> str | None:
+    """Why ``root`` (``trainer.default_root_dir``) cannot be the run's directory: it is a file, or a file stands
+    where one of its parents would be created; None otherwise (remote paths included)."""
+    path = Path(root)
+    try:
+        if path.exists() and not path.is_dir():
+            return f"{root!r} is a file, not a folder; give a folder (an existing one or one to create)"
+        parent = next((p for p in path.parents if p.exists()), None)
+    except (OSError, ValueError):
+        return None
+    if parent is not None and not parent.is_dir():
+        return f"{root!r} cannot be created: {str(parent)!r} is a file; give a folder elsewhere"
+    return None

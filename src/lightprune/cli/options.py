@@ -14,7 +14,10 @@ Lightning) and checks the options lightprune's callbacks would refuse at constru
 a criterion that is not registered, a ratio outside [0, 1), a choice outside its list. The checks are the ones the
 callbacks' constructors run (their option specs), so the messages are the callbacks' own and a typo is reported
 in a fraction of a second instead of after Lightning's import. Whatever it cannot see (a value
-set in a way it does not follow) is left to the callbacks.
+set in a way it does not follow) is left to the callbacks. Before those it refuses what no parser would take
+(:mod:`lightprune.cli.names`: a mistyped subcommand or option, a config key that is no option), a ``--config``
+that is no config, a run directory that cannot be one (:mod:`lightprune.cli.inputs`) and a ``class_path`` outside
+what its slot accepts, before importing it (:mod:`lightprune.cli.slots`).
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lightprune.callbacks.options import OPTIONS, check_criterion_name
-from lightprune.cli.inputs import JobInputs
-from lightprune.core.jsonio import DuplicateKeyError, parse_yaml
+from lightprune.cli.inputs import JobInputs, load_config, root_dir_problem
+from lightprune.cli.names import argv_problem, config_keys_problem, find_subcommand, prints_config, wants_help
+from lightprune.cli.slots import class_path_problem, config_slots
+from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError, parse_yaml
 
 __all__ = ["ADDRESSES", "ARGUMENTS", "SUBCOMMANDS", "OptionError", "Addressed", "split_addressed", "check_command_line",
            "check_callback_options", "check_criterion_name", "class_name", "missing_callback"]
@@ -61,13 +66,13 @@ class Addressed:
 
 
 def _yaml_value(text: str, option: str) -> Any:
-    """``text`` as YAML (a mapping naming a key twice: an :class:`OptionError` naming ``option``); text that is not
-    YAML is kept as it is."""
+    """``text`` as YAML (a mapping naming a key twice, or text past the YAML limits: an :class:`OptionError` naming
+    ``option``); text that is not YAML is kept as it is."""
     import yaml
 
     try:
         return parse_yaml(text, option) if text.strip() else text
-    except DuplicateKeyError as err:
+    except (DuplicateKeyError, ParseLimitError) as err:
         raise OptionError(str(err)) from None
     except yaml.YAMLError:
         return text
@@ -134,13 +139,6 @@ def check_callback_options(callback: str, options: dict[str, Any], where: str, c
             raise OptionError(f"{where}: {err}") from None
 
 
-def _is_file(text: str) -> bool:
-    try:
-        return Path(text).is_file()
-    except (OSError, ValueError):  # a config's content given inline (too long, or not a name)
-        return False
-
-
 #: the trainer's run directory on the command line (the export callbacks' checkpoint directory is under it)
 _ROOT_OPTION = "--trainer.default_root_dir"
 #: the export callbacks whose checkpoint directory is refused here when it holds an earlier run's files
@@ -150,8 +148,6 @@ _EXPORTS = ("Export", "WidthExport")
 def _config_options(argv: list[str]) -> list[tuple[str, Any]]:
     """The ``--config`` files' contents and the ``--trainer.callbacks...``, ``--trainer.default_root_dir``,
     ``--model...`` and ``--data...`` options, in command-line order."""
-    import yaml
-
     items: list[tuple[str, Any]] = []
     i = 0
     while i < len(argv):
@@ -164,17 +160,11 @@ def _config_options(argv: list[str]) -> list[tuple[str, Any]]:
                     break
                 i += 1
                 text = argv[i]
-            if head in ("--config", "-c"):
+            if head in ("--config", "-c"):  # a file, or the config's content itself (jsonargparse takes both)
                 try:
-                    if _is_file(text):
-                        items.append((text, parse_yaml(Path(text).read_text(), f"config file {text!r}") or {}))
-                    else:  # jsonargparse also takes the config's content itself
-                        content = parse_yaml(text, head)
-                        items.append(("--config", content if isinstance(content, dict) else None))
-                except DuplicateKeyError as err:
-                    raise OptionError(str(err)) from None
-                except (yaml.YAMLError, ValueError):  # a value PyYAML cannot build (an impossible date, which
-                    items.append((text, None))  # jsonargparse reads as text) too: left to jsonargparse
+                    items.append(load_config(text, head))
+                except ValueError as err:  # not a config (no file, not a mapping, ...), a key named twice, a bomb:
+                    raise OptionError(str(err)) from None  # none reaches jsonargparse
             else:
                 items.append((head, _yaml_value(text, head)))
         i += 1
@@ -200,26 +190,42 @@ def _project_modules(argv: list[str], configs: list[Any]) -> bool:
     return any("." in p and not p.startswith(("lightprune.", "lightning.", "pytorch_lightning.")) for p in paths)
 
 
-def check_command_line(argv: Iterable[str]) -> None:
-    """Check a ``lightprune SUBCOMMAND ...`` command line's callback options (see the module docstring); an
-    :class:`OptionError` names the option or the config file, the bad value and what is accepted."""
+def check_command_line(argv: Iterable[str], others: Iterable[str] = ()) -> None:
+    """Check a ``lightprune SUBCOMMAND ...`` command line (see the module docstring); an :class:`OptionError` names
+    the option or the config file, the bad value and what is accepted. ``others``: subcommands outside LightningCLI
+    (named by the check of a mistyped subcommand)."""
     argv = list(argv)
     rest, addressed = split_addressed(argv)
+    at = find_subcommand(rest)
+    helping = wants_help(rest)  # the parser prints the help, whatever else is given: only the subcommand is checked
+    problem = argv_problem(rest[:at + 1] if helping and at is not None else rest, SUBCOMMANDS, others)
+    if problem:
+        raise OptionError(problem)
+    if helping:
+        return
+    # the subcommand whose options a config's keys are, unless a config is given before it (keyed by subcommand)
+    command = None if at is None or any(a.split("=", 1)[0] in ("--config", "-c") for a in rest[:at]) else rest[at]
     items = _config_options(rest)
     criteria_known = not _project_modules(rest, [content for _, content in items])
     # the list jsonargparse would build, each entry with its options so far (None: not followed), the trainer's
     # run directory, and whether everything that places an export's checkpoint directory is seen here
     callbacks: list[dict[str, Any]] | None = []
     root: Any = None
+    root_where: str | None = None  # where the run directory was set (None: not set, or a config not read since)
     inputs = JobInputs()  # the files the model and the data read
     placed = True
     for where, content in items:
         if where == _ROOT_OPTION:
-            root = content
+            root, root_where = content, where
             continue
         if where.startswith(("--model", "--data")):
+            if where.removesuffix(".class_path") in ("--model", "--data"):
+                _check_slot(where, content, where[2:].split(".")[0])
             inputs.see_option(where, content)
             continue
+        if where in ("--trainer.callbacks+", "--trainer.callbacks"):
+            for entry in content if isinstance(content, list) else [content]:
+                _check_slot(where, entry, "callback")
         if where == "--trainer.callbacks+":  # one callback appended
             is_class = isinstance(content, str) or (isinstance(content, dict) and "class_path" in content)
             if callbacks is not None and is_class:
@@ -241,10 +247,17 @@ def check_command_line(argv: Iterable[str]) -> None:
             callbacks = None
             continue
         if not isinstance(content, dict):  # a config file not read here
-            placed = False
+            placed, root_where = False, None
             continue
+        label = where if where in ("--config", "-c") else f"config file {where!r}"
+        problem = config_keys_problem(content, command, label) if command else None
+        if problem:
+            raise OptionError(problem)
+        for key, value, slot in config_slots(content):
+            _check_slot(f"{label}: {key}", value, slot)
         trainer = content.get("trainer") if isinstance(content.get("trainer"), dict) else {}
-        root = trainer.get("default_root_dir", root)
+        if "default_root_dir" in trainer:
+            root, root_where = trainer["default_root_dir"], f"{label}: trainer.default_root_dir"
         inputs.see_config(content)
         listed = trainer.get("callbacks")
         if isinstance(listed, list):
@@ -259,13 +272,32 @@ def check_command_line(argv: Iterable[str]) -> None:
     names = None if callbacks is None else [class_name(entry.get("class_path")) for entry in callbacks]
     for item in addressed:
         check_callback_options(item.callback, {item.argument: item.value}, item.option, criteria_known)
+        slot = _ADDRESSED_SLOTS.get((item.callback, item.argument.removesuffix(".class_path")))
+        if slot:
+            _check_slot(item.option, item.value, slot)
         if names is not None and criteria_known and item.callback not in names:
             raise OptionError(missing_callback(item))
+    if prints_config(rest):  # nothing is built or written
+        return
+    problem = root_dir_problem(root) if root_where and isinstance(root, str) else None
+    if problem:
+        raise OptionError(f"{root_where}: {problem}")
     if placed and callbacks is not None and (root is None or isinstance(root, str)):
         _check_export_dirs(callbacks, root, addressed)
     problems = inputs.problems()
     if problems:
         raise OptionError("; ".join(f"{option}: {problem}" for option, problem in problems))
+
+
+#: (callback, argument) -> the class slot it is (:mod:`lightprune.cli.slots`)
+_ADDRESSED_SLOTS = {("ExpertPruning", "criterion"): "criterion", ("Evaluate", "data"): "data"}
+
+
+def _check_slot(where: str, value: Any, slot: str) -> None:
+    """A class path given to ``slot`` that cannot be one of its classes: refused before anything is imported."""
+    problem = class_path_problem(value, slot)
+    if problem:
+        raise OptionError(f"{where}: {problem}")
 
 
 def _check_export_dirs(callbacks: list[dict[str, Any]], root: str | None, addressed: list[Addressed]) -> None:

@@ -17,12 +17,14 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from lightprune.cli.options import SUBCOMMANDS, check_command_line, class_name
+from lightprune.cli.options import SUBCOMMANDS, OptionError, check_command_line, class_name
 from lightprune.core.checks import check_choice
 from lightprune.core.jsonio import parse_yaml
 
 __all__ = ["run_recipe", "recipe_command"]
 
+#: options that print and exit instead of running (the parser's ``--help`` and ``--print_config``)
+_EXITING = ("help", "h", "print_config")
 #: the command a recipe's callbacks imply: calibration statistics -> calibrate; a fit's score or search -> fit
 _IMPLIED = {"ExpertStats": "calibrate", "RouterDelta": "fit", "WidthSearch": "fit"}
 
@@ -61,8 +63,9 @@ def run_recipe(config: str | os.PathLike | Mapping[str, Any], command: str | Non
     VALUE ...`` would, in this process, and return the run directory (``trainer.default_root_dir``: plan.json,
     report.json, the checkpoint in ``model/``, ...). ``command``: default :func:`recipe_command`. ``overrides``:
     ``{"prune.ratio": 0.25, "trainer.max_steps": 10}``, values as Python objects (lists, None, bools) or strings.
-    A bad option is an :class:`~lightprune.cli.options.OptionError` before anything is built; a failing job raises
-    what the command would report."""
+    A bad option, a bad config and anything the parser refuses is an :class:`~lightprune.cli.options.OptionError`
+    (a ValueError) with the line the command prints, never ``SystemExit``; a failing job raises what the command
+    would report. ``help`` and ``print_config`` print and exit on the command line: refused as overrides."""
     command = recipe_command(config) if command is None else command
     check_choice("command", command, SUBCOMMANDS)
     source = json.dumps(_load(config)) if isinstance(config, Mapping) else str(config)
@@ -71,13 +74,16 @@ def run_recipe(config: str | os.PathLike | Mapping[str, Any], command: str | Non
         if not isinstance(key, str) or not key or key.startswith("-"):
             raise ValueError(f"overrides keys are option names without dashes (for example 'prune.ratio'), "
                              f"got {key!r}")
+        if key in _EXITING:
+            raise OptionError(f"overrides: {key!r} prints and exits (`lightprune {command} --{key}` on the command "
+                              "line); it runs nothing")
         argv += [f"--{key}", _option_value(value)]
     check_command_line(argv)
     from lightprune.cli.app import cli_main
 
     saved, sys.argv = sys.argv, sys.argv[:1]  # a notebook's own arguments are not the recipe's
     try:
-        cli = cli_main(argv)
+        cli = cli_main(argv, exit_on_error=False)
     finally:
         sys.argv = saved
     return Path(cli.trainer.default_root_dir)

@@ -18,17 +18,23 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import operator
 import re
 from collections.abc import Mapping
 from contextlib import contextmanager
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
-__all__ = ["Registry", "SNAKE_CASE", "same_class", "Configured"]
+__all__ = ["Registry", "NotASubclassError", "SNAKE_CASE", "same_class", "Configured"]
 
 #: names of criteria, width scorers and statistics: lower-case snake case
 SNAKE_CASE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 T = TypeVar("T")
+
+
+class NotASubclassError(TypeError, ValueError):
+    """A class, or the dotted import path of one, that is not a subclass of the registry's base; a ValueError too,
+    so that the command reports it as a bad input, in one line."""
 
 
 def same_class(a: type, b: type) -> bool:
@@ -141,7 +147,7 @@ class Registry(Generic[T]):
         base = self._base() if self._base is not None else object
         if isinstance(spec, type):
             if not issubclass(spec, base):
-                raise TypeError(f"{spec!r} is not a {base.__name__} subclass")
+                raise NotASubclassError(f"{spec!r} is not a {base.__name__} subclass")
             return spec
         if not isinstance(spec, str):
             raise TypeError(f"a {self.kind} is a registered name, a dotted import path, a {base.__name__} subclass "
@@ -154,7 +160,8 @@ class Registry(Generic[T]):
         except (ImportError, AttributeError) as err:
             raise ValueError(f"cannot import {self.kind} {spec!r}: {err}") from err
         if not (isinstance(found, type) and issubclass(found, base)):
-            raise TypeError(f"{spec!r} is {found!r}, not a {base.__name__} subclass")
+            raise NotASubclassError(f"{self.kind} {spec!r} is not a registered {self.kind} name or a {base.__name__} "
+                                    f"subclass (it is {found!r}); it was not built")
         return found
 
     def build(self, spec: Any, **kwargs: Any) -> Any:
@@ -245,8 +252,14 @@ class Configured:
 
     @staticmethod
     def _check_int(name: str, value: Any, minimum: int | None = None) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        """``value`` as an int: a Python or NumPy integer (a 0-d integer tensor too), never a bool or a float."""
+        try:
+            number = None if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")) else \
+                operator.index(value)
+        except TypeError:
+            number = None
+        if number is None:
             raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-        if minimum is not None and value < minimum:
+        if minimum is not None and number < minimum:
             raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-        return value
+        return number

@@ -119,3 +119,113 @@ def test_a_missing_required_argument_is_one_line_naming_the_option(tmp_path) -> 
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(
         "lightprune: error: TextJsonlDataModule needs tokenizer: set --data.init_args.tokenizer"), done.stderr[-2000:]
+
+
+NOT_A_SUBCLASS = '''Parser key "trainer.callbacks":
+  Does not validate against any of the Union subtypes
+  Subtypes: [list[lightning.pytorch.callbacks.callback.Callback], <class 'NoneType'>]
+  Errors:
+    - Import path does not correspond to a subclass of Callback
+    - Import path does not correspond to a subclass of Callback
+    - Expected a <class 'NoneType'>
+  Given value type: <class 'str'>
+  Given value: my.Thing'''
+
+DENIED = '''Parser key "data":
+  Does not validate against any of the Union subtypes
+  Subtypes: [<class 'lightning.pytorch.core.datamodule.LightningDataModule'>, <class 'NoneType'>]
+  Errors:
+    - Problem with given class_path 'os.system':
+        Importing 'os.system' is not allowed, denied by the 'os' entry of the import path denylist. Add ...
+    - Expected a <class 'NoneType'>
+  Given value type: <class 'str'>
+  Given value: os.system'''
+
+NOT_IMPORTED = '''Parser key "model":
+  Does not validate against any of the Union subtypes
+  Subtypes: [<class 'lightprune.finetune.causal_lm.MoECausalLM'>, <class 'NoneType'>]
+  Errors:
+    - Problem with given class_path 'my.Module':
+        No module named 'my'
+    - Expected a <class 'NoneType'>
+  Given value type: <class 'str'>
+  Given value: my.Module'''
+
+NOT_ACCEPTED = '''Parser key "data":
+  Does not validate against any of the Union subtypes
+  Errors:
+    - Problem with given class_path 'argparse.ArgumentParser':
+        Option 'descripton' is not accepted
+    - Expected a <class 'NoneType'>
+  Given value type: <class 'jsonargparse._util.NestedArg'>
+  Given value: NestedArg(key='descripton', val='x')'''
+
+
+def test_a_class_outside_its_option_and_an_option_outside_its_class_are_one_line() -> None:
+    """What the option accepts (in lightprune's words for the model, the data and a callback), that nothing was
+    built, and the closest option of a class the parser has imported."""
+    assert condense(NOT_A_SUBCLASS) == ("trainer.callbacks: 'my.Thing' is not a lightning.pytorch.Callback subclass; "
+                                        "it was not built")
+    assert condense(NOT_A_SUBCLASS.replace("my.Thing", "[Namespace(class_path='lightprune.callbacks.Export'), "
+                                           "{'class_path': 'my.Thing'}]").replace(
+        "Import path does", "Import path my.Thing does", 1)) == (
+        "trainer.callbacks: 'my.Thing' is not a lightning.pytorch.Callback subclass; it was not built")
+    assert condense(DENIED) == ("data: 'os.system' is not a LightningDataModule subclass: importing it is denied (the "
+                                "'os' entry of jsonargparse's import denylist); it was not loaded")
+    assert condense(NOT_IMPORTED) == "model: cannot import 'my.Module' (No module named 'my'); nothing was built"
+    assert condense(NOT_ACCEPTED) == ("--data.init_args.descripton: ArgumentParser has no option 'descripton' (did "
+                                      "you mean 'description'?)")
+    assert condense(NOT_ACCEPTED.replace("'descripton'", "'init_arg.prog'")) == (
+        "--data.init_args.init_arg: ArgumentParser has no option 'init_arg' (did you mean 'init_args'?)")
+    assert condense('Parser key "trainer.max_steps":\n  Expected a <class \'int\'>. Got value: abc') == (
+        "trainer.max_steps='abc' is not an integer")
+    assert condense("unrecognized arguments: --trainer.max_step 3", ["--trainer.max_steps", "-c"]) == (
+        "unrecognized arguments: --trainer.max_step 3 (did you mean '--trainer.max_steps'?)")
+
+
+@pytest.mark.parametrize("option,line", [
+    (["--trainer.max_step", "3"], "unrecognized arguments: --trainer.max_step 3 (did you mean '--trainer.max_steps'?)"),
+    (["--model.init_args.checkpoin", "x"], "--model.init_args.checkpoin: MoECausalLM has no option 'checkpoin' (did "
+     "you mean 'checkpoint'?)"),
+])
+def test_the_parser_takes_no_abbreviation(option, line, tmp_path, monkeypatch, capsys) -> None:
+    """Without the first pass (``python -m lightprune.cli.app``, torchrun) a prefix of an option is not that
+    option (argparse's allow_abbrev is off in every parser): refused naming the option meant."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("LIGHTPRUNE_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", ["app.py", "export", "--config", "configs/aimer_tiny.yaml",
+                                      "--trainer.default_root_dir", str(tmp_path / "run"), *option])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"lightprune: error: {line} (`lightprune export --help` lists the options)\n"
+    assert not (tmp_path / "run").exists()
+
+
+def test_run_recipe_raises_the_commands_line_never_system_exit(tmp_path, monkeypatch) -> None:
+    """lp.run_recipe: a bad option, a bad config, a parser error, --help: an OptionError (a ValueError) with the
+    line the command prints."""
+    from lightprune.cli.options import OptionError
+    from lightprune.cli.recipe import run_recipe
+
+    monkeypatch.chdir(REPO)
+    recipe = "configs/aimer_tiny.yaml"
+    root = {"trainer.default_root_dir": str(tmp_path / "run")}
+    (tmp_path / "empty.yaml").write_text("")
+    cases = [
+        (recipe, {**root, "model.init_args.checkpoin": "x"}, "--model.init_args.checkpoin: MoECausalLM has no option "
+         "'checkpoin' (did you mean 'checkpoint'?) (`lightprune export --help` lists the options)"),
+        (recipe, {**root, "trainer.max_step": 3}, "`lightprune export` has no option '--trainer.max_step' (did you "
+         "mean '--trainer.max_steps'?); `lightprune export --help` lists them"),
+        (recipe, {**root, "help": True}, "overrides: 'help' prints and exits (`lightprune export --help` on the "
+         "command line); it runs nothing"),
+        (str(tmp_path / "empty.yaml"), root, f"config file {str(tmp_path / 'empty.yaml')!r} is empty; a config is a "
+         "mapping of options (trainer:, model:, data:, ...; configs/ holds the recipes)"),
+        ({"trainr": {}}, root, "--config: 'trainr' is not an option of `lightprune export` (did you mean 'trainer'?); "
+         "its top-level keys: seed_everything, trainer, model, data"),
+    ]
+    for config, overrides, line in cases:
+        with pytest.raises(OptionError) as info:
+            run_recipe(config, "export", overrides)
+        assert str(info.value) == line
+    assert not (tmp_path / "run").exists()

@@ -23,6 +23,8 @@ def test_the_command_line_pass_refuses_a_missing_local_checkpoint(tmp_path, monk
                                            "  init_args:\n    checkpoint: ./gone/model\n")
     (tmp_path / "same_class.yaml").write_text("model:\n  class_path: lightprune.finetune.MoECausalLM\n")
     (tmp_path / "other_class.yaml").write_text("model:\n  class_path: my_project.MyModule\n")
+    (tmp_path / "my_project.py").write_text("import lightning\n\n\nclass MyModule(lightning.LightningModule):\n"
+                                            "    pass\n")  # read by the first pass, never imported
     job = ["export", "--config", str(REPO / "configs" / "aimer_tiny.yaml")]
     for bad in ("./gone", str(tmp_path / "gone"), "../gone/model", "a/b/c", "~/no-such-lightprune-ckpt"):
         for option in ("--model.init_args.checkpoint", "--model.checkpoint"):
@@ -67,3 +69,60 @@ def test_the_command_line_pass_refuses_missing_data_files_and_tokenizer_folders(
                  ["--data.init_args.calibration", "nope.jsonl", "--data", "lightprune.data.SyntheticTokens"],
                  ["--data.init_args.calibration", "nope.jsonl", "--data", "data.yaml"]):  # a file: not followed
         check_command_line([*job, *fine])
+
+
+def test_a_config_that_is_no_config_is_refused_in_one_line(tmp_path, monkeypatch) -> None:
+    """A --config that names no file (with the closest file of its folder), a folder, a file that is not UTF-8,
+    not YAML, empty, only comments, or whose top level is not a mapping: refused before anything is built."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "quickstart.yaml").write_text("trainer: {}\n")
+    files = {"empty.yaml": b"", "comments.yaml": b"# only\n# comments\n", "list.yaml": b"- a\n- b\n",
+             "scalar.yaml": b"hello\n", "latin1.yaml": b"trainer:\n  default_root_dir: caf\xe9\n",
+             "broken.yaml": b"trainer:\n  max_steps: [1\nmodel: x\n"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    cases = {
+        "configs/quickstrt.yaml": "--config 'configs/quickstrt.yaml': no such file (did you mean "
+                                  "'configs/quickstart.yaml'?)",
+        "nowhere/x.yaml": "--config 'nowhere/x.yaml': no such file (no folder 'nowhere'; configs/ holds the recipes)",
+        "configs": "--config 'configs' is a folder; give a config file (for example configs/quickstart.yaml)",
+        "empty.yaml": "config file 'empty.yaml' is empty; a config is a mapping of options (trainer:, model:, data:, "
+                      "...; configs/ holds the recipes)",
+        "comments.yaml": "config file 'comments.yaml' is empty (comments only); a config is a mapping of options "
+                         "(trainer:, model:, data:, ...; configs/ holds the recipes)",
+        "list.yaml": "config file 'list.yaml' is not a mapping of options: its top level is a list",
+        "scalar.yaml": "config file 'scalar.yaml' is not a mapping of options: its top level is a scalar ('hello')",
+        "latin1.yaml": "config file 'latin1.yaml' is not UTF-8 text (byte 0xe9 at line 2, column 24)",
+        "broken.yaml": "config file 'broken.yaml' is not YAML: expected ',' or ']', but got ':' (line 3, column 6)",
+        "[1, 2]": "--config is not a mapping of options: its top level is a list",
+        "": "--config needs a value: a YAML config file (configs/ holds the recipes)",
+    }
+    for value, message in cases.items():
+        with pytest.raises(OptionError) as info:
+            check_command_line(["export", "--config", value])
+        assert str(info.value) == message
+    with pytest.raises(OptionError, match="^-c 'configs/quickstrt.yaml': no such file"):
+        check_command_line(["export", "-c=configs/quickstrt.yaml"])
+    # the config's content given inline (as jsonargparse takes it, and lp.run_recipe gives a mapping) still passes
+    check_command_line(["export", "--config", "trainer: {max_steps: 1}", "--config", '{"seed_everything": 1}',
+                        "--config", "configs/quickstart.yaml"])
+
+
+def test_a_run_directory_that_cannot_be_one_is_refused(tmp_path, monkeypatch) -> None:
+    """trainer.default_root_dir that is a file, or under one (from the command line or a config, the last one
+    given): refused before Lightning (it would fail only once the trainer is built)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "c.yaml").write_text("trainer:\n  default_root_dir: afile/run\n")
+    job = ["export", "--config", str(REPO / "configs" / "aimer_tiny.yaml")]
+    with pytest.raises(OptionError) as info:
+        check_command_line([*job, "--trainer.default_root_dir", "afile"])
+    assert str(info.value) == ("--trainer.default_root_dir: 'afile' is a file, not a folder; give a folder (an "
+                               "existing one or one to create)")
+    with pytest.raises(OptionError) as info:
+        check_command_line([*job, "--config", "c.yaml"])
+    assert str(info.value) == ("config file 'c.yaml': trainer.default_root_dir: 'afile/run' cannot be created: "
+                               "'afile' is a file; give a folder elsewhere")
+    check_command_line([*job, "--config", "c.yaml", "--trainer.default_root_dir", str(tmp_path / "run")])
+    check_command_line([*job, "--trainer.default_root_dir", "afile", "--config", "c.yaml", "--print_config"])

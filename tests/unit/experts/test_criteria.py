@@ -368,7 +368,9 @@ def test_dotted_import_path(models):
     assert scores.criterion == "magnitude"
     with pytest.raises(ValueError, match="cannot import"):
         get_criterion("lightprune.experts.criteria.nothing_here.Nope")
-    with pytest.raises(TypeError, match="not a Criterion"):
+    with pytest.raises(TypeError, match=r"criterion 'torch.nn.Linear' is not a registered criterion name or a "
+                                        r"Criterion subclass \(it is <class 'torch.nn.modules.linear.Linear'>\); it "
+                                        "was not built"):
         get_criterion("torch.nn.Linear")
 
 

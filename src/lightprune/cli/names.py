@@ -1,0 +1,169 @@
+"""The command line's names known without Lightning: the subcommands, each one's options, the trainer's options.
+
+:data:`TRAINER_OPTIONS` is ``lightning.pytorch.Trainer.__init__``'s parameters and :data:`METHOD_OPTIONS` the
+parameters of each subcommand's trainer method that LightningCLI adds as options, written out here so that the first
+pass (:func:`lightprune.cli.options.check_command_line`) can refuse ``--trainer.max_step`` or ``--confg`` without
+importing Lightning; ``tests/unit/cli/test_cli_names.py`` checks them against the signatures and LightningCLI's parser.
+What sits under ``--model.`` and ``--data.`` depends on the class given and is left to the parser. Every problem is
+one line, with the closest name when one is close (:func:`did_you_mean`). Torch-free.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable
+
+__all__ = ["TRAINER_OPTIONS", "METHOD_OPTIONS", "MAIN_OPTIONS", "closest", "did_you_mean", "find_subcommand",
+           "argv_problem", "config_keys_problem", "wants_help", "prints_config"]
+
+#: ``lightning.pytorch.Trainer.__init__``'s parameters, in order (``--trainer.NAME``; test_cli_names checks them)
+TRAINER_OPTIONS: tuple[str, ...] = (
+    "accelerator", "strategy", "devices", "num_nodes", "precision", "logger", "callbacks", "fast_dev_run",
+    "max_epochs", "min_epochs", "max_steps", "min_steps", "max_time", "limit_train_batches", "limit_val_batches",
+    "limit_test_batches", "limit_predict_batches", "overfit_batches", "val_check_interval", "check_val_every_n_epoch",
+    "num_sanity_val_steps", "log_every_n_steps", "enable_checkpointing", "enable_progress_bar", "enable_model_summary",
+    "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm", "deterministic", "benchmark",
+    "inference_mode", "use_distributed_sampler", "profiler", "detect_anomaly", "barebones", "plugins",
+    "sync_batchnorm", "reload_dataloaders_every_n_epochs", "default_root_dir", "enable_autolog_hparams",
+    "model_registry",
+)
+#: each subcommand's options from its trainer method (``--ckpt_path``): the parameters LightningCLI does not skip
+METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
+    "fit": ("ckpt_path", "weights_only"),
+    "validate": ("ckpt_path", "verbose", "weights_only"),
+    "test": ("ckpt_path", "verbose", "weights_only"),
+    "predict": ("return_predictions", "ckpt_path", "weights_only"),
+    "calibrate": ("ckpt_path",),
+    "export": (),
+}
+#: the options every subcommand has besides its method's, and what a config file's top level may name
+_GROUPS = ("seed_everything", "trainer", "model", "data")
+_CONFIG = ("--config", "-c")
+_HELP = ("--help", "-h")
+#: the options before the subcommand
+MAIN_OPTIONS = ("--config", "--print_config", "--help")
+#: config keys jsonargparse takes besides the options (a nested config file, an editor's JSON schema)
+_CONFIG_KEYS = ("config", "$schema")
+
+
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name closest to ``name`` (difflib, whatever the case), None when none is close."""
+    folded = {k.lower(): k for k in reversed(list(known))}
+    close = difflib.get_close_matches(name.lower(), list(folded), n=1, cutoff=0.75)
+    return folded[close[0]] if close else None
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` for the known name closest to ``name``, or ``""`` when none is close."""
+    close = closest(name, known)
+    return f" (did you mean {close!r}?)" if close else ""
+
+
+def wants_help(argv: list[str]) -> bool:
+    """Whether the command line asks for help (the parser prints it, whatever else is given)."""
+    return any(arg in _HELP for arg in argv)
+
+
+def prints_config(argv: list[str]) -> bool:
+    """Whether the command line asks for ``--print_config`` (nothing is built or written)."""
+    return any(arg.split("=", 1)[0] == "--print_config" for arg in argv)
+
+
+def _takes_value(head: str) -> bool:
+    return head not in (*_HELP, "--print_config")
+
+
+def find_subcommand(argv: list[str]) -> int | None:
+    """The index of the subcommand in ``argv`` (the first argument that is not an option or an option's value)."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("-"):
+            return i
+        i += 2 if "=" not in arg and _takes_value(arg) else 1
+    return None
+
+
+def _subcommand_options(command: str) -> list[str]:
+    return [*MAIN_OPTIONS[:2], *("--" + name for name in (*_GROUPS, *METHOD_OPTIONS.get(command, ())))] + \
+        [f"--trainer.{name}" for name in TRAINER_OPTIONS]
+
+
+def _known(head: str, command: str) -> bool:
+    """Whether ``head`` (``--name``, without ``=value``) is an option of ``command``'s parser."""
+    if head in (*_HELP, *_CONFIG):
+        return True
+    name = head[2:] if head.startswith("--") else ""
+    group, dot, rest = name.partition(".")
+    if not dot:
+        return head in MAIN_OPTIONS or name in (*_GROUPS, *METHOD_OPTIONS.get(command, ()))
+    if group in ("model", "data"):  # the class given decides: left to the parser
+        return True
+    return group == "trainer" and rest.split(".", 1)[0].rstrip("+") in TRAINER_OPTIONS
+
+
+def _unknown(head: str, known: list[str], where: str, advice: str) -> str:
+    return f"{where} has no option {head!r}{did_you_mean(head, known)}; {advice}"
+
+
+def argv_problem(argv: list[str], subcommands: Iterable[str], others: Iterable[str] = ()) -> str | None:
+    """The first thing of ``argv`` (a ``lightprune`` command line, the callbacks' addressed options taken out) that
+    no parser takes, as one line: an unknown subcommand, an option that none of the parsers has, ``--config`` without
+    a value, an argument after the subcommand that is not an option; None when there is none. ``others``: the
+    subcommands that are not LightningCLI's (their own parsers check them)."""
+    subcommands, others = list(subcommands), list(others)
+    at = find_subcommand(argv)
+    i = 0
+    while i < (len(argv) if at is None else at):  # the options before the subcommand
+        head, eq, _ = argv[i].partition("=")
+        if head not in (*_HELP, *_CONFIG, "--print_config"):
+            later = f"; a subcommand's options go after it (lightprune SUBCOMMAND {head} ...)" \
+                if any(_known(head, c) for c in subcommands) else ""
+            return _unknown(head, list(MAIN_OPTIONS), "lightprune",
+                            f"before the subcommand it takes {', '.join(MAIN_OPTIONS)}{later}")
+        if head in _CONFIG and not eq:
+            if i + 1 == len(argv):
+                return f"{head} needs a value: a YAML config file (configs/ holds the recipes)"
+            i += 1
+        i += 1
+    if at is None:
+        return None
+    command = argv[at]
+    if command in others:
+        return None
+    if command not in subcommands:
+        every = [*subcommands, *others]
+        return (f"{command!r} is not a subcommand of lightprune{did_you_mean(command, every)}; the subcommands: "
+                f"{', '.join(every)}")
+    known = _subcommand_options(command)
+    i = at + 1
+    while i < len(argv):
+        arg = argv[i]
+        head, eq, _ = arg.partition("=")
+        if not arg.startswith("-"):
+            config = " (a config file is given as --config FILE)" if arg.endswith((".yaml", ".yml", ".json")) else ""
+            return f"`lightprune {command}` takes options only, not {arg!r}{config}"
+        if not _known(head, command):
+            return _unknown(head, known, f"`lightprune {command}`", f"`lightprune {command} --help` lists them")
+        if not eq and _takes_value(head):
+            if i + 1 == len(argv) or (argv[i + 1].startswith("--") and _known(argv[i + 1].split("=")[0], command)):
+                what = ": a YAML config file (configs/ holds the recipes)" if head in _CONFIG else ""
+                return f"{head} needs a value{what}"
+            i += 1
+        i += 1
+    return None
+
+
+def config_keys_problem(content: dict[str, Any], command: str, where: str) -> str | None:
+    """A key of a config file's top level, or of its ``trainer`` mapping, that ``command`` has no option for."""
+    top = (*_GROUPS, *METHOD_OPTIONS.get(command, ()), *_CONFIG_KEYS)
+    for key in content:
+        if key not in top:
+            return (f"{where}: {key!r} is not an option of `lightprune {command}`{did_you_mean(str(key), top)}; "
+                    f"its top-level keys: {', '.join(k for k in top if k not in _CONFIG_KEYS)}")
+    trainer = content.get("trainer")
+    for key in trainer if isinstance(trainer, dict) else ():
+        if key not in TRAINER_OPTIONS:
+            return (f"{where}: trainer.{key} is not an option of the trainer{did_you_mean(str(key), TRAINER_OPTIONS)}"
+                    f"; `lightprune {command} --help` lists them")
+    return None
