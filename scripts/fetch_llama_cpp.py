@@ -10,34 +10,25 @@ converter's files and llama.cpp's licence, and prints the folder:
 Nothing is built or installed; the converter needs numpy, torch, transformers, sentencepiece and PyYAML, which
 lightprune's install already brings. An existing folder is kept (a second call prints it and downloads
 nothing). ``--dest`` puts it elsewhere; ``LLAMA_CPP_DIR`` names a folder for the tests and
-``scripts/convert_to_gguf.py`` to use instead (a llama.cpp checkout works too).
+``lightprune convert-gguf`` to use instead (a llama.cpp checkout works too). The pinned version and the cache
+folder are :mod:`lightprune.export.gguf`'s, which finds the converter there.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
+from lightprune.export.gguf import LLAMA_CPP_VERSION as VERSION, converter_dir
+
 __all__ = ["VERSION", "converter_dir", "fetch"]
 
-#: the llama-cpp-python release whose vendored llama.cpp converter lightprune's tests run
-VERSION = "0.3.36"
 #: the parts of llama.cpp's tree that the converter imports, and its licence
 KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE")
-
-
-def converter_dir(root: str | os.PathLike | None = None) -> Path:
-    """Where the converter is: ``$LLAMA_CPP_DIR``, else the folder :func:`fetch` fills under ``root``
-    (``$LIGHTPRUNE_CACHE``, ``~/.cache/lightprune``)."""
-    if os.environ.get("LLAMA_CPP_DIR") and root is None:
-        return Path(os.environ["LLAMA_CPP_DIR"]).expanduser()
-    base = Path(root or os.environ.get("LIGHTPRUNE_CACHE") or Path.home() / ".cache" / "lightprune").expanduser()
-    return base / "llama.cpp" / f"llama-cpp-python-{VERSION}"
 
 
 def fetch(dest: Path) -> Path:

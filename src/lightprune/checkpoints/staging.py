@@ -21,6 +21,11 @@ The next staging of the same target (:func:`clean_stale`) deletes the staged and
 processes, and renames an ``-old-`` copy back only when the target is missing, which means the kill came between
 the two renames of a replacement (an ``-old-`` copy is complete: its deletion never starts under that name).
 Directories of live processes (a concurrent export on this machine) are left alone.
+
+:func:`staging_file` is the same for one file (a GGUF conversion): the target is checked up front
+(:func:`check_out_file`: a file name whose folder exists, not an existing directory, an existing file only with
+``overwrite``), the block writes a hidden sibling renamed over the target once it succeeded, and on any failure the
+sibling is deleted and the target is as it was; a full disk is the same one :class:`OutputDirError`.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from safetensors import SafetensorError
 from lightprune.core import interrupt
 from lightprune.core.errors import register_error
 
-__all__ = ["TMP_TAG", "OutputDirError", "check_out_dir", "clean_stale", "staging_dir"]
+__all__ = ["TMP_TAG", "OutputDirError", "check_out_dir", "check_out_file", "clean_stale", "staging_dir",
+           "staging_file"]
 
 #: part of every staged directory's name, so leftovers are recognisable
 TMP_TAG = ".lightprune-tmp-"
@@ -57,8 +63,9 @@ _UNWRITABLE = (errno.EACCES, errno.EROFS, errno.EPERM)
 
 @register_error
 class OutputDirError(OSError):
-    """An output directory that could not be written (full disk, unwritable parent). The message names the output
-    directory and what happened; ``errno`` is the original error's, ``__cause__`` the original error."""
+    """An output directory (or file: :func:`staging_file`) that could not be written (full disk, unwritable parent).
+    The message names the output and what happened; ``errno`` is the original error's, ``__cause__`` the original
+    error."""
 
 
 def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False,
@@ -231,3 +238,64 @@ def _discard(old: Path, out: Path) -> None:
     trash = _retagged(old, _OLD_TAG, _TRASH_TAG)
     os.rename(old, trash)
     _remove(trash, f"the previous version of {str(out)!r}, which now holds the new output")
+
+
+def check_out_file(out_file: str | os.PathLike, overwrite: bool = False,
+                   remedy: str = "pass overwrite=True to replace it") -> Path:
+    """The absolute output file path, after checking it may be written: it names a file, not a directory; its folder
+    exists; an existing file only with ``overwrite`` (else a FileExistsError ending with ``remedy``)."""
+    out = Path(out_file).expanduser().absolute()
+    if out.name in ("", ".", "..") or os.fspath(out_file).endswith(("/", os.sep)):
+        raise IsADirectoryError(f"output file {os.fspath(out_file)!r} names a directory; name the file to write")
+    if out.is_dir():
+        raise IsADirectoryError(f"output path {str(out)!r} is a directory; name the file to write (a path in it)")
+    if not out.parent.is_dir():
+        what = "is not a directory" if out.parent.exists() else "does not exist"
+        raise (NotADirectoryError if out.parent.exists() else FileNotFoundError)(
+            f"the folder of output file {str(out)!r} {what}; create the folder first, or choose another path")
+    if os.path.lexists(out):
+        if out.exists() and not out.is_file():
+            raise FileExistsError(f"output path {str(out)!r} exists and is not a regular file")
+        if not overwrite:
+            raise FileExistsError(f"output file {str(out)!r} exists; {remedy}")
+    return out
+
+
+def _clean_stale_files(out: Path) -> None:
+    """Delete the staged files of dead processes beside ``out`` (left by a kill during a :func:`staging_file`)."""
+    pattern = re.compile(rf"^\.{re.escape(out.name)}{re.escape(TMP_TAG)}(\d+)-[0-9a-f]{{12}}$")
+    for entry in out.parent.iterdir():
+        match = pattern.match(entry.name)
+        if match and entry.is_file() and not entry.is_symlink() and not _alive(int(match.group(1))):
+            entry.unlink(missing_ok=True)
+
+
+@contextmanager
+def staging_file(out_file: str | os.PathLike, overwrite: bool = False,
+                 remedy: str = "pass overwrite=True to replace it") -> Iterator[Path]:
+    """Yield an empty file beside ``out_file`` (same folder) for the block to write; renamed over ``out_file`` once
+    the block succeeded, deleted on any exception or interrupt, which leaves ``out_file`` as it was (a full disk or
+    an unwritable folder: one :class:`OutputDirError` naming ``out_file``). ``out_file`` is checked first
+    (:func:`check_out_file`)."""
+    out = check_out_file(out_file, overwrite, remedy)
+    _clean_stale_files(out)
+    staged = _sibling(out, TMP_TAG)
+    with _creating(out):
+        with open(staged, "xb"):
+            pass
+    try:
+        yield staged
+        if not staged.is_file() or staged.is_symlink():
+            raise RuntimeError(f"the staged file {str(staged)!r} of {str(out)!r} is gone: nothing was written")
+        check_out_file(out, overwrite, remedy)  # the target may have appeared meanwhile
+        os.replace(staged, out)
+        interrupt.kept(str(out))
+    except BaseException as exc:
+        if staged.is_dir() and not staged.is_symlink():
+            _remove(staged, f"the unfinished staging of {str(out)!r}")
+        else:
+            staged.unlink(missing_ok=True)
+        error = _output_dir_error(exc, out, creating=False)
+        if error is None:
+            raise
+        raise error from exc

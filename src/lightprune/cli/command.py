@@ -19,11 +19,13 @@ CALLBACKS: dict[str, str] = {name: spec.summary for name, spec in OPTIONS.items(
 
 HELP = "\n".join([
     "usage: lightprune [--verbose] {" + ",".join(SUBCOMMANDS) + "} [--config CONFIG] [options]",
+    "       lightprune [--verbose] convert-gguf EXPORT OUTFILE [options]",
     "",
     "Train, calibrate, prune and export Mixture-of-Experts models (LightningCLI).",
     "",
     "subcommands:",
     *(f"  {name:11s} {text}" for name, text in SUBCOMMANDS.items()),
+    "  convert-gguf  convert a uniform export to GGUF with llama.cpp's converter (outside Lightning)",
     "",
     "lightprune's callbacks (in a config's trainer.callbacks, or --trainer.callbacks+=NAME) and the address",
     "of their options, whatever the callbacks' order (--prune.ratio 0.3 --export.overwrite true):",
@@ -39,16 +41,23 @@ HELP = "\n".join([
 def main() -> None:
     """Print :data:`HELP` for a bare ``lightprune`` or ``--help``; otherwise check the callbacks' options
     (:func:`lightprune.cli.options.check_command_line`, before Lightning is imported: a typo is reported at once)
-    and run :func:`lightprune.cli.app.main`."""
+    and run :func:`lightprune.cli.app.main`; ``convert-gguf`` runs :func:`lightprune.cli.convert_gguf.main`."""
     if sys.argv[1:] in ([], ["-h"], ["--help"]):
         print(HELP)
+        return
+    if [arg for arg in sys.argv[1:] if arg != "--verbose"][:1] == ["convert-gguf"]:  # no Lightning: its own parser
+        from lightprune.cli.convert_gguf import main as convert_gguf
+
+        args = sys.argv[1:]
+        args.remove("convert-gguf")
+        convert_gguf(args)
         return
     import os
 
     from lightprune.cli.options import OptionError, check_command_line
 
     try:
-        check_command_line(arg for arg in sys.argv[1:] if arg != "--verbose")
+        check_command_line((arg for arg in sys.argv[1:] if arg != "--verbose"), others=["convert-gguf"])
     except OptionError as err:
         if os.environ.get("LIGHTPRUNE_DEBUG"):
             raise

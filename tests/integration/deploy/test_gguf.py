@@ -1,27 +1,39 @@
-"""A uniform export of the micro text testbed through llama.cpp's own GGUF converter (scripts/convert_to_gguf.py),
-its GGUF read back with gguf-py from the package index and compared, tensor by tensor and field by field, with the
-checkpoint and its tokenizer. No network: the converter is fetched beforehand (scripts/fetch_llama_cpp.py, which
-the README's test command runs); without it these tests skip, and fail under CI."""
+"""A uniform export of the micro text testbed through llama.cpp's own GGUF converter, by the command the deployment
+page shows (``lightprune convert-gguf``, run from a copy of what the page needs of the repository root), its GGUF
+read back with gguf-py from the package index and compared, tensor by tensor and field by field, with the checkpoint
+and its tokenizer; then, in this process, the converter's own lists, its refusal of an unknown tokenizer, a full
+disk mid-write and a verbose run. No network: the converter is fetched beforehand (scripts/fetch_llama_cpp.py, which
+the README's test command runs); without it these tests skip, and fail under CI. The refusals on a stand-in
+converter: tests/unit/export/test_gguf.py."""
 
 from __future__ import annotations
 
+import argparse
+import errno
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
+from fixtures.deploy import page_commands, export_testbed
 from safetensors.torch import load_file
 
-import lightprune as lp
-from lightprune.testbed import resolve_testbed
-
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "scripts"))
-from fetch_llama_cpp import converter_dir
+from lightprune.checkpoints import OutputDirError
+from lightprune.export import MANIFEST_FILE, gguf as gguf_module
+from lightprune.export.gguf import (
+    GGUFConversionError,
+    convert_to_gguf,
+    converter_dir,
+    converter_module,
+    converter_outtypes,
+    converter_pre_tokenizers,
+    find_converter,
+)
 
 
 def _need(ok: bool, why: str) -> None:
@@ -40,34 +52,28 @@ def gguf():
     return gguf
 
 
-def _convert(export: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "scripts" / "convert_to_gguf.py"), str(export), str(out), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+@pytest.fixture
+def unconverted(monkeypatch):
+    """Importing llama.cpp's converter fails the test: a refusal must come before it."""
+    def imported(folder):
+        raise AssertionError(f"the converter in {folder} was imported")
 
-
-def _export(testbed_root: Path, out: Path, uniform: bool = True):
-    from transformers import AutoTokenizer
-
-    source = resolve_testbed("testbed:text-micro", testbed_root)
-    model = lp.load_pruned(source)
-    plan = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5, allocation="uniform")
-    if not uniform:  # one expert more in the first layer, one fewer in the last
-        first, last = min(plan.keep), max(plan.keep)
-        spare = [e for e in range(plan.num_experts[first]) if e not in plan.keep[first]]
-        keep = {**plan.keep, first: sorted([*plan.keep[first], spare[0]]), last: plan.keep[last][:-1]}
-        plan = lp.ExpertPlan(keep=keep, num_experts=plan.num_experts, criterion="aimer")
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    result = lp.export_pruned(model, plan, out, processor=tokenizer, source_dir=source)
-    return SimpleNamespace(path=result.path, source=source, plan=plan, tokenizer=tokenizer)
+    monkeypatch.setattr(gguf_module, "_load_converter", imported)
 
 
 @pytest.fixture(scope="module")
 def uniform(gguf, testbed_root, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("gguf")
-    export = _export(testbed_root, tmp / "export")
-    export.done = _convert(export.path, tmp / "model.gguf")
+    """The page's ``lightprune convert-gguf`` command, run as the console script runs it from a folder holding what
+    the page needs of the repository root: the export at the path it names."""
+    root = tmp_path_factory.mktemp("checkout")
+    (words,) = [w for w in page_commands() if w[:2] == ["lightprune", "convert-gguf"]]
+    export = export_testbed(testbed_root, root / words[2])
+    cmd = [sys.executable, "-m", "lightprune.cli.command", *words[1:]]
+    export.done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False,
+                                 env={**os.environ, "HF_HUB_OFFLINE": "1", "LIGHTPRUNE_VERBOSE": "0"})
     assert export.done.returncode == 0, export.done.stderr[-3000:]
-    export.reader = gguf.GGUFReader(tmp / "model.gguf")
+    export.gguf = root / words[3]
+    export.reader = gguf.GGUFReader(export.gguf)
     return export
 
 
@@ -127,7 +133,6 @@ def test_the_gguf_model_and_tokenizer_fields(uniform) -> None:
     assert field["qwen3moe.expert_feed_forward_length"] == config.moe_intermediate_size
     # the tokenizer: the mapping the converter was given, and the vocabulary, merges and specials as they are
     assert field["tokenizer.ggml.model"] == "gpt2" and field["tokenizer.ggml.pre"] == "gpt-2"
-    assert "tokenizer.ggml.pre = 'gpt-2'" in uniform.done.stderr
     assert field["tokenizer.ggml.tokens"] == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     merges = json.loads((uniform.path / "tokenizer.json").read_text())["model"]["merges"]
     assert field["tokenizer.ggml.merges"] == [m if isinstance(m, str) else " ".join(m) for m in merges]
@@ -136,34 +141,101 @@ def test_the_gguf_model_and_tokenizer_fields(uniform) -> None:
     assert field["tokenizer.chat_template"] == tokenizer.chat_template
 
 
-def test_without_the_mapping_the_converter_refuses_the_testbed_tokenizer(uniform, tmp_path) -> None:
-    done = _convert(uniform.path, tmp_path / "model.gguf", "--pre-tokenizer", "none")
-    assert done.returncode != 0 and "BPE pre-tokenizer was not recognized" in done.stderr
+def test_the_command_is_quiet_and_names_the_gguf_it_wrote(uniform) -> None:
+    """No INFO line, no converter warning, no progress bar: one line naming the GGUF (never its staged file), its
+    size, its tensor count and the pre-tokenizer named; nothing staged is left beside it."""
+    path = uniform.gguf
+    assert uniform.done.stderr == ""
+    assert re.fullmatch(rf"wrote {re.escape(str(path))} \({path.stat().st_size:,} bytes, "
+                        rf"{len(uniform.reader.tensors)} tensors, outtype f32; tokenizer.ggml.pre 'gpt-2' named here, "
+                        r"llama.cpp does not know this tokenizer\) in \d+\.\d s\n", uniform.done.stdout)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["quickstart", path.name]
+
+
+def test_the_choices_are_the_converters_own(gguf, monkeypatch) -> None:
+    """The outtypes read from the converter's source are its parser's choices; the pre-tokenizer names are those its
+    fingerprints and its models name (the testbed's gpt-2 among them)."""
+    folder = find_converter()
+    parsers = []
+
+    def captured(self, *args, **kwargs):
+        parsers.append(self)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", captured)
+    with converter_module(folder) as converter, pytest.raises(SystemExit):
+        converter.parse_args()
+    (outtype,) = [action for action in parsers[0]._actions if "--outtype" in action.option_strings]
+    assert converter_outtypes(folder) == tuple(outtype.choices) and "f32" in outtype.choices
+    names = converter_pre_tokenizers(folder)
+    assert {"gpt-2", "llama-bpe", "qwen2", "default"} <= set(names) and len(names) > 50
+
+
+def test_an_unknown_outtype_or_pre_tokenizer_is_refused_before_the_converter(uniform, tmp_path, unconverted) -> None:
+    folder = str(find_converter())
+    with pytest.raises(ValueError) as raised:
+        convert_to_gguf(uniform.path, tmp_path / "model.gguf", outtype="f64")
+    assert str(raised.value) == (f"outtype 'f64' is not one of the --outtype choices of llama.cpp's converter in "
+                                 f"{folder!r}; did you mean 'f16'?")
+    with pytest.raises(ValueError) as raised:
+        convert_to_gguf(uniform.path, tmp_path / "model.gguf", pre_tokenizer="gpt2")
+    assert str(raised.value).startswith(f"pre-tokenizer 'gpt2' is not one llama.cpp knows (the names its converter in "
+                                        f"{folder!r} writes as tokenizer.ggml.pre); did you mean 'gpt-2'")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_the_mapping_the_converter_refuses_the_testbed_tokenizer(uniform, tmp_path, capfd) -> None:
+    with pytest.raises(GGUFConversionError) as raised:
+        convert_to_gguf(uniform.path, tmp_path / "model.gguf", pre_tokenizer="none")
+    assert str(raised.value) == (f"llama.cpp's converter failed on {str(uniform.path)!r}: NotImplementedError: BPE "
+                                 "pre-tokenizer was not recognized - update get_vocab_base_pre(); name the "
+                                 "tokenizer's pre-tokenizer with --pre-tokenizer NAME (pre_tokenizer=NAME)")
     assert list(tmp_path.iterdir()) == []  # no GGUF, no partial file
+    assert capfd.readouterr() == ("", "")  # nor the converter's banner about it
 
 
-def test_a_non_uniform_export_is_refused_naming_its_counts(gguf, testbed_root, tmp_path) -> None:
-    export = _export(testbed_root, tmp_path / "export", uniform=False)
-    counts = {str(layer): len(ids) for layer, ids in export.plan.keep.items()}
-    assert json.loads((export.path / "lightprune_export.json").read_text())["experts_per_layer"] == counts
-    done = _convert(export.path, tmp_path / "model.gguf")
-    assert done.returncode != 0 and not (tmp_path / "model.gguf").exists()
-    assert f"keeps different numbers of experts per layer ({counts})" in done.stderr
+def test_a_non_uniform_export_is_refused_naming_its_counts(gguf, testbed_root, tmp_path, unconverted) -> None:
+    export = export_testbed(testbed_root, tmp_path / "export", uniform=False)
+    counts = {layer: len(ids) for layer, ids in export.plan.keep.items()}
+    assert json.loads((export.path / MANIFEST_FILE).read_text())["experts_per_layer"] == \
+        {str(layer): n for layer, n in counts.items()}
+    with pytest.raises(ValueError) as raised:
+        convert_to_gguf(export.path, tmp_path / "model.gguf")
+    assert str(raised.value).startswith(f"export {str(export.path)!r} keeps different numbers of experts per layer "
+                                        f"({counts}); GGUF stores one expert count for the whole model")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 
 
-@pytest.mark.parametrize(("change", "gpt2"), [
-    ({}, True),
-    ({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True, "use_regex": True}}, False),
-    ({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}}, False),
-    ({"pre_tokenizer": {"type": "Metaspace"}}, False),
-    ({"normalizer": {"type": "NFC"}}, False),
-])
-def test_auto_names_gpt2_only_for_gpt2_byte_level_pre_tokenization(tmp_path, change, gpt2) -> None:
-    from convert_to_gguf import gpt2_byte_level
+def test_a_full_disk_mid_write_leaves_nothing_behind_and_the_output_as_it_was(uniform, tmp_path, monkeypatch) -> None:
+    with converter_module(find_converter()) as converter:  # its own gguf-py's writer, the one a conversion uses
+        writer = converter.gguf.GGUFWriter
+    out, staged = tmp_path / "model.gguf", []
+    out.write_bytes(b"the previous GGUF")
 
-    from lightprune.data import train_bpe_tokenizer
+    def full(self, *, progress: bool = False) -> None:
+        self.write_ti_data_to_file()  # the header, the metadata and the tensor infos are on disk by now
+        self.fout[0].flush()
+        staged.append((Path(self.fout[0].name), Path(self.fout[0].name).stat().st_size))
+        raise OSError(errno.ENOSPC, "No space left on device", self.fout[0].name)
 
-    train_bpe_tokenizer(["a few words", "and some more"] * 4, 300).save_pretrained(tmp_path)
-    spec = json.loads((tmp_path / "tokenizer.json").read_text())
-    (tmp_path / "tokenizer.json").write_text(json.dumps({**spec, **change}))
-    assert gpt2_byte_level(tmp_path / "tokenizer.json") is gpt2
+    monkeypatch.setattr(writer, "write_tensors_to_file", full)
+    with pytest.raises(OutputDirError) as raised:
+        convert_to_gguf(uniform.path, out, overwrite=True)
+    assert str(raised.value) == (f"no space left on the device holding {str(out)!r}; nothing was written, "
+                                 f"{str(out)!r} is as it was")
+    [(partial, size)] = staged
+    assert partial.parent == tmp_path and partial.name.startswith(".model.gguf.lightprune-tmp-") and size > 1000
+    assert out.read_bytes() == b"the previous GGUF" and [p.name for p in tmp_path.iterdir()] == ["model.gguf"]
+
+
+def test_a_verbose_conversion_in_python_shows_the_converter_and_writes_the_same_gguf(uniform, tmp_path, monkeypatch,
+                                                                                     caplog) -> None:
+    monkeypatch.setenv("LIGHTPRUNE_VERBOSE", "1")
+    caplog.set_level(logging.INFO)
+    result = convert_to_gguf(uniform.path, tmp_path / "model.gguf")
+    said = [record.getMessage() for record in caplog.records if record.name == "hf-to-gguf"]
+    assert "Model architecture: Qwen3MoeForCausalLM" in said and any("successfully exported" in m for m in said)
+    assert (result.path, result.tensors, result.pre_tokenizer) == (tmp_path / "model.gguf",
+                                                                  len(uniform.reader.tensors), "gpt-2")
+    assert result.path.read_bytes() == uniform.gguf.read_bytes()  # the command's GGUF, byte for byte
+    assert [p.name for p in tmp_path.iterdir()] == ["model.gguf"]

@@ -1,0 +1,554 @@
+"""lightprune convert-gguf (lightprune.export.gguf): every refusal one line and before llama.cpp's converter is
+imported, for each class of fault: the output's place (in or over the export, symlinks resolved; a directory; no
+folder; an existing file), the converter's lists (read here from a stand-in converter's source), the export read
+strictly (truncated weights, a config.json or shard index that disagrees with the tensors), the experts per layer
+counted in the weights (a non-uniform export, a manifest that says something else). A stand-in converter module
+then shows what the staging guarantees (one line naming the GGUF; a full disk, a failure or an interrupt leave
+nothing behind). llama.cpp's own converter: tests/integration/deploy/test_gguf.py."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import sys
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+
+import lightprune as lp
+from lightprune.checkpoints import OutputDirError
+from lightprune.cli import command, convert_gguf
+from lightprune.export import MANIFEST_FILE, gguf
+from lightprune.export.gguf import (
+    GGUFConversionError,
+    GGUFResult,
+    convert_to_gguf,
+    converter_outtypes,
+    converter_pre_tokenizers,
+    gpt2_byte_level,
+)
+from lightprune.models.tiny import tiny_model
+
+#: a pid above every system's pid_max (Linux allows at most 2**22): no process has it
+DEAD_PID = 2**22 + 1
+
+#: the parts of llama.cpp's converter that lightprune reads (its --outtype choices, the names its
+#: get_vocab_base_pre gives and those it writes as they are); importing it fails the test
+STAND_IN_SCRIPT = '''
+import argparse
+
+raise AssertionError("the stand-in converter was imported")
+
+
+def parse_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--outtype", type=str, choices=["f32", "f16", "q8_0", "auto"], default="auto",
+        help="output format",
+    )
+'''
+STAND_IN_BASE = '''
+class TextModel:
+    def get_vocab_base_pre(self, tokenizer) -> str:
+        res = None
+        if chkhsh == "a":
+            res = "gpt-2"
+        if chkhsh == 'b':
+            res = 'llama-bpe'
+        return res
+
+    def set_vocab(self):
+        res = "not-a-pre-tokenizer"
+        self.gguf_writer.add_tokenizer_pre("default")
+'''
+
+
+class Reached(Exception):
+    """llama.cpp's converter would have been imported: every check passed."""
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("llama_cpp")
+    (folder / "convert_hf_to_gguf.py").write_text(STAND_IN_SCRIPT)
+    (folder / "conversion").mkdir()
+    (folder / "conversion" / "base.py").write_text(STAND_IN_BASE)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory) -> dict[str, Path]:
+    """A uniform export of the tiny Qwen3-MoE (3 layers of 8 experts, 4 kept each) and a non-uniform one (5, 4, 3)."""
+    tmp = tmp_path_factory.mktemp("gguf_exports")
+    model = tiny_model("qwen3_moe")
+    uniform = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5, allocation="uniform")
+    lp.export_pruned(model, uniform, tmp / "uniform")
+    mixed = lp.ExpertPlan(keep={0: [0, 1, 2, 3, 4], 1: [0, 1, 2, 3], 2: [0, 1, 2]}, num_experts={0: 8, 1: 8, 2: 8})
+    lp.export_pruned(tiny_model("qwen3_moe"), mixed, tmp / "non_uniform")
+    return {"uniform": tmp / "uniform", "non_uniform": tmp / "non_uniform"}
+
+
+@pytest.fixture(autouse=True)
+def never_converted(monkeypatch):
+    """Reaching the converter raises :class:`Reached`: a refusal must come before it."""
+    def reached(folder):
+        raise Reached(folder)
+
+    monkeypatch.setattr(gguf, "_load_converter", reached)
+
+
+@pytest.fixture
+def export(exports, tmp_path) -> Path:
+    """A copy of the uniform export that the test may break."""
+    return Path(shutil.copytree(exports["uniform"], tmp_path / "export"))
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def edit_json(file: Path, **changes) -> None:
+    file.write_text(json.dumps({**json.loads(file.read_text()), **changes}))
+
+
+# ------------------------------------------------------------------------------------------- the output's place
+@pytest.mark.parametrize("where", ["weights", "config", "new file in it", "the export", "its parent",
+                                   "through a symlinked folder", "through a symlink to its weights", "through .."])
+def test_an_output_in_the_export_or_over_it_is_refused(export, tmp_path, stand_in, where) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(export)
+    (tmp_path / "weights.gguf").symlink_to(export / "model.safetensors")
+    out, what = {"weights": (export / "model.safetensors", "is inside"),
+                 "config": (export / "config.json", "is inside"),
+                 "new file in it": (export / "model.gguf", "is inside"),
+                 "the export": (export, "is"),
+                 "its parent": (tmp_path, "holds"),
+                 "through a symlinked folder": (tmp_path / "link" / "model.gguf", "is inside"),
+                 "through a symlink to its weights": (tmp_path / "weights.gguf", "is inside"),
+                 "through ..": (tmp_path / "elsewhere" / ".." / "export" / "config.json", "is inside")}[where]
+    before = snapshot(export)
+    for overwrite in (False, True):
+        with pytest.raises(ValueError) as raised:
+            convert_to_gguf(export, out, llama_cpp=stand_in, overwrite=overwrite)
+        assert str(raised.value) == (f"refusing to write the GGUF to {str(out)!r}: it {what} the export "
+                                     f"{str(export.resolve())!r}, whose files it would replace or mix with; choose a "
+                                     "path outside the export")
+    assert snapshot(export) == before and listing(tmp_path) == ["elsewhere", "export", "link", "weights.gguf"]
+
+
+def test_an_output_that_is_a_directory_or_has_no_folder_is_refused(export, tmp_path, stand_in) -> None:
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("x")
+    cases = {tmp_path / "folder": (IsADirectoryError, f"output path {str(tmp_path / 'folder')!r} is a directory; "
+                                   "name the file to write (a path in it)"),
+             f"{tmp_path}/new/": (IsADirectoryError, f"output file {f'{tmp_path}/new/'!r} names a directory; name "
+                                  "the file to write"),
+             tmp_path / "missing" / "model.gguf": (FileNotFoundError, "the folder of output file "
+                                                   f"{str(tmp_path / 'missing' / 'model.gguf')!r} does not exist; "
+                                                   "create the folder first, or choose another path"),
+             tmp_path / "file" / "model.gguf": (NotADirectoryError, "the folder of output file "
+                                                f"{str(tmp_path / 'file' / 'model.gguf')!r} is not a directory; "
+                                                "create the folder first, or choose another path")}
+    for out, (error, message) in cases.items():
+        with pytest.raises(error) as raised:
+            convert_to_gguf(export, out, llama_cpp=stand_in)
+        assert str(raised.value) == message
+    assert listing(tmp_path) == ["export", "file", "folder"] and listing(tmp_path / "folder") == []
+
+
+def test_an_existing_output_is_replaced_only_with_overwrite(export, tmp_path, stand_in) -> None:
+    out = tmp_path / "model.gguf"
+    out.write_bytes(b"previous")
+    with pytest.raises(FileExistsError) as raised:
+        convert_to_gguf(export, out, llama_cpp=stand_in)
+    assert str(raised.value) == f"output file {str(out)!r} exists; pass overwrite=True to replace it"
+    with pytest.raises(FileExistsError, match=r"exists; pass --overwrite to replace it$"):
+        convert_to_gguf(export, out, llama_cpp=stand_in, remedy="pass --overwrite to replace it")
+    with pytest.raises(Reached):
+        convert_to_gguf(export, out, llama_cpp=stand_in, overwrite=True)
+    assert out.read_bytes() == b"previous" and listing(tmp_path) == ["export", "model.gguf"]
+
+
+def test_a_templated_output_name_is_refused(export, tmp_path, stand_in) -> None:
+    with pytest.raises(ValueError, match=r"^output file name 'model-\{ftype\}.gguf' holds '\{' or '\}', which "):
+        convert_to_gguf(export, tmp_path / "model-{ftype}.gguf", llama_cpp=stand_in)
+
+
+def test_a_width_pruned_export_is_refused(export, tmp_path, stand_in) -> None:
+    (export / "width_plan.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"is width-pruned \(width_plan.json\): it computes with lightprune's "):
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+    (export / "width_plan.json").unlink()
+    edit_json(export / MANIFEST_FILE, format="lightprune-width-export")
+    with pytest.raises(ValueError, match=r"is width-pruned"):
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+
+
+# ------------------------------------------------------------------------------------------- the converter
+def test_a_missing_converter_is_one_line_saying_how_to_fetch_it(export, tmp_path, monkeypatch) -> None:
+    fetch = ("fetch it with `python scripts/fetch_llama_cpp.py` in a lightprune checkout, or name a llama.cpp tree "
+             "with --llama-cpp DIR (llama_cpp=DIR) or $LLAMA_CPP_DIR")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=empty)
+    assert str(raised.value) == f"no llama.cpp converter (convert_hf_to_gguf.py) in {str(empty)!r} (the folder " \
+                                f"named); {fetch}"
+    monkeypatch.setenv("LLAMA_CPP_DIR", str(empty))
+    with pytest.raises(FileNotFoundError, match=r"\(\$LLAMA_CPP_DIR\); fetch it with"):
+        convert_to_gguf(export, tmp_path / "model.gguf")
+    monkeypatch.delenv("LLAMA_CPP_DIR")
+    monkeypatch.setenv("LIGHTPRUNE_CACHE", str(empty))
+    cached = empty / "llama.cpp" / f"llama-cpp-python-{gguf.LLAMA_CPP_VERSION}"
+    with pytest.raises(FileNotFoundError) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf")
+    assert str(raised.value) == f"no llama.cpp converter (convert_hf_to_gguf.py) in {str(cached)!r} (lightprune's " \
+                                f"cache); {fetch}"
+
+
+def test_the_choices_are_read_from_the_converters_source(stand_in, tmp_path) -> None:
+    assert converter_outtypes(stand_in) == ("f32", "f16", "q8_0", "auto")
+    assert converter_pre_tokenizers(stand_in) == ("default", "gpt-2", "llama-bpe")  # not set_vocab's own "res"
+    (tmp_path / "convert_hf_to_gguf.py").write_text('parser.add_argument("--outtype", type=str, default="f16")\n')
+    with pytest.raises(ValueError, match=r"cannot read the outtypes llama.cpp's converter .* accepts"):
+        converter_outtypes(tmp_path)
+    with pytest.raises(ValueError, match=r"cannot read the pre-tokenizer names of llama.cpp's converter"):
+        converter_pre_tokenizers(tmp_path)
+
+
+@pytest.mark.parametrize(("outtype", "hint"), [
+    ("f64", "did you mean 'f16'?"),
+    ("F32", "did you mean 'f32'?"),
+    ("int4", "the choices: f32, f16, q8_0, auto"),
+])
+def test_an_unknown_outtype_is_refused_naming_the_converters_choices(export, tmp_path, stand_in, outtype, hint) -> None:
+    with pytest.raises(ValueError) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf", outtype=outtype, llama_cpp=stand_in)
+    assert str(raised.value) == (f"outtype {outtype!r} is not one of the --outtype choices of llama.cpp's converter "
+                                 f"in {str(stand_in)!r}; {hint}")
+    with pytest.raises(ValueError, match=r"^outtype must be a string, got 32$"):
+        convert_to_gguf(export, tmp_path / "model.gguf", outtype=32, llama_cpp=stand_in)
+    assert listing(tmp_path) == ["export"]
+
+
+@pytest.mark.parametrize(("name", "hint"), [
+    ("gpt2", "did you mean 'gpt-2'?"),
+    ("llama", "did you mean 'llama-bpe'?"),
+    ("Auto", "did you mean 'auto'?"),
+    ("qwen9", "the choices: auto, none, default, gpt-2, llama-bpe"),
+])
+def test_an_unknown_pre_tokenizer_is_refused_with_a_did_you_mean(export, tmp_path, stand_in, name, hint) -> None:
+    with pytest.raises(ValueError) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf", pre_tokenizer=name, llama_cpp=stand_in)
+    assert str(raised.value) == (f"pre-tokenizer {name!r} is not one llama.cpp knows (the names its converter in "
+                                 f"{str(stand_in)!r} writes as tokenizer.ggml.pre); {hint}")
+    for known in ("gpt-2", "default", "none", "auto"):
+        with pytest.raises(Reached):
+            convert_to_gguf(export, tmp_path / "model.gguf", pre_tokenizer=known, llama_cpp=stand_in)
+
+
+# ------------------------------------------------------------------------------------------- the export
+def _truncate(export: Path) -> None:
+    weights = export / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+
+
+def _experts_key(export: Path) -> str:
+    config = json.loads((export / "config.json").read_text())
+    return next(key for key in ("num_experts", "num_local_experts") if key in config)
+
+
+FAULTS = {
+    "truncated weights": (_truncate, ValueError, "is corrupt or truncated: its tensors end at byte"),
+    "a header past the file": (lambda e: (e / "model.safetensors").write_bytes(b"\xff" * 8 + b"{}"), ValueError,
+                               "is corrupt or truncated: header length"),
+    "config: fewer experts": (lambda e: edit_json(e / "config.json", **{_experts_key(e): 3}), ValueError,
+                              "its per-expert tensors do not fit the model's fused parameters"),
+    "config: more layers": (lambda e: edit_json(e / "config.json", num_hidden_layers=5), ValueError,
+                            "config.json's num_hidden_layers is 5, the weights hold 3 numbered layers"),
+    "config: fewer layers": (lambda e: edit_json(e / "config.json", num_hidden_layers=2), ValueError,
+                             "the model does not have (model.layers.2."),
+    "config: another width": (lambda e: edit_json(e / "config.json", moe_intermediate_size=7), ValueError,
+                              "do not fit"),
+    "config: not JSON": (lambda e: (e / "config.json").write_text("{"), ValueError, "is not valid JSON"),
+    "no config": (lambda e: (e / "config.json").unlink(), FileNotFoundError, "has no config.json"),
+    "no weights": (lambda e: (e / "model.safetensors").unlink(), FileNotFoundError, "has no .safetensors weights"),
+    "an index naming a missing shard": (
+        lambda e: (e / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"lm_head.weight": "model-00001-of-00002.safetensors"}})),
+        FileNotFoundError, "shard index names missing files ['model-00001-of-00002.safetensors']"),
+    "tokenizer.json not JSON": (lambda e: (e / "tokenizer.json").write_text("{"), ValueError,
+                                "tokenizer file"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_broken_export_is_refused_in_one_line_before_the_converter(export, tmp_path, stand_in, fault) -> None:
+    damage, error, fragment = FAULTS[fault]
+    damage(export)
+    with pytest.raises(error) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+    message = str(raised.value)
+    assert fragment in message and str(export) in message and "\n" not in message, message
+    assert listing(tmp_path) == ["export"]
+
+
+def test_a_non_uniform_export_is_refused_naming_its_counts_read_from_the_weights(exports, tmp_path, stand_in) -> None:
+    export = Path(shutil.copytree(exports["non_uniform"], tmp_path / "export"))
+    manifest = json.loads((export / MANIFEST_FILE).read_text())
+    assert manifest["experts_per_layer"] == {"0": 5, "1": 4, "2": 3} and manifest["uniform"] is False
+    message = (f"export {str(export)!r} keeps different numbers of experts per layer ({{0: 5, 1: 4, 2: 3}}); GGUF "
+               "stores one expert count for the whole model, so llama.cpp cannot load it. Prune with a uniform "
+               "allocation")
+    lies = {"as it was": manifest, "claiming uniform": {**manifest, "uniform": True,
+                                                        "experts_per_layer": {"0": 4, "1": 4, "2": 4}}}
+    for how, record in [*lies.items(), ("without a manifest", None)]:
+        if record is None:
+            (export / MANIFEST_FILE).unlink()
+        else:
+            (export / MANIFEST_FILE).write_text(json.dumps(record))
+        with pytest.raises(ValueError) as raised:
+            convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+        assert str(raised.value).startswith(message), (how, str(raised.value))
+    assert listing(tmp_path) == ["export"]
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"uniform": False, "experts_per_layer": {"0": 5, "1": 4, "2": 3}}, "{0: 5, 1: 4, 2: 3} (uniform: false)"),
+    ({"uniform": False}, "{0: 4, 1: 4, 2: 4} (uniform: false)"),
+    ({"experts_per_layer": {"0": 4, "1": 4}}, "{0: 4, 1: 4} (uniform: true)"),
+    ({"experts_per_layer": {"0": 8, "1": 8, "2": 8}}, "{0: 8, 1: 8, 2: 8} (uniform: true)"),
+])
+def test_a_manifest_that_disagrees_with_the_weights_is_refused(export, tmp_path, stand_in, change, said) -> None:
+    edit_json(export / MANIFEST_FILE, **change)
+    with pytest.raises(ValueError) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+    assert str(raised.value) == (f"export manifest file {str(export / MANIFEST_FILE)!r} says experts per layer {said}, "
+                                 "the weights and config.json hold {0: 4, 1: 4, 2: 4}: the manifest was edited or "
+                                 "belongs to another export; restore it, or delete it to convert the weights as they "
+                                 "are")
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("{", "is not valid JSON"),
+    ("[1]", "is not a JSON object"),
+    ('{"format": "something"}', "has format \"something\", not 'lightprune-export'"),
+    ('{"format": "lightprune-export", "uniform": true, "experts_per_layer": {"x": 4}}', "layer key 'x'"),
+])
+def test_an_unreadable_manifest_is_refused(export, tmp_path, stand_in, text, fragment) -> None:
+    (export / MANIFEST_FILE).write_text(text)
+    with pytest.raises(ValueError) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+    assert fragment in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_an_export_without_a_manifest_is_judged_by_its_weights(export, tmp_path, stand_in) -> None:
+    (export / MANIFEST_FILE).unlink()
+    with pytest.raises(Reached):
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+
+
+@pytest.mark.parametrize(("change", "gpt2"), [
+    ({}, True),
+    ({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True, "use_regex": True}}, False),
+    ({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}}, False),
+    ({"pre_tokenizer": {"type": "Metaspace"}}, False),
+    ({"normalizer": {"type": "NFC"}}, False),
+])
+def test_auto_names_gpt2_only_for_gpt2_byte_level_pre_tokenization(tmp_path, change, gpt2) -> None:
+    from lightprune.data import train_bpe_tokenizer
+
+    train_bpe_tokenizer(["a few words", "and some more"] * 4, 300).save_pretrained(tmp_path)
+    spec = json.loads((tmp_path / "tokenizer.json").read_text())
+    (tmp_path / "tokenizer.json").write_text(json.dumps({**spec, **change}))
+    assert gpt2_byte_level(tmp_path / "tokenizer.json") is gpt2
+
+
+# ------------------------------------------------------------------------------------------- a stand-in run
+def _stand_in_module(run) -> types.ModuleType:
+    """A converter module whose ``main`` calls ``run(export, outfile, outtype)`` with its command line's values."""
+    module = types.ModuleType("stand_in_converter")
+
+    def main() -> None:
+        argv = sys.argv
+        run(Path(argv[1]), Path(argv[argv.index("--outfile") + 1]), argv[argv.index("--outtype") + 1])
+
+    module.main = main
+    return module
+
+
+def _gguf_bytes(tensors: int, size: int = 64) -> bytes:
+    return b"GGUF" + (3).to_bytes(4, "little") + tensors.to_bytes(8, "little") + bytes(size - 16)
+
+
+def test_a_conversion_writes_beside_the_output_and_names_the_real_file(export, tmp_path, stand_in,
+                                                                       monkeypatch) -> None:
+    seen = {}
+
+    def run(source: Path, outfile: Path, outtype: str) -> None:
+        seen.update(source=source, outfile=outfile, outtype=outtype, there=sorted(p.name for p in tmp_path.iterdir()))
+        outfile.write_bytes(_gguf_bytes(tensors=27, size=100))
+
+    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(run))
+    stale = tmp_path / f".model.gguf.lightprune-tmp-{DEAD_PID}-0123456789ab"
+    live = tmp_path / f".model.gguf.lightprune-tmp-{os.getpid()}-0123456789ab"
+    stale.write_bytes(b"left by a killed run")
+    live.write_bytes(b"a run of this process")
+    result = convert_to_gguf(export, tmp_path / "model.gguf", outtype="f16", llama_cpp=stand_in)
+    out = tmp_path / "model.gguf"
+    assert isinstance(result, GGUFResult) and os.fspath(result) == str(out)
+    assert (result.path, result.size, result.tensors, result.outtype, result.pre_tokenizer) == (out, 100, 27, "f16",
+                                                                                                None)
+    assert result.summary() == f"wrote {out} (100 bytes, 27 tensors, outtype f16) in {result.seconds:.1f} s"
+    assert seen["source"] == export and seen["outtype"] == "f16"
+    assert seen["outfile"].parent == tmp_path and seen["outfile"].name.startswith(".model.gguf.lightprune-tmp-")
+    assert seen["outfile"].name in seen["there"] and stale.name not in seen["there"]  # staged, the stale one gone
+    assert listing(tmp_path) == sorted([live.name, "export", "model.gguf"])
+
+
+@pytest.mark.parametrize("previous", [b"the previous GGUF", None], ids=["replacing", "creating"])
+def test_a_full_disk_leaves_nothing_behind_and_the_output_as_it_was(export, tmp_path, stand_in, monkeypatch,
+                                                                     previous) -> None:
+    out = tmp_path / "model.gguf"
+    if previous is not None:
+        out.write_bytes(previous)
+
+    def run(source: Path, outfile: Path, outtype: str) -> None:
+        with open(outfile, "wb") as handle:
+            handle.write(_gguf_bytes(tensors=27, size=40))
+            raise OSError(errno.ENOSPC, "No space left on device", str(outfile))
+
+    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(run))
+    with pytest.raises(OutputDirError) as raised:
+        convert_to_gguf(export, out, llama_cpp=stand_in, overwrite=True)
+    kept = "is as it was" if previous is not None else "was not created"
+    assert str(raised.value) == f"no space left on the device holding {str(out)!r}; nothing was written, " \
+                                f"{str(out)!r} {kept}"
+    assert raised.value.errno == errno.ENOSPC
+    assert listing(tmp_path) == (["export", "model.gguf"] if previous is not None else ["export"])
+    assert previous is None or out.read_bytes() == previous
+
+
+def _refuses(source: Path, outfile: Path, outtype: str) -> None:
+    logging.getLogger("hf-to-gguf").error("Model Qwen3MoeForCausalLM is not supported")
+    sys.exit(1)
+
+
+def _unrecognised(source: Path, outfile: Path, outtype: str) -> None:
+    outfile.write_bytes(b"GGUF partial")
+    raise NotImplementedError("BPE pre-tokenizer was not recognized - update get_vocab_base_pre()")
+
+
+def _writes_nothing(source: Path, outfile: Path, outtype: str) -> None:
+    pass
+
+
+def _interrupted(source: Path, outfile: Path, outtype: str) -> None:
+    outfile.write_bytes(b"GGUF partial")
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(("run", "error", "message"), [
+    (_refuses, GGUFConversionError, "llama.cpp's converter refused {export!r}: Model Qwen3MoeForCausalLM is not "
+                                    "supported"),
+    (_unrecognised, GGUFConversionError, "llama.cpp's converter failed on {export!r}: NotImplementedError: BPE "
+                                         "pre-tokenizer was not recognized - update get_vocab_base_pre(); name the "
+                                         "tokenizer's pre-tokenizer with --pre-tokenizer NAME (pre_tokenizer=NAME)"),
+    (_writes_nothing, GGUFConversionError, "llama.cpp's converter wrote no GGUF for {export!r} (0 bytes starting "
+                                           "b'')"),
+    (_interrupted, KeyboardInterrupt, ""),
+], ids=["refused", "failed", "wrote nothing", "interrupted"])
+def test_a_failed_conversion_leaves_nothing_behind(export, tmp_path, stand_in, monkeypatch, capfd, run, error,
+                                                   message) -> None:
+    out = tmp_path / "model.gguf"
+    out.write_bytes(b"previous")
+    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(run))
+    with pytest.raises(error) as raised:
+        convert_to_gguf(export, out, llama_cpp=stand_in, overwrite=True)
+    assert str(raised.value) == message.format(export=str(export))
+    assert out.read_bytes() == b"previous" and listing(tmp_path) == ["export", "model.gguf"]
+    assert capfd.readouterr() == ("", "")  # the converter's error record is in the message, not printed
+
+
+def _chatty(source: Path, outfile: Path, outtype: str) -> None:
+    logging.basicConfig(level=logging.INFO)  # what the converter's main does
+    logging.getLogger("hf-to-gguf").info("Loading model: export")
+    logging.getLogger("gguf.gguf_writer").info("gguf: This GGUF file is for Little Endian only")
+    logging.getLogger("hf-to-gguf").warning("Unknown RoPE type: default")
+    warnings.warn("a converter warning", UserWarning, stacklevel=1)
+    outfile.write_bytes(_gguf_bytes(tensors=3))
+
+
+@pytest.mark.parametrize("loud", [False, True], ids=["quiet", "verbose"])
+def test_the_converters_logging_and_warnings_are_dropped_unless_verbose(export, tmp_path, stand_in, monkeypatch,
+                                                                        capfd, caplog, loud) -> None:
+    monkeypatch.setenv("LIGHTPRUNE_VERBOSE", "1" if loud else "0")
+    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(_chatty))
+    caplog.set_level(logging.INFO)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+    shown = [record.getMessage() for record in caplog.records if record.name.startswith(("hf-to-gguf", "gguf"))]
+    assert shown == (["Loading model: export", "gguf: This GGUF file is for Little Endian only",
+                      "Unknown RoPE type: default"] if loud else [])
+    assert [str(w.message) for w in caught] == (["a converter warning"] if loud else [])
+    assert capfd.readouterr() == ("", "")
+    assert (list(root.handlers), root.level) == (handlers, level)  # as the converter's basicConfig found them
+
+
+# ------------------------------------------------------------------------------------------- the command
+def test_the_command_is_dispatched_before_lightning(export, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "lightprune.cli.app", None)  # importing Lightning's CLI fails the test
+    monkeypatch.setattr(sys, "argv", ["lightprune", "--verbose", "convert-gguf", str(export)])
+    with pytest.raises(SystemExit) as raised:
+        command.main()
+    assert raised.value.code == 2
+    assert capsys.readouterr().err == ("lightprune: error: the following arguments are required: outfile "
+                                       "(`lightprune convert-gguf --help` lists the options)\n")
+    assert "  convert-gguf  " in command.HELP and "lightprune [--verbose] convert-gguf EXPORT OUTFILE" in command.HELP
+
+
+@pytest.fixture
+def command_env(monkeypatch):
+    """The environment the command sets (its quiet defaults), restored after the test."""
+    for name in ("LIGHTPRUNE_VERBOSE", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(name, os.environ.get(name, "0"))
+
+
+def test_a_refusal_of_the_command_is_one_line_and_status_2(export, tmp_path, stand_in, command_env,
+                                                           capsys) -> None:
+    with pytest.raises(SystemExit) as raised:
+        convert_gguf.main([str(export), str(export / "model.safetensors"), "--llama-cpp", str(stand_in)])
+    assert raised.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"lightprune: error: refusing to write the GGUF to "
+                                 f"{str(export / 'model.safetensors')!r}: it is inside the export "
+                                 f"{str(export.resolve())!r}, whose files it would replace or mix with; choose a path "
+                                 "outside the export\n")
+    (tmp_path / "model.gguf").write_bytes(b"previous")
+    with pytest.raises(SystemExit):
+        convert_gguf.main([str(export), str(tmp_path / "model.gguf"), "--llama-cpp", str(stand_in)])
+    assert capsys.readouterr().err == (f"lightprune: error: output file {str(tmp_path / 'model.gguf')!r} exists; "
+                                       "pass --overwrite to replace it\n")
+
+
+def test_a_conversion_by_the_command_prints_one_line(export, tmp_path, stand_in, command_env, monkeypatch,
+                                                     capsys) -> None:
+    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(_chatty))
+    out = tmp_path / "model.gguf"
+    out.write_bytes(b"previous")
+    convert_gguf.main([str(export), str(out), "--llama-cpp", str(stand_in), "--outtype", "q8_0", "--overwrite"])
+    printed = capsys.readouterr()
+    assert printed.err == "" and printed.out.startswith(f"wrote {out} (64 bytes, 3 tensors, outtype q8_0) in ")
+    assert printed.out.count("\n") == 1 and listing(tmp_path) == ["export", "model.gguf"]
