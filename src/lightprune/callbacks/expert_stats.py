@@ -13,7 +13,9 @@ Resuming: with ``save_every_n_batches > 0`` the accumulators are saved (atomical
 rank) every n batches to ``<output_dir>/calibration_state.rank<r>.pt``, with a fingerprint of the
 setup, the model and the batches accumulated (:mod:`lightprune.experts.calibration.resume`); a rerun
 finds them, checks that its own setup, model and first batches are the same (:meth:`check_resume`,
-used by ``PruneTrainer.calibrate`` before any batch is skipped; a mismatch is an error naming it) and
+used by ``PruneTrainer.calibrate`` before any batch is skipped; a mismatch is an error naming it), that every field
+of the state is well-formed and agrees with the others when it is read, and that its sums are the ones this job
+collects before they are loaded (a wrong field is an error naming the file and the field), and
 skips the batches already seen. ``resume=False`` deletes a saved state and starts afresh. The files
 are removed once calibration completes. The state is also in ``state_dict`` so a Lightning
 checkpoint carries it.
@@ -35,6 +37,7 @@ from lightprune.experts.calibration.resume import (
     chain_digest,
     check_batches,
     check_model,
+    check_observer_state,
     load_state,
     model_fingerprint,
     save_state,
@@ -65,7 +68,7 @@ class ExpertStats(pl.Callback):
         self.subsets = options.check("subsets", subsets)
         self.criteria = options.check("criteria", criteria)
         save_every_n_batches = options.check("save_every_n_batches", save_every_n_batches)
-        self.low_attn_quantile = low_attn_quantile
+        self.low_attn_quantile = options.check("low_attn_quantile", low_attn_quantile)
         self.output_dir = output_dir
         self.save_every_n_batches = save_every_n_batches
         self.resume = bool(resume)
@@ -127,7 +130,10 @@ class ExpertStats(pl.Callback):
         if self._resumed is not None:  # the saved state must come from this model
             check_model(self._state_path(trainer), self._resumed, self._model_fingerprint)
             self._digest = self._resumed["digest"]
-        if self._pending_state is not None:
+        if self._pending_state is not None:  # what the job collects, before anything is loaded
+            source = self._state_path(trainer) if self._resumed is not None else \
+                "the Lightning checkpoint's ExpertStats"
+            check_observer_state(source, self._pending_state, observer)
             observer.load_state_dict(self._pending_state)
             self._pending_state = None
         observer.__enter__()

@@ -211,7 +211,10 @@ class Skeleton:
     def load(self, modules: Iterable[str]) -> None:
         """Read the tensors of ``modules`` (names in ``model``) from the checkpoint into the model."""
         modules = list(modules)
-        wanted = self._wanted(modules)
+        self._load(self._wanted(modules), modules)
+
+    def _load(self, wanted: list[str], modules: list[str]) -> None:
+        """Read the model tensors ``wanted`` (state-dict names) in; ``modules``: what was asked for, for errors."""
         tied = self._tied(wanted)
         wanted += [s for s in tied.values() if s not in wanted and self._get(s).device.type == "meta"]
         missing = sorted(name for name in wanted if name not in tied and name not in self.sources)
@@ -307,8 +310,11 @@ class Skeleton:
         """Put the tensors of ``modules`` back on the meta device (non-persistent buffers stay). With a ``pool``,
         the released tensors that nothing else holds go to it (the next :meth:`load` of this skeleton or of one
         sharing the pool reads into them); the rest of the freed memory goes back to the system (:func:`_trim`)."""
+        self._release(self._wanted(list(modules)))
+
+    def _release(self, names: list[str]) -> None:
         freed = False
-        for name in self._wanted(list(modules)):
+        for name in names:
             tensor = self._get(name)
             if tensor.device.type != "meta":
                 if self.pool is not None:
@@ -339,6 +345,29 @@ class Skeleton:
             yield self.model
         finally:
             self.release(modules)
+
+    @contextlib.contextmanager
+    def resident_tensors(self, *names: str) -> Iterator[nn.Module]:
+        """``with skeleton.resident_tensors("model.layers.3.mlp.gate.weight"):`` those model tensors (state-dict names)
+        are in memory inside the block, the rest of their modules as it was; names of non-persistent buffers (always in
+        memory) are skipped."""
+        unknown = [name for name in names if name not in self._names and not self._non_persistent(name)]
+        if unknown:
+            raise ValueError(f"{unknown[:8]} are not tensors of {type(self.model).__name__}")
+        wanted = [name for name in dict.fromkeys(names) if name in self._names]
+        self._load(wanted, list(wanted))  # ``wanted`` gains the tied sources it reads: released with it
+        try:
+            yield self.model
+        finally:
+            self._release(wanted)
+
+    def _non_persistent(self, name: str) -> bool:
+        owner, _, attr = name.rpartition(".")
+        try:
+            module = self.model.get_submodule(owner)
+        except AttributeError:
+            return False
+        return attr in module._non_persistent_buffers_set
 
     def is_resident(self, module: str) -> bool:
         return all(self._get(name).device.type != "meta" for name in self._wanted([module]))

@@ -6,7 +6,9 @@ same operations the pruned model's stock router runs on its pruned tensors, so t
 exactly what the structurally pruned model computes, exact ties in the logits included (tested per
 family); the removed experts' logits read -inf. Leaving the block restores the original routers,
 also on error. The plan is checked against the model first (:meth:`ExpertPlan.check_layers
-<lightprune.experts.plan.ExpertPlan.check_layers>`); a MergePlan is refused (``lp.merged_experts``).
+<lightprune.experts.plan.ExpertPlan.check_layers>`), and so is every tensor the masked routers read: a NaN or inf
+is refused before any router is replaced (:func:`~lightprune.models.routing_check.check_routing_tensors`; a layer on
+the meta device, loaded later, is skipped); a MergePlan is refused (``lp.merged_experts``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.models import find_moe_layers
 from lightprune.models.base import kept_experts
+from lightprune.models.routing_check import check_routing_tensors
 
 __all__ = ["mask_experts", "is_masked"]
 
@@ -56,6 +59,9 @@ def mask_experts(model: nn.Module, plan: ExpertPlan) -> Iterator[nn.Module]:
     check_plan_kind(plan, ExpertPlan, "mask_experts")
     layers = find_moe_layers(model)
     plan.check_layers(layers)
+    for layer in layers:
+        if layer.index in plan.keep:  # once per layer and block: the routers below read these tensors
+            check_routing_tensors(layer, "mask_experts", "nothing was masked (the masked model would route on it)")
     installed = []
     try:
         for layer in layers:

@@ -4,7 +4,8 @@ For each layer of the plan, the kept ids index dimension 0 of the router ``weigh
 router bias and ``e_score_correction_bias [E]``, and the fused expert parameters
 (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]`` and their biases); every ``num_experts``
 attribute and the config follow (non-uniform counts per layer go to the config's
-``lightprune_experts_per_layer``). The result equals the masked model exactly.
+``lightprune_experts_per_layer``). The result equals the masked model exactly. A NaN or inf in a tensor the routing
+reads is refused before anything changes (:func:`check_routing`): the pruned model would route on it.
 
 Surgery changes shapes, which DeepSpeed ZeRO-3 cannot re-partition in place: a model with
 partitioned parameters is refused with an error that points to
@@ -21,13 +22,14 @@ from lightprune.core.distributed import PartitionedModelError, is_partitioned
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.models import MoELayer, find_moe_layers, get_family
+from lightprune.models.base import ROUTER_TENSORS
+from lightprune.models.routing_check import check_routing_tensors
 
-__all__ = ["prune_experts", "resize_experts", "per_expert_tensors", "EXPERT_TENSORS", "ROUTER_TENSORS"]
+__all__ = ["prune_experts", "resize_experts", "per_expert_tensors", "check_routing", "EXPERT_TENSORS",
+           "ROUTER_TENSORS"]
 
 #: per-expert tensors of a fused experts module (dimension 0 indexes experts)
 EXPERT_TENSORS = ("gate_up_proj", "down_proj", "up_proj", "gate_up_proj_bias", "down_proj_bias", "up_proj_bias")
-#: per-expert tensors of a router
-ROUTER_TENSORS = ("weight", "bias", "e_score_correction_bias")
 
 
 def _index_along(module: nn.Module, name: str, dim: int, index: torch.Tensor | int) -> None:
@@ -59,26 +61,21 @@ def _persistent_buffers(module: nn.Module) -> set[str]:
     return {n for n in module._buffers if n not in module._non_persistent_buffers_set}
 
 
-def _extra_expert_tensors(layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
-    """(module, tensor name, experts' dimension) of the family's per-expert tensors outside the router's ``weight``
-    (:attr:`MoEFamily.router_sub_tensors` and :attr:`MoEFamily.block_sub_tensors`; submodule "" is the router or
-    the block itself)."""
-    found = [(layer.router.get_submodule(sub), name, dim) for sub, name, dim in layer.family.router_sub_tensors]
-    for sub, name, dim in layer.family.block_sub_tensors:  # the block's own per-expert tensors, where present
-        module = layer.block.get_submodule(sub)  # "" the block, a dotted path a nested module
-        if isinstance(getattr(module, name, None), torch.Tensor):
-            found.append((module, name, dim))
-    return found
-
-
 def per_expert_tensors(layer: MoELayer) -> list[tuple[nn.Module, str, int, bool]]:
     """(module, tensor name, experts' dimension, is a router tensor) of every per-expert tensor of ``layer``: the
-    fused expert parameters, the router's rows and the family's other router and block per-expert tensors."""
+    fused expert parameters, then the family's per-expert routing tensors (:meth:`MoEFamily.router_expert_tensors`:
+    the router's rows and the family's other router and block per-expert tensors)."""
     found = [(layer.experts, name, 0, False) for name in EXPERT_TENSORS
              if isinstance(getattr(layer.experts, name, None), torch.Tensor)]
-    found += [(layer.router_linear, name, 0, True) for name in ROUTER_TENSORS
-              if isinstance(getattr(layer.router_linear, name, None), torch.Tensor)]
-    return found + [(module, name, dim, True) for module, name, dim in _extra_expert_tensors(layer)]
+    return found + [(module, name, dim, True) for module, name, dim in layer.family.router_expert_tensors(layer)]
+
+
+def check_routing(layers: list[MoELayer], where: str) -> None:
+    """Refuse a NaN or inf in a tensor the routing of ``layers`` reads (:meth:`MoEFamily.routing_tensors`), before a
+    prune changes or writes anything: the pruned model would route on it. ``where``: the entry point, for the
+    error; tensors not in memory (the meta device) are skipped."""
+    for layer in layers:
+        check_routing_tensors(layer, where, "nothing was pruned or written (the pruned model would route on it)")
 
 
 def _set_counts(layer: MoELayer, count: int) -> None:
@@ -89,11 +86,13 @@ def _set_counts(layer: MoELayer, count: int) -> None:
 
 def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
     """Remove the experts ``plan`` prunes from ``model``, in place; returns ``model``. The plan is checked against
-    the model (:meth:`ExpertPlan.check_layers`) before anything changes."""
+    the model (:meth:`ExpertPlan.check_layers`), and every tensor the routing reads is checked finite
+    (:func:`check_routing`), before anything changes."""
     check_plan_kind(plan, ExpertPlan, "prune_experts")
     _check_not_partitioned(model)
     layers = find_moe_layers(model)
     plan.check_layers(layers)
+    check_routing(layers, "prune_experts")
     family = get_family(model)
     old_count = getattr(family.text_config, family.num_experts_key, None)
     for layer in layers:

@@ -21,7 +21,10 @@ Each output shard keeps its source's name; its header is written first and its t
 a shard. config.json comes from the pruned meta model (the expert counts, ``lightprune_experts_per_layer`` and the
 generated ``modeling_lightprune.py`` when they differ per layer, as :func:`save_pruned` writes them), the shard
 index is rewritten, the tokenizer / processor / chat-template files and ``generation_config.json`` come along.
-Everything is written into a staging directory renamed into place only after verification
+Before anything is written, every tensor a layer's routing reads (router rows and biases, correction biases,
+per-expert scales, a router's norm) is read in alone and refused when it holds a NaN or inf, as
+:func:`~lightprune.experts.prune_experts` refuses it in memory. Everything is written into a staging directory renamed
+into place only after verification
 (:mod:`lightprune.export.streamed_verify`): a failure or a kill leaves a previous ``out_dir`` as it was.
 """
 
@@ -45,9 +48,10 @@ from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
 from lightprune.checkpoints.staging import staging_dir
 from lightprune.checkpoints.writer import SafetensorsWriter
+from lightprune.core.checks import check_atol, check_non_negative_int, check_positive_int
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
-from lightprune.experts.prune import prune_experts
+from lightprune.experts.prune import check_routing, prune_experts
 from lightprune.export.result import ExportResult, write_manifest
 from lightprune.export.save import (
     GENERATION_FILE,
@@ -173,6 +177,9 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     when every layer keeps the same number of experts).
     """
     start = time.perf_counter()
+    # the numbers before anything is read (NumPy's too; a bool, NaN or a fraction of a token refused)
+    atol, seed = check_atol(atol), check_non_negative_int("seed", seed)
+    probe_tokens = check_positive_int("probe_tokens", probe_tokens)
     check_plan_kind(plan, ExpertPlan, "prune_checkpoint", "a MergePlan merges experts, which prune_checkpoint does "
                     "not do shard by shard: load the model (lp.load_pruned(src_dir)) and run "
                     "lp.export_pruned(model, merge_plan, out_dir)")
@@ -185,6 +192,7 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
         skeleton = Skeleton(checkpoint)
         layers = find_moe_layers(skeleton.model)
         plan.check_layers(layers)  # every MoE layer, counts and floors: before anything is written
+        _check_stored_routing(skeleton, layers)
         pruned = prune_experts(copy.deepcopy(skeleton.model), plan)
         counts = {layer.index: layer.num_experts for layer in find_moe_layers(pruned)}
         rules = key_rules(skeleton, expert_dims(skeleton.model, pruned), plan)
@@ -210,6 +218,15 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
             manifest = _write_manifest(tmp, skeleton, pruned, plan, counts, total, tokenizer, verification, card)
             apply_umask(tmp)
     return ExportResult.from_manifest(out_dir, manifest, time.perf_counter() - start)
+
+
+def _check_stored_routing(skeleton: Skeleton, layers: list[MoELayer]) -> None:
+    """Refuse a NaN or inf in a tensor a layer's routing reads, as stored, before anything is written: each layer's
+    routing tensors (:meth:`MoEFamily.routing_tensors`) are read in alone and checked by :func:`check_routing`, the
+    refusal of :func:`prune_experts` on the loaded model, word for word but for the entry point's name."""
+    for layer in layers:
+        with skeleton.resident_tensors(*(found.name for found in layer.family.routing_tensors(layer))):
+            check_routing([layer], "prune_checkpoint")
 
 
 def _write_manifest(tmp: Path, skeleton: Skeleton, pruned: nn.Module, plan: ExpertPlan, counts: dict[int, int],

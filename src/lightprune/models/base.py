@@ -19,8 +19,12 @@ from torch import nn
 
 from lightprune.models.removal import RemovalEffect
 
-__all__ = ["MoELayer", "MoEFamily", "RemovalEffect", "RoutingLimits", "RoutingOutput", "find_decoder_layers",
-           "kept_entries", "SelectsWithExpertTensor", "kept_experts", "mlp_layer_type"]
+__all__ = ["MoELayer", "MoEFamily", "RemovalEffect", "RoutingLimits", "RoutingOutput", "RoutingTensor",
+           "ROUTER_TENSORS", "find_decoder_layers", "kept_entries", "SelectsWithExpertTensor", "kept_experts",
+           "mlp_layer_type"]
+
+#: per-expert tensors a router module may hold, one row (entry) per expert
+ROUTER_TENSORS = ("weight", "bias", "e_score_correction_bias")
 
 RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(router_logits [T, E], weights applied to the selected experts [T, k], selected ids [T, k])``."""
@@ -56,6 +60,21 @@ class RoutingLimits:
         if self.is_grouped:
             return self.min_per_group * self.n_group
         return self.top_k
+
+
+@dataclass(frozen=True, eq=False)
+class RoutingTensor:
+    """A tensor a MoE layer's routing reads (:meth:`MoEFamily.routing_tensors`): ``name`` is its name in the model
+    (the state-dict name), held as ``attr`` of ``module``; ``dim`` the experts' dimension (None: not per expert)."""
+
+    name: str
+    module: nn.Module
+    attr: str
+    dim: int | None
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        return getattr(self.module, self.attr)
 
 
 @dataclass(eq=False)
@@ -411,6 +430,42 @@ class MoEFamily:
         fill = float("-inf") if self.router_returns_logits else 0.0
         full = first.new_full((*first.shape[:-1], num_experts), fill).index_copy(-1, kept, first)
         return full, weights, kept[positions]
+
+    # ----------------------------------------------------------------- routing tensors
+    def router_expert_tensors(self, layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
+        """(module, tensor name, the experts' dimension) of every per-expert tensor of ``layer``'s routing: the
+        router's rows (:data:`ROUTER_TENSORS` of :attr:`MoELayer.router_linear`), :attr:`router_sub_tensors` and the
+        :attr:`block_sub_tensors` present. What a prune slices beside the experts; :meth:`routing_tensors` lists them
+        first."""
+        linear = layer.router_linear
+        found = [(linear, name, 0) for name in ROUTER_TENSORS if isinstance(getattr(linear, name, None), torch.Tensor)]
+        found += [(layer.router.get_submodule(sub), name, dim) for sub, name, dim in self.router_sub_tensors]
+        for sub, name, dim in self.block_sub_tensors:  # the block's own per-expert tensors, where present
+            module = layer.block.get_submodule(sub)  # "" the block, a dotted path a nested module
+            if isinstance(getattr(module, name, None), torch.Tensor):
+                found.append((module, name, dim))
+        return found
+
+    def routing_tensors(self, layer: MoELayer) -> list[RoutingTensor]:
+        """Every tensor ``layer``'s routing reads, named as in the model: :meth:`router_expert_tensors` (router rows
+        and biases, correction biases, per-expert scales), then every other parameter and buffer of the router
+        module, which its forward reads (the scale of Gemma 4's router norm, an adapter's weights). Calibration,
+        weight scoring, masking and pruning refuse a NaN or inf in any of them
+        (:func:`lightprune.models.routing_check.check_routing_tensors`)."""
+        paths = {id(module): path for path, module in layer.block.named_modules(remove_duplicate=False)}
+
+        def named(module: nn.Module, attr: str, dim: int | None) -> RoutingTensor:
+            path = ".".join(part for part in (layer.name, paths[id(module)], attr) if part)
+            return RoutingTensor(path, module, attr, dim)
+
+        found = [named(module, attr, dim) for module, attr, dim in self.router_expert_tensors(layer)]
+        listed = {id(t.tensor) for t in found}
+        for module in layer.router.modules():
+            for attr, tensor in [*module._parameters.items(), *module._buffers.items()]:
+                if isinstance(tensor, torch.Tensor) and id(tensor) not in listed:
+                    listed.add(id(tensor))
+                    found.append(named(module, attr, None))
+        return found
 
     def _reads_expert_tensors(self, layer: MoELayer) -> bool:
         """True when the layer holds per-expert routing tensors besides the router's weight and bias (the family's

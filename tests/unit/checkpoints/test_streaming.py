@@ -64,8 +64,9 @@ def test_streamed_weight_scores_equal_the_loaded_models(tiny, tmp_path, family):
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "gemma4", "gpt_oss"])
 def test_a_streamed_weight_score_reads_only_the_tensors_its_criterion_reads(tiny, tmp_path, family, monkeypatch):
-    """AIMER and magnitude read the experts' tensors (each once), router norm the router's weight, random nothing:
-    the checkpoint keys read, recorded at the reader, against those the skeleton maps to those modules."""
+    """AIMER and magnitude read the experts' tensors (each once), router norm the router's weight, both with the other
+    tensors the routing reads (checked finite before a layer is scored; each once), random nothing: the checkpoint
+    keys read, recorded at the reader, against those the skeleton maps to those modules and tensors."""
     from lightprune.models import find_moe_layers
 
     path = saved(tiny(family, seed=2), tmp_path / "ckpt", sharded=True)
@@ -78,10 +79,13 @@ def test_a_streamed_weight_score_reads_only_the_tensors_its_criterion_reads(tiny
             prefixes = tuple(f"{names[m]}." for m in modules)
             return sorted(key for target, keys in skeleton.sources.items() if target.startswith(prefixes)
                           for key in keys)
-        expected = {"aimer": keys_under([layer.experts for layer in layers]),
-                    "router_norm": keys_under([layer.router_linear for layer in layers]), "random": []}
+        experts = keys_under([layer.experts for layer in layers])
+        router = keys_under([layer.router_linear for layer in layers])
+        routing = {key for layer in layers for found in layer.family.routing_tensors(layer)
+                   for key in skeleton.sources[found.name]}
+        expected = {"aimer": sorted({*experts, *routing}), "router_norm": sorted({*router, *routing}), "random": []}
     expected["magnitude"] = expected["aimer"]
-    assert expected["aimer"] and expected["router_norm"] and not set(expected["aimer"]) & set(expected["router_norm"])
+    assert experts and router and not set(experts) & set(router) and set(router) <= routing
     read: list[str] = []
     original = Checkpoint.read_into
 

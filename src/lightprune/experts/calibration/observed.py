@@ -16,7 +16,9 @@ statistic of the layer reads it:
   in its sample's mean [U, T].
 
 Non-finite routing: a NaN or inf in the router's input or logits at a token the statistics read is refused before the
-batch is built (:func:`check_finite_routing`, called by the observer with the batch's index).
+batch is built (:func:`check_finite_routing`, called by the observer with the batch's index); one in a tensor the
+routing reads (a correction bias leaves the logits finite and skews the selection alone) is refused once per layer and
+pass, before its first batch (:func:`lightprune.models.routing_check.check_routing_tensors`, called by the observer).
 
 Padding: the model may leave non-finite values at padded positions and 0 * NaN = NaN, so a batch with padding
 zeroes them (logits or the router's input, the experts' input, weights, outputs, the promoted outputs) before

@@ -11,7 +11,11 @@ implementations, no hooks left).
 Before a layer's batch is observed, its router's input and the logits the router returned (the routing weights of a
 router that returns no logits) must be finite at every token the statistics read
 (:func:`~.observed.check_finite_routing`): a NaN or inf there is refused naming the layer and the batch (its 0-based
-index in the run: the batches counted before it), not summed into every statistic.
+index in the run: the batches counted before it), not summed into every statistic. Before its first batch of a pass
+(a ``with`` block), every tensor the layer's routing reads (router weights and biases, correction biases, per-expert
+scales, the router's norm: :meth:`~lightprune.models.MoEFamily.routing_tensors`) must be finite too
+(:func:`~lightprune.models.routing_check.check_routing_tensors`): a parameter cannot change between batches, so it
+is checked once per layer and pass, naming the tensor and the batch it was found before.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
+from lightprune.core.checks import check_interval
 from lightprune.experts.calibration.layer_statistics import LayerStatistics
 from lightprune.experts.calibration.observed import ObservedBatch, check_finite_routing
 from lightprune.experts.calibration.registry import (
@@ -34,6 +39,7 @@ from lightprune.experts.calibration.registry import (
 from lightprune.experts.calibration.result import CalibrationStats
 from lightprune.experts.calibration.subsets import ATTENTION_SUBSETS, base_masks, check_subsets
 from lightprune.models import MoELayer, find_moe_layers, get_family
+from lightprune.models.routing_check import check_routing_tensors
 from lightprune.observe.attention_probe import AttentionProbe, low_high_masks
 from lightprune.observe.experts_impl import observing_experts
 
@@ -86,9 +92,7 @@ class ExpertObserver:
         self.vision_token_ids = tuple(getattr(self.family, "vision_token_ids", lambda: ())())
         self.subsets = check_subsets(subsets, self.vision_token_ids)
         self.criteria, self.merging = _resolve(criteria)
-        if not 0.0 < low_attn_quantile <= 0.5:
-            raise ValueError(f"low_attn_quantile must be in (0, 0.5], got {low_attn_quantile!r}")
-        self.low_attn_quantile = float(low_attn_quantile)
+        self.low_attn_quantile = check_interval("low_attn_quantile", low_attn_quantile, 0, 0.5, "(]")
         self.statistics = {l.index: LayerStatistics(l, self.subsets, self.criteria + self.merging)
                            for l in self.layers}
         self.batches_seen = 0
@@ -101,9 +105,11 @@ class ExpertObserver:
         self._repeat_next = 0  # index of the batch the next uncounted declaration repeats
         self._repeating = False  # whether the last declaration was uncounted
         self._pending: dict[int, ObservedBatch] = {}  # each layer's batch, from before its experts ran
+        self._checked: set[int] = set()  # the layers whose routing tensors this pass has checked
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> "ExpertObserver":
+        self._checked = set()
         stack = ExitStack()
         try:
             stack.enter_context(observing_experts(self.layers, self._observe, extra=self._extra_rows,
@@ -180,8 +186,13 @@ class ExpertObserver:
     def _layer_batch(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor,
                      selected: torch.Tensor, router_logits: torch.Tensor | None,
                      routing_state: object) -> ObservedBatch:
-        """The layer's :class:`ObservedBatch` of the declared batch, its routing checked finite first."""
+        """The layer's :class:`ObservedBatch` of the declared batch, its routing checked finite first (its routing
+        tensors once per pass, before the first batch the layer sees; a streamed layer is in memory only now)."""
         masks, samples, batch_size = self._batch_masks(layer, hidden)
+        if layer.index not in self._checked:
+            check_routing_tensors(layer, f"calibration, before batch {self._batch_index}",
+                                  "its statistics would be skewed (the selection reads it)")
+            self._checked.add(layer.index)
         check_finite_routing(layer, self._batch_index, router_input, router_logits,
                              masks.any(dim=0) if self._padded else None, self._masks["all"].shape[1])
         return self.statistics[layer.index].observe(layer, masks, samples, batch_size, self._padded, selected,

@@ -12,7 +12,9 @@ The constructor is the config: subclasses take typed keyword arguments, validate
 Weight criteria (``needs_data = False``) implement :meth:`Criterion.score_layer`; the base
 class walks the MoE layers under ``torch.no_grad()`` and assembles the scores, gathering one
 layer's ZeRO-3 partitions at a time (:mod:`lightprune.core.distributed`), so ``score_layer`` always
-sees full tensors.
+sees full tensors. A criterion that reads weights first refuses a NaN or inf in a tensor the layer's routing reads
+(:func:`~lightprune.models.routing_check.check_routing_tensors`, once per layer): its ranking would be of a model
+that routes on it.
 
 Criteria that need data (``needs_data = True``: REAP, EAN, frequency, Delta-H, MAEP, router delta)
 score from what a run observed instead (:mod:`lightprune.experts.criteria.calibration`):
@@ -34,6 +36,7 @@ from lightprune.core.distributed import gathered, layer_parameters
 from lightprune.core.registry import Configured
 from lightprune.experts.scores import ExpertScores
 from lightprune.models import MoELayer, find_moe_layers
+from lightprune.models.routing_check import check_routing_tensors
 
 __all__ = ["Criterion", "CriterionNeedsDataError"]
 
@@ -93,6 +96,9 @@ class Criterion(Configured):
                 else:
                     context = gathered(layer_parameters(layer))  # ZeRO-3: this layer's partitions only
                 with context:
+                    if self.reads_weights:  # the routing tensors are in memory with the layer's weights
+                        check_routing_tensors(layer, f"criterion {self.name or type(self).__name__!r}",
+                                              "nothing was scored (the model routes on it)")
                     values = self.score_layer(layer)
                 if values.shape != (layer.num_experts,):
                     raise ValueError(f"{type(self).__name__}.score_layer returned shape {tuple(values.shape)} "

@@ -5,8 +5,8 @@ A checkpoint directory is scored without loading the model: its model is a
 files, scored by the criterion's own ``score_layer`` and released before the next one, so memory holds one block
 (its router, experts and shared experts) at a time, or only the modules the criterion reads
 (:meth:`~lightprune.experts.criteria.base.Criterion.weight_modules`: AIMER and magnitude the experts, router norm
-the router). The scores equal those of the loaded model (the same tensors, the same code); ``random`` reads no
-tensor at all.
+the router), with the tensors the layer's routing reads (checked finite before it is scored, as in memory). The
+scores equal those of the loaded model (the same tensors, the same code); ``random`` reads no tensor at all.
 """
 
 from __future__ import annotations
@@ -82,15 +82,21 @@ def weight_module_names(skeleton: Skeleton, criterion: Criterion) -> dict[int, l
 
 def streamed_layer_weights(skeleton: Skeleton, criterion: Criterion) -> Callable[[MoELayer], Any]:
     """``layer -> context`` in which the modules of ``layer`` that ``criterion`` reads (:func:`weight_module_names`)
-    are read in from ``skeleton``'s checkpoint, and released after: what :meth:`Criterion.score` takes as
+    and the other tensors its routing reads (:meth:`MoEFamily.routing_tensors`, which :meth:`Criterion.score` checks
+    finite) are read in from ``skeleton``'s checkpoint, and released after: what :meth:`Criterion.score` takes as
     ``layer_weights``. Once a layer is in, the next MoE layer's bytes are prefetched (:meth:`Skeleton.prefetch`):
     the disk reads them while this one is scored."""
     names = weight_module_names(skeleton, criterion)
     following = dict(zip(list(names)[:-1], list(names)[1:]))
 
+    def routing(layer: MoELayer) -> list[str]:
+        """The layer's routing tensors outside the modules read in for the criterion."""
+        heads = tuple(f"{name}." for name in names[layer.index])
+        return [found.name for found in layer.family.routing_tensors(layer) if not found.name.startswith(heads)]
+
     @contextlib.contextmanager
     def resident(layer: MoELayer) -> Iterator[None]:
-        with skeleton.resident(*names[layer.index]):
+        with skeleton.resident(*names[layer.index]), skeleton.resident_tensors(*routing(layer)):
             if layer.index in following:
                 skeleton.prefetch(names[following[layer.index]])
             yield
