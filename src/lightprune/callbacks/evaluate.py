@@ -217,14 +217,15 @@ class Evaluate(JobEndCallback):
         when = [when] if isinstance(when, str) else list(when)
         if not when or any(w not in ("before", "after") for w in when):
             raise ValueError(f"when must be a non-empty subset of ['before', 'after'], got {when!r}")
-        options.check("max_batches", max_batches)
+        max_batches = options.check("max_batches", max_batches)
         self.lm_eval_tasks = [str(t) for t in lm_eval_tasks]
         if self.lm_eval_tasks:
             _require_lm_eval()
             for task in self.lm_eval_tasks:
                 load_lm_eval_task(task)
         self.split, self.metric, self.when, self.max_batches = split, metric, when, max_batches
-        self.lm_eval_batch_size, self.lm_eval_limit = int(lm_eval_batch_size), lm_eval_limit
+        self.lm_eval_batch_size = options.check("lm_eval_batch_size", lm_eval_batch_size)
+        self.lm_eval_limit = lm_eval_limit
         self.data, self.output_dir, self.progress = data, output_dir, progress
         self.results: dict[str, Any] = {}
         self.written = False

@@ -83,7 +83,7 @@ class ExpertPruning(JobEndCallback):
                  alpha: float | None = None, n_per_layer: int | None = None):
         super().__init__()
         options = self.OPTIONS
-        self.subset, self.alpha = options.check("subset", subset), alpha
+        self.subset, self.alpha = options.check("subset", subset), options.check("alpha", alpha)
         self.allocation = options.check("allocation", allocation)
         self.normalize = options.check("normalize", normalize)
         if (ratio is None) == (n_per_layer is None):
@@ -99,7 +99,7 @@ class ExpertPruning(JobEndCallback):
         else:
             cls = get_criterion_class(options.check("criterion", criterion))
             takes = inspect.signature(cls).parameters
-            given = {"seed": seed, "subset": subset, "alpha": alpha}
+            given = {"seed": seed, "subset": subset, "alpha": self.alpha}
             self.criterion = get_criterion(cls, **{k: given[k] for k in _CRITERION_ARGS if k in takes})
         self.seed = seed
         self.output_dir = output_dir

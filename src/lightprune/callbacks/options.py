@@ -23,6 +23,7 @@ from lightprune.core.checks import (
     check_atol,
     check_choice,
     check_each,
+    check_interval,
     check_non_negative_int,
     check_positive_int,
     check_ratio,
@@ -102,7 +103,7 @@ OPTIONS: dict[str, CallbackOptions] = {spec.name: spec for spec in (
         "ExpertStats", "stats", "calibration statistics of every expert (calibrate)",
         {"subsets": lambda v: check_each("subsets", v, SUBSETS),
          "criteria": _optional(lambda v: check_each("criteria", v, available_statistics())),
-         "low_attn_quantile": None, "output_dir": None,
+         "low_attn_quantile": lambda v: check_interval("low_attn_quantile", v, 0, 0.5, "(]"), "output_dir": None,
          "save_every_n_batches": lambda v: check_non_negative_int("save_every_n_batches", v), "resume": None},
         registered=frozenset({"criteria"})),
     CallbackOptions(
@@ -116,7 +117,8 @@ OPTIONS: dict[str, CallbackOptions] = {spec.name: spec for spec in (
         {"criterion": check_criterion_name, "ratio": _optional(check_ratio),
          "allocation": lambda v: check_choice("allocation", v, ALLOCATIONS),
          "normalize": lambda v: check_choice("normalize", v, NORMALIZATIONS), "seed": None, "output_dir": None,
-         "subset": lambda v: check_choice("subset", v, SUBSETS), "alpha": None,
+         "subset": lambda v: check_choice("subset", v, SUBSETS),
+         "alpha": _optional(lambda v: check_interval("alpha", v, 0, 1)),
          "n_per_layer": lambda v: check_non_negative_int("n_per_layer", v, allow_none=True)},
         registered=frozenset({"criterion"})),
     CallbackOptions(
@@ -139,6 +141,7 @@ OPTIONS: dict[str, CallbackOptions] = {spec.name: spec for spec in (
         {"split": lambda v: check_choice("split", v, ("test", "val")),
          "metric": lambda v: check_choice("metric", v, RETENTION_METRICS), "when": None,
          "max_batches": lambda v: check_positive_int("max_batches", v, allow_none=True), "lm_eval_tasks": None,
-         "lm_eval_batch_size": None, "lm_eval_limit": None, "data": None, "output_dir": None, "progress": None}),
+         "lm_eval_batch_size": lambda v: check_positive_int("lm_eval_batch_size", v), "lm_eval_limit": None,
+         "data": None, "output_dir": None, "progress": None}),
     CallbackOptions("ReportPage", "report", "report.md of the run", {"output_dir": None}),
 )}

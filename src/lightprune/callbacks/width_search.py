@@ -43,6 +43,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
+from lightprune.core.checks import integer
 from lightprune.core.jsonio import write_json
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.finetune.optim import build_scheduler
@@ -100,14 +101,15 @@ class WidthSearch(pl.Callback):
         options = self.OPTIONS
         options.check("metric", metric)
         recovery_epochs = options.check("recovery_epochs", recovery_epochs)
-        if flops_profile is not None and (len(flops_profile) != 2 or min(flops_profile) < 0):
+        tokens = None if flops_profile is None else [integer(v) for v in flops_profile]
+        if tokens is not None and (len(tokens) != 2 or any(v is None or v < 0 for v in tokens)):
             raise ValueError(f"flops_profile must be (vision tokens, text tokens) >= 0, got {flops_profile!r}")
         self.search = StagedSearch(grid=grid, stages=stages, min_retention=min_retention,
                                    max_candidates=max_candidates, expand_above=expand_above)
         self.recovery_epochs = int(recovery_epochs)
         self.metric = metric
         self.last_layer_first = last_layer_first
-        self.flops_profile = None if flops_profile is None else [int(v) for v in flops_profile]
+        self.flops_profile = tokens
         self.align = options.check("align", align)
         self.output_dir = output_dir
         self.progress = progress

@@ -15,7 +15,8 @@ per-expert tensors fused into ``gate_up_proj`` / ``down_proj``):
   expert of a layer has every name, in one shape: :func:`.strict.expert_layout_error`) and those of a fused
   tensor cover experts ``0 .. n-1`` (n its first dimension, from the config's expert count) in pieces that fit;
 - no integer or bool tensor where the model's tensor is floating (or where it has none);
-- every MoE layer routes ``1 <= top_k <= num_experts`` experts per token.
+- a model of a supported family has MoE layers, and each routes ``1 <= top_k <= num_experts`` experts per token
+  and has no zero-size expert tensor (``moe_intermediate_size: 0``), the config field named.
 
 Each refusal is one ``ValueError`` naming the checkpoint and the tensors (at most 8, then "and N more").
 """
@@ -116,16 +117,21 @@ def check_contents(skeleton: Skeleton) -> None:
 
 
 def _check_routing(skeleton: Skeleton) -> None:
-    """Top-k against the expert count of every MoE layer (a model of no supported MoE family: nothing to check;
-    what prunes it refuses it)."""
-    from lightprune.models import find_moe_layers, get_family
+    """Every MoE layer prunable (:func:`lightprune.models.layer_shapes.layer_problems`: routed experts, top-k
+    against the expert count, no zero-size expert tensor); a model of no supported MoE family: nothing to check
+    (what prunes it refuses it)."""
+    from lightprune.models import get_family
+    from lightprune.models.layer_shapes import describe, layer_problems, zero_experts_field
 
     try:
-        get_family(skeleton.model)
+        family = get_family(skeleton.model)
     except ValueError:
         return
-    bad = [f"layer {layer.index}: top_k {layer.top_k} of {layer.num_experts} experts"
-           for layer in find_moe_layers(skeleton.model) if not 1 <= layer.top_k <= layer.num_experts]
-    if bad:
-        raise ValueError(f"checkpoint {str(skeleton.checkpoint.path)!r}: config.json routes an impossible number of "
-                         f"experts per token ({listed(bad)}): each token needs 1 <= top_k <= the layer's experts")
+    layers, path = family.layers(), str(skeleton.checkpoint.path)
+    if not layers:
+        raise ValueError(f"checkpoint {path!r}: {type(skeleton.model).__name__} has no MoE layers"
+                         f"{zero_experts_field(family)}: nothing to prune")
+    problems = layer_problems(layers)
+    if problems:
+        raise ValueError(f"checkpoint {path!r} cannot be pruned: {describe(problems)} (tensor names are the "
+                         "model's); fix config.json or re-export it")

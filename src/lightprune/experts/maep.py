@@ -49,6 +49,7 @@ from typing import Any, Mapping
 
 import torch
 
+from lightprune.core.checks import check_interval
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.ranking import spearman
 from lightprune.experts.scores import ExpertScores
@@ -143,13 +144,7 @@ def _check_layers(named: Mapping[str, Mapping[int, torch.Tensor]]) -> list[int]:
 
 
 def _check_given(alpha: Any) -> float:
-    try:
-        value = float(alpha)
-    except (TypeError, ValueError):
-        raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}") from None
-    if not 0.0 <= value <= 1.0:  # also rejects NaN
-        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
-    return value
+    return check_interval("alpha", alpha, 0, 1)  # a number (not a string or a bool), NaN refused
 
 
 def maep_alpha(stats, *, criterion: str = "delta_h", text_subset: str = "text",

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from numbers import Real
 from pathlib import Path
 from typing import Any, ClassVar
 
+from lightprune.core.checks import real_number
 from lightprune.core.errors import PlanError
 from lightprune.core.jsonio import read_parsed, show, strict_int, write_json
 
@@ -95,9 +95,11 @@ class ExpertLayout:
 
     def _check_plan_fields(self) -> None:
         """``ratio`` and ``metadata``, alike in every plan."""
-        if self.ratio is not None and (isinstance(self.ratio, bool) or not isinstance(self.ratio, Real)
-                                       or not 0 <= self.ratio < 1):
-            raise PlanError(f"ratio must be a number in [0, 1) or null, got {show(self.ratio)}")
+        if self.ratio is not None:
+            ratio = real_number(self.ratio)  # a NumPy float as a Python one (a plan file holds no other)
+            if ratio is None or not 0 <= ratio < 1:
+                raise PlanError(f"ratio must be a number in [0, 1) or null, got {show(self.ratio)}")
+            self.ratio = ratio
         if not isinstance(self.metadata, dict):
             raise PlanError(f"metadata must be an object, got {show(self.metadata)}")
 

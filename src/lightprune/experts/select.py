@@ -19,7 +19,7 @@ from typing import Mapping
 
 import torch
 
-from lightprune.core.checks import check_choice, check_ratio
+from lightprune.core.checks import check_choice, check_non_negative_int, check_ratio
 from lightprune.core.choices import ALLOCATIONS, NORMALIZATIONS
 from lightprune.experts.plan import ExpertPlan
 from lightprune.models.base import RoutingLimits
@@ -150,12 +150,10 @@ def select_experts(importance: Mapping[int, torch.Tensor], ratio: float | None, 
 
 def _select_count(importance, n: int, allocation: str, normalize: str | None, limits, criterion) -> ExpertPlan:
     """The same count ``n`` pruned from every layer, smallest scores first, each layer's floor enforced."""
-    if isinstance(n, bool) or not isinstance(n, (int, float)) or int(n) != n or n < 0:
-        raise ValueError(f"n_per_layer must be a non-negative integer, got {n!r}")
+    n = check_non_negative_int("n_per_layer", n)
     if allocation != "uniform":
         raise ValueError(f"n_per_layer prunes the same count from every layer: allocation must be 'uniform', "
                          f"got {allocation!r}")
-    n = int(n)
     limits = limits if limits is not None else getattr(importance, "limits", None)
     crit = criterion or getattr(importance, "criterion", "unknown")
     keep, num, pruned = {}, {}, 0

@@ -44,6 +44,7 @@ from lightprune.checkpoints.skeleton import Skeleton
 from lightprune.checkpoints.strict import check_loading_info
 from lightprune.core.distributed import outside_zero_init
 from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels, read_width_manifest
+from lightprune.models.experts_kernel import runnable_experts
 from lightprune.width.plan import WidthPlan
 
 __all__ = ["load_pruned", "check_checkpoint"]
@@ -66,7 +67,9 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
         attention_backend: for an MWOP width checkpoint (``width_plan.json``): the path-sparse attention
             backend, ``sdpa``, ``flex`` or ``triton`` (:mod:`lightprune.export.width`).
         **from_pretrained_kwargs: passed on (``device_map``, ``attn_implementation``, ...); not
-            ``output_loading_info`` nor ``ignore_mismatched_sizes``, which the strict check sets.
+            ``output_loading_info`` nor ``ignore_mismatched_sizes``, which the strict check sets. Without an
+            ``experts_implementation``, experts that transformers' default ``grouped_mm`` cannot run (float64)
+            run its ``eager`` one (:func:`~lightprune.models.experts_kernel.runnable_experts`).
     """
     clash = [key for key in _STRICT_KWARGS if key in from_pretrained_kwargs]
     if clash:
@@ -89,6 +92,8 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
         model, info = cls.from_pretrained(path, config=config, **kwargs)
     check_loading_info(path, info)  # a second net: transformers' own report
     model.eval()
+    if "experts_implementation" not in from_pretrained_kwargs:  # float64 experts: transformers' eager ones
+        runnable_experts(model.modules())
     if (path / WIDTH_PLAN_FILE).is_file():
         plan = WidthPlan.load(path / WIDTH_PLAN_FILE)
         attach_width_kernels(model, plan, align=int(read_width_manifest(path)["align"]),

@@ -107,10 +107,15 @@ def tensor_bytes(model: nn.Module) -> int:
 
 
 def _weights_dtype(model: nn.Module) -> torch.dtype:
-    dtype = getattr(model, "dtype", None)
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    """The floating dtype of most of ``model``'s parameter bytes (float32 without any): what the checkpoint reader
+    takes for its dtype. Not ``model.dtype``, its first parameter's: a bfloat16 model that keeps its embeddings in
+    float32 (Ergo) is a bfloat16 model."""
+    counts: dict[torch.dtype, int] = {}
+    for param in model.parameters():
+        if param.is_floating_point():
+            size = (getattr(param, "ds_numel", None) or param.numel()) * param.element_size()  # a ZeRO-3 partition
+            counts[param.dtype] = counts.get(param.dtype, 0) + size
+    return max(counts, key=counts.get) if counts else torch.float32
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -121,6 +126,8 @@ def finish_config(tmp: Path, model: nn.Module, uniform: bool) -> None:
     path = tmp / "config.json"
     data = parse_json(path.read_text(), f"config file {str(path)!r}")
     data["architectures"] = [base_class(model).__name__]
+    if "dtype" in data:  # transformers writes its first parameter's dtype: the one of most of the weights instead
+        data["dtype"] = str(_weights_dtype(model)).removeprefix("torch.")
     # the only remote code an export carries is its own modeling file: any other auto_map entry (the
     # source's remote code, or an older lightprune entry) would point at code that is not there
     data.pop("auto_map", None)

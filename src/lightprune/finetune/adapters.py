@@ -32,12 +32,14 @@ grad (a forward pre-hook, :func:`moe_inputs_require_grad`; values, and so parame
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from lightprune.core.checks import check_interval, check_positive_int, real_number
 from lightprune.finetune.houlsby import has_houlsby, insert_houlsby, remove_houlsby
 from lightprune.finetune.scaling import has_channel_scales, remove_channel_scales, scale_parameter_input
 from lightprune.models import find_moe_layers, get_family
@@ -76,14 +78,14 @@ class AdapterSpec:
             raise ValueError(f"adapter targets must be among {list(LORA_TARGETS)}, got {bad!r}")
         if self.kind == "lora" and not self.targets:
             raise ValueError(f"a LoRA adapter needs at least one target among {list(LORA_TARGETS)}, got []")
-        if int(self.r) != self.r or self.r <= 0:
-            raise ValueError(f"adapter r must be a positive integer, got {self.r!r}")
-        if self.alpha <= 0:
+        # numbers as Python numbers (NumPy's too); bools, strings and non-finite values refused
+        self.r = check_positive_int("adapter r", self.r)
+        alpha = real_number(self.alpha)
+        if alpha is None or not 0 < alpha < math.inf:
             raise ValueError(f"adapter alpha must be > 0, got {self.alpha!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"adapter dropout must be in [0, 1), got {self.dropout!r}")
-        if int(self.reduction) != self.reduction or self.reduction <= 0:
-            raise ValueError(f"adapter reduction must be a positive integer, got {self.reduction!r}")
+        self.alpha = alpha
+        self.dropout = check_interval("adapter dropout", self.dropout, 0, 1, "[)")
+        self.reduction = check_positive_int("adapter reduction", self.reduction)
         self.trainable = [self.trainable] if isinstance(self.trainable, str) else list(self.trainable)
 
 

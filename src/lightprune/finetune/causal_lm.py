@@ -36,7 +36,9 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
 from lightprune.core.batch import model_inputs
+from lightprune.core.checks import real_number
 from lightprune.core.distributed import outside_zero_init
+from lightprune.core.jsonio import strict_int
 from lightprune.core.sources import check_checkpoint_name, resolve_checkpoint
 from lightprune.export import load_pruned
 from lightprune.export.verify import keep_fp32_buffers
@@ -45,6 +47,7 @@ from lightprune.finetune.balance import per_layer_balance_loss
 from lightprune.finetune.optim import OPTIMIZERS, SCHEDULERS, build_optimizer, build_scheduler, check_choice
 from lightprune.finetune.quantize import _bnb, quantize_4bit
 from lightprune.models import find_moe_layers
+from lightprune.models.experts_kernel import runnable_experts
 from lightprune.models.tiny import TINY_DENSE_MLLMS, TINY_FAMILIES, tiny_model
 from lightprune.models.unwrap import base_model_of
 
@@ -107,13 +110,16 @@ class MoECausalLM(pl.LightningModule):
             adapter = AdapterSpec(**adapter)
         check_choice("optimizer", optimizer, OPTIMIZERS)
         check_choice("scheduler", scheduler, SCHEDULERS)
-        if learning_rate <= 0:
+        # numbers (NumPy's too), finite: NaN, inf, bools and strings are refused
+        rate, decay, warmup, coef = (real_number(v) if real_number(v) is not None else math.nan
+                                     for v in (learning_rate, weight_decay, warmup_steps, router_aux_loss_coef))
+        if not 0 < rate < math.inf:
             raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
-        if weight_decay < 0 or warmup_steps < 0:
+        if not (0 <= decay < math.inf and 0 <= warmup < math.inf):
             raise ValueError(f"weight_decay and warmup_steps must be >= 0, got {weight_decay}, {warmup_steps}")
         check_choice("loss_mean", loss_mean, ("token", "row"))
         check_choice("aux_loss", aux_loss, ("model", "per_layer"))
-        if not router_aux_loss_coef >= 0:
+        if not 0 <= coef < math.inf:
             raise ValueError(f"router_aux_loss_coef must be >= 0, got {router_aux_loss_coef}")
         if load_in_4bit:
             _bnb()
@@ -134,8 +140,10 @@ class MoECausalLM(pl.LightningModule):
             if clash:
                 raise ValueError(f"sequential=True streams a checkpoint one decoder layer at a time; it does not go "
                                  f"with {clash}")
-        if isinstance(batches_per_pass, bool) or not isinstance(batches_per_pass, int) or batches_per_pass < 1:
+        count = strict_int(batches_per_pass)  # a Python or NumPy int, never a bool or a float
+        if count is None or count < 1:
             raise ValueError(f"batches_per_pass must be an int >= 1, got {batches_per_pass!r}")
+        batches_per_pass = count
         self.batches_per_pass = batches_per_pass
         self.skeleton = None
         self._deferred: list[dict[str, Any]] = []
@@ -177,9 +185,13 @@ class MoECausalLM(pl.LightningModule):
     def _apply(self, fn: Any, recurse: bool = True) -> MoECausalLM:
         """``nn.Module._apply`` (``to``, ``half``, ``bfloat16``; Lightning's precision plugin ``convert_module``),
         then the buffers transformers keeps in fp32 that it converted are put back in fp32
-        (:func:`~lightprune.export.verify.keep_fp32_buffers`)."""
+        (:func:`~lightprune.export.verify.keep_fp32_buffers`), and experts that transformers' ``grouped_mm`` cannot
+        run in the new dtype (``64-true``) run its ``eager`` ones
+        (:func:`~lightprune.models.experts_kernel.runnable_experts`)."""
         apply = super()._apply
-        return keep_fp32_buffers(self, lambda: apply(fn, recurse))
+        result = keep_fp32_buffers(self, lambda: apply(fn, recurse))
+        runnable_experts(self.modules())
+        return result
 
     def configure_model(self) -> None:
         if self.model is not None:

@@ -11,7 +11,9 @@ from torch import nn
 
 from lightprune._compat import warn_once
 from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingLimits, RoutingOutput
+from lightprune.models.experts_kernel import runnable_experts
 from lightprune.models.families import BUILT_IN, REFUSED_TYPES
+from lightprune.models.layer_shapes import describe, layer_problems, zero_experts_field
 from lightprune.models.registry import (
     ADD_A_FAMILY,
     FAMILIES,
@@ -37,11 +39,20 @@ for _type, _why in REFUSED_TYPES.items():
 def find_moe_layers(model: nn.Module) -> list[MoELayer]:
     """The MoE layers of ``model`` in depth order; dense layers are skipped by the family's rule.
 
-    Raises ``ValueError`` for an unsupported family or a model with no MoE layers.
+    Raises ``ValueError`` for an unsupported family, a model with no MoE layers, or one whose layers cannot be
+    pruned (:func:`~lightprune.models.layer_shapes.layer_problems`: no experts, top-k outside 1..experts, a
+    zero-size expert tensor). Experts that transformers' default ``grouped_mm`` cannot run (float64, rows not a
+    multiple of 16 bytes) are pointed at its ``eager`` implementation
+    (:func:`~lightprune.models.experts_kernel.runnable_experts`).
     """
-    layers = get_family(model).layers()
+    family = get_family(model)
+    layers = family.layers()
     if not layers:
-        raise ValueError(f"{type(model).__name__} has no MoE layers: nothing to prune")
+        raise ValueError(f"{type(model).__name__} has no MoE layers{zero_experts_field(family)}: nothing to prune")
+    problems = layer_problems(layers)
+    if problems:
+        raise ValueError(f"{type(model).__name__} cannot be pruned: {describe(problems)}; fix its config")
+    runnable_experts(layer.experts for layer in layers)  # float64 experts: transformers' eager ones
     return layers
 
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightprune.models import MoELayer
+from lightprune.models.experts_kernel import grouped_mm_runs
 
 __all__ = ["IMPLEMENTATION", "observing_experts", "expert_outputs", "expert_rows", "run_expert"]
 
@@ -85,7 +86,9 @@ def expert_rows(experts: nn.Module, hidden_states: torch.Tensor, tokens: torch.T
     """Unweighted outputs ``[n, H]``: row i is expert ``expert_ids[i]`` on token ``hidden_states[tokens[i]]``.
 
     The rows are sorted by expert and each projection of every expert runs in one grouped matmul (transformers'
-    own, as its ``grouped_mm`` experts do), else one call per expert."""
+    own, as its ``grouped_mm`` experts do), else one call per expert: where transformers has none, or torch's kernel
+    cannot run the experts (:func:`~lightprune.models.experts_kernel.grouped_mm_runs`: float64, rows not a multiple
+    of 16 bytes)."""
     num = expert_ids.numel()
     out = torch.empty(num, hidden_states.shape[-1], dtype=hidden_states.dtype, device=hidden_states.device)
     if num == 0:
@@ -93,7 +96,7 @@ def expert_rows(experts: nn.Module, hidden_states: torch.Tensor, tokens: torch.T
     ids, order = torch.sort(expert_ids, stable=True)
     counts = torch.bincount(ids, minlength=experts.num_experts)
     x = hidden_states.index_select(0, tokens.index_select(0, order))  # index_select: a CPU gathers rows faster
-    if _GROUPED_MM is not None:
+    if _GROUPED_MM is not None and grouped_mm_runs(experts):
         out[order] = _grouped_rows(experts, x, ids, torch.cumsum(counts, dim=0, dtype=torch.int32)).to(out.dtype)
         return out
     start = 0
@@ -172,7 +175,8 @@ def _observing_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index
                        top_k_weights: torch.Tensor) -> torch.Tensor:
     outputs = _observe(self, hidden_states, top_k_index, top_k_weights,
                        lambda rows: expert_outputs(self, hidden_states, top_k_index, rows))
-    weighted = (outputs.float() * top_k_weights.float().unsqueeze(-1)).sum(dim=1)
+    wide = torch.promote_types(outputs.dtype, torch.float32)  # float32, float64 for a float64 model
+    weighted = (outputs.to(wide) * top_k_weights.to(wide).unsqueeze(-1)).sum(dim=1)
     return weighted.to(hidden_states.dtype)
 
 

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightprune.core.checks import check_positive_int
+from lightprune.core.checks import check_positive_int, integer
 
 __all__ = ["FlopCount", "decoder_flops"]
 
@@ -120,11 +120,13 @@ def decoder_flops(config, vision_tokens: int, text_tokens: int, plan=None, align
             channel masks); None counts the dense model.
         align: the compact FFN's channel alignment b (1 = no padding).
     """
-    if int(vision_tokens) != vision_tokens or int(text_tokens) != text_tokens or vision_tokens < 0 or text_tokens < 0:
-        raise ValueError(f"vision_tokens and text_tokens must be integers >= 0, got {vision_tokens}, {text_tokens}")
+    given = (vision_tokens, text_tokens)
+    vision_tokens, text_tokens = integer(vision_tokens), integer(text_tokens)  # NumPy ints too; NaN, bools refused
+    if vision_tokens is None or text_tokens is None or vision_tokens < 0 or text_tokens < 0:
+        raise ValueError(f"vision_tokens and text_tokens must be integers >= 0, got {given[0]}, {given[1]}")
     if vision_tokens + text_tokens == 0:
         raise ValueError("vision_tokens + text_tokens must be > 0")
-    check_positive_int("align", align)
+    align = check_positive_int("align", align)
     cfg = _text_config(config)
     d = int(_get(cfg, "hidden_size"))
     heads = int(_get(cfg, "num_attention_heads"))

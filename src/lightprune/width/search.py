@@ -24,9 +24,11 @@ search resumes exactly where it stopped.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from lightprune.core.checks import check_interval, check_number, check_positive_int, real_number
 from lightprune.width.plan import WIDTH_UNITS
 
 __all__ = ["Candidate", "StagedSearch", "DEFAULT_GRID"]
@@ -69,17 +71,19 @@ class StagedSearch:
     anchors: dict[str, Candidate] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.grid = sorted({round(float(r), 6) for r in self.grid})
-        if not self.grid or self.grid[0] < 0 or self.grid[-1] > 1:
+        ratios = [real_number(r) for r in self.grid]  # numbers (NumPy's too), never strings, bools or NaN
+        if not ratios or any(r is None or not 0 <= r <= 1 for r in ratios):
             raise ValueError(f"grid ratios must be in [0, 1] and non-empty, got {list(self.grid)}")
+        self.grid = sorted({round(float(r), 6) for r in ratios})
         self.stages = list(self.stages)
         bad = [s for s in self.stages if s not in WIDTH_UNITS]
         order = [WIDTH_UNITS.index(s) for s in self.stages if s in WIDTH_UNITS]
         if bad or not self.stages or order != sorted(set(order)):
             raise ValueError(f"stages must be a non-empty, ordered sub-sequence of {list(WIDTH_UNITS)}, "
                              f"got {self.stages}")
-        if int(self.max_candidates) != self.max_candidates or self.max_candidates < 1:
-            raise ValueError(f"max_candidates must be a positive integer, got {self.max_candidates!r}")
+        self.max_candidates = check_positive_int("max_candidates", self.max_candidates)
+        self.min_retention = check_number("min_retention", self.min_retention)
+        self.expand_above = check_interval("expand_above", self.expand_above, -math.inf, math.inf)  # inf: never
         self.sweep = {float(k): float(v) for k, v in self.sweep.items()}
         self.sweeps = {stage: {float(k): float(v) for k, v in sw.items()} for stage, sw in self.sweeps.items()}
         self.tested = [c if isinstance(c, Candidate) else Candidate(**c) for c in self.tested]

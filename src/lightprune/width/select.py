@@ -17,6 +17,7 @@ from typing import Mapping
 
 import torch
 
+from lightprune.core.checks import check_interval
 from lightprune.core.errors import PlanError
 from lightprune.width.paths import MODALITIES, PATHS
 from lightprune.width.plan import WidthPlan
@@ -25,10 +26,7 @@ __all__ = ["select_paths", "select_channels", "random_scores"]
 
 
 def _check_ratio(name: str, ratio: float) -> float:
-    ratio = float(ratio)
-    if not 0.0 <= ratio <= 1.0:
-        raise ValueError(f"ratio for {name!r} must be in [0, 1], got {ratio}")
-    return ratio
+    return check_interval(f"ratio for {name!r}", ratio, 0, 1)  # a number: not a string or a bool, nor NaN
 
 
 def _lowest(values: torch.Tensor, count: int) -> torch.Tensor:

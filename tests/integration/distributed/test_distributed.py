@@ -252,7 +252,8 @@ def test_router_lora_zero3_outside_a_leaf_moe_block_equal_single_process(tmp_pat
 
 @pytest.mark.parametrize("name, stage, offload", [("stage2", 2, False), ("stage3", 3, False),
                                                    ("stage3_offload", 3, True)])
-def test_deepspeed_configs_build_the_strategy_from_the_command_line(name: str, stage: int, offload: bool) -> None:
+def test_deepspeed_configs_build_the_strategy_from_the_command_line(name: str, stage: int, offload: bool,
+                                                                   tmp_path: Path) -> None:
     """``--trainer.strategy configs/deepspeed/<name>.yaml`` gives Lightning's DeepSpeedStrategy (built, not launched)."""
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
@@ -262,6 +263,7 @@ def test_deepspeed_configs_build_the_strategy_from_the_command_line(name: str, s
     cli = LightpruneCLI(MoECausalLM, None, trainer_class=PruneTrainer, subclass_mode_model=True,
                         subclass_mode_data=True, run=False, auto_configure_optimizers=False,
                         args=["--config", str(root / "configs" / "aimer_tiny.yaml"),
+                              "--trainer.default_root_dir", str(tmp_path / "run"),
                               "--trainer.strategy", str(root / "configs" / "deepspeed" / f"{name}.yaml")])
     strategy = cli.trainer.strategy
     assert type(strategy) is DeepSpeedStrategy

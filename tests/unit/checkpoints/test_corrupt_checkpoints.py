@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 import lightprune as lp
 
 GATE = "model.layers.0.mlp.gate.weight"
+_DEEP = "[" * 100_000 + "]" * 100_000  # past Python's recursion limit: refused before json recurses
 _EXPERT_3 = "model.layers.1.mlp.experts.3.gate_proj.weight"
 PATHS = ("load_pruned", "score_weights", "prune_checkpoint", "collect_expert_stats")
 
@@ -120,6 +121,16 @@ def _config(**changes) -> Callable[[Path], None]:
     return damage
 
 
+def _zero_size_experts(path: Path) -> None:
+    """Every expert's projections stored with a 0 dimension, as config.json's ``moe_intermediate_size: 0`` says."""
+    def empty(tensors: dict) -> None:
+        for key in [k for k in tensors if ".experts." in k]:
+            tensors[key] = torch.empty(0, 32) if key.endswith(("gate_proj.weight", "up_proj.weight")) else \
+                torch.empty(32, 0)
+    _tensors(empty)(path)
+    _config(moe_intermediate_size=0)(path)
+
+
 def _edit_vision(path: Path, **changes) -> None:
     config = json.loads((path / "config.json").read_text())
     config["vision_config"].update(changes)
@@ -215,6 +226,8 @@ CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
                       (f"tensor '{GATE}' has dtype \"F4\", which lightprune does not read",)),
     "overlapping ranges": ("single", _edit_header(_overlap), ("overlaps",)),
     "key named twice": ("single", _edit_header(_twice), (f"the header names '{GATE}' twice",)),
+    "header nested 100,000 deep": ("single", _edit_header(lambda h: json.dumps(h)[:-1] + ', "x": ' + _DEEP + "}"),
+                                   ("model.safetensors' (its header): JSON nested 100001 levels deep (limit 100)",)),
     # the files: which are the weights, the shard index
     "shards without their index": ("sharded", _no_index, ("holds shards (model-00001-of-", f"but no {'model.safetensors.index.json'}")),
     "index names a missing shard": ("sharded", _index(_missing_shard), ("shard index names missing files",)),
@@ -230,6 +243,11 @@ CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
     "config names a key twice": ("single", _config_text(lambda t: t.rstrip()[:-1] + ', "num_local_experts": 4}'),
                                  ("key 'num_local_experts' appears twice in one JSON object (values 8 and 4)",)),
     "config is not JSON": ("single", _config_text(lambda t: t[:-5]), ("config.json", "is not valid JSON")),
+    "config nested 100,000 deep": ("single", _config_text(lambda t: t.rstrip()[:-1] + ', "x": ' + _DEEP + "}"),
+                                   ("config.json': JSON nested 100001 levels deep (limit 100)",)),
+    "shard index nested 100,000 deep": ("sharded", lambda p: (p / "model.safetensors.index.json").write_text(
+        '{"weight_map": {}, "metadata": ' + _DEEP + "}"), ("model.safetensors.index.json': JSON nested 100001 levels "
+                                                             "deep (limit 100)",)),
     "quantized": ("single", _config(quantization_config={"quant_method": "fp8"}), ("is quantized", "'fp8'")),
     "config claims 1e20 layers": ("single", _config(num_hidden_layers=10 ** 20),
                                   ("num_hidden_layers is 100000000000000000000, the weights hold 3 numbered layers",)),
@@ -243,6 +261,9 @@ CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
     "top_k 0": ("single", _config(num_experts_per_tok=0), ("layer 0: top_k 0 of 8 experts",)),
     "top_k -1": ("single", _config(num_experts_per_tok=-1), ("layer 0: top_k -1 of 8 experts",)),
     "top_k above the experts": ("single", _config(num_experts_per_tok=9), ("layer 0: top_k 9 of 8 experts",)),
+    "zero-size experts": ("single", _zero_size_experts,
+                          ("cannot be pruned: layer 0: zero-size expert tensor model.layers.0.mlp.experts.gate_up_proj "
+                           "[8, 0, 32] (config moe_intermediate_size: 0) and 1 more tensor, and 2 more layers",)),
     "config claims more experts": ("single", _config(num_local_experts=10),
                                    ("needs experts 0..9 of mlp.experts.*.down_proj.weight", "[0, 1, 2, 3, 4, 5, 6, 7]")),
     "config claims 1e9 experts": ("single", _config(num_local_experts=10 ** 9),

@@ -102,3 +102,28 @@ def test_router_logits_come_with_the_router_input_where_the_router_returns_them(
             assert logits is None
         assert not layer.router._forward_hooks and not layer.router._forward_pre_hooks
         assert "forward" not in vars(layer.router)  # an observed router's forward (DeepSeek-V3) is gone too
+
+
+def test_a_float64_model_is_observed_in_float64(tiny) -> None:
+    """torch's grouped matmul has no float64 kernel: each expert runs alone, and the weighted sum stays in float64,
+    so the observed forward gives the plain forward's logits to float64 rounding (not float32's)."""
+    model = tiny("qwen3_moe", seed=1).to(torch.float64)
+    layers = lp.find_moe_layers(model)
+    seen = {}
+
+    def observer(layer, hidden, router_input, selected, weights, outputs, extra_outputs):
+        seen[layer.index] = (hidden.clone(), selected.clone(), outputs)
+
+    batch = padded_batch(seed=3, batch=2, seq=5, pad=0)
+    with torch.no_grad():
+        plain = model(**batch).logits
+        with observing_experts(layers, observer):
+            observed = model(**batch).logits
+    assert observed.dtype == plain.dtype == torch.float64
+    torch.testing.assert_close(observed, plain, rtol=1e-12, atol=1e-12)
+    for layer in layers:
+        hidden, selected, outputs = seen[layer.index]
+        expected = torch.stack([torch.stack([run_expert(layer.experts, int(e), hidden[t][None])[0] for e in row])
+                                for t, row in enumerate(selected)])
+        assert outputs.dtype == torch.float64
+        torch.testing.assert_close(outputs, expected, rtol=1e-13, atol=1e-13)

@@ -22,6 +22,7 @@ from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.sequential import run_layer_outer
 from lightprune.checkpoints.skeleton import Skeleton
 from lightprune.core.batch import head_skipped, model_inputs
+from lightprune.core.jsonio import strict_int
 from lightprune.experts.calibration.observer import ExpertObserver
 from lightprune.experts.calibration.result import CalibrationStats
 from lightprune.models.base import find_decoder_layers
@@ -35,8 +36,10 @@ def collect_checkpoint_stats(path: str | os.PathLike, batches: Iterable[Mapping[
                              batches_per_pass: int = 16) -> CalibrationStats:
     """Every calibration criterion for every subset of the checkpoint at ``path``, one decoder layer resident (see
     the module docstring); ``batches_per_pass`` bounds the activations held (each layer is read once per pass)."""
-    if isinstance(batches_per_pass, bool) or not isinstance(batches_per_pass, int) or batches_per_pass < 1:
+    count = strict_int(batches_per_pass)  # a Python or NumPy int, never a bool or a float
+    if count is None or count < 1:
         raise ValueError(f"batches_per_pass must be an int >= 1, got {batches_per_pass!r}")
+    batches_per_pass = count
     with Checkpoint(path) as checkpoint:
         skeleton = Skeleton(checkpoint)
         observer = ExpertObserver(skeleton.model, subsets, criteria, low_attn_quantile)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from lightprune.core.batch import model_inputs
+from lightprune.core.jsonio import strict_int
 from lightprune.experts.calibration.result import CalibrationStats
 from lightprune.experts.calibration.subsets import base_masks, check_subsets
 from lightprune.experts.ranking import spearman
@@ -68,8 +69,10 @@ def _kl_per_token(full_logprobs: torch.Tensor, logits: torch.Tensor) -> torch.Te
 def ground_truth_kl(model: nn.Module, batches: Iterable[Mapping[str, Any]], subsets: Iterable[str] = ("all",),
                     expert_chunk: int = 8, progress: bool = True) -> CalibrationStats:
     """LM-head KL from removing each expert of each MoE layer alone (MAEP App. I), as ``raw("kl", subset)``."""
-    if expert_chunk < 1:
+    chunk = strict_int(expert_chunk)  # a Python or NumPy int, never a bool or a float
+    if chunk is None or chunk < 1:
         raise ValueError(f"expert_chunk must be >= 1, got {expert_chunk!r}")
+    expert_chunk = chunk
     family = get_family(model)
     layers = find_moe_layers(model)
     vision_ids = tuple(family.vision_token_ids())

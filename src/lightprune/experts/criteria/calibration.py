@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Mapping
 
 from torch import nn
 
+from lightprune.core.checks import check_interval
 from lightprune.experts.calibration.registry import STATISTICS
 from lightprune.experts.calibration.result import SUBSETS, CalibrationStats
 from lightprune.experts.criteria.base import Criterion
@@ -123,7 +124,7 @@ class MAEP(CalibrationCriterion):
 
     def __init__(self, alpha: float | None = None, subset: str = "all"):
         super().__init__(subset)
-        self.alpha = alpha
+        self.alpha = None if alpha is None else check_interval("alpha", alpha, 0, 1)
 
     def score_stats(self, stats: CalibrationStats) -> ExpertScores:
         return maep_scores(stats, alpha=self.alpha)[0]

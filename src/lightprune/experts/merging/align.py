@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from lightprune.core.extras import require
+from lightprune.core.jsonio import strict_int
 
 __all__ = ["has_standard_layout", "neuron_features", "neuron_permutation", "permuted_expert"]
 
@@ -94,7 +95,7 @@ def _layout(experts: nn.Module, caller: str) -> tuple[int, list[tuple[str, int |
 
 def _check_index(experts: nn.Module, index: int, what: str) -> None:
     count = _tensor(experts, "down_proj").shape[0]
-    if isinstance(index, bool) or not isinstance(index, int):
+    if strict_int(index) is None:  # a Python or NumPy int, never a bool or a float
         raise TypeError(f"{what} must be an int expert id, got {index!r} ({type(index).__name__})")
     if not 0 <= index < count:
         raise ValueError(f"{what} must be an expert id in [0, {count}), got {index!r}")

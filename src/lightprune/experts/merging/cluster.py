@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from lightprune.core.jsonio import strict_int
+
 __all__ = ["average_linkage", "pairwise_euclidean"]
 
 
@@ -79,8 +81,9 @@ def average_linkage(distance: torch.Tensor, n_clusters: int) -> list[list[int]]:
     rounding (``torch.allclose`` with its transpose) is averaged with its transpose first."""
     d = _check_distance(distance)
     count = d.shape[0]
-    if isinstance(n_clusters, bool) or not isinstance(n_clusters, int):
+    if strict_int(n_clusters) is None:  # a Python or NumPy int, never a bool or a float
         raise TypeError(f"n_clusters must be an int, got {n_clusters!r} ({type(n_clusters).__name__})")
+    n_clusters = strict_int(n_clusters)
     if not 1 <= n_clusters <= count:
         raise ValueError(f"n_clusters must be between 1 and the number of experts {count}, got {n_clusters}")
 
