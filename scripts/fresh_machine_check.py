@@ -66,10 +66,10 @@ def guide_pages(readme: Path) -> list[Path]:
 def why_not(command: str) -> str | None:
     """Why a documented command cannot run on this machine as shown (None: it can)."""
     words = shlex.split(command, comments=True)
-    if any(w in PLACEHOLDERS or w.startswith("/path/") for w in words) or "..." in command:
-        return "names the user's own files"
     if any(m in command for m in MULTI_DEVICE):
         return "needs several GPUs or nodes"
+    if any(w in PLACEHOLDERS or w.startswith("/path/") for w in words) or "..." in command:
+        return "names the user's own files"
     return None
 
 
@@ -110,12 +110,24 @@ def run(command: str, cwd: Path, env: dict[str, str], log: Path, timeout: float)
 _DROPPED = ("LIGHTPRUNE_", "PYTHON", "VIRTUAL_ENV", "CONDA_", "HF_", "TRANSFORMERS_", "CI", "PYTEST_")
 
 
+def _other_python(entry: str) -> bool:
+    """Whether a PATH entry is another Python's (its scripts would answer for commands the virtualenv lacks): one
+    under the caller's home (pyenv's shims, a user install) or holding a ``python`` or ``pip`` of its own, the
+    operating system's /usr/bin and /bin apart."""
+    if entry in ("/usr/bin", "/bin"):
+        return False
+    folder = Path(entry)
+    return folder.is_relative_to(Path.home()) or any((folder / n).exists() for n in ("python", "python3", "pip"))
+
+
 def environment(folder: Path, venv: Path) -> dict[str, str]:
     """A new user's environment on this machine: the machine's variables (its package index, certificates,
-    proxies), the virtualenv first on PATH, HOME and TMPDIR in ``folder``, and none of :data:`_DROPPED`."""
+    proxies), the virtualenv first on PATH and no other Python's folders there, HOME and TMPDIR in ``folder``, and
+    none of :data:`_DROPPED`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_DROPPED)}
+    path = [e for e in env.get("PATH", "/usr/bin:/bin").split(":") if e and not _other_python(e)]
     env.update(HOME=str(folder / "home"), TMPDIR=str(folder / "tmp"), VIRTUAL_ENV=str(venv),
-               PATH=f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}")
+               PATH=":".join([str(venv / "bin"), *path]))
     for sub in ("home", "tmp"):
         (folder / sub).mkdir(exist_ok=True)
     return env
