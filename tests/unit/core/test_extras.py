@@ -103,3 +103,14 @@ def test_m_smoe_alignment_names_the_merging_extra(monkeypatch, tiny) -> None:
     with pytest.raises(MissingExtraError, match=r"M-SMoE's neuron alignment \(align: true\) needs 'scipy\.optimize'.*"
                                                 r"lightprune\[merging\]"):
         neuron_permutation(experts, 0, 1)
+
+
+def test_m_smoe_with_alignment_is_refused_when_built_not_after_calibration(monkeypatch) -> None:
+    """The criterion a job names is built before the calibration pass: without scipy, MSMoE(align=True) is refused
+    there (it was refused only when the merge ran, after the whole pass); align=False needs nothing."""
+    from lightprune.experts.criteria import MSMoE
+
+    _block(monkeypatch, "scipy.optimize")
+    with pytest.raises(MissingExtraError, match=r"M-SMoE's neuron alignment \(align: true\) needs 'scipy\.optimize'"):
+        MSMoE(align=True)
+    assert MSMoE(align=False).align is False

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from lightprune.core.extras import require
 from lightprune.experts.criteria.base import Criterion
 from lightprune.experts.criteria.registry import register_criterion
 from lightprune.experts.merging.methods import hc_smoe_plan, m_smoe_plan
@@ -72,6 +73,8 @@ class MSMoE(MergeMethod):
         super().__init__(router, subset)
         if not isinstance(align, bool):
             raise ValueError(f"align must be true or false, got {align!r}")
+        if align:  # at construction, not after the calibration pass that precedes the merge
+            require("merging", "M-SMoE's neuron alignment (align: true)")
         self.align = align
 
     def _plan(self, calibration: Any, ratio: float, allocation: str) -> MergePlan:
