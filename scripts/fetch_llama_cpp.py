@@ -7,16 +7,19 @@ converter's files and llama.cpp's licence, and prints the folder:
 
     python scripts/fetch_llama_cpp.py            # -> ~/.cache/lightprune/llama.cpp/llama-cpp-python-0.3.36
 
-Nothing is built or installed; the converter needs numpy, torch, transformers, sentencepiece and PyYAML, which
-lightprune's install already brings. An existing folder is kept (a second call prints it and downloads
-nothing). ``--dest`` puts it elsewhere; ``LLAMA_CPP_DIR`` names a folder for the tests and
-``lightprune convert-gguf`` to use instead (a llama.cpp checkout works too). The pinned version and the cache
+Nothing is built or installed; the converter needs numpy, torch, transformers and PyYAML, which lightprune's install
+brings, and sentencepiece for the models whose tokenizer it reads with it (Llama-style ones such as Mixtral, and any
+export whose tokenizer is a ``tokenizer.model``), which the ``deploy`` extra brings: the last line says so when it is
+missing (``pip install -e '.[deploy]'``). An existing folder is kept (a second call prints it and downloads nothing).
+``--dest`` puts it elsewhere; ``LLAMA_CPP_DIR`` names a folder for the tests and ``lightprune convert-gguf`` to use
+instead (a llama.cpp checkout works too). The pinned version and the cache
 folder are :mod:`lightprune.export.gguf`'s, which finds the converter there.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import subprocess
 import sys
 import tarfile
@@ -29,6 +32,8 @@ __all__ = ["VERSION", "converter_dir", "fetch"]
 
 #: the parts of llama.cpp's tree that the converter imports, and its licence
 KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE")
+#: {module: package} the converter imports for some models only, which lightprune's install does not bring
+OPTIONAL = {"sentencepiece": "sentencepiece"}
 
 
 def fetch(dest: Path) -> Path:
@@ -70,6 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     had = (dest / "convert_hf_to_gguf.py").is_file()
     fetch(dest)
     print(f"llama.cpp converter {'already ' if had else ''}in {dest}")
+    missing = [package for module, package in OPTIONAL.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        print(f"not installed: {', '.join(missing)}, which the converter reads Llama-style models' tokenizers (Mixtral"
+              f"'s) and tokenizer.model files with; pip install -e '.[deploy]' (or pip install {' '.join(missing)}) to "
+              "convert those")
 
 
 if __name__ == "__main__":

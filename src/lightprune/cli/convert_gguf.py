@@ -1,10 +1,11 @@
 """``lightprune convert-gguf EXPORT OUTFILE``: :func:`lightprune.export.gguf.convert_to_gguf` as a command.
 
 :mod:`lightprune.cli.command` dispatches it before Lightning is imported. Every refusal and failure is one
-``lightprune: error:`` line and exit status 2 (``LIGHTPRUNE_DEBUG=1``: the traceback); a SIGTERM or SIGINT one line
-and 143 or 130, as the other subcommands (:mod:`lightprune.core.interrupt`). Quiet as they are
-(:mod:`lightprune.cli.quiet`): the converter's logging, warnings and progress bar are dropped unless ``--verbose``
-or ``LIGHTPRUNE_VERBOSE=1``; a conversion prints one line, the GGUF's path, size and tensor count.
+``lightprune: error:`` line and exit status 2 (``--verbose``: the converter's traceback above it;
+``LIGHTPRUNE_DEBUG=1``: the whole traceback); a SIGTERM or SIGINT one line and 143 or 130, as the other subcommands
+(:mod:`lightprune.core.interrupt`). Quiet as they are (:mod:`lightprune.cli.quiet`): the converter's logging,
+warnings and progress bar are dropped unless ``--verbose`` or ``LIGHTPRUNE_VERBOSE=1``; a conversion prints one
+line, the GGUF's path, size and tensor count.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 
 from lightprune.cli import quiet
 
@@ -69,6 +71,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> None:
     except (ValueError, OSError, *ERRORS) as err:
         if os.environ.get("LIGHTPRUNE_DEBUG"):
             raise
+        if err.__cause__ is not None and quiet.is_verbose([]):  # the converter's (or transformers') error
+            traceback.print_exception(err.__cause__, file=sys.stderr)
         print(f"lightprune: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except interrupt.Interrupted as err:

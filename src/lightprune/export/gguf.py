@@ -13,18 +13,26 @@ Checked before the converter is imported, in this order, each refusal one line n
   ``scripts/fetch_llama_cpp.py`` fills); ``outtype`` one of its ``--outtype`` choices and ``pre_tokenizer`` a name it
   writes as ``tokenizer.ggml.pre``, both read from its source (:func:`converter_outtypes`,
   :func:`converter_pre_tokenizers`; a close name gets a "did you mean");
+- the weight files as the converter sees them (:func:`converter_weight_files`: every ``model*.safetensors`` of a
+  folder without a shard index): one that is not the checkpoint's own (a backup, a stray shard) is refused, naming
+  it, since the converter would mix its tensors into the GGUF;
 - the export, opened as every path opens a checkpoint (:class:`~lightprune.checkpoints.reader.Checkpoint` and the
   :class:`~lightprune.checkpoints.skeleton.Skeleton` on it: the files, the shard index, every header against its
   bytes, config.json against the tensors);
 - the experts per layer, counted in the weights and in config.json: llama.cpp stores one count per model
   (``<arch>.expert_count``), so an export whose layers keep different numbers is refused, naming them; its
-  ``lightprune_export.json``, when there, must say what the weights hold.
+  ``lightprune_export.json``, when there, must say what the weights hold;
+- the tokenizer, whose vocabulary the converter writes into the GGUF (:func:`check_tokenizer`): there, parseable,
+  with a vocabulary (and merges for a BPE), one token per id, every id below config.json's ``vocab_size``, loadable
+  by transformers as the converter loads it.
 
 The converter then runs in this process on a file staged beside the output
 (:func:`~lightprune.checkpoints.staging.staging_file`), renamed over it once complete: a failure (a full disk
-included) leaves nothing behind and the output as it was. Its INFO logging, warnings and progress bar are dropped
-unless the run is verbose (``LIGHTPRUNE_VERBOSE=1``, the command's ``--verbose``); the result
-(:class:`GGUFResult`) names the GGUF, its size and its tensor count.
+included, numpy's short writes too) leaves nothing behind and the output as it was. Whatever else it raises is one
+:class:`GGUFConversionError` line naming the export, the converter's step when known and the error (the traceback
+under ``--verbose``). Its INFO logging, warnings and progress bar are dropped unless the run is verbose
+(``LIGHTPRUNE_VERBOSE=1``, the command's ``--verbose``); the result (:class:`GGUFResult`) names the GGUF, its size
+and its tensor count.
 
 The pre-tokenizer: GGUF names it (``tokenizer.ggml.pre``), and the converter recognises a tokenizer by a fingerprint
 of how it encodes a fixed text, which only published tokenizers have. A tokenizer lightprune trained (the testbeds',
@@ -39,12 +47,15 @@ from __future__ import annotations
 import ast
 import contextlib
 import difflib
+import errno
 import importlib
+import importlib.util
 import logging
 import os
 import re
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,7 +63,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lightprune.checkpoints.directory import checkpoint_directory
+from lightprune.checkpoints.directory import SAFE_INDEX, checkpoint_directory, read_config, weight_files
 from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
 from lightprune.checkpoints.staging import check_out_file, staging_file
@@ -64,7 +75,8 @@ from lightprune.export.result import EXPERT_FORMAT, MANIFEST_FILE, WIDTH_FORMAT
 from lightprune.export.width_format import WIDTH_PLAN_FILE
 
 __all__ = ["LLAMA_CPP_VERSION", "CONVERTER", "GGUFConversionError", "GGUFResult", "converter_dir", "find_converter",
-           "converter_module", "converter_outtypes", "converter_pre_tokenizers", "gpt2_byte_level", "convert_to_gguf"]
+           "converter_module", "converter_outtypes", "converter_pre_tokenizers", "gpt2_byte_level",
+           "converter_weight_files", "check_tokenizer", "convert_to_gguf"]
 
 #: the llama-cpp-python release whose vendored llama.cpp converter lightprune runs (scripts/fetch_llama_cpp.py)
 LLAMA_CPP_VERSION = "0.3.36"
@@ -326,6 +338,237 @@ def _checked_export(export: Path) -> dict[int, int]:
     return counts
 
 
+# ---------------------------------------------------------------------------------------------- its weight files
+#: (prefix, suffix, index) of the weight files the converter reads (its ``ModelBase.index_tensors``), safetensors
+#: first: pickles only in a folder without either
+_CONVERTER_PARTS = (("model", ".safetensors", SAFE_INDEX), ("pytorch_model", ".bin", "pytorch_model.bin.index.json"))
+
+
+def converter_weight_files(export: str | os.PathLike) -> list[str]:
+    """The names of the weight files llama.cpp's converter reads in ``export``, as its ``index_tensors`` picks them:
+    the files ``model.safetensors.index.json`` names when it is there, else every entry ``model*.safetensors``; in a
+    folder without either, the same of ``pytorch_model.bin.index.json`` and ``pytorch_model*.bin``. Sorted."""
+    export = Path(export)
+    names = os.listdir(export)
+    for prefix, suffix, index in _CONVERTER_PARTS:
+        parts = sorted(name for name in names if name.startswith(prefix) and name.endswith(suffix))
+        if (export / index).is_file():
+            record = read_json(export / index, "shard index")
+            weight_map = record.get("weight_map") if isinstance(record, dict) else None
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise ValueError(f"shard index file {str(export / index)!r} has no \"weight_map\" object {{tensor "
+                                 "name: file name}, which llama.cpp's converter reads; restore it")
+            return sorted(set(weight_map.values()))
+        if parts:
+            return parts
+    return []
+
+
+def _check_weight_files(export: Path) -> None:
+    """Refuse a file the converter would read that is not one of the checkpoint's weight files (a backup, a stray
+    shard): it would convert its tensors too."""
+    own = sorted(path.name for path in weight_files(export))
+    stray = [name for name in converter_weight_files(export) if name not in own]
+    if stray:
+        raise ValueError(f"export {str(export)!r} holds {listed(stray)} beside its weights ({listed(own)}): "
+                         f"llama.cpp's converter reads every model*.safetensors of a folder without {SAFE_INDEX} "
+                         "and would convert those tensors too (a KeyError, or another file's weights in the GGUF); "
+                         "move them out of the export")
+
+
+# ---------------------------------------------------------------------------------------------- the tokenizer
+#: the files a vocabulary is read from: transformers' (tokenizer.json; vocab.json with merges.txt), sentencepiece's
+_VOCABULARIES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+#: the tokenizer's JSON files that the converter (or transformers, for it) parses when they are there
+_TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json",
+                   "chat_template.json", "vocab.json")
+#: config.json's special token ids, which the converter writes into the GGUF
+_SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+_RESTORE = "restore it from the model the export was pruned from (tokenizer.save_pretrained(EXPORT))"
+
+
+def _token_id(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _check_ids(file: Path, pairs: list[tuple[Any, Any]], vocab_size: int | None, where: str) -> None:
+    """``pairs`` of (token, id) read from ``file`` (``where``: the field): ids that are integers from 0, one token per
+    id, every id below ``vocab_size``."""
+    seen: dict[int, Any] = {}
+    for token, value in pairs:
+        index = _token_id(value)
+        if index is None or not isinstance(token, str):
+            raise ValueError(f"tokenizer file {str(file)!r}: {where} gives {show(token)} the id {show(value)}, not a "
+                             f"token (a string) with an id (an integer from 0); {_RESTORE}")
+        if seen.setdefault(index, token) != token:
+            raise ValueError(f"tokenizer file {str(file)!r}: {where} gives the id {index} to two tokens "
+                             f"({show(seen[index])} and {show(token)}), and a GGUF's vocabulary holds one token per "
+                             f"id (the converter would keep one, silently); {_RESTORE}")
+    past = sorted(index for index in seen if vocab_size is not None and index >= vocab_size)
+    if past:
+        raise ValueError(f"tokenizer file {str(file)!r}: {where} has {len(past)} token(s) at ids {vocab_size} and "
+                         f"above (the last: {show(seen[past[-1]])} at {past[-1]}), past config.json's vocab_size "
+                         f"{vocab_size}, the model's embedding rows: it is another model's tokenizer; save the "
+                         "tokenizer of the model the export was pruned from into it")
+
+
+def _sentencepiece_pieces(data: bytes) -> int:
+    """How many pieces a sentencepiece model holds (the entries of its ``ModelProto``'s field 1); ValueError when the
+    bytes are not a protobuf message."""
+
+    def varint(at: int) -> tuple[int, int]:
+        value = 0
+        for shift in range(0, 64, 7):
+            if at >= len(data):
+                break
+            byte = data[at]
+            value, at = value | (byte & 0x7F) << shift, at + 1
+            if byte < 0x80:
+                return value, at
+        raise ValueError("a truncated varint")
+
+    at = count = 0
+    while at < len(data):
+        key, at = varint(at)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            _, at = varint(at)
+        elif wire == 2:
+            size, at = varint(at)
+            at += size
+        elif wire in (1, 5):
+            at += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"wire type {wire}")
+        if field == 0 or at > len(data):
+            raise ValueError("a field past the end")
+        count += field == 1 and wire == 2
+    return count
+
+
+def _json_object(file: Path) -> dict[str, Any]:
+    try:
+        record = read_json(file, "tokenizer")
+    except ValueError as err:
+        raise ValueError(f"{err}; {_RESTORE}") from err
+    if not isinstance(record, dict):
+        raise ValueError(f"tokenizer file {str(file)!r} is not a JSON object; {_RESTORE}")
+    return record
+
+
+def _check_tokenizer_json(file: Path, spec: dict[str, Any], vocab_size: int | None) -> None:
+    """tokenizer.json: a model with a vocabulary (a BPE's with merges), its added tokens, its ids."""
+    model = spec.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if not vocab or not isinstance(vocab, (dict, list)):
+        raise ValueError(f"tokenizer file {str(file)!r} has no vocabulary (its model.vocab is missing or empty), "
+                         f"which llama.cpp's converter writes into the GGUF; {_RESTORE}")
+    if isinstance(vocab, dict):
+        pairs = list(vocab.items())
+    else:  # a Unigram's [piece, score] list: the id is the position
+        pairs = [(entry[0] if isinstance(entry, list) and entry else entry, i) for i, entry in enumerate(vocab)]
+    _check_ids(file, pairs, vocab_size, "model.vocab")
+    if model.get("type") == "BPE" and not model.get("merges") and not (file.parent / "merges.txt").is_file():
+        raise ValueError(f"tokenizer file {str(file)!r} is a BPE without merges (its model.merges is empty, and "
+                         f"there is no merges.txt): a GGUF of it would not tokenize; {_RESTORE}")
+    added = spec.get("added_tokens")
+    if not isinstance(added, list) or not all(isinstance(entry, dict) for entry in added):
+        raise ValueError(f"tokenizer file {str(file)!r} has no added_tokens list (of {{\"id\": ..., \"content\": "
+                         f"...}}), which transformers needs to read it; {_RESTORE}")
+    added_pairs = [(entry.get("content"), entry.get("id")) for entry in added]
+    _check_ids(file, added_pairs, vocab_size, "added_tokens")
+    known = set(pairs)  # an added token that is the vocabulary's own entry (a special token): once
+    _check_ids(file, pairs + [pair for pair in added_pairs if pair not in known], vocab_size,
+               "model.vocab with added_tokens")
+
+
+def check_tokenizer(export: str | os.PathLike) -> None:
+    """Refuse, in one line naming the file, a tokenizer llama.cpp's converter would fail on or convert wrongly: none
+    (no tokenizer.json, tokenizer.model or vocab.json), a JSON file that does not parse, no vocabulary, a BPE without
+    merges, an id given to two tokens, an id (the vocabulary's, an added token's, config.json's special ones) at or
+    past config.json's ``vocab_size``, a sentencepiece model without the sentencepiece package, a tokenizer.json that
+    transformers' AutoTokenizer (which the converter reads it with) does not load."""
+    export = Path(export)
+    config = read_config(export)
+    merged = {**config, **config["text_config"]} if isinstance(config.get("text_config"), dict) else config
+    vocab_size = _token_id(merged.get("vocab_size")) or None
+    if not any((export / name).is_file() for name in _VOCABULARIES):
+        raise ValueError(f"export {str(export)!r} has no tokenizer (no {', '.join(_VOCABULARIES)}), whose vocabulary "
+                         "llama.cpp's converter writes into the GGUF; save the tokenizer of the model it was pruned "
+                         "from into it (tokenizer.save_pretrained(EXPORT), or lp.export_pruned(..., "
+                         "processor=tokenizer))")
+    specs = {name: _json_object(export / name) for name in _TOKENIZER_JSON if (export / name).is_file()}
+    if "tokenizer.json" in specs:
+        _check_tokenizer_json(export / "tokenizer.json", specs["tokenizer.json"], vocab_size)
+    if "vocab.json" in specs:
+        _check_ids(export / "vocab.json", list(specs["vocab.json"].items()), vocab_size, "the vocabulary")
+    if "added_tokens.json" in specs:
+        _check_ids(export / "added_tokens.json", list(specs["added_tokens.json"].items()), vocab_size,
+                   "the added tokens")
+    decoder = specs.get("tokenizer_config.json", {}).get("added_tokens_decoder") or {}
+    file = export / "tokenizer_config.json"
+    if not isinstance(decoder, dict) or not all(isinstance(entry, dict) for entry in decoder.values()):
+        raise ValueError(f"tokenizer file {str(file)!r}: added_tokens_decoder is not {{id: {{\"content\": ...}}}}; "
+                         f"{_RESTORE}")
+    _check_ids(file, [(entry.get("content"), int(key) if key.isdigit() else key) for key, entry in decoder.items()],
+               vocab_size, "added_tokens_decoder")
+    for key in _SPECIAL_IDS:
+        values = merged.get(key) if isinstance(merged.get(key), list) else [merged.get(key)]
+        past = [value for value in values if vocab_size is not None and _token_id(value) is not None and
+                value >= vocab_size]
+        if past:
+            raise ValueError(f"config.json {str(export / 'config.json')!r} has {key} {past[0]}, past its vocab_size "
+                             f"{vocab_size}: the GGUF would name a token the model does not have; correct it")
+    if (export / "tokenizer.model").is_file():
+        _check_sentencepiece(export / "tokenizer.model", vocab_size, only=not specs.keys() & {"tokenizer.json",
+                                                                                             "vocab.json"})
+    if "tokenizer.json" in specs or "vocab.json" in specs:
+        _check_loads(export, vocab_size)
+
+
+def _check_sentencepiece(file: Path, vocab_size: int | None, only: bool) -> None:
+    """tokenizer.model: a sentencepiece model of at most ``vocab_size`` pieces; the package that reads it, when it is
+    the export's ``only`` vocabulary."""
+    try:
+        pieces = _sentencepiece_pieces(file.read_bytes())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"tokenizer file {str(file)!r} is not a sentencepiece model ({err}); {_RESTORE}") from None
+    if not pieces:
+        raise ValueError(f"tokenizer file {str(file)!r} holds no pieces: a sentencepiece model without a vocabulary; "
+                         f"{_RESTORE}")
+    if vocab_size is not None and pieces > vocab_size:
+        raise ValueError(f"tokenizer file {str(file)!r} holds {pieces} pieces, more than config.json's vocab_size "
+                         f"{vocab_size}, the model's embedding rows (the converter would drop the ones past it): it "
+                         "is another model's tokenizer; save the tokenizer of the model the export was pruned from "
+                         "into it")
+    if only and importlib.util.find_spec("sentencepiece") is None:
+        raise ValueError(f"the tokenizer of export {str(file.parent)!r} is a sentencepiece model (tokenizer.model), "
+                         "which llama.cpp's converter reads with the sentencepiece package, not installed here; "
+                         "install it (pip install -e '.[deploy]', which brings it), or save the tokenizer's tokenizer.json "
+                         "into the export")
+
+
+def _check_loads(export: Path, vocab_size: int | None) -> None:
+    """The tokenizer as the converter reads it (``AutoTokenizer.from_pretrained``), and its ids below ``vocab_size``
+    (the converter's ``assert``)."""
+    from transformers import AutoTokenizer
+
+    with warnings.catch_warnings():
+        if not verbose():
+            warnings.simplefilter("ignore")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(export)
+            vocab = tokenizer.get_vocab()
+        except Exception as err:  # noqa: BLE001 - whatever transformers says, in one line
+            raise ValueError(f"the tokenizer of export {str(export)!r} does not load with transformers' AutoTokenizer, "
+                             f"which llama.cpp's converter reads it with: {_described(err)}; {_RESTORE}") from err
+    last = max(vocab.items(), key=lambda item: item[1], default=None)
+    if last is not None and vocab_size is not None and last[1] >= vocab_size:
+        raise ValueError(f"the tokenizer of export {str(export)!r} has the token {show(last[0])} at id {last[1]}, past "
+                         f"config.json's vocab_size {vocab_size}, the model's embedding rows: it is another model's "
+                         "tokenizer; save the tokenizer of the model the export was pruned from into it")
+
+
 # ---------------------------------------------------------------------------------------------- the run
 #: {converter folder: its own gguf-py's modules}, out of ``sys.modules`` between conversions
 _OWN_GGUF: dict[str, dict[str, ModuleType]] = {}
@@ -374,8 +617,69 @@ def _load_converter(folder: Path) -> ModuleType:
         sys.path[:] = [entry for entry in sys.path if entry not in entries]
 
 
-def _first_line(err: BaseException) -> str:
+def _first_line(err: BaseException | str) -> str:
     return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+
+
+def _described(err: BaseException) -> str:
+    """``Type: the first line of its message``; for an error without a message (a bare ``assert``), the source line
+    that raised it."""
+    if str(err).strip():
+        return f"{type(err).__name__}: {_first_line(err)}"
+    frames = traceback.extract_tb(err.__traceback__)
+    if frames and frames[-1].line:
+        where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}"
+        return f"{type(err).__name__}: {frames[-1].line.strip()} ({where})"
+    return type(err).__name__
+
+
+#: the converter's steps, by the function that runs each (the outermost of them in a traceback names the step)
+_STEPS = {"load_hparams": "reading config.json", "get_model_architecture": "reading config.json",
+          "get_model_class": "reading config.json", "index_tensors": "reading the weights",
+          "set_vocab": "reading the tokenizer", "set_gguf_parameters": "reading config.json",
+          "prepare_tensors": "converting the tensors", "write_header_to_file": "writing the GGUF",
+          "write_kv_data_to_file": "writing the GGUF", "write_ti_data_to_file": "writing the GGUF",
+          "write_tensors_to_file": "writing the GGUF"}
+#: numpy's ``tofile`` on a full disk: an OSError without an errno
+_SHORT_WRITE = re.compile(r"^\d+ requested and \d+ written$")
+
+
+def _step(err: BaseException) -> str | None:
+    """The converter's step ``err`` came from (``reading the tokenizer (set_vocab)``), None when not known."""
+    for frame, _ in traceback.walk_tb(err.__traceback__):
+        name = frame.f_code.co_name
+        step = _STEPS.get(name) or ("reading the tokenizer" if name.startswith("_set_vocab") else None)
+        if step is not None:
+            return f"{step} ({name})"
+    return None
+
+
+class _WriteError(OSError):
+    """The converter's failure to write the staged GGUF, with the errno it had (a short write's found by
+    :func:`_write_errno`): a full disk becomes :func:`staging_file`'s one line, anything else a
+    :class:`GGUFConversionError` naming the output."""
+
+
+def _write_errno(err: OSError, staged: Path) -> int | None:
+    """The errno of a failed write to ``staged``: ``err``'s own, else (numpy's short write says none) the one a
+    write of one more block gets now (ENOSPC on a full disk, EDQUOT over a quota)."""
+    if err.errno is not None:
+        return err.errno
+    try:
+        with open(staged, "ab") as handle:
+            handle.write(bytes(1 << 16))
+    except OSError as probe:
+        return probe.errno
+    return None
+
+
+def _writing(err: OSError, staged: Path, step: str | None) -> bool:
+    """Whether ``err`` is the converter's failure to write the staged GGUF, not to read a file (the export's weights
+    are read while the GGUF is written)."""
+    if err.filename is not None:
+        return Path(os.fsdecode(err.filename)).name == staged.name
+    return (err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or (step or "").startswith("writing the GGUF")
+            or (err.errno is None and _SHORT_WRITE.match(str(err)) is not None))
 
 
 class _Errors(logging.Handler):
@@ -485,13 +789,22 @@ def _run(converter: ModuleType, export: Path, staged: Path, outtype: str, pre_to
                 said = errors.messages[-1] if errors.messages else f"exit status {err.code}"
                 raise GGUFConversionError(f"llama.cpp's converter refused {str(export)!r}: {_first_line(said)}") \
                     from None
-        except OSError:
-            raise
         except Exception as err:  # noqa: BLE001 - the converter's own failure, restated in one line
-            hint = ("; name the tokenizer's pre-tokenizer with --pre-tokenizer NAME (pre_tokenizer=NAME)"
-                    if "pre-tokenizer was not recognized" in str(err) else "")
-            raise GGUFConversionError(f"llama.cpp's converter failed on {str(export)!r}: {type(err).__name__}: "
-                                      f"{_first_line(err)}{hint}") from err
+            step = _step(err)
+            if isinstance(err, OSError) and _writing(err, staged, step):
+                code = _write_errno(err, staged)
+                raise _WriteError(code, _first_line(err) if code is None else os.strerror(code), str(staged)) \
+                    from err
+            hint = ""
+            if "pre-tokenizer was not recognized" in str(err):
+                hint = "; name the tokenizer's pre-tokenizer with --pre-tokenizer NAME (pre_tokenizer=NAME)"
+            elif isinstance(err, ModuleNotFoundError) and err.name == "sentencepiece":
+                hint = "; install it (pip install -e '.[deploy]', which brings it)"
+            elif isinstance(err, ModuleNotFoundError) and err.name:
+                hint = f"; install it (pip install {err.name})"
+            during = f" while {step}" if step else ""
+            raise GGUFConversionError(f"llama.cpp's converter failed on {str(export)!r}{during}: {_described(err)}"
+                                      f"{hint}") from err
     return named[0] if named else None
 
 
@@ -521,7 +834,8 @@ def convert_to_gguf(export_dir: str | os.PathLike, outfile: str | os.PathLike, *
         remedy: the end of the error for an existing ``outfile`` (how the caller's user replaces it).
 
     Returns the :class:`GGUFResult`. Every refusal is one line (ValueError, FileExistsError, FileNotFoundError,
-    IsADirectoryError, ...); a full disk an :class:`~lightprune.checkpoints.staging.OutputDirError`.
+    IsADirectoryError, ...); a full disk an :class:`~lightprune.checkpoints.staging.OutputDirError`; whatever else
+    the converter raises a :class:`GGUFConversionError` (its error as ``__cause__``).
     """
     start = time.perf_counter()
     export = checkpoint_directory(Path(export_dir).expanduser()).absolute()
@@ -536,14 +850,24 @@ def convert_to_gguf(export_dir: str | os.PathLike, outfile: str | os.PathLike, *
     if pre_tokenizer not in ("auto", "none"):
         pre_tokenizer = _choice("pre-tokenizer", pre_tokenizer, converter_pre_tokenizers(folder), where,
                                 also=("auto", "none"))
+    _check_weight_files(export)
     _checked_export(export)
+    check_tokenizer(export)
     if pre_tokenizer == "auto":
         tokenizer_json = export / "tokenizer.json"
         pre_tokenizer = "gpt-2" if tokenizer_json.is_file() and gpt2_byte_level(tokenizer_json) else "none"
         if pre_tokenizer != "none":
             _choice("pre-tokenizer (auto)", pre_tokenizer, converter_pre_tokenizers(folder), where)
-    with converter_module(folder) as converter, staging_file(out, overwrite, remedy) as staged:
-        named = _run(converter, export, staged, outtype, pre_tokenizer)
-        tensors = _tensor_count(staged, export)
+    kept = "is as it was" if os.path.lexists(out) else "was not created"
+    try:
+        with converter_module(folder) as converter, staging_file(out, overwrite, remedy) as staged:
+            named = _run(converter, export, staged, outtype, pre_tokenizer)
+            tensors = _tensor_count(staged, export)
+    except _WriteError as err:  # a write failure staging_file does not restate (not a full disk)
+        said = _described(err.__cause__ or err)
+        if err.errno is not None and os.strerror(err.errno) not in said:
+            said += f" ({os.strerror(err.errno).lower()})"
+        raise GGUFConversionError(f"llama.cpp's converter could not write the GGUF {str(out)!r}: {said}; nothing "
+                                  f"was written, {str(out)!r} {kept}") from err.__cause__
     return GGUFResult(path=out, size=out.stat().st_size, tensors=tensors, outtype=outtype, pre_tokenizer=named,
                       seconds=time.perf_counter() - start)

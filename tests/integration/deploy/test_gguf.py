@@ -1,14 +1,16 @@
 """A uniform export of the micro text testbed through llama.cpp's own GGUF converter, by the command the deployment
 page shows (``lightprune convert-gguf``, run from a copy of what the page needs of the repository root), its GGUF
 read back with gguf-py from the package index and compared, tensor by tensor and field by field, with the checkpoint
-and its tokenizer; then, in this process, the converter's own lists, its refusal of an unknown tokenizer, a full
-disk mid-write and a verbose run. No network: the converter is fetched beforehand (scripts/fetch_llama_cpp.py, which
-the README's test command runs); without it these tests skip, and fail under CI. The refusals on a stand-in
-converter: tests/unit/export/test_gguf.py."""
+and its tokenizer; then, in this process, the converter's own lists, its refusal of an unknown tokenizer (the step
+named), the weight files it reads (its own index_tensors), a full disk mid-write, a write cut short by a file size
+limit and a verbose run. No network: the converter is fetched beforehand (scripts/fetch_llama_cpp.py, which the
+README's test command runs); without it these tests skip, and fail under CI. The refusals on a stand-in converter:
+tests/unit/export/test_gguf_export.py."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
@@ -187,11 +189,72 @@ def test_an_unknown_outtype_or_pre_tokenizer_is_refused_before_the_converter(uni
 def test_without_the_mapping_the_converter_refuses_the_testbed_tokenizer(uniform, tmp_path, capfd) -> None:
     with pytest.raises(GGUFConversionError) as raised:
         convert_to_gguf(uniform.path, tmp_path / "model.gguf", pre_tokenizer="none")
-    assert str(raised.value) == (f"llama.cpp's converter failed on {str(uniform.path)!r}: NotImplementedError: BPE "
-                                 "pre-tokenizer was not recognized - update get_vocab_base_pre(); name the "
-                                 "tokenizer's pre-tokenizer with --pre-tokenizer NAME (pre_tokenizer=NAME)")
+    assert str(raised.value) == (f"llama.cpp's converter failed on {str(uniform.path)!r} while reading the tokenizer "
+                                 "(set_vocab): NotImplementedError: BPE pre-tokenizer was not recognized - update "
+                                 "get_vocab_base_pre(); name the tokenizer's pre-tokenizer with --pre-tokenizer NAME "
+                                 "(pre_tokenizer=NAME)")
     assert list(tmp_path.iterdir()) == []  # no GGUF, no partial file
     assert capfd.readouterr() == ("", "")  # nor the converter's banner about it
+
+
+def test_the_weight_files_refused_are_those_the_converters_index_tensors_reads(gguf, tmp_path) -> None:
+    """converter_weight_files is the pinned converter's own rule (its ModelBase.index_tensors, run here on folders
+    of empty files with the files it opens recorded): every model*.safetensors without a shard index, the index's
+    files with one, pickles only without safetensors."""
+    layouts = {"strays": ["model.safetensors", "model_backup.safetensors", "model-00001-of-00002.safetensors",
+                          "model.safetensors.bak", "adapter_model.safetensors", "pytorch_model.bin"],
+               "indexed": ["model.safetensors.index.json", "model-00001-of-00001.safetensors",
+                           "model_backup.safetensors"],
+               "pickles": ["pytorch_model.bin", "pytorch_model-00002.bin", "model.bin"]}
+    with converter_module(find_converter()) as converter:
+        opened = []
+
+        class Recorded(contextlib.nullcontext):
+            def __init__(self, path) -> None:
+                opened.append(Path(path).name)
+                super().__init__({"a": None})  # the tensor the index lists
+
+        utility = converter.gguf.utility
+        for name, files in layouts.items():
+            folder = tmp_path / name
+            folder.mkdir()
+            for file in files:
+                (folder / file).write_bytes(b"")
+            if "model.safetensors.index.json" in files:
+                (folder / "model.safetensors.index.json").write_text(json.dumps(
+                    {"weight_map": {"a": "model-00001-of-00001.safetensors"}}))
+            model = argparse.Namespace(dir_model=folder, is_mistral_format=False, lazy=True,
+                                       filter_tensors=lambda item: item)
+            opened.clear()
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(utility, "SafetensorsLocal", Recorded)
+                patch.setattr(converter.torch, "load", lambda path, **kwargs: opened.append(Path(path).name) or {})
+                converter.ModelBase.index_tensors(model)
+            assert sorted(opened) == gguf_module.converter_weight_files(folder), name
+    assert gguf_module.converter_weight_files(tmp_path / "strays") == [
+        "model-00001-of-00002.safetensors", "model.safetensors", "model_backup.safetensors"]
+
+
+def test_a_write_that_stops_short_is_one_line_and_leaves_nothing(uniform, tmp_path) -> None:
+    """A file-size limit below the GGUF's size (SIGXFSZ ignored: writes past it fail as on a full disk, numpy's
+    ``tofile`` with "N requested and M written" and no errno): one line naming the GGUF, nothing left behind."""
+    import resource
+    import signal
+
+    out, limit = tmp_path / "model.gguf", uniform.gguf.stat().st_size * 3 // 4
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run([sys.executable, "-m", "lightprune.cli.command", "convert-gguf", str(uniform.path),
+                           str(out)], capture_output=True, text=True, check=False, preexec_fn=limited,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "LIGHTPRUNE_VERBOSE": "0"})
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-3000:]
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("lightprune: error: "), done.stderr[-3000:]
+    assert f"{str(out)!r}" in done.stderr and f"nothing was written, {str(out)!r} was not created" in done.stderr
+    assert "requested and" not in done.stderr or "converter could not write the GGUF" in done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_non_uniform_export_is_refused_naming_its_counts(gguf, testbed_root, tmp_path, unconverted) -> None:

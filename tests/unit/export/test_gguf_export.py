@@ -1,14 +1,18 @@
 """lightprune convert-gguf (lightprune.export.gguf): every refusal one line and before llama.cpp's converter is
 imported, for each class of fault: the output's place (in or over the export, symlinks resolved; a directory; no
 folder; an existing file), the converter's lists (read here from a stand-in converter's source), the export read
-strictly (truncated weights, a config.json or shard index that disagrees with the tensors), the experts per layer
-counted in the weights (a non-uniform export, a manifest that says something else). A stand-in converter module
-then shows what the staging guarantees (one line naming the GGUF; a full disk, a failure or an interrupt leave
-nothing behind). llama.cpp's own converter: tests/integration/deploy/test_gguf.py."""
+strictly (truncated weights, a config.json or shard index that disagrees with the tensors), a weight file the
+converter would also read (a backup, a stray shard), the experts per layer counted in the weights (a non-uniform
+export, a manifest that says something else), the tokenizer (missing, unparseable, no vocabulary, ids shared or past
+the model's vocab_size). A stand-in converter module then shows what the staging guarantees (one line naming the
+GGUF; a full disk, numpy's short write, a failure or an interrupt leave nothing behind) and how its errors are told
+(one line with its step; the traceback only when verbose). llama.cpp's own converter:
+tests/integration/deploy/test_gguf.py."""
 
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import logging
 import os
@@ -83,13 +87,17 @@ def stand_in(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory) -> dict[str, Path]:
-    """A uniform export of the tiny Qwen3-MoE (3 layers of 8 experts, 4 kept each) and a non-uniform one (5, 4, 3)."""
+    """A uniform export of the tiny Qwen3-MoE (3 layers of 8 experts, 4 kept each; a 35-token byte-level BPE of its
+    128-token vocabulary) and a non-uniform one (5, 4, 3)."""
+    from lightprune.data import train_bpe_tokenizer
+
     tmp = tmp_path_factory.mktemp("gguf_exports")
+    tokenizer = train_bpe_tokenizer(["a few words", "and some more"] * 4, 128)
     model = tiny_model("qwen3_moe")
     uniform = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5, allocation="uniform")
-    lp.export_pruned(model, uniform, tmp / "uniform")
+    lp.export_pruned(model, uniform, tmp / "uniform", processor=tokenizer)
     mixed = lp.ExpertPlan(keep={0: [0, 1, 2, 3, 4], 1: [0, 1, 2, 3], 2: [0, 1, 2]}, num_experts={0: 8, 1: 8, 2: 8})
-    lp.export_pruned(tiny_model("qwen3_moe"), mixed, tmp / "non_uniform")
+    lp.export_pruned(tiny_model("qwen3_moe"), mixed, tmp / "non_uniform", processor=tokenizer)
     return {"uniform": tmp / "uniform", "non_uniform": tmp / "non_uniform"}
 
 
@@ -288,6 +296,8 @@ FAULTS = {
         FileNotFoundError, "shard index names missing files ['model-00001-of-00002.safetensors']"),
     "tokenizer.json not JSON": (lambda e: (e / "tokenizer.json").write_text("{"), ValueError,
                                 "tokenizer file"),
+    "config: vocab_size below the embedding rows": (lambda e: edit_json(e / "config.json", vocab_size=100),
+                                                    ValueError, "[128, 32] on disk, [100, 32] in the model"),
 }
 
 
@@ -373,7 +383,193 @@ def test_auto_names_gpt2_only_for_gpt2_byte_level_pre_tokenization(tmp_path, cha
     assert gpt2_byte_level(tmp_path / "tokenizer.json") is gpt2
 
 
+# ------------------------------------------------------------------------------------------- what the converter reads
+def _copy_weights(export: Path, name: str) -> None:
+    shutil.copy(export / "model.safetensors", export / name)
+
+
+@pytest.mark.parametrize("stray", ["model_backup.safetensors", "model-00001-of-00002.safetensors",
+                                   "model.old.safetensors", "model_v2.safetensors/"])
+def test_a_file_the_converter_would_also_read_is_refused_naming_it(export, tmp_path, stand_in, stray) -> None:
+    """llama.cpp's converter reads every model*.safetensors of a folder without a shard index (a directory so named
+    too): a backup beside the weights went into the GGUF, a stray shard failed with a KeyError naming no file."""
+    if stray.endswith("/"):
+        (export / stray).mkdir()
+    else:
+        _copy_weights(export, stray)
+    with pytest.raises((ValueError, OSError)) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+    message = str(raised.value)
+    assert stray.rstrip("/") in message and str(export) in message and "\n" not in message, message
+    assert listing(tmp_path) == ["export"]
+
+
+def test_the_converters_view_holds_without_the_strict_readers(export, tmp_path, stand_in, monkeypatch) -> None:
+    """Refused from the converter's view of the folder alone, before the export is read (a strict reader that
+    listed model.safetensors and said nothing more about the folder)."""
+    _copy_weights(export, "model_backup.safetensors")
+    _copy_weights(export, "model-00001-of-00002.safetensors")
+    monkeypatch.setattr(gguf, "weight_files", lambda path: [Path(path) / "model.safetensors"])
+    monkeypatch.setattr(gguf, "_checked_export", lambda path: pytest.fail("the export was read first"))
+    with pytest.raises(ValueError) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+    assert str(raised.value) == (f"export {str(export)!r} holds model-00001-of-00002.safetensors, "
+                                 "model_backup.safetensors beside its weights (model.safetensors): llama.cpp's "
+                                 "converter reads every model*.safetensors of a folder without "
+                                 "model.safetensors.index.json and would convert those tensors too (a KeyError, or "
+                                 "another file's weights in the GGUF); move them out of the export")
+
+
+def test_files_the_converter_does_not_read_are_left_alone(export, tmp_path, stand_in) -> None:
+    (export / "backup").mkdir()
+    _copy_weights(export, "backup/model.safetensors")
+    _copy_weights(export, "model.safetensors.bak")
+    with pytest.raises(Reached):
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+
+
+def test_the_converters_weight_files_follow_its_index_tensors(tmp_path) -> None:
+    """Its rule, on names alone: the index's files when there is one, else every model*.safetensors entry; the
+    pickles only in a folder without safetensors."""
+    for name in ("model.safetensors", "model_backup.safetensors", "model.safetensors.bak", "pytorch_model.bin",
+                 "adapter_model.safetensors"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "model-x.safetensors").mkdir()
+    assert gguf.converter_weight_files(tmp_path) == ["model-x.safetensors", "model.safetensors",
+                                                     "model_backup.safetensors"]
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model.safetensors"}}))
+    assert gguf.converter_weight_files(tmp_path) == ["model.safetensors"]
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["model.safetensors"]}))
+    with pytest.raises(ValueError, match=r"has no \"weight_map\" object \{tensor name: file name\}, which llama.cpp"):
+        gguf.converter_weight_files(tmp_path)
+    for name in ("model.safetensors.index.json", "model.safetensors", "model_backup.safetensors",
+                 "adapter_model.safetensors"):
+        (tmp_path / name).unlink()
+    (tmp_path / "model-x.safetensors").rmdir()
+    (tmp_path / "pytorch_model-00002.bin").write_bytes(b"")
+    assert gguf.converter_weight_files(tmp_path) == ["pytorch_model-00002.bin", "pytorch_model.bin"]
+
+
+def _tokenizer_json(change):
+    def damage(export: Path) -> None:
+        spec = json.loads((export / "tokenizer.json").read_text())
+        change(spec)
+        (export / "tokenizer.json").write_text(json.dumps(spec))
+    return damage
+
+
+def _tokenizer_config(**changes):
+    return lambda export: edit_json(export / "tokenizer_config.json", **changes)
+
+
+def _no_tokenizer(export: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (export / name).unlink()
+
+
+def _sentencepiece(pieces: int):
+    """A tokenizer.model of ``pieces`` pieces (protobuf: field 1, ``{piece: "a", score: 0}`` each) and no
+    tokenizer.json."""
+    def damage(export: Path) -> None:
+        (export / "tokenizer.json").unlink()
+        (export / "tokenizer.model").write_bytes(b"\x0a\x08\x0a\x01a\x15\x00\x00\x00\x00" * pieces)
+    return damage
+
+
+def _set_vocab(spec: dict, token: str, index: int) -> None:
+    spec["model"]["vocab"][token] = index
+
+
+def _added(spec: dict, token: str, index: int) -> None:
+    spec["added_tokens"].append({"id": index, "content": token, "special": True, "normalized": False})
+
+
+#: {fault: (damage, the file named, what the message says)}; the tiny model has 128 embedding rows
+TOKENIZER_FAULTS = {
+    "no tokenizer files": (_no_tokenizer, "", "has no tokenizer (no tokenizer.json, tokenizer.model, vocab.json)"),
+    "tokenizer.json without a vocabulary": (
+        lambda e: (e / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "BPE"}})),
+        "tokenizer.json", "has no vocabulary (its model.vocab is missing or empty)"),
+    "tokenizer.json a list": (lambda e: (e / "tokenizer.json").write_text("[]"), "tokenizer.json",
+                              "is not a JSON object"),
+    "no added_tokens": (_tokenizer_json(lambda t: t.pop("added_tokens")), "tokenizer.json",
+                        "has no added_tokens list"),
+    "a token past vocab_size": (_tokenizer_json(lambda t: _set_vocab(t, "zz", 200)), "tokenizer.json",
+                                'model.vocab has 1 token(s) at ids 128 and above (the last: "zz" at 200), past '
+                                "config.json's vocab_size 128"),
+    "an added token past vocab_size": (_tokenizer_json(lambda t: _added(t, "<|x|>", 128)), "tokenizer.json",
+                                       'added_tokens has 1 token(s) at ids 128 and above (the last: "<|x|>" at 128)'),
+    "two tokens of one id": (_tokenizer_json(lambda t: _set_vocab(t, "zz", 20)), "tokenizer.json",
+                             'model.vocab gives the id 20 to two tokens'),
+    "an added token on another's id": (_tokenizer_json(lambda t: _added(t, "<|x|>", 20)), "tokenizer.json",
+                                       "model.vocab with added_tokens gives the id 20 to two tokens"),
+    "a negative id": (_tokenizer_json(lambda t: _set_vocab(t, "zz", -1)), "tokenizer.json",
+                      'model.vocab gives "zz" the id -1, not a token (a string) with an id (an integer from 0)'),
+    "a BPE without merges": (_tokenizer_json(lambda t: t["model"].update(merges=[])), "tokenizer.json",
+                             "is a BPE without merges"),
+    "a model transformers does not read": (_tokenizer_json(lambda t: t["model"].update(type="Nope")), "",
+                                           "does not load with transformers' AutoTokenizer"),
+    "tokenizer_config.json not JSON": (lambda e: (e / "tokenizer_config.json").write_text("{"),
+                                       "tokenizer_config.json", "is not valid JSON"),
+    "tokenizer_config.json: a token past vocab_size": (
+        _tokenizer_config(added_tokens_decoder={"300": {"content": "<|y|>", "special": True}}),
+        "tokenizer_config.json", 'added_tokens_decoder has 1 token(s) at ids 128 and above (the last: "<|y|>" at '
+                                 "300)"),
+    "added_tokens.json: a token past vocab_size": (
+        lambda e: (e / "added_tokens.json").write_text(json.dumps({"<|z|>": 128})), "added_tokens.json",
+        "the added tokens has 1 token(s) at ids 128 and above"),
+    "config.json: an eos id past vocab_size": (lambda e: edit_json(e / "config.json", eos_token_id=[1, 999]),
+                                               "config.json", "has eos_token_id 999, past its vocab_size 128"),
+    "a sentencepiece model past vocab_size": (_sentencepiece(200), "tokenizer.model",
+                                              "holds 200 pieces, more than config.json's vocab_size 128"),
+    "a tokenizer.model that is not one": (lambda e: (e / "tokenizer.model").write_bytes(b"\xff\xff"),
+                                          "tokenizer.model", "is not a sentencepiece model"),
+}
+
+
+@pytest.mark.parametrize("fault", list(TOKENIZER_FAULTS))
+def test_a_tokenizer_the_converter_would_fail_on_or_convert_wrongly_is_refused(export, tmp_path, stand_in,
+                                                                               fault) -> None:
+    damage, file, fragment = TOKENIZER_FAULTS[fault]
+    damage(export)
+    with pytest.raises(ValueError) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+    message = str(raised.value)
+    assert fragment in message and str(export / file) in message and "\n" not in message, message
+    assert listing(tmp_path) == ["export"]
+
+
+def test_a_sentencepiece_tokenizer_needs_its_package(export, tmp_path, stand_in, monkeypatch) -> None:
+    _sentencepiece(100)(export)
+    find_spec = gguf.importlib.util.find_spec
+    monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else
+                        find_spec(name, *a))
+    with pytest.raises(ValueError) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+    assert str(raised.value) == (f"the tokenizer of export {str(export)!r} is a sentencepiece model (tokenizer.model), "
+                                 "which llama.cpp's converter reads with the sentencepiece package, not installed "
+                                 "here; install it (pip install -e '.[deploy]', which brings it), or save the "
+                                 "tokenizer's tokenizer.json into the export")
+    monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name, *a: object())
+    with pytest.raises(Reached):  # 100 pieces of a 128-row model, its package there
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+
+
+def test_a_tokenizer_smaller_than_the_model_is_converted(export, tmp_path, stand_in) -> None:
+    """Fewer tokens than embedding rows (the converter pads them), specials on the vocabulary's own ids."""
+    _tokenizer_json(lambda t: _set_vocab(t, "zz", 127))(export)
+    with pytest.raises(Reached):
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+
+
 # ------------------------------------------------------------------------------------------- a stand-in run
+class _TextModel:
+    """The stand-in's class that names the pre-tokenizer (the export's byte-level BPE gets ``gpt-2``)."""
+
+    def get_vocab_base_pre(self, tokenizer) -> str:
+        raise NotImplementedError("BPE pre-tokenizer was not recognized")
+
+
 def _stand_in_module(run) -> types.ModuleType:
     """A converter module whose ``main`` calls ``run(export, outfile, outtype)`` with its command line's values."""
     module = types.ModuleType("stand_in_converter")
@@ -383,6 +579,7 @@ def _stand_in_module(run) -> types.ModuleType:
         run(Path(argv[1]), Path(argv[argv.index("--outfile") + 1]), argv[argv.index("--outtype") + 1])
 
     module.main = main
+    module.TextModel = _TextModel
     return module
 
 
@@ -457,6 +654,36 @@ def _interrupted(source: Path, outfile: Path, outtype: str) -> None:
     raise KeyboardInterrupt
 
 
+# the converter's steps, named as its functions are (the outermost of them in the traceback names the step)
+def set_vocab(error: BaseException) -> None:
+    raise error
+
+
+def index_tensors(error: BaseException) -> None:
+    raise error
+
+
+def _set_vocab_sentencepiece(error: BaseException) -> None:
+    raise error
+
+
+def _key_error(source: Path, outfile: Path, outtype: str) -> None:
+    set_vocab(KeyError("added_tokens"))  # transformers on a tokenizer.json without added_tokens
+
+
+def _reads_a_directory(source: Path, outfile: Path, outtype: str) -> None:
+    index_tensors(IsADirectoryError(errno.EISDIR, "Is a directory", str(source / "model_x.safetensors")))
+
+
+def _no_module(source: Path, outfile: Path, outtype: str) -> None:
+    _set_vocab_sentencepiece(ModuleNotFoundError("No module named 'sentencepiece'", name="sentencepiece"))
+
+
+def _short_write(source: Path, outfile: Path, outtype: str) -> None:
+    outfile.write_bytes(b"GGUF partial")
+    raise OSError("2048 requested and 640 written")  # numpy's tofile on a full disk: no errno
+
+
 @pytest.mark.parametrize(("run", "error", "message"), [
     (_refuses, GGUFConversionError, "llama.cpp's converter refused {export!r}: Model Qwen3MoeForCausalLM is not "
                                     "supported"),
@@ -466,7 +693,19 @@ def _interrupted(source: Path, outfile: Path, outtype: str) -> None:
     (_writes_nothing, GGUFConversionError, "llama.cpp's converter wrote no GGUF for {export!r} (0 bytes starting "
                                            "b'')"),
     (_interrupted, KeyboardInterrupt, ""),
-], ids=["refused", "failed", "wrote nothing", "interrupted"])
+    (_key_error, GGUFConversionError, "llama.cpp's converter failed on {export!r} while reading the tokenizer "
+                                      "(set_vocab): KeyError: 'added_tokens'"),
+    (_reads_a_directory, GGUFConversionError, "llama.cpp's converter failed on {export!r} while reading the weights "
+                                              "(index_tensors): IsADirectoryError: [Errno 21] Is a directory: "
+                                              "'{export}/model_x.safetensors'"),
+    (_no_module, GGUFConversionError, "llama.cpp's converter failed on {export!r} while reading the tokenizer "
+                                      "(_set_vocab_sentencepiece): ModuleNotFoundError: No module named "
+                                      "'sentencepiece'; install it (pip install -e '.[deploy]', which brings "
+                                      "it)"),
+    (_short_write, GGUFConversionError, "llama.cpp's converter could not write the GGUF {out!r}: OSError: 2048 "
+                                        "requested and 640 written; nothing was written, {out!r} is as it was"),
+], ids=["refused", "failed", "wrote nothing", "interrupted", "a KeyError in a step", "an OSError reading",
+        "a missing module", "a short write, the disk not full"])
 def test_a_failed_conversion_leaves_nothing_behind(export, tmp_path, stand_in, monkeypatch, capfd, run, error,
                                                    message) -> None:
     out = tmp_path / "model.gguf"
@@ -474,9 +713,54 @@ def test_a_failed_conversion_leaves_nothing_behind(export, tmp_path, stand_in, m
     monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(run))
     with pytest.raises(error) as raised:
         convert_to_gguf(export, out, llama_cpp=stand_in, overwrite=True)
-    assert str(raised.value) == message.format(export=str(export))
+    assert str(raised.value) == message.format(export=str(export), out=str(out))
     assert out.read_bytes() == b"previous" and listing(tmp_path) == ["export", "model.gguf"]
     assert capfd.readouterr() == ("", "")  # the converter's error record is in the message, not printed
+
+
+def test_an_error_without_a_message_names_the_line_that_raised_it(export, tmp_path, stand_in, monkeypatch) -> None:
+    """The converter's bare ``assert`` (its get_vocab_base on a tokenizer larger than the model) said
+    "AssertionError: AssertionError"."""
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps" / "base.py").write_text("def get_vocab_base(tokens, vocab_size):\n"
+                                                "    assert tokens < vocab_size\n")
+    spec = importlib.util.spec_from_file_location("stand_in_base", tmp_path / "steps" / "base.py")
+    base = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(base)  # not a test module: its assert is Python's own, without a message
+    monkeypatch.setattr(gguf, "_load_converter",
+                        lambda folder: _stand_in_module(lambda *args: base.get_vocab_base(320, 128)))
+    with pytest.raises(GGUFConversionError) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+    assert str(raised.value) == (f"llama.cpp's converter failed on {str(export)!r}: AssertionError: assert tokens < "
+                                 "vocab_size (base.py:2)")
+    assert isinstance(raised.value.__cause__, AssertionError) and listing(tmp_path) == ["export", "steps"]
+
+
+@pytest.mark.parametrize("previous", [b"the previous GGUF", None], ids=["replacing", "creating"])
+def test_numpys_short_write_on_a_full_disk_is_the_full_disk_line(export, tmp_path, stand_in, monkeypatch,
+                                                                 previous) -> None:
+    """numpy's ``tofile`` says "2048 requested and 640 written", no errno: one more write finds it (ENOSPC)."""
+    out = tmp_path / "model.gguf"
+    if previous is not None:
+        out.write_bytes(previous)
+    probes = []
+
+    def full_disk(file, mode="r", *args, **kwargs):
+        if mode == "ab":
+            probes.append(Path(file).name)
+            raise OSError(errno.ENOSPC, "No space left on device", str(file))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "open", full_disk, raising=False)
+    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(_short_write))
+    with pytest.raises(OutputDirError) as raised:
+        convert_to_gguf(export, out, llama_cpp=stand_in, overwrite=True)
+    kept = "is as it was" if previous is not None else "was not created"
+    assert str(raised.value) == f"no space left on the device holding {str(out)!r}; nothing was written, " \
+                                f"{str(out)!r} {kept}"
+    assert raised.value.errno == errno.ENOSPC and len(probes) == 1 and probes[0].startswith(".model.gguf.lightprune")
+    assert listing(tmp_path) == (["export", "model.gguf"] if previous is not None else ["export"])
+    assert previous is None or out.read_bytes() == previous
 
 
 def _chatty(source: Path, outfile: Path, outtype: str) -> None:
@@ -541,6 +825,25 @@ def test_a_refusal_of_the_command_is_one_line_and_status_2(export, tmp_path, sta
         convert_gguf.main([str(export), str(tmp_path / "model.gguf"), "--llama-cpp", str(stand_in)])
     assert capsys.readouterr().err == (f"lightprune: error: output file {str(tmp_path / 'model.gguf')!r} exists; "
                                        "pass --overwrite to replace it\n")
+
+
+@pytest.mark.parametrize("loud", [False, True], ids=["quiet", "verbose"])
+def test_a_converter_failure_is_one_line_with_its_traceback_only_when_verbose(export, tmp_path, stand_in, command_env,
+                                                                            monkeypatch, capsys, loud) -> None:
+    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(_key_error))
+    with pytest.raises(SystemExit) as raised:
+        convert_gguf.main([str(export), str(tmp_path / "model.gguf"), "--llama-cpp", str(stand_in),
+                           *(["--verbose"] if loud else [])])
+    assert raised.value.code == 2
+    out, err = capsys.readouterr()
+    line = (f"lightprune: error: llama.cpp's converter failed on {str(export)!r} while reading the tokenizer "
+            "(set_vocab): KeyError: 'added_tokens'\n")
+    assert out == "" and err.endswith(line)
+    if loud:
+        assert err.startswith("Traceback (most recent call last):\n") and "in set_vocab\n" in err
+        assert err.endswith("\nKeyError: 'added_tokens'\n" + line)  # the converter's error, then the line
+    else:
+        assert err == line
 
 
 def test_a_conversion_by_the_command_prints_one_line(export, tmp_path, stand_in, command_env, monkeypatch,
