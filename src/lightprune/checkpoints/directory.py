@@ -2,41 +2,124 @@
 loads: :func:`check_checkpoint`.
 
 Which files are the model's weights is one rule, the one transformers' loader follows, for every path that reads
-a checkpoint: the files the shard index (``model.safetensors.index.json``) names when there is one, else
-``model.safetensors``. Any other file (an adapter's ``adapter_model.safetensors``, an optimizer state, a
-stray copy) is not part of the checkpoint and is never read.
+a checkpoint: ``model.safetensors``, or the files the shard index (``model.safetensors.index.json``) names (a
+leading ``./`` allowed). Where that is ambiguous the checkpoint is refused, naming the files: ``model.safetensors``
+beside a shard index (transformers loads the one, a loader that follows the index the other), or beside shards
+named like the model's (``model-00001-of-00002.safetensors``) without an index (a loader that reads every
+``.safetensors`` file of such a folder reads them too). transformers' pickle weights beside the safetensors ones
+(``pytorch_model.bin``, read instead only with ``use_safetensors=False``) are named in a warning
+(:func:`warn_pickle_weights`). Any other file (an adapter's ``adapter_model.safetensors``, an optimizer state, a
+stray copy, a shard the index does not name) is not part of the checkpoint and is never read.
 
-Refused, with the path in the message: no directory, no (or unreadable) config.json or one that names a key
-twice, no weights (pickle ``.bin`` / ``.pt`` files are never loaded; shards named ``model-00001-of-00003``
-without their index), a shard index that is not ``{"weight_map": {tensor: file}}``, names a missing file, or
-disagrees with the shards' headers (a tensor it lists that its shard lacks, or a tensor of a shard it does not
-list), and a safetensors file whose header disagrees with its bytes (:func:`.header.read_header`). config.json,
-the index and the headers nested deeper than :data:`~lightprune.core.jsonio.MAX_DEPTH` are refused before they are
-parsed.
+Refused, with the path in the message: no directory (a file, a dangling symlink or a symlink loop said as such, a
+name that is not UTF-8), no (or unreadable) config.json or one that names a key twice, a weights name, config.json
+or the index that is a directory, a dangling symlink or a symlink loop, no weights (pickle ``.bin`` / ``.pt`` files
+are never loaded; shards named ``model-00001-of-00003`` without their index), a shard index that is not
+``{"weight_map": {tensor: file}}``, names a missing file or one outside the folder, or disagrees with the shards'
+headers (a tensor it lists that its shard lacks, or a tensor of a shard it does not list), and a safetensors file
+whose header disagrees with its bytes (:func:`.header.read_header`). config.json, the index and the headers nested
+deeper than :data:`~lightprune.core.jsonio.MAX_DEPTH` are refused before they are parsed. A file that cannot be
+read (permission denied) is one line naming it (:func:`input_error`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from lightprune.checkpoints.header import read_header
 from lightprune.core.jsonio import DuplicateKeyError, parse_json
+from lightprune.core.paths import check_path_text
+from lightprune.core.sources import not_a_directory
 
 __all__ = ["SAFE_INDEX", "SAFE_WEIGHTS", "weight_files", "read_index", "read_config", "check_checkpoint",
-           "checkpoint_directory", "disk_entries"]
+           "checkpoint_directory", "disk_entries", "input_error", "readable_inputs", "warn_pickle_weights"]
 
 SAFE_INDEX = "model.safetensors.index.json"
 SAFE_WEIGHTS = "model.safetensors"
 _SHARD_NAME = re.compile(r".*-\d+-of-\d+\.safetensors$")
+#: the names transformers gives the shards of a model's safetensors weights
+_MODEL_SHARD = re.compile(r"^model-\d+-of-\d+\.safetensors$")
+#: transformers' pickle weights, which it reads instead of the safetensors ones with ``use_safetensors=False``
+_PICKLE_WEIGHTS = re.compile(r"^pytorch_model(?:-\d+-of-\d+)?\.bin(?:\.index\.json)?$")
 _SHOWN = 8
+#: errno values of a file that is there but cannot be read
+_UNREADABLE = {errno.EACCES: "make it readable (chmod), or run as a user who may read it",
+               errno.EPERM: "make it readable (chmod), or run as a user who may read it",
+               errno.EISDIR: "it is a directory: restore the file",
+               errno.ELOOP: "it is a symlink loop: point the link at the file"}
 
 
 def _listed(names: list[str]) -> str:
     return ", ".join(names[:_SHOWN]) + (f", and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+
+
+def input_error(exc: BaseException, after: str = "") -> OSError | None:
+    """``exc`` restated in one line naming the file it could not read (a permission denied, a directory or a symlink
+    loop where a file was to be read: :data:`_UNREADABLE`), of the same class and errno, chained by the caller;
+    ``after``: what else to say (what was written). None for any other exception."""
+    code, filename = getattr(exc, "errno", None), getattr(exc, "filename", None)
+    if not isinstance(exc, OSError) or code not in _UNREADABLE or filename is None:
+        return None
+    error = type(exc)(f"cannot read {os.fsdecode(filename)!r}: {os.strerror(code).lower()}; {_UNREADABLE[code]}"
+                      + (f"; {after}" if after else ""))
+    error.errno = code  # no filename: str() stays the message
+    return error
+
+
+@contextmanager
+def readable_inputs() -> Iterator[None]:
+    """Restate an input that cannot be read, raised in the block, in one line (:func:`input_error`)."""
+    try:
+        yield
+    except OSError as exc:
+        error = input_error(exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def _stat_errno(file: Path) -> int | None:
+    try:
+        os.stat(file)
+    except OSError as err:
+        return err.errno
+    return None
+
+
+def _entry_problem(file: Path) -> tuple[type[Exception], str] | None:
+    """(the error class, why) when the name ``file`` cannot be read as a file: a dangling symlink (FileNotFoundError),
+    a symlink loop (ValueError), a directory (IsADirectoryError), a special file (ValueError); None for a regular
+    file, a symlink to one, or no such name."""
+    if not os.path.lexists(file) or file.is_file():
+        return None
+    if file.is_symlink() and not file.exists():
+        try:
+            target = os.readlink(file)
+        except OSError:
+            target = "?"
+        if _stat_errno(file) == errno.ELOOP:
+            return ValueError, f"is a symlink loop (-> {target!r})"
+        return FileNotFoundError, f"is a dangling symlink (its target {target!r} does not exist)"
+    if file.is_dir():
+        return IsADirectoryError, "is a directory, not a file"
+    return ValueError, "is not a regular file"
+
+
+def _check_entry(file: Path, what: str) -> None:
+    """Refuse a name ``file`` that is there but cannot be read as a file (:func:`_entry_problem`), naming it."""
+    problem = _entry_problem(file)
+    if problem is not None:
+        cls, why = problem
+        raise cls(f"checkpoint directory {str(file.parent)!r}: {what} {file.name} {why}; restore the file (or "
+                  "re-save the checkpoint)")
 
 
 def _read_json_file(file: Path, what: str) -> Any:
@@ -52,6 +135,7 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     """config.json of a checkpoint directory as a dict (``ValueError`` naming it when it is not a JSON object,
     or names a key twice)."""
     file = Path(path) / "config.json"
+    _check_entry(file, "its")
     if not file.is_file():
         raise FileNotFoundError(f"checkpoint directory {str(Path(path))!r} has no config.json")
     config = _read_json_file(file, "config.json")
@@ -60,11 +144,20 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     return config
 
 
+def _shard_name(value: str) -> str:
+    """A shard index's file name without leading ``./`` (transformers joins it to the folder as it is)."""
+    while value.startswith("./"):
+        value = value[2:]
+    return value
+
+
 def read_index(path: str | os.PathLike) -> dict[str, str] | None:
-    """The shard index's ``weight_map`` ({tensor: file name}) of a checkpoint directory, None without an index;
-    ``ValueError`` naming the index when it is malformed, FileNotFoundError when it names a missing file."""
+    """The shard index's ``weight_map`` ({tensor: file name}, a leading ``./`` dropped) of a checkpoint directory,
+    None without an index; ``ValueError`` naming the index when it is malformed, FileNotFoundError when it names a
+    missing file."""
     path = Path(path)
     index = path / SAFE_INDEX
+    _check_entry(index, "its shard index")
     if not index.is_file():
         return None
     data = _read_json_file(index, "shard index")
@@ -74,10 +167,15 @@ def read_index(path: str | os.PathLike) -> dict[str, str] | None:
         raise ValueError(f"shard index {str(index)!r} is not valid: it needs a non-empty \"weight_map\" object "
                          "{tensor name: shard file name}")
     names = set(weight_map.values())  # a few shards named by thousands of tensors: each checked once
-    outside = sorted(v for v in names if Path(v).name != v or not v.endswith(".safetensors"))
+    outside = sorted(v for v in names if Path(_shard_name(v)).name != _shard_name(v) or not v.endswith(".safetensors")
+                     or _shard_name(v) in ("", ".", ".."))
     if outside:
         raise ValueError(f"shard index {str(index)!r} names {outside}: shards are .safetensors files in the "
                          "checkpoint directory")
+    weight_map = {key: _shard_name(value) for key, value in weight_map.items()}
+    names = set(weight_map.values())
+    for name in sorted(names):
+        _check_entry(path / name, "the shard")
     missing = sorted(v for v in names if not (path / v).is_file())
     if missing:
         raise FileNotFoundError(f"checkpoint {str(path)!r}: shard index names missing files {missing}")
@@ -86,13 +184,33 @@ def read_index(path: str | os.PathLike) -> dict[str, str] | None:
 
 def weight_files(path: str | os.PathLike) -> list[Path]:
     """The model's ``.safetensors`` files of a checkpoint directory (see the module docstring); FileNotFoundError
-    naming what the directory holds when it has none."""
+    naming what the directory holds when it has none, ``ValueError`` when which files are the model is ambiguous
+    (``model.safetensors`` beside a shard index, or beside shards named like the model's, without an index)."""
     path = Path(path)
+    _check_entry(path / SAFE_WEIGHTS, "its weights file")
     weight_map = read_index(path)
-    if weight_map is not None:
+    single = (path / SAFE_WEIGHTS).is_file()
+    if weight_map is not None and single:
+        shards = sorted(set(weight_map.values()))
+        raise ValueError(f"checkpoint directory {str(path)!r} holds both {SAFE_WEIGHTS} and {SAFE_INDEX} with its "
+                         f"shards ({_listed(shards)}): transformers loads {SAFE_WEIGHTS}, a loader that follows the "
+                         "index its shards, and nothing says they are the same model; remove (or move away) one of "
+                         f"the two: {SAFE_WEIGHTS}, or the index and its shards")
+    if weight_map is not None:  # shards the index does not name are read by no loader
         return sorted(path / name for name in set(weight_map.values()))
-    if (path / SAFE_WEIGHTS).is_file():
-        return [path / SAFE_WEIGHTS]
+    if not single:
+        _no_weights(path)
+    stray = sorted(p.name for p in path.iterdir() if _MODEL_SHARD.match(p.name))
+    if stray:
+        raise ValueError(f"checkpoint directory {str(path)!r} holds shard files ({_listed(stray)}) beside "
+                         f"{SAFE_WEIGHTS}, without an index: leftovers of another save? transformers loads "
+                         f"{SAFE_WEIGHTS}, a loader that reads every .safetensors file of a folder without an index "
+                         "would read them too; remove (or move away) the files that are not the model's")
+    return [path / SAFE_WEIGHTS]
+
+
+def _no_weights(path: Path) -> NoReturn:
+    """Raise the FileNotFoundError of a checkpoint directory without ``model.safetensors`` or a shard index."""
     others = sorted(p.name for p in path.glob("*.safetensors"))
     shards = [name for name in others if _SHARD_NAME.match(name)]
     if shards:
@@ -105,6 +223,18 @@ def weight_files(path: str | os.PathLike) -> list[Path]:
     hint = "; ".join(part for part in found if part)
     raise FileNotFoundError(f"checkpoint directory {str(path)!r} has no .safetensors weights (no {SAFE_WEIGHTS}, "
                             f"no {SAFE_INDEX})" + (f" ({hint})" if hint else ""))
+
+
+def warn_pickle_weights(path: str | os.PathLike) -> None:
+    """Name, in a warning, transformers' pickle weights (``pytorch_model.bin``, its shards and index) beside a
+    checkpoint's safetensors weights: every lightprune path, and transformers by default, reads the safetensors
+    files; transformers reads the pickles instead with ``use_safetensors=False``."""
+    path = Path(path)
+    pickles = sorted(p.name for p in path.iterdir() if _PICKLE_WEIGHTS.match(p.name))
+    if pickles:
+        warnings.warn(f"checkpoint {str(path)!r} holds {_listed(pickles)} beside its safetensors weights: lightprune "
+                      "(and transformers, unless use_safetensors=False) reads the safetensors files and ignores them; "
+                      "delete them if they are not the same model", UserWarning, stacklevel=3)
 
 
 def disk_entries(path: str | os.PathLike, metadata: dict[str, dict[str, str]] | None = None,
@@ -141,12 +271,15 @@ def disk_entries(path: str | os.PathLike, metadata: dict[str, dict[str, str]] | 
 
 
 def checkpoint_directory(path: str | os.PathLike) -> Path:
-    """``path`` as a ``Path``, once it is an existing directory (FileNotFoundError / NotADirectoryError naming it)."""
+    """``path`` as a ``Path``, once it is an existing directory whose name is UTF-8 (FileNotFoundError /
+    NotADirectoryError / ValueError naming it: a file's folder, a dangling symlink or a loop said as such)."""
+    check_path_text(path, "checkpoint directory")
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist")
+    problem = not_a_directory(path, "checkpoint directory")
+    if problem is not None:
+        raise problem
     if not path.is_dir():
-        raise NotADirectoryError(f"checkpoint path {str(path)!r} is not a directory")
+        raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist")
     return path
 
 
@@ -154,6 +287,7 @@ def check_checkpoint(path: str | os.PathLike) -> Path:
     """Validate a checkpoint directory's files before loading (see the module docstring); returns it as a
     ``Path``."""
     path = checkpoint_directory(path)
-    read_config(path)
-    disk_entries(path)
+    with readable_inputs():
+        read_config(path)
+        disk_entries(path)
     return path

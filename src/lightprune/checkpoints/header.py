@@ -3,7 +3,9 @@
 A safetensors file is an 8-byte little-endian header length, a JSON header (each tensor's dtype, shape and byte
 range in the data that follows, plus ``__metadata__``), then the tensors' bytes. Only headers are read here.
 
-:func:`read_header` accepts a header only when every byte of the data is described once: no key named twice,
+:func:`read_header` reads the header JSON as the safetensors library transformers loads with does: UTF-8 text
+without a byte-order mark, no ``NaN`` / ``Infinity``, no lone surrogate escape (each is refused, not read by one path
+and refused by another). It accepts a header only when every byte of the data is described once: no key named twice,
 every tensor a known dtype, a shape of non-negative integers and a range ``[begin, end)`` with
 ``end - begin == numel(shape) * itemsize(dtype)``; the ranges, in order, tile the data from 0 to the end of the
 file without a gap or an overlap (what the safetensors format requires of a writer). Anything else is a
@@ -71,13 +73,40 @@ def header_bytes(file: str | os.PathLike) -> bytes:
 
 
 def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A header object whose keys are unique (a JSON object hook)."""
+    """A header object whose keys are unique and whose strings are text (a JSON object hook)."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
             raise ValueError(f"the header names {key!r} twice")
+        for text in (key, value):
+            if isinstance(text, str) and not _is_text(text):
+                raise ValueError(f"the header holds the string {text!r} with a lone surrogate escape (\\udXXX), "
+                                 "which is not text")
         out[key] = value
     return out
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _parse(raw: bytes) -> Any:
+    """The header JSON as the safetensors library reads it (what transformers loads with): UTF-8 without a
+    byte-order mark, no ``NaN`` / ``Infinity``, no lone surrogate escape, no ``-0`` (bare ``ValueError``)."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise ValueError("its header starts with a UTF-8 byte-order mark, which the safetensors format does not "
+                         "allow (transformers' loader refuses the file)")
+    text = raw.decode("utf-8")  # strict: UTF-16 or stray bytes are refused, as safetensors refuses them
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"the header holds {name}, which is not JSON")
+
+    return json.loads(text, object_pairs_hook=_once, parse_constant=constant,
+                      parse_int=lambda digits: -0.0 if digits == "-0" else int(digits))
 
 
 def _entry(name: str, info: Any) -> tuple[int, int]:
@@ -113,7 +142,7 @@ def read_header(file: Path) -> dict[str, Any]:
         raw = _raw_header(file, size)
         data = size - len(raw)
         check_json_depth(raw[8:], f"safetensors file {str(file)!r} (its header)")  # before json recurses
-        header = json.loads(raw[8:], object_pairs_hook=_once)
+        header = _parse(raw[8:])
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
         metadata = header.get("__metadata__")

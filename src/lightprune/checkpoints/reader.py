@@ -12,6 +12,8 @@ the directory, config.json and the weight files (what :func:`~lightprune.checkpo
 checks: which files are the weights, the shard index against the shards, every header against its bytes, each read
 once), then, before any model is built:
 
+- config.json's values (:func:`~lightprune.checkpoints.strict.check_config_values`: no NaN or infinite number, no
+  activation transformers does not know, no ``transformers_weights`` naming other weights);
 - no ``quantization_config`` (lightprune streams float checkpoints);
 - the config's layer counts against the weights: no ``num_hidden_layers`` (or a vision tower's ``depth``, ...: of
   the config or a sub-config) above the number of tensors on disk, nor a decoder's above the layers the tensor
@@ -40,10 +42,12 @@ from lightprune.checkpoints.directory import (
     checkpoint_directory,
     disk_entries,
     read_config,
+    readable_inputs,
+    warn_pickle_weights,
     weight_files,
 )
 from lightprune.checkpoints.header import SAFETENSORS_DTYPES
-from lightprune.checkpoints.strict import check_not_quantized
+from lightprune.checkpoints.strict import check_config_values, check_not_quantized
 
 __all__ = ["Checkpoint", "stored_dtype"]
 
@@ -103,10 +107,19 @@ class Checkpoint:
 
     def __init__(self, path: str | os.PathLike):
         self.path = checkpoint_directory(path)
+        self._fds: dict[Path, int] = {}
+        # will_need's background thread, made on first use (False: it could not be started, no readahead)
+        self._advice: ThreadPoolExecutor | None | bool = None
+        with readable_inputs():  # a file it cannot read: one line naming it
+            self._open()
+
+    def _open(self) -> None:
         from transformers import AutoConfig
 
         self.raw_config = read_config(self.path)
+        check_config_values(self.path, self.raw_config)
         self.files = weight_files(self.path)
+        warn_pickle_weights(self.path)
         #: {file name: the header's ``__metadata__``}
         self.metadata: dict[str, dict[str, str]] = {}
         self._entries: dict[str, tuple[Path, dict[str, Any]]] = disk_entries(self.path, self.metadata)
@@ -116,9 +129,6 @@ class Checkpoint:
         self._check_dtype()
         self.sharded = (self.path / SAFE_INDEX).is_file()
         self._data_start = {file: _data_start(file) for file in self.files}
-        self._fds: dict[Path, int] = {}
-        # will_need's background thread, made on first use (False: it could not be started, no readahead)
-        self._advice: ThreadPoolExecutor | None | bool = None
 
     def _check_layer_counts(self) -> None:
         """config.json's layer counts (anywhere in it) against the weights (see the module docstring)."""

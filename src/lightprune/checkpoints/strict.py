@@ -2,6 +2,10 @@
 named before (from the headers) or after (from transformers' loading report) the load.
 
 - :func:`check_not_quantized`: a ``quantization_config`` in config.json;
+- :func:`check_config_values`: config.json values no model can be built or run with: a NaN or infinite number
+  (JSON's ``NaN`` / ``Infinity`` constants, or a number too large for a float) anywhere in it, an activation name
+  (``hidden_act``, ``*_act``, ``hidden_activation``, ``activation_function``) transformers does not know, a
+  ``transformers_weights`` entry pointing transformers at other weights than lightprune reads;
 - :func:`expert_layout_error`: per-expert tensors on disk (``...experts.<i>.<name>``) that cannot be fused;
 - :func:`check_loading_info`: missing, unexpected and mis-shaped tensors and error messages of transformers'
   report, in the model's parameter names.
@@ -11,15 +15,18 @@ Each error names the checkpoint and the tensors (at most 8, then "and N more").
 
 from __future__ import annotations
 
+import difflib
+import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from lightprune.checkpoints.directory import read_config
+from lightprune.checkpoints.directory import SAFE_INDEX, SAFE_WEIGHTS, read_config
 
-__all__ = ["check_not_quantized", "expert_layout_error", "check_loading_info", "listed", "tensors_phrase"]
+__all__ = ["check_not_quantized", "check_config_values", "expert_layout_error", "check_loading_info", "listed",
+           "tensors_phrase"]
 
 _SHOWN = 8
 _FLOAT_ONLY = "lightprune loads float checkpoints; quantized or integer weights are not supported"
@@ -46,6 +53,41 @@ def check_not_quantized(path: Path) -> None:
         method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
         raise ValueError(f"checkpoint {str(path)!r} is quantized (config.json has a quantization_config, "
                          f"quant_method {method!r}): {_FLOAT_ONLY}")
+
+
+def _leaves(node: dict | list, where: str = "") -> Iterator[tuple[str, str, Any]]:
+    """(dotted path, key, value) of every value of a JSON tree that is not an object or a list (key "" in a list)."""
+    for key, value in node.items() if isinstance(node, dict) else enumerate(node):
+        name = f"{where}[{key}]" if isinstance(node, list) else f"{where}.{key}" if where else str(key)
+        if isinstance(value, (dict, list)):
+            yield from _leaves(value, name)
+        else:
+            yield name, str(key) if isinstance(node, dict) else "", value
+
+
+def _is_activation_key(key: str) -> bool:
+    return key.endswith("_act") or key in ("hidden_activation", "activation_function")
+
+
+def check_config_values(path: Path, config: dict[str, Any]) -> None:
+    """Refuse config.json values no model can be built or run with (the module docstring's list), naming the key."""
+    from transformers.activations import ACT2FN
+
+    where = f"checkpoint {str(path)!r}: config.json"
+    for name, key, value in _leaves(config):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{where}'s {name} is {value!r}: a non-finite number gives NaN or inf outputs; set the "
+                             "value the model was trained with")
+        if _is_activation_key(key) and isinstance(value, str) and value not in ACT2FN:
+            close = difflib.get_close_matches(value, list(ACT2FN), n=3, cutoff=0.5)
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+            raise ValueError(f"{where}'s {name} is {value!r}, an activation transformers does not know ({hint}the "
+                             "known names: transformers.activations.ACT2FN); set the model's activation")
+    weights = config.get("transformers_weights")
+    if weights is not None and (weights not in (SAFE_WEIGHTS, SAFE_INDEX) or not (path / str(weights)).is_file()):
+        raise ValueError(f"{where}'s transformers_weights is {weights!r}: transformers loads that file instead of "
+                         f"the {SAFE_WEIGHTS} or {SAFE_INDEX} every lightprune path reads; remove the key (and name "
+                         "the weights as transformers saves them)")
 
 
 def expert_layout_error(path: Path, entries: dict[str, tuple[Path, dict[str, Any]]]) -> ValueError | None:

@@ -11,13 +11,17 @@ module never imports the packages that provide sources. A plain path is a local 
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from lightprune.core.paths import check_path_text
+
 __all__ = ["CheckpointSource", "register_source", "sources", "check_checkpoint_name", "resolve_checkpoint",
-           "ENTRY_POINT_GROUP"]
+           "ENTRY_POINT_GROUP", "not_a_directory"]
 
 ENTRY_POINT_GROUP = "lightprune.checkpoint_sources"
 
@@ -73,11 +77,52 @@ def check_checkpoint_name(name: str) -> None:
     source = _source_of(name)
     if source is not None:
         source.check(name)
-    elif not Path(name).is_dir():
+        return
+    check_path_text(name, "checkpoint directory")
+    if not Path(name).is_dir():
+        problem = not_a_directory(name, "checkpoint directory")
+        if problem is not None:
+            raise problem
         hub = "" if name.startswith((".", "/", "~")) or name.count("/") != 1 else \
             " (it looks like a hub id: lightprune loads local directories only and never downloads; fetch the " \
             "checkpoint first and give its folder)"
         raise FileNotFoundError(f"checkpoint directory {name!r} does not exist{hub}")
+
+
+def not_a_directory(path: str | os.PathLike, what: str) -> OSError | None:
+    """The error for ``path`` (``what``: "checkpoint directory") when a name exists there that is not a directory: a
+    file (its folder named), a dangling symlink or a symlink loop; None when it is a directory or nothing is there."""
+    path = Path(path).expanduser()
+    if path.is_dir() or not os.path.lexists(path):
+        return None
+    if path.is_symlink() and not path.exists():
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        if _stat_errno(path) == errno.ELOOP:
+            return _error(OSError, errno.ELOOP, f"{what} {str(path)!r} is a symlink loop (-> {target!r}); point it "
+                                                "at the directory, or give the directory itself")
+        return _error(FileNotFoundError, errno.ENOENT, f"{what} {str(path)!r} is a dangling symlink: its target "
+                                                       f"{target!r} does not exist; restore it, or give the directory")
+    kind = "a file" if path.is_file() else "not a directory (a special file)"
+    return _error(NotADirectoryError, errno.ENOTDIR, f"{what} {str(path)!r} is {kind}, not a directory: give its "
+                                                     f"folder {str(path.absolute().parent)!r}")
+
+
+def _stat_errno(path: Path) -> int | None:
+    try:
+        os.stat(path)
+    except OSError as err:
+        return err.errno
+    return None
+
+
+def _error(cls: type[OSError], code: int, message: str) -> OSError:
+    """``cls(message)`` with ``errno`` set (one line: ``str()`` is the message alone)."""
+    error = cls(message)
+    error.errno = code
+    return error
 
 
 def resolve_checkpoint(name: str) -> Path:

@@ -174,6 +174,9 @@ def _loading(info: Mapping[str, Any]) -> list[str]:
                 "the bundled `modeling_lightprune.py` (torch and transformers only) or with lightprune.")
     if info["uniform"] and info["tokenizer"] is not None:
         code.append('tokenizer = AutoTokenizer.from_pretrained("path")')
+    if info["dtype"] == "float64":
+        note += (" Its experts run transformers' `eager` implementation (config.json's `experts_implementation`: "
+                 "the default `grouped_mm` kernel takes no float64), which `from_pretrained` reads from the config.")
     return ["## Loading", "", note, "", "```python", *code, "```"]
 
 

@@ -37,6 +37,7 @@ from lightprune.experts.prune import prune_experts
 from lightprune.export.result import ExportResult
 from lightprune.export.save import (
     card_facts,
+    check_reference_finite,
     check_not_source,
     parameter_count,
     resolve_source_dir,
@@ -98,8 +99,10 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
 
     The plan is checked against the model before anything changes (every MoE layer named and no other, the
     expert counts, the routing floors: :meth:`~lightprune.experts.plan.ExpertPlan.check_layers`, a
-    :class:`~lightprune.core.errors.PlanError`), and so is the output directory (also that it is not, and does not hold, the
-    source checkpoint directory: ``ValueError``). The reloaded checkpoint is compared with the masked
+    :class:`~lightprune.core.errors.PlanError`), and so is the output directory (also that it is not, and does not
+    hold, the source checkpoint directory: ``ValueError``). NaN or inf logits of the masked model, before any surgery,
+    are an :class:`ExportVerificationError` naming the model's non-finite tensors (the model is broken, not the
+    export). The reloaded checkpoint is compared with the masked
     model; only when that fails is the in-memory pruned model run too, to name the cause (a surgery
     problem, or a save / load one). A mismatch raises :class:`ExportVerificationError`, leaving
     ``out_dir`` untouched and the in-memory model pruned.
@@ -131,6 +134,9 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     restore_fp32_buffers(model)  # cast with .to(bf16): rotary inv_freq back in fp32, as the checkpoint reloads
     with mask_experts(model, plan):
         reference = model_logits(model, probe)
+    check_reference_finite(model, reference, "export_pruned", "before any pruning, the plan's experts masked",
+                           "nothing was pruned or written" if merge is None else
+                           "nothing was pruned or written (the in-memory model holds the merged experts)")
     prune_experts(model, plan)
     atol = default_atol(model) if atol is None else atol
     counts = {layer.index: layer.num_experts for layer in find_moe_layers(model)}

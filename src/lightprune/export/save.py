@@ -1,5 +1,9 @@
 """Save a structurally pruned model as a verified safetensors checkpoint: :func:`save_pruned`.
 
+Before anything is written, every tensor the checkpoint would store is checked finite (:func:`non_finite_tensors`:
+a NaN or inf is refused naming the tensor and, in a fused experts tensor, the expert), and so are the reference
+logits (:func:`check_reference_finite`: the model's own NaN logits name the model, not the export, as the culprit).
+
 Steps, all inside a staging directory renamed into place only at the end (:mod:`.staging`):
 
 1. ``save_pretrained`` (safetensors, transformers' on-disk per-expert layout);
@@ -13,7 +17,8 @@ Steps, all inside a staging directory renamed into place only at the end (:mod:`
    (``config.lightprune_experts_per_layer``) the generated ``modeling_lightprune.py`` and its
    ``auto_map`` entry are added (:mod:`.remote_code`), for a uniform one both are absent. Any other
    ``auto_map`` entry (remote code of the source that is not lightprune's) is dropped: the export
-   does not carry that code;
+   does not carry that code. Experts transformers' default ``grouped_mm`` kernel cannot run (float64, rows
+   off 16 bytes) get ``"experts_implementation": "eager"``, which a plain ``from_pretrained`` reads;
 4. verification: reload through :func:`load_pruned` (and, non-uniform, also through
    transformers' ``trust_remote_code=True``), run the probe batch, compare with the reference
    logits (:mod:`.verify`); a mismatch raises :class:`ExportVerificationError`;
@@ -54,6 +59,7 @@ from lightprune.checkpoints.directory import weight_files
 from lightprune.checkpoints.header import header_bytes
 from lightprune.checkpoints.staging import TMP_TAG, staging_dir
 from lightprune.core.checks import check_atol
+from lightprune.core.paths import check_path_text
 from lightprune.core.jsonio import parse_json
 from lightprune.core.notices import quiet_progress
 from lightprune.experts.mask import is_masked
@@ -62,6 +68,7 @@ from lightprune.export.load import load_pruned
 from lightprune.export.remote_code import MODELING_FILE, auto_map_entry, modeling_source
 from lightprune.export.result import MANIFEST_FILE, ExportResult, write_manifest
 from lightprune.export.verify import (
+    BROKEN_SOURCE,
     Comparison,
     ExportVerificationError,
     compare,
@@ -69,14 +76,16 @@ from lightprune.export.verify import (
     default_probe,
     default_rtol,
     model_logits,
+    non_finite,
     restore_fp32_buffers,
 )
 from lightprune.models import find_moe_layers, get_family
+from lightprune.models.experts_kernel import grouped_mm_runs
 
 __all__ = ["save_pruned", "write_pruned", "parameter_count", "tensor_bytes", "MANIFEST_FILE", "TOKENIZER_FILES",
            "CARD_KEYS", "resolve_source_dir", "check_not_source", "source_fingerprint", "card_facts", "plan_record",
            "copy_tokenizer_files", "finish_config", "apply_umask", "check_no_pickles", "GENERATION_FILE",
-           "write_manifest"]
+           "write_manifest", "non_finite_tensors", "check_reference_finite"]
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
@@ -131,6 +140,10 @@ def finish_config(tmp: Path, model: nn.Module, uniform: bool) -> None:
     # the only remote code an export carries is its own modeling file: any other auto_map entry (the
     # source's remote code, or an older lightprune entry) would point at code that is not there
     data.pop("auto_map", None)
+    if not all(grouped_mm_runs(layer.experts) for layer in find_moe_layers(model)):
+        # float64 experts (or rows off 16 bytes): transformers' default grouped_mm kernel cannot run them; its eager
+        # one, named here, is what a plain from_pretrained then picks (the same outputs)
+        data["experts_implementation"] = "eager"
     if uniform:
         (tmp / MODELING_FILE).unlink(missing_ok=True)
     else:
@@ -144,6 +157,7 @@ def resolve_source_dir(model: nn.Module, source_dir: str | os.PathLike | None) -
     """The source checkpoint directory: ``source_dir`` (must be a directory), else ``config._name_or_path``
     when that is an existing local directory, else ``None``."""
     if source_dir is not None:
+        check_path_text(source_dir, "source_dir")
         path = Path(source_dir).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"source_dir {str(source_dir)!r} does not exist")
@@ -152,6 +166,7 @@ def resolve_source_dir(model: nn.Module, source_dir: str | os.PathLike | None) -
         return path.absolute()
     name = str(getattr(model.config, "_name_or_path", "") or "")
     if name and Path(name).expanduser().is_dir():
+        check_path_text(name, "the source checkpoint directory (the model's config._name_or_path)")
         return Path(name).expanduser().absolute()
     return None
 
@@ -160,7 +175,7 @@ def check_not_source(out_dir: str | os.PathLike, source: Path | None) -> None:
     """Raise ``ValueError`` naming both paths when ``out_dir`` is the source directory or holds it."""
     if source is None:
         return
-    out, src = Path(out_dir).expanduser().resolve(), Path(source).resolve()
+    out, src = (Path(os.path.realpath(Path(path).expanduser())) for path in (out_dir, source))  # loops: as they are
     if out == src or out in src.parents:
         where = "is" if out == src else "holds"
         raise ValueError(f"refusing to export into {str(out)!r}: it {where} the source checkpoint {str(src)!r}, "
@@ -245,8 +260,8 @@ def card_facts(card: Mapping[str, Any] | None, counts: Mapping[int, int]) -> dic
         if not isinstance(plan, ExpertPlan):
             raise TypeError(f"card['plan'] must be an ExpertPlan or its to_dict(), got {type(plan).__name__}")
         if plan.kept_counts() != dict(counts):
-            raise ValueError(f"card['plan'] keeps {plan.kept_counts()} experts per layer, the model has {dict(counts)}: "
-                             "not the plan this model was pruned with")
+            raise ValueError(f"card['plan'] keeps {plan.kept_counts()} experts per layer, the model has "
+                             f"{dict(counts)}: not the plan this model was pruned with")
         facts["plan"] = plan_record(plan)
     for key in ("parameters_before", "parameter_bytes_before"):
         if facts[key] is not None and (isinstance(facts[key], bool) or not isinstance(facts[key], int)):
@@ -338,6 +353,44 @@ def _verify(checkpoint: Path, probe: Mapping[str, Any], reference: torch.Tensor,
     return diffs
 
 
+def non_finite_tensors(model: nn.Module) -> list[str]:
+    """Each tensor a checkpoint of ``model`` stores (parameters, persistent buffers) that holds a NaN or inf, as
+    ``"<name> (expert <i>) holds 1 NaN (first at [0, 3])"`` (a fused experts tensor: its first such expert)."""
+    try:
+        experts = {id(layer.experts): layer.num_experts for layer in find_moe_layers(model)}
+    except ValueError:  # not a supported family: each tensor named whole
+        experts = {}
+    found = []
+    for owner_name, owner in model.named_modules():
+        tensors = {**owner._parameters, **{k: v for k, v in owner._buffers.items()
+                                           if k not in owner._non_persistent_buffers_set}}
+        for key, tensor in tensors.items():
+            if tensor is None or non_finite(tensor) is None:
+                continue
+            name = f"{owner_name}.{key}" if owner_name else key
+            if id(owner) in experts and tensor.dim() >= 2 and tensor.shape[0] == experts[id(owner)]:
+                expert = int((~torch.isfinite(tensor.float())).flatten(1).any(1).nonzero()[0])
+                found.append(f"{name} (expert {expert}) holds {non_finite(tensor[expert])}")
+            else:
+                found.append(f"{name} holds {non_finite(tensor)}")
+    return found
+
+
+def check_reference_finite(model: nn.Module, reference: torch.Tensor, where: str, when: str,
+                           after: str = "nothing was written") -> None:
+    """Refuse NaN or inf reference logits, the model's own on the verification probe (``when``: how they were
+    computed; ``after``: what became of the model and the output, for the message), naming the model's non-finite
+    tensors when it has some: the model is broken, not the export."""
+    found = non_finite(reference)
+    if found is None:
+        return
+    tensors = non_finite_tensors(model)
+    more = f" (and {len(tensors) - 1} more)" if len(tensors) > 1 else ""
+    cause = f"its tensor {tensors[0]}{more}" if tensors else "its weights are finite"
+    raise ExportVerificationError(f"{where}: the model's own logits on the verification probe ({when}) hold "
+                                  f"{found}, {cause}: {BROKEN_SOURCE}; {after}")
+
+
 def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[str, Any] | None = None,
                 reference_logits: torch.Tensor | None = None, atol: float | None = None, overwrite: bool = False,
                 processor: Any = None, max_shard_size: int | str | None = None,
@@ -372,6 +425,7 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
     Raises :class:`ExportVerificationError` (leaving ``out_dir`` untouched) on a mismatch.
     """
     start = time.perf_counter()
+    check_path_text(out_dir, "output directory")
     if is_masked(model):
         raise ValueError("save_pruned got a model inside mask_experts: masking is not saved; "
                          "call prune_experts(model, plan) first (or use export_pruned)")
@@ -395,10 +449,19 @@ def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[i
     :func:`save_pruned`'s; the result's ``seconds`` count from ``start`` (``time.perf_counter()``)."""
     get_family(model).set_expert_counts(dict(counts))
     uniform = len(set(counts.values())) == 1
+    broken = non_finite_tensors(model)  # one isfinite per tensor, before anything is written
+    if broken:
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        raise ValueError(f"save_pruned: tensor {broken[0]}{more}: the export would carry it (a broken weight); "
+                         "nothing was written; restore the weights, or prune the expert that holds it")
     probe = dict(probe) if probe is not None else default_probe(model)
     restore_fp32_buffers(model)  # cast with .to(bf16): rotary inv_freq back in fp32, as the checkpoint reloads
     if reference_logits is None:
         reference_logits = model_logits(model, probe)
+        check_reference_finite(model, reference_logits, "save_pruned", "the model to be written")
+    elif non_finite(reference_logits) is not None:
+        raise ExportVerificationError(f"save_pruned: reference_logits hold {non_finite(reference_logits)}: nothing "
+                                      "could be verified against them; nothing was written")
     atol = check_atol(atol)  # NaN would switch verification off: refused
     atol, rtol = default_atol(model) if atol is None else atol, default_rtol(model)
     dtype, device = _weights_dtype(model), _device(model)

@@ -23,7 +23,8 @@ generated ``modeling_lightprune.py`` when they differ per layer, as :func:`save_
 index is rewritten, the tokenizer / processor / chat-template files and ``generation_config.json`` come along.
 Before anything is written, every tensor a layer's routing reads (router rows and biases, correction biases,
 per-expert scales, a router's norm) is read in alone and refused when it holds a NaN or inf, as
-:func:`~lightprune.experts.prune_experts` refuses it in memory. Everything is written into a staging directory renamed
+:func:`~lightprune.experts.prune_experts` refuses it in memory; every tensor is checked finite as it is written (a
+NaN or inf refused naming the tensor and the expert). Everything is written into a staging directory renamed
 into place only after verification
 (:mod:`lightprune.export.streamed_verify`): a failure or a kill leaves a previous ``out_dir`` as it was.
 """
@@ -43,12 +44,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from lightprune.checkpoints.directory import SAFE_INDEX
+from lightprune.checkpoints.directory import SAFE_INDEX, checkpoint_directory
 from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
 from lightprune.checkpoints.staging import staging_dir
 from lightprune.checkpoints.writer import SafetensorsWriter
 from lightprune.core.checks import check_atol, check_non_negative_int, check_positive_int
+from lightprune.core.paths import check_path_text
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.experts.prune import check_routing, prune_experts
@@ -64,6 +66,7 @@ from lightprune.export.save import (
     source_fingerprint,
 )
 from lightprune.export.streamed_verify import verify_pruned_checkpoint
+from lightprune.export.verify import check_written_finite
 from lightprune.models import MoELayer, find_moe_layers
 
 __all__ = ["prune_checkpoint", "expert_dims", "KeyRule"]
@@ -142,20 +145,29 @@ def _out_shape(checkpoint: Checkpoint, key: str, rule: KeyRule) -> tuple[int, ..
 
 
 def _write_shard(checkpoint: Checkpoint, file: Path, rules: dict[str, KeyRule], out: Path) -> dict[str, int]:
-    """Write one output shard; returns {output key: bytes}."""
+    """Write one output shard; returns {output key: bytes}. Each piece is checked finite as it is written
+    (:func:`~lightprune.export.verify.check_written_finite`: a NaN or inf is refused naming the tensor, the expert)."""
     keys = [key for key in checkpoint.keys_in(file) if rules[key].out_key is not None]
     entries = [(rules[k].out_key, checkpoint.dtype(k), _out_shape(checkpoint, k, rules[k])) for k in keys]
     sizes = {}
+    where = f"prune_checkpoint of {str(checkpoint.path)!r}"
     with SafetensorsWriter(out / file.name, entries, metadata=checkpoint.metadata.get(file.name)) as writer:
         for key, (name, dtype, shape) in zip(keys, entries, strict=True):
             rule = rules[key]
             if rule.dim is None:
-                writer.write(name, checkpoint.tensor(key))
+                tensor = checkpoint.tensor(key)
+                check_written_finite(repr(key), tensor, where)
+                writer.write(name, tensor)
             elif rule.dim == 0:  # one kept slice at a time
                 for index in rule.keep:
-                    writer.write(name, checkpoint.rows(key, index, index + 1))
+                    rows = checkpoint.rows(key, index, index + 1)
+                    check_written_finite(f"{key!r} (expert {index})", rows[0] if rows.dim() > 1 else rows, where)
+                    writer.write(name, rows)
             else:
-                writer.write(name, checkpoint.tensor(key).index_select(rule.dim, torch.tensor(rule.keep)))
+                tensor = checkpoint.tensor(key).index_select(rule.dim, torch.tensor(rule.keep))
+                check_written_finite(f"{key!r} (the kept experts {list(rule.keep)} along dimension {rule.dim})",
+                                     tensor, where)
+                writer.write(name, tensor)
             sizes[name] = torch.empty((), dtype=dtype).element_size() * int(torch.Size(shape).numel())
     return sizes
 
@@ -171,7 +183,8 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
 
     ``verify``: check the result layer by layer and with a sequential forward against the masked source
     (:func:`lightprune.export.streamed_verify.verify_pruned_checkpoint`, tolerance ``atol + rtol * max|reference|``,
-    ``atol`` default 1e-5 fp32, 1e-2 bf16/fp16, ``probe_tokens`` per probe, ``seed``); a mismatch raises ``ExportVerificationError`` and writes nothing.
+    ``atol`` default 1e-5 fp32, 1e-2 bf16/fp16, ``probe_tokens`` per probe, ``seed``); a mismatch raises
+    ``ExportVerificationError`` and writes nothing. A NaN or inf in a tensor it would write is refused naming it.
     ``overwrite``: replace an existing non-empty ``out_dir`` once the new one is complete. ``card``: extra manifest
     facts (``source``, ``command``). The output loads with ``lp.load_pruned`` (and with plain ``from_pretrained``
     when every layer keeps the same number of experts).
@@ -186,6 +199,8 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     unknown = sorted(set(card or {}) - {"source", "command"})
     if unknown:
         raise ValueError(f"card has unknown keys {unknown}; prune_checkpoint takes 'source' and 'command'")
+    checkpoint_directory(Path(src_dir).expanduser())  # a file, a broken link, a name that is not UTF-8: said first
+    check_path_text(out_dir, "output directory")
     src = Path(src_dir).expanduser().absolute()
     check_not_source(out_dir, src)
     with Checkpoint(src) as checkpoint:

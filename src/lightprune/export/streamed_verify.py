@@ -26,6 +26,9 @@ it is and the pruned layer's compared with them while that one is: every byte of
 one layer is in memory at a time, and the pruned layer is read into the memory the source layer released (a shared
 :class:`~lightprune.checkpoints.pool.ReadPool`).
 
+NaN or inf in what the masked source computes (a layer's MoE input or output, the logits) is the source's fault,
+not the export's: an :class:`~lightprune.export.verify.ExportVerificationError` saying so, before any comparison.
+
 Each within ``atol + rtol * max|reference|`` (:func:`~lightprune.export.verify.compare`: the error of a rounded
 sum scales with the magnitude of its terms, so the scale is the reference's largest magnitude), else
 :class:`~lightprune.export.verify.ExportVerificationError` naming the layer or the logits difference. ``atol``
@@ -56,6 +59,7 @@ from lightprune.core.checks import check_atol
 from lightprune.experts.mask import mask_experts
 from lightprune.experts.plan import ExpertPlan
 from lightprune.export.verify import (
+    BROKEN_SOURCE,
     Comparison,
     ExportVerificationError,
     compare,
@@ -63,6 +67,7 @@ from lightprune.export.verify import (
     default_probe,
     default_rtol,
     model_logits,
+    non_finite,
 )
 from lightprune.models import MoELayer, find_moe_layers
 
@@ -105,7 +110,10 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
             kept = sorted(plan.keep[index]) if index in plan.keep else list(range(layer.num_experts))
             if skeleton is original:
                 received = inputs.pop(index, None)
-                expected[index] = (_layer_outputs(layer, plan, received, kept, source=True), received)
+                _check_source_finite(layer, "input", *(received or []))
+                outputs = _layer_outputs(layer, plan, received, kept, source=True)
+                _check_source_finite(layer, "output", *outputs.values())
+                expected[index] = (outputs, received)
                 inputs.pop(index, None)  # what the check's own calls of the router and experts recorded
                 return
             outputs, received = expected.pop(index)
@@ -132,6 +140,10 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
     for layer in source_moe.values():
         if layer.index not in blocks:
             raise _unreached(layer)
+    found = non_finite(logits["reference"])
+    if found is not None:
+        raise ExportVerificationError(f"the source checkpoint's own logits on the verification probe (before pruning, "
+                                      f"the plan's experts masked) hold {found}: {BROKEN_SOURCE}; nothing was written")
     diff = compare(logits["pruned"], logits["reference"], atol, default_rtol(original.model),
                    what="pruned checkpoint, run layer by layer")
     if not diff.ok:
@@ -172,6 +184,18 @@ def _capture(skeleton: Skeleton, inputs: dict[int, list[torch.Tensor]]) -> Itera
 _PARTS = {"routed output": "its routed experts' output", "router logits": "its router's logits of the kept experts",
           "kept experts": "its kept experts' outputs under a forced selection of every kept expert"}
 _RECORDS = {"router logits": "router_logits", "kept experts": "kept_experts"}
+
+
+def _check_source_finite(layer: MoELayer, what: str, *tensors: torch.Tensor | None) -> None:
+    """Refuse NaN or inf in what the source layer received or computed (``what``: "input" or "output") in the
+    probe's forward of the masked source: the source checkpoint is broken, not the export."""
+    for tensor in tensors:
+        found = non_finite(tensor) if tensor is not None else None
+        if found is not None:
+            raise ExportVerificationError(
+                f"the source checkpoint's own forward on the verification probe (before pruning, the plan's experts "
+                f"masked) gives {found} in layer {layer.index}'s ({layer.name}) MoE {what}: {BROKEN_SOURCE}; "
+                "nothing was written")
 
 
 def _unreached(layer: MoELayer) -> ExportVerificationError:

@@ -43,7 +43,7 @@ from lightprune.core.errors import register_error
 
 __all__ = ["ExportVerificationError", "default_probe", "special_token_ids", "model_logits", "max_abs_diff",
            "default_atol", "default_rtol", "Comparison", "compare", "fp32_buffer_names", "keep_fp32_buffers",
-           "restore_fp32_buffers"]
+           "restore_fp32_buffers", "non_finite", "check_written_finite", "BROKEN_SOURCE"]
 
 T = TypeVar("T")
 U32 = torch.finfo(torch.float32).eps / 2  # fp32's unit roundoff
@@ -87,7 +87,8 @@ def special_token_ids(config: Any) -> set[int]:
     return ids
 
 
-def default_probe(model: nn.Module, shape: tuple[int, int] = PROBE_SHAPE, seed: int = PROBE_SEED) -> dict[str, torch.Tensor]:
+def default_probe(model: nn.Module, shape: tuple[int, int] = PROBE_SHAPE,
+                  seed: int = PROBE_SEED) -> dict[str, torch.Tensor]:
     """``{"input_ids", "attention_mask"}`` of ``shape``, seeded, without special token ids."""
     config = model.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -195,6 +196,42 @@ def compare(got: torch.Tensor, reference: torch.Tensor, atol: float, rtol: float
     if not math.isfinite(scale):
         raise ExportVerificationError(f"{what}: the reference is not finite", float(diff.max()), atol)
     return Comparison(float(diff.max()), scale, float(atol), float(rtol))
+
+
+#: elements checked finite at a time (:func:`non_finite`)
+_FINITE_PIECE = 1 << 24
+#: what NaN or inf logits of the model an export starts from say about it
+BROKEN_SOURCE = ("the model itself is broken, not the export (a config value such as rope_theta or rms_norm_eps, or "
+                 "a NaN weight)")
+
+
+def non_finite(tensor: torch.Tensor) -> str | None:
+    """What ``tensor`` holds that is not finite (``"1 NaN (first at [1, 0, 0])"``), None when every value is finite
+    or it is not floating point; one ``isfinite`` over it when it is finite."""
+    if not tensor.is_floating_point() or tensor.numel() == 0 or tensor.device.type == "meta":
+        return None
+    wide = tensor.element_size() == 1  # fp8: no isfinite kernel; the values are exact in fp32
+    # in pieces: the mask of a piece, not of a whole (large) tensor, is what this allocates
+    if all(bool(torch.isfinite(piece.float() if wide else piece).all())
+           for piece in tensor.reshape(-1).split(_FINITE_PIECE)):
+        return None
+    if wide:
+        tensor = tensor.float()
+    bad = ~torch.isfinite(tensor)
+    nans = int(torch.isnan(tensor).sum())
+    infs = int(bad.sum()) - nans
+    counts = " and ".join(part for part in (f"{nans} NaN" if nans else "", f"{infs} inf" if infs else "") if part)
+    first = [int(i) for i in bad.nonzero()[0].tolist()]
+    return f"{counts} (first at {first})"
+
+
+def check_written_finite(name: str, tensor: torch.Tensor, where: str) -> None:
+    """Refuse a tensor an export would write with a NaN or inf in it, naming it (``name``: the tensor, with the
+    expert it holds when it is one of a fused experts tensor; ``where``: the export, for the message)."""
+    found = non_finite(tensor)
+    if found is not None:
+        raise ValueError(f"{where}: tensor {name} holds {found}: the export would carry it (a broken weight); "
+                         "nothing was written; restore the weights, or prune the expert that holds it")
 
 
 def _weights_dtype(model: nn.Module) -> torch.dtype:

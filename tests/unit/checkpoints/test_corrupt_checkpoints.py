@@ -5,12 +5,17 @@ config, mixed files in one folder, a wrong tool's output) and runs it through th
 (``lp.load_pruned``) and the three streamed paths (``lp.score_weights(dir)``, ``lp.prune_checkpoint(dir, ...)``,
 ``lp.collect_expert_stats(dir, ...)``): each must raise the same error, with the same message naming the file or
 tensor and the values, leave the checkpoint as it was and write no output. Files that are not the model's are
-ignored by every path alike.
+ignored by every path alike; files a loader could take for the model's are refused (model.safetensors beside a shard
+index, or beside stray shards) or named (transformers' pickle weights); a link, a folder or a name that is not UTF-8
+where a file or folder is read, and a file that cannot be read, is one line naming it on every path.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import math
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -193,6 +198,55 @@ def _adapter_only(path: Path) -> None:
     (path / "model.safetensors").rename(path / "adapter_model.safetensors")
 
 
+def _beside_an_index(path: Path) -> None:
+    """A shard index and its shards (another save of the model) beside ``model.safetensors``."""
+    sharded = path.parent / "sharded-copy"
+    lp.load_pruned(path).save_pretrained(sharded, max_shard_size="20KB")
+    for file in sharded.iterdir():
+        if file.name.startswith("model") and file.name != "model.safetensors":
+            shutil.copy(file, path / file.name)
+
+
+def _stray_shard(path: Path) -> None:
+    shutil.copy(path / "model.safetensors", path / "model-00001-of-00002.safetensors")
+
+
+def _link(name: str, target: str) -> Callable[[Path], None]:
+    """``name`` replaced by a symlink to ``target`` (relative to the checkpoint; itself: a loop)."""
+    def damage(path: Path) -> None:
+        (path / name).unlink()
+        (path / name).symlink_to(path / target)
+    return damage
+
+
+def _made_a_directory(name: str) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        (path / name).unlink()
+        (path / name).mkdir()
+    return damage
+
+
+def _header_bytes(edit: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    """The header's JSON bytes edited (its length prefix follows them)."""
+    def damage(path: Path) -> None:
+        data = (path / "model.safetensors").read_bytes()
+        length = int.from_bytes(data[:8], "little")
+        raw = edit(data[8:8 + length])
+        (path / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + length:])
+    return damage
+
+
+def _dangling_shard(weight_map: dict, path: Path) -> None:
+    _link(_shards(weight_map)[1], "gone.safetensors")(path)
+
+
+def _dot_slash_up(weight_map: dict, path: Path) -> None:
+    first = _shards(weight_map)[0]
+    for key, file in weight_map.items():
+        if file == first:
+            weight_map[key] = f"./../{path.name}/{file}"
+
+
 def _del(key: str) -> Callable[[dict], None]:
     return lambda tensors: tensors.pop(key)
 
@@ -214,7 +268,8 @@ def _transposed(tensors: dict) -> None:
 #: name -> (which clean checkpoint, the damage, fragments the refusal names, in order)
 CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
     # the files: headers against bytes
-    "truncated": ("single", lambda p: (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:-10]),
+    "truncated": ("single",
+                  lambda p: (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:-10]),
                   ("model.safetensors' is corrupt or truncated", "its tensors end at byte")),
     "dtype disagrees with its bytes": ("single", _edit_header(lambda h: _entry(h, dtype="F16")),
                                        (f"tensor '{GATE}': F16 [8, 32] is 512 bytes", "span 1024")),
@@ -229,16 +284,53 @@ CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
     "header nested 100,000 deep": ("single", _edit_header(lambda h: json.dumps(h)[:-1] + ', "x": ' + _DEEP + "}"),
                                    ("model.safetensors' (its header): JSON nested 100001 levels deep (limit 100)",)),
     # the files: which are the weights, the shard index
-    "shards without their index": ("sharded", _no_index, ("holds shards (model-00001-of-", f"but no {'model.safetensors.index.json'}")),
+    "shards without their index": ("sharded", _no_index,
+                                   ("holds shards (model-00001-of-", f"but no {'model.safetensors.index.json'}")),
     "index names a missing shard": ("sharded", _index(_missing_shard), ("shard index names missing files",)),
-    "index puts a tensor in another shard": ("sharded", _index(_moved_to_another_shard), ("the index and the shards disagree",)),
+    "index puts a tensor in another shard": ("sharded", _index(_moved_to_another_shard),
+                                             ("the index and the shards disagree",)),
     "index lists a tensor no shard holds": ("sharded", _index(_listed_but_absent),
                                             ("lists 1 tensor(s) no shard holds (model.layers.0.mlp.ghost.weight in",)),
     "a shard holds a tensor the index does not list": ("sharded", _index(_unlisted_tensor),
-                                                       ("does not list 1 tensor(s) the shards hold (model.layers.0.mlp.ghost.weight",)),
+                                                       ("does not list 1 tensor(s) the shards hold "
+                                                        "(model.layers.0.mlp.ghost.weight",)),
     "a tensor stored in two shards": ("sharded", _index(_stored_twice), ("is stored twice",)),
+    "model.safetensors beside a shard index": ("single", _beside_an_index,
+                                               ("holds both model.safetensors and model.safetensors.index.json with "
+                                                "its shards (model-00001-of-", "transformers loads model.safetensors",
+                                                "remove (or move away) one of the two")),
+    "a stray shard beside model.safetensors": ("single", _stray_shard,
+                                               ("holds shard files (model-00001-of-00002.safetensors) beside "
+                                                "model.safetensors, without an index", "remove (or move away)")),
+    "index names a shard outside the folder": ("sharded", _index(_dot_slash_up), ("names ['./../ckpt/model-0000",
+                                                                                   "shards are .safetensors files in "
+                                                                                   "the checkpoint directory")),
+    "weights a dangling symlink": ("single", _link("model.safetensors", "gone.safetensors"),
+                                   ("its weights file model.safetensors is a dangling symlink (its target",
+                                    "gone.safetensors' does not exist)")),
+    "weights a symlink loop": ("single", _link("model.safetensors", "model.safetensors"),
+                               ("its weights file model.safetensors is a symlink loop (->",)),
+    "weights a directory": ("single", _made_a_directory("model.safetensors"),
+                            ("its weights file model.safetensors is a directory, not a file",)),
+    "a shard a dangling symlink": ("sharded", _index(_dangling_shard),
+                                   ("the shard model-00002-of-", ".safetensors is a dangling symlink",)),
+    "shard index a directory": ("sharded", _made_a_directory("model.safetensors.index.json"),
+                                ("its shard index model.safetensors.index.json is a directory, not a file",)),
+    "config a directory": ("single", _made_a_directory("config.json"), ("its config.json is a directory, not a file",)),
+    "config a dangling symlink": ("single", _link("config.json", "elsewhere.json"),
+                                  ("its config.json is a dangling symlink",)),
+    "header starts with a byte-order mark": ("single", _header_bytes(lambda raw: b"\xef\xbb\xbf" + raw),
+                                             ("model.safetensors' is corrupt or truncated: its header starts with a "
+                                              "UTF-8 byte-order mark",)),
+    "header in UTF-16": ("single", _header_bytes(lambda raw: raw.decode().encode("utf-16")),
+                         ("model.safetensors' is corrupt or truncated: 'utf-8' codec can't decode",)),
+    "header with a lone surrogate escape": ("single", _header_bytes(lambda raw: raw.replace(b'"pt"', b'"\\udcff"')),
+                                            ("the header holds the string '\\udcff' with a lone surrogate escape",)),
+    "header with NaN": ("single", _header_bytes(lambda raw: raw.replace(b'"pt"', b'"pt","x":NaN')),
+                        ("the header holds NaN, which is not JSON",)),
     "only an adapter's weights": ("single", _adapter_only,
-                                  ("has no .safetensors weights", "found ['adapter_model.safetensors'], not a model's weights file")),
+                                  ("has no .safetensors weights",
+                                   "found ['adapter_model.safetensors'], not a model's weights file")),
     # config.json
     "config names a key twice": ("single", _config_text(lambda t: t.rstrip()[:-1] + ', "num_local_experts": 4}'),
                                  ("key 'num_local_experts' appears twice in one JSON object (values 8 and 4)",)),
@@ -249,6 +341,20 @@ CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
         '{"weight_map": {}, "metadata": ' + _DEEP + "}"), ("model.safetensors.index.json': JSON nested 100001 levels "
                                                              "deep (limit 100)",)),
     "quantized": ("single", _config(quantization_config={"quant_method": "fp8"}), ("is quantized", "'fp8'")),
+    "config NaN": ("single", _config_text(lambda t: t.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": NaN')),
+                   ("config.json's rms_norm_eps is nan: a non-finite number",)),
+    "config Infinity, nested": ("single", _config(rope_parameters={"rope_type": "default", "rope_theta": math.inf}),
+                                ("config.json's rope_parameters.rope_theta is inf",)),
+    "config -1e999 in a list": ("single", _config_text(lambda t: t.rstrip()[:-1] + ', "x": [1, -1e999]}'),
+                                ("config.json's x[1] is -inf",)),
+    "config unknown activation": ("single", _config(hidden_act="swishy"),
+                                  ("config.json's hidden_act is 'swishy', an activation transformers does not know "
+                                   "(did you mean 'swish'",)),
+    "config unknown nested activation": ("mllm", lambda p: _edit_vision(p, hidden_act="gelu_fast_x"),
+                                         ("config.json's vision_config.hidden_act is 'gelu_fast_x'",)),
+    "config points transformers at other weights": ("single", _config(transformers_weights="other.safetensors"),
+                                                    ("config.json's transformers_weights is 'other.safetensors': "
+                                                     "transformers loads that file instead",)),
     "config claims 1e20 layers": ("single", _config(num_hidden_layers=10 ** 20),
                                   ("num_hidden_layers is 100000000000000000000, the weights hold 3 numbered layers",)),
     "vision tower claims 1e20 layers": ("mllm", lambda p: _edit_vision(p, depth=10 ** 20),
@@ -265,16 +371,19 @@ CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
                           ("cannot be pruned: layer 0: zero-size expert tensor model.layers.0.mlp.experts.gate_up_proj "
                            "[8, 0, 32] (config moe_intermediate_size: 0) and 1 more tensor, and 2 more layers",)),
     "config claims more experts": ("single", _config(num_local_experts=10),
-                                   ("needs experts 0..9 of mlp.experts.*.down_proj.weight", "[0, 1, 2, 3, 4, 5, 6, 7]")),
+                                   ("needs experts 0..9 of mlp.experts.*.down_proj.weight",
+                                    "[0, 1, 2, 3, 4, 5, 6, 7]")),
     "config claims 1e9 experts": ("single", _config(num_local_experts=10 ** 9),
                                   ("needs experts 0..999999999 of mlp.experts.*.down_proj.weight",)),
     "config claims fewer experts": ("single", _config(num_local_experts=6),
                                     ("needs experts 0..5 of mlp.experts.*.down_proj.weight",)),
     "config dtype differs from the stored one": ("single", _config(dtype="bfloat16"),
-                                                 ("config.json says dtype bfloat16, its weights are stored in float32",)),
+                                                 ("config.json says dtype bfloat16, its weights are stored in "
+                                                  "float32",)),
     # the tensors against the model
     "an int8 tensor": ("single", _tensors(_retype(torch.int8)),
-                       (f"stores 1 tensor as integers ({GATE}: I8 in model.safetensors, the model's {GATE} is float32",)),
+                       (f"stores 1 tensor as integers ({GATE}: I8 in model.safetensors, the model's {GATE} is "
+                        "float32",)),
     "a bool tensor": ("single", _tensors(_retype(torch.bool)), (f"({GATE}: BOOL in model.safetensors",)),
     "a tensor the model does not have": ("single", _tensors(_extra),
                                          ("has 1 tensor the model does not have (model.layers.0.mlp.extra.weight)",)),
@@ -302,7 +411,7 @@ def test_every_path_refuses_a_corrupt_checkpoint_alike(clean, tmp_path, case):
     refusals = {}
     for name in PATHS:
         out = tmp_path / f"out-{name}"
-        with pytest.raises((ValueError, FileNotFoundError)) as err:
+        with pytest.raises((ValueError, OSError)) as err:
             run_path(name, path, model, out)
         refusals[name] = (type(err.value), str(err.value))
         assert not out.exists() and not list(tmp_path.glob(f".{out.name}*")), name
@@ -380,3 +489,108 @@ def test_an_fp8_tensor_is_accepted_alike_where_transformers_accepts_it(clean, tm
     assert torch.equal(loaded.state_dict()[GATE], tensors[GATE].float())
     expected, got = lp.score_weights(loaded, "aimer"), lp.score_weights(path, "aimer", progress=False)
     assert all(torch.equal(got.raw[i], expected.raw[i]) for i in expected.raw)
+
+
+# ----------------------------------------------------------------------------------- names and files, every path alike
+def _refusals(path: Path, model, tmp_path: Path, error: type[BaseException] = Exception) -> dict[str, tuple]:
+    found = {}
+    for name in PATHS:
+        out = tmp_path / f"out-{name}"
+        with pytest.raises(error) as err:
+            run_path(name, path, model, out)
+        found[name] = (type(err.value), str(err.value))
+        assert not out.exists() and not list(tmp_path.glob(f".{out.name}*")), name
+    return found
+
+
+def test_a_shard_index_naming_its_shards_with_a_dot_slash_is_read_as_transformers_reads_it(clean, tmp_path):
+    model, dirs = clean
+    path = tmp_path / "ckpt"
+    shutil.copytree(dirs["sharded"], path)
+    _index(lambda weight_map, _: weight_map.update({k: f"./{v}" for k, v in weight_map.items()}))(path)
+    loaded = lp.load_pruned(path)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
+    expected, got = lp.score_weights(model, "aimer"), lp.score_weights(path, "aimer", progress=False)
+    assert all(torch.equal(got.raw[i], expected.raw[i]) for i in expected.raw)
+    result = lp.prune_checkpoint(path, _plan(model), tmp_path / "out", progress=False)
+    written = json.loads((Path(result) / "model.safetensors.index.json").read_text())["weight_map"]
+    assert not any(file.startswith("./") for file in written.values())
+
+
+@pytest.mark.parametrize("pickles", [["pytorch_model.bin"], ["pytorch_model-00001-of-00002.bin",
+                                                             "pytorch_model.bin.index.json"]])
+def test_transformers_pickle_weights_beside_the_safetensors_are_named_by_every_path(clean, tmp_path, pickles):
+    model, dirs = clean
+    path = tmp_path / "ckpt"
+    shutil.copytree(dirs["single"], path)
+    for name in pickles:
+        (path / name).write_bytes(b"another model")
+    said = set()
+    for name in PATHS:
+        with pytest.warns(UserWarning) as caught:
+            run_path(name, path, model, tmp_path / f"out-{name}")
+        ours = [str(w.message) for w in caught if "beside its safetensors weights" in str(w.message)]
+        assert ours, name
+        said.update(ours)
+    assert said == {f"checkpoint {str(path)!r} holds {', '.join(sorted(pickles))} beside its safetensors weights: "
+                    "lightprune (and transformers, unless use_safetensors=False) reads the safetensors files and "
+                    "ignores them; delete them if they are not the same model"}
+    written = sorted(p.name for p in (tmp_path / "out-prune_checkpoint").iterdir())
+    assert not set(pickles) & set(written)
+
+
+def test_a_checkpoint_folder_named_with_bytes_that_are_not_utf8_is_refused_by_every_path(clean, tmp_path):
+    model, dirs = clean
+    path = tmp_path / os.fsdecode(b"ck\xff")
+    shutil.copytree(dirs["single"], path)
+    refusals = _refusals(path, model, tmp_path, ValueError)
+    assert set(refusals.values()) == {(ValueError, f"checkpoint directory {str(path)!r} is not UTF-8 text (byte "
+                                                   "0xff): lightprune records paths in JSON; rename it")}
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        lp.prune_checkpoint(dirs["single"], _plan(model), tmp_path / os.fsdecode(b"out\xff"), progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+@pytest.mark.parametrize("what", ["a file", "a dangling symlink", "a symlink loop"])
+def test_a_checkpoint_path_that_is_not_a_folder_is_said_as_such_by_every_path(clean, tmp_path, what):
+    from lightprune.core.sources import check_checkpoint_name
+
+    model, dirs = clean
+    shutil.copytree(dirs["single"], tmp_path / "ckpt")
+    path = {"a file": tmp_path / "ckpt" / "model.safetensors", "a dangling symlink": tmp_path / "link",
+            "a symlink loop": tmp_path / "loop"}[what]
+    if what != "a file":
+        path.symlink_to(tmp_path / ("gone" if what == "a dangling symlink" else "loop"))
+    expected = {"a file": f"checkpoint directory {str(path)!r} is a file, not a directory: give its folder "
+                          f"{str(tmp_path / 'ckpt')!r}",
+                "a dangling symlink": f"checkpoint directory {str(path)!r} is a dangling symlink: its target "
+                                      f"{str(tmp_path / 'gone')!r} does not exist; restore it, or give the directory",
+                "a symlink loop": f"checkpoint directory {str(path)!r} is a symlink loop (-> {str(path)!r}); point "
+                                  "it at the directory, or give the directory itself"}[what]
+    refusals = _refusals(path, model, tmp_path, OSError)
+    assert {message for _, message in refusals.values()} == {expected}
+    with pytest.raises(OSError) as err:
+        check_checkpoint_name(str(path))  # the command's check of --model.init_args.checkpoint
+    assert str(err.value) == expected
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EISDIR, errno.ELOOP])
+def test_an_input_file_that_cannot_be_read_is_one_line_naming_it_on_every_path(clean, tmp_path, monkeypatch, code):
+    from lightprune.checkpoints import header
+
+    model, dirs = clean
+    path = tmp_path / "ckpt"
+    shutil.copytree(dirs["single"], path)
+    real_open = open
+
+    def refused(file, *args, **kwargs):
+        if Path(file).name == "model.safetensors":
+            raise OSError(code, os.strerror(code), str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(header, "open", refused, raising=False)
+    refusals = _refusals(path, model, tmp_path, OSError)
+    assert len(set(refusals.values())) == 1, refusals
+    cls, message = refusals["load_pruned"]
+    assert cls is type(OSError(code, "x")) and "\n" not in message
+    assert message.startswith(f"cannot read {str(path / 'model.safetensors')!r}: {os.strerror(code).lower()}; ")

@@ -5,18 +5,22 @@ parent is one OutputDirError naming the output directory, with the data left int
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from safetensors import SafetensorError
 
 from lightprune.checkpoints import OutputDirError, staging, staging_dir
-from lightprune.checkpoints.staging import TMP_TAG, clean_stale
+from lightprune.checkpoints.staging import TMP_TAG, check_out_dir, check_out_file, clean_stale, staging_file
 
 OLD = {"weights.bin": "old weights", "sub/config.json": "old config"}
 NEW = {"weights.bin": "new weights", "sub/config.json": "new config"}
@@ -27,7 +31,8 @@ needs_permission_bits = pytest.mark.skipif(os.geteuid() == 0, reason="root ignor
 
 
 def write(folder: Path, files: dict[str, str]) -> None:
-    """``files`` written under ``folder``, a file before every subdirectory (a partial tree differs from a whole one)."""
+    """``files`` written under ``folder``, a file before every subdirectory (a partial tree differs from a whole
+    one)."""
     folder.mkdir(parents=True, exist_ok=True)
     for rel, text in files.items():
         (folder / rel).parent.mkdir(exist_ok=True)
@@ -260,8 +265,8 @@ def test_an_exceeded_quota_is_named_as_such(tmp_path):
     assert listing(tmp_path) == []
 
 
-@pytest.mark.parametrize("error", [RuntimeError("a bug"), PermissionError(errno.EACCES, "Permission denied", "x"),
-                                   SafetensorError("header too large")], ids=["bug", "EACCES", "other safetensors"])
+@pytest.mark.parametrize("error", [RuntimeError("a bug"), OSError(errno.EIO, "Input/output error", "x"),
+                                   SafetensorError("header too large")], ids=["bug", "EIO", "other safetensors"])
 def test_other_errors_in_the_block_pass_unchanged(tmp_path, error):
     out = tmp_path / "model"
     write(out, OLD)
@@ -324,3 +329,121 @@ def test_the_command_reports_an_output_dir_error_in_one_line(tmp_path, monkeypat
     assert capsys.readouterr().err == (f"lightprune: error: no space left on the device holding "
                                        f"{str(tmp_path / 'model')!r}; nothing was written, "
                                        f"{str(tmp_path / 'model')!r} was not created\n")
+
+
+#: write errors of a file in the staged directory, and the line each becomes (``{out}``, ``{folder}``: the staged
+#: file's folder, ``{kept}``)
+WRITE_ERRORS = {
+    "EFBIG": (lambda staged: OSError(errno.EFBIG, "File too large"),
+              "file too large for the device holding {out} (the file size limit: `ulimit -f`, or the file system's "
+              "largest file); {kept}"),
+    "safetensors EFBIG": (lambda staged: SafetensorError("Error while serializing: I/O error: File too large (os "
+                                                         "error 27)"),
+                          "file too large for the device holding {out} (the file size limit: `ulimit -f`, or the "
+                          "file system's largest file); {kept}"),
+    "EROFS": (lambda staged: OSError(errno.EROFS, "Read-only file system", str(staged / "sub" / "config.json")),
+              "cannot write to {folder}: read-only file system; {kept}"),
+    "EACCES": (lambda staged: PermissionError(errno.EACCES, "Permission denied", str(staged / "sub" / "config.json")),
+               "cannot write to {folder}: permission denied; {kept}"),
+    "safetensors EROFS": (lambda staged: SafetensorError("I/O error: Read-only file system (os error 30)"),
+                          "cannot write to {parent}: read-only file system; {kept}"),
+    "safetensors EDQUOT": (lambda staged: SafetensorError("I/O error: Disk quota exceeded (os error 122)"),
+                           "disk quota exceeded on the device holding {out}; {kept}"),
+}
+
+
+@pytest.mark.parametrize("previous", [OLD, None], ids=["replacing", "creating"])
+@pytest.mark.parametrize("error", list(WRITE_ERRORS), ids=list(WRITE_ERRORS))
+def test_a_write_error_in_the_output_is_one_error_naming_it_and_leaves_the_data_intact(tmp_path, error, previous):
+    out = tmp_path / "model"
+    if previous is not None:
+        write(out, previous)
+    make, expected = WRITE_ERRORS[error]
+    with pytest.raises(OutputDirError) as raised, staging_dir(out, overwrite=True) as staged:
+        write(staged, NEW)
+        original = make(staged)
+        raise original
+    kept = f"nothing was written, {str(out)!r} " + ("is as it was" if previous is not None else "was not created")
+    assert str(raised.value) == expected.format(out=repr(str(out)), folder=repr(str(staged / "sub")),
+                                                parent=repr(str(tmp_path)), kept=kept)
+    assert raised.value.__cause__ is original and raised.value.errno is not None
+    assert tree(out) == previous and listing(tmp_path) == (["model"] if previous is not None else [])
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM, errno.EISDIR, errno.ELOOP])
+def test_an_input_the_block_cannot_read_is_one_line_naming_it(tmp_path, code):
+    out, source = tmp_path / "model", tmp_path / "source" / "tokenizer.json"
+    write(out, OLD)
+    original = OSError(code, os.strerror(code), str(source))
+    with pytest.raises(OSError) as raised, staging_dir(out, overwrite=True) as staged:
+        write(staged, NEW)
+        raise original
+    assert type(raised.value) is type(original) and raised.value.errno == code
+    assert str(raised.value).startswith(f"cannot read {str(source)!r}: {os.strerror(code).lower()}; ")
+    assert str(raised.value).endswith(f"; nothing was written, {str(out)!r} is as it was")
+    assert raised.value.__cause__ is original and tree(out) == OLD and listing(tmp_path) == ["model"]
+
+
+NOT_UTF8 = os.fsdecode(b"out\xff")
+
+
+def test_an_output_named_with_bytes_that_are_not_utf8_is_refused_up_front(tmp_path):
+    out = tmp_path / NOT_UTF8
+    line = f"{str(out)!r} is not UTF-8 text (byte 0xff): lightprune records paths in JSON; rename it"
+    for check in (check_out_dir, staging_dir):
+        with pytest.raises(ValueError) as raised:
+            with check(out) if check is staging_dir else contextlib.nullcontext(check(out)):
+                pass
+        assert str(raised.value) == f"output directory {line}"
+    for check in (check_out_file, staging_file):
+        with pytest.raises(ValueError) as raised:
+            with check(out) if check is staging_file else contextlib.nullcontext(check(out)):
+                pass
+        assert str(raised.value) == f"output file {line}"
+    assert listing(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------------ SIGTERM
+_TERMINATED = """
+import os, sys, time
+from pathlib import Path
+from lightprune.checkpoints.staging import {staging}
+with {staging}(Path(sys.argv[1])) as staged:
+    (staged / "weights.bin" if staged.is_dir() else staged).write_text("partial")
+    print("staged", flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("staging", ["staging_dir", "staging_file"])
+def test_a_script_killed_by_sigterm_removes_what_it_staged_and_ends_as_sigterm_ends_it(tmp_path, staging):
+    out = tmp_path / "model"
+    child = subprocess.Popen([sys.executable, "-c", _TERMINATED.format(staging=staging), str(out)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "staged\n"
+        assert len(listing(tmp_path)) == 1  # the staged directory or file
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        child.kill()
+        child.wait()
+    assert listing(tmp_path) == []
+
+
+def test_sigterm_is_left_to_a_handler_of_the_callers_own_and_restored_after_the_block(tmp_path):
+    def own(signum, frame):
+        raise AssertionError("not called")
+
+    default = signal.getsignal(signal.SIGTERM)
+    try:
+        with staging_dir(tmp_path / "a"):  # the default action: a handler of the block's own, for the block only
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, own)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        signal.signal(signal.SIGTERM, own)
+        with staging_dir(tmp_path / "b"), staging_file(tmp_path / "c"):
+            assert signal.getsignal(signal.SIGTERM) is own
+        assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, default)
+    assert sorted(listing(tmp_path)) == ["a", "b", "c"]
