@@ -125,6 +125,8 @@ def load_lm_eval_task(path: str | Path) -> dict[str, Any]:
     """A local lm-eval task YAML as a config dict, its ``dataset_kwargs.data_files`` made absolute (relative
     paths are relative to the YAML file); a hub dataset (any ``dataset_path`` but a local format) is refused."""
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise IsADirectoryError(f"lm_eval task file {str(path)!r} is a directory, not a file: name the task YAML in it")
     if not path.is_file():
         raise FileNotFoundError(f"lm_eval task file {str(path)!r} does not exist")
     config = parse_yaml(path.read_text(), f"lm_eval task file {str(path)!r}")

@@ -10,6 +10,11 @@ scores of the run's adapter fit (RouterDelta). The plan goes to the run state, w
 ``scores.json`` and ``plan.json`` go to ``output_dir`` (default: the trainer's ``default_root_dir``) once the
 export has succeeded (or at the end of a job without one): a failed export leaves the previous files.
 
+With Export's ``plan_path`` the run applies that file's plan: ExpertPruning selects nothing (and says so), and the
+run's plan.json is the file's plan (Export writes it). A run may list several ExpertPruning, each writing into its
+own ``output_dir``; the run's plan (Export's, Evaluate's) is then the one written into Export's folder
+(:mod:`lightprune.callbacks.roster`).
+
 Across processes (DDP, DeepSpeed ZeRO-1/2/3) every rank scores: weight criteria gather one
 layer's ZeRO-3 partitions at a time, calibration criteria read statistics already summed across
 ranks, so every rank computes the same plan; that is checked (one small ``all_gather_object``; a
@@ -131,6 +136,8 @@ class ExpertPruning(JobEndCallback):
 
     # ------------------------------------------------------------------ lifecycle
     def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if RunState.of(trainer).plan_file is not None:  # Export applies its plan_path: nothing is selected here
+            return
         if stage == "export" and self.criterion.needs_data:
             raise ValueError(f"criterion {self.name!r} needs calibration data: run `lightprune calibrate` "
                              "with an ExpertStats callback, or pick a weight criterion for `lightprune export`")
@@ -147,8 +154,10 @@ class ExpertPruning(JobEndCallback):
                                   batch_idx: int, dataloader_idx: int = 0) -> None:
         """A merging method whose statistic the run's calibration does not collect fails at the first batch, not
         after the whole pass (the observer is in the run state by then, wherever the callbacks are listed)."""
-        observer = RunState.of(trainer).observer
-        if batch_idx or self.plan is not None or not isinstance(self.criterion, MergeMethod) or observer is None:
+        state = RunState.of(trainer)
+        observer = state.observer
+        if batch_idx or self.plan is not None or not isinstance(self.criterion, MergeMethod) or observer is None \
+                or state.plan_file is not None:
             return
         if self.criterion.statistic not in observer.merging:
             raise ValueError(f"merging method {self.name!r} needs the calibration statistic "
@@ -166,12 +175,18 @@ class ExpertPruning(JobEndCallback):
     # ------------------------------------------------------------------ work
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         state = RunState.of(trainer)
+        if state.plan_file is not None:
+            rank_zero_info(f"ExpertPruning: {self.name} selects nothing: Export applies the plan in {state.plan_file} "
+                           "(its plan_path), written to the run's folder once the export has succeeded")
+            return
+        gives_plan = state.gives_run_plan(self.run_dir(trainer))
         if self.plan is not None:  # done, or restored from a checkpoint
-            state.expert_plan = state.expert_plan or self.plan
-            state.merge_plan = state.merge_plan or self.merge_plan
+            if gives_plan:
+                state.expert_plan = state.expert_plan or self.plan
+                state.merge_plan = state.merge_plan or self.merge_plan
             return
         if isinstance(self.criterion, MergeMethod):
-            self._merge(trainer, state)
+            self._merge(trainer, state, gives_plan)
             return
         start = time.perf_counter()
         skeleton = getattr(pl_module, "skeleton", None)
@@ -189,31 +204,33 @@ class ExpertPruning(JobEndCallback):
         self.scores = scores
         self.seconds = time.perf_counter() - start
         state.expert_scores.setdefault(self.name, scores)
-        state.expert_plan = self.plan
-        state.scoring_seconds += self.seconds
+        if gives_plan:
+            state.expert_plan = self.plan
+            state.scoring_seconds += self.seconds
         if trainer.is_global_zero:  # written with the export, once it has succeeded (RunState.stage_file)
             out = self.run_dir(trainer)
             state.stage_file(out / "scores.json", {label: scores.to_json()}, indent=1)
             state.stage_file(out / "plan.json", self.plan.to_dict(), indent=2)
             how = f"{self.n_per_layer} per layer" if self.n_per_layer is not None else \
                 f"{self.allocation}, ratio {self.ratio}"
-            rank_zero_info(f"ExpertPruning: {label} pruned {self.plan.total_pruned} experts ({how}); "
-                           f"plan in {out / 'plan.json'}")
+            rank_zero_info(f"ExpertPruning: {label} selects {self.plan.total_pruned} experts to prune ({how}); "
+                           f"{_when_written(state, out / 'plan.json')}")
 
-    def _merge(self, trainer: pl.Trainer, state: RunState) -> None:
+    def _merge(self, trainer: pl.Trainer, state: RunState, gives_plan: bool = True) -> None:
         """A merging method: its MergePlan (and the kept layout as the run's ExpertPlan) from the calibration."""
         start = time.perf_counter()
         self.merge_plan = self.criterion.merge_plan(state.calibration, self.ratio, self.allocation)
         self.plan = self.merge_plan.expert_plan()
         same_on_every_rank(self.merge_plan.clusters, f"ExpertPruning's merge plan ({self.name})")
         self.seconds = time.perf_counter() - start
-        state.expert_plan, state.merge_plan = self.plan, self.merge_plan
-        state.scoring_seconds += self.seconds
+        if gives_plan:
+            state.expert_plan, state.merge_plan = self.plan, self.merge_plan
+            state.scoring_seconds += self.seconds
         if trainer.is_global_zero:
             out = self.run_dir(trainer)
             state.stage_file(out / "merge_plan.json", self.merge_plan.to_dict(), indent=1)
-            rank_zero_info(f"ExpertPruning: {self.name} merged {self.merge_plan.total_merged_away} experts away "
-                           f"(ratio {self.ratio}); plan in {out / 'merge_plan.json'}")
+            rank_zero_info(f"ExpertPruning: {self.name} selects {self.merge_plan.total_merged_away} experts to merge "
+                           f"away (ratio {self.ratio}); {_when_written(state, out / 'merge_plan.json')}")
 
     def state_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.to_dict() if self.plan is not None else None, "seconds": self.seconds,
@@ -225,6 +242,13 @@ class ExpertPruning(JobEndCallback):
         merge = state_dict.get("merge_plan")
         self.merge_plan = MergePlan.from_dict(merge) if merge is not None else None
         self.seconds = state_dict.get("seconds")
+
+
+def _when_written(state: RunState, path: Path) -> str:
+    """When a staged plan file is written: with the export, or at the end of the job (never by a run that fails
+    before)."""
+    when = "once the export has succeeded" if state.has_phase("export") else "at the end of the job"
+    return f"{path.name} is written to {path.parent} {when}"
 
 
 def __getattr__(name: str):

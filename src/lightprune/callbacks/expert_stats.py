@@ -116,6 +116,9 @@ class ExpertStats(pl.Callback):
                    self._digest)
 
     # ------------------------------------------------------------------ lifecycle
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        RunState.of(trainer).check_callbacks(trainer)  # a second ExpertStats, ...: refused before any work
+
     @staticmethod
     def _calibrating(trainer: pl.Trainer) -> bool:
         return bool(getattr(trainer, "calibrating", False))

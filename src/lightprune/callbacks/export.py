@@ -1,7 +1,8 @@
 """Export: apply the run's ExpertPlan structurally, save, reload, verify, report.
 
 At the end of the job (phase ``export``: after ExpertPruning, wherever either is listed) it takes the
-plan from the run state (made by :class:`ExpertPruning`) or from ``plan_path``, computes the masked
+plan from the run state (made by :class:`ExpertPruning`) or from ``plan_path`` (then no ExpertPruning selects, and
+the run's plan.json, or merge_plan.json, is written from the file once the export has succeeded), computes the masked
 model's logits on a probe batch, prunes in place, writes the checkpoint (temporary directory renamed
 into place) and verifies the reloaded checkpoint against the masked logits. The checkpoint holds the
 source's tokenizer files (or the run's tokenizer / processor when the source has none) and a README.md
@@ -31,7 +32,12 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lightprune.callbacks.export_dirs import WritesCheckpoint, check_checkpoint_dir, checkpoint_dir_of
+from lightprune.callbacks.export_dirs import (
+    WritesCheckpoint,
+    check_checkpoint_dir,
+    check_plan_path,
+    checkpoint_dir_of,
+)
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
@@ -130,7 +136,7 @@ class Export(WritesCheckpoint, JobEndCallback):
         output_dir: run directory for report.json and the PNG (default: ``trainer.default_root_dir``).
         checkpoint_dir: where the pruned checkpoint goes (default: ``<output_dir>/model``).
         plan_path: apply this plan.json (or merge this merge_plan.json) instead of the plan an ExpertPruning
-            callback made.
+            callback would make (one listed then selects nothing; the run's plan.json is this plan).
         overwrite: replace an existing checkpoint directory.
         atol: the absolute term of verification's tolerance ``atol + rtol * max|reference|`` (default: 1e-5 in
             fp32, 1e-2 in bf16/fp16, where a near tie between router scores can flip an expert choice; ``rtol``:
@@ -142,8 +148,7 @@ class Export(WritesCheckpoint, JobEndCallback):
                  plan_path: str | None = None, overwrite: bool = False, atol: float | None = None,
                  summary: bool = True):
         super().__init__()
-        if plan_path is not None and not Path(plan_path).is_file():
-            raise FileNotFoundError(f"plan_path {plan_path!r} does not exist")
+        plan_path = check_plan_path(plan_path) if plan_path is not None else None
         self.output_dir, self.checkpoint_dir, self.plan_path = output_dir, checkpoint_dir, plan_path
         self.overwrite, self.atol, self.summary = overwrite, self.OPTIONS.check("atol", atol), summary
         self.report: dict[str, Any] | None = None
@@ -158,12 +163,17 @@ class Export(WritesCheckpoint, JobEndCallback):
     def _plan(self, trainer: pl.Trainer) -> tuple[ExpertPlan, MergePlan | None, float]:
         """(the kept layout, the merge plan when the experts are merged, the seconds spent scoring)."""
         state = RunState.of(trainer)
-        if self.plan_path is not None:
+        if self.plan_path is not None:  # the plan applied, so the run's plan file (written once the export succeeded)
             loaded = _load_plan(self.plan_path)
             merge = loaded if isinstance(loaded, MergePlan) else None
             plan = merge.expert_plan() if merge is not None else loaded
-            state.expert_plan = state.expert_plan or plan
-            state.merge_plan = state.merge_plan or merge
+            state.expert_plan, state.merge_plan = plan, merge
+            if trainer.is_global_zero:
+                run_dir = run_directory(trainer, self.output_dir)
+                if merge is not None:
+                    state.stage_file(run_dir / "merge_plan.json", merge.to_dict(), indent=MergePlan.INDENT)
+                else:
+                    state.stage_file(run_dir / "plan.json", plan.to_dict(), indent=ExpertPlan.INDENT)
             return plan, merge, 0.0
         if state.expert_plan is None:
             raise ValueError("Export needs a plan: add an ExpertPruning callback or set plan_path")

@@ -1,26 +1,41 @@
-"""Where an export callback (Export, WidthExport) writes its checkpoint, and the refusal of one that holds an
-earlier run's files, from the callback's options alone: torch-free, so that the ``lightprune`` command refuses it
-before Lightning is imported (:func:`lightprune.cli.options.check_command_line`), and the callbacks' ``preflight``
-and ``check`` alike."""
+"""Where an export callback (Export, WidthExport) writes its checkpoint, and the refusals of a checkpoint directory
+from the callback's options alone: one that holds an earlier run's files, one that is (or holds, or lies inside a file
+of) the run's own folder, a ``plan_path`` that is no file. Torch-free, so that the ``lightprune`` command refuses them
+before Lightning is imported (:func:`lightprune.cli.options.check_command_line`), and the callbacks' ``preflight`` and
+``check`` alike. Every path option takes ``~`` for the home directory, as ``trainer.default_root_dir`` does."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from lightprune.checkpoints.staging import check_out_dir
 
-__all__ = ["WritesCheckpoint", "check_checkpoint_dir", "checkpoint_dir_of"]
+__all__ = ["RUN_FILES", "WritesCheckpoint", "check_checkpoint_dir", "check_checkpoint_place", "checkpoint_dir_of",
+           "check_plan_path", "folder_of"]
+
+#: what a run writes into its folders besides the checkpoint: lightprune's run files, the command's config.yaml and
+#: Lightning's logs and checkpoints (a checkpoint directory inside one of them would be replaced by it, or replace it)
+RUN_FILES = ("config.yaml", "plan.json", "scores.json", "merge_plan.json", "report.json", "report.md",
+             "kept_experts.png", "calibration.json", "width_plan.json", "search.json", "candidates", "checkpoints",
+             "lightning_logs")
+
+
+def folder_of(output_dir: str | os.PathLike | None, default_root_dir: str | os.PathLike | None) -> Path:
+    """A callback's run folder, absolute, for comparing folders: ``output_dir``, else ``default_root_dir`` (None: the
+    working directory, as Lightning's), ``~`` expanded, links resolved."""
+    return Path(output_dir or default_root_dir or os.getcwd()).expanduser().resolve()
 
 
 def checkpoint_dir_of(init_args: Mapping[str, Any], default_root_dir: str | os.PathLike | None) -> Path:
     """An export callback's checkpoint directory from its options and the trainer's ``default_root_dir`` (None: the
-    working directory, as Lightning's): ``checkpoint_dir``, else ``<output_dir or default_root_dir>/model``."""
+    working directory, as Lightning's): ``checkpoint_dir``, else ``<output_dir or default_root_dir>/model``; ``~``
+    expanded."""
     if init_args.get("checkpoint_dir"):
-        return Path(init_args["checkpoint_dir"])
-    return Path(init_args.get("output_dir") or default_root_dir or os.getcwd()) / "model"
+        return Path(init_args["checkpoint_dir"]).expanduser()
+    return Path(init_args.get("output_dir") or default_root_dir or os.getcwd()).expanduser() / "model"
 
 
 def check_checkpoint_dir(path: Path, overwrite: bool, address: str) -> None:
@@ -30,12 +45,47 @@ def check_checkpoint_dir(path: Path, overwrite: bool, address: str) -> None:
                                           "config), or choose another --trainer.default_root_dir")
 
 
+def check_checkpoint_place(path: Path, folders: Iterable[Path], address: str) -> None:
+    """Refuse (``ValueError``, one line) a checkpoint directory ``path`` that is one of the run's ``folders`` (absolute:
+    :func:`folder_of`), holds one, or lies inside a file or folder the run writes there (:data:`RUN_FILES`): the
+    export replaces its directory whole, so the run's config.yaml, plan.json and report.json would go with it. Whatever
+    ``overwrite`` says: ``<folder>/model`` (the default) or a folder elsewhere is the place for it."""
+    ckpt = Path(path).expanduser().resolve()
+    remedy = (f"choose another --{address}.checkpoint_dir (checkpoint_dir: in the config; by default the checkpoint "
+              "goes to <run folder>/model)")
+    for folder in sorted(set(folders)):
+        if ckpt == folder:
+            raise ValueError(f"{address}.checkpoint_dir {str(path)!r} is the run's folder, where it writes its "
+                             f"config.yaml, plan.json and report.json: the export would replace them; {remedy}")
+        if ckpt in folder.parents:
+            raise ValueError(f"{address}.checkpoint_dir {str(path)!r} holds the run's folder {str(folder)!r}: the "
+                             f"export replaces its directory whole and would delete the run's files; {remedy}")
+        if folder in ckpt.parents and ckpt.relative_to(folder).parts[0] in RUN_FILES:
+            name = ckpt.relative_to(folder).parts[0]
+            raise ValueError(f"{address}.checkpoint_dir {str(path)!r} is the run's {name} in {str(folder)!r}, or "
+                             f"inside it; {remedy}")
+
+
+def check_plan_path(plan_path: str | os.PathLike) -> str:
+    """``plan_path`` with ``~`` expanded, when it is a file; else ``FileNotFoundError`` or ``IsADirectoryError``
+    whose message says so (``plan_path: '/x' does not exist``)."""
+    path = Path(plan_path).expanduser()
+    if path.is_dir():
+        raise IsADirectoryError(f"plan_path: {str(plan_path)!r} is a directory, not a plan file: name the plan.json "
+                                "(or merge_plan.json) in it")
+    if not path.is_file():
+        raise FileNotFoundError(f"plan_path: {str(plan_path)!r} does not exist")
+    return str(path)
+
+
 class WritesCheckpoint:
     """Mixin of the export callbacks (``OPTIONS``: their option spec, ``output_dir`` / ``checkpoint_dir`` /
-    ``overwrite`` among their options): their ``preflight`` refuses a checkpoint directory holding an earlier
-    run's files from the options alone."""
+    ``overwrite`` among their options): their ``preflight`` refuses, from the options alone, a checkpoint directory
+    that is the run's folder (or holds it), then one holding an earlier run's files."""
 
     @classmethod
     def preflight(cls, init_args: Mapping[str, Any], default_root_dir: str | None) -> None:
-        check_checkpoint_dir(checkpoint_dir_of(init_args, default_root_dir), bool(init_args.get("overwrite")),
-                             cls.OPTIONS.address)
+        path = checkpoint_dir_of(init_args, default_root_dir)
+        folders = {folder_of(None, default_root_dir), folder_of(init_args.get("output_dir"), default_root_dir)}
+        check_checkpoint_place(path, folders, cls.OPTIONS.address)
+        check_checkpoint_dir(path, bool(init_args.get("overwrite")), cls.OPTIONS.address)

@@ -6,6 +6,8 @@
 at ``setup``; the first end-of-job hook runs them all in the order of their :attr:`phase` (score, select,
 export, evaluate, report), so where a callback is listed does not matter.
 
+At ``setup`` the run's list of callbacks is checked first (:meth:`RunState.check_callbacks
+<lightprune.callbacks.state.RunState.check_callbacks>`: two Exports, two ExpertPruning writing one folder, ...).
 Subclasses set :attr:`phase` and implement two methods, in the manner of Lightning's ``BaseFinetuning``:
 :meth:`check` (fail fast against the model at setup, before any data is spent) and :meth:`run` (the work;
 idempotent). :meth:`run_test` is what a callback does at the end of ``lightprune test`` (nothing by default).
@@ -47,7 +49,9 @@ class JobEndCallback(pl.Callback):
 
     # ------------------------------------------------------------------ Lightning hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        RunState.of(trainer).add_job_end(self)
+        state = RunState.of(trainer)
+        state.check_callbacks(trainer)  # callbacks that conflict (two Exports, ...): refused before any work
+        state.add_job_end(self)
         self.check(trainer, pl_module, stage)
 
     def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

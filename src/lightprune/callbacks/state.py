@@ -22,12 +22,18 @@ need from here:
 - the end-of-job steps: every :class:`~lightprune.callbacks.job_end.JobEndCallback` registers at ``setup``
   and the first end-of-job hook runs them all, in phase order (:data:`PHASES`: score, select, export,
   evaluate, report), each once. Where a callback is listed does not matter;
-- the run files that must agree with the export (plan.json, scores.json): :meth:`stage_file` holds them
-  until the export phase has succeeded (or the job ends without one), then they are written together, each
-  atomically. A run that fails before leaves the previous run's files as they were.
+- the run files that must agree with the export (plan.json, scores.json, and the command's config.yaml:
+  :meth:`stage_file`, :meth:`stage_text`) are held until the export phase has succeeded (or the job ends without
+  one), then they are written together, each atomically. A run that fails before leaves the previous run's files as
+  they were.
 
 Where a callback writes them: :func:`run_directory`, its ``output_dir`` or else the trainer's
 ``default_root_dir``.
+
+Which callbacks a run may list together (:mod:`lightprune.callbacks.roster`) is checked once, at the first lightprune
+callback's ``setup`` (:meth:`RunState.check_callbacks`), before any work: it also records ``plan_file`` (Export's
+``plan_path``: no ExpertPruning selects then) and ``plan_folder`` (with several ExpertPruning, the folder of the one
+whose plan the run applies).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from lightprune.callbacks.roster import ONCE, PER_FOLDER, check_roster
+from lightprune.core import interrupt
 from lightprune.core.jsonio import write_json
 from lightprune.width.mask import mask_width
 
@@ -59,9 +67,30 @@ PHASES: tuple[str, ...] = ("score", "select", "export", "evaluate", "report")
 _STATES: "weakref.WeakKeyDictionary[Any, RunState]" = weakref.WeakKeyDictionary()
 
 
+class _Text(str):
+    """A staged file's text, written as it is (:meth:`RunState.stage_text`)."""
+
+
+def _write_text(text: str, path: str) -> None:
+    """``text`` to ``path`` through a temporary file renamed into place (parents created)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, target)
+
+
+def _lightprune_class(callback: Any) -> str | None:
+    """The name of the lightprune callback class ``callback`` is (or subclasses), None for any other callback."""
+    known = {*ONCE, *PER_FOLDER, "ReportPage"}
+    return next((cls.__name__ for cls in type(callback).__mro__
+                 if cls.__name__ in known and cls.__module__.startswith("lightprune.callbacks.")), None)
+
+
 def run_directory(trainer: "pl.Trainer", output_dir: str | os.PathLike | None) -> Path:
-    """The directory a callback writes its run files to: ``output_dir``, else ``trainer.default_root_dir``."""
-    return Path(output_dir or trainer.default_root_dir)
+    """The directory a callback writes its run files to: ``output_dir``, else ``trainer.default_root_dir`` (``~``
+    expanded)."""
+    return Path(output_dir or trainer.default_root_dir).expanduser()
 
 
 @dataclass(eq=False)
@@ -79,7 +108,10 @@ class RunState:
     exported: "Path | None" = None
     summary: "dict | None" = None
     datamodule: Any = None
+    plan_file: "Path | None" = None
+    plan_folder: "Path | None" = None
     _width_masks: Any = None
+    _checked: bool = False
     _job_end: list = field(default_factory=list)
     _finishing: bool = False
     _tested: list = field(default_factory=list)
@@ -93,6 +125,31 @@ class RunState:
         if state is None:
             state = _STATES[trainer] = cls()
         return state
+
+    # ------------------------------------------------------------------ the callbacks listed
+    def check_callbacks(self, trainer: Any) -> None:
+        """Refuse lightprune callbacks that conflict in ``trainer.callbacks`` (one line naming the class:
+        :func:`~lightprune.callbacks.roster.check_roster`) and record ``plan_file`` and ``plan_folder``; once per run,
+        from the first lightprune callback's ``setup``."""
+        if self._checked:
+            return
+        listed = []
+        for callback in getattr(trainer, "callbacks", None) or []:
+            steps = getattr(callback, "_steps", ()) if _lightprune_class(callback) == "RouterDelta" else ()
+            for one in (callback, *steps):  # RouterDelta's 0.1 arguments add an ExpertPruning and an Export
+                name = _lightprune_class(one)
+                if name is not None:
+                    listed.append((name, {key: getattr(one, key, None)
+                                          for key in ("output_dir", "checkpoint_dir", "plan_path")}))
+        roster = check_roster(listed, getattr(trainer, "default_root_dir", None))
+        self.plan_file, self.plan_folder, self._checked = roster.plan_file, roster.plan_folder, True
+
+    def gives_run_plan(self, run_dir: Any) -> bool:
+        """Whether the ExpertPruning writing into ``run_dir`` gives the run's plan (the one Export applies): not with
+        Export's ``plan_path``; with several ExpertPruning, the one in ``plan_folder``."""
+        if self.plan_file is not None:
+            return False
+        return self.plan_folder is None or Path(run_dir).expanduser().resolve() == self.plan_folder
 
     # ------------------------------------------------------------------ calibration
     @contextlib.contextmanager
@@ -129,14 +186,25 @@ class RunState:
         """Write JSON ``data`` to ``path`` once the job's export phase has succeeded (:meth:`commit_files`)."""
         self._staged[str(path)] = (data, indent)
 
+    def stage_text(self, path: Any, text: str) -> None:
+        """Write ``text`` to ``path`` with the staged JSON files (the run's config.yaml: ``lightprune.cli.app``)."""
+        self._staged[str(path)] = (_Text(text), None)
+
     def commit_files(self) -> list[str]:
-        """Write every staged file (each atomically); returns their paths."""
+        """Write every staged file (each atomically; a signal meanwhile is held until all are written:
+        :func:`lightprune.core.interrupt.publishing`); returns their paths."""
         written = []
-        while self._staged:
-            path, (data, indent) = next(iter(self._staged.items()))
-            write_json(data, path, indent=indent)
-            del self._staged[path]
-            written.append(path)
+        with interrupt.publishing():
+            if self._staged:
+                interrupt.hold()
+            while self._staged:
+                path, (data, indent) = next(iter(self._staged.items()))
+                if isinstance(data, _Text):
+                    _write_text(data, path)
+                else:
+                    write_json(data, path, indent=indent)
+                del self._staged[path]
+                written.append(path)
         return written
 
     # ------------------------------------------------------------------ end of job
@@ -156,18 +224,25 @@ class RunState:
         if self._finishing:
             return
         self._finishing = True
+        # the export's checkpoint and the run files committed after it are one publishing group: a signal that comes
+        # once the checkpoint is in place waits for the files (lightprune.core.interrupt.publishing)
+        group = contextlib.ExitStack()
         try:
             while True:  # a step may register another (a later phase) while it runs
                 pending = [cb for cb in self._in_phase_order() if all(cb is not done for done in self._finished)]
                 if not pending:
                     break
+                if PHASES.index(pending[0].phase) <= PHASES.index("export"):
+                    group.enter_context(interrupt.publishing())
                 pending[0].run(trainer, pl_module)
                 self._finished.append(pending[0])
                 later = pending[1:]
                 if not later or PHASES.index(later[0].phase) > PHASES.index("export") >= PHASES.index(pending[0].phase):
                     self.commit_files()  # the export (if any) succeeded: plan and scores go with it
+                    group.close()
         finally:
             self._finishing = False
+            group.close()
         if self.summary is not None:  # every step ran: the export's figures with the evaluation's
             from lightprune.reporting.report import print_summary
 

@@ -13,7 +13,6 @@ and FLOPs, checkpoint bytes and timings. Only rank 0 writes.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -21,7 +20,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.export import checkpoint_path
-from lightprune.callbacks.export_dirs import WritesCheckpoint, check_checkpoint_dir
+from lightprune.callbacks.export_dirs import WritesCheckpoint, check_checkpoint_dir, check_plan_path
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
@@ -57,7 +56,8 @@ class WidthExport(WritesCheckpoint, JobEndCallback):
     Args:
         output_dir: run directory for report.json (default: ``trainer.default_root_dir``).
         checkpoint_dir: where the checkpoint goes (default: ``<output_dir>/model``).
-        plan_path: export with this width_plan.json instead of the WidthSearch's plan (the model as it is).
+        plan_path: export the model as it is with this saved width_plan.json (a run with a WidthSearch exports
+            the search's plan: the two are refused together).
         overwrite: replace an existing checkpoint directory.
         atol: largest logit difference accepted by verification (default 1e-5 fp32, 1e-2 bf16/fp16).
         align: the compact FFN's channel alignment b (paper: 64).
@@ -66,8 +66,7 @@ class WidthExport(WritesCheckpoint, JobEndCallback):
     def __init__(self, output_dir: str | None = None, checkpoint_dir: str | None = None,
                  plan_path: str | None = None, overwrite: bool = False, atol: float | None = None, align: int = 64):
         super().__init__()
-        if plan_path is not None and not Path(plan_path).is_file():
-            raise FileNotFoundError(f"plan_path {plan_path!r} does not exist")
+        plan_path = check_plan_path(plan_path) if plan_path is not None else None
         self.output_dir, self.checkpoint_dir, self.plan_path = output_dir, checkpoint_dir, plan_path
         self.overwrite, self.atol = overwrite, self.OPTIONS.check("atol", atol)
         self.align = self.OPTIONS.check("align", align)

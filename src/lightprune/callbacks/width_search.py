@@ -185,6 +185,7 @@ class WidthSearch(pl.Callback):
     # ------------------------------------------------------------------ lifecycle
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._state = RunState.of(trainer)
+        self._state.check_callbacks(trainer)  # a second WidthSearch, ...: refused before any work
         if stage != "fit":
             return
         if trainer.datamodule is None:

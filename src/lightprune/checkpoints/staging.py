@@ -12,9 +12,14 @@ a kill, below):
   copy renamed once more (``-trash-``) before its deletion starts, so a copy that may be half-deleted is never put
   back. A trash copy that cannot be deleted (a read-only subdirectory) is reported by a RuntimeWarning naming it: the
   new output is complete, the copy is left to be deleted by hand (or by the next staging of the same target);
-- a full disk (ENOSPC, EDQUOT, safetensors' "No space left on device") or an unwritable parent (EACCES, EROFS, EPERM
-  while creating the staging directory) raises one :class:`OutputDirError` naming the output directory and what
-  happened, chained from the original error.
+- a full disk (ENOSPC, EDQUOT, safetensors' "No space left on device"), a file over the size limit (EFBIG: ``ulimit
+  -f``) or an unwritable output (EACCES, EROFS, EPERM while creating the staging directory or writing in it) raises
+  one :class:`OutputDirError` naming the output directory and what happened, chained from the original error; an
+  input the block could not read (EACCES, EPERM, EISDIR, ELOOP on a file outside the output) is restated in one line
+  naming it (:func:`~lightprune.checkpoints.directory.input_error`), its class kept;
+- a SIGTERM while the staging directory exists, in a process that left SIGTERM's default action (a Python script
+  calling the API), removes the staging directory before the process ends, as that signal ends it (status 143):
+  :func:`~lightprune.core.interrupt.terminated_cleanly`. A process with its own SIGTERM handler keeps it.
 
 Leftovers of a process that died (SIGKILL, power loss, an interrupt during a deletion) carry its pid in their name.
 The next staging of the same target (:func:`clean_stale`) deletes the staged and trash directories of dead
@@ -26,6 +31,9 @@ Directories of live processes (a concurrent export on this machine) are left alo
 (:func:`check_out_file`: a file name whose folder exists, not an existing directory, an existing file only with
 ``overwrite``), the block writes a hidden sibling renamed over the target once it succeeded, and on any failure the
 sibling is deleted and the target is as it was; a full disk is the same one :class:`OutputDirError`.
+
+Output paths that are not UTF-8 text are refused up front (:func:`~lightprune.core.paths.check_path_text`): the
+output's path is recorded in JSON.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from safetensors import SafetensorError
 
 from lightprune.core import interrupt
 from lightprune.core.errors import register_error
+from lightprune.core.paths import check_path_text
 
 __all__ = ["TMP_TAG", "OutputDirError", "check_out_dir", "check_out_file", "clean_stale", "staging_dir",
            "staging_file"]
@@ -57,6 +66,11 @@ _TRASH_TAG = ".lightprune-trash-"
 
 #: how safetensors' Rust writer reports a full disk
 _NO_SPACE_MARKERS = ("No space left on device", "StorageFull", "os error 28")
+#: how it reports the other write errors restated here, by errno
+_RUST_ERRORS = {errno.EFBIG: ("File too large", "os error 27", "FileTooLarge"),
+                errno.EROFS: ("Read-only file system", "os error 30", "ReadOnlyFilesystem"),
+                errno.EDQUOT: ("Disk quota exceeded", "os error 122", "FilesystemQuotaExceeded"),
+                errno.EACCES: ("os error 13",)}
 #: errno values meaning the output's parent cannot be written
 _UNWRITABLE = (errno.EACCES, errno.EROFS, errno.EPERM)
 
@@ -72,6 +86,7 @@ def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False,
                   remedy: str = "pass overwrite=True to replace it") -> Path:
     """The absolute output path, after checking it may be written; errors name the path (a non-empty one without
     ``overwrite``: and ``remedy``, how the caller's user replaces it)."""
+    check_path_text(out_dir, "output directory")
     out = Path(out_dir).expanduser().absolute()
     if out.name in ("", ".", ".."):
         raise ValueError(f"output directory {str(out_dir)!r} must name a directory, not {out.name!r}")
@@ -150,26 +165,54 @@ def clean_stale(out_dir: str | os.PathLike) -> list[Path]:
     return done
 
 
-def _output_dir_error(exc: BaseException, out: Path, creating: bool) -> OutputDirError | None:
-    """``exc`` restated as an :class:`OutputDirError` naming ``out``, when it is a full disk or (``creating``: while
-    creating the staging directory) an unwritable parent; None for any other exception."""
+def _inside(filename: str | bytes | None, out: Path) -> bool:
+    """Whether ``filename`` is the output ``out``, in it, or one of its staged siblings (or in one)."""
+    if filename is None:
+        return False
+    path = Path(os.fsdecode(filename)).absolute()
+    for part in (path, *path.parents):
+        if part == out or (part.parent == out.parent and part.name.startswith(f".{out.name}.lightprune-")):
+            return True
+    return False
+
+
+def _rust_errno(exc: BaseException) -> int | None:
+    """The errno of a write error safetensors' Rust writer reports in words (:data:`_RUST_ERRORS`), else None."""
+    if not isinstance(exc, SafetensorError):
+        return None
+    text = str(exc)
+    if any(marker in text for marker in _NO_SPACE_MARKERS):
+        return errno.ENOSPC
+    return next((code for code, markers in _RUST_ERRORS.items() if any(m in text for m in markers)), None)
+
+
+def _output_dir_error(exc: BaseException, out: Path, creating: bool) -> OSError | None:
+    """``exc`` restated as an :class:`OutputDirError` naming ``out``, when it is a full disk, a file over the size
+    limit or (``creating`` the staging directory, or writing in the output) an unwritable output; an input the block
+    could not read restated naming it (:func:`~lightprune.checkpoints.directory.input_error`); None for any other
+    exception."""
     if isinstance(exc, OutputDirError):
         return None
     if os.path.lexists(out):
         kept = f"nothing was written, {str(out)!r} is as it was"
     else:
         kept = f"nothing was written, {str(out)!r} was not created"
-    code = exc.errno if isinstance(exc, OSError) else None
+    code = exc.errno if isinstance(exc, OSError) else _rust_errno(exc)
+    filename = getattr(exc, "filename", None)
+    writing = isinstance(exc, SafetensorError) or _inside(filename, out)
     if code in (errno.ENOSPC, errno.EDQUOT):
         what = "disk quota exceeded" if code == errno.EDQUOT else "no space left"
         message = f"{what} on the device holding {str(out)!r}; {kept}"
-    elif isinstance(exc, SafetensorError) and any(marker in str(exc) for marker in _NO_SPACE_MARKERS):
-        code = errno.ENOSPC
-        message = f"no space left on the device holding {str(out)!r}; {kept}"
-    elif creating and code in _UNWRITABLE:
-        filename = getattr(exc, "filename", None)
+    elif code == errno.EFBIG:
+        message = (f"file too large for the device holding {str(out)!r} (the file size limit: `ulimit -f`, or the "
+                   f"file system's largest file); {kept}")
+    elif code in _UNWRITABLE and (creating or writing):
         blocked = Path(os.fsdecode(filename)).parent if filename else out.parent
         message = f"cannot write to {str(blocked)!r}: {os.strerror(code).lower()}; {kept}"
+    elif isinstance(exc, OSError) and not writing:
+        from lightprune.checkpoints.directory import input_error  # torch: not at import (the command's checks)
+
+        return input_error(exc, kept)
     else:
         return None
     error = OutputDirError(message)
@@ -193,24 +236,28 @@ def _creating(out: Path) -> Iterator[None]:
 def staging_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Yield an empty staging directory that replaces ``out_dir`` when the block succeeds; on any exception or
     interrupt ``out_dir`` is left as it was (guarantees: the module's docstring)."""
+    check_path_text(out_dir, "output directory")
     with _creating(Path(out_dir).expanduser().absolute()):
         clean_stale(out_dir)
     out = check_out_dir(out_dir, overwrite)
     staged = _sibling(out, TMP_TAG)
-    try:
-        with _creating(out):
-            out.parent.mkdir(parents=True, exist_ok=True)
-            os.mkdir(staged)
-        yield staged
-        out = check_out_dir(out, overwrite)  # the target may have appeared meanwhile
-        _commit(staged, out)
-        interrupt.kept(str(out))
-    except BaseException as exc:
-        _remove(staged, f"the unfinished staging of {str(out)!r}")
-        error = _output_dir_error(exc, out, creating=False)
-        if error is None:
-            raise
-        raise error from exc
+    with interrupt.terminated_cleanly():  # a script's SIGTERM: the staged directory removed, then the process ends
+        try:
+            with _creating(out):
+                out.parent.mkdir(parents=True, exist_ok=True)
+                os.mkdir(staged)
+            yield staged
+            with interrupt.publishing():  # a signal from here on waits for what is published with it (a run's files)
+                interrupt.hold()
+                out = check_out_dir(out, overwrite)  # the target may have appeared meanwhile
+                _commit(staged, out)
+                interrupt.kept(str(out))
+        except BaseException as exc:
+            _remove(staged, f"the unfinished staging of {str(out)!r}")
+            error = _output_dir_error(exc, out, creating=False)
+            if error is None:
+                raise
+            raise error from exc
 
 
 def _commit(staged: Path, out: Path) -> None:
@@ -244,6 +291,7 @@ def check_out_file(out_file: str | os.PathLike, overwrite: bool = False,
                    remedy: str = "pass overwrite=True to replace it") -> Path:
     """The absolute output file path, after checking it may be written: it names a file, not a directory; its folder
     exists; an existing file only with ``overwrite`` (else a FileExistsError ending with ``remedy``)."""
+    check_path_text(out_file, "output file")
     out = Path(out_file).expanduser().absolute()
     if out.name in ("", ".", "..") or os.fspath(out_file).endswith(("/", os.sep)):
         raise IsADirectoryError(f"output file {os.fspath(out_file)!r} names a directory; name the file to write")
@@ -280,22 +328,23 @@ def staging_file(out_file: str | os.PathLike, overwrite: bool = False,
     out = check_out_file(out_file, overwrite, remedy)
     _clean_stale_files(out)
     staged = _sibling(out, TMP_TAG)
-    with _creating(out):
-        with open(staged, "xb"):
-            pass
-    try:
-        yield staged
-        if not staged.is_file() or staged.is_symlink():
-            raise RuntimeError(f"the staged file {str(staged)!r} of {str(out)!r} is gone: nothing was written")
-        check_out_file(out, overwrite, remedy)  # the target may have appeared meanwhile
-        os.replace(staged, out)
-        interrupt.kept(str(out))
-    except BaseException as exc:
-        if staged.is_dir() and not staged.is_symlink():
-            _remove(staged, f"the unfinished staging of {str(out)!r}")
-        else:
-            staged.unlink(missing_ok=True)
-        error = _output_dir_error(exc, out, creating=False)
-        if error is None:
-            raise
-        raise error from exc
+    with interrupt.terminated_cleanly():  # a script's SIGTERM: the staged file removed, then the process ends
+        with _creating(out):
+            with open(staged, "xb"):
+                pass
+        try:
+            yield staged
+            if not staged.is_file() or staged.is_symlink():
+                raise RuntimeError(f"the staged file {str(staged)!r} of {str(out)!r} is gone: nothing was written")
+            check_out_file(out, overwrite, remedy)  # the target may have appeared meanwhile
+            os.replace(staged, out)
+            interrupt.kept(str(out))
+        except BaseException as exc:
+            if staged.is_dir() and not staged.is_symlink():
+                _remove(staged, f"the unfinished staging of {str(out)!r}")
+            else:
+                staged.unlink(missing_ok=True)
+            error = _output_dir_error(exc, out, creating=False)
+            if error is None:
+                raise
+            raise error from exc

@@ -8,6 +8,15 @@ half-written is published) and Lightning's ``on_exception`` hooks, and the comma
 exits ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), as a shell reports a process the signal killed.
 Lightning's own SIGTERM handler, set over this one while a trainer runs, calls it too.
 
+A Python script calling the API has no such handler: SIGTERM's default action ends the process where it is.
+:func:`terminated_cleanly` (around a staging directory's life, :mod:`lightprune.checkpoints.staging`) makes SIGTERM
+raise :class:`Interrupted` there too, for the duration of the block, so that what the block staged is removed, then
+ends the process as that signal ends it (status 143); a process with its own SIGTERM handler keeps it.
+
+Outputs published together (a run's checkpoint and the plan, scores and config that describe it) are one
+:func:`publishing` group: from the moment the first of them is put in place (:func:`hold`), a signal is held until
+all of them are, then raised.
+
 What a run kept is what its parts say they published (:func:`kept`: a pruned checkpoint renamed into place, a
 testbed written to its cache); what it was doing, the innermost :func:`doing` block when the signal came (training
 the embedded testbed).
@@ -16,11 +25,12 @@ the embedded testbed).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
 
-__all__ = ["Interrupted", "describe", "doing", "installed", "kept"]
+__all__ = ["Interrupted", "describe", "doing", "hold", "installed", "kept", "publishing", "terminated_cleanly"]
 
 _KEPT: list[str] = []
 _DOING: list[str] = []
@@ -43,8 +53,46 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
+#: publishing groups open (:func:`publishing`), whether one holds the signals (:func:`hold`), the signal held
+_GROUP = {"open": 0, "holding": False, "pending": None}
+
+
 def _raise(signum: int, frame: object) -> None:
+    if _held(signum):
+        return
     raise Interrupted(signum)
+
+
+def _held(signum: int) -> bool:
+    """Whether the signal is held for the end of the publishing group (recorded: the first one)."""
+    if _GROUP["open"] and _GROUP["holding"]:
+        if _GROUP["pending"] is None:
+            _GROUP["pending"] = signum
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def publishing() -> Iterator[None]:
+    """Outputs published together (a run's pruned checkpoint and its plan, scores and config): once :func:`hold` is
+    called inside the block (the first of them is about to be put in place), SIGTERM and SIGINT are held until the
+    outermost block ends, then raised as :class:`Interrupted` there, so that a signal never leaves a checkpoint
+    without the run files that describe it. Before :func:`hold`, the block is interrupted as anywhere else."""
+    _GROUP["open"] += 1
+    try:
+        yield
+    finally:
+        _GROUP["open"] -= 1
+        if not _GROUP["open"]:
+            pending, _GROUP["pending"], _GROUP["holding"] = _GROUP["pending"], None, False
+            if pending is not None:
+                raise Interrupted(pending)
+
+
+def hold() -> None:
+    """From now until the outermost :func:`publishing` block ends, hold SIGTERM and SIGINT (outside one: nothing)."""
+    if _GROUP["open"]:
+        _GROUP["holding"] = True
 
 
 @contextlib.contextmanager
@@ -63,6 +111,33 @@ def installed() -> Iterator[None]:
         _INSTALLED[0] = False
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def terminated_cleanly() -> Iterator[None]:
+    """Inside the block, in the main thread of a process whose SIGTERM has its default action, SIGTERM raises
+    :class:`Interrupted` (the block's ``finally`` and ``except`` clauses run: a staging directory is removed); once
+    the block is left the default action returns and, when the signal came, the signal is sent again: the process ends
+    as SIGTERM ends it (status 143). Elsewhere (another thread, a handler of the caller's own or :func:`installed`'s,
+    SIGTERM ignored) nothing changes."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    came: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        came.append(signum)
+        if not _held(signum):
+            raise Interrupted(signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if came:
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def kept(what: str) -> None:

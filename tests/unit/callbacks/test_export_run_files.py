@@ -113,3 +113,33 @@ def _module_bf16():
     from lightprune.finetune import MoECausalLM
 
     return MoECausalLM(tiny="qwen3_moe", tiny_overrides={"num_hidden_layers": 2}, dtype="bfloat16")
+
+
+def test_a_signal_once_the_checkpoint_is_in_place_waits_for_the_run_files(tmp_path: Path, monkeypatch) -> None:
+    """SIGTERM right after the export renamed the new checkpoint into place: the run's plan, scores and report that
+    describe it are written before the signal is raised (Interrupted, 143), never the checkpoint of one run beside
+    the plan of another."""
+    import os
+    import signal
+
+    from lightprune.checkpoints import staging
+    from lightprune.core import interrupt
+
+    run = tmp_path / "run"
+    _export(run, 0.5)
+    commit = staging._commit
+
+    def commit_then_signal(staged, out):
+        commit(staged, out)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(staging, "_commit", commit_then_signal)
+    with interrupt.installed(), pytest.raises(interrupt.Interrupted) as stopped:
+        _export(run, 0.25)
+    assert stopped.value.exit_status == 143
+    config = json.loads((run / "model" / "config.json").read_text())
+    plan = json.loads((run / "plan.json").read_text())
+    kept = {len(experts) for experts in plan["keep"].values()}
+    assert config["num_local_experts"] == 6 and kept == {6}  # 8 experts, a quarter pruned: the new plan with the new model
+    report = json.loads((run / "report.json").read_text())
+    assert report["experts_after"] == 12, report  # 2 layers of 6: the report of this run, too

@@ -29,15 +29,17 @@ def test_numpy_numbers_are_kept_as_python_numbers() -> None:
 
 
 @pytest.mark.parametrize("callback, option, bad, message", [
-    (ExpertPruning, "ratio", np.bool_(False), r"^ratio must be in \[0, 1\), got np.False_$"),
+    (ExpertPruning, "ratio", np.bool_(False), r"^ratio must be in \[0, 1\), got np.False_: a bool, not a number$"),
     (ExpertPruning, "ratio", np.float32("nan"), r"^ratio must be in \[0, 1\), got np.float32\(nan\)$"),
-    (ExpertPruning, "alpha", np.bool_(True), r"^alpha must be in \[0, 1\], got np.True_$"),
+    (ExpertPruning, "alpha", np.bool_(True), r"^alpha must be in \[0, 1\], got np.True_: a bool, not a number$"),
     (ExpertPruning, "alpha", math.nan, r"^alpha must be in \[0, 1\], got nan$"),
     (ExpertStats, "low_attn_quantile", np.float64(math.inf), r"^low_attn_quantile must be in \(0, 0.5\], got "),
-    (ExpertStats, "low_attn_quantile", np.bool_(True), r"^low_attn_quantile must be in \(0, 0.5\], got np.True_$"),
+    (ExpertStats, "low_attn_quantile", np.bool_(True),
+     r"^low_attn_quantile must be in \(0, 0.5\], got np.True_: a bool, not a number$"),
     (ExpertStats, "save_every_n_batches", np.bool_(True), r"^save_every_n_batches must be a non-negative integer"),
     (Export, "atol", np.float32("nan"), r"^atol must be positive, got np.float32\(nan\)$"),
-    (Evaluate, "lm_eval_batch_size", np.bool_(True), r"^lm_eval_batch_size must be a positive integer, got np.True_$"),
+    (Evaluate, "lm_eval_batch_size", np.bool_(True),
+     r"^lm_eval_batch_size must be a positive integer, got np.True_: a bool, not a number$"),
     (Evaluate, "lm_eval_batch_size", 2.5, r"^lm_eval_batch_size must be a positive integer, got 2.5$"),
     (WidthSearch, "flops_profile", (np.bool_(True), 3), r"^flops_profile must be \(vision tokens, text tokens\) >= 0"),
     (WidthSearch, "flops_profile", (math.nan, 3), r"^flops_profile must be \(vision tokens, text tokens\) >= 0"),
