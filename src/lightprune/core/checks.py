@@ -3,23 +3,29 @@
 A leaf: it imports nothing from lightprune (nor NumPy or torch). Every error names the argument and the bad value
 (and the allowed ones).
 
-A number is what :func:`real_number` accepts: a Python int or float, a NumPy integer or floating scalar, or a
-0-d NumPy array or torch tensor of an integer or floating dtype (``numpy.float32(0.5)``, ``torch.tensor(0.5)``);
-never a bool of any kind (Python, NumPy, a bool tensor), a complex number or a string. A float narrower than
+A number is what :func:`real_number` accepts: a Python int or float, a ``Fraction`` or ``Decimal``, a NumPy integer
+or floating scalar, or a 0-d NumPy array or torch tensor of an integer or floating dtype (``numpy.float32(0.5)``,
+``torch.tensor(0.5)``); never a bool of any kind (Python, NumPy, a bool tensor), a complex number, a string or an
+array of one element (``torch.tensor([0.5])``): a refusal says which of these it got. A float narrower than
 Python's is read as written: ``numpy.float32(0.7)`` holds 0.699999988, and is 0.7 here (the shortest decimal its
 dtype rounds to the same value), so it selects what ``0.7`` selects. An integer is what :func:`integer` accepts:
 such a number with an integral value (``2``, ``numpy.int64(2)``, ``2.0``). JSON files are checked by
 :func:`lightprune.core.jsonio.strict_int` instead, which refuses ``2.0``.
+
+A ratio becomes a count exactly (:func:`ratio_count`): ``0.29`` of 100 experts is 29, where binary floating point
+gives ``math.floor(0.29 * 100) == 28``.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterable
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any, Callable, Iterable
 
 __all__ = ["check_ratio", "check_atol", "check_choice", "check_each", "check_positive_int", "check_non_negative_int",
-           "check_interval", "check_number", "integer", "real_number"]
+           "check_interval", "check_number", "exact_ratio", "integer", "not_a_number", "ratio_count", "real_number"]
 
 
 def real_number(value: Any) -> int | float | None:
@@ -28,6 +34,8 @@ def real_number(value: Any) -> int | float | None:
         return None
     if isinstance(value, numbers.Integral):
         return int(value)
+    if isinstance(value, Decimal):  # not a numbers.Real, but a number as exact as a Fraction
+        return None if value.is_snan() else float(value)
     if isinstance(value, numbers.Real):
         return _as_written(value, float(value)) if hasattr(value, "dtype") else float(value)
     shape, kind = getattr(value, "shape", None), str(getattr(value, "dtype", ""))
@@ -52,6 +60,63 @@ def _as_written(value: Any, number: float) -> float:
     return number
 
 
+def not_a_number(value: Any) -> str:
+    """Why ``value`` is not a number, for an error message (``""`` when it is one): a bool, a string, an array or
+    tensor of some shape, ..."""
+    if real_number(value) is not None:
+        return ""
+    shape = getattr(value, "shape", None)
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
+        return "a bool, not a number"
+    if isinstance(value, (str, bytes)):
+        return f"a string, not a number (write {value} without quotes)" if isinstance(value, str) and _parses(value) \
+            else "a string, not a number"
+    if shape is not None and tuple(shape) != ():
+        kind = "tensor" if hasattr(value, "new_tensor") else "array"
+        return f"a{'n' if kind == 'array' else ''} {kind} of shape {list(shape)}, not a number: give a number or a " \
+               f"0-d {kind} (x.item())"
+    if isinstance(value, complex) or "complex" in str(getattr(value, "dtype", "")):
+        return "a complex number"
+    return f"a {type(value).__name__}, not a number"
+
+
+def _parses(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except (TypeError, ValueError):
+        return False
+
+
+def _got(value: Any) -> str:
+    """``got <value>`` for a message, with why it is not a number when it is not one."""
+    why = not_a_number(value)
+    return f"got {value!r}" + (f": {why}" if why and value is not None else "")
+
+
+def exact_ratio(value: Any) -> Fraction:
+    """The fraction a ratio (a number) stands for: an int, ``Fraction`` or ``Decimal`` exactly; a float as the decimal
+    it was written as, its shortest repr (``0.29`` is 29/100, not the binary 0.28999999999999998), or, for a float
+    that needs 16 or 17 digits (one computed: ``1/3``, ``2/3``), the fraction of denominator at most 10**6 whose
+    float it is, when there is one."""
+    if isinstance(value, (Fraction, Decimal, int)) and not isinstance(value, bool):
+        return Fraction(value)
+    number = real_number(value)
+    if number is None or not math.isfinite(number):
+        raise ValueError(f"a ratio must be a finite number, {_got(value)}")
+    written = Fraction(repr(float(number)))
+    digits = repr(float(number)).split("e")[0].replace("-", "").replace(".", "").strip("0")
+    if len(digits) <= 15:  # every decimal of up to 15 digits is the shortest repr of its float
+        return written
+    simple = Fraction(number).limit_denominator(10**6)
+    return simple if float(simple) == number else written
+
+
+def ratio_count(ratio: Any, total: int, rounding: Callable[[Fraction], int] = math.floor) -> int:
+    """``rounding(ratio x total)`` in exact arithmetic (:func:`exact_ratio`): ``ratio_count(0.29, 100) == 29`` and
+    ``ratio_count(0.57, 200) == 114``; ``rounding`` is ``math.floor``, ``math.ceil`` or ``round`` (half to even)."""
+    return int(rounding(exact_ratio(ratio) * int(total)))
+
+
 def integer(value: Any) -> int | None:
     """``value`` as an int when it is a finite number with an integral value (``2.0`` too), else None."""
     number = real_number(value)
@@ -67,7 +132,7 @@ def check_interval(name: str, value: Any, low: float, high: float, bounds: str =
     inside = number is not None and (low <= number if bounds[0] == "[" else low < number) and \
         (number <= high if bounds[1] == "]" else number < high)
     if not inside:
-        raise ValueError(f"{name} must be in {bounds[0]}{low:g}, {high:g}{bounds[1]}, got {value!r}")
+        raise ValueError(f"{name} must be in {bounds[0]}{low:g}, {high:g}{bounds[1]}, {_got(value)}")
     return float(number)
 
 
@@ -75,7 +140,7 @@ def check_number(name: str, value: Any) -> float:
     """A finite number, as a float."""
     number = real_number(value)
     if number is None or not math.isfinite(number):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise ValueError(f"{name} must be a finite number, {_got(value)}")
     return float(number)
 
 
@@ -90,7 +155,7 @@ def check_atol(value: Any) -> float | None:
         return None
     number = real_number(value)
     if number is None or not 0 < number < math.inf:
-        raise ValueError(f"atol must be positive, got {value!r}")
+        raise ValueError(f"atol must be positive, {_got(value)}")
     return float(number)
 
 
@@ -120,7 +185,7 @@ def check_non_negative_int(name: str, value: Any, *, allow_none: bool = False) -
         return None
     number = integer(value)
     if number is None or number < 0:
-        raise ValueError(f"{name} must be a non-negative integer{' or None' if allow_none else ''}, got {value!r}")
+        raise ValueError(f"{name} must be a non-negative integer{' or None' if allow_none else ''}, {_got(value)}")
     return number
 
 
@@ -130,5 +195,5 @@ def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> in
         return None
     number = integer(value)
     if number is None or number < 1:
-        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {value!r}")
+        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, {_got(value)}")
     return number

@@ -5,7 +5,21 @@ A leaf module: it imports nothing from lightprune.
 
 from __future__ import annotations
 
-__all__ = ["PlanError", "ERRORS", "register_error"]
+from typing import Any, Iterable
+
+__all__ = ["PlanError", "ERRORS", "listed", "register_error"]
+
+#: how many items an error message lists before it says how many more there are
+LISTED = 8
+
+
+def listed(values: Iterable[Any], limit: int = LISTED) -> str:
+    """``values`` as a list in an error message: the first ``limit``, then how many more (``[3, 4, 5, 6, 7, 8, 9, 10,
+    ... and 99,989 more]``: a plan naming 100,000 layers gives one short line, not a 700 KB one)."""
+    values = list(values)
+    if len(values) <= limit:
+        return repr(values)
+    return f"[{', '.join(map(repr, values[:limit]))}, ... and {len(values) - limit:,} more]"
 
 
 class PlanError(ValueError):

@@ -50,6 +50,7 @@ from typing import Any, Mapping
 import torch
 
 from lightprune.core.checks import check_interval
+from lightprune.core.errors import listed
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.ranking import spearman
 from lightprune.experts.scores import ExpertScores
@@ -118,7 +119,7 @@ def _raw(stats, criterion: str, subset: str, hint: str = "") -> dict[int, torch.
         v = torch.as_tensor(v).detach().cpu().double()
         if not torch.isfinite(v).all():
             bad = [e for e, x in enumerate(v.tolist()) if not math.isfinite(x)]
-            raise ValueError(f"{criterion} on {subset!r}, layer {layer}: non-finite values for experts {bad}")
+            raise ValueError(f"{criterion} on {subset!r}, layer {layer}: non-finite values for experts {listed(bad)}")
         if (v < 0).any():
             raise ValueError(f"{criterion} on {subset!r}, layer {layer}: negative values "
                              f"(min {float(v.min()):.4g}); Delta-H is a squared norm and cannot be negative")
@@ -133,7 +134,7 @@ def _check_layers(named: Mapping[str, Mapping[int, torch.Tensor]]) -> list[int]:
     for name, other in items[1:]:
         if set(other) != set(first):
             raise ValueError(f"subsets {first_name!r} and {name!r} cover different layers: "
-                             f"{sorted(first)} vs {sorted(other)}")
+                             f"{listed(sorted(first))} vs {listed(sorted(other))}")
         for layer in first:
             if other[layer].numel() != first[layer].numel():
                 raise ValueError(f"layer {layer}: {first_name!r} has {first[layer].numel()} experts, "
@@ -167,7 +168,7 @@ def maep_alpha(stats, *, criterion: str = "delta_h", text_subset: str = "text",
     used = [l for l in layers if not any(math.isnan(r[l]) for r in (rho_tv, rho_tla, rho_vla))]
     skipped = [l for l in layers if l not in used]
     if skipped:
-        warnings.warn(f"MAEP alpha: layers {skipped} have a constant {criterion} on one of the subsets "
+        warnings.warn(f"MAEP alpha: layers {listed(skipped)} have a constant {criterion} on one of the subsets "
                       f"({text_subset}, {vision_subset}, {low_subset}), so Spearman rho is undefined there; "
                       "they are left out of the layer means", stacklevel=2)
 

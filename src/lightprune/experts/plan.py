@@ -14,10 +14,11 @@ a :class:`PlanError` naming the file (when loaded from one), the key path and th
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Iterable
 
-from lightprune.core.errors import PlanError
+from lightprune.core.errors import PlanError, listed
 from lightprune.core.jsonio import layer_items, show, strict_int
 from lightprune.experts.plan_base import ExpertLayout, layer_count
 
@@ -33,6 +34,28 @@ def _expert_ids(key: Any, ids: Any) -> list[int]:
             raise PlanError(f"keep[{key!r}][{i}] must be an expert id (an integer), got {show(e)}")
         out.append(value)
     return sorted(out)
+
+
+def _layout(counts: dict[int, int]) -> str:
+    """MoE layers and their expert counts in a few words: ``2 layers [1, 2] (8 experts each)``."""
+    if not counts:
+        return "no layers"
+    each = set(counts.values())
+    experts = f"{each.pop()} experts each" if len(each) == 1 else \
+        f"experts {listed([counts[layer] for layer in sorted(counts)])}"
+    return f"{len(counts):,} layer{'s' if len(counts) != 1 else ''} {listed(sorted(counts))} ({experts})"
+
+
+def _other_layers(plan: "ExpertPlan", by_index: dict, unknown: list[int], left_out: list[int]) -> str:
+    """The refusal of a plan whose layers are not the model's MoE layers: what differs, then both layouts."""
+    model = {index: layer.num_experts for index, layer in sorted(by_index.items())}
+    named = {index: plan.num_experts[index] for index in sorted(plan.keep)}
+    if unknown:
+        return (f"plan made for another model? It names {_layout(named)}, this model has MoE {_layout(model)}: plan "
+                f"names layers {listed(unknown)} that are not MoE layers of this model")
+    return (f"plan leaves out MoE layers {listed(left_out)} of this model, whose MoE layers are {_layout(model)}; the "
+            f"plan names {_layout(named)}: a plan made for another model, or, to leave a layer unpruned, keep all its "
+            "experts (plan.completed(lp.find_moe_layers(model)) does so for every layer left out)")
 
 
 @dataclass
@@ -62,13 +85,16 @@ class ExpertPlan(ExpertLayout):
         self._check_plan_fields()
         missing = sorted(set(self.keep) - set(self.num_experts))
         if missing:
-            raise PlanError(f"plan keeps experts of layers {missing} but records no expert count for them")
+            raise PlanError(f"plan keeps experts of layers {listed(missing)} but records no expert count for them")
         for layer, ids in self.keep.items():
             if len(set(ids)) != len(ids):
-                raise PlanError(f"plan layer {layer} keeps duplicate expert ids {ids}")
+                twice = sorted(e for e, n in Counter(ids).items() if n > 1)
+                raise PlanError(f"plan layer {layer} keeps duplicate expert ids {listed(twice)} (its ids: "
+                                f"{listed(ids)})")
             bad = [e for e in ids if not 0 <= e < self.num_experts[layer]]
             if bad:
-                raise PlanError(f"plan layer {layer} keeps expert ids {bad} outside 0..{self.num_experts[layer] - 1}")
+                raise PlanError(f"plan layer {layer} keeps expert ids {listed(bad)} outside "
+                                f"0..{self.num_experts[layer] - 1}")
 
     # ------------------------------------------------------------------ views
     def pruned(self) -> dict[int, list[int]]:
@@ -101,9 +127,9 @@ class ExpertPlan(ExpertLayout):
         group-limited routing, the same count kept in every group."""
         by_index = {layer.index: layer for layer in layers}
         unknown = sorted(set(self.keep) - set(by_index))
+        left_out = sorted(set(by_index) - set(self.keep))
         if unknown:
-            raise PlanError(f"plan names layers {unknown} that are not MoE layers of this model "
-                            f"(MoE layers: {sorted(by_index)})")
+            raise PlanError(_other_layers(self, by_index, unknown, left_out))
         for index in self.keep:
             if self.num_experts[index] != by_index[index].num_experts:
                 raise PlanError(f"plan was made for {self.num_experts[index]} experts in layer {index}, "
@@ -120,11 +146,8 @@ class ExpertPlan(ExpertLayout):
                 if len(set(per_group)) != 1:
                     raise PlanError(f"plan keeps {per_group} experts per group in layer {index}; group-limited "
                                     "routing needs the same count in every group")
-        left_out = sorted(set(by_index) - set(self.keep))
-        if left_out:
-            raise PlanError(f"plan leaves out MoE layers {left_out} of this model (it names {sorted(self.keep)}): "
-                            "a plan names every MoE layer; to leave a layer unpruned keep all its experts "
-                            "(plan.completed(lp.find_moe_layers(model)) does so for every layer left out)")
+        if left_out:  # after what the named layers say: a plan of part of this model's layers, or another model's
+            raise PlanError(_other_layers(self, by_index, [], left_out))
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:

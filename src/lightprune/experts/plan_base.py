@@ -4,9 +4,10 @@
 A plan records each MoE layer's routed-expert count before (``num_experts``, so a plan made for another model is
 caught before any surgery) and says how many experts each layer keeps (:meth:`ExpertLayout.kept_counts`). From
 these: whether every layer keeps the same number (plain ``from_pretrained`` reloads the result), how many experts
-go, and the plan-wide fields both validate alike (``ratio`` a number in [0, 1) or null, ``metadata`` an object).
-Both round-trip through JSON under a strict schema (:meth:`ExpertLayout.from_dict`: unknown or missing keys are a
-:class:`~lightprune.core.errors.PlanError` naming them, and the file when loaded from one).
+go, and the plan-wide fields both validate alike (``ratio`` a number in [0, 1) or null, ``metadata`` an object
+holding no NaN or infinity). Both round-trip through JSON under a strict schema (:meth:`ExpertLayout.from_dict`:
+unknown or missing keys, or a ``NaN`` / ``Infinity`` constant anywhere, are a :class:`~lightprune.core.errors.PlanError`
+naming them, and the file when loaded from one).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lightprune.core.checks import real_number
-from lightprune.core.errors import PlanError
-from lightprune.core.jsonio import read_parsed, show, strict_int, write_json
+from lightprune.core.errors import PlanError, listed
+from lightprune.core.jsonio import non_finite, read_parsed, show, strict_int, write_json
 
-__all__ = ["ExpertLayout", "layer_count", "check_plan_kind"]
+__all__ = ["ExpertLayout", "layer_count", "check_plan_kind", "check_finite"]
 
 #: what to do instead, by (the kind an entry point takes, the kind it was given)
 _INSTEAD = {
@@ -51,6 +52,16 @@ def check_plan_kind(plan: Any, kind: type, caller: str, instead: str | None = No
         advice = f"build one with lp.{kind.__name__}(...) or load a saved one with lp.{kind.__name__}.load(path)"
     raise TypeError(f"{caller} takes a{'n' if kind.__name__[0] in 'AEIOU' else ''} {kind.__name__}, got {got}: "
                     f"{advice}")
+
+
+def check_finite(data: Any, kind: str) -> None:
+    """Refuse a NaN or infinite number anywhere in ``data`` (a plan's fields, or its JSON object), naming the key:
+    JSON has no such constant, and what lightprune publishes is standard JSON."""
+    for key, value in (data.items() if isinstance(data, Mapping) else ()):
+        found = non_finite(value, str(key))
+        if found is not None:
+            raise PlanError(f"{found[0]} is {show(found[1])}: a {kind} holds finite numbers only (JSON has no NaN or "
+                            "Infinity; write null or a number)")
 
 
 class ExpertLayout:
@@ -102,6 +113,7 @@ class ExpertLayout:
             self.ratio = ratio
         if not isinstance(self.metadata, dict):
             raise PlanError(f"metadata must be an object, got {show(self.metadata)}")
+        check_finite({"metadata": self.metadata}, self.KIND)
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
@@ -114,11 +126,12 @@ class ExpertLayout:
             raise PlanError(f"{cls.KIND} must be an object {cls.SHAPE}, got {show(data)}")
         unknown = sorted(set(data) - set(cls.FIELDS), key=str)
         if unknown:
-            raise PlanError(f"unknown {cls.KIND} keys {unknown}")
+            raise PlanError(f"unknown {cls.KIND} keys {listed(unknown)}; its keys: {', '.join(cls.FIELDS)}")
         missing = [key for key in cls.REQUIRED if key not in data]
         if missing:
             raise PlanError(f"{cls.KIND} is missing {missing[0]!r}" if len(missing) == 1 else
                             f"{cls.KIND} is missing {missing}")
+        check_finite(data, cls.KIND)
         return cls(**data)
 
     def save(self, path: str | os.PathLike) -> Path:

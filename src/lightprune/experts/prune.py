@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from lightprune.core.distributed import PartitionedModelError, is_partitioned
+from lightprune.core.errors import listed
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.models import MoELayer, find_moe_layers, get_family
@@ -135,7 +136,8 @@ def resize_experts(model: nn.Module, counts: dict[int, int]) -> nn.Module:
     by_index = {layer.index: layer for layer in find_moe_layers(model)}
     unknown = sorted(set(counts) - set(by_index))
     if unknown:
-        raise ValueError(f"expert counts name layers {unknown} that are not MoE layers (MoE layers: {sorted(by_index)})")
+        raise ValueError(f"expert counts name layers {listed(unknown)} that are not MoE layers (MoE layers: "
+                         f"{listed(sorted(by_index))})")
     for index, count in counts.items():
         layer = by_index[index]
         if count == layer.num_experts:

@@ -11,6 +11,7 @@ from typing import Mapping
 
 import torch
 
+from lightprune.core.errors import listed
 from lightprune.models.base import MoELayer, RoutingLimits
 
 __all__ = ["ExpertScores"]
@@ -24,7 +25,7 @@ class ExpertScores(dict):
         super().__init__({int(k): v for k, v in sorted(importance.items())})
         missing = sorted(set(self) - set(limits))
         if missing:
-            raise ValueError(f"no routing limits given for layers {missing}")
+            raise ValueError(f"no routing limits given for layers {listed(missing)}")
         for layer, values in self.items():
             if values.dim() != 1 or values.numel() != limits[layer].num_experts:
                 raise ValueError(f"layer {layer}: expected {limits[layer].num_experts} scores, "

@@ -3,6 +3,9 @@
 - uniform: every layer prunes floor(ratio x E_l) of its lowest-importance experts.
 - global: all (layer, expert) pairs ranked together; the lowest floor(ratio x N_total) are
   pruned, skipping any that would take a layer below its floor (METHODS.md; MAEP section 5.3).
+
+The counts are exact: ratio is the decimal it was written as (:func:`lightprune.core.checks.ratio_count`), so
+0.29 of 100 experts is 29, not the 28 of ``math.floor(0.29 * 100)`` in binary floating point.
   Values are ranked as given unless ``normalize="log_zscore"``: z-score of log(v + 1e-8) per
   layer first (MAEP section 5.3), for criteria whose scales differ across layers.
 
@@ -19,8 +22,9 @@ from typing import Mapping
 
 import torch
 
-from lightprune.core.checks import check_choice, check_non_negative_int, check_ratio
+from lightprune.core.checks import check_choice, check_non_negative_int, check_ratio, ratio_count
 from lightprune.core.choices import ALLOCATIONS, NORMALIZATIONS
+from lightprune.core.errors import listed
 from lightprune.experts.plan import ExpertPlan
 from lightprune.models.base import RoutingLimits
 
@@ -77,6 +81,15 @@ def select_experts(importance: Mapping[int, torch.Tensor], ratio: float | None, 
     outside [0, 1), an unknown allocation or normalisation, non-finite scores, a ratio that would cut
     below a floor.
     """
+    return _select(importance, ratio, allocation, normalize, limits=limits, criterion=criterion,
+                   n_per_layer=n_per_layer)
+
+
+def _select(importance: Mapping[int, torch.Tensor], ratio: float | None, allocation: str = "uniform",
+            normalize: str | None = None, *, limits: Mapping[int, RoutingLimits] | None = None,
+            criterion: str | None = None, n_per_layer: int | None = None,
+            counts: Mapping[int, int] | None = None) -> ExpertPlan:
+    """:func:`select_experts`; ``counts`` ({layer: experts to prune}, uniform only) replaces ``ratio``'s counts."""
     if (ratio is None) == (n_per_layer is None):
         raise ValueError("give exactly one of ratio (a fraction) or n_per_layer (a count per layer); "
                          f"got ratio={ratio!r}, n_per_layer={n_per_layer!r} (set ratio: null to use n_per_layer)")
@@ -101,7 +114,7 @@ def select_experts(importance: Mapping[int, torch.Tensor], ratio: float | None, 
                              f"got shape {tuple(v.shape)}")
         if not torch.isfinite(v).all():
             bad = {i: x for i, x in enumerate(v.tolist()) if not math.isfinite(x)}
-            raise ValueError(f"layer {layer}: non-finite scores {list(bad.values())} for experts {list(bad)} "
+            raise ValueError(f"layer {layer}: non-finite scores {listed(bad.values())} for experts {listed(bad)} "
                              "(NaN or inf statistics)")
         values[layer] = log_zscore(v) if normalize == "log_zscore" else v
     crit = criterion or getattr(importance, "criterion", "unknown")
@@ -109,9 +122,10 @@ def select_experts(importance: Mapping[int, torch.Tensor], ratio: float | None, 
 
     pruned: dict[int, set[int]] = {layer: set() for layer in values}
     if allocation == "uniform":
+        counts = {layer: ratio_count(ratio, n) for layer, n in num.items()} if counts is None else counts
         for layer, v in values.items():
             lim = limits[layer]
-            want = math.floor(ratio * lim.num_experts)
+            want = counts[layer]
             if want > _max_prunable(lim):
                 raise ValueError(f"ratio {ratio} prunes {want} of {lim.num_experts} experts in layer {layer}, "
                                  f"below its floor of {lim.min_experts} kept (top_k={lim.top_k})")
@@ -119,10 +133,10 @@ def select_experts(importance: Mapping[int, torch.Tensor], ratio: float | None, 
             slices = want if lim.n_group <= 1 else want // lim.n_group
             for unit in units[:slices]:
                 pruned[layer].update(unit[3])
-        target = sum(math.floor(ratio * n) for n in num.values())
+        target = sum(counts.values())
     else:
         total = sum(num.values())
-        target = math.floor(ratio * total)
+        target = ratio_count(ratio, total)
         capacity = sum(_max_prunable(limits[layer]) for layer in values)
         if target > capacity:
             raise ValueError(f"ratio {ratio} prunes {target} of {total} experts, but the per-layer floors "
@@ -164,9 +178,8 @@ def _select_count(importance, n: int, allocation: str, normalize: str | None, li
         if n > lim.num_experts - lim.min_experts:
             raise ValueError(f"n_per_layer={n} prunes {n} of {lim.num_experts} experts in layer {layer}, below "
                              f"its floor of {lim.min_experts} kept (top_k={lim.top_k})")
-        # (n + 0.5) / E floors to exactly n for the ratio rule floor(ratio x E)
-        part = select_experts({layer: values}, (n + 0.5) / lim.num_experts, "uniform", normalize,
-                              limits={layer: lim}, criterion=crit)
+        part = _select({layer: values}, n / lim.num_experts, "uniform", normalize, limits={layer: lim},
+                       criterion=crit, counts={layer: n})
         keep[layer], num[layer] = part.keep[layer], part.num_experts[layer]
         pruned += part.total_pruned
     ratios = {n / e for e in num.values()}

@@ -41,6 +41,7 @@ from torch import nn
 from lightprune.core.batch import head_skipped, model_inputs
 from lightprune.core.choices import SENSITIVITY_SCORES
 from lightprune.core.distributed import gathered
+from lightprune.core.errors import listed
 from lightprune.experts.scores import ExpertScores
 from lightprune.models import MoELayer, RoutingLimits, find_moe_layers
 from lightprune.models.unwrap import base_model_of
@@ -172,7 +173,8 @@ def weight_delta(before: Mapping[int, torch.Tensor], after: Mapping[int, torch.T
     if limits is None:
         raise ValueError("weight_delta needs the layers' routing limits: pass limits= or model=")
     if set(before) != set(after):
-        raise ValueError(f"before and after cover different layers: {sorted(before)} vs {sorted(after)}")
+        raise ValueError(f"before and after cover different layers: {listed(sorted(before))} vs "
+                         f"{listed(sorted(after))}")
     deltas: dict[int, torch.Tensor] = {}
     for layer in sorted(before):
         n0, n1 = _as_norms(layer, before[layer]), _as_norms(layer, after[layer])
@@ -263,7 +265,8 @@ def logit_delta(base: Mapping[int, torch.Tensor], adapted: Mapping[int, torch.Te
     logit moved (the adapter changes nothing the router sees).
     """
     if set(base) != set(adapted):
-        raise ValueError(f"base and adapted logits cover different layers: {sorted(base)} vs {sorted(adapted)}")
+        raise ValueError(f"base and adapted logits cover different layers: {listed(sorted(base))} vs "
+                         f"{listed(sorted(adapted))}")
     scores: dict[int, torch.Tensor] = {}
     for layer in sorted(base):
         l0, l1 = base[layer], adapted[layer]

@@ -40,7 +40,7 @@ from torch import nn
 from lightprune._compat import warn_once
 from lightprune.checkpoints.classes import auto_class_name, base_class
 from lightprune.checkpoints.directory import weight_files
-from lightprune.core.jsonio import read_json
+from lightprune.core.jsonio import json_text, read_json
 from lightprune.export.model_card import CARD_FILE, model_card
 
 __all__ = ["MANIFEST_FILE", "EXPERT_FORMAT", "WIDTH_FORMAT", "ExportResult", "WidthExportResult", "LEGACY_KEYS",
@@ -261,7 +261,7 @@ def write_manifest(tmp: Path, model: nn.Module, counts: Mapping[int, int], *, pa
         "lightprune_version": __version__,
         "command": command if command is not None else " ".join(sys.argv),
     }
-    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    (tmp / MANIFEST_FILE).write_text(json_text(manifest, indent=2) + "\n")  # standard JSON: no NaN, no Infinity
     (tmp / CARD_FILE).write_text(model_card(manifest))
     return manifest
 
@@ -277,7 +277,7 @@ def record_evaluation(out_dir: str | os.PathLike, evaluation: Mapping[str, Any])
         raise ValueError(f"{str(out_dir)!r} is not a lightprune export (its {MANIFEST_FILE} has format "
                          f"{manifest.get('format')!r})")
     manifest["evaluation"] = json.loads(json.dumps(dict(evaluation)))  # plain JSON, as written at export
-    files = [(MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")]
+    files = [(MANIFEST_FILE, json_text(manifest, indent=2) + "\n")]
     if manifest["format"] == EXPERT_FORMAT:
         files.append((CARD_FILE, model_card(manifest)))
     for name, text in files:

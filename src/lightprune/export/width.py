@@ -19,7 +19,6 @@ key in the kernels and outputs zeros there; its logits are never used). A mismat
 from __future__ import annotations
 
 import gc
-import json
 import os
 import time
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from torch import nn
 
 from lightprune.checkpoints.staging import staging_dir
 from lightprune.core.checks import check_atol, check_positive_int
+from lightprune.core.jsonio import json_text
 from lightprune.core.notices import quiet_progress
 from lightprune.export.load import load_pruned
 from lightprune.export.result import MANIFEST_FILE, WidthExportResult
@@ -121,5 +121,5 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
                                      "probe_shapes": {k: list(v.shape) for k, v in probe.items()
                                                       if isinstance(v, torch.Tensor)}},
                     **dict(metadata or {})}
-        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / MANIFEST_FILE).write_text(json_text(manifest, indent=2) + "\n")  # standard JSON: no NaN, no Infinity
     return WidthExportResult.from_manifest(out_dir, manifest, time.perf_counter() - start)

@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from lightprune.core.checks import ratio_count
 from lightprune.models import get_family
 from lightprune.observe.attention_interface import (
     dense_mask,
@@ -111,8 +112,8 @@ def low_high_masks(scores: torch.Tensor, vision_mask: torch.Tensor,
         raise ValueError(f"scores {tuple(scores.shape)} and vision_mask {tuple(vision_mask.shape)} must both be [B, S]")
     valid = vision_mask.bool() & torch.isfinite(scores)
     n = valid.sum(dim=1)
-    # the tolerance keeps q * n at an integer from rounding up (0.07 * 100 = 7.000000000000001)
-    k = torch.tensor([max(1, math.ceil(q * int(c) - 1e-9)) if c else 0 for c in n.tolist()], device=scores.device)
+    # exact: q as written (0.07 of 100 is 7, where 0.07 * 100 == 7.000000000000001 would round up to 8)
+    k = torch.tensor([max(1, ratio_count(q, c, math.ceil)) if c else 0 for c in n.tolist()], device=scores.device)
     masks = []
     for key in (scores, -scores):
         key = torch.where(valid, key.float(), torch.full_like(key, float("inf"), dtype=torch.float32))

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lightprune.core.checks import ratio_count
 from lightprune.quality.bench_section import benchmarks_markdown
 from lightprune.quality.expert_quality import summarise
 from lightprune.quality.intervals import RESAMPLES, retention
@@ -21,6 +22,11 @@ from lightprune.quality.width_quality import mwop_markdown, plot_mwop
 from lightprune.quality.width_recovery import mwop_recovery_markdown
 
 __all__ = ["retention", "write_results"]
+
+
+def _percent(ratio: float) -> int:
+    """``ratio`` as a whole percent, exactly (0.29 is 29, where ``int(0.29 * 100)`` is 28)."""
+    return ratio_count(ratio, 100)
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -46,7 +52,7 @@ def _random_cell(result, ratio: float, metric: str, digits: int) -> str:
 def _metric_table(result: Mapping[str, Any], columns: list[tuple[str, str, int]]) -> str:
     """One row per criterion; per ratio and column (metric, header, digits) its value; random last."""
     ratios = _ratios(result)
-    head = ["criterion", "allocation"] + [f"{h} @{int(r * 100)}%" for r in ratios for _, h, _ in columns]
+    head = ["criterion", "allocation"] + [f"{h} @{_percent(r)}%" for r in ratios for _, h, _ in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     dense = result["dense"]
     lines.append("| dense | - | " + " | ".join(_fmt(dense[m], d) for _ in ratios for m, _, d in columns) + " |")
@@ -71,7 +77,7 @@ def _retention_table(result: Mapping[str, Any], metrics: list[str]) -> str:
     """One row per criterion: retention per ratio and metric (with its 95% bootstrap interval when measured);
     random last, as mean [min, max] over its seeds."""
     ratios = _ratios(result)
-    head = ["criterion"] + [f"{m} retention @{int(r * 100)}%" for r in ratios for m in metrics]
+    head = ["criterion"] + [f"{m} retention @{_percent(r)}%" for r in ratios for m in metrics]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     dense = result["dense"]
     for name, by_ratio in _by_criterion(result).items():
@@ -101,7 +107,7 @@ def _summary(result: Mapping[str, Any], metric: str) -> str:
         best = max(kept, key=kept.get)
         worst = min(kept, key=kept.get)
         above = sorted(n for n, v in kept.items() if v > max(vals))
-        out.append(f"At {int(r * 100)}%: best {best} {kept[best]:.1f}, worst {worst} {kept[worst]:.1f}, random "
+        out.append(f"At {_percent(r)}%: best {best} {kept[best]:.1f}, worst {worst} {kept[worst]:.1f}, random "
                    f"{sum(vals) / len(vals):.1f} [{min(vals):.1f}, {max(vals):.1f}]; above random's maximum: "
                    f"{', '.join(above) if above else 'none'}.")
     return f"{metric} retention (%): " + " ".join(out)
@@ -171,7 +177,7 @@ def plot_pruned_per_layer(result: Mapping[str, Any], path: Path, title: str) -> 
     for i, row in enumerate(rows):
         layers = sorted(row["pruned_per_layer"], key=int)
         ax.bar([int(l) + i * width for l in layers], [row["pruned_per_layer"][l] for l in layers], width,
-               label=f"{row['criterion']} @{int(row['ratio'] * 100)}%")
+               label=f"{row['criterion']} @{_percent(row['ratio'])}%")
     ax.set_xlabel("layer")
     ax.set_ylabel("experts pruned")
     ax.set_title(title)
@@ -315,7 +321,7 @@ def _criteria_section(criteria: Sequence[Mapping[str, Any]]) -> list[str]:
         seeds = "; ".join(f"seed {s['testbed_seed']}: p {s['p_value']:.3f}, {s['paired_diff']:+.1f} "
                           f"[{s['paired_ci'][0]:+.1f}, {s['paired_ci'][1]:+.1f}]" for s in c["seeds"])
         rows.append(f"| {c['testbed']} | {c['criterion']} | {c['allocation']} | {c['metric']} retention "
-                    f"@{int(c['ratio'] * 100)}% | {c['verdict']} | {seeds or '-'} |")
+                    f"@{_percent(c['ratio'])}% | {c['verdict']} | {seeds or '-'} |")
     return ["## Every criterion against random, over testbed seeds", "",
             "Each row of the tables below judged against the random null by the claims' rule, on every testbed seed "
             "(held: p < 0.05 and the paired interval above 0 on every seed; did not hold: the opposite on every "
@@ -335,7 +341,7 @@ def _seeded_claims_section(claims: Sequence[Mapping[str, Any]]) -> list[str]:
         seeds = "; ".join([seeds] * bool(seeds) + [f"seed {u['testbed_seed']}: not measured ({u['error']})"
                                                     for u in c.get("unmeasured", [])])
         verdict = c["verdict"] if c["verdict"] in ("held", "not measured") else f"**{c['verdict']}**"
-        where = "at the paper's operating points" if c["testbed"] == "mwop" else f"@{int(c['ratio'] * 100)}%"
+        where = "at the paper's operating points" if c["testbed"] == "mwop" else f"@{_percent(c['ratio'])}%"
         rows.append(f"| {c['paper']} | {c['claim']} | {c['testbed']} | {c['metric']} retention {where} | "
                     f"{verdict} | {seeds or '-'} |")
     return ["## Claims over testbed seeds", "",

@@ -7,7 +7,8 @@ modality mu in :data:`MODALITIES` (a pruned (c, mu) skips channel c for tokens o
 missing from ``attn_keep`` / ``ffn_keep`` is dense. The plan round-trips through JSON under a strict
 schema, nothing coerced: layer keys plain decimal strings (ints when built in Python), mask entries
 booleans or the integers 0 / 1 (never floats such as ``0.0`` or strings such as ``"1"``), ``num_heads`` and
-``intermediate_size`` positive integers, ``metadata`` an object. Every violation is a :class:`PlanError`
+``intermediate_size`` positive integers, ``metadata`` an object holding no NaN or infinity (JSON has neither). Every
+violation is a :class:`PlanError`
 naming the file (when loaded from one), the key path and the value, e.g.
 ``width plan file '/x/width_plan.json': attn_keep['0'][1][2] must be a keep flag (booleans or 0/1), got 0.0``.
 """
@@ -23,8 +24,8 @@ from typing import Any
 
 import torch
 
-from lightprune.core.errors import PlanError
-from lightprune.core.jsonio import layer_items, read_parsed, show, strict_int, write_json
+from lightprune.core.errors import PlanError, listed
+from lightprune.core.jsonio import layer_items, non_finite, read_parsed, show, strict_int, write_json
 from lightprune.width.layers import find_width_layers
 from lightprune.width.paths import MODALITIES, PATHS
 
@@ -89,6 +90,15 @@ def _counts(value: Any, name: str, what: str) -> dict[int, int]:
     return counts
 
 
+def _check_finite(data: Mapping[str, Any]) -> None:
+    """Refuse a NaN or infinite number anywhere in ``data``, naming the key (JSON has no such constant)."""
+    for key, value in data.items():
+        found = non_finite(value, str(key))
+        if found is not None:
+            raise PlanError(f"{found[0]} is {show(found[1])}: a width plan holds finite numbers only (JSON has no NaN "
+                            "or Infinity; write null or a number)")
+
+
 @dataclass(eq=False)
 class WidthPlan:
     """MWOP keep masks: ``attn_keep[l]`` bool [num_heads[l], 3] (columns :data:`PATHS`),
@@ -114,21 +124,23 @@ class WidthPlan:
         for key, layer, mask in attn_items:
             if layer not in self.num_heads:
                 raise PlanError(f"attn_keep names layer {layer}, which has no head count in num_heads "
-                                f"(layers {sorted(self.num_heads)})")
+                                f"(layers {listed(sorted(self.num_heads))})")
             attn[layer] = _bool_tensor(mask, (self.num_heads[layer], len(PATHS)), f"attn_keep[{key!r}]")
         ffn = {}
         for key, layer, masks in ffn_items:
             if layer not in self.intermediate_size:
                 raise PlanError(f"ffn_keep names layer {layer}, which has no dense FFN in intermediate_size "
-                                f"(dense FFN layers {sorted(self.intermediate_size)}; an MoE layer's FFN is experts)")
+                                f"(dense FFN layers {listed(sorted(self.intermediate_size))}; an MoE layer's FFN is "
+                                "experts)")
             if not isinstance(masks, Mapping) or set(masks) != set(MODALITIES):
-                got = sorted(masks, key=str) if isinstance(masks, Mapping) else show(masks)
+                got = listed(sorted(masks, key=str)) if isinstance(masks, Mapping) else show(masks)
                 raise PlanError(f"ffn_keep[{key!r}] must have exactly the keys {list(MODALITIES)}, got {got}")
             m = self.intermediate_size[layer]
             ffn[layer] = {mu: _bool_tensor(masks[mu], (m,), f"ffn_keep[{key!r}][{mu!r}]") for mu in MODALITIES}
         self.attn_keep, self.ffn_keep = attn, ffn
         if not isinstance(self.metadata, dict):
             raise PlanError(f"metadata must be an object, got {show(self.metadata)}")
+        _check_finite({"metadata": self.metadata})
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -154,11 +166,11 @@ class WidthPlan:
         for layer, masks in (ffn_keep or {}).items():
             layer = int(layer)
             if not isinstance(masks, dict) or not masks or not set(masks) <= set(MODALITIES):
-                got = sorted(masks) if isinstance(masks, dict) else type(masks).__name__
+                got = listed(sorted(masks, key=str)) if isinstance(masks, dict) else type(masks).__name__
                 raise PlanError(f"replace: ffn_keep[{layer}] must map some of {list(MODALITIES)} to masks, got {got}")
             if layer not in self.intermediate_size:
                 raise PlanError(f"replace: ffn_keep names layer {layer}, which has no dense FFN "
-                                f"(dense FFN layers {sorted(self.intermediate_size)})")
+                                f"(dense FFN layers {listed(sorted(self.intermediate_size))})")
             base = ffn.get(layer) or {mu: torch.ones(self.intermediate_size[layer], dtype=torch.bool)
                                       for mu in MODALITIES}
             ffn[layer] = {**base, **masks}
@@ -184,8 +196,8 @@ class WidthPlan:
         """Raise :class:`PlanError` unless this plan fits ``model``'s decoder layers (head and channel counts)."""
         layers = {layer.index: layer for layer in find_width_layers(model)}
         if set(layers) != set(self.num_heads):
-            raise PlanError(f"plan records decoder layers {sorted(self.num_heads)}, the model has layers "
-                            f"{sorted(layers)}: a plan for another model?")
+            raise PlanError(f"plan records decoder layers {listed(sorted(self.num_heads))}, the model has layers "
+                            f"{listed(sorted(layers))}: a plan for another model?")
         for index, layer in layers.items():
             if self.num_heads[index] != layer.num_heads:
                 raise PlanError(f"plan layer {index} expects {self.num_heads[index]} attention heads, the model "
@@ -231,7 +243,8 @@ class WidthPlan:
         known = {"paths", "attn_keep", "ffn_keep", "num_heads", "intermediate_size", "metadata"}
         unknown = sorted(set(data) - known, key=str)
         if unknown:
-            raise PlanError(f"unknown width plan keys {unknown}; known: {sorted(known)}")
+            raise PlanError(f"unknown width plan keys {listed(unknown)}; known: {sorted(known)}")
+        _check_finite(data)
         for key in ("attn_keep", "ffn_keep", "num_heads", "intermediate_size"):
             if key not in data:
                 raise PlanError(f"width plan is missing {key!r}")

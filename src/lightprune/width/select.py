@@ -2,7 +2,8 @@
 
 METHODS.md, "Ranking": attention units are (layer, head) pairs, ranked per path type (V2V, T2V, T2T) across
 all layers at once; FFN units are channels, ranked per modality across all dense-FFN layers. At ratio r of
-n units the round(r * n) lowest-scored units are pruned; ties go to the unit that comes first in
+n units the round(r * n) lowest-scored units are pruned (in exact arithmetic, r the decimal it was written as:
+:func:`lightprune.core.checks.ratio_count`; half to even); ties go to the unit that comes first in
 (layer, head / channel) order, so a selection is deterministic. "Last-layer-first" (paper 002, section 5)
 spends the visual-FFN budget on the final dense layer's channels before ranking the rest.
 
@@ -17,8 +18,8 @@ from typing import Mapping
 
 import torch
 
-from lightprune.core.checks import check_interval
-from lightprune.core.errors import PlanError
+from lightprune.core.checks import check_interval, ratio_count
+from lightprune.core.errors import PlanError, listed
 from lightprune.width.paths import MODALITIES, PATHS
 from lightprune.width.plan import WidthPlan
 
@@ -49,7 +50,7 @@ def select_paths(scores: Mapping[int, torch.Tensor], ratios: Mapping[str, float]
     layers = sorted(base.num_heads)
     missing = sorted(set(layers) - set(int(l) for l in scores))
     if missing:
-        raise PlanError(f"attention scores are missing layers {missing}")
+        raise PlanError(f"attention scores are missing layers {listed(missing)}")
     for l in layers:
         if tuple(scores[l].shape) != (base.num_heads[l], len(PATHS)):
             raise PlanError(f"attention scores of layer {l} have shape {tuple(scores[l].shape)}, "
@@ -62,7 +63,7 @@ def select_paths(scores: Mapping[int, torch.Tensor], ratios: Mapping[str, float]
     for path, ratio in ratios.items():
         column = PATHS.index(path)
         flat = torch.cat([scores[l][:, column].detach().double().cpu() for l in layers])
-        pruned = _lowest(flat, round(_check_ratio(path, ratio) * flat.numel()))
+        pruned = _lowest(flat, ratio_count(_check_ratio(path, ratio), flat.numel(), round))
         mask = torch.ones(flat.numel(), dtype=torch.bool)
         mask[pruned] = False
         for i, l in enumerate(layers):
@@ -88,7 +89,7 @@ def select_channels(scores: Mapping[int, Mapping[str, torch.Tensor]], ratios: Ma
         raise PlanError("the model has no dense FFN layer (its FFNs are experts): FFN channels do not apply")
     missing = sorted(set(layers) - set(int(l) for l in scores))
     if missing:
-        raise PlanError(f"FFN scores are missing layers {missing}")
+        raise PlanError(f"FFN scores are missing layers {listed(missing)}")
     keep = {l: {mod: (base.ffn_keep[l][mod].clone() if l in base.ffn_keep
                       else torch.ones(base.intermediate_size[l], dtype=torch.bool)) for mod in MODALITIES}
             for l in layers}
@@ -101,7 +102,7 @@ def select_channels(scores: Mapping[int, Mapping[str, torch.Tensor]], ratios: Ma
             if scores[l][modality].numel() != base.intermediate_size[l]:
                 raise PlanError(f"{modality} FFN scores of layer {l} have {scores[l][modality].numel()} channels, "
                                 f"expected {base.intermediate_size[l]}")
-        budget = round(_check_ratio(modality, ratio) * flat.numel())
+        budget = ratio_count(_check_ratio(modality, ratio), flat.numel(), round)
         if last_layer_first and modality == "vision":
             # channels of the last layer rank below every other channel, in their own score order
             flat = flat.clone()

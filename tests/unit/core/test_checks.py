@@ -109,8 +109,84 @@ def test_atol_interval_and_finite_number_take_numpy() -> None:
     assert check_interval("q", np.float32(0.5), 0, 0.5, "(]") == 0.5
     with pytest.raises(ValueError, match=r"^q must be in \(0, 0.5\], got 0$"):
         check_interval("q", 0, 0, 0.5, "(]")
-    with pytest.raises(ValueError, match=r"^alpha must be in \[0, 1\], got np.True_$"):
+    with pytest.raises(ValueError, match=r"^alpha must be in \[0, 1\], got np.True_: a bool, not a number$"):
         check_interval("alpha", np.bool_(True), 0, 1)
     assert check_number("x", np.int8(-3)) == -3.0
     with pytest.raises(ValueError, match=r"^x must be a finite number, got nan$"):
         check_number("x", math.nan)
+
+
+# ----------------------------------------------------------------------------------- ratios as counts, exactly
+def _decimal_count(ratio: float, total: int, rounding: str) -> int:
+    """The count the decimal ``ratio`` stands for, in decimal arithmetic (independent of the code under test)."""
+    from decimal import Decimal
+
+    return int((Decimal(repr(ratio)) * total).to_integral_value(rounding))
+
+
+@pytest.mark.parametrize("total", [3, 7, 8, 50, 64, 100, 128, 150, 200, 1000])
+def test_a_ratio_counts_as_the_decimal_written(total) -> None:
+    from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN
+
+    from lightprune.core.checks import ratio_count
+
+    for hundredths in range(100):
+        ratio = hundredths / 100
+        assert ratio_count(ratio, total) == _decimal_count(ratio, total, ROUND_FLOOR), (ratio, total)
+        assert ratio_count(ratio, total, math.ceil) == _decimal_count(ratio, total, ROUND_CEILING), (ratio, total)
+        assert ratio_count(ratio, total, round) == _decimal_count(ratio, total, ROUND_HALF_EVEN), (ratio, total)
+
+
+def test_the_counts_binary_floating_point_gets_wrong() -> None:
+    from lightprune.core.checks import ratio_count
+
+    assert math.floor(0.29 * 100) == 28 and ratio_count(0.29, 100) == 29
+    assert math.floor(0.58 * 50) == 28 and ratio_count(0.58, 50) == 29
+    assert math.floor(0.57 * 200) == 113 and ratio_count(0.57, 200) == 114
+    assert math.ceil(0.07 * 100) == 8 and ratio_count(0.07, 100, math.ceil) == 7
+    assert round(0.35 * 90) == 31 and ratio_count(0.35, 90, round) == 32  # 31.5: half to even
+
+
+@pytest.mark.parametrize("ratio", [0.5, 0.25, 0.125, 0.375, 0.0625, 0.75, 0.875])
+@pytest.mark.parametrize("total", [2, 8, 16, 64, 128, 256])
+def test_power_of_two_ratios_count_as_before(ratio, total) -> None:
+    from lightprune.core.checks import ratio_count
+
+    assert ratio_count(ratio, total) == math.floor(ratio * total)  # exact in binary: nothing changes
+
+
+def test_a_computed_fraction_counts_as_the_fraction() -> None:
+    from fractions import Fraction
+
+    from lightprune.core.checks import exact_ratio, ratio_count
+
+    assert exact_ratio(1 / 3) == Fraction(1, 3) and exact_ratio(2 / 3) == Fraction(2, 3)
+    assert ratio_count(1 / 3, 6) == 2 and ratio_count(2 / 3, 3) == 2 and ratio_count(Fraction(1, 3), 3) == 1
+    assert exact_ratio(0.1 + 0.2) == Fraction("0.30000000000000004")  # no fraction of its float: the decimal
+    assert exact_ratio(np.float32(0.29)) == Fraction(29, 100)  # read as written (real_number)
+
+
+# ----------------------------------------------------------------------------------- what is not a number
+@pytest.mark.parametrize("value, why", [
+    (True, "a bool, not a number"),
+    (np.bool_(False), "a bool, not a number"),
+    ("0.5", "a string, not a number (write 0.5 without quotes)"),
+    (torch.tensor([0.5]), "a tensor of shape [1], not a number: give a number or a 0-d tensor (x.item())"),
+    (np.array([0.5]), "an array of shape [1], not a number: give a number or a 0-d array (x.item())"),
+    ([0.5], "a list, not a number"),
+])
+def test_a_refused_ratio_says_what_it_got(value, why) -> None:
+    with pytest.raises(ValueError) as info:
+        check_ratio(value)
+    assert str(info.value) == f"ratio must be in [0, 1), got {value!r}: {why}"
+
+
+def test_a_decimal_is_a_number_as_a_fraction_is() -> None:
+    from decimal import Decimal
+    from fractions import Fraction
+
+    assert check_ratio(Decimal("0.3")) == check_ratio(Fraction(3, 10)) == 0.3
+    assert real_number(Decimal("2")) == 2.0 and integer(Decimal("2")) == 2 and real_number(Decimal("sNaN")) is None
+    for bad in (Decimal("NaN"), Decimal("1"), Decimal("-0.1")):
+        with pytest.raises(ValueError, match=r"^ratio must be in \[0, 1\), got Decimal"):
+            check_ratio(bad)

@@ -313,3 +313,45 @@ def test_n_per_layer_errors_name_the_value():
         lp.select_experts(scores, None, "global", n_per_layer=1)
     with pytest.raises(ValueError, match="non-negative integer, got 1.5"):
         lp.select_experts(scores, None, n_per_layer=1.5)
+
+
+# ----------------------------------------------------------------------------- counts as the decimal written
+def _decimal_floor(ratio: float, total: int) -> int:
+    from decimal import ROUND_FLOOR, Decimal
+
+    return int((Decimal(repr(ratio)) * total).to_integral_value(ROUND_FLOOR))
+
+
+@pytest.mark.parametrize("experts", [50, 100, 150])
+def test_uniform_counts_are_the_decimal_ratio_of_each_layer(experts):
+    scores = random_scores({0: experts, 1: experts}, seed=2)
+    for hundredths in range(1, 96):  # up to the floor of 2 kept (top_k) in 50
+        ratio = hundredths / 100
+        plan = lp.select_experts(scores, ratio, allocation="uniform")
+        want = _decimal_floor(ratio, experts)
+        assert pruned_sets(plan) == {layer: lowest(v, want) for layer, v in scores.items()}, ratio
+        assert plan.metadata["target_pruned"] == 2 * want
+
+
+def test_the_sweep_cases_prune_the_decimal_count():
+    s100, s50 = random_scores({0: 100, 1: 100}, seed=3), random_scores({0: 50, 1: 50}, seed=3)
+    assert lp.select_experts(s100, 0.29).kept_counts() == {0: 71, 1: 71}  # 29 of 100, not 28
+    assert lp.select_experts(s50, 0.58).kept_counts() == {0: 21, 1: 21}  # 29 of 50
+    plan = lp.select_experts(s100, 0.57, allocation="global")
+    assert plan.total_pruned == 114 and plan.metadata["target_pruned"] == 114  # 57% of 200, not 113
+    values = {layer: v.numpy() for layer, v in s100.items()}
+    assert pruned_sets(plan) == greedy_global(values, 114, {0: 2, 1: 2})
+
+
+@pytest.mark.parametrize("hundredths", range(1, 99))
+def test_global_counts_are_the_decimal_ratio_of_all_experts(hundredths):
+    ratio = hundredths / 100
+    scores = random_scores({0: 100, 3: 100}, seed=4)
+    assert lp.select_experts(scores, ratio, allocation="global").total_pruned == _decimal_floor(ratio, 200)
+
+
+def test_a_merge_keeps_the_decimal_count():
+    from lightprune.experts.merging.methods import kept_counts
+
+    limits = {0: RoutingLimits(100, 2), 1: RoutingLimits(50, 2)}
+    assert kept_counts(limits, 0.29) == {0: 71, 1: 36}  # 29 of 100 and 14 of 50 merged away

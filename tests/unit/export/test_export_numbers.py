@@ -23,7 +23,7 @@ def test_a_streamed_export_with_numpy_options_verifies_as_with_python_ones(tiny,
 
 
 @pytest.mark.parametrize("option, bad, message", [
-    ("probe_tokens", np.bool_(True), r"^probe_tokens must be a positive integer, got np.True_$"),
+    ("probe_tokens", np.bool_(True), r"^probe_tokens must be a positive integer, got np.True_: a bool, not a number$"),
     ("probe_tokens", 2.5, r"^probe_tokens must be a positive integer, got 2.5$"),
     ("seed", np.float64(math.nan), r"^seed must be a non-negative integer, got np.float64\(nan\)$"),
     ("atol", np.float32(math.nan), r"^atol must be positive, got np.float32\(nan\)$"),

@@ -73,5 +73,6 @@ def test_the_staged_search_takes_numpy_numbers() -> None:
         StagedSearch(min_retention=np.float32("nan"))
     with pytest.raises(ValueError, match=r"^expand_above must be in \[-inf, inf\], got nan$"):
         StagedSearch(expand_above=math.nan)
-    with pytest.raises(ValueError, match=r"^max_candidates must be a positive integer, got np.True_$"):
+    with pytest.raises(ValueError, match=r"^max_candidates must be a positive integer, got np.True_: a bool, not a "
+                                         r"number$"):
         StagedSearch(max_candidates=np.bool_(True))

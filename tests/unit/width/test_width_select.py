@@ -84,3 +84,17 @@ def test_random_scores_are_seeded_and_shaped():
     assert all(torch.equal(a_attn[l], b_attn[l]) and a_attn[l].shape == (4, 3) for l in HEADS)
     assert not torch.equal(a_attn[0], c_attn[0])
     assert set(a_ffn) == set(WIDTH) and a_ffn[0]["vision"].shape == (10,)
+
+
+def test_counts_are_the_decimal_ratio_rounded_half_to_even():
+    """0.35 of 90 units is 31.5, rounded to 32 (half to even); binary floating point gives 31.499999999999996 -> 31."""
+    heads = {layer: 10 for layer in range(9)}
+    base = WidthPlan(attn_keep={}, ffn_keep={}, num_heads=heads, intermediate_size={0: 90})
+    gen = torch.Generator().manual_seed(5)
+    attn = {layer: torch.rand(10, 3, generator=gen) for layer in heads}
+    paths = select_paths(attn, {"v2v": 0.35}, base)
+    assert sum(int((~mask[:, PATHS.index("v2v")]).sum()) for mask in paths.attn_keep.values()) == 32
+    ffn = {0: {"vision": torch.rand(90, generator=gen), "text": torch.rand(90, generator=gen)}}
+    channels = select_channels(ffn, {"vision": 0.35, "text": 0.07}, base)
+    assert int((~channels.ffn_keep[0]["vision"]).sum()) == 32
+    assert int((~channels.ffn_keep[0]["text"]).sum()) == 6  # 6.3

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from lightprune.core.checks import check_interval
+from lightprune.core.errors import listed
 from lightprune.experts.calibration.layer_statistics import LayerStatistics
 from lightprune.experts.calibration.observed import ObservedBatch, check_finite_routing
 from lightprune.experts.calibration.registry import (
@@ -261,7 +262,7 @@ class ExpertObserver:
                                  "collected without them")
             missing = sorted(set(self.statistics) - {int(k) for k in (saved or {})})
             if missing:
-                raise ValueError(f"calibration state has no {group} sums for layers {missing}")
+                raise ValueError(f"calibration state has no {group} sums for layers {listed(missing)}")
             groups[group] = saved
         for index, stats in self.statistics.items():
             stats.load_state_dict({group: sums[index] if index in sums else sums[str(index)]

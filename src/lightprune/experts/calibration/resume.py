@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from lightprune.core.distributed import gathered
+from lightprune.core.errors import listed
 from lightprune.core.jsonio import int_key
 from lightprune.experts.calibration.observer import ExpertObserver
 from lightprune.models import find_moe_layers
@@ -239,8 +240,8 @@ def check_fields(path: str | os.PathLike, state: Mapping[str, Any]) -> None:
             raise _refuse(path, "observer", f"has the key {_shown(group)}, not a group of sums")
         layers = _layer_keys(path, value, f"observer.{group}")
         if set(layers) != set(experts):
-            raise _refuse(path, f"observer.{group}", f"holds layers {sorted(layers)}, its model fingerprint "
-                          f"(model.experts_per_layer) MoE layers {sorted(experts)}")
+            raise _refuse(path, f"observer.{group}", f"holds layers {listed(sorted(layers))}, its model fingerprint "
+                          f"(model.experts_per_layer) MoE layers {listed(sorted(experts))}")
         for index, sums in layers.items():
             where = f"observer.{group}[{index}]"
             for name, tensor in _mapping(path, sums, where).items():
@@ -263,8 +264,8 @@ def _check_fingerprint(path: str | os.PathLike, model: Mapping[str, Any]) -> dic
             raise _refuse(path, f"model.experts_per_layer[{index}]", "is 0; an MoE layer has routed experts")
     sums = _layer_keys(path, _field(path, model, "router_sums", "model.router_sums"), "model.router_sums")
     if set(sums) != set(experts):
-        raise _refuse(path, "model.router_sums", f"holds layers {sorted(sums)}, model.experts_per_layer "
-                      f"{sorted(experts)}")
+        raise _refuse(path, "model.router_sums", f"holds layers {listed(sorted(sums))}, model.experts_per_layer "
+                      f"{listed(sorted(experts))}")
     for index, value in sums.items():
         if type(value) is not float or not math.isfinite(value):
             raise _refuse(path, f"model.router_sums[{index}]", f"is {_shown(value)}, not a finite float")
@@ -340,8 +341,8 @@ def check_observer_state(path: str | os.PathLike, saved: Mapping[str, Any], obse
             continue
         found = _layer_keys(path, saved[group], f"observer.{group}")
         if set(found) != set(layers):
-            raise _refuse(path, f"observer.{group}", f"holds layers {sorted(found)}, this model's MoE layers are "
-                          f"{sorted(layers)}")
+            raise _refuse(path, f"observer.{group}", f"holds layers {listed(sorted(found))}, this model's MoE layers "
+                          f"are {listed(sorted(layers))}")
         for index, sums in layers.items():
             where = f"observer.{group}[{index}]"
             held = _mapping(path, found[index], where)

@@ -21,11 +21,12 @@ file (when loaded from one), the key and the value.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any, ClassVar, Iterable
 
-from lightprune.core.errors import PlanError
+from lightprune.core.errors import PlanError, listed
 from lightprune.core.jsonio import layer_items, show, strict_int
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import ExpertLayout, layer_count
@@ -59,7 +60,7 @@ def _numbers(where: str, values: Any, length: int) -> list[float]:
         out.append(float(v))
     total = sum(out)
     if abs(total - 1.0) > _SUM_TOLERANCE:
-        raise PlanError(f"{where} must sum to 1 (a weighted average), got {out} (sum {total:.9g})")
+        raise PlanError(f"{where} must sum to 1 (a weighted average), got {listed(out)} (sum {total:.9g})")
     return out
 
 
@@ -95,7 +96,8 @@ class MergePlan(ExpertLayout):
                         layer_items(self.coefficients, "coefficients", "{layer: [[weights], ...]}", PlanError)}
         for name, other in (("dominant", dominant), ("coefficients", coefficients), ("num_experts", counts)):
             if set(other) != set(clusters):
-                raise PlanError(f"{name} names layers {sorted(other)}, clusters names {sorted(clusters)}: "
+                raise PlanError(f"{name} names layers {listed(sorted(other))}, clusters names "
+                                f"{listed(sorted(clusters))}: "
                                 "every layer needs clusters, dominants, coefficients and its expert count")
         self.clusters, self.dominant, self.coefficients, self.num_experts = {}, {}, {}, {}
         for layer, (key, groups) in sorted(clusters.items()):
@@ -114,13 +116,13 @@ class MergePlan(ExpertLayout):
         members = [_ids(f"clusters[{key!r}][{c}]", ids) for c, ids in enumerate(groups)]
         seen = sorted(e for ids in members for e in ids)
         if seen != list(range(count)):
-            dup = sorted({e for e in seen if seen.count(e) > 1})
+            dup = sorted(e for e, n in Counter(seen).items() if n > 1)
             lost = sorted(set(range(count)) - set(seen))
             bad = sorted(e for e in set(seen) if not 0 <= e < count)
             raise PlanError(f"clusters[{key!r}] must partition the layer's experts 0..{count - 1}: "
-                            + "; ".join(p for p in (f"ids {dup} appear twice" if dup else "",
-                                                    f"ids {lost} are in no cluster" if lost else "",
-                                                    f"ids {bad} are out of range" if bad else "") if p))
+                            + "; ".join(p for p in (f"ids {listed(dup)} appear twice" if dup else "",
+                                                    f"ids {listed(lost)} are in no cluster" if lost else "",
+                                                    f"ids {listed(bad)} are out of range" if bad else "") if p))
         doms = _ids(f"dominant[{key!r}]", dominant)
         if len(doms) != len(members):
             raise PlanError(f"dominant[{key!r}] names {len(doms)} experts for {len(members)} clusters")
@@ -131,7 +133,8 @@ class MergePlan(ExpertLayout):
         clusters, dominants, weights = [], [], []
         for c in order:
             if doms[c] not in members[c]:
-                raise PlanError(f"dominant[{key!r}][{c}] = {doms[c]} is not a member of its cluster {members[c]}")
+                raise PlanError(f"dominant[{key!r}][{c}] = {doms[c]} is not a member of its cluster "
+                                f"{listed(members[c])}")
             w = _numbers(f"coefficients[{key!r}][{c}]", coefficients[c], len(members[c]))
             pairs = sorted(zip(members[c], w))
             clusters.append([e for e, _ in pairs])
