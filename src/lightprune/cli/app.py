@@ -22,16 +22,19 @@ if not quiet.is_verbose(sys.argv):  # before lightning, transformers and deepspe
 else:  # ``import lightprune`` dropped them for the Python API: a verbose command shows them
     quiet.remove_filters()
 
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lightprune.cli.errors import condense
+from lightprune.callbacks.state import RunState
+from lightprune.cli.errors import condense, lightning_problem
+from lightprune.cli.names import find_subcommand
 from lightprune.cli.options import Addressed, OptionError, missing_callback, split_addressed
 from lightprune.cli.trainer import PruneTrainer
 from lightprune.core import interrupt
 from lightprune.core.errors import ERRORS
 from lightprune.core.extras import missing_deepspeed
-from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError, check_yaml_keys, check_yaml_limits, show
+from lightprune.core.jsonio import (DuplicateKeyError, ParseLimitError, check_yaml_keys, check_yaml_limits,
+                                    clip_values, show)
 from lightprune.finetune import MoECausalLM
 
 __all__ = ["LightpruneCLI", "cli_main", "main", "refuse_denied_imports", "refuse_duplicate_yaml_keys"]
@@ -56,8 +59,8 @@ class LightpruneArgumentParser(LightningArgumentParser):
             raise ex
         duplicate = _duplicate_key(ex)
         prog = self.prog.replace(" [options]", "")
-        line = str(duplicate) if duplicate else \
-            f"{condense(message, self._option_string_actions)} (`{prog} --help` lists the options)"
+        line = clip_values(str(duplicate) if duplicate else
+                           f"{condense(message, self._option_string_actions)} (`{prog} --help` lists the options)")
         if not self.exit_on_error:  # the Python API (lp.run_recipe): the console's line as an exception
             raise OptionError(line) from ex
         sys.stderr.write(f"lightprune: error: {line}\n")
@@ -82,6 +85,7 @@ class LightpruneCLI(LightningCLI):
 
     def __init__(self, *args: Any, addressed: list[Addressed] | tuple[Addressed, ...] = (), **kwargs: Any):
         kwargs.setdefault("parser_class", LightpruneArgumentParser)
+        kwargs.setdefault("save_config_callback", StagedConfig)
         self.addressed = list(addressed)
         super().__init__(*args, **kwargs)
 
@@ -99,11 +103,14 @@ class LightpruneCLI(LightningCLI):
                 self.config_dump[key] = {}
 
     def before_instantiate_classes(self) -> None:
-        """Set each addressed option on the one callback of its class (a subclass counts) in the parsed config, then
+        """Refuse a ``fit`` without training data (no data module, and a model without its own ``train_dataloader``);
+        set each addressed option on the one callback of its class (a subclass counts) in the parsed config, then
         run each callback's ``preflight`` (:meth:`JobEndCallback.preflight
         <lightprune.callbacks.job_end.JobEndCallback.preflight>`: an existing output directory) before anything
         is built."""
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand == "fit" and config.get("data") is None and not _has_own_train_data(config.get("model")):
+            raise OptionError(lightning_problem("`train_dataloader` must be implemented", "fit"))
         entries = (config.trainer.callbacks or []) if self.addressed else []
         for item in self.addressed:
             matches = [entry for entry in entries if _is_callback(entry, item.callback)]
@@ -133,6 +140,51 @@ class LightpruneCLI(LightningCLI):
         }
 
 
+class StagedConfig(SaveConfigCallback):
+    """Lightning's SaveConfigCallback, whose config.yaml is published with the run's other files: where the job ends
+    in lightprune's end-of-job steps (``export``, ``calibrate``, a ``fit`` with lightprune's callbacks) it is staged
+    with plan.json and the export (:meth:`RunState.stage_text <lightprune.callbacks.state.RunState.stage_text>`) and
+    written once they succeed, so a run that fails or is interrupted leaves the previous run's config.yaml as it was.
+    Elsewhere (or to a remote folder, or in several files) it is written at ``setup``, as Lightning writes it."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self.already_saved or not self.save_to_log_dir or self.multifile or not self.overwrite or \
+                not _ends_in_job_steps(trainer, stage):
+            return super().setup(trainer, pl_module, stage)
+        from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+
+        log_dir = trainer.log_dir  # this broadcasts the directory
+        if not _is_local_file_protocol(log_dir):
+            return super().setup(trainer, pl_module, stage)
+        if trainer.is_global_zero:
+            text = self.parser.dump(self.config, **_DUMP_ALL)
+            RunState.of(trainer).stage_text(os.path.join(log_dir, self.config_filename), text)
+            self.save_config(trainer, pl_module, stage)
+            self.already_saved = True
+        self.already_saved = trainer.strategy.broadcast(self.already_saved)
+
+
+def _dump_all() -> dict[str, bool]:
+    """The dump's keyword keeping unset values (``skip_unset`` since jsonargparse 4.49, ``skip_none`` before), as
+    Lightning's ``skip_none=False`` save keeps them."""
+    import inspect
+
+    from jsonargparse import ArgumentParser
+
+    return {"skip_unset" if "skip_unset" in inspect.signature(ArgumentParser.save).parameters else "skip_none": False}
+
+
+_DUMP_ALL = _dump_all()
+
+
+def _ends_in_job_steps(trainer: Any, stage: str) -> bool:
+    """Whether the run ends in lightprune's end-of-job steps (which publish the staged files once they succeed)."""
+    from lightprune.callbacks.job_end import JobEndCallback
+
+    ends = stage in ("fit", "export", "calibrate") or getattr(trainer, "calibrating", False)
+    return ends and any(isinstance(callback, JobEndCallback) for callback in trainer.callbacks)
+
+
 _PACKAGE = str(Path(__file__).resolve().parents[1])  # the lightprune package
 
 
@@ -150,6 +202,14 @@ def _callback_class(entry: Any) -> type | None:
     except (ImportError, AttributeError):
         return None
     return cls if isinstance(cls, type) else None
+
+
+def _has_own_train_data(model: Any) -> bool:
+    """Whether the parsed ``model`` entry's class defines its own ``train_dataloader`` (True when it cannot tell)."""
+    import lightning.pytorch as pl
+
+    cls = _callback_class(model) if model is not None else None
+    return cls is None or getattr(cls, "train_dataloader", None) is not pl.LightningModule.train_dataloader
 
 
 def _is_callback(entry: Any, name: str) -> bool:
@@ -236,6 +296,16 @@ def refuse_denied_imports() -> None:
     set_parsing_settings(import_path_denylist=[])
 
 
+def _load_callback_classes() -> None:
+    """Import lightprune's callbacks (its package imports them on first use), so that jsonargparse resolves a
+    callback given by its class name (``--trainer.callbacks+=ReportPage``, ``class_path: Export``) as it does
+    Lightning's own."""
+    import lightprune.callbacks as callbacks
+
+    for name in callbacks.__all__:
+        getattr(callbacks, name)
+
+
 def cli_main(args: list[str] | None = None, exit_on_error: bool = True) -> LightpruneCLI:
     """Parse ``args`` (default: ``sys.argv``), run the subcommand, return the CLI object. The callbacks' stable
     addresses (``--prune.ratio 0.3``, :mod:`lightprune.cli.options`) are taken out and set once the config is parsed.
@@ -257,6 +327,7 @@ def cli_main(args: list[str] | None = None, exit_on_error: bool = True) -> Light
                               "parser_kwargs": {"prog": "lightprune", "exit_on_error": exit_on_error}}
     refuse_duplicate_yaml_keys()
     refuse_denied_imports()
+    _load_callback_classes()
     try:
         return LightpruneCLI(MoECausalLM, None, trainer_class=PruneTrainer, subclass_mode_model=True,
                              subclass_mode_data=True, args=args, auto_configure_optimizers=False,
@@ -271,8 +342,10 @@ def cli_main(args: list[str] | None = None, exit_on_error: bool = True) -> Light
 def main() -> None:
     """Entry point of the ``lightprune`` console script.
 
-    A bad input or an OS error (a ValueError, an OSError such as a read-only output or a full disk, or one of
-    lightprune's own errors: :data:`lightprune.core.errors.ERRORS`) is reported in one line and exit status 2; set
+    A bad input or an OS error (a ValueError, an OSError such as a read-only output or a full disk, Lightning's
+    MisconfigurationException such as a ``fit`` without training data: :func:`~lightprune.cli.errors.lightning_problem`,
+    or one of lightprune's own errors: :data:`lightprune.core.errors.ERRORS`) is reported in one line (long values cut:
+    :func:`~lightprune.core.jsonio.clip_values`) and exit status 2; set
     ``LIGHTPRUNE_DEBUG=1`` to see the traceback. SIGTERM or SIGINT stop the run where it is, with one line saying
     what it was doing and what it kept, and exit status 143 or 130 (:mod:`lightprune.core.interrupt`).
     Third-party notices that say nothing about the run are dropped (:mod:`lightprune.cli.quiet`); ``--verbose`` or
@@ -291,17 +364,23 @@ def main() -> None:
                 if missing is None:
                     raise
                 raise missing from None
-    except (ValueError, OSError, *ERRORS) as err:
+    except (ValueError, OSError, MisconfigurationException, *ERRORS) as err:
         if os.environ.get("LIGHTPRUNE_DEBUG"):
             raise
-        print(f"lightprune: error: {err}", file=sys.stderr)
+        line = lightning_problem(str(err), _command()) if isinstance(err, MisconfigurationException) else str(err)
+        print(clip_values(f"lightprune: error: {line}"), file=sys.stderr)
         raise SystemExit(2) from None
     except interrupt.Interrupted as err:
         if os.environ.get("LIGHTPRUNE_DEBUG"):
             raise
-        command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
-        print(interrupt.describe(err, command), file=sys.stderr)
+        print(interrupt.describe(err, _command()), file=sys.stderr)
         raise SystemExit(err.exit_status) from None
+
+
+def _command() -> str | None:
+    """The subcommand of the command line (None: none given)."""
+    at = find_subcommand(sys.argv[1:])
+    return None if at is None else sys.argv[1 + at]
 
 
 if __name__ == "__main__":

@@ -41,10 +41,31 @@ HELP = "\n".join([
 def main() -> None:
     """Print :data:`HELP` for a bare ``lightprune`` or ``--help``; otherwise check the callbacks' options
     (:func:`lightprune.cli.options.check_command_line`, before Lightning is imported: a typo is reported at once)
-    and run :func:`lightprune.cli.app.main`; ``convert-gguf`` runs :func:`lightprune.cli.convert_gguf.main`."""
+    and run :func:`lightprune.cli.app.main`; ``convert-gguf`` runs :func:`lightprune.cli.convert_gguf.main`.
+    SIGTERM and SIGINT are handled from the start (:mod:`lightprune.core.interrupt`): a Ctrl-C while Lightning loads
+    is one line and exit status 130, as later."""
     if sys.argv[1:] in ([], ["-h"], ["--help"]):
         print(HELP)
         return
+    import os
+
+    from lightprune.core import interrupt
+
+    try:
+        with interrupt.installed():
+            _run()
+    except interrupt.Interrupted as err:
+        if os.environ.get("LIGHTPRUNE_DEBUG"):
+            raise
+        from lightprune.cli.names import find_subcommand
+
+        args = [arg for arg in sys.argv[1:] if arg != "--verbose"]
+        at = find_subcommand(args)
+        print(interrupt.describe(err, None if at is None else args[at]), file=sys.stderr)
+        raise SystemExit(err.exit_status) from None
+
+
+def _run() -> None:
     if [arg for arg in sys.argv[1:] if arg != "--verbose"][:1] == ["convert-gguf"]:  # no Lightning: its own parser
         from lightprune.cli.convert_gguf import main as convert_gguf
 
@@ -55,15 +76,18 @@ def main() -> None:
     import os
 
     from lightprune.cli.options import OptionError, check_command_line
+    from lightprune.core import interrupt
+    from lightprune.core.jsonio import clip_values
 
     try:
         check_command_line((arg for arg in sys.argv[1:] if arg != "--verbose"), others=["convert-gguf"])
     except OptionError as err:
         if os.environ.get("LIGHTPRUNE_DEBUG"):
             raise
-        print(f"lightprune: error: {err}", file=sys.stderr)
+        print(clip_values(f"lightprune: error: {err}"), file=sys.stderr)
         raise SystemExit(2) from None
-    from lightprune.cli.app import main as cli_main
+    with interrupt.doing("loading Lightning"):
+        from lightprune.cli.app import main as cli_main
 
     cli_main()
 

@@ -5,7 +5,8 @@ jsonargparse reports a bad value deep in a config (``--trainer.callbacks.init_ar
 :func:`condense` finds the innermost option that was given a bad value, with the class it belongs to and
 the types it accepts: ``ExpertPruning: ratio='abc' is not a float or null``. A class path outside what its option
 accepts, an option a class does not take and an unknown option are said with what is accepted (and the closest
-name). Messages it cannot read are kept as their first line.
+name). Messages it cannot read are kept as their first line. :func:`lightning_problem` does the same for a
+configuration error Lightning raises once the job runs (a ``fit`` without training data).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from lightprune.callbacks.options import OPTIONS
 from lightprune.cli.names import did_you_mean
 from lightprune.cli.slots import ACCEPTS
 
-__all__ = ["condense"]
+__all__ = ["condense", "lightning_problem"]
 
 _CLASS = re.compile(r"Problem with given class_path '([^']+)':")
 _KEY = re.compile(r'Parser key "([^"]+)":')
@@ -33,8 +34,28 @@ _NOT_SUBCLASS = re.compile(r"Import path (\S+ )?does not correspond to a subclas
 _DENIED = re.compile(r"Importing '([^']+)' is not allowed, denied by the '([^']+)' entry")
 _NOT_IMPORTED = re.compile(r"^(No module named '[^']+'|module '[^']+' has no attribute '[^']+')$")
 _SUBTYPES = re.compile(r"[A-Za-z_][\w.]*\.([A-Za-z_]\w*)")
+_NO_DOT = re.compile(r"Expected a dot import path string: ([A-Za-z_]\w*)$")
 #: a base class in jsonargparse's words -> the slot (:data:`lightprune.cli.slots.ACCEPTS`) it is the base of
 _SLOTS = {"Callback": "callback", "LightningDataModule": "data", "LightningModule": "model", "MoECausalLM": "model"}
+
+
+_DATALOADER = re.compile(r"`(train|val|test|predict)_dataloader` must be implemented")
+#: a loop's split -> the data it reads
+_SPLITS = {"train": "training", "val": "validation", "test": "test", "predict": "prediction"}
+
+
+def lightning_problem(message: str, command: str | None) -> str:
+    """One line for a configuration error (MisconfigurationException) Lightning raises while ``command`` runs: a loop
+    without data names the data it needs and the subcommand that needs none; others keep their first line."""
+    found = _DATALOADER.search(message)
+    if found:
+        split = found.group(1)
+        run = f"`lightprune {command}`" if command else "this subcommand"
+        return (f"{run} needs {_SPLITS[split]} data: a data module with a {split} split (--data CLASS, or data: in "
+                f"the config), and the job has none; a job without data runs as `lightprune export` (weight criteria "
+                "such as aimer)")
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return lines[0] if lines else message
 
 
 def _type_name(name: str) -> str:
@@ -46,7 +67,7 @@ def condense(message: str, options: Iterable[str] = ()) -> str:
     """The error's innermost failing option as one line; ``message``'s first line when it has no such part.
     ``options``: the parser's option names (an unknown one is said with the closest)."""
     lines = message.splitlines()
-    said = _required(lines) or _unrecognized(lines, options)
+    said = _required(lines) or _unrecognized(lines, options) or _unknown_name(lines)
     if said:
         return said
     best = None  # (depth, owner, key, given, expected)
@@ -111,6 +132,21 @@ def _required(lines: list[str]) -> str | None:
             options = ", ".join(f"--{path}.init_args.{n}" for n in names)
             return f"{classes[-1].rsplit('.', 1)[-1]} needs {', '.join(names)}: set {options}"
     return None
+
+
+def _unknown_name(lines: list[str]) -> str | None:
+    """A class given by a name that is no class the option knows (``--trainer.callbacks+=ReportPag``): the closest
+    of lightprune's callbacks, and how to name one."""
+    found = next((m for m in (_NO_DOT.search(line.strip()) for line in lines) if m), None)
+    key = next((k.group(1) for k in map(_KEY.search, lines) if k), None)
+    if not found or not key:
+        return None
+    name = found.group(1)
+    if key.endswith("callbacks"):
+        return (f"{key}: {name!r} is no callback's class name{did_you_mean(name, OPTIONS)}; lightprune's: "
+                f"{', '.join(OPTIONS)}; Lightning's by name too (EarlyStopping), others by class path "
+                "(package.module.Class)")
+    return f"{key}: {name!r} is no class name it knows; give a class path (package.module.Class)"
 
 
 def _unrecognized(lines: list[str], options: Iterable[str]) -> str | None:

@@ -4,14 +4,15 @@ The model's ``checkpoint`` and the data module's files (:class:`~lightprune.data
 :class:`~lightprune.data.ImageTextJsonlDataModule`: the ``calibration`` / ``train`` / ``val`` / ``test`` JSONL
 files, the ``tokenizer`` / ``processor`` folder) are followed through the config files and the ``--model...`` /
 ``--data...`` options in command-line order, as jsonargparse applies them (the last value given wins; the same
-class given again keeps the arguments set before it, another class is followed from scratch). A value that cannot exist is refused with the message the
-class itself would give once Lightning had loaded: a JSONL file that is not a file, a tokenizer folder that is
-not a folder, a checkpoint that can only be a local folder (:func:`local_path`) and is not one. What is not
-followed (a ``--model`` given as a file, a nested option) is left to the classes.
+class given again keeps the arguments set before it, another class is followed from scratch). A value that cannot
+exist is refused with the message the class itself would give once Lightning had loaded: a JSONL file that is not a
+file, a tokenizer folder that is not a folder, a checkpoint that can only be a local folder (:func:`local_path`) and
+is not one. What is not followed (a ``--model`` given as a file, a nested option) is left to the classes.
 
 The config files themselves (:func:`load_config`) and the run directory (:func:`root_dir_problem`) are checked too:
 a ``--config`` that is no file (with the closest file's name), a directory, a file that is not UTF-8, not YAML,
-empty or not a mapping, and a ``trainer.default_root_dir`` that is a file or under one.
+YAML the safe loader cannot build, empty or not a mapping, and a ``trainer.default_root_dir`` that is a file or
+under one.
 """
 
 from __future__ import annotations
@@ -138,6 +139,35 @@ def _not_yaml(err: Exception, where: str) -> str:
     return f"{where} is not YAML: {getattr(err, 'problem', None) or err}{at}"
 
 
+_PLAIN = "a config holds plain values (text, numbers, true/false, null, lists and mappings)"
+
+
+def _not_buildable(err: Exception, where: str, source: str) -> str:
+    """The line for YAML that parses but that PyYAML's safe loader (and so jsonargparse's) cannot build: a tag it
+    does not know (``!!python/object``, ``!percent``), a list or mapping as a key, a second document, a character
+    YAML does not allow, an explicitly tagged value that is not of its tag."""
+    import yaml
+
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    line = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else None
+    problem = str(getattr(err, "problem", None) or "")
+    if isinstance(err, yaml.reader.ReaderError):
+        line = f"line {source.count(chr(10), 0, err.position) + 1}"
+        return f"{where} is not YAML: unacceptable character #x{err.character:04x} at {line} ({err.reason})"
+    if problem.startswith("could not determine a constructor for the tag"):
+        tag = problem.rsplit(" ", 1)[-1].strip("'").replace("tag:yaml.org,2002:", "!!")
+        return f"{where}: the tag {tag!r} at {line} is not one YAML's safe loader builds; {_PLAIN}"
+    if "unhashable key" in problem or "unacceptable key" in problem:
+        return f"{where}: the key at {line} is a list or a mapping; a config's keys are option names"
+    if problem == "but found another document":
+        return f"{where} holds more than one YAML document (the second starts at {line}); a config is one document"
+    if isinstance(err, yaml.YAMLError):
+        context = getattr(err, "context", None)
+        return f"{where} is not YAML lightprune reads: {f'{context}: ' if context else ''}{problem or err}" + \
+            (f" ({line})" if line else "")
+    return f"{where}: a value YAML cannot build: {err}; {_PLAIN}"
+
+
 def _read(path: Path, where: str) -> str:
     try:
         return path.read_bytes().decode("utf-8")
@@ -152,9 +182,10 @@ def _read(path: Path, where: str) -> str:
 
 def load_config(text: str, option: str) -> tuple[str, dict[str, Any] | None]:
     """(where, content) of a ``--config`` value: a file's mapping of options (where: its name) or the mapping given
-    inline (where: ``option``); content None where the parser reads it its own way (a value PyYAML cannot build,
-    such as an impossible date). A value that cannot be a config is a ``ValueError`` in one line, and so are a key
-    named twice and YAML past the limits (:func:`~lightprune.core.jsonio.parse_yaml`)."""
+    inline (where: ``option``); content None where the parser reads it its own way (a file named with ``~``). A
+    value that cannot be a config is a ``ValueError`` in one line naming it, and so are a key named twice, YAML past
+    the limits (:func:`~lightprune.core.jsonio.parse_yaml`) and YAML that the safe loader cannot build (a tag such as
+    ``!!python/object``, a list as a key, two documents: the line and the problem)."""
     import yaml
 
     if not text.strip():
@@ -179,8 +210,8 @@ def load_config(text: str, option: str) -> tuple[str, dict[str, Any] | None]:
         raise ValueError(_no_file(text, option) if one_name else _not_yaml(err, where)) from None
     except (DuplicateKeyError, ParseLimitError):
         raise
-    except (yaml.YAMLError, ValueError):  # a value PyYAML cannot build (an impossible date, which jsonargparse
-        return key, None  # reads as text), a tag it does not know: left to jsonargparse's own loader
+    except (yaml.YAMLError, ValueError) as err:  # parsed, but not buildable: jsonargparse's loader fails there too
+        raise ValueError(_not_buildable(err, where, source)) from None  # (dates are text in both: never here)
     if isinstance(content, dict):
         return key, content
     if one_name:
@@ -195,8 +226,9 @@ def load_config(text: str, option: str) -> tuple[str, dict[str, Any] | None]:
 
 
 def root_dir_problem(root: str) -> str | None:
-    """Why ``root`` (``trainer.default_root_dir``) cannot be the run's directory: it is a file, or a file stands
-    where one of its parents would be created; None otherwise (remote paths included)."""
+    """Why ``root`` (``trainer.default_root_dir``) cannot be the run's directory: it is a file, a file stands where
+    one of its parents would be created, or it (or the folder it would be created in) cannot be written; None
+    otherwise (remote paths included)."""
     path = Path(root)
     try:
         if path.exists() and not path.is_dir():
@@ -206,4 +238,8 @@ def root_dir_problem(root: str) -> str | None:
         return None
     if parent is not None and not parent.is_dir():
         return f"{root!r} cannot be created: {str(parent)!r} is a file; give a folder elsewhere"
+    writable = path if path.is_dir() else parent
+    if writable is not None and not os.access(writable, os.W_OK | os.X_OK):  # a read-only mount too, even for root
+        return (f"{root!r} cannot be written: {str(writable)!r} is read-only for this user (or on a read-only file "
+                "system); give a folder elsewhere")
     return None

@@ -1,11 +1,13 @@
 """The command line's names known without Lightning: the subcommands, each one's options, the trainer's options.
 
-:data:`TRAINER_OPTIONS` is ``lightning.pytorch.Trainer.__init__``'s parameters and :data:`METHOD_OPTIONS` the
-parameters of each subcommand's trainer method that LightningCLI adds as options, written out here so that the first
-pass (:func:`lightprune.cli.options.check_command_line`) can refuse ``--trainer.max_step`` or ``--confg`` without
-importing Lightning; ``tests/unit/cli/test_cli_names.py`` checks them against the signatures and LightningCLI's parser.
-What sits under ``--model.`` and ``--data.`` depends on the class given and is left to the parser. Every problem is
-one line, with the closest name when one is close (:func:`did_you_mean`). Torch-free.
+:data:`TRAINER_OPTIONS` is ``lightning.pytorch.Trainer.__init__``'s parameters, :data:`METHOD_OPTIONS` the
+parameters of each subcommand's trainer method that LightningCLI adds as options, and :data:`PRECISIONS` the values
+``Trainer(precision=...)`` takes, written out here so that the first pass
+(:func:`lightprune.cli.options.check_command_line`) can refuse ``--trainer.max_step``, ``--confg`` or
+``--trainer.precision 17-true`` without importing Lightning; ``tests/unit/cli/test_cli_names.py`` checks them against
+the signatures and LightningCLI's parser. What sits under ``--model.`` and ``--data.`` depends on the class given and
+is left to the parser. Every problem is one line, with the closest name when one is close (:func:`did_you_mean`).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 import difflib
 from typing import Any, Iterable
 
-__all__ = ["TRAINER_OPTIONS", "METHOD_OPTIONS", "MAIN_OPTIONS", "closest", "did_you_mean", "find_subcommand",
-           "argv_problem", "config_keys_problem", "wants_help", "prints_config"]
+__all__ = ["TRAINER_OPTIONS", "METHOD_OPTIONS", "MAIN_OPTIONS", "PRECISIONS", "closest", "did_you_mean",
+           "find_subcommand", "argv_problem", "config_keys_problem", "precision_problem", "wants_help",
+           "prints_config"]
 
 #: ``lightning.pytorch.Trainer.__init__``'s parameters, in order (``--trainer.NAME``; test_cli_names checks them)
 TRAINER_OPTIONS: tuple[str, ...] = (
@@ -36,6 +39,12 @@ METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
     "calibrate": ("ckpt_path",),
     "export": (),
 }
+#: what ``Trainer(precision=...)`` takes (``_PRECISION_INPUT`` of ``lightning.fabric.plugins.precision.precision``;
+#: test_cli_names checks them): the names, their short aliases and the integers
+PRECISIONS: tuple[Any, ...] = (
+    "transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true", "bf16-mixed", "32-true",
+    "64-true", "64", "32", "16", "bf16", 64, 32, 16,
+)
 #: the options every subcommand has besides its method's, and what a config file's top level may name
 _GROUPS = ("seed_everything", "trainer", "model", "data")
 _CONFIG = ("--config", "-c")
@@ -152,6 +161,15 @@ def argv_problem(argv: list[str], subcommands: Iterable[str], others: Iterable[s
             i += 1
         i += 1
     return None
+
+
+def precision_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be ``trainer.precision`` (with the closest of :data:`PRECISIONS` and the list), or None."""
+    if value is None or (value in PRECISIONS and not isinstance(value, (bool, float))):
+        return None
+    names = [p for p in PRECISIONS if isinstance(p, str) and not p.isdigit()]
+    hint = did_you_mean(value, names) if isinstance(value, str) else ""
+    return f"precision {value!r} is not one Lightning takes{hint}; it takes {', '.join(names)} (or 64, 32, 16)"
 
 
 def config_keys_problem(content: dict[str, Any], command: str, where: str) -> str | None:

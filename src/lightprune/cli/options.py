@@ -23,12 +23,12 @@ what its slot accepts, before importing it (:mod:`lightprune.cli.slots`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable
 
 from lightprune.callbacks.options import OPTIONS, check_criterion_name
 from lightprune.cli.inputs import JobInputs, load_config, root_dir_problem
-from lightprune.cli.names import argv_problem, config_keys_problem, find_subcommand, prints_config, wants_help
+from lightprune.cli.names import (argv_problem, config_keys_problem, did_you_mean, find_subcommand, precision_problem,
+                                  prints_config, wants_help)
 from lightprune.cli.slots import class_path_problem, config_slots
 from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError, parse_yaml
 
@@ -85,7 +85,8 @@ def class_name(class_path: Any) -> str | None:
 
 def _check_option_name(callback: str, name: str, where: str) -> None:
     if name not in ARGUMENTS[callback]:
-        raise OptionError(f"{where}: {callback} has no option {name!r}; its options: {', '.join(ARGUMENTS[callback])}")
+        raise OptionError(f"{where}: {callback} has no option {name!r}{did_you_mean(name, ARGUMENTS[callback])}; its "
+                          f"options: {', '.join(ARGUMENTS[callback])}")
 
 
 def split_addressed(argv: Iterable[str]) -> tuple[list[str], list[Addressed]]:
@@ -141,20 +142,21 @@ def check_callback_options(callback: str, options: dict[str, Any], where: str, c
 
 #: the trainer's run directory on the command line (the export callbacks' checkpoint directory is under it)
 _ROOT_OPTION = "--trainer.default_root_dir"
+_PRECISION_OPTION = "--trainer.precision"
 #: the export callbacks whose checkpoint directory is refused here when it holds an earlier run's files
 _EXPORTS = ("Export", "WidthExport")
 
 
 def _config_options(argv: list[str]) -> list[tuple[str, Any]]:
     """The ``--config`` files' contents and the ``--trainer.callbacks...``, ``--trainer.default_root_dir``,
-    ``--model...`` and ``--data...`` options, in command-line order."""
+    ``--trainer.precision``, ``--model...`` and ``--data...`` options, in command-line order."""
     items: list[tuple[str, Any]] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
         head, eq, text = arg.partition("=")
         if (head in ("--config", "-c") or head.startswith(("--trainer.callbacks", "--model", "--data"))
-                or head == _ROOT_OPTION):
+                or head in (_ROOT_OPTION, _PRECISION_OPTION)):
             if not eq:
                 if i + 1 >= len(argv):
                     break
@@ -205,7 +207,10 @@ def check_command_line(argv: Iterable[str], others: Iterable[str] = ()) -> None:
         return
     # the subcommand whose options a config's keys are, unless a config is given before it (keyed by subcommand)
     command = None if at is None or any(a.split("=", 1)[0] in ("--config", "-c") for a in rest[:at]) else rest[at]
-    items = _config_options(rest)
+    items = _config_options(rest[:at] if at is not None else rest)
+    for where, content in items if at is not None else ():  # a config before the subcommand: keyed by subcommand
+        _check_keyed_by_subcommand(where, content, rest[at])
+    items += _config_options(rest[at:]) if at is not None else []
     criteria_known = not _project_modules(rest, [content for _, content in items])
     # the list jsonargparse would build, each entry with its options so far (None: not followed), the trainer's
     # run directory, and whether everything that places an export's checkpoint directory is seen here
@@ -217,6 +222,9 @@ def check_command_line(argv: Iterable[str], others: Iterable[str] = ()) -> None:
     for where, content in items:
         if where == _ROOT_OPTION:
             root, root_where = content, where
+            continue
+        if where == _PRECISION_OPTION:
+            _check_precision(where, content)
             continue
         if where.startswith(("--model", "--data")):
             if where.removesuffix(".class_path") in ("--model", "--data"):
@@ -256,6 +264,8 @@ def check_command_line(argv: Iterable[str], others: Iterable[str] = ()) -> None:
         for key, value, slot in config_slots(content):
             _check_slot(f"{label}: {key}", value, slot)
         trainer = content.get("trainer") if isinstance(content.get("trainer"), dict) else {}
+        if "precision" in trainer:
+            _check_precision(f"{label}: trainer.precision", trainer["precision"])
         if "default_root_dir" in trainer:
             root, root_where = trainer["default_root_dir"], f"{label}: trainer.default_root_dir"
         inputs.see_config(content)
@@ -293,6 +303,31 @@ def check_command_line(argv: Iterable[str], others: Iterable[str] = ()) -> None:
 _ADDRESSED_SLOTS = {("ExpertPruning", "criterion"): "criterion", ("Evaluate", "data"): "data"}
 
 
+def _check_precision(where: str, value: Any) -> None:
+    problem = precision_problem(value)
+    if problem:
+        raise OptionError(f"{where}: {problem}")
+
+
+#: what a config given before the subcommand may hold at its top besides the subcommands' sections
+_KEYED = ("subcommand", "config", "$schema")
+
+
+def _check_keyed_by_subcommand(where: str, content: Any, command: str) -> None:
+    """A config given before the subcommand (``lightprune --config X export``) is read by the main parser, as a
+    mapping of subcommand -> options; one holding a subcommand's options is refused, saying where it goes."""
+    if not isinstance(content, dict):
+        return
+    stray = next((key for key in content if key not in (*SUBCOMMANDS, *_KEYED)), None)
+    if stray is None:
+        return
+    label = where if where in ("--config", "-c") else f"config file {where!r}"
+    given = "--config" if where in ("--config", "-c") else f"--config {where}"
+    raise OptionError(f"{label} is given before the subcommand, where a config maps subcommands to their options "
+                      f"({command}: {{...}}), and its key {str(stray)!r} is not a subcommand; give it after the "
+                      f"subcommand: lightprune {command} {given} ...")
+
+
 def _check_slot(where: str, value: Any, slot: str) -> None:
     """A class path given to ``slot`` that cannot be one of its classes: refused before anything is imported."""
     problem = class_path_problem(value, slot)
@@ -301,13 +336,15 @@ def _check_slot(where: str, value: Any, slot: str) -> None:
 
 
 def _check_export_dirs(callbacks: list[dict[str, Any]], root: str | None, addressed: list[Addressed]) -> None:
-    """An export callback's checkpoint directory that holds an earlier run's files, without ``overwrite``, or its
-    ``plan_path`` that does not exist: refused here, before Lightning is imported (the directory with the message
-    its ``preflight`` gives once Lightning has parsed the job). Called only where every option that places it was
-    seen (the callbacks list followed as jsonargparse builds it, each config file read, no nested option of a
-    callback); an addressed option that does not name one export callback's top-level option leaves it to that
-    ``preflight``, so this never refuses a job the parser would take."""
-    from lightprune.callbacks.export_dirs import check_checkpoint_dir, checkpoint_dir_of
+    """Callbacks that conflict (:func:`lightprune.callbacks.roster.check_roster`: two Exports, two ExpertPruning
+    writing one folder, a checkpoint directory that is the run's folder), an export callback's checkpoint directory
+    that holds an earlier run's files, without ``overwrite``, or its ``plan_path`` that is no file: refused here,
+    before Lightning is imported (with the messages the callbacks' ``setup`` and ``preflight`` give). Called only
+    where every option that places it was seen (the callbacks list followed as jsonargparse builds it, each config
+    file read, no nested option of a callback); an addressed option that does not name one export callback's
+    top-level option leaves it to that ``preflight``, so this never refuses a job the parser would take."""
+    from lightprune.callbacks.export_dirs import check_checkpoint_dir, check_plan_path, checkpoint_dir_of
+    from lightprune.callbacks.roster import check_roster
 
     for item in addressed:
         targets = [e for e in callbacks if class_name(e.get("class_path")) == item.callback]
@@ -315,12 +352,20 @@ def _check_export_dirs(callbacks: list[dict[str, Any]], root: str | None, addres
             return
         for entry in targets:
             entry["init_args"][item.argument] = item.value
+    try:  # callbacks that conflict (two Exports, a checkpoint_dir that is the run's folder): as their setup says it
+        check_roster([(class_name(e.get("class_path")), e["init_args"]) for e in callbacks
+                      if class_name(e.get("class_path")) in OPTIONS], root)
+    except ValueError as err:
+        raise OptionError(str(err)) from None
     for entry in callbacks:
         name = class_name(entry.get("class_path"))
         args = entry["init_args"]
         plan_path = args.get("plan_path") if name in _EXPORTS else None
-        if isinstance(plan_path, str) and not Path(plan_path).is_file():  # as the callback's constructor says it
-            raise OptionError(f"{OPTIONS[name].address}.plan_path: {plan_path!r} does not exist")
+        if isinstance(plan_path, str):  # as the callback's constructor says it (a directory, a missing file)
+            try:
+                check_plan_path(plan_path)
+            except OSError as err:
+                raise OptionError(f"{OPTIONS[name].address}.{err}") from None
         if name not in _EXPORTS or args.get("overwrite") not in (None, False):
             continue
         try:

@@ -11,7 +11,11 @@ Both are bounded (:class:`ParseLimitError`, naming the file and the limit): JSON
 collections nested deeper than :data:`MAX_DEPTH` (Python's ``json`` and PyYAML's composer recurse once per level),
 and YAML whose aliases, counted each time they are used, expand to more than :data:`MAX_YAML_VALUES` values (a
 "billion laughs" text); both are refused before any Python value is built (:func:`check_json_depth`,
-:func:`check_yaml_limits`).
+:func:`check_yaml_limits`). So is an integer longer than Python converts from text
+(``sys.get_int_max_str_digits()``, 4300 digits), naming the key that holds it.
+
+YAML is read as jsonargparse's loader reads it, so the command's first pass and its parser agree on every value:
+YAML 1.2 floats (``5e-1``, ``1E5``; YAML 1.1 wants a dot and a signed exponent) and dates kept as text.
 
 The checks take JSON as it is, never coerced: :func:`strict_int` refuses booleans, floats (even ``2.0``)
 and strings; :func:`int_key` reads a JSON object's layer key (a plain decimal string such as ``"3"``, or
@@ -21,7 +25,9 @@ an int when the data was built in Python) and :func:`layer_items` a whole {layer
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import operator
 import os
 import re
@@ -31,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["MAX_DEPTH", "MAX_YAML_VALUES", "DuplicateKeyError", "ParseLimitError", "check_json_depth",
-           "check_yaml_keys", "check_yaml_limits", "int_key", "layer_items", "parse_json", "parse_yaml", "read_json",
-           "read_parsed", "read_yaml", "show", "strict_int", "write_json"]
+           "check_yaml_keys", "check_yaml_limits", "clip", "clip_values", "int_key", "json_text", "layer_items",
+           "non_finite", "parse_json", "parse_yaml", "read_json", "read_parsed", "read_yaml", "show", "strict_int",
+           "write_json"]
 
 _DECIMAL = re.compile(r"-?[0-9]+")
 
@@ -46,6 +53,20 @@ MAX_DEPTH = 100
 #: config in configs/ stands for about 110 values; a million is far above any real config.
 MAX_YAML_VALUES = 1_000_000
 _CHECK_FILE = "no file lightprune reads comes near that: check that it is the file meant"
+
+
+def _int_digits_limit() -> int:
+    """The most digits Python converts from text to an int (0: no limit)."""
+    import sys
+
+    return getattr(sys, "get_int_max_str_digits", lambda: 0)()
+
+
+def _too_many_digits(where: str, key: str, digits: int, line: int | None = None) -> ParseLimitError:
+    at = f" at line {line}" if line else ""
+    limit = _int_digits_limit()
+    return ParseLimitError(f"{where}: {key} is an integer of {digits} digits{at} (limit {limit} digits); no number "
+                           "lightprune reads comes near that: check that it is the value meant")
 
 
 class DuplicateKeyError(ValueError):
@@ -115,10 +136,47 @@ def parse_json(text: str | bytes, where: str) -> Any:
     ``where``, the key and both values) and nesting deeper than :data:`MAX_DEPTH` (:class:`ParseLimitError`);
     other errors are ``json.JSONDecodeError`` as from ``json.loads``."""
     check_json_depth(text, where)
-    return json.loads(text, object_pairs_hook=_unique_pairs(where))
+    try:
+        return json.loads(text, object_pairs_hook=_unique_pairs(where))
+    except ValueError as err:
+        if isinstance(err, json.JSONDecodeError) or "digits" not in str(err):
+            raise
+        raise _long_json_int(text, where) from None
+
+
+class _LongInt(str):
+    """An integer of the JSON text too long to convert (its digits)."""
+
+
+def _long_json_int(text: str | bytes, where: str) -> ParseLimitError:
+    """The :class:`ParseLimitError` for the first integer of ``text`` over Python's digit limit, naming its key."""
+    limit = _int_digits_limit()
+    data = json.loads(text, parse_int=lambda digits: _LongInt(digits) if limit and len(digits.lstrip("-")) > limit
+                      else int(digits))
+    todo: list[tuple[Any, str]] = [(data, "")]
+    while todo:
+        node, path = todo.pop(0)
+        if isinstance(node, _LongInt):
+            return _too_many_digits(where, path or "the value", len(node.lstrip("-")))
+        if isinstance(node, dict):
+            todo += [(value, f"{path}[{key!r}]" if path else key) for key, value in node.items()]
+        elif isinstance(node, list):
+            todo += [(value, f"{path}[{i}]") for i, value in enumerate(node)]
+    return ParseLimitError(f"{where}: an integer of more than {limit} digits (limit {limit} digits); no number "
+                           "lightprune reads comes near that: check that it is the value meant")
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+#: the floats jsonargparse's YAML loader reads (YAML 1.2's: ``5e-1`` and ``1E5`` too), and no implicit timestamps
+_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
 _yaml_loader: Any = None
 
 
@@ -156,7 +214,8 @@ def _check_mapping(loader: Any, node: Any, where: str) -> None:
 
 def _loader() -> Any:
     """``yaml.SafeLoader`` refusing a mapping that names a key twice and collections nested deeper than
-    :data:`MAX_DEPTH` (built on first use: yaml loads lazily)."""
+    :data:`MAX_DEPTH`, resolving plain scalars as jsonargparse's loader does (:data:`_FLOAT`; dates stay text); built
+    on first use: yaml loads lazily."""
     global _yaml_loader
     if _yaml_loader is None:
         import yaml
@@ -188,6 +247,10 @@ def _loader() -> Any:
                 finally:
                     self.depth -= 1
 
+        UniqueKeyLoader.yaml_implicit_resolvers = {
+            first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_FLOAT_TAG, _TIMESTAMP_TAG)]
+            for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+        UniqueKeyLoader.add_implicit_resolver(_FLOAT_TAG, _FLOAT, list("-+0123456789."))
         _yaml_loader = UniqueKeyLoader
     return _yaml_loader
 
@@ -197,6 +260,28 @@ def _children(node: Any) -> list[Any]:
     if node.id == "mapping":
         return [part for pair in node.value for part in pair]
     return node.value if node.id == "sequence" else []
+
+
+def _check_int_digits(root: Any, where: str) -> None:
+    """Refuse a YAML integer longer than Python converts from text (:class:`ParseLimitError` naming its key and
+    line); each node is visited once."""
+    limit = _int_digits_limit()
+    todo, seen = [(root, "")], set()
+    while todo and limit:
+        node, path = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.id == "scalar":
+            digits = sum(c.isdigit() for c in node.value) if node.tag == _INT_TAG else 0
+            if digits > limit:
+                raise _too_many_digits(where, path or "the value", digits, node.start_mark.line + 1)
+        elif node.id == "mapping":
+            for key, value in node.value:
+                name = key.value if key.id == "scalar" else "a key"
+                todo += [(key, f"{path}.{name}" if path else name), (value, f"{path}.{name}" if path else name)]
+        else:
+            todo += [(value, f"{path}[{i}]") for i, value in enumerate(node.value)]
 
 
 def _check_expansion(root: Any, where: str) -> None:
@@ -244,6 +329,7 @@ def _compose(text: str | bytes, where: str) -> tuple[Any, Any]:
         root = loader.get_single_node()
         if root is not None:
             _check_expansion(root, where)
+            _check_int_digits(root, where)
     except BaseException:
         loader.dispose()
         raise
@@ -290,8 +376,11 @@ def check_yaml_keys(text: str | bytes, where: str) -> None:
 
 
 def _read_text(path: str | os.PathLike, what: str, error: type[Exception]) -> str:
-    """The UTF-8 text of ``path``: FileNotFoundError when missing, ``error`` when not UTF-8, naming ``what``."""
-    path = Path(path)
+    """The UTF-8 text of ``path`` (``~`` expanded): FileNotFoundError when missing, IsADirectoryError when a
+    directory, ``error`` when not UTF-8, naming ``what``."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} file {str(path)!r} is a directory, not a file: name the {what} file itself")
     if not path.is_file():
         raise FileNotFoundError(f"{what} file {str(path)!r} does not exist")
     try:
@@ -318,13 +407,53 @@ def read_yaml(path: str | os.PathLike, what: str, error: type[Exception] = Value
 
 
 def write_json(data: Any, path: str | os.PathLike, indent: int | None = None) -> Path:
-    """Write ``data`` to ``path`` (parents created) through a temporary file renamed into place."""
+    """Write ``data`` to ``path`` (parents created) through a temporary file renamed into place, as standard JSON
+    (:func:`json_text`: a NaN or infinite float is written as ``null``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=indent, default=str) + "\n")
-    os.replace(tmp, path)
+    text = json_text(data, indent=indent) + "\n"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as err:  # a full disk, a read-only folder: one line naming the file, the file as it was
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        cause = err.strerror or str(err)
+        raise type(err)(err.errno, f"could not write {str(path)!r}: {cause.lower()}; it is as it was") from err
     return path
+
+
+def json_text(data: Any, indent: int | None = None, **options: Any) -> str:
+    """``json.dumps(data)`` as standard JSON, which has no NaN or Infinity: such a float (a perplexity that
+    overflowed) is written as ``null``; an object JSON cannot hold is written as its ``str``."""
+    return json.dumps(_finite(data), indent=indent, default=str, allow_nan=False, **options)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (in dicts, lists and tuples) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def non_finite(value: Any, path: str = "") -> tuple[str, float] | None:
+    """(key path, value) of the first NaN or infinite float in ``value`` (dicts, lists and tuples; the path as
+    ``metadata['alpha'][0]`` with ``path="metadata"``), or None: JSON has no such constant (Python's ``json`` reads
+    ``NaN`` and ``Infinity``), so a plan lightprune reads refuses them and a file it writes never holds them."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path or "the value", value)
+    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, (list, tuple)) \
+        else ()
+    for key, item in items:
+        found = non_finite(item, f"{path}[{key!r}]")
+        if found is not None:
+            return found
+    return None
 
 
 def read_json(path: str | os.PathLike, what: str, error: type[Exception] = ValueError) -> Any:
@@ -366,7 +495,8 @@ def int_key(key: Any) -> int | None:
     """A layer key as an int: a plain decimal string (``"3"``; not ``"03"``, ``"+3"``, ``" 3"`` or
     ``"1.5"``) or an integer (:func:`strict_int`); None for anything else."""
     if isinstance(key, str):
-        return int(key) if _DECIMAL.fullmatch(key) and str(int(key)) == key else None
+        too_long = 0 < _int_digits_limit() < len(key.lstrip("-"))  # int() refuses it: no layer has such an index
+        return int(key) if _DECIMAL.fullmatch(key) and not too_long and str(int(key)) == key else None
     return strict_int(key)
 
 
@@ -381,13 +511,16 @@ def layer_items(value: Any, name: str, expect: str, error: type[Exception] = Val
     for key, item in value.items():
         layer = int_key(key)
         if layer is None:
+            if isinstance(key, str) and 0 < _int_digits_limit() < len(key.strip()) and key.strip().isdigit():
+                raise error(f"layer key {clip(key, 40)!r} in {name} is a number of {len(key.strip())} digits: no "
+                            "model has such a layer")
             hint = ""
             if isinstance(key, str):
                 try:
                     hint = f" (write it as {str(int(key))!r})"  # '03', '+3', ' 3'
                 except ValueError:
                     pass
-            raise error(f"layer key {repr(key) if isinstance(key, str) else show(key)} in {name} "
+            raise error(f"layer key {repr(clip(key)) if isinstance(key, str) else show(key)} in {name} "
                         f"is not an integer{hint}")
         if layer in seen:
             raise error(f"{name} names layer {layer} twice (keys {seen[layer]!r} and {key!r})")
@@ -404,3 +537,18 @@ def show(value: Any, limit: int = 80) -> str:
     except (TypeError, ValueError):
         text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def clip(text: str, limit: int = 200) -> str:
+    """``text`` cut to ``limit`` characters, saying how many more it had (``aaa… (999800 more characters)``)."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+_LONG_WORD = re.compile(r"(\S{201,}?)([\"')\]};:,.]*)(?=\s|$)")
+
+
+def clip_values(line: str, limit: int = 2000) -> str:
+    """A line for the terminal: every run of more than 200 characters without a space (a value: a name, a path,
+    a quoted string) cut by :func:`clip` (the punctuation closing it kept), then the line cut to ``limit``
+    characters."""
+    return clip(_LONG_WORD.sub(lambda found: clip(found.group(1)) + found.group(2), line), limit)

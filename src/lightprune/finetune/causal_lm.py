@@ -48,12 +48,12 @@ from lightprune.finetune.optim import OPTIMIZERS, SCHEDULERS, build_optimizer, b
 from lightprune.finetune.quantize import _bnb, quantize_4bit
 from lightprune.models import find_moe_layers
 from lightprune.models.experts_kernel import runnable_experts
-from lightprune.models.tiny import TINY_DENSE_MLLMS, TINY_FAMILIES, tiny_model
+from lightprune.models.tiny import check_tiny_family, check_tiny_overrides, tiny_model
 from lightprune.models.unwrap import base_model_of
 
 __all__ = ["MoECausalLM"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 
@@ -66,8 +66,10 @@ class MoECausalLM(pl.LightningModule):
             on first use).
         tiny: instead of a checkpoint, build a tiny random model of this family (see
             ``lightprune.models.tiny.TINY_FAMILIES`` and ``TINY_DENSE_MLLMS``), seeded by ``seed``.
-        tiny_overrides: config overrides for the tiny model (e.g. ``num_hidden_layers``).
-        dtype: ``float32``, ``bfloat16`` or ``float16``.
+        tiny_overrides: config overrides for the tiny model (e.g. ``num_hidden_layers``); each must be a field of
+            the family's config (a mistyped one is refused with the closest field).
+        dtype: ``float32``, ``bfloat16``, ``float16`` or ``float64`` (its experts run transformers' ``eager``
+            kernel; not with ``load_in_4bit``).
         trust_remote_code: allow a checkpoint's own modeling code to run (off by default).
         learning_rate: peak learning rate for ``fit``.
         adapter: the parameter-efficient adapter to fine-tune with (None: every parameter trains).
@@ -128,6 +130,9 @@ class MoECausalLM(pl.LightningModule):
                              f"got checkpoint={checkpoint!r}, tiny={tiny!r}")
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        if load_in_4bit and dtype == "float64":
+            raise ValueError("load_in_4bit computes in float32, bfloat16 or float16 (bitsandbytes), got dtype "
+                             "'float64'")
         if checkpoint is not None:
             check_checkpoint_name(checkpoint)  # a known source name (built on first use, in configure_model) or a folder
         placement = {k: v for k, v in (("device_map", device_map), ("max_memory", max_memory),
@@ -148,8 +153,9 @@ class MoECausalLM(pl.LightningModule):
         self.skeleton = None
         self._deferred: list[dict[str, Any]] = []
         if tiny is not None:
-            if tiny not in TINY_FAMILIES + TINY_DENSE_MLLMS:
-                raise ValueError(f"tiny must be one of {list(TINY_FAMILIES + TINY_DENSE_MLLMS)}, got {tiny!r}")
+            check_tiny_family(tiny, "tiny")
+        if tiny_overrides and tiny is not None:  # a mistyped field would be kept by transformers and read by nothing
+            check_tiny_overrides(tiny, tiny_overrides, "tiny_overrides")
         self.adapter = adapter
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
@@ -175,7 +181,9 @@ class MoECausalLM(pl.LightningModule):
         dtype = _DTYPES[self.hparams.dtype]
         if self.hparams.tiny is not None:
             model = tiny_model(self.hparams.tiny, seed=self.hparams.seed, **(self.hparams.tiny_overrides or {}))
-            return keep_fp32_buffers(model, lambda: model.to(dtype))  # as from_pretrained(dtype=dtype) leaves them
+            model = keep_fp32_buffers(model, lambda: model.to(dtype))  # as from_pretrained(dtype=dtype) leaves them
+            runnable_experts(model.modules())  # float64 experts: transformers' eager ones
+            return model
 
         checkpoint = resolve_checkpoint(self.hparams.checkpoint)
         placement = {k: self.hparams.get(k) for k in ("device_map", "max_memory", "offload_folder")

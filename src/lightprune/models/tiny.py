@@ -13,6 +13,9 @@ attention, M-RoPE). Their text models have the MoE families' attention geometry 
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -20,7 +23,8 @@ import torch
 from lightprune.models.tiny_mllms import DENSE_BUILDERS, MLLM_BUILDERS
 from lightprune.models.tiny_text import _GENERIC_FAMILIES, TEXT_BUILDERS, _generic
 
-__all__ = ["TINY_DENSE_MLLMS", "TINY_FAMILIES", "tiny_config", "tiny_model"]
+__all__ = ["TINY_DENSE_MLLMS", "TINY_FAMILIES", "check_tiny_family", "check_tiny_overrides", "tiny_config",
+           "tiny_model"]
 
 
 _TEXT_ORDER = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3")
@@ -40,12 +44,70 @@ TINY_DENSE_MLLMS: tuple[str, ...] = tuple(DENSE_BUILDERS)
 _MLLMS = (*MLLM_BUILDERS, *TINY_DENSE_MLLMS)
 
 
+def _close(name: str, known: Any) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75) if isinstance(name, str) else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_tiny_family(family: Any, what: str = "tiny family") -> None:
+    """A ValueError naming ``family`` when it is none of :data:`TINY_FAMILIES` and :data:`TINY_DENSE_MLLMS`: the
+    closest name, a few MoE families and the dense MLLMs (the whole list is 80 names)."""
+    families = (*TINY_FAMILIES, *TINY_DENSE_MLLMS)
+    if isinstance(family, str) and family in families:
+        return
+    raise ValueError(f"{what} {family!r} is not one of the {len(families)} tiny families{_close(family, families)}; "
+                     f"for example {', '.join(TINY_FAMILIES[:5])} and the dense MLLMs {', '.join(TINY_DENSE_MLLMS)} "
+                     "(lightprune.models.tiny.TINY_FAMILIES lists the MoE ones)")
+
+
+def _field_names(config: Any) -> frozenset[str]:
+    """The fields a transformers config has: its own (set at construction), its class's and their aliases."""
+    names = set(config.to_dict()) | set(getattr(type(config), "__dataclass_fields__", {}))
+    for cls in type(config).__mro__[:-1]:
+        names |= set(getattr(cls, "attribute_map", None) or {})
+        try:
+            parameters = inspect.signature(cls.__init__).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        names |= {p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"}
+    return frozenset(names)
+
+
+@functools.lru_cache(maxsize=None)
+def _fields(family: str) -> tuple[str, dict[str, Any]]:
+    """(config class name, {"": its field names, "text_config": the sub-config's (class name, field names), ...})."""
+    from transformers import PretrainedConfig
+
+    config = {**_BUILDERS, **DENSE_BUILDERS}[family]()
+    subs = {key: (type(value).__name__, _field_names(value)) for key, value in vars(config).items()
+            if isinstance(value, PretrainedConfig)}
+    return type(config).__name__, {"": _field_names(config), **subs}
+
+
+def check_tiny_overrides(family: str, overrides: dict[str, Any], what: str = "tiny overrides") -> None:
+    """A ValueError naming an override key that ``family``'s tiny config has no field for (transformers would keep it
+    as an attribute that nothing reads), with the closest field; a sub-config's keys (``text_config``) too."""
+    check_tiny_family(family)
+    name, fields = _fields(family)
+    for key, value in overrides.items():
+        if key not in fields[""]:
+            raise ValueError(f"{what}: {name} (the {family} tiny config) has no field {key!r}"
+                             f"{_close(key, fields[''])}; an override sets one of its fields")
+        if key in fields and isinstance(value, dict):
+            sub, known = fields[key]
+            stray = next((k for k in value if k not in known), None)
+            if stray is not None:
+                raise ValueError(f"{what}: {key}: {sub} (of the {family} tiny config) has no field {stray!r}"
+                                 f"{_close(stray, known)}")
+
+
 def tiny_config(family: str, **overrides: Any):
-    """A tiny config of ``family`` (one of :data:`TINY_FAMILIES` or :data:`TINY_DENSE_MLLMS`), overrides applied."""
-    builders = {**_BUILDERS, **DENSE_BUILDERS}
-    if family not in builders:
-        raise ValueError(f"unknown tiny family {family!r}; choose one of {sorted(builders)}")
-    return builders[family](**overrides)
+    """A tiny config of ``family`` (one of :data:`TINY_FAMILIES` or :data:`TINY_DENSE_MLLMS`), overrides applied; an
+    override that is no field of the config is refused (:func:`check_tiny_overrides`)."""
+    check_tiny_family(family)
+    if overrides:
+        check_tiny_overrides(family, overrides)
+    return {**_BUILDERS, **DENSE_BUILDERS}[family](**overrides)
 
 
 def tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:

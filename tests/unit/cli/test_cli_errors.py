@@ -229,3 +229,56 @@ def test_run_recipe_raises_the_commands_line_never_system_exit(tmp_path, monkeyp
             run_recipe(config, "export", overrides)
         assert str(info.value) == line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_callback_given_by_an_unknown_name_is_one_line_with_the_closest() -> None:
+    message = ('Parser key "trainer.callbacks":\n\n  - Expected a path but ReportPag either not accessible or invalid\n'
+               "  - Does not validate against any of the Union subtypes\n  Errors:\n"
+               "    - Expected a dot import path string: ReportPag\n    - Expected a <class 'NoneType'>\n"
+               "  Given value type: <class 'str'>\n  Given value: ReportPag\n")
+    assert condense(message) == (
+        "trainer.callbacks: 'ReportPag' is no callback's class name (did you mean 'ReportPage'?); lightprune's: "
+        "ExpertStats, RouterDelta, ExpertPruning, Export, WidthSearch, WidthExport, Evaluate, ReportPage; Lightning's "
+        "by name too (EarlyStopping), others by class path (package.module.Class)")
+
+
+def test_lightnings_configuration_errors_are_one_line(monkeypatch, capsys) -> None:
+    """A MisconfigurationException raised while the job runs (a loop without its data: Lightning's traceback) is one
+    line and exit status 2; a fit without data says what it needs and which subcommand runs without."""
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    monkeypatch.delenv("LIGHTPRUNE_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", ["lightprune", "validate", "--config", "c.yaml"])
+    raised = MisconfigurationException("`val_dataloader` must be implemented to be used with the Lightning Trainer")
+    monkeypatch.setattr(cli, "cli_main", lambda: (_ for _ in ()).throw(raised))
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        "lightprune: error: `lightprune validate` needs validation data: a data module with a val split (--data CLASS, "
+        "or data: in the config), and the job has none; a job without data runs as `lightprune export` (weight "
+        "criteria such as aimer)\n")
+    raised = MisconfigurationException("No `test_step()` method defined to run `Trainer.test`.\nmore")
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert capsys.readouterr().err == "lightprune: error: No `test_step()` method defined to run `Trainer.test`.\n"
+
+
+def test_fit_without_training_data_is_refused_before_anything_is_built(tmp_path, monkeypatch, capsys) -> None:
+    """``lightprune fit --config configs/aimer_tiny.yaml`` printed Lightning's 60-line traceback: one line, before
+    the model is built."""
+    from lightprune.finetune import MoECausalLM
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("LIGHTPRUNE_DEBUG", raising=False)
+    monkeypatch.setattr(MoECausalLM, "configure_model", lambda self: pytest.fail("the model was built"))
+    monkeypatch.setattr(sys, "argv", ["lightprune", "fit", "--config", "configs/aimer_tiny.yaml",
+                                      "--trainer.default_root_dir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "lightprune: error: `lightprune fit` needs training data: a data module with a train split (--data CLASS, or "
+        "data: in the config), and the job has none; a job without data runs as `lightprune export` (weight criteria "
+        "such as aimer)")
+    assert not (tmp_path / "run").exists()

@@ -132,3 +132,36 @@ def test_a_config_key_no_option_takes_is_one_line() -> None:
     assert config_keys_problem(good, "fit", "c") is None
     assert did_you_mean("quickstrt.yaml", ["quickstart.yaml", "reap.yaml"]) == " (did you mean 'quickstart.yaml'?)"
     assert did_you_mean("zzz", ["quickstart.yaml"]) == ""
+
+
+def test_precisions_are_the_ones_lightning_takes(tmp_path) -> None:
+    """PRECISIONS is Trainer(precision=...)'s Literal values; the first pass refuses any other with the list and the
+    closest name (the parser said "is not an integer or null", listing none), from the command line and a config."""
+    import typing
+
+    import lightning.pytorch as pl
+
+    from lightprune.cli.names import PRECISIONS, precision_problem
+
+    annotation = inspect.signature(pl.Trainer.__init__).parameters["precision"].annotation
+    literals = [value for arg in typing.get_args(annotation) for value in typing.get_args(arg)]
+    assert sorted(map(str, PRECISIONS)) == sorted(map(str, literals)) and len(PRECISIONS) == len(literals)
+    for good in (*PRECISIONS, None):
+        assert precision_problem(good) is None
+    listed = ("transformer-engine, transformer-engine-float16, 16-true, 16-mixed, bf16-true, bf16-mixed, 32-true, "
+              "64-true, bf16 (or 64, 32, 16)")
+    assert precision_problem("bf16-ture") == f"precision 'bf16-ture' is not one Lightning takes (did you mean " \
+                                             f"'bf16-true'?); it takes {listed}"
+    assert precision_problem(8) == f"precision 8 is not one Lightning takes; it takes {listed}"
+    assert precision_problem(16.0) is not None and precision_problem(True) is not None
+    job = ["export", "--config", str(REPO / "configs" / "aimer_tiny.yaml"), "--trainer.default_root_dir",
+           str(tmp_path / "run")]
+    with pytest.raises(OptionError, match=r"^--trainer.precision: precision '17-true' is not one Lightning takes"):
+        check_command_line([*job, "--trainer.precision", "17-true"])
+    config = tmp_path / "c.yaml"
+    config.write_text("trainer:\n  precision: bf16_true\n")
+    with pytest.raises(OptionError, match=rf"^config file {str(config)!r}: trainer.precision: precision 'bf16_true' "
+                                          r"is not one Lightning takes \(did you mean 'bf16-true'\?\)"):
+        check_command_line([*job, "--config", str(config)])
+    for good in ("bf16-true", "16", "64-true", "bf16"):
+        check_command_line([*job, "--trainer.precision", good])

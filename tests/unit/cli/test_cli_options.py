@@ -135,9 +135,11 @@ def test_split_addressed_takes_out_the_addresses_and_reads_their_values_as_yaml(
                      Addressed("--export.overwrite", "Export", "overwrite", True),
                      Addressed("--prune.normalize", "ExpertPruning", "normalize", None),
                      Addressed("--prune.criterion", "ExpertPruning", "criterion", "reap")]
-    with pytest.raises(OptionError, match="--prune.ratoi: ExpertPruning has no option 'ratoi'; its options: "
-                                          "criterion, ratio"):
+    with pytest.raises(OptionError, match=r"--prune.ratoi: ExpertPruning has no option 'ratoi' \(did you mean "
+                                          r"'ratio'\?\); its options: criterion, ratio"):
         split_addressed(["--prune.ratoi", "0.3"])
+    with pytest.raises(OptionError, match="no option 'zzz'; its options: "):  # nothing close: no guess
+        split_addressed(["--prune.zzz", "0.3"])
     # an option of a class given as a callback's option: the callback's option must exist, the rest is the class's
     assert split_addressed(["--evaluate.data.init_args.preset", "micro"])[1] == [
         Addressed("--evaluate.data.init_args.preset", "Evaluate", "data.init_args.preset", "micro")]
@@ -198,3 +200,43 @@ def test_an_option_error_comes_before_lightning_is_imported(tmp_path: Path) -> N
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["2", "[]"], done.stderr
     assert done.stderr.startswith("lightprune: error: --prune.criterion: unknown criterion 'reapp'; available: ")
+
+
+TINY = Path(__file__).resolve().parents[3] / "configs" / "aimer_tiny.yaml"
+
+
+def test_a_config_before_the_subcommand_is_refused_saying_where_it_goes(tmp_path) -> None:
+    """``lightprune --config X export``: the main parser reads a config keyed by subcommand; one holding a
+    subcommand's options is refused naming the file, its first key and the command line that works (the parser named
+    a key from inside the config)."""
+    with pytest.raises(OptionError) as info:
+        check_command_line(["--config", str(TINY), "export", "--trainer.default_root_dir", str(tmp_path)])
+    assert str(info.value) == (
+        f"config file {str(TINY)!r} is given before the subcommand, where a config maps subcommands to their options "
+        f"(export: {{...}}), and its key 'seed_everything' is not a subcommand; give it after the subcommand: "
+        f"lightprune export --config {TINY} ...")
+    keyed = tmp_path / "keyed.yaml"
+    keyed.write_text("export:\n  trainer:\n    max_steps: 1\n")
+    check_command_line(["--config", str(keyed), "export", "--config", str(TINY), "--trainer.default_root_dir",
+                        str(tmp_path)])  # keyed by subcommand: taken
+
+
+def test_yaml_1_2_floats_are_numbers_in_the_first_pass_and_the_parser(tmp_path, capsys, monkeypatch) -> None:
+    """``--prune.ratio 5e-1`` and ``ratio: 5e-1`` were refused as "must be in [0, 1), got '5e-1'" (YAML 1.1 reads
+    them as text); both readers now take them as 0.5, and a float outside [0, 1) is refused as a number."""
+    from lightprune.cli.app import cli_main
+
+    job = ["export", "--config", str(TINY), "--trainer.default_root_dir", str(tmp_path / "run")]
+    for value in ("5e-1", "1e-300", "2.5E-1"):
+        check_command_line([*job, "--prune.ratio", value])
+    with pytest.raises(OptionError, match=r"^--prune.ratio: ratio must be in \[0, 1\), got 5.0$"):
+        check_command_line([*job, "--prune.ratio", "5e0"])
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY.read_text().replace("ratio: 0.5", "ratio: 5e-1"))
+    assert "ratio: 5e-1" in config.read_text()
+    job[2] = str(config)
+    check_command_line(job)
+    monkeypatch.setattr(sys, "argv", ["lightprune"])
+    with pytest.raises(SystemExit) as info:
+        cli_main([*job, "--print_config"])
+    assert info.value.code == 0 and "ratio: 0.5\n" in capsys.readouterr().out

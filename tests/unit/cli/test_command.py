@@ -61,6 +61,15 @@ REFUSED = [
     (["export", "--config"], "--config needs a value: a YAML config file (configs/ holds the recipes)"),
     (["export", "--config", "configs"], "--config 'configs' is a folder; give a config file (for example "
      "configs/aimer.yaml, configs/aimer_testbed.yaml)"),
+    (["export", "--config", "configs/aimer_tiny.yaml", "--prune.rattio", "0.3"], "--prune.rattio: ExpertPruning has "
+     "no option 'rattio' (did you mean 'ratio'?); its options: criterion, ratio, allocation, normalize, seed, "
+     "output_dir, subset, alpha, n_per_layer"),
+    (["--config", "configs/aimer_tiny.yaml", "export"], "config file 'configs/aimer_tiny.yaml' is given before the "
+     "subcommand, where a config maps subcommands to their options (export: {...}), and its key 'seed_everything' is "
+     "not a subcommand; give it after the subcommand: lightprune export --config configs/aimer_tiny.yaml ..."),
+    (["export", "--config", "configs/aimer_tiny.yaml", "--trainer.precision", "17-true"], "--trainer.precision: "
+     "precision '17-true' is not one Lightning takes (did you mean '16-true'?); it takes transformer-engine, "
+     "transformer-engine-float16, 16-true, 16-mixed, bf16-true, bf16-mixed, 32-true, 64-true, bf16 (or 64, 32, 16)"),
 ]
 
 
@@ -117,3 +126,63 @@ def test_help_print_config_env_and_inline_configs_reach_the_parser(tmp_path, mon
         command.main()
     out = capsys.readouterr().out
     assert info.value.code == 0 and "  max_steps: 7\n" in out and "  max_epochs: 2\n" in out
+
+
+def test_a_long_value_is_cut_in_the_line_the_command_prints(tmp_path, monkeypatch, capsys) -> None:
+    """A 1 MB criterion was echoed whole: the line keeps 200 characters of it and says how many more it had."""
+    config = tmp_path / "job.yaml"
+    config.write_text((REPO / "configs" / "aimer_tiny.yaml").read_text().replace("criterion: aimer",
+                                                                                 "criterion: " + "a" * 1_000_000))
+    monkeypatch.delenv("LIGHTPRUNE_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", ["lightprune", "export", "--config", str(config), "--trainer.default_root_dir",
+                                      str(tmp_path / "run")])
+    with pytest.raises(SystemExit) as info:
+        command.main()
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.splitlines()) == 1 and len(err) < 600
+    assert f"unknown criterion '{'a' * 199}… (999801 more characters)'; available: aimer, " in err
+
+
+def test_a_signal_before_lightning_has_loaded_is_one_line(monkeypatch, capsys) -> None:
+    """SIGINT or SIGTERM while the command checks its options or imports Lightning (its first seconds) gave a
+    75-line KeyboardInterrupt traceback: one line and 128 + the signal."""
+    import signal
+    import time
+    import types
+
+    import lightprune.cli.options
+
+    class Unhandled(Exception):
+        """What reaches the test where the command does not handle the signal."""
+
+    def send(signum):
+        def handler(*args, **kwargs):
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # the handler raises at the next bytecode: never reached
+        return handler
+
+    def unhandled(signum, frame):
+        raise Unhandled(signal.Signals(signum).name)
+
+    previous = {signum: signal.signal(signum, unhandled) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        monkeypatch.delenv("LIGHTPRUNE_DEBUG", raising=False)
+        monkeypatch.setattr(sys, "argv", ["lightprune", "--verbose", "export", "--config", "c.yaml"])
+        monkeypatch.setattr(lightprune.cli.options, "check_command_line", send(signal.SIGINT))
+        with pytest.raises(SystemExit) as info:
+            command.main()
+        assert info.value.code == 130
+        assert capsys.readouterr().err == ("lightprune: interrupted by SIGINT during `export`; nothing was published "
+                                           "(outputs are renamed into place only when complete)\n")
+        loading = types.ModuleType("lightprune.cli.app")
+        loading.__getattr__ = send(signal.SIGTERM)  # Lightning's import, interrupted
+        monkeypatch.setitem(sys.modules, "lightprune.cli.app", loading)
+        monkeypatch.setattr(lightprune.cli.options, "check_command_line", lambda *args, **kwargs: None)
+        with pytest.raises(SystemExit) as info:
+            command.main()
+        assert info.value.code == 143
+        assert capsys.readouterr().err.startswith("lightprune: interrupted by SIGTERM during `export` while loading "
+                                                  "Lightning; nothing was published")
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

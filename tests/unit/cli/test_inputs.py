@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from pathlib import Path
+
 import pytest
 from fixtures import REPO
 
@@ -126,3 +128,50 @@ def test_a_run_directory_that_cannot_be_one_is_refused(tmp_path, monkeypatch) ->
                                "'afile' is a file; give a folder elsewhere")
     check_command_line([*job, "--config", "c.yaml", "--trainer.default_root_dir", str(tmp_path / "run")])
     check_command_line([*job, "--trainer.default_root_dir", "afile", "--config", "c.yaml", "--print_config"])
+    # a folder this user cannot write (root writes anywhere but on a read-only file system: os.access says so)
+    import lightprune.cli.inputs as inputs
+
+    (tmp_path / "ro").mkdir()
+    real = inputs.os.access
+    monkeypatch.setattr(inputs.os, "access",
+                        lambda path, mode: Path(path).resolve() != tmp_path / "ro" and real(path, mode))
+    for root, folder in (("ro", "ro"), ("ro/new/run", "ro")):
+        with pytest.raises(OptionError) as info:
+            check_command_line([*job, "--trainer.default_root_dir", root])
+        assert str(info.value) == (f"--trainer.default_root_dir: {root!r} cannot be written: {folder!r} is read-only "
+                                   "for this user (or on a read-only file system); give a folder elsewhere")
+    check_command_line([*job, "--trainer.default_root_dir", str(tmp_path / "run")])
+
+
+BASE = "trainer:\n  max_steps: 2\n  logger: false\n"
+UNBUILDABLE = [
+    ("seed_everything: !!python/object/apply:os.system [echo hi]\n",
+     "the tag '!!python/object/apply:os.system' at line 4, column 18 is not one YAML's safe loader builds; a config "
+     "holds plain values (text, numbers, true/false, null, lists and mappings)"),
+    ("ratio: !percent 50\n", "the tag '!percent' at line 4, column 8 is not one YAML's safe loader builds"),
+    ("? [a, b]\n: 1\n", "the key at line 4, column 3 is a list or a mapping; a config's keys are option names"),
+    ("---\ntrainer: {}\n", " holds more than one YAML document (the second starts at line 4, column 1); a config is "
+     "one document"),
+    ("model: *nowhere\n", " is not YAML lightprune reads: found undefined alias 'nowhere' (line 4, column 8)"),
+    ("data: x\x00y\n", " is not YAML: unacceptable character #x0000 at line 4 (special characters are not allowed)"),
+]
+
+
+@pytest.mark.parametrize("tail,message", UNBUILDABLE, ids=["python-tag", "custom-tag", "complex-key", "two-documents",
+                                                           "undefined-alias", "nul"])
+def test_yaml_the_safe_loader_cannot_build_is_refused_naming_the_file_and_line(tail, message, tmp_path) -> None:
+    """What jsonargparse reported ~6 s in as "Problems parsing config: ..." (no file, often no line) is one line of
+    the first pass, before Lightning loads; an impossible date is text in both readers and passes here."""
+    from lightprune.cli.inputs import load_config
+
+    path = tmp_path / "job.yaml"
+    path.write_text(BASE + tail)
+    with pytest.raises(ValueError) as info:
+        load_config(str(path), "--config")
+    assert str(info.value).startswith(f"config file {str(path)!r}") and message in str(info.value)
+    with pytest.raises(OptionError) as info:  # the same line from the whole first pass, inline content too
+        check_command_line(["export", "--config", BASE + tail, "--trainer.default_root_dir", str(tmp_path / "run")])
+    assert str(info.value).startswith("--config") and message.split(" (line")[0].split(" at line")[0] in str(info.value)
+    path.write_text(BASE + "data:\n  day: 2024-02-30\n")
+    assert load_config(str(path), "--config") == (str(path), {"trainer": {"max_steps": 2, "logger": False},
+                                                              "data": {"day": "2024-02-30"}})

@@ -377,3 +377,45 @@ def test_run_recipe_raises_the_error(bomb: Path) -> None:
     with deadline(10), pytest.raises(OptionError) as option:
         lp.run_recipe(REPO / "configs" / "aimer_tiny.yaml", overrides={"prune.ratio": billion_laughs()})
     assert str(option.value) == aliases_message("--prune.ratio", 6)
+
+
+LONG = "9" * 5000  # over Python's int-string limit (4300 digits)
+
+
+def digits_message(where: str, key: str, line: int | None = None) -> str:
+    at = f" at line {line}" if line else ""
+    return (f"{where}: {key} is an integer of 5000 digits{at} (limit {sys.get_int_max_str_digits()} digits); no "
+            "number lightprune reads comes near that: check that it is the value meant")
+
+
+def test_an_integer_past_pythons_digit_limit_names_the_file_and_the_key(tmp_path: Path) -> None:
+    """Python's "Exceeds the limit (4300 digits) ... use sys.set_int_max_str_digits()" named nothing: the readers
+    name the file, the key (JSON: its path; YAML: its path and line)."""
+    assert sys.get_int_max_str_digits() == 4300
+    with pytest.raises(ParseLimitError) as info:
+        parse_json('{"keep": {"0": [0, 1, ' + LONG + ']}}', "plan file 'p.json'")
+    assert str(info.value) == digits_message("plan file 'p.json'", "keep['0'][2]")
+    config = tmp_path / "config.json"
+    config.write_text('{"hidden_size": 32, "max_position_embeddings": -' + LONG + '}')
+    with pytest.raises(ValueError) as info:
+        read_json(config, "config.json")
+    assert str(info.value) == digits_message(f"config.json file {str(config)!r}", "max_position_embeddings")
+    for reader in YAML_READERS:  # also the check the parser's own YAML loader runs (lightprune.cli.app)
+        with pytest.raises(ParseLimitError) as info:
+            reader("trainer:\n  max_steps: 3\nseed_everything: " + LONG + "\n", "config file 'c.yaml'")
+        assert str(info.value) == digits_message("config file 'c.yaml'", "seed_everything", 3)
+    assert parse_json("[" + "9" * 4300 + "]", "x") == [int("9" * 4300)]  # at the limit: read
+
+
+def test_a_layer_key_past_the_digit_limit_is_no_layer(tmp_path: Path) -> None:
+    from lightprune.core.jsonio import int_key
+
+    assert int_key("1" * 5000) is None
+    plan = {"keep": {"0": [0, 1], "1" * 5000: [0, 1]}, "num_experts": {"0": 4, "1" * 5000: 4}, "criterion": "aimer",
+            "ratio": 0.5, "allocation": "uniform", "metadata": {}}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    with pytest.raises(PlanError) as info:
+        lp.ExpertPlan.load(path)
+    assert str(info.value) == (f"plan file {str(path)!r}: layer key '{'1' * 40}… (4960 more characters)' in keep is "
+                               "a number of 5000 digits: no model has such a layer")
