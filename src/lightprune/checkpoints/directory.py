@@ -36,7 +36,7 @@ from typing import Any, NoReturn
 
 from lightprune.checkpoints.header import read_header
 from lightprune.core.jsonio import DuplicateKeyError, parse_json
-from lightprune.core.paths import check_path_text
+from lightprune.core.paths import broken_link, check_path_text
 from lightprune.core.sources import not_a_directory
 
 __all__ = ["SAFE_INDEX", "SAFE_WEIGHTS", "weight_files", "read_index", "read_config", "check_checkpoint",
@@ -86,26 +86,16 @@ def readable_inputs() -> Iterator[None]:
         raise error from exc
 
 
-def _stat_errno(file: Path) -> int | None:
-    try:
-        os.stat(file)
-    except OSError as err:
-        return err.errno
-    return None
-
-
 def _entry_problem(file: Path) -> tuple[type[Exception], str] | None:
     """(the error class, why) when the name ``file`` cannot be read as a file: a dangling symlink (FileNotFoundError),
     a symlink loop (ValueError), a directory (IsADirectoryError), a special file (ValueError); None for a regular
     file, a symlink to one, or no such name."""
     if not os.path.lexists(file) or file.is_file():
         return None
-    if file.is_symlink() and not file.exists():
-        try:
-            target = os.readlink(file)
-        except OSError:
-            target = "?"
-        if _stat_errno(file) == errno.ELOOP:
+    link = broken_link(file)
+    if link is not None:
+        kind, target = link
+        if kind == "loop":
             return ValueError, f"is a symlink loop (-> {target!r})"
         return FileNotFoundError, f"is a dangling symlink (its target {target!r} does not exist)"
     if file.is_dir():

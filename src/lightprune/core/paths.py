@@ -1,4 +1,4 @@
-"""Paths lightprune reads or writes: :func:`check_path_text`.
+"""Paths lightprune reads or writes: :func:`check_path_text`, :func:`broken_link`.
 
 lightprune records the paths it reads and writes in JSON (manifests, plans, reports) and hands them to libraries
 that take UTF-8 only (safetensors' writer): a name that is not UTF-8 (on Linux a byte such as 0xFF, which Python
@@ -9,9 +9,10 @@ A leaf: it imports nothing from lightprune.
 
 from __future__ import annotations
 
+import errno
 import os
 
-__all__ = ["check_path_text"]
+__all__ = ["broken_link", "check_path_text"]
 
 
 def check_path_text(path: str | os.PathLike, what: str) -> None:
@@ -34,3 +35,19 @@ def check_path_text(path: str | os.PathLike, what: str) -> None:
             bad = ord(char) - 0xDC00 if 0xDC80 <= ord(char) <= 0xDCFF else None
     byte = f" (byte {bad:#04x})" if bad is not None else ""
     raise ValueError(f"{what} {text!r} is not UTF-8 text{byte}: lightprune records paths in JSON; rename it")
+
+
+def broken_link(path: str | os.PathLike) -> tuple[str, str] | None:
+    """``("loop", target)`` for a symlink that leads back to itself, ``("dangling", target)`` for one whose target
+    does not exist, else None (not a link, or a link that resolves)."""
+    if not os.path.islink(path) or os.path.exists(path):
+        return None
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    try:
+        os.stat(path)
+    except OSError as err:
+        return ("loop" if err.errno == errno.ELOOP else "dangling"), target
+    return None

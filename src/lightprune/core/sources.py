@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from lightprune.core.paths import check_path_text
+from lightprune.core.paths import broken_link, check_path_text
 
 __all__ = ["CheckpointSource", "register_source", "sources", "check_checkpoint_name", "resolve_checkpoint",
            "ENTRY_POINT_GROUP", "not_a_directory"]
@@ -95,12 +95,10 @@ def not_a_directory(path: str | os.PathLike, what: str) -> OSError | None:
     path = Path(path).expanduser()
     if path.is_dir() or not os.path.lexists(path):
         return None
-    if path.is_symlink() and not path.exists():
-        try:
-            target = os.readlink(path)
-        except OSError:
-            target = "?"
-        if _stat_errno(path) == errno.ELOOP:
+    link = broken_link(path)
+    if link is not None:
+        kind, target = link
+        if kind == "loop":
             return _error(OSError, errno.ELOOP, f"{what} {str(path)!r} is a symlink loop (-> {target!r}); point it "
                                                 "at the directory, or give the directory itself")
         return _error(FileNotFoundError, errno.ENOENT, f"{what} {str(path)!r} is a dangling symlink: its target "
@@ -108,14 +106,6 @@ def not_a_directory(path: str | os.PathLike, what: str) -> OSError | None:
     kind = "a file" if path.is_file() else "not a directory (a special file)"
     return _error(NotADirectoryError, errno.ENOTDIR, f"{what} {str(path)!r} is {kind}, not a directory: give its "
                                                      f"folder {str(path.absolute().parent)!r}")
-
-
-def _stat_errno(path: Path) -> int | None:
-    try:
-        os.stat(path)
-    except OSError as err:
-        return err.errno
-    return None
 
 
 def _error(cls: type[OSError], code: int, message: str) -> OSError:
