@@ -188,6 +188,9 @@ class Export(WritesCheckpoint, JobEndCallback):
         plan, merge, seconds_scoring = self._plan(trainer)
         run_dir = run_directory(trainer, self.output_dir)
         ckpt_dir = self._checkpoint_dir(trainer)
+        state = RunState.of(trainer)
+        for name in ("report.json", "kept_experts.png"):  # written once the checkpoint is in place
+            state.supersedes(run_dir / name)
         skeleton = getattr(pl_module, "skeleton", None)
         if merge is not None and skeleton is not None:
             raise ValueError("a merge plan is exported from the model in memory; this run streams the checkpoint "
@@ -222,7 +225,6 @@ class Export(WritesCheckpoint, JobEndCallback):
             self.report = {}
             return
         source = getattr(pl_module, "source", type(model).__name__)
-        state = RunState.of(trainer)
         self.report = export_with_report(model, merge or plan, run_dir, ckpt_dir, source=source,
                                          seconds_scoring=seconds_scoring, overwrite=self.overwrite,
                                          atol=self.atol,

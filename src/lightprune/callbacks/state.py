@@ -46,8 +46,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from lightprune.callbacks.roster import ONCE, PER_FOLDER, check_roster
+from lightprune.checkpoints.journal import complete, settle, write_pending
 from lightprune.core import interrupt
-from lightprune.core.jsonio import write_json
+from lightprune.core.jsonio import json_text, write_json
 from lightprune.width.mask import mask_width
 
 if TYPE_CHECKING:  # annotations only
@@ -117,6 +118,8 @@ class RunState:
     _tested: list = field(default_factory=list)
     _finished: list = field(default_factory=list)
     _staged: dict = field(default_factory=dict)
+    _journal: Any = None  # the journal of the staged files written aside (checkpoints.journal), until committed
+    _superseded: set = field(default_factory=set)
 
     @classmethod
     def of(cls, trainer: Any) -> "RunState":
@@ -192,11 +195,16 @@ class RunState:
 
     def commit_files(self) -> list[str]:
         """Write every staged file (each atomically; a signal meanwhile is held until all are written:
-        :func:`lightprune.core.interrupt.publishing`); returns their paths."""
+        :func:`lightprune.core.interrupt.publishing`); returns their paths. Where the export wrote them aside before
+        its checkpoint's rename (:meth:`_write_aside`), they are renamed into place."""
         written = []
         with interrupt.publishing():
-            if self._staged:
+            if self._staged or self._journal is not None:
                 interrupt.hold()
+            if self._journal is not None:
+                journal, self._journal = self._journal, None
+                written = complete(journal)
+                self._staged.clear()
             while self._staged:
                 path, (data, indent) = next(iter(self._staged.items()))
                 if isinstance(data, _Text):
@@ -206,6 +214,22 @@ class RunState:
                 del self._staged[path]
                 written.append(path)
         return written
+
+    def _write_aside(self, staged: Any = None, out: Any = None) -> None:
+        """Before an export renames its checkpoint into place (``staged`` -> ``out``), write the staged files beside
+        their targets with a journal (:mod:`lightprune.checkpoints.journal`): a kill between the checkpoint's rename
+        and :meth:`commit_files` is settled by the next run, forward or back, never leaving one run's checkpoint
+        beside another's plan."""
+        if staged is None or out is None or not self._staged or self._journal is not None:
+            return
+        texts = {path: str(data) if isinstance(data, _Text) else json_text(data, indent=indent) + "\n"
+                 for path, (data, indent) in self._staged.items()}
+        self._journal = write_pending(texts, Path(staged), Path(out), sorted(self._superseded))
+
+    def supersedes(self, path: Any) -> None:
+        """``path`` is rewritten once the export's checkpoint is in place (its report.json): a kill before that leaves
+        the previous one, which no longer describes the checkpoint (:mod:`lightprune.checkpoints.journal`)."""
+        self._superseded.add(str(path))
 
     # ------------------------------------------------------------------ end of job
     def add_job_end(self, callback: Any) -> None:
@@ -233,7 +257,7 @@ class RunState:
                 if not pending:
                     break
                 if PHASES.index(pending[0].phase) <= PHASES.index("export"):
-                    group.enter_context(interrupt.publishing())
+                    group.enter_context(interrupt.publishing(before_hold=self._write_aside))
                 pending[0].run(trainer, pl_module)
                 self._finished.append(pending[0])
                 later = pending[1:]
@@ -242,6 +266,10 @@ class RunState:
                     group.close()
         finally:
             self._finishing = False
+            if self._journal is not None:  # a step failed once the files were aside: as the next run would settle it
+                journal, self._journal = self._journal, None
+                settle(journal)
+                self._staged.clear()
             group.close()
         if self.summary is not None:  # every step ran: the export's figures with the evaluation's
             from lightprune.reporting.report import print_summary

@@ -50,6 +50,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
+from lightprune.checkpoints.journal import process_alive, recover
 from lightprune.core import interrupt
 from lightprune.core.errors import register_error
 from lightprune.core.paths import check_path_text
@@ -111,16 +112,6 @@ def _retagged(path: Path, old_tag: str, new_tag: str) -> Path:
     return path.with_name(path.name.replace(old_tag, new_tag, 1))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def _remove(path: Path, leftover_of: str) -> bool:
     """Delete the directory ``path``; True once it is gone. When it cannot be deleted, a RuntimeWarning names it
     (``leftover_of`` says what it held) and asks for deletion by hand."""
@@ -143,6 +134,7 @@ def clean_stale(out_dir: str | os.PathLike) -> list[Path]:
     out = Path(out_dir).expanduser().absolute()
     if not out.parent.is_dir():
         return []
+    recover(out)  # the run files a killed run was publishing with its checkpoint: forward or back (journal.py)
     pattern = re.compile(rf"^\.{re.escape(out.name)}\.lightprune-(tmp|old|trash)-(?:(\d+)-)?[0-9a-f]{{12}}$")
     done = []
     for entry in sorted(out.parent.iterdir()):
@@ -150,7 +142,7 @@ def clean_stale(out_dir: str | os.PathLike) -> list[Path]:
         if match is None or not entry.is_dir() or entry.is_symlink():
             continue
         kind, pid = match.group(1), match.group(2)
-        if pid is not None and (int(pid) == os.getpid() or _alive(int(pid))):
+        if pid is not None and (int(pid) == os.getpid() or process_alive(int(pid))):
             continue
         doomed = entry
         if kind == "old":
@@ -248,7 +240,7 @@ def staging_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator
                 os.mkdir(staged)
             yield staged
             with interrupt.publishing():  # a signal from here on waits for what is published with it (a run's files)
-                interrupt.hold()
+                interrupt.hold(staged, out)
                 out = check_out_dir(out, overwrite)  # the target may have appeared meanwhile
                 _commit(staged, out)
                 interrupt.kept(str(out))
@@ -314,7 +306,7 @@ def _clean_stale_files(out: Path) -> None:
     pattern = re.compile(rf"^\.{re.escape(out.name)}{re.escape(TMP_TAG)}(\d+)-[0-9a-f]{{12}}$")
     for entry in out.parent.iterdir():
         match = pattern.match(entry.name)
-        if match and entry.is_file() and not entry.is_symlink() and not _alive(int(match.group(1))):
+        if match and entry.is_file() and not entry.is_symlink() and not process_alive(int(match.group(1))):
             entry.unlink(missing_ok=True)
 
 

@@ -1,17 +1,20 @@
-"""A command stopped by SIGTERM or SIGINT: one line saying what it was doing and what it kept, and a non-zero exit.
+"""A command stopped by SIGTERM, SIGINT or SIGHUP: one line saying what it was doing and what it kept, and a non-zero
+exit.
 
 Without this, Lightning turns SIGTERM into ``SIGTERMException`` (a ``SystemExit`` without a code: status 0) at its
 next loop check, and SIGINT into ``sys.exit(1)`` after its own notice, so a ``&&`` chain carries on after a killed
-run. :func:`installed` (around the ``lightprune`` command) makes both signals raise :class:`Interrupted` where the
+run. :func:`installed` (around the ``lightprune`` command) makes these signals (and SIGHUP, a closed terminal,
+whose default action ends the process where it is) raise :class:`Interrupted` where the
 main thread is: it reaches the command through every ``finally`` (a staging directory is removed, nothing
 half-written is published) and Lightning's ``on_exception`` hooks, and the command prints :func:`describe` and
-exits ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), as a shell reports a process the signal killed.
+exits ``128 + signal`` (143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP), as a shell reports a process the signal
+killed.
 Lightning's own SIGTERM handler, set over this one while a trainer runs, calls it too.
 
-A Python script calling the API has no such handler: SIGTERM's default action ends the process where it is.
-:func:`terminated_cleanly` (around a staging directory's life, :mod:`lightprune.checkpoints.staging`) makes SIGTERM
-raise :class:`Interrupted` there too, for the duration of the block, so that what the block staged is removed, then
-ends the process as that signal ends it (status 143); a process with its own SIGTERM handler keeps it.
+A Python script calling the API has no such handler: SIGTERM's and SIGHUP's default action ends the process where
+it is. :func:`terminated_cleanly` (around a staging directory's life, :mod:`lightprune.checkpoints.staging`) makes
+them raise :class:`Interrupted` there too, for the duration of the block, so that what the block staged is removed,
+then ends the process as that signal ends it (status 143, 129); a process with its own handler keeps it.
 
 Outputs published together (a run's checkpoint and the plan, scores and config that describe it) are one
 :func:`publishing` group: from the moment the first of them is put in place (:func:`hold`), a signal is held until
@@ -28,10 +31,16 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-__all__ = ["Interrupted", "describe", "doing", "hold", "installed", "kept", "publishing", "terminated_cleanly"]
+__all__ = ["STOPPING", "Interrupted", "describe", "doing", "hold", "installed", "kept", "publishing",
+           "terminated_cleanly"]
 
+#: the signals a command stops on: SIGTERM (kill, a job scheduler), SIGINT (Ctrl-C), SIGHUP (its terminal closed)
+STOPPING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
+#: those whose default action ends a process (a script's SIGINT raises KeyboardInterrupt already)
+_TERMINATING = tuple(signum for signum in STOPPING if signum != signal.SIGINT)
 _KEPT: list[str] = []
 _DOING: list[str] = []
 _INSTALLED = [False]
@@ -54,7 +63,7 @@ class Interrupted(BaseException):
 
 
 #: publishing groups open (:func:`publishing`), whether one holds the signals (:func:`hold`), the signal held
-_GROUP = {"open": 0, "holding": False, "pending": None}
+_GROUP: dict[str, Any] = {"open": 0, "holding": False, "pending": None, "before": []}
 
 
 def _raise(signum: int, frame: object) -> None:
@@ -73,36 +82,47 @@ def _held(signum: int) -> bool:
 
 
 @contextlib.contextmanager
-def publishing() -> Iterator[None]:
+def publishing(before_hold: Callable[..., None] | None = None) -> Iterator[None]:
     """Outputs published together (a run's pruned checkpoint and its plan, scores and config): once :func:`hold` is
     called inside the block (the first of them is about to be put in place), SIGTERM and SIGINT are held until the
     outermost block ends, then raised as :class:`Interrupted` there, so that a signal never leaves a checkpoint
-    without the run files that describe it. Before :func:`hold`, the block is interrupted as anywhere else."""
+    without the run files that describe it. Before :func:`hold`, the block is interrupted as anywhere else.
+    ``before_hold``: called by the first :func:`hold` inside the block with its arguments, the signals held (the
+    run state writes the run files aside there, :mod:`lightprune.checkpoints.journal`)."""
     _GROUP["open"] += 1
+    if before_hold is not None:
+        _GROUP["before"].append(before_hold)
     try:
         yield
     finally:
         _GROUP["open"] -= 1
+        if before_hold is not None and before_hold in _GROUP["before"]:
+            _GROUP["before"].remove(before_hold)
         if not _GROUP["open"]:
             pending, _GROUP["pending"], _GROUP["holding"] = _GROUP["pending"], None, False
             if pending is not None:
                 raise Interrupted(pending)
 
 
-def hold() -> None:
-    """From now until the outermost :func:`publishing` block ends, hold SIGTERM and SIGINT (outside one: nothing)."""
+def hold(*args: Any) -> None:
+    """From now until the outermost :func:`publishing` block ends, hold SIGTERM and SIGINT (outside one: nothing);
+    the blocks' ``before_hold`` callbacks run first, once, with ``args``."""
     if _GROUP["open"]:
         _GROUP["holding"] = True
+        before, _GROUP["before"] = _GROUP["before"], []
+        for callback in before:
+            callback(*args)
 
 
 @contextlib.contextmanager
 def installed() -> Iterator[None]:
-    """Inside the block SIGTERM and SIGINT raise :class:`Interrupted` (in the main thread: handlers can only be
-    set there; elsewhere nothing changes) and :func:`kept` records; the previous handlers return after it."""
+    """Inside the block SIGTERM, SIGINT and SIGHUP (:data:`STOPPING`) raise :class:`Interrupted` (in the main thread:
+    handlers can only be set there; elsewhere nothing changes) and :func:`kept` records; the previous handlers return
+    after it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.signal(signum, _raise) for signum in (signal.SIGTERM, signal.SIGINT)}
+    previous = {signum: signal.signal(signum, _raise) for signum in STOPPING}
     _INSTALLED[0] = True
     _KEPT.clear()
     try:
@@ -115,15 +135,15 @@ def installed() -> Iterator[None]:
 
 @contextlib.contextmanager
 def terminated_cleanly() -> Iterator[None]:
-    """Inside the block, in the main thread of a process whose SIGTERM has its default action, SIGTERM raises
+    """Inside the block, in the main thread, SIGTERM and SIGHUP, where they have their default action, raise
     :class:`Interrupted` (the block's ``finally`` and ``except`` clauses run: a staging directory is removed); once
-    the block is left the default action returns and, when the signal came, the signal is sent again: the process ends
-    as SIGTERM ends it (status 143). Elsewhere (another thread, a handler of the caller's own or :func:`installed`'s,
-    SIGTERM ignored) nothing changes."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    the block is left the default action returns and, when a signal came, it is sent again: the process ends as that
+    signal ends it (status 143, 129). Elsewhere (another thread, a handler of the caller's own or :func:`installed`'s,
+    a signal ignored) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    ours = [signum for signum in _TERMINATING if signal.getsignal(signum) is signal.SIG_DFL]
     came: list[int] = []
 
     def handler(signum: int, frame: object) -> None:
@@ -131,13 +151,15 @@ def terminated_cleanly() -> Iterator[None]:
         if not _held(signum):
             raise Interrupted(signum)
 
-    signal.signal(signal.SIGTERM, handler)
+    for signum in ours:
+        signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum in ours:
+            signal.signal(signum, signal.SIG_DFL)
         if came:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), came[0])
 
 
 def kept(what: str) -> None:

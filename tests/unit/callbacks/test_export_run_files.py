@@ -140,6 +140,43 @@ def test_a_signal_once_the_checkpoint_is_in_place_waits_for_the_run_files(tmp_pa
     config = json.loads((run / "model" / "config.json").read_text())
     plan = json.loads((run / "plan.json").read_text())
     kept = {len(experts) for experts in plan["keep"].values()}
-    assert config["num_local_experts"] == 6 and kept == {6}  # 8 experts, a quarter pruned: the new plan with the new model
+    assert config["num_local_experts"] == 6 and kept == {6}  # 8 experts, a quarter pruned: the new plan, the new model
     report = json.loads((run / "report.json").read_text())
     assert report["experts_after"] == 12, report  # 2 layers of 6: the report of this run, too
+
+
+def test_a_run_killed_between_its_checkpoint_and_its_files_is_settled_by_the_next(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    """A kill (which runs no ``finally``) after the export renamed its checkpoint into place and before the run files
+    were: the folder holds the new model beside the previous plan until the next staging of that checkpoint, which
+    rolls the run's files forward from its journal."""
+    import os
+    import subprocess
+    import sys
+
+    from lightprune.callbacks import state as state_module
+    from lightprune.checkpoints.journal import journal_path
+    from lightprune.checkpoints.staging import clean_stale
+
+    class Killed(BaseException):
+        pass
+
+    def killed(self):
+        raise Killed()
+
+    run = tmp_path / "run"
+    _export(run, 0.5)
+    monkeypatch.setattr(state_module.RunState, "commit_files", killed)
+    monkeypatch.setattr(state_module, "settle", lambda journal: None)  # what a finally would do: a kill does not
+    with pytest.raises(Killed):
+        _export(run, 0.25)
+    monkeypatch.undo()
+    kept = lambda: {len(ids) for ids in json.loads((run / "plan.json").read_text())["keep"].values()}  # noqa: E731
+    assert json.loads((run / "model" / "config.json").read_text())["num_local_experts"] == 6 and kept() == {4}
+    (journal,) = run.glob(".model.lightprune-journal-*.json")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    os.rename(journal, journal_path(run / "model", child.pid))  # the journal as the killed process left it
+    clean_stale(run / "model")
+    assert kept() == {6} and json.loads((run / "report.json").read_text())["experts_after"] == 12
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []

@@ -56,7 +56,7 @@ def leftovers(parent: Path, kind: str = "") -> list[Path]:
 
 def as_dead(parent: Path) -> None:
     """This process's leftovers renamed to a pid that no process has, as if it had died."""
-    assert not staging._alive(DEAD_PID)
+    assert not staging.process_alive(DEAD_PID)
     mine = f"-{os.getpid()}-"
     for path in leftovers(parent):
         if mine in path.name:
@@ -415,16 +415,19 @@ with {staging}(Path(sys.argv[1])) as staged:
 """
 
 
-@pytest.mark.parametrize("staging", ["staging_dir", "staging_file"])
-def test_a_script_killed_by_sigterm_removes_what_it_staged_and_ends_as_sigterm_ends_it(tmp_path, staging):
+@pytest.mark.parametrize("staging, signum", [("staging_dir", signal.SIGTERM), ("staging_file", signal.SIGTERM),
+                                             ("staging_dir", signal.SIGHUP)], ids=["dir", "file", "dir-sighup"])
+def test_a_script_killed_by_sigterm_removes_what_it_staged_and_ends_as_sigterm_ends_it(tmp_path, staging, signum):
+    """SIGTERM, or SIGHUP (the terminal closed), to a script while it stages: what it staged is removed, then the
+    process ends as that signal ends it."""
     out = tmp_path / "model"
     child = subprocess.Popen([sys.executable, "-c", _TERMINATED.format(staging=staging), str(out)],
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline() == "staged\n"
         assert len(listing(tmp_path)) == 1  # the staged directory or file
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(timeout=60) == -signal.SIGTERM
+        child.send_signal(signum)
+        assert child.wait(timeout=60) == -signum
     finally:
         child.kill()
         child.wait()
@@ -447,3 +450,16 @@ def test_sigterm_is_left_to_a_handler_of_the_callers_own_and_restored_after_the_
     finally:
         signal.signal(signal.SIGTERM, default)
     assert sorted(listing(tmp_path)) == ["a", "b", "c"]
+
+
+def test_a_staged_file_a_dead_process_left_is_removed_by_the_next_staging_of_its_target(tmp_path):
+    """A kill during a staging_file leaves its hidden file; the next staging_file of the same target deletes it (a
+    live process's, this one's, is left)."""
+    dead = tmp_path / f".model.gguf{TMP_TAG}{DEAD_PID}-0123456789ab"
+    live = tmp_path / f".model.gguf{TMP_TAG}{os.getpid()}-0123456789ab"
+    other = tmp_path / f".other.gguf{TMP_TAG}{DEAD_PID}-0123456789ab"
+    for path in (dead, live, other):
+        path.write_bytes(b"partial")
+    with staging_file(tmp_path / "model.gguf") as staged:
+        staged.write_bytes(b"GGUF")
+    assert sorted(listing(tmp_path)) == sorted([live.name, other.name, "model.gguf"])

@@ -156,3 +156,22 @@ def test_both_export_callbacks_refuse_an_earlier_run_from_their_options_alone(tm
             cls.preflight({"output_dir": str(tmp_path)}, None)
         cls.preflight({"overwrite": True}, str(tmp_path))
         cls.preflight({"checkpoint_dir": str(tmp_path / "new")}, str(tmp_path))
+
+
+def test_a_closed_terminal_stops_the_command_as_sigterm_does() -> None:
+    """SIGHUP (the terminal or ssh session closed) is one of the signals the command stops on, status 129, and the
+    publishing hold applies to it as to SIGTERM."""
+    from lightprune.core import interrupt
+
+    with interrupt.installed(), pytest.raises(interrupt.Interrupted) as stopped:
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(5)
+    assert stopped.value.exit_status == 129 and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    done = []
+    with interrupt.installed(), pytest.raises(interrupt.Interrupted) as stopped:
+        with interrupt.publishing():
+            interrupt.hold()
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.1)
+            done.append("published")  # held until the group ends
+    assert done == ["published"] and stopped.value.exit_status == 129
