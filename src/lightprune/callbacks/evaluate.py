@@ -39,7 +39,7 @@ from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.batch import model_inputs
-from lightprune.core.jsonio import parse_yaml
+from lightprune.core.jsonio import read_yaml
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.experts.mask import mask_experts
 from lightprune.experts.merging import merged_experts
@@ -125,11 +125,7 @@ def load_lm_eval_task(path: str | Path) -> dict[str, Any]:
     """A local lm-eval task YAML as a config dict, its ``dataset_kwargs.data_files`` made absolute (relative
     paths are relative to the YAML file); a hub dataset (any ``dataset_path`` but a local format) is refused."""
     path = Path(path).expanduser()
-    if path.is_dir():
-        raise IsADirectoryError(f"lm_eval task file {str(path)!r} is a directory, not a file: name the task YAML in it")
-    if not path.is_file():
-        raise FileNotFoundError(f"lm_eval task file {str(path)!r} does not exist")
-    config = parse_yaml(path.read_text(), f"lm_eval task file {str(path)!r}")
+    config = read_yaml(path, "lm_eval task")  # not there, not a regular file, empty, not UTF-8 YAML: said
     if not isinstance(config, dict) or "task" not in config:
         raise ValueError(f"{path}: an lm_eval task YAML needs a mapping with a 'task' name, got {type(config).__name__}")
     if config.get("dataset_path") not in ("json", "csv", "parquet", "text"):

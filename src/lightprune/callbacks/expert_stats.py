@@ -17,12 +17,14 @@ used by ``PruneTrainer.calibrate`` before any batch is skipped; a mismatch is an
 of the state is well-formed and agrees with the others when it is read, and that its sums are the ones this job
 collects before they are loaded (a wrong field is an error naming the file and the field), and
 skips the batches already seen. ``resume=False`` deletes a saved state and starts afresh. The files
-are removed once calibration completes. The state is also in ``state_dict`` so a Lightning
-checkpoint carries it.
+are removed once calibration completes. A state path that is not a regular file (a directory, a dangling link, a
+special file) or whose folder cannot be written is refused before any batch, naming it. The state is also in
+``state_dict`` so a Lightning checkpoint carries it.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -32,6 +34,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.jsonio import write_json
+from lightprune.core.paths import check_state_file
 from lightprune.experts.calibration import CalibrationStats, ExpertObserver
 from lightprune.experts.calibration.resume import (
     chain_digest,
@@ -91,8 +94,12 @@ class ExpertStats(pl.Callback):
                 "low_attn_quantile": float(self.low_attn_quantile)}
 
     def batches_to_skip(self, trainer: pl.Trainer) -> int:
-        """Batches a previous, interrupted calibration already accumulated (0 when starting afresh)."""
+        """Batches a previous, interrupted calibration already accumulated (0 when starting afresh). A state path that
+        is not a regular file, or whose folder cannot be written, is refused first (before any batch)."""
         path = self._state_path(trainer)
+        if self.save_every_n_batches or os.path.lexists(path):  # written, or read and deleted, by this run
+            check_state_file(path, "calibration state", "move it away (or delete it), or give ExpertStats another "
+                                                        "output_dir (--stats.output_dir)")
         if not self.resume:
             if path.is_file():
                 path.unlink()

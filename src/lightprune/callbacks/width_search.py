@@ -33,7 +33,6 @@ when absent).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -45,6 +44,7 @@ from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.checks import integer
 from lightprune.core.jsonio import write_json
+from lightprune.core.paths import check_state_file, write_atomically
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.finetune.optim import build_scheduler
 from lightprune.models.unwrap import base_model_of
@@ -195,6 +195,7 @@ class WidthSearch(pl.Callback):
             raise ValueError(f"WidthSearch: width scorer {self.criterion.label!r} reads one calibration set per task "
                              f"category, but {type(trainer.datamodule).__name__} has no dataloader(split, "
                              f"tasks=[name]) to serve them")
+        self._check_weights_paths(trainer)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._state = RunState.of(trainer)
@@ -322,14 +323,24 @@ class WidthSearch(pl.Callback):
         self._unmask()
         self._advance(trainer, pl_module)
 
+    def _weights_path(self, trainer, candidate: Candidate) -> Path:
+        """Where a candidate's recovered trainable weights go (read back when it is chosen)."""
+        return self.run_dir(trainer) / "candidates" / f"{candidate.label().replace('@', '_')}.pt"
+
+    def _check_weights_paths(self, trainer) -> None:
+        """Refuse, before any work, a candidate weights path of the search (every stage at every ratio of the grid)
+        that is not a regular file, or a folder that cannot be written (:func:`check_state_file`)."""
+        for stage in self.search.stages:
+            for ratio in self.search.grid:
+                check_state_file(self._weights_path(trainer, Candidate(stage, ratio, {}, 0.0, {}, 0.0)),
+                                 "WidthSearch candidate weights", "move it away (or delete it), or give WidthSearch "
+                                 "another output_dir")
+
     def _save_weights(self, trainer, pl_module, candidate: Candidate) -> str:
-        folder = self.run_dir(trainer) / "candidates"
-        path = folder / f"{candidate.label().replace('@', '_')}.pt"
+        path = self._weights_path(trainer, candidate)
         if trainer.is_global_zero:
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            torch.save({n: p.detach().cpu() for n, p in _trainable(pl_module.model).items()}, tmp)
-            os.replace(tmp, path)
+            weights = {n: p.detach().cpu() for n, p in _trainable(pl_module.model).items()}
+            write_atomically(path, lambda tmp: torch.save(weights, tmp), "WidthSearch candidate weights")
         trainer.strategy.barrier()
         return str(path)
 

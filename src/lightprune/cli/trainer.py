@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.state import RunState
 from lightprune.core.extras import missing_deepspeed
+from lightprune.core.paths import check_input_file
 from lightprune.finetune.progress import progress_bar
 
 __all__ = ["PruneTrainer", "SkipBatches"]
@@ -66,6 +67,14 @@ class PruneTrainer(pl.Trainer):
             if missing is None:
                 raise
             raise missing from None
+
+    def _run(self, model: pl.LightningModule, ckpt_path: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's run of every loop, the checkpoint to resume from (``ckpt_path``, ``best`` / ``last`` resolved)
+        checked first: before any setup hook and before the model is built."""
+        if ckpt_path is not None and "://" not in str(ckpt_path):  # a local file (a remote one is fsspec's)
+            check_input_file(ckpt_path, "Lightning checkpoint (ckpt_path)", "give the .ckpt file a run saved "
+                             "(ModelCheckpoint's), or leave ckpt_path out to start afresh")
+        return super()._run(model, ckpt_path, *args, **kwargs)
 
     def _call_custom_hook(self, hook: str, model: pl.LightningModule) -> None:
         for callback in self.callbacks:

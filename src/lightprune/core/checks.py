@@ -14,18 +14,23 @@ such a number with an integral value (``2``, ``numpy.int64(2)``, ``2.0``). JSON 
 
 A ratio becomes a count exactly (:func:`ratio_count`): ``0.29`` of 100 experts is 29, where binary floating point
 gives ``math.floor(0.29 * 100) == 28``.
+
+Text that lightprune writes to a UTF-8 file (a plan, a manifest, a model card) is checked before it is: a string
+holding half of a UTF-16 surrogate pair is refused naming its key path (:func:`non_utf8`, :func:`check_utf8`).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Callable, Iterable
 
 __all__ = ["check_ratio", "check_atol", "check_choice", "check_each", "check_positive_int", "check_non_negative_int",
-           "check_interval", "check_number", "exact_ratio", "integer", "not_a_number", "ratio_count", "real_number"]
+           "check_interval", "check_number", "check_utf8", "exact_ratio", "integer", "non_utf8", "not_a_number",
+           "ratio_count", "real_number"]
 
 
 def real_number(value: Any) -> int | float | None:
@@ -78,6 +83,39 @@ def not_a_number(value: Any) -> str:
     if isinstance(value, complex) or "complex" in str(getattr(value, "dtype", "")):
         return "a complex number"
     return f"a {type(value).__name__}, not a number"
+
+
+def non_utf8(value: Any, path: str = "") -> tuple[str, str, str] | None:
+    """(where, the string, its first character UTF-8 cannot encode) for the first string in ``value`` (dicts' keys
+    and values, lists and tuples, at any depth) that is not UTF-8 text, or None. Such a string holds half of a UTF-16
+    surrogate pair (``'\\ud800'``), which a JSON ``\\ud800`` escape and a name's undecodable byte (``'\\udcff'``)
+    give: no UTF-8 file can hold it. ``where`` is the key path (``metadata['note'][0]``, below ``path`` when given:
+    a top-level key is named bare), or "``path`` key" for a key (``metadata key``)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return None
+        except UnicodeEncodeError as err:
+            return path or "the value", value, value[err.start]
+    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, (list, tuple)) \
+        else ()
+    for key, item in items:
+        found = non_utf8(key, f"{path} key".strip()) if isinstance(key, str) else None
+        found = found or non_utf8(item, f"{path}[{key!r}]" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def check_utf8(value: Any, holder: str, error: type[Exception] = ValueError, path: str = "") -> None:
+    """Raise ``error`` naming the key path when a string in ``value`` is not UTF-8 text (:func:`non_utf8`), before
+    ``holder`` ("a plan file (UTF-8 JSON)", what it would be written to) is: writing it would fail there."""
+    found = non_utf8(value, path)
+    if found is not None:
+        where, text, char = found
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise error(f"{where} {shown!r} is not UTF-8 text: it holds {char!r}, half of a UTF-16 surrogate pair without "
+                    f"its partner, which {holder} cannot hold; write the character itself, or remove it")
 
 
 def _parses(text: str) -> bool:

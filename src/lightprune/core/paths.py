@@ -1,18 +1,29 @@
-"""Paths lightprune reads or writes: :func:`check_path_text`, :func:`broken_link`.
+"""Paths lightprune reads or writes: :func:`check_path_text`, :func:`broken_link`, :func:`file_problem`,
+:func:`check_state_file`, :func:`write_atomically`.
 
 lightprune records the paths it reads and writes in JSON (manifests, plans, reports) and hands them to libraries
 that take UTF-8 only (safetensors' writer): a name that is not UTF-8 (on Linux a byte such as 0xFF, which Python
 holds as a lone surrogate, ``'\\udcff'``) is refused up front, in one line naming it, on every path that takes one.
+
+A file a run reads and rewrites (a resumable state) is checked before the run starts (:func:`check_state_file`: a
+name there that is not a regular file, a folder that cannot be written) and saved through a temporary file renamed
+into place, removed on any failure (:func:`write_atomically`); a file it must read, before it is read
+(:func:`check_input_file`: not there, not a regular file, empty).
 
 A leaf: it imports nothing from lightprune.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import stat
+from pathlib import Path
+from typing import Callable
 
-__all__ = ["broken_link", "check_path_text"]
+__all__ = ["broken_link", "check_input_file", "check_path_text", "check_state_file", "file_problem", "folder_problem",
+           "write_atomically"]
 
 
 def check_path_text(path: str | os.PathLike, what: str) -> None:
@@ -51,3 +62,117 @@ def broken_link(path: str | os.PathLike) -> tuple[str, str] | None:
     except OSError as err:
         return ("loop" if err.errno == errno.ELOOP else "dangling"), target
     return None
+
+
+#: what a name that is not a regular file, a directory or a link is, by its ``stat`` type
+_SPECIAL = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+            (stat.S_ISSOCK, "a socket"))
+
+
+def file_problem(path: str | os.PathLike) -> tuple[type[Exception], str] | None:
+    """(the error class, why) when the name ``path`` is there but cannot be read as a regular file: a directory
+    (IsADirectoryError), a dangling symlink (FileNotFoundError), a symlink loop or a special file such as
+    ``/dev/null`` (ValueError, naming its kind); None for a regular file, a symlink to one, or nothing there."""
+    if not os.path.lexists(path) or os.path.isfile(path):
+        return None
+    link = broken_link(path)
+    if link is not None:
+        kind, target = link
+        if kind == "loop":
+            return ValueError, f"is a symlink loop (-> {target!r})"
+        return FileNotFoundError, f"is a dangling symlink (its target {target!r} does not exist)"
+    if os.path.isdir(path):
+        return IsADirectoryError, "is a directory, not a file"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        return OSError, f"cannot be read ({(err.strerror or str(err)).lower()})"
+    kind = next((name for test, name in _SPECIAL if test(mode)), "a special file")
+    return ValueError, f"is not a regular file ({kind})"
+
+
+def folder_problem(folder: str | os.PathLike) -> tuple[type[Exception], str] | None:
+    """(the error class, why) when no file can be written in ``folder``: it (or the closest folder above it that is
+    there, where it would be created) is a file, or cannot be written (read-only for this user, or on a read-only
+    file system: ``os.access`` says so even for root); None otherwise."""
+    folder = Path(folder)
+    there = next((p for p in (folder, *folder.parents) if os.path.lexists(p)), None)
+    if there is None:
+        return None
+    if not there.is_dir():
+        where = "is" if there == folder else f"would be created under {str(there)!r}, which is"
+        return NotADirectoryError, f"its folder {str(folder)!r} {where} not a folder"
+    if not os.access(there, os.W_OK | os.X_OK):
+        where = "" if there == folder else f" ({str(there)!r}, where it would be created)"
+        return PermissionError, (f"its folder {str(folder)!r} cannot be written{where}: read-only for this user, or "
+                                 "on a read-only file system")
+    return None
+
+
+def _error(cls: type[Exception], message: str) -> Exception:
+    """``cls(message)``, an OSError's ``errno`` set from its class (one line: ``str()`` is the message alone)."""
+    error = cls(message)
+    if isinstance(error, OSError):
+        error.errno = {FileNotFoundError: errno.ENOENT, IsADirectoryError: errno.EISDIR,
+                       NotADirectoryError: errno.ENOTDIR, PermissionError: errno.EACCES}.get(cls)
+    return error
+
+
+def check_input_file(path: str | os.PathLike, what: str, fix: str) -> None:
+    """Refuse a file a run must read (``what``: "Lightning checkpoint (ckpt_path)") that is not there, is not a
+    regular file (:func:`file_problem`) or is empty; one line naming the file, why and ``fix`` (what to do)."""
+    problem = file_problem(path)
+    if problem is None and not os.path.lexists(path):
+        problem = FileNotFoundError, "does not exist"
+    if problem is None and os.path.getsize(path) == 0:
+        problem = ValueError, "is empty (0 bytes)"
+    if problem is not None:
+        cls, why = problem
+        raise _error(cls, f"{what} {os.fspath(path)!r} {why}; {fix}")
+
+
+def check_state_file(path: str | os.PathLike, what: str, fix: str) -> None:
+    """Refuse, before a run reads or rewrites it, the state file ``path`` (``what``: "calibration state") when the
+    name there is not a regular file (:func:`file_problem`) or its folder cannot be written
+    (:func:`folder_problem`); one line naming the file, why and ``fix`` (what to do)."""
+    path = Path(path)
+    problem = file_problem(path)
+    if problem is not None:
+        cls, why = problem
+        raise _error(cls, f"{what} {str(path)!r} {why}: the run reads and rewrites it there; {fix}")
+    problem = folder_problem(path.parent)
+    if problem is not None:
+        cls, why = problem
+        raise _error(cls, f"{what} {str(path)!r}: {why}; {fix}")
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[Path], object], what: str) -> Path:
+    """Write ``path`` by ``write(tmp)``, ``tmp`` being ``<name>.tmp`` beside it, renamed into place (parents
+    created). On any failure the temporary file is removed and ``path`` is as it was; an OSError, or the
+    RuntimeError of ``torch.save``'s writer, is raised again naming ``what``, the file and the cause."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as err:
+        if os.path.isfile(tmp) or os.path.islink(tmp):  # ours; never a folder someone left there
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        if not isinstance(err, (OSError, RuntimeError)):
+            raise
+        message = f"could not write {what} {str(path)!r}: {_cause(err)}; it is as it was"
+        if isinstance(err, OSError):
+            raise (type(err)(err.errno, message) if err.errno is not None else type(err)(message)) from err
+        raise RuntimeError(message) from err
+    return path
+
+
+def _cause(err: BaseException) -> str:
+    """The cause of a failed write in a few words: an OSError's ``strerror``, or what follows ``strerror:`` in the
+    first line of ``torch.save``'s RuntimeError ("[enforce fail at ...] open file failed with strerror: ...")."""
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror.lower()
+    line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return line.rpartition("strerror: ")[2].lower() if "strerror: " in line else line

@@ -7,7 +7,8 @@ these: whether every layer keeps the same number (plain ``from_pretrained`` relo
 go, and the plan-wide fields both validate alike (``ratio`` a number in [0, 1) or null, ``metadata`` an object
 holding no NaN or infinity). Both round-trip through JSON under a strict schema (:meth:`ExpertLayout.from_dict`:
 unknown or missing keys, or a ``NaN`` / ``Infinity`` constant anywhere, are a :class:`~lightprune.core.errors.PlanError`
-naming them, and the file when loaded from one).
+naming them, and the file when loaded from one). A string that is not UTF-8 text (a lone surrogate such as JSON's
+``"\\ud800"``) is refused anywhere in a plan, built or loaded, naming its key path (:func:`check_text`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from lightprune.core.checks import real_number
+from lightprune.core.checks import check_utf8, real_number
 from lightprune.core.errors import PlanError, listed
 from lightprune.core.jsonio import non_finite, read_parsed, show, strict_int, write_json
 
-__all__ = ["ExpertLayout", "layer_count", "check_plan_kind", "check_finite"]
+__all__ = ["ExpertLayout", "layer_count", "check_plan_kind", "check_finite", "check_text"]
 
 #: what to do instead, by (the kind an entry point takes, the kind it was given)
 _INSTEAD = {
@@ -52,6 +53,13 @@ def check_plan_kind(plan: Any, kind: type, caller: str, instead: str | None = No
         advice = f"build one with lp.{kind.__name__}(...) or load a saved one with lp.{kind.__name__}.load(path)"
     raise TypeError(f"{caller} takes a{'n' if kind.__name__[0] in 'AEIOU' else ''} {kind.__name__}, got {got}: "
                     f"{advice}")
+
+
+def check_text(data: Any, kind: str) -> None:
+    """Refuse a string anywhere in ``data`` (a plan's fields, or its JSON object: a field, a metadata key or value at
+    any depth) that is not UTF-8 text, naming the key path: a plan is written as UTF-8 JSON, and its strings go into
+    the export's manifest and model card."""
+    check_utf8(data, f"a {kind} file (UTF-8 JSON)", PlanError)
 
 
 def check_finite(data: Any, kind: str) -> None:
@@ -114,6 +122,7 @@ class ExpertLayout:
         if not isinstance(self.metadata, dict):
             raise PlanError(f"metadata must be an object, got {show(self.metadata)}")
         check_finite({"metadata": self.metadata}, self.KIND)
+        check_text({name: getattr(self, name) for name in self.FIELDS}, self.KIND)
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
@@ -132,6 +141,7 @@ class ExpertLayout:
             raise PlanError(f"{cls.KIND} is missing {missing[0]!r}" if len(missing) == 1 else
                             f"{cls.KIND} is missing {missing}")
         check_finite(data, cls.KIND)
+        check_text(data, cls.KIND)
         return cls(**data)
 
     def save(self, path: str | os.PathLike) -> Path:

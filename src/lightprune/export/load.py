@@ -30,6 +30,7 @@ rank holds the full weights on the CPU.
 
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Any
 
@@ -45,11 +46,97 @@ from lightprune.checkpoints.strict import check_loading_info
 from lightprune.core.distributed import outside_zero_init
 from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels, read_width_manifest
 from lightprune.models.experts_kernel import runnable_experts
+from lightprune.width.kernels import BACKENDS
 from lightprune.width.plan import WidthPlan
 
-__all__ = ["load_pruned", "check_checkpoint"]
+__all__ = ["load_pruned", "check_checkpoint", "check_dtype", "check_device_map", "LOAD_DTYPES", "DEVICE_MAPS"]
 
 _STRICT_KWARGS = ("output_loading_info", "ignore_mismatched_sizes")
+#: the dtypes a checkpoint's weights load in, by name (``torch.float32`` and an alias such as ``"half"`` too)
+LOAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+#: the placements accelerate computes (besides a device, a GPU index or a {module: device} dict)
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def _close(value: Any, known: Any) -> str:
+    close = difflib.get_close_matches(value, [str(k) for k in known], n=1, cutoff=0.6) if isinstance(value, str) \
+        else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_dtype(dtype: Any, name: str = "load_pruned: dtype", allow_auto: bool = True) -> None:
+    """Raise ``ValueError`` naming ``dtype`` and the choices unless it is a dtype weights load in (:data:`LOAD_DTYPES`,
+    by name or as a ``torch.dtype``), ``"auto"`` or None (``allow_auto``), or a dict of such per sub-config."""
+    if isinstance(dtype, dict) and allow_auto:  # composite configs: {sub-config: dtype}
+        for key, value in dtype.items():
+            check_dtype(value, f"{name}[{key!r}]", allow_auto)
+        return
+    if allow_auto and (dtype is None or dtype == "auto"):
+        return
+    named = getattr(torch, dtype, None) if isinstance(dtype, str) and not dtype.startswith("_") else dtype
+    if isinstance(named, torch.dtype) and named in LOAD_DTYPES.values():
+        return
+    auto = "'auto' (what config.json records), " if allow_auto else ""
+    raise ValueError(f"{name} {dtype!r} is not a dtype weights load in{_close(dtype, LOAD_DTYPES)}; choose one of "
+                     f"{auto}{', '.join(map(repr, LOAD_DTYPES))} (or the torch.dtype)")
+
+
+def check_device_map(device_map: Any, name: str = "load_pruned: device_map") -> None:
+    """Raise ``ValueError`` naming ``device_map`` and the choices unless transformers can place a model by it: None,
+    one of :data:`DEVICE_MAPS`, a device (``"cpu"``, ``"cuda:0"``, a ``torch.device``), a GPU index, or a dict
+    {module name: device, GPU index, ``"cpu"`` or ``"disk"``}."""
+    choices = (f"choose one of {', '.join(map(repr, DEVICE_MAPS))}, a device ('cpu', 'cuda:0'), a GPU index, or a "
+               "dict {module name: device}")
+    if device_map is None or isinstance(device_map, torch.device) or device_map in DEVICE_MAPS:
+        return
+    if isinstance(device_map, dict):
+        for key, value in device_map.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{name} has the key {key!r}, not a module name (a string such as 'model.layers.0' "
+                                 "or '' for the whole model)")
+            if value != "disk":
+                _check_device(value, f"{name}[{key!r}]", "give a device ('cpu', 'cuda:0'), 'disk' or a GPU index")
+        return
+    _check_device(device_map, name, choices)
+
+
+def _check_device(value: Any, name: str, choices: str) -> None:
+    if isinstance(value, torch.device) or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return
+    if isinstance(value, str):
+        try:
+            torch.device(value)
+            return
+        except (RuntimeError, ValueError):
+            pass
+    raise ValueError(f"{name} {value!r} is not a placement transformers takes{_close(value, DEVICE_MAPS)}; {choices}")
+
+
+def check_experts_implementation(value: Any, name: str = "load_pruned: experts_implementation") -> None:
+    """Raise ``ValueError`` naming ``value`` and transformers' choices unless it is one of its experts kernels."""
+    from transformers.integrations.finegrained_fp8 import ALL_FP8_EXPERTS_FUNCTIONS
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    known = ["eager", *sorted(set(ALL_EXPERTS_FUNCTIONS.keys()) | set(ALL_FP8_EXPERTS_FUNCTIONS.keys()))]
+    if value not in known:
+        raise ValueError(f"{name} {value!r} is not an experts kernel transformers has{_close(value, known)}; choose "
+                         f"one of {', '.join(map(repr, known))}")
+
+
+def _check_arguments(dtype: Any, attention_backend: Any, kwargs: dict[str, Any]) -> None:
+    """load_pruned's arguments, before anything is read: each refusal one line naming the value and the choices."""
+    clash = [key for key in _STRICT_KWARGS if key in kwargs]
+    if clash:
+        raise TypeError(f"load_pruned sets {clash} itself to check transformers' loading report; do not pass them")
+    check_dtype(dtype)
+    if attention_backend not in BACKENDS:
+        raise ValueError(f"load_pruned: attention_backend {attention_backend!r} is not a path-attention backend"
+                         f"{_close(attention_backend, BACKENDS)}; choose one of {', '.join(map(repr, BACKENDS))} (it "
+                         "applies to a width-pruned checkpoint)")
+    if "device_map" in kwargs:
+        check_device_map(kwargs["device_map"])
+    if "experts_implementation" in kwargs:
+        check_experts_implementation(kwargs["experts_implementation"])
 
 
 def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None, trust_remote_code: bool = False,
@@ -59,9 +146,12 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
     Strict (see the module docstring): missing, unexpected, mis-shaped or integer tensors raise
     ``ValueError`` naming the checkpoint and the tensors; nothing in the directory is changed.
 
+    Its arguments are checked before anything is read (:func:`check_dtype`, :func:`check_device_map`, the
+    ``attention_backend`` and an ``experts_implementation``): a refusal names the value and the choices.
+
     Args:
         path: the checkpoint directory.
-        dtype: weights dtype; default: the one recorded in the config.
+        dtype: weights dtype (:data:`LOAD_DTYPES`, or ``"auto"``); default: the one recorded in the config.
         trust_remote_code: build the model with the checkpoint's own ``modeling_lightprune.py``
             (transformers' auto class) instead of lightprune's in-process resize.
         attention_backend: for an MWOP width checkpoint (``width_plan.json``): the path-sparse attention
@@ -71,12 +161,13 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
             ``experts_implementation``, experts that transformers' default ``grouped_mm`` cannot run (float64)
             run its ``eager`` one (:func:`~lightprune.models.experts_kernel.runnable_experts`).
     """
-    clash = [key for key in _STRICT_KWARGS if key in from_pretrained_kwargs]
-    if clash:
-        raise TypeError(f"load_pruned sets {clash} itself to check transformers' loading report; do not pass them")
+    _check_arguments(dtype, attention_backend, from_pretrained_kwargs)
     with Checkpoint(path) as checkpoint, outside_zero_init():
         Skeleton(checkpoint)  # the checks every path runs (see the module docstring), from the headers
     path = checkpoint.path
+    width = None  # a width export's plan and alignment, read before the weights (a directory or a dangling link
+    if os.path.lexists(path / WIDTH_PLAN_FILE):  # there is said, never loaded as a dense model)
+        width = WidthPlan.load(path / WIDTH_PLAN_FILE), int(read_width_manifest(path)["align"])
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -94,10 +185,8 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
     model.eval()
     if "experts_implementation" not in from_pretrained_kwargs:  # float64 experts: transformers' eager ones
         runnable_experts(model.modules())
-    if (path / WIDTH_PLAN_FILE).is_file():
-        plan = WidthPlan.load(path / WIDTH_PLAN_FILE)
-        attach_width_kernels(model, plan, align=int(read_width_manifest(path)["align"]),
-                             attention_backend=attention_backend)
+    if width is not None:
+        attach_width_kernels(model, width[0], align=width[1], attention_backend=attention_backend)
     return model
 
 

@@ -25,6 +25,7 @@ Deprecated, for one release (each use warns once, ``FutureWarning``, naming the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -40,6 +41,7 @@ from torch import nn
 from lightprune._compat import warn_once
 from lightprune.checkpoints.classes import auto_class_name, base_class
 from lightprune.checkpoints.directory import weight_files
+from lightprune.core.checks import check_utf8
 from lightprune.core.jsonio import json_text, read_json
 from lightprune.export.model_card import CARD_FILE, model_card
 
@@ -261,6 +263,10 @@ def write_manifest(tmp: Path, model: nn.Module, counts: Mapping[int, int], *, pa
         "lightprune_version": __version__,
         "command": command if command is not None else " ".join(sys.argv),
     }
+    try:  # the plan and the card facts are checked up front; what else reaches the card (the command line)
+        check_utf8(manifest, "the export's manifest and model card (UTF-8)")
+    except ValueError as err:
+        raise ValueError(f"export manifest {MANIFEST_FILE}: {err}; nothing was written") from None
     (tmp / MANIFEST_FILE).write_text(json_text(manifest, indent=2) + "\n")  # standard JSON: no NaN, no Infinity
     (tmp / CARD_FILE).write_text(model_card(manifest))
     return manifest
@@ -276,11 +282,23 @@ def record_evaluation(out_dir: str | os.PathLike, evaluation: Mapping[str, Any])
     if manifest.get("format") not in (EXPERT_FORMAT, WIDTH_FORMAT):
         raise ValueError(f"{str(out_dir)!r} is not a lightprune export (its {MANIFEST_FILE} has format "
                          f"{manifest.get('format')!r})")
+    holder = "the manifest and model card it rewrites (UTF-8)"
+    try:  # text the card's UTF-8 cannot hold: refused before anything is rewritten
+        check_utf8(manifest, holder)
+    except ValueError as err:
+        raise ValueError(f"export manifest file {str(out_dir / MANIFEST_FILE)!r}: {err}; nothing was rewritten") \
+            from None
+    check_utf8(dict(evaluation), holder, path="evaluation")
     manifest["evaluation"] = json.loads(json.dumps(dict(evaluation)))  # plain JSON, as written at export
     files = [(MANIFEST_FILE, json_text(manifest, indent=2) + "\n")]
     if manifest["format"] == EXPERT_FORMAT:
         files.append((CARD_FILE, model_card(manifest)))
     for name, text in files:
         staged = out_dir / f".{name}.tmp-{os.getpid()}"
-        staged.write_text(text)
-        os.replace(staged, out_dir / name)
+        try:
+            staged.write_text(text, encoding="utf-8")
+            os.replace(staged, out_dir / name)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                staged.unlink(missing_ok=True)
+            raise

@@ -58,7 +58,7 @@ from lightprune.checkpoints.classes import base_class
 from lightprune.checkpoints.directory import weight_files
 from lightprune.checkpoints.header import header_bytes
 from lightprune.checkpoints.staging import TMP_TAG, staging_dir
-from lightprune.core.checks import check_atol
+from lightprune.core.checks import check_atol, check_utf8
 from lightprune.core.paths import check_path_text
 from lightprune.core.jsonio import parse_json
 from lightprune.core.notices import quiet_progress
@@ -277,6 +277,8 @@ def card_facts(card: Mapping[str, Any] | None, counts: Mapping[int, int]) -> dic
         raise TypeError(f"card['command'] must be a string, got {facts['command']!r}")
     if facts["source"] is not None:
         facts["source"] = os.fspath(facts["source"])
+    check_utf8({key: value for key, value in facts.items() if key != "plan"}, "the export's manifest and model card "
+               "(UTF-8)", path="card")  # the plan checks its own
     return facts
 
 

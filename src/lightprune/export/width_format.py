@@ -7,12 +7,13 @@ The manifest's file name is the one every export writes (:data:`lightprune.expor
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from lightprune.core.jsonio import parse_json
+from lightprune.core.jsonio import read_json
 from lightprune.export.result import MANIFEST_FILE, WIDTH_FORMAT
 from lightprune.width.kernels import check_backend
 from lightprune.width.plan import WidthPlan
@@ -36,9 +37,9 @@ def attach_width_kernels(model: nn.Module, plan: WidthPlan, align: int = 64, att
 def read_width_manifest(path: Path) -> dict[str, Any]:
     """The width export's manifest (alignment) at ``path``; defaults when a plan was dropped in by hand."""
     manifest = path / MANIFEST_FILE
-    if not manifest.is_file():
+    if not os.path.lexists(manifest):
         return {"align": 64}
-    data = parse_json(manifest.read_text(), f"width manifest {str(manifest)!r}")
+    data = read_json(manifest, "width manifest")  # a name there that is no readable JSON file: said, never skipped
     if data.get("format") != WIDTH_FORMAT:
         raise ValueError(f"{path} has {WIDTH_PLAN_FILE} but its manifest is of format {data.get('format')!r}, "
                          f"not {WIDTH_FORMAT!r}")

@@ -26,6 +26,7 @@ leaves them, so the model computes what its exported checkpoint will when reload
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -41,6 +42,7 @@ from lightprune.core.distributed import outside_zero_init
 from lightprune.core.jsonio import strict_int
 from lightprune.core.sources import check_checkpoint_name, resolve_checkpoint
 from lightprune.export import load_pruned
+from lightprune.export.load import check_device_map
 from lightprune.export.verify import keep_fp32_buffers
 from lightprune.finetune.adapters import AdapterSpec, apply_adapter
 from lightprune.finetune.balance import per_layer_balance_loss
@@ -129,7 +131,9 @@ class MoECausalLM(pl.LightningModule):
             raise ValueError("give exactly one of checkpoint= (a local directory) or tiny= (a family name); "
                              f"got checkpoint={checkpoint!r}, tiny={tiny!r}")
         if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+            close = difflib.get_close_matches(dtype, list(_DTYPES), n=1) if isinstance(dtype, str) else []
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}{hint}")
         if load_in_4bit and dtype == "float64":
             raise ValueError("load_in_4bit computes in float32, bfloat16 or float16 (bitsandbytes), got dtype "
                              "'float64'")
@@ -139,6 +143,7 @@ class MoECausalLM(pl.LightningModule):
                                        ("offload_folder", offload_folder)) if v is not None}
         if placement and checkpoint is None:
             raise ValueError(f"{sorted(placement)} apply to checkpoint=, not to a tiny model (tiny={tiny!r})")
+        check_device_map(device_map, "device_map")  # before the model is built
         if sequential:
             clash = [name for name, on in (("tiny", tiny is not None), ("adapter", adapter is not None),
                                            ("load_in_4bit", load_in_4bit), *((k, True) for k in placement)) if on]

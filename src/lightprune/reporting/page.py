@@ -33,7 +33,9 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from lightprune.core.checks import check_utf8
 from lightprune.core.jsonio import parse_json
+from lightprune.core.paths import file_problem, write_atomically
 from lightprune.experts.merging import MergePlan
 from lightprune.experts.plan import ExpertPlan
 from lightprune.reporting.report import plot_kept_experts
@@ -64,13 +66,24 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _read(run_dir: Path, name: str) -> Any:
+    """The run file ``name`` (None when there is none); a name there that is not a regular file, not UTF-8 JSON, or
+    holding a string the page (UTF-8) cannot hold is an error naming it."""
     path = run_dir / name
+    problem = file_problem(path)
+    if problem is not None:
+        cls, why = problem
+        raise cls(f"run file {str(path)!r} {why}; cannot write the report page: restore it, or move it away")
     if not path.is_file():
         return None
     try:
-        return parse_json(path.read_text(), str(path))
-    except json.JSONDecodeError as err:
+        data = parse_json(path.read_text(encoding="utf-8"), str(path))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is not valid JSON ({err}); cannot write the report page") from None
+    try:
+        check_utf8(data, "report.md (UTF-8)")
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}; cannot write the report page") from None
+    return data
 
 
 def _pyplot():
@@ -289,11 +302,8 @@ def write_report_page(run_dir: str | os.PathLike) -> Path:
     lines += _merge_section(data["merge_plan.json"])
     lines += _width_section(run_dir, data["search.json"], data["width_plan.json"], report)
     lines += _evaluation_section(run_dir, (report or {}).get("evaluation"))
-    path = run_dir / "report.md"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    text = "\n".join(lines).rstrip() + "\n"
+    return write_atomically(run_dir / "report.md", lambda tmp: tmp.write_text(text, encoding="utf-8"), "report page")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -7,7 +7,8 @@ modality mu in :data:`MODALITIES` (a pruned (c, mu) skips channel c for tokens o
 missing from ``attn_keep`` / ``ffn_keep`` is dense. The plan round-trips through JSON under a strict
 schema, nothing coerced: layer keys plain decimal strings (ints when built in Python), mask entries
 booleans or the integers 0 / 1 (never floats such as ``0.0`` or strings such as ``"1"``), ``num_heads`` and
-``intermediate_size`` positive integers, ``metadata`` an object holding no NaN or infinity (JSON has neither). Every
+``intermediate_size`` positive integers, ``metadata`` an object holding no NaN or infinity (JSON has neither) and no
+string that is not UTF-8 text (a lone surrogate such as JSON's ``"\\ud800"``). Every
 violation is a :class:`PlanError`
 naming the file (when loaded from one), the key path and the value, e.g.
 ``width plan file '/x/width_plan.json': attn_keep['0'][1][2] must be a keep flag (booleans or 0/1), got 0.0``.
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from lightprune.core.checks import check_utf8
 from lightprune.core.errors import PlanError, listed
 from lightprune.core.jsonio import layer_items, non_finite, read_parsed, show, strict_int, write_json
 from lightprune.width.layers import find_width_layers
@@ -141,6 +143,8 @@ class WidthPlan:
         if not isinstance(self.metadata, dict):
             raise PlanError(f"metadata must be an object, got {show(self.metadata)}")
         _check_finite({"metadata": self.metadata})
+        # its other strings are keys and names the schema checks
+        check_utf8({"metadata": self.metadata}, "a width plan file (UTF-8 JSON)", PlanError)
 
     # ------------------------------------------------------------------ construction
     @classmethod

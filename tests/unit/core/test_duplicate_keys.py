@@ -183,7 +183,7 @@ def test_width_manifest(tmp_path: Path) -> None:
     from lightprune.export.width_format import read_width_manifest
 
     (tmp_path / MANIFEST_FILE).write_text('{"align": 64, "align": 128}')
-    with pytest.raises(DuplicateKeyError, match=f"^width manifest {str(tmp_path / MANIFEST_FILE)!r}: key 'align' "
+    with pytest.raises(DuplicateKeyError, match=f"^width manifest file {str(tmp_path / MANIFEST_FILE)!r}: key 'align' "
                                                 "appears twice"):
         read_width_manifest(tmp_path)
 

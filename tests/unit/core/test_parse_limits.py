@@ -253,7 +253,7 @@ def test_export_manifests(tmp_path: Path) -> None:
     assert (tmp_path / MANIFEST_FILE).read_text() == before
     with pytest.raises(ParseLimitError) as info:
         read_width_manifest(tmp_path)
-    assert str(info.value) == deep_json_message(f"width manifest {str(tmp_path / MANIFEST_FILE)!r}", 100_001)
+    assert str(info.value) == deep_json_message(f"width manifest file {str(tmp_path / MANIFEST_FILE)!r}", 100_001)
 
 
 def test_cache_manifest(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from torch import nn
 from lightprune.core.distributed import gathered
 from lightprune.core.errors import listed
 from lightprune.core.jsonio import int_key
+from lightprune.core.paths import write_atomically
 from lightprune.experts.calibration.observer import ExpertObserver
 from lightprune.models import find_moe_layers
 from lightprune.models.unwrap import base_model_of
@@ -87,13 +88,11 @@ def model_fingerprint(model: nn.Module) -> dict[str, Any]:
 
 def save_state(path: str | os.PathLike, observer_state: Mapping[str, Any], setup: Mapping[str, Any],
                model: Mapping[str, Any], digest: str | None) -> None:
-    """Write the state atomically (a temporary file renamed into place)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"format": STATE_FORMAT, "version": 1, "observer": dict(observer_state), "setup": dict(setup),
-                "model": dict(model), "digest": digest}, tmp)
-    os.replace(tmp, path)
+    """Write the state atomically (:func:`~lightprune.core.paths.write_atomically`: a temporary file renamed into
+    place, removed on any failure, which names the file and the cause; the state saved before is kept)."""
+    state = {"format": STATE_FORMAT, "version": 1, "observer": dict(observer_state), "setup": dict(setup),
+             "model": dict(model), "digest": digest}
+    write_atomically(path, lambda tmp: torch.save(state, tmp), "calibration state")
 
 
 def load_state(path: str | os.PathLike, setup: Mapping[str, Any]) -> dict[str, Any]:
