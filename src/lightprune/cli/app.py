@@ -27,8 +27,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightprune.callbacks.state import RunState
 from lightprune.cli.errors import condense, lightning_problem
-from lightprune.cli.names import find_subcommand
-from lightprune.cli.options import Addressed, OptionError, missing_callback, split_addressed
+from lightprune.cli.names import find_subcommand, prints_config
+from lightprune.cli.options import Addressed, OptionError, addressed_help, missing_callback, split_addressed
 from lightprune.cli.trainer import PruneTrainer
 from lightprune.core import interrupt
 from lightprune.core.errors import ERRORS
@@ -37,7 +37,8 @@ from lightprune.core.jsonio import (DuplicateKeyError, ParseLimitError, check_ya
                                     clip_values, show)
 from lightprune.finetune import MoECausalLM
 
-__all__ = ["LightpruneCLI", "cli_main", "main", "refuse_denied_imports", "refuse_duplicate_yaml_keys"]
+__all__ = ["LightpruneCLI", "apply_addressed", "cli_main", "main", "refuse_denied_imports",
+           "refuse_duplicate_yaml_keys"]
 
 
 class LightpruneArgumentParser(LightningArgumentParser):
@@ -47,10 +48,28 @@ class LightpruneArgumentParser(LightningArgumentParser):
 
     #: set on the command's own parsers (the main one and the subcommands'), not on those jsonargparse makes inside
     one_line = False
+    #: the addressed options (``--prune.ratio 0.3``) of a command line that asks for ``--print_config``: the config
+    #: printed holds them, as the run would use them (set on the command's own parsers)
+    printed_addressed: tuple[Addressed, ...] = ()
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def format_help(self) -> str:
+        """The parser's help; a subcommand's also lists the addressed options (:func:`addressed_help`)."""
+        text = super().format_help()
+        if self.one_line and "--trainer.callbacks" in self._option_string_actions:
+            text = f"{text.rstrip()}\n\n{addressed_help()}\n"
+        return text
+
+    def dump(self, cfg: Any, *args: Any, **kwargs: Any) -> str:
+        """The config as text; for ``--print_config``, with the addressed options set (:func:`apply_addressed`)."""
+        if self.printed_addressed:
+            cfg = cfg.clone()
+            subcommand = cfg.get("subcommand") if "subcommand" in cfg else None
+            apply_addressed(cfg[subcommand] if subcommand else cfg, self.printed_addressed)
+        return super().dump(cfg, *args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.one_line or os.environ.get("LIGHTPRUNE_DEBUG"):
@@ -87,11 +106,16 @@ class LightpruneCLI(LightningCLI):
         kwargs.setdefault("parser_class", LightpruneArgumentParser)
         kwargs.setdefault("save_config_callback", StagedConfig)
         self.addressed = list(addressed)
+        given = kwargs.get("args")  # the command line parsed: args, or sys.argv (a dict or Namespace prints nothing)
+        self.printing = bool(self.addressed) and prints_config(
+            list(given) if isinstance(given, (list, tuple)) else sys.argv[1:] if given is None else [])
         super().__init__(*args, **kwargs)
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         parser = super().init_parser(**kwargs)
         parser.one_line = True  # type: ignore[attr-defined]
+        if self.printing:
+            parser.printed_addressed = tuple(self.addressed)  # type: ignore[attr-defined]
         return parser
 
     def _dump_config(self) -> None:
@@ -111,18 +135,7 @@ class LightpruneCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "fit" and config.get("data") is None and not _has_own_train_data(config.get("model")):
             raise OptionError(lightning_problem("`train_dataloader` must be implemented", "fit"))
-        entries = (config.trainer.callbacks or []) if self.addressed else []
-        for item in self.addressed:
-            matches = [entry for entry in entries if _is_callback(entry, item.callback)]
-            if len(matches) != 1:
-                raise OptionError(missing_callback(item) if not matches else
-                                  f"{item.option}: the job has {len(matches)} {item.callback} callbacks; set the "
-                                  "option in the config file instead")
-            try:
-                matches[0].init_args[item.argument] = item.value
-            except (KeyError, TypeError, AttributeError):  # a nested option of a class that is not given
-                raise OptionError(f"{item.option}: {item.callback}'s {item.argument.split('.')[0]} is not given as a "
-                                  "class here; set it whole") from None
+        apply_addressed(config, self.addressed)
         callbacks = config.trainer.callbacks or []
         for entry in callbacks if isinstance(callbacks, list) else [callbacks]:
             preflight = getattr(_callback_class(entry), "preflight", None)
@@ -138,6 +151,23 @@ class LightpruneCLI(LightningCLI):
             "calibrate": {"model", "dataloaders", "datamodule"},
             "export": {"model", "datamodule"},
         }
+
+
+def apply_addressed(config: Any, addressed: list[Addressed] | tuple[Addressed, ...]) -> None:
+    """Set each addressed option (``--prune.ratio 0.3``) on the one callback of its class (a subclass counts) in a
+    subcommand's parsed ``config``; none or several: an :class:`OptionError` naming the option."""
+    entries = (config.trainer.callbacks or []) if addressed else []
+    for item in addressed:
+        matches = [entry for entry in entries if _is_callback(entry, item.callback)]
+        if len(matches) != 1:
+            raise OptionError(missing_callback(item) if not matches else
+                              f"{item.option}: the job has {len(matches)} {item.callback} callbacks; set the "
+                              "option in the config file instead")
+        try:
+            matches[0].init_args[item.argument] = item.value
+        except (KeyError, TypeError, AttributeError):  # a nested option of a class that is not given
+            raise OptionError(f"{item.option}: {item.callback}'s {item.argument.split('.')[0]} is not given as a "
+                              "class here; set it whole") from None
 
 
 class StagedConfig(SaveConfigCallback):

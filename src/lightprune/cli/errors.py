@@ -5,8 +5,9 @@ jsonargparse reports a bad value deep in a config (``--trainer.callbacks.init_ar
 :func:`condense` finds the innermost option that was given a bad value, with the class it belongs to and
 the types it accepts: ``ExpertPruning: ratio='abc' is not a float or null``. A class path outside what its option
 accepts, an option a class does not take and an unknown option are said with what is accepted (and the closest
-name). Messages it cannot read are kept as their first line. :func:`lightning_problem` does the same for a
-configuration error Lightning raises once the job runs (a ``fit`` without training data).
+name). Messages it cannot read are kept as their first line, never an empty reason (:func:`first_line`).
+:func:`lightning_problem` does the same for a configuration error Lightning raises once the job runs (a ``fit``
+without training data).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from lightprune.callbacks.options import OPTIONS
 from lightprune.cli.names import did_you_mean
 from lightprune.cli.slots import ACCEPTS
 
-__all__ = ["condense", "lightning_problem"]
+__all__ = ["condense", "first_line", "lightning_problem"]
 
 _CLASS = re.compile(r"Problem with given class_path '([^']+)':")
 _KEY = re.compile(r'Parser key "([^"]+)":')
@@ -54,8 +55,16 @@ def lightning_problem(message: str, command: str | None) -> str:
         return (f"{run} needs {_SPLITS[split]} data: a data module with a {split} split (--data CLASS, or data: in "
                 f"the config), and the job has none; a job without data runs as `lightprune export` (weight criteria "
                 "such as aimer)")
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    return lines[0] if lines else message
+    return first_line(message.splitlines(), message)
+
+
+def first_line(lines: list[str], message: str) -> str:
+    """A message's first non-empty line; one that only names where (``Parser key "model":``, the reason on the lines
+    below it) is joined to the next non-empty line, so the reason is never empty."""
+    texts = [line.strip() for line in lines if line.strip()]
+    if not texts:
+        return message.strip()
+    return f"{texts[0]} {texts[1]}" if texts[0].endswith(":") and len(texts) > 1 else texts[0]
 
 
 def _type_name(name: str) -> str:
@@ -97,7 +106,7 @@ def condense(message: str, options: Iterable[str] = ()) -> str:
         if said:
             return said
     if best is None:
-        return lines[0].strip() if lines else message
+        return first_line(lines, message)
     _, cls, key, given, expected = best
     where = f"{cls.rsplit('.', 1)[-1]}: " if cls else ""
     accepts = " or ".join(dict.fromkeys(_type_name(t) for t in expected)) or "a valid value"

@@ -11,8 +11,11 @@ is not one. What is not followed (a ``--model`` given as a file, a nested option
 
 The config files themselves (:func:`load_config`) and the run directory (:func:`root_dir_problem`) are checked too:
 a ``--config`` that is no file (with the closest file's name), a directory, a file that is not UTF-8, not YAML,
-YAML the safe loader cannot build, empty or not a mapping, and a ``trainer.default_root_dir`` that is a file or
-under one.
+YAML the safe loader cannot build, empty or not a mapping, a literal that YAML 1.1 (jsonargparse's reader) reads
+otherwise than YAML 1.2 or JSON (``020`` is 16, ``1:30`` is 90, ``yes`` is true where the option is no true/false
+option: :func:`literal_problem`), an empty item in a list of classes (``trainer.callbacks``), and a
+``trainer.default_root_dir`` that is a file or under one. Every path followed is checked to be UTF-8 text
+(:meth:`JobInputs.paths`, :func:`lightprune.core.paths.check_path_text`).
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lightprune.cli.names import closest
-from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError, parse_yaml
+from lightprune.cli.names import bool_option, closest
+from lightprune.core.jsonio import (DuplicateKeyError, ParseLimitError, YamlScalar, parse_yaml, yaml_1_1_reading,
+                                    yaml_scalars)
 
-__all__ = ["JobInputs", "load_config", "local_path", "root_dir_problem"]
+__all__ = ["CLASS_LISTS", "JobInputs", "dotted", "empty_item_problem", "literal_problem", "load_config",
+           "local_path", "place", "root_dir_problem"]
 
 #: a value this pass did not follow
 _UNSEEN = object()
@@ -95,6 +100,23 @@ class JobInputs:
                 self.args[key].update(init_args)
             else:
                 self._set_class(key, _UNSEEN)
+
+    def paths(self) -> list[tuple[str, str, str]]:
+        """(option, what, path) for each path given that the model and the data read (the checkpoint, the JSONL
+        files, the tokenizer / processor folder)."""
+        found = []
+        checkpoint = self.args["model"].get("checkpoint")
+        if isinstance(checkpoint, str):
+            found.append(("--model.init_args.checkpoint", "checkpoint directory", checkpoint))
+        data = self.classes["data"]
+        name = data.rsplit(".", 1)[-1] if isinstance(data, str) and data.startswith("lightprune.") else None
+        if name in _DATA_MODULES:
+            for argument in (*_SPLITS, _DATA_MODULES[name]):
+                path = self.args["data"].get(argument)
+                what = f"{argument} JSONL file" if argument in _SPLITS else f"{argument} directory"
+                if isinstance(path, str):
+                    found.append((f"--data.init_args.{argument}", what, path))
+        return found
 
     def problems(self) -> list[tuple[str, str]]:
         """(option, message) for each value given that cannot exist, in the classes' own words."""
@@ -213,6 +235,9 @@ def load_config(text: str, option: str) -> tuple[str, dict[str, Any] | None]:
     except (yaml.YAMLError, ValueError) as err:  # parsed, but not buildable: jsonargparse's loader fails there too
         raise ValueError(_not_buildable(err, where, source)) from None  # (dates are text in both: never here)
     if isinstance(content, dict):
+        problem = _scalars_problem(source, where, content)
+        if problem:
+            raise ValueError(problem)
         return key, content
     if one_name:
         if path.expanduser().is_file():  # ~ is the parser's business
@@ -223,6 +248,55 @@ def load_config(text: str, option: str) -> tuple[str, dict[str, Any] | None]:
                          f"options (trainer:, model:, data:, ...; {_RECIPES})")
     kind = "a list" if isinstance(content, list) else f"a scalar ({str(content)[:40]!r})"
     raise ValueError(f"{where} is not a mapping of options: its top level is {kind}")
+
+
+#: the lists of classes (config paths) in which an empty item (null) is refused
+CLASS_LISTS = (("trainer", "callbacks"), ("trainer", "logger"), ("trainer", "plugins"))
+
+
+def dotted(path: tuple[Any, ...]) -> str:
+    """A key path as a config's reader writes it: ``trainer.callbacks[1].init_args.ratio``."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path).lstrip(".")
+
+
+def literal_problem(scalar: YamlScalar, config: Any) -> str | None:
+    """What YAML 1.1 reads a plain scalar of ``config`` as, not what YAML 1.2 or JSON would, and what to write
+    (:func:`~lightprune.core.jsonio.yaml_1_1_reading`), or None; ``yes``/``no``/``on``/``off`` are taken as
+    true/false where the option is a true/false option or one of a class outside lightprune."""
+    reading = yaml_1_1_reading(scalar.text, scalar.value) if scalar.plain else None
+    if reading is None:
+        return None
+    kind, said = reading
+    if kind == "bool" and not scalar.key and bool_option(scalar.path, config) is not False:
+        return None
+    return said
+
+
+def place(path: tuple[Any, ...], key: bool) -> str:
+    """Where a scalar is, for a message: ``model.init_args.tiny_overrides`` or ``a key of ...``."""
+    return f"a key of {dotted(path) or 'the top level'}" if key else dotted(path)
+
+
+def empty_item_problem(path: tuple[Any, ...], text: str) -> str:
+    """The end of the line refusing an empty item (null) at ``path`` of a list of classes; ``text``: as written."""
+    list_path, index = path[:-1], path[-1]
+    written = "a '-' with nothing after it" if not text else text
+    example = "- class_path: lightprune.callbacks.Export" if list_path[-1] == "callbacks" else \
+        "- class_path: package.module.Class"
+    return (f"item {index + 1} of {dotted(list_path)} is empty ({written}); write a class there ({example}) or "
+            "remove the item")
+
+
+def _scalars_problem(source: str, where: str, content: dict[str, Any]) -> str | None:
+    """The first literal read otherwise than written (:func:`literal_problem`) or empty item of a list of classes in
+    a config's ``source``, as one line naming ``where`` and the line."""
+    for scalar in yaml_scalars(source, where):
+        if scalar.value is None and not scalar.key and len(scalar.path) == 3 and scalar.path[:2] in CLASS_LISTS:
+            return f"{where}, line {scalar.line}: {empty_item_problem(scalar.path, scalar.text)}"
+        problem = literal_problem(scalar, content)
+        if problem:
+            return f"{where}, line {scalar.line}: {place(scalar.path, scalar.key)}: {problem}"
+    return None
 
 
 def root_dir_problem(root: str) -> str | None:

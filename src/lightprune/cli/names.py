@@ -15,9 +15,9 @@ from __future__ import annotations
 import difflib
 from typing import Any, Iterable
 
-__all__ = ["TRAINER_OPTIONS", "METHOD_OPTIONS", "MAIN_OPTIONS", "PRECISIONS", "closest", "did_you_mean",
-           "find_subcommand", "argv_problem", "config_keys_problem", "precision_problem", "wants_help",
-           "prints_config"]
+__all__ = ["TRAINER_OPTIONS", "METHOD_OPTIONS", "MAIN_OPTIONS", "PRECISIONS", "BOOL_OPTIONS", "closest",
+           "did_you_mean", "find_subcommand", "argv_problem", "config_keys_problem", "precision_problem", "wants_help",
+           "prints_config", "bool_option"]
 
 #: ``lightning.pytorch.Trainer.__init__``'s parameters, in order (``--trainer.NAME``; test_cli_names checks them)
 TRAINER_OPTIONS: tuple[str, ...] = (
@@ -45,6 +45,23 @@ PRECISIONS: tuple[Any, ...] = (
     "transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true", "bf16-mixed", "32-true",
     "64-true", "64", "32", "16", "bf16", 64, 32, 16,
 )
+#: the options that take true/false (their type holds ``bool``; test_cli_names checks them against the signatures):
+#: "Trainer"'s, the subcommands' methods' ("methods": a config's top level) and lightprune's classes', by class name
+BOOL_OPTIONS: dict[str, frozenset[str]] = {name: frozenset(options) for name, options in {
+    "Trainer": ("logger", "fast_dev_run", "enable_checkpointing", "enable_progress_bar", "enable_model_summary",
+                "deterministic", "benchmark", "inference_mode", "use_distributed_sampler", "detect_anomaly",
+                "barebones", "sync_batchnorm", "enable_autolog_hparams"),
+    "methods": ("weights_only", "verbose", "return_predictions"),
+    "MoECausalLM": ("trust_remote_code", "load_in_4bit", "sequential"),
+    "ExpertStats": ("resume",), "RouterDelta": ("export", "overwrite", "summary"), "ExpertPruning": (),
+    "Export": ("overwrite", "summary"), "WidthSearch": ("last_layer_first", "progress"), "WidthExport": ("overwrite",),
+    "Evaluate": ("progress",), "ReportPage": (),
+    "TextJsonlDataModule": ("mask_prompt", "add_eos", "progress"),
+    "ImageTextJsonlDataModule": ("mask_prompt", "add_eos", "progress"),
+    "DefaultCorpusDataModule": ("mask_prompt", "add_eos"), "ShapesQADataModule": ("mask_prompt", "progress"),
+    "TestbedVQADataModule": ("mask_prompt", "progress"), "SyntheticTokens": (),
+    "JsonlDataModule": ("mask_prompt", "progress"), "GeneratedQADataModule": ("mask_prompt", "progress"),
+}.items()}
 #: the options every subcommand has besides its method's, and what a config file's top level may name
 _GROUPS = ("seed_everything", "trainer", "model", "data")
 _CONFIG = ("--config", "-c")
@@ -185,3 +202,30 @@ def config_keys_problem(content: dict[str, Any], command: str, where: str) -> st
             return (f"{where}: trainer.{key} is not an option of the trainer{did_you_mean(str(key), TRAINER_OPTIONS)}"
                     f"; `lightprune {command} --help` lists them")
     return None
+
+
+def bool_option(path: tuple[Any, ...], config: Any) -> bool | None:
+    """Whether the value at ``path`` of a ``config`` mapping is an option that takes true/false: True or False where
+    :data:`BOOL_OPTIONS` tells (a config's top level, ``trainer``, an argument of lightprune's classes, a value inside
+    an option's value: no option), None where it cannot (an argument of a class outside lightprune)."""
+    if not path or not isinstance(path[-1], str):
+        return False
+    owner, name = path[:-1], path[-1]
+    if not owner:
+        return name in BOOL_OPTIONS["methods"]
+    if owner == ("trainer",):
+        return name in BOOL_OPTIONS["Trainer"]
+    if owner[-1] != "init_args":  # inside an option's value (a mapping such as tiny_overrides), or no class entry
+        return False
+    entry: Any = config
+    for part in owner[:-1]:
+        try:
+            entry = entry[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    class_path = entry.get("class_path") if isinstance(entry, dict) else None
+    if class_path is None and owner[:-1] == ("model",):
+        class_path = "MoECausalLM"  # the command's model class, unless another is given
+    cls = class_path.rsplit(".", 1)[-1] if isinstance(class_path, str) else None
+    lightprune = isinstance(class_path, str) and (class_path.startswith("lightprune.") or "." not in class_path)
+    return name in BOOL_OPTIONS[cls] if lightprune and cls in BOOL_OPTIONS else None

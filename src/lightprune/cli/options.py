@@ -7,7 +7,7 @@ lightprune (:data:`ADDRESSES`); the value is read as YAML, as jsonargparse reads
 Evaluate's ``data``. :func:`split_addressed` takes these options out of the command line;
 ``LightpruneCLI`` sets them on the one callback of that class once the config is parsed (none or two: an error).
 The addresses, the arguments and their checks are the callbacks' own option specs
-(:mod:`lightprune.callbacks.options`).
+(:mod:`lightprune.callbacks.options`); :func:`addressed_help` lists them in each subcommand's ``--help``.
 
 :func:`check_command_line` reads the command line and the config files it names (YAML only: no torch, no
 Lightning) and checks the options lightprune's callbacks would refuse at construction: an unknown option name,
@@ -17,7 +17,9 @@ in a fraction of a second instead of after Lightning's import. Whatever it canno
 set in a way it does not follow) is left to the callbacks. Before those it refuses what no parser would take
 (:mod:`lightprune.cli.names`: a mistyped subcommand or option, a config key that is no option), a ``--config``
 that is no config, a run directory that cannot be one (:mod:`lightprune.cli.inputs`) and a ``class_path`` outside
-what its slot accepts, before importing it (:mod:`lightprune.cli.slots`).
+what its slot accepts, before importing it (:mod:`lightprune.cli.slots`), a value YAML 1.1 reads otherwise than
+written (``020`` is 16: :func:`lightprune.cli.inputs.literal_problem`), an empty item in a list of classes, and a path
+that is not UTF-8 text (:func:`lightprune.core.paths.check_path_text`).
 """
 
 from __future__ import annotations
@@ -26,14 +28,16 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from lightprune.callbacks.options import OPTIONS, check_criterion_name
-from lightprune.cli.inputs import JobInputs, load_config, root_dir_problem
+from lightprune.cli.inputs import (JobInputs, empty_item_problem, literal_problem, load_config, place,
+                                   root_dir_problem)
 from lightprune.cli.names import (argv_problem, config_keys_problem, did_you_mean, find_subcommand, precision_problem,
                                   prints_config, wants_help)
 from lightprune.cli.slots import class_path_problem, config_slots
-from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError, parse_yaml
+from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError, YamlScalar, parse_value, yaml_scalars
+from lightprune.core.paths import check_path_text
 
 __all__ = ["ADDRESSES", "ARGUMENTS", "SUBCOMMANDS", "OptionError", "Addressed", "split_addressed", "check_command_line",
-           "check_callback_options", "check_criterion_name", "class_name", "missing_callback"]
+           "check_callback_options", "check_criterion_name", "class_name", "missing_callback", "addressed_help"]
 
 #: subcommand -> what it does
 SUBCOMMANDS: dict[str, str] = {
@@ -65,17 +69,71 @@ class Addressed:
     value: Any
 
 
-def _yaml_value(text: str, option: str) -> Any:
-    """``text`` as YAML (a mapping naming a key twice, or text past the YAML limits: an :class:`OptionError` naming
-    ``option``); text that is not YAML is kept as it is."""
+def addressed_help() -> str:
+    """The section of each subcommand's ``--help`` that lists the addresses: each one's callback, what it does and
+    its options (:data:`lightprune.callbacks.options.OPTIONS`, as ``lightprune --help`` lists them)."""
+    import textwrap
+
+    lines = ["lightprune's callback options (--ADDRESS.OPTION VALUE, the value read as YAML: set on the job's one",
+             "callback of that class, whatever the order of trainer.callbacks; the callback must be in the job, from",
+             "the config or --trainer.callbacks+=NAME):"]
+    for name, spec in OPTIONS.items():
+        lines.append(f"  {'--' + spec.address + '.*':17s} {name}: {spec.summary}")
+        lines += textwrap.wrap(", ".join(f"--{spec.address}.{argument}" for argument in spec.arguments), 110,
+                               initial_indent="      ", subsequent_indent="      ", break_on_hyphens=False)
+    lines.append("  an option of a class given as a callback's option: --evaluate.data.init_args.preset micro")
+    return "\n".join(lines)
+
+
+def _yaml_value(text: str, option: str, path: tuple[Any, ...] = (), owner: str | None = None) -> Any:
+    """``text`` as jsonargparse reads a command-line value (:func:`~lightprune.core.jsonio.parse_value`: ``020`` is
+    20); a mapping naming a key twice, or text past the YAML limits, is an :class:`OptionError` naming ``option``;
+    text that is not YAML is kept as it is. ``path``: where the value goes in a config; a literal YAML 1.1 reads
+    otherwise than written (:func:`~lightprune.cli.inputs.literal_problem`) is refused in a list or mapping (read as
+    YAML by the parser too) and, for an addressed option of the callback ``owner`` (read here, whatever its type),
+    in any value."""
     import yaml
 
     try:
-        return parse_yaml(text, option) if text.strip() else text
+        value = parse_value(text, option)
     except (DuplicateKeyError, ParseLimitError) as err:
         raise OptionError(str(err)) from None
     except yaml.YAMLError:
         return text
+    if path and (owner or isinstance(value, (dict, list))):
+        problem = _literal_problem(text, value, path, owner)
+        if problem:
+            raise OptionError(f"{option}: {problem}")
+    return value
+
+
+def _literal_problem(text: str, value: Any, path: tuple[Any, ...], owner: str | None) -> str | None:
+    """What :func:`~lightprune.cli.inputs.literal_problem` says of the first literal of a command-line value that
+    YAML 1.1 reads otherwise than written (its place inside the value named), or None."""
+    if owner:  # an addressed option: as the callback's entry of a config
+        config: Any = {"trainer": {"callbacks": [{"class_path": f"lightprune.callbacks.{owner}"}]}}
+        base: tuple[Any, ...] = ("trainer", "callbacks", 0, "init_args", *path)
+    else:
+        config, base = value, path
+        for part in reversed(path):
+            config = [config] if isinstance(part, int) else {part: config}
+    if isinstance(value, (dict, list)):
+        scalars = yaml_scalars(text, "value")
+    else:
+        scalars = [YamlScalar((), False, 1, text.strip(), True, value)]
+    for scalar in scalars:
+        problem = literal_problem(YamlScalar((*base, *scalar.path), scalar.key, scalar.line, scalar.text,
+                                             scalar.plain, scalar.value), config)
+        if problem:
+            return f"{place(scalar.path, scalar.key)}: {problem}" if scalar.path or scalar.key else problem
+    return None
+
+
+def _option_path(head: str) -> tuple[Any, ...]:
+    """Where a ``--trainer...`` / ``--model...`` / ``--data...`` option's value goes in a config."""
+    if head == "--trainer.callbacks+":
+        return "trainer", "callbacks", 0
+    return tuple(head[2:].split("."))
 
 
 def class_name(class_path: Any) -> str | None:
@@ -112,7 +170,8 @@ def split_addressed(argv: Iterable[str]) -> tuple[list[str], list[Addressed]]:
             text = argv[i]
         else:
             raise OptionError(f"{head} needs a value")
-        found.append(Addressed(head, callback, argument, _yaml_value(text, head)))
+        found.append(Addressed(head, callback, argument, _yaml_value(text, head, tuple(argument.split(".")),
+                                                                     callback)))
         i += 1
     return rest, found
 
@@ -168,7 +227,7 @@ def _config_options(argv: list[str]) -> list[tuple[str, Any]]:
                 except ValueError as err:  # not a config (no file, not a mapping, ...), a key named twice, a bomb:
                     raise OptionError(str(err)) from None  # none reaches jsonargparse
             else:
-                items.append((head, _yaml_value(text, head)))
+                items.append((head, _yaml_value(text, head, _option_path(head))))
         i += 1
     return items
 
@@ -232,7 +291,9 @@ def check_command_line(argv: Iterable[str], others: Iterable[str] = ()) -> None:
             inputs.see_option(where, content)
             continue
         if where in ("--trainer.callbacks+", "--trainer.callbacks"):
-            for entry in content if isinstance(content, list) else [content]:
+            for i, entry in enumerate(content if isinstance(content, list) else [content]):
+                if entry is None and isinstance(content, list):
+                    raise OptionError(f"{where}: {empty_item_problem(('trainer', 'callbacks', i), 'null')}")
                 _check_slot(where, entry, "callback")
         if where == "--trainer.callbacks+":  # one callback appended
             is_class = isinstance(content, str) or (isinstance(content, dict) and "class_path" in content)
@@ -287,6 +348,7 @@ def check_command_line(argv: Iterable[str], others: Iterable[str] = ()) -> None:
             _check_slot(item.option, item.value, slot)
         if names is not None and criteria_known and item.callback not in names:
             raise OptionError(missing_callback(item))
+    _check_path_texts(root if root_where else None, root_where, inputs, callbacks, addressed)
     if prints_config(rest):  # nothing is built or written
         return
     problem = root_dir_problem(root) if root_where and isinstance(root, str) else None
@@ -297,6 +359,33 @@ def check_command_line(argv: Iterable[str], others: Iterable[str] = ()) -> None:
     problems = inputs.problems()
     if problems:
         raise OptionError("; ".join(f"{option}: {problem}" for option, problem in problems))
+
+
+#: the callbacks' arguments that name a path, and what each is
+_PATH_ARGUMENTS = {"output_dir": "output directory", "checkpoint_dir": "checkpoint directory", "plan_path": "plan file"}
+
+
+def _check_path_texts(root: Any, root_where: str | None, inputs: JobInputs, callbacks: list[dict[str, Any]] | None,
+                      addressed: list[Addressed]) -> None:
+    """Refuse a path the job would read or write whose name is not UTF-8 text (the run directory, the model's and
+    the data's files, the callbacks' output_dir, checkpoint_dir and plan_path), naming the option."""
+    found: list[tuple[str, str, Any]] = [(root_where or "", "run directory", root)] if root_where else []
+    found += inputs.paths()
+    given = {(item.callback, item.argument) for item in addressed}
+    for entry in callbacks or []:
+        name = class_name(entry.get("class_path"))
+        if name in OPTIONS:
+            found += [(f"--{OPTIONS[name].address}.{argument}", what, entry["init_args"][argument])
+                      for argument, what in _PATH_ARGUMENTS.items()
+                      if argument in entry["init_args"] and (name, argument) not in given]
+    found += [(item.option, _PATH_ARGUMENTS[item.argument], item.value) for item in addressed
+              if item.argument in _PATH_ARGUMENTS]
+    for where, what, path in found:
+        if isinstance(path, str):
+            try:
+                check_path_text(path, what)
+            except ValueError as err:
+                raise OptionError(f"{where}: {err}") from None
 
 
 #: (callback, argument) -> the class slot it is (:mod:`lightprune.cli.slots`)
