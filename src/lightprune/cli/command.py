@@ -43,7 +43,8 @@ def main() -> None:
     (:func:`lightprune.cli.options.check_command_line`, before Lightning is imported: a typo is reported at once)
     and run :func:`lightprune.cli.app.main`; ``convert-gguf`` runs :func:`lightprune.cli.convert_gguf.main`.
     SIGTERM and SIGINT are handled from the start (:mod:`lightprune.core.interrupt`): a Ctrl-C while Lightning loads
-    is one line and exit status 130, as later."""
+    is one line and exit status 130, as later; once the command is done, the interpreter's teardown is not stopped by
+    them (:func:`lightprune.core.interrupt.quiet_teardown`)."""
     if sys.argv[1:] in ([], ["-h"], ["--help"]):
         print(HELP)
         return
@@ -51,6 +52,7 @@ def main() -> None:
 
     from lightprune.core import interrupt
 
+    interrupt.quiet_teardown()  # first: its exit function runs after every other
     try:
         with interrupt.installed():
             _run()

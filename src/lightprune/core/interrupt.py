@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["STOPPING", "Interrupted", "describe", "doing", "hold", "installed", "kept", "publishing",
-           "terminated_cleanly"]
+           "quiet_teardown", "terminated_cleanly"]
 
 #: the signals a command stops on: SIGTERM (kill, a job scheduler), SIGINT (Ctrl-C), SIGHUP (its terminal closed)
 STOPPING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
@@ -44,6 +44,7 @@ _TERMINATING = tuple(signum for signum in STOPPING if signum != signal.SIGINT)
 _KEPT: list[str] = []
 _DOING: list[str] = []
 _INSTALLED = [False]
+_TEARDOWN = [False]  # quiet_teardown registered
 
 
 class Interrupted(BaseException):
@@ -160,6 +161,26 @@ def terminated_cleanly() -> Iterator[None]:
             signal.signal(signum, signal.SIG_DFL)
         if came:
             os.kill(os.getpid(), came[0])
+
+
+def quiet_teardown() -> None:
+    """Ignore the stopping signals during the interpreter's teardown, from when its last exit function has run.
+
+    Python restores these signals' default action after its exit functions and before it tears its modules down
+    (about a second with torch and transformers loaded): a Ctrl-C there ended a command that had finished, and said
+    so, silently with status 130. Registered before any other exit function (the command's first step), this one runs
+    after every other (exit functions run last registered first: torch's, a process group's, which a signal can still
+    stop) and leaves only the modules' teardown unstoppable but by SIGKILL. Main thread only."""
+    if threading.current_thread() is threading.main_thread() and not _TEARDOWN[0]:
+        import atexit
+
+        atexit.register(_ignore_stopping)
+        _TEARDOWN[0] = True
+
+
+def _ignore_stopping() -> None:
+    for signum in STOPPING:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def kept(what: str) -> None:

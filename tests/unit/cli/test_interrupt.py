@@ -175,3 +175,39 @@ def test_a_closed_terminal_stops_the_command_as_sigterm_does() -> None:
             time.sleep(0.1)
             done.append("published")  # held until the group ends
     assert done == ["published"] and stopped.value.exit_status == 129
+
+
+#: a child whose module teardown (after every exit function) sends itself ``signal`` and then says it lived on
+_TEARDOWN_CHILD = """
+import os, signal, sys
+from lightprune.core import interrupt
+if sys.argv[1] == "quiet":
+    interrupt.quiet_teardown()
+class Late:
+    def __del__(self, kill=os.kill, pid=os.getpid(), signum=int(sys.argv[2]), write=os.write):
+        kill(pid, signum)  # the module globals may be gone by now: all held as defaults
+        write(1, b"lived on")
+late = Late()  # a module global: deleted as Python tears the modules down, its signals' default action restored
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_in_the_interpreters_teardown_leaves_a_finished_command_finished(signum) -> None:
+    """A Ctrl-C a second after the command said it was done (torch's modules being torn down) ended it silently
+    with status 130; the command ignores the stopping signals once the last exit function has run."""
+    run = [sys.executable, "-c", _TEARDOWN_CHILD]
+    plain = subprocess.run([*run, "plain", str(int(signum))], capture_output=True, text=True, timeout=60)
+    assert (plain.returncode, plain.stdout) == (-signum, "")  # what Python does: killed by the signal, no line
+    quiet = subprocess.run([*run, "quiet", str(int(signum))], capture_output=True, text=True, timeout=60)
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "lived on", "")
+
+
+def test_the_command_registers_the_quiet_teardown_first(monkeypatch) -> None:
+    from lightprune.cli import command
+
+    order = []
+    monkeypatch.setattr(interrupt, "quiet_teardown", lambda: order.append("quiet_teardown"))
+    monkeypatch.setattr(command, "_run", lambda: order.append("run"))
+    monkeypatch.setattr(sys, "argv", ["lightprune", "export"])
+    command.main()
+    assert order == ["quiet_teardown", "run"]
