@@ -36,7 +36,7 @@ from typing import Any, NoReturn
 
 from lightprune.checkpoints.header import read_header
 from lightprune.core.jsonio import DuplicateKeyError, parse_json
-from lightprune.core.paths import broken_link, check_path_text
+from lightprune.core.paths import check_path_text, file_problem
 from lightprune.core.sources import not_a_directory
 
 __all__ = ["SAFE_INDEX", "SAFE_WEIGHTS", "weight_files", "read_index", "read_config", "check_checkpoint",
@@ -86,26 +86,10 @@ def readable_inputs() -> Iterator[None]:
         raise error from exc
 
 
-def _entry_problem(file: Path) -> tuple[type[Exception], str] | None:
-    """(the error class, why) when the name ``file`` cannot be read as a file: a dangling symlink (FileNotFoundError),
-    a symlink loop (ValueError), a directory (IsADirectoryError), a special file (ValueError); None for a regular
-    file, a symlink to one, or no such name."""
-    if not os.path.lexists(file) or file.is_file():
-        return None
-    link = broken_link(file)
-    if link is not None:
-        kind, target = link
-        if kind == "loop":
-            return ValueError, f"is a symlink loop (-> {target!r})"
-        return FileNotFoundError, f"is a dangling symlink (its target {target!r} does not exist)"
-    if file.is_dir():
-        return IsADirectoryError, "is a directory, not a file"
-    return ValueError, "is not a regular file"
-
-
 def _check_entry(file: Path, what: str) -> None:
-    """Refuse a name ``file`` that is there but cannot be read as a file (:func:`_entry_problem`), naming it."""
-    problem = _entry_problem(file)
+    """Refuse a name ``file`` that is there but cannot be read as a file (:func:`~lightprune.core.paths.file_problem`),
+    naming it."""
+    problem = file_problem(file)
     if problem is not None:
         cls, why = problem
         raise cls(f"checkpoint directory {str(file.parent)!r}: {what} {file.name} {why}; restore the file (or "

@@ -10,18 +10,14 @@ import re
 import pytest
 
 import lightprune as lp
+from fixtures import PLAN_EXPERT as EXPERT
+from fixtures import PLAN_MERGE as MERGE
+from fixtures import PLAN_WIDTH as WIDTH
 from lightprune.core.checks import check_utf8, non_utf8
 from lightprune.core.errors import PlanError
 from lightprune.experts.merging import MergePlan
 from lightprune.width.plan import WidthPlan
 
-EXPERT = {"keep": {"0": [0, 1], "1": [1, 2]}, "num_experts": {"0": 4, "1": 4}, "criterion": "aimer", "ratio": 0.5,
-          "allocation": "uniform", "metadata": {"normalize": None}}
-MERGE = {"clusters": {"0": [[0, 1], [2, 3]]}, "dominant": {"0": [0, 2]}, "coefficients": {"0": [[0.5, 0.5], [1, 0]]},
-         "num_experts": {"0": 4}, "router": "dominant", "align": False, "method": "hc_smoe", "ratio": 0.5,
-         "metadata": {}}
-WIDTH = {"attn_keep": {"0": [[1, 1, 1]]}, "ffn_keep": {}, "num_heads": {"0": 1}, "intermediate_size": {},
-         "metadata": {"method": "mwop"}}
 LOADERS = {"plan": (lp.ExpertPlan, EXPERT), "merge plan": (MergePlan, MERGE), "width plan": (WidthPlan, WIDTH)}
 SAID = "is not UTF-8 text: it holds '\\ud800', half of a UTF-16 surrogate pair without its partner"
 
