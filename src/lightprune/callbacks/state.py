@@ -49,6 +49,7 @@ from lightprune.callbacks.roster import ONCE, PER_FOLDER, check_roster
 from lightprune.checkpoints.journal import complete, settle, write_pending
 from lightprune.core import interrupt
 from lightprune.core.jsonio import json_text, write_json
+from lightprune.core.paths import write_atomically
 from lightprune.width.mask import mask_width
 
 if TYPE_CHECKING:  # annotations only
@@ -73,12 +74,9 @@ class _Text(str):
 
 
 def _write_text(text: str, path: str) -> None:
-    """``text`` to ``path`` through a temporary file renamed into place (parents created)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, target)
+    """``text`` to ``path`` in UTF-8 (:func:`~lightprune.core.paths.write_atomically`: parents created, the temporary
+    file removed and the file named on failure)."""
+    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), "run file")
 
 
 def _lightprune_class(callback: Any) -> str | None:
@@ -198,7 +196,7 @@ class RunState:
         :func:`lightprune.core.interrupt.publishing`); returns their paths. Where the export wrote them aside before
         its checkpoint's rename (:meth:`_write_aside`), they are renamed into place."""
         written = []
-        with interrupt.publishing():
+        with interrupt.publishing(what="the run files"):
             if self._staged or self._journal is not None:
                 interrupt.hold()
             if self._journal is not None:
@@ -257,7 +255,7 @@ class RunState:
                 if not pending:
                     break
                 if PHASES.index(pending[0].phase) <= PHASES.index("export"):
-                    group.enter_context(interrupt.publishing(before_hold=self._write_aside))
+                    group.enter_context(interrupt.publishing(before_hold=self._write_aside, what="the run files"))
                 pending[0].run(trainer, pl_module)
                 self._finished.append(pending[0])
                 later = pending[1:]
@@ -266,11 +264,11 @@ class RunState:
                     group.close()
         finally:
             self._finishing = False
-            if self._journal is not None:  # a step failed once the files were aside: as the next run would settle it
-                journal, self._journal = self._journal, None
-                settle(journal)
-                self._staged.clear()
-            group.close()
+            with group:  # closed (the signals it holds let go) even when settling fails
+                if self._journal is not None:  # a step failed once the files were aside: as the next run settles it
+                    journal, self._journal = self._journal, None
+                    self._staged.clear()
+                    settle(journal)
         if self.summary is not None:  # every step ran: the export's figures with the evaluation's
             from lightprune.reporting.report import print_summary
 

@@ -4,34 +4,47 @@ A run writes its checkpoint (a staged directory renamed into place: :mod:`~light
 beside it, the files that describe it (plan.json, scores.json, report.json, config.yaml). No rename puts several
 paths in place at once, so the files go through a journal:
 
-1. :func:`write_pending`, before the checkpoint's rename: each file's new text is written beside it
-   (``.<name>.lightprune-pending``), then the journal (``.<checkpoint>.lightprune-journal-<pid>.json`` beside the
-   checkpoint) naming the staged directory by its device and inode, which its rename keeps, and the files;
-2. the checkpoint is renamed into place;
+1. :func:`write_pending`, before the checkpoint's rename: first the journal (``.<checkpoint>.lightprune-journal-
+   <pid>.json`` beside the checkpoint), naming the staged directory by its device and inode, which its rename keeps,
+   and each file by its absolute path, with the SHA-256 of its new text; then each file's new text beside it
+   (``.<name>.lightprune-pending-<pid>``);
+2. the checkpoint is renamed into place (only once :func:`write_pending` has returned: every pending file is there);
 3. :func:`complete`: each pending file is renamed over its target, then the journal is deleted.
 
 Files the run writes only after its checkpoint is in place (report.json with the export's figures, its PNG) are named
 in the journal as ``superseded``: a roll forward deletes those the run had not rewritten yet (older than the
 journal), which described the previous checkpoint.
 
-A process killed anywhere in between (SIGKILL, a power loss) leaves the journal; :func:`recover` (run by the next
-staging of the same checkpoint, :func:`~lightprune.checkpoints.staging.clean_stale`, and by a run over the same
-folder) rolls forward when the checkpoint in place is the staged directory the journal names (the pending files
-describe it) and back otherwise (they are deleted): either way the folder holds one run's checkpoint and files.
-Journals of live processes (a concurrent export) are left alone.
+A process killed anywhere in between (SIGKILL) leaves the journal, or only its temporary file (``<journal>.tmp``)
+when killed while writing it, before any pending file; :func:`recover` (run by the next staging of the same
+checkpoint, :func:`~lightprune.checkpoints.staging.clean_stale`, and by the up-front check of that output directory,
+:func:`~lightprune.checkpoints.staging.check_out_dir`, so a rerun refused for a non-empty folder settles it too)
+deletes such a temporary file and rolls a journal forward when the checkpoint in place is the staged directory it
+names (its pending files, all written before that rename, describe it) and back otherwise (its pending files, those
+there, are deleted): either way the folder holds one run's checkpoint and files. Journals of live processes (a
+concurrent export) are left alone; a journal that cannot be settled is left, with a RuntimeWarning naming it.
+
+The journal is flushed to the disk (``fsync``, with its folder) when written, and the folders once it is deleted;
+the checkpoint's weights and the pending files are not. What holds is the above for a kill of the process at any
+point; for a power loss, only as far as the file system keeps the renames in the order they were made.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import os
 import re
+import warnings
 from pathlib import Path
+
+from lightprune.core.paths import flush_folder, write_atomically
 
 __all__ = ["complete", "journal_path", "process_alive", "recover", "settle", "write_pending"]
 
-_PENDING = ".lightprune-pending"
+_PENDING = ".lightprune-pending-"
 
 
 def journal_path(out: Path, pid: int | None = None) -> Path:
@@ -40,76 +53,116 @@ def journal_path(out: Path, pid: int | None = None) -> Path:
 
 
 def _pending(target: Path) -> Path:
-    return target.with_name(f".{target.name}{_PENDING}")
+    """Where this process writes the new text of ``target`` aside."""
+    return target.with_name(f".{target.name}{_PENDING}{os.getpid()}")
 
 
-def _write(path: Path, text: str) -> None:
-    """``text`` to ``path`` through a temporary file renamed into place, flushed to the disk first."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def write_pending(files: dict[str, str], staged: Path, out: Path, superseded: list[str] = ()) -> Path:
-    """Write each of ``files`` ({target path: text}) beside its target, then the journal of checkpoint ``out``
-    (to be renamed from ``staged``; ``superseded``: the files the run rewrites after it); returns the journal's
-    path. On any failure what it wrote is removed."""
+    """Write the journal of checkpoint ``out`` (to be renamed from ``staged``; ``superseded``: the files the run
+    rewrites after it), flushed to the disk, then each of ``files`` ({target path: text}) beside its target; returns
+    the journal's path. Every path is recorded absolute. On any failure what it wrote is removed (pending files first,
+    the journal last)."""
     info = os.stat(staged)
+    out = Path(out).absolute()
     journal = journal_path(out)
-    written: list[Path] = []
+    texts = {str(Path(target).absolute()): text for target, text in files.items()}
+    aside = {target: _pending(Path(target)) for target in texts}
+    record = {"checkpoint": str(out), "device": info.st_dev, "inode": info.st_ino,
+              "files": {target: {"pending": str(aside[target]), "sha256": _sha256(text.encode("utf-8"))}
+                        for target, text in texts.items()},
+              "superseded": [str(Path(path).absolute()) for path in superseded]}
     try:
-        for target, text in files.items():
-            Path(target).parent.mkdir(parents=True, exist_ok=True)
-            _write(_pending(Path(target)), text)
-            written.append(_pending(Path(target)))
-        _write(journal, json.dumps({"checkpoint": str(out), "device": info.st_dev, "inode": info.st_ino,
-                                    "files": list(files), "superseded": list(superseded)}, indent=1) + "\n")
+        write_atomically(journal, lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8"),
+                         "journal", fsync=True)
+        for target, text in texts.items():
+            write_atomically(aside[target], lambda tmp, text=text: tmp.write_text(text, encoding="utf-8"),
+                             f"the new text of {target!r}, aside at")
     except BaseException:
-        for path in written:
-            with contextlib.suppress(OSError):
+        try:
+            for path in aside.values():
                 path.unlink(missing_ok=True)
+            journal.unlink(missing_ok=True)
+        except OSError as err:
+            warnings.warn(f"could not remove {err.filename!r}, written aside for {str(out)!r} ({err.strerror}); the "
+                          "next export to it removes it", RuntimeWarning, stacklevel=2)
         raise
     return journal
 
 
+def _read(journal: Path) -> dict:
+    """The record of ``journal``; a ValueError naming it when it is not one :func:`write_pending` writes."""
+    try:
+        record = json.loads(Path(journal).read_text(encoding="utf-8"))
+        fields = (record["checkpoint"], record["device"], record["inode"], record["files"], record["superseded"])
+        valid = (isinstance(fields[0], str) and isinstance(fields[1], int) and isinstance(fields[2], int)
+                 and isinstance(fields[3], dict) and isinstance(fields[4], list)
+                 and all(isinstance(path, str) for path in fields[4])
+                 and all(isinstance(entry, dict) and isinstance(entry.get("pending"), str)
+                         and isinstance(entry.get("sha256"), str) for entry in fields[3].values()))
+    except (ValueError, KeyError, TypeError) as err:  # JSON, UTF-8, a missing key, not an object
+        raise ValueError(f"journal {str(journal)!r} is not one lightprune writes ({type(err).__name__}: {err})") \
+            from err
+    if not valid:
+        raise ValueError(f"journal {str(journal)!r} is not one lightprune writes (a field of the wrong type)")
+    return record
+
+
+def _holds(target: str, sha256: str) -> bool:
+    """Whether the file ``target`` holds the text whose SHA-256 is ``sha256`` (False: it is not there)."""
+    try:
+        return _sha256(Path(target).read_bytes()) == sha256
+    except FileNotFoundError:
+        return False
+
+
 def complete(journal: Path) -> list[str]:
-    """Rename every pending file of ``journal`` over its target, then delete the journal; returns the targets."""
-    record = json.loads(journal.read_text(encoding="utf-8"))
-    for target in record["files"]:
-        if os.path.lexists(_pending(Path(target))):
-            os.replace(_pending(Path(target)), target)
+    """Rename every pending file of ``journal`` over its target, then delete the journal and flush the folders to the
+    disk; returns the targets. A pending file that is missing while its target does not hold its text (it does when
+    an earlier :func:`complete` was stopped after renaming it) raises FileNotFoundError naming both, once the others
+    are renamed; the journal is then kept (every :func:`recover` warns of it until an export replaces the
+    checkpoint)."""
+    record = _read(journal)
+    missing = []
+    for target, entry in record["files"].items():
+        if os.path.lexists(entry["pending"]):
+            os.replace(entry["pending"], target)
+        elif not _holds(target, entry["sha256"]):
+            missing.append(f"{target!r} ({entry['pending']!r})")
+    if missing:
+        raise FileNotFoundError(errno.ENOENT, f"the new text of {', '.join(missing)} is gone and the file does not "
+                                f"hold it, so it does not describe the checkpoint {record['checkpoint']!r}; export "
+                                f"to it again (the journal {str(journal)!r} is kept until then)")
     journal.unlink()
+    for folder in sorted({Path(journal).parent, *(Path(target).parent for target in record["files"])}):
+        flush_folder(folder, f"the files of {record['checkpoint']!r}")
     return list(record["files"])
 
 
 def settle(journal: Path) -> str:
     """Finish what a journal began: forward (:func:`complete`) when its checkpoint is in place, else back (its
-    pending files deleted, then the journal); returns ``"forward"`` or ``"back"``."""
-    record = json.loads(journal.read_text(encoding="utf-8"))
+    pending files, and their temporary files, deleted, then the journal); returns ``"forward"`` or ``"back"``. An
+    error (a file that cannot be deleted or renamed) is raised, the journal kept."""
+    record = _read(journal)
     try:
         info = os.stat(record["checkpoint"])
         in_place = (info.st_dev, info.st_ino) == (record["device"], record["inode"])
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         in_place = False
     if in_place:
         written = os.stat(journal).st_mtime_ns
-        for path in record.get("superseded", []):  # not rewritten since: the previous checkpoint's
-            with contextlib.suppress(OSError):
+        for path in record["superseded"]:  # not rewritten since: the previous checkpoint's
+            with contextlib.suppress(FileNotFoundError):
                 if os.stat(path).st_mtime_ns < written:
                     os.unlink(path)
         complete(journal)
         return "forward"
-    for target in record["files"]:
-        with contextlib.suppress(OSError):
-            _pending(Path(target)).unlink(missing_ok=True)
+    for entry in record["files"].values():
+        Path(entry["pending"]).unlink(missing_ok=True)
+        Path(entry["pending"] + ".tmp").unlink(missing_ok=True)
     journal.unlink()
     return "back"
 
@@ -126,19 +179,26 @@ def process_alive(pid: int) -> bool:
 
 
 def recover(out: str | os.PathLike) -> list[tuple[Path, str]]:
-    """Settle the journals a dead process left beside checkpoint ``out`` (:func:`settle`); a journal that cannot be
-    read is left, with the pending files it names. Returns (journal, "forward" | "back") for each one settled."""
+    """Settle the journals a dead process left beside checkpoint ``out`` (:func:`settle`) and delete their temporary
+    files (a kill while the journal was written); a journal that cannot be settled (unreadable, a file that cannot be
+    renamed or deleted) is left, with a RuntimeWarning naming it and the error. Returns (journal, "forward" | "back")
+    for each one settled."""
     out = Path(out).expanduser().absolute()
     if not out.parent.is_dir():
         return []
-    pattern = re.compile(rf"^\.{re.escape(out.name)}\.lightprune-journal-(\d+)\.json$")
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.lightprune-journal-(\d+)\.json(\.tmp)?$")
     done = []
     for entry in sorted(out.parent.iterdir()):
         match = pattern.match(entry.name)
         if match is None or int(match.group(1)) == os.getpid() or process_alive(int(match.group(1))):
             continue
         try:
-            done.append((entry, settle(entry)))
-        except (OSError, ValueError, KeyError):
-            continue
+            if match.group(2):  # killed while writing its journal: nothing else was written yet
+                entry.unlink(missing_ok=True)
+            else:
+                done.append((entry, settle(entry)))
+        except (OSError, ValueError) as err:
+            warnings.warn(f"could not settle {str(entry)!r}, left by a run killed while publishing {str(out)!r} and "
+                          f"its files: {err}; {str(out.parent)!r} may hold that checkpoint beside another run's files "
+                          "until this is fixed (each export to it tries again)", RuntimeWarning, stacklevel=2)
     return done

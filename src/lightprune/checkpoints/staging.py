@@ -19,12 +19,16 @@ a kill, below):
   naming it (:func:`~lightprune.checkpoints.directory.input_error`), its class kept;
 - a SIGTERM while the staging directory exists, in a process that left SIGTERM's default action (a Python script
   calling the API), removes the staging directory before the process ends, as that signal ends it (status 143):
-  :func:`~lightprune.core.interrupt.terminated_cleanly`. A process with its own SIGTERM handler keeps it.
+  :func:`~lightprune.core.interrupt.terminated_cleanly`; one that comes once the staged directory is being put in
+  place ends the process once that is done, and once every output published with it is (a run's files:
+  :func:`~lightprune.core.interrupt.publishing`). A process with its own SIGTERM handler keeps it.
 
 Leftovers of a process that died (SIGKILL, power loss, an interrupt during a deletion) carry its pid in their name.
-The next staging of the same target (:func:`clean_stale`) deletes the staged and trash directories of dead
-processes, and renames an ``-old-`` copy back only when the target is missing, which means the kill came between
-the two renames of a replacement (an ``-old-`` copy is complete: its deletion never starts under that name).
+The next staging of the same target (:func:`clean_stale`) settles the journal of the run files a dead process was
+publishing with it (:mod:`~lightprune.checkpoints.journal`; :func:`check_out_dir`, the up-front check, does too),
+deletes the staged and trash directories of dead processes, and renames an ``-old-`` copy back only when the target
+is missing, which means the kill came between the two renames of a replacement (an ``-old-`` copy is complete: its
+deletion never starts under that name).
 Directories of live processes (a concurrent export on this machine) are left alone.
 
 :func:`staging_file` is the same for one file (a GGUF conversion): the target is checked up front
@@ -86,11 +90,14 @@ class OutputDirError(OSError):
 def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False,
                   remedy: str = "pass overwrite=True to replace it") -> Path:
     """The absolute output path, after checking it may be written; errors name the path (a non-empty one without
-    ``overwrite``: and ``remedy``, how the caller's user replaces it)."""
+    ``overwrite``: and ``remedy``, how the caller's user replaces it). First the journals a dead process left for it
+    are settled (:func:`~lightprune.checkpoints.journal.recover`: a run killed while publishing its files with it),
+    so that the folder judged, and kept when refused, holds one run's checkpoint and files."""
     check_path_text(out_dir, "output directory")
     out = Path(out_dir).expanduser().absolute()
     if out.name in ("", ".", ".."):
         raise ValueError(f"output directory {str(out_dir)!r} must name a directory, not {out.name!r}")
+    recover(out)
     if out.exists() or out.is_symlink():
         if not out.is_dir() or out.is_symlink():
             raise FileExistsError(f"output path {str(out)!r} exists and is not a plain directory")
@@ -239,7 +246,8 @@ def staging_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator
                 out.parent.mkdir(parents=True, exist_ok=True)
                 os.mkdir(staged)
             yield staged
-            with interrupt.publishing():  # a signal from here on waits for what is published with it (a run's files)
+            # a signal from here on waits for what is published with it (a run's files)
+            with interrupt.publishing(what=repr(str(out))):
                 interrupt.hold(staged, out)
                 out = check_out_dir(out, overwrite)  # the target may have appeared meanwhile
                 _commit(staged, out)

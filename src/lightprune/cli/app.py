@@ -27,7 +27,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightprune.callbacks.state import RunState
 from lightprune.cli.errors import condense, lightning_problem
-from lightprune.cli.names import find_subcommand, prints_config
+from lightprune.cli.names import prints_config, subcommand
 from lightprune.cli.options import Addressed, OptionError, addressed_help, missing_callback, split_addressed
 from lightprune.cli.trainer import PruneTrainer
 from lightprune.core import interrupt
@@ -397,20 +397,11 @@ def main() -> None:
     except (ValueError, OSError, MisconfigurationException, *ERRORS) as err:
         if os.environ.get("LIGHTPRUNE_DEBUG"):
             raise
-        line = lightning_problem(str(err), _command()) if isinstance(err, MisconfigurationException) else str(err)
+        line = lightning_problem(str(err), subcommand(sys.argv[1:])) if isinstance(err, MisconfigurationException) else str(err)
         print(clip_values(f"lightprune: error: {line}"), file=sys.stderr)
         raise SystemExit(2) from None
     except interrupt.Interrupted as err:
-        if os.environ.get("LIGHTPRUNE_DEBUG"):
-            raise
-        print(interrupt.describe(err, _command()), file=sys.stderr)
-        raise SystemExit(err.exit_status) from None
-
-
-def _command() -> str | None:
-    """The subcommand of the command line (None: none given)."""
-    at = find_subcommand(sys.argv[1:])
-    return None if at is None else sys.argv[1 + at]
+        interrupt.exit_interrupted(err, subcommand(sys.argv[1:]))
 
 
 if __name__ == "__main__":

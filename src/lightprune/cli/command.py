@@ -42,14 +42,12 @@ def main() -> None:
     """Print :data:`HELP` for a bare ``lightprune`` or ``--help``; otherwise check the callbacks' options
     (:func:`lightprune.cli.options.check_command_line`, before Lightning is imported: a typo is reported at once)
     and run :func:`lightprune.cli.app.main`; ``convert-gguf`` runs :func:`lightprune.cli.convert_gguf.main`.
-    SIGTERM and SIGINT are handled from the start (:mod:`lightprune.core.interrupt`): a Ctrl-C while Lightning loads
-    is one line and exit status 130, as later; once the command is done, the interpreter's teardown is not stopped by
-    them (:func:`lightprune.core.interrupt.quiet_teardown`)."""
+    SIGTERM, SIGINT and SIGHUP are handled from the start (:mod:`lightprune.core.interrupt`): a Ctrl-C while Lightning
+    loads is one line and exit status 130, as later; once the command is done, the interpreter's teardown is not
+    stopped by them (:func:`lightprune.core.interrupt.quiet_teardown`)."""
     if sys.argv[1:] in ([], ["-h"], ["--help"]):
         print(HELP)
         return
-    import os
-
     from lightprune.core import interrupt
 
     interrupt.quiet_teardown()  # first: its exit function runs after every other
@@ -57,14 +55,9 @@ def main() -> None:
         with interrupt.installed():
             _run()
     except interrupt.Interrupted as err:
-        if os.environ.get("LIGHTPRUNE_DEBUG"):
-            raise
-        from lightprune.cli.names import find_subcommand
+        from lightprune.cli.names import subcommand
 
-        args = [arg for arg in sys.argv[1:] if arg != "--verbose"]
-        at = find_subcommand(args)
-        print(interrupt.describe(err, None if at is None else args[at]), file=sys.stderr)
-        raise SystemExit(err.exit_status) from None
+        interrupt.exit_interrupted(err, subcommand(sys.argv[1:]))
 
 
 def _run() -> None:

@@ -76,8 +76,5 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> None:
         print(f"lightprune: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except interrupt.Interrupted as err:
-        if os.environ.get("LIGHTPRUNE_DEBUG"):
-            raise
-        print(interrupt.describe(err, "convert-gguf"), file=sys.stderr)
-        raise SystemExit(err.exit_status) from None
+        interrupt.exit_interrupted(err, "convert-gguf")
     print(result.summary())

@@ -16,7 +16,7 @@ import difflib
 from typing import Any, Iterable
 
 __all__ = ["TRAINER_OPTIONS", "METHOD_OPTIONS", "MAIN_OPTIONS", "PRECISIONS", "BOOL_OPTIONS", "closest",
-           "did_you_mean", "find_subcommand", "argv_problem", "config_keys_problem", "precision_problem", "wants_help",
+           "did_you_mean", "find_subcommand", "subcommand", "argv_problem", "config_keys_problem", "precision_problem", "wants_help",
            "prints_config", "bool_option"]
 
 #: ``lightning.pytorch.Trainer.__init__``'s parameters, in order (``--trainer.NAME``; test_cli_names checks them)
@@ -108,6 +108,14 @@ def find_subcommand(argv: list[str]) -> int | None:
             return i
         i += 2 if "=" not in arg and _takes_value(arg) else 1
     return None
+
+
+def subcommand(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names (:func:`find_subcommand`; ``--verbose`` is the ``lightprune`` command's own
+    flag), or None."""
+    args = [arg for arg in argv if arg != "--verbose"]
+    at = find_subcommand(args)
+    return None if at is None else args[at]
 
 
 def _subcommand_options(command: str) -> list[str]:

@@ -18,7 +18,8 @@ then ends the process as that signal ends it (status 143, 129); a process with i
 
 Outputs published together (a run's checkpoint and the plan, scores and config that describe it) are one
 :func:`publishing` group: from the moment the first of them is put in place (:func:`hold`), a signal is held until
-all of them are, then raised.
+all of them are, then raised (in a script, where :func:`terminated_cleanly` caught it: sent again, the process ending
+as that signal ends it). Inside :func:`installed` (the command) a held signal is said at once on stderr, in one line.
 
 What a run kept is what its parts say they published (:func:`kept`: a pruned checkpoint renamed into place, a
 testbed written to its cache); what it was doing, the innermost :func:`doing` block when the signal came (training
@@ -30,11 +31,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["STOPPING", "Interrupted", "describe", "doing", "hold", "installed", "kept", "publishing",
+__all__ = ["STOPPING", "Interrupted", "describe", "doing", "exit_interrupted", "hold", "installed", "kept", "publishing",
            "quiet_teardown", "terminated_cleanly"]
 
 #: the signals a command stops on: SIGTERM (kill, a job scheduler), SIGINT (Ctrl-C), SIGHUP (its terminal closed)
@@ -48,9 +50,10 @@ _TEARDOWN = [False]  # quiet_teardown registered
 
 
 class Interrupted(BaseException):
-    """Raised in the main thread by SIGTERM or SIGINT inside :func:`installed` (a BaseException, as
-    KeyboardInterrupt: an ``except Exception`` does not swallow it). ``signum``: the signal; ``doing``: the
-    innermost :func:`doing` block when it arrived (None: none)."""
+    """Raised in the main thread by SIGTERM, SIGINT or SIGHUP inside :func:`installed`, by SIGTERM or SIGHUP inside
+    :func:`terminated_cleanly` (where they had their default action), and at the end of a :func:`publishing` group
+    that held one of them (a BaseException, as KeyboardInterrupt: an ``except Exception`` does not swallow it).
+    ``signum``: the signal; ``doing``: the innermost :func:`doing` block when it arrived (None: none)."""
 
     def __init__(self, signum: int):
         self.signum = signum
@@ -63,8 +66,10 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
-#: publishing groups open (:func:`publishing`), whether one holds the signals (:func:`hold`), the signal held
-_GROUP: dict[str, Any] = {"open": 0, "holding": False, "pending": None, "before": []}
+#: publishing groups open (:func:`publishing`), whether one holds the signals (:func:`hold`), the signal held, what
+#: each open block publishes, and what :func:`terminated_cleanly` blocks left to the group's end: (the signals whose
+#: handler they keep until then, the signals that came)
+_GROUP: dict[str, Any] = {"open": 0, "holding": False, "pending": None, "before": [], "what": [], "after": []}
 
 
 def _raise(signum: int, frame: object) -> None:
@@ -74,40 +79,72 @@ def _raise(signum: int, frame: object) -> None:
 
 
 def _held(signum: int) -> bool:
-    """Whether the signal is held for the end of the publishing group (recorded: the first one)."""
+    """Whether the signal is held for the end of the publishing group (recorded: the first one, said on stderr inside
+    :func:`installed`)."""
     if _GROUP["open"] and _GROUP["holding"]:
         if _GROUP["pending"] is None:
             _GROUP["pending"] = signum
+            if _INSTALLED[0]:
+                _say_held(signum)
         return True
     return False
 
 
+def _say_held(signum: int) -> None:
+    """One line on stderr: the signal came and waits for what the open publishing blocks put in place (written to
+    the file descriptor: a signal handler may run while ``sys.stderr`` is being written; a closed terminal, as after
+    SIGHUP, takes no line, which changes nothing else)."""
+    names = list(dict.fromkeys(what for what in reversed(_GROUP["what"]) if what))
+    what = " and ".join(names) or "what is being published"
+    verb = "are" if len(names) > 1 else "is"
+    line = f"lightprune: {signal.Signals(signum).name} received; stopping once {what} {verb} in place\n"
+    with contextlib.suppress(OSError):
+        os.write(2, line.encode("utf-8", "backslashreplace"))
+
+
 @contextlib.contextmanager
-def publishing(before_hold: Callable[..., None] | None = None) -> Iterator[None]:
+def publishing(before_hold: Callable[..., None] | None = None, what: str | None = None) -> Iterator[None]:
     """Outputs published together (a run's pruned checkpoint and its plan, scores and config): once :func:`hold` is
-    called inside the block (the first of them is about to be put in place), SIGTERM and SIGINT are held until the
-    outermost block ends, then raised as :class:`Interrupted` there, so that a signal never leaves a checkpoint
-    without the run files that describe it. Before :func:`hold`, the block is interrupted as anywhere else.
-    ``before_hold``: called by the first :func:`hold` inside the block with its arguments, the signals held (the
-    run state writes the run files aside there, :mod:`lightprune.checkpoints.journal`)."""
+    called inside the block (the first of them is about to be put in place), SIGTERM, SIGINT and SIGHUP are held
+    until the outermost block ends, then raised as :class:`Interrupted` there, so that a signal never leaves a
+    checkpoint without the run files that describe it; one :func:`terminated_cleanly` caught is sent again there
+    instead, its default action restored first (the process ends as that signal ends it). Before :func:`hold`, the
+    block is interrupted as anywhere else. ``before_hold``: called by the first :func:`hold` inside the block with its
+    arguments, the signals held (the run state writes the run files aside there,
+    :mod:`lightprune.checkpoints.journal`); ``what``: what the block puts in place, for the line a held signal prints
+    inside :func:`installed`."""
     _GROUP["open"] += 1
+    _GROUP["what"].append(what)
     if before_hold is not None:
         _GROUP["before"].append(before_hold)
     try:
         yield
     finally:
         _GROUP["open"] -= 1
+        _GROUP["what"].pop()
         if before_hold is not None and before_hold in _GROUP["before"]:
             _GROUP["before"].remove(before_hold)
         if not _GROUP["open"]:
-            pending, _GROUP["pending"], _GROUP["holding"] = _GROUP["pending"], None, False
+            pending, after = _GROUP["pending"], _GROUP["after"]
+            _GROUP.update(pending=None, holding=False, after=[])
+            _default_again([signum for ours, _ in after for signum in ours],
+                           [signum for _, came in after for signum in came])
             if pending is not None:
                 raise Interrupted(pending)
 
 
+def _default_again(signals: list[int], came: list[int]) -> None:
+    """Restore the default action of ``signals``, then send the first of ``came`` (if any) to this process again, which
+    it ends."""
+    for signum in signals:
+        signal.signal(signum, signal.SIG_DFL)
+    if came:
+        os.kill(os.getpid(), came[0])
+
+
 def hold(*args: Any) -> None:
-    """From now until the outermost :func:`publishing` block ends, hold SIGTERM and SIGINT (outside one: nothing);
-    the blocks' ``before_hold`` callbacks run first, once, with ``args``."""
+    """From now until the outermost :func:`publishing` block ends, hold SIGTERM, SIGINT and SIGHUP (outside one:
+    nothing); the blocks' ``before_hold`` callbacks run first, once, with ``args``."""
     if _GROUP["open"]:
         _GROUP["holding"] = True
         before, _GROUP["before"] = _GROUP["before"], []
@@ -119,11 +156,13 @@ def hold(*args: Any) -> None:
 def installed() -> Iterator[None]:
     """Inside the block SIGTERM, SIGINT and SIGHUP (:data:`STOPPING`) raise :class:`Interrupted` (in the main thread:
     handlers can only be set there; elsewhere nothing changes) and :func:`kept` records; the previous handlers return
-    after it."""
+    after it. A signal the process was started with ignored stays ignored: ``nohup``'s SIGHUP (a job meant to outlive
+    its terminal), a background job's SIGINT."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.signal(signum, _raise) for signum in STOPPING}
+    previous = {signum: signal.signal(signum, _raise) for signum in STOPPING
+                if signal.getsignal(signum) is not signal.SIG_IGN}
     _INSTALLED[0] = True
     _KEPT.clear()
     try:
@@ -137,10 +176,12 @@ def installed() -> Iterator[None]:
 @contextlib.contextmanager
 def terminated_cleanly() -> Iterator[None]:
     """Inside the block, in the main thread, SIGTERM and SIGHUP, where they have their default action, raise
-    :class:`Interrupted` (the block's ``finally`` and ``except`` clauses run: a staging directory is removed); once
-    the block is left the default action returns and, when a signal came, it is sent again: the process ends as that
-    signal ends it (status 143, 129). Elsewhere (another thread, a handler of the caller's own or :func:`installed`'s,
-    a signal ignored) nothing changes."""
+    :class:`Interrupted` (the block's ``finally`` and ``except`` clauses run: a staging directory is removed), or are
+    held inside a :func:`publishing` group that holds; once the block is left the default action returns and, when a
+    signal came, it is sent again: the process ends as that signal ends it (status 143, 129). A block left inside an
+    open :func:`publishing` group (a run's checkpoint in place, its files not yet) keeps its handler until the
+    group's outermost block ends, which does that then. Elsewhere (another thread, a handler of the caller's own or
+    :func:`installed`'s, a signal ignored) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -157,10 +198,10 @@ def terminated_cleanly() -> Iterator[None]:
     try:
         yield
     finally:
-        for signum in ours:
-            signal.signal(signum, signal.SIG_DFL)
-        if came:
-            os.kill(os.getpid(), came[0])
+        if _GROUP["open"]:  # the rest of the group is published first: its outermost block ends this
+            _GROUP["after"].append((ours, came))
+        else:
+            _default_again(ours, came)
 
 
 def quiet_teardown() -> None:
@@ -198,6 +239,15 @@ def doing(what: str) -> Iterator[None]:
         yield
     finally:
         _DOING.pop()
+
+
+def exit_interrupted(err: Interrupted, command: str | None = None) -> NoReturn:
+    """End an interrupted command: :func:`describe`'s line on stderr and exit ``err.exit_status`` (with
+    ``LIGHTPRUNE_DEBUG`` set, ``err`` is raised again, with its traceback)."""
+    if os.environ.get("LIGHTPRUNE_DEBUG"):
+        raise err
+    print(describe(err, command), file=sys.stderr)
+    raise SystemExit(err.exit_status) from None
 
 
 def describe(err: Interrupted, command: str | None = None) -> str:

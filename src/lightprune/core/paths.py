@@ -19,11 +19,12 @@ import contextlib
 import errno
 import os
 import stat
+import warnings
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["broken_link", "check_input_file", "check_path_text", "check_state_file", "file_problem", "folder_problem",
-           "write_atomically"]
+__all__ = ["broken_link", "check_input_file", "check_path_text", "check_state_file", "file_problem", "flush_folder",
+           "folder_problem", "write_atomically"]
 
 
 def check_path_text(path: str | os.PathLike, what: str) -> None:
@@ -146,15 +147,20 @@ def check_state_file(path: str | os.PathLike, what: str, fix: str) -> None:
         raise _error(cls, f"{what} {str(path)!r}: {why}; {fix}")
 
 
-def write_atomically(path: str | os.PathLike, write: Callable[[Path], object], what: str) -> Path:
+def write_atomically(path: str | os.PathLike, write: Callable[[Path], object], what: str, *,
+                     fsync: bool = False) -> Path:
     """Write ``path`` by ``write(tmp)``, ``tmp`` being ``<name>.tmp`` beside it, renamed into place (parents
     created). On any failure the temporary file is removed and ``path`` is as it was; an OSError, or the
-    RuntimeError of ``torch.save``'s writer, is raised again naming ``what``, the file and the cause."""
+    RuntimeError of ``torch.save``'s writer, is raised again naming ``what``, the file and the cause. ``fsync``: the
+    temporary file is flushed to the disk before the rename and the folder after it (a folder that cannot be flushed:
+    a RuntimeWarning naming it, the file being in place)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
+        if fsync:
+            _flush(tmp, os.O_RDONLY)
         os.replace(tmp, path)
     except BaseException as err:
         if os.path.isfile(tmp) or os.path.islink(tmp):  # ours; never a folder someone left there
@@ -166,7 +172,29 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], object], w
         if isinstance(err, OSError):
             raise (type(err)(err.errno, message) if err.errno is not None else type(err)(message)) from err
         raise RuntimeError(message) from err
+    if fsync:
+        flush_folder(path.parent, f"{what} {str(path)!r}")
     return path
+
+
+def _flush(path: str | os.PathLike, flags: int) -> None:
+    """``fsync`` the file or folder ``path`` (opened with ``flags``)."""
+    handle = os.open(path, flags)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def flush_folder(folder: str | os.PathLike, renamed: str) -> None:
+    """Flush the folder ``folder`` to the disk, so that the renames and deletions in it survive a power loss; when it
+    cannot be flushed (a file system without it: EINVAL), a RuntimeWarning names it and ``renamed`` (what was put in
+    place there, which stays)."""
+    try:
+        _flush(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as err:
+        warnings.warn(f"could not flush the folder {os.fspath(folder)!r} to the disk ({_cause(err)}): {renamed} is in "
+                      "place, but a power loss may undo that", RuntimeWarning, stacklevel=3)
 
 
 def _cause(err: BaseException) -> str:

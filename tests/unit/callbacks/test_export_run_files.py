@@ -9,12 +9,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import FIXTURES
+from fixtures import FIXTURES, signals_at_default
 from safetensors import safe_open
 
 import lightprune as lp
 from lightprune.callbacks import ExpertPruning, ExpertStats, Export
 from lightprune.cli.trainer import PruneTrainer
+
+
+@pytest.fixture(autouse=True)
+def _signals_as_from_a_terminal():
+    """The signals these tests send act as in a command a terminal started, under ``nohup`` or in the background too."""
+    with signals_at_default():
+        yield
+
 
 VOCAB = 160
 TEXT = FIXTURES / "data" / "text.jsonl"
@@ -180,3 +188,57 @@ def test_a_run_killed_between_its_checkpoint_and_its_files_is_settled_by_the_nex
     clean_stale(run / "model")
     assert kept() == {6} and json.loads((run / "report.json").read_text())["experts_after"] == 12
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_failure_to_settle_the_journal_still_ends_the_publishing_group(tmp_path: Path, monkeypatch) -> None:
+    """An export step fails once the run files are aside, and settling them fails too: that error is raised, and the
+    group is closed all the same, so a later Ctrl-C in the same process is not held forever."""
+    import os
+    import signal
+    import time
+
+    from lightprune.callbacks import state as state_module
+    from lightprune.core import interrupt
+
+    staged = tmp_path / ".model.staged"
+    staged.mkdir()
+
+    class FailingExport:
+        phase = "export"
+
+        def run(self, trainer, pl_module):
+            interrupt.hold(staged, tmp_path / "model")  # the run files written aside, with their journal
+            raise RuntimeError("the export failed")
+
+    def unsettled(journal):
+        raise PermissionError(13, "Permission denied", str(journal))
+
+    monkeypatch.setattr(state_module, "settle", unsettled)
+    state = state_module.RunState()
+    state.stage_file(tmp_path / "plan.json", {"plan": "new"})
+    state.add_job_end(FailingExport())
+    with pytest.raises(PermissionError, match="Permission denied") as failed:
+        state.finish_job(None, None)
+    assert isinstance(failed.value.__context__, RuntimeError)
+    assert (interrupt._GROUP["open"], interrupt._GROUP["holding"]) == (0, False)
+    with interrupt.installed(), pytest.raises(interrupt.Interrupted):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+
+
+def test_the_run_s_config_is_written_atomically_in_utf8_naming_the_file_on_failure(tmp_path: Path) -> None:
+    from lightprune.callbacks import state as state_module
+
+    config = tmp_path / "run" / "config.yaml"
+    state_module._write_text("name: café ✓\n", str(config))
+    assert config.read_bytes() == "name: café ✓\n".encode()
+    (tmp_path / "run" / "config.yaml.tmp").mkdir()  # the temporary file's name taken: the write fails
+    with pytest.raises(IsADirectoryError) as failed:
+        state_module._write_text("name: other\n", str(config))
+    assert str(failed.value) == (f"[Errno 21] could not write run file {str(config)!r}: is a directory; it is as it "
+                                 "was")
+    assert config.read_text(encoding="utf-8") == "name: café ✓\n"
+    (tmp_path / "run" / "config.yaml.tmp").rmdir()
+    with pytest.raises(UnicodeEncodeError):  # fails once the temporary file exists: it is removed
+        state_module._write_text("name: \udcff\n", str(config))
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml"]

@@ -54,7 +54,7 @@ def test_killed_once_the_checkpoint_is_in_place_the_next_run_rolls_forward(tmp_p
     assert (run / "plan.json").read_text() == "new plan"
     assert not (run / "report.json").exists()  # the previous run's report described the previous checkpoint
     assert (run / "kept.png").read_text() == "new kept.png"
-    assert not dead.exists() and not (run / ".plan.json.lightprune-pending").exists()
+    assert not dead.exists() and not (run / f".plan.json.lightprune-pending-{os.getpid()}").exists()
 
 
 def test_killed_before_the_checkpoint_is_in_place_the_next_run_rolls_back(tmp_path) -> None:
@@ -78,7 +78,9 @@ def test_a_live_processs_journal_is_left_alone(tmp_path) -> None:
     staged.mkdir()
     journal = write_pending({str(run / "plan.json"): "new plan"}, staged, run / "model")
     assert journal == journal_path(run / "model") and recover(run / "model") == []  # this process: alive
-    assert json.loads(journal.read_text())["files"] == [str(run / "plan.json")]
+    assert json.loads(journal.read_text())["files"] == {str(run / "plan.json"): {
+        "pending": str(run / f".plan.json.lightprune-pending-{os.getpid()}"),
+        "sha256": "c7af058f2d0d55e3030b6fa0b65ffdeb9cbdb0d19fbfd385f91ea1a9b0f78b26"}}  # sha256sum of "new plan"
     assert settle(journal) == "back" and sorted(p.name for p in run.iterdir()) == [".model.staged", "kept.png",
                                                                                     "model", "plan.json",
                                                                                     "report.json"]

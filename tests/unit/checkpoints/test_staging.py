@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError
 
+from fixtures import default_signals
+
 from lightprune.checkpoints import OutputDirError, staging, staging_dir
 from lightprune.checkpoints.staging import TMP_TAG, check_out_dir, check_out_file, clean_stale, staging_file
 
@@ -422,7 +424,7 @@ def test_a_script_killed_by_sigterm_removes_what_it_staged_and_ends_as_sigterm_e
     process ends as that signal ends it."""
     out = tmp_path / "model"
     child = subprocess.Popen([sys.executable, "-c", _TERMINATED.format(staging=staging), str(out)],
-                             stdout=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
         assert child.stdout.readline() == "staged\n"
         assert len(listing(tmp_path)) == 1  # the staged directory or file

@@ -3,6 +3,7 @@ refusals that need no model come before anything is built."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -12,10 +13,17 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures import REPO
+from fixtures import REPO, default_signals, signals_at_default
 
 from lightprune.cli import app as cli
 from lightprune.core import interrupt
+
+
+@pytest.fixture(autouse=True)
+def _signals_as_from_a_terminal():
+    """The signals these tests send act as in a command a terminal started, under ``nohup`` or in the background too."""
+    with signals_at_default():
+        yield
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -61,7 +69,8 @@ def test_sigterm_while_the_first_run_trains_its_testbed_exits_143_and_caches_not
     env = {**os.environ, "LIGHTPRUNE_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     process = subprocess.Popen([sys.executable, "-m", "lightprune.cli.app", "calibrate", "--config",
                                 str(REPO / "configs" / "quickstart.yaml"), "--trainer.default_root_dir",
-                                str(tmp_path / "run")], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+                                str(tmp_path / "run")], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=default_signals)
     seen = []
     try:
         for line in process.stderr:
@@ -166,7 +175,7 @@ def test_a_closed_terminal_stops_the_command_as_sigterm_does() -> None:
     with interrupt.installed(), pytest.raises(interrupt.Interrupted) as stopped:
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(5)
-    assert stopped.value.exit_status == 129 and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    assert stopped.value.exit_status == 129
     done = []
     with interrupt.installed(), pytest.raises(interrupt.Interrupted) as stopped:
         with interrupt.publishing():
@@ -175,6 +184,24 @@ def test_a_closed_terminal_stops_the_command_as_sigterm_does() -> None:
             time.sleep(0.1)
             done.append("published")  # held until the group ends
     assert done == ["published"] and stopped.value.exit_status == 129
+
+
+def test_a_signal_the_command_was_started_with_ignored_stays_ignored() -> None:
+    """Under ``nohup`` (SIGHUP ignored: a job meant to outlive its terminal) or as a background job (SIGINT ignored)
+    the command does not stop on that signal; the others still stop it."""
+    from lightprune.core import interrupt
+
+    for ignored in (signal.SIGHUP, signal.SIGINT):  # from the fixture's defaults
+        signal.signal(ignored, signal.SIG_IGN)
+        with interrupt.installed():
+            os.kill(os.getpid(), ignored)
+            time.sleep(0.2)  # a handler would run at the next bytecode
+            assert signal.getsignal(ignored) is signal.SIG_IGN
+            with pytest.raises(interrupt.Interrupted) as stopped:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+        assert stopped.value.signum == signal.SIGTERM and signal.getsignal(ignored) is signal.SIG_IGN
+        signal.signal(ignored, signal.default_int_handler if ignored == signal.SIGINT else signal.SIG_DFL)
 
 
 #: a child whose module teardown (after every exit function) sends itself ``signal`` and then says it lived on
@@ -196,9 +223,11 @@ def test_a_signal_in_the_interpreters_teardown_leaves_a_finished_command_finishe
     """A Ctrl-C a second after the command said it was done (torch's modules being torn down) ended it silently
     with status 130; the command ignores the stopping signals once the last exit function has run."""
     run = [sys.executable, "-c", _TEARDOWN_CHILD]
-    plain = subprocess.run([*run, "plain", str(int(signum))], capture_output=True, text=True, timeout=60)
+    plain = subprocess.run([*run, "plain", str(int(signum))], capture_output=True, text=True, timeout=60,
+                           preexec_fn=default_signals)
     assert (plain.returncode, plain.stdout) == (-signum, "")  # what Python does: killed by the signal, no line
-    quiet = subprocess.run([*run, "quiet", str(int(signum))], capture_output=True, text=True, timeout=60)
+    quiet = subprocess.run([*run, "quiet", str(int(signum))], capture_output=True, text=True, timeout=60,
+                           preexec_fn=default_signals)
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "lived on", "")
 
 
@@ -211,3 +240,68 @@ def test_the_command_registers_the_quiet_teardown_first(monkeypatch) -> None:
     monkeypatch.setattr(sys, "argv", ["lightprune", "export"])
     command.main()
     assert order == ["quiet_teardown", "run"]
+
+
+#: a script (no handler of its own) publishing a checkpoint and the run files that describe it as one group, as
+#: ``scripts/run_recipe`` does through the run state; the signal comes once the checkpoint is in place
+_PUBLISHING_SCRIPT = """
+import os, sys
+from pathlib import Path
+from lightprune.callbacks.state import RunState
+from lightprune.checkpoints import staging
+run, signum = Path(sys.argv[1]), int(sys.argv[2])
+commit = staging._commit
+def commit_then_signal(staged, out):
+    commit(staged, out)
+    os.kill(os.getpid(), signum)  # held: the run files are not in place yet
+staging._commit = commit_then_signal
+class Export:
+    phase = "export"
+    def run(self, trainer, pl_module):
+        with staging.staging_dir(run / "model", overwrite=True) as staged:
+            (staged / "weights").write_text("new")
+        print("checkpoint in place", flush=True)
+state = RunState()
+state.stage_file(run / "plan.json", {"plan": "new"})
+state.stage_text(run / "config.yaml", "run: new\\n")
+state.add_job_end(Export())
+state.finish_job(None, None)
+print("lived on", flush=True)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_scripts_signal_held_for_a_group_ends_it_once_every_file_of_the_group_is_in_place(tmp_path, signum) -> None:
+    """SIGTERM (or SIGHUP) in a script once its checkpoint is in place: the staging's block ends, the run files are
+    committed, then the signal ends the process (status 143: a shell's 128 + 15), without a line (library use)."""
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "weights").write_text("old")
+    (run / "plan.json").write_text("old plan")
+    (run / "config.yaml").write_text("run: old\n")
+    done = subprocess.run([sys.executable, "-c", _PUBLISHING_SCRIPT, str(run), str(int(signum))], capture_output=True,
+                          text=True, timeout=300, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          preexec_fn=default_signals)
+    assert done.returncode == -signum, done.stderr[-3000:]  # ended by the signal itself
+    assert done.stdout == "checkpoint in place\n" and "lightprune:" not in done.stderr, done.stderr[-3000:]
+    assert (run / "model" / "weights").read_text() == "new"
+    assert json.loads((run / "plan.json").read_text()) == {"plan": "new"}
+    assert (run / "config.yaml").read_text() == "run: new\n"
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "model", "plan.json"]  # no journal, nothing aside
+
+
+def test_a_signal_held_while_a_group_publishes_is_said_at_once_inside_the_command(capfd) -> None:
+    """Inside the command (installed), a held signal is one line on stderr as it comes, naming what it waits for; a
+    second one adds nothing; the group's end raises the first. (Outside the command nothing is said: the script
+    above.)"""
+    said = []
+    with (interrupt.installed(), pytest.raises(interrupt.Interrupted) as stopped,
+          interrupt.publishing(what="the run files"), interrupt.publishing(what="'/runs/a/model'")):
+        interrupt.hold()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        said.append(capfd.readouterr().err)
+    assert said == ["lightprune: SIGINT received; stopping once '/runs/a/model' and the run files are in place\n"]
+    assert stopped.value.signum == signal.SIGINT and capfd.readouterr().err == ""
