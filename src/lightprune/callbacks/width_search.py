@@ -378,7 +378,7 @@ class WidthSearch(pl.Callback):
         return {"search": self.search.to_dict(), "m0": self._m0, "reference": self._reference,
                 "attn_scores": self._attn_scores, "ffn_scores": self._ffn_scores, "current": self._current,
                 "epochs_done": self._epochs_done, "flops_profile": self.flops_profile,
-                "criterion": repr(self.criterion)}
+                "criterion": repr(self.criterion), "plan": None if self.plan is None else self.plan.to_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # a state from before the criterion argument was scored by Taylor importance
@@ -391,3 +391,16 @@ class WidthSearch(pl.Callback):
         self._attn_scores, self._ffn_scores = state["attn_scores"], state["ffn_scores"]
         self._current, self._epochs_done = state["current"], state["epochs_done"]
         self.flops_profile = state["flops_profile"]
+        if self.search.done:  # a finished search resumed (its fit ends at once): its plan is the run's again
+            self.plan = WidthPlan.from_dict(state["plan"]) if state.get("plan") is not None else self._chosen()
+            if self._state is not None:
+                self._state.width_plan = self.plan
+
+    def _chosen(self) -> WidthPlan:
+        """The plan of a finished search's choice, for a checkpoint saved before the plan was part of the state
+        (its metadata without the FLOPs fraction, which needs the model)."""
+        best = self.search.final()
+        plan = WidthPlan.from_dict(best.plan)
+        plan.metadata.update({"method": "mwop", "criterion": repr(self.criterion), "atr": best.atr,
+                              "flops": best.flops, "flops_profile": self.flops_profile, "chosen": best.label()})
+        return plan

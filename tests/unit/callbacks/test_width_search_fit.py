@@ -189,6 +189,22 @@ def test_an_interrupted_search_resumes_to_the_same_result(whole_run, m0_checkpoi
     assert [c.plan for c in again.history] == [c.plan for c in whole.history]
     assert [c.atr for c in again.history] == pytest.approx([c.atr for c in whole.history], abs=1e-9)
     assert resumed.plan == search.plan
+    # the finished search resumed again (its fit ends at once): its plan is the run's, and WidthExport writes it
+    from lightprune.callbacks import WidthExport
+    from lightprune.callbacks.state import RunState
+
+    finished, _, trainer = _fit(m0_checkpoint, tmp_path / "run", callbacks=[WidthExport(align=1)],
+                                ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert not finished.search.history[len(whole.history):]  # nothing searched again
+    assert finished.plan == search.plan and RunState.of(trainer).width_plan == search.plan
+    assert WidthPlan.load(tmp_path / "run" / "model" / "width_plan.json") == search.plan
+    # a checkpoint from before the plan was part of the state: the plan of the search's choice
+    old = WidthSearch(grid=[0.0, 0.5], min_retention=50.0, max_candidates=1, recovery_epochs=1, progress=False)
+    state = dict(finished.state_dict())
+    del state["plan"]
+    old.load_state_dict(state)
+    masks = [{k: v for k, v in plan.to_dict().items() if k != "metadata"} for plan in (old.plan, search.plan)]
+    assert masks[0] == masks[1] and old.plan.metadata["chosen"] == search.plan.metadata["chosen"]
 
 
 def test_width_export_writes_the_chosen_model(m0_checkpoint, tmp_path):
