@@ -19,8 +19,9 @@ per-user file) and ``TMPDIR`` in that folder, and then, in order and from the cl
 
 Each command runs under ``bash -e`` with the page's working directory (the repository root); its output goes to
 ``<folder>/logs/NN.log`` and one line per command says its exit status and time. docs/getting-started.md's
-perplexities are checked against the first command's report within the band the page states. The exit status is
-the number of failed commands (0: every command passed).
+perplexities are checked against the first command's report, when that command passed, within the band the page
+states. At the end: the last line of the last command's log that holds " in " (the test command's "N passed in S
+s"), and the number of failed commands. The exit status is the number of failed commands (0: every command passed).
 """
 
 from __future__ import annotations
@@ -172,6 +173,17 @@ def check_figures(clone: Path) -> str:
             f"says {stated[0]} and {stated[1]} within {stated[2]:.0%}")
 
 
+def last_summary(ran: tuple[str, str, Path] | None) -> str:
+    """One line on the last command that ran (``ran``: its page, command and log; the README's test command when the
+    README has one, since it runs last and is never skipped): the last line of its log holding " in " (pytest's "N
+    passed in S s"), or "no summary line"; "no command ran" when ``ran`` is None."""
+    if ran is None:
+        return "no command ran"
+    page, command, log = ran
+    found = [line for line in log.read_text(errors="replace").splitlines() if " in " in line][-1:]
+    return f"the last command ({page}: {command}): {found[0] if found else 'no summary line'}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--worktree", action="store_true", help="the working tree as it is, not the last commit")
@@ -207,22 +219,22 @@ def main() -> int:
             target.write_text("\n".join([*header, *pins]) + "\n")
         print(f"constraints.txt: {len(pins)} pins written", flush=True)
 
-    failed = 0
+    failed, ran = 0, None  # ran: (page, command, log) of the last command that ran
     for number, (page, command, skipped) in enumerate(plan(clone), start=1):
         if skipped:
             print(f"skip {page}: {command}  ({skipped})", flush=True)
             continue
         log = logs / f"{number:02d}.log"
+        ran = page, command, log
         status, seconds = run(command, clone, env, log, args.timeout)
         failed += status != 0
         print(f"{'ok  ' if status == 0 else 'FAIL'} {seconds:7.1f} s  {page}: {command}"
               + ("" if status == 0 else f"  (exit {status}, {log})"), flush=True)
-        if number == 1:
-            line = check_figures(clone)
+        if number == 1:  # the figures come from its report: a failed first command is its one failure
+            line = check_figures(clone) if status == 0 else "skip the figures check: the first command failed"
             failed += line.startswith("FAIL")
             print(line, flush=True)
-    summary = [line for line in (logs / f"{number:02d}.log").read_text().splitlines() if " in " in line][-1:]
-    print(f"the test command: {summary[0] if summary else 'no summary line'}")
+    print(last_summary(ran))
     print(f"{failed} failed; logs in {logs}")
     return failed
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from lightprune.checkpoints.strict import check_loading_info, expert_layout_error, listed, tensors_phrase
+from lightprune.checkpoints.strict import check_loading_info, expert_layout_error, tensors_phrase
+from lightprune.core.errors import listed_text
 
 #: a :class:`~lightprune.checkpoints.skeleton.Skeleton` (which imports this module, so not imported here)
 Skeleton = Any
@@ -97,7 +98,7 @@ def check_contents(skeleton: Skeleton) -> None:
     integers = _integer_tensors(skeleton, own)
     if integers:
         raise ValueError(f"checkpoint {str(path)!r} stores {tensors_phrase(len(integers))} as integers "
-                         f"({listed(integers)}; tensor names as stored in the safetensors files): {_FLOAT_ONLY}")
+                         f"({listed_text(integers)}; tensor names as stored in the safetensors files): {_FLOAT_ONLY}")
     tied = set(getattr(model, "all_tied_weights_keys", None) or {})
     info = SimpleNamespace(missing_keys={name for name in own if name not in skeleton.sources and name not in tied},
                            unexpected_keys={skeleton.renamed.get(key, key) for key in skeleton.unmatched})
@@ -108,7 +109,7 @@ def check_contents(skeleton: Skeleton) -> None:
     if experts:  # a fused tensor with some of its pieces: the pieces on disk say what is wrong
         raise layout_error or ValueError(
             f"checkpoint {str(path)!r}: its per-expert tensors do not fit the model's fused parameters "
-            f"({listed(experts)}; the expert count comes from config.json); re-export it or restore the files")
+            f"({listed_text(experts)}; the expert count comes from config.json); re-export it or restore the files")
     check_loading_info(path, {"missing_keys": sorted(info.missing_keys), "unexpected_keys": unexpected,
                               "mismatched_keys": shapes, "error_msgs": []})
     if layout_error is not None:

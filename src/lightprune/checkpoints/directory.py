@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lightprune.checkpoints.header import read_header
+from lightprune.core.errors import listed_text
 from lightprune.core.jsonio import DuplicateKeyError, parse_json
 from lightprune.core.paths import check_path_text, file_problem
 from lightprune.core.sources import not_a_directory
 
 __all__ = ["SAFE_INDEX", "SAFE_WEIGHTS", "weight_files", "read_index", "read_config", "check_checkpoint",
-           "checkpoint_directory", "disk_entries", "input_error", "readable_inputs", "warn_pickle_weights"]
+           "checkpoint_directory", "disk_entries", "input_error", "readable_inputs", "shard_name", "warn_pickle_weights"]
 
 SAFE_INDEX = "model.safetensors.index.json"
 SAFE_WEIGHTS = "model.safetensors"
@@ -49,16 +50,11 @@ _SHARD_NAME = re.compile(r".*-\d+-of-\d+\.safetensors$")
 _MODEL_SHARD = re.compile(r"^model-\d+-of-\d+\.safetensors$")
 #: transformers' pickle weights, which it reads instead of the safetensors ones with ``use_safetensors=False``
 _PICKLE_WEIGHTS = re.compile(r"^pytorch_model(?:-\d+-of-\d+)?\.bin(?:\.index\.json)?$")
-_SHOWN = 8
 #: errno values of a file that is there but cannot be read
 _UNREADABLE = {errno.EACCES: "make it readable (chmod), or run as a user who may read it",
                errno.EPERM: "make it readable (chmod), or run as a user who may read it",
                errno.EISDIR: "it is a directory: restore the file",
                errno.ELOOP: "it is a symlink loop: point the link at the file"}
-
-
-def _listed(names: list[str]) -> str:
-    return ", ".join(names[:_SHOWN]) + (f", and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
 
 
 def input_error(exc: BaseException, after: str = "") -> OSError | None:
@@ -118,7 +114,7 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     return config
 
 
-def _shard_name(value: str) -> str:
+def shard_name(value: str) -> str:
     """A shard index's file name without leading ``./`` (transformers joins it to the folder as it is)."""
     while value.startswith("./"):
         value = value[2:]
@@ -141,12 +137,12 @@ def read_index(path: str | os.PathLike) -> dict[str, str] | None:
         raise ValueError(f"shard index {str(index)!r} is not valid: it needs a non-empty \"weight_map\" object "
                          "{tensor name: shard file name}")
     names = set(weight_map.values())  # a few shards named by thousands of tensors: each checked once
-    outside = sorted(v for v in names if Path(_shard_name(v)).name != _shard_name(v) or not v.endswith(".safetensors")
-                     or _shard_name(v) in ("", ".", ".."))
+    outside = sorted(v for v in names if Path(shard_name(v)).name != shard_name(v) or not v.endswith(".safetensors")
+                     or shard_name(v) in ("", ".", ".."))
     if outside:
         raise ValueError(f"shard index {str(index)!r} names {outside}: shards are .safetensors files in the "
                          "checkpoint directory")
-    weight_map = {key: _shard_name(value) for key, value in weight_map.items()}
+    weight_map = {key: shard_name(value) for key, value in weight_map.items()}
     names = set(weight_map.values())
     for name in sorted(names):
         _check_entry(path / name, "the shard")
@@ -167,7 +163,7 @@ def weight_files(path: str | os.PathLike) -> list[Path]:
     if weight_map is not None and single:
         shards = sorted(set(weight_map.values()))
         raise ValueError(f"checkpoint directory {str(path)!r} holds both {SAFE_WEIGHTS} and {SAFE_INDEX} with its "
-                         f"shards ({_listed(shards)}): transformers loads {SAFE_WEIGHTS}, a loader that follows the "
+                         f"shards ({listed_text(shards)}): transformers loads {SAFE_WEIGHTS}, a loader that follows the "
                          "index its shards, and nothing says they are the same model; remove (or move away) one of "
                          f"the two: {SAFE_WEIGHTS}, or the index and its shards")
     if weight_map is not None:  # shards the index does not name are read by no loader
@@ -176,7 +172,7 @@ def weight_files(path: str | os.PathLike) -> list[Path]:
         _no_weights(path)
     stray = sorted(p.name for p in path.iterdir() if _MODEL_SHARD.match(p.name))
     if stray:
-        raise ValueError(f"checkpoint directory {str(path)!r} holds shard files ({_listed(stray)}) beside "
+        raise ValueError(f"checkpoint directory {str(path)!r} holds shard files ({listed_text(stray)}) beside "
                          f"{SAFE_WEIGHTS}, without an index: leftovers of another save? transformers loads "
                          f"{SAFE_WEIGHTS}, a loader that reads every .safetensors file of a folder without an index "
                          "would read them too; remove (or move away) the files that are not the model's")
@@ -188,7 +184,7 @@ def _no_weights(path: Path) -> NoReturn:
     others = sorted(p.name for p in path.glob("*.safetensors"))
     shards = [name for name in others if _SHARD_NAME.match(name)]
     if shards:
-        raise FileNotFoundError(f"checkpoint directory {str(path)!r} holds shards ({_listed(shards)}) but no "
+        raise FileNotFoundError(f"checkpoint directory {str(path)!r} holds shards ({listed_text(shards)}) but no "
                                 f"{SAFE_INDEX}: without its index nothing says which tensors it holds; restore the "
                                 "index (or re-save the checkpoint)")
     pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
@@ -206,7 +202,7 @@ def warn_pickle_weights(path: str | os.PathLike) -> None:
     path = Path(path)
     pickles = sorted(p.name for p in path.iterdir() if _PICKLE_WEIGHTS.match(p.name))
     if pickles:
-        warnings.warn(f"checkpoint {str(path)!r} holds {_listed(pickles)} beside its safetensors weights: lightprune "
+        warnings.warn(f"checkpoint {str(path)!r} holds {listed_text(pickles)} beside its safetensors weights: lightprune "
                       "(and transformers, unless use_safetensors=False) reads the safetensors files and ignores them; "
                       "delete them if they are not the same model", UserWarning, stacklevel=3)
 
@@ -235,9 +231,9 @@ def disk_entries(path: str | os.PathLike, metadata: dict[str, dict[str, str]] | 
         elsewhere = sorted(f"{name} in {file.name}, listed in {weight_map[name]}" for name, (file, _) in entries.items()
                            if name in weight_map and weight_map[name] != file.name)
         absent = sorted(f"{name} in {file}" for name, file in weight_map.items() if name not in entries)
-        parts = ([f"lists {len(absent)} tensor(s) no shard holds ({_listed(absent)})"] if absent else []) + \
-            ([f"lists {len(elsewhere)} tensor(s) under another shard ({_listed(elsewhere)})"] if elsewhere else []) + \
-            ([f"does not list {len(unlisted)} tensor(s) the shards hold ({_listed(unlisted)})"] if unlisted else [])
+        parts = ([f"lists {len(absent)} tensor(s) no shard holds ({listed_text(absent)})"] if absent else []) + \
+            ([f"lists {len(elsewhere)} tensor(s) under another shard ({listed_text(elsewhere)})"] if elsewhere else []) + \
+            ([f"does not list {len(unlisted)} tensor(s) the shards hold ({listed_text(unlisted)})"] if unlisted else [])
         if parts:
             raise ValueError(f"shard index {str(path / SAFE_INDEX)!r} {' and '.join(parts)}: the index and the "
                              "shards disagree; restore the files (or re-save the checkpoint)")

@@ -10,7 +10,8 @@ named before (from the headers) or after (from transformers' loading report) the
 - :func:`check_loading_info`: missing, unexpected and mis-shaped tensors and error messages of transformers'
   report, in the model's parameter names.
 
-Each error names the checkpoint and the tensors (at most 8, then "and N more").
+Each error names the checkpoint and the tensors (:func:`lightprune.core.errors.listed_text`: at most 8, then
+"and N more").
 """
 
 from __future__ import annotations
@@ -19,28 +20,20 @@ import difflib
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from lightprune.checkpoints.directory import SAFE_INDEX, SAFE_WEIGHTS, read_config
+from lightprune.core.errors import listed_text
 
-__all__ = ["check_not_quantized", "check_config_values", "expert_layout_error", "check_loading_info", "listed",
-           "tensors_phrase"]
+__all__ = ["check_not_quantized", "check_config_values", "expert_layout_error", "check_loading_info", "tensors_phrase"]
 
-_SHOWN = 8
 _FLOAT_ONLY = "lightprune loads float checkpoints; quantized or integer weights are not supported"
 _DISK_NAMES = "tensor names as stored in the safetensors files"
 _MODEL_NAMES = "tensor names are the model's parameters, into which transformers fuses the per-expert tensors on disk"
 _FIX = "re-export it or restore the files"
 _EXPERT_KEY = re.compile(r"^(?P<prefix>(?:.+\.)?experts)\.(?P<index>\d+)\.(?P<rest>.+)$")
-
-
-def listed(items: Iterable[str]) -> str:
-    """At most :data:`_SHOWN` items, then ``and N more``."""
-    items = list(items)
-    shown = ", ".join(items[:_SHOWN])
-    return shown + (f", and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
 
 
 def tensors_phrase(n: int) -> str:
@@ -117,10 +110,11 @@ def expert_layout_error(path: Path, entries: dict[str, tuple[Path, dict[str, Any
                         for i, shape in sorted(shapes.items()) if shape != common]
     parts = []
     if missing:
-        parts.append(f"lacks {tensors_phrase(len(missing))} of experts whose other tensors it has ({listed(missing)})")
+        parts.append(f"lacks {tensors_phrase(len(missing))} of experts whose other tensors it has "
+                     f"({listed_text(missing)})")
     if odd:
         parts.append(f"has {tensors_phrase(len(odd))} of another shape than the same tensor of the layer's other "
-                     f"experts ({listed(odd)})")
+                     f"experts ({listed_text(odd)})")
     if not parts:
         return None
     return ValueError(f"checkpoint {str(path)!r} {'; '.join(parts)}: its per-expert tensors cannot be fused "
@@ -133,15 +127,15 @@ def check_loading_info(path: Path, info: dict[str, Any]) -> None:
     mismatched, errors = sorted(info["mismatched_keys"], key=lambda item: item[0]), list(info["error_msgs"])
     parts, effects = [], []
     if missing:
-        parts.append(f"is missing {tensors_phrase(len(missing))} the model needs ({listed(missing)})")
+        parts.append(f"is missing {tensors_phrase(len(missing))} the model needs ({listed_text(missing)})")
     if mismatched:
         parts.append(f"has {tensors_phrase(len(mismatched))} of another shape than the model's ("
-                     + listed(f"{name} {list(disk)} on disk, {list(want)} in the model"
-                               for name, disk, want in mismatched) + ")")
+                     + listed_text(f"{name} {list(disk)} on disk, {list(want)} in the model"
+                                   for name, disk, want in mismatched) + ")")
     if missing or mismatched:
         effects.append("it would load with random weights")
     if unexpected:
-        parts.append(f"has {tensors_phrase(len(unexpected))} the model does not have ({listed(unexpected)})")
+        parts.append(f"has {tensors_phrase(len(unexpected))} the model does not have ({listed_text(unexpected)})")
         effects.append("the extra ones would be ignored")
     if errors:
         parts.append(f"failed to load ({'; '.join(errors)})")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["PlanError", "ERRORS", "listed", "register_error"]
+__all__ = ["PlanError", "ERRORS", "LISTED", "listed", "listed_text", "register_error"]
 
 #: how many items an error message lists before it says how many more there are
 LISTED = 8
@@ -20,6 +20,15 @@ def listed(values: Iterable[Any], limit: int = LISTED) -> str:
     if len(values) <= limit:
         return repr(values)
     return f"[{', '.join(map(repr, values[:limit]))}, ... and {len(values) - limit:,} more]"
+
+
+def listed_text(items: Iterable[str], limit: int = LISTED) -> str:
+    """``items``, texts written for a sentence (tensor names, ``name [8, 2] on disk``), joined by commas as they are:
+    the first ``limit``, then ``, and N more``. :func:`listed` writes values as a Python list (brackets, each
+    value's repr), which would quote such phrases."""
+    items = list(items)
+    more = f", and {len(items) - limit:,} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
 
 
 class PlanError(ValueError):

@@ -29,6 +29,7 @@ an int when the data was built in Python) and :func:`layer_items` a whole {layer
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import operator
@@ -40,7 +41,9 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_YAML_VALUES", "DuplicateKeyError", "ParseLimitError", "check_json_depth",
+from lightprune.core.paths import file_problem, folder_problem
+
+__all__ = ["MAX_DEPTH", "MAX_YAML_VALUES", "DuplicateKeyError", "ParseLimitError", "check_finite", "check_json_depth",
            "check_yaml_keys", "check_yaml_limits", "clip", "clip_values", "int_key", "json_text", "layer_items",
            "non_finite", "parse_json", "parse_value", "parse_yaml", "read_json", "read_parsed", "read_yaml", "show",
            "strict_int", "write_json", "YamlScalar", "yaml_1_1_reading", "yaml_scalars"]
@@ -135,15 +138,20 @@ def _unique_pairs(where: str):
     return hook
 
 
+#: how Python's ValueError for an integer text over its digit limit (``sys.get_int_max_str_digits()``) begins
+_INT_DIGITS_ERROR = "Exceeds the limit ("
+
+
 def parse_json(text: str | bytes, where: str) -> Any:
     """``json.loads(text)``, refusing an object that names a key twice (:class:`DuplicateKeyError` naming
-    ``where``, the key and both values) and nesting deeper than :data:`MAX_DEPTH` (:class:`ParseLimitError`);
-    other errors are ``json.JSONDecodeError`` as from ``json.loads``."""
+    ``where``, the key and both values), nesting deeper than :data:`MAX_DEPTH` and an integer longer than Python
+    converts (:class:`ParseLimitError`, the latter naming its key); other errors are ``json.JSONDecodeError`` as
+    from ``json.loads``."""
     check_json_depth(text, where)
     try:
         return json.loads(text, object_pairs_hook=_unique_pairs(where))
     except ValueError as err:
-        if isinstance(err, json.JSONDecodeError) or "digits" not in str(err):
+        if isinstance(err, (json.JSONDecodeError, DuplicateKeyError)) or not str(err).startswith(_INT_DIGITS_ERROR):
             raise
         raise _long_json_int(text, where) from None
 
@@ -495,8 +503,6 @@ def _read_text(path: str | os.PathLike, what: str, error: type[Exception]) -> st
     """The UTF-8 text of ``path`` (``~`` expanded), naming ``what``: FileNotFoundError when missing or a dangling
     symlink, IsADirectoryError when a directory, ``error`` when a symlink loop, a special file (``/dev/null``, a
     FIFO: never read, which could block), empty (or whitespace only) or not UTF-8."""
-    from lightprune.core.paths import file_problem
-
     path = Path(path).expanduser()
     if path.is_dir():
         raise IsADirectoryError(f"{what} file {str(path)!r} is a directory, not a file: name the {what} file itself")
@@ -535,8 +541,10 @@ def read_yaml(path: str | os.PathLike, what: str, error: type[Exception] = Value
 
 
 def write_json(data: Any, path: str | os.PathLike, indent: int | None = None) -> Path:
-    """Write ``data`` to ``path`` (parents created) through a temporary file renamed into place, as standard JSON
-    (:func:`json_text`: a NaN or infinite float is written as ``null``)."""
+    """Write ``data`` to ``path`` (parents created) through a temporary file ``<name>.tmp`` renamed into place, as
+    standard JSON (:func:`json_text`: a NaN or infinite float is written as ``null``). On failure the temporary
+    file is removed (never a folder of that name) and the OSError raised again in one line naming ``path`` and the
+    cause (:func:`_write_error`)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     text = json_text(data, indent=indent) + "\n"
@@ -545,11 +553,31 @@ def write_json(data: Any, path: str | os.PathLike, indent: int | None = None) ->
         tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as err:  # a full disk, a read-only folder: one line naming the file, the file as it was
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        cause = err.strerror or str(err)
-        raise type(err)(err.errno, f"could not write {str(path)!r}: {cause.lower()}; it is as it was") from err
+        if os.path.isfile(tmp) or os.path.islink(tmp):  # ours; a folder someone left there stays
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise _write_error(err, path, tmp) from err
     return path
+
+
+def _write_error(err: OSError, path: Path, tmp: Path) -> OSError:
+    """``err`` of :func:`write_json` as one line naming ``path`` and the cause, and what is there when the name
+    that failed is not simply ``path``: ``tmp`` or ``path`` a folder (or no regular file), a file where ``path``'s
+    folder is or would be created (:func:`~lightprune.core.paths.folder_problem`), else the name that failed."""
+    cls, code, why = type(err), err.errno, (err.strerror or str(err)).lower()
+    failed = os.fsdecode(err.filename) if err.filename is not None else None
+    if failed == str(tmp) and file_problem(tmp) is not None:
+        why = f"its temporary file {str(tmp)!r} {file_problem(tmp)[1]}: move it away"
+    elif err.filename2 is not None and os.fsdecode(err.filename2) == str(path) and file_problem(path) is not None:
+        why = f"it {file_problem(path)[1]}"  # the rename onto it failed: a folder there
+    elif failed not in (None, str(path), str(tmp)):  # a folder on the way
+        problem = folder_problem(path.parent)
+        if problem is None:
+            why = f"{failed!r}: {why}"
+        else:
+            cls, why = problem
+            code = {NotADirectoryError: errno.ENOTDIR, PermissionError: errno.EACCES}.get(cls, code)
+    return cls(code, f"could not write {str(path)!r}: {why}; it is as it was")
 
 
 def json_text(data: Any, indent: int | None = None, **options: Any) -> str:
@@ -582,6 +610,17 @@ def non_finite(value: Any, path: str = "") -> tuple[str, float] | None:
         if found is not None:
             return found
     return None
+
+
+def check_finite(data: Any, kind: str, error: type[Exception] = ValueError) -> None:
+    """Refuse (``error``) a NaN or infinite number anywhere in ``data`` (a plan's fields, or its JSON object), naming
+    the key and ``kind`` (what holds it: "plan", "width plan"): JSON has no such constant, and what lightprune
+    publishes is standard JSON."""
+    for key, value in (data.items() if isinstance(data, Mapping) else ()):
+        found = non_finite(value, str(key))
+        if found is not None:
+            raise error(f"{found[0]} is {show(found[1])}: a {kind} holds finite numbers only (JSON has no NaN or "
+                        "Infinity; write null or a number)")
 
 
 def read_json(path: str | os.PathLike, what: str, error: type[Exception] = ValueError) -> Any:

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from lightprune.core.checks import check_utf8, real_number
 from lightprune.core.errors import PlanError, listed
-from lightprune.core.jsonio import non_finite, read_parsed, show, strict_int, write_json
+from lightprune.core.jsonio import check_finite as _check_finite, read_parsed, show, strict_int, write_json
 
 __all__ = ["ExpertLayout", "layer_count", "check_plan_kind", "check_finite", "check_text"]
 
@@ -63,13 +63,8 @@ def check_text(data: Any, kind: str) -> None:
 
 
 def check_finite(data: Any, kind: str) -> None:
-    """Refuse a NaN or infinite number anywhere in ``data`` (a plan's fields, or its JSON object), naming the key:
-    JSON has no such constant, and what lightprune publishes is standard JSON."""
-    for key, value in (data.items() if isinstance(data, Mapping) else ()):
-        found = non_finite(value, str(key))
-        if found is not None:
-            raise PlanError(f"{found[0]} is {show(found[1])}: a {kind} holds finite numbers only (JSON has no NaN or "
-                            "Infinity; write null or a number)")
+    """:func:`lightprune.core.jsonio.check_finite` raising a :class:`PlanError`."""
+    _check_finite(data, kind, PlanError)
 
 
 class ExpertLayout:

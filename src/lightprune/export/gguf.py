@@ -28,7 +28,9 @@ Checked before the converter is imported, in this order, each refusal one line n
 
 The converter then runs in this process on a file staged beside the output
 (:func:`~lightprune.checkpoints.staging.staging_file`), renamed over it once complete: a failure (a full disk
-included, numpy's short writes too) leaves nothing behind and the output as it was. Whatever else it raises is one
+included, numpy's short writes too) leaves nothing behind and the output as it was. A write of the staged file that
+fails for want of space or permission (ENOSPC, EDQUOT, EFBIG, EACCES, EROFS, EPERM) is staging's one
+:class:`~lightprune.checkpoints.staging.OutputDirError` line; whatever else it raises is one
 :class:`GGUFConversionError` line naming the export, the converter's step when known and the error (the traceback
 under ``--verbose``). Its INFO logging, warnings and progress bar are dropped unless the run is verbose
 (``LIGHTPRUNE_VERBOSE=1``, the command's ``--verbose``); the result (:class:`GGUFResult`) names the GGUF, its size
@@ -63,11 +65,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lightprune.checkpoints.directory import SAFE_INDEX, checkpoint_directory, read_config, weight_files
+from lightprune.checkpoints.directory import SAFE_INDEX, shard_name, checkpoint_directory, read_config, weight_files
 from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
 from lightprune.checkpoints.staging import check_out_file, staging_file
-from lightprune.checkpoints.strict import listed
+from lightprune.core.errors import listed_text
 from lightprune.core.errors import register_error
 from lightprune.core.jsonio import layer_items, read_json, show
 from lightprune.core.notices import verbose
@@ -241,14 +243,16 @@ def gpt2_byte_level(tokenizer_json: str | os.PathLike) -> bool:
 
 # ---------------------------------------------------------------------------------------------- the export
 def _check_placement(export: Path, outfile: str | os.PathLike) -> None:
-    """Refuse an output that is the export, holds it or lies inside it (symlinks resolved)."""
+    """Refuse an output that is the export, holds it or lies inside it (symlinks resolved), and an output file name
+    (as given: the staged file's name is built from it) holding a brace."""
     src, out = export.resolve(), Path(outfile).expanduser().absolute().resolve()
     if out == src or out in src.parents or src in out.parents:
         where = "is" if out == src else "holds" if out in src.parents else "is inside"
         raise ValueError(f"refusing to write the GGUF to {os.fspath(outfile)!r}: it {where} the export {str(src)!r}, "
                          "whose files it would replace or mix with; choose a path outside the export")
-    if "{" in out.name or "}" in out.name:
-        raise ValueError(f"output file name {out.name!r} holds '{{' or '}}', which llama.cpp's converter fills in "
+    name = Path(outfile).expanduser().absolute().name  # a link's own name: the GGUF replaces the link
+    if "{" in name or "}" in name:
+        raise ValueError(f"output file name {name!r} holds '{{' or '}}', which llama.cpp's converter fills in "
                          "as a template; name the file as it should be written")
 
 
@@ -295,7 +299,7 @@ def expert_counts(skeleton: Skeleton) -> dict[int, int]:
             differ.append(f"layer {layer.index}: {layer.num_experts} in config.json, {sorted(stored)} in the weights")
     if differ:
         raise ValueError(f"checkpoint {str(skeleton.checkpoint.path)!r}: config.json and the weights disagree on the "
-                         f"experts per layer ({listed(differ)}); re-export it or restore the files")
+                         f"experts per layer ({listed_text(differ)}); re-export it or restore the files")
     return counts
 
 
@@ -346,8 +350,10 @@ _CONVERTER_PARTS = (("model", ".safetensors", SAFE_INDEX), ("pytorch_model", ".b
 
 def converter_weight_files(export: str | os.PathLike) -> list[str]:
     """The names of the weight files llama.cpp's converter reads in ``export``, as its ``index_tensors`` picks them:
-    the files ``model.safetensors.index.json`` names when it is there, else every entry ``model*.safetensors``; in a
-    folder without either, the same of ``pytorch_model.bin.index.json`` and ``pytorch_model*.bin``. Sorted."""
+    the files ``model.safetensors.index.json`` names when it is there (a leading ``./`` dropped, as
+    :func:`~lightprune.checkpoints.directory.read_index` drops it: the converter joins the name to the folder), else
+    every entry ``model*.safetensors``; in a folder without either, the same of ``pytorch_model.bin.index.json`` and
+    ``pytorch_model*.bin``. Sorted."""
     export = Path(export)
     names = os.listdir(export)
     for prefix, suffix, index in _CONVERTER_PARTS:
@@ -358,7 +364,7 @@ def converter_weight_files(export: str | os.PathLike) -> list[str]:
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise ValueError(f"shard index file {str(export / index)!r} has no \"weight_map\" object {{tensor "
                                  "name: file name}, which llama.cpp's converter reads; restore it")
-            return sorted(set(weight_map.values()))
+            return sorted({shard_name(value) for value in weight_map.values()})
         if parts:
             return parts
     return []
@@ -370,7 +376,7 @@ def _check_weight_files(export: Path) -> None:
     own = sorted(path.name for path in weight_files(export))
     stray = [name for name in converter_weight_files(export) if name not in own]
     if stray:
-        raise ValueError(f"export {str(export)!r} holds {listed(stray)} beside its weights ({listed(own)}): "
+        raise ValueError(f"export {str(export)!r} holds {listed_text(stray)} beside its weights ({listed_text(own)}): "
                          f"llama.cpp's converter reads every model*.safetensors of a folder without {SAFE_INDEX} "
                          "and would convert those tensors too (a KeyError, or another file's weights in the GGUF); "
                          "move them out of the export")
@@ -656,7 +662,9 @@ def _step(err: BaseException) -> str | None:
 
 class _WriteError(OSError):
     """The converter's failure to write the staged GGUF, with the errno it had (a short write's found by
-    :func:`_write_errno`): a full disk becomes :func:`staging_file`'s one line, anything else a
+    :func:`_write_errno`) and the staged file as its filename. :func:`staging_file` restates a full disk or quota
+    (ENOSPC, EDQUOT), a file over the size limit (EFBIG) and an unwritable staged file (EACCES, EROFS, EPERM) as its
+    one :class:`OutputDirError` line; any other errno, or none, reaches :func:`convert_to_gguf`, which raises a
     :class:`GGUFConversionError` naming the output."""
 
 
@@ -776,9 +784,10 @@ def _run(converter: ModuleType, export: Path, staged: Path, outtype: str, pre_to
                 return write(self, progress=False)  # its progress bar
 
             stack.enter_context(_patched(writer, "write_tensors_to_file", write_tensors_to_file))
-        # the converter fills "{ftype}"-style fields of the file name: braces are doubled to keep the staged name
-        outfile = str(staged.parent / staged.name.replace("{", "{{").replace("}", "}}"))
-        stack.enter_context(_patched(sys, "argv", [CONVERTER, str(export), "--outfile", outfile, "--outtype", outtype]))
+        # the converter fills "{ftype}"-style fields of the file name as a template: the staged name holds no brace
+        # (_check_placement refuses them in the output's name, which the staged name is built from)
+        stack.enter_context(_patched(sys, "argv", [CONVERTER, str(export), "--outfile", str(staged), "--outtype",
+                                                   outtype]))
         stack.enter_context(_converter_output(quiet, errors))
         if quiet:  # its main's logging.basicConfig(level=INFO) would print every INFO record of the process
             stack.enter_context(_patched(logging, "basicConfig", lambda *args, **kwargs: None))
@@ -834,8 +843,10 @@ def convert_to_gguf(export_dir: str | os.PathLike, outfile: str | os.PathLike, *
         remedy: the end of the error for an existing ``outfile`` (how the caller's user replaces it).
 
     Returns the :class:`GGUFResult`. Every refusal is one line (ValueError, FileExistsError, FileNotFoundError,
-    IsADirectoryError, ...); a full disk an :class:`~lightprune.checkpoints.staging.OutputDirError`; whatever else
-    the converter raises a :class:`GGUFConversionError` (its error as ``__cause__``).
+    IsADirectoryError, ...). A failed write of the staged GGUF that is a full disk or quota (ENOSPC, EDQUOT), a file
+    over the size limit (EFBIG) or an unwritable file or folder (EACCES, EROFS, EPERM) is an
+    :class:`~lightprune.checkpoints.staging.OutputDirError`; whatever else the converter raises (another write error
+    included) a :class:`GGUFConversionError` (its error as ``__cause__``).
     """
     start = time.perf_counter()
     export = checkpoint_directory(Path(export_dir).expanduser()).absolute()

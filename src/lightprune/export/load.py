@@ -30,7 +30,6 @@ rank holds the full weights on the CPU.
 
 from __future__ import annotations
 
-import difflib
 import os
 from typing import Any
 
@@ -46,6 +45,7 @@ from lightprune.checkpoints.strict import check_loading_info
 from lightprune.core.distributed import outside_zero_init
 from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels, read_width_manifest
 from lightprune.models.experts_kernel import runnable_experts
+from lightprune.models.tiny import did_you_mean
 from lightprune.width.kernels import BACKENDS
 from lightprune.width.plan import WidthPlan
 
@@ -58,27 +58,25 @@ LOAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
-def _close(value: Any, known: Any) -> str:
-    close = difflib.get_close_matches(value, [str(k) for k in known], n=1, cutoff=0.6) if isinstance(value, str) \
-        else []
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def check_dtype(dtype: Any, name: str = "load_pruned: dtype", allow_auto: bool = True) -> None:
+def check_dtype(dtype: Any) -> None:
     """Raise ``ValueError`` naming ``dtype`` and the choices unless it is a dtype weights load in (:data:`LOAD_DTYPES`,
-    by name or as a ``torch.dtype``), ``"auto"`` or None (``allow_auto``), or a dict of such per sub-config."""
-    if isinstance(dtype, dict) and allow_auto:  # composite configs: {sub-config: dtype}
+    by name or as a ``torch.dtype``), ``"auto"`` or None, or a dict of such per sub-config."""
+    _check_dtype(dtype, "load_pruned: dtype")
+
+
+def _check_dtype(dtype: Any, name: str) -> None:
+    if isinstance(dtype, dict):  # composite configs: {sub-config: dtype}
         for key, value in dtype.items():
-            check_dtype(value, f"{name}[{key!r}]", allow_auto)
+            _check_dtype(value, f"{name}[{key!r}]")
         return
-    if allow_auto and (dtype is None or dtype == "auto"):
+    if dtype is None or dtype == "auto":
         return
     named = getattr(torch, dtype, None) if isinstance(dtype, str) and not dtype.startswith("_") else dtype
     if isinstance(named, torch.dtype) and named in LOAD_DTYPES.values():
         return
-    auto = "'auto' (what config.json records), " if allow_auto else ""
-    raise ValueError(f"{name} {dtype!r} is not a dtype weights load in{_close(dtype, LOAD_DTYPES)}; choose one of "
-                     f"{auto}{', '.join(map(repr, LOAD_DTYPES))} (or the torch.dtype)")
+    raise ValueError(f"{name} {dtype!r} is not a dtype weights load in{did_you_mean(dtype, LOAD_DTYPES)}; choose "
+                     f"one of 'auto' (what config.json records), {', '.join(map(repr, LOAD_DTYPES))} (or the "
+                     "torch.dtype)")
 
 
 def check_device_map(device_map: Any, name: str = "load_pruned: device_map") -> None:
@@ -109,7 +107,8 @@ def _check_device(value: Any, name: str, choices: str) -> None:
             return
         except (RuntimeError, ValueError):
             pass
-    raise ValueError(f"{name} {value!r} is not a placement transformers takes{_close(value, DEVICE_MAPS)}; {choices}")
+    raise ValueError(f"{name} {value!r} is not a placement transformers takes{did_you_mean(value, DEVICE_MAPS)}; "
+                     f"{choices}")
 
 
 def check_experts_implementation(value: Any, name: str = "load_pruned: experts_implementation") -> None:
@@ -119,8 +118,8 @@ def check_experts_implementation(value: Any, name: str = "load_pruned: experts_i
 
     known = ["eager", *sorted(set(ALL_EXPERTS_FUNCTIONS.keys()) | set(ALL_FP8_EXPERTS_FUNCTIONS.keys()))]
     if value not in known:
-        raise ValueError(f"{name} {value!r} is not an experts kernel transformers has{_close(value, known)}; choose "
-                         f"one of {', '.join(map(repr, known))}")
+        raise ValueError(f"{name} {value!r} is not an experts kernel transformers has{did_you_mean(value, known)}; "
+                         f"choose one of {', '.join(map(repr, known))}")
 
 
 def _check_arguments(dtype: Any, attention_backend: Any, kwargs: dict[str, Any]) -> None:
@@ -131,8 +130,8 @@ def _check_arguments(dtype: Any, attention_backend: Any, kwargs: dict[str, Any])
     check_dtype(dtype)
     if attention_backend not in BACKENDS:
         raise ValueError(f"load_pruned: attention_backend {attention_backend!r} is not a path-attention backend"
-                         f"{_close(attention_backend, BACKENDS)}; choose one of {', '.join(map(repr, BACKENDS))} (it "
-                         "applies to a width-pruned checkpoint)")
+                         f"{did_you_mean(attention_backend, BACKENDS)}; choose one of "
+                         f"{', '.join(map(repr, BACKENDS))} (it applies to a width-pruned checkpoint)")
     if "device_map" in kwargs:
         check_device_map(kwargs["device_map"])
     if "experts_implementation" in kwargs:

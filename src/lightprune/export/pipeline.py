@@ -143,7 +143,7 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     try:
         return write_pruned(model, out_dir, counts, source=source, facts=facts, fingerprint=fingerprint, probe=probe,
                             reference_logits=reference, atol=atol, overwrite=overwrite, processor=processor,
-                            max_shard_size=None, start=start)
+                            max_shard_size=None, start=start, where="export_pruned", expert_ids=plan.keep)
     except Exception as err:  # re-raised below unless the surgery is to blame
         _name_a_surgery_problem(model, probe, reference, atol, err)
         raise

@@ -47,7 +47,7 @@ import shutil
 import sys
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -355,11 +355,12 @@ def _verify(checkpoint: Path, probe: Mapping[str, Any], reference: torch.Tensor,
     return diffs
 
 
-def non_finite_tensors(model: nn.Module) -> list[str]:
+def non_finite_tensors(model: nn.Module, expert_ids: Mapping[int, Sequence[int]] | None = None) -> list[str]:
     """Each tensor a checkpoint of ``model`` stores (parameters, persistent buffers) that holds a NaN or inf, as
-    ``"<name> (expert <i>) holds 1 NaN (first at [0, 3])"`` (a fused experts tensor: its first such expert)."""
+    ``"<name> (expert <i>) holds 1 NaN (first at [0, 3])"`` (a fused experts tensor: its first such expert, ``i``
+    its position there, or ``expert_ids[layer][position]`` for a layer in ``expert_ids``: the ids a plan kept)."""
     try:
-        experts = {id(layer.experts): layer.num_experts for layer in find_moe_layers(model)}
+        experts = {id(layer.experts): layer for layer in find_moe_layers(model)}
     except ValueError:  # not a supported family: each tensor named whole
         experts = {}
     found = []
@@ -370,9 +371,11 @@ def non_finite_tensors(model: nn.Module) -> list[str]:
             if tensor is None or non_finite(tensor) is None:
                 continue
             name = f"{owner_name}.{key}" if owner_name else key
-            if id(owner) in experts and tensor.dim() >= 2 and tensor.shape[0] == experts[id(owner)]:
-                expert = int((~torch.isfinite(tensor.float())).flatten(1).any(1).nonzero()[0])
-                found.append(f"{name} (expert {expert}) holds {non_finite(tensor[expert])}")
+            layer = experts.get(id(owner))
+            if layer is not None and tensor.dim() >= 2 and tensor.shape[0] == layer.num_experts:
+                position = int((~torch.isfinite(tensor.float())).flatten(1).any(1).nonzero()[0])
+                expert = (expert_ids or {}).get(layer.index, range(layer.num_experts))[position]
+                found.append(f"{name} (expert {expert}) holds {non_finite(tensor[position])}")
             else:
                 found.append(f"{name} holds {non_finite(tensor)}")
     return found
@@ -438,31 +441,34 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
     facts = card_facts(card, counts)
     return write_pruned(model, out_dir, counts, source=source, facts=facts, fingerprint=source_fingerprint(source),
                         probe=probe, reference_logits=reference_logits, atol=atol, overwrite=overwrite,
-                        processor=processor, max_shard_size=max_shard_size, start=start)
+                        processor=processor, max_shard_size=max_shard_size, start=start, where="save_pruned")
 
 
 def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[int, int], *, source: Path | None,
                  facts: Mapping[str, Any], fingerprint: list[dict[str, Any]] | None,
                  probe: Mapping[str, Any] | None, reference_logits: torch.Tensor | None, atol: float | None,
-                 overwrite: bool, processor: Any, max_shard_size: int | str | None, start: float) -> ExportResult:
+                 overwrite: bool, processor: Any, max_shard_size: int | str | None, start: float, where: str,
+                 expert_ids: Mapping[int, Sequence[int]] | None = None) -> ExportResult:
     """Steps 1-7 of the module docstring for ``model`` (pruned, ``counts`` routed experts per layer), its inputs
     checked by the caller: ``source`` (:func:`resolve_source_dir`, not ``out_dir`` nor inside it), ``facts``
-    (:func:`card_facts`), ``fingerprint`` (:func:`source_fingerprint` of ``source``). The other arguments are
-    :func:`save_pruned`'s; the result's ``seconds`` count from ``start`` (``time.perf_counter()``)."""
+    (:func:`card_facts`), ``fingerprint`` (:func:`source_fingerprint` of ``source``). ``where`` (the caller's name)
+    begins each error; ``expert_ids`` ({layer: the ids the plan kept}) names a non-finite expert by the id it had
+    before pruning (:func:`non_finite_tensors`). The other arguments are :func:`save_pruned`'s; the result's
+    ``seconds`` count from ``start`` (``time.perf_counter()``)."""
     get_family(model).set_expert_counts(dict(counts))
     uniform = len(set(counts.values())) == 1
-    broken = non_finite_tensors(model)  # one isfinite per tensor, before anything is written
+    broken = non_finite_tensors(model, expert_ids)  # one isfinite per tensor, before anything is written
     if broken:
         more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
-        raise ValueError(f"save_pruned: tensor {broken[0]}{more}: the export would carry it (a broken weight); "
+        raise ValueError(f"{where}: tensor {broken[0]}{more}: the export would carry it (a broken weight); "
                          "nothing was written; restore the weights, or prune the expert that holds it")
     probe = dict(probe) if probe is not None else default_probe(model)
     restore_fp32_buffers(model)  # cast with .to(bf16): rotary inv_freq back in fp32, as the checkpoint reloads
     if reference_logits is None:
         reference_logits = model_logits(model, probe)
-        check_reference_finite(model, reference_logits, "save_pruned", "the model to be written")
+        check_reference_finite(model, reference_logits, where, "the model to be written")
     elif non_finite(reference_logits) is not None:
-        raise ExportVerificationError(f"save_pruned: reference_logits hold {non_finite(reference_logits)}: nothing "
+        raise ExportVerificationError(f"{where}: reference_logits hold {non_finite(reference_logits)}: nothing "
                                       "could be verified against them; nothing was written")
     atol = check_atol(atol)  # NaN would switch verification off: refused
     atol, rtol = default_atol(model) if atol is None else atol, default_rtol(model)

@@ -26,7 +26,6 @@ leaves them, so the model computes what its exported checkpoint will when reload
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any
 
@@ -42,7 +41,7 @@ from lightprune.core.distributed import outside_zero_init
 from lightprune.core.jsonio import strict_int
 from lightprune.core.sources import check_checkpoint_name, resolve_checkpoint
 from lightprune.export import load_pruned
-from lightprune.export.load import check_device_map
+from lightprune.export.load import LOAD_DTYPES, check_device_map
 from lightprune.export.verify import keep_fp32_buffers
 from lightprune.finetune.adapters import AdapterSpec, apply_adapter
 from lightprune.finetune.balance import per_layer_balance_loss
@@ -50,13 +49,10 @@ from lightprune.finetune.optim import OPTIMIZERS, SCHEDULERS, build_optimizer, b
 from lightprune.finetune.quantize import _bnb, quantize_4bit
 from lightprune.models import find_moe_layers
 from lightprune.models.experts_kernel import runnable_experts
-from lightprune.models.tiny import check_tiny_family, check_tiny_overrides, tiny_model
+from lightprune.models.tiny import check_tiny_family, check_tiny_overrides, did_you_mean, tiny_model
 from lightprune.models.unwrap import base_model_of
 
 __all__ = ["MoECausalLM"]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
 
 
 class MoECausalLM(pl.LightningModule):
@@ -130,10 +126,9 @@ class MoECausalLM(pl.LightningModule):
         if (checkpoint is None) == (tiny is None):
             raise ValueError("give exactly one of checkpoint= (a local directory) or tiny= (a family name); "
                              f"got checkpoint={checkpoint!r}, tiny={tiny!r}")
-        if dtype not in _DTYPES:
-            close = difflib.get_close_matches(dtype, list(_DTYPES), n=1) if isinstance(dtype, str) else []
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}{hint}")
+        if dtype not in LOAD_DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(LOAD_DTYPES)}, got {dtype!r}"
+                             f"{did_you_mean(dtype, LOAD_DTYPES)}")
         if load_in_4bit and dtype == "float64":
             raise ValueError("load_in_4bit computes in float32, bfloat16 or float16 (bitsandbytes), got dtype "
                              "'float64'")
@@ -183,7 +178,7 @@ class MoECausalLM(pl.LightningModule):
 
         What a fine-tune-then-prune job prunes when the trained model has 4-bit base weights (QLoRA).
         """
-        dtype = _DTYPES[self.hparams.dtype]
+        dtype = LOAD_DTYPES[self.hparams.dtype]
         if self.hparams.tiny is not None:
             model = tiny_model(self.hparams.tiny, seed=self.hparams.seed, **(self.hparams.tiny_overrides or {}))
             model = keep_fp32_buffers(model, lambda: model.to(dtype))  # as from_pretrained(dtype=dtype) leaves them
@@ -218,7 +213,7 @@ class MoECausalLM(pl.LightningModule):
                                  "model held in memory: run it in one process or under DDP "
                                  "(--trainer.strategy ddp), or drop sequential")
             self.skeleton = Skeleton(Checkpoint(resolve_checkpoint(self.hparams.checkpoint)),
-                                     dtype=_DTYPES[self.hparams.dtype])
+                                     dtype=LOAD_DTYPES[self.hparams.dtype])
             # not a submodule: its tensors stay on the meta device and only the skeleton moves them, one layer at a
             # time (Lightning's .to(device), optimizers and state dicts never see them)
             self.__dict__["model"] = self.skeleton.model
@@ -229,7 +224,7 @@ class MoECausalLM(pl.LightningModule):
         with outside_zero_init():
             self.model = self.build_original()
             if self.hparams.load_in_4bit:
-                self.model = quantize_4bit(self.model, compute_dtype=_DTYPES[self.hparams.dtype])
+                self.model = quantize_4bit(self.model, compute_dtype=LOAD_DTYPES[self.hparams.dtype])
             if self.adapter is not None:
                 self.model = apply_adapter(self.model, self.adapter)
         # Lightning switches train/eval per loop; start from train mode like any fresh module

@@ -23,8 +23,8 @@ import torch
 from lightprune.models.tiny_mllms import DENSE_BUILDERS, MLLM_BUILDERS
 from lightprune.models.tiny_text import _GENERIC_FAMILIES, TEXT_BUILDERS, _generic
 
-__all__ = ["TINY_DENSE_MLLMS", "TINY_FAMILIES", "check_tiny_family", "check_tiny_overrides", "tiny_config",
-           "tiny_model"]
+__all__ = ["TINY_DENSE_MLLMS", "TINY_FAMILIES", "check_tiny_family", "check_tiny_overrides", "did_you_mean",
+           "tiny_config", "tiny_model"]
 
 
 _TEXT_ORDER = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3")
@@ -44,8 +44,15 @@ TINY_DENSE_MLLMS: tuple[str, ...] = tuple(DENSE_BUILDERS)
 _MLLMS = (*MLLM_BUILDERS, *TINY_DENSE_MLLMS)
 
 
-def _close(name: str, known: Any) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75) if isinstance(name, str) else []
+#: how alike (difflib's ratio) a name must be to a tiny family or a config field to be suggested
+_ALIKE = 0.75
+
+
+def did_you_mean(value: Any, known: Any, cutoff: float = 0.6) -> str:
+    """`` (did you mean 'X'?)`` for the name of ``known`` (each as ``str``) closest to ``value`` (difflib, at least
+    ``cutoff`` alike), ``""`` when none is that close or ``value`` is not a string."""
+    close = difflib.get_close_matches(value, [str(k) for k in known], n=1, cutoff=cutoff) \
+        if isinstance(value, str) else []
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -55,7 +62,8 @@ def check_tiny_family(family: Any, what: str = "tiny family") -> None:
     families = (*TINY_FAMILIES, *TINY_DENSE_MLLMS)
     if isinstance(family, str) and family in families:
         return
-    raise ValueError(f"{what} {family!r} is not one of the {len(families)} tiny families{_close(family, families)}; "
+    raise ValueError(f"{what} {family!r} is not one of the {len(families)} tiny families"
+                     f"{did_you_mean(family, families, _ALIKE)}; "
                      f"for example {', '.join(TINY_FAMILIES[:5])} and the dense MLLMs {', '.join(TINY_DENSE_MLLMS)} "
                      "(lightprune.models.tiny.TINY_FAMILIES lists the MoE ones)")
 
@@ -92,13 +100,13 @@ def check_tiny_overrides(family: str, overrides: dict[str, Any], what: str = "ti
     for key, value in overrides.items():
         if key not in fields[""]:
             raise ValueError(f"{what}: {name} (the {family} tiny config) has no field {key!r}"
-                             f"{_close(key, fields[''])}; an override sets one of its fields")
+                             f"{did_you_mean(key, fields[''], _ALIKE)}; an override sets one of its fields")
         if key in fields and isinstance(value, dict):
             sub, known = fields[key]
             stray = next((k for k in value if k not in known), None)
             if stray is not None:
                 raise ValueError(f"{what}: {key}: {sub} (of the {family} tiny config) has no field {stray!r}"
-                                 f"{_close(stray, known)}")
+                                 f"{did_you_mean(stray, known, _ALIKE)}")
 
 
 def tiny_config(family: str, **overrides: Any):

@@ -27,7 +27,7 @@ import torch
 
 from lightprune.core.checks import check_utf8
 from lightprune.core.errors import PlanError, listed
-from lightprune.core.jsonio import layer_items, non_finite, read_parsed, show, strict_int, write_json
+from lightprune.core.jsonio import check_finite, layer_items, read_parsed, show, strict_int, write_json
 from lightprune.width.layers import find_width_layers
 from lightprune.width.paths import MODALITIES, PATHS
 
@@ -92,15 +92,6 @@ def _counts(value: Any, name: str, what: str) -> dict[int, int]:
     return counts
 
 
-def _check_finite(data: Mapping[str, Any]) -> None:
-    """Refuse a NaN or infinite number anywhere in ``data``, naming the key (JSON has no such constant)."""
-    for key, value in data.items():
-        found = non_finite(value, str(key))
-        if found is not None:
-            raise PlanError(f"{found[0]} is {show(found[1])}: a width plan holds finite numbers only (JSON has no NaN "
-                            "or Infinity; write null or a number)")
-
-
 @dataclass(eq=False)
 class WidthPlan:
     """MWOP keep masks: ``attn_keep[l]`` bool [num_heads[l], 3] (columns :data:`PATHS`),
@@ -142,7 +133,7 @@ class WidthPlan:
         self.attn_keep, self.ffn_keep = attn, ffn
         if not isinstance(self.metadata, dict):
             raise PlanError(f"metadata must be an object, got {show(self.metadata)}")
-        _check_finite({"metadata": self.metadata})
+        check_finite({"metadata": self.metadata}, "width plan", PlanError)
         # its other strings are keys and names the schema checks
         check_utf8({"metadata": self.metadata}, "a width plan file (UTF-8 JSON)", PlanError)
 
@@ -248,7 +239,7 @@ class WidthPlan:
         unknown = sorted(set(data) - known, key=str)
         if unknown:
             raise PlanError(f"unknown width plan keys {listed(unknown)}; known: {sorted(known)}")
-        _check_finite(data)
+        check_finite(data, "width plan", PlanError)
         for key in ("attn_keep", "ffn_keep", "num_heads", "intermediate_size"):
             if key not in data:
                 raise PlanError(f"width plan is missing {key!r}")

@@ -563,8 +563,8 @@ def test_a_checkpoint_path_that_is_not_a_folder_is_said_as_such_by_every_path(cl
         path.symlink_to(tmp_path / ("gone" if what == "a dangling symlink" else "loop"))
     expected = {"a file": f"checkpoint directory {str(path)!r} is a file, not a directory: give its folder "
                           f"{str(tmp_path / 'ckpt')!r}",
-                "a dangling symlink": f"checkpoint directory {str(path)!r} is a dangling symlink: its target "
-                                      f"{str(tmp_path / 'gone')!r} does not exist; restore it, or give the directory",
+                "a dangling symlink": f"checkpoint directory {str(path)!r} is a dangling symlink (its target "
+                                      f"{str(tmp_path / 'gone')!r} does not exist); restore it, or give the directory",
                 "a symlink loop": f"checkpoint directory {str(path)!r} is a symlink loop (-> {str(path)!r}); point "
                                   "it at the directory, or give the directory itself"}[what]
     refusals = _refusals(path, model, tmp_path, OSError)

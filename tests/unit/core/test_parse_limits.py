@@ -407,6 +407,29 @@ def test_an_integer_past_pythons_digit_limit_names_the_file_and_the_key(tmp_path
     assert parse_json("[" + "9" * 4300 + "]", "x") == [int("9" * 4300)]  # at the limit: read
 
 
+def test_a_file_or_key_named_digits_is_not_taken_for_a_long_integer(tmp_path: Path) -> None:
+    """Any ValueError whose text held "digits" was reported as an over-long integer: a key named twice in
+    ``digits.json`` (or a key ``digits`` named twice) said "an integer of more than 4300 digits"; only Python's
+    own digit-limit error is."""
+    from lightprune.core.jsonio import DuplicateKeyError
+
+    with pytest.raises(DuplicateKeyError) as info:
+        parse_json('{"a": 1, "a": 2}', "plan file digits.json")
+    assert str(info.value) == "plan file digits.json: key 'a' appears twice in one JSON object (values 1 and 2); remove one"
+    with pytest.raises(DuplicateKeyError) as info:
+        parse_json('{"digits": 1, "digits": [3]}', "x")
+    assert str(info.value) == "x: key 'digits' appears twice in one JSON object (values 1 and [3]); remove one"
+    path = tmp_path / "digits.json"
+    path.write_text('{"keep": {"0": [0]}, "keep": {}}')
+    with pytest.raises(ValueError) as info:
+        read_json(path, "plan")
+    assert type(info.value) is DuplicateKeyError
+    assert str(info.value) == (f"plan file {str(path)!r}: key 'keep' appears twice in one JSON object (values "
+                               '{"0": [0]} and {}); remove one')
+    with pytest.raises(json.JSONDecodeError):  # not JSON: as json.loads says it
+        parse_json('{"digits": }', "plan file digits.json")
+
+
 def test_a_layer_key_past_the_digit_limit_is_no_layer(tmp_path: Path) -> None:
     from lightprune.core.jsonio import int_key
 

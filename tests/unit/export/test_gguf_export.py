@@ -173,6 +173,23 @@ def test_an_output_that_is_a_directory_or_has_no_folder_is_refused(export, tmp_p
     assert listing(tmp_path) == ["export", "file", "folder"] and listing(tmp_path / "folder") == []
 
 
+def test_an_output_name_with_a_brace_is_refused_as_given(export, tmp_path, stand_in) -> None:
+    """The converter fills "{ftype}"-style fields of the name it writes (the staged file's, built from the output's
+    name as given): a brace there is refused, a link's target's name is not read (the GGUF replaces the link)."""
+    (tmp_path / "b.gguf").write_bytes(b"b")
+    (tmp_path / "{a}.gguf").symlink_to(tmp_path / "b.gguf")
+    (tmp_path / "a.gguf").symlink_to(tmp_path / "{b}.gguf")
+    (tmp_path / "{b}.gguf").write_bytes(b"{b}")
+    for name in ("model-{ftype}.gguf", "{a}.gguf", "model}.gguf"):
+        with pytest.raises(ValueError) as raised:
+            convert_to_gguf(export, tmp_path / name, llama_cpp=stand_in, overwrite=True)
+        assert str(raised.value) == (f"output file name {name!r} holds '{{' or '}}', which llama.cpp's converter "
+                                     "fills in as a template; name the file as it should be written")
+    with pytest.raises(Reached):  # every check passed
+        convert_to_gguf(export, tmp_path / "a.gguf", llama_cpp=stand_in, overwrite=True)
+    assert listing(tmp_path) == ["a.gguf", "b.gguf", "export", "{a}.gguf", "{b}.gguf"]
+
+
 def test_an_existing_output_is_replaced_only_with_overwrite(export, tmp_path, stand_in) -> None:
     out = tmp_path / "model.gguf"
     out.write_bytes(b"previous")
@@ -450,6 +467,35 @@ def test_the_converters_weight_files_follow_its_index_tensors(tmp_path) -> None:
     assert gguf.converter_weight_files(tmp_path) == ["pytorch_model-00002.bin", "pytorch_model.bin"]
 
 
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    """The uniform export's model written in two shards (``save_pruned(max_shard_size=...)``)."""
+    from lightprune.data import train_bpe_tokenizer
+
+    tokenizer = train_bpe_tokenizer(["a few words", "and some more"] * 4, 128)
+    model = tiny_model("qwen3_moe")
+    lp.prune_experts(model, lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5, allocation="uniform"))
+    out = tmp_path_factory.mktemp("gguf_sharded") / "sharded"
+    lp.save_pruned(model, out, processor=tokenizer, max_shard_size="100KB")
+    return out
+
+
+def test_a_shard_index_naming_its_shards_with_dot_slash_is_read_as_the_checkpoint_reads_it(sharded, tmp_path,
+                                                                                            stand_in) -> None:
+    """transformers joins an index's "./model-00001-of-00002.safetensors" to the folder, and so do the strict reader
+    and llama.cpp's converter: the converter's files are the shards, no stray file beside the weights."""
+    export = Path(shutil.copytree(sharded, tmp_path / "export"))
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    index = json.loads((export / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == shards
+    index["weight_map"] = {key: f"./{value}" for key, value in index["weight_map"].items()}
+    (export / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert gguf.converter_weight_files(export) == shards
+    with pytest.raises(Reached):  # every check passed
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
+    assert listing(tmp_path) == ["export"]
+
+
 def _tokenizer_json(change):
     def damage(export: Path) -> None:
         spec = json.loads((export / "tokenizer.json").read_text())
@@ -633,6 +679,49 @@ def test_a_full_disk_leaves_nothing_behind_and_the_output_as_it_was(export, tmp_
     assert raised.value.errno == errno.ENOSPC
     assert listing(tmp_path) == (["export", "model.gguf"] if previous is not None else ["export"])
     assert previous is None or out.read_bytes() == previous
+
+
+_TOO_LARGE = ("file too large for the device holding {out!r} (the file size limit: `ulimit -f`, or the file "
+              "system's largest file); nothing was written, {out!r} is as it was")
+
+
+@pytest.mark.parametrize(("code", "said"), [
+    (errno.EFBIG, _TOO_LARGE),
+    (errno.EACCES, "cannot write to {folder!r}: permission denied; nothing was written, {out!r} is as it was"),
+    (errno.EROFS, "cannot write to {folder!r}: read-only file system; nothing was written, {out!r} is as it was"),
+    (errno.EPERM, "cannot write to {folder!r}: operation not permitted; nothing was written, {out!r} is as it was"),
+], ids=["EFBIG", "EACCES", "EROFS", "EPERM"])
+def test_a_staged_write_refused_for_size_or_permission_is_stagings_one_line(export, tmp_path, stand_in, monkeypatch,
+                                                                           code, said) -> None:
+    out = tmp_path / "model.gguf"
+    out.write_bytes(b"previous")
+
+    def run(source: Path, outfile: Path, outtype: str) -> None:
+        outfile.write_bytes(b"GGUF partial")
+        raise OSError(code, os.strerror(code), str(outfile))
+
+    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(run))
+    with pytest.raises(OutputDirError) as raised:
+        convert_to_gguf(export, out, llama_cpp=stand_in, overwrite=True)
+    assert str(raised.value) == said.format(out=str(out), folder=str(tmp_path))
+    assert raised.value.errno == code and isinstance(raised.value.__cause__, OSError)
+    assert out.read_bytes() == b"previous" and listing(tmp_path) == ["export", "model.gguf"]
+
+
+def test_another_staged_write_error_is_a_conversion_error(export, tmp_path, stand_in, monkeypatch) -> None:
+    out, staged = tmp_path / "model.gguf", []
+
+    def run(source: Path, outfile: Path, outtype: str) -> None:
+        staged.append(outfile)
+        raise OSError(errno.EIO, "Input/output error", str(outfile))
+
+    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(run))
+    with pytest.raises(GGUFConversionError) as raised:
+        convert_to_gguf(export, out, llama_cpp=stand_in)
+    assert str(raised.value) == (f"llama.cpp's converter could not write the GGUF {str(out)!r}: OSError: [Errno 5] "
+                                 f"Input/output error: {str(staged[0])!r}; nothing was written, {str(out)!r} was not "
+                                 "created")
+    assert listing(tmp_path) == ["export"]
 
 
 def _refuses(source: Path, outfile: Path, outtype: str) -> None:

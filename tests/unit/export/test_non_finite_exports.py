@@ -11,9 +11,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import lightprune as lp
 from lightprune.export import ExportVerificationError
+from lightprune.export.save import non_finite_tensors
 
 #: keep experts 0..3 of every layer of a tiny Qwen3-MoE (3 layers of 8)
 KEEP = {layer: [0, 1, 2, 3] for layer in range(3)}
@@ -55,6 +57,26 @@ def test_save_pruned_refuses_a_non_finite_tensor_it_would_write_naming_it(tiny, 
                                  "(first at [1, 1]) (and 1 more): the export would carry it (a broken weight); nothing "
                                  "was written; restore the weights, or prune the expert that holds it")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_export_pruned_names_a_non_finite_kept_expert_by_its_id_before_pruning(tiny, tmp_path):
+    """Expert 5 of layer 2 (8 experts, keep [0, 2, 5, 7]) holds a NaN but is never routed (its correction bias -100
+    against sigmoid scores in (0, 1)), so the masked logits are finite and the written tensors are checked after the
+    pruning, where it sits at position 2: it is named expert 5, as the plan names it, by export_pruned."""
+    model = tiny("deepseek_v3")
+    keep = {layer.index: [0, 2, 5, 7] for layer in lp.find_moe_layers(model)}
+    plan = lp.ExpertPlan(keep=keep, num_experts={layer: 8 for layer in keep})
+    model.model.layers[2].mlp.gate.e_score_correction_bias.data[5] = -100.0
+    model.model.layers[2].mlp.experts.down_proj.data[5, 0, 1] = float("nan")
+    with pytest.raises(ValueError) as raised:
+        lp.export_pruned(model, plan, tmp_path / "out")
+    assert str(raised.value) == ("export_pruned: tensor model.layers.2.mlp.experts.down_proj (expert 5) holds 1 NaN "
+                                 "(first at [0, 1]): the export would carry it (a broken weight); nothing was "
+                                 "written; restore the weights, or prune the expert that holds it")
+    assert _counts(model) == [4, 4] and list(tmp_path.iterdir()) == []
+    assert torch.isnan(model.model.layers[2].mlp.experts.down_proj[2, 0, 1])  # position 2 in the pruned tensor
+    assert non_finite_tensors(model) == [  # without the plan's ids: the position
+        "model.layers.2.mlp.experts.down_proj (expert 2) holds 1 NaN (first at [0, 1])"]
 
 
 def test_prune_checkpoint_refuses_a_non_finite_tensor_as_it_writes_it(tiny, tmp_path):

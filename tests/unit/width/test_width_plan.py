@@ -147,6 +147,18 @@ def test_construction_errors():
         WidthPlan.from_dict({"heads": {}, "attn_keep": {}, "ffn_keep": {}, "num_heads": {}, "intermediate_size": {}})
 
 
+
+def test_a_nan_or_infinity_anywhere_is_refused_in_one_line_naming_its_key():
+    """The expert plans' message (experts.plan_base.check_finite), "width plan" as the kind."""
+    said = ": a width plan holds finite numbers only (JSON has no NaN or Infinity; write null or a number)"
+    with pytest.raises(PlanError) as raised:
+        WidthPlan({}, {}, {0: 4}, {}, metadata={"scores": [1.0, float("-inf")]})
+    assert str(raised.value) == "metadata['scores'][1] is -Infinity" + said
+    data = {"attn_keep": {}, "ffn_keep": {}, "num_heads": {"0": 4}, "intermediate_size": {"0": float("nan")}}
+    with pytest.raises(PlanError) as raised:
+        WidthPlan.from_dict(data)
+    assert str(raised.value) == "intermediate_size['0'] is NaN" + said
+
 def test_vision_token_ids(lm, tiny):
     assert vision_token_ids(tiny("qwen3_vl_moe")) == {120, 121}
     assert vision_token_ids(lm) == {120}
