@@ -210,7 +210,7 @@ class ExpertPruning(JobEndCallback):
         if trainer.is_global_zero:  # written with the export, once it has succeeded (RunState.stage_file)
             out = self.run_dir(trainer)
             state.stage_file(out / "scores.json", {label: scores.to_json()}, indent=1)
-            state.stage_file(out / "plan.json", self.plan.to_dict(), indent=2)
+            state.stage_file(out / "plan.json", self.plan.to_dict(), indent=ExpertPlan.INDENT)
             how = f"{self.n_per_layer} per layer" if self.n_per_layer is not None else \
                 f"{self.allocation}, ratio {self.ratio}"
             rank_zero_info(f"ExpertPruning: {label} selects {self.plan.total_pruned} experts to prune ({how}); "
@@ -228,7 +228,7 @@ class ExpertPruning(JobEndCallback):
             state.scoring_seconds += self.seconds
         if trainer.is_global_zero:
             out = self.run_dir(trainer)
-            state.stage_file(out / "merge_plan.json", self.merge_plan.to_dict(), indent=1)
+            state.stage_file(out / "merge_plan.json", self.merge_plan.to_dict(), indent=MergePlan.INDENT)
             rank_zero_info(f"ExpertPruning: {self.name} selects {self.merge_plan.total_merged_away} experts to merge "
                            f"away (ratio {self.ratio}); {_when_written(state, out / 'merge_plan.json')}")
 

@@ -6,12 +6,14 @@ before Lightning is imported (:func:`lightprune.cli.options.check_command_line`)
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from lightprune.checkpoints.staging import check_out_dir
+from lightprune.core.paths import broken_link, file_problem
 
 __all__ = ["RUN_FILES", "WritesCheckpoint", "check_checkpoint_dir", "check_checkpoint_place", "checkpoint_dir_of",
            "check_plan_path", "folder_of"]
@@ -67,12 +69,23 @@ def check_checkpoint_place(path: Path, folders: Iterable[Path], address: str) ->
 
 
 def check_plan_path(plan_path: str | os.PathLike) -> str:
-    """``plan_path`` with ``~`` expanded, when it is a file; else ``FileNotFoundError`` or ``IsADirectoryError``
-    whose message says so (``plan_path: '/x' does not exist``)."""
+    """``plan_path`` with ``~`` expanded, when it is a file; else an OSError whose message says what is there
+    (``plan_path: '/x' does not exist``): IsADirectoryError for a directory, FileNotFoundError when nothing is there or
+    for a dangling symlink, OSError (EINVAL; ELOOP for a symlink loop) for a special file such as a FIFO, in the
+    words of :func:`~lightprune.core.paths.file_problem`."""
     path = Path(plan_path).expanduser()
     if path.is_dir():
         raise IsADirectoryError(f"plan_path: {str(plan_path)!r} is a directory, not a plan file: name the plan.json "
                                 "(or merge_plan.json) in it")
+    problem = file_problem(path)
+    if problem is not None:
+        cls, why = problem
+        error = (cls if issubclass(cls, OSError) else OSError)(f"plan_path: {str(plan_path)!r} {why}: name the plan "
+                                                               "file itself")
+        if not issubclass(cls, OSError):  # a symlink loop, a special file: the OSError the CLI reports in one line
+            link = broken_link(path)
+            error.errno = errno.ELOOP if link is not None and link[0] == "loop" else errno.EINVAL
+        raise error
     if not path.is_file():
         raise FileNotFoundError(f"plan_path: {str(plan_path)!r} does not exist")
     return str(path)

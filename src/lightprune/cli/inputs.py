@@ -14,8 +14,9 @@ a ``--config`` that is no file (with the closest file's name), a directory, a fi
 YAML the safe loader cannot build, empty or not a mapping, a literal that YAML 1.1 (jsonargparse's reader) reads
 otherwise than YAML 1.2 or JSON (``020`` is 16, ``1:30`` is 90, ``yes`` is true where the option is no true/false
 option: :func:`literal_problem`), an empty item in a list of classes (``trainer.callbacks``), and a
-``trainer.default_root_dir`` that is a file or under one. Every path followed is checked to be UTF-8 text
-(:meth:`JobInputs.paths`, :func:`lightprune.core.paths.check_path_text`).
+``trainer.default_root_dir`` that is a file or under one (``~`` is the home folder in both, as the parser and
+Lightning read it; a URL run directory, ``s3://...``, is left to Lightning). Every path followed is checked to be
+UTF-8 text (:meth:`JobInputs.paths`, :func:`lightprune.core.paths.check_path_text`).
 """
 
 from __future__ import annotations
@@ -146,8 +147,9 @@ _RECIPES = "configs/ holds the recipes"
 
 
 def _no_file(text: str, option: str) -> str:
-    """The error for a ``--config`` that names no file: with the closest file of its folder, or the missing folder."""
-    folder = Path(text).parent
+    """The error for a ``--config`` that names no file: with the closest file of its folder (``~`` expanded), or the
+    missing folder."""
+    folder = Path(os.path.expanduser(text)).parent
     if not folder.is_dir():
         return f"{option} {text!r}: no such file (no folder {str(folder)!r}; {_RECIPES})"
     close = closest(Path(text).name, [entry.name for entry in folder.iterdir() if entry.is_file()])
@@ -202,17 +204,17 @@ def _read(path: Path, where: str) -> str:
         raise ValueError(f"{where} cannot be read: {err.strerror or err}") from None
 
 
-def load_config(text: str, option: str) -> tuple[str, dict[str, Any] | None]:
-    """(where, content) of a ``--config`` value: a file's mapping of options (where: its name) or the mapping given
-    inline (where: ``option``); content None where the parser reads it its own way (a file named with ``~``). A
-    value that cannot be a config is a ``ValueError`` in one line naming it, and so are a key named twice, YAML past
+def load_config(text: str, option: str) -> tuple[str, dict[str, Any]]:
+    """(where, content) of a ``--config`` value: a file's mapping of options (where: its name as given; ``~`` is the
+    home folder, as the parser reads it) or the mapping given inline (where: ``option``). A value that cannot be a
+    config is a ``ValueError`` in one line naming it, and so are a key named twice, YAML past
     the limits (:func:`~lightprune.core.jsonio.parse_yaml`) and YAML that the safe loader cannot build (a tag such as
     ``!!python/object``, a list as a key, two documents: the line and the problem)."""
     import yaml
 
     if not text.strip():
         raise ValueError(f"{option} needs a value: a YAML config file ({_RECIPES})")
-    path = Path(text)
+    path = Path(os.path.expanduser(text))
     try:
         is_dir, is_file = path.is_dir(), path.is_file()
     except (OSError, ValueError):  # a config's content given inline (too long, or not a name)
@@ -222,7 +224,7 @@ def load_config(text: str, option: str) -> tuple[str, dict[str, Any] | None]:
         raise ValueError(f"{option} {text!r} is a folder; give a config file" +
                          (f" (for example {', '.join(files)})" if files else ""))
     one_name = not is_file and "\n" not in text and not text.lstrip().startswith(("{", "["))  # a file's name
-    if one_name and os.path.exists(text):  # a device, a pipe: the parser reads regular files only
+    if one_name and os.path.exists(path):  # a device, a pipe: the parser reads regular files only
         raise ValueError(f"{option} {text!r} is not a regular file; give a config file")
     key, where = (text, f"config file {text!r}") if is_file else (option, option)
     source = _read(path, where) if is_file else text
@@ -240,8 +242,6 @@ def load_config(text: str, option: str) -> tuple[str, dict[str, Any] | None]:
             raise ValueError(problem)
         return key, content
     if one_name:
-        if path.expanduser().is_file():  # ~ is the parser's business
-            return text, None
         raise ValueError(_no_file(text, option))
     if content is None:
         raise ValueError(f"{where} is empty{' (comments only)' if source.strip() else ''}; a config is a mapping of "
@@ -300,10 +300,12 @@ def _scalars_problem(source: str, where: str, content: dict[str, Any]) -> str | 
 
 
 def root_dir_problem(root: str) -> str | None:
-    """Why ``root`` (``trainer.default_root_dir``) cannot be the run's directory: it is a file, a file stands where
-    one of its parents would be created, or it (or the folder it would be created in) cannot be written; None
-    otherwise (remote paths included)."""
-    path = Path(root)
+    """Why ``root`` (``trainer.default_root_dir``, ``~`` expanded as Lightning expands it) cannot be the run's
+    directory: it is a file, a file stands where one of its parents would be created, or it (or the folder it would
+    be created in) cannot be written; None otherwise, and for a URL (``s3://bucket/run``: not a local path)."""
+    if "://" in root:
+        return None
+    path = Path(os.path.expanduser(root))
     try:
         if path.exists() and not path.is_dir():
             return f"{root!r} is a file, not a folder; give a folder (an existing one or one to create)"

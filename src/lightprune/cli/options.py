@@ -267,8 +267,10 @@ def check_command_line(argv: Iterable[str], others: Iterable[str] = ()) -> None:
     # the subcommand whose options a config's keys are, unless a config is given before it (keyed by subcommand)
     command = None if at is None or any(a.split("=", 1)[0] in ("--config", "-c") for a in rest[:at]) else rest[at]
     items = _config_options(rest[:at] if at is not None else rest)
-    for where, content in items if at is not None else ():  # a config before the subcommand: keyed by subcommand
-        _check_keyed_by_subcommand(where, content, rest[at])
+    if at is not None:  # a config before the subcommand: keyed by subcommand, its section of this one read
+        for where, content in items:
+            _check_keyed_by_subcommand(where, content, rest[at])
+        items = [(where, _section(content, rest[at])) for where, content in items]
     items += _config_options(rest[at:]) if at is not None else []
     criteria_known = not _project_modules(rest, [content for _, content in items])
     # the list jsonargparse would build, each entry with its options so far (None: not followed), the trainer's
@@ -315,8 +317,8 @@ def check_command_line(argv: Iterable[str], others: Iterable[str] = ()) -> None:
         if where.startswith("--trainer.callbacks"):  # the list given another way: not followed from here
             callbacks = None
             continue
-        if not isinstance(content, dict):  # a config file not read here
-            placed, root_where = False, None
+        if not isinstance(content, dict):  # a config not read here (a subcommand's section that is no mapping): its
+            placed, root_where, callbacks = False, None, None  # callbacks unseen
             continue
         label = where if where in ("--config", "-c") else f"config file {where!r}"
         problem = config_keys_problem(content, command, label) if command else None
@@ -415,6 +417,16 @@ def _check_keyed_by_subcommand(where: str, content: Any, command: str) -> None:
     raise OptionError(f"{label} is given before the subcommand, where a config maps subcommands to their options "
                       f"({command}: {{...}}), and its key {str(stray)!r} is not a subcommand; give it after the "
                       f"subcommand: lightprune {command} {given} ...")
+
+
+def _section(content: Any, command: str) -> Any:
+    """What a config given before the subcommand (a mapping keyed by subcommand) sets for ``command``: its section,
+    an empty mapping where it has none; a section that is no mapping, or a config that is none, as it is (not
+    followed here)."""
+    if not isinstance(content, dict):
+        return content
+    section = content.get(command)
+    return {} if section is None else section
 
 
 def _check_slot(where: str, value: Any, slot: str) -> None:

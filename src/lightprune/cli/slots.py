@@ -98,16 +98,21 @@ def _standard_library(top: str) -> bool:
 def _spec(module: str) -> Any:
     """The module's spec, found as ``import`` would find it (the working directory first, as the command puts it on
     ``sys.path``) without running any module's code; :data:`_MISSING` when its top-level package does not exist,
-    None when it cannot be found without importing."""
+    None when it cannot be found without importing, or is loaded without a spec (a script's or a notebook's
+    ``__main__``)."""
     parts = module.split(".")
-    try:
-        loaded = sys.modules.get(parts[0])
-        spec = loaded.__spec__ if loaded is not None else (
-            PathFinder.find_spec(parts[0], [os.getcwd()]) or importlib.util.find_spec(parts[0]))
-    except (ImportError, ValueError, AttributeError):
-        return None
-    if spec is None:
-        return _MISSING
+    loaded = sys.modules.get(parts[0])
+    if loaded is not None:
+        spec = getattr(loaded, "__spec__", None)
+        if spec is None:  # loaded, but from nowhere import can look: only the parser's import can tell
+            return None
+    else:
+        try:
+            spec = PathFinder.find_spec(parts[0], [os.getcwd()]) or importlib.util.find_spec(parts[0])
+        except (ImportError, ValueError, AttributeError):
+            return None
+        if spec is None:
+            return _MISSING
     for i in range(1, len(parts)):
         locations = spec.submodule_search_locations
         spec = PathFinder.find_spec(".".join(parts[:i + 1]), list(locations)) if locations else None
@@ -126,11 +131,16 @@ def _module_level(nodes: Iterator[ast.AST]) -> Iterator[ast.AST]:
 
 def _bindings(tree: ast.Module) -> dict[str, list[str]] | None:
     """name -> what the module's code binds it to ("function": without a decorator or a return annotation, "plain
-    class": without a base or a decorator; "other"), or None when the module can bind names its source does not
-    show (``__getattr__``, ``globals()``, ``import *``)."""
+    class": without a base or a decorator; "other", as is a name a function declares ``global``: it may bind it when
+    called), or None when the module can bind names its source does not show (``__getattr__``, ``globals()``,
+    ``import *``)."""
     if any(getattr(node, "id", getattr(node, "attr", None)) in _DYNAMIC for node in ast.walk(tree)):
         return None
     found: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            for name in node.names:
+                found.setdefault(name, []).append("other")
     for node in _module_level(iter(tree.body)):
         if isinstance(node, ast.ClassDef):
             plain = not (node.bases or node.keywords or node.decorator_list)

@@ -135,8 +135,10 @@ def exact_ratio(value: Any) -> Fraction:
     """The fraction a ratio (a number) stands for: an int, ``Fraction`` or ``Decimal`` exactly; a float as the decimal
     it was written as, its shortest repr (``0.29`` is 29/100, not the binary 0.28999999999999998), or, for a float
     that needs 16 or 17 digits (one computed: ``1/3``, ``2/3``), the fraction of denominator at most 10**6 whose
-    float it is, when there is one."""
-    if isinstance(value, (Fraction, Decimal, int)) and not isinstance(value, bool):
+    float it is, when there is one. Anything else (a NaN or an infinity, ``Decimal('Infinity')`` too) is a
+    ``ValueError``."""
+    if isinstance(value, (Fraction, int)) and not isinstance(value, bool) or \
+            isinstance(value, Decimal) and value.is_finite():
         return Fraction(value)
     number = real_number(value)
     if number is None or not math.isfinite(number):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from lightprune.core.paths import broken_link, check_path_text
+from lightprune.core.paths import broken_link, check_path_text, file_problem
 
 __all__ = ["CheckpointSource", "register_source", "sources", "check_checkpoint_name", "resolve_checkpoint",
            "ENTRY_POINT_GROUP", "not_a_directory"]
@@ -90,22 +90,27 @@ def check_checkpoint_name(name: str) -> None:
 
 
 def not_a_directory(path: str | os.PathLike, what: str) -> OSError | None:
-    """The error for ``path`` (``what``: "checkpoint directory") when a name exists there that is not a directory: a
-    file (its folder named), a dangling symlink or a symlink loop; None when it is a directory or nothing is there."""
+    """The error for ``path`` (``what``: "checkpoint directory", ``~`` expanded) when a name exists there that is not
+    a directory: a file (NotADirectoryError, its folder named), a dangling symlink (FileNotFoundError), a symlink
+    loop (OSError ELOOP) or a special file (NotADirectoryError), each said as
+    :func:`~lightprune.core.paths.file_problem` says it; None when it is a directory or nothing is there."""
     path = Path(path).expanduser()
     if path.is_dir() or not os.path.lexists(path):
         return None
+    problem = file_problem(path)
+    if problem is None:  # a regular file, or a link to one
+        return _error(NotADirectoryError, errno.ENOTDIR, f"{what} {str(path)!r} is a file, not a directory: give its "
+                                                         f"folder {str(path.absolute().parent)!r}")
+    why = problem[1]
     link = broken_link(path)
+    if link is not None and link[0] == "loop":
+        return _error(OSError, errno.ELOOP, f"{what} {str(path)!r} {why}; point it at the directory, or give the "
+                                            "directory itself")
     if link is not None:
-        kind, target = link
-        if kind == "loop":
-            return _error(OSError, errno.ELOOP, f"{what} {str(path)!r} is a symlink loop (-> {target!r}); point it "
-                                                "at the directory, or give the directory itself")
-        return _error(FileNotFoundError, errno.ENOENT, f"{what} {str(path)!r} is a dangling symlink: its target "
-                                                       f"{target!r} does not exist; restore it, or give the directory")
-    kind = "a file" if path.is_file() else "not a directory (a special file)"
-    return _error(NotADirectoryError, errno.ENOTDIR, f"{what} {str(path)!r} is {kind}, not a directory: give its "
-                                                     f"folder {str(path.absolute().parent)!r}")
+        return _error(FileNotFoundError, errno.ENOENT, f"{what} {str(path)!r} {why}; restore it, or give the "
+                                                       "directory")
+    return _error(NotADirectoryError, errno.ENOTDIR, f"{what} {str(path)!r} {why} and not a directory; give the "
+                                                     "directory")
 
 
 def _error(cls: type[OSError], code: int, message: str) -> OSError:

@@ -69,6 +69,25 @@ def test_plan_path_a_directory_or_under_home(tmp_path, monkeypatch) -> None:
         check_command_line([*JOB, "--trainer.default_root_dir", str(run), "--export.plan_path", "~/gone.json"])
 
 
+def test_a_plan_path_that_is_a_special_file_or_a_broken_link_is_said_as_such(tmp_path) -> None:
+    """A FIFO or a dangling link as --export.plan_path was "does not exist"; the first pass says what is there."""
+    import os
+
+    run = tmp_path / "run"
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "gone.json")
+    with pytest.raises(OptionError) as info:
+        check_command_line([*JOB, "--trainer.default_root_dir", str(run), "--export.plan_path",
+                            str(tmp_path / "fifo.json")])
+    assert str(info.value) == (f"export.plan_path: {str(tmp_path / 'fifo.json')!r} is not a regular file (a FIFO): "
+                               "name the plan file itself")
+    with pytest.raises(OptionError) as info:
+        check_command_line([*JOB, "--trainer.default_root_dir", str(run), "--export.plan_path",
+                            str(tmp_path / "dangling.json")])
+    assert str(info.value) == (f"export.plan_path: {str(tmp_path / 'dangling.json')!r} is a dangling symlink (its "
+                               f"target {str(tmp_path / 'gone.json')!r} does not exist): name the plan file itself")
+
+
 def test_the_console_says_it_in_one_line_with_exit_status_2(tmp_path, monkeypatch, capsys) -> None:
     from lightprune.cli import command
 

@@ -221,6 +221,35 @@ def test_a_config_before_the_subcommand_is_refused_saying_where_it_goes(tmp_path
                         str(tmp_path)])  # keyed by subcommand: taken
 
 
+def test_a_config_keyed_by_subcommand_gives_its_subcommands_callbacks(tmp_path) -> None:
+    """``lightprune --config k.yaml export --prune.ratio 0.3`` with the callbacks under ``export:`` in k.yaml was
+    refused as "the job has no ExpertPruning callback": the first pass reads the subcommand's section (and only it)
+    as the parser does."""
+    import yaml
+
+    job = yaml.safe_load(TINY.read_text())
+    job["trainer"]["default_root_dir"] = str(tmp_path / "run")
+    keyed = tmp_path / "k.yaml"
+    keyed.write_text(yaml.safe_dump({"export": job}))
+    check_command_line(["--config", str(keyed), "export", "--prune.ratio", "0.3"])
+    with pytest.raises(OptionError) as info:  # its callbacks' options are checked as a config's after the subcommand
+        check_command_line(["--config", str(keyed), "export", "--prune.ratio", "1.5"])
+    assert str(info.value).startswith("--prune.ratio: ratio must be in [0, 1), got 1.5")
+    bad = {**job, "trainer": {**job["trainer"], "callbacks": [
+        {"class_path": "lightprune.callbacks.ExpertPruning", "init_args": {"criterion": "aimer", "ratio": 2}}]}}
+    keyed.write_text(yaml.safe_dump({"export": bad}))
+    with pytest.raises(OptionError) as info:
+        check_command_line(["--config", str(keyed), "export"])
+    assert str(info.value).startswith(f"{keyed}: ExpertPruning: ratio must be in [0, 1), got 2")
+    keyed.write_text(yaml.safe_dump({"fit": job}))  # another subcommand's section: not this job's
+    with pytest.raises(OptionError) as info:
+        check_command_line(["--config", str(keyed), "export", "--prune.ratio", "0.3"])
+    assert str(info.value) == ("--prune.ratio: the job has no ExpertPruning callback (add one: "
+                               "--trainer.callbacks+=lightprune.callbacks.ExpertPruning)")
+    check_command_line(["--config", str(keyed), "fit", "--prune.ratio", "0.3"])
+    assert not (tmp_path / "run").exists()
+
+
 def test_yaml_1_2_floats_are_numbers_in_the_first_pass_and_the_parser(tmp_path, capsys, monkeypatch) -> None:
     """``--prune.ratio 5e-1`` and ``ratio: 5e-1`` were refused as "must be in [0, 1), got '5e-1'" (YAML 1.1 reads
     them as text); both readers now take them as 0.5, and a float outside [0, 1) is refused as a number."""

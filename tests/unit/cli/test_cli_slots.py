@@ -136,3 +136,57 @@ def test_the_parser_refuses_a_class_outside_its_slot_without_building_it(sidefx,
         assert capsys.readouterr().err.splitlines()[-1] == f"lightprune: error: {line}"
     assert (sidefx / "IMPORTED").exists() and not (sidefx / "BUILT").exists()
     assert "antigravity" not in sys.modules and not (sidefx / "run").exists()
+
+
+def test_a_class_of_a_loaded_module_without_a_spec_is_left_to_the_parser(monkeypatch) -> None:
+    """A script's or a notebook's ``__main__`` is in sys.modules with no ``__spec__`` (nothing import could look
+    at): its classes were refused as "no module named '__main__'", though the parser imports them (run_recipe is
+    for notebooks); only the parser can tell."""
+    import types
+
+    from lightprune.cli.slots import class_path_problem
+
+    main = types.ModuleType("__main__")
+    assert main.__spec__ is None
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert class_path_problem("__main__.MyCallback", "callback") is None
+    assert class_path_problem({"class_path": "__main__.MyModel"}, "model") is None
+    with pytest.raises(OptionError, match=r"^--trainer.callbacks\+: 'nomodule_xyz.C' is not a lightning.pytorch."
+                                          r"Callback subclass: no module named 'nomodule_xyz'; it was not loaded$"):
+        check_command_line(["export", "--config", str(REPO / "configs" / "aimer_tiny.yaml"),
+                            "--trainer.callbacks+=nomodule_xyz.C"])  # a module nowhere: still refused
+
+
+GLOBALS = '''import lightning
+
+
+def define():
+    global Late
+    class Late(lightning.Callback):
+        pass
+
+
+define()
+
+
+def also(x):
+    global Counter, Other
+    Counter = x
+'''
+
+
+def test_a_name_a_function_binds_through_global_is_left_to_the_parser(tmp_path, monkeypatch) -> None:
+    """``global X`` in a function binds X at module level when the function runs: such a name was refused as
+    "module 'm' has no 'X'"; a name bound nowhere still is (with the global names as suggestions)."""
+    from lightprune.cli.slots import class_path_problem
+
+    (tmp_path / "globalmod.py").write_text(GLOBALS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert class_path_problem("globalmod.Late", "callback") is None
+    assert class_path_problem("globalmod.Counter", "callback") is None
+    assert class_path_problem("globalmod.Lat", "callback") == (
+        f"'globalmod.Lat' is not {CALLBACK}: module 'globalmod' has no 'Lat' (did you mean 'Late'?); it was not "
+        "loaded")
+    assert class_path_problem("globalmod.define", "callback") == (
+        f"'globalmod.define' is not {CALLBACK}: globalmod.define is a function; it was not loaded")
+    assert "globalmod" not in sys.modules

@@ -143,6 +143,63 @@ def test_a_run_directory_that_cannot_be_one_is_refused(tmp_path, monkeypatch) ->
     check_command_line([*job, "--trainer.default_root_dir", str(tmp_path / "run")])
 
 
+def test_a_run_directory_under_home_or_remote_is_read_as_lightning_reads_it(tmp_path, monkeypatch) -> None:
+    """``~`` in trainer.default_root_dir is the home folder (Lightning expands it) and a URL is no local path: a
+    file named '~' or 's3:' in the working directory made them refused, and so did a read-only working directory."""
+    from lightprune.cli.inputs import root_dir_problem
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    (work / "~").write_text("a file named ~")
+    (work / "s3:").write_text("a file named s3:")
+    assert root_dir_problem("~/run") is None and root_dir_problem("s3://bucket/run") is None
+    (home / "afile").write_text("x")
+    assert root_dir_problem("~/afile/run") == (f"'~/afile/run' cannot be created: {str(home / 'afile')!r} is a "
+                                               "file; give a folder elsewhere")
+    assert root_dir_problem("~/afile") == "'~/afile' is a file, not a folder; give a folder (an existing one or one "\
+                                          "to create)"
+    from lightprune.cli import inputs
+
+    real = inputs.os.access  # the working directory read-only: neither is in it
+    monkeypatch.setattr(inputs.os, "access", lambda path, mode: Path(path).resolve() != work and real(path, mode))
+    assert root_dir_problem("~/run") is None and root_dir_problem("s3://bucket/run") is None
+    assert root_dir_problem("run") == ("'run' cannot be written: '.' is read-only for this user (or on a read-only "
+                                       "file system); give a folder elsewhere")
+    job = ["export", "--config", str(REPO / "configs" / "aimer_tiny.yaml")]
+    check_command_line([*job, "--trainer.default_root_dir", "~/run"])
+    check_command_line([*job, "--trainer.default_root_dir", "s3://bucket/run"])
+    assert not (home / "run").exists()
+
+
+def test_a_config_named_with_home_is_read_as_the_parser_reads_it(tmp_path, monkeypatch) -> None:
+    """``--config=~/job.yaml`` (no shell expands ``~`` after ``=``) is the home folder's file, as jsonargparse reads
+    it: it was not read at all (its ExpertPruning unseen: ``--prune.ratio`` refused as "the job has no ExpertPruning
+    callback"), a typo said "no folder '~'", and a folder "no such file"."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    (home / "job.yaml").write_text((REPO / "configs" / "aimer_tiny.yaml").read_text())
+    run = ["--trainer.default_root_dir", str(tmp_path / "run")]
+    check_command_line(["export", "--config=~/job.yaml", "--prune.ratio", "0.3", *run])
+    with pytest.raises(OptionError) as info:
+        check_command_line(["export", "--config=~/job.yaml", "--prune.ratio", "1.5", *run])
+    assert str(info.value).startswith("--prune.ratio: ratio must be in [0, 1), got 1.5")
+    (home / "bad.yaml").write_text("trainer:\n  max_steps: 1\n  max_steps: 2\n")
+    with pytest.raises(OptionError, match=r"^config file '~/bad.yaml': .*'max_steps'"):
+        check_command_line(["export", "--config", "~/bad.yaml", *run])
+    cases = {"~/jbo.yaml": f"--config '~/jbo.yaml': no such file (did you mean {str(home / 'job.yaml')!r}?)",
+             "~": f"--config '~' is a folder; give a config file (for example {home / 'bad.yaml'}, "
+                  f"{home / 'job.yaml'})"}
+    for value, message in cases.items():
+        with pytest.raises(OptionError) as info:
+            check_command_line(["export", "--config", value])
+        assert str(info.value) == message
+
+
 BASE = "trainer:\n  max_steps: 2\n  logger: false\n"
 UNBUILDABLE = [
     ("seed_everything: !!python/object/apply:os.system [echo hi]\n",

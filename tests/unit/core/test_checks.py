@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -164,6 +166,27 @@ def test_a_computed_fraction_counts_as_the_fraction() -> None:
     assert ratio_count(1 / 3, 6) == 2 and ratio_count(2 / 3, 3) == 2 and ratio_count(Fraction(1, 3), 3) == 1
     assert exact_ratio(0.1 + 0.2) == Fraction("0.30000000000000004")  # no fraction of its float: the decimal
     assert exact_ratio(np.float32(0.29)) == Fraction(29, 100)  # read as written (real_number)
+
+
+@pytest.mark.parametrize("value, got", [
+    (Decimal("Infinity"), "Decimal('Infinity')"),
+    (Decimal("-Infinity"), "Decimal('-Infinity')"),
+    (Decimal("NaN"), "Decimal('NaN')"),
+    (Decimal("sNaN"), "Decimal('sNaN'): a Decimal, not a number"),
+    (float("inf"), "inf"),
+    (float("nan"), "nan"),
+])
+def test_a_ratio_that_is_no_finite_number_is_said_as_such(value, got) -> None:
+    """``Decimal('Infinity')`` raised OverflowError and ``Decimal('NaN')`` "cannot convert NaN to integer ratio"
+    (Fraction's words): every non-finite ratio is exact_ratio's own ValueError."""
+    from lightprune.core.checks import exact_ratio, ratio_count
+
+    for call in (exact_ratio, lambda x: ratio_count(x, 8)):
+        with pytest.raises(ValueError) as info:
+            call(value)
+        assert type(info.value) is ValueError
+        assert str(info.value) == f"a ratio must be a finite number, got {got}"
+    assert exact_ratio(Decimal("0.25")) == Fraction(1, 4) and ratio_count(Decimal("0.25"), 8) == 2
 
 
 # ----------------------------------------------------------------------------------- what is not a number
