@@ -15,11 +15,14 @@ Refused, with the path in the message: no directory (a file, a dangling symlink 
 name that is not UTF-8), no (or unreadable) config.json or one that names a key twice, a weights name, config.json
 or the index that is a directory, a dangling symlink or a symlink loop, no weights (pickle ``.bin`` / ``.pt`` files
 are never loaded; shards named ``model-00001-of-00003`` without their index), a shard index that is not
-``{"weight_map": {tensor: file}}``, names a missing file or one outside the folder, or disagrees with the shards'
-headers (a tensor it lists that its shard lacks, or a tensor of a shard it does not list), and a safetensors file
-whose header disagrees with its bytes (:func:`.header.read_header`). config.json, the index and the headers nested
+``{"weight_map": {tensor: file}, "metadata": {...}}`` (transformers' loader reads both), names a missing file or
+one outside the folder, or disagrees with the shards' headers (a tensor it lists that its shard lacks, or a tensor
+of a shard it does not list), and a safetensors file whose header disagrees with its bytes
+(:func:`.header.read_header`). config.json, the index and the headers nested
 deeper than :data:`~lightprune.core.jsonio.MAX_DEPTH` are refused before they are parsed. A file that cannot be
-read (permission denied) is one line naming it (:func:`input_error`).
+read (permission denied) is one line naming it (:func:`input_error`). A file an export copies along (the tokenizer,
+processor and chat-template files, ``generation_config.json``: :func:`copied_files`) that is a directory, a broken
+symlink or a special file is refused too, naming it: the export would lack it.
 """
 
 from __future__ import annotations
@@ -36,15 +39,25 @@ from typing import Any, NoReturn
 
 from lightprune.checkpoints.header import read_header
 from lightprune.core.errors import listed_text
-from lightprune.core.jsonio import DuplicateKeyError, parse_json
+from lightprune.core.jsonio import DuplicateKeyError, parse_json, show
 from lightprune.core.paths import check_path_text, file_problem
 from lightprune.core.sources import not_a_directory
 
-__all__ = ["SAFE_INDEX", "SAFE_WEIGHTS", "weight_files", "read_index", "read_config", "check_checkpoint",
-           "checkpoint_directory", "disk_entries", "input_error", "readable_inputs", "shard_name", "warn_pickle_weights"]
+__all__ = ["SAFE_INDEX", "SAFE_WEIGHTS", "TOKENIZER_FILES", "CHAT_TEMPLATES_DIR", "GENERATION_FILE", "weight_files",
+           "read_index", "index_metadata", "read_config", "check_checkpoint", "checkpoint_directory", "copied_files",
+           "disk_entries", "input_error", "readable_inputs", "shard_name", "warn_pickle_weights"]
 
 SAFE_INDEX = "model.safetensors.index.json"
 SAFE_WEIGHTS = "model.safetensors"
+#: the tokenizer / processor / chat-template files an export copies from its source checkpoint, when present
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json",
+                   "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
+#: transformers' folder of extra named chat templates (``<name>.jinja``), copied along with them
+CHAT_TEMPLATES_DIR = "additional_chat_templates"
+#: the generation settings an export copies from its source when ``save_pretrained`` wrote none
+GENERATION_FILE = "generation_config.json"
 _SHARD_NAME = re.compile(r".*-\d+-of-\d+\.safetensors$")
 #: the names transformers gives the shards of a model's safetensors weights
 _MODEL_SHARD = re.compile(r"^model-\d+-of-\d+\.safetensors$")
@@ -90,6 +103,29 @@ def _check_entry(file: Path, what: str) -> None:
         cls, why = problem
         raise cls(f"checkpoint directory {str(file.parent)!r}: {what} {file.name} {why}; restore the file (or "
                   "re-save the checkpoint)")
+
+
+def copied_files(path: str | os.PathLike) -> list[str]:
+    """The names (relative to ``path``) of the files an export copies from the checkpoint directory ``path``:
+    :data:`TOKENIZER_FILES`, :data:`GENERATION_FILE` and the ``.jinja`` templates of :data:`CHAT_TEMPLATES_DIR`
+    that are there. A name that is there but is no regular file (a directory, a dangling symlink or a loop, a
+    special file: :func:`~lightprune.core.paths.file_problem`) is refused, naming it: the export would lack it."""
+    path = Path(path)
+    names = [*TOKENIZER_FILES, GENERATION_FILE]
+    extra = path / CHAT_TEMPLATES_DIR
+    if extra.is_dir():
+        names += sorted(f"{CHAT_TEMPLATES_DIR}/{p.name}" for p in extra.iterdir() if p.name.endswith(".jinja"))
+    found = []
+    for name in names:
+        problem = file_problem(path / name)
+        if problem is not None:
+            cls, why = problem
+            raise cls(f"checkpoint directory {str(path)!r}: its {name} {why}; an export copies it along (the "
+                      "tokenizer, processor and chat-template files, generation_config.json) and would lack it; "
+                      "restore the file (or remove the name)")
+        if (path / name).is_file():
+            found.append(name)
+    return found
 
 
 def _read_json_file(file: Path, what: str) -> Any:
@@ -149,7 +185,22 @@ def read_index(path: str | os.PathLike) -> dict[str, str] | None:
     missing = sorted(v for v in names if not (path / v).is_file())
     if missing:
         raise FileNotFoundError(f"checkpoint {str(path)!r}: shard index names missing files {missing}")
+    # transformers' loader (get_checkpoint_shard_files) reads index["metadata"] and adds its own keys to it
+    if "metadata" not in data:
+        raise ValueError(f"shard index {str(index)!r} has no \"metadata\": transformers' loader reads it, so it "
+                         "cannot load the folder as it is; add \"metadata\": {} to the index")
+    if not isinstance(data["metadata"], dict):
+        raise ValueError(f"shard index {str(index)!r} has \"metadata\": {show(data['metadata'])}, not a JSON "
+                         "object: transformers' loader adds its own keys to it, so it cannot load the folder as it "
+                         "is; make it an object (\"metadata\": {} if there is nothing to say)")
     return weight_map
+
+
+def index_metadata(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The shard index's ``"metadata"`` object (None without an index); the index checked by :func:`read_index`."""
+    if read_index(path) is None:
+        return None
+    return _read_json_file(Path(path) / SAFE_INDEX, "shard index")["metadata"]
 
 
 def weight_files(path: str | os.PathLike) -> list[Path]:
@@ -260,4 +311,5 @@ def check_checkpoint(path: str | os.PathLike) -> Path:
     with readable_inputs():
         read_config(path)
         disk_entries(path)
+        copied_files(path)
     return path

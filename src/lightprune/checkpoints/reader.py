@@ -10,7 +10,9 @@ Opening it is where every path that reads a checkpoint (streamed scores, pruning
 and :func:`~lightprune.export.load.load_pruned` before transformers loads anything) has its files checked, alike:
 the directory, config.json and the weight files (what :func:`~lightprune.checkpoints.directory.check_checkpoint`
 checks: which files are the weights, the shard index against the shards, every header against its bytes, each read
-once), then, before any model is built:
+once), the files an export copies along (tokenizer, processor, chat templates, generation config: none a
+directory, a broken symlink or a special file, :func:`~lightprune.checkpoints.directory.copied_files`), then,
+before any model is built:
 
 - config.json's values (:func:`~lightprune.checkpoints.strict.check_config_values`: no NaN or infinite number, no
   activation transformers does not know, no ``transformers_weights`` naming other weights);
@@ -19,7 +21,9 @@ once), then, before any model is built:
   the config or a sub-config) above the number of tensors on disk, nor a decoder's above the layers the tensor
   names number (a config claiming more layers than the weights hold, which would also build an unbounded model);
 - the config's ``dtype`` against the dtype the weights are stored in (the in-memory path computes in the
-  config's, the streamed one in the stored one: they must be the same).
+  config's, the streamed one in the stored one: they must be the same); without one in the config, what
+  transformers loads the model in then: the shard index's ``"metadata"`` ``dtype``, else the dtype of the first
+  floating tensor (by name) of the first weights file.
 
 What the model needs of the tensors is checked by the :class:`~lightprune.checkpoints.skeleton.Skeleton` built on
 it (:mod:`lightprune.checkpoints.contents`).
@@ -40,7 +44,9 @@ import torch
 from lightprune.checkpoints.directory import (
     SAFE_INDEX,
     checkpoint_directory,
+    copied_files,
     disk_entries,
+    index_metadata,
     read_config,
     readable_inputs,
     warn_pickle_weights,
@@ -48,6 +54,7 @@ from lightprune.checkpoints.directory import (
 )
 from lightprune.checkpoints.header import SAFETENSORS_DTYPES
 from lightprune.checkpoints.strict import check_config_values, check_not_quantized
+from lightprune.core.jsonio import show
 
 __all__ = ["Checkpoint", "stored_dtype"]
 
@@ -123,6 +130,7 @@ class Checkpoint:
         #: {file name: the header's ``__metadata__``}
         self.metadata: dict[str, dict[str, str]] = {}
         self._entries: dict[str, tuple[Path, dict[str, Any]]] = disk_entries(self.path, self.metadata)
+        copied_files(self.path)  # what an export copies along: no directory or broken link in its place
         check_not_quantized(self.path)
         self._check_layer_counts()
         self.config = AutoConfig.from_pretrained(self.path)
@@ -162,19 +170,47 @@ class Checkpoint:
                              "another checkpoint, or weights missing; restore the files")
 
     def _check_dtype(self) -> None:
-        """config.json's ``dtype`` against the stored one (see the module docstring)."""
+        """config.json's ``dtype`` (without one, the shard index's, which transformers reads then) against the stored
+        one (see the module docstring)."""
         claimed = getattr(self.config, "dtype", None)
+        stored, share = stored_dtype(self)
+        held = str(stored or torch.float32).removeprefix("torch.")
+        where = ("config.json says dtype ", "")  # what is said around the dtype
+        if claimed is None:
+            claimed = (index_metadata(self.path) or {}).get("dtype")
+            where = ("its shard index's \"metadata\" says dtype ", " (config.json names none)")
+            if claimed is not None and not isinstance(getattr(torch, claimed, None) if isinstance(claimed, str)
+                                                      else None, torch.dtype):
+                raise ValueError(f"checkpoint {str(self.path)!r}: its shard index's \"metadata\" has \"dtype\": "
+                                 f"{show(claimed)}, not a torch dtype name, which transformers loads the model "
+                                 f"in when config.json names none; set \"dtype\": \"{held}\" in config.json "
+                                 "(transformers reads it first)")
+        if claimed is None:  # transformers' choice then: the first floating tensor of the first file, by name
+            first = self._first_floating()
+            if first is not None:
+                claimed = self.dtype(first)
+                where = ("config.json names no dtype, so transformers loads the model in ",
+                         f", the dtype of the first floating tensor of {self.files[0].name} ({first})")
         if isinstance(claimed, str):
             claimed = getattr(torch, claimed, None)
-        stored, share = stored_dtype(self)
         if not isinstance(claimed, torch.dtype) or stored is None or not stored.is_floating_point or \
                 stored.itemsize == 1 or claimed == stored:
             return
-        said, held = (str(dtype).removeprefix("torch.") for dtype in (claimed, stored))
-        raise ValueError(f"checkpoint {str(self.path)!r}: config.json says dtype {said}, its weights are stored in "
+        said = str(claimed).removeprefix("torch.")
+        raise ValueError(f"checkpoint {str(self.path)!r}: {where[0]}{said}{where[1]}, its weights are stored in "
                          f"{held} ({share:.0%} of the tensor bytes): loaded whole it would compute in {said}, "
                          f"streamed in {held}; set \"dtype\": \"{held}\" in config.json (or re-save the checkpoint "
                          "in the dtype it names)")
+
+    def _first_floating(self) -> str | None:
+        """The tensor whose dtype transformers loads the model in when nothing names one (its
+        ``get_state_dict_dtype`` over the first weights file's tensors, by name): the first floating one that is not
+        float8 or float4; None without one."""
+        for key in sorted(self.keys_in(self.files[0])):
+            dtype = self.dtype(key)
+            if dtype.is_floating_point and "float8_" not in str(dtype) and "float4_" not in str(dtype):
+                return key
+        return None
 
     # ------------------------------------------------------------------ headers
     def keys(self) -> list[str]:

@@ -36,6 +36,7 @@ from lightprune.checkpoints.pool import ReadPool
 from lightprune.checkpoints.reader import Checkpoint, stored_dtype
 from lightprune.checkpoints.resize import experts_per_layer
 from lightprune.core.notices import quiet_progress
+from lightprune.models.dtypes import LOAD_DTYPES, dtype_names
 
 __all__ = ["EXPERT_INDEX", "Skeleton", "checkpoint_dtype"]
 
@@ -115,6 +116,13 @@ class Skeleton:
                  device: torch.device | str = "cpu", pool: ReadPool | None = None):
         self.checkpoint = checkpoint
         self.dtype = dtype or checkpoint_dtype(checkpoint)
+        if self.dtype not in LOAD_DTYPES.values():  # float8 weights: no model computes in them
+            stored, share = stored_dtype(checkpoint)
+            said = str(self.dtype).removeprefix("torch.")
+            whose = f"its weights are stored in {said} ({share:.0%} of the floating tensor bytes)" \
+                if dtype is None and stored == self.dtype else f"dtype {said} was asked for"
+            raise ValueError(f"checkpoint {str(checkpoint.path)!r}: {whose}, which lightprune does not compute in "
+                             f"(it computes in {dtype_names()}); re-save the checkpoint in one of them")
         self.device = torch.device(device)
         #: where released tensors go and loads read into (None: freed, new memory)
         self.pool = pool if self.device.type == "cpu" else None

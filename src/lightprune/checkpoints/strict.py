@@ -5,7 +5,12 @@ named before (from the headers) or after (from transformers' loading report) the
 - :func:`check_config_values`: config.json values no model can be built or run with: a NaN or infinite number
   (JSON's ``NaN`` / ``Infinity`` constants, or a number too large for a float) anywhere in it, an activation name
   (``hidden_act``, ``*_act``, ``hidden_activation``, ``activation_function``) transformers does not know, a
-  ``transformers_weights`` entry pointing transformers at other weights than lightprune reads;
+  ``transformers_weights`` entry pointing transformers at other weights than lightprune reads, a ``model_type``
+  (of the config or a sub-config) transformers does not know (the known name it is closest to, case first), and a
+  value transformers' strict config class refuses for its field (its type, a range): an integer field (a size, a
+  count, a top-k) holding a decimal number or a boolean says what to write (``8.0``: write 8), and so does a float
+  field holding an integer (``1``: write 1.0, which transformers refuses too), before transformers' two-line
+  ``StrictDataclassFieldValidationError`` that names neither the file nor the checkpoint;
 - :func:`expert_layout_error`: per-expert tensors on disk (``...experts.<i>.<name>``) that cannot be fused;
 - :func:`check_loading_info`: missing, unexpected and mis-shaped tensors and error messages of transformers'
   report, in the model's parameter names.
@@ -26,6 +31,8 @@ from typing import Any
 
 from lightprune.checkpoints.directory import SAFE_INDEX, SAFE_WEIGHTS, read_config
 from lightprune.core.errors import listed_text
+from lightprune.core.jsonio import show
+from lightprune.models.tiny import did_you_mean
 
 __all__ = ["check_not_quantized", "check_config_values", "expert_layout_error", "check_loading_info", "tensors_phrase"]
 
@@ -62,6 +69,111 @@ def _is_activation_key(key: str) -> bool:
     return key.endswith("_act") or key in ("hidden_activation", "activation_function")
 
 
+def _config_class(where: str, config: dict[str, Any], name: str, default: str | None = None) -> type | None:
+    """transformers' config class for ``config`` as ``AutoConfig`` picks it: its ``model_type`` (``default`` when it
+    has none; mistral with ``layer_types`` is ministral, as AutoConfig reads it); None without either, or with its
+    own config code (``auto_map.AutoConfig``: the class is the checkpoint's). A model type transformers does not know
+    is refused, naming it and the known one it is closest to (case first)."""
+    from transformers import CONFIG_MAPPING
+
+    auto_map = config.get("auto_map")
+    if isinstance(auto_map, dict) and "AutoConfig" in auto_map:
+        return None
+    model_type = config.get("model_type", default)
+    if model_type is None:
+        return None
+    if isinstance(model_type, str) and model_type in CONFIG_MAPPING:
+        if model_type == "mistral" and "layer_types" in config and name == "model_type":
+            model_type = "ministral"
+        return CONFIG_MAPPING[model_type]
+    if not isinstance(model_type, str):
+        raise ValueError(f"{where}'s {name} is {show(model_type)}, not a model type name; write the model type "
+                         "of the checkpoint's architecture (a string such as \"qwen3_moe\": transformers' "
+                         "CONFIG_MAPPING lists the ones it knows)")
+    known = list(CONFIG_MAPPING.keys())
+    raise ValueError(f"{where}'s {name} is {show(model_type)}, a model type transformers does not know"
+                     f"{did_you_mean(model_type, known)}; write the model type of the checkpoint's architecture "
+                     f"(transformers' CONFIG_MAPPING lists the {len(known)} it knows)")
+
+
+def _passes(checks: list[Any], value: Any) -> bool:
+    try:
+        for check in checks:
+            check(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _integer_given_otherwise(checks: list[Any], value: Any) -> bool:
+    """True for a bool or a finite decimal number where the field's ``checks`` take an integer (its ``int``)."""
+    return (isinstance(value, bool) or (isinstance(value, float) and math.isfinite(value))) and \
+        not _passes(checks, value) and _passes(checks, int(value))
+
+
+def _type_text(field_type: Any) -> str:
+    return field_type.__name__ if isinstance(field_type, type) else str(field_type).replace("typing.", "")
+
+
+def _field_error(where: str, cls: type, name: str, field: str, value: Any, checks: list[Any],
+                 cause: Exception) -> ValueError:
+    """The one-line refusal of config.json's ``name`` = ``value``, which ``cls``'s checks of ``field`` refuse."""
+    owner = f"transformers' {cls.__name__}"
+    key = name.rpartition(".")[2]
+    said = f"{where}'s {name} is {show(value)}"
+    if _integer_given_otherwise(checks, value):
+        kind = "boolean" if isinstance(value, bool) else "number with a decimal point"
+        what = str(int(value)) if isinstance(value, float) and value.is_integer() else \
+            f"the model's {key} as an integer (digits only: no decimal point, not true or false)"
+        return ValueError(f"{said}, a {kind} where {owner} takes an integer; write {what}")
+    if isinstance(value, int) and not isinstance(value, bool) and _passes(checks, float(value)):
+        return ValueError(f"{said}, an integer where {owner} takes a number with a decimal point; write "
+                          f"{float(value)!r}")
+    fields = getattr(cls, "__dataclass_fields__", {})
+    wanted = f" ({_type_text(fields[field].type)})" if field in fields else ""
+    reason = " ".join(str(cause).split())
+    return ValueError(f"{said}, not what {owner} takes there ({reason}); write a value of the field's type{wanted}")
+
+
+def _check_fields(where: str, cls: type, config: dict[str, Any], prefix: str = "") -> None:
+    """config.json's values (``config``, at ``prefix``) through the checks transformers' strict config class
+    ``cls`` runs on each field as it sets it (``__validators__``: the field's type, and ranges where it has them),
+    then each sub-config (``text_config``, ...) through its own class, refused in one line before transformers
+    builds it (its two-line ``StrictDataclassFieldValidationError`` names neither the file nor the checkpoint).
+
+    A key its ``attribute_map`` ties to a field is refused only as an integer written otherwise (a decimal number, a
+    boolean) where the field takes an integer: transformers checks a value by the name it is set under only, so
+    Qwen3-MoE's ``num_local_experts`` (what its config.json holds, and the count lightprune reads; the field is
+    ``num_experts``) would pass as ``8.0`` and build a model of 8.0 experts."""
+    from transformers import PreTrainedConfig
+
+    validators = getattr(cls, "__validators__", None) or {}
+    aliases = getattr(cls, "attribute_map", None) or {}  # {another name: the attribute it stands for}
+    tied = {**{target: alias for alias, target in aliases.items()}, **aliases}
+    for key, value in config.items():
+        field = key if key in validators else tied.get(key)
+        checks = list(validators.get(field, ()))
+        if field != key and not _integer_given_otherwise(checks, value):
+            continue  # transformers does not check it: only an integer written otherwise is refused
+        for check in checks:
+            try:
+                check(value)
+            except (TypeError, ValueError) as cause:
+                raise _field_error(where, cls, f"{prefix}{key}", field, value, checks, cause) from None
+    specs = getattr(cls, "sub_configs_defaults", None) or {}
+    for key, spec in specs.items():
+        sub = config.get(key)
+        if key == "backbone_config" or not isinstance(sub, dict):
+            continue
+        given = getattr(spec, "config_class", None)
+        if isinstance(given, type) and issubclass(given, PreTrainedConfig):
+            sub_cls = given  # transformers builds this class whatever the dict's model_type says
+        else:
+            sub_cls = _config_class(where, sub, f"{prefix}{key}.model_type", getattr(spec, "model_type", None))
+        if sub_cls is not None:
+            _check_fields(where, sub_cls, sub, f"{prefix}{key}.")
+
+
 def check_config_values(path: Path, config: dict[str, Any]) -> None:
     """Refuse config.json values no model can be built or run with (the module docstring's list), naming the key."""
     from transformers.activations import ACT2FN
@@ -81,6 +193,10 @@ def check_config_values(path: Path, config: dict[str, Any]) -> None:
         raise ValueError(f"{where}'s transformers_weights is {weights!r}: transformers loads that file instead of "
                          f"the {SAFE_WEIGHTS} or {SAFE_INDEX} every lightprune path reads; remove the key (and name "
                          "the weights as transformers saves them)")
+    cls = _config_class(where, config, "model_type")
+    if cls is not None:  # the values as transformers reads them: {"__float__": "Infinity"} is inf
+        decode = getattr(cls, "_decode_special_floats", None)  # (a transformers without it: the values as written)
+        _check_fields(where, cls, decode(config) if decode is not None else config)
 
 
 def expert_layout_error(path: Path, entries: dict[str, tuple[Path, dict[str, Any]]]) -> ValueError | None:

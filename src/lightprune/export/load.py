@@ -44,6 +44,7 @@ from lightprune.checkpoints.skeleton import Skeleton
 from lightprune.checkpoints.strict import check_loading_info
 from lightprune.core.distributed import outside_zero_init
 from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels, read_width_manifest
+from lightprune.models.dtypes import LOAD_DTYPES  # the dtypes weights load in (one table for every path)
 from lightprune.models.experts_kernel import runnable_experts
 from lightprune.models.tiny import did_you_mean
 from lightprune.width.kernels import BACKENDS
@@ -52,8 +53,6 @@ from lightprune.width.plan import WidthPlan
 __all__ = ["load_pruned", "check_checkpoint", "check_dtype", "check_device_map", "LOAD_DTYPES", "DEVICE_MAPS"]
 
 _STRICT_KWARGS = ("output_loading_info", "ignore_mismatched_sizes")
-#: the dtypes a checkpoint's weights load in, by name (``torch.float32`` and an alias such as ``"half"`` too)
-LOAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 #: the placements accelerate computes (besides a device, a GPU index or a {module: device} dict)
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 

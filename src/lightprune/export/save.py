@@ -12,7 +12,9 @@ Steps, all inside a staging directory renamed into place only at the end (:mod:`
    ``config._name_or_path`` when that is a local directory), copied by name (:data:`TOKENIZER_FILES`;
    never weights, never code; a foreign ``auto_map`` in a copied JSON file is dropped with the code
    it points at); ``generation_config.json`` from the source when ``save_pretrained`` wrote none.
-   Neither a processor nor tokenizer files: none is invented (the manifest says ``"tokenizer": null``);
+   Neither a processor nor tokenizer files: none is invented (the manifest says ``"tokenizer": null``).
+   Such a name in the source that is no regular file (a directory, a broken symlink, a special file) is refused
+   before anything is written (:func:`resolve_source_dir`), never skipped;
 3. config.json: ``architectures`` names the stock transformers class; for a non-uniform model
    (``config.lightprune_experts_per_layer``) the generated ``modeling_lightprune.py`` and its
    ``auto_map`` entry are added (:mod:`.remote_code`), for a uniform one both are absent. Any other
@@ -55,7 +57,7 @@ import torch
 from torch import nn
 
 from lightprune.checkpoints.classes import base_class
-from lightprune.checkpoints.directory import weight_files
+from lightprune.checkpoints.directory import GENERATION_FILE, TOKENIZER_FILES, copied_files, weight_files
 from lightprune.checkpoints.header import header_bytes
 from lightprune.checkpoints.staging import TMP_TAG, staging_dir
 from lightprune.core.checks import check_atol, check_utf8
@@ -89,13 +91,6 @@ __all__ = ["save_pruned", "write_pruned", "parameter_count", "tensor_bytes", "MA
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
-#: tokenizer / processor / chat-template files copied from a source checkpoint directory, when present
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
-                   "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json",
-                   "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
-_CHAT_TEMPLATES_DIR = "additional_chat_templates"  # transformers' extra named templates: <name>.jinja
-GENERATION_FILE = "generation_config.json"
 #: the keys ``save_pruned(card=...)`` accepts
 CARD_KEYS = ("plan", "source", "command", "evaluation", "parameters_before", "parameter_bytes_before")
 
@@ -155,7 +150,10 @@ def finish_config(tmp: Path, model: nn.Module, uniform: bool) -> None:
 # ----------------------------------------------------------------------------------- source checkpoint
 def resolve_source_dir(model: nn.Module, source_dir: str | os.PathLike | None) -> Path | None:
     """The source checkpoint directory: ``source_dir`` (must be a directory), else ``config._name_or_path``
-    when that is an existing local directory, else ``None``."""
+    when that is an existing local directory, else ``None``. A file the export would copy from it that is no regular
+    file (a directory, a broken symlink, a special file) is refused here, before anything is written
+    (:func:`~lightprune.checkpoints.directory.copied_files`)."""
+    path = None
     if source_dir is not None:
         check_path_text(source_dir, "source_dir")
         path = Path(source_dir).expanduser()
@@ -163,12 +161,15 @@ def resolve_source_dir(model: nn.Module, source_dir: str | os.PathLike | None) -
             raise FileNotFoundError(f"source_dir {str(source_dir)!r} does not exist")
         if not path.is_dir():
             raise NotADirectoryError(f"source_dir {str(source_dir)!r} is not a directory")
-        return path.absolute()
-    name = str(getattr(model.config, "_name_or_path", "") or "")
-    if name and Path(name).expanduser().is_dir():
-        check_path_text(name, "the source checkpoint directory (the model's config._name_or_path)")
-        return Path(name).expanduser().absolute()
-    return None
+    else:
+        name = str(getattr(model.config, "_name_or_path", "") or "")
+        if name and Path(name).expanduser().is_dir():
+            check_path_text(name, "the source checkpoint directory (the model's config._name_or_path)")
+            path = Path(name).expanduser()
+    if path is None:
+        return None
+    copied_files(path)
+    return path.absolute()
 
 
 def check_not_source(out_dir: str | os.PathLike, source: Path | None) -> None:
@@ -212,10 +213,10 @@ def _copy_dropping_auto_map(src: Path, dst: Path) -> None:
 
 
 def copy_tokenizer_files(source: Path, tmp: Path) -> list[str]:
-    names = [n for n in TOKENIZER_FILES if (source / n).is_file()]
-    extra = source / _CHAT_TEMPLATES_DIR
-    if extra.is_dir():
-        names += sorted(f"{_CHAT_TEMPLATES_DIR}/{p.name}" for p in extra.glob("*.jinja") if p.is_file())
+    """Copy the tokenizer, processor and chat-template files of ``source`` (:data:`TOKENIZER_FILES`, the templates of
+    ``additional_chat_templates``) into ``tmp``; their names. One that is no regular file is refused
+    (:func:`~lightprune.checkpoints.directory.copied_files`), never skipped."""
+    names = [name for name in copied_files(source) if name != GENERATION_FILE]
     for name in names:
         (tmp / name).parent.mkdir(exist_ok=True)
         _copy_dropping_auto_map(source / name, tmp / name)

@@ -11,6 +11,7 @@ from torch import nn
 
 from lightprune._compat import warn_once
 from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingLimits, RoutingOutput
+from lightprune.models.dtypes import dtype_problem
 from lightprune.models.experts_kernel import runnable_experts
 from lightprune.models.families import BUILT_IN, REFUSED_TYPES
 from lightprune.models.layer_shapes import describe, layer_problems, zero_experts_field
@@ -39,11 +40,12 @@ for _type, _why in REFUSED_TYPES.items():
 def find_moe_layers(model: nn.Module) -> list[MoELayer]:
     """The MoE layers of ``model`` in depth order; dense layers are skipped by the family's rule.
 
-    Raises ``ValueError`` for an unsupported family, a model with no MoE layers, or one whose layers cannot be
+    Raises ``ValueError`` for an unsupported family, a model with no MoE layers, one whose layers cannot be
     pruned (:func:`~lightprune.models.layer_shapes.layer_problems`: no experts, top-k outside 1..experts, a
-    zero-size expert tensor). Experts that transformers' default ``grouped_mm`` cannot run (float64, rows not a
-    multiple of 16 bytes) are pointed at its ``eager`` implementation
-    (:func:`~lightprune.models.experts_kernel.runnable_experts`).
+    zero-size expert tensor), or one in a dtype lightprune does not compute in
+    (:func:`~lightprune.models.dtypes.dtype_problem`: a float8 or complex parameter, integer expert weights).
+    Experts that transformers' default ``grouped_mm`` cannot run (float64, rows not a multiple of 16 bytes) are
+    pointed at its ``eager`` implementation (:func:`~lightprune.models.experts_kernel.runnable_experts`).
     """
     family = get_family(model)
     layers = family.layers()
@@ -52,6 +54,9 @@ def find_moe_layers(model: nn.Module) -> list[MoELayer]:
     problems = layer_problems(layers)
     if problems:
         raise ValueError(f"{type(model).__name__} cannot be pruned: {describe(problems)}; fix its config")
+    odd = dtype_problem(model, [layer.experts for layer in layers])
+    if odd is not None:
+        raise ValueError(odd)
     runnable_experts(layer.experts for layer in layers)  # float64 experts: transformers' eager ones
     return layers
 

@@ -594,3 +594,318 @@ def test_an_input_file_that_cannot_be_read_is_one_line_naming_it_on_every_path(c
     cls, message = refusals["load_pruned"]
     assert cls is type(OSError(code, "x")) and "\n" not in message
     assert message.startswith(f"cannot read {str(path / 'model.safetensors')!r}: {os.strerror(code).lower()}; ")
+
+
+# ----------------------------------------------------------------------------------- config.json values transformers refuses
+def _one_refusal(clean, tmp_path: Path, which: str, damage: Callable[[Path], None]) -> tuple[Path, type, str]:
+    """(the damaged checkpoint, the error class, the message) of the refusal every path gives, checked to be one,
+    before anything is written and with the checkpoint left as it was."""
+    model, dirs = clean
+    path = tmp_path / "ckpt"
+    shutil.copytree(dirs[which], path)
+    damage(path)
+    before = _snapshot(path)
+    refusals = _refusals(path, model, tmp_path)
+    assert len(set(refusals.values())) == 1, refusals
+    assert _snapshot(path) == before
+    cls, message = refusals["load_pruned"]
+    return path, cls, message
+
+
+def _transformers_refuses(path: Path) -> str:
+    """transformers' own refusal of the config (what lightprune restates): its config class raises."""
+    from huggingface_hub.errors import StrictDataclassFieldValidationError
+    from transformers import AutoConfig
+
+    with pytest.raises(StrictDataclassFieldValidationError) as err:
+        AutoConfig.from_pretrained(path)
+    return str(err.value)
+
+
+_INTEGER = "where transformers' {cls} takes an integer; write {what}"
+_DIGITS = "the model's {key} as an integer (digits only: no decimal point, not true or false)"
+
+#: name -> (which clean checkpoint, the damage, the key as named, the value as config.json writes it, its kind,
+#: transformers' config class, what to write, whether transformers itself refuses it)
+INTEGER_FIELDS = {
+    "a count as 8.0": ("single", _config(num_experts=8.0), "num_experts", "8.0", "a number with a decimal point",
+                       "Qwen3MoeConfig", "8", True),
+    "top-k as true": ("single", _config(num_experts_per_tok=True), "num_experts_per_tok", "true", "a boolean",
+                      "Qwen3MoeConfig", _DIGITS.format(key="num_experts_per_tok"), True),
+    "a size as 32.5": ("single", _config(hidden_size=32.5), "hidden_size", "32.5", "a number with a decimal point",
+                       "Qwen3MoeConfig", _DIGITS.format(key="hidden_size"), True),
+    "layers as 3.0": ("single", _config(num_hidden_layers=3.0), "num_hidden_layers", "3.0",
+                      "a number with a decimal point", "Qwen3MoeConfig", "3", True),
+    "an optional id as false": ("single", _config(pad_token_id=False), "pad_token_id", "false", "a boolean",
+                                "Qwen3MoeConfig", _DIGITS.format(key="pad_token_id"), True),
+    "a vision tower's depth as 2.0": ("mllm", lambda p: _edit_vision(p, depth=2.0), "vision_config.depth", "2.0",
+                                      "a number with a decimal point", "Qwen3VLMoeVisionConfig", "2", True),
+    # the attribute the field num_experts stands for (attribute_map): what config.json holds and lightprune reads;
+    # transformers checks a value by the name it is set under only, and would build 8.0 experts
+    "the stored expert count as 8.0": ("single", _config(num_local_experts=8.0), "num_local_experts", "8.0",
+                                       "a number with a decimal point", "Qwen3MoeConfig", "8", False),
+}
+
+
+def test_a_float_field_holding_an_integer_is_one_line_saying_what_to_write(clean, tmp_path):
+    """transformers refuses ``"rms_norm_eps": 1`` (an int where its field is a float) as it refuses 8.0 for a count."""
+    path, error, message = _one_refusal(clean, tmp_path, "single", _config(rms_norm_eps=1))
+    assert (error, message) == (ValueError, f"checkpoint {str(path)!r}: config.json's rms_norm_eps is 1, an integer "
+                                            "where transformers' Qwen3MoeConfig takes a number with a decimal point; "
+                                            "write 1.0")
+    assert "expected float, got int" in _transformers_refuses(path)
+
+
+@pytest.mark.parametrize("case", list(INTEGER_FIELDS))
+def test_an_integer_field_holding_a_decimal_or_a_boolean_is_one_line_naming_config_json_on_every_path(
+        clean, tmp_path, case):
+    from transformers import AutoConfig, Qwen3MoeConfig
+
+    which, damage, name, shown, kind, cls, what, refused = INTEGER_FIELDS[case]
+    path, error, message = _one_refusal(clean, tmp_path, which, damage)
+    assert (error, message) == (ValueError, f"checkpoint {str(path)!r}: config.json's {name} is {shown}, {kind} "
+                                            + _INTEGER.format(cls=cls, what=what))
+    if refused:
+        assert f"expected int, got {'bool' if kind == 'a boolean' else 'float'}" in _transformers_refuses(path)
+    else:  # the field it stands for is an int; the config transformers builds holds the float
+        assert Qwen3MoeConfig.attribute_map == {"num_experts": name}
+        assert Qwen3MoeConfig.__dataclass_fields__["num_experts"].type is int
+        assert AutoConfig.from_pretrained(path).num_experts == 8.0
+
+
+def test_a_field_of_another_type_is_refused_as_transformers_refuses_it(clean, tmp_path):
+    path, error, message = _one_refusal(clean, tmp_path, "single", _config(hidden_size="32"))
+    cause = "Field 'hidden_size' expected int, got str (value: '32')"
+    assert (error, message) == (ValueError, f"checkpoint {str(path)!r}: config.json's hidden_size is \"32\", not what "
+                                            f"transformers' Qwen3MoeConfig takes there ({cause}); write a value of the "
+                                            "field's type (int)")
+    assert cause in _transformers_refuses(path)
+
+
+def test_values_transformers_takes_are_not_refused(clean, tmp_path):
+    """An integer where the field takes either, a float transformers writes as {"__float__": ...}, null where the field
+    may be None: accepted alike, as transformers accepts them; the loaded model's tensors are the checkpoint's."""
+    model, dirs = clean
+    path = tmp_path / "ckpt"
+    shutil.copytree(dirs["single"], path)
+    _config(attention_dropout=0, router_aux_loss_coef={"__float__": "Infinity"}, sliding_window=None)(path)
+    loaded = lp.load_pruned(path)
+    assert loaded.config.attention_dropout == 0 and loaded.config.router_aux_loss_coef == math.inf
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
+    expected, got = lp.score_weights(model, "aimer"), lp.score_weights(path, "aimer", progress=False)
+    assert all(torch.equal(got.raw[i], expected.raw[i]) for i in expected.raw)
+
+
+@pytest.mark.parametrize("value, hint", [("QWEN3_MOE", " (did you mean 'qwen3_moe'?)"),
+                                         ("qwen3moe", " (did you mean 'qwen3_moe'?)"),
+                                         ("no_such_model_family", "")])
+def test_an_unknown_model_type_is_one_line_with_the_close_known_name_on_every_path(clean, tmp_path, value, hint):
+    from transformers import CONFIG_MAPPING
+
+    path, error, message = _one_refusal(clean, tmp_path, "single", _config(model_type=value))
+    assert (error, message) == (ValueError, f"checkpoint {str(path)!r}: config.json's model_type is \"{value}\", a "
+                                            f"model type transformers does not know{hint}; write the model type of "
+                                            "the checkpoint's architecture (transformers' CONFIG_MAPPING lists the "
+                                            f"{len(CONFIG_MAPPING.keys())} it knows)")
+
+
+def test_a_model_type_that_is_no_string_is_refused_naming_it(clean, tmp_path):
+    path, error, message = _one_refusal(clean, tmp_path, "single", _config(model_type=["qwen3_moe"]))
+    assert (error, message) == (ValueError, f"checkpoint {str(path)!r}: config.json's model_type is [\"qwen3_moe\"], "
+                                            "not a model type name; write the model type of the checkpoint's "
+                                            "architecture (a string such as \"qwen3_moe\": transformers' "
+                                            "CONFIG_MAPPING lists the ones it knows)")
+
+
+def test_a_sub_configs_model_type_and_fields_are_checked_by_the_class_transformers_builds(tmp_path):
+    """A composite config whose sub-config transformers builds by its model_type (InternVL's text_config): an unknown
+    one is named with its path; one whose class transformers fixes (Qwen3-VL-MoE's) is left alone, as transformers
+    leaves it, and the fields are checked by that class."""
+    from transformers import CONFIG_MAPPING
+
+    from lightprune.checkpoints.strict import check_config_values
+
+    known = len(CONFIG_MAPPING.keys())
+    with pytest.raises(ValueError) as err:
+        check_config_values(tmp_path, {"model_type": "internvl", "text_config": {"model_type": "Qwen3_Moe"}})
+    assert str(err.value) == (f"checkpoint {str(tmp_path)!r}: config.json's text_config.model_type is \"Qwen3_Moe\", "
+                              "a model type transformers does not know (did you mean 'qwen3_moe'?); write the model "
+                              f"type of the checkpoint's architecture (transformers' CONFIG_MAPPING lists the {known} "
+                              "it knows)")
+    with pytest.raises(ValueError) as err:
+        check_config_values(tmp_path, {"model_type": "internvl", "text_config": {"model_type": "qwen3_moe",
+                                                                                 "num_experts": 4.0}})
+    assert str(err.value) == (f"checkpoint {str(tmp_path)!r}: config.json's text_config.num_experts is 4.0, a number "
+                              "with a decimal point " + _INTEGER.format(cls="Qwen3MoeConfig", what="4"))
+    check_config_values(tmp_path, {"model_type": "qwen3_vl_moe", "text_config": {"model_type": "anything"}})
+
+
+# ----------------------------------------------------------------------------------- the shard index's metadata
+def _index_file(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        index = json.loads((path / "model.safetensors.index.json").read_text())
+        edit(index)
+        (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return damage
+
+
+@pytest.mark.parametrize("metadata", ["absent", None, [], "x"])
+def test_a_shard_index_without_a_metadata_object_is_refused_on_every_path(clean, tmp_path, metadata):
+    """transformers' loader reads index["metadata"] and adds keys to it (a bare KeyError or TypeError there): every
+    path refuses such an index up front, naming it and what to write."""
+    from transformers.utils.hub import get_checkpoint_shard_files
+
+    edit = (lambda index: index.pop("metadata")) if metadata == "absent" else \
+        (lambda index: index.update(metadata=metadata))
+    path, error, message = _one_refusal(clean, tmp_path, "sharded", _index_file(edit))
+    index = str(path / "model.safetensors.index.json")
+    expected = (f"shard index {index!r} has no \"metadata\": transformers' loader reads it, so it cannot load the "
+                "folder as it is; add \"metadata\": {} to the index") if metadata == "absent" else \
+        (f"shard index {index!r} has \"metadata\": {json.dumps(metadata)}, not a JSON object: transformers' loader "
+         "adds its own keys to it, so it cannot load the folder as it is; make it an object (\"metadata\": {} if "
+         "there is nothing to say)")
+    assert (error, message) == (ValueError, expected)
+    with pytest.raises((KeyError, TypeError)):  # what transformers itself does with it
+        get_checkpoint_shard_files(str(path), index)
+
+
+def test_a_shard_index_with_empty_metadata_is_read_as_transformers_reads_it(clean, tmp_path):
+    model, dirs = clean
+    path = tmp_path / "ckpt"
+    shutil.copytree(dirs["sharded"], path)
+    _index_file(lambda index: index.update(metadata={}))(path)
+    loaded = lp.load_pruned(path)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
+    expected, got = lp.score_weights(model, "aimer"), lp.score_weights(path, "aimer", progress=False)
+    assert all(torch.equal(got.raw[i], expected.raw[i]) for i in expected.raw)
+
+
+def _no_config_dtype(metadata_dtype) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        config = json.loads((path / "config.json").read_text())
+        config.pop("dtype", None)
+        (path / "config.json").write_text(json.dumps(config))
+        _index_file(lambda index: index["metadata"].update(dtype=metadata_dtype))(path)
+    return damage
+
+
+def test_the_shard_index_dtype_transformers_loads_in_without_a_config_dtype_must_be_the_stored_one(clean, tmp_path):
+    """Without a config.json dtype, transformers loads the model in the index metadata's (bfloat16 here), the streamed
+    paths compute in the stored one (float32): every path refuses that, naming both."""
+    from transformers import AutoModelForCausalLM
+
+    path, error, message = _one_refusal(clean, tmp_path, "sharded", _no_config_dtype("bfloat16"))
+    assert (error, message) == (ValueError, f"checkpoint {str(path)!r}: its shard index's \"metadata\" says dtype "
+                                            "bfloat16 (config.json names none), its weights are stored in float32 "
+                                            "(100% of the tensor bytes): loaded whole it would compute in bfloat16, "
+                                            "streamed in float32; set \"dtype\": \"float32\" in config.json (or "
+                                            "re-save the checkpoint in the dtype it names)")
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype="auto")  # what transformers does with the folder
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+
+
+def test_without_any_dtype_named_the_first_floating_tensors_must_be_the_stored_one(clean, tmp_path):
+    """Nothing names a dtype: transformers loads the model in its first floating tensor's (lm_head.weight, float32
+    here), the streamed paths in the one of most bytes (bfloat16): every path refuses that, naming the tensor."""
+    from transformers import AutoModelForCausalLM
+
+    def damage(path: Path) -> None:
+        tensors = load_file(path / "model.safetensors")
+        tensors = {k: v if k == "lm_head.weight" else v.to(torch.bfloat16) for k, v in tensors.items()}
+        save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+        config = json.loads((path / "config.json").read_text())
+        config.pop("dtype")
+        (path / "config.json").write_text(json.dumps(config))
+
+    path, error, message = _one_refusal(clean, tmp_path, "single", damage)
+    tensors = load_file(path / "model.safetensors")
+    bf16 = sum(t.numel() * 2 for t in tensors.values() if t.dtype == torch.bfloat16)
+    share = bf16 / (bf16 + tensors["lm_head.weight"].numel() * 4)
+    assert (error, message) == (ValueError, f"checkpoint {str(path)!r}: config.json names no dtype, so transformers "
+                                            "loads the model in float32, the dtype of the first floating tensor of "
+                                            "model.safetensors (lm_head.weight), its weights are stored in bfloat16 "
+                                            f"({share:.0%} of the tensor bytes): loaded whole it would compute in "
+                                            "float32, streamed in bfloat16; set \"dtype\": \"bfloat16\" in "
+                                            "config.json (or re-save the checkpoint in the dtype it names)")
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype="auto")  # what transformers does with the folder
+    assert loaded.model.layers[0].mlp.experts.gate_up_proj.dtype == torch.float32
+
+
+def test_a_shard_index_dtype_that_names_no_dtype_is_refused(clean, tmp_path):
+    path, error, message = _one_refusal(clean, tmp_path, "sharded", _no_config_dtype("float33"))
+    assert (error, message) == (ValueError, f"checkpoint {str(path)!r}: its shard index's \"metadata\" has "
+                                            "\"dtype\": \"float33\", not a torch dtype name, which transformers loads "
+                                            "the model in when config.json names none; set \"dtype\": \"float32\" in "
+                                            "config.json (transformers reads it first)")
+
+
+def test_a_shard_index_dtype_that_is_the_stored_one_is_accepted_alike(clean, tmp_path):
+    model, dirs = clean
+    path = tmp_path / "ckpt"
+    shutil.copytree(dirs["sharded"], path)
+    _no_config_dtype("float32")(path)
+    loaded = lp.load_pruned(path)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
+    expected, got = lp.score_weights(model, "aimer"), lp.score_weights(path, "aimer", progress=False)
+    assert all(torch.equal(got.raw[i], expected.raw[i]) for i in expected.raw)
+
+
+# ----------------------------------------------------------------------------------- the files an export copies along
+def _not_a_file(name: str, how: str) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        (path / name).parent.mkdir(exist_ok=True)
+        (path / name).unlink(missing_ok=True)
+        if how == "a directory":
+            (path / name).mkdir()
+        elif how == "a dangling symlink":
+            (path / name).symlink_to(path / "gone.json")
+        else:
+            os.mkfifo(path / name)
+    return damage
+
+
+_COPIED = "an export copies it along (the tokenizer, processor and chat-template files, generation_config.json) and " \
+          "would lack it; restore the file (or remove the name)"
+COPIED_FILES = {
+    "tokenizer_config.json a directory": ("tokenizer_config.json", "a directory", IsADirectoryError,
+                                          "is a directory, not a file"),
+    "tokenizer.json a named pipe": ("tokenizer.json", "a named pipe", ValueError, "is not a regular file (a FIFO)"),
+    "special_tokens_map.json a directory": ("special_tokens_map.json", "a directory", IsADirectoryError,
+                                            "is a directory, not a file"),
+    "generation_config.json a dangling symlink": ("generation_config.json", "a dangling symlink", FileNotFoundError,
+                                                  "is a dangling symlink (its target {gone!r} does not exist)"),
+    "a named chat template a directory": ("additional_chat_templates/tool_use.jinja", "a directory",
+                                         IsADirectoryError, "is a directory, not a file"),
+}
+
+
+@pytest.mark.parametrize("case", list(COPIED_FILES))
+def test_a_file_an_export_copies_that_is_no_regular_file_is_refused_on_every_path(clean, tmp_path, case):
+    name, how, cls, why = COPIED_FILES[case]
+    path, error, message = _one_refusal(clean, tmp_path, "single", _not_a_file(name, how))
+    why = why.format(gone=str(path / "gone.json"))
+    assert (error, message) == (cls, f"checkpoint directory {str(path)!r}: its {name} {why}; {_COPIED}")
+
+
+def test_a_model_loaded_elsewhere_is_refused_by_the_export_before_anything_changes(clean, tmp_path):
+    """A model transformers loaded from the folder (not lp.load_pruned): export_pruned and save_pruned refuse its
+    source's broken tokenizer file before any surgery or write, with the message every path gives."""
+    from transformers import AutoModelForCausalLM
+
+    model, dirs = clean
+    path = tmp_path / "ckpt"
+    shutil.copytree(dirs["single"], path)
+    _not_a_file("tokenizer_config.json", "a directory")(path)
+    loaded = AutoModelForCausalLM.from_pretrained(path)
+    expected = (f"checkpoint directory {str(path.absolute())!r}: its tokenizer_config.json is a directory, not a "
+                f"file; {_COPIED}")
+    before = {k: v.clone() for k, v in loaded.state_dict().items()}
+    for call in (lambda: lp.export_pruned(loaded, _plan(model), tmp_path / "out"),
+                 lambda: lp.save_pruned(loaded, tmp_path / "out"),
+                 lambda: lp.save_pruned(model, tmp_path / "out", source_dir=path)):
+        with pytest.raises(IsADirectoryError) as err:
+            call()
+        assert str(err.value) == expected
+        assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+    assert loaded.state_dict().keys() == before.keys()
+    assert all(torch.equal(v, before[k]) for k, v in loaded.state_dict().items())  # not pruned

@@ -103,3 +103,93 @@ def test_the_checkpoint_pruned_shard_by_shard_equals_the_pruned_model(checkpoint
     reloaded = lp.load_pruned(out)
     want, got = pruned.state_dict(), reloaded.state_dict()
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+# ----------------------------------------------------------------------------------- dtypes lightprune does not compute in
+_CAST = ("holds all {n} of its parameters in {dtype}: lightprune computes in float32, bfloat16, float16 or float64; "
+         "cast the model to one of them first (model.to(torch.bfloat16))")
+
+
+def _entry_points(model, plan, out):
+    """Every in-memory entry point, called on ``model``: {name: call}."""
+    batch = [{"input_ids": torch.ones(1, 4, dtype=torch.long)}]
+    return {"score_weights": lambda: lp.score_weights(model, "aimer"),
+            "collect_expert_stats": lambda: lp.collect_expert_stats(model, batch, progress=False),
+            "prune_experts": lambda: lp.prune_experts(model, plan),
+            "export_pruned": lambda: lp.export_pruned(model, plan, out),
+            "save_pruned": lambda: lp.save_pruned(model, out)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.complex64],
+                         ids=lambda d: str(d).removeprefix("torch."))
+def test_a_model_cast_to_a_dtype_lightprune_does_not_compute_in_is_refused_up_front(tiny, tmp_path, dtype) -> None:
+    """Each in-memory entry point refuses it in one line naming the dtype and what to do, before any work: nothing is
+    written, the model's tensors are as they were (torch alone says '"neg_cpu" not implemented for
+    'Float8_e4m3fn'' from inside scoring)."""
+    source = tiny("qwen3_moe", seed=3)
+    plan = lp.select_experts(lp.score_weights(source, "aimer"), ratio=0.5)
+    model = source.to(dtype)
+    count = len(list(model.parameters()))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for name, call in _entry_points(model, plan, tmp_path / "out").items():
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value) == "Qwen3MoeForCausalLM " + _CAST.format(
+            n=count, dtype=str(dtype).removeprefix("torch.")), name
+        assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*")), name
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k].view(torch.uint8), before[k].view(torch.uint8)) for k in before)
+
+
+def test_one_parameter_in_float8_is_named(tiny) -> None:
+    model = tiny("qwen3_moe", seed=3)
+    gate = model.model.layers[1].mlp.gate
+    gate.weight = torch.nn.Parameter(gate.weight.data.to(torch.float8_e4m3fn), requires_grad=False)
+    with pytest.raises(ValueError) as err:
+        lp.score_weights(model, "aimer")
+    assert str(err.value) == ("Qwen3MoeForCausalLM holds 1 parameter (model.layers.1.mlp.gate.weight) in "
+                              "float8_e4m3fn: lightprune computes in float32, bfloat16, float16 or float64; cast the "
+                              "model to one of them first (model.to(torch.bfloat16))")
+
+
+def test_integer_expert_weights_are_refused_and_integers_elsewhere_are_left_alone(tiny) -> None:
+    """Routed experts holding int8 weights (a quantized model's) would be scored as numbers they are not; an integer
+    parameter outside the experts (a 4-bit fine-tuning's packed projection) is no concern of the check."""
+    model = tiny("qwen3_moe", seed=3)
+    want = lp.score_weights(model, "aimer")
+    attention = model.model.layers[0].self_attn.o_proj
+    attention.weight = torch.nn.Parameter(torch.zeros(attention.weight.shape, dtype=torch.uint8), requires_grad=False)
+    got = lp.score_weights(model, "aimer")  # aimer reads the experts only
+    assert all(torch.equal(got.raw[i], want.raw[i]) for i in want.raw)
+    experts = model.model.layers[2].mlp.experts
+    experts.down_proj = torch.nn.Parameter(experts.down_proj.data.to(torch.int8), requires_grad=False)
+    with pytest.raises(ValueError) as err:
+        lp.score_weights(model, "aimer")
+    assert str(err.value) == ("Qwen3MoeForCausalLM's routed experts hold 1 parameter in int8 "
+                              "(model.layers.2.mlp.experts.down_proj): lightprune scores and prunes experts whose "
+                              "weights are float32, bfloat16, float16 or float64; load the model unquantized")
+
+
+def test_a_checkpoint_stored_in_float8_is_refused_alike_by_every_path(tiny, tmp_path) -> None:
+    """The streamed paths would build the model in the weights' dtype (torch: "couldn't find storage object
+    Float8_e4m3fnStorage"); every path refuses it naming the checkpoint, the dtype and its share of the bytes."""
+    from safetensors.torch import load_file, save_file
+
+    model = tiny("qwen3_moe", seed=3)
+    path = tmp_path / "ckpt"
+    model.save_pretrained(path)
+    tensors = {k: v.to(torch.float8_e4m3fn) for k, v in load_file(path / "model.safetensors").items()}
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    plan = lp.select_experts(lp.score_weights(model, "aimer"), ratio=0.5)
+    expected = (f"checkpoint {str(path)!r}: its weights are stored in float8_e4m3fn (100% of the floating tensor "
+                "bytes), which lightprune does not compute in (it computes in float32, bfloat16, float16 or float64); "
+                "re-save the checkpoint in one of them")
+    for call in (lambda: lp.load_pruned(path), lambda: lp.score_weights(path, "aimer", progress=False),
+                 lambda: lp.prune_checkpoint(path, plan, tmp_path / "out", progress=False),
+                 lambda: lp.collect_expert_stats(path, [{"input_ids": torch.ones(1, 4, dtype=torch.long)}],
+                                                 progress=False)):
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value) == expected
+    assert not (tmp_path / "out").exists()

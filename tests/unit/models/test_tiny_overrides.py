@@ -61,3 +61,18 @@ def test_moe_causal_lm_refuses_them_when_built_and_takes_float64() -> None:
     assert {p.dtype for p in module.parameters()} == {torch.float64}
     ids = torch.randint(0, 100, (2, 6))
     assert module(input_ids=ids, labels=ids).logits.dtype == torch.float64
+
+
+def test_did_you_mean_takes_the_name_equal_but_for_case_first() -> None:
+    """A mis-cased name is suggested as the known one (difflib alone finds 'QWEN3_MOE' close to nothing); else the
+    closest, else nothing."""
+    from lightprune.models.tiny import did_you_mean
+
+    known = ["qwen2_moe", "qwen3_moe", "qwen3_next"]
+    assert did_you_mean("QWEN3_MOE", known) == " (did you mean 'qwen3_moe'?)"
+    assert did_you_mean("qwen3moe", known) == " (did you mean 'qwen3_moe'?)"
+    assert did_you_mean("zzz", known) == "" and did_you_mean(3, known) == ""
+    check_tiny_family("qwen3_moe")
+    with pytest.raises(ValueError, match=r"^tiny family 'Qwen3_MoE' is not one of the \d+ tiny families \(did you "
+                                         r"mean 'qwen3_moe'\?\)"):
+        check_tiny_family("Qwen3_MoE")
