@@ -44,7 +44,7 @@ from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.checks import integer
 from lightprune.core.jsonio import write_json
-from lightprune.core.paths import check_state_file, write_atomically
+from lightprune.core.paths import check_state_file, through_file, write_atomically
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.finetune.optim import build_scheduler
 from lightprune.models.unwrap import base_model_of
@@ -340,7 +340,8 @@ class WidthSearch(pl.Callback):
         path = self._weights_path(trainer, candidate)
         if trainer.is_global_zero:
             weights = {n: p.detach().cpu() for n, p in _trainable(pl_module.model).items()}
-            write_atomically(path, lambda tmp: torch.save(weights, tmp), "WidthSearch candidate weights")
+            write_atomically(path, through_file(lambda handle: torch.save(weights, handle)),
+                             "WidthSearch candidate weights")
         trainer.strategy.barrier()
         return str(path)
 

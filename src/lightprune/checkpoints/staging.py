@@ -23,6 +23,12 @@ a kill, below):
   place ends the process once that is done, and once every output published with it is (a run's files:
   :func:`~lightprune.core.interrupt.publishing`). A process with its own SIGTERM handler keeps it.
 
+A staging name fits the folder's limit on a name (``NAME_MAX``, 255 bytes on most file systems: ``os.pathconf``):
+where the output's own name leaves no room for the tag, the pid and the random part, the name part is shortened to
+its first bytes and a short hash of the whole name (``.<first bytes>~<hash>.lightprune-tmp-<pid>-<random>``, the same
+for every staging of that output, so leftovers stay recognisable: :func:`staging_stem`); an output whose own name is
+past the limit is refused up front, in one line naming it.
+
 Leftovers of a process that died (SIGKILL, power loss, an interrupt during a deletion) carry its pid in their name.
 The next staging of the same target (:func:`clean_stale`) settles the journal of the run files a dead process was
 publishing with it (:mod:`~lightprune.checkpoints.journal`; :func:`check_out_dir`, the up-front check, does too),
@@ -43,6 +49,7 @@ output's path is recorded in JSON.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import re
 import shutil
@@ -56,11 +63,12 @@ from safetensors import SafetensorError
 
 from lightprune.checkpoints.journal import process_alive, recover
 from lightprune.core import interrupt
+from lightprune.core.checks import check_bool
 from lightprune.core.errors import register_error
-from lightprune.core.paths import check_path_text
+from lightprune.core.paths import check_path_text, file_problem
 
 __all__ = ["TMP_TAG", "OutputDirError", "check_out_dir", "check_out_file", "clean_stale", "staging_dir",
-           "staging_file"]
+           "staging_file", "staging_stem"]
 
 #: part of every staged directory's name, so leftovers are recognisable
 TMP_TAG = ".lightprune-tmp-"
@@ -68,6 +76,14 @@ TMP_TAG = ".lightprune-tmp-"
 _OLD_TAG = ".lightprune-old-"
 #: a previous output whose deletion may have started; only ever deleted
 _TRASH_TAG = ".lightprune-trash-"
+
+#: the longest name (in bytes) where a folder's file system does not say (Linux's NAME_MAX)
+_NAME_MAX = 255
+#: what a staging name adds to the part it takes from its output's name: the leading dot, the longest tag, a pid
+#: (up to 10 digits) and the random part with its dash
+_RESERVE = 1 + len(_TRASH_TAG) + 10 + 1 + 12
+#: the hexadecimal digits of the hash that ends a shortened name part
+_HASH_DIGITS = 12
 
 #: how safetensors' Rust writer reports a full disk
 _NO_SPACE_MARKERS = ("No space left on device", "StorageFull", "os error 28")
@@ -87,16 +103,55 @@ class OutputDirError(OSError):
     error."""
 
 
+def _name_max(folder: Path) -> int:
+    """The longest name, in bytes, the file system of ``folder`` (or of the closest folder above it that is there)
+    allows (``os.pathconf``'s ``PC_NAME_MAX``; 255 where it does not say)."""
+    for there in (folder, *folder.parents):
+        if os.path.isdir(there):
+            try:
+                limit = os.pathconf(there, "PC_NAME_MAX")
+            except (OSError, ValueError):
+                return _NAME_MAX
+            return limit if limit > 0 else _NAME_MAX
+    return _NAME_MAX
+
+
+def staging_stem(out: str | os.PathLike) -> str:
+    """The part of the name of ``out``'s staging siblings (``.<stem>.lightprune-tmp-<pid>-<random>``, ``-old-``,
+    ``-trash-``) taken from ``out``'s name: the name itself, or where a sibling's name would pass the folder's
+    ``NAME_MAX`` (:func:`_name_max`), the name's first bytes (whole characters), ``~`` and the first
+    :data:`_HASH_DIGITS` hexadecimal digits of the SHA-256 of the whole name. The same for every staging of ``out``,
+    so :func:`clean_stale` recognises the leftovers of either form."""
+    out = Path(out)
+    raw = os.fsencode(out.name)
+    room = _name_max(out.parent) - _RESERVE
+    if len(raw) <= room:
+        return out.name
+    head = raw[:max(room - _HASH_DIGITS - 1, 0)].decode("utf-8", "ignore")  # a cut character dropped whole
+    return f"{head}~{hashlib.sha256(raw).hexdigest()[:_HASH_DIGITS]}"
+
+
+def _check_name_length(out: Path, what: str) -> None:
+    """Refuse an output (``what``: "output directory", "output file") whose name is longer than its folder's file
+    system allows: one line naming it, its length and the limit."""
+    size, limit = len(os.fsencode(out.name)), _name_max(out.parent)
+    if size > limit:
+        raise OSError(errno.ENAMETOOLONG, f"{what} name {out.name!r} is {size} bytes long, more than the {limit} the "
+                      f"file system of {str(out.parent)!r} allows in a name; choose a shorter name")
+
+
 def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False,
                   remedy: str = "pass overwrite=True to replace it") -> Path:
     """The absolute output path, after checking it may be written; errors name the path (a non-empty one without
     ``overwrite``: and ``remedy``, how the caller's user replaces it). First the journals a dead process left for it
     are settled (:func:`~lightprune.checkpoints.journal.recover`: a run killed while publishing its files with it),
     so that the folder judged, and kept when refused, holds one run's checkpoint and files."""
+    check_bool(overwrite, "overwrite")
     check_path_text(out_dir, "output directory")
     out = Path(out_dir).expanduser().absolute()
     if out.name in ("", ".", ".."):
         raise ValueError(f"output directory {str(out_dir)!r} must name a directory, not {out.name!r}")
+    _check_name_length(out, "output directory")
     recover(out)
     if out.exists() or out.is_symlink():
         if not out.is_dir() or out.is_symlink():
@@ -111,7 +166,7 @@ def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False,
 
 
 def _sibling(out: Path, tag: str) -> Path:
-    return out.parent / f".{out.name}{tag}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    return out.parent / f".{staging_stem(out)}{tag}{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 def _retagged(path: Path, old_tag: str, new_tag: str) -> Path:
@@ -142,7 +197,8 @@ def clean_stale(out_dir: str | os.PathLike) -> list[Path]:
     if not out.parent.is_dir():
         return []
     recover(out)  # the run files a killed run was publishing with its checkpoint: forward or back (journal.py)
-    pattern = re.compile(rf"^\.{re.escape(out.name)}\.lightprune-(tmp|old|trash)-(?:(\d+)-)?[0-9a-f]{{12}}$")
+    stem = re.escape(staging_stem(out))
+    pattern = re.compile(rf"^\.{stem}\.lightprune-(tmp|old|trash)-(?:(\d+)-)?[0-9a-f]{{12}}$")
     done = []
     for entry in sorted(out.parent.iterdir()):
         match = pattern.match(entry.name)
@@ -169,8 +225,9 @@ def _inside(filename: str | bytes | None, out: Path) -> bool:
     if filename is None:
         return False
     path = Path(os.fsdecode(filename)).absolute()
+    prefix = f".{staging_stem(out)}.lightprune-"
     for part in (path, *path.parents):
-        if part == out or (part.parent == out.parent and part.name.startswith(f".{out.name}.lightprune-")):
+        if part == out or (part.parent == out.parent and part.name.startswith(prefix)):
             return True
     return False
 
@@ -235,7 +292,9 @@ def _creating(out: Path) -> Iterator[None]:
 def staging_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Yield an empty staging directory that replaces ``out_dir`` when the block succeeds; on any exception or
     interrupt ``out_dir`` is left as it was (guarantees: the module's docstring)."""
+    check_bool(overwrite, "overwrite")
     check_path_text(out_dir, "output directory")
+    _check_name_length(Path(out_dir).expanduser().absolute(), "output directory")
     with _creating(Path(out_dir).expanduser().absolute()):
         clean_stale(out_dir)
     out = check_out_dir(out_dir, overwrite)
@@ -289,12 +348,16 @@ def _discard(old: Path, out: Path) -> None:
 
 def check_out_file(out_file: str | os.PathLike, overwrite: bool = False,
                    remedy: str = "pass overwrite=True to replace it") -> Path:
-    """The absolute output file path, after checking it may be written: it names a file, not a directory; its folder
-    exists; an existing file only with ``overwrite`` (else a FileExistsError ending with ``remedy``)."""
+    """The absolute output file path, after checking it may be written: it names a file, not a directory, its name
+    within the folder's ``NAME_MAX``; its folder exists; a name there only when it is a regular file or a symlink to
+    one (:func:`~lightprune.core.paths.file_problem`: a FIFO, a device, a dangling link is refused) and only with
+    ``overwrite`` (else a FileExistsError ending with ``remedy``)."""
+    check_bool(overwrite, "overwrite")
     check_path_text(out_file, "output file")
     out = Path(out_file).expanduser().absolute()
     if out.name in ("", ".", "..") or os.fspath(out_file).endswith(("/", os.sep)):
         raise IsADirectoryError(f"output file {os.fspath(out_file)!r} names a directory; name the file to write")
+    _check_name_length(out, "output file")
     if out.is_dir():
         raise IsADirectoryError(f"output path {str(out)!r} is a directory; name the file to write (a path in it)")
     if not out.parent.is_dir():
@@ -302,8 +365,9 @@ def check_out_file(out_file: str | os.PathLike, overwrite: bool = False,
         raise (NotADirectoryError if out.parent.exists() else FileNotFoundError)(
             f"the folder of output file {str(out)!r} {what}; create the folder first, or choose another path")
     if os.path.lexists(out):
-        if out.exists() and not out.is_file():
-            raise FileExistsError(f"output path {str(out)!r} exists and is not a regular file")
+        problem = file_problem(out)
+        if problem is not None:  # a FIFO, a device, a socket, a dangling or looping link: the rename would replace it
+            raise FileExistsError(f"output file {str(out)!r} {problem[1]}: move it away, or choose another path")
         if not overwrite:
             raise FileExistsError(f"output file {str(out)!r} exists; {remedy}")
     return out
@@ -311,7 +375,7 @@ def check_out_file(out_file: str | os.PathLike, overwrite: bool = False,
 
 def _clean_stale_files(out: Path) -> None:
     """Delete the staged files of dead processes beside ``out`` (left by a kill during a :func:`staging_file`)."""
-    pattern = re.compile(rf"^\.{re.escape(out.name)}{re.escape(TMP_TAG)}(\d+)-[0-9a-f]{{12}}$")
+    pattern = re.compile(rf"^\.{re.escape(staging_stem(out))}{re.escape(TMP_TAG)}(\d+)-[0-9a-f]{{12}}$")
     for entry in out.parent.iterdir():
         match = pattern.match(entry.name)
         if match and entry.is_file() and not entry.is_symlink() and not process_alive(int(match.group(1))):

@@ -5,8 +5,10 @@ A leaf: it imports nothing from lightprune (nor NumPy or torch). Every error nam
 
 A number is what :func:`real_number` accepts: a Python int or float, a ``Fraction`` or ``Decimal``, a NumPy integer
 or floating scalar, or a 0-d NumPy array or torch tensor of an integer or floating dtype (``numpy.float32(0.5)``,
-``torch.tensor(0.5)``); never a bool of any kind (Python, NumPy, a bool tensor), a complex number, a string or an
-array of one element (``torch.tensor([0.5])``): a refusal says which of these it got. A float narrower than
+``torch.tensor(0.5)``); never a bool of any kind (Python, NumPy, a bool tensor), a complex number, a string, an
+array of one element (``torch.tensor([0.5])``), a tensor on the meta device (it has a shape and a dtype, no value) or
+NumPy's masked value (``numpy.ma.masked``, a masked element of a masked array: a missing value, whose ``item()`` is
+its hidden fill, 0.0): a refusal says which of these it got. A float narrower than
 Python's is read as written: ``numpy.float32(0.7)`` holds 0.699999988, and is 0.7 here (the shortest decimal its
 dtype rounds to the same value), so it selects what ``0.7`` selects. An integer is what :func:`integer` accepts:
 such a number with an integral value (``2``, ``numpy.int64(2)``, ``2.0``). JSON files are checked by
@@ -28,14 +30,14 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Callable, Iterable
 
-__all__ = ["check_ratio", "check_atol", "check_choice", "check_each", "check_positive_int", "check_non_negative_int",
-           "check_interval", "check_number", "check_utf8", "exact_ratio", "integer", "non_utf8", "not_a_number",
-           "ratio_count", "real_number"]
+__all__ = ["check_ratio", "check_atol", "check_bool", "check_choice", "check_each", "check_positive_int",
+           "check_non_negative_int", "check_interval", "check_number", "check_utf8", "exact_ratio", "integer",
+           "non_utf8", "not_a_number", "ratio_count", "real_number"]
 
 
 def real_number(value: Any) -> int | float | None:
     """``value`` as a Python int or float when it is a number (see the module docstring), else None."""
-    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")) or _valueless(value):
         return None
     if isinstance(value, numbers.Integral):
         return int(value)
@@ -48,6 +50,24 @@ def real_number(value: Any) -> int | float | None:
         number = real_number(value.item())  # a 0-d array or tensor: its Python scalar
         return _as_written(value, number) if isinstance(number, float) else number
     return None
+
+
+def _masked(value: Any) -> bool:
+    """Whether ``value`` is a NumPy masked array whose every element is masked (``numpy.ma.masked``, a masked element
+    of a masked array)."""
+    if not type(value).__module__.startswith("numpy.ma"):
+        return False
+    mask = getattr(value, "mask", False)
+    return bool(getattr(mask, "all", lambda: mask)())
+
+
+def _meta(value: Any) -> bool:
+    """Whether ``value`` is a tensor on the meta device (a shape and a dtype, no data)."""
+    return getattr(value, "is_meta", False) is True
+
+
+def _valueless(value: Any) -> bool:
+    return _meta(value) or _masked(value)
 
 
 def _as_written(value: Any, number: float) -> float:
@@ -80,6 +100,10 @@ def not_a_number(value: Any) -> str:
         kind = "tensor" if hasattr(value, "new_tensor") else "array"
         return f"a{'n' if kind == 'array' else ''} {kind} of shape {list(shape)}, not a number: give a number or a " \
                f"0-d {kind} (x.item())"
+    if _meta(value):
+        return "a tensor on the meta device, which holds no value, not a number"
+    if _masked(value):
+        return "NumPy's masked value (a missing value), not a number"
     if isinstance(value, complex) or "complex" in str(getattr(value, "dtype", "")):
         return "a complex number"
     return f"a {type(value).__name__}, not a number"
@@ -197,6 +221,17 @@ def check_atol(value: Any) -> float | None:
     if number is None or not 0 < number < math.inf:
         raise ValueError(f"atol must be positive, {_got(value)}")
     return float(number)
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """``value`` when it is a bool: Python's ``True`` or ``False``, or a NumPy bool scalar (as a Python bool). Anything
+    else is refused naming ``name`` and the value, never read as a truth value: ``overwrite="no"`` is a non-empty
+    string, which ``if overwrite:`` takes as yes; ``1``, ``None`` and a tensor are refused too."""
+    if isinstance(value, bool):
+        return value
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"):
+        return bool(value)
+    raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 def check_choice(name: str, value: Any, allowed: Iterable[Any]) -> Any:

@@ -41,7 +41,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from lightprune.core.paths import file_problem, folder_problem
+from lightprune.core.paths import check_write_target, file_problem, folder_problem
 
 __all__ = ["MAX_DEPTH", "MAX_YAML_VALUES", "DuplicateKeyError", "ParseLimitError", "check_finite", "check_json_depth",
            "check_yaml_keys", "check_yaml_limits", "clip", "clip_values", "int_key", "json_text", "layer_items",
@@ -542,12 +542,15 @@ def read_yaml(path: str | os.PathLike, what: str, error: type[Exception] = Value
 
 def write_json(data: Any, path: str | os.PathLike, indent: int | None = None) -> Path:
     """Write ``data`` to ``path`` (parents created) through a temporary file ``<name>.tmp`` renamed into place, as
-    standard JSON (:func:`json_text`: a NaN or infinite float is written as ``null``). On failure the temporary
+    standard JSON (:func:`json_text`: a NaN or infinite float is written as ``null``). A ``path`` (or temporary
+    name) there that is not a regular file or a symlink to one (a directory, a device such as ``/dev/full``, a FIFO)
+    is refused first, nothing written (:func:`~lightprune.core.paths.check_write_target`). On failure the temporary
     file is removed (never a folder of that name) and the OSError raised again in one line naming ``path`` and the
     cause (:func:`_write_error`)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     text = json_text(data, indent=indent) + "\n"
+    check_write_target(path, tmp)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text)

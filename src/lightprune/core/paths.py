@@ -8,7 +8,10 @@ holds as a lone surrogate, ``'\\udcff'``) is refused up front, in one line namin
 A file a run reads and rewrites (a resumable state) is checked before the run starts (:func:`check_state_file`: a
 name there that is not a regular file, a folder that cannot be written) and saved through a temporary file renamed
 into place, removed on any failure (:func:`write_atomically`); a file it must read, before it is read
-(:func:`check_input_file`: not there, not a regular file, empty).
+(:func:`check_input_file`: not there, not a regular file, empty). Every writer that renames a temporary file over its
+target (:func:`write_atomically`, :func:`lightprune.core.jsonio.write_json`) first refuses a target, or a temporary
+name, that is there and is no regular file (:func:`check_write_target`): the rename would replace a directory's
+name, a device (``/dev/full``), a FIFO or a socket with a regular file, and opening a FIFO to write it blocks.
 
 A leaf: it imports nothing from lightprune.
 """
@@ -21,10 +24,10 @@ import os
 import stat
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
-__all__ = ["broken_link", "check_input_file", "check_path_text", "check_state_file", "file_problem", "flush_folder",
-           "folder_problem", "write_atomically"]
+__all__ = ["broken_link", "check_input_file", "check_path_text", "check_state_file", "check_write_target",
+           "file_problem", "flush_folder", "folder_problem", "through_file", "write_atomically"]
 
 
 def check_path_text(path: str | os.PathLike, what: str) -> None:
@@ -147,15 +150,46 @@ def check_state_file(path: str | os.PathLike, what: str, fix: str) -> None:
         raise _error(cls, f"{what} {str(path)!r}: {why}; {fix}")
 
 
+def check_write_target(path: str | os.PathLike, tmp: str | os.PathLike, what: str = "") -> None:
+    """Refuse, before anything is written, a target ``path`` a writer would rename its temporary file ``tmp`` over,
+    or that temporary name, when the name is there and is not a regular file or a symlink to one
+    (:func:`file_problem`: a directory, a device, a FIFO, a socket, a dangling or looping symlink): one line naming
+    ``what`` ("calibration state", or nothing) and the file, what is there and what to do. The error class is
+    :func:`file_problem`'s; an OSError carries its errno, said as the writers' other errors are (``[Errno 21]``)."""
+    label = f"{what} " if what else ""
+    for name, whose, fix in ((path, "it", "move it away, or write elsewhere"),
+                             (tmp, f"its temporary file {str(tmp)!r}", "move it away")):
+        problem = file_problem(name)
+        if problem is not None:
+            cls, why = problem
+            message = f"could not write {label}{str(path)!r}: {whose} {why}: {fix}; it is as it was"
+            error = _error(cls, message)
+            raise cls(error.errno, message) if isinstance(error, OSError) and error.errno is not None else error
+
+
+def through_file(save: Callable[[BinaryIO], object]) -> Callable[[Path], None]:
+    """A ``write`` for :func:`write_atomically` that opens the temporary file in Python and hands ``save`` the open
+    binary file (``lambda f: torch.save(state, f)``): a library writing to a path from its own code loses the system's
+    error (``torch.save`` on a full disk says "iostream error"); Python's file raises it as an OSError with its errno,
+    which :func:`write_atomically` names ("no space left on device")."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:
+            save(handle)
+
+    return write
+
+
 def write_atomically(path: str | os.PathLike, write: Callable[[Path], object], what: str, *,
                      fsync: bool = False) -> Path:
     """Write ``path`` by ``write(tmp)``, ``tmp`` being ``<name>.tmp`` beside it, renamed into place (parents
-    created). On any failure the temporary file is removed and ``path`` is as it was; an OSError, or the
-    RuntimeError of ``torch.save``'s writer, is raised again naming ``what``, the file and the cause. ``fsync``: the
-    temporary file is flushed to the disk before the rename and the folder after it (a folder that cannot be flushed:
-    a RuntimeWarning naming it, the file being in place)."""
+    created). A ``path`` or ``tmp`` there that is not a regular file (a directory, a device, a FIFO) is refused first
+    (:func:`check_write_target`), nothing written. On any failure the temporary file is removed and ``path`` is as it
+    was; an OSError, or the RuntimeError of ``torch.save``'s writer, is raised again naming ``what``, the file and the
+    cause. ``fsync``: the temporary file is flushed to the disk before the rename and the folder after it (a folder
+    that cannot be flushed: a RuntimeWarning naming it, the file being in place)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
+    check_write_target(path, tmp, what)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)

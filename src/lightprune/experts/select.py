@@ -26,6 +26,7 @@ from lightprune.core.checks import check_choice, check_non_negative_int, check_r
 from lightprune.core.choices import ALLOCATIONS, NORMALIZATIONS
 from lightprune.core.errors import listed
 from lightprune.experts.plan import ExpertPlan
+from lightprune.experts.scores import check_score_values
 from lightprune.models.base import RoutingLimits
 
 __all__ = ["select_experts", "log_zscore", "ALLOCATIONS", "NORMALIZATIONS"]
@@ -78,8 +79,9 @@ def select_experts(importance: Mapping[int, torch.Tensor], ratio: float | None, 
     ``limits`` (per layer top-k, groups) defaults to ``importance.limits`` when the scores come
     from lightprune (``ExpertScores``). ``n_per_layer`` (with ``ratio=None``) prunes exactly that many
     experts from every layer instead (paper 003's uniform count). Errors name the bad value: a ratio
-    outside [0, 1), an unknown allocation or normalisation, non-finite scores, a ratio that would cut
-    below a floor.
+    outside [0, 1), an unknown allocation or normalisation, non-finite scores, scores that cannot be
+    ranked (bool, complex, on the meta device: :func:`~lightprune.experts.scores.check_score_values`),
+    a ratio that would cut below a floor.
     """
     return _select(importance, ratio, allocation, normalize, limits=limits, criterion=criterion,
                    n_per_layer=n_per_layer)
@@ -108,7 +110,9 @@ def _select(importance: Mapping[int, torch.Tensor], ratio: float | None, allocat
     for layer, v in sorted(importance.items()):
         if layer not in limits:
             raise ValueError(f"no routing limits for layer {layer}")
-        v = torch.as_tensor(v).detach().double().cpu()
+        v = torch.as_tensor(v)
+        check_score_values(layer, v)  # bool, complex, meta: nothing to rank
+        v = v.detach().double().cpu()
         if v.dim() != 1 or v.numel() != limits[layer].num_experts:
             raise ValueError(f"layer {layer}: expected {limits[layer].num_experts} scores (one per routed expert), "
                              f"got shape {tuple(v.shape)}")

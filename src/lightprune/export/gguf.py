@@ -10,9 +10,10 @@ Checked before the converter is imported, in this order, each refusal one line n
   :func:`~lightprune.checkpoints.staging.check_out_file` (a file name whose folder exists, not a directory, an
   existing file only with ``overwrite``); a width-pruned export (its kernels have no GGUF form);
 - the converter: ``llama_cpp``, else ``$LLAMA_CPP_DIR``, else lightprune's cache (:func:`converter_dir`, which
-  ``scripts/fetch_llama_cpp.py`` fills); ``outtype`` one of its ``--outtype`` choices and ``pre_tokenizer`` a name it
-  writes as ``tokenizer.ggml.pre``, both read from its source (:func:`converter_outtypes`,
-  :func:`converter_pre_tokenizers`; a close name gets a "did you mean");
+  ``scripts/fetch_llama_cpp.py`` fills), with the gguf-py package it imports beside it (:func:`find_converter`);
+  ``outtype`` one of its ``--outtype`` choices and ``pre_tokenizer`` a name it writes as ``tokenizer.ggml.pre``, both
+  read from its source (:func:`converter_outtypes`, :func:`converter_pre_tokenizers`; a close name gets a "did you
+  mean");
 - the weight files as the converter sees them (:func:`converter_weight_files`: every ``model*.safetensors`` of a
   folder without a shard index): one that is not the checkpoint's own (a backup, a stray shard) is refused, naming
   it, since the converter would mix its tensors into the GGUF;
@@ -69,6 +70,7 @@ from lightprune.checkpoints.directory import SAFE_INDEX, shard_name, checkpoint_
 from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
 from lightprune.checkpoints.staging import check_out_file, staging_file
+from lightprune.core.checks import check_bool
 from lightprune.core.errors import listed_text
 from lightprune.core.errors import register_error
 from lightprune.core.jsonio import layer_items, read_json, show
@@ -86,6 +88,10 @@ LLAMA_CPP_VERSION = "0.3.36"
 CONVERTER = "convert_hf_to_gguf.py"
 #: how the converter is fetched into lightprune's cache
 FETCH = "python scripts/fetch_llama_cpp.py"
+#: the gguf-py package a converter folder holds, which the converter imports (not the ``gguf`` installed here)
+OWN_GGUF = Path("gguf-py") / "gguf" / "__init__.py"
+#: the converter's own switch to import the installed ``gguf`` instead of its folder's gguf-py
+_NO_LOCAL_GGUF = "NO_LOCAL_GGUF"
 #: the converter's loggers (its own, gguf-py's and its metadata reader's)
 _LOGGERS = ("hf-to-gguf", "gguf", "metadata")
 _UNIFORM_HINT = ("Prune with a uniform allocation (ExpertPruning(..., allocation='uniform'), lp.select_experts(..., "
@@ -134,7 +140,10 @@ def converter_dir(root: str | os.PathLike | None = None) -> Path:
 
 def find_converter(llama_cpp: str | os.PathLike | None = None) -> Path:
     """The absolute folder holding :data:`CONVERTER`: ``llama_cpp``, else :func:`converter_dir`; a
-    FileNotFoundError saying how to fetch it when it is not there."""
+    FileNotFoundError saying how to fetch it when it is not there, or when the folder lacks the gguf-py package
+    beside it (:data:`OWN_GGUF`): the converter would then import whatever ``gguf`` is installed, of another version,
+    and fail on a name it lacks ("AttributeError: DFLASH while reading config.json"). With the converter's own
+    ``NO_LOCAL_GGUF`` set, the installed ``gguf`` is what was asked for and the folder needs none."""
     if llama_cpp is not None:
         folder, origin = Path(llama_cpp), "the folder named"
     elif os.environ.get("LLAMA_CPP_DIR"):
@@ -142,10 +151,15 @@ def find_converter(llama_cpp: str | os.PathLike | None = None) -> Path:
     else:
         folder, origin = converter_dir(), "lightprune's cache"
     folder = folder.expanduser().absolute()
+    how = (f"with `{FETCH}` in a lightprune checkout, or name a llama.cpp tree with --llama-cpp DIR (llama_cpp=DIR) "
+           "or $LLAMA_CPP_DIR")
     if not (folder / CONVERTER).is_file():
-        raise FileNotFoundError(f"no llama.cpp converter ({CONVERTER}) in {str(folder)!r} ({origin}); fetch it with "
-                                f"`{FETCH}` in a lightprune checkout, or name a llama.cpp tree with --llama-cpp DIR "
-                                "(llama_cpp=DIR) or $LLAMA_CPP_DIR")
+        raise FileNotFoundError(f"no llama.cpp converter ({CONVERTER}) in {str(folder)!r} ({origin}); fetch it {how}")
+    own = folder / OWN_GGUF
+    if not own.is_file() and _NO_LOCAL_GGUF not in os.environ:
+        raise FileNotFoundError(f"llama.cpp's converter in {str(folder)!r} ({origin}) lacks the gguf-py package it "
+                                f"was written with ({str(own)!r} is not there), so it would import the gguf "
+                                f"installed in this Python, of another version; fetch a whole converter {how}")
     return folder
 
 
@@ -839,7 +853,8 @@ def convert_to_gguf(export_dir: str | os.PathLike, outfile: str | os.PathLike, *
         outtype: the converter's ``--outtype`` (``f32``, ``f16``, ``bf16``, ``q8_0``, ...: its own list).
         pre_tokenizer: ``auto``, ``none`` or a llama.cpp pre-tokenizer name (module docstring).
         llama_cpp: the folder holding ``convert_hf_to_gguf.py`` (default: ``$LLAMA_CPP_DIR``, else the fetched one).
-        overwrite: replace an existing ``outfile`` once the new one is complete.
+        overwrite: replace an existing ``outfile`` once the new one is complete; ``True`` or ``False`` (anything
+            else, ``"no"`` included, is refused: :func:`~lightprune.core.checks.check_bool`).
         remedy: the end of the error for an existing ``outfile`` (how the caller's user replaces it).
 
     Returns the :class:`GGUFResult`. Every refusal is one line (ValueError, FileExistsError, FileNotFoundError,
@@ -849,6 +864,7 @@ def convert_to_gguf(export_dir: str | os.PathLike, outfile: str | os.PathLike, *
     included) a :class:`GGUFConversionError` (its error as ``__cause__``).
     """
     start = time.perf_counter()
+    overwrite = check_bool(overwrite, "overwrite")  # "no" is a truthy string: never read as a truth value
     export = checkpoint_directory(Path(export_dir).expanduser()).absolute()
     _check_placement(export, outfile)
     out = check_out_file(outfile, overwrite, remedy)

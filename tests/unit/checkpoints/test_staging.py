@@ -465,3 +465,119 @@ def test_a_staged_file_a_dead_process_left_is_removed_by_the_next_staging_of_its
     with staging_file(tmp_path / "model.gguf") as staged:
         staged.write_bytes(b"GGUF")
     assert sorted(listing(tmp_path)) == sorted([live.name, other.name, "model.gguf"])
+
+
+# ---------------------------------------------------------------------------------------------- long names
+def _name_max(folder: Path) -> int:
+    return os.pathconf(folder, "PC_NAME_MAX")
+
+
+def test_a_short_name_stages_under_its_own_name(tmp_path):
+    """A name that leaves room for the tag, the pid and the random part is the staging name's part as it is."""
+    assert staging.staging_stem(tmp_path / "model.gguf") == "model.gguf"
+    assert staging.staging_stem(tmp_path / ("m" * (_name_max(tmp_path) - staging._RESERVE))) == \
+        "m" * (_name_max(tmp_path) - staging._RESERVE)
+
+
+def test_a_file_named_with_the_longest_name_the_folder_allows_is_staged_and_written(tmp_path):
+    """A valid 255-byte output name (G4_05: ``[Errno 36] File name too long`` about lightprune's own hidden
+    temporary file): the staged file's name part is shortened to its first bytes and a hash of the whole name, and
+    fits."""
+    limit = _name_max(tmp_path)
+    name = "g" * (limit - 5) + ".gguf"
+    seen = []
+    with staging_file(tmp_path / name) as staged:
+        seen.append(staged.name)
+        staged.write_bytes(b"GGUF")
+    assert listing(tmp_path) == [name] and (tmp_path / name).read_bytes() == b"GGUF"
+    stem = staging.staging_stem(tmp_path / name)
+    assert re.fullmatch(rf"\.g+~[0-9a-f]{{12}}{re.escape(TMP_TAG)}{os.getpid()}-[0-9a-f]{{12}}", seen[0])
+    assert seen[0].startswith(f".{stem}{TMP_TAG}") and len(os.fsencode(seen[0])) <= limit
+    assert len(os.fsencode(f".{stem}.lightprune-trash-{2**32}-{'0' * 12}")) <= limit  # the longest sibling fits
+
+
+def test_a_long_name_is_cut_at_a_whole_character(tmp_path):
+    """A name of two-byte characters cut where its bytes run out keeps whole characters (no stray byte, which would
+    not be UTF-8 text); two names alike in their first bytes get different hashes."""
+    limit = _name_max(tmp_path)
+    one, two = "é" * (limit // 2 - 1) + "a", "é" * (limit // 2 - 1) + "b"
+    stems = [staging.staging_stem(tmp_path / name) for name in (one, two)]
+    assert all(re.fullmatch(r"é+~[0-9a-f]{12}", stem) for stem in stems) and stems[0] != stems[1]
+    assert stems[0].encode().count("é".encode()) == (limit - staging._RESERVE - 13) // 2
+
+
+def test_a_directory_named_with_the_longest_name_the_folder_allows_is_staged_replaced_and_tidied(tmp_path):
+    """staging_dir's staged, ``-old-`` and ``-trash-`` names fit too, a replacement works, and the leftovers of a
+    dead process under a shortened name are recognised and deleted by the next staging."""
+    out = tmp_path / ("d" * _name_max(tmp_path))
+    with staging_dir(out) as staged:
+        write(staged, OLD)
+    with staging_dir(out, overwrite=True) as staged:
+        write(staged, NEW)
+    assert tree(out) == NEW and listing(tmp_path) == [out.name]
+    stem = staging.staging_stem(out)
+    for kind in ("tmp", "trash"):
+        write(tmp_path / f".{stem}.lightprune-{kind}-{DEAD_PID}-{os.urandom(6).hex()}", THIRD)
+    other = tmp_path / f".{'d' * 20}.lightprune-tmp-{DEAD_PID}-{os.urandom(6).hex()}"  # another output's
+    write(other, THIRD)
+    with staging_dir(out, overwrite=True) as staged:
+        write(staged, OLD)
+    assert tree(out) == OLD and listing(tmp_path) == sorted([out.name, other.name])
+
+
+def test_a_staged_file_a_dead_process_left_under_a_shortened_name_is_removed(tmp_path):
+    out = tmp_path / ("g" * (_name_max(tmp_path) - 5) + ".gguf")
+    dead = tmp_path / f".{staging.staging_stem(out)}{TMP_TAG}{DEAD_PID}-0123456789ab"
+    dead.write_bytes(b"partial")
+    with staging_file(out) as staged:
+        staged.write_bytes(b"GGUF")
+    assert listing(tmp_path) == [out.name]
+
+
+@pytest.mark.parametrize("check, what", [(check_out_file, "output file"), (check_out_dir, "output directory"),
+                                         (staging_file, "output file"), (staging_dir, "output directory")])
+def test_an_output_name_longer_than_the_folder_allows_is_refused_naming_it(tmp_path, check, what):
+    limit = _name_max(tmp_path)
+    name = "x" * (limit + 1)
+    with pytest.raises(OSError) as raised, contextlib.ExitStack() as stack:
+        result = check(tmp_path / name)
+        if hasattr(result, "__enter__"):
+            stack.enter_context(result)
+    assert raised.value.errno == errno.ENAMETOOLONG
+    assert str(raised.value) == (f"[Errno {errno.ENAMETOOLONG}] {what} name {name!r} is {limit + 1} bytes long, more "
+                                 f"than the {limit} the file system of {str(tmp_path)!r} allows in a name; choose a "
+                                 "shorter name")
+    assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("make, why", [
+    (os.mkfifo, "is not a regular file (a FIFO)"),
+    (lambda p: p.symlink_to(p.parent / "nowhere"), "is a dangling symlink (its target '{dir}/nowhere' does not exist)"),
+])
+def test_a_name_that_is_no_regular_file_is_refused_as_file_problem_says(tmp_path, make, why):
+    """With or without ``overwrite``: the rename would replace a FIFO (a device) or a link with a regular file."""
+    make(tmp_path / "model.gguf")
+    for overwrite in (False, True):
+        with pytest.raises(FileExistsError) as raised:
+            check_out_file(tmp_path / "model.gguf", overwrite=overwrite)
+        assert str(raised.value) == (f"output file {str(tmp_path / 'model.gguf')!r} {why.format(dir=tmp_path)}: move "
+                                     "it away, or choose another path")
+    assert listing(tmp_path) == ["model.gguf"]
+
+
+@pytest.mark.parametrize("value", ["no", 1, None])
+def test_overwrite_must_be_a_bool_in_every_check_and_staging(tmp_path, value):
+    """``overwrite="no"`` (truthy) replaced an existing output: every entry point that takes overwrite (export_pruned,
+    save_pruned, prune_checkpoint, save_width_pruned, convert_to_gguf) reaches one of these, which refuse it before
+    anything is read or written."""
+    write(tmp_path / "out", OLD)
+    (tmp_path / "out.gguf").write_bytes(b"previous")
+    calls = [lambda: check_out_dir(tmp_path / "out", value), lambda: check_out_file(tmp_path / "out.gguf", value),
+             lambda: staging_dir(tmp_path / "out", value).__enter__(),
+             lambda: staging_file(tmp_path / "out.gguf", value).__enter__()]
+    for call in calls:
+        with pytest.raises(ValueError) as raised:
+            call()
+        assert str(raised.value) == f"overwrite must be True or False, got {value!r}"
+    assert tree(tmp_path / "out") == OLD and (tmp_path / "out.gguf").read_bytes() == b"previous"
+    assert listing(tmp_path) == ["out", "out.gguf"]

@@ -12,6 +12,7 @@ import torch
 
 from lightprune.core.checks import (
     check_atol,
+    check_bool,
     check_choice,
     check_interval,
     check_non_negative_int,
@@ -202,6 +203,54 @@ def test_a_refused_ratio_says_what_it_got(value, why) -> None:
     with pytest.raises(ValueError) as info:
         check_ratio(value)
     assert str(info.value) == f"ratio must be in [0, 1), got {value!r}: {why}"
+
+
+META = torch.tensor(0.5, device="meta")
+META_WHY = "a tensor on the meta device, which holds no value, not a number"
+MASKED_WHY = "NumPy's masked value (a missing value), not a number"
+
+
+@pytest.mark.parametrize("value, why", [
+    (META, META_WHY),
+    (torch.tensor(3, device="meta"), META_WHY),
+    (np.ma.masked, MASKED_WHY),
+    (np.ma.array([0.5, 0.25], mask=[True, False])[0], MASKED_WHY),  # a masked element: numpy.ma.masked
+    (np.ma.array(0.5, mask=True), MASKED_WHY),  # a 0-d masked array
+])
+def test_a_value_that_holds_no_number_is_not_one(value, why) -> None:
+    """A meta tensor's ``item()`` raised torch's "Tensor.item() cannot be called on meta tensors", naming nothing;
+    ``numpy.ma.masked`` (a missing value) was read as its hidden fill, 0.0: a ratio that pruned nothing, silently.
+    Both are said as what they are, naming the argument, wherever a number is read."""
+    assert real_number(value) is None and integer(value) is None
+    with pytest.raises(ValueError) as info:
+        check_ratio(value)
+    assert str(info.value) == f"ratio must be in [0, 1), got {value!r}: {why}"
+    with pytest.raises(ValueError) as info:
+        check_non_negative_int("n_per_layer", value)
+    assert str(info.value) == f"n_per_layer must be a non-negative integer, got {value!r}: {why}"
+    from lightprune.core.checks import exact_ratio
+
+    with pytest.raises(ValueError) as info:
+        exact_ratio(value)
+    assert str(info.value) == f"a ratio must be a finite number, got {value!r}: {why}"
+
+
+def test_an_unmasked_value_of_a_masked_array_is_its_number() -> None:
+    assert real_number(np.ma.array(0.5)) == 0.5 and check_ratio(np.ma.array([0.5, 0.25], mask=[True, False])[1]) \
+        == 0.25
+
+
+@pytest.mark.parametrize("value", ["no", "false", "", 1, 0, None, 1.0, torch.tensor(True), np.int64(1), [True]])
+def test_a_bool_argument_is_a_bool_never_a_truth_value(value) -> None:
+    """``overwrite="no"`` is a non-empty string, true to ``if overwrite:``: refused naming the argument."""
+    with pytest.raises(ValueError) as info:
+        check_bool(value, "overwrite")
+    assert str(info.value) == f"overwrite must be True or False, got {value!r}"
+
+
+def test_python_and_numpy_bools_are_bools() -> None:
+    assert check_bool(True, "x") is True and check_bool(False, "x") is False
+    assert check_bool(np.bool_(True), "x") is True and check_bool(np.bool_(False), "x") is False
 
 
 def test_a_decimal_is_a_number_as_a_fraction_is() -> None:

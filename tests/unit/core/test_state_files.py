@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -116,10 +117,36 @@ def test_torch_save_s_own_error_names_the_file_and_its_cause(tmp_path: Path) -> 
 
 def test_a_directory_where_the_state_goes_is_named_and_nothing_is_left(tmp_path: Path) -> None:
     (tmp_path / "state.pt").mkdir()
-    with pytest.raises(OSError, match=rf"could not write state {str(tmp_path / 'state.pt')!r}: is a directory; it "
-                                      "is as it was"):
+    with pytest.raises(IsADirectoryError) as raised:
         write_atomically(tmp_path / "state.pt", lambda tmp: torch.save({}, tmp), "state")
+    assert raised.value.errno == errno.EISDIR
+    assert str(raised.value) == (f"[Errno {errno.EISDIR}] could not write state {str(tmp_path / 'state.pt')!r}: it is "
+                                 "a directory, not a file: move it away, or write elsewhere; it is as it was")
     assert _names(tmp_path) == ["state.pt"] and (tmp_path / "state.pt").is_dir()
+
+
+def _never(tmp: Path) -> None:
+    raise AssertionError(f"{tmp} written before the target was checked")
+
+
+def test_a_fifo_where_the_state_goes_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """The rename would replace the FIFO (or a device: ``/dev/full``) with a regular file: refused up front."""
+    os.mkfifo(tmp_path / "state.pt")
+    with pytest.raises(ValueError) as raised:
+        write_atomically(tmp_path / "state.pt", _never, "state")
+    assert str(raised.value) == (f"could not write state {str(tmp_path / 'state.pt')!r}: it is not a regular file (a "
+                                 "FIFO): move it away, or write elsewhere; it is as it was")
+    assert _names(tmp_path) == ["state.pt"] and stat.S_ISFIFO((tmp_path / "state.pt").lstat().st_mode)
+
+
+def test_a_fifo_where_the_temporary_file_goes_is_refused_not_opened(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "state.pt.tmp")
+    with pytest.raises(ValueError) as raised:
+        write_atomically(tmp_path / "state.pt", _never, "state")
+    assert str(raised.value) == (f"could not write state {str(tmp_path / 'state.pt')!r}: its temporary file "
+                                 f"{str(tmp_path / 'state.pt.tmp')!r} is not a regular file (a FIFO): move it away; "
+                                 "it is as it was")
+    assert _names(tmp_path) == ["state.pt.tmp"]
 
 
 def test_an_interrupt_during_a_save_removes_the_temporary_file(tmp_path: Path) -> None:
@@ -130,3 +157,27 @@ def test_an_interrupt_during_a_save_removes_the_temporary_file(tmp_path: Path) -
     with pytest.raises(KeyboardInterrupt):
         write_atomically(tmp_path / "state.pt", interrupted, "state")
     assert _names(tmp_path) == []
+
+
+def test_a_full_disk_under_torch_save_is_named_through_a_python_file(tmp_path: Path) -> None:
+    """torch.save given a path writes from C++ and loses the system's error ("iostream error"); given the open file
+    (through_file) the error is Python's OSError, named with its cause, and nothing is left."""
+    from lightprune.core.paths import through_file
+
+    def full(handle):
+        real = handle.write
+
+        def write(data):
+            raise OSError(28, "No space left on device")
+
+        handle.write = write  # a full disk, for this file only
+        try:
+            torch.save({"a": torch.zeros(1000)}, handle)
+        finally:
+            handle.write = real
+
+    with pytest.raises(OSError) as failed:
+        write_atomically(tmp_path / "state.pt", through_file(full), "calibration state")
+    assert str(failed.value) == (f"[Errno 28] could not write calibration state {str(tmp_path / 'state.pt')!r}: no "
+                                 "space left on device; it is as it was")
+    assert list(tmp_path.iterdir()) == []

@@ -163,6 +163,59 @@ def test_missing_limits_are_an_error():
         lp.select_experts(importance, 0.25, limits={0: RoutingLimits(8, 2)})
 
 
+WHY_BOOL = "True and False only, so which experts go would be decided by how ties are broken"
+WHY_COMPLEX = "complex numbers have no order, and their imaginary parts would be dropped"
+
+
+GIVE = "give the importance as a floating-point or integer tensor (higher = keep)"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda v: v > v.median(), f"layer 3: scores of dtype torch.bool cannot be ranked ({WHY_BOOL}); {GIVE}"),
+    (lambda v: v.to(torch.complex64),
+     f"layer 3: scores of dtype torch.complex64 cannot be ranked ({WHY_COMPLEX}); {GIVE}"),
+    (lambda v: v.to("meta"), ("layer 3: scores on the meta device hold no values to rank; compute them on a device "
+                              "with data (cpu, cuda)")),
+])
+def test_scores_that_cannot_be_ranked_are_refused_naming_the_layer(make, message):
+    """bool scores were ranked by tie-breaking and complex ones by their real parts, silently; meta ones failed in
+    torch ("Cannot copy out of meta tensor"). Refused wherever scores enter: ExpertScores, and select_experts given a
+    plain mapping (both allocations, and n_per_layer)."""
+    scores = random_scores({0: 8, 3: 8}, seed=13)
+    bad = {0: scores[0], 3: make(scores[3])}
+    with pytest.raises(ValueError) as err:
+        ExpertScores(bad, scores.limits)
+    assert str(err.value) == message
+    for kwargs in ({"ratio": 0.25}, {"ratio": 0.25, "allocation": "global"}, {"ratio": None, "n_per_layer": 2}):
+        with pytest.raises(ValueError) as err:
+            lp.select_experts(bad, limits=scores.limits, **kwargs)
+        assert str(err.value) == message
+
+
+def test_integer_scores_rank_as_their_values():
+    """An integer count (a routing frequency) is a real number: ranked as the same values in floating point."""
+    scores = random_scores({0: 8, 3: 8}, seed=14)
+    counts = {layer: (values * 1000).round().long() for layer, values in scores.items()}
+    as_float = {layer: values.double() for layer, values in counts.items()}
+    for allocation in ("uniform", "global"):
+        assert lp.select_experts(ExpertScores(counts, scores.limits), 0.5, allocation).keep == \
+            lp.select_experts(as_float, 0.5, allocation, limits=scores.limits).keep
+
+
+def test_a_ratio_that_holds_no_number_is_refused_naming_it():
+    """``ratio=torch.tensor(0.5, device="meta")`` failed in torch naming nothing; ``ratio=numpy.ma.masked`` pruned
+    nothing (read as 0.0)."""
+    scores = random_scores({0: 8}, seed=15)
+    for value, why in ((torch.tensor(0.5, device="meta"), "a tensor on the meta device, which holds no value"),
+                       (np.ma.masked, "NumPy's masked value (a missing value)")):
+        with pytest.raises(ValueError) as err:
+            lp.select_experts(scores, value)
+        assert str(err.value) == f"ratio must be in [0, 1), got {value!r}: {why}, not a number"
+        with pytest.raises(ValueError) as err:
+            lp.select_experts(scores, None, n_per_layer=value)
+        assert str(err.value) == f"n_per_layer must be a non-negative integer, got {value!r}: {why}, not a number"
+
+
 def test_score_count_must_match_the_layer():
     importance = {0: torch.rand(6)}
     with pytest.raises(ValueError, match="expected 8 scores"):

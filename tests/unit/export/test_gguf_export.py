@@ -82,6 +82,8 @@ def stand_in(tmp_path_factory) -> Path:
     (folder / "convert_hf_to_gguf.py").write_text(STAND_IN_SCRIPT)
     (folder / "conversion").mkdir()
     (folder / "conversion" / "base.py").write_text(STAND_IN_BASE)
+    (folder / "gguf-py" / "gguf").mkdir(parents=True)
+    (folder / "gguf-py" / "gguf" / "__init__.py").write_text("")  # the gguf-py the converter imports
     return folder
 
 
@@ -238,6 +240,69 @@ def test_a_missing_converter_is_one_line_saying_how_to_fetch_it(export, tmp_path
         convert_to_gguf(export, tmp_path / "model.gguf")
     assert str(raised.value) == f"no llama.cpp converter (convert_hf_to_gguf.py) in {str(cached)!r} (lightprune's " \
                                 f"cache); {fetch}"
+
+
+def test_a_converter_without_its_gguf_py_is_refused_up_front(export, tmp_path, stand_in, monkeypatch) -> None:
+    """A converter folder without its gguf-py imported the gguf installed here, of another version, and failed with
+    "AttributeError: DFLASH while reading config.json" (G4_09): refused before anything is read, saying how to fetch
+    a whole one. The converter's own NO_LOCAL_GGUF asks for the installed gguf: then none is needed."""
+    bare = Path(shutil.copytree(stand_in, tmp_path / "bare"))
+    shutil.rmtree(bare / "gguf-py")
+    how = ("with `python scripts/fetch_llama_cpp.py` in a lightprune checkout, or name a llama.cpp tree with "
+           "--llama-cpp DIR (llama_cpp=DIR) or $LLAMA_CPP_DIR")
+    lacks = (f"lacks the gguf-py package it was written with ({str(bare / 'gguf-py' / 'gguf' / '__init__.py')!r} is "
+             "not there), so it would import the gguf installed in this Python, of another version; fetch a whole "
+             f"converter {how}")
+    monkeypatch.delenv("NO_LOCAL_GGUF", raising=False)
+    with pytest.raises(FileNotFoundError) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=bare)
+    assert str(raised.value) == f"llama.cpp's converter in {str(bare)!r} (the folder named) {lacks}"
+    monkeypatch.setenv("LLAMA_CPP_DIR", str(bare))
+    with pytest.raises(FileNotFoundError) as raised:
+        convert_to_gguf(export, tmp_path / "model.gguf")
+    assert str(raised.value) == f"llama.cpp's converter in {str(bare)!r} ($LLAMA_CPP_DIR) {lacks}"
+    (bare / "gguf-py" / "gguf").mkdir(parents=True)  # a folder without its package's __init__.py: still not there
+    with pytest.raises(FileNotFoundError, match=r"lacks the gguf-py package"):
+        convert_to_gguf(export, tmp_path / "model.gguf")
+    monkeypatch.setenv("NO_LOCAL_GGUF", "1")
+    with pytest.raises(Reached):
+        convert_to_gguf(export, tmp_path / "model.gguf")
+    assert listing(tmp_path) == ["bare", "export"]
+
+
+def test_the_command_says_a_converter_without_its_gguf_py_in_one_line(export, tmp_path, stand_in, capsys,
+                                                                      monkeypatch) -> None:
+    bare = Path(shutil.copytree(stand_in, tmp_path / "bare"))
+    shutil.rmtree(bare / "gguf-py")
+    monkeypatch.delenv("NO_LOCAL_GGUF", raising=False)
+    with pytest.raises(SystemExit) as ended:
+        convert_gguf.main([str(export), str(tmp_path / "model.gguf"), "--llama-cpp", str(bare)])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"lightprune: error: llama.cpp's converter in {str(bare)!r} (the folder named) lacks the "
+                          "gguf-py package it was written with")
+
+
+@pytest.mark.parametrize("value", ["no", "false", 1, None])
+def test_overwrite_must_be_a_bool(export, tmp_path, stand_in, value) -> None:
+    """``overwrite="no"`` is a truthy string: it replaced the existing GGUF (G4_23). Refused before anything else."""
+    out = tmp_path / "model.gguf"
+    out.write_bytes(b"previous")
+    with pytest.raises(ValueError) as raised:
+        convert_to_gguf(export, out, llama_cpp=stand_in, overwrite=value)
+    assert str(raised.value) == f"overwrite must be True or False, got {value!r}"
+    assert out.read_bytes() == b"previous" and listing(tmp_path) == ["export", "model.gguf"]
+
+
+def test_a_fifo_where_the_gguf_goes_is_refused_as_what_it_is(export, tmp_path, stand_in) -> None:
+    out = tmp_path / "model.gguf"
+    os.mkfifo(out)
+    for overwrite in (False, True):
+        with pytest.raises(FileExistsError) as raised:
+            convert_to_gguf(export, out, llama_cpp=stand_in, overwrite=overwrite)
+        assert str(raised.value) == (f"output file {str(out)!r} is not a regular file (a FIFO): move it away, or "
+                                     "choose another path")
+    assert listing(tmp_path) == ["export", "model.gguf"]
 
 
 def test_the_choices_are_read_from_the_converters_source(stand_in, tmp_path) -> None:
@@ -656,6 +721,30 @@ def test_a_conversion_writes_beside_the_output_and_names_the_real_file(export, t
     assert seen["outfile"].parent == tmp_path and seen["outfile"].name.startswith(".model.gguf.lightprune-tmp-")
     assert seen["outfile"].name in seen["there"] and stale.name not in seen["there"]  # staged, the stale one gone
     assert listing(tmp_path) == sorted([live.name, "export", "model.gguf"])
+
+
+def test_an_output_named_with_the_longest_name_the_folder_allows_is_converted(export, tmp_path, stand_in,
+                                                                             monkeypatch) -> None:
+    """A valid 255-byte name was refused with a raw "[Errno 36] File name too long" about lightprune's own hidden
+    temporary file (G4_05): the staged name's part from the output's name is shortened, and the GGUF written."""
+    seen = {}
+
+    def run(source: Path, outfile: Path, outtype: str) -> None:
+        seen["outfile"] = outfile
+        outfile.write_bytes(_gguf_bytes(tensors=27, size=100))
+
+    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(run))
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    out = tmp_path / ("g" * (limit - 5) + ".gguf")
+    result = convert_to_gguf(export, out, llama_cpp=stand_in)
+    assert (result.path, result.size, result.tensors) == (out, 100, 27) and listing(tmp_path) == ["export", out.name]
+    assert len(os.fsencode(seen["outfile"].name)) <= limit and seen["outfile"].parent == tmp_path
+    too_long = tmp_path / ("g" * (limit - 4) + ".gguf")
+    with pytest.raises(OSError) as raised:
+        convert_to_gguf(export, too_long, llama_cpp=stand_in)
+    assert str(raised.value) == (f"[Errno {errno.ENAMETOOLONG}] output file name {too_long.name!r} is {limit + 1} "
+                                 f"bytes long, more than the {limit} the file system of {str(tmp_path)!r} allows in "
+                                 "a name; choose a shorter name")
 
 
 @pytest.mark.parametrize("previous", [b"the previous GGUF", None], ids=["replacing", "creating"])

@@ -37,7 +37,7 @@ from torch import nn
 from lightprune.core.distributed import gathered
 from lightprune.core.errors import listed
 from lightprune.core.jsonio import int_key
-from lightprune.core.paths import write_atomically
+from lightprune.core.paths import through_file, write_atomically
 from lightprune.experts.calibration.observer import ExpertObserver
 from lightprune.models import find_moe_layers
 from lightprune.models.unwrap import base_model_of
@@ -92,7 +92,7 @@ def save_state(path: str | os.PathLike, observer_state: Mapping[str, Any], setup
     place, removed on any failure, which names the file and the cause; the state saved before is kept)."""
     state = {"format": STATE_FORMAT, "version": 1, "observer": dict(observer_state), "setup": dict(setup),
              "model": dict(model), "digest": digest}
-    write_atomically(path, lambda tmp: torch.save(state, tmp), "calibration state")
+    write_atomically(path, through_file(lambda handle: torch.save(state, handle)), "calibration state")
 
 
 def load_state(path: str | os.PathLike, setup: Mapping[str, Any]) -> dict[str, Any]:
