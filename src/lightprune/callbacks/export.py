@@ -33,6 +33,7 @@ import lightning.pytorch as pl
 import torch
 
 from lightprune.callbacks.export_dirs import (
+    RUN_FILES,
     WritesCheckpoint,
     check_checkpoint_dir,
     check_plan_path,
@@ -137,7 +138,8 @@ class Export(WritesCheckpoint, JobEndCallback):
         checkpoint_dir: where the pruned checkpoint goes (default: ``<output_dir>/model``).
         plan_path: apply this plan.json (or merge this merge_plan.json) instead of the plan an ExpertPruning
             callback would make (one listed then selects nothing; the run's plan.json is this plan).
-        overwrite: replace an existing checkpoint directory.
+        overwrite: replace an existing checkpoint directory; the previous run's files in the run folder that this run
+            does not write (its calibration.json beside a new plan) are deleted when the new checkpoint is published.
         atol: the absolute term of verification's tolerance ``atol + rtol * max|reference|`` (default: 1e-5 in
             fp32, 1e-2 in bf16/fp16, where a near tie between router scores can flip an expert choice; ``rtol``:
             :func:`lightprune.export.verify.default_rtol`).
@@ -159,6 +161,9 @@ class Export(WritesCheckpoint, JobEndCallback):
         # a plan_path made for another model fails here, before the run writes anything (config.yaml)
         if self.plan_path is not None and getattr(pl_module, "model", None) is not None:
             _load_plan(self.plan_path).check_layers(find_moe_layers(pl_module.model))
+        if self.overwrite and trainer.is_global_zero:  # the previous run's files this run does not rewrite (its
+            # calibration.json beside a new plan) are deleted when the new checkpoint is published with its files
+            RunState.of(trainer).previous_files(run_directory(trainer, self.output_dir), RUN_FILES)
 
     def _plan(self, trainer: pl.Trainer) -> tuple[ExpertPlan, MergePlan | None, float]:
         """(the kept layout, the merge plan when the experts are merged, the seconds spent scoring)."""

@@ -25,7 +25,8 @@ need from here:
 - the run files that must agree with the export (plan.json, scores.json, and the command's config.yaml:
   :meth:`stage_file`, :meth:`stage_text`) are held until the export phase has succeeded (or the job ends without
   one), then they are written together, each atomically. A run that fails before leaves the previous run's files as
-  they were.
+  they were. With an export's ``overwrite``, the previous run's files that this run does not write (its
+  calibration.json beside a new plan: :meth:`previous_files`) are deleted with that publishing.
 
 Where a callback writes them: :func:`run_directory`, its ``output_dir`` or else the trainer's
 ``default_root_dir``.
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +79,17 @@ def _write_text(text: str, path: str) -> None:
     """``text`` to ``path`` in UTF-8 (:func:`~lightprune.core.paths.write_atomically`: parents created, the temporary
     file removed and the file named on failure)."""
     write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), "run file")
+
+
+def _identity(path: str) -> tuple | None:
+    """What tells whether the regular file ``path`` was rewritten (None: no regular file there)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size
 
 
 def _lightprune_class(callback: Any) -> str | None:
@@ -118,6 +131,8 @@ class RunState:
     _staged: dict = field(default_factory=dict)
     _journal: Any = None  # the journal of the staged files written aside (checkpoints.journal), until committed
     _superseded: set = field(default_factory=set)
+    _previous: dict = field(default_factory=dict)  # {absolute path: identity} of a previous run's files (overwrite)
+    _stale: list = field(default_factory=list)  # those the journal deletes: this run did not write them
 
     @classmethod
     def of(cls, trainer: Any) -> "RunState":
@@ -201,8 +216,9 @@ class RunState:
                 interrupt.hold()
             if self._journal is not None:
                 journal, self._journal = self._journal, None
-                written = complete(journal)
+                stale, self._stale = self._stale, []
                 self._staged.clear()
+                written = complete(journal, stale)  # a failure: one line, the journal kept for the next export
             while self._staged:
                 path, (data, indent) = next(iter(self._staged.items()))
                 if isinstance(data, _Text):
@@ -218,11 +234,28 @@ class RunState:
         their targets with a journal (:mod:`lightprune.checkpoints.journal`): a kill between the checkpoint's rename
         and :meth:`commit_files` is settled by the next run, forward or back, never leaving one run's checkpoint
         beside another's plan."""
-        if staged is None or out is None or not self._staged or self._journal is not None:
+        if staged is None or out is None or self._journal is not None:
             return
         texts = {path: str(data) if isinstance(data, _Text) else json_text(data, indent=indent) + "\n"
                  for path, (data, indent) in self._staged.items()}
-        self._journal = write_pending(texts, Path(staged), Path(out), sorted(self._superseded))
+        written = {os.path.abspath(path) for path in (*texts, *self._superseded)}
+        stale = sorted(path for path, identity in self._previous.items()
+                       if path not in written and _identity(path) == identity)  # not rewritten by this run
+        if not texts and not self._superseded and not stale:
+            return
+        # every target and superseded file is proven replaceable first: an immutable one refuses, nothing published
+        self._journal = write_pending(texts, Path(staged), Path(out), sorted({*self._superseded, *stale}))
+        self._stale = stale
+
+    def previous_files(self, folder: Any, names: Any) -> None:
+        """Record the files ``names`` in ``folder`` (a previous run's: an export with ``overwrite``, before any work),
+        so that those this run does not rewrite are deleted with its publishing (named superseded in its journal: a
+        kill settles them too); only regular files."""
+        for name in names:
+            path = os.path.abspath(Path(folder).expanduser() / name)
+            identity = _identity(path)
+            if identity is not None:
+                self._previous[path] = identity
 
     def supersedes(self, path: Any) -> None:
         """``path`` is rewritten once the export's checkpoint is in place (its report.json): a kill before that leaves

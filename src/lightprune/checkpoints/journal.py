@@ -13,7 +13,16 @@ paths in place at once, so the files go through a journal:
 
 Files the run writes only after its checkpoint is in place (report.json with the export's figures, its PNG) are named
 in the journal as ``superseded``: a roll forward deletes those the run had not rewritten yet (older than the
-journal), which described the previous checkpoint.
+journal), which described the previous checkpoint. So are the previous run's files that this run does not write
+(its calibration.json beside a new plan, with ``overwrite``): :func:`complete` deletes those it is given
+(``remove``), and a roll forward after a kill those still older than the journal.
+
+Before anything is written, :func:`write_pending` proves that every target of the journal (each file, each superseded
+one) can be replaced (:func:`check_replaceable`: an immutable or append-only file, a folder that cannot be written,
+a read-only file system, a directory in a file's place) and refuses otherwise, naming the file, with nothing
+written: a folder is never left with the new checkpoint beside files that could not follow it. What can still fail
+after the checkpoint's rename (a file made immutable meanwhile) is one error saying so, the journal kept for the next
+export to that checkpoint to finish (:func:`recover`).
 
 A process killed anywhere in between (SIGKILL) leaves the journal, or only its temporary file (``<journal>.tmp``)
 when killed while writing it, before any pending file; :func:`recover` (run by the next staging of the same
@@ -42,9 +51,13 @@ from pathlib import Path
 
 from lightprune.core.paths import flush_folder, write_atomically
 
-__all__ = ["complete", "journal_path", "process_alive", "recover", "settle", "write_pending"]
+__all__ = ["check_replaceable", "complete", "journal_path", "process_alive", "recover", "settle", "write_pending"]
 
 _PENDING = ".lightprune-pending-"
+_PROBE = ".lightprune-probe-"
+
+#: FS_IOC_GETFLAGS (``lsattr``) and its immutable and append-only flags
+_GETFLAGS, _IMMUTABLE, _APPEND = 0x80086601, 0x10, 0x20
 
 
 def journal_path(out: Path, pid: int | None = None) -> Path:
@@ -61,13 +74,94 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _flags(path: Path) -> int | None:
+    """The inode flags of ``path`` (``lsattr``), None where they cannot be read (no such ioctl, no permission)."""
+    try:
+        import array
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except (ImportError, OSError):
+        return None
+    try:
+        buf = array.array("l", [0])
+        fcntl.ioctl(fd, _GETFLAGS, buf, True)
+        return buf[0]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _refusal(code: int, target: Path, why: str, out: Path | None) -> OSError:
+    kept = (f"nothing was published, {str(out)!r} and its run files are as they were" if out is not None
+            else "nothing was written")
+    return OSError(code, f"cannot replace {str(target)!r}: {why}; {kept}")
+
+
+def _probe(target: Path, out: Path | None) -> None:
+    """Refuse (:func:`check_replaceable`) ``target`` when it cannot be replaced or deleted."""
+    if target.is_dir() and not target.is_symlink():
+        raise _refusal(errno.EISDIR, target, "it is a directory", out)
+    one, two = (target.with_name(f".{target.name}{_PROBE}{os.getpid()}{n}") for n in ("a", "b"))
+    for path in (one, two):
+        path.unlink(missing_ok=True)
+    try:
+        os.close(os.open(one, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # the folder can be written
+    except FileNotFoundError:  # a folder still to be made: the pending file's write makes it (and says so)
+        return
+    except OSError as err:
+        raise _refusal(err.errno, target, f"its folder cannot be written ({os.strerror(err.errno).lower()})",
+                       out) from None
+    try:
+        if not os.path.lexists(target):
+            return
+        try:
+            os.link(target, two, follow_symlinks=False)
+        except OSError as err:
+            if err.errno not in (errno.EPERM, errno.EACCES):
+                return  # no hard link here (another device, too many links...): the rename tells
+            flags = _flags(target)
+            if flags is not None and flags & (_IMMUTABLE | _APPEND):
+                raise _refusal(err.errno, target, "it is immutable or append-only (lsattr shows i or a; chattr -i "
+                               "or -a, as root, clears it)", out) from None
+            try:  # links refused for the file itself, not for any file of that folder: it cannot be replaced
+                os.link(one, two)
+            except OSError:
+                return  # a file system without hard links: nothing more to tell
+            try:
+                owned = os.lstat(target).st_uid == os.geteuid()
+            except OSError:
+                owned = True
+            if owned or os.geteuid() == 0:  # not another user's file, which the kernel may refuse to link
+                raise _refusal(err.errno, target, f"{os.strerror(err.errno).lower()} (an immutable or append-only "
+                               "file: lsattr shows it)", out) from None
+    finally:
+        for path in (two, one):
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+
+
+def check_replaceable(paths, out: Path | None = None) -> None:
+    """Prove that each of ``paths`` can be renamed over (or deleted) without touching it: for one that exists, a hard
+    link to it under a probe name beside it, then removed (``link`` fails with EPERM on an immutable or append-only
+    file, with EACCES or EROFS where the folder cannot be written); for one that does not, an empty probe file in its
+    folder. Raises an OSError (one line, without a filename) naming the first that cannot, saying that nothing of
+    checkpoint ``out`` was published."""
+    for path in paths:
+        _probe(Path(path), out)
+
+
 def write_pending(files: dict[str, str], staged: Path, out: Path, superseded: list[str] = ()) -> Path:
     """Write the journal of checkpoint ``out`` (to be renamed from ``staged``; ``superseded``: the files the run
-    rewrites after it), flushed to the disk, then each of ``files`` ({target path: text}) beside its target; returns
-    the journal's path. Every path is recorded absolute. On any failure what it wrote is removed (pending files first,
-    the journal last)."""
+    rewrites after it, and the previous run's it deletes), flushed to the disk, then each of ``files`` ({target path:
+    text}) beside its target; returns the journal's path. Every path is recorded absolute. First every target and
+    superseded file is proven replaceable (:func:`check_replaceable`), else an OSError naming it, nothing written. On
+    any failure what it wrote is removed (pending files first, the journal last)."""
     info = os.stat(staged)
     out = Path(out).absolute()
+    check_replaceable([*(Path(target).absolute() for target in files),
+                       *(Path(path).absolute() for path in superseded)], out)
     journal = journal_path(out)
     texts = {str(Path(target).absolute()): text for target, text in files.items()}
     aside = {target: _pending(Path(target)) for target in texts}
@@ -119,23 +213,47 @@ def _holds(target: str, sha256: str) -> bool:
         return False
 
 
-def complete(journal: Path) -> list[str]:
-    """Rename every pending file of ``journal`` over its target, then delete the journal and flush the folders to the
-    disk; returns the targets. A pending file that is missing while its target does not hold its text (it does when
-    an earlier :func:`complete` was stopped after renaming it) raises FileNotFoundError naming both, once the others
-    are renamed; the journal is then kept (every :func:`recover` warns of it until an export replaces the
-    checkpoint)."""
+def _unfinished(journal: Path, record: dict, failed: list[tuple[str, OSError]]) -> OSError:
+    """One error for the files of ``journal`` that could not be put in place (or deleted): the checkpoint is there,
+    the journal kept, and what finishes it."""
+    code = failed[0][1].errno or errno.EIO
+    what = "; ".join(f"{path!r} ({os.strerror(err.errno).lower() if err.errno else err})" for path, err in failed)
+    return OSError(code, f"the checkpoint {record['checkpoint']!r} is in place but not all its run files: could not "
+                         f"replace {what}; the journal {str(journal)!r} is kept, and the next export to "
+                         f"{record['checkpoint']!r} (or its check) finishes them once that is fixed")
+
+
+def complete(journal: Path, remove=()) -> list[str]:
+    """Delete the superseded files ``remove`` (the previous run's that this run does not write), rename every pending
+    file of ``journal`` over its target, then delete the journal and flush the folders to the disk; returns the
+    targets. A pending file that is missing while its target does not hold its text (it does when an earlier
+    :func:`complete` was stopped after renaming it) raises FileNotFoundError naming both, once the others are
+    renamed; a file that cannot be renamed or deleted (made immutable meanwhile) raises one OSError naming each, once
+    the others are done, saying that the journal is kept. The journal is then kept (every :func:`recover` tries again
+    and warns of it until it succeeds or an export replaces the checkpoint)."""
     record = _read(journal)
-    missing = []
+    missing, failed = [], []
+    for path in remove:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            failed.append((str(path), err))
     for target, entry in record["files"].items():
         if os.path.lexists(entry["pending"]):
-            os.replace(entry["pending"], target)
+            try:
+                os.replace(entry["pending"], target)
+            except OSError as err:
+                failed.append((target, err))
         elif not _holds(target, entry["sha256"]):
             missing.append(f"{target!r} ({entry['pending']!r})")
     if missing:
         raise FileNotFoundError(errno.ENOENT, f"the new text of {', '.join(missing)} is gone and the file does not "
                                 f"hold it, so it does not describe the checkpoint {record['checkpoint']!r}; export "
                                 f"to it again (the journal {str(journal)!r} is kept until then)")
+    if failed:
+        raise _unfinished(journal, record, failed)
     journal.unlink()
     for folder in sorted({Path(journal).parent, *(Path(target).parent for target in record["files"])}):
         flush_folder(folder, f"the files of {record['checkpoint']!r}")
@@ -154,11 +272,12 @@ def settle(journal: Path) -> str:
         in_place = False
     if in_place:
         written = os.stat(journal).st_mtime_ns
+        stale = []
         for path in record["superseded"]:  # not rewritten since: the previous checkpoint's
             with contextlib.suppress(FileNotFoundError):
-                if os.stat(path).st_mtime_ns < written:
-                    os.unlink(path)
-        complete(journal)
+                if os.lstat(path).st_mtime_ns < written:
+                    stale.append(path)
+        complete(journal, stale)
         return "forward"
     for entry in record["files"].values():
         Path(entry["pending"]).unlink(missing_ok=True)
@@ -187,8 +306,14 @@ def recover(out: str | os.PathLike) -> list[tuple[Path, str]]:
     if not out.parent.is_dir():
         return []
     pattern = re.compile(rf"^\.{re.escape(out.name)}\.lightprune-journal-(\d+)\.json(\.tmp)?$")
+    probe = re.compile(rf"^\..+{re.escape(_PROBE)}(\d+)[ab]$")  # a kill while proving a file replaceable
     done = []
     for entry in sorted(out.parent.iterdir()):
+        match = probe.match(entry.name)
+        if match is not None and int(match.group(1)) != os.getpid() and not process_alive(int(match.group(1))):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+            continue
         match = pattern.match(entry.name)
         if match is None or int(match.group(1)) == os.getpid() or process_alive(int(match.group(1))):
             continue

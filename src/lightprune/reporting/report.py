@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lightprune.core.jsonio import parse_json, write_json
+from lightprune.core.paths import write_atomically
 from lightprune.experts.plan import ExpertPlan
 
 __all__ = ["write_report", "merge_report", "plot_kept_experts", "summary_table", "print_summary"]
@@ -48,7 +49,8 @@ def merge_report(updates: dict[str, Any], path: str | os.PathLike) -> dict[str, 
 
 
 def plot_kept_experts(plan: ExpertPlan, path: str | os.PathLike) -> Path:
-    """Bar chart of kept vs pruned experts per MoE layer."""
+    """Bar chart of kept vs pruned experts per MoE layer, written atomically (a temporary file beside ``path`` renamed
+    over it: a failure leaves the previous PNG whole, and names the file)."""
     import matplotlib
     import matplotlib.ticker
 
@@ -69,10 +71,10 @@ def plot_kept_experts(plan: ExpertPlan, path: str | os.PathLike) -> Path:
     ax.set_title(f"{plan.criterion}: {plan.allocation}, ratio {plan.ratio}")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    try:
+        return write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"), "the plot")
+    finally:
+        plt.close(fig)
 
 
 def _mib(n: int | None) -> str:

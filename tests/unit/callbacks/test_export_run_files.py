@@ -235,8 +235,8 @@ def test_the_run_s_config_is_written_atomically_in_utf8_naming_the_file_on_failu
     (tmp_path / "run" / "config.yaml.tmp").mkdir()  # the temporary file's name taken: the write fails
     with pytest.raises(IsADirectoryError) as failed:
         state_module._write_text("name: other\n", str(config))
-    assert str(failed.value) == (f"[Errno 21] could not write run file {str(config)!r}: is a directory; it is as it "
-                                 "was")
+    assert str(failed.value) == (f"[Errno 21] could not write run file {str(config)!r}: its temporary file "
+                                 f"{str(config) + '.tmp'!r} is a directory, not a file: move it away; it is as it was")
     assert config.read_text(encoding="utf-8") == "name: café ✓\n"
     (tmp_path / "run" / "config.yaml.tmp").rmdir()
     with pytest.raises(UnicodeEncodeError):  # fails once the temporary file exists: it is removed

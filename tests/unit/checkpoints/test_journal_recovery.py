@@ -113,8 +113,10 @@ def test_a_journal_that_cannot_be_settled_is_reported_and_kept_for_the_next_try(
     (warning,) = caught
     assert str(warning.message) == (
         f"could not settle {str(dead)!r}, left by a run killed while publishing {str(run / 'model')!r} and its "
-        f"files: [Errno 13] Permission denied: {str(pending)!r}; {str(run)!r} may hold that checkpoint beside another "
-        "run's files until this is fixed (each export to it tries again)")
+        f"files: [Errno 13] the checkpoint {str(run / 'model')!r} is in place but not all its run files: could not "
+        f"replace {str(run / 'plan.json')!r} (permission denied); the journal {str(dead)!r} is kept, and the next "
+        f"export to {str(run / 'model')!r} (or its check) finishes them once that is fixed; {str(run)!r} may hold "
+        "that checkpoint beside another run's files until this is fixed (each export to it tries again)")
     assert dead.exists() and pending.read_text() == "new plan" and _files(run)["plan.json"] == "old plan.json"
     monkeypatch.undo()
     assert recover(run / "model") == [(dead, "forward")] and _files(run)["plan.json"] == "new plan"
