@@ -33,6 +33,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
+from lightprune.core import interrupt
 from lightprune.core.jsonio import write_json
 from lightprune.core.paths import check_state_file
 from lightprune.experts.calibration import CalibrationStats, ExpertObserver
@@ -121,6 +122,7 @@ class ExpertStats(pl.Callback):
     def _save_state(self, trainer: pl.Trainer) -> None:
         save_state(self._state_path(trainer), self._observer.state_dict(), self._setup(), self._model_fingerprint,
                    self._digest)
+        self._saved_batches = self._observer.batches_seen
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -192,6 +194,17 @@ class ExpertStats(pl.Callback):
         self._resumed = None
         if trainer.is_global_zero:
             write_json(self.stats.to_json(), self.run_dir(trainer) / "calibration.json", indent=1)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """A calibration stopped by a signal (:class:`lightprune.core.interrupt.Interrupted`) keeps its saved state:
+        recorded (:func:`lightprune.core.interrupt.kept`), so the command's line names it and says a rerun resumes."""
+        if not isinstance(exception, interrupt.Interrupted) or self._observer is None:
+            return
+        path = self._state_path(trainer)
+        if os.path.isfile(path):
+            batches = getattr(self, "_saved_batches", None)
+            after = f" after {batches} batches" if batches else ""
+            interrupt.kept(f"{path} (the calibration state{after}: the same command again resumes from it)")
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._observer is not None:  # an interrupted loop: restore the model, keep the saved state

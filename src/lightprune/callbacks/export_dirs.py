@@ -15,7 +15,8 @@ from typing import Any
 from lightprune.checkpoints.staging import check_out_dir
 from lightprune.core.paths import broken_link, file_problem
 
-__all__ = ["RUN_FILES", "WritesCheckpoint", "check_checkpoint_dir", "check_checkpoint_place", "checkpoint_dir_of",
+__all__ = ["RUN_FILES", "WritesCheckpoint", "check_checkpoint_dir", "checkpoint_dir_remedy", "check_checkpoint_place",
+           "checkpoint_dir_of",
            "check_plan_path", "folder_of"]
 
 #: what a run writes into its folders besides the checkpoint: lightprune's run files, the command's config.yaml and
@@ -27,8 +28,24 @@ RUN_FILES = ("config.yaml", "plan.json", "scores.json", "merge_plan.json", "repo
 
 def folder_of(output_dir: str | os.PathLike | None, default_root_dir: str | os.PathLike | None) -> Path:
     """A callback's run folder, absolute, for comparing folders: ``output_dir``, else ``default_root_dir`` (None: the
-    working directory, as Lightning's), ``~`` expanded, links resolved."""
-    return Path(output_dir or default_root_dir or os.getcwd()).expanduser().resolve()
+    working directory, as Lightning's), ``~`` expanded, links resolved. A ``~user`` of no user, a symlink loop or a
+    name too long: a ValueError in one line naming the folder."""
+    folder = output_dir or default_root_dir or os.getcwd()
+    try:
+        return _expanded(folder).resolve()
+    except (RuntimeError, OSError) as err:  # pathlib's "Symlink loop from ...", ENAMETOOLONG
+        why = "it is a symlink loop" if isinstance(err, RuntimeError) or getattr(err, "errno", None) == errno.ELOOP \
+            else (err.strerror or str(err)).lower()
+        raise ValueError(f"{str(folder)!r} cannot be used as a folder: {why}; give another folder") from None
+
+
+def _expanded(path: str | os.PathLike) -> Path:
+    """``path`` with ``~`` expanded; ``~user`` of no user (or ``~`` without a home folder): a ValueError naming it."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:  # pathlib's "Could not determine home directory."
+        raise ValueError(f"{str(path)!r}: {str(path).split('/', 1)[0]!r} names no home folder on this machine (no "
+                         "such user); write the folder out") from None
 
 
 def checkpoint_dir_of(init_args: Mapping[str, Any], default_root_dir: str | os.PathLike | None) -> Path:
@@ -36,15 +53,21 @@ def checkpoint_dir_of(init_args: Mapping[str, Any], default_root_dir: str | os.P
     working directory, as Lightning's): ``checkpoint_dir``, else ``<output_dir or default_root_dir>/model``; ``~``
     expanded."""
     if init_args.get("checkpoint_dir"):
-        return Path(init_args["checkpoint_dir"]).expanduser()
-    return Path(init_args.get("output_dir") or default_root_dir or os.getcwd()).expanduser() / "model"
+        return _expanded(init_args["checkpoint_dir"])
+    return _expanded(init_args.get("output_dir") or default_root_dir or os.getcwd()) / "model"
 
 
 def check_checkpoint_dir(path: Path, overwrite: bool, address: str) -> None:
     """Refuse a checkpoint directory holding an earlier run's files unless ``overwrite``, saying how to replace it
     (``--<address>.overwrite true`` on the command line, ``overwrite: true`` in the config)."""
-    check_out_dir(path, overwrite, remedy=f"replace it with --{address}.overwrite true (overwrite: true in the "
-                                          "config), or choose another --trainer.default_root_dir")
+    check_out_dir(path, overwrite, remedy=checkpoint_dir_remedy(address))
+
+
+def checkpoint_dir_remedy(address: str) -> str:
+    """How the command's user replaces an export callback's checkpoint directory that holds files (``address``:
+    the callback's, ``export``)."""
+    return (f"replace it with --{address}.overwrite true (overwrite: true in the config), or choose another "
+            "--trainer.default_root_dir")
 
 
 def check_checkpoint_place(path: Path, folders: Iterable[Path], address: str) -> None:
@@ -52,7 +75,7 @@ def check_checkpoint_place(path: Path, folders: Iterable[Path], address: str) ->
     :func:`folder_of`), holds one, or lies inside a file or folder the run writes there (:data:`RUN_FILES`): the
     export replaces its directory whole, so the run's config.yaml, plan.json and report.json would go with it. Whatever
     ``overwrite`` says: ``<folder>/model`` (the default) or a folder elsewhere is the place for it."""
-    ckpt = Path(path).expanduser().resolve()
+    ckpt = folder_of(path, None)
     remedy = (f"choose another --{address}.checkpoint_dir (checkpoint_dir: in the config; by default the checkpoint "
               "goes to <run folder>/model)")
     for folder in sorted(set(folders)):

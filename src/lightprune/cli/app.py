@@ -398,10 +398,57 @@ def main() -> None:
         if os.environ.get("LIGHTPRUNE_DEBUG"):
             raise
         line = lightning_problem(str(err), subcommand(sys.argv[1:])) if isinstance(err, MisconfigurationException) else str(err)
+        line = _command_remedy(err, line)
+        print(clip_values(f"lightprune: error: {line}"), file=sys.stderr)
+        raise SystemExit(2) from None
+    except Exception as err:  # (only those said below; the rest raised again as they are)
+        line = None if os.environ.get("LIGHTPRUNE_DEBUG") else _runtime_problem(err)
+        if line is None:
+            raise
         print(clip_values(f"lightprune: error: {line}"), file=sys.stderr)
         raise SystemExit(2) from None
     except interrupt.Interrupted as err:
         interrupt.exit_interrupted(err, subcommand(sys.argv[1:]))
+
+
+#: the Python API's remedy for an output folder that holds files (:mod:`lightprune.checkpoints.staging`)
+_API_REMEDY = "; pass overwrite=True to replace it"
+#: the export callbacks' modules -> the callback (its options' address is the command's remedy)
+_EXPORT_MODULES = {"lightprune/callbacks/export.py": "Export", "lightprune/callbacks/width_export.py": "WidthExport"}
+
+
+def _command_remedy(err: BaseException, line: str) -> str:
+    """``line`` with the Python API's "pass overwrite=True" replaced by the command's option (``--export.overwrite
+    true``) where an export callback's staging found its checkpoint directory taken (a run racing to the same fresh
+    folder: it was empty when the first pass checked it)."""
+    if not isinstance(err, FileExistsError) or not line.endswith(_API_REMEDY):
+        return line
+    from lightprune.callbacks.export_dirs import checkpoint_dir_remedy
+    from lightprune.callbacks.options import OPTIONS
+
+    files = [Path(frame.filename).as_posix() for frame in traceback.extract_tb(err.__traceback__)]
+    names = [name for module, name in _EXPORT_MODULES.items() if any(f.endswith(module) for f in files)]
+    if len(names) != 1:
+        return line
+    return f"{line[:-len(_API_REMEDY)]}; {checkpoint_dir_remedy(OPTIONS[names[0]].address)}"
+
+
+def _runtime_problem(err: Exception) -> str | None:
+    """The one line for an error that is no ValueError or OSError but says what went wrong with a file: a write of
+    :func:`lightprune.core.paths.write_atomically` that failed in ``torch.save``'s writer (a RuntimeError naming the
+    file), a checkpoint that Lightning's ``torch.load`` cannot read (``ckpt_path``: an UnpicklingError, a RuntimeError
+    of its zip reader: the first line of what it says); None for anything else."""
+    text = str(err).strip()
+    if isinstance(err, RuntimeError) and text.startswith("could not write "):
+        return text
+    frames = traceback.extract_tb(err.__traceback__)
+    files = [Path(frame.filename).as_posix() for frame in frames]
+    if any(name.endswith("torch/serialization.py") for name in files) and \
+            any(name.endswith("checkpoint_connector.py") for name in files):  # Lightning's load of ckpt_path
+        first = (text.splitlines() or [type(err).__name__])[0].rstrip(".")
+        return (f"the Lightning checkpoint (ckpt_path) cannot be loaded ({type(err).__name__}: {first}); give the "
+                ".ckpt file a run saved (ModelCheckpoint's), or leave ckpt_path out to start afresh")
+    return None
 
 
 if __name__ == "__main__":

@@ -7,9 +7,41 @@ importing Lightning (a fraction of a second); everything else goes to :func:`lig
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
-from lightprune.callbacks.options import OPTIONS
+
+def _stopped_while_starting(signum: int, frame: object) -> None:
+    """A stopping signal before the command's own handling is in place (the imports of its first steps): one line
+    and the shell's status (128 + the signal), at once; nothing has been read or written yet."""
+    line = f"lightprune: interrupted by {signal.Signals(signum).name} while starting; nothing was done\n"
+    try:
+        os.write(2, line.encode())
+    finally:
+        os._exit(128 + signum)
+
+
+#: the signals stopped at once while the command starts (SIGTERM, SIGINT, SIGHUP), unless ignored from the start
+#: (``nohup``'s SIGHUP, a background job's SIGINT), with the handlers they had: installed before anything else, in
+#: the console script only (``lightprune ...``, ``python -m lightprune.cli.command``; a program importing this module
+#: keeps its handlers)
+_STARTING: dict[int, object] = {}
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) in ("lightprune", "lightprune.exe", "lightprune-script.py"):
+    for _signum in (getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name)):
+        if signal.getsignal(_signum) is not signal.SIG_IGN:
+            _STARTING[_signum] = signal.signal(_signum, _stopped_while_starting)
+
+
+def _started() -> None:
+    """Give the stopping signals back the handlers they had before :func:`_stopped_while_starting` (a SIGINT then
+    raises KeyboardInterrupt, which :func:`main` turns into its one line)."""
+    while _STARTING:
+        signum, handler = _STARTING.popitem()
+        signal.signal(signum, handler)  # type: ignore[arg-type]
+
+
+from lightprune.callbacks.options import OPTIONS  # after the handlers
 from lightprune.cli.options import SUBCOMMANDS
 
 __all__ = ["CALLBACKS", "HELP", "SUBCOMMANDS", "main"]
@@ -45,19 +77,26 @@ def main() -> None:
     SIGTERM, SIGINT and SIGHUP are handled from the start (:mod:`lightprune.core.interrupt`): a Ctrl-C while Lightning
     loads is one line and exit status 130, as later; once the command is done, the interpreter's teardown is not
     stopped by them (:func:`lightprune.core.interrupt.quiet_teardown`)."""
-    if sys.argv[1:] in ([], ["-h"], ["--help"]):
-        print(HELP)
-        return
-    from lightprune.core import interrupt
-
-    interrupt.quiet_teardown()  # first: its exit function runs after every other
     try:
-        with interrupt.installed():
-            _run()
-    except interrupt.Interrupted as err:
+        if sys.argv[1:] in ([], ["-h"], ["--help"]):
+            print(HELP)
+            _started()
+            return
         from lightprune.cli.names import subcommand
+        from lightprune.core import interrupt
 
-        interrupt.exit_interrupted(err, subcommand(sys.argv[1:]))
+        interrupt.quiet_teardown()  # first: its exit function runs after every other
+        _started()
+        try:
+            with interrupt.installed():
+                _run()
+        except interrupt.Interrupted as err:
+            interrupt.exit_interrupted(err, subcommand(sys.argv[1:]))
+    except KeyboardInterrupt:  # between the start's handlers and interrupt.installed(): a few statements
+        if os.environ.get("LIGHTPRUNE_DEBUG"):
+            raise
+        print("lightprune: interrupted by SIGINT while starting; nothing was done", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def _run() -> None:
@@ -68,15 +107,13 @@ def _run() -> None:
         args.remove("convert-gguf")
         convert_gguf(args)
         return
-    import os
-
     from lightprune.cli.options import OptionError, check_command_line
     from lightprune.core import interrupt
     from lightprune.core.jsonio import clip_values
 
     try:
         check_command_line((arg for arg in sys.argv[1:] if arg != "--verbose"), others=["convert-gguf"])
-    except OptionError as err:
+    except (OptionError, ValueError, OSError, RuntimeError) as err:  # RuntimeError: pathlib's ``~user``, a loop
         if os.environ.get("LIGHTPRUNE_DEBUG"):
             raise
         print(clip_values(f"lightprune: error: {err}"), file=sys.stderr)

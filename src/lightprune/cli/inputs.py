@@ -22,15 +22,17 @@ UTF-8 text (:meth:`JobInputs.paths`, :func:`lightprune.core.paths.check_path_tex
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from lightprune.cli.names import bool_option, closest
 from lightprune.core.jsonio import (DuplicateKeyError, ParseLimitError, YamlScalar, parse_yaml, yaml_1_1_reading,
                                     yaml_scalars)
+from lightprune.core.paths import broken_link
 
 __all__ = ["CLASS_LISTS", "JobInputs", "dotted", "empty_item_problem", "literal_problem", "load_config",
-           "local_path", "place", "root_dir_problem"]
+           "local_path", "name_too_long", "place", "root_dir_problem", "unknown_home", "variable_in"]
 
 #: a value this pass did not follow
 _UNSEEN = object()
@@ -299,18 +301,81 @@ def _scalars_problem(source: str, where: str, content: dict[str, Any]) -> str | 
     return None
 
 
+def unknown_home(path: str) -> str | None:
+    """Why ``~user/...`` names no folder (no such user on this machine, or no home folder for ``~``), else None: the
+    parser keeps such a name as it is and Lightning's ``Path.expanduser`` fails on it."""
+    if not path.startswith("~"):
+        return None
+    head = path.split("/", 1)[0]
+    if os.path.expanduser(head) != head:
+        return None
+    if head == "~":
+        return f"{path!r}: '~' names no home folder here (HOME is not set); write the folder out"
+    return (f"{path!r}: there is no user {head[1:]!r} on this machine, so {head!r} names no home folder; write the "
+            "folder out")
+
+
+#: the longest name of one file or folder, and of a whole path, most file systems take (Linux: NAME_MAX, PATH_MAX)
+_NAME_MAX, _PATH_MAX = 255, 4096
+
+
+def name_too_long(path: Path) -> str | None:
+    """Why ``path`` cannot be created because of its length (a name over 255 bytes, a path over 4096), else None."""
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > _NAME_MAX:
+            return (f"the name {part[:24] + '...'!r} is {size} bytes long, longer than a file system takes "
+                    f"({_NAME_MAX}); give a shorter name")
+    size = len(os.fsencode(str(path)))
+    if size > _PATH_MAX:
+        return f"the path is {size} bytes long, longer than a file system takes ({_PATH_MAX}); give a shorter one"
+    return None
+
+
+_VARIABLE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+
+
+def variable_in(path: str) -> str | None:
+    """The first environment variable written in ``path`` (``$HOME``, ``${RUNS}``), or None: nothing expands it."""
+    match = _VARIABLE.search(path)
+    return match.group(0) if match else None
+
+
 def root_dir_problem(root: str) -> str | None:
     """Why ``root`` (``trainer.default_root_dir``, ``~`` expanded as Lightning expands it) cannot be the run's
-    directory: it is a file, a file stands where one of its parents would be created, or it (or the folder it would
-    be created in) cannot be written; None otherwise, and for a URL (``s3://bucket/run``: not a local path)."""
+    directory: it is a file, a file stands where one of its parents would be created, it (or the folder it would
+    be created in) cannot be written, it or a folder above it is a dangling symlink or a symlink loop, a name in it
+    is too long, or ``~user`` names no user; None otherwise, and for a URL (``s3://bucket/run``: not a local
+    path)."""
     if "://" in root:
         return None
+    unknown = unknown_home(root)
+    if unknown:
+        return unknown
     path = Path(os.path.expanduser(root))
+    long_name = name_too_long(path)
+    if long_name:
+        return f"{root!r} cannot be created: {long_name}"
+    link = broken_link(path)
+    if link is not None:
+        kind, target = link
+        if kind == "loop":
+            return f"{root!r} is a symlink loop (-> {target!r}); remove the link or give another folder"
+        return (f"{root!r} is a dangling symlink (its target {target!r} does not exist); create the target folder, "
+                "remove the link, or give another folder")
     try:
         if path.exists() and not path.is_dir():
             return f"{root!r} is a file, not a folder; give a folder (an existing one or one to create)"
+        for above in path.parents:
+            link = broken_link(above)
+            if link is not None:
+                kind = "a symlink loop" if link[0] == "loop" else "a dangling symlink"
+                return (f"{root!r} cannot be created: {str(above)!r} is {kind} (-> {link[1]!r}); give a folder "
+                        "elsewhere")
         parent = next((p for p in path.parents if p.exists()), None)
-    except (OSError, ValueError):
+    except OSError as err:
+        return f"{root!r} cannot be used: {(err.strerror or str(err)).lower()}; give a folder elsewhere"
+    except ValueError:
         return None
     if parent is not None and not parent.is_dir():
         return f"{root!r} cannot be created: {str(parent)!r} is a file; give a folder elsewhere"

@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 from lightprune.callbacks.options import OPTIONS, check_criterion_name
 from lightprune.cli.inputs import (JobInputs, empty_item_problem, literal_problem, load_config, place,
-                                   root_dir_problem)
+                                   root_dir_problem, unknown_home, variable_in)
 from lightprune.cli.names import (argv_problem, config_keys_problem, did_you_mean, find_subcommand, precision_problem,
                                   prints_config, wants_help)
 from lightprune.cli.slots import class_path_problem, config_slots
@@ -272,6 +272,8 @@ def check_command_line(argv: Iterable[str], others: Iterable[str] = ()) -> None:
             _check_keyed_by_subcommand(where, content, rest[at])
         items = [(where, _section(content, rest[at])) for where, content in items]
     items += _config_options(rest[at:]) if at is not None else []
+    if not prints_config(rest):  # printed, the config shows what the run would take: nothing is lost unseen
+        _check_config_order(rest[at + 1:] if at is not None else rest)
     criteria_known = not _project_modules(rest, [content for _, content in items])
     # the list jsonargparse would build, each entry with its options so far (None: not followed), the trainer's
     # run directory, and whether everything that places an export's checkpoint directory is seen here
@@ -363,6 +365,58 @@ def check_command_line(argv: Iterable[str], others: Iterable[str] = ()) -> None:
         raise OptionError("; ".join(f"{option}: {problem}" for option, problem in problems))
 
 
+def _key_path(option: str) -> tuple[str, ...]:
+    """An option's key in a config, without ``init_args`` (a config may write a class's options either way) and
+    without a trailing ``class_path`` or ``+`` (``--model.class_path X``, ``--trainer.callbacks+=X``: the entry)."""
+    parts = [part for part in option.removeprefix("--").removesuffix("+").split(".") if part != "init_args"]
+    if parts and parts[-1] == "class_path":
+        parts.pop()
+    return tuple(parts)
+
+
+def _sets(config: Any, key: tuple[str, ...]) -> bool:
+    """Whether a config's mapping sets ``key`` (or a key above it, or the class at it), so that reading the config
+    after the option replaces what the option gave."""
+    node = config
+    for part in key:
+        if not isinstance(node, dict):
+            return True  # a value above the key: the config replaces the whole
+        if "init_args" in node and part not in node and isinstance(node["init_args"], dict):
+            node = node["init_args"]
+        if part not in node:
+            return False
+        node = node[part]
+    return not (isinstance(node, dict) and "class_path" not in node)  # options added to the class given: kept
+
+
+def _check_config_order(argv: list[str]) -> None:
+    """Refuse an option given before a ``--config`` that sets the same key: jsonargparse applies them in order, so
+    the config's value would replace the option's without a word. An option the config does not set is fine."""
+    given: list[tuple[str, tuple[str, ...]]] = []
+    i = 0
+    while i < len(argv):
+        head, eq, text = argv[i].partition("=")
+        if head in ("--config", "-c"):
+            if not eq:
+                if i + 1 >= len(argv):
+                    return
+                i += 1
+                text = argv[i]
+            try:
+                where, content = load_config(text, head)
+            except (ValueError, DuplicateKeyError, ParseLimitError):  # refused where the configs are read
+                return
+            for option, key in given:
+                if key and isinstance(content, dict) and _sets(content, key):
+                    label = f"--config {text}" if where not in ("--config", "-c") else f"the {head} given inline"
+                    raise OptionError(f"{option} is given before {label}, which sets {option[2:].removesuffix('+')} "
+                                      "too and would replace it (options and configs are applied in order); give "
+                                      f"{head} first, then {option}")
+        elif head.startswith("--") and head != "--print_config":
+            given.append((head, _key_path(head)))
+        i += 1
+
+
 #: the callbacks' arguments that name a path, and what each is
 _PATH_ARGUMENTS = {"output_dir": "output directory", "checkpoint_dir": "checkpoint directory", "plan_path": "plan file"}
 
@@ -388,6 +442,14 @@ def _check_path_texts(root: Any, root_where: str | None, inputs: JobInputs, call
                 check_path_text(path, what)
             except ValueError as err:
                 raise OptionError(f"{where}: {err}") from None
+            variable = variable_in(path)
+            if variable:
+                raise OptionError(f"{where}: {what} {path!r} holds the variable {variable}, which lightprune does not "
+                                  "expand (no shell reads a config file); write the path out, or give it on the "
+                                  "command line, where the shell expands it")
+            unknown = unknown_home(path)
+            if unknown:
+                raise OptionError(f"{where}: {what} {unknown}")
 
 
 #: (callback, argument) -> the class slot it is (:mod:`lightprune.cli.slots`)

@@ -12,6 +12,7 @@ model shards": a checkpoint's save and reload, which the export's summary report
 
 from __future__ import annotations
 
+import logging
 import os
 
 from lightprune.core.notices import (
@@ -23,7 +24,8 @@ from lightprune.core.notices import (
     verbose,
 )
 
-__all__ = ["DROPPED_LOGS", "DROPPED_WARNINGS", "QUIET_ENV", "VERBOSE_ENV", "install", "install_filters", "is_verbose",
+__all__ = ["DROPPED_LOGS", "DROPPED_WARNINGS", "QUIET_ENV", "SIGTERM_LOG", "VERBOSE_ENV", "install", "install_filters",
+           "is_verbose",
            "remove_filters"]
 
 #: environment defaults of a quiet run (set before the libraries are imported, kept when already set)
@@ -35,9 +37,21 @@ def is_verbose(argv: list[str], environ=os.environ) -> bool:
     return "--verbose" in argv or verbose(environ)
 
 
+#: Lightning's own line for a SIGTERM (its logger, the start of its message): the command says it in its own line
+SIGTERM_LOG = ("lightning.pytorch.trainer.connectors.signal_connector", "Received SIGTERM")
+
+
+def _not_sigterm(record: logging.LogRecord) -> bool:
+    return SIGTERM_LOG[1] not in str(record.msg)  # "[rank: 0] Received SIGTERM: 15"
+
+
 def install() -> None:
     """Drop the notices of :data:`DROPPED_LOGS` and :data:`DROPPED_WARNINGS` in this process and set
-    :data:`QUIET_ENV` (idempotent): the command's quiet run."""
+    :data:`QUIET_ENV` (idempotent): the command's quiet run. Lightning's "[rank: 0] Received SIGTERM: 15"
+    (:data:`SIGTERM_LOG`) is dropped too: the command's own line says the signal, what it was doing and what it kept."""
     install_filters()
+    logger = logging.getLogger(SIGTERM_LOG[0])
+    if _not_sigterm not in logger.filters:
+        logger.addFilter(_not_sigterm)
     for name, value in QUIET_ENV.items():
         os.environ.setdefault(name, value)

@@ -47,6 +47,25 @@ class SkipBatches:
         return max(0, len(self.loader) - self.skip)
 
 
+_CKPT = "Lightning checkpoint (ckpt_path)"
+_CKPT_FIX = "give the .ckpt file a run saved (ModelCheckpoint's), or leave ckpt_path out to start afresh"
+
+
+def checkpoint_format_problem(path: Any) -> str | None:
+    """Why the file ``path`` is not a Lightning checkpoint, from its first bytes (``torch.save``'s zip archive,
+    ``PK\\x03\\x04``, or its legacy pickle, ``\\x80``), or None: a safetensors file (model weights: the model's
+    checkpoint folder takes them) is named as one; anything else is said to be neither."""
+    with open(path, "rb") as handle:
+        head = handle.read(16)
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+        return None
+    if len(head) > 9 and head[8:10] in (b'{"', b"{}") and int.from_bytes(head[:8], "little") > 1:
+        return ("is a safetensors file (model weights), not a Lightning checkpoint; a model's weights are read from "
+                "its folder, --model.init_args.checkpoint")
+    return (f"is not a Lightning checkpoint: it starts with {head[:8]!r}, neither torch's zip archive "
+            "(b'PK\\x03\\x04') nor its pickle (b'\\x80')")
+
+
 class PruneTrainer(pl.Trainer):
     """A :class:`lightning.pytorch.Trainer` that also calibrates and exports."""
 
@@ -72,8 +91,10 @@ class PruneTrainer(pl.Trainer):
         """Lightning's run of every loop, the checkpoint to resume from (``ckpt_path``, ``best`` / ``last`` resolved)
         checked first: before any setup hook and before the model is built."""
         if ckpt_path is not None and "://" not in str(ckpt_path):  # a local file (a remote one is fsspec's)
-            check_input_file(ckpt_path, "Lightning checkpoint (ckpt_path)", "give the .ckpt file a run saved "
-                             "(ModelCheckpoint's), or leave ckpt_path out to start afresh")
+            check_input_file(ckpt_path, _CKPT, _CKPT_FIX)
+            problem = checkpoint_format_problem(ckpt_path)
+            if problem:
+                raise ValueError(f"{_CKPT} {str(ckpt_path)!r} {problem}; {_CKPT_FIX}")
         return super()._run(model, ckpt_path, *args, **kwargs)
 
     def _call_custom_hook(self, hook: str, model: pl.LightningModule) -> None:
