@@ -15,36 +15,15 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures.runs import DEAD_PID
+from fixtures.runs import in_place as _in_place
+from fixtures.runs import previous_run as _previous_run
+from fixtures.runs import staged as _staged
 
 from lightprune.checkpoints import journal as journal_module
 from lightprune.checkpoints.journal import complete, journal_path, recover, settle, write_pending
 from lightprune.checkpoints.staging import check_out_dir
 from lightprune.core import paths
-
-#: a pid above every system's pid_max (Linux allows at most 2**22): no process has it
-DEAD_PID = 2**22 + 1
-
-
-def _previous_run(run: Path) -> None:
-    (run / "model").mkdir(parents=True)
-    (run / "model" / "weights").write_text("old")
-    for name in ("plan.json", "report.json"):
-        (run / name).write_text(f"old {name}")
-
-
-def _staged(run: Path) -> Path:
-    staged = run / ".model.staged"
-    staged.mkdir()
-    (staged / "weights").write_text("new")
-    return staged
-
-
-def _in_place(run: Path, staged: Path) -> None:
-    """The staged checkpoint renamed into place, as the export does (the previous one removed)."""
-    os.rename(run / "model", run / ".model.old")
-    os.rename(staged, run / "model")
-    (run / ".model.old" / "weights").unlink()
-    (run / ".model.old").rmdir()
 
 
 def _as_killed(journal: Path, run: Path) -> Path:

@@ -13,33 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures.runs import DEAD_PID
+from fixtures.runs import in_place as _in_place
+from fixtures.runs import previous_run
+from fixtures.runs import staged as _staged
 
 from lightprune.checkpoints import journal as journal_module
 from lightprune.checkpoints.journal import check_replaceable, complete, journal_path, recover, write_pending
-
-#: a pid above every system's pid_max (Linux allows at most 2**22): no process has it
-DEAD_PID = 2**22 + 1
-
-
-def _previous_run(run: Path) -> None:
-    (run / "model").mkdir(parents=True)
-    (run / "model" / "weights").write_text("old")
-    for name in ("plan.json", "report.json", "kept.png", "calibration.json"):
-        (run / name).write_text(f"old {name}")
-
-
-def _staged(run: Path) -> Path:
-    staged = run / ".model.staged"
-    staged.mkdir()
-    (staged / "weights").write_text("new")
-    return staged
-
-
-def _in_place(run: Path, staged: Path) -> None:
-    os.rename(run / "model", run / ".model.old")
-    os.rename(staged, run / "model")
-    (run / ".model.old" / "weights").unlink()
-    (run / ".model.old").rmdir()
 
 
 def _listing(run: Path) -> dict[str, str]:
@@ -63,7 +43,7 @@ def test_an_immutable_target_is_refused_before_anything_is_written(tmp_path, mon
     """A file the journal renames (plan.json) or deletes or the run rewrites after the rename (superseded: kept.png, a
     previous run's calibration.json): refused, naming it; no journal, no pending or probe file."""
     run = tmp_path / "run"
-    _previous_run(run)
+    previous_run(run, ("plan.json", "report.json", "kept.png", "calibration.json"))
     staged = _staged(run)
     before = _listing(run)
     _immutable(monkeypatch, name)
@@ -79,7 +59,7 @@ def test_an_immutable_target_is_refused_before_anything_is_written(tmp_path, mon
 
 def test_a_directory_in_a_files_place_and_an_unwritable_folder_are_refused(tmp_path, monkeypatch) -> None:
     run = tmp_path / "run"
-    _previous_run(run)
+    previous_run(run, ("plan.json", "report.json", "kept.png", "calibration.json"))
     (run / "scores.json").mkdir()
     with pytest.raises(IsADirectoryError, match=r"cannot replace '.*scores\.json': it is a directory; nothing was "
                                                 r"published"):
@@ -105,7 +85,7 @@ def test_a_file_system_without_hard_links_is_not_refused(tmp_path, monkeypatch) 
     """``link`` refused for every file (vfat, some network file systems): nothing tells the target apart, so the
     journal goes on (the rename would tell)."""
     run = tmp_path / "run"
-    _previous_run(run)
+    previous_run(run, ("plan.json", "report.json", "kept.png", "calibration.json"))
     staged = _staged(run)
 
     def no_links(src, dst, *args, **kwargs):
@@ -121,7 +101,7 @@ def test_a_file_system_without_hard_links_is_not_refused(tmp_path, monkeypatch) 
 @pytest.mark.skipif(shutil.which("chattr") is None, reason="no chattr")
 def test_a_file_made_immutable_with_chattr_is_refused(tmp_path) -> None:
     run = tmp_path / "run"
-    _previous_run(run)
+    previous_run(run, ("plan.json", "report.json", "kept.png", "calibration.json"))
     staged = _staged(run)
     if subprocess.run(["chattr", "+i", str(run / "plan.json")], capture_output=True, check=False).returncode:
         pytest.skip("chattr +i is not allowed here (root on ext4 / xfs / btrfs only)")
@@ -141,7 +121,7 @@ def test_a_completion_that_fails_after_the_rename_keeps_the_journal_for_the_next
     run's calibration.json deleted), one error says what is left and that the journal is kept; the next run's
     recovery finishes it once the file can be replaced."""
     run = tmp_path / "run"
-    _previous_run(run)
+    previous_run(run, ("plan.json", "report.json", "kept.png", "calibration.json"))
     staged = _staged(run)
     journal = write_pending({str(run / "plan.json"): "new plan", str(run / "scores.json"): "new scores"}, staged,
                             run / "model", superseded=[str(run / "calibration.json"), str(run / "kept.png")])
@@ -179,7 +159,7 @@ def test_a_kill_before_completion_deletes_the_superseded_files_not_rewritten(tmp
     forward and deletes it (older than the journal), keeping what this run rewrote; a probe file a killed run left
     is removed too."""
     run = tmp_path / "run"
-    _previous_run(run)
+    previous_run(run, ("plan.json", "report.json", "kept.png", "calibration.json"))
     staged = _staged(run)
     journal = write_pending({str(run / "plan.json"): "new plan"}, staged, run / "model",
                             superseded=[str(run / "calibration.json"), str(run / "report.json")])
