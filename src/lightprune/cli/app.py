@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from lightprune.callbacks.state import RunState
 from lightprune.cli.errors import condense, lightning_problem
 from lightprune.cli.names import prints_config, subcommand
 from lightprune.cli.options import Addressed, OptionError, addressed_help, missing_callback, split_addressed
-from lightprune.cli.trainer import PruneTrainer
+from lightprune.cli.trainer import PruneTrainer, check_ckpt_path
 from lightprune.core import interrupt
 from lightprune.core.errors import ERRORS
 from lightprune.core.extras import missing_deepspeed
@@ -117,6 +118,23 @@ class LightpruneCLI(LightningCLI):
         if self.printing:
             parser.printed_addressed = tuple(self.addressed)  # type: ignore[attr-defined]
         return parser
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning reads ``ckpt_path``'s hyperparameters here, as the command line is parsed, before the trainer
+        runs: the file is checked first (:func:`~lightprune.cli.trainer.check_ckpt_path`), and one torch cannot load
+        is a one-line ValueError naming it."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        check_ckpt_path(ckpt_path)
+        try:
+            with warnings.catch_warnings():  # torch's notice on the pickle protocol of bytes that are no checkpoint
+                warnings.filterwarnings("ignore", message="Detected pickle protocol")
+                super()._parse_ckpt_path()
+        except Exception as err:  # torch.load of bytes it cannot read raises what its unpickler meets (IndexError, ...)
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".:")
+            raise ValueError(f"Lightning checkpoint (ckpt_path) {str(ckpt_path)!r} cannot be loaded "
+                             f"({type(err).__name__}: {first}); give the .ckpt file a run saved (ModelCheckpoint's), "
+                             "or leave ckpt_path out to start afresh") from err
 
     def _dump_config(self) -> None:
         """Lightning's dump, with a job without top-level data (``lightprune export``) dumped as ``data: {}``: Lightning

@@ -27,7 +27,7 @@ from lightprune.core.extras import missing_deepspeed
 from lightprune.core.paths import check_input_file
 from lightprune.finetune.progress import progress_bar
 
-__all__ = ["PruneTrainer", "SkipBatches"]
+__all__ = ["PruneTrainer", "SkipBatches", "check_ckpt_path"]
 
 
 class SkipBatches:
@@ -66,6 +66,16 @@ def checkpoint_format_problem(path: Any) -> str | None:
             "(b'PK\\x03\\x04') nor its pickle (b'\\x80')")
 
 
+def check_ckpt_path(ckpt_path: Any) -> None:
+    """Refuse a local ``ckpt_path`` (a remote one is fsspec's; None: none) that is not there, not a regular file,
+    empty, or not a Lightning checkpoint (:func:`checkpoint_format_problem`), in one line naming it."""
+    if ckpt_path is not None and "://" not in str(ckpt_path):
+        check_input_file(ckpt_path, _CKPT, _CKPT_FIX)
+        problem = checkpoint_format_problem(ckpt_path)
+        if problem:
+            raise ValueError(f"{_CKPT} {str(ckpt_path)!r} {problem}; {_CKPT_FIX}")
+
+
 class PruneTrainer(pl.Trainer):
     """A :class:`lightning.pytorch.Trainer` that also calibrates and exports."""
 
@@ -90,11 +100,7 @@ class PruneTrainer(pl.Trainer):
     def _run(self, model: pl.LightningModule, ckpt_path: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Lightning's run of every loop, the checkpoint to resume from (``ckpt_path``, ``best`` / ``last`` resolved)
         checked first: before any setup hook and before the model is built."""
-        if ckpt_path is not None and "://" not in str(ckpt_path):  # a local file (a remote one is fsspec's)
-            check_input_file(ckpt_path, _CKPT, _CKPT_FIX)
-            problem = checkpoint_format_problem(ckpt_path)
-            if problem:
-                raise ValueError(f"{_CKPT} {str(ckpt_path)!r} {problem}; {_CKPT_FIX}")
+        check_ckpt_path(ckpt_path)
         return super()._run(model, ckpt_path, *args, **kwargs)
 
     def _call_custom_hook(self, hook: str, model: pl.LightningModule) -> None:

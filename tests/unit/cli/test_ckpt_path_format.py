@@ -93,3 +93,22 @@ def test_a_failed_torch_save_write_is_one_line_and_other_runtime_errors_are_not_
     monkeypatch.setattr(app, "cli_main", lambda: pickle.loads(b"\x80\x02garbage"))  # not Lightning's load
     with pytest.raises(pickle.UnpicklingError):
         app.main()
+
+
+@pytest.mark.parametrize("head", [b"\x80\x02garbage that is no pickle", b"\x80" + bytes(range(1, 200))])
+def test_lightnings_read_of_the_hyperparameters_is_one_line_too(tmp_path, monkeypatch, capsys, head) -> None:
+    """LightningCLI loads ckpt_path's hyperparameters as it parses the command line, before the trainer runs: bytes
+    that start as a pickle but are none (torch's unpickler raises UnpicklingError, IndexError, ...) are one line."""
+    from fixtures import REPO
+
+    path = tmp_path / "bad.ckpt"
+    path.write_bytes(head)
+    monkeypatch.setattr(sys, "argv", ["lightprune", "validate", "--config", str(REPO / "configs" / "aimer_tiny.yaml"),
+                                      "--trainer.default_root_dir", str(tmp_path / "run"), "--ckpt_path", str(path)])
+    monkeypatch.delenv("LIGHTPRUNE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as info:
+        app.main()
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"lightprune: error: Lightning checkpoint (ckpt_path) {str(path)!r} cannot be loaded (")
+    assert err.endswith(f"); {FIX}\n")
