@@ -30,6 +30,8 @@ Heavy modules (transformers, lightning, export) are imported on first use.
 
 from __future__ import annotations
 
+from lightprune import _starting  # noqa: F401  (first: the console script's signals in its first moments)
+
 import importlib
 from typing import Any
 

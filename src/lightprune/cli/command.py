@@ -8,40 +8,10 @@ importing Lightning (a fraction of a second); everything else goes to :func:`lig
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
-
-def _stopped_while_starting(signum: int, frame: object) -> None:
-    """A stopping signal before the command's own handling is in place (the imports of its first steps): one line
-    and the shell's status (128 + the signal), at once; nothing has been read or written yet."""
-    line = f"lightprune: interrupted by {signal.Signals(signum).name} while starting; nothing was done\n"
-    try:
-        os.write(2, line.encode())
-    finally:
-        os._exit(128 + signum)
-
-
-#: the signals stopped at once while the command starts (SIGTERM, SIGINT, SIGHUP), unless ignored from the start
-#: (``nohup``'s SIGHUP, a background job's SIGINT), with the handlers they had: installed before anything else, in
-#: the console script only (``lightprune ...``, ``python -m lightprune.cli.command``; a program importing this module
-#: keeps its handlers)
-_STARTING: dict[int, object] = {}
-if __name__ == "__main__" or os.path.basename(sys.argv[0]) in ("lightprune", "lightprune.exe", "lightprune-script.py"):
-    for _signum in (getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name)):
-        if signal.getsignal(_signum) is not signal.SIG_IGN:
-            _STARTING[_signum] = signal.signal(_signum, _stopped_while_starting)
-
-
-def _started() -> None:
-    """Give the stopping signals back the handlers they had before :func:`_stopped_while_starting` (a SIGINT then
-    raises KeyboardInterrupt, which :func:`main` turns into its one line)."""
-    while _STARTING:
-        signum, handler = _STARTING.popitem()
-        signal.signal(signum, handler)  # type: ignore[arg-type]
-
-
-from lightprune.callbacks.options import OPTIONS  # after the handlers
+from lightprune import _starting  # (the package's first import installed its handlers)
+from lightprune.callbacks.options import OPTIONS
 from lightprune.cli.options import SUBCOMMANDS
 
 __all__ = ["CALLBACKS", "HELP", "SUBCOMMANDS", "main"]
@@ -80,13 +50,13 @@ def main() -> None:
     try:
         if sys.argv[1:] in ([], ["-h"], ["--help"]):
             print(HELP)
-            _started()
+            _starting.started()
             return
         from lightprune.cli.names import subcommand
         from lightprune.core import interrupt
 
         interrupt.quiet_teardown()  # first: its exit function runs after every other
-        _started()
+        _starting.started()
         try:
             with interrupt.installed():
                 _run()
