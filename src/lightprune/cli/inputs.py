@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from lightprune.cli.names import bool_option, closest
-from lightprune.core.jsonio import (DuplicateKeyError, ParseLimitError, YamlScalar, parse_yaml, yaml_1_1_reading,
-                                    yaml_scalars)
+from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError, parse_yaml
+from lightprune.core.yaml_literals import YamlScalar, yaml_1_1_reading, yaml_scalars
 from lightprune.core.paths import broken_link
 
 __all__ = ["CLASS_LISTS", "JobInputs", "dotted", "empty_item_problem", "literal_problem", "load_config",
@@ -263,7 +263,7 @@ def dotted(path: tuple[Any, ...]) -> str:
 
 def literal_problem(scalar: YamlScalar, config: Any) -> str | None:
     """What YAML 1.1 reads a plain scalar of ``config`` as, not what YAML 1.2 or JSON would, and what to write
-    (:func:`~lightprune.core.jsonio.yaml_1_1_reading`), or None; ``yes``/``no``/``on``/``off`` are taken as
+    (:func:`~lightprune.core.yaml_literals.yaml_1_1_reading`), or None; ``yes``/``no``/``on``/``off`` are taken as
     true/false where the option is a true/false option or one of a class outside lightprune."""
     reading = yaml_1_1_reading(scalar.text, scalar.value) if scalar.plain else None
     if reading is None:

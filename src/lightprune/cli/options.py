@@ -33,7 +33,8 @@ from lightprune.cli.inputs import (JobInputs, empty_item_problem, literal_proble
 from lightprune.cli.names import (argv_problem, config_keys_problem, did_you_mean, find_subcommand, precision_problem,
                                   prints_config, wants_help)
 from lightprune.cli.slots import class_path_problem, config_slots
-from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError, YamlScalar, parse_value, yaml_scalars
+from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError
+from lightprune.core.yaml_literals import YamlScalar, parse_value, yaml_scalars
 from lightprune.core.paths import check_path_text
 
 __all__ = ["ADDRESSES", "ARGUMENTS", "SUBCOMMANDS", "OptionError", "Addressed", "split_addressed", "check_command_line",
@@ -86,7 +87,7 @@ def addressed_help() -> str:
 
 
 def _yaml_value(text: str, option: str, path: tuple[Any, ...] = (), owner: str | None = None) -> Any:
-    """``text`` as jsonargparse reads a command-line value (:func:`~lightprune.core.jsonio.parse_value`: ``020`` is
+    """``text`` as jsonargparse reads a command-line value (:func:`~lightprune.core.yaml_literals.parse_value`: ``020`` is
     20); a mapping naming a key twice, or text past the YAML limits, is an :class:`OptionError` naming ``option``;
     text that is not YAML is kept as it is. ``path``: where the value goes in a config; a literal YAML 1.1 reads
     otherwise than written (:func:`~lightprune.cli.inputs.literal_problem`) is refused in a list or mapping (read as

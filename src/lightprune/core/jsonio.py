@@ -16,9 +16,8 @@ and YAML whose aliases, counted each time they are used, expand to more than :da
 
 YAML is read as jsonargparse's loader reads it, so the command's first pass and its parser agree on every value:
 YAML 1.2 floats (``5e-1``, ``1E5``; YAML 1.1 wants a dot and a signed exponent) and dates kept as text; a command-line
-value as jsonargparse reads one (:func:`parse_value`: ``020`` is 20 there). Where that YAML 1.1 reading is not what a
-YAML 1.2 or JSON reader gets (``020`` is 16, ``08`` and ``0o20`` text, ``1:30`` is 90, ``yes`` is true),
-:func:`yaml_scalars` and :func:`yaml_1_1_reading` find the literal and say both readings.
+value as jsonargparse reads one, and the literals YAML 1.1 reads otherwise than YAML 1.2 or JSON:
+:mod:`lightprune.core.yaml_literals`.
 
 The checks take JSON as it is, never coerced: :func:`strict_int` refuses booleans, floats (even ``2.0``)
 and strings; :func:`int_key` reads a JSON object's layer key (a plain decimal string such as ``"3"``, or
@@ -36,7 +35,6 @@ import operator
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -45,8 +43,8 @@ from lightprune.core.paths import check_write_target, file_problem, folder_probl
 
 __all__ = ["MAX_DEPTH", "MAX_YAML_VALUES", "DuplicateKeyError", "ParseLimitError", "check_finite", "check_json_depth",
            "check_yaml_keys", "check_yaml_limits", "clip", "clip_values", "int_key", "json_text", "layer_items",
-           "non_finite", "parse_json", "parse_value", "parse_yaml", "read_json", "read_parsed", "read_yaml", "show",
-           "strict_int", "write_json", "YamlScalar", "yaml_1_1_reading", "yaml_scalars"]
+           "non_finite", "parse_json", "parse_yaml", "read_json", "read_parsed", "read_yaml", "show",
+           "strict_int", "write_json", "compose_yaml"]
 
 _DECIMAL = re.compile(r"-?[0-9]+")
 
@@ -332,7 +330,7 @@ def _check_expansion(root: Any, where: str) -> None:
         todo += [(child, False) for child in _children(node)]
 
 
-def _compose(text: str | bytes, where: str) -> tuple[Any, Any]:
+def compose_yaml(text: str | bytes, where: str) -> tuple[Any, Any]:
     """(loader, the root node or None) of ``text``, within the limits (:class:`ParseLimitError`); the caller disposes
     the loader."""
     loader = _loader()(text)
@@ -352,129 +350,17 @@ def parse_yaml(text: str | bytes, where: str) -> Any:
     """``yaml.safe_load(text)``, refusing a mapping that names a key twice (:class:`DuplicateKeyError` naming
     ``where``, the key and the lines of both) and text past the limits (:class:`ParseLimitError`, before any value
     is built); other errors are ``yaml.YAMLError`` as from ``yaml.safe_load``."""
-    loader, root = _compose(text, where)
+    loader, root = compose_yaml(text, where)
     try:
         return None if root is None else loader.construct_document(root)
     finally:
         loader.dispose()
 
 
-def parse_value(text: str, where: str) -> Any:
-    """A command-line value as jsonargparse reads one: ``true``, ``false``, ``null``, decimal integers (``020`` is 20)
-    and plain decimal floats first, then YAML (:func:`parse_yaml`); empty text is kept as it is."""
-    if text.strip() == "-":  # jsonargparse's stdin marker
-        return text
-    basic = _basic_value(text)
-    if basic is not _NOT_BASIC:
-        return basic
-    return parse_yaml(text, where) if text.strip() else text
-
-
-_NOT_BASIC = object()
-
-
-def _basic_value(text: str) -> Any:
-    """jsonargparse's reading of a command-line value before YAML (``load_basic``), or :data:`_NOT_BASIC`."""
-    value = text.strip()
-    if value in ("true", "false", "null"):
-        return {"true": True, "false": False, "null": None}[value]
-    try:
-        if value.isdigit() or (value.startswith("-") and value[1:].isdigit()):
-            return int(value)
-        if value.replace(".", "", 1).replace("e", "", 1).replace("-", "", 2).isdigit() and ("e" in value or
-                                                                                           "." in value):
-            return float(value)
-    except ValueError:
-        pass
-    return _NOT_BASIC
-
-
-@dataclass(frozen=True)
-class YamlScalar:
-    """A scalar of a YAML text: ``path`` (the keys and list indices that lead to it; a key's own path is its
-    mapping's), whether it is a mapping's ``key``, its ``line``, its ``text`` as written, whether it is ``plain``
-    (not quoted, no explicit tag) and its ``value`` as read."""
-
-    path: tuple[Any, ...]
-    key: bool
-    line: int
-    text: str
-    plain: bool
-    value: Any
-
-
-def yaml_scalars(text: str | bytes, where: str) -> list[YamlScalar]:
-    """Every scalar of a YAML text, in document order, each node once (an alias is not followed again); within the
-    limits of :func:`parse_yaml`. A scalar YAML cannot build has its text as its value."""
-    import yaml
-
-    loader, root = _compose(text, where)
-    found: list[YamlScalar] = []
-    try:
-        todo, seen = ([((), root, False)] if root is not None else []), set()
-        while todo:
-            path, node, is_key = todo.pop()
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            if isinstance(node, yaml.ScalarNode):
-                try:
-                    value = loader.construct_object(node)
-                except (ValueError, TypeError, OverflowError, yaml.YAMLError):
-                    value = node.value
-                plain = node.style is None and node.tag == loader.resolve(yaml.ScalarNode, node.value, (True, False))
-                found.append(YamlScalar(path, is_key, node.start_mark.line + 1, node.value, plain, value))
-            elif isinstance(node, yaml.MappingNode):
-                for key, value in reversed(node.value):
-                    name = key.value if isinstance(key, yaml.ScalarNode) else "?"
-                    todo += [((*path, name), value, False), (path, key, True)]
-            else:
-                todo += [((*path, i), value, False) for i, value in reversed(list(enumerate(node.value)))]
-    finally:
-        loader.dispose()
-    return found
-
-
-_LEADING_ZERO = re.compile(r"[-+]?0[0-9_]*[1-9][0-9_]*")
-_PREFIXED_OCTAL = re.compile(r"([-+]?)0o([0-7]+)")
-_BASE_60 = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
-_BOOL_WORDS = ("yes", "no", "on", "off")
-
-
-def yaml_1_1_reading(text: str, value: Any) -> tuple[str, str] | None:
-    """(kind, what to say) where YAML 1.1, as jsonargparse's loader reads it, reads the plain scalar ``text`` (read as
-    ``value``) otherwise than YAML 1.2 or JSON would: ``"octal"`` (``020`` is 16, ``08`` is text), ``"0o"``
-    (``0o20`` is text), ``"base 60"`` (``1:30`` is 90), ``"bool"`` (``yes`` is true); None where both agree."""
-    if isinstance(value, bool):
-        word = "true" if value else "false"
-        if text.lower() in _BOOL_WORDS:
-            return "bool", (f"{text} is read as {word} (YAML 1.1 boolean), not the text {text!r}: write {word} for "
-                            f"the boolean, or quote it ({text!r}) for text")
-        return None
-    if _LEADING_ZERO.fullmatch(text):
-        decimal = int(text.replace("_", ""), 10)
-        if isinstance(value, int) and value != decimal:
-            return "octal", (f"{text} is read as {value} (YAML 1.1 octal), not {decimal}: write {decimal} (or "
-                             f"{value}, if octal {text} was meant)")
-        if isinstance(value, str):
-            return "octal", (f"{text} is read as the text {text!r} (YAML 1.1 reads a leading 0 as octal, and 8 and 9 "
-                             f"are no octal digits), not {decimal}: write {decimal}, or quote it ({text!r}) for text")
-        return None
-    found = _PREFIXED_OCTAL.fullmatch(text)
-    if found and isinstance(value, str):
-        number = int(found.group(2), 8) * (-1 if found.group(1) == "-" else 1)
-        return "0o", (f"{text} is read as the text {text!r} (YAML 1.1 has no 0o prefix), not {number} (YAML 1.2 "
-                      f"octal): write {number}, or quote it ({text!r}) for text")
-    if _BASE_60.fullmatch(text) and isinstance(value, (int, float)):
-        return "base 60", (f"{text} is read as {value} (YAML 1.1 base 60), not the text {text!r}: write {value}, or "
-                           f"quote it ({text!r}) for text")
-    return None
-
-
 def check_yaml_limits(text: str | bytes, where: str) -> None:
     """Only the limits of :func:`parse_yaml` (:class:`ParseLimitError`): no value is built; ``yaml.YAMLError`` for
     text that is not YAML."""
-    _compose(text, where)[0].dispose()
+    compose_yaml(text, where)[0].dispose()
 
 
 def check_yaml_keys(text: str | bytes, where: str) -> None:
@@ -482,7 +368,7 @@ def check_yaml_keys(text: str | bytes, where: str) -> None:
     left to the reader that does); ``yaml.YAMLError`` for text that is not YAML."""
     import yaml
 
-    loader, root = _compose(text, where)
+    loader, root = compose_yaml(text, where)
     try:
         todo, done = [root] if root is not None else [], set()
         while todo:
