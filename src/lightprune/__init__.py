@@ -69,6 +69,7 @@ _LAZY = {
     "Criterion": "lightprune.experts.criteria",
     "score_weights": "lightprune.experts.criteria",
     "prune_checkpoint": "lightprune.export",
+    "quantize_checkpoint": "lightprune.export",
     "register_criterion": "lightprune.experts.criteria",
     "get_criterion": "lightprune.experts.criteria",
     "available_criteria": "lightprune.experts.criteria",

@@ -103,7 +103,10 @@ def check_contents(skeleton: Skeleton) -> None:
     info = SimpleNamespace(missing_keys={name for name in own if name not in skeleton.sources and name not in tied},
                            unexpected_keys={skeleton.renamed.get(key, key) for key in skeleton.unmatched})
     model._adjust_missing_and_unexpected_keys(info)  # transformers' own exceptions (its ignore patterns)
-    unexpected = sorted(key for key in skeleton.unmatched if skeleton.renamed.get(key, key) in info.unexpected_keys)
+    # a multi-token-prediction layer's tensors (:mod:`lightprune.checkpoints.mtp`): copied, or pruned when built
+    mtp = tuple(f"model.layers.{index}." for index in skeleton.mtp_layers)
+    unexpected = sorted(key for key in skeleton.unmatched if skeleton.renamed.get(key, key) in info.unexpected_keys
+                        and not key.startswith(mtp or ("\0",)))
     shapes, experts = _mismatched(skeleton, own)
     layout_error = expert_layout_error(path, checkpoint.entries())
     if experts:  # a fused tensor with some of its pieces: the pieces on disk say what is wrong

@@ -16,7 +16,12 @@ before any model is built:
 
 - config.json's values (:func:`~lightprune.checkpoints.strict.check_config_values`: no NaN or infinite number, no
   activation transformers does not know, no ``transformers_weights`` naming other weights);
-- no ``quantization_config`` (lightprune streams float checkpoints);
+- a ``quantization_config`` only of a format lightprune reads, checked against the headers
+  (:func:`~lightprune.checkpoints.quantized.stored_quantization`: every quantized weight with its scales, in the
+  block grid and dtypes of the format); such a checkpoint reads as its *logical* tensors (:meth:`Checkpoint.keys`,
+  :meth:`Checkpoint.tensor`, ...: each quantized weight a float tensor in the model's dtype, dequantized as it is
+  read, its scales hidden), and as it is *stored* (:meth:`Checkpoint.stored_keys_in`, :meth:`Checkpoint.parts`,
+  :meth:`Checkpoint.stored_tensor`, ...: what a pruned checkpoint copies byte for byte);
 - the config's layer counts against the weights: no ``num_hidden_layers`` (or a vision tower's ``depth``, ...: of
   the config or a sub-config) above the number of tensors on disk, nor a decoder's above the layers the tensor
   names number (a config claiming more layers than the weights hold, which would also build an unbounded model);
@@ -31,6 +36,7 @@ it (:mod:`lightprune.checkpoints.contents`).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import warnings
@@ -53,7 +59,8 @@ from lightprune.checkpoints.directory import (
     weight_files,
 )
 from lightprune.checkpoints.header import SAFETENSORS_DTYPES
-from lightprune.checkpoints.strict import check_config_values, check_not_quantized
+from lightprune.checkpoints.quantized import Fp8Blocks, stored_quantization
+from lightprune.checkpoints.strict import check_config_values
 from lightprune.core.jsonio import show
 
 __all__ = ["Checkpoint", "stored_dtype"]
@@ -131,12 +138,31 @@ class Checkpoint:
         self.metadata: dict[str, dict[str, str]] = {}
         self._entries: dict[str, tuple[Path, dict[str, Any]]] = disk_entries(self.path, self.metadata)
         copied_files(self.path)  # what an export copies along: no directory or broken link in its place
-        check_not_quantized(self.path)
+        #: the stored format (None: float), and the stored keys that are a quantized tensor's scales
+        self.quantization: Fp8Blocks | None = stored_quantization(self.path, self.raw_config, self._entries,
+                                                                  self._model_dtype())
+        quantized = self.quantization.tensors if self.quantization is not None else {}
+        self._quantized = quantized
+        self._companions = {part for found in quantized.values() for part in found.parts[1:]}
         self._check_layer_counts()
         self.config = AutoConfig.from_pretrained(self.path)
         self._check_dtype()
         self.sharded = (self.path / SAFE_INDEX).is_file()
         self._data_start = {file: _data_start(file) for file in self.files}
+
+    def _model_dtype(self) -> torch.dtype:
+        """What a quantized checkpoint's weights dequantize to: config.json's ``dtype`` (or ``torch_dtype``), else
+        the floating dtype of most of the unquantized tensors' bytes, else bfloat16."""
+        for name in ("dtype", "torch_dtype"):
+            found = getattr(torch, str(self.raw_config.get(name)), None)
+            if isinstance(found, torch.dtype) and found.is_floating_point and found.itemsize > 1:
+                return found
+        counts: dict[torch.dtype, int] = defaultdict(int)
+        for _, info in self._entries.values():
+            dtype = SAFETENSORS_DTYPES.get(info["dtype"])
+            if dtype is not None and dtype.is_floating_point and dtype.itemsize > 1:
+                counts[dtype] += int(info["data_offsets"][1]) - int(info["data_offsets"][0])
+        return max(counts, key=counts.get) if counts else torch.bfloat16
 
     def _check_layer_counts(self) -> None:
         """config.json's layer counts (anywhere in it) against the weights (see the module docstring)."""
@@ -212,68 +238,124 @@ class Checkpoint:
                 return key
         return None
 
-    # ------------------------------------------------------------------ headers
+    # ------------------------------------------------------------------ headers (logical)
     def keys(self) -> list[str]:
-        return list(self._entries)
+        """The logical tensor names: the stored ones but a quantized tensor's scales."""
+        return [key for key in self._entries if key not in self._companions]
 
     def entries(self) -> dict[str, tuple[Path, dict[str, Any]]]:
-        """{tensor: (its file, its header entry)}."""
-        return dict(self._entries)
+        """{logical tensor: (its file, its stored header entry: a quantized tensor's values')}."""
+        return {key: entry for key, entry in self._entries.items() if key not in self._companions}
 
     def __contains__(self, key: str) -> bool:
-        return key in self._entries
+        return key in self._entries and key not in self._companions
 
     def file(self, key: str) -> Path:
         return self._entry(key)[0]
 
     def shape(self, key: str) -> tuple[int, ...]:
-        return tuple(self._entry(key)[1]["shape"])
+        return self._quantized[key].shape if key in self._quantized else self.stored_shape(key)
 
     def dtype(self, key: str) -> torch.dtype:
-        return SAFETENSORS_DTYPES[self.dtype_name(key)]
+        return self._quantized[key].dtype if key in self._quantized else self.stored_dtype(key)
 
     def dtype_name(self, key: str) -> str:
-        """The dtype as the header names it (``F32``, ``BF16``, ``I8``, ...)."""
+        """The dtype as a safetensors header names it (``F32``, ``BF16``, ``I8``, ...; a quantized tensor's: its
+        dequantized one)."""
+        if key in self._quantized:
+            return next(name for name, dtype in SAFETENSORS_DTYPES.items() if dtype == self._quantized[key].dtype)
         return self._entry(key)[1]["dtype"]
 
     def nbytes(self, key: str) -> int:
-        begin, end = self._entry(key)[1]["data_offsets"]
-        return int(end) - int(begin)
+        """Bytes of the logical tensor (a quantized one's dequantized size)."""
+        if key in self._quantized:
+            found = self._quantized[key]
+            return math.prod(found.shape) * found.dtype.itemsize
+        return self.stored_nbytes(key)
 
     @property
     def total_bytes(self) -> int:
-        """Bytes of tensor data (headers excluded)."""
-        return sum(self.nbytes(key) for key in self._entries)
+        """Bytes of tensor data as stored (headers excluded)."""
+        return sum(self.stored_nbytes(key) for key in self._entries)
 
     def keys_in(self, file: Path) -> list[str]:
-        """The tensors of one shard, in the order of their data in the file."""
+        """The logical tensors of one shard, in the order of their data in the file."""
+        return [key for key in self.stored_keys_in(file) if key not in self._companions]
+
+    # ------------------------------------------------------------------ headers (stored)
+    def parts(self, key: str) -> tuple[str, ...]:
+        """The stored keys of logical tensor ``key``: itself, and a quantized one's scales after it."""
+        return self._quantized[key].parts if key in self._quantized else (key,)
+
+    def stored_shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._entry(key)[1]["shape"])
+
+    def stored_dtype(self, key: str) -> torch.dtype:
+        return SAFETENSORS_DTYPES[self._entry(key)[1]["dtype"]]
+
+    def stored_nbytes(self, key: str) -> int:
+        begin, end = self._entry(key)[1]["data_offsets"]
+        return int(end) - int(begin)
+
+    def stored_keys_in(self, file: Path) -> list[str]:
+        """The stored tensors of one shard (scales included), in the order of their data in the file."""
         return sorted((k for k, (f, _) in self._entries.items() if f == file),
                       key=lambda k: self._entries[k][1]["data_offsets"][0])
 
     # ------------------------------------------------------------------ data
     def tensor(self, key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The tensor ``key``, read now into memory the caller owns (cast to ``dtype`` when given)."""
-        shape = self.shape(key)
-        out = torch.empty(shape, dtype=self.dtype(key))
-        self.read_into(key, out)
+        """The logical tensor ``key``, read now into memory the caller owns (cast to ``dtype`` when given; a quantized
+        one dequantized straight into ``dtype``)."""
+        if key in self._quantized:
+            parts = {name: self.stored_tensor(name) for name in self._quantized[key].parts}
+            return self.quantization.dequantize(parts, key, dtype)
+        out = self.stored_tensor(key)
         return out if dtype is None or dtype == out.dtype else out.to(dtype)
 
     def rows(self, key: str, start: int, stop: int) -> torch.Tensor:
-        """Rows ``start:stop`` (dimension 0) of ``key``: only their bytes are read."""
-        shape = self.shape(key)
-        out = torch.empty((stop - start, *shape[1:]), dtype=self.dtype(key))
-        self.read_into(key, out, start)
-        return out
+        """Rows ``start:stop`` (dimension 0) of logical tensor ``key``: only their bytes are read (a quantized
+        tensor of more than 2 dimensions: those rows of its values and scales; of 2: the whole, sliced)."""
+        if key in self._quantized:
+            found = self._quantized[key]
+            if len(found.shape) > 2:
+                parts = {name: self.stored_rows(name, start, stop) for name in found.parts}
+                return self.quantization.dequantize(parts, key)
+            return self.tensor(key)[start:stop].clone()
+        return self.stored_rows(key, start, stop)
 
     def read_into(self, key: str, out: torch.Tensor, start: int = 0) -> None:
-        """Read ``out.numel()`` elements of ``key`` from row ``start`` (dimension 0) into ``out`` (contiguous, the
-        tensor's dtype): positioned reads of the file, no memory map, so nothing of the file stays mapped in this
-        process after the call."""
-        file, info = self._entry(key)
+        """Read ``out.numel()`` elements of logical tensor ``key`` from row ``start`` (dimension 0) into ``out``
+        (contiguous, the tensor's dtype); see :meth:`read_stored_into`."""
+        if key not in self._quantized:
+            self.read_stored_into(key, out, start)
+            return
         if out.dtype != self.dtype(key) or not out.is_contiguous():
             raise ValueError(f"read_into {key!r}: needs a contiguous {self.dtype(key)} tensor, got {out.dtype}")
-        shape = self.shape(key)
-        row = self.nbytes(key) // shape[0] if shape and shape[0] else 0
+        rows = out.shape[0] if out.dim() == len(self.shape(key)) else 1
+        out.copy_(self.rows(key, start, start + rows).reshape(out.shape))
+
+    def stored_tensor(self, key: str) -> torch.Tensor:
+        """The stored tensor ``key`` (a quantized tensor's values or scales as stored), read now."""
+        out = torch.empty(self.stored_shape(key), dtype=self.stored_dtype(key))
+        self.read_stored_into(key, out)
+        return out
+
+    def stored_rows(self, key: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` (dimension 0) of stored tensor ``key``: only their bytes are read."""
+        shape = self.stored_shape(key)
+        out = torch.empty((stop - start, *shape[1:]), dtype=self.stored_dtype(key))
+        self.read_stored_into(key, out, start)
+        return out
+
+    def read_stored_into(self, key: str, out: torch.Tensor, start: int = 0) -> None:
+        """Read ``out.numel()`` elements of stored tensor ``key`` from row ``start`` (dimension 0) into ``out``
+        (contiguous, the stored dtype): positioned reads of the file, no memory map, so nothing of the file stays
+        mapped in this process after the call."""
+        file, info = self._entry(key)
+        if out.dtype != self.stored_dtype(key) or not out.is_contiguous():
+            raise ValueError(f"read_into {key!r}: needs a contiguous {self.stored_dtype(key)} tensor, got {out.dtype}")
+        shape = self.stored_shape(key)
+        row = self.stored_nbytes(key) // shape[0] if shape and shape[0] else 0
         begin = self._data_start[file] + int(info["data_offsets"][0]) + start * row
         view = memoryview(out.reshape(-1).view(torch.uint8).numpy()) if out.numel() else memoryview(b"")
         if begin + len(view) > self._data_start[file] + int(info["data_offsets"][1]):
@@ -295,6 +377,7 @@ class Checkpoint:
         if not keys or not hasattr(os, "posix_fadvise"):
             return
         spans: dict[Path, list[list[int]]] = defaultdict(list)
+        keys = [part for key in keys for part in self.parts(key)]
         for key in sorted(keys, key=lambda k: (str(self.file(k)), self._entry(k)[1]["data_offsets"][0])):
             file, info = self._entry(key)
             begin, end = (self._data_start[file] + int(offset) for offset in info["data_offsets"])

@@ -32,6 +32,7 @@ from torch import nn
 
 from lightprune.checkpoints.classes import base_class_for_config, resizing_class
 from lightprune.checkpoints.contents import check_contents
+from lightprune.checkpoints.mtp import config_with_mtp, mtp_layers
 from lightprune.checkpoints.pool import ReadPool
 from lightprune.checkpoints.reader import Checkpoint, stored_dtype
 from lightprune.checkpoints.resize import experts_per_layer
@@ -110,10 +111,12 @@ class Skeleton:
     """``model``: the checkpoint's model on the meta device; :meth:`load` / :meth:`release` / :meth:`resident`
     move modules (by their names in ``model``) in and out of memory. ``dtype``: the weights' dtype (default the
     checkpoint's), ``device``: where loaded tensors go; ``pool``: released tensors' memory to read the next loads
-    into (:class:`~lightprune.checkpoints.pool.ReadPool`, on the CPU; shared by skeletons that load in turn)."""
+    into (:class:`~lightprune.checkpoints.pool.ReadPool`, on the CPU; shared by skeletons that load in turn);
+    ``mtp``: build the checkpoint's multi-token-prediction layers as further decoder layers
+    (:mod:`lightprune.checkpoints.mtp`), for the paths that score, prune and verify them."""
 
     def __init__(self, checkpoint: Checkpoint, *, dtype: torch.dtype | None = None,
-                 device: torch.device | str = "cpu", pool: ReadPool | None = None):
+                 device: torch.device | str = "cpu", pool: ReadPool | None = None, mtp: bool = False):
         self.checkpoint = checkpoint
         self.dtype = dtype or checkpoint_dtype(checkpoint)
         if self.dtype not in LOAD_DTYPES.values():  # float8 weights: no model computes in them
@@ -126,7 +129,11 @@ class Skeleton:
         self.device = torch.device(device)
         #: where released tensors go and loads read into (None: freed, new memory)
         self.pool = pool if self.device.type == "cpu" else None
-        config = checkpoint.config
+        #: the checkpoint's multi-token-prediction layers (their tensors are never unexpected ones), and those the
+        #: model builds as further decoder layers (``mtp``)
+        self.mtp_layers = mtp_layers(checkpoint.path, checkpoint.config, checkpoint.keys())
+        self.built_mtp_layers = self.mtp_layers if mtp else []
+        config = config_with_mtp(checkpoint.config, self.built_mtp_layers)
         cls = base_class_for_config(config)
         if experts_per_layer(config):
             cls = resizing_class(cls)

@@ -8,6 +8,7 @@
     model = lp.load_pruned(out_dir)                   # never runs the checkpoint's code
     lp.save_width_pruned(model, width_plan, out_dir)  # MWOP: weights + width_plan.json, kernels on load
     lp.prune_checkpoint(src_dir, plan, out_dir)      # a checkpoint directory, shard by shard (:mod:`.streamed`)
+    lp.quantize_checkpoint(src_dir, out_dir)          # then FP8 block-scaled, as DeepSeek-V3 ships (:mod:`.quantize`)
     convert_to_gguf(out_dir, "model.gguf")            # a uniform export through llama.cpp's converter (:mod:`.gguf`)
 
 Checkpoints are safetensors only, written to a hidden sibling directory and renamed into place
@@ -27,6 +28,7 @@ from lightprune.export.gguf import GGUFResult, convert_to_gguf
 from lightprune.export.load import check_checkpoint, load_pruned
 from lightprune.export.model_card import CARD_FILE, model_card
 from lightprune.export.pipeline import export_pruned
+from lightprune.export.quantize import quantize_checkpoint
 from lightprune.export.result import MANIFEST_FILE, ExportResult, WidthExportResult
 from lightprune.export.save import CARD_KEYS, TOKENIZER_FILES, save_pruned
 from lightprune.export.streamed import prune_checkpoint
@@ -35,6 +37,6 @@ from lightprune.export.width import save_width_pruned
 from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels
 
 __all__ = ["save_pruned", "load_pruned", "export_pruned", "prune_checkpoint", "ExportVerificationError",
-           "default_probe", "check_checkpoint", "MANIFEST_FILE", "save_width_pruned", "attach_width_kernels", "WIDTH_PLAN_FILE",
+           "default_probe", "check_checkpoint", "quantize_checkpoint", "MANIFEST_FILE", "save_width_pruned", "attach_width_kernels", "WIDTH_PLAN_FILE",
            "model_card", "CARD_FILE", "CARD_KEYS", "TOKENIZER_FILES", "ExportResult", "WidthExportResult",
            "convert_to_gguf", "GGUFResult"]

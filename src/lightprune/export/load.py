@@ -161,7 +161,8 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
     """
     _check_arguments(dtype, attention_backend, from_pretrained_kwargs)
     with Checkpoint(path) as checkpoint, outside_zero_init():
-        Skeleton(checkpoint)  # the checks every path runs (see the module docstring), from the headers
+        # the checks every path runs (see the module docstring), from the headers
+        mtp = tuple(f"model.layers.{index}." for index in Skeleton(checkpoint).mtp_layers)
     path = checkpoint.path
     width = None  # a width export's plan and alignment, read before the weights (a directory or a dangling link
     if os.path.lexists(path / WIDTH_PLAN_FILE):  # there is said, never loaded as a dense model)
@@ -179,6 +180,8 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
             if experts_per_layer(config):
                 cls = resizing_class(cls)
         model, info = cls.from_pretrained(path, config=config, **kwargs)
+    if mtp:  # a multi-token-prediction layer, which the model class does not build (checked by the skeleton)
+        info = {**info, "unexpected_keys": [key for key in info["unexpected_keys"] if not key.startswith(mtp)]}
     check_loading_info(path, info)  # a second net: transformers' own report
     model.eval()
     if "experts_implementation" not in from_pretrained_kwargs:  # float64 experts: transformers' eager ones

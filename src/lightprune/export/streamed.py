@@ -45,12 +45,14 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from lightprune.checkpoints.directory import SAFE_INDEX, checkpoint_directory
+from lightprune.checkpoints.mtp import config_without_mtp
 from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
 from lightprune.checkpoints.staging import staging_dir
 from lightprune.checkpoints.writer import SafetensorsWriter
 from lightprune.core.checks import check_atol, check_non_negative_int, check_positive_int
 from lightprune.core.paths import check_path_text
+from lightprune.core.errors import PlanError
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.experts.prune import check_routing, prune_experts
@@ -137,36 +139,60 @@ def key_rules(skeleton: Skeleton, dims: dict[str, int], plan: ExpertPlan) -> dic
     return rules
 
 
+def stored_rules(checkpoint: Checkpoint, rules: dict[str, KeyRule]) -> dict[str, KeyRule]:
+    """{stored key: :class:`KeyRule`}: each logical key's rule applied to its stored parts (a quantized tensor's
+    values and scales, named the logical key and a suffix): renamed alike, sliced along the experts' dimension alike
+    when that is the first of a tensor of more than 2 dimensions (whole experts: their blocks and scales are
+    theirs alone); a quantized tensor sliced otherwise (its experts' rows sharing scale blocks) is refused."""
+    out = {}
+    for key, rule in rules.items():
+        parts = checkpoint.parts(key)
+        if len(parts) > 1 and rule.dim is not None and (rule.dim != 0 or len(checkpoint.shape(key)) < 3):
+            raise ValueError(f"checkpoint {str(checkpoint.path)!r}: {key!r} {list(checkpoint.shape(key))} is stored "
+                             f"quantized and pruning slices its dimension {rule.dim} by expert, across its scale "
+                             "blocks: it cannot be copied in its stored format; dequantize the checkpoint first")
+        for part in parts:
+            out[part] = KeyRule(None if rule.out_key is None else rule.out_key + part[len(key):], rule.dim, rule.keep)
+    return out
+
+
 def _out_shape(checkpoint: Checkpoint, key: str, rule: KeyRule) -> tuple[int, ...]:
-    shape = list(checkpoint.shape(key))
+    shape = list(checkpoint.stored_shape(key))
     if rule.dim is not None:
         shape[rule.dim] = len(rule.keep)
     return tuple(shape)
 
 
+def _checked(name: str, tensor: torch.Tensor, where: str) -> None:
+    """:func:`check_written_finite` of a stored tensor: float8 values as float32 (NaN is a float8_e4m3fn value);
+    integer ones hold no NaN."""
+    if tensor.is_floating_point():
+        check_written_finite(name, tensor.float() if tensor.element_size() == 1 else tensor, where)
+
+
 def _write_shard(checkpoint: Checkpoint, file: Path, rules: dict[str, KeyRule], out: Path) -> dict[str, int]:
-    """Write one output shard; returns {output key: bytes}. Each piece is checked finite as it is written
+    """Write one output shard from the stored tensors (``rules``: :func:`stored_rules`, quantized values and scales
+    copied as stored); returns {output key: bytes}. Each piece is checked finite as it is written
     (:func:`~lightprune.export.verify.check_written_finite`: a NaN or inf is refused naming the tensor, the expert)."""
-    keys = [key for key in checkpoint.keys_in(file) if rules[key].out_key is not None]
-    entries = [(rules[k].out_key, checkpoint.dtype(k), _out_shape(checkpoint, k, rules[k])) for k in keys]
+    keys = [key for key in checkpoint.stored_keys_in(file) if rules[key].out_key is not None]
+    entries = [(rules[k].out_key, checkpoint.stored_dtype(k), _out_shape(checkpoint, k, rules[k])) for k in keys]
     sizes = {}
     where = f"prune_checkpoint of {str(checkpoint.path)!r}"
     with SafetensorsWriter(out / file.name, entries, metadata=checkpoint.metadata.get(file.name)) as writer:
         for key, (name, dtype, shape) in zip(keys, entries, strict=True):
             rule = rules[key]
             if rule.dim is None:
-                tensor = checkpoint.tensor(key)
-                check_written_finite(repr(key), tensor, where)
+                tensor = checkpoint.stored_tensor(key)
+                _checked(repr(key), tensor, where)
                 writer.write(name, tensor)
             elif rule.dim == 0:  # one kept slice at a time
                 for index in rule.keep:
-                    rows = checkpoint.rows(key, index, index + 1)
-                    check_written_finite(f"{key!r} (expert {index})", rows[0] if rows.dim() > 1 else rows, where)
+                    rows = checkpoint.stored_rows(key, index, index + 1)
+                    _checked(f"{key!r} (expert {index})", rows[0] if rows.dim() > 1 else rows, where)
                     writer.write(name, rows)
             else:
-                tensor = checkpoint.tensor(key).index_select(rule.dim, torch.tensor(rule.keep))
-                check_written_finite(f"{key!r} (the kept experts {list(rule.keep)} along dimension {rule.dim})",
-                                     tensor, where)
+                tensor = checkpoint.stored_tensor(key).index_select(rule.dim, torch.tensor(rule.keep))
+                _checked(f"{key!r} (the kept experts {list(rule.keep)} along dimension {rule.dim})", tensor, where)
                 writer.write(name, tensor)
             sizes[name] = torch.empty((), dtype=dtype).element_size() * int(torch.Size(shape).numel())
     return sizes
@@ -204,13 +230,17 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     src = Path(src_dir).expanduser().absolute()
     check_not_source(out_dir, src)
     with Checkpoint(src) as checkpoint:
-        skeleton = Skeleton(checkpoint)
+        skeleton = Skeleton(checkpoint, mtp=True)
         layers = find_moe_layers(skeleton.model)
+        plan, mtp = plan_with_mtp(skeleton, plan, layers)
         plan.check_layers(layers)  # every MoE layer, counts and floors: before anything is written
         _check_stored_routing(skeleton, layers)
         pruned = prune_experts(copy.deepcopy(skeleton.model), plan)
         counts = {layer.index: layer.num_experts for layer in find_moe_layers(pruned)}
-        rules = key_rules(skeleton, expert_dims(skeleton.model, pruned), plan)
+        uniform = len(set(counts.values())) == 1
+        counts = {index: count for index, count in counts.items() if index not in skeleton.built_mtp_layers}
+        config_without_mtp(pruned.config, checkpoint.config, skeleton.built_mtp_layers)
+        rules = stored_rules(checkpoint, key_rules(skeleton, expert_dims(skeleton.model, pruned), plan))
         with staging_dir(out_dir, overwrite) as tmp:
             weight_map: dict[str, str] = {}
             total = 0
@@ -223,16 +253,52 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
                 index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
                 (tmp / SAFE_INDEX).write_text(json.dumps(index, indent=2) + "\n")
             pruned.config.save_pretrained(tmp)
-            finish_config(tmp, pruned, len(set(counts.values())) == 1)
+            finish_config(tmp, pruned, uniform)
             tokenizer = copy_tokenizer_files(src, tmp)
             if (src / GENERATION_FILE).is_file():
                 shutil.copyfile(src / GENERATION_FILE, tmp / GENERATION_FILE)
             check_no_pickles(tmp)
             verification = verify_pruned_checkpoint(checkpoint, plan, tmp, atol=atol, probe_tokens=probe_tokens,
                                                     seed=seed, progress=progress) if verify else None
-            manifest = _write_manifest(tmp, skeleton, pruned, plan, counts, total, tokenizer, verification, card)
+            manifest = _write_manifest(tmp, skeleton, pruned, plan, counts, total, tokenizer, verification, card,
+                                       mtp)
             apply_umask(tmp)
     return ExportResult.from_manifest(out_dir, manifest, time.perf_counter() - start)
+
+
+def plan_with_mtp(skeleton: Skeleton, plan: ExpertPlan, layers: list[MoELayer]) -> tuple[ExpertPlan, dict[str, Any]]:
+    """``plan`` with the checkpoint's multi-token-prediction layers (:mod:`lightprune.checkpoints.mtp`) in it, and
+    what the manifest says of them ({layer: kept ids, chosen by}). Each MTP layer keeps as many experts as the
+    written config names for a layer (the plan's count when it is uniform, its largest otherwise), so the MTP
+    layer's tensors agree with the config: the plan's own ids for a layer it names (refused at another count), else
+    the experts its own weights rank first by AIMER ("AIMER: Calibration-Free Task-Agnostic MoE Pruning", section
+    4.2): a calibration run does not reach the MTP layer, and the ids of another layer name other experts."""
+    from lightprune.experts.criteria.aimer import AIMER
+    from lightprune.experts.select import select_experts
+
+    mtp = [layer for layer in layers if layer.index in skeleton.built_mtp_layers]
+    named = [len(ids) for index, ids in plan.keep.items() if index not in skeleton.built_mtp_layers]
+    if not mtp or not named:
+        return plan, {}
+    target = max(named)
+    keep, counts, record = dict(plan.keep), dict(plan.num_experts), {}
+    for layer in mtp:
+        if layer.index in plan.keep:
+            if len(plan.keep[layer.index]) != target:
+                raise PlanError(f"plan keeps {len(plan.keep[layer.index])} experts in multi-token-prediction layer "
+                                f"{layer.index}, the written config names {target} for it (the model's layers' "
+                                f"{'count' if len(set(named)) == 1 else 'largest count'}): keep {target} there")
+            record[str(layer.index)] = {"kept": list(plan.keep[layer.index]), "chosen_by": "the plan"}
+            continue
+        with skeleton.resident(layer.name):
+            importance = AIMER().importance(AIMER().score_layer(layer))
+        chosen = select_experts({layer.index: importance}, None, n_per_layer=layer.num_experts - target,
+                                limits={layer.index: layer.limits}, criterion="aimer")
+        keep[layer.index], counts[layer.index] = chosen.keep[layer.index], layer.num_experts
+        record[str(layer.index)] = {"kept": list(chosen.keep[layer.index]),
+                                    "chosen_by": "aimer (its weights: the plan does not name the layer)"}
+    return ExpertPlan(keep=keep, num_experts=counts, criterion=plan.criterion, ratio=plan.ratio,
+                      allocation=plan.allocation, metadata=plan.metadata), record
 
 
 def _check_stored_routing(skeleton: Skeleton, layers: list[MoELayer]) -> None:
@@ -246,8 +312,16 @@ def _check_stored_routing(skeleton: Skeleton, layers: list[MoELayer]) -> None:
 
 def _write_manifest(tmp: Path, skeleton: Skeleton, pruned: nn.Module, plan: ExpertPlan, counts: dict[int, int],
                     total: int, tokenizer: list[str], verification: dict[str, Any] | None,
-                    card: dict[str, Any] | None) -> dict[str, Any]:
+                    card: dict[str, Any] | None, mtp: dict[str, Any]) -> dict[str, Any]:
     card, checkpoint = dict(card or {}), skeleton.checkpoint
+    extra = {"mtp_layers": mtp} if mtp else {}
+    if mtp:  # the plan of the model's layers; the MTP layers' entries are "mtp_layers"
+        plan = ExpertPlan(keep={i: ids for i, ids in plan.keep.items() if str(i) not in mtp},
+                          num_experts={i: n for i, n in plan.num_experts.items() if str(i) not in mtp},
+                          criterion=plan.criterion, ratio=plan.ratio, allocation=plan.allocation,
+                          metadata=plan.metadata)
+    if checkpoint.quantization is not None:
+        extra["quantization"] = {**checkpoint.quantization.record(), "stored_as": "copied from the source"}
     return write_manifest(tmp, pruned, counts, parameters=sum(p.numel() for p in pruned.parameters()),
                           parameter_bytes=total, dtype=skeleton.dtype, verification=verification,
                           source=card.get("source", str(checkpoint.path)),
@@ -255,4 +329,5 @@ def _write_manifest(tmp: Path, skeleton: Skeleton, pruned: nn.Module, plan: Expe
                           tokenizer={"origin": "source_dir", "files": tokenizer} if tokenizer else None,
                           parameters_before=sum(p.numel() for p in skeleton.model.parameters()),
                           parameter_bytes_before=checkpoint.total_bytes, command=card.get("command"),
-                          written_by="prune_checkpoint", copied_without_model_tensor=sorted(skeleton.unmatched))
+                          written_by="prune_checkpoint", copied_without_model_tensor=sorted(skeleton.unmatched),
+                          **extra)

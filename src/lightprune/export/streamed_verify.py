@@ -90,9 +90,9 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
     received in the masked source's forward of the probe."""
     atol = check_atol(atol)
     pool = ReadPool()  # the pruned layer read into the source layer's memory, and back
-    original = Skeleton(source, pool=pool)
+    original = Skeleton(source, pool=pool, mtp=True)
     with Checkpoint(out_dir) as written:
-        pruned = Skeleton(written, pool=pool)
+        pruned = Skeleton(written, pool=pool, mtp=True)
         atol = default_atol(original.model) if atol is None else atol
         layer_rtol = default_rtol(original.model, layers=1)
         probe = default_probe(original.model, shape=(2, probe_tokens), seed=seed)

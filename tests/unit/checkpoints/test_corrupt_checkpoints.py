@@ -340,7 +340,8 @@ CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
     "shard index nested 100,000 deep": ("sharded", lambda p: (p / "model.safetensors.index.json").write_text(
         '{"weight_map": {}, "metadata": ' + _DEEP + "}"), ("model.safetensors.index.json': JSON nested 100001 levels "
                                                              "deep (limit 100)",)),
-    "quantized": ("single", _config(quantization_config={"quant_method": "fp8"}), ("is quantized", "'fp8'")),
+    "quantized": ("single", _config(quantization_config={"quant_method": "fp8"}),
+                  ('declares quant_method "fp8"', "no tensor is stored in float8")),
     "config NaN": ("single", _config_text(lambda t: t.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": NaN')),
                    ("config.json's rms_norm_eps is nan: a non-finite number",)),
     "config Infinity, nested": ("single", _config(rope_parameters={"rope_type": "default", "rope_theta": math.inf}),

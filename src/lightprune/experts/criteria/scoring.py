@@ -110,7 +110,8 @@ def score_checkpoint(path: str | os.PathLike, criterion: str | type[Criterion] |
     :func:`score_model_weights`."""
     instance = weight_criterion(criterion, seed=seed, **kwargs)
     with Checkpoint(path) as checkpoint:
-        skeleton = Skeleton(checkpoint, pool=ReadPool())  # every layer's tensors read into the same memory
+        # every layer's tensors read into the same memory; multi-token-prediction layers scored as any other
+        skeleton = Skeleton(checkpoint, pool=ReadPool(), mtp=True)
         bar = tqdm(desc=f"scoring {instance.name or type(instance).__name__} from {checkpoint.path.name}",
                    total=len(find_moe_layers(skeleton.model)), unit="layer", leave=False, disable=not progress)
 

@@ -1,0 +1,72 @@
+"""Multi-token-prediction (MTP) layers: decoder layers a checkpoint holds beyond the ones its model class builds.
+
+DeepSeek-V3 ("DeepSeek-V3 Technical Report", arXiv 2412.19437, section 2.2) stores its MTP module as
+``model.layers.{num_hidden_layers}``: a whole decoder layer (attention and an MoE block with the model's router and
+experts) plus ``enorm``, ``hnorm``, ``eh_proj`` and a ``shared_head``; GLM-4.5 stores its own the same way
+(``num_nextn_predict_layers`` of them). transformers' classes build ``num_hidden_layers`` layers and skip these keys
+when they load, so a checkpoint pruned without them would keep every expert of the MTP layer while its config says
+fewer: what a serving stack's speculative decoding then reads.
+
+The out-of-core paths that write or score a checkpoint (:class:`~lightprune.checkpoints.skeleton.Skeleton` with
+``mtp=True``) build the model with the MTP layers as further decoder layers (:func:`config_with_mtp`): each one's
+MoE block is then an MoE layer like any other, named by its layer number (61 in DeepSeek-V3), scored from its
+weights, pruned by the plan, verified against the masked source; its MTP-only tensors are copied unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+__all__ = ["config_with_mtp", "config_without_mtp", "mtp_layers"]
+
+_DECODER_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def mtp_layers(path: Any, config: Any, keys: list[str]) -> list[int]:
+    """The layer numbers of the checkpoint ``keys`` (``model.layers.<n>.``) at or past ``config.num_hidden_layers``,
+    ascending: its MTP layers (see the module docstring); empty for a model without them. They must follow the
+    model's layers without a gap, at most ``num_nextn_predict_layers`` of them (``ValueError`` naming the layers);
+    a config that declares no MTP layers has none (any further layers are copied as they are)."""
+    count = getattr(config, "num_hidden_layers", None)
+    if not isinstance(count, int) or isinstance(count, bool):
+        return []
+    declared = getattr(config, "num_nextn_predict_layers", None)
+    found = sorted({int(m.group(1)) for key in keys for m in [_DECODER_LAYER.match(key)] if m} - set(range(count)))
+    if not found or not isinstance(declared, int) or isinstance(declared, bool) or declared < 1:
+        return []
+    if found != list(range(count, count + len(found))) or len(found) > declared:
+        raise ValueError(f"checkpoint {str(path)!r} holds decoder layers {found} past its config's "
+                         f"num_hidden_layers {count}, which are not {declared} multi-token-prediction layer(s) "
+                         f"following the model's (num_nextn_predict_layers {declared}): a config for another "
+                         "checkpoint; restore it")
+    return found
+
+
+def config_with_mtp(config: Any, layers: list[int]) -> Any:
+    """A copy of ``config`` whose model builds the MTP ``layers`` as further decoder layers (``num_hidden_layers``
+    past the last of them; a per-layer list of the config's length gets its last entry repeated for each)."""
+    if not layers:
+        return config
+    out = copy.deepcopy(config)
+    before, after = config.num_hidden_layers, layers[-1] + 1
+    for name, value in vars(config).items():
+        if isinstance(value, list) and len(value) == before and name != "architectures":
+            setattr(out, name, [*value, *[value[-1]] * (after - before)])
+    out.num_hidden_layers = after
+    return out
+
+
+def config_without_mtp(config: Any, base: Any, layers: list[int]) -> None:
+    """Undo :func:`config_with_mtp` in ``config`` (a pruned model's, in place): ``base``'s ``num_hidden_layers``, its
+    per-layer lists cut back, the MTP layers out of a per-layer expert count."""
+    if not layers:
+        return
+    before = base.num_hidden_layers
+    for name, value in list(vars(config).items()):
+        if isinstance(value, list) and len(value) == layers[-1] + 1 and name != "architectures":
+            setattr(config, name, value[:before])
+        elif isinstance(value, dict) and name == "lightprune_experts_per_layer":
+            setattr(config, name, {k: v for k, v in value.items() if int(k) < before})
+    config.num_hidden_layers = before

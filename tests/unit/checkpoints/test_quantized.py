@@ -1,0 +1,260 @@
+"""FP8 block-scaled checkpoints (quant_method "fp8", as DeepSeek-V3, Qwen3-FP8 and GLM-4.5-FP8 ship) read, scored,
+calibrated and pruned in their own format; multi-token-prediction layers pruned with their model; prune-then-quantize.
+
+References are independent of lightprune's reading: transformers' own dequantization (its ``Fp8Dequantize``, and the
+model ``from_pretrained`` builds from the checkpoint on the CPU), the stored bytes, and the masked source's logits.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+import lightprune as lp
+from lightprune.checkpoints.quantized import dequantize_fp8_blocks, quantize_fp8_blocks
+from lightprune.models.tiny import tiny_model
+from lightprune.models.tiny_batches import tiny_text_batch
+from tests.fixtures.shipped import FP8_DIMS, write_deepseek_with_mtp
+
+BLOCK = (8, 8)
+
+
+def _transformers_dequantize(values: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    return Fp8Dequantize(None)._dequantize_one(values, scale, output_dtype=dtype)
+
+
+def _load(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path).eval()  # on the CPU transformers dequantizes
+
+
+def _stored(path: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for file in sorted(path.glob("*.safetensors")):
+        out.update(load_file(file))
+    return out
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory) -> tuple[Path, Path]:
+    """(a float DeepSeek-V3 with its MTP layer 3, the same quantized by lp.quantize_checkpoint in 8x8 blocks)."""
+    root = tmp_path_factory.mktemp("shipped")
+    float_dir = write_deepseek_with_mtp(root / "float")
+    return float_dir, lp.quantize_checkpoint(float_dir, root / "fp8", block=BLOCK, progress=False)
+
+
+# ------------------------------------------------------------------------------------------- the format's arithmetic
+@pytest.mark.parametrize("shape", [(16, 24), (3, 8, 16)])
+def test_dequantization_is_transformers_arithmetic(shape):
+    weight = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 0.1
+    values, scale = quantize_fp8_blocks(weight, BLOCK)
+    for dtype in (torch.bfloat16, torch.float32):
+        assert torch.equal(dequantize_fp8_blocks(values, scale, BLOCK, dtype),
+                           _transformers_dequantize(values, scale, dtype))
+
+
+def test_quantization_is_within_float8_rounding_and_partial_blocks_follow_their_block():
+    weight = torch.randn(20, 13, generator=torch.Generator().manual_seed(1))
+    weight[0:8, 0:8] = 0.0  # a block of zeros: scale 1, values 0
+    values, scale = quantize_fp8_blocks(weight, BLOCK)
+    assert values.dtype == torch.float8_e4m3fn and scale.shape == (3, 2) and scale.dtype == torch.float32
+    got = dequantize_fp8_blocks(values, scale, BLOCK, torch.float32)
+    for i in range(20):  # brute force: each element times the scale of the block it falls in
+        for j in range(13):
+            assert got[i, j] == values[i, j].float() * scale[i // 8, j // 8]
+            bound = abs(weight[i, j]) * 2.0 ** -4 + scale[i // 8, j // 8] * 2.0 ** -10
+            assert abs(got[i, j] - weight[i, j]) <= bound
+    amax = weight[8:16, 0:8].abs().max()
+    assert scale[1, 0] == amax / 448.0 and scale[0, 0] == 1.0
+
+
+# ------------------------------------------------------------------------------------------------- the written format
+def test_quantize_checkpoint_writes_the_deepseek_layout(shipped):
+    float_dir, fp8_dir = shipped
+    stored, source = _stored(fp8_dir), _stored(float_dir)
+    config = json.loads((fp8_dir / "config.json").read_text())
+    assert config["quantization_config"] == {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                             "weight_block_size": list(BLOCK)}
+    fp8 = {k for k, v in stored.items() if v.dtype == torch.float8_e4m3fn}
+    assert "model.layers.1.mlp.experts.5.up_proj.weight" in fp8 and "model.layers.0.self_attn.q_b_proj.weight" in fp8
+    for kept in ("model.layers.1.mlp.gate.weight", "lm_head.weight", "model.embed_tokens.weight",
+                 "model.layers.1.mlp.gate.e_score_correction_bias", "model.layers.1.input_layernorm.weight"):
+        assert stored[kept].dtype == torch.bfloat16 and torch.equal(stored[kept], source[kept]), kept
+    assert {k.removesuffix("_scale_inv") for k in stored if k.endswith("_scale_inv")} == fp8
+    for key in fp8:
+        rows, cols = stored[key].shape
+        assert stored[key + "_scale_inv"].shape == (rows // 8, cols // 8)
+
+
+def test_transformers_loads_what_lightprune_reads(shipped):
+    _, fp8_dir = shipped
+    model = _load(fp8_dir)
+    from lightprune.checkpoints import Checkpoint, Skeleton
+
+    with Checkpoint(fp8_dir) as checkpoint:
+        skeleton = Skeleton(checkpoint)
+        with skeleton.resident("model.layers.1", "model.layers.2"):
+            theirs = dict(model.named_parameters())
+            for name, tensor in skeleton.model.named_parameters():
+                if name.startswith(("model.layers.1.", "model.layers.2.")):
+                    assert tensor.dtype == theirs[name].dtype and torch.equal(tensor, theirs[name]), name
+
+
+# ---------------------------------------------------------------------------------------- scores, calibration, prune
+def test_weight_scores_of_an_fp8_checkpoint_equal_those_of_the_model_transformers_loads(shipped):
+    _, fp8_dir = shipped
+    model = _load(fp8_dir)
+    for criterion in ("aimer", "magnitude", "router_norm"):
+        want, got = lp.score_weights(model, criterion), lp.score_weights(fp8_dir, criterion, progress=False)
+        assert sorted(got) == [1, 2, 3]  # the MTP layer 3 scored from its own weights
+        assert all(torch.equal(got.raw[i], want.raw[i]) for i in want), criterion
+
+
+def test_calibration_of_an_fp8_checkpoint_equals_the_in_memory_one(shipped):
+    _, fp8_dir = shipped
+    model = _load(fp8_dir)
+    batches = [tiny_text_batch(model, batch_size=2, seq_len=8, seed=s, pad=s == 1) for s in range(2)]
+    kwargs = dict(criteria=["frequency", "reap", "ean", "delta_h"], progress=False)
+    want = lp.collect_expert_stats(model, batches, **kwargs)
+    got = lp.collect_expert_stats(fp8_dir, batches, batches_per_pass=1, **kwargs)
+    for criterion in kwargs["criteria"]:
+        have, expected = got.raw(criterion, "all"), want.raw(criterion, "all")
+        assert have.keys() == expected.keys() == {1, 2}
+        assert all(torch.equal(have[i], expected[i]) for i in expected), criterion
+
+
+def test_a_streamed_fp8_prune_copies_the_kept_bytes_and_gives_the_masked_logits(shipped, tmp_path):
+    _, fp8_dir = shipped
+    plan = lp.select_experts(lp.score_weights(fp8_dir, "aimer", progress=False), 0.5)
+    result = lp.prune_checkpoint(fp8_dir, plan, tmp_path / "out", progress=False)
+    before, after = _stored(fp8_dir), _stored(tmp_path / "out")
+    for layer in (1, 2, 3):
+        for new, old in enumerate(plan.keep[layer]):
+            for part in ("gate_proj.weight", "gate_proj.weight_scale_inv", "up_proj.weight", "up_proj.weight_scale_inv",
+                         "down_proj.weight", "down_proj.weight_scale_inv"):
+                was = before[f"model.layers.{layer}.mlp.experts.{old}.{part}"]
+                now = after[f"model.layers.{layer}.mlp.experts.{new}.{part}"]
+                assert now.dtype == was.dtype and torch.equal(now.view(torch.uint8), was.view(torch.uint8))
+        assert f"model.layers.{layer}.mlp.experts.4.gate_proj.weight" not in after
+        assert torch.equal(after[f"model.layers.{layer}.mlp.gate.weight"],
+                           before[f"model.layers.{layer}.mlp.gate.weight"][plan.keep[layer]])
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "fp8" and config["n_routed_experts"] == 4
+    manifest = json.loads((tmp_path / "out" / "lightprune_export.json").read_text())
+    assert manifest["quantization"]["quant_method"] == "fp8" and manifest["mtp_layers"]["3"]["kept"] == plan.keep[3]
+    source, ids = _load(fp8_dir), torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    model_plan = lp.ExpertPlan(keep={i: plan.keep[i] for i in (1, 2)}, num_experts={1: 8, 2: 8})
+    with torch.no_grad(), lp.mask_experts(source, model_plan):
+        masked = source(ids).logits
+    with torch.no_grad():
+        assert torch.equal(_load(tmp_path / "out")(ids).logits, masked)
+        assert torch.equal(lp.load_pruned(tmp_path / "out")(ids).logits, masked)
+    assert result.verification["max_abs_diff"] == 0.0
+
+
+def test_an_in_memory_prune_of_the_loaded_fp8_model_gives_the_masked_logits(shipped, tmp_path):
+    _, fp8_dir = shipped
+    model = lp.load_pruned(fp8_dir)
+    plan = lp.select_experts(lp.score_weights(model, "aimer"), 0.25)
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad(), lp.mask_experts(model, plan):
+        masked = model(ids).logits
+    lp.export_pruned(model, plan, tmp_path / "out")
+    with torch.no_grad():
+        assert torch.equal(lp.load_pruned(tmp_path / "out")(ids).logits, masked)
+
+
+# ------------------------------------------------------------------------------------------------------ MTP layers
+@pytest.mark.parametrize("quantized", [False, True], ids=["bf16", "fp8"])
+def test_deepseek_v3s_mtp_layer_61_agrees_with_its_config(tmp_path, quantized):
+    """61 layers and the MTP layer 61 in a second shard, as DeepSeek-V3 ships: a calibration plan names layers 1-60
+    only; the written layer 61 holds as many experts and router rows as the config says, chosen by its own weights."""
+    source = write_deepseek_with_mtp(tmp_path / "src", layers=61, hidden_size=16, intermediate_size=16,
+                                     moe_intermediate_size=8, q_lora_rank=8, kv_lora_rank=8)
+    if quantized:
+        source = lp.quantize_checkpoint(source, tmp_path / "fp8", block=BLOCK, progress=False)
+    gen = torch.Generator().manual_seed(5)
+    keep = {i: sorted([*torch.randperm(4, generator=gen)[:2].tolist(), *(4 + torch.randperm(4, generator=gen)[:2]).tolist()])
+            for i in range(1, 61)}  # two of each group of 4 (its routing: 2 groups, 1 chosen per token)
+    plan = lp.ExpertPlan(keep=keep, num_experts={i: 8 for i in keep})
+    lp.prune_checkpoint(source, plan, tmp_path / "out", progress=False)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 61 and config["n_routed_experts"] == 4
+    with safe_open(tmp_path / "out" / "model-00002-of-00002.safetensors", "pt") as f:
+        names = list(f.keys())
+        assert f.get_slice("model.layers.61.mlp.gate.weight").get_shape()[0] == 4
+        assert f.get_slice("model.layers.61.mlp.gate.e_score_correction_bias").get_shape() == [4]
+    assert {int(k.split(".")[5]) for k in names if ".mlp.experts." in k} == {0, 1, 2, 3}
+    manifest = json.loads((tmp_path / "out" / "lightprune_export.json").read_text())
+    chosen = manifest["mtp_layers"]["61"]
+    assert chosen["chosen_by"].startswith("aimer")
+    ranked = lp.score_weights(source, "aimer", progress=False)  # AIMER of layer 61's own experts
+    assert chosen["kept"] == lp.select_experts({61: ranked[61]}, None, n_per_layer=4,
+                                               limits={61: ranked.limits[61]}).keep[61]
+    assert sorted(manifest["plan"]["keep"], key=int) == [str(i) for i in range(1, 61)]
+
+
+def test_a_plan_keeping_another_count_in_the_mtp_layer_is_refused(shipped, tmp_path):
+    _, fp8_dir = shipped
+    plan = lp.ExpertPlan(keep={1: [0, 1, 4, 5], 2: [0, 1, 4, 5], 3: [0, 1, 2, 4, 5, 6]}, num_experts={1: 8, 2: 8, 3: 8})
+    with pytest.raises(lp.PlanError, match="multi-token-prediction layer 3, the written config names 4"):
+        lp.prune_checkpoint(fp8_dir, plan, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------------------------- strict refusals
+def _corrupted(fp8_dir: Path, tmp_path: Path, change) -> Path:
+    out = tmp_path / "bad"
+    shutil.copytree(fp8_dir, out)
+    file = out / "model-00001-of-00002.safetensors"
+    tensors = load_file(file)
+    config = json.loads((out / "config.json").read_text())
+    change(tensors, config)
+    save_file(tensors, file, metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config))
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if v != file.name}
+    index["weight_map"].update({k: file.name for k in tensors})
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    return out
+
+
+_KEY = "model.layers.1.mlp.experts.2.down_proj.weight"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t, c: t.pop(_KEY + "_scale_inv"), rf"without their weight_scale_inv \(the scales missing\): {_KEY}"),
+    (lambda t, c: t.__setitem__(_KEY + "_scale_inv", torch.ones(8, 2)),
+     rf"not the 8x8 block grid of their weight: {_KEY}_scale_inv \[8, 2\] for \[64, 32\] \(wants \[8, 4\]\)"),
+    (lambda t, c: t.__setitem__(_KEY + "_scale_inv", torch.ones(8, 4, dtype=torch.int32)),
+     rf"scales not in F32/BF16: {_KEY}_scale_inv \(I32\)"),
+    (lambda t, c: t.__setitem__(_KEY, t[_KEY].to(torch.float8_e5m2)), rf"not in e4m3: {_KEY} \(F8_E5M2\)"),
+    (lambda t, c: c["quantization_config"].__setitem__("weight_block_size", [8]), r"\"weight_block_size\": \[8\]"),
+    (lambda t, c: c["quantization_config"].__setitem__("modules_to_not_convert", ["model.layers.9.mlp"]),
+     r"names model.layers.9.mlp, which the checkpoint holds no tensors of"),
+    (lambda t, c: c["quantization_config"].__setitem__("modules_to_not_convert", ["model.layers.1.mlp.experts.2.down_proj"]),
+     r"names modules stored quantized \(model.layers.1.mlp.experts.2.down_proj.weight\)"),
+    (lambda t, c: c.pop("quantization_config"), r"holds float8 weights or their scales .* no quantization_config"),
+    (lambda t, c: c["quantization_config"].__setitem__("quant_method", "gptq"), r"quant_method \"gptq\": GPTQ"),
+    (lambda t, c: c["quantization_config"].__setitem__("quant_method", "mxfp4"), r"quant_method \"mxfp4\": gpt-oss"),
+    (lambda t, c: c["quantization_config"].__setitem__("quant_method", "compressed-tensors"),
+     r"quant_method \"compressed-tensors\": compressed-tensors"),
+], ids=["scale-missing", "block-shape", "scale-dtype", "e5m2", "block-size", "ignored-absent", "ignored-quantized",
+        "no-config", "gptq", "mxfp4", "compressed-tensors"])
+def test_the_strict_reader_refuses_a_corrupt_fp8_checkpoint_in_one_line(shipped, tmp_path, change, message):
+    _, fp8_dir = shipped
+    bad = _corrupted(fp8_dir, tmp_path, change)
+    for call in (lambda: lp.score_weights(bad, progress=False), lambda: lp.load_pruned(bad),
+                 lambda: lp.prune_checkpoint(bad, lp.ExpertPlan(keep={}, num_experts={}), tmp_path / "o")):
+        with pytest.raises(ValueError, match=message) as found:
+            call()
+        assert "\n" not in str(found.value) and str(bad) in str(found.value)
