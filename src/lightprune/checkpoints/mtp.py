@@ -26,16 +26,17 @@ _DECODER_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 def mtp_layers(path: Any, config: Any, keys: list[str]) -> list[int]:
     """The layer numbers of the checkpoint ``keys`` (``model.layers.<n>.``) at or past ``config.num_hidden_layers``,
-    ascending: its MTP layers (see the module docstring); empty for a model without them. They must follow the
-    model's layers without a gap, at most ``num_nextn_predict_layers`` of them (``ValueError`` naming the layers);
-    a config that declares no MTP layers has none (any further layers are copied as they are)."""
+    ascending: its MTP layers (see the module docstring); empty for a model without them. Starting at
+    ``num_hidden_layers``, they must follow the model's layers without a gap, at most ``num_nextn_predict_layers``
+    of them (``ValueError`` naming the layers); a config that declares no MTP layers has none, nor one whose further
+    layers start later (both copied as they are)."""
     count = getattr(config, "num_hidden_layers", None)
     if not isinstance(count, int) or isinstance(count, bool):
         return []
     declared = getattr(config, "num_nextn_predict_layers", None)
     found = sorted({int(m.group(1)) for key in keys for m in [_DECODER_LAYER.match(key)] if m} - set(range(count)))
-    if not found or not isinstance(declared, int) or isinstance(declared, bool) or declared < 1:
-        return []
+    if not found or not isinstance(declared, int) or isinstance(declared, bool) or declared < 1 or found[0] != count:
+        return []  # none, or layers transformers' own patterns ignore (DeepSeek-V3's 61 of a shallower config)
     if found != list(range(count, count + len(found))) or len(found) > declared:
         raise ValueError(f"checkpoint {str(path)!r} holds decoder layers {found} past its config's "
                          f"num_hidden_layers {count}, which are not {declared} multi-token-prediction layer(s) "

@@ -165,8 +165,9 @@ class Fp8Blocks:
             else:
                 self.tensors[key] = QuantizedTensor((key, scale), shape, dtype)
         if not self.tensors and not problems:
-            raise ValueError(f"{where} declares quant_method \"fp8\" but no tensor is stored in float8: a config "
-                             "for another checkpoint; remove its quantization_config or restore the weights")
+            raise ValueError(f"checkpoint {str(path)!r} declares quant_method \"fp8\" (config.json's "
+                             "quantization_config) but no tensor is stored in float8: a config for another checkpoint; "
+                             "remove its quantization_config or restore the weights")
         if problems:
             said = "; ".join(f"{what}: {listed_text(sorted(keys))}" for what, keys in problems.items())
             raise ValueError(f"checkpoint {str(path)!r} (quant_method \"fp8\", {self.block[0]}x{self.block[1]} "
@@ -218,15 +219,16 @@ def stored_quantization(path: Path, raw_config: dict[str, Any], entries: dict[st
                         dtype: torch.dtype) -> Fp8Blocks | None:
     """The checkpoint's quantized format (None for a float checkpoint), from config.json's ``quantization_config``
     and checked against the headers ``entries``; ``dtype`` is the model's (what it dequantizes to). A format lightprune
-    does not read is refused naming it and what to do; so is a float8 or scale tensor in a checkpoint that declares
-    no quantization."""
+    does not read is refused naming it and what to do, and so are float8 weights with their scales under a config
+    that declares no quantization."""
     quantization = raw_config.get("quantization_config")
-    if quantization is None:
-        stray = sorted(k for k, (_, info) in entries.items() if info["dtype"].startswith("F8_") or k.endswith(_SCALE))
-        if stray:
-            raise ValueError(f"checkpoint {str(path)!r} holds float8 weights or their scales "
-                             f"({listed_text(stray)}) but config.json has no quantization_config: it would load "
-                             "them unscaled; restore the config's quantization_config")
+    if quantization is None:  # float8 tensors without scales are weights cast to float8: read upcast, as transformers
+        scaled = sorted(key for key in entries if key.endswith(_SCALE) and key.removesuffix(_SCALE) in entries
+                        and entries[key.removesuffix(_SCALE)][1]["dtype"].startswith("F8_"))
+        if scaled:
+            raise ValueError(f"checkpoint {str(path)!r} holds float8 weights with their block scales "
+                             f"({listed_text(scaled)}) but config.json has no quantization_config: they would load "
+                             "unscaled; restore its quantization_config (quant_method \"fp8\", weight_block_size)")
         return None
     if not isinstance(quantization, dict):
         raise ValueError(f"checkpoint {str(path)!r}: config.json's quantization_config is {show(quantization)}, "

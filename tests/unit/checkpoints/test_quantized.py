@@ -243,7 +243,7 @@ _KEY = "model.layers.1.mlp.experts.2.down_proj.weight"
      r"names model.layers.9.mlp, which the checkpoint holds no tensors of"),
     (lambda t, c: c["quantization_config"].__setitem__("modules_to_not_convert", ["model.layers.1.mlp.experts.2.down_proj"]),
      r"names modules stored quantized \(model.layers.1.mlp.experts.2.down_proj.weight\)"),
-    (lambda t, c: c.pop("quantization_config"), r"holds float8 weights or their scales .* no quantization_config"),
+    (lambda t, c: c.pop("quantization_config"), r"float8 weights with their block scales \(.*_scale_inv.* no quant"),
     (lambda t, c: c["quantization_config"].__setitem__("quant_method", "gptq"), r"quant_method \"gptq\": GPTQ"),
     (lambda t, c: c["quantization_config"].__setitem__("quant_method", "mxfp4"), r"quant_method \"mxfp4\": gpt-oss"),
     (lambda t, c: c["quantization_config"].__setitem__("quant_method", "compressed-tensors"),

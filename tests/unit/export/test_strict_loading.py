@@ -116,7 +116,9 @@ def test_quantization_config_refused(tiny, tmp_path):
     _, ckpt = saved(tiny, tmp_path / "ckpt")
     config = json.loads((ckpt / "config.json").read_text())
     (ckpt / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8"}}))
-    refused(ckpt, "is quantized", "'fp8'", "lightprune loads float checkpoints")
+    refused(ckpt, "declares quant_method \"fp8\"", "no tensor is stored in float8", "remove its quantization_config")
+    (ckpt / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "awq"}}))
+    refused(ckpt, "is quantized with quant_method \"awq\": AWQ int4 is not read")
 
 
 def test_one_expert_lacks_a_tensor(tiny, tmp_path):
