@@ -1,24 +1,20 @@
 """Quantized checkpoints as they ship, read as the float tensors transformers dequantizes them to:
-:func:`stored_quantization` (which format, checked against the headers) and :class:`Fp8Blocks`.
+:func:`stored_quantization` (which format, checked against the headers).
 
-A quantized checkpoint stores some tensors as *parts*: the FP8 values and their scales. lightprune reads it through a
-*logical* view (:class:`~lightprune.checkpoints.reader.Checkpoint`): one float tensor per quantized weight, under the
-weight's own name, in the model's dtype, dequantized when it is read, one tensor at a time (never the whole model).
-Every part's name is the logical name followed by a suffix (``X.weight`` and ``X.weight_scale_inv``), so a pruned
-checkpoint renames or slices the parts of a kept expert as it does its logical tensor, copying the stored bytes
-unchanged.
+A quantized checkpoint stores some tensors as *parts*: the quantized values and their scales. lightprune reads it
+through a *logical* view (:class:`~lightprune.checkpoints.reader.Checkpoint`): one float tensor per quantized
+weight, under the model's name for it, in the model's dtype, dequantized when it is read, one tensor at a time (never
+the whole model). Every part's name is the logical name followed by a suffix (``X.weight`` and
+``X.weight_scale_inv``; ``X.gate_up_proj_blocks`` and ``X.gate_up_proj_scales``), so a pruned checkpoint renames or
+slices the parts of a kept expert as it does its logical tensor, copying the stored bytes unchanged.
 
-Formats read:
+Formats read, each checked as strictly as a float checkpoint (every quantized tensor with its scales, in the shapes
+and dtypes of the format, the config's keys, its ``modules_to_not_convert`` naming modules the checkpoint holds and
+does not store quantized):
 
-- ``quant_method: "fp8"`` (transformers' ``FineGrainedFP8Config``: DeepSeek-V3 / R1, Kimi K2, Qwen3-FP8,
-  GLM-4.5-FP8, MiniMax-M2): a quantized linear's ``weight`` in float8_e4m3fn and its ``weight_scale_inv`` (float32
-  or bfloat16; uint8 powers of two with ``scale_fmt: "ue8m0"``), one scale per ``weight_block_size`` block of the
-  last two dimensions (the grid ceil-divided: DeepSeek-V3's ``kv_a_proj_with_mqa`` has 576 rows in 128-row blocks,
-  its last block half full). Dequantized as transformers' ``Fp8Dequantize`` does it
-  (``transformers/integrations/finegrained_fp8.py``): ``float32(q) * float32(scale of its block)``, cast to the
-  model's dtype. On a grid that divides the weight the two are the same arithmetic; transformers 5.25 refuses to
-  dequantize a partial block ("not divisible by scale grid"), which lightprune reads as DeepSeek's own
-  ``weight_dequant`` does (each block's scale over the rows and columns it covers).
+- ``quant_method: "fp8"``: FP8 with block scales (DeepSeek-V3 / R1, Kimi K2, Qwen3-FP8, GLM-4.5-FP8, MiniMax-M2):
+  :mod:`lightprune.checkpoints.fp8_blocks`;
+- ``quant_method: "mxfp4"``: MXFP4 experts (gpt-oss): :mod:`lightprune.checkpoints.mxfp4`.
 
 Every other ``quant_method`` is refused when the checkpoint opens, in one line naming it and what to do
 (:data:`REFUSED`).
@@ -26,197 +22,31 @@ Every other ``quant_method`` is refused when the checkpoint opens, in one line n
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lightprune.checkpoints.fp8_blocks import Fp8Blocks
+from lightprune.checkpoints.mxfp4 import Mxfp4Experts
 from lightprune.core.errors import listed_text
 from lightprune.core.jsonio import show
 
-__all__ = ["FP8_MAX", "Fp8Blocks", "QuantizedTensor", "REFUSED", "dequantize_fp8_blocks", "quantize_fp8_blocks",
-           "scale_factors", "stored_quantization"]
-
-#: the largest finite float8_e4m3fn value: a block's scale is its largest magnitude over it
-FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
+__all__ = ["REFUSED", "stored_quantization"]
 
 #: quant_method -> what to do instead (the formats lightprune does not read yet)
 REFUSED = {
-    "mxfp4": "gpt-oss ships its experts as MXFP4 blocks, which lightprune does not read yet: dequantize it first "
-             "(transformers: from_pretrained(..., quantization_config=Mxfp4Config(dequantize=True)), then "
-             "save_pretrained)",
     "compressed-tensors": "compressed-tensors (int4 / FP8 per channel) is not read yet: use the float release, or "
                           "decompress it first",
     "gptq": "GPTQ int4 is not read: use the float release of the model",
     "awq": "AWQ int4 is not read: use the float release of the model",
     "bitsandbytes": "a bitsandbytes checkpoint is not read: use the float release of the model",
 }
-_FP8 = "fp8"
 _SCALE = "_scale_inv"
-_SCALE_DTYPES = ("F32", "BF16")
-
-
-@dataclass(frozen=True)
-class QuantizedTensor:
-    """One logical tensor stored quantized: ``parts`` (its stored keys, the values first), the ``shape`` and
-    ``dtype`` of its dequantized value."""
-
-    parts: tuple[str, ...]
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-
-def _blocks(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ...]:
-    """The scale grid of a weight of ``shape``: its leading dimensions, then its last two ceil-divided by ``block``."""
-    return (*shape[:-2], math.ceil(shape[-2] / block[0]), math.ceil(shape[-1] / block[1]))
-
-
-def quantize_fp8_blocks(weight: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float8_e4m3fn values, float32 ``weight_scale_inv``) of ``weight`` ([..., R, C]) in ``block``-sized blocks of
-    its last two dimensions: per block ``scale = amax / 448`` (1 for a block of zeros) and ``q = round(w / scale)``
-    to the nearest float8_e4m3fn (DeepSeek-V3's block quantization, "DeepSeek-V3 Technical Report", arXiv
-    2412.19437, section 3.3.2); :func:`dequantize_fp8_blocks` returns ``w`` within float8_e4m3fn's rounding (a
-    relative 2^-4, or 2^-10 of the block's scale below its normal range)."""
-    if weight.dim() < 2:
-        raise ValueError(f"quantize_fp8_blocks: a weight of at least 2 dimensions, got {list(weight.shape)}")
-    rows, cols = weight.shape[-2:]
-    grid = _blocks(tuple(weight.shape), block)
-    padded = weight.new_zeros((*weight.shape[:-2], grid[-2] * block[0], grid[-1] * block[1]), dtype=torch.float32)
-    padded[..., :rows, :cols] = weight.float()
-    tiles = padded.reshape(*grid[:-2], grid[-2], block[0], grid[-1], block[1])
-    amax = tiles.abs().amax(dim=(-3, -1))
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    values = (tiles / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    values = values.reshape(padded.shape)[..., :rows, :cols].contiguous()
-    return values, scale.contiguous()
-
-
-def scale_factors(scale: torch.Tensor) -> torch.Tensor:
-    """The scales as float32 (uint8 ``ue8m0`` bytes are powers of two: ``2 ** (byte - 127)``, as transformers reads
-    them)."""
-    return (scale.float() - 127.0).exp2() if scale.dtype == torch.uint8 else scale.float()
-
-
-def dequantize_fp8_blocks(values: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
-                          dtype: torch.dtype) -> torch.Tensor:
-    """``values`` ([..., R, C], float8) times the scale of each one's ``block`` (``scale`` [..., ceil(R/b0),
-    ceil(C/b1)]), in float32, cast to ``dtype`` (see the module docstring)."""
-    rows, cols = values.shape[-2:]
-    grid = scale.shape[-2:]
-    factors = scale_factors(scale)
-    if rows == grid[0] * block[0] and cols == grid[1] * block[1]:  # transformers' reshape, the same products
-        tiles = values.float().reshape(*values.shape[:-2], grid[0], block[0], grid[1], block[1])
-        return (tiles * factors[..., :, None, :, None]).to(dtype).reshape(values.shape)
-    spread = factors.repeat_interleave(block[0], dim=-2)[..., :rows, :].repeat_interleave(block[1], dim=-1)
-    return (values.float() * spread[..., :cols]).to(dtype)
-
-
-class Fp8Blocks:
-    """An FP8 block-scaled checkpoint (``quant_method: "fp8"``, see the module docstring), checked against its
-    headers when built: ``tensors`` {logical key: :class:`QuantizedTensor`}, ``block`` the ``weight_block_size``,
-    ``dtype`` the model's (what the weights dequantize to)."""
-
-    method = _FP8
-
-    def __init__(self, path: Path, quantization: dict[str, Any], entries: dict[str, tuple[Path, dict[str, Any]]],
-                 dtype: torch.dtype):
-        where = f"checkpoint {str(path)!r}: config.json's quantization_config"
-        self.config = quantization
-        self.block = self._block(where, quantization.get("weight_block_size", [128, 128]))
-        fmt = quantization.get("fmt", "e4m3")
-        if fmt != "e4m3":
-            raise ValueError(f"{where} has \"fmt\": {show(fmt)}; lightprune reads FP8 in e4m3 (float8_e4m3fn), "
-                             "the format of the fp8 releases")
-        scale_fmt = quantization.get("scale_fmt")
-        if scale_fmt not in (None, "ue8m0"):
-            raise ValueError(f"{where} has \"scale_fmt\": {show(scale_fmt)}; lightprune reads float scales or "
-                             "\"ue8m0\" (uint8 powers of two)")
-        self.dtype = dtype
-        scale_dtypes = (*_SCALE_DTYPES, "U8") if scale_fmt == "ue8m0" else _SCALE_DTYPES
-        self.tensors: dict[str, QuantizedTensor] = {}
-        problems: dict[str, list[str]] = {}
-        for key, (_, info) in entries.items():
-            if key.endswith(_SCALE):
-                weight = key.removesuffix(_SCALE)
-                if weight not in entries:
-                    problems.setdefault("scales without their weight", []).append(key)
-                continue
-            if not info["dtype"].startswith("F8_"):
-                continue
-            scale = key + _SCALE
-            shape = tuple(info["shape"])
-            if info["dtype"] != "F8_E4M3":
-                problems.setdefault("float8 weights not in e4m3", []).append(f"{key} ({info['dtype']})")
-            elif scale not in entries:
-                problems.setdefault("float8 weights without their weight_scale_inv (the scales missing)",
-                                    []).append(key)
-            elif len(shape) < 2:
-                problems.setdefault("float8 tensors of fewer than 2 dimensions", []).append(f"{key} {list(shape)}")
-            elif tuple(entries[scale][1]["shape"]) != _blocks(shape, self.block):
-                problems.setdefault(f"scales whose shape is not the {self.block[0]}x{self.block[1]} block grid of "
-                                    "their weight", []).append(
-                    f"{scale} {list(entries[scale][1]['shape'])} for {list(shape)} (wants "
-                    f"{list(_blocks(shape, self.block))})")
-            elif entries[scale][1]["dtype"] not in scale_dtypes:
-                problems.setdefault(f"scales not in {'/'.join(scale_dtypes)}", []).append(
-                    f"{scale} ({entries[scale][1]['dtype']})")
-            else:
-                self.tensors[key] = QuantizedTensor((key, scale), shape, dtype)
-        if not self.tensors and not problems:
-            raise ValueError(f"checkpoint {str(path)!r} declares quant_method \"fp8\" (config.json's "
-                             "quantization_config) but no tensor is stored in float8: a config for another checkpoint; "
-                             "remove its quantization_config or restore the weights")
-        if problems:
-            said = "; ".join(f"{what}: {listed_text(sorted(keys))}" for what, keys in problems.items())
-            raise ValueError(f"checkpoint {str(path)!r} (quant_method \"fp8\", {self.block[0]}x{self.block[1]} "
-                             f"blocks): {said}; re-export it or restore the files")
-        _check_ignored(path, quantization.get("modules_to_not_convert"), entries, self.tensors)
-
-    @staticmethod
-    def _block(where: str, value: Any) -> tuple[int, int]:
-        if not isinstance(value, list) or len(value) != 2 or \
-                not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-            raise ValueError(f"{where} has \"weight_block_size\": {show(value)}; write two positive integers, the "
-                             "rows and columns of a scale's block (the releases: [128, 128])")
-        return value[0], value[1]
-
-    def dequantize(self, parts: dict[str, torch.Tensor], key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The logical tensor ``key`` from its read ``parts`` ({stored key: tensor}), in ``dtype`` (the model's)."""
-        values, scale = (parts[name] for name in self.tensors[key].parts)
-        return dequantize_fp8_blocks(values, scale, self.block, dtype or self.dtype)
-
-    def record(self) -> dict[str, Any]:
-        """What a manifest says of the format."""
-        return {"quant_method": self.method, "weight_block_size": list(self.block),
-                "quantized_tensors": len(self.tensors)}
-
-
-def _check_ignored(path: Path, ignored: Any, entries: dict[str, Any], quantized: dict[str, QuantizedTensor]) -> None:
-    """``modules_to_not_convert``: a list of module names, each naming a module the checkpoint holds (a prefix of
-    its tensors' names up to a ``.``, or the end of a name, as transformers matches them), none of them stored
-    quantized."""
-    if ignored is None:
-        return
-    where = f"checkpoint {str(path)!r}: config.json's quantization_config"
-    if not isinstance(ignored, list) or not all(isinstance(name, str) and name for name in ignored):
-        raise ValueError(f"{where} has \"modules_to_not_convert\": {show(ignored)}; write a list of module names")
-    modules = {key.rpartition(".")[0] for key in entries}
-    absent = [name for name in ignored if not any(m == name or m.startswith(f"{name}.") or m.endswith(f".{name}")
-                                                  for m in modules)]
-    if absent:
-        raise ValueError(f"{where}'s \"modules_to_not_convert\" names {listed_text(absent)}, which the checkpoint "
-                         "holds no tensors of: a config for another checkpoint; restore it")
-    converted = [key for key in quantized if any(key.rpartition(".")[0] == name for name in ignored)]
-    if converted:
-        raise ValueError(f"{where}'s \"modules_to_not_convert\" names modules stored quantized "
-                         f"({listed_text(converted)}): transformers would load their FP8 values unscaled; restore "
-                         "the config")
 
 
 def stored_quantization(path: Path, raw_config: dict[str, Any], entries: dict[str, tuple[Path, dict[str, Any]]],
-                        dtype: torch.dtype) -> Fp8Blocks | None:
+                        dtype: torch.dtype) -> Fp8Blocks | Mxfp4Experts | None:
     """The checkpoint's quantized format (None for a float checkpoint), from config.json's ``quantization_config``
     and checked against the headers ``entries``; ``dtype`` is the model's (what it dequantizes to). A format lightprune
     does not read is refused naming it and what to do, and so are float8 weights with their scales under a config
@@ -234,9 +64,10 @@ def stored_quantization(path: Path, raw_config: dict[str, Any], entries: dict[st
         raise ValueError(f"checkpoint {str(path)!r}: config.json's quantization_config is {show(quantization)}, "
                          "not an object")
     method = quantization.get("quant_method")
-    if method == _FP8:
-        return Fp8Blocks(path, quantization, entries, dtype)
+    for fmt in (Fp8Blocks, Mxfp4Experts):
+        if method == fmt.method:
+            return fmt(path, quantization, entries, dtype)
     hint = REFUSED.get(method if isinstance(method, str) else "",
-                       "lightprune reads float checkpoints and FP8 block-scaled ones (quant_method \"fp8\"): "
-                       "use the float release of the model")
+                       "lightprune reads float checkpoints, FP8 block-scaled ones (quant_method \"fp8\") and MXFP4 "
+                       "ones (\"mxfp4\"): use the float release of the model")
     raise ValueError(f"checkpoint {str(path)!r} is quantized with quant_method {show(method)}: {hint}")

@@ -59,7 +59,9 @@ from lightprune.checkpoints.directory import (
     weight_files,
 )
 from lightprune.checkpoints.header import SAFETENSORS_DTYPES
-from lightprune.checkpoints.quantized import Fp8Blocks, stored_quantization
+from lightprune.checkpoints.fp8_blocks import Fp8Blocks
+from lightprune.checkpoints.mxfp4 import Mxfp4Experts
+from lightprune.checkpoints.quantized import stored_quantization
 from lightprune.checkpoints.strict import check_config_values
 from lightprune.core.jsonio import show
 
@@ -138,12 +140,13 @@ class Checkpoint:
         self.metadata: dict[str, dict[str, str]] = {}
         self._entries: dict[str, tuple[Path, dict[str, Any]]] = disk_entries(self.path, self.metadata)
         copied_files(self.path)  # what an export copies along: no directory or broken link in its place
-        #: the stored format (None: float), and the stored keys that are a quantized tensor's scales
-        self.quantization: Fp8Blocks | None = stored_quantization(self.path, self.raw_config, self._entries,
-                                                                  self._model_dtype())
-        quantized = self.quantization.tensors if self.quantization is not None else {}
-        self._quantized = quantized
-        self._companions = {part for found in quantized.values() for part in found.parts[1:]}
+        #: the stored format (None: float)
+        self.quantization: Fp8Blocks | Mxfp4Experts | None = stored_quantization(
+            self.path, self.raw_config, self._entries, self._model_dtype())
+        self._quantized = self.quantization.tensors if self.quantization is not None else {}
+        #: {stored key that holds a quantized tensor's values: the logical key}; the stored keys of its other parts
+        self._logical_of = {found.parts[0]: key for key, found in self._quantized.items()}
+        self._companions = {part for found in self._quantized.values() for part in found.parts[1:]}
         self._check_layer_counts()
         self.config = AutoConfig.from_pretrained(self.path)
         self._check_dtype()
@@ -239,19 +242,25 @@ class Checkpoint:
         return None
 
     # ------------------------------------------------------------------ headers (logical)
+    def _logical(self, stored: list[str]) -> list[str]:
+        """The logical keys of ``stored`` keys, in their order: a quantized tensor's at its values' place, its
+        other parts left out."""
+        return [self._logical_of.get(key, key) for key in stored if key not in self._companions]
+
     def keys(self) -> list[str]:
-        """The logical tensor names: the stored ones but a quantized tensor's scales."""
-        return [key for key in self._entries if key not in self._companions]
+        """The logical tensor names: the stored ones, a quantized tensor's parts as its one name."""
+        return self._logical(list(self._entries))
 
     def entries(self) -> dict[str, tuple[Path, dict[str, Any]]]:
         """{logical tensor: (its file, its stored header entry: a quantized tensor's values')}."""
-        return {key: entry for key, entry in self._entries.items() if key not in self._companions}
+        return {key: self._entries[self.parts(key)[0]] for key in self.keys()}
 
     def __contains__(self, key: str) -> bool:
-        return key in self._entries and key not in self._companions
+        return key in self._quantized or (key in self._entries and key not in self._companions
+                                          and key not in self._logical_of)
 
     def file(self, key: str) -> Path:
-        return self._entry(key)[0]
+        return self._entry(self.parts(key)[0])[0]
 
     def shape(self, key: str) -> tuple[int, ...]:
         return self._quantized[key].shape if key in self._quantized else self.stored_shape(key)
@@ -280,7 +289,7 @@ class Checkpoint:
 
     def keys_in(self, file: Path) -> list[str]:
         """The logical tensors of one shard, in the order of their data in the file."""
-        return [key for key in self.stored_keys_in(file) if key not in self._companions]
+        return self._logical(self.stored_keys_in(file))
 
     # ------------------------------------------------------------------ headers (stored)
     def parts(self, key: str) -> tuple[str, ...]:

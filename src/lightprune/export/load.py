@@ -4,10 +4,13 @@ Before transformers sees the directory, it is opened and checked exactly as ever
 (:class:`~lightprune.checkpoints.reader.Checkpoint`, then the
 :class:`~lightprune.checkpoints.skeleton.Skeleton` built on it, which runs
 :func:`~lightprune.checkpoints.contents.check_contents`): the files (which are the weights, the shard index
-against the shards, every header against its bytes), config.json (no duplicate key, no
-``quantization_config``, layer counts and ``dtype`` against the weights), and the tensors against the model
-(all present, none extra, shapes that fit, no integer tensor where the model has a float one, a possible top-k).
-The same checkpoint is refused with the same message whichever path reads it. Only headers are read.
+against the shards, every header against its bytes), config.json (no duplicate key, a ``quantization_config``
+only of a format lightprune reads and agreeing with the tensors, layer counts and ``dtype`` against the weights), and
+the tensors against the model (all present, none extra, shapes that fit, no integer tensor where the model has a
+float one, a possible top-k). The same checkpoint is refused with the same message whichever path reads it. Only
+headers are read. A quantized checkpoint (FP8 blocks, MXFP4) loads dequantized into the model's dtype, as the
+streamed paths read it (the format's ``loading_config``, unless ``quantization_config`` is passed); the tensors of
+multi-token-prediction layers the model class does not build are not unexpected ones.
 
 Loading is strict: a checkpoint that would give a model with random or dropped weights raises
 ``ValueError`` naming the path and the tensors (at most 8, then "and N more"), never a warning.
@@ -163,6 +166,7 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
     with Checkpoint(path) as checkpoint, outside_zero_init():
         # the checks every path runs (see the module docstring), from the headers
         mtp = tuple(f"model.layers.{index}." for index in Skeleton(checkpoint).mtp_layers)
+        quantization = checkpoint.quantization
     path = checkpoint.path
     width = None  # a width export's plan and alignment, read before the weights (a directory or a dangling link
     if os.path.lexists(path / WIDTH_PLAN_FILE):  # there is said, never loaded as a dense model)
@@ -172,6 +176,8 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     kwargs = {"dtype": dtype if dtype is not None else "auto", "use_safetensors": True, **from_pretrained_kwargs,
               "output_loading_info": True, "ignore_mismatched_sizes": True}
+    if quantization is not None:  # dequantized, as every lightprune path reads it (:mod:`.checkpoints.quantized`)
+        kwargs.setdefault("quantization_config", quantization.loading_config())
     with outside_zero_init():
         if trust_remote_code:
             cls, kwargs["trust_remote_code"] = auto_class(config), True

@@ -29,7 +29,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from lightprune.checkpoints.directory import SAFE_INDEX, checkpoint_directory
-from lightprune.checkpoints.quantized import dequantize_fp8_blocks, quantize_fp8_blocks, scale_factors
+from lightprune.checkpoints.fp8_blocks import dequantize_fp8_blocks, quantize_fp8_blocks, scale_factors
 from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
 from lightprune.checkpoints.staging import staging_dir

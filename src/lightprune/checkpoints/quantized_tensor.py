@@ -1,0 +1,58 @@
+"""What every quantized format lightprune reads shares: :class:`QuantizedTensor` (a logical tensor and its stored
+parts) and :func:`check_ignored` (a ``quantization_config``'s ``modules_to_not_convert`` against the checkpoint)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightprune.core.errors import listed_text
+from lightprune.core.jsonio import show
+
+__all__ = ["QuantizedTensor", "check_ignored", "ignores"]
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """One logical tensor stored quantized: ``parts`` (its stored keys, the values first, each the logical key and a
+    suffix), the ``shape`` and ``dtype`` of its dequantized value."""
+
+    parts: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def ignores(pattern: str, module: str) -> bool:
+    """True when ``modules_to_not_convert`` entry ``pattern`` names ``module`` as transformers matches them
+    (``should_convert_module``): from the start up to a module boundary, as a regular expression with that boundary
+    (``model.layers.*.self_attn``), or as a suffix (``lm_head``)."""
+    try:
+        found = re.match(rf"(?:{pattern})(?:(?<=\.)|(?=\.|$))", module) is not None
+    except re.error:
+        found = module == pattern or module.startswith(f"{pattern}.")
+    return found or module.endswith(pattern)
+
+
+def check_ignored(path: Path, method: str, ignored: Any, entries: dict[str, Any],
+                  quantized: dict[str, QuantizedTensor]) -> None:
+    """``modules_to_not_convert``: a list of module names, each naming a module the checkpoint holds (:func:`ignores`
+    of a prefix of its tensors' names), none that holds a tensor stored quantized."""
+    if ignored is None:
+        return
+    where = f"checkpoint {str(path)!r}: config.json's quantization_config"
+    if not isinstance(ignored, list) or not all(isinstance(name, str) and name for name in ignored):
+        raise ValueError(f"{where} has \"modules_to_not_convert\": {show(ignored)}; write a list of module names")
+    modules = {key.rpartition(".")[0] for key in entries}
+    absent = [name for name in ignored if not any(ignores(name, module) for module in modules)]
+    if absent:
+        raise ValueError(f"{where}'s \"modules_to_not_convert\" names {listed_text(absent)}, which the checkpoint "
+                         "holds no tensors of: a config for another checkpoint; restore it")
+    converted = [key for key in quantized if any(ignores(name, key.rpartition(".")[0]) for name in ignored)]
+    if converted:
+        raise ValueError(f"{where}'s \"modules_to_not_convert\" names modules stored quantized "
+                         f"({listed_text(converted)}): transformers would load their {method} values unscaled; "
+                         "restore the config")
