@@ -93,14 +93,15 @@ def _run_report(plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
 def export_with_report(model, plan: ExpertPlan | MergePlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
                        seconds_scoring: float, overwrite: bool, atol: float | None,
                        extra: dict[str, Any] | None = None, processor: Any = None,
-                       evaluation: dict[str, Any] | None = None) -> dict[str, Any]:
+                       evaluation: dict[str, Any] | None = None, quantize: str | None = None) -> dict[str, Any]:
     """Prune (a MergePlan: merge) ``model`` by ``plan``, export and verify it to ``ckpt_dir`` (with the source
     checkpoint's tokenizer files, else ``processor``, and a model card), then write ``report.json`` and
     ``kept_experts.png`` to ``run_dir``; returns the report (:func:`lightprune.reporting.report.summary_table`
     shows it)."""
     start = time.perf_counter()
     card = {"source": str(source), **({"evaluation": evaluation} if evaluation else {})}
-    result = export_pruned(model, plan, ckpt_dir, overwrite=overwrite, atol=atol, processor=processor, card=card)
+    result = export_pruned(model, plan, ckpt_dir, overwrite=overwrite, atol=atol, processor=processor, card=card,
+                           quantize=quantize)
     figures = {**(extra or {}), **_figures(result, result.parameters_before)}
     layout = plan
     if isinstance(plan, MergePlan):
@@ -112,12 +113,12 @@ def export_with_report(model, plan: ExpertPlan | MergePlan, run_dir: Path, ckpt_
 
 def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
                                 params_before: int, seconds_scoring: float, overwrite: bool,
-                                atol: float | None) -> dict[str, Any]:
+                                atol: float | None, quantize: str | None = None) -> dict[str, Any]:
     """:func:`lightprune.export.prune_checkpoint` of ``source_dir`` by ``plan`` into ``ckpt_dir``, then the same
     ``report.json`` and ``kept_experts.png`` as :func:`export_with_report`, from the checkpoints."""
     start = time.perf_counter()
     result = prune_checkpoint(source_dir, plan, ckpt_dir, overwrite=overwrite, atol=atol,
-                              card={"source": str(source or source_dir)})
+                              card={"source": str(source or source_dir)}, quantize=quantize)
     figures = {"streamed": True, **_figures(result, params_before)}
     return _run_report(plan, run_dir, ckpt_dir, source=source or str(source_dir), figures=figures,
                        seconds_scoring=seconds_scoring, start=start)
@@ -144,15 +145,19 @@ class Export(WritesCheckpoint, JobEndCallback):
             fp32, 1e-2 in bf16/fp16, where a near tie between router scores can flip an expert choice; ``rtol``:
             :func:`lightprune.export.verify.default_rtol`).
         summary: print the summary table at the end of the job (with Evaluate's perplexity before and after).
+        quantize: ``"fp8"``: once verified, write the checkpoint FP8 with 128x128 block scales (the DeepSeek-V3
+            layout transformers and the serving stacks load; :func:`lightprune.quantize_checkpoint`); a source
+            stored quantized keeps its own format without it. None: the weights' dtype.
     """
 
     def __init__(self, output_dir: str | None = None, checkpoint_dir: str | None = None,
                  plan_path: str | None = None, overwrite: bool = False, atol: float | None = None,
-                 summary: bool = True):
+                 summary: bool = True, quantize: str | None = None):
         super().__init__()
         plan_path = check_plan_path(plan_path) if plan_path is not None else None
         self.output_dir, self.checkpoint_dir, self.plan_path = output_dir, checkpoint_dir, plan_path
         self.overwrite, self.atol, self.summary = overwrite, self.OPTIONS.check("atol", atol), summary
+        self.quantize = self.OPTIONS.check("quantize", quantize)
         self.report: dict[str, Any] | None = None
 
     def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -212,7 +217,7 @@ class Export(WritesCheckpoint, JobEndCallback):
             self.report = {} if not trainer.is_global_zero else streamed_export_with_report(
                 source_dir, plan, run_dir, ckpt_dir, source=getattr(pl_module, "source", None),
                 params_before=params_before, seconds_scoring=seconds_scoring, overwrite=self.overwrite,
-                atol=self.atol)
+                atol=self.atol, quantize=self.quantize)
             if trainer.is_global_zero:
                 RunState.of(trainer).exported = ckpt_dir
             self._summarise(trainer)
@@ -234,7 +239,7 @@ class Export(WritesCheckpoint, JobEndCallback):
                                          seconds_scoring=seconds_scoring, overwrite=self.overwrite,
                                          atol=self.atol,
                                          processor=_run_tokenizer(model, trainer.datamodule or state.datamodule),
-                                         evaluation=dict(state.evaluation) or None)
+                                         evaluation=dict(state.evaluation) or None, quantize=self.quantize)
         state.exported = ckpt_dir
         self._summarise(trainer)
 

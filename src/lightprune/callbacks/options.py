@@ -37,6 +37,7 @@ from lightprune.core.choices import (
 )
 from lightprune.experts.calibration.registry import available_statistics
 from lightprune.experts.criteria.registry import CRITERIA
+from lightprune.export.quantize import check_quantize
 
 __all__ = ["CallbackOptions", "OPTIONS", "uses_options", "check_criterion_name"]
 
@@ -124,7 +125,7 @@ OPTIONS: dict[str, CallbackOptions] = {spec.name: spec for spec in (
     CallbackOptions(
         "Export", "export", "prune, save, reload and verify the checkpoint",
         {"output_dir": None, "checkpoint_dir": None, "plan_path": None, "overwrite": None, "atol": check_atol,
-         "summary": None}),
+         "summary": None, "quantize": check_quantize}),
     CallbackOptions(
         "WidthSearch", "width_search", "MWOP: staged search over attention paths and FFN channels",
         {"grid": None, "stages": None, "min_retention": None, "max_candidates": None, "expand_above": None,

@@ -34,6 +34,7 @@ from lightprune.experts.mask import mask_experts
 from lightprune.experts.merging import MergePlan, write_merged
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
+from lightprune.export.quantize import check_quantize, quantize_staged
 from lightprune.export.result import ExportResult
 from lightprune.export.save import (
     card_facts,
@@ -78,7 +79,7 @@ def _name_a_surgery_problem(model: nn.Module, probe: Mapping[str, Any], referenc
 def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str | os.PathLike, *,
                   probe: Mapping[str, Any] | None = None, overwrite: bool = False, atol: float | None = None,
                   processor: Any = None, source_dir: str | os.PathLike | None = None,
-                  card: Mapping[str, Any] | None = None) -> ExportResult:
+                  card: Mapping[str, Any] | None = None, quantize: str | None = None) -> ExportResult:
     """Prune ``model`` in place by ``plan``, save it to ``out_dir`` and verify it against the masked model.
 
     A :class:`~lightprune.experts.merging.MergePlan` merges instead: once the checks below have passed, every
@@ -88,7 +89,9 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
 
     ``processor``, ``source_dir`` and ``card`` are as for :func:`save_pruned` (the tokenizer, the source's
     fingerprint; ``card``: ``source``, ``command``, ``evaluation``), with ``plan`` and the unpruned model's
-    ``parameters_before`` / ``parameter_bytes_before`` added to the card here.
+    ``parameters_before`` / ``parameter_bytes_before`` added to the card here. ``quantize="fp8"``: once verified,
+    the checkpoint is written FP8 with 128x128 block scales (:func:`~lightprune.export.quantize.quantize_staged`,
+    the DeepSeek-V3 layout, each tensor checked within float8's rounding; the manifest's ``quantization``).
 
     Returns an :class:`~lightprune.export.result.ExportResult`: ``path``, ``parameters_before``, ``parameters``,
     ``weight_bytes`` (safetensors bytes on disk), ``parameter_bytes`` (bytes of the pruned tensors),
@@ -117,6 +120,7 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     if merge is not None:
         plan = merge.expert_plan()
     atol = check_atol(atol)  # NaN would switch verification off: refused before any surgery
+    quantize = check_quantize(quantize)
     source = resolve_source_dir(model, source_dir)
     check_not_source(out_dir, source)
     check_out_dir(out_dir, overwrite)
@@ -143,7 +147,8 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     try:
         return write_pruned(model, out_dir, counts, source=source, facts=facts, fingerprint=fingerprint, probe=probe,
                             reference_logits=reference, atol=atol, overwrite=overwrite, processor=processor,
-                            max_shard_size=None, start=start, where="export_pruned", expert_ids=plan.keep)
+                            max_shard_size=None, start=start, where="export_pruned", expert_ids=plan.keep,
+                            after_verify=quantize_staged if quantize else None)
     except Exception as err:  # re-raised below unless the surgery is to blame
         _name_a_surgery_problem(model, probe, reference, atol, err)
         raise

@@ -39,7 +39,7 @@ from lightprune.export.save import GENERATION_FILE, apply_umask, check_not_sourc
 from lightprune.export.verify import check_written_finite
 from lightprune.models import find_moe_layers
 
-__all__ = ["quantize_checkpoint", "fp8_weight_keys"]
+__all__ = ["check_quantize", "fp8_weight_keys", "quantize_checkpoint", "quantize_staged"]
 
 _SCALE = "_scale_inv"
 
@@ -86,35 +86,71 @@ def quantize_checkpoint(src_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     src = Path(src_dir).expanduser().absolute()
     check_not_source(out_dir, src)
     with Checkpoint(src) as checkpoint:
-        if checkpoint.quantization is not None:
-            raise ValueError(f"checkpoint {str(src)!r} is already quantized (quant_method "
-                             f"{checkpoint.quantization.method!r}): quantize_checkpoint takes a float checkpoint")
-        skeleton = Skeleton(checkpoint, mtp=True)
-        chosen = fp8_weight_keys(skeleton)
+        _check_float(checkpoint)
         with staging_dir(out_dir, overwrite) as tmp:
-            weight_map, total = {}, 0
-            for file in tqdm(checkpoint.files, desc=f"quantizing {src.name}", unit="shard", leave=False,
-                             disable=not progress):
-                sizes = _write_shard(checkpoint, file, chosen, block, tmp)
-                weight_map.update({name: file.name for name in sizes})
-                total += sum(sizes.values())
-            if checkpoint.sharded:
-                index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-                (tmp / SAFE_INDEX).write_text(json.dumps(index, indent=2) + "\n")
-            config = dict(checkpoint.raw_config)
-            config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                             "weight_block_size": list(block)}
-            (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+            count = _quantized_copy(checkpoint, tmp, block, verify, progress)
             copy_tokenizer_files(src, tmp)
             if (src / GENERATION_FILE).is_file():
                 shutil.copyfile(src / GENERATION_FILE, tmp / GENERATION_FILE)
-            if verify:
-                _verify(checkpoint, tmp, chosen, block, progress)
             apply_umask(tmp)
     if progress:
-        print(f"quantized {len(chosen)} tensors of {src.name} to FP8 ({block[0]}x{block[1]} blocks) in "
+        print(f"quantized {count} tensors of {src.name} to FP8 ({block[0]}x{block[1]} blocks) in "
               f"{time.perf_counter() - start:.1f}s")
     return Path(out_dir).expanduser().absolute()
+
+
+def check_quantize(quantize: str | None) -> str | None:
+    """The ``quantize`` option of an export: None (the weights as they are) or ``"fp8"`` (FP8 in 128x128 blocks,
+    after the pruned checkpoint is verified)."""
+    if quantize is not None and quantize != "fp8":
+        raise ValueError(f"quantize must be None or 'fp8' (FP8 with 128x128 block scales, the DeepSeek-V3 layout), "
+                         f"got {quantize!r}")
+    return quantize
+
+
+def quantize_staged(tmp: Path, block: tuple[int, int] = (128, 128), progress: bool = False) -> dict[str, Any]:
+    """Rewrite the float checkpoint staged in ``tmp`` (an export's, verified) as FP8 block-scaled in place, verified
+    within float8's rounding; returns what the manifest says of it."""
+    work = tmp / ".lightprune-fp8"
+    with Checkpoint(tmp) as checkpoint:
+        _check_float(checkpoint)
+        count = _quantized_copy(checkpoint, work, block, True, progress)
+        files = [file.name for file in checkpoint.files]
+    for name in [*files, "config.json", *([SAFE_INDEX] if (work / SAFE_INDEX).exists() else [])]:
+        os.replace(work / name, tmp / name)
+    shutil.rmtree(work)
+    return {"quant_method": "fp8", "weight_block_size": list(block), "quantized_tensors": count,
+            "stored_as": "quantized by lightprune after pruning"}
+
+
+def _check_float(checkpoint: Checkpoint) -> None:
+    if checkpoint.quantization is not None:
+        raise ValueError(f"checkpoint {str(checkpoint.path)!r} is already quantized (quant_method "
+                         f"{checkpoint.quantization.method!r}): quantizing takes a float checkpoint (a quantized "
+                         "one's pruned copy keeps its format)")
+
+
+def _quantized_copy(checkpoint: Checkpoint, out: Path, block: tuple[int, int], verify: bool, progress: bool) -> int:
+    """Write ``checkpoint``'s weights, shard index and config.json, FP8 block-scaled, into directory ``out``
+    (verified when ``verify``); returns how many tensors were quantized."""
+    chosen = fp8_weight_keys(Skeleton(checkpoint, mtp=True))
+    out.mkdir(exist_ok=True)
+    weight_map, total = {}, 0
+    for file in tqdm(checkpoint.files, desc=f"quantizing {checkpoint.path.name}", unit="shard", leave=False,
+                     disable=not progress):
+        sizes = _write_shard(checkpoint, file, chosen, block, out)
+        weight_map.update({name: file.name for name in sizes})
+        total += sum(sizes.values())
+    if checkpoint.sharded:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (out / SAFE_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    config = dict(checkpoint.raw_config)
+    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                     "weight_block_size": list(block)}
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if verify:
+        _verify(checkpoint, out, chosen, block, progress)
+    return len(chosen)
 
 
 def _write_shard(checkpoint: Checkpoint, file: Path, chosen: set[str], block: tuple[int, int],

@@ -49,7 +49,7 @@ import shutil
 import sys
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -449,13 +449,16 @@ def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[i
                  facts: Mapping[str, Any], fingerprint: list[dict[str, Any]] | None,
                  probe: Mapping[str, Any] | None, reference_logits: torch.Tensor | None, atol: float | None,
                  overwrite: bool, processor: Any, max_shard_size: int | str | None, start: float, where: str,
-                 expert_ids: Mapping[int, Sequence[int]] | None = None) -> ExportResult:
+                 expert_ids: Mapping[int, Sequence[int]] | None = None,
+                 after_verify: Callable[[Path], dict[str, Any]] | None = None) -> ExportResult:
     """Steps 1-7 of the module docstring for ``model`` (pruned, ``counts`` routed experts per layer), its inputs
     checked by the caller: ``source`` (:func:`resolve_source_dir`, not ``out_dir`` nor inside it), ``facts``
     (:func:`card_facts`), ``fingerprint`` (:func:`source_fingerprint` of ``source``). ``where`` (the caller's name)
     begins each error; ``expert_ids`` ({layer: the ids the plan kept}) names a non-finite expert by the id it had
-    before pruning (:func:`non_finite_tensors`). The other arguments are :func:`save_pruned`'s; the result's
-    ``seconds`` count from ``start`` (``time.perf_counter()``)."""
+    before pruning (:func:`non_finite_tensors`); ``after_verify(staged directory)``, when given, runs once the
+    staged checkpoint is verified and returns the manifest's ``quantization`` entry (a prune-then-quantize export).
+    The other arguments are :func:`save_pruned`'s; the result's ``seconds`` count from ``start``
+    (``time.perf_counter()``)."""
     get_family(model).set_expert_counts(dict(counts))
     uniform = len(set(counts.values())) == 1
     broken = non_finite_tensors(model, expert_ids)  # one isfinite per tensor, before anything is written
@@ -485,6 +488,7 @@ def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[i
         with quiet_progress():  # the verification's reloads
             diffs = _verify(tmp, probe, reference_logits, dtype, device, not uniform, atol, rtol)
         worst = max(diffs.values(), key=lambda c: c.max_abs_diff)
+        extra = {"quantization": after_verify(tmp)} if after_verify is not None else {}
         manifest = write_manifest(
             tmp, model, counts, parameters=parameter_count(model), parameter_bytes=tensor_bytes(model), dtype=dtype,
             verification={**worst.record(), "loaders": {k: v.max_abs_diff for k, v in diffs.items()},
@@ -493,6 +497,6 @@ def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[i
                 str(source) if source is not None else (getattr(model.config, "_name_or_path", "") or None)),
             fingerprint=fingerprint, plan=facts["plan"], tokenizer=tokenizer, evaluation=facts["evaluation"],
             parameters_before=facts["parameters_before"], parameter_bytes_before=facts["parameter_bytes_before"],
-            command=facts["command"])
+            command=facts["command"], **extra)
         apply_umask(tmp)
     return ExportResult.from_manifest(out_dir, manifest, time.perf_counter() - start)

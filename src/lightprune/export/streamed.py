@@ -56,6 +56,7 @@ from lightprune.core.errors import PlanError
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.experts.prune import check_routing, prune_experts
+from lightprune.export.quantize import check_quantize, quantize_staged
 from lightprune.export.result import ExportResult, write_manifest
 from lightprune.export.save import (
     GENERATION_FILE,
@@ -201,7 +202,7 @@ def _write_shard(checkpoint: Checkpoint, file: Path, rules: dict[str, KeyRule], 
 def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str | os.PathLike, *,
                      overwrite: bool = False, verify: bool = True, atol: float | None = None,
                      probe_tokens: int = 16, seed: int = 0, progress: bool = True,
-                     card: dict[str, Any] | None = None) -> ExportResult:
+                     card: dict[str, Any] | None = None, quantize: str | None = None) -> ExportResult:
     """Write the checkpoint at ``src_dir`` with the experts ``plan`` prunes removed to ``out_dir``, shard by
     shard (see the module docstring); returns an :class:`~lightprune.export.result.ExportResult` (the manifest's
     figures as attributes; ``os.PathLike`` and ``str``: the absolute output path, as the ``Path`` this returned
@@ -212,13 +213,16 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     ``atol`` default 1e-5 fp32, 1e-2 bf16/fp16, ``probe_tokens`` per probe, ``seed``); a mismatch raises
     ``ExportVerificationError`` and writes nothing. A NaN or inf in a tensor it would write is refused naming it.
     ``overwrite``: replace an existing non-empty ``out_dir`` once the new one is complete. ``card``: extra manifest
-    facts (``source``, ``command``). The output loads with ``lp.load_pruned`` (and with plain ``from_pretrained``
+    facts (``source``, ``command``). ``quantize="fp8"``: a float checkpoint's pruned copy, once verified, written FP8
+    with 128x128 block scales (:func:`~lightprune.export.quantize.quantize_staged`); a quantized checkpoint's
+    keeps its own format. The output loads with ``lp.load_pruned`` (and with plain ``from_pretrained``
     when every layer keeps the same number of experts).
     """
     start = time.perf_counter()
     # the numbers before anything is read (NumPy's too; a bool, NaN or a fraction of a token refused)
     atol, seed = check_atol(atol), check_non_negative_int("seed", seed)
     probe_tokens = check_positive_int("probe_tokens", probe_tokens)
+    quantize = check_quantize(quantize)
     check_plan_kind(plan, ExpertPlan, "prune_checkpoint", "a MergePlan merges experts, which prune_checkpoint does "
                     "not do shard by shard: load the model (lp.load_pruned(src_dir)) and run "
                     "lp.export_pruned(model, merge_plan, out_dir)")
@@ -230,6 +234,10 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     src = Path(src_dir).expanduser().absolute()
     check_not_source(out_dir, src)
     with Checkpoint(src) as checkpoint:
+        if quantize and checkpoint.quantization is not None:
+            raise ValueError(f"checkpoint {str(src)!r} is stored quantized (quant_method "
+                             f"{checkpoint.quantization.method!r}): its pruned copy keeps that format; leave quantize "
+                             "unset")
         skeleton = Skeleton(checkpoint, mtp=True)
         layers = find_moe_layers(skeleton.model)
         plan, mtp = plan_with_mtp(skeleton, plan, layers)
@@ -260,8 +268,9 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
             check_no_pickles(tmp)
             verification = verify_pruned_checkpoint(checkpoint, plan, tmp, atol=atol, probe_tokens=probe_tokens,
                                                     seed=seed, progress=progress) if verify else None
+            quantized = quantize_staged(tmp, progress=progress) if quantize else None
             manifest = _write_manifest(tmp, skeleton, pruned, plan, counts, total, tokenizer, verification, card,
-                                       mtp)
+                                       mtp, quantized)
             apply_umask(tmp)
     return ExportResult.from_manifest(out_dir, manifest, time.perf_counter() - start)
 
@@ -312,7 +321,8 @@ def _check_stored_routing(skeleton: Skeleton, layers: list[MoELayer]) -> None:
 
 def _write_manifest(tmp: Path, skeleton: Skeleton, pruned: nn.Module, plan: ExpertPlan, counts: dict[int, int],
                     total: int, tokenizer: list[str], verification: dict[str, Any] | None,
-                    card: dict[str, Any] | None, mtp: dict[str, Any]) -> dict[str, Any]:
+                    card: dict[str, Any] | None, mtp: dict[str, Any],
+                    quantized: dict[str, Any] | None) -> dict[str, Any]:
     card, checkpoint = dict(card or {}), skeleton.checkpoint
     extra = {"mtp_layers": mtp} if mtp else {}
     if mtp:  # the plan of the model's layers; the MTP layers' entries are "mtp_layers"
@@ -322,6 +332,8 @@ def _write_manifest(tmp: Path, skeleton: Skeleton, pruned: nn.Module, plan: Expe
                           metadata=plan.metadata)
     if checkpoint.quantization is not None:
         extra["quantization"] = {**checkpoint.quantization.record(), "stored_as": "copied from the source"}
+    elif quantized is not None:
+        extra["quantization"] = quantized
     return write_manifest(tmp, pruned, counts, parameters=sum(p.numel() for p in pruned.parameters()),
                           parameter_bytes=total, dtype=skeleton.dtype, verification=verification,
                           source=card.get("source", str(checkpoint.path)),

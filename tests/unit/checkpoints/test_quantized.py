@@ -259,3 +259,52 @@ def test_the_strict_reader_refuses_a_corrupt_fp8_checkpoint_in_one_line(shipped,
         with pytest.raises(ValueError, match=message) as found:
             call()
         assert "\n" not in str(found.value) and str(bad) in str(found.value)
+
+
+# ------------------------------------------------------------------------------------------- prune, then quantize
+def test_prune_then_quantize_in_one_call_equals_the_two_steps(shipped, tmp_path):
+    """prune_checkpoint(quantize="fp8") and export_pruned(quantize="fp8") write what quantize_checkpoint writes of
+    the verified float export, tensor for tensor; the manifest says so."""
+    float_dir, _ = shipped
+    plan = lp.select_experts(lp.score_weights(float_dir, "aimer", progress=False), 0.5)
+    lp.prune_checkpoint(float_dir, plan, tmp_path / "bf16", progress=False)
+    lp.quantize_checkpoint(tmp_path / "bf16", tmp_path / "two-steps", progress=False)
+    result = lp.prune_checkpoint(float_dir, plan, tmp_path / "one-call", progress=False, quantize="fp8")
+    two, one = _stored(tmp_path / "two-steps"), _stored(tmp_path / "one-call")
+    assert two.keys() == one.keys() and all(torch.equal(two[k].view(torch.uint8), one[k].view(torch.uint8))
+                                            for k in two if two[k].dtype == torch.float8_e4m3fn)
+    assert all(torch.equal(two[k], one[k]) for k in two if two[k].dtype != torch.float8_e4m3fn)
+    config = json.loads((tmp_path / "one-call" / "config.json").read_text())
+    assert config["quantization_config"]["weight_block_size"] == [128, 128]
+    manifest = json.loads((tmp_path / "one-call" / "lightprune_export.json").read_text())
+    assert manifest["quantization"] == {"quant_method": "fp8", "weight_block_size": [128, 128],
+                                        "quantized_tensors": sum(v.dtype == torch.float8_e4m3fn for v in one.values()),
+                                        "stored_as": "quantized by lightprune after pruning"}
+    assert manifest["mtp_layers"]["3"]["kept"] == plan.keep[3] and result.weight_bytes == manifest["weight_bytes"]
+    assert not list((tmp_path / "one-call").glob(".lightprune-fp8*"))
+
+    model = lp.load_pruned(float_dir)
+    model_plan = lp.ExpertPlan(keep={i: plan.keep[i] for i in (1, 2)}, num_experts={1: 8, 2: 8})
+    lp.export_pruned(model, model_plan, tmp_path / "in-memory", quantize="fp8")
+    from lightprune.checkpoints import Checkpoint
+
+    with Checkpoint(tmp_path / "in-memory") as memory, Checkpoint(tmp_path / "one-call") as streamed:
+        assert memory.quantization is not None and memory.quantization.block == (128, 128)
+        assert set(memory.keys()) == {k for k in streamed.keys() if not k.startswith("model.layers.3.")}
+        assert all(torch.equal(memory.tensor(k), streamed.tensor(k)) for k in memory.keys())
+
+
+def test_a_quantize_option_other_than_fp8_or_on_a_quantized_source_is_refused(shipped, tmp_path):
+    from lightprune.callbacks import Export
+
+    float_dir, fp8_dir = shipped
+    plan = lp.select_experts(lp.score_weights(fp8_dir, "aimer", progress=False), 0.5)
+    with pytest.raises(ValueError, match=r"quantize must be None or 'fp8' .* got 'int4'"):
+        lp.prune_checkpoint(float_dir, plan, tmp_path / "out", quantize="int4")
+    with pytest.raises(ValueError, match=r"is stored quantized \(quant_method 'fp8'\): its pruned copy keeps that format"):
+        lp.prune_checkpoint(fp8_dir, plan, tmp_path / "out", quantize="fp8")
+    with pytest.raises(ValueError, match=r"is already quantized \(quant_method 'fp8'\)"):
+        lp.quantize_checkpoint(fp8_dir, tmp_path / "out")
+    with pytest.raises(ValueError, match=r"quantize must be None or 'fp8'"):
+        Export(quantize="fp4")
+    assert not (tmp_path / "out").exists()
