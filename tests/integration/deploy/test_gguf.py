@@ -302,3 +302,29 @@ def test_a_verbose_conversion_in_python_shows_the_converter_and_writes_the_same_
                                                                   len(uniform.reader.tensors), "gpt-2")
     assert result.path.read_bytes() == uniform.gguf.read_bytes()  # the command's GGUF, byte for byte
     assert [p.name for p in tmp_path.iterdir()] == ["model.gguf"]
+
+
+def test_a_q8_0_conversion_holds_the_checkpoints_tensors_within_q8_0s_rounding(uniform, gguf, tmp_path) -> None:
+    """``outtype="q8_0"`` (the converter's own choice): the matrices the converter quantizes are stored
+    Q8_0 (per block of 32 an fp16 scale and int8 values); read back with gguf-py's own dequantization, each value is
+    its checkpoint value within half a step of its block (step = amax / 127; the step stored in fp16, whose rounding,
+    2^-11 of it, moves the block's largest value by up to 127 of that); the rest as in the f32 conversion."""
+    from gguf.quants import dequantize
+
+    result = convert_to_gguf(uniform.path, tmp_path / "model-q8_0.gguf", outtype="q8_0")
+    assert result.outtype == "q8_0" and result.tensors == len(uniform.reader.tensors)
+    f32 = {t.name: torch.from_numpy(t.data.copy()) for t in uniform.reader.tensors}
+    quantized = 0
+    for tensor in gguf.GGUFReader(result.path).tensors:
+        want = f32[tensor.name]
+        if tensor.tensor_type != gguf.GGMLQuantizationType.Q8_0:  # F32, or F16 where rows do not split into 32s
+            got = torch.from_numpy(tensor.data.copy()).reshape(want.shape)
+            assert got.dtype in (torch.float32, torch.float16) and torch.equal(got, want.to(got.dtype)), tensor.name
+            continue
+        quantized += 1
+        got = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy()).reshape(want.shape)
+        blocks = want.float().reshape(-1, 32)
+        step = blocks.abs().amax(dim=1, keepdim=True) / 127
+        assert ((got.reshape(-1, 32) - blocks).abs() <= step * (0.5 + 127 * 2.0 ** -11) + 1e-7).all(), tensor.name
+    assert quantized >= 2 * int(json.loads((uniform.path / "config.json").read_text())["num_hidden_layers"])
+    assert result.size < uniform.gguf.stat().st_size / 2  # 8.5 bits a weight (16 where F16) against 32, and the vocabulary

@@ -18,9 +18,8 @@ from safetensors.torch import load_file, save_file
 
 import lightprune as lp
 from lightprune.checkpoints.fp8_blocks import dequantize_fp8_blocks, quantize_fp8_blocks
-from lightprune.models.tiny import tiny_model
 from lightprune.models.tiny_batches import tiny_text_batch
-from tests.fixtures.shipped import FP8_DIMS, write_deepseek_with_mtp
+from tests.fixtures.shipped import write_deepseek_with_mtp
 
 BLOCK = (8, 8)
 
