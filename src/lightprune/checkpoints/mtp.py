@@ -19,7 +19,7 @@ import copy
 import re
 from typing import Any
 
-__all__ = ["config_with_mtp", "config_without_mtp", "mtp_layers"]
+__all__ = ["config_with_mtp", "config_without_mtp", "mtp_layers", "undeclared_mtp"]
 
 _DECODER_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -71,3 +71,17 @@ def config_without_mtp(config: Any, base: Any, layers: list[int]) -> None:
         elif isinstance(value, dict) and name == "lightprune_experts_per_layer":
             setattr(config, name, {k: v for k, v in value.items() if int(k) < before})
     config.num_hidden_layers = before
+
+
+def undeclared_mtp(data: dict[str, Any], keys: list[str]) -> bool:
+    """For a written checkpoint's config.json ``data`` and its tensor names ``keys``: when the config declares
+    multi-token-prediction layers (``num_nextn_predict_layers`` > 0) that the weights do not hold (an export of a
+    model in memory, whose class does not build them), set it to 0 in ``data``, so that the config agrees with the
+    tensors; True when it did."""
+    declared, count = data.get("num_nextn_predict_layers"), data.get("num_hidden_layers")
+    if not isinstance(declared, int) or isinstance(declared, bool) or declared < 1 or not isinstance(count, int):
+        return False
+    if any(m is not None and int(m.group(1)) >= count for key in keys for m in [_DECODER_LAYER.match(key)]):
+        return False
+    data["num_nextn_predict_layers"] = 0
+    return True

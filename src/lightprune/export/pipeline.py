@@ -20,6 +20,7 @@ again and returns its :class:`~lightprune.export.result.ExportResult`.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ from lightprune.experts.mask import mask_experts
 from lightprune.experts.merging import MergePlan, write_merged
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
-from lightprune.export.quantize import check_quantize, quantize_staged
+from lightprune.export.quantize import check_quantize, model_block, quantize_staged
 from lightprune.export.result import ExportResult
 from lightprune.export.save import (
     card_facts,
@@ -90,8 +91,9 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     ``processor``, ``source_dir`` and ``card`` are as for :func:`save_pruned` (the tokenizer, the source's
     fingerprint; ``card``: ``source``, ``command``, ``evaluation``), with ``plan`` and the unpruned model's
     ``parameters_before`` / ``parameter_bytes_before`` added to the card here. ``quantize="fp8"``: once verified,
-    the checkpoint is written FP8 with 128x128 block scales (:func:`~lightprune.export.quantize.quantize_staged`,
-    the DeepSeek-V3 layout, each tensor checked within float8's rounding; the manifest's ``quantization``).
+    the checkpoint is written FP8 block-scaled (:func:`~lightprune.export.quantize.quantize_staged`, the DeepSeek-V3
+    layout, each tensor checked within float8's rounding; the manifest's ``quantization``), in 128x128 blocks, or
+    in the blocks of the FP8 checkpoint the model was loaded from (:func:`~lightprune.export.quantize.model_block`).
 
     Returns an :class:`~lightprune.export.result.ExportResult`: ``path``, ``parameters_before``, ``parameters``,
     ``weight_bytes`` (safetensors bytes on disk), ``parameter_bytes`` (bytes of the pruned tensors),
@@ -148,7 +150,8 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
         return write_pruned(model, out_dir, counts, source=source, facts=facts, fingerprint=fingerprint, probe=probe,
                             reference_logits=reference, atol=atol, overwrite=overwrite, processor=processor,
                             max_shard_size=None, start=start, where="export_pruned", expert_ids=plan.keep,
-                            after_verify=quantize_staged if quantize else None)
+                            after_verify=functools.partial(quantize_staged, block=model_block(model, source)) if quantize
+                            else None)
     except Exception as err:  # re-raised below unless the surgery is to blame
         _name_a_surgery_problem(model, probe, reference, atol, err)
         raise

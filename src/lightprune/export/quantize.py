@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from lightprune.checkpoints.directory import SAFE_INDEX, checkpoint_directory
+from lightprune.checkpoints.directory import SAFE_INDEX, checkpoint_directory, read_config
 from lightprune.checkpoints.fp8_blocks import dequantize_fp8_blocks, quantize_fp8_blocks, scale_factors
 from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
@@ -39,7 +39,7 @@ from lightprune.export.save import GENERATION_FILE, apply_umask, check_not_sourc
 from lightprune.export.verify import check_written_finite
 from lightprune.models import find_moe_layers
 
-__all__ = ["check_quantize", "fp8_weight_keys", "quantize_checkpoint", "quantize_staged"]
+__all__ = ["check_quantize", "fp8_weight_keys", "model_block", "quantize_checkpoint", "quantize_staged"]
 
 _SCALE = "_scale_inv"
 
@@ -106,6 +106,23 @@ def check_quantize(quantize: str | None) -> str | None:
         raise ValueError(f"quantize must be None or 'fp8' (FP8 with 128x128 block scales, the DeepSeek-V3 layout), "
                          f"got {quantize!r}")
     return quantize
+
+
+def model_block(model: nn.Module, source: Path | None) -> tuple[int, int]:
+    """The block an in-memory export quantizes ``model`` in: the FP8 ``weight_block_size`` of its config or of its
+    ``source`` checkpoint's (a model loaded from an FP8 checkpoint, dequantized: requantized in the same blocks, an
+    expert's scales and values come back as they were stored when its scale was its block's amax / 448), else
+    128x128."""
+    found = getattr(model.config, "quantization_config", None)
+    if found is None and source is not None and (source / "config.json").is_file():
+        found = read_config(source).get("quantization_config")
+    found = found if isinstance(found, dict) else getattr(found, "to_dict", dict)()
+    if found.get("quant_method") == "fp8":
+        try:
+            return _block(tuple(found.get("weight_block_size") or ()))
+        except ValueError:
+            pass
+    return 128, 128
 
 
 def quantize_staged(tmp: Path, block: tuple[int, int] = (128, 128), progress: bool = False) -> dict[str, Any]:

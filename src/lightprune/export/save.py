@@ -58,7 +58,8 @@ from torch import nn
 
 from lightprune.checkpoints.classes import base_class
 from lightprune.checkpoints.directory import GENERATION_FILE, TOKENIZER_FILES, copied_files, weight_files
-from lightprune.checkpoints.header import header_bytes
+from lightprune.checkpoints.header import header_bytes, read_header
+from lightprune.checkpoints.mtp import undeclared_mtp
 from lightprune.checkpoints.staging import TMP_TAG, staging_dir
 from lightprune.core.checks import check_atol, check_utf8
 from lightprune.core.paths import check_path_text
@@ -126,7 +127,9 @@ def _device(model: nn.Module) -> torch.device:
     return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
-def finish_config(tmp: Path, model: nn.Module, uniform: bool) -> None:
+def finish_config(tmp: Path, model: nn.Module, uniform: bool) -> bool:
+    """config.json of the export staged in ``tmp`` as ``model`` (pruned) and its weights make it; True when the
+    config declared multi-token-prediction layers the weights do not hold, now 0 (:func:`undeclared_mtp`)."""
     path = tmp / "config.json"
     data = parse_json(path.read_text(), f"config file {str(path)!r}")
     data["architectures"] = [base_class(model).__name__]
@@ -144,7 +147,10 @@ def finish_config(tmp: Path, model: nn.Module, uniform: bool) -> None:
     else:
         (tmp / MODELING_FILE).write_text(modeling_source(model))
         data["auto_map"] = auto_map_entry(model)
+    dropped = undeclared_mtp(data, [key for file in weight_files(tmp) for key in read_header(file)
+                                    if key != "__metadata__"])
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return dropped
 
 
 # ----------------------------------------------------------------------------------- source checkpoint
@@ -483,12 +489,16 @@ def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[i
         tokenizer = _write_tokenizer(tmp, processor, source)
         if source is not None and not (tmp / GENERATION_FILE).exists() and (source / GENERATION_FILE).is_file():
             shutil.copyfile(source / GENERATION_FILE, tmp / GENERATION_FILE)
-        finish_config(tmp, model, uniform)
+        dropped_mtp = finish_config(tmp, model, uniform)
         check_no_pickles(tmp)
         with quiet_progress():  # the verification's reloads
             diffs = _verify(tmp, probe, reference_logits, dtype, device, not uniform, atol, rtol)
         worst = max(diffs.values(), key=lambda c: c.max_abs_diff)
         extra = {"quantization": after_verify(tmp)} if after_verify is not None else {}
+        if dropped_mtp:
+            extra["mtp_layers"] = ("not written: the model in memory does not hold the source's multi-token-prediction "
+                                   "layers (config.json's num_nextn_predict_layers set to 0); lp.prune_checkpoint of "
+                                   "the source directory prunes them with the model")
         manifest = write_manifest(
             tmp, model, counts, parameters=parameter_count(model), parameter_bytes=tensor_bytes(model), dtype=dtype,
             verification={**worst.record(), "loaders": {k: v.max_abs_diff for k, v in diffs.items()},

@@ -160,16 +160,36 @@ def test_a_streamed_fp8_prune_copies_the_kept_bytes_and_gives_the_masked_logits(
     assert result.verification["max_abs_diff"] == 0.0
 
 
-def test_an_in_memory_prune_of_the_loaded_fp8_model_gives_the_masked_logits(shipped, tmp_path):
+def test_an_in_memory_prune_of_the_loaded_fp8_model_gives_the_masked_logits_and_its_fp8_bytes(shipped, tmp_path):
+    """The model lp.load_pruned reads from an FP8 checkpoint is dequantized: export_pruned writes it in bf16 (the masked
+    model's logits exactly), or with quantize="fp8" in the source's blocks, where each kept expert's values and scales
+    come back byte for byte (its scales were its blocks' amax / 448). The MTP layer, which the loaded model does not
+    hold, is not written, and config.json says so (num_nextn_predict_layers 0)."""
     _, fp8_dir = shipped
     model = lp.load_pruned(fp8_dir)
     plan = lp.select_experts(lp.score_weights(model, "aimer"), 0.25)
     ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(4))
     with torch.no_grad(), lp.mask_experts(model, plan):
         masked = model(ids).logits
-    lp.export_pruned(model, plan, tmp_path / "out")
+    lp.export_pruned(model, plan, tmp_path / "bf16")
     with torch.no_grad():
-        assert torch.equal(lp.load_pruned(tmp_path / "out")(ids).logits, masked)
+        assert torch.equal(lp.load_pruned(tmp_path / "bf16")(ids).logits, masked)
+    config = json.loads((tmp_path / "bf16" / "config.json").read_text())
+    assert config["num_nextn_predict_layers"] == 0 and "quantization_config" not in config
+    manifest = json.loads((tmp_path / "bf16" / "lightprune_export.json").read_text())
+    assert manifest["mtp_layers"].startswith("not written")
+
+    model = lp.load_pruned(fp8_dir)
+    lp.export_pruned(model, plan, tmp_path / "fp8", quantize="fp8")
+    before, after = _stored(fp8_dir), _stored(tmp_path / "fp8")
+    assert json.loads((tmp_path / "fp8" / "config.json").read_text())["quantization_config"]["weight_block_size"] == [8, 8]
+    for layer, kept in plan.keep.items():
+        for new, old in enumerate(kept):
+            for part in ("gate_proj.weight", "gate_proj.weight_scale_inv", "down_proj.weight",
+                         "down_proj.weight_scale_inv"):
+                was = before[f"model.layers.{layer}.mlp.experts.{old}.{part}"]
+                assert torch.equal(after[f"model.layers.{layer}.mlp.experts.{new}.{part}"].view(torch.uint8),
+                                   was.view(torch.uint8)), (layer, old, part)
 
 
 # ------------------------------------------------------------------------------------------------------ MTP layers
