@@ -73,8 +73,9 @@ def dequantize_fp8_blocks(values: torch.Tensor, scale: torch.Tensor, block: tupl
     grid = scale.shape[-2:]
     factors = scale_factors(scale)
     if rows == grid[0] * block[0] and cols == grid[1] * block[1]:  # transformers' reshape, the same products
-        tiles = values.float().reshape(*values.shape[:-2], grid[0], block[0], grid[1], block[1])
-        return (tiles * factors[..., :, None, :, None]).to(dtype).reshape(values.shape)
+        product = values.float()
+        product.view(*values.shape[:-2], grid[0], block[0], grid[1], block[1]).mul_(factors[..., :, None, :, None])
+        return product.to(dtype)
     spread = factors.repeat_interleave(block[0], dim=-2)[..., :rows, :].repeat_interleave(block[1], dim=-1)
     return (values.float() * spread[..., :cols]).to(dtype)
 

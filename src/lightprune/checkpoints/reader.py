@@ -325,12 +325,23 @@ class Checkpoint:
         """Rows ``start:stop`` (dimension 0) of logical tensor ``key``: only their bytes are read (a quantized
         tensor of more than 2 dimensions: those rows of its values and scales; of 2: the whole, sliced)."""
         if key in self._quantized:
-            found = self._quantized[key]
-            if len(found.shape) > 2:
-                parts = {name: self.stored_rows(name, start, stop) for name in found.parts}
-                return self.quantization.dequantize(parts, key)
-            return self.tensor(key)[start:stop].clone()
+            return self._dequantized_rows(key, start, stop)
         return self.stored_rows(key, start, stop)
+
+    def _dequantized_rows(self, key: str, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows ``start:stop`` of quantized tensor ``key``, dequantized (into ``out`` when given)."""
+        found = self._quantized[key]
+        if len(found.shape) > 2:
+            parts = {name: self.stored_rows(name, start, stop) for name in found.parts}
+        else:
+            parts = {name: self.stored_tensor(name) for name in found.parts}
+        value = self.quantization.dequantize(parts, key, out.dtype if out is not None else None)
+        if len(found.shape) <= 2 and (start, stop) != (0, found.shape[0]):
+            value = value[start:stop]
+        if out is None:
+            return value if value.is_contiguous() else value.contiguous()
+        out.copy_(value.reshape(out.shape))
+        return out
 
     def read_into(self, key: str, out: torch.Tensor, start: int = 0) -> None:
         """Read ``out.numel()`` elements of logical tensor ``key`` from row ``start`` (dimension 0) into ``out``
@@ -341,7 +352,7 @@ class Checkpoint:
         if out.dtype != self.dtype(key) or not out.is_contiguous():
             raise ValueError(f"read_into {key!r}: needs a contiguous {self.dtype(key)} tensor, got {out.dtype}")
         rows = out.shape[0] if out.dim() == len(self.shape(key)) else 1
-        out.copy_(self.rows(key, start, start + rows).reshape(out.shape))
+        self._dequantized_rows(key, start, start + rows, out)
 
     def stored_tensor(self, key: str) -> torch.Tensor:
         """The stored tensor ``key`` (a quantized tensor's values or scales as stored), read now."""

@@ -327,3 +327,21 @@ def test_a_quantize_option_other_than_fp8_or_on_a_quantized_source_is_refused(sh
     with pytest.raises(ValueError, match=r"quantize must be None or 'fp8'"):
         Export(quantize="fp4")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_nan_in_a_kept_fp8_expert_is_refused_naming_it_and_nothing_is_written(shipped, tmp_path):
+    """float8_e4m3fn's NaN (byte 0x7F or 0xFF) in a kept expert's stored values: the streamed prune refuses it as it
+    refuses a NaN in any tensor it would write, and writes nothing."""
+    _, fp8_dir = shipped
+    key = "model.layers.2.mlp.experts.1.up_proj.weight"
+
+    def poison(tensors, config):
+        values = tensors[key].view(torch.uint8).clone()
+        values[3, 5] = 0xFF
+        tensors[key] = values.view(torch.float8_e4m3fn)
+
+    bad = _corrupted(fp8_dir, tmp_path, poison)
+    plan = lp.ExpertPlan(keep={1: [0, 1, 4, 5], 2: [0, 1, 4, 5], 3: [0, 1, 4, 5]}, num_experts={1: 8, 2: 8, 3: 8})
+    with pytest.raises(ValueError, match=rf"tensor '{key}' holds 1 NaN.* nothing was written"):
+        lp.prune_checkpoint(bad, plan, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
