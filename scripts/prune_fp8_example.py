@@ -1,4 +1,4 @@
-"""A tiny FP8 DeepSeek-V3, pruned in its own format with AIMER (docs/guides/fp8-checkpoint.md).
+"""A tiny FP8 DeepSeek-V3, pruned in its own format with AIMER (docs/guides/quantized-checkpoint.md).
 
 A float DeepSeek-V3 built from a config (4 layers, 16 routed experts, hidden 256) is written as FP8 in 32x32 blocks by
 ``lp.quantize_checkpoint``, scored from its weights (AIMER), pruned by a quarter with ``lp.prune_checkpoint``

@@ -14,7 +14,9 @@ does not store quantized):
 
 - ``quant_method: "fp8"``: FP8 with block scales (DeepSeek-V3 / R1, Kimi K2, Qwen3-FP8, GLM-4.5-FP8, MiniMax-M2):
   :mod:`lightprune.checkpoints.fp8_blocks`;
-- ``quant_method: "mxfp4"``: MXFP4 experts (gpt-oss): :mod:`lightprune.checkpoints.mxfp4`.
+- ``quant_method: "mxfp4"``: MXFP4 experts (gpt-oss): :mod:`lightprune.checkpoints.mxfp4`;
+- ``quant_method: "compressed-tensors"``: int4 W4A16 and FP8 per channel (llm-compressor's releases, Kimi K2
+  Thinking): :mod:`lightprune.checkpoints.compressed_tensors`.
 
 Every other ``quant_method`` is refused when the checkpoint opens, in one line naming it and what to do
 (:data:`REFUSED`).
@@ -27,6 +29,7 @@ from typing import Any
 
 import torch
 
+from lightprune.checkpoints.compressed_tensors import CompressedTensors
 from lightprune.checkpoints.fp8_blocks import Fp8Blocks
 from lightprune.checkpoints.mxfp4 import Mxfp4Experts
 from lightprune.core.errors import listed_text
@@ -36,8 +39,6 @@ __all__ = ["REFUSED", "stored_quantization"]
 
 #: quant_method -> what to do instead (the formats lightprune does not read yet)
 REFUSED = {
-    "compressed-tensors": "compressed-tensors (int4 / FP8 per channel) is not read yet: use the float release, or "
-                          "decompress it first",
     "gptq": "GPTQ int4 is not read: use the float release of the model",
     "awq": "AWQ int4 is not read: use the float release of the model",
     "bitsandbytes": "a bitsandbytes checkpoint is not read: use the float release of the model",
@@ -46,7 +47,7 @@ _SCALE = "_scale_inv"
 
 
 def stored_quantization(path: Path, raw_config: dict[str, Any], entries: dict[str, tuple[Path, dict[str, Any]]],
-                        dtype: torch.dtype) -> Fp8Blocks | Mxfp4Experts | None:
+                        dtype: torch.dtype) -> Fp8Blocks | Mxfp4Experts | CompressedTensors | None:
     """The checkpoint's quantized format (None for a float checkpoint), from config.json's ``quantization_config``
     and checked against the headers ``entries``; ``dtype`` is the model's (what it dequantizes to). A format lightprune
     does not read is refused naming it and what to do, and so are float8 weights with their scales under a config
@@ -64,10 +65,10 @@ def stored_quantization(path: Path, raw_config: dict[str, Any], entries: dict[st
         raise ValueError(f"checkpoint {str(path)!r}: config.json's quantization_config is {show(quantization)}, "
                          "not an object")
     method = quantization.get("quant_method")
-    for fmt in (Fp8Blocks, Mxfp4Experts):
+    for fmt in (Fp8Blocks, Mxfp4Experts, CompressedTensors):
         if method == fmt.method:
             return fmt(path, quantization, entries, dtype)
     hint = REFUSED.get(method if isinstance(method, str) else "",
-                       "lightprune reads float checkpoints, FP8 block-scaled ones (quant_method \"fp8\") and MXFP4 "
-                       "ones (\"mxfp4\"): use the float release of the model")
+                       "lightprune reads float checkpoints and quantized ones of quant_method \"fp8\", \"mxfp4\" "
+                       "and \"compressed-tensors\": use the float release of the model")
     raise ValueError(f"checkpoint {str(path)!r} is quantized with quant_method {show(method)}: {hint}")
