@@ -1,16 +1,15 @@
-"""FP8 block-scaled checkpoints (``quant_method: "fp8"``, read through
-:class:`~lightprune.checkpoints.reader.Checkpoint`): :class:`Fp8Blocks`, :func:`quantize_fp8_blocks`,
-:func:`dequantize_fp8_blocks`.
+"""FP8 block-scaled checkpoints (``quant_method: "fp8"``, transformers' ``FineGrainedFP8Config``: DeepSeek-V3 / R1,
+Kimi K2, Qwen3-FP8, GLM-4.5-FP8, MiniMax-M2), read through :class:`~lightprune.checkpoints.reader.Checkpoint`:
+:class:`Fp8Blocks`, :func:`quantize_fp8_blocks`, :func:`dequantize_fp8_blocks`.
 
-``quant_method: "fp8"`` (transformers' ``FineGrainedFP8Config``: DeepSeek-V3 / R1, Kimi K2, Qwen3-FP8,
-  GLM-4.5-FP8, MiniMax-M2): a quantized linear's ``weight`` in float8_e4m3fn and its ``weight_scale_inv`` (float32
-  or bfloat16; uint8 powers of two with ``scale_fmt: "ue8m0"``), one scale per ``weight_block_size`` block of the
-  last two dimensions (the grid ceil-divided: DeepSeek-V3's ``kv_a_proj_with_mqa`` has 576 rows in 128-row blocks,
-  its last block half full). Dequantized as transformers' ``Fp8Dequantize`` does it
-  (``transformers/integrations/finegrained_fp8.py``): ``float32(q) * float32(scale of its block)``, cast to the
-  model's dtype. On a grid that divides the weight the two are the same arithmetic; transformers 5.25 refuses to
-  dequantize a partial block ("not divisible by scale grid"), which lightprune reads as DeepSeek's own
-  ``weight_dequant`` does (each block's scale over the rows and columns it covers).
+A quantized linear's ``weight`` is stored in float8_e4m3fn with its ``weight_scale_inv`` (float32 or bfloat16; uint8
+powers of two with ``scale_fmt: "ue8m0"``): one scale per ``weight_block_size`` block of the last two dimensions (the
+grid ceil-divided: DeepSeek-V3's ``kv_a_proj_with_mqa`` has 576 rows in 128-row blocks, its last block half full).
+Dequantized as transformers' ``Fp8Dequantize`` does it (``transformers/integrations/finegrained_fp8.py``):
+``float32(q) * float32(scale of its block)``, cast to the model's dtype. On a grid that divides the weight the two
+are the same arithmetic; transformers 5.25 refuses to dequantize a partial block ("not divisible by scale grid"),
+which lightprune reads as DeepSeek's own ``weight_dequant`` does (each block's scale over the rows and columns it
+covers).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ import torch
 from lightprune.checkpoints.compressed_tensors import CompressedTensors
 from lightprune.checkpoints.fp8_blocks import Fp8Blocks
 from lightprune.checkpoints.mxfp4 import Mxfp4Experts
+from lightprune.checkpoints.quantized_tensor import StoredFormat
 from lightprune.core.errors import listed_text
 from lightprune.core.jsonio import show
 
@@ -47,7 +48,7 @@ _SCALE = "_scale_inv"
 
 
 def stored_quantization(path: Path, raw_config: dict[str, Any], entries: dict[str, tuple[Path, dict[str, Any]]],
-                        dtype: torch.dtype) -> Fp8Blocks | Mxfp4Experts | CompressedTensors | None:
+                        dtype: torch.dtype) -> StoredFormat | None:
     """The checkpoint's quantized format (None for a float checkpoint), from config.json's ``quantization_config``
     and checked against the headers ``entries``; ``dtype`` is the model's (what it dequantizes to). A format lightprune
     does not read is refused naming it and what to do, and so are float8 weights with their scales under a config

@@ -1,19 +1,20 @@
-"""What every quantized format lightprune reads shares: :class:`QuantizedTensor` (a logical tensor and its stored
-parts) and :func:`check_ignored` (a ``quantization_config``'s ``modules_to_not_convert`` against the checkpoint)."""
+"""What every quantized format lightprune reads shares: :class:`StoredFormat` (what a format gives the reader),
+:class:`QuantizedTensor` (a logical tensor and its stored parts) and :func:`check_ignored` (a
+``quantization_config``'s ``modules_to_not_convert`` against the checkpoint)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from lightprune.core.errors import listed_text
 from lightprune.core.jsonio import show
 
-__all__ = ["QuantizedTensor", "check_ignored", "ignores"]
+__all__ = ["QuantizedTensor", "StoredFormat", "check_ignored", "ignores"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,25 @@ class QuantizedTensor:
     parts: tuple[str, ...]
     shape: tuple[int, ...]
     dtype: torch.dtype
+
+
+class StoredFormat(Protocol):
+    """A quantized format, checked against a checkpoint's headers when built (``ValueError`` naming what is wrong):
+    its ``method`` (config.json's ``quant_method``), ``tensors`` {logical key: :class:`QuantizedTensor`},
+    :meth:`dequantize` (a logical tensor from its read parts), :meth:`record` (what a manifest says of it) and
+    :meth:`loading_config` (transformers' quantization config that loads the checkpoint dequantized)."""
+
+    method: str
+    tensors: dict[str, QuantizedTensor]
+
+    def dequantize(self, parts: dict[str, torch.Tensor], key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        ...
+
+    def record(self) -> dict[str, Any]:
+        ...
+
+    def loading_config(self) -> Any:
+        ...
 
 
 def ignores(pattern: str, module: str) -> bool:

@@ -59,10 +59,8 @@ from lightprune.checkpoints.directory import (
     weight_files,
 )
 from lightprune.checkpoints.header import SAFETENSORS_DTYPES
-from lightprune.checkpoints.compressed_tensors import CompressedTensors
-from lightprune.checkpoints.fp8_blocks import Fp8Blocks
-from lightprune.checkpoints.mxfp4 import Mxfp4Experts
 from lightprune.checkpoints.quantized import stored_quantization
+from lightprune.checkpoints.quantized_tensor import StoredFormat
 from lightprune.checkpoints.strict import check_config_values
 from lightprune.core.jsonio import show
 
@@ -142,7 +140,7 @@ class Checkpoint:
         self._entries: dict[str, tuple[Path, dict[str, Any]]] = disk_entries(self.path, self.metadata)
         copied_files(self.path)  # what an export copies along: no directory or broken link in its place
         #: the stored format (None: float)
-        self.quantization: Fp8Blocks | Mxfp4Experts | CompressedTensors | None = stored_quantization(
+        self.quantization: StoredFormat | None = stored_quantization(
             self.path, self.raw_config, self._entries, self._model_dtype())
         self._quantized = self.quantization.tensors if self.quantization is not None else {}
         #: {stored key that holds a quantized tensor's values: the logical key}; the stored keys of its other parts

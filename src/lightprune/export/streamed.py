@@ -13,8 +13,15 @@ conversion mapping (:class:`~lightprune.checkpoints.skeleton.Skeleton`); then, p
   concatenates with others along a later dimension (Step 3.7's ``gate_proj`` and ``up_proj`` into ``gate_up_proj``)
   the same way, by its own first dimension; a tensor stored transposed (Ergo's router weight, [H, E]) along the
   stored tensor's experts' dimension;
-- anything else, and any key the model has no tensor for (a DeepSeek-V3 multi-token-prediction layer): copied
-  unchanged.
+- anything else, and any key the model has no tensor for (a multi-token-prediction module's own ``eh_proj``,
+  ``enorm``, ...): copied unchanged.
+
+The checkpoint's multi-token-prediction layers (DeepSeek-V3's ``model.layers.61``: :mod:`lightprune.checkpoints.mtp`)
+are MoE layers of the skeleton's model like any other: the plan names them, or :func:`plan_with_mtp` chooses their
+experts (AIMER on their own weights), so their experts and router rows always agree with the written config. A
+quantized checkpoint (:mod:`lightprune.checkpoints.quantized`) is pruned in its stored format: each key's rule
+applies to its stored parts (:func:`stored_rules`: values and scales renamed or sliced alike, their bytes copied), and
+its ``quantization_config`` is kept.
 
 Each output shard keeps its source's name; its header is written first and its tensors follow one at a time
 (:class:`~lightprune.checkpoints.writer.SafetensorsWriter`), so memory holds a tensor (an expert of a fused one), never
@@ -51,8 +58,8 @@ from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
 from lightprune.checkpoints.staging import staging_dir
 from lightprune.checkpoints.writer import SafetensorsWriter
 from lightprune.core.checks import check_atol, check_non_negative_int, check_positive_int
-from lightprune.core.paths import check_path_text
 from lightprune.core.errors import PlanError
+from lightprune.core.paths import check_path_text
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.experts.prune import check_routing, prune_experts
@@ -169,7 +176,7 @@ def _checked(name: str, tensor: torch.Tensor, where: str) -> None:
     value is NaN, the bytes 0x7F and 0xFF: as fast as the copy, where a float32 view would cost 4 bytes a value);
     integer ones hold no NaN."""
     if tensor.dtype == torch.float8_e4m3fn:
-        if bool(((tensor.view(torch.uint8) & 0x7F) == 0x7F).any()):
+        if tensor.numel() and int((tensor.view(torch.uint8) & 0x7F).amax()) == 0x7F:
             check_written_finite(name, tensor.float(), where)  # names the NaN as every export does
     elif tensor.is_floating_point():
         check_written_finite(name, tensor.float() if tensor.element_size() == 1 else tensor, where)
