@@ -31,13 +31,13 @@ from lightprune.core.checks import (
 from lightprune.core.choices import (
     ALLOCATIONS,
     NORMALIZATIONS,
+    QUANTIZE_FORMATS,
     RETENTION_METRICS,
     SENSITIVITY_SCORES,
     SUBSETS,
 )
 from lightprune.experts.calibration.registry import available_statistics
 from lightprune.experts.criteria.registry import CRITERIA
-from lightprune.export.quantize import check_quantize
 
 __all__ = ["CallbackOptions", "OPTIONS", "uses_options", "check_criterion_name"]
 
@@ -125,7 +125,7 @@ OPTIONS: dict[str, CallbackOptions] = {spec.name: spec for spec in (
     CallbackOptions(
         "Export", "export", "prune, save, reload and verify the checkpoint",
         {"output_dir": None, "checkpoint_dir": None, "plan_path": None, "overwrite": None, "atol": check_atol,
-         "summary": None, "quantize": check_quantize}),
+         "summary": None, "quantize": lambda v: check_choice("quantize", v, QUANTIZE_FORMATS)}),
     CallbackOptions(
         "WidthSearch", "width_search", "MWOP: staged search over attention paths and FFN channels",
         {"grid": None, "stages": None, "min_retention": None, "max_candidates": None, "expand_above": None,

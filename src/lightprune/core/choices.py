@@ -7,7 +7,7 @@ options against them before it loads torch or Lightning (:mod:`lightprune.cli.op
 from __future__ import annotations
 
 __all__ = ["SUBSETS", "ATTENTION_SUBSETS", "VISION_SUBSETS", "ALLOCATIONS", "NORMALIZATIONS", "RETENTION_METRICS",
-           "SENSITIVITY_SCORES"]
+           "SENSITIVITY_SCORES", "QUANTIZE_FORMATS"]
 
 #: token subsets a calibration statistic is taken over (METHODS.md, "Token subsets")
 SUBSETS = ("all", "text", "vision", "vision_low_attn", "vision_high_attn")
@@ -20,3 +20,5 @@ NORMALIZATIONS = (None, "log_zscore")
 RETENTION_METRICS = ("token", "exact", "prob")
 #: what router sensitivity ranks experts by (lightprune.experts.sensitivity)
 SENSITIVITY_SCORES = ("weight", "signed_weight", "logit")
+#: what an export may quantize its weights to once verified (lightprune.export.quantize): None keeps their dtype
+QUANTIZE_FORMATS = (None, "fp8")

@@ -34,6 +34,8 @@ from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
 from lightprune.checkpoints.staging import staging_dir
 from lightprune.checkpoints.writer import SafetensorsWriter
+from lightprune.core.checks import check_choice
+from lightprune.core.choices import QUANTIZE_FORMATS
 from lightprune.core.paths import check_path_text
 from lightprune.export.save import GENERATION_FILE, apply_umask, check_not_source, copy_tokenizer_files
 from lightprune.export.verify import check_written_finite
@@ -100,12 +102,9 @@ def quantize_checkpoint(src_dir: str | os.PathLike, out_dir: str | os.PathLike, 
 
 
 def check_quantize(quantize: str | None) -> str | None:
-    """The ``quantize`` option of an export: None (the weights as they are) or ``"fp8"`` (FP8 in 128x128 blocks,
-    after the pruned checkpoint is verified)."""
-    if quantize is not None and quantize != "fp8":
-        raise ValueError(f"quantize must be None or 'fp8' (FP8 with 128x128 block scales, the DeepSeek-V3 layout), "
-                         f"got {quantize!r}")
-    return quantize
+    """The ``quantize`` option of an export (:data:`~lightprune.core.choices.QUANTIZE_FORMATS`): None (the weights
+    as they are) or ``"fp8"`` (FP8 block-scaled, after the pruned checkpoint is verified)."""
+    return check_choice("quantize", quantize, QUANTIZE_FORMATS)
 
 
 def model_block(model: nn.Module, source: Path | None) -> tuple[int, int]:
