@@ -26,6 +26,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from lightprune.checkpoints.mtp import mtp_prefixes
 from lightprune.checkpoints.strict import check_loading_info, expert_layout_error, tensors_phrase
 from lightprune.core.errors import listed_text
 
@@ -104,7 +105,7 @@ def check_contents(skeleton: Skeleton) -> None:
                            unexpected_keys={skeleton.renamed.get(key, key) for key in skeleton.unmatched})
     model._adjust_missing_and_unexpected_keys(info)  # transformers' own exceptions (its ignore patterns)
     # a multi-token-prediction layer's tensors (:mod:`lightprune.checkpoints.mtp`): copied, or pruned when built
-    mtp = tuple(f"model.layers.{index}." for index in skeleton.mtp_layers)
+    mtp = mtp_prefixes(skeleton.mtp_layers, getattr(skeleton.checkpoint.config, "num_hidden_layers", 0))
     unexpected = sorted(key for key in skeleton.unmatched if skeleton.renamed.get(key, key) in info.unexpected_keys
                         and not key.startswith(mtp or ("\0",)))
     shapes, experts = _mismatched(skeleton, own)

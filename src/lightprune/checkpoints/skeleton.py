@@ -32,7 +32,7 @@ from torch import nn
 
 from lightprune.checkpoints.classes import base_class_for_config, resizing_class
 from lightprune.checkpoints.contents import check_contents
-from lightprune.checkpoints.mtp import config_with_mtp, mtp_layers
+from lightprune.checkpoints.mtp import config_with_mtp, mtp_alias, mtp_layers
 from lightprune.checkpoints.pool import ReadPool
 from lightprune.checkpoints.reader import Checkpoint, stored_dtype
 from lightprune.checkpoints.resize import experts_per_layer
@@ -169,8 +169,11 @@ class Skeleton:
         self.targets: dict[str, tuple[str, str | None]] = {}
         #: {unmatched checkpoint key: its name after transformers' renamings}
         self.renamed: dict[str, str] = {}
+        count = getattr(self.checkpoint.config, "num_hidden_layers", 0)
         for key in self.checkpoint.keys():
-            target, pattern = rename_source_key(key, renamings, converters, prefix, own)
+            # an MTP layer stored as ``mtp.layers.{i}`` (Qwen3-Next) is the model's decoder layer count + i, when built
+            named = mtp_alias(key, count) if self.built_mtp_layers else key
+            target, pattern = rename_source_key(named, renamings, converters, prefix, own)
             if target not in own and key in own:
                 target, pattern = rename_source_key(key, [], [], prefix, own)
             if target in own:

@@ -37,6 +37,7 @@ from lightprune.export.width import save_width_pruned
 from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels
 
 __all__ = ["save_pruned", "load_pruned", "export_pruned", "prune_checkpoint", "ExportVerificationError",
-           "default_probe", "check_checkpoint", "quantize_checkpoint", "MANIFEST_FILE", "save_width_pruned", "attach_width_kernels", "WIDTH_PLAN_FILE",
+           "default_probe", "check_checkpoint", "quantize_checkpoint", "MANIFEST_FILE", "save_width_pruned",
+           "attach_width_kernels", "WIDTH_PLAN_FILE",
            "model_card", "CARD_FILE", "CARD_KEYS", "TOKENIZER_FILES", "ExportResult", "WidthExportResult",
            "convert_to_gguf", "GGUFResult"]

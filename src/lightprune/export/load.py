@@ -34,6 +34,7 @@ rank holds the full weights on the CPU.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ from torch import nn
 
 from lightprune.checkpoints.classes import auto_class, base_class_for_config, resizing_class
 from lightprune.checkpoints.directory import check_checkpoint
+from lightprune.checkpoints.mtp import mtp_prefixes
 from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.resize import experts_per_layer
 from lightprune.checkpoints.skeleton import Skeleton
@@ -165,7 +167,7 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
     _check_arguments(dtype, attention_backend, from_pretrained_kwargs)
     with Checkpoint(path) as checkpoint, outside_zero_init():
         # the checks every path runs (see the module docstring), from the headers
-        mtp = tuple(f"model.layers.{index}." for index in Skeleton(checkpoint).mtp_layers)
+        mtp = mtp_prefixes(Skeleton(checkpoint).mtp_layers, getattr(checkpoint.config, "num_hidden_layers", 0))
         quantization = checkpoint.quantization
     path = checkpoint.path
     width = None  # a width export's plan and alignment, read before the weights (a directory or a dangling link
@@ -185,7 +187,11 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
             cls = base_class_for_config(config)
             if experts_per_layer(config):
                 cls = resizing_class(cls)
-        model, info = cls.from_pretrained(path, config=config, **kwargs)
+        with warnings.catch_warnings():
+            if quantization is not None and "quantization_config" not in from_pretrained_kwargs:
+                # transformers' note that the loading config passed here only sets the loading attributes (dequantize)
+                warnings.filterwarnings("ignore", message="You passed `quantization_config`", category=UserWarning)
+            model, info = cls.from_pretrained(path, config=config, **kwargs)
     if mtp:  # a multi-token-prediction layer, which the model class does not build (checked by the skeleton)
         info = {**info, "unexpected_keys": [key for key in info["unexpected_keys"] if not key.startswith(mtp)]}
     check_loading_info(path, info)  # a second net: transformers' own report

@@ -146,12 +146,12 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     prune_experts(model, plan)
     atol = default_atol(model) if atol is None else atol
     counts = {layer.index: layer.num_experts for layer in find_moe_layers(model)}
+    requantize = functools.partial(quantize_staged, block=model_block(model, source)) if quantize else None
     try:
         return write_pruned(model, out_dir, counts, source=source, facts=facts, fingerprint=fingerprint, probe=probe,
                             reference_logits=reference, atol=atol, overwrite=overwrite, processor=processor,
                             max_shard_size=None, start=start, where="export_pruned", expert_ids=plan.keep,
-                            after_verify=functools.partial(quantize_staged, block=model_block(model, source)) if quantize
-                            else None)
+                            after_verify=requantize)
     except Exception as err:  # re-raised below unless the surgery is to blame
         _name_a_surgery_problem(model, probe, reference, atol, err)
         raise

@@ -59,8 +59,8 @@ def fp8_weight_keys(skeleton: Skeleton) -> set[str]:
     head's (see the module docstring)."""
     model, checkpoint = skeleton.model, skeleton.checkpoint
     modules = dict(model.named_modules())
-    routers = {f"{layer.name}.{name}" for layer in find_moe_layers(model)
-               for name, module in layer.block.named_modules() if module is layer.router or module is layer.router_linear}
+    routers = {f"{layer.name}.{name}" for layer in find_moe_layers(model) for name, module in layer.block.named_modules()
+               if module is layer.router or module is layer.router_linear}
     head = model.get_output_embeddings()
     out = set()
     for key in checkpoint.keys():
@@ -207,7 +207,8 @@ def _verify(source: Checkpoint, tmp: Path, chosen: set[str], block: tuple[int, i
                 continue
             scale = written.stored_tensor(key + _SCALE)
             got = dequantize_fp8_blocks(written.stored_tensor(key), scale, block, torch.float32)
-            spread = scale.repeat_interleave(block[0], 0)[:got.shape[0]].repeat_interleave(block[1], 1)[:, :got.shape[1]]
+            rows, cols = got.shape
+            spread = scale.repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :cols]
             bound = expected.float().abs() * 2.0 ** -4 + scale_factors(spread) * 2.0 ** -10
             worst = ((got - expected.float()).abs() - bound).max()
             if worst > 0:

@@ -35,7 +35,8 @@ def _library():
 def _load(path: Path):
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
-    return AutoModelForCausalLM.from_pretrained(path, quantization_config=CompressedTensorsConfig(dequantize=True)).eval()
+    config = CompressedTensorsConfig(dequantize=True)
+    return AutoModelForCausalLM.from_pretrained(path, quantization_config=config).eval()
 
 
 def _stored(path: Path) -> dict[str, torch.Tensor]:
@@ -132,7 +133,8 @@ _KEY = "model.layers.1.mlp.experts.2.down_proj.weight"
      r"asymmetric, activation-ordered or block-wise"),
     (lambda t, c: c["quantization_config"]["config_groups"]["group_0"]["weights"].__setitem__("num_bits", 8),
      r"int 8-bit group in format 'pack-quantized', which lightprune does not read"),
-    (lambda t, c: c["quantization_config"].__setitem__("ignore", ["re:.*experts.*"]), r"names modules stored quantized"),
+    (lambda t, c: c["quantization_config"].__setitem__("ignore", ["re:.*experts.*"]),
+     r"names modules stored quantized"),
     (lambda t, c: c["quantization_config"].__setitem__("ignore", ["re:.*vision_tower.*"]),
      r"names re:.\*vision_tower.\*, which the checkpoint holds no tensors of"),
 ], ids=["scale-missing", "scale-shape", "packed-dtype", "zero-point", "asymmetric", "int8", "ignored-quantized",

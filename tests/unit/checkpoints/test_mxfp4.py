@@ -38,7 +38,8 @@ def test_dequantization_is_transformers_arithmetic():
     blocks = torch.randint(0, 256, (3, 10, 2, 16), generator=gen, dtype=torch.uint8)
     scales = torch.randint(110, 140, (3, 10, 2), generator=gen, dtype=torch.uint8)
     for dtype in (torch.bfloat16, torch.float32):
-        assert torch.equal(dequantize_mxfp4(blocks, scales, dtype), convert_moe_packed_tensors(blocks, scales, dtype=dtype))
+        want = convert_moe_packed_tensors(blocks, scales, dtype=dtype)
+        assert torch.equal(dequantize_mxfp4(blocks, scales, dtype), want)
 
 
 def test_quantization_rounds_each_group_to_its_nearest_e2m1_values():

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 import lightprune as lp
 from lightprune.checkpoints.fp8_blocks import dequantize_fp8_blocks, quantize_fp8_blocks
 from lightprune.models.tiny_batches import tiny_text_batch
-from tests.fixtures.shipped import write_deepseek_with_mtp
+from tests.fixtures.shipped import write_deepseek_with_mtp, write_qwen3_next_with_mtp
 
 BLOCK = (8, 8)
 
@@ -182,7 +182,8 @@ def test_an_in_memory_prune_of_the_loaded_fp8_model_gives_the_masked_logits_and_
     model = lp.load_pruned(fp8_dir)
     lp.export_pruned(model, plan, tmp_path / "fp8", quantize="fp8")
     before, after = _stored(fp8_dir), _stored(tmp_path / "fp8")
-    assert json.loads((tmp_path / "fp8" / "config.json").read_text())["quantization_config"]["weight_block_size"] == [8, 8]
+    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    assert config["quantization_config"]["weight_block_size"] == [8, 8]
     for layer, kept in plan.keep.items():
         for new, old in enumerate(kept):
             for part in ("gate_proj.weight", "gate_proj.weight_scale_inv", "down_proj.weight",
@@ -202,8 +203,8 @@ def test_deepseek_v3s_mtp_layer_61_agrees_with_its_config(tmp_path, quantized):
     if quantized:
         source = lp.quantize_checkpoint(source, tmp_path / "fp8", block=BLOCK, progress=False)
     gen = torch.Generator().manual_seed(5)
-    keep = {i: sorted([*torch.randperm(4, generator=gen)[:2].tolist(), *(4 + torch.randperm(4, generator=gen)[:2]).tolist()])
-            for i in range(1, 61)}  # two of each group of 4 (its routing: 2 groups, 1 chosen per token)
+    keep = {i: sorted([*torch.randperm(4, generator=gen)[:2].tolist(),
+                       *(4 + torch.randperm(4, generator=gen)[:2]).tolist()]) for i in range(1, 61)}  # two of each group of 4 (its routing: 2 groups, 1 chosen per token)
     plan = lp.ExpertPlan(keep=keep, num_experts={i: 8 for i in keep})
     lp.prune_checkpoint(source, plan, tmp_path / "out", progress=False)
     config = json.loads((tmp_path / "out" / "config.json").read_text())
@@ -220,6 +221,33 @@ def test_deepseek_v3s_mtp_layer_61_agrees_with_its_config(tmp_path, quantized):
     assert chosen["kept"] == lp.select_experts({61: ranked[61]}, None, n_per_layer=4,
                                                limits={61: ranked.limits[61]}).keep[61]
     assert sorted(manifest["plan"]["keep"], key=int) == [str(i) for i in range(1, 61)]
+
+
+def test_qwen3_nexts_mtp_module_is_pruned_as_decoder_layer_num_hidden_layers(tmp_path):
+    """Qwen3-Next stores its MTP layer as ``mtp.layers.0`` (beside ``mtp.fc`` and its norms): read as decoder layer 3
+    of a 3-layer model, scored from its own weights, pruned to the config's count; the model's logits are the masked
+    source's."""
+    source = write_qwen3_next_with_mtp(tmp_path / "src")
+    scores = lp.score_weights(source, "aimer", progress=False)
+    assert 3 in scores  # the MTP layer, scored from its own weights
+    model = lp.load_pruned(source)
+    layers = [layer.index for layer in lp.find_moe_layers(model)]
+    plan = lp.select_experts({i: scores[i] for i in layers}, 0.5, limits={i: scores.limits[i] for i in layers})
+    lp.prune_checkpoint(source, plan, tmp_path / "out", progress=False)
+    after = load_file(tmp_path / "out" / "model.safetensors")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 3 and config["mtp_num_hidden_layers"] == 1
+    assert after["mtp.layers.0.mlp.gate.weight"].shape[0] == config["num_experts"] == 4
+    assert {int(k.split(".")[5]) for k in after if k.startswith("mtp.layers.0.mlp.experts.")} == {0, 1, 2, 3}
+    assert "mtp.fc.weight" in after and "model.layers.3.mlp.gate.weight" not in after
+    manifest = json.loads((tmp_path / "out" / "lightprune_export.json").read_text())
+    assert manifest["mtp_layers"]["3"]["kept"] == lp.select_experts(
+        {3: scores[3]}, None, n_per_layer=4, limits={3: scores.limits[3]}).keep[3]
+    ids = torch.randint(0, 100, (2, 10), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad(), lp.mask_experts(model, plan):
+        masked = model(ids).logits
+    with torch.no_grad():
+        assert torch.equal(lp.load_pruned(tmp_path / "out")(ids).logits, masked)
 
 
 def test_a_plan_keeping_another_count_in_the_mtp_layer_is_refused(shipped, tmp_path):
@@ -260,7 +288,8 @@ _KEY = "model.layers.1.mlp.experts.2.down_proj.weight"
     (lambda t, c: c["quantization_config"].__setitem__("weight_block_size", [8]), r"\"weight_block_size\": \[8\]"),
     (lambda t, c: c["quantization_config"].__setitem__("modules_to_not_convert", ["model.layers.9.mlp"]),
      r"names model.layers.9.mlp, which the checkpoint holds no tensors of"),
-    (lambda t, c: c["quantization_config"].__setitem__("modules_to_not_convert", ["model.layers.1.mlp.experts.2.down_proj"]),
+    (lambda t, c: c["quantization_config"].__setitem__("modules_to_not_convert",
+                                                        ["model.layers.1.mlp.experts.2.down_proj"]),
      r"names modules stored quantized \(model.layers.1.mlp.experts.2.down_proj.weight\)"),
     (lambda t, c: c.pop("quantization_config"), r"float8 weights with their block scales \(.*_scale_inv.* no quant"),
     (lambda t, c: c["quantization_config"].__setitem__("quant_method", "gptq"), r"quant_method \"gptq\": GPTQ"),
@@ -320,7 +349,7 @@ def test_a_quantize_option_other_than_fp8_or_on_a_quantized_source_is_refused(sh
     plan = lp.select_experts(lp.score_weights(fp8_dir, "aimer", progress=False), 0.5)
     with pytest.raises(ValueError, match=r"quantize must be one of \[None, 'fp8'\], got 'int4'"):
         lp.prune_checkpoint(float_dir, plan, tmp_path / "out", quantize="int4")
-    with pytest.raises(ValueError, match=r"is stored quantized \(quant_method 'fp8'\): its pruned copy keeps that format"):
+    with pytest.raises(ValueError, match=r"stored quantized \(quant_method 'fp8'\): its pruned copy keeps that format"):
         lp.prune_checkpoint(fp8_dir, plan, tmp_path / "out", quantize="fp8")
     with pytest.raises(ValueError, match=r"is already quantized \(quant_method 'fp8'\)"):
         lp.quantize_checkpoint(fp8_dir, tmp_path / "out")
