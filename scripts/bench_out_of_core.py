@@ -37,16 +37,17 @@ checkpoint (6+ layers), results identical. ``--baseline-src DIR``: the streamed 
 ``DIR/src`` first on ``PYTHONPATH`` (another checkout: the figures before a change), in the same run.
 
     python scripts/bench_out_of_core.py [--shape full|mid|quick] [--layers 6] [--batches 4] [--work-dir DIR]
-                                        [--keep] [--baseline-src DIR] [--json PATH]
+                                        [--keep] [--baseline-src DIR] [--json PATH] [--fp8 | --int4]
 
 ``--quick`` is ``--shape quick --layers 4`` (about 26 MB: checks the script; ratios printed, not judged).
 
-``--fp8``: the generated checkpoint is written FP8 block-scaled (``lp.quantize_checkpoint``, 128x128 blocks, the
-DeepSeek-V3 layout) and every path runs on that one: the streamed ones read it block by block and
-``prune_checkpoint`` copies the kept experts' FP8 bytes; the in-memory ones load it as transformers does on a CPU
-(dequantized to bf16), so the two pruned checkpoints are compared as lightprune reads them (dequantized). The reads
-a score is compared with are of the stored bytes (values and scales), and the prune target is 1.0 of the copy (the
-issue's: it copies fewer bytes than a copy does).
+``--fp8`` / ``--int4``: the generated checkpoint is written FP8 block-scaled (``lp.quantize_checkpoint``, 128x128
+blocks, the DeepSeek-V3 layout) / with its routed experts in compressed-tensors int4 (W4A16, symmetric groups of 32,
+as Kimi K2 Thinking ships them), and every path runs on that one: the streamed ones read it dequantized a tensor at a
+time and ``prune_checkpoint`` copies the kept experts' stored bytes; the in-memory ones load it with
+``lp.load_pruned`` (dequantized to bf16), so the two pruned checkpoints are compared as lightprune reads them
+(dequantized). The reads a score is compared with are of the stored bytes (values and scales), and the prune target
+is 1.0 of the copy (it writes fewer bytes than a copy does).
 """
 
 from __future__ import annotations
@@ -147,6 +148,38 @@ def write_checkpoint(path: Path, layers: int, shape_name: str, seed: int = 0) ->
     return total
 
 
+def write_int4_experts(path: Path) -> None:
+    """Rewrite the checkpoint at ``path`` in place with its routed experts in compressed-tensors int4 (W4A16,
+    symmetric groups of 32: lightprune's packing, :mod:`lightprune.checkpoints.compressed_tensors`), as Kimi K2
+    Thinking ships its experts; one shard at a time."""
+    from safetensors.torch import load_file, save_file
+
+    from lightprune.checkpoints.compressed_tensors import pack_int4, quantize_int4
+
+    index = read_json(path / "model.safetensors.index.json", "index")
+    for file in sorted(path.glob("*.safetensors")):
+        written = {}
+        for key, tensor in load_file(file).items():
+            if ".mlp.experts." in key and key.endswith(".weight"):
+                values, scale = quantize_int4(tensor, 32)
+                written[key + "_packed"], written[key + "_scale"] = pack_int4(values), scale
+                written[key + "_shape"] = torch.tensor(list(tensor.shape), dtype=torch.int32)
+            else:
+                written[key] = tensor
+        save_file(written, file, metadata={"format": "pt"})
+        index["weight_map"] = {k: v for k, v in index["weight_map"].items() if v != file.name}
+        index["weight_map"].update({k: file.name for k in written})
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    config = read_json(path / "config.json", "config")
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32,
+               "dynamic": False, "actorder": None}
+    config["quantization_config"] = {
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
+        "format": "pack-quantized", "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp.gate$"],
+        "quant_method": "compressed-tensors", "quantization_status": "compressed"}
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+
+
 # ------------------------------------------------------------------ the measured runs, each in its own process
 _EPILOGUE = """
 import json, re
@@ -193,7 +226,8 @@ import time
 import lightprune as lp
 from transformers import AutoModelForCausalLM
 start = time.perf_counter()
-model = AutoModelForCausalLM.from_pretrained(PATH, dtype=torch.bfloat16).eval()
+model = (lp.load_pruned(PATH, dtype=torch.bfloat16) if QUANTIZED else
+         AutoModelForCausalLM.from_pretrained(PATH, dtype=torch.bfloat16).eval())
 scores = lp.score_weights(model, "aimer")
 torch.save(dict(scores.raw), OUT + ".pt")
 plan = lp.select_experts(scores, ratio=0.5)
@@ -214,7 +248,8 @@ import time
 import lightprune as lp
 from transformers import AutoModelForCausalLM
 start = time.perf_counter()
-model = AutoModelForCausalLM.from_pretrained(PATH, dtype=torch.bfloat16).eval()
+model = (lp.load_pruned(PATH, dtype=torch.bfloat16) if QUANTIZED else
+         AutoModelForCausalLM.from_pretrained(PATH, dtype=torch.bfloat16).eval())
 stats = lp.collect_expert_stats(model, BATCHES, subsets=("all", "text"), progress=False)
 SECONDS = time.perf_counter() - start
 torch.save({(c, u): dict(stats.raw(c, u)) for c in stats.criteria for u in stats.subsets}, OUT + ".pt")
@@ -391,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="--shape quick --layers 4")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH")
     parser.add_argument("--fp8", action="store_true", help="run on the checkpoint written FP8 block-scaled")
+    parser.add_argument("--int4", action="store_true",
+                        help="run on the checkpoint with its experts in compressed-tensors int4 (W4A16, groups of 32)")
     args = parser.parse_args(argv)
     if args.quick:
         args.shape, args.layers = "quick", 4
@@ -404,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         path = work / "checkpoint"
         start = time.perf_counter()
         size = write_checkpoint(path, args.layers, args.shape)
+        if args.fp8 and args.int4:
+            parser.error("--fp8 and --int4 are two formats: give one")
         if args.fp8:
             import lightprune as lp
 
@@ -411,8 +450,12 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(path)
             path = work / "checkpoint-fp8"
             size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+        if args.int4:
+            write_int4_experts(path)
+            size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
         print(f"checkpoint: Qwen3-MoE, {args.layers} layers of {SHAPES[args.shape]}, "
-              f"{'FP8 in 128x128 blocks' if args.fp8 else 'bf16'}, {size / 1e9:.2f} GB in "
+              f"{'FP8 in 128x128 blocks' if args.fp8 else 'int4 experts' if args.int4 else 'bf16'}, "
+              f"{size / 1e9:.2f} GB in "
               f"{len(list(path.glob('*.safetensors')))} shards (written in {time.perf_counter() - start:.0f} s); "
               f"one decoder layer is {1 / args.layers:.0%} of it; torch threads {torch.get_num_threads()}")
         vocab = SHAPES[args.shape]["vocab_size"]
@@ -427,8 +470,11 @@ def main(argv: list[str] | None = None) -> int:
         runs = _streamed(path, work, "", vocab, args.batches, None)
         before = _streamed(path, work, "before_", vocab, args.batches, args.baseline_src) \
             if args.baseline_src is not None else None
-        runs["memory prune"] = _run("memory_prune", path, work / "memory_prune", args.batches, vocab)
-        runs["memory calibration"] = _run("memory_calibrate", path, work / "memory_calibrate", args.batches, vocab)
+        quantized = bool(args.fp8 or args.int4)
+        runs["memory prune"] = _run("memory_prune", path, work / "memory_prune", args.batches, vocab,
+                                    quantized=quantized)
+        runs["memory calibration"] = _run("memory_calibrate", path, work / "memory_calibrate", args.batches, vocab,
+                                          quantized=quantized)
         reference = {**{f"score {c}": (reads[c], f"read of its {c} bytes") for c in SCORED},
                      **{f"score {c} (cold)": (cold_reads[c], f"cold read of its {c} bytes") for c in SCORED},
                      "prune (verified)": (disk["copy_s"], "copy"), "prune (not verified)": (disk["copy_s"], "copy"),
@@ -470,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
                         "<=" if judged else None, reference=before[name]["seconds"] / reference[name][0]
                         if before else None, reference_name="before" if before else None)
                   for name, target in [*((f"score {c}{cold}", 2.0) for c in JUDGED_SCORES for cold in ("", " (cold)")),
-                                       ("prune (verified)", 1.0 if args.fp8 else 1.5), ("calibration", 1.3)]]
+                                       ("prune (verified)", 1.0 if quantized else 1.5), ("calibration", 1.3)]]
         checks += [check(f"{name} per layer (opening excluded: what a 1 TB checkpoint sees) / read", ratio,
                          2.0 if judged else None, "<=" if judged else None) for name, ratio in steady.items()]
         checks += [check(f"{kind} peak VmHWM / checkpoint bytes", runs[name]["peak_rss_bytes"] / size,
@@ -490,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
                 "benchmark": "out_of_core", "title": "Out-of-core scoring, pruning and calibration",
                 "what": " ".join(__doc__.split("\n\n")[0].split()), "quick": not judged,
                 "checkpoint": {"layers": args.layers, "bytes": size, "shape": args.shape, **SHAPES[args.shape],
-                               "stored": "fp8 (128x128 blocks)" if args.fp8 else "bf16"},
+                               "stored": "fp8 (128x128 blocks)" if args.fp8 else
+                               "int4 experts (compressed-tensors, groups of 32)" if args.int4 else "bf16"},
                 "batches": args.batches, "disk": disk, "reads": reads, "runs": runs, "before": before,
                 "checks": checks, "passed": passed, "torch_version": torch.__version__})
         return 0 if passed else 1
