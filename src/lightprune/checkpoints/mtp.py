@@ -52,11 +52,12 @@ def mtp_prefixes(layers: list[int], count: int) -> tuple[str, ...]:
 
 
 def mtp_layers(path: Any, config: Any, keys: list[str]) -> list[int]:
-    """The layer numbers of the checkpoint ``keys`` (``model.layers.<n>.``) at or past ``config.num_hidden_layers``,
-    ascending: its MTP layers (see the module docstring); empty for a model without them. Starting at
-    ``num_hidden_layers``, they must follow the model's layers without a gap, at most ``num_nextn_predict_layers``
-    of them (``ValueError`` naming the layers); a config that declares no MTP layers has none, nor one whose further
-    layers start later (both copied as they are)."""
+    """The layer numbers of the checkpoint ``keys`` (``model.layers.<n>.``, and ``mtp.layers.<i>.`` as layer
+    ``num_hidden_layers + i``) at or past ``config.num_hidden_layers``, ascending: its MTP layers (see the module
+    docstring); empty for a model without them. Starting at ``num_hidden_layers``, they must follow the model's layers
+    without a gap, at most ``num_nextn_predict_layers`` (or ``mtp_num_hidden_layers``) of them (``ValueError`` naming
+    the layers); a config that declares no MTP layers has none, nor one whose further layers start later (both copied
+    as they are)."""
     count = getattr(config, "num_hidden_layers", None)
     if not isinstance(count, int) or isinstance(count, bool):
         return []
@@ -104,9 +105,8 @@ def config_without_mtp(config: Any, base: Any, layers: list[int]) -> None:
 def undeclared_mtp(data: dict[str, Any], keys: list[str]) -> bool:
     """For a written checkpoint's config.json ``data`` and its tensor names ``keys``: when the config declares
     multi-token-prediction layers (``num_nextn_predict_layers`` or ``mtp_num_hidden_layers`` > 0) that the weights do
-    not hold (an export of a
-    model in memory, whose class does not build them), set it to 0 in ``data``, so that the config agrees with the
-    tensors; True when it did."""
+    not hold (an export of a model in memory, whose class does not build them), set it to 0 in ``data``, so that the
+    config agrees with the tensors; True when it did."""
     declared, count = _declared(data), data.get("num_hidden_layers")
     if declared is None or declared < 1 or not isinstance(count, int):
         return False

@@ -8,9 +8,9 @@ against the shards, every header against its bytes), config.json (no duplicate k
 only of a format lightprune reads and agreeing with the tensors, layer counts and ``dtype`` against the weights), and
 the tensors against the model (all present, none extra, shapes that fit, no integer tensor where the model has a
 float one, a possible top-k). The same checkpoint is refused with the same message whichever path reads it. Only
-headers are read. A quantized checkpoint (FP8 blocks, MXFP4) loads dequantized into the model's dtype, as the
-streamed paths read it (the format's ``loading_config``, unless ``quantization_config`` is passed); the tensors of
-multi-token-prediction layers the model class does not build are not unexpected ones.
+headers are read. A quantized checkpoint (FP8 blocks, MXFP4, compressed-tensors) loads dequantized into the model's
+dtype, as the streamed paths read it (the format's ``loading_config``, unless ``quantization_config`` is passed);
+the tensors of multi-token-prediction layers the model class does not build are not unexpected ones.
 
 Loading is strict: a checkpoint that would give a model with random or dropped weights raises
 ``ValueError`` naming the path and the tensors (at most 8, then "and N more"), never a warning.

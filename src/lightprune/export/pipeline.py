@@ -31,6 +31,7 @@ from torch import nn
 
 from lightprune.checkpoints.staging import check_out_dir
 from lightprune.core.checks import check_atol
+from lightprune.core.errors import PlanError
 from lightprune.experts.mask import mask_experts
 from lightprune.experts.merging import MergePlan, write_merged
 from lightprune.experts.plan import ExpertPlan
@@ -77,6 +78,22 @@ def _name_a_surgery_problem(model: nn.Module, probe: Mapping[str, Any], referenc
             tolerance=gap.tolerance) from err
 
 
+def _check_no_mtp_layers(model: nn.Module, plan: ExpertPlan | MergePlan) -> None:
+    """A plan naming the checkpoint's multi-token-prediction layers (``lp.score_weights`` of the directory scores
+    them, :mod:`lightprune.checkpoints.mtp`), which a model in memory does not hold: refused saying where they are
+    pruned."""
+    config = getattr(model.config, "text_config", None) or model.config
+    count = getattr(config, "num_hidden_layers", None)
+    declared = getattr(config, "num_nextn_predict_layers", None) or getattr(config, "mtp_num_hidden_layers", None)
+    if not isinstance(count, int) or not isinstance(declared, int) or isinstance(declared, bool) or declared < 1:
+        return
+    named = sorted(layer for layer in plan.num_experts if count <= layer < count + declared)
+    if named:
+        raise PlanError(f"plan names layer(s) {named}, the checkpoint's multi-token-prediction layer(s), which the "
+                        "model in memory does not hold: prune the checkpoint directory with lp.prune_checkpoint(dir, "
+                        "plan, out_dir), which prunes them with the model, or leave them out of the plan")
+
+
 def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str | os.PathLike, *,
                   probe: Mapping[str, Any] | None = None, overwrite: bool = False, atol: float | None = None,
                   processor: Any = None, source_dir: str | os.PathLike | None = None,
@@ -117,6 +134,7 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
         raise TypeError(f"export_pruned takes an ExpertPlan (pruning) or a MergePlan (merging), got "
                         f"{type(plan).__name__}: build one with lp.select_experts / lp.hc_smoe_plan, or load a saved "
                         "one with lp.ExpertPlan.load(path) / lp.MergePlan.load(path)")
+    _check_no_mtp_layers(model, plan)
     plan.check_layers(find_moe_layers(model))  # every MoE layer, counts and floors: before anything changes
     merge = plan if isinstance(plan, MergePlan) else None
     if merge is not None:

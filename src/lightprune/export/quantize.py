@@ -116,11 +116,8 @@ def model_block(model: nn.Module, source: Path | None) -> tuple[int, int]:
     if found is None and source is not None and (source / "config.json").is_file():
         found = read_config(source).get("quantization_config")
     found = found if isinstance(found, dict) else getattr(found, "to_dict", dict)()
-    if found.get("quant_method") == "fp8":
-        try:
-            return _block(tuple(found.get("weight_block_size") or ()))
-        except ValueError:
-            pass
+    if found.get("quant_method") == "fp8":  # a source that loaded has a valid one (the strict reader checked it)
+        return _block(tuple(found.get("weight_block_size") or (128, 128)))
     return 128, 128
 
 
