@@ -1,6 +1,6 @@
 """What every quantized format lightprune reads shares: :class:`StoredFormat` (what a format gives the reader),
-:class:`QuantizedTensor` (a logical tensor and its stored parts) and :func:`check_ignored` (a
-``quantization_config``'s ``modules_to_not_convert`` against the checkpoint)."""
+:class:`QuantizedTensor` (a logical tensor and its stored parts), :func:`check_ignored` (a ``quantization_config``'s
+``modules_to_not_convert`` against the checkpoint) and :func:`renumbered_ignores` (an ignore list after a prune)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from lightprune.core.errors import listed_text
 from lightprune.core.jsonio import show
 
-__all__ = ["QuantizedTensor", "StoredFormat", "check_ignored", "ignores"]
+__all__ = ["QuantizedTensor", "StoredFormat", "check_ignored", "ignores", "renumbered_ignores"]
 
 
 @dataclass(frozen=True)
@@ -76,3 +76,30 @@ def check_ignored(path: Path, method: str, ignored: Any, entries: dict[str, Any]
         raise ValueError(f"{where}'s \"modules_to_not_convert\" names modules stored quantized "
                          f"({listed_text(converted)}): transformers would load their {method} values unscaled; "
                          "restore the config")
+
+
+#: an ignore-list entry naming one expert of one layer: (layer prefix, layer, experts path) . expert (rest)
+_ONE_EXPERT = re.compile(r"^(?P<head>(?:model|mtp)\.layers\.(?P<layer>\d+)\..*?experts)\.(?P<expert>\d+)(?P<rest>\..*)?$")
+
+
+def renumbered_ignores(names: list[str], keep: dict[int, list[int]], count: int) -> list[str]:
+    """A quantization config's ignore list (``modules_to_not_convert``, compressed-tensors' ``ignore``) after a prune
+    that keeps ``keep`` ({layer: kept expert ids}; ``count``: the model's ``num_hidden_layers``, Qwen3-Next's
+    ``mtp.layers.{i}`` being layer ``count + i``): an entry naming one expert of a pruned layer follows it to its new
+    number, or goes with it; a pattern (``re:``, ``*``) naming experts by number cannot be followed and is refused."""
+    out = []
+    for name in names:
+        pattern = name.startswith("re:") or any(c in name for c in "*?+[]()|^$\\{}")
+        found = None if pattern else _ONE_EXPERT.match(name)
+        if found is None:
+            if re.search(r"experts\W{0,3}\d", name):
+                raise ValueError(f"the quantization config's ignore list names experts by number in the pattern "
+                                 f"{name!r}, which pruning renumbers: write the modules it means, one entry each")
+            out.append(name)
+            continue
+        layer = int(found["layer"]) + (count if name.startswith("mtp.") else 0)
+        if layer not in keep:
+            out.append(name)
+        elif int(found["expert"]) in keep[layer]:
+            out.append(f"{found['head']}.{keep[layer].index(int(found['expert']))}{found['rest'] or ''}")
+    return out

@@ -308,3 +308,42 @@ def test_a_nan_in_a_kept_fp8_expert_is_refused_naming_it_and_nothing_is_written(
     with pytest.raises(ValueError, match=rf"tensor '{key}' holds 1 NaN.* nothing was written"):
         lp.prune_checkpoint(bad, plan, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_ignore_entry_naming_one_expert_follows_it_to_its_new_number(shipped, tmp_path):
+    """modules_to_not_convert naming one expert stored unquantized (layer 1's expert 5 down_proj in bf16): the pruned
+    config names it under its new number, or drops it with the expert; a pattern naming experts by number is refused
+    before anything is written."""
+    _, fp8_dir = shipped
+    key = "model.layers.1.mlp.experts.5.down_proj.weight"
+
+    def unquantize(tensors, config):
+        tensors[key] = dequantize_fp8_blocks(tensors[key], tensors.pop(key + "_scale_inv"), BLOCK, torch.bfloat16)
+        config["quantization_config"]["modules_to_not_convert"] = ["lm_head", key.removesuffix(".weight")]
+
+    mixed = _corrupted(fp8_dir, tmp_path, unquantize)
+    keep = {1: [0, 1, 5, 6], 2: [0, 1, 4, 5], 3: [0, 1, 4, 5]}
+    lp.prune_checkpoint(mixed, lp.ExpertPlan(keep=keep, num_experts={1: 8, 2: 8, 3: 8}), tmp_path / "kept",
+                        progress=False)
+    config = json.loads((tmp_path / "kept" / "config.json").read_text())
+    ignored = config["quantization_config"]["modules_to_not_convert"]
+    assert ignored == ["lm_head", "model.layers.1.mlp.experts.2.down_proj"]
+    stored = _stored(tmp_path / "kept")
+    assert stored["model.layers.1.mlp.experts.2.down_proj.weight"].dtype == torch.bfloat16
+    assert "model.layers.1.mlp.experts.2.down_proj.weight_scale_inv" not in stored
+
+    keep[1] = [0, 1, 4, 6]
+    lp.prune_checkpoint(mixed, lp.ExpertPlan(keep=keep, num_experts={1: 8, 2: 8, 3: 8}), tmp_path / "dropped",
+                        progress=False)
+    config = json.loads((tmp_path / "dropped" / "config.json").read_text())
+    assert config["quantization_config"]["modules_to_not_convert"] == ["lm_head"]
+
+    def pattern(tensors, config):
+        unquantize(tensors, config)
+        config["quantization_config"]["modules_to_not_convert"] = [r"model.layers.1.mlp.experts.5.down_.*"]
+
+    bad = _corrupted(fp8_dir, tmp_path / "pattern", pattern)
+    with pytest.raises(ValueError, match=r"experts by number in the pattern 'model.layers.1.mlp.experts.5.down_.\*'"):
+        lp.prune_checkpoint(bad, lp.ExpertPlan(keep=keep, num_experts={1: 8, 2: 8, 3: 8}), tmp_path / "out",
+                            progress=False)
+    assert not (tmp_path / "out").exists()
