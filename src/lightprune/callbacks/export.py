@@ -145,9 +145,10 @@ class Export(WritesCheckpoint, JobEndCallback):
             fp32, 1e-2 in bf16/fp16, where a near tie between router scores can flip an expert choice; ``rtol``:
             :func:`lightprune.export.verify.default_rtol`).
         summary: print the summary table at the end of the job (with Evaluate's perplexity before and after).
-        quantize: ``"fp8"``: once verified, write the checkpoint FP8 with 128x128 block scales (the DeepSeek-V3
-            layout transformers and the serving stacks load; :func:`lightprune.quantize_checkpoint`); a source
-            stored quantized keeps its own format without it. None: the weights' dtype.
+        quantize: ``"fp8"``: once verified, write the checkpoint FP8 block-scaled (the DeepSeek-V3 layout
+            transformers and the serving stacks load; :func:`lightprune.quantize_checkpoint`), in 128x128 blocks or
+            those of the FP8 checkpoint the model was loaded from; a checkpoint streamed from a quantized source keeps
+            its own format without it. None: the weights' dtype.
     """
 
     def __init__(self, output_dir: str | None = None, checkpoint_dir: str | None = None,
