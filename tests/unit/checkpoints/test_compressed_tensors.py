@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 import lightprune as lp
 from lightprune.checkpoints.compressed_tensors import dequantize_int4, pack_int4, quantize_int4
 from lightprune.models.tiny import tiny_model
 from lightprune.models.tiny_batches import tiny_text_batch
-from tests.fixtures.shipped import write_compressed_tensors, write_deepseek_with_mtp
+from tests.fixtures.shipped import (
+    corrupted_copy,
+    stored_tensors,
+    write_compressed_tensors,
+    write_deepseek_with_mtp,
+)
 
 
 def _library():
@@ -37,13 +40,6 @@ def _load(path: Path):
 
     config = CompressedTensorsConfig(dequantize=True)
     return AutoModelForCausalLM.from_pretrained(path, quantization_config=config).eval()
-
-
-def _stored(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(path.glob("*.safetensors")):
-        out.update(load_file(file))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +92,7 @@ def test_a_streamed_prune_copies_the_kept_experts_parts_and_gives_the_masked_log
     scores = lp.score_weights(path, "aimer", progress=False)
     plan = lp.select_experts(scores, 0.5)
     lp.prune_checkpoint(path, plan, tmp_path / "out", progress=False)
-    before, after = _stored(path), _stored(tmp_path / "out")
+    before, after = stored_tensors(path), stored_tensors(tmp_path / "out")
     parts = ("weight_packed", "weight_scale", "weight_shape") if scheme == "int4" else ("weight", "weight_scale")
     for layer, kept in plan.keep.items():
         for new, old in enumerate(kept):
@@ -140,17 +136,7 @@ _KEY = "model.layers.1.mlp.experts.2.down_proj.weight"
 ], ids=["scale-missing", "scale-shape", "packed-dtype", "zero-point", "asymmetric", "int8", "ignored-quantized",
         "ignored-absent"])
 def test_the_strict_reader_refuses_a_corrupt_int4_checkpoint_in_one_line(releases, tmp_path, change, message):
-    bad = tmp_path / "bad"
-    shutil.copytree(releases["int4"], bad)
-    file = bad / "model-00001-of-00002.safetensors"
-    tensors, config = load_file(file), json.loads((bad / "config.json").read_text())
-    change(tensors, config)
-    save_file(tensors, file, metadata={"format": "pt"})
-    (bad / "config.json").write_text(json.dumps(config))
-    index = json.loads((bad / "model.safetensors.index.json").read_text())
-    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if v != file.name}
-    index["weight_map"].update({k: file.name for k in tensors})
-    (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+    bad = corrupted_copy(releases["int4"], tmp_path / "bad", change, "model-00001-of-00002.safetensors")
     for call in (lambda: lp.score_weights(bad, progress=False), lambda: lp.load_pruned(bad)):
         with pytest.raises(ValueError, match=message) as found:
             call()

@@ -8,17 +8,15 @@ model ``from_pretrained`` builds from the checkpoint on the CPU), the stored byt
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 import lightprune as lp
 from lightprune.checkpoints.fp8_blocks import dequantize_fp8_blocks, quantize_fp8_blocks
 from lightprune.models.tiny_batches import tiny_text_batch
-from tests.fixtures.shipped import write_deepseek_with_mtp
+from tests.fixtures.shipped import corrupted_copy, stored_tensors, write_deepseek_with_mtp
 
 BLOCK = (8, 8)
 
@@ -33,13 +31,6 @@ def _load(path: Path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path).eval()  # on the CPU transformers dequantizes
-
-
-def _stored(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(path.glob("*.safetensors")):
-        out.update(load_file(file))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +69,7 @@ def test_quantization_is_within_float8_rounding_and_partial_blocks_follow_their_
 # ------------------------------------------------------------------------------------------------- the written format
 def test_quantize_checkpoint_writes_the_deepseek_layout(shipped):
     float_dir, fp8_dir = shipped
-    stored, source = _stored(fp8_dir), _stored(float_dir)
+    stored, source = stored_tensors(fp8_dir), stored_tensors(float_dir)
     config = json.loads((fp8_dir / "config.json").read_text())
     assert config["quantization_config"] == {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                              "weight_block_size": list(BLOCK)}
@@ -134,7 +125,7 @@ def test_a_streamed_fp8_prune_copies_the_kept_bytes_and_gives_the_masked_logits(
     _, fp8_dir = shipped
     plan = lp.select_experts(lp.score_weights(fp8_dir, "aimer", progress=False), 0.5)
     result = lp.prune_checkpoint(fp8_dir, plan, tmp_path / "out", progress=False)
-    before, after = _stored(fp8_dir), _stored(tmp_path / "out")
+    before, after = stored_tensors(fp8_dir), stored_tensors(tmp_path / "out")
     for layer in (1, 2, 3):
         for new, old in enumerate(plan.keep[layer]):
             for part in ("gate_proj.weight", "gate_proj.weight_scale_inv", "up_proj.weight", "up_proj.weight_scale_inv",
@@ -180,7 +171,7 @@ def test_an_in_memory_prune_of_the_loaded_fp8_model_gives_the_masked_logits_and_
 
     model = lp.load_pruned(fp8_dir)
     lp.export_pruned(model, plan, tmp_path / "fp8", quantize="fp8")
-    before, after = _stored(fp8_dir), _stored(tmp_path / "fp8")
+    before, after = stored_tensors(fp8_dir), stored_tensors(tmp_path / "fp8")
     config = json.loads((tmp_path / "fp8" / "config.json").read_text())
     assert config["quantization_config"]["weight_block_size"] == [8, 8]
     for layer, kept in plan.keep.items():
@@ -194,19 +185,7 @@ def test_an_in_memory_prune_of_the_loaded_fp8_model_gives_the_masked_logits_and_
 
 # ----------------------------------------------------------------------------------------------- strict refusals
 def _corrupted(fp8_dir: Path, tmp_path: Path, change) -> Path:
-    out = tmp_path / "bad"
-    shutil.copytree(fp8_dir, out)
-    file = out / "model-00001-of-00002.safetensors"
-    tensors = load_file(file)
-    config = json.loads((out / "config.json").read_text())
-    change(tensors, config)
-    save_file(tensors, file, metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config))
-    index = json.loads((out / "model.safetensors.index.json").read_text())
-    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if v != file.name}
-    index["weight_map"].update({k: file.name for k in tensors})
-    (out / "model.safetensors.index.json").write_text(json.dumps(index))
-    return out
+    return corrupted_copy(fp8_dir, tmp_path / "bad", change, "model-00001-of-00002.safetensors")
 
 
 _KEY = "model.layers.1.mlp.experts.2.down_proj.weight"
@@ -252,7 +231,7 @@ def test_prune_then_quantize_in_one_call_equals_the_two_steps(shipped, tmp_path)
     lp.prune_checkpoint(float_dir, plan, tmp_path / "bf16", progress=False)
     lp.quantize_checkpoint(tmp_path / "bf16", tmp_path / "two-steps", progress=False)
     result = lp.prune_checkpoint(float_dir, plan, tmp_path / "one-call", progress=False, quantize="fp8")
-    two, one = _stored(tmp_path / "two-steps"), _stored(tmp_path / "one-call")
+    two, one = stored_tensors(tmp_path / "two-steps"), stored_tensors(tmp_path / "one-call")
     assert two.keys() == one.keys() and all(torch.equal(two[k].view(torch.uint8), one[k].view(torch.uint8))
                                             for k in two if two[k].dtype == torch.float8_e4m3fn)
     assert all(torch.equal(two[k], one[k]) for k in two if two[k].dtype != torch.float8_e4m3fn)
@@ -328,7 +307,7 @@ def test_an_ignore_entry_naming_one_expert_follows_it_to_its_new_number(shipped,
     config = json.loads((tmp_path / "kept" / "config.json").read_text())
     ignored = config["quantization_config"]["modules_to_not_convert"]
     assert ignored == ["lm_head", "model.layers.1.mlp.experts.2.down_proj"]
-    stored = _stored(tmp_path / "kept")
+    stored = stored_tensors(tmp_path / "kept")
     assert stored["model.layers.1.mlp.experts.2.down_proj.weight"].dtype == torch.bfloat16
     assert "model.layers.1.mlp.experts.2.down_proj.weight_scale_inv" not in stored
 

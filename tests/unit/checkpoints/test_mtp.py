@@ -33,8 +33,9 @@ def test_deepseek_v3s_mtp_layer_61_agrees_with_its_config(tmp_path, quantized):
     if quantized:
         source = lp.quantize_checkpoint(source, tmp_path / "fp8", block=BLOCK, progress=False)
     gen = torch.Generator().manual_seed(5)
+    # two of each group of 4 (its routing: 2 groups, 1 chosen per token)
     keep = {i: sorted([*torch.randperm(4, generator=gen)[:2].tolist(),
-                       *(4 + torch.randperm(4, generator=gen)[:2]).tolist()]) for i in range(1, 61)}  # two of each group of 4 (its routing: 2 groups, 1 chosen per token)
+                       *(4 + torch.randperm(4, generator=gen)[:2]).tolist()]) for i in range(1, 61)}
     plan = lp.ExpertPlan(keep=keep, num_experts={i: 8 for i in keep})
     lp.prune_checkpoint(source, plan, tmp_path / "out", progress=False)
     config = json.loads((tmp_path / "out" / "config.json").read_text())
@@ -92,7 +93,8 @@ def test_a_plan_naming_the_mtp_layer_is_refused_by_an_in_memory_export_saying_wh
                                                                                                 tmp_path):
     plan = lp.select_experts(lp.score_weights(fp8_with_mtp, "aimer", progress=False), 0.5)  # names layer 3
     model = lp.load_pruned(fp8_with_mtp)
-    with pytest.raises(lp.PlanError, match=r"plan names layer\(s\) \[3\], the checkpoint's multi-token-prediction "
-                                           r"layer\(s\), which the model in memory does not hold: .*lp.prune_checkpoint"):
+    said = (r"plan names layer\(s\) \[3\], the checkpoint's multi-token-prediction layer\(s\), which the model in "
+            r"memory does not hold: .*lp.prune_checkpoint")
+    with pytest.raises(lp.PlanError, match=said):
         lp.export_pruned(model, plan, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -7,17 +7,16 @@ with ``Mxfp4Config(dequantize=True)``), the stored bytes, and the masked source'
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 import lightprune as lp
 from lightprune.checkpoints.mxfp4 import FP4_VALUES, dequantize_mxfp4, quantize_mxfp4
 from lightprune.models.tiny_batches import tiny_text_batch
-from tests.fixtures.shipped import write_gpt_oss_mxfp4
+from tests.fixtures.shipped import corrupted_copy, write_gpt_oss_mxfp4
 
 
 def _load(path: Path):
@@ -112,12 +111,7 @@ _KEY = "model.layers.0.mlp.experts.down_proj"
      r"names modules stored quantized"),
 ], ids=["scales-missing", "scales-shape", "blocks-dtype", "ignored-absent", "ignored-quantized"])
 def test_the_strict_reader_refuses_a_corrupt_mxfp4_checkpoint_in_one_line(mxfp4, tmp_path, change, message):
-    bad = tmp_path / "bad"
-    shutil.copytree(mxfp4, bad)
-    tensors, config = load_file(bad / "model.safetensors"), json.loads((bad / "config.json").read_text())
-    change(tensors, config)
-    save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
-    (bad / "config.json").write_text(json.dumps(config))
+    bad = corrupted_copy(mxfp4, tmp_path / "bad", change)
     for call in (lambda: lp.score_weights(bad, progress=False), lambda: lp.load_pruned(bad)):
         with pytest.raises(ValueError, match=message) as found:
             call()
