@@ -30,8 +30,7 @@ from typing import Any
 
 import torch
 
-from lightprune.checkpoints.quantized_tensor import QuantizedTensor
-from lightprune.core.errors import listed_text
+from lightprune.checkpoints.quantized_tensor import QuantizedTensor, check_found, check_ignored
 from lightprune.core.jsonio import show
 
 __all__ = ["CompressedTensors", "dequantize_int4", "pack_int4", "quantize_int4"]
@@ -117,19 +116,13 @@ class CompressedTensors:
             elif key.endswith(".weight" + _SCALE) and key.removesuffix(_SCALE) + _PACKED not in entries and \
                     key.removesuffix(_SCALE) not in entries:
                 problems.setdefault("scales without their weight", []).append(key)
-        if not self.tensors and not problems:
-            raise ValueError(f"checkpoint {str(path)!r} declares quant_method \"compressed-tensors\" (config.json's "
-                             "quantization_config) but holds no quantized weights: a config for another checkpoint; "
-                             "remove its quantization_config or restore the weights")
         missing = sorted({self.scheme_of[k] for k in self.tensors} - set(self.schemes))
         if missing:
             problems.setdefault("weights of a scheme no config group declares", []).extend(
                 f"{k} ({self.scheme_of[k]})" for k in self.tensors if self.scheme_of[k] in missing)
-        if problems:
-            said = "; ".join(f"{what}: {listed_text(sorted(keys))}" for what, keys in problems.items())
-            raise ValueError(f"checkpoint {str(path)!r} (quant_method \"compressed-tensors\"): {said}; re-export it "
-                             "or restore the files")
-        self._check_ignored(where, quantization.get("ignore"), entries)
+        check_found(path, self.method, "quant_method \"compressed-tensors\"", self.tensors, problems,
+                    "holds no quantized weights")
+        check_ignored(path, "int4 / FP8", quantization, entries, self.tensors, key="ignore", matches=_matches)
 
     # ------------------------------------------------------------------ the config
     @staticmethod
@@ -175,21 +168,6 @@ class CompressedTensors:
                                  "lightprune does not tell apart by their targets yet")
             found[scheme] = weights
         return found
-
-    def _check_ignored(self, where: str, ignored: Any, entries: dict[str, Any]) -> None:
-        if ignored is None:
-            return
-        if not isinstance(ignored, list) or not all(isinstance(name, str) and name for name in ignored):
-            raise ValueError(f"{where} has \"ignore\": {show(ignored)}; write a list of module names")
-        modules = {key.rpartition(".")[0] for key in entries}
-        absent = [name for name in ignored if not any(_matches(name, module) for module in modules)]
-        if absent:
-            raise ValueError(f"{where}'s \"ignore\" names {listed_text(absent)}, which the checkpoint holds no "
-                             "tensors of: a config for another checkpoint; restore it")
-        converted = [key for key in self.tensors if any(_matches(name, key.rpartition(".")[0]) for name in ignored)]
-        if converted:
-            raise ValueError(f"{where}'s \"ignore\" names modules stored quantized ({listed_text(converted)}): they "
-                             "would load unscaled; restore the config")
 
     # ------------------------------------------------------------------ the tensors
     def _int4(self, weight: str, entries: dict[str, Any], problems: dict[str, list[str]]) -> None:

@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from lightprune.checkpoints.quantized_tensor import QuantizedTensor, check_ignored
-from lightprune.core.errors import listed_text
+from lightprune.checkpoints.quantized_tensor import QuantizedTensor, check_found, check_ignored
 from lightprune.core.jsonio import show
 
 __all__ = ["FP8_MAX", "Fp8Blocks", "dequantize_fp8_blocks", "quantize_fp8_blocks", "scale_factors"]
@@ -130,15 +129,9 @@ class Fp8Blocks:
                     f"{scale} ({entries[scale][1]['dtype']})")
             else:
                 self.tensors[key] = QuantizedTensor((key, scale), shape, dtype)
-        if not self.tensors and not problems:
-            raise ValueError(f"checkpoint {str(path)!r} declares quant_method \"fp8\" (config.json's "
-                             "quantization_config) but no tensor is stored in float8: a config for another checkpoint; "
-                             "remove its quantization_config or restore the weights")
-        if problems:
-            said = "; ".join(f"{what}: {listed_text(sorted(keys))}" for what, keys in problems.items())
-            raise ValueError(f"checkpoint {str(path)!r} (quant_method \"fp8\", {self.block[0]}x{self.block[1]} "
-                             f"blocks): {said}; re-export it or restore the files")
-        check_ignored(path, "FP8", quantization.get("modules_to_not_convert"), entries, self.tensors)
+        check_found(path, _FP8, f"quant_method \"fp8\", {self.block[0]}x{self.block[1]} blocks", self.tensors,
+                    problems, "no tensor is stored in float8")
+        check_ignored(path, "FP8", quantization, entries, self.tensors)
 
     @staticmethod
     def _block(where: str, value: Any) -> tuple[int, int]:

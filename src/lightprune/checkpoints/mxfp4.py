@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from lightprune.checkpoints.quantized_tensor import QuantizedTensor, check_ignored
-from lightprune.core.errors import listed_text
+from lightprune.checkpoints.quantized_tensor import QuantizedTensor, check_found, check_ignored
 
 __all__ = ["FP4_VALUES", "Mxfp4Experts", "dequantize_mxfp4", "quantize_mxfp4"]
 
@@ -97,15 +96,8 @@ class Mxfp4Experts:
                 problems.setdefault("blocks beside an unquantized tensor of the same name", []).append(logical)
             else:
                 self.tensors[logical] = QuantizedTensor((key, scales), (shape[0], shape[2] * _GROUP, shape[1]), dtype)
-        if not self.tensors and not problems:
-            raise ValueError(f"checkpoint {str(path)!r} declares quant_method \"mxfp4\" (config.json's "
-                             "quantization_config) but holds no *_blocks tensors: a config for another checkpoint; "
-                             "remove its quantization_config or restore the weights")
-        if problems:
-            said = "; ".join(f"{what}: {listed_text(sorted(keys))}" for what, keys in problems.items())
-            raise ValueError(f"checkpoint {str(path)!r} (quant_method \"mxfp4\"): {said}; re-export it or restore "
-                             "the files")
-        check_ignored(path, "MXFP4", quantization.get("modules_to_not_convert"), entries, self.tensors)
+        check_found(path, self.method, "quant_method \"mxfp4\"", self.tensors, problems, "holds no *_blocks tensors")
+        check_ignored(path, "MXFP4", quantization, entries, self.tensors)
 
     def dequantize(self, parts: dict[str, torch.Tensor], key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The logical tensor ``key`` from its read ``parts`` ({stored key: tensor}), in ``dtype`` (the model's)."""

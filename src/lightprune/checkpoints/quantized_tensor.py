@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -14,7 +15,7 @@ import torch
 from lightprune.core.errors import listed_text
 from lightprune.core.jsonio import show
 
-__all__ = ["QuantizedTensor", "StoredFormat", "check_ignored", "ignores", "renumbered_ignores"]
+__all__ = ["QuantizedTensor", "StoredFormat", "check_found", "check_ignored", "ignores", "renumbered_ignores"]
 
 
 @dataclass(frozen=True)
@@ -57,29 +58,46 @@ def ignores(pattern: str, module: str) -> bool:
     return found or module.endswith(pattern)
 
 
-def check_ignored(path: Path, method: str, ignored: Any, entries: dict[str, Any],
-                  quantized: dict[str, QuantizedTensor]) -> None:
-    """``modules_to_not_convert``: a list of module names, each naming a module the checkpoint holds (:func:`ignores`
-    of a prefix of its tensors' names), none that holds a tensor stored quantized."""
+def check_found(path: Path, method: str, described: str, tensors: dict[str, QuantizedTensor],
+                problems: dict[str, list[str]], none: str) -> None:
+    """Refuse, in one line naming the checkpoint: what a format's header checks found wrong (``problems``: {what:
+    the keys}; ``described``: the format, for the message), or a checkpoint that declares ``method`` but holds no
+    quantized tensor (``none``: what it lacks)."""
+    if not tensors and not problems:
+        raise ValueError(f"checkpoint {str(path)!r} declares quant_method \"{method}\" (config.json's "
+                         f"quantization_config) but {none}: a config for another checkpoint; remove its "
+                         "quantization_config or restore the weights")
+    if problems:
+        said = "; ".join(f"{what}: {listed_text(sorted(keys))}" for what, keys in problems.items())
+        raise ValueError(f"checkpoint {str(path)!r} ({described}): {said}; re-export it or restore the files")
+
+
+def check_ignored(path: Path, method: str, quantization: dict[str, Any], entries: dict[str, Any],
+                  quantized: dict[str, QuantizedTensor], key: str = "modules_to_not_convert",
+                  matches: Callable[[str, str], bool] = ignores) -> None:
+    """The ignore list ``quantization[key]``: a list of module names, each naming a module the checkpoint holds
+    (``matches(entry, module)`` for a prefix of its tensors' names: :func:`ignores`, transformers' matching, by
+    default), none that holds a tensor stored quantized."""
+    ignored = quantization.get(key)
     if ignored is None:
         return
     where = f"checkpoint {str(path)!r}: config.json's quantization_config"
     if not isinstance(ignored, list) or not all(isinstance(name, str) and name for name in ignored):
-        raise ValueError(f"{where} has \"modules_to_not_convert\": {show(ignored)}; write a list of module names")
-    modules = {key.rpartition(".")[0] for key in entries}
-    absent = [name for name in ignored if not any(ignores(name, module) for module in modules)]
+        raise ValueError(f"{where} has \"{key}\": {show(ignored)}; write a list of module names")
+    modules = {name.rpartition(".")[0] for name in entries}
+    absent = [name for name in ignored if not any(matches(name, module) for module in modules)]
     if absent:
-        raise ValueError(f"{where}'s \"modules_to_not_convert\" names {listed_text(absent)}, which the checkpoint "
-                         "holds no tensors of: a config for another checkpoint; restore it")
-    converted = [key for key in quantized if any(ignores(name, key.rpartition(".")[0]) for name in ignored)]
+        raise ValueError(f"{where}'s \"{key}\" names {listed_text(absent)}, which the checkpoint holds no tensors "
+                         "of: a config for another checkpoint; restore it")
+    converted = [name for name in quantized if any(matches(entry, name.rpartition(".")[0]) for entry in ignored)]
     if converted:
-        raise ValueError(f"{where}'s \"modules_to_not_convert\" names modules stored quantized "
-                         f"({listed_text(converted)}): transformers would load their {method} values unscaled; "
-                         "restore the config")
+        raise ValueError(f"{where}'s \"{key}\" names modules stored quantized ({listed_text(converted)}): "
+                         f"transformers would load their {method} values unscaled; restore the config")
 
 
 #: an ignore-list entry naming one expert of one layer: (layer prefix, layer, experts path) . expert (rest)
-_ONE_EXPERT = re.compile(r"^(?P<head>(?:model|mtp)\.layers\.(?P<layer>\d+)\..*?experts)\.(?P<expert>\d+)(?P<rest>\..*)?$")
+_ONE_EXPERT = re.compile(r"^(?P<head>(?:model|mtp)\.layers\.(?P<layer>\d+)\..*?experts)"
+                         r"\.(?P<expert>\d+)(?P<rest>\..*)?$")
 
 
 def renumbered_ignores(names: list[str], keep: dict[int, list[int]], count: int) -> list[str]:

@@ -253,7 +253,7 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
         skeleton = Skeleton(checkpoint, mtp=True)
         layers = find_moe_layers(skeleton.model)
         plan, mtp = plan_with_mtp(skeleton, plan, layers)
-        _renumbered_config_ignores(checkpoint, plan)  # an ignore pattern naming experts by number: refused now
+        ignores = _renumbered_ignores(checkpoint, plan)  # an ignore pattern naming experts by number: refused now
         plan.check_layers(layers)  # every MoE layer, counts and floors: before anything is written
         _check_stored_routing(skeleton, layers)
         pruned = prune_experts(copy.deepcopy(skeleton.model), plan)
@@ -273,8 +273,9 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
             if checkpoint.sharded:
                 index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
                 (tmp / SAFE_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+            if ignores:
+                pruned.config.quantization_config = {**checkpoint.raw_config["quantization_config"], **ignores}
             pruned.config.save_pretrained(tmp)
-            _renumber_ignored(tmp, plan, checkpoint.config)
             finish_config(tmp, pruned, uniform)
             tokenizer = copy_tokenizer_files(src, tmp)
             if (src / GENERATION_FILE).is_file():
@@ -324,29 +325,16 @@ def plan_with_mtp(skeleton: Skeleton, plan: ExpertPlan, layers: list[MoELayer]) 
                       allocation=plan.allocation, metadata=plan.metadata), record
 
 
-def _renumbered_config_ignores(checkpoint: Checkpoint, plan: ExpertPlan) -> None:
-    """The source config's quantization ignore lists as :func:`_renumber_ignored` will write them (a pattern it cannot
-    follow refused before anything is written)."""
+def _renumbered_ignores(checkpoint: Checkpoint, plan: ExpertPlan) -> dict[str, list[str]]:
+    """The source's quantization ignore lists (``modules_to_not_convert``, compressed-tensors' ``ignore``) as the
+    pruned checkpoint's config writes them: entries naming single experts renumbered as the plan keeps them
+    (:func:`renumbered_ignores`; a pattern it cannot follow refused before anything is written)."""
     quantization = checkpoint.raw_config.get("quantization_config")
-    for name in ("modules_to_not_convert", "ignore"):
-        found = quantization.get(name) if isinstance(quantization, dict) else None
-        if isinstance(found, list):
-            renumbered_ignores(found, plan.keep, getattr(checkpoint.config, "num_hidden_layers", 0))
-
-
-def _renumber_ignored(tmp: Path, plan: ExpertPlan, config: Any) -> None:
-    """The written config.json's quantization ignore list (``modules_to_not_convert``, ``ignore``) with its entries
-    naming single experts renumbered as the plan keeps them (:func:`renumbered_ignores`)."""
-    path = tmp / "config.json"
-    data = json.loads(path.read_text())
-    quantization = data.get("quantization_config")
     if not isinstance(quantization, dict):
-        return
-    for name in ("modules_to_not_convert", "ignore"):
-        if isinstance(quantization.get(name), list):
-            quantization[name] = renumbered_ignores(quantization[name], plan.keep,
-                                                    getattr(config, "num_hidden_layers", 0))
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        return {}
+    count = getattr(checkpoint.config, "num_hidden_layers", 0)
+    return {name: renumbered_ignores(found, plan.keep, count) for name in ("modules_to_not_convert", "ignore")
+            if isinstance(found := quantization.get(name), list)}
 
 
 def _check_stored_routing(skeleton: Skeleton, layers: list[MoELayer]) -> None:
