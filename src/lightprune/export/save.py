@@ -20,7 +20,8 @@ Steps, all inside a staging directory renamed into place only at the end (:mod:`
    ``auto_map`` entry are added (:mod:`.remote_code`), for a uniform one both are absent. Any other
    ``auto_map`` entry (remote code of the source that is not lightprune's) is dropped: the export
    does not carry that code. Experts transformers' default ``grouped_mm`` kernel cannot run (float64, rows
-   off 16 bytes) get ``"experts_implementation": "eager"``, which a plain ``from_pretrained`` reads;
+   off 16 bytes) get ``"experts_implementation": "eager"``, which a plain ``from_pretrained`` reads
+   (:func:`~lightprune.export.config_file.finish_config`);
 4. verification: reload through :func:`load_pruned` (and, non-uniform, also through
    transformers' ``trust_remote_code=True``), run the probe batch, compare with the reference
    logits (:mod:`.verify`); a mismatch raises :class:`ExportVerificationError`;
@@ -56,10 +57,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightprune.checkpoints.classes import base_class
 from lightprune.checkpoints.directory import GENERATION_FILE, TOKENIZER_FILES, copied_files, weight_files
-from lightprune.checkpoints.header import header_bytes, read_header
-from lightprune.checkpoints.mtp import undeclared_mtp
+from lightprune.checkpoints.header import header_bytes
 from lightprune.checkpoints.staging import TMP_TAG, staging_dir
 from lightprune.core.checks import check_atol, check_utf8
 from lightprune.core.paths import check_path_text
@@ -67,8 +66,8 @@ from lightprune.core.jsonio import parse_json
 from lightprune.core.notices import quiet_progress
 from lightprune.experts.mask import is_masked
 from lightprune.experts.plan import ExpertPlan
+from lightprune.export.config_file import finish_config, weights_dtype
 from lightprune.export.load import load_pruned
-from lightprune.export.remote_code import MODELING_FILE, auto_map_entry, modeling_source
 from lightprune.export.result import MANIFEST_FILE, ExportResult, write_manifest
 from lightprune.export.verify import (
     BROKEN_SOURCE,
@@ -83,11 +82,10 @@ from lightprune.export.verify import (
     restore_fp32_buffers,
 )
 from lightprune.models import find_moe_layers, get_family
-from lightprune.models.experts_kernel import grouped_mm_runs
 
 __all__ = ["save_pruned", "write_pruned", "parameter_count", "tensor_bytes", "MANIFEST_FILE", "TOKENIZER_FILES",
            "CARD_KEYS", "resolve_source_dir", "check_not_source", "source_fingerprint", "card_facts", "plan_record",
-           "copy_tokenizer_files", "finish_config", "apply_umask", "check_no_pickles", "GENERATION_FILE",
+           "copy_tokenizer_files", "apply_umask", "check_no_pickles", "GENERATION_FILE",
            "write_manifest", "non_finite_tensors", "check_reference_finite"]
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -111,46 +109,8 @@ def tensor_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def _weights_dtype(model: nn.Module) -> torch.dtype:
-    """The floating dtype of most of ``model``'s parameter bytes (float32 without any): what the checkpoint reader
-    takes for its dtype. Not ``model.dtype``, its first parameter's: a bfloat16 model that keeps its embeddings in
-    float32 (Ergo) is a bfloat16 model."""
-    counts: dict[torch.dtype, int] = {}
-    for param in model.parameters():
-        if param.is_floating_point():
-            size = (getattr(param, "ds_numel", None) or param.numel()) * param.element_size()  # a ZeRO-3 partition
-            counts[param.dtype] = counts.get(param.dtype, 0) + size
-    return max(counts, key=counts.get) if counts else torch.float32
-
-
 def _device(model: nn.Module) -> torch.device:
     return next((p.device for p in model.parameters()), torch.device("cpu"))
-
-
-def finish_config(tmp: Path, model: nn.Module, uniform: bool) -> bool:
-    """config.json of the export staged in ``tmp`` as ``model`` (pruned) and its weights make it; True when the
-    config declared multi-token-prediction layers the weights do not hold, now 0 (:func:`undeclared_mtp`)."""
-    path = tmp / "config.json"
-    data = parse_json(path.read_text(), f"config file {str(path)!r}")
-    data["architectures"] = [base_class(model).__name__]
-    if "dtype" in data:  # transformers writes its first parameter's dtype: the one of most of the weights instead
-        data["dtype"] = str(_weights_dtype(model)).removeprefix("torch.")
-    # the only remote code an export carries is its own modeling file: any other auto_map entry (the
-    # source's remote code, or an older lightprune entry) would point at code that is not there
-    data.pop("auto_map", None)
-    if not all(grouped_mm_runs(layer.experts) for layer in find_moe_layers(model)):
-        # float64 experts (or rows off 16 bytes): transformers' default grouped_mm kernel cannot run them; its eager
-        # one, named here, is what a plain from_pretrained then picks (the same outputs)
-        data["experts_implementation"] = "eager"
-    if uniform:
-        (tmp / MODELING_FILE).unlink(missing_ok=True)
-    else:
-        (tmp / MODELING_FILE).write_text(modeling_source(model))
-        data["auto_map"] = auto_map_entry(model)
-    dropped = undeclared_mtp(data, [key for file in weight_files(tmp) for key in read_header(file)
-                                    if key != "__metadata__"])
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    return dropped
 
 
 # ----------------------------------------------------------------------------------- source checkpoint
@@ -482,7 +442,7 @@ def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[i
                                       "could be verified against them; nothing was written")
     atol = check_atol(atol)  # NaN would switch verification off: refused
     atol, rtol = default_atol(model) if atol is None else atol, default_rtol(model)
-    dtype, device = _weights_dtype(model), _device(model)
+    dtype, device = weights_dtype(model), _device(model)
     with staging_dir(out_dir, overwrite) as tmp:
         with quiet_progress():  # lightprune's own save: the summary reports it
             model.save_pretrained(tmp, **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))

@@ -64,6 +64,7 @@ from lightprune.core.paths import check_path_text
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.experts.prune import check_routing, prune_experts
+from lightprune.export.config_file import finish_config
 from lightprune.export.quantize import check_quantize, quantize_staged
 from lightprune.export.result import ExportResult, write_manifest
 from lightprune.export.save import (
@@ -72,7 +73,6 @@ from lightprune.export.save import (
     check_no_pickles,
     check_not_source,
     copy_tokenizer_files,
-    finish_config,
     plan_record,
     source_fingerprint,
 )
