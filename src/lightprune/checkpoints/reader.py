@@ -64,7 +64,7 @@ from lightprune.checkpoints.quantized_tensor import StoredFormat
 from lightprune.checkpoints.strict import check_config_values
 from lightprune.core.jsonio import show
 
-__all__ = ["Checkpoint", "stored_dtype"]
+__all__ = ["Checkpoint", "majority_dtype"]
 
 #: config keys that count layers (decoder, vision tower, encoder): each layer holds at least one tensor
 _LAYER_COUNTS = frozenset({"num_hidden_layers", "depth", "num_layers", "n_layer", "n_layers", "encoder_layers",
@@ -101,9 +101,9 @@ def _data_start(file: Path) -> int:
         return 8 + int.from_bytes(handle.read(8), "little")
 
 
-def stored_dtype(checkpoint: Checkpoint) -> tuple[torch.dtype | None, float]:
-    """The floating dtype of most of the checkpoint's tensor bytes and its share of the floating bytes
-    ((None, 0.0) without floating tensors)."""
+def majority_dtype(checkpoint: Checkpoint) -> tuple[torch.dtype | None, float]:
+    """The floating dtype of most of the checkpoint's logical tensor bytes (a quantized tensor counted in the dtype it
+    dequantizes to) and its share of the floating bytes ((None, 0.0) without floating tensors)."""
     counts: dict[torch.dtype, int] = defaultdict(int)
     for key in checkpoint.keys():
         dtype = checkpoint.dtype(key)
@@ -201,7 +201,7 @@ class Checkpoint:
         """config.json's ``dtype`` (without one, the shard index's, which transformers reads then) against the stored
         one (see the module docstring)."""
         claimed = getattr(self.config, "dtype", None)
-        stored, share = stored_dtype(self)
+        stored, share = majority_dtype(self)
         held = str(stored or torch.float32).removeprefix("torch.")
         where = ("config.json says dtype ", "")  # what is said around the dtype
         if claimed is None:

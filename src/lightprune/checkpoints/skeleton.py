@@ -34,7 +34,7 @@ from lightprune.checkpoints.classes import base_class_for_config, resizing_class
 from lightprune.checkpoints.contents import check_contents
 from lightprune.checkpoints.mtp import config_with_mtp, mtp_alias, mtp_layers
 from lightprune.checkpoints.pool import ReadPool
-from lightprune.checkpoints.reader import Checkpoint, stored_dtype
+from lightprune.checkpoints.reader import Checkpoint, majority_dtype
 from lightprune.checkpoints.resize import experts_per_layer
 from lightprune.core.notices import quiet_progress
 from lightprune.models.dtypes import LOAD_DTYPES, dtype_names
@@ -48,7 +48,7 @@ EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)\.")
 def checkpoint_dtype(checkpoint: Checkpoint) -> torch.dtype:
     """The floating dtype of most of the checkpoint's bytes (what its weights are stored in; float32 without any
     floating tensor)."""
-    return stored_dtype(checkpoint)[0] or torch.float32
+    return majority_dtype(checkpoint)[0] or torch.float32
 
 
 def _standard_merge(converter: Any) -> bool:
@@ -120,7 +120,7 @@ class Skeleton:
         self.checkpoint = checkpoint
         self.dtype = dtype or checkpoint_dtype(checkpoint)
         if self.dtype not in LOAD_DTYPES.values():  # float8 weights: no model computes in them
-            stored, share = stored_dtype(checkpoint)
+            stored, share = majority_dtype(checkpoint)
             said = str(self.dtype).removeprefix("torch.")
             whose = f"its weights are stored in {said} ({share:.0%} of the floating tensor bytes)" \
                 if dtype is None and stored == self.dtype else f"dtype {said} was asked for"
