@@ -172,17 +172,6 @@ def _out_shape(checkpoint: Checkpoint, key: str, rule: KeyRule) -> tuple[int, ..
     return tuple(shape)
 
 
-def _checked(name: str, tensor: torch.Tensor, where: str) -> None:
-    """:func:`check_written_finite` of a stored tensor; float8_e4m3fn values from their bytes (its only non-finite
-    value is NaN, the bytes 0x7F and 0xFF: as fast as the copy, where a float32 view would cost 4 bytes a value);
-    integer ones hold no NaN."""
-    if tensor.dtype == torch.float8_e4m3fn:
-        if tensor.numel() and int((tensor.view(torch.uint8) & 0x7F).amax()) == 0x7F:
-            check_written_finite(name, tensor.float(), where)  # names the NaN as every export does
-    elif tensor.is_floating_point():
-        check_written_finite(name, tensor.float() if tensor.element_size() == 1 else tensor, where)
-
-
 def _write_shard(checkpoint: Checkpoint, file: Path, rules: dict[str, KeyRule], out: Path) -> dict[str, int]:
     """Write one output shard from the stored tensors (``rules``: :func:`stored_rules`, quantized values and scales
     copied as stored); returns {output key: bytes}. Each piece is checked finite as it is written
@@ -196,16 +185,17 @@ def _write_shard(checkpoint: Checkpoint, file: Path, rules: dict[str, KeyRule], 
             rule = rules[key]
             if rule.dim is None:
                 tensor = checkpoint.stored_tensor(key)
-                _checked(repr(key), tensor, where)
+                check_written_finite(repr(key), tensor, where)
                 writer.write(name, tensor)
             elif rule.dim == 0:  # one kept slice at a time
                 for index in rule.keep:
                     rows = checkpoint.stored_rows(key, index, index + 1)
-                    _checked(f"{key!r} (expert {index})", rows[0] if rows.dim() > 1 else rows, where)
+                    check_written_finite(f"{key!r} (expert {index})", rows[0] if rows.dim() > 1 else rows, where)
                     writer.write(name, rows)
             else:
                 tensor = checkpoint.stored_tensor(key).index_select(rule.dim, torch.tensor(rule.keep))
-                _checked(f"{key!r} (the kept experts {list(rule.keep)} along dimension {rule.dim})", tensor, where)
+                check_written_finite(f"{key!r} (the kept experts {list(rule.keep)} along dimension {rule.dim})",
+                                     tensor, where)
                 writer.write(name, tensor)
             sizes[name] = torch.empty((), dtype=dtype).element_size() * int(torch.Size(shape).numel())
     return sizes
