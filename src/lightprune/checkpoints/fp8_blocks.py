@@ -23,13 +23,24 @@ import torch
 from lightprune.checkpoints.quantized_tensor import QuantizedTensor, check_found, check_ignored
 from lightprune.core.jsonio import show
 
-__all__ = ["FP8_MAX", "Fp8Blocks", "dequantize_fp8_blocks", "quantize_fp8_blocks", "scale_factors"]
+__all__ = ["FP8_MAX", "Fp8Blocks", "block_size", "dequantize_fp8_blocks", "quantize_fp8_blocks", "scale_factors"]
 
 #: the largest finite float8_e4m3fn value: a block's scale is its largest magnitude over it
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 _FP8 = "fp8"
 _SCALE = "_scale_inv"
 _SCALE_DTYPES = ("F32", "BF16")
+
+
+def block_size(value: Any, said: str) -> tuple[int, int]:
+    """``value`` (a list or tuple) as the (rows, columns) of a scale's block: two positive integers, else
+    ``ValueError`` starting with ``said``."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or \
+            not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        shown = show(list(value)) if isinstance(value, tuple) else show(value)
+        raise ValueError(f"{said}: {shown}; write two positive integers, the rows and columns of a scale's block (the "
+                         "releases: [128, 128])")
+    return int(value[0]), int(value[1])
 
 
 def _blocks(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ...]:
@@ -89,7 +100,7 @@ class Fp8Blocks:
                  dtype: torch.dtype):
         where = f"checkpoint {str(path)!r}: config.json's quantization_config"
         self.config = quantization
-        self.block = self._block(where, quantization.get("weight_block_size", [128, 128]))
+        self.block = block_size(quantization.get("weight_block_size", [128, 128]), f"{where} has \"weight_block_size\"")
         fmt = quantization.get("fmt", "e4m3")
         if fmt != "e4m3":
             raise ValueError(f"{where} has \"fmt\": {show(fmt)}; lightprune reads FP8 in e4m3 (float8_e4m3fn), "
@@ -132,14 +143,6 @@ class Fp8Blocks:
         check_found(path, _FP8, f"quant_method \"fp8\", {self.block[0]}x{self.block[1]} blocks", self.tensors,
                     problems, "no tensor is stored in float8")
         check_ignored(path, "FP8", quantization, entries, self.tensors)
-
-    @staticmethod
-    def _block(where: str, value: Any) -> tuple[int, int]:
-        if not isinstance(value, list) or len(value) != 2 or \
-                not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-            raise ValueError(f"{where} has \"weight_block_size\": {show(value)}; write two positive integers, the "
-                             "rows and columns of a scale's block (the releases: [128, 128])")
-        return value[0], value[1]
 
     def dequantize(self, parts: dict[str, torch.Tensor], key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The logical tensor ``key`` from its read ``parts`` ({stored key: tensor}), in ``dtype`` (the model's)."""

@@ -29,7 +29,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from lightprune.checkpoints.directory import SAFE_INDEX, checkpoint_directory, read_config
-from lightprune.checkpoints.fp8_blocks import dequantize_fp8_blocks, quantize_fp8_blocks, scale_factors
+from lightprune.checkpoints.fp8_blocks import block_size, dequantize_fp8_blocks, quantize_fp8_blocks, scale_factors
 from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
 from lightprune.checkpoints.staging import staging_dir
@@ -46,21 +46,14 @@ __all__ = ["check_quantize", "fp8_weight_keys", "model_block", "quantize_checkpo
 _SCALE = "_scale_inv"
 
 
-def _block(block: Any) -> tuple[int, int]:
-    if not isinstance(block, (tuple, list)) or len(block) != 2 or \
-            not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block):
-        raise ValueError(f"block must be two positive integers (rows, columns of a scale's block), got {block!r}")
-    return int(block[0]), int(block[1])
-
-
 def fp8_weight_keys(skeleton: Skeleton) -> set[str]:
     """The checkpoint keys :func:`quantize_checkpoint` stores as FP8: the 2-dimensional ``.weight`` of every
     ``nn.Linear`` of a decoder layer and every routed expert's (per-expert keys), but the MoE routers' and the output
     head's (see the module docstring)."""
     model, checkpoint = skeleton.model, skeleton.checkpoint
     modules = dict(model.named_modules())
-    routers = {f"{layer.name}.{name}" for layer in find_moe_layers(model) for name, module in layer.block.named_modules()
-               if module is layer.router or module is layer.router_linear}
+    routers = {f"{layer.name}.{name}" for layer in find_moe_layers(model)
+               for name, module in layer.block.named_modules() if module in (layer.router, layer.router_linear)}
     head = model.get_output_embeddings()
     out = set()
     for key in checkpoint.keys():
@@ -82,7 +75,7 @@ def quantize_checkpoint(src_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     returns ``out_dir``'s absolute path. ``block``: the rows and columns of a scale's block (the releases' (128,
     128)); ``verify``: read the result back and check every quantized tensor within float8's rounding."""
     start = time.perf_counter()
-    block = _block(block)
+    block = block_size(block, "block")
     checkpoint_directory(Path(src_dir).expanduser())
     check_path_text(out_dir, "output directory")
     src = Path(src_dir).expanduser().absolute()
@@ -117,7 +110,7 @@ def model_block(model: nn.Module, source: Path | None) -> tuple[int, int]:
         found = read_config(source).get("quantization_config")
     found = found if isinstance(found, dict) else getattr(found, "to_dict", dict)()
     if found.get("quant_method") == "fp8":  # a source that loaded has a valid one (the strict reader checked it)
-        return _block(tuple(found.get("weight_block_size") or (128, 128)))
+        return block_size(found.get("weight_block_size") or [128, 128], "its weight_block_size")
     return 128, 128
 
 
