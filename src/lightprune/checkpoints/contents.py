@@ -107,7 +107,7 @@ def check_contents(skeleton: Skeleton) -> None:
     # a multi-token-prediction layer's tensors (:mod:`lightprune.checkpoints.mtp`): copied, or pruned when built
     mtp = mtp_prefixes(skeleton.mtp_layers, getattr(skeleton.checkpoint.config, "num_hidden_layers", 0))
     unexpected = sorted(key for key in skeleton.unmatched if skeleton.renamed.get(key, key) in info.unexpected_keys
-                        and not key.startswith(mtp or ("\0",)))
+                        and not key.startswith(mtp))
     shapes, experts = _mismatched(skeleton, own)
     layout_error = expert_layout_error(path, checkpoint.entries())
     if experts:  # a fused tensor with some of its pieces: the pieces on disk say what is wrong

@@ -61,9 +61,11 @@ from lightprune.checkpoints.writer import SafetensorsWriter
 from lightprune.core.checks import check_atol, check_non_negative_int, check_positive_int
 from lightprune.core.errors import PlanError
 from lightprune.core.paths import check_path_text
+from lightprune.experts.criteria.aimer import AIMER
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.experts.prune import check_routing, prune_experts
+from lightprune.experts.select import select_experts
 from lightprune.export.config_file import finish_config
 from lightprune.export.quantize import check_quantize, quantize_staged
 from lightprune.export.result import ExportResult, write_manifest
@@ -287,9 +289,6 @@ def plan_with_mtp(skeleton: Skeleton, plan: ExpertPlan, layers: list[MoELayer]) 
     layer's tensors agree with the config: the plan's own ids for a layer it names (refused at another count), else
     the experts its own weights rank first by AIMER ("AIMER: Calibration-Free Task-Agnostic MoE Pruning", section
     4.2): a calibration run does not reach the MTP layer, and the ids of another layer name other experts."""
-    from lightprune.experts.criteria.aimer import AIMER
-    from lightprune.experts.select import select_experts
-
     mtp = [layer for layer in layers if layer.index in skeleton.built_mtp_layers]
     named = [len(ids) for index, ids in plan.keep.items() if index not in skeleton.built_mtp_layers]
     if not mtp or not named:
