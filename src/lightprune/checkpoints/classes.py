@@ -119,7 +119,8 @@ def _resize_from_config(model: nn.Module, config: Any) -> None:
         raise ValueError(f"config.{remote_resize.PER_LAYER_KEY} names layers {unknown} that are not MoE "
                          f"layers of {type(model).__name__} (MoE layers: {sorted(moe)})")
     remote_resize.resize_model(model, moe_block_pattern(model), counts, family.router_attr, family.experts_attr,
-                               family.router_sub_tensors, family.router_weight_attr, family.block_sub_tensors)
+                               family.router_sub_tensors, family.router_weight_attr, family.block_sub_tensors,
+                               family.identity_experts())
 
 
 def resizing_class(base: type) -> type:

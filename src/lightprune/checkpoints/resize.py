@@ -93,30 +93,41 @@ def resize_rows(module, names, count):
                  tensor)
 
 
-def resize_block(block, router_attr, experts_attr, count, router_sub=(), router_weight="", block_sub=()):
+def resize_block(block, router_attr, experts_attr, count, router_sub=(), router_weight="", block_sub=(),
+                 identity=0):
     """Give one MoE ``block`` ``count`` empty routed-expert slots (router rows, expert tensors and the per-expert
     tensors ``router_sub`` names in the router's submodules); ``router_weight`` names the router's submodule that
     holds ``weight [E, H]`` ("": the router itself; Gemma 4: "proj"); ``block_sub`` the block's own per-expert
-    tensors as (submodule, name, dim), "" the block itself (MiniMax-M2's ``e_score_correction_bias``)."""
+    tensors as (submodule, name, dim), "" the block itself (MiniMax-M2's ``e_score_correction_bias``). ``identity``:
+    zero-computation experts whose router rows follow the routed ones (LongCat-Flash): the router's tensors get
+    ``count + identity`` rows, its ``n_routed_experts`` that count and the block's ``num_routed_experts`` ``count``."""
     router = getattr(block, router_attr, None)
     experts = getattr(block, experts_attr, None)
     if router is None or experts is None:
         raise ValueError(f"{type(block).__name__} has no {router_attr!r} router or no {experts_attr!r} experts")
     linear = getattr(router, router_weight) if router_weight else router
-    resize_rows(linear, ROUTER_TENSORS, count)
+    resize_rows(linear, ROUTER_TENSORS, count + identity)
     resize_rows(experts, EXPERT_TENSORS, count)
-    for module, name, dim in router_sub_tensors(router, router_sub) + router_sub_tensors(block, block_sub):
+    routing = router_sub_tensors(router, router_sub)
+    for module, name, dim in routing + router_sub_tensors(block, block_sub):
         tensor = getattr(module, name)
         shape = list(tensor.shape)
-        shape[dim] = count
+        shape[dim] = count + identity if (module, name, dim) in routing else count
         _replace(module, name, torch.empty(shape, dtype=tensor.dtype, device=tensor.device), tensor)
     for module in (router, linear, experts, block):
         if isinstance(getattr(module, "num_experts", None), int):
             module.num_experts = int(count)
+    if identity:
+        for module, attr, value in ((router, "n_routed_experts", count + identity),
+                                    (block, "num_routed_experts", count)):
+            if isinstance(getattr(module, attr, None), int):
+                setattr(module, attr, int(value))
 
 
-def resize_model(model, pattern, counts, router_attr, experts_attr, router_sub=(), router_weight="", block_sub=()):
-    """Resize every MoE block named by ``pattern`` and ``counts`` (``{layer index: count}``); returns ``model``."""
+def resize_model(model, pattern, counts, router_attr, experts_attr, router_sub=(), router_weight="", block_sub=(),
+                 identity=0):
+    """Resize every MoE block named by ``pattern`` and ``counts`` (``{layer index: count}``), each with ``identity``
+    zero-computation experts (:func:`resize_block`); returns ``model``."""
     for index, count in sorted(counts.items()):
         path = block_path(pattern, index)
         try:
@@ -124,5 +135,5 @@ def resize_model(model, pattern, counts, router_attr, experts_attr, router_sub=(
         except AttributeError:
             raise ValueError(f"{type(model).__name__} has no MoE block {path!r} for layer {index} "
                              f"(config.{PER_LAYER_KEY} names it)") from None
-        resize_block(block, router_attr, experts_attr, int(count), router_sub, router_weight, block_sub)
+        resize_block(block, router_attr, experts_attr, int(count), router_sub, router_weight, block_sub, identity)
     return model

@@ -65,7 +65,8 @@ def _persistent_buffers(module: nn.Module) -> set[str]:
 def per_expert_tensors(layer: MoELayer) -> list[tuple[nn.Module, str, int, bool]]:
     """(module, tensor name, experts' dimension, is a router tensor) of every per-expert tensor of ``layer``: the
     fused expert parameters, then the family's per-expert routing tensors (:meth:`MoEFamily.router_expert_tensors`:
-    the router's rows and the family's other router and block per-expert tensors)."""
+    the router's rows and the family's other router and block per-expert tensors; a prune keeps their
+    :meth:`MoELayer.router_rows`, the zero-computation experts' entries too)."""
     found = [(layer.experts, name, 0, False) for name in EXPERT_TENSORS
              if isinstance(getattr(layer.experts, name, None), torch.Tensor)]
     return found + [(module, name, dim, True) for module, name, dim in layer.family.router_expert_tensors(layer)]
@@ -77,12 +78,6 @@ def check_routing(layers: list[MoELayer], where: str) -> None:
     error; tensors not in memory (the meta device) are skipped."""
     for layer in layers:
         check_routing_tensors(layer, where, "nothing was pruned or written (the pruned model would route on it)")
-
-
-def _set_counts(layer: MoELayer, count: int) -> None:
-    for module in (layer.router, layer.router_linear, layer.experts, layer.block):
-        if hasattr(module, "num_experts") and isinstance(module.num_experts, int):
-            module.num_experts = count
 
 
 def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
@@ -100,9 +95,9 @@ def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
         if layer.index not in plan.keep or len(plan.keep[layer.index]) == layer.num_experts:
             continue
         index = torch.tensor(plan.keep[layer.index], dtype=torch.long)
-        for module, name, dim, _ in per_expert_tensors(layer):
-            _index_along(module, name, dim, index)
-        _set_counts(layer, len(index))
+        for module, name, dim, routing in per_expert_tensors(layer):
+            _index_along(module, name, dim, layer.router_rows(index) if routing else index)
+        family.set_layer_count(layer, len(index))
     layers = find_moe_layers(model)
     counts = {layer.index: layer.num_experts for layer in layers}
     family.set_expert_counts(counts)
@@ -142,7 +137,7 @@ def resize_experts(model: nn.Module, counts: dict[int, int]) -> nn.Module:
         layer = by_index[index]
         if count == layer.num_experts:
             continue
-        for module, name, dim, _ in per_expert_tensors(layer):
-            _index_along(module, name, dim, count)
-        _set_counts(layer, count)
+        for module, name, dim, routing in per_expert_tensors(layer):
+            _index_along(module, name, dim, count + layer.identity_experts if routing else count)
+        layer.family.set_layer_count(layer, count)
     return model

@@ -243,7 +243,7 @@ def router_logits(model: nn.Module, batch: Mapping[str, Any]) -> dict[int, torch
         calls = captured[layer.index]
         if len(calls) != 1:
             raise RuntimeError(f"layer {layer.index}: the router ran {len(calls)} times in one forward, expected once")
-        logits = calls[0].reshape(-1, calls[0].shape[-1])
+        logits = calls[0].reshape(-1, calls[0].shape[-1])[:, :layer.num_experts]  # identity experts' columns dropped
         if mask is not None:
             keep = torch.as_tensor(mask).reshape(-1).to(logits.device).bool()
             if keep.numel() != logits.shape[0]:

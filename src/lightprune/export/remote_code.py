@@ -42,6 +42,7 @@ EXPERTS_ATTR = {experts_attr!r}
 ROUTER_SUB = {router_sub!r}
 ROUTER_WEIGHT = {router_weight!r}
 BLOCK_SUB = {block_sub!r}
+IDENTITY_EXPERTS_KEY = {identity_key!r}
 
 
 class {name}(_LightpruneBase):
@@ -59,8 +60,10 @@ class {name}(_LightpruneBase):
         super().__init__(config, *args, **kwargs)
         counts = experts_per_layer(config)
         if counts:
+            text_config = config.get_text_config()
+            identity = int(getattr(text_config, IDENTITY_EXPERTS_KEY, 0) or 0) if IDENTITY_EXPERTS_KEY else 0
             resize_model(self, MOE_BLOCK_PATTERN, counts, ROUTER_ATTR, EXPERTS_ATTR, ROUTER_SUB, ROUTER_WEIGHT,
-                         BLOCK_SUB)
+                         BLOCK_SUB, identity)
 '''
 
 
@@ -88,7 +91,7 @@ def modeling_source(model: nn.Module) -> str:
         version=__version__, base=base.__name__, base_module=_import_module(base), pattern=moe_block_pattern(model),
         router_attr=family.router_attr, experts_attr=family.experts_attr, router_sub=tuple(family.router_sub_tensors),
         router_weight=family.router_weight_attr, block_sub=tuple(family.block_sub_tensors),
-        name=remote_class_name(model))
+        identity_key=family.identity_experts_key, name=remote_class_name(model))
 
 
 def auto_map_entry(model: nn.Module) -> dict[str, Any]:

@@ -125,13 +125,18 @@ def key_rules(skeleton: Skeleton, dims: dict[str, int], plan: ExpertPlan) -> dic
     """{checkpoint key: :class:`KeyRule`} for every key of the skeleton's checkpoint (see the module docstring)."""
     checkpoint, layers = skeleton.checkpoint, find_moe_layers(skeleton.model)
     own = skeleton.model.state_dict(keep_vars=True)
+    routing = {found.name for layer in layers if layer.identity_experts
+               for found in layer.family.routing_tensors(layer) if found.dim is not None}
     rules = {}
     for key in checkpoint.keys():
         target, pattern = skeleton.targets.get(key, (None, None))
         if target not in dims:
             rules[key] = KeyRule(key)
             continue
-        keep = tuple(plan.keep[_layer_of(target, layers).index])
+        layer = _layer_of(target, layers)
+        keep = tuple(plan.keep[layer.index])
+        if target in routing:  # a router tensor with zero-computation experts' rows: they stay, after the kept ones
+            keep = tuple(layer.router_rows(torch.tensor(keep, dtype=torch.long)).tolist())
         match = EXPERT_INDEX.search(key)
         if pattern is not None and "*" in pattern and match is not None:  # one expert's tensor
             index = int(match.group(1))

@@ -218,7 +218,8 @@ def _layer_outputs(layer: MoELayer, plan: ExpertPlan, inputs: list[torch.Tensor]
         mask[kept] = False
     found = {"routed output": routed_output(layer, router_input, expert_input, mask)}
     logits = layer.family.router_logits(layer, router_input)
-    found["router logits"] = logits[:, kept] if source else logits
+    # the source's columns of the kept experts, then any identity experts' (the pruned router's rows)
+    found["router logits"] = logits[:, layer.router_rows(torch.tensor(kept, dtype=torch.long))] if source else logits
     if not layer.family.experts_read_router_input:
         positions, weights = _forced_selection(len(kept), layer.top_k, rows=min(2, expert_input.shape[0]))
         ids = torch.tensor(kept)[positions] if source else positions

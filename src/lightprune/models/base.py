@@ -99,6 +99,22 @@ class MoELayer:
     family: "MoEFamily | None" = field(default=None, repr=False)
     #: group-limited routing (see :attr:`RoutingLimits.grouped`)
     grouped: bool = False
+    #: zero-computation (identity) experts the router selects besides the routed ones (LongCat-Flash): their ids,
+    #: ``num_experts .. num_selectable - 1``, and router rows follow the routed experts'; never pruned or scored
+    identity_experts: int = 0
+
+    @property
+    def num_selectable(self) -> int:
+        """The ids the router selects from: the routed experts, then the identity experts."""
+        return self.num_experts + self.identity_experts
+
+    def router_rows(self, kept: torch.Tensor) -> torch.Tensor:
+        """The router rows a layer keeping the experts ``kept`` (ascending ids) holds: theirs, then every identity
+        expert's (renumbered after the kept ones)."""
+        if not self.identity_experts:
+            return kept
+        identity = torch.arange(self.num_experts, self.num_selectable, dtype=kept.dtype, device=kept.device)
+        return torch.cat([kept, identity])
 
     @property
     def limits(self) -> RoutingLimits:
@@ -185,6 +201,9 @@ class MoEFamily:
     #: its input (every transformers 5 router here but Gemma 4's, which returns probabilities): calibration then
     #: reads them instead of recomputing them
     router_returns_logits: ClassVar[bool] = True
+    #: config key of the count of zero-computation (identity) experts, whose router rows follow the routed experts'
+    #: (LongCat-Flash's ``zero_expert_num``); None: the family has none
+    identity_experts_key: ClassVar[str | None] = None
     #: per-expert tensors the MoE block keeps outside its router, as (submodule, name, dim) with "" the block itself
     #: and a dotted path a nested module (MiniMax-M2's ``e_score_correction_bias``, AFMoE's ``expert_bias``, Ergo's
     #: ``experts.post_expert_norm.weight``); a missing one is skipped
@@ -241,6 +260,11 @@ class MoEFamily:
     def group_limits(self) -> tuple[int, int]:
         return 1, 1
 
+    def identity_experts(self) -> int:
+        """Zero-computation (identity) experts per MoE layer (:attr:`identity_experts_key`; 0 without)."""
+        key = self.identity_experts_key
+        return int(getattr(self.text_config, key, 0) or 0) if key else 0
+
     def output_scale(self, layer: MoELayer) -> float:
         """The factor the MoE block multiplies the routed experts' weighted sum by after the experts module (1.0;
         Laguna's ``moe_routed_scaling_factor``): calibration weighs each expert output by ``w * output_scale``."""
@@ -279,12 +303,14 @@ class MoEFamily:
                 continue
             n_group, topk_group = self.group_limits()
             linear = getattr(router, self.router_weight_attr) if self.router_weight_attr else router
+            identity = self.identity_experts()
             found.append(MoELayer(
                 index=index, name=f"{prefix}.{index}" + (f".{self.mlp_attr}" if self.mlp_attr else ""), block=block,
-                router=router, experts=experts, num_experts=int(_stored_shape(linear)[0]),
+                router=router, experts=experts, num_experts=int(_stored_shape(linear)[0]) - identity,
                 top_k=self.layer_top_k(index),
                 has_shared_experts=any(getattr(block, a, None) is not None for a in self.shared_attrs),
-                n_group=n_group, topk_group=topk_group, family=self, grouped=self.group_limited))
+                n_group=n_group, topk_group=topk_group, family=self, grouped=self.group_limited,
+                identity_experts=identity))
         return found
 
     # ----------------------------------------------------------------- routing
@@ -352,6 +378,13 @@ class MoEFamily:
         fused experts module's MLP on those rows, grouped by expert (calibration's own)."""
         return None
 
+    def selected_rows(self, layer: MoELayer, hidden: torch.Tensor, tokens: torch.Tensor, ids: torch.Tensor,
+                      expert_rows: Callable[..., torch.Tensor]) -> torch.Tensor:
+        """Unweighted outputs [n, H] of ids the router selects, row i id ``ids[i]`` on ``hidden[tokens[i]]``:
+        ``expert_rows(layer.experts, hidden, tokens, ids)``; a family with identity experts gives their rows their
+        input."""
+        return expert_rows(layer.experts, hidden, tokens, ids)
+
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
                        routing_state: Any = None) -> RemovalEffect:
         """Which single-expert removals can change a token's routing and how (:class:`RemovalEffect`).
@@ -365,8 +398,8 @@ class MoEFamily:
         """
         if self.unselected_removal_is_free:
             return RemovalEffect(rerun=selected)
-        num_tokens, num_experts = router_logits.shape
-        return RemovalEffect(rerun=torch.arange(num_experts, device=router_logits.device).expand(num_tokens, -1))
+        return RemovalEffect(rerun=torch.arange(layer.num_experts, device=router_logits.device)
+                             .expand(router_logits.shape[0], -1))
 
     def route(self, layer: MoELayer, hidden_states: torch.Tensor,
               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
@@ -402,7 +435,8 @@ class MoEFamily:
 
     def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
         """The selection of the layer pruned to the experts ``kept`` (ascending ids): ``kept_logits`` [T, E'] are the
-        kept experts' logits, the ids returned positions 0..E'-1 among them, the first output [T, E'].
+        kept experts' logits (then any identity experts': :meth:`MoELayer.router_rows`), the ids returned positions
+        among them, the first output as wide.
 
         It must run the ops the family's router runs on the pruned layer's tensors (``torch.topk`` breaks ties by
         position in a tensor of that size): the default, :meth:`select` without a mask, is that for a family whose
@@ -419,17 +453,17 @@ class MoEFamily:
         Selecting on all E columns with the removed ones at -inf would pick the same experts but for exact ties,
         which ``torch.topk`` breaks differently in a tensor of another size. A family that reads per-expert tensors in
         its selection but keeps the default :meth:`select_kept` is masked over all E (ties may differ)."""
-        num_experts = router_logits.shape[-1]
         kept = kept.to(router_logits.device)
-        if kept.numel() == num_experts:
+        if kept.numel() == layer.num_experts:
             return self.select(layer, router_logits, None)
         if type(self).select_kept is MoEFamily.select_kept and self._reads_expert_tensors(layer):
-            mask = torch.ones(num_experts, dtype=torch.bool, device=router_logits.device)
+            mask = torch.ones(layer.num_experts, dtype=torch.bool, device=router_logits.device)
             return self.select(layer, router_logits, mask.index_fill_(0, kept, False))
-        first, weights, positions = self.select_kept(layer, router_logits.index_select(-1, kept), kept)
+        rows = layer.router_rows(kept)  # any identity experts' columns stay, after the kept ones
+        first, weights, positions = self.select_kept(layer, router_logits.index_select(-1, rows), kept)
         fill = float("-inf") if self.router_returns_logits else 0.0
-        full = first.new_full((*first.shape[:-1], num_experts), fill).index_copy(-1, kept, first)
-        return full, weights, kept[positions]
+        full = first.new_full((*first.shape[:-1], router_logits.shape[-1]), fill).index_copy(-1, rows, first)
+        return full, weights, rows[positions]
 
     # ----------------------------------------------------------------- routing tensors
     def router_expert_tensors(self, layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
@@ -477,6 +511,20 @@ class MoEFamily:
                    for sub, name, _ in self.block_sub_tensors)
 
     # ----------------------------------------------------------------- config updates
+    def set_layer_count(self, layer: MoELayer, count: int) -> None:
+        """Set the integer expert counts ``layer``'s modules hold to ``count`` after a prune or resize: every
+        ``num_experts`` of the router, its weight's module, the experts and the block; with identity experts also the
+        router's ``n_routed_experts`` (its rows: ``count`` + those) and the block's ``num_routed_experts``
+        (LongCat-Flash's)."""
+        for module in (layer.router, layer.router_linear, layer.experts, layer.block):
+            if isinstance(getattr(module, "num_experts", None), int):
+                module.num_experts = count
+        if layer.identity_experts:
+            for module, attr, value in ((layer.router, "n_routed_experts", count + layer.identity_experts),
+                                        (layer.block, "num_routed_experts", count)):
+                if isinstance(getattr(module, attr, None), int):
+                    setattr(module, attr, value)
+
     def set_expert_counts(self, counts: dict[int, int]) -> None:
         """Record per-layer routed-expert counts in the config after a structural prune.
 

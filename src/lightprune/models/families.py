@@ -46,6 +46,7 @@ from lightprune.models.deepseek_families import (
 from lightprune.models.ergo_family import ErgoFamily
 from lightprune.models.family_rows import family_row
 from lightprune.models.llama4_family import Llama4Family, Llama4TextFamily
+from lightprune.models.longcat_family import LongcatFlashFamily
 from lightprune.models.refusals import REFUSED_TYPES
 from lightprune.models.routing_ops import mask_logits, renormalized, softmax_topk_removal
 from lightprune.models.sigmoid_families import (
@@ -58,11 +59,11 @@ from lightprune.models.sigmoid_families import (
     Inkling2TextFamily,
     Kolibri1_1Family,
     Kolibri1Family,
-    MuseSparkFamily,
     LagunaFamily,
     Lfm2MoeFamily,
     MiniMaxM2Family,
     MiniMaxM3VLTextFamily,
+    MuseSparkFamily,
 )
 from lightprune.models.softmax_routing import (
     FlexOlmoFamily,
@@ -489,4 +490,5 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          BeamFamily, AXK2Family, Mistral4Family,
                                          Param2MoeFamily, SarvamMlaFamily, Kolibri1_1Family,
                                          Llama4TextFamily, Llama4Family, Inkling2TextFamily, Inkling2Family,
-                                         MuseSparkFamily, Inkling2LoopTextFamily, Inkling2LoopFamily, ErgoFamily)
+                                         MuseSparkFamily, Inkling2LoopTextFamily, Inkling2LoopFamily, ErgoFamily,
+                                         LongcatFlashFamily)

@@ -17,10 +17,6 @@ REFUSED_TYPES: dict[str, str] = {
             "surgery does not slice yet)",
     "ernie4_5_vl_moe": "each MoE layer holds two expert sets (text_moe and vision_moe, chosen per token by "
                        "moe_mm_token_type_ids); lightprune models one router and one expert set per layer",
-    "longcat_flash": "zero-computation (identity) experts share the router with the routed ones: its router "
-                     "weight and correction bias hold [E + Z] rows, the expert tensors [E], the zero experts' rows "
-                     "last; pruning must keep those Z rows and the counts the block keeps (n_routed_experts, "
-                     "num_routed_experts), which lightprune's one-expert-dimension surgery does not express yet",
     "deepseek_v4": "its first layers route by token id (hash MoE: tid2eid maps a token to fixed experts, so a removed "
                    "expert's tokens cannot be re-routed exactly) and it mixes hyper-connection streams around "
                    "every block",

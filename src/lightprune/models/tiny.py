@@ -148,7 +148,7 @@ def tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
             if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight",
                               "block_sparse_moe.router.weight", "feed_forward.router.weight", "router.proj.weight",
                               "mlp.gate.wg.weight", "mlp.router.gate.weight", "feed_forward.gate.weight",
-                              "mlp.gate.linear.weight")):
+                              "mlp.gate.linear.weight", "mlp.router.classifier.weight")):
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
             elif name.endswith(("router.per_expert_scale", "experts.post_expert_norm.weight")):
                 # Gemma 4's scales, Ergo's per-expert output norms: distinct per expert, so pruning must slice them

@@ -53,6 +53,17 @@ def _deepseek_v3(**kw: Any):
                                "v_head_dim": 8, "tie_word_embeddings": False, **kw})
 
 
+def _longcat_flash(**kw: Any):
+    from transformers import LongcatFlashConfig
+
+    return LongcatFlashConfig(**{"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 4,
+                                 "vocab_size": 128, "max_position_embeddings": 128, "num_layers": 2,
+                                 "ffn_hidden_size": 24, "expert_ffn_hidden_size": 16, "n_routed_experts": 8,
+                                 "zero_expert_num": 2, "num_experts_per_tok": 3, "routed_scaling_factor": 2.0,
+                                 "q_lora_rank": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+                                 "v_head_dim": 8, "head_dim": 8, "tie_word_embeddings": False, **kw})
+
+
 def _glm4_moe(**kw: Any):
     from transformers import Glm4MoeConfig
 
@@ -246,4 +257,5 @@ TEXT_BUILDERS = {
     "dots1": _dots1,
     "minimax": _minimax,
     "flex_olmo": _flex_olmo,
+    "longcat_flash": _longcat_flash,
 }

@@ -37,6 +37,7 @@ FAMILIES = [
     "minimax_m2",     # sigmoid + the block's correction bias
     "laguna",         # soft-capped sigmoid + the router's correction bias
     "lfm2_moe",       # sigmoid + the block's expert bias, renormalised, scaled
+    "longcat_flash",  # softmax over experts + zero-computation experts, + correction bias, unsorted top-k, scaled
 ]
 
 
@@ -85,18 +86,20 @@ def test_masked_routing_breaks_ties_as_the_pruned_router(tiny, family, case) -> 
     pruned_logits, pruned = _run(pruned_model, batch)
 
     kept = torch.tensor(KEEP)
+    # the pruned router's rows: the kept experts', then LongCat-Flash's zero-computation experts' (ids past the 8)
+    rows = torch.cat([kept, torch.arange(8, 8 + getattr(model.config, "zero_expert_num", 0))])
     assert sorted(masked) == sorted(pruned) == [layer.index for layer in layers]
     for layer in layers:
         (m_first, m_weights, m_ids), (p_first, p_weights, p_ids) = masked[layer.index], pruned[layer.index]
         where = f"{family} {case} layer {layer.index}"
-        assert torch.equal(m_ids, kept[p_ids]), where
+        assert torch.equal(m_ids, rows[p_ids]), where
         assert torch.equal(m_weights, p_weights), where
         # the router's first output: the pruned one's at the kept experts, nothing at the removed ones
-        assert torch.equal(m_first.index_select(-1, kept), p_first), where
+        assert torch.equal(m_first.index_select(-1, rows), p_first), where
         removed = torch.ones(layer.num_experts, dtype=torch.bool)
         removed[kept] = False
         fill = 0.0 if family == "gemma4_text" else float("-inf")  # Gemma 4's router returns probabilities
-        assert bool((m_first[..., removed] == fill).all()), where
+        assert bool((m_first[..., :layer.num_experts][..., removed] == fill).all()), where
     assert torch.equal(masked_logits, pruned_logits), f"{family} {case}"
 
     # route() with an [E] mask (the export's layer check) selects as the pruned layer's router too
@@ -107,7 +110,7 @@ def test_masked_routing_breaks_ties_as_the_pruned_router(tiny, family, case) -> 
         with torch.no_grad():
             _, m_weights, m_ids = layer.route(hidden, mask)
             _, p_weights, p_ids = pruned_layer.route(hidden)
-        assert torch.equal(m_ids, kept[p_ids]) and torch.equal(m_weights, p_weights), f"{family} {layer.index}"
+        assert torch.equal(m_ids, rows[p_ids]) and torch.equal(m_weights, p_weights), f"{family} {layer.index}"
 
 
 def test_an_all_kept_mask_routes_as_the_router(tiny) -> None:

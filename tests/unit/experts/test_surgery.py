@@ -15,6 +15,7 @@ import torch
 from fixtures import (
     BLOCK_ATTR,
     BLOCK_BIAS,
+    IDENTITY_EXPERTS,
     family_count_key,
     logits_of,
     padded_batch,
@@ -95,7 +96,14 @@ def _check_pruned_structure(family, original, pruned, plan):
         keep = plan.keep[layer.index]
         idx = torch.tensor(keep)
         assert layer.num_experts == len(keep)
-        assert torch.equal(layer.router_linear.weight, old.router_linear.weight[idx])
+        rows = idx
+        if family in IDENTITY_EXPERTS:  # LongCat-Flash: every zero-computation expert's row stays, after the kept ones
+            zero = text_config_of(original).zero_expert_num
+            rows = torch.cat([idx, torch.arange(old.num_experts, old.num_experts + zero)])
+            assert torch.equal(layer.router.e_score_correction_bias, old.router.e_score_correction_bias[rows])
+            assert (layer.router.n_routed_experts, layer.block.num_routed_experts) == (len(keep) + zero, len(keep))
+            assert text_config_of(pruned).zero_expert_num == zero
+        assert torch.equal(layer.router_linear.weight, old.router_linear.weight[rows])
         if family in BLOCK_BIAS:  # a selection bias the block keeps: the kept experts' entries
             name = BLOCK_BIAS[family]
             assert torch.equal(getattr(layer.block, name), getattr(old.block, name)[idx])
@@ -131,7 +139,7 @@ def _check_pruned_structure(family, original, pruned, plan):
                   "experts.down_proj_bias", "gate.moe_statics.e_score_correction_bias", "router.proj.weight",
                   "router.per_expert_scale", "gate.wg.weight", "e_score_correction_bias", "expert_bias",
                   "router.gate.weight", "feed_forward.gate.weight", "gate.linear.weight",
-                  "experts.post_expert_norm.weight")
+                  "experts.post_expert_norm.weight", "router.classifier.weight")
     for name, tensor in old_state.items():
         block = f".{BLOCK_ATTR.get(family, 'mlp')}." if BLOCK_ATTR.get(family, "mlp") else ".layers."
         if not (block in name and name.endswith(per_expert) and "shared" not in name):

@@ -48,6 +48,30 @@ def _router_and_expert_inputs(model, layer, batches) -> list[tuple[torch.Tensor,
 
 
 @torch.no_grad()
+def _expert_picks(model, layers, batches) -> dict[int, int]:
+    """How many (valid token, expert) picks each MoE layer's router makes over ``batches``, identity experts'
+    (LongCat-Flash's zero-computation experts, ids past the experts') not counted: read from the ids it returns."""
+    picks = {layer.index: 0 for layer in layers}
+    valid: list[torch.Tensor] = []
+
+    def hook(layer):
+        def count(module, args, output):
+            ids = output[2].reshape(-1, output[2].shape[-1])
+            picks[layer.index] += int(((ids < layer.num_experts) & valid[0].reshape(-1, 1)).sum())
+        return count
+
+    handles = [layer.router.register_forward_hook(hook(layer)) for layer in layers]
+    try:
+        for batch in batches:
+            valid[:] = [batch["attention_mask"].bool()]
+            model(**batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return picks
+
+
+@torch.no_grad()
 def _router_calls(model, layers, batch) -> dict[int, int]:
     """How many times each MoE layer's router runs in one forward of ``batch``."""
     calls = {layer.index: 0 for layer in layers}
@@ -71,7 +95,12 @@ def _routed_output(layer, inputs: tuple[torch.Tensor, torch.Tensor], mask: torch
         routed_in = expert_input.repeat(scores.shape[1], 1) * scores.transpose(0, 1).reshape(-1, 1)
         return layer.experts(routed_in).view(scores.shape[1], *expert_input.shape).double().sum(dim=0)
     _, weights, index = layer.route(router_input, mask)
-    out = layer.experts(expert_input, index, weights.to(expert_input.dtype)).double()
+    weights = weights.to(expert_input.dtype)
+    if layer.identity_experts:  # LongCat-Flash: a zero-computation expert's output is its input
+        ffn = index < layer.num_experts
+        identity = (weights * ~ffn).sum(dim=-1, keepdim=True).double() * expert_input.double()
+        return layer.experts(expert_input, torch.where(ffn, index, 0), weights * ffn).double() + identity
+    out = layer.experts(expert_input, index, weights).double()
     key = OUTPUT_SCALE_KEY.get(layer.family.model_types[0])  # a factor the block applies after the experts
     return out * getattr(layer.family.text_config, key) if key else out
 
@@ -85,8 +114,14 @@ def test_calibration_and_weight_rows(tiny, family) -> None:
     layers = lp.find_moe_layers(model)
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     passes = _router_calls(model, layers, batches[0])  # 1, or a looped layer's passes per forward (Inkling 2 Loop)
-    for layer in layers:  # every valid token picks exactly top-k experts, in every pass through the layer
-        assert float(stats.raw("frequency", "all")[layer.index].sum()) == tokens * layer.top_k * passes[layer.index]
+    # every valid token picks exactly top-k experts, in every pass through the layer; with identity experts, as many
+    # of the router's picks as are experts
+    picks = _expert_picks(model, layers, batches) if layers[0].identity_experts else None
+    for layer in layers:
+        want = tokens * layer.top_k * passes[layer.index] if picks is None else picks[layer.index]
+        assert float(stats.raw("frequency", "all")[layer.index].sum()) == want
+    if picks is not None:  # the zero-computation experts are picked, and not counted
+        assert all(picks[layer.index] < tokens * layer.top_k for layer in layers)
 
     # Delta-H on the first MoE layer: remove each expert from the selection (the family's router then promotes the
     # next-ranked one, exactly as if the expert were gone) and measure the routed output's change per token

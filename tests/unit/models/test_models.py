@@ -17,6 +17,7 @@ from fixtures import (
     BIASED_SELECTION,
     BLOCK_BIAS,
     DEEPSEEK_LIKE,
+    IDENTITY_EXPERTS,
     INPUT_SCALING,
     NEVER_RENORMALISE,
     NORMED_ROUTER_INPUT,
@@ -38,7 +39,7 @@ from lightprune.models.tiny import TINY_FAMILIES
 
 SOFTMAX_FAMILIES = tuple(f for f in TINY_FAMILIES
                          if f not in DEEPSEEK_LIKE | TOPK_THEN_SOFTMAX | BIASED_SELECTION | NORMED_ROUTER_INPUT
-                         | set(BLOCK_BIAS) | set(ROUTER_BIAS) | SPARSEMIXER | INPUT_SCALING)
+                         | set(BLOCK_BIAS) | set(ROUTER_BIAS) | SPARSEMIXER | INPUT_SCALING | IDENTITY_EXPERTS)
 SHARED = SHARED_EXPERTS
 
 
@@ -54,7 +55,8 @@ def decoder_layers(model):
 def expected_moe_indices(family: str, model) -> list[int]:
     """transformers' own rule for which decoder layers get a sparse MoE block, from the config."""
     cfg = text_config_of(model)
-    n = cfg.num_hidden_layers
+    n = cfg.num_layers if family == "longcat_flash" else cfg.num_hidden_layers  # LongCat: 2 attention sublayers
+    # per decoder layer, num_hidden_layers counts them
     if family == "ernie4_5_moe":  # every moe_layer_interval-th layer from moe_layer_start_index to moe_layer_end_index
         return [i for i in range(n) if (i + 1) % cfg.moe_layer_interval == 0
                 and cfg.moe_layer_start_index <= i <= cfg.moe_layer_end_index]
@@ -121,7 +123,9 @@ def test_find_moe_layers_follows_the_family_rule(tiny, family, overrides):
         assert model.get_submodule(layer.name) is layer.block
         assert layer.router is getattr(layer.block, ROUTER_ATTR.get(family, "gate"))
         assert layer.experts is layer.block.experts
-        assert layer.num_experts == count == layer.router_linear.weight.shape[0] == layer.experts.down_proj.shape[0]
+        zero = cfg.zero_expert_num if family in IDENTITY_EXPERTS else 0  # identity experts' rows after the experts'
+        assert layer.num_experts == count == layer.experts.down_proj.shape[0]
+        assert layer.router_linear.weight.shape[0] == count + zero and layer.identity_experts == zero
         top_k = 2 if family in SPARSEMIXER else getattr(cfg, TOP_K_KEY.get(family, "num_experts_per_tok"))
         assert layer.top_k == (top_k[layer.index] if isinstance(top_k, list) else top_k)  # a list: one per layer
         assert layer.has_shared_experts == (family in SHARED)
@@ -274,6 +278,40 @@ def test_renormalisation_is_covered_both_ways(tiny):
     # guard for the test above: the tiny families exercise both softmax variants
     kinds = {renormalises(f, tiny(f)) for f in SOFTMAX_FAMILIES}
     assert kinds == {True, False}
+
+
+@pytest.mark.parametrize("family", sorted(IDENTITY_EXPERTS))
+def test_masked_routing_with_identity_experts_matches_a_hand_computation(tiny, family):
+    """LongCat-Flash by hand (float64) on the router with the masked experts' rows deleted: softmax over the kept
+    experts' and every zero-computation expert's rows, the k largest probabilities plus the correction bias chosen,
+    their probabilities times ``routed_scaling_factor``; the masked experts get a large bias, which masking only the
+    logits would let them win with. The zero-computation experts are chosen (ids past the routed experts')."""
+    model = tiny(family, seed=3)
+    cfg = text_config_of(model)
+    gen = torch.Generator().manual_seed(11)
+    chose_zero = False
+    for layer in lp.find_moe_layers(model):
+        num, zero = cfg.n_routed_experts, cfg.zero_expert_num
+        weight, bias = layer.router.classifier.weight, layer.router.e_score_correction_bias
+        assert (layer.num_experts, layer.identity_experts) == (num, zero) and weight.shape[0] == num + zero
+        keep = sorted(torch.randperm(num, generator=gen)[:5].tolist())
+        masked = torch.ones(num, dtype=torch.bool)
+        masked[keep] = False
+        with torch.no_grad():
+            bias[:num][masked] = 5.0
+            hidden = torch.randn(24, weight.shape[1], generator=gen)
+            _, weights, ids = layer.route(hidden, masked)
+        rows = keep + list(range(num, num + zero))
+        p = torch.softmax(hidden.double() @ weight.detach().double()[rows].T, dim=-1)
+        top = torch.topk(p + bias.double()[rows], layer.top_k, dim=-1).indices
+        for t in range(len(hidden)):
+            expected = {rows[i]: float(p[t, i]) * cfg.routed_scaling_factor for i in top[t].tolist()}
+            got = dict(zip(ids[t].tolist(), weights[t].tolist()))
+            assert set(got) == set(expected), f"token {t}"
+            for e, w in expected.items():
+                assert math.isclose(got[e], w, rel_tol=1e-5, abs_tol=1e-6), (t, e, got[e], w)
+        chose_zero |= bool((ids >= num).any())
+    assert chose_zero
 
 
 #: (renormalisation epsilon or None for none, the router's scaling attribute or None) per block-bias family, from

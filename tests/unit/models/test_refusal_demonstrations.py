@@ -43,18 +43,6 @@ def test_doge_has_no_expert_rows_and_no_subset_of_its_experts_is_a_model() -> No
     _refused_with_its_reason(model, "doge")
 
 
-def test_longcat_flash_routes_to_zero_experts_that_have_router_rows_and_no_expert_rows() -> None:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_config(_generic("longcat_flash", num_layers=1, zero_expert_num=2,
-                                                      expert_ffn_hidden_size=16, ffn_hidden_size=24))
-    block = model.model.layers[0].mlp
-    routed = block.experts.gate_up_proj.shape[0]
-    assert routed == block.experts.down_proj.shape[0] == 8
-    assert block.router.classifier.weight.shape[0] == block.router.e_score_correction_bias.shape[0] == routed + 2
-    _refused_with_its_reason(model, "longcat_flash")
-
-
 def test_inkling_weighs_its_shared_experts_with_the_routed_ones() -> None:
     """Inkling's router: [E + S] rows; removing a selected routed expert changes the shared experts' weights, which
     the router normalises together with the routed ones'."""

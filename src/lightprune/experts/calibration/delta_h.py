@@ -88,7 +88,7 @@ def _swaps(batch: ObservedBatch, dh: torch.Tensor, dhp: torch.Tensor | None) -> 
     # ||sum_s D_s f_s - w' f_n||^2 = D^T G D - 2 w' D . (f_s . f_n) + w'^2 ||f_n||^2: f_n once per token
     tokens = torch.arange(w.shape[0], device=device)
     f_n = batch.swap_outputs if batch.swap_outputs is not None else \
-        expert_rows(layer.experts, batch.hidden, tokens, effect.swap_expert.to(device)).to(dtype)
+        layer.family.selected_rows(layer, batch.hidden, tokens, effect.swap_expert.to(device), expert_rows).to(dtype)
     cross = torch.bmm(f, f_n.unsqueeze(-1)).squeeze(-1)                     # f_s . f_n  [T, k]
     weight = effect.swap_weight.to(device=device, dtype=dtype) * layer.family.output_scale(layer)
     value = quad - 2 * weight * (diff @ cross.unsqueeze(-1)).squeeze(-1) \
@@ -103,8 +103,8 @@ def _entering(batch: ObservedBatch) -> _Entering | None:
         return None
     outputs = batch.rerun_outputs
     if outputs is None:
-        outputs = expert_rows(batch.layer.experts, batch.hidden, reruns.pair_token.to(device),
-                              reruns.pair_expert.to(device)).to(batch.dtype)
+        outputs = batch.layer.family.selected_rows(batch.layer, batch.hidden, reruns.pair_token.to(device),
+                                                   reruns.pair_expert.to(device), expert_rows).to(batch.dtype)
     # the distinct entering outputs of each token, densely [T, slots, H]: their dot products with the token's selected
     # outputs and with each other are batched per token (no [pairs, k, H] gather)
     token = reruns.pair_token.to(device)
@@ -185,11 +185,11 @@ class DeltaH(Statistic):
 
     def update(self, batch: ObservedBatch) -> None:
         dh, dhp = removal_values(batch, "delta_h_promoted" in self.wanted)
-        weight = batch.sample_weight                                         # [U, T]
-        if "delta_h" in self.sums:
-            self.sums["delta_h"] += (weight @ dh).double()
+        weight, num = batch.sample_weight, self.num_experts                 # [U, T]; identity experts' columns
+        if "delta_h" in self.sums:                                           # dropped
+            self.sums["delta_h"] += (weight @ dh[:, :num]).double()
         if dhp is not None:
-            self.sums["delta_h_promoted"] += (weight @ dhp).double()
+            self.sums["delta_h_promoted"] += (weight @ dhp[:, :num]).double()
 
     def value(self, name: str, subset: int | None) -> torch.Tensor:
         return self.sums[name][subset] / self.counts.samples(subset).clamp_min(1)

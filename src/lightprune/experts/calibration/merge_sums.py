@@ -66,7 +66,7 @@ class MergeSums(Statistic):
         if "expert_outputs" in self.sums:
             self.sums["expert_outputs"] += dense_output_sum(layer, batch.hidden[rows]).double().cpu()
         if "router_logits" in self.sums:
-            logits = layer.family.router_logits(layer, batch.router_input[rows]).float()
+            logits = layer.family.router_logits(layer, batch.router_input[rows])[:, :layer.num_experts].float()
             self.sums["router_logits"] += (logits.T @ logits).double().cpu()
 
     def value(self, name: str, subset: int | None = None) -> torch.Tensor:

@@ -131,7 +131,7 @@ class ObservedBatch:
         layer, selected = self.layer, self.selected
         keep = self.keep.unsqueeze(-1)
         if router_logits is not None:
-            logits = router_logits.reshape(-1, layer.num_experts)
+            logits = router_logits.reshape(-1, layer.num_selectable)
             if logits.shape[0] != selected.shape[0]:
                 raise RuntimeError(f"layer {layer.index}: the router returned logits for {logits.shape[0]} tokens, "
                                    f"its experts got {selected.shape[0]}")
@@ -154,7 +154,7 @@ class ObservedBatch:
     def _entering_rows(self) -> None:
         """Every (token, expert) row the promoted Delta-H reads, once: a swap's entering expert is often one that
         enters a re-run pair's selection of the same token too."""
-        num_experts, device, reruns = self.layer.num_experts, self.selected.device, self.reruns
+        num_experts, device, reruns = self.layer.num_selectable, self.selected.device, self.reruns
         keys = [reruns.pair_token.to(device) * num_experts + reruns.pair_expert.to(device)]
         swaps = 0
         if self.effect.swap_expert is not None:

@@ -77,7 +77,7 @@ def reselect(layer: MoELayer, logits: torch.Tensor, selected: torch.Tensor, effe
         row, col = is_new.nonzero(as_tuple=True)
     else:
         row = col = t_all[:0]
-    num_experts = layer.num_experts
+    num_experts = layer.num_selectable  # a re-run may select an identity expert
     entered = s_new.reshape(-1).index_select(0, row * s_new.shape[1] + col)
     pair, inverse = torch.unique(t_all.index_select(0, row) * num_experts + entered, return_inverse=True)
     return Reruns(tokens=t_all, experts=j_all, alias=alias, weights=w_new, selected=s_new, row=row, col=col,

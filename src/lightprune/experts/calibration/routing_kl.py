@@ -73,7 +73,7 @@ class RoutingKL(Statistic):
         return frozenset({"logits"})
 
     def update(self, batch: ObservedBatch) -> None:
-        kl = routing_kl(router_distribution(batch.layer, batch.logits)).to(batch.dtype)
+        kl = routing_kl(router_distribution(batch.layer, batch.logits))[:, :self.num_experts].to(batch.dtype)
         self.sums["routing_kl"] += (batch.m @ kl).double()
 
     def value(self, name: str, subset: int | None) -> torch.Tensor:

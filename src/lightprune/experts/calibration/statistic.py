@@ -64,6 +64,8 @@ class Statistic:
         if unknown:
             raise ValueError(f"{type(self).__name__} gives {list(self.values)}, not {unknown}")
         self.index, self.num_experts, self.subsets = layer.index, layer.num_experts, subsets
+        #: the ids the router selects (the experts, then any identity experts, whose columns a statistic drops)
+        self.num_selectable = layer.num_selectable
         self.wanted, self.counts, self.device = tuple(wanted), counts, sums_device(layer)
         self.sums: dict[str, torch.Tensor] = {}
 

@@ -45,10 +45,10 @@ class TokenSums(Statistic):
         per_slot = torch.stack([torch.ones_like(w), w, batch.norms, w * batch.norms], dim=1)   # [T, 4, k]
         # each subset's token-weighted slot values, added at their experts: [U, 4, T k] -> [U, 4, E]
         weighted = (m.view(m.shape[0], -1, 1, 1) * per_slot).transpose(1, 2).flatten(2)
-        sums = torch.zeros(m.shape[0], len(_SUMS), self.num_experts, dtype=batch.dtype, device=batch.hidden.device)
+        sums = torch.zeros(m.shape[0], len(_SUMS), self.num_selectable, dtype=batch.dtype, device=batch.hidden.device)
         sums.scatter_add_(2, batch.selected.reshape(1, 1, -1).expand(m.shape[0], len(_SUMS), -1), weighted)
-        for row, name in enumerate(_SUMS):
-            self.sums[name] += sums[:, row].double()
+        for row, name in enumerate(_SUMS):  # the experts' columns (identity experts' dropped)
+            self.sums[name] += sums[:, row, :self.num_experts].double()
 
     def value(self, name: str, subset: int | None) -> torch.Tensor:
         if name == "reap":

@@ -30,7 +30,8 @@ class RouterNorm(Criterion):
 
     def score_layer(self, layer: MoELayer) -> torch.Tensor:
         weight = layer.router_linear.weight
-        if weight.dim() != 2 or weight.shape[0] != layer.num_experts:
+        if weight.dim() != 2 or weight.shape[0] != layer.num_selectable:
             raise ValueError(f"layer {layer.index} ({layer.name}): router weight has shape {tuple(weight.shape)}; "
-                             f"expected [{layer.num_experts}, hidden]")
-        return torch.linalg.vector_norm(weight.double(), 2, dim=1)
+                             f"expected [{layer.num_selectable}, hidden]")
+        # the experts' rows (any identity experts' rows follow them and are not scored)
+        return torch.linalg.vector_norm(weight[:layer.num_experts].double(), 2, dim=1)
