@@ -120,7 +120,7 @@ def _resize_from_config(model: nn.Module, config: Any) -> None:
                          f"layers of {type(model).__name__} (MoE layers: {sorted(moe)})")
     remote_resize.resize_model(model, moe_block_pattern(model), counts, family.router_attr, family.experts_attr,
                                family.router_sub_tensors, family.router_weight_attr, family.block_sub_tensors,
-                               family.identity_experts())
+                               family.identity_experts(), family.expert_sub_tensors, family.rows_per_expert())
 
 
 def resizing_class(base: type) -> type:

@@ -94,20 +94,26 @@ def resize_rows(module, names, count):
 
 
 def resize_block(block, router_attr, experts_attr, count, router_sub=(), router_weight="", block_sub=(),
-                 identity=0):
+                 identity=0, expert_sub=(), rows=1):
     """Give one MoE ``block`` ``count`` empty routed-expert slots (router rows, expert tensors and the per-expert
     tensors ``router_sub`` names in the router's submodules); ``router_weight`` names the router's submodule that
     holds ``weight [E, H]`` ("": the router itself; Gemma 4: "proj"); ``block_sub`` the block's own per-expert
     tensors as (submodule, name, dim), "" the block itself (MiniMax-M2's ``e_score_correction_bias``). ``identity``:
     zero-computation experts whose router rows follow the routed ones (LongCat-Flash): the router's tensors get
-    ``count + identity`` rows, its ``n_routed_experts`` that count and the block's ``num_routed_experts`` ``count``."""
+    ``count + identity`` rows, its ``n_routed_experts`` that count and the block's ``num_routed_experts`` ``count``.
+    ``expert_sub``: the experts' per-expert tensors as (submodule, name) where they are not :data:`EXPERT_TENSORS`,
+    ``rows`` rows per expert one after another (DBRX's ``mlp.w1`` [E * I, H]): they get ``count * rows`` rows."""
     router = getattr(block, router_attr, None)
     experts = getattr(block, experts_attr, None)
     if router is None or experts is None:
         raise ValueError(f"{type(block).__name__} has no {router_attr!r} router or no {experts_attr!r} experts")
     linear = getattr(router, router_weight) if router_weight else router
     resize_rows(linear, ROUTER_TENSORS, count + identity)
-    resize_rows(experts, EXPERT_TENSORS, count)
+    if expert_sub:
+        for sub, name in expert_sub:
+            resize_rows(experts.get_submodule(sub), (name,), count * rows)
+    else:
+        resize_rows(experts, EXPERT_TENSORS, count)
     routing = router_sub_tensors(router, router_sub)
     for module, name, dim in routing + router_sub_tensors(block, block_sub):
         tensor = getattr(module, name)
@@ -125,9 +131,9 @@ def resize_block(block, router_attr, experts_attr, count, router_sub=(), router_
 
 
 def resize_model(model, pattern, counts, router_attr, experts_attr, router_sub=(), router_weight="", block_sub=(),
-                 identity=0):
+                 identity=0, expert_sub=(), rows=1):
     """Resize every MoE block named by ``pattern`` and ``counts`` (``{layer index: count}``), each with ``identity``
-    zero-computation experts (:func:`resize_block`); returns ``model``."""
+    zero-computation experts and its experts' tensors ``expert_sub`` (:func:`resize_block`); returns ``model``."""
     for index, count in sorted(counts.items()):
         path = block_path(pattern, index)
         try:
@@ -135,5 +141,6 @@ def resize_model(model, pattern, counts, router_attr, experts_attr, router_sub=(
         except AttributeError:
             raise ValueError(f"{type(model).__name__} has no MoE block {path!r} for layer {index} "
                              f"(config.{PER_LAYER_KEY} names it)") from None
-        resize_block(block, router_attr, experts_attr, int(count), router_sub, router_weight, block_sub, identity)
+        resize_block(block, router_attr, experts_attr, int(count), router_sub, router_weight, block_sub, identity,
+                     expert_sub, rows)
     return model

@@ -15,6 +15,8 @@ Under DDP and ZeRO-1/2 every rank holds full parameters and applies the same pla
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -23,14 +25,41 @@ from lightprune.core.errors import listed
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.models import MoELayer, find_moe_layers, get_family
-from lightprune.models.base import ROUTER_TENSORS
+from lightprune.models.base import EXPERT_TENSORS, ROUTER_TENSORS, config_value
 from lightprune.models.routing_check import check_routing_tensors
 
-__all__ = ["prune_experts", "resize_experts", "per_expert_tensors", "check_routing", "EXPERT_TENSORS",
-           "ROUTER_TENSORS"]
+__all__ = ["prune_experts", "resize_experts", "per_expert_tensors", "PerExpertTensor", "expert_slice",
+           "check_routing", "EXPERT_TENSORS", "ROUTER_TENSORS"]
 
-#: per-expert tensors of a fused experts module (dimension 0 indexes experts)
-EXPERT_TENSORS = ("gate_up_proj", "down_proj", "up_proj", "gate_up_proj_bias", "down_proj_bias", "up_proj_bias")
+
+class PerExpertTensor(NamedTuple):
+    """A tensor with entries per expert: ``getattr(module, name)``, the experts along ``dim``; ``routing``: one the
+    routing reads (a prune keeps :meth:`MoELayer.router_rows` of it); ``rows``: consecutive entries each expert holds
+    (DBRX's ``w1`` [E * I, H]: I)."""
+
+    module: nn.Module
+    name: str
+    dim: int
+    routing: bool
+    rows: int = 1
+
+    def entries(self, layer: MoELayer, kept: torch.Tensor) -> torch.Tensor:
+        """The entries along :attr:`dim` that the layer keeping the experts ``kept`` (ascending ids) holds."""
+        if self.routing:
+            return layer.router_rows(kept)
+        if self.rows == 1:
+            return kept
+        return (kept.unsqueeze(-1) * self.rows + torch.arange(self.rows, dtype=kept.dtype)).reshape(-1)
+
+    def count(self, layer: MoELayer, experts: int) -> int:
+        """The entries along :attr:`dim` of the layer holding ``experts`` experts."""
+        return experts + layer.identity_experts if self.routing else experts * self.rows
+
+
+def expert_slice(tensor: torch.Tensor, dim: int, expert: int, rows: int = 1) -> torch.Tensor:
+    """Expert ``expert``'s part of a per-expert tensor (a view): its slice along ``dim``, or its ``rows``
+    consecutive entries there."""
+    return tensor.select(dim, expert) if rows == 1 else tensor.narrow(dim, expert * rows, rows)
 
 
 def _index_along(module: nn.Module, name: str, dim: int, index: torch.Tensor | int) -> None:
@@ -62,14 +91,14 @@ def _persistent_buffers(module: nn.Module) -> set[str]:
     return {n for n in module._buffers if n not in module._non_persistent_buffers_set}
 
 
-def per_expert_tensors(layer: MoELayer) -> list[tuple[nn.Module, str, int, bool]]:
-    """(module, tensor name, experts' dimension, is a router tensor) of every per-expert tensor of ``layer``: the
-    fused expert parameters, then the family's per-expert routing tensors (:meth:`MoEFamily.router_expert_tensors`:
-    the router's rows and the family's other router and block per-expert tensors; a prune keeps their
-    :meth:`MoELayer.router_rows`, the zero-computation experts' entries too)."""
-    found = [(layer.experts, name, 0, False) for name in EXPERT_TENSORS
-             if isinstance(getattr(layer.experts, name, None), torch.Tensor)]
-    return found + [(module, name, dim, True) for module, name, dim in layer.family.router_expert_tensors(layer)]
+def per_expert_tensors(layer: MoELayer) -> list[PerExpertTensor]:
+    """Every per-expert tensor of ``layer``: the experts' (:meth:`MoEFamily.expert_tensors`), then the family's
+    per-expert routing tensors (:meth:`MoEFamily.router_expert_tensors`: the router's rows and the family's other
+    router and block per-expert tensors; a prune keeps their :meth:`MoELayer.router_rows`, any identity experts'
+    entries too)."""
+    found = [PerExpertTensor(module, name, 0, False, rows) for module, name, rows in layer.family.expert_tensors(layer)]
+    return found + [PerExpertTensor(module, name, dim, True)
+                    for module, name, dim in layer.family.router_expert_tensors(layer)]
 
 
 def check_routing(layers: list[MoELayer], where: str) -> None:
@@ -90,18 +119,18 @@ def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
     plan.check_layers(layers)
     check_routing(layers, "prune_experts")
     family = get_family(model)
-    old_count = getattr(family.text_config, family.num_experts_key, None)
+    old_count = config_value(family.text_config, family.num_experts_key)
     for layer in layers:
         if layer.index not in plan.keep or len(plan.keep[layer.index]) == layer.num_experts:
             continue
         index = torch.tensor(plan.keep[layer.index], dtype=torch.long)
-        for module, name, dim, routing in per_expert_tensors(layer):
-            _index_along(module, name, dim, layer.router_rows(index) if routing else index)
+        for tensor in per_expert_tensors(layer):
+            _index_along(tensor.module, tensor.name, tensor.dim, tensor.entries(layer, index))
         family.set_layer_count(layer, len(index))
     layers = find_moe_layers(model)
     counts = {layer.index: layer.num_experts for layer in layers}
     family.set_expert_counts(counts)
-    _set_model_counts(model, layers, old_count, getattr(family.text_config, family.num_experts_key))
+    _set_model_counts(model, layers, old_count, config_value(family.text_config, family.num_experts_key))
     return model
 
 
@@ -137,7 +166,7 @@ def resize_experts(model: nn.Module, counts: dict[int, int]) -> nn.Module:
         layer = by_index[index]
         if count == layer.num_experts:
             continue
-        for module, name, dim, routing in per_expert_tensors(layer):
-            _index_along(module, name, dim, count + layer.identity_experts if routing else count)
+        for tensor in per_expert_tensors(layer):
+            _index_along(tensor.module, tensor.name, tensor.dim, tensor.count(layer, count))
         layer.family.set_layer_count(layer, count)
     return model

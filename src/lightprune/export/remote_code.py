@@ -43,6 +43,8 @@ ROUTER_SUB = {router_sub!r}
 ROUTER_WEIGHT = {router_weight!r}
 BLOCK_SUB = {block_sub!r}
 IDENTITY_EXPERTS_KEY = {identity_key!r}
+EXPERT_SUB = {expert_sub!r}
+EXPERT_ROWS_KEY = {rows_key!r}
 
 
 class {name}(_LightpruneBase):
@@ -62,8 +64,11 @@ class {name}(_LightpruneBase):
         if counts:
             text_config = config.get_text_config()
             identity = int(getattr(text_config, IDENTITY_EXPERTS_KEY, 0) or 0) if IDENTITY_EXPERTS_KEY else 0
+            rows = text_config
+            for part in EXPERT_ROWS_KEY.split(".") if EXPERT_ROWS_KEY else ():
+                rows = getattr(rows, part)
             resize_model(self, MOE_BLOCK_PATTERN, counts, ROUTER_ATTR, EXPERTS_ATTR, ROUTER_SUB, ROUTER_WEIGHT,
-                         BLOCK_SUB, identity)
+                         BLOCK_SUB, identity, EXPERT_SUB, int(rows) if EXPERT_ROWS_KEY else 1)
 '''
 
 
@@ -91,7 +96,8 @@ def modeling_source(model: nn.Module) -> str:
         version=__version__, base=base.__name__, base_module=_import_module(base), pattern=moe_block_pattern(model),
         router_attr=family.router_attr, experts_attr=family.experts_attr, router_sub=tuple(family.router_sub_tensors),
         router_weight=family.router_weight_attr, block_sub=tuple(family.block_sub_tensors),
-        identity_key=family.identity_experts_key, name=remote_class_name(model))
+        identity_key=family.identity_experts_key, expert_sub=tuple(family.expert_sub_tensors),
+        rows_key=family.expert_rows_key, name=remote_class_name(model))
 
 
 def auto_map_entry(model: nn.Module) -> dict[str, Any]:

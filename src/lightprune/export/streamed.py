@@ -64,7 +64,7 @@ from lightprune.core.paths import check_path_text
 from lightprune.experts.criteria.aimer import AIMER
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
-from lightprune.experts.prune import check_routing, prune_experts
+from lightprune.experts.prune import PerExpertTensor, check_routing, per_expert_tensors, prune_experts
 from lightprune.experts.select import select_experts
 from lightprune.export.config_file import finish_config
 from lightprune.export.quantize import check_quantize, quantize_staged
@@ -121,12 +121,21 @@ def _layer_of(name: str, layers: list[MoELayer]) -> MoELayer:
     raise ValueError(f"the surgery reshaped {name}, which is in no MoE block")
 
 
+def _per_expert_by_name(layers: list[MoELayer]) -> dict[str, PerExpertTensor]:
+    """{model tensor name: :class:`PerExpertTensor`} of every MoE layer's per-expert tensors."""
+    found = {}
+    for layer in layers:
+        paths = {id(module): path for path, module in layer.block.named_modules(remove_duplicate=False)}
+        for tensor in per_expert_tensors(layer):
+            found[".".join(part for part in (layer.name, paths[id(tensor.module)], tensor.name) if part)] = tensor
+    return found
+
+
 def key_rules(skeleton: Skeleton, dims: dict[str, int], plan: ExpertPlan) -> dict[str, KeyRule]:
     """{checkpoint key: :class:`KeyRule`} for every key of the skeleton's checkpoint (see the module docstring)."""
     checkpoint, layers = skeleton.checkpoint, find_moe_layers(skeleton.model)
     own = skeleton.model.state_dict(keep_vars=True)
-    routing = {found.name for layer in layers if layer.identity_experts
-               for found in layer.family.routing_tensors(layer) if found.dim is not None}
+    per_expert = _per_expert_by_name(layers)
     rules = {}
     for key in checkpoint.keys():
         target, pattern = skeleton.targets.get(key, (None, None))
@@ -135,19 +144,21 @@ def key_rules(skeleton: Skeleton, dims: dict[str, int], plan: ExpertPlan) -> dic
             continue
         layer = _layer_of(target, layers)
         keep = tuple(plan.keep[layer.index])
-        if target in routing:  # a router tensor with zero-computation experts' rows: they stay, after the kept ones
-            keep = tuple(layer.router_rows(torch.tensor(keep, dtype=torch.long)).tolist())
         match = EXPERT_INDEX.search(key)
         if pattern is not None and "*" in pattern and match is not None:  # one expert's tensor
             index = int(match.group(1))
             rules[key] = KeyRule(key[:match.start(1)] + str(keep.index(index)) + key[match.end(1):]
                                  if index in keep else None)
-        elif checkpoint.shape(key) == tuple(own[target].shape):  # the model's tensor as it is
-            rules[key] = KeyRule(key, dims[target], keep)
+            continue
+        # the kept entries of the model's tensor: an expert's rows where it holds several, identity experts' rows
+        found = per_expert.get(target)
+        entries = keep if found is None else tuple(found.entries(layer, torch.tensor(keep)).tolist())
+        if checkpoint.shape(key) == tuple(own[target].shape):  # the model's tensor as it is
+            rules[key] = KeyRule(key, dims[target], entries)
         elif dims[target] == 0 and skeleton.concatenated_fused(key):  # a piece of a fused tensor (Step 3.7's gate)
             rules[key] = KeyRule(key, 0, keep)
         elif (stored := skeleton.stored_dim(key, dims[target], tuple(own[target].shape))) is not None:
-            rules[key] = KeyRule(key, stored, keep)  # stored transposed (Ergo's router weight [H, E])
+            rules[key] = KeyRule(key, stored, entries)  # stored transposed (Ergo's router weight [H, E])
         else:
             raise ValueError(f"checkpoint {str(checkpoint.path)!r}: tensor {key!r} {list(checkpoint.shape(key))} "
                              f"becomes the model's {target} {list(own[target].shape)} through a conversion that is "

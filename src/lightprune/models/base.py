@@ -20,11 +20,31 @@ from torch import nn
 from lightprune.models.removal import RemovalEffect
 
 __all__ = ["MoELayer", "MoEFamily", "RemovalEffect", "RoutingLimits", "RoutingOutput", "RoutingTensor",
-           "ROUTER_TENSORS", "find_decoder_layers", "kept_entries", "SelectsWithExpertTensor", "kept_experts",
-           "mlp_layer_type"]
+           "ROUTER_TENSORS", "EXPERT_TENSORS", "find_decoder_layers", "kept_entries", "SelectsWithExpertTensor",
+           "kept_experts", "mlp_layer_type", "config_value", "set_config_value"]
 
 #: per-expert tensors a router module may hold, one row (entry) per expert
 ROUTER_TENSORS = ("weight", "bias", "e_score_correction_bias")
+#: per-expert tensors of a fused experts module (dimension 0 indexes experts)
+EXPERT_TENSORS = ("gate_up_proj", "down_proj", "up_proj", "gate_up_proj_bias", "down_proj_bias", "up_proj_bias")
+
+
+def config_value(config: Any, key: str, default: Any = None) -> Any:
+    """``config``'s field ``key``, a dotted key reading a sub-config (DBRX's ``ffn_config.moe_num_experts``);
+    ``default`` where a part is missing."""
+    for part in key.split("."):
+        if not hasattr(config, part):
+            return default
+        config = getattr(config, part)
+    return config
+
+
+def set_config_value(config: Any, key: str, value: Any) -> None:
+    """Set ``config``'s field ``key`` (dotted: on the sub-config it names)."""
+    *path, last = key.split(".")
+    for part in path:
+        config = getattr(config, part)
+    setattr(config, last, value)
 
 RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """``(router_logits [T, E], weights applied to the selected experts [T, k], selected ids [T, k])``."""
@@ -138,7 +158,7 @@ class MoELayer:
 
 
 _DECODER_PATHS = ("model.language_model.layers", "model.layers", "language_model.layers",
-                  "language_model.model.layers", "layers")
+                  "language_model.model.layers", "layers", "transformer.blocks")
 
 
 def mlp_layer_type(config, index: int) -> bool | None:
@@ -170,7 +190,7 @@ class MoEFamily:
     """Base family. Subclasses set the class attributes and implement :meth:`route`."""
 
     model_types: ClassVar[tuple[str, ...]] = ()
-    #: config attribute holding the routed-expert count (on the text config for MLLMs)
+    #: config attribute holding the routed-expert count (on the text config for MLLMs; dotted: a sub-config's)
     num_experts_key: ClassVar[str] = "num_experts"
     #: module attribute names inside a decoder layer / MoE block; ``mlp_attr = ""``: the decoder layer itself holds
     #: the router and the experts (Gemma 4, beside its dense MLP)
@@ -204,6 +224,11 @@ class MoEFamily:
     #: config key of the count of zero-computation (identity) experts, whose router rows follow the routed experts'
     #: (LongCat-Flash's ``zero_expert_num``); None: the family has none
     identity_experts_key: ClassVar[str | None] = None
+    #: the experts' per-expert tensors where they are not :data:`EXPERT_TENSORS` of the experts module, as
+    #: (submodule of the experts module, name): each stores every expert's ``rows`` rows one after another along
+    #: dimension 0 (DBRX: ``mlp.w1`` [E * I, H]); :attr:`expert_rows_key` names the config field of ``rows``
+    expert_sub_tensors: ClassVar[tuple[tuple[str, str], ...]] = ()
+    expert_rows_key: ClassVar[str | None] = None
     #: per-expert tensors the MoE block keeps outside its router, as (submodule, name, dim) with "" the block itself
     #: and a dotted path a nested module (MiniMax-M2's ``e_score_correction_bias``, AFMoE's ``expert_bias``, Ergo's
     #: ``experts.post_expert_norm.weight``); a missing one is skipped
@@ -242,7 +267,7 @@ class MoEFamily:
         if listed is not None:
             return listed
         # transformers builds a dense MLP everywhere when the expert count is 0 (Qwen families)
-        count = getattr(cfg, self.num_experts_key, None)
+        count = config_value(cfg, self.num_experts_key)
         if count is not None and int(count) <= 0:
             return False
         if index in (getattr(cfg, "mlp_only_layers", None) or []):
@@ -259,6 +284,32 @@ class MoEFamily:
 
     def group_limits(self) -> tuple[int, int]:
         return 1, 1
+
+    def rows_per_expert(self) -> int:
+        """Rows each expert holds along dimension 0 of its :attr:`expert_sub_tensors` (1: one slice per expert)."""
+        return int(config_value(self.text_config, self.expert_rows_key)) if self.expert_rows_key else 1
+
+    def _expert_tensors_of(self, experts: nn.Module) -> list[tuple[nn.Module, str, int]]:
+        found = []
+        if self.expert_sub_tensors:
+            rows = self.rows_per_expert()
+            for sub, name in self.expert_sub_tensors:
+                module = experts.get_submodule(sub)
+                if isinstance(getattr(module, name, None), torch.Tensor):
+                    found.append((module, name, rows))
+            return found
+        return [(experts, name, 1) for name in EXPERT_TENSORS if isinstance(getattr(experts, name, None), torch.Tensor)]
+
+    def expert_tensors(self, layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
+        """(module, name, rows per expert) of every per-expert tensor of ``layer``'s experts: the fused
+        :data:`EXPERT_TENSORS` present (one slice per expert along dimension 0), or the family's
+        :attr:`expert_sub_tensors` (``rows`` rows per expert, one expert after another)."""
+        return self._expert_tensors_of(layer.experts)
+
+    def expert_output_width(self, layer: MoELayer) -> int:
+        """The width of an expert's output: ``down_proj`` [E, H, I] (or [E, I, H] when the module is transposed)."""
+        down = layer.experts.down_proj
+        return int(down.shape[2] if getattr(layer.experts, "is_transposed", False) else down.shape[1])
 
     def identity_experts(self) -> int:
         """Zero-computation (identity) experts per MoE layer (:attr:`identity_experts_key`; 0 without)."""
@@ -293,8 +344,7 @@ class MoEFamily:
             router = getattr(block, self.router_attr, None)
             experts = getattr(block, self.experts_attr, None)
             sparse = self.is_sparse_layer(index)
-            has_moe = router is not None and experts is not None and (hasattr(experts, "gate_up_proj")
-                                                                      or hasattr(experts, "up_proj"))
+            has_moe = router is not None and experts is not None and bool(self._expert_tensors_of(experts))
             if sparse != has_moe:
                 raise ValueError(
                     f"{type(self.model).__name__} layer {index}: the config says "
@@ -535,11 +585,11 @@ class MoEFamily:
         values = set(counts.values())
         cfg = self.text_config
         if len(values) == 1:
-            setattr(cfg, self.num_experts_key, values.pop())
+            set_config_value(cfg, self.num_experts_key, values.pop())
             if hasattr(self.config, self.PER_LAYER_KEY):
                 delattr(self.config, self.PER_LAYER_KEY)
             return
-        setattr(cfg, self.num_experts_key, max(values))
+        set_config_value(cfg, self.num_experts_key, max(values))
         setattr(self.config, self.PER_LAYER_KEY, {str(k): int(v) for k, v in sorted(counts.items())})
 
 

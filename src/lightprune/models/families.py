@@ -26,6 +26,7 @@ from lightprune.models.base import (
     SelectsWithExpertTensor,
     kept_entries,
 )
+from lightprune.models.dbrx_family import DbrxFamily
 from lightprune.models.deepseek_families import (
     DEEPSEEK_ALIKE,
     AXK2Family,
@@ -491,4 +492,4 @@ BUILT_IN: tuple[type[MoEFamily], ...] = (MixtralFamily, Qwen2MoeFamily, Qwen3Moe
                                          Param2MoeFamily, SarvamMlaFamily, Kolibri1_1Family,
                                          Llama4TextFamily, Llama4Family, Inkling2TextFamily, Inkling2Family,
                                          MuseSparkFamily, Inkling2LoopTextFamily, Inkling2LoopFamily, ErgoFamily,
-                                         LongcatFlashFamily)
+                                         LongcatFlashFamily, DbrxFamily)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightprune.models.base import MoELayer
+from lightprune.models.base import MoELayer, config_value
 
 __all__ = ["describe", "layer_problems", "zero_experts_field"]
 
@@ -81,7 +81,7 @@ def describe(problems: list[str]) -> str:
 def zero_experts_field(family: Any) -> str:
     """`` (config <key>: <n>)`` when the config gives the routed experts a count of 0 or less (the family builds
     dense layers then), else ""."""
-    value = getattr(family.text_config, family.num_experts_key, None)
+    value = config_value(family.text_config, family.num_experts_key)
     if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
         return f" (config {family.num_experts_key}: {value})"
     return ""

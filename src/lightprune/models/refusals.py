@@ -13,8 +13,6 @@ REFUSED_TYPES: dict[str, str] = {
                 "lightprune prunes decoder-only models with fused expert tensors",
     "jetmoe": "a mixture of attention heads besides its MLP experts, which are not stored as fused gate_up_proj / "
               "down_proj tensors",
-    "dbrx": "its experts are not stored as per-expert gate_up_proj / down_proj tensors (a layout lightprune's "
-            "surgery does not slice yet)",
     "ernie4_5_vl_moe": "each MoE layer holds two expert sets (text_moe and vision_moe, chosen per token by "
                        "moe_mm_token_type_ids); lightprune models one router and one expert set per layer",
     "deepseek_v4": "its first layers route by token id (hash MoE: tid2eid maps a token to fixed experts, so a removed "

@@ -148,13 +148,14 @@ def tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
             if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight",
                               "block_sparse_moe.router.weight", "feed_forward.router.weight", "router.proj.weight",
                               "mlp.gate.wg.weight", "mlp.router.gate.weight", "feed_forward.gate.weight",
-                              "mlp.gate.linear.weight", "mlp.router.classifier.weight")):
+                              "mlp.gate.linear.weight", "mlp.router.classifier.weight",
+                              "ffn.router.layer.weight")):
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
             elif name.endswith(("router.per_expert_scale", "experts.post_expert_norm.weight")):
                 # Gemma 4's scales, Ergo's per-expert output norms: distinct per expert, so pruning must slice them
                 # (Muse Spark's one shared norm: away from 1)
                 param.copy_(0.5 + torch.rand(param.shape, generator=gen))
-            elif "experts" in name and param.dim() == 3:
+            elif "experts" in name and (param.dim() == 3 or name.endswith(("mlp.w1", "mlp.v1", "mlp.w2"))):
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
         for name, buf in [*model.named_buffers(), *model.named_parameters()]:
             if name.endswith(("e_score_correction_bias", "expert_bias")):  # a buffer (DeepSeek-V3) or a parameter

@@ -64,6 +64,15 @@ def _longcat_flash(**kw: Any):
                                  "v_head_dim": 8, "head_dim": 8, "tie_word_embeddings": False, **kw})
 
 
+def _dbrx(**kw: Any):
+    from transformers import DbrxConfig
+
+    return DbrxConfig(**{"d_model": 32, "n_heads": 4, "n_layers": 2, "max_seq_len": 128, "vocab_size": 128,
+                         "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+                         "ffn_config": {"ffn_hidden_size": 16, "moe_num_experts": 8, "moe_top_k": 2},
+                         "tie_word_embeddings": False, **kw})
+
+
 def _glm4_moe(**kw: Any):
     from transformers import Glm4MoeConfig
 
@@ -258,4 +267,5 @@ TEXT_BUILDERS = {
     "minimax": _minimax,
     "flex_olmo": _flex_olmo,
     "longcat_flash": _longcat_flash,
+    "dbrx": _dbrx,
 }

@@ -24,7 +24,7 @@ from lightprune.export.verify import ExportVerificationError, default_probe, mod
 from lightprune.models.base import find_decoder_layers
 
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "gemma4", "qwen3_vl_moe", "gpt_oss", "jamba", "granitemoe",
-            "longcat_flash"]
+            "longcat_flash", "dbrx"]
 #: also streamed: a vision tower whose checkpoint fuses q, k, v (Kimi K2.5: a split conversion), experts that read a
 #: latent projection (Nemotron-H), a router weight stored transposed and a nested per-expert norm (Ergo), gate and up
 #: stored as two fused tensors concatenated on load (Step 3.7), experts outside ExpertsInterface (Llama 4)
@@ -575,7 +575,7 @@ def assert_same_stats(got, expected) -> None:
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "mixtral", "jamba", "llama4_text",
-                                    "inkling2_loop_text", "longcat_flash"])
+                                    "inkling2_loop_text", "longcat_flash", "dbrx"])
 def test_sequential_calibration_equals_the_in_memory_pass(tiny, tmp_path, family):
     """Every criterion (delta_h_promoted too) for two subsets, bit for bit, with passes of 2 batches over 3 (each
     layer read twice), padded batches included. Llama 4 is observed in its own MoE block; Inkling 2 Loop runs its

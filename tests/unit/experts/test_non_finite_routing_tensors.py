@@ -26,6 +26,7 @@ CASES = [
     ("ernie4_5_moe", "gate.moe_statics.e_score_correction_bias"),  # a correction bias in a router submodule [1, E]
     ("ergo", "gate.e_score_correction_bias"),  # a router correction bias beside a router submodule's rows
     ("longcat_flash", "router.classifier.weight"),  # router rows [E + Z], the zero-computation experts' last
+    ("dbrx", "router.layer.weight"),  # the router's rows, in a submodule of a router that returns the logits alone
     ("ergo", "experts.post_expert_norm.weight"),  # per-expert output norms [E, H]
     ("afmoe", "expert_bias"),  # a block's selection bias
 ]

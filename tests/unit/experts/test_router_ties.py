@@ -45,7 +45,7 @@ def _tie(model, case: str) -> None:
     """Make the router scores of every MoE layer tie: all equal ("zeros") or equal in the pairs :data:`PAIRS`."""
     with torch.no_grad():
         for layer in lp.find_moe_layers(model):
-            for module, name, dim, is_router in per_expert_tensors(layer):
+            for module, name, dim, is_router, _ in per_expert_tensors(layer):
                 if not is_router or name not in SCORED:
                     continue
                 tensor = getattr(module, name)

@@ -15,6 +15,8 @@ import torch
 from fixtures import (
     BLOCK_ATTR,
     BLOCK_BIAS,
+    ROW_BLOCK_EXPERTS,
+    config_count,
     IDENTITY_EXPERTS,
     family_count_key,
     logits_of,
@@ -112,9 +114,17 @@ def _check_pruned_structure(family, original, pruned, plan):
         norm = getattr(layer.experts, "post_expert_norm", None)
         if norm is not None and norm.weight.dim() == 2:  # Ergo: the kept experts' output-norm scales
             assert torch.equal(norm.weight, old.experts.post_expert_norm.weight[idx])
-        up = "gate_up_proj" if hasattr(layer.experts, "gate_up_proj") else "up_proj"  # ungated: Nemotron-H
-        assert torch.equal(getattr(layer.experts, up), getattr(old.experts, up)[idx])
-        assert torch.equal(layer.experts.down_proj, old.experts.down_proj[idx])
+        if family in ROW_BLOCK_EXPERTS:  # DBRX: each kept expert's I rows of w1, v1 and w2
+            size = config_count(text_config_of(original), ROW_BLOCK_EXPERTS[family])
+            for name in ("w1", "v1", "w2"):
+                before = getattr(old.experts.mlp, name)
+                want = before.view(old.num_experts, size, -1)[idx].reshape(-1, before.shape[-1])
+                assert torch.equal(getattr(layer.experts.mlp, name), want)
+            up = "mlp.w1"
+        else:
+            up = "gate_up_proj" if hasattr(layer.experts, "gate_up_proj") else "up_proj"  # ungated: Nemotron-H
+            assert torch.equal(getattr(layer.experts, up), getattr(old.experts, up)[idx])
+            assert torch.equal(layer.experts.down_proj, old.experts.down_proj[idx])
         if family == "deepseek_v3":
             assert torch.equal(layer.router.e_score_correction_bias, old.router.e_score_correction_bias[idx])
             assert "e_score_correction_bias" in dict(layer.router.named_buffers())
@@ -129,7 +139,7 @@ def _check_pruned_structure(family, original, pruned, plan):
         assert layer.experts.num_experts == len(keep)
         if hasattr(layer.router, "num_experts"):  # Gemma 4's router keeps no count
             assert layer.router.num_experts == len(keep)
-        assert getattr(layer.experts, up).requires_grad
+        assert layer.experts.get_parameter(up).requires_grad
     # everything else is untouched (shared experts, attention, embeddings, dense layers)
     old_state = original.state_dict()
     pruned_state = pruned.state_dict()
@@ -139,7 +149,8 @@ def _check_pruned_structure(family, original, pruned, plan):
                   "experts.down_proj_bias", "gate.moe_statics.e_score_correction_bias", "router.proj.weight",
                   "router.per_expert_scale", "gate.wg.weight", "e_score_correction_bias", "expert_bias",
                   "router.gate.weight", "feed_forward.gate.weight", "gate.linear.weight",
-                  "experts.post_expert_norm.weight", "router.classifier.weight")
+                  "experts.post_expert_norm.weight", "router.classifier.weight", "router.layer.weight",
+                  "experts.mlp.w1", "experts.mlp.v1", "experts.mlp.w2")
     for name, tensor in old_state.items():
         block = f".{BLOCK_ATTR.get(family, 'mlp')}." if BLOCK_ATTR.get(family, "mlp") else ".layers."
         if not (block in name and name.endswith(per_expert) and "shared" not in name):
@@ -149,13 +160,13 @@ def _check_pruned_structure(family, original, pruned, plan):
     cfg = text_config_of(pruned)
     key = family_count_key(family)
     if plan.is_uniform:
-        assert getattr(cfg, key) == next(iter(counts.values()))
+        assert config_count(cfg, key) == next(iter(counts.values()))
         assert not hasattr(pruned.config, PER_LAYER_KEY)
         # copies of the count outside the MoE blocks (the causal LM's aux-loss size) follow the config
         if family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
-            assert pruned.num_experts == getattr(cfg, key)
+            assert pruned.num_experts == config_count(cfg, key)
     else:
-        assert getattr(cfg, key) == max(counts.values())
+        assert config_count(cfg, key) == max(counts.values())
         assert getattr(pruned.config, PER_LAYER_KEY) == {str(k): v for k, v in counts.items()}
 
 

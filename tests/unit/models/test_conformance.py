@@ -13,7 +13,15 @@ import math
 
 import pytest
 import torch
-from fixtures import INPUT_SCALING, MULTIMODAL, OUTPUT_SCALE_KEY, padded_batch
+from fixtures import (
+    INPUT_SCALING,
+    MULTIMODAL,
+    OUTPUT_SCALE_KEY,
+    ROW_BLOCK_EXPERTS,
+    config_count,
+    padded_batch,
+    text_config_of,
+)
 
 import lightprune as lp
 from lightprune.models.tiny import TINY_FAMILIES
@@ -147,8 +155,13 @@ def test_calibration_and_weight_rows(tiny, family) -> None:
     aimer = lp.score_weights(model, "aimer").raw
     for layer in layers:
         for e in range(layer.num_experts):
-            w = torch.cat([getattr(layer.experts, name)[e].detach().double().flatten()  # ungated: up_proj
-                           for name in ("gate_up_proj", "up_proj", "down_proj") if hasattr(layer.experts, name)])
+            if family in ROW_BLOCK_EXPERTS:  # DBRX: the expert's I rows of w1, v1 and w2
+                rows = config_count(text_config_of(model), ROW_BLOCK_EXPERTS[family])
+                parts = [getattr(layer.experts.mlp, name)[e * rows:(e + 1) * rows] for name in ("w1", "v1", "w2")]
+            else:  # ungated: up_proj
+                parts = [getattr(layer.experts, name)[e] for name in ("gate_up_proj", "up_proj", "down_proj")
+                         if hasattr(layer.experts, name)]
+            w = torch.cat([part.detach().double().flatten() for part in parts])
             want = float(w.abs().sum()) / (math.sqrt(w.numel()) * float(w.norm()))
             assert float(aimer[layer.index][e]) == pytest.approx(want, rel=1e-6)
 

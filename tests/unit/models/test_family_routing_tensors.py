@@ -56,9 +56,9 @@ def test_every_registered_familys_routing_tensors_are_listed_and_refused(tiny) -
         listed = {id(found.tensor) for found in listing}
         router = [*layer.router.parameters(), *layer.router.buffers()]
         assert all(id(t) in listed for t in router), family
-        sliced = [getattr(m, n) for m, n, _, is_router in per_expert_tensors(layer) if is_router]
+        sliced = [getattr(t.module, t.name) for t in per_expert_tensors(layer) if t.routing]
         assert all(id(t) in listed for t in sliced), family
-        assert [found.dim for found in listing[:len(sliced)]] == [d for *_, d, r in per_expert_tensors(layer) if r]
+        assert [found.dim for found in listing[:len(sliced)]] == [t.dim for t in per_expert_tensors(layer) if t.routing]
         skipped = {id(t) for t in [*layer.experts.parameters(), *layer.experts.buffers()]}
         for attr in layer.family.shared_attrs:
             shared = getattr(layer.block, attr, None)

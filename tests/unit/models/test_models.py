@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from fixtures import (
     ALL_SPARSE,
     ALWAYS_RENORMALISE,
@@ -21,6 +22,7 @@ from fixtures import (
     INPUT_SCALING,
     NEVER_RENORMALISE,
     NORMED_ROUTER_INPUT,
+    ROW_BLOCK_EXPERTS,
     ROUTER_ATTR,
     ROUTER_BIAS,
     SHARED_EXPERTS,
@@ -30,6 +32,7 @@ from fixtures import (
     block_of,
     call_router,
     cast_as_loaded,
+    config_count,
     family_count_key,
     text_config_of,
 )
@@ -39,13 +42,17 @@ from lightprune.models.tiny import TINY_FAMILIES
 
 SOFTMAX_FAMILIES = tuple(f for f in TINY_FAMILIES
                          if f not in DEEPSEEK_LIKE | TOPK_THEN_SOFTMAX | BIASED_SELECTION | NORMED_ROUTER_INPUT
-                         | set(BLOCK_BIAS) | set(ROUTER_BIAS) | SPARSEMIXER | INPUT_SCALING | IDENTITY_EXPERTS)
+                         | set(BLOCK_BIAS) | set(ROUTER_BIAS) | SPARSEMIXER | INPUT_SCALING | IDENTITY_EXPERTS
+                         | set(ROW_BLOCK_EXPERTS))
 SHARED = SHARED_EXPERTS
 
 
 def decoder_layers(model):
     """The language model's decoder layers, by transformers' attribute names: ``model.layers``,
-    ``model.language_model.layers``, or ``language_model.model.layers`` (Llama 4 keeps its causal LM inside)."""
+    ``model.language_model.layers``, or ``language_model.model.layers`` (Llama 4 keeps its causal LM inside), or
+    ``transformer.blocks`` (DBRX)."""
+    if hasattr(model, "transformer"):
+        return model.transformer.blocks
     if not hasattr(model, "model"):
         return model.language_model.model.layers
     inner = model.model
@@ -117,16 +124,18 @@ def test_find_moe_layers_follows_the_family_rule(tiny, family, overrides):
     for index, decoder_layer in enumerate(decoder):
         # the rule agrees with the modules transformers actually built
         assert hasattr(block_of(decoder_layer, family), "experts") == (index in expected)
-    count = getattr(cfg, family_count_key(family))
+    count = config_count(cfg, family_count_key(family))
     for layer in layers:
         assert layer.block is block_of(decoder[layer.index], family)
         assert model.get_submodule(layer.name) is layer.block
         assert layer.router is getattr(layer.block, ROUTER_ATTR.get(family, "gate"))
         assert layer.experts is layer.block.experts
         zero = cfg.zero_expert_num if family in IDENTITY_EXPERTS else 0  # identity experts' rows after the experts'
-        assert layer.num_experts == count == layer.experts.down_proj.shape[0]
+        down = layer.experts.mlp.w2.shape[0] // config_count(cfg, ROW_BLOCK_EXPERTS[family]) \
+            if family in ROW_BLOCK_EXPERTS else layer.experts.down_proj.shape[0]  # DBRX: I rows per expert
+        assert layer.num_experts == count == down
         assert layer.router_linear.weight.shape[0] == count + zero and layer.identity_experts == zero
-        top_k = 2 if family in SPARSEMIXER else getattr(cfg, TOP_K_KEY.get(family, "num_experts_per_tok"))
+        top_k = 2 if family in SPARSEMIXER else config_count(cfg, TOP_K_KEY.get(family, "num_experts_per_tok"))
         assert layer.top_k == (top_k[layer.index] if isinstance(top_k, list) else top_k)  # a list: one per layer
         assert layer.has_shared_experts == (family in SHARED)
         if family in DEEPSEEK_LIKE:
@@ -182,8 +191,10 @@ def test_route_equals_the_models_router_bitwise(tiny, family, dtype):
         hidden = torch.randn(13, layer.router_linear.weight.shape[1], generator=gen).to(dtype)
         with torch.no_grad():
             expected = call_router(family, layer, hidden)
+            expected = (expected,) if isinstance(expected, torch.Tensor) else expected  # DBRX: the logits alone
             for mask in (None, torch.zeros(layer.num_experts, dtype=torch.bool)):
                 got = layer.family.router_output(layer, layer.route(hidden, mask))  # as the router returns it
+                got = (got,) if isinstance(got, torch.Tensor) else got
                 for g, e in zip(got, expected, strict=True):
                     assert g.dtype == e.dtype and g.shape == e.shape
                     assert torch.equal(g, e)
@@ -278,6 +289,43 @@ def test_renormalisation_is_covered_both_ways(tiny):
     # guard for the test above: the tiny families exercise both softmax variants
     kinds = {renormalises(f, tiny(f)) for f in SOFTMAX_FAMILIES}
     assert kinds == {True, False}
+
+
+@pytest.mark.parametrize("norm", [1.0, 2.0, None])
+def test_masked_dbrx_routing_matches_a_hand_computation(tiny, norm):
+    """DBRX by hand (float64) on the router with the masked rows deleted: softmax, the k largest, divided by their
+    q-norm (``moe_normalize_expert_weights``; None: not normalised); an expert's output from its rows of
+    ``w1`` / ``v1`` / ``w2``, checked against DbrxExperts."""
+    model = tiny("dbrx", seed=3, ffn_config={"ffn_hidden_size": 16, "moe_num_experts": 8, "moe_top_k": 2,
+                                             "moe_normalize_expert_weights": norm})
+    rows = model.config.ffn_config.ffn_hidden_size
+    gen = torch.Generator().manual_seed(11)
+    for layer in lp.find_moe_layers(model):
+        keep = sorted(torch.randperm(8, generator=gen)[:5].tolist())
+        masked = torch.ones(8, dtype=torch.bool)
+        masked[keep] = False
+        hidden = torch.randn(24, 32, generator=gen)
+        with torch.no_grad():
+            _, weights, ids = layer.route(hidden, masked)
+        p = torch.softmax(hidden.double() @ layer.router.layer.weight.detach().double()[keep].T, dim=-1)
+        top = torch.topk(p, 2, dim=-1)
+        chosen = top.values if norm is None else top.values / top.values.norm(p=norm, dim=-1, keepdim=True)
+        for t in range(len(hidden)):
+            expected = {keep[i]: float(w) for i, w in zip(top.indices[t].tolist(), chosen[t])}
+            got = dict(zip(ids[t].tolist(), weights[t].tolist()))
+            assert set(got) == set(expected), f"token {t}"
+            for e, w in expected.items():
+                assert math.isclose(got[e], w, rel_tol=1e-5, abs_tol=1e-6), (t, e, got[e], w)
+        assert (layer.family.unselected_removal_is_free) == (norm is not None)
+        mlp, x, e = layer.experts.mlp, hidden[:3].double(), 5  # expert 5: rows 5 I .. 6 I - 1
+        w1, v1, w2 = (getattr(mlp, n).detach().double()[e * rows:(e + 1) * rows] for n in ("w1", "v1", "w2"))
+        by_hand = (F.silu(x @ w1.T) * (x @ v1.T)) @ w2
+        one = torch.full((3, 1), e)
+        with torch.no_grad():
+            module = layer.experts(hidden[:3], one, torch.ones(3, 1)).reshape(3, -1)
+            ours = layer.family.selected_rows(layer, hidden[:3], torch.arange(3), one[:, 0], None)
+        torch.testing.assert_close(module.double(), by_hand, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ours.double(), by_hand, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("family", sorted(IDENTITY_EXPERTS))

@@ -30,12 +30,6 @@ __all__ = ["MERGE_STATISTICS", "MergeSums"]
 _CHUNK_ELEMENTS = 1 << 22
 
 
-def _output_width(layer: MoELayer) -> int:
-    """The experts' output width: ``down_proj`` is [E, H, I], or [E, I, H] when the module is transposed."""
-    down = layer.experts.down_proj
-    return int(down.shape[2] if getattr(layer.experts, "is_transposed", False) else down.shape[1])
-
-
 @register_statistic
 class MergeSums(Statistic):
     """Sums of :data:`MERGE_STATISTICS` (those ``wanted``) for one MoE layer, over every token of the collected
@@ -52,7 +46,8 @@ class MergeSums(Statistic):
         cpu = torch.device("cpu")
         self.sums = {"tokens": self.zeros(device=cpu)}
         if "expert_outputs" in wanted:
-            self.sums["expert_outputs"] = self.zeros(layer.num_experts, _output_width(layer), device=cpu)
+            width = layer.family.expert_output_width(layer)
+            self.sums["expert_outputs"] = self.zeros(layer.num_experts, width, device=cpu)
         if "router_logits" in wanted:
             self.sums["router_logits"] = self.zeros(layer.num_experts, layer.num_experts, device=cpu)
 
@@ -83,16 +78,17 @@ class MergeSums(Statistic):
 
 def dense_output_sum(layer: MoELayer, x: torch.Tensor) -> torch.Tensor:
     """sum_t f_e(x_t) for every routed expert e: ``[E, H]`` in float32 (or wider), ``x`` [n, H_in]."""
-    experts, num = layer.experts, layer.num_experts
-    width = max(x.shape[-1], _output_width(layer))
+    num = layer.num_experts
+    width = max(x.shape[-1], layer.family.expert_output_width(layer))
     step = max(1, _CHUNK_ELEMENTS // (num * width))
     dtype = torch.promote_types(x.dtype, torch.float32)
-    total = torch.zeros(num, _output_width(layer), dtype=dtype, device=x.device)
+    total = torch.zeros(num, layer.family.expert_output_width(layer), dtype=dtype, device=x.device)
     ids = torch.arange(num, device=x.device)
     for start in range(0, x.shape[0], step):
         chunk = x[start:start + step]
         n = chunk.shape[0]
         tokens = torch.arange(n, device=x.device).repeat(num)
-        out = expert_rows(experts, chunk, tokens, ids.repeat_interleave(n))      # expert-major: [E * n, H]
+        # expert-major: [E * n, H]
+        out = layer.family.selected_rows(layer, chunk, tokens, ids.repeat_interleave(n), expert_rows)
         total += out.view(num, n, -1).to(dtype).sum(dim=1)
     return total

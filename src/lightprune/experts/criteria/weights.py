@@ -43,14 +43,18 @@ MAX_WORKERS = 8
 
 
 def expert_weight_tensors(layer: MoELayer) -> list[tuple[str, torch.Tensor]]:
-    """``[(name, tensor [E, ...])]``: the layer's fused expert weight tensors (no copies, no biases)."""
+    """``[(name, tensor [E, ...])]``: the layer's fused expert weight tensors (no copies, no biases); a family's
+    :attr:`~lightprune.models.MoEFamily.expert_sub_tensors` viewed [E, rows, ...]."""
     experts = layer.experts
     found = []
-    for name in EXPERT_WEIGHT_NAMES:
-        tensor = getattr(experts, name, None)
+    if layer.family.expert_sub_tensors:  # each expert's rows one after another (DBRX's w1, v1, w2)
+        candidates = [(name, getattr(module, name), rows) for module, name, rows in layer.family.expert_tensors(layer)]
+    else:
+        candidates = [(name, getattr(experts, name, None), 1) for name in EXPERT_WEIGHT_NAMES]
+    for name, tensor, rows in candidates:
         if not isinstance(tensor, torch.Tensor):
             continue
-        if tensor.dim() < 2 or tensor.shape[0] != layer.num_experts:
+        if tensor.dim() < 2 or tensor.shape[0] != layer.num_experts * rows:
             raise ValueError(f"layer {layer.index} ({layer.name}): experts.{name} has shape {tuple(tensor.shape)}; "
                              f"expected [{layer.num_experts}, ...] with one slice per routed expert")
         if not tensor.is_floating_point():
@@ -60,7 +64,7 @@ def expert_weight_tensors(layer: MoELayer) -> list[tuple[str, torch.Tensor]]:
             raise ValueError(f"layer {layer.index} ({layer.name}): experts.{name} holds no data "
                              f"(device {tensor.device}, shape {tuple(tensor.shape)}); materialise or gather "
                              "the weights (DeepSpeed ZeRO-3: GatheredParameters) before scoring")
-        found.append((name, tensor))
+        found.append((name, tensor if rows == 1 else tensor.view(layer.num_experts, rows, *tensor.shape[1:])))
     if not found:
         params = [n for n, _ in experts.named_parameters(recurse=False)]
         raise ValueError(f"layer {layer.index} ({layer.name}): no fused expert weights among "

@@ -31,15 +31,15 @@ from lightprune.experts.mask import is_masked, mask_experts
 from lightprune.experts.merging.align import neuron_permutation, permuted_expert
 from lightprune.experts.merging.plan import MergePlan
 from lightprune.experts.plan_base import check_plan_kind
-from lightprune.experts.prune import _check_not_partitioned, per_expert_tensors, prune_experts
+from lightprune.experts.prune import _check_not_partitioned, expert_slice, per_expert_tensors, prune_experts
 from lightprune.models import MoELayer, find_moe_layers
 
 __all__ = ["merge_experts", "merged_experts", "write_merged", "merged_slots"]
 
 
-def merged_slots(layer: MoELayer, plan: MergePlan) -> list[tuple[nn.Module, str, int, int, torch.Tensor]]:
-    """(module, tensor name, experts' dimension, dominant id, merged slot value) for every cluster of ``layer``
-    with more than one member (a single expert stays as it is), computed from the current weights."""
+def merged_slots(layer: MoELayer, plan: MergePlan) -> list[tuple[torch.Tensor, int, int, int, torch.Tensor]]:
+    """(per-expert tensor, experts' dimension, rows per expert, dominant id, merged slot value) for every cluster of
+    ``layer`` with more than one member (a single expert stays as it is), computed from the current weights."""
     out = []
     tensors = per_expert_tensors(layer)
     for members, dominant, coefficients in zip(plan.clusters[layer.index], plan.dominant[layer.index],
@@ -52,18 +52,18 @@ def merged_slots(layer: MoELayer, plan: MergePlan) -> list[tuple[nn.Module, str,
                 if member != dominant:
                     perm = neuron_permutation(layer.experts, dominant, member)
                     aligned[member] = permuted_expert(layer.experts, member, perm)
-        for module, name, dim, is_router in tensors:
-            if is_router and plan.router == "dominant":
+        for found in tensors:
+            if found.routing and plan.router == "dominant":
                 continue
-            tensor = getattr(module, name)
+            name, tensor = found.name, getattr(found.module, found.name)
             dtype = torch.promote_types(tensor.dtype, torch.float32)
             total = None
             for member, weight in zip(members, coefficients):
                 value = aligned[member][name] if member in aligned and name in aligned[member] \
-                    else tensor.detach().select(dim, member)
+                    else expert_slice(tensor.detach(), found.dim, member, found.rows)
                 term = value.to(dtype) * weight
                 total = term if total is None else total + term
-            out.append((module, name, dim, dominant, total.to(tensor.dtype)))
+            out.append((tensor, found.dim, found.rows, dominant, total.to(tensor.dtype)))
     return out
 
 
@@ -82,8 +82,8 @@ def write_merged(model: nn.Module, plan: MergePlan) -> nn.Module:
     """Write every cluster's merged expert into its dominant's slot, in place (the other slots keep their old
     values until :func:`merge_experts` removes them). Returns ``model``."""
     for layer in _checked_layers(model, plan, "write_merged"):
-        for module, name, dim, dominant, value in merged_slots(layer, plan):
-            getattr(module, name).data.select(dim, dominant).copy_(value)
+        for tensor, dim, rows, dominant, value in merged_slots(layer, plan):
+            expert_slice(tensor.data, dim, dominant, rows).copy_(value)
     return model
 
 
@@ -100,17 +100,17 @@ def merged_experts(model: nn.Module, plan: MergePlan) -> Iterator[nn.Module]:
     """The merged model, reversibly: inside the block ``model`` computes what :func:`merge_experts` would leave;
     on exit every overwritten slot gets its value back and the router masks are removed."""
     layers = _checked_layers(model, plan, "merged_experts")
-    saved: list[tuple[torch.Tensor, int, int, torch.Tensor]] = []
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []  # (an overwritten slot, a view; its old value)
     try:
         with torch.no_grad():
             for layer in layers:
-                for module, name, dim, dominant, value in merged_slots(layer, plan):
-                    tensor = getattr(module, name).data
-                    saved.append((tensor, dim, dominant, tensor.select(dim, dominant).clone()))
-                    tensor.select(dim, dominant).copy_(value)
+                for tensor, dim, rows, dominant, value in merged_slots(layer, plan):
+                    slot = expert_slice(tensor.data, dim, dominant, rows)
+                    saved.append((slot, slot.clone()))
+                    slot.copy_(value)
         with mask_experts(model, plan.expert_plan()):
             yield model
     finally:
         with torch.no_grad():
-            for tensor, dim, dominant, original in reversed(saved):
-                tensor.select(dim, dominant).copy_(original)
+            for slot, original in reversed(saved):
+                slot.copy_(original)
