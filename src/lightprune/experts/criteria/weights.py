@@ -47,8 +47,9 @@ def expert_weight_tensors(layer: MoELayer) -> list[tuple[str, torch.Tensor]]:
     :attr:`~lightprune.models.MoEFamily.expert_sub_tensors` viewed [E, rows, ...]."""
     experts = layer.experts
     found = []
-    if layer.family.expert_sub_tensors:  # each expert's rows one after another (DBRX's w1, v1, w2)
-        candidates = [(name, getattr(module, name), rows) for module, name, rows in layer.family.expert_tensors(layer)]
+    family = layer.family
+    if family is not None and family.expert_sub_tensors:  # each expert's rows one after another (DBRX's w1, v1, w2)
+        candidates = [(name, getattr(module, name), rows) for module, name, rows in family.expert_tensors(layer)]
     else:
         candidates = [(name, getattr(experts, name, None), 1) for name in EXPERT_WEIGHT_NAMES]
     for name, tensor, rows in candidates:
