@@ -37,6 +37,7 @@ it (:mod:`lightprune.checkpoints.contents`).
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import re
 import warnings
@@ -386,6 +387,35 @@ class Checkpoint:
             if got <= 0:
                 raise ValueError(f"checkpoint {str(self.path)!r}: {file.name} ended while reading {key!r}")
             done += got
+
+    def stored_span(self, key: str, start: int = 0, stop: int | None = None) -> tuple[int, int, int]:
+        """(an open descriptor of its file, byte offset, byte count) of rows ``start:stop`` (dimension 0; ``stop``
+        None: to the end) of stored tensor ``key``: what a copy of those bytes reads."""
+        file, info = self._entry(key)
+        shape = self.stored_shape(key)
+        row = self.stored_nbytes(key) // shape[0] if shape and shape[0] else 0
+        stop = (shape[0] if shape else 1) if stop is None else stop
+        if not 0 <= start <= stop <= (shape[0] if shape else 1):
+            raise ValueError(f"stored_span {key!r}: rows {start}:{stop} of {list(shape)}")
+        nbytes = (stop - start) * row if shape else self.stored_nbytes(key)
+        return self._fd(file), self._data_start[file] + int(info["data_offsets"][0]) + start * row, nbytes
+
+    def mapped_rows(self, key: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows ``start:stop`` of stored tensor ``key`` as a read-only tensor over the file's pages (nothing copied):
+        for reading the bytes once, as a check does. The pages are mapped until the tensor and its views are dropped
+        (they count in this process's resident set until then): keep it no longer than the read."""
+        fd, offset, nbytes = self.stored_span(key, start, stop)
+        shape = self.stored_shape(key)
+        rows = (stop if stop is not None else (shape[0] if shape else 1)) - start
+        dims = (rows, *shape[1:]) if shape else ()
+        if nbytes == 0:
+            return torch.empty(dims, dtype=self.stored_dtype(key))
+        base = offset - offset % mmap.ALLOCATIONGRANULARITY
+        window = mmap.mmap(fd, offset - base + nbytes, offset=base, access=mmap.ACCESS_READ)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch: "the given buffer is not writable" (it is not)
+            flat = torch.frombuffer(window, dtype=torch.uint8, count=nbytes, offset=offset - base)
+        return flat.view(self.stored_dtype(key)).view(dims)
 
     def will_need(self, keys: list[str]) -> None:
         """Tell the kernel that the bytes of ``keys`` are read next (``posix_fadvise(WILLNEED)`` per file over the

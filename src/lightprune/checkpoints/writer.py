@@ -5,7 +5,9 @@ byte range in the data that follows, plus ``__metadata__``), then the tensors' b
 holds is known before any data is read (names, dtypes and shapes come from the source headers and the plan), so
 the header is written first and each tensor's bytes follow as they are produced, in pieces if need be (an expert
 at a time): memory holds one piece, never the shard. Each tensor is checked against its header entry; a file
-left incomplete is an error at :meth:`SafetensorsWriter.close`.
+left incomplete is an error at :meth:`SafetensorsWriter.close`. Bytes another file holds as they are to be written
+(a tensor copied unchanged) go from file to file in the kernel (:meth:`SafetensorsWriter.copy`, ``copy_file_range``),
+not through this process's memory.
 """
 
 from __future__ import annotations
@@ -24,6 +26,28 @@ __all__ = ["SafetensorsWriter", "TensorEntry"]
 _NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
 TensorEntry = tuple[str, torch.dtype, tuple[int, ...]]
 """``(name, dtype, shape)`` of one tensor of the file, in the order its data is written."""
+
+
+#: whether this system offers a kernel copy between files
+_KERNEL_COPY = hasattr(os, "copy_file_range")
+#: bytes a copy without the kernel's moves at a time
+_COPY_PIECE = 64 << 20
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    done = 0
+    while done < len(data):
+        done += os.write(fd, data[done:])
+
+
+def _copy_through_buffer(source: int, out: int, offset: int, nbytes: int) -> int:
+    """Copy up to :data:`_COPY_PIECE` of the ``nbytes`` bytes at ``offset`` of ``source`` to ``out``; returns the
+    count copied."""
+    data = os.pread(source, min(nbytes, _COPY_PIECE), offset)
+    if not data:
+        raise ValueError(f"the source file ended at byte {offset}, {nbytes} bytes short of the copy")
+    _write_all(out, memoryview(data))
+    return len(data)
 
 
 def _nbytes(dtype: torch.dtype, shape: Sequence[int]) -> int:
@@ -56,8 +80,8 @@ class SafetensorsWriter:
             offset += size
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-        self._handle = open(self.path, "wb")
-        self._handle.write(len(raw).to_bytes(8, "little") + raw)
+        self._handle = open(self.path, "wb", buffering=0)  # unbuffered: writes and kernel copies interleave
+        _write_all(self._handle.fileno(), memoryview(len(raw).to_bytes(8, "little") + raw))
         self._current = 0        # entry being written
         self._written = 0        # its bytes so far
 
@@ -72,10 +96,35 @@ class SafetensorsWriter:
             raise ValueError(f"{self.path.name}: tensor {name!r} is {tensor.dtype} {list(tensor.shape)}, the header "
                              f"says {dtype} {list(shape)}")
         data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
-        if self._written + data.nbytes > self._sizes[self._current]:
+        self._check_room(name, shape, data.nbytes)
+        _write_all(self._handle.fileno(), memoryview(data))
+        self._wrote(data.nbytes)
+
+    def copy(self, name: str, fd: int, offset: int, nbytes: int) -> None:
+        """The next ``nbytes`` bytes of tensor ``name`` copied from open file ``fd`` at ``offset`` by the kernel
+        (``os.copy_file_range``; through a buffer where the system or the file systems do not offer it). The caller
+        vouches that they are the tensor's next whole rows, of its dtype."""
+        if self._current >= len(self._entries) or name != self._entries[self._current][0]:
+            following = self._entries[self._current][0] if self._current < len(self._entries) else None
+            raise ValueError(f"{self.path.name}: got tensor {name!r}, the header's next is {following!r}")
+        self._check_room(name, self._entries[self._current][2], nbytes)
+        out, done = self._handle.fileno(), 0
+        while done < nbytes:
+            try:
+                got = os.copy_file_range(fd, out, nbytes - done, offset + done) if _KERNEL_COPY else 0
+            except OSError:  # EXDEV, ENOSYS, EINVAL, ...: no kernel copy between these two files
+                got = 0
+            if got == 0:
+                got = _copy_through_buffer(fd, out, offset + done, nbytes - done)
+            done += got
+        self._wrote(nbytes)
+
+    def _check_room(self, name: str, shape: Sequence[int], nbytes: int) -> None:
+        if self._written + nbytes > self._sizes[self._current]:
             raise ValueError(f"{self.path.name}: tensor {name!r} got more bytes than its shape {list(shape)} holds")
-        self._handle.write(memoryview(data))
-        self._written += data.nbytes
+
+    def _wrote(self, nbytes: int) -> None:
+        self._written += nbytes
         if self._written == self._sizes[self._current]:
             self._current, self._written = self._current + 1, 0
 

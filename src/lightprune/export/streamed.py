@@ -192,8 +192,10 @@ def _out_shape(checkpoint: Checkpoint, key: str, rule: KeyRule) -> tuple[int, ..
 
 def _write_shard(checkpoint: Checkpoint, file: Path, rules: dict[str, KeyRule], out: Path) -> dict[str, int]:
     """Write one output shard from the stored tensors (``rules``: :func:`stored_rules`, quantized values and scales
-    copied as stored); returns {output key: bytes}. Each piece is checked finite as it is written
-    (:func:`~lightprune.export.verify.check_written_finite`: a NaN or inf is refused naming the tensor, the expert)."""
+    copied as stored); returns {output key: bytes}. Each piece is checked finite before it is written
+    (:func:`~lightprune.export.verify.check_written_finite`: a NaN or inf is refused naming the tensor, the expert),
+    read through a window on the file's pages; a whole tensor and each kept expert's rows are then copied from file to
+    file by the kernel (:meth:`SafetensorsWriter.copy`): this process reads each byte once and copies none."""
     keys = [key for key in checkpoint.stored_keys_in(file) if rules[key].out_key is not None]
     entries = [(rules[k].out_key, checkpoint.stored_dtype(k), _out_shape(checkpoint, k, rules[k])) for k in keys]
     sizes = {}
@@ -202,14 +204,14 @@ def _write_shard(checkpoint: Checkpoint, file: Path, rules: dict[str, KeyRule], 
         for key, (name, dtype, shape) in zip(keys, entries, strict=True):
             rule = rules[key]
             if rule.dim is None:
-                tensor = checkpoint.stored_tensor(key)
-                check_written_finite(repr(key), tensor, where)
-                writer.write(name, tensor)
+                check_written_finite(repr(key), checkpoint.mapped_rows(key), where)
+                writer.copy(name, *checkpoint.stored_span(key))
             elif rule.dim == 0:  # one kept slice at a time
                 for index in rule.keep:
-                    rows = checkpoint.stored_rows(key, index, index + 1)
+                    rows = checkpoint.mapped_rows(key, index, index + 1)
                     check_written_finite(f"{key!r} (expert {index})", rows[0] if rows.dim() > 1 else rows, where)
-                    writer.write(name, rows)
+                    del rows  # the window unmapped before the copy
+                    writer.copy(name, *checkpoint.stored_span(key, index, index + 1))
             else:
                 tensor = checkpoint.stored_tensor(key).index_select(rule.dim, torch.tensor(rule.keep))
                 check_written_finite(f"{key!r} (the kept experts {list(rule.keep)} along dimension {rule.dim})",

@@ -200,6 +200,11 @@ def compare(got: torch.Tensor, reference: torch.Tensor, atol: float, rtol: float
 
 #: elements checked finite at a time (:func:`non_finite`)
 _FINITE_PIECE = 1 << 24
+#: elements whose exponent bits are read at a time (a piece and its masked copy stay in the cache)
+_BITS_PIECE = 1 << 22
+#: per float dtype, the integer dtype of its bits and its exponent bits, all set only in an inf or a NaN
+_EXPONENT_BITS = {torch.bfloat16: (torch.int16, 0x7F80), torch.float16: (torch.int16, 0x7C00),
+                  torch.float32: (torch.int32, 0x7F800000), torch.float64: (torch.int64, 0x7FF0000000000000)}
 #: what NaN or inf logits of the model an export starts from say about it
 BROKEN_SOURCE = ("the model itself is broken, not the export (a config value such as rope_theta or rms_norm_eps, or "
                  "a NaN weight)")
@@ -212,6 +217,11 @@ def non_finite(tensor: torch.Tensor) -> str | None:
         return None
     if tensor.dtype == torch.float8_e4m3fn and int((tensor.view(torch.uint8) & 0x7F).amax()) != 0x7F:
         return None  # its only non-finite value is NaN, the bytes 0x7F and 0xFF: one reduction over the bytes
+    if tensor.dtype in _EXPONENT_BITS:  # finite: no value has every exponent bit set (an integer reduction, no mask)
+        bits, exponent = _EXPONENT_BITS[tensor.dtype]
+        if all(int((piece & exponent).amax()) != exponent
+               for piece in tensor.reshape(-1).view(bits).split(_BITS_PIECE)):
+            return None
     wide = tensor.element_size() == 1  # fp8: no isfinite kernel; the values are exact in fp32
     # in pieces: the mask of a piece, not of a whole (large) tensor, is what this allocates
     if all(bool(torch.isfinite(piece.float() if wide else piece).all())

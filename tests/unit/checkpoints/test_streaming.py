@@ -478,13 +478,15 @@ def test_a_killed_streaming_export_leaves_the_previous_output(tiny, tmp_path):
         import lightprune as lp
         from lightprune.checkpoints import writer
         written = []
-        original = writer.SafetensorsWriter.write
-        def write(self, name, tensor):
-            original(self, name, tensor)
-            written.append(name)
-            if len(written) == 5:  # in the middle of the shards
-                os.kill(os.getpid(), signal.SIGKILL)
-        writer.SafetensorsWriter.write = write
+        def killing(original):  # a tensor's bytes written, or copied from the source by the kernel
+            def wrote(self, name, *args):
+                original(self, name, *args)
+                written.append(name)
+                if len(written) == 5:  # in the middle of the shards
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return wrote
+        writer.SafetensorsWriter.write = killing(writer.SafetensorsWriter.write)
+        writer.SafetensorsWriter.copy = killing(writer.SafetensorsWriter.copy)
         plan = lp.ExpertPlan.load({str(tmp_path / 'plan.json')!r})
         lp.prune_checkpoint({str(path)!r}, plan, {str(tmp_path / 'out')!r}, overwrite=True, progress=False)
     """)
