@@ -24,7 +24,8 @@ the parent's peak):
   without it; the one without is what a 1 TB checkpoint sees. Router norm reads a few KB a layer: its time is
   the opening's, so its ratios are printed and not judged;
 - stream prune: ``lp.prune_checkpoint`` (verification on, then off) of the AIMER plan at ratio 0.5, ``sync``
-  included, against the copy;
+  included, against the copy; without verification twice, its best against the best of three copies measured
+  before, between and after (the disk's speed moves by 2x within a run here);
 - memory prune: ``from_pretrained``, the same scores and plan, ``lp.export_pruned`` (prune, save, reload, verify);
 - stream / memory calibration: ``lp.collect_expert_stats`` (default criteria, subsets all + text) on the same
   ``--batches`` batches of 2 x 128 token ids, from the directory or from the loaded model.
@@ -32,7 +33,9 @@ the parent's peak):
 Printed: the table (seconds, ratio to its disk reference, peak VmHWM / checkpoint bytes), the results' identity
 (the two pruned checkpoints tensor by tensor, the two sets of statistics value by value), and from the measured
 rates the time of each streamed path on a 1 TB checkpoint of the same layer shape (the score's from its cold
-figure). Targets (issue 39): score / read <= 2.0 (warm and cold), prune / copy <= 1.5, sequential / in-memory calibration <= 1.3, streamed VmHWM <= 0.4 of the
+figure). Targets (issue 39): score / read <= 2.0 (warm and cold), prune / copy <= 1.5 (verified; a quantized
+checkpoint's, issue 50: <= 1.0 without verification, which writes fewer bytes than the copy; verifying it is
+dequantizing it, computed and reported), sequential / in-memory calibration <= 1.3, streamed VmHWM <= 0.4 of the
 checkpoint (6+ layers), results identical. ``--baseline-src DIR``: the streamed paths run a second time with
 ``DIR/src`` first on ``PYTHONPATH`` (another checkout: the figures before a change), in the same run.
 
@@ -360,6 +363,18 @@ def _write_rate(work: Path, nbytes: int) -> float:
     return nbytes / seconds
 
 
+def copy_seconds(path: Path, work: Path) -> float:
+    """Seconds to copy the checkpoint at ``path`` (``copytree``) and ``sync``, from a synced disk."""
+    os.sync()
+    copy_to = work / "copy"
+    start = time.perf_counter()
+    shutil.copytree(path, copy_to)
+    os.sync()
+    copied = time.perf_counter() - start
+    shutil.rmtree(copy_to)
+    return copied
+
+
 def disk_figures(path: Path, work: Path) -> dict:
     files = sorted(path.glob("*.safetensors"))
     size = sum(f.stat().st_size for f in files)
@@ -367,12 +382,7 @@ def disk_figures(path: Path, work: Path) -> dict:
     warm = min(_read_files(files) for _ in range(2))
     _drop_cache(files)
     cold = _read_files(files)
-    copy_to = work / "copy"
-    start = time.perf_counter()
-    shutil.copytree(path, copy_to)
-    os.sync()
-    copied = time.perf_counter() - start
-    shutil.rmtree(copy_to)
+    copied = copy_seconds(path, work)
     _read_files(files)  # warm again for the runs
     return {"file_bytes": size, "read_warm_s": warm, "read_cold_s": cold, "copy_s": copied,
             "read_rate_cold": size / cold, "read_rate_warm": size / warm,
@@ -407,9 +417,15 @@ def _streamed(path: Path, work: Path, tag: str, vocab: int, batches: int, src: P
     _read_files(sorted(path.glob("*.safetensors")))  # warm again for the runs that follow
     runs["prune (verified)"] = _run("stream_prune", path, work / f"{tag}stream_prune", batches, vocab, src,
                                     verify=True)
-    runs["prune (not verified)"] = _run("stream_prune", path, work / f"{tag}stream_prune_nv", batches, vocab, src,
-                                        verify=False)
-    shutil.rmtree(work / f"{tag}stream_prune_nv", ignore_errors=True)
+    # the copy this prune is judged against, measured beside it (before, between and after two prunes: the disk's
+    # speed moves by 2x within one run here), each the best of its kind
+    copies, prunes = [copy_seconds(path, work)], []
+    for attempt in range(2):
+        prunes.append(_run("stream_prune", path, work / f"{tag}stream_prune_nv{attempt}", batches, vocab, src,
+                           verify=False))
+        shutil.rmtree(work / f"{tag}stream_prune_nv{attempt}", ignore_errors=True)
+        copies.append(copy_seconds(path, work))
+    runs["prune (not verified)"] = {**min(prunes, key=lambda run: run["seconds"]), "copy_s": min(copies)}
     runs["calibration"] = _run("stream_calibrate", path, work / f"{tag}stream_calibrate", batches, vocab, src)
     return runs
 
@@ -477,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
                                           quantized=quantized)
         reference = {**{f"score {c}": (reads[c], f"read of its {c} bytes") for c in SCORED},
                      **{f"score {c} (cold)": (cold_reads[c], f"cold read of its {c} bytes") for c in SCORED},
-                     "prune (verified)": (disk["copy_s"], "copy"), "prune (not verified)": (disk["copy_s"], "copy"),
+                     "prune (verified)": (disk["copy_s"], "copy"),
+                     "prune (not verified)": (runs["prune (not verified)"]["copy_s"], "copy beside it"),
                      "calibration": (runs["memory calibration"]["seconds"], "in-memory calibration")}
         ratios = {name: runs[name]["seconds"] / ref for name, (ref, _) in reference.items()}
         print(f"  {'path':24s} {'s':>8s} {'reference':>40s} {'ratio':>6s} {'VmHWM/ckpt':>11s}"
@@ -516,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
                         "<=" if judged else None, reference=before[name]["seconds"] / reference[name][0]
                         if before else None, reference_name="before" if before else None)
                   for name, target in [*((f"score {c}{cold}", 2.0) for c in JUDGED_SCORES for cold in ("", " (cold)")),
-                                       ("prune (verified)", 1.0 if quantized else 1.5), ("calibration", 1.3)]]
+                                       ("prune (not verified)" if quantized else "prune (verified)",
+                                        1.0 if quantized else 1.5), ("calibration", 1.3)]]
         checks += [check(f"{name} per layer (opening excluded: what a 1 TB checkpoint sees) / read", ratio,
                          2.0 if judged else None, "<=" if judged else None) for name, ratio in steady.items()]
         checks += [check(f"{kind} peak VmHWM / checkpoint bytes", runs[name]["peak_rss_bytes"] / size,

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 import lightprune as lp
 from lightprune.checkpoints.fp8_blocks import dequantize_fp8_blocks, quantize_fp8_blocks
 from lightprune.models.tiny_batches import tiny_text_batch
-from tests.fixtures.shipped import corrupted_copy, stored_tensors, write_deepseek_with_mtp
+from tests.fixtures.shipped import corrupted_copy, stored_tensors, write_deepseek_with_mtp, write_fused_fp8
 
 BLOCK = (8, 8)
 
@@ -178,6 +179,52 @@ def test_a_longcat_flash_fp8_prune_keeps_its_zero_computation_experts_rows(tmp_p
         masked = source(ids).logits
     with torch.no_grad():
         assert torch.equal(_load(tmp_path / "out")(ids).logits, masked)
+
+
+def test_fused_fp8_experts_score_calibrate_and_prune_as_transformers_dequantizes_them(tmp_path):
+    """Experts fused on disk (Llama 4's ``experts.gate_up_proj`` [E, H, 2I]) in FP8 blocks: weight scores and
+    calibration equal those of the model transformers' arithmetic dequantizes from them; a streamed prune slices the
+    fused values and scales by expert, byte for byte, and its dequantized output gives the masked reference's
+    logits."""
+    from transformers import AutoModelForCausalLM
+
+    fp8_dir, ref_dir = write_fused_fp8(tmp_path / "fp8", tmp_path / "reference", BLOCK)
+    reference = AutoModelForCausalLM.from_pretrained(ref_dir).eval()
+    for criterion in ("aimer", "magnitude"):
+        want, got = lp.score_weights(reference, criterion), lp.score_weights(fp8_dir, criterion, progress=False)
+        assert got.raw.keys() == want.raw.keys() == {1, 2}
+        assert all(torch.equal(got.raw[i], want.raw[i]) for i in want), criterion
+    batches = [tiny_text_batch(reference, batch_size=2, seq_len=8, seed=s, pad=s == 1) for s in range(2)]
+    kwargs = dict(criteria=["frequency", "reap", "delta_h"], progress=False)
+    want = lp.collect_expert_stats(reference, batches, **kwargs)
+    got = lp.collect_expert_stats(fp8_dir, batches, **kwargs)
+    for criterion in kwargs["criteria"]:
+        assert all(torch.equal(got.raw(criterion, "all")[i], want.raw(criterion, "all")[i]) for i in (1, 2))
+
+    plan = lp.select_experts(lp.score_weights(fp8_dir, "aimer", progress=False), 0.5)
+    result = lp.prune_checkpoint(fp8_dir, plan, tmp_path / "out", progress=False)
+    before, after = stored_tensors(fp8_dir), stored_tensors(tmp_path / "out")
+    for layer, keep in plan.keep.items():
+        for name in ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj", "down_proj_scale_inv"):
+            key = f"model.layers.{layer}.feed_forward.experts.{name}"
+            assert after[key].dtype == before[key].dtype
+            assert torch.equal(after[key].view(torch.uint8), before[key][keep].view(torch.uint8)), key
+    dequantized = tmp_path / "dequantized"  # the output as transformers' arithmetic reads it, tensor by tensor
+    dequantized.mkdir()
+    tensors = {key: value if f"{key}_scale_inv" not in after else
+               _transformers_dequantize(value, after[f"{key}_scale_inv"], torch.bfloat16)
+               for key, value in after.items() if not key.endswith("_scale_inv")}
+    save_file(tensors, dequantized / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "fp8" and config["num_local_experts"] == 4
+    del config["quantization_config"]
+    (dequantized / "config.json").write_text(json.dumps(config))
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad(), lp.mask_experts(reference, plan):
+        masked = reference(ids).logits
+    with torch.no_grad():
+        assert torch.equal(AutoModelForCausalLM.from_pretrained(dequantized).eval()(ids).logits, masked)
+    assert result.verification["max_abs_diff"] == 0.0
 
 
 def test_an_in_memory_prune_of_the_loaded_fp8_model_gives_the_masked_logits_and_its_fp8_bytes(shipped, tmp_path):

@@ -15,9 +15,9 @@ import torch
 from fixtures import (
     BLOCK_ATTR,
     BLOCK_BIAS,
+    IDENTITY_EXPERTS,
     ROW_BLOCK_EXPERTS,
     config_count,
-    IDENTITY_EXPERTS,
     family_count_key,
     logits_of,
     padded_batch,
