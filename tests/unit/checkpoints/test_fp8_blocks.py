@@ -151,29 +151,38 @@ def test_a_streamed_fp8_prune_copies_the_kept_bytes_and_gives_the_masked_logits(
     assert result.verification["max_abs_diff"] == 0.0
 
 
-def test_a_longcat_flash_fp8_prune_keeps_its_zero_computation_experts_rows(tmp_path):
-    """LongCat-Flash (its router holds E + Z rows, the zero-computation experts' last) quantized in FP8 blocks: the
-    kept experts' bytes and scales are the source's, the router rows and correction bias are the kept experts' then
-    all Z, and transformers' reload gives the masked source's logits."""
+#: family -> (its router's per-expert tensors in the MoE block, the config key of its expert count, the router rows
+#: after the experts': LongCat-Flash's zero-computation experts)
+_ROUTERS = {"qwen3_moe": (("gate.weight",), "num_local_experts", []),
+            "longcat_flash": (("router.classifier.weight", "router.e_score_correction_bias"), "n_routed_experts",
+                              [8, 9])}
+
+
+@pytest.mark.parametrize("family", sorted(_ROUTERS))
+def test_an_fp8_prune_of_per_expert_keys_copies_the_kept_bytes_and_gives_the_masked_logits(tmp_path, family):
+    """Qwen3-MoE and LongCat-Flash (its router holds E + Z rows, the zero-computation experts' last) quantized in FP8
+    blocks, their experts per-expert keys on disk: the kept experts' bytes and scales are the source's, the router
+    rows (and correction bias) are the kept experts' (then all Z), and transformers' reload gives the masked
+    source's logits."""
     from lightprune.models.tiny import tiny_model
 
-    tiny_model("longcat_flash", seed=2).to(torch.bfloat16).save_pretrained(tmp_path / "float")
+    routers, count_key, after_experts = _ROUTERS[family]
+    tiny_model(family, seed=2).to(torch.bfloat16).save_pretrained(tmp_path / "float")
     fp8_dir = lp.quantize_checkpoint(tmp_path / "float", tmp_path / "fp8", block=BLOCK, progress=False)
     plan = lp.select_experts(lp.score_weights(fp8_dir, "aimer", progress=False), 0.5)
     lp.prune_checkpoint(fp8_dir, plan, tmp_path / "out", progress=False)
     before, after = stored_tensors(fp8_dir), stored_tensors(tmp_path / "out")
-    rows = {layer: keep + [8, 9] for layer, keep in plan.keep.items()}  # 8 experts, zero_expert_num 2
     for layer, keep in plan.keep.items():
         for new, old in enumerate(keep):
             for part in ("gate_proj.weight", "gate_proj.weight_scale_inv", "down_proj.weight_scale_inv"):
                 was = before[f"model.layers.{layer}.mlp.experts.{old}.{part}"]
                 now = after[f"model.layers.{layer}.mlp.experts.{new}.{part}"]
                 assert now.dtype == was.dtype and torch.equal(now.view(torch.uint8), was.view(torch.uint8))
-        for name in ("router.classifier.weight", "router.e_score_correction_bias"):
+        for name in routers:
             assert torch.equal(after[f"model.layers.{layer}.mlp.{name}"],
-                               before[f"model.layers.{layer}.mlp.{name}"][rows[layer]])
+                               before[f"model.layers.{layer}.mlp.{name}"][keep + after_experts])
     config = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert (config["n_routed_experts"], config["zero_expert_num"]) == (4, 2)
+    assert config[count_key] == 4 and config["quantization_config"]["quant_method"] == "fp8"
     source, ids = _load(fp8_dir), torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(3))
     with torch.no_grad(), lp.mask_experts(source, plan):
         masked = source(ids).logits
