@@ -8,8 +8,9 @@ conversion mapping (:class:`~lightprune.checkpoints.skeleton.Skeleton`); then, p
 
 - a per-expert key (``...experts.<n>.<name>``, what transformers' ``save_pretrained`` writes) of a pruned layer:
   kept experts are written under their new index (their rank among the kept ones), the others are dropped;
-- a fused key (``...experts.gate_up_proj``, a router ``weight``): the kept slices along the experts' dimension,
-  read and written one expert at a time when that dimension is the first; a whole fused tensor that transformers
+- a fused key (``...experts.gate_up_proj``, a router ``weight``): the kept slices along the experts' dimension
+  (an expert's rows where it holds several, DBRX's; a router's rows of identity experts too, LongCat-Flash's),
+  copied one expert at a time when that dimension is the first; a whole fused tensor that transformers
   concatenates with others along a later dimension (Step 3.7's ``gate_proj`` and ``up_proj`` into ``gate_up_proj``)
   the same way, by its own first dimension; a tensor stored transposed (Ergo's router weight, [H, E]) along the
   stored tensor's experts' dimension;
@@ -24,8 +25,10 @@ applies to its stored parts (:func:`stored_rules`: values and scales renamed or 
 its ``quantization_config`` is kept.
 
 Each output shard keeps its source's name; its header is written first and its tensors follow one at a time
-(:class:`~lightprune.checkpoints.writer.SafetensorsWriter`), so memory holds a tensor (an expert of a fused one), never
-a shard. config.json comes from the pruned meta model (the expert counts, ``lightprune_experts_per_layer`` and the
+(:class:`~lightprune.checkpoints.writer.SafetensorsWriter`): a whole tensor or an expert's slice goes from the source
+file to the output by the kernel (``copy_file_range``) once a window on its pages has been checked finite, so this
+process maps one tensor (an expert of a fused one) at a time and copies no byte; a slice along a later dimension (a
+router's rows stored transposed) is read, sliced and written. config.json comes from the pruned meta model (the expert counts, ``lightprune_experts_per_layer`` and the
 generated ``modeling_lightprune.py`` when they differ per layer, as :func:`save_pruned` writes them), the shard
 index is rewritten, the tokenizer / processor / chat-template files and ``generation_config.json`` come along.
 Before anything is written, every tensor a layer's routing reads (router rows and biases, correction biases,
