@@ -28,10 +28,10 @@ Each output shard keeps its source's name; its header is written first and its t
 (:class:`~lightprune.checkpoints.writer.SafetensorsWriter`): a whole tensor or an expert's slice goes from the source
 file to the output by the kernel (``copy_file_range``) once a window on its pages has been checked finite, so this
 process maps one tensor (an expert of a fused one) at a time and copies no byte; a slice along a later dimension (a
-router's rows stored transposed) is read, sliced and written. config.json comes from the pruned meta model (the expert counts, ``lightprune_experts_per_layer`` and the
-generated ``modeling_lightprune.py`` when they differ per layer, as :func:`save_pruned` writes them), the shard
-index is rewritten, the tokenizer / processor / chat-template files and ``generation_config.json`` come along.
-Before anything is written, every tensor a layer's routing reads (router rows and biases, correction biases,
+router's rows stored transposed) is read, sliced and written. config.json comes from the pruned meta model (the
+expert counts, ``lightprune_experts_per_layer`` and the generated ``modeling_lightprune.py`` when they differ per
+layer, as :func:`save_pruned` writes them), the shard index is rewritten, the tokenizer / processor / chat-template
+files and ``generation_config.json`` come along. Before anything is written, every tensor a layer's routing reads (router rows and biases, correction biases,
 per-expert scales, a router's norm) is read in alone and refused when it holds a NaN or inf, as
 :func:`~lightprune.experts.prune_experts` refuses it in memory; every tensor is checked finite as it is written (a
 NaN or inf refused naming the tensor and the expert). Everything is written into a staging directory renamed

@@ -120,7 +120,8 @@ class LongcatFlashFamily(MoEFamily):
                 tokens = torch.arange(num_tokens, device=index.device).repeat_interleave(k)
                 ids = index.reshape(-1)
                 if rows is not None:
-                    tokens, ids = torch.cat([tokens, rows[0].to(tokens.device)]), torch.cat([ids, rows[1].to(ids.device)])
+                    tokens = torch.cat([tokens, rows[0].to(tokens.device)])
+                    ids = torch.cat([ids, rows[1].to(ids.device)])
                 every = self.selected_rows(layer, hidden, tokens, ids, expert_rows)
                 return every[:num_tokens * k].view(num_tokens, k, -1), (every[num_tokens * k:] if rows is not None
                                                                         else None)
