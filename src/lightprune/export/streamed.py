@@ -31,12 +31,12 @@ process maps one tensor (an expert of a fused one) at a time and copies no byte;
 router's rows stored transposed) is read, sliced and written. config.json comes from the pruned meta model (the
 expert counts, ``lightprune_experts_per_layer`` and the generated ``modeling_lightprune.py`` when they differ per
 layer, as :func:`save_pruned` writes them), the shard index is rewritten, the tokenizer / processor / chat-template
-files and ``generation_config.json`` come along. Before anything is written, every tensor a layer's routing reads (router rows and biases, correction biases,
-per-expert scales, a router's norm) is read in alone and refused when it holds a NaN or inf, as
-:func:`~lightprune.experts.prune_experts` refuses it in memory; every tensor is checked finite as it is written (a
-NaN or inf refused naming the tensor and the expert). Everything is written into a staging directory renamed
-into place only after verification
-(:mod:`lightprune.export.streamed_verify`): a failure or a kill leaves a previous ``out_dir`` as it was.
+files and ``generation_config.json`` come along. Before anything is written, every tensor a layer's routing reads
+(router rows and biases, correction biases, per-expert scales, a router's norm) is read in alone and refused when it
+holds a NaN or inf, as :func:`~lightprune.experts.prune_experts` refuses it in memory; every tensor is checked finite
+before it is written (a NaN or inf refused naming the tensor and the expert). Everything is written into a staging
+directory renamed into place only after verification (:mod:`lightprune.export.streamed_verify`): a failure or a kill
+leaves a previous ``out_dir`` as it was.
 """
 
 from __future__ import annotations
