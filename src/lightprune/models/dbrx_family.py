@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, config_value
 from lightprune.models.routing_ops import mask_logits
+from lightprune.models.selection import selection_outputs, weighted_sum
 
 __all__ = ["DbrxFamily"]
 
@@ -117,21 +118,9 @@ class DbrxFamily(MoEFamily):
             logits = block.router(hidden_states)
             weights, index = block.route_tokens_to_experts(logits)
             hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
-            num_tokens, k = index.shape
-
-            def run(rows):
-                tokens = torch.arange(num_tokens, device=index.device).repeat_interleave(k)
-                ids = index.reshape(-1)
-                if rows is not None:
-                    tokens = torch.cat([tokens, rows[0].to(tokens.device)])
-                    ids = torch.cat([ids, rows[1].to(ids.device)])
-                every = self.selected_rows(layer, hidden, tokens, ids, expert_rows)
-                extra = every[num_tokens * k:] if rows is not None else None
-                return every[:num_tokens * k].view(num_tokens, k, -1), extra
-
-            outputs = observe(hidden, index, weights, run)
-            wide = torch.promote_types(outputs.dtype, torch.float32)
-            out = (outputs.to(wide) * weights.to(wide).unsqueeze(-1)).sum(dim=1).to(hidden.dtype)
+            outputs = observe(hidden, index, weights, lambda extra: selection_outputs(
+                index, extra, lambda tokens, ids: self.selected_rows(layer, hidden, tokens, ids, expert_rows)))
+            out = weighted_sum(outputs, weights, hidden.dtype)
             return out.view(hidden_states.shape[0], -1, out.shape[-1])
 
         return forward

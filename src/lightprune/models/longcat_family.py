@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, kept_entries
+from lightprune.models.selection import selection_outputs, weighted_sum
 
 __all__ = ["LongcatFlashFamily"]
 
@@ -114,21 +115,8 @@ class LongcatFlashFamily(MoEFamily):
         def forward(hidden_states: torch.Tensor) -> torch.Tensor:
             hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
             _, weights, index = block.router(hidden)
-            num_tokens, k = index.shape
-
-            def run(rows):
-                tokens = torch.arange(num_tokens, device=index.device).repeat_interleave(k)
-                ids = index.reshape(-1)
-                if rows is not None:
-                    tokens = torch.cat([tokens, rows[0].to(tokens.device)])
-                    ids = torch.cat([ids, rows[1].to(ids.device)])
-                every = self.selected_rows(layer, hidden, tokens, ids, expert_rows)
-                return every[:num_tokens * k].view(num_tokens, k, -1), (every[num_tokens * k:] if rows is not None
-                                                                        else None)
-
-            outputs = observe(hidden, index, weights, run)
-            wide = torch.promote_types(outputs.dtype, torch.float32)
-            out = (outputs.to(wide) * weights.to(wide).unsqueeze(-1)).sum(dim=1)
-            return out.to(hidden.dtype).reshape(hidden_states.shape)
+            outputs = observe(hidden, index, weights, lambda extra: selection_outputs(
+                index, extra, lambda tokens, ids: self.selected_rows(layer, hidden, tokens, ids, expert_rows)))
+            return weighted_sum(outputs, weights, hidden.dtype).reshape(hidden_states.shape)
 
         return forward

@@ -30,6 +30,7 @@ from torch import nn
 
 from lightprune.models import MoELayer
 from lightprune.models.experts_kernel import grouped_mm_runs
+from lightprune.models.selection import selection_outputs, weighted_sum
 
 __all__ = ["IMPLEMENTATION", "observing_experts", "expert_outputs", "expert_rows", "run_expert"]
 
@@ -138,15 +139,7 @@ def expert_outputs(experts: nn.Module, hidden_states: torch.Tensor, top_k_index:
                    extra: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Unweighted outputs ``[T, k, H]`` of the selected experts, each run only on its routed tokens, and those of
     the ``extra`` (tokens, experts) rows [n, H] (None without), run in the same grouped matmuls."""
-    num_tokens, k = top_k_index.shape
-    tokens = torch.arange(num_tokens, device=top_k_index.device).repeat_interleave(k)
-    expert_ids = top_k_index.reshape(-1)
-    if extra is not None:
-        tokens = torch.cat([tokens, extra[0].to(tokens.device)])
-        expert_ids = torch.cat([expert_ids, extra[1].to(tokens.device)])
-    every = expert_rows(experts, hidden_states, tokens, expert_ids)
-    routed = every[:num_tokens * k].view(num_tokens, k, -1)
-    return routed, (every[num_tokens * k:] if extra is not None else None)
+    return selection_outputs(top_k_index, extra, lambda tokens, ids: expert_rows(experts, hidden_states, tokens, ids))
 
 
 def _observe(experts: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -175,9 +168,7 @@ def _observing_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index
                        top_k_weights: torch.Tensor) -> torch.Tensor:
     outputs = _observe(self, hidden_states, top_k_index, top_k_weights,
                        lambda rows: expert_outputs(self, hidden_states, top_k_index, rows))
-    wide = torch.promote_types(outputs.dtype, torch.float32)  # float32, float64 for a float64 model
-    weighted = (outputs.to(wide) * top_k_weights.to(wide).unsqueeze(-1)).sum(dim=1)
-    return weighted.to(hidden_states.dtype)
+    return weighted_sum(outputs, top_k_weights, hidden_states.dtype)
 
 
 def _register() -> None:
