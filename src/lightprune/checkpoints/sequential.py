@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from lightprune.checkpoints.skeleton import Skeleton
-from lightprune.models.base import find_decoder_layers
+from lightprune.models.layer import find_decoder_layers
 
 __all__ = ["layer_by_layer", "outside_modules", "run_in_lockstep", "run_layer_outer"]
 

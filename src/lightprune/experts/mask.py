@@ -22,7 +22,7 @@ from torch import nn
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.models import find_moe_layers
-from lightprune.models.base import kept_experts
+from lightprune.models.layer import kept_experts
 from lightprune.models.routing_check import check_routing_tensors
 
 __all__ = ["mask_experts", "is_masked"]

@@ -17,7 +17,7 @@ from typing import Mapping
 import torch
 
 from lightprune.core.errors import listed
-from lightprune.models.base import MoELayer, RoutingLimits
+from lightprune.models.layer import MoELayer, RoutingLimits
 
 __all__ = ["ExpertScores", "check_score_values"]
 

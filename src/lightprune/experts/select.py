@@ -27,7 +27,7 @@ from lightprune.core.choices import ALLOCATIONS, NORMALIZATIONS
 from lightprune.core.errors import listed
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.scores import check_score_values
-from lightprune.models.base import RoutingLimits
+from lightprune.models.layer import RoutingLimits
 
 __all__ = ["select_experts", "log_zscore", "ALLOCATIONS", "NORMALIZATIONS"]
 

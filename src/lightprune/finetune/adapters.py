@@ -43,7 +43,7 @@ from lightprune.core.checks import check_interval, check_positive_int, real_numb
 from lightprune.finetune.houlsby import has_houlsby, insert_houlsby, remove_houlsby
 from lightprune.finetune.scaling import has_channel_scales, remove_channel_scales, scale_parameter_input
 from lightprune.models import find_moe_layers, get_family
-from lightprune.models.base import find_decoder_layers
+from lightprune.models.layer import find_decoder_layers
 from lightprune.models.unwrap import base_model_of
 
 __all__ = ["AdapterSpec", "apply_adapter", "remove_adapters", "merged_router_weights", "router_is_trainable",

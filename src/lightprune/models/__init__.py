@@ -10,10 +10,11 @@ from __future__ import annotations
 from torch import nn
 
 from lightprune._compat import warn_once
-from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingLimits, RoutingOutput
+from lightprune.models.base import MoEFamily, RemovalEffect
 from lightprune.models.dtypes import dtype_problem
 from lightprune.models.experts_kernel import runnable_experts
 from lightprune.models.families import BUILT_IN, REFUSED_TYPES
+from lightprune.models.layer import MoELayer, RoutingLimits, RoutingOutput
 from lightprune.models.layer_shapes import describe, layer_problems, zero_experts_field
 from lightprune.models.registry import (
     ADD_A_FAMILY,

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, config_value
+from lightprune.models.base import MoEFamily
+from lightprune.models.layer import MoELayer, RoutingOutput, config_value
 from lightprune.models.routing_ops import mask_logits
 from lightprune.models.selection import selection_outputs, weighted_sum
 

@@ -10,15 +10,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import (
-    MoEFamily,
-    MoELayer,
-    RemovalEffect,
-    RoutingOutput,
-    SelectsWithExpertTensor,
-    kept_entries,
-    mlp_layer_type,
-)
+from lightprune.models.base import MoEFamily, RemovalEffect, SelectsWithExpertTensor
 from lightprune.models.deepseek_v3_routing import (
     RENORM_EPS,
     GroupTop,
@@ -32,6 +24,7 @@ from lightprune.models.deepseek_v3_routing import (
     selection_scores,
 )
 from lightprune.models.family_rows import family_row
+from lightprune.models.layer import MoELayer, RoutingOutput, kept_entries, mlp_layer_type
 from lightprune.models.routing_ops import (
     chosen_group_leaders,
     fill_unchosen_groups,

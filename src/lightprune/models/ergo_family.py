@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, SelectsWithExpertTensor
+from lightprune.models.base import MoEFamily, SelectsWithExpertTensor
+from lightprune.models.layer import MoELayer, RoutingOutput
 from lightprune.models.routing_ops import sigmoid_biased_topk
 
 __all__ = ["ErgoFamily"]

@@ -18,14 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import (
-    MoEFamily,
-    MoELayer,
-    RemovalEffect,
-    RoutingOutput,
-    SelectsWithExpertTensor,
-    kept_entries,
-)
+from lightprune.models.base import MoEFamily, RemovalEffect, SelectsWithExpertTensor
 from lightprune.models.dbrx_family import DbrxFamily
 from lightprune.models.deepseek_families import (
     DEEPSEEK_ALIKE,
@@ -46,6 +39,7 @@ from lightprune.models.deepseek_families import (
 )
 from lightprune.models.ergo_family import ErgoFamily
 from lightprune.models.family_rows import family_row
+from lightprune.models.layer import MoELayer, RoutingOutput, kept_entries
 from lightprune.models.llama4_family import Llama4Family, Llama4TextFamily
 from lightprune.models.longcat_family import LongcatFlashFamily
 from lightprune.models.refusals import REFUSED_TYPES

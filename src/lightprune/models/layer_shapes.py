@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightprune.models.base import MoELayer, config_value
+from lightprune.models.layer import MoELayer, config_value
 
 __all__ = ["describe", "layer_problems", "zero_experts_field"]
 

@@ -31,8 +31,9 @@ from typing import Any
 
 import torch
 
-from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput
+from lightprune.models.base import MoEFamily, RemovalEffect
 from lightprune.models.family_rows import family_row
+from lightprune.models.layer import MoELayer, RoutingOutput
 from lightprune.models.routing_ops import mask_logits
 
 __all__ = ["Llama4Family", "Llama4TextFamily"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from lightprune.models.base import MoELayer, RoutingTensor
+from lightprune.models.layer import MoELayer, RoutingTensor
 
 __all__ = ["check_routing_tensors", "non_finite_routing_tensor"]
 

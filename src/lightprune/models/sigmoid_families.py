@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RoutingOutput, SelectsWithExpertTensor, kept_entries
+from lightprune.models.base import MoEFamily, SelectsWithExpertTensor
 from lightprune.models.family_rows import family_row
+from lightprune.models.layer import MoELayer, RoutingOutput, kept_entries
 from lightprune.models.routing_ops import mask_logits, masked_choice, renormalized, sigmoid_biased_topk
 
 __all__ = ["Kolibri1_1Family", "LagunaFamily", "MiniMaxM2Family", "MiniMaxM3VLTextFamily", "HYV3Family", "AfmoeFamily",

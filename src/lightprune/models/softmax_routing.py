@@ -16,10 +16,11 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, MoELayer, RemovalEffect, RoutingOutput
+from lightprune.models.base import MoEFamily, RemovalEffect
 from lightprune.models.deepseek_families import DeepseekV3Family
 from lightprune.models.deepseek_v3_routing import RENORM_EPS
 from lightprune.models.family_rows import family_row
+from lightprune.models.layer import MoELayer, RoutingOutput
 from lightprune.models.routing_ops import (
     chosen_group_leaders,
     fill_unchosen_groups,

@@ -21,7 +21,7 @@ from lightprune.checkpoints import Checkpoint, Skeleton
 from lightprune.checkpoints.sequential import layer_by_layer
 from lightprune.export import MANIFEST_FILE, prune_checkpoint
 from lightprune.export.verify import ExportVerificationError, default_probe, model_logits
-from lightprune.models.base import find_decoder_layers
+from lightprune.models.layer import find_decoder_layers
 
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "gemma4", "qwen3_vl_moe", "gpt_oss", "jamba", "granitemoe",
             "longcat_flash", "dbrx"]
@@ -105,8 +105,8 @@ def test_will_need_advises_exactly_the_keys_bytes_adjacent_ones_merged(tiny, tmp
     tensors as one span, and nothing else; a streamed score asks, as each MoE layer is read, for the next layer's
     keys of its criterion, and no others."""
     import lightprune.checkpoints.reader as reader
-    from lightprune.experts.criteria.scoring import streamed_layer_weights, weight_module_names
     from lightprune.experts.criteria import get_criterion
+    from lightprune.experts.criteria.scoring import streamed_layer_weights, weight_module_names
     from lightprune.models import find_moe_layers
 
     path = saved(tiny("qwen3_moe", seed=2), tmp_path / "ckpt", sharded=True)

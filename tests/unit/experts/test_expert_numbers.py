@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import lightprune as lp
-from lightprune.models.base import RoutingLimits
+from lightprune.models.layer import RoutingLimits
 
 LIMITS = {0: RoutingLimits(10, 2), 1: RoutingLimits(10, 2)}
 IMPORTANCE = {layer: torch.randperm(10, generator=torch.Generator().manual_seed(layer)).double() for layer in LIMITS}

@@ -20,7 +20,7 @@ from fixtures import greedy_global
 import lightprune as lp
 from lightprune.experts.calibration.result import CalibrationStats
 from lightprune.experts.maep import AlphaReport, maep_alpha, maep_plan, maep_scores, spearman
-from lightprune.models.base import RoutingLimits
+from lightprune.models.layer import RoutingLimits
 
 EPS = 1e-8
 T, V, LA = "text", "vision", "vision_low_attn"

@@ -17,7 +17,7 @@ from fixtures import greedy_global, random_scores
 
 import lightprune as lp
 from lightprune.experts.scores import ExpertScores
-from lightprune.models.base import RoutingLimits
+from lightprune.models.layer import RoutingLimits
 
 
 def lowest(values: torch.Tensor, count: int) -> set[int]:

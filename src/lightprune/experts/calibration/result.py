@@ -25,7 +25,7 @@ import torch
 from lightprune.core.choices import SUBSETS
 from lightprune.experts.calibration.registry import CALIBRATION_CRITERIA
 from lightprune.experts.scores import ExpertScores
-from lightprune.models.base import RoutingLimits
+from lightprune.models.layer import RoutingLimits
 
 __all__ = ["CalibrationStats", "CRITERIA", "SUBSETS", "NEGATED"]
 

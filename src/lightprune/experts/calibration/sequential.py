@@ -25,7 +25,7 @@ from lightprune.core.batch import head_skipped, model_inputs
 from lightprune.core.jsonio import strict_int
 from lightprune.experts.calibration.observer import ExpertObserver
 from lightprune.experts.calibration.result import CalibrationStats
-from lightprune.models.base import find_decoder_layers
+from lightprune.models.layer import find_decoder_layers
 
 __all__ = ["collect_checkpoint_stats"]
 

@@ -28,7 +28,7 @@ import torch
 from lightprune.experts.merging.cluster import average_linkage, pairwise_euclidean
 from lightprune.experts.merging.plan import ROUTER_RULES, MergePlan
 from lightprune.experts.select import select_experts
-from lightprune.models.base import RoutingLimits
+from lightprune.models.layer import RoutingLimits
 
 __all__ = ["hc_smoe_plan", "m_smoe_plan", "frequency_coefficients", "router_cosine", "kept_counts"]
 

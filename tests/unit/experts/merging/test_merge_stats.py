@@ -9,7 +9,7 @@ from fixtures import padded_batch
 
 import lightprune as lp
 from lightprune.experts.calibration import CalibrationStats
-from lightprune.models.base import RoutingLimits
+from lightprune.models.layer import RoutingLimits
 from lightprune.observe.experts_impl import run_expert
 
 
