@@ -136,7 +136,9 @@ class ExpertStats(pl.Callback):
         if not self._calibrating(trainer):
             return
         self.stats = None
-        observer = ExpertObserver(pl_module.model, self.subsets, self.criteria, self.low_attn_quantile)
+        skeleton = getattr(pl_module, "skeleton", None)  # a streamed model: its sums go where its layers compute
+        observer = ExpertObserver(pl_module.model, self.subsets, self.criteria, self.low_attn_quantile,
+                                  device=None if skeleton is None else skeleton.device)
         if self.save_every_n_batches or self._resumed is not None:
             self._model_fingerprint = _fingerprint(pl_module)
         if self._resumed is not None:  # the saved state must come from this model
@@ -173,7 +175,7 @@ class ExpertStats(pl.Callback):
         """Run the forwards a sequential module deferred (``MoECausalLM(sequential=True)``), declaring each batch to
         the observer again before every layer it enters (it was counted when it arrived)."""
         observer = self._observer
-        pl_module.flush_deferred(lambda batch: observer.begin_batch(batch, count=False))
+        pl_module.flush_deferred(lambda batch: observer.begin_batch(batch, count=False, remember=True))
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._observer is not None and _defers(pl_module):

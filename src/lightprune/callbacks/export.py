@@ -113,12 +113,13 @@ def export_with_report(model, plan: ExpertPlan | MergePlan, run_dir: Path, ckpt_
 
 def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
                                 params_before: int, seconds_scoring: float, overwrite: bool,
-                                atol: float | None, quantize: str | None = None) -> dict[str, Any]:
-    """:func:`lightprune.export.prune_checkpoint` of ``source_dir`` by ``plan`` into ``ckpt_dir``, then the same
-    ``report.json`` and ``kept_experts.png`` as :func:`export_with_report`, from the checkpoints."""
+                                atol: float | None, quantize: str | None = None, device: Any = "cpu") -> dict[str, Any]:
+    """:func:`lightprune.export.prune_checkpoint` of ``source_dir`` by ``plan`` into ``ckpt_dir`` (verified on
+    ``device``), then the same ``report.json`` and ``kept_experts.png`` as :func:`export_with_report`, from the
+    checkpoints."""
     start = time.perf_counter()
     result = prune_checkpoint(source_dir, plan, ckpt_dir, overwrite=overwrite, atol=atol,
-                              card={"source": str(source or source_dir)}, quantize=quantize)
+                              card={"source": str(source or source_dir)}, quantize=quantize, device=device)
     figures = {"streamed": True, **_figures(result, params_before)}
     return _run_report(plan, run_dir, ckpt_dir, source=source or str(source_dir), figures=figures,
                        seconds_scoring=seconds_scoring, start=start)
@@ -218,7 +219,8 @@ class Export(WritesCheckpoint, JobEndCallback):
             self.report = {} if not trainer.is_global_zero else streamed_export_with_report(
                 source_dir, plan, run_dir, ckpt_dir, source=getattr(pl_module, "source", None),
                 params_before=params_before, seconds_scoring=seconds_scoring, overwrite=self.overwrite,
-                atol=self.atol, quantize=self.quantize)
+                atol=self.atol, quantize=self.quantize,
+                device=skeleton.device if skeleton is not None else "cpu")  # where the module streams
             if trainer.is_global_zero:
                 RunState.of(trainer).exported = ckpt_dir
             self._summarise(trainer)

@@ -16,7 +16,15 @@ observing experts implementation of calibration, the attention probe):
   at a time. :func:`run_layer_outer`: many batches through one skeleton's model.
 
 Both ask for the next layer's bytes as a layer is loaded (:meth:`Skeleton.prefetch
-<lightprune.checkpoints.skeleton.Skeleton.prefetch>`), so the disk reads it while this one computes.
+<lightprune.checkpoints.skeleton.Skeleton.prefetch>`), so the disk reads it while this one computes; on a GPU the
+layer's copies to the device are queued on a stream of their own (:mod:`lightprune.checkpoints.device`).
+
+Activations at the layer boundaries (:class:`BoundaryActivations`): the forwards of :func:`run_in_lockstep` waiting
+at a decoder layer keep their hidden states on the device while they fit a budget of bytes (default: unbounded on
+the CPU, half the GPU memory free when the run starts); a forward arriving beyond it has its hidden states moved to
+(pinned) host memory while it waits and back when its turn comes. The tensor object stays the one the model's
+forward holds (its data is swapped), so nothing of the model changes; a view of it that the model keeps elsewhere
+keeps its device memory. The run returns what it held and moved.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from torch import nn
 from lightprune.checkpoints.skeleton import Skeleton
 from lightprune.models.layer import find_decoder_layers
 
-__all__ = ["layer_by_layer", "outside_modules", "run_in_lockstep", "run_layer_outer"]
+__all__ = ["BoundaryActivations", "layer_by_layer", "outside_modules", "run_in_lockstep", "run_layer_outer"]
 
 
 def outside_modules(model: nn.Module, layers_path: str) -> list[str]:
@@ -82,27 +90,85 @@ def layer_by_layer(skeleton: Skeleton, progress: Any = None) -> Iterator[nn.Modu
         skeleton.release(outside)
 
 
+class BoundaryActivations:
+    """The hidden states of the forwards waiting at a decoder layer's entry (see the module docstring): at most
+    ``budget`` bytes (None: no bound) on ``device``, the rest on the host until their forward's turn. Reports
+    ``peak_bytes`` (the most held on the device at once), ``spills`` and ``spilled_bytes`` (how often and how much
+    was moved out)."""
+
+    def __init__(self, device: torch.device, budget: int | None):
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise ValueError(f"activation_budget must be a number of bytes >= 0 or None, got {budget!r}")
+        self.device, self.budget = device, budget
+        self._held: dict[int, int] = {}
+        self.peak_bytes = self.spills = self.spilled_bytes = 0
+
+    @staticmethod
+    def hidden(args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """The hidden states a decoder layer is called with (its first argument, or ``hidden_states``)."""
+        found = args[0] if args else kwargs.get("hidden_states")
+        return found if isinstance(found, torch.Tensor) else None
+
+    def arrive(self, run: int, tensor: torch.Tensor | None) -> bool:
+        """Run ``run`` waits with ``tensor``: kept on the device when it fits the budget, else moved to the host
+        (returns True)."""
+        if tensor is None or tensor.device != self.device:
+            return False
+        size = tensor.nbytes
+        if self.budget is None or sum(self._held.values()) + size <= self.budget:
+            self._held[run] = size
+            self.peak_bytes = max(self.peak_bytes, sum(self._held.values()))
+            return False
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=self.device.type == "cuda")
+        host.copy_(tensor, non_blocking=True)
+        tensor.data = host  # the device memory is freed (stream-ordered) unless another tensor shares it
+        self.spills, self.spilled_bytes = self.spills + 1, self.spilled_bytes + size
+        return True
+
+    def leave(self, run: int, tensor: torch.Tensor | None, spilled: bool) -> None:
+        """Run ``run``'s turn: its hidden states back on the device."""
+        self._held.pop(run, None)
+        if spilled and tensor is not None:
+            tensor.data = tensor.data.to(self.device, non_blocking=True)
+
+    def report(self) -> dict[str, int | None]:
+        return {"budget_bytes": self.budget, "peak_bytes": self.peak_bytes, "spills": self.spills,
+                "spilled_bytes": self.spilled_bytes}
+
+
+def default_activation_budget(device: torch.device) -> int | None:
+    """Half the memory free on a GPU now; no bound on the CPU (the host is where spilled activations would go)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(device)[0] // 2
+
+
 class _Aborted(Exception):
     """Raised in a waiting forward when the run stops."""
 
 
 def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable[[Any], Any],
-                    before: Callable[[int, int], None] | None = None, progress: Any = None) -> None:
+                    before: Callable[[int, int], None] | None = None, progress: Any = None,
+                    activation_budget: int | None | str = "auto") -> dict[str, int | None]:
     """Run ``forward(inputs[i])`` (a call of ``skeleton.model``) for every input, each decoder layer loaded once per
-    visit (:func:`run_in_lockstep`, whose ``before`` and ``progress`` these are)."""
-    run_in_lockstep([(skeleton, functools.partial(forward, item)) for item in inputs], before=before,
-                    progress=progress)
+    visit (:func:`run_in_lockstep`, whose ``before``, ``progress`` and ``activation_budget`` these are, and whose
+    report it returns)."""
+    return run_in_lockstep([(skeleton, functools.partial(forward, item)) for item in inputs], before=before,
+                           progress=progress, activation_budget=activation_budget)
 
 
 def run_in_lockstep(runs: Sequence[tuple[Skeleton, Callable[[], Any]]], *,
                     before: Callable[[int, int], None] | None = None,
-                    after: Callable[[int, Skeleton], None] | None = None, progress: Any = None) -> None:
+                    after: Callable[[int, Skeleton], None] | None = None, progress: Any = None,
+                    activation_budget: int | None | str = "auto") -> dict[str, int | None]:
     """Run every ``forward()`` of ``runs`` (a call of its skeleton's model), each skeleton's decoder layer loaded
     once per visit for all its runs (see the module docstring); at each visit the skeletons take their turns in the
     order of their first run. ``before(i, layer)`` runs before run ``i`` enters decoder layer ``layer``;
     ``after(layer, skeleton)`` once every run of ``skeleton`` has left it, while it is still resident;
     ``progress``: a tqdm bar advanced once per (layer visit, run). An error in a forward stops the run and is
-    raised.
+    raised. ``activation_budget``: bytes of hidden states kept on the device by the forwards waiting at a layer
+    (:class:`BoundaryActivations`; "auto": :func:`default_activation_budget` of the first skeleton's device, None:
+    no bound); returns :meth:`BoundaryActivations.report`.
 
     The layers are visited in the order the forwards call them, which must be the same for every run (the
     skeletons' models have as many decoder layers): once each in order for most models; a model that loops over a
@@ -123,16 +189,21 @@ def run_in_lockstep(runs: Sequence[tuple[Skeleton, Callable[[], Any]]], *,
     turn: list[tuple[int, int] | None] = [None]
     stop = [False]
 
+    boundary: list[BoundaryActivations] = []  # made once the outside modules are on the device
+
     def pre_hook(index: int):
-        def hook(module: torch.nn.Module, args: Any) -> None:
+        def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
             mine = getattr(local, "run", None)
             if mine is None:  # a forward outside the run (not one of its threads)
                 return
+            hidden = BoundaryActivations.hidden(args, kwargs)
             with cond:
+                spilled = boundary[0].arrive(mine, hidden)
                 visit = where[mine][2] + 1 if where.get(mine, ("",))[0] == "at" else 0
                 where[mine] = ("at", index, visit)
                 cond.notify_all()
                 cond.wait_for(lambda: stop[0] or turn[0] == (mine, visit))
+                boundary[0].leave(mine, hidden, spilled)
                 if stop[0]:
                     raise _Aborted()
         return hook
@@ -168,11 +239,15 @@ def run_in_lockstep(runs: Sequence[tuple[Skeleton, Callable[[], Any]]], *,
                                "the model(s) do not run their decoder layers in the same order for every run")
         return places.pop()
 
-    handles = [layer.register_forward_pre_hook(pre_hook(i)) for _, layers in found for i, layer in enumerate(layers)]
+    handles = [layer.register_forward_pre_hook(pre_hook(i), with_kwargs=True) for _, layers in found
+               for i, layer in enumerate(layers)]
     threads: list[threading.Thread] = []
     try:
         for skeleton, modules in zip(skeletons, outside, strict=True):
             skeleton.load(modules)
+        device = skeletons[0].device
+        boundary.append(BoundaryActivations(device, default_activation_budget(device)
+                                            if activation_budget == "auto" else activation_budget))
         states = []
         for index, (_, forward) in enumerate(runs):  # each forward up to its first decoder layer, one at a time
             thread = threading.Thread(target=worker, args=(index, forward), daemon=True,
@@ -213,3 +288,4 @@ def run_in_lockstep(runs: Sequence[tuple[Skeleton, Callable[[], Any]]], *,
         for skeleton, layer_names, modules in zip(skeletons, names, outside, strict=True):
             skeleton.release(layer_names)
             skeleton.release(modules)
+    return boundary[0].report()

@@ -32,6 +32,7 @@ from torch import nn
 
 from lightprune.checkpoints.classes import base_class_for_config, resizing_class
 from lightprune.checkpoints.contents import check_contents
+from lightprune.checkpoints.device import DeviceCopies, streaming_device
 from lightprune.checkpoints.mtp import config_with_mtp, mtp_alias, mtp_layers
 from lightprune.checkpoints.pool import ReadPool
 from lightprune.checkpoints.reader import Checkpoint, majority_dtype
@@ -110,8 +111,10 @@ def _trim() -> None:
 class Skeleton:
     """``model``: the checkpoint's model on the meta device; :meth:`load` / :meth:`release` / :meth:`resident`
     move modules (by their names in ``model``) in and out of memory. ``dtype``: the weights' dtype (default the
-    checkpoint's), ``device``: where loaded tensors go; ``pool``: released tensors' memory to read the next loads
-    into (:class:`~lightprune.checkpoints.pool.ReadPool`, on the CPU; shared by skeletons that load in turn);
+    checkpoint's), ``device``: where loaded tensors go and the model computes (the CPU, or a GPU: read into pinned
+    memory and copied on a stream of their own, :mod:`lightprune.checkpoints.device`); ``pool``: released tensors'
+    memory to read the next loads into (:class:`~lightprune.checkpoints.pool.ReadPool`, on the CPU; shared by
+    skeletons that load in turn);
     ``mtp``: build the checkpoint's multi-token-prediction layers as further decoder layers
     (:mod:`lightprune.checkpoints.mtp`), for the paths that score, prune and verify them."""
 
@@ -126,7 +129,8 @@ class Skeleton:
                 if dtype is None and stored == self.dtype else f"dtype {said} was asked for"
             raise ValueError(f"checkpoint {str(checkpoint.path)!r}: {whose}, which lightprune does not compute in "
                              f"(it computes in {dtype_names()}); re-save the checkpoint in one of them")
-        self.device = torch.device(device)
+        self.device = streaming_device(device)
+        self.copies = DeviceCopies(self.device)
         #: where released tensors go and loads read into (None: freed, new memory)
         self.pool = pool if self.device.type == "cpu" else None
         #: the checkpoint's multi-token-prediction layers (their tensors are never unexpected ones), and those the
@@ -144,6 +148,10 @@ class Skeleton:
             owner, _, attr = name.rpartition(".")
             self.model.get_submodule(owner)._buffers[attr] = torch.empty_like(buffer, device="cpu")
         self.model.initialize_weights()  # the non-persistent buffers' values; meta parameters stay as they are
+        if self.device.type != "cpu":  # computed on the CPU as transformers' loader does, then where the model runs
+            for name, buffer in list(self.model.named_non_persistent_buffers()):
+                owner, _, attr = name.rpartition(".")
+                self.model.get_submodule(owner)._buffers[attr] = buffer.to(self.device)
         #: the model's state-dict names (parameters and persistent buffers): loading and releasing never change them
         self._names = list(self.model.state_dict(keep_vars=True))
         #: {model tensor name: the checkpoint keys it is converted from}
@@ -249,11 +257,12 @@ class Skeleton:
             if tensor is None:
                 converted.append(name)
                 continue
-            self._set(name, tensor.to(self.device))
+            self._set(name, self.copies.to_device(tensor))
         if self.pool is not None:
             self.pool.drop()  # what this load did not take
         if converted:
             self._convert(modules, converted)
+        self.copies.finish()  # the model's next kernels wait for the copies, the host does not
         for target, source in tied.items():
             self._set(target, self._get(source))
 
@@ -344,7 +353,7 @@ class Skeleton:
 
     def _buffer(self, shape: Iterable[int], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised tensor of ``shape`` and ``dtype`` to read into: from the pool, or new."""
-        return self.pool.take(shape, dtype) if self.pool is not None else torch.empty(tuple(shape), dtype=dtype)
+        return self.pool.take(shape, dtype) if self.pool is not None else self.copies.host_buffer(tuple(shape), dtype)
 
     def prefetch(self, modules: Iterable[str]) -> None:
         """Have the checkpoint bytes of ``modules`` read into the page cache in the background

@@ -10,6 +10,8 @@ lazily, only once a partitioned parameter is seen).
   parameters (one MoE layer's router and experts, one module's own parameters), never the whole
   model; a plain context when nothing is partitioned. A gather is a collective: every rank must
   enter it, in the same order (the callbacks run on every rank).
+- :func:`raise_on_every_rank`: a step that may fail on one rank (a refused calibration batch) before a
+  collective: every rank raises, none waits in the collective.
 - :func:`same_on_every_rank`: every rank computes a plan (or scores) from the same gathered
   weights or the same all-reduced statistics; this checks that the results agree (one small
   ``all_gather_object``) and raises on every rank at once if they do not.
@@ -32,14 +34,15 @@ helper is a no-op.
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
 
 __all__ = ["is_distributed", "rank", "world_size", "is_partitioned", "has_partitioned", "partitioned_of",
            "gathered", "gathered_module", "layer_parameters", "same_on_every_rank", "broadcast_object",
-           "materialize", "remove_zero3_hooks", "outside_zero_init", "PartitionedModelError"]
+           "materialize", "remove_zero3_hooks", "outside_zero_init", "PartitionedModelError", "RankFailedError",
+           "raise_on_every_rank"]
 
 
 class PartitionedModelError(ValueError):
@@ -168,6 +171,35 @@ def same_on_every_rank(value: Any, what: str) -> Any:
         raise RuntimeError(f"{what} differs between rank 0 and ranks {differ}: every rank must compute it from "
                            "the same gathered weights / all-reduced statistics")
     return values[0]
+
+
+class RankFailedError(RuntimeError):
+    """Another rank's part of a collective step failed (its error's type and message are in this one's)."""
+
+
+def raise_on_every_rank(step: Callable[[], Any]) -> Any:
+    """Run ``step()`` on this rank and return what it returns; in a process group the ranks then agree (one small
+    ``all_gather_object``): when any rank's step raised, every rank raises, the failed one its own error and the
+    others :class:`RankFailedError` naming the first failed rank and its error, so that no rank waits for the
+    others in a later collective."""
+    error: Exception | None = None
+    result = None
+    try:
+        result = step()
+    except Exception as err:  # noqa: BLE001 - told to the other ranks, then raised
+        error = err
+    if not is_distributed():
+        if error is not None:
+            raise error
+        return result
+    said: list[Any] = [None] * world_size()
+    torch.distributed.all_gather_object(said, None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    failed = [(r, message) for r, message in enumerate(said) if message is not None]
+    if failed:
+        raise RankFailedError(f"rank {failed[0][0]} failed, so this rank stops too: {failed[0][1]}")
+    return result
 
 
 # ---------------------------------------------------------------------------------------- un-partitioning

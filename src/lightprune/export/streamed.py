@@ -54,6 +54,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from lightprune.checkpoints.device import streaming_device
 from lightprune.checkpoints.directory import SAFE_INDEX, checkpoint_directory
 from lightprune.checkpoints.mtp import config_without_mtp
 from lightprune.checkpoints.quantized_tensor import renumbered_ignores
@@ -227,7 +228,8 @@ def _write_shard(checkpoint: Checkpoint, file: Path, rules: dict[str, KeyRule], 
 def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str | os.PathLike, *,
                      overwrite: bool = False, verify: bool = True, atol: float | None = None,
                      probe_tokens: int = 16, seed: int = 0, progress: bool = True,
-                     card: dict[str, Any] | None = None, quantize: str | None = None) -> ExportResult:
+                     card: dict[str, Any] | None = None, quantize: str | None = None,
+                     device: Any = "cpu") -> ExportResult:
     """Write the checkpoint at ``src_dir`` with the experts ``plan`` prunes removed to ``out_dir``, shard by
     shard (see the module docstring); returns an :class:`~lightprune.export.result.ExportResult` (the manifest's
     figures as attributes; ``os.PathLike`` and ``str``: the absolute output path, as the ``Path`` this returned
@@ -235,8 +237,8 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
 
     ``verify``: check the result layer by layer and with a sequential forward against the masked source
     (:func:`lightprune.export.streamed_verify.verify_pruned_checkpoint`, tolerance ``atol + rtol * max|reference|``,
-    ``atol`` default 1e-5 fp32, 1e-2 bf16/fp16, ``probe_tokens`` per probe, ``seed``); a mismatch raises
-    ``ExportVerificationError`` and writes nothing. A NaN or inf in a tensor it would write is refused naming it.
+    ``atol`` default 1e-5 fp32, 1e-2 bf16/fp16, ``probe_tokens`` per probe, ``seed``, run on ``device``: the CPU or
+    a GPU); a mismatch raises ``ExportVerificationError`` and writes nothing. A NaN or inf in a tensor it would write is refused naming it.
     ``overwrite``: replace an existing non-empty ``out_dir`` once the new one is complete. ``card``: extra manifest
     facts (``source``, ``command``). ``quantize="fp8"``: a float checkpoint's pruned copy, once verified, written FP8
     with 128x128 block scales (:func:`~lightprune.export.quantize.quantize_staged`); a quantized checkpoint's
@@ -248,6 +250,7 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     atol, seed = check_atol(atol), check_non_negative_int("seed", seed)
     probe_tokens = check_positive_int("probe_tokens", probe_tokens)
     quantize = check_quantize(quantize)
+    device = streaming_device(device)
     check_plan_kind(plan, ExpertPlan, "prune_checkpoint", "a MergePlan merges experts, which prune_checkpoint does "
                     "not do shard by shard: load the model (lp.load_pruned(src_dir)) and run "
                     "lp.export_pruned(model, merge_plan, out_dir)")
@@ -295,7 +298,7 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
                 shutil.copyfile(src / GENERATION_FILE, tmp / GENERATION_FILE)
             check_no_pickles(tmp)
             verification = verify_pruned_checkpoint(checkpoint, plan, tmp, atol=atol, probe_tokens=probe_tokens,
-                                                    seed=seed, progress=progress) if verify else None
+                                                    seed=seed, progress=progress, device=device) if verify else None
             quantized = quantize_staged(tmp, progress=progress) if quantize else None
             manifest = _write_manifest(tmp, skeleton, pruned, plan, counts, total, tokenizer, verification, card,
                                        mtp, quantized)

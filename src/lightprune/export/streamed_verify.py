@@ -84,15 +84,15 @@ def routed_output(layer: MoELayer, router_input: torch.Tensor, expert_input: tor
 
 def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str | os.PathLike, *,
                              atol: float | None = None, probe_tokens: int = 16, seed: int = 0,
-                             progress: bool = True) -> dict[str, Any]:
-    """Check the checkpoint at ``out_dir`` against ``source`` pruned by ``plan`` (see the module docstring);
-    returns the manifest's ``verification`` entry. The layer checks run on what each MoE layer's router and experts
-    received in the masked source's forward of the probe."""
+                             progress: bool = True, device: Any = "cpu") -> dict[str, Any]:
+    """Check the checkpoint at ``out_dir`` against ``source`` pruned by ``plan`` (see the module docstring), both
+    read to and run on ``device``; returns the manifest's ``verification`` entry. The layer checks run on what each
+    MoE layer's router and experts received in the masked source's forward of the probe."""
     atol = check_atol(atol)
-    pool = ReadPool()  # the pruned layer read into the source layer's memory, and back
-    original = Skeleton(source, pool=pool, mtp=True)
+    pool = ReadPool()  # the pruned layer read into the source layer's memory, and back (on the CPU)
+    original = Skeleton(source, pool=pool, mtp=True, device=device)
     with Checkpoint(out_dir) as written:
-        pruned = Skeleton(written, pool=pool, mtp=True)
+        pruned = Skeleton(written, pool=pool, mtp=True, device=device)
         atol = default_atol(original.model) if atol is None else atol
         layer_rtol = default_rtol(original.model, layers=1)
         probe = default_probe(original.model, shape=(2, probe_tokens), seed=seed)

@@ -91,6 +91,9 @@ class MoECausalLM(pl.LightningModule):
             weights or ``device_map``.
         batches_per_pass: with ``sequential``, ``lightprune calibrate`` collects this many batches and runs them
             through the layers together (each layer is read once per pass; memory holds the pass's activations).
+        stream_device: with ``sequential``, where each layer is read to and computed: None (default) the device
+            the trainer puts the module on (each rank's own under DDP), or ``cpu`` / ``cuda`` / ``cuda:N``
+            (``--model.init_args.stream_device cuda:1``); the batches follow it.
         device_map, max_memory, offload_folder: passed to transformers' ``from_pretrained`` for a ``checkpoint``
             (accelerate's placement and offload). Calibration refuses an offloaded model before any batch
             (its observers read every MoE layer's weights); ``lp.collect_expert_stats(checkpoint_dir, batches)``
@@ -104,7 +107,8 @@ class MoECausalLM(pl.LightningModule):
                  load_in_4bit: bool = False, router_aux_loss_coef: float = 0.0, aux_loss: str = "model",
                  loss_mean: str = "token", device_map: str | dict[str, Any] | None = None,
                  max_memory: dict[str, Any] | None = None,
-                 offload_folder: str | None = None, sequential: bool = False, batches_per_pass: int = 16):
+                 offload_folder: str | None = None, sequential: bool = False, batches_per_pass: int = 16,
+                 stream_device: str | None = None):
         super().__init__()
         if isinstance(adapter, dict):
             adapter = AdapterSpec(**adapter)
@@ -150,6 +154,13 @@ class MoECausalLM(pl.LightningModule):
             raise ValueError(f"batches_per_pass must be an int >= 1, got {batches_per_pass!r}")
         batches_per_pass = count
         self.batches_per_pass = batches_per_pass
+        if stream_device is not None:
+            if not sequential:
+                raise ValueError(f"stream_device={stream_device!r} applies to sequential=True (a streamed checkpoint); "
+                                 "a model in memory goes where the trainer puts it (--trainer.accelerator)")
+            from lightprune.checkpoints.device import streaming_device
+
+            streaming_device(stream_device)  # a device this machine has, said now
         self.skeleton = None
         self._deferred: list[dict[str, Any]] = []
         if tiny is not None:
@@ -212,8 +223,10 @@ class MoECausalLM(pl.LightningModule):
                 raise ValueError("sequential=True keeps one decoder layer in memory per process; DeepSpeed shards a "
                                  "model held in memory: run it in one process or under DDP "
                                  "(--trainer.strategy ddp), or drop sequential")
+            device = self.hparams.get("stream_device") or \
+                (strategy.root_device if strategy is not None else "cpu")  # the trainer's, as the batches'
             self.skeleton = Skeleton(Checkpoint(resolve_checkpoint(self.hparams.checkpoint)),
-                                     dtype=LOAD_DTYPES[self.hparams.dtype])
+                                     dtype=LOAD_DTYPES[self.hparams.dtype], device=device)
             # not a submodule: its tensors stay on the meta device and only the skeleton moves them, one layer at a
             # time (Lightning's .to(device), optimizers and state dicts never see them)
             self.__dict__["model"] = self.skeleton.model
@@ -237,7 +250,7 @@ class MoECausalLM(pl.LightningModule):
             from lightprune.checkpoints.sequential import layer_by_layer
 
             with layer_by_layer(self.skeleton):
-                return self.model(**model_inputs(batch, keep_labels=True))
+                return self.model(**model_inputs(batch, keep_labels=True, device=self.skeleton.device))
         return self.model(**model_inputs(batch, keep_labels=True))
 
     def _check_token_ids(self, batch: dict[str, Any]) -> None:
@@ -347,7 +360,7 @@ class MoECausalLM(pl.LightningModule):
         if self.defers_forwards():
             if not self._ids_checked:
                 self._check_token_ids(batch)
-            self._deferred.append(model_inputs(batch))
+            self._deferred.append(model_inputs(batch, device=self.skeleton.device))
             return None
         logits, labels = self._shifted(batch)
         loss = self._ce(logits, labels)

@@ -28,9 +28,9 @@ def collect_expert_stats(model: nn.Module | str | os.PathLike, batches: Iterable
                          subsets: Iterable[str] = ("all",), low_attn_quantile: float = 0.02,
                          criteria: Iterable[str] | None = None, progress: bool = True,
                          **streaming: Any) -> CalibrationStats:
-    """``lp.collect_expert_stats``: a model in memory (:func:`collect_model_stats`) or a checkpoint directory, one
-    decoder layer in memory at a time (:func:`~.sequential.collect_checkpoint_stats`; ``streaming``: its
-    ``batches_per_pass``)."""
+    """``lp.collect_expert_stats``: a model in memory (:func:`collect_model_stats`, where it is) or a checkpoint
+    directory, one decoder layer in memory at a time (:func:`~.sequential.collect_checkpoint_stats`; ``streaming``:
+    its ``batches_per_pass``, ``device`` and ``activation_budget``)."""
     if isinstance(model, (str, os.PathLike)):
         return collect_checkpoint_stats(model, batches, subsets, low_attn_quantile, criteria, progress, **streaming)
     if streaming:

@@ -70,6 +70,11 @@ class LayerStatistics:
         for statistic in self._members():
             statistic.load_state_dict(state[statistic.state_group])
 
+    def to(self, device: torch.device) -> None:
+        """Keep every sum on ``device`` (where a streamed model computes; its layers are on the meta device)."""
+        for statistic in self._members():
+            statistic.to(device)
+
     def all_reduce(self) -> None:
         """Sum every statistic across ranks on the backend's device (the counts'); a no-op in one process."""
         device = self.counts.device

@@ -43,30 +43,29 @@ class MergeSums(Statistic):
     def __init__(self, layer: MoELayer, subsets: tuple[str, ...], wanted: tuple[str, ...],
                  counts: SubsetCounts | None = None):
         super().__init__(layer, subsets, wanted, counts)
-        cpu = torch.device("cpu")
-        self.sums = {"tokens": self.zeros(device=cpu)}
+        self.sums = {"tokens": self.zeros()}
         if "expert_outputs" in wanted:
             width = layer.family.expert_output_width(layer)
-            self.sums["expert_outputs"] = self.zeros(layer.num_experts, width, device=cpu)
+            self.sums["expert_outputs"] = self.zeros(layer.num_experts, width)
         if "router_logits" in wanted:
-            self.sums["router_logits"] = self.zeros(layer.num_experts, layer.num_experts, device=cpu)
+            self.sums["router_logits"] = self.zeros(layer.num_experts, layer.num_experts)
 
     @torch.no_grad()
     def update(self, batch: ObservedBatch) -> None:
-        rows = batch.keep.nonzero().flatten()
-        if not rows.numel():
-            return
-        layer = batch.layer
-        self.sums["tokens"] += float(rows.numel())
+        """Every token in some subset, weighted 1 (padding 0: its rows are computed and weigh nothing, so the host
+        never reads how many there are)."""
+        layer, keep = batch.layer, batch.keep
+        self.sums["tokens"] += keep.sum().to(self.sums["tokens"])
         if "expert_outputs" in self.sums:
-            self.sums["expert_outputs"] += dense_output_sum(layer, batch.hidden[rows]).double().cpu()
+            self.sums["expert_outputs"] += dense_output_sum(layer, batch.hidden, keep).double().to(self.device)
         if "router_logits" in self.sums:
-            logits = layer.family.router_logits(layer, batch.router_input[rows])[:, :layer.num_experts].float()
-            self.sums["router_logits"] += (logits.T @ logits).double().cpu()
+            logits = layer.family.router_logits(layer, batch.router_input)[:, :layer.num_experts].float()
+            logits = torch.where(keep.unsqueeze(-1), logits, logits.new_zeros(()))
+            self.sums["router_logits"] += (logits.T @ logits).double().to(self.device)
 
     def value(self, name: str, subset: int | None = None) -> torch.Tensor:
         """The per-token mean (float64, CPU)."""
-        return self.sums[name] / max(float(self.sums["tokens"]), 1.0)
+        return self.sums[name].cpu() / max(float(self.sums["tokens"]), 1.0)
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         for name, t in self.sums.items():
@@ -76,8 +75,9 @@ class MergeSums(Statistic):
             t.copy_(state[name])
 
 
-def dense_output_sum(layer: MoELayer, x: torch.Tensor) -> torch.Tensor:
-    """sum_t f_e(x_t) for every routed expert e: ``[E, H]`` in float32 (or wider), ``x`` [n, H_in]."""
+def dense_output_sum(layer: MoELayer, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_t f_e(x_t) for every routed expert e: ``[E, H]`` in float32 (or wider), ``x`` [n, H_in]; ``weight``
+    [n] bool: only the tokens it marks (the others computed and not added)."""
     num = layer.num_experts
     width = max(x.shape[-1], layer.family.expert_output_width(layer))
     step = max(1, _CHUNK_ELEMENTS // (num * width))
@@ -90,5 +90,8 @@ def dense_output_sum(layer: MoELayer, x: torch.Tensor) -> torch.Tensor:
         tokens = torch.arange(n, device=x.device).repeat(num)
         # expert-major: [E * n, H]
         out = layer.family.selected_rows(layer, chunk, tokens, ids.repeat_interleave(n), expert_rows)
-        total += out.view(num, n, -1).to(dtype).sum(dim=1)
+        out = out.view(num, n, -1).to(dtype)
+        if weight is not None:
+            out = torch.where(weight[start:start + step].view(1, n, 1), out, out.new_zeros(()))
+        total += out.sum(dim=1)
     return total

@@ -15,15 +15,17 @@ statistic of the layer reads it:
   G = f f^T [T, k, k], the output norms ||f_s|| [T, k], the subset tokens per sample [U, B] and each token's weight
   in its sample's mean [U, T].
 
-Non-finite routing: a NaN or inf in the router's input or logits at a token the statistics read is refused before the
-batch is built (:func:`check_finite_routing`, called by the observer with the batch's index); one in a tensor the
+Non-finite routing: a NaN or inf in the router's input or logits at a token the statistics read is refused naming the
+batch and the layer (:class:`FiniteRoutingChecks`: the observer queues one device-side check per layer and batch and
+reads them once per pass, before any result or saved state); one in a tensor the
 routing reads (a correction bias leaves the logits finite and skews the selection alone) is refused once per layer and
 pass, before its first batch (:func:`lightprune.models.routing_check.check_routing_tensors`, called by the observer).
 
 Padding: the model may leave non-finite values at padded positions and 0 * NaN = NaN, so a batch with padding
 zeroes them (logits or the router's input, the experts' input, weights, outputs, the promoted outputs) before
 anything is summed; real tokens outside the subsets are finite and weigh 0 through ``m``. The host synchronises only
-on counts (the re-run pairs, the distinct promoted rows) and once per batch on whether it has padding (the observer).
+on counts (the re-run pairs and the distinct promoted rows of a family whose removals have no closed form: they size
+the rows run) and once per batch on whether it has padding (the observer).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import torch
 from lightprune.experts.calibration.reruns import Reruns, reselect
 from lightprune.models import MoELayer, RemovalEffect
 
-__all__ = ["ObservedBatch", "check_finite_routing", "compute_dtype", "ROUTING_NEEDS"]
+__all__ = ["FiniteRoutingChecks", "ObservedBatch", "check_finite_routing", "compute_dtype", "finite_routing_record",
+           "ROUTING_NEEDS"]
 
 #: the needs that make a batch compute its routing part
 ROUTING_NEEDS = frozenset({"logits", "removal", "entering"})
@@ -46,41 +49,90 @@ def compute_dtype(tensor: torch.Tensor) -> torch.dtype:
     return torch.promote_types(tensor.dtype, torch.float32)
 
 
+def finite_routing_record(router_input: torch.Tensor, router_logits: torch.Tensor | None,
+                          keep: torch.Tensor | None) -> torch.Tensor:
+    """[5] int64 on the routing's device, computed there without a host sync: (non-finite tokens, tokens checked, of
+    them with a NaN or inf router input, with NaN or inf logits, the first one's index, 0 when none), over the tokens
+    the statistics read (``keep`` [T], None: every token)."""
+    bad_input = ~torch.isfinite(router_input).all(dim=-1)
+    logits = None if router_logits is None else router_logits.reshape(-1, router_logits.shape[-1])
+    if logits is not None and logits.shape[0] != bad_input.shape[0]:
+        logits = None  # logits of other tokens: the batch refuses them itself
+    bad_logits = torch.zeros_like(bad_input) if logits is None else ~torch.isfinite(logits).all(dim=-1)
+    if keep is not None:
+        keep = keep.to(bad_input.device)
+        bad_input, bad_logits = bad_input & keep, bad_logits & keep
+    bad = bad_input | bad_logits
+    checked = keep.sum() if keep is not None else torch.full((), bad.numel(), device=bad.device)
+    first = torch.argmax(bad.to(torch.uint8)) if bad.numel() else torch.zeros((), dtype=torch.long, device=bad.device)
+    return torch.stack([bad.sum(), checked.long(), bad_input.sum(), bad_logits.sum(), first])
+
+
+class FiniteRoutingChecks:
+    """The non-finite routing checks of a pass (what each MoE layer's router saw or returned, at the tokens the
+    statistics read), kept on the device and read by the host once: :meth:`add` per layer and batch queues only
+    device operations (the first failing check's record is kept with ``torch.where``), :meth:`raise_first` reads one
+    flag and raises ``ValueError`` naming the first bad batch (0-based index in the run), the layer (index, module
+    name) and the non-finite tokens (the first as sample and position), as a check at the batch would have. A pass
+    with many batches is read every :attr:`READ_EVERY` checks, so the host keeps little."""
+
+    #: checks between two reads when nothing else reads them
+    READ_EVERY = 4096
+
+    def __init__(self) -> None:
+        self._where: list[tuple[MoELayer, int, int, str]] = []  # per check: layer, batch index, seq len, what
+        self._first: torch.Tensor | None = None  # the first failing check's number (-1: none yet)
+        self._record: torch.Tensor | None = None  # its record
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def add(self, layer: MoELayer, batch_index: int, router_input: torch.Tensor, router_logits: torch.Tensor | None,
+            keep: torch.Tensor | None, seq_len: int = 0, logits_name: str = "router logits") -> None:
+        """Queue one check (see :func:`finite_routing_record`; ``logits_name`` says what ``router_logits`` are)."""
+        record = finite_routing_record(router_input, router_logits, keep)
+        number = len(self._where)
+        self._where.append((layer, batch_index, seq_len, logits_name))
+        if self._first is None or self._first.device != record.device:
+            if self._first is not None:  # layers on several devices: the earlier ones read first
+                self.raise_first()
+            self._first = torch.full((), -1, dtype=torch.long, device=record.device)
+            self._record = torch.zeros_like(record)
+        failed = (record[0] > 0) & (self._first < 0)
+        self._first = torch.where(failed, torch.full_like(self._first, number), self._first)
+        self._record = torch.where(failed, record, self._record)
+
+    def raise_first(self) -> None:
+        """Read the checks queued so far (one host sync) and forget them; raise for the first that failed."""
+        if not self._where:
+            return
+        where, first, record = self._where, self._first, self._record
+        self._where, self._first, self._record = [], None, None
+        number = int(first)
+        if number < 0:
+            return
+        bad, checked, bad_input, bad_logits, token = record.tolist()
+        layer, batch_index, seq_len, logits_name = where[number]
+        at = f"sample {token // seq_len}, position {token % seq_len}" if seq_len > 0 else f"token {token}"
+        raise ValueError(
+            f"calibration batch {batch_index}, MoE layer {layer.index} ({layer.name}): {bad} of {checked} "
+            f"tokens have a NaN or inf router input ({bad_input}) or {logits_name} ({bad_logits}), the first at {at}; "
+            "their statistics would be NaN. Check the batch (a NaN embedding, pixel values) and the layer's router "
+            "weights")
+
+
 def check_finite_routing(layer: MoELayer, batch_index: int, router_input: torch.Tensor,
                          router_logits: torch.Tensor | None, keep: torch.Tensor | None, seq_len: int = 0,
                          logits_name: str = "router logits") -> None:
     """Refuse a NaN or inf in what the layer's router saw (``router_input`` [T, H']) or returned (``router_logits``,
     None where the router returns none; ``logits_name`` says what they are) at a token the statistics read: every
-    token, or with padding only those in some subset (``keep`` [T]; the rest are zeroed before anything is summed). A
+    token, or with padding only those in some subset (``keep`` [T]; the rest are zeroed before anything is summed),
+    now: one check of :class:`FiniteRoutingChecks` read at once (the observer queues its checks instead). A
     non-finite token would be routed, counted and summed into every statistic as NaN, and selection would then blame
-    the experts it reached.
-
-    One reduction and one host sync per layer and batch; the counts only for the error. Raises ``ValueError`` naming
-    the batch (0-based index in the run), the layer (index, module name) and the non-finite tokens (the first as
-    sample and position when ``seq_len``, the batch's sequence length, is given)."""
-    rows = torch.isfinite(router_input).all(dim=-1)
-    logits = None if router_logits is None else router_logits.reshape(-1, router_logits.shape[-1])
-    if logits is not None and logits.shape[0] != rows.shape[0]:
-        logits = None  # logits of other tokens: the batch refuses them itself
-    if logits is not None:
-        rows = rows & torch.isfinite(logits).all(dim=-1)
-    if keep is not None:
-        rows = rows | ~keep.to(rows.device)
-    if bool(rows.all()):
-        return
-    checked = rows.numel() if keep is None else int(keep.sum())
-    bad_input = ~torch.isfinite(router_input).all(dim=-1)
-    bad_logits = torch.zeros_like(bad_input) if logits is None else ~torch.isfinite(logits).all(dim=-1)
-    if keep is not None:
-        keep = keep.to(rows.device)
-        bad_input, bad_logits = bad_input & keep, bad_logits & keep
-    first = int((~rows).nonzero()[0, 0])
-    where = f"sample {first // seq_len}, position {first % seq_len}" if seq_len > 0 else f"token {first}"
-    raise ValueError(
-        f"calibration batch {batch_index}, MoE layer {layer.index} ({layer.name}): {int((~rows).sum())} of {checked} "
-        f"tokens have a NaN or inf router input ({int(bad_input.sum())}) or {logits_name} ({int(bad_logits.sum())}), "
-        f"the first at {where}; their statistics would be NaN. Check the batch (a NaN embedding, "
-        "pixel values) and the layer's router weights")
+    the experts it reached."""
+    checks = FiniteRoutingChecks()
+    checks.add(layer, batch_index, router_input, router_logits, keep, seq_len, logits_name)
+    checks.raise_first()
 
 
 def _zero(tensor: torch.Tensor) -> torch.Tensor:
@@ -160,7 +212,10 @@ class ObservedBatch:
         if self.effect.swap_expert is not None:
             swaps = self.selected.shape[0]
             keys.insert(0, torch.arange(swaps, device=device) * num_experts + self.effect.swap_expert.to(device))
-        rows, index = torch.unique(torch.cat(keys), return_inverse=True)
+        if swaps and not reruns.pair_token.numel():  # swaps alone: one row per token, distinct and in order already
+            rows, index = keys[0], torch.arange(swaps, device=device)  # (no unique: it reads its count on the host)
+        else:
+            rows, index = torch.unique(torch.cat(keys), return_inverse=True)
         self.swap_index, self.pair_index = (index[:swaps] if swaps else None), index[swaps:]
         self.extra_rows = (rows // num_experts, rows % num_experts)
 

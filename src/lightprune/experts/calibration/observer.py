@@ -8,10 +8,12 @@ is asked for, feeds each layer's :class:`~.layer_statistics.LayerStatistics` one
 promoted Delta-H needs run in the same expert call), and restores the model exactly on exit (experts and attention
 implementations, no hooks left).
 
-Before a layer's batch is observed, its router's input and the logits the router returned (the routing weights of a
-router that returns no logits) must be finite at every token the statistics read
-(:func:`~.observed.check_finite_routing`): a NaN or inf there is refused naming the layer and the batch (its 0-based
-index in the run: the batches counted before it), not summed into every statistic. Before its first batch of a pass
+A layer's batch is observed only if its router's input and the logits the router returned (the routing weights of
+a router that returns no logits) are finite at every token the statistics read: a NaN or inf there is refused naming
+the layer and the batch (its 0-based index in the run: the batches counted before it), not summed into a result. The
+checks are queued on the device (:class:`~.observed.FiniteRoutingChecks`) and read once, by :meth:`check_routing`:
+before :meth:`result`, :meth:`state_dict` and :meth:`all_reduce`, after each pass of a streamed run, and every
+few thousand checks; the observed pass itself never waits for the device. Before its first batch of a pass
 (a ``with`` block), every tensor the layer's routing reads (router weights and biases, correction biases, per-expert
 scales, the router's norm: :meth:`~lightprune.models.MoEFamily.routing_tensors`) must be finite too
 (:func:`~lightprune.models.routing_check.check_routing_tensors`): a parameter cannot change between batches, so it
@@ -29,7 +31,7 @@ from torch import nn
 from lightprune.core.checks import check_interval
 from lightprune.core.errors import listed
 from lightprune.experts.calibration.layer_statistics import LayerStatistics
-from lightprune.experts.calibration.observed import ObservedBatch, check_finite_routing
+from lightprune.experts.calibration.observed import FiniteRoutingChecks, ObservedBatch
 from lightprune.experts.calibration.registry import (
     CALIBRATION_CRITERIA,
     DEFAULT_CRITERIA,
@@ -85,7 +87,7 @@ class ExpertObserver:
     """
 
     def __init__(self, model: nn.Module, subsets: Iterable[str] = ("all",), criteria: Iterable[str] | None = None,
-                 low_attn_quantile: float = 0.02):
+                 low_attn_quantile: float = 0.02, device: torch.device | str | None = None):
         self.model = model
         self.family = get_family(model)
         self.layers: list[MoELayer] = find_moe_layers(model)
@@ -96,6 +98,11 @@ class ExpertObserver:
         self.low_attn_quantile = check_interval("low_attn_quantile", low_attn_quantile, 0, 0.5, "(]")
         self.statistics = {l.index: LayerStatistics(l, self.subsets, self.criteria + self.merging)
                            for l in self.layers}
+        if device is not None:  # a streamed model's layers are on the meta device: its sums go where it computes
+            for stats in self.statistics.values():
+                stats.to(torch.device(device))
+        self._checks = FiniteRoutingChecks()
+        self._declared: dict[int, tuple[Mapping[str, Any], dict[str, torch.Tensor], bool]] = {}
         self.batches_seen = 0
         self._stack: ExitStack | None = None
         self._probe = None
@@ -126,25 +133,37 @@ class ExpertObserver:
     def __exit__(self, *exc: Any) -> None:
         stack, self._stack, self._probe, self._masks = self._stack, None, None, None
         self._pending.clear()
+        self._declared.clear()
         if stack is not None:
             stack.close()
 
     # ------------------------------------------------------------------ per batch
-    def begin_batch(self, batch: Mapping[str, Any], count: bool = True, index: int | None = None) -> None:
+    def begin_batch(self, batch: Mapping[str, Any], count: bool = True, index: int | None = None,
+                    remember: bool = False) -> None:
         """Declare the batch whose forward comes next (derives its token subsets). ``count=False``: the same batch
         again, for the next layers of a run that takes the batches through one layer at a time
-        (:func:`~lightprune.experts.calibration.sequential.collect_checkpoint_stats`).
+        (:func:`~lightprune.experts.calibration.sequential.collect_checkpoint_stats`), which passes ``remember``:
+        what is derived from the batch (its subsets, whether it has padding: one host sync) is kept for its next
+        declarations, until a counted batch starts the next run.
 
         ``index``: the batch's 0-based index in the run, for errors (None: a counted batch is the next one; the
         uncounted declarations after a run of counted ones repeat that run's batches in order, layer after layer)."""
         if self._stack is None:
             raise RuntimeError("ExpertObserver.begin_batch outside its with-block")
+        if count and self._repeating:  # a new run of batches: the last one's declarations are done with
+            self._declared.clear()
         self._batch_index = self._next_index(count) if index is None else int(index)
-        masks = base_masks(batch, self.vision_token_ids)
-        self._masks = masks
-        self._padded = not bool(masks["all"].all())  # one host sync per batch, for every layer
+        found = self._declared.get(id(batch))
+        if found is None or found[0] is not batch:
+            masks = base_masks(batch, self.vision_token_ids)
+            found = (batch, masks, not bool(masks["all"].all()))  # one host sync per batch, for every layer
+            if remember:
+                self._declared[id(batch)] = found
+        _, self._masks, self._padded = found
+        if len(self._checks) >= FiniteRoutingChecks.READ_EVERY:
+            self._checks.raise_first()
         if self._probe is not None:
-            self._probe.set_batch(masks["text"], masks["vision"])
+            self._probe.set_batch(self._masks["text"], self._masks["vision"])
         if count:
             self.batches_seen += 1
 
@@ -194,8 +213,8 @@ class ExpertObserver:
             check_routing_tensors(layer, f"calibration, before batch {self._batch_index}",
                                   "its statistics would be skewed (the selection reads it)")
             self._checked.add(layer.index)
-        check_finite_routing(layer, self._batch_index, router_input, router_logits,
-                             masks.any(dim=0) if self._padded else None, self._masks["all"].shape[1])
+        self._checks.add(layer, self._batch_index, router_input, router_logits,
+                         masks.any(dim=0) if self._padded else None, self._masks["all"].shape[1])
         return self.statistics[layer.index].observe(layer, masks, samples, batch_size, self._padded, selected,
                                                     router_input, router_logits, routing_state)
 
@@ -216,14 +235,20 @@ class ExpertObserver:
             batch = self._layer_batch(layer, hidden, router_input, selected, router_logits, routing_state)
             extra_outputs = None
         if router_logits is None:  # a router that returns no logits (Gemma 4: probabilities): its weights stand in
-            check_finite_routing(layer, self._batch_index, router_input, weights, batch.keep if batch.padded else None,
-                                 self._masks["all"].shape[1], "routing weights")
+            self._checks.add(layer, self._batch_index, router_input, weights, batch.keep if batch.padded else None,
+                             self._masks["all"].shape[1], "routing weights")
         batch.add_outputs(hidden, weights, outputs, extra_outputs)
         self.statistics[layer.index].update(batch)
+
+    def check_routing(self) -> None:
+        """Read the queued non-finite routing checks (one host sync) and raise for the first batch and layer that
+        failed (:class:`~.observed.FiniteRoutingChecks`)."""
+        self._checks.raise_first()
 
     # ------------------------------------------------------------------ results
     def result(self) -> CalibrationStats:
         """The statistics so far; an error when a subset saw no tokens at all."""
+        self.check_routing()
         values: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
         for index, stats in self.statistics.items():
             for u, subset in enumerate(self.subsets):
@@ -247,6 +272,7 @@ class ExpertObserver:
     def state_dict(self) -> dict[str, Any]:
         """``{"batches_seen", "layers": {layer: {sum: tensor}}}``, and ``"merging"`` likewise with merging
         statistics."""
+        self.check_routing()  # a saved state holds no batch that would have been refused
         state: dict[str, Any] = {"batches_seen": self.batches_seen}
         for index, stats in self.statistics.items():
             for group, sums in stats.state_dict().items():
@@ -271,6 +297,17 @@ class ExpertObserver:
         self._wave_start, self._repeating = None, False  # the next counted batch starts a run
 
     def all_reduce(self) -> None:
-        """Sum every layer's statistics across ranks (torch.distributed), in place; a no-op in one process."""
+        """Sum every layer's statistics and the batches seen across ranks (torch.distributed), in place, each sum
+        once; a no-op in one process. The ranks first agree that every one's batches passed the routing checks (a
+        failed rank's error is raised on every rank, so none waits in a sum)."""
+        from lightprune.core.distributed import is_distributed, raise_on_every_rank
+
+        raise_on_every_rank(self.check_routing)
+        if not is_distributed():
+            return
         for stats in self.statistics.values():
             stats.all_reduce()
+        seen = torch.tensor([self.batches_seen], dtype=torch.long, device=next(iter(self.statistics.values()))
+                            .counts.device) if self.statistics else torch.tensor([self.batches_seen])
+        torch.distributed.all_reduce(seen)
+        self.batches_seen = int(seen.item())

@@ -58,7 +58,15 @@ def _select_without(layer: MoELayer, logits: torch.Tensor, tokens: torch.Tensor,
 def reselect(layer: MoELayer, logits: torch.Tensor, selected: torch.Tensor, effect: RemovalEffect,
              entering: bool) -> Reruns:
     """The family's selection without each re-run pair's expert (the effect's own, else ``select_without``), and
-    with ``entering`` the distinct (token, expert) pairs that enter (none without)."""
+    with ``entering`` the distinct (token, expert) pairs that enter (none without). A family whose removals all have
+    a closed form (no re-run slots: ``effect.rerun`` [T, 0]) gets empty pairs without a host sync; otherwise how many
+    pairs there are is read (it sizes the selections re-run and the rows the promoted Delta-H runs)."""
+    if effect.rerun.shape[1] == 0:
+        none = effect.rerun.new_zeros(0, dtype=torch.long).to(logits.device)
+        k = selected.shape[1]
+        return Reruns(tokens=none, experts=none, alias=None if effect.rerun_alias is None else none,
+                      weights=logits.new_zeros(0, k), selected=selected.new_zeros(0, k), row=none, col=none,
+                      pair_token=none, pair_expert=none, inverse=none)
     t_all, slot = (effect.rerun >= 0).nonzero(as_tuple=True)
     flat = t_all * effect.rerun.shape[1] + slot
 

@@ -96,6 +96,11 @@ class Statistic:
                 raise ValueError(f"layer {self.index}: calibration state has no {name!r} of shape {tuple(t.shape)}")
             t.copy_(state[name])
 
+    def to(self, device: torch.device) -> None:
+        """Move the sums to ``device``, where the next batches are added."""
+        self.device = device
+        self.sums = {name: t.to(device) for name, t in self.sums.items()}
+
     def all_reduce(self, device: torch.device | None = None) -> None:
         """Sum across ranks in place; ``device``: where the backend reduces (sums held elsewhere move there and
         back). A no-op in one process."""

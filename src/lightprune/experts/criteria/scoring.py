@@ -7,6 +7,7 @@ files, scored by the criterion's own ``score_layer`` and released before the nex
 (:meth:`~lightprune.experts.criteria.base.Criterion.weight_modules`: AIMER and magnitude the experts, router norm
 the router), with the tensors the layer's routing reads (checked finite before it is scored, as in memory). The
 scores equal those of the loaded model (the same tensors, the same code); ``random`` reads no tensor at all.
+``device``: where the blocks are read to and scored (the CPU, or a GPU: :mod:`lightprune.checkpoints.device`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from torch import nn
 from tqdm.auto import tqdm
 
+from lightprune.checkpoints.device import streaming_device
 from lightprune.checkpoints.pool import ReadPool
 from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.skeleton import Skeleton
@@ -33,11 +35,14 @@ __all__ = ["score_weights", "score_model_weights", "score_checkpoint", "streamed
 
 
 def score_weights(model: nn.Module | str | os.PathLike, criterion: str | type[Criterion] | Criterion = "aimer", *,
-                  seed: int = 0, progress: bool = True, **kwargs: Any) -> ExpertScores:
-    """``lp.score_weights``: a model in memory (:func:`score_model_weights`) or a checkpoint directory
-    (:func:`score_checkpoint`, one MoE block in memory at a time)."""
+                  seed: int = 0, progress: bool = True, device: Any = None, **kwargs: Any) -> ExpertScores:
+    """``lp.score_weights``: a model in memory (:func:`score_model_weights`, where it is) or a checkpoint directory
+    (:func:`score_checkpoint`, one MoE block in memory at a time, on ``device``: default the CPU)."""
     if isinstance(model, (str, os.PathLike)):
-        return score_checkpoint(model, criterion, seed=seed, progress=progress, **kwargs)
+        return score_checkpoint(model, criterion, seed=seed, progress=progress, device=device or "cpu", **kwargs)
+    if device is not None:
+        raise TypeError("device applies to a checkpoint directory; a model in memory is scored where it is "
+                        "(move it first: model.to(device))")
     return score_model_weights(model, criterion, seed=seed, **kwargs)
 
 
@@ -104,14 +109,15 @@ def streamed_layer_weights(skeleton: Skeleton, criterion: Criterion) -> Callable
 
 
 def score_checkpoint(path: str | os.PathLike, criterion: str | type[Criterion] | Criterion = "aimer", *,
-                     seed: int = 0, progress: bool = True, **kwargs: Any) -> ExpertScores:
+                     seed: int = 0, progress: bool = True, device: Any = "cpu", **kwargs: Any) -> ExpertScores:
     """Score every routed expert of the checkpoint at ``path`` from its weights, one MoE block resident at a
-    time (see the module docstring); ``criterion``, ``seed`` and ``kwargs`` as for
+    time on ``device`` (see the module docstring); ``criterion``, ``seed`` and ``kwargs`` as for
     :func:`score_model_weights`."""
+    device = streaming_device(device)  # before anything is read
     instance = weight_criterion(criterion, seed=seed, **kwargs)
     with Checkpoint(path) as checkpoint:
         # every layer's tensors read into the same memory; multi-token-prediction layers scored as any other
-        skeleton = Skeleton(checkpoint, pool=ReadPool(), mtp=True)
+        skeleton = Skeleton(checkpoint, pool=ReadPool(), mtp=True, device=device)
         bar = tqdm(desc=f"scoring {instance.name or type(instance).__name__} from {checkpoint.path.name}",
                    total=len(find_moe_layers(skeleton.model)), unit="layer", leave=False, disable=not progress)
 
