@@ -15,7 +15,7 @@ import torch
 
 from lightprune.models.layer import MoELayer, RoutingTensor
 
-__all__ = ["check_routing_tensors", "non_finite_routing_tensor"]
+__all__ = ["check_routing_tensors", "non_finite_routing_tensor", "routing_tensors_message", "routing_tensors_record"]
 
 
 def _readable(tensor: torch.Tensor) -> torch.Tensor | None:
@@ -43,20 +43,52 @@ def non_finite_routing_tensor(layer: MoELayer) -> RoutingTensor | None:
     return None
 
 
+def routing_tensors_record(layer: MoELayer) -> tuple[torch.Tensor, list[tuple[str, tuple[int, ...]]]] | None:
+    """What :func:`check_routing_tensors` reads, computed on the layer's device without a host sync: (``record``
+    [6] int64: non-finite tensors, the first one's position, its non-finite values, NaN, inf, the first value's flat
+    index; the names and shapes of the tensors in order), or None when no tensor is in memory. Tensors on several
+    devices: their counts meet on the first one's."""
+    found = [(entry, values) for entry in layer.family.routing_tensors(layer)
+             if (values := _readable(entry.tensor)) is not None]
+    if not found:
+        return None
+    device = found[0][1].device
+    rows = []
+    for _, values in found:
+        nan, inf = torch.isnan(values), torch.isinf(values)
+        bad = (nan | inf).flatten()
+        first = torch.argmax(bad.to(torch.uint8)) if bad.numel() else torch.zeros((), dtype=torch.long,
+                                                                                    device=bad.device)
+        rows.append(torch.stack([bad.sum(), nan.sum(), inf.sum(), first]).to(device))
+    stats = torch.stack(rows)  # [n, 4]
+    failed = stats[:, 0] > 0
+    which = torch.argmax(failed.to(torch.uint8))
+    record = torch.cat([torch.stack([failed.sum(), which]), stats[which]])
+    return record, [(entry.name, tuple(values.shape)) for entry, values in found]
+
+
+def routing_tensors_message(layer: MoELayer, record: list[int], tensors: list[tuple[str, tuple[int, ...]]],
+                            where: str, outcome: str) -> str:
+    """The refusal of :func:`check_routing_tensors` from a read :func:`routing_tensors_record`."""
+    _, which, count, nan, inf, flat = record
+    name, shape = tensors[which]
+    first = list(torch.unravel_index(torch.tensor(flat), shape)) if shape else []
+    first = [int(i) for i in first]
+    return (f"{where}, MoE layer {layer.index} ({layer.name}): routing tensor {name} {list(shape)} holds "
+            f"{count} NaN or inf value{'s' if count != 1 else ''} ({nan} NaN, {inf} inf), the first at index {first}; "
+            f"{outcome}. The layer routes every token with it: restore the tensor from an intact copy of the "
+            "checkpoint (download or convert it again)")
+
+
 def check_routing_tensors(layer: MoELayer, where: str, outcome: str) -> None:
     """Raise ``ValueError`` when a tensor ``layer``'s routing reads holds a NaN or inf, naming ``where`` it was found
     (the entry point; calibration adds the batch it was about to observe), the layer (index, module name), the
     tensor (its name in the model, its shape), how many values are not finite and the first one's index, then
-    ``outcome`` (what was not done)."""
-    found = non_finite_routing_tensor(layer)
+    ``outcome`` (what was not done). One host read."""
+    found = routing_tensors_record(layer)
     if found is None:
         return
-    values = _readable(found.tensor)
-    nan, inf = torch.isnan(values), torch.isinf(values)
-    bad = nan | inf
-    count, first = int(bad.sum()), bad.nonzero()[0].tolist()
-    raise ValueError(
-        f"{where}, MoE layer {layer.index} ({layer.name}): routing tensor {found.name} {list(values.shape)} holds "
-        f"{count} NaN or inf value{'s' if count != 1 else ''} ({int(nan.sum())} NaN, {int(inf.sum())} inf), the first "
-        f"at index {first}; {outcome}. The layer routes every token with it: restore the tensor from an intact copy of "
-        "the checkpoint (download or convert it again)")
+    record, tensors = found
+    values = record.tolist()
+    if values[0]:
+        raise ValueError(routing_tensors_message(layer, values, tensors, where, outcome))

@@ -95,7 +95,9 @@ def expert_rows(experts: nn.Module, hidden_states: torch.Tensor, tokens: torch.T
     if num == 0:
         return out
     ids, order = torch.sort(expert_ids, stable=True)
-    counts = torch.bincount(ids, minlength=experts.num_experts)
+    # rows per expert, counted on the device (``bincount`` reads its input's maximum back to the host)
+    counts = torch.zeros(experts.num_experts, dtype=torch.long, device=ids.device).index_add_(0, ids,
+                                                                                             torch.ones_like(ids))
     x = hidden_states.index_select(0, tokens.index_select(0, order))  # index_select: a CPU gathers rows faster
     if _GROUPED_MM is not None and grouped_mm_runs(experts):
         out[order] = _grouped_rows(experts, x, ids, torch.cumsum(counts, dim=0, dtype=torch.int32)).to(out.dtype)

@@ -12,7 +12,7 @@ import torch
 from fixtures import padded_batch, scores_for_layers
 
 import lightprune as lp
-from lightprune.experts.calibration import ExpertObserver, observer as observer_module
+from lightprune.experts.calibration import ExpertObserver
 from lightprune.experts.mask import is_masked
 
 #: (family, tensor inside the last MoE block): one of each kind of routing tensor the families hold
@@ -97,21 +97,21 @@ def test_every_entry_point_refuses_a_non_finite_routing_tensor(tiny, tmp_path, f
 def test_a_clean_models_routing_tensors_are_checked_once_per_layer_and_pass(tiny, tmp_path, monkeypatch) -> None:
     """Three batches, in memory and streamed two batches a pass (each layer read twice): each layer's routing tensors
     are checked once per calibration, before its first batch, never per batch."""
+    from lightprune.experts.calibration import observed
+
     calls = []
-    check = observer_module.check_routing_tensors
-    monkeypatch.setattr(observer_module, "check_routing_tensors",
-                        lambda layer, where, outcome: (calls.append((layer.index, where)), check(layer, where,
-                                                                                                  outcome))[1])
+    record = observed.routing_tensors_record
+    monkeypatch.setattr(observed, "routing_tensors_record", lambda layer: (calls.append(layer.index), record(layer))[1])
     model = tiny("deepseek_v3")
     batches = [padded_batch(seed=s, max_id=90) for s in (1, 2, 3)]
     indices = [layer.index for layer in lp.find_moe_layers(model)]
     reference = lp.collect_expert_stats(model, batches, criteria=("frequency",), progress=False)
-    assert calls == [(index, "calibration, before batch 0") for index in indices]
+    assert calls == indices
     calls.clear()
     model.save_pretrained(tmp_path / "ckpt")
     streamed = lp.collect_expert_stats(tmp_path / "ckpt", batches, criteria=("frequency",), progress=False,
                                        batches_per_pass=2)
-    assert calls == [(index, "calibration, before batch 0") for index in indices]
+    assert calls == indices
     for index in indices:
         assert torch.equal(streamed.raw("frequency", "all")[index], reference.raw("frequency", "all")[index])
 
@@ -125,4 +125,5 @@ def test_a_non_finite_tensor_of_a_later_layer_names_the_batch_it_was_found_befor
     with observer, torch.no_grad(), pytest.raises(ValueError) as info:
         observer.begin_batch(batch)
         model(**batch)
+        observer.check_routing()  # the queued checks, read
     assert str(info.value).startswith(f"calibration, before batch 5, {said}")

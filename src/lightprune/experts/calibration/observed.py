@@ -30,12 +30,14 @@ the rows run) and once per batch on whether it has padding (the observer).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 
 import torch
 
 from lightprune.experts.calibration.reruns import Reruns, reselect
 from lightprune.models import MoELayer, RemovalEffect
+from lightprune.models.routing_check import routing_tensors_message, routing_tensors_record
 
 __all__ = ["FiniteRoutingChecks", "ObservedBatch", "check_finite_routing", "compute_dtype", "finite_routing_record",
            "ROUTING_NEEDS"]
@@ -69,56 +71,73 @@ def finite_routing_record(router_input: torch.Tensor, router_logits: torch.Tenso
 
 
 class FiniteRoutingChecks:
-    """The non-finite routing checks of a pass (what each MoE layer's router saw or returned, at the tokens the
-    statistics read), kept on the device and read by the host once: :meth:`add` per layer and batch queues only
-    device operations (the first failing check's record is kept with ``torch.where``), :meth:`raise_first` reads one
-    flag and raises ``ValueError`` naming the first bad batch (0-based index in the run), the layer (index, module
-    name) and the non-finite tokens (the first as sample and position), as a check at the batch would have. A pass
-    with many batches is read every :attr:`READ_EVERY` checks, so the host keeps little."""
+    """The non-finite routing checks of a pass, kept on the device and read by the host once. Two kinds, queued in
+    the order the observer meets them: what each MoE layer's router saw or returned at the tokens the statistics
+    read (:meth:`add`, per layer and batch), and the tensors its routing reads (:meth:`add_routing_tensors`, per layer
+    and pass). Queuing runs only device operations (the first failing check's record is kept with ``torch.where``);
+    :meth:`raise_first` reads one flag and raises ``ValueError`` for the first check that failed, naming the batch
+    (0-based index in the run), the layer (index, module name) and what was not finite, as a check at the batch would
+    have. A pass with many batches is read every :attr:`READ_EVERY` checks, so the host keeps little."""
 
     #: checks between two reads when nothing else reads them
     READ_EVERY = 4096
+    #: the length records are padded to (the longest kind's)
+    WIDTH = 6
 
     def __init__(self) -> None:
-        self._where: list[tuple[MoELayer, int, int, str]] = []  # per check: layer, batch index, seq len, what
+        self._said: list[Callable[[list[int]], str]] = []  # per check: its message from its read record
         self._first: torch.Tensor | None = None  # the first failing check's number (-1: none yet)
         self._record: torch.Tensor | None = None  # its record
 
     def __len__(self) -> int:
-        return len(self._where)
+        return len(self._said)
 
     def add(self, layer: MoELayer, batch_index: int, router_input: torch.Tensor, router_logits: torch.Tensor | None,
             keep: torch.Tensor | None, seq_len: int = 0, logits_name: str = "router logits") -> None:
-        """Queue one check (see :func:`finite_routing_record`; ``logits_name`` says what ``router_logits`` are)."""
-        record = finite_routing_record(router_input, router_logits, keep)
-        number = len(self._where)
-        self._where.append((layer, batch_index, seq_len, logits_name))
-        if self._first is None or self._first.device != record.device:
-            if self._first is not None:  # layers on several devices: the earlier ones read first
-                self.raise_first()
+        """Queue the check of one layer's batch (:func:`finite_routing_record`; ``logits_name`` says what
+        ``router_logits`` are, ``seq_len`` places the first bad token as sample and position)."""
+        def said(record: list[int]) -> str:
+            bad, checked, bad_input, bad_logits, token = record[:5]
+            at = f"sample {token // seq_len}, position {token % seq_len}" if seq_len > 0 else f"token {token}"
+            return (f"calibration batch {batch_index}, MoE layer {layer.index} ({layer.name}): {bad} of {checked} "
+                    f"tokens have a NaN or inf router input ({bad_input}) or {logits_name} ({bad_logits}), the first "
+                    f"at {at}; their statistics would be NaN. Check the batch (a NaN embedding, pixel values) and "
+                    "the layer's router weights")
+        self._queue(finite_routing_record(router_input, router_logits, keep), said)
+
+    def add_routing_tensors(self, layer: MoELayer, batch_index: int) -> None:
+        """Queue the check of the tensors the layer's routing reads
+        (:func:`~lightprune.models.routing_check.routing_tensors_record`), found before batch ``batch_index``."""
+        found = routing_tensors_record(layer)
+        if found is None:
+            return
+        record, tensors = found
+        self._queue(record, lambda values: routing_tensors_message(
+            layer, values, tensors, f"calibration, before batch {batch_index}",
+            "its statistics would be skewed (the selection reads it)"))
+
+    def _queue(self, record: torch.Tensor, said: Callable[[list[int]], str]) -> None:
+        record = torch.nn.functional.pad(record, (0, self.WIDTH - record.numel()))
+        if self._first is not None and self._first.device != record.device:
+            self.raise_first()  # layers on several devices: the earlier ones' checks are read first
+        if self._first is None:
             self._first = torch.full((), -1, dtype=torch.long, device=record.device)
             self._record = torch.zeros_like(record)
+        number = len(self._said)
+        self._said.append(said)
         failed = (record[0] > 0) & (self._first < 0)
         self._first = torch.where(failed, torch.full_like(self._first, number), self._first)
         self._record = torch.where(failed, record, self._record)
 
     def raise_first(self) -> None:
         """Read the checks queued so far (one host sync) and forget them; raise for the first that failed."""
-        if not self._where:
+        if not self._said:
             return
-        where, first, record = self._where, self._first, self._record
-        self._where, self._first, self._record = [], None, None
+        said, first, record = self._said, self._first, self._record
+        self._said, self._first, self._record = [], None, None
         number = int(first)
-        if number < 0:
-            return
-        bad, checked, bad_input, bad_logits, token = record.tolist()
-        layer, batch_index, seq_len, logits_name = where[number]
-        at = f"sample {token // seq_len}, position {token % seq_len}" if seq_len > 0 else f"token {token}"
-        raise ValueError(
-            f"calibration batch {batch_index}, MoE layer {layer.index} ({layer.name}): {bad} of {checked} "
-            f"tokens have a NaN or inf router input ({bad_input}) or {logits_name} ({bad_logits}), the first at {at}; "
-            "their statistics would be NaN. Check the batch (a NaN embedding, pixel values) and the layer's router "
-            "weights")
+        if number >= 0:
+            raise ValueError(said[number](record.tolist()))
 
 
 def check_finite_routing(layer: MoELayer, batch_index: int, router_input: torch.Tensor,

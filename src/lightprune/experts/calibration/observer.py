@@ -16,8 +16,9 @@ before :meth:`result`, :meth:`state_dict` and :meth:`all_reduce`, after each pas
 few thousand checks; the observed pass itself never waits for the device. Before its first batch of a pass
 (a ``with`` block), every tensor the layer's routing reads (router weights and biases, correction biases, per-expert
 scales, the router's norm: :meth:`~lightprune.models.MoEFamily.routing_tensors`) must be finite too
-(:func:`~lightprune.models.routing_check.check_routing_tensors`): a parameter cannot change between batches, so it
-is checked once per layer and pass, naming the tensor and the batch it was found before.
+(:func:`~lightprune.models.routing_check.check_routing_tensors`, queued with the batches' checks): a parameter cannot
+change between batches, so it is checked once per layer and pass, naming the tensor and the batch it was found
+before.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from lightprune.experts.calibration.registry import (
 from lightprune.experts.calibration.result import CalibrationStats
 from lightprune.experts.calibration.subsets import ATTENTION_SUBSETS, base_masks, check_subsets
 from lightprune.models import MoELayer, find_moe_layers, get_family
-from lightprune.models.routing_check import check_routing_tensors
 from lightprune.observe.attention_probe import AttentionProbe, low_high_masks
 from lightprune.observe.experts_impl import observing_experts
 
@@ -210,8 +210,7 @@ class ExpertObserver:
         tensors once per pass, before the first batch the layer sees; a streamed layer is in memory only now)."""
         masks, samples, batch_size = self._batch_masks(layer, hidden)
         if layer.index not in self._checked:
-            check_routing_tensors(layer, f"calibration, before batch {self._batch_index}",
-                                  "its statistics would be skewed (the selection reads it)")
+            self._checks.add_routing_tensors(layer, self._batch_index)
             self._checked.add(layer.index)
         self._checks.add(layer, self._batch_index, router_input, router_logits,
                          masks.any(dim=0) if self._padded else None, self._masks["all"].shape[1])
