@@ -28,7 +28,11 @@ the parent's peak):
   before, between and after (the disk's speed moves by 2x within a run here);
 - memory prune: ``from_pretrained``, the same scores and plan, ``lp.export_pruned`` (prune, save, reload, verify);
 - stream / memory calibration: ``lp.collect_expert_stats`` (default criteria, subsets all + text) on the same
-  ``--batches`` batches of 2 x 128 token ids, from the directory or from the loaded model.
+  ``--batches`` batches of 2 x 128 token ids, from the directory or from the loaded model;
+- calibration across processes: the streamed calibration in one process of 2 threads, and in 2 processes of 1
+  thread each joined by gloo (``torch.distributed`` over TCP on this host), each given every other batch: each
+  rank's passes and its all-reduce of the sums (``metadata["seconds"]``), and the ranks' statistics against the one
+  process's (float64 sums added in another order: rounding only).
 
 Printed: the table (seconds, ratio to its disk reference, peak VmHWM / checkpoint bytes), the results' identity
 (the two pruned checkpoints tensor by tensor, the two sets of statistics value by value), and from the measured
@@ -36,7 +40,8 @@ rates the time of each streamed path on a 1 TB checkpoint of the same layer shap
 figure). Targets (issue 39): score / read <= 2.0 (warm and cold), prune / copy <= 1.5 (verified; a quantized
 checkpoint's, issue 50: <= 1.0 without verification, which writes fewer bytes than the copy; verifying it is
 dequantizing it, computed and reported), sequential / in-memory calibration <= 1.3, streamed VmHWM <= 0.4 of the
-checkpoint (6+ layers), results identical. ``--baseline-src DIR``: the streamed paths run a second time with
+checkpoint (6+ layers), results identical; issue 51: the all-reduce <= 5% of a rank's pass, the ranks' statistics
+the one process's to 1e-9 of their scale. ``--baseline-src DIR``: the streamed paths run a second time with
 ``DIR/src`` first on ``PYTHONPATH`` (another checkout: the figures before a change), in the same run.
 
     python scripts/bench_out_of_core.py [--shape full|mid|quick] [--layers 6] [--batches 4] [--work-dir DIR]
@@ -60,6 +65,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -188,7 +194,9 @@ _EPILOGUE = """
 import json, re
 _hwm = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
 open(OUT + ".figures.json", "w").write(json.dumps({"seconds": SECONDS, "first_call_s": globals().get("FIRST"),
-                                                   "opening_s": globals().get("OPENING"), "vmhwm_bytes": _hwm}))
+                                                   "opening_s": globals().get("OPENING"), "vmhwm_bytes": _hwm,
+                                                   "passes_s": globals().get("PASSES"),
+                                                   "all_reduce_s": globals().get("ALL_REDUCE")}))
 """
 _RUNS = {
     "score": """
@@ -246,6 +254,21 @@ stats = lp.collect_expert_stats(PATH, BATCHES, subsets=("all", "text"), progress
 SECONDS = time.perf_counter() - start
 torch.save({(c, u): dict(stats.raw(c, u)) for c in stats.criteria for u in stats.subsets}, OUT + ".pt")
 """,
+    "rank_calibrate": """
+import time
+import torch.distributed as dist
+torch.set_num_threads(THREADS)
+if WORLD > 1:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{PORT}", rank=RANK, world_size=WORLD)
+import lightprune as lp
+start = time.perf_counter()
+stats = lp.collect_expert_stats(PATH, BATCHES[RANK::WORLD], subsets=("all", "text"), progress=False)
+SECONDS = time.perf_counter() - start
+PASSES, ALL_REDUCE = stats.metadata["seconds"]["passes"], stats.metadata["seconds"]["all_reduce"]
+torch.save({(c, u): dict(stats.raw(c, u)) for c in stats.criteria for u in stats.subsets}, OUT + ".pt")
+if WORLD > 1:
+    dist.destroy_process_group()
+""",
     "memory_calibrate": """
 import time
 import lightprune as lp
@@ -265,9 +288,10 @@ SCORED = ("aimer", "magnitude", "router_norm")
 JUDGED_SCORES = ("aimer", "magnitude")
 
 
-def _run(kind: str, path: Path, out: Path, batches: int, vocab: int, src: Path | None = None, **values) -> dict:
-    """Run ``_RUNS[kind]`` in a fresh process (``values`` bound as upper-case names; ``src``: that checkout's
-    package first on the path); returns its seconds (around the call), wall seconds and VmHWM."""
+def _child(kind: str, path: Path, out: Path, batches: int, vocab: int, src: Path | None = None,
+           **values) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a fresh process running ``_RUNS[kind]`` (``values`` bound as upper-case
+    names; ``src``: that checkout's package first on the path)."""
     prelude = (f"import torch\nPATH, OUT = {str(path)!r}, {str(out)!r}\n"
                + "".join(f"{k.upper()} = {v!r}\n" for k, v in values.items())
                + "gen = torch.Generator().manual_seed(1)\n"
@@ -276,15 +300,43 @@ def _run(kind: str, path: Path, out: Path, batches: int, vocab: int, src: Path |
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(src / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    return [sys.executable, "-c", prelude + _RUNS[kind] + _EPILOGUE], env
+
+
+def _figures(out: Path, wall: float) -> dict:
+    figures = read_json(Path(str(out) + ".figures.json"), "figures")
+    return {"seconds": figures["seconds"], "first_call_s": figures["first_call_s"], "opening_s": figures["opening_s"],
+            "wall_s": wall, "peak_rss_bytes": figures["vmhwm_bytes"], "passes_s": figures.get("passes_s"),
+            "all_reduce_s": figures.get("all_reduce_s")}
+
+
+def _run(kind: str, path: Path, out: Path, batches: int, vocab: int, src: Path | None = None, **values) -> dict:
+    """Run ``_RUNS[kind]`` in a fresh process (``values`` bound as upper-case names; ``src``: that checkout's
+    package first on the path); returns its seconds (around the call), wall seconds and VmHWM."""
+    command, env = _child(kind, path, out, batches, vocab, src, **values)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", prelude + _RUNS[kind] + _EPILOGUE], stderr=subprocess.PIPE,
-                          text=True, env=env, check=False)
+    done = subprocess.run(command, stderr=subprocess.PIPE, text=True, env=env, check=False)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{kind} {values} failed:\n{done.stderr[-4000:]}")
-    figures = read_json(Path(str(out) + ".figures.json"), "figures")
-    return {"seconds": figures["seconds"], "first_call_s": figures["first_call_s"], "opening_s": figures["opening_s"],
-            "wall_s": wall, "peak_rss_bytes": figures["vmhwm_bytes"]}
+    return _figures(out, wall)
+
+
+def _run_ranks(path: Path, out: Path, batches: int, vocab: int, world: int) -> list[dict]:
+    """Streamed calibration in ``world`` processes at once, one thread each, joined by gloo over TCP on this host,
+    each given every ``world``-th batch: each rank's figures (its passes' seconds and its all-reduce's)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    children = [_child("rank_calibrate", path, Path(f"{out}.rank{rank}"), batches, vocab, rank=rank, world=world,
+                       port=port, threads=1) for rank in range(world)]
+    start = time.perf_counter()
+    procs = [subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env) for command, env in children]
+    errors = [proc.communicate()[1] for proc in procs]
+    wall = time.perf_counter() - start
+    if any(proc.returncode for proc in procs):
+        raise RuntimeError("rank_calibrate failed:\n" + "\n".join(e[-3000:] for e in errors))
+    return [_figures(Path(f"{out}.rank{rank}"), wall) for rank in range(world)]
 
 
 # ------------------------------------------------------------------ the disk, measured here
@@ -404,6 +456,21 @@ def _same_stats(a: Path, b: Path) -> bool:
         left[k].keys() == right[k].keys() and all(torch.equal(left[k][i], right[k][i]) for i in left[k]) for k in left)
 
 
+def _stats_gap(a: Path, b: Path) -> float:
+    """The largest relative difference between two saved sets of statistics (float64 sums added in another order
+    across ranks: rounding only)."""
+    left, right = torch.load(a), torch.load(b)
+    if left.keys() != right.keys():
+        return float("inf")
+    gap = 0.0
+    for key in left:
+        for layer in left[key]:
+            x, y = left[key][layer].double(), right[key][layer].double()
+            if x.numel():  # the difference on the scale of the tensor's largest value
+                gap = max(gap, float((x - y).abs().max() / y.abs().max().clamp_min(1e-300)))
+    return gap
+
+
 def _same_scores(a: Path, b: Path) -> bool:
     left, right = torch.load(a), torch.load(b)
     return left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
@@ -491,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
                                     quantized=quantized)
         runs["memory calibration"] = _run("memory_calibrate", path, work / "memory_calibrate", args.batches, vocab,
                                           quantized=quantized)
+        # the same streamed calibration in one process of 2 threads, and in 2 gloo processes of 1 thread each
+        runs["calibration, 1 process x 2 threads"] = _run("rank_calibrate", path, work / "one_process", args.batches,
+                                                          vocab, rank=0, world=1, port=0, threads=2)
+        ranks = _run_ranks(path, work / "ranks", max(args.batches, 2), vocab, world=2)
+        runs["calibration, 2 ranks x 1 thread"] = {**max(ranks, key=lambda run: run["seconds"]), "ranks": ranks}
         reference = {**{f"score {c}": (reads[c], f"read of its {c} bytes") for c in SCORED},
                      **{f"score {c} (cold)": (cold_reads[c], f"cold read of its {c} bytes") for c in SCORED},
                      "prune (verified)": (disk["copy_s"], "copy"),
@@ -527,6 +599,16 @@ def main(argv: list[str] | None = None) -> int:
             read_json(work / "memory_prune.plan.json", "plan")["keep"]
         same_scores = _same_scores(Path(f"{work / 'score_aimer'}.pt"), work / "memory_prune.pt")
         same_stats = _same_stats(work / "stream_calibrate.pt", work / "memory_calibrate.pt")
+        one = runs["calibration, 1 process x 2 threads"]
+        reduce_share = max(rank["all_reduce_s"] / rank["passes_s"] for rank in ranks)
+        rank_gap = _stats_gap(work / "ranks.rank0.pt", work / "one_process.pt")
+        two_s = max(rank["passes_s"] + rank["all_reduce_s"] for rank in ranks)
+        print(f"  calibration across processes ({max(args.batches, 2)} batches; the passes and the all-reduce, "
+              f"opening and imports excluded): 1 process x 2 threads {one['passes_s']:.2f} s; 2 gloo ranks x 1 "
+              "thread (" + ", ".join(f"rank {r}: passes {rank['passes_s']:.2f} s, all-reduce "
+                                     f"{rank['all_reduce_s'] * 1e3:.1f} ms" for r, rank in enumerate(ranks))
+              + f"); all-reduce / pass {reduce_share:.4f}; 2 ranks / 1 process {two_s / one['passes_s']:.2f}; "
+              f"largest relative difference of the ranks' statistics from the one process's {rank_gap:.1e}")
         print(f"  identical results: pruned checkpoints {same_prune}, AIMER scores {same_scores}, calibration "
               f"statistics {same_stats}")
         checks = [check(f"{name} / {reference[name][1].split(' of ')[0]}", ratios[name], target if judged else None,
@@ -542,6 +624,10 @@ def main(argv: list[str] | None = None) -> int:
                          reference=runs[memory]["peak_rss_bytes"] / size, reference_name="in memory")
                    for kind, name, memory in (("prune", "prune (verified)", "memory prune"),
                                               ("calibration", "calibration", "memory calibration"))]
+        checks += [check("calibration across 2 gloo ranks: all-reduce / pass", reduce_share,
+                         0.05 if judged else None, "<=" if judged else None),
+                   check("calibration across 2 gloo ranks: statistics / one process's, relative difference",
+                         rank_gap, 1e-9, "<=")]
         checks += [check("pruned checkpoints identical", same_prune, True, "=="),
                    check("AIMER scores identical", same_scores, True, "=="),
                    check("calibration statistics identical", same_stats, True, "==")]

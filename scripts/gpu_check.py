@@ -11,10 +11,13 @@ Parts:
   export's verification difference. Then the same with router LoRA + RouterDelta; each job's outcome is
   printed even when the other fails.
 - ``prefill``: scripts/bench_prefill.py on the GPU (the paper's 7B shapes; ``--cpu-smoke``: ``--quick``).
+- ``stream``: the streamed paths on the GPU (a checkpoint of Qwen3-30B-A3B's layer shape written here):
+  streamed / in-memory calibration tokens/s, prune with verification / copy, calibration / plain forward, and
+  extrapolated GPU-hours of a 235B and a 1T checkpoint.
 - ``kernels``: when ``lightprune.width.kernels`` exists, its GPU tests (``pytest -m gpu``) compile and run
   the Triton kernels for real; otherwise it says that the module is absent.
 
-``--cpu-smoke`` runs ``calib`` and ``zero3`` on the CPU (fp32 vs bf16 on CPU; ZeRO-3 through the
+``--cpu-smoke`` runs ``calib``, ``stream`` and ``zero3`` on the CPU (fp32 vs bf16 on CPU; ZeRO-3 through the
 tests' CPU DeepSpeed strategy, one process) to check this script's own logic without a GPU.
 
     python scripts/gpu_check.py calib [--cpu-smoke]
@@ -23,6 +26,7 @@ tests' CPU DeepSpeed strategy, one process) to check this script's own logic wit
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -187,14 +191,102 @@ def part_prefill(args) -> None:
     print("\n".join(lines) or done.stdout[-3000:] + done.stderr[-3000:])
 
 
+#: per decoder layer: (routed-expert FLOPs per token, layer bytes) of a checkpoint against Qwen3-30B-A3B's layer
+#: (8 of 128 experts of width 768, hidden 2048: 3 * 2 * 2048 * 768 FLOPs per expert and token), and its layers
+EXTRAPOLATED = {"Qwen3-235B-A22B": dict(layers=94, hidden=4096, width=1536, experts=128, top_k=8),
+                "Kimi K2 (1T)": dict(layers=61, hidden=7168, width=2048, experts=384, top_k=8)}
+
+
+def _timed(device: torch.device, call) -> tuple[float, object]:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = call()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def part_stream(args) -> None:
+    """Streamed paths on the device (issue 51): a checkpoint of Qwen3-30B-A3B's layer shape (6 layers, bf16, written
+    here), streamed calibration tokens/s against in-memory calibration on the same device, streamed prune with
+    verification against a copy, calibration (every criterion) against a plain forward, and the GPU-hours of a
+    235B and a 1T checkpoint extrapolated from the per-layer figures. ``--cpu-smoke``: the quick shape, 2 layers."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_out_of_core import SHAPES, write_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    import lightprune as lp
+    from lightprune.experts.calibration import CRITERIA
+
+    device = _device(args.cpu_smoke)
+    shape, layers = ("quick", 2) if args.cpu_smoke else ("full", 6)
+    batches_n, seq = (2, 32) if args.cpu_smoke else (16, 512)
+    gen = torch.Generator().manual_seed(1)
+    vocab = SHAPES[shape]["vocab_size"]
+    batches = [{"input_ids": torch.randint(3, vocab, (2, seq), generator=gen)} for _ in range(batches_n)]
+    tokens = batches_n * 2 * seq
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+        path = Path(tmp) / "checkpoint"
+        seconds, size = _timed(device, lambda: write_checkpoint(path, layers, shape))
+        print(f"stream: checkpoint {layers} layers of {shape} ({size / 1e9:.2f} GB) written in {seconds:.0f} s")
+        lp.collect_expert_stats(path, batches[:1], progress=False, device=device)  # warm-up: imports, kernels
+        streamed_s, streamed = _timed(device, lambda: lp.collect_expert_stats(
+            path, batches, progress=False, device=device, batches_per_pass=batches_n))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+        inputs = [{k: v.to(device) for k, v in b.items()} for b in batches]
+        lp.collect_expert_stats(model, inputs[:1], progress=False)
+        memory_s, in_memory = _timed(device, lambda: lp.collect_expert_stats(model, inputs, progress=False))
+        every_s, _ = _timed(device, lambda: lp.collect_expert_stats(model, inputs, criteria=CRITERIA,
+                                                                    progress=False))
+
+        def forward() -> None:
+            with torch.no_grad():
+                for batch in inputs:
+                    model(**batch, logits_to_keep=1)
+        forward()
+        plain_s, _ = _timed(device, forward)
+        worst = max(float(((streamed.raw(c, "all")[i].cpu() - in_memory.raw(c, "all")[i].cpu()).abs().max()
+                           / in_memory.raw(c, "all")[i].abs().max().clamp_min(1e-30)).cpu())
+                    for c in streamed.criteria for i in in_memory.raw(c, "all"))
+        print(f"stream: calibration {tokens} tokens: streamed {tokens / streamed_s:,.0f} tok/s, in memory "
+              f"{tokens / memory_s:,.0f} tok/s, streamed / in memory (tok/s) {memory_s / streamed_s:.2f} "
+              f"(target >= 0.8); largest difference of the statistics {worst:.1e} of their scale; activations "
+              f"{streamed.metadata['activations']}")
+        print(f"stream: calibration, every criterion {every_s:.2f} s / plain forward {plain_s:.2f} s = "
+              f"{every_s / plain_s:.2f} (target <= 1.3)")
+        del model, inputs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        plan = lp.select_experts(lp.score_weights(path, "aimer", progress=False, device=device), ratio=0.5)
+        prune_s, _ = _timed(device, lambda: lp.prune_checkpoint(path, plan, Path(tmp) / "pruned", progress=False,
+                                                                device=device))
+        start = time.perf_counter()
+        shutil.copytree(path, Path(tmp) / "copy")
+        os.sync()
+        copy_s = time.perf_counter() - start
+        print(f"stream: prune with verification on {device} {prune_s:.1f} s / copy {copy_s:.1f} s = "
+              f"{prune_s / copy_s:.2f} (target <= 1.0)")
+    base = SHAPES["full"]
+    per_token_layer = streamed_s / layers / tokens  # seconds per token and layer at Qwen3-30B-A3B's shape
+    for name, shape_of in EXTRAPOLATED.items():
+        flops = shape_of["hidden"] * shape_of["width"] / (base["hidden_size"] * base["moe_intermediate_size"])
+        hours = per_token_layer * flops * shape_of["layers"] * 2_000_000 / 3600
+        print(f"stream: {name}: calibration over 2M tokens ~{hours:.2f} GPU-hours on this device (the measured "
+              f"seconds per token and layer x {flops:.1f} the expert FLOPs x {shape_of['layers']} layers)")
+
+
 PARTS = {"env": part_env, "calib": part_calib, "zero3": part_zero3, "kernels": part_kernels,
-         "prefill": part_prefill}
+         "prefill": part_prefill, "stream": part_stream}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=sorted(PARTS))
     parser.add_argument("--cpu-smoke", action="store_true", help="run on the CPU to check the script itself")
+    parser.add_argument("--work-dir", default=None, help="where the stream part writes its checkpoint")
     args = parser.parse_args(argv)
     PARTS[args.part](args)
 

@@ -5,7 +5,8 @@
 #   bash scripts/gpu_check.sh              # on the GPU machine, from the repository root
 #   bash scripts/gpu_check.sh --cpu-smoke  # check the script's logic on a CPU-only machine
 #
-# Parts: env (versions, device), calib (bf16 vs fp32 calibration: tokens/s, rank agreement),
+# Parts: env (versions, device), stream (the streamed paths on the GPU against in memory and a copy),
+# calib (bf16 vs fp32 calibration: tokens/s, rank agreement),
 # zero3 (DeepSpeed ZeRO-3 fit on one GPU, then AIMER / RouterDelta, prune, export, verify),
 # kernels (Triton kernels compiled and tested for real when lightprune.width.kernels exists),
 # prefill (MWOP: dense vs path-sparse / compact FFN prefill on the paper's 7B shapes).
@@ -32,6 +33,7 @@ run_part() {  # name, time limit in seconds
 }
 [ -z "$SMOKE" ] && { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; }
 run_part env 60
+run_part stream 420
 run_part calib 180
 run_part zero3 240
 run_part kernels 240

@@ -75,8 +75,13 @@ class LayerStatistics:
         for statistic in self._members():
             statistic.to(device)
 
-    def all_reduce(self) -> None:
-        """Sum every statistic across ranks on the backend's device (the counts'); a no-op in one process."""
+    def all_reduce(self, flat: list[torch.Tensor]) -> None:
+        """Across ranks: each statistic that sums across ranks its own way (it overrides
+        :meth:`Statistic.all_reduce`) does so now; the others' sums are appended to ``flat``, for the caller's one
+        collective over every layer's."""
         device = self.counts.device
         for statistic in self._members():
-            statistic.all_reduce(device)
+            if type(statistic).all_reduce is Statistic.all_reduce:
+                flat.extend(statistic.sums.values())
+            else:
+                statistic.all_reduce(device)

@@ -296,17 +296,25 @@ class ExpertObserver:
         self._wave_start, self._repeating = None, False  # the next counted batch starts a run
 
     def all_reduce(self) -> None:
-        """Sum every layer's statistics and the batches seen across ranks (torch.distributed), in place, each sum
-        once; a no-op in one process. The ranks first agree that every one's batches passed the routing checks (a
-        failed rank's error is raised on every rank, so none waits in a sum)."""
+        """Sum every layer's statistics and the batches seen across ranks (torch.distributed), in place: every sum of
+        every layer in one flat float64 buffer, one collective (a no-op in one process; a statistic with its own
+        :meth:`~.statistic.Statistic.all_reduce` runs it). The ranks first agree that
+        every one's batches passed the routing checks (a failed rank's error is raised on every rank, so none waits
+        in the sum)."""
         from lightprune.core.distributed import is_distributed, raise_on_every_rank
 
         raise_on_every_rank(self.check_routing)
-        if not is_distributed():
+        if not is_distributed() or not self.statistics:
             return
+        sums: list[torch.Tensor] = []
         for stats in self.statistics.values():
-            stats.all_reduce()
-        seen = torch.tensor([self.batches_seen], dtype=torch.long, device=next(iter(self.statistics.values()))
-                            .counts.device) if self.statistics else torch.tensor([self.batches_seen])
-        torch.distributed.all_reduce(seen)
-        self.batches_seen = int(seen.item())
+            stats.all_reduce(sums)
+        device = next(iter(self.statistics.values())).counts.device  # where the backend reduces (gloo: the CPU)
+        flat = torch.cat([t.reshape(-1).to(device=device, dtype=torch.float64) for t in sums]
+                         + [torch.tensor([float(self.batches_seen)], dtype=torch.float64, device=device)])
+        torch.distributed.all_reduce(flat)
+        offset = 0
+        for tensor in sums:
+            tensor.copy_(flat[offset:offset + tensor.numel()].view(tensor.shape))
+            offset += tensor.numel()
+        self.batches_seen = int(flat[offset].item())

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -84,8 +85,11 @@ def collect_checkpoint_stats(path: str | os.PathLike, batches: Iterable[Mapping[
 
         try:
             with observer:
+                start = time.perf_counter()
                 raise_on_every_rank(passes)  # a rank that fails stops every rank before the sums
+                reduced = time.perf_counter()
                 observer.all_reduce()  # this rank's sums and every other's, each layer's once
+                seconds = {"passes": reduced - start, "all_reduce": time.perf_counter() - reduced}
         finally:
             bar.close()
         if observer.batches_seen == 0:
@@ -94,6 +98,7 @@ def collect_checkpoint_stats(path: str | os.PathLike, batches: Iterable[Mapping[
         stats = observer.result()
         stats.metadata["device"] = str(device)
         stats.metadata["activations"] = _activations(activations)
+        stats.metadata["seconds"] = seconds  # this rank's passes, and the ranks' agreement and sums after them
         if is_distributed():
             stats.metadata["ranks"] = world_size()
         return stats

@@ -2,11 +2,12 @@
 :class:`~.observed.ObservedBatch` at a time.
 
 A :class:`Statistic` holds float64 sums (``sums``, on the layer's device; a layer on the meta device, loaded only
-while it runs, keeps them on the CPU), adds one batch in :meth:`Statistic.update` (under ``torch.no_grad``, no host
-synchronisation beyond what the batch already did), turns its sums into a value per expert in
-:meth:`Statistic.value`, round-trips through :meth:`state_dict` / :meth:`load_state_dict` (flat names, disjoint
-from the other statistics' of the layer: a resumed calibration loads them) and sums them across ranks in
-:meth:`all_reduce`, at decision points only.
+while it runs, keeps them on the CPU unless the observer is told where the model computes), adds one batch in
+:meth:`Statistic.update` (under ``torch.no_grad``, no host synchronisation beyond what the batch already did), turns
+its sums into a value per expert in :meth:`Statistic.value`, round-trips through :meth:`state_dict` /
+:meth:`load_state_dict` (flat names, disjoint from the other statistics' of the layer: a resumed calibration loads
+them) and is summed across ranks at decision points only: its sums in the observer's one flat collective, or by its
+own :meth:`all_reduce` where a subclass overrides it (a statistic whose sums do not add across ranks).
 
 What it reads of the batch it declares in :attr:`Statistic.needs`, so the batch computes only that, once, for
 every statistic of the layer: ``"logits"`` (the router's logits), ``"removal"`` (the family's removal effect and
