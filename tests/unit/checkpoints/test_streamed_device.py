@@ -144,19 +144,36 @@ def test_a_sequential_module_takes_its_stream_device_and_refuses_one_without_seq
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_on_a_gpu_the_streamed_pass_equals_the_in_memory_one_without_a_host_sync(tiny, tmp_path):
+def test_on_a_gpu_the_streamed_pass_equals_the_in_memory_one_without_a_host_sync(tiny, tmp_path, monkeypatch):
     """fp32 on the GPU: streamed calibration equals the in-memory pass of the same model on the same GPU (the same
-    kernels, the same order), and the streamed pass runs under ``set_sync_debug_mode("error")``; the CPU's
-    statistics agree within fp32 rounding."""
+    kernels, the same order); every decoder layer of the streamed pass runs under
+    ``set_sync_debug_mode("error")`` (from its first module until it returns: the observer's work on each layer and
+    batch included), and the CPU's statistics agree within fp32 rounding."""
+    from lightprune.experts.calibration import sequential
+
     model = tiny("qwen3_moe", seed=2).eval()
     path = saved(model, tmp_path / "ckpt")
-    batches = [tiny_text_batch(model, batch_size=2, seq_len=16, seed=s) for s in range(4)]
+    batches = [tiny_text_batch(model, batch_size=2, seq_len=16, seed=s, pad=s == 0) for s in range(4)]
     on_gpu = lp.collect_expert_stats(model.cuda(), batches, progress=False)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        streamed = lp.collect_expert_stats(path, batches, progress=False, device="cuda", batches_per_pass=4)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    run = sequential.run_layer_outer
+    guarded = []
+
+    def strict(skeleton, *args, **kwargs):
+        handles = []
+        for layer in find_decoder_layers(skeleton.model)[1]:
+            first = next(layer.children())  # runs once the layer's turn has come (after the lockstep's wait)
+            handles.append(first.register_forward_pre_hook(lambda *a: torch.cuda.set_sync_debug_mode("error")))
+            handles.append(layer.register_forward_hook(lambda *a: (guarded.append(1),
+                                                                   torch.cuda.set_sync_debug_mode(0))))
+        try:
+            return run(skeleton, *args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            for handle in handles:
+                handle.remove()
+    monkeypatch.setattr(sequential, "run_layer_outer", strict)
+    streamed = lp.collect_expert_stats(path, batches, progress=False, device="cuda", batches_per_pass=4)
+    assert len(guarded) == len(batches) * len(find_decoder_layers(model)[1])
     assert_same_stats(streamed, on_gpu)
     on_cpu = lp.collect_expert_stats(path, batches, progress=False)
     for criterion in on_cpu.metadata["criteria"]:
