@@ -298,9 +298,8 @@ class ExpertObserver:
     def all_reduce(self) -> None:
         """Sum every layer's statistics and the batches seen across ranks (torch.distributed), in place: every sum of
         every layer in one flat float64 buffer, one collective (a no-op in one process; a statistic with its own
-        :meth:`~.statistic.Statistic.all_reduce` runs it). The ranks first agree that
-        every one's batches passed the routing checks (a failed rank's error is raised on every rank, so none waits
-        in the sum)."""
+        :meth:`~.statistic.Statistic.all_reduce` runs it). The ranks first agree that every one's batches passed the
+        routing checks (a failed rank's error is raised on every rank, so none waits in the sum)."""
         from lightprune.core.distributed import is_distributed, raise_on_every_rank
 
         raise_on_every_rank(self.check_routing)
