@@ -7,8 +7,9 @@
   (:class:`SafetensorsWriter`: header first, tensors streamed in);
 - :mod:`.classes` (the transformers class that builds a checkpoint, the in-process resizing subclass) and
   :mod:`.resize` (per-layer expert slots, torch only: its source is the generated ``modeling_lightprune.py``);
-- :mod:`.skeleton` (:class:`Skeleton`: a checkpoint's model on the meta device, modules loaded and released) and
-  :mod:`.sequential` (a skeleton's model run with one decoder layer in memory);
+- :mod:`.skeleton` (:class:`Skeleton`: a checkpoint's model on the meta device, modules loaded and released, onto
+  the device of :mod:`.device`, the next layer read ahead by :mod:`.read_ahead` on a GPU) and :mod:`.sequential` (a
+  skeleton's model run with one decoder layer in memory, the activations at a layer boundary within a budget);
 - :mod:`.staging` (a checkpoint written beside its target and renamed into place).
 
 May import: models and core; never observe, experts, width, export or anything above.

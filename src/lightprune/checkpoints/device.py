@@ -5,9 +5,10 @@ Every out-of-core path (streamed scores, calibration, pruning and its verificati
 layer from the safetensors files into host memory and computes on ``device``: the CPU (the default), or a GPU.
 
 On a GPU each tensor is read into pinned host memory and copied to the device on a copy stream of its own
-(``non_blocking``), and the stream the layer computes on waits for those copies (an event) instead of the host: when
-the pass before it queued its kernels without waiting for them (the observed pass reads nothing back per batch), the
-next layer is read from the page cache and copied while the GPU still computes this one. A device tensor made on the
+(``non_blocking``), and the stream the layer computes on waits for those copies (``wait_stream``) instead of the
+host: the next layer is read by a background thread while this one's kernels are queued
+(:mod:`lightprune.checkpoints.read_ahead`), and since the pass queues them without waiting for them (the observed
+pass reads nothing back per layer or batch), it is copied while the GPU still computes this one. A device tensor made on the
 copy stream is marked used by the compute stream (``record_stream``), so its memory is not handed out again before
 the kernels that read it have run; the pinned staging buffers are PyTorch's cached host allocations, which wait for
 the copies out of them before they are reused. On the CPU the host tensor is the device tensor: the same code, no

@@ -35,6 +35,7 @@ from lightprune.checkpoints.contents import check_contents
 from lightprune.checkpoints.device import DeviceCopies, streaming_device
 from lightprune.checkpoints.mtp import config_with_mtp, mtp_alias, mtp_layers
 from lightprune.checkpoints.pool import ReadPool
+from lightprune.checkpoints.read_ahead import ReadAhead
 from lightprune.checkpoints.reader import Checkpoint, majority_dtype
 from lightprune.checkpoints.resize import experts_per_layer
 from lightprune.core.notices import quiet_progress
@@ -133,6 +134,10 @@ class Skeleton:
         self.copies = DeviceCopies(self.device)
         #: where released tensors go and loads read into (None: freed, new memory)
         self.pool = pool if self.device.type == "cpu" else None
+        #: read the next layer in a background thread when told (:meth:`prefetch`): on a GPU, into pinned memory while
+        #: this layer's kernels are queued (:mod:`lightprune.checkpoints.read_ahead`); never with a pool
+        self.read_ahead = self.device.type != "cpu"
+        self._ahead: ReadAhead | None = None
         #: the checkpoint's multi-token-prediction layers (their tensors are never unexpected ones), and those the
         #: model builds as further decoder layers (``mtp``)
         self.mtp_layers = mtp_layers(checkpoint.path, checkpoint.config, checkpoint.keys())
@@ -249,11 +254,12 @@ class Skeleton:
                              f"{f' and {len(missing) - 8} more' if len(missing) > 8 else ''} of module(s) "
                              f"{modules}: it would load with random weights")
         converted = []
+        ahead, self._ahead = (self._ahead.take(wanted) if self._ahead is not None else {}), None
         # largest first: each takes the smallest released storage that holds it (:meth:`ReadPool.take`)
         for name in sorted(wanted, key=lambda n: -self._get(n).nbytes):
             if name in tied:
                 continue
-            tensor = self._read(name, self._get(name))
+            tensor = ahead[name] if name in ahead else self._read(name, self._get(name))
             if tensor is None:
                 converted.append(name)
                 continue
@@ -358,11 +364,19 @@ class Skeleton:
     def prefetch(self, modules: Iterable[str]) -> None:
         """Have the checkpoint bytes of ``modules`` read into the page cache in the background
         (:meth:`Checkpoint.will_need`): called for the next layer while this one computes, its :meth:`load` then
-        copies from memory instead of waiting on the disk. Changes nothing in memory this process holds."""
+        copies from memory instead of waiting on the disk. With :attr:`read_ahead` (a GPU) a thread also reads them
+        into host memory now (:class:`~lightprune.checkpoints.read_ahead.ReadAhead`), taken by the next
+        :meth:`load`."""
         wanted = self._wanted(list(modules))
         tied = self._tied(wanted)
         self.checkpoint.will_need(sorted({key for name in wanted if name not in tied
                                           for key in self.sources.get(name, ())}))
+        if self.read_ahead and self.pool is None:
+            if self._ahead is not None:
+                self._ahead.wait()  # an earlier read ahead no load took: dropped
+            names = sorted((name for name in wanted if name not in tied and name in self.sources),
+                           key=lambda n: -self._get(n).nbytes)
+            self._ahead = ReadAhead(names, lambda name: self._read(name, self._get(name)))
 
     @contextlib.contextmanager
     def resident(self, *modules: str) -> Iterator[nn.Module]:

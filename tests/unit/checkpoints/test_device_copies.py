@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 
 from lightprune.checkpoints import Checkpoint, Skeleton
@@ -63,3 +64,55 @@ def test_a_load_queues_its_copies_on_the_copy_stream_and_the_compute_stream_wait
         state = model.state_dict()
         for name in names:
             assert torch.equal(skeleton._get(name), state[name])
+
+
+def test_read_ahead_reads_each_next_layer_in_its_thread_and_changes_no_logit(tiny, tmp_path, monkeypatch):
+    """A skeleton that reads ahead (as on a GPU; here on the CPU, without a pool): every decoder layer after the
+    first is read by the read-ahead thread while the one before computes, the first and what lies outside the layers
+    at their load, and three forwards in lockstep give the loaded model's logits exactly."""
+    import threading
+
+    from lightprune.checkpoints.sequential import run_layer_outer
+    from lightprune.models.layer import find_decoder_layers
+    from lightprune.models.tiny_batches import tiny_text_batch
+
+    model = tiny("qwen3_moe", seed=3).eval()
+    model.save_pretrained(tmp_path / "ckpt", max_shard_size="20KB")
+    batches = [tiny_text_batch(model, batch_size=1, seq_len=6, seed=s) for s in range(3)]
+    readers: dict[str, set[str]] = {}
+    read_into = Checkpoint.read_into
+
+    def recorded(self, key, out, start=0):
+        readers.setdefault(key, set()).add(threading.current_thread().name)
+        return read_into(self, key, out, start)
+    monkeypatch.setattr(Checkpoint, "read_into", recorded)
+    logits = {}
+    with Checkpoint(tmp_path / "ckpt") as checkpoint:
+        skeleton = Skeleton(checkpoint)
+        skeleton.read_ahead = True
+        run_layer_outer(skeleton, list(range(3)), lambda i: logits.__setitem__(i, skeleton.model(**batches[i]).logits))
+    layers = len(find_decoder_layers(model)[1])
+    for key, threads in readers.items():
+        later = any(f"layers.{i}." in key for i in range(1, layers))
+        assert threads == ({"lightprune-read-ahead"} if later else {threading.current_thread().name}), (key, threads)
+    assert any("layers.1." in key for key in readers)
+    with torch.no_grad():
+        for i, batch in enumerate(batches):
+            assert torch.equal(logits[i], model(**batch).logits)
+
+
+def test_a_read_ahead_that_fails_raises_at_the_load_that_takes_it(tiny, tmp_path, monkeypatch):
+    """The read-ahead thread's error is the next load's, naming what could not be read; nothing is half loaded."""
+    model = tiny("qwen3_moe")
+    model.save_pretrained(tmp_path / "ckpt")
+    with Checkpoint(tmp_path / "ckpt") as checkpoint:
+        skeleton = Skeleton(checkpoint)
+        skeleton.read_ahead = True
+
+        def broken(self, key, out, start=0):
+            raise OSError(f"read of {key} failed")
+        monkeypatch.setattr(Checkpoint, "read_into", broken)
+        skeleton.prefetch(["model.layers.1"])
+        with pytest.raises(OSError, match=r"read of model\.layers\.1\..* failed"):
+            skeleton.load(["model.layers.1"])
+        assert not skeleton.is_resident("model.layers.1")

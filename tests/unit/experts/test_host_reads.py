@@ -6,6 +6,8 @@ copy to the device could not overlap the compute. Counted here on the CPU by pat
 from __future__ import annotations
 
 import collections
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,14 +27,15 @@ def host_reads(monkeypatch):
     """A Counter of the host reads made while ``counting[0]`` is True, by (read, lightprune file, line)."""
     import traceback
 
+    package = str(Path(lp.__file__).parent) + os.sep  # the package's own files, wherever the checkout is
     counts: collections.Counter = collections.Counter()
     counting = [False]
 
     def counted(name, original):
         def read(*args, **kwargs):
             if counting[0]:
-                frames = [f for f in traceback.extract_stack()[:-1] if "/lightprune/" in f.filename]
-                where = (frames[-1].filename.rsplit("/lightprune/", 1)[-1], frames[-1].lineno) if frames else None
+                frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(package)]
+                where = (frames[-1].filename.removeprefix(package), frames[-1].lineno) if frames else None
                 counts[(name, where)] += 1
             return original(*args, **kwargs)
         return read
