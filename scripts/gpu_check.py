@@ -13,7 +13,7 @@ Parts:
 - ``prefill``: scripts/bench_prefill.py on the GPU (the paper's 7B shapes; ``--cpu-smoke``: ``--quick``).
 - ``stream``: the streamed paths on the GPU (a checkpoint of Qwen3-30B-A3B's layer shape written here):
   streamed / in-memory calibration tokens/s, prune with verification / copy, calibration / plain forward, and
-  extrapolated GPU-hours of a 235B and a 1T checkpoint.
+  extrapolated GPU-hours of a 235B and a 1T checkpoint's calibration.
 - ``kernels``: when ``lightprune.width.kernels`` exists, its GPU tests (``pytest -m gpu``) compile and run
   the Triton kernels for real; otherwise it says that the module is absent.
 
@@ -191,8 +191,9 @@ def part_prefill(args) -> None:
     print("\n".join(lines) or done.stdout[-3000:] + done.stderr[-3000:])
 
 
-#: per decoder layer: (routed-expert FLOPs per token, layer bytes) of a checkpoint against Qwen3-30B-A3B's layer
-#: (8 of 128 experts of width 768, hidden 2048: 3 * 2 * 2048 * 768 FLOPs per expert and token), and its layers
+#: the decoder layers and routed-expert shapes of the checkpoints extrapolated to: the measured seconds per token and
+#: layer at Qwen3-30B-A3B's shape (top-8 of 128 experts of width 768, hidden 2048) scale with hidden x width (top-8
+#: everywhere); a layer's read is assumed hidden by its compute, as the streamed / in-memory figure says it is
 EXTRAPOLATED = {"Qwen3-235B-A22B": dict(layers=94, hidden=4096, width=1536, experts=128, top_k=8),
                 "Kimi K2 (1T)": dict(layers=61, hidden=7168, width=2048, experts=384, top_k=8)}
 
@@ -210,8 +211,8 @@ def _timed(device: torch.device, call) -> tuple[float, object]:
 def part_stream(args) -> None:
     """Streamed paths on the device (issue 51): a checkpoint of Qwen3-30B-A3B's layer shape (6 layers, bf16, written
     here), streamed calibration tokens/s against in-memory calibration on the same device, streamed prune with
-    verification against a copy, calibration (every criterion) against a plain forward, and the GPU-hours of a
-    235B and a 1T checkpoint extrapolated from the per-layer figures. ``--cpu-smoke``: the quick shape, 2 layers."""
+    verification against a copy, calibration (every criterion) against a plain forward, and the device-hours of a
+    235B and a 1T checkpoint's calibration over 2M tokens extrapolated from the per-layer figures. ``--cpu-smoke``: the quick shape, 2 layers."""
     import shutil
 
     sys.path.insert(0, str(ROOT / "scripts"))
