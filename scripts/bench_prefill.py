@@ -14,13 +14,13 @@ before timing, as the paper packs weights and tunes kernels before timing; their
   scheduler): scaled-down shapes. FFN: the transformers Qwen2 MLP vs :class:`CompactModalityFFN` (target
   at 50% visual channels: at most 0.6x the dense time). Attention core: SDPA (causal, GQA) vs
   :func:`lightprune.width.kernels.flex_path_attention` under ``torch.compile`` (eager, said so, when compiling
-  fails); its fraction is the retained causal pairs. Total: a few Qwen2 decoder layers with the LM head on
+  fails), and the ``span`` backend (SDPA on the kept key spans) beside; its fraction is the retained causal pairs. Total: a few Qwen2 decoder layers with the LM head on
   the last token, dense SDPA vs both swaps (:func:`swap_compact_ffn` and the flex path attention
   registered as an attention implementation reading the swap's token modality).
 - GPU (when CUDA is available and ``--device`` allows): the paper's 7B per-layer shapes in bf16 with CUDA
   events (eager, no CUDA graphs); Triton path-sparse vs SDPA (kernel with prebuilt intervals, and
-  ``path_sparse_attention`` end to end; FlexAttention compiled for the GPU beside, not judged) and compact vs
-  dense FFN, target pruned/dense <= 1.15 x the fraction.
+  ``path_sparse_attention`` end to end; FlexAttention compiled for the GPU and the ``span`` backend beside, not
+  judged) and compact vs dense FFN, target pruned/dense <= 1.15 x the fraction.
 
 ``--quick`` runs tiny shapes in seconds (a test runs it so the script cannot rot). ``--json PATH`` also writes
 the printed figures (every ratio with its retained-FLOPs fraction, targets, PASS/FAIL, shapes, threads) as JSON.
@@ -41,6 +41,7 @@ from bench_figures import write_json  # noqa: E402  (scripts/ is on sys.path whe
 
 from lightprune.width.flops import decoder_flops
 from lightprune.width.kernels.compact_ffn import CompactModalityFFN, split_tokens
+from lightprune.width.kernels.path_attention import path_sparse_attention
 from lightprune.width.paths import SYSTEM, TEXT, VISION
 from lightprune.width.plan import WidthPlan
 from lightprune.width.swap import swap_compact_ffn
@@ -224,6 +225,10 @@ def bench_attention_cpu(s, point, args, flex: Flex):
     times = timeit({"dense": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
                     "pruned": lambda: flex(q, k, v, mod, keep, mask)}, args.repeats, args.warmup, torch.device("cpu"))
     report("attention", point, times, pairs_fraction(config, s, plan), None, flex.note)
+    times = timeit({"dense": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                    "pruned": lambda: path_sparse_attention(q, k, v, mod, keep, backend="span")},
+                   args.repeats, args.warmup, torch.device("cpu"))
+    report("attention", point, times, pairs_fraction(config, s, plan), None, "  [span: SDPA on the kept key spans]")
 
 
 def bench_total_cpu(s, point, args, flex: Flex | None):
@@ -280,7 +285,6 @@ def bench_gpu(args, device, s7: dict | None = None, profiles: dict | None = None
             print(f"note: lightprune.width.kernels.path_attention_triton is not there: GPU attention for {point} skipped")
             continue
         from lightprune.width.kernels.intervals import class_bits, key_intervals
-        from lightprune.width.kernels.path_attention import path_sparse_attention
         from lightprune.width.kernels.path_attention_triton import default_blocks, triton_path_attention
 
         config = qwen2_config(s, layers=1)
@@ -303,6 +307,9 @@ def bench_gpu(args, device, s7: dict | None = None, profiles: dict | None = None
         times = timeit({"dense": dense, "pruned": lambda: flex(q, k, v, mod, keep, mask)}, args.repeats, args.warmup,
                        device)
         report("attention", point, times, fraction, None, flex.note)
+        times = timeit({"dense": dense, "pruned": lambda: path_sparse_attention(q, k, v, mod, keep, backend="span")},
+                       args.repeats, args.warmup, device)
+        report("attention", point, times, fraction, None, "  [span: SDPA on the kept key spans, beside]")
 
 
 def main(argv=None) -> int:

@@ -34,7 +34,7 @@ def _logits(model, batch):
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_onevision"])
-@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "span"])
 def test_attached_kernels_equal_the_masked_model(tiny, family, backend):
     model = tiny(family)
     plan = _random_plan(model, seed=1)

@@ -386,4 +386,4 @@ def test_bench_prefill_quick_prints_ratios():
     for point in ("llava_onevision", "qwen2_5_vl"):
         assert [(kind, note) for kind, p, note in rows if p == point] == [
             ("ffn", "visual"), ("attention", "triton,"), ("attention", "path_sparse_attention"),
-            ("attention", "flex")], gpu
+            ("attention", "flex"), ("attention", "span:")], gpu

@@ -196,17 +196,17 @@ def _check(backend: str, q_len: int, dtype: torch.dtype, keep_name: str):
 
 @pytest.mark.parametrize("keep_name", sorted(KEEPS))
 @pytest.mark.parametrize("q_len", [K_LEN, 23])
-@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "span"])
 def test_torch_backends_match_reference(backend, q_len, keep_name):
     _check(backend, q_len, torch.float32, keep_name)
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "span"])
 def test_torch_backends_bf16(backend):
     _check(backend, K_LEN, torch.bfloat16, "singles")
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "span"])
 def test_torch_backends_single_query(backend):
     _check(backend, 1, torch.float32, "pairs_and_none")  # decode: the last position only
 
@@ -269,6 +269,31 @@ else:
         assert re.search(r"\b8 passed\b", done.stdout) and "skipped" not in done.stdout, tail
 
 
+def test_span_backend_never_reads_pruned_keys_and_runs_mha():
+    """V2V and T2V pruned on every head: the span backend gathers no vision key, so NaN vision keys and values
+    leave it exact (masked SDPA turns NaN); one head per key/value head (MHA) and mixed patterns too."""
+    modality = torch.tensor([_layout((S, 5), (V, 40), (T, 25))] * 2, dtype=torch.int8)
+    keep = torch.tensor([[0, 0, 1]] * 4, dtype=torch.bool)
+    q, k, v = _inputs(K_LEN, torch.float32, seed=2)
+    q, k, v = q[:2], k[:2].clone(), v[:2].clone()
+    want = _reference(q, k, v, modality, keep)
+    k[:, :, 5:45], v[:, :, 5:45] = float("nan"), float("nan")
+    got = path_sparse_attention(q, k, v, modality, keep, backend="span")
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
+    q, k, v = _inputs(K_LEN, torch.float32, heads=4, kv_heads=4, seed=3)
+    keep = torch.tensor([[1, 1, 1], [0, 1, 0], [1, 1, 1], [0, 0, 0]], dtype=torch.bool)
+    got = path_sparse_attention(q, k, v, _modality(), keep, backend="span")
+    torch.testing.assert_close(got.double(), _reference(q, k, v, _modality(), keep), rtol=0, atol=2e-5)
+
+
+def test_modality_runs_are_the_maximal_runs():
+    from lightprune.width.kernels.span_attention import modality_runs
+
+    assert modality_runs([0, 0, 1, 1, 1, 2, 1]) == [(0, 2, 0), (2, 5, 1), (5, 6, 2), (6, 7, 1)]
+    assert modality_runs([2]) == [(0, 1, 2)]
+    assert modality_runs([]) == []
+
+
 def test_block_mask_skips_pruned_blocks():
     modality, keep = _modality(), _keep("singles")
     got = path_block_mask(modality, keep, 4, 23, block_size=16).to_dense().bool()  # [B, H, nq, nk]
@@ -309,7 +334,7 @@ def test_triton_kernel_compiles_for_cuda(dtype):
 
 # ---------------------------------------------------------------- errors and laziness
 def test_check_backend_errors(monkeypatch):
-    with pytest.raises(ValueError, match=r"'cuda_graph'.*\['triton', 'flex', 'sdpa'\]"):
+    with pytest.raises(ValueError, match=r"'cuda_graph'.*\['triton', 'flex', 'span', 'sdpa'\]"):
         check_backend("cuda_graph", torch.device("cpu"))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="'triton' on cpu.*TRITON_INTERPRET=1"):
@@ -317,7 +342,8 @@ def test_check_backend_errors(monkeypatch):
     with pytest.raises(RuntimeError, match="'flex' on meta"):
         check_backend("flex", torch.device("meta"))
     check_backend("sdpa", torch.device("cpu"))
-    assert BACKENDS == ("triton", "flex", "sdpa")
+    check_backend("span", torch.device("cpu"))
+    assert BACKENDS == ("triton", "flex", "span", "sdpa")
 
 
 def test_input_errors():

@@ -2,7 +2,8 @@
 
 ``path_sparse_attention(query, key, value, modality, keep, backend=...)`` computes attention with the
 pruned paths' keys removed before the softmax (:mod:`.path_attention`); backends ``"triton"``
-(:mod:`.path_attention_triton`, imported only when used), ``"flex"`` and ``"sdpa"``. The retained key
+(:mod:`.path_attention_triton`, imported only when used), ``"flex"``, ``"span"`` (:mod:`.span_attention`: dense
+SDPA on the kept key spans) and ``"sdpa"``. The retained key
 intervals the Triton kernel walks come from :func:`.intervals.key_intervals`.
 :class:`.compact_ffn.CompactModalityFFN` runs a gated MLP with packed visual (and text) channels;
 (:func:`lightprune.width.swap.swap_compact_ffn` swaps it in for every FFN a WidthPlan prunes).

@@ -14,6 +14,8 @@ too). A query with no retained key outputs zeros. Backends (:data:`BACKENDS`):
   softmax (CUDA, or the CPU interpreter under ``TRITON_INTERPRET=1``);
 - ``"flex"``: ``torch.nn.attention.flex_attention`` with a BlockMask from the same rule (compiled on
   CUDA, eager on CPU, forward-only there);
+- ``"span"``: :mod:`.span_attention`, dense SDPA calls on the kept key spans, one per sample, kept-path pattern
+  and query run (the pruned keys never read; any device);
 - ``"sdpa"``: the dense boolean [B, H, Q, K] mask and torch SDPA (the fallback and reference).
 
 An unavailable backend is an error from :func:`check_backend`, never a silent fallback.
@@ -33,7 +35,7 @@ from lightprune.width.paths import PAD, path_keep, path_masks
 __all__ = ["BACKENDS", "path_sparse_attention", "check_backend", "check_inputs", "path_keep_mask",
            "sdpa_path_attention", "flex_path_attention", "path_block_mask"]
 
-BACKENDS = ("triton", "flex", "sdpa")
+BACKENDS = ("triton", "flex", "span", "sdpa")
 _FLEX_DEVICES = ("cpu", "cuda")
 _COMPILED_FLEX = None
 
@@ -47,7 +49,7 @@ def check_backend(backend: str, device: torch.device | str) -> None:
     device = torch.device(device)
     if backend not in BACKENDS:
         raise ValueError(f"unknown path attention backend {backend!r}; choose one of {list(BACKENDS)}")
-    if backend == "sdpa":
+    if backend in ("sdpa", "span"):
         return
     if backend == "flex":
         if importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
@@ -194,6 +196,10 @@ def path_sparse_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
         return sdpa_path_attention(query, key, value, modality, keep, scale=scale)
     if backend == "flex":
         return flex_path_attention(query, key, value, modality, keep, scale=scale)
+    if backend == "span":
+        from lightprune.width.kernels.span_attention import span_path_attention
+
+        return span_path_attention(query, key, value, modality, keep, scale=scale)
     from lightprune.width.kernels.path_attention_triton import triton_path_attention
 
     return triton_path_attention(query, key, value, modality, keep, scale=scale)
