@@ -15,7 +15,8 @@ import torch
 
 from lightprune.models.layer import MoELayer, RoutingTensor
 
-__all__ = ["check_routing_tensors", "non_finite_routing_tensor", "routing_tensors_message", "routing_tensors_record"]
+__all__ = ["check_routing_tensors", "names_and_shapes", "non_finite_routing_tensor", "routing_tensors_message",
+           "routing_tensors_record"]
 
 
 def _readable(tensor: torch.Tensor) -> torch.Tensor | None:
@@ -27,27 +28,11 @@ def _readable(tensor: torch.Tensor) -> torch.Tensor | None:
     return tensor.float() if tensor.element_size() == 1 else tensor
 
 
-def non_finite_routing_tensor(layer: MoELayer) -> RoutingTensor | None:
-    """The first tensor of :meth:`~lightprune.models.base.MoEFamily.routing_tensors` that holds a NaN or inf (None:
-    none), tensors not in memory skipped. One reduction per tensor and one host sync per device the layer is on."""
-    by_device: dict[torch.device, list[tuple[RoutingTensor, torch.Tensor]]] = {}
-    for found in layer.family.routing_tensors(layer):
-        values = _readable(found.tensor)
-        if values is not None:
-            by_device.setdefault(values.device, []).append((found, values))
-    for group in by_device.values():
-        finite = torch.stack([torch.isfinite(values).all() for _, values in group]).tolist()  # the host sync
-        for (found, _), ok in zip(group, finite, strict=True):
-            if not ok:
-                return found
-    return None
-
-
-def routing_tensors_record(layer: MoELayer) -> tuple[torch.Tensor, list[tuple[str, tuple[int, ...]]]] | None:
+def routing_tensors_record(layer: MoELayer) -> tuple[torch.Tensor, list[RoutingTensor]] | None:
     """What :func:`check_routing_tensors` reads, computed on the layer's device without a host sync: (``record``
     [6] int64: non-finite tensors, the first one's position, its non-finite values, NaN, inf, the first value's flat
-    index; the names and shapes of the tensors in order), or None when no tensor is in memory. Tensors on several
-    devices: their counts meet on the first one's."""
+    index; the tensors of :meth:`~lightprune.models.base.MoEFamily.routing_tensors` in memory, in order), or None
+    when none is. Tensors on several devices: their counts meet on the first one's."""
     found = [(entry, values) for entry in layer.family.routing_tensors(layer)
              if (values := _readable(entry.tensor)) is not None]
     if not found:
@@ -64,16 +49,27 @@ def routing_tensors_record(layer: MoELayer) -> tuple[torch.Tensor, list[tuple[st
     failed = stats[:, 0] > 0
     which = torch.argmax(failed.to(torch.uint8))
     record = torch.cat([torch.stack([failed.sum(), which]), stats[which]])
-    return record, [(entry.name, tuple(values.shape)) for entry, values in found]
+    return record, [entry for entry, _ in found]
+
+
+def non_finite_routing_tensor(layer: MoELayer) -> RoutingTensor | None:
+    """The first tensor of :meth:`~lightprune.models.base.MoEFamily.routing_tensors` that holds a NaN or inf (None:
+    none), tensors not in memory skipped (:func:`routing_tensors_record`, read once)."""
+    found = routing_tensors_record(layer)
+    if found is None:
+        return None
+    record, tensors = found
+    failed, which = record[:2].tolist()
+    return tensors[which] if failed else None
 
 
 def routing_tensors_message(layer: MoELayer, record: list[int], tensors: list[tuple[str, tuple[int, ...]]],
                             where: str, outcome: str) -> str:
-    """The refusal of :func:`check_routing_tensors` from a read :func:`routing_tensors_record`."""
+    """The refusal of :func:`check_routing_tensors` from a read :func:`routing_tensors_record` (``tensors``: the
+    names and shapes of its tensors, which a caller keeps instead of the tensors)."""
     _, which, count, nan, inf, flat = record
     name, shape = tensors[which]
-    first = list(torch.unravel_index(torch.tensor(flat), shape)) if shape else []
-    first = [int(i) for i in first]
+    first = [int(i) for i in torch.unravel_index(torch.tensor(flat), shape)] if shape else []
     return (f"{where}, MoE layer {layer.index} ({layer.name}): routing tensor {name} {list(shape)} holds "
             f"{count} NaN or inf value{'s' if count != 1 else ''} ({nan} NaN, {inf} inf), the first at index {first}; "
             f"{outcome}. The layer routes every token with it: restore the tensor from an intact copy of the "
@@ -91,4 +87,9 @@ def check_routing_tensors(layer: MoELayer, where: str, outcome: str) -> None:
     record, tensors = found
     values = record.tolist()
     if values[0]:
-        raise ValueError(routing_tensors_message(layer, values, tensors, where, outcome))
+        raise ValueError(routing_tensors_message(layer, values, names_and_shapes(tensors), where, outcome))
+
+
+def names_and_shapes(tensors: list[RoutingTensor]) -> list[tuple[str, tuple[int, ...]]]:
+    """What a refusal names of the tensors of :func:`routing_tensors_record`."""
+    return [(entry.name, tuple(entry.tensor.shape)) for entry in tensors]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import assert_same_stats
 
 import lightprune as lp
 from lightprune.checkpoints import Checkpoint, Skeleton
@@ -20,16 +21,6 @@ from lightprune.models.tiny_batches import tiny_text_batch
 def saved(model, path: Path) -> Path:
     model.save_pretrained(path, max_shard_size="20KB")
     return path
-
-
-def assert_same_stats(got, expected) -> None:
-    assert got.tokens == expected.tokens and got.samples == expected.samples
-    for criterion in expected.metadata["criteria"]:
-        for subset in expected.metadata["subsets"]:
-            want, have = expected.raw(criterion, subset), got.raw(criterion, subset)
-            assert have.keys() == want.keys()
-            for index in want:
-                assert torch.equal(have[index], want[index]), (criterion, subset, index)
 
 
 @pytest.mark.parametrize("device, error, said", [

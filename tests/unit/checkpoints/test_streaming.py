@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import assert_same_stats
 
 import lightprune as lp
 from lightprune.checkpoints import Checkpoint, Skeleton
@@ -564,16 +565,6 @@ def test_streaming_runs_under_a_memory_limit_smaller_than_the_checkpoint(tmp_pat
     assert lp.load_pruned(tmp_path / "stream") is not None
     loaded = run("load")
     assert loaded.returncode != 0, "the limit is not binding: the whole model loaded under it"
-
-
-def assert_same_stats(got, expected) -> None:
-    assert got.tokens == expected.tokens and got.samples == expected.samples
-    for criterion in expected.metadata["criteria"]:
-        for subset in expected.metadata["subsets"]:
-            want, have = expected.raw(criterion, subset), got.raw(criterion, subset)
-            assert have.keys() == want.keys()
-            for index in want:
-                assert torch.equal(have[index], want[index]), (criterion, subset, index)
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "mixtral", "jamba", "llama4_text",

@@ -211,6 +211,20 @@ def test_torch_backends_single_query(backend):
     _check(backend, 1, torch.float32, "pairs_and_none")  # decode: the last position only
 
 
+def _check_never_reads_pruned_keys(backend: str) -> None:
+    """V2V and T2V pruned on every head: no query retains a vision key. Their K / V are NaN: a dense computation
+    (SDPA) turns NaN, ``backend`` stays exact because it never reads them into a product."""
+    modality = torch.tensor([_layout((S, 5), (V, 40), (T, 25))] * 2, dtype=torch.int8)
+    keep = torch.tensor([[0, 0, 1]] * 4, dtype=torch.bool)
+    q, k, v = _inputs(K_LEN, torch.float32, seed=2)
+    q, k, v = q[:2], k[:2].clone(), v[:2].clone()
+    want = _reference(q, k, v, modality, keep)
+    k[:, :, 5:45], v[:, :, 5:45] = float("nan"), float("nan")
+    assert path_sparse_attention(q, k, v, modality, keep, backend="sdpa").isnan().any()
+    got = path_sparse_attention(q, k, v, modality, keep, backend=backend)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
+
+
 if _CHILD:  # the Triton tests exist only in the TRITON_INTERPRET=1 subprocess (see test_triton_interpreter)
 
     @pytest.mark.parametrize("keep_name", sorted(KEEPS))
@@ -245,17 +259,7 @@ if _CHILD:  # the Triton tests exist only in the TRITON_INTERPRET=1 subprocess (
             triton_path_attention(q, k, v, modality, keep, block_m=32, intervals=intervals)
 
     def test_interp_triton_never_reads_pruned_keys():
-        # V2V and T2V pruned on every head: no query retains a vision key. Their K / V are NaN: a dense
-        # computation (SDPA) turns NaN, the kernel stays exact because it never loads them into a product
-        modality = torch.tensor([_layout((S, 5), (V, 40), (T, 25))] * 2, dtype=torch.int8)
-        keep = torch.tensor([[0, 0, 1]] * 4, dtype=torch.bool)
-        q, k, v = _inputs(K_LEN, torch.float32, seed=2)
-        q, k, v = q[:2], k[:2].clone(), v[:2].clone()
-        want = _reference(q, k, v, modality, keep)
-        k[:, :, 5:45], v[:, :, 5:45] = float("nan"), float("nan")
-        assert path_sparse_attention(q, k, v, modality, keep, backend="sdpa").isnan().any()
-        got = path_sparse_attention(q, k, v, modality, keep, backend="triton")
-        torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
+        _check_never_reads_pruned_keys("triton")
 
 else:
 
@@ -272,14 +276,7 @@ else:
 def test_span_backend_never_reads_pruned_keys_and_runs_mha():
     """V2V and T2V pruned on every head: the span backend gathers no vision key, so NaN vision keys and values
     leave it exact (masked SDPA turns NaN); one head per key/value head (MHA) and mixed patterns too."""
-    modality = torch.tensor([_layout((S, 5), (V, 40), (T, 25))] * 2, dtype=torch.int8)
-    keep = torch.tensor([[0, 0, 1]] * 4, dtype=torch.bool)
-    q, k, v = _inputs(K_LEN, torch.float32, seed=2)
-    q, k, v = q[:2], k[:2].clone(), v[:2].clone()
-    want = _reference(q, k, v, modality, keep)
-    k[:, :, 5:45], v[:, :, 5:45] = float("nan"), float("nan")
-    got = path_sparse_attention(q, k, v, modality, keep, backend="span")
-    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
+    _check_never_reads_pruned_keys("span")
     q, k, v = _inputs(K_LEN, torch.float32, heads=4, kv_heads=4, seed=3)
     keep = torch.tensor([[1, 1, 1], [0, 1, 0], [1, 1, 1], [0, 0, 0]], dtype=torch.bool)
     got = path_sparse_attention(q, k, v, _modality(), keep, backend="span")

@@ -37,10 +37,9 @@ import torch
 
 from lightprune.experts.calibration.reruns import Reruns, reselect
 from lightprune.models import MoELayer, RemovalEffect
-from lightprune.models.routing_check import routing_tensors_message, routing_tensors_record
+from lightprune.models.routing_check import names_and_shapes, routing_tensors_message, routing_tensors_record
 
-__all__ = ["FiniteRoutingChecks", "ObservedBatch", "check_finite_routing", "compute_dtype", "finite_routing_record",
-           "ROUTING_NEEDS"]
+__all__ = ["FiniteRoutingChecks", "ObservedBatch", "compute_dtype", "finite_routing_record", "ROUTING_NEEDS"]
 
 #: the needs that make a batch compute its routing part
 ROUTING_NEEDS = frozenset({"logits", "removal", "entering"})
@@ -111,7 +110,7 @@ class FiniteRoutingChecks:
         found = routing_tensors_record(layer)
         if found is None:
             return
-        record, tensors = found
+        record, tensors = found[0], names_and_shapes(found[1])  # not the tensors: a streamed layer is released
         self._queue(record, lambda values: routing_tensors_message(
             layer, values, tensors, f"calibration, before batch {batch_index}",
             "its statistics would be skewed (the selection reads it)"))
@@ -138,20 +137,6 @@ class FiniteRoutingChecks:
         number = int(first)
         if number >= 0:
             raise ValueError(said[number](record.tolist()))
-
-
-def check_finite_routing(layer: MoELayer, batch_index: int, router_input: torch.Tensor,
-                         router_logits: torch.Tensor | None, keep: torch.Tensor | None, seq_len: int = 0,
-                         logits_name: str = "router logits") -> None:
-    """Refuse a NaN or inf in what the layer's router saw (``router_input`` [T, H']) or returned (``router_logits``,
-    None where the router returns none; ``logits_name`` says what they are) at a token the statistics read: every
-    token, or with padding only those in some subset (``keep`` [T]; the rest are zeroed before anything is summed),
-    now: one check of :class:`FiniteRoutingChecks` read at once (the observer queues its checks instead). A
-    non-finite token would be routed, counted and summed into every statistic as NaN, and selection would then blame
-    the experts it reached."""
-    checks = FiniteRoutingChecks()
-    checks.add(layer, batch_index, router_input, router_logits, keep, seq_len, logits_name)
-    checks.raise_first()
 
 
 def _zero(tensor: torch.Tensor) -> torch.Tensor:

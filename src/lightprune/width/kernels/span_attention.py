@@ -57,14 +57,16 @@ def span_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
             allowed = table[members[0]]  # [4, 4]
             heads_index = torch.tensor(members, device=query.device)
             kv_index = heads_index // groups
+            # the pattern's heads and the key/value heads they read, gathered once for all the runs
+            q_heads, k_heads, v_heads = (q_all[b].index_select(0, heads_index), k_all[b].index_select(0, kv_index),
+                                         v_all[b].index_select(0, kv_index))
             for start, end, code in runs:
                 last = offset + end  # keys after the run's last query are never read (causal)
                 kept = allowed[code][codes[:last]].nonzero().flatten().to(query.device)
                 if not kept.numel():
                     continue
-                q = q_all[b].index_select(0, heads_index)[:, start:end]  # [h, n, D]
-                k = k_all[b].index_select(0, kv_index).index_select(1, kept)  # [h, m, D]
-                v = v_all[b].index_select(0, kv_index).index_select(1, kept)
+                q = q_heads[:, start:end]  # [h, n, D]
+                k, v = k_heads.index_select(1, kept), v_heads.index_select(1, kept)  # [h, m, D]
                 mask = kept[None, :] <= positions[offset + start:offset + end, None]  # [n, m]: causal
                 empty = ~mask.any(dim=-1, keepdim=True)  # a query whose kept keys all come later
                 piece = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty,
