@@ -291,6 +291,91 @@ def test_modality_runs_are_the_maximal_runs():
     assert modality_runs([]) == []
 
 
+# runs of length 1 everywhere, a one-token image between text, and a padded sample: the pieces' edge cases
+SHORT_RUNS = [_layout((S, 1), (V, 1), (T, 1), (V, 30), (T, 1), (V, 1), (T, 35)),
+              _layout((P, 1), (S, 1), (T, 1), (V, 1), (T, 66)),
+              _layout((V, 1), (T, 69))]
+
+
+def _pieces_mask(pieces, q_len: int, k_len: int) -> torch.Tensor:
+    """bool [Q, K] that the pieces attend: each piece's rows see its keys, the last n under the lower-right
+    causal rule (written out here: row r of n sees keys 0 .. m - n + r of its m)."""
+    mask = torch.zeros(q_len, k_len, dtype=torch.bool)
+    for piece in pieces:
+        keys = [j for s, e in piece.intervals for j in range(s, e)]
+        n, m = piece.end - piece.start, len(keys)
+        for r in range(n):
+            seen = keys[:m - n + r + 1] if piece.causal else keys
+            mask[piece.start + r, seen] = True
+    return mask
+
+
+@pytest.mark.parametrize("q_len", [K_LEN, 23, 1])
+def test_span_pieces_cover_exactly_the_retained_keys(q_len):
+    """Every head pattern of both plans on every layout: the keys the pieces attend are the reference rule's,
+    query by query; an all-kept pattern on an unpadded sample is one causal call over every key."""
+    from lightprune.width.kernels import class_table
+    from lightprune.width.kernels.span_attention import modality_runs, span_pieces
+
+    layouts = list(LAYOUTS.values()) + SHORT_RUNS
+    modality = torch.tensor(layouts, dtype=torch.int8)
+    for name in KEEPS:
+        keep = _keep(name)
+        want = _reference_mask(modality, keep, q_len)
+        table = class_table(keep).tolist()
+        for b, codes in enumerate(layouts):
+            for h in range(keep.shape[0]):
+                pieces = span_pieces(modality_runs(codes), q_len, table[h])
+                assert torch.equal(_pieces_mask(pieces, q_len, K_LEN), want[b, h]), (name, b, h)
+                if keep[h].all() and P not in codes:
+                    assert pieces == [(0, q_len, ((0, K_LEN),), True)]
+
+
+@pytest.mark.parametrize("q_len", [K_LEN, 23, 1])
+@pytest.mark.parametrize("heads,kv_heads,rows", [
+    (4, 2, [[1, 1, 0], [1, 1, 0], [0, 1, 1], [0, 1, 1]]),  # patterns of whole GQA groups (enable_gqa)
+    (4, 2, [[1, 1, 1]] * 4),  # every head kept: one dense causal call, GQA heads expanded for the causal mask
+    (6, 2, [[1, 1, 1], [0, 0, 1], [1, 1, 1], [1, 0, 1], [0, 0, 0], [1, 0, 1]]),  # groups split across patterns
+    (3, 3, [[0, 1, 1], [1, 1, 1], [0, 1, 0]]),  # MHA
+])
+def test_span_backend_on_short_runs_and_head_groupings(heads, kv_heads, rows, q_len):
+    """Against the fp64 reference and the masked SDPA backend, with samples that share their pieces (one batched
+    call) and samples that do not."""
+    layouts = SHORT_RUNS + [SHORT_RUNS[0], list(LAYOUTS.values())[0]]
+    modality = torch.tensor(layouts, dtype=torch.int8)
+    keep = torch.tensor(rows, dtype=torch.bool)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(len(layouts), heads, K_LEN, D, generator=gen)[:, :, K_LEN - q_len:].contiguous()
+    k, v = (torch.randn(len(layouts), kv_heads, K_LEN, D, generator=gen) for _ in range(2))
+    got = path_sparse_attention(q, k, v, modality, keep, backend="span")
+    torch.testing.assert_close(got.double(), _reference(q, k, v, modality, keep), rtol=0, atol=2e-5)
+    sdpa = path_sparse_attention(q, k, v, modality, keep, backend="sdpa")
+    torch.testing.assert_close(got, sdpa, rtol=0, atol=2e-5)
+    empty = ~_reference_mask(modality, keep, q_len).any(-1)
+    assert torch.equal(got[empty], torch.zeros_like(got[empty]))
+
+
+def test_span_runs_are_read_once_per_modality_tensor(monkeypatch):
+    """The layers of one forward share the recorded modality tensor: its runs are read to the host once, and a
+    changed tensor (another object, or the same one written in place) is read again."""
+    from lightprune.width.kernels import span_attention
+
+    calls = []
+    real = span_attention.modality_runs
+    monkeypatch.setattr(span_attention, "modality_runs", lambda codes: calls.append(1) or real(codes))
+    modality = _modality()
+    q, k, v = _inputs(K_LEN, torch.float32)
+    keep = _keep("singles")
+    first = path_sparse_attention(q, k, v, modality, keep, backend="span")
+    path_sparse_attention(q, k, v, modality, keep, backend="span")
+    assert len(calls) == modality.shape[0]
+    modality[0, :5] = T  # in place: read again, and the result follows
+    again = path_sparse_attention(q, k, v, modality, keep, backend="span")
+    assert len(calls) == 2 * modality.shape[0]
+    torch.testing.assert_close(again.double(), _reference(q, k, v, modality, keep), rtol=0, atol=2e-5)
+    assert not torch.equal(again[0], first[0])
+
+
 def test_block_mask_skips_pruned_blocks():
     modality, keep = _modality(), _keep("singles")
     got = path_block_mask(modality, keep, 4, 23, block_size=16).to_dense().bool()  # [B, H, nq, nk]

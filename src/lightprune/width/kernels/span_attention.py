@@ -2,24 +2,56 @@
 
 The pruned paths of MWOP ("Modality-Aware Width Optimisation and Pruning", Algorithm 1; appendix D.5's retained key
 set) remove whole (query modality, key modality) blocks per head, and the modalities are contiguous runs of the
-sequence. So the attention splits into dense pieces: the heads are grouped by their kept-path pattern (at most 8
-patterns), each sample's queries into runs of one modality, and for each (pattern, run) the keys that pattern keeps
-for that modality up to the run's last position are gathered once and attended with SDPA (GQA heads read their
-key/value head; the run's own keys under a causal mask). The pruned keys are never read: a NaN in them cannot reach
-the output. The rule is :func:`~lightprune.width.kernels.intervals.class_table`'s (mask mode's); a query with no
-retained key outputs zeros, as the other backends.
+sequence. So the attention splits into dense pieces. The heads are grouped by their kept-path pattern (at most 8
+patterns); each sample's queries split into runs of one modality; for a run of n queries the keys the pattern keeps
+are p keys before the run (every query sees all of them) and, when the run's own modality is kept, the run's n own
+keys, last. That is SDPA over m = p (+ n) keys with no mask, or with the lower-right causal mask
+(``torch.nn.attention.bias.causal_lower_right``: query r sees keys 0 .. m - n + r): both run on fused kernels
+(FlashAttention / cuDNN / memory-efficient), unlike a boolean mask. Consecutive runs whose keys extend each other
+are one piece (:func:`span_pieces`): a pattern that keeps every path of a sample without padding is one dense
+causal call; samples with the same pieces share each call.
 
-The runs and patterns are read to the host once per call (they size the pieces). On the CPU half-precision inputs
-are computed in fp32, as :func:`~.path_attention.sdpa_path_attention` does.
+The kept keys of a piece are a slice of the key tensor when they are one interval, one gather otherwise (the pruned
+keys are never read: a NaN there cannot reach the output). Grouped-query heads read their key/value heads through
+SDPA's ``enable_gqa`` when the pattern holds whole groups and no causal mask is needed, else through one gather of
+the key/value heads per query head. A query with no retained key outputs zeros, as the other backends.
+
+The pieces are built on the host from the token modality, read once per forward (every layer of a forward sees the
+same modality tensor, :func:`sample_runs` keeps its runs). On the CPU half-precision inputs are computed in fp32, as
+:func:`~.path_attention.sdpa_path_attention` does.
 """
 
 from __future__ import annotations
+
+import weakref
+from typing import NamedTuple
 
 import torch
 
 from lightprune.width.kernels.intervals import class_table
 
-__all__ = ["span_path_attention", "modality_runs"]
+__all__ = ["SpanPiece", "modality_runs", "sample_runs", "span_path_attention", "span_pieces"]
+
+
+class SpanPiece(NamedTuple):
+    """One dense SDPA call: query rows ``[start, end)`` (query index) over the key ``intervals`` (positions,
+    sorted, disjoint, half-open); ``causal``: the last ``end - start`` keys are the rows' own positions, under the
+    lower-right causal mask (else every query sees every key)."""
+
+    start: int
+    end: int
+    intervals: tuple[tuple[int, int], ...]
+    causal: bool
+
+    @property
+    def keys(self) -> int:
+        return sum(e - s for s, e in self.intervals)
+
+    @property
+    def pairs(self) -> int:
+        """(query, key) pairs a fused kernel computes: the prefix fully, the own block's lower triangle."""
+        n = self.end - self.start
+        return n * self.keys - (n * (n - 1) // 2 if self.causal else 0)
 
 
 def modality_runs(codes: list[int]) -> list[tuple[int, int, int]]:
@@ -33,43 +65,133 @@ def modality_runs(codes: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
+def _merged(intervals: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    out: list[list[int]] = []
+    for s, e in intervals:
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return tuple((s, e) for s, e in out)
+
+
+def span_pieces(runs: list[tuple[int, int, int]], q_len: int, allowed) -> list[SpanPiece]:
+    """The dense pieces of one sample for one head pattern (module docstring).
+
+    ``runs``: :func:`modality_runs` of the sample's K key codes; the queries are the last ``q_len`` positions;
+    ``allowed[query code][key code]`` (4 x 4 of bool, :func:`~.intervals.class_table` of one head). Query runs whose
+    kept key set is empty get no piece (their output is zero)."""
+    k_len = runs[-1][1] if runs else 0
+    offset = k_len - q_len
+    pieces: list[SpanPiece] = []
+    for run_start, run_end, code in runs:
+        if run_end <= offset:
+            continue
+        first = max(run_start, offset)  # the run's first query position
+        prefix = [(max(s, 0), min(e, first)) for s, e, c in runs if s < first and allowed[code][c]]
+        own = bool(allowed[code][code])
+        intervals = _merged(prefix + ([(first, run_end)] if own else []))
+        if not intervals:
+            continue
+        piece = SpanPiece(first - offset, run_end - offset, intervals, own)
+        last = pieces[-1] if pieces else None
+        if last is not None and own and last.causal and last.end == piece.start and \
+                _merged(list(last.intervals) + [(first, run_end)]) == intervals:
+            piece = SpanPiece(last.start, piece.end, intervals, True)  # the same call, extended
+            pieces[-1] = piece
+        else:
+            pieces.append(piece)
+    return pieces
+
+
+_RUNS: dict[str, object] = {}  # the last modality tensor (weakly) and its runs: one host read per forward
+
+
+def sample_runs(modality: torch.Tensor) -> list[list[tuple[int, int, int]]]:
+    """:func:`modality_runs` of each sample of ``modality`` int [B, K]; the last tensor's runs are kept, so the
+    layers of one forward (which share the recorded modality tensor) read it to the host once."""
+    ref = _RUNS.get("of")
+    if ref is not None and ref() is modality and _RUNS.get("version") == modality._version:
+        return _RUNS["runs"]  # type: ignore[return-value]
+    runs = [modality_runs(row) for row in modality.to("cpu", torch.long).tolist()]
+    _RUNS.update(of=weakref.ref(modality), version=modality._version, runs=runs)
+    return runs
+
+
+def _head_patterns(keep: torch.Tensor) -> dict[tuple, list[int]]:
+    table = class_table(keep).cpu().tolist()  # [H][4][4]
+    patterns: dict[tuple, list[int]] = {}
+    for head, rows in enumerate(table):
+        patterns.setdefault(tuple(tuple(row) for row in rows), []).append(head)
+    return patterns
+
+
+def _keys(t: torch.Tensor, intervals: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """[.., m, D]: the key positions of ``intervals`` along dim 2 (a slice for one interval, one copy else)."""
+    if len(intervals) == 1:
+        s, e = intervals[0]
+        return t[:, :, s:e]
+    return torch.cat([t[:, :, s:e] for s, e in intervals], dim=2)
+
+
+def _pick(t: torch.Tensor, rows: torch.Tensor | None, heads: torch.Tensor | None) -> torch.Tensor:
+    """``t`` [B, H, ..] at the sample ``rows`` and the ``heads`` (None: all of them, no copy)."""
+    t = t if rows is None else t.index_select(0, rows)
+    return t if heads is None else t.index_select(1, heads)
+
+
 def span_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, modality: torch.Tensor,
                         keep: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
     """[B, H, Q, D] path-sparse attention (the arguments of
-    :func:`~lightprune.width.kernels.path_attention.path_sparse_attention`, checked there), one SDPA call per sample,
-    kept-path pattern and query run (module docstring)."""
+    :func:`~lightprune.width.kernels.path_attention.path_sparse_attention`, checked there) as the dense SDPA calls
+    of :func:`span_pieces` (module docstring)."""
+    from torch.nn.attention.bias import causal_lower_right
+
     batch, heads, q_len, dim = query.shape
-    kv_heads, k_len = key.shape[1], key.shape[2]
-    groups, offset = heads // kv_heads, k_len - q_len
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
     upcast = query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
     q_all, k_all, v_all = (t.float() for t in (query, key, value)) if upcast else (query, key, value)
     out = torch.zeros(batch, heads, q_len, dim, dtype=q_all.dtype, device=query.device)
-    table = class_table(keep).cpu()  # [H, 4 query codes, 4 key codes]; PAD keys never
-    patterns: dict[bytes, list[int]] = {}
-    for head in range(heads):
-        patterns.setdefault(table[head].numpy().tobytes(), []).append(head)
-    codes_all = modality.to("cpu", torch.long)
-    positions = torch.arange(k_len, device=query.device)
-    for b in range(batch):
-        codes = codes_all[b]
-        runs = modality_runs(codes[offset:].tolist())
-        for members in patterns.values():
-            allowed = table[members[0]]  # [4, 4]
-            heads_index = torch.tensor(members, device=query.device)
-            kv_index = heads_index // groups
-            # the pattern's heads and the key/value heads they read, gathered once for all the runs
-            q_heads, k_heads, v_heads = (q_all[b].index_select(0, heads_index), k_all[b].index_select(0, kv_index),
-                                         v_all[b].index_select(0, kv_index))
-            for start, end, code in runs:
-                last = offset + end  # keys after the run's last query are never read (causal)
-                kept = allowed[code][codes[:last]].nonzero().flatten().to(query.device)
-                if not kept.numel():
-                    continue
-                q = q_heads[:, start:end]  # [h, n, D]
-                k, v = k_heads.index_select(1, kept), v_heads.index_select(1, kept)  # [h, m, D]
-                mask = kept[None, :] <= positions[offset + start:offset + end, None]  # [n, m]: causal
-                empty = ~mask.any(dim=-1, keepdim=True)  # a query whose kept keys all come later
-                piece = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty,
-                                                                         scale=scale)
-                out[b, heads_index, start:end] = piece.masked_fill(empty, 0.0)
+    runs = sample_runs(modality)
+    device = query.device
+    for allowed, members in _head_patterns(keep).items():
+        every_head = len(members) == heads
+        heads_index = torch.tensor(members, device=device)
+        kv_members = sorted({h // groups for h in members})
+        whole_groups = len(members) == len(kv_members) * groups  # members sorted: each kv head's queries, in order
+        by_pieces: dict[tuple, list[int]] = {}
+        for b in range(batch):
+            by_pieces.setdefault(tuple(span_pieces(runs[b], q_len, allowed)), []).append(b)
+        for pieces, samples in by_pieces.items():
+            if not pieces:
+                continue
+            all_samples = len(samples) == batch
+            rows = None if all_samples else torch.tensor(samples, device=device)
+
+            q_pat = _pick(q_all, rows, None if every_head else heads_index)
+            every_kv = whole_groups and len(kv_members) == kv_heads
+            kv_index = None if every_kv else torch.tensor(kv_members, device=device) if whole_groups \
+                else heads_index // groups
+            k_pat, v_pat = _pick(k_all, rows, kv_index), _pick(v_all, rows, kv_index)
+            gqa = whole_groups and groups > 1
+            for piece in pieces:
+                q = q_pat[:, :, piece.start:piece.end]
+                k, v = _keys(k_pat, piece.intervals), _keys(v_pat, piece.intervals)
+                n, m = piece.end - piece.start, k.shape[2]
+                mask = causal_lower_right(n, m) if piece.causal and n > 1 else None
+                if mask is not None and gqa:  # the lower-right causal kernels take matching heads
+                    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+                result = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa and mask is None)
+                if all_samples and every_head:
+                    out[:, :, piece.start:piece.end] = result
+                elif all_samples:
+                    out[:, heads_index, piece.start:piece.end] = result
+                else:
+                    target = out[:, :, piece.start:piece.end]
+                    target[rows[:, None], heads_index[None, :]] = result
     return out.to(query.dtype)
+
