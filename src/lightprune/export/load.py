@@ -48,10 +48,11 @@ from lightprune.checkpoints.resize import experts_per_layer
 from lightprune.checkpoints.skeleton import Skeleton
 from lightprune.checkpoints.strict import check_loading_info
 from lightprune.core.distributed import outside_zero_init
-from lightprune.export.width_format import WIDTH_PLAN_FILE, attach_width_kernels, read_width_manifest
+from lightprune.export.width_format import ATTENTION_RECORD, WIDTH_PLAN_FILE, attach_width_kernels, read_width_manifest
 from lightprune.models.dtypes import LOAD_DTYPES  # the dtypes weights load in (one table for every path)
 from lightprune.models.experts_kernel import runnable_experts
 from lightprune.models.tiny import did_you_mean
+from lightprune.width.attention_choice import recorded_backends
 from lightprune.width.kernels import BACKENDS
 from lightprune.width.plan import WidthPlan
 
@@ -132,10 +133,11 @@ def _check_arguments(dtype: Any, attention_backend: Any, kwargs: dict[str, Any])
     if clash:
         raise TypeError(f"load_pruned sets {clash} itself to check transformers' loading report; do not pass them")
     check_dtype(dtype)
-    if attention_backend not in BACKENDS:
+    choices = ("auto", *BACKENDS)
+    if attention_backend not in choices:
         raise ValueError(f"load_pruned: attention_backend {attention_backend!r} is not a path-attention backend"
-                         f"{did_you_mean(attention_backend, BACKENDS)}; choose one of "
-                         f"{', '.join(map(repr, BACKENDS))} (it applies to a width-pruned checkpoint)")
+                         f"{did_you_mean(attention_backend, choices)}; choose one of "
+                         f"{', '.join(map(repr, choices))} (it applies to a width-pruned checkpoint)")
     if "device_map" in kwargs:
         check_device_map(kwargs["device_map"])
     if "experts_implementation" in kwargs:
@@ -143,7 +145,7 @@ def _check_arguments(dtype: Any, attention_backend: Any, kwargs: dict[str, Any])
 
 
 def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None, trust_remote_code: bool = False,
-                attention_backend: str = "sdpa", **from_pretrained_kwargs: Any) -> nn.Module:
+                attention_backend: str = "auto", **from_pretrained_kwargs: Any) -> nn.Module:
     """Load a checkpoint written by :func:`save_pruned` (or any uniform one), in eval mode.
 
     Strict (see the module docstring): missing, unexpected, mis-shaped or integer tensors raise
@@ -158,7 +160,10 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
         trust_remote_code: build the model with the checkpoint's own ``modeling_lightprune.py``
             (transformers' auto class) instead of lightprune's in-process resize.
         attention_backend: for an MWOP width checkpoint (``width_plan.json``): the path-sparse attention
-            backend, ``sdpa``, ``flex`` or ``triton`` (:mod:`lightprune.export.width`).
+            backend, ``sdpa``, ``span``, ``flex`` or ``triton`` for every layer, or ``auto`` (default): each layer
+            runs the backend the export chose for the device it runs on (:mod:`lightprune.width.attention_choice`;
+            ``sdpa`` on a device type it did not choose for, and for every layer of an export that recorded no
+            choice, which was verified with it).
         **from_pretrained_kwargs: passed on (``device_map``, ``attn_implementation``, ...); not
             ``output_loading_info`` nor ``ignore_mismatched_sizes``, which the strict check sets. Without an
             ``experts_implementation``, experts that transformers' default ``grouped_mm`` cannot run (float64)
@@ -172,7 +177,12 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
     path = checkpoint.path
     width = None  # a width export's plan and alignment, read before the weights (a directory or a dangling link
     if os.path.lexists(path / WIDTH_PLAN_FILE):  # there is said, never loaded as a dense model)
-        width = WidthPlan.load(path / WIDTH_PLAN_FILE), int(read_width_manifest(path)["align"])
+        manifest = read_width_manifest(path)
+        backend: Any = attention_backend
+        if attention_backend == "auto":  # the export's choice per layer and device, else what it was verified with
+            record = manifest.get(ATTENTION_RECORD)
+            backend = "sdpa" if record is None else recorded_backends(record, where=str(path))
+        width = WidthPlan.load(path / WIDTH_PLAN_FILE), int(manifest["align"]), backend
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -199,7 +209,7 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
     if "experts_implementation" not in from_pretrained_kwargs:  # float64 experts: transformers' eager ones
         runnable_experts(model.modules())
     if width is not None:
-        attach_width_kernels(model, width[0], align=width[1], attention_backend=attention_backend)
+        attach_width_kernels(model, width[0], align=width[1], attention_backend=width[2])
     return model
 
 

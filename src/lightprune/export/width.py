@@ -4,9 +4,10 @@ loader's kernel swap are in :mod:`lightprune.export.width_format`).
 MWOP keeps every weight (the plan removes attention paths and FFN channel executions, not parameters),
 so the checkpoint is the model's own ``save_pretrained`` plus ``width_plan.json`` and a manifest
 (``lightprune_export.json`` with ``"format": "lightprune-width-export"``, the FFN alignment and the
-plan's pruned fractions). :func:`lightprune.load_pruned` sees the plan and swaps the export-time modules
-in (:func:`attach_width_kernels`): the path-sparse attention on the chosen backend (``sdpa``, ``flex``,
-``triton``) and the compact modality FFN with the recorded alignment. The swap handle is kept on the
+plan's pruned fractions, and the path-sparse attention backend chosen for each layer and device type on a reference
+prompt layout, :mod:`lightprune.width.attention_choice`). :func:`lightprune.load_pruned` sees the plan and swaps the
+export-time modules in (:func:`attach_width_kernels`): the path-sparse attention on the recorded backends (or one
+named at load: ``sdpa``, ``span``, ``flex``, ``triton``) and the compact modality FFN with the recorded alignment. The swap handle is kept on the
 model as ``model.lightprune_width`` (``.remove()`` gives the dense model back).
 
 Verification, as for expert exports: the reloaded model's logits on a probe batch (a multimodal batch
@@ -21,7 +22,7 @@ from __future__ import annotations
 import gc
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -42,7 +43,8 @@ from lightprune.export.verify import (
     model_logits,
     restore_fp32_buffers,
 )
-from lightprune.export.width_format import WIDTH_FORMAT, WIDTH_PLAN_FILE
+from lightprune.export.width_format import ATTENTION_RECORD, WIDTH_FORMAT, WIDTH_PLAN_FILE
+from lightprune.width.attention_choice import FALLBACK_BACKEND, attention_choice, probe_layout
 from lightprune.width.mask import mask_width
 from lightprune.width.paths import MODALITIES, PATHS
 from lightprune.width.plan import WidthPlan
@@ -65,7 +67,8 @@ def _summary(plan: WidthPlan) -> dict[str, float]:
 def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathLike, *,
                       probe: Mapping[str, Any] | None = None, reference_logits: torch.Tensor | None = None,
                       atol: float | None = None, align: int = 64, overwrite: bool = False, processor: Any = None,
-                      metadata: Mapping[str, Any] | None = None) -> WidthExportResult:
+                      metadata: Mapping[str, Any] | None = None,
+                      attention_layout: Sequence | None = None) -> WidthExportResult:
     """Write ``model`` (a transformers MLLM, no adapter, no active masks) with ``plan`` to ``out_dir``.
 
     Args:
@@ -80,6 +83,10 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
         overwrite: replace an existing non-empty ``out_dir`` once the new one is verified.
         processor: saved beside the weights when given.
         metadata: extra entries for the manifest (e.g. the search's ATR and FLOPs).
+        attention_layout: the prompt layout the attention backend of each layer is chosen for, ``[(modality,
+            length), ...]`` (e.g. ``[("system", 18), ("vision", 3215), ("text", 19)]``); default: the probe's first
+            sample. The choice per layer and device type is recorded in the manifest (``attention_kernels``,
+            :mod:`lightprune.width.attention_choice`) and run by :func:`load_pruned`.
 
     Returns a :class:`~lightprune.export.result.WidthExportResult` (the manifest's facts as attributes;
     ``os.PathLike`` and ``str``: the absolute checkpoint path, as the ``Path`` this returned before 0.2, whose
@@ -98,13 +105,18 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
     atol = check_atol(atol)  # NaN would switch verification off: refused
     atol, rtol = default_atol(model) if atol is None else atol, default_rtol(model)
     valid = _valid_positions(probe, reference_logits)
+    kernels = attention_choice(model, plan, probe_layout(model, probe) if attention_layout is None else attention_layout)
+    device = next(model.parameters()).device
     with staging_dir(out_dir, overwrite) as tmp:
         with quiet_progress():  # lightprune's own save and reload: the result reports them
             model.save_pretrained(tmp)
             if processor is not None:
                 processor.save_pretrained(tmp)
             plan.save(tmp / WIDTH_PLAN_FILE)
-            reloaded = load_pruned(tmp).to(next(model.parameters()).device)
+            # what the loader reads (alignment, kernel choice), so the reload verified is the one users get
+            manifest = {"format": WIDTH_FORMAT, "format_version": 1, "align": int(align), ATTENTION_RECORD: kernels}
+            (tmp / MANIFEST_FILE).write_text(json_text(manifest, indent=2) + "\n")
+            reloaded = load_pruned(tmp).to(device)
         try:
             diff = compare(model_logits(reloaded, probe), reference_logits, atol, rtol, "reloaded width checkpoint",
                            valid=valid)
@@ -114,10 +126,14 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
         if not diff.ok:
             raise ExportVerificationError(f"reloaded width checkpoint: max |logit diff| {diff.describe()} "
                                           "against the masked model", diff.max_abs_diff, atol, tolerance=diff.tolerance)
+        ran = kernels["devices"].get(device.type, {}).get("backends", {})
         manifest = {"format": WIDTH_FORMAT, "format_version": 1, "model_type": model.config.model_type,
                     "align": int(align), "pruned_fractions": _summary(plan),
-                    "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-                    "verification": {**diff.record(), "attention_backend": "sdpa",
+                    "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), ATTENTION_RECORD: kernels,
+                    "verification": {**diff.record(), "attention_backend": "auto", "device": str(device),
+                                     "attention_backends": {str(layer): ran.get(str(layer), FALLBACK_BACKEND)
+                                                            for layer in sorted(plan.attn_keep)
+                                                            if not bool(plan.attn_keep[layer].all())},
                                      "probe_shapes": {k: list(v.shape) for k, v in probe.items()
                                                       if isinstance(v, torch.Tensor)}},
                     **dict(metadata or {})}

@@ -8,6 +8,7 @@ The manifest's file name is the one every export writes (:data:`lightprune.expor
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +16,35 @@ from torch import nn
 
 from lightprune.core.jsonio import read_json
 from lightprune.export.result import MANIFEST_FILE, WIDTH_FORMAT
-from lightprune.width.kernels import check_backend
+from lightprune.width.kernels import BACKENDS, check_backend
+from lightprune.width.kernels.attention_cost import FALLBACK_BACKEND
 from lightprune.width.plan import WidthPlan
 from lightprune.width.swap import swap_compact_ffn
 
-__all__ = ["WIDTH_PLAN_FILE", "WIDTH_FORMAT", "attach_width_kernels", "read_width_manifest"]
+__all__ = ["ATTENTION_RECORD", "WIDTH_PLAN_FILE", "WIDTH_FORMAT", "attach_width_kernels", "read_width_manifest"]
 
 WIDTH_PLAN_FILE = "width_plan.json"
+#: the manifest's entry with the attention backend chosen per layer and device type
+#: (:func:`lightprune.width.attention_choice.attention_choice`)
+ATTENTION_RECORD = "attention_kernels"
 
 
-def attach_width_kernels(model: nn.Module, plan: WidthPlan, align: int = 64, attention_backend: str = "sdpa"):
+def attach_width_kernels(model: nn.Module, plan: WidthPlan, align: int = 64,
+                         attention_backend: str | Mapping = "sdpa"):
     """Swap the path-sparse attention and the compact FFNs into ``model`` (in place); the handle is returned
-    and kept as ``model.lightprune_width``."""
+    and kept as ``model.lightprune_width``.
+
+    ``attention_backend``: one backend for every layer, or per layer ``{layer: {device type: backend}}`` (an export's
+    choice, :func:`~lightprune.width.attention_choice.recorded_backends`): the backends of the device the model is
+    on are checked here, the layer runs the one of the device its attention runs on."""
     device = next(model.parameters()).device
-    check_backend(attention_backend, device)
+    if isinstance(attention_backend, str):
+        check_backend(attention_backend, device)
+    elif isinstance(attention_backend, Mapping):  # an unknown name is refused by the swap, naming its layer
+        for per_device in attention_backend.values():
+            name = per_device.get(device.type, FALLBACK_BACKEND) if isinstance(per_device, Mapping) else per_device
+            if name in BACKENDS:
+                check_backend(name, device)
     handle = swap_compact_ffn(model, plan, align, mask_attention=True, attention_backend=attention_backend)
     model.lightprune_width = handle
     return handle

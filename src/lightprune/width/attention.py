@@ -35,6 +35,7 @@ from torch import nn
 from lightprune.observe.attention_interface import dense_mask, original_function, register_wrapper, wrappable
 from lightprune.width.gates import HeadGroup, PathGateInputs, path_gate
 from lightprune.width.kernels import path_sparse_attention
+from lightprune.width.kernels.attention_cost import FALLBACK_BACKEND
 from lightprune.width.paths import PATHS, path_keep, path_masks
 
 __all__ = ["PATH_PREFIX", "WRAPPABLE", "ModalityState", "PathRoute", "register", "route", "unroute",
@@ -70,14 +71,15 @@ class ModalityState:
 class PathRoute:
     """What the path attention does for one layer: ``keep`` bool [H, 3] (None = all kept) and, in gate
     mode, ``gate`` [B, H, 3] (set per batch by the Taylor pass; None = mask mode). ``backend`` (mask mode
-    only): None builds the dense [B, H, Q, K] mask here; ``"sdpa"``, ``"flex"`` or ``"triton"`` calls
-    :func:`lightprune.width.kernels.path_sparse_attention` (the exported model's path-sparse attention)."""
+    only): None builds the dense [B, H, Q, K] mask here; a backend name (``"sdpa"``, ``"span"``, ``"flex"``,
+    ``"triton"``), or ``{device type: name}`` (the export's per-device choice; a device type it does not name runs
+    ``"sdpa"``), calls :func:`lightprune.width.kernels.path_sparse_attention` (the exported model's attention)."""
 
     layer: int
     state: ModalityState
     keep: torch.Tensor | None = None
     gate: torch.Tensor | None = None
-    backend: str | None = None
+    backend: str | dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         # a layer that keeps every path runs the original implementation unchanged (mask mode)
@@ -213,6 +215,9 @@ def _kernel(module, query, key, value, key_mod, layer_route: PathRoute, kwargs: 
                                   f"padding masks only, this layer has sliding_window={window}")
     if float(kwargs.get("dropout", 0.0) or 0.0):
         raise NotImplementedError(f"{where}: the path-sparse attention kernels run without attention dropout")
+    backend = layer_route.backend
+    if not isinstance(backend, str):  # chosen per device type at export; another device runs masked SDPA
+        backend = backend.get(query.device.type, FALLBACK_BACKEND)
     out = path_sparse_attention(query, key, value, key_mod, layer_route.keep, scale=kwargs.get("scaling"),
-                                backend=layer_route.backend)
+                                backend=backend)
     return out.transpose(1, 2).contiguous(), None

@@ -21,6 +21,8 @@ Taylor gates of :mod:`lightprune.width.taylor`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -49,6 +51,32 @@ def _past_length(kwargs: dict) -> int:
     return 0
 
 
+def _layer_backends(attention_backend, plan: WidthPlan | None) -> dict[int, str | dict[str, str]]:
+    """``{layer: backend}`` (a name, or ``{device type: name}``) from WidthHooks' ``attention_backend``: None, one
+    name for every layer, or a mapping that names every layer whose plan prunes a path."""
+    if attention_backend is None:
+        return {}
+    layers = sorted(plan.attn_keep) if plan is not None else []
+    if isinstance(attention_backend, str):
+        if attention_backend not in BACKENDS:
+            raise ValueError(f"attention_backend must be None or one of {list(BACKENDS)}, got {attention_backend!r}")
+        return dict.fromkeys(layers, attention_backend)
+    if not isinstance(attention_backend, Mapping):
+        raise TypeError(f"attention_backend must be a backend name, a mapping layer -> backend (or -> {{device type: "
+                        f"backend}}) or None, got {type(attention_backend).__name__}")
+    out: dict[int, str | dict[str, str]] = {}
+    for layer, value in attention_backend.items():
+        names = value.values() if isinstance(value, Mapping) else [value]
+        bad = [name for name in names if name not in BACKENDS]
+        if bad:
+            raise ValueError(f"attention_backend for layer {layer}: {bad[0]!r} is not one of {list(BACKENDS)}")
+        out[int(layer)] = dict(value) if isinstance(value, Mapping) else value
+    missing = [i for i in layers if i not in out and not bool(plan.attn_keep[i].all())]
+    if missing:
+        raise ValueError(f"attention_backend names no backend for layers {missing}, whose plan prunes paths")
+    return out
+
+
 class WidthHooks:
     """Everything width masking installs on a model (see module docstring); removable, refuses nesting.
 
@@ -57,15 +85,12 @@ class WidthHooks:
     """
 
     def __init__(self, model: nn.Module, plan: WidthPlan | None, *, gate_attention: bool = False,
-                 gate_ffn: bool = False, attention_backend: str | None = None):
+                 gate_ffn: bool = False, attention_backend: str | Mapping | None = None):
         if plan is not None and not isinstance(plan, WidthPlan):
             raise TypeError(f"plan must be a WidthPlan, got {type(plan).__name__}")
         if plan is not None:
             plan.validate(model)
-        if attention_backend is not None:
-            if attention_backend not in BACKENDS:
-                raise ValueError(f"attention_backend must be None or one of {list(BACKENDS)}, "
-                                 f"got {attention_backend!r}")
+        backends = _layer_backends(attention_backend, plan)
         base, path, decoder = language_decoder(model)
         self.base = base
         self.layers = {layer.index: layer for layer in find_width_layers(model)}
@@ -97,7 +122,7 @@ class WidthHooks:
                 if keep is not None:
                     keep = keep.to(self._device(self.layers[i].attention))
                 self.routes[i] = path_attention.PathRoute(layer=i, state=self.state, keep=keep,
-                                                          backend=attention_backend)
+                                                          backend=backends.get(i))
                 path_attention.route(self.layers[i].attention, self.routes[i])
             for i in sorted(ffn_layers):
                 if plan is not None and i in plan.ffn_keep:

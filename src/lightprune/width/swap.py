@@ -8,6 +8,8 @@ exported model's FFN runtime.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -27,7 +29,7 @@ class CompactFFNSwap:
     """
 
     def __init__(self, model: nn.Module, plan: WidthPlan, align: int = 64, *, mask_attention: bool = True,
-                 attention_backend: str | None = None):
+                 attention_backend: str | Mapping | None = None):
         if not isinstance(plan, WidthPlan):
             raise TypeError(f"swap_compact_ffn needs a WidthPlan, got {type(plan).__name__}")
         plan.validate(model)
@@ -89,15 +91,16 @@ class CompactFFNSwap:
 
 
 def swap_compact_ffn(model: nn.Module, plan: WidthPlan, align: int = 64, *, mask_attention: bool = True,
-                     attention_backend: str | None = None) -> CompactFFNSwap:
+                     attention_backend: str | Mapping | None = None) -> CompactFFNSwap:
     """Run every FFN that ``plan`` prunes as a :class:`CompactModalityFFN` (in memory, reversible).
 
     With ``mask_attention`` (default) the plan's attention paths are masked as :func:`mask_width` does, so
     the model computes what ``mask_width(model, plan)`` computes; ``mask_attention=False`` leaves attention
     dense (for a path-sparse attention installed separately, which can read ``handle.hooks.state``).
-    ``attention_backend`` (``"sdpa"``, ``"flex"``, ``"triton"``) runs the masked paths through
-    :func:`lightprune.width.kernels.path_sparse_attention` instead of a dense per-head mask: the exported
-    model's runtime (:func:`lightprune.export.load_pruned` of a width checkpoint).
+    ``attention_backend`` (``"sdpa"``, ``"span"``, ``"flex"``, ``"triton"``, or per layer ``{layer: name}`` /
+    ``{layer: {device type: name}}``, as an export chose them: :mod:`lightprune.width.attention_choice`) runs the
+    masked paths through :func:`lightprune.width.kernels.path_sparse_attention` instead of a dense per-head mask:
+    the exported model's runtime (:func:`lightprune.export.load_pruned` of a width checkpoint).
     Nesting with ``mask_width`` / another swap is refused (one :class:`WidthHooks` per model).
     """
     return CompactFFNSwap(model, plan, align, mask_attention=mask_attention, attention_backend=attention_backend)

@@ -22,7 +22,7 @@ NOWHERE = "/nonexistent/lightprune-checkpoint"  # checked first: the folder is n
     ({"dtype": torch.int8}, r"dtype torch.int8 is not a dtype weights load in"),
     ({"dtype": {"text_config": "bf16"}}, r"dtype\['text_config'\] 'bf16' is not .* \(did you mean 'bfloat16'\?\)"),
     ({"attention_backend": "sdp"}, r"^load_pruned: attention_backend 'sdp' is not a path-attention backend \(did you "
-                                   r"mean 'sdpa'\?\); choose one of 'triton', 'flex', 'span', 'sdpa'"),
+                                   r"mean 'sdpa'\?\); choose one of 'auto', 'triton', 'flex', 'span', 'sdpa'"),
     ({"device_map": "autoo"}, r"^load_pruned: device_map 'autoo' is not a placement transformers takes \(did you mean "
                               r"'auto'\?\); choose one of 'auto', 'balanced', 'balanced_low_0', 'sequential', a device"),
     ({"device_map": "gpu7"}, r"device_map 'gpu7' is not a placement transformers takes; choose one of"),

@@ -97,3 +97,97 @@ def test_bad_inputs_are_named(tiny, tmp_path, monkeypatch):
     handle.remove()
     with pytest.raises(ValueError, match="cuda"):
         attach_width_kernels(model, plan, attention_backend="cuda")
+
+
+def _spy_backends(monkeypatch) -> list[str]:
+    """The backend of every path-sparse attention call the model makes, in layer order."""
+    import lightprune.width.attention as attention
+
+    seen, real = [], attention.path_sparse_attention
+
+    def spy(*args, backend, **kwargs):
+        seen.append(backend)
+        return real(*args, backend=backend, **kwargs)
+
+    monkeypatch.setattr(attention, "path_sparse_attention", spy)
+    return seen
+
+
+def test_the_export_records_a_backend_per_layer_and_device_and_the_reload_runs_it(tiny, tmp_path, monkeypatch):
+    model = tiny("qwen2_5_vl")
+    plan = _random_plan(model, seed=3)
+    plan = plan.replace(attn_keep={**plan.attn_keep, 0: torch.ones_like(plan.attn_keep[0])})  # layer 0 keeps all
+    batch = tiny_multimodal_batch(model, batch_size=2, seed=4)
+    out = save_width_pruned(model, plan, tmp_path / "ckpt", probe=batch).path
+    record = json.loads((out / MANIFEST_FILE).read_text())["attention_kernels"]
+    # the layout is the probe's first sample: SYSTEM before the first image token, the image, TEXT after
+    ids = batch["input_ids"][0].tolist()
+    image = int(model.config.image_token_id)
+    first, last = ids.index(image), len(ids) - 1 - ids[::-1].index(image)
+    assert record["layout"][0] == ["system", first] and sum(n for _, n in record["layout"]) == len(ids)
+    assert sum(n for name, n in record["layout"] if name == "vision") == ids.count(image) and last < len(ids) - 1
+    pruned = [str(l) for l in sorted(plan.attn_keep) if not plan.attn_keep[l].all()]
+    assert pruned and "0" not in pruned
+    for device in ("cpu", "cuda"):
+        entry = record["devices"][device]
+        assert sorted(entry["backends"]) == sorted(pruned) == sorted(entry["seconds"])
+        for layer, backend in entry["backends"].items():  # the cheapest estimate, as recorded
+            assert backend == min(("sdpa", "span", "flex"), key=entry["seconds"][layer].__getitem__)
+    seen = _spy_backends(monkeypatch)
+    reloaded = load_pruned(out)
+    routes = reloaded.lightprune_width.hooks.routes
+    assert {str(l): r.backend["cpu"] for l, r in routes.items() if not r.all_kept} == record["devices"]["cpu"]["backends"]
+    _logits(reloaded, batch)
+    assert seen == [record["devices"]["cpu"]["backends"][l] for l in pruned]
+    # a hand-made choice is what runs, and it still equals the masked model
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    forced = dict.fromkeys(pruned, "span") | {pruned[0]: "flex"}
+    manifest["attention_kernels"]["devices"]["cpu"]["backends"] = forced
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    seen.clear()
+    reloaded = load_pruned(out)
+    got = _logits(reloaded, batch)
+    assert seen == [forced[l] for l in pruned]
+    with mask_width(model, plan):
+        masked = _logits(model, batch)
+    assert (got - masked).abs()[batch["attention_mask"].bool()].max() < 1e-5
+    seen.clear()
+    _logits(load_pruned(out, attention_backend="sdpa"), batch)  # one named backend overrides the record
+    assert seen == ["sdpa"] * len(pruned)
+
+
+def test_an_export_without_a_recorded_choice_runs_masked_sdpa_and_a_bad_record_is_named(tiny, tmp_path, monkeypatch):
+    model = tiny("qwen2_5_vl")
+    plan = _random_plan(model, seed=8)
+    batch = tiny_multimodal_batch(model, batch_size=1, seed=9, pad_last=0)
+    layout = [("system", 3), ("vision", 20), ("text", 9)]
+    out = save_width_pruned(model, plan, tmp_path / "ckpt", probe=batch, attention_layout=layout).path
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert manifest["attention_kernels"]["layout"] == [list(run) for run in layout]
+    manifest["attention_kernels"]["devices"]["cpu"]["backends"]["1"] = "cudnn"
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"layer 1 on 'cpu' records attention backend 'cudnn'"):
+        load_pruned(out)
+    del manifest["attention_kernels"]  # as exports before the choice was recorded
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    seen = _spy_backends(monkeypatch)
+    _logits(load_pruned(out), batch)
+    assert seen and set(seen) == {"sdpa"}
+    with pytest.raises(ValueError, match="unknown modality 'image'"):
+        save_width_pruned(model, plan, tmp_path / "bad", probe=batch, attention_layout=[("image", 4)])
+    assert not (tmp_path / "bad").exists()
+
+
+def test_per_layer_backends_are_checked_by_name(tiny):
+    model = tiny("qwen2_5_vl")
+    plan = _random_plan(model, seed=10)
+    pruned = [l for l in sorted(plan.attn_keep) if not plan.attn_keep[l].all()]
+    with pytest.raises(ValueError, match=rf"names no backend for layers \[{pruned[-1]}\]"):
+        attach_width_kernels(model, plan, attention_backend={l: "span" for l in pruned[:-1]})
+    with pytest.raises(ValueError, match=rf"layer {pruned[0]}: 'fast' is not one of"):
+        attach_width_kernels(model, plan, attention_backend={l: {"cpu": "fast"} for l in pruned})
+    with pytest.raises(TypeError, match="attention_backend must be a backend name, a mapping"):
+        attach_width_kernels(model, plan, attention_backend=3)
+    handle = attach_width_kernels(model, plan, attention_backend={l: {"cuda": "flex"} for l in pruned})
+    assert all(handle.hooks.routes[l].backend == {"cuda": "flex"} for l in pruned)  # cpu: masked SDPA
+    handle.remove()

@@ -386,4 +386,11 @@ def test_bench_prefill_quick_prints_ratios():
     for point in ("llava_onevision", "qwen2_5_vl"):
         assert [(kind, note) for kind, p, note in rows if p == point] == [
             ("ffn", "visual"), ("attention", "triton,"), ("attention", "path_sparse_attention"),
-            ("attention", "flex"), ("attention", "span:")], gpu
+            ("attention", "sdpa:"), ("attention", "span:"), ("attention", "flex:")], gpu
+    # the cost model's choice beside every candidate, judged on the GPU shapes (0.75 at LLaVA-OneVision's)
+    chosen = re.compile(r"^chosen +attention (\w+) +(sdpa|span|flex) \(estimated sdpa [\d.]+ ms, span [\d.]+ ms, "
+                        r"flex [\d.]+ ms\); measured pruned/dense sdpa [\d.]+, span [\d.]+, flex [\d.]+; fastest "
+                        r"measured (sdpa|span|flex)(  target <= (\S+) +(PASS|FAIL))?$", re.M)
+    assert {m.group(1): m.group(5) for m in chosen.finditer(cpu)} == dict.fromkeys(("llava_onevision", "qwen2_5_vl"))
+    assert {m.group(1): m.group(5) for m in chosen.finditer(gpu)} == {"llava_onevision": "0.750",
+                                                                      "qwen2_5_vl": "1.000"}, gpu

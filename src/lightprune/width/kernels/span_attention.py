@@ -9,7 +9,7 @@ keys, last. That is SDPA over m = p (+ n) keys with no mask, or with the lower-r
 (``torch.nn.attention.bias.causal_lower_right``: query r sees keys 0 .. m - n + r): both run on fused kernels
 (FlashAttention / cuDNN / memory-efficient), unlike a boolean mask. Consecutive runs whose keys extend each other
 are one piece (:func:`span_pieces`): a pattern that keeps every path of a sample without padding is one dense
-causal call; samples with the same pieces share each call.
+causal call; samples with the same pieces, and patterns with the same piece, share each call (:func:`span_calls`).
 
 The kept keys of a piece are a slice of the key tensor when they are one interval, one gather otherwise (the pruned
 keys are never read: a NaN there cannot reach the output). Grouped-query heads read their key/value heads through
@@ -30,7 +30,8 @@ import torch
 
 from lightprune.width.kernels.intervals import class_table
 
-__all__ = ["SpanPiece", "modality_runs", "sample_runs", "span_path_attention", "span_pieces"]
+__all__ = ["SpanCall", "SpanPiece", "head_patterns", "kv_heads_of", "modality_runs", "sample_runs", "span_calls",
+           "span_path_attention", "span_pieces"]
 
 
 class SpanPiece(NamedTuple):
@@ -111,21 +112,48 @@ _RUNS: dict[str, object] = {}  # the last modality tensor (weakly) and its runs:
 
 def sample_runs(modality: torch.Tensor) -> list[list[tuple[int, int, int]]]:
     """:func:`modality_runs` of each sample of ``modality`` int [B, K]; the last tensor's runs are kept, so the
-    layers of one forward (which share the recorded modality tensor) read it to the host once."""
+    layers of one forward (which share the recorded modality tensor) read it to the host once. A tensor written in
+    place is read again, except one made under ``torch.inference_mode`` (which keeps no version counter)."""
     ref = _RUNS.get("of")
-    if ref is not None and ref() is modality and _RUNS.get("version") == modality._version:
+    version = None if modality.is_inference() else modality._version  # inference tensors keep no version counter
+    if ref is not None and ref() is modality and _RUNS.get("version") == version:
         return _RUNS["runs"]  # type: ignore[return-value]
     runs = [modality_runs(row) for row in modality.to("cpu", torch.long).tolist()]
-    _RUNS.update(of=weakref.ref(modality), version=modality._version, runs=runs)
+    _RUNS.update(of=weakref.ref(modality), version=version, runs=runs)
     return runs
 
 
-def _head_patterns(keep: torch.Tensor) -> dict[tuple, list[int]]:
+def head_patterns(keep: torch.Tensor) -> dict[tuple, list[int]]:
+    """The heads of ``keep`` bool [H, 3] grouped by their :func:`~.intervals.class_table` row (at most 8 patterns):
+    ``{allowed [4][4] as tuples: [heads]}``."""
     table = class_table(keep).cpu().tolist()  # [H][4][4]
     patterns: dict[tuple, list[int]] = {}
     for head, rows in enumerate(table):
         patterns.setdefault(tuple(tuple(row) for row in rows), []).append(head)
     return patterns
+
+
+class SpanCall(NamedTuple):
+    """One SDPA call of :func:`span_path_attention`: ``piece`` for the query ``heads`` (sorted) of the ``samples``."""
+
+    piece: SpanPiece
+    heads: tuple[int, ...]
+    samples: tuple[int, ...]
+
+
+def span_calls(runs: list[list[tuple[int, int, int]]], q_len: int, keep: torch.Tensor) -> list[SpanCall]:
+    """The calls of :func:`span_path_attention` for the samples' ``runs`` (:func:`sample_runs`), the last ``q_len``
+    positions as queries and ``keep`` bool [H, 3]: each head pattern's :func:`span_pieces`, samples with the same
+    pieces together, and patterns that share a piece for the same samples in one call."""
+    calls: dict[tuple, set[int]] = {}
+    for allowed, members in head_patterns(keep).items():
+        by_pieces: dict[tuple, list[int]] = {}
+        for b, sample in enumerate(runs):
+            by_pieces.setdefault(tuple(span_pieces(sample, q_len, allowed)), []).append(b)
+        for pieces, samples in by_pieces.items():
+            for piece in pieces:
+                calls.setdefault((piece, tuple(samples)), set()).update(members)
+    return [SpanCall(piece, tuple(sorted(heads)), samples) for (piece, samples), heads in calls.items()]
 
 
 def _keys(t: torch.Tensor, intervals: tuple[tuple[int, int], ...]) -> torch.Tensor:
@@ -142,11 +170,20 @@ def _pick(t: torch.Tensor, rows: torch.Tensor | None, heads: torch.Tensor | None
     return t if heads is None else t.index_select(1, heads)
 
 
+def kv_heads_of(heads: tuple[int, ...], groups: int, kv_heads: int) -> tuple[tuple[int, ...] | None, bool]:
+    """``(kv, gqa)`` for the query ``heads`` (sorted): with whole GQA groups, their key/value heads (None: all) read
+    through SDPA's ``enable_gqa``; else one key/value head per query head."""
+    kv = sorted({h // groups for h in heads})
+    if len(heads) == len(kv) * groups:  # every query head of each of these kv heads, in order
+        return (None if len(kv) == kv_heads else tuple(kv)), groups > 1
+    return tuple(h // groups for h in heads), False
+
+
 def span_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, modality: torch.Tensor,
                         keep: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
     """[B, H, Q, D] path-sparse attention (the arguments of
     :func:`~lightprune.width.kernels.path_attention.path_sparse_attention`, checked there) as the dense SDPA calls
-    of :func:`span_pieces` (module docstring)."""
+    of :func:`span_calls` (module docstring)."""
     from torch.nn.attention.bias import causal_lower_right
 
     batch, heads, q_len, dim = query.shape
@@ -155,43 +192,27 @@ def span_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     upcast = query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
     q_all, k_all, v_all = (t.float() for t in (query, key, value)) if upcast else (query, key, value)
     out = torch.zeros(batch, heads, q_len, dim, dtype=q_all.dtype, device=query.device)
-    runs = sample_runs(modality)
     device = query.device
-    for allowed, members in _head_patterns(keep).items():
-        every_head = len(members) == heads
-        heads_index = torch.tensor(members, device=device)
-        kv_members = sorted({h // groups for h in members})
-        whole_groups = len(members) == len(kv_members) * groups  # members sorted: each kv head's queries, in order
-        by_pieces: dict[tuple, list[int]] = {}
-        for b in range(batch):
-            by_pieces.setdefault(tuple(span_pieces(runs[b], q_len, allowed)), []).append(b)
-        for pieces, samples in by_pieces.items():
-            if not pieces:
-                continue
-            all_samples = len(samples) == batch
-            rows = None if all_samples else torch.tensor(samples, device=device)
-
-            q_pat = _pick(q_all, rows, None if every_head else heads_index)
-            every_kv = whole_groups and len(kv_members) == kv_heads
-            kv_index = None if every_kv else torch.tensor(kv_members, device=device) if whole_groups \
-                else heads_index // groups
-            k_pat, v_pat = _pick(k_all, rows, kv_index), _pick(v_all, rows, kv_index)
-            gqa = whole_groups and groups > 1
-            for piece in pieces:
-                q = q_pat[:, :, piece.start:piece.end]
-                k, v = _keys(k_pat, piece.intervals), _keys(v_pat, piece.intervals)
-                n, m = piece.end - piece.start, k.shape[2]
-                mask = causal_lower_right(n, m) if piece.causal and n > 1 else None
-                if mask is not None and gqa:  # the lower-right causal kernels take matching heads
-                    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-                result = torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa and mask is None)
-                if all_samples and every_head:
-                    out[:, :, piece.start:piece.end] = result
-                elif all_samples:
-                    out[:, heads_index, piece.start:piece.end] = result
-                else:
-                    target = out[:, :, piece.start:piece.end]
-                    target[rows[:, None], heads_index[None, :]] = result
+    for piece, members, samples in span_calls(sample_runs(modality), q_len, keep):
+        rows = None if len(samples) == batch else torch.tensor(samples, device=device)
+        heads_index = None if len(members) == heads else torch.tensor(members, device=device)
+        kv, gqa = kv_heads_of(members, groups, kv_heads)
+        kv_index = None if kv is None else torch.tensor(kv, device=device)
+        q = _pick(q_all[:, :, piece.start:piece.end], rows, heads_index)
+        k, v = (_pick(_keys(t, piece.intervals), rows, kv_index) for t in (k_all, v_all))
+        n, m = piece.end - piece.start, k.shape[2]
+        mask = causal_lower_right(n, m) if piece.causal and n > 1 else None
+        if mask is not None and gqa:  # the lower-right causal kernels take matching heads
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        result = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                                                  enable_gqa=gqa and mask is None)
+        target = out[:, :, piece.start:piece.end]
+        if rows is None and heads_index is None:
+            target.copy_(result)
+        elif rows is None:
+            target.index_copy_(1, heads_index, result)
+        elif heads_index is None:
+            target.index_copy_(0, rows, result)
+        else:
+            target[rows[:, None], heads_index[None, :]] = result
     return out.to(query.dtype)
-
