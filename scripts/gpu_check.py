@@ -181,12 +181,13 @@ def part_kernels(args) -> None:
 
 
 def part_prefill(args) -> None:
-    """MWOP prefill: scripts/bench_prefill.py on the GPU (7B shapes: Triton vs SDPA, compact vs dense FFN)."""
+    """MWOP prefill: scripts/bench_prefill.py on the GPU (7B shapes: every path attention and the cost model's choice
+    vs dense SDPA, compact vs dense FFN)."""
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_prefill.py")]
     cmd += ["--quick", "--device", "cpu"] if args.cpu_smoke else ["--device", "cuda"]
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    lines = [l for l in done.stdout.splitlines() if l.startswith(("ratio", "note", "PASS", "FAIL"))]
+    lines = [l for l in done.stdout.splitlines() if l.startswith(("ratio", "chosen", "note", "PASS", "FAIL"))]
     print(f"prefill: bench_prefill exit {done.returncode} in {time.perf_counter() - start:.1f} s")
     print("\n".join(lines) or done.stdout[-3000:] + done.stderr[-3000:])
 

@@ -5,7 +5,8 @@ Built bottom-up, each module importing only those before it:
 - :mod:`.paths` (a leaf: modality codes, the three paths V2V / T2V / T2T and their pair masks);
 - :mod:`.layers` (the language decoder's heads and FFN channels), :mod:`.modality` (each token's
   modality), :mod:`.plan` (:class:`WidthPlan`), :mod:`.flops` (decoder FLOPs, appendix D.4);
-- :mod:`.kernels` (Triton / FlexAttention / masked-SDPA path-sparse attention, the compact FFN);
+- :mod:`.kernels` (span / FlexAttention / masked-SDPA / Triton path-sparse attention and the cost model that
+  chooses among them, the compact FFN), :mod:`.attention_choice` (the export's choice per layer and device type);
 - :mod:`.attention` (the attention implementation that masks or gates paths), :mod:`.mask`
   (:func:`mask_width`, reversible), :mod:`.swap` (compact FFNs swapped in);
 - :mod:`.taylor` (first-order Taylor importance), :mod:`.min_rank` (per-category rankings combined, the

@@ -2,9 +2,10 @@
 
 ``path_sparse_attention(query, key, value, modality, keep, backend=...)`` computes attention with the
 pruned paths' keys removed before the softmax (:mod:`.path_attention`); backends ``"triton"``
-(:mod:`.path_attention_triton`, imported only when used), ``"flex"``, ``"span"`` (:mod:`.span_attention`: dense
-SDPA on the kept key spans) and ``"sdpa"``. The retained key
-intervals the Triton kernel walks come from :func:`.intervals.key_intervals`.
+(:mod:`.path_attention_triton`, imported only when used), ``"flex"``, ``"span"`` (:mod:`.span_attention`: fused
+SDPA calls on the kept key spans) and ``"sdpa"``. The retained key intervals the Triton kernel walks come from
+:func:`.intervals.key_intervals`. :mod:`.attention_cost` estimates each backend's time on a layer and prompt layout
+and chooses one (the export records its choice per layer and device type).
 :class:`.compact_ffn.CompactModalityFFN` runs a gated MLP with packed visual (and text) channels;
 (:func:`lightprune.width.swap.swap_compact_ffn` swaps it in for every FFN a WidthPlan prunes).
 
@@ -13,6 +14,13 @@ May import: torch, triton (lazily) and :mod:`lightprune.width.paths` only; the r
 
 from __future__ import annotations
 
+from lightprune.width.kernels.attention_cost import (
+                                                     CANDIDATES,
+                                                     PROFILES,
+                                                     KernelProfile,
+                                                     attention_costs,
+                                                     choose_attention,
+)
 from lightprune.width.kernels.compact_ffn import CompactModalityFFN, split_tokens
 from lightprune.width.kernels.intervals import class_bits, class_table, key_intervals
 from lightprune.width.kernels.path_attention import (
@@ -27,4 +35,5 @@ from lightprune.width.kernels.path_attention import (
 
 __all__ = ["BACKENDS", "path_sparse_attention", "check_backend", "path_keep_mask", "path_block_mask",
            "sdpa_path_attention", "flex_path_attention", "key_intervals", "class_table", "class_bits",
-           "CompactModalityFFN", "split_tokens"]
+           "CompactModalityFFN", "split_tokens", "CANDIDATES", "PROFILES", "KernelProfile", "attention_costs",
+           "choose_attention"]
