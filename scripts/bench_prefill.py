@@ -11,8 +11,8 @@ interval tables depend only on the plan and the tokens (once per forward in a mo
 before timing, as the paper packs weights and tunes kernels before timing; their build time is printed.
 
 - CPU (always; ``--threads``, default 1: on shared cores multi-threaded GEMM times mostly measure the
-  scheduler): scaled-down shapes. FFN: the transformers Qwen2 MLP vs :class:`CompactModalityFFN` (target
-  at 50% visual channels: at most 0.6x the dense time). Attention core: dense causal SDPA (GQA) vs every candidate
+  scheduler): scaled-down shapes. FFN: the transformers Qwen2 MLP vs :class:`CompactModalityFFN` with shared
+  weights (target at 50% visual channels: at most 0.6x the dense time) and with packed copies beside. Attention core: dense causal SDPA (GQA) vs every candidate
   of the export's choice, masked SDPA, the ``span`` backend (dense SDPA on the kept key spans) and
   :func:`lightprune.width.kernels.flex_path_attention` under ``torch.compile`` (eager, said so, when compiling
   fails); then the cost model's choice (:func:`lightprune.width.kernels.attention_cost.choose_attention`) with its
@@ -21,7 +21,9 @@ before timing, as the paper packs weights and tunes kernels before timing; their
   (:func:`swap_compact_ffn` and the flex path attention registered as an attention implementation reading the
   swap's token modality).
 - GPU (when CUDA is available and ``--device`` allows): the paper's 7B per-layer shapes in bf16 with CUDA
-  events (eager, no CUDA graphs): compact vs dense FFN (target pruned/dense <= 1.15 x the fraction); the Triton
+  events (eager, no CUDA graphs): compact vs dense FFN (target <= 0.6 at LLaVA-OneVision's shape, <= 1.0 at
+  Qwen2.5-VL's; the compact FFN as the export runs it, slices of the MLP's own permuted weights, and with packed
+  copies beside); the Triton
   kernel (intervals prebuilt, and end to end; not a candidate), then the same candidates and choice as on the CPU,
   the choice judged: <= 0.75 of dense SDPA at LLaVA-OneVision's shape, <= 1.0 at Qwen2.5-VL's.
 
@@ -55,9 +57,9 @@ __all__ = ["main"]
 POINTS = {"llava_onevision": ((0.4, 0.6, 0.1), 0.5, 18), "qwen2_5_vl": ((0.6, 0.7, 0.0), 0.4, 11)}
 #: the paper's (V, T) profiles of section D.4 for the 7B GPU shapes
 PROFILES_7B = {"llava_onevision": (3215, 19), "qwen2_5_vl": (485, 38)}
-FFN_CPU_TARGET, GPU_SLACK = 0.6, 1.15
-#: the chosen path attention / dense causal SDPA on the GPU shapes (1.0 where not named)
-ATTENTION_TARGETS = {"llava_onevision": 0.75}
+FFN_CPU_TARGET = 0.6
+#: on the GPU shapes, compact / dense FFN and the chosen path attention / dense causal SDPA (1.0 where not named)
+FFN_GPU_TARGETS, ATTENTION_TARGETS = {"llava_onevision": 0.6}, {"llava_onevision": 0.75}
 #: every figure :func:`report` printed in this run, for ``--json``
 RESULTS: list[dict] = []
 
@@ -185,25 +187,28 @@ class Flex:
 
 
 # ---------------------------------------------------------------------------------------------- parts
-def bench_ffn(s, point, args, device, dtype, target=None, slack=None):
-    """Qwen2 MLP vs CompactModalityFFN; ``target`` a fixed ratio, or ``slack`` x the retained fraction."""
+def bench_ffn(s, point, args, device, dtype, target=None):
+    """Qwen2 MLP vs CompactModalityFFN as an export runs it (slices of the MLP's own permuted weights, judged against
+    ``target``), and with packed copies of the kept and other channels beside."""
     from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
     config = qwen2_config(s, layers=1)
     system = POINTS[point][2] if device.type == "cuda" else s["system"]
     mlp = Qwen2MLP(config).to(device=device, dtype=dtype).eval()
     plan = plan_for(config, point, attention=False)
-    compact = CompactModalityFFN(mlp, plan.ffn_keep[0], align=args.align)
+    packed = CompactModalityFFN(mlp, plan.ffn_keep[0], align=args.align)  # before the shared one permutes the MLP
+    compact = CompactModalityFFN(mlp, plan.ffn_keep[0], align=args.align, share_weights=True)
     x = torch.randn(1, system + s["V"] + s["T"], s["d"], device=device, dtype=dtype)
     mod = modality_codes(system, s["V"], s["T"], device)
     split = split_tokens(mod)  # once per forward in a model, shared by every layer: not timed
-    times = timeit({"dense": lambda: mlp(x), "pruned": lambda: compact(x, mod, split)}, args.repeats, args.warmup,
-                   device)
     fraction = decoder_flops(config, s["V"], s["T"], plan, args.align).ffn_fraction
-    if slack is not None:
-        target = slack * fraction
-    report("ffn", point, times, fraction, target, f"  [visual channels {compact.kept['vision']}/{s['m']}, "
-                                                  f"packed {compact.width['vision']}]")
+    extra = sum(b.numel() * b.element_size() for b in packed.buffers()) / 2 ** 20
+    for module, what, judged in ((compact, "shared weights", target), (packed, f"packed copies, {extra:.1f} MiB", None)):
+        times = timeit({"dense": lambda: mlp(x), "pruned": lambda m=module: m(x, mod, split)}, args.repeats,
+                       args.warmup, device)
+        report("ffn", point, times, fraction, judged, f"  [visual channels {compact.kept['vision']}/{s['m']}, "
+                                                      f"width {compact.width['vision']}, {what}]")
+    compact.restore()
 
 
 def attention_inputs(s, point, device, dtype, system):
@@ -324,7 +329,7 @@ def bench_gpu(args, device, s7: dict | None = None, profiles: dict | None = None
     flex = Flex(args.quick, where=device.type.upper())  # compiled for the GPU
     for point, (V, T) in (profiles or PROFILES_7B).items():
         s = dict(s7, V=V, T=T, system=POINTS[point][2])
-        bench_ffn(s, point, args, device, torch.bfloat16, slack=GPU_SLACK)
+        bench_ffn(s, point, args, device, torch.bfloat16, target=FFN_GPU_TARGETS.get(point, 1.0))
         bench_attention(s, point, args, device, torch.bfloat16, flex, target=ATTENTION_TARGETS.get(point, 1.0),
                         triton=have_triton)
 

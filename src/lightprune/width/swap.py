@@ -34,17 +34,25 @@ class CompactFFNSwap:
             raise TypeError(f"swap_compact_ffn needs a WidthPlan, got {type(plan).__name__}")
         plan.validate(model)
         layers = {layer.index: layer for layer in find_width_layers(model)}
-        self.modules: dict[int, CompactModalityFFN] = {}
         for i in sorted(plan.ffn_keep):
             mlp = layers[i].mlp
             if "forward" in vars(mlp):
                 raise RuntimeError(f"layer {i}: {type(mlp).__name__}.forward is already replaced on the instance "
                                    f"(an accelerate hook or another swap); swap_compact_ffn would bypass it")
-            self.modules[i] = CompactModalityFFN.from_mlp(mlp, plan.ffn_keep[i], align)
         # the modality pre-hook (and the attention masks, when asked) without FFN masks
         rest = WidthPlan(attn_keep=dict(plan.attn_keep) if mask_attention else {}, ffn_keep={},
                          num_heads=dict(plan.num_heads), intermediate_size=dict(plan.intermediate_size))
         self.hooks = WidthHooks(model, rest, attention_backend=attention_backend)
+        self.modules: dict[int, CompactModalityFFN] = {}
+        try:  # the MLPs' channels are permuted in place (share_weights): all of them put back on a failure
+            for i in sorted(plan.ffn_keep):
+                self.modules[i] = CompactModalityFFN.from_mlp(layers[i].mlp, plan.ffn_keep[i], align,
+                                                              share_weights=True)
+        except BaseException:
+            for module in self.modules.values():
+                module.restore()
+            self.hooks.remove()
+            raise
         self._mlps = {i: layers[i].mlp for i in self.modules}
         self._split: dict = {}
         for i, mlp in self._mlps.items():
@@ -74,9 +82,11 @@ class CompactFFNSwap:
         return self.hooks.active
 
     def remove(self) -> None:
-        """Restore every MLP forward and remove the hooks (idempotent)."""
+        """Restore every MLP forward and its channel order, and remove the hooks (idempotent)."""
         for mlp in self._mlps.values():
             vars(mlp).pop("forward", None)
+        for module in self.modules.values():
+            module.restore()
         self._mlps = {}
         self._split.clear()
         self.hooks.remove()
@@ -92,7 +102,9 @@ class CompactFFNSwap:
 
 def swap_compact_ffn(model: nn.Module, plan: WidthPlan, align: int = 64, *, mask_attention: bool = True,
                      attention_backend: str | Mapping | None = None) -> CompactFFNSwap:
-    """Run every FFN that ``plan`` prunes as a :class:`CompactModalityFFN` (in memory, reversible).
+    """Run every FFN that ``plan`` prunes as a :class:`CompactModalityFFN` (in memory, reversible). An FFN that prunes
+    one modality runs slices of its own weights, its channels permuted in place (``share_weights``: no packed copy;
+    ``state_dict`` refused until :meth:`~CompactFFNSwap.remove` puts them back, bitwise).
 
     With ``mask_attention`` (default) the plan's attention paths are masked as :func:`mask_width` does, so
     the model computes what ``mask_width(model, plan)`` computes; ``mask_attention=False`` leaves attention

@@ -114,6 +114,52 @@ def test_matches_explicit_channel_zeroing(align, vision, text, layout, bias):
         assert_close_to_scale(compact(x[:, -1:], modality[:, -1:]), expected[:, -1:])
 
 
+@pytest.mark.parametrize("align", [1, 8, 64])
+@pytest.mark.parametrize("vision,text", [(0.4, 1.0), (1.0, 0.6), (0.0, 1.0)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_shared_weights_match_explicit_zeroing_and_restore_bitwise(align, vision, text, bias):
+    """share_weights: slices of the MLP's own (permuted) weights, no packed copy; the same outputs as the explicit
+    zeroing (alignment channels zeroed for the pruned tokens, an empty kept set a zero update); the weights cannot be
+    saved while permuted and come back bitwise."""
+    mlp = qwen2_mlp(bias=bias)
+    keep = random_keep(200, vision=vision, text=text, seed=align)
+    x, modality = random_inputs(48)
+    original = {name: t.clone() for name, t in mlp.state_dict().items()}
+    residual = torch.randn_like(x)
+    with torch.no_grad():
+        expected = reference(mlp, x, modality, keep)
+        singles = {code: reference(mlp, x, torch.full_like(modality, code), keep) for code in (VISION, TEXT, SYSTEM)}
+        compact = CompactModalityFFN(mlp, keep, align=align, share_weights=True)
+        assert compact.layout == "shared" and compact.share_weights
+        assert not [name for name, _ in compact.named_buffers()]  # no packed copy
+        permuted = not torch.equal(mlp.gate_proj.weight, original["gate_proj.weight"])
+        assert permuted == (compact.kept[compact.pruned] > 0)  # in place (nothing kept: the order is unchanged)
+        assert_close_to_scale(compact(x, modality), expected)
+        assert_close_to_scale(compact.forward_residual(x, residual, modality), residual + expected)
+        for code, want in singles.items():
+            assert_close_to_scale(compact(x, torch.full_like(modality, code)), want)
+        assert_close_to_scale(compact(x[:, -1:], modality[:, -1:]), expected[:, -1:])
+    # no token of the pruned modality (text-only decoding when vision is pruned): the dense MLP's matmuls, no more
+    others = torch.full_like(modality, TEXT if compact.pruned == "vision" else VISION)
+    with torch.no_grad(), CountMatmuls() as dense_count:
+        want = mlp(x)
+    with torch.no_grad(), CountMatmuls() as compact_count:
+        assert torch.equal(compact(x, others), want)
+    assert compact_count.count == dense_count.count
+    with pytest.raises(RuntimeError, match="permuted"):
+        mlp.state_dict()
+    with pytest.raises(RuntimeError, match="permuted"):
+        mlp.load_state_dict(original)
+    compact.restore()
+    compact.restore()  # idempotent
+    assert all(torch.equal(t, original[name]) for name, t in mlp.state_dict().items())
+    with pytest.raises(RuntimeError, match="restored: call share"):
+        compact(x, modality)
+    compact.share()
+    with torch.no_grad():
+        assert_close_to_scale(compact(x, modality), expected)
+
+
 def test_padding_rows_are_zero_and_do_not_change_the_output():
     mlp = qwen2_mlp(bias=True)
     keep = random_keep(200, vision=0.3, seed=3)
@@ -277,6 +323,10 @@ def test_swapped_model_logits_equal_mask_width(tiny, family):
         assert (masked[valid] - plain[valid]).abs().max() > 1e-4  # the masks change the output
         with swap_compact_ffn(model, plan) as handle:
             assert sorted(handle.modules) == sorted(plan.ffn_keep)
+            # the MLPs' own weights, permuted: no packed copy beside them, nothing saved in that order
+            assert all(m.share_weights and not list(m.buffers()) for m in handle.modules.values())
+            with pytest.raises(RuntimeError, match="remove the width kernels first"):
+                model.state_dict()
             got = model(**batch).logits
         assert_close_to_scale(got[valid], masked[valid], rel=1e-6)
         assert torch.equal(model(**batch).logits, plain)  # remove() restores bitwise
@@ -385,7 +435,7 @@ def test_bench_prefill_quick_prints_ratios():
     rows = re.findall(r"^ratio (ffn|attention) +(\w+) +pruned/dense median \d+\.\d+ .*?\[(\S+)", gpu, re.M)
     for point in ("llava_onevision", "qwen2_5_vl"):
         assert [(kind, note) for kind, p, note in rows if p == point] == [
-            ("ffn", "visual"), ("attention", "triton,"), ("attention", "path_sparse_attention"),
+            ("ffn", "visual"), ("ffn", "visual"), ("attention", "triton,"), ("attention", "path_sparse_attention"),
             ("attention", "sdpa:"), ("attention", "span:"), ("attention", "flex:")], gpu
     # the cost model's choice beside every candidate, judged on the GPU shapes (0.75 at LLaVA-OneVision's)
     chosen = re.compile(r"^chosen +attention (\w+) +(sdpa|span|flex) \(estimated sdpa [\d.]+ ms, span [\d.]+ ms, "

@@ -15,7 +15,11 @@ a plan that prunes text channels gets text weights packed the same way.
 
 When only the visual channels are pruned (the paper's configurations), every token runs the packed
 kept channels in one matmul chain and the tokens on the full FFN (text, SYSTEM, PAD) add the remaining
-channels, gathered and scatter-added, so every weight is read once per call as in the dense FFN; when
+channels, gathered and scatter-added, so every weight is read once per call as in the dense FFN. With
+``share_weights`` (what :func:`~lightprune.width.swap.swap_compact_ffn` and so an exported model run) the kept
+channels are a slice of the MLP's own weights, its channels permuted in place (kept first; the output of a gated MLP
+does not depend on the order), so no packed copy is held; a call without a token of the pruned modality (text-only
+decoding) runs the dense MLP. When
 both modalities are pruned, tokens are split by modality and each group runs its own pack (gate and
 up always share one matmul). :meth:`CompactModalityFFN.forward_residual` fuses the decoder layer's
 residual add into the kept-channel GEMM (``addmm_``) and the scatter (``index_add_``). The token
@@ -87,6 +91,8 @@ class CompactModalityFFN(nn.Module):
         keep: ``{"vision": bool [m], "text": bool [m]}`` (a ``WidthPlan.ffn_keep[l]``); a missing modality
             keeps every channel.
         align: channel alignment b of the packed width ``m~ = min(m, b * ceil(k / b))``.
+        share_weights: the ``shared`` layout runs slices of the MLP's weights, permuted in place, instead of packed
+            copies (below); other layouts ignore it.
 
     Layouts (:attr:`layout`), chosen by the masks:
 
@@ -108,10 +114,13 @@ class CompactModalityFFN(nn.Module):
     The packed weights are non-persistent buffers built once, on the MLP's device and dtype, from the
     weights at construction: call :meth:`pack` again after the MLP's weights change. The ``shared``
     layout's packs hold every channel (about one more copy of the MLP beside the shared Linear
-    modules, which an export may drop). Inference only (the packed copies get no gradient).
+    modules); ``share_weights=True`` holds none: it permutes the MLP's channels in place (:meth:`share`, refused
+    ``state_dict`` while so) and runs slices of them, the first m~ channels for every token with the m~ - k
+    alignment channels zeroed for the pruned tokens; :meth:`restore` puts the order back bitwise. Inference only
+    (the packed copies get no gradient).
     """
 
-    def __init__(self, mlp: nn.Module, keep: dict[str, torch.Tensor], align: int = 64):
+    def __init__(self, mlp: nn.Module, keep: dict[str, torch.Tensor], align: int = 64, *, share_weights: bool = False):
         super().__init__()
         align = check_positive_int("align", align)
         self.gate_proj, self.up_proj, self.down_proj, self.act_fn = _linears(mlp)
@@ -141,22 +150,70 @@ class CompactModalityFFN(nn.Module):
         self.layout = "dense" if not pruned else "shared" if len(pruned) == 1 else "grouped"
         #: the pruned modality of the shared layout
         self.pruned = pruned[0] if self.layout == "shared" else None
+        #: the shared layout runs slices of the MLP's own weights, its channels permuted in place (kept first)
+        self.share_weights = bool(share_weights) and self.layout == "shared"
+        self._order: torch.Tensor | None = None  # the permutation applied to the MLP's channels, while applied
+        self._guards: list = []
         self.pack()
 
     @classmethod
-    def from_mlp(cls, mlp: nn.Module, keep: dict[str, torch.Tensor], align: int = 64) -> "CompactModalityFFN":
-        return cls(mlp, keep, align)
+    def from_mlp(cls, mlp: nn.Module, keep: dict[str, torch.Tensor], align: int = 64, *,
+                 share_weights: bool = False) -> "CompactModalityFFN":
+        return cls(mlp, keep, align, share_weights=share_weights)
 
     def pack(self) -> None:
         """(Re)build the packed buffers ``<name>_gate_up`` [2 w, d] (gate rows, then up rows),
-        ``<name>_gate_up_bias`` [2 w] and ``<name>_down`` [d, w] of the layout (None for an empty set)."""
-        if self.layout == "shared":
+        ``<name>_gate_up_bias`` [2 w] and ``<name>_down`` [d, w] of the layout (None for an empty set); with
+        ``share_weights``, permute the MLP's channels instead (:meth:`share`)."""
+        if self.share_weights:
+            self.share()
+        elif self.layout == "shared":
             mask = self.keep[self.pruned]
             self._store("kept", mask.nonzero().squeeze(1), self.width[self.pruned])
             self._store("rest", (~mask).nonzero().squeeze(1), int((~mask).sum()))
         elif self.layout == "grouped":
             for mu in MODALITIES:
                 self._store(mu, self.keep[mu].nonzero().squeeze(1), self.width[mu])
+
+    def share(self) -> None:
+        """Permute the MLP's channels in place so the pruned modality's kept ones come first (then the rest, in
+        order): the rows of ``gate_proj`` / ``up_proj`` (and biases) and the columns of ``down_proj``. The gated MLP
+        is the same function of its input in any channel order; the compact FFN then runs slices of these weights
+        (no packed copy). While permuted, ``state_dict`` and ``load_state_dict`` of the three Linear modules are
+        refused (the saved channels would not be the model's); :meth:`restore` puts them back, bitwise."""
+        if self._order is not None:
+            return
+        mask = self.keep[self.pruned]
+        order = torch.cat([mask.nonzero().squeeze(1), (~mask).nonzero().squeeze(1)]).to(self.gate_proj.weight.device)
+        self._permute(order)
+        self._order = order
+        for linear in (self.gate_proj, self.up_proj, self.down_proj):
+            self._guards.append(linear.register_state_dict_pre_hook(self._refuse))
+            self._guards.append(linear.register_load_state_dict_pre_hook(self._refuse))
+
+    def restore(self) -> None:
+        """Undo :meth:`share`: the MLP's channels in their original order (idempotent)."""
+        if self._order is None:
+            return
+        self._permute(torch.argsort(self._order))
+        self._order = None
+        for guard in self._guards:
+            guard.remove()
+        self._guards = []
+
+    def _permute(self, order: torch.Tensor) -> None:
+        order = order.to(self.gate_proj.weight.device)  # the module may have moved since share()
+        with torch.no_grad():
+            for linear in (self.gate_proj, self.up_proj):
+                linear.weight.copy_(linear.weight.index_select(0, order))
+                if linear.bias is not None:
+                    linear.bias.copy_(linear.bias.index_select(0, order))
+            self.down_proj.weight.copy_(self.down_proj.weight.index_select(1, order))
+
+    def _refuse(self, *args, **kwargs) -> None:
+        raise RuntimeError("the compact FFN holds this MLP's channels permuted (share_weights): remove the width "
+                           "kernels first (model.lightprune_width.remove(), or CompactModalityFFN.restore()) before "
+                           "state_dict / save_pretrained / load_state_dict")
 
     def _store(self, name: str, idx: torch.Tensor, width: int) -> None:
         weight, k = self.gate_proj.weight, idx.numel()
@@ -206,7 +263,50 @@ class CompactModalityFFN(nn.Module):
             return out if self.down_proj.bias is None else out + self.down_proj.bias
         return F.linear(h, getattr(self, f"{name}_down"), self.down_proj.bias)
 
+    def _sliced(self, x: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """The gated activation of the permuted MLP's channels ``[start, end)`` (share_weights) [n, end - start]."""
+        gate, up = self.gate_proj, self.up_proj
+        g = F.linear(x, gate.weight[start:end], None if gate.bias is None else gate.bias[start:end])
+        return self.act_fn(g) * F.linear(x, up.weight[start:end], None if up.bias is None else up.bias[start:end])
+
+    def _run_sliced(self, flat: torch.Tensor, split: dict, residual: torch.Tensor | None):
+        """The shared layout on the permuted MLP: every token runs channels ``[0, m~)`` (the k kept ones, then the
+        first m~ - k others, zeroed for the pruned modality's tokens), the other tokens add ``[m~, m)``."""
+        if self._order is None:
+            raise RuntimeError("CompactModalityFFN(share_weights=True) was restored: call share() to run it again")
+        k, width, m = self.kept[self.pruned], self.width[self.pruned], self.intermediate_size
+        down, bias = self.down_proj.weight, self.down_proj.bias
+        out = residual.clone() if residual is not None else None
+        if width:
+            h = self._sliced(flat, 0, width)
+            pruned = split[self.pruned]
+            if width > k and pruned.numel():
+                h[:, k:].index_fill_(0, pruned, 0.0)  # the alignment's extra channels are not the pruned tokens'
+            if out is None:
+                out = F.linear(h, down[:, :width], bias)
+            else:
+                out.addmm_(h, down[:, :width].t())
+                if bias is not None:
+                    out += bias
+        else:  # nothing kept: down_proj(0) for the pruned tokens, no matmul
+            if out is None:
+                out = flat.new_zeros(flat.shape)
+            if bias is not None:
+                out += bias
+        idx = split["not_" + self.pruned]
+        if width < m and idx.numel():
+            if idx.numel() == flat.shape[0]:
+                out.addmm_(self._sliced(flat, width, m), down[:, width:].t())
+            else:
+                out.index_add_(0, idx, F.linear(self._sliced(flat.index_select(0, idx), width, m), down[:, width:]))
+        return out
+
     def _run_shared(self, flat: torch.Tensor, split: dict, residual: torch.Tensor | None):
+        if not split[self.pruned].numel():  # no token of the pruned modality (text-only decoding): the dense MLP
+            y = self._full(flat)
+            return y if residual is None else residual + y
+        if self.share_weights:
+            return self._run_sliced(flat, split, residual)
         h = self._hidden("kept", flat)  # every token runs the kept channels
         if residual is None:
             out = self._packed("kept", flat) if h is None else F.linear(h, self.kept_down, self.down_proj.bias)
