@@ -225,7 +225,8 @@ def pairs_fraction(config, s, plan) -> float:
     return layer["pairs_per_head"] / (N * (N + 1) / 2)
 
 
-def bench_attention(s, point, args, device, dtype, flex: Flex, target: float | None = None, triton: bool = False):
+def bench_attention(s, point, args, device, dtype, flex: Flex, target: float | None = None, triton: bool = False,
+                    profile=None):
     """Every path-attention candidate against dense causal SDPA on one shape, then the cost model's choice
     (:func:`lightprune.width.kernels.attention_cost.choose_attention`) judged against ``target``: masked SDPA, the
     span decomposition, FlexAttention (BlockMask prebuilt), and on a GPU the Triton kernel (not a candidate)."""
@@ -271,6 +272,11 @@ def bench_attention(s, point, args, device, dtype, flex: Flex, target: float | N
     print(f"chosen    attention {point:<16} {chosen} (estimated {', '.join(f'{n} {c * 1e3:.3f} ms' for n, c in costs.items())}"
           f"); measured pruned/dense {', '.join(f'{n} {r:.3f}' for n, r in measured.items())}; fastest measured "
           f"{fastest}{verdict}")
+    if profile is not None:  # the same choice from the profile measured on this device
+        mine, mine_costs = choose_attention(layout, keep.cpu(), kv_heads=s["kv"], head_dim=s["head_dim"],
+                                            element_bytes=element, device=profile)
+        print(f"chosen    attention {point:<16} with the measured profile: {mine} (estimated "
+              f"{', '.join(f'{n} {c * 1e3:.3f} ms' for n, c in mine_costs.items())})")
     RESULTS.append({"name": f"attention {point} chosen kernel / dense SDPA (median)", "value": ratio, "target": target,
                     "op": None if target is None else "<=", "passed": None if target is None else bool(ratio <= target),
                     "reference": fraction, "reference_name": "retained causal pairs",
@@ -326,12 +332,19 @@ def bench_gpu(args, device, s7: dict | None = None, profiles: dict | None = None
     s7 = s7 or dict(d=3584, heads=28, kv=4, head_dim=128, m=18944, layers=1)
     have_triton = importlib.util.find_spec("lightprune.width.kernels.path_attention_triton") is not None \
         and importlib.util.find_spec("triton") is not None
+    from lightprune.width.kernels.attention_cost import measure_profile
+
     flex = Flex(args.quick, where=device.type.upper())  # compiled for the GPU
+    t0 = time.perf_counter()
+    tokens = None if device.type == "cuda" else 128  # the CPU rehearsal of this part: small
+    measured = measure_profile(device, torch.bfloat16 if device.type == "cuda" else torch.float32, tokens=tokens)
+    print(f"note: attention cost profile measured on {device.type} in {time.perf_counter() - t0:.1f} s: "
+          f"{measured.record()}")
     for point, (V, T) in (profiles or PROFILES_7B).items():
         s = dict(s7, V=V, T=T, system=POINTS[point][2])
         bench_ffn(s, point, args, device, torch.bfloat16, target=FFN_GPU_TARGETS.get(point, 1.0))
         bench_attention(s, point, args, device, torch.bfloat16, flex, target=ATTENTION_TARGETS.get(point, 1.0),
-                        triton=have_triton)
+                        triton=have_triton, profile=measured)
 
 
 def main(argv=None) -> int:

@@ -67,8 +67,8 @@ def _summary(plan: WidthPlan) -> dict[str, float]:
 def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathLike, *,
                       probe: Mapping[str, Any] | None = None, reference_logits: torch.Tensor | None = None,
                       atol: float | None = None, align: int = 64, overwrite: bool = False, processor: Any = None,
-                      metadata: Mapping[str, Any] | None = None,
-                      attention_layout: Sequence | None = None) -> WidthExportResult:
+                      metadata: Mapping[str, Any] | None = None, attention_layout: Sequence | None = None,
+                      attention_profiles: Mapping[str, Any] | None = None) -> WidthExportResult:
     """Write ``model`` (a transformers MLLM, no adapter, no active masks) with ``plan`` to ``out_dir``.
 
     Args:
@@ -87,6 +87,9 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
             length), ...]`` (e.g. ``[("system", 18), ("vision", 3215), ("text", 19)]``); default: the probe's first
             sample. The choice per layer and device type is recorded in the manifest (``attention_kernels``,
             :mod:`lightprune.width.attention_choice`) and run by :func:`load_pruned`.
+        attention_profiles: per device type, the :class:`~lightprune.width.kernels.KernelProfile` the choice uses
+            instead of the built-in estimates (e.g. ``{"cuda": measure_profile("cuda", torch.bfloat16)}`` on the GPU
+            the model will serve on).
 
     Returns a :class:`~lightprune.export.result.WidthExportResult` (the manifest's facts as attributes;
     ``os.PathLike`` and ``str``: the absolute checkpoint path, as the ``Path`` this returned before 0.2, whose
@@ -105,7 +108,8 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
     atol = check_atol(atol)  # NaN would switch verification off: refused
     atol, rtol = default_atol(model) if atol is None else atol, default_rtol(model)
     valid = _valid_positions(probe, reference_logits)
-    kernels = attention_choice(model, plan, probe_layout(model, probe) if attention_layout is None else attention_layout)
+    kernels = attention_choice(model, plan, probe_layout(model, probe) if attention_layout is None else attention_layout,
+                               profiles=attention_profiles)
     device = next(model.parameters()).device
     with staging_dir(out_dir, overwrite) as tmp:
         with quiet_progress():  # lightprune's own save and reload: the result reports them

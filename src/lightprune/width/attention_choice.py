@@ -22,6 +22,7 @@ from lightprune.width.kernels.attention_cost import (
     CANDIDATES,
     FALLBACK_BACKEND,
     PROFILES,
+    KernelProfile,
     choose_attention,
     layout_runs,
     record_costs,
@@ -49,18 +50,24 @@ def probe_layout(model: nn.Module, probe: Mapping[str, Any]) -> list[tuple[str, 
 
 
 def attention_choice(model: nn.Module, plan: WidthPlan, layout: Sequence, *,
-                     element_bytes: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """The record an export keeps: for each device type of :data:`PROFILES`, the backend of every layer whose plan
-    prunes a path and every candidate's estimated seconds on ``layout`` (:func:`layout_runs`'s forms).
+                     element_bytes: Mapping[str, int] | None = None,
+                     profiles: Mapping[str, KernelProfile] | None = None) -> dict[str, Any]:
+    """The record an export keeps: for each device type of :data:`PROFILES` (``profiles`` replaces or adds some, e.g.
+    :func:`~lightprune.width.kernels.attention_cost.measure_profile` on the target GPU), the backend of every layer
+    whose plan prunes a path and every candidate's estimated seconds on ``layout`` (:func:`layout_runs`'s forms).
 
     ``element_bytes``: bytes per key/value element per device type (default: the model's dtype on a GPU; 4 on the
     CPU, where half precision is computed in fp32)."""
+    table = {**PROFILES, **dict(profiles or {})}
+    for name, profile in table.items():
+        if not isinstance(profile, KernelProfile):
+            raise TypeError(f"profiles[{name!r}] must be a KernelProfile, got {type(profile).__name__}")
     runs = [(MODALITY_NAMES[code], end - start) for start, end, code in layout_runs(layout)]
     dtype_bytes = next(model.parameters()).element_size()
-    sizes = {"cpu": 4, "cuda": dtype_bytes, **dict(element_bytes or {})}
+    sizes = {device: 4 if device == "cpu" else dtype_bytes for device in table} | dict(element_bytes or {})
     layers = {layer.index: layer for layer in find_width_layers(model)}
     devices: dict[str, Any] = {}
-    for device in PROFILES:
+    for device, profile in table.items():
         chosen, seconds = {}, {}
         for index in sorted(plan.attn_keep):
             keep = plan.attn_keep[index]
@@ -68,10 +75,10 @@ def attention_choice(model: nn.Module, plan: WidthPlan, layout: Sequence, *,
                 continue  # the layer runs the model's own attention
             layer = layers[index]
             name, costs = choose_attention(runs, keep.bool(), kv_heads=layer.num_kv_heads, head_dim=layer.head_dim,
-                                           element_bytes=sizes[device], device=device)
+                                           element_bytes=sizes[device], device=profile)
             chosen[str(index)], seconds[str(index)] = name, record_costs(costs)
         devices[device] = {"backends": chosen, "seconds": seconds, "element_bytes": sizes[device],
-                           "profile": PROFILES[device].record()}
+                           "profile": profile.record()}
     return {"version": RECORD_VERSION, "candidates": list(CANDIDATES),
             "layout": [list(run) for run in runs], "devices": devices}
 

@@ -191,3 +191,23 @@ def test_per_layer_backends_are_checked_by_name(tiny):
     handle = attach_width_kernels(model, plan, attention_backend={l: {"cuda": "flex"} for l in pruned})
     assert all(handle.hooks.routes[l].backend == {"cuda": "flex"} for l in pruned)  # cpu: masked SDPA
     handle.remove()
+
+
+def test_a_given_profile_decides_the_recorded_choice(tiny, tmp_path):
+    """attention_profiles replaces the built-in estimates of a device type: a profile where FlexAttention costs
+    nothing chooses it on every pruned layer, and the reload verified runs it (exactly)."""
+    import dataclasses
+
+    from lightprune.width.kernels import PROFILES
+
+    model = tiny("qwen2_5_vl")
+    plan = _random_plan(model, seed=11)
+    batch = tiny_multimodal_batch(model, batch_size=1, seed=12, pad_last=0)
+    free_flex = dataclasses.replace(PROFILES["cpu"], flex_pair_s=0.0, block_mask_element_s=0.0)
+    result = save_width_pruned(model, plan, tmp_path / "ckpt", probe=batch, attention_profiles={"cpu": free_flex})
+    record = result.manifest["attention_kernels"]["devices"]["cpu"]
+    pruned = [str(l) for l in sorted(plan.attn_keep) if not plan.attn_keep[l].all()]
+    assert record["backends"] == dict.fromkeys(pruned, "flex") and record["profile"]["flex_pair_s"] == 0.0
+    assert result.verification["attention_backends"] == dict.fromkeys(pruned, "flex")
+    with pytest.raises(TypeError, match=r"profiles\['cuda'\] must be a KernelProfile, got dict"):
+        save_width_pruned(model, plan, tmp_path / "bad", probe=batch, attention_profiles={"cuda": {}})

@@ -106,3 +106,15 @@ def test_layouts_and_bad_inputs_are_named():
         attention_costs(LAYOUT, KEEP, kv_heads=3, head_dim=8)
     with pytest.raises(ValueError, match="no attention cost profile for device 'mps'"):
         attention_costs(LAYOUT, KEEP, kv_heads=2, head_dim=8, device="mps")
+
+
+def test_a_profile_measured_here_is_positive_and_usable():
+    from lightprune.width.kernels.attention_cost import measure_profile
+
+    profile = measure_profile("cpu", tokens=96, heads=2, head_dim=16, repeats=1)
+    values = dataclasses.asdict(profile)
+    assert profile.device == "cpu" and profile.overlap is False and profile.flex_block == 128
+    rates = {k: v for k, v in values.items() if k.endswith("_s")}
+    assert len(rates) == 7 and all(0 < v < 1 for v in rates.values()), rates
+    name, costs = choose_attention(LAYOUT, KEEP, kv_heads=2, head_dim=8, device=profile)
+    assert name in CANDIDATES and all(c > 0 for c in costs.values())

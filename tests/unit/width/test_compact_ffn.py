@@ -444,3 +444,5 @@ def test_bench_prefill_quick_prints_ratios():
     assert {m.group(1): m.group(5) for m in chosen.finditer(cpu)} == dict.fromkeys(("llava_onevision", "qwen2_5_vl"))
     assert {m.group(1): m.group(5) for m in chosen.finditer(gpu)} == {"llava_onevision": "0.750",
                                                                       "qwen2_5_vl": "1.000"}, gpu
+    assert "note: attention cost profile measured on cpu" in gpu
+    assert len(re.findall(r"^chosen +attention \w+ +with the measured profile: (sdpa|span|flex) ", gpu, re.M)) == 2

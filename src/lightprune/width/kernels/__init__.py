@@ -20,6 +20,7 @@ from lightprune.width.kernels.attention_cost import (
                                                      KernelProfile,
                                                      attention_costs,
                                                      choose_attention,
+    measure_profile,
 )
 from lightprune.width.kernels.compact_ffn import CompactModalityFFN, split_tokens
 from lightprune.width.kernels.intervals import class_bits, class_table, key_intervals
@@ -36,4 +37,4 @@ from lightprune.width.kernels.path_attention import (
 __all__ = ["BACKENDS", "path_sparse_attention", "check_backend", "path_keep_mask", "path_block_mask",
            "sdpa_path_attention", "flex_path_attention", "key_intervals", "class_table", "class_bits",
            "CompactModalityFFN", "split_tokens", "CANDIDATES", "PROFILES", "KernelProfile", "attention_costs",
-           "choose_attention"]
+           "choose_attention", "measure_profile"]

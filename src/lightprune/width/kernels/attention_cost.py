@@ -34,7 +34,7 @@ import torch
 from lightprune.width.kernels.span_attention import head_patterns, kv_heads_of, modality_runs, span_calls
 from lightprune.width.paths import MODALITY_NAMES
 
-__all__ = ["CANDIDATES", "FALLBACK_BACKEND", "KernelProfile", "PROFILES", "attention_costs", "choose_attention", "layout_runs", "record_costs"]
+__all__ = ["CANDIDATES", "FALLBACK_BACKEND", "KernelProfile", "PROFILES", "attention_costs", "choose_attention", "layout_runs", "measure_profile", "record_costs"]
 
 #: the backends the cost model chooses from (the Triton kernel is never chosen: module docstring)
 CANDIDATES = ("sdpa", "span", "flex")
@@ -75,6 +75,66 @@ PROFILES: dict[str, KernelProfile] = {
     "cuda": KernelProfile(device="cuda", call_s=1e-5, fused_pair_s=1e-14, masked_pair_s=3e-14, mask_element_s=4e-12,
                           flex_pair_s=2e-14, block_mask_element_s=3e-13, copy_byte_s=4e-13, overlap=True),
 }
+
+
+def measure_profile(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *, tokens: int | None = None,
+                    heads: int = 8, head_dim: int = 64, repeats: int = 3) -> KernelProfile:
+    """A :class:`KernelProfile` timed on ``device`` (best of ``repeats`` after a warm-up, one shape per term): the
+    host dispatch of a tiny SDPA call, dense causal SDPA per computed pair, masked SDPA per pair, the keep mask and
+    the BlockMask per element, FlexAttention per visited pair (compiled on CUDA, eager elsewhere, as the backend runs
+    it), and a gather per byte. ``tokens`` defaults to 512 on the CPU and 4,096 on a GPU."""
+    import time
+
+    from lightprune.width.kernels.path_attention import flex_path_attention, path_block_mask, path_keep_mask
+
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    n = tokens or (4096 if cuda else 512)
+
+    def seconds(fn, calls: int = 1) -> float:
+        fn()
+        best = float("inf")
+        for _ in range(repeats):
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            if cuda:
+                torch.cuda.synchronize(device)
+            best = min(best, (time.perf_counter() - start) / calls)
+        return best
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, head_dim, generator=gen).to(device, dtype) for _ in range(3))
+    tiny = [t[:, :1, :1, :8].contiguous() for t in (q, k, v)]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls = 50
+    if cuda:  # the host's time to issue one call, not the device's
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            sdpa(*tiny)
+        call_s = (time.perf_counter() - start) / calls
+    else:
+        call_s = seconds(lambda: sdpa(*tiny), calls)
+    elements = heads * n * n
+    fused = seconds(lambda: sdpa(q, k, v, is_causal=True)) / (heads * n * (n + 1) / 2 * head_dim)
+    random_mask = torch.rand(1, heads, n, n, generator=gen).to(device) < 0.7
+    masked = seconds(lambda: sdpa(q, k, v, attn_mask=random_mask)) / (elements * head_dim)
+    thirds = [0] * (n // 3) + [1] * (n // 3) + [2] * (n - 2 * (n // 3))
+    modality = torch.tensor([thirds], dtype=torch.int8, device=device)
+    keep = (torch.rand(heads, 3, generator=gen) < 0.5).to(device)
+    mask_element = seconds(lambda: path_keep_mask(modality, keep, n)) / elements
+    index = torch.arange(0, n, 2, device=device)
+    copy_byte = seconds(lambda: q.index_select(2, index)) / (heads * index.numel() * head_dim * q.element_size())
+    block_mask = path_block_mask(modality, keep, heads, n)
+    block_element = seconds(lambda: path_block_mask(modality, keep, heads, n), 1) / elements
+    visited = int(block_mask.to_dense().sum()) * 128 * 128
+    flex = seconds(lambda: flex_path_attention(q, k, v, modality, keep, block_mask=block_mask)) / (visited * head_dim)
+    return KernelProfile(device=device.type, call_s=call_s, fused_pair_s=fused, masked_pair_s=masked,
+                         mask_element_s=mask_element, flex_pair_s=flex, block_mask_element_s=block_element,
+                         copy_byte_s=copy_byte, overlap=cuda)
 
 
 def layout_runs(layout: Sequence) -> list[tuple[int, int, int]]:
