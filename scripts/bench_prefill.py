@@ -12,11 +12,12 @@ before timing, as the paper packs weights and tunes kernels before timing; their
 
 - CPU (always; ``--threads``, default 1: on shared cores multi-threaded GEMM times mostly measure the
   scheduler): scaled-down shapes. FFN: the transformers Qwen2 MLP vs :class:`CompactModalityFFN` with shared
-  weights (target at 50% visual channels: at most 0.6x the dense time) and with packed copies beside. Attention core: dense causal SDPA (GQA) vs every candidate
-  of the export's choice, masked SDPA, the ``span`` backend (dense SDPA on the kept key spans) and
-  :func:`lightprune.width.kernels.flex_path_attention` under ``torch.compile`` (eager, said so, when compiling
-  fails); then the cost model's choice (:func:`lightprune.width.kernels.attention_cost.choose_attention`) with its
-  estimates, the measured ratios and the fastest measured; the attention fraction is the retained causal pairs.
+  weights (target at 50% visual channels: at most 0.6x the dense time) and with packed copies beside. Attention
+  core: dense causal SDPA (GQA) vs every candidate of the export's choice, masked SDPA, the ``span`` backend
+  (fused SDPA on the kept key spans) and :func:`lightprune.width.kernels.flex_path_attention` under
+  ``torch.compile`` (eager, said so, when compiling fails); then the cost model's choice
+  (:func:`lightprune.width.kernels.attention_cost.choose_attention`) with its estimates, the measured ratios and
+  the fastest measured; the attention fraction is the retained causal pairs.
   Total: a few Qwen2 decoder layers with the LM head on the last token, dense SDPA vs both swaps
   (:func:`swap_compact_ffn` and the flex path attention registered as an attention implementation reading the
   swap's token modality).
@@ -203,7 +204,8 @@ def bench_ffn(s, point, args, device, dtype, target=None):
     split = split_tokens(mod)  # once per forward in a model, shared by every layer: not timed
     fraction = decoder_flops(config, s["V"], s["T"], plan, args.align).ffn_fraction
     extra = sum(b.numel() * b.element_size() for b in packed.buffers()) / 2 ** 20
-    for module, what, judged in ((compact, "shared weights", target), (packed, f"packed copies, {extra:.1f} MiB", None)):
+    for module, what, judged in ((compact, "shared weights", target),
+                                 (packed, f"packed copies, {extra:.1f} MiB", None)):
         times = timeit({"dense": lambda: mlp(x), "pruned": lambda m=module: m(x, mod, split)}, args.repeats,
                        args.warmup, device)
         report("ffn", point, times, fraction, judged, f"  [visual channels {compact.kept['vision']}/{s['m']}, "
@@ -269,9 +271,10 @@ def bench_attention(s, point, args, device, dtype, flex: Flex, target: float | N
     fastest = min(measured, key=measured.__getitem__)
     ratio = measured[chosen]
     verdict = "" if target is None else f"  target <= {target:.3f}  {'PASS' if ratio <= target else 'FAIL'}"
-    print(f"chosen    attention {point:<16} {chosen} (estimated {', '.join(f'{n} {c * 1e3:.3f} ms' for n, c in costs.items())}"
-          f"); measured pruned/dense {', '.join(f'{n} {r:.3f}' for n, r in measured.items())}; fastest measured "
-          f"{fastest}{verdict}")
+    estimates = ", ".join(f"{n} {c * 1e3:.3f} ms" for n, c in costs.items())
+    ratios = ", ".join(f"{n} {r:.3f}" for n, r in measured.items())
+    print(f"chosen    attention {point:<16} {chosen} (estimated {estimates}); measured pruned/dense {ratios}; "
+          f"fastest measured {fastest}{verdict}")
     if profile is not None:  # the same choice from the profile measured on this device
         mine, mine_costs = choose_attention(layout, keep.cpu(), kv_heads=s["kv"], head_dim=s["head_dim"],
                                             element_bytes=element, device=profile)

@@ -7,8 +7,8 @@ so the checkpoint is the model's own ``save_pretrained`` plus ``width_plan.json`
 plan's pruned fractions, and the path-sparse attention backend chosen for each layer and device type on a reference
 prompt layout, :mod:`lightprune.width.attention_choice`). :func:`lightprune.load_pruned` sees the plan and swaps the
 export-time modules in (:func:`attach_width_kernels`): the path-sparse attention on the recorded backends (or one
-named at load: ``sdpa``, ``span``, ``flex``, ``triton``) and the compact modality FFN with the recorded alignment. The swap handle is kept on the
-model as ``model.lightprune_width`` (``.remove()`` gives the dense model back).
+named at load: ``sdpa``, ``span``, ``flex``, ``triton``) and the compact modality FFN with the recorded alignment.
+The swap handle is kept on the model as ``model.lightprune_width`` (``.remove()`` gives the dense model back).
 
 Verification, as for expert exports: the reloaded model's logits on a probe batch (a multimodal batch
 from the caller; the default text-only probe would exercise the T2T path only) equal the reference
@@ -108,8 +108,8 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
     atol = check_atol(atol)  # NaN would switch verification off: refused
     atol, rtol = default_atol(model) if atol is None else atol, default_rtol(model)
     valid = _valid_positions(probe, reference_logits)
-    kernels = attention_choice(model, plan, probe_layout(model, probe) if attention_layout is None else attention_layout,
-                               profiles=attention_profiles)
+    layout = probe_layout(model, probe) if attention_layout is None else attention_layout
+    kernels = attention_choice(model, plan, layout, profiles=attention_profiles)
     device = next(model.parameters()).device
     with staging_dir(out_dir, overwrite) as tmp:
         with quiet_progress():  # lightprune's own save and reload: the result reports them

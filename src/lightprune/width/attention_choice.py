@@ -102,6 +102,7 @@ def recorded_backends(record: Mapping[str, Any], where: str = "the export") -> d
             try:
                 index = int(layer)
             except (TypeError, ValueError):
-                raise ValueError(f"{where}: attention kernels for {device!r} name layer {layer!r}, not an int") from None
+                raise ValueError(f"{where}: attention kernels for {device!r} name layer {layer!r}, "
+                                 f"not an int") from None
             out.setdefault(index, {})[str(device)] = backend
     return out

@@ -34,7 +34,8 @@ import torch
 from lightprune.width.kernels.span_attention import head_patterns, kv_heads_of, modality_runs, span_calls
 from lightprune.width.paths import MODALITY_NAMES
 
-__all__ = ["CANDIDATES", "FALLBACK_BACKEND", "KernelProfile", "PROFILES", "attention_costs", "choose_attention", "layout_runs", "measure_profile", "record_costs"]
+__all__ = ["CANDIDATES", "FALLBACK_BACKEND", "KernelProfile", "PROFILES", "attention_costs", "choose_attention",
+           "layout_runs", "measure_profile", "record_costs"]
 
 #: the backends the cost model chooses from (the Triton kernel is never chosen: module docstring)
 CANDIDATES = ("sdpa", "span", "flex")
@@ -77,8 +78,8 @@ PROFILES: dict[str, KernelProfile] = {
 }
 
 
-def measure_profile(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *, tokens: int | None = None,
-                    heads: int = 8, head_dim: int = 64, repeats: int = 3) -> KernelProfile:
+def measure_profile(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *,
+                    tokens: int | None = None, heads: int = 8, head_dim: int = 64, repeats: int = 3) -> KernelProfile:
     """A :class:`KernelProfile` timed on ``device`` (best of ``repeats`` after a warm-up, one shape per term): the
     host dispatch of a tiny SDPA call, dense causal SDPA per computed pair, masked SDPA per pair, the keep mask and
     the BlockMask per element, FlexAttention per visited pair (compiled on CUDA, eager elsewhere, as the backend runs
