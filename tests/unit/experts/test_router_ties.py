@@ -4,8 +4,9 @@
 experts at -inf can pick other experts among equal scores than the pruned router's selection over its E' columns. The
 masked routing runs the family's selection on the kept columns (their logits, selection biases, per-expert scales and
 group layout) and maps the positions back to expert ids; these tests make every logit equal (a zero router weight,
-zero selection biases) or equal in pairs of kept experts, and require the selected experts, the weights and the
-model's logits to be bitwise those of the pruned model (fp32).
+zero selection biases) or equal in pairs of kept experts, and require the selected experts to be those of the pruned
+model at every layer, and the weights bitwise where the input is the same (the first MoE layer, and every layer's
+route() on one hidden state), to fp32 rounding after it (fp32).
 """
 
 from __future__ import annotations
@@ -89,18 +90,23 @@ def test_masked_routing_breaks_ties_as_the_pruned_router(tiny, family, case) -> 
     # the pruned router's rows: the kept experts', then LongCat-Flash's zero-computation experts' (ids past the 8)
     rows = torch.cat([kept, torch.arange(8, 8 + getattr(model.config, "zero_expert_num", 0))])
     assert sorted(masked) == sorted(pruned) == [layer.index for layer in layers]
-    for layer in layers:
+    for position, layer in enumerate(layers):
         (m_first, m_weights, m_ids), (p_first, p_weights, p_ids) = masked[layer.index], pruned[layer.index]
         where = f"{family} {case} layer {layer.index}"
-        assert torch.equal(m_ids, rows[p_ids]), where
-        assert torch.equal(m_weights, p_weights), where
+        assert torch.equal(m_ids, rows[p_ids]), where  # the ties are in the router's rows: exact at every layer
+        # the first MoE layer sees the same input in both models: bitwise. A later one sees the output of MoE layers
+        # whose expert kernels ran over 8 experts in one model and 4 in the other (tokens grouped, summed in an order
+        # that may differ): the same to fp32 rounding
+        same = torch.equal if position == 0 else (
+            lambda a, b: bool(torch.isclose(a, b, rtol=1e-5, atol=1e-6).all()))
+        assert same(m_weights, p_weights), where
         # the router's first output: the pruned one's at the kept experts, nothing at the removed ones
-        assert torch.equal(m_first.index_select(-1, rows), p_first), where
+        assert same(m_first.index_select(-1, rows), p_first), where
         removed = torch.ones(layer.num_experts, dtype=torch.bool)
         removed[kept] = False
         fill = 0.0 if family == "gemma4_text" else float("-inf")  # Gemma 4's router returns probabilities
         assert bool((m_first[..., :layer.num_experts][..., removed] == fill).all()), where
-    assert torch.equal(masked_logits, pruned_logits), f"{family} {case}"
+    torch.testing.assert_close(masked_logits, pruned_logits, rtol=1e-5, atol=1e-5, msg=f"{family} {case}")
 
     # route() with an [E] mask (the export's layer check) selects as the pruned layer's router too
     hidden = torch.randn(7, model.config.get_text_config().hidden_size, generator=torch.Generator().manual_seed(0))
