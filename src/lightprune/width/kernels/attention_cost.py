@@ -218,7 +218,7 @@ def attention_costs(layout: Sequence, keep: torch.Tensor, *, kv_heads: int, head
         if kv is not None:
             span_ops += 2
             span_s += p.copy_byte_s * 2 * kv_h * m * row_bytes
-        if piece.causal and rows_n > 1 and gqa:
+        if piece.causal and 1 < rows_n < m and gqa:  # the lower-right causal mask: key/value heads expanded
             span_ops += 2
             span_s += p.copy_byte_s * 2 * h * m * row_bytes
     flex_s = p.block_mask_element_s * elements

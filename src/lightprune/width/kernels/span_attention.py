@@ -201,11 +201,12 @@ def span_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         q = _pick(q_all[:, :, piece.start:piece.end], rows, heads_index)
         k, v = (_pick(_keys(t, piece.intervals), rows, kv_index) for t in (k_all, v_all))
         n, m = piece.end - piece.start, k.shape[2]
-        mask = causal_lower_right(n, m) if piece.causal and n > 1 else None
+        square = piece.causal and n > 1 and m == n  # no key before the rows: SDPA's own causal mask
+        mask = causal_lower_right(n, m) if piece.causal and n > 1 and m > n else None
         if mask is not None and gqa:  # the lower-right causal kernels take matching heads
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        result = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                                                  enable_gqa=gqa and mask is None)
+        result = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=square,
+                                                                  scale=scale, enable_gqa=gqa and mask is None)
         target = out[:, :, piece.start:piece.end]
         if rows is None and heads_index is None:
             target.copy_(result)
