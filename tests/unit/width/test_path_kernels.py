@@ -355,6 +355,32 @@ def test_span_backend_on_short_runs_and_head_groupings(heads, kv_heads, rows, q_
     assert torch.equal(got[empty], torch.zeros_like(got[empty]))
 
 
+def test_span_calls_are_planned_once_per_layer_and_layout(monkeypatch):
+    """The calls and their index tensors are made once per keep mask and layout: a second forward over the same
+    layout reads nothing to plan; another keep mask, one written in place, or another layout is planned again."""
+    from lightprune.width.kernels import span_attention
+
+    planned = []
+    real = span_attention.span_calls
+    monkeypatch.setattr(span_attention, "span_calls", lambda *a: planned.append(1) or real(*a))
+    q, k, v = _inputs(K_LEN, torch.float32)
+    keep = _keep("singles").clone()
+    first = path_sparse_attention(q, k, v, _modality(), keep, backend="span")
+    path_sparse_attention(q, k, v, _modality(), keep, backend="span")  # a new modality tensor, the same layout
+    assert len(planned) == 1
+    other = _keep("pairs_and_none")
+    path_sparse_attention(q, k, v, _modality(), other, backend="span")
+    assert len(planned) == 2
+    keep[0, 0] = False  # in place: planned again, and the result follows
+    changed = path_sparse_attention(q, k, v, _modality(), keep, backend="span")
+    assert len(planned) == 3
+    torch.testing.assert_close(changed.double(), _reference(q, k, v, _modality(), keep), rtol=0, atol=2e-5)
+    assert not torch.equal(changed, first)
+    q23 = q[:, :, K_LEN - 23:].contiguous()
+    path_sparse_attention(q23, k, v, _modality(), keep, backend="span")  # other queries: another layout
+    assert len(planned) == 4
+
+
 def test_span_runs_are_read_once_per_modality_tensor(monkeypatch):
     """The layers of one forward share the recorded modality tensor: its runs are read to the host once, and a
     changed tensor (another object, or the same one written in place) is read again."""

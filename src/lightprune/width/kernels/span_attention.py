@@ -17,21 +17,23 @@ SDPA's ``enable_gqa`` when the pattern holds whole groups and no causal mask is 
 the key/value heads per query head. A query with no retained key outputs zeros, as the other backends.
 
 The pieces are built on the host from the token modality, read once per forward (every layer of a forward sees the
-same modality tensor, :func:`sample_runs` keeps its runs). On the CPU half-precision inputs are computed in fp32, as
+same modality tensor, :func:`sample_runs` keeps its runs), and the calls with their index tensors once per layer and
+layout (:func:`prepared_calls`): a call then reads nothing from the device and copies no index to it. On the CPU half-precision inputs are computed in fp32, as
 :func:`~.path_attention.sdpa_path_attention` does.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
 
 from lightprune.width.kernels.intervals import class_table
 
-__all__ = ["SpanCall", "SpanPiece", "head_patterns", "kv_heads_of", "modality_runs", "sample_runs", "span_calls",
-           "span_path_attention", "span_pieces"]
+__all__ = ["SpanCall", "SpanPiece", "head_patterns", "kv_heads_of", "modality_runs", "prepared_calls", "sample_runs",
+           "span_calls", "span_path_attention", "span_pieces"]
 
 
 class SpanPiece(NamedTuple):
@@ -179,6 +181,47 @@ def kv_heads_of(heads: tuple[int, ...], groups: int, kv_heads: int) -> tuple[tup
     return tuple(h // groups for h in heads), False
 
 
+class _Prepared(NamedTuple):
+    """A :class:`SpanCall` with its index tensors on the device (None: every sample / head / key-value head)."""
+
+    piece: SpanPiece
+    rows: torch.Tensor | None
+    heads: torch.Tensor | None
+    kv: torch.Tensor | None
+    gqa: bool
+
+
+_PREPARED: OrderedDict = OrderedDict()  # (keep, layout, shapes, device) -> (weakref to keep, its calls), LRU
+_PREPARED_SIZE = 256  # layers x layouts kept
+
+
+def prepared_calls(runs: list[list[tuple[int, int, int]]], q_len: int, keep: torch.Tensor, heads: int, kv_heads: int,
+                   device: torch.device) -> list[_Prepared]:
+    """:func:`span_calls` with their index tensors on ``device``, kept per (``keep`` tensor, layout): a layer's keep
+    mask is read to the host and its index tensors copied to the device once per layout, not per call (``keep``
+    written in place is read again)."""
+    version = None if keep.is_inference() else keep._version
+    key = (id(keep), version, tuple(tuple(sample) for sample in runs), q_len, heads, kv_heads, str(device))
+    entry = _PREPARED.get(key)
+    if entry is not None and entry[0]() is keep:
+        _PREPARED.move_to_end(key)
+        return entry[1]
+    groups, batch = heads // kv_heads, len(runs)
+
+    def index(values, every: int) -> torch.Tensor | None:
+        return None if len(values) == every else torch.tensor(values, device=device)
+
+    calls = []
+    for piece, members, samples in span_calls(runs, q_len, keep):
+        kv, gqa = kv_heads_of(members, groups, kv_heads)
+        calls.append(_Prepared(piece, index(samples, batch), index(members, heads),
+                               None if kv is None else torch.tensor(kv, device=device), gqa))
+    _PREPARED[key] = (weakref.ref(keep), calls)
+    while len(_PREPARED) > _PREPARED_SIZE:
+        _PREPARED.popitem(last=False)
+    return calls
+
+
 def span_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, modality: torch.Tensor,
                         keep: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
     """[B, H, Q, D] path-sparse attention (the arguments of
@@ -192,12 +235,8 @@ def span_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     upcast = query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
     q_all, k_all, v_all = (t.float() for t in (query, key, value)) if upcast else (query, key, value)
     out = torch.zeros(batch, heads, q_len, dim, dtype=q_all.dtype, device=query.device)
-    device = query.device
-    for piece, members, samples in span_calls(sample_runs(modality), q_len, keep):
-        rows = None if len(samples) == batch else torch.tensor(samples, device=device)
-        heads_index = None if len(members) == heads else torch.tensor(members, device=device)
-        kv, gqa = kv_heads_of(members, groups, kv_heads)
-        kv_index = None if kv is None else torch.tensor(kv, device=device)
+    for piece, rows, heads_index, kv_index, gqa in prepared_calls(sample_runs(modality), q_len, keep, heads, kv_heads,
+                                                                  query.device):
         q = _pick(q_all[:, :, piece.start:piece.end], rows, heads_index)
         k, v = (_pick(_keys(t, piece.intervals), rows, kv_index) for t in (k_all, v_all))
         n, m = piece.end - piece.start, k.shape[2]
