@@ -52,7 +52,7 @@ from lightprune.export.width_format import ATTENTION_RECORD, WIDTH_PLAN_FILE, at
 from lightprune.models.dtypes import LOAD_DTYPES  # the dtypes weights load in (one table for every path)
 from lightprune.models.experts_kernel import runnable_experts
 from lightprune.models.tiny import did_you_mean
-from lightprune.width.attention_choice import recorded_backends
+from lightprune.width.attention_choice import FALLBACK_BACKEND, recorded_backends
 from lightprune.width.kernels import BACKENDS
 from lightprune.width.plan import WidthPlan
 
@@ -181,7 +181,7 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
         backend: Any = attention_backend
         if attention_backend == "auto":  # the export's choice per layer and device, else what it was verified with
             record = manifest.get(ATTENTION_RECORD)
-            backend = "sdpa" if record is None else recorded_backends(record, where=str(path))
+            backend = FALLBACK_BACKEND if record is None else recorded_backends(record, where=str(path))
         width = WidthPlan.load(path / WIDTH_PLAN_FILE), int(manifest["align"]), backend
     from transformers import AutoConfig
 

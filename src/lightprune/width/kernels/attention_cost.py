@@ -204,7 +204,7 @@ def attention_costs(layout: Sequence, keep: torch.Tensor, *, kv_heads: int, head
               + p.copy_byte_s * ((2 * heads * n * row_bytes if groups > 1 else 0) + heads * n * row_bytes))
     span_ops, span_s = 2, p.copy_byte_s * heads * n * row_bytes  # the zeroed output and its cast
     for piece, members, _ in span_calls([runs], n, keep):
-        h, rows_n, m = len(members), piece.end - piece.start, piece.keys
+        h, rows_n, m = len(members), piece.rows, piece.keys
         kv, gqa = kv_heads_of(members, groups, kv_heads)
         kv_h = kv_heads if kv is None else len(kv)
         span_ops += 2  # SDPA and the output write
@@ -218,7 +218,7 @@ def attention_costs(layout: Sequence, keep: torch.Tensor, *, kv_heads: int, head
         if kv is not None:
             span_ops += 2
             span_s += p.copy_byte_s * 2 * kv_h * m * row_bytes
-        if piece.causal and 1 < rows_n < m and gqa:  # the lower-right causal mask: key/value heads expanded
+        if piece.lower_right and gqa:  # key/value heads expanded
             span_ops += 2
             span_s += p.copy_byte_s * 2 * h * m * row_bytes
     flex_s = p.block_mask_element_s * elements

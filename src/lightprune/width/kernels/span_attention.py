@@ -47,13 +47,28 @@ class SpanPiece(NamedTuple):
     causal: bool
 
     @property
+    def rows(self) -> int:
+        return self.end - self.start
+
+    @property
     def keys(self) -> int:
         return sum(e - s for s, e in self.intervals)
 
     @property
+    def square(self) -> bool:
+        """Causal with no key before the rows: SDPA's own causal mask (``is_causal``)."""
+        return self.causal and 1 < self.rows == self.keys
+
+    @property
+    def lower_right(self) -> bool:
+        """Causal with keys before the rows: the lower-right causal mask, whose kernels take matching heads (GQA
+        key/value heads are expanded for it)."""
+        return self.causal and 1 < self.rows < self.keys
+
+    @property
     def pairs(self) -> int:
         """(query, key) pairs a fused kernel computes: the prefix fully, the own block's lower triangle."""
-        n = self.end - self.start
+        n = self.rows
         return n * self.keys - (n * (n - 1) // 2 if self.causal else 0)
 
 
@@ -239,12 +254,10 @@ def span_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
                                                                   query.device):
         q = _pick(q_all[:, :, piece.start:piece.end], rows, heads_index)
         k, v = (_pick(_keys(t, piece.intervals), rows, kv_index) for t in (k_all, v_all))
-        n, m = piece.end - piece.start, k.shape[2]
-        square = piece.causal and n > 1 and m == n  # no key before the rows: SDPA's own causal mask
-        mask = causal_lower_right(n, m) if piece.causal and n > 1 and m > n else None
+        mask = causal_lower_right(piece.rows, piece.keys) if piece.lower_right else None
         if mask is not None and gqa:  # the lower-right causal kernels take matching heads
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        result = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=square,
+        result = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=piece.square,
                                                                   scale=scale, enable_gqa=gqa and mask is None)
         target = out[:, :, piece.start:piece.end]
         if rows is None and heads_index is None:
