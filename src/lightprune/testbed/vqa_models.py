@@ -1,6 +1,7 @@
 """The multimodal testbeds: small MLLMs trained here on Testbed VQA (real images that ship in packages).
 
-- ``mllm-moe``: a Qwen3-VL-MoE-style MoE MLLM (expert pruning, MAEP's text and vision subsets);
+- ``mllm-moe``: a Qwen3-VL-MoE-style MoE MLLM (expert pruning, MAEP's text and vision subsets); the ``canvas``
+  presets put the pictures on a larger square of noise (most vision tokens uninformative) with 64 experts per layer;
 - ``dense-mllm``: a LLaVA-OneVision-style dense MLLM (MWOP's attention paths and FFN channels).
 
 Both are trained from transformers' own initialisation on :class:`~lightprune.data.TestbedVQADataModule`
@@ -110,11 +111,31 @@ _MICRO_DATA = dict(n_train=48, n_val=16, n_selection=8, n_calibration=16)
 # task gave 0.002 (MAEP §6.3.3 derives 0.08-0.75 on its three models).
 _MOE_TASKS = dict(tasks=["digit", "chart_left", "chart_count", "text"], image_size=32)
 
+# The testbed MAEP is judged on ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language Models",
+# arXiv 2611.05927): its premise is that the vision tokens the text attends to least show background (section 4.2,
+# appendix G.2) and route otherwise than the content. The pictures (64 px: 64 tokens of content) lie on a 96 px
+# canvas of noise (144 vision tokens per picture, q = 2% of them = 3 low-attention tokens), one token per 8 x 8
+# patch (patch 8, no merge: the tower sees 144 patches, not 576); 64 experts, 6 routed per token (Kimi-VL-A3B's
+# 64 / 6), over 6 MoE layers, so that one layer's Spearman rho is over 64 experts, not 16.
+_CANVAS_MOE = dict(
+    text_config=_text(128, 6, intermediate_size=256, moe_intermediate_size=64, num_experts=64,
+                      num_experts_per_tok=6, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                              "mrope_section": [8, 4, 4], "mrope_interleaved": True}),
+    vision_config=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=128,
+                       num_position_embeddings=144, patch_size=8, spatial_merge_size=1))
+_CANVAS_TASKS = dict(tasks=["digit", "chart_left", "chart_count", "text"], image_size=64, canvas=96)
+_CANVAS_MICRO = dict(tasks=["digit", "chart_left", "chart_count", "text"], image_size=32, canvas=48)
+
 VQA_TESTBEDS: dict[str, VQATestbedSpec] = {
     "mllm-moe-micro": VQATestbedSpec("mllm-moe", data={**_MICRO_DATA, **_MOE_TASKS}, vocab_size=512, steps=6,
                                      batch_size=8, max_grad_norm=1.0),
     "mllm-moe-full": VQATestbedSpec("mllm-moe", model=_MOE_FULL, data={**_FULL_DATA, **_MOE_TASKS}, steps=2000,
                                    warmup_steps=50, loss_mean="row", router_aux_loss_coef=0.1, max_grad_norm=1.0),
+    "mllm-moe-canvas-micro": VQATestbedSpec("mllm-moe", data={**_MICRO_DATA, **_CANVAS_MICRO}, vocab_size=512,
+                                            steps=6, batch_size=8, max_grad_norm=1.0),
+    "mllm-moe-canvas-full": VQATestbedSpec("mllm-moe", model=_CANVAS_MOE, data={**_FULL_DATA, **_CANVAS_TASKS},
+                                           steps=2000, warmup_steps=50, loss_mean="row", router_aux_loss_coef=0.1,
+                                           max_grad_norm=1.0),
     "dense-mllm-micro": VQATestbedSpec("dense-mllm", data=_MICRO_DATA, vocab_size=512, steps=6, batch_size=8),
     "dense-mllm-full": VQATestbedSpec("dense-mllm", model=_DENSE_FULL, data=_FULL_DATA, steps=2000, warmup_steps=50,
                                    loss_mean="row"),
@@ -134,7 +155,8 @@ def _processor(spec: VQATestbedSpec, config):
     texts = TINY_CORPUS + tuple(testbed_vqa_texts(spec.data.get("tasks", TESTBED_VQA_TASKS)))
     if spec.kind == "dense-mllm":
         return tiny_mllm_processor(spec.family, config, texts=texts)
-    side = spec.data.get("image_size", 32)  # Qwen's resize keeps the pictures as drawn: one token per 8 x 8 pixels
+    # Qwen's resize keeps the pictures as drawn (the canvas, when the pictures lie on one): one token per merged patch
+    side = spec.data.get("canvas") or spec.data.get("image_size", 32)
     return tiny_mllm_processor(spec.family, config, texts=texts, max_pixels=max(side * side, 32 * 32))
 
 

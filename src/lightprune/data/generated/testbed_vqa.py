@@ -27,6 +27,12 @@ in :data:`TESTBED_VQA_SPLITS` order (evaluation first, so ``train``'s size does 
 ``i`` of the stream is of task ``tasks[i % len(tasks)]``. No picture repeats in a stream (a digit by its
 index, a chart by its bar list, whichever chart task drew it) and no text row repeats, so the splits
 are disjoint. :func:`render_row` draws a row's picture; the same row gives the same pixels every run.
+
+With ``canvas`` set, :func:`render_row` pastes the picture onto a larger square of uninformative noise
+(:func:`place_on_canvas`): grey levels drawn around :data:`CANVAS_GREY`, the picture at a position drawn from the
+row's key, so that most of the vision tokens show nothing a question asks about and the tokens the text attends to
+least are the background's (the premise of "Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language
+Models", arXiv 2611.05927, sections 4.2 and 5.2: low-attention vision tokens show non-salient background).
 """
 
 from __future__ import annotations
@@ -41,10 +47,10 @@ from typing import Any
 
 from lightprune.data.pydoc_rows import corpus_splits
 
-__all__ = ["BAR_COLORS", "BAR_LEVELS", "CHART_BACKGROUND", "CHART_DPI", "COUNT_WORDS", "DIGIT_WORDS", "MIN_IMAGE_SIZE",
+__all__ = ["BAR_COLORS", "BAR_LEVELS", "CANVAS_GREY", "CANVAS_NOISE", "CHART_BACKGROUND", "CHART_DPI", "COUNT_WORDS", "DIGIT_WORDS", "MIN_IMAGE_SIZE",
            "SYSTEM_PROMPT", "TASK_QUESTIONS", "TESTBED_VQA_EXTRA_TASKS", "TESTBED_VQA_SPLITS", "TESTBED_VQA_TASKS",
            "TEXT_COMPLETION_CHARS", "TEXT_PROMPT", "TEXT_SOURCE_SPLITS", "Bar", "TestbedVQARow", "bar_boxes",
-           "digit_images", "render_bar_chart", "render_digit", "render_row", "testbed_vqa_splits", "testbed_vqa_texts",
+           "check_canvas", "digit_images", "place_on_canvas", "render_bar_chart", "render_digit", "render_row", "testbed_vqa_splits", "testbed_vqa_texts",
            "text_pool"]
 
 TESTBED_VQA_TASKS: tuple[str, ...] = ("digit", "chart_tallest", "chart_count", "text")
@@ -69,6 +75,8 @@ BAR_LEVELS = 6  # a bar's height is level * (drawable height // BAR_LEVELS) pixe
 CHART_BACKGROUND: tuple[int, int, int] = (235, 235, 235)
 CHART_DPI = 64  # figure size image_size / 64 inches: exact in binary, so the canvas is image_size pixels
 MIN_IMAGE_SIZE = 16
+#: the canvas's noise: each pixel's grey level uniform in CANVAS_GREY +- CANVAS_NOISE (the same in R, G and B)
+CANVAS_GREY, CANVAS_NOISE = 200, 24
 SYSTEM_PROMPT = "Answer with one word."
 DIGIT_QUESTION = "Which digit is written?"
 TALLEST_QUESTION = "Which colour is the tallest bar?"
@@ -221,13 +229,44 @@ def render_bar_chart(bars: Sequence[Bar], image_size: int = 32):
     return Image.fromarray(pixels, "RGB")
 
 
-def render_row(row: TestbedVQARow, image_size: int = 32):
-    """The row's picture (``PIL.Image``, RGB); ``None`` for a text row."""
+def check_canvas(canvas: int | None, image_size: int) -> None:
+    """``canvas`` is None or an int at least ``image_size``."""
+    if canvas is not None and (not isinstance(canvas, int) or isinstance(canvas, bool) or canvas < image_size):
+        raise ValueError(f"canvas must be None or an int >= image_size ({image_size}), got {canvas!r}")
+
+
+def _row_seed(row: TestbedVQARow) -> int:
+    """A seed from the row's key (its picture): the same row gets the same canvas in every split and run."""
+    return int.from_bytes(hashlib.sha256(repr(row.key).encode("utf-8")).digest()[:8], "little")
+
+
+def place_on_canvas(picture, row: TestbedVQARow, canvas: int):
+    """``picture`` pasted onto a ``canvas`` x ``canvas`` square of noise (:data:`CANVAS_GREY` +- :data:`CANVAS_NOISE`
+    per pixel), its top-left corner at a position drawn uniformly, both drawn from the row's key."""
+    import numpy as np
+    from PIL import Image
+
+    check_canvas(canvas, picture.width)
+    rng = np.random.default_rng(_row_seed(row))
+    grey = rng.integers(CANVAS_GREY - CANVAS_NOISE, CANVAS_GREY + CANVAS_NOISE + 1, size=(canvas, canvas),
+                        dtype=np.int64).astype(np.uint8)
+    out = Image.fromarray(grey, "L").convert("RGB")
+    left, top = (int(v) for v in rng.integers(0, canvas - picture.width + 1, size=2))
+    out.paste(picture, (left, top))
+    return out
+
+
+def render_row(row: TestbedVQARow, image_size: int = 32, canvas: int | None = None):
+    """The row's picture (``PIL.Image``, RGB; ``image_size`` square, on a ``canvas`` square of noise when given:
+    :func:`place_on_canvas`); ``None`` for a text row."""
+    check_canvas(canvas, image_size)
     if row.digit is not None:
-        return render_digit(row.digit, image_size)
-    if row.bars:
-        return render_bar_chart(row.bars, image_size)
-    return None
+        picture = render_digit(row.digit, image_size)
+    elif row.bars:
+        picture = render_bar_chart(row.bars, image_size)
+    else:
+        return None
+    return picture if canvas is None else place_on_canvas(picture, row, canvas)
 
 
 # -- text --------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from lightprune.data.default_corpus import corpus_version
 from lightprune.data.generated.qa import GeneratedQADataModule, build_qa_cache, check_split_sizes, qa_cache_dir
 from lightprune.data.generated.testbed_vqa import (
     TESTBED_VQA_TASKS,
+    check_canvas,
     check_image_size,
     check_tasks,
     render_row,
@@ -42,9 +43,11 @@ TESTBED_VQA_FORMAT = "v2"  # bump when the rows, the pictures or the file layout
 _PROGRESS_MIN_ROWS = 1000
 
 
-def _params(sizes: dict[str, int], seed: int, tasks: Sequence[str], image_size: int) -> dict[str, Any]:
+def _params(sizes: dict[str, int], seed: int, tasks: Sequence[str], image_size: int,
+            canvas: int | None = None) -> dict[str, Any]:
     tasks = check_tasks(tasks)
     check_image_size(image_size)
+    check_canvas(canvas, image_size)
     sizes = check_split_sizes(sizes)
     sources = {}
     if "text" in tasks:
@@ -53,27 +56,31 @@ def _params(sizes: dict[str, int], seed: int, tasks: Sequence[str], image_size: 
         import matplotlib
 
         sources["matplotlib"] = matplotlib.__version__
-    return {"seed": seed, "tasks": list(tasks), "image_size": image_size, "sizes": sizes, "sources": sources}
+    params = {"seed": seed, "tasks": list(tasks), "image_size": image_size, "sizes": sizes, "sources": sources}
+    if canvas is not None:  # only when set: the folders written before the canvas keep their digest
+        params["canvas"] = canvas
+    return params
 
 
 def testbed_vqa_dir(root: str | os.PathLike | None, sizes: dict[str, int], seed: int = 0,
-                    tasks: Sequence[str] = TESTBED_VQA_TASKS, image_size: int = 32) -> Path:
+                    tasks: Sequence[str] = TESTBED_VQA_TASKS, image_size: int = 32, canvas: int | None = None) -> Path:
     """``<root or $LIGHTPRUNE_CACHE or ~/.cache/lightprune>/testbed_vqa/<format>-<digest of the parameters>``."""
-    return qa_cache_dir("testbed_vqa", TESTBED_VQA_FORMAT, root, _params(sizes, seed, tasks, image_size))
+    return qa_cache_dir("testbed_vqa", TESTBED_VQA_FORMAT, root, _params(sizes, seed, tasks, image_size, canvas))
 
 
 def build_testbed_vqa(root: str | os.PathLike | None, sizes: dict[str, int], seed: int = 0,
                       tasks: Sequence[str] = TESTBED_VQA_TASKS, image_size: int = 32,
-                      progress: bool | None = None) -> Path:
+                      progress: bool | None = None, canvas: int | None = None) -> Path:
     """The cache folder of these parameters, written unless a valid one exists (see the module docstring).
 
     ``sizes``: rows per split (keys from ``TESTBED_VQA_SPLITS``; a missing split has 0 rows).
-    ``progress``: show a progress bar while rendering (``None``: from 1000 rows).
+    ``progress``: show a progress bar while rendering (``None``: from 1000 rows). ``canvas``: the pictures on a
+    larger square of noise (:func:`~lightprune.data.generated.testbed_vqa.place_on_canvas`).
     """
-    params = _params(sizes, seed, tasks, image_size)
+    params = _params(sizes, seed, tasks, image_size, canvas)
     return build_qa_cache("testbed_vqa", TESTBED_VQA_FORMAT, root, params,
                           lambda: testbed_vqa_splits(params["sizes"], params["seed"], params["tasks"]),
-                          lambda row: render_row(row, params["image_size"]), label="testbed VQA",
+                          lambda row: render_row(row, params["image_size"], canvas), label="testbed VQA",
                           progress=progress, progress_min_rows=_PROGRESS_MIN_ROWS)
 
 
@@ -92,6 +99,7 @@ class TestbedVQADataModule(GeneratedQADataModule):
         tasks: task families (see :data:`lightprune.data.generated.testbed_vqa.TESTBED_VQA_TASKS`), in ``task_ids`` order.
         seed: seed of the generated rows and of the train shuffle.
         image_size: side of the square pictures, in pixels (>= 16).
+        canvas: None, or the side of a square of uninformative noise each picture is pasted onto (>= image_size).
         batch_size, max_length, padding_side, mask_prompt, num_workers, progress: as in
             :class:`~lightprune.data.ImageTextJsonlDataModule`.
     """
@@ -100,13 +108,13 @@ class TestbedVQADataModule(GeneratedQADataModule):
 
     def __init__(self, processor: Any, root: str | None = None, n_train: int = 512, n_val: int = 128,
                  n_selection: int = 64, n_calibration: int = 64, tasks: Sequence[str] = TESTBED_VQA_TASKS,
-                 seed: int = 0, image_size: int = 32, *, batch_size: int = 8, max_length: int | None = 512,
+                 seed: int = 0, image_size: int = 32, canvas: int | None = None, *, batch_size: int = 8, max_length: int | None = 512,
                  padding_side: str = "right", mask_prompt: bool = True, num_workers: int = 0,
                  progress: bool | None = None):
         sizes = check_split_sizes({"train": n_train, "val": n_val, "selection": n_selection,
                                    "calibration": n_calibration}, required=("train", "val"))
         tasks = check_tasks(tasks)
-        folder = build_testbed_vqa(root, sizes, seed, tasks, image_size, progress)
+        folder = build_testbed_vqa(root, sizes, seed, tasks, image_size, progress, canvas)
         super().__init__(processor, folder, sizes, tasks, seed=seed, batch_size=batch_size, max_length=max_length,
                          padding_side=padding_side, mask_prompt=mask_prompt, num_workers=num_workers,
                          progress=progress)
