@@ -12,19 +12,26 @@ The claims (:data:`CLAIM_CHECKS`: a check per claim and comparator), stated as t
   compression"): the experts whose router rows moved least under a light fine-tune are prunable: the ranking keeps
   more than random on every fit seed, more than magnitude and the router norm, and more than its own reverse.
 
-The rule, on several independently trained testbeds (each seed's standing:
+The rule, stated before the seeds were measured, on several independently trained testbeds (each seed's standing:
 :func:`lightprune.quality.evidence.standing`; the verdict over the seeds: :func:`claim_verdict`):
 
 - on one testbed seed, the criterion's retention v against N random plans of the same ratio (the null): the
   empirical p-value p = (1 + #{null >= v}) / (1 + N) (the chance that a random plan keeps at least as much), and
   the paired difference d = v - mean(null) with its paired bootstrap interval over the evaluation rows (the same
   rows for the dense model, the criterion and every null plan: :func:`~lightprune.quality.intervals.paired_difference`);
-- "held" when p < 0.05 and the interval's lower end is above 0 on every seed; "did not hold" when the opposite
-  holds on every seed (the p-value the other way, (1 + #{null <= v}) / (1 + N), below 0.05, and the interval's
-  upper end below 0); otherwise "within noise". A random plan judged as a criterion passes at most 5% of the time
-  on one seed (the p-value's own guarantee), less on several (shown by a test that feeds random plans to the rule).
-- against a named rival (a paper's own comparator, or MWOP's few recovered random plans): the paired interval
-  alone, above 0 on every seed (:func:`comparison_verdict`);
+  against a named rival (a paper's own comparator, or MWOP's few recovered random plans) d and its interval alone.
+  A seed is "for" the claim when its interval lies above 0 (and, against the null, p < 0.05), "against" it when
+  its interval lies below 0 (and the p-value the other way, (1 + #{null <= v}) / (1 + N), is below 0.05);
+- over the seeds, the t interval of the seeds' d (:func:`~lightprune.quality.intervals.seed_interval`: the
+  training seed's noise, which one seed's bootstrap over rows cannot see): "held" when it lies above 0 and no seed
+  is against the claim; "did not hold" when it lies below 0 and no seed is for it; "depends on the training seed"
+  when some seed is for the claim and another against it (each seed's own interval excluding 0, with opposite
+  signs); otherwise "within noise". The per-seed p-values and intervals are kept beside the verdict. A random plan
+  judged as a criterion passes at most 2.5% of the time (the t interval's own guarantee), shown by a test that feeds
+  random plans to the rule;
+- MAEP's closed-form alpha (``maep_global``) is judged only where the bootstrap interval of a = rho(t, v) -
+  rho(t, la) over the calibration samples excludes 0 on every seed (:mod:`lightprune.quality.alpha_interval`);
+  elsewhere the check reads :data:`NOT_JUDGED` (its fixed-alpha rows are judged either way);
 - a verdict needs :data:`MIN_TESTBED_SEEDS` independently trained testbeds; fewer give "too few testbed seeds".
 """
 
@@ -33,40 +40,61 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["CLAIM_CHECKS", "MIN_TESTBED_SEEDS", "P_LEVEL", "RECOVERED_RANDOM", "claim_verdict", "claims_over_seeds",
-           "comparison_verdict", "criteria_over_seeds"]
+from lightprune.quality.intervals import seed_interval
+
+__all__ = ["CLAIM_CHECKS", "CLOSED_FORM", "DEPENDS", "MIN_TESTBED_SEEDS", "NOT_JUDGED", "P_LEVEL", "RECOVERED_RANDOM",
+           "claim_verdict", "claims_over_seeds", "comparison_verdict", "criteria_over_seeds", "over_seeds"]
 
 HELD, NOISE, FAILED, MISSING = "held", "within noise", "did not hold", "not measured"
+DEPENDS = "depends on the training seed"
 FEW = "too few testbed seeds"
+#: a check on MAEP's closed-form alpha where a's interval contains 0 on some seed: alpha is then noise
+NOT_JUDGED = "not judged: a's interval contains 0"
 #: independently trained testbeds a verdict needs (fewer: :data:`FEW`, the seeds' figures still shown)
 MIN_TESTBED_SEEDS = 3
 #: the p-value below which one seed counts for the claim (and above 1 - P_LEVEL against it)
 P_LEVEL = 0.05
 
 
-def claim_verdict(seeds: Sequence[Mapping[str, Any]]) -> str:
-    """The rule of the module docstring over per-seed :func:`standing` records: held, did not hold, within noise (not
-    measured without seeds)."""
+def _over_seeds(seeds: Sequence[Mapping[str, Any]], up, down) -> str:
+    """The rule of the module docstring over per-seed records, ``up(record)`` / ``down(record)`` saying whether a
+    seed is for / against the claim."""
     if not seeds:
         return MISSING
-    if all(s["p_value"] < P_LEVEL and s["paired_ci"][0] > 0 for s in seeds):
+    ups, downs = any(up(s) for s in seeds), any(down(s) for s in seeds)
+    if ups and downs:
+        return DEPENDS
+    interval = seed_interval([s["paired_diff"] for s in seeds])
+    if interval is None:  # one seed: its own interval decides (too few seeds for a verdict anyway)
+        return HELD if ups else FAILED if downs else NOISE
+    if interval[0] > 0 and not downs:
         return HELD
-    if all(_lower_p_value(s) < P_LEVEL and s["paired_ci"][1] < 0 for s in seeds):
+    if interval[1] < 0 and not ups:
         return FAILED
     return NOISE
+
+
+def claim_verdict(seeds: Sequence[Mapping[str, Any]]) -> str:
+    """The rule of the module docstring against the random null, over per-seed :func:`standing` records: held, did
+    not hold, depends on the training seed, within noise (not measured without seeds)."""
+    return _over_seeds(seeds, lambda s: s["p_value"] < P_LEVEL and s["paired_ci"][0] > 0,
+                       lambda s: _lower_p_value(s) < P_LEVEL and s["paired_ci"][1] < 0)
 
 
 def comparison_verdict(seeds: Sequence[Mapping[str, Any]]) -> str:
-    """A criterion against a named rival (a paper's own comparator) over per-seed ``{"paired_diff", "paired_ci"}``
-    records: held when the interval is above 0 on every seed, did not hold when below 0 on every seed, else within
-    noise (not measured without seeds)."""
-    if not seeds:
-        return MISSING
-    if all(s["paired_ci"][0] > 0 for s in seeds):
-        return HELD
-    if all(s["paired_ci"][1] < 0 for s in seeds):
-        return FAILED
-    return NOISE
+    """The rule of the module docstring against a named rival (a paper's own comparator) over per-seed
+    ``{"paired_diff", "paired_ci"}`` records (not measured without seeds)."""
+    return _over_seeds(seeds, lambda s: s["paired_ci"][0] > 0, lambda s: s["paired_ci"][1] < 0)
+
+
+def over_seeds(seeds: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """What the page shows of a check over its seeds: the seeds' mean paired difference, its t interval over
+    seeds, min and max (None without seeds)."""
+    diffs = [float(s["paired_diff"]) for s in seeds]
+    if not diffs:
+        return None
+    return {"mean": sum(diffs) / len(diffs), "interval": seed_interval(diffs), "min": min(diffs), "max": max(diffs),
+            "seeds": len(diffs)}
 
 
 def _lower_p_value(record: Mapping[str, Any]) -> float:
@@ -95,11 +123,24 @@ CLAIM_CHECKS: tuple[tuple[str, str, str, str, str | None, str], ...] = (
     ("MAEP (000)", "Delta-H keeps more image accuracy than REAP", "mllm", "delta_h", "reap", "acc_image"),
     ("MAEP (000)", "Delta-H keeps more text than REAP", "mllm", "delta_h", "reap", "ppl_text"),
     ("MAEP (000)", "Delta-H keeps more image accuracy than routing-KL", "mllm", "delta_h", "routing_kl", "acc_image"),
-    ("MAEP (000)", "MAEP's global ranking keeps more image accuracy than REAP", "mllm", "maep_global", "reap",
-     "acc_image"),
-    ("MAEP (000)", "MAEP's global ranking keeps the image answers' likelihood better than REAP", "mllm",
-     "maep_global", "reap", "ppl_image"),
-    ("MAEP (000)", "MAEP's global ranking keeps more text than REAP", "mllm", "maep_global", "reap", "ppl_text"),
+    ("MAEP (000)", "MAEP's global ranking (closed-form alpha) keeps more image accuracy than REAP", "mllm",
+     "maep_global", "reap", "acc_image"),
+    ("MAEP (000)", "MAEP's global ranking (closed-form alpha) keeps the image answers' likelihood better than REAP",
+     "mllm", "maep_global", "reap", "ppl_image"),
+    ("MAEP (000)", "MAEP's global ranking (closed-form alpha) keeps more text than REAP", "mllm", "maep_global",
+     "reap", "ppl_text"),
+    ("MAEP (000)", "the modality term: MAEP's global ranking keeps more image accuracy than text Delta-H ranked "
+     "globally", "mllm", "maep_global", "delta_h_text_global", "acc_image"),
+    ("MAEP (000)", "the scoring: MAEP's global ranking keeps more image accuracy than REAP ranked globally", "mllm",
+     "maep_global", "reap_global", "acc_image"),
+    ("MAEP (000)", "the allocation: REAP ranked globally keeps more image accuracy than REAP per layer", "mllm",
+     "reap_global", "reap", "acc_image"),
+    ("MAEP (000)", "MAEP's global ranking at alpha = 0.1 keeps more image accuracy than REAP", "mllm",
+     "maep_global_alpha0.1", "reap", "acc_image"),
+    ("MAEP (000)", "MAEP's global ranking at alpha = 0.3 keeps more image accuracy than REAP", "mllm",
+     "maep_global_alpha0.3", "reap", "acc_image"),
+    ("MAEP (000)", "MAEP's global ranking at alpha = 0.8 keeps more image accuracy than REAP", "mllm",
+     "maep_global_alpha0.8", "reap", "acc_image"),
     ("AIMER (001)", "a calibration-free weight ranking keeps more than random pruning", "text", "aimer", None, "ppl"),
     ("AIMER (001)", "AIMER keeps more than magnitude", "text", "aimer", "magnitude", "ppl"),
     ("AIMER (001)", "AIMER keeps more than the router norm", "text", "aimer", "router_norm", "ppl"),
@@ -122,6 +163,10 @@ CLAIM_CHECKS: tuple[tuple[str, str, str, str, str | None, str], ...] = (
     ("MWOP (002)", "after the same recovery, Taylor's plans keep more than random plans (every operating point; "
      "against the dense model given that recovery)", "mwop", "taylor", RECOVERED_RANDOM, "answer_ppl_atr"),
 )
+
+
+#: the row of MAEP's closed-form alpha (clamped to [0, 1]), judged only where a's interval excludes 0 on every seed
+CLOSED_FORM = "maep_global"
 
 
 def _width_records(table: Mapping[str, Any], method: str, rival: str | None,
@@ -191,8 +236,14 @@ def claims_over_seeds(text: Sequence[Mapping[str, Any]] = (), mllm: Sequence[Map
         complete = bool(records) and len(seeds) == len(records)
         verdict = MISSING if not complete else claim_verdict(seeds) if rival is None else comparison_verdict(seeds)
         verdict = _enough(verdict, seeds, min_seeds)
+        if criterion == CLOSED_FORM and verdict not in (MISSING, FEW):
+            noise = [(t.get("testbed") or {}).get("seed") for t in parts[testbed]
+                     if not (t.get("maep_alpha_interval") or {}).get("a_excludes_zero")]
+            if noise:
+                verdict = f"{NOT_JUDGED} on testbed seeds {noise}"
         out.append({"paper": paper, "claim": claim, "testbed": testbed, "criterion": criterion, "rival": rival,
-                    "metric": metric, "ratio": ratio, "verdict": verdict, "seeds": seeds})
+                    "metric": metric, "ratio": ratio, "verdict": verdict, "seeds": seeds,
+                    "over_seeds": over_seeds(seeds)})
         # a testbed seed that could not be measured, or whose table has no record for the check, and why (the
         # check is then not measured)
         unmeasured = [{"testbed_seed": t.get("testbed_seed"), "error": t["error"]} if "error" in t else
@@ -228,5 +279,6 @@ def criteria_over_seeds(tables: Sequence[Mapping[str, Any]], testbed: str, metri
         seeds = [dict(r) for r in records if r is not None]
         verdict = _enough(claim_verdict(seeds) if len(seeds) == len(records) else MISSING, seeds, min_seeds)
         out.append({"testbed": testbed, "criterion": row["criterion"], "allocation": row["allocation"],
-                    "metric": metric, "ratio": ratio, "verdict": verdict, "seeds": seeds})
+                    "metric": metric, "ratio": ratio, "verdict": verdict, "seeds": seeds,
+                    "over_seeds": over_seeds(seeds)})
     return out

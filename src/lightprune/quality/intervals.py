@@ -21,7 +21,8 @@ from collections.abc import Mapping
 import torch
 
 __all__ = ["ROW_SUMS", "RESAMPLES", "intervals_of", "metric_value", "paired_difference", "retention",
-           "retention_interval", "task_mean_paired_difference", "task_mean_retention_interval"]
+           "retention_interval", "seed_interval", "t_quantile", "task_mean_paired_difference",
+           "task_mean_retention_interval"]
 
 #: the key of an evaluation's per-row sums ``{metric: (n [R], d [R])}`` (never a metric itself)
 ROW_SUMS = "_row_sums"
@@ -175,3 +176,65 @@ def paired_difference(metric: str, dense: RowSums, pruned: RowSums, null: list[R
         return kept - others.mean(dim=0)
 
     return float(differences(None)), _percentiles(differences(_resamples(rows, resamples, seed)), level)
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) by its continued fraction (modified Lentz; "Numerical
+    Recipes", 3rd ed., section 6.4), for 0 <= x <= 1."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast below the mean; use the symmetry above it
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    value = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            value *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * value
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on its distribution function,
+    P(T <= t) = 1 - I_{df / (df + t^2)}(df / 2, 1 / 2) / 2 for t >= 0)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must lie in (0, 1), got {p!r}")
+    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
+        raise ValueError(f"df must be an int >= 1, got {df!r}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+
+    def cdf(t: float) -> float:
+        return 1.0 - 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
+
+    low, high = 0.0, 1.0
+    while cdf(high) < p:
+        high *= 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
+def seed_interval(values, level: float = 0.95) -> list[float] | None:
+    """[low, high]: the t interval over independently trained testbed seeds of a per-seed figure (mean +- t_{(1 +
+    level) / 2, n - 1} s / sqrt(n), s the sample standard deviation); None for fewer than two seeds. The noise it
+    measures is the training seed's, which a per-seed bootstrap over the evaluation rows cannot see."""
+    values = [float(v) for v in values]
+    if len(values) < 2:
+        return None
+    _check(level, 2)
+    n = len(values)
+    mean = math.fsum(values) / n
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)
+    return [mean - half, mean + half]
