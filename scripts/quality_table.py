@@ -143,8 +143,9 @@ def main(argv: list[str] | None = None) -> Path:
         if "mllm" in args.parts:
             from lightprune.quality.tables import mllm_tables
 
-            sizes = dict(kl_rows=8, sensitivity_steps=3) if micro else {}
-            settings = dict(preset="mllm-moe-micro" if micro else "mllm-moe-full", ratios=list(args.ratios),
+            sizes = dict(kl_rows=8, sensitivity_steps=3, alpha_resamples=50) if micro else {}
+            settings = dict(preset="mllm-moe-canvas-micro" if micro else "mllm-moe-canvas-full",
+                            ratios=list(args.ratios),
                             random_seeds=random_seeds, testbed_seed=seed, **sizes)
             seeded["mllm"].append(measure_seed("mllm", settings, lambda: mllm_tables(
                 settings["preset"], args.root, ratios=tuple(args.ratios), random_seeds=random_seeds,
@@ -178,6 +179,10 @@ def main(argv: list[str] | None = None) -> Path:
         before = {c["testbed"] for c in parts.get("claims") or []} - measured
         parts["claims"] = [c for c in fresh if c["testbed"] not in before] + \
             [c for c in parts.get("claims") or [] if c["testbed"] in before]  # "not measured" where never measured
+        if seeded["mllm"]:  # MAEP's alpha on every multimodal seed, with its interval
+            from lightprune.quality.results_page import maep_seed_record
+
+            parts["maep"] = [maep_seed_record(t) for t in seeded["mllm"] if "error" not in t]
     if args.benchmarks:
         parts["benchmarks"] = read_json(args.benchmarks, "benchmarks")
     path = write_results(args.out, **parts, command=command)

@@ -17,9 +17,10 @@ Rankings (:func:`expert_rankings`), higher = keep:
 - weight-only criteria (paper 001): aimer, magnitude, router_norm;
 - router sensitivity (paper 003): |Delta ||w_e||| of the router rows after a router-LoRA fit with
   configs/router_lora.yaml's recipe (:func:`router_sensitivity`, the RouterDelta callback's own scores);
-- MAEP (METHODS.md): s = (1 - alpha) z~_text - alpha z~_low with the closed-form alpha, global ranking (no row
-  when the closed form leaves [0, 1] on the model: :func:`maep_alpha` records why); and uniform per layer with
-  alpha = 0.5 (its Appendix L).
+- MAEP (arXiv 2611.05927, section 5.3): s = (1 - alpha) z~_text - alpha z~_low, global ranking, with the
+  closed-form alpha clamped to [0, 1], with each fixed alpha of :data:`FIXED_ALPHAS`, at alpha = 0 (text Delta-H
+  alone), beside REAP ranked globally and MAEP uniform per layer at alpha = 0.5 (its Appendix L):
+  :func:`maep_rankings`.
 
 Merges (:func:`expert_merges`, MAEP's merging baseline HC-SMoE and M-SMoE) are rows beside them: the same share of
 each layer's experts merged away instead of pruned, evaluated reversibly.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import math
 import statistics
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,10 +45,12 @@ from lightprune.callbacks import RouterDelta
 from lightprune.experts.calibration.registry import MERGE_STATISTICS
 from lightprune.experts.calibration.validation import ground_truth_kl, proxy_correlations, ranking_stability
 from lightprune.finetune import AdapterSpec, MoECausalLM
-from lightprune.quality.intervals import ROW_SUMS, intervals_of
+from lightprune.quality.intervals import RESAMPLES, ROW_SUMS, intervals_of, metric_value
+from lightprune.quality.records import RowRecords, as_recorded, plan_key
 
-__all__ = ["ANTI_CRITERIA", "CALIBRATION_CRITERIA", "WEIGHT_CRITERIA", "MERGE_STATISTICS", "expert_merges",
-           "expert_quality", "expert_rankings", "maep_alpha", "proxy_rho", "router_sensitivity", "spread", "stability", "summarise"]
+__all__ = ["ANTI_CRITERIA", "CALIBRATION_CRITERIA", "FIXED_ALPHAS", "WEIGHT_CRITERIA", "MERGE_STATISTICS",
+           "clamped_alpha", "expert_merges", "expert_quality", "expert_rankings", "maep_alpha", "maep_rankings",
+           "proxy_rho", "router_sensitivity", "spread", "stability", "summarise"]
 
 CALIBRATION_CRITERIA: tuple[str, ...] = ("frequency", "seer", "ean", "reap", "routing_kl", "delta_h")
 WEIGHT_CRITERIA: tuple[str, ...] = ("aimer", "magnitude", "router_norm")
@@ -74,17 +78,60 @@ def expert_rankings(model: torch.nn.Module, stats, *, maep: bool = False,
     for name, scores in (extra or {}).items():
         out[name] = (scores, "uniform")
     if maep:
-        try:  # the closed-form alpha can leave [0, 1] on a model: no global row then (maep_alpha says why)
-            out["maep_global"] = (lp.maep_scores(stats)[0], "global")
-        except ValueError:
-            pass
-        out["maep_uniform"] = (lp.maep_scores(stats, alpha=0.5)[0], "uniform")
+        out.update(maep_rankings(stats))
     for name in ANTI_CRITERIA:
         if name in out:
             scores = out[name][0]
             out[f"anti_{name}"] = (type(scores)({l: -v for l, v in scores.items()}, scores.limits,
                                                 criterion=f"anti_{name}"), "uniform")
     return out
+
+
+#: MAEP's fixed alphas, chosen before measuring: the values the paper rounds its closed forms to and uses (0.1, 0.3,
+#: 0.8: "Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927, section
+#: 6.3.3, Table 3's "Used alpha")
+FIXED_ALPHAS: tuple[float, ...] = (0.1, 0.3, 0.8)
+
+
+def maep_rankings(stats) -> dict[str, tuple[Any, str]]:
+    """MAEP's rows, every one on every seed, by rules fixed before measuring (arXiv 2611.05927, section 5.3):
+
+    - ``maep_global``: the closed-form alpha clamped to [0, 1] (:func:`clamped_alpha`; the tables record whether
+      it was clamped), global allocation. At alpha = 0 this is ``delta_h_text_global``;
+    - ``maep_global_alpha<a>`` for every a of :data:`FIXED_ALPHAS`, global;
+    - ``delta_h_text_global``: text Delta-H alone (alpha = 0), global: the allocation without the modality term;
+    - ``reap_global``: REAP log-z-scored per layer as MAEP's terms are, global: the allocation with a
+      modality-blind score, so that a win over uniform REAP is credited to the allocation or to the modality term;
+    - ``maep_uniform``: alpha = 0.5 with a uniform per-layer quota (the paper's Appendix L).
+
+    No row when the closed form is undefined (NaN: no layer with a ranking); the tables say why."""
+    import lightprune as lp
+    from lightprune.experts.scores import ExpertScores
+    from lightprune.experts.select import log_zscore
+
+    out: dict[str, tuple[Any, str]] = {}
+    alpha = clamped_alpha(stats)
+    if alpha is not None:
+        out["maep_global"] = (lp.maep_scores(stats, alpha=alpha)[0], "global")
+    for fixed in FIXED_ALPHAS:
+        out[f"maep_global_alpha{fixed:g}"] = (lp.maep_scores(stats, alpha=fixed)[0], "global")
+    out["delta_h_text_global"] = (lp.maep_scores(stats, alpha=0.0)[0], "global")
+    reap = stats.raw("reap", "all")
+    z = {layer: log_zscore(torch.as_tensor(v).double()) for layer, v in reap.items()}
+    out["reap_global"] = (ExpertScores(z, reap.limits, criterion="reap_global", raw=z), "global")
+    out["maep_uniform"] = (lp.maep_scores(stats, alpha=0.5)[0], "uniform")
+    return out
+
+
+def clamped_alpha(stats) -> float | None:
+    """The closed-form alpha clamped to [0, 1] (None when it is undefined: no layer with a ranking, or a + b =
+    0)."""
+    from lightprune.experts.maep import maep_alpha as closed_form
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        value = closed_form(stats, check=False).closed_form
+    return None if math.isnan(value) else min(1.0, max(0.0, value))
 
 
 def maep_alpha(stats) -> dict[str, Any]:
@@ -95,9 +142,11 @@ def maep_alpha(stats) -> dict[str, Any]:
 
     try:
         report = closed_form(stats)
-        return {"value": float(report.alpha), "error": None, "report": report.to_dict()}
+        return {"value": float(report.alpha), "error": None, "report": report.to_dict(),
+                "clamped": float(report.alpha)}
     except ValueError as err:
-        return {"value": None, "error": str(err), "report": closed_form(stats, check=False).to_dict()}
+        return {"value": None, "error": str(err), "report": closed_form(stats, check=False).to_dict(),
+                "clamped": clamped_alpha(stats)}
 
 
 def _pruned_per_layer(plan) -> dict[str, int]:
@@ -124,7 +173,9 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
 
     Returns ``{"dense": metrics, "rows": [{"criterion", "allocation", "ratio", "metrics", "pruned_per_layer"}
     (+ "intervals": {metric: [low, high]} of the retention when ``evaluate`` gives row sums)],
-    "random": {ratio: {"seeds": [metrics...], "summary": summarise(...)}}}``. With row sums, each row also gets
+    "random": {ratio: {"seeds": [metrics...], "summary": summarise(...)}}}``. With row sums (rounded to float32
+    first: :func:`~lightprune.quality.records.as_recorded`; every metric then computed from them), ``"records"``
+    keeps every plan's row sums (:class:`~lightprune.quality.records.RowRecords`), and each row also gets
     ``"standing": {metric: claims.standing(...)}`` for every metric of ``standing_metrics`` (its retention's
     p-value against the random plans of its ratio and the paired difference to their mean, ``testbed_seed``
     recorded), and ``"versus": {rival: {metric: {"paired_diff", "paired_ci"}}}`` for every (criterion, rival,
@@ -143,9 +194,20 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
     merges = dict(merges or {})
     jobs = [(name, r) for r in ratios for name in [*rankings, *merges]] + \
         [(f"random:{s}", r) for r in ratios for s in range(random_seeds)]
-    dense = dict(evaluate(model))
+
+    def measured(m: torch.nn.Module) -> dict[str, Any]:
+        """``evaluate(m)``, its row sums rounded as the records keep them and its metrics computed from those."""
+        metrics = dict(evaluate(m))
+        if metrics.get(ROW_SUMS) is not None:
+            metrics[ROW_SUMS] = as_recorded(metrics[ROW_SUMS])
+            metrics.update({k: float(metric_value(k, *v)) for k, v in metrics[ROW_SUMS].items()})
+        return metrics
+
+    dense = measured(model)
     dense_sums = dense.pop(ROW_SUMS, None)
     out: dict[str, Any] = {"dense": dense, "rows": [], "random": {}}
+    records = None if dense_sums is None else RowRecords(list(dense_sums), dense_sums, resamples=RESAMPLES, seed=0,
+                                                         level=0.95)
 
     row_sums: dict[tuple[str, float], Any] = {}      # (criterion, ratio) -> its row sums, for the comparisons
     null_sums: dict[float, list[Any]] = {}             # ratio -> each random plan's row sums
@@ -158,13 +220,14 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
         if sums is not None and dense_sums is not None:
             entry["intervals"] = intervals_of(dense_sums, sums)
             row_sums[(name, ratio)] = sums
+            records.add(plan_key(name, ratio), sums)
         return entry
 
     for name, ratio in tqdm(jobs, desc="expert quality", disable=not progress):
         if name in merges:
             merge = merges[name](ratio)
             with lp.merged_experts(model, merge):
-                metrics = evaluate(model)
+                metrics = measured(model)
             out["rows"].append(row(name, "merge", ratio, metrics, merge.expert_plan()))
             continue
         if name.startswith("random:"):
@@ -174,10 +237,12 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
             scores, allocation = rankings[name]
         plan = lp.select_experts(scores, ratio, allocation)
         with lp.mask_experts(model, plan):
-            metrics = evaluate(model)
+            metrics = measured(model)
         if name.startswith("random:"):
             if metrics.get(ROW_SUMS) is not None:
                 null_sums.setdefault(ratio, []).append(metrics[ROW_SUMS])
+                if records is not None:
+                    records.add(plan_key(name, ratio), metrics[ROW_SUMS])
             metrics = {k: v for k, v in metrics.items() if k != ROW_SUMS}
             out["random"].setdefault(str(ratio), {"seeds": []})["seeds"].append(metrics)
         else:
@@ -186,6 +251,8 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
         entry["summary"] = summarise(entry["seeds"])
     if dense_sums is not None and (standing_metrics or comparisons):
         _stand(out, dense_sums, row_sums, null_sums, standing_metrics, comparisons, testbed_seed)
+    if records is not None:
+        out["records"] = records.to_dict()
     return out
 
 

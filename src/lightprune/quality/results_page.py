@@ -256,6 +256,9 @@ def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
         _metric_table(r, [c for c in [("acc_image", "image acc", 3)]
                       + [(m, m[len("acc_"):].replace("chart_", "chart "), 3) for m in _image_task_metrics(r)]
                       + [("ppl_image", "image answer ppl", 2), ("ppl_text", "text ppl", 1)] if c[0] in r["dense"]]),
+        "", "Chance accuracy (one over the answer words): " + ", ".join(
+            f"{m[len('acc_'):].replace('chart_', 'chart ')} {_chance(m[len('acc_'):]):.3f}"
+            for m in _image_task_metrics(r) if _chance(m[len("acc_"):]) is not None) + ".",
         "", _retention_table(r, [m for m in ("acc_image", "ppl_image", "ppl_text") if m in r["dense"]]), "",
         _summary(r, "acc_image"), "", _summary(r, "ppl_text"), "",
         "![image-task retention](results/mllm_image_retention.png)",
@@ -280,6 +283,60 @@ def _vqa_tasks(tb: Mapping[str, Any]) -> str:
     tasks = tb["spec"].get("data", {}).get("tasks", TESTBED_VQA_TASKS)
     return "; ".join(f'{t}: "{TASK_QUESTIONS[t]}"' if t in TASK_QUESTIONS else f"{t}: Python-documentation rows"
                      for t in tasks)
+
+
+def maep_seed_record(table: Mapping[str, Any]) -> dict[str, Any]:
+    """What the page's MAEP section shows of one multimodal testbed seed: the closed-form alpha, the alpha the
+    ``maep_global`` row used (clamped to [0, 1]) and the bootstrap intervals of a, b and alpha."""
+    return {"testbed_seed": (table.get("testbed") or {}).get("seed"), "alpha": table.get("maep_alpha"),
+            "clamped": table.get("maep_alpha_clamped"), "report": table.get("maep_alpha_report"),
+            "interval": table.get("maep_alpha_interval")}
+
+
+def _ci(value: float | None, interval: Sequence[float | None] | None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if not interval or interval[0] is None:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
+
+
+def _maep_section(seeds: Sequence[Mapping[str, Any]]) -> list[str]:
+    """MAEP's closed-form alpha on every multimodal testbed seed with its bootstrap interval, a and b per layer."""
+    rows = ["| testbed seed | closed-form alpha [95% interval] | alpha of maep_global | a = rho(t,v) - rho(t,la) | "
+            "b = rho(v,la) | a excludes 0 | per layer: a, b |", "|---|---|---|---|---|---|---|"]
+    for seed in seeds:
+        interval = seed.get("interval") or {}
+        report = seed.get("report") or {}
+        alpha = interval.get("alpha", report.get("closed_form"))
+        clamped = seed.get("clamped")
+        used = "-" if clamped is None else f"{clamped:.3f}" + (" (clamped)" if alpha is None or clamped != alpha
+                                                               else "")
+        layers = "; ".join(f"{layer}: {_ci(v['a'], v['a_ci'], 2)}, {_ci(v['b'], v['b_ci'], 2)}"
+                           for layer, v in (interval.get("layers") or {}).items())
+        rows.append(f"| {seed['testbed_seed']} | {_ci(alpha, interval.get('alpha_ci'))} | {used} | "
+                    f"{_ci(interval.get('a', report.get('a')), interval.get('a_ci'))} | "
+                    f"{_ci(interval.get('b', report.get('b')), interval.get('b_ci'))} | "
+                    f"{'yes' if interval.get('a_excludes_zero') else 'no'} | {layers or '-'} |")
+    samples = next((s["interval"]["samples"] for s in seeds if s.get("interval")), None)
+    return ["## MAEP's alpha over testbed seeds", "",
+            "The closed form alpha = a / (a + b) of \"Modality-Aware Expert Pruning for MoE-Based Multimodal Large "
+            "Language Models\" (arXiv 2611.05927, section 5.3) on each multimodal testbed seed, with 95% percentile "
+            f"bootstrap intervals over the {samples or 'N'} calibration samples (lightprune.quality.alpha_interval). "
+            "Rules fixed before measuring: the `maep_global` row uses the closed form clamped to [0, 1] (at alpha = "
+            "0 it is text Delta-H ranked globally, the `delta_h_text_global` row); rows at the paper's fixed alphas "
+            "0.1, 0.3 and 0.8 (its Table 3) on every seed; REAP ranked globally (`reap_global`) beside them, so "
+            "that a win over REAP is credited to the allocation or to the modality term; the closed-form claims are "
+            "judged only where a's interval excludes 0 on every seed.", "", *rows, ""]
+
+
+#: each image task's chance accuracy: one over its answer words
+def _chance(task: str) -> float | None:
+    from lightprune.data.generated.testbed_vqa import BAR_COLORS, COUNT_WORDS, DIGIT_WORDS
+
+    answers = {"digit": DIGIT_WORDS, "chart_left": BAR_COLORS, "chart_tallest": BAR_COLORS,
+               "chart_count": COUNT_WORDS}.get(task)
+    return None if answers is None else 1 / len(answers)
 
 
 def _alpha_sentence(r: Mapping[str, Any]) -> str:
@@ -315,24 +372,33 @@ def _which(record: Mapping[str, Any]) -> str:
 def _criteria_section(criteria: Sequence[Mapping[str, Any]]) -> list[str]:
     """Every criterion against the random null over the testbed seeds, by the claims' rule
     (:func:`lightprune.quality.claims.criteria_over_seeds`)."""
-    rows = ["| testbed | criterion | allocation | metric | against random | per testbed seed: p, difference "
-            "[95% interval] |", "|---|---|---|---|---|---|"]
+    rows = ["| testbed | criterion | allocation | metric | against random | over seeds: mean difference [95% t "
+            "interval] | per testbed seed: p, difference [95% interval] |", "|---|---|---|---|---|---|---|"]
     for c in criteria:
         seeds = "; ".join(f"seed {s['testbed_seed']}: p {s['p_value']:.3f}, {s['paired_diff']:+.1f} "
                           f"[{s['paired_ci'][0]:+.1f}, {s['paired_ci'][1]:+.1f}]" for s in c["seeds"])
         rows.append(f"| {c['testbed']} | {c['criterion']} | {c['allocation']} | {c['metric']} retention "
-                    f"@{_percent(c['ratio'])}% | {c['verdict']} | {seeds or '-'} |")
+                    f"@{_percent(c['ratio'])}% | {c['verdict']} | {_over_seeds_cell(c)} | {seeds or '-'} |")
     return ["## Every criterion against random, over testbed seeds", "",
-            "Each row of the tables below judged against the random null by the claims' rule, on every testbed seed "
-            "(held: p < 0.05 and the paired interval above 0 on every seed; did not hold: the opposite on every "
-            "seed).", "", *rows, ""]
+            "Each row of the tables below judged against the random null by the claims' rule over every testbed "
+            "seed (the rule is stated above the claims).", "", *rows, ""]
+
+
+def _over_seeds_cell(check: Mapping[str, Any]) -> str:
+    """The mean paired difference over the seeds and its t interval (:func:`lightprune.quality.claims.over_seeds`)."""
+    over = check.get("over_seeds")
+    if not over:
+        return "-"
+    interval = over.get("interval")
+    shown = f"{over['mean']:+.1f}" + (f" [{interval[0]:+.1f}, {interval[1]:+.1f}]" if interval else "")
+    return f"{shown}, {over['seeds']} seeds"
 
 
 def _seeded_claims_section(claims: Sequence[Mapping[str, Any]]) -> list[str]:
     """Each check over the testbed seeds (:func:`lightprune.quality.claims.claims_over_seeds`): the verdict and, per
     seed, the p-value against the random null (or "-" against a rival) and the paired difference with its interval."""
-    rows = ["| paper | claim | testbed | metric | here | per testbed seed: p, difference [95% interval] |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| paper | claim | testbed | metric | here | over seeds: mean difference [95% t interval] | per testbed "
+            "seed: p, difference [95% interval] |", "|---|---|---|---|---|---|---|"]
     for c in claims:
         seeds = "; ".join(
             f"seed {s['testbed_seed']}{_which(s)}: "
@@ -343,28 +409,49 @@ def _seeded_claims_section(claims: Sequence[Mapping[str, Any]]) -> list[str]:
         verdict = c["verdict"] if c["verdict"] in ("held", "not measured") else f"**{c['verdict']}**"
         where = "at the paper's operating points" if c["testbed"] == "mwop" else f"@{_percent(c['ratio'])}%"
         rows.append(f"| {c['paper']} | {c['claim']} | {c['testbed']} | {c['metric']} retention {where} | "
-                    f"{verdict} | {seeds or '-'} |")
+                    f"{verdict} | {_over_seeds_cell(c)} | {seeds or '-'} |")
     return ["## Claims over testbed seeds", "",
-            "Each check on every independently trained testbed seed. Against random: held when the criterion's "
-            "p-value against the random plans (the null, N plans) is below 0.05 and the paired difference to their "
-            "mean has its 95% interval above 0 on every seed; did not hold when the opposite holds on every seed; "
-            "otherwise within noise. Against a named rival: the paired interval alone, on every seed "
-            "(lightprune.quality.claims). Too few testbed seeds (under 3; the micro run: under 2): no verdict, the "
-            "figures shown.",
+            "The rule, stated before the seeds were measured (lightprune.quality.claims). On each independently "
+            "trained testbed seed, the paired difference d of retentions (criterion minus the mean of N random "
+            "plans, or minus a named rival) on the same evaluation rows, with its 95% bootstrap interval over the "
+            "rows; against random also the p-value among the random plans. A seed is for the claim when its "
+            "interval lies above 0 (and p < 0.05), against it when its interval lies below 0 (and the p-value the "
+            "other way is below 0.05). Over the seeds, the 95% t interval of the seeds' d (the training seed's "
+            "noise): **held** when it lies above 0 and no seed is against; **did not hold** when it lies below 0 "
+            "and no seed is for; **depends on the training seed** when some seed is for and another against; "
+            "otherwise within noise. MAEP's closed-form alpha is judged only where a = rho(t,v) - rho(t,la) has a "
+            "bootstrap interval over the calibration samples that excludes 0 on every seed. Too few testbed seeds "
+            "(under 3; the micro run: under 2): no verdict, the figures shown.",
             "", *rows, ""]
+
+
+def page_tables(part: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """One seed's tables as results.json keeps them: without the per-row records (they stay in the seed's own file,
+    ``seeds/<part>-seed<n>.json``) and without the random plans' masks (each is drawn again from its seed), so that
+    the page's file does not grow with the rows measured."""
+    if part is None:
+        return None
+    kept = {k: v for k, v in part.items() if k != "records"}
+    if "rows" in kept and any("per_seed" in r for r in kept["rows"]):  # MWOP: random rows keep seeds, not plans
+        kept["rows"] = [{**r, "per_seed": [{k: v for k, v in e.items() if k != "plan"} for e in r["per_seed"]]}
+                        if "per_seed" in r else r for r in kept["rows"]]
+    return kept
 
 
 def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm: Mapping | None = None,
                   mwop: Mapping | None = None, benchmarks: Mapping | None = None,
                   claims: Sequence[Mapping[str, Any]] | None = None,
-                  criteria: Sequence[Mapping[str, Any]] | None = None, command: str | None = None) -> Path:
+                  criteria: Sequence[Mapping[str, Any]] | None = None,
+                  maep: Sequence[Mapping[str, Any]] | None = None, command: str | None = None) -> Path:
     """Write ``<out>/RESULTS.md`` (+ ``results/results.json`` and PNGs) from the parts given; its path.
-    ``claims``: the checks over testbed seeds (:func:`lightprune.quality.claims.claims_over_seeds`)."""
+    ``claims``: the checks over testbed seeds (:func:`lightprune.quality.claims.claims_over_seeds`); ``maep``: MAEP's
+    alpha on each multimodal testbed seed (:func:`maep_seed_record`)."""
     out = Path(out)
     (out / "results").mkdir(parents=True, exist_ok=True)
+    text, mllm, mwop = page_tables(text), page_tables(mllm), page_tables(mwop)
     data = {"text": text, "mllm": mllm, "mwop": mwop, "benchmarks": benchmarks, "claims": claims,
-            "criteria": criteria}
-    (out / "results" / "results.json").write_text(json.dumps(data, indent=1, default=float) + "\n")
+            "criteria": criteria, "maep": maep}
+    (out / "results" / "results.json").write_text(json.dumps(data, separators=(",", ":"), default=float) + "\n")
     lines = ["# Results", "",
              "Measured here, on CPU, on testbed models trained by lightprune itself (no pretrained weights can be "
              "fetched): every criterion at the same pruning ratios, side by side, random over seeds with its spread, "
@@ -385,6 +472,8 @@ def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm
         lines += _criteria_section(criteria)
     if text:
         lines += _text_section(text, out)
+    if maep:
+        lines += _maep_section(maep)
     if mllm:
         lines += _mllm_section(mllm, out)
     if mwop:

@@ -29,7 +29,9 @@ from lightprune.core.jsonio import read_json
 from lightprune.data.rows import read_jsonl
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.experts.calibration import DEFAULT_CRITERIA
+from lightprune.quality.alpha_interval import alpha_interval
 from lightprune.quality.expert_quality import (
+    FIXED_ALPHAS,
     MERGE_STATISTICS,
     expert_merges,
     expert_quality,
@@ -94,8 +96,15 @@ def routing_balance_record(stats) -> dict[str, Any]:
 #: each paper's own comparators: (criterion, rival, metric) pairs measured on the same rows (claims.py)
 TEXT_COMPARISONS = tuple((c, r, "ppl") for c in ("aimer", "router_sensitivity") for r in ("magnitude", "router_norm")) \
     + (("router_sensitivity", "anti_router_sensitivity", "ppl"),)
+_MLLM_METRICS = ("acc_image", "ppl_image", "ppl_text")
+#: MAEP's rows against REAP, and the pairs that credit a win to the allocation or to the modality term (the paper's
+#: own ablation, arXiv 2611.05927, section 6.3.1)
 MLLM_COMPARISONS = tuple((c, r, m) for c in ("delta_h", "maep_global") for r in ("reap", "routing_kl")
-                         for m in ("acc_image", "ppl_image", "ppl_text")) \
+                         for m in _MLLM_METRICS) \
+    + tuple((c, r, m) for c, r in (("maep_global", "delta_h_text_global"), ("maep_global", "reap_global"),
+                                   ("reap_global", "reap"), ("delta_h_text_global", "reap"),
+                                   *((f"maep_global_alpha{a:g}", "reap") for a in FIXED_ALPHAS))
+            for m in _MLLM_METRICS) \
     + (("aimer", "magnitude", "acc_image"), ("aimer", "router_norm", "acc_image"))
 
 
@@ -178,12 +187,15 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
     return result
 
 
-def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = None, *, ratios=(0.25, 0.5),
+def mllm_tables(preset: str = "mllm-moe-canvas-full", root: str | os.PathLike | None = None, *, ratios=(0.25, 0.5),
                 random_seeds: int = 50, kl_rows: int = 16, sensitivity_steps: int = 500,
-                progress: bool = True, testbed_seed: int | None = None) -> dict[str, Any]:
-    """Every criterion, MAEP included, on the multimodal MoE testbed ``preset`` (``testbed_seed``: the same recipe
-    trained from that seed), with each row's standing against the random plans and the comparators of
-    :data:`MLLM_COMPARISONS`."""
+                progress: bool = True, testbed_seed: int | None = None,
+                alpha_resamples: int = 1000) -> dict[str, Any]:
+    """Every criterion, MAEP's rows included (:func:`~lightprune.quality.expert_quality.maep_rankings`), on the
+    multimodal MoE testbed ``preset`` (``testbed_seed``: the same recipe trained from that seed), with each row's
+    standing against the random plans and the comparators of :data:`MLLM_COMPARISONS`, and MAEP's closed-form
+    alpha with its bootstrap interval over the calibration samples (``alpha_resamples`` resamples:
+    :func:`~lightprune.quality.alpha_interval.alpha_interval`)."""
     import lightprune as lp
 
 
@@ -233,7 +245,12 @@ def mllm_tables(preset: str = "mllm-moe-full", root: str | os.PathLike | None = 
                             comparisons=MLLM_COMPARISONS, testbed_seed=spec.seed)
     alpha = maep_alpha(stats)
     result["maep_alpha"], result["maep_alpha_error"] = alpha["value"], alpha["error"]
+    result["maep_alpha_clamped"] = alpha["clamped"]  # the maep_global row's alpha
     result["maep_alpha_report"] = alpha["report"]  # the rhos alpha comes from
+    one_by_one = datamodule(spec, str(folder / "model"), root, batch_size=1)
+    one_by_one.setup("fit")
+    result["maep_alpha_interval"] = alpha_interval(model, _inputs(one_by_one.dataloader("calibration")),
+                                                   resamples=alpha_resamples, progress=progress)
     kl_batches = calib_all[: max(1, kl_rows // spec.batch_size)]
     kl_stats = lp.collect_expert_stats(model, kl_batches, subsets=("all", "text", "vision"), progress=progress)
     result["proxy_rho"] = proxy_rho(model, kl_batches, kl_stats, subsets=("all", "text", "vision"), progress=progress)
