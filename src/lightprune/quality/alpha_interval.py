@@ -8,8 +8,8 @@ which samples were drawn: :func:`alpha_interval` observes every sample alone (it
 and ``vision_low_attn``), then recomputes a, b and alpha on ``resamples`` resamples of the samples drawn with
 replacement (each resample's Delta-H = the mean over its samples that have the subset's tokens, as
 :func:`lightprune.collect_expert_stats` would give on those samples), and reports the percentile intervals, per
-layer too. With every sample once the figures are the closed form on the whole set (:func:`lightprune.maep_alpha`;
-a test holds them equal).
+layer too. With every sample once the figures are the closed form on the whole set
+(:func:`lightprune.experts.maep.maep_alpha`; a test holds them equal, and each resample's to a pass over its samples).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _spearman(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def bootstrap_alpha(values: torch.Tensor, present: torch.Tensor, counts: torch.Tensor) -> dict[str, torch.Tensor]:
     """a, b, alpha [B] and per layer a, b [B, L] for each row of ``counts`` [B, S] (how often each sample is in
     a resample): each subset's Delta-H the mean over the resample's samples that have its tokens, rho per layer,
-    a layer left out of the means where one of its rhos is NaN (as :func:`lightprune.maep_alpha` does)."""
+    a layer left out of the means where one of its rhos is NaN (as :func:`lightprune.experts.maep.maep_alpha` does)."""
     weight = counts.double().unsqueeze(-1) * present.double().unsqueeze(0)         # [B, S, 3]
     total = weight.sum(1)                                                          # [B, 3]
     means = torch.einsum("bsk,skle->bkle", weight, values.double()) / total.clamp_min(1)[:, :, None, None]
@@ -129,7 +129,7 @@ def alpha_interval(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]],
     for name in ("a", "b", "alpha"):
         out[name], out[f"{name}_ci"] = _num(point[name][0]), _interval(draws[name], level)
     out["a_excludes_zero"] = a_ci[0] is not None and (a_ci[0] > 0 or a_ci[1] < 0)
-    out["layers"] = {str(layer): {"a": _num(point["a_per_layer"][0, i]), "a_ci": _interval(draws["a_per_layer"][:, i], level),
-                                  "b": _num(point["b_per_layer"][0, i]), "b_ci": _interval(draws["b_per_layer"][:, i], level)}
-                     for i, layer in enumerate(layers)}
+    out["layers"] = {str(layer): {name: value for term in ("a", "b") for name, value in (
+        (term, _num(point[f"{term}_per_layer"][0, i])),
+        (f"{term}_ci", _interval(draws[f"{term}_per_layer"][:, i], level)))} for i, layer in enumerate(layers)}
     return out

@@ -292,3 +292,39 @@ def test_arguments_are_checked(tmp_path):
     with pytest.raises(ValueError, match=r"split 'val' holds 5000 'text' rows, but its Python documentation"):
         testbed_vqa_splits({"val": 5000}, tasks=("text",))
     assert not list(tmp_path.iterdir())  # nothing was written
+
+
+def test_a_canvas_holds_the_picture_once_amid_noise_the_same_every_run(tmp_path):
+    """With ``canvas``: the row's own picture, pixel for pixel, at one place of a larger square whose other pixels
+    are grey noise in CANVAS_GREY +- CANVAS_NOISE; the same row gets the same canvas, other rows other places; the
+    datamodule's folders without a canvas keep their digest (the testbeds trained before the canvas keep theirs)."""
+    from lightprune.data.generated.testbed_vqa import CANVAS_GREY, CANVAS_NOISE, render_row
+    from lightprune.data.generated.testbed_vqa_datamodule import _params, testbed_vqa_dir
+
+    rows = testbed_vqa_splits({"val": 12}, seed=0, tasks=("digit", "chart_left", "chart_count"))["val"]
+    places = set()
+    for row in rows:
+        picture = np.asarray(render_row(row, 32))
+        canvas = np.asarray(render_row(row, 32, canvas=80))
+        assert canvas.shape == (80, 80, 3) and np.array_equal(canvas, np.asarray(render_row(row, 32, canvas=80)))
+        found = [(y, x) for y in range(80 - 31) for x in range(80 - 31)
+                 if np.array_equal(canvas[y:y + 32, x:x + 32], picture)]
+        assert len(found) == 1, row
+        y, x = found[0]
+        places.add(found[0])
+        outside = np.ones((80, 80), dtype=bool)
+        outside[y:y + 32, x:x + 32] = False
+        noise = canvas[outside]
+        assert (noise == noise[:, :1]).all()  # grey: R = G = B
+        assert noise.min() >= CANVAS_GREY - CANVAS_NOISE and noise.max() <= CANVAS_GREY + CANVAS_NOISE
+        assert noise[:, 0].std() > CANVAS_NOISE / 3  # noise, not a flat colour
+    assert len(places) == len(rows)
+    assert render_row(next(r for r in testbed_vqa_splits({"val": 4}, seed=0)["val"] if r.task == "text"),
+                      32, canvas=80) is None
+    sizes = {"train": 4, "val": 4}
+    assert "canvas" not in _params(sizes, 0, TESTBED_VQA_TASKS, 32)
+    assert testbed_vqa_dir(tmp_path, sizes) == testbed_vqa_dir(tmp_path, sizes, canvas=None)
+    assert testbed_vqa_dir(tmp_path, sizes, canvas=64) != testbed_vqa_dir(tmp_path, sizes)
+    for bad in (31, 32.0, True, "64"):
+        with pytest.raises(ValueError, match=f"canvas must be None or an int >= image_size \\(32\\), got {bad!r}"):
+            render_row(rows[0], 32, canvas=bad)
