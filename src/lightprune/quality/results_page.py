@@ -247,8 +247,9 @@ def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
                    "multimodal MoE testbed: text perplexity retention")
     lines = [
         "## Multimodal MoE testbed", "",
-        f"Qwen3-VL-MoE-style, {tb['parameters']:,} parameters, trained {tb['spec']['steps']} steps of "
-        f"{tb['spec']['batch_size']} rows on Testbed VQA ({_vqa_tasks(tb)}). Calibration on the calibration split "
+        f"Qwen3-VL-MoE-style, {tb['parameters']:,} parameters ({_moe_shape(tb)}), trained {tb['spec']['steps']} "
+        f"steps of {tb['spec']['batch_size']} rows on Testbed VQA ({_vqa_tasks(tb)}{_canvas(tb)}) in "
+        f"{tb['train_seconds'] / 60:.0f} minutes on this machine. Calibration on the calibration split "
         "(all tasks); evaluation on the val split: answer accuracy per image task (every answer token right), "
         + ("the image answers' perplexity (their loss beside their accuracy) " if "ppl_image" in r["dense"] else "")
         + "and the text rows' completion perplexity. Multimodal and text reported apart. " + _alpha_sentence(r), "",
@@ -269,6 +270,23 @@ def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
               "Cross-dataset stability (digits vs charts calibration), per token subset:", "",
               _stability_table(r["stability"]), ""]
     return lines
+
+
+def _moe_shape(tb: Mapping[str, Any]) -> str:
+    """The testbed's MoE layers, experts and top-k, from its spec (the preset's overrides of the tiny config)."""
+    text = (tb["spec"].get("model") or {}).get("text_config") or {}
+    if not text:
+        return "the tiny config's shape"
+    return (f"{text.get('num_hidden_layers')} MoE layers of {text.get('num_experts')} experts, "
+            f"top-{text.get('num_experts_per_tok')}")
+
+
+def _canvas(tb: Mapping[str, Any]) -> str:
+    data = tb["spec"].get("data") or {}
+    if not data.get("canvas"):
+        return ""
+    return (f"; each {data.get('image_size', 32)}-pixel picture at a random place on a {data['canvas']}-pixel "
+            "square of grey noise")
 
 
 def _image_task_metrics(r: Mapping[str, Any]) -> list[str]:
