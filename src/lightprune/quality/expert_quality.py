@@ -135,9 +135,10 @@ def clamped_alpha(stats) -> float | None:
 
 
 def maep_alpha(stats) -> dict[str, Any]:
-    """``{"value": alpha, "error": None, "report"}``: MAEP's closed-form alpha on ``stats``, or ``{"value": None,
-    "error": why, "report"}`` when it leaves [0, 1] (the MAEP global row is then not measured); ``report``: the
-    a, b and rhos it comes from (:class:`~lightprune.experts.maep.AlphaReport` as a dict), either way."""
+    """``{"value": alpha, "error": None, "report", "clamped"}``: MAEP's closed-form alpha on ``stats``, or ``{"value":
+    None, "error": why, ...}`` when it leaves [0, 1]; ``report``: the a, b and rhos it comes from
+    (:class:`~lightprune.experts.maep.AlphaReport` as a dict), either way; ``clamped``: the alpha the
+    ``maep_global`` row uses (:func:`clamped_alpha`)."""
     from lightprune.experts.maep import maep_alpha as closed_form
 
     try:
