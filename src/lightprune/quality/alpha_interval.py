@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from lightprune.quality.intervals import percentile_interval
+
 __all__ = ["SUBSETS", "alpha_interval", "bootstrap_alpha", "sample_delta_h"]
 
 #: the subsets the closed form reads: text, the whole picture, the low-attention vision tokens
@@ -93,11 +95,8 @@ def bootstrap_alpha(values: torch.Tensor, present: torch.Tensor, counts: torch.T
 
 
 def _interval(draws: torch.Tensor, level: float) -> list[float | None]:
-    kept = draws[torch.isfinite(draws)]
-    if kept.numel() == 0:
-        return [None, None]
-    tail = (1 - level) / 2
-    return torch.quantile(kept, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
+    """The percentile interval of the finite draws (None ends when none is finite)."""
+    return [x if math.isfinite(x) else None for x in percentile_interval(draws, level)]
 
 
 def _num(x: torch.Tensor) -> float | None:

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["ROW_SUMS", "RESAMPLES", "intervals_of", "metric_value", "paired_difference", "retention",
+__all__ = ["ROW_SUMS", "RESAMPLES", "intervals_of", "metric_value", "paired_difference", "percentile_interval",
+           "retention",
            "retention_interval", "seed_interval", "t_quantile", "task_mean_paired_difference",
            "task_mean_retention_interval"]
 
@@ -54,7 +55,9 @@ def _check(level: float, resamples: int) -> None:
         raise ValueError(f"resamples must be an int >= 2, got {resamples!r}")
 
 
-def _percentiles(kept: torch.Tensor, level: float) -> list[float]:
+def percentile_interval(kept: torch.Tensor, level: float) -> list[float]:
+    """[low, high]: the (1 - level) / 2 and (1 + level) / 2 quantiles of the finite values of ``kept`` (linear
+    interpolation), NaN when none is finite."""
     kept = kept[torch.isfinite(kept)]
     if kept.numel() == 0:
         return [math.nan, math.nan]
@@ -84,7 +87,7 @@ def retention_interval(metric: str, dense: RowSums, pruned: RowSums, *, resample
     index = _resamples(rows, resamples, seed)
     base = metric_value(metric, sums[0][index], sums[1][index])
     value = metric_value(metric, sums[2][index], sums[3][index])
-    return _percentiles(retention(metric, value, base), level)
+    return percentile_interval(retention(metric, value, base), level)
 
 
 def _task_means(metric: str, tasks: torch.Tensor, dense: RowSums, plans: list[RowSums],
@@ -125,7 +128,7 @@ def task_mean_retention_interval(metric: str, tasks: torch.Tensor, dense: RowSum
     in a resample leaves that resample's mean to the others."""
     _check(level, resamples)
     index = _resamples(torch.as_tensor(tasks).numel(), resamples, seed)
-    return _percentiles(_task_means(metric, tasks, dense, [pruned], include, index)[0], level)
+    return percentile_interval(_task_means(metric, tasks, dense, [pruned], include, index)[0], level)
 
 
 def task_mean_paired_difference(metric: str, tasks: torch.Tensor, dense: RowSums, pruned: RowSums,
@@ -144,7 +147,7 @@ def task_mean_paired_difference(metric: str, tasks: torch.Tensor, dense: RowSums
         return means[0] - means[1:].mean(dim=0)
 
     index = _resamples(torch.as_tensor(tasks).numel(), resamples, seed)
-    return float(differences(None)[0]), _percentiles(differences(index), level)
+    return float(differences(None)[0]), percentile_interval(differences(index), level)
 
 
 def intervals_of(dense_sums: Mapping[str, RowSums], sums: Mapping[str, RowSums], **kwargs) -> dict[str, list[float]]:
@@ -175,7 +178,7 @@ def paired_difference(metric: str, dense: RowSums, pruned: RowSums, null: list[R
                               for i in range(4, len(sums), 2)])
         return kept - others.mean(dim=0)
 
-    return float(differences(None)), _percentiles(differences(_resamples(rows, resamples, seed)), level)
+    return float(differences(None)), percentile_interval(differences(_resamples(rows, resamples, seed)), level)
 
 
 def _betainc(a: float, b: float, x: float) -> float:
