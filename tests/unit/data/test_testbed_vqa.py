@@ -319,6 +319,13 @@ def test_a_canvas_holds_the_picture_once_amid_noise_the_same_every_run(tmp_path)
         assert noise.min() >= CANVAS_GREY - CANVAS_NOISE and noise.max() <= CANVAS_GREY + CANVAS_NOISE
         assert noise[:, 0].std() > CANVAS_NOISE / 3  # noise, not a flat colour
     assert len(places) == len(rows)
+    for row in rows[:3]:  # centred: the picture at (80 - 32) // 2 on both axes, the same noise around it
+        centred = np.asarray(render_row(row, 32, canvas=80, place="centre"))
+        assert np.array_equal(centred[24:56, 24:56], np.asarray(render_row(row, 32)))
+    with pytest.raises(ValueError, match="canvas_place must be one of \\['random', 'centre'\\], got 'middle'"):
+        render_row(rows[0], 32, canvas=80, place="middle")
+    assert testbed_vqa_dir(tmp_path, {"train": 4, "val": 4}, canvas=64, canvas_place="centre") != \
+        testbed_vqa_dir(tmp_path, {"train": 4, "val": 4}, canvas=64)
     assert render_row(next(r for r in testbed_vqa_splits({"val": 4}, seed=0)["val"] if r.task == "text"),
                       32, canvas=80) is None
     sizes = {"train": 4, "val": 4}

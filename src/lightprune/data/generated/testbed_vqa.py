@@ -30,7 +30,8 @@ are disjoint. :func:`render_row` draws a row's picture; the same row gives the s
 
 With ``canvas`` set, :func:`render_row` pastes the picture onto a larger square of uninformative noise
 (:func:`place_on_canvas`): grey levels drawn around :data:`CANVAS_GREY`, the picture at a position drawn from the
-row's key, so that most of the vision tokens show nothing a question asks about and the tokens the text attends to
+row's key (``place="random"``) or in the middle (``"centre"``), so that most of the vision tokens show nothing a
+question asks about and the tokens the text attends to
 least are the background's (the premise of "Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language
 Models", arXiv 2611.05927, sections 4.2 and 5.2: low-attention vision tokens show non-salient background).
 """
@@ -47,7 +48,7 @@ from typing import Any
 
 from lightprune.data.pydoc_rows import corpus_splits
 
-__all__ = ["BAR_COLORS", "BAR_LEVELS", "CANVAS_GREY", "CANVAS_NOISE", "CHART_BACKGROUND", "CHART_DPI", "COUNT_WORDS", "DIGIT_WORDS", "MIN_IMAGE_SIZE",
+__all__ = ["BAR_COLORS", "BAR_LEVELS", "CANVAS_GREY", "CANVAS_NOISE", "CANVAS_PLACES", "CHART_BACKGROUND", "CHART_DPI", "COUNT_WORDS", "DIGIT_WORDS", "MIN_IMAGE_SIZE",
            "SYSTEM_PROMPT", "TASK_QUESTIONS", "TESTBED_VQA_EXTRA_TASKS", "TESTBED_VQA_SPLITS", "TESTBED_VQA_TASKS",
            "TEXT_COMPLETION_CHARS", "TEXT_PROMPT", "TEXT_SOURCE_SPLITS", "Bar", "TestbedVQARow", "bar_boxes",
            "check_canvas", "digit_images", "place_on_canvas", "render_bar_chart", "render_digit", "render_row", "testbed_vqa_splits", "testbed_vqa_texts",
@@ -229,10 +230,16 @@ def render_bar_chart(bars: Sequence[Bar], image_size: int = 32):
     return Image.fromarray(pixels, "RGB")
 
 
-def check_canvas(canvas: int | None, image_size: int) -> None:
-    """``canvas`` is None or an int at least ``image_size``."""
+#: where :func:`place_on_canvas` puts the picture: at a position drawn from the row's key, or in the middle
+CANVAS_PLACES: tuple[str, ...] = ("random", "centre")
+
+
+def check_canvas(canvas: int | None, image_size: int, place: str = "random") -> None:
+    """``canvas`` is None or an int at least ``image_size``; ``place`` one of :data:`CANVAS_PLACES`."""
     if canvas is not None and (not isinstance(canvas, int) or isinstance(canvas, bool) or canvas < image_size):
         raise ValueError(f"canvas must be None or an int >= image_size ({image_size}), got {canvas!r}")
+    if place not in CANVAS_PLACES:
+        raise ValueError(f"canvas_place must be one of {list(CANVAS_PLACES)}, got {place!r}")
 
 
 def _row_seed(row: TestbedVQARow) -> int:
@@ -240,33 +247,36 @@ def _row_seed(row: TestbedVQARow) -> int:
     return int.from_bytes(hashlib.sha256(repr(row.key).encode("utf-8")).digest()[:8], "little")
 
 
-def place_on_canvas(picture, row: TestbedVQARow, canvas: int):
+def place_on_canvas(picture, row: TestbedVQARow, canvas: int, place: str = "random"):
     """``picture`` pasted onto a ``canvas`` x ``canvas`` square of noise (:data:`CANVAS_GREY` +- :data:`CANVAS_NOISE`
-    per pixel), its top-left corner at a position drawn uniformly, both drawn from the row's key."""
+    per pixel, drawn from the row's key), its top-left corner at a position drawn uniformly from the row's key
+    (``place="random"``) or at (canvas - side) // 2 on both axes (``"centre"``)."""
     import numpy as np
     from PIL import Image
 
-    check_canvas(canvas, picture.width)
+    check_canvas(canvas, picture.width, place)
     rng = np.random.default_rng(_row_seed(row))
     grey = rng.integers(CANVAS_GREY - CANVAS_NOISE, CANVAS_GREY + CANVAS_NOISE + 1, size=(canvas, canvas),
                         dtype=np.int64).astype(np.uint8)
     out = Image.fromarray(grey, "L").convert("RGB")
     left, top = (int(v) for v in rng.integers(0, canvas - picture.width + 1, size=2))
+    if place == "centre":
+        left = top = (canvas - picture.width) // 2
     out.paste(picture, (left, top))
     return out
 
 
-def render_row(row: TestbedVQARow, image_size: int = 32, canvas: int | None = None):
-    """The row's picture (``PIL.Image``, RGB; ``image_size`` square, on a ``canvas`` square of noise when given:
-    :func:`place_on_canvas`); ``None`` for a text row."""
-    check_canvas(canvas, image_size)
+def render_row(row: TestbedVQARow, image_size: int = 32, canvas: int | None = None, place: str = "random"):
+    """The row's picture (``PIL.Image``, RGB; ``image_size`` square, on a ``canvas`` square of noise when given,
+    placed by ``place``: :func:`place_on_canvas`); ``None`` for a text row."""
+    check_canvas(canvas, image_size, place)
     if row.digit is not None:
         picture = render_digit(row.digit, image_size)
     elif row.bars:
         picture = render_bar_chart(row.bars, image_size)
     else:
         return None
-    return picture if canvas is None else place_on_canvas(picture, row, canvas)
+    return picture if canvas is None else place_on_canvas(picture, row, canvas, place)
 
 
 # -- text --------------------------------------------------------------------------------------

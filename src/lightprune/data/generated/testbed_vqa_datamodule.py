@@ -44,10 +44,10 @@ _PROGRESS_MIN_ROWS = 1000
 
 
 def _params(sizes: dict[str, int], seed: int, tasks: Sequence[str], image_size: int,
-            canvas: int | None = None) -> dict[str, Any]:
+            canvas: int | None = None, canvas_place: str = "random") -> dict[str, Any]:
     tasks = check_tasks(tasks)
     check_image_size(image_size)
-    check_canvas(canvas, image_size)
+    check_canvas(canvas, image_size, canvas_place)
     sizes = check_split_sizes(sizes)
     sources = {}
     if "text" in tasks:
@@ -59,28 +59,33 @@ def _params(sizes: dict[str, int], seed: int, tasks: Sequence[str], image_size: 
     params = {"seed": seed, "tasks": list(tasks), "image_size": image_size, "sizes": sizes, "sources": sources}
     if canvas is not None:  # only when set: the folders written before the canvas keep their digest
         params["canvas"] = canvas
+        if canvas_place != "random":
+            params["canvas_place"] = canvas_place
     return params
 
 
 def testbed_vqa_dir(root: str | os.PathLike | None, sizes: dict[str, int], seed: int = 0,
-                    tasks: Sequence[str] = TESTBED_VQA_TASKS, image_size: int = 32, canvas: int | None = None) -> Path:
+                    tasks: Sequence[str] = TESTBED_VQA_TASKS, image_size: int = 32, canvas: int | None = None,
+                    canvas_place: str = "random") -> Path:
     """``<root or $LIGHTPRUNE_CACHE or ~/.cache/lightprune>/testbed_vqa/<format>-<digest of the parameters>``."""
-    return qa_cache_dir("testbed_vqa", TESTBED_VQA_FORMAT, root, _params(sizes, seed, tasks, image_size, canvas))
+    return qa_cache_dir("testbed_vqa", TESTBED_VQA_FORMAT, root,
+                        _params(sizes, seed, tasks, image_size, canvas, canvas_place))
 
 
 def build_testbed_vqa(root: str | os.PathLike | None, sizes: dict[str, int], seed: int = 0,
                       tasks: Sequence[str] = TESTBED_VQA_TASKS, image_size: int = 32,
-                      progress: bool | None = None, canvas: int | None = None) -> Path:
+                      progress: bool | None = None, canvas: int | None = None,
+                      canvas_place: str = "random") -> Path:
     """The cache folder of these parameters, written unless a valid one exists (see the module docstring).
 
     ``sizes``: rows per split (keys from ``TESTBED_VQA_SPLITS``; a missing split has 0 rows).
     ``progress``: show a progress bar while rendering (``None``: from 1000 rows). ``canvas``: the pictures on a
-    larger square of noise (:func:`~lightprune.data.generated.testbed_vqa.place_on_canvas`).
+    larger square of noise, placed by ``canvas_place`` (:func:`~lightprune.data.generated.testbed_vqa.place_on_canvas`).
     """
-    params = _params(sizes, seed, tasks, image_size, canvas)
+    params = _params(sizes, seed, tasks, image_size, canvas, canvas_place)
     return build_qa_cache("testbed_vqa", TESTBED_VQA_FORMAT, root, params,
                           lambda: testbed_vqa_splits(params["sizes"], params["seed"], params["tasks"]),
-                          lambda row: render_row(row, params["image_size"], canvas), label="testbed VQA",
+                          lambda row: render_row(row, params["image_size"], canvas, canvas_place), label="testbed VQA",
                           progress=progress, progress_min_rows=_PROGRESS_MIN_ROWS)
 
 
@@ -100,6 +105,7 @@ class TestbedVQADataModule(GeneratedQADataModule):
         seed: seed of the generated rows and of the train shuffle.
         image_size: side of the square pictures, in pixels (>= 16).
         canvas: None, or the side of a square of uninformative noise each picture is pasted onto (>= image_size).
+        canvas_place: where on the canvas: ``"random"`` (drawn from the row) or ``"centre"``.
         batch_size, max_length, padding_side, mask_prompt, num_workers, progress: as in
             :class:`~lightprune.data.ImageTextJsonlDataModule`.
     """
@@ -108,13 +114,14 @@ class TestbedVQADataModule(GeneratedQADataModule):
 
     def __init__(self, processor: Any, root: str | None = None, n_train: int = 512, n_val: int = 128,
                  n_selection: int = 64, n_calibration: int = 64, tasks: Sequence[str] = TESTBED_VQA_TASKS,
-                 seed: int = 0, image_size: int = 32, canvas: int | None = None, *, batch_size: int = 8, max_length: int | None = 512,
+                 seed: int = 0, image_size: int = 32, canvas: int | None = None, canvas_place: str = "random", *,
+                 batch_size: int = 8, max_length: int | None = 512,
                  padding_side: str = "right", mask_prompt: bool = True, num_workers: int = 0,
                  progress: bool | None = None):
         sizes = check_split_sizes({"train": n_train, "val": n_val, "selection": n_selection,
                                    "calibration": n_calibration}, required=("train", "val"))
         tasks = check_tasks(tasks)
-        folder = build_testbed_vqa(root, sizes, seed, tasks, image_size, progress, canvas)
+        folder = build_testbed_vqa(root, sizes, seed, tasks, image_size, progress, canvas, canvas_place)
         super().__init__(processor, folder, sizes, tasks, seed=seed, batch_size=batch_size, max_length=max_length,
                          padding_side=padding_side, mask_prompt=mask_prompt, num_workers=num_workers,
                          progress=progress)
