@@ -26,7 +26,9 @@ The rule, stated before the seeds were measured, on several independently traine
   training seed's noise, which one seed's bootstrap over rows cannot see): "held" when it lies above 0 and no seed
   is against the claim; "did not hold" when it lies below 0 and no seed is for it; "depends on the training seed"
   when some seed is for the claim and another against it (each seed's own interval excluding 0, with opposite
-  signs); otherwise "within noise". The per-seed p-values and intervals are kept beside the verdict. A random plan
+  signs); otherwise "within noise". A claim made for every fit seed (router sensitivity) or operating point (MWOP)
+  is judged over the testbed seeds within each, and holds when it holds for every one. The per-seed p-values and
+  intervals are kept beside the verdict. A random plan
   judged as a criterion passes at most 2.5% of the time (the t interval's own guarantee), shown by a test that feeds
   random plans to the rule;
 - MAEP's closed-form alpha (``maep_global``) is judged only where the bootstrap interval of a = rho(t, v) -
@@ -85,6 +87,19 @@ def comparison_verdict(seeds: Sequence[Mapping[str, Any]]) -> str:
     """The rule of the module docstring against a named rival (a paper's own comparator) over per-seed
     ``{"paired_diff", "paired_ci"}`` records (not measured without seeds)."""
     return _over_seeds(seeds, lambda s: s["paired_ci"][0] > 0, lambda s: s["paired_ci"][1] < 0)
+
+
+def _grouped_verdict(seeds: Sequence[Mapping[str, Any]], verdict) -> str:
+    """``verdict`` over the testbed seeds within each group of records (one per fit seed of router sensitivity, one
+    per operating point of MWOP: a claim made for every one of them), then combined: held (did not hold) when every
+    group's is, depends on the training seed when one group's does, else within noise."""
+    groups: dict[Any, list[Mapping[str, Any]]] = {}
+    for record in seeds:
+        groups.setdefault((record.get("fit_seed"), record.get("operating_point")), []).append(record)
+    verdicts = {verdict(group) for group in groups.values()}
+    if len(verdicts) == 1:
+        return verdicts.pop()
+    return DEPENDS if DEPENDS in verdicts else NOISE
 
 
 def over_seeds(seeds: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -234,7 +249,8 @@ def claims_over_seeds(text: Sequence[Mapping[str, Any]] = (), mllm: Sequence[Map
         records = [r for _, found in per_table for r in found]
         seeds = [dict(r) for r in records if r is not None]
         complete = bool(records) and len(seeds) == len(records)
-        verdict = MISSING if not complete else claim_verdict(seeds) if rival is None else comparison_verdict(seeds)
+        verdict = MISSING if not complete else _grouped_verdict(seeds, claim_verdict if rival is None
+                                                                else comparison_verdict)
         verdict = _enough(verdict, seeds, min_seeds)
         if criterion == CLOSED_FORM and verdict not in (MISSING, FEW):
             noise = [(t.get("testbed") or {}).get("seed") for t in parts[testbed]

@@ -193,3 +193,23 @@ def test_a_testbed_seed_that_could_not_be_measured_leaves_its_checks_not_measure
     assert maep(claims)["verdict"] == f"{NOT_JUDGED} on testbed seeds [1]"
     fixed = next(c for c in claims if c["criterion"] == "maep_global_alpha0.3" and c["rival"] == "reap")
     assert fixed["verdict"] == HELD
+
+
+def test_a_claim_for_every_fit_seed_is_judged_within_each_then_combined() -> None:
+    """Router sensitivity's records, one per (testbed seed, fit seed): each fit seed judged over the testbed seeds;
+    the claim holds when it holds for every fit seed, and a fit seed within noise leaves it within noise."""
+    def text_table(seed: int, fit1: tuple[float, list[float]]) -> dict:
+        sure = {"null_size": NULL, "p_value": 1 / (NULL + 1), "p_value_below": 1.0, "paired_diff": 5.0 + seed,
+                "paired_ci": [3.0 + seed, 7.0 + seed], "testbed_seed": seed}
+        other = {**sure, "paired_diff": fit1[0], "paired_ci": fit1[1],
+                 "p_value": 1 / (NULL + 1) if fit1[1][0] > 0 else 0.5}
+        return {"rows": [{"criterion": "router_sensitivity", "ratio": 0.5, "standing": {"ppl": sure}},
+                         {"criterion": "router_sensitivity_fit1", "ratio": 0.5, "standing": {"ppl": other}}]}
+
+    def check(tables: list[dict]) -> dict:
+        return next(c for c in claims_over_seeds(text=tables) if c["criterion"] == "router_sensitivity*")
+
+    both = check([text_table(s, (4.0 + s, [2.0 + s, 6.0 + s])) for s in range(3)])
+    assert both["verdict"] == HELD and [s["fit_seed"] for s in both["seeds"]] == [0, 1] * 3
+    wobbly = check([text_table(s, (d, [d - 3.0, d + 3.0])) for s, d in enumerate((2.0, -1.0, 0.5))])
+    assert wobbly["verdict"] == NOISE
