@@ -213,3 +213,4 @@ def test_a_claim_for_every_fit_seed_is_judged_within_each_then_combined() -> Non
     assert both["verdict"] == HELD and [s["fit_seed"] for s in both["seeds"]] == [0, 1] * 3
     wobbly = check([text_table(s, (d, [d - 3.0, d + 3.0])) for s, d in enumerate((2.0, -1.0, 0.5))])
     assert wobbly["verdict"] == NOISE
+
