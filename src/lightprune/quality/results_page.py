@@ -285,8 +285,8 @@ def _canvas(tb: Mapping[str, Any]) -> str:
     data = tb["spec"].get("data") or {}
     if not data.get("canvas"):
         return ""
-    return (f"; each {data.get('image_size', 32)}-pixel picture at a random place on a {data['canvas']}-pixel "
-            "square of grey noise")
+    where = "in the middle of" if data.get("canvas_place") == "centre" else "at a random place on"
+    return f"; each {data.get('image_size', 32)}-pixel picture {where} a {data['canvas']}-pixel square of grey noise"
 
 
 def _image_task_metrics(r: Mapping[str, Any]) -> list[str]:
