@@ -327,9 +327,9 @@ def _maep_section(seeds: Sequence[Mapping[str, Any]]) -> list[str]:
         interval = seed.get("interval") or {}
         report = seed.get("report") or {}
         alpha = interval.get("alpha", report.get("closed_form"))
-        clamped = seed.get("clamped")
-        used = "-" if clamped is None else f"{clamped:.3f}" + (" (clamped)" if alpha is None or clamped != alpha
-                                                               else "")
+        closed, clamped = report.get("closed_form"), seed.get("clamped")  # the same pass's closed form and clamp
+        inside = closed is not None and 0.0 <= closed <= 1.0
+        used = "-" if clamped is None else f"{clamped:.3f}" + ("" if inside else " (clamped)")
         layers = "; ".join(f"{layer}: {_ci(v['a'], v['a_ci'], 2)}, {_ci(v['b'], v['b_ci'], 2)}"
                            for layer, v in (interval.get("layers") or {}).items())
         rows.append(f"| {seed['testbed_seed']} | {_ci(alpha, interval.get('alpha_ci'))} | {used} | "
@@ -348,8 +348,8 @@ def _maep_section(seeds: Sequence[Mapping[str, Any]]) -> list[str]:
             "judged only where a's interval excludes 0 on every seed.", "", *rows, ""]
 
 
-#: each image task's chance accuracy: one over its answer words
 def _chance(task: str) -> float | None:
+    """An image task's chance accuracy: one over its answer words (None for a task without a fixed answer set)."""
     from lightprune.data.generated.testbed_vqa import BAR_COLORS, COUNT_WORDS, DIGIT_WORDS
 
     answers = {"digit": DIGIT_WORDS, "chart_left": BAR_COLORS, "chart_tallest": BAR_COLORS,
