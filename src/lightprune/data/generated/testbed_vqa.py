@@ -48,11 +48,12 @@ from typing import Any
 
 from lightprune.data.pydoc_rows import corpus_splits
 
-__all__ = ["BAR_COLORS", "BAR_LEVELS", "CANVAS_GREY", "CANVAS_NOISE", "CANVAS_PLACES", "CHART_BACKGROUND", "CHART_DPI", "COUNT_WORDS", "DIGIT_WORDS", "MIN_IMAGE_SIZE",
-           "SYSTEM_PROMPT", "TASK_QUESTIONS", "TESTBED_VQA_EXTRA_TASKS", "TESTBED_VQA_SPLITS", "TESTBED_VQA_TASKS",
-           "TEXT_COMPLETION_CHARS", "TEXT_PROMPT", "TEXT_SOURCE_SPLITS", "Bar", "TestbedVQARow", "bar_boxes",
-           "check_canvas", "digit_images", "place_on_canvas", "render_bar_chart", "render_digit", "render_row", "testbed_vqa_splits", "testbed_vqa_texts",
-           "text_pool"]
+__all__ = ["BAR_COLORS", "BAR_LEVELS", "CANVAS_GREY", "CANVAS_NOISE", "CANVAS_PLACES", "CHART_BACKGROUND",
+           "CHART_DPI", "COUNT_WORDS", "DIGIT_WORDS", "MIN_IMAGE_SIZE", "SYSTEM_PROMPT", "TASK_QUESTIONS",
+           "TESTBED_VQA_EXTRA_TASKS", "TESTBED_VQA_SPLITS", "TESTBED_VQA_TASKS", "TEXT_COMPLETION_CHARS",
+           "TEXT_PROMPT", "TEXT_SOURCE_SPLITS", "Bar", "TestbedVQARow", "bar_boxes", "check_canvas", "digit_images",
+           "place_on_canvas", "render_bar_chart", "render_digit", "render_row", "testbed_vqa_splits",
+           "testbed_vqa_texts", "text_pool"]
 
 TESTBED_VQA_TASKS: tuple[str, ...] = ("digit", "chart_tallest", "chart_count", "text")
 #: tasks a caller may ask for beside the default :data:`TESTBED_VQA_TASKS` (left out of the default, so that the

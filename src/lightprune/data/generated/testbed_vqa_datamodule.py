@@ -10,8 +10,9 @@ Cache: ``<root>/testbed_vqa/<format>-<digest>/`` with ``{val,selection,calibrati
 split of 0 rows has no file), one ``<split>-<row>.png`` per image row and ``manifest.json`` (SHA-256 and
 size of every file, the generation parameters, rows per split). ``root`` is the given folder, else
 ``$LIGHTPRUNE_CACHE``, else ``~/.cache/lightprune``; the digest is of the parameters (seed, tasks, image
-size, split sizes, and the sources the rows depend on: the Python documentation's corpus version for
-``text``, matplotlib's version for charts), so other parameters get another folder. The folder is
+size, the canvas and its placement when set, split sizes, and the sources the rows depend on: the Python
+documentation's corpus version for ``text``, matplotlib's version for charts), so other parameters get another
+folder. The folder is
 written under a temporary name and renamed into place (the default corpus's helpers); a folder that
 fails its manifest is rebuilt, with a warning. A JSONL row is ``{"task", "messages", "answer"}`` plus
 ``"image"`` (the PNG's name) for image rows and what the row shows: ``"digit"`` (the index into
@@ -85,7 +86,8 @@ def build_testbed_vqa(root: str | os.PathLike | None, sizes: dict[str, int], see
     params = _params(sizes, seed, tasks, image_size, canvas, canvas_place)
     return build_qa_cache("testbed_vqa", TESTBED_VQA_FORMAT, root, params,
                           lambda: testbed_vqa_splits(params["sizes"], params["seed"], params["tasks"]),
-                          lambda row: render_row(row, params["image_size"], canvas, canvas_place), label="testbed VQA",
+                          lambda row: render_row(row, params["image_size"], canvas, canvas_place),
+                          label="testbed VQA",
                           progress=progress, progress_min_rows=_PROGRESS_MIN_ROWS)
 
 
