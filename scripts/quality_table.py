@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> Path:
         parts["claims"] = [c for c in fresh if c["testbed"] not in before] + \
             [c for c in parts.get("claims") or [] if c["testbed"] in before]  # "not measured" where never measured
         if seeded["mllm"]:  # MAEP's alpha on every multimodal seed, with its interval
-            from lightprune.quality.results_page import maep_seed_record
+            from lightprune.quality.maep_section import maep_seed_record
 
             parts["maep"] = [maep_seed_record(t) for t in seeded["mllm"] if "error" not in t]
     if args.benchmarks:

@@ -18,6 +18,7 @@ from lightprune.core.checks import ratio_count
 from lightprune.quality.bench_section import benchmarks_markdown
 from lightprune.quality.expert_quality import summarise
 from lightprune.quality.intervals import RESAMPLES, retention
+from lightprune.quality.maep_section import maep_section
 from lightprune.quality.width_quality import mwop_markdown, plot_mwop
 from lightprune.quality.width_recovery import mwop_recovery_markdown
 
@@ -303,51 +304,6 @@ def _vqa_tasks(tb: Mapping[str, Any]) -> str:
                      for t in tasks)
 
 
-def maep_seed_record(table: Mapping[str, Any]) -> dict[str, Any]:
-    """What the page's MAEP section shows of one multimodal testbed seed: the closed-form alpha, the alpha the
-    ``maep_global`` row used (clamped to [0, 1]) and the bootstrap intervals of a, b and alpha."""
-    return {"testbed_seed": (table.get("testbed") or {}).get("seed"), "alpha": table.get("maep_alpha"),
-            "clamped": table.get("maep_alpha_clamped"), "report": table.get("maep_alpha_report"),
-            "interval": table.get("maep_alpha_interval")}
-
-
-def _ci(value: float | None, interval: Sequence[float | None] | None, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if not interval or interval[0] is None:
-        return f"{value:.{digits}f}"
-    return f"{value:.{digits}f} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
-
-
-def _maep_section(seeds: Sequence[Mapping[str, Any]]) -> list[str]:
-    """MAEP's closed-form alpha on every multimodal testbed seed with its bootstrap interval, a and b per layer."""
-    rows = ["| testbed seed | closed-form alpha [95% interval] | alpha of maep_global | a = rho(t,v) - rho(t,la) | "
-            "b = rho(v,la) | a excludes 0 | per layer: a, b |", "|---|---|---|---|---|---|---|"]
-    for seed in seeds:
-        interval = seed.get("interval") or {}
-        report = seed.get("report") or {}
-        alpha = interval.get("alpha", report.get("closed_form"))
-        closed, clamped = report.get("closed_form"), seed.get("clamped")  # the same pass's closed form and clamp
-        inside = closed is not None and 0.0 <= closed <= 1.0
-        used = "-" if clamped is None else f"{clamped:.3f}" + ("" if inside else " (clamped)")
-        layers = "; ".join(f"{layer}: {_ci(v['a'], v['a_ci'], 2)}, {_ci(v['b'], v['b_ci'], 2)}"
-                           for layer, v in (interval.get("layers") or {}).items())
-        rows.append(f"| {seed['testbed_seed']} | {_ci(alpha, interval.get('alpha_ci'))} | {used} | "
-                    f"{_ci(interval.get('a', report.get('a')), interval.get('a_ci'))} | "
-                    f"{_ci(interval.get('b', report.get('b')), interval.get('b_ci'))} | "
-                    f"{'yes' if interval.get('a_excludes_zero') else 'no'} | {layers or '-'} |")
-    samples = next((s["interval"]["samples"] for s in seeds if s.get("interval")), None)
-    return ["## MAEP's alpha over testbed seeds", "",
-            "The closed form alpha = a / (a + b) of \"Modality-Aware Expert Pruning for MoE-Based Multimodal Large "
-            "Language Models\" (arXiv 2611.05927, section 5.3) on each multimodal testbed seed, with 95% percentile "
-            f"bootstrap intervals over the {samples or 'N'} calibration samples (lightprune.quality.alpha_interval). "
-            "Rules fixed before measuring: the `maep_global` row uses the closed form clamped to [0, 1] (at alpha = "
-            "0 it is text Delta-H ranked globally, the `delta_h_text_global` row); rows at the paper's fixed alphas "
-            "0.1, 0.3 and 0.8 (its Table 3) on every seed; REAP ranked globally (`reap_global`) beside them, so "
-            "that a win over REAP is credited to the allocation or to the modality term; the closed-form claims are "
-            "judged only where a's interval excludes 0 on every seed.", "", *rows, ""]
-
-
 def _chance(task: str) -> float | None:
     """An image task's chance accuracy: one over its answer words (None for a task without a fixed answer set)."""
     from lightprune.data.generated.testbed_vqa import BAR_COLORS, COUNT_WORDS, DIGIT_WORDS
@@ -463,7 +419,7 @@ def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm
                   maep: Sequence[Mapping[str, Any]] | None = None, command: str | None = None) -> Path:
     """Write ``<out>/RESULTS.md`` (+ ``results/results.json`` and PNGs) from the parts given; its path.
     ``claims``: the checks over testbed seeds (:func:`lightprune.quality.claims.claims_over_seeds`); ``maep``: MAEP's
-    alpha on each multimodal testbed seed (:func:`maep_seed_record`)."""
+    alpha on each multimodal testbed seed (:func:`~lightprune.quality.maep_section.maep_seed_record`)."""
     out = Path(out)
     (out / "results").mkdir(parents=True, exist_ok=True)
     text, mllm, mwop = page_tables(text), page_tables(mllm), page_tables(mwop)
@@ -491,7 +447,7 @@ def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm
     if text:
         lines += _text_section(text, out)
     if maep:
-        lines += _maep_section(maep)
+        lines += maep_section(maep)
     if mllm:
         lines += _mllm_section(mllm, out)
     if mwop:
