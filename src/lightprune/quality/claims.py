@@ -271,8 +271,9 @@ def claims_over_seeds(text: Sequence[Mapping[str, Any]] = (), mllm: Sequence[Map
 
 
 def _missing_why(table: Mapping[str, Any], criterion: str, ratio: float) -> str:
-    """Why one seed's table has no record for a check on ``criterion``: MAEP's closed-form alpha outside [0, 1]
-    (the paper's procedure then needs a given alpha), else the row is absent."""
+    """Why one seed's table has no record for a check on ``criterion``: MAEP's closed-form alpha undefined (its
+    clamped row needs a value; tables measured before the clamp also lack the row outside [0, 1]), else the row is
+    absent."""
     if criterion.startswith("maep") and table.get("maep_alpha_error"):
         return f"no {criterion} row: {table['maep_alpha_error']}"
     return f"no {criterion.rstrip('*')} record at {ratio:g}"
