@@ -11,6 +11,10 @@ script reads them with numpy and computes again, for every row of the text and m
 - against the random plans of the same ratio: the empirical p-values (1 + #{null >= v}) / (1 + N) both ways and
   the paired difference to the null's mean with its paired bootstrap interval; against each named rival the
   paired difference and its interval;
+- for every MWOP row (training-free and after recovery; random plans one by one): both ATRs (the mean over task
+  families of each family's retention: accuracy from the metric's sums, answer perplexity from nll / tokens) with
+  their bootstrap intervals (the rows resampled jointly), and each Taylor row's p-values among the random plans
+  and paired difference to their mean;
 - over the seeds, each claim's mean difference and its t interval (scipy's Student t),
 
 and compares each with the stored figure (p-values exactly, the rest within 1e-9 relative). It prints what it
@@ -27,6 +31,7 @@ import base64
 import json
 import math
 import sys
+import warnings
 import zlib
 from pathlib import Path
 
@@ -147,6 +152,124 @@ def check_seed(path: Path, checker: Checker) -> dict | None:
     return tables
 
 
+def task_means(kind: str, tasks: np.ndarray, dense: tuple, plans: list[tuple], include: np.ndarray,
+               index: np.ndarray | None = None) -> np.ndarray:
+    """[P, B]: each plan's mean over the included tasks of its per-task retention ("acc": 100 x v / dense; "ppl":
+    100 x exp(dense loss) / exp(loss)), on the rows of each resample of ``index`` [B, R] (None: every row once)."""
+    num_tasks = include.size
+    index = np.arange(tasks.size)[None, :] if index is None else index
+    cells = tasks.astype(np.int64)[index] + num_tasks * np.arange(index.shape[0])[:, None]
+
+    def per_task(n: np.ndarray, d: np.ndarray) -> np.ndarray:
+        size = index.shape[0] * num_tasks
+        sums = [np.bincount(cells.ravel(), weights=x[index].ravel(), minlength=size).reshape(-1, num_tasks)
+                for x in (n, d)]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = sums[0] / sums[1]
+        return np.exp(v) if kind == "ppl" else v
+
+    base = per_task(*dense)
+    out = []
+    for plan in plans:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kept = 100.0 * base / per_task(*plan) if kind == "ppl" else 100.0 * per_task(*plan) / base
+        kept = np.where(include[None, :] & np.isfinite(kept), kept, np.nan)
+        with warnings.catch_warnings():  # a resample without any included task: NaN, as torch's nanmean
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out.append(np.nanmean(kept, axis=1))
+    return np.stack(out)
+
+
+def check_width_seed(path: Path, checker: Checker) -> dict | None:
+    """An MWOP seed file: every row's ATRs and intervals, training-free and after recovery, from its records."""
+    tables = json.loads(path.read_text())["tables"]
+    if tables.get("records") is None:
+        print(f"{path.name}: no per-row records (measured before they were kept): skipped")
+        return None
+    num, den = {"token": ("right", "tokens"), "exact": ("exact", "answered"), "prob": ("prob", "tokens")}[
+        tables["metric"]]
+    num_tasks = len(tables["task_names"])
+
+    def unpacked(records: dict) -> tuple[np.ndarray, dict, dict]:
+        fields, tasks = records["fields"], unpack(records["task"])
+
+        def rows(text: str) -> dict:
+            return dict(zip(fields, unpack(text).reshape(len(fields), tasks.size)))
+
+        return tasks, rows(records["dense"]), {k: rows(v) for k, v in records["plans"].items()}
+
+    def include(dense: dict, plan: dict, tasks: np.ndarray) -> np.ndarray:
+        """The tasks with a defined retention: the dense score finite and non-zero, the plan's finite."""
+        scores = [np.bincount(tasks.astype(np.int64), weights=r[num], minlength=num_tasks) /
+                  np.bincount(tasks.astype(np.int64), weights=r[den], minlength=num_tasks) for r in (dense, plan)]
+        return np.isfinite(scores[0]) & (scores[0] != 0) & np.isfinite(scores[1])
+
+    def check_rows(rows: list, records: dict, where: str, recovered: bool) -> None:
+        tasks, before, plans = unpacked(records)
+        bootstrap = records["bootstrap"]
+        index, level = resample_rows(tasks.size, bootstrap), float(bootstrap["level"])
+        pairs = {"atr": ("acc", (num, den)), "answer_ppl_atr": ("ppl", ("nll", "tokens"))}
+
+        def means(key: str, reference: dict, mine: list[dict], keep: np.ndarray, idx=None) -> np.ndarray:
+            kind, (n, d) = pairs[key]
+            return task_means(kind, tasks, (reference[n], reference[d]), [(p[n], p[d]) for p in mine], keep, idx)
+
+        def figures(row: dict, plan: dict, reference: dict, label: str) -> None:
+            keep = include(reference, plan, tasks)
+            for key in pairs:
+                if row.get(key) is None:
+                    continue
+                checker.close(f"{label} {key}", means(key, reference, [plan], keep)[0, 0], row[key])
+                checker.close(f"{label} {key} interval",
+                              percentiles(means(key, reference, [plan], keep, index)[0], level),
+                              row[f"{key}_interval"])
+
+        def paired(key: str, plan: dict, null: list[dict], reference: dict, keep: np.ndarray, record: dict,
+                   label: str) -> None:
+            point = means(key, reference, [plan, *null], keep)[:, 0]
+            draws = means(key, reference, [plan, *null], keep, index)
+            checker.close(f"{label} {key} paired d", point[0] - point[1:].mean(), record["paired_diff"])
+            checker.close(f"{label} {key} paired interval", percentiles(draws[0] - draws[1:].mean(axis=0), level),
+                          record["paired_ci"])
+
+        reference = plans.get("dense/dense", before) if recovered else before
+        for row in rows:
+            point, method = row["operating_point"], row["method"]
+            if method == "dense" and not recovered:
+                continue  # the dense model against itself: 100 by definition
+            if method == "random" and "per_seed" in row:
+                entries = row["per_seed"]
+            else:
+                entries = [row]
+            for entry in entries:
+                seed = entry.get("seed")
+                key = f"{point}/{method}" if seed is None else f"{point}/random:{seed}"
+                label = f"{where} {key}"
+                figures(entry, plans[key], before if method == "dense" else reference, label)
+                null = [p for k, p in plans.items() if k.startswith(f"{point}/random:")]
+                stand = entry.get("standing") or {}
+                versus = (entry.get("versus") or {}).get("random") or {}
+                for metric, record in {**stand, **versus}.items():
+                    keep = include(reference, plans[key], tasks)
+                    if metric in stand:
+                        v = float(means(metric, reference, [plans[key]], keep)[0, 0])
+                        others = [float(means(metric, reference, [p], include(reference, p, tasks))[0, 0])
+                                  for p in null]
+                        checker.close(f"{label} {metric} null size", len(others), record["null_size"], exact=True)
+                        checker.close(f"{label} {metric} p", (1 + sum(x >= v for x in others)) / (1 + len(others)),
+                                      record["p_value"], exact=True)
+                        checker.close(f"{label} {metric} p below",
+                                      (1 + sum(x <= v for x in others)) / (1 + len(others)),
+                                      record["p_value_below"], exact=True)
+                    paired(metric, plans[key], null, reference, keep, record, label)
+
+    check_rows(tables["rows"], tables["records"], path.name, recovered=False)
+    if tables.get("recovery"):
+        check_rows(tables["recovery"]["rows"], tables["recovery"]["records"], f"{path.name} recovery",
+                   recovered=True)
+    return tables
+
+
 def check_claims(results: Path, checker: Checker) -> None:
     """Each claim's mean difference over seeds and its t interval, from the per-seed records the page keeps."""
     from scipy import stats
@@ -173,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     files = sorted((results / "seeds").glob("*-seed*.json"))
     recomputed = 0
     for path in files:
-        if path.name.startswith(("text-", "mllm-")):
-            recomputed += check_seed(path, checker) is not None
+        check = check_width_seed if path.name.startswith("mwop-") else check_seed
+        recomputed += check(path, checker) is not None
     check_claims(results, checker)
     print(f"{checker.checked} figures recomputed from {recomputed} seed files of {len(files)}; "
           f"{len(checker.bad)} disagree")

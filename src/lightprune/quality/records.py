@@ -17,6 +17,13 @@ The record of one seed::
                           "plans": {"<criterion>@<ratio>" | "random:<seed>@<ratio>": packed n}}}}
 
 A plan whose denominators differ from the dense model's keeps ``[packed n, packed d]`` instead of ``packed n``.
+
+MWOP's rows are means over task families of each family's retention (its ATR), so their record keeps each
+evaluation row's task id and, per plan, every sum those figures read (:class:`TaskRowRecords`)::
+
+    {"format": 1, "bootstrap": {...}, "fields": [the sums' names, e.g. "right", "tokens", "nll"],
+     "task": packed task ids [R], "dense": packed [F * R] (field-major), "plans": {"<point>/<method>" |
+     "<point>/random:<seed>": packed [F * R]}}
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["RECORD_FORMAT", "RowRecords", "as_recorded", "pack", "plan_key", "unpack"]
+__all__ = ["RECORD_FORMAT", "RowRecords", "TaskRowRecords", "as_recorded", "as_recorded_rows", "pack", "plan_key",
+           "unpack"]
 
 RECORD_FORMAT = 1
 
@@ -51,6 +59,12 @@ def as_recorded(sums: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[s
     """Row sums rounded to float32 (as :func:`pack` keeps them), in float64: what every figure is computed from."""
     return {m: tuple(torch.as_tensor(t).detach().flatten().to(torch.float32).double() for t in pair)
             for m, pair in sums.items()}
+
+
+def as_recorded_rows(rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-row sums ``{field: [R]}`` (e.g. :func:`~lightprune.width.retention.answer_row_sums`) rounded to float32
+    as :func:`pack` keeps them, in float64: what MWOP's figures are computed from (task ids are exact)."""
+    return {k: torch.as_tensor(v).detach().flatten().to(torch.float32).double() for k, v in rows.items()}
 
 
 def plan_key(name: str, ratio: float) -> str:
@@ -85,3 +99,35 @@ class RowRecords:
         return {"format": RECORD_FORMAT, "bootstrap": dict(self.bootstrap),
                 "metrics": {m: {"denominator": pack(self.dense[m][1]), "dense": pack(self.dense[m][0]),
                                 "plans": dict(self.plans[m])} for m in self.metrics}}
+
+
+class TaskRowRecords:
+    """Collects, for a table of task-mean figures (MWOP's ATRs), each row's task id and the dense model's and every
+    plan's sums of ``fields`` (:meth:`add`) into the record of the module docstring (:meth:`to_dict`)."""
+
+    def __init__(self, fields, dense: Mapping[str, torch.Tensor], *, resamples: int, seed: int, level: float):
+        self.fields = list(dict.fromkeys(fields))
+        missing = [f for f in ["task", *self.fields] if f not in dense]
+        if missing:
+            raise ValueError(f"the dense rows have no {missing} (they have {sorted(dense)})")
+        self.tasks = pack(dense["task"])
+        self.dense = self._packed(dense)
+        self.plans: dict[str, str] = {}
+        self.bootstrap = {"resamples": int(resamples), "seed": int(seed), "level": float(level),
+                          "rows": "torch.randint(0, R, (resamples, R), generator=torch.Generator().manual_seed(seed))"
+                                  " over the R rows; percentiles by linear interpolation"}
+
+    def _packed(self, rows: Mapping[str, torch.Tensor]) -> str:
+        return pack(torch.stack([torch.as_tensor(rows[f]).double().flatten() for f in self.fields]))
+
+    def add(self, key: str, rows: Mapping[str, torch.Tensor]) -> None:
+        """Keep the plan ``key``'s rows (the same rows, in the same order, as the dense model's)."""
+        if key in self.plans:
+            raise ValueError(f"plan {key!r} is recorded already")
+        if not torch.equal(torch.as_tensor(rows["task"]).double().flatten(), unpack(self.tasks)):
+            raise ValueError(f"plan {key!r}: its rows' task ids differ from the dense model's")
+        self.plans[key] = self._packed(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": RECORD_FORMAT, "bootstrap": dict(self.bootstrap), "fields": list(self.fields),
+                "task": self.tasks, "dense": self.dense, "plans": dict(self.plans)}

@@ -401,14 +401,13 @@ def _seeded_claims_section(claims: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def page_tables(part: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """One seed's tables as results.json keeps them: without the per-row records (they stay in the seed's own file,
-    ``seeds/<part>-seed<n>.json``) and without the random plans' masks (each is drawn again from its seed), so that
-    the page's file does not grow with the rows measured."""
+    ``seeds/<part>-seed<n>.json``; MWOP's recovery has its own), so that the page's file does not grow with the rows
+    measured."""
     if part is None:
         return None
     kept = {k: v for k, v in part.items() if k != "records"}
-    if "rows" in kept and any("per_seed" in r for r in kept["rows"]):  # MWOP: random rows keep seeds, not plans
-        kept["rows"] = [{**r, "per_seed": [{k: v for k, v in e.items() if k != "plan"} for e in r["per_seed"]]}
-                        if "per_seed" in r else r for r in kept["rows"]]
+    if isinstance(kept.get("recovery"), Mapping):
+        kept["recovery"] = {k: v for k, v in kept["recovery"].items() if k != "records"}
     return kept
 
 

@@ -27,7 +27,9 @@ Testbed VQA datamodule:
        FLOPs frac.  = decoder_flops(config, V, T, plan, align).fraction at ``align`` and at 1   (appendix D.4)
 
    with 95% paired bootstrap intervals of both ATRs over the val rows
-   (:func:`~lightprune.quality.intervals.task_mean_retention_interval`);
+   (:func:`~lightprune.quality.intervals.task_mean_retention_interval`), every figure computed from the rows'
+   sums rounded to float32 and kept per row (``records``, :class:`~lightprune.quality.records.TaskRowRecords`),
+   so that ``scripts/recompute_results.py`` computes each of them again from the seed's file;
 
    with (V, T) the val split's mean vision (image placeholder) and text tokens per sample, system tokens
    (those before a sample's first image token) and padding excluded, rounded to integers, as the search
@@ -53,7 +55,8 @@ from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.models.unwrap import base_model_of
 from lightprune.quality.evidence import standing
 from lightprune.quality.expert_quality import spread
-from lightprune.quality.intervals import task_mean_paired_difference, task_mean_retention_interval
+from lightprune.quality.intervals import RESAMPLES, task_mean_paired_difference, task_mean_retention_interval
+from lightprune.quality.records import TaskRowRecords, as_recorded_rows
 from lightprune.width.flops import decoder_flops
 from lightprune.width.mask import mask_width
 from lightprune.width.modality import token_profile
@@ -64,7 +67,7 @@ from lightprune.width.scorer import category_batches
 from lightprune.width.scorers import get_width_scorer
 from lightprune.width.select import select_channels, select_paths
 
-__all__ = ["PAPER_OPERATING_POINTS", "mwop_quality", "mwop_markdown", "plot_mwop"]
+__all__ = ["PAPER_OPERATING_POINTS", "mwop_quality", "mwop_markdown", "plot_mwop", "random_width_plan"]
 
 #: the paper's operating points, named by the model they were chosen for (units: :data:`WIDTH_UNITS`)
 PAPER_OPERATING_POINTS: dict[str, dict[str, float]] = {
@@ -139,7 +142,8 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
 
     Returns:
         ``{"metric", "align", "task_names", "profile", "val_rows_per_task", "end_of_turn_ids", "reference",
-        "scores", "rows"}``; every row has ``operating_point``, ``method`` (``dense``, ``taylor``,
+        "scores", "rows", "records"}`` (``records``: every row's task id and the sums every figure is computed
+        from, for the dense model and each plan keyed ``"<point>/<method>"`` or ``"<point>/random:<seed>"``); every row has ``operating_point``, ``method`` (``dense``, ``taylor``,
         ``taylor_all_tasks`` or ``random``), ``ratios``; dense and Taylor rows ``flops_fraction`` (at ``align``),
         ``flops_fraction_align_1``, ``atr`` and ``atr_interval``, ``answer_ppl_atr`` and
         ``answer_ppl_atr_interval``, ``per_task_accuracy``, ``per_task_answer_loss``, ``per_task_retention``,
@@ -147,7 +151,7 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
         ``standing``: ``{"atr": ..., "answer_ppl_atr": ...}``, each :func:`~lightprune.quality.evidence.standing`
         against the random plans of the same operating point (the p-value of its ATR among theirs, the paired
         difference of the task-mean retentions on the same val rows); random rows ``seeds``, ``per_seed`` (those
-        fields per seed) and mean / std (sample) / min / max of ``atr``, ``answer_ppl_atr``, both FLOPs fractions
+        fields per seed but the plan, which :func:`random_width_plan` draws again from the seed) and mean / std (sample) / min / max of ``atr``, ``answer_ppl_atr``, both FLOPs fractions
         and ``per_task_accuracy``. NaN (a task without samples, or without a defined retention) is written as None.
     """
     from tqdm.auto import tqdm
@@ -193,7 +197,7 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
             with mask_width(model, plan):
                 rows = answer_row_sums(model, val, len(names), end_ids)
         bar.update(1)
-        return rows
+        return as_recorded_rows(rows)  # the figures are computed from the sums the record keeps
 
     def row(plan: WidthPlan, rows: dict[str, torch.Tensor], dense: dict[str, torch.Tensor]) -> dict[str, Any]:
         return {"flops_fraction": decoder_flops(config, V, T, plan=plan, align=align).fraction,
@@ -204,6 +208,8 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
 
     try:
         reference = evaluate(None, DENSE)
+        records = TaskRowRecords((*METRIC_SUMS[metric], "nll", "tokens"), reference, resamples=RESAMPLES, seed=0,
+                                 level=0.95)
         rows = [{"operating_point": DENSE, "method": DENSE, "ratios": {}, **row(dense_plan, reference, reference)}]
         taylor, all_tasks_scorer = get_width_scorer("taylor"), get_width_scorer("min_rank")
         bar.set_postfix_str("taylor: attention")
@@ -223,6 +229,7 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
                 plan = select_channels(ffn.ffn, channels, plan)
             plan.metadata.update({"method": "taylor", "operating_point": name})
             sums = {"taylor": evaluate(plan, f"{name} taylor")}
+            records.add(f"{name}/taylor", sums["taylor"])
             rows.append({"operating_point": name, "method": "taylor", "ratios": dict(ratios),
                          **row(plan, sums["taylor"], reference)})
             if by_task:
@@ -235,19 +242,19 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
                     plan = select_channels(ffn_all.ffn, channels, plan)
                 plan.metadata.update({"method": "taylor_all_tasks", "operating_point": name})
                 sums["taylor_all_tasks"] = evaluate(plan, f"{name} all tasks")
+                records.add(f"{name}/taylor_all_tasks", sums["taylor_all_tasks"])
                 rows.append({"operating_point": name, "method": "taylor_all_tasks", "ratios": dict(ratios),
                              **row(plan, sums["taylor_all_tasks"], reference)})
             if not random_seeds:
                 continue
             per_seed, null = [], []
             for seed in range(random_seeds):
-                drawn = get_width_scorer("random", seed=seed).score(base, attention=True, ffn=bool(channels))
-                plan = select_paths(drawn.attn, paths, dense_plan)
-                if channels:
-                    plan = select_channels(drawn.ffn, channels, plan)
-                plan.metadata.update({"method": "random", "operating_point": name, "seed": seed})
+                plan = random_width_plan(base, ratios, seed, dense_plan)
+                plan.metadata["operating_point"] = name
                 null.append(evaluate(plan, f"{name} random {seed}"))
-                per_seed.append({"seed": seed, **row(plan, null[-1], reference)})
+                records.add(f"{name}/random:{seed}", null[-1])
+                scored = row(plan, null[-1], reference)
+                per_seed.append({"seed": seed, **{k: v for k, v in scored.items() if k != "plan"}})
             for mine in (r for r in rows if r["operating_point"] == name and r["method"] != "random"):
                 mine["standing"] = _standing(mine, sums[mine["method"]], per_seed, null, reference, metric,
                                              testbed_seed)
@@ -267,7 +274,22 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
             "end_of_turn_ids": list(end_ids),
             "reference": {n: _nan_to_none(s)
                           for n, s in zip(names, task_scores(reference, len(names), metric).tolist())},
-            "scores": scores_out, "rows": rows}
+            "scores": scores_out, "rows": rows, "records": records.to_dict()}
+
+
+def random_width_plan(model: torch.nn.Module, ratios: Mapping[str, float], seed: int,
+                      dense_plan: WidthPlan | None = None) -> WidthPlan:
+    """The random plan of ``seed`` at ``ratios`` ({unit: ratio}): uniform scores (scorer ``random``: the same for the
+    same seed and unit shapes, whatever the weights) ranked as Taylor's are, paths first, then FFN channels."""
+    paths, channels = _split(ratios)
+    base = base_model_of(model)
+    dense_plan = WidthPlan.dense(base) if dense_plan is None else dense_plan
+    drawn = get_width_scorer("random", seed=seed).score(base, attention=True, ffn=bool(channels))
+    plan = select_paths(drawn.attn, paths, dense_plan)
+    if channels:
+        plan = select_channels(drawn.ffn, channels, plan)
+    plan.metadata.update({"method": "random", "seed": seed})
+    return plan
 
 
 def _scored(rows: Mapping[str, torch.Tensor], dense: Mapping[str, torch.Tensor], names: list[str],

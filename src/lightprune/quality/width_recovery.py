@@ -16,11 +16,13 @@ from lightprune.core.checks import check_positive_int
 from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.models.unwrap import base_model_of
 from lightprune.quality.expert_quality import spread
-from lightprune.quality.width_quality import DENSE, _loader, _num, _scored, _spread, _versus
+from lightprune.quality.intervals import RESAMPLES
+from lightprune.quality.records import TaskRowRecords, as_recorded_rows
+from lightprune.quality.width_quality import DENSE, _loader, _num, _scored, _spread, _versus, random_width_plan
 from lightprune.width.flops import decoder_flops
 from lightprune.width.mask import mask_width
 from lightprune.width.plan import WidthPlan
-from lightprune.width.retention import answer_row_sums
+from lightprune.width.retention import METRIC_SUMS, answer_row_sums
 
 __all__ = ["mwop_recovery", "mwop_recovery_markdown"]
 
@@ -66,7 +68,9 @@ def mwop_recovery(model: torch.nn.Module, dm: Any, result: Mapping[str, Any], *,
     is too small for the paper's LoRA (r = 128 on a 128-wide model), so the language model is fine-tuned in full,
     with the paper's schedule (cosine, 3% warm-up, weight decay 0).
 
-    Returns ``{"epochs", "steps", "learning_rate", "rows"}``: rows with ``operating_point``, ``method``
+    Returns ``{"epochs", "steps", "learning_rate", "rows", "records"}`` (``records``: the rows' sums before
+    recovery as ``dense`` and each recovered plan's, keyed as :func:`mwop_quality`'s, the recovered dense model
+    ``dense/dense``): rows with ``operating_point``, ``method``
     (``dense``, ``taylor``, ``taylor_all_tasks`` or ``random`` with ``seed``), ``flops_fraction`` and
     :func:`mwop_quality`'s scores (ATRs with intervals, per-task accuracy, answer loss and retention), recovered;
     Taylor rows also ``versus``: ``{"random": {"atr": ..., "answer_ppl_atr": ...}}``, each ``{"testbed_seed",
@@ -86,20 +90,24 @@ def mwop_recovery(model: torch.nn.Module, dm: Any, result: Mapping[str, Any], *,
     config = base_model_of(model).config
     V, T = result["profile"]["vision_tokens"], result["profile"]["text_tokens"]
     metric, align = result["metric"], result["align"]
-    before = answer_row_sums(model, val, len(names), end_ids)
+    before = as_recorded_rows(answer_row_sums(model, val, len(names), end_ids))
+    records = TaskRowRecords((*METRIC_SUMS[metric], "nll", "tokens"), before, resamples=RESAMPLES, seed=0,
+                             level=0.95)
     jobs = []
     for r in result["rows"]:
         if r["method"] in (DENSE, "taylor", "taylor_all_tasks"):
-            jobs.append((r["operating_point"], r["method"], None, r["plan"]))
+            jobs.append((r["operating_point"], r["method"], None, WidthPlan.from_dict(r["plan"])))
         elif r["method"] == "random":
-            jobs += [(r["operating_point"], "random", e["seed"], e["plan"]) for e in r["per_seed"][:random_seeds]]
+            jobs += [(r["operating_point"], "random", e["seed"], random_width_plan(model, r["ratios"], e["seed"]))
+                     for e in r["per_seed"][:random_seeds]]
     show = sys.stderr.isatty() if progress is None else bool(progress)
     recovered = []
-    for point, method, seed, plan_dict in tqdm(jobs, desc="MWOP recovery", unit="plan", disable=not show):
-        plan = WidthPlan.from_dict(plan_dict)
+    for point, method, seed, plan in tqdm(jobs, desc="MWOP recovery", unit="plan", disable=not show):
         trained = _recover(model, plan, train, steps, learning_rate, seed=0 if seed is None else seed)
         with mask_width(trained, plan):
-            recovered.append((point, method, seed, plan, answer_row_sums(trained, val, len(names), end_ids)))
+            sums = as_recorded_rows(answer_row_sums(trained, val, len(names), end_ids))
+        records.add(f"{point}/{method}" if seed is None else f"{point}/random:{seed}", sums)
+        recovered.append((point, method, seed, plan, sums))
     dense = next((sums for _, method, _, _, sums in recovered if method == DENSE), before)
     rows = []
     for point, method, seed, plan, sums in recovered:
@@ -109,7 +117,8 @@ def mwop_recovery(model: torch.nn.Module, dm: Any, result: Mapping[str, Any], *,
         null = [s for p, m, _, _, s in recovered if p == point and m == "random"]
         if method == "taylor" and null:
             rows[-1]["versus"] = {"random": _versus(rows[-1], sums, null, dense, metric, testbed_seed)}
-    return {"epochs": epochs, "steps": steps, "learning_rate": learning_rate, "rows": rows}
+    return {"epochs": epochs, "steps": steps, "learning_rate": learning_rate, "rows": rows,
+            "records": records.to_dict()}
 
 
 def mwop_recovery_markdown(recovery: Mapping[str, Any]) -> str:

@@ -10,6 +10,7 @@ import statistics
 
 import pytest
 import torch
+from fixtures import REPO
 
 import lightprune as lp
 from lightprune.quality.width_quality import PAPER_OPERATING_POINTS, mwop_markdown, mwop_quality, plot_mwop
@@ -48,6 +49,14 @@ def result(run):
 
 def _rows(result, method):
     return {r["operating_point"]: r for r in result["rows"] if r["method"] == method}
+
+
+def _plan(row, entry, model) -> WidthPlan:
+    """A row's plan: kept with Taylor and dense rows, drawn again from its seed for a random plan."""
+    from lightprune.quality.width_quality import random_width_plan
+
+    return random_width_plan(model, row["ratios"], entry["seed"]) if row["method"] == "random" else \
+        WidthPlan.from_dict(entry["plan"])
 
 
 def _pruned_units(plan: WidthPlan, column: int) -> set[tuple[int, int]]:
@@ -135,7 +144,7 @@ def test_token_profile_and_flops(result, testbed):
     assert profile["vision_tokens"] > 0 and profile["text_tokens"] > 0
     for row in result["rows"]:
         for entry in row.get("per_seed", [row]):
-            plan = WidthPlan.from_dict(entry["plan"])
+            plan = _plan(row, entry, model)
             flops = lp.decoder_flops(model.config, profile["vision_tokens"], profile["text_tokens"], plan=plan,
                                      align=ALIGN)
             assert entry["flops_fraction"] == flops.fraction
@@ -148,14 +157,14 @@ def test_token_profile_and_flops(result, testbed):
         assert row["flops_fraction"]["min"] == min(fractions) and row["flops_fraction"]["max"] == max(fractions)
 
 
-def test_plans_prune_the_asked_share(result):
+def test_plans_prune_the_asked_share(result, testbed):
     rows = [r for r in result["rows"] if r["method"] != "dense"]
     assert {r["operating_point"] for r in rows} == set(PAPER_OPERATING_POINTS)
     for row in rows:
         ratios = PAPER_OPERATING_POINTS[row["operating_point"]]
         assert row["ratios"] == ratios
         for entry in row.get("per_seed", [row]):
-            plan = WidthPlan.from_dict(entry["plan"])
+            plan = _plan(row, entry, testbed[0])
             heads = sum(plan.num_heads.values())
             for column, path in enumerate(PATHS):
                 pruned = sum(int((~keep[:, column]).sum()) for keep in plan.attn_keep.values())
@@ -218,11 +227,23 @@ def test_all_tasks_plans_rank_by_the_minimum_of_the_task_families_ranks(result, 
     assert any(_rows(result, "taylor_all_tasks")[n]["plan"] != taylor[n]["plan"] for n in taylor)
 
 
-def test_random_rows(result):
+def test_random_rows(result, testbed):
+    """Random rows keep their seeds, not their masks: each plan is drawn again from its seed (the same masks for the
+    same seed, whatever the weights: a model of the same shapes with other weights draws the same plan)."""
+    from lightprune.quality.width_quality import random_width_plan
+
+    model, _ = testbed
+    other = type(model)(model.config)
     for name, row in _rows(result, "random").items():
         assert row["seeds"] == list(range(SEEDS)) and len(row["per_seed"]) == SEEDS
-        plans = [json.dumps(e["plan"]["attn_keep"], sort_keys=True) for e in row["per_seed"]]
+        assert all("plan" not in e for e in row["per_seed"])
+        drawn = [random_width_plan(model, row["ratios"], e["seed"]) for e in row["per_seed"]]
+        plans = [json.dumps(p.to_dict()["attn_keep"], sort_keys=True) for p in drawn]
         assert len(set(plans)) == SEEDS, f"{name}: random seeds gave identical attention plans"
+        assert [random_width_plan(other, row["ratios"], e["seed"]).to_dict() for e in row["per_seed"]] == \
+            [p.to_dict() for p in drawn]
+        for plan, entry in zip(drawn, row["per_seed"]):
+            assert {u: plan.pruned_fraction(u) for u in entry["pruned"]} == entry["pruned"]
         atrs = [e["atr"] for e in row["per_seed"]]
         assert row["atr"]["mean"] == pytest.approx(statistics.fmean(atrs), rel=1e-12)
         assert row["atr"]["std"] == pytest.approx(statistics.stdev(atrs), rel=1e-12, abs=1e-12)
@@ -335,6 +356,42 @@ def test_recovery_rows(result, testbed):
     text = mwop_recovery_markdown(moved)
     assert "after recovery" in text and f"{moved['steps']} steps" in text
     _check_claims({**result, "recovery": moved})
+    _check_records({**result, "recovery": moved})
+
+
+def _check_records(table) -> None:
+    """scripts/recompute_results.py recomputes every ATR, interval, p-value and paired difference of the table
+    (training-free and after recovery, random plans one by one) from its records alone, and catches a row sum
+    changed by a thousandth."""
+    import importlib.util
+    import tempfile
+    from pathlib import Path
+
+    from lightprune.quality.records import pack
+
+    spec = importlib.util.spec_from_file_location("recompute_results", REPO / "scripts" / "recompute_results.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "mwop-seed0.json"
+        path.write_text(json.dumps({"tables": table}))
+        checker = script.Checker()
+        assert script.check_width_seed(path, checker) is not None
+        randoms = sum(len(r["per_seed"]) for r in table["rows"] if r["method"] == "random")
+        # per scored plan two values and two intervals; per Taylor row three p-values and a paired d and interval
+        assert checker.bad == [] and checker.checked > 4 * (randoms + len(table["recovery"]["rows"]))
+        broken = json.loads(path.read_text())
+        key = next(k for k in broken["tables"]["records"]["plans"] if "/taylor" in k)
+        rows = script.unpack(broken["tables"]["records"]["plans"][key])
+        fields = broken["tables"]["records"]["fields"]
+        count = rows.size // len(fields)
+        nll = rows[fields.index("nll") * count:(fields.index("nll") + 1) * count]
+        nll[int(nll.argmax())] *= 1.001  # the largest row nll, by a thousandth (a view: changes rows)
+        broken["tables"]["records"]["plans"][key] = pack(torch.from_numpy(rows))
+        path.write_text(json.dumps(broken))
+        checker = script.Checker()
+        script.check_width_seed(path, checker)
+        assert any(key in line and "answer_ppl_atr" in line for line in checker.bad)
 
 
 def _check_claims(table) -> None:
