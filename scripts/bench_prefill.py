@@ -1,4 +1,5 @@
-"""Dense vs MWOP-pruned prefill time, side by side in one run (paper 002, appendix D.5 "Latency Evaluation").
+"""Dense vs MWOP-pruned prefill time, side by side in one run (MWOP ("MWOP: Modality-aware Width-wise Operation
+Pruning for Efficient MLLMs"), appendix D.5 "Latency Evaluation").
 
 Each comparison warms both sides up, then times them interleaved (the order alternates every repeat) and
 prints ``pruned/dense`` as the ratio of medians and of minimums, next to the retained-FLOPs fraction of

@@ -1,4 +1,5 @@
-"""The MAEP paper's validations as a command (App. I and the ranking-stability check).
+"""The validations of MAEP ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language Models", arXiv
+2611.05927) as a command (appendix I and the ranking-stability check of appendix G).
 
 1. Ground truth: on n calibration samples, the LM-head KL caused by removing each expert of each
    MoE layer alone, and the per-layer Spearman rho of delta_h, reap and routing_kl against it.

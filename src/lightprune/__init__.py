@@ -1,6 +1,6 @@
 """lightprune: fine-tune, score, prune and export Mixture-of-Experts LLMs and MLLMs.
 
-The public API (names and signatures are stable; see DESIGN.md)::
+The public API (names and signatures are stable; see docs/python-api.md)::
 
     layers = lp.find_moe_layers(model)
     imp = lp.score_weights(model, "aimer")
@@ -15,7 +15,7 @@ The public API (names and signatures are stable; see DESIGN.md)::
     with lp.merged_experts(model, mplan): ...         # reversible
     lp.export_pruned(model, mplan, out_dir)           # merge + save + reload + verify
 
-    # MWOP: width pruning of MLLMs (paper 002)
+    # MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"): width pruning of MLLMs
     scores = lp.taylor_importance(model, batches, attention=True)
     wplan = lp.select_paths(scores.attn, {"v2v": 0.4}, lp.WidthPlan.dense(model))
     with lp.mask_width(model, wplan): ...

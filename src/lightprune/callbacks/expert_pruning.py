@@ -74,7 +74,9 @@ class ExpertPruning(JobEndCallback):
         subset: the token subset of a calibration criterion (``all``, ``text``, ``vision``, ...).
         alpha: MAEP's mixing weight (None: its closed form).
         ratio: fraction of routed experts to prune, in [0, 1) (``null`` with ``n_per_layer``).
-        n_per_layer: prune exactly this many experts from every layer instead (paper 003).
+        n_per_layer: prune exactly this many experts from every layer instead (router sensitivity ("Router
+            Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models"),
+            section 3.4).
         allocation: ``uniform`` (same count per layer) or ``global`` (one ranking over layers).
         normalize: ``None`` or ``log_zscore`` (per-layer z-score of log values before a global ranking).
         seed: passed to criteria named by string whose constructor takes ``seed`` (``random``).

@@ -1,4 +1,5 @@
-"""WidthExport: write the MWOP search's chosen model as a verified width checkpoint (paper 002, D.5).
+"""WidthExport: write the MWOP search's chosen model as a verified width checkpoint (MWOP ("MWOP: Modality-aware
+Width-wise Operation Pruning for Efficient MLLMs"), appendix D.5).
 
 At the end of the fit (phase ``export``) it takes the run state's width plan (the :class:`WidthSearch`'s
 choice; the model is left with the chosen candidate's recovered weights and masks) or ``plan_path``; computes the masked model's logits on a

@@ -1,4 +1,5 @@
-"""WidthSearch: MWOP's staged search with recovery epochs as a Lightning callback (paper 002, Algorithm 1).
+"""WidthSearch: MWOP's staged search with recovery epochs as a Lightning callback (MWOP ("MWOP: Modality-aware
+Width-wise Operation Pruning for Efficient MLLMs"), Alg. 1).
 
 The fit loop's epochs are the recovery epochs of the candidates, one candidate after another; the
 callback owns the schedule, in the manner of Lightning's ``BaseFinetuning``:
@@ -80,9 +81,9 @@ class WidthSearch(pl.Callback):
         expand_above: a recovered ATR at or above this queues the next larger ratio.
         recovery_epochs: epochs of recovery per candidate (the paper: 1).
         metric: per-task score, ``token`` (answer-token accuracy) or ``exact`` (whole-answer match).
-        last_layer_first: spend the visual FFN budget on the last layer first (paper 002, section 5).
+        last_layer_first: spend the visual FFN budget on the last layer first (MWOP section 5).
         flops_profile: (vision tokens, text tokens) for the FLOPs of the final revisit; default: the mean
-            counts of the evaluation set (system tokens excluded, paper D.4).
+            counts of the evaluation set (system tokens excluded, MWOP appendix D.4).
         align: FFN channel alignment b of the FLOPs count.
         output_dir: where width_plan.json, search.json and candidates/ go (default: the trainer's root dir).
         progress: show a progress bar across stages and over evaluation batches.

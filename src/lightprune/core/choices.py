@@ -9,7 +9,8 @@ from __future__ import annotations
 __all__ = ["SUBSETS", "ATTENTION_SUBSETS", "VISION_SUBSETS", "ALLOCATIONS", "NORMALIZATIONS", "RETENTION_METRICS",
            "SENSITIVITY_SCORES", "QUANTIZE_FORMATS"]
 
-#: token subsets a calibration statistic is taken over (METHODS.md, "Token subsets")
+#: token subsets a calibration statistic is taken over (the attention subsets: MAEP ("Modality-Aware Expert Pruning
+#: for MoE-Based Multimodal Large Language Models", arXiv 2611.05927), sections 4.2 and 5.2)
 SUBSETS = ("all", "text", "vision", "vision_low_attn", "vision_high_attn")
 ATTENTION_SUBSETS = ("vision_low_attn", "vision_high_attn")
 VISION_SUBSETS = ("vision",) + ATTENTION_SUBSETS

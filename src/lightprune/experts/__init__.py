@@ -1,4 +1,8 @@
-"""The depth axis: whole routed experts scored, selected, masked, pruned (papers 001, 003, 004).
+"""The depth axis: whole routed experts scored, selected, masked, pruned.
+
+The methods: MAEP ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language Models", arXiv
+2611.05927), AIMER ("AIMER: Calibration-Free Task-Agnostic MoE Pruning", arXiv 2603.18492) and router sensitivity
+("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models").
 
 - :mod:`.plan` (:class:`ExpertPlan`, the only thing passed from scoring to surgery), :mod:`.scores`
   (:class:`ExpertScores`, higher = keep), :mod:`.select` (scores -> plan), :mod:`.mask` (reversible),
@@ -6,7 +10,7 @@
 - :mod:`.criteria`: every criterion behind one registry, weight criteria (AIMER, magnitude, router norm,
   random) and calibration criteria (frequency, SEER, EAN, REAP, routing KL, Delta-H, MAEP) alike;
 - :mod:`.calibration`: the observed calibration pass and its statistics; :mod:`.maep`: MAEP's combination
-  and closed-form alpha; :mod:`.sensitivity`: router-sensitivity scores of an adapter fit (paper 003);
+  and closed-form alpha; :mod:`.sensitivity`: router-sensitivity scores of an adapter fit;
   :mod:`.ranking`: rank statistics.
 
 May import: models, observe and the shared leaves (batch, jsonio, distributed, errors, checks); never

@@ -1,4 +1,5 @@
-"""MAEP combination: text-side and low-attention-vision Delta-H into one importance (paper 000, 5.3).
+"""MAEP combination: text-side and low-attention-vision Delta-H into one importance (MAEP ("Modality-Aware Expert
+Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927), section 5.3).
 
 Per layer l and token subset, z~(l, j) = (log(dH(l, j) + 1e-8) - mu_l) / sigma_l (mean and the
 population standard deviation over the layer's experts; :func:`lightprune.experts.select.log_zscore`),
@@ -16,8 +17,8 @@ where rho(x, y) = (1 / L) sum_l rho_l(dH_x^(l), dH_y^(l)) is the Spearman correl
 raw Delta-H of two subsets over one layer's experts, averaged over the MoE layers (t = ``text``,
 v = ``vision``, la = ``vision_low_attn``). The paper notes a, b > 0 on its models, keeping alpha in
 [0, 1]; a closed-form alpha outside [0, 1], undefined (a + b = 0) or NaN is an error here
-(METHODS.md) and the caller must pass alpha explicitly. A given alpha skips that check but must
-itself lie in [0, 1].
+(lightprune's rule: the paper does not say) and the caller must pass alpha explicitly. A given alpha
+skips that check but must itself lie in [0, 1].
 
 Rules where the paper is silent:
 
@@ -30,7 +31,7 @@ Rules where the paper is silent:
   equality of the logs, since their float std need not be exactly 0): that subset then carries no
   information in that layer and s comes from the other term alone; no NaN arises.
 - a <= 0 with b < 0 gives an alpha inside [0, 1] that the paper's reading (a, b > 0) does not
-  cover; it is accepted, as METHODS.md's [0, 1] rule allows, with a warning.
+  cover; it is accepted, as the [0, 1] rule above allows, with a warning.
 
 Allocation (:func:`maep_plan`): the paper ranks all (l, j) by s globally and prunes the lowest
 floor(r x N_total), here subject to each layer's floor (top-k, groups) as ``select_experts`` does.

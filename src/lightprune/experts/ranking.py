@@ -1,7 +1,8 @@
 """Spearman rank correlation, float64, with average ranks for ties.
 
-Used by MAEP's closed-form alpha (paper 000, section 5.3), the Delta-H validation against the
-ground-truth KL (App. I) and ranking stability across calibration sets.
+Used by the closed-form alpha of MAEP ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language
+Models", arXiv 2611.05927), section 5.3, MAEP's Delta-H validation against the ground-truth KL (appendix I) and
+ranking stability across calibration sets.
 """
 
 from __future__ import annotations

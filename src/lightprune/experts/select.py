@@ -2,7 +2,9 @@
 
 - uniform: every layer prunes floor(ratio x E_l) of its lowest-importance experts.
 - global: all (layer, expert) pairs ranked together; the lowest floor(ratio x N_total) are
-  pruned, skipping any that would take a layer below its floor (METHODS.md; MAEP section 5.3).
+  pruned, skipping any that would take a layer below its floor (the floor: docs/python-api.md; the global
+  ranking: MAEP ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language Models", arXiv
+  2611.05927), section 5.3).
 
 The counts are exact: ratio is the decimal it was written as (:func:`lightprune.core.checks.ratio_count`), so
 0.29 of 100 experts is 29, not the 28 of ``math.floor(0.29 * 100)`` in binary floating point.
@@ -78,9 +80,10 @@ def select_experts(importance: Mapping[int, torch.Tensor], ratio: float | None, 
 
     ``limits`` (per layer top-k, groups) defaults to ``importance.limits`` when the scores come
     from lightprune (``ExpertScores``). ``n_per_layer`` (with ``ratio=None``) prunes exactly that many
-    experts from every layer instead (paper 003's uniform count). Errors name the bad value: a ratio
-    outside [0, 1), an unknown allocation or normalisation, non-finite scores, scores that cannot be
-    ranked (bool, complex, on the meta device: :func:`~lightprune.experts.scores.check_score_values`),
+    experts from every layer instead (the uniform count of router sensitivity ("Router Sensitivity Under
+    Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models"), section 3.4). Errors name
+    the bad value: a ratio outside [0, 1), an unknown allocation or normalisation, non-finite scores, scores that
+    cannot be ranked (bool, complex, on the meta device: :func:`~lightprune.experts.scores.check_score_values`),
     a ratio that would cut below a floor.
     """
     return _select(importance, ratio, allocation, normalize, limits=limits, criterion=criterion,

@@ -311,8 +311,9 @@ def plan_with_mtp(skeleton: Skeleton, plan: ExpertPlan, layers: list[MoELayer]) 
     what the manifest says of them ({layer: kept ids, chosen by}). Each MTP layer keeps as many experts as the
     written config names for a layer (the plan's count when it is uniform, its largest otherwise), so the MTP
     layer's tensors agree with the config: the plan's own ids for a layer it names (refused at another count), else
-    the experts its own weights rank first by AIMER ("AIMER: Calibration-Free Task-Agnostic MoE Pruning", section
-    4.2): a calibration run does not reach the MTP layer, and the ids of another layer name other experts."""
+    the experts its own weights rank first by AIMER ("AIMER: Calibration-Free Task-Agnostic MoE Pruning", arXiv
+    2603.18492, section 4.2): a calibration run does not reach the MTP layer, and the ids of another layer name other
+    experts."""
     mtp = [layer for layer in layers if layer.index in skeleton.built_mtp_layers]
     named = [len(ids) for index, ids in plan.keep.items() if index not in skeleton.built_mtp_layers]
     if not mtp or not named:

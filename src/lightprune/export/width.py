@@ -1,5 +1,6 @@
-"""Save and load an MWOP width-pruned checkpoint (paper 002, appendix D.5): :func:`save_width_pruned` (the format's names and the
-loader's kernel swap are in :mod:`lightprune.export.width_format`).
+"""Save and load an MWOP width-pruned checkpoint (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for
+Efficient MLLMs"), appendix D.5): :func:`save_width_pruned` (the format's names and the loader's kernel swap are
+in :mod:`lightprune.export.width_format`).
 
 MWOP keeps every weight (the plan removes attention paths and FFN channel executions, not parameters),
 so the checkpoint is the model's own ``save_pretrained`` plus ``width_plan.json`` and a manifest

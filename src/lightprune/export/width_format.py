@@ -1,5 +1,6 @@
-"""The MWOP width-export format (paper 002, appendix D.5): file names, the manifest, and the kernel swap
-:func:`lightprune.export.load_pruned` applies when a checkpoint holds ``width_plan.json``.
+"""The MWOP width-export format (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"),
+appendix D.5): file names, the manifest, and the kernel swap :func:`lightprune.export.load_pruned` applies when a
+checkpoint holds ``width_plan.json``.
 
 The manifest's file name is the one every export writes (:data:`lightprune.export.result.MANIFEST_FILE`);
 ``MANIFEST_NAME``, its name here until 0.2, is a deprecated alias.

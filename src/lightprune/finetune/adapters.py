@@ -1,4 +1,5 @@
-"""Parameter-efficient adapters as measuring instruments of router sensitivity (paper 003, sections 3.3-4).
+"""Parameter-efficient adapters as measuring instruments of router sensitivity ("Router Sensitivity Under
+Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models", sections 3.3-4).
 
 An adapter is fitted briefly, read, then discarded: the plan is applied to the original weights.
 
@@ -7,9 +8,10 @@ An adapter is fitted briefly, read, then discarded: the plan is applied to the o
   (the fused ``gate_up_proj`` / ``down_proj`` parameters, also ``target_parameters``), ``attention`` (every
   ``nn.Linear`` inside the decoder layers' ``self_attn``), ``all_linear`` (every ``nn.Linear`` except the
   output head, plus router and experts), ``language_model`` (every ``nn.Linear`` inside the language model's
-  decoder layers, attention and dense MLP alike; the vision tower and the projector are left out: MWOP's
-  recovery, paper 002 D.7; routers and fused experts are not ``nn.Linear`` and stay frozen). peft's parameter LoRA (``ParamWrapper``) cannot apply dropout to its
-  input, so a LoRA that targets parameters trains with dropout 0 (a warning says so).
+  decoder layers, attention and dense MLP alike; the vision tower and the projector are left out: the recovery of
+  MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), appendix D.7; routers and fused
+  experts are not ``nn.Linear`` and stay frozen). peft's parameter LoRA (``ParamWrapper``) cannot apply dropout
+  to its input, so a LoRA that targets parameters trains with dropout 0 (a warning says so).
 - ``ia3``: peft IA3 scales the outputs of the attention projections; the router input and the input of the
   experts' down projection are scaled by :mod:`lightprune.finetune.scaling` (peft cannot reach them). The
   router weights stay frozen: the router changes only through its (scaled) input, so sensitivity is read from

@@ -10,7 +10,8 @@ row, see :mod:`lightprune.data.generated.shapes_qa`) stay in the batch for callb
 Validation logs torchmetrics perplexity (``val/ppl``) and next-token accuracy (``val/acc``) over
 the same positions.
 
-Fine-tuning (paper 003, section 4): an optional ``adapter`` (:class:`~lightprune.finetune.AdapterSpec`) is
+Fine-tuning (router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in
+Mixture-of-Experts Models"), section 4): an optional ``adapter`` (:class:`~lightprune.finetune.AdapterSpec`) is
 attached in ``configure_model`` after the model is built (and, with ``load_in_4bit``, after its linear layers
 are quantised to 4 bit: QLoRA); ``self.model`` is then the model to train (a peft model for LoRA / IA3) and
 ``self.base_model`` the transformers model under it, whose routers :func:`lightprune.find_moe_layers` walks.

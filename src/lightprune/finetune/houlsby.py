@@ -1,7 +1,8 @@
-"""Houlsby bottleneck adapters (Houlsby et al. 2019; paper 003, section 3.3), which peft does not provide.
+"""Houlsby bottleneck adapters (Houlsby et al. 2019; router sensitivity ("Router Sensitivity Under Lightweight
+Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models"), section 3.3), which peft does not provide.
 
 An adapter maps a sublayer output ``h`` to ``h + U gelu(D LN(h))`` with ``D: hidden -> hidden // reduction``
-and ``U: hidden // reduction -> hidden`` (paper 003, section 3.3: ``x -> x + U sigma(D LN(x))``). ``U`` is
+and ``U: hidden // reduction -> hidden`` (router sensitivity section 3.3: ``x -> x + U sigma(D LN(x))``). ``U`` is
 initialised to zero, so a freshly inserted adapter is the identity and the adapted model's logits equal the
 base model's exactly until the first optimizer step.
 

@@ -1,7 +1,8 @@
-"""IA3 scaling where peft cannot reach: the router input and the fused experts (paper 003, section 3.3).
+"""IA3 scaling where peft cannot reach: the router input and the fused experts (router sensitivity ("Router
+Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models"), section 3.3).
 
 IA3 (Liu et al. 2022) learns a per-channel vector ``a`` and replaces an input ``x`` by ``x * a``. For the
-router, paper 003 writes the logits as ``l(x) = W_g (x * a)``. Because the router is linear,
+router, router sensitivity section 3.3 writes the logits as ``l(x) = W_g (x * a)``. Because the router is linear,
 ``W_g (x * a) = (W_g diag(a)) x``: scaling the router input is exactly scaling the *columns* of the router
 weight. We implement it as a torch parametrization of ``router.weight`` (``weight = original * a``), so that
 

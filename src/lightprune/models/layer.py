@@ -43,7 +43,7 @@ RoutingOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 @dataclass(frozen=True)
 class RoutingLimits:
-    """What a layer's router needs to keep working: the per-layer floor of METHODS.md."""
+    """What a layer's router needs to keep working: the per-layer floor (docs/python-api.md)."""
 
     num_experts: int
     top_k: int

@@ -2,9 +2,9 @@
 
 Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Qwen3-VL-MoE and the families that route as one of them share the rule
 ``p = softmax(W h)``, ``S = top-k(p)``, ``w_S = p_S`` or ``p_S / sum(p_S)`` (renormalised), and
-differ only in whether they renormalise and in the dtype of the returned weights. Masking an
-expert sets its logit to -inf before the softmax, which is exactly the model with its router
-row removed (MAEP section 3; METHODS.md "Router facts"). Removals have a closed form
+differ only in whether they renormalise and in the dtype of the returned weights. Masking an expert sets its logit
+to -inf before the softmax, which is exactly the model with its router row removed (MAEP ("Modality-Aware Expert
+Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927), section 3). Removals have a closed form
 (:func:`~lightprune.models.routing_ops.softmax_topk_removal`). Mistral 4 and Mistral Large 4 add a group limit to
 the softmax (groups scored by their top-2 probabilities), with DeepSeek-V3's dense-layer rule.
 """

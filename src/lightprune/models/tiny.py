@@ -5,10 +5,10 @@ transformers 5 config small enough to run a forward pass in milliseconds on one 
 with the family's routing switches set so that its distinctive path is exercised.
 
 :data:`TINY_FAMILIES` are the MoE families (text and multimodal) that expert pruning runs on.
-:data:`TINY_DENSE_MLLMS` are dense multimodal LLMs for MWOP width pruning (paper 002): LLaVA-OneVision
-(SigLIP tower, anyres tiles with unpadding and ``image_newline``) and Qwen2.5-VL (windowed vision
-attention, M-RoPE). Their text models have the MoE families' attention geometry (hidden 32, 4 heads,
-2 kv heads, head_dim 8) and a dense MLP of width 24.
+:data:`TINY_DENSE_MLLMS` are dense multimodal LLMs for the width pruning of MWOP ("MWOP: Modality-aware Width-wise
+Operation Pruning for Efficient MLLMs"), appendix D.1: LLaVA-OneVision (SigLIP tower, anyres tiles with unpadding
+and ``image_newline``) and Qwen2.5-VL (windowed vision attention, M-RoPE). Their text models have the MoE
+families' attention geometry (hidden 32, 4 heads, 2 kv heads, head_dim 8) and a dense MLP of width 24.
 """
 
 from __future__ import annotations

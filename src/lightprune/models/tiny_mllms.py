@@ -1,5 +1,6 @@
 """Tiny configs of the multimodal families: the MoE MLLMs (vision towers as small as the text models) and the dense
-MLLMs of MWOP (paper 002); :mod:`lightprune.models.tiny` is the public entry."""
+MLLMs of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"); :mod:`lightprune.models.tiny`
+is the public entry."""
 
 from __future__ import annotations
 

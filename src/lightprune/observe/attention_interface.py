@@ -1,12 +1,13 @@
 """Wrapping a language model's attention implementation through transformers' attention registries.
 
-Shared by the MAEP attention probe (:mod:`.attention_probe`, paper 000 section 4.2) and MWOP's path
-attention (:mod:`.path_attention`, paper 002 section 3). No eager switch and no module hooks: a wrapper
-function is registered in ``AttentionInterface`` under ``"<prefix><original>"`` (and the original's mask
-builder in ``AttentionMaskInterface`` under the same name, so the model builds exactly the mask the
-original would get), and the language model's configs are switched to that name while the wrapper is
-active. Names are reference-counted: the last user unregisters them. The vision tower's configs are
-never switched.
+Shared by the attention probe (:mod:`.attention_probe`) of MAEP ("Modality-Aware Expert Pruning for MoE-Based
+Multimodal Large Language Models", arXiv 2611.05927), section 4.2, and the path attention (:mod:`.path_attention`)
+of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), section 3. No eager switch and
+no module hooks: a wrapper function is registered in ``AttentionInterface`` under ``"<prefix><original>"`` (and
+the original's mask builder in ``AttentionMaskInterface`` under the same name, so the model builds exactly the
+mask the original would get), and the language model's configs are switched to that name while the wrapper is
+active. Names are reference-counted: the last user unregisters them. The vision tower's configs are never
+switched.
 
 :func:`dense_mask` turns whatever mask the implementation received (4D bool, 4D additive float, a
 flex ``BlockMask``, or ``None`` with ``is_causal``) into the boolean [B, H, Q, K] pattern it applies.

@@ -1,8 +1,9 @@
-"""Text-to-vision attention scores per vision token, read in the model's own forward (MAEP, paper 000).
+"""Text-to-vision attention scores per vision token, read in the model's own forward (MAEP ("Modality-Aware Expert
+Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927), sections 4.2 and 5.2).
 
 MAEP section 4.2 / 5.2: "the attention score of a vision token [is] the average text-to-vision attention
 weight, averaged across all heads at each layer (a single scalar per token, layer, and sample)"; the
-bottom q = 2% per sample and layer are the low-attention vision tokens. METHODS.md, "Token subsets":
+bottom q = 2% per sample and layer are the low-attention vision tokens. As computed here:
 
     score(b, l, v) = mean over heads h and over text queries q that may attend to v of A_l[b, h, q, v]
 

@@ -2,14 +2,18 @@
 
 The claims (:data:`CLAIM_CHECKS`: a check per claim and comparator), stated as the papers make them:
 
-- MAEP (paper 000, section 6.2): Delta-H, and MAEP's global ranking, keep more of a multimodal MoE than random
-  pruning, REAP and routing-KL;
-- AIMER (paper 001, section 5.2): a weight-only ranking, without calibration data, keeps more than random pruning,
-  and more than the other weight-only rankings (magnitude, router norm);
-- MWOP (paper 002, section 6.2): Taylor-ranked path and channel pruning keeps more than random masks of the same
-  ratios, training-free and after the same recovery (scored against the dense model given that recovery);
-- router sensitivity (paper 003, abstract: "nearly 1.8 times that of magnitude-based or random pruning at maximal
-  compression"): the experts whose router rows moved least under a light fine-tune are prunable: the ranking keeps
+- MAEP ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927),
+  section 6.2: Delta-H, and MAEP's global ranking, keep more of a multimodal MoE than random pruning, REAP and
+  routing-KL;
+- AIMER ("AIMER: Calibration-Free Task-Agnostic MoE Pruning", arXiv 2603.18492), section 5.2: a weight-only
+  ranking, without calibration data, keeps more than random pruning, and more than the other weight-only rankings
+  (magnitude, router norm);
+- MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), section 6.2: Taylor-ranked path
+  and channel pruning keeps more than random masks of the same ratios, training-free and after the same recovery
+  (scored against the dense model given that recovery);
+- router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in
+  Mixture-of-Experts Models"), abstract: "nearly 1.8 times that of magnitude-based or random pruning at maximal
+  compression": the experts whose router rows moved least under a light fine-tune are prunable: the ranking keeps
   more than random on every fit seed, more than magnitude and the router norm, and more than its own reverse.
 
 The rule, stated before the seeds were measured, on several independently trained testbeds (each seed's standing:
@@ -134,48 +138,51 @@ RECOVERED_RANDOM = "random, recovered"
 #: every row of that name and its ``_fit<n>`` variants (router sensitivity's fit seeds), each a record per seed;
 #: on the MWOP testbed (method rows per operating point) a record per seed and operating point
 CLAIM_CHECKS: tuple[tuple[str, str, str, str, str | None, str], ...] = (
-    ("MAEP (000)", "Delta-H keeps more than random pruning", "mllm", "delta_h", None, "acc_image"),
-    ("MAEP (000)", "Delta-H keeps more image accuracy than REAP", "mllm", "delta_h", "reap", "acc_image"),
-    ("MAEP (000)", "Delta-H keeps more text than REAP", "mllm", "delta_h", "reap", "ppl_text"),
-    ("MAEP (000)", "Delta-H keeps more image accuracy than routing-KL", "mllm", "delta_h", "routing_kl", "acc_image"),
-    ("MAEP (000)", "MAEP's global ranking (closed-form alpha) keeps more image accuracy than REAP", "mllm",
-     "maep_global", "reap", "acc_image"),
-    ("MAEP (000)", "MAEP's global ranking (closed-form alpha) keeps the image answers' likelihood better than REAP",
-     "mllm", "maep_global", "reap", "ppl_image"),
-    ("MAEP (000)", "MAEP's global ranking (closed-form alpha) keeps more text than REAP", "mllm", "maep_global",
-     "reap", "ppl_text"),
-    ("MAEP (000)", "the modality term: MAEP's global ranking keeps more image accuracy than text Delta-H ranked "
-     "globally", "mllm", "maep_global", "delta_h_text_global", "acc_image"),
-    ("MAEP (000)", "the scoring: MAEP's global ranking keeps more image accuracy than REAP ranked globally", "mllm",
-     "maep_global", "reap_global", "acc_image"),
-    ("MAEP (000)", "the allocation: REAP ranked globally keeps more image accuracy than REAP per layer", "mllm",
-     "reap_global", "reap", "acc_image"),
-    ("MAEP (000)", "MAEP's global ranking at alpha = 0.1 keeps more image accuracy than REAP", "mllm",
-     "maep_global_alpha0.1", "reap", "acc_image"),
-    ("MAEP (000)", "MAEP's global ranking at alpha = 0.3 keeps more image accuracy than REAP", "mllm",
-     "maep_global_alpha0.3", "reap", "acc_image"),
-    ("MAEP (000)", "MAEP's global ranking at alpha = 0.8 keeps more image accuracy than REAP", "mllm",
-     "maep_global_alpha0.8", "reap", "acc_image"),
-    ("AIMER (001)", "a calibration-free weight ranking keeps more than random pruning", "text", "aimer", None, "ppl"),
-    ("AIMER (001)", "AIMER keeps more than magnitude", "text", "aimer", "magnitude", "ppl"),
-    ("AIMER (001)", "AIMER keeps more than the router norm", "text", "aimer", "router_norm", "ppl"),
-    ("AIMER (001)", "a calibration-free weight ranking keeps more than random pruning", "mllm", "aimer", None,
+    ("MAEP (arXiv 2611.05927)", "Delta-H keeps more than random pruning", "mllm", "delta_h", None, "acc_image"),
+    ("MAEP (arXiv 2611.05927)", "Delta-H keeps more image accuracy than REAP", "mllm", "delta_h", "reap",
      "acc_image"),
-    ("router sensitivity (003)", "experts whose router rows move least are prunable: more kept than random "
+    ("MAEP (arXiv 2611.05927)", "Delta-H keeps more text than REAP", "mllm", "delta_h", "reap", "ppl_text"),
+    ("MAEP (arXiv 2611.05927)", "Delta-H keeps more image accuracy than routing-KL", "mllm", "delta_h", "routing_kl",
+     "acc_image"),
+    ("MAEP (arXiv 2611.05927)", "MAEP's global ranking (closed-form alpha) keeps more image accuracy than REAP",
+     "mllm", "maep_global", "reap", "acc_image"),
+    ("MAEP (arXiv 2611.05927)", "MAEP's global ranking (closed-form alpha) keeps the image answers' likelihood "
+     "better than REAP", "mllm", "maep_global", "reap", "ppl_image"),
+    ("MAEP (arXiv 2611.05927)", "MAEP's global ranking (closed-form alpha) keeps more text than REAP", "mllm",
+     "maep_global", "reap", "ppl_text"),
+    ("MAEP (arXiv 2611.05927)", "the modality term: MAEP's global ranking keeps more image accuracy than text "
+     "Delta-H ranked globally", "mllm", "maep_global", "delta_h_text_global", "acc_image"),
+    ("MAEP (arXiv 2611.05927)", "the scoring: MAEP's global ranking keeps more image accuracy than REAP ranked "
+     "globally", "mllm", "maep_global", "reap_global", "acc_image"),
+    ("MAEP (arXiv 2611.05927)", "the allocation: REAP ranked globally keeps more image accuracy than REAP per "
+     "layer", "mllm", "reap_global", "reap", "acc_image"),
+    ("MAEP (arXiv 2611.05927)", "MAEP's global ranking at alpha = 0.1 keeps more image accuracy than REAP", "mllm",
+     "maep_global_alpha0.1", "reap", "acc_image"),
+    ("MAEP (arXiv 2611.05927)", "MAEP's global ranking at alpha = 0.3 keeps more image accuracy than REAP", "mllm",
+     "maep_global_alpha0.3", "reap", "acc_image"),
+    ("MAEP (arXiv 2611.05927)", "MAEP's global ranking at alpha = 0.8 keeps more image accuracy than REAP", "mllm",
+     "maep_global_alpha0.8", "reap", "acc_image"),
+    ("AIMER (arXiv 2603.18492)", "a calibration-free weight ranking keeps more than random pruning", "text", "aimer",
+     None, "ppl"),
+    ("AIMER (arXiv 2603.18492)", "AIMER keeps more than magnitude", "text", "aimer", "magnitude", "ppl"),
+    ("AIMER (arXiv 2603.18492)", "AIMER keeps more than the router norm", "text", "aimer", "router_norm", "ppl"),
+    ("AIMER (arXiv 2603.18492)", "a calibration-free weight ranking keeps more than random pruning", "mllm", "aimer",
+     None, "acc_image"),
+    ("Router sensitivity", "experts whose router rows move least are prunable: more kept than random "
      "(every fit seed)", "text", "router_sensitivity*", None, "ppl"),
-    ("router sensitivity (003)", "router sensitivity keeps more than magnitude", "text", "router_sensitivity",
+    ("Router sensitivity", "router sensitivity keeps more than magnitude", "text", "router_sensitivity",
      "magnitude", "ppl"),
-    ("router sensitivity (003)", "router sensitivity keeps more than the router norm", "text", "router_sensitivity",
+    ("Router sensitivity", "router sensitivity keeps more than the router norm", "text", "router_sensitivity",
      "router_norm", "ppl"),
-    ("router sensitivity (003)", "router sensitivity keeps more than its reverse", "text", "router_sensitivity",
+    ("Router sensitivity", "router sensitivity keeps more than its reverse", "text", "router_sensitivity",
      "anti_router_sensitivity", "ppl"),
-    ("MWOP (002)", "Taylor-ranked paths and channels keep more than random masks of the same ratios, training-free "
+    ("MWOP", "Taylor-ranked paths and channels keep more than random masks of the same ratios, training-free "
      "(every operating point)", "mwop", "taylor", None, "atr"),
-    ("MWOP (002)", "Taylor-ranked paths and channels keep more than random masks of the same ratios, training-free "
+    ("MWOP", "Taylor-ranked paths and channels keep more than random masks of the same ratios, training-free "
      "(every operating point)", "mwop", "taylor", None, "answer_ppl_atr"),
-    ("MWOP (002)", "after the same recovery, Taylor's plans keep more than random plans (every operating point; "
+    ("MWOP", "after the same recovery, Taylor's plans keep more than random plans (every operating point; "
      "against the dense model given that recovery)", "mwop", "taylor", RECOVERED_RANDOM, "atr"),
-    ("MWOP (002)", "after the same recovery, Taylor's plans keep more than random plans (every operating point; "
+    ("MWOP", "after the same recovery, Taylor's plans keep more than random plans (every operating point; "
      "against the dense model given that recovery)", "mwop", "taylor", RECOVERED_RANDOM, "answer_ppl_atr"),
 )
 

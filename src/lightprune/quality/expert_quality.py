@@ -5,22 +5,23 @@ What the papers' tables report, measured on a testbed: for each criterion and ra
 ``mask_experts`` (reversible, no copy) and the model evaluated by a caller-given function
 (perplexity, task accuracy). Random is run over several seeds and reported with its spread; the
 anti orderings (the REAP, AIMER and router-sensitivity rankings reversed: the most important experts
-pruned first) frame the ceiling of damage and test each ranking's direction (the project's TESTBED
-notes). When the evaluation returns per-row sums (:data:`~lightprune.quality.intervals.ROW_SUMS`), every
-row gets paired bootstrap intervals of its retention against the dense model
-(:mod:`lightprune.quality.intervals`).
+pruned first) frame the ceiling of damage and test each ranking's direction (docs/testbeds.md). When the
+evaluation returns per-row sums (:data:`~lightprune.quality.intervals.ROW_SUMS`), every row gets paired bootstrap
+intervals of its retention against the dense model (:mod:`lightprune.quality.intervals`).
 
 Rankings (:func:`expert_rankings`), higher = keep:
 
-- calibration criteria from one observed pass over the calibration batches (METHODS.md): frequency,
-  seer, ean, reap, routing_kl, delta_h, on the ``all`` token subset;
-- weight-only criteria (paper 001): aimer, magnitude, router_norm;
-- router sensitivity (paper 003): |Delta ||w_e||| of the router rows after a router-LoRA fit with
+- calibration criteria from one observed pass over the calibration batches, on the ``all`` token subset:
+  frequency, seer, ean, reap (AIMER ("AIMER: Calibration-Free Task-Agnostic MoE Pruning", arXiv 2603.18492),
+  appendix B), routing_kl and delta_h (MAEP ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language
+  Models", arXiv 2611.05927), Eqs. 8 and 2);
+- weight-only criteria: aimer (AIMER section 4.2), magnitude (AIMER section 5.1's baseline), router_norm;
+- router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in
+  Mixture-of-Experts Models"), Eq. 4: |Delta ||w_e||| of the router rows after a router-LoRA fit with
   configs/router_lora.yaml's recipe (:func:`router_sensitivity`, the RouterDelta callback's own scores);
-- MAEP (arXiv 2611.05927, section 5.3): s = (1 - alpha) z~_text - alpha z~_low, global ranking, with the
-  closed-form alpha clamped to [0, 1], with each fixed alpha of :data:`FIXED_ALPHAS`, at alpha = 0 (text Delta-H
-  alone), beside REAP ranked globally and MAEP uniform per layer at alpha = 0.5 (its Appendix L):
-  :func:`maep_rankings`.
+- MAEP section 5.3: s = (1 - alpha) z~_text - alpha z~_low, global ranking, with the closed-form alpha clamped to
+  [0, 1], with each fixed alpha of :data:`FIXED_ALPHAS`, at alpha = 0 (text Delta-H alone), beside REAP ranked
+  globally and MAEP uniform per layer at alpha = 0.5 (MAEP appendix L): :func:`maep_rankings`.
 
 Merges (:func:`expert_merges`, MAEP's merging baseline HC-SMoE and M-SMoE) are rows beside them: the same share of
 each layer's experts merged away instead of pruned, evaluated reversibly.
@@ -88,13 +89,12 @@ def expert_rankings(model: torch.nn.Module, stats, *, maep: bool = False,
 
 
 #: MAEP's fixed alphas, chosen before measuring: the values the paper rounds its closed forms to and uses (0.1, 0.3,
-#: 0.8: "Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927, section
-#: 6.3.3, Table 3's "Used alpha")
+#: 0.8: MAEP section 6.3.3, Table 3's "Used alpha")
 FIXED_ALPHAS: tuple[float, ...] = (0.1, 0.3, 0.8)
 
 
 def maep_rankings(stats) -> dict[str, tuple[Any, str]]:
-    """MAEP's rows, every one on every seed, by rules fixed before measuring (arXiv 2611.05927, section 5.3):
+    """MAEP's rows, every one on every seed, by rules fixed before measuring (MAEP section 5.3):
 
     - ``maep_global``: the closed-form alpha clamped to [0, 1] (:func:`clamped_alpha`; the tables record whether
       it was clamped), global allocation. At alpha = 0 this is ``delta_h_text_global``;
@@ -319,7 +319,8 @@ def stability(stats_a, stats_b, criteria: Sequence[str] = ("delta_h", "reap", "f
 def router_sensitivity(checkpoint: str, datamodule, *, steps: int, learning_rate: float = 2e-4,
                        weight_decay: float = 0.01, warmup_steps: int = 5, r: int = 8, seed: int = 0,
                        progress: bool = True):
-    """Paper 003's weight score: fit LoRA on the routers of ``checkpoint`` for ``steps``, score |Delta ||w_e|||.
+    """Router sensitivity's weight score (Eq. 4): fit LoRA on the routers of ``checkpoint`` for ``steps``, score
+    |Delta ||w_e|||.
 
     The defaults are configs/router_lora.yaml's recipe (LoRA r = alpha = 8 on the routers, AdamW, lr 2e-4, weight
     decay 0.01, cosine with 5 warm-up steps; the paper's 500 steps); the batch is the datamodule's. Runs ``lightprune

@@ -122,10 +122,11 @@ def _task_means(metric: str, tasks: torch.Tensor, dense: RowSums, plans: list[Ro
 def task_mean_retention_interval(metric: str, tasks: torch.Tensor, dense: RowSums, pruned: RowSums,
                                  include: torch.Tensor | None = None, *, resamples: int = RESAMPLES,
                                  level: float = 0.95, seed: int = 0) -> list[float]:
-    """[low, high] of the mean over tasks of each task's retention (MWOP's ATR, paper 002 section 6.1): the rows
-    (``tasks`` [R], each row's task id) resampled jointly, each resample's per-task metric from its rows' sums.
-    ``include`` [num_tasks] bool: the tasks the mean is over (default: every task with rows); a task without rows
-    in a resample leaves that resample's mean to the others."""
+    """[low, high] of the mean over tasks of each task's retention (the ATR of MWOP ("MWOP: Modality-aware
+    Width-wise Operation Pruning for Efficient MLLMs"), section 6.1): the rows (``tasks`` [R], each row's task id)
+    resampled jointly, each resample's per-task metric from its rows' sums. ``include`` [num_tasks] bool: the tasks
+    the mean is over (default: every task with rows); a task without rows in a resample leaves that resample's mean
+    to the others."""
     _check(level, resamples)
     index = _resamples(torch.as_tensor(tasks).numel(), resamples, seed)
     return percentile_interval(_task_means(metric, tasks, dense, [pruned], include, index)[0], level)

@@ -162,7 +162,9 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
     stats = lp.collect_expert_stats(model, calib_batches["mixed"], subsets=("all",), progress=progress,
                                     criteria=DEFAULT_CRITERIA + MERGE_STATISTICS)
     extra = {}
-    if sensitivity_steps:  # paper 003 adapts on instruction data, not on the pretraining text
+    # router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in
+    # Mixture-of-Experts Models", section 4) adapts on instruction data, not on the pretraining text
+    if sensitivity_steps:
         with tempfile.TemporaryDirectory() as tmp:
             for fit in range(sensitivity_fits):
                 name = "router_sensitivity" + (f"_fit{fit}" if fit else "")

@@ -1,9 +1,9 @@
 """MWOP quality rows: Taylor vs random width plans at the paper's operating points, training-free.
 
-Paper 002's reference operating points (LLaVA-OneVision-7B prunes the V2V / T2V / T2T paths 40 / 60 / 10 %
-and the visual FFN channels 50 %; Qwen2.5-VL-7B 60 / 70 / 0 % and 40 %) against random masks of the same
-ratios, here without the recovery epoch; ATR as in section 6.1, FLOPs as in appendix D.4. For a model and a
-Testbed VQA datamodule:
+The reference operating points of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs",
+appendix D.2: LLaVA-OneVision-7B prunes the V2V / T2V / T2T paths 40 / 60 / 10 % and the visual FFN channels 50 %;
+Qwen2.5-VL-7B 60 / 70 / 0 % and 40 %) against random masks of the same ratios, here without the recovery epoch;
+ATR as in MWOP section 6.1, FLOPs as in MWOP appendix D.4. For a model and a Testbed VQA datamodule:
 
 1. attention Taylor importance S_attn(l, h, p) once on the ``calibration`` split (dense model); every score comes
    from the width-scorer registry (:mod:`lightprune.width.scorers`: ``taylor``, ``min_rank``, ``random``);

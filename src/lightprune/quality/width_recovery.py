@@ -1,7 +1,8 @@
 """MWOP quality rows after recovery: the plans of :func:`~lightprune.quality.width_quality.mwop_quality` (Taylor,
-All Tasks, some random plans) and the dense model, each recovered from the dense model under its masks (paper 002,
-Alg. 1's recovery epochs) and scored as the training-free rows are, against the dense model given the same
-recovery: :func:`mwop_recovery`, :func:`mwop_recovery_markdown`.
+All Tasks, some random plans) and the dense model, each recovered from the dense model under its masks (the
+recovery epochs of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), Alg. 1) and
+scored as the training-free rows are, against the dense model given the same recovery: :func:`mwop_recovery`,
+:func:`mwop_recovery_markdown`.
 """
 
 from __future__ import annotations

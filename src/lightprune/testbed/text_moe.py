@@ -1,13 +1,12 @@
 """The text testbed: a small Qwen3-MoE-style causal LM trained here, on CPU, deterministically.
 
-No pretrained weights can be fetched, so criteria are compared on a model we train ourselves
-(issue "Evidence"; what the first probe measured is in the project's TESTBED notes: a balanced
-model needs about 25 minutes at hidden 256 before criteria leave random's spread). The corpus is
-:mod:`lightprune.testbed.text_corpus` (prose and code from the standard library) with its local BPE
-tokenizer; the model is ``qwen3_moe`` from a config with transformers' own initialisation,
-trained with AdamW, linear warm-up and cosine decay, next-token loss on every token plus each MoE layer's
-load-balancing loss (``router_aux_loss_coef``, ``aux_loss``), for a fixed number of steps (not a time budget, so
-a rerun gives the same weights on the same machine and thread count).
+No pretrained weights can be fetched, so criteria are compared on a model we train ourselves (issue "Evidence"; a first
+probe, on 2 CPU cores, measured that a balanced model needs about 25 minutes at hidden 256 before criteria leave
+random's spread). The corpus is :mod:`lightprune.testbed.text_corpus` (prose and code from the standard library) with
+its local BPE tokenizer; the model is ``qwen3_moe`` from a config with transformers' own initialisation, trained with
+AdamW, linear warm-up and cosine decay, next-token loss on every token plus each MoE layer's load-balancing loss
+(``router_aux_loss_coef``, ``aux_loss``), for a fixed number of steps (not a time budget, so a rerun gives the same
+weights on the same machine and thread count).
 
 Presets (:data:`TEXT_TESTBEDS`): ``micro`` (tests; seconds), ``small`` (the README's default job;
 about two minutes the first time), ``full`` (the quality tables; about 17 minutes alone on 2 cores).

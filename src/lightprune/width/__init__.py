@@ -1,4 +1,5 @@
-"""MWOP whole (paper 002): width pruning of MLLMs, attention paths per head and FFN channels per modality.
+"""MWOP whole: width pruning of MLLMs, attention paths per head and FFN channels per modality (MWOP ("MWOP:
+Modality-aware Width-wise Operation Pruning for Efficient MLLMs")).
 
 Built bottom-up, each module importing only those before it:
 

@@ -1,8 +1,9 @@
-"""MWOP path attention: per-head removal of attention paths, and the Taylor gates on them (paper 002).
+"""MWOP path attention: per-head removal of attention paths, and the Taylor gates on them.
 
-Paper 002, section 3: the attention of query head h in layer l splits into paths b = (query modality ->
-key modality) in ``PATHS`` = (V2V, T2V, T2T); SYSTEM tokens (and every other pair) are never pruned.
-With the keep mask K[b, h, i, j] (False where path(i, j) is pruned for head h):
+MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), section 3: the attention of query
+head h in layer l splits into paths b = (query modality -> key modality) in ``PATHS`` = (V2V, T2V, T2T); SYSTEM
+tokens (and every other pair) are never pruned. With the keep mask K[b, h, i, j] (False where path(i, j) is
+pruned for head h):
 
 - mask mode (appendix D.5): the pruned keys are removed BEFORE the softmax,
   ``A = softmax(q k^T * s + mask, keys restricted to allowed(i, j) and K[h, i, j])``, so every query

@@ -1,10 +1,10 @@
 """The path-sparse attention backend each layer of an MWOP export runs, chosen per device at export.
 
-MWOP ("Modality-Aware Width Optimisation and Pruning", appendix D.5) exports kernels for faster prefill. Which of
-masked SDPA, the span decomposition and FlexAttention is fastest depends on the layer's kept paths and the prompt's
-modality spans, so the export asks :func:`~lightprune.width.kernels.attention_cost.choose_attention` for every layer
-that prunes a path, on a reference token layout (the verification probe's first sample unless given), for each
-device type of :data:`~lightprune.width.kernels.attention_cost.PROFILES`, and records the choice and every
+MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs", appendix D.5) exports kernels for faster
+prefill. Which of masked SDPA, the span decomposition and FlexAttention is fastest depends on the layer's kept paths and
+the prompt's modality spans, so the export asks :func:`~lightprune.width.kernels.attention_cost.choose_attention` for
+every layer that prunes a path, on a reference token layout (the verification probe's first sample unless given), for
+each device type of :data:`~lightprune.width.kernels.attention_cost.PROFILES`, and records the choice and every
 candidate's estimate (:func:`attention_choice`). Loading runs the recorded backend of the device the layer runs on
 (:func:`recorded_backends`); a device type the record does not name runs masked SDPA, which runs everywhere.
 """

@@ -1,4 +1,5 @@
-"""Theoretical decoder prefill FLOPs of a dense or width-pruned MLLM (MWOP, paper 002, appendix D.4).
+"""Theoretical decoder prefill FLOPs of a dense or width-pruned MLLM (MWOP ("MWOP: Modality-aware Width-wise
+Operation Pruning for Efficient MLLMs"), appendix D.4).
 
 Two FLOPs per multiply-accumulate; system tokens excluded; the counted sequence is ``V`` visual tokens
 followed by ``T`` text tokens (``N = V + T``), as in the paper's input profiles. Per decoder layer l:

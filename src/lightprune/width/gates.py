@@ -1,4 +1,5 @@
-"""MWOP's Taylor gates as identities whose backward yields the gate gradient (paper 002, appendix A.1).
+"""MWOP's Taylor gates as identities whose backward yields the gate gradient (MWOP ("MWOP: Modality-aware
+Width-wise Operation Pruning for Efficient MLLMs"), appendix A.1).
 
 A unit gate g = 1 on a width unit leaves the forward unchanged, so each gate is an autograd function
 that returns its input and, in the backward, passes the incoming gradient through unchanged and

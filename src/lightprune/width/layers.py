@@ -1,10 +1,10 @@
-"""Width-pruning units of a model's language decoder (MWOP, paper 002).
+"""Width-pruning units of a model's language decoder (MWOP).
 
-Paper 002, section 3: every decoder layer l has query heads h whose attention splits into paths
-b = (query modality -> key modality): V2V, T2V, T2T; every dense FFN channel c has a visual and a
-text execution. :func:`find_width_layers` finds, for every layer of the LANGUAGE model (the vision
-tower is never pruned), the attention module with its head counts and the FFN with its channel count
-(``intermediate_size`` m; ``None`` for an MoE layer, whose FFN is experts).
+MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), section 3: every decoder layer l
+has query heads h whose attention splits into paths b = (query modality -> key modality): V2V, T2V, T2T; every
+dense FFN channel c has a visual and a text execution. :func:`find_width_layers` finds, for every layer of the
+LANGUAGE model (the vision tower is never pruned), the attention module with its head counts and the FFN with its
+channel count (``intermediate_size`` m; ``None`` for an MoE layer, whose FFN is experts).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Reversible MWOP width masks: attention paths per head and FFN channels per modality (paper 002).
+"""Reversible MWOP width masks: attention paths per head and FFN channels per modality.
 
-Paper 002, section 3 and appendix D.5 (METHODS.md, "MWOP"):
+MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), section 3 and appendices A.1 and
+D.5:
 
 - attention: a pruned (layer l, head h, path b) has its keys removed BEFORE the softmax, so the query
   normalises over its retained causal keys (:mod:`lightprune.width.attention`, registered in

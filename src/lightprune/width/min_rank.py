@@ -1,4 +1,5 @@
-"""MWOP's "All Tasks" calibration: per-category rankings combined by their minimum rank (paper 002, appendix A.4).
+"""MWOP's "All Tasks" calibration: per-category rankings combined by their minimum rank (MWOP ("MWOP:
+Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), appendix A.4).
 
 Each task category c gives its own Taylor scores (:func:`~lightprune.width.taylor.taylor_importance` on that
 category's calibration samples). Within every pool that a selection ranks (:mod:`lightprune.width.select`: the

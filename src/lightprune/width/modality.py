@@ -1,4 +1,5 @@
-"""The modality of every token of an MLLM batch (MWOP, paper 002, section 3 and appendix D.5).
+"""The modality of every token of an MLLM batch (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for
+Efficient MLLMs"), section 3 and appendix D.5).
 
 :func:`token_modality` labels each token (section 3 and appendix D.5):
 

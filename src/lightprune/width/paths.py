@@ -1,4 +1,5 @@
-"""MWOP's vocabulary (paper 002, section 3): token modality codes, attention paths, FFN modalities.
+"""MWOP's vocabulary (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), section 3):
+token modality codes, attention paths, FFN modalities.
 
 A leaf: every width module and the kernels use these codes and the path rule, and it imports nothing
 from lightprune. Path b = (query modality -> key modality); the (query, key) pairs of each path are

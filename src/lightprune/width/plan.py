@@ -1,5 +1,5 @@
-"""WidthPlan: MWOP's keep masks (paper 002, section 3 and appendix A.1), the only thing passed from
-Taylor scoring to width surgery.
+"""WidthPlan: MWOP's keep masks (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"),
+section 3 and appendix A.1), the only thing passed from Taylor scoring to width surgery.
 
 For every decoder layer l and query head h a keep flag per attention path b in :data:`PATHS` (V2V,
 T2V, T2T: query modality -> key modality), and for every dense-FFN channel c a keep flag per execution

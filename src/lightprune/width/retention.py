@@ -1,4 +1,5 @@
-"""Answer accuracy per task family and retention against a reference (MWOP's ATR, paper 002 section 6.1).
+"""Answer accuracy per task family and retention against a reference (the ATR of MWOP ("MWOP: Modality-aware
+Width-wise Operation Pruning for Efficient MLLMs"), section 6.1).
 
 The paper scores each benchmark, normalises it to the dense reference and averages: ATR (average task
 retention) = mean over task families f of 100 * score_f(candidate) / score_f(reference). Here a task

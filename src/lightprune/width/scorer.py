@@ -1,12 +1,13 @@
-"""The width-scorer interface: one small class per importance of MWOP's width units (paper 002, section 3).
+"""The width-scorer interface: one small class per importance of MWOP's width units (MWOP ("MWOP: Modality-aware
+Width-wise Operation Pruning for Efficient MLLMs"), section 3).
 
 A width scorer turns a model, and the calibration batches it asks for, into
 :class:`~lightprune.width.taylor.WidthScores`: for every decoder layer l of the language model ``attn[l]``, float64
 [heads, 3] (columns :data:`~lightprune.width.paths.PATHS`: V2V, T2V, T2T), and for every dense-FFN layer ``ffn[l]``,
-{"vision", "text"} float64 [channels]; an importance, higher = keep. A scorer never prunes: the selections of
-METHODS.md "Ranking" (:mod:`lightprune.width.select`) turn scores into a plan, as Torch-Pruning keeps its
-importance apart from its pruner. The built-in scorers (:mod:`lightprune.width.scorers`) are paper 002's
-first-order Taylor importance (section 3, appendix A.1)
+{"vision", "text"} float64 [channels]; an importance, higher = keep. A scorer never prunes: the selections
+(:mod:`lightprune.width.select`: MWOP sections 4 and 5) turn scores into a plan, as Torch-Pruning keeps its
+importance apart from its pruner. The built-in scorers (:mod:`lightprune.width.scorers`) are MWOP's first-order
+Taylor importance (section 3, appendix A.1)
 
     S_attn(l, h, p) = mean_b |<O_(l,h,p), dL_b/dO_(l,h)>| / |Q_p,b|,   S_ffn(l, c, mu) = mean_b |sum_{i in mu} h_ic dL_b/dh_ic|,
 

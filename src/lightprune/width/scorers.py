@@ -1,4 +1,5 @@
-"""The width-scorer registry and MWOP's built-in scorers (paper 002): ``taylor``, ``min_rank`` and ``random``.
+"""The width-scorer registry and the built-in scorers of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning
+for Efficient MLLMs"): ``taylor``, ``min_rank`` and ``random``.
 
 One name -> one :class:`~lightprune.width.scorer.WidthScorer` class, in a
 :class:`~lightprune.core.registry.Registry`. Project-local scorers (a project's ``callbacks/``, a notebook)
@@ -12,7 +13,7 @@ register with the same decorator and are then usable by name (``WidthSearch(crit
 :func:`get_width_scorer` also takes a class, an instance or a dotted import path ``"package.module.ClassName"``
 (what a config's ``class_path`` holds). The built-ins:
 
-- ``taylor`` (:class:`TaylorScorer`, one calibration set): first-order Taylor importance, paper 002 section 3 and
+- ``taylor`` (:class:`TaylorScorer`, one calibration set): first-order Taylor importance, MWOP section 3 and
   appendix A.1, S_attn(l, h, p) = mean_b |<O_(l,h,p), dL_b/dO_(l,h)>| / |Q_p,b| and
   S_ffn(l, c, mu) = mean_b |sum_{i in mu} h_ic dL_b/dh_ic| (:func:`~lightprune.width.taylor.taylor_importance`);
 - ``min_rank`` (:class:`MinRankScorer`, one calibration set per task category): the "All Tasks" calibration,
@@ -84,7 +85,7 @@ def get_width_scorer(scorer: str | type[WidthScorer] | WidthScorer, **kwargs: An
 # ---------------------------------------------------------------------------------------------- built-ins
 @register_width_scorer("taylor")
 class TaylorScorer(WidthScorer):
-    """First-order Taylor importance on one calibration set (paper 002, section 3 and appendix A.1)."""
+    """First-order Taylor importance on one calibration set (MWOP section 3 and appendix A.1)."""
 
     calibration = BATCHES
 
@@ -95,7 +96,7 @@ class TaylorScorer(WidthScorer):
 
 @register_width_scorer("min_rank")
 class MinRankScorer(WidthScorer):
-    """Paper 002's "All Tasks" calibration (appendix A.4): each task category's Taylor scores on its own
+    """MWOP's "All Tasks" calibration (appendix A.4): each task category's Taylor scores on its own
     calibration set, combined by the minimum rank over the categories."""
 
     calibration = PER_TASK
@@ -108,7 +109,7 @@ class MinRankScorer(WidthScorer):
 
 @register_width_scorer("random")
 class RandomScorer(WidthScorer):
-    """Uniform random scores from a generator seeded with ``seed`` (the random baseline of paper 002's tables)."""
+    """Uniform random scores from a generator seeded with ``seed`` (the random baseline of MWOP's tables)."""
 
     calibration = NO_DATA
 

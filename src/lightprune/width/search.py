@@ -1,4 +1,5 @@
-"""The decisions of MWOP's staged search (paper 002, Algorithm 1 and appendix D.3), without any training.
+"""The decisions of MWOP's staged search (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient
+MLLMs"), Algorithm 1 and appendix D.3), without any training.
 
 Stages in order V2V, T2V, T2T, FFN_V, FFN_T. Per stage u:
 

@@ -1,11 +1,12 @@
-"""Taylor scores -> WidthPlan masks: global ranking per path type and per FFN modality (MWOP, paper 002).
+"""Taylor scores -> WidthPlan masks: global ranking per path type and per FFN modality (MWOP).
 
-METHODS.md, "Ranking": attention units are (layer, head) pairs, ranked per path type (V2V, T2V, T2T) across
-all layers at once; FFN units are channels, ranked per modality across all dense-FFN layers. At ratio r of
-n units the round(r * n) lowest-scored units are pruned (in exact arithmetic, r the decimal it was written as:
+MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), sections 4 and 5 and appendix
+D.2: attention units are (layer, head) pairs, ranked per path type (V2V, T2V, T2T) across all layers at once; FFN
+units are channels, ranked per modality across all dense-FFN layers. At ratio r of n units the round(r * n)
+lowest-scored units are pruned (in exact arithmetic, r the decimal it was written as:
 :func:`lightprune.core.checks.ratio_count`; half to even); ties go to the unit that comes first in
-(layer, head / channel) order, so a selection is deterministic. "Last-layer-first" (paper 002, section 5)
-spends the visual-FFN budget on the final dense layer's channels before ranking the rest.
+(layer, head / channel) order, so a selection is deterministic. "Last-layer-first" (MWOP section 5) spends the
+visual-FFN budget on the final dense layer's channels before ranking the rest.
 
 Selections are cumulative: :func:`select_paths` and :func:`select_channels` replace only the masks of the
 path / modality they select, on top of ``base`` (the masks fixed by earlier stages of the search).

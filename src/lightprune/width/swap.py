@@ -1,4 +1,5 @@
-"""Run the FFNs a WidthPlan prunes as compact modality FFNs, in memory and reversibly (MWOP, paper 002, section 3).
+"""Run the FFNs a WidthPlan prunes as compact modality FFNs, in memory and reversibly (MWOP ("MWOP: Modality-aware
+Width-wise Operation Pruning for Efficient MLLMs"), section 3).
 
 :func:`swap_compact_ffn` replaces the MLP forward of every layer the plan prunes by its
 :class:`~lightprune.width.kernels.compact_ffn.CompactModalityFFN` and records the token modality through

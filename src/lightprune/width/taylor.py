@@ -1,10 +1,11 @@
-"""First-order Taylor importance of MWOP's width units (paper 002, section 3 and appendix A.1).
+"""First-order Taylor importance of MWOP's width units (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning
+for Efficient MLLMs"), section 3 and appendix A.1).
 
 Loss: teacher-forced answer cross-entropy. ``labels`` are -100 outside the answer and are shifted by
 one like a causal LM; sample b's loss L_b is the mean CE over its own answer tokens, and one backward
 of sum_b L_b per batch gives every sample's own gradients (samples do not interact in the forward).
 
-- Attention (METHODS.md "Taylor importance"): O_(l,h,p) = (A ⊙ M_p) V is path p's additive contribution
+- Attention (MWOP appendix A.1): O_(l,h,p) = (A ⊙ M_p) V is path p's additive contribution
   to head h's output before ``o_proj`` with the attention weights A held fixed (no renormalisation:
   "we zero either contribution without renormalizing"). A unit gate g[b, h, p] = 1 multiplies it, so
   dL_b/dg[b, h, p] = <O_(l,h,p), dL_b/dO_(l,h)> and
@@ -13,8 +14,8 @@ of sum_b L_b per batch gives every sample's own gradients (samples do not intera
 
   with |Q_p,b| the number of queries of the path's query modality in sample b (VISION for V2V, TEXT for
   T2V and T2T). A sample without such queries contributes 0 and still counts as a sample.
-- FFN: a gate g[b, c, mu] multiplies h_ic (the gated activation before ``down_proj``) for the tokens i
-  of modality mu, so dL_b/dg = sum_{i in mu} h_ic dL_b/dh_ic and
+- FFN (MWOP appendix B.1): a gate g[b, c, mu] multiplies h_ic (the gated activation before ``down_proj``) for the
+  tokens i of modality mu, so dL_b/dg = sum_{i in mu} h_ic dL_b/dh_ic and
 
       S_ffn(l, c, mu) = mean over samples b of |sum_{i in mu} h_ic dL_b/dh_ic|.
 

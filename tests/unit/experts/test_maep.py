@@ -1,4 +1,5 @@
-"""MAEP combination (paper 000, section 5.3): Spearman, closed-form alpha, s = (1-a) z_t - a z_la, plans.
+"""MAEP combination (MAEP ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language Models", arXiv
+2611.05927), section 5.3): Spearman, closed-form alpha, s = (1-a) z_t - a z_la, plans.
 
 Every expected value is recomputed here independently of lightprune: Spearman by brute-force
 average ranks (and scipy when installed), rhos of constructed rankings from 1 - 6 sum d^2 /

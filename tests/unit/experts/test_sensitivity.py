@@ -1,4 +1,5 @@
-"""Router sensitivity scores (paper 003, Eqs. 3-5) against independent computations.
+"""Router sensitivity scores ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in
+Mixture-of-Experts Models", Eqs. 3-5) against independent computations.
 
 Adapters are built with peft directly (LoRA ``target_parameters`` on the router weight, LoRA on
 attention for a frozen router); expected values come from the router weights and the LoRA

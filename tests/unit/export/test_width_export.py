@@ -1,4 +1,5 @@
-"""MWOP export (paper 002 D.5): path-sparse attention + compact FFN swapped in, save / reload, equal to masking."""
+"""MWOP export (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), appendix D.5):
+path-sparse attention + compact FFN swapped in, save / reload, equal to masking."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""peft LoRA / IA3 and Houlsby adapters on tiny MoE models (paper 003, section 3.3)."""
+"""peft LoRA / IA3 and Houlsby adapters on tiny MoE models (router sensitivity ("Router Sensitivity Under Lightweight
+Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models"), section 3.3)."""
 
 from __future__ import annotations
 
@@ -241,7 +242,8 @@ def test_houlsby_placement_and_shape():
 
 
 def test_language_model_lora_with_a_trainable_projector():
-    """MWOP recovery (paper 002 D.7): LoRA on every decoder Linear of the LM, projector in full, the rest frozen."""
+    """The recovery of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), appendix D.7:
+    LoRA on every decoder Linear of the LM, projector in full, the rest frozen."""
     model = tiny_model("qwen3_vl_moe")
     decoder_linears = {n for n, m in model.named_modules()
                        if n.startswith("model.language_model.layers.") and isinstance(m, torch.nn.Linear)}

@@ -151,7 +151,8 @@ def test_calibration_and_weight_rows(tiny, family) -> None:
     got = stats.raw("delta_h_promoted", "all")[first.index].tolist()
     assert got == pytest.approx(expected, rel=1e-4, abs=1e-9)
 
-    # AIMER = ||w||_1 / (sqrt(N) ||w||_2) over the expert's gate, up and down weights (paper 001, eq. 5)
+    # AIMER = ||w||_1 / (sqrt(N) ||w||_2) over the expert's gate, up and down weights (AIMER ("AIMER:
+    # Calibration-Free Task-Agnostic MoE Pruning", arXiv 2603.18492), eq. 5)
     aimer = lp.score_weights(model, "aimer").raw
     for layer in layers:
         for e in range(layer.num_experts):

@@ -1,6 +1,6 @@
-"""CompactModalityFFN and swap_compact_ffn (paper 002 D.5) against (a) an explicit per-token channel
-zeroing written here and (b) the model's MLP under mask_width with the same FFN masks; the prefill
-benchmark's --quick mode runs so the script cannot rot."""
+"""CompactModalityFFN and swap_compact_ffn (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient
+MLLMs"), appendix D.5) against (a) an explicit per-token channel zeroing written here and (b) the model's MLP under
+mask_width with the same FFN masks; the prefill benchmark's --quick mode runs so the script cannot rot."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""decoder_flops (paper 002, D.4) against the paper's dense totals and a brute-force count on tiny configs."""
+"""decoder_flops (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), appendix D.4)
+against the paper's dense totals and a brute-force count on tiny configs."""
 
 from __future__ import annotations
 

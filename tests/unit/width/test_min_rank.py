@@ -1,4 +1,5 @@
-"""All Tasks calibration (paper 002, appendix A.4): min-rank combination against ranks computed by hand."""
+"""All Tasks calibration (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), appendix
+A.4): min-rank combination against ranks computed by hand."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""taylor_importance (paper 002 A.1) against an autograd reference built independently: an explicit eager
-attention with one shared scalar gate per (layer, head, path) and FFN gates per (layer, channel, modality)
-in a plain pre-hook, one backward per sample of that sample's answer loss (batches padded, samples of
-different lengths and modalities, so the one-backward-per-batch separation is checked)."""
+"""taylor_importance (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), appendix A.1)
+against an autograd reference built independently: an explicit eager attention with one shared scalar gate per
+(layer, head, path) and FFN gates per (layer, channel, modality) in a plain pre-hook, one backward per sample of
+that sample's answer loss (batches padded, samples of different lengths and modalities, so the
+one-backward-per-batch separation is checked)."""
 
 from __future__ import annotations
 

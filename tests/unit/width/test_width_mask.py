@@ -1,6 +1,7 @@
-"""mask_width (paper 002 MWOP) against independent computations: path attention with pruned keys removed
-before the softmax (explicit float64 attention in the model file's eager function), and FFN channels
-zeroed per modality (recomputed per layer from the MLP's weights, also under a peft LoRA)."""
+"""mask_width (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), section 3 and appendix
+D.5) against independent computations: path attention with pruned keys removed before the softmax (explicit float64
+attention in the model file's eager function), and FFN channels zeroed per modality (recomputed per layer from the
+MLP's weights, also under a peft LoRA)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""WidthPlan (paper 002 MWOP plan), decoder-layer discovery for width pruning and token modality."""
+"""WidthPlan (the plan of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), section
+3), decoder-layer discovery for width pruning and token modality."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Width scorers (paper 002): the registry, the built-ins against the functions they stand for (bitwise), a
-user-defined scorer driving WidthSearch's scores, and the project-local example in callbacks/ against its formula
-computed by hand."""
+"""Width scorers (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), section 3 and
+appendices A.1 and A.4): the registry, the built-ins against the functions they stand for (bitwise), a user-defined
+scorer driving WidthSearch's scores, and the project-local example in callbacks/ against its formula computed by
+hand."""
 
 from __future__ import annotations
 

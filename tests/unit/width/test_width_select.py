@@ -1,4 +1,5 @@
-"""select_paths / select_channels (paper 002 ranking) against a plain-Python global sort."""
+"""select_paths / select_channels (the ranking of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for
+Efficient MLLMs"), sections 4 and 5) against a plain-Python global sort."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Shapes QA: a generated image question-answering set in task families (nothing downloaded).
 
-MWOP (paper 002) measures how much of a dense MLLM's task accuracy a width-pruned model retains, per
-task, and needs an image-QA set small and learnable enough for a tiny model. Shapes QA draws small
-RGB pictures with ``PIL.ImageDraw`` (no anti-aliasing, so every shape pixel has its exact colour):
-1 to 4 squares, circles and triangles, one per cell of a 2 x 2 grid with a margin (shapes never touch),
-on a plain light-grey background. Each row is a chat (system, user, assistant) whose answer is one
-word or number, in one of the task families :data:`SHAPES_QA_TASKS`:
+MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs", section 6.1) measures how much of a dense
+MLLM's task accuracy a width-pruned model retains, per task, and needs an image-QA set small and learnable enough for a
+tiny model. Shapes QA draws small RGB pictures with ``PIL.ImageDraw`` (no anti-aliasing, so every shape pixel has its
+exact colour): 1 to 4 squares, circles and triangles, one per cell of a 2 x 2 grid with a margin (shapes never touch),
+on a plain light-grey background. Each row is a chat (system, user, assistant) whose answer is one word or number, in
+one of the task families :data:`SHAPES_QA_TASKS`:
 
 - ``count``: 1-4 shapes, "How many shapes are there?" -> "3";
 - ``color``: 1-3 shapes of different kinds, "What colour is the circle?" -> "red";

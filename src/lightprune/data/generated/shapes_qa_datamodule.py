@@ -1,11 +1,11 @@
 """ShapesQADataModule: the generated Shapes QA set (:mod:`lightprune.data.generated.shapes_qa`) as cached JSONL + PNG splits.
 
-MWOP's staged search (paper 002, Alg. 1) uses four disjoint sets: ``calibration`` (Taylor importance),
-``selection`` (the training-free ratio sweep), ``train`` (recovery) and ``val`` (the full evaluation
-that retention is measured on). :func:`build_shapes_qa` writes them once into a cache folder and the
-datamodule serves them exactly as :class:`~lightprune.data.ImageTextJsonlDataModule` serves any JSONL:
-prompts (system and user turns, images) are -100 in ``labels``, so the loss and the accuracy are on the
-answer (and its end-of-turn marker) only, and every batch has ``task_ids`` (indices into ``task_names``).
+The staged search of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), Alg. 1, uses four
+disjoint sets: ``calibration`` (Taylor importance), ``selection`` (the training-free ratio sweep), ``train`` (recovery)
+and ``val`` (the full evaluation that retention is measured on). :func:`build_shapes_qa` writes them once into a cache
+folder and the datamodule serves them exactly as :class:`~lightprune.data.ImageTextJsonlDataModule` serves any JSONL:
+prompts (system and user turns, images) are -100 in ``labels``, so the loss and the accuracy are on the answer (and its
+end-of-turn marker) only, and every batch has ``task_ids`` (indices into ``task_names``).
 
 Cache: ``<root>/shapes_qa/<format>-<digest>/`` with ``{val,selection,calibration,train}.jsonl`` (a split
 of 0 rows has no file), one ``<split>-<row>.png`` per image row and ``manifest.json`` (SHA-256 and size

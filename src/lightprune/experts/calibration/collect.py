@@ -41,7 +41,9 @@ def collect_expert_stats(model: nn.Module | str | os.PathLike, batches: Iterable
 def collect_model_stats(model: nn.Module, batches: Iterable[Mapping[str, Any]], subsets: Iterable[str] = ("all",),
                         low_attn_quantile: float = 0.02, criteria: Iterable[str] | None = None,
                         progress: bool = True) -> CalibrationStats:
-    """One observed forward per batch; returns every criterion for every subset (METHODS.md).
+    """One observed forward per batch; returns every criterion for every subset (AIMER ("AIMER: Calibration-Free
+    Task-Agnostic MoE Pruning", arXiv 2603.18492), appendix B; MAEP ("Modality-Aware Expert Pruning for MoE-Based
+    Multimodal Large Language Models", arXiv 2611.05927), Eqs. 2 and 8).
 
     ``criteria`` may also name the merging statistics (:data:`~.merge_sums.MERGE_STATISTICS`: ``expert_outputs``
     for HC-SMoE, ``router_logits`` for M-SMoE; ``frequency`` comes with them), read by

@@ -1,5 +1,5 @@
-"""Delta-H: how much removing one expert changes the layer's output (MAEP paper, eq. 2; METHODS.md, "Calibration
-criteria").
+"""Delta-H: how much removing one expert changes the layer's output (MAEP ("Modality-Aware Expert Pruning for
+MoE-Based Multimodal Large Language Models", arXiv 2611.05927), section 5.1, Eq. 2).
 
 The block's routed output is H = sum_s w_s f_s over the selected experts S. Removing expert j gives a new selection
 S', w'; the survivors keep their outputs and a promoted expert (in S' but not S) adds nothing. With

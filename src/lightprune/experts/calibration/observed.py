@@ -3,7 +3,8 @@
 For one layer and one batch the observer gets, before the layer's experts run, the selected experts S [T, k], what
 the router saw and, where the family's router returns them, its logits and the routing state its observed router
 kept; after they run, the experts' input h [T, H], the weights applied w [T, k] and the selected experts' unweighted
-outputs f [T, k, H] (METHODS.md, "Calibration criteria"). From these the batch computes, each once and only when a
+outputs f [T, k, H] (the quantities of MAEP ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language
+Models", arXiv 2611.05927), section 3.1, Eq. 1). From these the batch computes, each once and only when a
 statistic of the layer reads it:
 
 - the routing part (before the experts): the router logits [T, E] (read, or recomputed from the router's input),

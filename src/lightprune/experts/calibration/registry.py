@@ -3,7 +3,9 @@
 One observed pass collects every value asked for (``collect_expert_stats(..., criteria=[...])``); each value is
 summed by the statistic registered under its name, one instance per statistic and MoE layer however many of its
 values are asked for. The built-in values are declared here (imported on first use, so the command line checks
-names without torch), in the order a pass reports them (METHODS.md, "Calibration criteria"):
+names without torch), in the order a pass reports them (the criteria: AIMER ("AIMER: Calibration-Free
+Task-Agnostic MoE Pruning", arXiv 2603.18492), appendix B; MAEP ("Modality-Aware Expert Pruning for MoE-Based
+Multimodal Large Language Models", arXiv 2611.05927), Eqs. 8 and 2):
 
 | value | statistic | collected |
 |---|---|---|

@@ -2,10 +2,13 @@
 
 ``raw(name, subset)`` is the paper's value, ``score(name, subset)`` the importance (higher =
 keep); both are :class:`~lightprune.experts.scores.ExpertScores` ``{layer index: tensor[E_l]}``. They
-agree except for ``delta_h`` on ``vision_low_attn``, whose large values MAEP prunes first
-(section 5.3: s = (1 - alpha) z_text - alpha z_low), so its importance is the negated raw value.
+agree except for ``delta_h`` on ``vision_low_attn``, whose large values MAEP ("Modality-Aware Expert Pruning for
+MoE-Based Multimodal Large Language Models", arXiv 2611.05927) prunes first (section 5.3: s = (1 - alpha) z_text -
+alpha z_low), so its importance is the negated raw value. The raw values (frequency, seer, ean, reap: AIMER
+("AIMER: Calibration-Free Task-Agnostic MoE Pruning", arXiv 2603.18492), appendix B; routing_kl: MAEP appendix I,
+Eq. 8; delta_h: MAEP Eq. 2; delta_h_promoted: the promote-(k+1) counterfactual of MAEP appendix H):
 
-| name | raw value (METHODS.md) |
+| name | raw value |
 |---|---|
 | frequency | n_j, tokens routed to j |
 | seer | sum of the routing weight g_j(t) over routed tokens |

@@ -1,4 +1,5 @@
-"""Routing KL: how far removing an expert moves each token's routing distribution (MAEP paper, eq. 8).
+"""Routing KL: how far removing an expert moves each token's routing distribution (MAEP ("Modality-Aware Expert
+Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927), appendix I, Eq. 8).
 
 For token t with the router's distribution p over all E experts (a softmax of the logits, or for a sigmoid router
 the sigmoid scores normalised to sum to 1), ``routing_kl`` of expert j is the mean over the subset's tokens of

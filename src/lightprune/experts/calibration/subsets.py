@@ -2,8 +2,9 @@
 
 A token belongs to ``all`` when its attention mask is 1 (padding never counts), to ``vision``
 when its id is one of the model's image/video placeholder ids, to ``text`` otherwise. The
-attention subsets are chosen per layer from that layer's own text-to-vision attention
-(METHODS.md, "Token subsets"): the bottom / top q fraction of each sample's vision tokens.
+attention subsets are chosen per layer from that layer's own text-to-vision attention (MAEP ("Modality-Aware
+Expert Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927), sections 4.2 and 5.2): the
+bottom / top q fraction of each sample's vision tokens.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The token-level sums over each subset's routed tokens: frequency, SEER, EAN and REAP (METHODS.md, "Calibration
-criteria"; MAEP paper, section 3).
+"""The token-level sums over each subset's routed tokens: frequency, SEER, EAN and REAP (AIMER ("AIMER:
+Calibration-Free Task-Agnostic MoE Pruning", arXiv 2603.18492), appendix B; the routing weights as in MAEP
+("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927), section 3).
 
 For expert j of a layer and the tokens t of a subset that the router sent to j, with g_j(t) the weight the expert's
 output gets in the block and f_j(t) its unweighted output:

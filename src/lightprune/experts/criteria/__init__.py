@@ -1,16 +1,17 @@
-"""Expert-importance criteria behind one registry (METHODS.md, "Calibration-free criteria").
+"""Expert-importance criteria behind one registry.
 
-Weight-only criteria score a model from its weights alone::
+Weight-only criteria (AIMER ("AIMER: Calibration-Free Task-Agnostic MoE Pruning", arXiv 2603.18492) and its
+baselines) score a model from its weights alone::
 
     imp = lp.score_weights(model, "aimer")          # also "magnitude", "router_norm", "random"
     plan = lp.select_experts(imp, ratio=0.5)
 
 | name | raw value | pruned first | source |
 |---|---|---|---|
-| aimer | ||w||_1 / (sqrt(N) ||w||_2) | largest | paper 001, section 4.2, eq. (5) |
-| magnitude | ||w||_2 (Frobenius) | smallest | paper 001, section 5 baselines |
-| router_norm | ||W_r[e]||_2 | smallest | METHODS.md |
-| random | U(0, 1), seeded | smallest | paper 001, section 5 baselines |
+| aimer | ||w||_1 / (sqrt(N) ||w||_2) | largest | AIMER, section 4.2, eq. (5) |
+| magnitude | ||w||_2 (Frobenius) | smallest | AIMER, section 5 baselines |
+| router_norm | ||W_r[e]||_2 | smallest | lightprune's own baseline (W_r: AIMER section 3) |
+| random | U(0, 1), seeded | smallest | AIMER, section 5 baselines |
 
 ``w`` is one expert's flattened gate, up and down weights. Criteria that need data register in the same
 registry (:mod:`.calibration`): ``frequency``, ``seer``, ``ean``, ``reap``, ``routing_kl``, ``delta_h``,

@@ -1,8 +1,8 @@
-"""AIMER: Absolute mean over root mean square IMportance for Expert Ranking (paper 001).
+"""AIMER: Absolute mean over root mean square IMportance for Expert Ranking.
 
-Liu et al., "AIMER: Calibration-Free Task-Agnostic MoE Pruning", section 4.2, eqs. (3)-(5) and
-Algorithm 1. Flatten and concatenate one expert's gate, up and down projection weights into
-``w`` in R^N; then
+AIMER (Liu et al., "AIMER: Calibration-Free Task-Agnostic MoE Pruning", arXiv 2603.18492), section 4.2, eqs.
+(3)-(5) and Algorithm 1. Flatten and concatenate one expert's gate, up and down projection weights into ``w`` in
+R^N; then
 
     AIMER(w) = ||w||_1 / (sqrt(N) ||w||_2) = (P / N) / sqrt(Q / N),
 

@@ -1,12 +1,14 @@
 """Criteria that need data, in the same registry as the weight criteria (``needs_data = True``).
 
-- Calibration criteria (MAEP paper, section 3; METHODS.md "Calibration criteria"): ``frequency``,
-  ``seer``, ``ean``, ``reap``, ``routing_kl``, ``delta_h``, ``delta_h_promoted`` read one token subset of
-  the run's :class:`~lightprune.experts.calibration.CalibrationStats` (one observed pass yields them all);
-  ``maep`` combines Delta-H on text and low-attention vision tokens with its closed-form alpha
-  (section 5.3, :func:`lightprune.experts.maep.maep_scores`).
-- Fit criteria: ``router_delta`` (paper 003, sections 3.2-3.4) is the scores an adapter fit produced in
-  the run (the RouterDelta callback measures them at the end of ``lightprune fit``).
+- Calibration criteria (``frequency``, ``seer``, ``ean``, ``reap``: AIMER ("AIMER: Calibration-Free Task-Agnostic
+  MoE Pruning", arXiv 2603.18492), appendix B; ``routing_kl``, ``delta_h``, ``delta_h_promoted``: MAEP
+  ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927), section 3
+  and Eqs. 8 and 2) read one token subset of the run's :class:`~lightprune.experts.calibration.CalibrationStats`
+  (one observed pass yields them all); ``maep`` combines Delta-H on text and low-attention vision tokens with its
+  closed-form alpha (MAEP section 5.3, :func:`lightprune.experts.maep.maep_scores`).
+- Fit criteria: ``router_delta`` (router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies
+  Prunable Experts in Mixture-of-Experts Models"), sections 3.2-3.4) is the scores an adapter fit produced in the
+  run (the RouterDelta callback measures them at the end of ``lightprune fit``).
 
 Every criterion answers :meth:`Criterion.score_in_run`, given what the run holds; these raise an error
 that names what is missing (calibration statistics, or the fit's scores), never a silent fallback.
@@ -148,6 +150,7 @@ class FitCriterion(Criterion):
 
 @register_criterion("router_delta")
 class RouterDeltaCriterion(FitCriterion):
-    """Router sensitivity of an adapter fit (paper 003): weight, signed weight or logit delta."""
+    """Router sensitivity of an adapter fit (router sensitivity Eqs. 4, 3 and 5): weight, signed weight or logit
+    delta."""
 
     producer: ClassVar[str] = "RouterDelta"

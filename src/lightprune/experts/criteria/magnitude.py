@@ -1,8 +1,8 @@
-"""Magnitude: the Frobenius norm of an expert's weights (calibration-free baseline of paper 001).
+"""Magnitude: the Frobenius norm of an expert's weights (a calibration-free baseline of AIMER).
 
-Liu et al., "AIMER: Calibration-Free Task-Agnostic MoE Pruning", section 5 (baselines) and the
-Magnitude-versus-AIMER discussion: with ``w`` the expert's flattened gate, up and down
-projection weights (biases excluded, as for AIMER),
+AIMER (Liu et al., "AIMER: Calibration-Free Task-Agnostic MoE Pruning", arXiv 2603.18492), section 5 (baselines)
+and the Magnitude-versus-AIMER discussion: with ``w`` the expert's flattened gate, up and down projection weights
+(biases excluded, as for AIMER),
 
     magnitude(w) = ||w||_2 = sqrt(||W_gate||_F^2 + ||W_up||_F^2 + ||W_down||_F^2).
 

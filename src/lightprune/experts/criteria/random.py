@@ -1,4 +1,5 @@
-"""Random: seeded uniform scores, the sanity baseline of paper 001 (section 5, "Random").
+"""Random: seeded uniform scores, the sanity baseline of AIMER ("AIMER: Calibration-Free Task-Agnostic MoE
+Pruning", arXiv 2603.18492), section 5, "Random".
 
 Each expert of layer ``l`` scores an independent U(0, 1) draw from a ``torch.Generator``
 seeded with a 64-bit mix (splitmix64) of ``(seed, l)``: the same seed gives the same scores,

@@ -1,7 +1,8 @@
 """Router norm: the L2 norm of an expert's router row (calibration-free baseline).
 
-METHODS.md, "Calibration-free criteria": with ``W_r`` in R^{E x H} the router projection of
-paper 001 section 3 (z = W_r h), expert ``e`` scores
+A baseline of lightprune's own, beside the weight-only criteria of AIMER ("AIMER: Calibration-Free Task-Agnostic
+MoE Pruning", arXiv 2603.18492): with ``W_r`` in R^{E x H} the router projection of AIMER section 3 (z = W_r h),
+expert ``e`` scores
 
     router_norm(e) = ||W_r[e, :]||_2.
 

@@ -1,4 +1,5 @@
-"""Export-time kernels of MWOP (paper 002, appendix D.5): path-sparse attention and the compact FFN.
+"""Export-time kernels of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs", appendix
+D.5): path-sparse attention and the compact FFN.
 
 ``path_sparse_attention(query, key, value, modality, keep, backend=...)`` computes attention with the
 pruned paths' keys removed before the softmax (:mod:`.path_attention`); backends ``"triton"``

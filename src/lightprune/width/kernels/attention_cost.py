@@ -1,9 +1,9 @@
 """Which path-sparse attention backend a layer runs: a cost model over the work each one does (MWOP export).
 
-MWOP ("Modality-Aware Width Optimisation and Pruning", appendix D.5) exports kernels that must make prefill faster,
-and the fastest kernel depends on the layer's kept paths and the prompt's modality spans. For one layer (``keep``
-bool [H, 3]) and a token layout (the modality runs of one prompt) :func:`attention_costs` estimates each candidate's
-seconds from the work it does, with per-device constants (:class:`KernelProfile`):
+MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs", appendix D.5) exports kernels that must
+make prefill faster, and the fastest kernel depends on the layer's kept paths and the prompt's modality spans. For one
+layer (``keep`` bool [H, 3]) and a token layout (the modality runs of one prompt) :func:`attention_costs` estimates each
+candidate's seconds from the work it does, with per-device constants (:class:`KernelProfile`):
 
 - ``"sdpa"`` (masked SDPA): build the [H, Q, K] keep mask (``mask_element_s`` per element), expand the GQA key/value
   heads, and compute every (query, key) pair of every head with an explicit mask (``masked_pair_s`` per pair and

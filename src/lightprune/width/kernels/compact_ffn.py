@@ -1,9 +1,9 @@
-"""Compact modality-conditioned FFN: packed visual weights for MWOP's pruned visual channels (paper 002).
+"""Compact modality-conditioned FFN: packed visual weights for MWOP's pruned visual channels.
 
-Paper 002, appendix D.5 ("Modality-Conditioned FFNs"; METHODS.md, "MWOP"): the retained rows of the gate
-and up projections, with the matching columns of the down projection, are packed into compact visual
-weights; visual tokens use them, text tokens the full FFN, and an empty visual channel set gives a zero
-FFN update. For a gated MLP ``y = W_down (act(W_gate x) * (W_up x))`` with m channels and a keep mask
+MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), appendix D.5 ("Modality-Conditioned
+FFNs"): the retained rows of the gate and up projections, with the matching columns of the down projection, are
+packed into compact visual weights; visual tokens use them, text tokens the full FFN, and an empty visual channel set
+gives a zero FFN update. For a gated MLP ``y = W_down (act(W_gate x) * (W_up x))`` with m channels and a keep mask
 ``keep_mu`` of k_mu channels for modality mu, a token of modality mu computes
 
     y = W_down[:, P] (act(W_gate[P] x) * (W_up[P] x)),   P = the kept channels, zero-padded to

@@ -1,6 +1,7 @@
-"""Retained key intervals of MWOP path-sparse attention, per (sample, head, query block) (paper 002, D.5).
+"""Retained key intervals of MWOP path-sparse attention, per (sample, head, query block) (MWOP ("MWOP:
+Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), appendix D.5).
 
-Paper 002, appendix D.5: for query i of layer l and head h the retained causal key set is
+MWOP appendix D.5: for query i of layer l and head h the retained causal key set is
 ``A_(l,h)(i) = {j <= i : key j is not PAD and the path (modality(i) -> modality(j)) is kept for h}``,
 and the kernel "traverses only the retained key intervals". A query block ``I`` (``block_q``
 consecutive queries) walks the union ``U(I) = union over i in I of A(i)``, written as sorted, disjoint

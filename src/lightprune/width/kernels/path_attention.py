@@ -1,6 +1,7 @@
-"""MWOP path-sparse attention: one entry point over three backends (paper 002, section 3 and D.5).
+"""MWOP path-sparse attention: one entry point over three backends (MWOP ("MWOP: Modality-aware Width-wise
+Operation Pruning for Efficient MLLMs"), section 3 and appendix D.5).
 
-Paper 002, appendix D.5: with the retained causal key set of query i for layer l and head h,
+MWOP appendix D.5: with the retained causal key set of query i for layer l and head h,
 ``A_(l,h)(i) = {j <= i : key j not PAD, path (modality(i) -> modality(j)) kept for h}`` (SYSTEM keys
 always, SYSTEM queries and every pair other than V2V / T2V / T2T never pruned),
 

@@ -1,6 +1,7 @@
-"""Triton path-sparse attention: one online softmax over the retained key intervals (paper 002, D.5).
+"""Triton path-sparse attention: one online softmax over the retained key intervals (MWOP ("MWOP: Modality-aware
+Width-wise Operation Pruning for Efficient MLLMs"), appendix D.5).
 
-Paper 002, appendix D.5: for the retained causal key set ``A_(l,h)(i)`` of query i (SYSTEM keys
+MWOP appendix D.5: for the retained causal key set ``A_(l,h)(i)`` of query i (SYSTEM keys
 included),
 
     o_i = sum_{j in A(i)} exp(s_ij) v_j / sum_{j in A(i)} exp(s_ij),   s_ij = q_i . k_j * scale,

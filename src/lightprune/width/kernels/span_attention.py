@@ -1,15 +1,15 @@
 """MWOP path-sparse attention from dense SDPA calls on the kept key spans: :func:`span_path_attention`.
 
-The pruned paths of MWOP ("Modality-Aware Width Optimisation and Pruning", Algorithm 1; appendix D.5's retained key
-set) remove whole (query modality, key modality) blocks per head, and the modalities are contiguous runs of the
-sequence. So the attention splits into dense pieces. The heads are grouped by their kept-path pattern (at most 8
-patterns); each sample's queries split into runs of one modality; for a run of n queries the keys the pattern keeps
-are p keys before the run (every query sees all of them) and, when the run's own modality is kept, the run's n own
+The pruned paths of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs", Algorithm 1; appendix
+D.5's retained key set) remove whole (query modality, key modality) blocks per head, and the modalities are contiguous
+runs of the sequence. So the attention splits into dense pieces. The heads are grouped by their kept-path pattern (at
+most 8 patterns); each sample's queries split into runs of one modality; for a run of n queries the keys the pattern
+keeps are p keys before the run (every query sees all of them) and, when the run's own modality is kept, the run's n own
 keys, last. That is SDPA over m = p (+ n) keys with no mask, or with the lower-right causal mask
 (``torch.nn.attention.bias.causal_lower_right``: query r sees keys 0 .. m - n + r): both run on fused kernels
-(FlashAttention / cuDNN / memory-efficient), unlike a boolean mask. Consecutive runs whose keys extend each other
-are one piece (:func:`span_pieces`): a pattern that keeps every path of a sample without padding is one dense
-causal call; samples with the same pieces, and patterns with the same piece, share each call (:func:`span_calls`).
+(FlashAttention / cuDNN / memory-efficient), unlike a boolean mask. Consecutive runs whose keys extend each other are
+one piece (:func:`span_pieces`): a pattern that keeps every path of a sample without padding is one dense causal call;
+samples with the same pieces, and patterns with the same piece, share each call (:func:`span_calls`).
 
 The kept keys of a piece are a slice of the key tensor when they are one interval, one gather otherwise (the pruned
 keys are never read: a NaN there cannot reach the output). Grouped-query heads read their key/value heads through
