@@ -75,8 +75,8 @@ class ExpertPruning(JobEndCallback):
         alpha: MAEP's mixing weight (None: its closed form).
         ratio: fraction of routed experts to prune, in [0, 1) (``null`` with ``n_per_layer``).
         n_per_layer: prune exactly this many experts from every layer instead (router sensitivity ("Router
-            Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models"),
-            section 3.4).
+            Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models",
+            arXiv 2608.07890), section 3.4).
         allocation: ``uniform`` (same count per layer) or ``global`` (one ranking over layers).
         normalize: ``None`` or ``log_zscore`` (per-layer z-score of log values before a global ranking).
         seed: passed to criteria named by string whose constructor takes ``seed`` (``random``).

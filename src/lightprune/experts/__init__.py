@@ -2,7 +2,8 @@
 
 The methods: MAEP ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language Models", arXiv
 2611.05927), AIMER ("AIMER: Calibration-Free Task-Agnostic MoE Pruning", arXiv 2603.18492) and router sensitivity
-("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models").
+("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models",
+arXiv 2608.07890).
 
 - :mod:`.plan` (:class:`ExpertPlan`, the only thing passed from scoring to surgery), :mod:`.scores`
   (:class:`ExpertScores`, higher = keep), :mod:`.select` (scores -> plan), :mod:`.mask` (reversible),

@@ -81,10 +81,10 @@ def select_experts(importance: Mapping[int, torch.Tensor], ratio: float | None, 
     ``limits`` (per layer top-k, groups) defaults to ``importance.limits`` when the scores come
     from lightprune (``ExpertScores``). ``n_per_layer`` (with ``ratio=None``) prunes exactly that many
     experts from every layer instead (the uniform count of router sensitivity ("Router Sensitivity Under
-    Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models"), section 3.4). Errors name
-    the bad value: a ratio outside [0, 1), an unknown allocation or normalisation, non-finite scores, scores that
-    cannot be ranked (bool, complex, on the meta device: :func:`~lightprune.experts.scores.check_score_values`),
-    a ratio that would cut below a floor.
+    Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models", arXiv 2608.07890), section
+    3.4). Errors name the bad value: a ratio outside [0, 1), an unknown allocation or normalisation, non-finite
+    scores, scores that cannot be ranked (bool, complex, on the meta device:
+    :func:`~lightprune.experts.scores.check_score_values`), a ratio that would cut below a floor.
     """
     return _select(importance, ratio, allocation, normalize, limits=limits, criterion=criterion,
                    n_per_layer=n_per_layer)

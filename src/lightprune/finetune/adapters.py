@@ -1,5 +1,5 @@
 """Parameter-efficient adapters as measuring instruments of router sensitivity ("Router Sensitivity Under
-Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models", sections 3.3-4).
+Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models", arXiv 2608.07890, sections 3.3-4).
 
 An adapter is fitted briefly, read, then discarded: the plan is applied to the original weights.
 

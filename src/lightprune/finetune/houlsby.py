@@ -1,5 +1,6 @@
 """Houlsby bottleneck adapters (Houlsby et al. 2019; router sensitivity ("Router Sensitivity Under Lightweight
-Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models"), section 3.3), which peft does not provide.
+Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models", arXiv 2608.07890), section 3.3), which peft
+does not provide.
 
 An adapter maps a sublayer output ``h`` to ``h + U gelu(D LN(h))`` with ``D: hidden -> hidden // reduction``
 and ``U: hidden // reduction -> hidden`` (router sensitivity section 3.3: ``x -> x + U sigma(D LN(x))``). ``U`` is

@@ -1,5 +1,6 @@
 """Optimizers and learning-rate schedules for adapter fine-tuning (router sensitivity ("Router Sensitivity Under
-Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models"), section 4 and Table 10).
+Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models", arXiv 2608.07890), section 4
+and Table 10).
 
 The reference recipe is 8-bit AdamW (bitsandbytes), lr 2e-4, weight decay 0.01, a cosine schedule with 5
 linear warm-up steps. ``adamw`` is torch's AdamW; ``adamw8bit`` is ``bitsandbytes.optim.AdamW8bit``,

@@ -1,6 +1,6 @@
 """4-bit base weights for QLoRA (Dettmers et al. 2023; router sensitivity ("Router Sensitivity Under Lightweight
-Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models"), section 4: Mixtral runs hold the base in 4
-bit).
+Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models", arXiv 2608.07890), section 4: Mixtral runs
+hold the base in 4 bit).
 
 Every ``nn.Linear`` of the model except the output head is replaced by a bitsandbytes ``Linear4bit``
 (NF4, double quantisation off, compute in the model's dtype), frozen. transformers 5 routers are not

@@ -1,5 +1,6 @@
 """IA3 scaling where peft cannot reach: the router input and the fused experts (router sensitivity ("Router
-Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models"), section 3.3).
+Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models", arXiv
+2608.07890), section 3.3).
 
 IA3 (Liu et al. 2022) learns a per-channel vector ``a`` and replaces an input ``x`` by ``x * a``. For the
 router, router sensitivity section 3.3 writes the logits as ``l(x) = W_g (x * a)``. Because the router is linear,

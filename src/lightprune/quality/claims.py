@@ -133,6 +133,10 @@ def _row(result: Mapping[str, Any], criterion: str, ratio: float) -> Mapping[str
 #: MWOP's rival after recovery: the mean of the random plans given the same recovery (too few for a p-value)
 RECOVERED_RANDOM = "random, recovered"
 
+#: the router-sensitivity paper's label on the page ("Router Sensitivity Under Lightweight Fine-Tuning Identifies
+#: Prunable Experts in Mixture-of-Experts Models")
+ROUTER_SENSITIVITY = "Router sensitivity (arXiv 2608.07890)"
+
 #: every claim checked over testbed seeds: (paper, claim, testbed part, criterion, rival (None: the random null),
 #: metric); a paper's claim against its own comparators is one check per comparator; a criterion ending in "*" is
 #: every row of that name and its ``_fit<n>`` variants (router sensitivity's fit seeds), each a record per seed;
@@ -168,13 +172,13 @@ CLAIM_CHECKS: tuple[tuple[str, str, str, str, str | None, str], ...] = (
     ("AIMER (arXiv 2603.18492)", "AIMER keeps more than the router norm", "text", "aimer", "router_norm", "ppl"),
     ("AIMER (arXiv 2603.18492)", "a calibration-free weight ranking keeps more than random pruning", "mllm", "aimer",
      None, "acc_image"),
-    ("Router sensitivity", "experts whose router rows move least are prunable: more kept than random "
+    (ROUTER_SENSITIVITY, "experts whose router rows move least are prunable: more kept than random "
      "(every fit seed)", "text", "router_sensitivity*", None, "ppl"),
-    ("Router sensitivity", "router sensitivity keeps more than magnitude", "text", "router_sensitivity",
+    (ROUTER_SENSITIVITY, "router sensitivity keeps more than magnitude", "text", "router_sensitivity",
      "magnitude", "ppl"),
-    ("Router sensitivity", "router sensitivity keeps more than the router norm", "text", "router_sensitivity",
+    (ROUTER_SENSITIVITY, "router sensitivity keeps more than the router norm", "text", "router_sensitivity",
      "router_norm", "ppl"),
-    ("Router sensitivity", "router sensitivity keeps more than its reverse", "text", "router_sensitivity",
+    (ROUTER_SENSITIVITY, "router sensitivity keeps more than its reverse", "text", "router_sensitivity",
      "anti_router_sensitivity", "ppl"),
     ("MWOP", "Taylor-ranked paths and channels keep more than random masks of the same ratios, training-free "
      "(every operating point)", "mwop", "taylor", None, "atr"),

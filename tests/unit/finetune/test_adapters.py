@@ -1,5 +1,5 @@
 """peft LoRA / IA3 and Houlsby adapters on tiny MoE models (router sensitivity ("Router Sensitivity Under Lightweight
-Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models"), section 3.3)."""
+Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models", arXiv 2608.07890), section 3.3)."""
 
 from __future__ import annotations
 
