@@ -1,9 +1,9 @@
 """RouterDelta: score experts by router sensitivity under a brief adapter fit (a scorer: it never prunes).
 
-Router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in
-Mixture-of-Experts Models", sections 3.2-3.4): the adapter fitted by ``lightprune fit`` is an instrument. At fit
-start the callback records the row norms of the *original* router weights (and a float64 fingerprint of every
-base parameter); at fit end it
+Router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts
+Models", arXiv 2608.07890, sections 3.2-3.4): the adapter fitted by ``lightprune fit`` is an instrument. At fit start
+the callback records the row norms of the *original* router weights (and a float64 fingerprint of every base parameter);
+at fit end it
 
 1. scores every expert: ``weight`` / ``signed_weight`` from the adapter-merged router
    (Eqs. 4 / 3), or ``logit`` from the router logits of held-out batches (the datamodule's val

@@ -1,5 +1,5 @@
 """Router sensitivity under lightweight fine-tuning ("Router Sensitivity Under Lightweight Fine-Tuning Identifies
-Prunable Experts in Mixture-of-Experts Models", sections 3.2-3.4, appendix D).
+Prunable Experts in Mixture-of-Experts Models", arXiv 2608.07890, sections 3.2-3.4, appendix D).
 
 A parameter-efficient adapter is fitted briefly; the adapted model is an instrument, read and
 then discarded. Two scores per MoE layer and expert ``e``:

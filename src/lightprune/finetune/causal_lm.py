@@ -11,12 +11,12 @@ Validation logs torchmetrics perplexity (``val/ppl``) and next-token accuracy (`
 the same positions.
 
 Fine-tuning (router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in
-Mixture-of-Experts Models"), section 4): an optional ``adapter`` (:class:`~lightprune.finetune.AdapterSpec`) is
-attached in ``configure_model`` after the model is built (and, with ``load_in_4bit``, after its linear layers
-are quantised to 4 bit: QLoRA); ``self.model`` is then the model to train (a peft model for LoRA / IA3) and
-``self.base_model`` the transformers model under it, whose routers :func:`lightprune.find_moe_layers` walks.
-The optimizer (AdamW or bitsandbytes AdamW8bit) and the per-step schedule (cosine or constant, linear warm-up)
-are :mod:`lightprune.finetune.optim`.
+Mixture-of-Experts Models", arXiv 2608.07890), section 4): an optional ``adapter``
+(:class:`~lightprune.finetune.AdapterSpec`) is attached in ``configure_model`` after the model is built (and, with
+``load_in_4bit``, after its linear layers are quantised to 4 bit: QLoRA); ``self.model`` is then the model to train (a
+peft model for LoRA / IA3) and ``self.base_model`` the transformers model under it, whose routers
+:func:`lightprune.find_moe_layers` walks. The optimizer (AdamW or bitsandbytes AdamW8bit) and the per-step schedule
+(cosine or constant, linear warm-up) are :mod:`lightprune.finetune.optim`.
 
 Half precision: a dtype conversion of the module (``--trainer.precision bf16-true`` / ``16-true``: Lightning's
 precision plugin runs ``module.to(dtype)`` in the strategy's setup; or ``dtype: bfloat16`` for a tiny model) keeps

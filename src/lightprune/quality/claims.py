@@ -12,9 +12,9 @@ The claims (:data:`CLAIM_CHECKS`: a check per claim and comparator), stated as t
   and channel pruning keeps more than random masks of the same ratios, training-free and after the same recovery
   (scored against the dense model given that recovery);
 - router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in
-  Mixture-of-Experts Models"), abstract: "nearly 1.8 times that of magnitude-based or random pruning at maximal
-  compression": the experts whose router rows moved least under a light fine-tune are prunable: the ranking keeps
-  more than random on every fit seed, more than magnitude and the router norm, and more than its own reverse.
+  Mixture-of-Experts Models", arXiv 2608.07890), abstract: "nearly 1.8 times that of magnitude-based or random pruning
+  at maximal compression": the experts whose router rows moved least under a light fine-tune are prunable: the ranking
+  keeps more than random on every fit seed, more than magnitude and the router norm, and more than its own reverse.
 
 The rule, stated before the seeds were measured, on several independently trained testbeds (each seed's standing:
 :func:`lightprune.quality.evidence.standing`; the verdict over the seeds: :func:`claim_verdict`):
@@ -134,7 +134,7 @@ def _row(result: Mapping[str, Any], criterion: str, ratio: float) -> Mapping[str
 RECOVERED_RANDOM = "random, recovered"
 
 #: the router-sensitivity paper's label on the page ("Router Sensitivity Under Lightweight Fine-Tuning Identifies
-#: Prunable Experts in Mixture-of-Experts Models")
+#: Prunable Experts in Mixture-of-Experts Models", arXiv 2608.07890)
 ROUTER_SENSITIVITY = "Router sensitivity (arXiv 2608.07890)"
 
 #: every claim checked over testbed seeds: (paper, claim, testbed part, criterion, rival (None: the random null),

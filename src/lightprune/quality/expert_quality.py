@@ -17,7 +17,7 @@ Rankings (:func:`expert_rankings`), higher = keep:
   Models", arXiv 2611.05927), Eqs. 8 and 2);
 - weight-only criteria: aimer (AIMER section 4.2), magnitude (AIMER section 5.1's baseline), router_norm;
 - router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in
-  Mixture-of-Experts Models"), Eq. 4: |Delta ||w_e||| of the router rows after a router-LoRA fit with
+  Mixture-of-Experts Models", arXiv 2608.07890), Eq. 4: |Delta ||w_e||| of the router rows after a router-LoRA fit with
   configs/router_lora.yaml's recipe (:func:`router_sensitivity`, the RouterDelta callback's own scores);
 - MAEP section 5.3: s = (1 - alpha) z~_text - alpha z~_low, global ranking, with the closed-form alpha clamped to
   [0, 1], with each fixed alpha of :data:`FIXED_ALPHAS`, at alpha = 0 (text Delta-H alone), beside REAP ranked

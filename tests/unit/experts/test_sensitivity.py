@@ -1,5 +1,5 @@
 """Router sensitivity scores ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in
-Mixture-of-Experts Models", Eqs. 3-5) against independent computations.
+Mixture-of-Experts Models", arXiv 2608.07890, Eqs. 3-5) against independent computations.
 
 Adapters are built with peft directly (LoRA ``target_parameters`` on the router weight, LoRA on
 attention for a frozen router); expected values come from the router weights and the LoRA

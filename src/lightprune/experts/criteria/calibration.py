@@ -7,8 +7,8 @@
   (one observed pass yields them all); ``maep`` combines Delta-H on text and low-attention vision tokens with its
   closed-form alpha (MAEP section 5.3, :func:`lightprune.experts.maep.maep_scores`).
 - Fit criteria: ``router_delta`` (router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies
-  Prunable Experts in Mixture-of-Experts Models"), sections 3.2-3.4) is the scores an adapter fit produced in the
-  run (the RouterDelta callback measures them at the end of ``lightprune fit``).
+  Prunable Experts in Mixture-of-Experts Models", arXiv 2608.07890), sections 3.2-3.4) is the scores an adapter fit
+  produced in the run (the RouterDelta callback measures them at the end of ``lightprune fit``).
 
 Every criterion answers :meth:`Criterion.score_in_run`, given what the run holds; these raise an error
 that names what is missing (calibration statistics, or the fit's scores), never a silent fallback.
