@@ -180,11 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"checkpoint: {disk['total']:,} B in {disk['files']} safetensors file(s) = {disk['data']:,} B tensor data "
           f"+ {disk['header']:,} B headers")
     print(f"expected (pruned state dict, numel x element size): {pruned_expected:,} B; export manifest: "
-          f"{report['expected_bytes']:,} B")
+          f"{report.parameter_bytes:,} B")
     print(f"unpruned: checkpoint {disk_unpruned['total']:,} B, expected {unpruned_expected:,} B; pruned / unpruned "
           f"checkpoint bytes {disk['total'] / disk_unpruned['total']:.4f} (expected fraction {fraction:.4f})")
-    print(f"parameters {report['params_before']:,} -> {report['params_after']:,}; verification max |logits diff| "
-          f"{report['max_abs_diff']:.2e}")
+    print(f"parameters {report.parameters_before:,} -> {report.parameters:,}; verification max |logits diff| "
+          f"{report.max_abs_diff:.2e}")
     data_match = disk["data"] - pruned_expected
     print(f"{'PASS' if data_match == 0 else 'FAIL'}: tensor data on disk - expected bytes = {data_match} (target 0)")
     verdict = "PASS" if ratio <= args.target and data_match == 0 else "FAIL"

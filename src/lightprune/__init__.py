@@ -1,6 +1,6 @@
 """lightprune: fine-tune, score, prune and export Mixture-of-Experts LLMs and MLLMs.
 
-The public API (names and signatures are stable; see docs/python-api.md)::
+The public API (see docs/python-api.md)::
 
     layers = lp.find_moe_layers(model)
     imp = lp.score_weights(model, "aimer")
@@ -32,10 +32,8 @@ from __future__ import annotations
 
 from lightprune import _starting  # noqa: F401  (first: the console script's signals in its first moments)
 
-import importlib
 from typing import Any
 
-from lightprune import _compat
 from lightprune.core.lazy import lazy_attributes
 from lightprune.core.notices import install_filters as _install_filters, verbose as _verbose
 
@@ -43,8 +41,6 @@ if not _verbose():  # the Python API as quiet as the command (lightprune.core.no
     _install_filters()
 
 __version__ = "0.1.0"
-
-_compat.install()
 
 _LAZY = {
     "run_recipe": "lightprune.cli.recipe",
@@ -104,9 +100,6 @@ _LAZY = {
     "save_width_pruned": "lightprune.export",
     "path_sparse_attention": "lightprune.width.kernels",
 }
-#: old top-level names -> (module, new name); they keep working for one release and warn once
-_DEPRECATED = {"get_adapter": ("lightprune.models", "get_family")}
-
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
@@ -116,12 +109,6 @@ _lazy_getattr, _ = lazy_attributes(__name__, _LAZY)
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return _lazy_getattr(name)
-    if _compat.new_location(f"lightprune.{name}") is not None:  # an old submodule: lp.modules, lp.plan, ...
-        return importlib.import_module(f"lightprune.{name}")
-    if name in _DEPRECATED:
-        module, new = _DEPRECATED[name]
-        _compat.warn_once(f"lightprune.{name}", f"{module}.{new}")
-        return getattr(importlib.import_module(module), new)
     raise AttributeError(f"module 'lightprune' has no attribute {name!r}")
 
 

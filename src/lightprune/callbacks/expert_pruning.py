@@ -32,16 +32,13 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightprune._compat import warn_once
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.distributed import same_on_every_rank
 from lightprune.experts.criteria import (
-    CalibrationCriterion,
     Criterion,
     MergeMethod,
-    available_criteria,
     get_criterion,
     get_criterion_class,
 )
@@ -251,12 +248,3 @@ def _when_written(state: RunState, path: Path) -> str:
     before)."""
     when = "once the export has succeeded" if state.has_phase("export") else "at the end of the job"
     return f"{path.name} is written to {path.parent} {when}"
-
-
-def __getattr__(name: str):
-    if name == "CALIBRATION":  # 0.1: the calibration criteria's names; they are in the registry now
-        warn_once("lightprune.callbacks.expert_pruning.CALIBRATION",
-                  "lightprune.available_criteria(needs_data=True)")
-        return tuple(n for n in available_criteria(needs_data=True)
-                     if issubclass(get_criterion_class(n), CalibrationCriterion))
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -110,9 +110,7 @@ OPTIONS: dict[str, CallbackOptions] = {spec.name: spec for spec in (
     CallbackOptions(
         "RouterDelta", "router_delta", "router sensitivity: how far fine-tuning moved each router row",
         {"score": lambda v: check_choice("score", v, (*SENSITIVITY_SCORES, "auto")),
-         "holdout_batches": lambda v: check_positive_int("holdout_batches", v),
-         "ratio": None, "n_per_layer": None, "output_dir": None, "export": None, "overwrite": None, "atol": None,
-         "summary": None}),
+         "holdout_batches": lambda v: check_positive_int("holdout_batches", v)}),
     CallbackOptions(
         "ExpertPruning", "prune", "score with a criterion and select the experts to keep (plan.json)",
         {"criterion": check_criterion_name, "ratio": _optional(check_ratio),

@@ -16,8 +16,6 @@ at fit end it
 Selection and export are the other callbacks' (phase order: this one scores first):
 ``ExpertPruning(criterion="router_delta", ratio=...)`` (or ``n_per_layer``) makes the plan and writes
 ``scores.json`` and ``plan.json``, :class:`~lightprune.callbacks.Export` prunes the original and exports.
-The 0.1 arguments (``ratio``, ``n_per_layer``, ``export``, ``overwrite``, ``atol``, ``summary``,
-``output_dir``) still work for one release: they add exactly those two steps to the run, with a warning.
 
 Across processes (DDP, DeepSpeed ZeRO-1/2/3) every rank scores: router weights are read with
 the routers' ZeRO-3 partitions gathered (the routers only, never the experts), the fingerprint
@@ -37,9 +35,6 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from lightprune._compat import warn_once
-from lightprune.callbacks.expert_pruning import ExpertPruning
-from lightprune.callbacks.export import Export
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState
@@ -105,55 +100,23 @@ class RouterDelta(JobEndCallback):
             (``weight`` when the router is trainable, else ``logit``).
         holdout_batches: batches of the datamodule's val dataloader for the logit delta.
 
-    ``ratio``, ``n_per_layer``, ``output_dir``, ``export``, ``overwrite``, ``atol``, ``summary``: deprecated (0.1):
-    when any is given, the run also gets ``ExpertPruning(criterion="router_delta", ...)`` and (unless
-    ``export=False``) ``Export(...)`` with them; list those callbacks instead.
+    It never prunes: list ``ExpertPruning(criterion="router_delta", ...)`` and ``Export(...)`` beside it for that.
     """
 
     phase = "score"
 
-    def __init__(self, score: str = "auto", holdout_batches: int = 1, ratio: float | None = None,
-                 n_per_layer: int | None = None, output_dir: str | None = None, export: bool | None = None,
-                 overwrite: bool | None = None, atol: float | None = None, summary: bool | None = None):
+    def __init__(self, score: str = "auto", holdout_batches: int = 1):
         super().__init__()
         self.score = self.OPTIONS.check("score", score)
         self.holdout_batches = self.OPTIONS.check("holdout_batches", holdout_batches)
-        legacy = {"ratio": ratio, "n_per_layer": n_per_layer, "output_dir": output_dir, "export": export,
-                  "overwrite": overwrite, "atol": atol, "summary": summary}
-        self.legacy = {k: v for k, v in legacy.items() if v is not None}
-        self._steps = self._legacy_steps() if self.legacy else []
         self.resolved: str | None = None
         self.before: dict[int, torch.Tensor] | None = None
         self.fingerprint: dict[str, tuple[float, float]] | None = None
         self.scores: ExpertScores | None = None
 
-    def _legacy_steps(self) -> list[JobEndCallback]:
-        """The 0.1 arguments as the two callbacks that now do that work (one pipeline for every criterion)."""
-        args = self.legacy
-        warn_once("RouterDelta(ratio=, n_per_layer=, export=, overwrite=, atol=, summary=, output_dir=)",
-                  "RouterDelta(score=...) with ExpertPruning(criterion='router_delta', ratio=...) and Export(...)")
-        n = args.get("n_per_layer")
-        ratio = args.get("ratio", None if n is not None else 0.5)  # 0.1's default ratio was 0.5
-        steps: list[JobEndCallback] = [ExpertPruning(criterion="router_delta", ratio=ratio, n_per_layer=n,
-                                                     output_dir=args.get("output_dir"))]
-        if args.get("export", True):
-            steps.append(Export(output_dir=args.get("output_dir"), overwrite=bool(args.get("overwrite", False)),
-                                atol=args.get("atol"), summary=bool(args.get("summary", True))))
-        return steps
-
     @property
     def criterion(self) -> str:
         return f"router_delta:{self.resolved or self.score}"
-
-    @property
-    def plan(self):
-        """0.1: the plan of the ExpertPruning step the deprecated arguments added (None without them)."""
-        return next((step.plan for step in self._steps if isinstance(step, ExpertPruning)), None)
-
-    @property
-    def report(self):
-        """0.1: the report of the Export step the deprecated arguments added (None without them)."""
-        return next((step.report for step in self._steps if isinstance(step, Export)), None)
 
     def _check_model(self, model: nn.Module) -> None:
         find_moe_layers(base_model_of(model))
@@ -167,14 +130,10 @@ class RouterDelta(JobEndCallback):
     def check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if getattr(pl_module, "model", None) is not None:
             self._check_model(pl_module.model)
-        for step in self._steps:
-            step.setup(trainer, pl_module, stage)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         model = pl_module.model
         self._check_model(model)
-        for step in self._steps:
-            step.on_fit_start(trainer, pl_module)
         if self.resolved is None:
             self.resolved = self._resolve(model)
         if self.resolved == "logit" and not callable(getattr(trainer.datamodule, "val_dataloader", None)):
@@ -221,8 +180,6 @@ class RouterDelta(JobEndCallback):
 
     def run(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         state = RunState.of(trainer)
-        for step in self._steps:  # registered at setup; again here when setup did not run
-            state.add_job_end(step)
         if self.scores is not None:
             state.expert_scores.setdefault("router_delta", self.scores)
             return
@@ -257,7 +214,6 @@ class RouterDelta(JobEndCallback):
             "resolved": self.resolved,
             "before": None if self.before is None else {str(l): v.tolist() for l, v in self.before.items()},
             "fingerprint": self.fingerprint,
-            "steps": [step.state_dict() for step in self._steps],
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -267,5 +223,3 @@ class RouterDelta(JobEndCallback):
                                                    for l, v in before.items()}
         fingerprint = state_dict.get("fingerprint")
         self.fingerprint = None if fingerprint is None else {k: tuple(v) for k, v in fingerprint.items()}
-        for step, saved in zip(self._steps, state_dict.get("steps") or []):
-            step.load_state_dict(saved)

@@ -151,12 +151,10 @@ class RunState:
             return
         listed = []
         for callback in getattr(trainer, "callbacks", None) or []:
-            steps = getattr(callback, "_steps", ()) if _lightprune_class(callback) == "RouterDelta" else ()
-            for one in (callback, *steps):  # RouterDelta's 0.1 arguments add an ExpertPruning and an Export
-                name = _lightprune_class(one)
-                if name is not None:
-                    listed.append((name, {key: getattr(one, key, None)
-                                          for key in ("output_dir", "checkpoint_dir", "plan_path")}))
+            name = _lightprune_class(callback)
+            if name is not None:
+                listed.append((name, {key: getattr(callback, key, None)
+                                      for key in ("output_dir", "checkpoint_dir", "plan_path")}))
         roster = check_roster(listed, getattr(trainer, "default_root_dir", None))
         self.plan_file, self.plan_folder, self._checked = roster.plan_file, roster.plan_folder, True
 

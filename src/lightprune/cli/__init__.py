@@ -15,18 +15,3 @@ May import: everything below it; nothing imports it but the package's lazy top l
 """
 
 from __future__ import annotations
-
-import importlib
-from typing import Any
-
-#: names of the 0.1 module ``lightprune.cli`` (now :mod:`.app`): deprecated attributes of this package
-_OLD_NAMES = ("main", "cli_main", "LightpruneCLI", "LightpruneArgumentParser")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _OLD_NAMES:
-        from lightprune._compat import warn_once
-
-        warn_once(f"lightprune.cli.{name}", f"lightprune.cli.app.{name}")
-        return getattr(importlib.import_module("lightprune.cli.app"), name)
-    raise AttributeError(f"module 'lightprune.cli' has no attribute {name!r}")

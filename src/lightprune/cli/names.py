@@ -53,7 +53,7 @@ BOOL_OPTIONS: dict[str, frozenset[str]] = {name: frozenset(options) for name, op
                 "barebones", "sync_batchnorm", "enable_autolog_hparams"),
     "methods": ("weights_only", "verbose", "return_predictions"),
     "MoECausalLM": ("trust_remote_code", "load_in_4bit", "sequential"),
-    "ExpertStats": ("resume",), "RouterDelta": ("export", "overwrite", "summary"), "ExpertPruning": (),
+    "ExpertStats": ("resume",), "RouterDelta": (), "ExpertPruning": (),
     "Export": ("overwrite", "summary"), "WidthSearch": ("last_layer_first", "progress"), "WidthExport": ("overwrite",),
     "Evaluate": ("progress",), "ReportPage": (),
     "TextJsonlDataModule": ("mask_prompt", "add_eos", "progress"),

@@ -211,20 +211,3 @@ def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = No
     if width is not None:
         attach_width_kernels(model, width[0], align=width[1], attention_backend=width[2])
     return model
-
-
-#: names this module held before the checkpoint reader moved below export (0.2): deprecated, one warning each
-_MOVED = {"check_safetensors": "lightprune.checkpoints.header", "header_bytes": "lightprune.checkpoints.header",
-          "read_header": "lightprune.checkpoints.header", "weight_files": "lightprune.checkpoints.directory",
-          "SAFE_INDEX": "lightprune.checkpoints.directory", "SAFE_WEIGHTS": "lightprune.checkpoints.directory"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-
-        from lightprune._compat import warn_once
-
-        warn_once(f"lightprune.export.load.{name}", f"{_MOVED[name]}.{name}")
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

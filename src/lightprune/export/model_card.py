@@ -117,7 +117,7 @@ def _size(info: Mapping[str, Any]) -> list[str]:
 
 def _tolerance(v: Mapping[str, Any]) -> str:
     """The tolerance the check applied: ``atol + rtol * max|reference|`` where the manifest records it (the streamed
-    export's under ``logits``), else ``atol`` (manifests of 0.2 and earlier)."""
+    export's under ``logits``), else ``atol`` (a manifest that records no ``tolerance``)."""
     record = v if "tolerance" in v else v.get("logits") if isinstance(v.get("logits"), Mapping) else None
     if record is None or "tolerance" not in record:
         return f"tolerance {_number(float(v['atol']))}"

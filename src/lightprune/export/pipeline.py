@@ -114,10 +114,7 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
 
     Returns an :class:`~lightprune.export.result.ExportResult`: ``path``, ``parameters_before``, ``parameters``,
     ``weight_bytes`` (safetensors bytes on disk), ``parameter_bytes`` (bytes of the pruned tensors),
-    ``experts_per_layer``, ``uniform``, ``max_abs_diff``, ``seconds``, ... Indexing it with the keys of the dict
-    this returned before 0.2 (``out_dir``, ``params_before``, ``params_after``, ``checkpoint_bytes``,
-    ``expected_bytes``, ``kept_per_layer``, ``uniform``, ``max_abs_diff``, ``seconds``) still gives their values,
-    deprecated (:data:`~lightprune.export.result.LEGACY_KEYS` names the attribute of each).
+    ``experts_per_layer``, ``uniform``, ``max_abs_diff``, ``seconds``, ...
 
     The plan is checked against the model before anything changes (every MoE layer named and no other, the
     expert counts, the routing floors: :meth:`~lightprune.experts.plan.ExpertPlan.check_layers`, a

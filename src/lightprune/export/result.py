@@ -11,16 +11,8 @@ its attributes are the manifest's figures::
     result.path, result.experts_per_layer, result.parameters, result.weight_bytes, result.max_abs_diff
     model = lp.load_pruned(result)          # a result is os.PathLike: it goes wherever a path goes
 
-Plain API: the attributes, ``os.fspath(result)`` and ``str(result)`` (the checkpoint path), so ``Path(result)``,
-``open``, ``shutil`` and ``lp.load_pruned(result)`` take it as they took the ``Path`` returned before 0.2.
-
-Deprecated, for one release (each use warns once, ``FutureWarning``, naming the replacement):
-
-- what the ``pathlib.Path`` that ``save_pruned`` / ``prune_checkpoint`` returned offered beyond ``os.PathLike``:
-  its methods and properties (``result.exists()``, ``result.name``), ``result / "name"``, equality with a
-  path: use ``result.path``;
-- the dict that ``export_pruned`` returned: ``result["params_after"]`` (also ``get``, ``keys``, ``items``,
-  ``values``, ``in``) gives the old value; the attributes of :data:`LEGACY_KEYS` replace its keys.
+A result is ``os.PathLike`` and its ``str`` is the checkpoint path, so ``Path(result)``, ``open``, ``shutil`` and
+``lp.load_pruned(result)`` take it; for anything else a path offers (``/``, its methods), use ``result.path``.
 """
 
 from __future__ import annotations
@@ -32,42 +24,30 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from lightprune._compat import warn_once
 from lightprune.checkpoints.classes import auto_class_name, base_class
 from lightprune.checkpoints.directory import weight_files
 from lightprune.core.checks import check_utf8
 from lightprune.core.jsonio import json_text, read_json
 from lightprune.export.model_card import CARD_FILE, model_card
 
-__all__ = ["MANIFEST_FILE", "EXPERT_FORMAT", "WIDTH_FORMAT", "ExportResult", "WidthExportResult", "LEGACY_KEYS",
-           "record_evaluation", "write_manifest"]
+__all__ = ["MANIFEST_FILE", "EXPERT_FORMAT", "WIDTH_FORMAT", "ExportResult", "WidthExportResult", "record_evaluation",
+           "write_manifest"]
 
 #: the manifest of every export (expert and width), beside the weights
 MANIFEST_FILE = "lightprune_export.json"
 #: the ``format`` of an expert export's manifest and of a width export's (export.width_format reads the latter)
 EXPERT_FORMAT, WIDTH_FORMAT = "lightprune-export", "lightprune-width-export"
 
-#: the keys of the dict ``export_pruned`` returned before 0.2 -> the attribute that replaces each (``out_dir``:
-#: ``str(result.path)``; ``kept_per_layer``: string keys)
-LEGACY_KEYS = {"out_dir": "path", "params_before": "parameters_before", "params_after": "parameters",
-               "checkpoint_bytes": "weight_bytes", "expected_bytes": "parameter_bytes",
-               "kept_per_layer": "experts_per_layer", "uniform": "uniform", "max_abs_diff": "max_abs_diff",
-               "seconds": "seconds"}
-
-_PATH_NAMES = frozenset(name for name in dir(Path) if not name.startswith("_"))
-_PATH_BEFORE = "on the result of an export (the pathlib.Path that save_pruned and prune_checkpoint returned before 0.2)"
-_DICT_BEFORE = "on the result of lightprune.export_pruned (the dict it returned before 0.2)"
-
 
 class _CheckpointPath(os.PathLike):
-    """The checkpoint path side of a result: ``os.PathLike`` and ``str``; ``pathlib.Path``'s other behaviour
-    (attributes, ``/``, equality with a path) deprecated. Subclasses are frozen dataclasses with a ``path``."""
+    """The checkpoint path side of a result: ``os.PathLike`` and ``str`` give ``path``. Two results are equal when
+    all their fields are; a result hashes as its path. Subclasses are frozen dataclasses with a ``path``."""
 
     path: Path
 
@@ -77,34 +57,19 @@ class _CheckpointPath(os.PathLike):
     def __str__(self) -> str:
         return str(self.path)
 
-    def __getattr__(self, name: str) -> Any:  # only for names the result itself does not have
-        if name.startswith("_") or name not in _PATH_NAMES:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        warn_once(f"result.{name} {_PATH_BEFORE}", f"result.path.{name}")
-        return getattr(self.path, name)
-
-    def __truediv__(self, other: Any) -> Path:
-        warn_once(f"result / name {_PATH_BEFORE}", "result.path / name")
-        return self.path / other
-
     def __eq__(self, other: object) -> bool:
         if type(other) is type(self):
             return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
-        if isinstance(other, PurePath):
-            warn_once(f"result == path {_PATH_BEFORE}", "result.path == path")
-            return self.path == other
         return NotImplemented
 
-    def __hash__(self) -> int:  # equal to a path it compares equal to
+    def __hash__(self) -> int:
         return hash(self.path)
-
-    __iter__ = None  # neither a Path nor the old dict iterates here: no fallback through __getitem__
 
 
 @dataclass(frozen=True, eq=False)
 class ExportResult(_CheckpointPath):
-    """A verified expert-pruned checkpoint: where it is and the figures of its manifest (see the module docstring
-    for the deprecated ``Path`` and dict behaviour).
+    """A verified expert-pruned checkpoint: where it is and the figures of its manifest (``os.PathLike``: see the
+    module docstring).
 
     Attributes:
         path: the checkpoint directory, absolute.
@@ -150,44 +115,6 @@ class ExportResult(_CheckpointPath):
     def max_abs_diff(self) -> float | None:
         """The verification's largest absolute logits difference (``None`` when not verified)."""
         return None if self.verification is None else self.verification["max_abs_diff"]
-
-    # ------------------------------------------------------------------ deprecated: the dict of export_pruned
-    def _check_key(self, key: Any) -> None:
-        if key not in LEGACY_KEYS:
-            raise KeyError(f"{key!r}: the dict export_pruned returned had keys {list(LEGACY_KEYS)}; "
-                           f"use the attributes of {type(self).__name__}")
-
-    def _legacy(self, key: str) -> Any:
-        if key == "out_dir":
-            return str(self.path)
-        if key == "kept_per_layer":
-            return {str(layer): n for layer, n in self.experts_per_layer.items()}
-        return getattr(self, LEGACY_KEYS[key])
-
-    def __getitem__(self, key: str) -> Any:
-        self._check_key(key)
-        warn_once(f"result[{key!r}] {_DICT_BEFORE}", f"result.{LEGACY_KEYS[key]}")
-        return self._legacy(key)
-
-    def __contains__(self, key: Any) -> bool:
-        warn_once(f"key in result {_DICT_BEFORE}", "its attributes")
-        return key in LEGACY_KEYS
-
-    def get(self, key: str, default: Any = None) -> Any:
-        warn_once(f"result.get() {_DICT_BEFORE}", "its attributes")
-        return self._legacy(key) if key in LEGACY_KEYS else default
-
-    def keys(self) -> list[str]:
-        warn_once(f"result.keys() {_DICT_BEFORE}", "its attributes")
-        return list(LEGACY_KEYS)
-
-    def values(self) -> list[Any]:
-        warn_once(f"result.values() {_DICT_BEFORE}", "its attributes")
-        return [self._legacy(key) for key in LEGACY_KEYS]
-
-    def items(self) -> list[tuple[str, Any]]:
-        warn_once(f"result.items() {_DICT_BEFORE}", "its attributes")
-        return [(key, self._legacy(key)) for key in LEGACY_KEYS]
 
 
 @dataclass(frozen=True, eq=False)

@@ -392,8 +392,7 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
             ``parameters_before`` and ``parameter_bytes_before`` (of the unpruned model).
 
     The reloaded copies run on ``model``'s device. Returns an :class:`~lightprune.export.result.ExportResult`
-    (the manifest's figures as attributes; ``os.PathLike`` and ``str``: the absolute checkpoint path, as the
-    ``Path`` this returned before 0.2, whose other behaviour is deprecated there).
+    (the manifest's figures as attributes; ``os.PathLike`` and ``str``: the absolute checkpoint path).
     Raises :class:`ExportVerificationError` (leaving ``out_dir`` untouched) on a mismatch.
     """
     start = time.perf_counter()

@@ -232,8 +232,7 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
                      device: Any = "cpu") -> ExportResult:
     """Write the checkpoint at ``src_dir`` with the experts ``plan`` prunes removed to ``out_dir``, shard by
     shard (see the module docstring); returns an :class:`~lightprune.export.result.ExportResult` (the manifest's
-    figures as attributes; ``os.PathLike`` and ``str``: the absolute output path, as the ``Path`` this returned
-    before 0.2, whose other behaviour is deprecated there).
+    figures as attributes; ``os.PathLike`` and ``str``: the absolute output path).
 
     ``verify``: check the result layer by layer and with a sequential forward against the masked source
     (:func:`lightprune.export.streamed_verify.verify_pruned_checkpoint`, tolerance ``atol + rtol * max|reference|``,

@@ -93,8 +93,7 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
             the model will serve on).
 
     Returns a :class:`~lightprune.export.result.WidthExportResult` (the manifest's facts as attributes;
-    ``os.PathLike`` and ``str``: the absolute checkpoint path, as the ``Path`` this returned before 0.2, whose
-    other behaviour is deprecated there).
+    ``os.PathLike`` and ``str``: the absolute checkpoint path).
     """
     start = time.perf_counter()
     check_positive_int("align", align)

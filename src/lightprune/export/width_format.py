@@ -2,8 +2,7 @@
 appendix D.5): file names, the manifest, and the kernel swap :func:`lightprune.export.load_pruned` applies when a
 checkpoint holds ``width_plan.json``.
 
-The manifest's file name is the one every export writes (:data:`lightprune.export.result.MANIFEST_FILE`);
-``MANIFEST_NAME``, its name here until 0.2, is a deprecated alias.
+The manifest's file name is the one every export writes (:data:`lightprune.export.result.MANIFEST_FILE`).
 """
 
 from __future__ import annotations
@@ -62,11 +61,3 @@ def read_width_manifest(path: Path) -> dict[str, Any]:
                          f"not {WIDTH_FORMAT!r}")
     return data
 
-
-def __getattr__(name: str) -> Any:
-    if name == "MANIFEST_NAME":  # the width export's own name for the manifest file until 0.2: deprecated
-        from lightprune._compat import warn_once
-
-        warn_once(f"{__name__}.MANIFEST_NAME", "lightprune.export.MANIFEST_FILE")
-        return MANIFEST_FILE
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from torch import nn
 
-from lightprune._compat import warn_once
 from lightprune.models.base import MoEFamily, RemovalEffect
 from lightprune.models.dtypes import dtype_problem
 from lightprune.models.experts_kernel import runnable_experts
@@ -60,14 +59,3 @@ def find_moe_layers(model: nn.Module) -> list[MoELayer]:
         raise ValueError(odd)
     runnable_experts(layer.experts for layer in layers)  # float64 experts: transformers' eager ones
     return layers
-
-
-#: 0.1 names of the family registry (``adapter`` now means a fine-tuning adapter only); they warn once
-_DEPRECATED = {"get_adapter": "get_family", "MoEAdapter": "MoEFamily", "ADAPTERS": "FAMILIES"}
-
-
-def __getattr__(name: str):
-    if name in _DEPRECATED:
-        warn_once(f"lightprune.models.{name}", f"lightprune.models.{_DEPRECATED[name]}")
-        return globals()[_DEPRECATED[name]]
-    raise AttributeError(f"module 'lightprune.models' has no attribute {name!r}")

@@ -103,7 +103,8 @@ def _fit(run: Path, devices: int = 1, strategy="auto", family: str = "qwen3_moe"
     # one global batch of 4 sequences per step: the distributed sampler shuffles, so only a batch that is the
     # whole data set is the same set of sequences in both runs
     data = dict(DATA, num_samples=4, batch_size=4 // devices)
-    callbacks = [RouterDelta(score="weight", ratio=0.5, overwrite=True, summary=False)]
+    callbacks = [RouterDelta(score="weight"), ExpertPruning(criterion="router_delta", ratio=0.5),
+                 Export(overwrite=True, summary=False)]
     trainer = _trainer(run, devices, strategy, callbacks, max_steps=3, num_sanity_val_steps=0, limit_val_batches=0)
     trainer.fit(MoECausalLM(tiny=family, adapter=LORA, learning_rate=5e-2, scheduler="constant"),
                 datamodule=SyntheticTokens(**data))

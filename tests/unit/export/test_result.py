@@ -1,7 +1,6 @@
 """The result of an export (:mod:`lightprune.export.result`): its attributes are the manifest's figures and agree with
 independent counts (the reloaded model's parameters, the safetensors files' bytes and tensors); it is a path-like
-of the checkpoint; the ``Path`` that save_pruned / prune_checkpoint returned and the dict that export_pruned
-returned before 0.2 keep working for one release, each use warning once."""
+of the checkpoint, and neither a ``Path`` nor a dict."""
 
 from __future__ import annotations
 
@@ -17,9 +16,7 @@ import torch
 from safetensors import safe_open
 
 import lightprune as lp
-from lightprune import _compat
 from lightprune.export import MANIFEST_FILE, ExportResult, prune_checkpoint
-from lightprune.export.result import LEGACY_KEYS
 from lightprune.export.verify import ExportVerificationError, max_abs_diff
 
 
@@ -56,12 +53,6 @@ def exported(tiny, tmp_path_factory):
     plan = _plan(model)
     result = lp.export_pruned(model, plan, tmp_path_factory.mktemp("result") / "ckpt")
     return result, plan, before
-
-
-@pytest.fixture
-def fresh_warnings(monkeypatch):
-    """Every deprecated use warns again (warn_once remembers per process)."""
-    monkeypatch.setattr(_compat, "_WARNED", set())
 
 
 # ----------------------------------------------------------------------------------- the plain API
@@ -137,80 +128,31 @@ def test_a_completed_partial_plan_exports_as_the_whole_plan_in_both_exports(tiny
     assert streamed.manifest["plan"]["keep"] == whole.manifest["plan"]["keep"]
 
 
-# ----------------------------------------------------------------------------------- deprecated paths
-def _one_future_warning(record, replacement: str) -> None:
-    found = [w for w in record if issubclass(w.category, FutureWarning)]
-    assert len(found) == 1 and replacement in str(found[0].message), [str(w.message) for w in found]
-    assert found[0].filename == __file__  # it points at the caller
-
-
-def test_the_old_dict_keys_give_the_old_values_and_warn_once(exported, fresh_warnings):
-    result, plan, before = exported
-    old = {"out_dir": str(result.path), "params_before": before, "params_after": result.parameters,
-           "checkpoint_bytes": result.weight_bytes, "expected_bytes": result.parameter_bytes,
-           "kept_per_layer": {"0": 4, "1": 8, "2": 8},
-           "uniform": False, "max_abs_diff": result.max_abs_diff, "seconds": result.seconds}
-    assert set(old) == set(LEGACY_KEYS)
-    for key, value in old.items():
-        with warnings.catch_warnings(record=True) as record:
-            warnings.simplefilter("always")
-            assert result[key] == value
-        _one_future_warning(record, f"result.{LEGACY_KEYS[key]}")
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert result[key] == value  # once only
-    with pytest.warns(FutureWarning):
-        assert dict(result) == old  # keys() and indexing
-    with pytest.warns(FutureWarning):
-        assert "params_after" in result and "nope" not in result
-    with pytest.warns(FutureWarning):
-        assert result.get("max_abs_diff") == old["max_abs_diff"] and result.get("nope", 7) == 7
-    with pytest.warns(FutureWarning):
-        assert list(result.items()) == list(old.items())
-    with pytest.warns(FutureWarning):
-        assert list(result.values()) == list(old.values())
-    with pytest.raises(KeyError, match="'nope'.*out_dir"):
-        result["nope"]
+# ----------------------------------------------------------------------------------- only a path-like
+def test_the_result_is_no_path_and_no_dict(exported):
+    """Beyond ``os.PathLike`` and ``str``, what a path or a dict offers is refused, naming what was asked for."""
+    result = exported[0]
+    with pytest.raises(TypeError, match="unsupported operand type"):
+        _ = result / MANIFEST_FILE
+    with pytest.raises(AttributeError, match="'ExportResult' object has no attribute 'exists'"):
+        result.exists()
+    with pytest.raises(TypeError, match="'ExportResult' object is not subscriptable"):
+        _ = result["params_after"]
     with pytest.raises(TypeError):
         iter(result)
-
-
-def test_the_old_path_behaviour_works_and_warns_once(exported, fresh_warnings):
-    result = exported[0]
-    uses = [(1, lambda: result / MANIFEST_FILE, result.path / MANIFEST_FILE),
-            (1, lambda: result.exists(), True),
-            (1, lambda: result.name, "ckpt"),
-            (1, lambda: result == result.path, True),
-            (0, lambda: Path(result.path) == result, True)]  # the same comparison: warned already
-    for warns, use, value in uses:
-        with warnings.catch_warnings(record=True) as record:
-            warnings.simplefilter("always")
-            assert use() == value
-        assert len([w for w in record if issubclass(w.category, FutureWarning)]) == warns
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert use() == value  # once only
-    assert hash(result) == hash(result.path) and {result.path: 1}[result] == 1
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        _ = result.nope
+    assert result != result.path and result.path / MANIFEST_FILE == Path(result) / MANIFEST_FILE
+    assert hash(result) == hash(result.path)
     copy = pickle.loads(pickle.dumps(result))
     assert copy == result and copy.manifest == result.manifest
 
 
-def test_the_first_path_use_names_its_replacement(exported, fresh_warnings):
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        assert exported[0].is_dir()
-    _one_future_warning(record, "result.path.is_dir")
-
-
-def test_the_manifest_has_one_name(fresh_warnings):
+def test_the_manifest_has_one_name():
     import lightprune.export.save as save
     import lightprune.export.width_format as width_format
 
     assert save.MANIFEST_FILE is MANIFEST_FILE == "lightprune_export.json"
-    with pytest.warns(FutureWarning, match="MANIFEST_FILE"):
-        assert width_format.MANIFEST_NAME is MANIFEST_FILE
+    with pytest.raises(AttributeError, match="has no attribute 'MANIFEST_NAME'"):
+        _ = width_format.MANIFEST_NAME
 
 
 # ----------------------------------------------------------------------------------- one comparison

@@ -6,7 +6,7 @@ without torch) and register themselves with the decorator when their module load
 (``lp.score_weights``, configs)::
 
     @lp.register_criterion("my_norm")
-    class MyNorm(lp.criteria.Criterion):
+    class MyNorm(lp.Criterion):
         def score_layer(self, layer):
             return layer.router_linear.weight.abs().sum(dim=1)
 
