@@ -141,18 +141,19 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
         progress: a bar over the evaluations (None: when stderr is a terminal).
 
     Returns:
-        ``{"metric", "align", "task_names", "profile", "val_rows_per_task", "end_of_turn_ids", "reference",
-        "scores", "rows", "records"}`` (``records``: every row's task id and the sums every figure is computed
-        from, for the dense model and each plan keyed ``"<point>/<method>"`` or ``"<point>/random:<seed>"``); every row has ``operating_point``, ``method`` (``dense``, ``taylor``,
-        ``taylor_all_tasks`` or ``random``), ``ratios``; dense and Taylor rows ``flops_fraction`` (at ``align``),
-        ``flops_fraction_align_1``, ``atr`` and ``atr_interval``, ``answer_ppl_atr`` and
-        ``answer_ppl_atr_interval``, ``per_task_accuracy``, ``per_task_answer_loss``, ``per_task_retention``,
-        ``excluded``, ``pruned`` (the share of every unit) and ``plan`` (``WidthPlan.to_dict``); Taylor rows also
-        ``standing``: ``{"atr": ..., "answer_ppl_atr": ...}``, each :func:`~lightprune.quality.evidence.standing`
-        against the random plans of the same operating point (the p-value of its ATR among theirs, the paired
-        difference of the task-mean retentions on the same val rows); random rows ``seeds``, ``per_seed`` (those
-        fields per seed but the plan, which :func:`random_width_plan` draws again from the seed) and mean / std (sample) / min / max of ``atr``, ``answer_ppl_atr``, both FLOPs fractions
-        and ``per_task_accuracy``. NaN (a task without samples, or without a defined retention) is written as None.
+        ``{"metric", "align", "task_names", "profile", "val_rows_per_task", "end_of_turn_ids", "reference", "scores",
+        "rows", "records"}`` (``records``: every row's task id and the sums every figure is computed from, for the dense
+        model and each plan keyed ``"<point>/<method>"`` or ``"<point>/random:<seed>"``); every row has
+        ``operating_point``, ``method`` (``dense``, ``taylor``, ``taylor_all_tasks`` or ``random``), ``ratios``; dense
+        and Taylor rows ``flops_fraction`` (at ``align``), ``flops_fraction_align_1``, ``atr`` and ``atr_interval``,
+        ``answer_ppl_atr`` and ``answer_ppl_atr_interval``, ``per_task_accuracy``, ``per_task_answer_loss``,
+        ``per_task_retention``, ``excluded``, ``pruned`` (the share of every unit) and ``plan`` (``WidthPlan.to_dict``);
+        Taylor rows also ``standing``: ``{"atr": ..., "answer_ppl_atr": ...}``, each
+        :func:`~lightprune.quality.evidence.standing` against the random plans of the same operating point (the p-value
+        of its ATR among theirs, the paired difference of the task-mean retentions on the same val rows); random rows
+        ``seeds``, ``per_seed`` (those fields per seed but the plan, which :func:`random_width_plan` draws again from
+        the seed) and mean / std (sample) / min / max of ``atr``, ``answer_ppl_atr``, both FLOPs fractions and
+        ``per_task_accuracy``. NaN (a task without samples, or without a defined retention) is written as None.
     """
     from tqdm.auto import tqdm
 
