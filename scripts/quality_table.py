@@ -55,15 +55,26 @@ class SeedTables:
             return None
         kept = read_json(path, "kept tables")
         if kept["settings"] != settings:
-            return None
+            differ = {k: (kept["settings"].get(k), settings.get(k)) for k in sorted({*kept["settings"], *settings})
+                      if kept["settings"].get(k) != settings.get(k)}
+            return self._stale(path, "measured under other settings: " + ", ".join(
+                f"{k} {old!r} there, {new!r} in this run" for k, (old, new) in differ.items()))
         if spec is not None:
             try:
                 recorded = type(spec)(**kept["tables"]["testbed"]["spec"])
             except (KeyError, TypeError, ValueError):  # no spec recorded, or one of another shape
-                return None
+                return self._stale(path, "it records no testbed spec this run can read")
             if recorded.digest() != spec.digest():
-                return None
+                return self._stale(path, f"its testbed was trained from another spec (digest {recorded.digest()}, "
+                                         f"this run's {spec.digest()})")
         return kept["tables"]
+
+    @staticmethod
+    def _stale(path: Path, why: str) -> None:
+        """Say (stderr) that the kept file at ``path`` is not used and why: the seed is measured again."""
+        print(f"{path}: not used, {why}; this seed is measured again (its testbed trained if not cached)",
+              file=sys.stderr)
+        return None
 
     def put(self, part: str, settings: dict, tables: dict) -> dict:
         self.folder.mkdir(parents=True, exist_ok=True)

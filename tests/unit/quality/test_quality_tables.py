@@ -344,10 +344,10 @@ def test_maep_alpha_is_on_the_page_with_its_interval_on_every_seed(page) -> None
                 *(f"maep_global_alpha{a:g}" for a in FIXED_ALPHAS)} <= names
 
 
-def test_each_seeds_tables_are_kept_so_a_stopped_run_resumes(tmp_path: Path) -> None:
+def test_each_seeds_tables_are_kept_so_a_stopped_run_resumes(tmp_path: Path, capsys) -> None:
     """The tables of a measured seed come back for a run with the same settings (as JSON reads them), not for other
-    settings nor for a testbed of another spec (a preset whose recipe changed), nor with --fresh; the file is
-    replaced whole (no partial file is left to read)."""
+    settings nor for a testbed of another spec (a preset whose recipe changed), nor with --fresh, and a kept file
+    not used says why; the file is replaced whole (no partial file is left to read)."""
     kept = _script().SeedTables(tmp_path / "seeds")
     settings = {"preset": "micro", "ratios": [0.25, 0.5], "random_seeds": 8, "testbed_seed": 1}
     spec = dataclasses.replace(VQA_TESTBEDS["mllm-moe-micro"], seed=1)
@@ -358,9 +358,15 @@ def test_each_seeds_tables_are_kept_so_a_stopped_run_resumes(tmp_path: Path) -> 
     back = kept.put("text", settings, tables)
     assert back == json.loads(json.dumps(tables)) and back["random"] == {"0.5": {"seeds": []}}
     assert kept.get("text", settings) == back and kept.get("mllm", settings) is None
+    capsys.readouterr()
     assert kept.get("text", {**settings, "random_seeds": 50}) is None
+    assert "text-seed1.json: not used, measured under other settings: random_seeds 8 there, 50 in this run" in \
+        capsys.readouterr().err
+    assert kept.get("text", {**settings, "ratios": [0.5]}) is None
+    assert "ratios [0.25, 0.5] there, [0.5] in this run" in capsys.readouterr().err
     assert kept.get("text", settings, spec) == back
     assert kept.get("text", settings, dataclasses.replace(spec, steps=7)) is None
+    assert f"trained from another spec (digest {spec.digest()}" in capsys.readouterr().err
     assert kept.get("text", settings, dataclasses.replace(spec, data={**spec.data, "tasks": ["digit"]})) is None
     old = {k: v for k, v in recorded.items() if k != "max_grad_norm"}  # recorded before the field was added
     kept.put("text", settings, {**tables, "testbed": {"spec": old}})
