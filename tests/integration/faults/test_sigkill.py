@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SI
 _EXPORT = textwrap.dedent("""
     import os, signal, sys
     import lightprune as lp
-    from lightprune.export import save, staging
+    from lightprune.checkpoints import staging
+    from lightprune.export import save
     from lightprune.models.tiny import tiny_model
 
     out, where, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
