@@ -111,6 +111,7 @@ class TaskRowRecords:
         if missing:
             raise ValueError(f"the dense rows have no {missing} (they have {sorted(dense)})")
         self.tasks = pack(dense["task"])
+        self._task_ids = unpack(self.tasks)  # the dense rows' task ids as recorded: each plan's are compared once
         self.dense = self._packed(dense)
         self.plans: dict[str, str] = {}
         self.bootstrap = {"resamples": int(resamples), "seed": int(seed), "level": float(level),
@@ -124,7 +125,7 @@ class TaskRowRecords:
         """Keep the plan ``key``'s rows (the same rows, in the same order, as the dense model's)."""
         if key in self.plans:
             raise ValueError(f"plan {key!r} is recorded already")
-        if not torch.equal(torch.as_tensor(rows["task"]).double().flatten(), unpack(self.tasks)):
+        if not torch.equal(torch.as_tensor(rows["task"]).double().flatten(), self._task_ids):
             raise ValueError(f"plan {key!r}: its rows' task ids differ from the dense model's")
         self.plans[key] = self._packed(rows)
 
