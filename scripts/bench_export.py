@@ -1,7 +1,7 @@
 """Export: time of ``lp.export_pruned`` (prune by a plan, save, reload, verify) and checkpoint bytes on disk
 against the expected size, side by side with a plain ``save_pretrained`` of the unpruned model in one run.
 
-Model: a Qwen3-MoE causal LM built from a config (``lightprune.models.tiny.tiny_config("qwen3_moe", ...)`` +
+Model: a Qwen3-MoE causal LM built from a config (``lightprune.testing.tiny.tiny_config("qwen3_moe", ...)`` +
 ``AutoModelForCausalLM.from_config``, nothing downloaded; default hidden 1024, 8 layers, 32 experts, expert
 width 512, vocab 32000, fp32: 0.49B parameters, 2 GB), router weights redrawn so that routing is decisive.
 Plan: AIMER scores (``lp.score_weights(model, "aimer")``), half of the experts of every layer pruned
@@ -52,7 +52,7 @@ def build_model(hidden: int, layers: int, experts: int, moe_intermediate: int, v
     from transformers import AutoModelForCausalLM
 
     from lightprune.models import find_moe_layers
-    from lightprune.models.tiny import tiny_config
+    from lightprune.testing.tiny import tiny_config
 
     heads = max(2, hidden // 64)
     config = tiny_config("qwen3_moe", hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,

@@ -1,6 +1,6 @@
 """Every tiny family through the out-of-core paths, against the in-memory ones (a check, minutes; not in the suite).
 
-For each family of ``lightprune.models.tiny.TINY_FAMILIES`` (or ``--families``): the tiny model saved in shards of
+For each family of ``lightprune.testing.tiny.TINY_FAMILIES`` (or ``--families``): the tiny model saved in shards of
 50 KB, then
 
 - ``lp.score_weights(path, "aimer")`` equal to the loaded model's, value for value;
@@ -30,8 +30,8 @@ import torch  # noqa: E402
 def check(family: str, work: str) -> str:
     import lightprune as lp
     from lightprune.experts.calibration import CRITERIA
-    from lightprune.models.tiny import tiny_model
-    from lightprune.models.tiny_batches import tiny_text_batch
+    from lightprune.testing.batches import tiny_text_batch
+    from lightprune.testing.tiny import tiny_model
 
     model = tiny_model(family, seed=0).eval()
     path = os.path.join(work, family)
@@ -56,7 +56,7 @@ def check(family: str, work: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lightprune.models.tiny import TINY_FAMILIES
+    from lightprune.testing.tiny import TINY_FAMILIES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default=",".join(TINY_FAMILIES))

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 import lightprune as lp  # noqa: E402
-from lightprune.models.tiny import tiny_model  # noqa: E402
+from lightprune.testing.tiny import tiny_model  # noqa: E402
 
 
 def _stored(path: Path) -> dict[str, torch.Tensor]:

@@ -32,7 +32,7 @@ from lightprune.experts.calibration.validation import (
 
 def _model(args):
     if args.tiny:
-        from lightprune.models.tiny import tiny_model
+        from lightprune.testing.tiny import tiny_model
 
         return tiny_model(args.tiny, seed=args.seed)
     return lp.load_pruned(args.checkpoint)

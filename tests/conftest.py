@@ -83,7 +83,7 @@ def tiny_cache():
 @pytest.fixture(scope="session")
 def tiny(tiny_cache):
     """Factory: ``tiny(family, seed=0, **overrides)`` -> a fresh deep copy of a cached tiny model."""
-    from lightprune.models.tiny import tiny_model
+    from lightprune.testing.tiny import tiny_model
 
     def make(family: str, seed: int = 0, **overrides):
         key = (family, seed, _freeze(overrides))

@@ -32,7 +32,7 @@ from typing import Any
 from lightprune.checkpoints.directory import SAFE_INDEX, SAFE_WEIGHTS, read_config
 from lightprune.core.errors import listed_text
 from lightprune.core.jsonio import show
-from lightprune.models.tiny import did_you_mean
+from lightprune.core.suggestions import did_you_mean
 
 __all__ = ["check_not_quantized", "check_config_values", "expert_layout_error", "check_loading_info", "tensors_phrase"]
 

@@ -13,11 +13,11 @@
 - :func:`train_bpe_tokenizer`: a byte-level BPE tokenizer trained locally, with pinned ids.
 - :func:`tiny_mllm_processor` (and :func:`tiny_qwen3_vl_processor`, :func:`tiny_qwen2_5_vl_processor`,
   :func:`tiny_llava_onevision_processor`): local processors matching the tiny MLLMs of
-  :mod:`lightprune.models.tiny`.
+  :mod:`lightprune.testing.tiny`.
 - :class:`SyntheticTokens`: seeded random ids, for smoke runs.
 
-Generated data sets live in :mod:`.generated`, cache folders in :mod:`.cache`. May import: models (the tiny
-processors follow the tiny models' configs) and the shared leaves; nothing else of lightprune.
+Generated data sets live in :mod:`.generated`, cache folders in :mod:`.cache`. May import: models, testing (the
+tiny processors follow the tiny models' configs) and the shared leaves; nothing else of lightprune.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Local processors for the tiny multimodal models (nothing downloaded).
 
-One recipe for every tiny MLLM family of :mod:`lightprune.models.tiny`, from the tiny model's config:
+One recipe for every tiny MLLM family of :mod:`lightprune.testing.tiny`, from the tiny model's config:
 
 - a byte-level BPE tokenizer of the config's vocabulary size (128) whose vision tokens have the
   config's ids, trained on a small built-in corpus that covers printable ASCII (or on ``texts``),
@@ -20,7 +20,7 @@ Families (:data:`TINY_PROCESSOR_FAMILIES`):
 - ``llava_onevision``: ``<image>`` = ``image_token_id`` (120), ``<video>`` = 121; an image part renders as
   ``<image>``. The LLaVA-OneVision image processor gets tiles of the vision tower's ``image_size`` (16) and
   the config's ``image_grid_pinpoints``; the processor expands ``<image>`` to the anyres count
-  (:func:`lightprune.models.tiny_batches.llava_onevision_image_tokens`: base tile, unpadded grid, one
+  (:func:`lightprune.testing.batches.llava_onevision_image_tokens`: base tile, unpadded grid, one
   newline per row), with ``num_image_tokens`` = features of one tile.
 
 The processor classes are transformers' own without a video processor (transformers' video processors
@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from transformers import AutoProcessor, LlavaOnevisionProcessor, Qwen2_5_VLProcessor, Qwen3VLProcessor
 
 from lightprune.data.tokenizer import CHAT_TOKENS, CHATML_TEMPLATE, IMAGE_TOKENS, train_bpe_tokenizer
-from lightprune.models.tiny import tiny_config
+from lightprune.testing.tiny import tiny_config
 
 __all__ = ["TINY_CORPUS", "TINY_PROCESSOR_FAMILIES", "TinyLlavaOnevisionProcessor", "TinyQwen2_5VLProcessor",
            "TinyQwen3VLProcessor", "tiny_llava_onevision_processor", "tiny_mllm_processor", "tiny_mllm_tokenizer",

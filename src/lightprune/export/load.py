@@ -48,10 +48,10 @@ from lightprune.checkpoints.resize import experts_per_layer
 from lightprune.checkpoints.skeleton import Skeleton
 from lightprune.checkpoints.strict import check_loading_info
 from lightprune.core.distributed import outside_zero_init
+from lightprune.core.suggestions import did_you_mean
 from lightprune.export.width_format import ATTENTION_RECORD, WIDTH_PLAN_FILE, attach_width_kernels, read_width_manifest
 from lightprune.models.dtypes import LOAD_DTYPES  # the dtypes weights load in (one table for every path)
 from lightprune.models.experts_kernel import runnable_experts
-from lightprune.models.tiny import did_you_mean
 from lightprune.width.attention_choice import FALLBACK_BACKEND, recorded_backends
 from lightprune.width.kernels import BACKENDS
 from lightprune.width.plan import WidthPlan

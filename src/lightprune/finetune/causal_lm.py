@@ -41,6 +41,7 @@ from lightprune.core.checks import real_number
 from lightprune.core.distributed import outside_zero_init
 from lightprune.core.jsonio import strict_int
 from lightprune.core.sources import check_checkpoint_name, resolve_checkpoint
+from lightprune.core.suggestions import did_you_mean
 from lightprune.export import load_pruned
 from lightprune.export.load import LOAD_DTYPES, check_device_map
 from lightprune.export.verify import keep_fp32_buffers
@@ -50,8 +51,8 @@ from lightprune.finetune.optim import OPTIMIZERS, SCHEDULERS, build_optimizer, b
 from lightprune.finetune.quantize import _bnb, quantize_4bit
 from lightprune.models import find_moe_layers
 from lightprune.models.experts_kernel import runnable_experts
-from lightprune.models.tiny import check_tiny_family, check_tiny_overrides, did_you_mean, tiny_model
 from lightprune.models.unwrap import base_model_of
+from lightprune.testing.tiny import check_tiny_family, check_tiny_overrides, tiny_model
 
 __all__ = ["MoECausalLM"]
 
@@ -64,7 +65,7 @@ class MoECausalLM(pl.LightningModule):
             trained here, ``testbed:text-<preset>`` (:mod:`lightprune.testbed.text_moe`; trained and cached
             on first use).
         tiny: instead of a checkpoint, build a tiny random model of this family (see
-            ``lightprune.models.tiny.TINY_FAMILIES`` and ``TINY_DENSE_MLLMS``), seeded by ``seed``.
+            ``lightprune.testing.tiny.TINY_FAMILIES`` and ``TINY_DENSE_MLLMS``), seeded by ``seed``.
         tiny_overrides: config overrides for the tiny model (e.g. ``num_hidden_layers``); each must be a field of
             the family's config (a mistyped one is refused with the closest field).
         dtype: ``float32``, ``bfloat16``, ``float16`` or ``float64`` (its experts run transformers' ``eager``

@@ -31,7 +31,6 @@ from lightprune.data import TextJsonlDataModule
 from lightprune.data.cache import write_manifest
 from lightprune.data.default_corpus import default_model_overrides
 from lightprune.data.rows import read_jsonl
-from lightprune.models.tiny import tiny_config
 from lightprune.testbed.text_corpus import TextCorpus, TextCorpusSpec, build_text_corpus, rows_by_domain
 from lightprune.testbed.training import (
     cache_root,
@@ -43,6 +42,7 @@ from lightprune.testbed.training import (
     spec_digest,
     training_facts,
 )
+from lightprune.testing.tiny import tiny_config
 
 __all__ = ["TEXT_TESTBEDS", "TESTBED_PREFIX", "TextTestbedSpec", "held_out_perplexity", "resolve_testbed", "spec_with",
            "corpus_datamodule", "instruction_datamodule", "preset_of", "text_testbed"]

@@ -30,7 +30,6 @@ from lightprune.data.cache import write_manifest
 from lightprune.data.generated.testbed_vqa import TESTBED_VQA_TASKS, testbed_vqa_texts
 from lightprune.data.tiny_processor import TINY_CORPUS, tiny_mllm_processor
 from lightprune.data.tokenizer import end_of_turn_ids
-from lightprune.models.tiny import tiny_config
 from lightprune.testbed.training import (
     cache_root,
     cached_testbed,
@@ -39,6 +38,7 @@ from lightprune.testbed.training import (
     spec_digest,
     training_facts,
 )
+from lightprune.testing.tiny import tiny_config
 from lightprune.width.retention import evaluate_tasks
 
 __all__ = ["VQA_TESTBEDS", "VQATestbedSpec", "answer_accuracy", "vqa_testbed"]

@@ -14,7 +14,7 @@ import lightprune as lp
 import lightprune.callbacks
 from lightprune.cli.app import cli_main
 from lightprune.data import SyntheticTokens
-from lightprune.models.tiny import tiny_model
+from lightprune.testing.tiny import tiny_model
 
 DATA = {"num_samples": 8, "seq_len": 12, "batch_size": 2, "seed": 4}
 

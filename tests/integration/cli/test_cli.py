@@ -12,7 +12,7 @@ from fixtures import REPO
 
 import lightprune as lp
 from lightprune.cli.app import cli_main
-from lightprune.models.tiny import tiny_model
+from lightprune.testing.tiny import tiny_model
 
 REPO = REPO
 

@@ -14,7 +14,7 @@ from lightprune.callbacks import ExpertPruning, ExpertStats
 from lightprune.cli.trainer import PruneTrainer
 from lightprune.data import SyntheticTokens
 from lightprune.finetune import MoECausalLM
-from lightprune.models.tiny import tiny_model
+from lightprune.testing.tiny import tiny_model
 
 DATA = {"num_samples": 8, "seq_len": 10, "batch_size": 2, "seed": 7}
 

@@ -113,7 +113,7 @@ def _fit(run: Path, devices: int = 1, strategy="auto", family: str = "qwen3_moe"
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory) -> dict[str, Path]:
-    from lightprune.models.tiny import tiny_model
+    from lightprune.testing.tiny import tiny_model
 
     base = tmp_path_factory.mktemp("single")
     tiny_model("qwen3_moe").save_pretrained(base / "ckpt")

@@ -17,7 +17,7 @@ import torch
 import lightprune as lp
 from lightprune.core.batch import model_inputs
 from lightprune.experts.calibration import CRITERIA, ExpertObserver
-from lightprune.models.tiny_batches import tiny_text_batch
+from lightprune.testing.batches import tiny_text_batch
 
 SUBSETS = ("all", "text")
 

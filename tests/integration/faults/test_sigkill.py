@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import lightprune as lp
-from lightprune.models.tiny import tiny_model
+from lightprune.testing.tiny import tiny_model
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 
@@ -23,7 +23,7 @@ _EXPORT = textwrap.dedent("""
     import lightprune as lp
     from lightprune.checkpoints import staging
     from lightprune.export import save
-    from lightprune.models.tiny import tiny_model
+    from lightprune.testing.tiny import tiny_model
 
     out, where, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
     if where == "staged":        # dies with the new checkpoint written but not yet verified

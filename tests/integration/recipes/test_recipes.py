@@ -12,8 +12,8 @@ from fixtures import REPO
 
 import lightprune as lp
 from lightprune.cli.app import cli_main
-from lightprune.models.tiny import tiny_model
 from lightprune.testbed import resolve_testbed
+from lightprune.testing.tiny import tiny_model
 
 REPO = REPO
 TEXT = REPO / "tests" / "fixtures" / "data" / "text.jsonl"
@@ -377,7 +377,7 @@ def test_rerun_with_the_same_seed_and_data_gives_the_same_plan(tmp_path: Path, m
 def test_mwop_recipe_searches_and_exports(tmp_path: Path, monkeypatch) -> None:
     """configs/mwop.yaml end to end (a 2-point grid): width_plan.json, search.json, a checkpoint whose kernels
     equal masking, FLOPs recomputed independently."""
-    from lightprune.models.tiny_batches import tiny_multimodal_batch
+    from lightprune.testing.batches import tiny_multimodal_batch
     from lightprune.width.flops import decoder_flops
 
     run = tmp_path / "run"

@@ -15,8 +15,8 @@ import torch
 
 from lightprune.callbacks.width_search import WidthSearch
 from lightprune.finetune import AdapterSpec, MoECausalLM
-from lightprune.models.tiny import tiny_model
-from lightprune.models.tiny_batches import tiny_multimodal_batch
+from lightprune.testing.batches import tiny_multimodal_batch
+from lightprune.testing.tiny import tiny_model
 from lightprune.width.paths import PATHS
 from lightprune.width.plan import WidthPlan
 from lightprune.width.select import select_channels, select_paths

@@ -16,8 +16,8 @@ import torch
 
 import lightprune as lp
 from lightprune.checkpoints.compressed_tensors import dequantize_int4, pack_int4, quantize_int4
-from lightprune.models.tiny import tiny_model
-from lightprune.models.tiny_batches import tiny_text_batch
+from lightprune.testing.batches import tiny_text_batch
+from lightprune.testing.tiny import tiny_model
 from tests.fixtures.shipped import (
     corrupted_copy,
     stored_tensors,

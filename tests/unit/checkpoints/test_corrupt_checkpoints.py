@@ -37,7 +37,7 @@ PATHS = ("load_pruned", "score_weights", "prune_checkpoint", "collect_expert_sta
 def clean(tmp_path_factory):
     """(model, {"single": dir, "sharded": dir, "mllm": dir}) of one tiny Qwen3-MoE (3 layers of 8 experts, top-2, fp32),
     and of a tiny Qwen3-VL-MoE for the vision tower's config (refused before any plan or batch is looked at)."""
-    from lightprune.models.tiny import tiny_model
+    from lightprune.testing.tiny import tiny_model
 
     model = tiny_model("qwen3_moe", seed=0).eval()
     root = tmp_path_factory.mktemp("clean")

@@ -74,7 +74,7 @@ def test_read_ahead_reads_each_next_layer_in_its_thread_and_changes_no_logit(tin
 
     from lightprune.checkpoints.sequential import run_layer_outer
     from lightprune.models.layer import find_decoder_layers
-    from lightprune.models.tiny_batches import tiny_text_batch
+    from lightprune.testing.batches import tiny_text_batch
 
     model = tiny("qwen3_moe", seed=3).eval()
     model.save_pretrained(tmp_path / "ckpt", max_shard_size="20KB")

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 import lightprune as lp
 from lightprune.checkpoints.fp8_blocks import dequantize_fp8_blocks, quantize_fp8_blocks
-from lightprune.models.tiny_batches import tiny_text_batch
+from lightprune.testing.batches import tiny_text_batch
 from tests.fixtures.shipped import corrupted_copy, stored_tensors, write_deepseek_with_mtp, write_fused_fp8
 
 BLOCK = (8, 8)
@@ -164,7 +164,7 @@ def test_an_fp8_prune_of_per_expert_keys_copies_the_kept_bytes_and_gives_the_mas
     blocks, their experts per-expert keys on disk: the kept experts' bytes and scales are the source's, the router
     rows (and correction bias) are the kept experts' (then all Z), and transformers' reload gives the masked
     source's logits."""
-    from lightprune.models.tiny import tiny_model
+    from lightprune.testing.tiny import tiny_model
 
     routers, count_key, after_experts = _ROUTERS[family]
     tiny_model(family, seed=2).to(torch.bfloat16).save_pretrained(tmp_path / "float")

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import lightprune as lp
 from lightprune.checkpoints.mxfp4 import FP4_VALUES, dequantize_mxfp4, quantize_mxfp4
-from lightprune.models.tiny_batches import tiny_text_batch
+from lightprune.testing.batches import tiny_text_batch
 from tests.fixtures.shipped import corrupted_copy, write_gpt_oss_mxfp4
 
 

@@ -15,7 +15,7 @@ from lightprune.checkpoints import Checkpoint, Skeleton
 from lightprune.checkpoints.device import streaming_device
 from lightprune.checkpoints.sequential import BoundaryActivations, run_layer_outer
 from lightprune.models.layer import find_decoder_layers
-from lightprune.models.tiny_batches import tiny_text_batch
+from lightprune.testing.batches import tiny_text_batch
 
 
 def saved(model, path: Path) -> Path:

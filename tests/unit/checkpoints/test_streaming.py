@@ -545,7 +545,7 @@ def test_streaming_runs_under_a_memory_limit_smaller_than_the_checkpoint(tmp_pat
     (MALLOC_MMAP_THRESHOLD_), so that freed memory leaves the data segment and the limit counts live memory, not
     the heap's high-water mark."""
 
-    from lightprune.models.tiny import tiny_model
+    from lightprune.testing.tiny import tiny_model
 
     # 16 layers: a third of the checkpoint is about twice what one layer's verification holds (the source layer,
     # the pruned one, and the experts kernel's copies of a layer's weights)
@@ -574,7 +574,7 @@ def test_sequential_calibration_equals_the_in_memory_pass(tiny, tmp_path, family
     layer read twice), padded batches included. Llama 4 is observed in its own MoE block; Inkling 2 Loop runs its
     last two layers twice per forward, so the pass visits them twice."""
     from lightprune.experts.calibration import CRITERIA
-    from lightprune.models.tiny_batches import tiny_text_batch
+    from lightprune.testing.batches import tiny_text_batch
 
     model = tiny(family, seed=2).eval()
     path = saved(model, tmp_path / "ckpt", sharded=True)
@@ -590,7 +590,7 @@ def test_sequential_calibration_equals_the_in_memory_pass(tiny, tmp_path, family
 def test_sequential_calibration_of_an_mllm_with_the_attention_probe(tiny, tmp_path, family):
     """Vision subsets, the low- and high-attention ones from the attention probe too, equal the in-memory pass;
     Qwen3-VL adds its deepstack features between decoder layers, which the model's own forward does here."""
-    from lightprune.models.tiny_batches import tiny_multimodal_batch
+    from lightprune.testing.batches import tiny_multimodal_batch
 
     model = tiny(family, seed=2).eval()
     path = saved(model, tmp_path / "ckpt", sharded=True)

@@ -87,7 +87,7 @@ def test_the_python_api_is_as_quiet_as_the_command(tmp_path, verbose) -> None:
     """An export from Python in a fresh process (the dev extras installed: DeepSpeed is imported on the way): no
     DeepSpeed notice, no progress bars of the export's own save and reload; LIGHTPRUNE_VERBOSE=1 shows them."""
     script = ("import lightprune as lp\n"
-              "from lightprune.models.tiny import tiny_model\n"
+              "from lightprune.testing.tiny import tiny_model\n"
               "model = tiny_model('qwen3_moe')\n"
               "plan = lp.select_experts(lp.score_weights(model, 'aimer'), ratio=0.5)\n"
               f"lp.export_pruned(model, plan, {str(tmp_path / 'out')!r})\n"

@@ -325,7 +325,7 @@ def image_rows(tmp_path) -> tuple[Path, list[dict], list[int]]:
 def test_tiny_processor_matches_the_tiny_config(processor_dir) -> None:
     from transformers import AutoProcessor
 
-    from lightprune.models.tiny import tiny_config
+    from lightprune.testing.tiny import tiny_config
 
     config = tiny_config("qwen3_vl_moe")
     processor = AutoProcessor.from_pretrained(str(processor_dir), local_files_only=True)

@@ -158,7 +158,7 @@ def test_batches_mask_prompts_and_end_with_eos(dm) -> None:
 
 
 def test_batches_train_a_tiny_moe_model(dm) -> None:
-    from lightprune.models.tiny import tiny_model
+    from lightprune.testing.tiny import tiny_model
 
     overrides = default_model_overrides(dm)
     assert overrides == dm.model_overrides

@@ -10,8 +10,8 @@ import torch
 
 import lightprune as lp
 from lightprune.models import get_family
-from lightprune.models.tiny import tiny_model
-from lightprune.models.tiny_batches import tiny_multimodal_batch, tiny_text_batch
+from lightprune.testing.batches import tiny_multimodal_batch, tiny_text_batch
+from lightprune.testing.tiny import tiny_model
 
 Q = 0.25
 

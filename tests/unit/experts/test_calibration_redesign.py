@@ -17,7 +17,7 @@ from fixtures.legacy_calibration import LegacyObserver
 
 from lightprune.experts.calibration import ExpertObserver
 from lightprune.experts.calibration.registry import CALIBRATION_CRITERIA, MERGE_STATISTICS
-from lightprune.models.tiny_batches import tiny_multimodal_batch, tiny_text_batch
+from lightprune.testing.batches import tiny_multimodal_batch, tiny_text_batch
 
 EVERY = list(CALIBRATION_CRITERIA) + list(MERGE_STATISTICS)
 

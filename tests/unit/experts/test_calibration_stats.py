@@ -636,8 +636,8 @@ def test_a_state_from_another_model_or_configuration_is_refused(tiny):
 
 def test_sample_counts_do_not_depend_on_the_criteria_asked_for() -> None:
     """Samples with tokens of a subset are counted whether or not Delta-H is computed."""
-    from lightprune.models.tiny import tiny_model
-    from lightprune.models.tiny_batches import tiny_text_batch
+    from lightprune.testing.batches import tiny_text_batch
+    from lightprune.testing.tiny import tiny_model
 
     model = tiny_model("qwen3_moe")
     batches = [tiny_text_batch(model, batch_size=3, seed=s) for s in range(2)]

@@ -26,7 +26,7 @@ from lightprune.experts.criteria import (
     unregister_criterion,
 )
 from lightprune.experts.criteria.weights import expert_weight_norms
-from lightprune.models.tiny import TINY_FAMILIES, tiny_model
+from lightprune.testing.tiny import TINY_FAMILIES, tiny_model
 
 WEIGHT_CRITERIA = ("aimer", "magnitude", "router_norm", "random")
 

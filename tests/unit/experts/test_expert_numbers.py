@@ -77,7 +77,7 @@ def test_weight_criteria_take_numpy_ints(tiny) -> None:
 
 
 def test_calibration_options_take_numpy_floats(tiny) -> None:
-    from lightprune.models.tiny_batches import tiny_text_batch
+    from lightprune.testing.batches import tiny_text_batch
 
     model = tiny("qwen3_moe")
     batches = [tiny_text_batch(model, batch_size=2, seq_len=6, seed=0)]

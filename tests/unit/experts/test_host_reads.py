@@ -16,7 +16,7 @@ import lightprune as lp
 from lightprune.experts.calibration import ExpertObserver
 from lightprune.experts.calibration.registry import DEFAULT_CRITERIA
 from lightprune.models import find_moe_layers
-from lightprune.models.tiny_batches import tiny_text_batch
+from lightprune.testing.batches import tiny_text_batch
 
 #: the Tensor methods that read a value back to the host
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy")

@@ -184,8 +184,8 @@ def test_spearman_names_the_non_finite_experts() -> None:
 def test_nan_pixels_are_refused_naming_the_first_layer_that_routes_them() -> None:
     """NaN pixels reach the language model as NaN image embeddings: the first MoE layer's router input holds them,
     and the refusal names that layer and the batch instead of handing NaN statistics to the ranking."""
-    from lightprune.models.tiny import tiny_model
-    from lightprune.models.tiny_batches import tiny_multimodal_batch
+    from lightprune.testing.batches import tiny_multimodal_batch
+    from lightprune.testing.tiny import tiny_model
 
     model = tiny_model("qwen3_vl_moe")
     clean = tiny_multimodal_batch(model, seed=3)

@@ -16,7 +16,7 @@ from fixtures import PLAN_MERGE as MERGE
 from fixtures import PLAN_WIDTH as WIDTH
 from lightprune.core.errors import PlanError
 from lightprune.experts.merging import MergePlan
-from lightprune.models.tiny import tiny_model
+from lightprune.testing.tiny import tiny_model
 from lightprune.width.plan import WidthPlan
 
 LOADERS = {"plan": (lp.ExpertPlan, EXPERT), "merge plan": (MergePlan, MERGE), "width plan": (WidthPlan, WIDTH)}

@@ -29,7 +29,7 @@ from fixtures import (
 import lightprune as lp
 from lightprune.experts.mask import is_masked
 from lightprune.experts.prune import resize_experts
-from lightprune.models.tiny import TINY_FAMILIES, tiny_model
+from lightprune.testing.tiny import TINY_FAMILIES, tiny_model
 
 PER_LAYER_KEY = "lightprune_experts_per_layer"
 MASK_ATTR = "_lightprune_expert_mask"

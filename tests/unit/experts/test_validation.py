@@ -10,7 +10,7 @@ from fixtures import REPO
 
 import lightprune as lp
 from lightprune.experts.calibration.validation import ground_truth_kl, proxy_correlations, ranking_stability
-from lightprune.models.tiny import tiny_model
+from lightprune.testing.tiny import tiny_model
 
 
 def _batches(seed: int, n: int = 2):

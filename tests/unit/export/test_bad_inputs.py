@@ -17,7 +17,7 @@ import torch
 from fixtures import REPO
 
 import lightprune as lp
-from lightprune.models.tiny import tiny_model
+from lightprune.testing.tiny import tiny_model
 
 REPO = REPO
 ENGLISH = "The quick brown fox jumps over the lazy dog. A tiny tokenizer for bad-input tests. " * 4

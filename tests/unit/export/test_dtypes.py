@@ -18,8 +18,8 @@ import torch
 import lightprune as lp
 from lightprune.export import MANIFEST_FILE
 from lightprune.export.verify import default_probe, model_logits
-from lightprune.models.tiny import tiny_model
-from lightprune.models.tiny_batches import tiny_text_batch
+from lightprune.testing.batches import tiny_text_batch
+from lightprune.testing.tiny import tiny_model
 
 #: Ergo keeps its embeddings, norms and router in float32 in a model of another dtype
 CASES = [(family, dtype) for family in ("qwen3_moe", "deepseek_v3", "ergo")

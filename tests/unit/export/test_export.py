@@ -27,7 +27,7 @@ from lightprune.export import MANIFEST_FILE, default_probe
 from lightprune.export.remote_code import MODELING_FILE
 from lightprune.export.verify import model_logits, special_token_ids
 from lightprune.models import FAMILIES
-from lightprune.models.tiny import TINY_FAMILIES, tiny_model
+from lightprune.testing.tiny import TINY_FAMILIES, tiny_model
 
 PER_LAYER_KEY = "lightprune_experts_per_layer"
 ATOL = 1e-5

@@ -36,7 +36,7 @@ from lightprune.export.gguf import (
     converter_pre_tokenizers,
     gpt2_byte_level,
 )
-from lightprune.models.tiny import tiny_model
+from lightprune.testing.tiny import tiny_model
 
 #: a pid above every system's pid_max (Linux allows at most 2**22): no process has it
 DEAD_PID = 2**22 + 1

@@ -20,7 +20,7 @@ import torch
 
 import lightprune as lp
 from lightprune.export import CARD_FILE, MANIFEST_FILE, model_card
-from lightprune.models.tiny import tiny_model
+from lightprune.testing.tiny import tiny_model
 
 SENTENCE = "the tiny model reads a tiny sentence"
 TEXTS = [SENTENCE, "hello world, the pruned experts say hello", "a b c d e f g"] * 4

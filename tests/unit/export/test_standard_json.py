@@ -9,8 +9,8 @@ from pathlib import Path
 
 import lightprune as lp
 from lightprune.export.result import record_evaluation
-from lightprune.models.tiny import tiny_model
 from lightprune.reporting.report import merge_report, write_report
+from lightprune.testing.tiny import tiny_model
 
 
 def _strict(path: Path):

@@ -15,7 +15,7 @@ from lightprune.export import (
     load_pruned,
     save_width_pruned,
 )
-from lightprune.models.tiny_batches import tiny_multimodal_batch
+from lightprune.testing.batches import tiny_multimodal_batch
 from lightprune.width.mask import mask_width
 from lightprune.width.plan import WidthPlan
 

@@ -12,8 +12,8 @@ from lightprune.finetune import AdapterSpec, apply_adapter, merged_router_weight
 from lightprune.finetune.adapters import moe_inputs_require_grad
 from lightprune.finetune.houlsby import HoulsbyAdapter
 from lightprune.models import find_moe_layers
-from lightprune.models.tiny import tiny_model
 from lightprune.models.unwrap import base_model_of
+from lightprune.testing.tiny import tiny_model
 
 ADAPTER_WORDS = ("lora_", "ia3_", "houlsby", "parametrizations")
 

@@ -72,7 +72,7 @@ def test_routing_balance_figures() -> None:
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_vl_moe"])  # the text and the multimodal testbed's family
 def test_the_module_adds_the_per_layer_loss_when_asked(family: str) -> None:
     from lightprune.finetune import MoECausalLM
-    from lightprune.models.tiny_batches import tiny_multimodal_batch
+    from lightprune.testing.batches import tiny_multimodal_batch
 
     module = MoECausalLM(tiny=family, router_aux_loss_coef=0.5, aux_loss="per_layer")
     module.configure_model()

@@ -19,7 +19,7 @@ from lightprune.cli.trainer import PruneTrainer
 from lightprune.export import MANIFEST_FILE
 from lightprune.export.verify import ExportVerificationError, default_probe, model_logits, restore_fp32_buffers
 from lightprune.finetune import MoECausalLM
-from lightprune.models.tiny import tiny_model
+from lightprune.testing.tiny import tiny_model
 
 #: 128 positions (the tiny models' maximum): rotary frequencies rounded to bf16 move the logits by ~30% of their size
 LONG = (2, 128)

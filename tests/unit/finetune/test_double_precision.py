@@ -11,7 +11,7 @@ from lightning.pytorch.plugins import DoublePrecision
 
 from lightprune.export.verify import default_probe, model_logits
 from lightprune.finetune import MoECausalLM
-from lightprune.models.tiny import tiny_model
+from lightprune.testing.tiny import tiny_model
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])

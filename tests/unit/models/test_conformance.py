@@ -24,7 +24,7 @@ from fixtures import (
 )
 
 import lightprune as lp
-from lightprune.models.tiny import TINY_FAMILIES
+from lightprune.testing.tiny import TINY_FAMILIES
 
 TEXT_FAMILIES = tuple(f for f in TINY_FAMILIES if f not in MULTIMODAL)  # the MLLMs: own tests
 #: MLLMs whose experts compute what no text family's do, so the rows run on them too (on text batches): Muse Spark's

@@ -14,7 +14,7 @@ from fixtures import REPO
 import lightprune as lp
 from lightprune.models import FAMILIES, REFUSED, MoEFamily, family_table, register_family, unregister_family
 from lightprune.models.families import DeepseekV3Family
-from lightprune.models.tiny import TINY_FAMILIES, tiny_model
+from lightprune.testing.tiny import TINY_FAMILIES, tiny_model
 
 #: one model type's verdict when it is not a row of the conformance table (a row's verdict is None)
 NO_GENERATION_CLASS = "no generation class (encoder, audio, vision, retrieval, a sub-config, ...)"
@@ -279,7 +279,7 @@ def test_the_documented_family_table_is_the_registry_s() -> None:
 
 @pytest.mark.parametrize("family,language_model", [("internvl", "qwen3_moe"), ("kimi_k25", "deepseek_v3")])
 def test_an_mllm_family_refuses_another_language_model(family, language_model) -> None:
-    from lightprune.models.tiny import tiny_model
+    from lightprune.testing.tiny import tiny_model
 
     model = tiny_model(family)
     lp.get_family(model)  # its own language model is accepted

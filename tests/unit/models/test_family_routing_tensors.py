@@ -14,7 +14,7 @@ import torch
 from lightprune.experts.prune import per_expert_tensors
 from lightprune.models import FAMILIES, find_moe_layers
 from lightprune.models.routing_check import check_routing_tensors, non_finite_routing_tensor
-from lightprune.models.tiny import TINY_FAMILIES
+from lightprune.testing.tiny import TINY_FAMILIES
 
 #: tensors of an MoE block (names inside it) besides its router, its routed experts and its shared experts that the
 #: routing does not read, and why; a new family whose block holds another tensor fails here until it is listed by the

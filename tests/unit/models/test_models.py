@@ -38,7 +38,7 @@ from fixtures import (
 )
 
 import lightprune as lp
-from lightprune.models.tiny import TINY_FAMILIES
+from lightprune.testing.tiny import TINY_FAMILIES
 
 SOFTMAX_FAMILIES = tuple(f for f in TINY_FAMILIES
                          if f not in DEEPSEEK_LIKE | TOPK_THEN_SOFTMAX | BIASED_SELECTION | NORMED_ROUTER_INPUT

@@ -10,7 +10,7 @@ import torch
 
 import lightprune as lp
 from lightprune.models import REFUSED
-from lightprune.models.tiny_text import _GENERIC_FAMILIES, _generic
+from lightprune.testing.text import _GENERIC_FAMILIES, _generic
 
 #: a tiny Inkling language model: Inkling 2's attention sizes, one shared expert
 _INKLING = {"swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 8, "sliding_window_size": 4,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from lightprune.finetune import MoECausalLM
-from lightprune.models.tiny import TINY_DENSE_MLLMS, TINY_FAMILIES, tiny_config
-from lightprune.models.tiny_batches import llava_onevision_image_tokens, special_token_ids, tiny_multimodal_batch
+from lightprune.testing.batches import llava_onevision_image_tokens, special_token_ids, tiny_multimodal_batch
+from lightprune.testing.tiny import TINY_DENSE_MLLMS, TINY_FAMILIES, tiny_config
 
 
 def _image_feature_lengths(model, batch) -> list[int]:
@@ -49,7 +49,7 @@ def test_tiny_model_keeps_transformers_init(family):
     """No MoE router / expert re-draw: the weights are exactly a seeded ``from_config``."""
     from transformers import AutoModelForImageTextToText
 
-    from lightprune.models.tiny import tiny_model
+    from lightprune.testing.tiny import tiny_model
 
     torch.manual_seed(5)
     reference = AutoModelForImageTextToText.from_config(tiny_config(family), dtype=torch.float32).state_dict()

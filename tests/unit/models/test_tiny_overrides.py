@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightprune.models.tiny import TINY_FAMILIES, check_tiny_family, check_tiny_overrides, tiny_config
+from lightprune.testing.tiny import TINY_FAMILIES, check_tiny_family, check_tiny_overrides, tiny_config
 
 
 def test_an_override_that_is_no_field_of_the_config_is_refused_with_the_closest() -> None:
@@ -39,7 +39,7 @@ def test_a_family_is_named_with_the_closest_in_a_short_line() -> None:
         check_tiny_family("qwen3moe", "tiny")
     message = str(info.value)
     assert message.startswith("tiny 'qwen3moe' is not one of the ") and "(did you mean 'qwen3_moe'?)" in message
-    assert message.endswith("and the dense MLLMs llava_onevision, qwen2_5_vl (lightprune.models.tiny.TINY_FAMILIES "
+    assert message.endswith("and the dense MLLMs llava_onevision, qwen2_5_vl (lightprune.testing.tiny.TINY_FAMILIES "
                             "lists the MoE ones)") and len(message) < 300
 
 
@@ -66,7 +66,7 @@ def test_moe_causal_lm_refuses_them_when_built_and_takes_float64() -> None:
 def test_did_you_mean_takes_the_name_equal_but_for_case_first() -> None:
     """A mis-cased name is suggested as the known one (difflib alone finds 'QWEN3_MOE' close to nothing); else the
     closest, else nothing."""
-    from lightprune.models.tiny import did_you_mean
+    from lightprune.core.suggestions import did_you_mean
 
     known = ["qwen2_moe", "qwen3_moe", "qwen3_next"]
     assert did_you_mean("QWEN3_MOE", known) == " (did you mean 'qwen3_moe'?)"

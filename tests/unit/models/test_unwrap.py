@@ -10,7 +10,7 @@ from lightprune.models.unwrap import base_model_of
 
 
 def test_a_plain_model_imports_neither_peft_nor_lightning() -> None:
-    code = ("import sys; from lightprune.models.tiny import tiny_model; from lightprune.models.unwrap import "
+    code = ("import sys; from lightprune.testing.tiny import tiny_model; from lightprune.models.unwrap import "
             "base_model_of; m = tiny_model('qwen3_moe'); assert base_model_of(m) is m; "
             "print(sorted(p for p in ('peft', 'lightning') if p in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lightprune.models import get_family
-from lightprune.models.tiny_batches import special_token_ids, tiny_multimodal_batch, tiny_text_batch
 from lightprune.observe import PROBE_PREFIX, AttentionProbe, low_high_masks, modality_masks
+from lightprune.testing.batches import special_token_ids, tiny_multimodal_batch, tiny_text_batch
 
 MLLMS = ("qwen3_vl_moe", "internvl", "gemma4", "qwen3_omni_moe_thinker", "glm4v_moe")
 

@@ -9,9 +9,9 @@ import torch
 from fixtures import MULTIMODAL, ROW_BLOCK_EXPERTS, padded_batch
 
 import lightprune as lp
-from lightprune.models.tiny import TINY_FAMILIES
 from lightprune.observe import experts_impl
 from lightprune.observe.experts_impl import expert_rows, observing_experts, run_expert
+from lightprune.testing.tiny import TINY_FAMILIES
 
 TEXT_FAMILIES = tuple(f for f in TINY_FAMILIES if f not in MULTIMODAL)
 

@@ -16,8 +16,8 @@ from fixtures.width import dense_lm
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lightprune.models.tiny import TINY_DENSE_MLLMS
-from lightprune.models.tiny_batches import tiny_multimodal_batch
+from lightprune.testing.batches import tiny_multimodal_batch
+from lightprune.testing.tiny import TINY_DENSE_MLLMS
 from lightprune.width import swap as swap_module
 from lightprune.width.kernels.compact_ffn import CompactModalityFFN, split_tokens
 from lightprune.width.layers import find_width_layers, vision_token_ids

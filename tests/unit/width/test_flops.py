@@ -76,7 +76,7 @@ def test_tiny_counts_equal_brute_force(V, T, align):
 
 
 def test_an_mllm_config_reads_its_text_config():
-    from lightprune.models.tiny import tiny_config
+    from lightprune.testing.tiny import tiny_config
 
     outer = tiny_config("qwen3_vl_moe")
     assert decoder_flops(outer, 5, 4).total == decoder_flops(outer.text_config, 5, 4).total

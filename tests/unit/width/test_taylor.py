@@ -12,7 +12,7 @@ import pytest
 import torch
 from fixtures.width import dense_lm, ffn_plan, lm_batch, random_keep, reference_logits
 
-from lightprune.models.tiny_batches import tiny_multimodal_batch
+from lightprune.testing.batches import tiny_multimodal_batch
 from lightprune.width.modality import token_modality
 from lightprune.width.paths import MODALITIES, TEXT, VISION
 from lightprune.width.plan import WidthPlan
@@ -80,7 +80,7 @@ def _reference(model, batch, vision_ids, attention=True, ffn=False, keep=None, f
 
 @pytest.fixture(scope="module")
 def vl():
-    from lightprune.models.tiny import tiny_model
+    from lightprune.testing.tiny import tiny_model
 
     return tiny_model("qwen3_vl_moe")
 
@@ -185,7 +185,7 @@ def test_errors(vl):
 
 
 def test_dense_mllm_scores_match_per_sample_autograd():
-    from lightprune.models.tiny import tiny_model
+    from lightprune.testing.tiny import tiny_model
 
     model = tiny_model("qwen2_5_vl")
     batch = _with_labels(tiny_multimodal_batch(model, batch_size=3, images_per_sample=1, seed=2, pad_last=2), answer=2)

@@ -12,7 +12,7 @@ import torch
 from fixtures.width import dense_lm, ffn_plan, lm_batch, random_keep, reference_logits
 
 from lightprune.core.errors import PlanError
-from lightprune.models.tiny_batches import tiny_multimodal_batch
+from lightprune.testing.batches import tiny_multimodal_batch
 from lightprune.width.mask import mask_width
 from lightprune.width.modality import token_modality
 from lightprune.width.paths import MODALITIES, SYSTEM, TEXT, VISION
@@ -21,7 +21,7 @@ from lightprune.width.plan import WidthPlan
 
 @pytest.fixture(scope="module")
 def vl(tiny_cache):
-    from lightprune.models.tiny import tiny_model
+    from lightprune.testing.tiny import tiny_model
 
     return tiny_model("qwen3_vl_moe")
 
@@ -211,7 +211,7 @@ def ffn_keep_hook(modality, keep):
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_onevision"])
 def test_dense_mllm_paths_and_ffn_match_reference(family):
-    from lightprune.models.tiny import tiny_model
+    from lightprune.testing.tiny import tiny_model
 
     model = tiny_model(family)
     batch = tiny_multimodal_batch(model, batch_size=3, images_per_sample=1, padding_side="left", seed=1)

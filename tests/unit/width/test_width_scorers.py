@@ -14,7 +14,7 @@ from fixtures import REPO
 from fixtures.width import dense_lm, lm_batch, random_keep
 
 from lightprune.callbacks.width_search import WidthSearch
-from lightprune.models.tiny_batches import tiny_multimodal_batch
+from lightprune.testing.batches import tiny_multimodal_batch
 from lightprune.width.min_rank import min_rank_scores
 from lightprune.width.paths import MODALITIES, PATHS
 from lightprune.width.plan import WidthPlan

@@ -12,7 +12,7 @@ from fixtures import padded_batch
 import lightprune as lp
 from lightprune.experts.merging.align import has_standard_layout
 from lightprune.export.verify import default_probe, model_logits
-from lightprune.models.tiny import TINY_FAMILIES
+from lightprune.testing.tiny import TINY_FAMILIES
 
 ATOL = 1e-5
 PER_LAYER_KEY = "lightprune_experts_per_layer"

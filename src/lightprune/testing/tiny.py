@@ -13,17 +13,17 @@ families' attention geometry (hidden 32, 4 heads, 2 kv heads, head_dim 8) and a 
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 from typing import Any
 
 import torch
 
-from lightprune.models.tiny_mllms import DENSE_BUILDERS, MLLM_BUILDERS
-from lightprune.models.tiny_text import _GENERIC_FAMILIES, TEXT_BUILDERS, _generic
+from lightprune.core.suggestions import did_you_mean
+from lightprune.testing.mllms import DENSE_BUILDERS, MLLM_BUILDERS
+from lightprune.testing.text import _GENERIC_FAMILIES, TEXT_BUILDERS, _generic
 
-__all__ = ["TINY_DENSE_MLLMS", "TINY_FAMILIES", "check_tiny_family", "check_tiny_overrides", "did_you_mean",
+__all__ = ["TINY_DENSE_MLLMS", "TINY_FAMILIES", "check_tiny_family", "check_tiny_overrides",
            "tiny_config", "tiny_model"]
 
 
@@ -48,18 +48,6 @@ _MLLMS = (*MLLM_BUILDERS, *TINY_DENSE_MLLMS)
 _ALIKE = 0.75
 
 
-def did_you_mean(value: Any, known: Any, cutoff: float = 0.6) -> str:
-    """`` (did you mean 'X'?)`` for the name of ``known`` (each as ``str``) closest to ``value``: the one equal to it
-    but for case, else the closest by difflib (at least ``cutoff`` alike); ``""`` when none is that close or
-    ``value`` is not a string."""
-    if not isinstance(value, str):
-        return ""
-    names = [str(k) for k in known]
-    close = [name for name in names if name.casefold() == value.casefold()] or \
-        difflib.get_close_matches(value, names, n=1, cutoff=cutoff)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def check_tiny_family(family: Any, what: str = "tiny family") -> None:
     """A ValueError naming ``family`` when it is none of :data:`TINY_FAMILIES` and :data:`TINY_DENSE_MLLMS`: the
     closest name, a few MoE families and the dense MLLMs (the whole list is 80 names)."""
@@ -69,7 +57,7 @@ def check_tiny_family(family: Any, what: str = "tiny family") -> None:
     raise ValueError(f"{what} {family!r} is not one of the {len(families)} tiny families"
                      f"{did_you_mean(family, families, _ALIKE)}; "
                      f"for example {', '.join(TINY_FAMILIES[:5])} and the dense MLLMs {', '.join(TINY_DENSE_MLLMS)} "
-                     "(lightprune.models.tiny.TINY_FAMILIES lists the MoE ones)")
+                     "(lightprune.testing.tiny.TINY_FAMILIES lists the MoE ones)")
 
 
 def _field_names(config: Any) -> frozenset[str]:

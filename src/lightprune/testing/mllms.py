@@ -1,12 +1,12 @@
 """Tiny configs of the multimodal families: the MoE MLLMs (vision towers as small as the text models) and the dense
-MLLMs of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"); :mod:`lightprune.models.tiny`
+MLLMs of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"); :mod:`lightprune.testing.tiny`
 is the public entry."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from lightprune.models.tiny_text import (
+from lightprune.testing.text import (
     _ATTN,
     _GEMMA4_TEXT,
     _GENERIC_FAMILIES,

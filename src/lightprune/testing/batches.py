@@ -1,4 +1,4 @@
-"""Valid forward batches for the tiny models of :mod:`lightprune.models.tiny` (and any model of a family).
+"""Valid forward batches for the tiny models of :mod:`lightprune.testing.tiny` (and any model of a family).
 
 ``tiny_multimodal_batch`` builds what a processor would hand the model, without a processor:
 

@@ -1,5 +1,5 @@
 """Tiny configs of the text MoE families (the geometry every tiny model shares, hand-written builders and the
-families built generically from :data:`GENERIC_FIELDS`); :mod:`lightprune.models.tiny` is the public entry."""
+families built generically from :data:`GENERIC_FIELDS`); :mod:`lightprune.testing.tiny` is the public entry."""
 
 from __future__ import annotations
 
