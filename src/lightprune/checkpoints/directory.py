@@ -19,7 +19,7 @@ are never loaded; shards named ``model-00001-of-00003`` without their index), a 
 one outside the folder, or disagrees with the shards' headers (a tensor it lists that its shard lacks, or a tensor
 of a shard it does not list), and a safetensors file whose header disagrees with its bytes
 (:func:`.header.read_header`). config.json, the index and the headers nested
-deeper than :data:`~lightprune.core.jsonio.MAX_DEPTH` are refused before they are parsed. A file that cannot be
+deeper than :data:`~lightprune.core.parse_limits.MAX_DEPTH` are refused before they are parsed. A file that cannot be
 read (permission denied) is one line naming it (:func:`input_error`). A file an export copies along (the tokenizer,
 processor and chat-template files, ``generation_config.json``: :func:`copied_files`) that is a directory, a broken
 symlink or a special file is refused too, naming it: the export would lack it.
@@ -39,7 +39,8 @@ from typing import Any, NoReturn
 
 from lightprune.checkpoints.header import read_header
 from lightprune.core.errors import listed_text
-from lightprune.core.jsonio import DuplicateKeyError, parse_json, show
+from lightprune.core.jsonio import parse_json, show
+from lightprune.core.parse_limits import DuplicateKeyError
 from lightprune.core.paths import check_path_text, file_problem
 from lightprune.core.sources import not_a_directory
 

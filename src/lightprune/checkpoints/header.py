@@ -11,8 +11,8 @@ every tensor a known dtype, a shape of non-negative integers and a range ``[begi
 file without a gap or an overlap (what the safetensors format requires of a writer). Anything else is a
 ``ValueError`` naming the file, the tensor and the values: read as it is, such a file would hand out another
 tensor's bytes, or a shape the bytes do not hold. A header longer than the reader's cap (:data:`HEADER_LIMIT`) or
-nested deeper than :data:`~lightprune.core.jsonio.MAX_DEPTH` is a :class:`~lightprune.core.jsonio.ParseLimitError`
-naming the file and the limit, before it is read or parsed.
+nested deeper than :data:`~lightprune.core.parse_limits.MAX_DEPTH` is a
+:class:`~lightprune.core.parse_limits.ParseLimitError` naming the file and the limit, before it is read or parsed.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from lightprune.core.jsonio import ParseLimitError, check_json_depth, show, strict_int
+from lightprune.core.jsonio import show, strict_int
+from lightprune.core.parse_limits import ParseLimitError, check_json_depth
 
 __all__ = ["HEADER_LIMIT", "SAFETENSORS_DTYPES", "header_bytes", "read_header", "check_safetensors", "dtype_size"]
 

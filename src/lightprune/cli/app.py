@@ -34,8 +34,9 @@ from lightprune.cli.trainer import PruneTrainer, check_ckpt_path
 from lightprune.core import interrupt
 from lightprune.core.errors import ERRORS
 from lightprune.core.extras import missing_deepspeed
-from lightprune.core.jsonio import (DuplicateKeyError, ParseLimitError, check_yaml_keys, check_yaml_limits,
-                                    clip_values, show)
+from lightprune.core.jsonio import clip_values, show
+from lightprune.core.parse_limits import DuplicateKeyError, ParseLimitError
+from lightprune.core.strict_yaml import check_yaml_keys, check_yaml_limits
 from lightprune.finetune import MoECausalLM
 
 __all__ = ["LightpruneCLI", "apply_addressed", "cli_main", "main", "refuse_denied_imports",
@@ -305,7 +306,7 @@ def _config_name(path: str) -> str | None:
 def refuse_duplicate_yaml_keys() -> None:
     """Make jsonargparse's YAML loader (config files and option values) refuse a mapping that names a key twice,
     naming the key, the file and both lines (it would keep the last value: a second ``trainer:`` block would replace
-    the first), and, before it builds anything, YAML past the limits of :func:`~lightprune.core.jsonio.parse_yaml`
+    the first), and, before it builds anything, YAML past the limits of :func:`~lightprune.core.strict_yaml.parse_yaml`
     (aliases expanding without bound, nesting too deep). What it loads is unchanged. Installed once, when the command
     starts."""
     import yaml

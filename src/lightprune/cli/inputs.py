@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from lightprune.cli.names import bool_option, closest
-from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError, parse_yaml
-from lightprune.core.yaml_literals import YamlScalar, yaml_1_1_reading, yaml_scalars
+from lightprune.core.parse_limits import DuplicateKeyError, ParseLimitError
 from lightprune.core.paths import broken_link
+from lightprune.core.strict_yaml import parse_yaml
+from lightprune.core.yaml_literals import YamlScalar, yaml_1_1_reading, yaml_scalars
 
 __all__ = ["CLASS_LISTS", "JobInputs", "dotted", "empty_item_problem", "literal_problem", "load_config",
            "local_path", "name_too_long", "place", "root_dir_problem", "unknown_home", "variable_in"]
@@ -210,8 +211,8 @@ def load_config(text: str, option: str) -> tuple[str, dict[str, Any]]:
     """(where, content) of a ``--config`` value: a file's mapping of options (where: its name as given; ``~`` is the
     home folder, as the parser reads it) or the mapping given inline (where: ``option``). A value that cannot be a
     config is a ``ValueError`` in one line naming it, and so are a key named twice, YAML past
-    the limits (:func:`~lightprune.core.jsonio.parse_yaml`) and YAML that the safe loader cannot build (a tag such as
-    ``!!python/object``, a list as a key, two documents: the line and the problem)."""
+    the limits (:func:`~lightprune.core.strict_yaml.parse_yaml`) and YAML that the safe loader cannot build (a tag
+    such as ``!!python/object``, a list as a key, two documents: the line and the problem)."""
     import yaml
 
     if not text.strip():

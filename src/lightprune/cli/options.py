@@ -33,7 +33,7 @@ from lightprune.cli.inputs import (JobInputs, empty_item_problem, literal_proble
 from lightprune.cli.names import (argv_problem, config_keys_problem, did_you_mean, find_subcommand, precision_problem,
                                   prints_config, wants_help)
 from lightprune.cli.slots import class_path_problem, config_slots
-from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError
+from lightprune.core.parse_limits import DuplicateKeyError, ParseLimitError
 from lightprune.core.yaml_literals import YamlScalar, parse_value, yaml_scalars
 from lightprune.core.paths import check_path_text
 

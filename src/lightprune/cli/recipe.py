@@ -19,7 +19,8 @@ from typing import Any, Mapping
 
 from lightprune.cli.options import ADDRESSES, SUBCOMMANDS, OptionError, check_command_line, class_name
 from lightprune.core.checks import check_choice
-from lightprune.core.jsonio import parse_yaml, show
+from lightprune.core.jsonio import show
+from lightprune.core.strict_yaml import parse_yaml
 
 __all__ = ["run_recipe", "recipe_command"]
 

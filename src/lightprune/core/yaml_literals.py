@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from lightprune.core.jsonio import compose_yaml, parse_yaml
+from lightprune.core.strict_yaml import compose_yaml, parse_yaml
 
 __all__ = ["YamlScalar", "parse_value", "yaml_1_1_reading", "yaml_scalars"]
 

@@ -19,7 +19,8 @@ from typing import Any
 
 from lightprune.core import interrupt
 from lightprune.core.errors import register_error
-from lightprune.core.jsonio import ParseLimitError, parse_json
+from lightprune.core.jsonio import parse_json
+from lightprune.core.parse_limits import ParseLimitError
 
 __all__ = ["MANIFEST", "CacheError", "sha256_file", "write_manifest", "check_folder", "publish_folder",
            "build_folder"]

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightprune.core.jsonio import DuplicateKeyError, ParseLimitError, parse_json
+from lightprune.core.jsonio import parse_json
+from lightprune.core.parse_limits import DuplicateKeyError, ParseLimitError
 
 __all__ = ["DEFAULT_TASK", "IMAGE_PLACEHOLDER", "JsonlRowError", "Row", "parse_row", "read_jsonl"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lightprune.checkpoints.header import HEADER_LIMIT, check_safetensors, header_bytes, read_header
-from lightprune.core.jsonio import ParseLimitError
+from lightprune.core.parse_limits import ParseLimitError
 
 READERS = (read_header, header_bytes, check_safetensors)
 

@@ -12,7 +12,7 @@ import yaml
 from fixtures import REPO
 
 from lightprune.cli import app, command
-from lightprune.core.jsonio import DuplicateKeyError
+from lightprune.core.parse_limits import DuplicateKeyError
 
 CONFIG = REPO / "configs" / "aimer_tiny.yaml"
 

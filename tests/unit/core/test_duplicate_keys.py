@@ -14,7 +14,9 @@ from fixtures import REPO
 
 import lightprune as lp
 from lightprune.core.errors import PlanError
-from lightprune.core.jsonio import DuplicateKeyError, check_yaml_keys, parse_json, parse_yaml, read_json, read_yaml
+from lightprune.core.jsonio import parse_json, read_json, read_yaml
+from lightprune.core.parse_limits import DuplicateKeyError
+from lightprune.core.strict_yaml import check_yaml_keys, parse_yaml
 
 PLAN = '{"keep": {"0": [0, 1]}, "num_experts": {"0": 4}, "keep": {"0": [2, 3]}}'
 TWO_TRAINERS = "trainer:\n  max_steps: 1\nmodel:\n  x: 1\ntrainer:\n  max_steps: 2\n"

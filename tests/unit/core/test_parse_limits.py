@@ -15,18 +15,9 @@ from fixtures import REPO
 
 import lightprune as lp
 from lightprune.core.errors import PlanError
-from lightprune.core.jsonio import (
-    MAX_DEPTH,
-    MAX_YAML_VALUES,
-    ParseLimitError,
-    check_json_depth,
-    check_yaml_keys,
-    check_yaml_limits,
-    parse_json,
-    parse_yaml,
-    read_json,
-    read_yaml,
-)
+from lightprune.core.jsonio import parse_json, read_json, read_yaml
+from lightprune.core.parse_limits import MAX_DEPTH, MAX_YAML_VALUES, ParseLimitError, check_json_depth
+from lightprune.core.strict_yaml import check_yaml_keys, check_yaml_limits, parse_yaml
 
 SEE = "no file lightprune reads comes near that: check that it is the file meant"
 YAML_READERS = (parse_yaml, check_yaml_keys, check_yaml_limits)
@@ -411,7 +402,7 @@ def test_a_file_or_key_named_digits_is_not_taken_for_a_long_integer(tmp_path: Pa
     """Any ValueError whose text held "digits" was reported as an over-long integer: a key named twice in
     ``digits.json`` (or a key ``digits`` named twice) said "an integer of more than 4300 digits"; only Python's
     own digit-limit error is."""
-    from lightprune.core.jsonio import DuplicateKeyError
+    from lightprune.core.parse_limits import DuplicateKeyError
 
     with pytest.raises(DuplicateKeyError) as info:
         parse_json('{"a": 1, "a": 2}', "plan file digits.json")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightprune.core.jsonio import parse_yaml
+from lightprune.core.strict_yaml import parse_yaml
 from lightprune.core.yaml_literals import parse_value, yaml_1_1_reading, yaml_scalars
 
 #: literal -> what YAML 1.1 reads it as (jsonargparse's loader), and the kind :func:`yaml_1_1_reading` gives (None:

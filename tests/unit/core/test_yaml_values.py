@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from lightprune.core.jsonio import clip, clip_values, parse_yaml
+from lightprune.core.jsonio import clip, clip_values
+from lightprune.core.strict_yaml import parse_yaml
 
 #: plain scalars whose YAML 1.1 and YAML 1.2 readings differ, and their neighbours
 SCALARS = ["5e-1", "1e-300", "-2E3", "+1e3", "1e5", "2.5e-1", "2.5e1", "0.5", ".5", "-.5", "1_000", "0x1f", "1:30",
