@@ -1,7 +1,8 @@
-"""DeepSeek's routers and the families that compute them: DeepSeek-V3 (sigmoid scores, a correction bias for
-selection, group-limited top-k, scaling; the rule itself in :mod:`.deepseek_v3_routing`) with the models whose
-transformers router is the same computation (rows of :func:`~lightprune.models.family_rows.family_row`), and DeepSeek-V2
-(softmax, greedy or group-limited greedy)."""
+"""DeepSeek-V3's router and the families that compute it (sigmoid scores, a correction bias for selection,
+group-limited top-k, scaling; the rule itself in :mod:`.deepseek_v3_routing`): the models whose transformers router is
+the same computation (rows of :func:`~lightprune.models.family_rows.family_row`). Its variants with a group rule of
+their own are in :mod:`.group_limited_families`, DeepSeek-V2 (softmax, greedy or group-limited greedy) in
+:mod:`.deepseek_v2_family`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, RemovalEffect, SelectsWithExpertTensor
+from lightprune.models.base import MoEFamily, RemovalEffect
 from lightprune.models.deepseek_v3_routing import (
     RENORM_EPS,
     GroupTop,
@@ -25,20 +26,11 @@ from lightprune.models.deepseek_v3_routing import (
 )
 from lightprune.models.family_rows import family_row
 from lightprune.models.layer import MoELayer, RoutingOutput, kept_entries, mlp_layer_type
-from lightprune.models.routing_ops import (
-    chosen_group_leaders,
-    fill_unchosen_groups,
-    renormalized,
-    softmax_removal_growth,
-    unique_rows,
-)
 from lightprune.models.sorted_top import sorted_topk
 
 __all__ = ["GroupTop", "DeepseekV3Family", "Glm4MoeFamily", "SarvamMoeFamily", "Param2MoeFamily", "SarvamMlaFamily",
-           "Glm4vMoeFamily", "KimiK25Family",
-           "NemotronHFamily", "Dots1Family", "DeepseekV2Family", "DEEPSEEK_ALIKE", "Dots3NoteTextFamily",
-           "MiniCPM5MoeFamily", "BeamFamily",
-           "AXK2Family"]
+           "Glm4vMoeFamily", "KimiK25Family", "NemotronHFamily", "Dots1Family", "DEEPSEEK_ALIKE", "Dots3NoteTextFamily",
+           "MiniCPM5MoeFamily"]
 
 
 class DeepseekV3Family(MoEFamily):
@@ -244,201 +236,6 @@ class MiniCPM5MoeFamily(DeepseekV3Family):
     def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type=hidden_states.device.type, enabled=False):
             return super().router_logits(layer, hidden_states)
-
-
-class BeamFamily(SelectsWithExpertTensor, DeepseekV3Family):
-    """Beam (``beam``): DeepSeek-V3's scores (sigmoid of fp32 logits, the router's correction bias for the selection
-    only, groups scored by their top-2 sum, ``topk_group`` groups kept) with both top-ks sorted, the k renormalised
-    (+1e-20) when ``norm_topk_prob`` and not scaled in the router (BeamTopKRouter): the MoE block multiplies the
-    routed experts' sum by ``routed_scaling_factor``. No shared experts; the sparse layers those ``mlp_layer_types``
-    says. Masking: logit -inf (score 0) and selection score -inf."""
-
-    routing = "sigmoid + correction bias, group-limited top-k, renormalised; routed sum scaled"
-    model_types = ("beam",)
-    num_experts_key = "num_experts"
-    shared_attrs = ()
-
-    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
-        return layer.router.e_score_correction_bias
-
-    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
-                bias: torch.Tensor) -> RoutingOutput:
-        """BeamTopKRouter's ops with the correction bias ``bias`` (the layer's, or its kept experts' entries)."""
-        router = layer.router
-        if expert_mask is not None:
-            expert_mask = expert_mask.to(router_logits.device)
-            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
-        scores = router_logits.sigmoid()
-        choice = scores + bias
-        if expert_mask is not None:
-            choice = choice.masked_fill(expert_mask, float("-inf"))
-        num_experts, num_group = choice.shape[-1], router.num_group
-        best_two = choice.view(-1, num_group, num_experts // num_group).topk(2, dim=-1)[0].sum(dim=-1)
-        chosen = torch.topk(best_two, k=router.topk_group, dim=-1)[1]
-        choice = fill_unchosen_groups(choice, chosen, num_group, float("-inf"))
-        top_index = torch.topk(choice, k=router.top_k, dim=-1)[1]
-        top_weights = scores.gather(1, top_index)
-        if router.norm_topk_prob:
-            top_weights = renormalized(top_weights, RENORM_EPS)
-        return router_logits, top_weights, top_index
-
-    select_without = MoEFamily.select_without  # one mask per (token, expert) row
-
-    def observed_router(self, layer: MoELayer, keep: Callable[[Any], None]) -> Callable[..., Any] | None:
-        return None  # the router's own forward
-
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
-                       routing_state: Any = None) -> RemovalEffect:
-        """:func:`_chosen_leaders_rerun`: the selected experts and each chosen group's top 2 re-run."""
-        return _chosen_leaders_rerun(layer.router, router_logits, selected)
-
-    def output_scale(self, layer: MoELayer) -> float:
-        return float(layer.block.routed_scaling_factor)
-
-
-class AXK2Family(SelectsWithExpertTensor, DeepseekV3Family):
-    """A.X K2 (``axk2``): DeepSeek-V3's scores (sigmoid of fp32 logits, the router's correction bias for the selection
-    only); with ``n_group`` set, groups scored by their top-2 sum and ``topk_group`` kept, the other groups' selection
-    scores set to 0, not -inf (an expert there still beats a chosen one whose biased score is below 0); without
-    ``n_group`` (A.X K2 Light) no groups; top-k, renormalised (+1e-20) when ``norm_topk_prob``, times
-    ``routed_scaling_factor`` (AXK2TopkRouter). Masking: logit -inf (score 0) and selection score -inf, also after
-    the groups' fill."""
-
-    routing = "sigmoid + correction bias, top-k in the chosen groups (the others at 0), scaled"
-    model_types = ("axk2",)
-
-    @property
-    def group_limited(self) -> bool:  # type: ignore[override]
-        return self.text_config.n_group is not None
-
-    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
-        return layer.router.e_score_correction_bias
-
-    def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
-                bias: torch.Tensor) -> RoutingOutput:
-        """AXK2TopkRouter's ops with the correction bias ``bias`` (the layer's, or its kept experts' entries)."""
-        router = layer.router
-        if expert_mask is not None:
-            expert_mask = expert_mask.to(router_logits.device)
-            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
-        scores = router_logits.sigmoid()
-        choice = scores + bias
-        if expert_mask is not None:
-            choice = choice.masked_fill(expert_mask, float("-inf"))
-        if router.num_group is not None:
-            num_experts, num_group = choice.shape[-1], router.num_group
-            best_two = choice.view(-1, num_group, num_experts // num_group).topk(2, dim=-1)[0].sum(dim=-1)
-            chosen = torch.topk(best_two, k=router.topk_group, dim=-1, sorted=False)[1]
-            choice = fill_unchosen_groups(choice, chosen, num_group, 0.0)
-            if expert_mask is not None:
-                choice = choice.masked_fill(expert_mask, float("-inf"))
-        top_index = torch.topk(choice, k=router.top_k, dim=-1, sorted=False)[1]
-        top_weights = scores.gather(1, top_index)
-        if router.norm_topk_prob:
-            top_weights = renormalized(top_weights, RENORM_EPS)
-        return router_logits, top_weights * router.routed_scaling_factor, top_index
-
-    select_without = MoEFamily.select_without  # one mask per (token, expert) row
-
-    def observed_router(self, layer: MoELayer, keep: Callable[[Any], None]) -> Callable[..., Any] | None:
-        return None  # the router's own forward
-
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
-                       routing_state: Any = None) -> RemovalEffect:
-        """:func:`_chosen_leaders_rerun` with groups; without them only the selected experts are re-run (per-expert
-        scores: any other removal changes nothing). A token that selected an expert of an unchosen group took it
-        among the experts all at the fill's 0, a tie ``torch.topk`` breaks by position, which any removal there
-        may change: every removal of such a token is re-run."""
-        router = layer.router
-        if router.num_group is None:
-            return RemovalEffect(rerun=selected)
-        effect = _chosen_leaders_rerun(router, router_logits, selected)
-        num_tokens, num_experts = router_logits.shape
-        size = num_experts // router.num_group
-        choice = (router_logits.sigmoid() + router.e_score_correction_bias).view(-1, router.num_group, size)
-        chosen = choice.topk(2, dim=-1)[0].sum(dim=-1).topk(router.topk_group, dim=-1)[1]       # [T, g]
-        inside = (selected // size).unsqueeze(-1).eq(chosen.unsqueeze(1)).any(dim=-1)           # [T, k]
-        tied = ~inside.all(dim=-1)
-        if not bool(tied.any()):
-            return effect
-        rerun = torch.full((num_tokens, num_experts), -1, dtype=selected.dtype, device=selected.device)
-        rerun[:, :effect.rerun.shape[1]] = effect.rerun
-        rerun[tied] = torch.arange(num_experts, dtype=selected.dtype, device=selected.device)
-        return RemovalEffect(rerun=rerun)
-
-
-def _chosen_leaders_rerun(router: torch.nn.Module, router_logits: torch.Tensor,
-                          selected: torch.Tensor) -> RemovalEffect:
-    """The removal effect of a group-limited router on per-expert sigmoid scores s plus a selection bias (Beam, A.X K2):
-    an unselected expert's removal changes the routing only through its group's top-2 sum, and only a chosen group's
-    fall can change the chosen groups; so the selected experts and each chosen group's top 2 (of s + bias) are
-    re-run, and any other removal leaves the selection and the weights as they are."""
-    choice = router_logits.sigmoid() + router.e_score_correction_bias
-    return RemovalEffect(rerun=chosen_group_leaders(choice, router.num_group, router.topk_group, selected))
-
-
-class DeepseekV2Family(MoEFamily):
-    """DeepSeek-V2: softmax of fp32 logits over all experts, then ``greedy`` top-k or ``group_limited_greedy``
-    (groups scored by their best expert, ``topk_group`` groups kept, the rest zeroed), not renormalised, times
-    ``routed_scaling_factor`` (DeepseekV2TopkRouter). Masking sets a pruned expert's logit to -inf (probability 0,
-    the softmax's denominator as without it) and its selection score to -inf, so it is never chosen."""
-
-    routing = "softmax, greedy or group-limited top-k, scaled"
-    model_types = ("deepseek_v2",)
-    num_experts_key = "n_routed_experts"
-    shared_attrs = ("shared_experts",)
-
-    @property
-    def group_limited(self) -> bool:  # type: ignore[override]
-        return self.text_config.topk_method == "group_limited_greedy"
-
-    is_sparse_layer = DeepseekV3Family.is_sparse_layer  # the same dense-layer rule
-
-    def group_limits(self) -> tuple[int, int]:
-        cfg = self.text_config
-        return (int(cfg.n_group or 1), int(cfg.topk_group or 1)) if self.group_limited else (1, 1)
-
-    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
-        router = layer.router
-        return F.linear(hidden_states.view(-1, router.weight.shape[1]).type(torch.float32),
-                        router.weight.type(torch.float32))
-
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        router = layer.router
-        if expert_mask is not None:
-            expert_mask = expert_mask.to(router_logits.device)
-            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
-        scores = router_logits.softmax(dim=-1, dtype=torch.float32)
-        if router.topk_method == "group_limited_greedy":
-            num_experts, num_group = scores.shape[-1], router.num_group
-            best = scores.view(-1, num_group, num_experts // num_group).max(dim=-1).values
-            scores = fill_unchosen_groups(scores, torch.topk(best, k=router.topk_group, dim=-1, sorted=False)[1],
-                                          num_group, 0.0)
-        elif router.topk_method != "greedy":
-            raise ValueError(f"deepseek_v2 topk_method {router.topk_method!r}: lightprune knows 'greedy' and "
-                             "'group_limited_greedy'")
-        choice = scores if expert_mask is None else scores.masked_fill(expert_mask, float("-inf"))
-        top_index = torch.topk(choice, k=router.top_k, dim=-1, sorted=False)[1]
-        top_weights = scores.gather(1, top_index) if expert_mask is not None else \
-            torch.topk(scores, k=router.top_k, dim=-1, sorted=False)[0]
-        return router_logits, top_weights * router.routed_scaling_factor, top_index
-
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
-                       routing_state: Any = None) -> RemovalEffect:
-        """Softmax over all experts, not renormalised: an unselected expert's removal scales every probability by
-        1 / (1 - p_j), which keeps the top-k and each group's order; under group-limited greedy a group's best
-        expert is also a candidate (its removal lowers the group's score)."""
-        growth = softmax_removal_growth(router_logits)
-        router = layer.router
-        if router.topk_method != "group_limited_greedy" or router.num_group <= router.topk_group:
-            return RemovalEffect(rerun=selected, growth=growth)
-        num_group, num_experts = router.num_group, router_logits.shape[-1]
-        size = num_experts // num_group
-        best = router_logits.view(-1, num_group, size).max(dim=-1)
-        chosen = best[0].topk(router.topk_group, dim=-1, sorted=False)[1]          # an unchosen group can only fall
-        leaders = best[1].gather(1, chosen) + chosen * size
-        return RemovalEffect(rerun=unique_rows(torch.cat([selected, leaders], dim=1)), growth=growth)
 
 
 # ------------------------------------------------------------------------------------------------ the table rows

@@ -13,7 +13,9 @@ The families compute it from three starting points, each through the steps below
 :func:`group_scores`, :func:`choose_groups`, :func:`mask_unchosen_groups`, :func:`top_experts`,
 :func:`routed_weights`):
 
-- :func:`select_from_scores`: all E scores, with masked experts (``DeepseekV3Family.select``; the router's ops);
+- :func:`select_from_scores`: all E scores, with masked experts (``DeepseekV3Family.select``; the router's ops, the
+  group-limited top-k of :func:`~lightprune.models.routing_ops.group_limited_top_k` that every group-limited family
+  computes);
 - :func:`select_from_group_top`: each group's sorted top list (:class:`GroupTop`, kept for the removal effect), the
   group scores read off it (the router's forward while calibration observes it);
 - :func:`select_without_one`: one removed expert per row, from each group's top list without it
@@ -29,7 +31,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lightprune.models.routing_ops import fill_unchosen_groups, renormalized
+from lightprune.models.routing_ops import fill_unchosen_groups, group_limited_top_k, renormalized
 from lightprune.models.sorted_top import sorted_topk
 
 __all__ = ["RENORM_EPS", "GroupTop", "list_width", "selection_scores", "group_scores", "choose_groups",
@@ -121,12 +123,9 @@ def select_from_scores(router: Any, router_logits: torch.Tensor, expert_mask: to
         expert_mask = expert_mask.to(router_logits.device)
         router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
         bias = bias.masked_fill(expert_mask, float("-inf"))
-    num_experts, num_group = router_logits.shape[-1], router.num_group
     scores = router_logits.sigmoid()
     choice = selection_scores(scores, bias)
-    groups = group_scores(choice.view(-1, num_group, num_experts // num_group).topk(2, dim=-1)[0])
-    choice = mask_unchosen_groups(choice, choose_groups(groups, router.topk_group), num_group, finite=False)
-    selected = top_experts(choice, router.top_k)
+    selected = group_limited_top_k(choice, router.num_group, router.topk_group, router.top_k)
     return router_logits, routed_weights(router, scores.gather(1, selected)), selected
 
 

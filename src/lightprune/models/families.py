@@ -22,9 +22,6 @@ from lightprune.models.base import MoEFamily, RemovalEffect, SelectsWithExpertTe
 from lightprune.models.dbrx_family import DbrxFamily
 from lightprune.models.deepseek_families import (
     DEEPSEEK_ALIKE,
-    AXK2Family,
-    BeamFamily,
-    DeepseekV2Family,
     DeepseekV3Family,
     Dots1Family,
     Dots3NoteTextFamily,
@@ -37,8 +34,10 @@ from lightprune.models.deepseek_families import (
     SarvamMlaFamily,
     SarvamMoeFamily,
 )
+from lightprune.models.deepseek_v2_family import DeepseekV2Family
 from lightprune.models.ergo_family import ErgoFamily
 from lightprune.models.family_rows import family_row
+from lightprune.models.group_limited_families import AXK2Family, BeamFamily
 from lightprune.models.layer import MoELayer, RoutingOutput, kept_entries
 from lightprune.models.llama4_family import Llama4Family, Llama4TextFamily
 from lightprune.models.longcat_family import LongcatFlashFamily

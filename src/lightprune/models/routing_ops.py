@@ -1,9 +1,17 @@
 """The tensor operations several families' routing rules share: renormalising the selected weights, masking logits,
-selection scores and unchosen groups, the softmax factor of removing an expert, the distinct candidates of a row.
+selection scores and unchosen groups, group-limited top-k, the softmax factor of removing an expert, the distinct
+candidates of a row.
 
 Renormalisation (every renormalising router here, with its own epsilon or none)::
 
     w_i <- w_i / (sum_{s in S} w_s + eps)        over the k selected experts S of a token
+
+Group-limited top-k (DeepSeek-V3 technical report, arXiv 2412.19437, section 2.1.2, node-limited routing; DeepSeek-V2,
+arXiv 2405.04434, device-limited routing), for a token's selection scores c [E] in G equal groups::
+
+    g_G = sum of the n highest c of group G                  n = 2 (DeepSeek-V3 and its kin), 1 (DeepSeek-V2)
+    C = top-topk_group(g)                                    the chosen groups
+    S = top-k(c), c at ``fill`` outside the groups of C      ``fill``: -inf, or 0 (A.X K2, Mistral 4)
 """
 
 from __future__ import annotations
@@ -12,8 +20,9 @@ import torch
 
 from lightprune.models.base import RemovalEffect
 
-__all__ = ["chosen_group_leaders", "fill_unchosen_groups", "mask_logits", "masked_choice", "one_minus", "renormalized",
-           "sigmoid_biased_topk", "softmax_removal_growth", "softmax_topk_removal", "unique_rows"]
+__all__ = ["chosen_group_leaders", "chosen_groups", "fill_unchosen_groups", "group_limited_top_k", "mask_logits",
+           "masked_choice", "one_minus", "renormalized", "sigmoid_biased_topk", "softmax_removal_growth",
+           "softmax_topk_removal", "unique_rows"]
 
 
 def renormalized(weights: torch.Tensor, eps: float | None = None) -> torch.Tensor:
@@ -132,3 +141,27 @@ def chosen_group_leaders(choice: torch.Tensor, num_group: int, topk_group: int, 
     chosen = best[0].sum(dim=-1).topk(topk_group, dim=-1, sorted=sorted)[1]                 # [T, g]
     leaders = best[1].gather(1, chosen.unsqueeze(-1).expand(-1, -1, 2)) + (chosen * size).unsqueeze(-1)
     return unique_rows(torch.cat([selected, leaders.flatten(1)], dim=1))
+
+
+def chosen_groups(choice: torch.Tensor, num_group: int, topk_group: int, best: int = 2, *,
+                  sorted: bool = False) -> torch.Tensor:
+    """C [T, topk_group]: the ids of each token's groups with the largest sums of their ``best`` highest ``choice``
+    [T, E] (``best=1``: each group's maximum), by the router's ``torch.topk`` (``sorted`` as it takes it: the ties
+    are resolved as it resolves them)."""
+    grouped = choice.view(-1, num_group, choice.shape[-1] // num_group)
+    scores = grouped.max(dim=-1).values if best == 1 else grouped.topk(best, dim=-1)[0].sum(dim=-1)
+    return torch.topk(scores, k=topk_group, dim=-1, sorted=sorted)[1]
+
+
+def group_limited_top_k(choice: torch.Tensor, num_group: int, topk_group: int, top_k: int, *,
+                        fill: float = float("-inf"), sorted: bool = False,
+                        expert_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """S [T, top_k]: the ids of the ``top_k`` best ``choice`` [T, E] in each token's :func:`chosen_groups` (top-2
+    sums), every expert outside them at ``fill`` (:func:`fill_unchosen_groups`), op for op the group-limited
+    routers' forward (both ``torch.topk`` ``sorted`` as the router takes them). ``expert_mask`` (True = removed):
+    put back at -inf after a finite ``fill`` (an expert of an unchosen group at 0 still outranks a chosen one
+    below 0; a removed one never does)."""
+    choice = fill_unchosen_groups(choice, chosen_groups(choice, num_group, topk_group, sorted=sorted), num_group, fill)
+    if expert_mask is not None:
+        choice = choice.masked_fill(expert_mask.to(choice.device), float("-inf"))
+    return torch.topk(choice, k=top_k, dim=-1, sorted=sorted)[1]

@@ -23,7 +23,8 @@ from lightprune.models.family_rows import family_row
 from lightprune.models.layer import MoELayer, RoutingOutput
 from lightprune.models.routing_ops import (
     chosen_group_leaders,
-    fill_unchosen_groups,
+    group_limited_top_k,
+    mask_logits,
     renormalized,
     softmax_removal_growth,
     softmax_topk_removal,
@@ -199,17 +200,10 @@ class Mistral4Family(MoEFamily):
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
         router = layer.router
-        if expert_mask is not None:
-            expert_mask = expert_mask.to(router_logits.device)
-            router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
+        router_logits = mask_logits(router_logits, expert_mask)
         scores = router_logits.softmax(-1)
-        num_experts, num_group = scores.shape[-1], router.num_group
-        best_two = scores.view(-1, num_group, num_experts // num_group).topk(2, dim=-1)[0].sum(dim=-1)
-        chosen = torch.topk(best_two, k=router.topk_group, dim=-1, sorted=False)[1]
-        choice = fill_unchosen_groups(scores, chosen, num_group, 0.0)
-        if expert_mask is not None:
-            choice = choice.masked_fill(expert_mask, float("-inf"))
-        top_index = torch.topk(choice, k=router.top_k, dim=-1, sorted=False)[1]
+        top_index = group_limited_top_k(scores, router.num_group, router.topk_group, router.top_k, fill=0.0,
+                                        expert_mask=expert_mask)
         top_weights = scores.gather(1, top_index)
         if self.renormalize(layer):
             top_weights = renormalized(top_weights, RENORM_EPS)
