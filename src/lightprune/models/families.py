@@ -1,6 +1,8 @@
-"""One family class per supported model type (selected by ``config.model_type``): the top-k-then-softmax and other
-routers here, the softmax top-k ones in :mod:`.softmax_routing`, DeepSeek's in :mod:`.deepseek_families`, the biased
-sigmoid ones in :mod:`.sigmoid_families`; this module holds the built-in list and the refusals.
+"""One family class per supported model type (selected by ``config.model_type``): the built-in list, the refusals, the
+table rows of the MLLMs and the routers of no other module here (ERNIE-4.5, Gemma 4, sparsemixer). The others: softmax
+top-k in :mod:`.softmax_routing`, top-k then softmax in :mod:`.topk_softmax_families`, DeepSeek-V3's in
+:mod:`.deepseek_families` and :mod:`.group_limited_families`, DeepSeek-V2's in :mod:`.deepseek_v2_family`, the biased
+sigmoid ones in :mod:`.sigmoid_families`.
 
 Each class states its routing rule in its docstring and in ``routing``; the table of every registered
 family (routing, shared experts, multimodal) and of every refused model type with its reason is generated
@@ -13,12 +15,10 @@ calibration statistics against brute force.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, RemovalEffect, SelectsWithExpertTensor
+from lightprune.models.base import MoEFamily, SelectsWithExpertTensor
 from lightprune.models.dbrx_family import DbrxFamily
 from lightprune.models.deepseek_families import (
     DEEPSEEK_ALIKE,
@@ -42,7 +42,7 @@ from lightprune.models.layer import MoELayer, RoutingOutput, kept_entries
 from lightprune.models.llama4_family import Llama4Family, Llama4TextFamily
 from lightprune.models.longcat_family import LongcatFlashFamily
 from lightprune.models.refusals import REFUSED_TYPES
-from lightprune.models.routing_ops import mask_logits, renormalized, softmax_topk_removal
+from lightprune.models.routing_ops import mask_logits, renormalized
 from lightprune.models.sigmoid_families import (
     AfmoeFamily,
     FlintFamily,
@@ -61,7 +61,9 @@ from lightprune.models.sigmoid_families import (
 )
 from lightprune.models.softmax_routing import (
     FlexOlmoFamily,
+    HunYuanMoEV1Family,
     InternVLFamily,
+    JambaFamily,
     LaraMiniFamily,
     MellumFamily,
     MiniMaxFamily,
@@ -79,6 +81,7 @@ from lightprune.models.softmax_routing import (
     Qwen4ExpFamily,
     Qwen4ExpTextFamily,
 )
+from lightprune.models.topk_softmax_families import AriaTextFamily, Cohere2MoeFamily, GptOssFamily, GraniteMoeFamily
 
 __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "DeepseekV3Family",
            "Qwen3VLMoeFamily", "InternVLFamily", "Glm4MoeFamily", "Dots1Family", "MiniMaxFamily", "FlexOlmoFamily",
@@ -95,114 +98,6 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "MiniMaxM3VLFamily", "Glm5NextFamily", "MistralLarge4Family", "MLLM_VARIANTS",
            "BUILT_IN",
            "REFUSED_TYPES"]
-
-
-class GptOssFamily(MoEFamily):
-    """gpt-oss: router logits with a bias, top-k of the logits, softmax over the k selected (GptOssTopKRouter);
-    experts with biases and a clamped SwiGLU (pruned like every other per-expert tensor). Masking sets a pruned
-    expert's logit to -inf before the top-k: it is never selected and the softmax over the k is unchanged."""
-
-    routing = "biased logits, top-k, softmax over the k"
-    model_types = ("gpt_oss",)
-    num_experts_key = "num_local_experts"
-    router_attr = "router"
-
-    def is_sparse_layer(self, index: int) -> bool:
-        return True
-
-    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
-        router = layer.router
-        return F.linear(hidden_states.reshape(-1, router.weight.shape[1]), router.weight, router.bias)
-
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        router_logits = mask_logits(router_logits, expert_mask)
-        top_value, top_index = torch.topk(router_logits, layer.top_k, dim=-1)
-        return router_logits, torch.softmax(top_value, dim=1, dtype=top_value.dtype), top_index
-
-    unselected_removal_is_free = True  # top-k of the logits, softmax over the k
-
-
-class GraniteMoeFamily(MoEFamily):
-    """Granite MoE (``granitemoe``, ``granitemoeshared``, ``granitemoe_swa``, and the Mamba-2 hybrid
-    ``granitemoehybrid``, whose every layer has the block beside its mamba or attention mixer): fp32 logits, top-k
-    of the logits, softmax over the k in the hidden states' dtype (GraniteMoeTopKRouter); every layer sparse. A
-    pruned expert's logit is -inf before the top-k."""
-
-    routing = "top-k of fp32 logits, softmax over the k"
-    model_types = ("granitemoe", "granitemoeshared", "granitemoe_swa", "granitemoehybrid")
-    num_experts_key = "num_local_experts"
-    mlp_attr = "block_sparse_moe"
-    router_attr = "router"
-
-    def is_sparse_layer(self, index: int) -> bool:
-        return True
-
-    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
-        return super().router_logits(layer, hidden_states).float()
-
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        router_logits = mask_logits(router_logits, expert_mask)
-        top_logits, top_index = router_logits.topk(layer.top_k, dim=-1)
-        return router_logits, torch.softmax(top_logits, dim=-1).type(layer.router.weight.dtype), top_index
-
-    unselected_removal_is_free = True  # top-k of the logits, softmax over the k
-
-
-class JambaFamily(MoEFamily):
-    """Jamba: softmax of fp32 logits, top-k, no renormalisation, cast to the hidden states' dtype; an MoE block in
-    layer i when ``i % expert_layer_period == expert_layer_offset`` (``config.layers_num_experts``)."""
-
-    routing = "softmax, top-k, not renormalised"
-    model_types = ("jamba",)
-    mlp_attr = "feed_forward"
-    router_attr = "router"
-
-    def is_sparse_layer(self, index: int) -> bool:
-        cfg = self.text_config
-        return int(cfg.num_experts) > 1 and index % cfg.expert_layer_period == cfg.expert_layer_offset
-
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        router_logits = mask_logits(router_logits, expert_mask)
-        weights = torch.softmax(router_logits, dim=-1, dtype=torch.float)
-        top_weights, top_index = torch.topk(weights, layer.top_k, dim=-1)
-        return router_logits, top_weights.to(router_logits.dtype), top_index
-
-    def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
-                       routing_state: Any = None) -> RemovalEffect:
-        """Softmax over all experts, top-k, not renormalised: the closed form of
-        :func:`lightprune.models.routing_ops.softmax_topk_removal`."""
-        return softmax_topk_removal(router_logits, selected, renormalize=False)
-
-
-class Cohere2MoeFamily(MoEFamily):
-    """Cohere2 MoE: top-k of the logits, then softmax over the k (fp32) or sigmoid (renormalised with
-    ``norm_topk_prob``), as ``expert_selection_fn`` says; cast to the hidden states' dtype."""
-
-    routing = "top-k of the logits, softmax or sigmoid over the k"
-    model_types = ("cohere2_moe",)
-
-    def is_sparse_layer(self, index: int) -> bool:
-        return True
-
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        router_logits = mask_logits(router_logits, expert_mask)
-        scores, top_index = torch.topk(router_logits, layer.top_k, dim=-1)
-        how = self.text_config.expert_selection_fn
-        if how == "softmax":
-            scores = torch.softmax(scores, dim=1, dtype=torch.float)
-        elif how == "sigmoid":
-            scores = torch.sigmoid(scores)
-            if self.text_config.norm_topk_prob:
-                scores = renormalized(scores)
-        else:
-            raise ValueError(f"cohere2_moe expert_selection_fn {how!r}: lightprune knows 'softmax' and 'sigmoid'")
-        return router_logits, scores.to(router_logits.dtype), top_index
-
-    unselected_removal_is_free = True  # top-k of the logits, softmax or sigmoid over the k
 
 
 class Ernie4_5MoeFamily(MoEFamily):
@@ -288,76 +183,6 @@ class Gemma4TextFamily(SelectsWithExpertTensor, MoEFamily):
         probabilities = torch.softmax(mask_logits(router_logits, expert_mask), dim=-1, dtype=torch.float32)
         top_weights, top_index = torch.topk(probabilities, k=layer.top_k, dim=-1)
         return probabilities, renormalized(top_weights) * per_expert_scale[top_index], top_index
-
-    unselected_removal_is_free = True  # top-k of the softmax, renormalised over the k
-
-
-class AriaTextFamily(MoEFamily):
-    """Aria's language model (``aria_text``): every layer sparse, shared experts; top-k of the logits, softmax over
-    the k in the logits' dtype (AriaTextTopKRouter); experts stored transposed (experts still on dimension 0).
-    Masking: logit -inf before the top-k."""
-
-    routing = "top-k of the logits, softmax over the k"
-    model_types = ("aria_text",)
-    num_experts_key = "moe_num_experts"
-    router_attr = "router"
-    shared_attrs = ("shared_experts",)
-
-    def is_sparse_layer(self, index: int) -> bool:
-        return True
-
-    def top_k(self) -> int:
-        return int(self.text_config.moe_topk)
-
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        router_logits = mask_logits(router_logits, expert_mask)
-        top_logits, top_index = torch.topk(router_logits, layer.top_k, dim=-1)
-        return router_logits, F.softmax(top_logits, dim=-1), top_index
-
-    unselected_removal_is_free = True  # top-k of the logits, softmax over the k
-
-
-class HunYuanMoEV1Family(MoEFamily):
-    """Hunyuan-A13B (``hunyuan_v1_moe``): every layer sparse, a shared MLP beside the experts; the router keeps its
-    weight in ``gate.wg`` (fp32: the hidden states are cast up), softmax in fp32, top-k (``moe_topk``, one per layer
-    when a list), renormalised, cast to the logits' dtype (HunYuanMoEV1Gate). Masking: logit -inf."""
-
-    routing = "softmax of fp32 logits, top-k, renormalised"
-    model_types = ("hunyuan_v1_moe",)
-    router_weight_attr = "wg"
-    shared_attrs = ("shared_mlp",)
-
-    def __init__(self, model):
-        super().__init__(model)
-        if not isinstance(self.text_config.num_experts, int):
-            raise ValueError(f"hunyuan_v1_moe with a per-layer num_experts list {self.text_config.num_experts!r}: "
-                             "its experts are built with one count; lightprune prunes an integer num_experts")
-
-    def is_sparse_layer(self, index: int) -> bool:
-        return True
-
-    def top_k(self) -> int:
-        top_k = self.text_config.moe_topk
-        return int(top_k if isinstance(top_k, int) else max(top_k))
-
-    def layer_top_k(self, index: int) -> int:
-        top_k = self.text_config.moe_topk
-        return int(top_k if isinstance(top_k, int) else top_k[index])
-
-    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
-        wg = layer.router.wg
-        hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1])
-        if wg.weight.dtype == torch.float32:
-            hidden_states = hidden_states.float()
-        return wg(hidden_states)
-
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        router_logits = mask_logits(router_logits, expert_mask)
-        weights = F.softmax(router_logits, dim=1, dtype=torch.float)
-        weights, top_index = torch.topk(weights, layer.top_k, dim=-1)
-        return router_logits, renormalized(weights).to(router_logits.dtype), top_index
 
     unselected_removal_is_free = True  # top-k of the softmax, renormalised over the k
 

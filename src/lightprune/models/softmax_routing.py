@@ -1,6 +1,7 @@
 """Softmax top-k routing as the transformers 5 softmax families implement it, and those families.
 
-Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Qwen3-VL-MoE and the families that route as one of them share the rule
+Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Qwen3-VL-MoE, Jamba, Hunyuan-A13B and the families that route as one of them
+share the rule
 ``p = softmax(W h)``, ``S = top-k(p)``, ``w_S = p_S`` or ``p_S / sum(p_S)`` (renormalised), and
 differ only in whether they renormalise and in the dtype of the returned weights. Masking an expert sets its logit
 to -inf before the softmax, which is exactly the model with its router row removed (MAEP ("Modality-Aware Expert
@@ -33,7 +34,8 @@ from lightprune.models.routing_ops import (
 __all__ = ["softmax_topk_select", "MixtralFamily", "OlmoeFamily", "Qwen2MoeFamily", "Qwen3MoeFamily",
            "Qwen3VLMoeFamily", "Qwen3OmniMoeThinkerFamily", "InternVLFamily", "MiniMaxFamily", "FlexOlmoFamily",
            "Qwen3_5MoeTextFamily", "Qwen3_5MoeFamily", "MellumFamily", "Qwen3NextFamily", "Qwen4ExpTextFamily",
-           "Qwen4ExpFamily", "LaraMiniFamily", "Mistral4Family", "MistralLarge4Family"]
+           "Qwen4ExpFamily", "LaraMiniFamily", "JambaFamily", "HunYuanMoEV1Family", "Mistral4Family",
+           "MistralLarge4Family"]
 
 
 def softmax_topk_select(router_logits: torch.Tensor, expert_mask: torch.Tensor | None, top_k: int,
@@ -120,6 +122,64 @@ class LaraMiniFamily(_SoftmaxFamily):
         router_logits, weights, top_index = softmax_topk_select(router_logits, expert_mask, layer.top_k,
                                                                 self.renormalize(), cast_back=False)
         return router_logits, weights.to(layer.router.weight.dtype), top_index
+
+
+class JambaFamily(_SoftmaxFamily):
+    """Jamba: softmax of fp32 logits, top-k, no renormalisation, cast to the hidden states' dtype; an MoE block in
+    layer i when ``i % expert_layer_period == expert_layer_offset`` (``config.layers_num_experts``)."""
+
+    routing = "softmax, top-k, not renormalised"
+    model_types = ("jamba",)
+    mlp_attr = "feed_forward"
+    router_attr = "router"
+
+    def is_sparse_layer(self, index: int) -> bool:
+        cfg = self.text_config
+        return int(cfg.num_experts) > 1 and index % cfg.expert_layer_period == cfg.expert_layer_offset
+
+    def renormalize(self) -> bool:
+        return False  # whatever the config says (the closed form of softmax_topk_removal without renormalising)
+
+
+class HunYuanMoEV1Family(MoEFamily):
+    """Hunyuan-A13B (``hunyuan_v1_moe``): every layer sparse, a shared MLP beside the experts; the router keeps its
+    weight in ``gate.wg`` (fp32: the hidden states are cast up), softmax in fp32, top-k (``moe_topk``, one per layer
+    when a list), renormalised, cast to the logits' dtype (HunYuanMoEV1Gate). Masking: logit -inf."""
+
+    routing = "softmax of fp32 logits, top-k, renormalised"
+    model_types = ("hunyuan_v1_moe",)
+    router_weight_attr = "wg"
+    shared_attrs = ("shared_mlp",)
+
+    def __init__(self, model):
+        super().__init__(model)
+        if not isinstance(self.text_config.num_experts, int):
+            raise ValueError(f"hunyuan_v1_moe with a per-layer num_experts list {self.text_config.num_experts!r}: "
+                             "its experts are built with one count; lightprune prunes an integer num_experts")
+
+    def is_sparse_layer(self, index: int) -> bool:
+        return True
+
+    def top_k(self) -> int:
+        top_k = self.text_config.moe_topk
+        return int(top_k if isinstance(top_k, int) else max(top_k))
+
+    def layer_top_k(self, index: int) -> int:
+        top_k = self.text_config.moe_topk
+        return int(top_k if isinstance(top_k, int) else top_k[index])
+
+    def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+        wg = layer.router.wg
+        hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1])
+        if wg.weight.dtype == torch.float32:
+            hidden_states = hidden_states.float()
+        return wg(hidden_states)
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return softmax_topk_select(router_logits, expert_mask, layer.top_k, renormalize=True, cast_back=True)
+
+    unselected_removal_is_free = True  # top-k of the softmax, renormalised over the k
 
 
 # ------------------------------------------------------------------------------------------------ the table rows

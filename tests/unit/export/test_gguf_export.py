@@ -109,7 +109,7 @@ def never_converted(monkeypatch):
     def reached(folder):
         raise Reached(folder)
 
-    monkeypatch.setattr(gguf, "_load_converter", reached)
+    monkeypatch.setattr(gguf.converter, "_load_converter", reached)
 
 
 @pytest.fixture
@@ -491,8 +491,8 @@ def test_the_converters_view_holds_without_the_strict_readers(export, tmp_path, 
     listed model.safetensors and said nothing more about the folder)."""
     _copy_weights(export, "model_backup.safetensors")
     _copy_weights(export, "model-00001-of-00002.safetensors")
-    monkeypatch.setattr(gguf, "weight_files", lambda path: [Path(path) / "model.safetensors"])
-    monkeypatch.setattr(gguf, "_checked_export", lambda path: pytest.fail("the export was read first"))
+    monkeypatch.setattr(gguf.checks, "weight_files", lambda path: [Path(path) / "model.safetensors"])
+    monkeypatch.setattr(gguf.convert, "checked_export", lambda path: pytest.fail("the export was read first"))
     with pytest.raises(ValueError) as raised:
         convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
     assert str(raised.value) == (f"export {str(export)!r} holds model-00001-of-00002.safetensors, "
@@ -652,8 +652,8 @@ def test_a_tokenizer_the_converter_would_fail_on_or_convert_wrongly_is_refused(e
 
 def test_a_sentencepiece_tokenizer_needs_its_package(export, tmp_path, stand_in, monkeypatch) -> None:
     _sentencepiece(100)(export)
-    find_spec = gguf.importlib.util.find_spec
-    monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else
+    find_spec = gguf.tokenizer.importlib.util.find_spec
+    monkeypatch.setattr(gguf.tokenizer.importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else
                         find_spec(name, *a))
     with pytest.raises(ValueError) as raised:
         convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
@@ -661,7 +661,7 @@ def test_a_sentencepiece_tokenizer_needs_its_package(export, tmp_path, stand_in,
                                  "which llama.cpp's converter reads with the sentencepiece package, not installed "
                                  "here; install it (pip install -e '.[deploy]', which brings it), or save the "
                                  "tokenizer's tokenizer.json into the export")
-    monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(gguf.tokenizer.importlib.util, "find_spec", lambda name, *a: object())
     with pytest.raises(Reached):  # 100 pieces of a 128-row model, its package there
         convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
 
@@ -706,7 +706,7 @@ def test_a_conversion_writes_beside_the_output_and_names_the_real_file(export, t
         seen.update(source=source, outfile=outfile, outtype=outtype, there=sorted(p.name for p in tmp_path.iterdir()))
         outfile.write_bytes(_gguf_bytes(tensors=27, size=100))
 
-    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(run))
+    monkeypatch.setattr(gguf.converter, "_load_converter", lambda folder: _stand_in_module(run))
     stale = tmp_path / f".model.gguf.lightprune-tmp-{DEAD_PID}-0123456789ab"
     live = tmp_path / f".model.gguf.lightprune-tmp-{os.getpid()}-0123456789ab"
     stale.write_bytes(b"left by a killed run")
@@ -733,7 +733,7 @@ def test_an_output_named_with_the_longest_name_the_folder_allows_is_converted(ex
         seen["outfile"] = outfile
         outfile.write_bytes(_gguf_bytes(tensors=27, size=100))
 
-    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(run))
+    monkeypatch.setattr(gguf.converter, "_load_converter", lambda folder: _stand_in_module(run))
     limit = os.pathconf(tmp_path, "PC_NAME_MAX")
     out = tmp_path / ("g" * (limit - 5) + ".gguf")
     result = convert_to_gguf(export, out, llama_cpp=stand_in)
@@ -759,7 +759,7 @@ def test_a_full_disk_leaves_nothing_behind_and_the_output_as_it_was(export, tmp_
             handle.write(_gguf_bytes(tensors=27, size=40))
             raise OSError(errno.ENOSPC, "No space left on device", str(outfile))
 
-    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(run))
+    monkeypatch.setattr(gguf.converter, "_load_converter", lambda folder: _stand_in_module(run))
     with pytest.raises(OutputDirError) as raised:
         convert_to_gguf(export, out, llama_cpp=stand_in, overwrite=True)
     kept = "is as it was" if previous is not None else "was not created"
@@ -789,7 +789,7 @@ def test_a_staged_write_refused_for_size_or_permission_is_stagings_one_line(expo
         outfile.write_bytes(b"GGUF partial")
         raise OSError(code, os.strerror(code), str(outfile))
 
-    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(run))
+    monkeypatch.setattr(gguf.converter, "_load_converter", lambda folder: _stand_in_module(run))
     with pytest.raises(OutputDirError) as raised:
         convert_to_gguf(export, out, llama_cpp=stand_in, overwrite=True)
     assert str(raised.value) == said.format(out=str(out), folder=str(tmp_path))
@@ -804,7 +804,7 @@ def test_another_staged_write_error_is_a_conversion_error(export, tmp_path, stan
         staged.append(outfile)
         raise OSError(errno.EIO, "Input/output error", str(outfile))
 
-    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(run))
+    monkeypatch.setattr(gguf.converter, "_load_converter", lambda folder: _stand_in_module(run))
     with pytest.raises(GGUFConversionError) as raised:
         convert_to_gguf(export, out, llama_cpp=stand_in)
     assert str(raised.value) == (f"llama.cpp's converter could not write the GGUF {str(out)!r}: OSError: [Errno 5] "
@@ -888,7 +888,7 @@ def test_a_failed_conversion_leaves_nothing_behind(export, tmp_path, stand_in, m
                                                    message) -> None:
     out = tmp_path / "model.gguf"
     out.write_bytes(b"previous")
-    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(run))
+    monkeypatch.setattr(gguf.converter, "_load_converter", lambda folder: _stand_in_module(run))
     with pytest.raises(error) as raised:
         convert_to_gguf(export, out, llama_cpp=stand_in, overwrite=True)
     assert str(raised.value) == message.format(export=str(export), out=str(out))
@@ -905,7 +905,7 @@ def test_an_error_without_a_message_names_the_line_that_raised_it(export, tmp_pa
     spec = importlib.util.spec_from_file_location("stand_in_base", tmp_path / "steps" / "base.py")
     base = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(base)  # not a test module: its assert is Python's own, without a message
-    monkeypatch.setattr(gguf, "_load_converter",
+    monkeypatch.setattr(gguf.converter, "_load_converter",
                         lambda folder: _stand_in_module(lambda *args: base.get_vocab_base(320, 128)))
     with pytest.raises(GGUFConversionError) as raised:
         convert_to_gguf(export, tmp_path / "model.gguf", llama_cpp=stand_in)
@@ -929,8 +929,8 @@ def test_numpys_short_write_on_a_full_disk_is_the_full_disk_line(export, tmp_pat
             raise OSError(errno.ENOSPC, "No space left on device", str(file))
         return open(file, mode, *args, **kwargs)
 
-    monkeypatch.setattr(gguf, "open", full_disk, raising=False)
-    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(_short_write))
+    monkeypatch.setattr(gguf.run, "open", full_disk, raising=False)
+    monkeypatch.setattr(gguf.converter, "_load_converter", lambda folder: _stand_in_module(_short_write))
     with pytest.raises(OutputDirError) as raised:
         convert_to_gguf(export, out, llama_cpp=stand_in, overwrite=True)
     kept = "is as it was" if previous is not None else "was not created"
@@ -954,7 +954,7 @@ def _chatty(source: Path, outfile: Path, outtype: str) -> None:
 def test_the_converters_logging_and_warnings_are_dropped_unless_verbose(export, tmp_path, stand_in, monkeypatch,
                                                                         capfd, caplog, loud) -> None:
     monkeypatch.setenv("LIGHTPRUNE_VERBOSE", "1" if loud else "0")
-    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(_chatty))
+    monkeypatch.setattr(gguf.converter, "_load_converter", lambda folder: _stand_in_module(_chatty))
     caplog.set_level(logging.INFO)
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
@@ -1008,7 +1008,7 @@ def test_a_refusal_of_the_command_is_one_line_and_status_2(export, tmp_path, sta
 @pytest.mark.parametrize("loud", [False, True], ids=["quiet", "verbose"])
 def test_a_converter_failure_is_one_line_with_its_traceback_only_when_verbose(export, tmp_path, stand_in, command_env,
                                                                             monkeypatch, capsys, loud) -> None:
-    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(_key_error))
+    monkeypatch.setattr(gguf.converter, "_load_converter", lambda folder: _stand_in_module(_key_error))
     with pytest.raises(SystemExit) as raised:
         convert_gguf.main([str(export), str(tmp_path / "model.gguf"), "--llama-cpp", str(stand_in),
                            *(["--verbose"] if loud else [])])
@@ -1026,7 +1026,7 @@ def test_a_converter_failure_is_one_line_with_its_traceback_only_when_verbose(ex
 
 def test_a_conversion_by_the_command_prints_one_line(export, tmp_path, stand_in, command_env, monkeypatch,
                                                      capsys) -> None:
-    monkeypatch.setattr(gguf, "_load_converter", lambda folder: _stand_in_module(_chatty))
+    monkeypatch.setattr(gguf.converter, "_load_converter", lambda folder: _stand_in_module(_chatty))
     out = tmp_path / "model.gguf"
     out.write_bytes(b"previous")
     convert_gguf.main([str(export), str(out), "--llama-cpp", str(stand_in), "--outtype", "q8_0", "--overwrite"])
