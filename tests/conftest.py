@@ -22,6 +22,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest  # noqa: E402
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--exhaustive", action="store_true", default=False,
+                     help="run the exhaustive tier too: every family on every path, the subprocess and end-to-end "
+                          "runs (what CI and the README's test command run); without it, the quick tier "
+                          "(tests/fixtures/tiers.py)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without ``--exhaustive``, run the quick tier: what :func:`fixtures.tiers.quick_tier` keeps."""
+    if config.getoption("--exhaustive"):
+        return
+    from fixtures.tiers import quick_tier
+
+    kept, deselected = quick_tier(items)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return ("tier: exhaustive (every test)" if config.getoption("--exhaustive")
+            else "tier: quick (pytest --exhaustive runs every test)")
+
+
 def _freeze(value):
     if isinstance(value, dict):
         return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
