@@ -36,8 +36,7 @@ from lightprune.core.choices import (
     SENSITIVITY_SCORES,
     SUBSETS,
 )
-from lightprune.experts.calibration.registry import available_statistics
-from lightprune.experts.criteria.registry import CRITERIA
+from lightprune.experts.criteria.registry import CRITERIA, available_statistics
 
 __all__ = ["CallbackOptions", "OPTIONS", "uses_options", "check_criterion_name"]
 

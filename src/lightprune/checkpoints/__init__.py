@@ -17,7 +17,7 @@ May import: models and core; never observe, experts, width, export or anything a
 
 from __future__ import annotations
 
-from lightprune.core.lazy import lazy_attributes
+from lightprune.core.lazy import lazy_package
 
 _NAMES = {
     "Checkpoint": "lightprune.checkpoints.reader",
@@ -32,5 +32,4 @@ _NAMES = {
     "staging_dir": "lightprune.checkpoints.staging",
     "OutputDirError": "lightprune.checkpoints.staging",
 }
-__all__ = sorted(_NAMES)
-__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)
+__all__ = lazy_package(__name__, _NAMES)

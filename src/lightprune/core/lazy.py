@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-__all__ = ["lazy_attributes"]
+__all__ = ["lazy_attributes", "lazy_package"]
 
 
 def lazy_attributes(package: str, names: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
@@ -24,3 +24,11 @@ def lazy_attributes(package: str, names: dict[str, str]) -> tuple[Callable[[str]
         return sorted(set(namespace) | set(names))
 
     return __getattr__, __dir__
+
+
+def lazy_package(package: str, names: dict[str, str]) -> list[str]:
+    """Install :func:`lazy_attributes`' ``__getattr__`` and ``__dir__`` in ``package`` (called from its
+    ``__init__``: ``__all__ = lazy_package(__name__, _NAMES)``) and return its ``__all__``, the names sorted."""
+    namespace = importlib.import_module(package).__dict__
+    namespace["__getattr__"], namespace["__dir__"] = lazy_attributes(package, names)
+    return sorted(names)

@@ -20,7 +20,7 @@ width, finetune, export, callbacks or anything above. Its names are imported on 
 
 from __future__ import annotations
 
-from lightprune.core.lazy import lazy_attributes
+from lightprune.core.lazy import lazy_package
 
 _NAMES = {
     "CalibrationStats": "lightprune.experts.calibration",
@@ -39,5 +39,4 @@ _NAMES = {
     "ExpertScores": "lightprune.experts.scores",
     "select_experts": "lightprune.experts.select",
 }
-__all__ = sorted(_NAMES)
-__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)
+__all__ = lazy_package(__name__, _NAMES)

@@ -43,8 +43,8 @@ from typing import Any
 import torch
 
 from lightprune.callbacks import RouterDelta
-from lightprune.experts.calibration.registry import MERGE_STATISTICS
 from lightprune.experts.calibration.validation import ground_truth_kl, proxy_correlations, ranking_stability
+from lightprune.experts.criteria.registry import DEFAULT_CRITERIA, MERGE_STATISTICS
 from lightprune.finetune import AdapterSpec, MoECausalLM
 from lightprune.quality.intervals import RESAMPLES, ROW_SUMS, intervals_of, metric_value
 from lightprune.quality.records import RowRecords, as_recorded, plan_key
@@ -53,7 +53,8 @@ __all__ = ["ANTI_CRITERIA", "CALIBRATION_CRITERIA", "FIXED_ALPHAS", "WEIGHT_CRIT
            "clamped_alpha", "expert_merges", "expert_quality", "expert_rankings", "maep_alpha", "maep_rankings",
            "proxy_rho", "router_sensitivity", "spread", "stability", "summarise"]
 
-CALIBRATION_CRITERIA: tuple[str, ...] = ("frequency", "seer", "ean", "reap", "routing_kl", "delta_h")
+#: the values every calibration pass collects, each one ranking (the criteria's one table)
+CALIBRATION_CRITERIA: tuple[str, ...] = DEFAULT_CRITERIA
 WEIGHT_CRITERIA: tuple[str, ...] = ("aimer", "magnitude", "router_norm")
 #: the rankings whose direction is a paper's claim, also run reversed (``anti_<name>``) when present
 ANTI_CRITERIA: tuple[str, ...] = ("reap", "aimer", "router_sensitivity")

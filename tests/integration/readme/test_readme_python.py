@@ -21,8 +21,8 @@ def test_the_documentation_has_python_blocks() -> None:
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[f"{page}-{i}" for i, (page, _) in enumerate(FOUND)])
 def test_documentation_python_block_runs(index, tmp_path, monkeypatch) -> None:
-    from lightprune.experts.calibration.registry import STATISTICS
     from lightprune.experts.criteria import registry as criteria
+    from lightprune.experts.criteria.registry import STATISTICS
     from lightprune.models import FAMILIES, unregister_family
     from lightprune.width.scorers import WIDTH_SCORERS
 

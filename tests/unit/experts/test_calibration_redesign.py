@@ -16,7 +16,7 @@ import torch
 from fixtures.legacy_calibration import LegacyObserver
 
 from lightprune.experts.calibration import ExpertObserver
-from lightprune.experts.calibration.registry import CALIBRATION_CRITERIA, MERGE_STATISTICS
+from lightprune.experts.criteria.registry import CALIBRATION_CRITERIA, MERGE_STATISTICS
 from lightprune.testing.batches import tiny_multimodal_batch, tiny_text_batch
 
 EVERY = list(CALIBRATION_CRITERIA) + list(MERGE_STATISTICS)
@@ -86,9 +86,8 @@ def test_a_statistic_a_project_registers_is_collected_scored_and_resumed(tiny) -
     is collected in the same pass as the built-in ones, equals the same sum taken from the routers' own outputs, is
     read by a criterion that names it, and resumes from a saved state."""
     from lightprune.experts.calibration import Statistic
-    from lightprune.experts.calibration.registry import STATISTICS, register_statistic
     from lightprune.experts.criteria import CalibrationCriterion
-    from lightprune.experts.criteria.registry import CRITERIA, register_criterion
+    from lightprune.experts.criteria.registry import CRITERIA, STATISTICS, register_criterion, register_statistic
     from lightprune.models import find_moe_layers
 
     model = tiny("qwen3_moe", norm_topk_prob=True).eval()

@@ -654,7 +654,7 @@ def test_routing_kl_in_linear_time_equals_the_direct_double_sum(scale) -> None:
     most p_i below 1e-9), 64 experts; from float64 probabilities and from the float32 ones calibration uses."""
     from fractions import Fraction
 
-    from lightprune.experts.calibration.routing_kl import KL_EPS, routing_kl
+    from lightprune.experts.criteria.routing_kl import KL_EPS, routing_kl
 
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(12, 64, generator=gen, dtype=torch.float64) * scale

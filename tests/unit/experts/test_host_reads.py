@@ -14,7 +14,7 @@ import torch
 
 import lightprune as lp
 from lightprune.experts.calibration import ExpertObserver
-from lightprune.experts.calibration.registry import DEFAULT_CRITERIA
+from lightprune.experts.criteria.registry import DEFAULT_CRITERIA
 from lightprune.models import find_moe_layers
 from lightprune.testing.batches import tiny_text_batch
 

@@ -4,36 +4,35 @@ or a checkpoint directory one decoder layer at a time).
 - :mod:`.observer` (:class:`ExpertObserver`: the hooks of the pass), :mod:`.collect` (:func:`collect_expert_stats`,
   a model or a checkpoint directory), :mod:`.sequential` (the checkpoint one decoder layer at a time);
 - :mod:`.observed` (:class:`~.observed.ObservedBatch`: one layer's view of one batch, computed once: padding,
-  routing state, removal effect and re-runs (:mod:`.reruns`), Gram matrix), :mod:`.statistic` (the
-  :class:`~.statistic.Statistic` shape), one module per statistic (:mod:`.token_sums`, :mod:`.routing_kl`,
-  :mod:`.delta_h`, :mod:`.merge_sums`) behind one registry (:mod:`.registry`, torch-free), :mod:`.layer_statistics`
-  (a layer's statistics fed one batch);
+  routing state, removal effect and re-runs (:mod:`.reruns`), Gram matrix), :mod:`.layer_statistics` (a layer's
+  statistics fed one batch: what the criteria accumulate, each criterion's
+  :class:`~lightprune.experts.criteria.statistic.Statistic`, found through the criteria's one table,
+  :mod:`lightprune.experts.criteria.registry`);
 - :mod:`.result` (:class:`CalibrationStats`), :mod:`.resume` (a resumable state), :mod:`.subsets` (token subsets),
   :mod:`.validation` (the paper's validations of Delta-H).
 
-May import: models, checkpoints, observe, experts.scores / experts.ranking and core. Its names are imported on
-first use (the registry is read without torch).
+May import: models, checkpoints, observe, experts.criteria / experts.scores / experts.ranking and core. Its names
+are imported on first use (the registry is read without torch).
 """
 
 from __future__ import annotations
 
-from lightprune.core.lazy import lazy_attributes
+from lightprune.core.lazy import lazy_package
 
 _NAMES = {
     "CalibrationStats": "lightprune.experts.calibration.result",
     "CRITERIA": "lightprune.experts.calibration.result",
     "SUBSETS": "lightprune.experts.calibration.result",
     "NEGATED": "lightprune.experts.calibration.result",
-    "DEFAULT_CRITERIA": "lightprune.experts.calibration.registry",
-    "MERGE_STATISTICS": "lightprune.experts.calibration.registry",
-    "register_statistic": "lightprune.experts.calibration.registry",
-    "available_statistics": "lightprune.experts.calibration.registry",
-    "Statistic": "lightprune.experts.calibration.statistic",
+    "DEFAULT_CRITERIA": "lightprune.experts.criteria.registry",
+    "MERGE_STATISTICS": "lightprune.experts.criteria.registry",
+    "register_statistic": "lightprune.experts.criteria.registry",
+    "available_statistics": "lightprune.experts.criteria.registry",
+    "Statistic": "lightprune.experts.criteria.statistic",
     "ObservedBatch": "lightprune.experts.calibration.observed",
     "ExpertObserver": "lightprune.experts.calibration.observer",
     "collect_expert_stats": "lightprune.experts.calibration.collect",
     "collect_model_stats": "lightprune.experts.calibration.collect",
     "collect_checkpoint_stats": "lightprune.experts.calibration.sequential",
 }
-__all__ = sorted(_NAMES)
-__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)
+__all__ = lazy_package(__name__, _NAMES)

@@ -45,8 +45,9 @@ def collect_model_stats(model: nn.Module, batches: Iterable[Mapping[str, Any]], 
     Task-Agnostic MoE Pruning", arXiv 2603.18492), appendix B; MAEP ("Modality-Aware Expert Pruning for MoE-Based
     Multimodal Large Language Models", arXiv 2611.05927), Eqs. 2 and 8).
 
-    ``criteria`` may also name the merging statistics (:data:`~.merge_sums.MERGE_STATISTICS`: ``expert_outputs``
-    for HC-SMoE, ``router_logits`` for M-SMoE; ``frequency`` comes with them), read by
+    ``criteria`` may also name the merging statistics
+    (:data:`~lightprune.experts.criteria.registry.MERGE_STATISTICS`: ``expert_outputs`` for HC-SMoE,
+    ``router_logits`` for M-SMoE; ``frequency`` comes with them), read by
     :meth:`CalibrationStats.merging_statistic`.
 
     ``batches`` are dicts the model accepts as keyword arguments (``labels`` are dropped: no loss

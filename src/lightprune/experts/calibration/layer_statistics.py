@@ -1,10 +1,10 @@
 """Every statistic of one MoE layer, fed the same :class:`~.observed.ObservedBatch`: :class:`LayerStatistics`.
 
-The values a pass collects are grouped by the statistic that sums them (:mod:`.registry`): one instance per
-statistic and layer, told which of its values are wanted, beside the layer's :class:`~.statistic.SubsetCounts`. The
-layer's batch computes what the union of their needs asks for, once. The saved state is the statistics' flat sums,
-grouped by their ``state_group`` (``layers``; the merging statistics' ``merging``), the layout a resumed
-calibration reads.
+The values a pass collects are grouped by the statistic that sums them (the criteria's, found through
+:mod:`lightprune.experts.criteria.registry`): one instance per statistic and layer, told which of its values are
+wanted, beside the layer's :class:`~lightprune.experts.criteria.statistic.SubsetCounts`. The layer's batch
+computes what the union of their needs asks for, once. The saved state is the statistics' flat sums, grouped by
+their ``state_group`` (``layers``; the merging statistics' ``merging``), the layout a resumed calibration reads.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 import torch
 
 from lightprune.experts.calibration.observed import ObservedBatch
-from lightprune.experts.calibration.registry import statistic_class
-from lightprune.experts.calibration.statistic import Statistic, SubsetCounts
+from lightprune.experts.criteria.registry import statistic_class
+from lightprune.experts.criteria.statistic import Statistic, SubsetCounts
 from lightprune.models import MoELayer
 
 __all__ = ["LayerStatistics"]

@@ -37,6 +37,7 @@ from functools import cached_property
 import torch
 
 from lightprune.experts.calibration.reruns import Reruns, reselect
+from lightprune.experts.criteria.statistic import compute_dtype
 from lightprune.models import MoELayer, RemovalEffect
 from lightprune.models.routing_check import names_and_shapes, routing_tensors_message, routing_tensors_record
 
@@ -44,11 +45,6 @@ __all__ = ["FiniteRoutingChecks", "ObservedBatch", "compute_dtype", "finite_rout
 
 #: the needs that make a batch compute its routing part
 ROUTING_NEEDS = frozenset({"logits", "removal", "entering"})
-
-
-def compute_dtype(tensor: torch.Tensor) -> torch.dtype:
-    """float32, or the tensor's dtype when it is wider (a float64 reference stays float64)."""
-    return torch.promote_types(tensor.dtype, torch.float32)
 
 
 def finite_routing_record(router_input: torch.Tensor, router_logits: torch.Tensor | None,

@@ -33,15 +33,15 @@ from lightprune.core.checks import check_interval
 from lightprune.core.errors import listed
 from lightprune.experts.calibration.layer_statistics import LayerStatistics
 from lightprune.experts.calibration.observed import FiniteRoutingChecks, ObservedBatch
-from lightprune.experts.calibration.registry import (
+from lightprune.experts.calibration.result import CalibrationStats
+from lightprune.experts.calibration.subsets import ATTENTION_SUBSETS, base_masks, check_subsets
+from lightprune.experts.criteria.registry import (
     CALIBRATION_CRITERIA,
     DEFAULT_CRITERIA,
     MERGE_STATISTICS,
     STATISTICS,
     statistic_class,
 )
-from lightprune.experts.calibration.result import CalibrationStats
-from lightprune.experts.calibration.subsets import ATTENTION_SUBSETS, base_masks, check_subsets
 from lightprune.models import MoELayer, find_moe_layers, get_family
 from lightprune.observe.attention_probe import AttentionProbe, low_high_masks
 from lightprune.observe.experts_impl import observing_experts

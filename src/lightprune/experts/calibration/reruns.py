@@ -14,12 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from lightprune.experts.criteria.statistic import CHUNK_ELEMENTS
 from lightprune.models import MoELayer, RemovalEffect
 
 __all__ = ["Reruns", "reselect", "CHUNK_ELEMENTS"]
-
-#: elements per masked-selection call and per Delta-H chunk (rows x E logits, rows x H promoted changes)
-CHUNK_ELEMENTS = 1 << 22
 
 
 @dataclass(eq=False)

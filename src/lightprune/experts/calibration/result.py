@@ -1,22 +1,10 @@
 """CalibrationStats: every calibration criterion for every token subset, from one observed pass.
 
-``raw(name, subset)`` is the paper's value, ``score(name, subset)`` the importance (higher =
-keep); both are :class:`~lightprune.experts.scores.ExpertScores` ``{layer index: tensor[E_l]}``. They
-agree except for ``delta_h`` on ``vision_low_attn``, whose large values MAEP ("Modality-Aware Expert Pruning for
-MoE-Based Multimodal Large Language Models", arXiv 2611.05927) prunes first (section 5.3: s = (1 - alpha) z_text -
-alpha z_low), so its importance is the negated raw value. The raw values (frequency, seer, ean, reap: AIMER
-("AIMER: Calibration-Free Task-Agnostic MoE Pruning", arXiv 2603.18492), appendix B; routing_kl: MAEP appendix I,
-Eq. 8; delta_h: MAEP Eq. 2; delta_h_promoted: the promote-(k+1) counterfactual of MAEP appendix H):
-
-| name | raw value |
-|---|---|
-| frequency | n_j, tokens routed to j |
-| seer | sum of the routing weight g_j(t) over routed tokens |
-| ean | sum of ||f_j(t)|| over routed tokens |
-| reap | (1 / n_j) sum g_j(t) ||f_j(t)|| over routed tokens (0 when n_j = 0) |
-| routing_kl | mean over tokens of KL(p || p with j zeroed and renormalised), eps 1e-12 |
-| delta_h | mean over samples of the sample's mean ||H - H^(-j)||^2 (MAEP eq. 2) |
-| delta_h_promoted | delta_h with the promoted expert's output included |
+``raw(name, subset)`` is the paper's value, ``score(name, subset)`` the importance (higher = keep); both are
+:class:`~lightprune.experts.scores.ExpertScores` ``{layer index: tensor[E_l]}``. The importance is the value, or its
+negation on the subsets the criterion of that name prunes the large values of first (its ``negated``: Delta-H on
+``vision_low_attn``). Each value, its formula and its paper: the criterion's own module under
+:mod:`lightprune.experts.criteria` (:data:`CRITERIA`: the built-in ones, in report order).
 """
 
 from __future__ import annotations
@@ -26,15 +14,23 @@ from typing import Any, Mapping
 import torch
 
 from lightprune.core.choices import SUBSETS
-from lightprune.experts.calibration.registry import CALIBRATION_CRITERIA
+from lightprune.experts.criteria.registry import CALIBRATION_CRITERIA, CRITERIA as _REGISTERED
 from lightprune.experts.scores import ExpertScores
 from lightprune.models.layer import RoutingLimits
 
-__all__ = ["CalibrationStats", "CRITERIA", "SUBSETS", "NEGATED"]
+__all__ = ["CalibrationStats", "CRITERIA", "SUBSETS", "NEGATED", "negated"]
 
 CRITERIA = CALIBRATION_CRITERIA
-#: (criterion, subset) pairs whose importance is the negated raw value
-NEGATED = {("delta_h", "vision_low_attn"), ("delta_h_promoted", "vision_low_attn")}
+
+
+def negated(name: str, subset: str) -> bool:
+    """Whether the importance of value ``name`` over ``subset`` is its negation (the registered criterion of that
+    name says so in its ``negated``; a value no criterion is named after: never)."""
+    return name in _REGISTERED and subset in getattr(_REGISTERED.get(name), "negated", ())
+
+
+#: the built-in (criterion, subset) pairs whose importance is the negated raw value
+NEGATED = frozenset((name, subset) for name in CALIBRATION_CRITERIA for subset in SUBSETS if negated(name, subset))
 
 
 class CalibrationStats:
@@ -92,7 +88,7 @@ class CalibrationStats:
     def score(self, name: str, subset: str = "all") -> ExpertScores:
         """Importance (higher = keep) of ``name`` over ``subset`` tokens."""
         raw = self._get(name, subset)
-        sign = -1.0 if (name, subset) in NEGATED else 1.0
+        sign = -1.0 if negated(name, subset) else 1.0
         return ExpertScores({l: sign * v for l, v in raw.items()}, self.limits, criterion=name, raw=raw)
 
     def to_json(self) -> dict[str, Any]:

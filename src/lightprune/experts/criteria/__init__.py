@@ -13,35 +13,46 @@ baselines) score a model from its weights alone::
 | router_norm | ||W_r[e]||_2 | smallest | lightprune's own baseline (W_r: AIMER section 3) |
 | random | U(0, 1), seeded | smallest | AIMER, section 5 baselines |
 
-``w`` is one expert's flattened gate, up and down weights. Criteria that need data register in the same
-registry (:mod:`.calibration`): ``frequency``, ``seer``, ``ean``, ``reap``, ``routing_kl``, ``delta_h``,
-``delta_h_promoted`` and ``maep`` read the run's calibration statistics, ``router_delta`` an adapter fit's
-scores; ``available_criteria(needs_data=True)`` lists them. The merging methods ``hc_smoe`` and ``m_smoe``
-(:mod:`.merge_methods`) are named the same way and give a MergePlan instead of scores.
+``w`` is one expert's flattened gate, up and down weights. Criteria that need data are declared in the same
+table (:mod:`.registry`) and answer ``available_criteria(needs_data=True)``: the calibration criteria read the run's
+calibration statistics, ``router_delta`` an adapter fit's scores; the merging methods ``hc_smoe`` and ``m_smoe``
+are named the same way and give a MergePlan instead of scores.
 
-May import: models, checkpoints, experts (scores, calibration, maep, merging) and core. Its names are
-imported on first use (the registry is read without torch).
+One module per criterion (or per family of criteria read off the same sums), each of the same shape: its docstring
+with the formula and the paper, its :class:`~.statistic.Statistic` (what the observed calibration pass accumulates
+for it, named ``STATISTIC``; weight criteria have none), its class (scores and sign) registered with
+``@register_criterion``: :mod:`.aimer`, :mod:`.magnitude`, :mod:`.router_norm`, :mod:`.random` (weights);
+:mod:`.token_sums` (frequency, SEER, EAN, REAP), :mod:`.routing_kl`, :mod:`.delta_h` (Delta-H and its promoted
+variant), :mod:`.maep` (calibration); :mod:`.router_delta` (a fit); :mod:`.merge_methods` (HC-SMoE, M-SMoE). The
+shared parts: :mod:`.base` and :mod:`.from_data` (the classes), :mod:`.statistic` (the Statistic shape),
+:mod:`.weights` (per-expert weight norms), :mod:`.scoring` (``score_weights``).
+
+May import: models, checkpoints, observe, experts (scores, maep, merging) and core; never experts.calibration (the
+observed pass asks the criteria what to accumulate). Its names are imported on first use (the registry is read
+without torch).
 """
 
 from __future__ import annotations
 
-from lightprune.core.lazy import lazy_attributes
+from lightprune.core.lazy import lazy_package
 
 _NAMES = {
     **{name: "lightprune.experts.criteria.registry" for name in (
         "CRITERIA", "register_criterion", "unregister_criterion", "get_criterion", "get_criterion_class",
-        "available_criteria")},
+        "available_criteria", "STATISTICS", "register_statistic", "available_statistics")},
     **{name: "lightprune.experts.criteria.scoring" for name in (
         "score_weights", "score_model_weights", "score_checkpoint", "weight_criterion")},
     "Criterion": "lightprune.experts.criteria.base",
     "CriterionNeedsDataError": "lightprune.experts.criteria.base",
+    "CalibrationCriterion": "lightprune.experts.criteria.from_data",
+    "FitCriterion": "lightprune.experts.criteria.from_data",
+    "Statistic": "lightprune.experts.criteria.statistic",
     "AIMER": "lightprune.experts.criteria.aimer",
     "Magnitude": "lightprune.experts.criteria.magnitude",
     "RouterNorm": "lightprune.experts.criteria.router_norm",
     "RandomCriterion": "lightprune.experts.criteria.random",
-    **{name: "lightprune.experts.criteria.calibration" for name in (
-        "CalibrationCriterion", "FitCriterion", "MAEP", "RouterDeltaCriterion")},
+    "MAEP": "lightprune.experts.criteria.maep",
+    "RouterDeltaCriterion": "lightprune.experts.criteria.router_delta",
     **{name: "lightprune.experts.criteria.merge_methods" for name in ("MergeMethod", "HCSMoE", "MSMoE")},
 }
-__all__ = sorted(_NAMES)
-__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)
+__all__ = lazy_package(__name__, _NAMES)

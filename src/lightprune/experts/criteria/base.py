@@ -16,10 +16,10 @@ sees full tensors. A criterion that reads weights first refuses a NaN or inf in 
 (:func:`~lightprune.models.routing_check.check_routing_tensors`, once per layer): its ranking would be of a model
 that routes on it.
 
-Criteria that need data (``needs_data = True``: REAP, EAN, frequency, Delta-H, MAEP, router delta)
-score from what a run observed instead (:mod:`lightprune.experts.criteria.calibration`):
+Criteria that need data (``needs_data = True``) score from what a run observed instead:
 :meth:`Criterion.score_in_run` is the one call the pruning callback makes for every kind;
 :meth:`Criterion.score` on such a criterion raises an error that points to calibration.
+Their base classes: :mod:`lightprune.experts.criteria.from_data`.
 """
 
 from __future__ import annotations
@@ -131,3 +131,4 @@ class Criterion(Configured):
     def importance(self, raw: torch.Tensor) -> torch.Tensor:
         """Raw values -> importance (higher = keep). The identity unless overridden."""
         return raw
+

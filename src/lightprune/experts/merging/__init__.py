@@ -11,7 +11,7 @@ leaves; never width, finetune, export, callbacks or anything above.
 
 from __future__ import annotations
 
-from lightprune.core.lazy import lazy_attributes
+from lightprune.core.lazy import lazy_package
 
 _NAMES = {
     "merge_experts": "lightprune.experts.merging.merge",
@@ -22,5 +22,4 @@ _NAMES = {
     "MergePlan": "lightprune.experts.merging.plan",
     "ROUTER_RULES": "lightprune.experts.merging.plan",
 }
-__all__ = sorted(_NAMES)
-__getattr__, __dir__ = lazy_attributes(__name__, _NAMES)
+__all__ = lazy_package(__name__, _NAMES)

@@ -5,19 +5,19 @@ For token t with the router's distribution p over all E experts (a softmax of th
 the sigmoid scores normalised to sum to 1), ``routing_kl`` of expert j is the mean over the subset's tokens of
 KL(p || p^(-j)), p^(-j) the distribution with p_j zeroed and renormalised, both sides Laplace-smoothed by
 eps = 1e-12 (:func:`routing_kl`). Computed in O(T E) per batch, in the compute dtype, added to float64 sums [U, E];
-the value is divided by the subset's token count when read.
+the value is divided by the subset's token count when read. Higher is kept (importance = the value).
 """
 
 from __future__ import annotations
 
 import torch
 
-from lightprune.experts.calibration.observed import ObservedBatch, compute_dtype
-from lightprune.experts.calibration.registry import register_statistic
-from lightprune.experts.calibration.statistic import Statistic, SubsetCounts
+from lightprune.experts.criteria.from_data import CalibrationCriterion
+from lightprune.experts.criteria.registry import register_criterion
+from lightprune.experts.criteria.statistic import Statistic, SubsetCounts, compute_dtype
 from lightprune.models import MoELayer
 
-__all__ = ["RoutingKL", "KL_EPS", "router_distribution", "routing_kl"]
+__all__ = ["RoutingKLSums", "STATISTIC", "RoutingKl", "KL_EPS", "router_distribution", "routing_kl"]
 
 KL_EPS = 1e-12
 
@@ -58,8 +58,7 @@ def routing_kl(p: torch.Tensor, eps: float = KL_EPS) -> torch.Tensor:
     return kl.add_(p, alpha=eps * (num - 1)).mul_(1.0 / (1.0 + num * eps))
 
 
-@register_statistic
-class RoutingKL(Statistic):
+class RoutingKLSums(Statistic):
     """sum over each subset's tokens of KL(p || p^(-j)) per expert; the value is the mean over those tokens."""
 
     values = ("routing_kl",)
@@ -73,9 +72,20 @@ class RoutingKL(Statistic):
     def needs(self) -> frozenset[str]:
         return frozenset({"logits"})
 
-    def update(self, batch: ObservedBatch) -> None:
+    def update(self, batch) -> None:
         kl = routing_kl(router_distribution(batch.layer, batch.logits))[:, :self.num_experts].to(batch.dtype)
         self.sums["routing_kl"] += (batch.m @ kl).double()
 
     def value(self, name: str, subset: int | None) -> torch.Tensor:
         return self.sums["routing_kl"][subset] / self.counts.tokens(subset).clamp_min(1)
+
+
+#: what the observed pass accumulates for this criterion
+STATISTIC = RoutingKLSums
+
+
+@register_criterion("routing_kl")
+class RoutingKl(CalibrationCriterion):
+    """Routing KL (MAEP eq. 8): the mean over the subset's tokens of KL(p || p with j removed), eps 1e-12."""
+
+    statistic = "routing_kl"

@@ -14,7 +14,8 @@ no expert runs again and no [T, E, H] tensor is formed. S', w' come from the fam
   ||H - H^(-j)||^2 = g^2 ||H||^2 with ||H||^2 = w^T G w;
 - a closed-form swap for a selected j: the others scaled by 1 + factor, one expert entering: D = (w_s (-factor) for
   s != r, w_r), batched over [T, k];
-- the re-run pairs (:mod:`.reruns`): the family's selection with j masked, a chunk of pairs at a time.
+- the re-run pairs (:mod:`lightprune.experts.calibration.reruns`): the family's selection with j masked, a chunk of
+  pairs at a time.
 
 Per sample, the mean over the sample's subset tokens; summed over the samples that have such tokens (the value is
 divided by that sample count when read).
@@ -23,7 +24,10 @@ divided by that sample count when read).
 entering expert is the same whichever selected expert leaves, so it runs once per token, and the square is expanded:
 D^T G D - 2 w' D . (f . f_n) + w'^2 ||f_n||^2; a re-run pair's entering experts run once per distinct (token,
 expert), also when a swap of the same token promotes the same expert (the batch asks the forward's own expert call
-for them: :attr:`~.observed.ObservedBatch.extra_rows`).
+for them: :attr:`~lightprune.experts.calibration.observed.ObservedBatch.extra_rows`).
+
+Higher is kept, except on ``vision_low_attn``: MAEP prunes the experts with the largest Delta-H on low-attention
+vision tokens first (section 5.3: s = (1 - alpha) z_text - alpha z_low), so there importance is the negated value.
 """
 
 from __future__ import annotations
@@ -32,14 +36,13 @@ from typing import NamedTuple
 
 import torch
 
-from lightprune.experts.calibration.observed import ObservedBatch
-from lightprune.experts.calibration.registry import register_statistic
-from lightprune.experts.calibration.reruns import CHUNK_ELEMENTS
-from lightprune.experts.calibration.statistic import Statistic, SubsetCounts
+from lightprune.experts.criteria.from_data import CalibrationCriterion
+from lightprune.experts.criteria.registry import register_criterion
+from lightprune.experts.criteria.statistic import CHUNK_ELEMENTS, Statistic, SubsetCounts
 from lightprune.models import MoELayer
 from lightprune.observe.experts_impl import expert_rows
 
-__all__ = ["DeltaH", "removal_values"]
+__all__ = ["DeltaHSums", "STATISTIC", "DeltaH", "DeltaHPromoted", "removal_values"]
 
 
 class _Entering(NamedTuple):
@@ -62,7 +65,7 @@ def _put(out: torch.Tensor, tokens: torch.Tensor, experts: torch.Tensor, alias: 
         out[tokens[has], alias[has]] = values[has]
 
 
-def _growth(batch: ObservedBatch) -> torch.Tensor:
+def _growth(batch) -> torch.Tensor:
     """dh [T, E] of the growth: g^2 ||H||^2 (zeros when the family has none)."""
     num_tokens, num_experts = batch.logits.shape
     w, device = batch.w, batch.hidden.device
@@ -72,7 +75,7 @@ def _growth(batch: ObservedBatch) -> torch.Tensor:
     return batch.effect.growth.to(device=device, dtype=w.dtype).pow(2) * norm2.unsqueeze(-1)
 
 
-def _swaps(batch: ObservedBatch, dh: torch.Tensor, dhp: torch.Tensor | None) -> None:
+def _swaps(batch, dh: torch.Tensor, dhp: torch.Tensor | None) -> None:
     """The closed-form swaps of each token's selected experts, into dh (and the promoted variant)."""
     layer, effect, w, f, gram = batch.layer, batch.effect, batch.w, batch.f, batch.gram
     dtype, device = w.dtype, batch.hidden.device
@@ -96,7 +99,7 @@ def _swaps(batch: ObservedBatch, dh: torch.Tensor, dhp: torch.Tensor | None) -> 
     dhp.scatter_(1, ids, value.clamp_min(0))
 
 
-def _entering(batch: ObservedBatch) -> _Entering | None:
+def _entering(batch) -> _Entering | None:
     """The re-run pairs' entering outputs (run here when the forward did not), None without any."""
     reruns, device = batch.reruns, batch.hidden.device
     if not reruns.pair_token.numel():
@@ -113,7 +116,7 @@ def _entering(batch: ObservedBatch) -> _Entering | None:
     return _Entering(outputs, token, rank, int(per_token.max()))
 
 
-def _rerun_chunk(batch: ObservedBatch, dh: torch.Tensor, dhp: torch.Tensor | None, tokens: torch.Tensor,
+def _rerun_chunk(batch, dh: torch.Tensor, dhp: torch.Tensor | None, tokens: torch.Tensor,
                  pairs: slice, t0: int, t1: int, entering: _Entering | None) -> None:
     """The re-run pairs ``pairs`` (those of tokens t0..t1; ``tokens``: every pair's token, on the outputs' device)
     into dh (and the promoted variant)."""
@@ -146,7 +149,7 @@ def _rerun_chunk(batch: ObservedBatch, dh: torch.Tensor, dhp: torch.Tensor | Non
     _put(dhp, t, j, reruns.alias, pairs, value.clamp_min(0))
 
 
-def removal_values(batch: ObservedBatch, promoted: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def removal_values(batch, promoted: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """||H - H^(-j)||^2 per token and expert [T, E] in the compute dtype, and with ``promoted`` the variant that
     includes the promoted experts (see the module docstring)."""
     dh = _growth(batch)
@@ -167,8 +170,7 @@ def removal_values(batch: ObservedBatch, promoted: bool) -> tuple[torch.Tensor, 
     return dh, dhp
 
 
-@register_statistic
-class DeltaH(Statistic):
+class DeltaHSums(Statistic):
     """Delta-H (and its promoted variant) per expert and subset: the sum over samples of each sample's mean
     ||H - H^(-j)||^2 over its subset tokens; the value is divided by the samples that had such tokens."""
 
@@ -183,7 +185,7 @@ class DeltaH(Statistic):
     def needs(self) -> frozenset[str]:
         return frozenset({"logits", "removal"} | ({"entering"} if "delta_h_promoted" in self.wanted else set()))
 
-    def update(self, batch: ObservedBatch) -> None:
+    def update(self, batch) -> None:
         dh, dhp = removal_values(batch, "delta_h_promoted" in self.wanted)
         weight, num = batch.sample_weight, self.num_experts                 # [U, T]; identity experts' columns
         if "delta_h" in self.sums:                                           # dropped
@@ -193,3 +195,25 @@ class DeltaH(Statistic):
 
     def value(self, name: str, subset: int | None) -> torch.Tensor:
         return self.sums[name][subset] / self.counts.samples(subset).clamp_min(1)
+
+
+#: what the observed pass accumulates for these criteria
+STATISTIC = DeltaHSums
+
+
+@register_criterion("delta_h")
+class DeltaH(CalibrationCriterion):
+    """Delta-H (MAEP eq. 2): the mean over samples of each sample's mean ||H - H^(-j)||^2 over its subset tokens;
+    negated on ``vision_low_attn``."""
+
+    statistic = "delta_h"
+    negated = frozenset({"vision_low_attn"})
+
+
+@register_criterion("delta_h_promoted")
+class DeltaHPromoted(CalibrationCriterion):
+    """Delta-H with the promoted experts' outputs included in H^(-j) (collected when asked for); negated on
+    ``vision_low_attn``."""
+
+    statistic = "delta_h_promoted"
+    negated = frozenset({"vision_low_attn"})

@@ -1,5 +1,5 @@
-"""The shape of a calibration statistic: sums for one MoE layer over the token subsets, fed one
-:class:`~.observed.ObservedBatch` at a time.
+"""The shape of what a calibration criterion accumulates: sums for one MoE layer over the token subsets, fed one
+:class:`~lightprune.experts.calibration.observed.ObservedBatch` at a time by the observed pass.
 
 A :class:`Statistic` holds float64 sums (``sums``, on the layer's device; a layer on the meta device, loaded only
 while it runs, keeps them on the CPU unless the observer is told where the model computes), adds one batch in
@@ -25,10 +25,17 @@ from typing import ClassVar
 
 import torch
 
-from lightprune.experts.calibration.observed import ObservedBatch
 from lightprune.models import MoELayer
 
-__all__ = ["Statistic", "SubsetCounts", "sums_device"]
+__all__ = ["Statistic", "SubsetCounts", "sums_device", "compute_dtype", "CHUNK_ELEMENTS"]
+
+#: elements per masked-selection call and per Delta-H chunk (rows x E logits, rows x H promoted changes)
+CHUNK_ELEMENTS = 1 << 22
+
+
+def compute_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """float32, or the tensor's dtype when it is wider (a float64 reference stays float64)."""
+    return torch.promote_types(tensor.dtype, torch.float32)
 
 
 def sums_device(layer: MoELayer) -> torch.device:
@@ -79,7 +86,7 @@ class Statistic:
         """What :meth:`update` reads of the batch beyond the routed outputs (module docstring)."""
         return frozenset()
 
-    def update(self, batch: ObservedBatch) -> None:
+    def update(self, batch) -> None:
         """Add one batch."""
         raise NotImplementedError(f"{type(self).__name__} must implement update(batch)")
 
@@ -123,7 +130,7 @@ class SubsetCounts(Statistic):
         super().__init__(layer, subsets, ())
         self.sums = {"tokens": self.zeros(len(subsets)), "samples": self.zeros(len(subsets))}
 
-    def update(self, batch: ObservedBatch) -> None:
+    def update(self, batch) -> None:
         self.sums["tokens"] += batch.m.sum(dim=1).double()
         self.sums["samples"] += (batch.sample_counts > 0).sum(dim=1).double()
 
