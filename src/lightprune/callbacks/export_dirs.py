@@ -1,8 +1,9 @@
 """Where an export callback (Export, WidthExport) writes its checkpoint, and the refusals of a checkpoint directory
 from the callback's options alone: one that holds an earlier run's files, one that is (or holds, or lies inside a file
 of) the run's own folder, a ``plan_path`` that is no file. Torch-free, so that the ``lightprune`` command refuses them
-before Lightning is imported (:func:`lightprune.cli.options.check_command_line`), and the callbacks' ``preflight`` and
-``check`` alike. Every path option takes ``~`` for the home directory, as ``trainer.default_root_dir`` does."""
+before Lightning is imported (:func:`lightprune.cli.command_line_checks.check_command_line`), and the callbacks'
+``preflight`` and ``check`` alike. Every path option takes ``~`` for the home directory, as ``trainer.default_root_dir``
+does."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Which of lightprune's callbacks one run may list together, from their options alone: :func:`check_roster`.
 
 Torch-free, so that the ``lightprune`` command checks a job's callbacks list before Lightning is imported
-(:func:`lightprune.cli.options.check_command_line`), and every lightprune callback's ``setup`` checks the trainer's
-list before any work (:meth:`lightprune.callbacks.state.RunState.check_callbacks`). The rules:
+(:func:`lightprune.cli.command_line_checks.check_command_line`), and every lightprune callback's ``setup`` checks the
+trainer's list before any work (:meth:`lightprune.callbacks.state.RunState.check_callbacks`). The rules:
 
 - once per run (:data:`ONCE` says why): ExpertStats, RouterDelta, Export, WidthExport, WidthSearch;
 - one per folder (:data:`PER_FOLDER`): ExpertPruning and Evaluate. Several ExpertPruning score several criteria

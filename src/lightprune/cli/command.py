@@ -42,8 +42,8 @@ HELP = "\n".join([
 
 def main() -> None:
     """Print :data:`HELP` for a bare ``lightprune`` or ``--help``; otherwise check the callbacks' options
-    (:func:`lightprune.cli.options.check_command_line`, before Lightning is imported: a typo is reported at once)
-    and run :func:`lightprune.cli.app.main`; ``convert-gguf`` runs :func:`lightprune.cli.convert_gguf.main`.
+    (:func:`lightprune.cli.command_line_checks.check_command_line`, before Lightning is imported: a typo is reported at
+    once) and run :func:`lightprune.cli.app.main`; ``convert-gguf`` runs :func:`lightprune.cli.convert_gguf.main`.
     SIGTERM, SIGINT and SIGHUP are handled from the start (:mod:`lightprune.core.interrupt`): a Ctrl-C while Lightning
     loads is one line and exit status 130, as later; once the command is done, the interpreter's teardown is not
     stopped by them (:func:`lightprune.core.interrupt.quiet_teardown`)."""
@@ -77,7 +77,8 @@ def _run() -> None:
         args.remove("convert-gguf")
         convert_gguf(args)
         return
-    from lightprune.cli.options import OptionError, check_command_line
+    from lightprune.cli.command_line_checks import check_command_line
+    from lightprune.cli.options import OptionError
     from lightprune.core import interrupt
     from lightprune.core.jsonio import clip_values
 

@@ -3,7 +3,7 @@
 :data:`TRAINER_OPTIONS` is ``lightning.pytorch.Trainer.__init__``'s parameters, :data:`METHOD_OPTIONS` the
 parameters of each subcommand's trainer method that LightningCLI adds as options, and :data:`PRECISIONS` the values
 ``Trainer(precision=...)`` takes, written out here so that the first pass
-(:func:`lightprune.cli.options.check_command_line`) can refuse ``--trainer.max_step``, ``--confg`` or
+(:func:`lightprune.cli.command_line_checks.check_command_line`) can refuse ``--trainer.max_step``, ``--confg`` or
 ``--trainer.precision 17-true`` without importing Lightning; ``tests/unit/cli/test_cli_names.py`` checks them against
 the signatures and LightningCLI's parser. What sits under ``--model.`` and ``--data.`` depends on the class given and
 is left to the parser. Every problem is one line, with the closest name when one is close (:func:`did_you_mean`).

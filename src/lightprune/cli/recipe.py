@@ -3,10 +3,10 @@
     run_dir = lp.run_recipe("configs/reap_testbed.yaml", overrides={"prune.ratio": 0.25})
     plan = lp.ExpertPlan.load(run_dir / "plan.json")
 
-The recipe is a config file or the same content as a mapping; ``overrides`` are the command line's options without
-their dashes (``"prune.ratio"``, ``"trainer.max_steps"``, ``"model.init_args.checkpoint"``), checked as the command
-checks them (:func:`lightprune.cli.options.check_command_line`) before anything is built. The command is the one the
-recipe's callbacks imply unless given (:func:`recipe_command`).
+The recipe is a config file or the same content as a mapping; ``overrides`` are the command line's options without their
+dashes (``"prune.ratio"``, ``"trainer.max_steps"``, ``"model.init_args.checkpoint"``), checked as the command checks
+them (:func:`lightprune.cli.command_line_checks.check_command_line`) before anything is built. The command is the one
+the recipe's callbacks imply unless given (:func:`recipe_command`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from lightprune.cli.options import ADDRESSES, SUBCOMMANDS, OptionError, check_command_line, class_name
+from lightprune.cli.command_line_checks import check_command_line
+from lightprune.cli.options import ADDRESSES, SUBCOMMANDS, OptionError, class_name
 from lightprune.core.checks import check_choice
 from lightprune.core.jsonio import show
 from lightprune.core.strict_yaml import parse_yaml

@@ -10,7 +10,8 @@ import shlex
 import pytest
 from fixtures import REPO
 
-from lightprune.cli.options import OptionError, check_command_line
+from lightprune.cli.command_line_checks import check_command_line
+from lightprune.cli.options import OptionError
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 _BLOCKS = [block for page in PAGES for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S)]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from fixtures import REPO
 
-from lightprune.cli.options import OptionError, check_command_line
+from lightprune.cli.command_line_checks import check_command_line
+from lightprune.cli.options import OptionError
 
 JOB = ["export", "--config", "configs/aimer_tiny.yaml"]
 

@@ -9,8 +9,9 @@ import inspect
 import pytest
 from fixtures import REPO
 
+from lightprune.cli.command_line_checks import check_command_line
 from lightprune.cli.names import METHOD_OPTIONS, TRAINER_OPTIONS, argv_problem, config_keys_problem, did_you_mean
-from lightprune.cli.options import SUBCOMMANDS, OptionError, check_command_line
+from lightprune.cli.options import SUBCOMMANDS, OptionError
 
 
 def _parsers() -> dict[str, object]:

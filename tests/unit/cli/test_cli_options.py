@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lightprune.cli.command_line_checks import check_command_line
 from lightprune.cli.options import (
     ADDRESSES,
     ARGUMENTS,
     Addressed,
     OptionError,
     check_callback_options,
-    check_command_line,
     split_addressed,
 )
 from lightprune.core import choices

@@ -9,7 +9,8 @@ import sys
 import pytest
 from fixtures import REPO
 
-from lightprune.cli.options import OptionError, check_command_line
+from lightprune.cli.command_line_checks import check_command_line
+from lightprune.cli.options import OptionError
 
 CALLBACK = "a lightning.pytorch.Callback subclass"
 MODEL = "a LightningModule (lightprune.finetune.MoECausalLM or a subclass)"

@@ -150,7 +150,7 @@ def test_a_signal_before_lightning_has_loaded_is_one_line(monkeypatch, capsys) -
     import time
     import types
 
-    import lightprune.cli.options
+    import lightprune.cli.command_line_checks
 
     class Unhandled(Exception):
         """What reaches the test where the command does not handle the signal."""
@@ -168,7 +168,7 @@ def test_a_signal_before_lightning_has_loaded_is_one_line(monkeypatch, capsys) -
     try:
         monkeypatch.delenv("LIGHTPRUNE_DEBUG", raising=False)
         monkeypatch.setattr(sys, "argv", ["lightprune", "--verbose", "export", "--config", "c.yaml"])
-        monkeypatch.setattr(lightprune.cli.options, "check_command_line", send(signal.SIGINT))
+        monkeypatch.setattr(lightprune.cli.command_line_checks, "check_command_line", send(signal.SIGINT))
         with pytest.raises(SystemExit) as info:
             command.main()
         assert info.value.code == 130
@@ -177,7 +177,7 @@ def test_a_signal_before_lightning_has_loaded_is_one_line(monkeypatch, capsys) -
         loading = types.ModuleType("lightprune.cli.app")
         loading.__getattr__ = send(signal.SIGTERM)  # Lightning's import, interrupted
         monkeypatch.setitem(sys.modules, "lightprune.cli.app", loading)
-        monkeypatch.setattr(lightprune.cli.options, "check_command_line", lambda *args, **kwargs: None)
+        monkeypatch.setattr(lightprune.cli.command_line_checks, "check_command_line", lambda *args, **kwargs: None)
         with pytest.raises(SystemExit) as info:
             command.main()
         assert info.value.code == 143

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from lightprune.cli.options import OptionError, check_command_line
+from lightprune.cli.command_line_checks import check_command_line
+from lightprune.cli.options import OptionError
 
 
 def _config(tmp_path, text: str, name: str = "c.yaml") -> str:

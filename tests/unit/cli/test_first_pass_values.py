@@ -10,8 +10,9 @@ import sys
 import pytest
 from fixtures import REPO
 
+from lightprune.cli.command_line_checks import check_command_line
 from lightprune.cli.names import BOOL_OPTIONS, bool_option
-from lightprune.cli.options import OptionError, check_command_line, split_addressed
+from lightprune.cli.options import OptionError, split_addressed
 
 TINY = REPO / "configs" / "aimer_tiny.yaml"
 

@@ -1,5 +1,5 @@
 """The files a job reads (the model's checkpoint, the data module's JSONL files and tokenizer folder) are checked
-by the console script's first pass, before Lightning is imported (cli.inputs through cli.options)."""
+by the console script's first pass, before Lightning is imported (cli.inputs through cli.command_line_checks)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 from fixtures import REPO
 
-from lightprune.cli.options import OptionError, check_command_line
+from lightprune.cli.command_line_checks import check_command_line
+from lightprune.cli.options import OptionError
 
 
 def test_the_command_line_pass_refuses_a_missing_local_checkpoint(tmp_path, monkeypatch) -> None:
     """A model checkpoint that can only be a local path (absolute, ./, ../, ~, two folders deep) and does not exist
     is refused before Lightning, from the command line or a config, the last given winning; a hub id, a testbed
     name, an existing folder, or a model given in a way the pass does not follow, are left to the parser."""
-    from lightprune.cli.options import OptionError, check_command_line
+    from lightprune.cli.command_line_checks import check_command_line
+    from lightprune.cli.options import OptionError
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ckpt").mkdir()

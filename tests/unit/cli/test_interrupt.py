@@ -113,7 +113,8 @@ def test_an_existing_output_directory_is_refused_before_anything_is_built(tmp_pa
 def test_the_command_line_pass_refuses_an_existing_export_directory_before_lightning(tmp_path, monkeypatch) -> None:
     """The console script's first pass (no Lightning imported) refuses an export directory holding an earlier run,
     wherever the options place it, and leaves alone every job that replaces it or writes elsewhere."""
-    from lightprune.cli.options import OptionError, check_command_line
+    from lightprune.cli.command_line_checks import check_command_line
+    from lightprune.cli.options import OptionError
 
     monkeypatch.chdir(REPO)
     (tmp_path / "run" / "model").mkdir(parents=True)

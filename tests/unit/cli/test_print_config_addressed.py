@@ -10,7 +10,8 @@ import yaml
 from fixtures import REPO
 
 from lightprune.callbacks.options import OPTIONS
-from lightprune.cli.options import ADDRESSES, SUBCOMMANDS, check_command_line
+from lightprune.cli.command_line_checks import check_command_line
+from lightprune.cli.options import ADDRESSES, SUBCOMMANDS
 
 TINY = REPO / "configs" / "aimer_tiny.yaml"
 #: one option of every address, and its value as the printed config holds it

@@ -328,7 +328,8 @@ def test_the_command_refuses_a_bomb_given_inline_or_as_an_option_value(monkeypat
 
 
 def test_check_command_line_refuses_it_and_takes_a_config_using_anchors(bomb: Path, tmp_path: Path) -> None:
-    from lightprune.cli.options import OptionError, check_command_line
+    from lightprune.cli.command_line_checks import check_command_line
+    from lightprune.cli.options import OptionError
 
     with deadline(10), pytest.raises(OptionError) as info:
         check_command_line(["calibrate", "--config", str(bomb)])
