@@ -29,7 +29,7 @@ from lightprune.models.layer import (
 )
 from lightprune.models.removal import RemovalEffect
 
-__all__ = ["MoEFamily", "SelectsWithExpertTensor", "RemovalEffect"]
+__all__ = ["MoEFamily", "SelectsWithExpertTensor", "SelectsKept", "RemovalEffect"]
 
 
 class MoEFamily(FamilyTensors):
@@ -342,13 +342,14 @@ class MoEFamily(FamilyTensors):
 
 class SelectsWithExpertTensor:
     """Mixin (first among the bases) of a family whose selection reads one per-expert tensor besides the logits (a
-    correction bias, per-expert scales): it implements :meth:`selection_tensor` and ``_select(layer, logits, mask,
-    tensor)``; ``select`` runs that with the layer's tensor, ``select_kept`` with the kept experts' entries (what the
-    pruned layer's router holds: :func:`kept_entries`)."""
+    correction bias, per-expert scales): it implements ``_select(layer, logits, mask, tensor)`` and, for a tensor
+    other than the router's correction bias, :meth:`selection_tensor`; ``select`` runs that with the layer's tensor,
+    ``select_kept`` with the kept experts' entries (what the pruned layer's router holds: :func:`kept_entries`)."""
 
     def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
-        """The per-expert tensor [E] the selection reads."""
-        raise NotImplementedError
+        """The per-expert tensor [E] the selection reads: the router's ``e_score_correction_bias`` unless the family
+        says otherwise."""
+        return layer.router.e_score_correction_bias
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
@@ -356,6 +357,19 @@ class SelectsWithExpertTensor:
 
     def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
         return self._select(layer, kept_logits, None, kept_entries(self.selection_tensor(layer), kept))
+
+
+class SelectsKept:
+    """Mixin (first among the bases) of a family whose ``_select(layer, logits, mask, kept)`` takes the kept experts'
+    per-expert tensors itself (``kept`` None: the layer's own): ``select`` runs it on the layer, ``select_kept`` on
+    the kept experts' logits."""
+
+    def select(self, layer: MoELayer, router_logits: torch.Tensor,
+               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
+        return self._select(layer, router_logits, expert_mask, None)
+
+    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
+        return self._select(layer, kept_logits, None, kept)
 
 
 def _stored_shape(router: nn.Module) -> torch.Size:

@@ -44,9 +44,6 @@ class ErgoFamily(SelectsWithExpertTensor, MoEFamily):
         linear = layer.router.linear
         return linear(hidden_states.reshape(-1, linear.in_features))
 
-    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
-        return layer.router.e_score_correction_bias
-
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
         router_logits, weights, top_index = sigmoid_biased_topk(router_logits, bias, expert_mask, layer.top_k, 1e-20,

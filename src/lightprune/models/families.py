@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, SelectsWithExpertTensor
+from lightprune.models.base import MoEFamily, SelectsKept, SelectsWithExpertTensor
 from lightprune.models.dbrx_family import DbrxFamily
 from lightprune.models.deepseek_families import (
     DEEPSEEK_ALIKE,
@@ -100,7 +100,7 @@ __all__ = ["MixtralFamily", "Qwen2MoeFamily", "Qwen3MoeFamily", "OlmoeFamily", "
            "REFUSED_TYPES"]
 
 
-class Ernie4_5MoeFamily(MoEFamily):
+class Ernie4_5MoeFamily(SelectsKept, MoEFamily):
     """ERNIE-4.5-MoE: softmax of fp32 logits, top-k of the probabilities plus a selection bias
     (``gate.moe_statics.e_score_correction_bias`` [1, E], pruned with the experts), the k probabilities renormalised
     (clamped at ``moe_norm_min``), cast to the hidden states' dtype. Masking: logit -inf (probability 0, the softmax
@@ -119,13 +119,6 @@ class Ernie4_5MoeFamily(MoEFamily):
 
     def router_logits(self, layer: MoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden_states.reshape(-1, layer.router.weight.shape[1]).float(), layer.router.weight.float())
-
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        return self._select(layer, router_logits, expert_mask, None)
-
-    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
-        return self._select(layer, kept_logits, None, kept)
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 kept: torch.Tensor | None) -> RoutingOutput:

@@ -39,9 +39,6 @@ class BiasedGroupLimitedFamily(SelectsWithExpertTensor, DeepseekV3Family):
     #: the router multiplies the weights by ``routed_scaling_factor`` (else the MoE block scales the routed sum)
     scaled_in_router: ClassVar[bool] = True
 
-    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
-        return layer.router.e_score_correction_bias
-
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
         """The router's ops with the correction bias ``bias`` (the layer's, or its kept experts' entries)."""

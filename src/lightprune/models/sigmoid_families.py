@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lightprune.models.base import MoEFamily, SelectsWithExpertTensor
+from lightprune.models.base import MoEFamily, SelectsKept, SelectsWithExpertTensor
 from lightprune.models.family_rows import family_row
 from lightprune.models.layer import MoELayer, RoutingOutput, kept_entries
 from lightprune.models.routing_ops import mask_logits, masked_choice, renormalized, sigmoid_biased_topk
@@ -37,9 +37,6 @@ class LagunaFamily(SelectsWithExpertTensor, MoEFamily):
         if router.router_logit_softcapping > 0.0:
             logits = torch.tanh(logits / router.router_logit_softcapping) * router.router_logit_softcapping
         return logits
-
-    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
-        return layer.router.e_score_correction_bias
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
@@ -169,7 +166,7 @@ class Inkling2TextFamily(HYV3Family):
         return F.linear(hidden_states.float().reshape(-1, weight.shape[1]), weight)
 
     def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
-        return layer.router.e_score_correction_bias
+        return layer.router.e_score_correction_bias  # the router's, not the block's (HYV3Family's)
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
@@ -220,9 +217,6 @@ class MuseSparkFamily(SelectsWithExpertTensor, MoEFamily):
         logits = F.linear(hidden_states.type(torch.float32), router.weight.type(torch.float32))
         return logits * router.output_multiplier
 
-    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
-        return layer.router.e_score_correction_bias
-
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
         router = layer.router
@@ -264,7 +258,7 @@ class AfmoeFamily(SelectsWithExpertTensor, MoEFamily):
     unselected_removal_is_free = True  # per-expert sigmoid scores, renormalised over the k
 
 
-class Lfm2MoeFamily(MoEFamily):
+class Lfm2MoeFamily(SelectsKept, MoEFamily):
     """LFM2-MoE (``lfm2_moe``): sigmoid of the logits, top-k of the scores (plus the block's ``expert_bias`` when
     ``use_expert_bias``), renormalised (+1e-6) when ``norm_topk_prob``, times ``routed_scaling_factor``
     (Lfm2MoeTopKRouter); layers from ``num_dense_layers`` on are sparse. Masking: logit -inf, selection -inf."""
@@ -277,13 +271,6 @@ class Lfm2MoeFamily(MoEFamily):
 
     def is_sparse_layer(self, index: int) -> bool:
         return index >= int(self.text_config.num_dense_layers)
-
-    def select(self, layer: MoELayer, router_logits: torch.Tensor,
-               expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        return self._select(layer, router_logits, expert_mask, None)
-
-    def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
-        return self._select(layer, kept_logits, None, kept)
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 kept: torch.Tensor | None) -> RoutingOutput:
@@ -360,9 +347,6 @@ class Kolibri1Family(SelectsWithExpertTensor, MoEFamily):
                 and _torch_at_least("2.8.0")):
             return torch.mm(hidden_states, weight.t(), out_dtype=torch.float32)
         return F.linear(hidden_states.type(torch.float32), weight.type(torch.float32))
-
-    def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
-        return layer.router.e_score_correction_bias
 
     def _select(self, layer: MoELayer, router_logits: torch.Tensor, expert_mask: torch.Tensor | None,
                 bias: torch.Tensor) -> RoutingOutput:
