@@ -42,7 +42,7 @@ from lightprune.callbacks.export_dirs import (
 from lightprune.callbacks.job_end import JobEndCallback
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
-from lightprune.checkpoints.directory import weight_files
+from lightprune.checkpoints.directory import TOKENIZER_FILES, weight_files
 from lightprune.core.distributed import has_partitioned, materialize
 from lightprune.core.errors import PlanError
 from lightprune.core.jsonio import read_json
@@ -50,7 +50,7 @@ from lightprune.experts.merging import MergePlan, merge_experts
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
 from lightprune.export import ExportResult, export_pruned, prune_checkpoint
-from lightprune.export.save import TOKENIZER_FILES, resolve_source_dir
+from lightprune.export.source import resolve_source_dir
 from lightprune.finetune.quantize import is_quantized_4bit
 from lightprune.models import find_moe_layers
 from lightprune.reporting.report import plot_kept_experts, write_report

@@ -21,7 +21,7 @@ from torch import nn
 
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
-from lightprune.models import find_moe_layers
+from lightprune.models import MoELayer, find_moe_layers
 from lightprune.models.layer import kept_experts
 from lightprune.models.routing_check import check_routing_tensors
 
@@ -54,11 +54,14 @@ def _masked_forward(layer, mask: torch.Tensor):
 
 
 @contextmanager
-def mask_experts(model: nn.Module, plan: ExpertPlan) -> Iterator[nn.Module]:
-    """Mask the experts ``plan`` prunes, for the duration of the block; yields ``model``."""
+def mask_experts(model: nn.Module, plan: ExpertPlan, *, layers: list[MoELayer] | None = None) -> Iterator[nn.Module]:
+    """Mask the experts ``plan`` prunes, for the duration of the block; yields ``model``. ``layers``: the model's MoE
+    layers, from a caller that has checked the plan against them (an export checks it once); by default found and
+    the plan checked here."""
     check_plan_kind(plan, ExpertPlan, "mask_experts")
-    layers = find_moe_layers(model)
-    plan.check_layers(layers)
+    if layers is None:
+        layers = find_moe_layers(model)
+        plan.check_layers(layers)
     for layer in layers:
         if layer.index in plan.keep:  # once per layer and block: the routers below read these tensors
             check_routing_tensors(layer, "mask_experts", "nothing was masked (the masked model would route on it)")

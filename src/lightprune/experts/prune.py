@@ -109,14 +109,16 @@ def check_routing(layers: list[MoELayer], where: str) -> None:
         check_routing_tensors(layer, where, "nothing was pruned or written (the pruned model would route on it)")
 
 
-def prune_experts(model: nn.Module, plan: ExpertPlan) -> nn.Module:
+def prune_experts(model: nn.Module, plan: ExpertPlan, *, layers: list[MoELayer] | None = None) -> nn.Module:
     """Remove the experts ``plan`` prunes from ``model``, in place; returns ``model``. The plan is checked against
     the model (:meth:`ExpertPlan.check_layers`), and every tensor the routing reads is checked finite
-    (:func:`check_routing`), before anything changes."""
+    (:func:`check_routing`), before anything changes. ``layers``: the model's MoE layers, from a caller that has
+    checked the plan against them (an export checks it once); by default found and the plan checked here."""
     check_plan_kind(plan, ExpertPlan, "prune_experts")
     _check_not_partitioned(model)
-    layers = find_moe_layers(model)
-    plan.check_layers(layers)
+    if layers is None:
+        layers = find_moe_layers(model)
+        plan.check_layers(layers)
     check_routing(layers, "prune_experts")
     family = get_family(model)
     old_count = config_value(family.text_config, family.num_experts_key)

@@ -24,13 +24,15 @@ Each export returns its result (:mod:`.result`): :class:`ExportResult` (``save_p
 May import: models, checkpoints, experts, width and core; never finetune, callbacks or above.
 """
 
+from lightprune.checkpoints.directory import TOKENIZER_FILES
+from lightprune.export.card_facts import CARD_KEYS
 from lightprune.export.gguf import GGUFResult, convert_to_gguf
 from lightprune.export.load import check_checkpoint, load_pruned
 from lightprune.export.model_card import CARD_FILE, model_card
 from lightprune.export.pipeline import export_pruned
 from lightprune.export.quantize import quantize_checkpoint
 from lightprune.export.result import MANIFEST_FILE, ExportResult, WidthExportResult
-from lightprune.export.save import CARD_KEYS, TOKENIZER_FILES, save_pruned
+from lightprune.export.save import save_pruned
 from lightprune.export.streamed import prune_checkpoint
 from lightprune.export.verify import ExportVerificationError, default_probe
 from lightprune.export.width import save_width_pruned

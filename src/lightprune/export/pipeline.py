@@ -11,11 +11,12 @@ keeps. An output directory that is (or holds) the source checkpoint is refused b
 
 Every input is checked before any surgery or merge: the plan against the model first (every MoE layer named and
 no other, the expert counts, the floors: :meth:`~lightprune.experts.plan.ExpertPlan.check_layers`; a plan that
-leaves layers out is refused, ``plan.completed(lp.find_moe_layers(model))`` keeps them whole), then the output
-directory, ``atol``, the card and the source's fingerprint. The experts functions it calls (``write_merged``,
-``mask_experts``, ``prune_experts``) check the plan again, as every public entry point does.
-:func:`~lightprune.export.save.write_pruned` then writes and verifies the checkpoint without checking those
-again and returns its :class:`~lightprune.export.result.ExportResult`.
+leaves layers out is refused, ``plan.completed(lp.find_moe_layers(model))`` keeps them whole), then ``atol``, the
+output directory, the card and the source's fingerprint. The export's one
+:class:`~lightprune.export.verification.Verification` runs each step once: ``mask_experts`` and ``prune_experts``
+are given the checked layers and do not check the plan again (``write_merged`` checks a MergePlan as its own entry
+point does), and :func:`~lightprune.export.save.write_pruned` then writes and verifies the checkpoint with the same
+probe, buffers and ``atol``, and returns its :class:`~lightprune.export.result.ExportResult`.
 """
 
 from __future__ import annotations
@@ -30,52 +31,36 @@ import torch
 from torch import nn
 
 from lightprune.checkpoints.staging import check_out_dir
-from lightprune.core.checks import check_atol
 from lightprune.core.errors import PlanError
 from lightprune.experts.mask import mask_experts
 from lightprune.experts.merging import MergePlan, write_merged
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.prune import prune_experts
+from lightprune.export.card_facts import card_facts
 from lightprune.export.quantize import check_quantize, model_block, quantize_staged
 from lightprune.export.result import ExportResult
-from lightprune.export.save import (
-    card_facts,
-    check_reference_finite,
-    check_not_source,
-    parameter_count,
-    resolve_source_dir,
-    source_fingerprint,
-    tensor_bytes,
-    write_pruned,
-)
-from lightprune.export.verify import (
-    ExportVerificationError,
-    compare,
-    default_atol,
-    default_probe,
-    default_rtol,
-    model_logits,
-    restore_fp32_buffers,
-)
+from lightprune.export.save import parameter_count, tensor_bytes, write_pruned
+from lightprune.export.source import check_not_source, resolve_source_dir, source_fingerprint
+from lightprune.export.verification import Verification, check_reference_finite, mismatch
+from lightprune.export.verify import model_logits
 from lightprune.models import find_moe_layers
 
 __all__ = ["export_pruned"]
 
 
-def _name_a_surgery_problem(model: nn.Module, probe: Mapping[str, Any], reference: torch.Tensor, atol: float,
+def _name_a_surgery_problem(model: nn.Module, verification: Verification, reference: torch.Tensor,
                             err: Exception) -> None:
     """After a failed save / verification: raise the surgery error when the in-memory pruned model already differs
     from the masked one (the checkpoint is not to blame); return (the caller re-raises ``err``) otherwise."""
     try:
-        gap = compare(model_logits(model, probe), reference, atol, default_rtol(model), what="pruned model")
+        gap = verification.compare(model_logits(model, verification.probe_for(model)), reference, model,
+                                   what="pruned model")
     except Exception:  # noqa: BLE001 - the diagnosis failed: the caller re-raises the original error
         return
     if not gap.ok:
-        raise ExportVerificationError(
-            f"the pruned model's logits differ from the masked model's by up to {gap.describe()}; "
-            "nothing was written (the in-memory model is pruned). In bf16/fp16 a near tie between router "
-            "scores can flip an expert choice: pass a larger atol or export in fp32", gap.max_abs_diff, atol,
-            tolerance=gap.tolerance) from err
+        raise mismatch(gap, f"the pruned model's logits differ from the masked model's by up to {gap.describe()}; "
+                            "nothing was written (the in-memory model is pruned). In bf16/fp16 a near tie between "
+                            "router scores can flip an expert choice: pass a larger atol or export in fp32") from err
 
 
 def _check_no_mtp_layers(model: nn.Module, plan: ExpertPlan | MergePlan) -> None:
@@ -132,11 +117,13 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
                         f"{type(plan).__name__}: build one with lp.select_experts / lp.hc_smoe_plan, or load a saved "
                         "one with lp.ExpertPlan.load(path) / lp.MergePlan.load(path)")
     _check_no_mtp_layers(model, plan)
-    plan.check_layers(find_moe_layers(model))  # every MoE layer, counts and floors: before anything changes
+    layers = find_moe_layers(model)
+    verification = Verification(probe)
+    verification.check_plan(plan, layers)  # every MoE layer, counts and floors: before anything changes
     merge = plan if isinstance(plan, MergePlan) else None
     if merge is not None:
-        plan = merge.expert_plan()
-    atol = check_atol(atol)  # NaN would switch verification off: refused before any surgery
+        plan = merge.expert_plan()  # checked with the MergePlan: its kept layout
+    verification.check_atol(atol)  # NaN would switch verification off: refused before any surgery
     quantize = check_quantize(quantize)
     source = resolve_source_dir(model, source_dir)
     check_not_source(out_dir, source)
@@ -149,24 +136,23 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     facts = card_facts({**given, "plan": plan, "parameters_before": parameter_count(model),
                         "parameter_bytes_before": tensor_bytes(model)}, plan.kept_counts())
     fingerprint = source_fingerprint(source)
-    probe = dict(probe) if probe is not None else default_probe(model)
+    probe = verification.probe_for(model)
     if merge is not None:
         write_merged(model, merge)  # irreversible: after every check that can fail without surgery (plan included)
-    restore_fp32_buffers(model)  # cast with .to(bf16): rotary inv_freq back in fp32, as the checkpoint reloads
-    with mask_experts(model, plan):
+    verification.restore_buffers(model)  # cast with .to(bf16): rotary inv_freq back in fp32, as the checkpoint reloads
+    with mask_experts(model, plan, layers=layers):  # the plan checked above
         reference = model_logits(model, probe)
     check_reference_finite(model, reference, "export_pruned", "before any pruning, the plan's experts masked",
                            "nothing was pruned or written" if merge is None else
                            "nothing was pruned or written (the in-memory model holds the merged experts)")
-    prune_experts(model, plan)
-    atol = default_atol(model) if atol is None else atol
+    prune_experts(model, plan, layers=layers)
     counts = {layer.index: layer.num_experts for layer in find_moe_layers(model)}
     requantize = functools.partial(quantize_staged, block=model_block(model, source)) if quantize else None
     try:
-        return write_pruned(model, out_dir, counts, source=source, facts=facts, fingerprint=fingerprint, probe=probe,
-                            reference_logits=reference, atol=atol, overwrite=overwrite, processor=processor,
-                            max_shard_size=None, start=start, where="export_pruned", expert_ids=plan.keep,
-                            after_verify=requantize)
+        return write_pruned(model, out_dir, counts, source=source, facts=facts, fingerprint=fingerprint,
+                            verification=verification, reference_logits=reference, overwrite=overwrite,
+                            processor=processor, max_shard_size=None, start=start, where="export_pruned",
+                            expert_ids=plan.keep, after_verify=requantize)
     except Exception as err:  # re-raised below unless the surgery is to blame
-        _name_a_surgery_problem(model, probe, reference, atol, err)
+        _name_a_surgery_problem(model, verification, reference, err)
         raise

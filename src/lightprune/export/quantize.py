@@ -37,7 +37,9 @@ from lightprune.checkpoints.writer import SafetensorsWriter
 from lightprune.core.checks import check_choice
 from lightprune.core.choices import QUANTIZE_FORMATS
 from lightprune.core.paths import check_path_text
-from lightprune.export.save import GENERATION_FILE, apply_umask, check_not_source, copy_tokenizer_files
+from lightprune.export.save import apply_umask
+from lightprune.export.source import check_not_source
+from lightprune.export.tokenizer_files import copy_generation_config, copy_tokenizer_files
 from lightprune.export.verify import check_written_finite
 from lightprune.models import find_moe_layers
 
@@ -85,8 +87,7 @@ def quantize_checkpoint(src_dir: str | os.PathLike, out_dir: str | os.PathLike, 
         with staging_dir(out_dir, overwrite) as tmp:
             count = _quantized_copy(checkpoint, tmp, block, verify, progress)
             copy_tokenizer_files(src, tmp)
-            if (src / GENERATION_FILE).is_file():
-                shutil.copyfile(src / GENERATION_FILE, tmp / GENERATION_FILE)
+            copy_generation_config(src, tmp)
             apply_umask(tmp)
     if progress:
         print(f"quantized {count} tensors of {src.name} to FP8 ({block[0]}x{block[1]} blocks) in "

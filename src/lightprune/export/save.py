@@ -24,11 +24,12 @@ Steps, all inside a staging directory renamed into place only at the end (:mod:`
    (:func:`~lightprune.export.config_file.finish_config`);
 4. verification: reload through :func:`load_pruned` (and, non-uniform, also through
    transformers' ``trust_remote_code=True``), run the probe batch, compare with the reference
-   logits (:mod:`.verify`); a mismatch raises :class:`ExportVerificationError`;
+   logits (:func:`~lightprune.export.verification.verify_reloaded`, the export's one
+   :class:`~lightprune.export.verification.Verification`); a mismatch raises :class:`ExportVerificationError`;
 5. ``lightprune_export.json`` (:func:`.result.write_manifest`): per-layer expert counts, parameter count
    and bytes, bytes on disk, dtype, the verification result, and what the export came from: the source and
-   the fingerprint of its safetensors files (name, size, SHA-256 of the header), the plan, the
-   tokenizer's origin, the evaluation, the lightprune version and the command;
+   the fingerprint of its safetensors files (name, size, SHA-256 of the header: :mod:`.source`), the plan, the
+   tokenizer's origin, the evaluation, the lightprune version and the command (:mod:`.card_facts`);
 6. ``README.md``: the model card rendered from the manifest (:func:`.model_card.model_card`);
 7. file modes: every file ``0o666 & ~umask``, every directory ``0o777 & ~umask`` (transformers
    writes the weights ``0o600``).
@@ -42,14 +43,8 @@ checkpoint path). :func:`save_pruned` checks its inputs and calls :func:`write_p
 
 from __future__ import annotations
 
-import gc
-import hashlib
-import json
 import os
-import shutil
-import sys
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,41 +52,27 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightprune.checkpoints.directory import GENERATION_FILE, TOKENIZER_FILES, copied_files, weight_files
-from lightprune.checkpoints.header import header_bytes
-from lightprune.checkpoints.staging import TMP_TAG, staging_dir
-from lightprune.core.checks import check_atol, check_utf8
-from lightprune.core.paths import check_path_text
-from lightprune.core.jsonio import parse_json
+from lightprune.checkpoints.staging import staging_dir
 from lightprune.core.notices import quiet_progress
+from lightprune.core.paths import check_path_text
 from lightprune.experts.mask import is_masked
-from lightprune.experts.plan import ExpertPlan
+from lightprune.export.card_facts import card_facts
 from lightprune.export.config_file import finish_config, weights_dtype
-from lightprune.export.load import load_pruned
-from lightprune.export.result import MANIFEST_FILE, ExportResult, write_manifest
-from lightprune.export.verify import (
-    BROKEN_SOURCE,
-    Comparison,
-    ExportVerificationError,
-    compare,
-    default_atol,
-    default_probe,
-    default_rtol,
-    model_logits,
-    non_finite,
-    restore_fp32_buffers,
+from lightprune.export.result import ExportResult, write_manifest
+from lightprune.export.source import check_not_source, resolve_source_dir, source_fingerprint
+from lightprune.export.tokenizer_files import copy_generation_config, write_tokenizer
+from lightprune.export.verification import (
+    Verification,
+    check_reference_finite,
+    non_finite_tensors,
+    verify_reloaded,
 )
+from lightprune.export.verify import ExportVerificationError, model_logits, non_finite
 from lightprune.models import find_moe_layers, get_family
 
-__all__ = ["save_pruned", "write_pruned", "parameter_count", "tensor_bytes", "MANIFEST_FILE", "TOKENIZER_FILES",
-           "CARD_KEYS", "resolve_source_dir", "check_not_source", "source_fingerprint", "card_facts", "plan_record",
-           "copy_tokenizer_files", "apply_umask", "check_no_pickles", "GENERATION_FILE",
-           "write_manifest", "non_finite_tensors", "check_reference_finite"]
+__all__ = ["save_pruned", "write_pruned", "parameter_count", "tensor_bytes", "apply_umask", "check_no_pickles"]
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-
-#: the keys ``save_pruned(card=...)`` accepts
-CARD_KEYS = ("plan", "source", "command", "evaluation", "parameters_before", "parameter_bytes_before")
 
 
 def parameter_count(model: nn.Module) -> int:
@@ -113,142 +94,6 @@ def _device(model: nn.Module) -> torch.device:
     return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
-# ----------------------------------------------------------------------------------- source checkpoint
-def resolve_source_dir(model: nn.Module, source_dir: str | os.PathLike | None) -> Path | None:
-    """The source checkpoint directory: ``source_dir`` (must be a directory), else ``config._name_or_path``
-    when that is an existing local directory, else ``None``. A file the export would copy from it that is no regular
-    file (a directory, a broken symlink, a special file) is refused here, before anything is written
-    (:func:`~lightprune.checkpoints.directory.copied_files`)."""
-    path = None
-    if source_dir is not None:
-        check_path_text(source_dir, "source_dir")
-        path = Path(source_dir).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"source_dir {str(source_dir)!r} does not exist")
-        if not path.is_dir():
-            raise NotADirectoryError(f"source_dir {str(source_dir)!r} is not a directory")
-    else:
-        name = str(getattr(model.config, "_name_or_path", "") or "")
-        if name and Path(name).expanduser().is_dir():
-            check_path_text(name, "the source checkpoint directory (the model's config._name_or_path)")
-            path = Path(name).expanduser()
-    if path is None:
-        return None
-    copied_files(path)
-    return path.absolute()
-
-
-def check_not_source(out_dir: str | os.PathLike, source: Path | None) -> None:
-    """Raise ``ValueError`` naming both paths when ``out_dir`` is the source directory or holds it."""
-    if source is None:
-        return
-    out, src = (Path(os.path.realpath(Path(path).expanduser())) for path in (out_dir, source))  # loops: as they are
-    if out == src or out in src.parents:
-        where = "is" if out == src else "holds"
-        raise ValueError(f"refusing to export into {str(out)!r}: it {where} the source checkpoint {str(src)!r}, "
-                         "which replacing it would delete; choose another output directory")
-
-
-def _header_fingerprint(file: Path, name: str) -> dict[str, Any]:
-    return {"name": name, "size": file.stat().st_size, "header_sha256": hashlib.sha256(header_bytes(file)).hexdigest()}
-
-
-def source_fingerprint(source: Path | None) -> list[dict[str, Any]] | None:
-    """Per safetensors file of ``source``: name, size and SHA-256 of its header (the first 8 + header-length
-    bytes, not the whole file); ``None`` without a local source directory."""
-    if source is None:
-        return None
-    try:
-        files = weight_files(source)
-    except FileNotFoundError:  # a source folder without safetensors weights: nothing to fingerprint
-        return []
-    return [_header_fingerprint(f, f.relative_to(source).as_posix()) for f in files]
-
-
-def _copy_dropping_auto_map(src: Path, dst: Path) -> None:
-    if src.suffix == ".json":
-        try:
-            data = parse_json(src.read_text(), f"source file {str(src)!r}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"source file {str(src)!r} is not valid JSON: {err}") from None
-        if isinstance(data, dict) and "auto_map" in data:  # points at source code the export does not carry
-            data.pop("auto_map")
-            dst.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-            return
-    shutil.copyfile(src, dst)
-
-
-def copy_tokenizer_files(source: Path, tmp: Path) -> list[str]:
-    """Copy the tokenizer, processor and chat-template files of ``source`` (:data:`TOKENIZER_FILES`, the templates of
-    ``additional_chat_templates``) into ``tmp``; their names. One that is no regular file is refused
-    (:func:`~lightprune.checkpoints.directory.copied_files`), never skipped."""
-    names = [name for name in copied_files(source) if name != GENERATION_FILE]
-    for name in names:
-        (tmp / name).parent.mkdir(exist_ok=True)
-        _copy_dropping_auto_map(source / name, tmp / name)
-    return sorted(names)
-
-
-def _files(root: Path) -> set[str]:
-    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
-
-
-def _write_tokenizer(tmp: Path, processor: Any, source: Path | None) -> dict[str, Any] | None:
-    """Save ``processor`` or copy the source's tokenizer files; the manifest's ``tokenizer`` entry."""
-    if processor is not None:
-        before = _files(tmp)
-        processor.save_pretrained(tmp)
-        return {"origin": "processor", "class": type(processor).__name__, "files": sorted(_files(tmp) - before)}
-    copied = copy_tokenizer_files(source, tmp) if source is not None else []
-    return {"origin": "source_dir", "files": copied} if copied else None
-
-
-def plan_record(plan: ExpertPlan) -> dict[str, Any]:
-    """``plan`` as the manifest records it: its ``to_dict()`` as :meth:`ExpertPlan.save` writes it."""
-    return json.loads(json.dumps(plan.to_dict(), default=str))
-
-
-def card_facts(card: Mapping[str, Any] | None, counts: Mapping[int, int]) -> dict[str, Any]:
-    """Validate ``save_pruned(card=...)``; returns every :data:`CARD_KEYS` key (``None`` when not given), the plan
-    as :func:`plan_record` (an ExpertPlan converted once; a ``to_dict()`` mapping parsed once, which checks it).
-
-    ``counts``: the pruned model's {layer: routed experts}, which the plan's kept counts must equal (a plan of
-    another model, or one that leaves out MoE layers, is a ``ValueError``).
-    """
-    card = dict(card or {})
-    unknown = sorted(set(card) - set(CARD_KEYS))
-    if unknown:
-        raise ValueError(f"card has unknown keys {unknown}; allowed: {list(CARD_KEYS)}")
-    facts = {key: card.get(key) for key in CARD_KEYS}
-    plan = facts["plan"]
-    if plan is not None:
-        if isinstance(plan, Mapping):
-            plan = ExpertPlan.from_dict(dict(plan))
-        if not isinstance(plan, ExpertPlan):
-            raise TypeError(f"card['plan'] must be an ExpertPlan or its to_dict(), got {type(plan).__name__}")
-        if plan.kept_counts() != dict(counts):
-            raise ValueError(f"card['plan'] keeps {plan.kept_counts()} experts per layer, the model has "
-                             f"{dict(counts)}: not the plan this model was pruned with")
-        facts["plan"] = plan_record(plan)
-    for key in ("parameters_before", "parameter_bytes_before"):
-        if facts[key] is not None and (isinstance(facts[key], bool) or not isinstance(facts[key], int)):
-            raise TypeError(f"card[{key!r}] must be an int, got {facts[key]!r}")
-    if facts["evaluation"] is not None:
-        if not isinstance(facts["evaluation"], Mapping):
-            raise TypeError(f"card['evaluation'] must be a mapping, got {type(facts['evaluation']).__name__}")
-        try:
-            facts["evaluation"] = json.loads(json.dumps(dict(facts["evaluation"])))
-        except (TypeError, ValueError) as err:
-            raise TypeError(f"card['evaluation'] must be JSON-serialisable: {err}") from None
-    if facts["command"] is not None and not isinstance(facts["command"], str):
-        raise TypeError(f"card['command'] must be a string, got {facts['command']!r}")
-    if facts["source"] is not None:
-        facts["source"] = os.fspath(facts["source"])
-    check_utf8({key: value for key, value in facts.items() if key != "plan"}, "the export's manifest and model card "
-               "(UTF-8)", path="card")  # the plan checks its own
-    return facts
-
-
 def apply_umask(root: Path) -> None:
     """Every file under ``root`` to ``0o666 & ~umask``, every directory (``root`` too) to ``0o777 & ~umask``."""
     umask = os.umask(0)
@@ -265,102 +110,6 @@ def check_no_pickles(tmp: Path) -> None:
     pickles = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.suffix in _PICKLE_SUFFIXES)
     if pickles:
         raise RuntimeError(f"export wrote pickle files {pickles}; lightprune exports safetensors only")
-
-
-def _forget_remote_module(checkpoint: Path) -> None:
-    """Drop transformers' cached copy of a staged directory's remote code (its name is unique to this export)."""
-    try:
-        from transformers.dynamic_module_utils import (
-            HF_MODULES_CACHE,
-            TRANSFORMERS_DYNAMIC_MODULE_NAME,
-            _sanitize_module_name,
-        )
-    except ImportError:
-        return
-    if TMP_TAG not in checkpoint.name:
-        return
-    name = _sanitize_module_name(checkpoint.name)
-    shutil.rmtree(Path(HF_MODULES_CACHE) / TRANSFORMERS_DYNAMIC_MODULE_NAME / name, ignore_errors=True)
-    prefix = f"{TRANSFORMERS_DYNAMIC_MODULE_NAME}.{name}"
-    for module in [m for m in sys.modules if m == prefix or m.startswith(prefix + ".")]:
-        del sys.modules[module]
-
-
-def _reload_logits(checkpoint: Path, probe: Mapping[str, Any], dtype: torch.dtype, device: torch.device,
-                   trust_remote_code: bool) -> torch.Tensor:
-    alive = None
-    try:
-        reloaded = load_pruned(checkpoint, dtype=dtype, trust_remote_code=trust_remote_code)
-        alive = weakref.ref(reloaded)
-        if device.type != "cpu":
-            reloaded.to(device)
-        return model_logits(reloaded, probe)
-    finally:
-        reloaded = None
-        if alive is not None and alive() is not None:  # held by a reference cycle: free it before the next load
-            gc.collect()
-        if trust_remote_code:
-            _forget_remote_module(checkpoint)
-
-
-def _verify(checkpoint: Path, probe: Mapping[str, Any], reference: torch.Tensor, dtype: torch.dtype,
-            device: torch.device, remote: bool, atol: float, rtol: float) -> dict[str, Comparison]:
-    loaders = {"load_pruned": False}
-    if remote:
-        loaders["trust_remote_code"] = True
-    diffs: dict[str, Comparison] = {}
-    for what, trust in loaders.items():
-        logits = _reload_logits(checkpoint, probe, dtype, device, trust)
-        diffs[what] = compare(logits, reference, atol, rtol, what=f"checkpoint reloaded with {what}")
-    worst = max(diffs, key=lambda what: diffs[what].max_abs_diff)
-    if not diffs[worst].ok:
-        each = {k: v.max_abs_diff for k, v in diffs.items()}
-        raise ExportVerificationError(
-            f"checkpoint reloaded with {worst} gives logits that differ from the reference by up to "
-            f"{diffs[worst].describe()} ({each}); nothing was written", diffs[worst].max_abs_diff, atol,
-            tolerance=diffs[worst].tolerance)
-    return diffs
-
-
-def non_finite_tensors(model: nn.Module, expert_ids: Mapping[int, Sequence[int]] | None = None) -> list[str]:
-    """Each tensor a checkpoint of ``model`` stores (parameters, persistent buffers) that holds a NaN or inf, as
-    ``"<name> (expert <i>) holds 1 NaN (first at [0, 3])"`` (a fused experts tensor: its first such expert, ``i``
-    its position there, or ``expert_ids[layer][position]`` for a layer in ``expert_ids``: the ids a plan kept)."""
-    try:
-        experts = {id(layer.experts): layer for layer in find_moe_layers(model)}
-    except ValueError:  # not a supported family: each tensor named whole
-        experts = {}
-    found = []
-    for owner_name, owner in model.named_modules():
-        tensors = {**owner._parameters, **{k: v for k, v in owner._buffers.items()
-                                           if k not in owner._non_persistent_buffers_set}}
-        for key, tensor in tensors.items():
-            if tensor is None or non_finite(tensor) is None:
-                continue
-            name = f"{owner_name}.{key}" if owner_name else key
-            layer = experts.get(id(owner))
-            if layer is not None and tensor.dim() >= 2 and tensor.shape[0] == layer.num_experts:
-                position = int((~torch.isfinite(tensor.float())).flatten(1).any(1).nonzero()[0])
-                expert = (expert_ids or {}).get(layer.index, range(layer.num_experts))[position]
-                found.append(f"{name} (expert {expert}) holds {non_finite(tensor[position])}")
-            else:
-                found.append(f"{name} holds {non_finite(tensor)}")
-    return found
-
-
-def check_reference_finite(model: nn.Module, reference: torch.Tensor, where: str, when: str,
-                           after: str = "nothing was written") -> None:
-    """Refuse NaN or inf reference logits, the model's own on the verification probe (``when``: how they were
-    computed; ``after``: what became of the model and the output, for the message), naming the model's non-finite
-    tensors when it has some: the model is broken, not the export."""
-    found = non_finite(reference)
-    if found is None:
-        return
-    tensors = non_finite_tensors(model)
-    more = f" (and {len(tensors) - 1} more)" if len(tensors) > 1 else ""
-    cause = f"its tensor {tensors[0]}{more}" if tensors else "its weights are finite"
-    raise ExportVerificationError(f"{where}: the model's own logits on the verification probe ({when}) hold "
-                                  f"{found}, {cause}: {BROKEN_SOURCE}; {after}")
 
 
 def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[str, Any] | None = None,
@@ -397,6 +146,7 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
     """
     start = time.perf_counter()
     check_path_text(out_dir, "output directory")
+    verification = Verification(probe).check_atol(atol)  # NaN would switch verification off: refused
     if is_masked(model):
         raise ValueError("save_pruned got a model inside mask_experts: masking is not saved; "
                          "call prune_experts(model, plan) first (or use export_pruned)")
@@ -406,19 +156,21 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
     counts = {layer.index: layer.num_experts for layer in find_moe_layers(model)}
     facts = card_facts(card, counts)
     return write_pruned(model, out_dir, counts, source=source, facts=facts, fingerprint=source_fingerprint(source),
-                        probe=probe, reference_logits=reference_logits, atol=atol, overwrite=overwrite,
+                        verification=verification, reference_logits=reference_logits, overwrite=overwrite,
                         processor=processor, max_shard_size=max_shard_size, start=start, where="save_pruned")
 
 
 def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[int, int], *, source: Path | None,
-                 facts: Mapping[str, Any], fingerprint: list[dict[str, Any]] | None,
-                 probe: Mapping[str, Any] | None, reference_logits: torch.Tensor | None, atol: float | None,
-                 overwrite: bool, processor: Any, max_shard_size: int | str | None, start: float, where: str,
+                 facts: Mapping[str, Any], fingerprint: list[dict[str, Any]] | None, verification: Verification,
+                 reference_logits: torch.Tensor | None, overwrite: bool, processor: Any,
+                 max_shard_size: int | str | None, start: float, where: str,
                  expert_ids: Mapping[int, Sequence[int]] | None = None,
                  after_verify: Callable[[Path], dict[str, Any]] | None = None) -> ExportResult:
     """Steps 1-7 of the module docstring for ``model`` (pruned, ``counts`` routed experts per layer), its inputs
     checked by the caller: ``source`` (:func:`resolve_source_dir`, not ``out_dir`` nor inside it), ``facts``
-    (:func:`card_facts`), ``fingerprint`` (:func:`source_fingerprint` of ``source``). ``where`` (the caller's name)
+    (:func:`card_facts`), ``fingerprint`` (:func:`source_fingerprint` of ``source``), ``verification`` (the export's
+    one :class:`~lightprune.export.verification.Verification`: its ``atol`` checked; the probe and the restored fp32
+    buffers are its own, built here unless the caller's steps did already). ``where`` (the caller's name)
     begins each error; ``expert_ids`` ({layer: the ids the plan kept}) names a non-finite expert by the id it had
     before pruning (:func:`non_finite_tensors`); ``after_verify(staged directory)``, when given, runs once the
     staged checkpoint is verified and returns the manifest's ``quantization`` entry (a prune-then-quantize export).
@@ -431,27 +183,24 @@ def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[i
         more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
         raise ValueError(f"{where}: tensor {broken[0]}{more}: the export would carry it (a broken weight); "
                          "nothing was written; restore the weights, or prune the expert that holds it")
-    probe = dict(probe) if probe is not None else default_probe(model)
-    restore_fp32_buffers(model)  # cast with .to(bf16): rotary inv_freq back in fp32, as the checkpoint reloads
+    probe = verification.probe_for(model)
+    verification.restore_buffers(model)  # cast with .to(bf16): rotary inv_freq back in fp32, as the checkpoint reloads
     if reference_logits is None:
         reference_logits = model_logits(model, probe)
         check_reference_finite(model, reference_logits, where, "the model to be written")
     elif non_finite(reference_logits) is not None:
         raise ExportVerificationError(f"{where}: reference_logits hold {non_finite(reference_logits)}: nothing "
                                       "could be verified against them; nothing was written")
-    atol = check_atol(atol)  # NaN would switch verification off: refused
-    atol, rtol = default_atol(model) if atol is None else atol, default_rtol(model)
     dtype, device = weights_dtype(model), _device(model)
     with staging_dir(out_dir, overwrite) as tmp:
         with quiet_progress():  # lightprune's own save: the summary reports it
             model.save_pretrained(tmp, **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))
-        tokenizer = _write_tokenizer(tmp, processor, source)
-        if source is not None and not (tmp / GENERATION_FILE).exists() and (source / GENERATION_FILE).is_file():
-            shutil.copyfile(source / GENERATION_FILE, tmp / GENERATION_FILE)
+        tokenizer = write_tokenizer(tmp, processor, source)
+        copy_generation_config(source, tmp)
         dropped_mtp = finish_config(tmp, model, uniform)
         check_no_pickles(tmp)
         with quiet_progress():  # the verification's reloads
-            diffs = _verify(tmp, probe, reference_logits, dtype, device, not uniform, atol, rtol)
+            diffs = verify_reloaded(tmp, verification, model, reference_logits, dtype, device, not uniform)
         worst = max(diffs.values(), key=lambda c: c.max_abs_diff)
         extra = {"quantization": after_verify(tmp)} if after_verify is not None else {}
         if dropped_mtp:

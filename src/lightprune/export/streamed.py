@@ -44,7 +44,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +61,7 @@ from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.skeleton import EXPERT_INDEX, Skeleton
 from lightprune.checkpoints.staging import staging_dir
 from lightprune.checkpoints.writer import SafetensorsWriter
-from lightprune.core.checks import check_atol, check_non_negative_int, check_positive_int
+from lightprune.core.checks import check_non_negative_int, check_positive_int
 from lightprune.core.errors import PlanError
 from lightprune.core.paths import check_path_text
 from lightprune.experts.criteria.aimer import AIMER
@@ -70,19 +69,15 @@ from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.experts.prune import PerExpertTensor, check_routing, per_expert_tensors, prune_experts
 from lightprune.experts.select import select_experts
+from lightprune.export.card_facts import plan_record
 from lightprune.export.config_file import finish_config
 from lightprune.export.quantize import check_quantize, quantize_staged
 from lightprune.export.result import ExportResult, write_manifest
-from lightprune.export.save import (
-    GENERATION_FILE,
-    apply_umask,
-    check_no_pickles,
-    check_not_source,
-    copy_tokenizer_files,
-    plan_record,
-    source_fingerprint,
-)
+from lightprune.export.save import apply_umask, check_no_pickles
+from lightprune.export.source import check_not_source, source_fingerprint
 from lightprune.export.streamed_verify import verify_pruned_checkpoint
+from lightprune.export.tokenizer_files import copy_generation_config, copy_tokenizer_files
+from lightprune.export.verification import Verification
 from lightprune.export.verify import check_written_finite
 from lightprune.models import MoELayer, find_moe_layers
 
@@ -237,7 +232,8 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     ``verify``: check the result layer by layer and with a sequential forward against the masked source
     (:func:`lightprune.export.streamed_verify.verify_pruned_checkpoint`, tolerance ``atol + rtol * max|reference|``,
     ``atol`` default 1e-5 fp32, 1e-2 bf16/fp16, ``probe_tokens`` per probe, ``seed``, run on ``device``: the CPU or
-    a GPU); a mismatch raises ``ExportVerificationError`` and writes nothing. A NaN or inf in a tensor it would write is refused naming it.
+    a GPU; ``atol`` and the plan checked once, :class:`~lightprune.export.verification.Verification`); a mismatch
+    raises ``ExportVerificationError`` and writes nothing. A NaN or inf in a tensor it would write is refused naming it.
     ``overwrite``: replace an existing non-empty ``out_dir`` once the new one is complete. ``card``: extra manifest
     facts (``source``, ``command``). ``quantize="fp8"``: a float checkpoint's pruned copy, once verified, written FP8
     with 128x128 block scales (:func:`~lightprune.export.quantize.quantize_staged`); a quantized checkpoint's
@@ -246,7 +242,8 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
     """
     start = time.perf_counter()
     # the numbers before anything is read (NumPy's too; a bool, NaN or a fraction of a token refused)
-    atol, seed = check_atol(atol), check_non_negative_int("seed", seed)
+    verification = Verification().check_atol(atol)
+    seed = check_non_negative_int("seed", seed)
     probe_tokens = check_positive_int("probe_tokens", probe_tokens)
     quantize = check_quantize(quantize)
     device = streaming_device(device)
@@ -269,9 +266,10 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
         layers = find_moe_layers(skeleton.model)
         plan, mtp = plan_with_mtp(skeleton, plan, layers)
         ignores = _renumbered_ignores(checkpoint, plan)  # an ignore pattern naming experts by number: refused now
-        plan.check_layers(layers)  # every MoE layer, counts and floors: before anything is written
+        verification.check_plan(plan, layers)  # every MoE layer, counts and floors: before anything is written
         _check_stored_routing(skeleton, layers)
-        pruned = prune_experts(copy.deepcopy(skeleton.model), plan)
+        pruned = copy.deepcopy(skeleton.model)
+        prune_experts(pruned, plan, layers=find_moe_layers(pruned))  # the plan checked above
         counts = {layer.index: layer.num_experts for layer in find_moe_layers(pruned)}
         uniform = len(set(counts.values())) == 1
         counts = {index: count for index, count in counts.items() if index not in skeleton.built_mtp_layers}
@@ -293,13 +291,13 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
             pruned.config.save_pretrained(tmp)
             finish_config(tmp, pruned, uniform)
             tokenizer = copy_tokenizer_files(src, tmp)
-            if (src / GENERATION_FILE).is_file():
-                shutil.copyfile(src / GENERATION_FILE, tmp / GENERATION_FILE)
+            copy_generation_config(src, tmp)
             check_no_pickles(tmp)
-            verification = verify_pruned_checkpoint(checkpoint, plan, tmp, atol=atol, probe_tokens=probe_tokens,
-                                                    seed=seed, progress=progress, device=device) if verify else None
+            verified = verify_pruned_checkpoint(checkpoint, plan, tmp, probe_tokens=probe_tokens, seed=seed,
+                                                progress=progress, device=device,
+                                                verification=verification) if verify else None
             quantized = quantize_staged(tmp, progress=progress) if quantize else None
-            manifest = _write_manifest(tmp, skeleton, pruned, plan, counts, total, tokenizer, verification, card,
+            manifest = _write_manifest(tmp, skeleton, pruned, plan, counts, total, tokenizer, verified, card,
                                        mtp, quantized)
             apply_umask(tmp)
     return ExportResult.from_manifest(out_dir, manifest, time.perf_counter() - start)

@@ -55,17 +55,14 @@ from lightprune.checkpoints.pool import ReadPool
 from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.sequential import run_in_lockstep
 from lightprune.checkpoints.skeleton import Skeleton
-from lightprune.core.checks import check_atol
 from lightprune.experts.mask import mask_experts
 from lightprune.experts.plan import ExpertPlan
+from lightprune.export.verification import Verification, mismatch
 from lightprune.export.verify import (
     BROKEN_SOURCE,
     Comparison,
     ExportVerificationError,
     compare,
-    default_atol,
-    default_probe,
-    default_rtol,
     model_logits,
     non_finite,
 )
@@ -84,23 +81,26 @@ def routed_output(layer: MoELayer, router_input: torch.Tensor, expert_input: tor
 
 def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str | os.PathLike, *,
                              atol: float | None = None, probe_tokens: int = 16, seed: int = 0,
-                             progress: bool = True, device: Any = "cpu") -> dict[str, Any]:
+                             progress: bool = True, device: Any = "cpu",
+                             verification: Verification | None = None) -> dict[str, Any]:
     """Check the checkpoint at ``out_dir`` against ``source`` pruned by ``plan`` (see the module docstring), both
     read to and run on ``device``; returns the manifest's ``verification`` entry. The layer checks run on what each
-    MoE layer's router and experts received in the masked source's forward of the probe."""
-    atol = check_atol(atol)
+    MoE layer's router and experts received in the masked source's forward of the probe. ``verification``: the
+    export's (:func:`~lightprune.export.streamed.prune_checkpoint` checks ``atol`` and the plan once), else one made
+    here for ``atol``."""
+    verification = (verification or Verification()).check_atol(atol)
     pool = ReadPool()  # the pruned layer read into the source layer's memory, and back (on the CPU)
     original = Skeleton(source, pool=pool, mtp=True, device=device)
     with Checkpoint(out_dir) as written:
         pruned = Skeleton(written, pool=pool, mtp=True, device=device)
-        atol = default_atol(original.model) if atol is None else atol
-        layer_rtol = default_rtol(original.model, layers=1)
-        probe = default_probe(original.model, shape=(2, probe_tokens), seed=seed)
+        atol, layer_rtol = verification.tolerance(original.model, layers=1)
+        probe = verification.probe_for(original.model, shape=(2, probe_tokens), seed=seed)
         inputs: dict[int, list[torch.Tensor]] = {}
         expected: dict[int, tuple[dict[str, torch.Tensor], list[torch.Tensor]]] = {}  # source outputs, inputs
         logits: dict[str, torch.Tensor] = {}
         checked: dict[str, dict[int, Comparison]] = {}  # {part: {layer: the comparison}}
-        source_moe = {layer.index: layer for layer in find_moe_layers(original.model)}
+        layers = find_moe_layers(original.model)
+        source_moe = {layer.index: layer for layer in layers}
         pruned_moe = {layer.index: layer for layer in find_moe_layers(pruned.model)}
 
         def check(index: int, skeleton: Skeleton) -> None:
@@ -121,10 +121,9 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
             for part, value in got.items():
                 found = compare(value, outputs[part], atol, layer_rtol, what=f"layer {index}'s {part}")
                 if not found.ok:
-                    raise ExportVerificationError(
-                        f"layer {index} ({layer.name}) of the pruned checkpoint: {_PARTS[part]} differ(s) from the "
-                        f"masked source layer's by up to {found.describe()}; nothing was written",
-                        found.max_abs_diff, atol, tolerance=found.tolerance)
+                    raise mismatch(found, f"layer {index} ({layer.name}) of the pruned checkpoint: {_PARTS[part]} "
+                                          f"differ(s) from the masked source layer's by up to {found.describe()}; "
+                                          "nothing was written")
                 worst = checked.setdefault(part, {})
                 if index not in worst or found.max_abs_diff > worst[index].max_abs_diff:  # a looped layer's worst
                     worst[index] = found
@@ -132,8 +131,9 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
         def run(skeleton: Skeleton, what: str) -> None:
             logits[what] = model_logits(skeleton.model, probe, device=skeleton.device)
 
+        verification.check_plan(plan, layers)  # the export's plan: checked already
         with tqdm(desc="verifying", unit="layer", leave=False, disable=not progress) as bar, \
-                _capture(original, inputs), mask_experts(original.model, plan):
+                _capture(original, inputs), mask_experts(original.model, plan, layers=layers):
             run_in_lockstep([(original, functools.partial(run, original, "reference")),
                              (pruned, functools.partial(run, pruned, "pruned"))], after=check, progress=bar)
     blocks = checked.get("routed output", {})
@@ -144,12 +144,11 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
     if found is not None:
         raise ExportVerificationError(f"the source checkpoint's own logits on the verification probe (before pruning, "
                                       f"the plan's experts masked) hold {found}: {BROKEN_SOURCE}; nothing was written")
-    diff = compare(logits["pruned"], logits["reference"], atol, default_rtol(original.model),
-                   what="pruned checkpoint, run layer by layer")
+    diff = verification.compare(logits["pruned"], logits["reference"], original.model,
+                                what="pruned checkpoint, run layer by layer")
     if not diff.ok:
-        raise ExportVerificationError(
-            f"the pruned checkpoint's logits, run layer by layer, differ from the masked source's by up to "
-            f"{diff.describe()}; nothing was written", diff.max_abs_diff, atol, tolerance=diff.tolerance)
+        raise mismatch(diff, f"the pruned checkpoint's logits, run layer by layer, differ from the masked source's by "
+                             f"up to {diff.describe()}; nothing was written")
     return {"max_abs_diff": max([diff.max_abs_diff, *(c.max_abs_diff for part in checked.values()
                                                       for c in part.values())]), "atol": atol,
             "sequential_logits": diff.max_abs_diff, "logits": diff.record(),

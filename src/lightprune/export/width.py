@@ -20,7 +20,6 @@ key in the kernels and outputs zeros there; its logits are never used). A mismat
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -30,20 +29,12 @@ import torch
 from torch import nn
 
 from lightprune.checkpoints.staging import staging_dir
-from lightprune.core.checks import check_atol, check_positive_int
+from lightprune.core.checks import check_positive_int
 from lightprune.core.jsonio import json_text
 from lightprune.core.notices import quiet_progress
-from lightprune.export.load import load_pruned
 from lightprune.export.result import MANIFEST_FILE, WidthExportResult
-from lightprune.export.verify import (
-    ExportVerificationError,
-    compare,
-    default_atol,
-    default_probe,
-    default_rtol,
-    model_logits,
-    restore_fp32_buffers,
-)
+from lightprune.export.verification import Verification, mismatch, reloaded_logits
+from lightprune.export.verify import model_logits
 from lightprune.export.width_format import ATTENTION_RECORD, WIDTH_FORMAT, WIDTH_PLAN_FILE
 from lightprune.width.attention_choice import FALLBACK_BACKEND, attention_choice, probe_layout
 from lightprune.width.mask import mask_width
@@ -100,13 +91,13 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
     if getattr(model, "lightprune_width", None) is not None:
         raise ValueError("save_width_pruned got a model with width kernels attached; save the plain model")
     plan.validate(model)
-    probe = dict(probe) if probe is not None else default_probe(model)
-    restore_fp32_buffers(model)  # cast with .to(bf16): rotary inv_freq back in fp32, as the checkpoint reloads
+    verification = Verification(probe)
+    probe = verification.probe_for(model)
+    verification.restore_buffers(model)  # cast with .to(bf16): rotary inv_freq back in fp32, as the checkpoint reloads
     if reference_logits is None:
         with mask_width(model, plan):
             reference_logits = model_logits(model, probe)
-    atol = check_atol(atol)  # NaN would switch verification off: refused
-    atol, rtol = default_atol(model) if atol is None else atol, default_rtol(model)
+    verification.check_atol(atol)  # NaN would switch verification off: refused
     valid = _valid_positions(probe, reference_logits)
     layout = probe_layout(model, probe) if attention_layout is None else attention_layout
     kernels = attention_choice(model, plan, layout, profiles=attention_profiles)
@@ -120,16 +111,11 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
             # what the loader reads (alignment, kernel choice), so the reload verified is the one users get
             manifest = {"format": WIDTH_FORMAT, "format_version": 1, "align": int(align), ATTENTION_RECORD: kernels}
             (tmp / MANIFEST_FILE).write_text(json_text(manifest, indent=2) + "\n")
-            reloaded = load_pruned(tmp).to(device)
-        try:
-            diff = compare(model_logits(reloaded, probe), reference_logits, atol, rtol, "reloaded width checkpoint",
-                           valid=valid)
-        finally:
-            del reloaded
-            gc.collect()
+            logits = reloaded_logits(tmp, probe, device)
+        diff = verification.compare(logits, reference_logits, model, "reloaded width checkpoint", valid=valid)
         if not diff.ok:
-            raise ExportVerificationError(f"reloaded width checkpoint: max |logit diff| {diff.describe()} "
-                                          "against the masked model", diff.max_abs_diff, atol, tolerance=diff.tolerance)
+            raise mismatch(diff, f"reloaded width checkpoint: max |logit diff| {diff.describe()} against the masked "
+                                 "model")
         ran = kernels["devices"].get(device.type, {}).get("backends", {})
         manifest = {"format": WIDTH_FORMAT, "format_version": 1, "model_type": model.config.model_type,
                     "align": int(align), "pruned_fractions": _summary(plan),

@@ -27,7 +27,7 @@ _EXPORT = textwrap.dedent("""
 
     out, where, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
     if where == "staged":        # dies with the new checkpoint written but not yet verified
-        save._verify = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        save.verify_reloaded = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
     elif where == "between":     # dies after the old checkpoint was set aside, before the new one is renamed in
         rename, calls = os.rename, []
         def dying(a, b):

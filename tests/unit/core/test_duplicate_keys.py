@@ -168,7 +168,7 @@ def test_generated_qa_rows_and_manifest(tmp_path: Path) -> None:
 
 def test_export_config_and_source_json_files(tmp_path: Path) -> None:
     from lightprune.export.config_file import finish_config
-    from lightprune.export.save import _copy_dropping_auto_map
+    from lightprune.export.tokenizer_files import _copy_dropping_auto_map
 
     (tmp_path / "config.json").write_text('{"model_type": "a", "model_type": "b"}')
     with pytest.raises(DuplicateKeyError, match=f"^config file {str(tmp_path / 'config.json')!r}: key 'model_type' "

@@ -295,8 +295,8 @@ def test_a_surgery_mismatch_is_named_and_nothing_is_written(tmp_path, monkeypatc
 
     real_prune = pipeline.prune_experts
 
-    def broken_prune(model, plan):
-        real_prune(model, plan)
+    def broken_prune(model, plan, **checked):
+        real_prune(model, plan, **checked)
         with torch.no_grad():
             lp.find_moe_layers(model)[0].experts.down_proj.mul_(1.5)
         return model

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from lightprune.export.card_facts import card_facts
 from lightprune.export.result import EXPERT_FORMAT, MANIFEST_FILE, record_evaluation
-from lightprune.export.save import card_facts
 
 
 def test_card_facts_refuse_text_that_is_not_utf8() -> None:

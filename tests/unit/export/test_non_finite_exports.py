@@ -15,7 +15,7 @@ import torch
 
 import lightprune as lp
 from lightprune.export import ExportVerificationError
-from lightprune.export.save import non_finite_tensors
+from lightprune.export.verification import non_finite_tensors
 
 #: keep experts 0..3 of every layer of a tiny Qwen3-MoE (3 layers of 8)
 KEEP = {layer: [0, 1, 2, 3] for layer in range(3)}

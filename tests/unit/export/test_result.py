@@ -147,10 +147,10 @@ def test_the_result_is_no_path_and_no_dict(exported):
 
 
 def test_the_manifest_has_one_name():
-    import lightprune.export.save as save
+    import lightprune.export.width as width
     import lightprune.export.width_format as width_format
 
-    assert save.MANIFEST_FILE is MANIFEST_FILE == "lightprune_export.json"
+    assert width.MANIFEST_FILE is MANIFEST_FILE == "lightprune_export.json"
     with pytest.raises(AttributeError, match="has no attribute 'MANIFEST_NAME'"):
         _ = width_format.MANIFEST_NAME
 

@@ -151,8 +151,8 @@ def test_export_pruned_of_the_wider_model_passes_and_names_a_swapped_expert(tiny
 
     real_prune = pipeline.prune_experts
 
-    def swapping_prune(model, plan):
-        real_prune(model, plan)
+    def swapping_prune(model, plan, **checked):
+        real_prune(model, plan, **checked)
         _swap_experts(model, 1, 0, 1)
         return model
 

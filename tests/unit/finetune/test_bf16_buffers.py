@@ -108,10 +108,9 @@ def test_a_bf16_true_model_exports_and_verifies(tmp_path, monkeypatch):
     assert torch.equal(model_logits(lp.load_pruned(result.path), probe), model_logits(model, probe))
 
     # without the buffers restored, the same export of a plain bf16 cast is refused
-    from lightprune.export import pipeline, save
+    from lightprune.export import verification
 
-    for where in (pipeline, save):
-        monkeypatch.setattr(where, "restore_fp32_buffers", lambda model: [])
+    monkeypatch.setattr(verification, "restore_fp32_buffers", lambda model: [])
     with pytest.raises(ExportVerificationError):
         lp.export_pruned(plain, plan, tmp_path / "plain", probe=probe)
 
