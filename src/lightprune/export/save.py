@@ -1,17 +1,20 @@
 """Save a structurally pruned model as a verified safetensors checkpoint: :func:`save_pruned`.
 
-Before anything is written, every tensor the checkpoint would store is checked finite (:func:`non_finite_tensors`:
-a NaN or inf is refused naming the tensor and, in a fused experts tensor, the expert), and so are the reference
-logits (:func:`check_reference_finite`: the model's own NaN logits name the model, not the export, as the culprit).
+Before anything is written, every tensor the checkpoint would store is checked finite
+(:func:`~lightprune.export.verification.non_finite_tensors`: a NaN or inf is refused naming the tensor and, in a fused
+experts tensor, the expert), and so are the reference logits
+(:func:`~lightprune.export.verification.check_reference_finite`: the model's own NaN logits name the model, not the
+export, as the culprit).
 
 Steps, all inside a staging directory renamed into place only at the end (:mod:`.staging`):
 
 1. ``save_pretrained`` (safetensors, transformers' on-disk per-expert layout);
 2. the tokenizer: the given ``processor`` (``save_pretrained``), or else the tokenizer, processor and
    chat-template files of the source checkpoint directory (``source_dir``, by default
-   ``config._name_or_path`` when that is a local directory), copied by name (:data:`TOKENIZER_FILES`;
-   never weights, never code; a foreign ``auto_map`` in a copied JSON file is dropped with the code
-   it points at); ``generation_config.json`` from the source when ``save_pretrained`` wrote none.
+   ``config._name_or_path`` when that is a local directory), copied by name
+   (:data:`~lightprune.checkpoints.directory.TOKENIZER_FILES`; never weights, never code; a foreign ``auto_map`` in
+   a copied JSON file is dropped with the code it points at); ``generation_config.json`` from the source when
+   ``save_pretrained`` wrote none.
    Neither a processor nor tokenizer files: none is invented (the manifest says ``"tokenizer": null``).
    Such a name in the source that is no regular file (a directory, a broken symlink, a special file) is refused
    before anything is written (:func:`resolve_source_dir`), never skipped;
@@ -122,7 +125,7 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
         model: a transformers MoE model of a supported family (not inside ``mask_experts``).
         out_dir: the checkpoint directory; must not exist or be empty unless ``overwrite``; never
             the source checkpoint directory nor one holding it (``ValueError``).
-        probe: keyword batch for the verification forward (default: :func:`default_probe`).
+        probe: keyword batch for the verification forward (default: :func:`~lightprune.export.verify.default_probe`).
         reference_logits: the logits the reloaded checkpoint must reproduce on ``probe``
             (default: ``model``'s own).
         atol: the absolute term of the tolerance ``atol + rtol * max|reference|`` (default 1e-5 fp32, 1e-2
@@ -134,7 +137,7 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
         source_dir: the local checkpoint directory ``model`` was loaded from: its tokenizer files
             are copied, its safetensors headers fingerprinted (default: ``config._name_or_path``
             when that is an existing directory; none otherwise).
-        card: facts for the model card and the manifest, keys :data:`CARD_KEYS`: ``plan``
+        card: facts for the model card and the manifest, keys :data:`~lightprune.export.card_facts.CARD_KEYS`: ``plan``
             (the ExpertPlan the model was pruned with, or its ``to_dict()``), ``source`` (a name
             for the source; default: the source directory or ``config._name_or_path``),
             ``command`` (default: ``" ".join(sys.argv)``), ``evaluation`` (a JSON mapping),
@@ -167,14 +170,15 @@ def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[i
                  expert_ids: Mapping[int, Sequence[int]] | None = None,
                  after_verify: Callable[[Path], dict[str, Any]] | None = None) -> ExportResult:
     """Steps 1-7 of the module docstring for ``model`` (pruned, ``counts`` routed experts per layer), its inputs
-    checked by the caller: ``source`` (:func:`resolve_source_dir`, not ``out_dir`` nor inside it), ``facts``
-    (:func:`card_facts`), ``fingerprint`` (:func:`source_fingerprint` of ``source``), ``verification`` (the export's
-    one :class:`~lightprune.export.verification.Verification`: its ``atol`` checked; the probe and the restored fp32
-    buffers are its own, built here unless the caller's steps did already). ``where`` (the caller's name)
-    begins each error; ``expert_ids`` ({layer: the ids the plan kept}) names a non-finite expert by the id it had
-    before pruning (:func:`non_finite_tensors`); ``after_verify(staged directory)``, when given, runs once the
-    staged checkpoint is verified and returns the manifest's ``quantization`` entry (a prune-then-quantize export).
-    The other arguments are :func:`save_pruned`'s; the result's ``seconds`` count from ``start``
+    checked by the caller: ``source`` (:func:`~lightprune.export.source.resolve_source_dir`, not ``out_dir`` nor
+    inside it), ``facts`` (:func:`~lightprune.export.card_facts.card_facts`), ``fingerprint``
+    (:func:`~lightprune.export.source.source_fingerprint` of ``source``), ``verification`` (the export's one
+    :class:`~lightprune.export.verification.Verification`: its ``atol`` checked; the probe and the restored fp32
+    buffers are its own, built here unless the caller's steps did already). ``where`` (the caller's name) begins each
+    error; ``expert_ids`` ({layer: the ids the plan kept}) names a non-finite expert by the id it had before pruning
+    (:func:`~lightprune.export.verification.non_finite_tensors`); ``after_verify(staged directory)``, when given, runs
+    once the staged checkpoint is verified and returns the manifest's ``quantization`` entry (a prune-then-quantize
+    export). The other arguments are :func:`save_pruned`'s; the result's ``seconds`` count from ``start``
     (``time.perf_counter()``)."""
     get_family(model).set_expert_counts(dict(counts))
     uniform = len(set(counts.values())) == 1

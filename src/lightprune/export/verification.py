@@ -8,8 +8,8 @@ whichever function of the export reaches it first:
 1. ``atol`` checked (:meth:`Verification.check_atol`, :func:`~lightprune.core.checks.check_atol`: NaN would switch
    verification off), before anything changes or is written;
 2. the plan checked against the model's MoE layers (:meth:`Verification.check_plan`,
-   :meth:`~lightprune.experts.plan.ExpertPlan.check_layers`); the experts functions the export calls afterwards are
-   given the layers and do not check it again;
+   :meth:`~lightprune.experts.plan.ExpertPlan.check_layers`); ``mask_experts`` and ``prune_experts`` are then given
+   the checked layers and do not check it again (a MergePlan's ``write_merged`` checks its own, as its entry point);
 3. the probe built (:meth:`Verification.probe_for`: the given batch, else
    :func:`~lightprune.export.verify.default_probe`);
 4. in memory, the buffers transformers keeps in fp32 recomputed in fp32 (:meth:`Verification.restore_buffers`,
@@ -20,8 +20,8 @@ whichever function of the export reaches it first:
    :meth:`Verification.compare`), a mismatch raised as :class:`~lightprune.export.verify.ExportVerificationError`
    (:func:`mismatch`).
 
-The in-memory exports compare the reloaded checkpoint (:func:`reloaded_logits`); the streamed one runs both
-checkpoints layer by layer (:mod:`lightprune.export.streamed_verify`).
+The in-memory exports compare the reloaded checkpoint (:func:`verify_reloaded`, :func:`reloaded_logits`); the
+streamed one runs both checkpoints layer by layer (:mod:`lightprune.export.streamed_verify`).
 """
 
 from __future__ import annotations
