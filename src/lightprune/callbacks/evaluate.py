@@ -50,7 +50,7 @@ from lightprune.reporting.report import merge_report
 from lightprune.width.mask import mask_width
 from lightprune.width.retention import METRICS, TaskAccuracy
 
-__all__ = ["Evaluate", "evaluate_lm", "run_lm_eval", "load_lm_eval_task"]
+__all__ = ["Evaluate"]
 
 
 def _labels(batch: Mapping[str, Any]) -> torch.Tensor:

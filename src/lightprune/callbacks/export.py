@@ -55,8 +55,7 @@ from lightprune.finetune.quantize import is_quantized_4bit
 from lightprune.models import find_moe_layers
 from lightprune.reporting.report import plot_kept_experts, write_report
 
-__all__ = ["check_checkpoint_dir", "checkpoint_dir_of", "checkpoint_path", "Export", "export_with_report",
-           "streamed_export_with_report"]
+__all__ = ["Export"]
 
 
 def _figures(result: ExportResult, params_before: int | None) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from lightprune.finetune.adapters import merged_router_weights, remove_adapters,
 from lightprune.models import find_moe_layers
 from lightprune.models.unwrap import base_model_of
 
-__all__ = ["RouterDelta", "base_fingerprint"]
+__all__ = ["RouterDelta"]
 
 _CHUNK = 1 << 24
 _ORIGINAL = re.compile(r"\.parametrizations\.(\w+)\.original$")

@@ -41,7 +41,7 @@ from torch import nn
 from lightprune.checkpoints.skeleton import Skeleton
 from lightprune.models.layer import find_decoder_layers
 
-__all__ = ["BoundaryActivations", "layer_by_layer", "outside_modules", "run_in_lockstep", "run_layer_outer"]
+__all__ = ["BoundaryActivations", "layer_by_layer", "run_in_lockstep", "run_layer_outer"]
 
 
 def outside_modules(model: nn.Module, layers_path: str) -> list[str]:

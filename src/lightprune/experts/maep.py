@@ -57,7 +57,7 @@ from lightprune.experts.ranking import spearman
 from lightprune.experts.scores import ExpertScores
 from lightprune.experts.select import log_zscore, select_experts
 
-__all__ = ["spearman", "AlphaReport", "maep_alpha", "maep_scores", "maep_plan"]
+__all__ = ["AlphaReport", "maep_alpha", "maep_scores", "maep_plan"]
 
 
 

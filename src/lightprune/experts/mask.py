@@ -25,7 +25,7 @@ from lightprune.models import MoELayer, find_moe_layers
 from lightprune.models.layer import kept_experts
 from lightprune.models.routing_check import check_routing_tensors
 
-__all__ = ["mask_experts", "is_masked"]
+__all__ = ["mask_experts"]
 
 _MASK_ATTR = "_lightprune_expert_mask"
 

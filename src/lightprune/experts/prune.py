@@ -28,8 +28,7 @@ from lightprune.models import MoELayer, find_moe_layers, get_family
 from lightprune.models.layer import EXPERT_TENSORS, ROUTER_TENSORS, config_value
 from lightprune.models.routing_check import check_routing_tensors
 
-__all__ = ["prune_experts", "resize_experts", "per_expert_tensors", "PerExpertTensor", "expert_slice",
-           "check_routing", "EXPERT_TENSORS", "ROUTER_TENSORS"]
+__all__ = ["prune_experts", "EXPERT_TENSORS", "ROUTER_TENSORS"]
 
 
 class PerExpertTensor(NamedTuple):

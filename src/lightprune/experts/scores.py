@@ -19,7 +19,7 @@ import torch
 from lightprune.core.errors import listed
 from lightprune.models.layer import MoELayer, RoutingLimits
 
-__all__ = ["ExpertScores", "check_score_values"]
+__all__ = ["ExpertScores"]
 
 
 def check_score_values(layer: int, values: torch.Tensor) -> None:

@@ -31,7 +31,7 @@ from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.scores import check_score_values
 from lightprune.models.layer import RoutingLimits
 
-__all__ = ["select_experts", "log_zscore", "ALLOCATIONS", "NORMALIZATIONS"]
+__all__ = ["select_experts", "ALLOCATIONS", "NORMALIZATIONS"]
 
 _EPS = 1e-8
 

@@ -47,8 +47,8 @@ from lightprune.experts.scores import ExpertScores
 from lightprune.models import MoELayer, RoutingLimits, find_moe_layers
 from lightprune.models.unwrap import base_model_of
 
-__all__ = ["router_row_norms", "effective_router_weights", "weight_delta", "router_logits", "logit_delta",
-           "innermost_router", "VacuousScoreError", "WEIGHT_SCORES", "SCORES"]
+__all__ = ["router_row_norms", "weight_delta", "router_logits", "logit_delta", "VacuousScoreError", "WEIGHT_SCORES",
+           "SCORES"]
 
 #: scores read from router weights / from router logits
 SCORES = SENSITIVITY_SCORES

@@ -43,7 +43,7 @@ from lightprune.export.tokenizer_files import copy_generation_config, copy_token
 from lightprune.export.verify import check_written_finite
 from lightprune.models import find_moe_layers
 
-__all__ = ["check_quantize", "fp8_weight_keys", "model_block", "quantize_checkpoint", "quantize_staged"]
+__all__ = ["quantize_checkpoint"]
 
 _SCALE = "_scale_inv"
 

@@ -36,8 +36,7 @@ from lightprune.core.checks import check_utf8
 from lightprune.core.jsonio import json_text, read_json
 from lightprune.export.model_card import CARD_FILE, model_card
 
-__all__ = ["MANIFEST_FILE", "EXPERT_FORMAT", "WIDTH_FORMAT", "ExportResult", "WidthExportResult", "record_evaluation",
-           "write_manifest"]
+__all__ = ["MANIFEST_FILE", "ExportResult", "WidthExportResult"]
 
 #: the manifest of every export (expert and width), beside the weights
 MANIFEST_FILE = "lightprune_export.json"

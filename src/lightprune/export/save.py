@@ -73,7 +73,7 @@ from lightprune.export.verification import (
 from lightprune.export.verify import ExportVerificationError, model_logits, non_finite
 from lightprune.models import find_moe_layers, get_family
 
-__all__ = ["save_pruned", "write_pruned", "parameter_count", "tensor_bytes", "apply_umask", "check_no_pickles"]
+__all__ = ["save_pruned"]
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 

@@ -81,7 +81,7 @@ from lightprune.export.verification import Verification
 from lightprune.export.verify import check_written_finite
 from lightprune.models import MoELayer, find_moe_layers
 
-__all__ = ["prune_checkpoint", "expert_dims", "KeyRule"]
+__all__ = ["prune_checkpoint"]
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,7 @@ from torch import nn
 
 from lightprune.core.errors import register_error
 
-__all__ = ["ExportVerificationError", "default_probe", "special_token_ids", "model_logits", "max_abs_diff",
-           "default_atol", "default_rtol", "Comparison", "compare", "fp32_buffer_names", "keep_fp32_buffers",
-           "restore_fp32_buffers", "non_finite", "check_written_finite", "BROKEN_SOURCE"]
+__all__ = ["ExportVerificationError", "default_probe"]
 
 T = TypeVar("T")
 U32 = torch.finfo(torch.float32).eps / 2  # fp32's unit roundoff

@@ -48,8 +48,7 @@ from lightprune.models import find_moe_layers, get_family
 from lightprune.models.layer import find_decoder_layers
 from lightprune.models.unwrap import base_model_of
 
-__all__ = ["AdapterSpec", "apply_adapter", "remove_adapters", "merged_router_weights", "router_is_trainable",
-           "moe_inputs_require_grad", "ADAPTER_KINDS", "LORA_TARGETS"]
+__all__ = ["AdapterSpec", "apply_adapter", "remove_adapters", "merged_router_weights", "router_is_trainable"]
 
 ADAPTER_KINDS = ("lora", "ia3", "houlsby", "none")
 LORA_TARGETS = ("router", "attention", "experts", "all_linear", "language_model")

@@ -10,9 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["MoELayer", "RoutingLimits", "RoutingOutput", "RoutingTensor", "ROUTER_TENSORS", "EXPERT_TENSORS",
-           "config_value", "set_config_value", "find_decoder_layers", "mlp_layer_type", "kept_experts",
-           "kept_entries"]
+__all__ = ["MoELayer", "RoutingLimits", "RoutingOutput", "RoutingTensor", "kept_experts"]
 
 #: per-expert tensors a router module may hold, one row (entry) per expert
 ROUTER_TENSORS = ("weight", "bias", "e_score_correction_bias")

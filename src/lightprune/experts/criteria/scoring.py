@@ -30,8 +30,7 @@ from lightprune.experts.criteria.registry import get_criterion, get_criterion_cl
 from lightprune.experts.scores import ExpertScores
 from lightprune.models import MoELayer, find_moe_layers
 
-__all__ = ["score_weights", "score_model_weights", "score_checkpoint", "streamed_layer_weights", "weight_criterion",
-           "weight_module_names"]
+__all__ = ["score_weights", "score_model_weights", "score_checkpoint", "weight_criterion"]
 
 
 def score_weights(model: nn.Module | str | os.PathLike, criterion: str | type[Criterion] | Criterion = "aimer", *,

@@ -34,7 +34,7 @@ from lightprune.experts.plan_base import check_plan_kind
 from lightprune.experts.prune import _check_not_partitioned, expert_slice, per_expert_tensors, prune_experts
 from lightprune.models import MoELayer, find_moe_layers
 
-__all__ = ["merge_experts", "merged_experts", "write_merged", "merged_slots"]
+__all__ = ["merge_experts", "merged_experts", "write_merged"]
 
 
 def merged_slots(layer: MoELayer, plan: MergePlan) -> list[tuple[torch.Tensor, int, int, int, torch.Tensor]]:

@@ -30,7 +30,7 @@ from lightprune.experts.merging.plan import ROUTER_RULES, MergePlan
 from lightprune.experts.select import select_experts
 from lightprune.models.layer import RoutingLimits
 
-__all__ = ["hc_smoe_plan", "m_smoe_plan", "frequency_coefficients", "router_cosine", "kept_counts"]
+__all__ = ["hc_smoe_plan", "m_smoe_plan"]
 
 
 def kept_counts(limits: Mapping[int, RoutingLimits], ratio: float) -> dict[int, int]:
