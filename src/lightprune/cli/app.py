@@ -23,24 +23,23 @@ if not quiet.is_verbose(sys.argv):  # before lightning, transformers and deepspe
 else:  # ``import lightprune`` dropped them for the Python API: a verbose command shows them
     quiet.remove_filters()
 
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lightprune.callbacks.state import RunState
 from lightprune.cli.errors import condense, lightning_problem
 from lightprune.cli.names import prints_config, subcommand
 from lightprune.cli.options import Addressed, OptionError, addressed_help, missing_callback, split_addressed
+from lightprune.cli.parser_settings import refuse_denied_imports, refuse_duplicate_yaml_keys
+from lightprune.cli.staged_config import StagedConfig
 from lightprune.cli.trainer import PruneTrainer, check_ckpt_path
 from lightprune.core import interrupt
 from lightprune.core.errors import ERRORS
 from lightprune.core.extras import missing_deepspeed
-from lightprune.core.jsonio import clip_values, show
+from lightprune.core.jsonio import clip_values
 from lightprune.core.parse_limits import DuplicateKeyError, ParseLimitError
-from lightprune.core.strict_yaml import check_yaml_keys, check_yaml_limits
 from lightprune.finetune import MoECausalLM
 
-__all__ = ["LightpruneCLI", "apply_addressed", "cli_main", "main", "refuse_denied_imports",
-           "refuse_duplicate_yaml_keys"]
+__all__ = ["LightpruneCLI", "apply_addressed", "cli_main", "main"]
 
 
 class LightpruneArgumentParser(LightningArgumentParser):
@@ -189,51 +188,6 @@ def apply_addressed(config: Any, addressed: list[Addressed] | tuple[Addressed, .
                               "class here; set it whole") from None
 
 
-class StagedConfig(SaveConfigCallback):
-    """Lightning's SaveConfigCallback, whose config.yaml is published with the run's other files: where the job ends
-    in lightprune's end-of-job steps (``export``, ``calibrate``, a ``fit`` with lightprune's callbacks) it is staged
-    with plan.json and the export (:meth:`RunState.stage_text <lightprune.callbacks.state.RunState.stage_text>`) and
-    written once they succeed, so a run that fails or is interrupted leaves the previous run's config.yaml as it was.
-    Elsewhere (or to a remote folder, or in several files) it is written at ``setup``, as Lightning writes it."""
-
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if self.already_saved or not self.save_to_log_dir or self.multifile or not self.overwrite or \
-                not _ends_in_job_steps(trainer, stage):
-            return super().setup(trainer, pl_module, stage)
-        from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
-
-        log_dir = trainer.log_dir  # this broadcasts the directory
-        if not _is_local_file_protocol(log_dir):
-            return super().setup(trainer, pl_module, stage)
-        if trainer.is_global_zero:
-            text = self.parser.dump(self.config, **_DUMP_ALL)
-            RunState.of(trainer).stage_text(os.path.join(log_dir, self.config_filename), text)
-            self.save_config(trainer, pl_module, stage)
-            self.already_saved = True
-        self.already_saved = trainer.strategy.broadcast(self.already_saved)
-
-
-def _dump_all() -> dict[str, bool]:
-    """The dump's keyword keeping unset values (``skip_unset`` since jsonargparse 4.49, ``skip_none`` before), as
-    Lightning's ``skip_none=False`` save keeps them."""
-    import inspect
-
-    from jsonargparse import ArgumentParser
-
-    return {"skip_unset" if "skip_unset" in inspect.signature(ArgumentParser.save).parameters else "skip_none": False}
-
-
-_DUMP_ALL = _dump_all()
-
-
-def _ends_in_job_steps(trainer: Any, stage: str) -> bool:
-    """Whether the run ends in lightprune's end-of-job steps (which publish the staged files once they succeed)."""
-    from lightprune.callbacks.job_end import JobEndCallback
-
-    ends = stage in ("fit", "export", "calibrate") or getattr(trainer, "calibrating", False)
-    return ends and any(isinstance(callback, JobEndCallback) for callback in trainer.callbacks)
-
-
 _PACKAGE = str(Path(__file__).resolve().parents[1])  # the lightprune package
 
 
@@ -288,61 +242,6 @@ def _own_error(err: BaseException) -> BaseException | None:
             return cause
         cause = cause.__cause__
     return None
-
-
-def _config_name(path: str) -> str | None:
-    """The config file jsonargparse is reading, as the command line named it (else ``path``, its base name)."""
-    try:
-        from jsonargparse._util import config_load_stack  # the files being read, innermost last
-
-        stack = config_load_stack.get()
-    except (ImportError, AttributeError, LookupError):
-        stack = ()
-    if stack:
-        return str(stack[-1][1])
-    return str(path) if path else None
-
-
-def refuse_duplicate_yaml_keys() -> None:
-    """Make jsonargparse's YAML loader (config files and option values) refuse a mapping that names a key twice,
-    naming the key, the file and both lines (it would keep the last value: a second ``trainer:`` block would replace
-    the first), and, before it builds anything, YAML past the limits of :func:`~lightprune.core.strict_yaml.parse_yaml`
-    (aliases expanding without bound, nesting too deep). What it loads is unchanged. Installed once, when the command
-    starts."""
-    import yaml
-    from jsonargparse import get_loader, set_loader
-
-    original = get_loader("yaml")
-    if getattr(original, "refuses_duplicate_keys", False):
-        return
-
-    def load(stream: str, path: str = "") -> Any:
-        if isinstance(stream, str) and stream.strip():
-            name = _config_name(path)
-            try:
-                check_yaml_limits(stream, f"config file {name!r}" if name else f"value {show(stream.strip(), 60)}")
-            except yaml.YAMLError:  # left to jsonargparse's own loader
-                pass
-        value = original(stream)
-        if isinstance(value, (dict, list)):  # a key can only be repeated where a mapping was loaded
-            name = _config_name(path)
-            try:
-                check_yaml_keys(stream, f"config file {name!r}" if name else f"value {stream.strip()!r}")
-            except yaml.YAMLError:  # read by jsonargparse's own loader, not by PyYAML's pure-Python one
-                pass
-        return value
-
-    load.refuses_duplicate_keys = True  # type: ignore[attr-defined]
-    load.original = original  # type: ignore[attr-defined]
-    set_loader("yaml", load, (yaml.YAMLError,))
-
-
-def refuse_denied_imports() -> None:
-    """Make jsonargparse refuse, before importing it, a class path that its import denylist names (``os``,
-    ``subprocess``, ``pickle``, ...: what jsonargparse 5 refuses by default; 4.x only warns)."""
-    from jsonargparse import set_parsing_settings
-
-    set_parsing_settings(import_path_denylist=[])
 
 
 def _load_callback_classes() -> None:
@@ -416,7 +315,9 @@ def main() -> None:
     except (ValueError, OSError, MisconfigurationException, *ERRORS) as err:
         if os.environ.get("LIGHTPRUNE_DEBUG"):
             raise
-        line = lightning_problem(str(err), subcommand(sys.argv[1:])) if isinstance(err, MisconfigurationException) else str(err)
+        line = str(err)
+        if isinstance(err, MisconfigurationException):
+            line = lightning_problem(line, subcommand(sys.argv[1:]))
         line = _command_remedy(err, line)
         print(clip_values(f"lightprune: error: {line}"), file=sys.stderr)
         raise SystemExit(2) from None

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from fixtures import REPO
 
-from lightprune.cli import app, command
+from lightprune.cli import app, command, parser_settings
 from lightprune.core.parse_limits import DuplicateKeyError
 
 CONFIG = REPO / "configs" / "aimer_tiny.yaml"
@@ -26,7 +26,7 @@ def _plain(monkeypatch) -> None:
 @pytest.fixture()
 def loaders():
     """(jsonargparse's own YAML loader, the command's); the command's is installed again afterwards."""
-    app.refuse_duplicate_yaml_keys()
+    parser_settings.refuse_duplicate_yaml_keys()
     strict = jsonargparse.get_loader("yaml")
     yield (lambda stream, path="": strict.original(stream)), strict
     jsonargparse.set_loader("yaml", strict, (yaml.YAMLError,))

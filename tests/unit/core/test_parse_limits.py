@@ -345,7 +345,7 @@ def test_the_parser_refuses_a_bomb_before_it_builds_it(bomb: Path, tmp_path: Pat
     """What jsonargparse reads (``python -m lightprune.cli``, torchrun: no first pass) is refused alike."""
     import jsonargparse
 
-    from lightprune.cli import app
+    from lightprune.cli import app, parser_settings
 
     monkeypatch.setattr(sys, "argv", ["lightprune", "calibrate", "--config", str(bomb)])
     monkeypatch.delenv("LIGHTPRUNE_DEBUG", raising=False)
@@ -354,7 +354,7 @@ def test_the_parser_refuses_a_bomb_before_it_builds_it(bomb: Path, tmp_path: Pat
     assert info.value.code == 2
     assert capsys.readouterr().err == (
         f"lightprune: error: {aliases_message(f'config file {str(bomb)!r}', _bomb_line(bomb))}\n")
-    app.refuse_duplicate_yaml_keys()
+    parser_settings.refuse_duplicate_yaml_keys()
     with deadline(5), pytest.raises(ParseLimitError) as limit:
         jsonargparse.get_loader("yaml")("[" * 101 + "]" * 101)
     assert str(limit.value) == deep_yaml_message('value "' + "[" * 56 + "...", 1)
@@ -392,7 +392,7 @@ def test_an_integer_past_pythons_digit_limit_names_the_file_and_the_key(tmp_path
     with pytest.raises(ValueError) as info:
         read_json(config, "config.json")
     assert str(info.value) == digits_message(f"config.json file {str(config)!r}", "max_position_embeddings")
-    for reader in YAML_READERS:  # also the check the parser's own YAML loader runs (lightprune.cli.app)
+    for reader in YAML_READERS:  # also the check the parser's own YAML loader runs (lightprune.cli.parser_settings)
         with pytest.raises(ParseLimitError) as info:
             reader("trainer:\n  max_steps: 3\nseed_everything: " + LONG + "\n", "config file 'c.yaml'")
         assert str(info.value) == digits_message("config file 'c.yaml'", "seed_everything", 3)
