@@ -1,8 +1,12 @@
 """ExpertStats: calibration statistics over ``lightprune calibrate``'s forward passes.
 
 Drives :class:`~lightprune.experts.calibration.ExpertObserver` from Lightning's validation loop while
-the trainer calibrates: the observer is entered at ``on_validation_start``, told about each
-batch at ``on_validation_batch_start``, and at ``on_validation_end`` the per-rank accumulators
+the trainer calibrates: the observer is entered at ``on_validation_start`` and fed each batch at
+``on_validation_batch_start`` by the Python API's own driver
+(:func:`lightprune.experts.calibration.feed.observe_batch`: the same model inputs, the output head skipped, no loss;
+``MoECausalLM.validation_step`` then does nothing, and ``val/ppl`` is not measured on calibration batches; a module
+without ``leaves_calibration_forwards`` runs its own forward after the batch is declared), and at
+``on_validation_end`` the per-rank accumulators
 are summed across ranks, every rank gets the same :class:`CalibrationStats` (``self.stats``, and the
 run state's ``calibration``), and rank 0 writes ``calibration.json``. :class:`ExpertPruning` with a
 calibration criterion (``reap``, ``delta_h``, ``maep``, ...) reads the run state's ``calibration``. While
@@ -37,6 +41,7 @@ from lightprune.core import interrupt
 from lightprune.core.jsonio import write_json
 from lightprune.core.paths import check_state_file
 from lightprune.experts.calibration import CalibrationStats, ExpertObserver
+from lightprune.experts.calibration.feed import observe_batch
 from lightprune.experts.calibration.resume import (
     chain_digest,
     check_batches,
@@ -159,7 +164,10 @@ class ExpertStats(pl.Callback):
         if self._observer is not None:
             if self.save_every_n_batches:  # what the state accumulated, for a resumed run to check
                 self._digest = chain_digest(self._digest, batch)
-            self._observer.begin_batch(batch)
+            if _leaves_forwards(pl_module):  # fed here as the Python API feeds it: the same inputs, no head
+                observe_batch(self._observer, pl_module.model, batch, forward=pl_module)
+            else:
+                self._observer.begin_batch(batch)
 
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -236,3 +244,9 @@ def _fingerprint(pl_module: pl.LightningModule) -> dict[str, Any]:
 
 def _defers(pl_module: pl.LightningModule) -> bool:
     return bool(getattr(pl_module, "defers_forwards", lambda: False)())
+
+
+def _leaves_forwards(pl_module: pl.LightningModule) -> bool:
+    """Whether the module's ``validation_step`` leaves a calibration batch's forward to the observed pass's driver
+    (``MoECausalLM`` with its model in memory); another module runs its own forward after the batch is declared."""
+    return bool(getattr(pl_module, "leaves_calibration_forwards", lambda: False)())

@@ -8,7 +8,8 @@ default to ``input_ids`` with padding masked; the JSONL datamodules mask prompt 
 completions). Batch keys that describe a sample rather than feed the model (``task_ids``: the task family of each
 row, see :mod:`lightprune.data.generated.shapes_qa`) stay in the batch for callbacks and are not passed to the model.
 Validation logs torchmetrics perplexity (``val/ppl``) and next-token accuracy (``val/acc``) over
-the same positions.
+the same positions; a calibration (``lightprune calibrate``) computes neither: its batches only feed the observed
+pass, the output head skipped.
 
 Fine-tuning (router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in
 Mixture-of-Experts Models", arXiv 2608.07890), section 4): an optional ``adapter``
@@ -36,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
-from lightprune.core.batch import model_inputs
+from lightprune.core.batch import head_skipped, model_inputs
 from lightprune.core.checks import real_number
 from lightprune.core.distributed import outside_zero_init
 from lightprune.core.jsonio import strict_int
@@ -341,6 +342,13 @@ class MoECausalLM(pl.LightningModule):
         trainer = self._trainer
         return self.skeleton is not None and trainer is not None and bool(getattr(trainer, "calibrating", False))
 
+    def leaves_calibration_forwards(self) -> bool:
+        """True while a calibration of a model in memory runs: ``validation_step`` does nothing, and the ExpertStats
+        callback feeds each batch to its observer as ``lp.collect_expert_stats`` does
+        (:func:`lightprune.experts.calibration.feed.observe_batch`: no loss, the output head skipped)."""
+        trainer = self._trainer
+        return self.skeleton is None and trainer is not None and bool(getattr(trainer, "calibrating", False))
+
     def deferred_full(self) -> bool:
         return len(self._deferred) >= self.batches_per_pass
 
@@ -352,7 +360,8 @@ class MoECausalLM(pl.LightningModule):
 
         batches, self._deferred = self._deferred, []
         if batches:
-            run_layer_outer(self.skeleton, batches, lambda batch: self.model(**batch),
+            head = head_skipped(self.model)  # as the Python API's streamed pass: no logits are needed
+            run_layer_outer(self.skeleton, batches, lambda batch: self.model(**batch, **head),
                             before=None if before is None else lambda i, layer: before(batches[i]))
 
     def on_validation_epoch_end(self) -> None:
@@ -363,6 +372,8 @@ class MoECausalLM(pl.LightningModule):
             if not self._ids_checked:
                 self._check_token_ids(batch)
             self._deferred.append(model_inputs(batch, device=self.skeleton.device))
+            return None
+        if self.leaves_calibration_forwards():
             return None
         logits, labels = self._shifted(batch)
         loss = self._ce(logits, labels)

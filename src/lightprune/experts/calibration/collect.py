@@ -16,7 +16,8 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from lightprune.core.batch import head_skipped, model_inputs
+from lightprune.core.batch import head_skipped
+from lightprune.experts.calibration.feed import observe_batch
 from lightprune.experts.calibration.observer import ExpertObserver
 from lightprune.experts.calibration.result import CalibrationStats
 from lightprune.experts.calibration.sequential import collect_checkpoint_stats
@@ -63,9 +64,7 @@ def collect_model_stats(model: nn.Module, batches: Iterable[Mapping[str, Any]], 
     head = head_skipped(model)  # neither a loss nor logits are needed to observe experts
     with observer, torch.no_grad():
         for batch in iterator:
-            batch = model_inputs(batch, device=device)
-            observer.begin_batch(batch)
-            model(**batch, **head)
+            observe_batch(observer, model, batch, device=device, head=head)
     if observer.batches_seen == 0:
         raise ValueError("empty calibration set: no batches were given")
     return observer.result()
