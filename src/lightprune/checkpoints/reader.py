@@ -22,13 +22,8 @@ before any model is built:
   :meth:`Checkpoint.tensor`, ...: each quantized weight a float tensor in the model's dtype, dequantized as it is
   read, its scales hidden), and as it is *stored* (:meth:`Checkpoint.stored_keys_in`, :meth:`Checkpoint.parts`,
   :meth:`Checkpoint.stored_tensor`, ...: what a pruned checkpoint copies byte for byte);
-- the config's layer counts against the weights: no ``num_hidden_layers`` (or a vision tower's ``depth``, ...: of
-  the config or a sub-config) above the number of tensors on disk, nor a decoder's above the layers the tensor
-  names number (a config claiming more layers than the weights hold, which would also build an unbounded model);
-- the config's ``dtype`` against the dtype the weights are stored in (the in-memory path computes in the
-  config's, the streamed one in the stored one: they must be the same); without one in the config, what
-  transformers loads the model in then: the shard index's ``"metadata"`` ``dtype``, else the dtype of the first
-  floating tensor (by name) of the first weights file.
+- the config's layer counts and ``dtype`` against the weights
+  (:mod:`~lightprune.checkpoints.config_against_weights`).
 
 What the model needs of the tensors is checked by the :class:`~lightprune.checkpoints.skeleton.Skeleton` built on
 it (:mod:`lightprune.checkpoints.contents`).
@@ -39,7 +34,6 @@ from __future__ import annotations
 import math
 import mmap
 import os
-import re
 import warnings
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -48,12 +42,12 @@ from typing import Any
 
 import torch
 
+from lightprune.checkpoints.config_against_weights import check_config_dtype, check_layer_counts, model_dtype
 from lightprune.checkpoints.directory import (
     SAFE_INDEX,
     checkpoint_directory,
     copied_files,
     disk_entries,
-    index_metadata,
     read_config,
     readable_inputs,
     warn_pickle_weights,
@@ -63,15 +57,8 @@ from lightprune.checkpoints.header import SAFETENSORS_DTYPES
 from lightprune.checkpoints.quantized import stored_quantization
 from lightprune.checkpoints.quantized_tensor import StoredFormat
 from lightprune.checkpoints.strict import check_config_values
-from lightprune.core.jsonio import show
 
-__all__ = ["Checkpoint", "majority_dtype"]
-
-#: config keys that count layers (decoder, vision tower, encoder): each layer holds at least one tensor
-_LAYER_COUNTS = frozenset({"num_hidden_layers", "depth", "num_layers", "n_layer", "n_layers", "encoder_layers",
-                           "decoder_layers", "vision_layers"})
-_LAYER_NUMBER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
+__all__ = ["Checkpoint"]
 
 _readahead_said = False
 
@@ -102,20 +89,6 @@ def _data_start(file: Path) -> int:
         return 8 + int.from_bytes(handle.read(8), "little")
 
 
-def majority_dtype(checkpoint: Checkpoint) -> tuple[torch.dtype | None, float]:
-    """The floating dtype of most of the checkpoint's logical tensor bytes (a quantized tensor counted in the dtype it
-    dequantizes to) and its share of the floating bytes ((None, 0.0) without floating tensors)."""
-    counts: dict[torch.dtype, int] = defaultdict(int)
-    for key in checkpoint.keys():
-        dtype = checkpoint.dtype(key)
-        if dtype.is_floating_point:
-            counts[dtype] += checkpoint.nbytes(key)
-    if not counts:
-        return None, 0.0
-    best = max(counts, key=counts.get)
-    return best, counts[best] / max(1, sum(counts.values()))
-
-
 class Checkpoint:
     """A checkpoint directory: ``config`` (transformers' config object), ``keys()`` the tensor names on disk,
     their ``shape`` / ``dtype`` / ``file`` from the headers, :meth:`tensor` / :meth:`rows` / :meth:`read_into` to
@@ -142,104 +115,16 @@ class Checkpoint:
         copied_files(self.path)  # what an export copies along: no directory or broken link in its place
         #: the stored format (None: float)
         self.quantization: StoredFormat | None = stored_quantization(
-            self.path, self.raw_config, self._entries, self._model_dtype())
+            self.path, self.raw_config, self._entries, model_dtype(self.raw_config, self._entries))
         self._quantized = self.quantization.tensors if self.quantization is not None else {}
         #: {stored key that holds a quantized tensor's values: the logical key}; the stored keys of its other parts
         self._logical_of = {found.parts[0]: key for key, found in self._quantized.items()}
         self._companions = {part for found in self._quantized.values() for part in found.parts[1:]}
-        self._check_layer_counts()
+        check_layer_counts(self.path, self.raw_config, self._entries)
         self.config = AutoConfig.from_pretrained(self.path)
-        self._check_dtype()
+        check_config_dtype(self)
         self.sharded = (self.path / SAFE_INDEX).is_file()
         self._data_start = {file: _data_start(file) for file in self.files}
-
-    def _model_dtype(self) -> torch.dtype:
-        """What a quantized checkpoint's weights dequantize to: config.json's ``dtype`` (or ``torch_dtype``), else
-        the floating dtype of most of the unquantized tensors' bytes, else bfloat16."""
-        for name in ("dtype", "torch_dtype"):
-            found = getattr(torch, str(self.raw_config.get(name)), None)
-            if isinstance(found, torch.dtype) and found.is_floating_point and found.itemsize > 1:
-                return found
-        counts: dict[torch.dtype, int] = defaultdict(int)
-        for _, info in self._entries.values():
-            dtype = SAFETENSORS_DTYPES.get(info["dtype"])
-            if dtype is not None and dtype.is_floating_point and dtype.itemsize > 1:
-                counts[dtype] += int(info["data_offsets"][1]) - int(info["data_offsets"][0])
-        return max(counts, key=counts.get) if counts else torch.bfloat16
-
-    def _check_layer_counts(self) -> None:
-        """config.json's layer counts (anywhere in it) against the weights (see the module docstring)."""
-        numbered = {int(m.group(1)) for key in self._entries for m in [_LAYER_NUMBER.search(key)] if m}
-        stored = 1 + max(numbered) if numbered else 0
-        todo, claims = [("", self.raw_config)], []
-        while todo:
-            where, node = todo.pop()
-            for key, value in node.items():
-                if isinstance(value, dict):
-                    todo.append((f"{where}{key}.", value))
-                elif key in _LAYER_COUNTS:
-                    claims.append((f"{where}{key}", key, value))
-        for name, key, value in sorted(claims):
-            if isinstance(value, bool) or not isinstance(value, int):
-                if key != "num_hidden_layers":
-                    continue  # another meaning of the name (a list of stage depths)
-                raise ValueError(f"checkpoint {str(self.path)!r}: config.json's {name} is {value!r}, not a "
-                                 "non-negative integer")
-            if value < 0:
-                raise ValueError(f"checkpoint {str(self.path)!r}: config.json's {name} is {value}, not a "
-                                 "non-negative integer")
-            decoder = name in ("num_hidden_layers", "text_config.num_hidden_layers")
-            if decoder and numbered and value > stored:
-                held = f"the weights hold {stored} numbered layers"
-            elif value > len(self._entries):
-                held = f"the weights hold {len(self._entries)} tensors (a layer holds at least one)"
-            else:
-                continue
-            raise ValueError(f"checkpoint {str(self.path)!r}: config.json's {name} is {value}, {held}: a config for "
-                             "another checkpoint, or weights missing; restore the files")
-
-    def _check_dtype(self) -> None:
-        """config.json's ``dtype`` (without one, the shard index's, which transformers reads then) against the stored
-        one (see the module docstring)."""
-        claimed = getattr(self.config, "dtype", None)
-        stored, share = majority_dtype(self)
-        held = str(stored or torch.float32).removeprefix("torch.")
-        where = ("config.json says dtype ", "")  # what is said around the dtype
-        if claimed is None:
-            claimed = (index_metadata(self.path) or {}).get("dtype")
-            where = ("its shard index's \"metadata\" says dtype ", " (config.json names none)")
-            if claimed is not None and not isinstance(getattr(torch, claimed, None) if isinstance(claimed, str)
-                                                      else None, torch.dtype):
-                raise ValueError(f"checkpoint {str(self.path)!r}: its shard index's \"metadata\" has \"dtype\": "
-                                 f"{show(claimed)}, not a torch dtype name, which transformers loads the model "
-                                 f"in when config.json names none; set \"dtype\": \"{held}\" in config.json "
-                                 "(transformers reads it first)")
-        if claimed is None:  # transformers' choice then: the first floating tensor of the first file, by name
-            first = self._first_floating()
-            if first is not None:
-                claimed = self.dtype(first)
-                where = ("config.json names no dtype, so transformers loads the model in ",
-                         f", the dtype of the first floating tensor of {self.files[0].name} ({first})")
-        if isinstance(claimed, str):
-            claimed = getattr(torch, claimed, None)
-        if not isinstance(claimed, torch.dtype) or stored is None or not stored.is_floating_point or \
-                stored.itemsize == 1 or claimed == stored:
-            return
-        said = str(claimed).removeprefix("torch.")
-        raise ValueError(f"checkpoint {str(self.path)!r}: {where[0]}{said}{where[1]}, its weights are stored in "
-                         f"{held} ({share:.0%} of the tensor bytes): loaded whole it would compute in {said}, "
-                         f"streamed in {held}; set \"dtype\": \"{held}\" in config.json (or re-save the checkpoint "
-                         "in the dtype it names)")
-
-    def _first_floating(self) -> str | None:
-        """The tensor whose dtype transformers loads the model in when nothing names one (its
-        ``get_state_dict_dtype`` over the first weights file's tensors, by name): the first floating one that is not
-        float8 or float4; None without one."""
-        for key in sorted(self.keys_in(self.files[0])):
-            dtype = self.dtype(key)
-            if dtype.is_floating_point and "float8_" not in str(dtype) and "float4_" not in str(dtype):
-                return key
-        return None
 
     # ------------------------------------------------------------------ headers (logical)
     def _logical(self, stored: list[str]) -> list[str]:

@@ -31,12 +31,13 @@ import torch
 from torch import nn
 
 from lightprune.checkpoints.classes import base_class_for_config, resizing_class
+from lightprune.checkpoints.config_against_weights import majority_dtype
 from lightprune.checkpoints.contents import check_contents
 from lightprune.checkpoints.device import DeviceCopies, streaming_device
 from lightprune.checkpoints.mtp import config_with_mtp, mtp_alias, mtp_layers
 from lightprune.checkpoints.pool import ReadPool
 from lightprune.checkpoints.read_ahead import ReadAhead
-from lightprune.checkpoints.reader import Checkpoint, majority_dtype
+from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.resize import experts_per_layer
 from lightprune.core.notices import quiet_progress
 from lightprune.models.dtypes import LOAD_DTYPES, dtype_names
