@@ -1,4 +1,5 @@
-"""Memory that skeletons released, read into again by their next load: :class:`ReadPool`.
+"""Memory that skeletons released, read into again by their next load (:class:`ReadPool`) or given back to the
+system (:func:`trim_freed_memory`).
 
 Streamed paths load layers of the same shapes in turn (a score reads layer after layer; verification reads a source
 layer, then the pruned one, then the next source layer). Reading into memory whose pages are already mapped is
@@ -14,12 +15,15 @@ Python name beyond the releasing skeleton's): refilling it can then change nothi
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import sys
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
-__all__ = ["ReadPool"]
+__all__ = ["ReadPool", "trim_freed_memory"]
 
 
 class ReadPool:
@@ -72,3 +76,20 @@ def only_holder(tensor: torch.Tensor, references: int) -> bool:
         return False
     storage = tensor.untyped_storage()
     return torch._C._storage_Use_Count(storage._cdata) <= 2  # the tensor's and this function's storage object
+
+
+@functools.lru_cache(maxsize=1)
+def _libc_trim() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def trim_freed_memory() -> None:
+    """glibc's ``malloc_trim(0)``: after a layer is released, its freed memory goes back to the system. Without it
+    glibc keeps it (the mmap threshold grows to the size of the last freed block, so the next layer's tensors come
+    from the heap, which only shrinks from the top): measured, 3x the memory of one layer held after a few."""
+    trim = _libc_trim()
+    if trim is not None:
+        trim(0)

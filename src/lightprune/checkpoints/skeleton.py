@@ -20,8 +20,6 @@ release's storages until the next load has read into them or dropped them).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -33,9 +31,10 @@ from torch import nn
 from lightprune.checkpoints.classes import base_class_for_config, resizing_class
 from lightprune.checkpoints.config_against_weights import majority_dtype
 from lightprune.checkpoints.contents import check_contents
+from lightprune.checkpoints.conversions import concatenates_fused, standard_merge, transposed_dim
 from lightprune.checkpoints.device import DeviceCopies, streaming_device
 from lightprune.checkpoints.mtp import config_with_mtp, mtp_alias, mtp_layers
-from lightprune.checkpoints.pool import ReadPool
+from lightprune.checkpoints.pool import ReadPool, trim_freed_memory
 from lightprune.checkpoints.read_ahead import ReadAhead
 from lightprune.checkpoints.reader import Checkpoint
 from lightprune.checkpoints.resize import experts_per_layer
@@ -52,62 +51,6 @@ def checkpoint_dtype(checkpoint: Checkpoint) -> torch.dtype:
     """The floating dtype of most of the checkpoint's bytes (what its weights are stored in; float32 without any
     floating tensor)."""
     return majority_dtype(checkpoint)[0] or torch.float32
-
-
-def _standard_merge(converter: Any) -> bool:
-    """True for transformers' per-expert merge: ``MergeModulelist(dim=0)`` alone, or followed by
-    ``Concatenate(dim=1)`` over several source patterns (gate then up)."""
-    from transformers.core_model_loading import Concatenate, MergeModulelist
-
-    ops = list(converter.operations)
-    if not ops or type(ops[0]) is not MergeModulelist or ops[0].dim != 0:
-        return False
-    if len(ops) == 1:
-        return len(converter.source_patterns) == 1
-    return len(ops) == 2 and type(ops[1]) is Concatenate and ops[1].dim == 1 and \
-        getattr(converter, "quantization_operation", None) is None
-
-
-def concatenates_fused(converter: Any) -> bool:
-    """True for a conversion that only concatenates whole fused tensors along a dimension after the first
-    (``Concatenate(dim >= 1)`` over several source patterns: Step 3.7's ``gate_proj [E, I, H]`` and ``up_proj`` into
-    ``gate_up_proj [E, 2I, H]``): each source then holds the experts on its dimension 0, as the target does."""
-    from transformers.core_model_loading import Concatenate
-
-    ops = list(getattr(converter, "operations", ()))
-    return len(ops) == 1 and type(ops[0]) is Concatenate and ops[0].dim >= 1 and \
-        len(converter.source_patterns) > 1 and getattr(converter, "quantization_operation", None) is None
-
-
-def transposed_dim(converter: Any, dim: int) -> int | None:
-    """The dimension of the stored tensor that becomes the model tensor's ``dim`` under a conversion that only swaps
-    two dimensions (``Transpose(dim0, dim1)`` of one source: Ergo's router weight, stored [H, E]); None for any other
-    conversion."""
-    from transformers.core_model_loading import Transpose
-
-    ops = list(getattr(converter, "operations", ()))
-    if len(ops) != 1 or type(ops[0]) is not Transpose or len(converter.source_patterns) != 1 or \
-            getattr(converter, "quantization_operation", None) is not None:
-        return None
-    swap = {ops[0].dim0: ops[0].dim1, ops[0].dim1: ops[0].dim0}
-    return swap.get(dim, dim)
-
-
-@functools.lru_cache(maxsize=1)
-def _libc_trim() -> Any:
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-def _trim() -> None:
-    """glibc's ``malloc_trim(0)``: after a layer is released, its freed memory goes back to the system. Without it
-    glibc keeps it (the mmap threshold grows to the size of the last freed block, so the next layer's tensors come
-    from the heap, which only shrinks from the top): measured, 3x the memory of one layer held after a few."""
-    trim = _libc_trim()
-    if trim is not None:
-        trim(0)
 
 
 class Skeleton:
@@ -225,11 +168,11 @@ class Skeleton:
 
     def merged_pieces(self, name: str) -> dict[str, dict[int, str]] | None:
         """{source pattern: {expert: checkpoint key}} of a model tensor that transformers' standard per-expert merge
-        builds (:func:`_standard_merge`), None for one read as it is or through another conversion."""
+        builds (:func:`standard_merge`), None for one read as it is or through another conversion."""
         keys = self.sources[name]
         patterns = [self.targets[key][1] for key in keys]
         converter = self._converters.get(patterns[0]) if patterns[0] is not None else None
-        if converter is None or not _standard_merge(converter):
+        if converter is None or not standard_merge(converter):
             return None
         by_pattern: dict[str, dict[int, str]] = {p: {} for p in converter.source_patterns}
         for key, pattern in zip(keys, patterns, strict=True):
@@ -356,7 +299,7 @@ class Skeleton:
                 self._set(name, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"))
                 freed = True
         if freed and self.device.type == "cpu":
-            _trim()
+            trim_freed_memory()
 
     def _buffer(self, shape: Iterable[int], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised tensor of ``shape`` and ``dtype`` to read into: from the pool, or new."""
