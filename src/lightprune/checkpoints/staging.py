@@ -23,11 +23,8 @@ a kill, below):
   place ends the process once that is done, and once every output published with it is (a run's files:
   :func:`~lightprune.core.interrupt.publishing`). A process with its own SIGTERM handler keeps it.
 
-A staging name fits the folder's limit on a name (``NAME_MAX``, 255 bytes on most file systems: ``os.pathconf``):
-where the output's own name leaves no room for the tag, the pid and the random part, the name part is shortened to
-its first bytes and a short hash of the whole name (``.<first bytes>~<hash>.lightprune-tmp-<pid>-<random>``, the same
-for every staging of that output, so leftovers stay recognisable: :func:`staging_stem`); an output whose own name is
-past the limit is refused up front, in one line naming it.
+A staging name fits the folder's limit on a name (:mod:`~lightprune.checkpoints.staging_names`); an output whose
+own name is past the limit is refused up front, in one line naming it.
 
 Leftovers of a process that died (SIGKILL, power loss, an interrupt during a deletion) carry its pid in their name.
 The next staging of the same target (:func:`clean_stale`) settles the journal of the run files a dead process was
@@ -49,11 +46,9 @@ output's path is recorded in JSON.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 import shutil
-import uuid
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,28 +57,23 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from lightprune.checkpoints.journal import process_alive, recover
+from lightprune.checkpoints.staging_names import (
+    OLD_TAG,
+    TMP_TAG,
+    TRASH_TAG,
+    check_name_length,
+    retagged,
+    sibling,
+    staging_stem,
+)
 from lightprune.core import interrupt
 from lightprune.core.checks import check_bool
 from lightprune.core.errors import register_error
 from lightprune.core.paths import check_path_text, file_problem
 
+#: TMP_TAG (:mod:`~lightprune.checkpoints.staging_names`) is named here too: what an export's verification looks for
 __all__ = ["TMP_TAG", "OutputDirError", "check_out_dir", "check_out_file", "clean_stale", "staging_dir",
-           "staging_file", "staging_stem"]
-
-#: part of every staged directory's name, so leftovers are recognisable
-TMP_TAG = ".lightprune-tmp-"
-#: a previous output set aside during a replacement; complete, restored if the target is missing
-_OLD_TAG = ".lightprune-old-"
-#: a previous output whose deletion may have started; only ever deleted
-_TRASH_TAG = ".lightprune-trash-"
-
-#: the longest name (in bytes) where a folder's file system does not say (Linux's NAME_MAX)
-_NAME_MAX = 255
-#: what a staging name adds to the part it takes from its output's name: the leading dot, the longest tag, a pid
-#: (up to 10 digits) and the random part with its dash
-_RESERVE = 1 + len(_TRASH_TAG) + 10 + 1 + 12
-#: the hexadecimal digits of the hash that ends a shortened name part
-_HASH_DIGITS = 12
+           "staging_file"]
 
 #: how safetensors' Rust writer reports a full disk
 _NO_SPACE_MARKERS = ("No space left on device", "StorageFull", "os error 28")
@@ -103,43 +93,6 @@ class OutputDirError(OSError):
     error."""
 
 
-def _name_max(folder: Path) -> int:
-    """The longest name, in bytes, the file system of ``folder`` (or of the closest folder above it that is there)
-    allows (``os.pathconf``'s ``PC_NAME_MAX``; 255 where it does not say)."""
-    for there in (folder, *folder.parents):
-        if os.path.isdir(there):
-            try:
-                limit = os.pathconf(there, "PC_NAME_MAX")
-            except (OSError, ValueError):
-                return _NAME_MAX
-            return limit if limit > 0 else _NAME_MAX
-    return _NAME_MAX
-
-
-def staging_stem(out: str | os.PathLike) -> str:
-    """The part of the name of ``out``'s staging siblings (``.<stem>.lightprune-tmp-<pid>-<random>``, ``-old-``,
-    ``-trash-``) taken from ``out``'s name: the name itself, or where a sibling's name would pass the folder's
-    ``NAME_MAX`` (:func:`_name_max`), the name's first bytes (whole characters), ``~`` and the first
-    :data:`_HASH_DIGITS` hexadecimal digits of the SHA-256 of the whole name. The same for every staging of ``out``,
-    so :func:`clean_stale` recognises the leftovers of either form."""
-    out = Path(out)
-    raw = os.fsencode(out.name)
-    room = _name_max(out.parent) - _RESERVE
-    if len(raw) <= room:
-        return out.name
-    head = raw[:max(room - _HASH_DIGITS - 1, 0)].decode("utf-8", "ignore")  # a cut character dropped whole
-    return f"{head}~{hashlib.sha256(raw).hexdigest()[:_HASH_DIGITS]}"
-
-
-def _check_name_length(out: Path, what: str) -> None:
-    """Refuse an output (``what``: "output directory", "output file") whose name is longer than its folder's file
-    system allows: one line naming it, its length and the limit."""
-    size, limit = len(os.fsencode(out.name)), _name_max(out.parent)
-    if size > limit:
-        raise OSError(errno.ENAMETOOLONG, f"{what} name {out.name!r} is {size} bytes long, more than the {limit} the "
-                      f"file system of {str(out.parent)!r} allows in a name; choose a shorter name")
-
-
 def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False,
                   remedy: str = "pass overwrite=True to replace it") -> Path:
     """The absolute output path, after checking it may be written; errors name the path (a non-empty one without
@@ -151,7 +104,7 @@ def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False,
     out = Path(out_dir).expanduser().absolute()
     if out.name in ("", ".", ".."):
         raise ValueError(f"output directory {str(out_dir)!r} must name a directory, not {out.name!r}")
-    _check_name_length(out, "output directory")
+    check_name_length(out, "output directory")
     recover(out)
     if out.exists() or out.is_symlink():
         if not out.is_dir() or out.is_symlink():
@@ -163,15 +116,6 @@ def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False,
             if out.resolve() == cwd or out.resolve() in cwd.parents:
                 raise ValueError(f"refusing to replace {str(out)!r}: it holds the current working directory")
     return out
-
-
-def _sibling(out: Path, tag: str) -> Path:
-    return out.parent / f".{staging_stem(out)}{tag}{os.getpid()}-{uuid.uuid4().hex[:12]}"
-
-
-def _retagged(path: Path, old_tag: str, new_tag: str) -> Path:
-    """``path`` with ``old_tag`` in its name replaced by ``new_tag`` (same pid and random part)."""
-    return path.with_name(path.name.replace(old_tag, new_tag, 1))
 
 
 def _remove(path: Path, leftover_of: str) -> bool:
@@ -213,7 +157,7 @@ def clean_stale(out_dir: str | os.PathLike) -> list[Path]:
                 os.rename(entry, out)  # killed between the two renames of a replacement: the previous one returns
                 done.append(entry)
                 continue
-            doomed = _retagged(entry, _OLD_TAG, _TRASH_TAG)
+            doomed = retagged(entry, OLD_TAG, TRASH_TAG)
             os.rename(entry, doomed)  # from here on a half deletion can never be restored
         if _remove(doomed, f"left beside {str(out)!r} by an earlier run that did not finish"):
             done.append(entry)
@@ -294,11 +238,11 @@ def staging_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator
     interrupt ``out_dir`` is left as it was (guarantees: the module's docstring)."""
     check_bool(overwrite, "overwrite")
     check_path_text(out_dir, "output directory")
-    _check_name_length(Path(out_dir).expanduser().absolute(), "output directory")
+    check_name_length(Path(out_dir).expanduser().absolute(), "output directory")
     with _creating(Path(out_dir).expanduser().absolute()):
         clean_stale(out_dir)
     out = check_out_dir(out_dir, overwrite)
-    staged = _sibling(out, TMP_TAG)
+    staged = sibling(out, TMP_TAG)
     with interrupt.terminated_cleanly():  # a script's SIGTERM: the staged directory removed, then the process ends
         try:
             with _creating(out):
@@ -325,7 +269,7 @@ def _commit(staged: Path, out: Path) -> None:
     if not os.path.lexists(out):
         os.rename(staged, out)
         return
-    old = _sibling(out, _OLD_TAG)
+    old = sibling(out, OLD_TAG)
     try:
         os.rename(out, old)
         os.rename(staged, out)
@@ -341,7 +285,7 @@ def _commit(staged: Path, out: Path) -> None:
 
 def _discard(old: Path, out: Path) -> None:
     """Retire the set-aside previous ``out`` to trash (never restored from there), then delete it."""
-    trash = _retagged(old, _OLD_TAG, _TRASH_TAG)
+    trash = retagged(old, OLD_TAG, TRASH_TAG)
     os.rename(old, trash)
     _remove(trash, f"the previous version of {str(out)!r}, which now holds the new output")
 
@@ -357,7 +301,7 @@ def check_out_file(out_file: str | os.PathLike, overwrite: bool = False,
     out = Path(out_file).expanduser().absolute()
     if out.name in ("", ".", "..") or os.fspath(out_file).endswith(("/", os.sep)):
         raise IsADirectoryError(f"output file {os.fspath(out_file)!r} names a directory; name the file to write")
-    _check_name_length(out, "output file")
+    check_name_length(out, "output file")
     if out.is_dir():
         raise IsADirectoryError(f"output path {str(out)!r} is a directory; name the file to write (a path in it)")
     if not out.parent.is_dir():
@@ -391,7 +335,7 @@ def staging_file(out_file: str | os.PathLike, overwrite: bool = False,
     (:func:`check_out_file`)."""
     out = check_out_file(out_file, overwrite, remedy)
     _clean_stale_files(out)
-    staged = _sibling(out, TMP_TAG)
+    staged = sibling(out, TMP_TAG)
     with interrupt.terminated_cleanly():  # a script's SIGTERM: the staged file removed, then the process ends
         with _creating(out):
             with open(staged, "xb"):

@@ -21,8 +21,9 @@ from safetensors import SafetensorError
 
 from fixtures import default_signals
 
-from lightprune.checkpoints import OutputDirError, staging, staging_dir
-from lightprune.checkpoints.staging import TMP_TAG, check_out_dir, check_out_file, clean_stale, staging_file
+from lightprune.checkpoints import OutputDirError, staging, staging_dir, staging_names
+from lightprune.checkpoints.staging import check_out_dir, check_out_file, clean_stale, staging_file
+from lightprune.checkpoints.staging_names import TMP_TAG
 
 OLD = {"weights.bin": "old weights", "sub/config.json": "old config"}
 NEW = {"weights.bin": "new weights", "sub/config.json": "new config"}
@@ -474,9 +475,9 @@ def _name_max(folder: Path) -> int:
 
 def test_a_short_name_stages_under_its_own_name(tmp_path):
     """A name that leaves room for the tag, the pid and the random part is the staging name's part as it is."""
-    assert staging.staging_stem(tmp_path / "model.gguf") == "model.gguf"
-    assert staging.staging_stem(tmp_path / ("m" * (_name_max(tmp_path) - staging._RESERVE))) == \
-        "m" * (_name_max(tmp_path) - staging._RESERVE)
+    assert staging_names.staging_stem(tmp_path / "model.gguf") == "model.gguf"
+    assert staging_names.staging_stem(tmp_path / ("m" * (_name_max(tmp_path) - staging_names._RESERVE))) == \
+        "m" * (_name_max(tmp_path) - staging_names._RESERVE)
 
 
 def test_a_file_named_with_the_longest_name_the_folder_allows_is_staged_and_written(tmp_path):
@@ -490,7 +491,7 @@ def test_a_file_named_with_the_longest_name_the_folder_allows_is_staged_and_writ
         seen.append(staged.name)
         staged.write_bytes(b"GGUF")
     assert listing(tmp_path) == [name] and (tmp_path / name).read_bytes() == b"GGUF"
-    stem = staging.staging_stem(tmp_path / name)
+    stem = staging_names.staging_stem(tmp_path / name)
     assert re.fullmatch(rf"\.g+~[0-9a-f]{{12}}{re.escape(TMP_TAG)}{os.getpid()}-[0-9a-f]{{12}}", seen[0])
     assert seen[0].startswith(f".{stem}{TMP_TAG}") and len(os.fsencode(seen[0])) <= limit
     assert len(os.fsencode(f".{stem}.lightprune-trash-{2**32}-{'0' * 12}")) <= limit  # the longest sibling fits
@@ -501,9 +502,9 @@ def test_a_long_name_is_cut_at_a_whole_character(tmp_path):
     not be UTF-8 text); two names alike in their first bytes get different hashes."""
     limit = _name_max(tmp_path)
     one, two = "é" * (limit // 2 - 1) + "a", "é" * (limit // 2 - 1) + "b"
-    stems = [staging.staging_stem(tmp_path / name) for name in (one, two)]
+    stems = [staging_names.staging_stem(tmp_path / name) for name in (one, two)]
     assert all(re.fullmatch(r"é+~[0-9a-f]{12}", stem) for stem in stems) and stems[0] != stems[1]
-    assert stems[0].encode().count("é".encode()) == (limit - staging._RESERVE - 13) // 2
+    assert stems[0].encode().count("é".encode()) == (limit - staging_names._RESERVE - 13) // 2
 
 
 def test_a_directory_named_with_the_longest_name_the_folder_allows_is_staged_replaced_and_tidied(tmp_path):
@@ -515,7 +516,7 @@ def test_a_directory_named_with_the_longest_name_the_folder_allows_is_staged_rep
     with staging_dir(out, overwrite=True) as staged:
         write(staged, NEW)
     assert tree(out) == NEW and listing(tmp_path) == [out.name]
-    stem = staging.staging_stem(out)
+    stem = staging_names.staging_stem(out)
     for kind in ("tmp", "trash"):
         write(tmp_path / f".{stem}.lightprune-{kind}-{DEAD_PID}-{os.urandom(6).hex()}", THIRD)
     other = tmp_path / f".{'d' * 20}.lightprune-tmp-{DEAD_PID}-{os.urandom(6).hex()}"  # another output's
@@ -527,7 +528,7 @@ def test_a_directory_named_with_the_longest_name_the_folder_allows_is_staged_rep
 
 def test_a_staged_file_a_dead_process_left_under_a_shortened_name_is_removed(tmp_path):
     out = tmp_path / ("g" * (_name_max(tmp_path) - 5) + ".gguf")
-    dead = tmp_path / f".{staging.staging_stem(out)}{TMP_TAG}{DEAD_PID}-0123456789ab"
+    dead = tmp_path / f".{staging_names.staging_stem(out)}{TMP_TAG}{DEAD_PID}-0123456789ab"
     dead.write_bytes(b"partial")
     with staging_file(out) as staged:
         staged.write_bytes(b"GGUF")
