@@ -14,179 +14,23 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightprune.core.checks import ratio_count
 from lightprune.quality.bench_section import benchmarks_markdown
-from lightprune.quality.expert_quality import summarise
-from lightprune.quality.intervals import RESAMPLES, retention
+from lightprune.quality.intervals import retention
 from lightprune.quality.maep_section import maep_section
-from lightprune.quality.width_quality import mwop_markdown, plot_mwop
+from lightprune.quality.mwop_section import mwop_markdown, plot_mwop
+from lightprune.quality.sweep_tables import (
+    metric_table,
+    percent,
+    plot_pruned_per_layer,
+    plot_retention,
+    retention_summary,
+    retention_table,
+    rho_table,
+    stability_table,
+)
 from lightprune.quality.width_recovery import mwop_recovery_markdown
 
 __all__ = ["retention", "write_results"]
-
-
-def _percent(ratio: float) -> int:
-    """``ratio`` as a whole percent, exactly (0.29 is 29, where ``int(0.29 * 100)`` is 28)."""
-    return ratio_count(ratio, 100)
-
-
-def _fmt(x: float | None, digits: int = 1) -> str:
-    return "n/a" if x is None or x != x else f"{x:.{digits}f}"
-
-
-def _by_criterion(result: Mapping[str, Any]) -> dict[str, dict[float, Mapping[str, Any]]]:
-    out: dict[str, dict[float, Mapping[str, Any]]] = {}
-    for row in result["rows"]:
-        out.setdefault(row["criterion"], {})[float(row["ratio"])] = row
-    return out
-
-
-def _ratios(result: Mapping[str, Any]) -> list[float]:
-    return sorted({float(r["ratio"]) for r in result["rows"]})
-
-
-def _random_cell(result, ratio: float, metric: str, digits: int) -> str:
-    s = summarise(result["random"][str(ratio)]["seeds"])[metric]
-    return f"{_fmt(s['mean'], digits)} ± {_fmt(s['std'], digits)} [{_fmt(s['min'], digits)}, {_fmt(s['max'], digits)}]"
-
-
-def _metric_table(result: Mapping[str, Any], columns: list[tuple[str, str, int]]) -> str:
-    """One row per criterion; per ratio and column (metric, header, digits) its value; random last."""
-    ratios = _ratios(result)
-    head = ["criterion", "allocation"] + [f"{h} @{_percent(r)}%" for r in ratios for _, h, _ in columns]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    dense = result["dense"]
-    lines.append("| dense | - | " + " | ".join(_fmt(dense[m], d) for _ in ratios for m, _, d in columns) + " |")
-    for name, by_ratio in _by_criterion(result).items():
-        alloc = next(iter(by_ratio.values()))["allocation"]
-        cells = [_fmt(by_ratio[r]["metrics"][m], d) for r in ratios for m, _, d in columns]
-        lines.append(f"| {name} | {alloc} | " + " | ".join(cells) + " |")
-    n = len(next(iter(result["random"].values()))["seeds"])
-    cells = [_random_cell(result, r, m, d) for r in ratios for m, _, d in columns]
-    lines.append(f"| random ({n} seeds: mean ± std [min, max]) | uniform | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _retention_cell(row: Mapping[str, Any], metric: str, dense: float) -> str:
-    """The row's retention of ``metric``, with its bootstrap interval when it was measured with one."""
-    cell = _fmt(retention(metric, row["metrics"][metric], dense))
-    interval = row.get("intervals", {}).get(metric)
-    return f"{cell} [{_fmt(interval[0])}, {_fmt(interval[1])}]" if interval else cell
-
-
-def _retention_table(result: Mapping[str, Any], metrics: list[str]) -> str:
-    """One row per criterion: retention per ratio and metric (with its 95% bootstrap interval when measured);
-    random last, as mean [min, max] over its seeds."""
-    ratios = _ratios(result)
-    head = ["criterion"] + [f"{m} retention @{_percent(r)}%" for r in ratios for m in metrics]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    dense = result["dense"]
-    for name, by_ratio in _by_criterion(result).items():
-        cells = [_retention_cell(by_ratio[r], m, dense[m]) for r in ratios for m in metrics]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    cells = []
-    for r in ratios:
-        for m in metrics:
-            vals = [retention(m, s[m], dense[m]) for s in result["random"][str(r)]["seeds"]]
-            cells.append(f"{_fmt(sum(vals) / len(vals))} [{_fmt(min(vals))}, {_fmt(max(vals))}]")
-    lines.append("| random (mean [min, max]) | " + " | ".join(cells) + " |")
-    if any("intervals" in row for row in result["rows"]):
-        lines += ["", f"[low, high] after a criterion: the 95% paired bootstrap interval of its retention over the "
-                  f"evaluation rows ({RESAMPLES} resamples, the same for every row: lightprune.quality.intervals); "
-                  "random's brackets are its min and max over seeds."]
-    return "\n".join(lines)
-
-
-def _summary(result: Mapping[str, Any], metric: str) -> str:
-    """One sentence per ratio: the best and worst criterion against random's spread (from the numbers)."""
-    dense = result["dense"][metric]
-    out = []
-    for r in _ratios(result):
-        kept = {name: retention(metric, by[r]["metrics"][metric], dense) for name, by in _by_criterion(result).items()
-                if not name.startswith("anti_")}
-        vals = [retention(metric, s[metric], dense) for s in result["random"][str(r)]["seeds"]]
-        best = max(kept, key=kept.get)
-        worst = min(kept, key=kept.get)
-        above = sorted(n for n, v in kept.items() if v > max(vals))
-        out.append(f"At {_percent(r)}%: best {best} {kept[best]:.1f}, worst {worst} {kept[worst]:.1f}, random "
-                   f"{sum(vals) / len(vals):.1f} [{min(vals):.1f}, {max(vals):.1f}]; above random's maximum: "
-                   f"{', '.join(above) if above else 'none'}.")
-    return f"{metric} retention (%): " + " ".join(out)
-
-
-def _rho_table(proxy_rho: Mapping[str, Any]) -> str:
-    lines = ["| token subset | proxy | mean rho | per layer |", "|---|---|---|---|"]
-    for subset, proxies in proxy_rho.items():
-        for proxy, r in proxies.items():
-            per = ", ".join(f"{l}: {_fmt(v, 2)}" for l, v in r["per_layer"].items())
-            lines.append(f"| {subset} | {proxy} | {_fmt(r['mean'], 3)} | {per} |")
-    return "\n".join(lines)
-
-
-def _stability_table(stab: Mapping[str, Any]) -> str:
-    a, b = stab["pair"]
-    lines = [f"| criterion | token subset | mean rho ({a} vs {b}) | per layer |", "|---|---|---|---|"]
-    for criterion, subsets in stab["criteria"].items():
-        for subset, r in subsets.items():
-            per = ", ".join(f"{l}: {_fmt(v, 2)}" for l, v in r["per_layer"].items())
-            lines.append(f"| {criterion} | {subset} | {_fmt(r['mean'], 3)} | {per} |")
-    return "\n".join(lines)
-
-
-def plot_retention(result: Mapping[str, Any], metric: str, path: Path, title: str) -> None:
-    """Retention of ``metric`` vs pruning ratio, one line per criterion, random's min-max band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ratios = _ratios(result)
-    dense = result["dense"][metric]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = plt.get_cmap("tab20").colors
-    for i, (name, by_ratio) in enumerate(_by_criterion(result).items()):
-        ys = [100.0] + [retention(metric, by_ratio[r]["metrics"][metric], dense) for r in ratios]
-        ax.plot([0.0, *ratios], ys, marker="o", label=name, color=colors[i % len(colors)],
-                linestyle="--" if name == "anti_reap" else "-")
-    lo, hi = [100.0], [100.0]
-    for r in ratios:
-        vals = [retention(metric, s[metric], dense) for s in result["random"][str(r)]["seeds"]]
-        lo.append(min(vals))
-        hi.append(max(vals))
-    ax.fill_between([0.0, *ratios], lo, hi, color="grey", alpha=0.3, label="random (min-max)")
-    ax.set_xlabel("fraction of routed experts pruned")
-    ax.set_ylabel(f"{metric} retention (%)")
-    ax.set_title(title)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def plot_pruned_per_layer(result: Mapping[str, Any], path: Path, title: str) -> bool:
-    """Bars of experts pruned per layer for the global allocations; False when there is none."""
-    rows = [r for r in result["rows"] if r["allocation"] == "global"]
-    if not rows:
-        return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    width = 0.8 / len(rows)
-    for i, row in enumerate(rows):
-        layers = sorted(row["pruned_per_layer"], key=int)
-        ax.bar([int(l) + i * width for l in layers], [row["pruned_per_layer"][l] for l in layers], width,
-               label=f"{row['criterion']} @{_percent(row['ratio'])}%")
-    ax.set_xlabel("layer")
-    ax.set_ylabel("experts pruned")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
 
 
 def _balance_table(r: Mapping[str, Any]) -> list[str]:
@@ -229,15 +73,15 @@ def _text_section(r: Mapping[str, Any], out: Path) -> list[str]:
         f"(prose {ppl['prose']:.1f}, code {ppl['code']:.1f}). Calibration on the calibration split (mixed domains), "
         "evaluation on the first test rows of each domain: perplexity (every token) and next-token accuracy.", "",
         *_balance_table(r), *_sensitivity_note(r),
-        _metric_table(r, [("ppl", "ppl", 1), ("ppl_prose", "ppl prose", 1), ("ppl_code", "ppl code", 1),
+        metric_table(r, [("ppl", "ppl", 1), ("ppl_prose", "ppl prose", 1), ("ppl_code", "ppl code", 1),
                           ("acc", "acc", 3)]), "",
-        _retention_table(r, ["ppl", "acc"]), "",
-        _summary(r, "ppl"), "",
+        retention_table(r, ["ppl", "acc"]), "",
+        retention_summary(r, "ppl"), "",
         "![perplexity retention](results/text_ppl_retention.png)", "",
         "Per-layer Spearman rho of each proxy against the ground-truth LM-head KL of removing each expert alone:", "",
-        _rho_table(r["proxy_rho"]), "",
+        rho_table(r["proxy_rho"]), "",
         "Ranking stability across calibration sets (per-layer Spearman between the rankings):", "",
-        _stability_table(r["stability"]), ""]
+        stability_table(r["stability"]), ""]
 
 
 def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
@@ -255,21 +99,21 @@ def _mllm_section(r: Mapping[str, Any], out: Path) -> list[str]:
         + ("the image answers' perplexity (their loss beside their accuracy) " if "ppl_image" in r["dense"] else "")
         + "and the text rows' completion perplexity. Multimodal and text reported apart. " + _alpha_sentence(r), "",
         *_balance_table(r),
-        _metric_table(r, [c for c in [("acc_image", "image acc", 3)]
+        metric_table(r, [c for c in [("acc_image", "image acc", 3)]
                       + [(m, m[len("acc_"):].replace("chart_", "chart "), 3) for m in _image_task_metrics(r)]
                       + [("ppl_image", "image answer ppl", 2), ("ppl_text", "text ppl", 1)] if c[0] in r["dense"]]),
         "", "Chance accuracy (one over the answer words): " + ", ".join(
             f"{m[len('acc_'):].replace('chart_', 'chart ')} {_chance(m[len('acc_'):]):.3f}"
             for m in _image_task_metrics(r) if _chance(m[len("acc_"):]) is not None) + ".",
-        "", _retention_table(r, [m for m in ("acc_image", "ppl_image", "ppl_text") if m in r["dense"]]), "",
-        _summary(r, "acc_image"), "", _summary(r, "ppl_text"), "",
+        "", retention_table(r, [m for m in ("acc_image", "ppl_image", "ppl_text") if m in r["dense"]]), "",
+        retention_summary(r, "acc_image"), "", retention_summary(r, "ppl_text"), "",
         "![image-task retention](results/mllm_image_retention.png)",
         "![text retention](results/mllm_text_retention.png)", ""]
     if plot_pruned_per_layer(r, out / "results" / "mllm_pruned_per_layer.png", "global allocation: experts pruned"):
         lines += ["![pruned per layer](results/mllm_pruned_per_layer.png)", ""]
-    lines += ["Proxy rho against the ground-truth KL (per token subset):", "", _rho_table(r["proxy_rho"]), "",
+    lines += ["Proxy rho against the ground-truth KL (per token subset):", "", rho_table(r["proxy_rho"]), "",
               "Cross-dataset stability (digits vs charts calibration), per token subset:", "",
-              _stability_table(r["stability"]), ""]
+              stability_table(r["stability"]), ""]
     return lines
 
 
@@ -352,7 +196,7 @@ def _criteria_section(criteria: Sequence[Mapping[str, Any]]) -> list[str]:
         seeds = "; ".join(f"seed {s['testbed_seed']}: p {s['p_value']:.3f}, {s['paired_diff']:+.1f} "
                           f"[{s['paired_ci'][0]:+.1f}, {s['paired_ci'][1]:+.1f}]" for s in c["seeds"])
         rows.append(f"| {c['testbed']} | {c['criterion']} | {c['allocation']} | {c['metric']} retention "
-                    f"@{_percent(c['ratio'])}% | {c['verdict']} | {_over_seeds_cell(c)} | {seeds or '-'} |")
+                    f"@{percent(c['ratio'])}% | {c['verdict']} | {_over_seeds_cell(c)} | {seeds or '-'} |")
     return ["## Every criterion against random, over testbed seeds", "",
             "Each row of the tables below judged against the random null by the claims' rule over every testbed "
             "seed (the rule is stated above the claims).", "", *rows, ""]
@@ -381,7 +225,7 @@ def _seeded_claims_section(claims: Sequence[Mapping[str, Any]]) -> list[str]:
         seeds = "; ".join([seeds] * bool(seeds) + [f"seed {u['testbed_seed']}: not measured ({u['error']})"
                                                     for u in c.get("unmeasured", [])])
         verdict = c["verdict"] if c["verdict"] in ("held", "not measured") else f"**{c['verdict']}**"
-        where = "at the paper's operating points" if c["testbed"] == "mwop" else f"@{_percent(c['ratio'])}%"
+        where = "at the paper's operating points" if c["testbed"] == "mwop" else f"@{percent(c['ratio'])}%"
         rows.append(f"| {c['paper']} | {c['claim']} | {c['testbed']} | {c['metric']} retention {where} | "
                     f"{verdict} | {_over_seeds_cell(c)} | {seeds or '-'} |")
     return ["## Claims over testbed seeds", "",

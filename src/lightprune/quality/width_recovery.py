@@ -18,8 +18,9 @@ from lightprune.data.tokenizer import end_of_turn_ids
 from lightprune.models.unwrap import base_model_of
 from lightprune.quality.expert_quality import spread
 from lightprune.quality.intervals import RESAMPLES
+from lightprune.quality.mwop_section import num_cell, spread_cell
 from lightprune.quality.records import TaskRowRecords, as_recorded_rows
-from lightprune.quality.width_quality import DENSE, _loader, _num, _scored, _spread, _versus, random_width_plan
+from lightprune.quality.width_quality import DENSE, _loader, _scored, _versus, random_width_plan
 from lightprune.width.flops import decoder_flops
 from lightprune.width.mask import mask_width
 from lightprune.width.plan import WidthPlan
@@ -134,13 +135,13 @@ def mwop_recovery_markdown(recovery: Mapping[str, Any]) -> str:
             versus = (r.get("versus") or {}).get("random", {}).get("atr")
             versus = "" if versus is None else (f"; vs random {versus['paired_diff']:+.1f} "
                                                 f"[{versus['paired_ci'][0]:+.1f}, {versus['paired_ci'][1]:+.1f}]")
-            lines.append(f"| {point} | {r['method']} | {r['flops_fraction']:.3f} | {_num(r['atr'], 1)} "
-                         f"[{_num(low, 1)}, {_num(high, 1)}]{versus} | {_num(r['answer_ppl_atr'], 1)} |")
+            lines.append(f"| {point} | {r['method']} | {r['flops_fraction']:.3f} | {num_cell(r['atr'], 1)} "
+                         f"[{num_cell(low, 1)}, {num_cell(high, 1)}]{versus} | {num_cell(r['answer_ppl_atr'], 1)} |")
         randoms = [r for r in mine if r["method"] == "random"]
         if randoms:
             atr, ppl = spread([r["atr"] for r in randoms]), spread([r["answer_ppl_atr"] for r in randoms])
             lines.append(f"| {point} | random ({len(randoms)} seeds) | {randoms[0]['flops_fraction']:.3f} | "
-                         f"{_spread(atr, 1)} | {_spread(ppl, 1)} |")
+                         f"{spread_cell(atr, 1)} | {spread_cell(ppl, 1)} |")
     lines += ["", f"Each plan recovered from the dense model for {recovery['epochs']} epoch(s) ({recovery['steps']} "
               f"steps) of the train split under its masks: the language model fine-tuned in full (the testbed is too "
               f"small for the paper's LoRA r = 128), AdamW lr {recovery['learning_rate']:g}, cosine with 3% warm-up, "

@@ -13,7 +13,8 @@ import torch
 from fixtures import REPO
 
 import lightprune as lp
-from lightprune.quality.width_quality import PAPER_OPERATING_POINTS, mwop_markdown, mwop_quality, plot_mwop
+from lightprune.quality.mwop_section import mwop_markdown, plot_mwop
+from lightprune.quality.width_quality import PAPER_OPERATING_POINTS, mwop_quality
 from lightprune.testbed.vqa_models import VQA_TESTBEDS, datamodule, vqa_testbed
 from lightprune.width.paths import PATHS
 from lightprune.width.plan import WidthPlan
