@@ -42,8 +42,9 @@ from lightprune.data.generated.shapes_qa import (
 )
 from lightprune.data.generated.shapes_qa_datamodule import ShapesQADataModule, build_shapes_qa
 from lightprune.data.generated.synthetic import SyntheticTokens
-from lightprune.data.generated.testbed_vqa import TESTBED_VQA_TASKS, render_row, testbed_vqa_splits, testbed_vqa_texts
+from lightprune.data.generated.testbed_vqa import TESTBED_VQA_TASKS, testbed_vqa_splits, testbed_vqa_texts
 from lightprune.data.generated.testbed_vqa_datamodule import TestbedVQADataModule, build_testbed_vqa
+from lightprune.data.generated.testbed_vqa_pictures import render_row
 from lightprune.data.image_text import ImageTextJsonlDataModule, load_processor
 from lightprune.data.rows import DEFAULT_TASK, JsonlRowError
 from lightprune.data.text import TextJsonlDataModule, load_tokenizer

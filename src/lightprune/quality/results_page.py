@@ -150,7 +150,8 @@ def _vqa_tasks(tb: Mapping[str, Any]) -> str:
 
 def _chance(task: str) -> float | None:
     """An image task's chance accuracy: one over its answer words (None for a task without a fixed answer set)."""
-    from lightprune.data.generated.testbed_vqa import BAR_COLORS, COUNT_WORDS, DIGIT_WORDS
+    from lightprune.data.generated.testbed_vqa import COUNT_WORDS, DIGIT_WORDS
+    from lightprune.data.generated.testbed_vqa_pictures import BAR_COLORS
 
     answers = {"digit": DIGIT_WORDS, "chart_left": BAR_COLORS, "chart_tallest": BAR_COLORS,
                "chart_count": COUNT_WORDS}.get(task)

@@ -14,16 +14,13 @@ from PIL import Image
 
 from lightprune.data import TestbedVQADataModule, build_testbed_vqa, testbed_vqa_splits, testbed_vqa_texts
 from lightprune.data.generated.testbed_vqa import (
-    BAR_COLORS,
     SYSTEM_PROMPT,
     TESTBED_VQA_TASKS,
     TEXT_COMPLETION_CHARS,
     TEXT_PROMPT,
-    Bar,
-    render_bar_chart,
-    render_digit,
     text_pool,
 )
+from lightprune.data.generated.testbed_vqa_pictures import BAR_COLORS, Bar, render_bar_chart, render_digit
 
 SIZES = dict(n_train=40, n_val=24, n_selection=12, n_calibration=12)
 SPLITS = ("val", "selection", "calibration", "train")
@@ -298,8 +295,8 @@ def test_a_canvas_holds_the_picture_once_amid_noise_the_same_every_run(tmp_path)
     """With ``canvas``: the row's own picture, pixel for pixel, at one place of a larger square whose other pixels
     are grey noise in CANVAS_GREY +- CANVAS_NOISE; the same row gets the same canvas, other rows other places; the
     datamodule's folders without a canvas keep their digest (the testbeds trained before the canvas keep theirs)."""
-    from lightprune.data.generated.testbed_vqa import CANVAS_GREY, CANVAS_NOISE, render_row
     from lightprune.data.generated.testbed_vqa_datamodule import _params, testbed_vqa_dir
+    from lightprune.data.generated.testbed_vqa_pictures import CANVAS_GREY, CANVAS_NOISE, render_row
 
     rows = testbed_vqa_splits({"val": 12}, seed=0, tasks=("digit", "chart_left", "chart_count"))["val"]
     places = set()

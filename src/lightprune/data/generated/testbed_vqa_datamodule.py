@@ -29,14 +29,8 @@ from typing import Any
 
 from lightprune.data.default_corpus import corpus_version
 from lightprune.data.generated.qa import GeneratedQADataModule, build_qa_cache, check_split_sizes, qa_cache_dir
-from lightprune.data.generated.testbed_vqa import (
-    TESTBED_VQA_TASKS,
-    check_canvas,
-    check_image_size,
-    check_tasks,
-    render_row,
-    testbed_vqa_splits,
-)
+from lightprune.data.generated.testbed_vqa import TESTBED_VQA_TASKS, check_tasks, testbed_vqa_splits
+from lightprune.data.generated.testbed_vqa_pictures import check_canvas, check_image_size, render_row
 
 __all__ = ["TESTBED_VQA_FORMAT", "TestbedVQADataModule", "build_testbed_vqa", "testbed_vqa_dir"]
 
@@ -81,7 +75,8 @@ def build_testbed_vqa(root: str | os.PathLike | None, sizes: dict[str, int], see
 
     ``sizes``: rows per split (keys from ``TESTBED_VQA_SPLITS``; a missing split has 0 rows).
     ``progress``: show a progress bar while rendering (``None``: from 1000 rows). ``canvas``: the pictures on a
-    larger square of noise, placed by ``canvas_place`` (:func:`~lightprune.data.generated.testbed_vqa.place_on_canvas`).
+    larger square of noise, placed by ``canvas_place``
+    (:func:`~lightprune.data.generated.testbed_vqa_pictures.place_on_canvas`).
     """
     params = _params(sizes, seed, tasks, image_size, canvas, canvas_place)
     return build_qa_cache("testbed_vqa", TESTBED_VQA_FORMAT, root, params,
