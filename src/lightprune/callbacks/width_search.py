@@ -41,13 +41,13 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+import lightprune.callbacks.recovery_weights as recovery
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core.checks import integer
 from lightprune.core.jsonio import write_json
-from lightprune.core.paths import check_state_file, through_file, write_atomically
+from lightprune.core.paths import check_state_file
 from lightprune.data.tokenizer import end_of_turn_ids
-from lightprune.finetune.optim import build_scheduler
 from lightprune.models.unwrap import base_model_of
 from lightprune.width.flops import decoder_flops
 from lightprune.width.layers import find_width_layers
@@ -62,10 +62,6 @@ from lightprune.width.select import select_channels, select_paths
 from lightprune.width.taylor import WidthScores
 
 __all__ = ["WidthSearch"]
-
-
-def _trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
 @uses_options(OPTIONS["WidthSearch"])
@@ -171,15 +167,6 @@ class WidthSearch(pl.Callback):
     def _mask(self, pl_module, plan: WidthPlan) -> None:
         self._state.apply_width_masks(pl_module.model, plan)
 
-    def _load_trainable(self, pl_module, weights: dict[str, torch.Tensor]) -> None:
-        params = _trainable(pl_module.model)
-        if set(params) != set(weights):
-            raise RuntimeError("the model's trainable parameters differ from the search's snapshot: "
-                               f"{sorted(set(params) ^ set(weights))[:5]}")
-        with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(weights[name].to(param.device, param.dtype))
-
     def _flops(self, pl_module, plan: WidthPlan) -> float:
         return decoder_flops(base_model_of(pl_module.model).config, *self.flops_profile, plan=plan, align=self.align).total
 
@@ -205,7 +192,7 @@ class WidthSearch(pl.Callback):
         if ffn_stages and all(layer.intermediate_size is None for layer in layers):
             raise ValueError(f"stages {ffn_stages} do not apply: every FFN of {type(pl_module.base_model).__name__} "
                              f"is a mixture of experts; set stages to {list(PATHS)}")
-        if not _trainable(pl_module.model):
+        if not recovery.trainable(pl_module.model):
             raise ValueError("WidthSearch recovers candidates by training, but the model has no trainable "
                              "parameter: give the module an adapter (e.g. LoRA on language_model)")
         if trainer.lr_scheduler_configs and not hasattr(pl_module.hparams, "scheduler"):
@@ -222,7 +209,7 @@ class WidthSearch(pl.Callback):
             rank_zero_info(f"WidthSearch: resuming at {self.search.stage}@{self._current} "
                            f"({len(self.search.history)} candidates recovered before)")
             return
-        self._m0 = {n: p.detach().cpu().clone() for n, p in _trainable(pl_module.model).items()}
+        self._m0 = {n: p.detach().cpu().clone() for n, p in recovery.trainable(pl_module.model).items()}
         scores, names = self._evaluate(trainer, pl_module, trainer.datamodule.val_dataloader(), "reference")
         self._reference = scores.tolist()
         rank_zero_info(f"WidthSearch: reference scores {dict(zip(names, self._reference))}")
@@ -251,7 +238,7 @@ class WidthSearch(pl.Callback):
     def _score(self, trainer, pl_module, attention: bool, plan: WidthPlan | None) -> WidthScores:
         """Attention (``attention``) or FFN importance of M0's weights, under ``plan``'s masks while observing."""
         batches = self._calibration(trainer)
-        self._load_trainable(pl_module, self._m0)
+        recovery.load_trainable(pl_module.model, self._m0)
         self._unmask()
         return self.criterion.score(pl_module.model, batches, attention=attention, ffn=not attention, plan=plan,
                                     progress=self.progress)
@@ -277,7 +264,7 @@ class WidthSearch(pl.Callback):
         stage = self.search.stage
         if stage.startswith("ffn_") and self._ffn_scores is None:
             self._ffn_scores = self._score(trainer, pl_module, attention=False, plan=self._base_plan(pl_module)).ffn
-        self._load_trainable(pl_module, self._m0)
+        recovery.load_trainable(pl_module.model, self._m0)
         loader = self._loader(trainer.datamodule, "selection_dataloader", "val_dataloader")
         results = {}
         for ratio in self.search.grid:
@@ -291,22 +278,11 @@ class WidthSearch(pl.Callback):
         if self.search.done:
             return
         if self._epochs_done == 0:
-            self._load_trainable(pl_module, self._m0)
-            self._restart_optimization(trainer, pl_module)
+            recovery.load_trainable(pl_module.model, self._m0)
+            recovery.restart_optimization(trainer, pl_module, self.recovery_epochs)
         self._mask(pl_module, self._plan_for(pl_module, self.search.stage, self._current))
         if self._bar is not None:
             self._bar.set_postfix_str(f"recovering {self.search.stage}@{self._current:g}")
-
-    def _restart_optimization(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        accumulate = max(1, trainer.accumulate_grad_batches)
-        steps = -(-trainer.num_training_batches // accumulate) * self.recovery_epochs
-        for optimizer in trainer.optimizers:
-            optimizer.state.clear()
-            for group in optimizer.param_groups:
-                group["lr"] = group.get("initial_lr", group["lr"])
-        hp = pl_module.hparams
-        for config in trainer.lr_scheduler_configs:
-            config.scheduler = build_scheduler(config.scheduler.optimizer, hp.scheduler, hp.warmup_steps, steps)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.search.done:
@@ -318,7 +294,7 @@ class WidthSearch(pl.Callback):
         plan = self._plan_for(pl_module, stage, ratio)
         result = self._retention(trainer, pl_module, trainer.datamodule.val_dataloader(), f"evaluate {stage}@{ratio:g}")
         candidate = Candidate(stage, ratio, plan.to_dict(), result.atr, result.per_task, self._flops(pl_module, plan))
-        candidate.weights = self._save_weights(trainer, pl_module, candidate)
+        candidate.weights = recovery.save_trainable(trainer, pl_module.model, self._weights_path(trainer, candidate))
         self.search.record(candidate)
         rank_zero_info(f"WidthSearch: {candidate.label()} recovered: ATR {result.atr:.2f}, per task {result.per_task}")
         self._unmask()
@@ -326,7 +302,7 @@ class WidthSearch(pl.Callback):
 
     def _weights_path(self, trainer, candidate: Candidate) -> Path:
         """Where a candidate's recovered trainable weights go (read back when it is chosen)."""
-        return self.run_dir(trainer) / "candidates" / f"{candidate.label().replace('@', '_')}.pt"
+        return recovery.candidate_weights_path(self.run_dir(trainer), candidate)
 
     def _check_weights_paths(self, trainer) -> None:
         """Refuse, before any work, a candidate weights path of the search (every stage at every ratio of the grid)
@@ -337,18 +313,9 @@ class WidthSearch(pl.Callback):
                                  "WidthSearch candidate weights", "move it away (or delete it), or give WidthSearch "
                                  "another output_dir")
 
-    def _save_weights(self, trainer, pl_module, candidate: Candidate) -> str:
-        path = self._weights_path(trainer, candidate)
-        if trainer.is_global_zero:
-            weights = {n: p.detach().cpu() for n, p in _trainable(pl_module.model).items()}
-            write_atomically(path, through_file(lambda handle: torch.save(weights, handle)),
-                             "WidthSearch candidate weights")
-        trainer.strategy.barrier()
-        return str(path)
-
     def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         best = self.search.final()
-        self._load_trainable(pl_module, torch.load(best.weights, map_location="cpu", weights_only=True))
+        recovery.load_trainable(pl_module.model, torch.load(best.weights, map_location="cpu", weights_only=True))
         self.plan = self._state.width_plan = WidthPlan.from_dict(best.plan)
         self.plan.metadata.update({"method": "mwop", "criterion": repr(self.criterion), "atr": best.atr,
                                    "flops": best.flops,
