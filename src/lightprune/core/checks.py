@@ -256,19 +256,20 @@ def check_each(name: str, values: Any, allowed: Iterable[Any]) -> tuple:
 
 def check_non_negative_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
     """A non-negative integer (``None`` too when ``allow_none``)."""
-    if value is None and allow_none:
-        return None
-    number = integer(value)
-    if number is None or number < 0:
-        raise ValueError(f"{name} must be a non-negative integer{' or None' if allow_none else ''}, {_got(value)}")
-    return number
+    return _int_at_least(name, value, 0, "non-negative", allow_none)
 
 
 def check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
     """A positive integer (``None`` too when ``allow_none``)."""
+    return _int_at_least(name, value, 1, "positive", allow_none)
+
+
+def _int_at_least(name: str, value: Any, low: int, kind: str, allow_none: bool) -> int | None:
+    """``value`` as an integer of at least ``low`` (``kind``: how the message says it), or None when it is None and
+    ``allow_none``."""
     if value is None and allow_none:
         return None
     number = integer(value)
-    if number is None or number < 1:
-        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, {_got(value)}")
+    if number is None or number < low:
+        raise ValueError(f"{name} must be a {kind} integer{' or None' if allow_none else ''}, {_got(value)}")
     return number
