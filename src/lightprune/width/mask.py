@@ -36,7 +36,7 @@ from lightprune.width.modality import token_modality
 from lightprune.width.paths import MODALITIES, PAD, PATHS, TEXT, VISION
 from lightprune.width.plan import WidthPlan
 
-__all__ = ["mask_width", "WidthHooks"]
+__all__ = ["RemovableHandle", "mask_width", "WidthHooks"]
 
 _ACTIVE: dict[int, "WidthHooks"] = {}  # id(transformers model) -> the hooks active on it
 
@@ -229,12 +229,29 @@ class WidthHooks:
         self.active = False
 
 
-class mask_width:  # noqa: N801 - a context manager used like a function, as mask_experts
+class RemovableHandle:
+    """What a width change installed on a model (``active``, ``remove()``), usable as a ``with`` block too: leaving
+    it removes the change; entering one already removed is refused (``removed``: how its message names it)."""
+
+    removed = "this handle was removed"
+
+    def __enter__(self):
+        if not self.active:
+            raise RuntimeError(f"{self.removed}; create a new one")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+class mask_width(RemovableHandle):  # noqa: N801 - a context manager used like a function, as mask_experts
     """Apply ``plan``'s width masks to ``model`` now; ``remove()`` (or leaving the ``with`` block) undoes them.
 
     ``plan.validate(model)`` runs first. Usable as ``with mask_width(model, plan): ...`` and as a handle
     ``h = mask_width(model, plan); ...; h.remove()``.
     """
+
+    removed = "this mask_width handle was removed"
 
     def __init__(self, model: nn.Module, plan: WidthPlan):
         if not isinstance(plan, WidthPlan):
@@ -249,11 +266,3 @@ class mask_width:  # noqa: N801 - a context manager used like a function, as mas
 
     def remove(self) -> None:
         self._hooks.remove()
-
-    def __enter__(self) -> "mask_width":
-        if not self.active:
-            raise RuntimeError("this mask_width handle was removed; create a new one")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.remove()

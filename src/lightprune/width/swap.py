@@ -16,18 +16,20 @@ from torch import nn
 
 from lightprune.width.kernels.compact_ffn import CompactModalityFFN, split_tokens
 from lightprune.width.layers import find_width_layers
-from lightprune.width.mask import WidthHooks
+from lightprune.width.mask import RemovableHandle, WidthHooks
 from lightprune.width.plan import WidthPlan
 
 __all__ = ["CompactFFNSwap", "swap_compact_ffn"]
 
 
-class CompactFFNSwap:
+class CompactFFNSwap(RemovableHandle):
     """What :func:`swap_compact_ffn` installed; ``remove()`` (or leaving a ``with`` block) restores the model.
 
     ``modules[l]`` is layer l's :class:`CompactModalityFFN`; ``hooks`` the :class:`WidthHooks` that record
     the token modality (``hooks.state.modality``) and, with ``mask_attention``, mask the plan's paths.
     """
+
+    removed = "this compact FFN swap was removed"
 
     def __init__(self, model: nn.Module, plan: WidthPlan, align: int = 64, *, mask_attention: bool = True,
                  attention_backend: str | Mapping | None = None):
@@ -91,14 +93,6 @@ class CompactFFNSwap:
         self._mlps = {}
         self._split.clear()
         self.hooks.remove()
-
-    def __enter__(self) -> "CompactFFNSwap":
-        if not self.active:
-            raise RuntimeError("this compact FFN swap was removed; create a new one")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.remove()
 
 
 def swap_compact_ffn(model: nn.Module, plan: WidthPlan, align: int = 64, *, mask_attention: bool = True,
