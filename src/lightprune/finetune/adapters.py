@@ -21,15 +21,8 @@ An adapter is fitted briefly, read, then discarded: the plan is applied to the o
   (MWOP trains the projector with the LoRA); each name must match a module.
 - ``none``: no adapter; the model is returned unchanged and every parameter trains (full fine-tuning).
 
-Under DeepSpeed ZeRO-3 a Mixtral / Qwen2-MoE / Qwen3-MoE sparse block is a "leaf" module (DeepSpeed's
-default ``zero_optimization.leaf_module`` classes): its parameters are gathered for the whole block, and their
-gradients are reduced (a missing one as zero: an expert no token reached) in a full backward hook on the block.
-When no input of the block requires grad (every layer below the first MoE block frozen, as under a router
-LoRA), that hook fires as soon as the block's output gradient arrives, before autograd has reached the
-adapter's parameters inside the block; their real gradients then meet released partitions and backward fails.
-So every adapter gives the input of each MoE block a gradient where it has none: a detached copy that requires
-grad (a forward pre-hook, :func:`moe_inputs_require_grad`; values, and so parameter gradients, unchanged).
-:func:`remove_adapters` removes the hooks.
+Every adapter gives the input of each MoE block a gradient where it has none, for DeepSpeed ZeRO-3
+(:mod:`lightprune.finetune.moe_input_grad`); :func:`remove_adapters` removes the hooks.
 """
 
 from __future__ import annotations
@@ -43,6 +36,7 @@ from torch import nn
 
 from lightprune.core.checks import check_interval, check_positive_int, real_number
 from lightprune.finetune.houlsby import has_houlsby, insert_houlsby, remove_houlsby
+from lightprune.finetune.moe_input_grad import moe_inputs_require_grad
 from lightprune.finetune.scaling import has_channel_scales, remove_channel_scales, scale_parameter_input
 from lightprune.models import find_moe_layers, get_family
 from lightprune.models.layer import find_decoder_layers
@@ -281,36 +275,6 @@ def _apply_ia3(model: nn.Module) -> nn.Module:
         scale_parameter_input(layer.router_linear, "weight").requires_grad_(True)
         scale_parameter_input(layer.experts, "down_proj", per_expert=True).requires_grad_(True)
     return peft_model
-
-
-# ---------------------------------------------------------------------------------------------- MoE inputs
-def _input_with_grad(module: nn.Module, args: tuple) -> tuple | None:
-    """Forward pre-hook: a floating-point first input without grad becomes a detached copy that requires grad."""
-    if not torch.is_grad_enabled() or not args:
-        return None
-    x = args[0]
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.requires_grad:
-        return None
-    return (x.detach().requires_grad_(True), *args[1:])
-
-
-def moe_inputs_require_grad(model: nn.Module, enable: bool = True) -> None:
-    """Give the input of every MoE block of ``model`` a gradient while training (``enable=False``: stop).
-
-    What DeepSpeed ZeRO-3 needs to reduce the gradients of an adapter inside a "leaf" MoE block (see the module
-    docstring). A no-op for a block whose input already requires grad, under ``torch.no_grad``, and for a model
-    without MoE layers (a dense MLLM).
-    """
-    try:
-        layers = find_moe_layers(base_model_of(model))
-    except ValueError:  # not an MoE model of a supported family: no MoE block to reach
-        return
-    for layer in layers:
-        hooks = layer.block._forward_pre_hooks
-        for key in [k for k, hook in hooks.items() if hook is _input_with_grad]:
-            del hooks[key]
-        if enable:
-            layer.block.register_forward_pre_hook(_input_with_grad)
 
 
 # ---------------------------------------------------------------------------------------------- read

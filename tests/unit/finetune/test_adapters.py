@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lightprune.finetune import AdapterSpec, apply_adapter, merged_router_weights, remove_adapters, router_is_trainable
-from lightprune.finetune.adapters import moe_inputs_require_grad
 from lightprune.finetune.houlsby import HoulsbyAdapter
+from lightprune.finetune.moe_input_grad import moe_inputs_require_grad
 from lightprune.models import find_moe_layers
 from lightprune.models.unwrap import base_model_of
 from lightprune.testing.tiny import tiny_model
