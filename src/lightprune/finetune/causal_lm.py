@@ -38,22 +38,20 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
 from lightprune.core.batch import head_skipped, model_inputs
-from lightprune.core.checks import real_number
 from lightprune.core.distributed import outside_zero_init
-from lightprune.core.jsonio import strict_int
-from lightprune.core.sources import check_checkpoint_name, resolve_checkpoint
-from lightprune.core.suggestions import did_you_mean
+from lightprune.core.sources import resolve_checkpoint
 from lightprune.export import load_pruned
-from lightprune.export.load import LOAD_DTYPES, check_device_map
+from lightprune.export.load import LOAD_DTYPES
 from lightprune.export.verify import keep_fp32_buffers
 from lightprune.finetune.adapters import AdapterSpec, apply_adapter
 from lightprune.finetune.balance import per_layer_balance_loss
-from lightprune.finetune.optim import OPTIMIZERS, SCHEDULERS, build_optimizer, build_scheduler, check_choice
-from lightprune.finetune.quantize import _bnb, quantize_4bit
+from lightprune.finetune.module_arguments import check_module_arguments
+from lightprune.finetune.optim import build_optimizer, build_scheduler
+from lightprune.finetune.quantize import quantize_4bit
 from lightprune.models import find_moe_layers
 from lightprune.models.experts_kernel import runnable_experts
 from lightprune.models.unwrap import base_model_of
-from lightprune.testing.tiny import check_tiny_family, check_tiny_overrides, tiny_model
+from lightprune.testing.tiny import tiny_model
 
 __all__ = ["MoECausalLM"]
 
@@ -113,63 +111,16 @@ class MoECausalLM(pl.LightningModule):
                  offload_folder: str | None = None, sequential: bool = False, batches_per_pass: int = 16,
                  stream_device: str | None = None):
         super().__init__()
-        if isinstance(adapter, dict):
-            adapter = AdapterSpec(**adapter)
-        check_choice("optimizer", optimizer, OPTIMIZERS)
-        check_choice("scheduler", scheduler, SCHEDULERS)
-        # numbers (NumPy's too), finite: NaN, inf, bools and strings are refused
-        rate, decay, warmup, coef = (real_number(v) if real_number(v) is not None else math.nan
-                                     for v in (learning_rate, weight_decay, warmup_steps, router_aux_loss_coef))
-        if not 0 < rate < math.inf:
-            raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
-        if not (0 <= decay < math.inf and 0 <= warmup < math.inf):
-            raise ValueError(f"weight_decay and warmup_steps must be >= 0, got {weight_decay}, {warmup_steps}")
-        check_choice("loss_mean", loss_mean, ("token", "row"))
-        check_choice("aux_loss", aux_loss, ("model", "per_layer"))
-        if not 0 <= coef < math.inf:
-            raise ValueError(f"router_aux_loss_coef must be >= 0, got {router_aux_loss_coef}")
-        if load_in_4bit:
-            _bnb()
-        if (checkpoint is None) == (tiny is None):
-            raise ValueError("give exactly one of checkpoint= (a local directory) or tiny= (a family name); "
-                             f"got checkpoint={checkpoint!r}, tiny={tiny!r}")
-        if dtype not in LOAD_DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(LOAD_DTYPES)}, got {dtype!r}"
-                             f"{did_you_mean(dtype, LOAD_DTYPES)}")
-        if load_in_4bit and dtype == "float64":
-            raise ValueError("load_in_4bit computes in float32, bfloat16 or float16 (bitsandbytes), got dtype "
-                             "'float64'")
-        if checkpoint is not None:
-            check_checkpoint_name(checkpoint)  # a known source name (built on first use, in configure_model) or a folder
-        placement = {k: v for k, v in (("device_map", device_map), ("max_memory", max_memory),
-                                       ("offload_folder", offload_folder)) if v is not None}
-        if placement and checkpoint is None:
-            raise ValueError(f"{sorted(placement)} apply to checkpoint=, not to a tiny model (tiny={tiny!r})")
-        check_device_map(device_map, "device_map")  # before the model is built
-        if sequential:
-            clash = [name for name, on in (("tiny", tiny is not None), ("adapter", adapter is not None),
-                                           ("load_in_4bit", load_in_4bit), *((k, True) for k in placement)) if on]
-            if clash:
-                raise ValueError(f"sequential=True streams a checkpoint one decoder layer at a time; it does not go "
-                                 f"with {clash}")
-        count = strict_int(batches_per_pass)  # a Python or NumPy int, never a bool or a float
-        if count is None or count < 1:
-            raise ValueError(f"batches_per_pass must be an int >= 1, got {batches_per_pass!r}")
-        batches_per_pass = count
+        adapter, batches_per_pass = check_module_arguments(
+            checkpoint=checkpoint, tiny=tiny, tiny_overrides=tiny_overrides, dtype=dtype, learning_rate=learning_rate,
+            adapter=adapter, optimizer=optimizer, weight_decay=weight_decay, warmup_steps=warmup_steps,
+            scheduler=scheduler, load_in_4bit=load_in_4bit, router_aux_loss_coef=router_aux_loss_coef,
+            aux_loss=aux_loss, loss_mean=loss_mean, device_map=device_map, max_memory=max_memory,
+            offload_folder=offload_folder, sequential=sequential, batches_per_pass=batches_per_pass,
+            stream_device=stream_device)
         self.batches_per_pass = batches_per_pass
-        if stream_device is not None:
-            if not sequential:
-                raise ValueError(f"stream_device={stream_device!r} applies to sequential=True (a streamed checkpoint); "
-                                 "a model in memory goes where the trainer puts it (--trainer.accelerator)")
-            from lightprune.checkpoints.device import streaming_device
-
-            streaming_device(stream_device)  # a device this machine has, said now
         self.skeleton = None
         self._deferred: list[dict[str, Any]] = []
-        if tiny is not None:
-            check_tiny_family(tiny, "tiny")
-        if tiny_overrides and tiny is not None:  # a mistyped field would be kept by transformers and read by nothing
-            check_tiny_overrides(tiny, tiny_overrides, "tiny_overrides")
         self.adapter = adapter
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
