@@ -36,7 +36,7 @@ from lightprune.width.modality import token_modality
 from lightprune.width.paths import MODALITIES, PAD, PATHS, TEXT, VISION
 from lightprune.width.plan import WidthPlan
 
-__all__ = ["RemovableHandle", "mask_width", "WidthHooks"]
+__all__ = ["RemovableHandle", "mask_width", "recorded_modality", "WidthHooks"]
 
 _ACTIVE: dict[int, "WidthHooks"] = {}  # id(transformers model) -> the hooks active on it
 
@@ -192,14 +192,7 @@ class WidthHooks:
     def _ffn_hook(self, index: int):
         def hook(module: nn.Module, args: tuple):
             h = args[0]
-            mod = self.state.modality
-            if mod is None:
-                raise RuntimeError(f"width masks, layer {index} FFN: no token modality recorded (call the model "
-                                   f"with input_ids)")
-            if h.dim() != 3 or h.shape[0] != mod.shape[0] or h.shape[1] > mod.shape[1]:
-                raise RuntimeError(f"width masks, layer {index} FFN: down_proj input {tuple(h.shape)} does not "
-                                   f"match the tokens {tuple(mod.shape)}")
-            mod = mod[:, mod.shape[1] - h.shape[1]:].to(h.device)
+            mod = recorded_modality(self.state, h, f"width masks, layer {index} FFN", "down_proj input").to(h.device)
             keep, gate = self.ffn_keep.get(index), self.ffn_gate.get(index)
             if keep is None and gate is None:
                 return None
@@ -227,6 +220,18 @@ class WidthHooks:
         if _ACTIVE.get(id(self.base)) is self:
             del _ACTIVE[id(self.base)]
         self.active = False
+
+
+def recorded_modality(state: path_attention.ModalityState, hidden: torch.Tensor, where: str, what: str) -> torch.Tensor:
+    """The token modality the hooks recorded (``state.modality`` [B, T]), its last positions those of ``hidden``
+    [B, T', ...] (``what``: how messages name it); a RuntimeError naming ``where`` when none was recorded or the
+    shapes do not match."""
+    mod = state.modality
+    if mod is None:
+        raise RuntimeError(f"{where}: no token modality recorded (call the model with input_ids)")
+    if hidden.dim() != 3 or hidden.shape[0] != mod.shape[0] or hidden.shape[1] > mod.shape[1]:
+        raise RuntimeError(f"{where}: {what} {tuple(hidden.shape)} does not match the tokens {tuple(mod.shape)}")
+    return mod[:, mod.shape[1] - hidden.shape[1]:]
 
 
 class RemovableHandle:

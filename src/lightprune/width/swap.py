@@ -16,7 +16,7 @@ from torch import nn
 
 from lightprune.width.kernels.compact_ffn import CompactModalityFFN, split_tokens
 from lightprune.width.layers import find_width_layers
-from lightprune.width.mask import RemovableHandle, WidthHooks
+from lightprune.width.mask import RemovableHandle, WidthHooks, recorded_modality
 from lightprune.width.plan import WidthPlan
 
 __all__ = ["CompactFFNSwap", "swap_compact_ffn"]
@@ -65,14 +65,8 @@ class CompactFFNSwap(RemovableHandle):
         compact, state, cache = self.modules[index], self.hooks.state, self._split
 
         def forward(x: torch.Tensor) -> torch.Tensor:
+            tokens = recorded_modality(state, x, f"compact FFN, layer {index}", "input")
             mod = state.modality
-            if mod is None:
-                raise RuntimeError(f"compact FFN, layer {index}: no token modality recorded (call the model with "
-                                   f"input_ids)")
-            if x.dim() != 3 or x.shape[0] != mod.shape[0] or x.shape[1] > mod.shape[1]:
-                raise RuntimeError(f"compact FFN, layer {index}: input {tuple(x.shape)} does not match the "
-                                   f"tokens {tuple(mod.shape)}")
-            tokens = mod[:, mod.shape[1] - x.shape[1]:]
             # every layer of one forward sees the same recorded tensor: split its tokens once
             if cache.get("of") is not mod or cache.get("length") != x.shape[1] or cache["device"] != x.device:
                 cache.update(of=mod, length=x.shape[1], device=x.device, split=split_tokens(tokens.to(x.device)))
