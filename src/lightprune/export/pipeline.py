@@ -13,10 +13,10 @@ Every input is checked before any surgery or merge: the plan against the model f
 no other, the expert counts, the floors: :meth:`~lightprune.experts.plan.ExpertPlan.check_layers`; a plan that
 leaves layers out is refused, ``plan.completed(lp.find_moe_layers(model))`` keeps them whole), then ``atol``, the
 output directory, the card and the source's fingerprint. The export's one
-:class:`~lightprune.export.verification.Verification` runs each step once: ``mask_experts`` and ``prune_experts``
-are given the checked layers and do not check the plan again (``write_merged`` checks a MergePlan as its own entry
-point does), and :func:`~lightprune.export.save.write_pruned` then writes and verifies the checkpoint with the same
-probe, buffers and ``atol``, and returns its :class:`~lightprune.export.result.ExportResult`.
+:class:`~lightprune.export.verification.Verification` runs each step once: ``write_merged``, ``mask_experts`` and
+``prune_experts`` are given the checked layers and do not check the plan again, and
+:func:`~lightprune.export.save.write_pruned` then writes and verifies the checkpoint with the same probe, buffers and
+``atol``, and returns its :class:`~lightprune.export.result.ExportResult`.
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     fingerprint = source_fingerprint(source)
     probe = verification.probe_for(model)
     if merge is not None:
-        write_merged(model, merge)  # irreversible: after every check that can fail without surgery (plan included)
+        # irreversible: after every check that can fail without surgery (plan included)
+        write_merged(model, merge, layers=layers)
     verification.restore_buffers(model)  # cast with .to(bf16): rotary inv_freq back in fp32, as the checkpoint reloads
     with mask_experts(model, plan, layers=layers):  # the plan checked above
         reference = model_logits(model, probe)

@@ -8,8 +8,8 @@ whichever function of the export reaches it first:
 1. ``atol`` checked (:meth:`Verification.check_atol`, :func:`~lightprune.core.checks.check_atol`: NaN would switch
    verification off), before anything changes or is written;
 2. the plan checked against the model's MoE layers (:meth:`Verification.check_plan`,
-   :meth:`~lightprune.experts.plan.ExpertPlan.check_layers`); ``mask_experts`` and ``prune_experts`` are then given
-   the checked layers and do not check it again (a MergePlan's ``write_merged`` checks its own, as its entry point);
+   :meth:`~lightprune.experts.plan.ExpertPlan.check_layers`); ``write_merged``, ``mask_experts`` and
+   ``prune_experts`` are then given the checked layers and do not check it again;
 3. the probe built (:meth:`Verification.probe_for`: the given batch, else
    :func:`~lightprune.export.verify.default_probe`);
 4. in memory, the buffers transformers keeps in fp32 recomputed in fp32 (:meth:`Verification.restore_buffers`,

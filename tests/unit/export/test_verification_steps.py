@@ -73,6 +73,20 @@ def test_export_pruned_of_a_non_uniform_plan_runs_each_step_once(tiny, tmp_path,
     assert calls == {"check_layers": 1, "check_atol": 1, "default_probe": 1, "restore_fp32_buffers": 1}
 
 
+def test_export_pruned_of_a_merge_plan_runs_each_step_once(tiny, tmp_path, calls):
+    """A MergePlan: checked once (as the ExpertPlan of its kept layout), before the irreversible merge."""
+    model = tiny("qwen3_moe", seed=0)
+    layers = lp.find_moe_layers(model)
+    n = layers[0].num_experts
+    indices = [layer.index for layer in layers]
+    merge = lp.MergePlan(clusters={i: [[e, e + 1] for e in range(0, n, 2)] for i in indices},
+                         dominant={i: list(range(0, n, 2)) for i in indices},
+                         coefficients={i: [[0.5, 0.5]] * (n // 2) for i in indices},
+                         num_experts={i: n for i in indices})
+    lp.export_pruned(model, merge, tmp_path / "out")
+    assert calls == {"check_layers": 1, "check_atol": 1, "default_probe": 1, "restore_fp32_buffers": 1}
+
+
 def test_save_pruned_runs_each_step_once(tiny, tmp_path, calls):
     model = lp.prune_experts(tiny("qwen3_moe", seed=0), _half_plan(tiny("qwen3_moe", seed=0)))
     calls.clear()

@@ -67,21 +67,25 @@ def merged_slots(layer: MoELayer, plan: MergePlan) -> list[tuple[torch.Tensor, i
     return out
 
 
-def _checked_layers(model: nn.Module, plan: MergePlan, caller: str) -> list[MoELayer]:
+def _checked_layers(model: nn.Module, plan: MergePlan, caller: str,
+                    layers: list[MoELayer] | None = None) -> list[MoELayer]:
     check_plan_kind(plan, MergePlan, caller)
     if is_masked(model):
         raise ValueError("the model is inside mask_experts (or merged_experts): leave that block before merging")
     _check_not_partitioned(model)
-    layers = find_moe_layers(model)
-    plan.check_layers(layers)
+    if layers is None:
+        layers = find_moe_layers(model)
+        plan.check_layers(layers)
     return [layer for layer in layers if layer.index in plan.clusters]
 
 
 @torch.no_grad()
-def write_merged(model: nn.Module, plan: MergePlan) -> nn.Module:
+def write_merged(model: nn.Module, plan: MergePlan, *, layers: list[MoELayer] | None = None) -> nn.Module:
     """Write every cluster's merged expert into its dominant's slot, in place (the other slots keep their old
-    values until :func:`merge_experts` removes them). Returns ``model``."""
-    for layer in _checked_layers(model, plan, "write_merged"):
+    values until :func:`merge_experts` removes them). Returns ``model``. ``layers``: the model's MoE layers, from a
+    caller that has checked the plan against them (an export checks it once); by default found and the plan
+    checked here."""
+    for layer in _checked_layers(model, plan, "write_merged", layers):
         for tensor, dim, rows, dominant, value in merged_slots(layer, plan):
             expert_slice(tensor.data, dim, dominant, rows).copy_(value)
     return model
