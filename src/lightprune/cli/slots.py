@@ -31,8 +31,9 @@ ACCEPTS = {
     "callback": "a lightning.pytorch.Callback subclass",
     "criterion": "a registered criterion name or a lightprune Criterion subclass",
 }
-#: names whose use lets a module bind names its source does not show
-_DYNAMIC = frozenset({"__getattr__", "globals", "vars", "exec", "eval", "setattr", "__dict__", "modules"})
+#: names whose use lets a module bind names its source does not show (core.lazy.lazy_package installs a __getattr__)
+_DYNAMIC = frozenset({"__getattr__", "lazy_package", "globals", "vars", "exec", "eval", "setattr", "__dict__",
+                      "modules"})
 _MISSING = "missing"
 
 

@@ -2,6 +2,8 @@
 checkpoints: :func:`convert_to_gguf` (the ``lightprune convert-gguf`` command). The modules: :mod:`.converter`
 (finding and importing llama.cpp's converter, what it accepts), :mod:`.checks` (the export and the output),
 :mod:`.tokenizer` (the tokenizer), :mod:`.run` (the converter run and its errors), :mod:`.convert` (the whole).
+May import: checkpoints, models, core and export's result and width_format; never experts, width or above. llama.cpp's
+converter and gguf-py are imported only when a conversion runs.
 
     python scripts/fetch_llama_cpp.py                                     # once: the converter, into the cache
     lightprune convert-gguf outputs/quickstart/model outputs/quickstart.gguf
