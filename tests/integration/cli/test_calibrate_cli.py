@@ -16,6 +16,9 @@ from lightprune.cli.app import cli_main
 from lightprune.data import SyntheticTokens
 from lightprune.testing.tiny import tiny_model
 
+pytestmark = pytest.mark.exhaustive  # the exhaustive tier only: the command in a subprocess, interrupted and resumed
+
+
 DATA = {"num_samples": 8, "seq_len": 12, "batch_size": 2, "seed": 4}
 
 

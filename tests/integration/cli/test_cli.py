@@ -33,6 +33,7 @@ def _run(args: list[str]):
     return cli_main(args)
 
 
+@pytest.mark.exhaustive
 def test_aimer_config_prunes_a_checkpoint(tmp_path: Path, checkpoint: Path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     run = tmp_path / "run"
@@ -101,6 +102,7 @@ def test_bad_ratio_is_named(tmp_path: Path, monkeypatch) -> None:
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.exhaustive
 def test_addressed_options_reach_their_callback_whatever_the_order(tmp_path: Path, monkeypatch) -> None:
     """--prune.X sets ExpertPruning's X also when another callback is listed last (where
     --trainer.callbacks.init_args.X would go), and the saved config records it."""
@@ -126,6 +128,7 @@ def test_addressed_options_reach_their_callback_whatever_the_order(tmp_path: Pat
     assert not (tmp_path / "other").exists()
 
 
+@pytest.mark.exhaustive
 def test_a_rerun_does_not_replace_the_last_runs_checkpoint_unless_asked(tmp_path: Path, monkeypatch) -> None:
     """The shipped configs do not overwrite: a rerun in the same directory fails at setup, naming the option, and
     leaves the earlier checkpoint as it was; with --export.overwrite true it is replaced."""
@@ -157,6 +160,7 @@ def test_width_export_refuses_an_existing_checkpoint_at_setup(tmp_path: Path) ->
     WidthExport(overwrite=True).check(trainer, None, "fit")
 
 
+@pytest.mark.exhaustive
 def test_fit_and_calibrate_run_on_synthetic_tokens(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     common = ["--model", "lightprune.finetune.MoECausalLM", "--model.init_args.tiny", "olmoe",

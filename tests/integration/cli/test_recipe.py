@@ -13,6 +13,8 @@ import lightprune as lp
 from lightprune.cli.options import OptionError
 from lightprune.cli.recipe import recipe_command
 
+pytestmark = pytest.mark.exhaustive  # the exhaustive tier only: whole jobs run from a recipe
+
 
 @pytest.mark.parametrize("config,command", [("quickstart", "calibrate"), ("mwop", "fit"), ("router_lora", "fit"),
                                             ("reap_testbed", "calibrate"), ("maep", "calibrate"),

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 from fixtures import REPO
-from fixtures.deploy import PAGE, page_commands, export_testbed
+from fixtures.deploy import PAGE, export_testbed, page_commands
 
 from lightprune.cli.convert_gguf import parser
+
+pytestmark = pytest.mark.exhaustive  # the exhaustive tier only: the deployment page's commands, end to end
 
 
 def _command(*program: str) -> list[str]:

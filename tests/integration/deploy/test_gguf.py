@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures.deploy import page_commands, export_testbed
+from fixtures.deploy import export_testbed, page_commands
 from safetensors.torch import load_file
 
 from lightprune.checkpoints import OutputDirError
@@ -36,6 +36,8 @@ from lightprune.export.gguf import (
     converter_pre_tokenizers,
     find_converter,
 )
+
+pytestmark = pytest.mark.exhaustive  # the exhaustive tier only: llama.cpp's converter (test_gguf_export.py: in process)
 
 
 def _need(ok: bool, why: str) -> None:

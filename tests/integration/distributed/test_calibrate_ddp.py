@@ -16,6 +16,9 @@ from lightprune.data import SyntheticTokens
 from lightprune.finetune import MoECausalLM
 from lightprune.testing.tiny import tiny_model
 
+pytestmark = pytest.mark.exhaustive  # the exhaustive tier only: two processes per test
+
+
 DATA = {"num_samples": 8, "seq_len": 10, "batch_size": 2, "seed": 7}
 
 

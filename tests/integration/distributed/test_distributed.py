@@ -43,7 +43,8 @@ from lightprune.data import SyntheticTokens
 from lightprune.finetune import MoECausalLM
 from lightprune.models import find_moe_layers
 
-pytestmark = pytest.mark.distributed
+# exhaustive tier: two processes per test (DDP, DeepSpeed ZeRO on CPU)
+pytestmark = [pytest.mark.distributed, pytest.mark.exhaustive]
 
 DATA = {"num_samples": 8, "seq_len": 10, "batch_size": 2, "seed": 7}
 LORA = {"kind": "lora", "targets": ["router"], "r": 4, "alpha": 4, "dropout": 0.0}

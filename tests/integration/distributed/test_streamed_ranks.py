@@ -19,6 +19,9 @@ from lightprune.core.batch import model_inputs
 from lightprune.experts.calibration import CRITERIA, ExpertObserver
 from lightprune.testing.batches import tiny_text_batch
 
+pytestmark = pytest.mark.exhaustive  # the exhaustive tier only: two processes per test
+
+
 SUBSETS = ("all", "text")
 
 WORKER = textwrap.dedent("""

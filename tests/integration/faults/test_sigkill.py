@@ -16,7 +16,8 @@ import torch
 import lightprune as lp
 from lightprune.testing.tiny import tiny_model
 
-pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+# exhaustive tier: processes killed mid-write
+pytestmark = [pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL"), pytest.mark.exhaustive]
 
 _EXPORT = textwrap.dedent("""
     import os, signal, sys

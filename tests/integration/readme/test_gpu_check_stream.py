@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.exhaustive  # the exhaustive tier only: the GPU check's script in a subprocess
+
+
 ROOT = Path(__file__).resolve().parents[3]
 
 

@@ -8,6 +8,9 @@ import re
 import pytest
 from fixtures import REPO
 
+pytestmark = pytest.mark.exhaustive  # the exhaustive tier only: every Python block of the documentation, end to end
+
+
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 FOUND = [(page.relative_to(REPO), block) for page in PAGES
          for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]

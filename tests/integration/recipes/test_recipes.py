@@ -15,6 +15,9 @@ from lightprune.cli.app import cli_main
 from lightprune.testbed import resolve_testbed
 from lightprune.testing.tiny import tiny_model
 
+pytestmark = pytest.mark.exhaustive  # the exhaustive tier only: each recipe runs a whole job end to end
+
+
 REPO = REPO
 TEXT = REPO / "tests" / "fixtures" / "data" / "text.jsonl"
 # the README's job on the micro text testbed (trained in seconds) instead of the small one (minutes)

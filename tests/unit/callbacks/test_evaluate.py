@@ -147,6 +147,7 @@ def _datamodule(tokenizer_dir):
     return TextJsonlDataModule(str(tokenizer_dir), test=str(TEXT), val=str(TEXT), batch_size=3)
 
 
+@pytest.mark.exhaustive
 def test_export_run_before_and_after_merged_into_report(tmp_path, tokenizer_dir, caplog) -> None:
     import logging
 

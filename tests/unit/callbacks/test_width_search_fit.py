@@ -111,6 +111,7 @@ def whole_run(m0_checkpoint, tmp_path_factory):
     return search, module, trainer, out
 
 
+@pytest.mark.exhaustive
 def test_search_runs_every_stage_and_writes_its_plan(whole_run):
     search, module, trainer, out = whole_run
     record = json.loads((out / "search.json").read_text())

@@ -538,6 +538,7 @@ except MemoryError:
 """
 
 
+@pytest.mark.exhaustive
 def test_streaming_runs_under_a_memory_limit_smaller_than_the_checkpoint(tmp_path):
     """A private-memory limit (RLIMIT_DATA over what the process holds once imported) of a third of the
     checkpoint, plus the stacks of the verification forwards' and the readahead's threads: scoring and pruning

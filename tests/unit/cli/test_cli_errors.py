@@ -69,6 +69,7 @@ def test_a_class_without_a_required_argument_names_the_options_to_set() -> None:
         "--trainer.callbacks.init_args.data.init_args.rows")
 
 
+@pytest.mark.exhaustive
 def test_a_bad_option_value_is_one_line(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-m", "lightprune.cli.app", "export", "--config",
                            str(REPO / "configs" / "aimer_tiny.yaml"), "--trainer.callbacks.init_args.ratio", "abc",
@@ -109,6 +110,7 @@ def test_lightprune_s_own_runtime_errors_are_one_line_and_bugs_keep_their_traceb
         cli.main()
 
 
+@pytest.mark.exhaustive
 def test_a_missing_required_argument_is_one_line_naming_the_option(tmp_path) -> None:
     """configs/reap.yaml without its tokenizer (the config's own comment says to set it): jsonargparse's Union
     listing ("... is not null") becomes the option to set."""

@@ -62,6 +62,7 @@ def test_the_command_prints_one_line_and_exits_with_128_plus_the_signal(monkeypa
                                             "complete)\n")
 
 
+@pytest.mark.exhaustive
 def test_sigterm_while_the_first_run_trains_its_testbed_exits_143_and_caches_nothing(tmp_path) -> None:
     """The real command, on a fresh cache: it says it trains the testbed; SIGTERM then stops it at once, with
     status 143 (Lightning alone exits 0), one line naming the training and what was kept (the text corpus, cached
@@ -92,6 +93,7 @@ def test_sigterm_while_the_first_run_trains_its_testbed_exits_143_and_caches_not
     assert not [p for p in (tmp_path / "cache" / "testbed").iterdir() if "text-small" in p.name]
 
 
+@pytest.mark.exhaustive
 def test_an_existing_output_directory_is_refused_before_anything_is_built(tmp_path) -> None:
     """The export directory exists: refused from the options alone, before the model (whose checkpoint here does
     not even exist, which building it would report) or Lightning's trainer is made."""

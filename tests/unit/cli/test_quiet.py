@@ -60,6 +60,7 @@ def test_install_drops_the_named_notices_and_nothing_else() -> None:
 
 
 @pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+@pytest.mark.exhaustive
 def test_the_command_is_quiet_unless_verbose(tmp_path, testbed_root, verbose) -> None:
     """The README's default job on the micro testbed, in a fresh process: Lightning's litlogger tip and
     bitsandbytes' optional-kernel notice are gone, and --verbose brings them back."""
@@ -83,6 +84,7 @@ def test_the_command_is_quiet_unless_verbose(tmp_path, testbed_root, verbose) ->
 
 
 @pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+@pytest.mark.exhaustive
 def test_the_python_api_is_as_quiet_as_the_command(tmp_path, verbose) -> None:
     """An export from Python in a fresh process (the dev extras installed: DeepSpeed is imported on the way): no
     DeepSpeed notice, no progress bars of the export's own save and reload; LIGHTPRUNE_VERBOSE=1 shows them."""

@@ -6,9 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from lightprune.models.unwrap import base_model_of
 
 
+@pytest.mark.exhaustive
 def test_a_plain_model_imports_neither_peft_nor_lightning() -> None:
     code = ("import sys; from lightprune.testing.tiny import tiny_model; from lightprune.models.unwrap import "
             "base_model_of; m = tiny_model('qwen3_moe'); assert base_model_of(m) is m; "

@@ -64,6 +64,7 @@ def test_bench_export_bytes_against_the_reloaded_safetensors(tmp_path):
     assert "PASS: checkpoint bytes / expected bytes" in run.stdout
 
 
+@pytest.mark.exhaustive
 def test_collect_export_and_render_markdown(tmp_path):
     from lightprune.quality.bench_section import benchmarks_markdown, format_value
 

@@ -20,6 +20,9 @@ from lightprune.testbed import TEXT_TESTBEDS, build_text_corpus, text_testbed
 from lightprune.testbed.text_moe import corpus_datamodule
 from lightprune.testbed.vqa_models import VQA_TESTBEDS
 
+pytestmark = pytest.mark.exhaustive  # the exhaustive tier only: the quality tables measured on a trained micro testbed
+
+
 REPO = REPO
 MICRO = TEXT_TESTBEDS["micro"]
 

@@ -404,6 +404,7 @@ def test_cuda_bf16_and_fp32(text):
         assert_close_to_scale(half(x.bfloat16(), modality).float(), expected, rel=3e-2)
 
 
+@pytest.mark.exhaustive
 def test_bench_prefill_quick_prints_ratios():
     """``bench_prefill.py --quick`` prints every CPU ratio; then, in the same process (Triton in interpreter mode,
     eager FlexAttention, tiny shapes), its GPU part prints every row it prints on a GPU, so the part a GPU session

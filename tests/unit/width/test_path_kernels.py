@@ -263,6 +263,7 @@ if _CHILD:  # the Triton tests exist only in the TRITON_INTERPRET=1 subprocess (
 
 else:
 
+    @pytest.mark.exhaustive
     def test_triton_interpreter():
         """The Triton tests above, in a child pytest with TRITON_INTERPRET=1 set before triton is imported."""
         env = {**os.environ, "TRITON_INTERPRET": "1", _CHILD_VAR: "1"}
