@@ -25,6 +25,7 @@ def fp8_with_mtp(tmp_path_factory):
 
 
 @pytest.mark.parametrize("quantized", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.exhaustive
 def test_deepseek_v3s_mtp_layer_61_agrees_with_its_config(tmp_path, quantized):
     """61 layers and the MTP layer 61 in a second shard, as DeepSeek-V3 ships: a calibration plan names layers 1-60
     only; the written layer 61 holds as many experts and router rows as the config says, chosen by its own weights."""

@@ -467,6 +467,7 @@ def test_two_kept_experts_no_probe_token_reaches_swapped_fail_verification(tiny,
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.exhaustive
 def test_a_killed_streaming_export_leaves_the_previous_output(tiny, tmp_path):
     model = tiny("qwen3_moe", seed=2)
     path = saved(model, tmp_path / "ckpt", sharded=True)

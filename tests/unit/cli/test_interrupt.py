@@ -274,6 +274,7 @@ print("lived on", flush=True)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.exhaustive
 def test_a_scripts_signal_held_for_a_group_ends_it_once_every_file_of_the_group_is_in_place(tmp_path, signum) -> None:
     """SIGTERM (or SIGHUP) in a script once its checkpoint is in place: the staging's block ends, the run files are
     committed, then the signal ends the process (status 143: a shell's 128 + 15), without a line (library use)."""

@@ -85,6 +85,7 @@ def _short(err: BaseException) -> str:
     return text
 
 
+@pytest.mark.exhaustive
 def test_a_plan_naming_100000_layers_is_refused_in_one_short_line(tmp_path) -> None:
     model = tiny_model("qwen3_moe")  # MoE layers 0, 1, 2 of 8 experts
     n = 100_000

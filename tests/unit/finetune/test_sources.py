@@ -47,6 +47,7 @@ def test_paths_are_paths(tmp_path: Path) -> None:
         check_checkpoint_name(str(tmp_path / "missing"))
 
 
+@pytest.mark.exhaustive
 def test_the_testbed_source_comes_from_its_entry_point() -> None:
     # a fresh process that never imported lightprune.testbed still resolves 'testbed:' names
     code = ("import sys; from lightprune.core.sources import sources; s = sources(); "

@@ -25,6 +25,7 @@ def _check(figures: dict, prefix: str) -> dict:
     return found[0]
 
 
+@pytest.mark.exhaustive
 def test_bench_export_bytes_against_the_reloaded_safetensors(tmp_path):
     from safetensors import safe_open
 

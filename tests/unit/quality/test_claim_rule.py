@@ -87,6 +87,7 @@ def _seed_record(gen: torch.Generator, effect: float, seed: int) -> dict:
     return standing(kept(criterion), [kept(n) for n in null], d, ci, seed)
 
 
+@pytest.mark.exhaustive
 def test_random_plans_judged_as_criteria_pass_at_most_five_percent_of_the_time() -> None:
     gen = torch.Generator().manual_seed(1)
     trials = 400
