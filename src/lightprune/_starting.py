@@ -1,5 +1,5 @@
 """The ``lightprune`` console script's first moments: a stopping signal (SIGTERM, SIGINT, SIGHUP) before the
-command's own handling is in place (:mod:`lightprune.core.interrupt`, set up by :func:`lightprune.cli.command.main`)
+command's own handling is in place (`lightprune.core.interrupt`, set up by `lightprune.cli.command.main`)
 is one line and the shell's status (128 + the signal), at once, instead of a traceback from whichever import it
 lands in. Imported first by the package, so that only Python's own start-up comes before it; it acts in the console
 script only (``lightprune ...``, ``python -m lightprune.cli.command``): a program importing lightprune keeps its

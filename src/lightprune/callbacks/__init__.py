@@ -1,10 +1,10 @@
 """Lightning callbacks: thin orchestration over lightprune's functional core, one callback per file.
 
-Each callback's options are stated once, torch-free, in :mod:`.options` (the constructor checks its values
+Each callback's options are stated once, torch-free, in `options` (the constructor checks its values
 through them, and the command line runs the same checks before Lightning loads). They share one
-:class:`~lightprune.callbacks.state.RunState` (calibration statistics, expert scores, the expert
+`RunState` (calibration statistics, expert scores, the expert
 and width plans, the active width masks) and never look each other up; end-of-job steps run in phase order,
-wherever they are listed (:mod:`.job_end`).
+wherever they are listed ([`job_end`][.job_end]).
 
 May import: everything below it (experts, width, export, finetune, reporting, models, observe, data and the
 core); never the CLI or quality. Its names are imported on first use.

@@ -5,11 +5,11 @@ with the JSONL datamodules' prompt masking, every token of a plain text row):
 
 - ``perplexity``: ``torchmetrics.text.Perplexity`` = exp(mean next-token cross-entropy); ``loss`` its log;
 - ``next_token_accuracy``: the fraction of those positions whose argmax is the label
-  (:class:`~lightprune.width.retention.TaskAccuracy` with one task, metric ``token``);
+  (`TaskAccuracy` with one task, metric ``token``);
 - ``task_accuracy``: per task family (the datamodule's ``task_names`` and the batches' ``task_ids``; one
-  ``default`` family without them), :class:`~lightprune.width.retention.TaskAccuracy` with ``metric`` (``token``,
+  ``default`` family without them), `TaskAccuracy` with ``metric`` (``token``,
   ``exact`` whole-answer match, or ``prob``);
-- ``lm_eval``: optionally, lm-evaluation-harness on local task YAML files (:func:`run_lm_eval`) through its
+- ``lm_eval``: optionally, lm-evaluation-harness on local task YAML files (`run_lm_eval`) through its
   HF wrapper around the in-memory model (the ``eval`` extra, imported only then).
 
 When (the ``Evaluate`` callback): ``before`` at the start of the job, on the model as built (``on_fit_start``
@@ -17,10 +17,11 @@ under ``fit``, ``setup`` under ``export``, the calibration loop's start under ``
 calibration observer paused, so its batches are never observed); ``after`` at the end of the job (phase
 ``evaluate``: after scoring, selection and export, wherever it is listed), on the model they leave: pruned in
 place, or masked by the run state's plan when it is not (an ExpertPlan through
-:func:`~lightprune.mask_experts`, a MergePlan through :func:`~lightprune.merged_experts`, a WidthPlan through
-:func:`~lightprune.mask_width`). Under ``lightprune
+[`mask_experts`][lightprune.experts.mask.mask_experts], a MergePlan through
+[`merged_experts`][lightprune.experts.merging.merge.merged_experts], a WidthPlan through
+[`mask_width`][lightprune.width.mask_width]). Under ``lightprune
 test`` it evaluates the model as loaded, as ``test``. Results go to ``report.json`` in the run directory under
-``"evaluation"``, merged with what is there (:func:`lightprune.reporting.report.merge_report`); only rank 0 writes.
+``"evaluation"``, merged with what is there (`lightprune.reporting.report.merge_report`); only rank 0 writes.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def evaluate_lm(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]], ta
                 max_batches: int | None = None, end_ids: Sequence[int] = ()) -> dict[str, Any]:
     """Perplexity, next-token accuracy and per-task accuracy of ``model`` over ``batches`` (mode restored); the
     task accuracy leaves the end-of-turn markers ``end_ids`` out of the answers
-    (:func:`lightprune.width.retention.answer_mask`), perplexity and next-token accuracy count every label."""
+    (`lightprune.width.retention.answer_mask`), perplexity and next-token accuracy count every label."""
     from torchmetrics.text import Perplexity
 
     if metric not in METRICS:
@@ -189,7 +190,7 @@ class Evaluate(JobEndCallback):
 
     Args:
         split: the datamodule split to evaluate on: ``test`` or ``val``.
-        metric: the per-task accuracy, ``token``, ``exact`` or ``prob`` (see :mod:`lightprune.width.retention`).
+        metric: the per-task accuracy, ``token``, ``exact`` or ``prob`` (see `lightprune.width.retention`).
         when: ``before``, ``after`` or both (``lightprune test`` always evaluates once, as ``test``).
         max_batches: evaluate the first batches only.
         lm_eval_tasks: local lm-eval task YAML files (``dataset_path: json`` + ``dataset_kwargs.data_files``);

@@ -2,18 +2,18 @@
 
 Runs once, at the end of the job (phase ``select``: after the run's scores exist, before Export):
 ``on_export`` (``lightprune export``), ``on_calibrate_end`` (``lightprune calibrate``) or ``on_fit_end``
-(``lightprune fit``). Every criterion comes from one registry (:mod:`lightprune.experts.criteria`) and is
-asked the same way (:meth:`~lightprune.experts.criteria.Criterion.score_in_run`): weight criteria read the
+(``lightprune fit``). Every criterion comes from one registry (`lightprune.experts.criteria`) and is
+asked the same way ([`score_in_run`][lightprune.experts.criteria.base.Criterion.score_in_run]): weight criteria read the
 model, calibration criteria the run state's calibration statistics (ExpertStats), ``router_delta`` the
 scores of the run's adapter fit (RouterDelta). The plan goes to the run state, where
-:class:`~lightprune.callbacks.Export` applies it; scoring and surgery stay apart (Torch-Pruning's habit).
+[`Export`][..export.Export] applies it; scoring and surgery stay apart (Torch-Pruning's habit).
 ``scores.json`` and ``plan.json`` go to ``output_dir`` (default: the trainer's ``default_root_dir``) once the
 export has succeeded (or at the end of a job without one): a failed export leaves the previous files.
 
 With Export's ``plan_path`` the run applies that file's plan: ExpertPruning selects nothing (and says so), and the
 run's plan.json is the file's plan (Export writes it). A run may list several ExpertPruning, each writing into its
 own ``output_dir``; the run's plan (Export's, Evaluate's) is then the one written into Export's folder
-(:mod:`lightprune.callbacks.roster`).
+([`lightprune.callbacks.roster`][..roster]).
 
 Across processes (DDP, DeepSpeed ZeRO-1/2/3) every rank scores: weight criteria gather one
 layer's ZeRO-3 partitions at a time, calibration criteria read statistics already summed across

@@ -1,22 +1,24 @@
 """ExpertStats: calibration statistics over ``lightprune calibrate``'s forward passes.
 
-Drives :class:`~lightprune.experts.calibration.ExpertObserver` from Lightning's validation loop while
+Drives `ExpertObserver` from Lightning's validation loop while
 the trainer calibrates: the observer is entered at ``on_validation_start`` and fed each batch at
 ``on_validation_batch_start`` by the Python API's own driver
-(:func:`lightprune.experts.calibration.feed.observe_batch`: the same model inputs, the output head skipped, no loss;
+(`lightprune.experts.calibration.feed.observe_batch`: the same model inputs, the output head skipped, no loss;
 ``MoECausalLM.validation_step`` then does nothing, and ``val/ppl`` is not measured on calibration batches; a module
 without ``leaves_calibration_forwards`` runs its own forward after the batch is declared), and at
 ``on_validation_end`` the per-rank accumulators
-are summed across ranks, every rank gets the same :class:`CalibrationStats` (``self.stats``, and the
-run state's ``calibration``), and rank 0 writes ``calibration.json``. :class:`ExpertPruning` with a
-calibration criterion (``reap``, ``delta_h``, ``maep``, ...) reads the run state's ``calibration``. While
+are summed across ranks, every rank gets the same
+[`CalibrationStats`][lightprune.experts.calibration.result.CalibrationStats] (``self.stats``, and the
+run state's ``calibration``), and rank 0 writes ``calibration.json``. [`ExpertPruning`][..expert_pruning.ExpertPruning]
+with a calibration criterion (``reap``, ``delta_h``, ``maep``, ...) reads the run state's ``calibration``. While
 it observes, the observer is the run state's ``observer`` (so that another callback's own forward passes,
 Evaluate's, can pause it).
 
 Resuming: with ``save_every_n_batches > 0`` the accumulators are saved (atomically, one file per
 rank) every n batches to ``<output_dir>/calibration_state.rank<r>.pt``, with a fingerprint of the
-setup, the model and the batches accumulated (:mod:`lightprune.experts.calibration.resume`); a rerun
-finds them, checks that its own setup, model and first batches are the same (:meth:`check_resume`,
+setup, the model and the batches accumulated (`lightprune.experts.calibration.resume`); a rerun
+finds them, checks that its own setup, model and first batches are the same
+([`check_resume`][.ExpertStats.check_resume],
 used by ``PruneTrainer.calibrate`` before any batch is skipped; a mismatch is an error naming it), that every field
 of the state is well-formed and agrees with the others when it is read, and that its sums are the ones this job
 collects before they are loaded (a wrong field is an error naming the file and the field), and
@@ -206,8 +208,8 @@ class ExpertStats(pl.Callback):
             write_json(self.stats.to_json(), self.run_dir(trainer) / "calibration.json", indent=1)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        """A calibration stopped by a signal (:class:`lightprune.core.interrupt.Interrupted`) keeps its saved state:
-        recorded (:func:`lightprune.core.interrupt.kept`), so the command's line names it and says a rerun resumes."""
+        """A calibration stopped by a signal (`lightprune.core.interrupt.Interrupted`) keeps its saved state:
+        recorded (`lightprune.core.interrupt.kept`), so the command's line names it and says a rerun resumes."""
         if not isinstance(exception, interrupt.Interrupted) or self._observer is None:
             return
         path = self._state_path(trainer)
@@ -231,7 +233,7 @@ class ExpertStats(pl.Callback):
 
 
 def _fingerprint(pl_module: pl.LightningModule) -> dict[str, Any]:
-    """:func:`model_fingerprint` of the module's model; a streamed one (``MoECausalLM(sequential=True)``) has its
+    """`model_fingerprint` of the module's model; a streamed one (``MoECausalLM(sequential=True)``) has its
     routers read in for it."""
     skeleton = getattr(pl_module, "skeleton", None)
     if skeleton is None:

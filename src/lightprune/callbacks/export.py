@@ -1,7 +1,8 @@
 """Export: apply the run's ExpertPlan structurally, save, reload, verify, report.
 
 At the end of the job (phase ``export``: after ExpertPruning, wherever either is listed) it takes the
-plan from the run state (made by :class:`ExpertPruning`) or from ``plan_path`` (then no ExpertPruning selects, and
+plan from the run state (made by [`ExpertPruning`][..expert_pruning.ExpertPruning]) or from ``plan_path`` (then no
+ExpertPruning selects, and
 the run's plan.json, or merge_plan.json, is written from the file once the export has succeeded), computes the masked
 model's logits on a probe batch, prunes in place, writes the checkpoint (temporary directory renamed
 into place) and verifies the reloaded checkpoint against the masked logits. The checkpoint holds the
@@ -13,12 +14,13 @@ summary table.
 
 Across processes only rank 0 writes and verifies. When the weights are still the source checkpoint's (a
 calibration job from a local checkpoint: no training, adapter, 4-bit base or precision cast), rank 0 prunes the
-source checkpoint shard by shard with the agreed plan (:func:`lightprune.export.prune_checkpoint`) instead of
+source checkpoint shard by shard with the agreed plan
+([`lightprune.export.prune_checkpoint`][lightprune.export.streamed.prune_checkpoint]) instead of
 writing the model: under DDP and ZeRO-1/2 every rank also applies the plan to its full copy; under ZeRO-3 nothing
 is gathered and the in-memory model stays partitioned and unpruned (unless an evaluation follows the export, which
 needs the pruned model: then it is gathered as below). Otherwise every rank leaves with the same pruned
 architecture: under DDP and ZeRO-1/2 every rank applies the plan to its full copy; under ZeRO-3 the model is first
-un-partitioned one module at a time (:func:`lightprune.core.distributed.materialize`): rank 0 gathers the full values
+un-partitioned one module at a time (`lightprune.core.distributed.materialize`): rank 0 gathers the full values
 onto the CPU in the weights' own dtype (16-bit under mixed precision) and is the only rank holding them; the other
 ranks keep ``meta`` tensors of the same shapes and apply the same surgery to those.
 """
@@ -95,7 +97,7 @@ def export_with_report(model, plan: ExpertPlan | MergePlan, run_dir: Path, ckpt_
                        evaluation: dict[str, Any] | None = None, quantize: str | None = None) -> dict[str, Any]:
     """Prune (a MergePlan: merge) ``model`` by ``plan``, export and verify it to ``ckpt_dir`` (with the source
     checkpoint's tokenizer files, else ``processor``, and a model card), then write ``report.json`` and
-    ``kept_experts.png`` to ``run_dir``; returns the report (:func:`lightprune.reporting.report.summary_table`
+    ``kept_experts.png`` to ``run_dir``; returns the report (`lightprune.reporting.report.summary_table`
     shows it)."""
     start = time.perf_counter()
     card = {"source": str(source), **({"evaluation": evaluation} if evaluation else {})}
@@ -113,8 +115,9 @@ def export_with_report(model, plan: ExpertPlan | MergePlan, run_dir: Path, ckpt_
 def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Path, ckpt_dir: Path, *, source: Any,
                                 params_before: int, seconds_scoring: float, overwrite: bool,
                                 atol: float | None, quantize: str | None = None, device: Any = "cpu") -> dict[str, Any]:
-    """:func:`lightprune.export.prune_checkpoint` of ``source_dir`` by ``plan`` into ``ckpt_dir`` (verified on
-    ``device``), then the same ``report.json`` and ``kept_experts.png`` as :func:`export_with_report`, from the
+    """[`lightprune.export.prune_checkpoint`][lightprune.export.streamed.prune_checkpoint] of ``source_dir`` by ``plan``
+    into ``ckpt_dir`` (verified on
+    ``device``), then the same ``report.json`` and ``kept_experts.png`` as `export_with_report`, from the
     checkpoints."""
     start = time.perf_counter()
     result = prune_checkpoint(source_dir, plan, ckpt_dir, overwrite=overwrite, atol=atol,
@@ -143,10 +146,11 @@ class Export(WritesCheckpoint, JobEndCallback):
             does not write (its calibration.json beside a new plan) are deleted when the new checkpoint is published.
         atol: the absolute term of verification's tolerance ``atol + rtol * max|reference|`` (default: 1e-5 in
             fp32, 1e-2 in bf16/fp16, where a near tie between router scores can flip an expert choice; ``rtol``:
-            :func:`lightprune.export.verify.default_rtol`).
+            `lightprune.export.verify.default_rtol`).
         summary: print the summary table at the end of the job (with Evaluate's perplexity before and after).
         quantize: ``"fp8"``: once verified, write the checkpoint FP8 block-scaled (the DeepSeek-V3 layout
-            transformers and the serving stacks load; :func:`lightprune.quantize_checkpoint`), in 128x128 blocks or
+            transformers and the serving stacks load;
+            [`lightprune.quantize_checkpoint`][lightprune.export.quantize.quantize_checkpoint]), in 128x128 blocks or
             those of the FP8 checkpoint the model was loaded from; a checkpoint streamed from a quantized source keeps
             its own format without it. None: the weights' dtype.
     """

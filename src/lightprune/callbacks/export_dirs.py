@@ -1,7 +1,7 @@
 """Where an export callback (Export, WidthExport) writes its checkpoint, and the refusals of a checkpoint directory
 from the callback's options alone: one that holds an earlier run's files, one that is (or holds, or lies inside a file
 of) the run's own folder, a ``plan_path`` that is no file. Torch-free, so that the ``lightprune`` command refuses them
-before Lightning is imported (:func:`lightprune.cli.command_line_checks.check_command_line`), and the callbacks'
+before Lightning is imported (`lightprune.cli.command_line_checks.check_command_line`), and the callbacks'
 ``preflight`` and ``check`` alike. Every path option takes ``~`` for the home directory, as ``trainer.default_root_dir``
 does."""
 
@@ -73,7 +73,7 @@ def checkpoint_dir_remedy(address: str) -> str:
 
 def check_checkpoint_place(path: Path, folders: Iterable[Path], address: str) -> None:
     """Refuse (``ValueError``, one line) a checkpoint directory ``path`` that is one of the run's ``folders`` (absolute:
-    :func:`folder_of`), holds one, or lies inside a file or folder the run writes there (:data:`RUN_FILES`): the
+    `folder_of`), holds one, or lies inside a file or folder the run writes there (`RUN_FILES`): the
     export replaces its directory whole, so the run's config.yaml, plan.json and report.json would go with it. Whatever
     ``overwrite`` says: ``<folder>/model`` (the default) or a folder elsewhere is the place for it."""
     ckpt = folder_of(path, None)
@@ -96,7 +96,7 @@ def check_plan_path(plan_path: str | os.PathLike) -> str:
     """``plan_path`` with ``~`` expanded, when it is a file; else an OSError whose message says what is there
     (``plan_path: '/x' does not exist``): IsADirectoryError for a directory, FileNotFoundError when nothing is there or
     for a dangling symlink, OSError (EINVAL; ELOOP for a symlink loop) for a special file such as a FIFO, in the
-    words of :func:`~lightprune.core.paths.file_problem`."""
+    words of `file_problem`."""
     path = Path(plan_path).expanduser()
     if path.is_dir():
         raise IsADirectoryError(f"plan_path: {str(plan_path)!r} is a directory, not a plan file: name the plan.json "

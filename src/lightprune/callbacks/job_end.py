@@ -1,17 +1,19 @@
 """JobEndCallback: a callback that acts once, at the end of whichever job it runs in.
 
 ``lightprune export`` ends in ``on_export``, ``lightprune calibrate`` in ``on_calibrate_end``
-(both called by :class:`~lightprune.cli.trainer.PruneTrainer`) and ``lightprune fit`` in Lightning's
-``on_fit_end``. Every JobEndCallback registers with the run's :class:`~lightprune.callbacks.state.RunState`
-at ``setup``; the first end-of-job hook runs them all in the order of their :attr:`phase` (score, select,
+(both called by `PruneTrainer`) and ``lightprune fit`` in Lightning's
+``on_fit_end``. Every JobEndCallback registers with the run's `RunState`
+at ``setup``; the first end-of-job hook runs them all in the order of their `phase` (score, select,
 export, evaluate, report), so where a callback is listed does not matter.
 
-At ``setup`` the run's list of callbacks is checked first (:meth:`RunState.check_callbacks
-<lightprune.callbacks.state.RunState.check_callbacks>`: two Exports, two ExpertPruning writing one folder, ...).
-Subclasses set :attr:`phase` and implement two methods, in the manner of Lightning's ``BaseFinetuning``:
-:meth:`check` (fail fast against the model at setup, before any data is spent) and :meth:`run` (the work;
-idempotent). :meth:`run_test` is what a callback does at the end of ``lightprune test`` (nothing by default).
-:meth:`preflight` (a classmethod) refuses what needs no model (an output directory that exists) from the parsed
+At ``setup`` the run's list of callbacks is checked first (`RunState.check_callbacks`: two Exports, two ExpertPruning
+writing one folder, ...).
+Subclasses set `phase` and implement two methods, in the manner of Lightning's ``BaseFinetuning``:
+[`check`][.JobEndCallback.check] (fail fast against the model at setup, before any data is spent) and `run` (the work;
+idempotent). [`run_test`][.JobEndCallback.run_test] is what a callback does at the end of ``lightprune test`` (nothing
+by default).
+[`preflight`][.JobEndCallback.preflight] (a classmethod) refuses what needs no model (an output directory that exists)
+from the parsed
 options alone: the ``lightprune`` command calls it before anything is built, so that refusal comes in a second.
 """
 

@@ -1,11 +1,11 @@
-"""Each lightprune callback's options, stated once and torch-free: :data:`OPTIONS`.
+"""Each lightprune callback's options, stated once and torch-free: `OPTIONS`.
 
-A :class:`CallbackOptions` names a callback, the address of its options on the command line (``--prune.ratio 0.3``
+A `CallbackOptions` names a callback, the address of its options on the command line (``--prune.ratio 0.3``
 sets ExpertPruning's ``ratio`` whatever the order of the job's callbacks), the line ``lightprune --help`` shows for
 it, and every argument of its constructor with the check that refuses a bad value. The constructor checks its
-values through its spec (:meth:`CallbackOptions.check`) and :func:`uses_options` makes sure, when the class is
+values through its spec (`CallbackOptions.check`) and `uses_options` makes sure, when the class is
 defined, that the constructor takes exactly the spec's arguments; the command line runs the same checks on a job's
-options before it loads torch or Lightning (:mod:`lightprune.cli.options`), so a typo gets the callback's own
+options before it loads torch or Lightning (`lightprune.cli.options`), so a typo gets the callback's own
 message in a fraction of a second. Checks that read a registry a project can extend (criteria, calibration
 statistics) are marked ``registered``: the command line skips them when the job names project modules.
 

@@ -1,9 +1,9 @@
 """The weights a width search recovers (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient
-MLLMs"), Alg. 1): each candidate starts from M0's trainable weights (:func:`load_trainable` of the snapshot
-:func:`trainable` took), with a fresh optimizer state and the learning-rate schedule restarted over its own steps
-(:func:`restart_optimization`); its recovered weights are saved (:func:`save_trainable`, at
-:func:`candidate_weights_path`) and read back when it is chosen. Used by
-:class:`~lightprune.callbacks.width_search.WidthSearch`.
+MLLMs"), Alg. 1): each candidate starts from M0's trainable weights (`load_trainable` of the snapshot
+`trainable` took), with a fresh optimizer state and the learning-rate schedule restarted over its own steps
+(`restart_optimization`); its recovered weights are saved (`save_trainable`, at
+`candidate_weights_path`) and read back when it is chosen. Used by
+[`WidthSearch`][..width_search.WidthSearch].
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
 
 
 def load_trainable(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Copy ``weights`` (a snapshot of :func:`trainable`) into ``model``'s trainable parameters; a RuntimeError when
+    """Copy ``weights`` (a snapshot of `trainable`) into ``model``'s trainable parameters; a RuntimeError when
     the two name other parameters."""
     params = trainable(model)
     if set(params) != set(weights):

@@ -1,4 +1,4 @@
-"""ReportPage: write the run's ``report.md`` (:func:`lightprune.reporting.page.write_report_page`) at the end of
+"""ReportPage: write the run's ``report.md`` (`lightprune.reporting.page.write_report_page`) at the end of
 the job, after pruning, export and evaluation."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["ReportPage"]
 @uses_options(OPTIONS["ReportPage"])
 class ReportPage(JobEndCallback):
     """Write the run's ``report.md`` at the end of the job (phase ``report``: after pruning, export and
-    :class:`~lightprune.callbacks.Evaluate`, wherever it is listed). Only rank 0 writes.
+    [`Evaluate`][...evaluate.Evaluate], wherever it is listed). Only rank 0 writes.
 
     Args:
         output_dir: the run directory (default: ``trainer.default_root_dir``).

@@ -1,11 +1,11 @@
-"""Which of lightprune's callbacks one run may list together, from their options alone: :func:`check_roster`.
+"""Which of lightprune's callbacks one run may list together, from their options alone: [`check_roster`][].
 
 Torch-free, so that the ``lightprune`` command checks a job's callbacks list before Lightning is imported
-(:func:`lightprune.cli.command_line_checks.check_command_line`), and every lightprune callback's ``setup`` checks the
-trainer's list before any work (:meth:`lightprune.callbacks.state.RunState.check_callbacks`). The rules:
+(`lightprune.cli.command_line_checks.check_command_line`), and every lightprune callback's ``setup`` checks the
+trainer's list before any work (`lightprune.callbacks.state.RunState.check_callbacks`). The rules:
 
-- once per run (:data:`ONCE` says why): ExpertStats, RouterDelta, Export, WidthExport, WidthSearch;
-- one per folder (:data:`PER_FOLDER`): ExpertPruning and Evaluate. Several ExpertPruning score several criteria
+- once per run (`ONCE` says why): ExpertStats, RouterDelta, Export, WidthExport, WidthSearch;
+- one per folder (`PER_FOLDER`): ExpertPruning and Evaluate. Several ExpertPruning score several criteria
   in one run, each writing plan.json and scores.json into its own ``output_dir``; the plan the run then applies
   (Export) and measures after pruning (Evaluate) is the one written into Export's folder (without an Export:
   Evaluate's), so one of them must write there;
@@ -13,7 +13,7 @@ trainer's list before any work (:meth:`lightprune.callbacks.state.RunState.check
   plan.json is the file's plan; WidthExport's ``plan_path`` and a WidthSearch are refused together (the search's
   fit would choose a plan that is not the one exported, and write it as the run's width_plan.json);
 - an export's checkpoint directory is none of the run's folders, holds none and lies inside no file the run writes
-  (:func:`~lightprune.callbacks.export_dirs.check_checkpoint_place`).
+  (`check_checkpoint_place`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ _EXPORTS = {"Export": "export", "WidthExport": "width_export"}
 
 @dataclass(frozen=True)
 class Roster:
-    """What :func:`check_roster` found: ``plan_folder``, the folder whose ExpertPruning gives the run's plan when
+    """What [`check_roster`][] found: ``plan_folder``, the folder whose ExpertPruning gives the run's plan when
     several select one (None: one or none does); ``plan_file``, Export's ``plan_path`` (the plan applied)."""
 
     plan_folder: Path | None = None

@@ -15,7 +15,7 @@ at fit end it
 
 Selection and export are the other callbacks' (phase order: this one scores first):
 ``ExpertPruning(criterion="router_delta", ratio=...)`` (or ``n_per_layer``) makes the plan and writes
-``scores.json`` and ``plan.json``, :class:`~lightprune.callbacks.Export` prunes the original and exports.
+``scores.json`` and ``plan.json``, [`Export`][..export.Export] prunes the original and exports.
 
 Across processes (DDP, DeepSpeed ZeRO-1/2/3) every rank scores: router weights are read with
 the routers' ZeRO-3 partitions gathered (the routers only, never the experts), the fingerprint

@@ -1,10 +1,10 @@
 """RunState: what lightprune's callbacks share during one run, so that none looks another up.
 
-One object per trainer (:meth:`RunState.of`). Callbacks put what they produce here and take what they
+One object per trainer (`RunState.of`). Callbacks put what they produce here and take what they
 need from here:
 
-- ``calibration``: the :class:`~lightprune.experts.calibration.CalibrationStats` of the run (ExpertStats),
-  and ``observer``, the calibration observer while it is active (ExpertStats; Evaluate pauses it);
+- ``calibration``: the [`CalibrationStats`][lightprune.experts.calibration.result.CalibrationStats] of the run
+  (ExpertStats), and ``observer``, the calibration observer while it is active (ExpertStats; Evaluate pauses it);
 - ``expert_scores``: importance by criterion name (RouterDelta puts ``router_delta``; ExpertPruning puts
   the criterion it scored), ``scoring_seconds``;
 - ``expert_plan``: the ExpertPlan (ExpertPruning; Export applies it, Evaluate masks with it); ``merge_plan``: the
@@ -17,22 +17,22 @@ need from here:
   evaluation's rows; ``datamodule``: the
   data of a ``lightprune calibrate`` run, which Lightning does not attach to the trainer (PruneTrainer);
 - ``width_plan`` and the width masks active on the model (WidthSearch; WidthExport releases them, Evaluate
-  reads whether they are on): one owner for those hooks, :meth:`apply_width_masks` /
-  :meth:`release_width_masks`;
-- the end-of-job steps: every :class:`~lightprune.callbacks.job_end.JobEndCallback` registers at ``setup``
-  and the first end-of-job hook runs them all, in phase order (:data:`PHASES`: score, select, export,
+  reads whether they are on): one owner for those hooks, `apply_width_masks` /
+  `release_width_masks`;
+- the end-of-job steps: every [`JobEndCallback`][..job_end.JobEndCallback] registers at ``setup``
+  and the first end-of-job hook runs them all, in phase order (`PHASES`: score, select, export,
   evaluate, report), each once. Where a callback is listed does not matter;
 - the run files that must agree with the export (plan.json, scores.json, and the command's config.yaml:
-  :meth:`stage_file`, :meth:`stage_text`) are held until the export phase has succeeded (or the job ends without
+  `stage_file`, `stage_text`) are held until the export phase has succeeded (or the job ends without
   one), then they are written together, each atomically. A run that fails before leaves the previous run's files as
   they were. With an export's ``overwrite``, the previous run's files that this run does not write (its
-  calibration.json beside a new plan: :meth:`previous_files`) are deleted with that publishing.
+  calibration.json beside a new plan: `previous_files`) are deleted with that publishing.
 
-Where a callback writes them: :func:`run_directory`, its ``output_dir`` or else the trainer's
+Where a callback writes them: `run_directory`, its ``output_dir`` or else the trainer's
 ``default_root_dir``.
 
-Which callbacks a run may list together (:mod:`lightprune.callbacks.roster`) is checked once, at the first lightprune
-callback's ``setup`` (:meth:`RunState.check_callbacks`), before any work: it also records ``plan_file`` (Export's
+Which callbacks a run may list together ([`lightprune.callbacks.roster`][..roster]) is checked once, at the first
+lightprune callback's ``setup`` (`RunState.check_callbacks`), before any work: it also records ``plan_file`` (Export's
 ``plan_path``: no ExpertPruning selects then) and ``plan_folder`` (with several ExpertPruning, the folder of the one
 whose plan the run applies).
 """
@@ -72,11 +72,11 @@ _STATES: "weakref.WeakKeyDictionary[Any, RunState]" = weakref.WeakKeyDictionary(
 
 
 class _Text(str):
-    """A staged file's text, written as it is (:meth:`RunState.stage_text`)."""
+    """A staged file's text, written as it is (`RunState.stage_text`)."""
 
 
 def _write_text(text: str, path: str) -> None:
-    """``text`` to ``path`` in UTF-8 (:func:`~lightprune.core.paths.write_atomically`: parents created, the temporary
+    """``text`` to ``path`` in UTF-8 (`write_atomically`: parents created, the temporary
     file removed and the file named on failure)."""
     write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), "run file")
 
@@ -145,7 +145,7 @@ class RunState:
     # ------------------------------------------------------------------ the callbacks listed
     def check_callbacks(self, trainer: Any) -> None:
         """Refuse lightprune callbacks that conflict in ``trainer.callbacks`` (one line naming the class:
-        :func:`~lightprune.callbacks.roster.check_roster`) and record ``plan_file`` and ``plan_folder``; once per run,
+        [`check_roster`][....roster.check_roster]) and record ``plan_file`` and ``plan_folder``; once per run,
         from the first lightprune callback's ``setup``."""
         if self._checked:
             return
@@ -185,7 +185,8 @@ class RunState:
         return self._width_masks is not None
 
     def apply_width_masks(self, model: Any, plan: "WidthPlan") -> None:
-        """Mask ``model`` with ``plan`` (:func:`lightprune.width.mask.mask_width`), replacing the masks on it."""
+        """Mask ``model`` with ``plan`` ([`lightprune.width.mask.mask_width`][lightprune.width.mask_width]), replacing
+        the masks on it."""
         self.release_width_masks()
         self._width_masks = mask_width(model, plan)
 
@@ -197,7 +198,7 @@ class RunState:
 
     # ------------------------------------------------------------------ run files
     def stage_file(self, path: Any, data: Any, indent: int | None = None) -> None:
-        """Write JSON ``data`` to ``path`` once the job's export phase has succeeded (:meth:`commit_files`)."""
+        """Write JSON ``data`` to ``path`` once the job's export phase has succeeded (`commit_files`)."""
         self._staged[str(path)] = (data, indent)
 
     def stage_text(self, path: Any, text: str) -> None:
@@ -206,8 +207,8 @@ class RunState:
 
     def commit_files(self) -> list[str]:
         """Write every staged file (each atomically; a signal meanwhile is held until all are written:
-        :func:`lightprune.core.interrupt.publishing`); returns their paths. Where the export wrote them aside before
-        its checkpoint's rename (:meth:`_write_aside`), they are renamed into place."""
+        `lightprune.core.interrupt.publishing`); returns their paths. Where the export wrote them aside before
+        its checkpoint's rename (`_write_aside`), they are renamed into place."""
         written = []
         with interrupt.publishing(what="the run files"):
             if self._staged or self._journal is not None:
@@ -229,8 +230,8 @@ class RunState:
 
     def _write_aside(self, staged: Any = None, out: Any = None) -> None:
         """Before an export renames its checkpoint into place (``staged`` -> ``out``), write the staged files beside
-        their targets with a journal (:mod:`lightprune.checkpoints.journal`): a kill between the checkpoint's rename
-        and :meth:`commit_files` is settled by the next run, forward or back, never leaving one run's checkpoint
+        their targets with a journal (`lightprune.checkpoints.journal`): a kill between the checkpoint's rename
+        and `commit_files` is settled by the next run, forward or back, never leaving one run's checkpoint
         beside another's plan."""
         if staged is None or out is None or self._journal is not None:
             return
@@ -257,12 +258,12 @@ class RunState:
 
     def supersedes(self, path: Any) -> None:
         """``path`` is rewritten once the export's checkpoint is in place (its report.json): a kill before that leaves
-        the previous one, which no longer describes the checkpoint (:mod:`lightprune.checkpoints.journal`)."""
+        the previous one, which no longer describes the checkpoint (`lightprune.checkpoints.journal`)."""
         self._superseded.add(str(path))
 
     # ------------------------------------------------------------------ end of job
     def add_job_end(self, callback: Any) -> None:
-        """Register ``callback`` (a JobEndCallback) for :meth:`finish_job` (idempotent)."""
+        """Register ``callback`` (a JobEndCallback) for `finish_job` (idempotent)."""
         if callback.phase not in PHASES:
             raise ValueError(f"{type(callback).__name__}.phase must be one of {list(PHASES)}, got {callback.phase!r}")
         if all(cb is not callback for cb in self._job_end):

@@ -1,11 +1,13 @@
 """WidthExport: write the MWOP search's chosen model as a verified width checkpoint (MWOP ("MWOP: Modality-aware
 Width-wise Operation Pruning for Efficient MLLMs"), appendix D.5).
 
-At the end of the fit (phase ``export``) it takes the run state's width plan (the :class:`WidthSearch`'s
+At the end of the fit (phase ``export``) it takes the run state's width plan (the
+[`WidthSearch`][..width_search.WidthSearch]'s
 choice; the model is left with the chosen candidate's recovered weights and masks) or ``plan_path``; computes the masked model's logits on a
 probe batch (the first batch of the evaluation set: image and text tokens, so every path is exercised);
 removes the masks; merges the LoRA adapter into the base weights (the projector was trained in full, so
-it is already there); and writes the checkpoint with :func:`lightprune.export.save_width_pruned`, which
+it is already there); and writes the checkpoint with
+[`lightprune.export.save_width_pruned`][lightprune.export.width.save_width_pruned], which
 reloads it with the path-sparse attention and compact FFNs swapped in and checks the logits against the
 masked ones. ``report.json`` in the run directory records the plan's pruned fractions, the search's ATR
 and FLOPs, checkpoint bytes and timings. Only rank 0 writes.

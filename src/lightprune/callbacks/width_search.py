@@ -10,7 +10,7 @@ callback owns the schedule, in the manner of Lightning's ``BaseFinetuning``:
 - ``on_train_epoch_start``: for a new candidate, reset the trainable weights to M0, clear the optimizer
   state and restart the learning-rate schedule over the candidate's steps; (re)apply its cumulative masks.
 - ``on_train_epoch_end``: after ``recovery_epochs`` epochs, score the candidate on the full evaluation set
-  (ATR against M0), keep its trainable weights, then decide the next one (:class:`StagedSearch`), running
+  (ATR against M0), keep its trainable weights, then decide the next one (`StagedSearch`), running
   each new stage's training-free sweep on the selection set on Mask(M0, Omega_rho); FFN importance is
   computed once, when the FFN_V stage begins, on M0 with the attention masks chosen so far. When every
   stage is done: the final revisit, the chosen candidate's weights and masks are put in place (the model stays
@@ -20,13 +20,13 @@ Everything a restart needs (search state, M0 snapshot, scores, reference, the cu
 ``state_dict``, so a fit resumed from a Lightning checkpoint (``ckpt_path``) carries on at the next
 candidate, or inside a candidate's recovery with its masks re-applied.
 
-Importance comes from ``criterion``, a width scorer (:mod:`lightprune.width.scorers`; default ``taylor``, the
+Importance comes from ``criterion``, a width scorer (`lightprune.width.scorers`; default ``taylor``, the
 paper's first-order Taylor importance), computed for the attention paths on M0 and for the FFN channels under the
 chosen attention masks, as Algorithm 1 does with Taylor importance.
 
 Data (from the datamodule): ``calibration_dataloader`` (the scorer's calibration set; ``train_dataloader`` when
 absent; a scorer that reads one set per task category, ``min_rank``, gets ``dataloader("calibration",
-tasks=[name])`` for every name of ``task_names``: :func:`~lightprune.width.scorer.category_batches`; a
+tasks=[name])`` for every name of ``task_names``: [`category_batches`][lightprune.width.category_batches]; a
 calibration-free scorer reads none), ``selection_dataloader`` (training-free sweeps; ``val_dataloader`` when
 absent: said in the log), ``val_dataloader`` (full evaluation), ``task_names`` (task families; one "default" family
 when absent).
@@ -84,8 +84,9 @@ class WidthSearch(pl.Callback):
         output_dir: where width_plan.json, search.json and candidates/ go (default: the trainer's root dir).
         progress: show a progress bar across stages and over evaluation batches.
         criterion: the width scorer of the attention paths and FFN channels: a registered name
-            (:func:`~lightprune.width.scorers.available_width_scorers`: ``taylor``, ``min_rank``, ``random``, ...),
-            a dotted import path, a :class:`~lightprune.width.scorer.WidthScorer` subclass or instance.
+            ([`available_width_scorers`][lightprune.width.available_width_scorers]: ``taylor``, ``min_rank``,
+            ``random``, ...),
+            a dotted import path, a [`WidthScorer`][lightprune.width.WidthScorer] subclass or instance.
     """
 
     def __init__(self, grid: Sequence[float] = DEFAULT_GRID, stages: Sequence[str] = WIDTH_UNITS,
@@ -306,7 +307,7 @@ class WidthSearch(pl.Callback):
 
     def _check_weights_paths(self, trainer) -> None:
         """Refuse, before any work, a candidate weights path of the search (every stage at every ratio of the grid)
-        that is not a regular file, or a folder that cannot be written (:func:`check_state_file`)."""
+        that is not a regular file, or a folder that cannot be written (`check_state_file`)."""
         for stage in self.search.stages:
             for ratio in self.search.grid:
                 check_state_file(self._weights_path(trainer, Candidate(stage, ratio, {}, 0.0, {}, 0.0)),

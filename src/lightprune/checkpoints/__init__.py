@@ -1,16 +1,17 @@
 """Storage: safetensors checkpoints read and written, below every path that reads or writes one.
 
-- :mod:`.header` (the format's dtypes, a file's header checked against its size), :mod:`.directory` (config.json,
-  the weight files and shard index, :func:`check_checkpoint`), :mod:`.strict` (the strict half of a load: integer
-  or quantized weights, unfusable per-expert tensors, transformers' loading report);
-- :mod:`.reader` (:class:`Checkpoint`: headers once, tensors on demand by positioned reads) and :mod:`.writer`
-  (:class:`SafetensorsWriter`: header first, tensors streamed in);
-- :mod:`.classes` (the transformers class that builds a checkpoint, the in-process resizing subclass) and
-  :mod:`.resize` (per-layer expert slots, torch only: its source is the generated ``modeling_lightprune.py``);
-- :mod:`.skeleton` (:class:`Skeleton`: a checkpoint's model on the meta device, modules loaded and released, onto
-  the device of :mod:`.device`, the next layer read ahead by :mod:`.read_ahead` on a GPU) and :mod:`.sequential` (a
+- `header` (the format's dtypes, a file's header checked against its size), `directory` (config.json,
+  the weight files and shard index, [`check_checkpoint`][.directory.check_checkpoint]), `strict` (the strict half of a
+  load: integer or quantized weights, unfusable per-expert tensors, transformers' loading report);
+- [`reader`][.reader] ([`Checkpoint`][.reader.Checkpoint]: headers once, tensors on demand by positioned reads) and
+  `writer` (`SafetensorsWriter`: header first, tensors streamed in);
+- `classes` (the transformers class that builds a checkpoint, the in-process resizing subclass) and
+  `resize` (per-layer expert slots, torch only: its source is the generated ``modeling_lightprune.py``);
+- [`skeleton`][.skeleton] ([`Skeleton`][.skeleton.Skeleton]: a checkpoint's model on the meta device, modules loaded and
+  released, onto
+  the device of `device`, the next layer read ahead by `read_ahead` on a GPU) and [`sequential`][.sequential] (a
   skeleton's model run with one decoder layer in memory, the activations at a layer boundary within a budget);
-- :mod:`.staging` (a checkpoint written beside its target and renamed into place).
+- `staging` (a checkpoint written beside its target and renamed into place).
 
 May import: models and core; never observe, experts, width, export or anything above.
 """

@@ -1,15 +1,15 @@
 """Which transformers classes build a pruned checkpoint, and the in-process resizing subclass.
 
-- :func:`auto_class_name`: ``AutoModelForImageTextToText`` for the MLLM families (the family's
+- `auto_class_name`: ``AutoModelForImageTextToText`` for the MLLM families (the family's
   ``multimodal`` flag); otherwise ``AutoModelForCausalLM`` when transformers' causal-LM auto mapping has the
   config's model type, else ``AutoModelForImageTextToText`` when that mapping has it (Mistral 4: its
   ``Mistral4ForCausalLM`` is mapped only there), else an error naming the model type.
-- :func:`base_class`: the stock transformers class of a model or config (never a lightprune or
+- `base_class`: the stock transformers class of a model or config (never a lightprune or
   remote-code subclass), the name a checkpoint records in ``architectures``.
-- :func:`moe_block_pattern`: the module path of the MoE blocks with an ``{index}`` field, from
+- `moe_block_pattern`: the module path of the MoE blocks with an ``{index}`` field, from
   the family (``model.layers.{index}.mlp``, ``model.language_model.layers.{index}.mlp``).
-- :func:`resizing_class`: a subclass of the stock class whose ``__init__`` gives each layer the
-  expert count of ``config.lightprune_experts_per_layer`` (through :mod:`.resize`, the same
+- `resizing_class`: a subclass of the stock class whose ``__init__`` gives each layer the
+  expert count of ``config.lightprune_experts_per_layer`` (through `resize`, the same
   code the generated ``modeling_lightprune.py`` runs), so ``from_pretrained`` loads a
   non-uniform checkpoint with its own weight conversions and never runs the checkpoint's code.
 """

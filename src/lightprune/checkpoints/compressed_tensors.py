@@ -1,6 +1,6 @@
 """compressed-tensors checkpoints (``quant_method: "compressed-tensors"``, the quantized releases of vLLM's
 llm-compressor: Kimi K2 Thinking's int4 experts, the "FP8-dynamic" releases), read through
-:class:`~lightprune.checkpoints.reader.Checkpoint`: :class:`CompressedTensors`, :func:`pack_int4`.
+[`Checkpoint`][..reader.Checkpoint]: `CompressedTensors`, `pack_int4`.
 
 Two schemes are read, as ``quantization_status: "compressed"`` stores them:
 
@@ -62,7 +62,7 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
 
 def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, shape: tuple[int, int],
                     dtype: torch.dtype) -> torch.Tensor:
-    """The [out, in] weight of ``packed`` (:func:`pack_int4`) and its group (or channel) ``scale`` (see the module
+    """The [out, in] weight of ``packed`` (`pack_int4`) and its group (or channel) ``scale`` (see the module
     docstring)."""
     rows, cols = shape
     nibbles = packed.contiguous().view(torch.uint8)
@@ -85,7 +85,7 @@ def _matches(target: str, name: str) -> bool:
 
 class CompressedTensors:
     """A compressed-tensors checkpoint (see the module docstring), checked against its headers when built:
-    ``tensors`` {logical key: :class:`QuantizedTensor`}, ``dtype`` the model's."""
+    ``tensors`` {logical key: `QuantizedTensor`}, ``dtype`` the model's."""
 
     method = "compressed-tensors"
 

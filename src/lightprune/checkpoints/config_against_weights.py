@@ -1,4 +1,4 @@
-"""config.json checked against the weights it describes, before any model is built (:class:`~.reader.Checkpoint`
+"""config.json checked against the weights it describes, before any model is built ([`Checkpoint`][..reader.Checkpoint]
 runs these as it opens):
 
 - the config's layer counts against the weights: no ``num_hidden_layers`` (or a vision tower's ``depth``, ...: of
@@ -9,7 +9,7 @@ runs these as it opens):
   transformers loads the model in then: the shard index's ``"metadata"`` ``dtype``, else the dtype of the first
   floating tensor (by name) of the first weights file.
 
-:func:`model_dtype` is what a quantized checkpoint's weights dequantize to; :func:`majority_dtype` the floating dtype
+`model_dtype` is what a quantized checkpoint's weights dequantize to; `majority_dtype` the floating dtype
 of most of a checkpoint's tensor bytes.
 """
 
@@ -37,7 +37,7 @@ _LAYER_NUMBER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 def majority_dtype(checkpoint: Any) -> tuple[torch.dtype | None, float]:
     """The floating dtype of most of the checkpoint's logical tensor bytes (a quantized tensor counted in the dtype it
     dequantizes to) and its share of the floating bytes ((None, 0.0) without floating tensors). ``checkpoint``: a
-    :class:`~lightprune.checkpoints.reader.Checkpoint`, here and below (not imported: it runs these as it opens)."""
+    [`Checkpoint`][...reader.Checkpoint], here and below (not imported: it runs these as it opens)."""
     counts: dict[torch.dtype, int] = defaultdict(int)
     for key in checkpoint.keys():
         dtype = checkpoint.dtype(key)

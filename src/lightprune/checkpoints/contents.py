@@ -1,6 +1,6 @@
 """A checkpoint's tensors against the model that will hold them, before any tensor is read:
-:func:`check_contents`, run by every :class:`~lightprune.checkpoints.skeleton.Skeleton` (so by every streamed
-path) and by :func:`~lightprune.export.load.load_pruned` before transformers loads anything, with the same
+`check_contents`, run by every [`Skeleton`][..skeleton.Skeleton] (so by every streamed
+path) and by [`load_pruned`][lightprune.export.load.load_pruned] before transformers loads anything, with the same
 messages.
 
 From the headers and the model built on the meta device, through transformers' own key mapping (renamings,
@@ -12,7 +12,7 @@ per-expert tensors fused into ``gate_up_proj`` / ``down_proj``):
   (a DeepSeek-V3 multi-token-prediction layer) and the legacy rotary ``inv_freq`` / ``position_ids`` buffers
   transformers ignores: a config claiming fewer layers or experts than the weights hold is refused here;
 - every tensor the model reads as it is has the model's shape; per-expert tensors on disk can be fused (every
-  expert of a layer has every name, in one shape: :func:`.strict.expert_layout_error`) and those of a fused
+  expert of a layer has every name, in one shape: `strict.expert_layout_error`) and those of a fused
   tensor cover experts ``0 .. n-1`` (n its first dimension, from the config's expert count) in pieces that fit;
 - no integer or bool tensor where the model's tensor is floating (or where it has none);
 - a model of a supported family has MoE layers, and each routes ``1 <= top_k <= num_experts`` experts per token
@@ -122,7 +122,7 @@ def check_contents(skeleton: Skeleton) -> None:
 
 
 def _check_routing(skeleton: Skeleton) -> None:
-    """Every MoE layer prunable (:func:`lightprune.models.layer_shapes.layer_problems`: routed experts, top-k
+    """Every MoE layer prunable (`lightprune.models.layer_shapes.layer_problems`: routed experts, top-k
     against the expert count, no zero-size expert tensor); a model of no supported MoE family: nothing to check
     (what prunes it refuses it)."""
     from lightprune.models import get_family

@@ -1,7 +1,7 @@
 """Which of transformers' weight conversions (``conversion_mapping``: what ``from_pretrained`` runs on the
 checkpoint's tensors) the streamed paths read through piece by piece: the standard per-expert merge
-(:func:`standard_merge`), a concatenation of whole fused tensors (:func:`concatenates_fused`) and a transposition
-(:func:`transposed_dim`). :class:`~lightprune.checkpoints.skeleton.Skeleton` asks them of each checkpoint key's
+(`standard_merge`), a concatenation of whole fused tensors (`concatenates_fused`) and a transposition
+(`transposed_dim`). [`Skeleton`][..skeleton.Skeleton] asks them of each checkpoint key's
 converter.
 """
 

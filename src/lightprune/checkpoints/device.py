@@ -1,5 +1,5 @@
-"""Where a streamed path computes, and how a layer's tensors get there: :func:`streaming_device` and
-:class:`DeviceCopies`.
+"""Where a streamed path computes, and how a layer's tensors get there: `streaming_device` and
+`DeviceCopies`.
 
 Every out-of-core path (streamed scores, calibration, pruning and its verification, a ``sequential`` model) reads a
 layer from the safetensors files into host memory and computes on ``device``: the CPU (the default), or a GPU.
@@ -7,7 +7,7 @@ layer from the safetensors files into host memory and computes on ``device``: th
 On a GPU each tensor is read into pinned host memory and copied to the device on a copy stream of its own
 (``non_blocking``), and the stream the layer computes on waits for those copies (``wait_stream``) instead of the
 host: the next layer is read by a background thread while this one's kernels are queued
-(:mod:`lightprune.checkpoints.read_ahead`), and since the pass queues them without waiting for them (the observed
+(`lightprune.checkpoints.read_ahead`), and since the pass queues them without waiting for them (the observed
 pass reads nothing back per layer or batch), it is copied while the GPU still computes this one. A device tensor made on the
 copy stream is marked used by the compute stream (``record_stream``), so its memory is not handed out again before
 the kernels that read it have run; the pinned staging buffers are PyTorch's cached host allocations, which wait for
@@ -48,8 +48,8 @@ def streaming_device(device: Any) -> torch.device:
 
 
 class DeviceCopies:
-    """Tensors read on the host, put on ``device`` (see the module docstring): :meth:`host_buffer` gives the memory
-    to read into, :meth:`to_device` the tensor the model holds, :meth:`finish` makes the computing stream wait for
+    """Tensors read on the host, put on ``device`` (see the module docstring): `host_buffer` gives the memory
+    to read into, `to_device` the tensor the model holds, `finish` makes the computing stream wait for
     the copies of one load."""
 
     def __init__(self, device: torch.device):

@@ -1,5 +1,5 @@
 """A checkpoint directory: config.json, its safetensors weight files and shard index, checked before anything
-loads: :func:`check_checkpoint`.
+loads: [`check_checkpoint`][].
 
 Which files are the model's weights is one rule, the one transformers' loader follows, for every path that reads
 a checkpoint: ``model.safetensors``, or the files the shard index (``model.safetensors.index.json``) names (a
@@ -8,7 +8,7 @@ beside a shard index (transformers loads the one, a loader that follows the inde
 named like the model's (``model-00001-of-00002.safetensors``) without an index (a loader that reads every
 ``.safetensors`` file of such a folder reads them too). transformers' pickle weights beside the safetensors ones
 (``pytorch_model.bin``, read instead only with ``use_safetensors=False``) are named in a warning
-(:func:`warn_pickle_weights`). Any other file (an adapter's ``adapter_model.safetensors``, an optimizer state, a
+(`warn_pickle_weights`). Any other file (an adapter's ``adapter_model.safetensors``, an optimizer state, a
 stray copy, a shard the index does not name) is not part of the checkpoint and is never read.
 
 Refused, with the path in the message: no directory (a file, a dangling symlink or a symlink loop said as such, a
@@ -18,10 +18,10 @@ are never loaded; shards named ``model-00001-of-00003`` without their index), a 
 ``{"weight_map": {tensor: file}, "metadata": {...}}`` (transformers' loader reads both), names a missing file or
 one outside the folder, or disagrees with the shards' headers (a tensor it lists that its shard lacks, or a tensor
 of a shard it does not list), and a safetensors file whose header disagrees with its bytes
-(:func:`.header.read_header`). config.json, the index and the headers nested
-deeper than :data:`~lightprune.core.parse_limits.MAX_DEPTH` are refused before they are parsed. A file that cannot be
-read (permission denied) is one line naming it (:func:`input_error`). A file an export copies along (the tokenizer,
-processor and chat-template files, ``generation_config.json``: :func:`copied_files`) that is a directory, a broken
+(`header.read_header`). config.json, the index and the headers nested
+deeper than `MAX_DEPTH` are refused before they are parsed. A file that cannot be
+read (permission denied) is one line naming it (`input_error`). A file an export copies along (the tokenizer,
+processor and chat-template files, ``generation_config.json``: `copied_files`) that is a directory, a broken
 symlink or a special file is refused too, naming it: the export would lack it.
 """
 
@@ -73,7 +73,7 @@ _UNREADABLE = {errno.EACCES: "make it readable (chmod), or run as a user who may
 
 def input_error(exc: BaseException, after: str = "") -> OSError | None:
     """``exc`` restated in one line naming the file it could not read (a permission denied, a directory or a symlink
-    loop where a file was to be read: :data:`_UNREADABLE`), of the same class and errno, chained by the caller;
+    loop where a file was to be read: `_UNREADABLE`), of the same class and errno, chained by the caller;
     ``after``: what else to say (what was written). None for any other exception."""
     code, filename = getattr(exc, "errno", None), getattr(exc, "filename", None)
     if not isinstance(exc, OSError) or code not in _UNREADABLE or filename is None:
@@ -86,7 +86,7 @@ def input_error(exc: BaseException, after: str = "") -> OSError | None:
 
 @contextmanager
 def readable_inputs() -> Iterator[None]:
-    """Restate an input that cannot be read, raised in the block, in one line (:func:`input_error`)."""
+    """Restate an input that cannot be read, raised in the block, in one line (`input_error`)."""
     try:
         yield
     except OSError as exc:
@@ -97,7 +97,7 @@ def readable_inputs() -> Iterator[None]:
 
 
 def _check_entry(file: Path, what: str) -> None:
-    """Refuse a name ``file`` that is there but cannot be read as a file (:func:`~lightprune.core.paths.file_problem`),
+    """Refuse a name ``file`` that is there but cannot be read as a file (`file_problem`),
     naming it."""
     problem = file_problem(file)
     if problem is not None:
@@ -108,9 +108,9 @@ def _check_entry(file: Path, what: str) -> None:
 
 def copied_files(path: str | os.PathLike) -> list[str]:
     """The names (relative to ``path``) of the files an export copies from the checkpoint directory ``path``:
-    :data:`TOKENIZER_FILES`, :data:`GENERATION_FILE` and the ``.jinja`` templates of :data:`CHAT_TEMPLATES_DIR`
+    `TOKENIZER_FILES`, `GENERATION_FILE` and the ``.jinja`` templates of `CHAT_TEMPLATES_DIR`
     that are there. A name that is there but is no regular file (a directory, a dangling symlink or a loop, a
-    special file: :func:`~lightprune.core.paths.file_problem`) is refused, naming it: the export would lack it."""
+    special file: `file_problem`) is refused, naming it: the export would lack it."""
     path = Path(path)
     names = [*TOKENIZER_FILES, GENERATION_FILE]
     extra = path / CHAT_TEMPLATES_DIR
@@ -198,7 +198,7 @@ def read_index(path: str | os.PathLike) -> dict[str, str] | None:
 
 
 def index_metadata(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The shard index's ``"metadata"`` object (None without an index); the index checked by :func:`read_index`."""
+    """The shard index's ``"metadata"`` object (None without an index); the index checked by `read_index`."""
     if read_index(path) is None:
         return None
     return _read_json_file(Path(path) / SAFE_INDEX, "shard index")["metadata"]

@@ -1,6 +1,6 @@
 """FP8 block-scaled checkpoints (``quant_method: "fp8"``, transformers' ``FineGrainedFP8Config``: DeepSeek-V3 / R1,
-Kimi K2, Qwen3-FP8, GLM-4.5-FP8, MiniMax-M2), read through :class:`~lightprune.checkpoints.reader.Checkpoint`:
-:class:`Fp8Blocks`, :func:`quantize_fp8_blocks`, :func:`dequantize_fp8_blocks`.
+Kimi K2, Qwen3-FP8, GLM-4.5-FP8, MiniMax-M2), read through [`Checkpoint`][..reader.Checkpoint]:
+`Fp8Blocks`, `quantize_fp8_blocks`, `dequantize_fp8_blocks`.
 
 A quantized linear's ``weight`` is stored in float8_e4m3fn with its ``weight_scale_inv`` (float32 or bfloat16; uint8
 powers of two with ``scale_fmt: "ue8m0"``): one scale per ``weight_block_size`` block of the last two dimensions (the
@@ -52,7 +52,7 @@ def quantize_fp8_blocks(weight: torch.Tensor, block: tuple[int, int] = (128, 128
     """(float8_e4m3fn values, float32 ``weight_scale_inv``) of ``weight`` ([..., R, C]) in ``block``-sized blocks of
     its last two dimensions: per block ``scale = amax / 448`` (1 for a block of zeros) and ``q = round(w / scale)``
     to the nearest float8_e4m3fn (DeepSeek-V3's block quantization, "DeepSeek-V3 Technical Report", arXiv
-    2412.19437, section 3.3.2); :func:`dequantize_fp8_blocks` returns ``w`` within float8_e4m3fn's rounding (a
+    2412.19437, section 3.3.2); `dequantize_fp8_blocks` returns ``w`` within float8_e4m3fn's rounding (a
     relative 2^-4, or 2^-10 of the block's scale below its normal range)."""
     if weight.dim() < 2:
         raise ValueError(f"quantize_fp8_blocks: a weight of at least 2 dimensions, got {list(weight.shape)}")
@@ -91,7 +91,7 @@ def dequantize_fp8_blocks(values: torch.Tensor, scale: torch.Tensor, block: tupl
 
 class Fp8Blocks:
     """An FP8 block-scaled checkpoint (``quant_method: "fp8"``, see the module docstring), checked against its
-    headers when built: ``tensors`` {logical key: :class:`QuantizedTensor`}, ``block`` the ``weight_block_size``,
+    headers when built: ``tensors`` {logical key: `QuantizedTensor`}, ``block`` the ``weight_block_size``,
     ``dtype`` the model's (what the weights dequantize to)."""
 
     method = _FP8

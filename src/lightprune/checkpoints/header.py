@@ -3,16 +3,16 @@
 A safetensors file is an 8-byte little-endian header length, a JSON header (each tensor's dtype, shape and byte
 range in the data that follows, plus ``__metadata__``), then the tensors' bytes. Only headers are read here.
 
-:func:`read_header` reads the header JSON as the safetensors library transformers loads with does: UTF-8 text
+`read_header` reads the header JSON as the safetensors library transformers loads with does: UTF-8 text
 without a byte-order mark, no ``NaN`` / ``Infinity``, no lone surrogate escape (each is refused, not read by one path
 and refused by another). It accepts a header only when every byte of the data is described once: no key named twice,
 every tensor a known dtype, a shape of non-negative integers and a range ``[begin, end)`` with
 ``end - begin == numel(shape) * itemsize(dtype)``; the ranges, in order, tile the data from 0 to the end of the
 file without a gap or an overlap (what the safetensors format requires of a writer). Anything else is a
 ``ValueError`` naming the file, the tensor and the values: read as it is, such a file would hand out another
-tensor's bytes, or a shape the bytes do not hold. A header longer than the reader's cap (:data:`HEADER_LIMIT`) or
-nested deeper than :data:`~lightprune.core.parse_limits.MAX_DEPTH` is a
-:class:`~lightprune.core.parse_limits.ParseLimitError` naming the file and the limit, before it is read or parsed.
+tensor's bytes, or a shape the bytes do not hold. A header longer than the reader's cap (`HEADER_LIMIT`) or
+nested deeper than `MAX_DEPTH` is a
+`ParseLimitError` naming the file and the limit, before it is read or parsed.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def dtype_size(name: str) -> int:
 
 def _raw_header(file: Path, size: int) -> bytes:
     """The first 8 + header-length bytes of a safetensors file (a bare ``ValueError`` when they cannot be; a
-    :class:`ParseLimitError` naming the file for a header over :data:`HEADER_LIMIT`)."""
+    `ParseLimitError` naming the file for a header over `HEADER_LIMIT`)."""
     with open(file, "rb") as handle:
         head = handle.read(8)
         if len(head) < 8:

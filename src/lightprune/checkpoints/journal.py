@@ -1,33 +1,33 @@
 """A run's files published with its checkpoint, so that no kill leaves one run's checkpoint beside another's plan.
 
-A run writes its checkpoint (a staged directory renamed into place: :mod:`~lightprune.checkpoints.staging`) and,
+A run writes its checkpoint (a staged directory renamed into place: `staging`) and,
 beside it, the files that describe it (plan.json, scores.json, report.json, config.yaml). No rename puts several
 paths in place at once, so the files go through a journal:
 
-1. :func:`write_pending`, before the checkpoint's rename: first the journal (``.<checkpoint>.lightprune-journal-
+1. `write_pending`, before the checkpoint's rename: first the journal (``.<checkpoint>.lightprune-journal-
    <pid>.json`` beside the checkpoint), naming the staged directory by its device and inode, which its rename keeps,
    and each file by its absolute path, with the SHA-256 of its new text; then each file's new text beside it
    (``.<name>.lightprune-pending-<pid>``);
-2. the checkpoint is renamed into place (only once :func:`write_pending` has returned: every pending file is there);
-3. :func:`complete`: each pending file is renamed over its target, then the journal is deleted.
+2. the checkpoint is renamed into place (only once `write_pending` has returned: every pending file is there);
+3. `complete`: each pending file is renamed over its target, then the journal is deleted.
 
 Files the run writes only after its checkpoint is in place (report.json with the export's figures, its PNG) are named
 in the journal as ``superseded``: a roll forward deletes those the run had not rewritten yet (older than the
 journal), which described the previous checkpoint. So are the previous run's files that this run does not write
-(its calibration.json beside a new plan, with ``overwrite``): :func:`complete` deletes those it is given
+(its calibration.json beside a new plan, with ``overwrite``): `complete` deletes those it is given
 (``remove``), and a roll forward after a kill those still older than the journal.
 
-Before anything is written, :func:`write_pending` proves that every target of the journal (each file, each superseded
-one) can be replaced (:func:`check_replaceable`: an immutable or append-only file, a folder that cannot be written,
+Before anything is written, `write_pending` proves that every target of the journal (each file, each superseded
+one) can be replaced (`check_replaceable`: an immutable or append-only file, a folder that cannot be written,
 a read-only file system, a directory in a file's place) and refuses otherwise, naming the file, with nothing
 written: a folder is never left with the new checkpoint beside files that could not follow it. What can still fail
 after the checkpoint's rename (a file made immutable meanwhile) is one error saying so, the journal kept for the next
-export to that checkpoint to finish (:func:`recover`).
+export to that checkpoint to finish (`recover`).
 
 A process killed anywhere in between (SIGKILL) leaves the journal, or only its temporary file (``<journal>.tmp``)
-when killed while writing it, before any pending file; :func:`recover` (run by the next staging of the same
-checkpoint, :func:`~lightprune.checkpoints.staging.clean_stale`, and by the up-front check of that output directory,
-:func:`~lightprune.checkpoints.staging.check_out_dir`, so a rerun refused for a non-empty folder settles it too)
+when killed while writing it, before any pending file; `recover` (run by the next staging of the same
+checkpoint, `clean_stale`, and by the up-front check of that output directory,
+`check_out_dir`, so a rerun refused for a non-empty folder settles it too)
 deletes such a temporary file and rolls a journal forward when the checkpoint in place is the staged directory it
 names (its pending files, all written before that rename, describe it) and back otherwise (its pending files, those
 there, are deleted): either way the folder holds one run's checkpoint and files. Journals of live processes (a
@@ -100,7 +100,7 @@ def _refusal(code: int, target: Path, why: str, out: Path | None) -> OSError:
 
 
 def _probe(target: Path, out: Path | None) -> None:
-    """Refuse (:func:`check_replaceable`) ``target`` when it cannot be replaced or deleted."""
+    """Refuse (`check_replaceable`) ``target`` when it cannot be replaced or deleted."""
     if target.is_dir() and not target.is_symlink():
         raise _refusal(errno.EISDIR, target, "it is a directory", out)
     one, two = (target.with_name(f".{target.name}{_PROBE}{os.getpid()}{n}") for n in ("a", "b"))
@@ -156,7 +156,7 @@ def write_pending(files: dict[str, str], staged: Path, out: Path, superseded: li
     """Write the journal of checkpoint ``out`` (to be renamed from ``staged``; ``superseded``: the files the run
     rewrites after it, and the previous run's it deletes), flushed to the disk, then each of ``files`` ({target path:
     text}) beside its target; returns the journal's path. Every path is recorded absolute. First every target and
-    superseded file is proven replaceable (:func:`check_replaceable`), else an OSError naming it, nothing written. On
+    superseded file is proven replaceable (`check_replaceable`), else an OSError naming it, nothing written. On
     any failure what it wrote is removed (pending files first, the journal last)."""
     info = os.stat(staged)
     out = Path(out).absolute()
@@ -188,7 +188,7 @@ def write_pending(files: dict[str, str], staged: Path, out: Path, superseded: li
 
 
 def _read(journal: Path) -> dict:
-    """The record of ``journal``; a ValueError naming it when it is not one :func:`write_pending` writes."""
+    """The record of ``journal``; a ValueError naming it when it is not one `write_pending` writes."""
     try:
         record = json.loads(Path(journal).read_text(encoding="utf-8"))
         fields = (record["checkpoint"], record["device"], record["inode"], record["files"], record["superseded"])
@@ -227,9 +227,9 @@ def complete(journal: Path, remove=()) -> list[str]:
     """Delete the superseded files ``remove`` (the previous run's that this run does not write), rename every pending
     file of ``journal`` over its target, then delete the journal and flush the folders to the disk; returns the
     targets. A pending file that is missing while its target does not hold its text (it does when an earlier
-    :func:`complete` was stopped after renaming it) raises FileNotFoundError naming both, once the others are
+    `complete` was stopped after renaming it) raises FileNotFoundError naming both, once the others are
     renamed; a file that cannot be renamed or deleted (made immutable meanwhile) raises one OSError naming each, once
-    the others are done, saying that the journal is kept. The journal is then kept (every :func:`recover` tries again
+    the others are done, saying that the journal is kept. The journal is then kept (every `recover` tries again
     and warns of it until it succeeds or an export replaces the checkpoint)."""
     record = _read(journal)
     missing, failed = [], []
@@ -261,7 +261,7 @@ def complete(journal: Path, remove=()) -> list[str]:
 
 
 def settle(journal: Path) -> str:
-    """Finish what a journal began: forward (:func:`complete`) when its checkpoint is in place, else back (its
+    """Finish what a journal began: forward (`complete`) when its checkpoint is in place, else back (its
     pending files, and their temporary files, deleted, then the journal); returns ``"forward"`` or ``"back"``. An
     error (a file that cannot be deleted or renamed) is raised, the journal kept."""
     record = _read(journal)
@@ -298,7 +298,7 @@ def process_alive(pid: int) -> bool:
 
 
 def recover(out: str | os.PathLike) -> list[tuple[Path, str]]:
-    """Settle the journals a dead process left beside checkpoint ``out`` (:func:`settle`) and delete their temporary
+    """Settle the journals a dead process left beside checkpoint ``out`` (`settle`) and delete their temporary
     files (a kill while the journal was written); a journal that cannot be settled (unreadable, a file that cannot be
     renamed or deleted) is left, with a RuntimeWarning naming it and the error. Returns (journal, "forward" | "back")
     for each one settled."""

@@ -9,8 +9,8 @@ decoder layer ``num_hidden_layers + i``. transformers' classes build ``num_hidde
 when they load, so a checkpoint pruned without them would keep every expert of the MTP layer while its config says
 fewer: what a serving stack's speculative decoding then reads.
 
-The out-of-core paths that write or score a checkpoint (:class:`~lightprune.checkpoints.skeleton.Skeleton` with
-``mtp=True``) build the model with the MTP layers as further decoder layers (:func:`config_with_mtp`): each one's
+The out-of-core paths that write or score a checkpoint ([`Skeleton`][..skeleton.Skeleton] with
+``mtp=True``) build the model with the MTP layers as further decoder layers (`config_with_mtp`): each one's
 MoE block is then an MoE layer like any other, named by its layer number (61 in DeepSeek-V3), scored from its
 weights, pruned by the plan, verified against the masked source; its MTP-only tensors are copied unchanged.
 """
@@ -89,7 +89,7 @@ def config_with_mtp(config: Any, layers: list[int]) -> Any:
 
 
 def config_without_mtp(config: Any, base: Any, layers: list[int]) -> None:
-    """Undo :func:`config_with_mtp` in ``config`` (a pruned model's, in place): ``base``'s ``num_hidden_layers``, its
+    """Undo `config_with_mtp` in ``config`` (a pruned model's, in place): ``base``'s ``num_hidden_layers``, its
     per-layer lists cut back, the MTP layers out of a per-layer expert count."""
     if not layers:
         return

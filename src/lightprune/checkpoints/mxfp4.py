@@ -1,6 +1,6 @@
 """MXFP4 checkpoints (``quant_method: "mxfp4"``: gpt-oss), read through
-:class:`~lightprune.checkpoints.reader.Checkpoint`: :class:`Mxfp4Experts`, :func:`quantize_mxfp4`,
-:func:`dequantize_mxfp4`.
+[`Checkpoint`][..reader.Checkpoint]: `Mxfp4Experts`, `quantize_mxfp4`,
+`dequantize_mxfp4`.
 
 gpt-oss stores each MoE layer's fused expert weights as ``experts.gate_up_proj_blocks`` / ``experts.down_proj_blocks``
 (uint8 [E, rows, groups, 16]: 32 FP4 E2M1 values per group, two per byte, the low nibble first) and
@@ -46,7 +46,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
 def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(blocks, scales) of ``weight`` [E, columns, rows] (columns a multiple of 32) in MXFP4: per group of 32 along
     the columns the exponent ``ceil(log2(amax / 6))`` (6: E2M1's largest value; -127 for a group of zeros) and each
-    value rounded to the nearest E2M1 value of ``w / 2 ** exponent``; :func:`dequantize_mxfp4` inverts it within
+    value rounded to the nearest E2M1 value of ``w / 2 ** exponent``; `dequantize_mxfp4` inverts it within
     E2M1's rounding (half the gap between neighbouring values of the group's scale)."""
     rows_first = weight.float().transpose(1, 2)  # [E, rows, columns]
     lead, columns = rows_first.shape[:-1], rows_first.shape[-1]
@@ -65,7 +65,7 @@ def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class Mxfp4Experts:
     """An MXFP4 checkpoint (``quant_method: "mxfp4"``, see the module docstring), checked against its headers when
-    built: ``tensors`` {logical key: :class:`QuantizedTensor`}, ``dtype`` the model's."""
+    built: ``tensors`` {logical key: `QuantizedTensor`}, ``dtype`` the model's."""
 
     method = "mxfp4"
 

@@ -1,5 +1,5 @@
-"""Memory that skeletons released, read into again by their next load (:class:`ReadPool`) or given back to the
-system (:func:`trim_freed_memory`).
+"""Memory that skeletons released, read into again by their next load ([`ReadPool`][]) or given back to the
+system ([`trim_freed_memory`][]).
 
 Streamed paths load layers of the same shapes in turn (a score reads layer after layer; verification reads a source
 layer, then the pruned one, then the next source layer). Reading into memory whose pages are already mapped is
@@ -27,8 +27,8 @@ __all__ = ["ReadPool", "trim_freed_memory"]
 
 
 class ReadPool:
-    """Whole CPU storages released by :meth:`give`, handed out by :meth:`take` (the smallest that fits, so a layer
-    loaded largest tensor first takes back storages of its own sizes), dropped by :meth:`drop`."""
+    """Whole CPU storages released by [`give`][], handed out by [`take`][] (the smallest that fits, so a layer
+    loaded largest tensor first takes back storages of its own sizes), dropped by [`drop`][]."""
 
     def __init__(self) -> None:
         self._free: list[torch.UntypedStorage] = []
@@ -38,12 +38,12 @@ class ReadPool:
 
     @property
     def nbytes(self) -> int:
-        """The bytes held for the next :meth:`take`."""
+        """The bytes held for the next [`take`][]."""
         return sum(storage.nbytes() for storage in self._free)
 
     def give(self, tensor: torch.Tensor, references: int) -> bool:
-        """Keep ``tensor``'s whole storage for a later :meth:`take` when the caller's ``references`` to the tensor
-        object (a module's entry, a local name) are its only holders (:func:`only_holder`); returns whether it was
+        """Keep ``tensor``'s whole storage for a later [`take`][] when the caller's ``references`` to the tensor
+        object (a module's entry, a local name) are its only holders (`only_holder`); returns whether it was
         kept."""
         if not only_holder(tensor, references + 1):  # + this method's argument
             return False

@@ -1,8 +1,8 @@
 """Quantized checkpoints as they ship, read as the float tensors transformers dequantizes them to:
-:func:`stored_quantization` (which format, checked against the headers).
+`stored_quantization` (which format, checked against the headers).
 
 A quantized checkpoint stores some tensors as *parts*: the quantized values and their scales. lightprune reads it
-through a *logical* view (:class:`~lightprune.checkpoints.reader.Checkpoint`): one float tensor per quantized
+through a *logical* view ([`Checkpoint`][..reader.Checkpoint]): one float tensor per quantized
 weight, under the model's name for it, in the model's dtype, dequantized when it is read, one tensor at a time (never
 the whole model). Every part's name is the logical name followed by a suffix (``X.weight`` and
 ``X.weight_scale_inv``; ``X.gate_up_proj_blocks`` and ``X.gate_up_proj_scales``), so a pruned checkpoint renames or
@@ -13,13 +13,13 @@ and dtypes of the format, the config's keys, its ``modules_to_not_convert`` nami
 does not store quantized):
 
 - ``quant_method: "fp8"``: FP8 with block scales (DeepSeek-V3 / R1, Kimi K2, Qwen3-FP8, GLM-4.5-FP8, MiniMax-M2):
-  :mod:`lightprune.checkpoints.fp8_blocks`;
-- ``quant_method: "mxfp4"``: MXFP4 experts (gpt-oss): :mod:`lightprune.checkpoints.mxfp4`;
+  `lightprune.checkpoints.fp8_blocks`;
+- ``quant_method: "mxfp4"``: MXFP4 experts (gpt-oss): `lightprune.checkpoints.mxfp4`;
 - ``quant_method: "compressed-tensors"``: int4 W4A16 and FP8 per channel (llm-compressor's releases, Kimi K2
-  Thinking): :mod:`lightprune.checkpoints.compressed_tensors`.
+  Thinking): `lightprune.checkpoints.compressed_tensors`.
 
 Every other ``quant_method`` is refused when the checkpoint opens, in one line naming it and what to do
-(:data:`REFUSED`).
+(`REFUSED`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""What every quantized format lightprune reads shares: :class:`StoredFormat` (what a format gives the reader),
-:class:`QuantizedTensor` (a logical tensor and its stored parts), :func:`check_ignored` (a ``quantization_config``'s
-``modules_to_not_convert`` against the checkpoint) and :func:`renumbered_ignores` (an ignore list after a prune)."""
+"""What every quantized format lightprune reads shares: `StoredFormat` (what a format gives the reader),
+`QuantizedTensor` (a logical tensor and its stored parts), `check_ignored` (a ``quantization_config``'s
+``modules_to_not_convert`` against the checkpoint) and `renumbered_ignores` (an ignore list after a prune)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ class QuantizedTensor:
 
 class StoredFormat(Protocol):
     """A quantized format, checked against a checkpoint's headers when built (``ValueError`` naming what is wrong):
-    its ``method`` (config.json's ``quant_method``), ``tensors`` {logical key: :class:`QuantizedTensor`},
-    :meth:`dequantize` (a logical tensor from its read parts), :meth:`record` (what a manifest says of it) and
-    :meth:`loading_config` (transformers' quantization config that loads the checkpoint dequantized)."""
+    its ``method`` (config.json's ``quant_method``), ``tensors`` {logical key: `QuantizedTensor`},
+    `dequantize` (a logical tensor from its read parts), `record` (what a manifest says of it) and
+    `loading_config` (transformers' quantization config that loads the checkpoint dequantized)."""
 
     method: str
     tensors: dict[str, QuantizedTensor]
@@ -76,7 +76,7 @@ def check_ignored(path: Path, method: str, quantization: dict[str, Any], entries
                   quantized: dict[str, QuantizedTensor], key: str = "modules_to_not_convert",
                   matches: Callable[[str, str], bool] = ignores) -> None:
     """The ignore list ``quantization[key]``: a list of module names, each naming a module the checkpoint holds
-    (``matches(entry, module)`` for a prefix of its tensors' names: :func:`ignores`, transformers' matching, by
+    (``matches(entry, module)`` for a prefix of its tensors' names: `ignores`, transformers' matching, by
     default), none that holds a tensor stored quantized."""
     ignored = quantization.get(key)
     if ignored is None:

@@ -1,12 +1,12 @@
-"""The next layer's tensors read into host memory while this one computes: :class:`ReadAhead`.
+"""The next layer's tensors read into host memory while this one computes: `ReadAhead`.
 
-A skeleton that computes on a GPU (:class:`~lightprune.checkpoints.skeleton.Skeleton`, ``read_ahead``) reads the
-layer it will load next in a background thread as soon as it is told (:meth:`Skeleton.prefetch
-<lightprune.checkpoints.skeleton.Skeleton.prefetch>`): the thread's positioned reads copy the bytes from the page cache
+A skeleton that computes on a GPU ([`Skeleton`][..skeleton.Skeleton], ``read_ahead``) reads the
+layer it will load next in a background thread as soon as it is told
+([`Skeleton.prefetch`][..skeleton.Skeleton.prefetch]): the thread's positioned reads copy the bytes from the page cache
 (or the disk) into pinned buffers without holding the GIL, while the main thread queues this layer's kernels. The
 load then only joins the thread and queues the copies to the device. A read that failed raises in the load, as it
 would have there; what the load does not ask for is dropped. On the CPU the skeleton reads at the load instead (its
-:class:`~lightprune.checkpoints.pool.ReadPool` recycles the released layer's memory, which a read ahead would
+[`ReadPool`][..pool.ReadPool] recycles the released layer's memory, which a read ahead would
 double).
 """
 
@@ -21,7 +21,7 @@ __all__ = ["ReadAhead"]
 
 
 class ReadAhead:
-    """``read(name)`` for every name of ``names``, in a daemon thread started now; :meth:`take` joins it."""
+    """``read(name)`` for every name of ``names``, in a daemon thread started now; `take` joins it."""
 
     def __init__(self, names: list[str], read: Callable[[str], torch.Tensor | None]):
         self.names = list(names)

@@ -1,32 +1,33 @@
-"""A safetensors checkpoint directory read one tensor at a time: :class:`Checkpoint`.
+"""A safetensors checkpoint directory read one tensor at a time: [`Checkpoint`][].
 
-Only the headers are read when it opens (validated against the file sizes, as :func:`load_pruned` does): the
+Only the headers are read when it opens (validated against the file sizes, as
+[`load_pruned`][lightprune.export.load.load_pruned] does): the
 tensor names, dtypes, shapes and byte ranges of every shard. A tensor's data is read when asked for
-(:meth:`Checkpoint.tensor`, :meth:`Checkpoint.rows`, :meth:`Checkpoint.read_into` straight into a caller's tensor)
+([`Checkpoint.tensor`][], [`Checkpoint.rows`][], [`Checkpoint.read_into`][] straight into a caller's tensor)
 with positioned reads, not a memory map: what stays in this process's memory is what the caller keeps (pages of
 a mapped file would count in its resident set until unmapped).
 
 Opening it is where every path that reads a checkpoint (streamed scores, pruning, calibration and fine-tuning,
-and :func:`~lightprune.export.load.load_pruned` before transformers loads anything) has its files checked, alike:
-the directory, config.json and the weight files (what :func:`~lightprune.checkpoints.directory.check_checkpoint`
+and [`load_pruned`][lightprune.export.load.load_pruned] before transformers loads anything) has its files checked,
+alike: the directory, config.json and the weight files (what [`check_checkpoint`][..directory.check_checkpoint]
 checks: which files are the weights, the shard index against the shards, every header against its bytes, each read
 once), the files an export copies along (tokenizer, processor, chat templates, generation config: none a
-directory, a broken symlink or a special file, :func:`~lightprune.checkpoints.directory.copied_files`), then,
+directory, a broken symlink or a special file, `copied_files`), then,
 before any model is built:
 
-- config.json's values (:func:`~lightprune.checkpoints.strict.check_config_values`: no NaN or infinite number, no
+- config.json's values (`check_config_values`: no NaN or infinite number, no
   activation transformers does not know, no ``transformers_weights`` naming other weights);
 - a ``quantization_config`` only of a format lightprune reads, checked against the headers
-  (:func:`~lightprune.checkpoints.quantized.stored_quantization`: every quantized weight with its scales, in the
-  block grid and dtypes of the format); such a checkpoint reads as its *logical* tensors (:meth:`Checkpoint.keys`,
-  :meth:`Checkpoint.tensor`, ...: each quantized weight a float tensor in the model's dtype, dequantized as it is
-  read, its scales hidden), and as it is *stored* (:meth:`Checkpoint.stored_keys_in`, :meth:`Checkpoint.parts`,
-  :meth:`Checkpoint.stored_tensor`, ...: what a pruned checkpoint copies byte for byte);
+  (`stored_quantization`: every quantized weight with its scales, in the
+  block grid and dtypes of the format); such a checkpoint reads as its *logical* tensors ([`Checkpoint.keys`][],
+  [`Checkpoint.tensor`][], ...: each quantized weight a float tensor in the model's dtype, dequantized as it is
+  read, its scales hidden), and as it is *stored* ([`Checkpoint.stored_keys_in`][], [`Checkpoint.parts`][],
+  [`Checkpoint.stored_tensor`][], ...: what a pruned checkpoint copies byte for byte);
 - the config's layer counts and ``dtype`` against the weights
-  (:mod:`~lightprune.checkpoints.config_against_weights`).
+  (`config_against_weights`).
 
-What the model needs of the tensors is checked by the :class:`~lightprune.checkpoints.skeleton.Skeleton` built on
-it (:mod:`lightprune.checkpoints.contents`).
+What the model needs of the tensors is checked by the [`Skeleton`][..skeleton.Skeleton] built on
+it (`lightprune.checkpoints.contents`).
 """
 
 from __future__ import annotations
@@ -84,15 +85,15 @@ def _advise(spans: list[tuple[int, int, int]]) -> None:
 
 def _data_start(file: Path) -> int:
     """Where a safetensors file's tensor data starts: 8 + its header's length (the header itself was read and
-    checked against the file's size by :func:`read_header`)."""
+    checked against the file's size by `read_header`)."""
     with open(file, "rb") as handle:
         return 8 + int.from_bytes(handle.read(8), "little")
 
 
 class Checkpoint:
     """A checkpoint directory: ``config`` (transformers' config object), ``keys()`` the tensor names on disk,
-    their ``shape`` / ``dtype`` / ``file`` from the headers, :meth:`tensor` / :meth:`rows` / :meth:`read_into` to
-    read one. Use it as a context manager (or call :meth:`close`) to close the open shards."""
+    their ``shape`` / ``dtype`` / ``file`` from the headers, [`tensor`][] / [`rows`][] / [`read_into`][] to
+    read one. Use it as a context manager (or call `close`) to close the open shards."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = checkpoint_directory(path)
@@ -230,7 +231,7 @@ class Checkpoint:
 
     def read_into(self, key: str, out: torch.Tensor, start: int = 0) -> None:
         """Read ``out.numel()`` elements of logical tensor ``key`` from row ``start`` (dimension 0) into ``out``
-        (contiguous, the tensor's dtype); see :meth:`read_stored_into`."""
+        (contiguous, the tensor's dtype); see [`read_stored_into`][]."""
         if key not in self._quantized:
             self.read_stored_into(key, out, start)
             return
@@ -305,7 +306,7 @@ class Checkpoint:
     def will_need(self, keys: list[str]) -> None:
         """Tell the kernel that the bytes of ``keys`` are read next (``posix_fadvise(WILLNEED)`` per file over the
         span of their data, adjacent tensors merged): it reads them into the page cache in the background, so that a
-        later :meth:`read_into` copies from memory instead of waiting on the disk. Issued from a background thread
+        later [`read_into`][] copies from memory instead of waiting on the disk. Issued from a background thread
         (a large advice can block while the reads are queued); a no-op where the call does not exist, and from
         the first time that thread cannot be started (a thread or memory limit: said once per process)."""
         if not keys or not hasattr(os, "posix_fadvise"):

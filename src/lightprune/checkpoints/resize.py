@@ -101,7 +101,7 @@ def resize_block(block, router_attr, experts_attr, count, router_sub=(), router_
     tensors as (submodule, name, dim), "" the block itself (MiniMax-M2's ``e_score_correction_bias``). ``identity``:
     zero-computation experts whose router rows follow the routed ones (LongCat-Flash): the router's tensors get
     ``count + identity`` rows, its ``n_routed_experts`` that count and the block's ``num_routed_experts`` ``count``.
-    ``expert_sub``: the experts' per-expert tensors as (submodule, name) where they are not :data:`EXPERT_TENSORS`,
+    ``expert_sub``: the experts' per-expert tensors as (submodule, name) where they are not `EXPERT_TENSORS`,
     ``rows`` rows per expert one after another (DBRX's ``mlp.w1`` [E * I, H]): they get ``count * rows`` rows."""
     router = getattr(block, router_attr, None)
     experts = getattr(block, experts_attr, None)
@@ -133,7 +133,7 @@ def resize_block(block, router_attr, experts_attr, count, router_sub=(), router_
 def resize_model(model, pattern, counts, router_attr, experts_attr, router_sub=(), router_weight="", block_sub=(),
                  identity=0, expert_sub=(), rows=1):
     """Resize every MoE block named by ``pattern`` and ``counts`` (``{layer index: count}``), each with ``identity``
-    zero-computation experts and its experts' tensors ``expert_sub`` (:func:`resize_block`); returns ``model``."""
+    zero-computation experts and its experts' tensors ``expert_sub`` (`resize_block`); returns ``model``."""
     for index, count in sorted(counts.items()):
         path = block_path(pattern, index)
         try:

@@ -5,21 +5,21 @@ once, and the model's own ``forward`` runs unchanged (its masks, position embedd
 layers, as Qwen3-VL's deepstack), so anything else that works on the model works too (``mask_experts``, the
 observing experts implementation of calibration, the attention probe):
 
-- :func:`layer_by_layer`: each decoder layer is loaded by a forward pre-hook just before it runs and released
+- [`layer_by_layer`][]: each decoder layer is loaded by a forward pre-hook just before it runs and released
   just after: one forward, every layer read once;
-- :func:`run_in_lockstep`: many forwards, of one skeleton's model or of several skeletons' models with as many
+- [`run_in_lockstep`][]: many forwards, of one skeleton's model or of several skeletons' models with as many
   decoder layers (a checkpoint and its pruned copy), each layer read once for all of them (once per pass for a model
   that loops over some of its layers). Each forward runs in its own thread and waits at every decoder layer; visit
   by visit and skeleton by skeleton, the layer is loaded, the skeleton's forwards run it one after the other (each
   up to its next layer), a callback may look at the resident layer, and it is released. Memory holds one layer plus
   every forward's activations at a layer boundary (what a layer-input cache holds), and only one forward computes
-  at a time. :func:`run_layer_outer`: many batches through one skeleton's model.
+  at a time. [`run_layer_outer`][]: many batches through one skeleton's model.
 
-Both ask for the next layer's bytes as a layer is loaded (:meth:`Skeleton.prefetch
-<lightprune.checkpoints.skeleton.Skeleton.prefetch>`), so the disk reads it while this one computes; on a GPU the
-layer's copies to the device are queued on a stream of their own (:mod:`lightprune.checkpoints.device`).
+Both ask for the next layer's bytes as a layer is loaded ([`Skeleton.prefetch`][..skeleton.Skeleton.prefetch]), so the
+disk reads it while this one computes; on a GPU the
+layer's copies to the device are queued on a stream of their own (`lightprune.checkpoints.device`).
 
-Activations at the layer boundaries (:class:`BoundaryActivations`): the forwards of :func:`run_in_lockstep` waiting
+Activations at the layer boundaries ([`BoundaryActivations`][]): the forwards of [`run_in_lockstep`][] waiting
 at a decoder layer keep their hidden states on the device while they fit a budget of bytes (default: unbounded on
 the CPU, half the GPU memory free when the run starts); a forward arriving beyond it has its hidden states moved to
 (pinned) host memory while it waits and back when its turn comes. The tensor object stays the one the model's
@@ -151,7 +151,7 @@ def run_layer_outer(skeleton: Skeleton, inputs: Sequence[Any], forward: Callable
                     before: Callable[[int, int], None] | None = None, progress: Any = None,
                     activation_budget: int | None | str = "auto") -> dict[str, int | None]:
     """Run ``forward(inputs[i])`` (a call of ``skeleton.model``) for every input, each decoder layer loaded once per
-    visit (:func:`run_in_lockstep`, whose ``before``, ``progress`` and ``activation_budget`` these are, and whose
+    visit ([`run_in_lockstep`][], whose ``before``, ``progress`` and ``activation_budget`` these are, and whose
     report it returns)."""
     return run_in_lockstep([(skeleton, functools.partial(forward, item)) for item in inputs], before=before,
                            progress=progress, activation_budget=activation_budget)
@@ -167,8 +167,8 @@ def run_in_lockstep(runs: Sequence[tuple[Skeleton, Callable[[], Any]]], *,
     ``after(layer, skeleton)`` once every run of ``skeleton`` has left it, while it is still resident;
     ``progress``: a tqdm bar advanced once per (layer visit, run). An error in a forward stops the run and is
     raised. ``activation_budget``: bytes of hidden states kept on the device by the forwards waiting at a layer
-    (:class:`BoundaryActivations`; "auto": :func:`default_activation_budget` of the first skeleton's device, None:
-    no bound); returns :meth:`BoundaryActivations.report`.
+    ([`BoundaryActivations`][]; "auto": `default_activation_budget` of the first skeleton's device, None:
+    no bound); returns `BoundaryActivations.report`.
 
     The layers are visited in the order the forwards call them, which must be the same for every run (the
     skeletons' models have as many decoder layers): once each in order for most models; a model that loops over a

@@ -1,5 +1,5 @@
 """A checkpoint's model on the meta device, with chosen modules read in from the checkpoint and released again:
-:class:`Skeleton`, what every out-of-core path (streamed scores, streamed pruning and its verification, layer by
+[`Skeleton`][], what every out-of-core path (streamed scores, streamed pruning and its verification, layer by
 layer calibration) is built on.
 
 The model is built from the checkpoint's config under ``torch.device("meta")`` (no weights allocated, no random
@@ -7,13 +7,13 @@ initialisation), with the stock transformers class, or for a non-uniform lightpr
 subclass. Non-persistent buffers (rotary frequencies) are computed on the CPU as transformers' loader does
 (``initialize_weights`` over meta parameters, which it leaves alone).
 
-:meth:`Skeleton.load` makes modules resident: the checkpoint tensors whose model name falls under them are read
+[`Skeleton.load`][] makes modules resident: the checkpoint tensors whose model name falls under them are read
 (lazily, through safetensors' memory map) and converted by transformers' own weight conversions
 (``conversion_mapping``: per-expert tensors on disk fused into ``gate_up_proj`` / ``down_proj``, renamings),
 the same code ``from_pretrained`` runs, one module at a time. Every parameter and persistent buffer of a loaded
 module must come from the checkpoint (tied weights follow their source); a missing, mis-shaped or unconvertible
-tensor raises ``ValueError`` naming it. :meth:`Skeleton.release` puts them back on the meta device, so the
-memory held is that of the resident modules (with a :class:`~lightprune.checkpoints.pool.ReadPool`, also the last
+tensor raises ``ValueError`` naming it. [`Skeleton.release`][] puts them back on the meta device, so the
+memory held is that of the resident modules (with a [`ReadPool`][..pool.ReadPool], also the last
 release's storages until the next load has read into them or dropped them).
 """
 
@@ -41,7 +41,7 @@ from lightprune.checkpoints.resize import experts_per_layer
 from lightprune.core.notices import quiet_progress
 from lightprune.models.dtypes import LOAD_DTYPES, dtype_names
 
-__all__ = ["EXPERT_INDEX", "Skeleton", "checkpoint_dtype"]
+__all__ = ["Skeleton"]
 
 #: the expert number of a per-expert checkpoint key (``...experts.<n>.<name>``)
 EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)\.")
@@ -54,14 +54,14 @@ def checkpoint_dtype(checkpoint: Checkpoint) -> torch.dtype:
 
 
 class Skeleton:
-    """``model``: the checkpoint's model on the meta device; :meth:`load` / :meth:`release` / :meth:`resident`
+    """``model``: the checkpoint's model on the meta device; [`load`][] / [`release`][] / [`resident`][]
     move modules (by their names in ``model``) in and out of memory. ``dtype``: the weights' dtype (default the
     checkpoint's), ``device``: where loaded tensors go and the model computes (the CPU, or a GPU: read into pinned
-    memory and copied on a stream of their own, :mod:`lightprune.checkpoints.device`); ``pool``: released tensors'
-    memory to read the next loads into (:class:`~lightprune.checkpoints.pool.ReadPool`, on the CPU; shared by
+    memory and copied on a stream of their own, `lightprune.checkpoints.device`); ``pool``: released tensors'
+    memory to read the next loads into ([`ReadPool`][...pool.ReadPool], on the CPU; shared by
     skeletons that load in turn);
     ``mtp``: build the checkpoint's multi-token-prediction layers as further decoder layers
-    (:mod:`lightprune.checkpoints.mtp`), for the paths that score, prune and verify them."""
+    (`lightprune.checkpoints.mtp`), for the paths that score, prune and verify them."""
 
     def __init__(self, checkpoint: Checkpoint, *, dtype: torch.dtype | None = None,
                  device: torch.device | str = "cpu", pool: ReadPool | None = None, mtp: bool = False):
@@ -148,13 +148,13 @@ class Skeleton:
 
     def concatenated_fused(self, key: str) -> bool:
         """True when checkpoint ``key`` is one of several whole fused tensors that transformers concatenates along a
-        later dimension into its model tensor (:func:`concatenates_fused`): pruned by its own dimension 0."""
+        later dimension into its model tensor (`concatenates_fused`): pruned by its own dimension 0."""
         pattern = self.targets.get(key, (None, None))[1]
         return pattern is not None and concatenates_fused(self._converters.get(pattern))
 
     def stored_dim(self, key: str, dim: int, shape: tuple[int, ...]) -> int | None:
         """The dimension of checkpoint ``key`` that becomes dimension ``dim`` of its model tensor (of ``shape``) under
-        a transposing conversion (:func:`transposed_dim`), when the stored shape is the model's transposed; else
+        a transposing conversion (`transposed_dim`), when the stored shape is the model's transposed; else
         None."""
         pattern = self.targets.get(key, (None, None))[1]
         converter = self._converters.get(pattern) if pattern is not None else None
@@ -168,7 +168,7 @@ class Skeleton:
 
     def merged_pieces(self, name: str) -> dict[str, dict[int, str]] | None:
         """{source pattern: {expert: checkpoint key}} of a model tensor that transformers' standard per-expert merge
-        builds (:func:`standard_merge`), None for one read as it is or through another conversion."""
+        builds (`standard_merge`), None for one read as it is or through another conversion."""
         keys = self.sources[name]
         patterns = [self.targets[key][1] for key in keys]
         converter = self._converters.get(patterns[0]) if patterns[0] is not None else None
@@ -220,7 +220,7 @@ class Skeleton:
         """The model tensor ``name`` read from its checkpoint keys: a renamed tensor as it is, or the per-expert
         tensors of transformers' standard merge (``MergeModulelist(dim=0)``, then ``Concatenate(dim=1)`` of
         several source patterns) written straight into the fused tensor, one expert slice at a time (no stacked
-        copies); None for any other conversion (:meth:`_convert` runs transformers' own)."""
+        copies); None for any other conversion (`_convert` runs transformers' own)."""
         keys = self.sources[name]
         patterns = [self.targets[key][1] for key in keys]
         if patterns == [None]:
@@ -258,7 +258,7 @@ class Skeleton:
         return tensor
 
     def _convert(self, modules: list[str], names: list[str]) -> None:
-        """Load ``names`` through transformers' own conversion (for the conversions :meth:`_read` does not do)."""
+        """Load ``names`` through transformers' own conversion (for the conversions `_read` does not do)."""
         from transformers.core_model_loading import convert_and_load_state_dict_in_model
         from transformers.modeling_utils import LoadStateDictConfig
 
@@ -285,8 +285,8 @@ class Skeleton:
 
     def release(self, modules: Iterable[str]) -> None:
         """Put the tensors of ``modules`` back on the meta device (non-persistent buffers stay). With a ``pool``,
-        the released tensors that nothing else holds go to it (the next :meth:`load` of this skeleton or of one
-        sharing the pool reads into them); the rest of the freed memory goes back to the system (:func:`_trim`)."""
+        the released tensors that nothing else holds go to it (the next [`load`][] of this skeleton or of one
+        sharing the pool reads into them); the rest of the freed memory goes back to the system (`_trim`)."""
         self._release(self._wanted(list(modules)))
 
     def _release(self, names: list[str]) -> None:
@@ -307,10 +307,10 @@ class Skeleton:
 
     def prefetch(self, modules: Iterable[str]) -> None:
         """Have the checkpoint bytes of ``modules`` read into the page cache in the background
-        (:meth:`Checkpoint.will_need`): called for the next layer while this one computes, its :meth:`load` then
-        copies from memory instead of waiting on the disk. With :attr:`read_ahead` (a GPU) a thread also reads them
-        into host memory now (:class:`~lightprune.checkpoints.read_ahead.ReadAhead`), taken by the next
-        :meth:`load`."""
+        ([`Checkpoint.will_need`][]): called for the next layer while this one computes, its [`load`][] then
+        copies from memory instead of waiting on the disk. With `read_ahead` (a GPU) a thread also reads them
+        into host memory now (`ReadAhead`), taken by the next
+        [`load`][]."""
         wanted = self._wanted(list(modules))
         tied = self._tied(wanted)
         self.checkpoint.will_need(sorted({key for name in wanted if name not in tied

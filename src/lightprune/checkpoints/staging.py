@@ -1,6 +1,6 @@
 """All-or-nothing output directories: write beside the target, rename into place.
 
-:func:`staging_dir` yields a new hidden sibling of the output directory (``.<name>.lightprune-tmp-<pid>-<random>``,
+`staging_dir` yields a new hidden sibling of the output directory (``.<name>.lightprune-tmp-<pid>-<random>``,
 same parent, so every rename stays on one filesystem and is atomic). Whatever exception or interrupt
 (KeyboardInterrupt) ends the block or arrives during any step (a second interrupt during the recovery is handled as
 a kill, below):
@@ -14,32 +14,32 @@ a kill, below):
   new output is complete, the copy is left to be deleted by hand (or by the next staging of the same target);
 - a full disk (ENOSPC, EDQUOT, safetensors' "No space left on device"), a file over the size limit (EFBIG: ``ulimit
   -f``) or an unwritable output (EACCES, EROFS, EPERM while creating the staging directory or writing in it) raises
-  one :class:`OutputDirError` naming the output directory and what happened, chained from the original error; an
+  one `OutputDirError` naming the output directory and what happened, chained from the original error; an
   input the block could not read (EACCES, EPERM, EISDIR, ELOOP on a file outside the output) is restated in one line
-  naming it (:func:`~lightprune.checkpoints.directory.input_error`), its class kept;
+  naming it (`input_error`), its class kept;
 - a SIGTERM while the staging directory exists, in a process that left SIGTERM's default action (a Python script
   calling the API), removes the staging directory before the process ends, as that signal ends it (status 143):
-  :func:`~lightprune.core.interrupt.terminated_cleanly`; one that comes once the staged directory is being put in
+  `terminated_cleanly`; one that comes once the staged directory is being put in
   place ends the process once that is done, and once every output published with it is (a run's files:
-  :func:`~lightprune.core.interrupt.publishing`). A process with its own SIGTERM handler keeps it.
+  `publishing`). A process with its own SIGTERM handler keeps it.
 
-A staging name fits the folder's limit on a name (:mod:`~lightprune.checkpoints.staging_names`); an output whose
+A staging name fits the folder's limit on a name (`staging_names`); an output whose
 own name is past the limit is refused up front, in one line naming it.
 
 Leftovers of a process that died (SIGKILL, power loss, an interrupt during a deletion) carry its pid in their name.
-The next staging of the same target (:func:`clean_stale`) settles the journal of the run files a dead process was
-publishing with it (:mod:`~lightprune.checkpoints.journal`; :func:`check_out_dir`, the up-front check, does too),
+The next staging of the same target (`clean_stale`) settles the journal of the run files a dead process was
+publishing with it (`journal`; `check_out_dir`, the up-front check, does too),
 deletes the staged and trash directories of dead processes, and renames an ``-old-`` copy back only when the target
 is missing, which means the kill came between the two renames of a replacement (an ``-old-`` copy is complete: its
 deletion never starts under that name).
 Directories of live processes (a concurrent export on this machine) are left alone.
 
-:func:`staging_file` is the same for one file (a GGUF conversion): the target is checked up front
-(:func:`check_out_file`: a file name whose folder exists, not an existing directory, an existing file only with
+`staging_file` is the same for one file (a GGUF conversion): the target is checked up front
+(`check_out_file`: a file name whose folder exists, not an existing directory, an existing file only with
 ``overwrite``), the block writes a hidden sibling renamed over the target once it succeeded, and on any failure the
-sibling is deleted and the target is as it was; a full disk is the same one :class:`OutputDirError`.
+sibling is deleted and the target is as it was; a full disk is the same one `OutputDirError`.
 
-Output paths that are not UTF-8 text are refused up front (:func:`~lightprune.core.paths.check_path_text`): the
+Output paths that are not UTF-8 text are refused up front (`check_path_text`): the
 output's path is recorded in JSON.
 """
 
@@ -88,7 +88,7 @@ _UNWRITABLE = (errno.EACCES, errno.EROFS, errno.EPERM)
 
 @register_error
 class OutputDirError(OSError):
-    """An output directory (or file: :func:`staging_file`) that could not be written (full disk, unwritable parent).
+    """An output directory (or file: `staging_file`) that could not be written (full disk, unwritable parent).
     The message names the output and what happened; ``errno`` is the original error's, ``__cause__`` the original
     error."""
 
@@ -97,7 +97,7 @@ def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False,
                   remedy: str = "pass overwrite=True to replace it") -> Path:
     """The absolute output path, after checking it may be written; errors name the path (a non-empty one without
     ``overwrite``: and ``remedy``, how the caller's user replaces it). First the journals a dead process left for it
-    are settled (:func:`~lightprune.checkpoints.journal.recover`: a run killed while publishing its files with it),
+    are settled (`recover`: a run killed while publishing its files with it),
     so that the folder judged, and kept when refused, holds one run's checkpoint and files."""
     check_bool(overwrite, "overwrite")
     check_path_text(out_dir, "output directory")
@@ -177,7 +177,7 @@ def _inside(filename: str | bytes | None, out: Path) -> bool:
 
 
 def _rust_errno(exc: BaseException) -> int | None:
-    """The errno of a write error safetensors' Rust writer reports in words (:data:`_RUST_ERRORS`), else None."""
+    """The errno of a write error safetensors' Rust writer reports in words (`_RUST_ERRORS`), else None."""
     if not isinstance(exc, SafetensorError):
         return None
     text = str(exc)
@@ -187,9 +187,9 @@ def _rust_errno(exc: BaseException) -> int | None:
 
 
 def _output_dir_error(exc: BaseException, out: Path, creating: bool) -> OSError | None:
-    """``exc`` restated as an :class:`OutputDirError` naming ``out``, when it is a full disk, a file over the size
+    """``exc`` restated as an `OutputDirError` naming ``out``, when it is a full disk, a file over the size
     limit or (``creating`` the staging directory, or writing in the output) an unwritable output; an input the block
-    could not read restated naming it (:func:`~lightprune.checkpoints.directory.input_error`); None for any other
+    could not read restated naming it (`input_error`); None for any other
     exception."""
     if isinstance(exc, OutputDirError):
         return None
@@ -222,7 +222,7 @@ def _output_dir_error(exc: BaseException, out: Path, creating: bool) -> OSError 
 
 @contextmanager
 def _creating(out: Path) -> Iterator[None]:
-    """Restate a full disk or an unwritable parent raised in the block as an :class:`OutputDirError`."""
+    """Restate a full disk or an unwritable parent raised in the block as an `OutputDirError`."""
     try:
         yield
     except OSError as exc:
@@ -294,7 +294,7 @@ def check_out_file(out_file: str | os.PathLike, overwrite: bool = False,
                    remedy: str = "pass overwrite=True to replace it") -> Path:
     """The absolute output file path, after checking it may be written: it names a file, not a directory, its name
     within the folder's ``NAME_MAX``; its folder exists; a name there only when it is a regular file or a symlink to
-    one (:func:`~lightprune.core.paths.file_problem`: a FIFO, a device, a dangling link is refused) and only with
+    one (`file_problem`: a FIFO, a device, a dangling link is refused) and only with
     ``overwrite`` (else a FileExistsError ending with ``remedy``)."""
     check_bool(overwrite, "overwrite")
     check_path_text(out_file, "output file")
@@ -318,7 +318,7 @@ def check_out_file(out_file: str | os.PathLike, overwrite: bool = False,
 
 
 def _clean_stale_files(out: Path) -> None:
-    """Delete the staged files of dead processes beside ``out`` (left by a kill during a :func:`staging_file`)."""
+    """Delete the staged files of dead processes beside ``out`` (left by a kill during a `staging_file`)."""
     pattern = re.compile(rf"^\.{re.escape(staging_stem(out))}{re.escape(TMP_TAG)}(\d+)-[0-9a-f]{{12}}$")
     for entry in out.parent.iterdir():
         match = pattern.match(entry.name)
@@ -331,8 +331,8 @@ def staging_file(out_file: str | os.PathLike, overwrite: bool = False,
                  remedy: str = "pass overwrite=True to replace it") -> Iterator[Path]:
     """Yield an empty file beside ``out_file`` (same folder) for the block to write; renamed over ``out_file`` once
     the block succeeded, deleted on any exception or interrupt, which leaves ``out_file`` as it was (a full disk or
-    an unwritable folder: one :class:`OutputDirError` naming ``out_file``). ``out_file`` is checked first
-    (:func:`check_out_file`)."""
+    an unwritable folder: one `OutputDirError` naming ``out_file``). ``out_file`` is checked first
+    (`check_out_file`)."""
     out = check_out_file(out_file, overwrite, remedy)
     _clean_stale_files(out)
     staged = sibling(out, TMP_TAG)

@@ -1,11 +1,11 @@
 """The names of an output's staging siblings: ``.<stem><tag><pid>-<random>``, the tag saying what the sibling is
-(:data:`TMP_TAG` staged, :data:`OLD_TAG` set aside, :data:`TRASH_TAG` being deleted) and the pid whose process made it.
+(`TMP_TAG` staged, `OLD_TAG` set aside, `TRASH_TAG` being deleted) and the pid whose process made it.
 
 A staging name fits the folder's limit on a name (``NAME_MAX``, 255 bytes on most file systems: ``os.pathconf``):
 where the output's own name leaves no room for the tag, the pid and the random part, the name part is shortened to
 its first bytes and a short hash of the whole name (``.<first bytes>~<hash>.lightprune-tmp-<pid>-<random>``, the same
-for every staging of that output, so leftovers stay recognisable: :func:`staging_stem`); an output whose own name is
-past the limit is refused up front, in one line naming it (:func:`check_name_length`).
+for every staging of that output, so leftovers stay recognisable: `staging_stem`); an output whose own name is
+past the limit is refused up front, in one line naming it (`check_name_length`).
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ def _name_max(folder: Path) -> int:
 def staging_stem(out: str | os.PathLike) -> str:
     """The part of the name of ``out``'s staging siblings (``.<stem>.lightprune-tmp-<pid>-<random>``, ``-old-``,
     ``-trash-``) taken from ``out``'s name: the name itself, or where a sibling's name would pass the folder's
-    ``NAME_MAX`` (:func:`_name_max`), the name's first bytes (whole characters), ``~`` and the first
-    :data:`_HASH_DIGITS` hexadecimal digits of the SHA-256 of the whole name. The same for every staging of ``out``,
-    so :func:`clean_stale` recognises the leftovers of either form."""
+    ``NAME_MAX`` (`_name_max`), the name's first bytes (whole characters), ``~`` and the first
+    `_HASH_DIGITS` hexadecimal digits of the SHA-256 of the whole name. The same for every staging of ``out``,
+    so `clean_stale` recognises the leftovers of either form."""
     out = Path(out)
     raw = os.fsencode(out.name)
     room = _name_max(out.parent) - _RESERVE

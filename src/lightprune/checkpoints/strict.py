@@ -1,8 +1,8 @@
 """The strict half of loading a checkpoint: what would give a model with random, dropped or silently cast weights,
 named before (from the headers) or after (from transformers' loading report) the load.
 
-- :func:`check_not_quantized`: a ``quantization_config`` in config.json;
-- :func:`check_config_values`: config.json values no model can be built or run with: a NaN or infinite number
+- `check_not_quantized`: a ``quantization_config`` in config.json;
+- `check_config_values`: config.json values no model can be built or run with: a NaN or infinite number
   (JSON's ``NaN`` / ``Infinity`` constants, or a number too large for a float) anywhere in it, an activation name
   (``hidden_act``, ``*_act``, ``hidden_activation``, ``activation_function``) transformers does not know, a
   ``transformers_weights`` entry pointing transformers at other weights than lightprune reads, a ``model_type``
@@ -11,11 +11,11 @@ named before (from the headers) or after (from transformers' loading report) the
   count, a top-k) holding a decimal number or a boolean says what to write (``8.0``: write 8), and so does a float
   field holding an integer (``1``: write 1.0, which transformers refuses too), before transformers' two-line
   ``StrictDataclassFieldValidationError`` that names neither the file nor the checkpoint;
-- :func:`expert_layout_error`: per-expert tensors on disk (``...experts.<i>.<name>``) that cannot be fused;
-- :func:`check_loading_info`: missing, unexpected and mis-shaped tensors and error messages of transformers'
+- `expert_layout_error`: per-expert tensors on disk (``...experts.<i>.<name>``) that cannot be fused;
+- `check_loading_info`: missing, unexpected and mis-shaped tensors and error messages of transformers'
   report, in the model's parameter names.
 
-Each error names the checkpoint and the tensors (:func:`lightprune.core.errors.listed_text`: at most 8, then
+Each error names the checkpoint and the tensors (`lightprune.core.errors.listed_text`: at most 8, then
 "and N more").
 """
 

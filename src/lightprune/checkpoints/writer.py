@@ -1,12 +1,12 @@
-"""A safetensors file written tensor by tensor: :class:`SafetensorsWriter`.
+"""A safetensors file written tensor by tensor: `SafetensorsWriter`.
 
 The safetensors format is an 8-byte little-endian header length, a JSON header (each tensor's dtype, shape and
 byte range in the data that follows, plus ``__metadata__``), then the tensors' bytes. Everything the header
 holds is known before any data is read (names, dtypes and shapes come from the source headers and the plan), so
 the header is written first and each tensor's bytes follow as they are produced, in pieces if need be (an expert
 at a time): memory holds one piece, never the shard. Each tensor is checked against its header entry; a file
-left incomplete is an error at :meth:`SafetensorsWriter.close`. Bytes another file holds as they are to be written
-(a tensor copied unchanged) go from file to file in the kernel (:meth:`SafetensorsWriter.copy`, ``copy_file_range``),
+left incomplete is an error at `SafetensorsWriter.close`. Bytes another file holds as they are to be written
+(a tensor copied unchanged) go from file to file in the kernel (`SafetensorsWriter.copy`, ``copy_file_range``),
 not through this process's memory.
 """
 
@@ -41,7 +41,7 @@ def _write_all(fd: int, data: memoryview) -> None:
 
 
 def _copy_through_buffer(source: int, out: int, offset: int, nbytes: int) -> int:
-    """Copy up to :data:`_COPY_PIECE` of the ``nbytes`` bytes at ``offset`` of ``source`` to ``out``; returns the
+    """Copy up to `_COPY_PIECE` of the ``nbytes`` bytes at ``offset`` of ``source`` to ``out``; returns the
     count copied."""
     data = os.pread(source, min(nbytes, _COPY_PIECE), offset)
     if not data:

@@ -58,14 +58,14 @@ class LightpruneArgumentParser(LightningArgumentParser):
         super().__init__(*args, **kwargs)
 
     def format_help(self) -> str:
-        """The parser's help; a subcommand's also lists the addressed options (:func:`addressed_help`)."""
+        """The parser's help; a subcommand's also lists the addressed options (`addressed_help`)."""
         text = super().format_help()
         if self.one_line and "--trainer.callbacks" in self._option_string_actions:
             text = f"{text.rstrip()}\n\n{addressed_help()}\n"
         return text
 
     def dump(self, cfg: Any, *args: Any, **kwargs: Any) -> str:
-        """The config as text; for ``--print_config``, with the addressed options set (:func:`apply_addressed`)."""
+        """The config as text; for ``--print_config``, with the addressed options set (`apply_addressed`)."""
         if self.printed_addressed:
             cfg = cfg.clone()
             subcommand = cfg.get("subcommand") if "subcommand" in cfg else None
@@ -88,7 +88,7 @@ class LightpruneArgumentParser(LightningArgumentParser):
 
 
 def _duplicate_key(err: BaseException | None) -> DuplicateKeyError | ParseLimitError | None:
-    """The :class:`DuplicateKeyError` (a value naming a key twice) or :class:`ParseLimitError` (YAML past the
+    """The `DuplicateKeyError` (a value naming a key twice) or `ParseLimitError` (YAML past the
     limits) behind a parser error, or None."""
     seen = set()
     while err is not None and id(err) not in seen:
@@ -101,7 +101,7 @@ def _duplicate_key(err: BaseException | None) -> DuplicateKeyError | ParseLimitE
 
 class LightpruneCLI(LightningCLI):
     """LightningCLI whose trainer also has ``calibrate`` and ``export``, and whose callbacks' options also have
-    stable addresses (``addressed``: the ``--prune.ratio``-style options, see :mod:`lightprune.cli.options`)."""
+    stable addresses (``addressed``: the ``--prune.ratio``-style options, see `lightprune.cli.options`)."""
 
     def __init__(self, *args: Any, addressed: list[Addressed] | tuple[Addressed, ...] = (), **kwargs: Any):
         kwargs.setdefault("parser_class", LightpruneArgumentParser)
@@ -121,7 +121,7 @@ class LightpruneCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """Lightning reads ``ckpt_path``'s hyperparameters here, as the command line is parsed, before the trainer
-        runs: the file is checked first (:func:`~lightprune.cli.trainer.check_ckpt_path`), and one torch cannot load
+        runs: the file is checked first (`check_ckpt_path`), and one torch cannot load
         is a one-line ValueError naming it."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
@@ -147,9 +147,9 @@ class LightpruneCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """Refuse a ``fit`` without training data (no data module, and a model without its own ``train_dataloader``);
         set each addressed option on the one callback of its class (a subclass counts) in the parsed config, then
-        run each callback's ``preflight`` (:meth:`JobEndCallback.preflight
-        <lightprune.callbacks.job_end.JobEndCallback.preflight>`: an existing output directory) before anything
-        is built."""
+        run each callback's ``preflight``
+        ([`JobEndCallback.preflight`][lightprune.callbacks.job_end.JobEndCallback.preflight]: an existing output
+        directory) before anything is built."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "fit" and config.get("data") is None and not _has_own_train_data(config.get("model")):
             raise OptionError(lightning_problem("`train_dataloader` must be implemented", "fit"))
@@ -173,7 +173,7 @@ class LightpruneCLI(LightningCLI):
 
 def apply_addressed(config: Any, addressed: list[Addressed] | tuple[Addressed, ...]) -> None:
     """Set each addressed option (``--prune.ratio 0.3``) on the one callback of its class (a subclass counts) in a
-    subcommand's parsed ``config``; none or several: an :class:`OptionError` naming the option."""
+    subcommand's parsed ``config``; none or several: an `OptionError` naming the option."""
     entries = (config.trainer.callbacks or []) if addressed else []
     for item in addressed:
         matches = [entry for entry in entries if _is_callback(entry, item.callback)]
@@ -256,8 +256,8 @@ def _load_callback_classes() -> None:
 
 def cli_main(args: list[str] | None = None, exit_on_error: bool = True) -> LightpruneCLI:
     """Parse ``args`` (default: ``sys.argv``), run the subcommand, return the CLI object. The callbacks' stable
-    addresses (``--prune.ratio 0.3``, :mod:`lightprune.cli.options`) are taken out and set once the config is parsed.
-    ``exit_on_error=False``: a parser error is an :class:`~lightprune.cli.options.OptionError` with the line the
+    addresses (``--prune.ratio 0.3``, `lightprune.cli.options`) are taken out and set once the config is parsed.
+    ``exit_on_error=False``: a parser error is an `OptionError` with the line the
     command prints, instead of that line and exit status 2.
 
     A lightprune error raised while the config's classes are built is re-raised as itself (type
@@ -291,12 +291,12 @@ def main() -> None:
     """Entry point of the ``lightprune`` console script.
 
     A bad input or an OS error (a ValueError, an OSError such as a read-only output or a full disk, Lightning's
-    MisconfigurationException such as a ``fit`` without training data: :func:`~lightprune.cli.errors.lightning_problem`,
-    or one of lightprune's own errors: :data:`lightprune.core.errors.ERRORS`) is reported in one line (long values cut:
-    :func:`~lightprune.core.jsonio.clip_values`) and exit status 2; set
+    MisconfigurationException such as a ``fit`` without training data: `lightning_problem`,
+    or one of lightprune's own errors: `lightprune.core.errors.ERRORS`) is reported in one line (long values cut:
+    `clip_values`) and exit status 2; set
     ``LIGHTPRUNE_DEBUG=1`` to see the traceback. SIGTERM or SIGINT stop the run where it is, with one line saying
-    what it was doing and what it kept, and exit status 143 or 130 (:mod:`lightprune.core.interrupt`).
-    Third-party notices that say nothing about the run are dropped (:mod:`lightprune.cli.quiet`); ``--verbose`` or
+    what it was doing and what it kept, and exit status 143 or 130 (`lightprune.core.interrupt`).
+    Third-party notices that say nothing about the run are dropped (`lightprune.cli.quiet`); ``--verbose`` or
     ``LIGHTPRUNE_VERBOSE=1`` shows them.
     """
     if "--verbose" in sys.argv:  # read at import (lightprune.cli.quiet); not an option of the parser
@@ -355,7 +355,7 @@ def _command_remedy(err: BaseException, line: str) -> str:
 
 def _runtime_problem(err: Exception) -> str | None:
     """The one line for an error that is no ValueError or OSError but says what went wrong with a file: a write of
-    :func:`lightprune.core.paths.write_atomically` that failed in ``torch.save``'s writer (a RuntimeError naming the
+    `lightprune.core.paths.write_atomically` that failed in ``torch.save``'s writer (a RuntimeError naming the
     file), a checkpoint that Lightning's ``torch.load`` cannot read (``ckpt_path``: an UnpicklingError, a RuntimeError
     of its zip reader: the first line of what it says); None for anything else."""
     text = str(err).strip()

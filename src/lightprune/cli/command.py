@@ -1,7 +1,7 @@
 """The ``lightprune`` console script.
 
 ``lightprune`` / ``lightprune -h`` / ``lightprune --help`` print the subcommands and lightprune's callbacks without
-importing Lightning (a fraction of a second); everything else goes to :func:`lightprune.cli.app.main`, whose
+importing Lightning (a fraction of a second); everything else goes to `lightprune.cli.app.main`, whose
 ``lightprune SUBCOMMAND --help`` lists every option.
 """
 
@@ -41,12 +41,12 @@ HELP = "\n".join([
 
 
 def main() -> None:
-    """Print :data:`HELP` for a bare ``lightprune`` or ``--help``; otherwise check the callbacks' options
-    (:func:`lightprune.cli.command_line_checks.check_command_line`, before Lightning is imported: a typo is reported at
-    once) and run :func:`lightprune.cli.app.main`; ``convert-gguf`` runs :func:`lightprune.cli.convert_gguf.main`.
-    SIGTERM, SIGINT and SIGHUP are handled from the start (:mod:`lightprune.core.interrupt`): a Ctrl-C while Lightning
+    """Print `HELP` for a bare ``lightprune`` or ``--help``; otherwise check the callbacks' options
+    (`lightprune.cli.command_line_checks.check_command_line`, before Lightning is imported: a typo is reported at
+    once) and run `lightprune.cli.app.main`; ``convert-gguf`` runs `lightprune.cli.convert_gguf.main`.
+    SIGTERM, SIGINT and SIGHUP are handled from the start (`lightprune.core.interrupt`): a Ctrl-C while Lightning
     loads is one line and exit status 130, as later; once the command is done, the interpreter's teardown is not
-    stopped by them (:func:`lightprune.core.interrupt.quiet_teardown`)."""
+    stopped by them (`lightprune.core.interrupt.quiet_teardown`)."""
     try:
         if sys.argv[1:] in ([], ["-h"], ["--help"]):
             print(HELP)

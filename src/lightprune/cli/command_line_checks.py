@@ -1,18 +1,18 @@
-"""The checks the command line runs before it loads Lightning: :func:`check_command_line`.
+"""The checks the command line runs before it loads Lightning: `check_command_line`.
 
 It reads the command line and the config files it names (YAML only: no torch, no Lightning) and checks the options
 lightprune's callbacks would refuse at construction: an unknown option name, a criterion that is not registered, a
 ratio outside [0, 1), a choice outside its list. The checks are the ones the callbacks' constructors run (their option
 specs), so the messages are the callbacks' own and a typo is reported in a fraction of a second instead of after
 Lightning's import. Whatever it cannot see (a value set in a way it does not follow) is left to the callbacks. Before
-those it refuses what no parser would take (:mod:`lightprune.cli.names`: a mistyped subcommand or option, a config key
+those it refuses what no parser would take (`lightprune.cli.names`: a mistyped subcommand or option, a config key
 that is no option), a ``--config`` that is no config, a run directory that cannot be one
-(:mod:`lightprune.cli.inputs`) and a ``class_path`` outside what its slot accepts, before importing it
-(:mod:`lightprune.cli.slots`), a value YAML 1.1 reads otherwise than written (``020`` is 16:
-:func:`lightprune.cli.inputs.literal_problem`), an empty item in a list of classes, and a path that is not UTF-8 text
-(:func:`lightprune.core.paths.check_path_text`).
+(`lightprune.cli.inputs`) and a ``class_path`` outside what its slot accepts, before importing it
+(`lightprune.cli.slots`), a value YAML 1.1 reads otherwise than written (``020`` is 16:
+`lightprune.cli.inputs.literal_problem`), an empty item in a list of classes, and a path that is not UTF-8 text
+(`lightprune.core.paths.check_path_text`).
 
-The callbacks' addressed options (``--prune.ratio 0.3``) and their option specs are :mod:`lightprune.cli.options`.
+The callbacks' addressed options (``--prune.ratio 0.3``) and their option specs are `lightprune.cli.options`.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def _project_modules(argv: list[str], configs: list[Any]) -> bool:
 
 
 def check_command_line(argv: Iterable[str], others: Iterable[str] = ()) -> None:
-    """Check a ``lightprune SUBCOMMAND ...`` command line (see the module docstring); an :class:`OptionError` names
+    """Check a ``lightprune SUBCOMMAND ...`` command line (see the module docstring); an `OptionError` names
     the option or the config file, the bad value and what is accepted. ``others``: subcommands outside LightningCLI
     (named by the check of a mistyped subcommand)."""
     argv = list(argv)
@@ -310,7 +310,8 @@ def _check_slot(where: str, value: Any, slot: str) -> None:
 
 
 def _check_export_dirs(callbacks: list[dict[str, Any]], root: str | None, addressed: list[Addressed]) -> None:
-    """Callbacks that conflict (:func:`lightprune.callbacks.roster.check_roster`: two Exports, two ExpertPruning
+    """Callbacks that conflict ([`lightprune.callbacks.roster.check_roster`][lightprune.callbacks.roster.check_roster]:
+    two Exports, two ExpertPruning
     writing one folder, a checkpoint directory that is the run's folder), an export callback's checkpoint directory
     that holds an earlier run's files, without ``overwrite``, or its ``plan_path`` that is no file: refused here,
     before Lightning is imported (with the messages the callbacks' ``setup`` and ``preflight`` give). Called only

@@ -1,6 +1,6 @@
 """Options and configs are applied in order: an option given before a ``--config`` that sets the same key would be
-replaced by the config's value without a word (:func:`config_order_problem`, part of the command line's first pass,
-:func:`lightprune.cli.command_line_checks.check_command_line`).
+replaced by the config's value without a word (`config_order_problem`, part of the command line's first pass,
+`lightprune.cli.command_line_checks.check_command_line`).
 """
 
 from __future__ import annotations

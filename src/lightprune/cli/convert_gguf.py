@@ -1,9 +1,10 @@
-"""``lightprune convert-gguf EXPORT OUTFILE``: :func:`lightprune.export.gguf.convert_to_gguf` as a command.
+"""``lightprune convert-gguf EXPORT OUTFILE``:
+[`lightprune.export.gguf.convert_to_gguf`][lightprune.export.gguf.convert.convert_to_gguf] as a command.
 
-:mod:`lightprune.cli.command` dispatches it before Lightning is imported. Every refusal and failure is one
+`lightprune.cli.command` dispatches it before Lightning is imported. Every refusal and failure is one
 ``lightprune: error:`` line and exit status 2 (``--verbose``: the converter's traceback above it;
 ``LIGHTPRUNE_DEBUG=1``: the whole traceback); a SIGTERM or SIGINT one line and 143 or 130, as the other subcommands
-(:mod:`lightprune.core.interrupt`). Quiet as they are (:mod:`lightprune.cli.quiet`): the converter's logging,
+(`lightprune.core.interrupt`). Quiet as they are (`lightprune.cli.quiet`): the converter's logging,
 warnings and progress bar are dropped unless ``--verbose`` or ``LIGHTPRUNE_VERBOSE=1``; a conversion prints one
 line, the GGUF's path, size and tensor count.
 """
@@ -30,7 +31,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser(prog: str = PROG) -> argparse.ArgumentParser:
-    """The command's options (the converter's lists are checked by :func:`convert_to_gguf`, not here)."""
+    """The command's options (the converter's lists are checked by
+    [`convert_to_gguf`][lightprune.export.gguf.convert.convert_to_gguf], not here)."""
     out = _Parser(prog=prog, description="Convert a uniform lightprune export to GGUF with llama.cpp's converter "
                   "(fetched once with `python scripts/fetch_llama_cpp.py`).")
     out.add_argument("export", help="the export's folder (config.json, safetensors weights, tokenizer)")

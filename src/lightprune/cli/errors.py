@@ -2,11 +2,11 @@
 
 jsonargparse reports a bad value deep in a config (``--trainer.callbacks.init_args.ratio abc``) as a nested
 "Does not validate against any of the Union subtypes" listing of every candidate type and class.
-:func:`condense` finds the innermost option that was given a bad value, with the class it belongs to and
+`condense` finds the innermost option that was given a bad value, with the class it belongs to and
 the types it accepts: ``ExpertPruning: ratio='abc' is not a float or null``. A class path outside what its option
 accepts, an option a class does not take and an unknown option are said with what is accepted (and the closest
-name). Messages it cannot read are kept as their first line, never an empty reason (:func:`first_line`).
-:func:`lightning_problem` does the same for a configuration error Lightning raises once the job runs (a ``fit``
+name). Messages it cannot read are kept as their first line, never an empty reason (`first_line`).
+`lightning_problem` does the same for a configuration error Lightning raises once the job runs (a ``fit``
 without training data).
 """
 

@@ -1,22 +1,22 @@
 """The files a job reads, checked by the console script's first pass (torch-free, before Lightning is imported).
 
-The model's ``checkpoint`` and the data module's files (:class:`~lightprune.data.TextJsonlDataModule` and
-:class:`~lightprune.data.ImageTextJsonlDataModule`: the ``calibration`` / ``train`` / ``val`` / ``test`` JSONL
+The model's ``checkpoint`` and the data module's files (`TextJsonlDataModule` and
+`ImageTextJsonlDataModule`: the ``calibration`` / ``train`` / ``val`` / ``test`` JSONL
 files, the ``tokenizer`` / ``processor`` folder) are followed through the config files and the ``--model...`` /
 ``--data...`` options in command-line order, as jsonargparse applies them (the last value given wins; the same
 class given again keeps the arguments set before it, another class is followed from scratch). A value that cannot
 exist is refused with the message the class itself would give once Lightning had loaded: a JSONL file that is not a
-file, a tokenizer folder that is not a folder, a checkpoint that can only be a local folder (:func:`local_path`) and
+file, a tokenizer folder that is not a folder, a checkpoint that can only be a local folder (`local_path`) and
 is not one. What is not followed (a ``--model`` given as a file, a nested option) is left to the classes.
 
-The config files themselves (:func:`load_config`) and the run directory (:func:`root_dir_problem`) are checked too:
+The config files themselves (`load_config`) and the run directory (`root_dir_problem`) are checked too:
 a ``--config`` that is no file (with the closest file's name), a directory, a file that is not UTF-8, not YAML,
 YAML the safe loader cannot build, empty or not a mapping, a literal that YAML 1.1 (jsonargparse's reader) reads
 otherwise than YAML 1.2 or JSON (``020`` is 16, ``1:30`` is 90, ``yes`` is true where the option is no true/false
-option: :func:`literal_problem`), an empty item in a list of classes (``trainer.callbacks``), and a
+option: `literal_problem`), an empty item in a list of classes (``trainer.callbacks``), and a
 ``trainer.default_root_dir`` that is a file or under one (``~`` is the home folder in both, as the parser and
 Lightning read it; a URL run directory, ``s3://...``, is left to Lightning). Every path followed is checked to be
-UTF-8 text (:meth:`JobInputs.paths`, :func:`lightprune.core.paths.check_path_text`).
+UTF-8 text (`JobInputs.paths`, `lightprune.core.paths.check_path_text`).
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def load_config(text: str, option: str) -> tuple[str, dict[str, Any]]:
     """(where, content) of a ``--config`` value: a file's mapping of options (where: its name as given; ``~`` is the
     home folder, as the parser reads it) or the mapping given inline (where: ``option``). A value that cannot be a
     config is a ``ValueError`` in one line naming it, and so are a key named twice, YAML past
-    the limits (:func:`~lightprune.core.strict_yaml.parse_yaml`) and YAML that the safe loader cannot build (a tag
+    the limits (`parse_yaml`) and YAML that the safe loader cannot build (a tag
     such as ``!!python/object``, a list as a key, two documents: the line and the problem)."""
     import yaml
 
@@ -264,7 +264,7 @@ def dotted(path: tuple[Any, ...]) -> str:
 
 def literal_problem(scalar: YamlScalar, config: Any) -> str | None:
     """What YAML 1.1 reads a plain scalar of ``config`` as, not what YAML 1.2 or JSON would, and what to write
-    (:func:`~lightprune.core.yaml_literals.yaml_1_1_reading`), or None; ``yes``/``no``/``on``/``off`` are taken as
+    (`yaml_1_1_reading`), or None; ``yes``/``no``/``on``/``off`` are taken as
     true/false where the option is a true/false option or one of a class outside lightprune."""
     reading = yaml_1_1_reading(scalar.text, scalar.value) if scalar.plain else None
     if reading is None:
@@ -291,7 +291,7 @@ def empty_item_problem(path: tuple[Any, ...], text: str) -> str:
 
 
 def _scalars_problem(source: str, where: str, content: dict[str, Any]) -> str | None:
-    """The first literal read otherwise than written (:func:`literal_problem`) or empty item of a list of classes in
+    """The first literal read otherwise than written (`literal_problem`) or empty item of a list of classes in
     a config's ``source``, as one line naming ``where`` and the line."""
     for scalar in yaml_scalars(source, where):
         if scalar.value is None and not scalar.key and len(scalar.path) == 3 and scalar.path[:2] in CLASS_LISTS:

@@ -1,12 +1,12 @@
 """The command line's names known without Lightning: the subcommands, each one's options, the trainer's options.
 
-:data:`TRAINER_OPTIONS` is ``lightning.pytorch.Trainer.__init__``'s parameters, :data:`METHOD_OPTIONS` the
-parameters of each subcommand's trainer method that LightningCLI adds as options, and :data:`PRECISIONS` the values
+`TRAINER_OPTIONS` is ``lightning.pytorch.Trainer.__init__``'s parameters, `METHOD_OPTIONS` the
+parameters of each subcommand's trainer method that LightningCLI adds as options, and `PRECISIONS` the values
 ``Trainer(precision=...)`` takes, written out here so that the first pass
-(:func:`lightprune.cli.command_line_checks.check_command_line`) can refuse ``--trainer.max_step``, ``--confg`` or
+(`lightprune.cli.command_line_checks.check_command_line`) can refuse ``--trainer.max_step``, ``--confg`` or
 ``--trainer.precision 17-true`` without importing Lightning; ``tests/unit/cli/test_cli_names.py`` checks them against
 the signatures and LightningCLI's parser. What sits under ``--model.`` and ``--data.`` depends on the class given and
-is left to the parser. Every problem is one line, with the closest name when one is close (:func:`did_you_mean`).
+is left to the parser. Every problem is one line, with the closest name when one is close (`did_you_mean`).
 Torch-free.
 """
 
@@ -111,7 +111,7 @@ def find_subcommand(argv: list[str]) -> int | None:
 
 
 def subcommand(argv: list[str]) -> str | None:
-    """The subcommand ``argv`` names (:func:`find_subcommand`; ``--verbose`` is the ``lightprune`` command's own
+    """The subcommand ``argv`` names (`find_subcommand`; ``--verbose`` is the ``lightprune`` command's own
     flag), or None."""
     args = [arg for arg in argv if arg != "--verbose"]
     at = find_subcommand(args)
@@ -189,7 +189,7 @@ def argv_problem(argv: list[str], subcommands: Iterable[str], others: Iterable[s
 
 
 def precision_problem(value: Any) -> str | None:
-    """Why ``value`` cannot be ``trainer.precision`` (with the closest of :data:`PRECISIONS` and the list), or None."""
+    """Why ``value`` cannot be ``trainer.precision`` (with the closest of `PRECISIONS` and the list), or None."""
     if value is None or (value in PRECISIONS and not isinstance(value, (bool, float))):
         return None
     names = [p for p in PRECISIONS if isinstance(p, str) and not p.isdigit()]
@@ -214,7 +214,7 @@ def config_keys_problem(content: dict[str, Any], command: str, where: str) -> st
 
 def bool_option(path: tuple[Any, ...], config: Any) -> bool | None:
     """Whether the value at ``path`` of a ``config`` mapping is an option that takes true/false: True or False where
-    :data:`BOOL_OPTIONS` tells (a config's top level, ``trainer``, an argument of lightprune's classes, a value inside
+    `BOOL_OPTIONS` tells (a config's top level, ``trainer``, an argument of lightprune's classes, a value inside
     an option's value: no option), None where it cannot (an argument of a class outside lightprune)."""
     if not path or not isinstance(path[-1], str):
         return False

@@ -2,14 +2,14 @@
 
 ``--prune.ratio 0.3`` sets ExpertPruning's ``ratio`` whatever the order of the job's callbacks (jsonargparse's own
 ``--trainer.callbacks.init_args.ratio`` sets it on whichever callback is listed last). One address per callback of
-lightprune (:data:`ADDRESSES`); the value is read as YAML, as jsonargparse reads a value (``0.3``, ``null``,
+lightprune (`ADDRESSES`); the value is read as YAML, as jsonargparse reads a value (``0.3``, ``null``,
 ``[all, text]``, ``true``); ``--evaluate.data.init_args.preset micro`` sets an option of the class given as
-Evaluate's ``data``. :func:`split_addressed` takes these options out of the command line;
+Evaluate's ``data``. `split_addressed` takes these options out of the command line;
 ``LightpruneCLI`` sets them on the one callback of that class once the config is parsed (none or two: an error).
 The addresses, the arguments and their checks are the callbacks' own option specs
-(:mod:`lightprune.callbacks.options`); :func:`addressed_help` lists them in each subcommand's ``--help``.
+(`lightprune.callbacks.options`); `addressed_help` lists them in each subcommand's ``--help``.
 The checks the command line runs on these options and on the rest of it before Lightning is imported are
-:mod:`lightprune.cli.command_line_checks`.
+`lightprune.cli.command_line_checks`.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Addressed:
 
 def addressed_help() -> str:
     """The section of each subcommand's ``--help`` that lists the addresses: each one's callback, what it does and
-    its options (:data:`lightprune.callbacks.options.OPTIONS`, as ``lightprune --help`` lists them)."""
+    its options (`lightprune.callbacks.options.OPTIONS`, as ``lightprune --help`` lists them)."""
     import textwrap
 
     lines = ["lightprune's callback options (--ADDRESS.OPTION VALUE, the value read as YAML: set on the job's one",
@@ -73,10 +73,10 @@ def addressed_help() -> str:
 
 
 def yaml_value(text: str, option: str, path: tuple[Any, ...] = (), owner: str | None = None) -> Any:
-    """``text`` as jsonargparse reads a command-line value (:func:`~lightprune.core.yaml_literals.parse_value`:
-    ``020`` is 20); a mapping naming a key twice, or text past the YAML limits, is an :class:`OptionError` naming
+    """``text`` as jsonargparse reads a command-line value (`parse_value`:
+    ``020`` is 20); a mapping naming a key twice, or text past the YAML limits, is an `OptionError` naming
     ``option``; text that is not YAML is kept as it is. ``path``: where the value goes in a config; a literal YAML
-    1.1 reads otherwise than written (:func:`~lightprune.cli.inputs.literal_problem`) is refused in a list or
+    1.1 reads otherwise than written (`literal_problem`) is refused in a list or
     mapping (read as YAML by the parser too) and, for an addressed option of the callback ``owner`` (read here,
     whatever its type), in any value."""
     import yaml
@@ -95,7 +95,7 @@ def yaml_value(text: str, option: str, path: tuple[Any, ...] = (), owner: str | 
 
 
 def _literal_problem(text: str, value: Any, path: tuple[Any, ...], owner: str | None) -> str | None:
-    """What :func:`~lightprune.cli.inputs.literal_problem` says of the first literal of a command-line value that
+    """What `literal_problem` says of the first literal of a command-line value that
     YAML 1.1 reads otherwise than written (its place inside the value named), or None."""
     if owner:  # an addressed option: as the callback's entry of a config
         config: Any = {"trainer": {"callbacks": [{"class_path": f"lightprune.callbacks.{owner}"}]}}
@@ -129,7 +129,7 @@ def _check_option_name(callback: str, name: str, where: str) -> None:
 
 def split_addressed(argv: Iterable[str]) -> tuple[list[str], list[Addressed]]:
     """``argv`` without its ``--<address>.<argument>`` options, and those options, in order. An unknown argument
-    of a known address, or an address option without a value, is an :class:`OptionError`."""
+    of a known address, or an address option without a value, is an `OptionError`."""
     rest, found = [], []
     argv = list(argv)
     i = 0

@@ -1,6 +1,6 @@
 """What the command sets in jsonargparse before it parses: a YAML loader that refuses a key named twice and YAML
-past the readers' bounds (:func:`refuse_duplicate_yaml_keys`), and the import denylist enforced
-(:func:`refuse_denied_imports`).
+past the readers' bounds (`refuse_duplicate_yaml_keys`), and the import denylist enforced
+(`refuse_denied_imports`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _config_name(path: str) -> str | None:
 def refuse_duplicate_yaml_keys() -> None:
     """Make jsonargparse's YAML loader (config files and option values) refuse a mapping that names a key twice,
     naming the key, the file and both lines (it would keep the last value: a second ``trainer:`` block would replace
-    the first), and, before it builds anything, YAML past the limits of :func:`~lightprune.core.strict_yaml.parse_yaml`
+    the first), and, before it builds anything, YAML past the limits of `parse_yaml`
     (aliases expanding without bound, nesting too deep). What it loads is unchanged. Installed once, when the command
     starts."""
     import yaml

@@ -2,7 +2,7 @@
 command's output, and from the Python API's (``import lightprune`` installs the same filters, not the environment
 defaults), unless it runs verbose (``--verbose`` or ``LIGHTPRUNE_VERBOSE=1``).
 
-Dropped (:mod:`lightprune.core.notices`), each by its logger and message (nothing else from those loggers):
+Dropped (`lightprune.core.notices`), each by its logger and message (nothing else from those loggers):
 Lightning's litlogger tip, bitsandbytes' "Failed to load CPU gemm_4bit_forward" (an optional kernel package),
 DeepSpeed's "Setting accelerator to CPU", and the deprecation warnings transformers (``is_gradient_checkpointing``)
 and Lightning (``LeafSpec``) emit for their own internal calls. transformers' own progress bars ("Loading weights", "Writing
@@ -46,9 +46,9 @@ def _not_sigterm(record: logging.LogRecord) -> bool:
 
 
 def install() -> None:
-    """Drop the notices of :data:`DROPPED_LOGS` and :data:`DROPPED_WARNINGS` in this process and set
-    :data:`QUIET_ENV` (idempotent): the command's quiet run. Lightning's "[rank: 0] Received SIGTERM: 15"
-    (:data:`SIGTERM_LOG`) is dropped too: the command's own line says the signal, what it was doing and what it kept."""
+    """Drop the notices of `DROPPED_LOGS` and `DROPPED_WARNINGS` in this process and set
+    `QUIET_ENV` (idempotent): the command's quiet run. Lightning's "[rank: 0] Received SIGTERM: 15"
+    (`SIGTERM_LOG`) is dropped too: the command's own line says the signal, what it was doing and what it kept."""
     install_filters()
     logger = logging.getLogger(SIGTERM_LOG[0])
     if _not_sigterm not in logger.filters:

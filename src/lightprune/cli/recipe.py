@@ -5,8 +5,8 @@
 
 The recipe is a config file or the same content as a mapping; ``overrides`` are the command line's options without their
 dashes (``"prune.ratio"``, ``"trainer.max_steps"``, ``"model.init_args.checkpoint"``), checked as the command checks
-them (:func:`lightprune.cli.command_line_checks.check_command_line`) before anything is built. The command is the one
-the recipe's callbacks imply unless given (:func:`recipe_command`).
+them (`lightprune.cli.command_line_checks.check_command_line`) before anything is built. The command is the one
+the recipe's callbacks imply unless given (`recipe_command`).
 """
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ def run_recipe(config: str | os.PathLike | Mapping[str, Any], command: str | Non
                overrides: Mapping[str, Any] | None = None) -> Path:
     """Run ``config`` (a config file, or its content as a mapping) as ``lightprune COMMAND --config CONFIG --KEY
     VALUE ...`` would, in this process, and return the run directory (``trainer.default_root_dir``: plan.json,
-    report.json, the checkpoint in ``model/``, ...). ``command``: default :func:`recipe_command`. ``overrides``:
+    report.json, the checkpoint in ``model/``, ...). ``command``: default `recipe_command`. ``overrides``:
     ``{"prune.ratio": 0.25, "trainer.max_steps": 10}``, values as Python objects (lists, None, bools) or strings.
-    A bad option, a bad config and anything the parser refuses is an :class:`~lightprune.cli.options.OptionError`
+    A bad option, a bad config and anything the parser refuses is an `OptionError`
     (a ValueError) with the line the command prints, never ``SystemExit``; a failing job raises what the command
     would report. ``help`` and ``print_config`` print and exit on the command line: refused as overrides."""
     if overrides is not None and not isinstance(overrides, Mapping):

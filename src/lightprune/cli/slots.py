@@ -48,7 +48,7 @@ def class_path_of(value: Any) -> str | None:
 
 def class_path_problem(value: Any, slot: str) -> str | None:
     """Why ``value`` (a slot's value: a class path or a ``class_path`` mapping) cannot be a class of ``slot`` (a key
-    of :data:`ACCEPTS`), as the end of a line; None when only importing it can tell."""
+    of `ACCEPTS`), as the end of a line; None when only importing it can tell."""
     path = class_path_of(value)
     if path is None:
         return None
@@ -98,7 +98,7 @@ def _standard_library(top: str) -> bool:
 
 def _spec(module: str) -> Any:
     """The module's spec, found as ``import`` would find it (the working directory first, as the command puts it on
-    ``sys.path``) without running any module's code; :data:`_MISSING` when its top-level package does not exist,
+    ``sys.path``) without running any module's code; `_MISSING` when its top-level package does not exist,
     None when it cannot be found without importing, or is loaded without a spec (a script's or a notebook's
     ``__main__``)."""
     parts = module.split(".")

@@ -1,4 +1,4 @@
-"""config.yaml published with the run's other files: :class:`StagedConfig`, the command's save-config callback.
+"""config.yaml published with the run's other files: `StagedConfig`, the command's save-config callback.
 
 Where the job ends in lightprune's end-of-job steps the config is staged with plan.json and the export and written
 once they succeed; elsewhere Lightning writes it at ``setup``, as it always does.
@@ -19,7 +19,7 @@ __all__ = ["StagedConfig"]
 class StagedConfig(SaveConfigCallback):
     """Lightning's SaveConfigCallback, whose config.yaml is published with the run's other files: where the job ends
     in lightprune's end-of-job steps (``export``, ``calibrate``, a ``fit`` with lightprune's callbacks) it is staged
-    with plan.json and the export (:meth:`RunState.stage_text <lightprune.callbacks.state.RunState.stage_text>`) and
+    with plan.json and the export (`RunState.stage_text`) and
     written once they succeed, so a run that fails or is interrupted leaves the previous run's config.yaml as it was.
     Elsewhere (or to a remote folder, or in several files) it is written at ``setup``, as Lightning writes it."""
 

@@ -7,7 +7,8 @@
   callback that defines it (scoring from weights, selection, surgery, export).
 
 Callbacks that act "at the end of the job" implement ``on_fit_end``, ``on_calibrate_end`` and
-``on_export`` and run once, in the order of their phase (:class:`lightprune.callbacks.job_end.JobEndCallback`).
+``on_export`` and run once, in the order of their phase
+([`lightprune.callbacks.job_end.JobEndCallback`][lightprune.callbacks.job_end.JobEndCallback]).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def checkpoint_format_problem(path: Any) -> str | None:
 
 def check_ckpt_path(ckpt_path: Any) -> None:
     """Refuse a local ``ckpt_path`` (a remote one is fsspec's; None: none) that is not there, not a regular file,
-    empty, or not a Lightning checkpoint (:func:`checkpoint_format_problem`), in one line naming it."""
+    empty, or not a Lightning checkpoint (`checkpoint_format_problem`), in one line naming it."""
     if ckpt_path is not None and "://" not in str(ckpt_path):
         check_input_file(ckpt_path, _CKPT, _CKPT_FIX)
         problem = checkpoint_format_problem(ckpt_path)
@@ -77,7 +78,7 @@ def check_ckpt_path(ckpt_path: Any) -> None:
 
 
 class PruneTrainer(pl.Trainer):
-    """A :class:`lightning.pytorch.Trainer` that also calibrates and exports."""
+    """A `lightning.pytorch.Trainer` that also calibrates and exports."""
 
     #: True while ``calibrate`` runs its validation loop (callbacks tell calibration from validation by it)
     calibrating: bool = False

@@ -1,7 +1,7 @@
 """Which keys of a batch dict feed the model: one rule for every loop that calls ``model(**batch)``.
 
 Datamodules put two kinds of non-input keys in batches: ``labels`` (the loss / answer positions, -100
-elsewhere) and :data:`SAMPLE_KEYS` that describe a sample (``task_ids``: the task family of each row,
+elsewhere) and `SAMPLE_KEYS` that describe a sample (``task_ids``: the task family of each row,
 for per-task retention). Neither may reach a transformers model: some models silently accept unknown
 keyword arguments, so a stray key would not even fail loudly.
 """
@@ -21,7 +21,7 @@ SAMPLE_KEYS: tuple[str, ...] = ("task_ids",)
 
 def model_inputs(batch: Mapping[str, Any], *, keep_labels: bool = False,
                  device: torch.device | None = None) -> dict[str, Any]:
-    """``batch`` without :data:`SAMPLE_KEYS` (and without ``labels`` unless ``keep_labels``), tensors moved to
+    """``batch`` without `SAMPLE_KEYS` (and without ``labels`` unless ``keep_labels``), tensors moved to
     ``device`` when given."""
     drop = SAMPLE_KEYS if keep_labels else SAMPLE_KEYS + ("labels",)
     return {k: (v.to(device) if device is not None and isinstance(v, torch.Tensor) else v)

@@ -3,22 +3,22 @@
 A leaf: it imports nothing from lightprune (nor NumPy or torch). Every error names the argument and the bad value
 (and the allowed ones).
 
-A number is what :func:`real_number` accepts: a Python int or float, a ``Fraction`` or ``Decimal``, a NumPy integer
+A number is what `real_number` accepts: a Python int or float, a ``Fraction`` or ``Decimal``, a NumPy integer
 or floating scalar, or a 0-d NumPy array or torch tensor of an integer or floating dtype (``numpy.float32(0.5)``,
 ``torch.tensor(0.5)``); never a bool of any kind (Python, NumPy, a bool tensor), a complex number, a string, an
 array of one element (``torch.tensor([0.5])``), a tensor on the meta device (it has a shape and a dtype, no value) or
 NumPy's masked value (``numpy.ma.masked``, a masked element of a masked array: a missing value, whose ``item()`` is
 its hidden fill, 0.0): a refusal says which of these it got. A float narrower than
 Python's is read as written: ``numpy.float32(0.7)`` holds 0.699999988, and is 0.7 here (the shortest decimal its
-dtype rounds to the same value), so it selects what ``0.7`` selects. An integer is what :func:`integer` accepts:
+dtype rounds to the same value), so it selects what ``0.7`` selects. An integer is what `integer` accepts:
 such a number with an integral value (``2``, ``numpy.int64(2)``, ``2.0``). JSON files are checked by
-:func:`lightprune.core.jsonio.strict_int` instead, which refuses ``2.0``.
+`lightprune.core.jsonio.strict_int` instead, which refuses ``2.0``.
 
-A ratio becomes a count exactly (:func:`ratio_count`): ``0.29`` of 100 experts is 29, where binary floating point
+A ratio becomes a count exactly (`ratio_count`): ``0.29`` of 100 experts is 29, where binary floating point
 gives ``math.floor(0.29 * 100) == 28``.
 
 Text that lightprune writes to a UTF-8 file (a plan, a manifest, a model card) is checked before it is: a string
-holding half of a UTF-16 surrogate pair is refused naming its key path (:func:`non_utf8`, :func:`check_utf8`).
+holding half of a UTF-16 surrogate pair is refused naming its key path (`non_utf8`, `check_utf8`).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def non_utf8(value: Any, path: str = "") -> tuple[str, str, str] | None:
 
 
 def check_utf8(value: Any, holder: str, error: type[Exception] = ValueError, path: str = "") -> None:
-    """Raise ``error`` naming the key path when a string in ``value`` is not UTF-8 text (:func:`non_utf8`), before
+    """Raise ``error`` naming the key path when a string in ``value`` is not UTF-8 text (`non_utf8`), before
     ``holder`` ("a plan file (UTF-8 JSON)", what it would be written to) is: writing it would fail there."""
     found = non_utf8(value, path)
     if found is not None:
@@ -176,7 +176,7 @@ def exact_ratio(value: Any) -> Fraction:
 
 
 def ratio_count(ratio: Any, total: int, rounding: Callable[[Fraction], int] = math.floor) -> int:
-    """``rounding(ratio x total)`` in exact arithmetic (:func:`exact_ratio`): ``ratio_count(0.29, 100) == 29`` and
+    """``rounding(ratio x total)`` in exact arithmetic (`exact_ratio`): ``ratio_count(0.29, 100) == 29`` and
     ``ratio_count(0.57, 200) == 114``; ``rounding`` is ``math.floor``, ``math.ceil`` or ``round`` (half to even)."""
     return int(rounding(exact_ratio(ratio) * int(total)))
 

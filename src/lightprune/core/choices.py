@@ -1,7 +1,7 @@
 """The values lightprune's options accept, in a leaf that imports nothing.
 
 The modules that use a set of choices take it from here, and so does the command line, which checks a job's
-options against them before it loads torch or Lightning (:mod:`lightprune.cli.command_line_checks`).
+options against them before it loads torch or Lightning (`lightprune.cli.command_line_checks`).
 """
 
 from __future__ import annotations

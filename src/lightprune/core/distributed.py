@@ -6,21 +6,21 @@ lightprune's weight reads, surgery and export need full tensors, so each of them
 the few functions here, and the rest of the package never imports deepspeed (it is imported
 lazily, only once a partitioned parameter is seen).
 
-- :func:`gathered` / :func:`gathered_module`: ``deepspeed.zero.GatheredParameters`` over a few
+- `gathered` / `gathered_module`: ``deepspeed.zero.GatheredParameters`` over a few
   parameters (one MoE layer's router and experts, one module's own parameters), never the whole
   model; a plain context when nothing is partitioned. A gather is a collective: every rank must
   enter it, in the same order (the callbacks run on every rank).
-- :func:`raise_on_every_rank`: a step that may fail on one rank (a refused calibration batch) before a
+- `raise_on_every_rank`: a step that may fail on one rank (a refused calibration batch) before a
   collective: every rank raises, none waits in the collective.
-- :func:`same_on_every_rank`: every rank computes a plan (or scores) from the same gathered
+- `same_on_every_rank`: every rank computes a plan (or scores) from the same gathered
   weights or the same all-reduced statistics; this checks that the results agree (one small
   ``all_gather_object``) and raises on every rank at once if they do not.
-- :func:`outside_zero_init`: build a module with ordinary parameters inside Lightning's
+- `outside_zero_init`: build a module with ordinary parameters inside Lightning's
   ``deepspeed.zero.Init`` context (``configure_model`` under ZeRO-3). Code that writes weights
   after construction (a checkpoint load without transformers' own ZeRO-3 support, a seeded
   re-draw, peft's LoRA initialisation) writes into empty partitions there and silently does
   nothing; DeepSpeed partitions the finished module when its engine starts instead.
-- :func:`materialize`: turn a ZeRO-3 model into a plain one at the end of a job, one module at a
+- `materialize`: turn a ZeRO-3 model into a plain one at the end of a job, one module at a
   time (gather, copy, release), with the full values on rank 0 and tensors of the same shapes on
   the ``meta`` device elsewhere, so structural surgery (which changes shapes, and so cannot be
   written back through ``GatheredParameters(modifier_rank=0)``, which re-partitions the old
@@ -106,7 +106,7 @@ def gathered(params: Iterable[Any], modifier_rank: int | None = None) -> Iterato
 
 
 def gathered_module(module: nn.Module, recurse: bool = True, modifier_rank: int | None = None):
-    """:func:`gathered` over ``module``'s parameters (its own only when ``recurse`` is False)."""
+    """`gathered` over ``module``'s parameters (its own only when ``recurse`` is False)."""
     return gathered(module.parameters(recurse=recurse), modifier_rank=modifier_rank)
 
 
@@ -180,7 +180,7 @@ class RankFailedError(RuntimeError):
 def raise_on_every_rank(step: Callable[[], Any]) -> Any:
     """Run ``step()`` on this rank and return what it returns; in a process group the ranks then agree (one small
     ``all_gather_object``): when any rank's step raised, every rank raises, the failed one its own error and the
-    others :class:`RankFailedError` naming the first failed rank and its error, so that no rank waits for the
+    others `RankFailedError` naming the first failed rank and its error, so that no rank waits for the
     others in a later collective."""
     error: Exception | None = None
     result = None
@@ -229,7 +229,7 @@ def materialize(model: nn.Module, engine: Any = None, device: str | torch.device
     module's parameters. Rank ``src`` keeps the values on ``device``; the other ranks get ``meta``
     tensors of the same shapes (enough for the same structural surgery, no memory). Dtypes are
     kept (16-bit under ``bf16-mixed`` / ``16-mixed``). ``engine``'s hooks are removed first (see
-    :func:`remove_zero3_hooks`); without an engine the hooks must already be gone. A model with
+    `remove_zero3_hooks`); without an engine the hooks must already be gone. A model with
     no partitioned parameter is left as it is.
     """
     if not has_partitioned(model):

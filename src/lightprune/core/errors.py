@@ -24,7 +24,7 @@ def listed(values: Iterable[Any], limit: int = LISTED) -> str:
 
 def listed_text(items: Iterable[str], limit: int = LISTED) -> str:
     """``items``, texts written for a sentence (tensor names, ``name [8, 2] on disk``), joined by commas as they are:
-    the first ``limit``, then ``, and N more``. :func:`listed` writes values as a Python list (brackets, each
+    the first ``limit``, then ``, and N more``. `listed` writes values as a Python list (brackets, each
     value's repr), which would quote such phrases."""
     items = list(items)
     more = f", and {len(items) - limit:,} more" if len(items) > limit else ""

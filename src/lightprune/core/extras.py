@@ -1,7 +1,7 @@
 """Optional dependencies: which extra of ``pip install 'lightprune[...]'`` brings each one.
 
-A CPU install needs none of them. A feature that needs one imports it through :func:`require`, which raises
-:class:`MissingExtraError` with one line naming the extra to install (the CLI prints that line and exits 2).
+A CPU install needs none of them. A feature that needs one imports it through `require`, which raises
+`MissingExtraError` with one line naming the extra to install (the CLI prints that line and exits 2).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class MissingExtraError(ImportError):
 
 
 def missing(extra: str, feature: str) -> MissingExtraError:
-    """The error for ``feature`` when the module of ``extra`` (one of :data:`EXTRAS`) is not installed."""
+    """The error for ``feature`` when the module of ``extra`` (one of `EXTRAS`) is not installed."""
     if extra not in EXTRAS:
         raise ValueError(f"unknown extra {extra!r}; lightprune's extras are {sorted(EXTRAS)}")
     module = EXTRAS[extra][0]
@@ -37,7 +37,7 @@ def missing(extra: str, feature: str) -> MissingExtraError:
 
 
 def require(extra: str, feature: str) -> ModuleType:
-    """Import the module of ``extra`` for ``feature``, or raise :func:`missing`'s error."""
+    """Import the module of ``extra`` for ``feature``, or raise `missing`'s error."""
     error = missing(extra, feature)
     try:
         return importlib.import_module(EXTRAS[extra][0])

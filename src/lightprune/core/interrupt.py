@@ -3,26 +3,26 @@ exit.
 
 Without this, Lightning turns SIGTERM into ``SIGTERMException`` (a ``SystemExit`` without a code: status 0) at its
 next loop check, and SIGINT into ``sys.exit(1)`` after its own notice, so a ``&&`` chain carries on after a killed
-run. :func:`installed` (around the ``lightprune`` command) makes these signals (and SIGHUP, a closed terminal,
-whose default action ends the process where it is) raise :class:`Interrupted` where the
+run. `installed` (around the ``lightprune`` command) makes these signals (and SIGHUP, a closed terminal,
+whose default action ends the process where it is) raise `Interrupted` where the
 main thread is: it reaches the command through every ``finally`` (a staging directory is removed, nothing
-half-written is published) and Lightning's ``on_exception`` hooks, and the command prints :func:`describe` and
+half-written is published) and Lightning's ``on_exception`` hooks, and the command prints `describe` and
 exits ``128 + signal`` (143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP), as a shell reports a process the signal
 killed.
 Lightning's own SIGTERM handler, set over this one while a trainer runs, calls it too.
 
 A Python script calling the API has no such handler: SIGTERM's and SIGHUP's default action ends the process where
-it is. :func:`terminated_cleanly` (around a staging directory's life, :mod:`lightprune.checkpoints.staging`) makes
-them raise :class:`Interrupted` there too, for the duration of the block, so that what the block staged is removed,
+it is. `terminated_cleanly` (around a staging directory's life, `lightprune.checkpoints.staging`) makes
+them raise `Interrupted` there too, for the duration of the block, so that what the block staged is removed,
 then ends the process as that signal ends it (status 143, 129); a process with its own handler keeps it.
 
 Outputs published together (a run's checkpoint and the plan, scores and config that describe it) are one
-:func:`publishing` group: from the moment the first of them is put in place (:func:`hold`), a signal is held until
-all of them are, then raised (in a script, where :func:`terminated_cleanly` caught it: sent again, the process ending
-as that signal ends it). Inside :func:`installed` (the command) a held signal is said at once on stderr, in one line.
+`publishing` group: from the moment the first of them is put in place (`hold`), a signal is held until
+all of them are, then raised (in a script, where `terminated_cleanly` caught it: sent again, the process ending
+as that signal ends it). Inside `installed` (the command) a held signal is said at once on stderr, in one line.
 
-What a run kept is what its parts say they published (:func:`kept`: a pruned checkpoint renamed into place, a
-testbed written to its cache); what it was doing, the innermost :func:`doing` block when the signal came (training
+What a run kept is what its parts say they published (`kept`: a pruned checkpoint renamed into place, a
+testbed written to its cache); what it was doing, the innermost `doing` block when the signal came (training
 the embedded testbed).
 """
 
@@ -50,10 +50,10 @@ _TEARDOWN = [False]  # quiet_teardown registered
 
 
 class Interrupted(BaseException):
-    """Raised in the main thread by SIGTERM, SIGINT or SIGHUP inside :func:`installed`, by SIGTERM or SIGHUP inside
-    :func:`terminated_cleanly` (where they had their default action), and at the end of a :func:`publishing` group
+    """Raised in the main thread by SIGTERM, SIGINT or SIGHUP inside `installed`, by SIGTERM or SIGHUP inside
+    `terminated_cleanly` (where they had their default action), and at the end of a `publishing` group
     that held one of them (a BaseException, as KeyboardInterrupt: an ``except Exception`` does not swallow it).
-    ``signum``: the signal; ``doing``: the innermost :func:`doing` block when it arrived (None: none)."""
+    ``signum``: the signal; ``doing``: the innermost `doing` block when it arrived (None: none)."""
 
     def __init__(self, signum: int):
         self.signum = signum
@@ -80,7 +80,7 @@ def _raise(signum: int, frame: object) -> None:
 
 def _held(signum: int) -> bool:
     """Whether the signal is held for the end of the publishing group (recorded: the first one, said on stderr inside
-    :func:`installed`)."""
+    `installed`)."""
     if _GROUP["open"] and _GROUP["holding"]:
         if _GROUP["pending"] is None:
             _GROUP["pending"] = signum
@@ -104,15 +104,15 @@ def _say_held(signum: int) -> None:
 
 @contextlib.contextmanager
 def publishing(before_hold: Callable[..., None] | None = None, what: str | None = None) -> Iterator[None]:
-    """Outputs published together (a run's pruned checkpoint and its plan, scores and config): once :func:`hold` is
+    """Outputs published together (a run's pruned checkpoint and its plan, scores and config): once `hold` is
     called inside the block (the first of them is about to be put in place), SIGTERM, SIGINT and SIGHUP are held
-    until the outermost block ends, then raised as :class:`Interrupted` there, so that a signal never leaves a
-    checkpoint without the run files that describe it; one :func:`terminated_cleanly` caught is sent again there
-    instead, its default action restored first (the process ends as that signal ends it). Before :func:`hold`, the
-    block is interrupted as anywhere else. ``before_hold``: called by the first :func:`hold` inside the block with its
+    until the outermost block ends, then raised as `Interrupted` there, so that a signal never leaves a
+    checkpoint without the run files that describe it; one `terminated_cleanly` caught is sent again there
+    instead, its default action restored first (the process ends as that signal ends it). Before `hold`, the
+    block is interrupted as anywhere else. ``before_hold``: called by the first `hold` inside the block with its
     arguments, the signals held (the run state writes the run files aside there,
-    :mod:`lightprune.checkpoints.journal`); ``what``: what the block puts in place, for the line a held signal prints
-    inside :func:`installed`."""
+    `lightprune.checkpoints.journal`); ``what``: what the block puts in place, for the line a held signal prints
+    inside `installed`."""
     _GROUP["open"] += 1
     _GROUP["what"].append(what)
     if before_hold is not None:
@@ -143,7 +143,7 @@ def _default_again(signals: list[int], came: list[int]) -> None:
 
 
 def hold(*args: Any) -> None:
-    """From now until the outermost :func:`publishing` block ends, hold SIGTERM, SIGINT and SIGHUP (outside one:
+    """From now until the outermost `publishing` block ends, hold SIGTERM, SIGINT and SIGHUP (outside one:
     nothing); the blocks' ``before_hold`` callbacks run first, once, with ``args``."""
     if _GROUP["open"]:
         _GROUP["holding"] = True
@@ -154,8 +154,8 @@ def hold(*args: Any) -> None:
 
 @contextlib.contextmanager
 def installed() -> Iterator[None]:
-    """Inside the block SIGTERM, SIGINT and SIGHUP (:data:`STOPPING`) raise :class:`Interrupted` (in the main thread:
-    handlers can only be set there; elsewhere nothing changes) and :func:`kept` records; the previous handlers return
+    """Inside the block SIGTERM, SIGINT and SIGHUP (`STOPPING`) raise `Interrupted` (in the main thread:
+    handlers can only be set there; elsewhere nothing changes) and `kept` records; the previous handlers return
     after it. A signal the process was started with ignored stays ignored: ``nohup``'s SIGHUP (a job meant to outlive
     its terminal), a background job's SIGINT."""
     if threading.current_thread() is not threading.main_thread():
@@ -176,12 +176,12 @@ def installed() -> Iterator[None]:
 @contextlib.contextmanager
 def terminated_cleanly() -> Iterator[None]:
     """Inside the block, in the main thread, SIGTERM and SIGHUP, where they have their default action, raise
-    :class:`Interrupted` (the block's ``finally`` and ``except`` clauses run: a staging directory is removed), or are
-    held inside a :func:`publishing` group that holds; once the block is left the default action returns and, when a
+    `Interrupted` (the block's ``finally`` and ``except`` clauses run: a staging directory is removed), or are
+    held inside a `publishing` group that holds; once the block is left the default action returns and, when a
     signal came, it is sent again: the process ends as that signal ends it (status 143, 129). A block left inside an
-    open :func:`publishing` group (a run's checkpoint in place, its files not yet) keeps its handler until the
+    open `publishing` group (a run's checkpoint in place, its files not yet) keeps its handler until the
     group's outermost block ends, which does that then. Elsewhere (another thread, a handler of the caller's own or
-    :func:`installed`'s, a signal ignored) nothing changes."""
+    `installed`'s, a signal ignored) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -226,7 +226,7 @@ def _ignore_stopping() -> None:
 
 def kept(what: str) -> None:
     """Record something the run has published (a path and what it holds), for the line an interruption prints
-    (only inside :func:`installed`, around a command: a Python session keeps no list)."""
+    (only inside `installed`, around a command: a Python session keeps no list)."""
     if _INSTALLED[0]:
         _KEPT.append(what)
 
@@ -242,7 +242,7 @@ def doing(what: str) -> Iterator[None]:
 
 
 def exit_interrupted(err: Interrupted, command: str | None = None) -> NoReturn:
-    """End an interrupted command: :func:`describe`'s line on stderr and exit ``err.exit_status`` (with
+    """End an interrupted command: `describe`'s line on stderr and exit ``err.exit_status`` (with
     ``LIGHTPRUNE_DEBUG`` set, ``err`` is raised again, with its traceback)."""
     if os.environ.get("LIGHTPRUNE_DEBUG"):
         raise err

@@ -2,16 +2,16 @@
 strict value checks the plan schemas share.
 
 A writer that dies half-way must never leave a truncated file where a later run reads it: the data goes to
-``<name>.tmp`` first and is renamed into place. A file is read as UTF-8 (what :func:`write_json` writes);
-one that is not, is not JSON, or has an object naming one key twice (:func:`parse_json`), is an error naming the file.
-YAML files are read the same way (:func:`read_yaml`, through :func:`lightprune.core.strict_yaml.parse_yaml`).
-Both are bounded (:class:`~lightprune.core.parse_limits.ParseLimitError`, naming the file and the limit): the bounds and
-the errors live in :mod:`lightprune.core.parse_limits`.
+``<name>.tmp`` first and is renamed into place. A file is read as UTF-8 (what `write_json` writes);
+one that is not, is not JSON, or has an object naming one key twice (`parse_json`), is an error naming the file.
+YAML files are read the same way (`read_yaml`, through `lightprune.core.strict_yaml.parse_yaml`).
+Both are bounded (`ParseLimitError`, naming the file and the limit): the bounds and
+the errors live in `lightprune.core.parse_limits`.
 
-The checks take JSON as it is, never coerced: :func:`strict_int` refuses booleans, floats (even ``2.0``)
-and strings; :func:`int_key` reads a JSON object's layer key (a plain decimal string such as ``"3"``, or
-an int when the data was built in Python) and :func:`layer_items` a whole {layer: ...} object;
-:func:`show` writes a bad value into a message as JSON.
+The checks take JSON as it is, never coerced: `strict_int` refuses booleans, floats (even ``2.0``)
+and strings; `int_key` reads a JSON object's layer key (a plain decimal string such as ``"3"``, or
+an int when the data was built in Python) and `layer_items` a whole {layer: ...} object;
+`show` writes a bad value into a message as JSON.
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ _INT_DIGITS_ERROR = "Exceeds the limit ("
 
 
 def parse_json(text: str | bytes, where: str) -> Any:
-    """``json.loads(text)``, refusing an object that names a key twice (:class:`~.parse_limits.DuplicateKeyError`
-    naming ``where``, the key and both values), nesting deeper than :data:`~.parse_limits.MAX_DEPTH` and an integer
-    longer than Python converts (:class:`~.parse_limits.ParseLimitError`, the latter naming its key); other errors
+    """``json.loads(text)``, refusing an object that names a key twice (`DuplicateKeyError`
+    naming ``where``, the key and both values), nesting deeper than `MAX_DEPTH` and an integer
+    longer than Python converts (`ParseLimitError`, the latter naming its key); other errors
     are ``json.JSONDecodeError`` as from ``json.loads``."""
     check_json_depth(text, where)
     try:
@@ -78,7 +78,7 @@ class _LongInt(str):
 
 
 def _long_json_int(text: str | bytes, where: str) -> ParseLimitError:
-    """The :class:`~.parse_limits.ParseLimitError` for the first integer of ``text`` over Python's digit limit,
+    """The `ParseLimitError` for the first integer of ``text`` over Python's digit limit,
     naming its key."""
     limit = int_digits_limit()
     data = json.loads(text, parse_int=lambda digits: _LongInt(digits) if limit and len(digits.lstrip("-")) > limit
@@ -122,7 +122,7 @@ def _read_text(path: str | os.PathLike, what: str, error: type[Exception]) -> st
 
 
 def read_yaml(path: str | os.PathLike, what: str, error: type[Exception] = ValueError) -> Any:
-    """The YAML at ``path`` (:func:`~lightprune.core.strict_yaml.parse_yaml`); a missing file is FileNotFoundError, a
+    """The YAML at ``path`` (`parse_yaml`); a missing file is FileNotFoundError, a
     file that is not UTF-8 text, not valid YAML, names a key twice or is past the limits ``error``, each naming
     ``what`` and the file."""
     import yaml
@@ -132,7 +132,7 @@ def read_yaml(path: str | os.PathLike, what: str, error: type[Exception] = Value
 
 def _read_parsed_text(path: str | os.PathLike, what: str, error: type[Exception], parse: Any,
                       syntax_error: type[Exception], language: str) -> Any:
-    """``parse(text, where)`` of the text at ``path`` (:func:`_read_text`); a key named twice, a text past the limits
+    """``parse(text, where)`` of the text at ``path`` (`_read_text`); a key named twice, a text past the limits
     (``error`` unless it is one already) and a ``syntax_error`` of ``parse`` (not valid ``language``) are ``error``,
     each naming ``what`` and the file."""
     path = Path(path)
@@ -149,11 +149,11 @@ def _read_parsed_text(path: str | os.PathLike, what: str, error: type[Exception]
 
 def write_json(data: Any, path: str | os.PathLike, indent: int | None = None) -> Path:
     """Write ``data`` to ``path`` (parents created) through a temporary file ``<name>.tmp`` renamed into place, as
-    standard JSON (:func:`json_text`: a NaN or infinite float is written as ``null``). A ``path`` (or temporary
+    standard JSON (`json_text`: a NaN or infinite float is written as ``null``). A ``path`` (or temporary
     name) there that is not a regular file or a symlink to one (a directory, a device such as ``/dev/full``, a FIFO)
-    is refused first, nothing written (:func:`~lightprune.core.paths.check_write_target`). On failure the temporary
+    is refused first, nothing written (`check_write_target`). On failure the temporary
     file is removed (never a folder of that name) and the OSError raised again in one line naming ``path`` and the
-    cause (:func:`_write_error`)."""
+    cause (`_write_error`)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     text = json_text(data, indent=indent) + "\n"
@@ -171,9 +171,9 @@ def write_json(data: Any, path: str | os.PathLike, indent: int | None = None) ->
 
 
 def _write_error(err: OSError, path: Path, tmp: Path) -> OSError:
-    """``err`` of :func:`write_json` as one line naming ``path`` and the cause, and what is there when the name
+    """``err`` of `write_json` as one line naming ``path`` and the cause, and what is there when the name
     that failed is not simply ``path``: ``tmp`` or ``path`` a folder (or no regular file), a file where ``path``'s
-    folder is or would be created (:func:`~lightprune.core.paths.folder_problem`), else the name that failed."""
+    folder is or would be created (`folder_problem`), else the name that failed."""
     cls, code, why = type(err), err.errno, (err.strerror or str(err)).lower()
     failed = os.fsdecode(err.filename) if err.filename is not None else None
     if failed == str(tmp) and file_problem(tmp) is not None:
@@ -235,7 +235,7 @@ def check_finite(data: Any, kind: str, error: type[Exception] = ValueError) -> N
 
 def read_json(path: str | os.PathLike, what: str, error: type[Exception] = ValueError) -> Any:
     """The JSON at ``path``; a missing file is FileNotFoundError, a file that is not UTF-8 text, not valid JSON,
-    names a key twice or nests too deep (:func:`parse_json`) ``error``, each naming ``what`` and the file."""
+    names a key twice or nests too deep (`parse_json`) ``error``, each naming ``what`` and the file."""
     return _read_parsed_text(path, what, error, parse_json, json.JSONDecodeError, "JSON")
 
 
@@ -261,7 +261,7 @@ def strict_int(value: Any) -> int | None:
 
 def int_key(key: Any) -> int | None:
     """A layer key as an int: a plain decimal string (``"3"``; not ``"03"``, ``"+3"``, ``" 3"`` or
-    ``"1.5"``) or an integer (:func:`strict_int`); None for anything else."""
+    ``"1.5"``) or an integer (`strict_int`); None for anything else."""
     if isinstance(key, str):
         too_long = 0 < int_digits_limit() < len(key.lstrip("-"))  # int() refuses it: no layer has such an index
         return int(key) if _DECIMAL.fullmatch(key) and not too_long and str(int(key)) == key else None
@@ -271,7 +271,7 @@ def int_key(key: Any) -> int | None:
 def layer_items(value: Any, name: str, expect: str, error: type[Exception] = ValueError) -> list[tuple[Any, int, Any]]:
     """The {layer: item} object ``value`` (called ``name``, described as ``expect`` in errors) as
     (key as given, layer index, item) sorted by layer; ``error`` when it is not an object, a key is not
-    an integer (:func:`int_key`) or two keys name one layer (``1`` and ``"1"``)."""
+    an integer (`int_key`) or two keys name one layer (``1`` and ``"1"``)."""
     if not isinstance(value, Mapping):
         raise error(f"{name} must be an object {expect}, got {show(value)}")
     seen: dict[int, Any] = {}
@@ -317,6 +317,6 @@ _LONG_WORD = re.compile(r"(\S{201,}?)([\"')\]};:,.]*)(?=\s|$)")
 
 def clip_values(line: str, limit: int = 2000) -> str:
     """A line for the terminal: every run of more than 200 characters without a space (a value: a name, a path,
-    a quoted string) cut by :func:`clip` (the punctuation closing it kept), then the line cut to ``limit``
+    a quoted string) cut by `clip` (the punctuation closing it kept), then the line cut to ``limit``
     characters."""
     return clip(_LONG_WORD.sub(lambda found: clip(found.group(1)) + found.group(2), line), limit)

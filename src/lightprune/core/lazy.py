@@ -27,7 +27,7 @@ def lazy_attributes(package: str, names: dict[str, str]) -> tuple[Callable[[str]
 
 
 def lazy_package(package: str, names: dict[str, str]) -> list[str]:
-    """Install :func:`lazy_attributes`' ``__getattr__`` and ``__dir__`` in ``package`` (called from its
+    """Install `lazy_attributes`' ``__getattr__`` and ``__dir__`` in ``package`` (called from its
     ``__init__``: ``__all__ = lazy_package(__name__, _NAMES)``) and return its ``__all__``, the names sorted."""
     namespace = importlib.import_module(package).__dict__
     namespace["__getattr__"], namespace["__dir__"] = lazy_attributes(package, names)

@@ -1,13 +1,13 @@
 """What lightprune keeps quiet, unless the run is verbose (``LIGHTPRUNE_VERBOSE=1``, which the command's
 ``--verbose`` sets):
 
-- third-party notices that say nothing about the run (:data:`DROPPED_LOGS`, :data:`DROPPED_WARNINGS`), dropped by
-  :func:`install_filters`: at ``import lightprune`` for the Python API, and by the command
-  (:mod:`lightprune.cli.quiet`, which also sets its environment defaults);
+- third-party notices that say nothing about the run (`DROPPED_LOGS`, `DROPPED_WARNINGS`), dropped by
+  `install_filters`: at ``import lightprune`` for the Python API, and by the command
+  (`lightprune.cli.quiet`, which also sets its environment defaults);
 - transformers' progress bars over lightprune's own internal saves and reloads (an export's save and its
-  verification's reload, a skeleton's weight conversion): :func:`quiet_progress`.
+  verification's reload, a skeleton's weight conversion): `quiet_progress`.
 
-A leaf module: transformers is imported only inside :func:`quiet_progress`.
+A leaf module: transformers is imported only inside `quiet_progress`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class _Drop(logging.Filter):
 
 
 def install_filters() -> None:
-    """Drop the notices of :data:`DROPPED_LOGS` and :data:`DROPPED_WARNINGS` in this process (idempotent), leaving
+    """Drop the notices of `DROPPED_LOGS` and `DROPPED_WARNINGS` in this process (idempotent), leaving
     the environment alone: what ``import lightprune`` does for the Python API unless verbose.
 
     Filters sit on the named loggers themselves, so they hold when a library configures its logger later (at its
@@ -66,7 +66,7 @@ def verbose(environ=os.environ) -> bool:
 
 
 def remove_filters() -> None:
-    """Undo :func:`install_filters` (a verbose command in a process whose ``import lightprune`` installed them)."""
+    """Undo `install_filters` (a verbose command in a process whose ``import lightprune`` installed them)."""
     for name in DROPPED_LOGS:
         logger = logging.getLogger(name)
         logger.filters[:] = [f for f in logger.filters if not isinstance(f, _Drop)]

@@ -1,11 +1,11 @@
 """The bounds every reader of JSON and YAML text keeps, and the two errors the readers raise.
 
-A text nested deeper than :data:`MAX_DEPTH` (Python's ``json`` and PyYAML's composer recurse once per level), YAML
-whose aliases, counted each time they are used, expand to more than :data:`MAX_YAML_VALUES` values (a "billion
+A text nested deeper than `MAX_DEPTH` (Python's ``json`` and PyYAML's composer recurse once per level), YAML
+whose aliases, counted each time they are used, expand to more than `MAX_YAML_VALUES` values (a "billion
 laughs" text), or an integer longer than Python converts from text (``sys.get_int_max_str_digits()``, 4300 digits)
-is a :class:`ParseLimitError` naming the file and the limit, raised before any Python value is built; an object or
-mapping that names one key twice is a :class:`DuplicateKeyError`. :func:`check_json_depth` measures JSON's nesting
-from its brackets alone; the YAML bounds are kept by :mod:`lightprune.core.strict_yaml`.
+is a `ParseLimitError` naming the file and the limit, raised before any Python value is built; an object or
+mapping that names one key twice is a `DuplicateKeyError`. `check_json_depth` measures JSON's nesting
+from its brackets alone; the YAML bounds are kept by `lightprune.core.strict_yaml`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def int_digits_limit() -> int:
 
 
 def too_many_digits(where: str, key: str, digits: int, line: int | None = None) -> ParseLimitError:
-    """The :class:`ParseLimitError` for the integer ``key`` of ``where`` (at ``line``), ``digits`` long."""
+    """The `ParseLimitError` for the integer ``key`` of ``where`` (at ``line``), ``digits`` long."""
     at = f" at line {line}" if line else ""
     limit = int_digits_limit()
     return ParseLimitError(f"{where}: {key} is an integer of {digits} digits{at} (limit {limit} digits); no number "
@@ -52,7 +52,7 @@ class DuplicateKeyError(ValueError):
 
 class ParseLimitError(ValueError):
     """A JSON or YAML text (or a safetensors header) past one of the readers' bounds: nested deeper than
-    :data:`MAX_DEPTH`, YAML aliases expanding to more than :data:`MAX_YAML_VALUES` values, a header over its size
+    `MAX_DEPTH`, YAML aliases expanding to more than `MAX_YAML_VALUES` values, a header over its size
     cap. The message names the file, the limit and what was found."""
 
 
@@ -74,7 +74,7 @@ def _bracket_depth(raw: bytes) -> int:
 
 
 def check_json_depth(text: str | bytes, where: str) -> None:
-    """Refuse JSON whose arrays and objects nest deeper than :data:`MAX_DEPTH` (:class:`ParseLimitError` naming
+    """Refuse JSON whose arrays and objects nest deeper than `MAX_DEPTH` (`ParseLimitError` naming
     ``where``, the limit and the depth found) before ``json.loads`` recurses into it; text that is not JSON is left
     to the parser."""
     opens = text.count("[") + text.count("{") if isinstance(text, str) else text.count(b"[") + text.count(b"{")

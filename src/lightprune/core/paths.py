@@ -1,16 +1,16 @@
-"""Paths lightprune reads or writes: :func:`check_path_text`, :func:`broken_link`, :func:`file_problem`,
-:func:`check_state_file`, :func:`write_atomically`.
+"""Paths lightprune reads or writes: `check_path_text`, `broken_link`, `file_problem`,
+`check_state_file`, `write_atomically`.
 
 lightprune records the paths it reads and writes in JSON (manifests, plans, reports) and hands them to libraries
 that take UTF-8 only (safetensors' writer): a name that is not UTF-8 (on Linux a byte such as 0xFF, which Python
 holds as a lone surrogate, ``'\\udcff'``) is refused up front, in one line naming it, on every path that takes one.
 
-A file a run reads and rewrites (a resumable state) is checked before the run starts (:func:`check_state_file`: a
+A file a run reads and rewrites (a resumable state) is checked before the run starts (`check_state_file`: a
 name there that is not a regular file, a folder that cannot be written) and saved through a temporary file renamed
-into place, removed on any failure (:func:`write_atomically`); a file it must read, before it is read
-(:func:`check_input_file`: not there, not a regular file, empty). Every writer that renames a temporary file over its
-target (:func:`write_atomically`, :func:`lightprune.core.jsonio.write_json`) first refuses a target, or a temporary
-name, that is there and is no regular file (:func:`check_write_target`): the rename would replace a directory's
+into place, removed on any failure (`write_atomically`); a file it must read, before it is read
+(`check_input_file`: not there, not a regular file, empty). Every writer that renames a temporary file over its
+target (`write_atomically`, `lightprune.core.jsonio.write_json`) first refuses a target, or a temporary
+name, that is there and is no regular file (`check_write_target`): the rename would replace a directory's
 name, a device (``/dev/full``), a FIFO or a socket with a regular file, and opening a FIFO to write it blocks.
 
 A leaf: it imports nothing from lightprune.
@@ -124,7 +124,7 @@ def _error(cls: type[Exception], message: str) -> Exception:
 
 def check_input_file(path: str | os.PathLike, what: str, fix: str) -> None:
     """Refuse a file a run must read (``what``: "Lightning checkpoint (ckpt_path)") that is not there, is not a
-    regular file (:func:`file_problem`) or is empty; one line naming the file, why and ``fix`` (what to do)."""
+    regular file (`file_problem`) or is empty; one line naming the file, why and ``fix`` (what to do)."""
     problem = file_problem(path)
     if problem is None and not os.path.lexists(path):
         problem = FileNotFoundError, "does not exist"
@@ -137,8 +137,8 @@ def check_input_file(path: str | os.PathLike, what: str, fix: str) -> None:
 
 def check_state_file(path: str | os.PathLike, what: str, fix: str) -> None:
     """Refuse, before a run reads or rewrites it, the state file ``path`` (``what``: "calibration state") when the
-    name there is not a regular file (:func:`file_problem`) or its folder cannot be written
-    (:func:`folder_problem`); one line naming the file, why and ``fix`` (what to do)."""
+    name there is not a regular file (`file_problem`) or its folder cannot be written
+    (`folder_problem`); one line naming the file, why and ``fix`` (what to do)."""
     path = Path(path)
     problem = file_problem(path)
     if problem is not None:
@@ -153,9 +153,9 @@ def check_state_file(path: str | os.PathLike, what: str, fix: str) -> None:
 def check_write_target(path: str | os.PathLike, tmp: str | os.PathLike, what: str = "") -> None:
     """Refuse, before anything is written, a target ``path`` a writer would rename its temporary file ``tmp`` over,
     or that temporary name, when the name is there and is not a regular file or a symlink to one
-    (:func:`file_problem`: a directory, a device, a FIFO, a socket, a dangling or looping symlink): one line naming
+    (`file_problem`: a directory, a device, a FIFO, a socket, a dangling or looping symlink): one line naming
     ``what`` ("calibration state", or nothing) and the file, what is there and what to do. The error class is
-    :func:`file_problem`'s; an OSError carries its errno, said as the writers' other errors are (``[Errno 21]``)."""
+    `file_problem`'s; an OSError carries its errno, said as the writers' other errors are (``[Errno 21]``)."""
     label = f"{what} " if what else ""
     for name, whose, fix in ((path, "it", "move it away, or write elsewhere"),
                              (tmp, f"its temporary file {str(tmp)!r}", "move it away")):
@@ -168,10 +168,10 @@ def check_write_target(path: str | os.PathLike, tmp: str | os.PathLike, what: st
 
 
 def through_file(save: Callable[[BinaryIO], object]) -> Callable[[Path], None]:
-    """A ``write`` for :func:`write_atomically` that opens the temporary file in Python and hands ``save`` the open
+    """A ``write`` for `write_atomically` that opens the temporary file in Python and hands ``save`` the open
     binary file (``lambda f: torch.save(state, f)``): a library writing to a path from its own code loses the system's
     error (``torch.save`` on a full disk says "iostream error"); Python's file raises it as an OSError with its errno,
-    which :func:`write_atomically` names ("no space left on device")."""
+    which `write_atomically` names ("no space left on device")."""
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as handle:
             save(handle)
@@ -183,7 +183,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], object], w
                      fsync: bool = False) -> Path:
     """Write ``path`` by ``write(tmp)``, ``tmp`` being ``<name>.tmp`` beside it, renamed into place (parents
     created). A ``path`` or ``tmp`` there that is not a regular file (a directory, a device, a FIFO) is refused first
-    (:func:`check_write_target`), nothing written. On any failure the temporary file is removed and ``path`` is as it
+    (`check_write_target`), nothing written. On any failure the temporary file is removed and ``path`` is as it
     was; an OSError, or the RuntimeError of ``torch.save``'s writer, is raised again naming ``what``, the file and the
     cause. ``fsync``: the temporary file is flushed to the disk before the rename and the folder after it (a folder
     that cannot be flushed: a RuntimeWarning naming it, the file being in place)."""

@@ -1,13 +1,13 @@
 """One registry class for every kind of named extension: expert criteria, model families, width scorers and
-calibration statistics; and :class:`Configured`, the base of the extensions whose constructor is their config.
+calibration statistics; and `Configured`, the base of the extensions whose constructor is their config.
 
-A :class:`Registry` maps a name to a class. Built-in entries may be *declared* as ``"package.module:Class"``
-strings (:meth:`Registry.declare`): their names are known without importing anything (the command line checks a
+A `Registry` maps a name to a class. Built-in entries may be *declared* as ``"package.module:Class"``
+strings (`Registry.declare`): their names are known without importing anything (the command line checks a
 criterion's name before torch loads), and the class is imported when first asked for. Project code registers with
-:meth:`Registry.register`, usually through a decorator the owning package exposes (``register_criterion``,
+`Registry.register`, usually through a decorator the owning package exposes (``register_criterion``,
 ``register_family``, ...). Registering a name twice is an error unless it is the same class again (also after a
-module reload: same module and qualified name), which replaces the entry. :meth:`Registry.resolve` and
-:meth:`Registry.build` turn what a user or a config gives (a registered name, a dotted import path
+module reload: same module and qualified name), which replaces the entry. `Registry.resolve` and
+`Registry.build` turn what a user or a config gives (a registered name, a dotted import path
 ``"package.module.ClassName"``, a class, an instance) into a class or an instance, with errors that name the value
 and what is accepted.
 
@@ -101,7 +101,7 @@ class Registry(Generic[T]):
         return cls
 
     def decorator(self, name: str) -> Callable[[T], T]:
-        """``@registry.decorator("name")``: :meth:`register` as a class decorator."""
+        """``@registry.decorator("name")``: `register` as a class decorator."""
         self._check_name(name)
         return lambda cls: self.register(name, cls)
 
@@ -165,7 +165,7 @@ class Registry(Generic[T]):
         return found
 
     def build(self, spec: Any, **kwargs: Any) -> Any:
-        """An instance of ``spec`` (see :meth:`resolve`; an instance is returned as is) built with ``kwargs``; an
+        """An instance of ``spec`` (see `resolve`; an instance is returned as is) built with ``kwargs``; an
         argument the constructor does not take is a ``TypeError`` listing the ones it does."""
         if self._base is not None and isinstance(spec, self._base()):
             if kwargs:
@@ -211,7 +211,7 @@ class Registry(Generic[T]):
 
 
 class _View(Mapping):
-    """:meth:`Registry.view`."""
+    """`Registry.view`."""
 
     def __init__(self, registry: Registry[Any]):
         self._registry = registry
@@ -236,7 +236,7 @@ class _View(Mapping):
 
 class Configured:
     """The constructor is the config: subclasses take typed keyword arguments, validate them in ``__init__`` with
-    errors that name the bad value, and keep each under an attribute of the same name; :attr:`hparams` and
+    errors that name the bad value, and keep each under an attribute of the same name; `hparams` and
     ``repr`` read them back, so an instance is reported exactly as it was built."""
 
     @property

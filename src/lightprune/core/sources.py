@@ -3,7 +3,7 @@
 A source is a prefix with two functions: ``check(name)`` raises a ValueError naming the choices for an
 unknown name (called when the LightningModule is constructed, before any work), ``resolve(name)``
 returns the folder (called when the model is built; it may train and cache the checkpoint first).
-Packages register theirs with :func:`register_source`, at import; a package is imported for its sources
+Packages register theirs with `register_source`, at import; a package is imported for its sources
 when it declares a ``lightprune.checkpoint_sources`` entry point (``lightprune.testbed`` does), so this
 module never imports the packages that provide sources. A plain path is a local directory. A leaf: the model
 (MoECausalLM), tokenizer and processor loaders all resolve names here.
@@ -93,7 +93,7 @@ def not_a_directory(path: str | os.PathLike, what: str) -> OSError | None:
     """The error for ``path`` (``what``: "checkpoint directory", ``~`` expanded) when a name exists there that is not
     a directory: a file (NotADirectoryError, its folder named), a dangling symlink (FileNotFoundError), a symlink
     loop (OSError ELOOP) or a special file (NotADirectoryError), each said as
-    :func:`~lightprune.core.paths.file_problem` says it; None when it is a directory or nothing is there."""
+    `file_problem` says it; None when it is a directory or nothing is there."""
     path = Path(path).expanduser()
     if path.is_dir() or not os.path.lexists(path):
         return None

@@ -1,13 +1,13 @@
 """YAML read strictly and within bounds: a mapping naming one key twice is refused with the key, the file and both
-lines (:class:`~lightprune.core.parse_limits.DuplicateKeyError`), and a text past the bounds of
-:mod:`lightprune.core.parse_limits` (nesting, aliases expanded, long integers) before any value is built
-(:func:`compose_yaml`). :func:`parse_yaml` builds the value; :func:`check_yaml_keys` and :func:`check_yaml_limits`
+lines (`DuplicateKeyError`), and a text past the bounds of
+`lightprune.core.parse_limits` (nesting, aliases expanded, long integers) before any value is built
+(`compose_yaml`). `parse_yaml` builds the value; `check_yaml_keys` and `check_yaml_limits`
 run only the checks.
 
 YAML is read as jsonargparse's loader reads it, so the command's first pass and its parser agree on every value:
 YAML 1.2 floats (``5e-1``, ``1E5``; YAML 1.1 wants a dot and a signed exponent) and dates kept as text; a command-line
 value as jsonargparse reads one, and the literals YAML 1.1 reads otherwise than YAML 1.2 or JSON:
-:mod:`lightprune.core.yaml_literals`. PyYAML is imported on first use.
+`lightprune.core.yaml_literals`. PyYAML is imported on first use.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _check_mapping(loader: Any, node: Any, where: str) -> None:
 
 def _loader() -> Any:
     """``yaml.SafeLoader`` refusing a mapping that names a key twice and collections nested deeper than
-    :data:`MAX_DEPTH`, resolving plain scalars as jsonargparse's loader does (:data:`_FLOAT`; dates stay text); built
+    `MAX_DEPTH`, resolving plain scalars as jsonargparse's loader does (`_FLOAT`; dates stay text); built
     on first use: yaml loads lazily."""
     global _yaml_loader
     if _yaml_loader is None:
@@ -124,7 +124,7 @@ def _children(node: Any) -> list[Any]:
 
 
 def _check_int_digits(root: Any, where: str) -> None:
-    """Refuse a YAML integer longer than Python converts from text (:class:`ParseLimitError` naming its key and
+    """Refuse a YAML integer longer than Python converts from text (`ParseLimitError` naming its key and
     line); each node is visited once."""
     limit = int_digits_limit()
     todo, seen = [(root, "")], set()
@@ -147,7 +147,7 @@ def _check_int_digits(root: Any, where: str) -> None:
 
 def _check_expansion(root: Any, where: str) -> None:
     """Refuse a composed YAML node graph that, its aliases counted each time they are used, stands for more than
-    :data:`MAX_YAML_VALUES` values, nests deeper than :data:`MAX_DEPTH` or holds itself (:class:`ParseLimitError`
+    `MAX_YAML_VALUES` values, nests deeper than `MAX_DEPTH` or holds itself (`ParseLimitError`
     naming ``where`` and the line). Each node is visited once: sizes and depths are kept per node, so a
     billion-laughs text costs what its few nodes do."""
     size: dict[int, int] = {}
@@ -182,7 +182,7 @@ def _check_expansion(root: Any, where: str) -> None:
 
 
 def compose_yaml(text: str | bytes, where: str) -> tuple[Any, Any]:
-    """(loader, the root node or None) of ``text``, within the limits (:class:`ParseLimitError`); the caller disposes
+    """(loader, the root node or None) of ``text``, within the limits (`ParseLimitError`); the caller disposes
     the loader."""
     loader = _loader()(text)
     loader.where = where
@@ -198,8 +198,8 @@ def compose_yaml(text: str | bytes, where: str) -> tuple[Any, Any]:
 
 
 def parse_yaml(text: str | bytes, where: str) -> Any:
-    """``yaml.safe_load(text)``, refusing a mapping that names a key twice (:class:`DuplicateKeyError` naming
-    ``where``, the key and the lines of both) and text past the limits (:class:`ParseLimitError`, before any value
+    """``yaml.safe_load(text)``, refusing a mapping that names a key twice (`DuplicateKeyError` naming
+    ``where``, the key and the lines of both) and text past the limits (`ParseLimitError`, before any value
     is built); other errors are ``yaml.YAMLError`` as from ``yaml.safe_load``."""
     loader, root = compose_yaml(text, where)
     try:
@@ -209,13 +209,13 @@ def parse_yaml(text: str | bytes, where: str) -> Any:
 
 
 def check_yaml_limits(text: str | bytes, where: str) -> None:
-    """Only the limits of :func:`parse_yaml` (:class:`ParseLimitError`): no value is built; ``yaml.YAMLError`` for
+    """Only the limits of `parse_yaml` (`ParseLimitError`): no value is built; ``yaml.YAMLError`` for
     text that is not YAML."""
     compose_yaml(text, where)[0].dispose()
 
 
 def check_yaml_keys(text: str | bytes, where: str) -> None:
-    """Only the key check (and the limits) of :func:`parse_yaml`: no value is built (a value YAML cannot build is
+    """Only the key check (and the limits) of `parse_yaml`: no value is built (a value YAML cannot build is
     left to the reader that does); ``yaml.YAMLError`` for text that is not YAML."""
     import yaml
 

@@ -1,9 +1,9 @@
 """YAML literals as jsonargparse reads them, and those it reads otherwise than YAML 1.2 or JSON would.
 
 jsonargparse reads a command-line value with its own first pass (``true``, ``null``, decimal integers: ``020`` is 20,
-:func:`parse_value`) and a config's values with PyYAML's YAML 1.1 resolver, where ``020`` is 16, ``08`` and ``0o20``
-are text, ``1:30`` is 90 and ``yes`` is true. :func:`yaml_scalars` lists a text's scalars with where they are and
-how they were written; :func:`yaml_1_1_reading` says both readings of one that YAML 1.1 reads otherwise.
+`parse_value`) and a config's values with PyYAML's YAML 1.1 resolver, where ``020`` is 16, ``08`` and ``0o20``
+are text, ``1:30`` is 90 and ``yes`` is true. `yaml_scalars` lists a text's scalars with where they are and
+how they were written; `yaml_1_1_reading` says both readings of one that YAML 1.1 reads otherwise.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["YamlScalar", "parse_value", "yaml_1_1_reading", "yaml_scalars"]
 
 def parse_value(text: str, where: str) -> Any:
     """A command-line value as jsonargparse reads one: ``true``, ``false``, ``null``, decimal integers (``020`` is 20)
-    and plain decimal floats first, then YAML (:func:`parse_yaml`); empty text is kept as it is."""
+    and plain decimal floats first, then YAML (`parse_yaml`); empty text is kept as it is."""
     if text.strip() == "-":  # jsonargparse's stdin marker
         return text
     basic = _basic_value(text)
@@ -32,7 +32,7 @@ _NOT_BASIC = object()
 
 
 def _basic_value(text: str) -> Any:
-    """jsonargparse's reading of a command-line value before YAML (``load_basic``), or :data:`_NOT_BASIC`."""
+    """jsonargparse's reading of a command-line value before YAML (``load_basic``), or `_NOT_BASIC`."""
     value = text.strip()
     if value in ("true", "false", "null"):
         return {"true": True, "false": False, "null": None}[value]
@@ -63,7 +63,7 @@ class YamlScalar:
 
 def yaml_scalars(text: str | bytes, where: str) -> list[YamlScalar]:
     """Every scalar of a YAML text, in document order, each node once (an alias is not followed again); within the
-    limits of :func:`parse_yaml`. A scalar YAML cannot build has its text as its value."""
+    limits of `parse_yaml`. A scalar YAML cannot build has its text as its value."""
     import yaml
 
     loader, root = compose_yaml(text, where)

@@ -1,22 +1,22 @@
 """Datamodules and local tokenizers / processors (nothing is downloaded).
 
-- :class:`TextJsonlDataModule`: text JSONL (``text``, ``prompt``/``completion``, ``messages``).
-- :class:`ImageTextJsonlDataModule`: image+text JSONL through a local transformers processor.
-- :class:`DefaultCorpusDataModule`: the embedded default data (Python's documentation topics as
-  instruction/text rows, and a tokenizer trained locally on them); :func:`default_model_overrides`.
-- :class:`ShapesQADataModule`: the generated Shapes QA image-question set in task families
+- `TextJsonlDataModule`: text JSONL (``text``, ``prompt``/``completion``, ``messages``).
+- `ImageTextJsonlDataModule`: image+text JSONL through a local transformers processor.
+- `DefaultCorpusDataModule`: the embedded default data (Python's documentation topics as
+  instruction/text rows, and a tokenizer trained locally on them); `default_model_overrides`.
+- `ShapesQADataModule`: the generated Shapes QA image-question set in task families
   (count, color, shape, position, text), cached as JSONL + PNG splits (train, val, selection,
-  calibration), with ``task_ids`` in every batch; :func:`shapes_qa_rows` makes its rows.
-- :class:`TestbedVQADataModule`: real-image question answering from installed packages (scikit-learn's
+  calibration), with ``task_ids`` in every batch; `shapes_qa_rows` makes its rows.
+- `TestbedVQADataModule`: real-image question answering from installed packages (scikit-learn's
   handwritten digits, matplotlib bar charts) plus held-out Python documentation text, cached like
-  Shapes QA; :func:`testbed_vqa_splits` makes its rows.
-- :func:`train_bpe_tokenizer`: a byte-level BPE tokenizer trained locally, with pinned ids.
-- :func:`tiny_mllm_processor` (and :func:`tiny_qwen3_vl_processor`, :func:`tiny_qwen2_5_vl_processor`,
-  :func:`tiny_llava_onevision_processor`): local processors matching the tiny MLLMs of
-  :mod:`lightprune.testing.tiny`.
-- :class:`SyntheticTokens`: seeded random ids, for smoke runs.
+  Shapes QA; `testbed_vqa_splits` makes its rows.
+- `train_bpe_tokenizer`: a byte-level BPE tokenizer trained locally, with pinned ids.
+- `tiny_mllm_processor` (and `tiny_qwen3_vl_processor`, `tiny_qwen2_5_vl_processor`,
+  `tiny_llava_onevision_processor`): local processors matching the tiny MLLMs of
+  `lightprune.testing.tiny`.
+- `SyntheticTokens`: seeded random ids, for smoke runs.
 
-Generated data sets live in :mod:`.generated`, cache folders in :mod:`.cache`. May import: models, testing (the
+Generated data sets live in `generated`, cache folders in `cache`. May import: models, testing (the
 tiny processors follow the tiny models' configs) and the shared leaves; nothing else of lightprune.
 """
 

@@ -45,7 +45,7 @@ _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",
 
 
 class JsonlDataModule(pl.LightningDataModule):
-    """Base class; subclasses define :meth:`_dataset_from_rows`, :meth:`_collator` and ``allow_images``."""
+    """Base class; subclasses define `_dataset_from_rows`, `_collator` and ``allow_images``."""
 
     allow_images = False
 

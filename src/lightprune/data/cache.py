@@ -1,10 +1,10 @@
 """Cache folders that are written whole or not at all, and checked against a manifest on every read.
 
 Every cache lightprune writes (the default corpus, generated QA sets, testbed corpora and models) is a
-folder filled under a temporary name and renamed into place (:func:`build_folder`): a reader never sees
+folder filled under a temporary name and renamed into place (`build_folder`): a reader never sees
 half a folder, and concurrent builders that write identical bytes are safe. ``manifest.json``
-(:func:`write_manifest`) records the SHA-256 and size of every file, and :func:`check_folder` refuses a
-folder whose files differ from it (truncated or edited) with a :class:`CacheError` naming the file.
+(`write_manifest`) records the SHA-256 and size of every file, and `check_folder` refuses a
+folder whose files differ from it (truncated or edited) with a `CacheError` naming the file.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def publish_folder(tmp: Path, final: Path, replace: bool) -> None:
 
 
 def build_folder(final: Path, fill, replace: bool) -> None:
-    """``fill(tmp)`` a temporary sibling of ``final``, then rename it into place (:func:`publish_folder`)."""
+    """``fill(tmp)`` a temporary sibling of ``final``, then rename it into place (`publish_folder`)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:  # made inside: an interrupt right after the mkdir still removes it

@@ -8,7 +8,7 @@ token predicts it; with left padding the last pad would), so the loss is the sam
 padding side. Every other tensor (``pixel_values``,
 ``image_grid_thw``, ``image_sizes``, ...) indexes images or patches along dim 0 and is
 concatenated over the samples that have it; a batch in which no sample has it lacks the key.
-``task_ids`` (one id per sample, see :class:`~lightprune.data.ImageTextJsonlDataModule`) is such a
+``task_ids`` (one id per sample, see `ImageTextJsonlDataModule`) is such a
 tensor, so it becomes ``[B]``. Per-image tensors that differ only in dim 1 (LLaVA-OneVision's
 ``pixel_values [images, tiles, C, H, W]``: an image's tile count depends on its size) are zero-padded
 in dim 1 to the largest, as the model's processor pads the images of one call; the model reads only

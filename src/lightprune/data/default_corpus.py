@@ -1,10 +1,10 @@
 """The embedded default data: a corpus from Python's own documentation and a tokenizer trained on it.
 
-Nothing is downloaded. :mod:`lightprune.data.pydoc_rows` turns the standard library's
+Nothing is downloaded. `lightprune.data.pydoc_rows` turns the standard library's
 ``pydoc_data.topics`` into instruction (prompt/completion) and text rows split by topic into
 train / val / calibration / test; this module caches them as JSONL with a byte-level BPE
-tokenizer trained locally on the train split, and :class:`DefaultCorpusDataModule` serves them
-exactly as :class:`~lightprune.data.TextJsonlDataModule` serves any JSONL files.
+tokenizer trained locally on the train split, and `DefaultCorpusDataModule` serves them
+exactly as `TextJsonlDataModule` serves any JSONL files.
 
 Cache: ``<root>/default_corpus/<version>/`` holds ``{train,val,calibration,test}.jsonl``,
 ``manifest.json`` (SHA-256 and size of every file, rows and topics per split) and one
@@ -14,8 +14,8 @@ markers, the 256 bytes and the merges; its own manifest). ``root`` is ``cache_di
 version and a digest of the topics, so another Python gets its own folder. Each folder is
 written under a temporary name and renamed into place: a reader never sees half a cache, and
 concurrent builders (which write identical bytes) are safe. A folder that fails its manifest
-(a truncated or edited file) is rebuilt by :func:`build_default_corpus`, with a warning, and
-reported by :func:`load_default_corpus`, which never writes.
+(a truncated or edited file) is rebuilt by `build_default_corpus`, with a warning, and
+reported by `load_default_corpus`, which never writes.
 """
 
 from __future__ import annotations
@@ -149,8 +149,8 @@ def load_default_corpus(cache_dir: str | os.PathLike | None = None, *, vocab_siz
                         ) -> DefaultCorpus:
     """The cached corpus (and tokenizer), checked against its manifests; never writes.
 
-    Raises :class:`DefaultCorpusError` naming the missing or corrupt file; build the cache with
-    :func:`build_default_corpus` (``DefaultCorpusDataModule.prepare_data`` does).
+    Raises `DefaultCorpusError` naming the missing or corrupt file; build the cache with
+    `build_default_corpus` (``DefaultCorpusDataModule.prepare_data`` does).
     """
     root = default_corpus_dir(cache_dir)
     hint = " (build it with lightprune.data.build_default_corpus, or DefaultCorpusDataModule.prepare_data)"
@@ -167,7 +167,7 @@ def load_default_corpus(cache_dir: str | os.PathLike | None = None, *, vocab_siz
 
 # -- the datamodule ----------------------------------------------------------------------------
 class DefaultCorpusDataModule(pl.LightningDataModule):
-    """:class:`~lightprune.data.TextJsonlDataModule` over the default corpus and its local tokenizer.
+    """`TextJsonlDataModule` over the default corpus and its local tokenizer.
 
     ``prepare_data`` builds the cache when it is absent or corrupt (Lightning runs it on one
     process per node); ``setup`` under a Trainer only reads it, and reports a missing or corrupt
@@ -248,7 +248,7 @@ class DefaultCorpusDataModule(pl.LightningDataModule):
 
     @property
     def model_overrides(self) -> dict[str, int]:
-        """:func:`default_model_overrides` of this datamodule."""
+        """`default_model_overrides` of this datamodule."""
         return default_model_overrides(self)
 
     # -- TextJsonlDataModule's interface -----------------------------------------------------------
@@ -275,7 +275,7 @@ class DefaultCorpusDataModule(pl.LightningDataModule):
 def default_model_overrides(source: Any) -> dict[str, int]:
     """Config overrides that fit a tiny model to a tokenizer: ``tiny_model(family, **overrides)``.
 
-    ``source``: a :class:`DefaultCorpusDataModule` (or anything with a ``tokenizer``) or a
+    ``source``: a `DefaultCorpusDataModule` (or anything with a ``tokenizer``) or a
     tokenizer. Gives ``vocab_size`` (``len(tokenizer)``), ``pad_token_id``, ``eos_token_id``,
     ``bos_token_id`` and, when ``source`` has a ``max_length``, ``max_position_embeddings``
     (at least 128, the tiny configs' value).

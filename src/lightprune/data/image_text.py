@@ -1,7 +1,7 @@
 """ImageTextJsonlDataModule: image+text (and text-only) batches for MLLMs from local JSONL files.
 
 Lines are ``{"image": "cat.png", "messages": [...]}`` (or ``"images": [...]``; paths relative
-to the JSONL file's folder) mixed with the text-only shapes of :mod:`lightprune.data.rows`.
+to the JSONL file's folder) mixed with the text-only shapes of `lightprune.data.rows`.
 Rows are read and checked when a split is first used (every image must exist; every
 conversation must render); images are opened and processed when a batch is drawn, so
 memory holds one batch of pixels at a time.
@@ -19,17 +19,17 @@ meet (transformers' Qwen3-VL, Qwen2-VL, LLaVA and InternVL processors do):
 - a chat template on the processor or its tokenizer for ``messages`` rows, rendering
   ``{"type": "image"}`` content parts as the image placeholder.
 
-Each segment of a row (see :mod:`lightprune.data.segments`) goes through the processor with
+Each segment of a row (see `lightprune.data.segments`) goes through the processor with
 its own images and the outputs are concatenated: per-token tensors along the sequence, image
 tensors along dim 0. Image tokens (``processor.image_token_id`` / ``video_token_id``, or
 ``mm_token_type_ids != 0``) never carry labels. ``max_length`` truncation that would cut
 image tokens is an error naming the row (the model needs every image token of an image).
 
-Task families: a row's optional ``"task"`` (see :mod:`lightprune.data.rows`) becomes ``task_ids``, a
+Task families: a row's optional ``"task"`` (see `lightprune.data.rows`) becomes ``task_ids``, a
 LongTensor ``[B]`` of indices into the datamodule's ``task_names`` (rows without a task are
 ``"default"``). ``task_names`` is given, or else the sorted task names of the rows of every given file;
 when no row has a task and none were given, ``task_names`` is ``None`` and batches have no ``task_ids``
-(they stay exactly what the model takes). ``task_ids`` is not a model input: :class:`MoECausalLM` drops
+(they stay exactly what the model takes). ``task_ids`` is not a model input: `MoECausalLM` drops
 it before calling the model, and callbacks read it from the batch (per-task metrics, sampling).
 """
 
@@ -62,7 +62,7 @@ TINY_PROCESSOR_PREFIX = "tiny:"
 
 def load_processor(processor: Any):
     """A processor object, one loaded from a local directory (never from a hub), or ``"tiny:<family>"``:
-    the local processor of a tiny model (:func:`lightprune.data.tiny_mllm_processor`), its tokenizer
+    the local processor of a tiny model (`lightprune.data.tiny_mllm_processor`), its tokenizer
     trained on the built-in corpus and the Shapes QA vocabulary (what a config file can name)."""
     if isinstance(processor, str) and processor.startswith(TINY_PROCESSOR_PREFIX):
         family = processor[len(TINY_PROCESSOR_PREFIX):]
@@ -102,7 +102,7 @@ def _open_image(path: Path, source: str):
 
 
 class RowEncoder:
-    """Turns a :class:`Row` into one sample (a dict of tensors) with the processor; picklable."""
+    """Turns a `Row` into one sample (a dict of tensors) with the processor; picklable."""
 
     def __init__(self, processor, mask_prompt: bool, max_length: int | None, add_eos: bool):
         self.processor = processor
@@ -232,11 +232,11 @@ class ImageTextJsonlDataModule(JsonlDataModule):
 
     Args:
         processor: local processor directory, or a processor object (see the module docstring
-            for the contract); :func:`lightprune.data.tiny_qwen3_vl_processor` builds one for the
+            for the contract); `lightprune.data.tiny_qwen3_vl_processor` builds one for the
             tiny Qwen3-VL model.
         calibration, train, val, test, max_length, batch_size, padding_side,
         pad_to_multiple_of, mask_prompt, add_eos, num_samples, seed, num_workers, progress: as
-            in :class:`lightprune.data.TextJsonlDataModule`.
+            in `lightprune.data.TextJsonlDataModule`.
         task_names: the task families, in ``task_ids`` order (default: the rows' own, sorted; see the
             module docstring). A row whose task is not listed is an error naming the row.
 

@@ -23,7 +23,7 @@ heading left with nothing under it goes too: no text is in two topics, hence in 
 
 Splits are disjoint by topic, by a fixed rule: topics are taken in the order of the SHA-256 of
 their names, and each goes to the split furthest below its share of the characters so far
-(:data:`SPLIT_SHARES`). Rows within a split are ordered by the SHA-256 of ``topic/index``, so
+(`SPLIT_SHARES`). Rows within a split are ordered by the SHA-256 of ``topic/index``, so
 that the first rows of a split are a mix of topics.
 """
 

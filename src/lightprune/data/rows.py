@@ -15,7 +15,7 @@ the text of the first user message. Content may also be a list of parts,
 
 Any row may carry ``"task": "name"`` (a non-empty string): the task family it belongs to (e.g.
 ``count``, ``color``), which the image+text datamodule turns into ``task_ids`` (see
-:class:`~lightprune.data.ImageTextJsonlDataModule`); a row without one is of task :data:`DEFAULT_TASK`.
+`ImageTextJsonlDataModule`); a row without one is of task `DEFAULT_TASK`.
 
 Every error names the file and the line (``path:line``); a missing file names the path, and
 a file with no rows is an error.
@@ -131,7 +131,7 @@ def _check_unicode(value: Any, source: str, where: str = "") -> None:
 
 
 def parse_row(obj: Any, source: str, base: Path, allow_images: bool) -> Row:
-    """Validate one decoded line and return its :class:`Row`."""
+    """Validate one decoded line and return its `Row`."""
     if not isinstance(obj, dict):
         raise _fail(source, f"expected a JSON object, got {type(obj).__name__}")
     _check_unicode(obj, source)

@@ -1,6 +1,6 @@
 """Rows -> text segments that are labels or not: the one place that decides what is masked.
 
-A row becomes a list of :class:`Segment` (text, trainable, images). Each segment is tokenised
+A row becomes a list of `Segment` (text, trainable, images). Each segment is tokenised
 on its own and the ids are concatenated, so the label mask falls on token boundaries exactly:
 
 - ``text``: one trainable segment.
@@ -14,7 +14,7 @@ on its own and the ids are concatenated, so the label mask falls on token bounda
 
 With ``mask_prompt=False`` every segment is trainable (and a conversation is one segment).
 Text and prompt/completion rows also get the tokenizer's own special tokens (a BOS for
-Llama-style tokenizers; none for Qwen-style ones), found by :func:`special_affixes`.
+Llama-style tokenizers; none for Qwen-style ones), found by `special_affixes`.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def _chat_segments(row: Row, render: ChatRenderer, mask_prompt: bool) -> list[Se
 def row_segments(row: Row, render: ChatRenderer | None, mask_prompt: bool) -> tuple[list[Segment], bool]:
     """The row's segments, and whether the tokenizer's special affixes (BOS/EOS) go around them.
 
-    ``render`` is needed for ``messages`` rows (see :func:`chat_renderer`).
+    ``render`` is needed for ``messages`` rows (see `chat_renderer`).
     """
     if row.kind == "text":
         return [Segment(row.text, True)], True

@@ -1,15 +1,15 @@
 """TextJsonlDataModule: calibration / train / val / test batches from local JSONL text files.
 
 Rows are ``{"text"}``, ``{"prompt", "completion"}`` or ``{"messages"}`` (see
-:mod:`lightprune.data.rows`); masking rules are in :mod:`lightprune.data.segments`. Every
+`lightprune.data.rows`); masking rules are in `lightprune.data.segments`. Every
 split is tokenised once, when first used, in batches, with a progress bar for large files.
 Batches are dicts of ``input_ids``, ``attention_mask`` and ``labels`` (-100 where no loss is
 taken: prompts, non-assistant turns, padding), ready for ``model(**batch)`` and for
-:class:`lightprune.finetune.MoECausalLM`.
+`lightprune.finetune.MoECausalLM`.
 
 The tokenizer is a local directory (``AutoTokenizer.from_pretrained(path,
 local_files_only=True)``; nothing is downloaded) or a tokenizer object, e.g. from
-:func:`lightprune.data.train_bpe_tokenizer`.
+`lightprune.data.train_bpe_tokenizer`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _PROGRESS_MIN_ROWS = 2000
 
 def load_tokenizer(tokenizer: Any):
     """A tokenizer object, or one loaded from a local directory (never from a hub) or a checkpoint source's
-    (``testbed:text-small``: the testbed's own tokenizer, :mod:`lightprune.core.sources`)."""
+    (``testbed:text-small``: the testbed's own tokenizer, `lightprune.core.sources`)."""
     if isinstance(tokenizer, (str, os.PathLike)):
         path = resolve_checkpoint(str(Path(tokenizer).expanduser()))
         if not path.is_dir():

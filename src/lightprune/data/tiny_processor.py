@@ -1,13 +1,13 @@
 """Local processors for the tiny multimodal models (nothing downloaded).
 
-One recipe for every tiny MLLM family of :mod:`lightprune.testing.tiny`, from the tiny model's config:
+One recipe for every tiny MLLM family of `lightprune.testing.tiny`, from the tiny model's config:
 
 - a byte-level BPE tokenizer of the config's vocabulary size (128) whose vision tokens have the
   config's ids, trained on a small built-in corpus that covers printable ASCII (or on ``texts``),
   with a ChatML template that renders an image part as the family's placeholder;
 - the family's image processor, with the config's geometry and small pixel bounds.
 
-Families (:data:`TINY_PROCESSOR_FAMILIES`):
+Families (`TINY_PROCESSOR_FAMILIES`):
 
 - ``qwen3_vl_moe`` and ``qwen2_5_vl``: vision tokens ``<|image_pad|>`` = ``image_token_id`` (120),
   ``<|video_pad|>`` = 121, ``<|vision_start|>`` = 122, ``<|vision_end|>`` = 123; an image part renders as
@@ -20,7 +20,7 @@ Families (:data:`TINY_PROCESSOR_FAMILIES`):
 - ``llava_onevision``: ``<image>`` = ``image_token_id`` (120), ``<video>`` = 121; an image part renders as
   ``<image>``. The LLaVA-OneVision image processor gets tiles of the vision tower's ``image_size`` (16) and
   the config's ``image_grid_pinpoints``; the processor expands ``<image>`` to the anyres count
-  (:func:`lightprune.testing.batches.llava_onevision_image_tokens`: base tile, unpadded grid, one
+  (`lightprune.testing.batches.llava_onevision_image_tokens`: base tile, unpadded grid, one
   newline per row), with ``num_image_tokens`` = features of one tile.
 
 The processor classes are transformers' own without a video processor (transformers' video processors
@@ -164,9 +164,9 @@ def tiny_mllm_processor(family: str, config=None, *, tokenizer=None, texts: Sequ
     """A processor for ``tiny_model(family)`` (or a model of ``config``): see the module docstring.
 
     Args:
-        family: one of :data:`TINY_PROCESSOR_FAMILIES`.
+        family: one of `TINY_PROCESSOR_FAMILIES`.
         config: the model's config (default: ``tiny_config(family)``).
-        tokenizer: a tokenizer whose vision tokens have the config's ids (default: :func:`tiny_mllm_tokenizer`
+        tokenizer: a tokenizer whose vision tokens have the config's ids (default: `tiny_mllm_tokenizer`
             trained on ``texts``); checked.
         texts: the tokenizer's training texts when ``tokenizer`` is not given.
         min_pixels, max_pixels: Qwen families only: the resized image's area bounds (defaults: 64 and 1024
@@ -200,14 +200,14 @@ def tiny_mllm_processor(family: str, config=None, *, tokenizer=None, texts: Sequ
 
 def tiny_qwen3_vl_processor(tokenizer=None, *, config=None, min_pixels: int = 8 * 8,
                             max_pixels: int = 32 * 32) -> TinyQwen3VLProcessor:
-    """A Qwen3-VL processor for ``tiny_model("qwen3_vl_moe")`` (or ``config``); see :func:`tiny_mllm_processor`."""
+    """A Qwen3-VL processor for ``tiny_model("qwen3_vl_moe")`` (or ``config``); see `tiny_mllm_processor`."""
     return tiny_mllm_processor("qwen3_vl_moe", config, tokenizer=tokenizer, min_pixels=min_pixels,
                                max_pixels=max_pixels)
 
 
 def tiny_qwen2_5_vl_processor(config=None, *, tokenizer=None, texts: Sequence[str] = TINY_CORPUS,
                               min_pixels: int = 8 * 8, max_pixels: int = 32 * 32) -> TinyQwen2_5VLProcessor:
-    """A Qwen2.5-VL processor for ``tiny_model("qwen2_5_vl")`` (or ``config``); see :func:`tiny_mllm_processor`."""
+    """A Qwen2.5-VL processor for ``tiny_model("qwen2_5_vl")`` (or ``config``); see `tiny_mllm_processor`."""
     return tiny_mllm_processor("qwen2_5_vl", config, tokenizer=tokenizer, texts=texts, min_pixels=min_pixels,
                                max_pixels=max_pixels)
 
@@ -216,6 +216,6 @@ def tiny_llava_onevision_processor(config=None, *, tokenizer=None,
                                    texts: Sequence[str] = TINY_CORPUS) -> TinyLlavaOnevisionProcessor:
     """A LLaVA-OneVision processor for ``tiny_model("llava_onevision")`` (or ``config``).
 
-    See :func:`tiny_mllm_processor`.
+    See `tiny_mllm_processor`.
     """
     return tiny_mllm_processor("llava_onevision", config, tokenizer=tokenizer, texts=texts)

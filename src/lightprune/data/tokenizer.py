@@ -1,7 +1,7 @@
 """Local byte-level BPE tokenizers, trained with the ``tokenizers`` library (nothing downloaded).
 
-:func:`train_bpe_tokenizer` trains a GPT-2-style byte-level BPE on an iterable of texts and
-wraps it in a :class:`transformers.PreTrainedTokenizerFast` that saves and loads with
+`train_bpe_tokenizer` trains a GPT-2-style byte-level BPE on an iterable of texts and
+wraps it in a `transformers.PreTrainedTokenizerFast` that saves and loads with
 ``save_pretrained`` / ``from_pretrained`` on a local directory (``AutoTokenizer`` too).
 
 Special tokens: pad, eos, bos and unk, the ChatML turn markers (``<|im_start|>``,
@@ -85,8 +85,8 @@ def template_tokens_missing(template: str, vocab: Mapping[str, int]) -> list[str
 
 def chatml_template(vocab: Mapping[str, int]) -> str | None:
     """The ChatML template that ``vocab`` can write: with Qwen-VL's image and video parts
-    (:data:`CHATML_TEMPLATE`) when it has their tokens, else the text one (:data:`CHATML_TEXT_TEMPLATE`);
-    ``None`` without the turn markers (:data:`CHAT_TOKENS`)."""
+    (`CHATML_TEMPLATE`) when it has their tokens, else the text one (`CHATML_TEXT_TEMPLATE`);
+    ``None`` without the turn markers (`CHAT_TOKENS`)."""
     for template in (CHATML_TEMPLATE, CHATML_TEXT_TEMPLATE):
         if not template_tokens_missing(template, vocab):
             return template
@@ -94,7 +94,7 @@ def chatml_template(vocab: Mapping[str, int]) -> str | None:
 
 
 def end_of_turn_ids(owner) -> tuple[int, ...]:
-    """The ids of :data:`END_OF_TURN_TOKENS` in the vocabulary of ``owner``: a tokenizer, a processor (its
+    """The ids of `END_OF_TURN_TOKENS` in the vocabulary of ``owner``: a tokenizer, a processor (its
     ``tokenizer``) or a datamodule (its ``processor`` or ``tokenizer``), sorted; empty when it has none of them or
     ``owner`` holds no tokenizer."""
     for _ in range(3):
@@ -140,7 +140,7 @@ def train_bpe_tokenizer(
             and then ``len(tokenizer)`` is smaller (gaps below a pinned id are filled with
             ``<|reserved_N|>`` special tokens, so ids stay contiguous).
         special_tokens: extra special tokens (default: the ChatML turn markers).
-        image_tokens: add :data:`IMAGE_TOKENS` (``True``) or the given placeholder tokens.
+        image_tokens: add `IMAGE_TOKENS` (``True``) or the given placeholder tokens.
         token_ids: exact ids for some special tokens, e.g. ``{"<|image_pad|>": 120}``; every
             other special token takes the lowest free id, in the order pad, eos, bos, unk,
             ``special_tokens``, image tokens.
@@ -152,7 +152,7 @@ def train_bpe_tokenizer(
             kept even when the texts lack them (default: space and newline, which chat
             templates add).
         chat_template: Jinja chat template stored with the tokenizer; ``"chatml"`` (default):
-            :func:`chatml_template` of the special tokens (none without the turn markers); ``None`` for
+            `chatml_template` of the special tokens (none without the turn markers); ``None`` for
             none. A template naming a special token (``<|...|>``, ``<image>``, ``<video>``) that the
             vocabulary lacks is refused.
         model_max_length: stored as the tokenizer's ``model_max_length``.

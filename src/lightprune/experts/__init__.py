@@ -5,14 +5,14 @@ The methods: MAEP ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large
 ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models",
 arXiv 2608.07890).
 
-- :mod:`.plan` (:class:`ExpertPlan`, the only thing passed from scoring to surgery), :mod:`.scores`
-  (:class:`ExpertScores`, higher = keep), :mod:`.select` (scores -> plan), :mod:`.mask` (reversible),
-  :mod:`.prune` (structural);
-- :mod:`.criteria`: every criterion behind one registry, weight criteria (AIMER, magnitude, router norm,
+- [`plan`][.plan] ([`ExpertPlan`][.plan.ExpertPlan], the only thing passed from scoring to surgery), [`scores`][.scores]
+  ([`ExpertScores`][.scores.ExpertScores], higher = keep), [`select`][.select] (scores -> plan), [`mask`][.mask]
+  (reversible), [`prune`][.prune] (structural);
+- `criteria`: every criterion behind one registry, weight criteria (AIMER, magnitude, router norm,
   random) and calibration criteria (frequency, SEER, EAN, REAP, routing KL, Delta-H, MAEP) alike;
-- :mod:`.calibration`: the observed calibration pass and its statistics; :mod:`.maep`: MAEP's combination
-  and closed-form alpha; :mod:`.sensitivity`: router-sensitivity scores of an adapter fit;
-  :mod:`.ranking`: rank statistics.
+- `calibration`: the observed calibration pass and its statistics; [`maep`][.maep]: MAEP's combination
+  and closed-form alpha; [`sensitivity`][.sensitivity]: router-sensitivity scores of an adapter fit;
+  `ranking`: rank statistics.
 
 May import: models, observe and the shared leaves (batch, jsonio, distributed, errors, checks); never
 width, finetune, export, callbacks or anything above. Its names are imported on first use.

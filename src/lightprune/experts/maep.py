@@ -2,7 +2,7 @@
 Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927), section 5.3).
 
 Per layer l and token subset, z~(l, j) = (log(dH(l, j) + 1e-8) - mu_l) / sigma_l (mean and the
-population standard deviation over the layer's experts; :func:`lightprune.experts.select.log_zscore`),
+population standard deviation over the layer's experts; `lightprune.experts.select.log_zscore`),
 and the importance is Eq. 4 of the paper::
 
     s(l, j) = (1 - alpha) z~_text(l, j) - alpha z~_la(l, j)     (higher = keep; lowest pruned first)
@@ -23,7 +23,7 @@ skips that check but must itself lie in [0, 1].
 Rules where the paper is silent:
 
 - Spearman ties take average ranks (float64). A constant vector has no ranking, so
-  :func:`spearman` returns NaN (as ``scipy.stats.spearmanr`` does); a layer where any of the three
+  `spearman` returns NaN (as ``scipy.stats.spearmanr`` does); a layer where any of the three
   rhos is NaN is left out of all three layer means and listed in ``AlphaReport.skipped_layers``
   (with a warning); if every layer is left out, alpha is undefined (error unless given).
 - A layer whose log(Delta-H + 1e-8) on a subset is constant (sigma_l = 0, e.g. all zeros) gets
@@ -33,7 +33,7 @@ Rules where the paper is silent:
 - a <= 0 with b < 0 gives an alpha inside [0, 1] that the paper's reading (a, b > 0) does not
   cover; it is accepted, as the [0, 1] rule above allows, with a warning.
 
-Allocation (:func:`maep_plan`): the paper ranks all (l, j) by s globally and prunes the lowest
+Allocation ([`maep_plan`][]): the paper ranks all (l, j) by s globally and prunes the lowest
 floor(r x N_total), here subject to each layer's floor (top-k, groups) as ``select_experts`` does.
 For a uniform per-layer quota the paper re-tunes alpha to 0.5 (Appendix L: the closed form is
 weighted for the global operating point, and alpha >= 0.7 is unstable under a uniform quota); pass
@@ -74,7 +74,7 @@ class AlphaReport:
     ``alpha`` is the value used. ``source`` is ``"closed_form"`` (computed) or ``"given"`` (passed
     by the caller; then ``closed_form`` still holds a / (a + b) where the vision statistics exist).
     ``rho_tv`` / ``rho_tla`` / ``rho_vla`` are per layer; ``mean_rho_*`` their means over
-    ``layers_used``. Values that could not be computed are NaN (``None`` in :meth:`to_dict`).
+    ``layers_used``. Values that could not be computed are NaN (``None`` in [`to_dict`][]).
     """
 
     alpha: float
@@ -210,11 +210,11 @@ def maep_scores(stats, alpha: float | None = None, *, criterion: str = "delta_h"
                 vision_subset: str = "vision") -> tuple[ExpertScores, float]:
     """MAEP importance s = (1 - alpha) z~_text - alpha z~_low per (layer, expert), and the alpha used.
 
-    ``stats`` is a :class:`~lightprune.experts.calibration.result.CalibrationStats` (anything with
+    ``stats`` is a [`CalibrationStats`][...calibration.result.CalibrationStats] (anything with
     ``raw(name, subset)`` and ``limits``). ``alpha=None`` takes the closed form of
-    :func:`maep_alpha` (ValueError when it is outside [0, 1] or undefined); a given alpha must lie
-    in [0, 1] and bypasses that check. The returned :class:`ExpertScores` has ``criterion="maep"``,
-    ``raw`` = s, the stats' ``limits`` and an ``alpha_report`` (:class:`AlphaReport`) attribute.
+    [`maep_alpha`][] (ValueError when it is outside [0, 1] or undefined); a given alpha must lie
+    in [0, 1] and bypasses that check. The returned [`ExpertScores`][] has ``criterion="maep"``,
+    ``raw`` = s, the stats' ``limits`` and an ``alpha_report`` ([`AlphaReport`][]) attribute.
     Select with ``select_experts(imp, ratio, allocation="global")`` (no normalisation: s is
     already z-scored per layer).
     """
@@ -253,7 +253,7 @@ def maep_plan(stats, ratio: float, allocation: str = "global", alpha: float | No
     """MAEP scores then ``select_experts(imp, ratio, allocation)``; plan.metadata records alpha, a, b.
 
     ``subsets`` passes ``criterion`` / ``text_subset`` / ``low_subset`` / ``vision_subset`` on to
-    :func:`maep_scores`. The paper's operating point is ``allocation="global"``; for ``"uniform"``
+    [`maep_scores`][]. The paper's operating point is ``allocation="global"``; for ``"uniform"``
     it re-tunes alpha to 0.5 (Appendix L), so a uniform plan with ``alpha=None`` warns.
     """
     if allocation == "uniform" and alpha is None:

@@ -5,9 +5,9 @@ never per class) by its family's routing run on the kept experts' logits (and th
 same operations the pruned model's stock router runs on its pruned tensors, so the model computes
 exactly what the structurally pruned model computes, exact ties in the logits included (tested per
 family); the removed experts' logits read -inf. Leaving the block restores the original routers,
-also on error. The plan is checked against the model first (:meth:`ExpertPlan.check_layers
-<lightprune.experts.plan.ExpertPlan.check_layers>`), and so is every tensor the masked routers read: a NaN or inf
-is refused before any router is replaced (:func:`~lightprune.models.routing_check.check_routing_tensors`; a layer on
+also on error. The plan is checked against the model first
+([`ExpertPlan.check_layers`][..plan.ExpertPlan.check_layers]), and so is every tensor the masked routers read: a NaN or
+inf is refused before any router is replaced (`check_routing_tensors`; a layer on
 the meta device, loaded later, is skipped); a MergePlan is refused (``lp.merged_experts``).
 """
 
@@ -31,7 +31,7 @@ _MASK_ATTR = "_lightprune_expert_mask"
 
 
 def is_masked(model: nn.Module) -> bool:
-    """True while ``model`` is inside a :func:`mask_experts` block."""
+    """True while ``model`` is inside a [`mask_experts`][] block."""
     return any(hasattr(layer.router, _MASK_ATTR) for layer in find_moe_layers(model))
 
 

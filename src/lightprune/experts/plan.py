@@ -8,7 +8,7 @@ The plan round-trips through JSON under a strict schema, nothing coerced: ``keep
 {layer: [expert ids]}, ``num_experts`` {layer: positive count}, layer keys plain decimal strings (ints
 when built in Python), ids and counts integers (never booleans, floats or strings), ``criterion`` and
 ``allocation`` strings, ``ratio`` a number in [0, 1) or null, ``metadata`` an object. Every violation is
-a :class:`PlanError` naming the file (when loaded from one), the key path and the value, e.g.
+a [`PlanError`][] naming the file (when loaded from one), the key path and the value, e.g.
 ``plan file '/x/plan.json': keep['3'][1] must be an expert id (an integer), got 1.7``.
 """
 
@@ -106,7 +106,7 @@ class ExpertPlan(ExpertLayout):
 
     @property
     def total_pruned(self) -> int:
-        """Experts removed over all layers (:attr:`total_removed`)."""
+        """Experts removed over all layers (`total_removed`)."""
         return self.total_removed
 
     def completed(self, layers: Iterable) -> "ExpertPlan":
@@ -122,7 +122,7 @@ class ExpertPlan(ExpertLayout):
 
     # ------------------------------------------------------------------ checks
     def check_layers(self, layers: Iterable) -> None:
-        """Raise :class:`PlanError` unless this plan fits ``layers`` (``MoELayer`` list of a model): every MoE
+        """Raise [`PlanError`][] unless this plan fits ``layers`` (``MoELayer`` list of a model): every MoE
         layer named and no other, each one's expert count, its floor (top-k, or the per-group minimum) and, for
         group-limited routing, the same count kept in every group."""
         by_index = {layer.index: layer for layer in layers}

@@ -1,14 +1,14 @@
-"""What every depth-axis plan shares: :class:`ExpertLayout`, the base of
-:class:`~lightprune.experts.plan.ExpertPlan` and :class:`~lightprune.experts.merging.MergePlan`.
+"""What every depth-axis plan shares: `ExpertLayout`, the base of
+[`ExpertPlan`][..plan.ExpertPlan] and [`MergePlan`][..merging.plan.MergePlan].
 
 A plan records each MoE layer's routed-expert count before (``num_experts``, so a plan made for another model is
-caught before any surgery) and says how many experts each layer keeps (:meth:`ExpertLayout.kept_counts`). From
+caught before any surgery) and says how many experts each layer keeps (`ExpertLayout.kept_counts`). From
 these: whether every layer keeps the same number (plain ``from_pretrained`` reloads the result), how many experts
 go, and the plan-wide fields both validate alike (``ratio`` a number in [0, 1) or null, ``metadata`` an object
-holding no NaN or infinity). Both round-trip through JSON under a strict schema (:meth:`ExpertLayout.from_dict`:
-unknown or missing keys, or a ``NaN`` / ``Infinity`` constant anywhere, are a :class:`~lightprune.core.errors.PlanError`
+holding no NaN or infinity). Both round-trip through JSON under a strict schema (`ExpertLayout.from_dict`:
+unknown or missing keys, or a ``NaN`` / ``Infinity`` constant anywhere, are a [`PlanError`][..plan.PlanError]
 naming them, and the file when loaded from one). A string that is not UTF-8 text (a lone surrogate such as JSON's
-``"\\ud800"``) is refused anywhere in a plan, built or loaded, naming its key path (:func:`check_text`).
+``"\\ud800"``) is refused anywhere in a plan, built or loaded, naming its key path (`check_text`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _INSTEAD = {
 
 
 def layer_count(key: Any, n: Any) -> int:
-    """A layer's expert count from ``num_experts[key]``: a positive integer (a :class:`PlanError` otherwise)."""
+    """A layer's expert count from ``num_experts[key]``: a positive integer (a [`PlanError`][] otherwise)."""
     value = strict_int(n)
     if value is None or value < 1:
         raise PlanError(f"num_experts[{key!r}] must be a positive integer (the layer's expert count), got {show(n)}")
@@ -43,7 +43,8 @@ def layer_count(key: Any, n: Any) -> int:
 
 
 def check_plan_kind(plan: Any, kind: type, caller: str, instead: str | None = None) -> None:
-    """Raise ``TypeError`` unless ``plan`` is a ``kind`` (an :class:`ExpertPlan` or a :class:`MergePlan`), naming
+    """Raise ``TypeError`` unless ``plan`` is a ``kind`` (an [`ExpertPlan`][...plan.ExpertPlan] or a
+    [`MergePlan`][...merging.plan.MergePlan]), naming
     ``caller``, what it got and what to call instead (``instead`` overrides the default advice)."""
     if isinstance(plan, kind):
         return
@@ -63,14 +64,14 @@ def check_text(data: Any, kind: str) -> None:
 
 
 def check_finite(data: Any, kind: str) -> None:
-    """:func:`lightprune.core.jsonio.check_finite` raising a :class:`PlanError`."""
+    """`lightprune.core.jsonio.check_finite` raising a [`PlanError`][]."""
     _check_finite(data, kind, PlanError)
 
 
 class ExpertLayout:
     """Base of the depth-axis plans (see the module docstring). Subclasses are dataclasses with ``num_experts``,
-    ``ratio`` and ``metadata`` fields; they implement :meth:`kept_counts` and :meth:`to_dict` and set the schema
-    (:attr:`KIND`, :attr:`FIELDS`, :attr:`REQUIRED`, :attr:`SHAPE`)."""
+    ``ratio`` and ``metadata`` fields; they implement `kept_counts` and `to_dict` and set the schema
+    (`KIND`, `FIELDS`, `REQUIRED`, `SHAPE`)."""
 
     #: what the plan is called in errors ("plan", "merge plan")
     KIND: ClassVar[str] = "plan"
@@ -92,7 +93,7 @@ class ExpertLayout:
         raise NotImplementedError
 
     def check_layers(self, layers: Iterable) -> None:
-        """Raise :class:`PlanError` unless this plan fits the model whose MoE layers are ``layers``: every MoE
+        """Raise [`PlanError`][] unless this plan fits the model whose MoE layers are ``layers``: every MoE
         layer named and no other, each layer's expert count before, the routing floors. Every entry point that
         takes a plan runs it before any surgery."""
         raise NotImplementedError
@@ -125,7 +126,7 @@ class ExpertLayout:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Any:
-        """The plan ``data`` describes (:meth:`to_dict`'s form); any break of the schema is a :class:`PlanError`."""
+        """The plan ``data`` describes (`to_dict`'s form); any break of the schema is a [`PlanError`][]."""
         if not isinstance(data, Mapping):
             raise PlanError(f"{cls.KIND} must be an object {cls.SHAPE}, got {show(data)}")
         unknown = sorted(set(data) - set(cls.FIELDS), key=str)
@@ -144,5 +145,5 @@ class ExpertLayout:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Any:
-        """The plan saved at ``path``; a :class:`PlanError` names the file."""
+        """The plan saved at ``path``; a [`PlanError`][] names the file."""
         return read_parsed(path, cls.KIND, PlanError, cls.from_dict)

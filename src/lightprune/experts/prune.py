@@ -5,11 +5,11 @@ router bias and ``e_score_correction_bias [E]``, and the fused expert parameters
 (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]`` and their biases); every ``num_experts``
 attribute and the config follow (non-uniform counts per layer go to the config's
 ``lightprune_experts_per_layer``). The result equals the masked model exactly. A NaN or inf in a tensor the routing
-reads is refused before anything changes (:func:`check_routing`): the pruned model would route on it.
+reads is refused before anything changes (`check_routing`): the pruned model would route on it.
 
 Surgery changes shapes, which DeepSpeed ZeRO-3 cannot re-partition in place: a model with
 partitioned parameters is refused with an error that points to
-:func:`lightprune.core.distributed.materialize` (the callbacks call it at the end of a ZeRO-3 job).
+`lightprune.core.distributed.materialize` (the callbacks call it at the end of a ZeRO-3 job).
 Under DDP and ZeRO-1/2 every rank holds full parameters and applies the same plan.
 """
 
@@ -33,8 +33,8 @@ __all__ = ["prune_experts", "EXPERT_TENSORS", "ROUTER_TENSORS"]
 
 class PerExpertTensor(NamedTuple):
     """A tensor with entries per expert: ``getattr(module, name)``, the experts along ``dim``; ``routing``: one the
-    routing reads (a prune keeps :meth:`MoELayer.router_rows` of it); ``rows``: consecutive entries each expert holds
-    (DBRX's ``w1`` [E * I, H]: I)."""
+    routing reads (a prune keeps [`MoELayer.router_rows`][lightprune.models.layer.MoELayer.router_rows] of it);
+    ``rows``: consecutive entries each expert holds (DBRX's ``w1`` [E * I, H]: I)."""
 
     module: nn.Module
     name: str
@@ -43,7 +43,7 @@ class PerExpertTensor(NamedTuple):
     rows: int = 1
 
     def entries(self, layer: MoELayer, kept: torch.Tensor) -> torch.Tensor:
-        """The entries along :attr:`dim` that the layer keeping the experts ``kept`` (ascending ids) holds."""
+        """The entries along `dim` that the layer keeping the experts ``kept`` (ascending ids) holds."""
         if self.routing:
             return layer.router_rows(kept)
         if self.rows == 1:
@@ -51,7 +51,7 @@ class PerExpertTensor(NamedTuple):
         return (kept.unsqueeze(-1) * self.rows + torch.arange(self.rows, dtype=kept.dtype)).reshape(-1)
 
     def count(self, layer: MoELayer, experts: int) -> int:
-        """The entries along :attr:`dim` of the layer holding ``experts`` experts."""
+        """The entries along `dim` of the layer holding ``experts`` experts."""
         return experts + layer.identity_experts if self.routing else experts * self.rows
 
 
@@ -91,17 +91,17 @@ def _persistent_buffers(module: nn.Module) -> set[str]:
 
 
 def per_expert_tensors(layer: MoELayer) -> list[PerExpertTensor]:
-    """Every per-expert tensor of ``layer``: the experts' (:meth:`MoEFamily.expert_tensors`), then the family's
-    per-expert routing tensors (:meth:`MoEFamily.router_expert_tensors`: the router's rows and the family's other
-    router and block per-expert tensors; a prune keeps their :meth:`MoELayer.router_rows`, any identity experts'
-    entries too)."""
+    """Every per-expert tensor of ``layer``: the experts' (`MoEFamily.expert_tensors`), then the family's
+    per-expert routing tensors (`MoEFamily.router_expert_tensors`: the router's rows and the family's other
+    router and block per-expert tensors; a prune keeps their
+    [`MoELayer.router_rows`][lightprune.models.layer.MoELayer.router_rows], any identity experts' entries too)."""
     found = [PerExpertTensor(module, name, 0, False, rows) for module, name, rows in layer.family.expert_tensors(layer)]
     return found + [PerExpertTensor(module, name, dim, True)
                     for module, name, dim in layer.family.router_expert_tensors(layer)]
 
 
 def check_routing(layers: list[MoELayer], where: str) -> None:
-    """Refuse a NaN or inf in a tensor the routing of ``layers`` reads (:meth:`MoEFamily.routing_tensors`), before a
+    """Refuse a NaN or inf in a tensor the routing of ``layers`` reads (`MoEFamily.routing_tensors`), before a
     prune changes or writes anything: the pruned model would route on it. ``where``: the entry point, for the
     error; tensors not in memory (the meta device) are skipped."""
     for layer in layers:
@@ -110,8 +110,8 @@ def check_routing(layers: list[MoELayer], where: str) -> None:
 
 def prune_experts(model: nn.Module, plan: ExpertPlan, *, layers: list[MoELayer] | None = None) -> nn.Module:
     """Remove the experts ``plan`` prunes from ``model``, in place; returns ``model``. The plan is checked against
-    the model (:meth:`ExpertPlan.check_layers`), and every tensor the routing reads is checked finite
-    (:func:`check_routing`), before anything changes. ``layers``: the model's MoE layers, from a caller that has
+    the model ([`ExpertPlan.check_layers`][]), and every tensor the routing reads is checked finite
+    (`check_routing`), before anything changes. ``layers``: the model's MoE layers, from a caller that has
     checked the plan against them (an export checks it once); by default found and the plan checked here."""
     check_plan_kind(plan, ExpertPlan, "prune_experts")
     _check_not_partitioned(model)

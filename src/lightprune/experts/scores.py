@@ -7,7 +7,7 @@ A plain ``{layer index: tensor[E_l]}`` mapping that also carries each layer's ro
 Scores are real numbers to rank: a floating-point or integer tensor (an integer count ranks as well as a float). A
 bool tensor (its experts would be ranked by how ties are broken), a complex one (no order: its imaginary parts would be
 dropped) or one on the meta device (no values) is refused naming the layer, here and wherever
-:func:`~lightprune.experts.select.select_experts` takes scores (:func:`check_score_values`).
+[`select_experts`][..select.select_experts] takes scores (`check_score_values`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
   ranking: MAEP ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language Models", arXiv
   2611.05927), section 5.3).
 
-The counts are exact: ratio is the decimal it was written as (:func:`lightprune.core.checks.ratio_count`), so
+The counts are exact: ratio is the decimal it was written as (`lightprune.core.checks.ratio_count`), so
 0.29 of 100 experts is 29, not the 28 of ``math.floor(0.29 * 100)`` in binary floating point.
   Values are ranked as given unless ``normalize="log_zscore"``: z-score of log(v + 1e-8) per
   layer first (MAEP section 5.3), for criteria whose scales differ across layers.
@@ -84,7 +84,7 @@ def select_experts(importance: Mapping[int, torch.Tensor], ratio: float | None, 
     Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts Models", arXiv 2608.07890), section
     3.4). Errors name the bad value: a ratio outside [0, 1), an unknown allocation or normalisation, non-finite
     scores, scores that cannot be ranked (bool, complex, on the meta device:
-    :func:`~lightprune.experts.scores.check_score_values`), a ratio that would cut below a floor.
+    `check_score_values`), a ratio that would cut below a floor.
     """
     return _select(importance, ratio, allocation, normalize, limits=limits, criterion=criterion,
                    n_per_layer=n_per_layer)
@@ -94,7 +94,7 @@ def _select(importance: Mapping[int, torch.Tensor], ratio: float | None, allocat
             normalize: str | None = None, *, limits: Mapping[int, RoutingLimits] | None = None,
             criterion: str | None = None, n_per_layer: int | None = None,
             counts: Mapping[int, int] | None = None) -> ExpertPlan:
-    """:func:`select_experts`; ``counts`` ({layer: experts to prune}, uniform only) replaces ``ratio``'s counts."""
+    """[`select_experts`][]; ``counts`` ({layer: experts to prune}, uniform only) replaces ``ratio``'s counts."""
     if (ratio is None) == (n_per_layer is None):
         raise ValueError("give exactly one of ratio (a fraction) or n_per_layer (a count per layer); "
                          f"got ratio={ratio!r}, n_per_layer={n_per_layer!r} (set ratio: null to use n_per_layer)")

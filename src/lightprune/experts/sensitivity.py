@@ -22,10 +22,10 @@ points to the logit delta.
 Routers wrapped by an adapter (peft ``ParamWrapper`` / ``LoraLayer`` keep the original module as
 ``base_layer``) are read through their innermost module: its ``weight`` is the original weight
 outside a forward, and inside its own forward it is the weight the adapted model uses, which is
-what the hooks of :func:`router_logits` and :func:`effective_router_weights` read.
+what the hooks of [`router_logits`][] and `effective_router_weights` read.
 
-Under DeepSpeed ZeRO-3 a router weight is a partition on each rank: :func:`router_row_norms`
-gathers one router at a time (:func:`lightprune.core.distributed.gathered`; a collective, so every
+Under DeepSpeed ZeRO-3 a router weight is a partition on each rank: [`router_row_norms`][]
+gathers one router at a time (`lightprune.core.distributed.gathered`; a collective, so every
 rank calls it); the logit hooks run inside the router's forward, where ZeRO-3 has gathered it.
 """
 
@@ -105,7 +105,7 @@ def router_row_norms(model: nn.Module) -> dict[int, torch.Tensor]:
     For a model with adapters this is the original (un-adapted) router: peft keeps it as the
     wrapper's ``base_layer`` and applies the adapter only inside a forward; a torch
     parametrization (IA3 channel scales) keeps it as ``parametrizations.weight.original``. Use
-    :func:`effective_router_weights` (or the adapters module's ``merged_router_weights``) for the
+    `effective_router_weights` (or the adapters module's ``merged_router_weights``) for the
     adapted rows. Under ZeRO-3 each router is gathered in turn (every rank must call this).
     """
     norms = {}
@@ -160,14 +160,14 @@ def _as_norms(layer: int, value: torch.Tensor) -> torch.Tensor:
 def weight_delta(before: Mapping[int, torch.Tensor], after: Mapping[int, torch.Tensor], signed: bool = False, *,
                  limits: Mapping[int, RoutingLimits] | None = None, model: nn.Module | None = None,
                  rtol: float = 1e-12) -> ExpertScores:
-    """Router weight delta per layer (Eq. 4; ``signed=True``: Eq. 3), as :class:`ExpertScores`.
+    """Router weight delta per layer (Eq. 4; ``signed=True``: Eq. 3), as [`ExpertScores`][].
 
-    ``before``: ``{layer: norms [E]}`` of the original router (:func:`router_row_norms`);
+    ``before``: ``{layer: norms [E]}`` of the original router ([`router_row_norms`][]);
     ``after``: ``{layer: norms [E] or weights [E, H]}`` of the adapted router (adapter merged).
     Importance = the score (smallest pruned first); ``raw`` holds the same values. Routing limits
     come from ``limits`` or from ``model`` (either one is required).
 
-    Raises :class:`VacuousScoreError` when no router row norm moved by more than ``rtol`` times the
+    Raises [`VacuousScoreError`][] when no router row norm moved by more than ``rtol`` times the
     largest norm: the router was not trained, and ``score="logit"`` is the score to use.
     """
     limits = _limits(limits, model)
@@ -260,9 +260,9 @@ def logit_delta(base: Mapping[int, torch.Tensor], adapted: Mapping[int, torch.Te
                 ) -> dict[int, torch.Tensor]:
     """Router logit delta per layer (Eq. 5): ``||L_adapt[:, e] - L_base[:, e]||_2 / sqrt(N)``, float64.
 
-    ``base`` and ``adapted`` are :func:`router_logits` of the same tokens without and with the
-    adapter. Returns :class:`ExpertScores` (importance = score) when ``limits`` or ``model`` is
-    given, a plain ``{layer: tensor[E]}`` otherwise. Raises :class:`VacuousScoreError` when no
+    ``base`` and ``adapted`` are [`router_logits`][] of the same tokens without and with the
+    adapter. Returns [`ExpertScores`][] (importance = score) when ``limits`` or ``model`` is
+    given, a plain ``{layer: tensor[E]}`` otherwise. Raises [`VacuousScoreError`][] when no
     logit moved (the adapter changes nothing the router sees).
     """
     if set(base) != set(adapted):

@@ -7,9 +7,10 @@
     lp.save_pruned(model, out_dir)                    # an already pruned model
     model = lp.load_pruned(out_dir)                   # never runs the checkpoint's code
     lp.save_width_pruned(model, width_plan, out_dir)  # MWOP: weights + width_plan.json, kernels on load
-    lp.prune_checkpoint(src_dir, plan, out_dir)      # a checkpoint directory, shard by shard (:mod:`.streamed`)
-    lp.quantize_checkpoint(src_dir, out_dir)          # then FP8 block-scaled, as DeepSeek-V3 ships (:mod:`.quantize`)
-    convert_to_gguf(out_dir, "model.gguf")            # a uniform export through llama.cpp's converter (:mod:`.gguf`)
+    lp.prune_checkpoint(src_dir, plan, out_dir)      # a checkpoint directory, shard by shard ([`streamed`][.streamed])
+    lp.quantize_checkpoint(src_dir, out_dir)          # then FP8 block-scaled, as DeepSeek-V3 ships
+    ([`quantize`][.quantize])
+    convert_to_gguf(out_dir, "model.gguf")            # a uniform export through llama.cpp's converter (`gguf`)
 
 Checkpoints are safetensors only, written to a hidden sibling directory and renamed into place
 after verification. A checkpoint whose layers keep different numbers of experts records them as
@@ -17,9 +18,9 @@ after verification. A checkpoint whose layers keep different numbers of experts 
 transformers only) so that ``AutoModel...from_pretrained(path, trust_remote_code=True)`` loads
 it without lightprune.
 
-Each export returns its result (:mod:`.result`): :class:`ExportResult` (``save_pruned``, ``export_pruned``,
-``prune_checkpoint``) or :class:`WidthExportResult` (``save_width_pruned``), the figures of the manifest it wrote
-(:data:`MANIFEST_FILE`) as attributes, and ``os.PathLike``: the checkpoint path.
+Each export returns its result ([`result`][.result]): [`ExportResult`][] (``save_pruned``, ``export_pruned``,
+``prune_checkpoint``) or [`WidthExportResult`][] (``save_width_pruned``), the figures of the manifest it wrote
+(`MANIFEST_FILE`) as attributes, and ``os.PathLike``: the checkpoint path.
 
 May import: models, checkpoints, experts, width and core; never finetune, callbacks or above.
 """

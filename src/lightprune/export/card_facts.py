@@ -1,5 +1,5 @@
 """What an export's manifest and model card say of it beyond its weights: ``save_pruned(card=...)`` checked
-(:func:`card_facts`, keys :data:`CARD_KEYS`) and the plan as the manifest records it (:func:`plan_record`)."""
+(`card_facts`, keys `CARD_KEYS`) and the plan as the manifest records it (`plan_record`)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ CARD_KEYS = ("plan", "source", "command", "evaluation", "parameters_before", "pa
 
 
 def plan_record(plan: ExpertPlan) -> dict[str, Any]:
-    """``plan`` as the manifest records it: its ``to_dict()`` as :meth:`ExpertPlan.save` writes it."""
+    """``plan`` as the manifest records it: its ``to_dict()`` as `ExpertPlan.save` writes it."""
     return json.loads(json.dumps(plan.to_dict(), default=str))
 
 
 def card_facts(card: Mapping[str, Any] | None, counts: Mapping[int, int]) -> dict[str, Any]:
-    """Validate ``save_pruned(card=...)``; returns every :data:`CARD_KEYS` key (``None`` when not given), the plan
-    as :func:`plan_record` (an ExpertPlan converted once; a ``to_dict()`` mapping parsed once, which checks it).
+    """Validate ``save_pruned(card=...)``; returns every `CARD_KEYS` key (``None`` when not given), the plan
+    as `plan_record` (an ExpertPlan converted once; a ``to_dict()`` mapping parsed once, which checks it).
 
     ``counts``: the pruned model's {layer: routed experts}, which the plan's kept counts must equal (a plan of
     another model, or one that leaves out MoE layers, is a ``ValueError``).

@@ -1,4 +1,4 @@
-"""config.json of an export, once its weights are written: :func:`finish_config` (the pruned model's class, the
+"""config.json of an export, once its weights are written: `finish_config` (the pruned model's class, the
 weights' dtype, the experts implementation transformers can run them with, the remote-code entry of a non-uniform
 export and nothing else's, multi-token-prediction layers only where the weights hold them)."""
 
@@ -36,7 +36,7 @@ def weights_dtype(model: nn.Module) -> torch.dtype:
 
 def finish_config(tmp: Path, model: nn.Module, uniform: bool) -> bool:
     """config.json of the export staged in ``tmp`` as ``model`` (pruned) and its weights make it; True when the
-    config declared multi-token-prediction layers the weights do not hold, now 0 (:func:`undeclared_mtp`)."""
+    config declared multi-token-prediction layers the weights do not hold, now 0 (`undeclared_mtp`)."""
     path = tmp / "config.json"
     data = parse_json(path.read_text(), f"config file {str(path)!r}")
     data["architectures"] = [base_class(model).__name__]

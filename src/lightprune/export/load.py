@@ -1,9 +1,9 @@
-"""Load a pruned checkpoint: :func:`load_pruned`, with clear errors for a broken directory.
+"""Load a pruned checkpoint: [`load_pruned`][], with clear errors for a broken directory.
 
 Before transformers sees the directory, it is opened and checked exactly as every streamed path checks it
-(:class:`~lightprune.checkpoints.reader.Checkpoint`, then the
-:class:`~lightprune.checkpoints.skeleton.Skeleton` built on it, which runs
-:func:`~lightprune.checkpoints.contents.check_contents`): the files (which are the weights, the shard index
+([`Checkpoint`][lightprune.checkpoints.reader.Checkpoint], then the
+[`Skeleton`][lightprune.checkpoints.skeleton.Skeleton] built on it, which runs
+`check_contents`): the files (which are the weights, the shard index
 against the shards, every header against its bytes), config.json (no duplicate key, a ``quantization_config``
 only of a format lightprune reads and agreeing with the tensors, layer counts and ``dtype`` against the weights), and
 the tensors against the model (all present, none extra, shapes that fit, no integer tensor where the model has a
@@ -18,14 +18,14 @@ Transformers' loading report (``output_loading_info=True``, with ``ignore_mismat
 again after the load, a second net: missing, unexpected and mis-shaped tensors and its error messages.
 
 A uniform checkpoint loads with the stock transformers class. A non-uniform one
-(``config.lightprune_experts_per_layer``) loads with :func:`.classes.resizing_class`: the stock
+(``config.lightprune_experts_per_layer``) loads with `classes.resizing_class`: the stock
 class plus lightprune's resize in ``__init__``, so transformers' own weight conversions (the
 per-expert keys on disk fused back into ``gate_up_proj`` / ``down_proj``) still apply. The
 checkpoint's ``modeling_lightprune.py`` is executed only with ``trust_remote_code=True``. All
 three paths are checked the same way.
 
 Inside Lightning's DeepSpeed ZeRO-3 ``zero.Init`` (a LightningModule's ``configure_model``) the
-model is built and loaded with full parameters (:func:`lightprune.core.distributed.outside_zero_init`):
+model is built and loaded with full parameters (`lightprune.core.distributed.outside_zero_init`):
 transformers' loader does not know that context and would compare the checkpoint's shapes with
 empty partitions. DeepSpeed partitions the loaded model when its engine starts; until then each
 rank holds the full weights on the CPU.
@@ -64,7 +64,7 @@ DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 def check_dtype(dtype: Any) -> None:
-    """Raise ``ValueError`` naming ``dtype`` and the choices unless it is a dtype weights load in (:data:`LOAD_DTYPES`,
+    """Raise ``ValueError`` naming ``dtype`` and the choices unless it is a dtype weights load in (`LOAD_DTYPES`,
     by name or as a ``torch.dtype``), ``"auto"`` or None, or a dict of such per sub-config."""
     _check_dtype(dtype, "load_pruned: dtype")
 
@@ -86,7 +86,7 @@ def _check_dtype(dtype: Any, name: str) -> None:
 
 def check_device_map(device_map: Any, name: str = "load_pruned: device_map") -> None:
     """Raise ``ValueError`` naming ``device_map`` and the choices unless transformers can place a model by it: None,
-    one of :data:`DEVICE_MAPS`, a device (``"cpu"``, ``"cuda:0"``, a ``torch.device``), a GPU index, or a dict
+    one of `DEVICE_MAPS`, a device (``"cpu"``, ``"cuda:0"``, a ``torch.device``), a GPU index, or a dict
     {module name: device, GPU index, ``"cpu"`` or ``"disk"``}."""
     choices = (f"choose one of {', '.join(map(repr, DEVICE_MAPS))}, a device ('cpu', 'cuda:0'), a GPU index, or a "
                "dict {module name: device}")
@@ -146,28 +146,28 @@ def _check_arguments(dtype: Any, attention_backend: Any, kwargs: dict[str, Any])
 
 def load_pruned(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None, trust_remote_code: bool = False,
                 attention_backend: str = "auto", **from_pretrained_kwargs: Any) -> nn.Module:
-    """Load a checkpoint written by :func:`save_pruned` (or any uniform one), in eval mode.
+    """Load a checkpoint written by [`save_pruned`][] (or any uniform one), in eval mode.
 
     Strict (see the module docstring): missing, unexpected, mis-shaped or integer tensors raise
     ``ValueError`` naming the checkpoint and the tensors; nothing in the directory is changed.
 
-    Its arguments are checked before anything is read (:func:`check_dtype`, :func:`check_device_map`, the
+    Its arguments are checked before anything is read (`check_dtype`, `check_device_map`, the
     ``attention_backend`` and an ``experts_implementation``): a refusal names the value and the choices.
 
     Args:
         path: the checkpoint directory.
-        dtype: weights dtype (:data:`LOAD_DTYPES`, or ``"auto"``); default: the one recorded in the config.
+        dtype: weights dtype (`LOAD_DTYPES`, or ``"auto"``); default: the one recorded in the config.
         trust_remote_code: build the model with the checkpoint's own ``modeling_lightprune.py``
             (transformers' auto class) instead of lightprune's in-process resize.
         attention_backend: for an MWOP width checkpoint (``width_plan.json``): the path-sparse attention
             backend, ``sdpa``, ``span``, ``flex`` or ``triton`` for every layer, or ``auto`` (default): each layer
-            runs the backend the export chose for the device it runs on (:mod:`lightprune.width.attention_choice`;
+            runs the backend the export chose for the device it runs on (`lightprune.width.attention_choice`;
             ``sdpa`` on a device type it did not choose for, and for every layer of an export that recorded no
             choice, which was verified with it).
         **from_pretrained_kwargs: passed on (``device_map``, ``attn_implementation``, ...); not
             ``output_loading_info`` nor ``ignore_mismatched_sizes``, which the strict check sets. Without an
             ``experts_implementation``, experts that transformers' default ``grouped_mm`` cannot run (float64)
-            run its ``eager`` one (:func:`~lightprune.models.experts_kernel.runnable_experts`).
+            run its ``eager`` one (`runnable_experts`).
     """
     _check_arguments(dtype, attention_backend, from_pretrained_kwargs)
     with Checkpoint(path) as checkpoint, outside_zero_init():

@@ -1,7 +1,7 @@
-"""The ``README.md`` model card of an expert-pruning export: :func:`model_card`.
+"""The ``README.md`` model card of an expert-pruning export: `model_card`.
 
 A pure function of the export's facts (the ``lightprune_export.json`` manifest that
-:func:`lightprune.export.save.save_pruned` writes): no file is read, nothing is imported from
+[`lightprune.export.save.save_pruned`][..save.save_pruned] writes): no file is read, nothing is imported from
 transformers, the same facts give the same text. Sections, in order:
 
 * front matter (``library_name: transformers``, tags) and a title naming the architecture;

@@ -1,4 +1,4 @@
-"""Plan -> verified checkpoint in one call: :func:`export_pruned`.
+"""Plan -> verified checkpoint in one call: [`export_pruned`][].
 
 The reference for verification is the *masked* model (``with mask_experts(model, plan)``),
 computed before any surgery, so the exported checkpoint is checked against what the plan means,
@@ -10,13 +10,13 @@ model card (``save_pruned(card=...)``), so the checkpoint says which original ex
 keeps. An output directory that is (or holds) the source checkpoint is refused before any surgery.
 
 Every input is checked before any surgery or merge: the plan against the model first (every MoE layer named and
-no other, the expert counts, the floors: :meth:`~lightprune.experts.plan.ExpertPlan.check_layers`; a plan that
+no other, the expert counts, the floors: [`check_layers`][lightprune.experts.plan.ExpertPlan.check_layers]; a plan that
 leaves layers out is refused, ``plan.completed(lp.find_moe_layers(model))`` keeps them whole), then ``atol``, the
 output directory, the card and the source's fingerprint. The export's one
-:class:`~lightprune.export.verification.Verification` runs each step once: ``write_merged``, ``mask_experts`` and
+`Verification` runs each step once: ``write_merged``, ``mask_experts`` and
 ``prune_experts`` are given the checked layers and do not check the plan again, and
-:func:`~lightprune.export.save.write_pruned` then writes and verifies the checkpoint with the same probe, buffers and
-``atol``, and returns its :class:`~lightprune.export.result.ExportResult`.
+`write_pruned` then writes and verifies the checkpoint with the same probe, buffers and
+``atol``, and returns its [`ExportResult`][..result.ExportResult].
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _name_a_surgery_problem(model: nn.Module, verification: Verification, refere
 
 def _check_no_mtp_layers(model: nn.Module, plan: ExpertPlan | MergePlan) -> None:
     """A plan naming the checkpoint's multi-token-prediction layers (``lp.score_weights`` of the directory scores
-    them, :mod:`lightprune.checkpoints.mtp`), which a model in memory does not hold: refused saying where they are
+    them, `lightprune.checkpoints.mtp`), which a model in memory does not hold: refused saying where they are
     pruned."""
     config = getattr(model.config, "text_config", None) or model.config
     count = getattr(config, "num_hidden_layers", None)
@@ -85,30 +85,30 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
                   card: Mapping[str, Any] | None = None, quantize: str | None = None) -> ExportResult:
     """Prune ``model`` in place by ``plan``, save it to ``out_dir`` and verify it against the masked model.
 
-    A :class:`~lightprune.experts.merging.MergePlan` merges instead: once the checks below have passed, every
+    A [`MergePlan`][lightprune.experts.merging.plan.MergePlan] merges instead: once the checks below have passed, every
     cluster's merged expert is written into its dominant's slot and the export goes on with the plan's
     ExpertPlan (the dominants kept), so the reference is the reversibly merged model
-    (:func:`~lightprune.experts.merging.merged_experts` computes the same).
+    ([`merged_experts`][lightprune.experts.merging.merge.merged_experts] computes the same).
 
-    ``processor``, ``source_dir`` and ``card`` are as for :func:`save_pruned` (the tokenizer, the source's
+    ``processor``, ``source_dir`` and ``card`` are as for [`save_pruned`][] (the tokenizer, the source's
     fingerprint; ``card``: ``source``, ``command``, ``evaluation``), with ``plan`` and the unpruned model's
     ``parameters_before`` / ``parameter_bytes_before`` added to the card here. ``quantize="fp8"``: once verified,
-    the checkpoint is written FP8 block-scaled (:func:`~lightprune.export.quantize.quantize_staged`, the DeepSeek-V3
+    the checkpoint is written FP8 block-scaled (`quantize_staged`, the DeepSeek-V3
     layout, each tensor checked within float8's rounding; the manifest's ``quantization``), in 128x128 blocks, or
-    in the blocks of the FP8 checkpoint the model was loaded from (:func:`~lightprune.export.quantize.model_block`).
+    in the blocks of the FP8 checkpoint the model was loaded from (`model_block`).
 
-    Returns an :class:`~lightprune.export.result.ExportResult`: ``path``, ``parameters_before``, ``parameters``,
+    Returns an [`ExportResult`][...result.ExportResult]: ``path``, ``parameters_before``, ``parameters``,
     ``weight_bytes`` (safetensors bytes on disk), ``parameter_bytes`` (bytes of the pruned tensors),
     ``experts_per_layer``, ``uniform``, ``max_abs_diff``, ``seconds``, ...
 
     The plan is checked against the model before anything changes (every MoE layer named and no other, the
-    expert counts, the routing floors: :meth:`~lightprune.experts.plan.ExpertPlan.check_layers`, a
-    :class:`~lightprune.core.errors.PlanError`), and so is the output directory (also that it is not, and does not
+    expert counts, the routing floors: [`check_layers`][lightprune.experts.plan.ExpertPlan.check_layers], a
+    [`PlanError`][lightprune.experts.plan.PlanError]), and so is the output directory (also that it is not, and does not
     hold, the source checkpoint directory: ``ValueError``). NaN or inf logits of the masked model, before any surgery,
-    are an :class:`ExportVerificationError` naming the model's non-finite tensors (the model is broken, not the
+    are an [`ExportVerificationError`][] naming the model's non-finite tensors (the model is broken, not the
     export). The reloaded checkpoint is compared with the masked
     model; only when that fails is the in-memory pruned model run too, to name the cause (a surgery
-    problem, or a save / load one). A mismatch raises :class:`ExportVerificationError`, leaving
+    problem, or a save / load one). A mismatch raises [`ExportVerificationError`][], leaving
     ``out_dir`` untouched and the in-memory model pruned.
     """
     start = time.perf_counter()

@@ -1,15 +1,15 @@
-"""Prune, then quantize: a float checkpoint written as FP8 block-scaled, shard by shard: :func:`quantize_checkpoint`.
+"""Prune, then quantize: a float checkpoint written as FP8 block-scaled, shard by shard: [`quantize_checkpoint`][].
 
 The layout and config are DeepSeek-V3's release ("DeepSeek-V3 Technical Report", arXiv 2412.19437, section 3.3.2),
 which transformers (``quant_method: "fp8"``) and the serving stacks load: each linear layer's ``weight`` of a decoder
 layer (attention projections, dense MLPs, shared experts and every routed expert) as float8_e4m3fn with a float32
-``weight_scale_inv`` per ``block`` of it (:func:`~lightprune.checkpoints.quantized.quantize_fp8_blocks`: amax / 448
+``weight_scale_inv`` per ``block`` of it (`quantize_fp8_blocks`: amax / 448
 per block); embeddings, the output head, norms, routers and their biases, and the tensors of a multi-token-prediction
 module outside its decoder layer, as they were. config.json gains ``quantization_config`` = ``{"quant_method":
 "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": block}``.
 
 Each output shard keeps its source's name and holds a tensor in memory at a time. Before it is renamed into place
-(:func:`~lightprune.checkpoints.staging.staging_dir`: a failure leaves ``out_dir`` as it was), the result is read back
+(`staging_dir`: a failure leaves ``out_dir`` as it was), the result is read back
 through the strict reader and every quantized tensor compared with its source: ``|dequantize(q) - w| <= 2^-4 |w| +
 2^-10 scale`` per element (float8_e4m3fn's rounding: half a unit of its 3 mantissa bits, half its smallest
 subnormal step, 2^-9, below its normal range).
@@ -49,7 +49,7 @@ _SCALE = "_scale_inv"
 
 
 def fp8_weight_keys(skeleton: Skeleton) -> set[str]:
-    """The checkpoint keys :func:`quantize_checkpoint` stores as FP8: the 2-dimensional ``.weight`` of every
+    """The checkpoint keys [`quantize_checkpoint`][] stores as FP8: the 2-dimensional ``.weight`` of every
     ``nn.Linear`` of a decoder layer and every routed expert's (per-expert keys), but the MoE routers' and the output
     head's (see the module docstring)."""
     model, checkpoint = skeleton.model, skeleton.checkpoint
@@ -96,7 +96,7 @@ def quantize_checkpoint(src_dir: str | os.PathLike, out_dir: str | os.PathLike, 
 
 
 def check_quantize(quantize: str | None) -> str | None:
-    """The ``quantize`` option of an export (:data:`~lightprune.core.choices.QUANTIZE_FORMATS`): None (the weights
+    """The ``quantize`` option of an export (`QUANTIZE_FORMATS`): None (the weights
     as they are) or ``"fp8"`` (FP8 block-scaled, after the pruned checkpoint is verified)."""
     return check_choice("quantize", quantize, QUANTIZE_FORMATS)
 

@@ -1,7 +1,7 @@
-"""What an export returns: :class:`ExportResult` (expert pruning: :func:`~lightprune.export.save_pruned`,
-:func:`~lightprune.export.export_pruned`, :func:`~lightprune.export.prune_checkpoint`) and
-:class:`WidthExportResult` (:func:`~lightprune.export.save_width_pruned`), with :data:`MANIFEST_FILE`, the name
-of the manifest every export writes beside its weights, and :func:`write_manifest`, which writes an expert
+"""What an export returns: [`ExportResult`][] (expert pruning: [`save_pruned`][..save.save_pruned],
+[`export_pruned`][..pipeline.export_pruned], [`prune_checkpoint`][..streamed.prune_checkpoint]) and
+[`WidthExportResult`][] ([`save_width_pruned`][..width.save_width_pruned]), with `MANIFEST_FILE`, the name
+of the manifest every export writes beside its weights, and `write_manifest`, which writes an expert
 export's manifest.
 
 A result is built from the manifest the export has just written (the same dict, never read back from disk), so
@@ -81,7 +81,7 @@ class ExportResult(_CheckpointPath):
         weight_bytes_before: the source checkpoint's safetensors bytes (``None`` without a local source).
         verification: the manifest's verification entry (``max_abs_diff``, ``atol``, ...); ``None`` for
             ``prune_checkpoint(verify=False)``.
-        manifest: the whole manifest, as written to :data:`MANIFEST_FILE`.
+        manifest: the whole manifest, as written to `MANIFEST_FILE`.
         seconds: wall time of the call that returned it.
     """
 
@@ -100,7 +100,7 @@ class ExportResult(_CheckpointPath):
 
     @classmethod
     def from_manifest(cls, path: str | os.PathLike, manifest: Mapping[str, Any], seconds: float) -> ExportResult:
-        """The result of the export at ``path`` whose manifest is ``manifest`` (:func:`write_manifest`'s)."""
+        """The result of the export at ``path`` whose manifest is ``manifest`` (`write_manifest`'s)."""
         return cls(path=Path(path).expanduser().absolute(),
                    experts_per_layer={int(k): v for k, v in manifest["experts_per_layer"].items()},
                    uniform=manifest["uniform"], parameters=manifest["parameters"],
@@ -118,8 +118,8 @@ class ExportResult(_CheckpointPath):
 
 @dataclass(frozen=True, eq=False)
 class WidthExportResult(_CheckpointPath):
-    """A verified MWOP width checkpoint (:func:`~lightprune.export.save_width_pruned`): where it is and its
-    manifest's facts. Not an :class:`ExportResult`: MWOP removes no parameter and no expert, so the expert
+    """A verified MWOP width checkpoint ([`save_width_pruned`][...width.save_width_pruned]): where it is and its
+    manifest's facts. Not an [`ExportResult`][]: MWOP removes no parameter and no expert, so the expert
     export's figures (experts per layer, parameters before and after) have nothing to say here.
 
     Attributes:
@@ -127,7 +127,7 @@ class WidthExportResult(_CheckpointPath):
         pruned_fractions: {unit: fraction the plan prunes} (``v2v``, ``t2v``, ``t2t``, ``ffn_<modality>``).
         align: the compact FFN's channel alignment recorded for loading.
         verification: the manifest's verification entry (``max_abs_diff``, ``atol``, ...).
-        manifest: the whole manifest, as written to :data:`MANIFEST_FILE`.
+        manifest: the whole manifest, as written to `MANIFEST_FILE`.
         seconds: wall time of the call that returned it.
     """
 
@@ -158,9 +158,9 @@ def write_manifest(tmp: Path, model: nn.Module, counts: Mapping[int, int], *, pa
                    tokenizer: Mapping[str, Any] | None, evaluation: Mapping[str, Any] | None = None,
                    parameters_before: int | None = None, parameter_bytes_before: int | None = None,
                    command: str | None = None, **extra: Any) -> dict[str, Any]:
-    """Write :data:`MANIFEST_FILE` and the model card of the expert export staged in ``tmp`` (its weights already
+    """Write `MANIFEST_FILE` and the model card of the expert export staged in ``tmp`` (its weights already
     there), for ``model`` (pruned; meta tensors will do) with ``counts`` experts per layer; ``extra`` keys go in
-    too. Returns the manifest (:meth:`ExportResult.from_manifest` makes the result of it)."""
+    too. Returns the manifest ([`ExportResult.from_manifest`][] makes the result of it)."""
     from lightprune import __version__
 
     manifest = {

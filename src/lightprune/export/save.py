@@ -1,47 +1,47 @@
-"""Save a structurally pruned model as a verified safetensors checkpoint: :func:`save_pruned`.
+"""Save a structurally pruned model as a verified safetensors checkpoint: [`save_pruned`][].
 
 Before anything is written, every tensor the checkpoint would store is checked finite
-(:func:`~lightprune.export.verification.non_finite_tensors`: a NaN or inf is refused naming the tensor and, in a fused
+(`non_finite_tensors`: a NaN or inf is refused naming the tensor and, in a fused
 experts tensor, the expert), and so are the reference logits
-(:func:`~lightprune.export.verification.check_reference_finite`: the model's own NaN logits name the model, not the
+(`check_reference_finite`: the model's own NaN logits name the model, not the
 export, as the culprit).
 
-Steps, all inside a staging directory renamed into place only at the end (:mod:`.staging`):
+Steps, all inside a staging directory renamed into place only at the end (`staging`):
 
 1. ``save_pretrained`` (safetensors, transformers' on-disk per-expert layout);
 2. the tokenizer: the given ``processor`` (``save_pretrained``), or else the tokenizer, processor and
    chat-template files of the source checkpoint directory (``source_dir``, by default
    ``config._name_or_path`` when that is a local directory), copied by name
-   (:data:`~lightprune.checkpoints.directory.TOKENIZER_FILES`; never weights, never code; a foreign ``auto_map`` in
+   (`TOKENIZER_FILES`; never weights, never code; a foreign ``auto_map`` in
    a copied JSON file is dropped with the code it points at); ``generation_config.json`` from the source when
    ``save_pretrained`` wrote none.
    Neither a processor nor tokenizer files: none is invented (the manifest says ``"tokenizer": null``).
    Such a name in the source that is no regular file (a directory, a broken symlink, a special file) is refused
-   before anything is written (:func:`resolve_source_dir`), never skipped;
+   before anything is written (`resolve_source_dir`), never skipped;
 3. config.json: ``architectures`` names the stock transformers class; for a non-uniform model
    (``config.lightprune_experts_per_layer``) the generated ``modeling_lightprune.py`` and its
-   ``auto_map`` entry are added (:mod:`.remote_code`), for a uniform one both are absent. Any other
+   ``auto_map`` entry are added (`remote_code`), for a uniform one both are absent. Any other
    ``auto_map`` entry (remote code of the source that is not lightprune's) is dropped: the export
    does not carry that code. Experts transformers' default ``grouped_mm`` kernel cannot run (float64, rows
    off 16 bytes) get ``"experts_implementation": "eager"``, which a plain ``from_pretrained`` reads
-   (:func:`~lightprune.export.config_file.finish_config`);
-4. verification: reload through :func:`load_pruned` (and, non-uniform, also through
+   (`finish_config`);
+4. verification: reload through [`load_pruned`][] (and, non-uniform, also through
    transformers' ``trust_remote_code=True``), run the probe batch, compare with the reference
-   logits (:func:`~lightprune.export.verification.verify_reloaded`, the export's one
-   :class:`~lightprune.export.verification.Verification`); a mismatch raises :class:`ExportVerificationError`;
-5. ``lightprune_export.json`` (:func:`.result.write_manifest`): per-layer expert counts, parameter count
+   logits (`verify_reloaded`, the export's one
+   `Verification`); a mismatch raises [`ExportVerificationError`][];
+5. ``lightprune_export.json`` (`result.write_manifest`): per-layer expert counts, parameter count
    and bytes, bytes on disk, dtype, the verification result, and what the export came from: the source and
-   the fingerprint of its safetensors files (name, size, SHA-256 of the header: :mod:`.source`), the plan, the
-   tokenizer's origin, the evaluation, the lightprune version and the command (:mod:`.card_facts`);
-6. ``README.md``: the model card rendered from the manifest (:func:`.model_card.model_card`);
+   the fingerprint of its safetensors files (name, size, SHA-256 of the header: `source`), the plan, the
+   tokenizer's origin, the evaluation, the lightprune version and the command (`card_facts`);
+6. ``README.md``: the model card rendered from the manifest (`model_card.model_card`);
 7. file modes: every file ``0o666 & ~umask``, every directory ``0o777 & ~umask`` (transformers
    writes the weights ``0o600``).
 
 An output directory that is the source checkpoint directory, or holds it, is refused before
 anything is written: replacing it would delete the source. The call returns an
-:class:`~lightprune.export.result.ExportResult` made from the manifest it wrote (``os.PathLike``: the
-checkpoint path). :func:`save_pruned` checks its inputs and calls :func:`write_pruned`, which
-:func:`~lightprune.export.export_pruned` calls with inputs it has checked itself.
+[`ExportResult`][..result.ExportResult] made from the manifest it wrote (``os.PathLike``: the
+checkpoint path). [`save_pruned`][] checks its inputs and calls `write_pruned`, which
+[`export_pruned`][..pipeline.export_pruned] calls with inputs it has checked itself.
 """
 
 from __future__ import annotations
@@ -125,11 +125,11 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
         model: a transformers MoE model of a supported family (not inside ``mask_experts``).
         out_dir: the checkpoint directory; must not exist or be empty unless ``overwrite``; never
             the source checkpoint directory nor one holding it (``ValueError``).
-        probe: keyword batch for the verification forward (default: :func:`~lightprune.export.verify.default_probe`).
+        probe: keyword batch for the verification forward (default: [`default_probe`][...verify.default_probe]).
         reference_logits: the logits the reloaded checkpoint must reproduce on ``probe``
             (default: ``model``'s own).
         atol: the absolute term of the tolerance ``atol + rtol * max|reference|`` (default 1e-5 fp32, 1e-2
-            bf16/fp16; ``rtol``: :func:`~lightprune.export.verify.default_rtol`).
+            bf16/fp16; ``rtol``: `default_rtol`).
         overwrite: replace an existing non-empty ``out_dir`` (only once the new one is verified).
         processor: a tokenizer / processor saved into the checkpoint too (``save_pretrained``);
             without one the tokenizer files are copied from the source directory.
@@ -137,15 +137,15 @@ def save_pruned(model: nn.Module, out_dir: str | os.PathLike, *, probe: Mapping[
         source_dir: the local checkpoint directory ``model`` was loaded from: its tokenizer files
             are copied, its safetensors headers fingerprinted (default: ``config._name_or_path``
             when that is an existing directory; none otherwise).
-        card: facts for the model card and the manifest, keys :data:`~lightprune.export.card_facts.CARD_KEYS`: ``plan``
+        card: facts for the model card and the manifest, keys `CARD_KEYS`: ``plan``
             (the ExpertPlan the model was pruned with, or its ``to_dict()``), ``source`` (a name
             for the source; default: the source directory or ``config._name_or_path``),
             ``command`` (default: ``" ".join(sys.argv)``), ``evaluation`` (a JSON mapping),
             ``parameters_before`` and ``parameter_bytes_before`` (of the unpruned model).
 
-    The reloaded copies run on ``model``'s device. Returns an :class:`~lightprune.export.result.ExportResult`
+    The reloaded copies run on ``model``'s device. Returns an [`ExportResult`][...result.ExportResult]
     (the manifest's figures as attributes; ``os.PathLike`` and ``str``: the absolute checkpoint path).
-    Raises :class:`ExportVerificationError` (leaving ``out_dir`` untouched) on a mismatch.
+    Raises [`ExportVerificationError`][] (leaving ``out_dir`` untouched) on a mismatch.
     """
     start = time.perf_counter()
     check_path_text(out_dir, "output directory")
@@ -170,15 +170,15 @@ def write_pruned(model: nn.Module, out_dir: str | os.PathLike, counts: Mapping[i
                  expert_ids: Mapping[int, Sequence[int]] | None = None,
                  after_verify: Callable[[Path], dict[str, Any]] | None = None) -> ExportResult:
     """Steps 1-7 of the module docstring for ``model`` (pruned, ``counts`` routed experts per layer), its inputs
-    checked by the caller: ``source`` (:func:`~lightprune.export.source.resolve_source_dir`, not ``out_dir`` nor
-    inside it), ``facts`` (:func:`~lightprune.export.card_facts.card_facts`), ``fingerprint``
-    (:func:`~lightprune.export.source.source_fingerprint` of ``source``), ``verification`` (the export's one
-    :class:`~lightprune.export.verification.Verification`: its ``atol`` checked; the probe and the restored fp32
+    checked by the caller: ``source`` (`resolve_source_dir`, not ``out_dir`` nor
+    inside it), ``facts`` (`card_facts`), ``fingerprint``
+    (`source_fingerprint` of ``source``), ``verification`` (the export's one
+    `Verification`: its ``atol`` checked; the probe and the restored fp32
     buffers are its own, built here unless the caller's steps did already). ``where`` (the caller's name) begins each
     error; ``expert_ids`` ({layer: the ids the plan kept}) names a non-finite expert by the id it had before pruning
-    (:func:`~lightprune.export.verification.non_finite_tensors`); ``after_verify(staged directory)``, when given, runs
+    (`non_finite_tensors`); ``after_verify(staged directory)``, when given, runs
     once the staged checkpoint is verified and returns the manifest's ``quantization`` entry (a prune-then-quantize
-    export). The other arguments are :func:`save_pruned`'s; the result's ``seconds`` count from ``start``
+    export). The other arguments are [`save_pruned`][]'s; the result's ``seconds`` count from ``start``
     (``time.perf_counter()``)."""
     get_family(model).set_expert_counts(dict(counts))
     uniform = len(set(counts.values())) == 1

@@ -1,5 +1,5 @@
-"""The source checkpoint directory of an export: which it is (:func:`resolve_source_dir`), that the output does not
-replace it (:func:`check_not_source`), and its fingerprint in the manifest (:func:`source_fingerprint`: per
+"""The source checkpoint directory of an export: which it is (`resolve_source_dir`), that the output does not
+replace it (`check_not_source`), and its fingerprint in the manifest (`source_fingerprint`: per
 safetensors file its name, size and the SHA-256 of its header)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def resolve_source_dir(model: nn.Module, source_dir: str | os.PathLike | None) -
     """The source checkpoint directory: ``source_dir`` (must be a directory), else ``config._name_or_path``
     when that is an existing local directory, else ``None``. A file the export would copy from it that is no regular
     file (a directory, a broken symlink, a special file) is refused here, before anything is written
-    (:func:`~lightprune.checkpoints.directory.copied_files`)."""
+    (`copied_files`)."""
     path = None
     if source_dir is not None:
         check_path_text(source_dir, "source_dir")

@@ -1,10 +1,11 @@
-"""Prune a checkpoint directory shard by shard, without loading the model: :func:`prune_checkpoint`.
+"""Prune a checkpoint directory shard by shard, without loading the model: [`prune_checkpoint`][].
 
 Which tensors index experts, and along which dimension, is not guessed from names: the plan's surgery
-(:func:`lightprune.experts.prune_experts`) runs on the checkpoint's model on the meta device, and the tensors it
+([`lightprune.experts.prune_experts`][lightprune.experts.prune.prune_experts]) runs on the checkpoint's model on the
+meta device, and the tensors it
 reshapes are the ones to cut (router rows and biases, fused expert tensors, a family's per-expert router or block
 tensors), in the model's names. Each checkpoint key is mapped to its model tensor through transformers' own
-conversion mapping (:class:`~lightprune.checkpoints.skeleton.Skeleton`); then, per key:
+conversion mapping ([`Skeleton`][lightprune.checkpoints.skeleton.Skeleton]); then, per key:
 
 - a per-expert key (``...experts.<n>.<name>``, what transformers' ``save_pretrained`` writes) of a pruned layer:
   kept experts are written under their new index (their rank among the kept ones), the others are dropped;
@@ -17,25 +18,26 @@ conversion mapping (:class:`~lightprune.checkpoints.skeleton.Skeleton`); then, p
 - anything else, and any key the model has no tensor for (a multi-token-prediction module's own ``eh_proj``,
   ``enorm``, ...): copied unchanged.
 
-The checkpoint's multi-token-prediction layers (DeepSeek-V3's ``model.layers.61``: :mod:`lightprune.checkpoints.mtp`)
-are MoE layers of the skeleton's model like any other: the plan names them, or :func:`plan_with_mtp` chooses their
+The checkpoint's multi-token-prediction layers (DeepSeek-V3's ``model.layers.61``: `lightprune.checkpoints.mtp`)
+are MoE layers of the skeleton's model like any other: the plan names them, or `plan_with_mtp` chooses their
 experts (AIMER on their own weights), so their experts and router rows always agree with the written config. A
-quantized checkpoint (:mod:`lightprune.checkpoints.quantized`) is pruned in its stored format: each key's rule
-applies to its stored parts (:func:`stored_rules`: values and scales renamed or sliced alike, their bytes copied), and
+quantized checkpoint (`lightprune.checkpoints.quantized`) is pruned in its stored format: each key's rule
+applies to its stored parts (`stored_rules`: values and scales renamed or sliced alike, their bytes copied), and
 its ``quantization_config`` is kept.
 
 Each output shard keeps its source's name; its header is written first and its tensors follow one at a time
-(:class:`~lightprune.checkpoints.writer.SafetensorsWriter`): a whole tensor or an expert's slice goes from the source
+(`SafetensorsWriter`): a whole tensor or an expert's slice goes from the source
 file to the output by the kernel (``copy_file_range``) once a window on its pages has been checked finite, so this
 process maps one tensor (an expert of a fused one) at a time and copies no byte; a slice along a later dimension (a
 router's rows stored transposed) is read, sliced and written. config.json comes from the pruned meta model (the
 expert counts, ``lightprune_experts_per_layer`` and the generated ``modeling_lightprune.py`` when they differ per
-layer, as :func:`save_pruned` writes them), the shard index is rewritten, the tokenizer / processor / chat-template
+layer, as [`save_pruned`][] writes them), the shard index is rewritten, the tokenizer / processor / chat-template
 files and ``generation_config.json`` come along. Before anything is written, every tensor a layer's routing reads
 (router rows and biases, correction biases, per-expert scales, a router's norm) is read in alone and refused when it
-holds a NaN or inf, as :func:`~lightprune.experts.prune_experts` refuses it in memory; every tensor is checked finite
+holds a NaN or inf, as [`prune_experts`][lightprune.experts.prune.prune_experts] refuses it in memory; every tensor is
+checked finite
 before it is written (a NaN or inf refused naming the tensor and the expert). Everything is written into a staging
-directory renamed into place only after verification (:mod:`lightprune.export.streamed_verify`): a failure or a kill
+directory renamed into place only after verification (`lightprune.export.streamed_verify`): a failure or a kill
 leaves a previous ``out_dir`` as it was.
 """
 
@@ -121,7 +123,7 @@ def _layer_of(name: str, layers: list[MoELayer]) -> MoELayer:
 
 
 def _per_expert_by_name(layers: list[MoELayer]) -> dict[str, PerExpertTensor]:
-    """{model tensor name: :class:`PerExpertTensor`} of every MoE layer's per-expert tensors."""
+    """{model tensor name: `PerExpertTensor`} of every MoE layer's per-expert tensors."""
     found = {}
     for layer in layers:
         paths = {id(module): path for path, module in layer.block.named_modules(remove_duplicate=False)}
@@ -131,7 +133,7 @@ def _per_expert_by_name(layers: list[MoELayer]) -> dict[str, PerExpertTensor]:
 
 
 def key_rules(skeleton: Skeleton, dims: dict[str, int], plan: ExpertPlan) -> dict[str, KeyRule]:
-    """{checkpoint key: :class:`KeyRule`} for every key of the skeleton's checkpoint (see the module docstring)."""
+    """{checkpoint key: `KeyRule`} for every key of the skeleton's checkpoint (see the module docstring)."""
     checkpoint, layers = skeleton.checkpoint, find_moe_layers(skeleton.model)
     own = skeleton.model.state_dict(keep_vars=True)
     per_expert = _per_expert_by_name(layers)
@@ -166,7 +168,7 @@ def key_rules(skeleton: Skeleton, dims: dict[str, int], plan: ExpertPlan) -> dic
 
 
 def stored_rules(checkpoint: Checkpoint, rules: dict[str, KeyRule]) -> dict[str, KeyRule]:
-    """{stored key: :class:`KeyRule`}: each logical key's rule applied to its stored parts (a quantized tensor's
+    """{stored key: `KeyRule`}: each logical key's rule applied to its stored parts (a quantized tensor's
     values and scales, named the logical key and a suffix): renamed alike, sliced along the experts' dimension alike
     when that is the first of a tensor of more than 2 dimensions (whole experts: their blocks and scales are
     theirs alone); a quantized tensor sliced otherwise (its experts' rows sharing scale blocks) is refused."""
@@ -190,11 +192,11 @@ def _out_shape(checkpoint: Checkpoint, key: str, rule: KeyRule) -> tuple[int, ..
 
 
 def _write_shard(checkpoint: Checkpoint, file: Path, rules: dict[str, KeyRule], out: Path) -> dict[str, int]:
-    """Write one output shard from the stored tensors (``rules``: :func:`stored_rules`, quantized values and scales
+    """Write one output shard from the stored tensors (``rules``: `stored_rules`, quantized values and scales
     copied as stored); returns {output key: bytes}. Each piece is checked finite before it is written
-    (:func:`~lightprune.export.verify.check_written_finite`: a NaN or inf is refused naming the tensor, the expert),
+    (`check_written_finite`: a NaN or inf is refused naming the tensor, the expert),
     read through a window on the file's pages; a whole tensor and each kept expert's rows are then copied from file to
-    file by the kernel (:meth:`SafetensorsWriter.copy`): this process reads each byte once and copies none."""
+    file by the kernel (`SafetensorsWriter.copy`): this process reads each byte once and copies none."""
     keys = [key for key in checkpoint.stored_keys_in(file) if rules[key].out_key is not None]
     entries = [(rules[k].out_key, checkpoint.stored_dtype(k), _out_shape(checkpoint, k, rules[k])) for k in keys]
     sizes = {}
@@ -226,17 +228,17 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
                      card: dict[str, Any] | None = None, quantize: str | None = None,
                      device: Any = "cpu") -> ExportResult:
     """Write the checkpoint at ``src_dir`` with the experts ``plan`` prunes removed to ``out_dir``, shard by
-    shard (see the module docstring); returns an :class:`~lightprune.export.result.ExportResult` (the manifest's
+    shard (see the module docstring); returns an [`ExportResult`][...result.ExportResult] (the manifest's
     figures as attributes; ``os.PathLike`` and ``str``: the absolute output path).
 
     ``verify``: check the result layer by layer and with a sequential forward against the masked source
-    (:func:`lightprune.export.streamed_verify.verify_pruned_checkpoint`, tolerance ``atol + rtol * max|reference|``,
+    (`lightprune.export.streamed_verify.verify_pruned_checkpoint`, tolerance ``atol + rtol * max|reference|``,
     ``atol`` default 1e-5 fp32, 1e-2 bf16/fp16, ``probe_tokens`` per probe, ``seed``, run on ``device``: the CPU or
-    a GPU; ``atol`` and the plan checked once, :class:`~lightprune.export.verification.Verification`); a mismatch
+    a GPU; ``atol`` and the plan checked once, `Verification`); a mismatch
     raises ``ExportVerificationError`` and writes nothing. A NaN or inf in a tensor it would write is refused naming it.
     ``overwrite``: replace an existing non-empty ``out_dir`` once the new one is complete. ``card``: extra manifest
     facts (``source``, ``command``). ``quantize="fp8"``: a float checkpoint's pruned copy, once verified, written FP8
-    with 128x128 block scales (:func:`~lightprune.export.quantize.quantize_staged`); a quantized checkpoint's
+    with 128x128 block scales (`quantize_staged`); a quantized checkpoint's
     keeps its own format. The output loads with ``lp.load_pruned`` (and with plain ``from_pretrained``
     when every layer keeps the same number of experts).
     """
@@ -304,7 +306,7 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
 
 
 def plan_with_mtp(skeleton: Skeleton, plan: ExpertPlan, layers: list[MoELayer]) -> tuple[ExpertPlan, dict[str, Any]]:
-    """``plan`` with the checkpoint's multi-token-prediction layers (:mod:`lightprune.checkpoints.mtp`) in it, and
+    """``plan`` with the checkpoint's multi-token-prediction layers (`lightprune.checkpoints.mtp`) in it, and
     what the manifest says of them ({layer: kept ids, chosen by}). Each MTP layer keeps as many experts as the
     written config names for a layer (the plan's count when it is uniform, its largest otherwise), so the MTP
     layer's tensors agree with the config: the plan's own ids for a layer it names (refused at another count), else
@@ -339,7 +341,7 @@ def plan_with_mtp(skeleton: Skeleton, plan: ExpertPlan, layers: list[MoELayer]) 
 def _renumbered_ignores(checkpoint: Checkpoint, plan: ExpertPlan) -> dict[str, list[str]]:
     """The source's quantization ignore lists (``modules_to_not_convert``, compressed-tensors' ``ignore``) as the
     pruned checkpoint's config writes them: entries naming single experts renumbered as the plan keeps them
-    (:func:`renumbered_ignores`; a pattern it cannot follow refused before anything is written)."""
+    (`renumbered_ignores`; a pattern it cannot follow refused before anything is written)."""
     quantization = checkpoint.raw_config.get("quantization_config")
     if not isinstance(quantization, dict):
         return {}
@@ -350,8 +352,8 @@ def _renumbered_ignores(checkpoint: Checkpoint, plan: ExpertPlan) -> dict[str, l
 
 def _check_stored_routing(skeleton: Skeleton, layers: list[MoELayer]) -> None:
     """Refuse a NaN or inf in a tensor a layer's routing reads, as stored, before anything is written: each layer's
-    routing tensors (:meth:`MoEFamily.routing_tensors`) are read in alone and checked by :func:`check_routing`, the
-    refusal of :func:`prune_experts` on the loaded model, word for word but for the entry point's name."""
+    routing tensors (`MoEFamily.routing_tensors`) are read in alone and checked by `check_routing`, the
+    refusal of [`prune_experts`][] on the loaded model, word for word but for the entry point's name."""
     for layer in layers:
         with skeleton.resident_tensors(*(found.name for found in layer.family.routing_tensors(layer))):
             check_routing([layer], "prune_checkpoint")

@@ -1,5 +1,5 @@
 """Verification of a checkpoint pruned shard by shard, one layer in memory at a time:
-:func:`verify_pruned_checkpoint`.
+`verify_pruned_checkpoint`.
 
 1. The whole model: probe token ids run through the pruned checkpoint and through the masked source; the logits
    must agree.
@@ -20,20 +20,22 @@
    rounding of a reordered sum (the tolerance below), a swapped, mis-sliced or missing expert by the size of an
    expert's output.
 
-Both in one pass (:func:`lightprune.checkpoints.sequential.run_in_lockstep`): the two forwards run in step, decoder
+Both in one pass
+([`lightprune.checkpoints.sequential.run_in_lockstep`][lightprune.checkpoints.sequential.run_in_lockstep]): the two
+forwards run in step, decoder
 layer ``i`` of the source then of the pruned checkpoint resident, the source layer's three outputs computed while
 it is and the pruned layer's compared with them while that one is: every byte of either checkpoint is read once,
 one layer is in memory at a time, and the pruned layer is read into the memory the source layer released (a shared
-:class:`~lightprune.checkpoints.pool.ReadPool`).
+[`ReadPool`][lightprune.checkpoints.pool.ReadPool]).
 
 NaN or inf in what the masked source computes (a layer's MoE input or output, the logits) is the source's fault,
-not the export's: an :class:`~lightprune.export.verify.ExportVerificationError` saying so, before any comparison.
+not the export's: an [`ExportVerificationError`][..verify.ExportVerificationError] saying so, before any comparison.
 
-Each within ``atol + rtol * max|reference|`` (:func:`~lightprune.export.verify.compare`: the error of a rounded
+Each within ``atol + rtol * max|reference|`` (`compare`: the error of a rounded
 sum scales with the magnitude of its terms, so the scale is the reference's largest magnitude), else
-:class:`~lightprune.export.verify.ExportVerificationError` naming the layer or the logits difference. ``atol``
+[`ExportVerificationError`][..verify.ExportVerificationError] naming the layer or the logits difference. ``atol``
 default 1e-5 for fp32 weights, 1e-2 for bf16/fp16 (the floor for a reference near zero); ``rtol`` =
-``sqrt(L) * (2 u + 8 u32 sqrt(K))`` (:func:`~lightprune.export.verify.default_rtol`: ``u`` the weights' unit
+``sqrt(L) * (2 u + 8 u32 sqrt(K))`` (`default_rtol`: ``u`` the weights' unit
 roundoff, at least fp32's, ``u32`` fp32's, ``K`` the widest input of a weight matrix) with ``L`` = the decoder
 layers for the logits and ``L`` = 1 for one layer's routed output, whose inputs are the same on both sides. The
 manifest's ``verification`` entry records each comparison: the difference, ``max|reference|``, ``atol``, ``rtol``
@@ -86,7 +88,7 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
     """Check the checkpoint at ``out_dir`` against ``source`` pruned by ``plan`` (see the module docstring), both
     read to and run on ``device``; returns the manifest's ``verification`` entry. The layer checks run on what each
     MoE layer's router and experts received in the masked source's forward of the probe. ``verification``: the
-    export's (:func:`~lightprune.export.streamed.prune_checkpoint` checks ``atol`` and the plan once), else one made
+    export's ([`prune_checkpoint`][...streamed.prune_checkpoint] checks ``atol`` and the plan once), else one made
     here for ``atol``."""
     verification = (verification or Verification()).check_atol(atol)
     pool = ReadPool()  # the pruned layer read into the source layer's memory, and back (on the CPU)

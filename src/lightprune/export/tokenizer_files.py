@@ -1,6 +1,6 @@
 """The tokenizer / processor of an export and the source's generation config: a given processor saved
 (``save_pretrained``), or else the tokenizer, processor and chat-template files of the source checkpoint directory
-copied by name (:data:`~lightprune.checkpoints.directory.TOKENIZER_FILES`; never weights, never code: a foreign
+copied by name (`TOKENIZER_FILES`; never weights, never code: a foreign
 ``auto_map`` in a copied JSON file is dropped with the code it points at); ``generation_config.json`` copied from the
 source when the export wrote none. Neither a processor nor tokenizer files: none is invented (the manifest says
 ``"tokenizer": null``)."""
@@ -32,9 +32,9 @@ def _copy_dropping_auto_map(src: Path, dst: Path) -> None:
 
 
 def copy_tokenizer_files(source: Path, tmp: Path) -> list[str]:
-    """Copy the tokenizer, processor and chat-template files of ``source`` (:data:`TOKENIZER_FILES`, the templates of
+    """Copy the tokenizer, processor and chat-template files of ``source`` (`TOKENIZER_FILES`, the templates of
     ``additional_chat_templates``) into ``tmp``; their names. One that is no regular file is refused
-    (:func:`~lightprune.checkpoints.directory.copied_files`), never skipped."""
+    (`copied_files`), never skipped."""
     names = [name for name in copied_files(source) if name != GENERATION_FILE]
     for name in names:
         (tmp / name).parent.mkdir(exist_ok=True)

@@ -1,27 +1,27 @@
-"""One export's verification, shared by the in-memory exports (:func:`~lightprune.export.save.save_pruned`,
-:func:`~lightprune.export.pipeline.export_pruned`, :func:`~lightprune.export.width.save_width_pruned`) and the
-streamed one (:func:`~lightprune.export.streamed.prune_checkpoint`): :class:`Verification`.
+"""One export's verification, shared by the in-memory exports ([`save_pruned`][..save.save_pruned],
+[`export_pruned`][..pipeline.export_pruned], [`save_width_pruned`][..width.save_width_pruned]) and the
+streamed one ([`prune_checkpoint`][..streamed.prune_checkpoint]): `Verification`.
 
-An export makes one :class:`Verification` from its arguments and hands it down; each step runs once per export,
+An export makes one `Verification` from its arguments and hands it down; each step runs once per export,
 whichever function of the export reaches it first:
 
-1. ``atol`` checked (:meth:`Verification.check_atol`, :func:`~lightprune.core.checks.check_atol`: NaN would switch
+1. ``atol`` checked (`Verification.check_atol`, `check_atol`: NaN would switch
    verification off), before anything changes or is written;
-2. the plan checked against the model's MoE layers (:meth:`Verification.check_plan`,
-   :meth:`~lightprune.experts.plan.ExpertPlan.check_layers`); ``write_merged``, ``mask_experts`` and
+2. the plan checked against the model's MoE layers (`Verification.check_plan`,
+   [`check_layers`][lightprune.experts.plan.ExpertPlan.check_layers]); ``write_merged``, ``mask_experts`` and
    ``prune_experts`` are then given the checked layers and do not check it again;
-3. the probe built (:meth:`Verification.probe_for`: the given batch, else
-   :func:`~lightprune.export.verify.default_probe`);
-4. in memory, the buffers transformers keeps in fp32 recomputed in fp32 (:meth:`Verification.restore_buffers`,
-   :func:`~lightprune.export.verify.restore_fp32_buffers`) before the reference logits are computed, as the
+3. the probe built (`Verification.probe_for`: the given batch, else
+   [`default_probe`][..verify.default_probe]);
+4. in memory, the buffers transformers keeps in fp32 recomputed in fp32 (`Verification.restore_buffers`,
+   `restore_fp32_buffers`) before the reference logits are computed, as the
    checkpoint reloads them;
-5. the reference checked finite (:func:`check_reference_finite`), then every comparison by the rule of
-   :mod:`lightprune.export.verify` (``max|got - ref| <= atol + rtol * max|ref|``: :meth:`Verification.tolerance`,
-   :meth:`Verification.compare`), a mismatch raised as :class:`~lightprune.export.verify.ExportVerificationError`
-   (:func:`mismatch`).
+5. the reference checked finite (`check_reference_finite`), then every comparison by the rule of
+   [`lightprune.export.verify`][..verify] (``max|got - ref| <= atol + rtol * max|ref|``: `Verification.tolerance`,
+   `Verification.compare`), a mismatch raised as [`ExportVerificationError`][..verify.ExportVerificationError]
+   (`mismatch`).
 
-The in-memory exports compare the reloaded checkpoint (:func:`verify_reloaded`, :func:`reloaded_logits`); the
-streamed one runs both checkpoints layer by layer (:mod:`lightprune.export.streamed_verify`).
+The in-memory exports compare the reloaded checkpoint (`verify_reloaded`, `reloaded_logits`); the
+streamed one runs both checkpoints layer by layer (`lightprune.export.streamed_verify`).
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ __all__ = ["Verification", "mismatch", "reloaded_logits", "verify_reloaded", "no
 class Verification:
     """The verification of one export: its steps (the module docstring), each run once however often it is asked.
 
-    ``probe``: the export's probe batch (None: :func:`~lightprune.export.verify.default_probe`, built on first use);
-    ``atol``: the export's, once :meth:`check_atol` has checked it (None: the weights dtype's default,
-    :func:`~lightprune.export.verify.default_atol`).
+    ``probe``: the export's probe batch (None: [`default_probe`][...verify.default_probe], built on first use);
+    ``atol``: the export's, once `check_atol` has checked it (None: the weights dtype's default,
+    `default_atol`).
     """
 
     def __init__(self, probe: Mapping[str, Any] | None = None) -> None:
@@ -97,7 +97,7 @@ class Verification:
 
     def restore_buffers(self, model: nn.Module) -> None:
         """Once: the buffers a cast with ``.to(bf16)`` left low back in fp32 (rotary ``inv_freq``), as the checkpoint
-        reloads them (:func:`~lightprune.export.verify.restore_fp32_buffers`)."""
+        reloads them (`restore_fp32_buffers`)."""
         if not self._restored:
             restore_fp32_buffers(model)
             self._restored = True
@@ -108,12 +108,12 @@ class Verification:
 
     def compare(self, got: torch.Tensor, reference: torch.Tensor, model: nn.Module, what: str,
                 layers: int | None = None, valid: torch.Tensor | None = None) -> Comparison:
-        """``got`` against ``reference`` within :meth:`tolerance` (:func:`~lightprune.export.verify.compare`)."""
+        """``got`` against ``reference`` within `tolerance` (`compare`)."""
         return compare(got, reference, *self.tolerance(model, layers), what=what, valid=valid)
 
 
 def mismatch(found: Comparison, message: str) -> ExportVerificationError:
-    """The :class:`~lightprune.export.verify.ExportVerificationError` of a failed comparison: ``message``, the
+    """The [`ExportVerificationError`][...verify.ExportVerificationError] of a failed comparison: ``message``, the
     difference, ``atol`` and the tolerance applied."""
     return ExportVerificationError(message, found.max_abs_diff, found.atol, tolerance=found.tolerance)
 
@@ -181,7 +181,7 @@ def _forget_remote_module(checkpoint: Path) -> None:
 
 def reloaded_logits(checkpoint: Path, probe: Mapping[str, Any], device: torch.device, *,
                     dtype: torch.dtype | None = None, trust_remote_code: bool = False) -> torch.Tensor:
-    """The logits on ``probe`` of the checkpoint at ``checkpoint`` reloaded (:func:`~lightprune.export.load_pruned`,
+    """The logits on ``probe`` of the checkpoint at ``checkpoint`` reloaded ([`load_pruned`][...load.load_pruned],
     in ``dtype`` when given) onto ``device``; the reloaded model is freed before this returns (and transformers'
     copy of the staged directory's remote code dropped), so the next reload does not hold two."""
     alive = None
@@ -201,10 +201,10 @@ def reloaded_logits(checkpoint: Path, probe: Mapping[str, Any], device: torch.de
 
 def verify_reloaded(checkpoint: Path, verification: Verification, model: nn.Module, reference: torch.Tensor,
                     dtype: torch.dtype, device: torch.device, remote: bool) -> dict[str, Comparison]:
-    """Reload ``checkpoint`` (written from ``model``) through :func:`~lightprune.export.load_pruned`, and, ``remote``
+    """Reload ``checkpoint`` (written from ``model``) through [`load_pruned`][...load.load_pruned], and, ``remote``
     (a non-uniform export), through transformers' ``trust_remote_code=True`` too; each one's logits on the probe
-    compared with ``reference`` (:meth:`Verification.compare`). Returns {loader: its comparison}; the worst failing
-    one is raised (:func:`mismatch`)."""
+    compared with ``reference`` (`Verification.compare`). Returns {loader: its comparison}; the worst failing
+    one is raised (`mismatch`)."""
     loaders = {"load_pruned": False}
     if remote:
         loaders["trust_remote_code"] = True

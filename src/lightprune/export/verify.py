@@ -1,15 +1,15 @@
 """Verification of an exported checkpoint: a probe batch, logits, and the comparison.
 
 Every export reloads what it wrote and runs a probe batch through it; the logits must match the
-reference (the masked model's logits for :func:`export_pruned`, else the in-memory model's) to
-within a tolerance relative to the reference's magnitude (:func:`compare`), or :class:`ExportVerificationError`
+reference (the masked model's logits for [`export_pruned`][], else the in-memory model's) to
+within a tolerance relative to the reference's magnitude (`compare`), or [`ExportVerificationError`][]
 is raised with the largest absolute difference.
 
 The rule, over the compared positions: ``max|got - ref| <= atol + rtol * max|ref|``. The error of a rounded
 reduction scales with the magnitude of its terms, not with the entry it produces (an entry near zero by
 cancellation carries the same absolute error as a large one), so the scale is the reference's largest magnitude,
-not each entry's own (a per-element rule would refuse such entries). Defaults (:func:`default_atol`,
-:func:`default_rtol`), with ``u`` the unit roundoff (eps / 2) of the weights' dtype, at least fp32's (what is
+not each entry's own (a per-element rule would refuse such entries). Defaults (`default_atol`,
+`default_rtol`), with ``u`` the unit roundoff (eps / 2) of the weights' dtype, at least fp32's (what is
 compared is fp32), ``u32`` fp32's (matmuls of fp32 and of half dtypes accumulate in fp32), ``K`` the longest
 reduction (the widest input of a weight matrix) and ``L`` the layers the difference builds up over::
 
@@ -53,7 +53,7 @@ PROBE_SEED = 0
 @register_error
 class ExportVerificationError(RuntimeError):
     """The reloaded checkpoint's logits differ from the reference beyond the tolerance
-    (``atol + rtol * max|reference|``, :func:`compare`)."""
+    (``atol + rtol * max|reference|``, `compare`)."""
 
     def __init__(self, message: str, max_abs_diff: float | None = None, atol: float | None = None,
                  tolerance: float | None = None):
@@ -127,7 +127,7 @@ def model_logits(model: nn.Module, probe: Mapping[str, Any], device: torch.devic
 
 def _compared(logits: torch.Tensor, reference: torch.Tensor, what: str,
               valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(|logits - reference|, reference)`` at the compared positions (see :func:`max_abs_diff`)."""
+    """``(|logits - reference|, reference)`` at the compared positions (see `max_abs_diff`)."""
     reference = reference.detach().float().cpu()
     if logits.shape != reference.shape:
         raise ExportVerificationError(f"{what}: logits of shape {tuple(logits.shape)} do not match the reference "
@@ -145,7 +145,7 @@ def _compared(logits: torch.Tensor, reference: torch.Tensor, what: str,
 
 def max_abs_diff(logits: torch.Tensor, reference: torch.Tensor, what: str = "reloaded checkpoint",
                  valid: torch.Tensor | None = None) -> float:
-    """Largest ``|logits - reference|``; a shape mismatch or a NaN is an :class:`ExportVerificationError`.
+    """Largest ``|logits - reference|``; a shape mismatch or a NaN is an [`ExportVerificationError`][].
 
     ``valid``: a boolean mask over the leading dimensions of the logits (``[batch, seq]``, e.g. the probe's
     attention mask): only those positions count (a padding query of the width kernels outputs zeros, which its
@@ -185,8 +185,8 @@ class Comparison:
 
 def compare(got: torch.Tensor, reference: torch.Tensor, atol: float, rtol: float, what: str = "reloaded checkpoint",
             valid: torch.Tensor | None = None) -> Comparison:
-    """``got`` against ``reference`` by the module docstring's rule (``valid`` as for :func:`max_abs_diff`); a
-    non-finite reference is an :class:`ExportVerificationError` (it would make any difference pass)."""
+    """``got`` against ``reference`` by the module docstring's rule (``valid`` as for `max_abs_diff`); a
+    non-finite reference is an [`ExportVerificationError`][] (it would make any difference pass)."""
     diff, reference = _compared(got, reference, what, valid)
     if not diff.numel():
         return Comparison(0.0, 0.0, float(atol), float(rtol))
@@ -307,7 +307,7 @@ def fp32_buffer_names(model: nn.Module, dtype: torch.dtype) -> set[str]:
 def keep_fp32_buffers(module: nn.Module, cast: Callable[[], T]) -> T:
     """Run ``cast`` (a conversion of ``module``'s dtype: ``module.to(torch.bfloat16)``, Lightning's
     ``bf16-true`` precision plugin), then put back, with their fp32 values, the buffers of the transformers models
-    in ``module`` that it converted and transformers keeps in fp32 (:func:`fp32_buffer_names`); returns what
+    in ``module`` that it converted and transformers keeps in fp32 (`fp32_buffer_names`); returns what
     ``cast`` returned. The model then holds what ``from_pretrained(dtype=...)`` gives."""
     before = [(prefix, model, name, owner, key, buf) for prefix, model in _transformers_models(module)
               for name, owner, key, buf in _float_non_persistent(model) if buf.dtype == torch.float32]
@@ -339,7 +339,7 @@ def _init_owner(model: nn.Module, name: str) -> nn.Module:
 
 @torch.no_grad()
 def restore_fp32_buffers(model: nn.Module) -> list[str]:
-    """Recompute in fp32 the buffers transformers keeps in fp32 (:func:`fp32_buffer_names`) that a cast of
+    """Recompute in fp32 the buffers transformers keeps in fp32 (`fp32_buffer_names`) that a cast of
     ``model`` (``model.to(torch.bfloat16)``) left in a lower precision, as ``from_pretrained`` computes them (the
     ``_init_weights`` of the transformers model holding them, run on a copy of their module); a value that does
     not round to the one the model holds is left alone. Returns the names restored. The export path calls it

@@ -1,13 +1,13 @@
 """Save and load an MWOP width-pruned checkpoint (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for
-Efficient MLLMs"), appendix D.5): :func:`save_width_pruned` (the format's names and the loader's kernel swap are
-in :mod:`lightprune.export.width_format`).
+Efficient MLLMs"), appendix D.5): [`save_width_pruned`][] (the format's names and the loader's kernel swap are
+in `lightprune.export.width_format`).
 
 MWOP keeps every weight (the plan removes attention paths and FFN channel executions, not parameters),
 so the checkpoint is the model's own ``save_pretrained`` plus ``width_plan.json`` and a manifest
 (``lightprune_export.json`` with ``"format": "lightprune-width-export"``, the FFN alignment and the
 plan's pruned fractions, and the path-sparse attention backend chosen for each layer and device type on a reference
-prompt layout, :mod:`lightprune.width.attention_choice`). :func:`lightprune.load_pruned` sees the plan and swaps the
-export-time modules in (:func:`attach_width_kernels`): the path-sparse attention on the recorded backends (or one
+prompt layout, `lightprune.width.attention_choice`). [`lightprune.load_pruned`][..load.load_pruned] sees the plan and
+swaps the export-time modules in (`attach_width_kernels`): the path-sparse attention on the recorded backends (or one
 named at load: ``sdpa``, ``span``, ``flex``, ``triton``) and the compact modality FFN with the recorded alignment.
 The swap handle is kept on the model as ``model.lightprune_width`` (``.remove()`` gives the dense model back).
 
@@ -15,7 +15,7 @@ Verification, as for expert exports: the reloaded model's logits on a probe batc
 from the caller; the default text-only probe would exercise the T2T path only) equal the reference
 logits of the masked model (``mask_width``) at every non-padding position (a padding query keeps no
 key in the kernels and outputs zeros there; its logits are never used). A mismatch raises
-:class:`ExportVerificationError` and leaves ``out_dir`` untouched.
+[`ExportVerificationError`][] and leaves ``out_dir`` untouched.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
         reference_logits: the logits the reloaded model must reproduce on ``probe`` (default: ``model``
             under ``mask_width(model, plan)``).
         atol: the absolute term of the tolerance ``atol + rtol * max|reference|`` (default 1e-5 fp32, 1e-2
-            bf16/fp16; ``rtol``: :func:`~lightprune.export.verify.default_rtol`).
+            bf16/fp16; ``rtol``: `default_rtol`).
         align: the compact FFN's channel alignment b recorded for loading (paper: 64).
         overwrite: replace an existing non-empty ``out_dir`` once the new one is verified.
         processor: saved beside the weights when given.
@@ -78,12 +78,12 @@ def save_width_pruned(model: nn.Module, plan: WidthPlan, out_dir: str | os.PathL
         attention_layout: the prompt layout the attention backend of each layer is chosen for, ``[(modality,
             length), ...]`` (e.g. ``[("system", 18), ("vision", 3215), ("text", 19)]``); default: the probe's first
             sample. The choice per layer and device type is recorded in the manifest (``attention_kernels``,
-            :mod:`lightprune.width.attention_choice`) and run by :func:`load_pruned`.
-        attention_profiles: per device type, the :class:`~lightprune.width.kernels.KernelProfile` the choice uses
+            `lightprune.width.attention_choice`) and run by [`load_pruned`][].
+        attention_profiles: per device type, the `KernelProfile` the choice uses
             instead of the built-in estimates (e.g. ``{"cuda": measure_profile("cuda", torch.bfloat16)}`` on the GPU
             the model will serve on).
 
-    Returns a :class:`~lightprune.export.result.WidthExportResult` (the manifest's facts as attributes;
+    Returns a [`WidthExportResult`][...result.WidthExportResult] (the manifest's facts as attributes;
     ``os.PathLike`` and ``str``: the absolute checkpoint path).
     """
     start = time.perf_counter()

@@ -1,8 +1,8 @@
 """The MWOP width-export format (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"),
-appendix D.5): file names, the manifest, and the kernel swap :func:`lightprune.export.load_pruned` applies when a
-checkpoint holds ``width_plan.json``.
+appendix D.5): file names, the manifest, and the kernel swap [`lightprune.export.load_pruned`][..load.load_pruned]
+applies when a checkpoint holds ``width_plan.json``.
 
-The manifest's file name is the one every export writes (:data:`lightprune.export.result.MANIFEST_FILE`).
+The manifest's file name is the one every export writes (`lightprune.export.result.MANIFEST_FILE`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def attach_width_kernels(model: nn.Module, plan: WidthPlan, align: int = 64,
     and kept as ``model.lightprune_width``.
 
     ``attention_backend``: one backend for every layer, or per layer ``{layer: {device type: backend}}`` (an export's
-    choice, :func:`~lightprune.width.attention_choice.recorded_backends`): the backends of the device the model is
+    choice, `recorded_backends`): the backends of the device the model is
     on are checked here, the layer runs the one of the device its attention runs on."""
     device = next(model.parameters()).device
     if isinstance(attention_backend, str):

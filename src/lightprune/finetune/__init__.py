@@ -1,5 +1,5 @@
-"""Fine-tuning: the LightningModule (:class:`MoECausalLM`), peft adapters (LoRA, IA3), Houlsby adapters,
-4-bit quantisation (QLoRA), optimizers and schedulers, and checkpoint sources (:mod:`.sources`: names such as
+"""Fine-tuning: the LightningModule (`MoECausalLM`), peft adapters (LoRA, IA3), Houlsby adapters,
+4-bit quantisation (QLoRA), optimizers and schedulers, and checkpoint sources (`sources`: names such as
 ``testbed:text-small`` that packages register).
 
 May import: models, export (it loads pruned checkpoints), stream (``sequential=True``) and the shared leaves; never testbed (it registers

@@ -13,16 +13,16 @@ An adapter is fitted briefly, read, then discarded: the plan is applied to the o
   experts are not ``nn.Linear`` and stay frozen). peft's parameter LoRA (``ParamWrapper``) cannot apply dropout
   to its input, so a LoRA that targets parameters trains with dropout 0 (a warning says so).
 - ``ia3``: peft IA3 scales the outputs of the attention projections; the router input and the input of the
-  experts' down projection are scaled by :mod:`lightprune.finetune.scaling` (peft cannot reach them). The
+  experts' down projection are scaled by `lightprune.finetune.scaling` (peft cannot reach them). The
   router weights stay frozen: the router changes only through its (scaled) input, so sensitivity is read from
   router logits. ``targets`` is ignored (the paper's set: router, attention, experts).
-- ``houlsby``: :mod:`lightprune.finetune.houlsby`, after every attention and MLP/MoE sublayer.
+- ``houlsby``: `lightprune.finetune.houlsby`, after every attention and MLP/MoE sublayer.
 - ``trainable``: module names (e.g. ``multi_modal_projector``) whose parameters train in full beside any adapter
   (MWOP trains the projector with the LoRA); each name must match a module.
 - ``none``: no adapter; the model is returned unchanged and every parameter trains (full fine-tuning).
 
 Every adapter gives the input of each MoE block a gradient where it has none, for DeepSpeed ZeRO-3
-(:mod:`lightprune.finetune.moe_input_grad`); :func:`remove_adapters` removes the hooks.
+(`lightprune.finetune.moe_input_grad`); [`remove_adapters`][] removes the hooks.
 """
 
 from __future__ import annotations
@@ -225,7 +225,8 @@ def _forward_wrapped_attributes(model: nn.Module) -> None:
     """Let peft's parameter wrappers answer for the module they wrap.
 
     peft's ``ParamWrapper`` replaces the router / experts module but does not forward attribute reads
-    (``experts.gate_up_proj``, DeepSeek's ``router.top_k``), which :func:`lightprune.find_moe_layers` and the
+    (``experts.gate_up_proj``, DeepSeek's ``router.top_k``), which
+    [`lightprune.find_moe_layers`][lightprune.models.find_moe_layers] and the
     family routing code need. Each wrapper's class is swapped for a subclass that falls back to the wrapped
     module; reads give the base (un-adapted) values outside a forward, except ``router.weight``: a LoRA on a
     router's ``weight`` answers with the adapted weight (base + delta, differentiable), so that the family
@@ -342,7 +343,7 @@ def remove_adapters(model: nn.Module) -> nn.Module:
     """The base transformers model with every adapter module and parameter removed, weights NOT merged.
 
     Works in place: the adapted model must not be used afterwards. Parameters that were trainable before
-    :func:`apply_adapter` are made trainable again.
+    [`apply_adapter`][] are made trainable again.
     """
     from peft import PeftModel
     from peft.tuners.tuners_utils import BaseTuner

@@ -6,24 +6,24 @@ built in ``configure_model`` (so strategies can shard it) from a local checkpoin
 Loss: next-token cross-entropy over positions whose ``labels`` are not -100 (``labels``
 default to ``input_ids`` with padding masked; the JSONL datamodules mask prompt tokens, so the loss is on
 completions). Batch keys that describe a sample rather than feed the model (``task_ids``: the task family of each
-row, see :mod:`lightprune.data.generated.shapes_qa`) stay in the batch for callbacks and are not passed to the model.
+row, see `lightprune.data.generated.shapes_qa`) stay in the batch for callbacks and are not passed to the model.
 Validation logs torchmetrics perplexity (``val/ppl``) and next-token accuracy (``val/acc``) over
 the same positions; a calibration (``lightprune calibrate``) computes neither: its batches only feed the observed
 pass, the output head skipped.
 
 Fine-tuning (router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in
 Mixture-of-Experts Models", arXiv 2608.07890), section 4): an optional ``adapter``
-(:class:`~lightprune.finetune.AdapterSpec`) is attached in ``configure_model`` after the model is built (and, with
+([`AdapterSpec`][..adapters.AdapterSpec]) is attached in ``configure_model`` after the model is built (and, with
 ``load_in_4bit``, after its linear layers are quantised to 4 bit: QLoRA); ``self.model`` is then the model to train (a
 peft model for LoRA / IA3) and ``self.base_model`` the transformers model under it, whose routers
-:func:`lightprune.find_moe_layers` walks. The optimizer (AdamW or bitsandbytes AdamW8bit) and the per-step schedule
-(cosine or constant, linear warm-up) are :mod:`lightprune.finetune.optim`.
+[`lightprune.find_moe_layers`][lightprune.models.find_moe_layers] walks. The optimizer (AdamW or bitsandbytes AdamW8bit)
+and the per-step schedule (cosine or constant, linear warm-up) are `lightprune.finetune.optim`.
 
 Half precision: a dtype conversion of the module (``--trainer.precision bf16-true`` / ``16-true``: Lightning's
 precision plugin runs ``module.to(dtype)`` in the strategy's setup; or ``dtype: bfloat16`` for a tiny model) keeps
 the buffers transformers keeps in fp32 (rotary ``inv_freq``, sinusoid position tables:
-:func:`lightprune.export.verify.fp32_buffer_names`) in fp32 with their values, as ``from_pretrained(dtype=...)``
-leaves them, so the model computes what its exported checkpoint will when reloaded (:meth:`MoECausalLM._apply`).
+`lightprune.export.verify.fp32_buffer_names`) in fp32 with their values, as ``from_pretrained(dtype=...)``
+leaves them, so the model computes what its exported checkpoint will when reloaded (`MoECausalLM._apply`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class MoECausalLM(pl.LightningModule):
 
     Args:
         checkpoint: local directory of a transformers checkpoint (or a lightprune export), or a testbed
-            trained here, ``testbed:text-<preset>`` (:mod:`lightprune.testbed.text_moe`; trained and cached
+            trained here, ``testbed:text-<preset>`` (`lightprune.testbed.text_moe`; trained and cached
             on first use).
         tiny: instead of a checkpoint, build a tiny random model of this family (see
             ``lightprune.testing.tiny.TINY_FAMILIES`` and ``TINY_DENSE_MLLMS``), seeded by ``seed``.
@@ -83,9 +83,10 @@ class MoECausalLM(pl.LightningModule):
         router_aux_loss_coef: weight of the load-balancing loss added to the training loss; 0: none.
         aux_loss: which one: ``model`` (``aux_loss`` of transformers' MoE models: Switch Transformers'
             E * sum_e f_e P_e over all layers pooled) or ``per_layer`` (the same loss of each MoE layer on its own,
-            averaged: :mod:`lightprune.finetune.balance`; softmax routers).
+            averaged: `lightprune.finetune.balance`; softmax routers).
         sequential: keep one decoder layer in memory at a time (``lightprune calibrate`` / ``export`` of a checkpoint
-            larger than memory): the model is the checkpoint's meta skeleton (:mod:`lightprune.checkpoints.skeleton`), every
+            larger than memory): the model is the checkpoint's meta skeleton
+            ([`lightprune.checkpoints.skeleton`][lightprune.checkpoints.skeleton]), every
             forward loads each layer just before it runs and releases it after, weight criteria score one MoE
             block at a time, and ``Export`` prunes the checkpoint shard by shard (``lp.prune_checkpoint``). Needs
             ``checkpoint``; not for ``fit`` (training needs the weights in memory), nor with an adapter, 4-bit
@@ -158,9 +159,9 @@ class MoECausalLM(pl.LightningModule):
     def _apply(self, fn: Any, recurse: bool = True) -> MoECausalLM:
         """``nn.Module._apply`` (``to``, ``half``, ``bfloat16``; Lightning's precision plugin ``convert_module``),
         then the buffers transformers keeps in fp32 that it converted are put back in fp32
-        (:func:`~lightprune.export.verify.keep_fp32_buffers`), and experts that transformers' ``grouped_mm`` cannot
+        (`keep_fp32_buffers`), and experts that transformers' ``grouped_mm`` cannot
         run in the new dtype (``64-true``) run its ``eager`` ones
-        (:func:`~lightprune.models.experts_kernel.runnable_experts`)."""
+        (`runnable_experts`)."""
         apply = super()._apply
         result = keep_fp32_buffers(self, lambda: apply(fn, recurse))
         runnable_experts(self.modules())
@@ -289,14 +290,14 @@ class MoECausalLM(pl.LightningModule):
     # ------------------------------------------------------------------ sequential calibration
     def defers_forwards(self) -> bool:
         """True while a calibration of a ``sequential`` model runs: ``validation_step`` only collects the batches,
-        and :meth:`flush_deferred` runs them through the layers one pass at a time."""
+        and `flush_deferred` runs them through the layers one pass at a time."""
         trainer = self._trainer
         return self.skeleton is not None and trainer is not None and bool(getattr(trainer, "calibrating", False))
 
     def leaves_calibration_forwards(self) -> bool:
         """True while a calibration of a model in memory runs: ``validation_step`` does nothing, and the ExpertStats
         callback feeds each batch to its observer as ``lp.collect_expert_stats`` does
-        (:func:`lightprune.experts.calibration.feed.observe_batch`: no loss, the output head skipped)."""
+        (`lightprune.experts.calibration.feed.observe_batch`: no loss, the output head skipped)."""
         trainer = self._trainer
         return self.skeleton is None and trainer is not None and bool(getattr(trainer, "calibrating", False))
 
@@ -305,7 +306,8 @@ class MoECausalLM(pl.LightningModule):
 
     def flush_deferred(self, before: Any = None) -> None:
         """Run the collected batches' forwards, each decoder layer read once for all of them
-        (:func:`lightprune.checkpoints.sequential.run_layer_outer`); ``before(batch)`` runs before a batch enters each layer (the
+        ([`lightprune.checkpoints.sequential.run_layer_outer`][lightprune.checkpoints.sequential.run_layer_outer]);
+        ``before(batch)`` runs before a batch enters each layer (the
         calibration observer declares the batch: its token subsets)."""
         from lightprune.checkpoints.sequential import run_layer_outer
 

@@ -10,7 +10,8 @@ base model's exactly until the first optimizer step.
 Where: two adapters per decoder layer, as in Houlsby et al.: one on the output of the attention sublayer
 (``layer.self_attn``) and one on the output of the MLP / MoE sublayer (``layer.mlp``), both *before* the
 decoder layer's residual add. They are attached with forward hooks, so the model's module tree (and with it
-:func:`lightprune.find_moe_layers`, the routers and the experts) is unchanged; the adapter modules live on
+[`lightprune.find_moe_layers`][lightprune.models.find_moe_layers], the routers and the experts) is unchanged; the
+adapter modules live on
 the decoder layer as ``houlsby_attn`` / ``houlsby_mlp`` so that they are parameters of the model (optimizer,
 state_dict, device moves). The router of layer ``l`` sees ``LN(residual + attn + adapter(attn))``, so router
 logits change through their input while every router weight stays frozen.
@@ -73,7 +74,7 @@ def insert_houlsby(model: nn.Module, reduction: int = 16) -> list[HoulsbyAdapter
     """Insert adapters after every decoder layer's attention and MLP/MoE sublayer; returns them.
 
     The new adapters take the dtype and device of the layer's first parameter and are trainable; nothing
-    else is frozen here (see :func:`lightprune.finetune.apply_adapter`).
+    else is frozen here (see [`lightprune.finetune.apply_adapter`][...adapters.apply_adapter]).
     """
     if has_houlsby(model):
         raise ValueError("the model already has Houlsby adapters; remove them first (remove_houlsby)")

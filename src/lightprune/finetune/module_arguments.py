@@ -1,5 +1,5 @@
 """MoECausalLM's arguments, checked when the module is constructed, before anything is built or imported for it: a
-bad one is a ValueError naming it and what it accepts (:func:`check_module_arguments`).
+bad one is a ValueError naming it and what it accepts (`check_module_arguments`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def check_module_arguments(*, checkpoint: str | None, tiny: str | None, tiny_ove
                            device_map: str | dict[str, Any] | None, max_memory: dict[str, Any] | None,
                            offload_folder: str | None, sequential: bool, batches_per_pass: int,
                            stream_device: str | None) -> tuple[AdapterSpec | None, int]:
-    """Check :class:`~lightprune.finetune.causal_lm.MoECausalLM`'s arguments (as its constructor takes them);
-    (``adapter`` as an :class:`~lightprune.finetune.adapters.AdapterSpec` where a mapping was given,
+    """Check `MoECausalLM`'s arguments (as its constructor takes them);
+    (``adapter`` as an [`AdapterSpec`][...adapters.AdapterSpec] where a mapping was given,
     ``batches_per_pass`` as an int)."""
     if isinstance(adapter, dict):
         adapter = AdapterSpec(**adapter)

@@ -59,7 +59,7 @@ def lr_factor(step: int, schedule: str, warmup_steps: int, total_steps: int | fl
 
 def build_scheduler(optimizer: torch.optim.Optimizer, schedule: str = "cosine", warmup_steps: int = 0,
                     total_steps: int | float = math.inf) -> torch.optim.lr_scheduler.LambdaLR:
-    """A per-step ``LambdaLR`` following :func:`lr_factor`; an unknown total (inf) gives constant after warm-up."""
+    """A per-step ``LambdaLR`` following `lr_factor`; an unknown total (inf) gives constant after warm-up."""
     check_choice("scheduler", schedule, SCHEDULERS)
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")

@@ -14,7 +14,7 @@ weight. We implement it as a torch parametrization of ``router.weight`` (``weigh
 For the fused experts, IA3's feed-forward vector scales the input of the down projection (the gated
 activation, width ``I``). With ``down_proj [E, H, I]`` that is scaling its last axis, one vector per expert
 (``a [E, 1, I]``, like one IA3 vector per expert module in a per-expert checkpoint). The attention projections
-are handled by peft's IA3 (see :func:`lightprune.finetune.apply_adapter`).
+are handled by peft's IA3 (see [`lightprune.finetune.apply_adapter`][..adapters.apply_adapter]).
 
 All vectors start at one, so an un-trained IA3 model computes exactly what the base model computes.
 """
@@ -66,7 +66,7 @@ def has_channel_scales(model: nn.Module) -> bool:
 
 
 def remove_channel_scales(model: nn.Module) -> nn.Module:
-    """Drop every :class:`ChannelScale` from ``model`` in place, restoring the original (unscaled) parameters."""
+    """Drop every `ChannelScale` from ``model`` in place, restoring the original (unscaled) parameters."""
     for module in list(model.modules()):
         if not parametrize.is_parametrized(module):
             continue

@@ -1,7 +1,7 @@
-"""Model families (layout + routing rule) behind one registry, and :func:`find_moe_layers`.
+"""Model families (layout + routing rule) behind one registry, and [`find_moe_layers`][].
 
-The only code that knows a family's attribute names. Families register with :func:`register_family`
-(:mod:`.registry`); the built-in ones are registered here. May import: torch, transformers and the shared
+The only code that knows a family's attribute names. Families register with [`register_family`][]
+([`registry`][.registry]); the built-in ones are registered here. May import: torch, transformers and the shared
 leaves; nothing else of lightprune.
 """
 
@@ -41,11 +41,11 @@ def find_moe_layers(model: nn.Module) -> list[MoELayer]:
     """The MoE layers of ``model`` in depth order; dense layers are skipped by the family's rule.
 
     Raises ``ValueError`` for an unsupported family, a model with no MoE layers, one whose layers cannot be
-    pruned (:func:`~lightprune.models.layer_shapes.layer_problems`: no experts, top-k outside 1..experts, a
+    pruned (`layer_problems`: no experts, top-k outside 1..experts, a
     zero-size expert tensor), or one in a dtype lightprune does not compute in
-    (:func:`~lightprune.models.dtypes.dtype_problem`: a float8 or complex parameter, integer expert weights).
+    (`dtype_problem`: a float8 or complex parameter, integer expert weights).
     Experts that transformers' default ``grouped_mm`` cannot run (float64, rows not a multiple of 16 bytes) are
-    pointed at its ``eager`` implementation (:func:`~lightprune.models.experts_kernel.runnable_experts`).
+    pointed at its ``eager`` implementation (`runnable_experts`).
     """
     family = get_family(model)
     layers = family.layers()

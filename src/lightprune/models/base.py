@@ -3,7 +3,7 @@
 A family is chosen by ``config.model_type``. It finds the MoE layers (skipping dense ones by
 the family's own rule), runs the family's routing rule with an optional expert mask, and names
 the config keys that count experts. Everything else in lightprune talks to the layers it builds
-(:class:`~lightprune.models.layer.MoELayer`).
+([`MoELayer`][..layer.MoELayer]).
 
 transformers 5 stores a layer's experts as fused 3D parameters: ``gate_up_proj [E, 2I, H]`` and
 ``down_proj [E, H, I]``; the router is a module with a ``weight [E, H]`` row per expert.
@@ -33,7 +33,7 @@ __all__ = ["MoEFamily", "SelectsWithExpertTensor", "SelectsKept", "RemovalEffect
 
 
 class MoEFamily(FamilyTensors):
-    """Base family. Subclasses set the class attributes and implement :meth:`route`."""
+    """Base family. Subclasses set the class attributes and implement [`route`][]."""
 
     model_types: ClassVar[tuple[str, ...]] = ()
     #: config attribute holding the routed-expert count (on the text config for MLLMs; dotted: a sub-config's)
@@ -125,7 +125,7 @@ class MoEFamily(FamilyTensors):
         return int(self.text_config.num_experts_per_tok)
 
     def layer_top_k(self, index: int) -> int:
-        """Experts per token in decoder layer ``index`` (:meth:`top_k` unless the config lists one per layer)."""
+        """Experts per token in decoder layer ``index`` (`top_k` unless the config lists one per layer)."""
         return self.top_k()
 
     def group_limits(self) -> tuple[int, int]:
@@ -137,7 +137,7 @@ class MoEFamily(FamilyTensors):
         return int(down.shape[2] if getattr(layer.experts, "is_transposed", False) else down.shape[1])
 
     def identity_experts(self) -> int:
-        """Zero-computation (identity) experts per MoE layer (:attr:`identity_experts_key`; 0 without)."""
+        """Zero-computation (identity) experts per MoE layer (`identity_experts_key`; 0 without)."""
         key = self.identity_experts_key
         return int(getattr(self.text_config, key, 0) or 0) if key else 0
 
@@ -148,7 +148,7 @@ class MoEFamily(FamilyTensors):
 
     def vision_token_ids(self) -> tuple[int, ...]:
         """Token ids of the image/video placeholders that the vision features replace (empty for text-only): the
-        set values of :attr:`vision_token_keys` on the top-level config, in order, without repeats.
+        set values of `vision_token_keys` on the top-level config, in order, without repeats.
 
         A vision token of a batch is a position whose ``input_ids`` value is one of these ids; start/end
         markers around an image (Qwen3-VL ``vision_start``/``vision_end``) are not vision tokens.
@@ -208,10 +208,10 @@ class MoEFamily(FamilyTensors):
 
     def select_without(self, layer: MoELayer, router_logits: torch.Tensor, tokens: torch.Tensor,
                        experts: torch.Tensor) -> RoutingOutput:
-        """:meth:`select` of token ``tokens[i]`` (rows of ``router_logits`` [T, E]) with expert ``experts[i]`` removed,
-        one (token, expert) pair per row: what calibration re-runs for a :class:`RemovalEffect`'s ``rerun`` pairs.
-        The default masks one expert per row and calls :meth:`select` on [n, E]; a family may compute it from
-        fewer candidates (the order of the selected experts may differ from :meth:`select`'s)."""
+        """[`select`][] of token ``tokens[i]`` (rows of ``router_logits`` [T, E]) with expert ``experts[i]`` removed,
+        one (token, expert) pair per row: what calibration re-runs for a [`RemovalEffect`][]'s ``rerun`` pairs.
+        The default masks one expert per row and calls [`select`][] on [n, E]; a family may compute it from
+        fewer candidates (the order of the selected experts may differ from [`select`][]'s)."""
         mask = torch.zeros(tokens.numel(), router_logits.shape[-1], dtype=torch.bool, device=router_logits.device)
         mask[torch.arange(tokens.numel(), device=router_logits.device), experts] = True
         return self.select(layer, router_logits[tokens], mask)
@@ -219,11 +219,11 @@ class MoEFamily(FamilyTensors):
     def observed_router(self, layer: MoELayer, keep: Callable[[Any], None]) -> Callable[..., Any] | None:
         """A forward for ``layer.router`` while calibration observes the layer, or None (the router's own, the
         default). It returns exactly what the router's forward returns (bit for bit) and passes ``keep`` what it
-        computed on the way that :meth:`removal_effect` can reuse for the same logits (its ``routing_state``)."""
+        computed on the way that [`removal_effect`][] can reuse for the same logits (its ``routing_state``)."""
         return None
 
     def router_output(self, layer: MoELayer, routed: RoutingOutput) -> Any:
-        """What ``layer.router``'s forward returns for the routing ``routed`` (:meth:`route`'s output): ``routed``
+        """What ``layer.router``'s forward returns for the routing ``routed`` ([`route`][]'s output): ``routed``
         itself (every transformers 5 router here but Llama 4's, which returns dense scores and the logits). A masked
         router returns this, so that the MoE block reads it as it reads its own router's."""
         return routed
@@ -235,7 +235,7 @@ class MoEFamily(FamilyTensors):
     def routed_output(self, layer: MoELayer, router_input: torch.Tensor, expert_input: torch.Tensor,
                       expert_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The routed experts' output [T, H] on what the router and the experts get ([T, H], and [T, H'] for experts
-        that read a projection), ``expert_mask`` experts removed from the selection (before :meth:`output_scale`):
+        that read a projection), ``expert_mask`` experts removed from the selection (before [`output_scale`][]):
         the experts module called as transformers' ExpertsInterface calls it."""
         _, weights, index = self.route(layer, router_input, expert_mask)
         return layer.experts(expert_input, index, weights.to(expert_input.dtype))
@@ -262,13 +262,13 @@ class MoEFamily(FamilyTensors):
 
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
                        routing_state: Any = None) -> RemovalEffect:
-        """Which single-expert removals can change a token's routing and how (:class:`RemovalEffect`).
-        ``routing_state``: what :meth:`observed_router` kept in the router call that gave these logits (None: none).
+        """Which single-expert removals can change a token's routing and how ([`RemovalEffect`][]).
+        ``routing_state``: what [`observed_router`][] kept in the router call that gave these logits (None: none).
 
-        The default re-runs the selection for the selected experts alone where :attr:`unselected_removal_is_free`,
+        The default re-runs the selection for the selected experts alone where `unselected_removal_is_free`,
         else for every expert (exact, E selections per token). A family with a closed form overrides it: a plain
         softmax rescales by 1 / (1 - p_j), growth p_j / (1 - p_j)
-        (:func:`lightprune.models.routing_ops.softmax_removal_growth`), softmax top-k promotes the (k+1)-th expert,
+        (`lightprune.models.routing_ops.softmax_removal_growth`), softmax top-k promotes the (k+1)-th expert,
         a group-limited router can change its groups only through an expert among a chosen group's top scores.
         """
         if self.unselected_removal_is_free:
@@ -281,9 +281,9 @@ class MoEFamily(FamilyTensors):
         """Run the family's routing on ``hidden_states`` [T, H] with ``expert_mask`` experts removed.
 
         Equals ``layer.router(hidden_states)`` exactly when the mask is None or all False. An [E] mask that keeps
-        what a plan may keep (:meth:`keeps_a_layer`) routes as the structurally pruned layer's router does, ties
-        included (:meth:`select_pruned`); any other mask (one per token row, a group-limited layer's single removal)
-        as :meth:`select` does, the masked experts at -inf.
+        what a plan may keep ([`keeps_a_layer`][]) routes as the structurally pruned layer's router does, ties
+        included ([`select_pruned`][]); any other mask (one per token row, a group-limited layer's single removal)
+        as [`select`][] does, the masked experts at -inf.
         """
         logits = self.router_logits(layer, hidden_states)
         if expert_mask is not None and expert_mask.dim() == 1:
@@ -293,8 +293,8 @@ class MoEFamily(FamilyTensors):
         return self.select(layer, logits, expert_mask)
 
     def route_kept(self, layer: MoELayer, hidden_states: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
-        """:meth:`route` with only the experts ``kept`` (ascending ids, :func:`kept_experts` of an [E] mask), which
-        must be a layer's worth (:meth:`keeps_a_layer`: a plan's, checked when the mask is made)."""
+        """[`route`][] with only the experts ``kept`` (ascending ids, [`kept_experts`][] of an [E] mask), which
+        must be a layer's worth ([`keeps_a_layer`][]: a plan's, checked when the mask is made)."""
         return self.select_pruned(layer, self.router_logits(layer, hidden_states), kept)
 
     @staticmethod
@@ -310,24 +310,24 @@ class MoEFamily(FamilyTensors):
 
     def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
         """The selection of the layer pruned to the experts ``kept`` (ascending ids): ``kept_logits`` [T, E'] are the
-        kept experts' logits (then any identity experts': :meth:`MoELayer.router_rows`), the ids returned positions
+        kept experts' logits (then any identity experts': [`MoELayer.router_rows`][]), the ids returned positions
         among them, the first output as wide.
 
         It must run the ops the family's router runs on the pruned layer's tensors (``torch.topk`` breaks ties by
-        position in a tensor of that size): the default, :meth:`select` without a mask, is that for a family whose
+        position in a tensor of that size): the default, [`select`][] without a mask, is that for a family whose
         selection reads no per-expert tensor but the logits (group-limited routers keep their group count: each group
         keeps the same number of experts). A family whose selection reads per-expert tensors (a selection bias,
-        per-expert scales) overrides it with their ``kept`` entries (:func:`kept_entries`)."""
+        per-expert scales) overrides it with their ``kept`` entries (`kept_entries`)."""
         return self.select(layer, kept_logits, None)
 
     def select_pruned(self, layer: MoELayer, router_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
         """What the router of the layer pruned to ``kept`` (ascending ids) selects from ``router_logits`` [T, E], in
-        the layer's expert ids: :meth:`select_kept` on the kept columns, its positions mapped back to ids and its
+        the layer's expert ids: [`select_kept`][] on the kept columns, its positions mapped back to ids and its
         first output scattered back to [T, E] (-inf at the removed experts; 0 where the router returns probabilities).
 
         Selecting on all E columns with the removed ones at -inf would pick the same experts but for exact ties,
         which ``torch.topk`` breaks differently in a tensor of another size. A family that reads per-expert tensors in
-        its selection but keeps the default :meth:`select_kept` is masked over all E (ties may differ)."""
+        its selection but keeps the default [`select_kept`][] is masked over all E (ties may differ)."""
         kept = kept.to(router_logits.device)
         if kept.numel() == layer.num_experts:
             return self.select(layer, router_logits, None)
@@ -343,8 +343,8 @@ class MoEFamily(FamilyTensors):
 class SelectsWithExpertTensor:
     """Mixin (first among the bases) of a family whose selection reads one per-expert tensor besides the logits (a
     correction bias, per-expert scales): it implements ``_select(layer, logits, mask, tensor)`` and, for a tensor
-    other than the router's correction bias, :meth:`selection_tensor`; ``select`` runs that with the layer's tensor,
-    ``select_kept`` with the kept experts' entries (what the pruned layer's router holds: :func:`kept_entries`)."""
+    other than the router's correction bias, [`selection_tensor`][]; ``select`` runs that with the layer's tensor,
+    ``select_kept`` with the kept experts' entries (what the pruned layer's router holds: `kept_entries`)."""
 
     def selection_tensor(self, layer: MoELayer) -> torch.Tensor:
         """The per-expert tensor [E] the selection reads: the router's ``e_score_correction_bias`` unless the family

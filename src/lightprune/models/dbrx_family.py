@@ -10,13 +10,13 @@ largest p chosen, their weights p_S / ||p_S||_q with q = ``moe_normalize_expert_
 A normalised selection depends on the chosen experts' logits alone, so removing an expert a token did not choose
 leaves its routing as it was.
 
-Pruning keeps each kept expert's I rows of ``w1``, ``v1`` and ``w2`` (:attr:`DbrxFamily.expert_sub_tensors`) and its
+Pruning keeps each kept expert's I rows of ``w1``, ``v1`` and ``w2`` (`DbrxFamily.expert_sub_tensors`) and its
 router row; ``ffn_config.moe_num_experts`` follows. Masking sets a removed expert's logit to -inf: its probability is
 0 and the block never chooses it (the block, not the router, takes the top-k, over all E columns: where kept experts'
 logits tie exactly, it may break the tie otherwise than the pruned block over E' columns). The experts do not
 dispatch through transformers' ExpertsInterface: calibration observes them in the block's own forward
-(:meth:`DbrxFamily.observed_block`), each (token, expert) row run from the expert's rows
-(:meth:`DbrxFamily.selected_rows`).
+(`DbrxFamily.observed_block`), each (token, expert) row run from the expert's rows
+(`DbrxFamily.selected_rows`).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class DbrxFamily(MoEFamily):
 
     def observed_block(self, layer: MoELayer, observe: Callable[..., torch.Tensor],
                        expert_rows: Callable[..., torch.Tensor]) -> Callable[..., Any]:
-        """DbrxFFN's forward with the selected experts' outputs computed here (:meth:`selected_rows`) and handed to
+        """DbrxFFN's forward with the selected experts' outputs computed here (`selected_rows`) and handed to
         ``observe``; the output is their weighted sum, [B, S, H] as DbrxExperts returns it."""
         block = layer.block
 

@@ -1,8 +1,8 @@
 """DeepSeek-V3's router and the families that compute it (sigmoid scores, a correction bias for selection,
-group-limited top-k, scaling; the rule itself in :mod:`.deepseek_v3_routing`): the models whose transformers router is
-the same computation (rows of :func:`~lightprune.models.family_rows.family_row`). Its variants with a group rule of
-their own are in :mod:`.group_limited_families`, DeepSeek-V2 (softmax, greedy or group-limited greedy) in
-:mod:`.deepseek_v2_family`."""
+group-limited top-k, scaling; the rule itself in `deepseek_v3_routing`): the models whose transformers router is
+the same computation (rows of `family_row`). Its variants with a group rule of
+their own are in `group_limited_families`, DeepSeek-V2 (softmax, greedy or group-limited greedy) in
+`deepseek_v2_family`."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class DeepseekV3Family(MoEFamily):
 
     def select(self, layer: MoELayer, router_logits: torch.Tensor,
                expert_mask: torch.Tensor | None = None) -> RoutingOutput:
-        """The rule from all E scores (:func:`~lightprune.models.deepseek_v3_routing.select_from_scores`)."""
+        """The rule from all E scores (`select_from_scores`)."""
         return select_from_scores(layer.router, router_logits, expert_mask)
 
     def select_kept(self, layer: MoELayer, kept_logits: torch.Tensor, kept: torch.Tensor) -> RoutingOutput:
@@ -79,9 +79,9 @@ class DeepseekV3Family(MoEFamily):
 
     def select_without(self, layer: MoELayer, router_logits: torch.Tensor, tokens: torch.Tensor,
                        experts: torch.Tensor) -> RoutingOutput:
-        """:meth:`select` with one expert removed per (token, expert) row, from each group's top k + 1 (at least 3)
-        selection scores c instead of all E (:func:`~lightprune.models.deepseek_v3_routing.select_without_one`); the
-        rows whose chosen groups hold fewer than k experts (the router fills up from the rest) by :meth:`select` on a
+        """`select` with one expert removed per (token, expert) row, from each group's top k + 1 (at least 3)
+        selection scores c instead of all E (`select_without_one`); the
+        rows whose chosen groups hold fewer than k experts (the router fills up from the rest) by `select` on a
         mask. The logits returned are the rows of ``router_logits``, unmasked."""
         top_weights, top_index, short = select_without_one(layer.router, router_logits, tokens, experts)
         if bool(short.any()):
@@ -90,9 +90,9 @@ class DeepseekV3Family(MoEFamily):
         return router_logits[tokens], top_weights, top_index
 
     def observed_router(self, layer: MoELayer, keep: Callable[[Any], None]) -> Callable[..., Any] | None:
-        """The router's forward computed as :meth:`removal_effect` needs it: the group scores from each group's sorted
-        top k + 1 (:class:`GroupTop`, kept with the scores and the chosen groups), the other groups' selection scores
-        at -inf by adding -inf (:func:`~lightprune.models.deepseek_v3_routing.select_from_group_top`). Bit for bit the
+        """The router's forward computed as `removal_effect` needs it: the group scores from each group's sorted
+        top k + 1 (`GroupTop`, kept with the scores and the chosen groups), the other groups' selection scores
+        at -inf by adding -inf (`select_from_group_top`). Bit for bit the
         router's output; a batch with NaN logits runs the router's own forward. None for a router that does not
         compute what DeepSeek-V3's does (its forward already replaced, say by a device hook)."""
         router = layer.router
@@ -120,14 +120,14 @@ class DeepseekV3Family(MoEFamily):
           the two leaves (the other is the slot's ``rerun_alias``), and the new selection is the top k of the other
           chosen groups' and r's lists, computed here for every (token, chosen group) at once; equal to r's score
           (a tie the router breaks), or no closed form (the groups hold fewer than k experts): re-run
-          (:meth:`select_without`);
+          (`select_without`);
         - else, j selected: the k - 1 others stay and the best unselected expert n of the chosen groups enters (when
           the chosen groups hold no unselected expert, the selection is re-run);
           weights are scores s (sigmoid, no bias) times the scaling factor, renormalised over the selected ones when
           ``norm_topk_prob``: then the others' factor is (s_j - s_n) / (S - s_j + s_n), S the selected score sum;
         - else nothing changes.
 
-        ``routing_state``: the :class:`GroupTop` of these logits that :meth:`observed_router` kept (else computed).
+        ``routing_state``: the `GroupTop` of these logits that `observed_router` kept (else computed).
         """
         router = layer.router
         num_group, num_experts = router.num_group, router_logits.shape[-1]

@@ -9,16 +9,16 @@ DeepseekV3TopkRouter and every router that is the same computation). For a token
     S = top-k(c), c at -inf outside the groups of C          the selected experts (torch.topk, sorted=False)
     w = s_S / (sum(s_S) + 1e-20) if norm_topk_prob else s_S, times routed_scaling_factor
 
-The families compute it from three starting points, each through the steps below (:func:`selection_scores`,
-:func:`group_scores`, :func:`choose_groups`, :func:`mask_unchosen_groups`, :func:`top_experts`,
-:func:`routed_weights`):
+The families compute it from three starting points, each through the steps below (`selection_scores`,
+`group_scores`, `choose_groups`, `mask_unchosen_groups`, `top_experts`,
+`routed_weights`):
 
-- :func:`select_from_scores`: all E scores, with masked experts (``DeepseekV3Family.select``; the router's ops, the
-  group-limited top-k of :func:`~lightprune.models.routing_ops.group_limited_top_k` that every group-limited family
+- `select_from_scores`: all E scores, with masked experts (``DeepseekV3Family.select``; the router's ops, the
+  group-limited top-k of `group_limited_top_k` that every group-limited family
   computes);
-- :func:`select_from_group_top`: each group's sorted top list (:class:`GroupTop`, kept for the removal effect), the
+- `select_from_group_top`: each group's sorted top list (`GroupTop`, kept for the removal effect), the
   group scores read off it (the router's forward while calibration observes it);
-- :func:`select_without_one`: one removed expert per row, from each group's top list without it
+- `select_without_one`: one removed expert per row, from each group's top list without it
   (``DeepseekV3Family.select_without``).
 
 ``router`` is the transformers router module: ``num_group``, ``topk_group``, ``top_k``, ``norm_topk_prob``,
@@ -94,7 +94,7 @@ def top_experts(choice: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def routed_weights(router: Any, selected_scores: torch.Tensor) -> torch.Tensor:
-    """w from the selected experts' scores s_S [..., k]: renormalised (+ :data:`RENORM_EPS`) when the router's
+    """w from the selected experts' scores s_S [..., k]: renormalised (+ `RENORM_EPS`) when the router's
     ``norm_topk_prob``, times its ``routed_scaling_factor``."""
     if router.norm_topk_prob:
         selected_scores = renormalized(selected_scores, RENORM_EPS)
@@ -102,8 +102,8 @@ def routed_weights(router: Any, selected_scores: torch.Tensor) -> torch.Tensor:
 
 
 def group_top(choice: torch.Tensor, num_group: int, k: int) -> GroupTop:
-    """Each group's :func:`list_width` best selection scores c [T, E], sorted descending (ties in ascending expert id,
-    :func:`~lightprune.models.sorted_top.sorted_topk`), with their expert ids."""
+    """Each group's `list_width` best selection scores c [T, E], sorted descending (ties in ascending expert id,
+    `sorted_topk`), with their expert ids."""
     size = choice.shape[-1] // num_group
     values, ids = sorted_topk(choice.view(-1, num_group, size), list_width(size, k))
     return GroupTop(values, ids + torch.arange(num_group, device=choice.device).view(1, -1, 1) * size)
@@ -131,7 +131,7 @@ def select_from_scores(router: Any, router_logits: torch.Tensor, expert_mask: to
 
 def select_from_group_top(router: Any, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, GroupTop]:
     """The rule with the group scores read off each group's sorted top list: ``(weights, ids, GroupTop)``, the
-    :class:`GroupTop` with the scores and the chosen groups. Bit for bit :func:`select_from_scores` without a mask for
+    `GroupTop` with the scores and the chosen groups. Bit for bit `select_from_scores` without a mask for
     logits without NaN (the unchosen groups are masked by adding -inf: the selection scores are finite)."""
     num_group = router.num_group
     scores = router_logits.sigmoid()
@@ -145,7 +145,7 @@ def select_from_group_top(router: Any, router_logits: torch.Tensor) -> tuple[tor
 def select_without_one(router: Any, router_logits: torch.Tensor, tokens: torch.Tensor,
                        experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The rule for token ``tokens[i]`` (rows of ``router_logits`` [T, E]) with expert ``experts[i]`` removed, from each
-    group's :func:`list_width` best selection scores instead of all E: ``(weights [n, k], ids [n, k], short [n])``.
+    group's `list_width` best selection scores instead of all E: ``(weights [n, k], ids [n, k], short [n])``.
 
     The removed expert's group score becomes the top-2 sum of what is left of its list (the lists are sorted), the
     chosen groups are taken from the group scores as the router takes them, the top k over the chosen groups' lists

@@ -1,6 +1,6 @@
-"""The dtypes lightprune computes in (:data:`LOAD_DTYPES`, one table for every path), and the check of a model's
-parameters against them (:func:`dtype_problem`), which :func:`lightprune.models.find_moe_layers` runs on every model
-lightprune examines: a model in memory given to any entry point (scores, calibration, pruning, export), and every
+"""The dtypes lightprune computes in (`LOAD_DTYPES`, one table for every path), and the check of a model's
+parameters against them (`dtype_problem`), which [`lightprune.models.find_moe_layers`][..find_moe_layers] runs on every
+model lightprune examines: a model in memory given to any entry point (scores, calibration, pruning, export), and every
 model a checkpoint is built into (whose weights dtype the checkpoint reader checks first, naming the checkpoint).
 
 A model cast to another floating dtype (``torch.float8_e4m3fn``, a complex dtype) would otherwise fail deep inside
@@ -25,7 +25,7 @@ _LISTED = 3  # parameters named in a refusal, then "and N more"
 
 
 def dtype_names() -> str:
-    """``float32, bfloat16, float16 or float64``: :data:`LOAD_DTYPES` for a sentence."""
+    """``float32, bfloat16, float16 or float64``: `LOAD_DTYPES` for a sentence."""
     names = list(LOAD_DTYPES)
     return f"{', '.join(names[:-1])} or {names[-1]}"
 
@@ -40,7 +40,7 @@ def _short(dtype: torch.dtype) -> str:
 
 def dtype_problem(model: nn.Module, experts: Sequence[nn.Module] = ()) -> str | None:
     """Why ``model`` cannot be computed with, or None: a floating (or complex) parameter in a dtype outside
-    :data:`LOAD_DTYPES` (fix: cast the model), or a routed experts module of it (``experts``) with a parameter of any
+    `LOAD_DTYPES` (fix: cast the model), or a routed experts module of it (``experts``) with a parameter of any
     other dtype (integer weights: load the model unquantized; integer parameters elsewhere, a 4-bit fine-tuning's
     quantized projections, are left alone). The first such dtype is named, with its parameters."""
     odd: dict[torch.dtype, list[str]] = {}

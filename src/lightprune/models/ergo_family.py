@@ -9,7 +9,7 @@ expert j's scale ``post_expert_norm.weight[j]`` ([E, H], pruned with the experts
     H(x) = shared(x) + sum_{j in S} w_j f_j(x),   f_j(x) = rmsnorm(relu(x U_j)^2 D_j) * g_j
 
 The dispatched call sees one route per row, not the block's [T, k] selection, so calibration observes the experts in
-the block's own forward (:meth:`ErgoFamily.observed_block`) with f_j as above.
+the block's own forward (`ErgoFamily.observed_block`) with f_j as above.
 """
 
 from __future__ import annotations

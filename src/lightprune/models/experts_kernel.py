@@ -1,15 +1,15 @@
 """Experts that transformers' default ``grouped_mm`` implementation cannot run, switched to ``eager``:
-:func:`grouped_mm_runs`, :func:`runnable_experts`.
+`grouped_mm_runs`, `runnable_experts`.
 
 transformers 5 runs a fused experts module through torch's grouped matmul (``experts_implementation="grouped_mm"``,
 its default) without checking what the kernel takes: float32, bfloat16 or float16 operands whose rows are a multiple
 of 16 bytes. A float64 model fails there with "Expected mat_a to be Float32, BFloat16 or Float16 matrix, got Double",
 a bfloat16 expert of width 12 with "strides should be multiple of 16 bytes". Where a layer's experts are such,
-:func:`runnable_experts` points their config at transformers' ``"eager"`` implementation (one matmul per expert: any
+`runnable_experts` points their config at transformers' ``"eager"`` implementation (one matmul per expert: any
 dtype and width, the same outputs), as transformers itself falls back to ``"eager"`` where ``grouped_mm`` cannot
 dispatch at all; any other implementation (``"batched_mm"``, lightprune's observing one) is left as it is.
-:func:`lightprune.models.find_moe_layers` runs it on every model lightprune examines (a model in memory, every
-checkpoint it builds), and calibration's own grouped matmul makes the same choice (:func:`grouped_mm_runs`).
+[`lightprune.models.find_moe_layers`][..find_moe_layers] runs it on every model lightprune examines (a model in memory,
+every checkpoint it builds), and calibration's own grouped matmul makes the same choice (`grouped_mm_runs`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _PROJECTIONS = ("gate_up_proj", "up_proj", "down_proj")
 
 def grouped_mm_runs(experts: nn.Module) -> bool:
     """True when torch's grouped matmul runs every projection of the fused ``experts`` ([E, out, in] or transposed):
-    a dtype of :data:`GROUPED_MM_DTYPES` and both matrix dimensions a multiple of 16 bytes."""
+    a dtype of `GROUPED_MM_DTYPES` and both matrix dimensions a multiple of 16 bytes."""
     for name in _PROJECTIONS:
         weight = getattr(experts, name, None)
         if not isinstance(weight, torch.Tensor):
@@ -43,7 +43,7 @@ def grouped_mm_runs(experts: nn.Module) -> bool:
 
 def runnable_experts(modules: Iterable[nn.Module]) -> None:
     """Point each of the fused experts ``modules`` (others are skipped: a whole model's ``modules()`` may be given)
-    that dispatches to ``"grouped_mm"`` but that it cannot run (:func:`grouped_mm_runs`) at ``"eager"``: on its
+    that dispatches to ``"grouped_mm"`` but that it cannot run (`grouped_mm_runs`) at ``"eager"``: on its
     config, which the experts module reads at each call (a config shared by several layers switches them all)."""
     for module in modules:
         config = getattr(module, "config", None)

@@ -1,14 +1,14 @@
 """One family class per supported model type (selected by ``config.model_type``): the built-in list, the refusals, the
 table rows of the MLLMs and the routers of no other module here (ERNIE-4.5, Gemma 4, sparsemixer). The others: softmax
-top-k in :mod:`.softmax_routing`, top-k then softmax in :mod:`.topk_softmax_families`, DeepSeek-V3's in
-:mod:`.deepseek_families` and :mod:`.group_limited_families`, DeepSeek-V2's in :mod:`.deepseek_v2_family`, the biased
-sigmoid ones in :mod:`.sigmoid_families`.
+top-k in `softmax_routing`, top-k then softmax in `topk_softmax_families`, DeepSeek-V3's in
+`deepseek_families` and `group_limited_families`, DeepSeek-V2's in `deepseek_v2_family`, the biased
+sigmoid ones in `sigmoid_families`.
 
 Each class states its routing rule in its docstring and in ``routing``; the table of every registered
 family (routing, shared experts, multimodal) and of every refused model type with its reason is generated
-by :func:`lightprune.models.family_table` (docs/extending/family.md shows it). A family that reuses
+by [`lightprune.models.family_table`][..registry.family_table] (docs/extending/family.md shows it). A family that reuses
 another's rule says so by subclassing it, or, when it differs from it only in settings, by a row of
-:func:`~lightprune.models.family_rows.family_row`: the transformers router of each was compared line by line, and
+`family_row`: the transformers router of each was compared line by line, and
 the conformance tests check route == the family's own router bitwise, masked == pruned == reloaded, and the
 calibration statistics against brute force.
 """

@@ -40,7 +40,7 @@ def family_row(module: str, base: type[MoEFamily], model_type: str, doc: str, *,
                **settings: Any) -> type[MoEFamily]:
     """The family of ``model_type`` that routes exactly as ``base`` with ``settings`` (class attributes of ``base``)
     replaced; defined in ``module`` (the caller's ``__name__``), documented by ``doc``, named ``name`` or
-    :func:`row_name` of the model type. It is not registered (``register_family`` does that)."""
+    `row_name` of the model type. It is not registered (``register_family`` does that)."""
     if not (isinstance(base, type) and issubclass(base, MoEFamily)):
         raise TypeError(f"family_row: base must be a MoEFamily subclass, got {base!r}")
     if not isinstance(model_type, str) or not model_type:

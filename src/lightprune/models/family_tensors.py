@@ -1,11 +1,11 @@
 """Where a family's per-expert tensors are, and the config counts that follow them after a prune: the
-:class:`FamilyTensors` part of :class:`~lightprune.models.base.MoEFamily` (it reads the family's settings:
+`FamilyTensors` part of [`MoEFamily`][..base.MoEFamily] (it reads the family's settings:
 ``expert_sub_tensors``, ``expert_rows_key``, ``router_sub_tensors``, ``block_sub_tensors``, ``num_experts_key``,
 ``PER_LAYER_KEY``).
 
 Per-expert tensors hold one slice (or ``rows`` rows) per expert along their experts' dimension: the fused
-:data:`~lightprune.models.layer.EXPERT_TENSORS` of transformers 5's experts modules and the router's
-:data:`~lightprune.models.layer.ROUTER_TENSORS`, or the family's own sub-tensors.
+`EXPERT_TENSORS` of transformers 5's experts modules and the router's
+`ROUTER_TENSORS`, or the family's own sub-tensors.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class FamilyTensors:
     text_config: Any
 
     def rows_per_expert(self) -> int:
-        """Rows each expert holds along dimension 0 of its :attr:`expert_sub_tensors` (1: one slice per expert)."""
+        """Rows each expert holds along dimension 0 of its `expert_sub_tensors` (1: one slice per expert)."""
         return int(config_value(self.text_config, self.expert_rows_key)) if self.expert_rows_key else 1
 
     def _expert_tensors_of(self, experts: nn.Module) -> list[tuple[nn.Module, str, int]]:
@@ -56,16 +56,16 @@ class FamilyTensors:
 
     def expert_tensors(self, layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
         """(module, name, rows per expert) of every per-expert tensor of ``layer``'s experts: the fused
-        :data:`EXPERT_TENSORS` present (one slice per expert along dimension 0), or the family's
-        :attr:`expert_sub_tensors` (``rows`` rows per expert, one expert after another)."""
+        `EXPERT_TENSORS` present (one slice per expert along dimension 0), or the family's
+        `expert_sub_tensors` (``rows`` rows per expert, one expert after another)."""
         return self._expert_tensors_of(layer.experts)
 
     # ----------------------------------------------------------------- routing tensors
     # ----------------------------------------------------------------- routing tensors
     def router_expert_tensors(self, layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
         """(module, tensor name, the experts' dimension) of every per-expert tensor of ``layer``'s routing: the
-        router's rows (:data:`ROUTER_TENSORS` of :attr:`MoELayer.router_linear`), :attr:`router_sub_tensors` and the
-        :attr:`block_sub_tensors` present. What a prune slices beside the experts; :meth:`routing_tensors` lists them
+        router's rows (`ROUTER_TENSORS` of [`MoELayer.router_linear`][]), `router_sub_tensors` and the
+        `block_sub_tensors` present. What a prune slices beside the experts; `routing_tensors` lists them
         first."""
         linear = layer.router_linear
         found = [(linear, name, 0) for name in ROUTER_TENSORS if isinstance(getattr(linear, name, None), torch.Tensor)]
@@ -77,11 +77,11 @@ class FamilyTensors:
         return found
 
     def routing_tensors(self, layer: MoELayer) -> list[RoutingTensor]:
-        """Every tensor ``layer``'s routing reads, named as in the model: :meth:`router_expert_tensors` (router rows
+        """Every tensor ``layer``'s routing reads, named as in the model: `router_expert_tensors` (router rows
         and biases, correction biases, per-expert scales), then every other parameter and buffer of the router
         module, which its forward reads (the scale of Gemma 4's router norm, an adapter's weights). Calibration,
         weight scoring, masking and pruning refuse a NaN or inf in any of them
-        (:func:`lightprune.models.routing_check.check_routing_tensors`)."""
+        (`lightprune.models.routing_check.check_routing_tensors`)."""
         paths = {id(module): path for path, module in layer.block.named_modules(remove_duplicate=False)}
 
         def named(module: nn.Module, attr: str, dim: int | None) -> RoutingTensor:
@@ -126,7 +126,7 @@ class FamilyTensors:
 
         Uniform counts set the family's own key, so plain ``from_pretrained`` reloads the model;
         non-uniform counts set the key to the largest count and record every layer's count under
-        :attr:`PER_LAYER_KEY` on the top-level config.
+        `PER_LAYER_KEY` on the top-level config.
         """
         values = set(counts.values())
         cfg = self.text_config

@@ -1,5 +1,5 @@
 """Routers with DeepSeek-V3's scores (sigmoid of fp32 logits, the correction bias for the selection only) and a
-group-limited top-k of their own (:func:`~lightprune.models.routing_ops.group_limited_top_k`, DeepSeek-V3 technical
+group-limited top-k of their own (`group_limited_top_k`, DeepSeek-V3 technical
 report, arXiv 2412.19437, section 2.1.2): Beam (both top-ks sorted, the routed sum scaled by the MoE block) and A.X K2
 (the unchosen groups at 0, optional groups)."""
 
@@ -27,10 +27,10 @@ __all__ = ["BiasedGroupLimitedFamily", "BeamFamily", "AXK2Family"]
 
 class BiasedGroupLimitedFamily(SelectsWithExpertTensor, DeepseekV3Family):
     """DeepSeek-V3's scores s = sigmoid(l) and selection scores c = s + correction bias, the group-limited top-k of c
-    (:func:`~lightprune.models.routing_ops.group_limited_top_k`; none when the router has no ``num_group``), the
+    (`group_limited_top_k`; none when the router has no ``num_group``), the
     weights s of the k renormalised (+1e-20) when ``norm_topk_prob``, times ``routed_scaling_factor`` when
-    :attr:`scaled_in_router`. Masking: logit -inf (score 0) and selection score -inf, also after the groups' fill.
-    Removals are re-run (:meth:`removal_effect`)."""
+    `scaled_in_router`. Masking: logit -inf (score 0) and selection score -inf, also after the groups' fill.
+    Removals are re-run (`removal_effect`)."""
 
     #: the selection score of the experts outside the chosen groups
     unchosen_fill: ClassVar[float] = float("-inf")
@@ -64,7 +64,7 @@ class BiasedGroupLimitedFamily(SelectsWithExpertTensor, DeepseekV3Family):
 
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
                        routing_state: Any = None) -> RemovalEffect:
-        """:func:`_chosen_leaders_rerun`: the selected experts and each chosen group's top 2 re-run."""
+        """`_chosen_leaders_rerun`: the selected experts and each chosen group's top 2 re-run."""
         return _chosen_leaders_rerun(layer.router, router_logits, selected)
 
 
@@ -104,7 +104,7 @@ class AXK2Family(BiasedGroupLimitedFamily):
 
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
                        routing_state: Any = None) -> RemovalEffect:
-        """:func:`_chosen_leaders_rerun` with groups; without them only the selected experts are re-run (per-expert
+        """`_chosen_leaders_rerun` with groups; without them only the selected experts are re-run (per-expert
         scores: any other removal changes nothing). A token that selected an expert of an unchosen group took it
         among the experts all at the fill's 0, a tie ``torch.topk`` breaks by position, which any removal there
         may change: every removal of such a token is re-run."""

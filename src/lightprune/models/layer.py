@@ -1,6 +1,6 @@
-"""One MoE layer as lightprune sees it (:class:`MoELayer`), what its routing needs to keep working
-(:class:`RoutingLimits`), its per-expert tensor names, and the helpers that find a model's decoder layers and read a
-config's (possibly dotted) fields. The families (:mod:`lightprune.models.base`) build the layers."""
+"""One MoE layer as lightprune sees it ([`MoELayer`][]), what its routing needs to keep working
+([`RoutingLimits`][]), its per-expert tensor names, and the helpers that find a model's decoder layers and read a
+config's (possibly dotted) fields. The families ([`lightprune.models.base`][..base]) build the layers."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ class RoutingLimits:
 
 @dataclass(frozen=True, eq=False)
 class RoutingTensor:
-    """A tensor a MoE layer's routing reads (:meth:`MoEFamily.routing_tensors`): ``name`` is its name in the model
+    """A tensor a MoE layer's routing reads (`MoEFamily.routing_tensors`): ``name`` is its name in the model
     (the state-dict name), held as ``attr`` of ``module``; ``dim`` the experts' dimension (None: not per expert)."""
 
     name: str
@@ -137,7 +137,7 @@ class MoELayer:
     @property
     def router_linear(self) -> nn.Module:
         """The module holding the router's ``weight [E, H]``: the router itself, or its submodule
-        :attr:`MoEFamily.router_weight_attr` (Gemma 4: ``router.proj``)."""
+        `MoEFamily.router_weight_attr` (Gemma 4: ``router.proj``)."""
         attr = self.family.router_weight_attr if self.family is not None else ""
         return getattr(self.router, attr) if attr else self.router
 

@@ -1,4 +1,4 @@
-"""What makes a MoE layer prunable at all, checked where a model is first examined (:func:`layer_problems`):
+"""What makes a MoE layer prunable at all, checked where a model is first examined (`layer_problems`):
 
 - at least one routed expert (the router has a row per expert);
 - ``1 <= top_k <= num_experts``;
@@ -6,8 +6,8 @@
   fails on one with "strides should be multiple of 16 bytes", and an empty expert has nothing to score.
 
 Each problem names the layer, the tensor or count and the config field that set it, so that
-:func:`lightprune.models.find_moe_layers` (a model in memory) and the checkpoint reader
-(:func:`lightprune.checkpoints.contents.check_contents`, naming the checkpoint) refuse with the same words.
+[`lightprune.models.find_moe_layers`][..find_moe_layers] (a model in memory) and the checkpoint reader
+(`lightprune.checkpoints.contents.check_contents`, naming the checkpoint) refuse with the same words.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def layer_problems(layers: list[MoELayer]) -> list[str]:
 
 
 def describe(problems: list[str]) -> str:
-    """:func:`layer_problems`' phrases for one line (the first, then how many more layers), and the rule."""
+    """`layer_problems`' phrases for one line (the first, then how many more layers), and the rule."""
     shown = problems[0] + (f", and {_more(len(problems) - 1, 'layer')}" if len(problems) > 1 else "")
     return (f"{shown}; a MoE layer needs routed experts, 1 <= top_k <= its experts and no zero-size expert "
             "tensor")

@@ -13,7 +13,7 @@ What each criterion observes (the MAEP, REAP and EAN definitions with the contri
   ||c_j||, frequency counts the tokens whose top-k holds j;
 - Delta-H (MAEP eq. 2): removing a selected expert j keeps the other k - 1 (their scores read their own logits)
   and promotes the (k+1)-th largest logit n with its own score: H - H^(-j) = c_j - c_n, in closed form
-  (:meth:`Llama4TextFamily.removal_effect`, weight 1); removing an unselected expert changes nothing.
+  (`Llama4TextFamily.removal_effect`, weight 1); removing an unselected expert changes nothing.
 
 Masking and pruning: the mask sets a removed expert's logit to -inf before the top-k (score 0: sigmoid(-inf), input
 scaled to 0, output exactly 0), so the masked block computes what the block holding only the kept experts computes

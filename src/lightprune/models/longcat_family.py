@@ -13,7 +13,7 @@ token among E FFN experts and Z zero-computation experts, which return their inp
 (LongcatFlashMoE sends a zero pick to a routed expert with weight 0 and adds the identity part after.)
 
 Pruning removes FFN experts only: their rows go, the zero experts' rows stay after the kept ones
-(:meth:`~lightprune.models.layer.MoELayer.router_rows`), ``n_routed_experts`` follows and ``zero_expert_num`` stays.
+([`router_rows`][..layer.MoELayer.router_rows]), ``n_routed_experts`` follows and ``zero_expert_num`` stays.
 Masking sets a removed expert's logit and choice score to -inf: the softmax is then the pruned router's (its
 denominator without the expert) and the expert is never chosen. Calibration observes the selection over all E + Z
 ids, a zero expert's output being its input, so that Delta-H removes an FFN expert from H as the block computes it

@@ -1,5 +1,5 @@
 """The model types lightprune refuses, and why: structures it cannot prune exactly yet (the error for such a type
-says the reason; :func:`lightprune.models.registry.refuse_family` adds one)."""
+says the reason; [`lightprune.models.registry.refuse_family`][..registry.refuse_family] adds one)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The model-family registry: ``config.model_type`` -> the :class:`~lightprune.models.base.MoEFamily` that knows it,
-on the project's one registry class (:class:`lightprune.core.registry.Registry`, any non-empty model type).
+"""The model-family registry: ``config.model_type`` -> the [`MoEFamily`][..base.MoEFamily] that knows it,
+on the project's one registry class (`lightprune.core.registry.Registry`, any non-empty model type).
 
-Built-in families register when :mod:`lightprune.models` is imported; a project adds its own with the same
+Built-in families register when `lightprune.models` is imported; a project adds its own with the same
 call (docs/extending/family.md)::
 
     @lp.register_family
@@ -11,7 +11,7 @@ call (docs/extending/family.md)::
 
 Registering a model type twice is an error unless it is the same class again (also after a module reload:
 same module and qualified name); a family's model types register all or none. Model types whose structure cannot
-be pruned exactly yet are listed in :data:`REFUSED` with the reason, and :func:`get_family` says it instead of
+be pruned exactly yet are listed in [`REFUSED`][] with the reason, and [`get_family`][] says it instead of
 "unsupported"; registering a refused type lifts its refusal.
 """
 

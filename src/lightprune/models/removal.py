@@ -1,4 +1,4 @@
-"""How removing one expert changes each token's routing: :class:`RemovalEffect`, what a family's
+"""How removing one expert changes each token's routing: [`RemovalEffect`][], what a family's
 ``removal_effect`` returns and Delta-H reads (MAEP eq. 2)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ __all__ = ["RemovalEffect"]
 @dataclass(eq=False)
 class RemovalEffect:
     """How removing one expert j changes each token's routing, for Delta-H (MAEP eq. 2) without re-running the
-    selection E times per token (:meth:`MoEFamily.removal_effect`). For token t, in order of precedence:
+    selection E times per token ([`MoEFamily.removal_effect`][]). For token t, in order of precedence:
 
     - ``rerun`` [T, m] (-1 = no expert, ids may repeat): the removals whose effect has no closed form here;
       calibration re-runs the family's selection with j masked;
@@ -26,7 +26,7 @@ class RemovalEffect:
 
     A family that computes the re-run selections itself gives them as ``rerun_weights`` / ``rerun_selected``
     ([T, m, k], before ``output_scale``; any values at -1 slots), else calibration calls
-    :meth:`MoEFamily.select_without` for each pair. ``rerun_alias`` [T, m] (-1 = none) names a second expert whose
+    [`MoEFamily.select_without`][] for each pair. ``rerun_alias`` [T, m] (-1 = none) names a second expert whose
     removal gives exactly the selection of the slot's (DeepSeek-V3: both top-2 experts of a group that then drops out
     of the chosen groups), so that it is computed once.
     """

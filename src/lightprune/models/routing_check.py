@@ -1,11 +1,11 @@
-"""The refusal of a NaN or inf in a tensor a MoE layer's routing reads: :func:`check_routing_tensors`.
+"""The refusal of a NaN or inf in a tensor a MoE layer's routing reads: `check_routing_tensors`.
 
 A non-finite routing tensor is accepted by every computation downstream of it: a NaN correction bias (DeepSeek-V3's
 ``e_score_correction_bias``) makes its expert's group score NaN, so the whole group gets no tokens while the router's
 logits stay finite; a NaN router row or per-expert scale reaches the weights of every token. Calibration would sum
 the skewed routing into every statistic and a prune would carry the tensor into its export. Every entry point that
-observes or slices the routing checks the tensors its family lists (:meth:`MoEFamily.routing_tensors
-<lightprune.models.base.MoEFamily.routing_tensors>`) with this one function, so that the refusal is the same wherever
+observes or slices the routing checks the tensors its family lists (`MoEFamily.routing_tensors`) with this one function,
+so that the refusal is the same wherever
 it is found. Parameters cannot change within a pass: the check runs once per layer and pass, one host sync per layer.
 """
 
@@ -29,9 +29,9 @@ def _readable(tensor: torch.Tensor) -> torch.Tensor | None:
 
 
 def routing_tensors_record(layer: MoELayer) -> tuple[torch.Tensor, list[RoutingTensor]] | None:
-    """What :func:`check_routing_tensors` reads, computed on the layer's device without a host sync: (``record``
+    """What `check_routing_tensors` reads, computed on the layer's device without a host sync: (``record``
     [6] int64: non-finite tensors, the first one's position, its non-finite values, NaN, inf, the first value's flat
-    index; the tensors of :meth:`~lightprune.models.base.MoEFamily.routing_tensors` in memory, in order), or None
+    index; the tensors of `routing_tensors` in memory, in order), or None
     when none is. Tensors on several devices: their counts meet on the first one's."""
     found = [(entry, values) for entry in layer.family.routing_tensors(layer)
              if (values := _readable(entry.tensor)) is not None]
@@ -53,8 +53,8 @@ def routing_tensors_record(layer: MoELayer) -> tuple[torch.Tensor, list[RoutingT
 
 
 def non_finite_routing_tensor(layer: MoELayer) -> RoutingTensor | None:
-    """The first tensor of :meth:`~lightprune.models.base.MoEFamily.routing_tensors` that holds a NaN or inf (None:
-    none), tensors not in memory skipped (:func:`routing_tensors_record`, read once)."""
+    """The first tensor of `routing_tensors` that holds a NaN or inf (None:
+    none), tensors not in memory skipped (`routing_tensors_record`, read once)."""
     found = routing_tensors_record(layer)
     if found is None:
         return None
@@ -65,7 +65,7 @@ def non_finite_routing_tensor(layer: MoELayer) -> RoutingTensor | None:
 
 def routing_tensors_message(layer: MoELayer, record: list[int], tensors: list[tuple[str, tuple[int, ...]]],
                             where: str, outcome: str) -> str:
-    """The refusal of :func:`check_routing_tensors` from a read :func:`routing_tensors_record` (``tensors``: the
+    """The refusal of `check_routing_tensors` from a read `routing_tensors_record` (``tensors``: the
     names and shapes of its tensors, which a caller keeps instead of the tensors)."""
     _, which, count, nan, inf, flat = record
     name, shape = tensors[which]
@@ -91,5 +91,5 @@ def check_routing_tensors(layer: MoELayer, where: str, outcome: str) -> None:
 
 
 def names_and_shapes(tensors: list[RoutingTensor]) -> list[tuple[str, tuple[int, ...]]]:
-    """What a refusal names of the tensors of :func:`routing_tensors_record`."""
+    """What a refusal names of the tensors of `routing_tensors_record`."""
     return [(entry.name, tuple(entry.tensor.shape)) for entry in tensors]

@@ -156,8 +156,8 @@ def chosen_groups(choice: torch.Tensor, num_group: int, topk_group: int, best: i
 def group_limited_top_k(choice: torch.Tensor, num_group: int, topk_group: int, top_k: int, *,
                         fill: float = float("-inf"), sorted: bool = False,
                         expert_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """S [T, top_k]: the ids of the ``top_k`` best ``choice`` [T, E] in each token's :func:`chosen_groups` (top-2
-    sums), every expert outside them at ``fill`` (:func:`fill_unchosen_groups`), op for op the group-limited
+    """S [T, top_k]: the ids of the ``top_k`` best ``choice`` [T, E] in each token's `chosen_groups` (top-2
+    sums), every expert outside them at ``fill`` (`fill_unchosen_groups`), op for op the group-limited
     routers' forward (both ``torch.topk`` ``sorted`` as the router takes them). ``expert_mask`` (True = removed):
     put back at -inf after a finite ``fill`` (an expert of an unchosen group at 0 still outranks a chosen one
     below 0; a removed one never does)."""

@@ -1,7 +1,7 @@
 """A selection's expert outputs, as calibration reads them and the MoE block sums them.
 
-:func:`selection_outputs` runs the ids each token selected ([T, k]) and any further (token, id) rows in one call, so
-that the selected experts and the rows a criterion asks for share the same grouped matmuls; :func:`weighted_sum` is
+`selection_outputs` runs the ids each token selected ([T, k]) and any further (token, id) rows in one call, so
+that the selected experts and the rows a criterion asks for share the same grouped matmuls; `weighted_sum` is
 the block's output from them, summed in float32 (float64 for a float64 model) as transformers' experts sum it.
 """
 

@@ -1,8 +1,8 @@
 """Routers that select on per-expert sigmoid scores plus a correction bias (kept by the router or by the MoE block)
 and renormalise the chosen scores: MiniMax-M2 / M3-VL, Hunyuan 3, AFMoE, LFM2-MoE, Laguna.
 
-Each selects through one function of the bias it is given: the layer's own bias (:meth:`select`), or its kept experts'
-entries on the kept experts' logits (:meth:`select_kept`, what the pruned layer's router computes)."""
+Each selects through one function of the bias it is given: the layer's own bias (`select`), or its kept experts'
+entries on the kept experts' logits (`select_kept`, what the pruned layer's router computes)."""
 
 from __future__ import annotations
 

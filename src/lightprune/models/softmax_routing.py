@@ -6,7 +6,7 @@ share the rule
 differ only in whether they renormalise and in the dtype of the returned weights. Masking an expert sets its logit
 to -inf before the softmax, which is exactly the model with its router row removed (MAEP ("Modality-Aware Expert
 Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927), section 3). Removals have a closed form
-(:func:`~lightprune.models.routing_ops.softmax_topk_removal`). Mistral 4 and Mistral Large 4 add a group limit to
+(`softmax_topk_removal`). Mistral 4 and Mistral Large 4 add a group limit to
 the softmax (groups scored by their top-2 probabilities), with DeepSeek-V3's dense-layer rule.
 """
 
@@ -57,7 +57,7 @@ def softmax_topk_select(router_logits: torch.Tensor, expert_mask: torch.Tensor |
 
 
 class _SoftmaxFamily(MoEFamily):
-    """Softmax top-k (:func:`~lightprune.models.softmax_routing.softmax_topk_select`), renormalised when the config's
+    """Softmax top-k (`softmax_topk_select`), renormalised when the config's
     ``norm_topk_prob`` (True when absent) or always (``renormalize_always``)."""
 
     cast_back: ClassVar[bool] = True
@@ -74,7 +74,7 @@ class _SoftmaxFamily(MoEFamily):
 
     def removal_effect(self, layer: MoELayer, router_logits: torch.Tensor, selected: torch.Tensor,
                        routing_state: Any = None) -> RemovalEffect:
-        """Softmax top-k in closed form (:func:`lightprune.models.routing_ops.softmax_topk_removal`)."""
+        """Softmax top-k in closed form (`lightprune.models.routing_ops.softmax_topk_removal`)."""
         return softmax_topk_removal(router_logits, selected, self.renormalize())
 
 

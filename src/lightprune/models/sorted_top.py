@@ -50,7 +50,7 @@ def top_positions(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def sorted_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.topk(values, k, dim=-1)`` (sorted) with ties in ascending index: by :func:`top_positions` for float32,
+    """``torch.topk(values, k, dim=-1)`` (sorted) with ties in ascending index: by `top_positions` for float32,
     by ``torch.topk`` for other dtypes (its tie order)."""
     if values.dtype != torch.float32 or values.shape[-1] > _POSITION_MASK + 1:
         top = torch.topk(values, k, dim=-1)

@@ -1,6 +1,6 @@
 """The transformers model under whatever wraps it: peft's wrappers or a LightningModule.
 
-Every module that needs the family's own model calls :func:`base_model_of`; adapters stay active in it.
+Every module that needs the family's own model calls [`base_model_of`][]; adapters stay active in it.
 A wrapper's class can only exist once its package is imported, so peft and Lightning are looked up in
 ``sys.modules`` rather than imported here (importing them costs seconds and hundreds of MB).
 """

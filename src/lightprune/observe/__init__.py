@@ -1,6 +1,6 @@
 """transformers-interface plumbing that observes a forward: the observing experts implementation
-(:mod:`.experts_impl`, ExpertsInterface), the attention probe (:mod:`.attention_probe`) and the
-AttentionInterface helpers (:mod:`.attention_interface`) that width masking builds on.
+(`experts_impl`, ExpertsInterface), the attention probe (`attention_probe`) and the
+AttentionInterface helpers (`attention_interface`) that width masking builds on.
 
 May import: models and the shared leaves; it never changes what the forward computes.
 """

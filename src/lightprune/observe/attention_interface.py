@@ -1,7 +1,7 @@
 """Wrapping a language model's attention implementation through transformers' attention registries.
 
-Shared by the attention probe (:mod:`.attention_probe`) of MAEP ("Modality-Aware Expert Pruning for MoE-Based
-Multimodal Large Language Models", arXiv 2611.05927), section 4.2, and the path attention (:mod:`.path_attention`)
+Shared by the attention probe (`attention_probe`) of MAEP ("Modality-Aware Expert Pruning for MoE-Based
+Multimodal Large Language Models", arXiv 2611.05927), section 4.2, and the path attention (`path_attention`)
 of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), section 3. No eager switch and
 no module hooks: a wrapper function is registered in ``AttentionInterface`` under ``"<prefix><original>"`` (and
 the original's mask builder in ``AttentionMaskInterface`` under the same name, so the model builds exactly the
@@ -9,7 +9,7 @@ mask the original would get), and the language model's configs are switched to t
 active. Names are reference-counted: the last user unregisters them. The vision tower's configs are never
 switched.
 
-:func:`dense_mask` turns whatever mask the implementation received (4D bool, 4D additive float, a
+`dense_mask` turns whatever mask the implementation received (4D bool, 4D additive float, a
 flex ``BlockMask``, or ``None`` with ``is_causal``) into the boolean [B, H, Q, K] pattern it applies.
 """
 
@@ -95,7 +95,7 @@ def language_model_configs(decoder: nn.ModuleList, parent: nn.Module) -> list[An
 
 def switch_attention(configs: list[Any], register: Callable[[str], str]) -> list[tuple[Any, Any, str]]:
     """Point every config at ``register(current implementation)``; the saved state for
-    :func:`restore_attention`. On an error everything switched so far is restored."""
+    `restore_attention`. On an error everything switched so far is restored."""
     saved: list[tuple[Any, Any, str]] = []
     try:
         for cfg in configs:
@@ -110,7 +110,7 @@ def switch_attention(configs: list[Any], register: Callable[[str], str]) -> list
 
 
 def restore_attention(saved: list[tuple[Any, Any, str]]) -> None:
-    """Undo :func:`switch_attention` (in place: ``saved`` ends empty)."""
+    """Undo `switch_attention` (in place: ``saved`` ends empty)."""
     while saved:
         cfg, current, name = saved.pop()
         cfg._attn_implementation_internal = current

@@ -13,11 +13,11 @@ included), text = neither a vision token nor padding; NaN where no text query at
 Mechanism: no eager switch, no hooks. A wrapper attention function is registered in transformers'
 ``AttentionInterface`` under ``"lightprune_probe:<original>"`` (and the original's mask builder in
 ``AttentionMaskInterface`` under the same name), and the language model's config is switched to that
-name inside the :class:`AttentionProbe` context. The wrapper returns the original implementation's
+name inside the `AttentionProbe` context. The wrapper returns the original implementation's
 output unchanged and, for probed layers only, recomputes the probabilities of the text-query rows
 against all keys (q k^T * scaling, softcap, mask, sinks, log-sum-exp) in fp32, in row chunks. The
 vision tower keeps its own implementation; names are registered on entry and removed on exit
-(the registration helpers are shared with MWOP's path attention: :mod:`.attention_interface`).
+(the registration helpers are shared with MWOP's path attention: `attention_interface`).
 """
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ class AttentionProbe:
     """Context manager: text-to-vision attention scores of ``layers`` in the model's normal forward.
 
     ``layers`` are decoder layer indices (default: the MoE layers). Before each forward call
-    :meth:`set_batch`; after it :meth:`pop_scores` gives ``{layer: Tensor[B, S]}`` (fp32, NaN where the
-    position is not a vision token or no text query attends to it); :meth:`layer_scores` reads one layer
+    `set_batch`; after it `pop_scores` gives ``{layer: Tensor[B, S]}`` (fp32, NaN where the
+    position is not a vision token or no text query attends to it); `layer_scores` reads one layer
     during the forward, once that layer's attention ran. Nothing accumulates across batches.
     Only a full (prefill) forward is supported: queries and keys must span the batch's S positions.
     """

@@ -2,10 +2,11 @@
 the unweighted outputs are handed to an observer before the weighted sum is returned.
 
 transformers 5 dispatches a fused experts module's forward through ``ExpertsInterface`` by
-``config._experts_implementation``. :func:`observing_experts` registers ``"lightprune_observe"``
+``config._experts_implementation``. `observing_experts` registers ``"lightprune_observe"``
 there once and, for the duration of a ``with`` block, points the MoE layers' configs at it; the
 previous implementation names are restored on exit (also on error); a family whose experts do not dispatch there
-observes them through its own MoE block's forward instead (:meth:`~lightprune.models.MoEFamily.observed_block`,
+observes them through its own MoE block's forward instead
+([`observed_block`][lightprune.models.base.MoEFamily.observed_block],
 Llama 4), installed on the block for the duration. The observer receives
 ``(layer, hidden_states [T, H], router_input [T, H'], top_k_index [T, k], top_k_weights [T, k], outputs [T, k, H],
 extra_outputs [n, H] or None)`` where ``outputs[t, s]`` is expert ``top_k_index[t, s]``'s unweighted output f(h_t),
@@ -14,8 +15,8 @@ removed on exit): the experts' input in most families, the decoder layer's resid
 get a normed copy; ``extra_outputs`` the rows an ``extra`` callback asked for, run in the same grouped matmuls.
 With ``router_logits=True`` the observer and ``extra`` also get ``router_logits=``: the logits the router returned
 (a forward hook), where the family's router returns them (``MoEFamily.router_returns_logits``), else None; and
-``routing_state=``: what the family's :meth:`~lightprune.models.MoEFamily.observed_router` (the router's forward in
-the block, where the family has one) kept in the same call, else None.
+``routing_state=``: what the family's [`observed_router`][lightprune.models.base.MoEFamily.observed_router] (the
+router's forward in the block, where the family has one) kept in the same call, else None.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def expert_rows(experts: nn.Module, hidden_states: torch.Tensor, tokens: torch.T
 
     The rows are sorted by expert and each projection of every expert runs in one grouped matmul (transformers'
     own, as its ``grouped_mm`` experts do), else one call per expert: where transformers has none, or torch's kernel
-    cannot run the experts (:func:`~lightprune.models.experts_kernel.grouped_mm_runs`: float64, rows not a multiple
+    cannot run the experts (`grouped_mm_runs`: float64, rows not a multiple
     of 16 bytes)."""
     num = expert_ids.numel()
     out = torch.empty(num, hidden_states.shape[-1], dtype=hidden_states.dtype, device=hidden_states.device)
@@ -126,7 +127,7 @@ _GROUPED_MM = _transformers_grouped_mm()
 
 
 def _grouped_rows(experts: nn.Module, x: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """:func:`run_expert` for rows sorted by expert (``ids``, group ends ``offsets``), one grouped matmul per
+    """`run_expert` for rows sorted by expert (``ids``, group ends ``offsets``), one grouped matmul per
     projection."""
     transposed = getattr(experts, "is_transposed", False)
 

@@ -4,12 +4,14 @@ The closed form ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large L
 section 5.3) is alpha = a / (a + b), a = rho(t, v) - rho(t, la), b = rho(v, la), each rho the Spearman correlation
 of two subsets' Delta-H over one layer's experts, averaged over the MoE layers. Delta-H per subset is a mean over the
 calibration samples that have tokens of the subset (of each sample's mean over those tokens), so it is a function of
-which samples were drawn: :func:`alpha_interval` observes every sample alone (its Delta-H on ``text``, ``vision``
+which samples were drawn: `alpha_interval` observes every sample alone (its Delta-H on ``text``, ``vision``
 and ``vision_low_attn``), then recomputes a, b and alpha on ``resamples`` resamples of the samples drawn with
 replacement (each resample's Delta-H = the mean over its samples that have the subset's tokens, as
-:func:`lightprune.collect_expert_stats` would give on those samples), and reports the percentile intervals, per
+[`lightprune.collect_expert_stats`][lightprune.experts.calibration.collect.collect_expert_stats] would give on those
+samples), and reports the percentile intervals, per
 layer too. With every sample once the figures are the closed form on the whole set
-(:func:`lightprune.experts.maep.maep_alpha`; a test holds them equal, and each resample's to a pass over its samples).
+([`lightprune.experts.maep.maep_alpha`][lightprune.experts.maep.maep_alpha]; a test holds them equal, and each
+resample's to a pass over its samples).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ SUBSETS: tuple[str, str, str] = ("text", "vision", "vision_low_attn")
 def sample_delta_h(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]], *, low_attn_quantile: float = 0.02,
                    progress: bool = True) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """``(values [S, 3, L, E], present [S, 3], layers)``: each one-sample batch's Delta-H per subset of
-    :data:`SUBSETS`, MoE layer and expert, and whether the sample has tokens of the subset (a text-only row has no
+    `SUBSETS`, MoE layer and expert, and whether the sample has tokens of the subset (a text-only row has no
     vision tokens). A batch of more than one sample is refused: its samples' values would be summed."""
     import lightprune as lp
     from lightprune.observe.attention_probe import modality_masks
@@ -77,7 +79,8 @@ def _spearman(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def bootstrap_alpha(values: torch.Tensor, present: torch.Tensor, counts: torch.Tensor) -> dict[str, torch.Tensor]:
     """a, b, alpha [B] and per layer a, b [B, L] for each row of ``counts`` [B, S] (how often each sample is in
     a resample): each subset's Delta-H the mean over the resample's samples that have its tokens, rho per layer,
-    a layer left out of the means where one of its rhos is NaN (as :func:`lightprune.experts.maep.maep_alpha` does)."""
+    a layer left out of the means where one of its rhos is NaN (as
+    [`lightprune.experts.maep.maep_alpha`][lightprune.experts.maep.maep_alpha] does)."""
     weight = counts.double().unsqueeze(-1) * present.double().unsqueeze(0)         # [B, S, 3]
     total = weight.sum(1)                                                          # [B, 3]
     means = torch.einsum("bsk,skle->bkle", weight, values.double()) / total.clamp_min(1)[:, :, None, None]

@@ -1,4 +1,4 @@
-"""The benchmark figures as a Markdown section: :func:`benchmarks_markdown`.
+"""The benchmark figures as a Markdown section: `benchmarks_markdown`.
 
 Input: the JSON of ``scripts/collect_benchmarks.py``, ``{name: figures, "machine": {...}, "commands": {name:
 command line}}``, where each bench's figures (its ``--json`` output) carry:

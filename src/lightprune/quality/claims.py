@@ -1,6 +1,6 @@
 """Each paper's claim as the quality tables can check it, and one rule that says whether it held here.
 
-The claims (:data:`CLAIM_CHECKS`: a check per claim and comparator), stated as the papers make them:
+The claims (`CLAIM_CHECKS`: a check per claim and comparator), stated as the papers make them:
 
 - MAEP ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927),
   section 6.2: Delta-H, and MAEP's global ranking, keep more of a multimodal MoE than random pruning, REAP and
@@ -17,16 +17,16 @@ The claims (:data:`CLAIM_CHECKS`: a check per claim and comparator), stated as t
   keeps more than random on every fit seed, more than magnitude and the router norm, and more than its own reverse.
 
 The rule, stated before the seeds were measured, on several independently trained testbeds (each seed's standing:
-:func:`lightprune.quality.evidence.standing`; the verdict over the seeds: :func:`claim_verdict`):
+`lightprune.quality.evidence.standing`; the verdict over the seeds: `claim_verdict`):
 
 - on one testbed seed, the criterion's retention v against N random plans of the same ratio (the null): the
   empirical p-value p = (1 + #{null >= v}) / (1 + N) (the chance that a random plan keeps at least as much), and
   the paired difference d = v - mean(null) with its paired bootstrap interval over the evaluation rows (the same
-  rows for the dense model, the criterion and every null plan: :func:`~lightprune.quality.intervals.paired_difference`);
+  rows for the dense model, the criterion and every null plan: `paired_difference`);
   against a named rival (a paper's own comparator, or MWOP's few recovered random plans) d and its interval alone.
   A seed is "for" the claim when its interval lies above 0 (and, against the null, p < 0.05), "against" it when
   its interval lies below 0 (and the p-value the other way, (1 + #{null <= v}) / (1 + N), is below 0.05);
-- over the seeds, the t interval of the seeds' d (:func:`~lightprune.quality.intervals.seed_interval`: the
+- over the seeds, the t interval of the seeds' d (`seed_interval`: the
   training seed's noise, which one seed's bootstrap over rows cannot see): "held" when it lies above 0 and no seed
   is against the claim; "did not hold" when it lies below 0 and no seed is for it; "depends on the training seed"
   when some seed is for the claim and another against it (each seed's own interval excluding 0, with opposite
@@ -36,9 +36,9 @@ The rule, stated before the seeds were measured, on several independently traine
   judged as a criterion passes at most 2.5% of the time (the t interval's own guarantee), shown by a test that feeds
   random plans to the rule;
 - MAEP's closed-form alpha (``maep_global``) is judged only where the bootstrap interval of a = rho(t, v) -
-  rho(t, la) over the calibration samples excludes 0 on every seed (:mod:`lightprune.quality.alpha_interval`);
-  elsewhere the check reads :data:`NOT_JUDGED` (its fixed-alpha rows are judged either way);
-- a verdict needs :data:`MIN_TESTBED_SEEDS` independently trained testbeds; fewer give "too few testbed seeds".
+  rho(t, la) over the calibration samples excludes 0 on every seed (`lightprune.quality.alpha_interval`);
+  elsewhere the check reads `NOT_JUDGED` (its fixed-alpha rows are judged either way);
+- a verdict needs `MIN_TESTBED_SEEDS` independently trained testbeds; fewer give "too few testbed seeds".
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _over_seeds(seeds: Sequence[Mapping[str, Any]], up, down) -> str:
 
 
 def claim_verdict(seeds: Sequence[Mapping[str, Any]]) -> str:
-    """The rule of the module docstring against the random null, over per-seed :func:`standing` records: held, did
+    """The rule of the module docstring against the random null, over per-seed `standing` records: held, did
     not hold, depends on the training seed, within noise (not measured without seeds)."""
     return _over_seeds(seeds, lambda s: s["p_value"] < P_LEVEL and s["paired_ci"][0] > 0,
                        lambda s: _lower_p_value(s) < P_LEVEL and s["paired_ci"][1] < 0)
@@ -117,7 +117,7 @@ def over_seeds(seeds: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
 
 
 def _lower_p_value(record: Mapping[str, Any]) -> float:
-    """The p-value the other way, (1 + #{null <= v}) / (1 + N), of a :func:`standing` record; records measured
+    """The p-value the other way, (1 + #{null <= v}) / (1 + N), of a `standing` record; records measured
     before it was kept: (2 + N) / (1 + N) - p (exact where no null plan ties the criterion)."""
     if "p_value_below" in record:
         return record["p_value_below"]
@@ -197,7 +197,7 @@ CLOSED_FORM = "maep_global"
 
 def _width_records(table: Mapping[str, Any], method: str, rival: str | None,
                    metric: str) -> list[Mapping[str, Any] | None]:
-    """The records of one seed's MWOP table (:func:`~lightprune.quality.width_quality.mwop_quality`, with its
+    """The records of one seed's MWOP table (`mwop_quality`, with its
     ``recovery``): one per operating point of the ``method`` rows, training-free against the null or recovered
     against the recovered random plans; None where a record is missing."""
     if rival is None:
@@ -238,7 +238,7 @@ def _seed_records(table: Mapping[str, Any], criterion: str, rival: str | None, m
 
 
 def _enough(verdict: str, seeds: Sequence[Mapping[str, Any]], min_seeds: int) -> str:
-    """``verdict``, or :data:`FEW` when the records come from fewer than ``min_seeds`` testbed seeds."""
+    """``verdict``, or `FEW` when the records come from fewer than ``min_seeds`` testbed seeds."""
     return FEW if verdict != MISSING and len({s["testbed_seed"] for s in seeds}) < min_seeds else verdict
 
 
@@ -246,12 +246,12 @@ def claims_over_seeds(text: Sequence[Mapping[str, Any]] = (), mllm: Sequence[Map
                       ratio: float = 0.5, mwop: Sequence[Mapping[str, Any]] = (),
                       min_seeds: int = MIN_TESTBED_SEEDS) -> list[dict[str, Any]]:
     """``[{"paper", "claim", "testbed", "criterion", "rival", "metric", "ratio", "verdict", "seeds"}]``: every check
-    of :data:`CLAIM_CHECKS` over the tables of each testbed seed (``text`` / ``mllm``: one table per seed, from
-    :func:`~lightprune.quality.tables.text_tables` / ``mllm_tables`` / ``mwop_tables``), its seeds' records as
-    results.json keeps them and the verdict by the rule of the module docstring (:func:`claim_verdict` against the
-    null, :func:`comparison_verdict` against a rival). A check without a record on some seed is "not measured";
+    of `CLAIM_CHECKS` over the tables of each testbed seed (``text`` / ``mllm``: one table per seed, from
+    `text_tables` / ``mllm_tables`` / ``mwop_tables``), its seeds' records as
+    results.json keeps them and the verdict by the rule of the module docstring (`claim_verdict` against the
+    null, `comparison_verdict` against a rival). A check without a record on some seed is "not measured";
     ``ratio`` is the expert-pruning checks' (MWOP's: the paper's operating points); records from fewer than
-    ``min_seeds`` testbed seeds give :data:`FEW` (one draw decides nothing)."""
+    ``min_seeds`` testbed seeds give `FEW` (one draw decides nothing)."""
     parts = {"text": list(text), "mllm": list(mllm), "mwop": list(mwop)}
     out = []
     for paper, claim, testbed, criterion, rival, metric in CLAIM_CHECKS:

@@ -6,10 +6,10 @@ What the papers' tables report, measured on a testbed: for each criterion and ra
 (perplexity, task accuracy). Random is run over several seeds and reported with its spread; the
 anti orderings (the REAP, AIMER and router-sensitivity rankings reversed: the most important experts
 pruned first) frame the ceiling of damage and test each ranking's direction (docs/testbeds.md). When the
-evaluation returns per-row sums (:data:`~lightprune.quality.intervals.ROW_SUMS`), every row gets paired bootstrap
-intervals of its retention against the dense model (:mod:`lightprune.quality.intervals`).
+evaluation returns per-row sums (`ROW_SUMS`), every row gets paired bootstrap
+intervals of its retention against the dense model (`lightprune.quality.intervals`).
 
-Rankings (:func:`expert_rankings`), higher = keep:
+Rankings (`expert_rankings`), higher = keep:
 
 - calibration criteria from one observed pass over the calibration batches, on the ``all`` token subset:
   frequency, seer, ean, reap (AIMER ("AIMER: Calibration-Free Task-Agnostic MoE Pruning", arXiv 2603.18492),
@@ -18,16 +18,16 @@ Rankings (:func:`expert_rankings`), higher = keep:
 - weight-only criteria: aimer (AIMER section 4.2), magnitude (AIMER section 5.1's baseline), router_norm;
 - router sensitivity ("Router Sensitivity Under Lightweight Fine-Tuning Identifies Prunable Experts in
   Mixture-of-Experts Models", arXiv 2608.07890), Eq. 4: |Delta ||w_e||| of the router rows after a router-LoRA fit with
-  configs/router_lora.yaml's recipe (:func:`router_sensitivity`, the RouterDelta callback's own scores);
+  configs/router_lora.yaml's recipe (`router_sensitivity`, the RouterDelta callback's own scores);
 - MAEP section 5.3: s = (1 - alpha) z~_text - alpha z~_low, global ranking, with the closed-form alpha clamped to
-  [0, 1], with each fixed alpha of :data:`FIXED_ALPHAS`, at alpha = 0 (text Delta-H alone), beside REAP ranked
-  globally and MAEP uniform per layer at alpha = 0.5 (MAEP appendix L): :func:`maep_rankings`.
+  [0, 1], with each fixed alpha of `FIXED_ALPHAS`, at alpha = 0 (text Delta-H alone), beside REAP ranked
+  globally and MAEP uniform per layer at alpha = 0.5 (MAEP appendix L): `maep_rankings`.
 
-Merges (:func:`expert_merges`, MAEP's merging baseline HC-SMoE and M-SMoE) are rows beside them: the same share of
+Merges (`expert_merges`, MAEP's merging baseline HC-SMoE and M-SMoE) are rows beside them: the same share of
 each layer's experts merged away instead of pruned, evaluated reversibly.
 
-Also :func:`proxy_rho` (per-layer Spearman of delta_h, reap, routing_kl against the ground-truth
-LM-head KL of removing each expert) and :func:`stability` (Spearman between the rankings of two
+Also `proxy_rho` (per-layer Spearman of delta_h, reap, routing_kl against the ground-truth
+LM-head KL of removing each expert) and `stability` (Spearman between the rankings of two
 calibration sets, per token subset).
 """
 
@@ -66,8 +66,8 @@ def expert_rankings(model: torch.nn.Module, stats, *, maep: bool = False,
                     extra: Mapping[str, Any] | None = None) -> dict[str, tuple[Any, str]]:
     """``{name: (ExpertScores, allocation)}`` for every criterion of the module docstring.
 
-    ``stats``: :class:`~lightprune.experts.calibration.CalibrationStats` with the calibration criteria on
-    ``all`` (and, for ``maep``, delta_h on ``text``, ``vision`` and ``vision_low_attn``);
+    ``stats``: [`CalibrationStats`][lightprune.experts.calibration.result.CalibrationStats] with the calibration
+    criteria on ``all`` (and, for ``maep``, delta_h on ``text``, ``vision`` and ``vision_low_attn``);
     ``extra``: more ``{name: ExpertScores}`` (e.g. router sensitivity), pruned uniformly.
     """
     import lightprune as lp
@@ -97,9 +97,9 @@ FIXED_ALPHAS: tuple[float, ...] = (0.1, 0.3, 0.8)
 def maep_rankings(stats) -> dict[str, tuple[Any, str]]:
     """MAEP's rows, every one on every seed, by rules fixed before measuring (MAEP section 5.3):
 
-    - ``maep_global``: the closed-form alpha clamped to [0, 1] (:func:`clamped_alpha`; the tables record whether
+    - ``maep_global``: the closed-form alpha clamped to [0, 1] (`clamped_alpha`; the tables record whether
       it was clamped), global allocation. At alpha = 0 this is ``delta_h_text_global``;
-    - ``maep_global_alpha<a>`` for every a of :data:`FIXED_ALPHAS`, global;
+    - ``maep_global_alpha<a>`` for every a of `FIXED_ALPHAS`, global;
     - ``delta_h_text_global``: text Delta-H alone (alpha = 0), global: the allocation without the modality term;
     - ``reap_global``: REAP log-z-scored per layer as MAEP's terms are, global: the allocation with a
       modality-blind score, so that a win over uniform REAP is credited to the allocation or to the modality term;
@@ -138,8 +138,8 @@ def clamped_alpha(stats) -> float | None:
 def maep_alpha(stats) -> dict[str, Any]:
     """``{"value": alpha, "error": None, "report", "clamped"}``: MAEP's closed-form alpha on ``stats``, or ``{"value":
     None, "error": why, ...}`` when it leaves [0, 1]; ``report``: the a, b and rhos it comes from
-    (:class:`~lightprune.experts.maep.AlphaReport` as a dict), either way; ``clamped``: the alpha the
-    ``maep_global`` row uses (:func:`clamped_alpha`)."""
+    ([`AlphaReport`][lightprune.experts.maep.AlphaReport] as a dict), either way; ``clamped``: the alpha the
+    ``maep_global`` row uses (`clamped_alpha`)."""
     from lightprune.experts.maep import maep_alpha as closed_form
 
     try:
@@ -170,18 +170,18 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
                    standing_metrics: Sequence[str] = (), comparisons: Sequence[tuple[str, str, str]] = (),
                    testbed_seed: int = 0) -> dict[str, Any]:
     """Evaluate the dense model, every ranking at every ratio, every merge (``merges``: name -> ratio ->
-    MergePlan, evaluated reversibly with :func:`lightprune.merged_experts`; allocation ``"merge"``) and
-    ``random_seeds`` random plans per ratio (the null distribution).
+    MergePlan, evaluated reversibly with [`lightprune.merged_experts`][lightprune.experts.merging.merge.merged_experts];
+    allocation ``"merge"``) and ``random_seeds`` random plans per ratio (the null distribution).
 
     Returns ``{"dense": metrics, "rows": [{"criterion", "allocation", "ratio", "metrics", "pruned_per_layer"}
     (+ "intervals": {metric: [low, high]} of the retention when ``evaluate`` gives row sums)],
     "random": {ratio: {"seeds": [metrics...], "summary": summarise(...)}}}``. With row sums (rounded to float32
-    first: :func:`~lightprune.quality.records.as_recorded`; every metric then computed from them), ``"records"``
-    keeps every plan's row sums (:class:`~lightprune.quality.records.RowRecords`), and each row also gets
+    first: `as_recorded`; every metric then computed from them), ``"records"``
+    keeps every plan's row sums (`RowRecords`), and each row also gets
     ``"standing": {metric: claims.standing(...)}`` for every metric of ``standing_metrics`` (its retention's
     p-value against the random plans of its ratio and the paired difference to their mean, ``testbed_seed``
     recorded), and ``"versus": {rival: {metric: {"paired_diff", "paired_ci"}}}`` for every (criterion, rival,
-    metric) of ``comparisons`` (the same rows for both: :func:`~lightprune.quality.intervals.paired_difference`
+    metric) of ``comparisons`` (the same rows for both: `paired_difference`
     against the rival alone).
     """
     from tqdm.auto import tqdm
@@ -260,7 +260,7 @@ def expert_quality(model: torch.nn.Module, rankings: Mapping[str, tuple[Any, str
 
 def _stand(out: dict[str, Any], dense_sums, row_sums, null_sums, metrics: Sequence[str],
            comparisons: Sequence[tuple[str, str, str]], testbed_seed: int) -> None:
-    """Each row's ``standing`` against the random plans and ``versus`` its rivals (:func:`expert_quality`)."""
+    """Each row's ``standing`` against the random plans and ``versus`` its rivals (`expert_quality`)."""
     from lightprune.quality.evidence import standing
     from lightprune.quality.intervals import paired_difference, retention
 
@@ -300,7 +300,7 @@ def spread(values: Sequence[float | None]) -> dict[str, float | None]:
 
 
 def summarise(runs: Sequence[Mapping[str, float]]) -> dict[str, dict[str, float | None]]:
-    """Per metric: :func:`spread` over runs."""
+    """Per metric: `spread` over runs."""
     return {k: spread([r[k] for r in runs]) for k in runs[0]}
 
 
@@ -325,7 +325,7 @@ def router_sensitivity(checkpoint: str, datamodule, *, steps: int, learning_rate
 
     The defaults are configs/router_lora.yaml's recipe (LoRA r = alpha = 8 on the routers, AdamW, lr 2e-4, weight
     decay 0.01, cosine with 5 warm-up steps; the paper's 500 steps); the batch is the datamodule's. Runs ``lightprune
-    fit``'s RouterDelta callback (no export) and returns its :class:`ExpertScores`.
+    fit``'s RouterDelta callback (no export) and returns its [`ExpertScores`][lightprune.experts.scores.ExpertScores].
     """
     import lightning.pytorch as pl
 

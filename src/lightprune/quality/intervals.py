@@ -3,7 +3,7 @@
 A metric is a ratio of sums over the evaluation rows r: ``value = N / D`` with N = sum_r n_r, D = sum_r d_r
 (accuracy: right answers over answers or tokens), or ``exp(N / D)`` for perplexities (``ppl*``: n_r the row's
 negative log-likelihood, d_r its tokens). An evaluation that supports intervals returns, beside its metrics, the
-per-row sums under :data:`ROW_SUMS`: ``{metric: (n [R], d [R])}``.
+per-row sums under `ROW_SUMS`: ``{metric: (n [R], d [R])}``.
 
 Retention (percent; 100 = unchanged, lower is worse for both kinds): ``100 * value / dense`` for accuracies,
 ``100 * dense / value`` for perplexities. Its interval is the percentile bootstrap (Efron & Tibshirani, "An
@@ -136,7 +136,7 @@ def task_mean_paired_difference(metric: str, tasks: torch.Tensor, dense: RowSums
                                 null: list[RowSums], include: torch.Tensor | None = None, *,
                                 resamples: int = RESAMPLES, level: float = 0.95,
                                 seed: int = 0) -> tuple[float, list[float]]:
-    """(d, [low, high]) as :func:`paired_difference`, for a mean over tasks of each task's retention (MWOP's ATR):
+    """(d, [low, high]) as `paired_difference`, for a mean over tasks of each task's retention (MWOP's ATR):
     d = the pruned model's task-mean retention minus the mean of the ``null`` plans', every resample drawing the
     same rows (``tasks`` [R]: each row's task id) for the dense model, the pruned one and each null plan."""
     _check(level, resamples)

@@ -1,5 +1,5 @@
 """The results page's MAEP section: the closed-form alpha on every multimodal testbed seed, with the bootstrap
-intervals of a, b and alpha over the calibration samples (:mod:`lightprune.quality.alpha_interval`), and the
+intervals of a, b and alpha over the calibration samples (`lightprune.quality.alpha_interval`), and the
 pre-registered rules for the MAEP rows ("Modality-Aware Expert Pruning for MoE-Based Multimodal Large Language
 Models", arXiv 2611.05927, sections 5.3 and 6.3.3)."""
 

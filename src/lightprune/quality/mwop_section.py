@@ -1,7 +1,7 @@
-"""The MWOP rows on the results page: the quality table (:func:`mwop_markdown`: one row per operating point and
+"""The MWOP rows on the results page: the quality table (`mwop_markdown`: one row per operating point and
 method, random rows over their seeds, Taylor rows with their standing among them) and the ATR-vs-FLOPs figure
-(:func:`plot_mwop`), from what :func:`lightprune.quality.width_quality.mwop_quality` returns; the cells' format
-(:func:`num_cell`, :func:`spread_cell`) is shared with the recovery table (:mod:`lightprune.quality.width_recovery`).
+(`plot_mwop`), from what `lightprune.quality.width_quality.mwop_quality` returns; the cells' format
+(`num_cell`, `spread_cell`) is shared with the recovery table (`lightprune.quality.width_recovery`).
 """
 
 from __future__ import annotations

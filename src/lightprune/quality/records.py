@@ -1,11 +1,11 @@
 """Per-row records: the evaluation rows every figure of the results page is computed from, kept compactly.
 
 Each testbed seed's file (``docs/results/seeds/<part>-seed<n>.json``) keeps, for every metric a claim is judged
-on, each plan's per-row sums (:data:`~lightprune.quality.intervals.ROW_SUMS`: the numerator n_r and denominator
+on, each plan's per-row sums (`ROW_SUMS`: the numerator n_r and denominator
 d_r of every evaluation row r), so that every p-value, paired difference and bootstrap interval can be computed
 again from the file alone (``scripts/recompute_results.py``, which reads these arrays with numpy and draws the
-same bootstrap rows). An array is float32, little-endian, zlib-compressed and base64-encoded (:func:`pack`); the
-measured sums are rounded to float32 before any figure is computed from them (:func:`as_recorded`), so the
+same bootstrap rows). An array is float32, little-endian, zlib-compressed and base64-encoded (`pack`); the
+measured sums are rounded to float32 before any figure is computed from them (`as_recorded`), so the
 record is the source of every figure, not an approximation of it. Random plans are kept as their rows' sums and
 their seed (the plan itself is drawn again from the seed: ``score_weights(model, "random", seed=s)``), never as
 the pruned experts.
@@ -19,7 +19,7 @@ The record of one seed::
 A plan whose denominators differ from the dense model's keeps ``[packed n, packed d]`` instead of ``packed n``.
 
 MWOP's rows are means over task families of each family's retention (its ATR), so their record keeps each
-evaluation row's task id and, per plan, every sum those figures read (:class:`TaskRowRecords`)::
+evaluation row's task id and, per plan, every sum those figures read (`TaskRowRecords`)::
 
     {"format": 1, "bootstrap": {...}, "fields": [the sums' names, e.g. "right", "tokens", "nll"],
      "task": packed task ids [R], "dense": packed [F * R] (field-major), "plans": {"<point>/<method>" |
@@ -48,7 +48,7 @@ def pack(values: torch.Tensor) -> str:
 
 
 def unpack(text: str) -> torch.Tensor:
-    """The float64 tensor of a :func:`pack` string (the float32 values, exactly)."""
+    """The float64 tensor of a `pack` string (the float32 values, exactly)."""
     import numpy as np
 
     raw = zlib.decompress(base64.b64decode(text.encode("ascii")))
@@ -56,14 +56,14 @@ def unpack(text: str) -> torch.Tensor:
 
 
 def as_recorded(sums: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Row sums rounded to float32 (as :func:`pack` keeps them), in float64: what every figure is computed from."""
+    """Row sums rounded to float32 (as `pack` keeps them), in float64: what every figure is computed from."""
     return {m: tuple(torch.as_tensor(t).detach().flatten().to(torch.float32).double() for t in pair)
             for m, pair in sums.items()}
 
 
 def as_recorded_rows(rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per-row sums ``{field: [R]}`` (e.g. :func:`~lightprune.width.retention.answer_row_sums`) rounded to float32
-    as :func:`pack` keeps them, in float64: what MWOP's figures are computed from (task ids are exact)."""
+    """Per-row sums ``{field: [R]}`` (e.g. `answer_row_sums`) rounded to float32
+    as `pack` keeps them, in float64: what MWOP's figures are computed from (task ids are exact)."""
     return {k: torch.as_tensor(v).detach().flatten().to(torch.float32).double() for k, v in rows.items()}
 
 
@@ -73,8 +73,8 @@ def plan_key(name: str, ratio: float) -> str:
 
 
 class RowRecords:
-    """Collects the row sums of the dense model and of every plan for ``metrics`` (:meth:`add`) into the record
-    of the module docstring (:meth:`to_dict`)."""
+    """Collects the row sums of the dense model and of every plan for ``metrics`` (`add`) into the record
+    of the module docstring (`to_dict`)."""
 
     def __init__(self, metrics, dense: Mapping[str, tuple[torch.Tensor, torch.Tensor]], *, resamples: int,
                  seed: int, level: float):
@@ -103,7 +103,7 @@ class RowRecords:
 
 class TaskRowRecords:
     """Collects, for a table of task-mean figures (MWOP's ATRs), each row's task id and the dense model's and every
-    plan's sums of ``fields`` (:meth:`add`) into the record of the module docstring (:meth:`to_dict`)."""
+    plan's sums of ``fields`` (`add`) into the record of the module docstring (`to_dict`)."""
 
     def __init__(self, fields, dense: Mapping[str, torch.Tensor], *, resamples: int, seed: int, level: float):
         self.fields = list(dict.fromkeys(fields))

@@ -1,7 +1,7 @@
 """docs/RESULTS.md: the quality tables, plots and benchmark figures in one page (readable offline).
 
-:func:`write_results` takes what :mod:`lightprune.quality.tables`,
-:mod:`lightprune.quality.width_quality` and ``scripts/collect_benchmarks.py`` return (any may be
+`write_results` takes what `lightprune.quality.tables`,
+`lightprune.quality.width_quality` and ``scripts/collect_benchmarks.py`` return (any may be
 missing) and writes ``<out>/RESULTS.md``, ``<out>/results/results.json`` and the PNGs under
 ``<out>/results/``. Retention is ``100 * metric / dense`` for accuracies and ``100 * dense / metric``
 for perplexities (so 100 = unchanged and lower is worse for both).
@@ -190,7 +190,7 @@ def _which(record: Mapping[str, Any]) -> str:
 
 def _criteria_section(criteria: Sequence[Mapping[str, Any]]) -> list[str]:
     """Every criterion against the random null over the testbed seeds, by the claims' rule
-    (:func:`lightprune.quality.claims.criteria_over_seeds`)."""
+    (`lightprune.quality.claims.criteria_over_seeds`)."""
     rows = ["| testbed | criterion | allocation | metric | against random | over seeds: mean difference [95% t "
             "interval] | per testbed seed: p, difference [95% interval] |", "|---|---|---|---|---|---|---|"]
     for c in criteria:
@@ -204,7 +204,7 @@ def _criteria_section(criteria: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _over_seeds_cell(check: Mapping[str, Any]) -> str:
-    """The mean paired difference over the seeds and its t interval (:func:`lightprune.quality.claims.over_seeds`)."""
+    """The mean paired difference over the seeds and its t interval (`lightprune.quality.claims.over_seeds`)."""
     over = check.get("over_seeds")
     if not over:
         return "-"
@@ -214,7 +214,7 @@ def _over_seeds_cell(check: Mapping[str, Any]) -> str:
 
 
 def _seeded_claims_section(claims: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Each check over the testbed seeds (:func:`lightprune.quality.claims.claims_over_seeds`): the verdict and, per
+    """Each check over the testbed seeds (`lightprune.quality.claims.claims_over_seeds`): the verdict and, per
     seed, the p-value against the random null (or "-" against a rival) and the paired difference with its interval."""
     rows = ["| paper | claim | testbed | metric | here | over seeds: mean difference [95% t interval] | per testbed "
             "seed: p, difference [95% interval] |", "|---|---|---|---|---|---|---|"]
@@ -262,8 +262,8 @@ def write_results(out: str | Path = "docs", *, text: Mapping | None = None, mllm
                   criteria: Sequence[Mapping[str, Any]] | None = None,
                   maep: Sequence[Mapping[str, Any]] | None = None, command: str | None = None) -> Path:
     """Write ``<out>/RESULTS.md`` (+ ``results/results.json`` and PNGs) from the parts given; its path.
-    ``claims``: the checks over testbed seeds (:func:`lightprune.quality.claims.claims_over_seeds`); ``maep``: MAEP's
-    alpha on each multimodal testbed seed (:func:`~lightprune.quality.maep_section.maep_seed_record`)."""
+    ``claims``: the checks over testbed seeds (`lightprune.quality.claims.claims_over_seeds`); ``maep``: MAEP's
+    alpha on each multimodal testbed seed (`maep_seed_record`)."""
     out = Path(out)
     (out / "results").mkdir(parents=True, exist_ok=True)
     text, mllm, mwop = page_tables(text), page_tables(mllm), page_tables(mwop)

@@ -1,7 +1,7 @@
 """An expert-pruning sweep's result (a row per criterion and ratio, the dense model, random selection's seeds) as
 the results page shows it: tables of the metrics and their retention, a summary sentence per ratio, the proxies'
 rank correlations and the plots. Retention is ``100 * metric / dense`` for accuracies and ``100 * dense / metric``
-for perplexities (:func:`lightprune.quality.intervals.retention`).
+for perplexities (`lightprune.quality.intervals.retention`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The quality tables of docs/RESULTS.md: every expert criterion on the trained testbeds, side by side.
 
-:func:`text_tables` (the text MoE testbed) and :func:`mllm_tables` (the Qwen3-VL-MoE-style testbed)
+`text_tables` (the text MoE testbed) and `mllm_tables` (the Qwen3-VL-MoE-style testbed)
 each return a JSON-able dict: the dense model's metrics, every criterion at every ratio
-(:mod:`lightprune.quality.expert_quality`), random over seeds with its spread, the per-layer rho of
+(`lightprune.quality.expert_quality`), random over seeds with its spread, the per-layer rho of
 the Delta-H / REAP / routing-KL proxies against the ground-truth KL, and the cross-dataset stability
 of the rankings (text: prose vs code calibration; multimodal: digits vs charts, per token subset).
 Evaluation splits are never the calibration split.
@@ -11,7 +11,7 @@ Metrics. Text testbed, on the test split: perplexity overall and per domain (eve
 next-token accuracy. Multimodal testbed, on the val split: answer accuracy per image task (every
 answer token right, teacher forced, end-of-turn markers not counted), the image answers' perplexity
 beside it (their loss) and the perplexity of the text rows' completions. Both evaluations return their
-per-row sums, so every row gets bootstrap intervals of its retention (:mod:`lightprune.quality.intervals`).
+per-row sums, so every row gets bootstrap intervals of its retention (`lightprune.quality.intervals`).
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def _testbed_record(folder, preset: str, quality: str) -> dict[str, Any]:
 
 
 def _with_row_sums(sums: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
-    """Each metric's value from its row sums (:func:`~lightprune.quality.intervals.metric_value`), and the sums
-    themselves under :data:`~lightprune.quality.intervals.ROW_SUMS`."""
+    """Each metric's value from its row sums (`metric_value`), and the sums
+    themselves under `ROW_SUMS`."""
     out: dict[str, Any] = {m: float(metric_value(m, *s)) for m, s in sums.items()}
     out[ROW_SUMS] = sums
     return out
@@ -84,7 +84,7 @@ def _next_token_sums(sums: dict, suffix: str, nll: torch.Tensor, right: torch.Te
 
 def routing_balance_record(stats) -> dict[str, Any]:
     """Per MoE layer, how balanced the calibration tokens' routing is
-    (:func:`lightprune.finetune.balance.routing_balance` of the frequency counts over all tokens), with the goal it
+    (`lightprune.finetune.balance.routing_balance` of the frequency counts over all tokens), with the goal it
     is held to: every expert at least 1/(4E) of a layer's routing, normalised entropy at least 0.95."""
     from lightprune.finetune.balance import routing_balance
 
@@ -134,7 +134,7 @@ def text_tables(preset: str = "full", root: str | os.PathLike | None = None, *, 
                 testbed_seed: int | None = None) -> dict[str, Any]:
     """Every criterion on the text testbed ``preset`` (trained first when not cached; ``testbed_seed``: the same
     recipe trained from that seed), each row's standing against the ``random_seeds`` random plans (the null) and
-    against its paper's comparators (:data:`TEXT_COMPARISONS`). Router sensitivity is fitted ``sensitivity_fits``
+    against its paper's comparators (`TEXT_COMPARISONS`). Router sensitivity is fitted ``sensitivity_fits``
     times (fit seeds 0, 1, ...: rows ``router_sensitivity``, ``router_sensitivity_fit1``, ...), so that its claim
     is judged over the fit's randomness too."""
     import lightprune as lp
@@ -193,11 +193,11 @@ def mllm_tables(preset: str = "mllm-moe-canvas-full", root: str | os.PathLike | 
                 random_seeds: int = 50, kl_rows: int = 16, sensitivity_steps: int = 500,
                 progress: bool = True, testbed_seed: int | None = None,
                 alpha_resamples: int = 1000) -> dict[str, Any]:
-    """Every criterion, MAEP's rows included (:func:`~lightprune.quality.expert_quality.maep_rankings`), on the
+    """Every criterion, MAEP's rows included (`maep_rankings`), on the
     multimodal MoE testbed ``preset`` (``testbed_seed``: the same recipe trained from that seed), with each row's
-    standing against the random plans and the comparators of :data:`MLLM_COMPARISONS`, and MAEP's closed-form
+    standing against the random plans and the comparators of `MLLM_COMPARISONS`, and MAEP's closed-form
     alpha with its bootstrap interval over the calibration samples (``alpha_resamples`` resamples:
-    :func:`~lightprune.quality.alpha_interval.alpha_interval`)."""
+    `alpha_interval`)."""
     import lightprune as lp
 
 

@@ -6,19 +6,19 @@ Qwen2.5-VL-7B 60 / 70 / 0 % and 40 %) against random masks of the same ratios, h
 ATR as in MWOP section 6.1, FLOPs as in MWOP appendix D.4. For a model and a Testbed VQA datamodule:
 
 1. attention Taylor importance S_attn(l, h, p) once on the ``calibration`` split (dense model); every score comes
-   from the width-scorer registry (:mod:`lightprune.width.scorers`: ``taylor``, ``min_rank``, ``random``);
+   from the width-scorer registry (`lightprune.width.scorers`: ``taylor``, ``min_rank``, ``random``);
 2. per operating point: the Taylor plan prunes, per path p, the round(r_p * L * H) lowest-scored
-   (layer, head) units (:func:`~lightprune.width.select.select_paths`); FFN importance S_ffn(l, c, mu) is
+   (layer, head) units ([`select_paths`][lightprune.width.select_paths]); FFN importance S_ffn(l, c, mu) is
    then computed with those attention masks applied (Alg. 1 line 7) and round(r_mu * sum_l m_l) channels of
-   modality mu are pruned, lowest first (:func:`~lightprune.width.select.select_channels`). The random
-   plans rank the same units by uniform scores (scorer ``random``, :func:`~lightprune.width.select.random_scores`,
+   modality mu are pruned, lowest first ([`select_channels`][lightprune.width.select_channels]). The random
+   plans rank the same units by uniform scores (scorer ``random``, [`random_scores`][lightprune.width.random_scores],
    seeds 0 .. ``random_seeds`` - 1) at the same ratios; with ``all_tasks``, the "All Tasks" plans (appendix A.4)
    rank them by the minimum over task families of each family's Taylor rank, every family's scores from its
-   own calibration samples (scorer ``min_rank``, :func:`~lightprune.width.min_rank.min_rank_scores`, the
-   families' splits from :func:`~lightprune.width.scorer.category_batches`);
-3. every plan is evaluated under :func:`~lightprune.width.mask.mask_width` on the ``val`` split, teacher
+   own calibration samples (scorer ``min_rank``, [`min_rank_scores`][lightprune.width.min_rank_scores], the
+   families' splits from [`category_batches`][lightprune.width.category_batches]);
+3. every plan is evaluated under [`mask_width`][lightprune.width.mask_width] on the ``val`` split, teacher
    forced, as the staged search does, end-of-turn markers not counted as answer tokens
-   (:func:`~lightprune.width.retention.answer_row_sums`):
+   (`answer_row_sums`):
 
        acc_f        per task family f (``metric``: answer-token accuracy, whole-answer match or probability)
        ATR          = mean over families f with acc_f(dense) > 0 of 100 * acc_f(plan) / acc_f(dense)
@@ -27,18 +27,18 @@ ATR as in MWOP section 6.1, FLOPs as in MWOP appendix D.4. For a model and a Tes
        FLOPs frac.  = decoder_flops(config, V, T, plan, align).fraction at ``align`` and at 1   (appendix D.4)
 
    with 95% paired bootstrap intervals of both ATRs over the val rows
-   (:func:`~lightprune.quality.intervals.task_mean_retention_interval`), every figure computed from the rows'
-   sums rounded to float32 and kept per row (``records``, :class:`~lightprune.quality.records.TaskRowRecords`),
+   (`task_mean_retention_interval`), every figure computed from the rows'
+   sums rounded to float32 and kept per row (``records``, `TaskRowRecords`),
    so that ``scripts/recompute_results.py`` computes each of them again from the seed's file;
 
    with (V, T) the val split's mean vision (image placeholder) and text tokens per sample, system tokens
    (those before a sample's first image token) and padding excluded, rounded to integers, as the search
    counts its FLOPs profile.
 
-:func:`mwop_quality` returns plain JSON-ready data (plans and scores included);
-:func:`~lightprune.quality.mwop_section.mwop_markdown` writes the table and
-:func:`~lightprune.quality.mwop_section.plot_mwop` the ATR-vs-FLOPs figure (random: mean with min-max bars). The
-same plans after recovery: :mod:`lightprune.quality.width_recovery`.
+`mwop_quality` returns plain JSON-ready data (plans and scores included);
+`mwop_markdown` writes the table and
+`plot_mwop` the ATR-vs-FLOPs figure (random: mean with min-max bars). The
+same plans after recovery: `lightprune.quality.width_recovery`.
 """
 
 from __future__ import annotations
@@ -128,12 +128,12 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
     Args:
         model: the dense MLLM (e.g. ``lp.load_pruned(vqa_testbed("dense-mllm-full") / "model")``).
         dm: a datamodule with ``dataloader(split)`` (``calibration`` and ``val``) and ``task_names``
-            (:class:`~lightprune.data.TestbedVQADataModule`), or ``calibration_dataloader()`` /
+            (`TestbedVQADataModule`), or ``calibration_dataloader()`` /
             ``val_dataloader()``.
-        operating_points: {name: {unit: ratio}} with units from :data:`~lightprune.width.plan.WIDTH_UNITS`.
+        operating_points: {name: {unit: ratio}} with units from `WIDTH_UNITS`.
         random_seeds: random plans per operating point (seeds 0 .. n - 1; 0: no random rows).
         align: FFN channel alignment b of the FLOPs count (the paper: 64; 1 counts every channel).
-        metric: ``token``, ``exact`` or ``prob`` (:mod:`lightprune.width.retention`).
+        metric: ``token``, ``exact`` or ``prob`` (`lightprune.width.retention`).
         all_tasks: also the "All Tasks" rows (method ``taylor_all_tasks``), when the datamodule serves a split per
             task (``dataloader(split, tasks=[...])``) and has more than one task.
         testbed_seed: the seed the model was trained from, recorded in each row's standing.
@@ -148,9 +148,9 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
         ``answer_ppl_atr`` and ``answer_ppl_atr_interval``, ``per_task_accuracy``, ``per_task_answer_loss``,
         ``per_task_retention``, ``excluded``, ``pruned`` (the share of every unit) and ``plan`` (``WidthPlan.to_dict``);
         Taylor rows also ``standing``: ``{"atr": ..., "answer_ppl_atr": ...}``, each
-        :func:`~lightprune.quality.evidence.standing` against the random plans of the same operating point (the p-value
+        `standing` against the random plans of the same operating point (the p-value
         of its ATR among theirs, the paired difference of the task-mean retentions on the same val rows); random rows
-        ``seeds``, ``per_seed`` (those fields per seed but the plan, which :func:`random_width_plan` draws again from
+        ``seeds``, ``per_seed`` (those fields per seed but the plan, which `random_width_plan` draws again from
         the seed) and mean / std (sample) / min / max of ``atr``, ``answer_ppl_atr``, both FLOPs fractions and
         ``per_task_accuracy``. NaN (a task without samples, or without a defined retention) is written as None.
     """
@@ -294,7 +294,7 @@ def random_width_plan(model: torch.nn.Module, ratios: Mapping[str, float], seed:
 
 def _scored(rows: Mapping[str, torch.Tensor], dense: Mapping[str, torch.Tensor], names: list[str],
             metric: str) -> dict[str, Any]:
-    """One evaluation's figures (:func:`~lightprune.width.retention.answer_row_sums`) against the dense model's:
+    """One evaluation's figures (`answer_row_sums`) against the dense model's:
     the ATR and the answer-ppl ATR over the tasks with a defined retention, each with its paired bootstrap
     interval, and per task the accuracy, answer loss and retention."""
     scores = task_scores(rows, len(names), metric)
@@ -319,7 +319,7 @@ def _standing(row: Mapping[str, Any], sums: Mapping[str, torch.Tensor], null_row
               null: list[Mapping[str, torch.Tensor]], dense: Mapping[str, torch.Tensor], metric: str,
               testbed_seed: int) -> dict[str, Any]:
     """A Taylor row's standing against the random plans of its operating point, for both ATRs: the p-value of its
-    ATR among theirs and the paired difference of the task-mean retentions (:func:`_versus`)."""
+    ATR among theirs and the paired difference of the task-mean retentions (`_versus`)."""
     out = {}
     for key, record in _versus(row, sums, null, dense, metric, testbed_seed).items():
         values = [r[key] for r in null_rows]

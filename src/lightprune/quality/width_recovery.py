@@ -1,8 +1,8 @@
-"""MWOP quality rows after recovery: the plans of :func:`~lightprune.quality.width_quality.mwop_quality` (Taylor,
+"""MWOP quality rows after recovery: the plans of `mwop_quality` (Taylor,
 All Tasks, some random plans) and the dense model, each recovered from the dense model under its masks (the
 recovery epochs of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), Alg. 1) and
-scored as the training-free rows are, against the dense model given the same recovery: :func:`mwop_recovery`,
-:func:`mwop_recovery_markdown`.
+scored as the training-free rows are, against the dense model given the same recovery: `mwop_recovery`,
+`mwop_recovery_markdown`.
 """
 
 from __future__ import annotations
@@ -62,22 +62,22 @@ def _recover(model: torch.nn.Module, plan: WidthPlan, train: list, steps: int, l
 def mwop_recovery(model: torch.nn.Module, dm: Any, result: Mapping[str, Any], *, random_seeds: int = 3,
                   epochs: int = 1, learning_rate: float = 1e-4, testbed_seed: int = 0,
                   progress: bool | None = None) -> dict[str, Any]:
-    """The plans of ``result`` (:func:`mwop_quality`'s Taylor and All Tasks rows and its first ``random_seeds``
+    """The plans of ``result`` (`mwop_quality`'s Taylor and All Tasks rows and its first ``random_seeds``
     random plans per operating point) and the dense model, each recovered for ``epochs`` epochs of the train split
-    under its masks (Alg. 1's recovery, from the dense model every time) and evaluated as :func:`mwop_quality`
+    under its masks (Alg. 1's recovery, from the dense model every time) and evaluated as `mwop_quality`
     does, against the dense model given the same recovery (so what the recovery teaches every model is not counted
     as the plan's; the recovered dense row itself is scored against the dense model before recovery). The testbed
     is too small for the paper's LoRA (r = 128 on a 128-wide model), so the language model is fine-tuned in full,
     with the paper's schedule (cosine, 3% warm-up, weight decay 0).
 
     Returns ``{"epochs", "steps", "learning_rate", "rows", "records"}`` (``records``: the rows' sums before
-    recovery as ``dense`` and each recovered plan's, keyed as :func:`mwop_quality`'s, the recovered dense model
+    recovery as ``dense`` and each recovered plan's, keyed as `mwop_quality`'s, the recovered dense model
     ``dense/dense``): rows with ``operating_point``, ``method``
     (``dense``, ``taylor``, ``taylor_all_tasks`` or ``random`` with ``seed``), ``flops_fraction`` and
-    :func:`mwop_quality`'s scores (ATRs with intervals, per-task accuracy, answer loss and retention), recovered;
+    `mwop_quality`'s scores (ATRs with intervals, per-task accuracy, answer loss and retention), recovered;
     Taylor rows also ``versus``: ``{"random": {"atr": ..., "answer_ppl_atr": ...}}``, each ``{"testbed_seed",
     "paired_diff", "paired_ci"}`` against the mean of the recovered random plans of their operating point (paired
-    over the val rows: :func:`~lightprune.quality.intervals.task_mean_paired_difference`).
+    over the val rows: `task_mean_paired_difference`).
     """
     from tqdm.auto import tqdm
 

@@ -1,25 +1,26 @@
 """The run's report page: one self-contained Markdown file, ``report.md``, with PNG plots written beside it.
 
-:func:`write_report_page` reads the JSON files a run leaves in its directory and writes what they hold, so it
-works during the run (the :class:`ReportPage` callback, at the end of the job) and after the fact::
+`write_report_page` reads the JSON files a run leaves in its directory and writes what they hold, so it
+works during the run (the `ReportPage` callback, at the end of the job) and after the fact::
 
     python -m lightprune.reporting.page RUN_DIR
 
 What it reads (each optional, at least one needed):
 
-- ``report.json``: :class:`~lightprune.callbacks.Export` (experts, parameters, checkpoint bytes, verification,
-  timings), :class:`~lightprune.callbacks.WidthExport` (MWOP: pruned fractions, ATR, FLOPs, verification) and
-  :class:`~lightprune.callbacks.Evaluate` (``evaluation``: perplexity and accuracies before / after / test,
+- ``report.json``: [`Export`][lightprune.callbacks.export.Export] (experts, parameters, checkpoint bytes, verification,
+  timings), [`WidthExport`][lightprune.callbacks.width_export.WidthExport] (MWOP: pruned fractions, ATR, FLOPs,
+  verification) and
+  [`Evaluate`][lightprune.callbacks.evaluate.Evaluate] (``evaluation``: perplexity and accuracies before / after / test,
   lm-eval results);
 - ``plan.json`` and ``scores.json`` (expert runs): kept experts per layer (``kept_experts.png``, drawn by
-  :func:`lightprune.reporting.report.plot_kept_experts`) and a heat map of each criterion's importance per layer x expert
+  `lightprune.reporting.report.plot_kept_experts`) and a heat map of each criterion's importance per layer x expert
   (``scores_<criterion>.png``, pruned experts crossed);
 - ``merge_plan.json`` (HC-SMoE, M-SMoE): each layer's clusters of merged experts, with their dominants;
-- ``search.json`` and ``width_plan.json`` (MWOP, :class:`~lightprune.callbacks.WidthSearch`): every recovered
-  candidate's training-free and recovered retention (ATR) against its ratio, per stage
+- ``search.json`` and ``width_plan.json`` (MWOP, [`WidthSearch`][lightprune.callbacks.width_search.WidthSearch]): every
+  recovered candidate's training-free and recovered retention (ATR) against its ratio, per stage
   (``retention_vs_ratio.png``), the anchors, the chosen candidate, its plan's pruned fractions and FLOPs fraction.
 
-Numbers in the tables are printed with :func:`fmt` (integers exact, floats to 6 significant digits). Images are
+Numbers in the tables are printed with `fmt` (integers exact, floats to 6 significant digits). Images are
 referenced by relative names, so the folder can be moved or archived and read offline. Plots use matplotlib's
 Agg backend (no display needed).
 """

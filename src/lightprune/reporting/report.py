@@ -15,7 +15,7 @@ __all__ = ["write_report", "merge_report", "plot_kept_experts", "summary_table",
 
 
 def write_report(report: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``report`` as JSON atomically (:func:`lightprune.core.jsonio.write_json`, indent 2)."""
+    """Write ``report`` as JSON atomically (`lightprune.core.jsonio.write_json`, indent 2)."""
     return write_json(report, path, indent=2)
 
 

@@ -1,7 +1,7 @@
 """Testbed models trained here (nothing downloaded): what the default job and the quality tables run on.
 
 Importing this package registers the ``testbed:`` checkpoint source (``testbed:text-<preset>``) with
-:func:`lightprune.core.sources.register_source`; the package's entry point makes that happen whenever a
+`lightprune.core.sources.register_source`; the package's entry point makes that happen whenever a
 checkpoint name is resolved. May import: data, models, finetune (it trains with MoECausalLM); nothing above.
 """
 

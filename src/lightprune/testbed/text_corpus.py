@@ -19,7 +19,7 @@ its code while its split's code is below that share and its docstrings while the
 splits. Rows are ``{"text", "domain", "source"}`` of at most about
 ``chunk_chars`` characters, cut at blank lines (code) or paragraph ends (prose).
 
-:func:`build_text_corpus` writes ``{train,val,calibration,test}.jsonl``, one
+`build_text_corpus` writes ``{train,val,calibration,test}.jsonl``, one
 ``calibration-<domain>.jsonl`` per domain and a BPE tokenizer trained on the train split into
 ``<root>/testbed/corpus-<digest>/`` (the default corpus's cache helpers: written under a temporary
 name, renamed into place, checked against a manifest, rebuilt with a warning when corrupt).
@@ -237,7 +237,7 @@ def build_text_corpus(spec: TextCorpusSpec | None = None, root: str | os.PathLik
 
 
 def rows_by_domain(path: Path) -> dict[str, list]:
-    """A corpus JSONL file's rows (:class:`~lightprune.data.rows.Row`) per domain, in file order."""
+    """A corpus JSONL file's rows (`Row`) per domain, in file order."""
     rows = read_jsonl(path)
     lines = path.read_text(encoding="utf-8").splitlines()
     domains = [parse_json(line, f"{path}:{number}")["domain"] for number, line in enumerate(lines, start=1)]

@@ -1,8 +1,8 @@
 """TestbedTextDataModule: the text testbed's corpus and tokenizer as a datamodule (what its configs name).
 
-The corpus of a text testbed preset (:data:`lightprune.testbed.TEXT_TESTBEDS`; prose and code from
-Python's documentation and standard library, :mod:`lightprune.testbed.text_corpus`) served exactly as
-:class:`~lightprune.data.TextJsonlDataModule` serves JSONL files, with the preset's tokenizer (the one
+The corpus of a text testbed preset (`lightprune.testbed.TEXT_TESTBEDS`; prose and code from
+Python's documentation and standard library, `lightprune.testbed.text_corpus`) served exactly as
+`TextJsonlDataModule` serves JSONL files, with the preset's tokenizer (the one
 the testbed model was trained with). ``calibration_domain`` picks the calibration file: the mixed
 calibration split or one domain's rows (``prose``, ``code``).
 """

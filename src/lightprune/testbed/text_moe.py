@@ -2,16 +2,16 @@
 
 No pretrained weights can be fetched, so criteria are compared on a model we train ourselves (issue "Evidence"; a first
 probe, on 2 CPU cores, measured that a balanced model needs about 25 minutes at hidden 256 before criteria leave
-random's spread). The corpus is :mod:`lightprune.testbed.text_corpus` (prose and code from the standard library) with
+random's spread). The corpus is `lightprune.testbed.text_corpus` (prose and code from the standard library) with
 its local BPE tokenizer; the model is ``qwen3_moe`` from a config with transformers' own initialisation, trained with
 AdamW, linear warm-up and cosine decay, next-token loss on every token plus each MoE layer's load-balancing loss
 (``router_aux_loss_coef``, ``aux_loss``), for a fixed number of steps (not a time budget, so a rerun gives the same
 weights on the same machine and thread count).
 
-Presets (:data:`TEXT_TESTBEDS`): ``micro`` (tests; seconds), ``small`` (the README's default job;
+Presets (`TEXT_TESTBEDS`): ``micro`` (tests; seconds), ``small`` (the README's default job;
 about two minutes the first time), ``full`` (the quality tables; about 17 minutes alone on 2 cores).
 
-:func:`text_testbed` returns the checkpoint folder, training it first when no valid one is cached:
+`text_testbed` returns the checkpoint folder, training it first when no valid one is cached:
 ``<root>/testbed/text-<preset>-<digest>/`` with ``model/`` (``save_pretrained`` weights, config and
 tokenizer: a checkpoint every lightprune command loads), ``training.json`` (the spec, the loss curve,
 held-out perplexity per domain, seconds) and a manifest; written under a temporary name and renamed
@@ -135,7 +135,7 @@ def corpus_datamodule(spec: TextTestbedSpec, corpus: TextCorpus, **overrides: An
 def instruction_datamodule(spec: TextTestbedSpec, corpus: TextCorpus, folder: str | os.PathLike, **overrides: Any):
     """Instruction data for the testbed, distinct in form from its pretraining text: the question / answer rows on
     Python's documentation topics of Testbed VQA's text task (its train pool,
-    :func:`~lightprune.data.generated.testbed_vqa.text_pool`), written to ``folder/instructions.jsonl`` as
+    `text_pool`), written to ``folder/instructions.jsonl`` as
     prompt / completion rows (loss on the answer only), served with the corpus's tokenizer and the spec's
     batching as the datamodule's train split. The content comes from the same documentation as the corpus."""
     from lightprune.data.generated.testbed_vqa import text_pool

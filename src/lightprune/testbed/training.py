@@ -1,16 +1,16 @@
 """What every testbed shares: its cache folder, an isolated random state, and the fit from an initial checkpoint.
 
 A testbed folder ``<root>/testbed/<name>-<digest of its spec>/`` holds ``model/`` (a checkpoint every
-lightprune command loads), ``training.json`` and a manifest each; :func:`cached_testbed` returns it when
+lightprune command loads), ``training.json`` and a manifest each; `cached_testbed` returns it when
 both manifests check, else trains it into a temporary folder renamed into place (the default corpus's
-cache helpers), with the job's random state left untouched (:func:`isolated_rng`). :func:`fit_from_init`
-is the training itself: :class:`~lightprune.finetune.MoECausalLM` from the initial checkpoint, AdamW with
+cache helpers), with the job's random state left untouched (`isolated_rng`). `fit_from_init`
+is the training itself: `MoECausalLM` from the initial checkpoint, AdamW with
 linear warm-up and cosine decay for a fixed number of steps (not a time budget), on the caller's torch threads
-(:func:`training_threads`) with torch's deterministic algorithms (:func:`deterministic_training`), so a rerun gives
-the same weights on the same CPU, thread count, torch and Python (:func:`training_facts`: in the manifest and the
-cache key), the loss curve kept by :class:`LossCurve`. What the testbeds
-report about themselves and the quality tables measure on them: :func:`next_token_metrics` over batches of
-:func:`encode_batches`.
+(`training_threads`) with torch's deterministic algorithms (`deterministic_training`), so a rerun gives
+the same weights on the same CPU, thread count, torch and Python (`training_facts`: in the manifest and the
+cache key), the loss curve kept by `LossCurve`. What the testbeds
+report about themselves and the quality tables measure on them: `next_token_metrics` over batches of
+`encode_batches`.
 """
 
 from __future__ import annotations
@@ -75,16 +75,16 @@ def training_threads() -> int:
     """The CPU threads a testbed trains with: torch's count in the calling thread (``OMP_NUM_THREADS``, else the
     machine's cores, unless the caller set another). The weights depend on it (torch's CPU kernels split their
     reductions by thread: the small text testbed's loss at step 48 is 6.081 on 2 threads, 6.146 on 1), so it is
-    one of the :func:`training_facts`: another count trains, and caches, another testbed."""
+    one of the `training_facts`: another count trains, and caches, another testbed."""
     import torch
 
     return torch.get_num_threads()
 
 
 def training_facts() -> dict[str, Any]:
-    """What besides its spec decides a testbed's trained weights: the training threads (:func:`training_threads`),
+    """What besides its spec decides a testbed's trained weights: the training threads (`training_threads`),
     the CPU (its vector width orders the reductions), torch and Python (the text corpus is Python's own
-    documentation). Recorded in each testbed's manifest and part of its cache key (:func:`facts_digest`)."""
+    documentation). Recorded in each testbed's manifest and part of its cache key (`facts_digest`)."""
     import platform
 
     import torch
@@ -94,13 +94,13 @@ def training_facts() -> dict[str, Any]:
 
 
 def facts_digest() -> str:
-    """8 hex digits of SHA-256 over :func:`training_facts`: the second half of a testbed folder's name."""
+    """8 hex digits of SHA-256 over `training_facts`: the second half of a testbed folder's name."""
     return hashlib.sha256(json.dumps(training_facts(), sort_keys=True).encode()).hexdigest()[:8]
 
 
 @contextmanager
 def deterministic_training(threads: int | None = None) -> Iterator[None]:
-    """Inside the block torch runs on ``threads`` CPU threads (default: :func:`training_threads`) with its
+    """Inside the block torch runs on ``threads`` CPU threads (default: `training_threads`) with its
     deterministic algorithms (a warning where an op has none); both are restored on exit."""
     import torch
 
@@ -213,7 +213,7 @@ class WindowRate:
 
 
 def windowed_bar(**kwargs: Any):
-    """A tqdm bar (``tqdm.auto``'s kind) whose rate and time left come from a :class:`WindowRate` of its updates."""
+    """A tqdm bar (``tqdm.auto``'s kind) whose rate and time left come from a `WindowRate` of its updates."""
     from tqdm.auto import tqdm
 
     class WindowedBar(tqdm):
@@ -239,7 +239,7 @@ def windowed_bar(**kwargs: Any):
 
 class StepsBar(pl.Callback):
     """A bar over the whole training (``max_steps`` optimizer steps, its rate and time left for all of them, over
-    the last minute: :class:`WindowRate`), where Lightning's bar counts the batches of one epoch; the running loss
+    the last minute: `WindowRate`), where Lightning's bar counts the batches of one epoch; the running loss
     beside it."""
 
     def __init__(self, description: str):
@@ -313,7 +313,7 @@ def fit_from_init(folder: Path, init: Path, datamodule, spec, *, router_aux_loss
 
 
 def encode_batches(datamodule, rows: Sequence[Any], max_batches: int | None = None) -> list[dict[str, Any]]:
-    """Rows (:class:`~lightprune.data.rows.Row`) in file order as the datamodule's padded batches (the first
+    """Rows (`Row`) in file order as the datamodule's padded batches (the first
     ``max_batches``)."""
     collate = datamodule._collator()
     size = datamodule.batch_size

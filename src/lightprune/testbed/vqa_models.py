@@ -4,14 +4,14 @@
   presets put the pictures on a larger square of noise (most vision tokens uninformative) with 64 experts per layer;
 - ``dense-mllm``: a LLaVA-OneVision-style dense MLLM (MWOP's attention paths and FFN channels).
 
-Both are trained from transformers' own initialisation on :class:`~lightprune.data.TestbedVQADataModule`
+Both are trained from transformers' own initialisation on `TestbedVQADataModule`
 (scikit-learn's handwritten digits, matplotlib bar charts, and Python-documentation text rows mixed in;
 loss on the answers), with a processor whose BPE tokenizer is trained locally on the set's texts, for a
 fixed number of steps (a rerun gives the same weights on the same machine and thread count). Presets
-(:data:`VQA_TESTBEDS`): ``<kind>-micro`` for tests (seconds) and ``<kind>-full`` for the quality tables
+(`VQA_TESTBEDS`): ``<kind>-micro`` for tests (seconds) and ``<kind>-full`` for the quality tables
 (minutes).
 
-:func:`vqa_testbed` returns the folder, training first when no valid one is cached:
+`vqa_testbed` returns the folder, training first when no valid one is cached:
 ``<root>/testbed/<name>-<digest>/`` with ``model/`` (weights, config and processor: a checkpoint that
 ``MoECausalLM(checkpoint=...)`` and ``TestbedVQADataModule(processor=...)`` load), ``training.json``
 (spec, loss curve, held-out answer accuracy per task family, seconds) and a manifest.
@@ -171,7 +171,7 @@ def datamodule(spec: VQATestbedSpec, processor: Any, root: str | os.PathLike | N
 
 def answer_accuracy(model, loader, task_names: list[str], end_ids: Sequence[int] = ()) -> dict[str, float]:
     """Per task family with rows in ``loader``: the fraction of rows whose every answer token is the argmax
-    (teacher forced; :func:`lightprune.width.retention.evaluate_tasks` with ``metric="exact"``), the end-of-turn
+    (teacher forced; `lightprune.width.retention.evaluate_tasks` with ``metric="exact"``), the end-of-turn
     markers ``end_ids`` not counted as answer tokens."""
     scores = evaluate_tasks(model, loader, len(task_names), metric="exact", end_ids=end_ids).tolist()
     return {task: score for task, score in sorted(zip(task_names, scores)) if score == score}

@@ -1,4 +1,4 @@
-"""Valid forward batches for the tiny models of :mod:`lightprune.testing.tiny` (and any model of a family).
+"""Valid forward batches for the tiny models of `lightprune.testing.tiny` (and any model of a family).
 
 ``tiny_multimodal_batch`` builds what a processor would hand the model, without a processor:
 
@@ -39,7 +39,7 @@
   ``image_grid_hw [num_images, 2]`` in patches (features downsampled 2 x 2).
 - Muse Spark: Qwen3-VL's flat patches and ``image_grid_thw`` (``patch_temporal`` frames per patch, ``merge_size``
   merging), ``text, <image> x (t h w / merge^2), text`` without markers or token types.
-- LLaVA-OneVision: ``text, <image> x n, text`` with ``n`` from :func:`llava_onevision_image_tokens`: an
+- LLaVA-OneVision: ``text, <image> x n, text`` with ``n`` from `llava_onevision_image_tokens`: an
   image alone in its sample is tiled "anyres" (a base tile plus the best-fitting pinpoint grid, the grid's
   features unpadded back to the image's aspect ratio, one ``image_newline`` per feature row); an image
   in a multi-image sample is its base tile plus one newline. ``pixel_values [num_images, max_tiles, C, S,
@@ -146,7 +146,7 @@ def _qwen_images(config, count: int, first: int, gen: torch.Generator):
 
 def _hy_v4_vl_images(config, count: int, first: int, gen: torch.Generator):
     """(per-image placeholder counts, pixel_values, image_grid_thw) of ``count`` Hy4-VL images: those of
-    :func:`_flat_patch_images` with a newline placeholder after every merged row."""
+    `_flat_patch_images` with a newline placeholder after every merged row."""
     m = int(config.vision_config.spatial_merge_size)
     _, pixels, grids = _flat_patch_images(config, count, first, gen)
     return [t * (h // m) * (w // m + 1) for t, h, w in grids.tolist()], pixels, grids

@@ -1,5 +1,5 @@
 """Tiny configs of the multimodal families: the MoE MLLMs (vision towers as small as the text models) and the dense
-MLLMs of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"); :mod:`lightprune.testing.tiny`
+MLLMs of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"); `lightprune.testing.tiny`
 is the public entry."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Tiny configs of the text MoE families (the geometry every tiny model shares, hand-written builders and the
-families built generically from :data:`GENERIC_FIELDS`); :mod:`lightprune.testing.tiny` is the public entry."""
+families built generically from `GENERIC_FIELDS`); `lightprune.testing.tiny` is the public entry."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ _GENERIC = {**_ATTN, "intermediate_size": 24, "moe_intermediate_size": 16, "num_
 
 
 def _generic(model_type: str, **kw: Any):
-    """A tiny config of ``model_type`` from :data:`_GENERIC`: the fields its config class takes, then ``kw``."""
+    """A tiny config of ``model_type`` from `_GENERIC`: the fields its config class takes, then ``kw``."""
     import inspect
 
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING

@@ -4,8 +4,8 @@ Used by the tests, the benchmarks and the README's default job. Each builder ret
 transformers 5 config small enough to run a forward pass in milliseconds on one CPU core,
 with the family's routing switches set so that its distinctive path is exercised.
 
-:data:`TINY_FAMILIES` are the MoE families (text and multimodal) that expert pruning runs on.
-:data:`TINY_DENSE_MLLMS` are dense multimodal LLMs for the width pruning of MWOP ("MWOP: Modality-aware Width-wise
+`TINY_FAMILIES` are the MoE families (text and multimodal) that expert pruning runs on.
+`TINY_DENSE_MLLMS` are dense multimodal LLMs for the width pruning of MWOP ("MWOP: Modality-aware Width-wise
 Operation Pruning for Efficient MLLMs"), appendix D.1: LLaVA-OneVision (SigLIP tower, anyres tiles with unpadding
 and ``image_newline``) and Qwen2.5-VL (windowed vision attention, M-RoPE). Their text models have the MoE
 families' attention geometry (hidden 32, 4 heads, 2 kv heads, head_dim 8) and a dense MLP of width 24.
@@ -49,7 +49,7 @@ _ALIKE = 0.75
 
 
 def check_tiny_family(family: Any, what: str = "tiny family") -> None:
-    """A ValueError naming ``family`` when it is none of :data:`TINY_FAMILIES` and :data:`TINY_DENSE_MLLMS`: the
+    """A ValueError naming ``family`` when it is none of `TINY_FAMILIES` and `TINY_DENSE_MLLMS`: the
     closest name, a few MoE families and the dense MLLMs (the whole list is 80 names)."""
     families = (*TINY_FAMILIES, *TINY_DENSE_MLLMS)
     if isinstance(family, str) and family in families:
@@ -102,8 +102,8 @@ def check_tiny_overrides(family: str, overrides: dict[str, Any], what: str = "ti
 
 
 def tiny_config(family: str, **overrides: Any):
-    """A tiny config of ``family`` (one of :data:`TINY_FAMILIES` or :data:`TINY_DENSE_MLLMS`), overrides applied; an
-    override that is no field of the config is refused (:func:`check_tiny_overrides`)."""
+    """A tiny config of ``family`` (one of `TINY_FAMILIES` or `TINY_DENSE_MLLMS`), overrides applied; an
+    override that is no field of the config is refused (`check_tiny_overrides`)."""
     check_tiny_family(family)
     if overrides:
         check_tiny_overrides(family, overrides)

@@ -3,18 +3,18 @@ Modality-aware Width-wise Operation Pruning for Efficient MLLMs")).
 
 Built bottom-up, each module importing only those before it:
 
-- :mod:`.paths` (a leaf: modality codes, the three paths V2V / T2V / T2T and their pair masks);
-- :mod:`.layers` (the language decoder's heads and FFN channels), :mod:`.modality` (each token's
-  modality), :mod:`.plan` (:class:`WidthPlan`), :mod:`.flops` (decoder FLOPs, appendix D.4);
-- :mod:`.kernels` (span / FlexAttention / masked-SDPA / Triton path-sparse attention and the cost model that
-  chooses among them, the compact FFN), :mod:`.attention_choice` (the export's choice per layer and device type);
-- :mod:`.attention` (the attention implementation that masks or gates paths), :mod:`.mask`
-  (:func:`mask_width`, reversible), :mod:`.swap` (compact FFNs swapped in);
-- :mod:`.taylor` (first-order Taylor importance), :mod:`.min_rank` (per-category rankings combined, the
-  "All Tasks" calibration), :mod:`.select` (scores -> plan), :mod:`.retention` (task accuracy and ATR),
-  :mod:`.search` (the staged search's decisions, Algorithm 1);
-- :mod:`.scorer` (:class:`WidthScorer`, the interface every width importance implements) and :mod:`.scorers`
-  (one registry, :func:`register_width_scorer` / :func:`get_width_scorer`, with the built-ins ``taylor``,
+- `paths` (a leaf: modality codes, the three paths V2V / T2V / T2T and their pair masks);
+- `layers` (the language decoder's heads and FFN channels), `modality` (each token's
+  modality), `plan` ([`WidthPlan`][]), `flops` (decoder FLOPs, appendix D.4);
+- `kernels` (span / FlexAttention / masked-SDPA / Triton path-sparse attention and the cost model that
+  chooses among them, the compact FFN), `attention_choice` (the export's choice per layer and device type);
+- `attention` (the attention implementation that masks or gates paths), `mask`
+  ([`mask_width`][], reversible), `swap` (compact FFNs swapped in);
+- `taylor` (first-order Taylor importance), `min_rank` (per-category rankings combined, the
+  "All Tasks" calibration), `select` (scores -> plan), `retention` (task accuracy and ATR),
+  `search` (the staged search's decisions, Algorithm 1);
+- `scorer` ([`WidthScorer`][], the interface every width importance implements) and `scorers`
+  (one registry, [`register_width_scorer`][] / [`get_width_scorer`][], with the built-ins ``taylor``,
   ``min_rank`` and ``random``).
 
 May import: models, observe and the shared leaves; never experts, finetune, export, callbacks or above.

@@ -14,15 +14,15 @@ pruned for head h):
   ``dL/dg[b, h, p] = <O_(l,h,p), dL/dO_(l,h)>`` where ``O_p = (A * M_p) V`` is the path's additive
   contribution with the attention weights held fixed (no renormalisation: "we zero either contribution
   without renormalizing"). Since the gates are 1, the forward is the mask-mode output and the gate is an
-  identity whose backward computes ``sum_(i,j in p) A_ij (dL/dO_i . v_j)`` (:func:`lightprune.width.gates.path_gate`).
+  identity whose backward computes ``sum_(i,j in p) A_ij (dL/dO_i . v_j)`` (`lightprune.width.gates.path_gate`).
 
-Heads are grouped by their keep flags (:func:`head_groups`, at most 8 groups), and each group runs SDPA with
+Heads are grouped by their keep flags (`head_groups`, at most 8 groups), and each group runs SDPA with
 one [B, 1, Q, K] pair mask, so neither mode builds a [B, heads, Q, K] tensor.
 
 The function is registered in transformers' ``AttentionInterface`` as ``"lightprune_path:<original>"``
-(original = ``sdpa`` or ``eager``) through :mod:`.attention_interface`; layers without a route, or whose
-plan keeps every path (outside the Taylor pass), call the original unchanged. Token modalities come from :class:`ModalityState`, set by a forward pre-hook that
-:mod:`lightprune.width.mask` installs.
+(original = ``sdpa`` or ``eager``) through `attention_interface`; layers without a route, or whose
+plan keeps every path (outside the Taylor pass), call the original unchanged. Token modalities come from
+`ModalityState`, set by a forward pre-hook that `lightprune.width.mask` installs.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ class PathRoute:
     mode, ``gate`` [B, H, 3] (set per batch by the Taylor pass; None = mask mode). ``backend`` (mask mode
     only): None builds the dense [B, H, Q, K] mask here; a backend name (``"sdpa"``, ``"span"``, ``"flex"``,
     ``"triton"``), or ``{device type: name}`` (the export's per-device choice; a device type it does not name runs
-    ``"sdpa"``), calls :func:`lightprune.width.kernels.path_sparse_attention` (the exported model's attention)."""
+    ``"sdpa"``), calls [`lightprune.width.kernels.path_sparse_attention`][...kernels.path_sparse_attention] (the
+    exported model's attention)."""
 
     layer: int
     state: ModalityState

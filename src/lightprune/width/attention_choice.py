@@ -2,11 +2,11 @@
 
 MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs", appendix D.5) exports kernels for faster
 prefill. Which of masked SDPA, the span decomposition and FlexAttention is fastest depends on the layer's kept paths and
-the prompt's modality spans, so the export asks :func:`~lightprune.width.kernels.attention_cost.choose_attention` for
+the prompt's modality spans, so the export asks `choose_attention` for
 every layer that prunes a path, on a reference token layout (the verification probe's first sample unless given), for
-each device type of :data:`~lightprune.width.kernels.attention_cost.PROFILES`, and records the choice and every
-candidate's estimate (:func:`attention_choice`). Loading runs the recorded backend of the device the layer runs on
-(:func:`recorded_backends`); a device type the record does not name runs masked SDPA, which runs everywhere.
+each device type of `PROFILES`, and records the choice and every
+candidate's estimate (`attention_choice`). Loading runs the recorded backend of the device the layer runs on
+(`recorded_backends`); a device type the record does not name runs masked SDPA, which runs everywhere.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ RECORD_VERSION = 1
 
 def probe_layout(model: nn.Module, probe: Mapping[str, Any]) -> list[tuple[str, int]]:
     """``[(modality, length), ...]``: the token layout of the first sample of ``probe`` (its ``input_ids`` and
-    ``attention_mask``), as :func:`~lightprune.width.modality.token_modality` labels it."""
+    ``attention_mask``), as [`token_modality`][...token_modality] labels it."""
     ids = probe.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or not ids.numel():
         raise ValueError("the attention kernels are chosen on a token layout: the probe has no [B, T] input_ids, so "
@@ -52,9 +52,9 @@ def probe_layout(model: nn.Module, probe: Mapping[str, Any]) -> list[tuple[str, 
 def attention_choice(model: nn.Module, plan: WidthPlan, layout: Sequence, *,
                      element_bytes: Mapping[str, int] | None = None,
                      profiles: Mapping[str, KernelProfile] | None = None) -> dict[str, Any]:
-    """The record an export keeps: for each device type of :data:`PROFILES` (``profiles`` replaces or adds some, e.g.
-    :func:`~lightprune.width.kernels.attention_cost.measure_profile` on the target GPU), the backend of every layer
-    whose plan prunes a path and every candidate's estimated seconds on ``layout`` (:func:`layout_runs`'s forms).
+    """The record an export keeps: for each device type of `PROFILES` (``profiles`` replaces or adds some, e.g.
+    `measure_profile` on the target GPU), the backend of every layer
+    whose plan prunes a path and every candidate's estimated seconds on ``layout`` (`layout_runs`'s forms).
 
     ``element_bytes``: bytes per key/value element per device type (default: the model's dtype on a GPU; 4 on the
     CPU, where half precision is computed in fp32)."""
@@ -84,7 +84,7 @@ def attention_choice(model: nn.Module, plan: WidthPlan, layout: Sequence, *,
 
 
 def recorded_backends(record: Mapping[str, Any], where: str = "the export") -> dict[int, dict[str, str]]:
-    """``{layer: {device type: backend}}`` from an :func:`attention_choice` record; a malformed record is refused,
+    """``{layer: {device type: backend}}`` from an `attention_choice` record; a malformed record is refused,
     naming the entry."""
     if not isinstance(record, Mapping) or record.get("version") != RECORD_VERSION or \
             not isinstance(record.get("devices"), Mapping):

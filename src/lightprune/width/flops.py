@@ -117,7 +117,7 @@ def decoder_flops(config, vision_tokens: int, text_tokens: int, plan=None, align
         config: a transformers config (an MLLM's outer config or its text config).
         vision_tokens: the input profile's vision tokens V, system tokens excluded.
         text_tokens: its text tokens T.
-        plan: a :class:`~lightprune.width.plan.WidthPlan` (its ``attn_keep`` [H, 3] masks and its ``ffn_keep``
+        plan: a [`WidthPlan`][...WidthPlan] (its ``attn_keep`` [H, 3] masks and its ``ffn_keep``
             channel masks); None counts the dense model.
         align: the compact FFN's channel alignment b (1 = no padding).
     """

@@ -5,13 +5,13 @@ A unit gate g = 1 on a width unit leaves the forward unchanged, so each gate is 
 that returns its input and, in the backward, passes the incoming gradient through unchanged and
 computes dL/dg from what the forward already has:
 
-- :func:`path_gate`, attention: with ``O = (A ⊙ C) V`` and ``C[b, h, i, j] = g[b, h, path(i, j)]``,
+- `path_gate`, attention: with ``O = (A ⊙ C) V`` and ``C[b, h, i, j] = g[b, h, path(i, j)]``,
   ``dL/dg[b, h, p] = sum over pairs (i, j) of path p of A_ij (dL/dO_i . v_j)``. The backward recomputes
   the attention weights A (the masked softmax of the layer, fp32) in query-row chunks over the keys
   a chunk can see, so no [B, heads, Q, K] tensor exists at any time (the dense [B, 1, Q, K] key mask is the
   model's own); ``(A ⊙ dP)`` with ``dP = dL/dO V^T`` is reduced over the keys by key modality and over
   the queries by query modality.
-- :func:`channel_gate`, FFN: a gate ``g[b, c, mu]`` multiplies ``h_ic`` (the input of ``down_proj``) for
+- `channel_gate`, FFN: a gate ``g[b, c, mu]`` multiplies ``h_ic`` (the input of ``down_proj``) for
   the tokens i of modality mu, so ``dL/dg[b, c, mu] = sum_{i in mu} h_ic dL/dh_ic``.
 
 Under gates equal to 1 the derivative w.r.t. every activation is that of the ungated model, which is

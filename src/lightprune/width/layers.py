@@ -2,7 +2,7 @@
 
 MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), section 3: every decoder layer l
 has query heads h whose attention splits into paths b = (query modality -> key modality): V2V, T2V, T2T; every
-dense FFN channel c has a visual and a text execution. :func:`find_width_layers` finds, for every layer of the
+dense FFN channel c has a visual and a text execution. [`find_width_layers`][] finds, for every layer of the
 LANGUAGE model (the vision tower is never pruned), the attention module with its head counts and the FFN with its
 channel count (``intermediate_size`` m; ``None`` for an MoE layer, whose FFN is experts).
 """
@@ -65,7 +65,8 @@ def find_width_layers(model: nn.Module) -> list[WidthLayer]:
     wrappers and a LightningModule holding the model).
 
     A dense FFN is an ``mlp`` with ``gate_proj``, ``up_proj`` and ``down_proj``; an MoE FFN is what
-    :func:`lightprune.models.find_moe_layers` reports for that layer. Anything else is an error.
+    [`lightprune.models.find_moe_layers`][lightprune.models.find_moe_layers] reports for that layer. Anything else is an
+    error.
     """
     base, path, decoder = language_decoder(model)
     moe = _moe_indices(base)

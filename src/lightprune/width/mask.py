@@ -4,7 +4,7 @@ MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), 
 D.5:
 
 - attention: a pruned (layer l, head h, path b) has its keys removed BEFORE the softmax, so the query
-  normalises over its retained causal keys (:mod:`lightprune.width.attention`, registered in
+  normalises over its retained causal keys (`lightprune.width.attention`, registered in
   transformers' ``AttentionInterface``; only the language model's configs are switched, the vision tower
   keeps its implementation). SYSTEM tokens are always attendable and never pruned.
 - FFN: a pruned channel c for modality mu is skipped for tokens of modality mu, i.e. the input of
@@ -13,11 +13,11 @@ D.5:
   tokens run the full FFN. The hook sits on the module the MLP calls, so a peft LoRA on ``down_proj``
   sees the masked input too (apply adapters before masking).
 
-Token modalities (:func:`lightprune.width.modality.token_modality`) are read from ``input_ids`` and
+Token modalities ([`lightprune.width.modality.token_modality`][..token_modality]) are read from ``input_ids`` and
 ``attention_mask`` by a forward pre-hook on the transformers model; during generation with a cache the
 new tokens are appended as TEXT. Masks are constants in the graph (gradients flow for recovery training),
-``remove()`` restores the model bitwise, and nesting is refused. :class:`WidthHooks` also carries the
-Taylor gates of :mod:`lightprune.width.taylor`.
+``remove()`` restores the model bitwise, and nesting is refused. `WidthHooks` also carries the
+Taylor gates of `lightprune.width.taylor`.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class WidthHooks:
     """Everything width masking installs on a model (see module docstring); removable, refuses nesting.
 
     ``plan`` masks what it prunes; ``gate_attention`` / ``gate_ffn`` route every layer (every dense FFN)
-    through gates that :meth:`new_gates` creates per batch (Taylor importance).
+    through gates that `new_gates` creates per batch (Taylor importance).
     """
 
     def __init__(self, model: nn.Module, plan: WidthPlan | None, *, gate_attention: bool = False,

@@ -1,15 +1,15 @@
 """MWOP's "All Tasks" calibration: per-category rankings combined by their minimum rank (MWOP ("MWOP:
 Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), appendix A.4).
 
-Each task category c gives its own Taylor scores (:func:`~lightprune.width.taylor.taylor_importance` on that
-category's calibration samples). Within every pool that a selection ranks (:mod:`lightprune.width.select`: the
+Each task category c gives its own Taylor scores ([`taylor_importance`][..taylor_importance] on that
+category's calibration samples). Within every pool that a selection ranks (`lightprune.width.select`: the
 (layer, head) units of one path type across all layers; the channels of one modality across all dense-FFN layers)
 unit u gets rank r_c(u) in category c, rank 1 the highest score (ties to the earlier unit). The aggregate rank is
 
     r(u) = min_c r_c(u)
 
 ("favoring units important to at least one category"); the paper leaves ties of r open, here they go to the
-smaller sum of ranks over the categories. :func:`min_rank_scores` returns scores of the same shapes whose order is
+smaller sum of ranks over the categories. [`min_rank_scores`][] returns scores of the same shapes whose order is
 that aggregate (score = -(r(u) + sum_c r_c(u) / (C n + 1)) for a pool of n units), so the selections prune the
 units with the largest aggregate rank first.
 """
@@ -42,7 +42,7 @@ def _combine(pools: list[torch.Tensor]) -> torch.Tensor:
 
 
 def min_rank_scores(per_category: Sequence[WidthScores]) -> WidthScores:
-    """One :class:`WidthScores` whose every pool is ordered by the categories' minimum rank (module docstring);
+    """One [`WidthScores`][] whose every pool is ordered by the categories' minimum rank (module docstring);
     ``num_samples`` is the categories' total. The categories must score the same layers, heads and channels."""
     if not per_category:
         raise ValueError("min_rank_scores needs the scores of at least one category")

@@ -1,7 +1,7 @@
 """The modality of every token of an MLLM batch (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for
 Efficient MLLMs"), section 3 and appendix D.5).
 
-:func:`token_modality` labels each token (section 3 and appendix D.5):
+[`token_modality`][] labels each token (section 3 and appendix D.5):
 
 - ``PAD`` where ``attention_mask`` is 0;
 - ``VISION`` at an image / video placeholder id (the positions the vision features replace);
@@ -25,7 +25,7 @@ __all__ = ["token_modality", "token_profile"]
 
 def token_modality(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                    vision_ids) -> torch.Tensor:
-    """int8 [B, T]: :data:`SYSTEM`, :data:`VISION`, :data:`TEXT` or :data:`PAD` per token (module docstring)."""
+    """int8 [B, T]: `SYSTEM`, `VISION`, `TEXT` or `PAD` per token (module docstring)."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ValueError(f"input_ids must be a [B, T] tensor, got {got}")

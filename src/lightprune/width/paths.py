@@ -3,7 +3,7 @@ token modality codes, attention paths, FFN modalities.
 
 A leaf: every width module and the kernels use these codes and the path rule, and it imports nothing
 from lightprune. Path b = (query modality -> key modality); the (query, key) pairs of each path are
-:func:`path_masks`, and a head's keep flags become a pair mask with :func:`path_keep`.
+`path_masks`, and a head's keep flags become a pair mask with `path_keep`.
 """
 
 from __future__ import annotations

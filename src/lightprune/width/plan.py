@@ -1,15 +1,15 @@
 """WidthPlan: MWOP's keep masks (MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"),
 section 3 and appendix A.1), the only thing passed from Taylor scoring to width surgery.
 
-For every decoder layer l and query head h a keep flag per attention path b in :data:`PATHS` (V2V,
+For every decoder layer l and query head h a keep flag per attention path b in `PATHS` (V2V,
 T2V, T2T: query modality -> key modality), and for every dense-FFN channel c a keep flag per execution
-modality mu in :data:`MODALITIES` (a pruned (c, mu) skips channel c for tokens of modality mu). A layer
+modality mu in `MODALITIES` (a pruned (c, mu) skips channel c for tokens of modality mu). A layer
 missing from ``attn_keep`` / ``ffn_keep`` is dense. The plan round-trips through JSON under a strict
 schema, nothing coerced: layer keys plain decimal strings (ints when built in Python), mask entries
 booleans or the integers 0 / 1 (never floats such as ``0.0`` or strings such as ``"1"``), ``num_heads`` and
 ``intermediate_size`` positive integers, ``metadata`` an object holding no NaN or infinity (JSON has neither) and no
 string that is not UTF-8 text (a lone surrogate such as JSON's ``"\\ud800"``). Every
-violation is a :class:`PlanError`
+violation is a [`PlanError`][]
 naming the file (when loaded from one), the key path and the value, e.g.
 ``width plan file '/x/width_plan.json': attn_keep['0'][1][2] must be a keep flag (booleans or 0/1), got 0.0``.
 """
@@ -94,12 +94,12 @@ def _counts(value: Any, name: str, what: str) -> dict[int, int]:
 
 @dataclass(eq=False)
 class WidthPlan:
-    """MWOP keep masks: ``attn_keep[l]`` bool [num_heads[l], 3] (columns :data:`PATHS`),
+    """MWOP keep masks: ``attn_keep[l]`` bool [num_heads[l], 3] (columns `PATHS`),
     ``ffn_keep[l]`` {"vision": bool [m_l], "text": bool [m_l]}; a layer missing from either is dense.
 
     ``num_heads`` records every decoder layer's query-head count and ``intermediate_size`` every
     dense FFN's channel count (MoE layers are absent from it), so a plan for another model, or FFN
-    masks for an MoE layer, are caught by :meth:`validate` before any surgery.
+    masks for an MoE layer, are caught by [`validate`][] before any surgery.
     """
 
     attn_keep: dict[int, torch.Tensor]
@@ -173,7 +173,7 @@ class WidthPlan:
 
     # ------------------------------------------------------------------ views and checks
     def pruned_fraction(self, unit: str) -> float:
-        """Fraction of ``unit`` (one of :data:`WIDTH_UNITS`) set False over every layer of the model
+        """Fraction of ``unit`` (one of `WIDTH_UNITS`) set False over every layer of the model
         (head paths over all ``num_heads``, FFN channels over all dense ``intermediate_size``)."""
         if unit in PATHS:
             col = PATHS.index(unit)
@@ -188,7 +188,7 @@ class WidthPlan:
         return pruned / total if total else 0.0
 
     def validate(self, model) -> None:
-        """Raise :class:`PlanError` unless this plan fits ``model``'s decoder layers (head and channel counts)."""
+        """Raise [`PlanError`][] unless this plan fits ``model``'s decoder layers (head and channel counts)."""
         layers = {layer.index: layer for layer in find_width_layers(model)}
         if set(layers) != set(self.num_heads):
             raise PlanError(f"plan records decoder layers {listed(sorted(self.num_heads))}, the model has layers "
@@ -232,7 +232,7 @@ class WidthPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "WidthPlan":
-        """The plan ``data`` describes (:meth:`to_dict`'s form); any break of the schema is a :class:`PlanError`."""
+        """The plan ``data`` describes ([`to_dict`][]'s form); any break of the schema is a [`PlanError`][]."""
         if not isinstance(data, Mapping):
             raise PlanError(f"width plan must be an object {{attn_keep: ..., ffn_keep: ..., ...}}, got {show(data)}")
         known = {"paths", "attn_keep", "ffn_keep", "num_heads", "intermediate_size", "metadata"}
@@ -257,5 +257,5 @@ class WidthPlan:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "WidthPlan":
-        """The width plan saved at ``path``; a :class:`PlanError` names the file."""
+        """The width plan saved at ``path``; a [`PlanError`][] names the file."""
         return read_parsed(path, "width plan", PlanError, cls.from_dict)

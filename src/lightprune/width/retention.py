@@ -12,15 +12,15 @@ family's score is its teacher-forced answer accuracy on held-out data:
   nothing right, so its accuracy cannot be a reference), for smoke runs and tiny defaults.
 
 Answer tokens are the labelled next-token targets (labels != -100) less the end-of-turn markers ``end_ids``
-(:func:`lightprune.data.tokenizer.end_of_turn_ids`) and the labelled position right after one (ChatML's newline
+(`lightprune.data.tokenizer.end_of_turn_ids`) and the labelled position right after one (ChatML's newline
 after ``<|im_end|>``): a chat template makes them part of every trained answer, and predicting them is not
-answering (:func:`answer_mask`). :func:`row_sums` gives every metric's per-row sums (TaskAccuracy sums them by
-task; :func:`answer_row_sums` keeps them per row, for bootstrap intervals and the answer log-likelihood).
+answering (`answer_mask`). `row_sums` gives every metric's per-row sums (TaskAccuracy sums them by
+task; `answer_row_sums` keeps them per row, for bootstrap intervals and the answer log-likelihood).
 
-:class:`TaskAccuracy` is a torchmetrics ``Metric`` (states summed across ranks by torchmetrics' own sync);
-:func:`evaluate_tasks` runs it over batches carrying ``task_ids`` [B] (index into the task names; a batch
+`TaskAccuracy` is a torchmetrics ``Metric`` (states summed across ranks by torchmetrics' own sync);
+`evaluate_tasks` runs it over batches carrying ``task_ids`` [B] (index into the task names; a batch
 without them counts as task 0). A task whose reference score is 0 has no defined retention: it is left
-out of the ATR and named in :attr:`Retention.excluded`, never silently counted.
+out of the ATR and named in `Retention.excluded`, never silently counted.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ METRIC_SUMS: dict[str, tuple[str, str]] = {"token": ("right", "tokens"), "exact"
 
 def row_sums(logits: torch.Tensor, labels: torch.Tensor, end_ids: Sequence[int] = (),
              likelihood: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """Per row of one batch, float64 [B]: ``tokens`` (answer tokens, :func:`answer_mask`), ``right`` (those whose
+    """Per row of one batch, float64 [B]: ``tokens`` (answer tokens, `answer_mask`), ``right`` (those whose
     argmax is right), ``exact`` (1 when the row has answer tokens and every one is right) and ``answered`` (1 when it
     has answer tokens); with ``likelihood`` (the dtype of the log-softmax) also ``nll`` (the answer tokens' negative
     log-likelihood sum) and ``prob`` (the sum of the right answer tokens' probabilities)."""
@@ -87,7 +87,7 @@ def row_sums(logits: torch.Tensor, labels: torch.Tensor, end_ids: Sequence[int] 
 
 class TaskAccuracy(Metric):
     """Answer accuracy per task family: ``compute()`` gives a float64 [num_tasks] tensor (NaN: no samples).
-    ``end_ids``: the end-of-turn markers that are not answer tokens (:func:`answer_mask`)."""
+    ``end_ids``: the end-of-turn markers that are not answer tokens (`answer_mask`)."""
 
     full_state_update = False
 
@@ -151,7 +151,7 @@ def evaluate_tasks(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]],
 def answer_row_sums(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]], num_tasks: int,
                     end_ids: Sequence[int] = ()) -> dict[str, torch.Tensor]:
     """Per row of ``batches`` (in order), teacher forced, float64 [rows] on the CPU: ``task`` (its task id) and
-    :func:`row_sums` with the likelihoods (float32 log-softmax). Model left in its mode."""
+    `row_sums` with the likelihoods (float32 log-softmax). Model left in its mode."""
     rows: dict[str, list[torch.Tensor]] = {}
     for logits, labels, task_ids in _teacher_forced(model, batches):
         sums = {"task": _task_ids(labels, task_ids, num_tasks).double(),
@@ -164,8 +164,8 @@ def answer_row_sums(model: torch.nn.Module, batches: Iterable[Mapping[str, Any]]
 
 
 def task_scores(rows: Mapping[str, torch.Tensor], num_tasks: int, metric: str) -> torch.Tensor:
-    """Per task, ``metric``'s score from :func:`answer_row_sums` (float64 [num_tasks], NaN: no rows), as
-    :class:`TaskAccuracy` computes it."""
+    """Per task, ``metric``'s score from `answer_row_sums` (float64 [num_tasks], NaN: no rows), as
+    `TaskAccuracy` computes it."""
     num, den = METRIC_SUMS[metric]
     tasks = rows["task"].long()
     sums = torch.zeros(2, num_tasks, dtype=torch.float64)

@@ -2,11 +2,11 @@
 Width-wise Operation Pruning for Efficient MLLMs"), section 3).
 
 A width scorer turns a model, and the calibration batches it asks for, into
-:class:`~lightprune.width.taylor.WidthScores`: for every decoder layer l of the language model ``attn[l]``, float64
-[heads, 3] (columns :data:`~lightprune.width.paths.PATHS`: V2V, T2V, T2T), and for every dense-FFN layer ``ffn[l]``,
+[`WidthScores`][..WidthScores]: for every decoder layer l of the language model ``attn[l]``, float64
+[heads, 3] (columns `PATHS`: V2V, T2V, T2T), and for every dense-FFN layer ``ffn[l]``,
 {"vision", "text"} float64 [channels]; an importance, higher = keep. A scorer never prunes: the selections
-(:mod:`lightprune.width.select`: MWOP sections 4 and 5) turn scores into a plan, as Torch-Pruning keeps its
-importance apart from its pruner. The built-in scorers (:mod:`lightprune.width.scorers`) are MWOP's first-order
+(`lightprune.width.select`: MWOP sections 4 and 5) turn scores into a plan, as Torch-Pruning keeps its
+importance apart from its pruner. The built-in scorers (`lightprune.width.scorers`) are MWOP's first-order
 Taylor importance (section 3, appendix A.1)
 
     S_attn(l, h, p) = mean_b |<O_(l,h,p), dL_b/dO_(l,h)>| / |Q_p,b|,   S_ffn(l, c, mu) = mean_b |sum_{i in mu} h_ic dL_b/dh_ic|,
@@ -14,19 +14,19 @@ Taylor importance (section 3, appendix A.1)
 its "All Tasks" variant (appendix A.4: every unit ranked by min over task categories c of its rank r_c(u) in
 category c's own Taylor scores) and the random baseline.
 
-What a scorer reads is its class attribute :attr:`WidthScorer.calibration`:
+What a scorer reads is its class attribute `WidthScorer.calibration`:
 
-- ``"none"`` (:data:`NO_DATA`): weights only; ``batches`` is None;
-- ``"batches"`` (:data:`BATCHES`): one calibration set, an iterable of batches (model inputs plus ``labels``);
-- ``"per_task"`` (:data:`PER_TASK`): one calibration set per task category, a mapping {task name: batches}.
-  :func:`category_batches` builds it from a datamodule that serves a split's rows per task
+- ``"none"`` (`NO_DATA`): weights only; ``batches`` is None;
+- ``"batches"`` (`BATCHES`): one calibration set, an iterable of batches (model inputs plus ``labels``);
+- ``"per_task"`` (`PER_TASK`): one calibration set per task category, a mapping {task name: batches}.
+  [`category_batches`][] builds it from a datamodule that serves a split's rows per task
   (``dataloader(split, tasks=[name])``, as the generated QA datamodules do); ``WidthSearch`` and the quality
   harness call it.
 
 The constructor is the config: subclasses take typed keyword arguments and validate them in ``__init__`` with
 errors naming the bad value; ``hparams`` and ``repr`` read them back. Calibration-free scorers implement
-:meth:`WidthScorer.score_heads` and :meth:`WidthScorer.score_channels` (one layer at a time, under no_grad, ZeRO-3
-partitions gathered); scorers that read data implement :meth:`WidthScorer.compute`. :meth:`WidthScorer.score`
+[`WidthScorer.score_heads`][] and [`WidthScorer.score_channels`][] (one layer at a time, under no_grad, ZeRO-3
+partitions gathered); scorers that read data implement [`WidthScorer.compute`][]. [`WidthScorer.score`][]
 is the one call the callers make: it checks the arguments, then the result's layers, shapes and values.
 """
 
@@ -71,14 +71,14 @@ class WidthScorer(Configured):
         """Scores of the attention paths (``attention``) and the dense-FFN channels (``ffn``) of ``model``.
 
         Args:
-            batches: what :attr:`calibration` asks for (module docstring): None, an iterable of batches, or
+            batches: what `calibration` asks for (module docstring): None, an iterable of batches, or
                 {task name: batches}.
             plan: masks applied while calibration data is observed (FFN importance under the chosen attention
                 masks, Alg. 1 line 7); a scorer that reads no data scores the weights, masked or not.
             progress: a progress bar over the batches (None: on an interactive rank 0).
 
         Returns:
-            :class:`WidthScores` with ``attn`` for every decoder layer when ``attention`` (else empty) and ``ffn``
+            [`WidthScores`][] with ``attn`` for every decoder layer when ``attention`` (else empty) and ``ffn``
             for every dense-FFN layer when ``ffn`` (else empty), float64 on the CPU.
         """
         if not (attention or ffn):
@@ -95,8 +95,8 @@ class WidthScorer(Configured):
 
     def compute(self, model: nn.Module, batches: Any, *, attention: bool, ffn: bool, plan: WidthPlan | None,
                 progress: bool | None) -> WidthScores:
-        """The scores, arguments already checked. The base walks the layers with :meth:`score_heads` and
-        :meth:`score_channels` (calibration-free scorers); scorers that read data override it."""
+        """The scores, arguments already checked. The base walks the layers with [`score_heads`][] and
+        [`score_channels`][] (calibration-free scorers); scorers that read data override it."""
         if self.calibration != NO_DATA:
             raise NotImplementedError(f"{type(self).__name__} reads calibration data ({self.calibration!r}) and "
                                       f"must implement compute(model, batches, attention=, ffn=, plan=, progress=)")

@@ -1,8 +1,8 @@
 """The width-scorer registry and the built-in scorers of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning
 for Efficient MLLMs"): ``taylor``, ``min_rank`` and ``random``.
 
-One name -> one :class:`~lightprune.width.scorer.WidthScorer` class, in a
-:class:`~lightprune.core.registry.Registry`. Project-local scorers (a project's ``callbacks/``, a notebook)
+One name -> one [`WidthScorer`][..WidthScorer] class, in a
+`Registry`. Project-local scorers (a project's ``callbacks/``, a notebook)
 register with the same decorator and are then usable by name (``WidthSearch(criterion="my_scorer")``)::
 
     @lp.register_width_scorer("my_scorer")
@@ -10,17 +10,17 @@ register with the same decorator and are then usable by name (``WidthSearch(crit
         def score_heads(self, layer): ...       # [heads] or [heads, 3]
         def score_channels(self, layer): ...    # [channels] or {"vision": ..., "text": ...}
 
-:func:`get_width_scorer` also takes a class, an instance or a dotted import path ``"package.module.ClassName"``
+[`get_width_scorer`][] also takes a class, an instance or a dotted import path ``"package.module.ClassName"``
 (what a config's ``class_path`` holds). The built-ins:
 
-- ``taylor`` (:class:`TaylorScorer`, one calibration set): first-order Taylor importance, MWOP section 3 and
+- ``taylor`` (`TaylorScorer`, one calibration set): first-order Taylor importance, MWOP section 3 and
   appendix A.1, S_attn(l, h, p) = mean_b |<O_(l,h,p), dL_b/dO_(l,h)>| / |Q_p,b| and
-  S_ffn(l, c, mu) = mean_b |sum_{i in mu} h_ic dL_b/dh_ic| (:func:`~lightprune.width.taylor.taylor_importance`);
-- ``min_rank`` (:class:`MinRankScorer`, one calibration set per task category): the "All Tasks" calibration,
+  S_ffn(l, c, mu) = mean_b |sum_{i in mu} h_ic dL_b/dh_ic| ([`taylor_importance`][..taylor_importance]);
+- ``min_rank`` (`MinRankScorer`, one calibration set per task category): the "All Tasks" calibration,
   appendix A.4: every category's own Taylor scores, every unit ordered by r(u) = min_c r_c(u) within each ranked
-  pool (:func:`~lightprune.width.min_rank.min_rank_scores`);
-- ``random`` (:class:`RandomScorer`, no data): the random baseline, uniform scores from a generator seeded with
-  ``seed`` (:func:`~lightprune.width.select.random_scores`: the same values for the same seed, whichever of
+  pool ([`min_rank_scores`][..min_rank_scores]);
+- ``random`` (`RandomScorer`, no data): the random baseline, uniform scores from a generator seeded with
+  ``seed`` ([`random_scores`][..random_scores]: the same values for the same seed, whichever of
   attention and FFN is asked for).
 """
 
@@ -53,7 +53,7 @@ WIDTH_SCORERS: Registry[type[WidthScorer]] = Registry(
 
 
 def register_width_scorer(name: str) -> Callable[[S], S]:
-    """Class decorator: register a :class:`WidthScorer` subclass under ``name`` (lower-case snake case) and set
+    """Class decorator: register a [`WidthScorer`][] subclass under ``name`` (lower-case snake case) and set
     ``cls.name``. A name registered to another class is an error."""
     return WIDTH_SCORERS.decorator(name)
 
@@ -76,7 +76,7 @@ def get_width_scorer_class(scorer: str | type[WidthScorer]) -> type[WidthScorer]
 def get_width_scorer(scorer: str | type[WidthScorer] | WidthScorer, **kwargs: Any) -> WidthScorer:
     """An instance of ``scorer`` built with ``kwargs`` (an instance is returned as is, without ``kwargs``).
 
-    An unknown name is a ``ValueError`` listing :func:`available_width_scorers`; an argument the constructor does
+    An unknown name is a ``ValueError`` listing [`available_width_scorers`][]; an argument the constructor does
     not take is a ``TypeError`` listing the ones it does.
     """
     return WIDTH_SCORERS.build(scorer, **kwargs)

@@ -8,7 +8,7 @@ Stages in order V2V, T2V, T2T, FFN_V, FFN_T. Per stage u:
    largest first (the paper leaves the rule to the practitioner; this is ours). If none passes, the
    smallest grid ratio is the only candidate;
 3. every candidate is recovered from M0 with its cumulative masks and scored on the full evaluation set
-   (the caller trains and evaluates; :meth:`StagedSearch.record`);
+   (the caller trains and evaluates; `StagedSearch.record`);
 4. Expand ("the candidate set is expanded according to the observed performance changes"): when every
    queued candidate is tested, the next larger grid ratio is queued if the largest tested one still
    reaches ``expand_above`` (recovery made up for the pruning: try more), and the next smaller one if the
@@ -19,7 +19,7 @@ Stages in order V2V, T2V, T2T, FFN_V, FFN_T. Per stage u:
 After the last stage, Algorithm 1 lines 24-29: start from the final anchor and walk every recovered
 candidate in search order, switching only to one with a higher ATR and lower FLOPs.
 
-:class:`StagedSearch` holds all of it as plain data (``to_dict`` / ``from_dict``) so that a checkpointed
+`StagedSearch` holds all of it as plain data (``to_dict`` / ``from_dict``) so that a checkpointed
 search resumes exactly where it stopped.
 """
 
@@ -133,7 +133,7 @@ class StagedSearch:
         return self.queue[0] if self.queue else None
 
     def record(self, candidate: Candidate) -> None:
-        """The recovered, fully evaluated candidate of :meth:`next_ratio`."""
+        """The recovered, fully evaluated candidate of `next_ratio`."""
         if not self.queue or round(candidate.ratio, 6) != self.queue[0] or candidate.stage != self.stage:
             raise ValueError(f"expected a result for {self.stage}@{self.queue[0] if self.queue else None}, "
                              f"got {candidate.label()}")

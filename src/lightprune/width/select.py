@@ -4,13 +4,13 @@ MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), 
 D.2: attention units are (layer, head) pairs, ranked per path type (V2V, T2V, T2T) across all layers at once; FFN
 units are channels, ranked per modality across all dense-FFN layers. At ratio r of n units the round(r * n)
 lowest-scored units are pruned (in exact arithmetic, r the decimal it was written as:
-:func:`lightprune.core.checks.ratio_count`; half to even); ties go to the unit that comes first in
+`lightprune.core.checks.ratio_count`; half to even); ties go to the unit that comes first in
 (layer, head / channel) order, so a selection is deterministic. "Last-layer-first" (MWOP section 5) spends the
 visual-FFN budget on the final dense layer's channels before ranking the rest.
 
-Selections are cumulative: :func:`select_paths` and :func:`select_channels` replace only the masks of the
+Selections are cumulative: [`select_paths`][] and [`select_channels`][] replace only the masks of the
 path / modality they select, on top of ``base`` (the masks fixed by earlier stages of the search).
-:func:`random_scores` gives scores of the same shapes for the random baseline at the same ratios.
+[`random_scores`][] gives scores of the same shapes for the random baseline at the same ratios.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def select_paths(scores: Mapping[int, torch.Tensor], ratios: Mapping[str, float]
     """Prune ``ratios[path]`` of every path type's (layer, head) units, lowest Taylor score first.
 
     Args:
-        scores: {layer: [heads, 3]} attention Taylor scores (columns :data:`~lightprune.width.paths.PATHS`).
+        scores: {layer: [heads, 3]} attention Taylor scores (columns `PATHS`).
         ratios: {path: fraction of that path's units to prune}, e.g. ``{"v2v": 0.4}``.
         base: the plan to start from; the selected paths' columns are replaced, everything else kept.
     """

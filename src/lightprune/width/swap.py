@@ -1,9 +1,9 @@
 """Run the FFNs a WidthPlan prunes as compact modality FFNs, in memory and reversibly (MWOP ("MWOP: Modality-aware
 Width-wise Operation Pruning for Efficient MLLMs"), section 3).
 
-:func:`swap_compact_ffn` replaces the MLP forward of every layer the plan prunes by its
-:class:`~lightprune.width.kernels.compact_ffn.CompactModalityFFN` and records the token modality through
-:class:`~lightprune.width.mask.WidthHooks` (which also masks the plan's attention paths, when asked): the
+`swap_compact_ffn` replaces the MLP forward of every layer the plan prunes by its
+`CompactModalityFFN` and records the token modality through
+`WidthHooks` (which also masks the plan's attention paths, when asked): the
 exported model's FFN runtime.
 """
 
@@ -23,9 +23,9 @@ __all__ = ["CompactFFNSwap", "swap_compact_ffn"]
 
 
 class CompactFFNSwap(RemovableHandle):
-    """What :func:`swap_compact_ffn` installed; ``remove()`` (or leaving a ``with`` block) restores the model.
+    """What `swap_compact_ffn` installed; ``remove()`` (or leaving a ``with`` block) restores the model.
 
-    ``modules[l]`` is layer l's :class:`CompactModalityFFN`; ``hooks`` the :class:`WidthHooks` that record
+    ``modules[l]`` is layer l's `CompactModalityFFN`; ``hooks`` the `WidthHooks` that record
     the token modality (``hooks.state.modality``) and, with ``mask_attention``, mask the plan's paths.
     """
 
@@ -91,17 +91,18 @@ class CompactFFNSwap(RemovableHandle):
 
 def swap_compact_ffn(model: nn.Module, plan: WidthPlan, align: int = 64, *, mask_attention: bool = True,
                      attention_backend: str | Mapping | None = None) -> CompactFFNSwap:
-    """Run every FFN that ``plan`` prunes as a :class:`CompactModalityFFN` (in memory, reversible). An FFN that prunes
+    """Run every FFN that ``plan`` prunes as a `CompactModalityFFN` (in memory, reversible). An FFN that prunes
     one modality runs slices of its own weights, its channels permuted in place (``share_weights``: no packed copy;
-    ``state_dict`` refused until :meth:`~CompactFFNSwap.remove` puts them back, bitwise).
+    ``state_dict`` refused until `remove` puts them back, bitwise).
 
-    With ``mask_attention`` (default) the plan's attention paths are masked as :func:`mask_width` does, so
+    With ``mask_attention`` (default) the plan's attention paths are masked as [`mask_width`][] does, so
     the model computes what ``mask_width(model, plan)`` computes; ``mask_attention=False`` leaves attention
     dense (for a path-sparse attention installed separately, which can read ``handle.hooks.state``).
     ``attention_backend`` (``"sdpa"``, ``"span"``, ``"flex"``, ``"triton"``, or per layer ``{layer: name}`` /
-    ``{layer: {device type: name}}``, as an export chose them: :mod:`lightprune.width.attention_choice`) runs the
-    masked paths through :func:`lightprune.width.kernels.path_sparse_attention` instead of a dense per-head mask:
-    the exported model's runtime (:func:`lightprune.export.load_pruned` of a width checkpoint).
-    Nesting with ``mask_width`` / another swap is refused (one :class:`WidthHooks` per model).
+    ``{layer: {device type: name}}``, as an export chose them: `lightprune.width.attention_choice`) runs the
+    masked paths through [`lightprune.width.kernels.path_sparse_attention`][...kernels.path_sparse_attention] instead of
+    a dense per-head mask:
+    the exported model's runtime ([`lightprune.export.load_pruned`][lightprune.export.load.load_pruned] of a width
+    checkpoint). Nesting with ``mask_width`` / another swap is refused (one `WidthHooks` per model).
     """
     return CompactFFNSwap(model, plan, align, mask_attention=mask_attention, attention_backend=attention_backend)

@@ -50,7 +50,7 @@ __all__ = ["WidthScores", "taylor_importance", "answer_losses"]
 
 @dataclass(eq=False)
 class WidthScores:
-    """``attn[l]`` float64 [H, 3] (columns :data:`PATHS`), ``ffn[l]`` {"vision", "text"} float64 [m]."""
+    """``attn[l]`` float64 [H, 3] (columns `PATHS`), ``ffn[l]`` {"vision", "text"} float64 [m]."""
 
     attn: dict[int, torch.Tensor]
     ffn: dict[int, dict[str, torch.Tensor]]

@@ -6,8 +6,10 @@ this file."""
 
 from __future__ import annotations
 
+import html
 import importlib
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -97,3 +99,16 @@ def test_the_reference_renders_only_the_names_of_each_modules_all(site) -> None:
             problems.append(f"{name}: rendered, without an __all__ to say what is public")
     assert not problems, problems
 
+
+
+ROLE = re.compile(r":(func|class|meth|attr|mod|data|exc|obj):(?=\S)")
+
+
+def test_no_page_shows_a_literal_rest_role(site) -> None:
+    """A docstring's cross-reference is a link (or code), never the raw role mkdocstrings leaves as text."""
+    found = []
+    for page in sorted(site.rglob("*.html")):
+        text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+        found += [f"{page.relative_to(site)}: ...{text[max(0, m.start() - 60):m.end() + 60]!r}..."
+                  for m in ROLE.finditer(text)]
+    assert not found, found[:20]

@@ -1,7 +1,7 @@
 """Generated image question-answering sets, cached as JSONL + PNG splits, and their datamodule base.
 
-Shapes QA (:mod:`lightprune.data.generated.shapes_qa`) and Testbed VQA (:mod:`lightprune.data.generated.testbed_vqa`) are both
-drawn from a seeded stream into the splits :data:`QA_SPLITS` (``val``, ``selection``, ``calibration``,
+Shapes QA (`lightprune.data.generated.shapes_qa`) and Testbed VQA (`lightprune.data.generated.testbed_vqa`) are both
+drawn from a seeded stream into the splits `QA_SPLITS` (``val``, ``selection``, ``calibration``,
 ``train``) and served the same way; this module holds what they share.
 
 Cache: ``<root>/<kind>/<format>-<digest of the parameters>/`` with ``<split>.jsonl`` per non-empty
@@ -12,9 +12,9 @@ corpus's helpers), so a reader never sees half a cache and concurrent builders (
 a folder that fails its manifest is rebuilt, with a warning. Rows are objects with ``has_image`` and
 ``to_json(image_name)``.
 
-:class:`GeneratedQADataModule` serves a cache folder like :class:`~lightprune.data.ImageTextJsonlDataModule`
+`GeneratedQADataModule` serves a cache folder like `ImageTextJsonlDataModule`
 serves any JSONL (prompts -100 in ``labels``, ``task_ids`` per batch) and adds the ``selection`` split, a
-per-task :meth:`~GeneratedQADataModule.dataloader` and the raw :meth:`~GeneratedQADataModule.rows`.
+per-task `dataloader` and the raw `rows`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ QA_SPLITS: tuple[str, ...] = ("val", "selection", "calibration", "train")
 
 
 def check_split_sizes(sizes: Mapping[str, int], required: Sequence[str] = ()) -> dict[str, int]:
-    """``{split: rows}`` over :data:`QA_SPLITS` (a missing split: 0); ints >= 0, and >= 1 for ``required``."""
+    """``{split: rows}`` over `QA_SPLITS` (a missing split: 0); ints >= 0, and >= 1 for ``required``."""
     for split, n in sizes.items():
         if split not in QA_SPLITS:
             raise ValueError(f"unknown split {split!r}; choose from {QA_SPLITS}")
@@ -116,7 +116,7 @@ class GeneratedQADataModule(ImageTextJsonlDataModule):
 
     ``sizes``: rows per split as written (a split of 0 rows has no file: no selection set, or calibration
     from ``train`` as in the base class); ``tasks``: the task families in ``task_ids`` order; the other
-    arguments as in :class:`~lightprune.data.ImageTextJsonlDataModule`.
+    arguments as in `ImageTextJsonlDataModule`.
     """
 
     def __init__(self, processor: Any, folder: Path, sizes: Mapping[str, int], tasks: Sequence[str], *, seed: int,
@@ -154,7 +154,7 @@ class GeneratedQADataModule(ImageTextJsonlDataModule):
     def dataloader(self, split: str, tasks: Sequence[str] | str | None = None):
         """Batches of ``split``'s rows of the task families ``tasks`` (default: all), in file order, unshuffled;
         ``task_ids`` still index ``task_names``. ``[]`` when no row of the split is of those tasks.
-        ``calibration`` with no rows of its own reads ``train``, as :meth:`calibration_dataloader` does."""
+        ``calibration`` with no rows of its own reads ``train``, as `calibration_dataloader` does."""
         if split not in QA_SPLITS:
             raise ValueError(f"split must be one of {QA_SPLITS}, got {split!r}")
         wanted = tuple(self.task_names) if tasks is None else self.check_tasks(tasks)

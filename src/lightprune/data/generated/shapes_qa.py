@@ -5,7 +5,7 @@ MLLM's task accuracy a width-pruned model retains, per task, and needs an image-
 tiny model. Shapes QA draws small RGB pictures with ``PIL.ImageDraw`` (no anti-aliasing, so every shape pixel has its
 exact colour): 1 to 4 squares, circles and triangles, one per cell of a 2 x 2 grid with a margin (shapes never touch),
 on a plain light-grey background. Each row is a chat (system, user, assistant) whose answer is one word or number, in
-one of the task families :data:`SHAPES_QA_TASKS`:
+one of the task families `SHAPES_QA_TASKS`:
 
 - ``count``: 1-4 shapes, "How many shapes are there?" -> "3";
 - ``color``: 1-3 shapes of different kinds, "What colour is the circle?" -> "red";
@@ -13,12 +13,12 @@ one of the task families :data:`SHAPES_QA_TASKS`:
 - ``position``: 2 shapes of different colours, one in each column, "Is the red shape on the left or
   the right?" -> "left";
 - ``text`` (no image): "What is the last word: red circle left?" -> "left" (2 to 4 words from
-  :data:`TEXT_WORDS`): a copy task that a tiny transformer learns, unlike arithmetic.
+  `TEXT_WORDS`): a copy task that a tiny transformer learns, unlike arithmetic.
 
 Rows come from one seeded stream (``random.Random(seed)``): row ``i`` is of task
 ``tasks[i % len(tasks)]``, and a row whose picture (its shape list) or, for ``text``, whose question
 was already drawn is redrawn, so no picture and no text question repeats anywhere in a stream.
-:func:`shapes_qa_splits` cuts one stream into consecutive, hence disjoint, splits; the evaluation
+`shapes_qa_splits` cuts one stream into consecutive, hence disjoint, splits; the evaluation
 splits come first so that their rows do not change when the number of training rows does.
 """
 
@@ -46,7 +46,7 @@ _MAX_TRIES = 1000
 
 @dataclass(frozen=True)
 class Shape:
-    """One drawn shape: ``kind`` in :data:`KINDS`, ``color`` in :data:`COLORS`, bounding box ``x, y, size`` (pixels)."""
+    """One drawn shape: ``kind`` in `KINDS`, ``color`` in `COLORS`, bounding box ``x, y, size`` (pixels)."""
 
     kind: str
     color: str
@@ -85,7 +85,7 @@ class ShapesQARow:
 
 
 def render_shapes(shapes: Sequence[Shape], image_size: int = 32):
-    """The RGB ``PIL.Image`` of ``shapes`` on :data:`BACKGROUND` (``image_size`` square)."""
+    """The RGB ``PIL.Image`` of ``shapes`` on `BACKGROUND` (``image_size`` square)."""
     from PIL import Image, ImageDraw
 
     image = Image.new("RGB", (image_size, image_size), BACKGROUND)
@@ -201,7 +201,7 @@ def shapes_qa_rows(n: int, seed: int = 0, tasks: Sequence[str] = SHAPES_QA_TASKS
 
 def shapes_qa_splits(sizes: Mapping[str, int], seed: int = 0, tasks: Sequence[str] = SHAPES_QA_TASKS,
                      image_size: int = 32) -> dict[str, list[ShapesQARow]]:
-    """Disjoint splits of one stream: ``sizes[split]`` consecutive rows each, in :data:`SHAPES_QA_SPLITS` order."""
+    """Disjoint splits of one stream: ``sizes[split]`` consecutive rows each, in `SHAPES_QA_SPLITS` order."""
     unknown = sorted(set(sizes) - set(SHAPES_QA_SPLITS))
     if unknown:
         raise ValueError(f"unknown splits {unknown}; choose from {SHAPES_QA_SPLITS}")

@@ -1,9 +1,9 @@
-"""ShapesQADataModule: the generated Shapes QA set (:mod:`lightprune.data.generated.shapes_qa`) as cached JSONL + PNG splits.
+"""ShapesQADataModule: the generated Shapes QA set (`lightprune.data.generated.shapes_qa`) as cached JSONL + PNG splits.
 
 The staged search of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs"), Alg. 1, uses four
 disjoint sets: ``calibration`` (Taylor importance), ``selection`` (the training-free ratio sweep), ``train`` (recovery)
-and ``val`` (the full evaluation that retention is measured on). :func:`build_shapes_qa` writes them once into a cache
-folder and the datamodule serves them exactly as :class:`~lightprune.data.ImageTextJsonlDataModule` serves any JSONL:
+and ``val`` (the full evaluation that retention is measured on). `build_shapes_qa` writes them once into a cache
+folder and the datamodule serves them exactly as `ImageTextJsonlDataModule` serves any JSONL:
 prompts (system and user turns, images) are -100 in ``labels``, so the loss and the accuracy are on the answer (and its
 end-of-turn marker) only, and every batch has ``task_ids`` (indices into ``task_names``).
 
@@ -77,11 +77,11 @@ class ShapesQADataModule(GeneratedQADataModule):
         n_train, n_val, n_selection, n_calibration: rows of the recovery, evaluation, sweep and
             importance splits (``n_train`` and ``n_val`` >= 1; the others may be 0: no selection set, or
             calibration from ``train`` as in the base class).
-        tasks: task families (see :data:`lightprune.data.generated.shapes_qa.SHAPES_QA_TASKS`), in ``task_ids`` order.
+        tasks: task families (see `lightprune.data.generated.shapes_qa.SHAPES_QA_TASKS`), in ``task_ids`` order.
         seed: seed of the generated rows and of the train shuffle.
         image_size: side of the square pictures, in pixels (even, >= 24).
         batch_size, max_length, padding_side, mask_prompt, num_workers, progress: as in
-            :class:`~lightprune.data.ImageTextJsonlDataModule`.
+            `ImageTextJsonlDataModule`.
     """
 
     def __init__(self, processor: Any, root: str | None = None, n_train: int = 512, n_val: int = 128,

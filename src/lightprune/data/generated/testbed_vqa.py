@@ -1,33 +1,33 @@
 """Testbed VQA: question answering on real images that ship inside installed packages (nothing downloaded).
 
 A set for training and pruning small multimodal testbed models, with two image sources and held-out
-text. Each row is a chat whose answer is one word, in one of the task families :data:`TESTBED_VQA_TASKS`:
+text. Each row is a chat whose answer is one word, in one of the task families `TESTBED_VQA_TASKS`:
 
 - ``digit``: one of scikit-learn's 1797 handwritten digits (``sklearn.datasets.load_digits()``, 8 x 8
   grey levels 0-16, shipped with scikit-learn), dark on white, upscaled (nearest) to ``image_size``;
   "Which digit is written?" -> "seven";
 - ``chart_tallest``: a bar chart drawn by matplotlib (Agg, no axes, ticks or text; bars on whole
-  pixels, so every bar pixel has its exact colour) of 2-4 bars of distinct colours (:data:`BAR_COLORS`)
-  and distinct heights (levels 1 to :data:`BAR_LEVELS`); "Which colour is the tallest bar?" -> "red";
+  pixels, so every bar pixel has its exact colour) of 2-4 bars of distinct colours (`BAR_COLORS`)
+  and distinct heights (levels 1 to `BAR_LEVELS`); "Which colour is the tallest bar?" -> "red";
 - ``chart_count``: such a chart; "How many bars are there?" -> "three";
-- ``chart_left`` (not in the default set: :data:`TESTBED_VQA_EXTRA_TASKS`): such a chart; "Which colour is the
+- ``chart_left`` (not in the default set: `TESTBED_VQA_EXTRA_TASKS`): such a chart; "Which colour is the
   leftmost bar?" -> "blue" (a colour question a small model answers: the tallest bar's colour needs heights one
   level apart told apart, and the trained testbeds answer it 21-63% of the time, chance 1/6);
 - ``text`` (no image, no system turn): a prompt and a completion of at most
-  :data:`TEXT_COMPLETION_CHARS` characters from Python's documentation (the default corpus rows of
-  :func:`lightprune.data.pydoc_rows.corpus_splits`), to measure text perplexity on held-out text.
+  `TEXT_COMPLETION_CHARS` characters from Python's documentation (the default corpus rows of
+  `lightprune.data.pydoc_rows.corpus_splits`), to measure text perplexity on held-out text.
   An instruction row keeps its prompt ("Explain the Python topic 'with':"); a text chunk becomes
-  :data:`TEXT_PROMPT` plus its first sentence (or line) -> what follows. Splits take the corpus's own
-  topic splits (:data:`TEXT_SOURCE_SPLITS`: ``val`` the corpus's ``val`` and ``test`` topics, ``selection``
+  `TEXT_PROMPT` plus its first sentence (or line) -> what follows. Splits take the corpus's own
+  topic splits (`TEXT_SOURCE_SPLITS`: ``val`` the corpus's ``val`` and ``test`` topics, ``selection``
   and ``calibration`` one half each of its ``calibration`` topics), so text rows of different splits never
   share a topic (and a completion that two splits' topics share stays in ``train`` only).
 
-:func:`testbed_vqa_splits` draws rows from one seeded stream (``random.Random(seed)``), the splits
-in :data:`TESTBED_VQA_SPLITS` order (evaluation first, so ``train``'s size does not move them); row
+`testbed_vqa_splits` draws rows from one seeded stream (``random.Random(seed)``), the splits
+in `TESTBED_VQA_SPLITS` order (evaluation first, so ``train``'s size does not move them); row
 ``i`` of the stream is of task ``tasks[i % len(tasks)]``. No picture repeats in a stream (a digit by its
 index, a chart by its bar list, whichever chart task drew it) and no text row repeats, so the splits
-are disjoint. :func:`~lightprune.data.generated.testbed_vqa_pictures.render_row` draws a row's picture
-(:mod:`~lightprune.data.generated.testbed_vqa_pictures`); the same row gives the same pixels every run.
+are disjoint. `render_row` draws a row's picture
+(`testbed_vqa_pictures`); the same row gives the same pixels every run.
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ def testbed_vqa_splits(sizes: Mapping[str, int], seed: int = 0,
     """Disjoint splits of one seeded stream: ``sizes[split]`` rows each (see the module docstring).
 
     Raises ``ValueError`` when more ``digit`` rows are asked for than sklearn has images, or more ``text``
-    rows in a split than its topics give (:func:`text_pool`).
+    rows in a split than its topics give (`text_pool`).
     """
     sizes = _check_sizes(sizes)
     tasks = check_tasks(tasks)

@@ -1,9 +1,9 @@
-"""TestbedVQADataModule: the Testbed VQA set (:mod:`lightprune.data.generated.testbed_vqa`) as cached JSONL + PNG splits.
+"""TestbedVQADataModule: the Testbed VQA set (`lightprune.data.generated.testbed_vqa`) as cached JSONL + PNG splits.
 
-Four disjoint splits as in :class:`~lightprune.data.ShapesQADataModule`: ``val``, ``selection``,
+Four disjoint splits as in `ShapesQADataModule`: ``val``, ``selection``,
 ``calibration`` and ``train``; prompts are -100 in ``labels`` (loss and accuracy on the answer and its
 end-of-turn marker only), every batch has ``task_ids`` (indices into ``task_names``), and
-:meth:`TestbedVQADataModule.dataloader` serves one split restricted to some task families (calibrating
+`TestbedVQADataModule.dataloader` serves one split restricted to some task families (calibrating
 on one image source at a time: digits, or charts).
 
 Cache: ``<root>/testbed_vqa/<format>-<digest>/`` with ``{val,selection,calibration,train}.jsonl`` (a
@@ -76,7 +76,7 @@ def build_testbed_vqa(root: str | os.PathLike | None, sizes: dict[str, int], see
     ``sizes``: rows per split (keys from ``TESTBED_VQA_SPLITS``; a missing split has 0 rows).
     ``progress``: show a progress bar while rendering (``None``: from 1000 rows). ``canvas``: the pictures on a
     larger square of noise, placed by ``canvas_place``
-    (:func:`~lightprune.data.generated.testbed_vqa_pictures.place_on_canvas`).
+    (`place_on_canvas`).
     """
     params = _params(sizes, seed, tasks, image_size, canvas, canvas_place)
     return build_qa_cache("testbed_vqa", TESTBED_VQA_FORMAT, root, params,
@@ -91,20 +91,20 @@ class TestbedVQADataModule(GeneratedQADataModule):
 
     Args:
         processor: local processor directory or object, or ``"tiny:<family>"`` (see
-            :func:`~lightprune.data.load_processor`); a tokenizer trained on :func:`testbed_vqa_texts`
+            `load_processor`); a tokenizer trained on `testbed_vqa_texts`
             gives the questions and answers whole-word tokens: ``tiny_mllm_processor("qwen3_vl_moe",
             texts=TINY_CORPUS + tuple(testbed_vqa_texts()))``.
         root: cache root (see the module docstring).
         n_train, n_val, n_selection, n_calibration: rows of the recovery, evaluation, sweep and
             importance splits (``n_train`` and ``n_val`` >= 1; the others may be 0: no selection set, or
             calibration from ``train`` as in the base class).
-        tasks: task families (see :data:`lightprune.data.generated.testbed_vqa.TESTBED_VQA_TASKS`), in ``task_ids`` order.
+        tasks: task families (see `lightprune.data.generated.testbed_vqa.TESTBED_VQA_TASKS`), in ``task_ids`` order.
         seed: seed of the generated rows and of the train shuffle.
         image_size: side of the square pictures, in pixels (>= 16).
         canvas: None, or the side of a square of uninformative noise each picture is pasted onto (>= image_size).
         canvas_place: where on the canvas: ``"random"`` (drawn from the row) or ``"centre"``.
         batch_size, max_length, padding_side, mask_prompt, num_workers, progress: as in
-            :class:`~lightprune.data.ImageTextJsonlDataModule`.
+            `ImageTextJsonlDataModule`.
     """
 
     __test__ = False  # not a pytest test class

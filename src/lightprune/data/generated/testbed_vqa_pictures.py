@@ -1,16 +1,16 @@
-"""The pictures of Testbed VQA's image rows (:mod:`lightprune.data.generated.testbed_vqa`): one of scikit-learn's
-handwritten digits upscaled (:func:`render_digit`), or a bar chart drawn by matplotlib on whole pixels
-(:func:`render_bar_chart`, :class:`Bar`); :func:`render_row` draws a row's, the same pixels every run.
+"""The pictures of Testbed VQA's image rows (`lightprune.data.generated.testbed_vqa`): one of scikit-learn's
+handwritten digits upscaled (`render_digit`), or a bar chart drawn by matplotlib on whole pixels
+(`render_bar_chart`, `Bar`); `render_row` draws a row's, the same pixels every run.
 
-With ``canvas`` set, :func:`render_row` pastes the picture onto a larger square of uninformative noise
-(:func:`place_on_canvas`): grey levels drawn around :data:`CANVAS_GREY`, the picture at a position drawn from the row's
+With ``canvas`` set, `render_row` pastes the picture onto a larger square of uninformative noise
+(`place_on_canvas`): grey levels drawn around `CANVAS_GREY`, the picture at a position drawn from the row's
 key (``place="random"``) or in the middle (``"centre"``), so that most of the vision tokens show nothing a question asks
 about and the tokens the text attends to least are the background's (the premise of "Modality-Aware Expert Pruning for
 MoE-Based Multimodal Large Language Models", arXiv 2611.05927, sections 4.2 and 5.2: low-attention vision tokens show
 non-salient background).
 
 A row is any object with the generated rows' ``key``, ``digit`` and ``bars``
-(:class:`~lightprune.data.generated.testbed_vqa.TestbedVQARow`).
+(`TestbedVQARow`).
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ CANVAS_GREY, CANVAS_NOISE = 200, 24
 
 @dataclass(frozen=True)
 class Bar:
-    """One bar of a chart: ``color`` in :data:`BAR_COLORS`, ``height`` a level in 1..:data:`BAR_LEVELS`."""
+    """One bar of a chart: ``color`` in `BAR_COLORS`, ``height`` a level in 1..`BAR_LEVELS`."""
 
     color: str
     height: int
 
 
 def check_image_size(image_size: int) -> None:
-    """``image_size`` an int of at least :data:`MIN_IMAGE_SIZE` (room for 4 bars with gaps)."""
+    """``image_size`` an int of at least `MIN_IMAGE_SIZE` (room for 4 bars with gaps)."""
     if not isinstance(image_size, int) or isinstance(image_size, bool) or image_size < MIN_IMAGE_SIZE:
         raise ValueError(f"image_size must be an int >= {MIN_IMAGE_SIZE} (room for 4 bars with gaps), "
                          f"got {image_size!r}")
@@ -93,7 +93,7 @@ def bar_boxes(n_bars: int, image_size: int) -> tuple[list[tuple[int, int]], int,
 
 
 def render_bar_chart(bars: Sequence[Bar], image_size: int = 32):
-    """The RGB ``PIL.Image`` of ``bars`` drawn by matplotlib on :data:`CHART_BACKGROUND` (``image_size`` square)."""
+    """The RGB ``PIL.Image`` of ``bars`` drawn by matplotlib on `CHART_BACKGROUND` (``image_size`` square)."""
     import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -129,7 +129,7 @@ CANVAS_PLACES: tuple[str, ...] = ("random", "centre")
 
 
 def check_canvas(canvas: int | None, image_size: int, place: str = "random") -> None:
-    """``canvas`` is None or an int at least ``image_size``; ``place`` one of :data:`CANVAS_PLACES`."""
+    """``canvas`` is None or an int at least ``image_size``; ``place`` one of `CANVAS_PLACES`."""
     if canvas is not None and (not isinstance(canvas, int) or isinstance(canvas, bool) or canvas < image_size):
         raise ValueError(f"canvas must be None or an int >= image_size ({image_size}), got {canvas!r}")
     if place not in CANVAS_PLACES:
@@ -142,7 +142,7 @@ def _row_seed(row: Any) -> int:
 
 
 def place_on_canvas(picture, row: Any, canvas: int, place: str = "random"):
-    """``picture`` pasted onto a ``canvas`` x ``canvas`` square of noise (:data:`CANVAS_GREY` +- :data:`CANVAS_NOISE`
+    """``picture`` pasted onto a ``canvas`` x ``canvas`` square of noise (`CANVAS_GREY` +- `CANVAS_NOISE`
     per pixel, drawn from the row's key), its top-left corner at a position drawn uniformly from the row's key
     (``place="random"``) or at (canvas - side) // 2 on both axes (``"centre"``)."""
     import numpy as np
@@ -162,7 +162,7 @@ def place_on_canvas(picture, row: Any, canvas: int, place: str = "random"):
 
 def render_row(row: Any, image_size: int = 32, canvas: int | None = None, place: str = "random"):
     """The row's picture (``PIL.Image``, RGB; ``image_size`` square, on a ``canvas`` square of noise when given,
-    placed by ``place``: :func:`place_on_canvas`); ``None`` for a text row."""
+    placed by ``place``: `place_on_canvas`); ``None`` for a text row."""
     check_canvas(canvas, image_size, place)
     if row.digit is not None:
         picture = render_digit(row.digit, image_size)

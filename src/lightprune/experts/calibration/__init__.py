@@ -1,15 +1,16 @@
 """Calibration statistics: every calibration criterion for every token subset, from one observed pass (in memory,
 or a checkpoint directory one decoder layer at a time).
 
-- :mod:`.observer` (:class:`ExpertObserver`: the hooks of the pass), :mod:`.collect` (:func:`collect_expert_stats`,
-  a model or a checkpoint directory), :mod:`.sequential` (the checkpoint one decoder layer at a time);
-- :mod:`.observed` (:class:`~.observed.ObservedBatch`: one layer's view of one batch, computed once: padding,
-  routing state, removal effect and re-runs (:mod:`.reruns`), Gram matrix), :mod:`.layer_statistics` (a layer's
+- `observer` (`ExpertObserver`: the hooks of the pass), [`collect`][.collect]
+  ([`collect_expert_stats`][.collect.collect_expert_stats],
+  a model or a checkpoint directory), `sequential` (the checkpoint one decoder layer at a time);
+- `observed` (`ObservedBatch`: one layer's view of one batch, computed once: padding,
+  routing state, removal effect and re-runs (`reruns`), Gram matrix), `layer_statistics` (a layer's
   statistics fed one batch: what the criteria accumulate, each criterion's
-  :class:`~lightprune.experts.criteria.statistic.Statistic`, found through the criteria's one table,
-  :mod:`lightprune.experts.criteria.registry`);
-- :mod:`.result` (:class:`CalibrationStats`), :mod:`.resume` (a resumable state), :mod:`.subsets` (token subsets),
-  :mod:`.validation` (the paper's validations of Delta-H).
+  `Statistic`, found through the criteria's one table,
+  `lightprune.experts.criteria.registry`);
+- [`result`][.result] ([`CalibrationStats`][.result.CalibrationStats]), `resume` (a resumable state), `subsets` (token
+  subsets), `validation` (the paper's validations of Delta-H).
 
 May import: models, checkpoints, observe, experts.criteria / experts.scores / experts.ranking and core. Its names
 are imported on first use (the registry is read without torch).

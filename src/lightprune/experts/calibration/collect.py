@@ -4,8 +4,8 @@
     stats.score("reap", "text")          # {layer: tensor[E_l]}, higher = keep
     stats = lp.collect_expert_stats("path/to/checkpoint", batches)   # one decoder layer in memory at a time
 
-The work is :class:`~.observer.ExpertObserver`'s; a checkpoint directory goes through
-:func:`~.sequential.collect_checkpoint_stats`, whose statistics equal the in-memory pass's.
+The work is `ExpertObserver`'s; a checkpoint directory goes through
+`collect_checkpoint_stats`, whose statistics equal the in-memory pass's.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def collect_expert_stats(model: nn.Module | str | os.PathLike, batches: Iterable
                          subsets: Iterable[str] = ("all",), low_attn_quantile: float = 0.02,
                          criteria: Iterable[str] | None = None, progress: bool = True,
                          **streaming: Any) -> CalibrationStats:
-    """``lp.collect_expert_stats``: a model in memory (:func:`collect_model_stats`, where it is) or a checkpoint
-    directory, one decoder layer in memory at a time (:func:`~.sequential.collect_checkpoint_stats`; ``streaming``:
+    """``lp.collect_expert_stats``: a model in memory ([`collect_model_stats`][], where it is) or a checkpoint
+    directory, one decoder layer in memory at a time (`collect_checkpoint_stats`; ``streaming``:
     its ``batches_per_pass``, ``device`` and ``activation_budget``)."""
     if isinstance(model, (str, os.PathLike)):
         return collect_checkpoint_stats(model, batches, subsets, low_attn_quantile, criteria, progress, **streaming)
@@ -47,9 +47,9 @@ def collect_model_stats(model: nn.Module, batches: Iterable[Mapping[str, Any]], 
     Multimodal Large Language Models", arXiv 2611.05927), Eqs. 2 and 8).
 
     ``criteria`` may also name the merging statistics
-    (:data:`~lightprune.experts.criteria.registry.MERGE_STATISTICS`: ``expert_outputs`` for HC-SMoE,
+    (`MERGE_STATISTICS`: ``expert_outputs`` for HC-SMoE,
     ``router_logits`` for M-SMoE; ``frequency`` comes with them), read by
-    :meth:`CalibrationStats.merging_statistic`.
+    [`CalibrationStats.merging_statistic`][].
 
     ``batches`` are dicts the model accepts as keyword arguments (``labels`` are dropped: no loss
     is needed). An empty iterable is an error.

@@ -1,9 +1,9 @@
 """One batch fed to an observed calibration pass: the one driver of ``lp.collect_expert_stats`` and of
 ``lightprune calibrate``'s ExpertStats callback.
 
-The batch's model inputs are prepared by the one rule of :func:`lightprune.core.batch.model_inputs` (``labels`` and
+The batch's model inputs are prepared by the one rule of `lightprune.core.batch.model_inputs` (``labels`` and
 the sample keys dropped: no loss is needed), the observer is told about the batch (its token subsets), and the
-model runs it once with the output head skipped where the model allows (:func:`lightprune.core.batch.head_skipped`:
+model runs it once with the output head skipped where the model allows (`lightprune.core.batch.head_skipped`:
 the observed pass reads the decoder layers only, so neither a loss nor the [batch, tokens, vocab] logits are
 computed). Both paths give the same statistics, to the bit, from the same batches.
 """
@@ -23,9 +23,9 @@ __all__ = ["observe_batch"]
 
 def observe_batch(observer: Any, model: nn.Module, batch: Mapping[str, Any], *, device: torch.device | None = None,
                   head: Mapping[str, Any] | None = None, forward: Callable[..., Any] | None = None) -> None:
-    """Feed ``batch`` to ``observer`` (an entered :class:`~lightprune.experts.calibration.ExpertObserver` of
+    """Feed ``batch`` to ``observer`` (an entered `ExpertObserver` of
     ``model``): its model inputs (moved to ``device`` when given) declared, then one forward under ``no_grad``
-    with ``head`` (default :func:`~lightprune.core.batch.head_skipped` of ``model``; pass it to save the signature
+    with ``head`` (default `head_skipped` of ``model``; pass it to save the signature
     look-up per batch). ``forward``: what runs the inputs (default ``model``; the Lightning module, whose forward
     checks the token ids first)."""
     inputs = model_inputs(batch, device=device)

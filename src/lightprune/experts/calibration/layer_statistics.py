@@ -1,8 +1,8 @@
-"""Every statistic of one MoE layer, fed the same :class:`~.observed.ObservedBatch`: :class:`LayerStatistics`.
+"""Every statistic of one MoE layer, fed the same `ObservedBatch`: `LayerStatistics`.
 
 The values a pass collects are grouped by the statistic that sums them (the criteria's, found through
-:mod:`lightprune.experts.criteria.registry`): one instance per statistic and layer, told which of its values are
-wanted, beside the layer's :class:`~lightprune.experts.criteria.statistic.SubsetCounts`. The layer's batch
+`lightprune.experts.criteria.registry`): one instance per statistic and layer, told which of its values are
+wanted, beside the layer's `SubsetCounts`. The layer's batch
 computes what the union of their needs asks for, once. The saved state is the statistics' flat sums, grouped by
 their ``state_group`` (``layers``; the merging statistics' ``merging``), the layout a resumed calibration reads.
 """
@@ -77,7 +77,7 @@ class LayerStatistics:
 
     def all_reduce(self, flat: list[torch.Tensor]) -> None:
         """Across ranks: each statistic that sums across ranks its own way (it overrides
-        :meth:`Statistic.all_reduce`) does so now; the others' sums are appended to ``flat``, for the caller's one
+        `Statistic.all_reduce`) does so now; the others' sums are appended to ``flat``, for the caller's one
         collective over every layer's."""
         device = self.counts.device
         for statistic in self._members():

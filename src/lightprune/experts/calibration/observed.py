@@ -1,4 +1,4 @@
-"""One MoE layer's view of one calibration batch, computed once for every statistic: :class:`ObservedBatch`.
+"""One MoE layer's view of one calibration batch, computed once for every statistic: `ObservedBatch`.
 
 For one layer and one batch the observer gets, before the layer's experts run, the selected experts S [T, k], what
 the router saw and, where the family's router returns them, its logits and the routing state its observed router
@@ -8,7 +8,7 @@ Models", arXiv 2611.05927), section 3.1, Eq. 1). From these the batch computes, 
 statistic of the layer reads it:
 
 - the routing part (before the experts): the router logits [T, E] (read, or recomputed from the router's input),
-  the family's :class:`~lightprune.models.RemovalEffect` and the re-run selections (:mod:`.reruns`), and the
+  the family's [`RemovalEffect`][lightprune.models.base.RemovalEffect] and the re-run selections (`reruns`), and the
   (token, expert) rows whose outputs the promoted Delta-H reads, so that they run in the forward's own expert call
   (a swap's entering expert and a re-run pair's, once each);
 - the outputs part: the subset masks ``m`` [U, T] in the compute dtype (float32, or the outputs' dtype when wider),
@@ -17,10 +17,10 @@ statistic of the layer reads it:
   in its sample's mean [U, T].
 
 Non-finite routing: a NaN or inf in the router's input or logits at a token the statistics read is refused naming the
-batch and the layer (:class:`FiniteRoutingChecks`: the observer queues one device-side check per layer and batch and
+batch and the layer (`FiniteRoutingChecks`: the observer queues one device-side check per layer and batch and
 reads them once per pass, before any result or saved state); one in a tensor the
 routing reads (a correction bias leaves the logits finite and skews the selection alone) is refused once per layer and
-pass, before its first batch (:func:`lightprune.models.routing_check.check_routing_tensors`, called by the observer).
+pass, before its first batch (`lightprune.models.routing_check.check_routing_tensors`, called by the observer).
 
 Padding: the model may leave non-finite values at padded positions and 0 * NaN = NaN, so a batch with padding
 zeroes them (logits or the router's input, the experts' input, weights, outputs, the promoted outputs) before
@@ -69,11 +69,11 @@ def finite_routing_record(router_input: torch.Tensor, router_logits: torch.Tenso
 class FiniteRoutingChecks:
     """The non-finite routing checks of a pass, kept on the device and read by the host once. Two kinds, queued in
     the order the observer meets them: what each MoE layer's router saw or returned at the tokens the statistics
-    read (:meth:`add`, per layer and batch), and the tensors its routing reads (:meth:`add_routing_tensors`, per layer
+    read (`add`, per layer and batch), and the tensors its routing reads (`add_routing_tensors`, per layer
     and pass). Queuing runs only device operations (the first failing check's record is kept with ``torch.where``);
-    :meth:`raise_first` reads one flag and raises ``ValueError`` for the first check that failed, naming the batch
+    `raise_first` reads one flag and raises ``ValueError`` for the first check that failed, naming the batch
     (0-based index in the run), the layer (index, module name) and what was not finite, as a check at the batch would
-    have. A pass with many batches is read every :attr:`READ_EVERY` checks, so the host keeps little."""
+    have. A pass with many batches is read every `READ_EVERY` checks, so the host keeps little."""
 
     #: checks between two reads when nothing else reads them
     READ_EVERY = 4096
@@ -90,7 +90,7 @@ class FiniteRoutingChecks:
 
     def add(self, layer: MoELayer, batch_index: int, router_input: torch.Tensor, router_logits: torch.Tensor | None,
             keep: torch.Tensor | None, seq_len: int = 0, logits_name: str = "router logits") -> None:
-        """Queue the check of one layer's batch (:func:`finite_routing_record`; ``logits_name`` says what
+        """Queue the check of one layer's batch (`finite_routing_record`; ``logits_name`` says what
         ``router_logits`` are, ``seq_len`` places the first bad token as sample and position)."""
         def said(record: list[int]) -> str:
             bad, checked, bad_input, bad_logits, token = record[:5]
@@ -103,7 +103,7 @@ class FiniteRoutingChecks:
 
     def add_routing_tensors(self, layer: MoELayer, batch_index: int) -> None:
         """Queue the check of the tensors the layer's routing reads
-        (:func:`~lightprune.models.routing_check.routing_tensors_record`), found before batch ``batch_index``."""
+        (`routing_tensors_record`), found before batch ``batch_index``."""
         found = routing_tensors_record(layer)
         if found is None:
             return
@@ -142,7 +142,7 @@ def _zero(tensor: torch.Tensor) -> torch.Tensor:
 
 class ObservedBatch:
     """See the module docstring. Built before the layer's experts run (the routing part, for ``needs``); the
-    experts' outputs are added with :meth:`add_outputs`.
+    experts' outputs are added with `add_outputs`.
 
     Args:
         layer: the MoE layer.
@@ -153,7 +153,7 @@ class ObservedBatch:
         router_input: [T, H'] what the router saw.
         router_logits: the logits the router returned for it (None: recomputed from ``router_input``).
         routing_state: what the family's observed router kept in that call (for its removal effect).
-        needs: what the layer's statistics read (:attr:`~.statistic.Statistic.needs`).
+        needs: what the layer's statistics read (`needs`).
     """
 
     def __init__(self, layer: MoELayer, masks: torch.Tensor, samples: torch.Tensor, num_samples: int,
@@ -224,7 +224,7 @@ class ObservedBatch:
     def add_outputs(self, hidden: torch.Tensor, weights: torch.Tensor, outputs: torch.Tensor,
                     extra_outputs: torch.Tensor | None = None) -> None:
         """The experts' input [T, H], the weights applied [T, k], the routed outputs [T, k, H] and the outputs of
-        :attr:`extra_rows` [n, H] (None when they did not run in the forward: the promoted Delta-H runs them)."""
+        `extra_rows` [n, H] (None when they did not run in the forward: the promoted Delta-H runs them)."""
         if self.padded:
             keep = self.keep
             hidden = torch.where(keep.unsqueeze(-1), hidden, _zero(hidden))

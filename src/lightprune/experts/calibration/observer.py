@@ -1,22 +1,22 @@
 """ExpertObserver: the observed calibration pass, one forward per batch -> every criterion for every subset.
 
-:class:`ExpertObserver` is what :func:`~lightprune.experts.calibration.collect_expert_stats` and the Lightning
+`ExpertObserver` is what [`collect_expert_stats`][..collect.collect_expert_stats] and the Lightning
 ``ExpertStats`` callback drive batch by batch: it routes every MoE layer's experts through the observing implementation
-(:mod:`lightprune.observe.experts_impl`), attaches an attention probe when an attention subset
-is asked for, feeds each layer's :class:`~.layer_statistics.LayerStatistics` one
-:class:`~.observed.ObservedBatch` per batch (its routing part before the layer's experts run, so that the rows the
+(`lightprune.observe.experts_impl`), attaches an attention probe when an attention subset
+is asked for, feeds each layer's `LayerStatistics` one
+`ObservedBatch` per batch (its routing part before the layer's experts run, so that the rows the
 promoted Delta-H needs run in the same expert call), and restores the model exactly on exit (experts and attention
 implementations, no hooks left).
 
 A layer's batch is observed only if its router's input and the logits the router returned (the routing weights of
 a router that returns no logits) are finite at every token the statistics read: a NaN or inf there is refused naming
 the layer and the batch (its 0-based index in the run: the batches counted before it), not summed into a result. The
-checks are queued on the device (:class:`~.observed.FiniteRoutingChecks`) and read once, by :meth:`check_routing`:
-before :meth:`result`, :meth:`state_dict` and :meth:`all_reduce`, after each pass of a streamed run, and every
+checks are queued on the device (`FiniteRoutingChecks`) and read once, by `check_routing`:
+before [`result`][], `state_dict` and `all_reduce`, after each pass of a streamed run, and every
 few thousand checks; the observed pass itself never waits for the device. Before its first batch of a pass
 (a ``with`` block), every tensor the layer's routing reads (router weights and biases, correction biases, per-expert
-scales, the router's norm: :meth:`~lightprune.models.MoEFamily.routing_tensors`) must be finite too
-(:func:`~lightprune.models.routing_check.check_routing_tensors`, queued with the batches' checks): a parameter cannot
+scales, the router's norm: `routing_tensors`) must be finite too
+(`check_routing_tensors`, queued with the batches' checks): a parameter cannot
 change between batches, so it is checked once per layer and pass, naming the tensor and the batch it was found
 before.
 """
@@ -64,7 +64,7 @@ def _check_not_offloaded(model: nn.Module, layers: list[MoELayer]) -> None:
 
 
 def _resolve(criteria: Iterable[str] | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(per-subset values, per-layer values) to collect for ``criteria`` (None: :data:`DEFAULT_CRITERIA`), each
+    """(per-subset values, per-layer values) to collect for ``criteria`` (None: `DEFAULT_CRITERIA`), each
     statistic's required values added after the ones asked for."""
     criteria = tuple(dict.fromkeys(DEFAULT_CRITERIA if criteria is None else criteria))
     unknown = [c for c in criteria if c not in STATISTICS]
@@ -82,7 +82,7 @@ def _resolve(criteria: Iterable[str] | None) -> tuple[tuple[str, ...], tuple[str
 class ExpertObserver:
     """Accumulate calibration statistics over forward passes made inside ``with observer:``.
 
-    Call :meth:`begin_batch` with each batch before the model's forward on it (the model must
+    Call `begin_batch` with each batch before the model's forward on it (the model must
     get the whole batch in one call), then run the forward under ``torch.no_grad()``.
     """
 
@@ -142,7 +142,7 @@ class ExpertObserver:
                     remember: bool = False) -> None:
         """Declare the batch whose forward comes next (derives its token subsets). ``count=False``: the same batch
         again, for the next layers of a run that takes the batches through one layer at a time
-        (:func:`~lightprune.experts.calibration.sequential.collect_checkpoint_stats`), which passes ``remember``:
+        (`collect_checkpoint_stats`), which passes ``remember``:
         what is derived from the batch (its subsets, whether it has padding: one host sync) is kept for its next
         declarations, until a counted batch starts the next run.
 
@@ -168,7 +168,7 @@ class ExpertObserver:
             self.batches_seen += 1
 
     def _next_index(self, count: bool) -> int:
-        """The 0-based index of the batch a declaration names (see :meth:`begin_batch`)."""
+        """The 0-based index of the batch a declaration names (see `begin_batch`)."""
         if count:
             if self._wave_start is None or self._repeating:
                 self._wave_start = self.batches_seen
@@ -206,7 +206,7 @@ class ExpertObserver:
     def _layer_batch(self, layer: MoELayer, hidden: torch.Tensor, router_input: torch.Tensor,
                      selected: torch.Tensor, router_logits: torch.Tensor | None,
                      routing_state: object) -> ObservedBatch:
-        """The layer's :class:`ObservedBatch` of the declared batch, its routing checked finite first (its routing
+        """The layer's `ObservedBatch` of the declared batch, its routing checked finite first (its routing
         tensors once per pass, before the first batch the layer sees; a streamed layer is in memory only now)."""
         masks, samples, batch_size = self._batch_masks(layer, hidden)
         if layer.index not in self._checked:
@@ -241,7 +241,7 @@ class ExpertObserver:
 
     def check_routing(self) -> None:
         """Read the queued non-finite routing checks (one host sync) and raise for the first batch and layer that
-        failed (:class:`~.observed.FiniteRoutingChecks`)."""
+        failed (`FiniteRoutingChecks`)."""
         self._checks.raise_first()
 
     # ------------------------------------------------------------------ results
@@ -298,7 +298,7 @@ class ExpertObserver:
     def all_reduce(self) -> None:
         """Sum every layer's statistics and the batches seen across ranks (torch.distributed), in place: every sum of
         every layer in one flat float64 buffer, one collective (a no-op in one process; a statistic with its own
-        :meth:`~.statistic.Statistic.all_reduce` runs it). The ranks first agree that every one's batches passed the
+        `all_reduce` runs it). The ranks first agree that every one's batches passed the
         routing checks (a failed rank's error is raised on every rank, so none waits in the sum)."""
         from lightprune.core.distributed import is_distributed, raise_on_every_rank
 

@@ -1,9 +1,10 @@
 """The re-run selections of a removal effect: for each (token, expert) pair whose removal has no closed form, the
 family's selection without that expert, and the experts that enter it (MAEP eq. 2, the pairs of
-:attr:`~lightprune.models.RemovalEffect.rerun`).
+`rerun`).
 
-The family computes them where it can (``RemovalEffect.rerun_selected``), else :meth:`select_without
-<lightprune.models.MoEFamily.select_without>` re-runs its selection from the same router logits, a chunk of pairs per
+The family computes them where it can (``RemovalEffect.rerun_selected``), else
+[`select_without`][lightprune.models.base.MoEFamily.select_without] re-runs its selection from the same router logits, a
+chunk of pairs per
 call (bounded memory: rows x E logits). The distinct (token, expert) pairs that enter are what the promoted Delta-H
 runs once each.
 """
@@ -22,7 +23,7 @@ __all__ = ["Reruns", "reselect", "CHUNK_ELEMENTS"]
 
 @dataclass(eq=False)
 class Reruns:
-    """A :class:`RemovalEffect`'s re-run pairs (``tokens``, ``experts``, sorted by token) with their new selections
+    """A [`RemovalEffect`][]'s re-run pairs (``tokens``, ``experts``, sorted by token) with their new selections
     (``weights`` before the family's output scale, ``selected``), and the distinct (token, expert) pairs that enter
     (``pair_token``, ``pair_expert``; slot (``row``, ``col``) of the new selections holds pair ``inverse``);
     ``alias``: a second removed expert per pair with the same effect (-1 none), or None."""

@@ -1,10 +1,10 @@
 """CalibrationStats: every calibration criterion for every token subset, from one observed pass.
 
 ``raw(name, subset)`` is the paper's value, ``score(name, subset)`` the importance (higher = keep); both are
-:class:`~lightprune.experts.scores.ExpertScores` ``{layer index: tensor[E_l]}``. The importance is the value, or its
+[`ExpertScores`][...scores.ExpertScores] ``{layer index: tensor[E_l]}``. The importance is the value, or its
 negation on the subsets the criterion of that name prunes the large values of first (its ``negated``: Delta-H on
 ``vision_low_attn``). Each value, its formula and its paper: the criterion's own module under
-:mod:`lightprune.experts.criteria` (:data:`CRITERIA`: the built-in ones, in report order).
+`lightprune.experts.criteria` (`CRITERIA`: the built-in ones, in report order).
 """
 
 from __future__ import annotations

@@ -11,14 +11,14 @@ calibration: a state file records
   batches of the rerun must be exactly the batches the state holds (the same file, tokenizer and batch
   arguments), checked before any of them is skipped.
 
-A mismatch is a :class:`CalibrationStateError` that names what differs and says how to start afresh; a
+A mismatch is a `CalibrationStateError` that names what differs and says how to start afresh; a
 file that is not such a state (garbage, another program's, an older format) is refused the same way, and so is one
-whose fields are well-formed but wrong, naming the field (:func:`check_fields` when it is read, before anything is
+whose fields are well-formed but wrong, naming the field (`check_fields` when it is read, before anything is
 built: a field missing or of another type, layers or expert counts other than its fingerprint's, negative or
 fractional counts, a sum that is not float64 or not finite, counts that disagree with each other or with
-``batches_seen``; :func:`check_observer_state` once the job's observer exists and before anything is loaded into it:
+``batches_seen``; `check_observer_state` once the job's observer exists and before anything is loaded into it:
 the statistics, layers and shapes the job collects, and every token's top-k counted in ``frequency``;
-:func:`check_batches`: a ``batches_seen`` whose digest is that of another number of this run's batches).
+`check_batches`: a ``batches_seen`` whose digest is that of another number of this run's batches).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def model_fingerprint(model: nn.Module) -> dict[str, Any]:
 
 def save_state(path: str | os.PathLike, observer_state: Mapping[str, Any], setup: Mapping[str, Any],
                model: Mapping[str, Any], digest: str | None) -> None:
-    """Write the state atomically (:func:`~lightprune.core.paths.write_atomically`: a temporary file renamed into
+    """Write the state atomically (`write_atomically`: a temporary file renamed into
     place, removed on any failure, which names the file and the cause; the state saved before is kept)."""
     state = {"format": STATE_FORMAT, "version": 1, "observer": dict(observer_state), "setup": dict(setup),
              "model": dict(model), "digest": digest}
@@ -184,7 +184,7 @@ def _mapping(path: str | os.PathLike, value: Any, field: str) -> Mapping[Any, An
 
 
 def _count(path: str | os.PathLike, value: Any, field: str) -> int:
-    """A whole number >= 0 stored as a Python int (what :func:`save_state` writes)."""
+    """A whole number >= 0 stored as a Python int (what `save_state` writes)."""
     if type(value) is not int:
         raise _refuse(path, field, f"is {_shown(value)}; a count is a whole number (int)")
     if value < 0:
@@ -207,7 +207,7 @@ def _layer_keys(path: str | os.PathLike, value: Any, field: str) -> dict[int, An
 
 def check_fields(path: str | os.PathLike, state: Mapping[str, Any]) -> None:
     """Every field of a read state (its ``format`` already checked) well-formed and consistent with the others, before
-    anything is built: a :class:`CalibrationStateError` naming the file and the first field that is not."""
+    anything is built: a `CalibrationStateError` naming the file and the first field that is not."""
     version = _field(path, state, "version", "version")
     if type(version) is not int or version != 1:
         raise _refuse(path, "version", f"is {_shown(version)}; this lightprune reads version 1")
@@ -323,7 +323,7 @@ def _check_counts(path: str | os.PathLike, observer: Mapping[str, Any], subsets:
 def check_observer_state(path: str | os.PathLike, saved: Mapping[str, Any], observer: ExpertObserver) -> None:
     """``saved`` (an observer state: a file's, a Lightning checkpoint's) is what ``observer`` (this job's, nothing
     loaded yet) collects: the same groups, MoE layers, sums, shapes and dtypes, its counts whole and consistent
-    (:func:`check_fields`' checks of the observer), and each layer's ``frequency`` the layer's top-k times its
+    (`check_fields`' checks of the observer), and each layer's ``frequency`` the layer's top-k times its
     tokens in every subset (every counted token routed to k experts). ``path`` names the state in the error."""
     if not isinstance(saved, Mapping) or "batches_seen" not in saved:
         raise _refuse(path, "observer.batches_seen", "is missing")

@@ -1,15 +1,18 @@
-"""Calibration statistics of a checkpoint directory with one decoder layer in memory: :func:`collect_checkpoint_stats`.
+"""Calibration statistics of a checkpoint directory with one decoder layer in memory: `collect_checkpoint_stats`.
 
-The same :class:`~lightprune.experts.calibration.ExpertObserver` as the in-memory pass (every criterion, every
+The same `ExpertObserver` as the in-memory pass (every criterion, every
 token subset, the attention probe of ``vision_low_attn``) observes the checkpoint's meta skeleton while the batches
-go through it layer by layer (:func:`lightprune.checkpoints.sequential.run_layer_outer`): each decoder layer is read from
+go through it layer by layer
+([`lightprune.checkpoints.sequential.run_layer_outer`][lightprune.checkpoints.sequential.run_layer_outer]): each decoder
+layer is read from
 the safetensors files once per pass of ``batches_per_pass`` batches, every batch runs it, and it is released. The
 model's own forward runs for every batch, so the statistics are those of the in-memory pass (the same tensors, the
 same order of operations). Memory: one decoder layer, what lies outside the layers (embeddings, head, a vision
 tower) and the pass's activations at a layer boundary.
 
 ``device``: where the layers are read to and computed (the CPU, or a GPU: pinned reads copied on a stream of their
-own, the activations at a layer boundary on the GPU up to a budget, :mod:`lightprune.checkpoints.sequential`); the
+own, the activations at a layer boundary on the GPU up to a budget,
+[`lightprune.checkpoints.sequential`][lightprune.checkpoints.sequential]); the
 sums stay there, and the pass reads nothing back from the device per layer or batch (its non-finite routing checks
 are read once per pass).
 
@@ -53,8 +56,8 @@ def collect_checkpoint_stats(path: str | os.PathLike, batches: Iterable[Mapping[
     """Every calibration criterion for every subset of the checkpoint at ``path``, one decoder layer resident on
     ``device`` (see the module docstring); ``batches_per_pass`` bounds the activations held (each layer is read once
     per pass), ``activation_budget`` how many bytes of them stay on the device
-    (:func:`~lightprune.checkpoints.sequential.run_in_lockstep`). Inside a ``torch.distributed`` process group
-    ``batches`` are this rank's share and every rank returns the statistics of all ranks' batches."""
+    ([`run_in_lockstep`][lightprune.checkpoints.sequential.run_in_lockstep]). Inside a ``torch.distributed`` process
+    group ``batches`` are this rank's share and every rank returns the statistics of all ranks' batches."""
     count = strict_int(batches_per_pass)  # a Python or NumPy int, never a bool or a float
     if count is None or count < 1:
         raise ValueError(f"batches_per_pass must be an int >= 1, got {batches_per_pass!r}")
@@ -105,8 +108,8 @@ def collect_checkpoint_stats(path: str | os.PathLike, batches: Iterable[Mapping[
 
 
 def _activations(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """The passes' :class:`~lightprune.checkpoints.sequential.BoundaryActivations` reports as one: the budget, the
-    most bytes held on the device at once, the moves to the host and their bytes."""
+    """The passes' [`BoundaryActivations`][lightprune.checkpoints.sequential.BoundaryActivations] reports as one: the
+    budget, the most bytes held on the device at once, the moves to the host and their bytes."""
     return {"budget_bytes": reports[0]["budget_bytes"] if reports else None,
             "peak_bytes": max((r["peak_bytes"] for r in reports), default=0),
             "spills": sum(r["spills"] for r in reports), "spilled_bytes": sum(r["spilled_bytes"] for r in reports)}

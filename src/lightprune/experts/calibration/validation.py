@@ -1,15 +1,15 @@
 """The paper's validations of Delta-H as an importance proxy (MAEP App. I), as functions.
 
-- :func:`ground_truth_kl`: for every MoE layer l and routed expert j, the LM-head KL
+- `ground_truth_kl`: for every MoE layer l and routed expert j, the LM-head KL
   KL(p_full || p_without_j) caused by removing expert j from layer l alone, per sample the mean
   over the sample's subset tokens, then the mean over samples (the averaging Delta-H uses).
   Batched over experts: each batch is repeated once per expert of a chunk and layer l's router
   masks expert j in copy j only (one mask per token row, the family's own selection), so one
   forward scores a whole chunk of experts. Layers before l are recomputed with the copies (the
   replay is not cached); exactness is that of ``mask_experts``, which equals pruning.
-- :func:`proxy_correlations`: per layer Spearman rho of each proxy (delta_h, reap, routing_kl,
+- `proxy_correlations`: per layer Spearman rho of each proxy (delta_h, reap, routing_kl,
   ...) against the ground truth, per subset, and the layer mean.
-- :func:`ranking_stability`: per layer Spearman rho between the same criterion's values from two
+- `ranking_stability`: per layer Spearman rho between the same criterion's values from two
   calibration sets, per subset, and the layer mean.
 """
 

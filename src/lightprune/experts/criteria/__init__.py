@@ -14,18 +14,18 @@ baselines) score a model from its weights alone::
 | random | U(0, 1), seeded | smallest | AIMER, section 5 baselines |
 
 ``w`` is one expert's flattened gate, up and down weights. Criteria that need data are declared in the same
-table (:mod:`.registry`) and answer ``available_criteria(needs_data=True)``: the calibration criteria read the run's
+table (`registry`) and answer ``available_criteria(needs_data=True)``: the calibration criteria read the run's
 calibration statistics, ``router_delta`` an adapter fit's scores; the merging methods ``hc_smoe`` and ``m_smoe``
 are named the same way and give a MergePlan instead of scores.
 
 One module per criterion (or per family of criteria read off the same sums), each of the same shape: its docstring
-with the formula and the paper, its :class:`~.statistic.Statistic` (what the observed calibration pass accumulates
+with the formula and the paper, its `Statistic` (what the observed calibration pass accumulates
 for it, named ``STATISTIC``; weight criteria have none), its class (scores and sign) registered with
-``@register_criterion``: :mod:`.aimer`, :mod:`.magnitude`, :mod:`.router_norm`, :mod:`.random` (weights);
-:mod:`.token_sums` (frequency, SEER, EAN, REAP), :mod:`.routing_kl`, :mod:`.delta_h` (Delta-H and its promoted
-variant), :mod:`.maep` (calibration); :mod:`.router_delta` (a fit); :mod:`.merge_methods` (HC-SMoE, M-SMoE). The
-shared parts: :mod:`.base` and :mod:`.from_data` (the classes), :mod:`.statistic` (the Statistic shape),
-:mod:`.weights` (per-expert weight norms), :mod:`.scoring` (``score_weights``).
+``@register_criterion``: `aimer`, `magnitude`, `router_norm`, `random` (weights);
+`token_sums` (frequency, SEER, EAN, REAP), `routing_kl`, `delta_h` (Delta-H and its promoted
+variant), `maep` (calibration); `router_delta` (a fit); `merge_methods` (HC-SMoE, M-SMoE). The
+shared parts: [`base`][.base] and `from_data` (the classes), `statistic` (the Statistic shape),
+`weights` (per-expert weight norms), [`scoring`][.scoring] (``score_weights``).
 
 May import: models, checkpoints, observe, experts (scores, maep, merging) and core; never experts.calibration (the
 observed pass asks the criteria what to accumulate). Its names are imported on first use (the registry is read

@@ -1,7 +1,7 @@
-"""The :class:`Criterion` interface: one small class per expert-importance scorer.
+"""The [`Criterion`][] interface: one small class per expert-importance scorer.
 
 A criterion turns a model (weight criteria) or observed batches (calibration criteria) into
-:class:`~lightprune.experts.scores.ExpertScores`: per MoE layer one value per routed expert, higher =
+[`ExpertScores`][...scores.ExpertScores]: per MoE layer one value per routed expert, higher =
 keep. ``raw`` keeps the value as its paper defines it (AIMER, for one, prunes its *largest*
 values, so its importance is ``-raw``).
 
@@ -9,17 +9,17 @@ The constructor is the config: subclasses take typed keyword arguments, validate
 ``__init__`` and raise errors that name the bad value and the allowed ones. ``hparams`` and
 ``repr`` read those arguments back, so a criterion is reported exactly as it was built.
 
-Weight criteria (``needs_data = False``) implement :meth:`Criterion.score_layer`; the base
+Weight criteria (``needs_data = False``) implement [`Criterion.score_layer`][]; the base
 class walks the MoE layers under ``torch.no_grad()`` and assembles the scores, gathering one
-layer's ZeRO-3 partitions at a time (:mod:`lightprune.core.distributed`), so ``score_layer`` always
+layer's ZeRO-3 partitions at a time (`lightprune.core.distributed`), so ``score_layer`` always
 sees full tensors. A criterion that reads weights first refuses a NaN or inf in a tensor the layer's routing reads
-(:func:`~lightprune.models.routing_check.check_routing_tensors`, once per layer): its ranking would be of a model
+(`check_routing_tensors`, once per layer): its ranking would be of a model
 that routes on it.
 
 Criteria that need data (``needs_data = True``) score from what a run observed instead:
-:meth:`Criterion.score_in_run` is the one call the pruning callback makes for every kind;
-:meth:`Criterion.score` on such a criterion raises an error that points to calibration.
-Their base classes: :mod:`lightprune.experts.criteria.from_data`.
+[`Criterion.score_in_run`][] is the one call the pruning callback makes for every kind;
+[`Criterion.score`][] on such a criterion raises an error that points to calibration.
+Their base classes: `lightprune.experts.criteria.from_data`.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ class Criterion(Configured):
     """Base class of every expert-importance criterion; register subclasses with
     ``@register_criterion("name")``.
 
-    Subclass contract (weight criteria): implement :meth:`score_layer` returning the raw
-    per-expert value ``[E]`` of one layer; override :meth:`importance` when larger raw values
-    should be pruned first. Read weights in place (no per-expert copies); :meth:`score` already
+    Subclass contract (weight criteria): implement [`score_layer`][] returning the raw
+    per-expert value ``[E]`` of one layer; override [`importance`][] when larger raw values
+    should be pruned first. Read weights in place (no per-expert copies); [`score`][] already
     runs under ``torch.no_grad()``.
     """
 
@@ -80,7 +80,7 @@ class Criterion(Configured):
         expert partitions are gathered while that layer is scored (one layer at a time; every
         rank must call this, as the callbacks do). ``layer_weights(layer)``, when given, is the
         context in which a layer's weights are present instead (a streamed checkpoint loads them;
-        entered only when :attr:`reads_weights`).
+        entered only when `reads_weights`).
         """
         if self.needs_data:
             raise CriterionNeedsDataError(self.name or type(self).__name__)
@@ -119,7 +119,7 @@ class Criterion(Configured):
         return self.score(model)
 
     def weight_modules(self, layer: MoELayer) -> list[nn.Module] | None:
-        """The modules of ``layer`` whose weights :meth:`score_layer` reads (None: the whole MoE block). A streamed
+        """The modules of ``layer`` whose weights [`score_layer`][] reads (None: the whole MoE block). A streamed
         checkpoint reads only these for the layer (AIMER: the experts; router norm: the router)."""
         return None
 

@@ -8,13 +8,13 @@ D_s = w_s - sum_{s' : S'_s' = S_s} w'_s' the change is H - H^(-j) = sum_s D_s f_
     ||H - H^(-j)||^2 = D^T G D,   G = f f^T [T, k, k] (the batch's Gram matrix, computed once):
 
 no expert runs again and no [T, E, H] tensor is formed. S', w' come from the family's
-:class:`~lightprune.models.RemovalEffect`, in order of precedence (later kinds overwrite earlier ones):
+[`RemovalEffect`][lightprune.models.base.RemovalEffect], in order of precedence (later kinds overwrite earlier ones):
 
 - growth 1 + g for any j (g = 0 for a renormalised router, p_j / (1 - p_j) for a plain softmax):
   ||H - H^(-j)||^2 = g^2 ||H||^2 with ||H||^2 = w^T G w;
 - a closed-form swap for a selected j: the others scaled by 1 + factor, one expert entering: D = (w_s (-factor) for
   s != r, w_r), batched over [T, k];
-- the re-run pairs (:mod:`lightprune.experts.calibration.reruns`): the family's selection with j masked, a chunk of
+- the re-run pairs (`lightprune.experts.calibration.reruns`): the family's selection with j masked, a chunk of
   pairs at a time.
 
 Per sample, the mean over the sample's subset tokens; summed over the samples that have such tokens (the value is
@@ -24,7 +24,7 @@ divided by that sample count when read).
 entering expert is the same whichever selected expert leaves, so it runs once per token, and the square is expanded:
 D^T G D - 2 w' D . (f . f_n) + w'^2 ||f_n||^2; a re-run pair's entering experts run once per distinct (token,
 expert), also when a swap of the same token promotes the same expert (the batch asks the forward's own expert call
-for them: :attr:`~lightprune.experts.calibration.observed.ObservedBatch.extra_rows`).
+for them: `extra_rows`).
 
 Higher is kept, except on ``vision_low_attn``: MAEP prunes the experts with the largest Delta-H on low-attention
 vision tokens first (section 5.3: s = (1 - alpha) z_text - alpha z_low), so there importance is the negated value.

@@ -1,12 +1,12 @@
 """The criteria that need data (``needs_data = True``), in the same registry as the weight criteria.
 
-- :class:`CalibrationCriterion` reads one token subset of the run's calibration statistics (one observed pass
-  yields them all): its value is what the :class:`~lightprune.experts.criteria.statistic.Statistic` its module
+- `CalibrationCriterion` reads one token subset of the run's calibration statistics (one observed pass
+  yields them all): its value is what the `Statistic` its module
   names accumulated, its importance that value, negated on the subsets it names in
-  :attr:`~CalibrationCriterion.negated`;
-- :class:`FitCriterion` reads the scores a fit produced in the same run (router sensitivity's ``router_delta``).
+  `negated`;
+- `FitCriterion` reads the scores a fit produced in the same run (router sensitivity's ``router_delta``).
 
-Every criterion answers :meth:`~lightprune.experts.criteria.base.Criterion.score_in_run`, given what the run holds;
+Every criterion answers [`score_in_run`][..base.Criterion.score_in_run], given what the run holds;
 these raise an error that names what is missing (calibration statistics, or the fit's scores), never a silent
 fallback.
 """
@@ -27,10 +27,10 @@ __all__ = ["CalibrationCriterion", "FitCriterion"]
 
 class CalibrationCriterion(Criterion):
     """Importance from calibration statistics: ``stats.score(statistic, subset)``, the value of the calibration
-    statistic the class names (a value of a registered :class:`~lightprune.experts.criteria.statistic.Statistic`).
+    statistic the class names (a value of a registered `Statistic`).
 
-    Subclasses set :attr:`statistic` (checked when the class is defined: a statistic registered before it) and
-    :attr:`negated` (the subsets whose large values are pruned first).
+    Subclasses set `statistic` (checked when the class is defined: a statistic registered before it) and
+    `negated` (the subsets whose large values are pruned first).
     """
 
     needs_data: ClassVar[bool] = True
@@ -51,7 +51,7 @@ class CalibrationCriterion(Criterion):
         self.subset = subset
 
     def score_stats(self, stats: Any) -> ExpertScores:
-        """Importance from a :class:`~lightprune.experts.calibration.CalibrationStats`."""
+        """Importance from a [`CalibrationStats`][.....calibration.result.CalibrationStats]."""
         return stats.score(self.statistic or self.name, self.subset)
 
     def score_in_run(self, model: nn.Module, calibration: Any = None,
@@ -63,7 +63,7 @@ class CalibrationCriterion(Criterion):
 
 
 class FitCriterion(Criterion):
-    """Scores that a fit in the same run produced (put in the run's ``fitted`` scores under :attr:`name`)."""
+    """Scores that a fit in the same run produced (put in the run's ``fitted`` scores under `name`)."""
 
     needs_data: ClassVar[bool] = True
     #: the callback that produces the scores, for the error message

@@ -3,8 +3,9 @@
 
     s = (1 - alpha) z~_text - alpha z~_low,
 
-z~ the log-z-scored Delta-H of each subset (:mod:`lightprune.experts.criteria.delta_h`); ``alpha=None`` takes the
-closed-form alpha of section 5.3. The combination and the alpha: :func:`lightprune.experts.maep.maep_scores`. It
+z~ the log-z-scored Delta-H of each subset (`lightprune.experts.criteria.delta_h`); ``alpha=None`` takes the
+closed-form alpha of section 5.3. The combination and the alpha:
+[`lightprune.experts.maep.maep_scores`][...maep.maep_scores]. It
 reads the ``delta_h`` the observed pass collects on ``text`` and ``vision_low_attn`` and accumulates nothing of its
 own.
 """

@@ -1,11 +1,12 @@
 """Expert merging methods in the criteria registry: ``hc_smoe`` and ``m_smoe`` (MAEP's merging baselines), and the
 statistics they cluster by, summed over calibration tokens in the observed pass.
 
-A :class:`MergeMethod` is named and configured like a calibration criterion (``ExpertPruning(criterion="hc_smoe",
-ratio=0.5)``, ``get_criterion("m_smoe", align=False)``) but produces a :class:`~lightprune.experts.merging.MergePlan`
-from the run's calibration statistics instead of scores: :meth:`MergeMethod.merge_plan`. Its statistics come from
+A `MergeMethod` is named and configured like a calibration criterion (``ExpertPruning(criterion="hc_smoe",
+ratio=0.5)``, ``get_criterion("m_smoe", align=False)``) but produces a [`MergePlan`][...merging.plan.MergePlan]
+from the run's calibration statistics instead of scores: `MergeMethod.merge_plan`. Its statistics come from
 the observed calibration pass (``ExpertStats(criteria=[..., "expert_outputs"])`` for HC-SMoE, ``"router_logits"``
-for M-SMoE: :attr:`MergeMethod.statistic`). The methods themselves: :mod:`lightprune.experts.merging.methods`.
+for M-SMoE: `MergeMethod.statistic`). The methods themselves:
+[`lightprune.experts.merging.methods`][...merging.methods].
 
 - ``expert_outputs`` (HC-SMoE, Chen et al. 2025, section 3.1): every routed expert's unweighted output on every
   calibration token, whether the router picked it or not, summed per expert: ``[E, H]``; divided by the token
@@ -114,7 +115,7 @@ STATISTIC = MergeSums
 
 
 class MergeMethod(Criterion):
-    """Base class of the merging methods: :meth:`merge_plan` from calibration statistics."""
+    """Base class of the merging methods: `merge_plan` from calibration statistics."""
 
     needs_data: ClassVar[bool] = True
     #: the merging statistic the calibration pass must collect

@@ -1,12 +1,12 @@
-"""The criteria, declared in one table: one name -> one :class:`~lightprune.experts.criteria.base.Criterion` class,
+"""The criteria, declared in one table: one name -> one [`Criterion`][..base.Criterion] class,
 and what the observed calibration pass accumulates for it.
 
-Every built-in criterion is one row of :data:`_BUILT_IN`: its name, the module and class that define it (imported on
+Every built-in criterion is one row of `_BUILT_IN`: its name, the module and class that define it (imported on
 first use: the command line checks a name without torch; the module registers the class with the decorator when it
 loads) and what the observed pass collects for it: nothing (weight criteria, fits), its own value by default or only
 when asked, or a merging statistic. A criterion module that accumulates from the pass names its
-:class:`~lightprune.experts.criteria.statistic.Statistic` subclass ``STATISTIC``; the value names a pass can collect
-(:data:`STATISTICS`) are read off this table, never declared a second time. Project-local criteria (``callbacks/``
+`Statistic` subclass ``STATISTIC``; the value names a pass can collect
+(`STATISTICS`) are read off this table, never declared a second time. Project-local criteria (``callbacks/``
 of a project, a notebook) register with the same decorator and are then usable by name everywhere
 (``lp.score_weights``, configs)::
 
@@ -15,11 +15,11 @@ of a project, a notebook) register with the same decorator and are then usable b
         def score_layer(self, layer):
             return layer.router_linear.weight.abs().sum(dim=1)
 
-and a project's statistic with :func:`register_statistic` (every name in its ``values``).
+and a project's statistic with `register_statistic` (every name in its ``values``).
 
 Names are lower-case snake case (``[a-z][a-z0-9_]*``). Registering a name twice is an error unless it is the same
 class again (also after a module reload: same module and qualified name), which replaces the entry.
-:func:`get_criterion` also accepts a class, an instance or a dotted import path ``"package.module.ClassName"`` (what
+[`get_criterion`][] also accepts a class, an instance or a dotted import path ``"package.module.ClassName"`` (what
 a config's ``class_path`` holds).
 
 Torch-free: this module imports only the registry class (the criteria's base class when one registers).
@@ -109,7 +109,7 @@ C = TypeVar("C", bound=type)
 
 
 def register_criterion(name: str) -> Callable[[C], C]:
-    """Class decorator: register a :class:`Criterion` subclass under ``name`` and set ``cls.name``."""
+    """Class decorator: register a [`Criterion`][...base.Criterion] subclass under ``name`` and set ``cls.name``."""
     return CRITERIA.decorator(name)
 
 
@@ -135,7 +135,7 @@ S = TypeVar("S", bound=type)
 
 
 def register_statistic(cls: S) -> S:
-    """Class decorator: register a :class:`~lightprune.experts.criteria.statistic.Statistic` subclass under every
+    """Class decorator: register a `Statistic` subclass under every
     name of its ``values`` (a project's statistic; a criterion that reads it names it in ``statistic``)."""
     values = getattr(cls, "values", ())
     if not values:
@@ -159,7 +159,7 @@ def get_criterion(criterion: Any, **kwargs: Any) -> Any:
     """An instance of ``criterion`` (a name, a dotted path, a class or an instance, returned as is) built with
     ``kwargs``.
 
-    Unknown names are an error listing :func:`available_criteria`; arguments the constructor does not take are an
+    Unknown names are an error listing [`available_criteria`][]; arguments the constructor does not take are an
     error listing the ones it does.
     """
     return CRITERIA.build(criterion, **kwargs)

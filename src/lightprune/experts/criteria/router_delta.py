@@ -3,8 +3,8 @@ Under Lightweight Fine-Tuning Identifies Prunable Experts in Mixture-of-Experts 
 sections 3.2-3.4, Eqs. 4, 3 and 5).
 
 The scores are those the RouterDelta callback measures at the end of ``lightprune fit``
-(:mod:`lightprune.experts.sensitivity`: weight, signed weight or logit delta); the criterion reads them from the run
-and accumulates nothing from a calibration pass.
+([`lightprune.experts.sensitivity`][...sensitivity]: weight, signed weight or logit delta); the criterion reads them
+from the run and accumulates nothing from a calibration pass.
 """
 
 from __future__ import annotations

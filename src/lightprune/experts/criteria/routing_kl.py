@@ -4,7 +4,7 @@ Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927), appe
 For token t with the router's distribution p over all E experts (a softmax of the logits, or for a sigmoid router
 the sigmoid scores normalised to sum to 1), ``routing_kl`` of expert j is the mean over the subset's tokens of
 KL(p || p^(-j)), p^(-j) the distribution with p_j zeroed and renormalised, both sides Laplace-smoothed by
-eps = 1e-12 (:func:`routing_kl`). Computed in O(T E) per batch, in the compute dtype, added to float64 sums [U, E];
+eps = 1e-12 (`routing_kl`). Computed in O(T E) per batch, in the compute dtype, added to float64 sums [U, E];
 the value is divided by the subset's token count when read. Higher is kept (importance = the value).
 """
 

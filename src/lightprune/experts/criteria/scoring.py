@@ -1,13 +1,13 @@
-"""Weight-only expert scores, of a model in memory or of a checkpoint directory: :func:`score_weights`.
+"""Weight-only expert scores, of a model in memory or of a checkpoint directory: [`score_weights`][].
 
 A checkpoint directory is scored without loading the model: its model is a
-:class:`~lightprune.checkpoints.skeleton.Skeleton` (meta device); each MoE block is read from the safetensors
+[`Skeleton`][lightprune.checkpoints.skeleton.Skeleton] (meta device); each MoE block is read from the safetensors
 files, scored by the criterion's own ``score_layer`` and released before the next one, so memory holds one block
 (its router, experts and shared experts) at a time, or only the modules the criterion reads
-(:meth:`~lightprune.experts.criteria.base.Criterion.weight_modules`: AIMER and magnitude the experts, router norm
+([`weight_modules`][..base.Criterion.weight_modules]: AIMER and magnitude the experts, router norm
 the router), with the tensors the layer's routing reads (checked finite before it is scored, as in memory). The
 scores equal those of the loaded model (the same tensors, the same code); ``random`` reads no tensor at all.
-``device``: where the blocks are read to and scored (the CPU, or a GPU: :mod:`lightprune.checkpoints.device`).
+``device``: where the blocks are read to and scored (the CPU, or a GPU: `lightprune.checkpoints.device`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ __all__ = ["score_weights", "score_model_weights", "score_checkpoint", "weight_c
 
 def score_weights(model: nn.Module | str | os.PathLike, criterion: str | type[Criterion] | Criterion = "aimer", *,
                   seed: int = 0, progress: bool = True, device: Any = None, **kwargs: Any) -> ExpertScores:
-    """``lp.score_weights``: a model in memory (:func:`score_model_weights`, where it is) or a checkpoint directory
-    (:func:`score_checkpoint`, one MoE block in memory at a time, on ``device``: default the CPU)."""
+    """``lp.score_weights``: a model in memory ([`score_model_weights`][], where it is) or a checkpoint directory
+    ([`score_checkpoint`][], one MoE block in memory at a time, on ``device``: default the CPU)."""
     if isinstance(model, (str, os.PathLike)):
         return score_checkpoint(model, criterion, seed=seed, progress=progress, device=device or "cpu", **kwargs)
     if device is not None:
@@ -47,10 +47,11 @@ def score_weights(model: nn.Module | str | os.PathLike, criterion: str | type[Cr
 
 def weight_criterion(criterion: str | type[Criterion] | Criterion = "aimer", *, seed: int = 0,
                      **kwargs: Any) -> Criterion:
-    """The weight-only criterion :func:`score_weights` scores with: a registered name (see
-    :func:`~lightprune.experts.criteria.available_criteria`), a dotted import path, a :class:`Criterion` subclass or instance; ``kwargs`` go to
+    """The weight-only criterion [`score_weights`][] scores with: a registered name (see
+    [`available_criteria`][...registry.available_criteria]), a dotted import path, a [`Criterion`][] subclass or
+    instance; ``kwargs`` go to
     its constructor, ``seed`` to criteria whose constructor takes one (``"random"``). A criterion that needs
-    calibration data raises :class:`CriterionNeedsDataError`."""
+    calibration data raises [`CriterionNeedsDataError`][]."""
     if isinstance(criterion, Criterion):
         return get_criterion(criterion, **kwargs)
     cls = get_criterion_class(criterion)
@@ -65,17 +66,17 @@ def score_model_weights(model: nn.Module, criterion: str | type[Criterion] | Cri
                         seed: int = 0, **kwargs: Any) -> ExpertScores:
     """Score every routed expert of ``model`` with a weight-only criterion (higher = keep).
 
-    ``criterion`` is a registered name (see :func:`available_criteria`), a dotted import path,
-    a :class:`Criterion` subclass or instance; ``kwargs`` go to its constructor. ``seed`` is
+    ``criterion`` is a registered name (see [`available_criteria`][...registry.available_criteria]), a dotted import
+    path, a [`Criterion`][] subclass or instance; ``kwargs`` go to its constructor. ``seed`` is
     passed to criteria whose constructor takes one (``"random"``) and ignored by the others.
-    A criterion that needs calibration data raises :class:`CriterionNeedsDataError`.
+    A criterion that needs calibration data raises [`CriterionNeedsDataError`][].
     """
     return weight_criterion(criterion, seed=seed, **kwargs).score(model)
 
 
 def weight_module_names(skeleton: Skeleton, criterion: Criterion) -> dict[int, list[str]]:
     """{MoE layer index: the names in ``skeleton.model`` of the modules of that layer ``criterion`` reads}
-    (:meth:`~lightprune.experts.criteria.base.Criterion.weight_modules`, default the whole MoE block)."""
+    ([`weight_modules`][...base.Criterion.weight_modules], default the whole MoE block)."""
     names = {module: name for name, module in skeleton.model.named_modules()}
     out = {}
     for layer in find_moe_layers(skeleton.model):
@@ -85,10 +86,10 @@ def weight_module_names(skeleton: Skeleton, criterion: Criterion) -> dict[int, l
 
 
 def streamed_layer_weights(skeleton: Skeleton, criterion: Criterion) -> Callable[[MoELayer], Any]:
-    """``layer -> context`` in which the modules of ``layer`` that ``criterion`` reads (:func:`weight_module_names`)
-    and the other tensors its routing reads (:meth:`MoEFamily.routing_tensors`, which :meth:`Criterion.score` checks
-    finite) are read in from ``skeleton``'s checkpoint, and released after: what :meth:`Criterion.score` takes as
-    ``layer_weights``. Once a layer is in, the next MoE layer's bytes are prefetched (:meth:`Skeleton.prefetch`):
+    """``layer -> context`` in which the modules of ``layer`` that ``criterion`` reads (`weight_module_names`)
+    and the other tensors its routing reads (`MoEFamily.routing_tensors`, which [`Criterion.score`][] checks
+    finite) are read in from ``skeleton``'s checkpoint, and released after: what [`Criterion.score`][] takes as
+    ``layer_weights``. Once a layer is in, the next MoE layer's bytes are prefetched ([`Skeleton.prefetch`][]):
     the disk reads them while this one is scored."""
     names = weight_module_names(skeleton, criterion)
     following = dict(zip(list(names)[:-1], list(names)[1:]))
@@ -111,7 +112,7 @@ def score_checkpoint(path: str | os.PathLike, criterion: str | type[Criterion] |
                      seed: int = 0, progress: bool = True, device: Any = "cpu", **kwargs: Any) -> ExpertScores:
     """Score every routed expert of the checkpoint at ``path`` from its weights, one MoE block resident at a
     time on ``device`` (see the module docstring); ``criterion``, ``seed`` and ``kwargs`` as for
-    :func:`score_model_weights`."""
+    [`score_model_weights`][]."""
     device = streaming_device(device)  # before anything is read
     instance = weight_criterion(criterion, seed=seed, **kwargs)
     with Checkpoint(path) as checkpoint:

@@ -1,20 +1,20 @@
 """The shape of what a calibration criterion accumulates: sums for one MoE layer over the token subsets, fed one
-:class:`~lightprune.experts.calibration.observed.ObservedBatch` at a time by the observed pass.
+`ObservedBatch` at a time by the observed pass.
 
-A :class:`Statistic` holds float64 sums (``sums``, on the layer's device; a layer on the meta device, loaded only
+A `Statistic` holds float64 sums (``sums``, on the layer's device; a layer on the meta device, loaded only
 while it runs, keeps them on the CPU unless the observer is told where the model computes), adds one batch in
-:meth:`Statistic.update` (under ``torch.no_grad``, no host synchronisation beyond what the batch already did), turns
-its sums into a value per expert in :meth:`Statistic.value`, round-trips through :meth:`state_dict` /
-:meth:`load_state_dict` (flat names, disjoint from the other statistics' of the layer: a resumed calibration loads
+`Statistic.update` (under ``torch.no_grad``, no host synchronisation beyond what the batch already did), turns
+its sums into a value per expert in `Statistic.value`, round-trips through `state_dict` /
+`load_state_dict` (flat names, disjoint from the other statistics' of the layer: a resumed calibration loads
 them) and is summed across ranks at decision points only: its sums in the observer's one flat collective, or by its
-own :meth:`all_reduce` where a subclass overrides it (a statistic whose sums do not add across ranks).
+own `all_reduce` where a subclass overrides it (a statistic whose sums do not add across ranks).
 
-What it reads of the batch it declares in :attr:`Statistic.needs`, so the batch computes only that, once, for
+What it reads of the batch it declares in `Statistic.needs`, so the batch computes only that, once, for
 every statistic of the layer: ``"logits"`` (the router's logits), ``"removal"`` (the family's removal effect and
 the re-run selections), ``"entering"`` (the outputs of the experts a removal promotes, run in the forward's own
 expert call).
 
-:class:`SubsetCounts` (every layer has one) counts the tokens and the samples of each subset; statistics that
+`SubsetCounts` (every layer has one) counts the tokens and the samples of each subset; statistics that
 average over them read it.
 """
 
@@ -47,14 +47,14 @@ def sums_device(layer: MoELayer) -> torch.device:
 class Statistic:
     """Sums of one statistic for one MoE layer (see the module docstring).
 
-    Subclasses set :attr:`values`, allocate :attr:`sums` in ``__init__`` (through :meth:`zeros`) and implement
-    :meth:`update` and :meth:`value`.
+    Subclasses set `values`, allocate `sums` in ``__init__`` (through `zeros`) and implement
+    `update` and `value`.
 
     Args:
         layer: the MoE layer.
         subsets: the token subsets, in the order of the rows of the subset masks.
-        wanted: which of :attr:`values` the pass collects (a statistic may skip work for the others).
-        counts: the layer's :class:`SubsetCounts`.
+        wanted: which of `values` the pass collects (a statistic may skip work for the others).
+        counts: the layer's `SubsetCounts`.
     """
 
     #: the value names this statistic gives (its registry names)
@@ -83,7 +83,7 @@ class Statistic:
 
     @property
     def needs(self) -> frozenset[str]:
-        """What :meth:`update` reads of the batch beyond the routed outputs (module docstring)."""
+        """What `update` reads of the batch beyond the routed outputs (module docstring)."""
         return frozenset()
 
     def update(self, batch) -> None:

@@ -2,7 +2,7 @@
 
 transformers 5 keeps a layer's routed experts as fused parameters whose first dimension is the
 expert: ``gate_up_proj [E, 2I, H]`` (or ``gate_proj``/``up_proj``) and ``down_proj [E, H, I]``.
-:func:`expert_weight_norms` returns, per expert, the l1 norm and the squared l2 norm of the
+`expert_weight_norms` returns, per expert, the l1 norm and the squared l2 norm of the
 concatenation of the expert's slices of those tensors (biases excluded), which is all the
 weight criteria need.
 
@@ -16,7 +16,7 @@ digit). Half-precision weights are converted into an fp32 buffer block by block,
 memory is a few blocks. On a 2-core CPU this reads fp32 experts ~4x faster than
 ``t.abs().sum()`` (which materialises ``|t|``) and faster than one ``vector_norm(t, 1)`` pass.
 
-Threads: on CPU the rows are split among up to :data:`MAX_WORKERS` worker threads (no more than
+Threads: on CPU the rows are split among up to `MAX_WORKERS` worker threads (no more than
 ``torch.get_num_threads()``), each running single-threaded kernels on its own blocks. Thousands
 of small multi-threaded kernels would each end in an OpenMP barrier, which costs a scheduler
 time slice whenever another process holds a core (measured: 5.8 ms per kernel, 100x slower, on a
@@ -44,7 +44,7 @@ MAX_WORKERS = 8
 
 def expert_weight_tensors(layer: MoELayer) -> list[tuple[str, torch.Tensor]]:
     """``[(name, tensor [E, ...])]``: the layer's fused expert weight tensors (no copies, no biases); a family's
-    :attr:`~lightprune.models.MoEFamily.expert_sub_tensors` viewed [E, rows, ...]."""
+    `expert_sub_tensors` viewed [E, rows, ...]."""
     experts = layer.experts
     found = []
     family = layer.family
@@ -126,9 +126,9 @@ def expert_weight_norms(layer: MoELayer, *, l1: bool = True, sq: bool = True, bl
                         workers: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
     """Per-expert ``(||w_e||_1, ||w_e||_2^2, N)`` over the expert's flattened gate, up and down weights.
 
-    ``w_e`` concatenates expert ``e``'s slices of every tensor of :func:`expert_weight_tensors`;
+    ``w_e`` concatenates expert ``e``'s slices of every tensor of `expert_weight_tensors`;
     ``N`` is its length. Norms are float64 tensors ``[E]`` on the weights' device (None when
-    not asked for). ``block_elements`` defaults to :func:`default_block_elements`; ``workers``
+    not asked for). ``block_elements`` defaults to `default_block_elements`; ``workers``
     (CPU with the OpenMP backend only; elsewhere 1) to ``min(torch.get_num_threads(), MAX_WORKERS)``;
     1 means serial blocks with multi-threaded kernels. Runs under ``torch.no_grad()``.
     """

@@ -1,8 +1,8 @@
 """Expert merging (MAEP's HC-SMoE baseline; M-SMoE): clusters of a layer's experts folded into one expert each.
 
-- :mod:`.plan` (:class:`MergePlan`: clusters, dominants, coefficients; the only thing passed from clustering
-  to surgery), :mod:`.merge` (the merged tensors, reversible and structural), :mod:`.cluster` (HC-SMoE's
-  average-linkage clustering), :mod:`.align` (M-SMoE's neuron alignment), :mod:`.methods` (HC-SMoE and
+- [`plan`][.plan] ([`MergePlan`][.plan.MergePlan]: clusters, dominants, coefficients; the only thing passed from
+  clustering to surgery), [`merge`][.merge] (the merged tensors, reversible and structural), `cluster` (HC-SMoE's
+  average-linkage clustering), `align` (M-SMoE's neuron alignment), [`methods`][.methods] (HC-SMoE and
   M-SMoE: calibration statistics -> MergePlan).
 
 May import: models, observe, experts.plan / experts.prune / experts.mask / experts.calibration and the shared

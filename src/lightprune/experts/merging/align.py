@@ -117,7 +117,7 @@ def neuron_features(experts: nn.Module, index: int) -> torch.Tensor:
 
 def neuron_permutation(experts: nn.Module, reference: int, target: int) -> torch.Tensor:
     """``perm [I]`` (long): target's neuron ``perm[i]`` is matched to reference's neuron ``i``, the assignment that
-    maximises the summed inner products of the neurons' features (:func:`neuron_features`)."""
+    maximises the summed inner products of the neurons' features (`neuron_features`)."""
     linear_sum_assignment = require("merging", "M-SMoE's neuron alignment (align: true)").linear_sum_assignment
     _check_index(experts, reference, "reference")
     _check_index(experts, target, "target")

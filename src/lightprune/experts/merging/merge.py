@@ -9,13 +9,13 @@ where P_i permutes expert i's intermediate neurons to match d's (M-SMoE's alignm
 identity otherwise and for d itself). With ``plan.router == "average"`` the router's per-expert tensors (its
 row, bias, score-correction bias, per-expert scales) get the same average in slot d; with ``"dominant"`` they stay
 d's. The merged layer is then the layer with only the dominants' slots kept: the same ExpertPlan surgery as
-pruning (:func:`lightprune.experts.prune.prune_experts`), so the merged model saves, reloads and verifies through
-the pruning export.
+pruning ([`lightprune.experts.prune.prune_experts`][...prune.prune_experts]), so the merged model saves, reloads and
+verifies through the pruning export.
 
-- :func:`merged_experts`: reversible, for evaluation: the dominants' slots are overwritten (their previous
-  values kept aside) and the other members masked at the router (:func:`lightprune.mask_experts`); everything is
-  restored on exit, also on error. It computes exactly what the structural merge computes.
-- :func:`write_merged` writes the merged tensors in place (irreversibly); :func:`merge_experts` then removes
+- [`merged_experts`][]: reversible, for evaluation: the dominants' slots are overwritten (their previous
+  values kept aside) and the other members masked at the router ([`lightprune.mask_experts`][...mask.mask_experts]);
+  everything is restored on exit, also on error. It computes exactly what the structural merge computes.
+- [`write_merged`][] writes the merged tensors in place (irreversibly); [`merge_experts`][] then removes
   the non-dominant slots.
 """
 
@@ -82,7 +82,7 @@ def _checked_layers(model: nn.Module, plan: MergePlan, caller: str,
 @torch.no_grad()
 def write_merged(model: nn.Module, plan: MergePlan, *, layers: list[MoELayer] | None = None) -> nn.Module:
     """Write every cluster's merged expert into its dominant's slot, in place (the other slots keep their old
-    values until :func:`merge_experts` removes them). Returns ``model``. ``layers``: the model's MoE layers, from a
+    values until [`merge_experts`][] removes them). Returns ``model``. ``layers``: the model's MoE layers, from a
     caller that has checked the plan against them (an export checks it once); by default found and the plan
     checked here."""
     for layer in _checked_layers(model, plan, "write_merged", layers):
@@ -101,7 +101,7 @@ def merge_experts(model: nn.Module, plan: MergePlan) -> nn.Module:
 
 @contextmanager
 def merged_experts(model: nn.Module, plan: MergePlan) -> Iterator[nn.Module]:
-    """The merged model, reversibly: inside the block ``model`` computes what :func:`merge_experts` would leave;
+    """The merged model, reversibly: inside the block ``model`` computes what [`merge_experts`][] would leave;
     on exit every overwritten slot gets its value back and the router masks are removed."""
     layers = _checked_layers(model, plan, "merged_experts")
     saved: list[tuple[torch.Tensor, torch.Tensor]] = []  # (an overwritten slot, a view; its old value)

@@ -1,4 +1,4 @@
-"""HC-SMoE and M-SMoE: calibration statistics -> :class:`MergePlan`.
+"""HC-SMoE and M-SMoE: calibration statistics -> [`MergePlan`][].
 
 HC-SMoE (Chen et al., "Retraining-Free Merging of Sparse MoE via Hierarchical Clustering", ICML 2025, section 3;
 MAEP's appendix configuration: similarity on expert outputs, hierarchical clustering, average linkage, frequency

@@ -14,7 +14,7 @@ Plan-wide: ``router`` is ``"dominant"`` (the dominant's router row and per-exper
 ``"average"`` (the coefficient-weighted average of the members' rows: logits are linear in the row, so the
 merged expert's logit is the members' averaged logit); ``align`` (M-SMoE, section 3.2): each member's
 intermediate neurons are permuted to match the dominant's before averaging; ``method``, ``ratio`` and
-``metadata`` describe the run. Every break of the schema is a :class:`~lightprune.core.errors.PlanError` naming the
+``metadata`` describe the run. Every break of the schema is a [`PlanError`][...plan.PlanError] naming the
 file (when loaded from one), the key and the value.
 """
 
@@ -155,12 +155,12 @@ class MergePlan(ExpertLayout):
 
     @property
     def total_merged_away(self) -> int:
-        """Experts gone: the layers' counts before less the merged experts left (:attr:`total_removed`)."""
+        """Experts gone: the layers' counts before less the merged experts left (`total_removed`)."""
         return self.total_removed
 
     def check_layers(self, layers: Iterable) -> None:
-        """Raise :class:`PlanError` unless this plan fits ``layers``: its kept layout (the dominants) as
-        :meth:`ExpertPlan.check_layers <lightprune.experts.plan.ExpertPlan.check_layers>` checks one."""
+        """Raise [`PlanError`][] unless this plan fits ``layers``: its kept layout (the dominants) as
+        [`ExpertPlan.check_layers`][.....plan.ExpertPlan.check_layers] checks one."""
         self.expert_plan().check_layers(layers)
 
     # ------------------------------------------------------------------ JSON

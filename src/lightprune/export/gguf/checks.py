@@ -1,7 +1,7 @@
-"""What :func:`~lightprune.export.gguf.convert_to_gguf` checks of the export before the converter runs: the output's
-place (:func:`check_placement`), a width-pruned export refused (:func:`refuse_width`), the weight files as the
-converter sees them (:func:`converter_weight_files`, :func:`check_weight_files`), and the export read as every path
-reads a checkpoint, with one expert count for every layer (:func:`checked_export`, :func:`expert_counts`)."""
+"""What [`convert_to_gguf`][..convert.convert_to_gguf] checks of the export before the converter runs: the output's
+place (`check_placement`), a width-pruned export refused (`refuse_width`), the weight files as the
+converter sees them (`converter_weight_files`, `check_weight_files`), and the export read as every path
+reads a checkpoint, with one expert count for every layer (`checked_export`, `expert_counts`)."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ _CONVERTER_PARTS = (("model", ".safetensors", SAFE_INDEX), ("pytorch_model", ".b
 def converter_weight_files(export: str | os.PathLike) -> list[str]:
     """The names of the weight files llama.cpp's converter reads in ``export``, as its ``index_tensors`` picks them:
     the files ``model.safetensors.index.json`` names when it is there (a leading ``./`` dropped, as
-    :func:`~lightprune.checkpoints.directory.read_index` drops it: the converter joins the name to the folder), else
+    `read_index` drops it: the converter joins the name to the folder), else
     every entry ``model*.safetensors``; in a folder without either, the same of ``pytorch_model.bin.index.json`` and
     ``pytorch_model*.bin``. Sorted."""
     export = Path(export)

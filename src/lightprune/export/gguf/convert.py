@@ -1,5 +1,5 @@
-"""An export converted to GGUF by llama.cpp's converter: :func:`convert_to_gguf` (the order of its checks:
-:mod:`lightprune.export.gguf`) and its :class:`GGUFResult`."""
+"""An export converted to GGUF by llama.cpp's converter: [`convert_to_gguf`][] (the order of its checks:
+`lightprune.export.gguf`) and its [`GGUFResult`][]."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ __all__ = ["GGUFResult", "convert_to_gguf"]
 
 @dataclass(frozen=True)
 class GGUFResult:
-    """A GGUF written by :func:`convert_to_gguf`: ``path`` (absolute), ``size`` in bytes, ``tensors`` (the count its
+    """A GGUF written by [`convert_to_gguf`][]: ``path`` (absolute), ``size`` in bytes, ``tensors`` (the count its
     header holds), ``outtype``, ``pre_tokenizer`` (the ``tokenizer.ggml.pre`` lightprune named because the converter
     did not know the tokenizer; None when the converter named it), ``seconds``. ``os.PathLike``: the path."""
 
@@ -64,14 +64,14 @@ def convert_to_gguf(export_dir: str | os.PathLike, outfile: str | os.PathLike, *
         pre_tokenizer: ``auto``, ``none`` or a llama.cpp pre-tokenizer name (module docstring).
         llama_cpp: the folder holding ``convert_hf_to_gguf.py`` (default: ``$LLAMA_CPP_DIR``, else the fetched one).
         overwrite: replace an existing ``outfile`` once the new one is complete; ``True`` or ``False`` (anything
-            else, ``"no"`` included, is refused: :func:`~lightprune.core.checks.check_bool`).
+            else, ``"no"`` included, is refused: `check_bool`).
         remedy: the end of the error for an existing ``outfile`` (how the caller's user replaces it).
 
-    Returns the :class:`GGUFResult`. Every refusal is one line (ValueError, FileExistsError, FileNotFoundError,
+    Returns the [`GGUFResult`][]. Every refusal is one line (ValueError, FileExistsError, FileNotFoundError,
     IsADirectoryError, ...). A failed write of the staged GGUF that is a full disk or quota (ENOSPC, EDQUOT), a file
     over the size limit (EFBIG) or an unwritable file or folder (EACCES, EROFS, EPERM) is an
-    :class:`~lightprune.checkpoints.staging.OutputDirError`; whatever else the converter raises (another write error
-    included) a :class:`GGUFConversionError` (its error as ``__cause__``).
+    `OutputDirError`; whatever else the converter raises (another write error
+    included) a `GGUFConversionError` (its error as ``__cause__``).
     """
     start = time.perf_counter()
     overwrite = check_bool(overwrite, "overwrite")  # "no" is a truthy string: never read as a truth value

@@ -1,6 +1,6 @@
-"""llama.cpp's Hugging Face to GGUF converter: where it is (:func:`converter_dir`, :func:`find_converter`), what it
-accepts, read from its source (:func:`converter_outtypes`, :func:`converter_pre_tokenizers`), and its module
-imported with the gguf-py it was written with (:func:`converter_module`)."""
+"""llama.cpp's Hugging Face to GGUF converter: where it is (`converter_dir`, `find_converter`), what it
+accepts, read from its source (`converter_outtypes`, `converter_pre_tokenizers`), and its module
+imported with the gguf-py it was written with (`converter_module`)."""
 
 from __future__ import annotations
 
@@ -52,9 +52,9 @@ def converter_dir(root: str | os.PathLike | None = None) -> Path:
 
 
 def find_converter(llama_cpp: str | os.PathLike | None = None) -> Path:
-    """The absolute folder holding :data:`CONVERTER`: ``llama_cpp``, else :func:`converter_dir`; a
+    """The absolute folder holding `CONVERTER`: ``llama_cpp``, else `converter_dir`; a
     FileNotFoundError saying how to fetch it when it is not there, or when the folder lacks the gguf-py package
-    beside it (:data:`OWN_GGUF`): the converter would then import whatever ``gguf`` is installed, of another version,
+    beside it (`OWN_GGUF`): the converter would then import whatever ``gguf`` is installed, of another version,
     and fail on a name it lacks ("AttributeError: DFLASH while reading config.json"). With the converter's own
     ``NO_LOCAL_GGUF`` set, the installed ``gguf`` is what was asked for and the folder needs none."""
     if llama_cpp is not None:
@@ -169,7 +169,7 @@ def _is_gguf(name: str) -> bool:
 
 @contextlib.contextmanager
 def converter_module(folder: str | os.PathLike) -> Iterator[ModuleType]:
-    """llama.cpp's converter module from ``folder`` (:data:`CONVERTER`); inside the block ``gguf`` is the gguf-py
+    """llama.cpp's converter module from ``folder`` (`CONVERTER`); inside the block ``gguf`` is the gguf-py
     it was written with (its folder's ``gguf-py``) whatever gguf this process imported, which comes back after it."""
     key = str(Path(folder).resolve())
     process = {name: module for name, module in sys.modules.items() if _is_gguf(name)}

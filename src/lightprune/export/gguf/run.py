@@ -1,7 +1,7 @@
-"""llama.cpp's converter run in this process on an export (:func:`run_converter`): its pre-tokenizer named when it
+"""llama.cpp's converter run in this process on an export (`run_converter`): its pre-tokenizer named when it
 does not know the tokenizer, its logging, warnings and progress bar dropped unless the run is verbose, and its failures
-restated in one line (a :class:`~lightprune.export.gguf.converter.GGUFConversionError` naming the step, or a
-:class:`WriteError` for a failed write of the staged GGUF); :func:`tensor_count` reads the GGUF header it wrote."""
+restated in one line (a `GGUFConversionError` naming the step, or a
+`WriteError` for a failed write of the staged GGUF); `tensor_count` reads the GGUF header it wrote."""
 
 from __future__ import annotations
 
@@ -62,10 +62,10 @@ def _step(err: BaseException) -> str | None:
 
 class WriteError(OSError):
     """The converter's failure to write the staged GGUF, with the errno it had (a short write's found by
-    :func:`_write_errno`) and the staged file as its filename. :func:`staging_file` restates a full disk or quota
+    `_write_errno`) and the staged file as its filename. `staging_file` restates a full disk or quota
     (ENOSPC, EDQUOT), a file over the size limit (EFBIG) and an unwritable staged file (EACCES, EROFS, EPERM) as its
-    one :class:`OutputDirError` line; any other errno, or none, reaches :func:`convert_to_gguf`, which raises a
-    :class:`GGUFConversionError` naming the output."""
+    one `OutputDirError` line; any other errno, or none, reaches [`convert_to_gguf`][], which raises a
+    `GGUFConversionError` naming the output."""
 
 
 def _write_errno(err: OSError, staged: Path) -> int | None:
@@ -155,7 +155,7 @@ def _text_model(converter: ModuleType) -> type:
 
 def run_converter(converter: ModuleType, export: Path, staged: Path, outtype: str, pre_tokenizer: str) -> str | None:
     """The converter's ``main`` on ``export``, writing ``staged``; returns the pre-tokenizer named here (None: the
-    converter named it). Its failures are a :class:`GGUFConversionError` (an OSError, a full disk, stays one)."""
+    converter named it). Its failures are a `GGUFConversionError` (an OSError, a full disk, stays one)."""
     named: list[str] = []
     errors, quiet = _Errors(), not verbose()
     with contextlib.ExitStack() as stack:

@@ -1,5 +1,5 @@
 """The tokenizer of an export, whose vocabulary llama.cpp's converter writes into the GGUF: checked before the converter
-runs (:func:`check_tokenizer`), and whether it declares GPT-2's byte-level pre-tokenization (:func:`gpt2_byte_level`),
+runs (`check_tokenizer`), and whether it declares GPT-2's byte-level pre-tokenization (`gpt2_byte_level`),
 which names the ``gpt-2`` pre-tokenizer for one the converter does not know."""
 
 from __future__ import annotations

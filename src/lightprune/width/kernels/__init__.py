@@ -2,15 +2,15 @@
 D.5): path-sparse attention and the compact FFN.
 
 ``path_sparse_attention(query, key, value, modality, keep, backend=...)`` computes attention with the
-pruned paths' keys removed before the softmax (:mod:`.path_attention`); backends ``"triton"``
-(:mod:`.path_attention_triton`, imported only when used), ``"flex"``, ``"span"`` (:mod:`.span_attention`: fused
+pruned paths' keys removed before the softmax (`path_attention`); backends ``"triton"``
+(`path_attention_triton`, imported only when used), ``"flex"``, ``"span"`` (`span_attention`: fused
 SDPA calls on the kept key spans) and ``"sdpa"``. The retained key intervals the Triton kernel walks come from
-:func:`.intervals.key_intervals`. :mod:`.attention_cost` estimates each backend's time on a layer and prompt layout
+`intervals.key_intervals`. `attention_cost` estimates each backend's time on a layer and prompt layout
 and chooses one (the export records its choice per layer and device type).
-:class:`.compact_ffn.CompactModalityFFN` runs a gated MLP with packed visual (and text) channels;
-(:func:`lightprune.width.swap.swap_compact_ffn` swaps it in for every FFN a WidthPlan prunes).
+`compact_ffn.CompactModalityFFN` runs a gated MLP with packed visual (and text) channels;
+(`lightprune.width.swap.swap_compact_ffn` swaps it in for every FFN a WidthPlan prunes).
 
-May import: torch, triton (lazily) and :mod:`lightprune.width.paths` only; the rest of ``width`` builds on it.
+May import: torch, triton (lazily) and `lightprune.width.paths` only; the rest of ``width`` builds on it.
 """
 
 from __future__ import annotations

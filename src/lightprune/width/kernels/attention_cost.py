@@ -2,20 +2,20 @@
 
 MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs", appendix D.5) exports kernels that must
 make prefill faster, and the fastest kernel depends on the layer's kept paths and the prompt's modality spans. For one
-layer (``keep`` bool [H, 3]) and a token layout (the modality runs of one prompt) :func:`attention_costs` estimates each
-candidate's seconds from the work it does, with per-device constants (:class:`KernelProfile`):
+layer (``keep`` bool [H, 3]) and a token layout (the modality runs of one prompt) `attention_costs` estimates each
+candidate's seconds from the work it does, with per-device constants (`KernelProfile`):
 
 - ``"sdpa"`` (masked SDPA): build the [H, Q, K] keep mask (``mask_element_s`` per element), expand the GQA key/value
   heads, and compute every (query, key) pair of every head with an explicit mask (``masked_pair_s`` per pair and
   head-dimension element: no fused kernel takes an arbitrary mask, none skips the causal half);
-- ``"span"`` (:mod:`.span_attention`): per head pattern and :class:`~.span_attention.SpanPiece`, one fused SDPA call
+- ``"span"`` (`span_attention`): per head pattern and `SpanPiece`, one fused SDPA call
   (``call_s`` per tensor op, ``fused_pair_s`` per computed pair and element: the prefix fully, the own block's lower
   triangle) plus the gathers it copies (``copy_byte_s`` per byte written);
 - ``"flex"``: build the BlockMask (``block_mask_element_s`` per element) and compute every pair of each visited
   ``flex_block`` x ``flex_block`` block (``flex_pair_s``).
 
 On the CPU a candidate's seconds are the sum of its host dispatch (``call_s`` per tensor op) and its work; on a GPU,
-which runs the ops asynchronously, the larger of the two (:meth:`KernelProfile.total`). :func:`choose_attention`
+which runs the ops asynchronously, the larger of the two (`KernelProfile.total`). `choose_attention`
 takes the cheapest. The Triton kernel is not a candidate: on the one GPU it was timed on
 (an H200) its best configuration ran at 2.08x SDPA, and the other three cover what it does.
 
@@ -80,7 +80,7 @@ PROFILES: dict[str, KernelProfile] = {
 
 def measure_profile(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *,
                     tokens: int | None = None, heads: int = 8, head_dim: int = 64, repeats: int = 3) -> KernelProfile:
-    """A :class:`KernelProfile` timed on ``device`` (best of ``repeats`` after a warm-up, one shape per term): the
+    """A `KernelProfile` timed on ``device`` (best of ``repeats`` after a warm-up, one shape per term): the
     host dispatch of a tiny SDPA call, dense causal SDPA per computed pair, masked SDPA per pair, the keep mask and
     the BlockMask per element, FlexAttention per visited pair (compiled on CUDA, eager elsewhere, as the backend runs
     it), and a gather per byte. ``tokens`` defaults to 512 on the CPU and 4,096 on a GPU."""
@@ -140,7 +140,7 @@ def measure_profile(device: str | torch.device = "cpu", dtype: torch.dtype = tor
 
 def layout_runs(layout: Sequence) -> list[tuple[int, int, int]]:
     """The modality runs ``[(start, end, code)]`` of a token layout given as ``[(modality, length), ...]``
-    (``modality`` a name of :data:`~lightprune.width.paths.MODALITY_NAMES` or its code) or as a flat sequence of
+    (``modality`` a name of `MODALITY_NAMES` or its code) or as a flat sequence of
     codes; a bad entry is refused by name."""
     items = list(layout)
     if not items:
@@ -186,9 +186,9 @@ def _visited_blocks(runs, allowed: torch.Tensor, block: int) -> int:
 
 def attention_costs(layout: Sequence, keep: torch.Tensor, *, kv_heads: int, head_dim: int,
                     element_bytes: int = 2, device: str | KernelProfile = "cuda") -> dict[str, float]:
-    """Estimated seconds of each of :data:`CANDIDATES` for one prefill of ``layout`` (:func:`layout_runs`) through a
+    """Estimated seconds of each of `CANDIDATES` for one prefill of ``layout`` (`layout_runs`) through a
     layer with ``keep`` bool [H, 3] (v2v, t2v, t2t), ``kv_heads`` key/value heads of ``head_dim``, on ``device``'s
-    :data:`PROFILES` entry (or a :class:`KernelProfile`)."""
+    `PROFILES` entry (or a `KernelProfile`)."""
     profile = _profile(device)
     runs = layout_runs(layout)
     keep = _check_keep(keep)
@@ -231,7 +231,7 @@ def attention_costs(layout: Sequence, keep: torch.Tensor, *, kv_heads: int, head
 
 def choose_attention(layout: Sequence, keep: torch.Tensor, *, kv_heads: int, head_dim: int,
                      element_bytes: int = 2, device: str | KernelProfile = "cuda") -> tuple[str, dict[str, float]]:
-    """``(backend, costs)``: the cheapest of :func:`attention_costs` (ties go to the earlier of :data:`CANDIDATES`)."""
+    """``(backend, costs)``: the cheapest of `attention_costs` (ties go to the earlier of `CANDIDATES`)."""
     costs = attention_costs(layout, keep, kv_heads=kv_heads, head_dim=head_dim, element_bytes=element_bytes,
                             device=device)
     return min(CANDIDATES, key=lambda name: costs[name]), costs

@@ -9,22 +9,22 @@ gives a zero FFN update. For a gated MLP ``y = W_down (act(W_gate x) * (W_up x))
     y = W_down[:, P] (act(W_gate[P] x) * (W_up[P] x)),   P = the kept channels, zero-padded to
     m~_mu = min(m, b * ceil(k_mu / b))   (appendix D.4, alignment b = ``align``, default 64),
 
-which equals the mask-mode MLP of :mod:`lightprune.width.mask` (``h * keep_mu`` before
+which equals the mask-mode MLP of `lightprune.width.mask` (``h * keep_mu`` before
 ``down_proj``). SYSTEM and PAD tokens, and a modality whose mask keeps every channel, run the full FFN;
 a plan that prunes text channels gets text weights packed the same way.
 
 When only the visual channels are pruned (the paper's configurations), every token runs the packed
 kept channels in one matmul chain and the tokens on the full FFN (text, SYSTEM, PAD) add the remaining
 channels, gathered and scatter-added, so every weight is read once per call as in the dense FFN. With
-``share_weights`` (what :func:`~lightprune.width.swap.swap_compact_ffn` and so an exported model run) the kept
+``share_weights`` (what `swap_compact_ffn` and so an exported model run) the kept
 channels are a slice of the MLP's own weights, its channels permuted in place (kept first; the output of a gated MLP
 does not depend on the order), so no packed copy is held; a call without a token of the pruned modality (text-only
 decoding) runs the dense MLP. When
 both modalities are pruned, tokens are split by modality and each group runs its own pack (gate and
-up always share one matmul). :meth:`CompactModalityFFN.forward_residual` fuses the decoder layer's
+up always share one matmul). `CompactModalityFFN.forward_residual` fuses the decoder layer's
 residual add into the kept-channel GEMM (``addmm_``) and the scatter (``index_add_``). The token
-indices come from :func:`split_tokens`, one host synchronisation per forward shared by every layer.
-:func:`lightprune.width.swap.swap_compact_ffn` swaps it in for every layer a WidthPlan prunes.
+indices come from `split_tokens`, one host synchronisation per forward shared by every layer.
+`lightprune.width.swap.swap_compact_ffn` swaps it in for every layer a WidthPlan prunes.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def split_tokens(modality: torch.Tensor) -> dict[str, torch.Tensor]:
     ``"vision"``, ``"text"``, ``"other"`` (SYSTEM and PAD), ``"not_vision"`` and ``"not_text"``.
 
     Every layer of one forward sees the same tokens: compute this once and pass it to each
-    :meth:`CompactModalityFFN.forward` (as :func:`swap_compact_ffn` does)."""
+    `CompactModalityFFN.forward` (as `swap_compact_ffn` does)."""
     if not isinstance(modality, torch.Tensor) or modality.dim() != 2:
         got = tuple(modality.shape) if isinstance(modality, torch.Tensor) else type(modality).__name__
         raise ValueError(f"modality must be an int [B, T] tensor, got {got}")
@@ -94,7 +94,7 @@ class CompactModalityFFN(nn.Module):
         share_weights: the ``shared`` layout runs slices of the MLP's weights, permuted in place, instead of packed
             copies (below); other layouts ignore it.
 
-    Layouts (:attr:`layout`), chosen by the masks:
+    Layouts (`layout`), chosen by the masks:
 
     - ``"dense"``: no channel pruned; every token runs the full FFN.
     - ``"shared"`` (one modality pruned, the paper's configurations): buffers ``kept_*`` hold its k kept
@@ -112,11 +112,11 @@ class CompactModalityFFN(nn.Module):
     packing pays off on hardware whose matmul tiles are multiples of b.
 
     The packed weights are non-persistent buffers built once, on the MLP's device and dtype, from the
-    weights at construction: call :meth:`pack` again after the MLP's weights change. The ``shared``
+    weights at construction: call `pack` again after the MLP's weights change. The ``shared``
     layout's packs hold every channel (about one more copy of the MLP beside the shared Linear
-    modules); ``share_weights=True`` holds none: it permutes the MLP's channels in place (:meth:`share`, refused
+    modules); ``share_weights=True`` holds none: it permutes the MLP's channels in place (`share`, refused
     ``state_dict`` while so) and runs slices of them, the first m~ channels for every token with the m~ - k
-    alignment channels zeroed for the pruned tokens; :meth:`restore` puts the order back bitwise. Inference only
+    alignment channels zeroed for the pruned tokens; `restore` puts the order back bitwise. Inference only
     (the packed copies get no gradient).
     """
 
@@ -164,7 +164,7 @@ class CompactModalityFFN(nn.Module):
     def pack(self) -> None:
         """(Re)build the packed buffers ``<name>_gate_up`` [2 w, d] (gate rows, then up rows),
         ``<name>_gate_up_bias`` [2 w] and ``<name>_down`` [d, w] of the layout (None for an empty set); with
-        ``share_weights``, permute the MLP's channels instead (:meth:`share`)."""
+        ``share_weights``, permute the MLP's channels instead (`share`)."""
         if self.share_weights:
             self.share()
         elif self.layout == "shared":
@@ -180,7 +180,7 @@ class CompactModalityFFN(nn.Module):
         order): the rows of ``gate_proj`` / ``up_proj`` (and biases) and the columns of ``down_proj``. The gated MLP
         is the same function of its input in any channel order; the compact FFN then runs slices of these weights
         (no packed copy). While permuted, ``state_dict`` and ``load_state_dict`` of the three Linear modules are
-        refused (the saved channels would not be the model's); :meth:`restore` puts them back, bitwise."""
+        refused (the saved channels would not be the model's); `restore` puts them back, bitwise."""
         if self._order is not None:
             return
         mask = self.keep[self.pruned]
@@ -192,7 +192,7 @@ class CompactModalityFFN(nn.Module):
             self._guards.append(linear.register_load_state_dict_pre_hook(self._refuse))
 
     def restore(self) -> None:
-        """Undo :meth:`share`: the MLP's channels in their original order (idempotent)."""
+        """Undo `share`: the MLP's channels in their original order (idempotent)."""
         if self._order is None:
             return
         self._permute(torch.argsort(self._order))
@@ -362,7 +362,7 @@ class CompactModalityFFN(nn.Module):
 
     def forward(self, x: torch.Tensor, modality: torch.Tensor, split: dict | None = None) -> torch.Tensor:
         """FFN(x) [B, T, d] with each token on its modality's weights (``modality`` int [B, T] codes of
-        :mod:`lightprune.width.layers`; ``split`` its :func:`split_tokens`, computed here when not given)."""
+        `lightprune.width.layers`; ``split`` its `split_tokens`, computed here when not given)."""
         return self._run(x, modality, None, split)
 
     def forward_residual(self, x: torch.Tensor, residual: torch.Tensor, modality: torch.Tensor,

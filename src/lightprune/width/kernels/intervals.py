@@ -8,8 +8,8 @@ consecutive queries) walks the union ``U(I) = union over i in I of A(i)``, writt
 half-open runs ``[start, end)`` of key positions; inside each tile the kernel masks every element
 exactly, so the union only has to contain every retained key, and it contains no others.
 
-The path rule itself is not re-derived here: :func:`class_table` evaluates
-:func:`lightprune.width.paths.path_masks` / ``path_keep`` (the mask-mode reference) on the
+The path rule itself is not re-derived here: `class_table` evaluates
+`lightprune.width.paths.path_masks` / ``path_keep`` (the mask-mode reference) on the
 grid of modality codes, giving ``allowed[h, query code, key code]`` (PAD keys never attended). Then key
 j belongs to ``U(I)`` iff ``j <= reach(I, h, modality(j))`` where
 ``reach(I, h, c) = max {i in I : allowed[h, modality(i), c]}`` (-1 when there is none): the causal
@@ -37,7 +37,7 @@ def class_table(keep: torch.Tensor) -> torch.Tensor:
 
 
 def class_bits(keep: torch.Tensor) -> torch.Tensor:
-    """int32 [H]: :func:`class_table` packed per head, bit ``query code * 4 + key code`` (the Triton kernel's
+    """int32 [H]: `class_table` packed per head, bit ``query code * 4 + key code`` (the Triton kernel's
     form; build it once per plan, as building it synchronises with the host)."""
     allowed = class_table(keep).reshape(keep.shape[0], NUM_CODES * NUM_CODES).to(torch.int32)
     shifts = torch.arange(NUM_CODES * NUM_CODES, device=allowed.device, dtype=torch.int32)

@@ -8,18 +8,18 @@ always, SYSTEM queries and every pair other than V2V / T2V / T2T never pruned),
     o_i = sum_{j in A(i)} exp(s_ij) v_j / sum_{j in A(i)} exp(s_ij),   s_ij = q_i . k_j * scale,
 
 i.e. the pruned keys are removed BEFORE the softmax, exactly as mask mode
-(:mod:`lightprune.width.attention`, whose ``path_masks`` / ``path_keep`` define the rule here
-too). A query with no retained key outputs zeros. Backends (:data:`BACKENDS`):
+(`lightprune.width.attention`, whose ``path_masks`` / ``path_keep`` define the rule here
+too). A query with no retained key outputs zeros. Backends (`BACKENDS`):
 
-- ``"triton"``: :mod:`.path_attention_triton`, walks only the retained key intervals with one online
+- ``"triton"``: `path_attention_triton`, walks only the retained key intervals with one online
   softmax (CUDA, or the CPU interpreter under ``TRITON_INTERPRET=1``);
 - ``"flex"``: ``torch.nn.attention.flex_attention`` with a BlockMask from the same rule (compiled on
   CUDA, eager on CPU, forward-only there);
-- ``"span"``: :mod:`.span_attention`, dense SDPA calls on the kept key spans, one per sample, kept-path pattern
+- ``"span"``: `span_attention`, dense SDPA calls on the kept key spans, one per sample, kept-path pattern
   and query run (the pruned keys never read; any device);
 - ``"sdpa"``: the dense boolean [B, H, Q, K] mask and torch SDPA (the fallback and reference).
 
-An unavailable backend is an error from :func:`check_backend`, never a silent fallback.
+An unavailable backend is an error from `check_backend`, never a silent fallback.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def path_keep_mask(modality: torch.Tensor, keep: torch.Tensor, q_len: int | None
 
 
 def sdpa_path_attention(query, key, value, modality, keep, *, scale: float | None = None) -> torch.Tensor:
-    """Masked SDPA with :func:`path_keep_mask` (materialises [B, H, Q, K]); fp32 on CPU, input dtype on GPU."""
+    """Masked SDPA with `path_keep_mask` (materialises [B, H, Q, K]); fp32 on CPU, input dtype on GPU."""
     q_len = query.shape[2]
     mask = path_keep_mask(modality, keep, q_len)
     empty = ~mask.any(dim=-1, keepdim=True)
@@ -141,7 +141,7 @@ def sdpa_path_attention(query, key, value, modality, keep, *, scale: float | Non
 
 def path_block_mask(modality: torch.Tensor, keep: torch.Tensor, heads: int, q_len: int | None = None,
                     block_size: int = 128):
-    """FlexAttention BlockMask of :func:`path_keep_mask` (mask_mod over ``class_table`` + causality)."""
+    """FlexAttention BlockMask of `path_keep_mask` (mask_mod over ``class_table`` + causality)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     batch, k_len = modality.shape
@@ -161,7 +161,7 @@ def path_block_mask(modality: torch.Tensor, keep: torch.Tensor, heads: int, q_le
 
 def flex_path_attention(query, key, value, modality, keep, *, scale: float | None = None, block_mask=None,
                         compile: bool | None = None) -> torch.Tensor:
-    """FlexAttention with :func:`path_block_mask` (pass ``block_mask`` to reuse one); compiled by default
+    """FlexAttention with `path_block_mask` (pass ``block_mask`` to reuse one); compiled by default
     on CUDA, eager (unfused, forward-only) by default on CPU. Keyless queries give zeros."""
     global _COMPILED_FLEX
     from torch.nn.attention.flex_attention import flex_attention

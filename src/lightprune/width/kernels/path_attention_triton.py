@@ -9,10 +9,10 @@ included),
 "the Triton kernel traverses only the retained key intervals and maintains a single online softmax
 state across them ... without materializing the attention matrix. Causal and interval-end masks handle
 boundary tiles." One program per (query block, batch * head): it loads its ``BLOCK_M`` queries once,
-then for every run ``[start, end)`` of :func:`lightprune.width.kernels.intervals.key_intervals` walks
+then for every run ``[start, end)`` of `lightprune.width.kernels.intervals.key_intervals` walks
 ``BLOCK_N``-key tiles from ``start``, masks each element exactly (interval end, causality, PAD keys and
 the path rule: the per-head table ``allowed[h, query code, key code]`` of
-:func:`~lightprune.width.kernels.intervals.class_table`, packed as 16 bits per head) and updates the running
+`class_table`, packed as 16 bits per head) and updates the running
 max m, sum l and fp32 accumulator (exp2 with log2(e) folded into the scale). Pruned keys never enter a QK or PV product
 unless they share a boundary tile with a retained one. A query with no retained key outputs zeros
 (l = 0). GQA: head h reads kv head ``h // (H // H_kv)``.
@@ -125,10 +125,10 @@ def triton_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
                           block_n: int | None = None, intervals: torch.Tensor | None = None,
                           bits: torch.Tensor | None = None, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
     """[B, H, Q, D] path-sparse attention (module docstring); inputs as in
-    :func:`lightprune.width.kernels.path_sparse_attention` (already checked there).
+    [`lightprune.width.kernels.path_sparse_attention`][...path_sparse_attention] (already checked there).
 
-    ``intervals``: a precomputed :func:`key_intervals` table for the same modality, keep, Q and ``block_m``;
-    ``bits``: a precomputed :func:`class_bits` of ``keep``. Building either synchronises with the host and
+    ``intervals``: a precomputed `key_intervals` table for the same modality, keep, Q and ``block_m``;
+    ``bits``: a precomputed `class_bits` of ``keep``. Building either synchronises with the host and
     launches a few small kernels: precompute them once per plan and input (e.g. outside a CUDA graph) and
     the call is a single kernel launch.
     """

@@ -1,4 +1,4 @@
-"""MWOP path-sparse attention from dense SDPA calls on the kept key spans: :func:`span_path_attention`.
+"""MWOP path-sparse attention from dense SDPA calls on the kept key spans: `span_path_attention`.
 
 The pruned paths of MWOP ("MWOP: Modality-aware Width-wise Operation Pruning for Efficient MLLMs", Algorithm 1; appendix
 D.5's retained key set) remove whole (query modality, key modality) blocks per head, and the modalities are contiguous
@@ -8,8 +8,8 @@ keeps are p keys before the run (every query sees all of them) and, when the run
 keys, last. That is SDPA over m = p (+ n) keys with no mask, or with the lower-right causal mask
 (``torch.nn.attention.bias.causal_lower_right``: query r sees keys 0 .. m - n + r): both run on fused kernels
 (FlashAttention / cuDNN / memory-efficient), unlike a boolean mask. Consecutive runs whose keys extend each other are
-one piece (:func:`span_pieces`): a pattern that keeps every path of a sample without padding is one dense causal call;
-samples with the same pieces, and patterns with the same piece, share each call (:func:`span_calls`).
+one piece (`span_pieces`): a pattern that keeps every path of a sample without padding is one dense causal call;
+samples with the same pieces, and patterns with the same piece, share each call (`span_calls`).
 
 The kept keys of a piece are a slice of the key tensor when they are one interval, one gather otherwise (the pruned
 keys are never read: a NaN there cannot reach the output). Grouped-query heads read their key/value heads through
@@ -17,9 +17,9 @@ SDPA's ``enable_gqa`` when the pattern holds whole groups and no causal mask is 
 the key/value heads per query head. A query with no retained key outputs zeros, as the other backends.
 
 The pieces are built on the host from the token modality, read once per forward (every layer of a forward sees the
-same modality tensor, :func:`sample_runs` keeps its runs), and the calls with their index tensors once per layer and
-layout (:func:`prepared_calls`): a call then reads nothing from the device and copies no index to it. On the CPU half-precision inputs are computed in fp32, as
-:func:`~.path_attention.sdpa_path_attention` does.
+same modality tensor, `sample_runs` keeps its runs), and the calls with their index tensors once per layer and
+layout (`prepared_calls`): a call then reads nothing from the device and copies no index to it. On the CPU
+half-precision inputs are computed in fp32, as `sdpa_path_attention` does.
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def _merged(intervals: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
 def span_pieces(runs: list[tuple[int, int, int]], q_len: int, allowed) -> list[SpanPiece]:
     """The dense pieces of one sample for one head pattern (module docstring).
 
-    ``runs``: :func:`modality_runs` of the sample's K key codes; the queries are the last ``q_len`` positions;
-    ``allowed[query code][key code]`` (4 x 4 of bool, :func:`~.intervals.class_table` of one head). Query runs whose
+    ``runs``: `modality_runs` of the sample's K key codes; the queries are the last ``q_len`` positions;
+    ``allowed[query code][key code]`` (4 x 4 of bool, `class_table` of one head). Query runs whose
     kept key set is empty get no piece (their output is zero)."""
     k_len = runs[-1][1] if runs else 0
     offset = k_len - q_len
@@ -128,7 +128,7 @@ _RUNS: dict[str, object] = {}  # the last modality tensor (weakly) and its runs:
 
 
 def sample_runs(modality: torch.Tensor) -> list[list[tuple[int, int, int]]]:
-    """:func:`modality_runs` of each sample of ``modality`` int [B, K]; the last tensor's runs are kept, so the
+    """`modality_runs` of each sample of ``modality`` int [B, K]; the last tensor's runs are kept, so the
     layers of one forward (which share the recorded modality tensor) read it to the host once. A tensor written in
     place is read again, except one made under ``torch.inference_mode`` (which keeps no version counter)."""
     ref = _RUNS.get("of")
@@ -141,7 +141,7 @@ def sample_runs(modality: torch.Tensor) -> list[list[tuple[int, int, int]]]:
 
 
 def head_patterns(keep: torch.Tensor) -> dict[tuple, list[int]]:
-    """The heads of ``keep`` bool [H, 3] grouped by their :func:`~.intervals.class_table` row (at most 8 patterns):
+    """The heads of ``keep`` bool [H, 3] grouped by their `class_table` row (at most 8 patterns):
     ``{allowed [4][4] as tuples: [heads]}``."""
     table = class_table(keep).cpu().tolist()  # [H][4][4]
     patterns: dict[tuple, list[int]] = {}
@@ -151,7 +151,7 @@ def head_patterns(keep: torch.Tensor) -> dict[tuple, list[int]]:
 
 
 class SpanCall(NamedTuple):
-    """One SDPA call of :func:`span_path_attention`: ``piece`` for the query ``heads`` (sorted) of the ``samples``."""
+    """One SDPA call of `span_path_attention`: ``piece`` for the query ``heads`` (sorted) of the ``samples``."""
 
     piece: SpanPiece
     heads: tuple[int, ...]
@@ -159,8 +159,8 @@ class SpanCall(NamedTuple):
 
 
 def span_calls(runs: list[list[tuple[int, int, int]]], q_len: int, keep: torch.Tensor) -> list[SpanCall]:
-    """The calls of :func:`span_path_attention` for the samples' ``runs`` (:func:`sample_runs`), the last ``q_len``
-    positions as queries and ``keep`` bool [H, 3]: each head pattern's :func:`span_pieces`, samples with the same
+    """The calls of `span_path_attention` for the samples' ``runs`` (`sample_runs`), the last ``q_len``
+    positions as queries and ``keep`` bool [H, 3]: each head pattern's `span_pieces`, samples with the same
     pieces together, and patterns that share a piece for the same samples in one call."""
     calls: dict[tuple, set[int]] = {}
     for allowed, members in head_patterns(keep).items():
@@ -197,7 +197,7 @@ def kv_heads_of(heads: tuple[int, ...], groups: int, kv_heads: int) -> tuple[tup
 
 
 class _Prepared(NamedTuple):
-    """A :class:`SpanCall` with its index tensors on the device (None: every sample / head / key-value head)."""
+    """A `SpanCall` with its index tensors on the device (None: every sample / head / key-value head)."""
 
     piece: SpanPiece
     rows: torch.Tensor | None
@@ -212,7 +212,7 @@ _PREPARED_SIZE = 256  # layers x layouts kept
 
 def prepared_calls(runs: list[list[tuple[int, int, int]]], q_len: int, keep: torch.Tensor, heads: int, kv_heads: int,
                    device: torch.device) -> list[_Prepared]:
-    """:func:`span_calls` with their index tensors on ``device``, kept per (``keep`` tensor, layout): a layer's keep
+    """`span_calls` with their index tensors on ``device``, kept per (``keep`` tensor, layout): a layer's keep
     mask is read to the host and its index tensors copied to the device once per layout, not per call (``keep``
     written in place is read again)."""
     version = None if keep.is_inference() else keep._version
@@ -240,8 +240,8 @@ def prepared_calls(runs: list[list[tuple[int, int, int]]], q_len: int, keep: tor
 def span_path_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, modality: torch.Tensor,
                         keep: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
     """[B, H, Q, D] path-sparse attention (the arguments of
-    :func:`~lightprune.width.kernels.path_attention.path_sparse_attention`, checked there) as the dense SDPA calls
-    of :func:`span_calls` (module docstring)."""
+    [`path_sparse_attention`][...path_sparse_attention], checked there) as the dense SDPA calls
+    of `span_calls` (module docstring)."""
     from torch.nn.attention.bias import causal_lower_right
 
     batch, heads, q_len, dim = query.shape
