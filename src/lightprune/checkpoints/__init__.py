@@ -5,8 +5,8 @@
   load: integer or quantized weights, unfusable per-expert tensors, transformers' loading report);
 - [`reader`][.reader] ([`Checkpoint`][.reader.Checkpoint]: headers once, tensors on demand by positioned reads) and
   `writer` (`SafetensorsWriter`: header first, tensors streamed in);
-- `classes` (the transformers class that builds a checkpoint, the in-process resizing subclass) and
-  `resize` (per-layer expert slots, torch only: its source is the generated ``modeling_lightprune.py``);
+- `classes` (the transformers class that builds a checkpoint, the in-process resizing subclass, with
+  `lightprune.models.resize`'s per-layer expert slots);
 - [`skeleton`][.skeleton] ([`Skeleton`][.skeleton.Skeleton]: a checkpoint's model on the meta device, modules loaded and
   released, onto
   the device of `device`, the next layer read ahead by `read_ahead` on a GPU) and [`sequential`][.sequential] (a

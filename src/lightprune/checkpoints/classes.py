@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from lightprune.checkpoints import resize as remote_resize
+from lightprune.models import resize as remote_resize
 from lightprune.models import FAMILIES, find_moe_layers, get_family
 
 __all__ = ["auto_class_name", "auto_class", "base_class", "base_class_for_config", "moe_block_pattern",

@@ -37,7 +37,7 @@ from lightprune.checkpoints.mtp import config_with_mtp, mtp_alias, mtp_layers
 from lightprune.checkpoints.pool import ReadPool, trim_freed_memory
 from lightprune.checkpoints.read_ahead import ReadAhead
 from lightprune.checkpoints.reader import Checkpoint
-from lightprune.checkpoints.resize import experts_per_layer
+from lightprune.models.resize import experts_per_layer
 from lightprune.core.notices import quiet_progress
 from lightprune.models.dtypes import LOAD_DTYPES, dtype_names
 

@@ -25,7 +25,8 @@ from lightprune.core.errors import listed
 from lightprune.experts.plan import ExpertPlan
 from lightprune.experts.plan_base import check_plan_kind
 from lightprune.models import MoELayer, find_moe_layers, get_family
-from lightprune.models.layer import EXPERT_TENSORS, ROUTER_TENSORS, config_value
+from lightprune.models.layer import config_value
+from lightprune.models.resize import EXPERT_TENSORS, ROUTER_TENSORS
 from lightprune.models.routing_check import check_routing_tensors
 
 __all__ = ["prune_experts", "EXPERT_TENSORS", "ROUTER_TENSORS"]

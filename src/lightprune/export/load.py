@@ -44,7 +44,7 @@ from lightprune.checkpoints.classes import auto_class, base_class_for_config, re
 from lightprune.checkpoints.directory import check_checkpoint
 from lightprune.checkpoints.mtp import mtp_prefixes
 from lightprune.checkpoints.reader import Checkpoint
-from lightprune.checkpoints.resize import experts_per_layer
+from lightprune.models.resize import experts_per_layer
 from lightprune.checkpoints.skeleton import Skeleton
 from lightprune.checkpoints.strict import check_loading_info
 from lightprune.core.distributed import outside_zero_init

@@ -8,7 +8,7 @@ writes this file and an ``auto_map`` entry in config.json; then
     AutoModelForImageTextToText.from_pretrained(path, trust_remote_code=True)   # MLLMs
 
 build the pruned architecture with no lightprune installed. The file is the source of
-`lightprune.checkpoints.resize` verbatim (torch only), the MoE block path pattern and attribute names of the
+`lightprune.models.resize` verbatim (torch only), the MoE block path pattern and attribute names of the
 family, and a subclass of the stock transformers class whose ``__init__`` resizes each layer per
 ``config.lightprune_experts_per_layer`` before ``from_pretrained`` loads the weights.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from lightprune.checkpoints import resize as remote_resize
+from lightprune.models import resize as remote_resize
 from lightprune.checkpoints.classes import auto_class_name, base_class, moe_block_pattern
 from lightprune.models import get_family
 

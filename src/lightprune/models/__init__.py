@@ -1,8 +1,10 @@
 """Model families (layout + routing rule) behind one registry, and [`find_moe_layers`][].
 
 The only code that knows a family's attribute names. Families register with [`register_family`][]
-([`registry`][.registry]); the built-in ones are registered here. May import: torch, transformers and the shared
-leaves; nothing else of lightprune.
+([`registry`][.registry]); the built-in ones are registered here. `resize` gives a model built with the largest
+expert count the per-layer counts of a non-uniform prune, with torch alone (its source is the generated
+``modeling_lightprune.py``), and names the per-expert tensors (``EXPERT_TENSORS``, ``ROUTER_TENSORS``) once.
+May import: torch, transformers and the shared leaves; nothing else of lightprune.
 """
 
 from __future__ import annotations

@@ -16,13 +16,12 @@ import torch
 from torch import nn
 
 from lightprune.models.layer import (
-    EXPERT_TENSORS,
-    ROUTER_TENSORS,
     MoELayer,
     RoutingTensor,
     config_value,
     set_config_value,
 )
+from lightprune.models.resize import EXPERT_TENSORS, ROUTER_TENSORS
 
 __all__ = ["FamilyTensors"]
 

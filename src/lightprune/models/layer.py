@@ -12,10 +12,6 @@ from torch import nn
 
 __all__ = ["MoELayer", "RoutingLimits", "RoutingOutput", "RoutingTensor", "kept_experts"]
 
-#: per-expert tensors a router module may hold, one row (entry) per expert
-ROUTER_TENSORS = ("weight", "bias", "e_score_correction_bias")
-#: per-expert tensors of a fused experts module (dimension 0 indexes experts)
-EXPERT_TENSORS = ("gate_up_proj", "down_proj", "up_proj", "gate_up_proj_bias", "down_proj_bias", "up_proj_bias")
 
 
 def config_value(config: Any, key: str, default: Any = None) -> Any:

@@ -241,12 +241,12 @@ def test_generated_modeling_file_imports_only_torch_and_transformers(tmp_path):
     assert roots <= {"torch", "transformers", "__future__"}, roots
 
 
-def test_remote_resize_tensor_names_match_surgery():
-    from lightprune.checkpoints import resize as remote_resize
+def test_remote_resize_tensor_names_are_surgerys():
     from lightprune.experts import prune
+    from lightprune.models import resize as remote_resize
 
-    assert remote_resize.EXPERT_TENSORS == prune.EXPERT_TENSORS
-    assert remote_resize.ROUTER_TENSORS == prune.ROUTER_TENSORS
+    assert remote_resize.EXPERT_TENSORS is prune.EXPERT_TENSORS  # one definition, copied into the remote code
+    assert remote_resize.ROUTER_TENSORS is prune.ROUTER_TENSORS
     assert remote_resize.PER_LAYER_KEY == PER_LAYER_KEY
 
 
