@@ -19,22 +19,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Iterable
 
 from lightprune.core.errors import PlanError, listed
-from lightprune.core.jsonio import layer_items, show, strict_int
-from lightprune.experts.plan_base import ExpertLayout, layer_count
+from lightprune.core.jsonio import layer_items, show
+from lightprune.experts.plan_base import ExpertLayout, expert_ids, layer_count
 
 __all__ = ["ExpertPlan", "PlanError"]
-
-def _expert_ids(key: Any, ids: Any) -> list[int]:
-    if not isinstance(ids, (list, tuple)):
-        raise PlanError(f"keep[{key!r}] must be a list of expert ids, got {show(ids)}")
-    out = []
-    for i, e in enumerate(ids):
-        value = strict_int(e)
-        if value is None:
-            raise PlanError(f"keep[{key!r}][{i}] must be an expert id (an integer), got {show(e)}")
-        out.append(value)
-    return sorted(out)
-
 
 def _layout(counts: dict[int, int]) -> str:
     """MoE layers and their expert counts in a few words: ``2 layers [1, 2] (8 experts each)``."""
@@ -77,7 +65,7 @@ class ExpertPlan(ExpertLayout):
     def __post_init__(self) -> None:
         keep = layer_items(self.keep, "keep", "{layer: [expert ids]}", PlanError)
         counts = layer_items(self.num_experts, "num_experts", "{layer: expert count}", PlanError)
-        self.keep = {layer: _expert_ids(key, ids) for key, layer, ids in keep}
+        self.keep = {layer: sorted(expert_ids(f"keep[{key!r}]", ids)) for key, layer, ids in keep}
         self.num_experts = {layer: layer_count(key, n) for key, layer, n in counts}
         for name in ("criterion", "allocation"):
             if not isinstance(getattr(self, name), str):

@@ -22,7 +22,7 @@ from lightprune.core.checks import check_utf8, real_number
 from lightprune.core.errors import PlanError, listed
 from lightprune.core.jsonio import check_finite as _check_finite, read_parsed, show, strict_int, write_json
 
-__all__ = ["ExpertLayout", "layer_count", "check_plan_kind", "check_finite", "check_text"]
+__all__ = ["ExpertLayout", "layer_count", "expert_ids", "check_plan_kind", "check_finite", "check_text"]
 
 #: what to do instead, by (the kind an entry point takes, the kind it was given)
 _INSTEAD = {
@@ -40,6 +40,20 @@ def layer_count(key: Any, n: Any) -> int:
     if value is None or value < 1:
         raise PlanError(f"num_experts[{key!r}] must be a positive integer (the layer's expert count), got {show(n)}")
     return value
+
+
+def expert_ids(where: str, ids: Any, non_empty: bool = False) -> list[int]:
+    """``ids`` (a plan file's list at ``where``) as expert ids, each a JSON integer; a refusal names ``where``, the
+    entry and the value."""
+    if not isinstance(ids, (list, tuple)) or (non_empty and not ids):
+        raise PlanError(f"{where} must be a {'non-empty ' if non_empty else ''}list of expert ids, got {show(ids)}")
+    out = []
+    for i, e in enumerate(ids):
+        value = strict_int(e)
+        if value is None:
+            raise PlanError(f"{where}[{i}] must be an expert id (an integer), got {show(e)}")
+        out.append(value)
+    return out
 
 
 def check_plan_kind(plan: Any, kind: type, caller: str, instead: str | None = None) -> None:

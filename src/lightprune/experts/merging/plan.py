@@ -27,27 +27,15 @@ from numbers import Real
 from typing import Any, ClassVar, Iterable
 
 from lightprune.core.errors import PlanError, listed
-from lightprune.core.jsonio import layer_items, show, strict_int
+from lightprune.core.jsonio import layer_items, show
 from lightprune.experts.plan import ExpertPlan
-from lightprune.experts.plan_base import ExpertLayout, layer_count
+from lightprune.experts.plan_base import ExpertLayout, expert_ids, layer_count
 
 __all__ = ["MergePlan", "ROUTER_RULES"]
 
 #: how a merged expert's router row is formed
 ROUTER_RULES = ("dominant", "average")
 _SUM_TOLERANCE = 1e-6
-
-
-def _ids(where: str, ids: Any) -> list[int]:
-    if not isinstance(ids, (list, tuple)) or not ids:
-        raise PlanError(f"{where} must be a non-empty list of expert ids, got {show(ids)}")
-    out = []
-    for i, e in enumerate(ids):
-        value = strict_int(e)
-        if value is None:
-            raise PlanError(f"{where}[{i}] must be an expert id (an integer), got {show(e)}")
-        out.append(value)
-    return out
 
 
 def _numbers(where: str, values: Any, length: int) -> list[float]:
@@ -113,7 +101,7 @@ class MergePlan(ExpertLayout):
     def _set_layer(self, layer: int, key: Any, groups: Any, dominant: Any, coefficients: Any, count: int) -> None:
         if not isinstance(groups, (list, tuple)) or not groups:
             raise PlanError(f"clusters[{key!r}] must be a non-empty list of clusters, got {show(groups)}")
-        members = [_ids(f"clusters[{key!r}][{c}]", ids) for c, ids in enumerate(groups)]
+        members = [expert_ids(f"clusters[{key!r}][{c}]", ids, non_empty=True) for c, ids in enumerate(groups)]
         seen = sorted(e for ids in members for e in ids)
         if seen != list(range(count)):
             dup = sorted(e for e, n in Counter(seen).items() if n > 1)
@@ -123,7 +111,7 @@ class MergePlan(ExpertLayout):
                             + "; ".join(p for p in (f"ids {listed(dup)} appear twice" if dup else "",
                                                     f"ids {listed(lost)} are in no cluster" if lost else "",
                                                     f"ids {listed(bad)} are out of range" if bad else "") if p))
-        doms = _ids(f"dominant[{key!r}]", dominant)
+        doms = expert_ids(f"dominant[{key!r}]", dominant, non_empty=True)
         if len(doms) != len(members):
             raise PlanError(f"dominant[{key!r}] names {len(doms)} experts for {len(members)} clusters")
         if not isinstance(coefficients, (list, tuple)) or len(coefficients) != len(members):
