@@ -20,7 +20,7 @@ Families (`TINY_PROCESSOR_FAMILIES`):
 - ``llava_onevision``: ``<image>`` = ``image_token_id`` (120), ``<video>`` = 121; an image part renders as
   ``<image>``. The LLaVA-OneVision image processor gets tiles of the vision tower's ``image_size`` (16) and
   the config's ``image_grid_pinpoints``; the processor expands ``<image>`` to the anyres count
-  (`lightprune.testing.batches.llava_onevision_image_tokens`: base tile, unpadded grid, one
+  (`lightprune.testing.images.llava_onevision_image_tokens`: base tile, unpadded grid, one
   newline per row), with ``num_image_tokens`` = features of one tile.
 
 The processor classes are transformers' own without a video processor (transformers' video processors

@@ -17,7 +17,7 @@ from lightprune.data.tiny_processor import (
     tiny_llava_onevision_processor,
     tiny_qwen2_5_vl_processor,
 )
-from lightprune.testing.batches import llava_onevision_image_tokens
+from lightprune.testing.images import llava_onevision_image_tokens
 
 CHAT = [{"role": "system", "content": "You answer."},
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is it?"}]}]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from lightprune.finetune import MoECausalLM
-from lightprune.testing.batches import llava_onevision_image_tokens, special_token_ids, tiny_multimodal_batch
+from lightprune.testing.batches import special_token_ids, tiny_multimodal_batch
+from lightprune.testing.images import llava_onevision_image_tokens
 from lightprune.testing.tiny import TINY_DENSE_MLLMS, TINY_FAMILIES, tiny_config
 
 
