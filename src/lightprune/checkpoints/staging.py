@@ -71,8 +71,7 @@ from lightprune.core.checks import check_bool
 from lightprune.core.errors import register_error
 from lightprune.core.paths import check_path_text, file_problem
 
-#: TMP_TAG (:mod:`~lightprune.checkpoints.staging_names`) is named here too: what an export's verification looks for
-__all__ = ["TMP_TAG", "OutputDirError", "check_out_dir", "check_out_file", "clean_stale", "staging_dir",
+__all__ = ["OutputDirError", "check_out_dir", "check_out_file", "clean_stale", "staging_dir",
            "staging_file"]
 
 #: how safetensors' Rust writer reports a full disk

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightprune.checkpoints.staging import TMP_TAG
+from lightprune.checkpoints.staging_names import TMP_TAG
 from lightprune.core.checks import check_atol
 from lightprune.export.load import load_pruned
 from lightprune.export.verify import (
