@@ -62,7 +62,7 @@ TINY_PROCESSOR_PREFIX = "tiny:"
 
 def load_processor(processor: Any):
     """A processor object, one loaded from a local directory (never from a hub), or ``"tiny:<family>"``:
-    the local processor of a tiny model (`lightprune.data.tiny_mllm_processor`), its tokenizer
+    the local processor of a tiny model (`lightprune.data.tiny_processor.tiny_mllm_processor`), its tokenizer
     trained on the built-in corpus and the Shapes QA vocabulary (what a config file can name)."""
     if isinstance(processor, str) and processor.startswith(TINY_PROCESSOR_PREFIX):
         family = processor[len(TINY_PROCESSOR_PREFIX):]
@@ -232,7 +232,7 @@ class ImageTextJsonlDataModule(JsonlDataModule):
 
     Args:
         processor: local processor directory, or a processor object (see the module docstring
-            for the contract); `lightprune.data.tiny_qwen3_vl_processor` builds one for the
+            for the contract); `lightprune.data.tiny_processor.tiny_qwen3_vl_processor` builds one for the
             tiny Qwen3-VL model.
         calibration, train, val, test, max_length, batch_size, padding_side,
         pad_to_multiple_of, mask_prompt, add_eos, num_samples, seed, num_workers, progress: as

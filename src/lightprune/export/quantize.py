@@ -3,7 +3,7 @@
 The layout and config are DeepSeek-V3's release ("DeepSeek-V3 Technical Report", arXiv 2412.19437, section 3.3.2),
 which transformers (``quant_method: "fp8"``) and the serving stacks load: each linear layer's ``weight`` of a decoder
 layer (attention projections, dense MLPs, shared experts and every routed expert) as float8_e4m3fn with a float32
-``weight_scale_inv`` per ``block`` of it (`quantize_fp8_blocks`: amax / 448
+``weight_scale_inv`` per ``block`` of it (`lightprune.checkpoints.fp8_blocks.quantize_fp8_blocks`: amax / 448
 per block); embeddings, the output head, norms, routers and their biases, and the tensors of a multi-token-prediction
 module outside its decoder layer, as they were. config.json gains ``quantization_config`` = ``{"quant_method":
 "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": block}``.

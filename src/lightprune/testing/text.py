@@ -1,5 +1,5 @@
 """Tiny configs of the text MoE families (the geometry every tiny model shares, hand-written builders and the
-families built generically from `GENERIC_FIELDS`); `lightprune.testing.tiny` is the public entry."""
+families built generically from `_GENERIC_FAMILIES`); `lightprune.testing.tiny` is the public entry."""
 
 from __future__ import annotations
 
