@@ -62,7 +62,7 @@ def unconverted(monkeypatch):
     def imported(folder):
         raise AssertionError(f"the converter in {folder} was imported")
 
-    monkeypatch.setattr(gguf_module, "_load_converter", imported)
+    monkeypatch.setattr(gguf_module.converter, "_load_converter", imported)
 
 
 @pytest.fixture(scope="module")
