@@ -17,14 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from lightprune.callbacks.options import OPTIONS, check_criterion_name
+from lightprune.callbacks.options import OPTIONS
 from lightprune.cli.inputs import literal_problem, place
 from lightprune.cli.names import did_you_mean
 from lightprune.core.parse_limits import DuplicateKeyError, ParseLimitError
 from lightprune.core.yaml_literals import YamlScalar, parse_value, yaml_scalars
 
 __all__ = ["ADDRESSES", "ARGUMENTS", "SUBCOMMANDS", "OptionError", "Addressed", "split_addressed", "yaml_value",
-           "check_callback_options", "check_criterion_name", "class_name", "missing_callback", "addressed_help"]
+           "check_callback_options", "class_name", "missing_callback", "addressed_help"]
 
 #: subcommand -> what it does
 SUBCOMMANDS: dict[str, str] = {

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from lightprune.quality.bench_section import benchmarks_markdown
-from lightprune.quality.intervals import retention
 from lightprune.quality.maep_section import maep_section
 from lightprune.quality.mwop_section import mwop_markdown, plot_mwop
 from lightprune.quality.sweep_tables import (
@@ -30,7 +29,7 @@ from lightprune.quality.sweep_tables import (
 )
 from lightprune.quality.width_recovery import mwop_recovery_markdown
 
-__all__ = ["retention", "write_results"]
+__all__ = ["write_results"]
 
 
 def _balance_table(r: Mapping[str, Any]) -> list[str]:

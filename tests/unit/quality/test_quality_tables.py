@@ -15,7 +15,7 @@ import torch
 from fixtures import REPO
 
 import lightprune as lp
-from lightprune.quality.results_page import retention
+from lightprune.quality.intervals import retention
 from lightprune.testbed import TEXT_TESTBEDS, build_text_corpus, text_testbed
 from lightprune.testbed.text_moe import corpus_datamodule
 from lightprune.testbed.vqa_models import VQA_TESTBEDS
