@@ -82,15 +82,14 @@ def routed_output(layer: MoELayer, router_input: torch.Tensor, expert_input: tor
 
 
 def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str | os.PathLike, *,
-                             atol: float | None = None, probe_tokens: int = 16, seed: int = 0,
-                             progress: bool = True, device: Any = "cpu",
+                             probe_tokens: int = 16, seed: int = 0, progress: bool = True, device: Any = "cpu",
                              verification: Verification | None = None) -> dict[str, Any]:
     """Check the checkpoint at ``out_dir`` against ``source`` pruned by ``plan`` (see the module docstring), both
     read to and run on ``device``; returns the manifest's ``verification`` entry. The layer checks run on what each
     MoE layer's router and experts received in the masked source's forward of the probe. ``verification``: the
     export's ([`prune_checkpoint`][...streamed.prune_checkpoint] checks ``atol`` and the plan once), else one made
-    here for ``atol``."""
-    verification = (verification or Verification()).check_atol(atol)
+    here (the default ``atol``, the plan checked here)."""
+    verification = verification or Verification()
     pool = ReadPool()  # the pruned layer read into the source layer's memory, and back (on the CPU)
     original = Skeleton(source, pool=pool, mtp=True, device=device)
     with Checkpoint(out_dir) as written:

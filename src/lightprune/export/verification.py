@@ -71,15 +71,13 @@ class Verification:
     def __init__(self, probe: Mapping[str, Any] | None = None) -> None:
         self.probe = dict(probe) if probe is not None else None
         self.atol: float | None = None
-        self._atol_checked = False
         self._checked_plan: Any = None
         self._restored = False
 
     def check_atol(self, atol: float | None) -> Verification:
-        """Check the export's ``atol`` (a positive finite number or None), once; returns ``self``."""
-        if not self._atol_checked:
-            self.atol = check_atol(atol)
-            self._atol_checked = True
+        """Check the export's ``atol`` (a positive finite number or None; each export gives it once); returns
+        ``self``."""
+        self.atol = check_atol(atol)
         return self
 
     def check_plan(self, plan: Any, layers: Sequence[Any]) -> None:
