@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from lightprune.models.base import MoEFamily, RemovalEffect
 from lightprune.models.deepseek_families import DeepseekV3Family
 from lightprune.models.layer import MoELayer, RoutingOutput
-from lightprune.models.routing_ops import chosen_groups, fill_unchosen_groups, softmax_removal_growth, unique_rows
+from lightprune.models.routing_ops import fill_unchosen_groups, softmax_removal_growth, unique_rows
 
 __all__ = ["DeepseekV2Family"]
 
@@ -50,8 +50,10 @@ class DeepseekV2Family(MoEFamily):
             router_logits = router_logits.masked_fill(expert_mask, float("-inf"))
         scores = router_logits.softmax(dim=-1, dtype=torch.float32)
         if router.topk_method == "group_limited_greedy":
-            chosen = chosen_groups(scores, router.num_group, router.topk_group, best=1)   # each group's best expert
-            scores = fill_unchosen_groups(scores, chosen, router.num_group, 0.0)
+            num_experts, num_group = scores.shape[-1], router.num_group
+            best = scores.view(-1, num_group, num_experts // num_group).max(dim=-1).values  # each group's best expert
+            scores = fill_unchosen_groups(scores, torch.topk(best, k=router.topk_group, dim=-1, sorted=False)[1],
+                                          num_group, 0.0)
         elif router.topk_method != "greedy":
             raise ValueError(f"deepseek_v2 topk_method {router.topk_method!r}: lightprune knows 'greedy' and "
                              "'group_limited_greedy'")

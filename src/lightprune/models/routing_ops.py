@@ -6,10 +6,11 @@ Renormalisation (every renormalising router here, with its own epsilon or none):
 
     w_i <- w_i / (sum_{s in S} w_s + eps)        over the k selected experts S of a token
 
-Group-limited top-k (DeepSeek-V3 technical report, arXiv 2412.19437, section 2.1.2, node-limited routing; DeepSeek-V2,
-arXiv 2405.04434, device-limited routing), for a token's selection scores c [E] in G equal groups::
+Group-limited top-k (DeepSeek-V3 technical report, arXiv 2412.19437, section 2.1.2, node-limited routing), for a
+token's selection scores c [E] in G equal groups (DeepSeek-V2's device-limited routing, arXiv 2405.04434, scores a
+group by its highest c instead: ``deepseek_v2_family``)::
 
-    g_G = sum of the n highest c of group G                  n = 2 (DeepSeek-V3 and its kin), 1 (DeepSeek-V2)
+    g_G = sum of the two highest c of group G
     C = top-topk_group(g)                                    the chosen groups
     S = top-k(c), c at ``fill`` outside the groups of C      ``fill``: -inf, or 0 (A.X K2, Mistral 4)
 """
@@ -143,13 +144,11 @@ def chosen_group_leaders(choice: torch.Tensor, num_group: int, topk_group: int, 
     return unique_rows(torch.cat([selected, leaders.flatten(1)], dim=1))
 
 
-def chosen_groups(choice: torch.Tensor, num_group: int, topk_group: int, best: int = 2, *,
-                  sorted: bool = False) -> torch.Tensor:
-    """C [T, topk_group]: the ids of each token's groups with the largest sums of their ``best`` highest ``choice``
-    [T, E] (``best=1``: each group's maximum), by the router's ``torch.topk`` (``sorted`` as it takes it: the ties
-    are resolved as it resolves them)."""
-    grouped = choice.view(-1, num_group, choice.shape[-1] // num_group)
-    scores = grouped.max(dim=-1).values if best == 1 else grouped.topk(best, dim=-1)[0].sum(dim=-1)
+def chosen_groups(choice: torch.Tensor, num_group: int, topk_group: int, *, sorted: bool = False) -> torch.Tensor:
+    """C [T, topk_group]: the ids of each token's groups with the largest sums of their two highest ``choice``
+    [T, E], by the router's ``torch.topk`` (``sorted`` as it takes it: the ties are resolved as it resolves
+    them)."""
+    scores = choice.view(-1, num_group, choice.shape[-1] // num_group).topk(2, dim=-1)[0].sum(dim=-1)
     return torch.topk(scores, k=topk_group, dim=-1, sorted=sorted)[1]
 
 
@@ -160,8 +159,8 @@ def group_limited_top_k(choice: torch.Tensor, num_group: int, topk_group: int, t
     sums), every expert outside them at ``fill`` (`fill_unchosen_groups`), op for op the group-limited
     routers' forward (both ``torch.topk`` ``sorted`` as the router takes them). ``expert_mask`` (True = removed):
     put back at -inf after a finite ``fill`` (an expert of an unchosen group at 0 still outranks a chosen one
-    below 0; a removed one never does)."""
+    below 0; a removed one never does); a -inf ``fill`` leaves the removed experts as ``choice`` has them."""
     choice = fill_unchosen_groups(choice, chosen_groups(choice, num_group, topk_group, sorted=sorted), num_group, fill)
-    if expert_mask is not None:
+    if expert_mask is not None and fill != float("-inf"):
         choice = choice.masked_fill(expert_mask.to(choice.device), float("-inf"))
     return torch.topk(choice, k=top_k, dim=-1, sorted=sorted)[1]
