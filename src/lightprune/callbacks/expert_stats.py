@@ -40,6 +40,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightprune.callbacks.options import OPTIONS, uses_options
 from lightprune.callbacks.state import RunState, run_directory
 from lightprune.core import interrupt
+from lightprune.core.batch import head_skipped
 from lightprune.core.jsonio import write_json
 from lightprune.core.paths import check_state_file
 from lightprune.experts.calibration import CalibrationStats, ExpertObserver
@@ -85,6 +86,7 @@ class ExpertStats(pl.Callback):
         self.resume = bool(resume)
         self.stats: CalibrationStats | None = None
         self._observer: ExpertObserver | None = None
+        self._head: dict[str, Any] = {}  # the model's head_skipped arguments, read once per pass
         self._pending_state: dict[str, Any] | None = None  # observer state to load (a file's or a checkpoint's)
         self._resumed: dict[str, Any] | None = None  # the state file being resumed (fingerprint included)
         self._digest: str | None = None  # the chain digest of the batches accumulated so far
@@ -158,6 +160,7 @@ class ExpertStats(pl.Callback):
             observer.load_state_dict(self._pending_state)
             self._pending_state = None
         observer.__enter__()
+        self._head = head_skipped(pl_module.model)  # one signature look-up per pass, not per batch
         self._observer = observer
         RunState.of(trainer).observer = observer
 
@@ -167,7 +170,7 @@ class ExpertStats(pl.Callback):
             if self.save_every_n_batches:  # what the state accumulated, for a resumed run to check
                 self._digest = chain_digest(self._digest, batch)
             if _leaves_forwards(pl_module):  # fed here as the Python API feeds it: the same inputs, no head
-                observe_batch(self._observer, pl_module.model, batch, forward=pl_module)
+                observe_batch(self._observer, pl_module.model, batch, head=self._head, forward=pl_module)
             else:
                 self._observer.begin_batch(batch)
 

@@ -16,19 +16,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightprune.core.batch import head_skipped, model_inputs
+from lightprune.core.batch import model_inputs
 
 __all__ = ["observe_batch"]
 
 
-def observe_batch(observer: Any, model: nn.Module, batch: Mapping[str, Any], *, device: torch.device | None = None,
-                  head: Mapping[str, Any] | None = None, forward: Callable[..., Any] | None = None) -> None:
-    """Feed ``batch`` to ``observer`` (an entered `ExpertObserver` of
-    ``model``): its model inputs (moved to ``device`` when given) declared, then one forward under ``no_grad``
-    with ``head`` (default `head_skipped` of ``model``; pass it to save the signature
-    look-up per batch). ``forward``: what runs the inputs (default ``model``; the Lightning module, whose forward
-    checks the token ids first)."""
+def observe_batch(observer: Any, model: nn.Module, batch: Mapping[str, Any], *, head: Mapping[str, Any],
+                  device: torch.device | None = None, forward: Callable[..., Any] | None = None) -> None:
+    """Feed ``batch`` to ``observer`` (an entered `ExpertObserver` of ``model``): its model inputs (moved to
+    ``device`` when given) declared, then one forward under ``no_grad`` with ``head`` (`head_skipped` of ``model``,
+    read once per pass by the caller: a signature look-up). ``forward``: what runs the inputs (default ``model``;
+    the Lightning module, whose forward checks the token ids first)."""
     inputs = model_inputs(batch, device=device)
     observer.begin_batch(inputs)
     with torch.no_grad():
-        (model if forward is None else forward)(**inputs, **(head_skipped(model) if head is None else head))
+        (model if forward is None else forward)(**inputs, **head)
