@@ -24,7 +24,6 @@ _NAMES = {
     "CalibrationStats": "lightprune.experts.calibration.result",
     "CRITERIA": "lightprune.experts.calibration.result",
     "SUBSETS": "lightprune.experts.calibration.result",
-    "NEGATED": "lightprune.experts.calibration.result",
     "DEFAULT_CRITERIA": "lightprune.experts.criteria.registry",
     "MERGE_STATISTICS": "lightprune.experts.criteria.registry",
     "register_statistic": "lightprune.experts.criteria.registry",

@@ -18,7 +18,7 @@ from lightprune.experts.criteria.registry import CALIBRATION_CRITERIA, CRITERIA 
 from lightprune.experts.scores import ExpertScores
 from lightprune.models.layer import RoutingLimits
 
-__all__ = ["CalibrationStats", "CRITERIA", "SUBSETS", "NEGATED", "negated"]
+__all__ = ["CalibrationStats", "CRITERIA", "SUBSETS", "negated"]
 
 CRITERIA = CALIBRATION_CRITERIA
 
@@ -27,10 +27,6 @@ def negated(name: str, subset: str) -> bool:
     """Whether the importance of value ``name`` over ``subset`` is its negation (the registered criterion of that
     name says so in its ``negated``; a value no criterion is named after: never)."""
     return name in _REGISTERED and subset in getattr(_REGISTERED.get(name), "negated", ())
-
-
-#: the built-in (criterion, subset) pairs whose importance is the negated raw value
-NEGATED = frozenset((name, subset) for name in CALIBRATION_CRITERIA for subset in SUBSETS if negated(name, subset))
 
 
 class CalibrationStats:
