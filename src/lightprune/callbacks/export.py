@@ -1,16 +1,14 @@
 """Export: apply the run's ExpertPlan structurally, save, reload, verify, report.
 
-At the end of the job (phase ``export``: after ExpertPruning, wherever either is listed) it takes the
-plan from the run state (made by [`ExpertPruning`][..expert_pruning.ExpertPruning]) or from ``plan_path`` (then no
-ExpertPruning selects, and
-the run's plan.json, or merge_plan.json, is written from the file once the export has succeeded), computes the masked
-model's logits on a probe batch, prunes in place, writes the checkpoint (temporary directory renamed
-into place) and verifies the reloaded checkpoint against the masked logits. The checkpoint holds the
-source's tokenizer files (or the run's tokenizer / processor when the source has none) and a README.md
-model card. A model fitted on 4-bit base weights (QLoRA) is exported from its full-precision original,
-rebuilt by the LightningModule. It writes ``report.json`` (parameter counts and checkpoint
-bytes before and after, per-layer kept counts, timings) and ``kept_experts.png``, and prints a
-summary table.
+At the end of the job (phase ``export``: after ExpertPruning, wherever either is listed) it takes the plan from the run
+state (made by [`ExpertPruning`][..expert_pruning.ExpertPruning]) or from ``plan_path`` (then no ExpertPruning selects,
+and the run's plan.json, or merge_plan.json, is written from the file once the export has succeeded), computes the
+masked model's logits on a probe batch, prunes in place, writes the checkpoint (temporary directory renamed into place)
+and verifies the reloaded checkpoint against the masked logits. The checkpoint holds the source's tokenizer files (or
+the run's tokenizer / processor when the source has none) and a README.md model card. A model fitted on 4-bit base
+weights (QLoRA) is exported from its full-precision original, rebuilt by the LightningModule. It writes ``report.json``
+(parameter counts and checkpoint bytes before and after, per-layer kept counts, timings) and ``kept_experts.png``, and
+prints a summary table.
 
 Across processes only rank 0 writes and verifies. When the weights are still the source checkpoint's (a
 calibration job from a local checkpoint: no training, adapter, 4-bit base or precision cast), rank 0 prunes the
@@ -116,9 +114,8 @@ def streamed_export_with_report(source_dir: Path, plan: ExpertPlan, run_dir: Pat
                                 params_before: int, seconds_scoring: float, overwrite: bool,
                                 atol: float | None, quantize: str | None = None, device: Any = "cpu") -> dict[str, Any]:
     """[`lightprune.export.prune_checkpoint`][lightprune.export.streamed.prune_checkpoint] of ``source_dir`` by ``plan``
-    into ``ckpt_dir`` (verified on
-    ``device``), then the same ``report.json`` and ``kept_experts.png`` as `export_with_report`, from the
-    checkpoints."""
+    into ``ckpt_dir`` (verified on ``device``), then the same ``report.json`` and ``kept_experts.png`` as
+    `export_with_report`, from the checkpoints."""
     start = time.perf_counter()
     result = prune_checkpoint(source_dir, plan, ckpt_dir, overwrite=overwrite, atol=atol,
                               card={"source": str(source or source_dir)}, quantize=quantize, device=device)

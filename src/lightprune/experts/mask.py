@@ -1,14 +1,13 @@
 """Reversible expert masking: the router selects among the kept experts only.
 
-Inside ``with mask_experts(model, plan):`` every MoE router of the plan is replaced (per instance,
-never per class) by its family's routing run on the kept experts' logits (and their biases): the
-same operations the pruned model's stock router runs on its pruned tensors, so the model computes
-exactly what the structurally pruned model computes, exact ties in the logits included (tested per
-family); the removed experts' logits read -inf. Leaving the block restores the original routers,
-also on error. The plan is checked against the model first
+Inside ``with mask_experts(model, plan):`` every MoE router of the plan is replaced (per instance, never per class) by
+its family's routing run on the kept experts' logits (and their biases): the same operations the pruned model's stock
+router runs on its pruned tensors, so the model computes exactly what the structurally pruned model computes, exact ties
+in the logits included (tested per family); the removed experts' logits read -inf. Leaving the block restores the
+original routers, also on error. The plan is checked against the model first
 ([`ExpertPlan.check_layers`][..plan.ExpertPlan.check_layers]), and so is every tensor the masked routers read: a NaN or
-inf is refused before any router is replaced (`check_routing_tensors`; a layer on
-the meta device, loaded later, is skipped); a MergePlan is refused (``lp.merged_experts``).
+inf is refused before any router is replaced (`check_routing_tensors`; a layer on the meta device, loaded later, is
+skipped); a MergePlan is refused (``lp.merged_experts``).
 """
 
 from __future__ import annotations

@@ -9,14 +9,13 @@ The plan, the unpruned model's parameter count and tensor bytes go into the expo
 model card (``save_pruned(card=...)``), so the checkpoint says which original experts each layer
 keeps. An output directory that is (or holds) the source checkpoint is refused before any surgery.
 
-Every input is checked before any surgery or merge: the plan against the model first (every MoE layer named and
-no other, the expert counts, the floors: [`check_layers`][lightprune.experts.plan.ExpertPlan.check_layers]; a plan that
-leaves layers out is refused, ``plan.completed(lp.find_moe_layers(model))`` keeps them whole), then ``atol``, the
-output directory, the card and the source's fingerprint. The export's one
-`Verification` runs each step once: ``write_merged``, ``mask_experts`` and
-``prune_experts`` are given the checked layers and do not check the plan again, and
-`write_pruned` then writes and verifies the checkpoint with the same probe, buffers and
-``atol``, and returns its [`ExportResult`][..result.ExportResult].
+Every input is checked before any surgery or merge: the plan against the model first (every MoE layer named and no
+other, the expert counts, the floors: [`check_layers`][lightprune.experts.plan.ExpertPlan.check_layers]; a plan that
+leaves layers out is refused, ``plan.completed(lp.find_moe_layers(model))`` keeps them whole), then ``atol``, the output
+directory, the card and the source's fingerprint. The export's one `Verification` runs each step once: ``write_merged``,
+``mask_experts`` and ``prune_experts`` are given the checked layers and do not check the plan again, and `write_pruned`
+then writes and verifies the checkpoint with the same probe, buffers and ``atol``, and returns its
+[`ExportResult`][..result.ExportResult].
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Save a structurally pruned model as a verified safetensors checkpoint: [`save_pruned`][].
 
-Before anything is written, every tensor the checkpoint would store is checked finite
-(`non_finite_tensors`: a NaN or inf is refused naming the tensor and, in a fused
-experts tensor, the expert), and so are the reference logits
-(`check_reference_finite`: the model's own NaN logits name the model, not the
-export, as the culprit).
+Before anything is written, every tensor the checkpoint would store is checked finite (`non_finite_tensors`: a NaN or
+inf is refused naming the tensor and, in a fused experts tensor, the expert), and so are the reference logits
+(`check_reference_finite`: the model's own NaN logits name the model, not the export, as the culprit).
 
 Steps, all inside a staging directory renamed into place only at the end (`staging`):
 
@@ -25,10 +23,9 @@ Steps, all inside a staging directory renamed into place only at the end (`stagi
    does not carry that code. Experts transformers' default ``grouped_mm`` kernel cannot run (float64, rows
    off 16 bytes) get ``"experts_implementation": "eager"``, which a plain ``from_pretrained`` reads
    (`finish_config`);
-4. verification: reload through [`load_pruned`][] (and, non-uniform, also through
-   transformers' ``trust_remote_code=True``), run the probe batch, compare with the reference
-   logits (`verify_reloaded`, the export's one
-   `Verification`); a mismatch raises [`ExportVerificationError`][];
+4. verification: reload through [`load_pruned`][] (and, non-uniform, also through transformers'
+   ``trust_remote_code=True``), run the probe batch, compare with the reference logits (`verify_reloaded`, the export's
+   one `Verification`); a mismatch raises [`ExportVerificationError`][];
 5. ``lightprune_export.json`` (`result.write_manifest`): per-layer expert counts, parameter count
    and bytes, bytes on disk, dtype, the verification result, and what the export came from: the source and
    the fingerprint of its safetensors files (name, size, SHA-256 of the header: `source`), the plan, the

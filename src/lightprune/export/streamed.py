@@ -2,10 +2,9 @@
 
 Which tensors index experts, and along which dimension, is not guessed from names: the plan's surgery
 ([`lightprune.experts.prune_experts`][lightprune.experts.prune.prune_experts]) runs on the checkpoint's model on the
-meta device, and the tensors it
-reshapes are the ones to cut (router rows and biases, fused expert tensors, a family's per-expert router or block
-tensors), in the model's names. Each checkpoint key is mapped to its model tensor through transformers' own
-conversion mapping ([`Skeleton`][lightprune.checkpoints.skeleton.Skeleton]); then, per key:
+meta device, and the tensors it reshapes are the ones to cut (router rows and biases, fused expert tensors, a family's
+per-expert router or block tensors), in the model's names. Each checkpoint key is mapped to its model tensor through
+transformers' own conversion mapping ([`Skeleton`][lightprune.checkpoints.skeleton.Skeleton]); then, per key:
 
 - a per-expert key (``...experts.<n>.<name>``, what transformers' ``save_pretrained`` writes) of a pruned layer:
   kept experts are written under their new index (their rank among the kept ones), the others are dropped;
@@ -26,19 +25,18 @@ applies to its stored parts (`stored_rules`: values and scales renamed or sliced
 its ``quantization_config`` is kept.
 
 Each output shard keeps its source's name; its header is written first and its tensors follow one at a time
-(`SafetensorsWriter`): a whole tensor or an expert's slice goes from the source
-file to the output by the kernel (``copy_file_range``) once a window on its pages has been checked finite, so this
-process maps one tensor (an expert of a fused one) at a time and copies no byte; a slice along a later dimension (a
-router's rows stored transposed) is read, sliced and written. config.json comes from the pruned meta model (the
-expert counts, ``lightprune_experts_per_layer`` and the generated ``modeling_lightprune.py`` when they differ per
-layer, as [`save_pruned`][] writes them), the shard index is rewritten, the tokenizer / processor / chat-template
-files and ``generation_config.json`` come along. Before anything is written, every tensor a layer's routing reads
-(router rows and biases, correction biases, per-expert scales, a router's norm) is read in alone and refused when it
-holds a NaN or inf, as [`prune_experts`][lightprune.experts.prune.prune_experts] refuses it in memory; every tensor is
-checked finite
-before it is written (a NaN or inf refused naming the tensor and the expert). Everything is written into a staging
-directory renamed into place only after verification (`lightprune.export.streamed_verify`): a failure or a kill
-leaves a previous ``out_dir`` as it was.
+(`SafetensorsWriter`): a whole tensor or an expert's slice goes from the source file to the output by the kernel
+(``copy_file_range``) once a window on its pages has been checked finite, so this process maps one tensor (an expert of
+a fused one) at a time and copies no byte; a slice along a later dimension (a router's rows stored transposed) is read,
+sliced and written. config.json comes from the pruned meta model (the expert counts, ``lightprune_experts_per_layer``
+and the generated ``modeling_lightprune.py`` when they differ per layer, as [`save_pruned`][] writes them), the shard
+index is rewritten, the tokenizer / processor / chat-template files and ``generation_config.json`` come along. Before
+anything is written, every tensor a layer's routing reads (router rows and biases, correction biases, per-expert scales,
+a router's norm) is read in alone and refused when it holds a NaN or inf, as
+[`prune_experts`][lightprune.experts.prune.prune_experts] refuses it in memory; every tensor is checked finite before it
+is written (a NaN or inf refused naming the tensor and the expert). Everything is written into a staging directory
+renamed into place only after verification (`lightprune.export.streamed_verify`): a failure or a kill leaves a previous
+``out_dir`` as it was.
 """
 
 from __future__ import annotations

@@ -20,11 +20,9 @@
    rounding of a reordered sum (the tolerance below), a swapped, mis-sliced or missing expert by the size of an
    expert's output.
 
-Both in one pass
-([`lightprune.checkpoints.sequential.run_in_lockstep`][lightprune.checkpoints.sequential.run_in_lockstep]): the two
-forwards run in step, decoder
-layer ``i`` of the source then of the pruned checkpoint resident, the source layer's three outputs computed while
-it is and the pruned layer's compared with them while that one is: every byte of either checkpoint is read once,
+Both in one pass ([`run_in_lockstep`][lightprune.checkpoints.sequential.run_in_lockstep]): the two forwards run in step,
+decoder layer ``i`` of the source then of the pruned checkpoint resident, the source layer's three outputs computed
+while it is and the pruned layer's compared with them while that one is: every byte of either checkpoint is read once,
 one layer is in memory at a time, and the pruned layer is read into the memory the source layer released (a shared
 [`ReadPool`][lightprune.checkpoints.pool.ReadPool]).
 

@@ -13,8 +13,7 @@ whichever function of the export reaches it first:
 3. the probe built (`Verification.probe_for`: the given batch, else
    [`default_probe`][..verify.default_probe]);
 4. in memory, the buffers transformers keeps in fp32 recomputed in fp32 (`Verification.restore_buffers`,
-   `restore_fp32_buffers`) before the reference logits are computed, as the
-   checkpoint reloads them;
+   `restore_fp32_buffers`) before the reference logits are computed, as the checkpoint reloads them;
 5. the reference checked finite (`check_reference_finite`), then every comparison by the rule of
    [`lightprune.export.verify`][..verify] (``max|got - ref| <= atol + rtol * max|ref|``: `Verification.tolerance`,
    `Verification.compare`), a mismatch raised as [`ExportVerificationError`][..verify.ExportVerificationError]
