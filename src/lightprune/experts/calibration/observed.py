@@ -41,7 +41,7 @@ from lightprune.experts.criteria.statistic import compute_dtype
 from lightprune.models import MoELayer, RemovalEffect
 from lightprune.models.routing_check import names_and_shapes, routing_tensors_message, routing_tensors_record
 
-__all__ = ["FiniteRoutingChecks", "ObservedBatch", "compute_dtype", "finite_routing_record", "ROUTING_NEEDS"]
+__all__ = ["FiniteRoutingChecks", "ObservedBatch", "finite_routing_record", "ROUTING_NEEDS"]
 
 #: the needs that make a batch compute its routing part
 ROUTING_NEEDS = frozenset({"logits", "removal", "entering"})

@@ -18,7 +18,7 @@ import torch
 from lightprune.experts.criteria.statistic import CHUNK_ELEMENTS
 from lightprune.models import MoELayer, RemovalEffect
 
-__all__ = ["Reruns", "reselect", "CHUNK_ELEMENTS"]
+__all__ = ["Reruns", "reselect"]
 
 
 @dataclass(eq=False)
