@@ -106,7 +106,7 @@ def _split(ratios: Mapping[str, float]) -> tuple[dict[str, float], dict[str, flo
     return paths, channels
 
 
-def _loader(dm: Any, split: str):
+def split_loader(dm: Any, split: str):
     if callable(getattr(dm, "dataloader", None)):
         return dm.dataloader(split)
     fn = getattr(dm, f"{split}_dataloader", None)
@@ -173,8 +173,8 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
         ffn = sorted(p for p, r in points.items() if _split(r)[1])
         raise ValueError(f"operating points {ffn} prune FFN channels, but every FFN of {type(base).__name__} is a "
                          f"mixture of experts; give them attention paths only")
-    calibration = list(_loader(dm, "calibration"))
-    val = list(_loader(dm, "val"))
+    calibration = list(split_loader(dm, "calibration"))
+    val = list(split_loader(dm, "val"))
     if not calibration:
         raise ValueError("the calibration split has no batches: no Taylor importance")
     profile = token_profile(base, val)
@@ -202,7 +202,7 @@ def mwop_quality(model: torch.nn.Module, dm: Any, *,
     def row(plan: WidthPlan, rows: dict[str, torch.Tensor], dense: dict[str, torch.Tensor]) -> dict[str, Any]:
         return {"flops_fraction": decoder_flops(config, V, T, plan=plan, align=align).fraction,
                 "flops_fraction_align_1": decoder_flops(config, V, T, plan=plan, align=1).fraction,
-                **_scored(rows, dense, names, metric),
+                **scored_figures(rows, dense, names, metric),
                 "pruned": {u: plan.pruned_fraction(u) for u in WIDTH_UNITS},
                 "plan": plan.to_dict()}
 
@@ -292,7 +292,7 @@ def random_width_plan(model: torch.nn.Module, ratios: Mapping[str, float], seed:
     return plan
 
 
-def _scored(rows: Mapping[str, torch.Tensor], dense: Mapping[str, torch.Tensor], names: list[str],
+def scored_figures(rows: Mapping[str, torch.Tensor], dense: Mapping[str, torch.Tensor], names: list[str],
             metric: str) -> dict[str, Any]:
     """One evaluation's figures (`answer_row_sums`) against the dense model's:
     the ATR and the answer-ppl ATR over the tasks with a defined retention, each with its paired bootstrap
@@ -319,16 +319,16 @@ def _standing(row: Mapping[str, Any], sums: Mapping[str, torch.Tensor], null_row
               null: list[Mapping[str, torch.Tensor]], dense: Mapping[str, torch.Tensor], metric: str,
               testbed_seed: int) -> dict[str, Any]:
     """A Taylor row's standing against the random plans of its operating point, for both ATRs: the p-value of its
-    ATR among theirs and the paired difference of the task-mean retentions (`_versus`)."""
+    ATR among theirs and the paired difference of the task-mean retentions (`versus_null`)."""
     out = {}
-    for key, record in _versus(row, sums, null, dense, metric, testbed_seed).items():
+    for key, record in versus_null(row, sums, null, dense, metric, testbed_seed).items():
         values = [r[key] for r in null_rows]
         if all(v is not None for v in values):
             out[key] = standing(row[key], values, record["paired_diff"], record["paired_ci"], testbed_seed)
     return out
 
 
-def _versus(row: Mapping[str, Any], sums: Mapping[str, torch.Tensor], null: list[Mapping[str, torch.Tensor]],
+def versus_null(row: Mapping[str, Any], sums: Mapping[str, torch.Tensor], null: list[Mapping[str, torch.Tensor]],
             dense: Mapping[str, torch.Tensor], metric: str, testbed_seed: int) -> dict[str, Any]:
     """Both ATRs' paired difference of ``row`` to the mean of the ``null`` plans (too few for a p-value)."""
     include = torch.tensor([n not in row["excluded"] for n in row["per_task_accuracy"]])

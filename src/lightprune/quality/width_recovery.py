@@ -20,7 +20,7 @@ from lightprune.quality.expert_quality import spread
 from lightprune.quality.intervals import RESAMPLES
 from lightprune.quality.mwop_section import num_cell, spread_cell
 from lightprune.quality.records import TaskRowRecords, as_recorded_rows
-from lightprune.quality.width_quality import DENSE, _loader, _scored, _versus, random_width_plan
+from lightprune.quality.width_quality import DENSE, random_width_plan, scored_figures, split_loader, versus_null
 from lightprune.width.flops import decoder_flops
 from lightprune.width.mask import mask_width
 from lightprune.width.plan import WidthPlan
@@ -83,11 +83,11 @@ def mwop_recovery(model: torch.nn.Module, dm: Any, result: Mapping[str, Any], *,
 
     check_positive_int("epochs", epochs)
     names = list(result["task_names"])
-    train = list(_loader(dm, "train"))
+    train = list(split_loader(dm, "train"))
     if not train:
         raise ValueError("the train split has no batches: nothing to recover on")
     steps = epochs * len(train)
-    val = list(_loader(dm, "val"))
+    val = list(split_loader(dm, "val"))
     end_ids = end_of_turn_ids(dm)
     config = base_model_of(model).config
     V, T = result["profile"]["vision_tokens"], result["profile"]["text_tokens"]
@@ -115,10 +115,10 @@ def mwop_recovery(model: torch.nn.Module, dm: Any, result: Mapping[str, Any], *,
     for point, method, seed, plan, sums in recovered:
         rows.append({"operating_point": point, "method": method, **({"seed": seed} if seed is not None else {}),
                      "flops_fraction": decoder_flops(config, V, T, plan=plan, align=align).fraction,
-                     **_scored(sums, before if method == DENSE else dense, names, metric)})
+                     **scored_figures(sums, before if method == DENSE else dense, names, metric)})
         null = [s for p, m, _, _, s in recovered if p == point and m == "random"]
         if method == "taylor" and null:
-            rows[-1]["versus"] = {"random": _versus(rows[-1], sums, null, dense, metric, testbed_seed)}
+            rows[-1]["versus"] = {"random": versus_null(rows[-1], sums, null, dense, metric, testbed_seed)}
     return {"epochs": epochs, "steps": steps, "learning_rate": learning_rate, "rows": rows,
             "records": records.to_dict()}
 

@@ -104,7 +104,7 @@ def render_shapes(shapes: Sequence[Shape], image_size: int = 32):
     return image
 
 
-def _check_image_size(image_size: int) -> None:
+def check_image_size(image_size: int) -> None:
     if not isinstance(image_size, int) or image_size < 24 or image_size % 2:
         raise ValueError(f"image_size must be an even int >= 24 (a 2 x 2 grid of cells with room for a shape "
                          f"of at least 8 pixels), got {image_size!r}")
@@ -158,7 +158,7 @@ def _draw(task: str, rng: random.Random, image_size: int) -> ShapesQARow:
     raise ValueError(f"unknown shapes QA task {task!r}; choose from {SHAPES_QA_TASKS}")
 
 
-def _check_tasks(tasks: Sequence[str]) -> tuple[str, ...]:
+def check_task_names(tasks: Sequence[str]) -> tuple[str, ...]:
     tasks = tuple(tasks)
     bad = [t for t in tasks if t not in SHAPES_QA_TASKS]
     if not tasks or bad or len(set(tasks)) != len(tasks):
@@ -167,8 +167,8 @@ def _check_tasks(tasks: Sequence[str]) -> tuple[str, ...]:
 
 
 def _stream(seed: int, tasks: Sequence[str], image_size: int) -> Iterator[ShapesQARow]:
-    tasks = _check_tasks(tasks)
-    _check_image_size(image_size)
+    tasks = check_task_names(tasks)
+    check_image_size(image_size)
     rng = random.Random(seed)
     seen: set = set()
     i = 0

@@ -28,8 +28,8 @@ from typing import Any
 from lightprune.data.generated.qa import GeneratedQADataModule, build_qa_cache, check_split_sizes, qa_cache_dir
 from lightprune.data.generated.shapes_qa import (
     SHAPES_QA_TASKS,
-    _check_image_size,
-    _check_tasks,
+    check_image_size,
+    check_task_names,
     render_shapes,
     shapes_qa_splits,
 )
@@ -41,8 +41,8 @@ _PROGRESS_MIN_ROWS = 2000
 
 
 def _params(sizes: dict[str, int], seed: int, tasks: Sequence[str], image_size: int) -> dict[str, Any]:
-    _check_image_size(image_size)
-    return {"seed": seed, "tasks": list(_check_tasks(tasks)), "image_size": image_size,
+    check_image_size(image_size)
+    return {"seed": seed, "tasks": list(check_task_names(tasks)), "image_size": image_size,
             "sizes": check_split_sizes(sizes)}
 
 
@@ -91,10 +91,10 @@ class ShapesQADataModule(GeneratedQADataModule):
                  progress: bool | None = None):
         sizes = check_split_sizes({"train": n_train, "val": n_val, "selection": n_selection,
                                    "calibration": n_calibration}, required=("train", "val"))
-        tasks = _check_tasks(tasks)
+        tasks = check_task_names(tasks)
         folder = build_shapes_qa(root, sizes, seed, tasks, image_size, progress)
         super().__init__(processor, folder, sizes, tasks, seed=seed, batch_size=batch_size, max_length=max_length,
                          padding_side=padding_side, mask_prompt=mask_prompt, num_workers=num_workers,
                          progress=progress)
 
-    check_tasks = staticmethod(_check_tasks)
+    check_tasks = staticmethod(check_task_names)
