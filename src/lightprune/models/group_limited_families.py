@@ -1,7 +1,7 @@
 """Routers with DeepSeek-V3's scores (sigmoid of fp32 logits, the correction bias for the selection only) and a
-group-limited top-k of their own (`group_limited_top_k`, DeepSeek-V3 technical
-report, arXiv 2412.19437, section 2.1.2): Beam (both top-ks sorted, the routed sum scaled by the MoE block) and A.X K2
-(the unchosen groups at 0, optional groups)."""
+group-limited top-k of their own (`group_limited_top_k`, DeepSeek-V3 technical report, arXiv 2412.19437, section
+2.1.2): Beam (both top-ks sorted, the routed sum scaled by the MoE block) and A.X K2 (the unchosen groups at 0,
+optional groups)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,8 @@ __all__ = ["BiasedGroupLimitedFamily", "BeamFamily", "AXK2Family"]
 
 class BiasedGroupLimitedFamily(SelectsWithExpertTensor, DeepseekV3Family):
     """DeepSeek-V3's scores s = sigmoid(l) and selection scores c = s + correction bias, the group-limited top-k of c
-    (`group_limited_top_k`; none when the router has no ``num_group``), the
-    weights s of the k renormalised (+1e-20) when ``norm_topk_prob``, times ``routed_scaling_factor`` when
-    `scaled_in_router`. Masking: logit -inf (score 0) and selection score -inf, also after the groups' fill.
+    (`group_limited_top_k`; none when the router has no ``num_group``), the weights s of the k renormalised (+1e-20)
+    when ``norm_topk_prob``, times ``routed_scaling_factor`` when `scaled_in_router`. Masking: logit -inf (score 0) and selection score -inf, also after the groups' fill.
     Removals are re-run (`removal_effect`)."""
 
     #: the selection score of the experts outside the chosen groups
@@ -111,10 +110,10 @@ class AXK2Family(BiasedGroupLimitedFamily):
         router = layer.router
         if router.num_group is None:
             return RemovalEffect(rerun=selected)
-        effect = _chosen_leaders_rerun(router, router_logits, selected)
         num_tokens, num_experts = router_logits.shape
         size = num_experts // router.num_group
         choice = router_logits.sigmoid() + router.e_score_correction_bias
+        effect = RemovalEffect(rerun=chosen_group_leaders(choice, router.num_group, router.topk_group, selected))
         chosen = chosen_groups(choice, router.num_group, router.topk_group, sorted=True)          # [T, g]
         inside = (selected // size).unsqueeze(-1).eq(chosen.unsqueeze(1)).any(dim=-1)           # [T, k]
         tied = ~inside.all(dim=-1)
