@@ -28,8 +28,8 @@ __all__ = ["BiasedGroupLimitedFamily", "BeamFamily", "AXK2Family"]
 class BiasedGroupLimitedFamily(SelectsWithExpertTensor, DeepseekV3Family):
     """DeepSeek-V3's scores s = sigmoid(l) and selection scores c = s + correction bias, the group-limited top-k of c
     (`group_limited_top_k`; none when the router has no ``num_group``), the weights s of the k renormalised (+1e-20)
-    when ``norm_topk_prob``, times ``routed_scaling_factor`` when `scaled_in_router`. Masking: logit -inf (score 0) and selection score -inf, also after the groups' fill.
-    Removals are re-run (`removal_effect`)."""
+    when ``norm_topk_prob``, times ``routed_scaling_factor`` when `scaled_in_router`. Masking: logit -inf (score 0)
+    and selection score -inf, also after the groups' fill. Removals are re-run (`removal_effect`)."""
 
     #: the selection score of the experts outside the chosen groups
     unchosen_fill: ClassVar[float] = float("-inf")
