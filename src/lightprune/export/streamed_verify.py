@@ -68,15 +68,7 @@ from lightprune.export.verify import (
 )
 from lightprune.models import MoELayer, find_moe_layers
 
-__all__ = ["verify_pruned_checkpoint", "routed_output"]
-
-
-@torch.no_grad()
-def routed_output(layer: MoELayer, router_input: torch.Tensor, expert_input: torch.Tensor,
-                  mask: torch.Tensor | None) -> torch.Tensor:
-    """The layer's routed experts' output [T, H] on what its router and its experts were called with ([T, H], and
-    [T, H'] for experts that read a projection), with the experts in ``mask`` removed from the selection."""
-    return layer.family.routed_output(layer, router_input, expert_input, mask)
+__all__ = ["verify_pruned_checkpoint"]
 
 
 def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str | os.PathLike, *,
@@ -201,6 +193,7 @@ def _unreached(layer: MoELayer) -> ExportVerificationError:
                                    "and experts, so it could not be checked; nothing was written")
 
 
+@torch.no_grad()
 def _layer_outputs(layer: MoELayer, plan: ExpertPlan, inputs: list[torch.Tensor] | None, kept: list[int],
                    source: bool) -> dict[str, torch.Tensor]:
     """What one layer check compares (see the module docstring), on what the source layer's router and experts
@@ -214,7 +207,7 @@ def _layer_outputs(layer: MoELayer, plan: ExpertPlan, inputs: list[torch.Tensor]
     if source and layer.index in plan.keep:
         mask = torch.ones(layer.num_experts, dtype=torch.bool)
         mask[kept] = False
-    found = {"routed output": routed_output(layer, router_input, expert_input, mask)}
+    found = {"routed output": layer.family.routed_output(layer, router_input, expert_input, mask)}
     logits = layer.family.router_logits(layer, router_input)
     # the source's columns of the kept experts, then any identity experts' (the pruned router's rows)
     found["router logits"] = logits[:, layer.router_rows(torch.tensor(kept, dtype=torch.long))] if source else logits
