@@ -293,11 +293,10 @@ def main() -> None:
     A bad input or an OS error (a ValueError, an OSError such as a read-only output or a full disk, Lightning's
     MisconfigurationException such as a ``fit`` without training data: `lightning_problem`,
     or one of lightprune's own errors: `lightprune.core.errors.ERRORS`) is reported in one line (long values cut:
-    `clip_values`) and exit status 2; set
-    ``LIGHTPRUNE_DEBUG=1`` to see the traceback. SIGTERM or SIGINT stop the run where it is, with one line saying
-    what it was doing and what it kept, and exit status 143 or 130 (`lightprune.core.interrupt`).
-    Third-party notices that say nothing about the run are dropped (`lightprune.cli.quiet`); ``--verbose`` or
-    ``LIGHTPRUNE_VERBOSE=1`` shows them.
+    `clip_values`) and exit status 2; set ``LIGHTPRUNE_DEBUG=1`` to see the traceback. SIGTERM or SIGINT stop the run
+    where it is, with one line saying what it was doing and what it kept, and exit status 143 or 130
+    (`lightprune.core.interrupt`). Third-party notices that say nothing about the run are dropped
+    (`lightprune.cli.quiet`); ``--verbose`` or ``LIGHTPRUNE_VERBOSE=1`` shows them.
     """
     if "--verbose" in sys.argv:  # read at import (lightprune.cli.quiet); not an option of the parser
         sys.argv.remove("--verbose")

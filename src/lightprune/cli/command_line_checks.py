@@ -311,13 +311,12 @@ def _check_slot(where: str, value: Any, slot: str) -> None:
 
 def _check_export_dirs(callbacks: list[dict[str, Any]], root: str | None, addressed: list[Addressed]) -> None:
     """Callbacks that conflict ([`lightprune.callbacks.roster.check_roster`][lightprune.callbacks.roster.check_roster]:
-    two Exports, two ExpertPruning
-    writing one folder, a checkpoint directory that is the run's folder), an export callback's checkpoint directory
-    that holds an earlier run's files, without ``overwrite``, or its ``plan_path`` that is no file: refused here,
-    before Lightning is imported (with the messages the callbacks' ``setup`` and ``preflight`` give). Called only
-    where every option that places it was seen (the callbacks list followed as jsonargparse builds it, each config
-    file read, no nested option of a callback); an addressed option that does not name one export callback's
-    top-level option leaves it to that ``preflight``, so this never refuses a job the parser would take."""
+    two Exports, two ExpertPruning writing one folder, a checkpoint directory that is the run's folder), an export
+    callback's checkpoint directory that holds an earlier run's files, without ``overwrite``, or its ``plan_path`` that
+    is no file: refused here, before Lightning is imported (with the messages the callbacks' ``setup`` and ``preflight``
+    give). Called only where every option that places it was seen (the callbacks list followed as jsonargparse builds
+    it, each config file read, no nested option of a callback); an addressed option that does not name one export
+    callback's top-level option leaves it to that ``preflight``, so this never refuses a job the parser would take."""
     from lightprune.callbacks.export_dirs import check_checkpoint_dir, check_plan_path, checkpoint_dir_of
     from lightprune.callbacks.roster import check_roster
 

@@ -19,9 +19,9 @@ __all__ = ["StagedConfig"]
 class StagedConfig(SaveConfigCallback):
     """Lightning's SaveConfigCallback, whose config.yaml is published with the run's other files: where the job ends
     in lightprune's end-of-job steps (``export``, ``calibrate``, a ``fit`` with lightprune's callbacks) it is staged
-    with plan.json and the export (`RunState.stage_text`) and
-    written once they succeed, so a run that fails or is interrupted leaves the previous run's config.yaml as it was.
-    Elsewhere (or to a remote folder, or in several files) it is written at ``setup``, as Lightning writes it."""
+    with plan.json and the export (`RunState.stage_text`) and written once they succeed, so a run that fails or is
+    interrupted leaves the previous run's config.yaml as it was. Elsewhere (or to a remote folder, or in several files)
+    it is written at ``setup``, as Lightning writes it."""
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.already_saved or not self.save_to_log_dir or self.multifile or not self.overwrite or \

@@ -7,10 +7,9 @@ When no input of the block requires grad (every layer below the first MoE block 
 LoRA), that hook fires as soon as the block's output gradient arrives, before autograd has reached the
 adapter's parameters inside the block; their real gradients then meet released partitions and backward fails.
 So every adapter ([`lightprune.finetune.adapters.apply_adapter`][..adapters.apply_adapter]) gives the input of each MoE
-block a gradient
-where it has none: a detached copy that requires grad (a forward pre-hook, `moe_inputs_require_grad`; values,
-and so parameter gradients, unchanged); [`lightprune.finetune.adapters.remove_adapters`][..adapters.remove_adapters]
-removes the hooks.
+block a gradient where it has none: a detached copy that requires grad (a forward pre-hook, `moe_inputs_require_grad`;
+values, and so parameter gradients, unchanged);
+[`lightprune.finetune.adapters.remove_adapters`][..adapters.remove_adapters] removes the hooks.
 """
 
 from __future__ import annotations

@@ -32,9 +32,8 @@ The rule, stated before the seeds were measured, on several independently traine
   when some seed is for the claim and another against it (each seed's own interval excluding 0, with opposite
   signs); otherwise "within noise". A claim made for every fit seed (router sensitivity) or operating point (MWOP)
   is judged over the testbed seeds within each, and holds when it holds for every one. The per-seed p-values and
-  intervals are kept beside the verdict. A random plan
-  judged as a criterion passes at most 2.5% of the time (the t interval's own guarantee), shown by a test that feeds
-  random plans to the rule;
+  intervals are kept beside the verdict. A random plan judged as a criterion passes at most 2.5% of the time (the t
+  interval's own guarantee), shown by a test that feeds random plans to the rule;
 - MAEP's closed-form alpha (``maep_global``) is judged only where the bootstrap interval of a = rho(t, v) -
   rho(t, la) over the calibration samples excludes 0 on every seed (`lightprune.quality.alpha_interval`);
   elsewhere the check reads `NOT_JUDGED` (its fixed-alpha rows are judged either way);

@@ -72,12 +72,12 @@ def mwop_recovery(model: torch.nn.Module, dm: Any, result: Mapping[str, Any], *,
 
     Returns ``{"epochs", "steps", "learning_rate", "rows", "records"}`` (``records``: the rows' sums before
     recovery as ``dense`` and each recovered plan's, keyed as `mwop_quality`'s, the recovered dense model
-    ``dense/dense``): rows with ``operating_point``, ``method``
-    (``dense``, ``taylor``, ``taylor_all_tasks`` or ``random`` with ``seed``), ``flops_fraction`` and
-    `mwop_quality`'s scores (ATRs with intervals, per-task accuracy, answer loss and retention), recovered;
-    Taylor rows also ``versus``: ``{"random": {"atr": ..., "answer_ppl_atr": ...}}``, each ``{"testbed_seed",
-    "paired_diff", "paired_ci"}`` against the mean of the recovered random plans of their operating point (paired
-    over the val rows: `task_mean_paired_difference`).
+    ``dense/dense``): rows with ``operating_point``, ``method`` (``dense``, ``taylor``, ``taylor_all_tasks`` or
+    ``random`` with ``seed``), ``flops_fraction`` and `mwop_quality`'s scores (ATRs with intervals, per-task accuracy,
+    answer loss and retention), recovered; Taylor rows also ``versus``:
+    ``{"random": {"atr": ..., "answer_ppl_atr": ...}}``, each ``{"testbed_seed", "paired_diff", "paired_ci"}`` against
+    the mean of the recovered random plans of their operating point (paired over the val rows:
+    `task_mean_paired_difference`).
     """
     from tqdm.auto import tqdm
 
