@@ -30,8 +30,8 @@ from lightprune.models.registry import (
 )
 
 __all__ = ["MoEFamily", "MoELayer", "RemovalEffect", "RoutingLimits", "RoutingOutput", "FAMILIES", "REFUSED",
-           "get_family", "find_moe_layers", "supported_model_types", "register_family", "unregister_family", "refuse_family",
-           "family_table", "ADD_A_FAMILY"]
+           "get_family", "find_moe_layers", "supported_model_types", "register_family", "unregister_family",
+           "refuse_family", "family_table", "ADD_A_FAMILY"]
 
 for _family in BUILT_IN:
     register_family(_family)
@@ -43,9 +43,8 @@ def find_moe_layers(model: nn.Module) -> list[MoELayer]:
     """The MoE layers of ``model`` in depth order; dense layers are skipped by the family's rule.
 
     Raises ``ValueError`` for an unsupported family, a model with no MoE layers, one whose layers cannot be
-    pruned (`layer_problems`: no experts, top-k outside 1..experts, a
-    zero-size expert tensor), or one in a dtype lightprune does not compute in
-    (`dtype_problem`: a float8 or complex parameter, integer expert weights).
+    pruned (`layer_problems`: no experts, top-k outside 1..experts, a zero-size expert tensor), or one in a dtype
+    lightprune does not compute in (`dtype_problem`: a float8 or complex parameter, integer expert weights).
     Experts that transformers' default ``grouped_mm`` cannot run (float64, rows not a multiple of 16 bytes) are
     pointed at its ``eager`` implementation (`runnable_experts`).
     """

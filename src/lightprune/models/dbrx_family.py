@@ -15,8 +15,7 @@ router row; ``ffn_config.moe_num_experts`` follows. Masking sets a removed exper
 0 and the block never chooses it (the block, not the router, takes the top-k, over all E columns: where kept experts'
 logits tie exactly, it may break the tie otherwise than the pruned block over E' columns). The experts do not
 dispatch through transformers' ExpertsInterface: calibration observes them in the block's own forward
-(`DbrxFamily.observed_block`), each (token, expert) row run from the expert's rows
-(`DbrxFamily.selected_rows`).
+(`DbrxFamily.observed_block`), each (token, expert) row run from the expert's rows (`DbrxFamily.selected_rows`).
 """
 
 from __future__ import annotations

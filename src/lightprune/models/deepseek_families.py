@@ -1,8 +1,7 @@
 """DeepSeek-V3's router and the families that compute it (sigmoid scores, a correction bias for selection,
 group-limited top-k, scaling; the rule itself in `deepseek_v3_routing`): the models whose transformers router is
-the same computation (rows of `family_row`). Its variants with a group rule of
-their own are in `group_limited_families`, DeepSeek-V2 (softmax, greedy or group-limited greedy) in
-`deepseek_v2_family`."""
+the same computation (rows of `family_row`). Its variants with a group rule of their own are in
+`group_limited_families`, DeepSeek-V2 (softmax, greedy or group-limited greedy) in `deepseek_v2_family`."""
 
 from __future__ import annotations
 
@@ -79,10 +78,10 @@ class DeepseekV3Family(MoEFamily):
 
     def select_without(self, layer: MoELayer, router_logits: torch.Tensor, tokens: torch.Tensor,
                        experts: torch.Tensor) -> RoutingOutput:
-        """`select` with one expert removed per (token, expert) row, from each group's top k + 1 (at least 3)
-        selection scores c instead of all E (`select_without_one`); the
-        rows whose chosen groups hold fewer than k experts (the router fills up from the rest) by `select` on a
-        mask. The logits returned are the rows of ``router_logits``, unmasked."""
+        """`select` with one expert removed per (token, expert) row, from each group's top k + 1 (at least 3) selection
+        scores c instead of all E (`select_without_one`); the rows whose chosen groups hold fewer than k experts (the
+        router fills up from the rest) by `select` on a mask. The logits returned are the rows of ``router_logits``,
+        unmasked."""
         top_weights, top_index, short = select_without_one(layer.router, router_logits, tokens, experts)
         if bool(short.any()):
             _, weights, index = super().select_without(layer, router_logits, tokens[short], experts[short])
@@ -90,11 +89,11 @@ class DeepseekV3Family(MoEFamily):
         return router_logits[tokens], top_weights, top_index
 
     def observed_router(self, layer: MoELayer, keep: Callable[[Any], None]) -> Callable[..., Any] | None:
-        """The router's forward computed as `removal_effect` needs it: the group scores from each group's sorted
-        top k + 1 (`GroupTop`, kept with the scores and the chosen groups), the other groups' selection scores
-        at -inf by adding -inf (`select_from_group_top`). Bit for bit the
-        router's output; a batch with NaN logits runs the router's own forward. None for a router that does not
-        compute what DeepSeek-V3's does (its forward already replaced, say by a device hook)."""
+        """The router's forward computed as `removal_effect` needs it: the group scores from each group's sorted top
+        k + 1 (`GroupTop`, kept with the scores and the chosen groups), the other groups' selection scores at -inf by
+        adding -inf (`select_from_group_top`). Bit for bit the router's output; a batch with NaN logits runs the
+        router's own forward. None for a router that does not compute what DeepSeek-V3's does (its forward already
+        replaced, say by a device hook)."""
         router = layer.router
         if "forward" in vars(router) or not hasattr(router, "e_score_correction_bias"):
             return None

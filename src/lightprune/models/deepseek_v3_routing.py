@@ -10,12 +10,10 @@ DeepseekV3TopkRouter and every router that is the same computation). For a token
     w = s_S / (sum(s_S) + 1e-20) if norm_topk_prob else s_S, times routed_scaling_factor
 
 The families compute it from three starting points, each through the steps below (`selection_scores`,
-`group_scores`, `choose_groups`, `mask_unchosen_groups`, `top_experts`,
-`routed_weights`):
+`group_scores`, `choose_groups`, `mask_unchosen_groups`, `top_experts`, `routed_weights`):
 
 - `select_from_scores`: all E scores, with masked experts (``DeepseekV3Family.select``; the router's ops, the
-  group-limited top-k of `group_limited_top_k` that every group-limited family
-  computes);
+  group-limited top-k of `group_limited_top_k` that every group-limited family computes);
 - `select_from_group_top`: each group's sorted top list (`GroupTop`, kept for the removal effect), the
   group scores read off it (the router's forward while calibration observes it);
 - `select_without_one`: one removed expert per row, from each group's top list without it

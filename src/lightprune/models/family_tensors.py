@@ -4,8 +4,8 @@
 ``PER_LAYER_KEY``).
 
 Per-expert tensors hold one slice (or ``rows`` rows) per expert along their experts' dimension: the fused
-`EXPERT_TENSORS` of transformers 5's experts modules and the router's
-`ROUTER_TENSORS`, or the family's own sub-tensors.
+`EXPERT_TENSORS` of transformers 5's experts modules and the router's `ROUTER_TENSORS`, or the family's own
+sub-tensors.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 A non-finite routing tensor is accepted by every computation downstream of it: a NaN correction bias (DeepSeek-V3's
 ``e_score_correction_bias``) makes its expert's group score NaN, so the whole group gets no tokens while the router's
-logits stay finite; a NaN router row or per-expert scale reaches the weights of every token. Calibration would sum
-the skewed routing into every statistic and a prune would carry the tensor into its export. Every entry point that
-observes or slices the routing checks the tensors its family lists (`MoEFamily.routing_tensors`) with this one function,
-so that the refusal is the same wherever
-it is found. Parameters cannot change within a pass: the check runs once per layer and pass, one host sync per layer.
+logits stay finite; a NaN router row or per-expert scale reaches the weights of every token. Calibration would sum the
+skewed routing into every statistic and a prune would carry the tensor into its export. Every entry point that observes
+or slices the routing checks the tensors its family lists (`MoEFamily.routing_tensors`) with this one function, so that
+the refusal is the same wherever it is found. Parameters cannot change within a pass: the check runs once per layer and
+pass, one host sync per layer.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ def _readable(tensor: torch.Tensor) -> torch.Tensor | None:
 
 
 def routing_tensors_record(layer: MoELayer) -> tuple[torch.Tensor, list[RoutingTensor]] | None:
-    """What `check_routing_tensors` reads, computed on the layer's device without a host sync: (``record``
-    [6] int64: non-finite tensors, the first one's position, its non-finite values, NaN, inf, the first value's flat
-    index; the tensors of `routing_tensors` in memory, in order), or None
-    when none is. Tensors on several devices: their counts meet on the first one's."""
+    """What `check_routing_tensors` reads, computed on the layer's device without a host sync: (``record`` [6] int64:
+    non-finite tensors, the first one's position, its non-finite values, NaN, inf, the first value's flat index; the
+    tensors of `routing_tensors` in memory, in order), or None when none is. Tensors on several devices: their counts
+    meet on the first one's."""
     found = [(entry, values) for entry in layer.family.routing_tensors(layer)
              if (values := _readable(entry.tensor)) is not None]
     if not found:

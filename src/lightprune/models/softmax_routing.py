@@ -1,13 +1,12 @@
 """Softmax top-k routing as the transformers 5 softmax families implement it, and those families.
 
 Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Qwen3-VL-MoE, Jamba, Hunyuan-A13B and the families that route as one of them
-share the rule
-``p = softmax(W h)``, ``S = top-k(p)``, ``w_S = p_S`` or ``p_S / sum(p_S)`` (renormalised), and
+share the rule ``p = softmax(W h)``, ``S = top-k(p)``, ``w_S = p_S`` or ``p_S / sum(p_S)`` (renormalised), and
 differ only in whether they renormalise and in the dtype of the returned weights. Masking an expert sets its logit
 to -inf before the softmax, which is exactly the model with its router row removed (MAEP ("Modality-Aware Expert
 Pruning for MoE-Based Multimodal Large Language Models", arXiv 2611.05927), section 3). Removals have a closed form
-(`softmax_topk_removal`). Mistral 4 and Mistral Large 4 add a group limit to
-the softmax (groups scored by their top-2 probabilities), with DeepSeek-V3's dense-layer rule.
+(`softmax_topk_removal`). Mistral 4 and Mistral Large 4 add a group limit to the softmax (groups scored by their
+top-2 probabilities), with DeepSeek-V3's dense-layer rule.
 """
 
 from __future__ import annotations
@@ -57,8 +56,8 @@ def softmax_topk_select(router_logits: torch.Tensor, expert_mask: torch.Tensor |
 
 
 class _SoftmaxFamily(MoEFamily):
-    """Softmax top-k (`softmax_topk_select`), renormalised when the config's
-    ``norm_topk_prob`` (True when absent) or always (``renormalize_always``)."""
+    """Softmax top-k (`softmax_topk_select`), renormalised when the config's ``norm_topk_prob`` (True when absent) or
+    always (``renormalize_always``)."""
 
     cast_back: ClassVar[bool] = True
     #: True: the router renormalises whatever the config says (Mixtral, Qwen3-VL-MoE, Qwen3.5-MoE)
