@@ -54,18 +54,16 @@ class FamilyTensors:
         return [(experts, name, 1) for name in EXPERT_TENSORS if isinstance(getattr(experts, name, None), torch.Tensor)]
 
     def expert_tensors(self, layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
-        """(module, name, rows per expert) of every per-expert tensor of ``layer``'s experts: the fused
-        `EXPERT_TENSORS` present (one slice per expert along dimension 0), or the family's
-        `expert_sub_tensors` (``rows`` rows per expert, one expert after another)."""
+        """(module, name, rows per expert) of every per-expert tensor of ``layer``'s experts: the fused `EXPERT_TENSORS`
+        present (one slice per expert along dimension 0), or the family's `expert_sub_tensors` (``rows`` rows per
+        expert, one expert after another)."""
         return self._expert_tensors_of(layer.experts)
 
     # ----------------------------------------------------------------- routing tensors
-    # ----------------------------------------------------------------- routing tensors
     def router_expert_tensors(self, layer: MoELayer) -> list[tuple[nn.Module, str, int]]:
-        """(module, tensor name, the experts' dimension) of every per-expert tensor of ``layer``'s routing: the
-        router's rows (`ROUTER_TENSORS` of [`MoELayer.router_linear`][]), `router_sub_tensors` and the
-        `block_sub_tensors` present. What a prune slices beside the experts; `routing_tensors` lists them
-        first."""
+        """(module, tensor name, the experts' dimension) of every per-expert tensor of ``layer``'s routing: the router's
+        rows (`ROUTER_TENSORS` of [`MoELayer.router_linear`][]), `router_sub_tensors` and the `block_sub_tensors`
+        present. What a prune slices beside the experts; `routing_tensors` lists them first."""
         linear = layer.router_linear
         found = [(linear, name, 0) for name in ROUTER_TENSORS if isinstance(getattr(linear, name, None), torch.Tensor)]
         found += [(layer.router.get_submodule(sub), name, dim) for sub, name, dim in self.router_sub_tensors]
@@ -76,10 +74,10 @@ class FamilyTensors:
         return found
 
     def routing_tensors(self, layer: MoELayer) -> list[RoutingTensor]:
-        """Every tensor ``layer``'s routing reads, named as in the model: `router_expert_tensors` (router rows
-        and biases, correction biases, per-expert scales), then every other parameter and buffer of the router
-        module, which its forward reads (the scale of Gemma 4's router norm, an adapter's weights). Calibration,
-        weight scoring, masking and pruning refuse a NaN or inf in any of them
+        """Every tensor ``layer``'s routing reads, named as in the model: `router_expert_tensors` (router rows and
+        biases, correction biases, per-expert scales), then every other parameter and buffer of the router module, which
+        its forward reads (the scale of Gemma 4's router norm, an adapter's weights). Calibration, weight scoring,
+        masking and pruning refuse a NaN or inf in any of them
         (`lightprune.models.routing_check.check_routing_tensors`)."""
         paths = {id(module): path for path, module in layer.block.named_modules(remove_duplicate=False)}
 
