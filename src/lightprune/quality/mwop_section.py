@@ -1,12 +1,12 @@
 """The MWOP rows on the results page: the quality table (`mwop_markdown`: one row per operating point and
 method, random rows over their seeds, Taylor rows with their standing among them) and the ATR-vs-FLOPs figure
 (`plot_mwop`), from what `lightprune.quality.width_quality.mwop_quality` returns; the cells' format
-(`num_cell`, `spread_cell`) is shared with the recovery table (`lightprune.quality.width_recovery`).
+(`num_cell`, `spread_cell`) is shared with the recovery table (`lightprune.quality.width_recovery`), and
+`num_cell` with an expert-pruning sweep's tables (`lightprune.quality.sweep_tables`).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -16,9 +16,9 @@ from lightprune.quality.width_quality import DENSE
 __all__ = ["mwop_markdown", "num_cell", "plot_mwop", "spread_cell"]
 
 
-def num_cell(value: float | None, digits: int) -> str:
+def num_cell(value: float | None, digits: int = 1) -> str:
     """``value`` with ``digits`` decimals; "n/a" for None or NaN."""
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+    return "n/a" if value is None or value != value else f"{value:.{digits}f}"
 
 
 def spread_cell(stats: Mapping[str, float | None], digits: int, scale: float = 1.0) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 from lightprune.core.checks import ratio_count
 from lightprune.quality.expert_quality import summarise
 from lightprune.quality.intervals import RESAMPLES, retention
+from lightprune.quality.mwop_section import num_cell
 
 __all__ = ["metric_table", "percent", "plot_pruned_per_layer", "plot_retention", "retention_summary", "retention_table",
            "rho_table", "stability_table"]
@@ -21,11 +22,6 @@ __all__ = ["metric_table", "percent", "plot_pruned_per_layer", "plot_retention",
 def percent(ratio: float) -> int:
     """``ratio`` as a whole percent, exactly (0.29 is 29, where ``int(0.29 * 100)`` is 28)."""
     return ratio_count(ratio, 100)
-
-
-def _fmt(x: float | None, digits: int = 1) -> str:
-    """``x`` with ``digits`` decimals; "n/a" for None or NaN."""
-    return "n/a" if x is None or x != x else f"{x:.{digits}f}"
 
 
 def _by_criterion(result: Mapping[str, Any]) -> dict[str, dict[float, Mapping[str, Any]]]:
@@ -44,7 +40,8 @@ def _ratios(result: Mapping[str, Any]) -> list[float]:
 def _random_cell(result, ratio: float, metric: str, digits: int) -> str:
     """Random selection's ``metric`` at ``ratio``: mean ± std [min, max] over its seeds."""
     s = summarise(result["random"][str(ratio)]["seeds"])[metric]
-    return f"{_fmt(s['mean'], digits)} ± {_fmt(s['std'], digits)} [{_fmt(s['min'], digits)}, {_fmt(s['max'], digits)}]"
+    mean, std, low, high = (num_cell(s[k], digits) for k in ("mean", "std", "min", "max"))
+    return f"{mean} ± {std} [{low}, {high}]"
 
 
 def metric_table(result: Mapping[str, Any], columns: list[tuple[str, str, int]]) -> str:
@@ -53,10 +50,10 @@ def metric_table(result: Mapping[str, Any], columns: list[tuple[str, str, int]])
     head = ["criterion", "allocation"] + [f"{h} @{percent(r)}%" for r in ratios for _, h, _ in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     dense = result["dense"]
-    lines.append("| dense | - | " + " | ".join(_fmt(dense[m], d) for _ in ratios for m, _, d in columns) + " |")
+    lines.append("| dense | - | " + " | ".join(num_cell(dense[m], d) for _ in ratios for m, _, d in columns) + " |")
     for name, by_ratio in _by_criterion(result).items():
         alloc = next(iter(by_ratio.values()))["allocation"]
-        cells = [_fmt(by_ratio[r]["metrics"][m], d) for r in ratios for m, _, d in columns]
+        cells = [num_cell(by_ratio[r]["metrics"][m], d) for r in ratios for m, _, d in columns]
         lines.append(f"| {name} | {alloc} | " + " | ".join(cells) + " |")
     n = len(next(iter(result["random"].values()))["seeds"])
     cells = [_random_cell(result, r, m, d) for r in ratios for m, _, d in columns]
@@ -66,9 +63,9 @@ def metric_table(result: Mapping[str, Any], columns: list[tuple[str, str, int]])
 
 def _retention_cell(row: Mapping[str, Any], metric: str, dense: float) -> str:
     """The row's retention of ``metric``, with its bootstrap interval when it was measured with one."""
-    cell = _fmt(retention(metric, row["metrics"][metric], dense))
+    cell = num_cell(retention(metric, row["metrics"][metric], dense))
     interval = row.get("intervals", {}).get(metric)
-    return f"{cell} [{_fmt(interval[0])}, {_fmt(interval[1])}]" if interval else cell
+    return f"{cell} [{num_cell(interval[0])}, {num_cell(interval[1])}]" if interval else cell
 
 
 def retention_table(result: Mapping[str, Any], metrics: list[str]) -> str:
@@ -85,7 +82,7 @@ def retention_table(result: Mapping[str, Any], metrics: list[str]) -> str:
     for r in ratios:
         for m in metrics:
             vals = [retention(m, s[m], dense[m]) for s in result["random"][str(r)]["seeds"]]
-            cells.append(f"{_fmt(sum(vals) / len(vals))} [{_fmt(min(vals))}, {_fmt(max(vals))}]")
+            cells.append(f"{num_cell(sum(vals) / len(vals))} [{num_cell(min(vals))}, {num_cell(max(vals))}]")
     lines.append("| random (mean [min, max]) | " + " | ".join(cells) + " |")
     if any("intervals" in row for row in result["rows"]):
         lines += ["", f"[low, high] after a criterion: the 95% paired bootstrap interval of its retention over the "
@@ -116,8 +113,8 @@ def rho_table(proxy_rho: Mapping[str, Any]) -> str:
     lines = ["| token subset | proxy | mean rho | per layer |", "|---|---|---|---|"]
     for subset, proxies in proxy_rho.items():
         for proxy, r in proxies.items():
-            per = ", ".join(f"{l}: {_fmt(v, 2)}" for l, v in r["per_layer"].items())
-            lines.append(f"| {subset} | {proxy} | {_fmt(r['mean'], 3)} | {per} |")
+            per = ", ".join(f"{l}: {num_cell(v, 2)}" for l, v in r["per_layer"].items())
+            lines.append(f"| {subset} | {proxy} | {num_cell(r['mean'], 3)} | {per} |")
     return "\n".join(lines)
 
 
@@ -127,8 +124,8 @@ def stability_table(stab: Mapping[str, Any]) -> str:
     lines = [f"| criterion | token subset | mean rho ({a} vs {b}) | per layer |", "|---|---|---|---|"]
     for criterion, subsets in stab["criteria"].items():
         for subset, r in subsets.items():
-            per = ", ".join(f"{l}: {_fmt(v, 2)}" for l, v in r["per_layer"].items())
-            lines.append(f"| {criterion} | {subset} | {_fmt(r['mean'], 3)} | {per} |")
+            per = ", ".join(f"{l}: {num_cell(v, 2)}" for l, v in r["per_layer"].items())
+            lines.append(f"| {criterion} | {subset} | {num_cell(r['mean'], 3)} | {per} |")
     return "\n".join(lines)
 
 
