@@ -14,10 +14,9 @@ D.5:
   sees the masked input too (apply adapters before masking).
 
 Token modalities ([`lightprune.width.modality.token_modality`][..token_modality]) are read from ``input_ids`` and
-``attention_mask`` by a forward pre-hook on the transformers model; during generation with a cache the
-new tokens are appended as TEXT. Masks are constants in the graph (gradients flow for recovery training),
-``remove()`` restores the model bitwise, and nesting is refused. `WidthHooks` also carries the
-Taylor gates of `lightprune.width.taylor`.
+``attention_mask`` by a forward pre-hook on the transformers model; during generation with a cache the new tokens
+are appended as TEXT. Masks are constants in the graph (gradients flow for recovery training), ``remove()`` restores
+the model bitwise, and nesting is refused. `WidthHooks` also carries the Taylor gates of `lightprune.width.taylor`.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from lightprune.width.modality import token_modality
 from lightprune.width.paths import MODALITIES, PAD, PATHS, TEXT, VISION
 from lightprune.width.plan import WidthPlan
 
-__all__ = ["RemovableHandle", "mask_width", "recorded_modality", "WidthHooks"]
+__all__ = ["mask_width", "WidthHooks"]
 
 _ACTIVE: dict[int, "WidthHooks"] = {}  # id(transformers model) -> the hooks active on it
 

@@ -1,10 +1,9 @@
 """Run the FFNs a WidthPlan prunes as compact modality FFNs, in memory and reversibly (MWOP ("MWOP: Modality-aware
 Width-wise Operation Pruning for Efficient MLLMs"), section 3).
 
-`swap_compact_ffn` replaces the MLP forward of every layer the plan prunes by its
-`CompactModalityFFN` and records the token modality through
-`WidthHooks` (which also masks the plan's attention paths, when asked): the
-exported model's FFN runtime.
+`swap_compact_ffn` replaces the MLP forward of every layer the plan prunes by its `CompactModalityFFN` and records
+the token modality through `WidthHooks` (which also masks the plan's attention paths, when asked): the exported
+model's FFN runtime.
 """
 
 from __future__ import annotations
