@@ -2,12 +2,11 @@
 or a checkpoint directory one decoder layer at a time).
 
 - `observer` (`ExpertObserver`: the hooks of the pass), [`collect`][.collect]
-  ([`collect_expert_stats`][.collect.collect_expert_stats],
-  a model or a checkpoint directory), `sequential` (the checkpoint one decoder layer at a time);
-- `observed` (`ObservedBatch`: one layer's view of one batch, computed once: padding,
-  routing state, removal effect and re-runs (`reruns`), Gram matrix), `layer_statistics` (a layer's
-  statistics fed one batch: what the criteria accumulate, each criterion's
-  `Statistic`, found through the criteria's one table,
+  ([`collect_expert_stats`][.collect.collect_expert_stats], a model or a checkpoint directory), `feed` (one batch
+  fed to the pass: its one driver), `sequential` (the checkpoint one decoder layer at a time);
+- `observed` (`ObservedBatch`: one layer's view of one batch, computed once: padding, routing state, removal effect
+  and re-runs (`reruns`), Gram matrix), `layer_statistics` (a layer's statistics fed one batch: what the criteria
+  accumulate, each criterion's `Statistic`, found through the criteria's one table,
   `lightprune.experts.criteria.registry`);
 - [`result`][.result] ([`CalibrationStats`][.result.CalibrationStats]), `resume` (a resumable state), `subsets` (token
   subsets), `validation` (the paper's validations of Delta-H).

@@ -4,7 +4,7 @@
     stats.score("reap", "text")          # {layer: tensor[E_l]}, higher = keep
     stats = lp.collect_expert_stats("path/to/checkpoint", batches)   # one decoder layer in memory at a time
 
-The work is `ExpertObserver`'s; a checkpoint directory goes through
+The work is `ExpertObserver`'s, each batch fed by `observe_batch`; a checkpoint directory goes through
 `collect_checkpoint_stats`, whose statistics equal the in-memory pass's.
 """
 
@@ -30,8 +30,8 @@ def collect_expert_stats(model: nn.Module | str | os.PathLike, batches: Iterable
                          criteria: Iterable[str] | None = None, progress: bool = True,
                          **streaming: Any) -> CalibrationStats:
     """``lp.collect_expert_stats``: a model in memory ([`collect_model_stats`][], where it is) or a checkpoint
-    directory, one decoder layer in memory at a time (`collect_checkpoint_stats`; ``streaming``:
-    its ``batches_per_pass``, ``device`` and ``activation_budget``)."""
+    directory, one decoder layer in memory at a time (`collect_checkpoint_stats`; ``streaming``: its
+    ``batches_per_pass``, ``device`` and ``activation_budget``)."""
     if isinstance(model, (str, os.PathLike)):
         return collect_checkpoint_stats(model, batches, subsets, low_attn_quantile, criteria, progress, **streaming)
     if streaming:
@@ -46,10 +46,8 @@ def collect_model_stats(model: nn.Module, batches: Iterable[Mapping[str, Any]], 
     Task-Agnostic MoE Pruning", arXiv 2603.18492), appendix B; MAEP ("Modality-Aware Expert Pruning for MoE-Based
     Multimodal Large Language Models", arXiv 2611.05927), Eqs. 2 and 8).
 
-    ``criteria`` may also name the merging statistics
-    (`MERGE_STATISTICS`: ``expert_outputs`` for HC-SMoE,
-    ``router_logits`` for M-SMoE; ``frequency`` comes with them), read by
-    [`CalibrationStats.merging_statistic`][].
+    ``criteria`` may also name the merging statistics (`MERGE_STATISTICS`: ``expert_outputs`` for HC-SMoE,
+    ``router_logits`` for M-SMoE; ``frequency`` comes with them), read by [`CalibrationStats.merging_statistic`][].
 
     ``batches`` are dicts the model accepts as keyword arguments (``labels`` are dropped: no loss
     is needed). An empty iterable is an error.

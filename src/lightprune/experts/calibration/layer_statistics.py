@@ -2,8 +2,8 @@
 
 The values a pass collects are grouped by the statistic that sums them (the criteria's, found through
 `lightprune.experts.criteria.registry`): one instance per statistic and layer, told which of its values are
-wanted, beside the layer's `SubsetCounts`. The layer's batch
-computes what the union of their needs asks for, once. The saved state is the statistics' flat sums, grouped by
+wanted, beside the layer's `SubsetCounts`. The layer's batch computes what the union of their needs asks for,
+once. The saved state is the statistics' flat sums, grouped by
 their ``state_group`` (``layers``; the merging statistics' ``merging``), the layout a resumed calibration reads.
 """
 

@@ -258,8 +258,8 @@ class ExpertObserver:
         samples = {subset: int(counts.samples(u).item()) for u, subset in enumerate(self.subsets)}
         for subset in self.subsets:
             if tokens[subset] == 0:
-                raise ValueError(f"no calibration tokens of subset {subset!r} in {self.batches_seen} batches"
-                                 + (" (do the batches contain images?)" if subset != "all" and subset != "text" else ""))
+                hint = " (do the batches contain images?)" if subset not in ("all", "text") else ""
+                raise ValueError(f"no calibration tokens of subset {subset!r} in {self.batches_seen} batches{hint}")
         merging = {name: {index: stats.value(name, None) for index, stats in self.statistics.items()}
                    for name in self.merging}
         limits = {l.index: l.limits for l in self.layers}

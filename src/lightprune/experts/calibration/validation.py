@@ -81,7 +81,8 @@ def ground_truth_kl(model: nn.Module, batches: Iterable[Mapping[str, Any]], subs
     batches = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in batches]
     if not batches:
         raise ValueError("empty calibration set: no batches were given")
-    sums = {(s, l.index): torch.zeros(l.num_experts, dtype=torch.float64, device=device) for s in subsets for l in layers}
+    sums = {(s, l.index): torch.zeros(l.num_experts, dtype=torch.float64, device=device)
+            for s in subsets for l in layers}
     samples = {s: 0 for s in subsets}
     chunks = [(l, first) for l in layers for first in range(0, l.num_experts, expert_chunk)]
     bar = None
@@ -156,7 +157,8 @@ def plot_correlations(correlations: Mapping[str, Any], path) -> None:
         for proxy, result in correlations[subset].items():
             layers = [int(l) for l in result["per_layer"]]
             rhos = [float("nan") if v is None else v for v in result["per_layer"].values()]
-            ax.plot(layers, rhos, marker="o", label=f"{proxy} (mean {result['mean']:.2f})" if result["mean"] is not None else proxy)
+            label = f"{proxy} (mean {result['mean']:.2f})" if result["mean"] is not None else proxy
+            ax.plot(layers, rhos, marker="o", label=label)
         ax.set_title(f"{subset} tokens")
         ax.set_xlabel("MoE layer")
         ax.set_ylabel("Spearman rho vs LM-head KL")
