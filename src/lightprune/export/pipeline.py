@@ -118,7 +118,7 @@ def export_pruned(model: nn.Module, plan: ExpertPlan | MergePlan, out_dir: str |
     _check_no_mtp_layers(model, plan)
     layers = find_moe_layers(model)
     verification = Verification(probe)
-    verification.check_plan(plan, layers)  # every MoE layer, counts and floors: before anything changes
+    plan.check_layers(layers)  # every MoE layer, counts and floors: before anything changes
     merge = plan if isinstance(plan, MergePlan) else None
     if merge is not None:
         plan = merge.expert_plan()  # checked with the MergePlan: its kept layout

@@ -266,7 +266,7 @@ def prune_checkpoint(src_dir: str | os.PathLike, plan: ExpertPlan, out_dir: str 
         layers = find_moe_layers(skeleton.model)
         plan, mtp = plan_with_mtp(skeleton, plan, layers)
         ignores = _renumbered_ignores(checkpoint, plan)  # an ignore pattern naming experts by number: refused now
-        verification.check_plan(plan, layers)  # every MoE layer, counts and floors: before anything is written
+        plan.check_layers(layers)  # every MoE layer, counts and floors: before anything is written
         _check_stored_routing(skeleton, layers)
         pruned = copy.deepcopy(skeleton.model)
         prune_experts(pruned, plan, layers=find_moe_layers(pruned))  # the plan checked above

@@ -77,8 +77,9 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
     """Check the checkpoint at ``out_dir`` against ``source`` pruned by ``plan`` (see the module docstring), both
     read to and run on ``device``; returns the manifest's ``verification`` entry. The layer checks run on what each
     MoE layer's router and experts received in the masked source's forward of the probe. ``verification``: the
-    export's ([`prune_checkpoint`][...streamed.prune_checkpoint] checks ``atol`` and the plan once), else one made
+    export's ([`prune_checkpoint`][...streamed.prune_checkpoint] has checked ``atol`` and the plan), else one made
     here (the default ``atol``, the plan checked here)."""
+    plan_checked = verification is not None
     verification = verification or Verification()
     pool = ReadPool()  # the pruned layer read into the source layer's memory, and back (on the CPU)
     original = Skeleton(source, pool=pool, mtp=True, device=device)
@@ -122,7 +123,8 @@ def verify_pruned_checkpoint(source: Checkpoint, plan: ExpertPlan, out_dir: str 
         def run(skeleton: Skeleton, what: str) -> None:
             logits[what] = model_logits(skeleton.model, probe, device=skeleton.device)
 
-        verification.check_plan(plan, layers)  # the export's plan: checked already
+        if not plan_checked:
+            plan.check_layers(layers)
         with tqdm(desc="verifying", unit="layer", leave=False, disable=not progress) as bar, \
                 _capture(original, inputs), mask_experts(original.model, plan, layers=layers):
             run_in_lockstep([(original, functools.partial(run, original, "reference")),

@@ -7,8 +7,8 @@ whichever function of the export reaches it first:
 
 1. ``atol`` checked (`Verification.check_atol`, `check_atol`: NaN would switch
    verification off), before anything changes or is written;
-2. the plan checked against the model's MoE layers (`Verification.check_plan`,
-   [`check_layers`][lightprune.experts.plan.ExpertPlan.check_layers]); ``write_merged``, ``mask_experts`` and
+2. the plan checked against the model's MoE layers by the export
+   ([`check_layers`][lightprune.experts.plan.ExpertPlan.check_layers]); ``write_merged``, ``mask_experts`` and
    ``prune_experts`` are then given the checked layers and do not check it again;
 3. the probe built (`Verification.probe_for`: the given batch, else
    [`default_probe`][..verify.default_probe]);
@@ -70,7 +70,6 @@ class Verification:
     def __init__(self, probe: Mapping[str, Any] | None = None) -> None:
         self.probe = dict(probe) if probe is not None else None
         self.atol: float | None = None
-        self._checked_plan: Any = None
         self._restored = False
 
     def check_atol(self, atol: float | None) -> Verification:
@@ -78,12 +77,6 @@ class Verification:
         ``self``."""
         self.atol = check_atol(atol)
         return self
-
-    def check_plan(self, plan: Any, layers: Sequence[Any]) -> None:
-        """Check ``plan`` against ``layers`` (the model's MoE layers), once: a plan already checked is not again."""
-        if plan is not self._checked_plan:
-            plan.check_layers(layers)
-            self._checked_plan = plan
 
     def probe_for(self, model: nn.Module, shape: tuple[int, int] = PROBE_SHAPE,
                   seed: int = PROBE_SEED) -> dict[str, Any]:
