@@ -1,14 +1,15 @@
 """The criteria that need data (``needs_data = True``), in the same registry as the weight criteria.
 
-- `CalibrationCriterion` reads one token subset of the run's calibration statistics (one observed pass
-  yields them all): its value is what the `Statistic` its module
-  names accumulated, its importance that value, negated on the subsets it names in
-  `negated`;
+- `CalibrationCriterion` reads one token subset of the run's calibration statistics (one observed pass yields them
+  all): its value is what the `Statistic` its module names accumulated, its importance that value, negated on the
+  subsets it names in `negated`;
 - `FitCriterion` reads the scores a fit produced in the same run (router sensitivity's ``router_delta``).
 
-Every criterion answers [`score_in_run`][..base.Criterion.score_in_run], given what the run holds;
-these raise an error that names what is missing (calibration statistics, or the fit's scores), never a silent
-fallback.
+Every criterion answers [`score_in_run`][..base.Criterion.score_in_run], given what the run holds; these raise an
+error that names what is missing (calibration statistics, or the fit's scores), never a silent fallback.
+
+A module of its own, not part of `base`: the registry's check of a registered class imports `base`, and these
+classes read the registry's statistics, so together they would form an import cycle.
 """
 
 from __future__ import annotations

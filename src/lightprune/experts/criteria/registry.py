@@ -4,10 +4,10 @@ and what the observed calibration pass accumulates for it.
 Every built-in criterion is one row of `_BUILT_IN`: its name, the module and class that define it (imported on
 first use: the command line checks a name without torch; the module registers the class with the decorator when it
 loads) and what the observed pass collects for it: nothing (weight criteria, fits), its own value by default or only
-when asked, or a merging statistic. A criterion module that accumulates from the pass names its
-`Statistic` subclass ``STATISTIC``; the value names a pass can collect
-(`STATISTICS`) are read off this table, never declared a second time. Project-local criteria (``callbacks/``
-of a project, a notebook) register with the same decorator and are then usable by name everywhere
+when asked, or a merging statistic. A criterion module that accumulates from the pass names its `Statistic`
+subclass ``STATISTIC``; the value names a pass can collect (`STATISTICS`) are read off this table, never declared
+a second time. Project-local criteria (``callbacks/`` of a project, a notebook) register with the same decorator
+and are then usable by name everywhere
 (``lp.score_weights``, configs)::
 
     @lp.register_criterion("my_norm")
