@@ -60,7 +60,8 @@ __all__ = ["Verification", "mismatch", "reloaded_logits", "verify_reloaded", "no
 
 
 class Verification:
-    """The verification of one export: its steps (the module docstring), each run once however often it is asked.
+    """The verification of one export (its steps: the module docstring); the probe is built, and the buffers restored,
+    once however often they are asked for.
 
     ``probe``: the export's probe batch (None: [`default_probe`][...verify.default_probe], built on first use);
     ``atol``: the export's, once `check_atol` has checked it (None: the weights dtype's default,
