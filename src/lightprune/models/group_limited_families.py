@@ -48,8 +48,11 @@ class BiasedGroupLimitedFamily(SelectsWithExpertTensor, DeepseekV3Family):
         if router.num_group is None:
             top_index = torch.topk(choice, k=router.top_k, dim=-1, sorted=self.sorted_top)[1]
         else:
+            # masked_choice holds the removed experts at -inf: only a finite fill (A.X K2) can lift them above it
+            finite_fill = self.unchosen_fill != float("-inf")
             top_index = group_limited_top_k(choice, router.num_group, router.topk_group, router.top_k,
-                                            fill=self.unchosen_fill, sorted=self.sorted_top, expert_mask=expert_mask)
+                                            fill=self.unchosen_fill, sorted=self.sorted_top,
+                                            expert_mask=expert_mask if finite_fill else None)
         top_weights = scores.gather(1, top_index)
         if router.norm_topk_prob:
             top_weights = renormalized(top_weights, RENORM_EPS)

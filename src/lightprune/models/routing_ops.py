@@ -159,8 +159,9 @@ def group_limited_top_k(choice: torch.Tensor, num_group: int, topk_group: int, t
     sums), every expert outside them at ``fill`` (`fill_unchosen_groups`), op for op the group-limited
     routers' forward (both ``torch.topk`` ``sorted`` as the router takes them). ``expert_mask`` (True = removed):
     put back at -inf after a finite ``fill`` (an expert of an unchosen group at 0 still outranks a chosen one
-    below 0; a removed one never does); a -inf ``fill`` leaves the removed experts as ``choice`` has them."""
+    below 0; a removed one never does): a caller whose ``choice`` holds the removed experts at -inf and whose
+    ``fill`` is -inf has nothing to put back and passes none."""
     choice = fill_unchosen_groups(choice, chosen_groups(choice, num_group, topk_group, sorted=sorted), num_group, fill)
-    if expert_mask is not None and fill != float("-inf"):
+    if expert_mask is not None:
         choice = choice.masked_fill(expert_mask.to(choice.device), float("-inf"))
     return torch.topk(choice, k=top_k, dim=-1, sorted=sorted)[1]
